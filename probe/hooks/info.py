@@ -1,0 +1,39 @@
+"""What an analysis may know about a model without reaching into its modules.
+
+Custom models and HF adapters both expose ``model.probe_info`` (a :class:`ModelInfo`). Analyses read
+tensors through hook names (probe.hooks.names) and shapes/structure from here, never from module internals.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ModelInfo:
+    name: str  # a human-readable identity recorded in every output (zoo name, repo id@revision, local path)
+    family: str  # "probe", "gpt_neox", "gpt_oss", "llama", ...
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    n_ctx: int  # maximum context the model was trained for / supports
+    vocab_size: int
+    layer_types: list[str] = field(default_factory=list)  # per layer: "full" or "sliding"
+    sliding_window: int | None = None
+    has_phantom: bool = False  # a phantom key (off-by-one, sink logit, gpt-oss sinks)
+    value_gate: str = "none"  # none | norm | proj | routing-norm | silu | tanh | g2 | glu
+    depth_routing: str = "residual"  # residual | attnres | plr | slr | denseformer | mudd
+    depth_blocks: int = 0  # 0 = full depth routing, N = block routing with N blocks
+    sink_token: bool = False  # a learned token prepended at position 0 (custom sinktoken variant)
+    bos_token_id: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.layer_types:
+            self.layer_types = ["full"] * self.n_layers
+
+    @property
+    def kv_group(self) -> int:
+        """Query heads per key/value head (GQA group size)."""
+        return self.n_heads // self.n_kv_heads

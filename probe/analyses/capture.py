@@ -1,0 +1,187 @@
+"""What every analysis shares: evaluation windows, result metadata, and a layer-by-layer hook collector.
+
+Windows follow probe.data.EvalBatches: each is ctx+1 tokens, the model reads ``window[:-1]`` and the next-token
+targets are ``window[1:]``. An analysis accepts an EvalBatches, a (B, ctx+1) or (N, B, ctx+1) LongTensor of windows.
+
+The collector hooks a few named tensors per layer (e.g. q, k, v, sink logit) and hands them to a callback as soon as a
+layer's set is complete, then drops them: an analysis never holds more than one layer's tensors.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from probe.hooks import names
+
+
+@dataclass
+class Windows:
+    tokens: torch.Tensor  # (N, B, ctx+1) long
+    doc_ids: torch.Tensor | None  # (N, B) or None
+    meta: dict = field(default_factory=dict)  # corpus identity and sampling settings
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[1]
+
+    def inputs(self, n: int) -> torch.Tensor:
+        return self.tokens[n, :, :-1]
+
+    def targets(self, n: int) -> torch.Tensor:
+        return self.tokens[n, :, 1:]
+
+
+def as_windows(data) -> Windows:
+    """EvalBatches or a LongTensor of windows ((B, T+1) or (N, B, T+1)) -> Windows."""
+    if isinstance(data, Windows):
+        return data
+    if hasattr(data, "tokens") and hasattr(data, "to_dict"):  # probe.data.EvalBatches
+        return Windows(data.tokens.long(), data.doc_ids, dict(data.to_dict()))
+    if not isinstance(data, torch.Tensor):
+        raise TypeError(f"expected EvalBatches or a LongTensor of token windows, got {type(data).__name__}")
+    if data.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"token windows must be an integer tensor, got {data.dtype}")
+    tokens = data.long()
+    if tokens.dim() == 2:
+        tokens = tokens[None]
+    if tokens.dim() != 3 or tokens.shape[-1] < 2:
+        raise ValueError(f"token windows must be (B, T+1) or (N, B, T+1) with T+1 >= 2, got {tuple(data.shape)}")
+    meta = {"corpus": "custom-tokens", "seed": None, "ctx": tokens.shape[-1] - 1, "n_batches": tokens.shape[0],
+            "batch_size": tokens.shape[1]}
+    return Windows(tokens, None, meta)
+
+
+def describe(model, windows: Windows, analysis: str, **settings) -> dict:
+    """The identity of a result: model, corpus (and how its windows were drawn), analysis settings."""
+    info = model.probe_info
+    meta = {"analysis": analysis, "model": info.name, "family": info.family}
+    meta.update({k if k != "seed" else "data_seed": v for k, v in windows.meta.items()})
+    meta.update(settings)
+    return meta
+
+
+def tag(df: pd.DataFrame, meta: dict) -> pd.DataFrame:
+    """Put the model and corpus identity in front of a table and the full metadata in ``df.attrs['meta']``."""
+    df = df.copy()
+    df.insert(0, "corpus", meta.get("corpus"))
+    df.insert(0, "model", meta.get("model"))
+    df.attrs["meta"] = dict(meta)
+    return df
+
+
+def finish(tables: dict[str, pd.DataFrame], meta: dict) -> dict[str, pd.DataFrame]:
+    """Tag every table and add a one-row ``meta`` table (what a report writes beside the numbers)."""
+    out = {k: tag(v, meta) for k, v in tables.items()}
+    out["meta"] = pd.DataFrame([{k: (v if isinstance(v, (int, float, str, bool)) or v is None else repr(v))
+                                 for k, v in meta.items()}])
+    out["meta"].attrs["meta"] = dict(meta)
+    return out
+
+
+def keyed_generator(*key) -> torch.Generator:
+    """A CPU generator seeded from a tuple key, e.g. (seed, batch, layer): the same key gives the same draws."""
+    digest = hashlib.blake2b(":".join(map(str, key)).encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") % (2 ** 63))
+
+
+def progress(total: int, enabled: bool, desc: str):
+    """A tqdm bar (or a silent stand-in with the same update/close methods)."""
+    if enabled:
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc)
+
+    class _Silent:
+        def update(self, n=1):
+            pass
+
+        def close(self):
+            pass
+
+    return _Silent()
+
+
+def attn_hook(suffix: str, layer: int) -> str:
+    return f"blocks.{layer}.attn.{suffix}"
+
+
+class LayerCollector:
+    """Collect per-layer hook tensors; call ``on_layer(layer, {suffix: tensor})`` when a layer's set is complete.
+
+    ``needs(layer)`` gives the suffixes (``hook_q``, ``hook_v``, ...) a layer must deliver. Tensors are detached and
+    released after the callback, so peak memory holds one layer's tensors (plus what the model itself holds).
+    """
+
+    def __init__(self, model, needs, on_layer):
+        self.info = model.probe_info
+        self.on_layer = on_layer
+        self.needs = {l: set(needs(l)) for l in range(self.info.n_layers)}
+        self.pending: dict[int, dict[str, torch.Tensor]] = {}
+        self.done: set[int] = set()
+        wanted = {attn_hook(s, l): (l, s) for l, ss in self.needs.items() for s in ss}
+        self.wanted = wanted
+
+    def hooks(self):
+        def fn(tensor, hook):
+            l, s = self.wanted[hook.name]
+            got = self.pending.setdefault(l, {})
+            got[s] = tensor.detach()
+            if set(got) >= self.needs[l]:
+                self.on_layer(l, self.pending.pop(l))
+                self.done.add(l)
+            return None
+
+        return [(lambda name: name in self.wanted, fn)]
+
+    def run(self, model, ids: torch.Tensor, extra_hooks=()):
+        """One forward with the collecting hooks; returns the model output. Raises if a layer stayed incomplete."""
+        self.pending, self.done = {}, set()
+        out = model.run_with_hooks(ids, fwd_hooks=self.hooks() + list(extra_hooks))
+        missing = [(l, sorted(self.needs[l] - set(self.pending.get(l, {})))) for l in self.needs if l not in self.done]
+        if missing:
+            l, m = missing[0]
+            raise RuntimeError(f"model {self.info.name!r} produced no {', '.join(attn_hook(s, l) for s in m)} in its "
+                               f"forward pass ({len(missing)} layer(s) incomplete); this analysis needs those hooks")
+        return out
+
+
+def logits_of(out) -> torch.Tensor:
+    return out.logits if hasattr(out, "logits") else out
+
+
+def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy per position, fp32: logits (B, T, V), targets (B, T) -> (B, T)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+
+
+@torch.no_grad()
+def window_losses(model, data) -> pd.DataFrame:
+    """Summed next-token loss and token count per evaluation window (input for the document bootstrap).
+
+    Columns: batch, row, doc_id (the window's document, or -1), loss_sum, n_tokens."""
+    w = as_windows(data)
+    rows = []
+    for n in range(len(w)):
+        losses = token_losses(logits_of(model(w.inputs(n))), w.targets(n)).double()
+        for b in range(w.batch_size):
+            rows.append({"batch": n, "row": b, "doc_id": int(w.doc_ids[n, b]) if w.doc_ids is not None else -1,
+                         "loss_sum": float(losses[b].sum()), "n_tokens": losses.shape[1]})
+    df = pd.DataFrame(rows)
+    df.attrs["meta"] = describe(model, w, "window_losses")
+    return df
+
+
+def sliding(info, layer: int) -> int | None:
+    """The attention window of a layer (None for full attention)."""
+    return info.sliding_window if info.layer_types[layer] == "sliding" else None
+
+
+__all__ = ["Windows", "as_windows", "describe", "tag", "finish", "keyed_generator", "progress", "LayerCollector",
+           "token_losses", "window_losses", "sliding", "names"]

@@ -1,0 +1,168 @@
+"""Value-gate statistics (SPEC §5, abstention-filtering App. "Selectivity", "Routing-slot control", "What the filter
+removes", "Token identity and content").
+
+For a query row i of head h with pattern a_ij over the real keys and gates g_j of its KV head's reads (hook_v_gate):
+    w_ij = a_ij / Σ_k a_ik        m_i = Σ_j w_ij g_j  (mean gate)        selectivity_i = sqrt(Σ_j w_ij (g_j - m_i)²)
+averaged over rows t >= 1, then heads, then layers; ``spread`` is the standard deviation of m_i over the rows of a
+head. Per read (no attention weighting): the mean gate and the fraction of reads with g < 0.5 (Table 8). Per token:
+the mean gate over every occurrence, layer and KV head (min count 50 by default), and the share of gate variance that
+token identity explains: per KV head, between-token over total sum of squares, both sums pooled over heads (overall
+and per layer), over all tokens and over tokens seen at least ``min_count`` times. Element-wise gates (GatedV SiLU,
+V⊙tanh V, GLU) are reduced to their mean over the head's coordinates, one number per read. With a sink token the read
+at position 0 is the sink's, which enters the attention statistics but not the token statistics.
+
+The layer's pattern is materialised (one layer at a time, through hook_pattern).
+"""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from probe.analyses.capture import LayerCollector, as_windows, describe, finish, progress
+
+
+class GateAccumulator:
+    def __init__(self, info, token_ids: torch.Tensor, min_count: int):
+        """token_ids: every input token of the evaluation set (its unique values index the token sums)."""
+        L, H, Hkv = info.n_layers, info.n_heads, info.n_kv_heads
+        self.info, self.min_count = info, min_count
+        self.vocab, counts = torch.unique(token_ids, return_counts=True)
+        self.counts = counts.double()  # occurrences per token in the evaluation set
+        self.frequent = self.counts >= min_count
+        z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
+        self.m, self.m2, self.sel, self.rows = z(L, H), z(L, H), z(L, H), z(L)
+        self.g, self.g2, self.low, self.reads = z(L, Hkv), z(L, Hkv), z(L, Hkv), z(L)
+        self.tok = z(L, Hkv, len(self.vocab))  # Σ g per token
+        self.tok_g2 = z(L, Hkv)  # Σ g² over real-token reads
+        self.tok_g2f, self.tok_gf, self.tok_nf = z(L, Hkv), z(L, Hkv), z(L)  # over frequent tokens only
+
+    def add(self, layer: int, pattern: torch.Tensor, gate: torch.Tensor, read_tokens: torch.Tensor):
+        """pattern (B, H, T, T) over real keys; gate (B, T, Hkv) or element-wise (B, T, Hkv, dv);
+        read_tokens (B, T): the token id at each read position (-1 for a sink token)."""
+        if gate.dim() == 4:
+            gate = gate.float().mean(-1)
+        g = gate.double()  # (B, T, Hkv)
+        B, H, T, _ = pattern.shape
+        G = H // g.shape[-1]
+        gh = g.permute(0, 2, 1).repeat_interleave(G, dim=1).float()  # (B, H, T) gate of each key, per query head
+        p = pattern.float()
+        w = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+        m = torch.einsum("bhij,bhj->bhi", w, gh)
+        sel = torch.einsum("bhij,bhij->bhi", w, (gh[:, :, None, :] - m[..., None]) ** 2).clamp_min(0).sqrt()
+        m, sel = m[:, :, 1:].double(), sel[:, :, 1:].double()
+        self.m[layer] += m.sum((0, 2))
+        self.m2[layer] += (m ** 2).sum((0, 2))
+        self.sel[layer] += sel.sum((0, 2))
+        self.rows[layer] += B * (T - 1)
+        self.g[layer] += g.sum((0, 1))
+        self.g2[layer] += (g ** 2).sum((0, 1))
+        self.low[layer] += (g < 0.5).double().sum((0, 1))
+        self.reads[layer] += B * T
+        # token statistics over real-token reads
+        real = read_tokens >= 0
+        gt, ids = g[real], torch.searchsorted(self.vocab, read_tokens[real])  # (n, Hkv), (n,)
+        self.tok[layer].index_add_(1, ids, gt.T)
+        self.tok_g2[layer] += (gt ** 2).sum(0)
+        f = self.frequent[ids]
+        self.tok_gf[layer] += gt[f].sum(0)
+        self.tok_g2f[layer] += (gt[f] ** 2).sum(0)
+        self.tok_nf[layer] += f.sum()
+
+    def _token_share(self, layers, frequent_only: bool) -> float:
+        """Between-token / total sum of squares, pooled over the KV heads of the given layers."""
+        keep = self.frequent if frequent_only else torch.ones_like(self.frequent)
+        n_u = self.counts[keep]
+        between = total = 0.0
+        for l in layers:
+            if frequent_only:
+                s, s2, n = self.tok_gf[l], self.tok_g2f[l], self.tok_nf[l]
+            else:
+                s, s2, n = self.tok[l].sum(-1), self.tok_g2[l], self.counts.sum()
+            if n == 0:
+                continue
+            s_u = self.tok[l][:, keep]  # (Hkv, U)
+            between += float(((s_u ** 2) / n_u).sum() - (s ** 2).sum() / n)
+            total += float(s2.sum() - (s ** 2).sum() / n)
+        return between / total if total > 0 else float("nan")
+
+    def tables(self, tokenizer=None) -> dict[str, pd.DataFrame]:
+        info = self.info
+        G = info.kv_group
+        heads = []
+        for l in range(info.n_layers):
+            for h in range(info.n_heads):
+                r, kv = self.rows[l], h // G
+                mean = float(self.m[l, h] / r)
+                heads.append({"layer": l, "head": h, "kv_head": kv, "mean_gate": mean,
+                              "selectivity": float(self.sel[l, h] / r),
+                              "spread": float(max(self.m2[l, h] / r - mean ** 2, 0.0)) ** 0.5,
+                              "read_mean_gate": float(self.g[l, kv] / self.reads[l]),
+                              "frac_below_half": float(self.low[l, kv] / self.reads[l])})
+        heads = pd.DataFrame(heads)
+        cols = ["mean_gate", "selectivity", "spread"]
+        layers = heads.groupby("layer")[cols].mean().reset_index()
+        layers["read_mean_gate"] = [float(self.g[l].sum() / (self.reads[l] * info.n_kv_heads)) for l in layers.layer]
+        layers["frac_below_half"] = [float(self.low[l].sum() / (self.reads[l] * info.n_kv_heads))
+                                     for l in layers.layer]
+        layers["token_share"] = [self._token_share([l], False) for l in layers.layer]
+        layers["token_share_min_count"] = [self._token_share([l], True) for l in layers.layer]
+        all_layers = range(info.n_layers)
+        summary = {c: float(layers[c].mean()) for c in cols + ["read_mean_gate", "frac_below_half"]}
+        summary.update(token_share=self._token_share(all_layers, False),
+                       token_share_min_count=self._token_share(all_layers, True), min_count=self.min_count,
+                       value_gate=info.value_gate)
+        mean_tok = self.tok.sum((0, 1)) / (self.counts * info.n_layers * info.n_kv_heads)
+        tokens = pd.DataFrame({"token_id": self.vocab.tolist(), "count": self.counts.long().tolist(),
+                               "mean_gate": mean_tok.tolist()})
+        tokens = tokens[tokens["count"] >= self.min_count].sort_values(["mean_gate", "token_id"]).reset_index(drop=True)
+        tokens.insert(1, "token", [_decode(tokenizer, t) for t in tokens["token_id"]])
+        return {"summary": pd.DataFrame([summary]), "layers": layers, "heads": heads, "tokens": tokens}
+
+
+def _decode(tokenizer, token_id: int) -> str:
+    if tokenizer is None:
+        return str(token_id)
+    try:
+        return tokenizer.decode([int(token_id)])
+    except Exception:  # noqa: BLE001 - a token a tokenizer cannot decode alone still gets a row
+        return str(token_id)
+
+
+def read_tokens_of(info, ids: torch.Tensor) -> torch.Tensor:
+    """Token id at each read position (B, T'), -1 for a prepended sink token."""
+    if info.sink_token:
+        return torch.cat([ids.new_full((ids.shape[0], 1), -1), ids], 1)
+    return ids
+
+
+@torch.no_grad()
+def gate_stats(model, data, *, min_count: int = 50, tokenizer=None,
+               progress_bar: bool = False) -> dict[str, pd.DataFrame]:
+    """Gate statistics: tables ``summary``, ``layers``, ``heads``, ``tokens`` (most attenuated first) and ``meta``.
+
+    Raises ValueError for models without a value gate."""
+    info = model.probe_info
+    if info.value_gate == "none":
+        raise ValueError(f"model {info.name!r} has no value gate (value_gate='none'); gate statistics need "
+                         "hook_v_gate (norm, proj, routing-norm, silu, tanh, g2 or glu gates)")
+    w = as_windows(data)
+    acc = GateAccumulator(info, w.tokens[..., :-1].reshape(-1), min_count)
+    state = {}
+
+    def on_layer(l, got):
+        acc.add(l, got["hook_pattern"], got["hook_v_gate"], state["read_tokens"])
+
+    collector = LayerCollector(model, lambda l: ["hook_v_gate", "hook_pattern"], on_layer)
+    bar = progress(len(w), progress_bar, "gate statistics")
+    for n in range(len(w)):
+        ids = w.inputs(n)
+        state["read_tokens"] = read_tokens_of(info, ids)
+        collector.run(model, ids)
+        bar.update()
+    bar.close()
+    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    meta = describe(model, w, "gates", value_gate=info.value_gate, min_count=min_count)
+    return finish(acc.tables(tok), meta)
+
+
+__all__ = ["gate_stats", "GateAccumulator", "read_tokens_of"]

@@ -1,0 +1,287 @@
+"""Value-noise injection and exposure (SPEC §5, abstention-filtering §5.1, §5.2 and App. C).
+
+At evaluation time, in every layer at once, at ``hook_v`` (reads before any gate), on the reads arriving in the
+corrupted pass: per (layer, KV head, sequence) the quiet reads are the ⌊qT⌋ smallest read norms (q = 0.25 for ``q25``,
+0.5 for ``median``; ties by position), m_h is the median read norm (linear interpolation), and each quiet read becomes
+v_j + ε m_h u_j with a unit vector u_j:
+    structured        the same hook's read at a uniformly random other (sequence, position) of the batch, normalised
+    same-context      the same hook's read at a random other position of the same sequence, normalised
+    gaussian          an isotropic normal vector, normalised
+    random-direction  one random unit vector per KV head for the whole batch
+    own-direction     the head's projection-gate direction w_h / ||w_h|| (projection-gate models only)
+Draws come from a generator keyed by (seed, batch, layer), so every dose, junk type and model sees the same draws.
+Outcome: mean next-token loss over all positions with corruption minus without, on the same windows.
+
+Exposure (clean pass): per attention row t >= 1, the share of its total mass (phantom included) on the quiet reads,
+and on the phantom; from probe.kernels.attention_row_masses, without T x T memory.
+
+Efficiency: one clean pass per batch (with exposure), then the conditions stacked along the batch dimension (each
+condition keeps its own copy of the batch, so the structured pool never mixes conditions), as many per forward as
+``max_rows`` allows. Dose-0 conditions change nothing and are not run: their loss change is exactly 0.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pandas as pd
+import torch
+
+from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, keyed_generator, logits_of,
+                                    progress, sliding, token_losses)
+from probe.hooks import names
+
+JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
+CUTOFFS = {"q25": 0.25, "median": 0.5}
+DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
+
+
+def cutoff_fraction(cutoff) -> float:
+    """'q25' -> 0.25, 'median' -> 0.5, or a fraction in (0, 1]."""
+    if isinstance(cutoff, str):
+        if cutoff not in CUTOFFS:
+            raise ValueError(f"unknown cutoff {cutoff!r}; choose one of {', '.join(CUTOFFS)} or a fraction in (0, 1]")
+        return CUTOFFS[cutoff]
+    q = float(cutoff)
+    if not 0 < q <= 1:
+        raise ValueError(f"cutoff fraction {q} must be in (0, 1]")
+    return q
+
+
+def quiet_mask(norms: torch.Tensor, q: float) -> torch.Tensor:
+    """(..., T, Hkv) read norms -> bool mask of the ⌊qT⌋ smallest reads per (..., KV head); ties by position."""
+    T = norms.shape[-2]
+    k = math.floor(q * T)
+    order = torch.sort(norms, dim=-2, stable=True).indices
+    mask = torch.zeros_like(norms, dtype=torch.bool)
+    return mask.scatter_(-2, order[..., :k, :], True)
+
+
+def median_norm(norms: torch.Tensor) -> torch.Tensor:
+    """(..., T, Hkv) -> (..., Hkv): median over T with linear interpolation (j = 0 included)."""
+    return torch.quantile(norms.float().transpose(-1, -2), 0.5, dim=-1)
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-20)
+
+
+class JunkDraws:
+    """The random draws of one (seed, batch, layer) for one junk type, for a (B, T, Hkv, dh) read tensor."""
+
+    def __init__(self, kind: str, shape, seed: int, batch: int, layer: int, own: torch.Tensor | None = None):
+        B, T, Hkv, dh = shape
+        g = keyed_generator(seed, batch, layer)
+        self.kind, self.shape = kind, shape
+        if kind == "structured":
+            if B < 2:
+                raise ValueError("structured junk needs a batch of at least 2 sequences (the pool is other sequences' "
+                                 "reads of the same batch)")
+            r = torch.randint(0, B * T - 1, (B, T, Hkv), generator=g)
+            own_pos = (torch.arange(B)[:, None] * T + torch.arange(T)[None, :])[..., None]
+            self.src = r + (r >= own_pos)  # flat (sequence, position) != own
+        elif kind == "same-context":
+            if T < 2:
+                raise ValueError("same-context junk needs at least 2 positions")
+            r = torch.randint(0, T - 1, (B, T, Hkv), generator=g)
+            self.src = r + (r >= torch.arange(T)[None, :, None])
+        elif kind == "gaussian":
+            self.u = _unit(torch.randn(B, T, Hkv, dh, generator=g))
+        elif kind == "random-direction":
+            self.u = _unit(torch.randn(Hkv, dh, generator=g))
+        elif kind == "own-direction":
+            self.u = _unit(own.float())
+        else:
+            raise ValueError(f"unknown junk type {kind!r}; choose one of {', '.join(JUNK_TYPES)}")
+
+    def directions(self, v: torch.Tensor) -> torch.Tensor:
+        """Unit junk vectors u (B, T, Hkv, dh) for the reads v of one condition (fp32)."""
+        B, T, Hkv, dh = v.shape
+        if self.kind == "structured":
+            flat = v.reshape(B * T, Hkv, dh)
+            return _unit(flat[self.src.to(v.device), torch.arange(Hkv, device=v.device)].float())
+        if self.kind == "same-context":
+            idx = self.src.to(v.device)[..., None].expand(B, T, Hkv, dh)
+            return _unit(torch.gather(v, 1, idx).float())
+        return self.u.to(v.device)
+
+
+def corrupt(v: torch.Tensor, dose: float, q: float, draws: JunkDraws) -> torch.Tensor:
+    """v (B, T, Hkv, dh) -> v with each quiet read replaced by v_j + dose * m_h * u_j (dose 0 returns v itself)."""
+    if dose == 0:
+        return v
+    norms = v.float().norm(dim=-1)  # (B, T, Hkv)
+    quiet = quiet_mask(norms, q)
+    m = median_norm(norms)  # (B, Hkv)
+    u = draws.directions(v)
+    noisy = (v.float() + dose * m[:, None, :, None] * u).to(v.dtype)
+    return torch.where(quiet[..., None], noisy, v)
+
+
+def own_directions(model) -> dict[int, torch.Tensor]:
+    """Projection-gate directions w_h (Hkv, dh) per layer; ValueError for models without a projection gate."""
+    info = model.probe_info
+    params = dict(model.named_parameters())
+    found = {l: params.get(f"blocks.{l}.attn.gate_w") for l in range(info.n_layers)}
+    if info.value_gate != "proj" or any(p is None for p in found.values()):
+        raise ValueError(f"own-direction junk needs a projection gate (blocks.{{l}}.attn.gate_w); model "
+                         f"{info.name!r} has value_gate={info.value_gate!r}")
+    for l, w in found.items():
+        zero = (w.detach().float().norm(dim=-1) == 0).nonzero().flatten().tolist()
+        if zero:
+            raise ValueError(f"own-direction junk: the gate direction w_h of layer {l}, KV head(s) {zero} is zero "
+                             "(an untrained projection gate) and has no direction")
+    return {l: w.detach() for l, w in found.items()}
+
+
+class ExposureAccumulator:
+    """Per (layer, head) sums over rows t >= 1 of the quiet-read share (per cutoff) and the phantom share."""
+
+    def __init__(self, info, cutoffs):
+        self.info, self.cutoffs = info, list(cutoffs)
+        L, H = info.n_layers, info.n_heads
+        self.quiet = torch.zeros(L, H, len(self.cutoffs), dtype=torch.float64)
+        self.phantom = torch.zeros(L, H, dtype=torch.float64)
+        self.rows = torch.zeros(L, dtype=torch.float64)
+
+    def add(self, layer, quiet_share: torch.Tensor, phantom: torch.Tensor):
+        """quiet_share (B, H, T, m) of total mass; phantom (B, H, T)."""
+        self.quiet[layer] += quiet_share[:, :, 1:].double().sum((0, 2))
+        self.phantom[layer] += phantom[:, :, 1:].double().sum((0, 2))
+        self.rows[layer] += quiet_share.shape[0] * (quiet_share.shape[2] - 1)
+
+    def tables(self):
+        rows = []
+        for l in range(self.info.n_layers):
+            for h in range(self.info.n_heads):
+                for c, name in enumerate(self.cutoffs):
+                    rows.append({"layer": l, "head": h, "cutoff": str(name),
+                                 "quiet_share": float(self.quiet[l, h, c] / self.rows[l]),
+                                 "phantom_share": float(self.phantom[l, h] / self.rows[l])})
+        heads = pd.DataFrame(rows)
+        layers = heads.groupby(["cutoff", "layer"], sort=False)[["quiet_share", "phantom_share"]].mean().reset_index()
+        summary = layers.groupby("cutoff", sort=False)[["quiet_share", "phantom_share"]].mean().reset_index()
+        return {"exposure": summary, "exposure_layers": layers, "exposure_heads": heads}
+
+
+def _exposure_collector(model, acc: ExposureAccumulator, qs, backend):
+    from probe.kernels import attention_row_masses
+
+    info = model.probe_info
+    scale = info.extra.get("attn_scale")
+
+    def on_layer(l, got):
+        q, k, v = got["hook_q"], got["hook_k"], got["hook_v"]
+        sink = got.get("hook_sink_logit")
+        norms = v.float().norm(dim=-1)
+        ind = torch.stack([quiet_mask(norms, qq).float() for qq in qs], -1)  # (B, T, Hkv, m)
+        lse, mass = attention_row_masses(q, k, ind, sink=sink, window=sliding(info, l), scale=scale, backend=backend)
+        phantom = (torch.exp(sink.float()[None, :, None] - lse.float()) if sink is not None
+                   else torch.zeros_like(lse, dtype=torch.float32))
+        acc.add(l, mass.float(), phantom)
+
+    needs = lambda l: ["hook_q", "hook_k", "hook_v"] + (["hook_sink_logit"] if info.has_phantom else [])  # noqa
+    return LayerCollector(model, needs, on_layer)
+
+
+def conditions(junk, cutoffs, doses) -> list[tuple[str, str, float]]:
+    junk = [junk] if isinstance(junk, str) else list(junk)
+    cutoffs = [cutoffs] if isinstance(cutoffs, (str, float, int)) else list(cutoffs)
+    for kind in junk:
+        if kind not in JUNK_TYPES:
+            raise ValueError(f"unknown junk type {kind!r}; choose one of {', '.join(JUNK_TYPES)}")
+    for c in cutoffs:
+        cutoff_fraction(c)
+    return [(j, c, float(d)) for j, c, d in itertools.product(junk, cutoffs, doses)]
+
+
+@torch.no_grad()
+def inject(model, data, *, junk=("structured",), cutoffs=("q25",), doses=DEFAULT_DOSES, seed: int = 0,
+           exposure: bool = True, max_rows: int | None = None, backend: str = "auto",
+           progress_bar: bool = True) -> dict[str, pd.DataFrame]:
+    """The injection battery: tables ``results`` (per condition: loss_clean, loss_corrupted, delta), ``per_batch``,
+    ``exposure`` / ``exposure_layers`` / ``exposure_heads`` (per cutoff, when ``exposure``) and ``meta``.
+
+    ``max_rows``: sequences per corrupted forward (conditions are stacked along the batch); default keeps the
+    stacked logits under about 1 GiB."""
+    info = model.probe_info
+    w = as_windows(data)
+    conds = conditions(junk, cutoffs, doses)
+    own = own_directions(model) if any(j == "own-direction" for j, _, _ in conds) else None
+    B, T = w.batch_size, w.tokens.shape[-1] - 1
+    run = [c for c in conds if c[2] != 0]
+    if max_rows is None:
+        max_rows = max(B, int(2 ** 30 // (T * info.vocab_size * 4)))
+    per_fwd = max(1, max_rows // B)
+    exp_acc = ExposureAccumulator(info, cutoffs if not isinstance(cutoffs, str) else [cutoffs])
+    collector = _exposure_collector(model, exp_acc, [cutoff_fraction(c) for c in exp_acc.cutoffs], backend) \
+        if exposure else None
+
+    sums = {c: 0.0 for c in conds}
+    clean_total, count = 0.0, 0
+    per_batch = []
+    bar = progress(len(w) * len(conds), progress_bar, f"injection ({info.name})")
+    for n in range(len(w)):
+        ids, tgt = w.inputs(n), w.targets(n)
+        out = collector.run(model, ids) if collector is not None else model(ids)
+        clean = float(token_losses(logits_of(out), tgt).double().sum())
+        clean_total += clean
+        count += tgt.numel()
+        batch_loss = {c: clean for c in conds}  # dose 0: unchanged
+        bar.update(len(conds) - len(run))
+        for start in range(0, len(run), per_fwd):
+            chunk = run[start:start + per_fwd]
+            draws = {}
+
+            def hook(v, hook, chunk=chunk, draws=draws, n=n):
+                l = names.layer_of(hook.name)
+                parts = v.reshape(len(chunk), B, *v.shape[1:])
+                out = []
+                for c, (kind, cutoff, dose) in enumerate(chunk):
+                    if kind not in draws.setdefault(l, {}):
+                        draws[l][kind] = JunkDraws(kind, parts.shape[1:], seed, n, l,
+                                                   own[l] if own is not None else None)
+                    out.append(corrupt(parts[c], dose, cutoff_fraction(cutoff), draws[l][kind]))
+                return torch.cat(out, 0)
+
+            stacked = ids.repeat(len(chunk), 1)
+            logits = logits_of(model.run_with_hooks(stacked, fwd_hooks=[(lambda name: name.endswith("attn.hook_v"),
+                                                                          hook)]))
+            losses = token_losses(logits, tgt.repeat(len(chunk), 1)).double().view(len(chunk), -1).sum(1)
+            del logits
+            for c, cond in enumerate(chunk):
+                batch_loss[cond] = float(losses[c])
+            bar.update(len(chunk))
+        for cond in conds:
+            sums[cond] += batch_loss[cond]
+            per_batch.append({"batch": n, "junk": cond[0], "cutoff": str(cond[1]), "dose": cond[2],
+                              "loss_clean": clean / tgt.numel(), "loss_corrupted": batch_loss[cond] / tgt.numel(),
+                              "delta": (batch_loss[cond] - clean) / tgt.numel()})
+    bar.close()
+    results = pd.DataFrame([{"junk": j, "cutoff": str(c), "dose": d, "loss_clean": clean_total / count,
+                             "loss_corrupted": sums[(j, c, d)] / count,
+                             "delta": (sums[(j, c, d)] - clean_total) / count} for j, c, d in conds])
+    tables = {"results": results, "per_batch": pd.DataFrame(per_batch)}
+    if exposure:
+        tables.update(exp_acc.tables())
+    meta = describe(model, w, "inject", junk=",".join(dict.fromkeys(j for j, _, _ in conds)),
+                    cutoffs=",".join(map(str, exp_acc.cutoffs)), doses=",".join(map(str, doses)), seed=seed,
+                    n_tokens=count)
+    return finish(tables, meta)
+
+
+@torch.no_grad()
+def exposure_stats(model, data, *, cutoffs=("q25", "median"), backend: str = "auto") -> dict[str, pd.DataFrame]:
+    """Exposure alone (no injection): share of each row's mass on quiet reads per cutoff, and on the phantom."""
+    info = model.probe_info
+    w = as_windows(data)
+    cutoffs = [cutoffs] if isinstance(cutoffs, (str, float, int)) else list(cutoffs)
+    acc = ExposureAccumulator(info, cutoffs)
+    collector = _exposure_collector(model, acc, [cutoff_fraction(c) for c in cutoffs], backend)
+    for n in range(len(w)):
+        collector.run(model, w.inputs(n))
+    return finish(acc.tables(), describe(model, w, "exposure", cutoffs=",".join(map(str, cutoffs))))
+
+
+__all__ = ["inject", "exposure_stats", "corrupt", "quiet_mask", "median_norm", "JunkDraws", "own_directions",
+           "JUNK_TYPES", "CUTOFFS", "DEFAULT_DOSES", "conditions", "cutoff_fraction"]

@@ -1,0 +1,175 @@
+"""Attention-sink statistics (SPEC §5, abstention-filtering §4.3 and App. "Sink analysis", Tables 14-15).
+
+Per attention row i (queries t >= 1):
+    pos0_share    = mass on key 0 / mass on the real keys
+    phantom_share = mass on the phantom / all mass (real + phantom)       (0 for models without a phantom)
+    uniform_ref   = 1 / (number of visible keys) = 1/(t+1): the position-0 share of a causal-uniform row
+and per KV head and sequence  r0 = ||v_0|| / median_j ||v_j||  (reads = hook_v, median over all T reads, linear
+interpolation), reported as a mean of ratios. Averages: over rows, then query heads, then layers. Sliding-window layers
+are also reported over the queries whose window contains key 0. A sink has formed when, averaged over the layers past
+the first, pos0_share >= 3 x uniform_ref and r0 < 0.8 (SPEC §8).
+
+``sink_stats`` streams: it hooks q, k, v (and the sink logit) of one layer at a time and gets the per-row masses from
+probe.kernels.attention_row_masses, so no T x T tensor exists. ``sink_stats_reference`` computes the same numbers from
+``hook_pattern``/``hook_phantom`` (materialised patterns) and is what tests compare the streaming pass against.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from probe.analyses.capture import LayerCollector, as_windows, describe, finish, progress, sliding
+
+SINK_FACTOR = 3.0  # pos0_share >= 3 x causal-uniform reference
+SINK_R0 = 0.8  # and r0 below this
+
+
+class SinkAccumulator:
+    """Sums of per-row statistics per (layer, head) and of r0 per (layer, KV head) over batches."""
+
+    def __init__(self, info):
+        self.info = info
+        L, H, Hkv = info.n_layers, info.n_heads, info.n_kv_heads
+        z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
+        self.pos0, self.phantom, self.rows = z(L, H), z(L, H), z(L)
+        self.pos0_w, self.phantom_w, self.rows_w = z(L, H), z(L, H), z(L)  # rows whose window contains key 0
+        self.uniform, self.uniform_w = z(L), z(L)
+        self.r0, self.seqs = z(L, Hkv), z(L)
+        self.sink = [None] * L
+
+    def add(self, layer: int, pos0: torch.Tensor, phantom: torch.Tensor, norms: torch.Tensor, sink=None):
+        """pos0, phantom: (B, H, T) per-row shares; norms: (B, T, Hkv) read norms; sink: (H,) logits or None."""
+        B, H, T = pos0.shape
+        if T < 2:
+            raise ValueError("sink statistics need at least 2 positions (rows t >= 1)")
+        window = sliding(self.info, layer)
+        t = torch.arange(1, T, dtype=torch.float64)
+        self.pos0[layer] += pos0[:, :, 1:].double().sum((0, 2))
+        self.phantom[layer] += phantom[:, :, 1:].double().sum((0, 2))
+        self.rows[layer] += B * (T - 1)
+        sees0 = t < window if window is not None else torch.ones_like(t, dtype=torch.bool)  # query t sees key 0
+        self.uniform[layer] += B * torch.where(sees0, 1 / (t + 1), 0).sum()
+        k = int(sees0.sum())  # rows 1..k see key 0
+        self.pos0_w[layer] += pos0[:, :, 1:1 + k].double().sum((0, 2))
+        self.phantom_w[layer] += phantom[:, :, 1:1 + k].double().sum((0, 2))
+        self.rows_w[layer] += B * k
+        self.uniform_w[layer] += B * (1 / (t[:k] + 1)).sum()
+        n = norms.double()
+        median = torch.quantile(n, 0.5, dim=1)  # (B, Hkv), linear interpolation over all T reads
+        self.r0[layer] += (n[:, 0] / median).sum(0)
+        self.seqs[layer] += B
+        if sink is not None:
+            self.sink[layer] = sink.detach().double().cpu()
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        info = self.info
+        G = info.kv_group
+        heads = []
+        for l in range(info.n_layers):
+            r0 = self.r0[l] / self.seqs[l]
+            for h in range(info.n_heads):
+                row = {"layer": l, "head": h, "kv_head": h // G, "layer_type": info.layer_types[l],
+                       "pos0_share": float(self.pos0[l, h] / self.rows[l]),
+                       "phantom_share": float(self.phantom[l, h] / self.rows[l]),
+                       "r0": float(r0[h // G]), "uniform_ref": float(self.uniform[l] / self.rows[l]),
+                       "sink_logit": float(self.sink[l][h]) if self.sink[l] is not None else float("nan")}
+                if info.layer_types[l] == "sliding":
+                    row.update(pos0_share_key0=float(self.pos0_w[l, h] / self.rows_w[l]),
+                               phantom_share_key0=float(self.phantom_w[l, h] / self.rows_w[l]),
+                               uniform_ref_key0=float(self.uniform_w[l] / self.rows_w[l]))
+                heads.append(row)
+        heads = pd.DataFrame(heads)
+        cols = [c for c in heads.columns if c not in ("layer", "head", "kv_head", "layer_type", "r0")]
+        layers = heads.groupby(["layer", "layer_type"], sort=True)[cols].mean().reset_index()
+        layers.insert(4, "r0", [float((self.r0[l] / self.seqs[l]).mean()) for l in layers["layer"]])
+        # summaries: over all layers, per layer type, and for sliding layers over queries that see key 0
+        summary = _summary(layers, "all")
+        later = layers[layers["layer"] > 0] if len(layers) > 1 else layers
+        summary.update(_flag(later))
+        by_type = [_summary(layers, "all")]
+        for kind in ("full", "sliding"):
+            sub = layers[layers["layer_type"] == kind]
+            if len(sub) and len(sub) < len(layers):
+                by_type.append(_summary(sub, kind))
+        sub = layers[layers["layer_type"] == "sliding"]
+        if len(sub):
+            key0 = sub.assign(pos0_share=sub["pos0_share_key0"], phantom_share=sub["phantom_share_key0"],
+                              uniform_ref=sub["uniform_ref_key0"])
+            by_type.append(_summary(key0, "sliding (key 0 in window)"))
+        return {"summary": pd.DataFrame([summary]), "by_type": pd.DataFrame(by_type), "layers": layers, "heads": heads}
+
+
+def _summary(layers: pd.DataFrame, group: str) -> dict:
+    return {"layers": group, "n_layers": len(layers),
+            **{c: float(layers[c].mean()) for c in ("pos0_share", "phantom_share", "r0", "uniform_ref")}}
+
+
+def _flag(later: pd.DataFrame) -> dict:
+    pos0, ref, r0 = later["pos0_share"].mean(), later["uniform_ref"].mean(), later["r0"].mean()
+    return {"pos0_over_uniform": float(pos0 / ref), "r0_later": float(r0),
+            "sink_formed": bool(pos0 >= SINK_FACTOR * ref and r0 < SINK_R0)}
+
+
+def _meta(model, w, kind, **settings):
+    return describe(model, w, "sinks", method=kind, sink_factor=SINK_FACTOR, sink_r0=SINK_R0, **settings)
+
+
+@torch.no_grad()
+def sink_stats(model, data, *, backend: str = "auto", progress_bar: bool = False) -> dict[str, pd.DataFrame]:
+    """Streaming sink statistics: tables ``summary``, ``by_type``, ``layers``, ``heads``, ``meta``.
+
+    Hooks q, k, v (and the sink logit where the model has a phantom) one layer at a time; per-row masses on key 0 and
+    on all real keys come from ``attention_row_masses`` with the phantom in the normaliser."""
+    from probe.kernels import attention_row_masses
+
+    info = model.probe_info
+    w = as_windows(data)
+    acc = SinkAccumulator(info)
+    scale = info.extra.get("attn_scale")
+
+    def on_layer(l, got):
+        q, k, v = got["hook_q"], got["hook_k"], got["hook_v"]
+        sink = got.get("hook_sink_logit")
+        B, T, Hkv = k.shape[:3]
+        ind = torch.zeros(B, T, Hkv, 2, dtype=torch.float32)  # [key 0, every real key]
+        ind[:, 0, :, 0] = 1
+        ind[..., 1] = 1
+        lse, mass = attention_row_masses(q, k, ind, sink=sink, window=sliding(info, l), scale=scale,
+                                         backend=backend)
+        real = mass[..., 1].float()
+        pos0 = mass[..., 0].float() / real.clamp_min(1e-30)
+        phantom = (torch.exp(sink.float()[None, :, None] - lse.float()) if sink is not None
+                   else torch.zeros_like(lse, dtype=torch.float32))
+        acc.add(l, pos0, phantom, v.float().norm(dim=-1), sink)
+
+    needs = lambda l: ["hook_q", "hook_k", "hook_v"] + (["hook_sink_logit"] if info.has_phantom else [])  # noqa
+    collector = LayerCollector(model, needs, on_layer)
+    bar = progress(len(w), progress_bar, "sink statistics")
+    for n in range(len(w)):
+        collector.run(model, w.inputs(n))
+        bar.update()
+    bar.close()
+    return finish(acc.tables(), _meta(model, w, "streaming", backend=backend))
+
+
+@torch.no_grad()
+def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
+    """The same statistics from materialised patterns (hook_pattern / hook_phantom), one batch at a time."""
+    info = model.probe_info
+    w = as_windows(data)
+    acc = SinkAccumulator(info)
+    wanted = ("hook_pattern", "hook_phantom", "hook_v", "hook_sink_logit")
+    for n in range(len(w)):
+        _, cache = model.run_with_cache(w.inputs(n), names_filter=lambda name: name.endswith(wanted))
+        for l in range(info.n_layers):
+            pattern = cache[f"blocks.{l}.attn.hook_pattern"].double()  # (B, H, T, T)
+            phantom = cache[f"blocks.{l}.attn.hook_phantom"].double()
+            real = pattern.sum(-1)
+            acc.add(l, pattern[..., 0] / real.clamp_min(1e-300), phantom / (phantom + real),
+                    cache[f"blocks.{l}.attn.hook_v"].float().norm(dim=-1),
+                    cache[f"blocks.{l}.attn.hook_sink_logit"] if f"blocks.{l}.attn.hook_sink_logit" in cache else None)
+        del cache
+    return finish(acc.tables(), _meta(model, w, "pattern"))
+
+
+__all__ = ["sink_stats", "sink_stats_reference", "SinkAccumulator", "SINK_FACTOR", "SINK_R0"]

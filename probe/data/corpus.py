@@ -1,0 +1,145 @@
+"""Named text corpora: bundled offline texts, local files, and (online only) Hugging Face datasets.
+
+Every analysis records which text it ran on, so a corpus carries a ``name`` (its identity in outputs) and a
+``fingerprint`` (hash of its documents) besides the documents themselves. How each text is cut into documents is
+described in ``probe.data.documents``.
+
+    load_corpus("wikitext-2-test")          # default evaluation corpus (bundled)
+    load_corpus("train")                    # bundled training mix: shakespeare + kjv + wikitext-2-valid
+    load_corpus("my_texts/")                # one document per .txt file (recursive, sorted)
+    load_corpus("notes.txt")                # one document per blank-line-separated chunk
+    load_corpus("hf:wikitext-2-raw-v1:test")  # through `datasets`; needs the hub (or HF_HUB_OFFLINE=1 and a cache)
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from probe.data import documents as D
+
+CORPUS_DIR = Path(__file__).parent / "corpora"
+DEFAULT_EVAL_CORPUS = "wikitext-2-test"
+
+CORPORA = {
+    "wikitext-2-valid": "WikiText-2 validation split (tokenised release, <unk> and @-@ kept), one document per article",
+    "wikitext-2-test": "WikiText-2 test split (tokenised release), one document per article; default evaluation corpus",
+    "shakespeare": "Shakespeare's plays and poems (Project Gutenberg), one document per work",
+    "kjv": "King James Bible, one document per book",
+    "train": "bundled training mix: shakespeare + kjv + wikitext-2-valid",
+    "hf:wikitext-2-raw-v1:<split>": "WikiText-2 raw (untokenised) through `datasets`, one document per article; online",
+    "hf:fineweb-edu[:<n_docs>]": "FineWeb-Edu sample-10BT, first n_docs records (default 10000), streamed; online",
+}
+
+_BUNDLED = {  # name -> (file, splitter)
+    "wikitext-2-valid": ("wikitext-2-valid.txt", D.split_wikitext),
+    "wikitext-2-test": ("wikitext-2-test.txt", D.split_wikitext),
+    "shakespeare": ("shakespeare.txt", D.split_shakespeare),
+    "kjv": ("kjv.txt", D.split_kjv),
+}
+TRAIN_MIX = ("shakespeare", "kjv", "wikitext-2-valid")
+
+
+@dataclass
+class Corpus:
+    name: str  # identity recorded in every output
+    documents: list[str] = field(repr=False)
+    source: str = ""  # where the text came from, in words
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """First 16 hex digits of the SHA-256 of the documents (order and boundaries included)."""
+        h = hashlib.sha256()
+        for d in self.documents:
+            h.update(d.encode("utf-8"))
+            h.update(b"\x00")
+        return h.hexdigest()[:16]
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def to_dict(self) -> dict:
+        return {"corpus": self.name, "corpus_fingerprint": self.fingerprint, "corpus_source": self.source,
+                "corpus_documents": len(self.documents)}
+
+
+def load_corpus(name_or_path: str | os.PathLike = DEFAULT_EVAL_CORPUS) -> Corpus:
+    """A bundled name, ``train``, a local ``.txt`` file or directory, or ``hf:...``; see ``CORPORA``."""
+    key = str(name_or_path)
+    if key in _BUNDLED:
+        fname, split = _BUNDLED[key]
+        text = (CORPUS_DIR / fname).read_text(encoding="utf-8")
+        return Corpus(key, split(text), f"bundled {fname} ({CORPORA[key]})")
+    if key == "train":
+        parts = [load_corpus(n) for n in TRAIN_MIX]
+        return Corpus("train", [d for p in parts for d in p.documents], "bundled mix: " + " + ".join(TRAIN_MIX))
+    if key.startswith("hf:"):
+        return _load_hf(key)
+    path = Path(key).expanduser()
+    if path.is_dir():
+        files = sorted(path.rglob("*.txt"))
+        if not files:
+            raise FileNotFoundError(f"corpus directory {key!r} holds no .txt files")
+        docs = [t for t in (f.read_text(encoding="utf-8").strip("\n") for f in files) if t.strip()]
+        return Corpus(str(path.resolve()), docs, f"directory, one document per .txt file ({len(files)} files)")
+    if path.is_file():
+        docs = D.split_blank_lines(path.read_text(encoding="utf-8"))
+        return Corpus(str(path.resolve()), docs, "text file, one document per blank-line-separated chunk")
+    if key.endswith(".txt") or os.sep in key:
+        raise FileNotFoundError(f"corpus file {key!r} does not exist")
+    raise ValueError(f"unknown corpus {key!r}; choose one of {sorted(_BUNDLED) + ['train']}, "
+                     "a .txt file or directory, or hf:wikitext-2-raw-v1:<split> / hf:fineweb-edu[:<n_docs>]")
+
+
+def _hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
+    """DNS lookup with a timeout, so that an offline machine fails in seconds instead of retrying for half a minute."""
+    ok = []
+    t = threading.Thread(target=lambda: ok.append(_resolves(host)), daemon=True)
+    t.start()
+    t.join(timeout)
+    return bool(ok and ok[0])
+
+
+def _resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, 443)
+        return True
+    except OSError:
+        return False
+
+
+def _load_hf(key: str) -> Corpus:
+    parts = key.split(":")
+    if parts[1] == "wikitext-2-raw-v1" and len(parts) == 3 and parts[2] in ("train", "validation", "test"):
+        args, kwargs, n_docs = ("wikitext", "wikitext-2-raw-v1"), {"split": parts[2]}, None
+    elif parts[1] == "fineweb-edu" and len(parts) <= 3:
+        if len(parts) == 3 and not parts[2].isdigit():
+            raise ValueError(f"bad document count {parts[2]!r} in {key!r}; use hf:fineweb-edu:<n_docs>, "
+                             "e.g. hf:fineweb-edu:2000")
+        n_docs = int(parts[2]) if len(parts) == 3 else 10000
+        args, kwargs = ("HuggingFaceFW/fineweb-edu",), {"name": "sample-10BT", "split": "train", "streaming": True}
+    else:
+        raise ValueError(f"unknown online corpus {key!r}; choose hf:wikitext-2-raw-v1:{{train,validation,test}} "
+                         "or hf:fineweb-edu[:<n_docs>]")
+    offline_env = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+    if not offline_env and not _hub_reachable():
+        raise ConnectionError(f"corpus {key!r} needs the Hugging Face hub, which is unreachable; offline use the "
+                              f"bundled 'wikitext-2-test' / 'train' (or set HF_HUB_OFFLINE=1 to read a local cache)")
+    try:
+        import datasets
+    except ImportError as e:
+        raise ImportError(f"corpus {key!r} needs the `datasets` package (pip install datasets)") from e
+    try:
+        ds = datasets.load_dataset(*args, **kwargs)
+        if n_docs is None:
+            docs = D.split_wikitext("\n".join(t.rstrip("\n") for t in ds["text"]))
+        else:
+            docs = [r["text"] for _, r in zip(range(n_docs), ds)]
+    except Exception as e:  # hub errors arrive as many types; report one line
+        raise ConnectionError(f"could not load corpus {key!r} through `datasets`: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    return Corpus(key, docs, f"Hugging Face datasets {args[0]} {kwargs}")

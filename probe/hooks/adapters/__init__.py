@@ -1,0 +1,30 @@
+"""HF architecture adapters: each exposes the §3 hook names on a transformers causal LM.
+
+``adapt(hf_model, tokenizer, name)`` picks the adapter by ``config.model_type`` and hooks the model in place;
+``probe.hooks.wrap(obj)`` does the same on a structural copy of a user's model (TransformerBridge, nnsight, HF).
+"""
+from __future__ import annotations
+
+from probe.hooks.adapters.gpt_neox import GPTNeoXAdapter
+from probe.hooks.adapters.gpt_oss import GptOssAdapter
+from probe.hooks.adapters.llama import LlamaAdapter
+
+ADAPTERS = (GPTNeoXAdapter, GptOssAdapter, LlamaAdapter)
+SUPPORTED_MODEL_TYPES = {mt: cls for cls in ADAPTERS for mt in cls.model_types}
+
+
+def adapter_for(model_type: str):
+    try:
+        return SUPPORTED_MODEL_TYPES[model_type]
+    except KeyError:
+        raise ValueError(f"no probe adapter for model_type {model_type!r}; supported: "
+                         f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}") from None
+
+
+def adapt(hf_model, tokenizer=None, name: str | None = None):
+    """Hook ``hf_model`` in place and return the adapter (a TransformerLens HookedRootModule)."""
+    return adapter_for(hf_model.config.model_type)(hf_model, tokenizer=tokenizer, name=name)
+
+
+__all__ = ["adapt", "adapter_for", "ADAPTERS", "SUPPORTED_MODEL_TYPES", "GPTNeoXAdapter", "GptOssAdapter",
+           "LlamaAdapter"]

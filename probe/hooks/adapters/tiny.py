@@ -1,0 +1,76 @@
+"""Tiny random HF checkpoints that carry the real architectures' quirks (SPEC §6), for offline tests and demos.
+
+``build_tiny(family, directory)`` writes ``config.json``, safetensors weights and a word-level tokenizer
+(tokens ``w2 … w{V-1}``) to ``directory`` and returns it. Quirks kept: GPT-NeoX — q|k|v interleaved per head in
+``query_key_value``, rotary on 25% of head dims, parallel residual, QKV bias, untied embeddings; gpt-oss — learned
+sinks (set to randn·3 so they matter), sliding/full ``layer_types`` with a window shorter than test sequences, GQA,
+MoE, QKV bias, YaRN rope; llama — GQA.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+FAMILIES = ("gpt_neox", "gpt_oss", "llama")
+VOCAB = 96
+
+
+def tiny_config(family: str, vocab_size: int = VOCAB):
+    from transformers import GPTNeoXConfig, GptOssConfig, LlamaConfig
+
+    if family == "gpt_neox":
+        return GPTNeoXConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                             intermediate_size=64, rotary_pct=0.25, use_parallel_residual=True, attention_bias=True,
+                             max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    if family == "gpt_oss":
+        return GptOssConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=8, intermediate_size=32, num_local_experts=4,
+                            num_experts_per_tok=2, sliding_window=4,
+                            layer_types=["sliding_attention", "full_attention"], attention_bias=True,
+                            max_position_embeddings=131072,
+                            rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                             "truncate": False, "original_max_position_embeddings": 4096,
+                                             "rope_theta": 150000.0},
+                            tie_word_embeddings=False, pad_token_id=1, bos_token_id=0, eos_token_id=1)
+    if family == "llama":
+        return LlamaConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
+                           tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    raise ValueError(f"unknown tiny family {family!r}; choose from {FAMILIES}")
+
+
+def tiny_tokenizer(vocab_size: int = VOCAB):
+    """A word-level tokenizer: ``<unk>``=0 (also BOS), ``<eos>``=1 (also pad), ``w{i}`` = i for i ≥ 2."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<eos>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<unk>", eos_token="<eos>",
+                                   pad_token="<eos>")
+
+
+def tiny_model(family: str, seed: int = 0):
+    """A random tiny HF causal LM (eager attention) of ``family``."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(family), attn_implementation="eager")
+    with torch.no_grad():
+        if family == "gpt_oss":
+            for layer in model.model.layers:
+                layer.self_attn.sinks.copy_(torch.randn_like(layer.self_attn.sinks) * 3)
+        # random init leaves biases at zero; make them matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or name.endswith("_bias"):
+                p.copy_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+def build_tiny(family: str, directory: str | Path, seed: int = 0) -> Path:
+    directory = Path(directory)
+    tiny_model(family, seed).save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    return directory

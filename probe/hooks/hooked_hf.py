@@ -1,0 +1,271 @@
+"""``HookedHF``: a TransformerLens ``HookedRootModule`` around a transformers causal LM, exposing the §3 hook names.
+
+How the hooks fire (family adapters in ``probe.hooks.adapters`` fill in the per-architecture parts):
+
+* ``hook_embed`` — a forward hook on the input embedding returns ``hook_embed(output)``.
+* ``blocks.{l}.hook_resid_pre / hook_resid_mid / hook_resid_post`` — each decoder layer's ``forward`` is replaced
+  (on that instance only) by the family's layer forward, which calls the layer's own submodules in HF's order and
+  passes the residual stream through the HookPoints, so edits propagate exactly.
+* ``blocks.{l}.attn.*`` — the model runs with ``attn_implementation="probe"`` (``probe.hooks.attention``); the
+  attention function looks up the calling module's hook container and fires hook_q/k/v/v_out/[sink_logit]/
+  [pattern/phantom]/z.
+
+The HF model is ``self.hf_model``; ``self(input_ids)`` returns its output (``.logits``). ``run_with_cache`` and
+``run_with_hooks`` are TransformerLens's. :func:`adapt` builds one on an HF model (in place), :func:`wrap` on a
+user's object without touching it (TransformerBridge, nnsight model or plain HF model: a structural copy that shares
+the parameters).
+"""
+from __future__ import annotations
+
+import copy
+import types
+import weakref
+from collections import OrderedDict
+
+import torch
+from torch import nn
+from transformer_lens.hook_points import HookPoint
+from transformer_lens import HookedRootModule
+
+from probe.hooks import attention as _attn
+from probe.hooks.info import ModelInfo
+
+# HF decoder layer -> its _BlockHooks (the patched layer forward looks itself up here)
+LAYER_SITES: "weakref.WeakKeyDictionary[nn.Module, _BlockHooks]" = weakref.WeakKeyDictionary()
+
+
+class _AttnHooks(nn.Module):
+    def __init__(self, has_sink: bool):
+        super().__init__()
+        self.materialize = False  # compute the pattern even when no TL hook asks (nnsight, output_attentions)
+        self.hook_q = HookPoint()  # B,T,H,dh after rotary
+        self.hook_k = HookPoint()  # B,T,Hkv,dh after rotary
+        self.hook_v = HookPoint()  # B,T,Hkv,dh value reads
+        self.hook_v_out = HookPoint()  # B,T,Hkv,dh value aggregated (== hook_v: HF models have no value gate)
+        if has_sink:
+            self.hook_sink_logit = HookPoint()  # H
+        self.hook_pattern = HookPoint()  # B,H,Tq,Tk over real keys
+        self.hook_phantom = HookPoint()  # B,H,Tq sink mass (zeros without a sink)
+        self.hook_z = HookPoint()  # B,T,H,dh before the output projection
+
+
+class _BlockHooks(nn.Module):
+    def __init__(self, has_sink: bool):
+        super().__init__()
+        self.hook_resid_pre = HookPoint()
+        self.attn = _AttnHooks(has_sink)
+        self.hook_resid_mid = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+
+def _layer_forward(family_forward):
+    """Instance forward for an HF decoder layer: the family's hooked body, or the class forward if unregistered."""
+
+    def forward(self, hidden_states=None, *args, **kwargs):
+        hooks = LAYER_SITES.get(self)
+        if hooks is None:  # e.g. a copy made after adaptation: behave like the original layer
+            return type(self).forward(self, hidden_states, *args, **kwargs)
+        if args:
+            raise TypeError("hooked decoder layers take the hidden states positionally and everything else by keyword")
+        return family_forward(self, hooks, hidden_states, **kwargs)
+
+    return forward
+
+
+class HookedHF(HookedRootModule):
+    """Base adapter. Subclasses set ``family``, ``model_types`` and implement :meth:`layer_forward`,
+    :meth:`decoder_layers`, :meth:`attention_module` and :meth:`describe`."""
+
+    family = "hf"
+    model_types: tuple[str, ...] = ()
+    has_sink = False
+
+    def __init__(self, hf_model: nn.Module, tokenizer=None, name: str | None = None):
+        super().__init__()
+        self.hf_model = hf_model
+        self.tokenizer = tokenizer
+        layers = list(self.decoder_layers(hf_model))
+        self.hook_embed = HookPoint()
+        self.blocks = nn.ModuleList([_BlockHooks(self.has_sink) for _ in layers])
+        self._handles = []
+        self._install(layers)
+        self.setup()
+        self.probe_info: ModelInfo = self.describe(hf_model.config, name or _default_name(hf_model))
+        self.eval()
+
+    # --- per family ------------------------------------------------------------------------------------------
+    @staticmethod
+    def decoder_layers(hf_model) -> list[nn.Module]:
+        return list(hf_model.model.layers)
+
+    @staticmethod
+    def attention_module(layer) -> nn.Module:
+        return layer.self_attn
+
+    @staticmethod
+    def layer_forward(layer, hooks: _BlockHooks, hidden_states, **kwargs):
+        raise NotImplementedError
+
+    def describe(self, config, name: str) -> ModelInfo:
+        raise NotImplementedError
+
+    # --- machinery --------------------------------------------------------------------------------------------
+    def _install(self, layers):
+        hf = self.hf_model
+        hf.set_attn_implementation(_attn.register())
+        emb = hf.get_input_embeddings()
+        self._handles.append(emb.register_forward_hook(lambda _m, _i, out: self.hook_embed(out)))
+        fwd = _layer_forward(type(self).layer_forward)
+        for layer, block in zip(layers, self.blocks):
+            LAYER_SITES[layer] = block
+            _attn.SITES[self.attention_module(layer)] = block.attn
+            layer.forward = types.MethodType(fwd, layer)
+
+    def setup(self):
+        """TransformerLens setup over the hook tree only (the wrapped HF modules are not renamed or listed)."""
+        self.mod_dict, self.hook_dict = {}, {}
+        for name, module in self.named_modules():
+            if name == "" or name == "hf_model" or name.startswith("hf_model."):
+                continue
+            module.name = name
+            self.mod_dict[name] = module
+            if isinstance(module, HookPoint):
+                self.hook_dict[name] = module
+
+    @property
+    def materialize_patterns(self) -> bool:
+        """Force the pattern path (hook_pattern/hook_phantom fire on every forward), e.g. to read patterns through
+        nnsight, which does not register TransformerLens hooks. Off by default: patterns are then computed only when
+        a hook or cache asks for them."""
+        return all(b.attn.materialize for b in self.blocks)
+
+    @materialize_patterns.setter
+    def materialize_patterns(self, on: bool):
+        for b in self.blocks:
+            b.attn.materialize = bool(on)
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        """Run the HF model; ``input_ids`` may also be a string or list of strings (tokenized with ``self.tokenizer``)."""
+        if isinstance(input_ids, (str, list)) and (isinstance(input_ids, str) or isinstance(input_ids[0], str)):
+            if self.tokenizer is None:
+                raise ValueError("text input needs a tokenizer; pass token ids instead")
+            enc = self.tokenizer(input_ids, return_tensors="pt", padding=isinstance(input_ids, list))
+            input_ids, attention_mask = enc["input_ids"], enc.get("attention_mask", attention_mask)
+        if isinstance(input_ids, torch.Tensor):
+            input_ids = input_ids.to(self.device)
+        kwargs.setdefault("use_cache", False)
+        return self.hf_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        return self.hf_model.generate(*args, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf_model.parameters()).device
+
+    @property
+    def config(self):
+        return self.hf_model.config
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.probe_info.name!r}, family={self.family!r}, layers={len(self.blocks)})"
+
+
+def _default_name(hf_model) -> str:
+    return getattr(hf_model.config, "_name_or_path", "") or type(hf_model).__name__
+
+
+def _ffn_layer_types(config, n_layers: int) -> list[str]:
+    types_ = getattr(config, "layer_types", None)
+    if types_:
+        return ["sliding" if "sliding" in t else "full" for t in types_]
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return ["sliding"] * n_layers
+    return ["full"] * n_layers
+
+
+def base_info(config, name: str, family: str, **over) -> ModelInfo:
+    """The ModelInfo fields every decoder-only HF config provides."""
+    n_heads = config.num_attention_heads
+    d_head = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    n_layers = config.num_hidden_layers
+    layer_types = _ffn_layer_types(config, n_layers)
+    fields = dict(
+        name=name, family=family, n_layers=n_layers, d_model=config.hidden_size, n_heads=n_heads,
+        n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads, d_head=d_head,
+        n_ctx=getattr(config, "max_position_embeddings", 2048), vocab_size=config.vocab_size, layer_types=layer_types,
+        sliding_window=getattr(config, "sliding_window", None) if "sliding" in layer_types else None,
+        bos_token_id=getattr(config, "bos_token_id", None),
+        extra={"model_type": config.model_type, "dtype": str(getattr(config, "dtype", "") or "")},
+    )
+    fields["extra"].update(over.pop("extra", {}))
+    fields.update(over)
+    return ModelInfo(**fields)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# structural copies that share parameters (for wrap(): never mutate the user's model)
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+               "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _unwrap(module: nn.Module) -> nn.Module:
+    """A TransformerBridge component keeps the HF module it replaced as ``_original_component``."""
+    while "_original_component" in module._modules:
+        module = module._modules["_original_component"]
+    return module
+
+
+def _is_foreign_forward(fwd) -> bool:
+    """An instance ``forward`` put there by nnsight (its Controller) or by us, not by accelerate/HF."""
+    mod = getattr(type(fwd), "__module__", "") or ""
+    if mod.startswith("nnsight"):
+        return True
+    func = getattr(fwd, "__func__", None)
+    return func is not None and getattr(func, "__qualname__", "").startswith("_layer_forward.")
+
+
+def shared_clone(model: nn.Module) -> nn.Module:
+    """A copy of an HF model's module tree that shares every parameter and buffer with ``model``.
+
+    TransformerBridge components are replaced by the HF modules they wrap, nnsight's instance forwards and all
+    forward/backward hooks are dropped, and the config is copied, so adapting the clone leaves ``model`` (and any
+    bridge or nnsight wrapper around it) untouched.
+    """
+    model = _unwrap(model)
+    new_config = copy.deepcopy(model.config) if hasattr(model, "config") else None
+    old_config = getattr(model, "config", None)
+    memo: dict[int, nn.Module] = {}
+
+    def clone(mod: nn.Module) -> nn.Module:
+        mod = _unwrap(mod)
+        if id(mod) in memo:
+            return memo[id(mod)]
+        new = copy.copy(mod)
+        memo[id(mod)] = new
+        d = new.__dict__
+        d["_parameters"] = OrderedDict(mod._parameters)
+        d["_buffers"] = OrderedDict(mod._buffers)
+        d["_non_persistent_buffers_set"] = set(mod._non_persistent_buffers_set)
+        for h in _HOOK_DICTS:
+            if h in d:
+                d[h] = OrderedDict()
+        for key in [k for k, v in d.items() if k == "forward" and _is_foreign_forward(v)]:
+            del d[key]
+        for key in [k for k in d if k.startswith("__nnsight") or k.startswith("_nnsight")]:
+            del d[key]
+        if old_config is not None and d.get("config") is old_config:
+            d["config"] = new_config
+        d["_modules"] = OrderedDict(
+            (name, None if child is None else clone(child))
+            for name, child in mod._modules.items()
+            if not isinstance(child, HookPoint)
+        )
+        return new
+
+    return clone(model)
+
+
+def is_hooked(obj) -> bool:
+    return isinstance(obj, HookedRootModule) and hasattr(obj, "probe_info")

@@ -1,0 +1,288 @@
+"""Name → hooked model (SPEC §6).
+
+``probe.load(name)`` accepts
+
+* zoo names ``probe/tiny-<variant>`` or ``tiny-<variant>`` → the packaged checkpoint ``probe/zoo/<name>/``;
+* ``pythia-{14m,…,12b}[-deduped][@step{N}]`` → ``EleutherAI/pythia-…`` at revision ``step{N}``;
+* ``gpt-oss-20b`` / ``gpt-oss-120b`` → ``openai/…``;
+* any HF repo id, optionally ``repo@revision``; a local model directory; a ``.gguf`` file (loaded with transformers'
+  ``gguf_file=``; for a GGUF inside a hub repo pass ``gguf_file=`` yourself).
+
+Custom checkpoints (config ``model_type == "probe"``) load through ``AutoModelForCausalLM`` after ``import
+probe.models`` and come back as they are (already hooked); HF architectures come back wrapped in their adapter
+(``probe.hooks.adapters``). A hub model that is neither cached nor reachable raises :class:`ModelNotFoundError` with
+one line, without hub retries.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
+
+PYTHIA_SIZES = ("14m", "31m", "70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b")
+# Pythia checkpoints: step0, log-spaced steps 1…512, then every 1000 steps up to 143000 (= main)
+PYTHIA_STEPS = frozenset([0] + [2**i for i in range(10)] + list(range(1000, 143001, 1000)))
+GPT_OSS = ("20b", "120b")
+
+KNOWN_CHECKPOINTS: dict[str, str] = {
+    **{f"pythia-{s}": f"EleutherAI/pythia-{s}" for s in PYTHIA_SIZES},
+    **{f"pythia-{s}-deduped": f"EleutherAI/pythia-{s}-deduped" for s in PYTHIA_SIZES[2:]},
+    **{f"gpt-oss-{s}": f"openai/gpt-oss-{s}" for s in GPT_OSS},
+}
+
+_PYTHIA = re.compile(r"^(?:EleutherAI/)?pythia-(" + "|".join(re.escape(s) for s in PYTHIA_SIZES) + r")(-deduped)?$",
+                     re.IGNORECASE)
+_GPT_OSS = re.compile(r"^(?:openai/)?gpt-oss-(20b|120b)$", re.IGNORECASE)
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+
+
+class ModelNotFoundError(ValueError):
+    """A name that resolves to nothing loadable; the message is one line."""
+
+
+def zoo_names() -> list[str]:
+    """Packaged checkpoints: the subdirectories of ``probe/zoo`` that hold a ``config.json``."""
+    if not ZOO_DIR.is_dir():
+        return []
+    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def list_models() -> list[dict]:
+    """Rows for the CLI's ``models`` verb: zoo checkpoints, then known hub checkpoints with their cache state."""
+    rows = [{"name": f"probe/{n}", "source": str(ZOO_DIR / n), "kind": "zoo", "available": True} for n in zoo_names()]
+    for short, repo in KNOWN_CHECKPOINTS.items():
+        rows.append({"name": short, "source": repo, "kind": "hub", "available": _cached_config(repo, None) is not None})
+    return rows
+
+
+def _normalise_revision(rev: str | None, pythia: bool) -> str | None:
+    if rev is None or rev == "":
+        return None
+    if pythia:
+        m = re.fullmatch(r"(?:step)?(\d+)", rev)
+        if m:
+            step = int(m.group(1))
+            if step not in PYTHIA_STEPS:
+                raise ModelNotFoundError(f"Pythia has no checkpoint at step {step}: steps are 0, 1, 2, 4, …, 512 and "
+                                         f"every 1000 up to 143000")
+            return f"step{step}"
+    return rev
+
+
+def resolve(name) -> tuple[str, str | None, str]:
+    """``name`` → ``(repo_or_path, revision, kind)`` with kind in {"zoo", "local", "gguf", "hub"}.
+
+    Pure apart from looking at the local filesystem (no network). Raises :class:`ModelNotFoundError` for a missing
+    zoo name, GGUF file or path-like directory, and ``ValueError`` for a malformed name.
+    """
+    raw = os.fspath(name).strip()
+    if not raw:
+        raise ValueError("empty model name")
+    path = Path(raw).expanduser()
+    if raw.lower().endswith(".gguf"):
+        if path.is_file():
+            return str(path.resolve()), None, "gguf"
+        raise ModelNotFoundError(f"GGUF file not found: {raw} (for a GGUF in a hub repo use "
+                                 f"probe.load('owner/repo', gguf_file='file.gguf'))")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{raw} is a directory but holds no config.json (not a saved model)")
+        return str(path.resolve()), None, "local"
+    if raw.startswith("probe/") or raw.startswith("tiny-"):
+        zoo = raw.split("/", 1)[1] if raw.startswith("probe/") else raw
+        if (ZOO_DIR / zoo / "config.json").is_file():
+            return str(ZOO_DIR / zoo), None, "zoo"
+        have = zoo_names()
+        raise ModelNotFoundError(f"no zoo checkpoint {zoo!r}; available: {', '.join(have) if have else 'none yet'}")
+    base, _, rev = raw.partition("@")
+    if "@" in rev:
+        raise ValueError(f"malformed model name {raw!r}: more than one '@'")
+    if m := _PYTHIA.match(base):
+        size, dedup = m.group(1).lower(), m.group(2) or ""
+        return f"EleutherAI/pythia-{size}{dedup.lower()}", _normalise_revision(rev, True), "hub"
+    if m := _GPT_OSS.match(base):
+        return f"openai/gpt-oss-{m.group(1).lower()}", _normalise_revision(rev, False), "hub"
+    if base.startswith(("/", ".", "~")) or base.count("/") > 1 or os.sep in base.replace("/", ""):
+        raise ModelNotFoundError(f"no model directory at {base}")
+    if not _REPO_ID.match(base):
+        raise ValueError(f"not a model name, directory or hub repo id: {raw!r}")
+    return base, _normalise_revision(rev, False), "hub"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# hub availability without retries
+
+
+def _offline() -> bool:
+    try:
+        from huggingface_hub import constants
+
+        if constants.HF_HUB_OFFLINE:
+            return True
+    except Exception:  # pragma: no cover
+        pass
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"} or \
+        os.environ.get("TRANSFORMERS_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
+
+
+_reachable: dict[str, bool] = {}
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the hub endpoint accepts a TCP connection (checked once per process; proxies are trusted)."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    try:
+        from huggingface_hub import constants
+
+        endpoint = constants.ENDPOINT
+    except Exception:  # pragma: no cover
+        endpoint = "https://huggingface.co"
+    if endpoint not in _reachable:
+        url = urlparse(endpoint)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            socket.create_connection((url.hostname, port), timeout=timeout).close()
+            _reachable[endpoint] = True
+        except OSError:
+            _reachable[endpoint] = False
+    return _reachable[endpoint]
+
+
+def _cached_config(repo: str, revision: str | None) -> str | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo, "config.json", revision=revision)
+    except Exception:
+        return None
+    return found if isinstance(found, str) else None
+
+
+def _missing(repo: str, revision: str | None, why: str) -> ModelNotFoundError:
+    at = f"@{revision}" if revision else ""
+    short = repo.split("/")[-1]
+    return ModelNotFoundError(f"model {repo}{at} is {why}; download it where there is network "
+                              f"(e.g. `huggingface-cli download {repo}"
+                              f"{' --revision ' + revision if revision else ''} --local-dir {short}`) "
+                              f"and pass the local directory: probe.load('path/to/{short}')")
+
+
+def _hub_config_path(repo: str, revision: str | None, hf_kwargs: dict) -> tuple[str, bool]:
+    """The local path of the hub model's config.json and whether to load with ``local_files_only``."""
+    cached = _cached_config(repo, revision)
+    online = not _offline() and not hf_kwargs.get("local_files_only") and _hub_reachable()
+    if cached is not None:
+        return cached, not online
+    if not online:
+        raise _missing(repo, revision, "not in the local Hugging Face cache and the hub is unreachable (offline)")
+    try:
+        from huggingface_hub import hf_hub_download
+
+        kw = {k: hf_kwargs[k] for k in ("token", "cache_dir") if k in hf_kwargs}
+        return hf_hub_download(repo, "config.json", revision=revision, **kw), False
+    except Exception as e:  # RepositoryNotFound, RevisionNotFound, gated, connection errors …
+        raise _missing(repo, revision, f"not available from the hub ({type(e).__name__})") from None
+
+
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _resolve_dtype(dtype, device, hf_kwargs):
+    import torch
+
+    if dtype is None:
+        on_gpu = (device is not None and str(device) != "cpu") or "device_map" in hf_kwargs
+        return "auto" if on_gpu else torch.float32  # bf16 is very slow on CPU (SPEC §7)
+    if isinstance(dtype, str) and dtype != "auto":
+        aliases = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+        return getattr(torch, aliases.get(dtype, dtype))
+    return dtype
+
+
+def _load_tokenizer(source: str, **kw):
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(source, **kw)
+    except Exception:
+        return None
+
+
+def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, **hf_kwargs):
+    """Load a model by name (see module docstring) and return it hooked (the probe protocol).
+
+    ``revision`` overrides an ``@revision`` in the name (they must agree if both are given); ``device`` moves the
+    model after loading (or pass ``device_map="auto"``, forwarded to transformers); ``dtype`` defaults to float32 on
+    CPU and the checkpoint's dtype ("auto") on an accelerator; other keywords go to ``from_pretrained``.
+    """
+    target, rev, kind = resolve(name_or_path)
+    if revision is not None:
+        if rev is not None and rev != revision:
+            raise ValueError(f"revision {revision!r} conflicts with {rev!r} in {name_or_path!r}")
+        rev = revision
+    hf_kwargs = dict(hf_kwargs)
+    local_only = False
+    source, file_kw = target, {}
+    if kind == "hub":
+        config_path, local_only = _hub_config_path(target, rev, hf_kwargs)
+        identity = f"{target}@{rev}" if rev else target
+    elif kind == "gguf":
+        config_path = None
+        source, file_kw = str(Path(target).parent), {"gguf_file": Path(target).name}
+        identity = target
+    else:
+        config_path = str(Path(target) / "config.json")
+        identity = f"probe/{Path(target).name}" if kind == "zoo" else target
+    model_type = None
+    if config_path is not None:
+        with open(config_path) as f:
+            model_type = json.load(f).get("model_type")
+
+    common = dict(file_kw)
+    if rev is not None:
+        common["revision"] = rev
+    if local_only:
+        common["local_files_only"] = True
+    for k in ("token", "cache_dir", "trust_remote_code"):
+        if k in hf_kwargs:
+            common[k] = hf_kwargs[k]
+    model_kw = {**hf_kwargs, **common, "dtype": _resolve_dtype(dtype, device, hf_kwargs)}
+
+    from transformers import AutoModelForCausalLM
+
+    if model_type == "probe":
+        try:
+            import probe.models  # noqa: F401  (registers ProbeConfig / ProbeForCausalLM with the Auto classes)
+        except ImportError as e:
+            raise ImportError(f"{identity} is a custom probe checkpoint but probe.models cannot be imported: {e}") from e
+        model = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev)
+    else:
+        model_kw.setdefault("attn_implementation", "eager")
+        hf = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev)
+        if device is not None and "device_map" not in hf_kwargs:
+            hf = hf.to(device)
+        from probe.hooks.adapters import adapt
+
+        model = adapt(hf.eval(), tokenizer=None, name=identity)
+        model.probe_info.extra.update({"source": kind, "revision": rev, "location": target})
+    if model_type == "probe" and device is not None and "device_map" not in hf_kwargs:
+        model = model.to(device)
+    tokenizer = _load_tokenizer(source, **common)
+    if getattr(model, "tokenizer", None) is None:
+        model.tokenizer = tokenizer
+    return model.eval()
+
+
+def _from_pretrained(auto_cls, source, kw, kind, target, rev):
+    try:
+        return auto_cls.from_pretrained(source, **kw)
+    except OSError as e:
+        if kind == "hub":
+            raise _missing(target, rev, f"incomplete in the local cache or unavailable ({type(e).__name__})") from None
+        raise

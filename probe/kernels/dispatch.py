@@ -1,0 +1,171 @@
+"""One entry point per op; picks the reference, the fused torch path (SDPA / CPU flash) or the Triton kernel.
+
+backend   sink_attention                       depth_attention        attention_row_masses
+auto      pattern -> reference; CUDA + triton   CUDA + triton          CUDA + triton -> triton; CPU, no window
+          -> triton; else sdpa                  -> triton; else ref    -> CPU flash; else chunked
+torch     pattern -> reference; else sdpa       reference              CPU flash or chunked
+reference T x T fp32 reference                  reference              T x T reference
+sdpa      fused SDPA (no pattern)               reference (no SDPA form) CPU flash or chunked
+triton    Triton (CUDA, or CPU under TRITON_INTERPRET=1)
+Triton is imported only when a Triton path is taken.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+
+from probe.kernels.depth_attention.reference import check_sources, depth_attention_reference, depth_scores
+from probe.kernels.sink_attention.reference import sink_attention_reference
+from probe.kernels.sink_attention.row_masses import (row_masses_chunked, row_masses_flash_cpu,
+                                                     row_masses_reference, row_masses_triton)
+from probe.kernels.sink_attention.sdpa import _cpu_flash, sink_attention_sdpa
+from probe.kernels.value_transform import check_transform
+
+BACKENDS = ("auto", "torch", "reference", "sdpa", "triton")
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class AttentionOutput(NamedTuple):
+    out: torch.Tensor  # (B, T, H, dv) in q.dtype
+    lse: Optional[torch.Tensor]  # (B, H, T) fp32, log(exp(sink) + Σ_visible exp(score)); None on sdpa under autograd
+    pattern: Optional[torch.Tensor]  # (B, H, T, T) fp32 over real keys, rows sum to 1 - phantom (return_pattern)
+    phantom: Optional[torch.Tensor]  # (B, H, T) fp32 mass on the phantom key (return_pattern)
+
+
+class DepthOutput(NamedTuple):
+    h: torch.Tensor  # (B, T, d) in values' dtype
+    lse: torch.Tensor  # (B, T) fp32
+    weights: Optional[torch.Tensor]  # (B, T, S) fp32 (return_weights)
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def _triton_on(device: torch.device) -> bool:
+    """Can a Triton kernel run on tensors of this device? (explicit backend='triton' raises otherwise)"""
+    if not triton_available():
+        raise RuntimeError("backend='triton' needs the triton package (pip install 'probe[triton]')")
+    if device.type == "cuda":
+        return True
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return True
+    raise RuntimeError(f"backend='triton' runs on CUDA tensors, or on CPU tensors only with TRITON_INTERPRET=1 set "
+                       f"before triton is imported; got {device.type} tensors")
+
+
+def _check_attention_args(q, k, v, sink, key_bias, window):
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("expected q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv)")
+    B, T, H, dh = q.shape
+    if k.shape[:2] != (B, T) or v.shape[:3] != k.shape[:3] or k.shape[-1] != dh:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if H % k.shape[2]:
+        raise ValueError(f"query heads ({H}) must be a multiple of kv heads ({k.shape[2]})")
+    if sink is not None and sink.shape != (H,):
+        raise ValueError(f"sink must have shape ({H},), got {tuple(sink.shape)}")
+    if key_bias is not None and key_bias.shape != (B, k.shape[2], T):
+        raise ValueError(f"key_bias must have shape ({B}, {k.shape[2]}, {T}), got {tuple(key_bias.shape)}")
+    if window is not None and (int(window) != window or window < 1):
+        raise ValueError(f"window must be a positive int or None, got {window!r}")
+
+
+def sink_attention(q, k, v, *, sink=None, transform="identity", tau=None, w=None, b=None, beta=8.0, key_bias=None,
+                   window=None, scale=None, return_pattern=False, backend="auto") -> AttentionOutput:
+    """Causal (optionally sliding-window) GQA attention with an optional phantom sink key and value transform.
+
+    q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv); query head h reads kv head h // (H // Hkv); key j is visible to
+    query i iff i - window < j <= i. sink (H,): phantom logit per query head, value 0 (None = no phantom = -inf).
+    transform/tau/w/b/beta: see value_transform ('routing-norm' adds log g_j to the logits instead). key_bias
+    (B,Hkv,T): extra additive logit per key. scale defaults to 1/sqrt(dh).
+    """
+    _check_backend(backend)
+    _check_attention_args(q, k, v, sink, key_bias, window)
+    check_transform(transform, tau, w, b)
+    window = None if window is None else int(window)
+    kw = dict(sink=sink, transform=transform, tau=tau, w=w, b=b, beta=beta, key_bias=key_bias, window=window,
+              scale=scale)
+    if backend in ("sdpa", "triton") and return_pattern:
+        raise ValueError(f"backend={backend!r} cannot return the pattern; use 'reference', 'torch' or 'auto'")
+    if backend == "auto":
+        if return_pattern:
+            backend = "reference"
+        elif (q.device.type == "cuda" and triton_available() and q.dtype in _TRITON_DTYPES
+              and max(q.shape[-1], v.shape[-1]) <= 256):
+            backend = "triton"
+        else:
+            backend = "sdpa"
+    elif backend == "torch":
+        backend = "reference" if return_pattern else "sdpa"
+
+    if backend == "reference":
+        return AttentionOutput(*sink_attention_reference(q, k, v, return_pattern=return_pattern, **kw))
+    if backend == "sdpa":
+        return AttentionOutput(*sink_attention_sdpa(q, k, v, **kw), None, None)
+    _triton_on(q.device)
+    from probe.kernels.sink_attention.triton import sink_attention_triton
+
+    return AttentionOutput(*sink_attention_triton(q, k, v, **kw), None, None)
+
+
+def depth_attention(values: Sequence[torch.Tensor], keys: Sequence[torch.Tensor], query: torch.Tensor, *, bias=None,
+                    normalize=True, eps=1e-6, return_weights=False, backend="auto") -> DepthOutput:
+    """Softmax read over S depth sources: h = Σ_i softmax_i(query . RMSNorm(k_i) + bias_i) values_i.
+
+    values: S tensors (B,T,d); keys: S tensors (B,T,r) (views allowed, e.g. values[i][..., -r:]); query (r,).
+    No 1/sqrt(r) scaling. The Triton kernel reads the lists in place through pointer tables (no stacking).
+    """
+    _check_backend(backend)
+    values, keys = list(values), list(keys)
+    check_sources(values, keys, query, bias)
+    if backend == "auto":
+        cuda = values[0].device.type == "cuda"
+        backend = "triton" if cuda and triton_available() and values[0].dtype in _TRITON_DTYPES else "reference"
+    if backend != "triton":  # torch / sdpa / reference: the reference loop is the torch path
+        return DepthOutput(*depth_attention_reference(values, keys, query, bias=bias, normalize=normalize, eps=eps,
+                                                      return_weights=return_weights))
+    _triton_on(values[0].device)
+    from probe.kernels.depth_attention.triton import depth_attention_triton
+
+    h, lse = depth_attention_triton(values, keys, query, bias=bias, normalize=normalize, eps=eps)
+    weights = None
+    if return_weights:  # cheap: r-wide scores in torch, normalised by the kernel's lse
+        weights = torch.exp(depth_scores(keys, query, bias, normalize, eps) - lse[..., None])
+    return DepthOutput(h, lse, weights)
+
+
+def attention_row_masses(q, k, indicators, *, sink=None, key_bias=None, window=None, scale=None, backend="auto"):
+    """(lse (B,H,T) fp32, masses (B,H,T,m) fp32) with masses[..., c] = Σ_j a_ij indicators[b, j, h // G, c].
+
+    a includes the phantom in its normaliser: Σ_j a_ij = 1 - phantom_i, phantom_i = exp(sink_h - lse_i).
+    Nothing T x T is materialised except by backend='reference'.
+    """
+    _check_backend(backend)
+    _check_attention_args(q, k, indicators, sink, key_bias, window)
+    window = None if window is None else int(window)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    kw = dict(sink=sink, key_bias=key_bias, scale=scale)
+    if backend == "auto" and q.device.type == "cuda" and triton_available() and q.dtype in _TRITON_DTYPES:
+        backend = "triton"
+    if backend == "reference":
+        return row_masses_reference(q, k, indicators, window=window, **kw)
+    if backend == "triton":
+        _triton_on(q.device)
+        return row_masses_triton(q, k, indicators, window=window, **kw)
+    if q.device.type == "cpu" and window is None and _cpu_flash is not None:
+        return row_masses_flash_cpu(q, k, indicators, **kw)
+    return row_masses_chunked(q, k, indicators, window=window, **kw)

@@ -1,0 +1,79 @@
+"""Per-row attention masses on chosen key sets, without T x T memory (sink statistics, quiet mass, exposure).
+
+    masses[b,h,i,c] = Σ_j a_ij indicators[b,j,h//G,c]      a includes the phantom in its normaliser
+    lse[b,h,i]      = log(exp(sink_h) + Σ_j exp(s_ij))      so phantom_i = exp(sink_h - lse_i)
+
+Three torch paths: the fused CPU flash kernel (`_scaled_dot_product_flash_attention_for_cpu` takes (B,H,T,D) q/k/v
+with one shared head size and returns (out, lse (B,H,T)); the indicators ride as the values, key_bias as one extra
+q/k coordinate, and the sink is folded in afterwards: lse' = logaddexp(lse, sink), out' = out exp(lse - lse')); an
+explicit chunked path (windows, non-CPU devices) bounded by chunk x (chunk + window) scores; and the T x T reference.
+"""
+from __future__ import annotations
+
+import torch
+
+from probe.kernels.sink_attention.reference import sink_attention_reference
+from probe.kernels.sink_attention.sdpa import _cpu_flash, _pad_last
+
+
+def _fold_sink(lse, masses, sink):
+    if sink is None:
+        return lse, masses
+    lse_s = torch.logaddexp(lse, sink.float()[None, :, None])  # (B, H, T)
+    return lse_s, masses * torch.exp(lse - lse_s)[..., None]
+
+
+def row_masses_reference(q, k, indicators, *, sink=None, key_bias=None, window=None, scale=None):
+    out, lse, _, _ = sink_attention_reference(q.float(), k.float(), indicators.float(), sink=sink,
+                                              key_bias=key_bias, window=window, scale=scale)
+    return lse, out.transpose(1, 2)  # (B, H, T), (B, H, T, m)
+
+
+def row_masses_flash_cpu(q, k, indicators, *, sink=None, key_bias=None, scale):
+    """Causal, no window, CPU tensors."""
+    B, T, H, dh = q.shape
+    m = indicators.shape[-1]
+    qt, kt, vt = q.float().transpose(1, 2), k.float().transpose(1, 2), indicators.float().transpose(1, 2)
+    if key_bias is not None:  # q gets 1/scale, k gets key_bias: the logit gains key_bias exactly
+        qt = torch.cat([qt, qt.new_full((B, H, T, 1), 1.0 / scale)], -1)
+        kt = torch.cat([kt, key_bias.float()[..., None]], -1)
+    D = -(-max(qt.shape[-1], m) // 8) * 8
+    out, lse = _cpu_flash(_pad_last(qt, D), _pad_last(kt, D), _pad_last(vt, D), 0.0, True, scale=scale)
+    return _fold_sink(lse.float(), out[..., :m], sink)
+
+
+def row_masses_chunked(q, k, indicators, *, sink=None, key_bias=None, window=None, scale, chunk=256):
+    """Explicit scores over blocks of `chunk` queries and only the keys they can see; any device."""
+    B, T, H, dh = q.shape
+    Hkv, m = k.shape[2], indicators.shape[-1]
+    G = H // Hkv
+    lse_all = q.new_empty(B, H, T, dtype=torch.float32)
+    masses_all = q.new_empty(B, H, T, m, dtype=torch.float32)
+    for i0 in range(0, T, chunk):
+        i1 = min(T, i0 + chunk)
+        j0 = 0 if window is None else max(0, i0 - window + 1)
+        qc = q[:, i0:i1].float().unflatten(2, (Hkv, G)).permute(0, 2, 3, 1, 4)  # (B, Hkv, G, c, dh)
+        kc = k[:, j0:i1].float().permute(0, 2, 1, 3)[:, :, None]  # (B, Hkv, 1, n, dh)
+        s = scale * (qc @ kc.transpose(-1, -2))  # (B, Hkv, G, c, n)
+        if key_bias is not None:
+            s = s + key_bias[:, :, None, None, j0:i1].float()
+        i = torch.arange(i0, i1, device=q.device)[:, None]
+        j = torch.arange(j0, i1, device=q.device)[None, :]
+        visible = (j <= i) if window is None else (j <= i) & (j > i - window)
+        s = s.masked_fill(~visible, float("-inf")).flatten(1, 2)  # (B, H, c, n)
+        lse = s.logsumexp(-1)  # (B, H, c)
+        a = torch.exp(s - lse[..., None]).unflatten(1, (Hkv, G))  # (B, Hkv, G, c, n)
+        ind = indicators[:, j0:i1].float().permute(0, 2, 1, 3)[:, :, None]  # (B, Hkv, 1, n, m)
+        lse_all[:, :, i0:i1] = lse
+        masses_all[:, :, i0:i1] = (a @ ind).flatten(1, 2)
+    return _fold_sink(lse_all, masses_all, sink)
+
+
+def row_masses_triton(q, k, indicators, *, sink=None, key_bias=None, window=None, scale):
+    from probe.kernels.sink_attention.triton import sink_attention_forward
+
+    ind = indicators.float()  # p @ indicators in fp32 (exact dot), whatever q's dtype
+    sink = None if sink is None else sink.float().contiguous()
+    key_bias = None if key_bias is None else key_bias.float().contiguous()
+    out, lse = sink_attention_forward(q, k.to(q.dtype), ind, sink, key_bias, window, scale, out_dtype=torch.float32)
+    return lse, out.transpose(1, 2)

@@ -1,0 +1,93 @@
+"""Fast CPU path (no pattern): value transform, then fused SDPA with the phantom key folded in as extra coordinates.
+
+The trick (abstention-filtering, App. "Implementation of the variants"), adapted to per-query-head sinks under GQA:
+
+    coordinate  query (per query head h)   phantom key   real key j
+    sink        sink_h / scale             1             0            -> phantom logit = sink_h, real logits unchanged
+    bias        1 / scale                  0             key_bias_j   -> real logit += key_bias_j
+
+The phantom key is prepended at position 0 with value 0. Without a window a dummy query row is prepended too, so the
+(T+1) x (T+1) problem is plain causal (`is_causal=True`) and query i (now at i+1) sees the phantom and keys <= i. With a
+window an explicit (T, T+1) mask is used instead. Head sizes are zero-padded to one multiple of 8 so that q, k and v
+share it, which is what the fused CPU kernel needs (otherwise SDPA falls back to the slow math path).
+Everything stays differentiable w.r.t. q, k, v, sink, key_bias and the gate parameters.
+Precision: the extra coordinates are in q.dtype (exact enough in fp32; rounded in bf16 — use Triton on GPU).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from probe.kernels.value_transform import apply_transform
+
+SINK_FLOOR = -1000.0  # sinks below this are clamped: exp(-1000 - lse) is 0 in fp32, and -inf * 0 would give NaN
+_cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _pad_last(x: torch.Tensor, size: int) -> torch.Tensor:
+    return x if x.shape[-1] == size else F.pad(x, (0, size - x.shape[-1]))
+
+
+def fused_sdpa(q, k, v, *, is_causal, mask, scale):
+    """q (B,H,Tq,D), k/v (B,Hkv,Tk,D) -> (out (B,H,Tq,D), lse (B,H,Tq) or None). GQA handled by the kernel."""
+    if q.device.type == "cpu" and _cpu_flash is not None:
+        return _cpu_flash(q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out, None
+
+
+def sink_attention_sdpa(q, k, v, *, sink=None, transform="identity", tau=None, w=None, b=None, beta=8.0,
+                        key_bias=None, window=None, scale=None):
+    """q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv) -> (out (B,T,H,dv) in q.dtype, lse (B,H,T) fp32 or None).
+
+    lse comes from the fused CPU kernel, which does not differentiate it: it is returned only when no gradient is
+    being recorded (analysis), and is None under autograd or off-CPU.
+    """
+    B, T, H, dh = q.shape
+    Hkv, dv = k.shape[2], v.shape[-1]
+    scale = 1.0 / math.sqrt(dh) if scale is None else scale
+    dtype = q.dtype
+    v, key_bias = apply_transform(v, transform, key_bias, tau=tau, w=w, b=b, beta=beta)
+    recording = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, sink, tau, w, b, key_bias))
+
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.to(dtype).transpose(1, 2)  # (B, H|Hkv, T, d)
+    q_extra, k_extra = [], []  # extra coordinates, fp32, (B, H, T, 1) and (B, Hkv, T, 1)
+    if sink is not None:
+        s = sink.float().clamp(min=SINK_FLOOR) / scale  # (H,)
+        q_extra.append(s[None, :, None, None].expand(B, H, T, 1))
+        k_extra.append(q.new_zeros(B, Hkv, T, 1, dtype=torch.float32))
+    if key_bias is not None:
+        q_extra.append(q.new_full((B, H, T, 1), 1.0 / scale, dtype=torch.float32))
+        k_extra.append(key_bias.float()[..., None])  # (B, Hkv, T, 1)
+    D = -(-max(dh + len(q_extra), dv) // 8) * 8  # shared head size, a multiple of 8
+    if q_extra:
+        qt = torch.cat([qt, torch.cat(q_extra, -1).to(dtype)], -1)
+        kt = torch.cat([kt, torch.cat(k_extra, -1).to(dtype)], -1)
+    qt, kt, vt = _pad_last(qt, D), _pad_last(kt, D), _pad_last(vt, D)
+
+    if sink is not None:  # prepend the phantom key (1 in the sink coordinate) with value 0
+        phantom = q.new_zeros(B, Hkv, 1, D)
+        phantom[..., dh] = 1.0
+        kt = torch.cat([phantom, kt], 2)  # (B, Hkv, T+1, D)
+        vt = torch.cat([vt.new_zeros(B, Hkv, 1, D), vt], 2)
+    lead = kt.shape[2] - T  # 1 with a phantom, else 0
+
+    if window is None:
+        if lead:
+            qt = torch.cat([qt.new_zeros(B, H, 1, D), qt], 2)  # dummy query row keeps is_causal valid
+        out, lse = fused_sdpa(qt, kt, vt, is_causal=True, mask=None, scale=scale)
+        out, lse = out[:, :, lead:], None if lse is None else lse[:, :, lead:]
+    else:
+        i = torch.arange(T, device=q.device)[:, None]
+        j = torch.arange(T, device=q.device)[None, :]
+        visible = torch.cat([torch.ones(T, lead, dtype=torch.bool, device=q.device), (j <= i) & (j > i - window)], 1)
+        mask = torch.zeros(T, T + lead, dtype=dtype, device=q.device).masked_fill(~visible, float("-inf"))
+        out, lse = fused_sdpa(qt, kt, vt, is_causal=False, mask=mask, scale=scale)
+
+    out = out[..., :dv].transpose(1, 2)  # (B, T, H, dv)
+    lse = None if (lse is None or recording) else lse.float()
+    return out, lse

@@ -1,0 +1,255 @@
+"""Triton flash-attention for causal attention with a phantom sink key and per-key logit biases (fwd + bwd).
+
+Layout as in the reference: q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv); strides are passed, so nothing is transposed.
+Online softmax starts from the phantom: m = sink_h, l = 1 (l = 0 when sink_h = -inf), acc = 0 (its value is 0).
+Value transforms are applied in PyTorch before the kernel (their gradients flow through v and key_bias), so the kernel
+only needs: GQA (head h reads kv head h // G), causal + sliding window, sink, key_bias, scale.
+
+Backward (FA2 style, no atomics): delta_i = dO_i . O_i - dlse_i;  ds_ij = p_ij (dO_i . v_j - delta_i);
+    dv_j = sum_i p_ij dO_i    dk_j = scale sum_i ds_ij q_i    dbias_j = sum_i ds_ij    (one program per key block, looping
+    over the G query heads of its kv head)     dq_i = scale sum_j ds_ij k_j   (one program per query block)
+    dsink_h = -sum_{b,i} exp(sink_h - lse_i) delta_i   (in PyTorch from lse and delta)
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from probe.kernels.value_transform import apply_transform
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _blocks(dh: int, dv: int):
+    small = _interpreting()
+    bm = bn = 16 if small else 64
+    return bm, bn, max(16, triton.next_power_of_2(dh)), max(16, triton.next_power_of_2(dv))
+
+
+@triton.jit
+def _scores(q, k, bias_ptr, rows, cols, T, WINDOW, scale,
+            HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) logits scale q.k + bias, -inf where key col is not visible to query row."""
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+    if HAS_BIAS:
+        s += tl.load(bias_ptr + cols, mask=cols < T, other=0.0)[None, :]
+    visible = (cols[None, :] <= rows[:, None]) & (rows[:, None] < T) & (cols[None, :] < T)
+    if HAS_WINDOW:
+        visible &= cols[None, :] > rows[:, None] - WINDOW
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, SINK, BIAS, O, LSE,
+                sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, so_b, so_t, so_h, sb_b, sb_h,
+                T, H, G, WINDOW, scale, DH, DV,
+                HAS_SINK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr):
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = pid_bh // H, pid_bh % H
+    hk = h // G
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    d_h, d_v = tl.arange(0, BLOCK_DH), tl.arange(0, BLOCK_DV)
+    q = tl.load(Q + b * sq_b + h * sq_h + rows[:, None] * sq_t + d_h[None, :],
+                mask=(rows[:, None] < T) & (d_h[None, :] < DH), other=0.0)  # (M, DH)
+    if HAS_SINK:
+        m_i = tl.zeros([BLOCK_M], tl.float32) + tl.load(SINK + h).to(tl.float32)
+        l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)  # the phantom's exp(sink - m) = 1
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(pid_m * BLOCK_M - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+    hi = tl.minimum((pid_m + 1) * BLOCK_M, T)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(K + b * sk_b + hk * sk_h + cols[:, None] * sk_t + d_h[None, :],
+                    mask=(cols[:, None] < T) & (d_h[None, :] < DH), other=0.0)  # (N, DH)
+        v = tl.load(V + b * sv_b + hk * sv_h + cols[:, None] * sv_t + d_v[None, :],
+                    mask=(cols[:, None] < T) & (d_v[None, :] < DV), other=0.0)  # (N, DV)
+        s = _scores(q, k, BIAS + b * sb_b + hk * sb_h, rows, cols, T, WINDOW, scale, HAS_BIAS, HAS_WINDOW, PREC)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet stays at 0 mass
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])  # (M, N)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(O + b * so_b + h * so_h + rows[:, None] * so_t + d_v[None, :], out.to(O.dtype.element_ty),
+             mask=(rows[:, None] < T) & (d_v[None, :] < DV))
+    tl.store(LSE + pid_bh * T + rows, m_i + tl.log(l_i), mask=rows < T)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, BIAS, DO, LSE, DELTA, DK, DVAL, DBIAS,
+                     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sd_b, sd_t, sd_h, sb_b, sb_h,
+                     sdk_b, sdk_t, sdk_h, sdv_b, sdv_t, sdv_h, T, H, HKV, G, WINDOW, scale, DH, DV,
+                     HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr):
+    pid_n, pid_bk = tl.program_id(0), tl.program_id(1)
+    b, hk = pid_bk // HKV, pid_bk % HKV
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    d_h, d_v = tl.arange(0, BLOCK_DH), tl.arange(0, BLOCK_DV)
+    k_mask = (cols[:, None] < T) & (d_h[None, :] < DH)
+    v_mask = (cols[:, None] < T) & (d_v[None, :] < DV)
+    k = tl.load(K + b * sk_b + hk * sk_h + cols[:, None] * sk_t + d_h[None, :], mask=k_mask, other=0.0)  # (N, DH)
+    v = tl.load(V + b * sv_b + hk * sv_h + cols[:, None] * sv_t + d_v[None, :], mask=v_mask, other=0.0)  # (N, DV)
+    dk = tl.zeros([BLOCK_N, BLOCK_DH], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    db = tl.zeros([BLOCK_N], tl.float32)
+
+    lo = pid_n * BLOCK_N // BLOCK_M * BLOCK_M  # first query that can see this key block (causal)
+    hi = T
+    if HAS_WINDOW:  # last query that sees key j is j + window - 1
+        hi = tl.minimum((pid_n + 1) * BLOCK_N - 1 + WINDOW, T)
+    for g in range(G):
+        h = hk * G + g
+        for start_m in range(lo, hi, BLOCK_M):
+            rows = start_m + tl.arange(0, BLOCK_M)
+            q = tl.load(Q + b * sq_b + h * sq_h + rows[:, None] * sq_t + d_h[None, :],
+                        mask=(rows[:, None] < T) & (d_h[None, :] < DH), other=0.0)  # (M, DH)
+            do = tl.load(DO + b * sd_b + h * sd_h + rows[:, None] * sd_t + d_v[None, :],
+                         mask=(rows[:, None] < T) & (d_v[None, :] < DV), other=0.0)  # (M, DV)
+            lse = tl.load(LSE + (b * H + h) * T + rows, mask=rows < T, other=float("inf"))
+            delta = tl.load(DELTA + (b * H + h) * T + rows, mask=rows < T, other=0.0)
+            s = _scores(q, k, BIAS + b * sb_b + hk * sb_h, rows, cols, T, WINDOW, scale, HAS_BIAS, HAS_WINDOW, PREC)
+            p = tl.exp(s - lse[:, None])  # (M, N), 0 where not visible
+            dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
+            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
+            db += tl.sum(ds, 0)
+    tl.store(DK + b * sdk_b + hk * sdk_h + cols[:, None] * sdk_t + d_h[None, :],
+             (dk * scale).to(DK.dtype.element_ty), mask=k_mask)
+    tl.store(DVAL + b * sdv_b + hk * sdv_h + cols[:, None] * sdv_t + d_v[None, :], dv.to(DVAL.dtype.element_ty),
+             mask=v_mask)
+    if HAS_BIAS:
+        tl.store(DBIAS + pid_bk * T + cols, db, mask=cols < T)
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, BIAS, DO, LSE, DELTA, DQ,
+                   sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sd_b, sd_t, sd_h, sb_b, sb_h,
+                   sdq_b, sdq_t, sdq_h, T, H, G, WINDOW, scale, DH, DV,
+                   HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr):
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = pid_bh // H, pid_bh % H
+    hk = h // G
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    d_h, d_v = tl.arange(0, BLOCK_DH), tl.arange(0, BLOCK_DV)
+    q_mask = (rows[:, None] < T) & (d_h[None, :] < DH)
+    q = tl.load(Q + b * sq_b + h * sq_h + rows[:, None] * sq_t + d_h[None, :], mask=q_mask, other=0.0)  # (M, DH)
+    do = tl.load(DO + b * sd_b + h * sd_h + rows[:, None] * sd_t + d_v[None, :],
+                 mask=(rows[:, None] < T) & (d_v[None, :] < DV), other=0.0)  # (M, DV)
+    lse = tl.load(LSE + pid_bh * T + rows, mask=rows < T, other=float("inf"))
+    delta = tl.load(DELTA + pid_bh * T + rows, mask=rows < T, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_DH], tl.float32)
+
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(pid_m * BLOCK_M - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+    hi = tl.minimum((pid_m + 1) * BLOCK_M, T)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(K + b * sk_b + hk * sk_h + cols[:, None] * sk_t + d_h[None, :],
+                    mask=(cols[:, None] < T) & (d_h[None, :] < DH), other=0.0)
+        v = tl.load(V + b * sv_b + hk * sv_h + cols[:, None] * sv_t + d_v[None, :],
+                    mask=(cols[:, None] < T) & (d_v[None, :] < DV), other=0.0)
+        s = _scores(q, k, BIAS + b * sb_b + hk * sb_h, rows, cols, T, WINDOW, scale, HAS_BIAS, HAS_WINDOW, PREC)
+        p = tl.exp(s - lse[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+    tl.store(DQ + b * sdq_b + h * sdq_h + rows[:, None] * sdq_t + d_h[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
+
+
+# fp32 operands are multiplied exactly (no TF32), like the reference; fp16/bf16 operands ignore the setting.
+DOT_PRECISION = "ieee"
+
+
+def _lastdim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def sink_attention_forward(q, k, v, sink, key_bias, window, scale, out_dtype=None):
+    """No autograd. q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv), sink (H,) fp32 or None, key_bias (B,Hkv,T) fp32 or
+    None -> out (B,T,H,dv) in out_dtype (default q.dtype), lse (B,H,T) fp32."""
+    q, k, v = _lastdim_contiguous(q), _lastdim_contiguous(k), _lastdim_contiguous(v)
+    B, T, H, dh = q.shape
+    Hkv, dv = k.shape[2], v.shape[-1]
+    out = q.new_empty(B, T, H, dv, dtype=out_dtype or q.dtype)
+    lse = q.new_empty(B, H, T, dtype=torch.float32)
+    bias = key_bias if key_bias is not None else lse
+    bm, bn, bdh, bdv = _blocks(dh, dv)
+    _fwd_kernel[(triton.cdiv(T, bm), B * H)](
+        q, k, v, sink if sink is not None else lse, bias, out, lse,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        bias.stride(0), bias.stride(1),
+        T, H, H // Hkv, window or 0, scale, dh, dv,
+        HAS_SINK=sink is not None, HAS_BIAS=key_bias is not None, HAS_WINDOW=window is not None, PREC=DOT_PRECISION,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_DH=bdh, BLOCK_DV=bdv)
+    return out, lse
+
+
+class SinkAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, sink, key_bias, window, scale):
+        q, k, v = _lastdim_contiguous(q), _lastdim_contiguous(k), _lastdim_contiguous(v)
+        out, lse = sink_attention_forward(q, k, v, sink, key_bias, window, scale)
+        ctx.save_for_backward(q, k, v, sink, key_bias, out, lse)
+        ctx.window, ctx.scale = window, scale
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, sink, key_bias, out, lse = ctx.saved_tensors
+        window, scale = ctx.window, ctx.scale
+        B, T, H, dh = q.shape
+        Hkv, dv = k.shape[2], v.shape[-1]
+        dout = dout.contiguous()
+        delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()  # (B, H, T)  dO_i . O_i
+        if dlse is not None:
+            delta = delta - dlse.float()
+        dq, dk, dval = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (q, k, v))  # contiguous
+        dbias = torch.empty(B, Hkv, T, device=q.device, dtype=torch.float32) if key_bias is not None else None
+        bias = key_bias if key_bias is not None else lse
+        bm, bn, bdh, bdv = _blocks(dh, dv)
+        strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                   v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2),
+                   bias.stride(0), bias.stride(1))
+        flags = dict(HAS_BIAS=key_bias is not None, HAS_WINDOW=window is not None, PREC=DOT_PRECISION,
+                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_DH=bdh, BLOCK_DV=bdv)
+        _bwd_dkdv_kernel[(triton.cdiv(T, bn), B * Hkv)](
+            q, k, v, bias, dout, lse, delta, dk, dval, dbias if dbias is not None else lse, *strides,
+            *dk.stride()[:3], *dval.stride()[:3], T, H, Hkv, H // Hkv, window or 0, scale, dh, dv, **flags)
+        _bwd_dq_kernel[(triton.cdiv(T, bm), B * H)](
+            q, k, v, bias, dout, lse, delta, dq, *strides, *dq.stride()[:3],
+            T, H, H // Hkv, window or 0, scale, dh, dv, **flags)
+        dsink = None
+        if sink is not None and ctx.needs_input_grad[3]:
+            dsink = -(torch.exp(sink.float()[None, :, None] - lse) * delta).sum((0, 2)).to(sink.dtype)  # (H,)
+        return dq, dk, dval, dsink, dbias, None, None
+
+
+def sink_attention_triton(q, k, v, *, sink=None, transform="identity", tau=None, w=None, b=None, beta=8.0,
+                          key_bias=None, window=None, scale=None):
+    """q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv) -> (out (B,T,H,dv) in q.dtype, lse (B,H,T) fp32, differentiable)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    v, key_bias = apply_transform(v, transform, key_bias, tau=tau, w=w, b=b, beta=beta)
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    sink = None if sink is None else sink.float().contiguous()
+    key_bias = None if key_bias is None else key_bias.float().contiguous()
+    return SinkAttentionFunction.apply(q, k, v, sink, key_bias, window, scale)

@@ -1,0 +1,56 @@
+"""One pre-norm transformer block; its residual stream is either the plain sum, a dense mix, or depth reads."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from transformer_lens.hook_points import HookPoint
+
+from probe.models.attention import Attention
+from probe.models.config import ProbeConfig
+from probe.models.dense import DenseMix
+from probe.models.depth import DepthRead, DepthSources
+from probe.models.layers import MLP, make_norm
+
+
+class Block(nn.Module):
+    def __init__(self, config: ProbeConfig, layer: int):
+        super().__init__()
+        c = config
+        key_rank = c.depth_rank if c.depth == "plr" else 0
+        self.ln1 = make_norm(c.norm, c.d_model, c.norm_eps)
+        self.attn = Attention(c, layer, key_rank)
+        self.ln2 = make_norm(c.norm, c.d_model, c.norm_eps)
+        self.mlp = MLP(c.d_model, c.d_mlp, c.mlp, key_rank)
+        if c.depth != "residual":
+            if layer > 0:  # site 1 (before block 0's attention) reads only the embedding: no query
+                self.attn_read = DepthRead(c)
+            self.mlp_read = DepthRead(c)
+        if c.dense != "none":
+            last = layer == c.n_layers - 1
+            self.dense = DenseMix(c, layer, streams=1 if (last or c.dense == "denseformer") else 4)
+        self.hook_resid_pre = HookPoint()  # B,T,d
+        self.hook_resid_mid = HookPoint()  # B,T,d
+        self.hook_resid_post = HookPoint()  # B,T,d
+
+    def forward(self, x: torch.Tensor, v_first=None, qkv: list[torch.Tensor] | None = None):
+        """Plain or dense residual. x: B,T,d residual input; qkv: MUDD's separate query/key/value inputs."""
+        x = self.hook_resid_pre(x)
+        if qkv is None:
+            h = self.ln1(x)
+            a, _, v_first = self.attn(h, v_first=v_first)
+        else:
+            a, _, v_first = self.attn(*(self.ln1(s) for s in qkv), v_first=v_first)
+        x = self.hook_resid_mid(x + a)
+        m, _ = self.mlp(self.ln2(x))
+        return self.hook_resid_post(x + m), v_first
+
+    def forward_routed(self, x: torch.Tensor, sources: DepthSources, next_read: DepthRead, v_first=None):
+        """Depth-routed: x is this block's routed read; sub-layer outputs are appended to `sources`.
+        Returns the next site's read (this block's resid_post)."""
+        x = self.hook_resid_pre(x)
+        a, key, v_first = self.attn(self.ln1(x), v_first=v_first)
+        sources.add(a, key)
+        x = self.hook_resid_mid(self.mlp_read(sources))
+        m, key = self.mlp(self.ln2(x))
+        sources.add(m, key)
+        return self.hook_resid_post(next_read(sources)), v_first

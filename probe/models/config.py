@@ -1,0 +1,176 @@
+"""The configuration of a probe model: one dataclass-like HF config that selects every mechanism.
+
+Mechanisms (SPEC §4) are orthogonal switches; `validate()` rejects combinations that make no sense.
+Tiers are named base architectures (SPEC §8 and each paper's tables); `variants.py` names mechanism settings.
+"""
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+ABSTENTIONS = ("none", "offbyone", "sinklogit", "sinktoken")
+VALUE_GATES = ("none", "norm", "proj", "routing-norm", "silu", "tanh", "g2", "glu")
+DEPTHS = ("residual", "attnres", "plr", "slr")
+DENSES = ("none", "denseformer", "mudd")
+VALUE_RESIDUALS = ("none", "lambda", "two-weight")
+QK_ACTIVATIONS = ("none", "q", "qk")
+NORMS = ("rms", "layer")
+POSITIONS = ("rope", "learned")
+MLPS = ("swiglu", "gelu")
+INITS = ("fan-in", "gpt2")
+BACKENDS = ("auto", "torch", "triton")
+
+
+def _check(field: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{field}={value!r} is not valid; choose one of {', '.join(map(str, choices))}")
+
+
+class ProbeConfig(PretrainedConfig):
+    model_type = "probe"
+
+    def __init__(
+        self,
+        vocab_size: int = 8192,
+        n_layers: int = 6,
+        d_model: int = 128,
+        n_heads: int = 4,
+        n_kv_heads: int | None = None,
+        d_head: int | None = None,
+        d_value: int | None = None,  # per-head value width (GLU reduced width); default d_head
+        d_mlp: int = 384,
+        n_ctx: int = 256,
+        norm: str = "rms",
+        norm_eps: float = 1e-6,
+        pos: str = "rope",
+        rope_theta: float = 10000.0,
+        mlp: str = "swiglu",
+        tie_embeddings: bool = True,
+        qk_norm: bool = False,
+        init: str = "fan-in",
+        # inside a head
+        abstention: str = "none",
+        value_gate: str = "none",
+        gate_beta: float = 8.0,
+        gate_tau_init: float | None = None,  # None: expected read norm of the initial model (see attention.py)
+        qk_activation: str = "none",  # GatedV placement controls: SiLU on q (or q and k) before RoPE
+        value_residual: str = "none",
+        # across depth
+        depth: str = "residual",
+        depth_blocks: int = 0,  # 0: full depth routing; N: block routing with N blocks
+        depth_rank: int | None = None,  # routing-key rank r for plr/slr (attnres uses d_model)
+        dense: str = "none",
+        backend: str = "auto",
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.n_layers = n_layers
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads or n_heads
+        self.d_head = d_head or d_model // n_heads
+        self.d_value = d_value or self.d_head
+        self.d_mlp = d_mlp
+        self.n_ctx = n_ctx
+        self.norm = norm
+        self.norm_eps = norm_eps
+        self.pos = pos
+        self.rope_theta = rope_theta
+        self.mlp = mlp
+        self.tie_embeddings = tie_embeddings
+        self.qk_norm = qk_norm
+        self.init = init
+        self.abstention = abstention
+        self.value_gate = value_gate
+        self.gate_beta = gate_beta
+        self.gate_tau_init = gate_tau_init
+        self.qk_activation = qk_activation
+        self.value_residual = value_residual
+        self.depth = depth
+        self.depth_blocks = depth_blocks
+        self.depth_rank = depth_rank
+        self.dense = dense
+        self.backend = backend
+        kwargs.setdefault("tie_word_embeddings", False)  # tying is done by reusing the embedding matrix
+        super().__init__(**kwargs)
+        self.validate()
+
+    # HF generic names, so generic tooling (nnsight, generation utils) finds them
+    @property
+    def hidden_size(self) -> int:
+        return self.d_model
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return self.n_layers
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.n_heads
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return self.n_ctx
+
+    @property
+    def routing_rank(self) -> int:
+        """Width of the routing keys: d_model for AttnRes, r for the low-rank variants."""
+        return self.d_model if self.depth == "attnres" else (self.depth_rank or 0)
+
+    @property
+    def has_phantom(self) -> bool:
+        return self.abstention in ("offbyone", "sinklogit")
+
+    def validate(self) -> None:
+        for field, choices in [("abstention", ABSTENTIONS), ("value_gate", VALUE_GATES), ("depth", DEPTHS),
+                               ("dense", DENSES), ("value_residual", VALUE_RESIDUALS), ("norm", NORMS),
+                               ("pos", POSITIONS), ("mlp", MLPS), ("init", INITS), ("backend", BACKENDS),
+                               ("qk_activation", QK_ACTIVATIONS)]:
+            _check(field, getattr(self, field), choices)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.depth in ("plr", "slr"):
+            if not self.depth_rank or not 0 < self.depth_rank <= self.d_model:
+                raise ValueError(f"depth_rank={self.depth_rank!r} must be in 1..d_model={self.d_model} for depth={self.depth!r}")
+        if self.depth_blocks:
+            if self.depth == "residual":
+                raise ValueError("depth_blocks needs depth routing (depth='attnres', 'plr' or 'slr')")
+            if (2 * self.n_layers) % self.depth_blocks:
+                raise ValueError(f"depth_blocks={self.depth_blocks} must divide 2L={2 * self.n_layers} sub-layers")
+        if self.depth != "residual" and self.dense != "none":
+            raise ValueError(f"depth={self.depth!r} and dense={self.dense!r} both replace the residual stream; pick one")
+        if self.value_gate == "glu" and self.value_residual != "none":
+            raise ValueError("value_residual does not compose with the GLU value (different value widths)")
+
+
+# name -> ProbeConfig keyword arguments (the architecture only; mechanisms come from variants)
+_GPT2_STYLE = dict(norm="layer", pos="learned", mlp="gelu", tie_embeddings=True, init="gpt2", vocab_size=50257)
+TIERS: dict[str, dict] = {
+    # SPEC §8: gatedv.md's small model; 2,328,192 parameters for the baseline
+    "tiny": dict(n_layers=6, d_model=128, n_heads=4, d_mlp=384, n_ctx=256, vocab_size=8192),
+    "gatedv-small": dict(n_layers=6, d_model=128, n_heads=4, d_mlp=384, n_ctx=256, vocab_size=8192),
+    "gatedv-medium": dict(n_layers=12, d_model=384, n_heads=6, d_mlp=1152, n_ctx=256, vocab_size=8192),
+    # abstention-filtering.md Table 4 (GPT-2 style, 4x GELU MLP)
+    "abstention-10m": dict(n_layers=6, d_model=384, n_heads=6, d_mlp=1536, n_ctx=512, **_GPT2_STYLE),
+    "abstention-50m": dict(n_layers=10, d_model=640, n_heads=10, d_mlp=2560, n_ctx=1024, **_GPT2_STYLE),
+    "abstention-124m": dict(n_layers=12, d_model=768, n_heads=12, d_mlp=3072, n_ctx=1024, **_GPT2_STYLE),
+    "abstention-350m": dict(n_layers=24, d_model=1024, n_heads=16, d_mlp=4096, n_ctx=1024, **_GPT2_STYLE),
+    # lr-attnres.md §4.1
+    "lr-attnres": dict(n_layers=24, d_model=1024, n_heads=16, d_mlp=2816, n_ctx=2048, vocab_size=100277,
+                       rope_theta=500000.0, qk_norm=True, tie_embeddings=False),
+}
+TIER_DESCRIPTIONS = {
+    "tiny": "6 layers, d=128, 4x32 heads, SwiGLU 384, ctx 256, vocab 8192 (trains on 2 CPU cores)",
+    "gatedv-small": "gatedv.md small model (same as tiny)",
+    "gatedv-medium": "gatedv.md medium: 12 layers, d=384, 6x64 heads, SwiGLU 1152",
+    "abstention-10m": "abstention-filtering Table 4, 10M tier: 6L, d=384, GPT-2 style",
+    "abstention-50m": "abstention-filtering Table 4, 50M tier: 10L, d=640",
+    "abstention-124m": "abstention-filtering Table 4, 124M tier: 12L, d=768",
+    "abstention-350m": "abstention-filtering Table 4, 350M tier: 24L, d=1024",
+    "lr-attnres": "lr-attnres.md: 24L, d=1024, 16 heads, SwiGLU 2816, RoPE 5e5, QK-norm, untied",
+}
+
+
+def tier_config(tier: str) -> dict:
+    if tier not in TIERS:
+        raise ValueError(f"unknown tier {tier!r}; choose one of {', '.join(TIERS)}")
+    return dict(TIERS[tier])

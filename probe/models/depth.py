@@ -1,0 +1,116 @@
+"""Depth routing: AttnRes, P-LR and S-LR read sites over sub-layer outputs (lr-attnres.md §3).
+
+Sources are o_0 = the embedding and o_i = each residual-writing sub-layer's output (attention and MLP
+separately). A read site before every sub-layer and before the final norm mixes them with static-query
+attention over depth; site 1 sees only the embedding (identity, no query). Block mode keeps the embedding, the
+completed block sums and the running partial block. The maths is probe.kernels.depth_attention.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from transformer_lens.hook_points import HookPoint
+
+from probe.kernels import depth_attention
+from probe.models.config import ProbeConfig
+from probe.models.layers import rms_normalize
+
+
+class DepthSources:
+    """The sources written so far: values (B,T,d) and raw routing keys (B,T,r), full or block mode.
+
+    Keys: AttnRes uses the value itself; S-LR the last r coordinates of the value (a view, no copy);
+    P-LR the projected key emitted beside the value, and a block's key is the sum of its raw keys."""
+
+    def __init__(self, config: ProbeConfig, embed: torch.Tensor, embed_key: torch.Tensor | None):
+        self.kind, self.rank = config.depth, config.routing_rank
+        self.block_size = (2 * config.n_layers) // config.depth_blocks if config.depth_blocks else 0
+        self.values: list[torch.Tensor] = [embed]
+        self.keys: list[torch.Tensor] = [self._key(embed, embed_key)]
+        self.partial_value = self.partial_key = None
+        self.partial_count = 0
+
+    def _key(self, value, raw_key):
+        if self.kind == "plr":
+            return raw_key
+        return value if self.kind == "attnres" else value[..., -self.rank:]
+
+    def add(self, value: torch.Tensor, raw_key: torch.Tensor | None) -> None:
+        if not self.block_size:
+            self.values.append(value)
+            self.keys.append(self._key(value, raw_key))
+            return
+        first = self.partial_count == 0
+        self.partial_value = value if first else self.partial_value + value
+        if self.kind == "plr":
+            self.partial_key = raw_key if first else self.partial_key + raw_key
+        self.partial_count += 1
+        if self.partial_count == self.block_size:  # the block is complete: it becomes a fixed source
+            self.values.append(self.partial_value)
+            self.keys.append(self._key(self.partial_value, self.partial_key))
+            self.partial_value = self.partial_key = None
+            self.partial_count = 0
+
+    def current(self):
+        """(values, keys) visible to the next read site."""
+        if self.partial_count:
+            return (self.values + [self.partial_value],
+                    self.keys + [self._key(self.partial_value, self.partial_key)])
+        return self.values, self.keys
+
+
+class DepthRead(nn.Module):
+    """One read site: h = Σ_i softmax_i(q · RMSNorm(k_i)) o_i with a static query q initialised to zero."""
+
+    def __init__(self, config: ProbeConfig):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(config.routing_rank))
+        self.eps, self.backend = config.norm_eps, config.backend
+        self.hook_routing_keys = HookPoint()  # B,T,S,r normalised keys
+        self.hook_depth_weights = HookPoint()  # B,T,S weights over sources (sum to 1)
+
+    def forward(self, sources: DepthSources) -> torch.Tensor:
+        values, keys = sources.current()
+        normalize = True
+        if self.hook_routing_keys.has_hooks():
+            keys = self.hook_routing_keys(torch.stack([rms_normalize(k, self.eps) for k in keys], dim=2))
+            keys, normalize = list(keys.unbind(2)), False
+        want_weights = self.hook_depth_weights.has_hooks()
+        res = depth_attention(values, keys, self.query, normalize=normalize, eps=self.eps,
+                              return_weights=want_weights, backend="torch" if want_weights else self.backend)
+        if not want_weights:
+            return res.h
+        weights = self.hook_depth_weights(res.weights)
+        if weights is res.weights:
+            return res.h
+        return torch.einsum("bts,sbtd->btd", weights.to(values[0].dtype), torch.stack(values))  # edited weights
+
+
+def site_names(config: ProbeConfig) -> list[str]:
+    """Hook prefixes of the 2L read sites that have a query, in order (site 1 is the identity)."""
+    names = []
+    for l in range(config.n_layers):
+        if l > 0:
+            names.append(f"blocks.{l}.attn_read")
+        names.append(f"blocks.{l}.mlp_read")
+    return names + ["final_read"]
+
+
+def site_sources(config: ProbeConfig) -> dict[str, list[str]]:
+    """For every read site with a query, the identity of each source slot it reads, in order.
+
+    Full mode: 'embed', 'attn{l}', 'mlp{l}'. Block mode: 'embed', 'block{n}' (completed), 'partial'."""
+    labels = ["embed"]
+    written = []
+    for l in range(config.n_layers):
+        written += [f"attn{l}", f"mlp{l}"]
+    out = {}
+    for t, name in enumerate(site_names(config), start=2):  # site t reads o_0 .. o_{t-1}
+        seen = written[: t - 1]
+        if not config.depth_blocks:
+            out[name] = labels + seen
+        else:
+            c = (2 * config.n_layers) // config.depth_blocks
+            n_done, rest = divmod(len(seen), c)
+            out[name] = labels + [f"block{i + 1}" for i in range(n_done)] + (["partial"] if rest else [])
+    return out

@@ -1,0 +1,74 @@
+"""Small building blocks shared by the model files: norms, rotary embedding, the MLP sub-layer."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformer_lens.hook_points import HookPoint
+
+
+def rms_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm without a learned gain (the depth-routing key normalisation), computed in fp32."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def make_norm(kind: str, d: int, eps: float) -> nn.Module:
+    # abstention-filtering's GPT-2-style baseline is bias-free throughout, LayerNorm included
+    return RMSNorm(d, eps) if kind == "rms" else nn.LayerNorm(d, eps=eps, bias=False)
+
+
+class Rotary:
+    """RoPE (rotate-half convention) with a cos/sin table cached per (length, device, dtype)."""
+
+    def __init__(self, d_head: int, theta: float):
+        self.d_head, self.theta = d_head, theta
+        self._cache: dict = {}
+
+    def tables(self, T: int, device, dtype):
+        key = (T, str(device), dtype)
+        if key not in self._cache:
+            inv = 1.0 / self.theta ** (torch.arange(0, self.d_head, 2, device=device, dtype=torch.float32) / self.d_head)
+            ang = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv)  # T, dh/2
+            ang = torch.cat([ang, ang], dim=-1)  # T, dh
+            self._cache[key] = (ang.cos().to(dtype)[:, None, :], ang.sin().to(dtype)[:, None, :])  # T,1,dh
+        return self._cache[key]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: B,T,H,dh
+        cos, sin = self.tables(x.shape[1], x.device, x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class MLP(nn.Module):
+    """SwiGLU or GELU feed-forward sub-layer. With `key_rank` it also emits a P-LR routing key
+    from the activation passed to the output projection (lr-attnres Eq. 12)."""
+
+    def __init__(self, d_model: int, d_mlp: int, kind: str, key_rank: int = 0):
+        super().__init__()
+        self.kind = kind
+        if kind == "swiglu":
+            self.gate = nn.Linear(d_model, d_mlp, bias=False)
+        self.up = nn.Linear(d_model, d_mlp, bias=False)
+        self.down = nn.Linear(d_mlp, d_model, bias=False)
+        self.key_proj = nn.Linear(d_mlp, key_rank, bias=False) if key_rank else None
+        self.hook_post = HookPoint()  # B,T,m activation entering the output projection
+
+    def forward(self, x: torch.Tensor):
+        if self.kind == "swiglu":
+            a = F.silu(self.gate(x)) * self.up(x)
+        else:
+            a = F.gelu(self.up(x))
+        a = self.hook_post(a)  # B,T,m
+        key = self.key_proj(a) if self.key_proj is not None else None  # B,T,r
+        return self.down(a), key

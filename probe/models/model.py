@@ -1,0 +1,151 @@
+"""ProbeForCausalLM: an HF PreTrainedModel and a TransformerLens HookedRootModule in one.
+
+Every tensor of SPEC §3 that the configured mechanisms produce passes through a HookPoint of that name, so
+`run_with_cache`/`run_with_hooks` work as in TransformerLens, `save_pretrained`/`AutoModelForCausalLM` as in HF.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.HookedRootModule import HookedRootModule
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from probe.hooks.info import ModelInfo
+from probe.models.block import Block
+from probe.models.config import ProbeConfig
+from probe.models.depth import DepthRead, DepthSources, site_sources
+from probe.models.layers import make_norm
+from probe.models.params import OUTPUT_PROJECTIONS, is_no_decay
+
+
+def _param_seed(seed: int, name: str) -> int:
+    """A generator seed per (seed, parameter name): paired variants share every tensor they share."""
+    return zlib.crc32(f"{seed}:{name}".encode())
+
+
+class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
+    config_class = ProbeConfig
+    base_model_prefix = "probe"
+    _no_split_modules = ["Block"]
+    main_input_name = "input_ids"
+
+    def __init__(self, config: ProbeConfig, seed: int = 0):
+        super().__init__(config)
+        c = config
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        if c.pos == "learned":  # a sink token takes one extra position
+            self.pos_embed = nn.Embedding(c.n_ctx + (c.abstention == "sinktoken"), c.d_model)
+        if c.abstention == "sinktoken":
+            self.sink_token = nn.Parameter(torch.zeros(c.d_model))
+        if c.depth == "plr":  # W_0^K: the embedding's low-rank key (lr-attnres Eq. 13)
+            self.embed_key = nn.Linear(c.d_model, c.depth_rank, bias=False)
+        self.blocks = nn.ModuleList(Block(c, l) for l in range(c.n_layers))
+        if c.depth != "residual":
+            self.final_read = DepthRead(c)
+        self.ln_f = make_norm(c.norm, c.d_model, c.norm_eps)
+        if not c.tie_embeddings:
+            self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.hook_embed = HookPoint()  # B,T,d
+        self.tokenizer = None  # set by loaders that know it
+        self.setup()  # TransformerLens: name every HookPoint
+        self.post_init()
+        self.init_weights_from_seed(seed)
+
+    # ---- initialisation ---------------------------------------------------------------------------------
+    def _init_weights(self, module):  # HF hook: our initialisation is init_weights_from_seed
+        pass
+
+    @torch.no_grad()
+    def init_weights_from_seed(self, seed: int) -> None:
+        """Draw every random matrix from a generator keyed by (seed, name); constants keep their init."""
+        c = self.config
+        base = 0.02 if c.init == "gpt2" else None
+        depth_scale = 1 / math.sqrt(2 * c.n_layers)
+        for name, p in self.named_parameters():
+            if p.is_meta or p.dim() < 2 and name != "sink_token":
+                continue
+            if name.endswith("dense.w2.weight") or name.endswith("dense.bias"):
+                continue  # MUDD's W2 = 0 and one-hot a_i: set below / at construction
+            g = torch.Generator().manual_seed(_param_seed(seed, name))
+            fan_in = p.shape[-1]
+            std = base if base is not None else 1 / math.sqrt(fan_in)
+            if any(name.endswith(s) for s in OUTPUT_PROJECTIONS):
+                std *= depth_scale
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+        for blk in self.blocks:
+            if hasattr(blk, "dense") and blk.dense.kind == "mudd":
+                blk.dense.w2.weight.zero_()
+
+    # ---- forward ----------------------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, **kwargs) -> CausalLMOutputWithPast:
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("probe models take unpadded windows; attention_mask with zeros is not supported")
+        c = self.config
+        B, T = input_ids.shape
+        x = self.embed(input_ids)  # B,T,d
+        if c.abstention == "sinktoken":  # learned first token; its output is removed before the LM head
+            x = torch.cat([self.sink_token.to(x.dtype).expand(B, 1, -1), x], dim=1)
+        if c.pos == "learned":
+            if x.shape[1] > self.pos_embed.num_embeddings:
+                raise ValueError(f"sequence length {T} exceeds the model's context n_ctx={c.n_ctx}")
+            x = x + self.pos_embed.weight[: x.shape[1]]
+        x = self.hook_embed(x)
+
+        v_first = None
+        if c.depth != "residual":
+            sources = DepthSources(c, x, self.embed_key(x) if c.depth == "plr" else None)
+            for l, blk in enumerate(self.blocks):
+                next_read = self.blocks[l + 1].attn_read if l + 1 < c.n_layers else self.final_read
+                x, v_first = blk.forward_routed(x, sources, next_read, v_first)
+        elif c.dense != "none":
+            hiddens, streams = [x], [x]
+            for blk in self.blocks:
+                qkv = streams[:3] if len(streams) == 4 else None
+                h, v_first = blk(streams[-1], v_first, qkv=qkv)
+                hiddens.append(h)
+                streams = blk.dense(hiddens)  # MUDD: (q, k, v, residual) for the next block; else one stream
+            x = streams[-1]
+        else:
+            for blk in self.blocks:
+                x, v_first = blk(x, v_first)
+
+        x = self.ln_f(x)
+        if c.abstention == "sinktoken":
+            x = x[:, 1:]
+        logits = F.linear(x, self.embed.weight) if c.tie_embeddings else self.lm_head(x)  # B,T,V
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+    # ---- HF glue ----------------------------------------------------------------------------------------
+    def get_input_embeddings(self):
+        return self.embed
+
+    def get_output_embeddings(self):
+        return None if self.config.tie_embeddings else self.lm_head
+
+    # ---- what analyses and trainers may ask ------------------------------------------------------------
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names excluded from weight decay by role (sink logits, gates, routing queries, mixing
+        weights, norms, biases), not by tensor rank (SPEC §4)."""
+        return {n for n, _ in self.named_parameters() if is_no_decay(n)}
+
+    @property
+    def probe_info(self) -> ModelInfo:
+        c = self.config
+        depth = c.depth if c.depth != "residual" else (c.dense if c.dense != "none" else "residual")
+        extra = {"depth_sites": site_sources(c)} if c.depth != "residual" else {}
+        return ModelInfo(
+            name=getattr(self, "probe_name", None) or c.name_or_path or "probe", family="probe",
+            n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, d_head=c.d_head,
+            n_ctx=c.n_ctx, vocab_size=c.vocab_size, has_phantom=c.has_phantom, value_gate=c.value_gate,
+            depth_routing=depth, depth_blocks=c.depth_blocks, sink_token=c.abstention == "sinktoken",
+            extra=extra)

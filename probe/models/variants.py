@@ -1,0 +1,114 @@
+"""Named variants: a name selects mechanism settings on top of a tier's architecture.
+
+Parametric names carry their parameters (SPEC §8): attnres-block4, plr-block4-r32, slr-full-r16, ...
+A name without them ("attnres-block", "slr-block") takes the tier's default N and r.
+"""
+from __future__ import annotations
+
+import re
+
+from probe.models.config import ProbeConfig, tier_config, TIERS
+
+VARIANTS: dict[str, str] = {
+    "baseline": "standard causal softmax attention, plain residual stream",
+    "offbyone": "phantom key with logit fixed at 0 and value 0 (softmax-off-by-one)",
+    "sinklogit": "phantom key with a learned logit b_h per head (gpt-oss sink)",
+    "sinktoken": "a learned extra first token with learned key and value, removed before the LM head",
+    "normgate": "value gate g_j = sigmoid(beta(||v_j||/sqrt(dh) - tau_h)), beta = 8",
+    "projgate": "value gate g_j = sigmoid(w_h . v_j + b_h)",
+    "sink+norm": "sink logit and norm gate",
+    "sink+proj": "sink logit and projection gate",
+    "routing-normgate": "norm gate in the routing slot: log g_j added to the logits, no row scaling",
+    "gatedv": "GatedV: SiLU on the projected values before aggregation",
+    "gatedv-tanh": "GatedV control: V * tanh(V)",
+    "gatedv-q": "GatedV placement control: SiLU on the queries only (before RoPE)",
+    "gatedv-qkv": "GatedV placement control: SiLU on queries, keys (before RoPE) and values",
+    "g2": "Gated Attention G2: headwise sigmoid gate from a separate input projection, on the values",
+    "glu-full": "GLU value (U W_C) * SiLU(U W_G) at full value width",
+    "glu-reduced": "GLU value at reduced width: combined value width 2d/3, parameter-matched",
+    "attnres-full": "AttnRes: static-query softmax over all earlier sub-layer outputs",
+    "attnres-block{N}": "Block AttnRes with N blocks (embedding, completed block sums, partial block)",
+    "plr-full-r{r}": "P-LR-AttnRes: rank-r routing keys projected beside each output, full sources",
+    "plr-block{N}-r{r}": "P-LR-AttnRes over N blocks",
+    "slr-full-r{r}": "S-LR-AttnRes: routing key = last r coordinates of each output, full sources",
+    "slr-block{N}-r{r}": "S-LR-AttnRes over N blocks",
+    "value-residual": "value residual: V_n <- (1 - lambda_n) V_n + lambda_n V_1, lambda init 0.5",
+    "value-residual-2w": "ResFormer two-weight value residual: lambda_1 V_1 + lambda_2 V_n",
+    "denseformer": "DenseFormer: static weighted average of all earlier block outputs after each block",
+    "mudd": "MUDD: per-token dynamic dense connections for query, key, value and residual streams",
+}
+
+_FIXED: dict[str, dict] = {
+    "baseline": {},
+    "offbyone": dict(abstention="offbyone"),
+    "sinklogit": dict(abstention="sinklogit"),
+    "sinktoken": dict(abstention="sinktoken"),
+    "normgate": dict(value_gate="norm"),
+    "projgate": dict(value_gate="proj"),
+    "sink+norm": dict(abstention="sinklogit", value_gate="norm"),
+    "sink+proj": dict(abstention="sinklogit", value_gate="proj"),
+    "routing-normgate": dict(value_gate="routing-norm"),
+    "gatedv": dict(value_gate="silu"),
+    "gatedv-tanh": dict(value_gate="tanh"),
+    "gatedv-q": dict(qk_activation="q"),
+    "gatedv-qkv": dict(qk_activation="qk", value_gate="silu"),
+    "g2": dict(value_gate="g2"),
+    "glu-full": dict(value_gate="glu"),
+    "glu-reduced": dict(value_gate="glu", d_value="reduced"),
+    "attnres-full": dict(depth="attnres"),
+    "value-residual": dict(value_residual="lambda"),
+    "value-residual-2w": dict(value_residual="two-weight"),
+    "denseformer": dict(dense="denseformer"),
+    "mudd": dict(dense="mudd"),
+}
+_ROUTED = re.compile(r"^(attnres|plr|slr)-(full|block(\d*))(?:-r(\d+))?$")
+
+
+def _defaults(arch: dict) -> tuple[int, int]:
+    """The tier's default block count N and routing rank r."""
+    return 4, max(8, arch["d_model"] // 4)
+
+
+def variant_settings(variant: str, arch: dict) -> dict:
+    """Mechanism settings (ProbeConfig kwargs) for a variant name on an architecture."""
+    if variant in _FIXED:
+        settings = dict(_FIXED[variant])
+        if settings.get("d_value") == "reduced":  # combined value width m = 2d/3, a multiple of the heads
+            heads = arch.get("n_heads", 4)
+            settings["d_value"] = max(1, round(2 * arch["d_model"] / 3 / heads))
+        return settings
+    m = _ROUTED.match(variant)
+    if m:
+        kind, mode, n_blocks, rank = m.group(1), m.group(2), m.group(3), m.group(4)
+        default_n, default_r = _defaults(arch)
+        if kind == "attnres" and rank:
+            raise ValueError(f"variant {variant!r}: attnres uses full-width keys; drop the -r{rank} suffix")
+        settings = dict(depth=kind, depth_blocks=0 if mode == "full" else int(n_blocks or default_n))
+        if kind != "attnres":
+            settings["depth_rank"] = int(rank) if rank else default_r
+        return settings
+    raise ValueError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+
+
+def config_for(variant: str = "baseline", tier: str = "tiny", **overrides) -> ProbeConfig:
+    arch = tier_config(tier)
+    arch.update({k: v for k, v in overrides.items() if k in arch})
+    kwargs = {**arch, **variant_settings(variant, arch), **overrides}
+    config = ProbeConfig(**kwargs)
+    config.probe_variant, config.probe_tier = variant, tier
+    return config
+
+
+def create(variant: str = "baseline", tier: str = "tiny", seed: int = 0, **overrides):
+    """A freshly initialised model: `create("sink+proj", "tiny", seed=1, n_layers=2)`.
+
+    Paired seeds: every parameter is drawn from a generator keyed by (seed, parameter name), so two variants
+    created with the same seed share every tensor they have in common."""
+    from probe.models.model import ProbeForCausalLM
+
+    model = ProbeForCausalLM(config_for(variant, tier, **overrides), seed=seed)
+    model.probe_name = f"{tier}-{variant}"
+    return model
+
+
+__all__ = ["VARIANTS", "TIERS", "create", "config_for", "variant_settings"]

@@ -1,0 +1,149 @@
+"""Training checkpoints without pickle: safetensors for every tensor, JSON for everything else, swapped in atomically.
+
+Layout of ``out_dir/checkpoint/``::
+
+    model.safetensors (+ config.json)   via ``save_pretrained`` when the model has it, else the state dict
+    state.safetensors                   every tensor of the optimizer, sampler and RNG states
+    trainer_state.json                  step, config, and the non-tensor rest of those states (tensors as references)
+
+A checkpoint is written into ``checkpoint.tmp`` and renamed into place; the previous one is kept as ``checkpoint.old``
+until the rename has happened, so an interruption at any point leaves one complete checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+STATE_JSON, STATE_TENSORS = "trainer_state.json", "state.safetensors"
+
+
+def flatten(obj, tensors: dict[str, torch.Tensor]):
+    """JSON-able copy of ``obj`` with tensors/arrays moved into ``tensors`` (keys ``t0, t1, …``)."""
+    if isinstance(obj, (torch.Tensor, np.ndarray)):
+        key = f"t{len(tensors)}"
+        is_np = isinstance(obj, np.ndarray)
+        tensors[key] = (torch.from_numpy(obj.copy()) if is_np else obj.detach().cpu().clone()).contiguous()
+        return {"__ndarray__" if is_np else "__tensor__": key}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj):
+            return {k: flatten(v, tensors) for k, v in obj.items()}
+        return {"__items__": [[k, flatten(v, tensors)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [flatten(v, tensors) for v in obj]}
+    if isinstance(obj, list):
+        return [flatten(v, tensors) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot checkpoint a {type(obj).__name__} without pickle")
+
+
+def unflatten(obj, tensors: dict[str, torch.Tensor]):
+    if isinstance(obj, dict):
+        if "__tensor__" in obj:
+            return tensors[obj["__tensor__"]]
+        if "__ndarray__" in obj:
+            return tensors[obj["__ndarray__"]].numpy()
+        if "__tuple__" in obj:
+            return tuple(unflatten(v, tensors) for v in obj["__tuple__"])
+        if "__items__" in obj:
+            return {k: unflatten(v, tensors) for k, v in obj["__items__"]}
+        return {k: unflatten(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [unflatten(v, tensors) for v in obj]
+    return obj
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict):
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_model(model: nn.Module, path: Path):
+    if hasattr(model, "save_pretrained"):
+        from transformers.utils import logging as hf_logging
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # no "Writing model shards" bar inside the training loop
+        try:
+            model.save_pretrained(path)
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
+    else:
+        from safetensors.torch import save_model as st_save_model
+        st_save_model(model, str(path / "model.safetensors"))
+
+
+def load_model(model: nn.Module, path: Path):
+    """Load weights saved by :func:`save_model` into ``model``; only tied aliases may be missing."""
+    index = path / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    state = {}
+    for f in files:
+        state.update(load_file(path / f))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    own = model.state_dict(keep_vars=True)
+    loaded = {t.data_ptr() for k, t in own.items() if k in state}
+    really_missing = [k for k in missing if own[k].data_ptr() not in loaded]
+    if unexpected or really_missing:
+        raise RuntimeError(f"checkpoint {path} does not fit the model: missing {really_missing}, unexpected {unexpected}")
+
+
+def find_checkpoint(out_dir: Path) -> Path | None:
+    """The complete checkpoint under ``out_dir`` (``checkpoint/``, else ``checkpoint.old/`` after an interrupted swap)."""
+    for name in ("checkpoint", "checkpoint.old"):
+        if (out_dir / name / STATE_JSON).exists():
+            return out_dir / name
+    return None
+
+
+def save_checkpoint(out_dir: Path, model: nn.Module, optimizer, sampler, step: int, extra: dict | None = None) -> Path:
+    out_dir = Path(out_dir)
+    final, tmp, old = out_dir / "checkpoint", out_dir / "checkpoint.tmp", out_dir / "checkpoint.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_model(model, tmp)
+    tensors: dict[str, torch.Tensor] = {}
+    state = flatten({"optimizer": optimizer.state_dict(), "sampler": sampler.state_dict(), "rng": rng_state()}, tensors)
+    save_file(tensors, str(tmp / STATE_TENSORS))
+    (tmp / STATE_JSON).write_text(json.dumps({"step": step, **(extra or {}), "state": state}))  # written last
+    if (final / STATE_JSON).exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    else:
+        shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: Path, model: nn.Module, optimizer=None, sampler=None, restore_rng: bool = True) -> dict:
+    """Restore what :func:`save_checkpoint` wrote; returns the JSON metadata (``step``, ``config``, …)."""
+    path = Path(path)
+    load_model(model, path)
+    meta = json.loads((path / STATE_JSON).read_text())
+    state = unflatten(meta.pop("state"), load_file(str(path / STATE_TENSORS)))
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if sampler is not None:
+        sampler.load_state_dict(state["sampler"])
+    if restore_rng:
+        set_rng_state(state["rng"])
+    return meta

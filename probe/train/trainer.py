@@ -1,0 +1,228 @@
+"""The training loop: paired seeds, grad accumulation, DDP, JSONL metrics, exact resume.
+
+One optimizer step consumes one *global* batch of ``cfg.batch_size`` windows, drawn in one ``sampler.sample`` call and
+split into ``world_size × grad_accum`` equal micro-batches, so the data (and, up to float summation order, the update)
+does not depend on how the batch is split — the abstention paper's "micro-batch 16 × 4 ≡ batch 64" check.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from . import distributed as D
+from .checkpoint import STATE_JSON, find_checkpoint, load_checkpoint, load_model, save_checkpoint
+from .optim import build_optimizer
+from .schedule import lr_factor
+
+
+class Sampler(Protocol):
+    """What the loop needs from a data sampler (``probe.data.WindowSampler`` is one)."""
+
+    def sample(self, batch_size: int) -> torch.LongTensor: ...  # (B, ctx + 1) token windows
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 64  # windows per optimizer step, all ranks and micro-steps together
+    grad_accum: int = 1  # micro-steps per optimizer step (per rank)
+    lr: float = 6e-4  # peak lr of AdamW (or of Adam's share in muon mode)
+    min_lr_ratio: float = 0.1  # the schedule ends at lr * min_lr_ratio at the final step
+    warmup: int = 100
+    schedule: str = "cosine"  # "cosine" | "linear-warmdown"
+    warmdown: float = 0.2  # fraction of steps in the linear warmdown
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1  # AdamW's ≥2-D tensors not excluded by role; Muon's matrices in muon mode
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # global norm; 0 = no clipping (the norm is still logged)
+    z_loss: float = 0.0  # weight of mean(logsumexp(logits)²); lr-attnres uses 1e-5
+    optimizer: str = "adamw"  # "adamw" | "muon" (Muon for hidden matrices + Adam, see optim.py)
+    muon_lr: float = 1e-3
+    muon_momentum: float = 0.95
+    eval_every: int = 250  # 0 = only at the end
+    eval_batches: int = 16  # fixed batches used by evaluations during training (0 = all); the final one uses all
+    ckpt_every: int = 500  # 0 = only at the end
+    log_every: int = 10
+    seed: int = 0  # torch seed of the loop; the sampler and the model must be built from the same seed (paired runs)
+    device: str = "auto"  # "auto" = cuda when available, else cpu
+    amp: str = "auto"  # "auto" = bf16 autocast on CUDA, fp32 on CPU | "bf16" | "fp32"
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean next-token cross-entropy, the objective = CE + z_loss · mean(logsumexp²)), both in fp32."""
+    logits = logits.float()
+    ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    if not z_loss:
+        return ce, ce
+    return ce, ce + z_loss * torch.logsumexp(logits, dim=-1).pow(2).mean()
+
+
+def _logits(out) -> torch.Tensor:
+    return out.logits if hasattr(out, "logits") else out[0] if isinstance(out, tuple) else out
+
+
+def _autocast(device: torch.device, amp: str):
+    if amp == "bf16" or (amp == "auto" and device.type == "cuda"):
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if amp not in ("auto", "fp32"):
+        raise ValueError(f"unknown amp {amp!r}: use 'auto', 'bf16' or 'fp32'")
+    return nullcontext()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, eval_batches, *, max_batches: int | None = None, amp: str = "auto") -> float:
+    """Mean next-token loss over every position of fixed batches.
+
+    ``eval_batches``: an object with ``.tokens`` (N, B, ctx + 1) such as ``probe.data.EvalBatches``, such a tensor, or an
+    iterable of (B, ctx + 1) windows. The model sees window[:, :-1] and is scored on window[:, 1:].
+    """
+    batches = getattr(eval_batches, "tokens", eval_batches)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i, window in enumerate(batches):
+        if max_batches and i >= max_batches:
+            break
+        window = window.to(device)
+        with _autocast(device, amp):
+            logits = _logits(model(window[:, :-1]))
+        total += F.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten(), reduction="sum").item()
+        count += window[:, 1:].numel()
+    model.train(was_training)
+    if count == 0:
+        raise ValueError("no evaluation batches")
+    return total / count
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _write_metrics(path: Path, records: list[dict]):
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    os.replace(tmp, path)
+
+
+def _resolve_device(device: str, info: D.DistInfo) -> torch.device:
+    if device == "auto":
+        return torch.device(f"cuda:{info.local_rank}" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval_batches=None, resume: bool = True,
+          progress: bool = True) -> dict:
+    """Train ``model`` in place for ``cfg.steps`` optimizer steps; returns the last metrics record.
+
+    Writes ``out_dir/metrics.jsonl`` and ``out_dir/checkpoint/`` (rank 0 only). With ``resume`` it continues from the
+    checkpoint there — bit-exactly on CPU — and a finished run only loads its final weights into ``model`` and returns
+    its recorded final metrics. ``resume=False`` discards what ``out_dir`` holds.
+    """
+    out_dir = Path(out_dir)
+    info = D.setup(cfg.device)
+    device = _resolve_device(cfg.device, info)
+    metrics_path = out_dir / "metrics.jsonl"
+    if cfg.batch_size % (info.world_size * cfg.grad_accum):
+        raise ValueError(f"batch_size {cfg.batch_size} must divide into world_size {info.world_size} × "
+                         f"grad_accum {cfg.grad_accum} equal micro-batches")
+    if getattr(sampler, "seed", cfg.seed) != cfg.seed:
+        warnings.warn(f"sampler seed {sampler.seed} != cfg.seed {cfg.seed}: paired runs need the same seed for both")
+
+    model.to(device)
+    optimizer = build_optimizer(model, cfg)
+    step, last = 0, None
+    ckpt = find_checkpoint(out_dir) if resume else None
+    if ckpt is not None:
+        meta = json.loads((ckpt / STATE_JSON).read_text())
+        if meta.get("config") != _jsonable(cfg):
+            warnings.warn(f"resuming {ckpt} with a different TrainConfig than it was written with")
+        if meta["step"] >= cfg.steps:  # finished: nothing to train
+            load_model(model, ckpt)
+            return meta.get("metrics") or {"step": meta["step"]}
+        meta = load_checkpoint(ckpt, model, optimizer, sampler)
+        step, last = meta["step"], meta.get("metrics")
+        if info.is_main:
+            _write_metrics(metrics_path, [r for r in _read_metrics(metrics_path) if r["step"] <= step])
+    else:
+        torch.manual_seed(cfg.seed)
+        if info.is_main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for name in ("checkpoint", "checkpoint.old", "checkpoint.tmp"):
+                shutil.rmtree(out_dir / name, ignore_errors=True)
+            _write_metrics(metrics_path, [])
+            (out_dir / "train_config.json").write_text(json.dumps(_jsonable(cfg), indent=1))
+    D.barrier()
+
+    net = model
+    if info.enabled:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    model.train()
+    bar = tqdm(total=cfg.steps, initial=step, disable=not progress or not info.is_main, desc="train")
+    t_log, step_log = time.perf_counter(), step
+    while step < cfg.steps:
+        factor = lr_factor(step, cfg.steps, cfg.warmup, cfg.schedule, cfg.min_lr_ratio, cfg.warmdown)
+        for group in optimizer.param_groups:
+            group["lr"] = group["base_lr"] * factor
+        window = sampler.sample(cfg.batch_size)
+        micro = D.shard(window, info).to(device).chunk(cfg.grad_accum)
+        loss = torch.zeros((), device=device)
+        for i, mb in enumerate(micro):
+            sync = not info.enabled or i == len(micro) - 1
+            with nullcontext() if sync else net.no_sync():
+                with _autocast(device, cfg.amp):
+                    logits = _logits(net(mb[:, :-1]))
+                ce, objective = lm_loss(logits, mb[:, 1:], cfg.z_loss)
+                (objective / cfg.grad_accum).backward()
+            loss += ce.detach() / cfg.grad_accum
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        bar.update(1)
+
+        final = step == cfg.steps
+        eval_step = final or bool(cfg.eval_every and step % cfg.eval_every == 0)
+        do_eval = eval_step and eval_batches is not None
+        if final or step % cfg.log_every == 0 or eval_step:  # the same steps on every rank (a collective follows)
+            loss_v = D.mean_over_ranks(loss).item()
+            if not math.isfinite(loss_v):
+                raise FloatingPointError(f"loss is {loss_v} at step {step}")
+            tokens_per_step = cfg.batch_size * (window.shape[1] - 1)
+            now = time.perf_counter()  # throughput since the previous record (includes evals and checkpoints)
+            last = {"step": step, "loss": loss_v, "lr": cfg.lr * factor, "grad_norm": grad_norm.item(),
+                    "tokens": step * tokens_per_step, "tokens_per_s": (step - step_log) * tokens_per_step / (now - t_log)}
+            t_log, step_log = now, step
+            if do_eval and info.is_main:
+                last["val_loss"] = evaluate(model, eval_batches, max_batches=None if final else cfg.eval_batches,
+                                            amp=cfg.amp)
+            if info.is_main:
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(last) + "\n")
+            bar.set_postfix(loss=f"{loss_v:.4f}", **({"val": f"{last['val_loss']:.4f}"} if "val_loss" in last else {}))
+        if final or (cfg.ckpt_every and step % cfg.ckpt_every == 0):
+            if info.is_main:
+                save_checkpoint(out_dir, model, optimizer, sampler, step, {"config": _jsonable(cfg), "metrics": last})
+            D.barrier()
+    bar.close()
+    return last
+
+
+def _jsonable(cfg: TrainConfig) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))

@@ -1,0 +1,246 @@
+"""Invariants of the custom model family (SPEC §4, issue: instrumented model core)."""
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import probe.models as pm
+from probe.models import added_parameters, config_for, create
+
+SMALL = dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=32, vocab_size=97)
+FIXED = [v for v in pm.VARIANTS if "{" not in v]
+ROUTED = ["attnres-full", "attnres-block2", "plr-full-r8", "plr-block2-r8", "slr-full-r8", "slr-block4-r8"]
+ALL = FIXED + ROUTED
+
+
+def tokens(B=2, T=12, V=97, seed=0):
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def test_tiny_baseline_parameter_count_matches_gatedv_small():
+    assert sum(p.numel() for p in create("baseline").parameters()) == 2_328_192
+
+
+def test_unknown_names_raise_with_choices():
+    with pytest.raises(ValueError, match="unknown variant 'nope'.*baseline"):
+        create("nope")
+    with pytest.raises(ValueError, match="unknown tier 'huge'.*tiny"):
+        create("baseline", tier="huge")
+    with pytest.raises(ValueError, match="depth_blocks=5 must divide"):
+        config_for("attnres-block5")
+
+
+@pytest.mark.parametrize("variant", ALL)
+def test_every_variant_trains_forward_backward_at_tiny_tier(variant):
+    overrides = {"depth_rank": 8} if variant.startswith(("plr", "slr")) else {}
+    model = create(variant.replace("block2", "block4").replace("-r8", ""), tier="tiny", **overrides)
+    ids = torch.randint(0, 8192, (2, 24))
+    out = model(ids, labels=ids)
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def _expected_hooks(model):
+    c = model.config
+    B, T = 2, 12
+    Tk = T + (c.abstention == "sinktoken")
+    H, Hkv, dh, dv, d = c.n_heads, c.n_kv_heads, c.d_head, c.d_value, c.d_model
+    shapes = {"hook_embed": (B, Tk, d)}
+    for l in range(c.n_layers):
+        p = f"blocks.{l}."
+        shapes.update({p + "hook_resid_pre": (B, Tk, d), p + "hook_resid_mid": (B, Tk, d),
+                       p + "hook_resid_post": (B, Tk, d), p + "attn.hook_q": (B, Tk, H, dh),
+                       p + "attn.hook_k": (B, Tk, Hkv, dh), p + "attn.hook_v": (B, Tk, Hkv, dv),
+                       p + "attn.hook_v_out": (B, Tk, Hkv, dv), p + "attn.hook_pattern": (B, H, Tk, Tk),
+                       p + "attn.hook_z": (B, Tk, H, dv)})
+        if c.has_phantom:
+            shapes[p + "attn.hook_phantom"] = (B, H, Tk)
+            shapes[p + "attn.hook_sink_logit"] = (H,)
+        if c.value_gate in ("norm", "proj", "routing-norm", "g2"):
+            shapes[p + "attn.hook_v_gate"] = (B, Tk, Hkv)
+        elif c.value_gate in ("silu", "tanh", "glu"):
+            shapes[p + "attn.hook_v_gate"] = (B, Tk, Hkv, dv)
+        if c.value_residual != "none" and l > 0:
+            shapes[p + "attn.hook_v_first"] = (B, Tk, Hkv, dv)
+        if c.dense != "none":
+            C = 1 if (l == c.n_layers - 1 or c.dense == "denseformer") else 4
+            shapes[p + "dense.hook_weights"] = (B, Tk, C, l + 2)
+    if c.depth != "residual":
+        from probe.models.depth import site_sources
+
+        for site, labels in site_sources(c).items():
+            shapes[site + ".hook_depth_weights"] = (B, Tk, len(labels))
+            shapes[site + ".hook_routing_keys"] = (B, Tk, len(labels), c.routing_rank)
+    return shapes
+
+
+@pytest.mark.parametrize("variant", ALL)
+def test_every_hook_fires_with_its_documented_shape(variant):
+    model = create(variant, **SMALL)
+    ids = tokens()
+    _, cache = model.run_with_cache(ids)
+    expected = _expected_hooks(model)
+    missing = set(expected) - set(cache)
+    assert not missing, f"hooks that did not fire: {sorted(missing)}"
+    for name, shape in expected.items():
+        assert tuple(cache[name].shape) == shape, name
+
+
+@pytest.mark.parametrize("variant", ALL)
+def test_hooked_path_equals_fast_path_and_pattern_plus_phantom_is_one(variant):
+    model = create(variant, **SMALL)
+    ids = tokens()
+    fast = logits(model, ids)
+    out, cache = model.run_with_cache(ids)
+    torch.testing.assert_close(out.logits, fast, atol=2e-5, rtol=1e-4)
+    for l in range(model.config.n_layers):
+        pattern = cache[f"blocks.{l}.attn.hook_pattern"]
+        phantom = cache.get(f"blocks.{l}.attn.hook_phantom", torch.zeros(pattern.shape[:3]))
+        torch.testing.assert_close(pattern.sum(-1) + phantom, torch.ones_like(phantom), atol=1e-5, rtol=0)
+        assert (pattern.triu(1) == 0).all()  # causal
+
+
+def test_slr_with_rank_d_equals_attnres_full_and_block():
+    for mode in ("full", "block2"):
+        attnres = create(f"attnres-{mode}", **SMALL)
+        slr = create(f"slr-{mode}-r32", **SMALL)
+        for n, p in attnres.named_parameters():
+            if n.endswith("query"):
+                p.data.normal_()  # non-trivial routing
+        slr.load_state_dict(attnres.state_dict())
+        ids = tokens()
+        torch.testing.assert_close(logits(slr, ids), logits(attnres, ids), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["attnres-full", "attnres-block2", "plr-block2-r8", "slr-full-r8"])
+def test_zero_queries_give_uniform_mean_of_sources(variant):
+    model = create(variant, **SMALL)
+    _, cache = model.run_with_cache(tokens())
+    for name, w in cache.items():
+        if name.endswith("hook_depth_weights"):
+            torch.testing.assert_close(w, torch.full_like(w, 1 / w.shape[-1]))
+    # site 2 (block 0's MLP read) sees the embedding and block 0's attention output: their mean
+    if variant == "attnres-full":
+        embed = cache["hook_embed"]
+        mid = cache["blocks.0.hook_resid_mid"]
+        attn_out = 2 * mid - embed
+        torch.testing.assert_close(cache["blocks.0.hook_resid_mid"], (embed + attn_out) / 2)
+
+
+@pytest.mark.parametrize("variant", ["denseformer", "mudd"])
+def test_dense_connections_at_init_equal_the_plain_transformer(variant):
+    ids = tokens()
+    torch.testing.assert_close(logits(create(variant, seed=3, **SMALL), ids),
+                               logits(create("baseline", seed=3, **SMALL), ids), atol=1e-6, rtol=1e-5)
+
+
+def test_sink_logit_minus_infinity_equals_baseline_and_zero_sink_equals_offbyone():
+    ids = tokens()
+    sink = create("sinklogit", seed=1, **SMALL)
+    with torch.no_grad():
+        for blk in sink.blocks:
+            blk.attn.sink.fill_(-math.inf)
+    torch.testing.assert_close(logits(sink, ids), logits(create("baseline", seed=1, **SMALL), ids))
+    with torch.no_grad():
+        for blk in sink.blocks:
+            blk.attn.sink.zero_()
+    torch.testing.assert_close(logits(sink, ids), logits(create("offbyone", seed=1, **SMALL), ids))
+
+
+def test_phantom_changes_the_output_and_sink_logit_gets_a_gradient():
+    ids = tokens()
+    base, sink = create("baseline", **SMALL), create("sinklogit", **SMALL)
+    assert not torch.allclose(logits(base, ids), logits(sink, ids))
+    sink(ids, labels=ids).loss.backward()
+    assert all(blk.attn.sink.grad.abs().sum() > 0 for blk in sink.blocks)
+
+
+@pytest.mark.parametrize("variant", ["normgate", "projgate", "sink+norm", "sink+proj", "routing-normgate", "g2",
+                                     "gatedv"])
+def test_gates_lie_in_the_unit_interval(variant):
+    model = create(variant, **SMALL)
+    _, cache = model.run_with_cache(tokens(), names_filter=lambda n: n.endswith("hook_v_gate"))
+    assert cache
+    for g in cache.values():
+        assert ((g > 0) & (g < 1)).all()
+
+
+def test_norm_gate_formula_and_editing_the_gate_changes_the_output():
+    model = create("normgate", **SMALL)
+    ids = tokens()
+    _, cache = model.run_with_cache(ids)
+    v, g = cache["blocks.0.attn.hook_v"], cache["blocks.0.attn.hook_v_gate"]
+    tau = model.blocks[0].attn.gate_tau
+    expected = torch.sigmoid(8 * (v.norm(dim=-1) / math.sqrt(v.shape[-1]) - tau))
+    torch.testing.assert_close(g, expected)
+    torch.testing.assert_close(cache["blocks.0.attn.hook_v_out"], g[..., None] * v)
+    closed = model.run_with_hooks(ids, fwd_hooks=[("blocks.1.attn.hook_v_gate", lambda t, hook: t * 0)]).logits
+    assert not torch.allclose(closed, logits(model, ids))
+
+
+def test_value_residual_with_lambda_zero_equals_baseline():
+    ids = tokens()
+    vr = create("value-residual", seed=2, **SMALL)
+    with torch.no_grad():
+        for blk in vr.blocks[1:]:
+            blk.attn.v_mix.zero_()
+    torch.testing.assert_close(logits(vr, ids), logits(create("baseline", seed=2, **SMALL), ids))
+
+
+def test_paired_seeds_share_initial_weights_of_shared_tensors():
+    a, b = create("baseline", seed=5, **SMALL).state_dict(), create("sink+proj", seed=5, **SMALL).state_dict()
+    c = create("baseline", seed=6, **SMALL).state_dict()
+    for name, t in a.items():
+        torch.testing.assert_close(b[name], t)
+    assert not torch.equal(a["blocks.0.attn.q_proj.weight"], c["blocks.0.attn.q_proj.weight"])
+
+
+@pytest.mark.parametrize("variant", ["baseline", "sink+proj", "slr-block2-r8", "mudd", "sinktoken"])
+def test_save_pretrained_round_trip_through_auto_model(tmp_path, variant):
+    model = create(variant, **SMALL)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert type(loaded) is pm.ProbeForCausalLM
+    ids = tokens()
+    torch.testing.assert_close(logits(loaded, ids), logits(model, ids), atol=0, rtol=0)
+    _, cache = loaded.run_with_cache(ids)  # still hooked after loading
+    assert "blocks.0.attn.hook_pattern" in cache
+
+
+def test_parameter_formulas():
+    L, d, m, H, dh = 6, 128, 384, 4, 32
+    r = 16
+    assert added_parameters(config_for("slr-full-r16"))["total"] == 2 * L * r
+    assert added_parameters(config_for("slr-block4-r16"))["total"] == 2 * L * r
+    assert added_parameters(config_for("plr-full-r16"))["total"] == r * (L * (d + m) + d + 2 * L)
+    assert added_parameters(config_for("attnres-full"))["total"] == 2 * L * d
+    assert added_parameters(config_for("sinklogit"))["total"] == H * L
+    assert added_parameters(config_for("normgate"))["total"] == H * L
+    assert added_parameters(config_for("projgate"))["total"] == H * (dh + 1) * L
+    assert added_parameters(config_for("sink+proj"))["total"] == H * (dh + 2) * L
+    assert added_parameters(config_for("sinktoken"))["total"] == d
+    assert added_parameters(config_for("gatedv"))["total"] == 0
+    assert added_parameters(config_for("value-residual"))["total"] == L - 1
+    # the paper's large configuration (lr-attnres A.6): P-LR r=32 adds 2,983,424, S-LR 1,536
+    assert added_parameters(config_for("plr-full-r32", tier="lr-attnres"))["total"] == 2_983_424
+    assert added_parameters(config_for("slr-full-r32", tier="lr-attnres"))["total"] == 1_536
+
+
+def test_weight_decay_is_excluded_by_role():
+    model = create("sink+proj", **SMALL)
+    nd = model.no_weight_decay()
+    assert "blocks.0.attn.sink" in nd and "blocks.0.attn.gate_w" in nd  # gate_w is 2-D but excluded
+    assert "blocks.0.ln1.weight" in nd and "blocks.0.attn.q_proj.weight" not in nd
+    mudd = create("mudd", **SMALL).no_weight_decay()
+    assert "blocks.0.dense.w1.weight" in mudd and "blocks.0.dense.bias" in mudd
+    slr = create("slr-full-r8", **SMALL).no_weight_decay()
+    assert "final_read.query" in slr

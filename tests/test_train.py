@@ -1,0 +1,306 @@
+"""probe.train: schedules, weight-decay roles, Muon, the loop, exact resume, checkpoints (tiny models, CPU, fp32)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from probe.data import EvalBatches, WindowSampler
+from probe.train import TrainConfig, evaluate, lm_loss, lr_factor, param_groups, train
+from probe.train.checkpoint import find_checkpoint, flatten, load_checkpoint, unflatten
+from probe.train.optim import SimpleMuon, _newton_schulz, build_optimizer
+
+VOCAB, CTX, EOS = 64, 32, 0
+DOCS = [torch.arange(2_000) % 17 + 1 for _ in range(10)]  # repetitive: a model can learn it in a few steps
+CORPUS = torch.cat(DOCS)
+
+
+class TinySampler(WindowSampler):
+    """probe.data's sampler over DOCS, which can also record its batches or die on its ``fail_at``-th draw."""
+
+    def __init__(self, seed=0, fail_at=None, record=None):
+        super().__init__(DOCS, CTX, seed, eos_id=EOS)
+        self.fail_at, self.calls, self.record = fail_at, 0, record
+
+    def sample(self, batch_size):
+        self.calls += 1
+        if self.fail_at is not None and self.calls >= self.fail_at:
+            raise KeyboardInterrupt("simulated interruption")
+        batch = super().sample(batch_size)
+        if self.record is not None:
+            self.record.append(batch)
+        return batch
+
+
+def hf_model(seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=CTX,
+                                        tie_word_embeddings=True))
+
+
+tiny_model = hf_model
+
+
+def eval_windows(n=2, b=4):
+    return CORPUS[5:5 + n * b * (CTX + 1)].view(n, b, CTX + 1)
+
+
+def cfg(**kw):
+    base = dict(steps=6, batch_size=4, lr=3e-3, warmup=2, log_every=1, ckpt_every=3, eval_every=0, device="cpu")
+    return TrainConfig(**{**base, **kw})
+
+
+def read_metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---- pieces ----------------------------------------------------------------------------------------------
+
+def test_lr_schedules():
+    f = lambda s, sched="cosine": lr_factor(s, 100, 10, sched, 0.1, 0.2)  # noqa: E731
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(1.0) and f(99) == pytest.approx(0.1)
+    assert f(10 + 89 // 2) == pytest.approx(0.55, abs=0.02)  # cosine midpoint
+    assert all(f(s) >= f(s + 1) for s in range(10, 99))
+    w = lambda s: f(s, "linear-warmdown")  # noqa: E731
+    assert w(5) == pytest.approx(0.6) and w(50) == 1.0 and w(79) == 1.0
+    assert w(99) == pytest.approx(0.1) and w(89) == pytest.approx(0.55, abs=0.03)
+    with pytest.raises(ValueError):
+        lr_factor(50, 100, 10, "step")
+
+
+class RoleModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 8)
+        self.proj = nn.Linear(8, 8, bias=True)
+        self.gate_w = nn.Parameter(torch.zeros(2, 8))  # a 2-D gate direction: excluded by role, not by rank
+        self.norm = nn.LayerNorm(8)
+        self.lm_head = nn.Linear(8, VOCAB, bias=False)
+
+    def no_weight_decay(self):
+        return {"gate_w", "norm.weight", "norm.bias", "proj.bias"}
+
+
+def _names(groups):
+    return {k: {n for n, _ in v} for k, v in groups.items()}
+
+
+def test_weight_decay_by_role_and_muon_split():
+    m = RoleModel()
+    assert _names(param_groups(m, "adamw")) == {
+        "decay": {"embed.weight", "proj.weight", "lm_head.weight"},
+        "no_decay": {"proj.bias", "gate_w", "norm.weight", "norm.bias"}}
+    assert _names(param_groups(m, "muon")) == {
+        "muon": {"proj.weight"},
+        "adam": {"embed.weight", "lm_head.weight", "proj.bias", "gate_w", "norm.weight", "norm.bias"}}
+    opt = build_optimizer(m, TrainConfig(weight_decay=0.1))
+    assert {g["name"]: g["weight_decay"] for g in opt.param_groups} == {"decay": 0.1, "no_decay": 0.0}
+    opt = build_optimizer(m, TrainConfig(optimizer="muon", lr=3e-4))
+    assert {g["name"]: (g["base_lr"], g["weight_decay"]) for g in opt.param_groups} == {
+        "muon": (1e-3, 0.1), "adam": (3e-4, 0.0)}
+    m.no_weight_decay = lambda: {"gate_weight"}  # a typo must not silently decay the gate
+    with pytest.raises(ValueError, match="gate_weight"):
+        param_groups(m)
+
+
+def test_weight_decay_rank_rule_for_models_without_roles():
+    m = hf_model()
+    groups = _names(param_groups(m, "adamw"))
+    two_d = {n for n, p in m.named_parameters() if p.ndim >= 2}
+    assert groups["decay"] == two_d and "model.embed_tokens.weight" in two_d
+    assert groups["no_decay"] and all("norm" in n for n in groups["no_decay"])
+    muon = _names(param_groups(m, "muon"))["muon"]
+    assert muon == two_d - {"model.embed_tokens.weight"}  # tied LM head = the embedding: Adam's
+
+
+def test_newton_schulz_orthogonalises():
+    g = torch.randn(16, 40, generator=torch.Generator().manual_seed(0))
+    s = torch.linalg.svdvals(_newton_schulz(g).float())
+    assert s.min() > 0.5 and s.max() < 1.3  # ~U Vᵀ with singular values in Muon's (0.5, 1.5) band
+    assert torch.linalg.svdvals(g).max() / torch.linalg.svdvals(g).min() > 2
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch ships no Muon to compare with")
+def test_simple_muon_matches_torch_muon():
+    gen = torch.Generator().manual_seed(0)
+    w0 = torch.randn(24, 12, generator=gen)
+    grads = [torch.randn(24, 12, generator=gen) for _ in range(4)]
+    params = [nn.Parameter(w0.clone()), nn.Parameter(w0.clone())]
+    opts = [torch.optim.Muon([params[0]], lr=1e-2, weight_decay=0.1, adjust_lr_fn="match_rms_adamw"),
+            SimpleMuon([params[1]], lr=1e-2, weight_decay=0.1)]
+    for g in grads:
+        for p, o in zip(params, opts):
+            p.grad = g.clone()
+            o.step()
+    assert not torch.equal(params[0], w0)
+    torch.testing.assert_close(params[1], params[0], rtol=0, atol=1e-6)
+
+
+def test_lm_loss_and_z_loss():
+    logits = torch.randn(2, 5, VOCAB, generator=torch.Generator().manual_seed(0)) * 3
+    targets = torch.randint(0, VOCAB, (2, 5))
+    ce, obj = lm_loss(logits, targets)
+    assert ce is obj
+    manual = -(logits.log_softmax(-1).gather(-1, targets[..., None])).mean()
+    torch.testing.assert_close(ce, manual)
+    ce2, obj2 = lm_loss(logits, targets, z_loss=1e-2)
+    torch.testing.assert_close(obj2 - ce2, 1e-2 * (logits.logsumexp(-1) ** 2).mean())
+
+
+def test_checkpoint_tree_roundtrip():
+    tree = {"state": {0: {"step": torch.tensor(3.0), "buf": torch.randn(2, 2)}}, "groups": [{"betas": (0.9, 0.95)}],
+            "py": (3, (1, 2), None), "np": np.arange(5, dtype=np.uint32), "x": float("inf")}
+    tensors = {}
+    back = unflatten(json.loads(json.dumps(flatten(tree, tensors))), tensors)
+    assert set(back["state"]) == {0} and torch.equal(back["state"][0]["buf"], tree["state"][0]["buf"])
+    assert back["groups"][0]["betas"] == (0.9, 0.95) and back["py"] == (3, (1, 2), None) and back["x"] == math.inf
+    assert back["np"].dtype == np.uint32 and (back["np"] == tree["np"]).all()
+    with pytest.raises(TypeError):
+        flatten({"f": lambda: 0}, {})
+
+
+# ---- the loop --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_few_steps_lower_the_loss(tmp_path, optimizer):
+    c = cfg(steps=25, batch_size=8, lr=1e-2, optimizer=optimizer, muon_lr=2e-2, log_every=5, eval_every=10,
+            ckpt_every=0)
+    ev = eval_windows()
+    before = evaluate(tiny_model(), ev)
+    final = train(tiny_model(), TinySampler(), c, tmp_path, eval_batches=ev, progress=False)
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [5, 10, 15, 20, 25]
+    assert [r["step"] for r in rows if "val_loss" in r] == [10, 20, 25]
+    assert set(final) == {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "val_loss"}
+    assert final == rows[-1] and final["tokens"] == 25 * 8 * CTX
+    assert final["lr"] == pytest.approx(1e-3)  # cosine ends at 10 %
+    assert final["val_loss"] < before - 1.0, (before, final)
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5
+
+
+def test_grad_norm_is_logged_before_clipping(tmp_path):
+    model, probe_copy = tiny_model(), tiny_model()
+    record = []
+    train(model, TinySampler(record=record), cfg(steps=1, grad_clip=1e-3), tmp_path, progress=False)
+    window = record[0]
+    loss, _ = lm_loss(probe_copy(window[:, :-1]).logits, window[:, 1:])
+    loss.backward()
+    manual = torch.cat([p.grad.flatten() for p in probe_copy.parameters()]).norm().item()
+    logged = read_metrics(tmp_path)[0]["grad_norm"]
+    assert logged == pytest.approx(manual, rel=1e-5) and logged > 1e-2
+
+
+def test_grad_accum_sees_the_same_batches(tmp_path):
+    runs = {}
+    for accum in (1, 2):
+        record = []
+        train(tiny_model(), TinySampler(record=record), cfg(steps=3, batch_size=8, grad_accum=accum), tmp_path / str(accum),
+              progress=False)
+        runs[accum] = (record, [r["loss"] for r in read_metrics(tmp_path / str(accum))])
+    assert all(torch.equal(a, b) for a, b in zip(runs[1][0], runs[2][0]))
+    np.testing.assert_allclose(runs[1][1], runs[2][1], rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="divide"):
+        train(tiny_model(), TinySampler(), cfg(batch_size=6, grad_accum=4), tmp_path / "bad", progress=False)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_exact_resume_after_interruption(tmp_path, optimizer):
+    c = cfg(steps=7, ckpt_every=3, optimizer=optimizer, z_loss=1e-4, schedule="linear-warmdown")
+    ev = eval_windows(1)
+    straight_model = tiny_model()
+    train(straight_model, TinySampler(), c, tmp_path / "a", eval_batches=ev, progress=False)
+    straight = read_metrics(tmp_path / "a")
+
+    with pytest.raises(KeyboardInterrupt):  # dies while drawing the batch of step 6: steps 1–5 logged, checkpoint at 3
+        train(tiny_model(), TinySampler(fail_at=6), c, tmp_path / "b", eval_batches=ev, progress=False)
+    assert [r["step"] for r in read_metrics(tmp_path / "b")] == [1, 2, 3, 4, 5]
+    resumed_model = tiny_model()
+    train(resumed_model, TinySampler(), c, tmp_path / "b", eval_batches=ev, progress=False)  # the same command again
+    resumed = read_metrics(tmp_path / "b")
+
+    assert [r["step"] for r in resumed] == list(range(1, 8))  # no duplicates after the resume
+    for key in ("loss", "grad_norm", "lr", "tokens"):
+        assert [r[key] for r in resumed] == [r[key] for r in straight], key  # bit-exact
+    assert resumed[-1]["val_loss"] == straight[-1]["val_loss"]
+    for (n, a), (_, b) in zip(straight_model.named_parameters(), resumed_model.named_parameters()):
+        assert torch.equal(a, b), n
+
+
+def test_finished_run_is_not_trained_again(tmp_path):
+    c = cfg(steps=3)
+    first = train(tiny_model(), TinySampler(), c, tmp_path, eval_batches=eval_windows(1), progress=False)
+    lines = (tmp_path / "metrics.jsonl").read_text()
+    ckpt_mtime = (tmp_path / "checkpoint" / "trainer_state.json").stat().st_mtime_ns
+    sampler, model = TinySampler(fail_at=1), tiny_model(seed=1)  # any draw would raise
+    again = train(model, sampler, c, tmp_path, eval_batches=eval_windows(1), progress=False)
+    assert again == first and "val_loss" in again
+    assert (tmp_path / "metrics.jsonl").read_text() == lines
+    assert (tmp_path / "checkpoint" / "trainer_state.json").stat().st_mtime_ns == ckpt_mtime
+    assert evaluate(model, eval_windows(1)) == pytest.approx(first["val_loss"], abs=1e-6)  # final weights loaded
+
+
+def test_checkpoint_is_pickle_free_atomic_and_restorable(tmp_path):
+    c = cfg(steps=2, optimizer="muon")
+    model, sampler = tiny_model(), TinySampler()
+    train(model, sampler, c, tmp_path, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "metrics.jsonl", "train_config.json"]
+    files = sorted(p.name for p in (tmp_path / "checkpoint").iterdir())
+    assert all(f.endswith((".json", ".safetensors")) for f in files) and "model.safetensors" in files
+    assert find_checkpoint(tmp_path) == tmp_path / "checkpoint"
+
+    fresh, fresh_sampler = tiny_model(seed=3), TinySampler(seed=3)
+    opt = build_optimizer(fresh, c)
+    meta = load_checkpoint(tmp_path / "checkpoint", fresh, opt, fresh_sampler)
+    assert meta["step"] == 2 and meta["config"]["optimizer"] == "muon"
+    for (n, a), (_, b) in zip(model.named_parameters(), fresh.named_parameters()):
+        assert torch.equal(a, b), n
+    assert torch.equal(fresh_sampler.sample(4), sampler.sample(4))
+    bufs = [s["momentum_buffer"] for s in opt.optimizers[0].state.values()]
+    assert bufs and all(b.abs().sum() > 0 for b in bufs)
+
+    (tmp_path / "checkpoint").rename(tmp_path / "checkpoint.old")  # a swap interrupted between its two renames
+    assert find_checkpoint(tmp_path) == tmp_path / "checkpoint.old"
+
+
+def test_resume_false_starts_over(tmp_path):
+    train(tiny_model(), TinySampler(), cfg(steps=3), tmp_path, progress=False)
+    train(tiny_model(), TinySampler(), cfg(steps=2), tmp_path, resume=False, progress=False)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+def test_evaluate_is_the_mean_next_token_loss():
+    model, ev = hf_model(), eval_windows(n=3, b=2)
+    hf = [model(w[:, :-1], labels=w[:, :-1]).loss for w in ev]  # HF shifts internally: scores positions 1..ctx-1
+    mine = evaluate(model, ev)
+    manual = torch.stack([lm_loss(model(w[:, :-1]).logits, w[:, 1:])[0] for w in ev]).mean().item()
+    assert mine == pytest.approx(manual, rel=1e-6)
+    assert abs(mine - torch.stack(hf).mean().item()) < 0.05  # same model, one position fewer per row
+    assert evaluate(model, ev, max_batches=1) == pytest.approx(lm_loss(model(ev[0][:, :-1]).logits, ev[0][:, 1:])[0].item(), rel=1e-6)
+
+
+def test_evaluate_accepts_eval_batches_and_sampler_seed_is_checked(tmp_path):
+    model, ev = hf_model(), eval_windows(n=2, b=2)
+    fixed = EvalBatches(ev, torch.zeros(2, 2, dtype=torch.long), "custom-tokens", "none", 0, CTX)
+    assert evaluate(model, fixed) == evaluate(model, ev) == evaluate(model, list(ev))
+    with pytest.warns(UserWarning, match="paired runs"):
+        train(model, TinySampler(seed=1), cfg(steps=1, seed=0), tmp_path, progress=False)
+
+
+def test_trainer_keeps_the_initial_weights_and_pairs_the_data(tmp_path):
+    """Paired seeds: the loop never re-initialises (lr = 0 leaves every weight as created) and two runs with one seed
+    draw identical batches in the same order."""
+    records, models = [[], []], [tiny_model(seed=5), tiny_model(seed=5)]
+    for i, model in enumerate(models):
+        initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+        train(model, TinySampler(seed=5, record=records[i]), cfg(steps=2, lr=0.0, muon_lr=0.0, seed=5, optimizer=["adamw", "muon"][i]),
+              tmp_path / str(i), progress=False)
+        assert all(torch.equal(p, initial[n]) for n, p in model.named_parameters())
+    assert len(records[0]) == 2 and all(torch.equal(a, b) for a, b in zip(*records))

@@ -43,16 +43,17 @@ def periodic(n_batches, batch, ctx, vocab=32, period=5, seed=0):
     return base.repeat(1, 1, (ctx + 1) // period + 1)[..., : ctx + 1]
 
 
-def trained_periodic(variant="baseline", steps=120, seed=0):
-    """A 2-layer model trained briefly (~1 s) on periodic windows, so its loss depends on what attention reads."""
+def trained_periodic(variant="baseline", steps=60, seed=0, period=2):
+    """A 2-layer model trained briefly (~1 s) on windows that repeat every `period` tokens, so its loss depends on
+    what attention reads (predicting x[t+1] = x[t+1-period] needs attention to an earlier position)."""
     torch.manual_seed(seed)
     model = create(variant, seed=seed, n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=64, vocab_size=32)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    data = periodic(steps, 16, 32, seed=seed + 100)
+    data = periodic(steps, 16, 32, period=period, seed=seed + 100)
     for x in data:
         logits = model(x[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return model.eval(), float(loss)
+    return model.eval(), float(loss.detach())

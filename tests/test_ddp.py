@@ -30,7 +30,8 @@ def test_two_processes_match_one(tmp_path):
     single, batches = tiny_model(), []
     train(single, TinySampler(record=batches), config(grad_accum=1), tmp_path / "single", eval_batches=eval_windows(1),
           progress=False)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
            str(tmp_path / "ddp")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

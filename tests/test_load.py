@@ -258,3 +258,45 @@ def test_load_gguf_matches_source(tmp_path):
     with torch.no_grad():
         hf_attn = src(ids, output_attentions=True).attentions
     torch.testing.assert_close(cache["blocks.1.attn.hook_pattern"], hf_attn[1], atol=1e-6, rtol=0)
+
+
+def test_load_zoo_checkpoint(tmp_path, monkeypatch, tiny_dirs):
+    import shutil
+
+    monkeypatch.setattr(L, "ZOO_DIR", tmp_path)
+    shutil.copytree(tiny_dirs["llama"], tmp_path / "tiny-llamaish")
+    m = probe.load("probe/tiny-llamaish")
+    assert isinstance(m, LlamaAdapter)
+    assert m.probe_info.name == "probe/tiny-llamaish" and m.probe_info.extra["source"] == "zoo"
+    assert probe.load("tiny-llamaish").probe_info.name == "probe/tiny-llamaish"
+
+
+def test_load_real_custom_model(tmp_path):
+    """A saved ProbeForCausalLM comes back through probe.load as itself (already hooked)."""
+    pm = pytest.importorskip("probe.models")
+    src = pm.create("baseline", n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=32, vocab_size=97).eval()
+    src.save_pretrained(tmp_path / "custom")
+    m = probe.load(tmp_path / "custom")
+    assert type(m) is pm.ProbeForCausalLM and hasattr(m, "probe_info")
+    x = torch.randint(0, 97, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(m(x).logits, src(x).logits, atol=0, rtol=0)
+
+
+def test_load_hub_name_from_local_cache(tmp_path, monkeypatch, tiny_dirs):
+    """The hub path (name → repo@revision → cache → from_pretrained) on a hand-built HF cache, hub unreachable."""
+    import shutil
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--EleutherAI--pythia-70m"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(tiny_dirs["gpt_neox"], repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "step1000").write_text(commit)
+    monkeypatch.setattr(L, "_hub_reachable", lambda timeout=2.0: False)
+    m = probe.load("pythia-70m@step1000", cache_dir=cache)
+    assert isinstance(m, GPTNeoXAdapter) and m.tokenizer is not None
+    assert m.probe_info.name == "EleutherAI/pythia-70m@step1000"
+    assert m.probe_info.extra["revision"] == "step1000" and m.probe_info.extra["source"] == "hub"
+    with pytest.raises(L.ModelNotFoundError, match="pythia-70m@step2000"):  # another revision is not cached
+        probe.load("pythia-70m", revision="step2000", cache_dir=cache)

@@ -45,7 +45,12 @@ def hf_model(seed=0):
                                         tie_word_embeddings=True))
 
 
-tiny_model = hf_model
+def tiny_model(seed=0, variant="baseline"):
+    """A ~86k-parameter probe model (2 layers, width 64)."""
+    from probe.models import create
+
+    return create(variant, tier="tiny", seed=seed, n_layers=2, d_model=64, n_heads=2, d_mlp=128, vocab_size=VOCAB,
+                  n_ctx=CTX)
 
 
 def eval_windows(n=2, b=4):
@@ -183,7 +188,7 @@ def test_few_steps_lower_the_loss(tmp_path, optimizer):
     assert final == rows[-1] and final["tokens"] == 25 * 8 * CTX
     assert final["lr"] == pytest.approx(1e-3)  # cosine ends at 10 %
     assert final["val_loss"] < before - 1.0, (before, final)
-    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5
+    assert rows[-1]["loss"] < 0.25 * before and before > 3.5  # from ~ln(64) to a fraction of it
 
 
 def test_grad_norm_is_logged_before_clipping(tmp_path):
@@ -202,8 +207,8 @@ def test_grad_accum_sees_the_same_batches(tmp_path):
     runs = {}
     for accum in (1, 2):
         record = []
-        train(tiny_model(), TinySampler(record=record), cfg(steps=3, batch_size=8, grad_accum=accum), tmp_path / str(accum),
-              progress=False)
+        c = cfg(steps=3, batch_size=8, grad_accum=accum)
+        train(tiny_model(), TinySampler(record=record), c, tmp_path / str(accum), progress=False)
         runs[accum] = (record, [r["loss"] for r in read_metrics(tmp_path / str(accum))])
     assert all(torch.equal(a, b) for a, b in zip(runs[1][0], runs[2][0]))
     np.testing.assert_allclose(runs[1][1], runs[2][1], rtol=0, atol=1e-5)
@@ -211,18 +216,19 @@ def test_grad_accum_sees_the_same_batches(tmp_path):
         train(tiny_model(), TinySampler(), cfg(batch_size=6, grad_accum=4), tmp_path / "bad", progress=False)
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_exact_resume_after_interruption(tmp_path, optimizer):
+@pytest.mark.parametrize("family,optimizer", [("probe", "adamw"), ("probe", "muon"), ("hf", "adamw")])
+def test_exact_resume_after_interruption(tmp_path, family, optimizer):
     c = cfg(steps=7, ckpt_every=3, optimizer=optimizer, z_loss=1e-4, schedule="linear-warmdown")
     ev = eval_windows(1)
-    straight_model = tiny_model()
+    make = tiny_model if family == "probe" else hf_model
+    straight_model = make()
     train(straight_model, TinySampler(), c, tmp_path / "a", eval_batches=ev, progress=False)
     straight = read_metrics(tmp_path / "a")
 
     with pytest.raises(KeyboardInterrupt):  # dies while drawing the batch of step 6: steps 1–5 logged, checkpoint at 3
-        train(tiny_model(), TinySampler(fail_at=6), c, tmp_path / "b", eval_batches=ev, progress=False)
+        train(make(), TinySampler(fail_at=6), c, tmp_path / "b", eval_batches=ev, progress=False)
     assert [r["step"] for r in read_metrics(tmp_path / "b")] == [1, 2, 3, 4, 5]
-    resumed_model = tiny_model()
+    resumed_model = make()
     train(resumed_model, TinySampler(), c, tmp_path / "b", eval_batches=ev, progress=False)  # the same command again
     resumed = read_metrics(tmp_path / "b")
 
@@ -283,7 +289,8 @@ def test_evaluate_is_the_mean_next_token_loss():
     manual = torch.stack([lm_loss(model(w[:, :-1]).logits, w[:, 1:])[0] for w in ev]).mean().item()
     assert mine == pytest.approx(manual, rel=1e-6)
     assert abs(mine - torch.stack(hf).mean().item()) < 0.05  # same model, one position fewer per row
-    assert evaluate(model, ev, max_batches=1) == pytest.approx(lm_loss(model(ev[0][:, :-1]).logits, ev[0][:, 1:])[0].item(), rel=1e-6)
+    first = lm_loss(model(ev[0][:, :-1]).logits, ev[0][:, 1:])[0].item()
+    assert evaluate(model, ev, max_batches=1) == pytest.approx(first, rel=1e-6)
 
 
 def test_evaluate_accepts_eval_batches_and_sampler_seed_is_checked(tmp_path):
@@ -294,13 +301,27 @@ def test_evaluate_accepts_eval_batches_and_sampler_seed_is_checked(tmp_path):
         train(model, TinySampler(seed=1), cfg(steps=1, seed=0), tmp_path, progress=False)
 
 
-def test_trainer_keeps_the_initial_weights_and_pairs_the_data(tmp_path):
-    """Paired seeds: the loop never re-initialises (lr = 0 leaves every weight as created) and two runs with one seed
-    draw identical batches in the same order."""
-    records, models = [[], []], [tiny_model(seed=5), tiny_model(seed=5)]
+def test_paired_variants_keep_their_initial_weights_and_see_the_same_batches(tmp_path):
+    """Paired seeds: the loop never re-initialises (lr = 0 leaves every weight as created: tensors the two variants
+    share stay equal) and two variants with one seed draw identical batches in the same order."""
+    records, models = [[], []], [tiny_model(seed=5), tiny_model(seed=5, variant="sink+proj")]
+    initial = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in models]
+    shared = set(initial[0]) & set(initial[1])
+    assert shared and all(torch.equal(initial[0][n], initial[1][n]) for n in shared)
     for i, model in enumerate(models):
-        initial = {n: p.detach().clone() for n, p in model.named_parameters()}
-        train(model, TinySampler(seed=5, record=records[i]), cfg(steps=2, lr=0.0, muon_lr=0.0, seed=5, optimizer=["adamw", "muon"][i]),
-              tmp_path / str(i), progress=False)
-        assert all(torch.equal(p, initial[n]) for n, p in model.named_parameters())
+        c = cfg(steps=2, lr=0.0, muon_lr=0.0, seed=5, optimizer=["adamw", "muon"][i])
+        train(model, TinySampler(seed=5, record=records[i]), c, tmp_path / str(i), progress=False)
+        assert all(torch.equal(p, initial[i][n]) for n, p in model.named_parameters())
     assert len(records[0]) == 2 and all(torch.equal(a, b) for a, b in zip(*records))
+
+
+def test_probe_model_roles_reach_the_optimizer():
+    m = tiny_model(variant="sink+proj")
+    groups = _names(param_groups(m, "adamw"))
+    gate_w = {n for n, p in m.named_parameters() if n.endswith("attn.gate_w")}
+    sinks = {n for n in groups["no_decay"] if n.endswith("attn.sink")}
+    assert gate_w and sinks and gate_w <= groups["no_decay"]  # 2-D, yet not decayed: excluded by role
+    assert groups["no_decay"] == set(m.no_weight_decay()) | {n for n, p in m.named_parameters() if p.ndim < 2}
+    assert "embed.weight" in groups["decay"] and "blocks.0.attn.o_proj.weight" in groups["decay"]
+    muon = _names(param_groups(m, "muon"))["muon"]
+    assert "blocks.0.attn.o_proj.weight" in muon and not muon & (gate_w | {"embed.weight"})

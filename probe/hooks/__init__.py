@@ -1,7 +1,7 @@
 """The hook namespace (names), model descriptions (info), name → model loading (load) and HF adapters.
 
-``wrap``, ``adapt``, ``resolve`` … are imported lazily (they pull in transformers / TransformerLens). Loading by name is
-``probe.load`` (``probe.hooks.load`` is the module that implements it).
+``wrap``, ``adapt``, ``resolve`` … are imported lazily (they pull in transformers / TransformerLens). Loading by name
+is ``probe.load`` (``probe.hooks.load`` is the module that implements it).
 """
 from probe.hooks import names
 from probe.hooks.info import ModelInfo

@@ -8,20 +8,20 @@ s_aux=...)`` after the projections and rotary, with q (B,H,Tq,dh), k/v (B,Hkv,Tk
 
 all with positions second (B,T,heads,dh). The pattern is materialised (fp32 softmax, GQA by repetition, the learned sink
 as an extra logit column whose probability is the phantom mass) only when a hook or cache asks for ``hook_pattern`` /
-``hook_phantom``, the caller passed ``output_attentions=True`` or the adapter's ``materialize_patterns`` is on; otherwise one SDPA call computes the same output.
-An attention module that no adapter registered (e.g. a deep copy) runs the same math without hooks.
+``hook_phantom``, the caller passed ``output_attentions=True`` or the adapter's ``materialize_patterns`` is on;
+otherwise one SDPA call computes the same output.
+An attention module that no adapter hooked runs the same math without hooks.
 """
 from __future__ import annotations
-
-import weakref
 
 import torch
 import torch.nn.functional as F
 
 ATTN_IMPLEMENTATION = "probe"
 
-# HF attention module -> the adapter's hook container for that layer (see hooked_hf._AttnHooks)
-SITES: "weakref.WeakKeyDictionary[torch.nn.Module, object]" = weakref.WeakKeyDictionary()
+# key in an HF attention module's __dict__ holding the adapter's hook container for that layer (hooked_hf._AttnHooks);
+# a plain attribute, not a submodule, so state dicts are unchanged and deep copies stay consistent
+SITE_KEY = "_probe_attn"
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -77,7 +77,8 @@ def fast_attention(q, k, v, mask, scaling: float, sinks=None, dropout: float = 0
     b, _, tq, dh = q.shape
     tk = k.shape[2]
     q2 = torch.cat([q, q.new_ones(b, h, tq, 1)], dim=-1)
-    sink_key = torch.cat([k.new_zeros(b, h, 1, dh), (sinks.to(k.dtype) / scaling).reshape(1, h, 1, 1).expand(b, h, 1, 1)], -1)
+    sink_coord = (sinks.to(k.dtype) / scaling).reshape(1, h, 1, 1).expand(b, h, 1, 1)
+    sink_key = torch.cat([k.new_zeros(b, h, 1, dh), sink_coord], dim=-1)
     k2 = torch.cat([torch.cat([k, k.new_zeros(b, h, tk, 1)], dim=-1), sink_key], dim=2)
     v2 = torch.cat([v, v.new_zeros(b, h, 1, dh)], dim=2)
     if mask is None:
@@ -104,7 +105,7 @@ def _bthd(x):  # (B,H,T,dh) -> (B,T,H,dh)
 def probe_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
                     s_aux=None, **kwargs):
     """transformers attention function: fires the §3 hooks of the layer that owns ``module``."""
-    site = SITES.get(module)
+    site = module.__dict__.get(SITE_KEY)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     sinks = s_aux

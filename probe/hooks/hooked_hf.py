@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import types
-import weakref
 from collections import OrderedDict
 
 import torch
@@ -29,10 +28,6 @@ from transformer_lens import HookedRootModule
 
 from probe.hooks import attention as _attn
 from probe.hooks.info import ModelInfo
-
-# HF decoder layer -> its _BlockHooks (the patched layer forward looks itself up here)
-LAYER_SITES: "weakref.WeakKeyDictionary[nn.Module, _BlockHooks]" = weakref.WeakKeyDictionary()
-
 
 class _AttnHooks(nn.Module):
     def __init__(self, has_sink: bool):
@@ -58,18 +53,28 @@ class _BlockHooks(nn.Module):
         self.hook_resid_post = HookPoint()
 
 
-def _layer_forward(family_forward):
-    """Instance forward for an HF decoder layer: the family's hooked body, or the class forward if unregistered."""
+LAYER_KEY = "_probe_block"  # HF decoder layer.__dict__ entry -> its _BlockHooks (not a registered submodule)
+EMBED_KEY = "_probe_embed"  # input embedding.__dict__ entry -> the adapter's hook_embed
 
-    def forward(self, hidden_states=None, *args, **kwargs):
-        hooks = LAYER_SITES.get(self)
-        if hooks is None:  # e.g. a copy made after adaptation: behave like the original layer
-            return type(self).forward(self, hidden_states, *args, **kwargs)
-        if args:
-            raise TypeError("hooked decoder layers take the hidden states positionally and everything else by keyword")
-        return family_forward(self, hooks, hidden_states, **kwargs)
 
-    return forward
+def embed_hook(module, _inputs, output):
+    """Forward hook on the input embedding: returns hook_embed(output)."""
+    hp = module.__dict__.get(EMBED_KEY)
+    return None if hp is None else hp(output)
+
+
+def hooked_layer_forward(self, hidden_states=None, *args, **kwargs):
+    """Instance forward installed on HF decoder layers: the family's hooked body (``block.body``).
+
+    The hook container is found in the layer's ``__dict__`` rather than a global registry, so ``copy.deepcopy`` of
+    an adapter yields a working adapter whose copied layers fire the copied HookPoints.
+    """
+    block = self.__dict__.get(LAYER_KEY)
+    if block is None:
+        return type(self).forward(self, hidden_states, *args, **kwargs)
+    if args:
+        raise TypeError("hooked decoder layers take the hidden states positionally and everything else by keyword")
+    return block.body(self, block, hidden_states, **kwargs)
 
 
 class HookedHF(HookedRootModule):
@@ -87,7 +92,6 @@ class HookedHF(HookedRootModule):
         layers = list(self.decoder_layers(hf_model))
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList([_BlockHooks(self.has_sink) for _ in layers])
-        self._handles = []
         self._install(layers)
         self.setup()
         self.probe_info: ModelInfo = self.describe(hf_model.config, name or _default_name(hf_model))
@@ -114,12 +118,14 @@ class HookedHF(HookedRootModule):
         hf = self.hf_model
         hf.set_attn_implementation(_attn.register())
         emb = hf.get_input_embeddings()
-        self._handles.append(emb.register_forward_hook(lambda _m, _i, out: self.hook_embed(out)))
-        fwd = _layer_forward(type(self).layer_forward)
+        emb.__dict__[EMBED_KEY] = self.hook_embed
+        if embed_hook not in emb._forward_hooks.values():
+            emb.register_forward_hook(embed_hook)
         for layer, block in zip(layers, self.blocks):
-            LAYER_SITES[layer] = block
-            _attn.SITES[self.attention_module(layer)] = block.attn
-            layer.forward = types.MethodType(fwd, layer)
+            block.body = type(self).layer_forward
+            layer.__dict__[LAYER_KEY] = block
+            self.attention_module(layer).__dict__[_attn.SITE_KEY] = block.attn
+            layer.forward = types.MethodType(hooked_layer_forward, layer)
 
     def setup(self):
         """TransformerLens setup over the hook tree only (the wrapped HF modules are not renamed or listed)."""
@@ -145,14 +151,15 @@ class HookedHF(HookedRootModule):
             b.attn.materialize = bool(on)
 
     def forward(self, input_ids=None, attention_mask=None, **kwargs):
-        """Run the HF model; ``input_ids`` may also be a string or list of strings (tokenized with ``self.tokenizer``)."""
+        """Run the HF model (``use_cache=False`` unless given); ``input_ids`` may also be a string or a list of
+        strings, tokenized with ``self.tokenizer``."""
         if isinstance(input_ids, (str, list)) and (isinstance(input_ids, str) or isinstance(input_ids[0], str)):
             if self.tokenizer is None:
                 raise ValueError("text input needs a tokenizer; pass token ids instead")
             enc = self.tokenizer(input_ids, return_tensors="pt", padding=isinstance(input_ids, list))
             input_ids, attention_mask = enc["input_ids"], enc.get("attention_mask", attention_mask)
         if isinstance(input_ids, torch.Tensor):
-            input_ids = input_ids.to(self.device)
+            input_ids = input_ids.to(self.hf_model.get_input_embeddings().weight.device)
         kwargs.setdefault("use_cache", False)
         return self.hf_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
@@ -222,8 +229,7 @@ def _is_foreign_forward(fwd) -> bool:
     mod = getattr(type(fwd), "__module__", "") or ""
     if mod.startswith("nnsight"):
         return True
-    func = getattr(fwd, "__func__", None)
-    return func is not None and getattr(func, "__qualname__", "").startswith("_layer_forward.")
+    return getattr(fwd, "__func__", None) is hooked_layer_forward
 
 
 def shared_clone(model: nn.Module) -> nn.Module:
@@ -253,7 +259,7 @@ def shared_clone(model: nn.Module) -> nn.Module:
                 d[h] = OrderedDict()
         for key in [k for k, v in d.items() if k == "forward" and _is_foreign_forward(v)]:
             del d[key]
-        for key in [k for k in d if k.startswith("__nnsight") or k.startswith("_nnsight")]:
+        for key in [k for k in d if k.startswith(("__nnsight", "_nnsight", "_probe_"))]:
             del d[key]
         if old_config is not None and d.get("config") is old_config:
             d["config"] = new_config

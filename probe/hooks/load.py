@@ -154,11 +154,12 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
     return _reachable[endpoint]
 
 
-def _cached_config(repo: str, revision: str | None) -> str | None:
+def _cached_config(repo: str, revision: str | None, cache_dir=None) -> str | None:
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        found = try_to_load_from_cache(repo, "config.json", revision=revision)
+        found = try_to_load_from_cache(repo, "config.json", revision=revision,
+                                       cache_dir=None if cache_dir is None else str(cache_dir))
     except Exception:
         return None
     return found if isinstance(found, str) else None
@@ -175,7 +176,7 @@ def _missing(repo: str, revision: str | None, why: str) -> ModelNotFoundError:
 
 def _hub_config_path(repo: str, revision: str | None, hf_kwargs: dict) -> tuple[str, bool]:
     """The local path of the hub model's config.json and whether to load with ``local_files_only``."""
-    cached = _cached_config(repo, revision)
+    cached = _cached_config(repo, revision, hf_kwargs.get("cache_dir"))
     online = not _offline() and not hf_kwargs.get("local_files_only") and _hub_reachable()
     if cached is not None:
         return cached, not online
@@ -260,7 +261,8 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
         try:
             import probe.models  # noqa: F401  (registers ProbeConfig / ProbeForCausalLM with the Auto classes)
         except ImportError as e:
-            raise ImportError(f"{identity} is a custom probe checkpoint but probe.models cannot be imported: {e}") from e
+            raise ImportError(f"{identity} is a custom probe checkpoint but probe.models cannot be imported: "
+                              f"{e}") from e
         model = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev)
     else:
         model_kw.setdefault("attn_implementation", "eager")

@@ -94,7 +94,9 @@ def save_model(model: nn.Module, path: Path):
 def load_model(model: nn.Module, path: Path):
     """Load weights saved by :func:`save_model` into ``model``; only tied aliases may be missing."""
     index = path / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    files = ["model.safetensors"]
+    if index.exists():  # sharded
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     state = {}
     for f in files:
         state.update(load_file(path / f))
@@ -103,11 +105,12 @@ def load_model(model: nn.Module, path: Path):
     loaded = {t.data_ptr() for k, t in own.items() if k in state}
     really_missing = [k for k in missing if own[k].data_ptr() not in loaded]
     if unexpected or really_missing:
-        raise RuntimeError(f"checkpoint {path} does not fit the model: missing {really_missing}, unexpected {unexpected}")
+        raise RuntimeError(f"checkpoint {path} does not fit the model: missing {really_missing}, "
+                           f"unexpected {unexpected}")
 
 
 def find_checkpoint(out_dir: Path) -> Path | None:
-    """The complete checkpoint under ``out_dir`` (``checkpoint/``, else ``checkpoint.old/`` after an interrupted swap)."""
+    """The complete checkpoint in ``out_dir``: ``checkpoint/``, else ``checkpoint.old/`` (an interrupted swap)."""
     for name in ("checkpoint", "checkpoint.old"):
         if (out_dir / name / STATE_JSON).exists():
             return out_dir / name

@@ -89,8 +89,8 @@ def _autocast(device: torch.device, amp: str):
 def evaluate(model: nn.Module, eval_batches, *, max_batches: int | None = None, amp: str = "auto") -> float:
     """Mean next-token loss over every position of fixed batches.
 
-    ``eval_batches``: an object with ``.tokens`` (N, B, ctx + 1) such as ``probe.data.EvalBatches``, such a tensor, or an
-    iterable of (B, ctx + 1) windows. The model sees window[:, :-1] and is scored on window[:, 1:].
+    ``eval_batches``: an object with ``.tokens`` (N, B, ctx + 1) such as ``probe.data.EvalBatches``, such a tensor,
+    or an iterable of (B, ctx + 1) windows. The model sees window[:, :-1] and is scored on window[:, 1:].
     """
     batches = getattr(eval_batches, "tokens", eval_batches)
     device = next(model.parameters()).device
@@ -207,7 +207,8 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
             tokens_per_step = cfg.batch_size * (window.shape[1] - 1)
             now = time.perf_counter()  # throughput since the previous record (includes evals and checkpoints)
             last = {"step": step, "loss": loss_v, "lr": cfg.lr * factor, "grad_norm": grad_norm.item(),
-                    "tokens": step * tokens_per_step, "tokens_per_s": (step - step_log) * tokens_per_step / (now - t_log)}
+                    "tokens": step * tokens_per_step,
+                    "tokens_per_s": (step - step_log) * tokens_per_step / (now - t_log)}
             t_log, step_log = now, step
             if do_eval and info.is_main:
                 last["val_loss"] = evaluate(model, eval_batches, max_batches=None if final else cfg.eval_batches,

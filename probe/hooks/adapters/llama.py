@@ -1,7 +1,7 @@
 """Llama-family adapter (llama, mistral, qwen2, qwen3, …): pre-norm, sequential residual, GQA, no sink.
 
-Layer: resid_pre → input_layernorm → self_attn → resid_mid = resid_pre + attn_out → post_attention_layernorm → mlp →
-resid_post = resid_mid + mlp_out (HF's own order of operations, so the unedited forward matches HF exactly).
+Layer: resid_pre → input_layernorm → self_attn → resid_mid = resid_pre + attn_out → post_attention_layernorm →
+mlp → resid_post = resid_mid + mlp_out (HF's own order of operations, so the unedited forward matches HF exactly).
 """
 from __future__ import annotations
 

@@ -84,6 +84,7 @@ def _fwd_kernel(Q, K, V, SINK, BIAS, O, LSE,
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
+    l_i = tl.where(l_i == 0.0, 1.0, l_i)  # only padding rows past T see nothing
     out = acc / l_i[:, None]
     tl.store(O + b * so_b + h * so_h + rows[:, None] * so_t + d_v[None, :], out.to(O.dtype.element_ty),
              mask=(rows[:, None] < T) & (d_v[None, :] < DV))

@@ -1,0 +1,253 @@
+"""The ``probe`` command: analyses of attention routing from the shell.
+
+    probe models                                    variants, tiers, zoo and known checkpoint names
+    probe sinks   [--model M] [--data D]            attention-sink statistics
+    probe inject  --junk structured --dose 0.4      value-noise injection (loss increase) and exposure
+    probe sources --model DIR                       effective depth sources of a depth-routed model
+    probe gates   [--model M]                       value-gate selectivity and per-token gates
+    probe costs   [--tier T | --d --layers --mlp]   FLOP / parameter cost model of depth routing
+    probe report  --models A B | --checkpoints pythia-160m@step1000,step2000   batch sink report (resumable)
+    probe train   --variant V --tier T --out DIR    train a custom model (same command resumes)
+    probe eval    --model DIR                       next-token loss and perplexity
+
+This module parses arguments only: torch, transformers and pandas are imported by the verb implementations
+(``probe.cli_verbs``, ``probe.report``), so ``probe --help`` stays fast. Every user error (unknown verb, flag, model,
+junk type, cutoff; a bad dose, count or context; a missing data file; an unreadable checkpoint) is one line on stderr
+and exit code 2, before any output file is written.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+import os
+import sys
+
+from probe.cli_common import UsageError
+
+VERBS = ("models", "inject", "sinks", "sources", "gates", "costs", "report", "train", "eval")
+# mirrored from probe.analyses.inject (kept light here; tests/test_cli.py checks they agree)
+JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
+CUTOFFS = ("q25", "median")
+DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
+VERB_MODULES = {"models": "cli_misc", "costs": "cli_misc", "train": "cli_misc", "report": "report"}
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+WINDOW_MODES = ("auto", "first", "sequential", "random")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (``probe VERB: error: ...``) and exit code 2."""
+
+    def error(self, message):
+        raise UsageError(message, prog=self.prog)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def dose(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"dose must be a finite number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"dose must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _output_flags(p, out_help="write CSV, JSON and a plotly HTML figure to DIR"):
+    p.add_argument("--out", metavar="DIR", help=out_help)
+    p.add_argument("--json", action="store_true", help="print machine-readable results (JSON) on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
+
+
+def _model_flags(p, default_model: str | None, *, defaults=(8, 8)):
+    g = p.add_argument_group("model and evaluation windows")
+    if default_model is not None:
+        g.add_argument("--model", metavar="NAME", help="zoo name, pythia-410m[@stepN], gpt-oss-20b, HF repo id, local "
+                       f"directory or .gguf file (default: the bundled model {default_model})")
+    g.add_argument("--data", metavar="CORPUS", default="wikitext-2-test",
+                   help="bundled corpus (wikitext-2-test, wikitext-2-valid, shakespeare, kjv, train), a .txt file or "
+                   "directory, or hf:... (online); default wikitext-2-test")
+    g.add_argument("--tokenizer", metavar="NAME", help="tokenizer (default: the model's own, else the shipped "
+                   "probe-bpe-8k)")
+    g.add_argument("--batches", type=positive_int, default=defaults[0], help=f"evaluation batches (default "
+                   f"{defaults[0]})")
+    g.add_argument("--batch-size", type=positive_int, default=defaults[1], help=f"windows per batch (default "
+                   f"{defaults[1]})")
+    g.add_argument("--ctx", type=positive_int, help="tokens per window (default: the model's context, at most 1024)")
+    g.add_argument("--window-mode", choices=WINDOW_MODES, default="auto", help="how windows are drawn: first window "
+                   "of each document, sequential windows, or random; auto = first, else sequential (default auto)")
+    g.add_argument("--seed", type=nonneg_int, default=0, help="seed of the window choice and of injected noise")
+    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
+    g.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: float32 on CPU)")
+
+
+def _injection_flags(p, dose_flag: str, dose_default, dose_help: str):
+    g = p.add_argument_group("injection")
+    g.add_argument("--junk", nargs="+", choices=JUNK_TYPES + ("all",), default=["structured"], metavar="KIND",
+                   help=f"junk direction(s): {', '.join(JUNK_TYPES)}, or all (default structured)")
+    g.add_argument(dose_flag, dest="dose", nargs="+", type=dose, default=dose_default, metavar="EPS", help=dose_help)
+    g.add_argument("--cutoff", nargs="+", choices=CUTOFFS, default=["q25"], metavar="Q",
+                   help="quiet reads: the q25 (default) or median smallest read norms")
+
+
+def build_parser() -> Parser:
+    from probe import __version__
+    from probe.cli_common import DEFAULT_DEPTH_MODEL, DEFAULT_MODEL
+
+    parser = Parser(prog="probe", description="Mechanistic interpretability of attention routing: sinks, phantom "
+                    "keys, value gates, depth routing.", allow_abbrev=False,
+                    epilog="`probe VERB --help` lists a verb's flags. Errors exit with code 2.")
+    parser.add_argument("--version", action="version", version=f"probe {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser)
+
+    def verb(name, help_, description=None):
+        return sub.add_parser(name, help=help_, description=description or help_, allow_abbrev=False)
+
+    p = verb("models", "list variants, tiers, zoo checkpoints and known checkpoint names")
+    _output_flags(p, "write models.csv and models.json to DIR")
+
+    p = verb("inject", "value-noise injection: loss increase when quiet value reads receive junk",
+             "Inject junk into the quiet value reads of every layer at once and report the loss increase per "
+             "condition (junk x cutoff x dose), plus the attention exposure to quiet reads and to the phantom.")
+    _model_flags(p, DEFAULT_MODEL)
+    _injection_flags(p, "--dose", list(DEFAULT_DOSES), "dose(s) eps, finite and >= 0 (default 0.2 0.4 0.8 1.6)")
+    p.add_argument("--no-exposure", action="store_true", help="skip the exposure statistics")
+    _output_flags(p)
+
+    p = verb("sinks", "attention-sink statistics: position-0 share, phantom share, r0")
+    _model_flags(p, DEFAULT_MODEL)
+    _output_flags(p)
+
+    p = verb("sources", "effective depth sources and mean depth heatmap of a depth-routed model")
+    _model_flags(p, DEFAULT_DEPTH_MODEL)
+    _output_flags(p)
+
+    p = verb("gates", "value-gate statistics: mean gate, selectivity, per-token gates")
+    _model_flags(p, DEFAULT_MODEL)
+    p.add_argument("--min-count", type=positive_int, default=50, help="minimum occurrences for the token table "
+                   "(default 50)")
+    _output_flags(p)
+
+    p = verb("costs", "FLOP and parameter cost model of AttnRes / P-LR / S-LR (lr-attnres Table 1)",
+             "Added FLOPs and parameters of depth routing. Default dimensions are lr-attnres Table 1's "
+             "(d=1024, L=24, m=2816); --tier takes them from a model tier.")
+    p.add_argument("--tier", help="take d, L and m from a model tier (see `probe models`)")
+    p.add_argument("--d", type=positive_int, help="model width d (default 1024)")
+    p.add_argument("--layers", type=positive_int, help="layers L (default 24)")
+    p.add_argument("--mlp", type=positive_int, help="MLP width m (default 2816)")
+    _output_flags(p)
+
+    p = verb("report", "batch sink report over many models or training checkpoints (resumable)",
+             "Sink statistics (and optionally injection) for every model or checkpoint, written as CSV and one "
+             "self-contained offline HTML report. Killed and started again with the same arguments, it continues "
+             "where it stopped.")
+    g = p.add_argument_group("what to compare")
+    g.add_argument("--models", nargs="+", metavar="NAME", help="model names or directories")
+    g.add_argument("--checkpoints", metavar="SPEC", help="checkpoints of one model: pythia-160m@step1000,step2000,...")
+    _model_flags(p, None)
+    _injection_flags(p, "--inject-doses", None, "also run injection at these doses (default: no injection)")
+    p.add_argument("--out", metavar="DIR", default="probe-report", help="report directory (default probe-report)")
+    p.add_argument("--json", action="store_true", help="print the summary table as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
+
+    p = verb("train", "train a custom model; the same command resumes an interrupted run",
+             "Train a custom variant; writes metrics.jsonl, checkpoint/ and, when finished, model/ (weights and "
+             "tokenizer, loadable with --model DIR) to --out.")
+    p.add_argument("--variant", default="baseline", help="model variant (see `probe models`; default baseline)")
+    p.add_argument("--tier", default="tiny", help="size tier (default tiny)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the weights, data order and loop")
+    p.add_argument("--data", default="train", help="training corpus (default: the bundled training mix)")
+    p.add_argument("--tokenizer", default="probe-bpe-8k", help="tokenizer (default probe-bpe-8k)")
+    p.add_argument("--steps", type=positive_int, default=1000, help="optimizer steps (default 1000)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="windows per step (default 64)")
+    p.add_argument("--ctx", type=positive_int, help="tokens per window (default: the tier's context)")
+    p.add_argument("--lr", type=positive_float, default=6e-4, help="peak learning rate (default 6e-4)")
+    p.add_argument("--warmup", type=nonneg_int, default=100, help="warmup steps (default 100)")
+    p.add_argument("--eval-every", type=nonneg_int, default=250, help="steps between evaluations (0: at the end)")
+    p.add_argument("--ckpt-every", type=nonneg_int, default=500, help="steps between checkpoints (0: at the end)")
+    p.add_argument("--eval-data", default="wikitext-2-test", help="held-out corpus (default wikitext-2-test)")
+    p.add_argument("--eval-batches", type=positive_int, default=8, help="held-out batches of 8 windows (default 8)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")
+    p.add_argument("--out", metavar="DIR", required=True, help="run directory (required)")
+    p.add_argument("--json", action="store_true", help="print the final metrics as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
+
+    p = verb("eval", "next-token loss and perplexity on evaluation windows")
+    _model_flags(p, DEFAULT_MODEL)
+    _output_flags(p)
+    return parser
+
+
+def _check_unknown(parser: Parser, args, extra: list[str]) -> None:
+    """Unknown flags: one line naming them and the verb's valid flags (with a close match when there is one)."""
+    if not extra:
+        return
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    p = sub.choices.get(args.verb, parser)
+    valid = sorted({o for a in p._actions for o in a.option_strings if o.startswith("--")})
+    bad = extra[0]
+    close = difflib.get_close_matches(bad.split("=")[0], valid, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    what = "option" if bad.startswith("-") else "argument"
+    raise UsageError(f"unknown {what} {bad!r}{hint}; valid options: {', '.join(valid)}", prog=p.prog)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verb = None
+    try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        _check_unknown(parser, args, extra)
+        if args.verb is None:
+            raise UsageError(f"missing VERB; choose one of {', '.join(VERBS)}", prog="probe")
+        import importlib
+
+        module = importlib.import_module(f"probe.{VERB_MODULES.get(args.verb, 'cli_analyses')}")
+        verb = args.verb
+        return getattr(module, f"cmd_{args.verb}")(args) or 0
+    except UsageError as e:
+        if os.environ.get("PROBE_TRACEBACK"):
+            raise
+        prog = f"probe {verb}" if e.prog == "probe" and verb else e.prog
+        sys.stderr.write(f"{prog}: error: {e.one_line()}\n")
+        return 2
+    except BrokenPipeError:  # stdout closed early (e.g. `| head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("probe: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""The analysis verbs of ``probe``: sinks, inject, sources, gates, eval (model + windows -> tables, figures)."""
+from __future__ import annotations
+
+from probe.cli_common import (DEFAULT_DEPTH_MODEL, DEFAULT_MODEL, Console, UsageError, check_data, emit, header,
+                              load_model, plan_line, result_meta, save_result, show, windows_for)
+
+
+def _prepare(args, default: str, verb: str):
+    """Console, model, windows and tokenizer, with a loading bar; fails fast on a missing data file."""
+    console = Console(args.quiet)
+    check_data(args.data)
+    bar = console.bar(2, f"{verb}: loading model", unit="step")
+    model = load_model(args, default, console)
+    bar.update()
+    bar.set_description(f"{verb}: tokenizing {args.data}")
+    eb, tok = windows_for(args, model, console)
+    bar.update()
+    bar.set_description(f"{verb}: loaded")
+    bar.close()
+    return console, model, eb, tok
+
+
+def _summary_lines(row: dict, keys) -> str:
+    out = []
+    for k in keys:
+        if k in row:
+            v = row[k]
+            out.append(f"  {k:<22} {v:.4g}" if isinstance(v, float) else f"  {k:<22} {v}")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------------------------------ sinks
+
+
+def cmd_sinks(args) -> int:
+    from probe.analyses import figures as F
+    from probe.analyses.sinks import SINK_FACTOR, SINK_R0, sink_stats
+
+    console, model, eb, _ = _prepare(args, DEFAULT_MODEL, "sinks")
+    console.note(plan_line("sinks", model, eb))
+    result = sink_stats(model, eb, progress_bar=not args.quiet)
+    s = result["summary"].iloc[0].to_dict()
+    text = [header(result_meta(result)), "",
+            f"summary (rows t >= 1; a sink has formed when pos0 share >= {SINK_FACTOR:g} x uniform and r0 < "
+            f"{SINK_R0:g} over layers past the first):",
+            _summary_lines(s, ("pos0_share", "uniform_ref", "pos0_over_uniform", "phantom_share", "r0", "r0_later",
+                               "sink_formed"))]
+    if len(result["by_type"]) > 1:
+        text += ["", "by layer type:", show(result["by_type"])]
+    text += ["", "per layer:", show(result["layers"], ["layer", "layer_type", "pos0_share", "uniform_ref",
+                                                       "phantom_share", "r0", "pos0_share_key0"])]
+    emit(args, "sinks", result, "\n".join(text))
+    save_result(args.out, "sinks", result, [F.sink_figure(result), F.sink_heads_figure(result, "pos0_share"),
+                                            F.sink_heads_figure(result, "r0")], console, "Attention sinks")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------------------ inject
+
+
+def injection_plan(model, junk, cutoffs, batch_size):
+    """Junk types to run: 'all' expands to every type that applies to the model; explicit misfits are errors."""
+    from probe.analyses.inject import JUNK_TYPES, own_directions
+
+    kinds = list(dict.fromkeys(JUNK_TYPES if "all" in junk else junk))
+    skipped = []
+    if "own-direction" in kinds:
+        try:
+            own_directions(model)
+        except ValueError as e:
+            if "own-direction" in junk:
+                raise UsageError(f"--junk own-direction: {e}") from None
+            kinds.remove("own-direction")
+            skipped.append(f"own-direction ({e})")
+    if batch_size < 2 and "structured" in kinds:
+        raise UsageError("--junk structured needs --batch-size >= 2 (its junk comes from the other sequences of the "
+                         "batch)")
+    return kinds, list(dict.fromkeys(cutoffs)), skipped
+
+
+def cmd_inject(args) -> int:
+    from probe.analyses import figures as F
+    from probe.analyses.inject import conditions, inject
+
+    console, model, eb, _ = _prepare(args, DEFAULT_MODEL, "inject")
+    kinds, cutoffs, skipped = injection_plan(model, args.junk, args.cutoff, args.batch_size)
+    for s in skipped:
+        console.note(f"skipping junk {s}")
+    doses = list(dict.fromkeys(args.dose))
+    conds = conditions(kinds, cutoffs, doses)
+    run = [c for c in conds if c[2] != 0]
+    console.note(plan_line("inject", model, eb, 1 + len(run), f"1 clean + {len(run)} corrupted: "
+                           f"{len(kinds)} junk x {len(cutoffs)} cutoff x {len(doses)} dose"))
+    result = inject(model, eb, junk=kinds, cutoffs=cutoffs, doses=doses, seed=args.seed,
+                    exposure=not args.no_exposure, progress_bar=not args.quiet)
+    text = [header(result_meta(result)), "", "loss increase (corrupted - clean, nats per token):",
+            show(result["results"], ["junk", "cutoff", "dose", "loss_clean", "loss_corrupted", "delta"])]
+    figures = [F.injection_figure(result)]
+    if "exposure" in result:
+        text += ["", "exposure (share of each row's attention mass, phantom included):",
+                 show(result["exposure"], ["cutoff", "quiet_share", "phantom_share"])]
+        figures.append(F.exposure_figure(result))
+    emit(args, "inject", result, "\n".join(text))
+    save_result(args.out, "inject", result, figures, console, "Value-noise injection")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------------------ sources
+
+
+def cmd_sources(args) -> int:
+    from probe.analyses import figures as F
+    from probe.analyses.sources import effective_sources
+
+    console, model, eb, _ = _prepare(args, DEFAULT_DEPTH_MODEL, "sources")
+    info = model.probe_info
+    if info.depth_routing not in ("attnres", "plr", "slr"):
+        raise UsageError(f"model {info.name!r} has no depth routing (depth_routing={info.depth_routing!r}); `probe "
+                         "sources` needs an AttnRes / P-LR / S-LR model, e.g. `probe train --variant attnres-block4`")
+    console.note(plan_line("sources", model, eb))
+    result = effective_sources(model, eb, progress_bar=not args.quiet)
+    s = result["summary"].iloc[0].to_dict()
+    text = [header(result_meta(result)), "", "summary:",
+            _summary_lines(s, ("mode", "n_sites", "S_src", "neff_mean", "top1_mass", "input_dependence")), "",
+            "per read site:", show(result["sites"], [c for c in result["sites"].columns
+                                                     if c not in ("site_index", "n_tokens")])]
+    emit(args, "sources", result, "\n".join(text))
+    save_result(args.out, "sources", result, [F.depth_heatmap(result), F.effective_sources_figure(result)], console,
+                "Depth routing")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------------------ gates
+
+
+def cmd_gates(args) -> int:
+    from probe.analyses import figures as F
+    from probe.analyses.gates import gate_stats
+
+    console, model, eb, tok = _prepare(args, DEFAULT_MODEL, "gates")
+    info = model.probe_info
+    if info.value_gate == "none":
+        raise UsageError(f"model {info.name!r} has no value gate; `probe gates` needs a gated model (normgate, "
+                         "projgate, sink+norm, sink+proj, routing-normgate, gatedv, g2, glu-...)")
+    console.note(plan_line("gates", model, eb))
+    result = gate_stats(model, eb, min_count=args.min_count, tokenizer=tok, progress_bar=not args.quiet)
+    s = result["summary"].iloc[0].to_dict()
+    tokens = result["tokens"]
+    text = [header(result_meta(result)), "", "summary:",
+            _summary_lines(s, ("value_gate", "mean_gate", "selectivity", "spread", "read_mean_gate",
+                               "frac_below_half", "token_share", "token_share_min_count")), "",
+            "per layer:", show(result["layers"])]
+    cols = ["token", "token_id", "count", "mean_gate"]
+    if 0 < len(tokens) <= 20:
+        text += ["", f"tokens with count >= {args.min_count}, most attenuated first:", show(tokens, cols)]
+    elif len(tokens):
+        text += ["", f"most attenuated tokens (count >= {args.min_count}):",
+                 show(tokens.head(10), cols), "", "least attenuated tokens:", show(tokens.tail(10).iloc[::-1], cols)]
+    else:
+        text += ["", f"no token occurs {args.min_count} times in these windows (lower --min-count)"]
+    figures = [F.gate_figure(result)] + ([F.gate_token_table(result)] if len(tokens) else [])
+    emit(args, "gates", result, "\n".join(text))
+    save_result(args.out, "gates", result, figures, console, "Value gates")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------------------ eval
+
+
+def cmd_eval(args) -> int:
+    import math
+
+    import pandas as pd
+    import plotly.graph_objects as go
+    import torch
+
+    from probe.analyses.capture import as_windows, describe, finish, logits_of, token_losses
+
+    console, model, eb, _ = _prepare(args, DEFAULT_MODEL, "eval")
+    console.note(plan_line("eval", model, eb))
+    rows = []
+    bar = console.bar(len(eb), "eval", unit="batch")
+    with torch.no_grad():
+        for n in range(len(eb)):
+            window = eb.tokens[n]
+            losses = token_losses(logits_of(model(window[:, :-1])), window[:, 1:]).double()
+            for b in range(window.shape[0]):
+                rows.append({"batch": n, "row": b, "doc_id": int(eb.doc_ids[n, b]), "loss_sum": float(losses[b].sum()),
+                             "n_tokens": losses.shape[1], "loss": float(losses[b].mean())})
+            bar.update()
+    bar.close()
+    windows = pd.DataFrame(rows)
+    loss = float(windows["loss_sum"].sum() / windows["n_tokens"].sum())
+    summary = pd.DataFrame([{"loss": loss, "perplexity": math.exp(loss), "n_tokens": int(windows["n_tokens"].sum()),
+                             "n_windows": len(windows)}])
+    result = finish({"summary": summary, "windows": windows}, describe(model, as_windows(eb), "eval"))
+    text = [header(result_meta(result)), "", _summary_lines(result["summary"].iloc[0].to_dict(),
+                                                            ("loss", "perplexity", "n_tokens", "n_windows"))]
+    fig = go.Figure(go.Bar(x=list(range(len(windows))), y=windows["loss"], text=windows["doc_id"]))
+    fig.update_layout(title=f"Mean next-token loss per window — {model.probe_info.name}", xaxis_title="window",
+                      yaxis_title="loss (nats)")
+    emit(args, "eval", result, "\n".join(text))
+    save_result(args.out, "eval", result, [fig], console, "Evaluation")
+    return 0

@@ -1,0 +1,357 @@
+"""What the ``probe`` verbs share: user errors, notes and bars, model and window loading, atomic outputs.
+
+Nothing heavy is imported at module level (``probe --help`` imports this module); torch, pandas, plotly and
+transformers are imported inside the functions that need them.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+# The embedded default models: zoo checkpoints (issue #7) when installed, else a freshly initialised tiny model of the
+# same variant built in-process (seed 0). Switching to another zoo name is a one-line change here.
+DEFAULT_MODEL = "probe/tiny-sink+proj"
+DEFAULT_DEPTH_MODEL = "probe/tiny-attnres-block4"  # `probe sources` needs depth routing
+DEFAULT_TOKENIZER = "probe-bpe-8k"
+
+
+class UsageError(Exception):
+    """A user error: printed as one line on stderr, exit code 2."""
+
+    def __init__(self, message: str, prog: str = "probe"):
+        super().__init__(message)
+        self.prog = prog
+
+    def one_line(self) -> str:
+        return " ".join(str(self).split())
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+class Console:
+    """Notes (stderr) and tqdm bars, silent with --quiet. Results go to stdout."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        if quiet:
+            os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+    def note(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    def bar(self, total: int, desc: str, unit: str = "it"):
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, unit=unit, disable=self.quiet, file=sys.stderr, dynamic_ncols=True)
+
+
+# ------------------------------------------------------------------------------------------------------------ checks
+
+
+def check_data(name: str, flag: str = "--data") -> None:
+    """Fail fast (before loading a model) on a corpus that is neither bundled, online (hf:) nor an existing path."""
+    from probe.data.corpus import CORPORA
+
+    bundled = [k for k in CORPORA if not k.startswith("hf:")]
+    if name in bundled or name.startswith("hf:") or Path(name).expanduser().exists():
+        return
+    raise UsageError(f"{flag} {name!r}: no such bundled corpus, file or directory; choose one of "
+                     f"{', '.join(bundled)}, an existing .txt file or directory, or hf:wikitext-2-raw-v1:<split>")
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {device!r}: CUDA is not available on this machine; use --device cpu")
+    return str(dev)
+
+
+def model_dir(name: str) -> str:
+    """A `probe train` run directory stands for its finished model (DIR/model) or its last checkpoint."""
+    p = Path(name).expanduser()
+    if p.is_dir() and not (p / "config.json").exists():
+        for sub in ("model", "checkpoint"):
+            if (p / sub / "config.json").is_file():
+                return str(p / sub)
+    return name
+
+
+KNOWN_HINT = ("see `probe models`: zoo names probe/tiny-<variant>, pythia-14m ... pythia-12b[-deduped][@stepN], "
+              "gpt-oss-20b, gpt-oss-120b, an HF repo id, a local model directory or a .gguf file")
+
+
+def load_model(args, default: str, console: Console):
+    """The model of ``--model`` (or the embedded default), on ``--device`` in ``--dtype``, in eval mode."""
+    import probe.hooks.load as L
+
+    device = resolve_device(args.device)
+    dtype = None if args.dtype == "auto" else args.dtype
+    name = args.model
+    if name is None:
+        try:
+            L.resolve(default)
+            name = default
+        except L.ModelNotFoundError:
+            return fresh_default(default, device, dtype, console)
+    name = model_dir(name)
+    try:
+        _, _, kind = L.resolve(name)
+    except L.ModelNotFoundError as e:
+        raise UsageError(f"--model {name!r}: {e}") from None
+    except ValueError as e:
+        raise UsageError(f"--model {name!r}: {e}; {KNOWN_HINT}") from None
+    try:
+        model = L.load(name, device=device if device != "cpu" else None, dtype=dtype)
+    except L.ModelNotFoundError as e:
+        close = difflib.get_close_matches(name.split("@")[0], list(L.KNOWN_CHECKPOINTS), n=1)
+        hint = f"did you mean {close[0]}? " if close and close[0] != name.split("@")[0] else ""
+        raise UsageError(f"--model {name!r}: {e}; {hint}{KNOWN_HINT}") from None
+    except Exception as e:  # noqa: BLE001 — an unreadable checkpoint of any kind is a user error, one line
+        raise UsageError(f"--model {name!r}: cannot read the {kind} checkpoint ({first_line(e)})") from None
+    return model.eval()
+
+
+def fresh_default(default: str, device: str, dtype, console: Console):
+    import torch
+
+    from probe.models import create
+
+    variant = default.split("tiny-", 1)[1]
+    console.note(f"model: zoo checkpoint {default} is not installed; using a freshly initialised tiny {variant} "
+                 f"(seed 0, untrained)")
+    model = create(variant, "tiny", seed=0)
+    model.probe_name = f"tiny-{variant} (fresh init, seed 0)"
+    if dtype is not None:
+        model = model.to(getattr(torch, dtype))
+    return model.to(device).eval()
+
+
+def tokenizer_for(args, model):
+    from probe.data.tokenizer import TOKENIZERS, load_tokenizer
+
+    name = getattr(args, "tokenizer", None)
+    if name is None:
+        if getattr(model, "tokenizer", None) is not None:
+            return model.tokenizer
+        if model.probe_info.family != "probe":
+            raise UsageError(f"model {model.probe_info.name!r} ships no tokenizer; pass --tokenizer "
+                             f"({', '.join(TOKENIZERS)})")
+        name = DEFAULT_TOKENIZER
+    try:
+        return load_tokenizer(name)
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"--tokenizer {name!r}: {first_line(e)}; choose one of {', '.join(TOKENIZERS)}") from None
+
+
+def load_corpus(name: str, flag: str = "--data"):
+    from probe.data import load_corpus as _load
+
+    check_data(name, flag)
+    try:
+        return _load(name)
+    except (OSError, ValueError, ImportError, UnicodeDecodeError) as e:
+        raise UsageError(f"{flag} {name!r}: {first_line(e)}") from None
+
+
+def eval_ctx(args, model) -> int:
+    from probe.data import cap_ctx
+
+    n_ctx = model.probe_info.n_ctx
+    try:
+        return cap_ctx(args.ctx, n_ctx)
+    except ValueError:
+        raise UsageError(f"--ctx {args.ctx} exceeds the maximum context {n_ctx} of model "
+                         f"{model.probe_info.name!r}; choose --ctx 2..{n_ctx}") from None
+
+
+def make_windows(corpus, tok, *, n_batches: int, batch_size: int, ctx: int, seed: int, mode: str, vocab_size: int,
+                 docs=None):
+    """Fixed evaluation windows; mode auto = one window per document (first), else sequential windows."""
+    import dataclasses
+
+    from probe.data import eval_batches, tokenize_documents
+
+    docs = tokenize_documents(corpus, tok) if docs is None else docs
+    last = None
+    for m in (("first", "sequential") if mode == "auto" else (mode,)):
+        try:
+            eb = eval_batches(docs, tok, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=m)
+            break
+        except ValueError as e:
+            last = e
+    else:
+        msg = str(last)
+        for a, b in (("corpus 'custom-tokens' ", "it "), ("n_batches*batch_size", "--batches x --batch-size"),
+                     ("mode='sequential' or 'random'", "--window-mode sequential or random"),
+                     ("mode='random'", "--window-mode random")):
+            msg = msg.replace(a, b)
+        raise UsageError(f"--data {corpus.name!r}: {msg}")
+    eb = dataclasses.replace(eb, corpus=corpus.name, corpus_fingerprint=corpus.fingerprint)
+    top = int(eb.tokens.max())
+    if top >= vocab_size:
+        raise UsageError(f"tokenizer {eb.tokenizer!r} produces token id {top}, beyond the model's vocabulary of "
+                         f"{vocab_size}; pass a matching --tokenizer")
+    return eb
+
+
+def windows_for(args, model, console: Console):
+    """Model-specific windows of ``--data`` (tokenizer, context), on the model's device; returns (windows, tokenizer)."""
+    import dataclasses
+
+    tok = tokenizer_for(args, model)
+    ctx = eval_ctx(args, model)
+    corpus = load_corpus(args.data)
+    eb = make_windows(corpus, tok, n_batches=args.batches, batch_size=args.batch_size, ctx=ctx, seed=args.seed,
+                      mode=args.window_mode, vocab_size=model.probe_info.vocab_size)
+    device = next(model.parameters()).device
+    return dataclasses.replace(eb, tokens=eb.tokens.to(device)), tok
+
+
+def plan_line(verb: str, model, eb, passes: int = 1, what: str = "") -> str:
+    n = eb.tokens.shape[0] * eb.tokens.shape[1]
+    extra = f" x {passes} forward passes ({what})" if passes > 1 else ""
+    return (f"plan: {verb} on {model.probe_info.name} — {eb.tokens.shape[0]} batches x {eb.tokens.shape[1]} windows "
+            f"x {eb.ctx} tokens ({n} windows, {eb.corpus}, {eb.mode}){extra}")
+
+
+# ------------------------------------------------------------------------------------------------------------ outputs
+
+
+def clean(x):
+    """JSON-safe copy: NaN/inf -> None, numpy scalars -> Python."""
+    if isinstance(x, dict):
+        return {str(k): clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [clean(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        try:
+            x = x.item()
+        except (ValueError, AttributeError):
+            return str(x)
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    return str(x)
+
+
+def result_meta(result: dict) -> dict:
+    meta = result.get("meta")
+    if meta is None:
+        return {}
+    return dict(meta.attrs.get("meta") or meta.iloc[0].to_dict())
+
+
+def result_json(verb: str, result: dict) -> dict:
+    return clean({"verb": verb, "meta": result_meta(result),
+                  "tables": {k: v.to_dict("records") for k, v in result.items() if k != "meta"}})
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_files(out: Path, files: dict[str, str | bytes]) -> list[Path]:
+    """Write every file to a temp name first, then rename them all into ``out``: no partial files on failure."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    staged = []
+    try:
+        for name, data in files.items():
+            tmp = out / f".{name}.tmp-{os.getpid()}"
+            staged.append((tmp, out / name))
+            if isinstance(data, bytes):
+                tmp.write_bytes(data)
+            else:
+                tmp.write_text(data, encoding="utf-8")
+        for tmp, final in staged:
+            os.replace(tmp, final)
+    finally:
+        for tmp, _ in staged:
+            if tmp.exists():
+                tmp.unlink()
+    return [final for _, final in staged]
+
+
+def html_page(title: str, figures, *, intro: dict | None = None, tables=()) -> str:
+    """One self-contained offline HTML page: plotly.js inline once, then each figure (and optional tables)."""
+    import html
+
+    from plotly.offline import get_plotlyjs
+
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    if intro:
+        rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                       for k, v in intro.items())
+        parts.append(f"<table class='meta'>{rows}</table>")
+    for caption, df in tables:
+        parts.append(f"<h2>{html.escape(caption)}</h2>" + df.to_html(index=False, float_format=lambda x: f"{x:.4g}",
+                                                                     na_rep="", border=0, classes="data"))
+    for fig in figures:
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=False, default_width="100%"))
+    style = ("body{font-family:sans-serif;margin:2em;} table{border-collapse:collapse;margin:1em 0;} "
+             "th,td{padding:2px 8px;text-align:left;border-bottom:1px solid #ddd;font-size:90%;}")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style><script type='text/javascript'>{get_plotlyjs()}</script></head>"
+            f"<body>{''.join(parts)}</body></html>\n")
+
+
+def save_result(out: str | None, stem: str, result: dict, figures, console: Console, title: str) -> None:
+    """``--out DIR``: one CSV per table, one JSON with everything, one HTML with the figures."""
+    if not out:
+        return
+    files = {f"{stem}_{k}.csv": v.to_csv(index=False) for k, v in result.items()}
+    files[f"{stem}.json"] = json.dumps(result_json(stem, result), indent=1)
+    if figures:
+        files[f"{stem}.html"] = html_page(title, figures, intro=clean(result_meta(result)))
+    written = write_files(Path(out), files)
+    console.note(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
+
+
+def show(df, columns=None, digits: int = 4, identity: bool = False) -> str:
+    """A table for stdout: selected columns (identity columns and all-empty ones dropped), compact floats."""
+    cols = [c for c in (columns or df.columns) if c in df.columns and df[c].notna().any()
+            and (identity or c not in ("model", "corpus"))]
+    return df[cols].to_string(index=False, float_format=lambda x: f"{x:.{digits}g}", na_rep="-")
+
+
+def header(meta: dict) -> str:
+    w = (f"{meta.get('n_batches')} x {meta.get('batch_size')} windows of {meta.get('ctx')} tokens "
+         f"({meta.get('mode', '?')})") if meta.get("ctx") else ""
+    return "\n".join(s for s in (f"model:  {meta.get('model')}",
+                                 f"corpus: {meta.get('corpus')} (tokenizer {meta.get('tokenizer')})"
+                                 if meta.get("corpus") else "", f"windows: {w}" if w else "") if s)
+
+
+def emit(args, verb: str, result: dict, text: str) -> None:
+    """stdout: the JSON document with --json, else the readable text."""
+    if args.json:
+        print(json.dumps(result_json(verb, result), indent=1))
+    else:
+        print(text)

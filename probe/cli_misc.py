@@ -1,0 +1,199 @@
+"""The ``probe`` verbs that need no evaluation windows: models, costs, train."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from probe.cli_common import (Console, UsageError, atomic_write, check_data, emit, first_line, load_corpus,
+                              make_windows, resolve_device, save_result, show)
+
+# ------------------------------------------------------------------------------------------------------------ models
+
+
+def cmd_models(args) -> int:
+    import pandas as pd
+
+    from probe.hooks.load import PYTHIA_SIZES, list_models
+    from probe.models import TIER_DESCRIPTIONS, TIERS, VARIANTS
+
+    console = Console(args.quiet)
+    variants = pd.DataFrame([{"name": k, "description": v} for k, v in VARIANTS.items()])
+    tiers = pd.DataFrame([{"name": k, "layers": t["n_layers"], "d_model": t["d_model"], "heads": t["n_heads"],
+                           "d_mlp": t["d_mlp"], "ctx": t["n_ctx"], "vocab": t["vocab_size"],
+                           "description": TIER_DESCRIPTIONS.get(k, "")} for k, t in TIERS.items()])
+    checkpoints = pd.DataFrame(list_models(), columns=["name", "source", "kind", "available"])
+    result = {"variants": variants, "tiers": tiers, "checkpoints": checkpoints}
+    zoo = checkpoints[checkpoints["kind"] == "zoo"]
+    hub = checkpoints[checkpoints["kind"] == "hub"]
+    w = max(len(n) for n in list(variants["name"]) + list(tiers["name"]) + list(checkpoints["name"])) + 2
+    text = ["variants (probe train --variant V; {N} blocks, {r} routing rank):"]
+    text += [f"  {r.name:<{w}}{r.description}" for r in variants.itertuples()]
+    text += ["", "tiers (probe train --tier T):"]
+    text += [f"  {r.name:<{w}}{r.description}" for r in tiers.itertuples()]
+    text += ["", "zoo (bundled trained checkpoints, --model probe/<name>):"]
+    text += [f"  {r.name:<{w}}{r.source}" for r in zoo.itertuples()] or ["  none installed yet; commands without "
+                                                                         "--model use a freshly initialised tiny model"]
+    text += ["", "known checkpoints (--model NAME; 'cached' = in the local Hugging Face cache):"]
+    text += [f"  {r.name:<{w}}{r.source}{'  (cached)' if r.available else ''}" for r in hub.itertuples()]
+    text += ["", f"  pythia-<size>[-deduped]@step<N>: sizes {', '.join(PYTHIA_SIZES)}; steps 0, 1, 2, 4, ..., 512 "
+             "and every 1000 up to 143000", "  also: any HF repo id[@revision], a local model directory, a .gguf file"]
+    emit(args, "models", result, "\n".join(text))
+    save_result(args.out, "models", result, [], console, "Models")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------------------ costs
+
+
+def cmd_costs(args) -> int:
+    import pandas as pd
+
+    from probe.analyses.costs import TABLE1, cost_figure, cost_table
+
+    console = Console(args.quiet)
+    d, L, m = 1024, 24, 2816
+    if args.tier:
+        from probe.models import TIERS
+
+        if args.tier not in TIERS:
+            raise UsageError(f"--tier {args.tier!r} is not a tier; choose one of {', '.join(TIERS)}")
+        t = TIERS[args.tier]
+        d, L, m = t["d_model"], t["n_layers"], t["d_mlp"]
+    d, L, m = args.d or d, args.layers or L, args.mlp or m
+    rows, skipped = [], []
+    for meth, N, r, _ in TABLE1:
+        if (N is not None and (2 * L) % N) or (r is not None and meth == "s-lr" and r > d):
+            skipped.append(f"{meth} N={N} r={r}")
+        else:
+            rows.append((meth, N, r))
+    table = cost_table(d, L, m, rows)
+    if (d, L, m) == (1024, 24, 2816):  # the paper's printed values beside the model's
+        table["table1_pct"] = [p for meth, N, r, p in TABLE1]
+    meta = {"analysis": "costs", "d": d, "L": L, "m": m, "base_flops": int(table["base_flops"].iloc[0])}
+    result = {"costs": table, "meta": pd.DataFrame([meta])}
+    if skipped:
+        console.note(f"skipped rows that do not fit L={L}, d={d}: {', '.join(skipped)}")
+    text = [f"cost model: d={d}, L={L}, m={m}; base C = L(4d^2 + 3dm) = {meta['base_flops']:,} multiply-adds/token",
+            "", show(table, ["label", "S_src", "added_flops", "added_flops_pct", "table1_pct", "added_params",
+                             "added_params_pct"], digits=5)]
+    emit(args, "costs", result, "\n".join(text))
+    save_result(args.out, "costs", result, [cost_figure(table)], console, "Depth-routing costs")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------------------ train
+
+RUN_FILE = "probe_train.json"
+RUN_KEYS = ("variant", "tier", "seed", "data", "tokenizer", "batch_size", "ctx", "lr", "warmup", "eval_data",
+            "eval_batches")  # must match to resume; --steps, --eval-every, --ckpt-every may change
+
+
+def _run_identity(args, ctx: int) -> dict:
+    ident = {k: getattr(args, k) for k in RUN_KEYS}
+    ident["ctx"] = ctx
+    return ident
+
+
+def _check_run_dir(out: Path, ident: dict) -> bool:
+    """True when ``out`` holds a run with the same identity (resume); errors for a different run or foreign files."""
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} is a file, not a run directory")
+    run = out / RUN_FILE
+    if not run.is_file():
+        if any(out.iterdir()):
+            raise UsageError(f"--out {str(out)!r} exists and is not a `probe train` run directory; choose a new or "
+                             "empty directory")
+        return False
+    old = json.loads(run.read_text())
+    diff = [f"--{k.replace('_', '-')} {old.get(k)!r} (now {v!r})" for k, v in ident.items() if old.get(k) != v]
+    if diff:
+        raise UsageError(f"--out {str(out)!r} holds a run with different settings: {'; '.join(diff)}; resume with "
+                         "the same flags or choose another --out")
+    return True
+
+
+def cmd_train(args) -> int:
+    from probe.data import WindowSampler, load_tokenizer, tokenize_documents
+    from probe.models import config_for, create
+    from probe.train import TrainConfig, find_checkpoint, train
+
+    console = Console(args.quiet)
+    check_data(args.data)
+    check_data(args.eval_data, "--eval-data")
+    try:
+        config = config_for(args.variant, args.tier)
+    except ValueError as e:
+        raise UsageError(f"--variant {args.variant!r} / --tier {args.tier!r}: {first_line(e).split(': ', 1)[-1]}"
+                         ) from None
+    ctx = args.ctx or config.n_ctx
+    if ctx > config.n_ctx:
+        raise UsageError(f"--ctx {ctx} exceeds the maximum context {config.n_ctx} of tier {args.tier!r}; choose "
+                         f"--ctx 2..{config.n_ctx}")
+    if ctx < 2:
+        raise UsageError(f"--ctx {ctx} is too short; choose --ctx 2..{config.n_ctx}")
+    out = Path(args.out)
+    ident = _run_identity(args, ctx)
+    resuming = _check_run_dir(out, ident)
+    device = resolve_device(args.device)
+    try:
+        tok = load_tokenizer(args.tokenizer)
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"--tokenizer {args.tokenizer!r}: {first_line(e)}") from None
+    if len(tok) > config.vocab_size:
+        raise UsageError(f"--tokenizer {args.tokenizer!r} has {len(tok)} tokens but tier {args.tier!r} has a "
+                         f"vocabulary of {config.vocab_size}; choose a matching tokenizer or tier")
+    bar = console.bar(2, f"train: tokenizing {args.data}", unit="corpus")
+    docs = tokenize_documents(load_corpus(args.data), tok)
+    try:
+        sampler = WindowSampler(docs, ctx, args.seed, eos_id=tok.eos_token_id)
+    except ValueError as e:
+        raise UsageError(f"--data {args.data!r}: {e}") from None
+    bar.update()
+    bar.set_description(f"train: tokenizing {args.eval_data}")
+    eb = make_windows(load_corpus(args.eval_data, "--eval-data"), tok, n_batches=args.eval_batches, batch_size=8,
+                      ctx=ctx, seed=args.seed, mode="auto", vocab_size=config.vocab_size)
+    bar.update()
+    bar.close()
+    model = create(args.variant, args.tier, seed=args.seed)
+    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+                      eval_every=args.eval_every, ckpt_every=args.ckpt_every, seed=args.seed, device=device)
+    n_params = sum(p.numel() for p in model.parameters())
+    ckpt = find_checkpoint(out) if resuming else None
+    start = json.loads((ckpt / "trainer_state.json").read_text())["step"] if ckpt else 0
+    console.note(f"plan: train {args.tier}-{args.variant} ({n_params:,} parameters) on {args.data} for {args.steps} "
+                 f"steps x {args.batch_size} windows x {ctx} tokens"
+                 + (f"; resuming from step {start}" if ckpt else "") + f"; run directory {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / RUN_FILE, json.dumps(ident, indent=1))
+    last = train(model, sampler, cfg, out, eval_batches=eb, resume=True, progress=not args.quiet)
+    if start < args.steps or not (out / "model" / "config.json").exists():
+        _export(model, tok, out / "model")
+    result = {**(last or {}), "steps": args.steps, "model_dir": str(out / "model")}
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        keys = [k for k in ("step", "loss", "val_loss", "lr", "grad_norm", "tokens", "tokens_per_s") if k in result]
+        print("\n".join(f"{k:<14}{result[k]:.4g}" if isinstance(result[k], float) else f"{k:<14}{result[k]}"
+                        for k in keys))
+        print(f"model saved to {out / 'model'} (probe eval --model {out})")
+    return 0
+
+
+def _export(model, tok, final: Path) -> None:
+    """The finished model and its tokenizer, loadable by probe.load / --model; swapped in atomically."""
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)

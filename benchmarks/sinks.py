@@ -8,7 +8,9 @@ growth of the process's resident set (RSS, sampled every millisecond from /proc/
 over its RSS just before the call: tensors live outside Python's heap, so tracemalloc would not see them.
 The pythia-160m shape is a GPT-NeoX config with random weights (12 layers, width 768, 12 heads, rotary on 25%, vocab
 50304), hooked by probe's GPT-NeoX adapter; ``tiny`` is the custom tiny-tier baseline (context 256).
-A plain forward (no hooks, SDPA) is timed too, as the floor the streaming pass should approach.
+A plain forward (no hooks, SDPA, logits included) is timed too, as the floor the streaming pass should approach. The
+streaming pass stops the forward once the last layer's q/k/v are read, so it skips the last MLP and the LM head; the
+cached-pattern pass runs the whole model as run_with_cache does.
 """
 from __future__ import annotations
 
@@ -89,7 +91,7 @@ def worker(method: str, args, queue):
                 out = fn()
                 times.append(time.perf_counter() - t0)
             growth = max(growth, mem.growth)
-    summary = out["heads"][["pos0_share", "phantom_share", "r0"]].to_numpy() if isinstance(out, dict) else None
+    summary = out["heads"][["pos0_share", "phantom_share", "r0"]].to_numpy() if method != "plain forward" else None
     queue.put((method, min(times), growth, summary))
 
 
@@ -108,8 +110,10 @@ def main() -> None:
         q = ctx.Queue()
         p = ctx.Process(target=worker, args=(method, args, q))
         p.start()
-        name, t, mem, summary = q.get()
         p.join()
+        if p.exitcode != 0:
+            raise SystemExit(f"the {method!r} worker failed (exit code {p.exitcode})")
+        name, t, mem, summary = q.get()
         results[name] = (t, mem, summary)
     print(f"model={args.model} ctx={args.ctx} batch={args.batch} threads={args.threads} "
           f"(best of {args.repeats}; memory = peak RSS growth during the call)")

@@ -108,6 +108,7 @@ def _model_flags(p, default_model: str | None, *, defaults=(8, 8)):
     g.add_argument("--seed", type=nonneg_int, default=0, help="seed of the window choice and of injected noise")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
     g.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: float32 on CPU)")
+    g.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
 
 
 def _injection_flags(p, dose_flag: str, dose_default, dose_help: str):
@@ -197,6 +198,7 @@ def build_parser() -> Parser:
     p.add_argument("--eval-data", default="wikitext-2-test", help="held-out corpus (default wikitext-2-test)")
     p.add_argument("--eval-batches", type=positive_int, default=8, help="held-out batches of 8 windows (default 8)")
     p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")
+    p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--out", metavar="DIR", required=True, help="run directory (required)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")

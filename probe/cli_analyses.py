@@ -9,14 +9,15 @@ def _prepare(args, default: str, verb: str):
     """Console, model, windows and tokenizer, with a loading bar; fails fast on a missing data file."""
     console = Console(args.quiet)
     check_data(args.data)
-    bar = console.bar(2, f"{verb}: loading model", unit="step")
-    model = load_model(args, default, console)
-    bar.update()
-    bar.set_description(f"{verb}: tokenizing {args.data}")
-    eb, tok = windows_for(args, model, console)
-    bar.update()
-    bar.set_description(f"{verb}: loaded")
-    bar.close()
+    bar = console.bar(2, f"{verb}: loading {args.model or 'the default model'}", unit="step", leave=False)
+    try:
+        model = load_model(args, default, console)
+        bar.update()
+        bar.set_description(f"{verb}: tokenizing {args.data}")
+        eb, tok = windows_for(args, model, console)
+        bar.update()
+    finally:
+        bar.close()
     return console, model, eb, tok
 
 

@@ -45,13 +45,19 @@ class Console:
             os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
     def note(self, msg: str) -> None:
+        """A line on stderr that does not collide with an active progress bar."""
         if not self.quiet:
-            print(msg, file=sys.stderr, flush=True)
+            from tqdm import tqdm
 
-    def bar(self, total: int, desc: str, unit: str = "it"):
+            tqdm.write(msg, file=sys.stderr)
+
+    def bar(self, total: int, desc: str, unit: str = "it", leave: bool = True):
+        """A tqdm bar on stderr; ``leave=False`` bars (loading stages) erase themselves when closed, so an error
+        that follows them is the only line left on the terminal."""
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, desc=desc, unit=unit, disable=self.quiet, file=sys.stderr, dynamic_ncols=True)
+        return tqdm(total=total, desc=desc, unit=unit, disable=self.quiet, file=sys.stderr, dynamic_ncols=True,
+                    leave=leave)
 
 
 # ------------------------------------------------------------------------------------------------------------ checks
@@ -66,6 +72,13 @@ def check_data(name: str, flag: str = "--data") -> None:
         return
     raise UsageError(f"{flag} {name!r}: no such bundled corpus, file or directory; choose one of "
                      f"{', '.join(bundled)}, an existing .txt file or directory, or hf:wikitext-2-raw-v1:<split>")
+
+
+def set_threads(n: int | None) -> None:
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
 
 
 def resolve_device(device: str) -> str:
@@ -100,6 +113,7 @@ def load_model(args, default: str, console: Console):
     """The model of ``--model`` (or the embedded default), on ``--device`` in ``--dtype``, in eval mode."""
     import probe.hooks.load as L
 
+    set_threads(args.threads)
     device = resolve_device(args.device)
     dtype = None if args.dtype == "auto" else args.dtype
     name = args.model
@@ -116,6 +130,10 @@ def load_model(args, default: str, console: Console):
         raise UsageError(f"--model {name!r}: {e}") from None
     except ValueError as e:
         raise UsageError(f"--model {name!r}: {e}; {KNOWN_HINT}") from None
+    if kind != "hub":  # local weights load in moments: our loading bar is enough (hub downloads keep their bars)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     try:
         model = L.load(name, device=device if device != "cpu" else None, dtype=dtype)
     except L.ModelNotFoundError as e:

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from probe.cli_common import (Console, UsageError, atomic_write, check_data, emit, first_line, load_corpus,
-                              make_windows, resolve_device, save_result, show)
+                              make_windows, resolve_device, save_result, set_threads, show)
 
 # ------------------------------------------------------------------------------------------------------------ models
 
@@ -86,6 +86,7 @@ def cmd_costs(args) -> int:
 # ------------------------------------------------------------------------------------------------------------ train
 
 RUN_FILE = "probe_train.json"
+KILL_ENV = "PROBE_TRAIN_TEST_KILL"  # tests only: SIGKILL this process when step N draws its batch
 RUN_KEYS = ("variant", "tier", "seed", "data", "tokenizer", "batch_size", "ctx", "lr", "warmup", "eval_data",
             "eval_batches")  # must match to resume; --steps, --eval-every, --ckpt-every may change
 
@@ -138,6 +139,7 @@ def cmd_train(args) -> int:
     out = Path(args.out)
     ident = _run_identity(args, ctx)
     resuming = _check_run_dir(out, ident)
+    set_threads(args.threads)
     device = resolve_device(args.device)
     try:
         tok = load_tokenizer(args.tokenizer)
@@ -146,18 +148,22 @@ def cmd_train(args) -> int:
     if len(tok) > config.vocab_size:
         raise UsageError(f"--tokenizer {args.tokenizer!r} has {len(tok)} tokens but tier {args.tier!r} has a "
                          f"vocabulary of {config.vocab_size}; choose a matching tokenizer or tier")
-    bar = console.bar(2, f"train: tokenizing {args.data}", unit="corpus")
-    docs = tokenize_documents(load_corpus(args.data), tok)
+    bar = console.bar(2, f"train: tokenizing {args.data}", unit="corpus", leave=False)
     try:
-        sampler = WindowSampler(docs, ctx, args.seed, eos_id=tok.eos_token_id)
-    except ValueError as e:
-        raise UsageError(f"--data {args.data!r}: {e}") from None
-    bar.update()
-    bar.set_description(f"train: tokenizing {args.eval_data}")
-    eb = make_windows(load_corpus(args.eval_data, "--eval-data"), tok, n_batches=args.eval_batches, batch_size=8,
-                      ctx=ctx, seed=args.seed, mode="auto", vocab_size=config.vocab_size)
-    bar.update()
-    bar.close()
+        docs = tokenize_documents(load_corpus(args.data), tok)
+        try:
+            sampler = WindowSampler(docs, ctx, args.seed, eos_id=tok.eos_token_id)
+        except ValueError as e:
+            raise UsageError(f"--data {args.data!r}: {e}") from None
+        bar.update()
+        bar.set_description(f"train: tokenizing {args.eval_data}")
+        eb = make_windows(load_corpus(args.eval_data, "--eval-data"), tok, n_batches=args.eval_batches,
+                          batch_size=8, ctx=ctx, seed=args.seed, mode="auto", vocab_size=config.vocab_size)
+        bar.update()
+    finally:
+        bar.close()
+    if os.environ.get(KILL_ENV):
+        sampler = _KillAt(sampler, int(os.environ[KILL_ENV]))
     model = create(args.variant, args.tier, seed=args.seed)
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                       eval_every=args.eval_every, ckpt_every=args.ckpt_every, seed=args.seed, device=device)
@@ -197,3 +203,22 @@ def _export(model, tok, final: Path) -> None:
         os.replace(final, old)
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+class _KillAt:
+    """Tests only (``PROBE_TRAIN_TEST_KILL=N``): a sampler that kills the process when step N draws its batch, so an
+    interrupted-and-resumed run can be compared with an uninterrupted one deterministically."""
+
+    def __init__(self, sampler, step: int):
+        self._sampler, self._step, self._calls = sampler, step, 0
+
+    def sample(self, batch_size: int):
+        self._calls += 1
+        if self._calls == self._step:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self._sampler.sample(batch_size)
+
+    def __getattr__(self, name):
+        return getattr(self._sampler, name)

@@ -186,18 +186,23 @@ def cmd_report(args) -> int:
     manifest_written = False
     bar = console.bar(len(names), "report", unit="model")
     bar.update(len(names) - len(todo))
-    for i, name in enumerate(names, start=1):
-        if name not in todo:
-            continue
-        bar.set_description(f"report: {name}")
-        record = compute_one(args, name, i, windows, console)
-        if not manifest_written:
-            _write_manifest(out, settings, names)
-            manifest_written = True
-        _persist(paths[name], record, i)
-        bar.update()
-        _test_kill("after", i)
-    bar.close()
+    try:
+        for i, name in enumerate(names, start=1):
+            if name not in todo:
+                continue
+            bar.set_description(f"report: {name}")
+            record = compute_one(args, name, i, windows, console)
+            if not manifest_written:
+                _write_manifest(out, settings, names)
+                manifest_written = True
+            _persist(paths[name], record, i)
+            bar.update()
+            _test_kill("after", i)
+    except BaseException:
+        bar.leave = False  # erase the bar: the error line is what stays on the terminal
+        raise
+    finally:
+        bar.close()
     if not manifest_written:
         _write_manifest(out, settings, names)
     records = [json.loads(paths[n].read_text()) for n in names]

@@ -13,6 +13,8 @@ def test_quiet_reads_are_the_floor_qT_smallest_with_ties_by_position():
     assert quiet_mask(norms, 0.5)[0, :, 0].nonzero().flatten().tolist() == [1, 2, 3, 5]
     assert quiet_mask(norms[:, :7], 0.25).sum() == 1  # ⌊0.25 * 7⌋ = 1
     assert median_norm(norms)[0, 0] == pytest.approx(2.5)  # linear interpolation between 2 and 3
+    x = torch.rand(3, 7, 2, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(median_norm(x), torch.quantile(x.transpose(1, 2), 0.5, dim=-1))
 
 
 def reads(B=3, T=8, Hkv=2, dh=4, seed=0):

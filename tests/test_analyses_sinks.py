@@ -153,3 +153,14 @@ def test_streaming_pass_materialises_no_pattern(monkeypatch):
     assert asked and not any(asked)
     sink_stats_reference(model, windows(1, 2, 8))
     assert any(asked)  # the spy does see pattern requests when there are some
+
+
+def test_stopping_the_forward_early_leaves_no_hooks_behind():
+    model = tiny("sinklogit")
+    toks = windows(1, 2, 8)
+    with torch.no_grad():
+        before = model(toks[0, :, :-1]).logits
+    sink_stats(model, toks)
+    assert not any(hp.has_hooks() for hp in model.hook_dict.values())
+    with torch.no_grad():
+        assert torch.equal(model(toks[0, :, :-1]).logits, before)

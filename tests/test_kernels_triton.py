@@ -1,22 +1,23 @@
 """Triton kernels against the fp32 references: outputs and every gradient.
 
-Without CUDA the kernels run under the Triton interpreter, which must be switched on before triton is first imported;
-this module sets TRITON_INTERPRET=1 at import (collection) time and skips itself if triton was imported earlier without
-it. Interpreter grids are tiny; larger grids are marked slow; bf16 / large shapes need a GPU.
+Without CUDA the kernels run under the Triton interpreter, which only works if TRITON_INTERPRET=1 is set before triton
+is first imported. This module sets it at collection time when it can; when triton was already imported without it
+(importing torch._dynamo does that, so any earlier test module may have), the kernel tests are skipped here and
+re-run by one test in a fresh Python process with the variable set. Interpreter grids are tiny; larger grids are
+marked slow and run only when selected (-m slow); bf16 and large shapes need a GPU.
 """
 import itertools
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
-if not CUDA:
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set; run this module on its own",
-                    allow_module_level=True)
-    os.environ["TRITON_INTERPRET"] = "1"
+if not CUDA and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
 pytest.importorskip("triton")
 
 from probe.kernels import TRANSFORMS, attention_row_masses, depth_attention, sink_attention  # noqa: E402
@@ -24,17 +25,33 @@ from probe.kernels.depth_attention import triton as depth_triton  # noqa: E402
 from probe.kernels.sink_attention import triton as sink_triton  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
-if not CUDA and type(sink_triton._fwd_kernel).__name__ != "InterpretedFunction":
-    pytest.skip("probe's Triton kernels were compiled before TRITON_INTERPRET=1 was set", allow_module_level=True)
-
+FRESH_PROCESS = not CUDA and type(sink_triton._fwd_kernel).__name__ != "InterpretedFunction"
+ROOT = Path(__file__).resolve().parents[1]
 SINKS = [None, float("-inf"), 0.0, 100.0, -100.0]
 
 
 @pytest.fixture(autouse=True)
-def _slow_only_on_demand(request):
-    """Tests marked slow run only when asked for with -m (e.g. -m slow), so the default run stays short."""
+def _placement(request):
+    """Kernel tests run here only if the interpreter is on (or on CUDA); slow ones only when selected with -m."""
+    if request.node.originalname == "test_kernels_in_fresh_process":
+        return
+    if FRESH_PROCESS:
+        pytest.skip("triton was imported before TRITON_INTERPRET=1: run by test_kernels_in_fresh_process")
     if request.node.get_closest_marker("slow") and "slow" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("large interpreter grid: run with -m slow")
+
+
+@pytest.mark.skipif(not FRESH_PROCESS, reason="the kernel tests run in this process")
+def test_kernels_in_fresh_process(request):
+    markexpr = request.config.getoption("markexpr")
+    cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider",
+           str(Path(__file__).resolve())]
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    res = subprocess.run(cmd + (["-m", markexpr] if markexpr else []), cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=3600)
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+    assert " passed" in res.stdout.strip().splitlines()[-1], res.stdout[-2000:]  # something ran
 
 
 def leaf(g, *shape):

@@ -112,16 +112,30 @@ def attn_hook(suffix: str, layer: int) -> str:
     return f"blocks.{layer}.attn.{suffix}"
 
 
+class StopForward(Exception):
+    """Raised from a hook once an analysis has everything it needs: the rest of the forward (the last MLP, the final
+    norm and the LM head, often a third of the FLOPs) is skipped. TransformerLens removes the hooks on the way out."""
+
+
+def run_until_done(model, ids, fwd_hooks):
+    """``model.run_with_hooks`` that returns None when a hook stops the forward with StopForward."""
+    try:
+        return model.run_with_hooks(ids, fwd_hooks=fwd_hooks)
+    except StopForward:
+        return None
+
+
 class LayerCollector:
     """Collect per-layer hook tensors; call ``on_layer(layer, {suffix: tensor})`` when a layer's set is complete.
 
     ``needs(layer)`` gives the suffixes (``hook_q``, ``hook_v``, ...) a layer must deliver. Tensors are detached and
     released after the callback, so peak memory holds one layer's tensors (plus what the model itself holds).
+    With ``stop_early`` the forward ends as soon as the last layer is complete (``run`` then returns None).
     """
 
-    def __init__(self, model, needs, on_layer):
+    def __init__(self, model, needs, on_layer, stop_early: bool = False):
         self.info = model.probe_info
-        self.on_layer = on_layer
+        self.on_layer, self.stop_early = on_layer, stop_early
         self.needs = {l: set(needs(l)) for l in range(self.info.n_layers)}
         self.pending: dict[int, dict[str, torch.Tensor]] = {}
         self.done: set[int] = set()
@@ -136,14 +150,17 @@ class LayerCollector:
             if set(got) >= self.needs[l]:
                 self.on_layer(l, self.pending.pop(l))
                 self.done.add(l)
+                if self.stop_early and len(self.done) == len(self.needs):
+                    raise StopForward
             return None
 
         return [(lambda name: name in self.wanted, fn)]
 
     def run(self, model, ids: torch.Tensor, extra_hooks=()):
-        """One forward with the collecting hooks; returns the model output. Raises if a layer stayed incomplete."""
+        """One forward with the collecting hooks; returns the model output (None when stopped early). Raises if a
+        layer stayed incomplete."""
         self.pending, self.done = {}, set()
-        out = model.run_with_hooks(ids, fwd_hooks=self.hooks() + list(extra_hooks))
+        out = run_until_done(model, ids, self.hooks() + list(extra_hooks))
         missing = [(l, sorted(self.needs[l] - set(self.pending.get(l, {})))) for l in self.needs if l not in self.done]
         if missing:
             l, m = missing[0]
@@ -184,4 +201,5 @@ def sliding(info, layer: int) -> int | None:
 
 
 __all__ = ["Windows", "as_windows", "describe", "tag", "finish", "keyed_generator", "progress", "LayerCollector",
+           "StopForward", "run_until_done",
            "token_losses", "window_losses", "sliding", "names"]

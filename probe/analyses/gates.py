@@ -152,7 +152,7 @@ def gate_stats(model, data, *, min_count: int = 50, tokenizer=None,
     def on_layer(l, got):
         acc.add(l, got["hook_pattern"], got["hook_v_gate"], state["read_tokens"])
 
-    collector = LayerCollector(model, lambda l: ["hook_v_gate", "hook_pattern"], on_layer)
+    collector = LayerCollector(model, lambda l: ["hook_v_gate", "hook_pattern"], on_layer, stop_early=True)
     bar = progress(len(w), progress_bar, "gate statistics")
     for n in range(len(w)):
         ids = w.inputs(n)

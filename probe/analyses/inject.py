@@ -48,18 +48,27 @@ def cutoff_fraction(cutoff) -> float:
     return q
 
 
+def quiet_and_median(norms: torch.Tensor, qs) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(..., T, Hkv) read norms -> (a bool mask of the ⌊qT⌋ smallest reads per (..., KV head) for each q, ties by
+    position; the median over T with linear interpolation, j = 0 included, (..., Hkv)), from one stable sort."""
+    T = norms.shape[-2]
+    values, order = torch.sort(norms, dim=-2, stable=True)
+    masks = [torch.zeros_like(norms, dtype=torch.bool).scatter_(-2, order[..., :math.floor(q * T), :], True)
+             for q in qs]
+    pos = 0.5 * (T - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    median = values[..., lo, :] + (pos - lo) * (values[..., hi, :] - values[..., lo, :])
+    return masks, median
+
+
 def quiet_mask(norms: torch.Tensor, q: float) -> torch.Tensor:
     """(..., T, Hkv) read norms -> bool mask of the ⌊qT⌋ smallest reads per (..., KV head); ties by position."""
-    T = norms.shape[-2]
-    k = math.floor(q * T)
-    order = torch.sort(norms, dim=-2, stable=True).indices
-    mask = torch.zeros_like(norms, dtype=torch.bool)
-    return mask.scatter_(-2, order[..., :k, :], True)
+    return quiet_and_median(norms, [q])[0][0]
 
 
 def median_norm(norms: torch.Tensor) -> torch.Tensor:
     """(..., T, Hkv) -> (..., Hkv): median over T with linear interpolation (j = 0 included)."""
-    return torch.quantile(norms.float().transpose(-1, -2), 0.5, dim=-1)
+    return quiet_and_median(norms.float(), [])[1]
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
@@ -111,8 +120,7 @@ def corrupt(v: torch.Tensor, dose: float, q: float, draws: JunkDraws) -> torch.T
     if dose == 0:
         return v
     norms = v.float().norm(dim=-1)  # (B, T, Hkv)
-    quiet = quiet_mask(norms, q)
-    m = median_norm(norms)  # (B, Hkv)
+    (quiet,), m = quiet_and_median(norms, [q])  # (B, T, Hkv), (B, Hkv)
     u = draws.directions(v)
     noisy = (v.float() + dose * m[:, None, :, None] * u).to(v.dtype)
     return torch.where(quiet[..., None], noisy, v)
@@ -174,7 +182,7 @@ def _exposure_collector(model, acc: ExposureAccumulator, qs, backend):
         q, k, v = got["hook_q"], got["hook_k"], got["hook_v"]
         sink = got.get("hook_sink_logit")
         norms = v.float().norm(dim=-1)
-        ind = torch.stack([quiet_mask(norms, qq).float() for qq in qs], -1)  # (B, T, Hkv, m)
+        ind = torch.stack(quiet_and_median(norms, qs)[0], -1).float()  # (B, T, Hkv, m)
         lse, mass = attention_row_masses(q, k, ind, sink=sink, window=sliding(info, l), scale=scale, backend=backend)
         phantom = (torch.exp(sink.float()[None, :, None] - lse.float()) if sink is not None
                    else torch.zeros_like(lse, dtype=torch.float32))
@@ -283,5 +291,5 @@ def exposure_stats(model, data, *, cutoffs=("q25", "median"), backend: str = "au
     return finish(acc.tables(), describe(model, w, "exposure", cutoffs=",".join(map(str, cutoffs))))
 
 
-__all__ = ["inject", "exposure_stats", "corrupt", "quiet_mask", "median_norm", "JunkDraws", "own_directions",
+__all__ = ["inject", "exposure_stats", "corrupt", "quiet_mask", "median_norm", "quiet_and_median", "JunkDraws", "own_directions",
            "JUNK_TYPES", "CUTOFFS", "DEFAULT_DOSES", "conditions", "cutoff_fraction"]

@@ -143,7 +143,7 @@ def sink_stats(model, data, *, backend: str = "auto", progress_bar: bool = False
         acc.add(l, pos0, phantom, v.float().norm(dim=-1), sink)
 
     needs = lambda l: ["hook_q", "hook_k", "hook_v"] + (["hook_sink_logit"] if info.has_phantom else [])  # noqa
-    collector = LayerCollector(model, needs, on_layer)
+    collector = LayerCollector(model, needs, on_layer, stop_early=True)
     bar = progress(len(w), progress_bar, "sink statistics")
     for n in range(len(w)):
         collector.run(model, w.inputs(n))

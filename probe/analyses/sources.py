@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, describe, finish, progress
+from probe.analyses.capture import StopForward, as_windows, describe, finish, progress, run_until_done
 
 
 def source_category(label: str) -> str:
@@ -122,12 +122,20 @@ def effective_sources(model, data, *, progress_bar: bool = False) -> dict[str, p
     acc = SourceAccumulator(sites)
     hook_names = {f"{s}.hook_depth_weights": s for s in sites}
 
+    seen = set()
+
     def fn(tensor, hook):
         acc.add(hook_names[hook.name], tensor.detach())
+        seen.add(hook.name)
+        if len(seen) == len(hook_names):
+            raise StopForward  # every site is read: skip the final norm and the LM head
 
     bar = progress(len(w), progress_bar, "effective sources")
     for n in range(len(w)):
-        model.run_with_hooks(w.inputs(n), fwd_hooks=[(lambda name: name in hook_names, fn)])
+        seen.clear()
+        run_until_done(model, w.inputs(n), [(lambda name: name in hook_names, fn)])
+        if len(seen) != len(hook_names):
+            raise RuntimeError(f"the forward pass fired no hook_depth_weights at {sorted(set(hook_names) - seen)}")
         bar.update()
     bar.close()
     meta = describe(model, w, "sources", depth_routing=info.depth_routing, depth_blocks=info.depth_blocks)

@@ -1,12 +1,13 @@
 """One entry point per op; picks the reference, the fused torch path (SDPA / CPU flash) or the Triton kernel.
 
-backend   sink_attention                       depth_attention        attention_row_masses
-auto      pattern -> reference; CUDA + triton   CUDA + triton          CUDA + triton -> triton; CPU, no window
-          -> triton; else sdpa                  -> triton; else ref    -> CPU flash; else chunked
-torch     pattern -> reference; else sdpa       reference              CPU flash or chunked
-reference T x T fp32 reference                  reference              T x T reference
-sdpa      fused SDPA (no pattern)               reference (no SDPA form) CPU flash or chunked
-triton    Triton (CUDA, or CPU under TRITON_INTERPRET=1)
+backend    sink_attention                   depth_attention           attention_row_masses
+auto       pattern -> reference;            CUDA + triton -> triton;  CUDA + triton -> triton;
+           CUDA + triton -> triton;         else reference            CPU, no window -> CPU flash;
+           else sdpa                                                  else chunked
+torch      pattern -> reference; else sdpa reference                 CPU flash or chunked
+reference  T x T fp32 reference             reference                 T x T reference
+sdpa       fused SDPA (no pattern)          reference (no SDPA form)  CPU flash or chunked
+triton     Triton kernel: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (set before importing triton)
 Triton is imported only when a Triton path is taken.
 """
 from __future__ import annotations

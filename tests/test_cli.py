@@ -1,0 +1,271 @@
+"""The `probe` command end to end, in subprocesses, on tiny models and two 32-token windows."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from cli_util import ENV, WINDOWS, assert_one_line_error, files_under, fx, probe  # noqa: F401 (fixture)
+
+# ------------------------------------------------------------------------------------------------- parser, help
+
+
+def test_parser_choices_match_the_analyses():
+    from probe import cli
+    from probe.analyses import inject
+
+    assert cli.JUNK_TYPES == inject.JUNK_TYPES
+    assert cli.CUTOFFS == tuple(inject.CUTOFFS)
+    assert cli.DEFAULT_DOSES == inject.DEFAULT_DOSES
+
+
+def test_cli_module_imports_no_heavy_library():
+    code = ("import sys, probe.cli as c; c.build_parser(); "
+            "print(sorted(m for m in ('torch', 'transformers', 'pandas', 'plotly', 'transformer_lens') "
+            "if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_help():
+    r = probe("--help")
+    assert r.returncode == 0
+    for verb in ("models", "inject", "sinks", "sources", "gates", "costs", "report", "train", "eval"):
+        assert verb in r.stdout
+    r = probe("inject", "--help")
+    assert r.returncode == 0
+    for word in ("--junk", "structured", "own-direction", "--dose", "--cutoff", "--model", "--out", "--json"):
+        assert word in r.stdout
+
+
+# ------------------------------------------------------------------------------------------------- verbs
+
+
+def test_models(tmp_path):
+    r = probe("models", "--json", "--out", tmp_path / "m")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    variants = {row["name"] for row in doc["tables"]["variants"]}
+    assert {"baseline", "sink+proj", "attnres-block{N}"} <= variants
+    assert "tiny" in {row["name"] for row in doc["tables"]["tiers"]}
+    hub = {row["name"]: row["source"] for row in doc["tables"]["checkpoints"] if row["kind"] == "hub"}
+    assert hub["pythia-410m"] == "EleutherAI/pythia-410m" and hub["gpt-oss-20b"] == "openai/gpt-oss-20b"
+    assert {p.name for p in files_under(tmp_path / "m")} >= {"models_variants.csv", "models_checkpoints.csv",
+                                                             "models.json"}
+
+
+def test_sinks_default_model_and_text():
+    """No --model, no --data: the embedded default model and the bundled WikiText-2 test split."""
+    r = probe("sinks", *WINDOWS, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    meta = doc["meta"]
+    assert meta["corpus"] == "wikitext-2-test" and meta["tokenizer"] == "probe-bpe-8k" and meta["ctx"] == 32
+    assert "sink+proj" in meta["model"]
+    if "fresh init" in meta["model"]:
+        assert "is not installed; using a freshly initialised tiny sink+proj" in r.stderr
+    s = doc["tables"]["summary"][0]
+    assert s["uniform_ref"] == pytest.approx(sum(1 / (t + 1) for t in range(1, 32)) / 31)
+    assert 0 < s["pos0_share"] < 1 and 0 < s["phantom_share"] < 1 and s["r0"] > 0
+    assert len(doc["tables"]["layers"]) == 6  # the tiny tier
+
+
+def test_inject_headline_default(tmp_path):
+    """`probe inject --junk structured --dose 0.4` on the embedded default: plan, table, CSV/JSON/HTML."""
+    out = tmp_path / "inj"
+    r = probe("inject", "--junk", "structured", "--dose", "0.4", *WINDOWS, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "plan: inject" in r.stderr and "1 clean + 1 corrupted" in r.stderr
+    assert "structured" in r.stdout and "0.4" in r.stdout and "loss increase" in r.stdout
+    names = {p.name for p in files_under(out)}
+    assert {"inject_results.csv", "inject_exposure.csv", "inject.json", "inject.html"} <= names
+    assert not [n for n in names if n.startswith(".")]  # no staged leftovers
+    doc = json.loads((out / "inject.json").read_text())
+    (row,) = doc["tables"]["results"]
+    assert row["junk"] == "structured" and row["dose"] == 0.4 and row["cutoff"] == "q25"
+    assert row["delta"] == pytest.approx(row["loss_corrupted"] - row["loss_clean"], abs=1e-9)
+    page = (out / "inject.html").read_text()
+    assert "<script src" not in page and "Plotly.newPlot" in page and len(page) > 1_000_000  # plotly.js inline
+
+
+def test_inject_every_junk_type(fx):
+    r = probe("inject", "--model", fx["sp"], "--data", fx["data"], *WINDOWS, "--junk", "all", "--dose", "0", "0.8",
+              "--cutoff", "q25", "median", "--json", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    doc = json.loads(r.stdout)
+    rows = doc["tables"]["results"]
+    assert {x["junk"] for x in rows} == {"structured", "same-context", "gaussian", "random-direction",
+                                        "own-direction"}
+    assert len(rows) == 5 * 2 * 2
+    assert all(x["delta"] == 0 for x in rows if x["dose"] == 0)
+    assert all(x["delta"] != 0 for x in rows if x["dose"] == 0.8)
+    exposure = {x["cutoff"]: x for x in doc["tables"]["exposure"]}
+    assert exposure["median"]["quiet_share"] > exposure["q25"]["quiet_share"] > 0
+
+
+def test_inject_all_skips_own_direction_without_a_projection_gate(fx):
+    r = probe("inject", "--model", fx["base"], "--data", fx["data"], *WINDOWS, "--junk", "all", "--dose", "0.4",
+              "--no-exposure", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "skipping junk own-direction" in r.stderr
+    doc = json.loads(r.stdout)
+    assert {x["junk"] for x in doc["tables"]["results"]} == {"structured", "same-context", "gaussian",
+                                                            "random-direction"}
+    assert "exposure" not in doc["tables"]
+
+
+def test_sinks_hf_checkpoint_quiet_with_out(fx, tmp_path):
+    out = tmp_path / "s"
+    r = probe("sinks", "--model", fx["llama"], "--data", fx["data"], *WINDOWS, "--out", out, "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert "per layer:" in r.stdout
+    import pandas as pd
+
+    summary = pd.read_csv(out / "sinks_summary.csv")
+    assert summary["phantom_share"].iloc[0] == 0  # llama has no phantom key
+    assert summary["corpus"].iloc[0] == str(fx["data"].resolve())
+    assert len(pd.read_csv(out / "sinks_layers.csv")) == 2
+    assert len(pd.read_csv(out / "sinks_heads.csv")) == 2 * 4
+
+
+def test_sources(fx):
+    from probe.analyses.costs import s_src
+
+    r = probe("sources", "--model", fx["ar"], "--data", fx["data"], *WINDOWS, "--json", "--quiet")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    s = doc["tables"]["summary"][0]
+    assert s["mode"] == "block" and s["n_sites"] == 4  # 2L+1 read sites; the first has no query
+    assert s["S_src"] == s_src(2, 2)  # the model's sources agree with the cost model's count
+    sites = doc["tables"]["sites"]
+    assert all(1 <= x["neff_mean"] <= x["n_sources"] + 1e-9 for x in sites)
+
+
+def test_gates(fx):
+    r = probe("gates", "--model", fx["sp"], "--data", fx["data"], *WINDOWS, "--min-count", "2", "--json", "--quiet")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    s = doc["tables"]["summary"][0]
+    assert s["value_gate"] == "proj" and 0 < s["mean_gate"] < 1 and s["selectivity"] > 0
+    gates = [x["mean_gate"] for x in doc["tables"]["tokens"]]
+    assert gates and gates == sorted(gates) and all(x["count"] >= 2 for x in doc["tables"]["tokens"])
+
+
+def test_costs():
+    r = probe("costs", "--json", "--quiet")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["tables"]["costs"]
+    assert len(rows) == 20
+    for x in rows:  # lr-attnres Table 1, four decimals
+        assert round(x["added_flops_pct"], 4) == pytest.approx(x["table1_pct"], abs=1e-9), x["label"]
+    r = probe("costs", "--d", "128", "--layers", "6", "--mlp", "384")
+    assert r.returncode == 0, r.stderr
+    assert "d=128, L=6, m=384" in r.stdout and "Block N=8" not in r.stdout  # 8 does not divide 2L = 12
+    assert "skipped rows" in r.stderr
+
+
+def test_eval_matches_the_trainer_evaluate(fx):
+    r = probe("eval", "--model", fx["sp"], "--data", fx["data"], *WINDOWS, "--json", "--quiet")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)["tables"]["summary"][0]
+    import probe as probe_package
+    from probe.data import eval_batches, load_corpus
+    from probe.train import evaluate
+
+    model = probe_package.load(str(fx["sp"]))
+    windows = eval_batches(load_corpus(str(fx["data"])), "probe-bpe-8k", n_batches=1, batch_size=2, ctx=32, seed=0)
+    assert s["n_tokens"] == 64 and s["n_windows"] == 2
+    assert s["loss"] == pytest.approx(evaluate(model, windows), rel=1e-5)
+    assert s["perplexity"] == pytest.approx(math.exp(s["loss"]))
+
+
+def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
+    """The same command resumes a killed run; it ends with the same weights and metrics as an uninterrupted run."""
+    from safetensors.torch import load_file
+
+    def train(out, **env):
+        return probe("train", "--variant", "sink+proj", "--tier", "tiny", "--seed", "1", "--data", fx["data"],
+                     "--eval-data", fx["data"], "--eval-batches", "1", "--steps", "6", "--batch-size", "2",
+                     "--ctx", "32", "--ckpt-every", "2", "--eval-every", "2", "--out", out, env=env)
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert train(whole).returncode == 0
+    r = train(cut, PROBE_TRAIN_TEST_KILL="5")  # killed while step 5 draws its batch: last checkpoint at step 4
+    assert r.returncode != 0 and not (cut / "model").exists()
+    r = train(cut)
+    assert r.returncode == 0, r.stderr
+    assert "resuming from step 4" in r.stderr
+    a, b = load_file(whole / "model" / "model.safetensors"), load_file(cut / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+    def metrics(path):
+        rows = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in row.items() if k != "tokens_per_s"} for row in rows]
+
+    assert metrics(whole) == metrics(cut) and [m["step"] for m in metrics(cut)] == [2, 4, 6]
+    r = probe("eval", "--model", cut, "--data", fx["data"], *WINDOWS, "--json", "--quiet")  # DIR -> DIR/model
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["meta"]["tokenizer"].endswith("model")  # the tokenizer saved beside the weights
+    r = probe("train", "--variant", "baseline", "--tier", "tiny", "--seed", "1", "--data", fx["data"], "--steps", "6",
+              "--out", cut)
+    assert_one_line_error(r, "different settings", "--variant 'sink+proj' (now 'baseline')")
+
+
+# ------------------------------------------------------------------------------------------------- errors
+
+LIGHT_ERRORS = [  # rejected by the parser or before any model is loaded
+    (["frobnicate"], ["'frobnicate'", "models", "inject", "report"]),
+    (["inject", "--frob", "1"], ["'--frob'", "--dose", "--junk"]),
+    (["inject", "--dos", "0.4"], ["'--dos'", "did you mean --dose?"]),
+    (["inject", "--junk", "bogus"], ["'bogus'", "structured", "own-direction", "all"]),
+    (["inject", "--cutoff", "q10"], ["'q10'", "q25", "median"]),
+    (["inject", "--dose", "-0.4"], ["--dose", "'-0.4'", ">= 0"]),
+    (["inject", "--dose", "0.4", "nan"], ["--dose", "'nan'"]),
+    (["inject", "--dose", "lots"], ["--dose", "'lots'"]),
+    (["sinks", "--batches", "0"], ["--batches", "'0'", "positive integer"]),
+    (["sinks", "--batch-size", "0"], ["--batch-size", "'0'", "positive integer"]),
+    (["sinks", "--data", "no/such/file.txt"], ["'no/such/file.txt'", "wikitext-2-test", "shakespeare"]),
+    (["inject", "--model", "no-such-model-xyz"], ["'no-such-model-xyz'", "offline", "pythia-14m", "local model directory"]),
+    (["sinks", "--model", "pythia-41m"], ["'pythia-41m'", "did you mean pythia-410m?"]),
+    (["sinks", "--model", "pythia-70m@step1500"], ["'pythia-70m@step1500'", "no checkpoint at step 1500"]),
+    (["report", "--checkpoints", "pythia-160m@step1000,step2000"], ["pythia-160m@step1000", "offline"]),
+    (["report", "--checkpoints", "step1000,step2000"], ["needs a model and a revision"]),
+    (["report"], ["--models", "--checkpoints"]),
+]
+
+
+@pytest.mark.parametrize("args, needles", LIGHT_ERRORS, ids=[" ".join(a) for a, _ in LIGHT_ERRORS])
+def test_errors_before_loading(args, needles, tmp_path):
+    out = tmp_path / "out"
+    extra = ["--out", out] if args[0] not in ("frobnicate",) else []
+    assert_one_line_error(probe(*args, *extra), *needles)
+    assert files_under(out) == []
+
+
+MODEL_ERRORS = [  # need the model (or its config) to find the error
+    (lambda fx: ["sinks", "--model", fx["sp"], "--data", fx["data"], "--ctx", "100"], ["--ctx 100", "64"]),
+    (lambda fx: ["sinks", "--model", fx["bad_config"], "--data", fx["data"]], ["cannot read", "bad_config"]),
+    (lambda fx: ["inject", "--model", fx["bad_weights"], "--data", fx["data"]], ["cannot read", "bad_weights"]),
+    (lambda fx: ["inject", "--model", fx["base"], "--data", fx["data"], "--junk", "own-direction"],
+     ["own-direction", "projection gate"]),
+    (lambda fx: ["inject", "--model", fx["sp"], "--data", fx["data"], "--batch-size", "1"],
+     ["structured", "--batch-size >= 2"]),
+    (lambda fx: ["gates", "--model", fx["base"], "--data", fx["data"], *WINDOWS], ["no value gate"]),
+    (lambda fx: ["sources", "--model", fx["sp"], "--data", fx["data"], *WINDOWS], ["no depth routing"]),
+    (lambda fx: ["sinks", "--model", fx["sp"], "--data", fx["data"], "--batches", "99", "--ctx", "32"],
+     ["--batches x --batch-size=792"]),
+    (lambda fx: ["train", "--variant", "nope", "--data", fx["data"]], ["'nope'", "baseline", "sink+proj"]),
+    (lambda fx: ["train", "--tier", "tiny", "--ctx", "1000", "--data", fx["data"]], ["--ctx 1000", "256"]),
+]
+
+
+@pytest.mark.parametrize("make, needles", MODEL_ERRORS, ids=[n[0] for _, n in MODEL_ERRORS])
+def test_errors_after_loading(make, needles, fx, tmp_path):
+    out = tmp_path / "out"
+    assert_one_line_error(probe(*make(fx), "--out", out), *needles)
+    assert files_under(out) == []

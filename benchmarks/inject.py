@@ -61,7 +61,7 @@ def main() -> None:
 
     def battery():
         return inject(model, toks, junk=args.junk, cutoffs=args.cutoffs, doses=args.doses,
-                      exposure=not args.no_exposure, progress_bar=False)
+                      exposure=not args.no_exposure, progress=False)
 
     @torch.no_grad()
     def plain():

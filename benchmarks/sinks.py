@@ -1,4 +1,4 @@
-"""Streaming sink statistics vs a TransformerLens-style run_with_cache of every layer's pattern, same weights and tokens.
+"""Streaming sink statistics vs a TransformerLens-style run_with_cache of every layer's pattern (same weights, tokens).
 
     python benchmarks/sinks.py [--model pythia-160m-shape|tiny] [--ctx 1024] [--batch 1] [--threads 2] [--repeats 2]
 

@@ -39,7 +39,7 @@ def cmd_sinks(args) -> int:
 
     console, model, eb, _ = _prepare(args, DEFAULT_MODEL, "sinks")
     console.note(plan_line("sinks", model, eb))
-    result = sink_stats(model, eb, progress_bar=not args.quiet)
+    result = sink_stats(model, eb, progress=not args.quiet)
     s = result["summary"].iloc[0].to_dict()
     text = [header(result_meta(result)), "",
             f"summary (rows t >= 1; a sink has formed when pos0 share >= {SINK_FACTOR:g} x uniform and r0 < "
@@ -93,7 +93,7 @@ def cmd_inject(args) -> int:
     console.note(plan_line("inject", model, eb, 1 + len(run), f"1 clean + {len(run)} corrupted: "
                            f"{len(kinds)} junk x {len(cutoffs)} cutoff x {len(doses)} dose"))
     result = inject(model, eb, junk=kinds, cutoffs=cutoffs, doses=doses, seed=args.seed,
-                    exposure=not args.no_exposure, progress_bar=not args.quiet)
+                    exposure=not args.no_exposure, progress=not args.quiet)
     text = [header(result_meta(result)), "", "loss increase (corrupted - clean, nats per token):",
             show(result["results"], ["junk", "cutoff", "dose", "loss_clean", "loss_corrupted", "delta"])]
     figures = [F.injection_figure(result)]
@@ -119,7 +119,7 @@ def cmd_sources(args) -> int:
         raise UsageError(f"model {info.name!r} has no depth routing (depth_routing={info.depth_routing!r}); `probe "
                          "sources` needs an AttnRes / P-LR / S-LR model, e.g. `probe train --variant attnres-block4`")
     console.note(plan_line("sources", model, eb))
-    result = effective_sources(model, eb, progress_bar=not args.quiet)
+    result = effective_sources(model, eb, progress=not args.quiet)
     s = result["summary"].iloc[0].to_dict()
     text = [header(result_meta(result)), "", "summary:",
             _summary_lines(s, ("mode", "n_sites", "S_src", "neff_mean", "top1_mass", "input_dependence")), "",
@@ -144,7 +144,7 @@ def cmd_gates(args) -> int:
         raise UsageError(f"model {info.name!r} has no value gate; `probe gates` needs a gated model (normgate, "
                          "projgate, sink+norm, sink+proj, routing-normgate, gatedv, g2, glu-...)")
     console.note(plan_line("gates", model, eb))
-    result = gate_stats(model, eb, min_count=args.min_count, tokenizer=tok, progress_bar=not args.quiet)
+    result = gate_stats(model, eb, min_count=args.min_count, tokenizer=tok, progress=not args.quiet)
     s = result["summary"].iloc[0].to_dict()
     tokens = result["tokens"]
     text = [header(result_meta(result)), "", "summary:",

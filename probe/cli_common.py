@@ -41,6 +41,9 @@ class Console:
     def __init__(self, quiet: bool = False):
         self.quiet = quiet
         if quiet:
+            import warnings
+
+            warnings.simplefilter("ignore")
             os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
             os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
@@ -190,12 +193,15 @@ def load_corpus(name: str, flag: str = "--data"):
 def eval_ctx(args, model) -> int:
     from probe.data import cap_ctx
 
-    n_ctx = model.probe_info.n_ctx
+    info = model.probe_info
+    n_ctx = info.n_ctx
+    if args.ctx is None and info.family == "probe":
+        return n_ctx  # custom models: their training context (SPEC §5); HF checkpoints: min(1024, maximum)
     try:
         return cap_ctx(args.ctx, n_ctx)
     except ValueError:
         raise UsageError(f"--ctx {args.ctx} exceeds the maximum context {n_ctx} of model "
-                         f"{model.probe_info.name!r}; choose --ctx 2..{n_ctx}") from None
+                         f"{info.name!r}; choose --ctx 2..{n_ctx}") from None
 
 
 def make_windows(corpus, tok, *, n_batches: int, batch_size: int, ctx: int, seed: int, mode: str, vocab_size: int,
@@ -205,6 +211,9 @@ def make_windows(corpus, tok, *, n_batches: int, batch_size: int, ctx: int, seed
 
     from probe.data import eval_batches, tokenize_documents
 
+    if mode == "random" and tok.eos_token_id is None:
+        raise UsageError(f"--window-mode random joins documents with EOS, but tokenizer {tok.name_or_path!r} has no "
+                         "eos token; use --window-mode first or sequential")
     docs = tokenize_documents(corpus, tok) if docs is None else docs
     last = None
     for m in (("first", "sequential") if mode == "auto" else (mode,)):

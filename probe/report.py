@@ -139,7 +139,7 @@ def compute_one(args, name: str, index: int, windows: Windows, console: Console)
     model = load_model(margs, name, console)
     tok = tokenizer_for(margs, model)
     eb = windows.get(model, tok, eval_ctx(margs, model))
-    res = sink_stats(model, eb, progress_bar=not args.quiet)
+    res = sink_stats(model, eb, progress=not args.quiet)
     tables = {k: res[k] for k in ("summary", "by_type", "layers", "heads")}
     meta = dict(res["meta"].attrs["meta"])
     if args.dose:
@@ -147,7 +147,7 @@ def compute_one(args, name: str, index: int, windows: Windows, console: Console)
         for s in skipped:
             console.note(f"{name}: skipping junk {s}")
         inj = inject(model, eb, junk=kinds, cutoffs=cutoffs, doses=list(dict.fromkeys(args.dose)), seed=args.seed,
-                     progress_bar=not args.quiet)
+                     progress=not args.quiet)
         tables["injection"], tables["exposure"] = inj["results"], inj["exposure"]
     step = step_of(name)
     out = {}

@@ -30,7 +30,7 @@ def test_figures_from_analysis_outputs(tmp_path):
     table = figures.gate_token_table(gates, k=2)
     assert len(table.data[0].cells.values[0]) == 2
 
-    inj = inject(tiny("sinklogit"), toks, junk=["gaussian", "structured"], doses=[0.2, 0.4], progress_bar=False)
+    inj = inject(tiny("sinklogit"), toks, junk=["gaussian", "structured"], doses=[0.2, 0.4], progress=False)
     assert len(figures.injection_figure(inj).data) == 2
     exp = figures.exposure_figure([inj])
     assert {t.name for t in exp.data} == {"quiet (q25)", "phantom"}

@@ -24,7 +24,7 @@ def test_sinks_and_injection_on_tiny_hf_models(hf_dir, family):
     if family == "gpt_oss":  # learned sinks and a sliding window shorter than the sequence
         assert fast["summary"]["phantom_share"].iloc[0] > 0.05
         assert "sliding (key 0 in window)" in fast["by_type"]["layers"].tolist()
-    res = inject(model, toks, junk=["structured", "gaussian"], doses=[0.0, 0.5, 4.0], progress_bar=False)
+    res = inject(model, toks, junk=["structured", "gaussian"], doses=[0.0, 0.5, 4.0], progress=False)
     r = res["results"].set_index(["junk", "dose"])["delta"]
     assert r[("structured", 0.0)] == 0 and r[("gaussian", 0.0)] == 0
     assert r[("structured", 4.0)] != 0 and torch.isfinite(torch.tensor(r.to_numpy())).all()

@@ -62,7 +62,7 @@ def test_draws_are_keyed_by_seed_batch_and_layer():
 
 def test_own_direction_needs_a_projection_gate():
     with pytest.raises(ValueError, match="needs a projection gate"):
-        inject(tiny("baseline"), windows(1, 2, 8), junk="own-direction", progress_bar=False)
+        inject(tiny("baseline"), windows(1, 2, 8), junk="own-direction", progress=False)
     with pytest.raises(ValueError, match="needs a projection gate"):
         own_directions(tiny("normgate"))
     from probe.models import create
@@ -73,7 +73,7 @@ def test_own_direction_needs_a_projection_gate():
     with pytest.raises(ValueError, match=r"layer 1, KV head\(s\) \[2\] is zero"):  # w_h = 0 has no direction
         own_directions(untrained)
     model = tiny("sink+proj")
-    res = inject(model, windows(1, 2, 8), junk="own-direction", doses=[0.5], progress_bar=False)
+    res = inject(model, windows(1, 2, 8), junk="own-direction", doses=[0.5], progress=False)
     assert res["results"]["delta"].iloc[0] != 0
     w = own_directions(model)[1]
     v = reads(Hkv=4, dh=8)
@@ -92,7 +92,7 @@ def test_unknown_junk_and_cutoff_raise():
 
 def test_dose_zero_changes_nothing_and_tiny_doses_change_almost_nothing():
     model = tiny("sinklogit")
-    res = inject(model, windows(2, 2, 12), junk=["structured", "gaussian"], doses=[0.0, 1e-6], progress_bar=False)
+    res = inject(model, windows(2, 2, 12), junk=["structured", "gaussian"], doses=[0.0, 1e-6], progress=False)
     r = res["results"].set_index(["junk", "dose"])["delta"]
     assert r[("structured", 0.0)] == 0.0 and r[("gaussian", 0.0)] == 0.0
     assert abs(r[("structured", 1e-6)]) < 1e-4 and abs(r[("gaussian", 1e-6)]) < 1e-4
@@ -103,7 +103,7 @@ def test_deterministic_for_a_seed_and_batching_does_not_change_results():
     model = tiny("baseline", n_kv_heads=2)
     toks = windows(2, 3, 12)
     kw = dict(junk=["structured", "same-context", "gaussian", "random-direction"], cutoffs=["q25", "median"],
-              doses=[0.4, 1.6], progress_bar=False, exposure=False)
+              doses=[0.4, 1.6], progress=False, exposure=False)
     a = inject(model, toks, seed=3, **kw)["results"]
     b = inject(model, toks, seed=3, **kw)["results"]
     assert a["delta"].tolist() == b["delta"].tolist()
@@ -117,7 +117,7 @@ def test_larger_doses_change_loss_more_on_a_trained_model():
     model, final = trained_periodic()
     assert final < 1.0  # it learned to read back a period (uniform guessing costs log 32 = 3.47)
     res = inject(model, periodic(2, 4, 32, period=2, seed=7), junk=["structured", "gaussian"], cutoffs="median",
-                 doses=[0.5, 2.0, 8.0], progress_bar=False)
+                 doses=[0.5, 2.0, 8.0], progress=False)
     for junk, g in res["results"].groupby("junk"):
         deltas = g.sort_values("dose")["delta"].tolist()
         assert abs(deltas[0]) < deltas[1] < deltas[2], (junk, deltas)
@@ -137,7 +137,8 @@ def test_exposure_sums_to_one_when_every_read_is_quiet():
     assert e["q25"] < e["median"] < e["1.0"]
 
 
-@pytest.mark.parametrize("variant,over", [("sink+norm", {}), ("baseline", dict(n_kv_heads=2)), ("sinktoken", {})])
+@pytest.mark.parametrize("variant,over", [("sink+norm", {}), ("baseline", dict(n_kv_heads=2)), ("sinktoken", {}),
+                                          ("routing-normgate", {})])
 def test_exposure_matches_the_pattern(variant, over):
     model = tiny(variant, **over)
     toks = windows(1, 2, 12)
@@ -159,10 +160,10 @@ def test_exposure_matches_the_pattern(variant, over):
 
 def test_battery_reports_exposure_conditions_and_progress(capsys):
     res = inject(tiny("sink+proj"), windows(2, 2, 8), junk=["gaussian"], cutoffs=["q25", "median"], doses=[0.2, 0.4],
-                 progress_bar=True)
+                 progress=True)
     assert len(res["results"]) == 4 and set(res["results"]["cutoff"]) == {"q25", "median"}
     assert res["exposure"]["cutoff"].tolist() == ["q25", "median"]
     assert res["meta"]["seed"].iloc[0] == 0 and res["results"].attrs["meta"]["doses"] == "0.2,0.4"
     assert "injection" in capsys.readouterr().err
-    inject(tiny("baseline"), windows(1, 2, 8), junk=["gaussian"], doses=[0.2], progress_bar=False)
+    inject(tiny("baseline"), windows(1, 2, 8), junk=["gaussian"], doses=[0.2], progress=False)
     assert capsys.readouterr().err == ""

@@ -81,7 +81,7 @@ def test_sink_formed_flag_uses_layers_past_the_first():
 def forced_sink_model(n_layers=2):
     """Attention forced onto key 0: position 0 has its own embedding direction that every query matches."""
     model = tiny("baseline", pos="learned", n_layers=n_layers)
-    d, H, dh = 32, 4, 8
+    H, dh = 4, 8
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("o_proj.weight", "mlp.down.weight", "embed.weight")):
@@ -108,7 +108,8 @@ def test_attention_forced_onto_key_zero_gives_share_one():
 
 
 @pytest.mark.parametrize("variant,over", [("baseline", {}), ("sinklogit", {}), ("offbyone", {}), ("sinktoken", {}),
-                                          ("baseline", dict(n_kv_heads=2)), ("sink+proj", dict(n_kv_heads=2))])
+                                          ("baseline", dict(n_kv_heads=2)), ("sink+proj", dict(n_kv_heads=2)),
+                                          ("routing-normgate", {})])
 def test_streaming_equals_pattern_reference(variant, over):
     model = tiny(variant, **over)
     toks = windows(2, 3, 16)

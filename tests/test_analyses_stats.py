@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analyses_util import one_thread  # noqa: F401
 from probe.analyses.stats import abstention_decomposition, document_bootstrap, paired_differences, perplexity_summary
 
 
@@ -80,3 +81,38 @@ def test_abstention_decomposition_reproduces_table_2_arithmetic():
     no_gate = abstention_decomposition(df[df["variant"] != "normgate"]).set_index("quantity")
     assert np.isnan(no_gate.loc["gate", "mean"]) and np.isnan(no_gate.loc["overlap", "mean"])
     assert no_gate.loc["filter", "mean"] == pytest.approx(0.0035)
+
+
+def test_window_losses_from_eval_batches_feed_the_document_bootstrap():
+    import torch
+
+    from analyses_util import tiny
+    from probe.analyses.capture import window_losses
+    from probe.analyses.sinks import sink_stats
+    from probe.data import eval_batches
+
+    g = torch.Generator().manual_seed(0)
+    docs = [torch.randint(0, 97, (int(n),), generator=g) for n in torch.randint(12, 30, (10,), generator=g)]
+    batches = eval_batches(docs, "probe-bpe-8k", n_batches=2, batch_size=3, ctx=10, seed=5)
+    a, b = tiny("baseline"), tiny("sinklogit")
+    la, lb = window_losses(a, batches), window_losses(b, batches)
+    assert la["doc_id"].tolist() == batches.doc_ids.flatten().tolist()
+    assert (la["n_tokens"] == 10).all()
+    diff = (la["loss_sum"] - lb["loss_sum"]).to_numpy()
+    res = document_bootstrap(diff, la["doc_id"], la["n_tokens"], seed=0)
+    assert res["mean"] == pytest.approx(diff.sum() / 60) and res["n_documents"] == 6
+    assert la.attrs["meta"]["corpus"] == "custom-tokens" and la.attrs["meta"]["data_seed"] == 5
+    assert sink_stats(a, batches)["meta"]["ctx"].iloc[0] == 10
+
+
+def test_default_windows_use_the_models_context_and_record_the_corpus():
+    from probe.analyses.capture import default_windows
+    from probe.analyses.inject import inject
+    from probe.models import create
+
+    model = create("sinklogit", n_layers=1, d_model=32, n_heads=4, d_mlp=64, n_ctx=24)  # vocabulary 8192
+    batches = default_windows(model, n_batches=1, batch_size=2)
+    assert batches.tokens.shape == (1, 2, 25) and batches.tokenizer == "probe-bpe-8k"
+    res = inject(model, batches, doses=[0.4], progress=False)
+    meta = res["results"].attrs["meta"]
+    assert meta["corpus"] == "wikitext-2-test" and meta["ctx"] == 24 and meta["corpus_fingerprint"]

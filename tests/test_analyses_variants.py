@@ -22,7 +22,7 @@ def test_analyses_run(variant):
     assert all(math.isfinite(s[k]) for k in ("pos0_share", "phantom_share", "r0", "uniform_ref"))
     assert (s["phantom_share"] > 0) == info.has_phantom
     junk = ["own-direction"] if info.value_gate == "proj" else ["structured"]
-    res = inject(model, toks, junk=junk, doses=[0.5], progress_bar=False)
+    res = inject(model, toks, junk=junk, doses=[0.5], progress=False)
     assert math.isfinite(res["results"]["delta"].iloc[0]) and res["results"]["delta"].iloc[0] != 0
     if info.value_gate != "none":
         g = gate_stats(model, toks, min_count=1)["summary"].iloc[0]

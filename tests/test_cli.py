@@ -264,8 +264,28 @@ MODEL_ERRORS = [  # need the model (or its config) to find the error
 ]
 
 
-@pytest.mark.parametrize("make, needles", MODEL_ERRORS, ids=[n[0] for _, n in MODEL_ERRORS])
+@pytest.mark.parametrize("make, needles", MODEL_ERRORS[:3], ids=[n[0] for _, n in MODEL_ERRORS[:3]])
 def test_errors_after_loading(make, needles, fx, tmp_path):
     out = tmp_path / "out"
     assert_one_line_error(probe(*make(fx), "--out", out), *needles)
+    assert files_under(out) == []
+
+
+@pytest.mark.parametrize("make, needles", MODEL_ERRORS, ids=[n[0] for _, n in MODEL_ERRORS])
+def test_errors_after_loading_in_process(make, needles, fx, tmp_path, capsys, monkeypatch):
+    """The same and more cases through ``probe.cli.main`` in this process (one import instead of one per case)."""
+    import torch
+
+    from probe.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = tmp_path / "out"
+    try:
+        code = main([str(a) for a in make(fx)] + ["--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    r = subprocess.CompletedProcess([], code, *capsys.readouterr())
+    assert_one_line_error(r, *needles)
     assert files_under(out) == []

@@ -31,11 +31,11 @@ class Windows:
     def batch_size(self) -> int:
         return self.tokens.shape[1]
 
-    def inputs(self, n: int) -> torch.Tensor:
-        return self.tokens[n, :, :-1]
+    def inputs(self, n: int, device=None) -> torch.Tensor:
+        return self.tokens[n, :, :-1].to(device)
 
-    def targets(self, n: int) -> torch.Tensor:
-        return self.tokens[n, :, 1:]
+    def targets(self, n: int, device=None) -> torch.Tensor:
+        return self.tokens[n, :, 1:].to(device)
 
 
 def as_windows(data) -> Windows:
@@ -56,6 +56,21 @@ def as_windows(data) -> Windows:
     meta = {"corpus": "custom-tokens", "seed": None, "ctx": tokens.shape[-1] - 1, "n_batches": tokens.shape[0],
             "batch_size": tokens.shape[1]}
     return Windows(tokens, None, meta)
+
+
+def default_windows(model, corpus=None, *, n_batches: int = 8, batch_size: int = 8, ctx: int | None = None,
+                    seed: int = 0, tokenizer=None, mode: str = "first"):
+    """SPEC §5's evaluation windows for a model: ``n_batches`` x ``batch_size`` fixed windows of raw text (no BOS) at
+    the model's training context (HF checkpoints: min(1024, max context)), tokenized with the model's tokenizer
+    (custom models without one: the shipped probe-bpe-8k). Returns probe.data.EvalBatches."""
+    from probe.data import DEFAULT_EVAL_CORPUS, cap_ctx, eval_batches
+
+    info = model.probe_info
+    if ctx is None:
+        ctx = info.n_ctx if info.family == "probe" else cap_ctx(None, info.n_ctx)
+    tok = tokenizer or getattr(model, "tokenizer", None) or "probe-bpe-8k"
+    return eval_batches(corpus or DEFAULT_EVAL_CORPUS, tok, n_batches=n_batches, batch_size=batch_size, ctx=ctx,
+                        seed=seed, mode=mode)
 
 
 def describe(model, windows: Windows, analysis: str, **settings) -> dict:
@@ -91,7 +106,7 @@ def keyed_generator(*key) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") % (2 ** 63))
 
 
-def progress(total: int, enabled: bool, desc: str):
+def make_bar(total: int, enabled: bool, desc: str):
     """A tqdm bar (or a silent stand-in with the same update/close methods)."""
     if enabled:
         from tqdm.auto import tqdm
@@ -169,6 +184,38 @@ class LayerCollector:
         return out
 
 
+def model_device(model) -> torch.device:
+    """Where the model's weights are (inputs go there; statistics come back to the CPU)."""
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+def row_mass_hooks(info) -> list[str]:
+    """The attention hooks from which probe.kernels.attention_row_masses reproduces a layer's attention: q, k, v, the
+    sink logit where there is a phantom, the gate where a routing-slot gate adds log g_j to the logits."""
+    return (["hook_q", "hook_k", "hook_v"] + (["hook_sink_logit"] if info.has_phantom else [])
+            + (["hook_v_gate"] if info.value_gate == "routing-norm" else []))
+
+
+def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: str = "auto"):
+    """(lse (B,H,T), masses (B,H,T,m), phantom (B,H,T)) of one layer from the hooks named by ``row_mass_hooks``;
+    masses[..., c] is each row's attention mass on the keys marked by indicators[..., c] (phantom in the normaliser).
+    """
+    from probe.kernels import attention_row_masses
+
+    q, k, sink = got["hook_q"], got["hook_k"], got.get("hook_sink_logit")
+    key_bias = None
+    if "hook_v_gate" in got:  # routing slot: the model adds log g_j to the logits (B, Hkv, T)
+        key_bias = torch.log(got["hook_v_gate"].float().clamp_min(1e-30)).permute(0, 2, 1)
+    lse, mass = attention_row_masses(q, k, indicators, sink=sink, key_bias=key_bias, window=sliding(info, layer),
+                                     scale=info.extra.get("attn_scale"), backend=backend)
+    lse = lse.float()
+    phantom = torch.exp(sink.float()[None, :, None] - lse) if sink is not None else torch.zeros_like(lse)
+    return lse, mass.float(), phantom
+
+
 def logits_of(out) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out
 
@@ -184,9 +231,9 @@ def window_losses(model, data) -> pd.DataFrame:
 
     Columns: batch, row, doc_id (the window's document, or -1), loss_sum, n_tokens."""
     w = as_windows(data)
-    rows = []
+    rows, device = [], model_device(model)
     for n in range(len(w)):
-        losses = token_losses(logits_of(model(w.inputs(n))), w.targets(n)).double()
+        losses = token_losses(logits_of(model(w.inputs(n, device))), w.targets(n, device)).double().cpu()
         for b in range(w.batch_size):
             rows.append({"batch": n, "row": b, "doc_id": int(w.doc_ids[n, b]) if w.doc_ids is not None else -1,
                          "loss_sum": float(losses[b].sum()), "n_tokens": losses.shape[1]})
@@ -200,6 +247,6 @@ def sliding(info, layer: int) -> int | None:
     return info.sliding_window if info.layer_types[layer] == "sliding" else None
 
 
-__all__ = ["Windows", "as_windows", "describe", "tag", "finish", "keyed_generator", "progress", "LayerCollector",
-           "StopForward", "run_until_done",
+__all__ = ["Windows", "as_windows", "describe", "tag", "finish", "keyed_generator", "make_bar", "LayerCollector",
+           "StopForward", "run_until_done", "model_device", "default_windows", "row_mass_hooks", "row_masses",
            "token_losses", "window_losses", "sliding", "names"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.analyses.capture import LayerCollector, as_windows, describe, finish, progress
+from probe.analyses.capture import LayerCollector, as_windows, describe, finish, model_device, make_bar
 
 
 class GateAccumulator:
@@ -31,7 +31,7 @@ class GateAccumulator:
         self.frequent = self.counts >= min_count
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
         self.m, self.m2, self.sel, self.rows = z(L, H), z(L, H), z(L, H), z(L)
-        self.g, self.g2, self.low, self.reads = z(L, Hkv), z(L, Hkv), z(L, Hkv), z(L)
+        self.g, self.low, self.reads = z(L, Hkv), z(L, Hkv), z(L)
         self.tok = z(L, Hkv, len(self.vocab))  # Σ g per token
         self.tok_g2 = z(L, Hkv)  # Σ g² over real-token reads
         self.tok_g2f, self.tok_gf, self.tok_nf = z(L, Hkv), z(L, Hkv), z(L)  # over frequent tokens only
@@ -45,17 +45,19 @@ class GateAccumulator:
         B, H, T, _ = pattern.shape
         G = H // g.shape[-1]
         gh = g.permute(0, 2, 1).repeat_interleave(G, dim=1).float()  # (B, H, T) gate of each key, per query head
-        p = pattern.float()
-        w = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
-        m = torch.einsum("bhij,bhj->bhi", w, gh)
-        sel = torch.einsum("bhij,bhij->bhi", w, (gh[:, :, None, :] - m[..., None]) ** 2).clamp_min(0).sqrt()
-        m, sel = m[:, :, 1:].double(), sel[:, :, 1:].double()
+        m, sel = (torch.empty(B, H, T, device=pattern.device) for _ in range(2))
+        for b in range(B):  # one sequence at a time: temporaries stay at one (H, T, T)
+            p = pattern[b].float()
+            w = p / p.sum(-1, keepdim=True).clamp_min(1e-30)  # renormalised over the real keys
+            m[b] = torch.einsum("hij,hj->hi", w, gh[b])
+            sel[b] = torch.einsum("hij,hij->hi", w, (gh[b][:, None, :] - m[b][..., None]) ** 2).clamp_min(0).sqrt()
+        m, sel, g = m[:, :, 1:].double().cpu(), sel[:, :, 1:].double().cpu(), g.cpu()
+        read_tokens = read_tokens.cpu()
         self.m[layer] += m.sum((0, 2))
         self.m2[layer] += (m ** 2).sum((0, 2))
         self.sel[layer] += sel.sum((0, 2))
         self.rows[layer] += B * (T - 1)
         self.g[layer] += g.sum((0, 1))
-        self.g2[layer] += (g ** 2).sum((0, 1))
         self.low[layer] += (g < 0.5).double().sum((0, 1))
         self.reads[layer] += B * T
         # token statistics over real-token reads
@@ -137,7 +139,7 @@ def read_tokens_of(info, ids: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def gate_stats(model, data, *, min_count: int = 50, tokenizer=None,
-               progress_bar: bool = False) -> dict[str, pd.DataFrame]:
+               progress: bool = False) -> dict[str, pd.DataFrame]:
     """Gate statistics: tables ``summary``, ``layers``, ``heads``, ``tokens`` (most attenuated first) and ``meta``.
 
     Raises ValueError for models without a value gate."""
@@ -153,9 +155,9 @@ def gate_stats(model, data, *, min_count: int = 50, tokenizer=None,
         acc.add(l, got["hook_pattern"], got["hook_v_gate"], state["read_tokens"])
 
     collector = LayerCollector(model, lambda l: ["hook_v_gate", "hook_pattern"], on_layer, stop_early=True)
-    bar = progress(len(w), progress_bar, "gate statistics")
+    bar = make_bar(len(w), progress, "gate statistics")
     for n in range(len(w)):
-        ids = w.inputs(n)
+        ids = w.inputs(n, model_device(model))
         state["read_tokens"] = read_tokens_of(info, ids)
         collector.run(model, ids)
         bar.update()

@@ -1,9 +1,9 @@
 """Value-noise injection and exposure (SPEC §5, abstention-filtering §5.1, §5.2 and App. C).
 
 At evaluation time, in every layer at once, at ``hook_v`` (reads before any gate), on the reads arriving in the
-corrupted pass: per (layer, KV head, sequence) the quiet reads are the ⌊qT⌋ smallest read norms (q = 0.25 for ``q25``,
-0.5 for ``median``; ties by position), m_h is the median read norm (linear interpolation), and each quiet read becomes
-v_j + ε m_h u_j with a unit vector u_j:
+corrupted pass: per (layer, KV head, sequence) the quiet reads are the ⌊qT⌋ smallest read norms (q = 0.25 for
+``q25``, 0.5 for ``median``; ties by position), m_h is the median read norm (linear interpolation), and each quiet
+read becomes v_j + ε m_h u_j with a unit vector u_j:
     structured        the same hook's read at a uniformly random other (sequence, position) of the batch, normalised
     same-context      the same hook's read at a random other position of the same sequence, normalised
     gaussian          an isotropic normal vector, normalised
@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, keyed_generator, logits_of,
-                                    progress, sliding, token_losses)
+                                    model_device, make_bar, row_mass_hooks, row_masses, token_losses)
 from probe.hooks import names
 
 JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
@@ -107,12 +107,14 @@ class JunkDraws:
         """Unit junk vectors u (B, T, Hkv, dh) for the reads v of one condition (fp32)."""
         B, T, Hkv, dh = v.shape
         if self.kind == "structured":
+            self.src = self.src.to(v.device)  # drawn on the CPU (the same draws on every device), moved once
             flat = v.reshape(B * T, Hkv, dh)
-            return _unit(flat[self.src.to(v.device), torch.arange(Hkv, device=v.device)].float())
+            return _unit(flat[self.src, torch.arange(Hkv, device=v.device)].float())
         if self.kind == "same-context":
-            idx = self.src.to(v.device)[..., None].expand(B, T, Hkv, dh)
-            return _unit(torch.gather(v, 1, idx).float())
-        return self.u.to(v.device)
+            self.src = self.src.to(v.device)
+            return _unit(torch.gather(v, 1, self.src[..., None].expand(B, T, Hkv, dh)).float())
+        self.u = self.u.to(v.device)
+        return self.u
 
 
 def corrupt(v: torch.Tensor, dose: float, q: float, draws: JunkDraws) -> torch.Tensor:
@@ -154,8 +156,8 @@ class ExposureAccumulator:
 
     def add(self, layer, quiet_share: torch.Tensor, phantom: torch.Tensor):
         """quiet_share (B, H, T, m) of total mass; phantom (B, H, T)."""
-        self.quiet[layer] += quiet_share[:, :, 1:].double().sum((0, 2))
-        self.phantom[layer] += phantom[:, :, 1:].double().sum((0, 2))
+        self.quiet[layer] += quiet_share[:, :, 1:].double().sum((0, 2)).cpu()
+        self.phantom[layer] += phantom[:, :, 1:].double().sum((0, 2)).cpu()
         self.rows[layer] += quiet_share.shape[0] * (quiet_share.shape[2] - 1)
 
     def tables(self):
@@ -173,40 +175,57 @@ class ExposureAccumulator:
 
 
 def _exposure_collector(model, acc: ExposureAccumulator, qs, backend):
-    from probe.kernels import attention_row_masses
-
     info = model.probe_info
-    scale = info.extra.get("attn_scale")
 
     def on_layer(l, got):
-        q, k, v = got["hook_q"], got["hook_k"], got["hook_v"]
-        sink = got.get("hook_sink_logit")
-        norms = v.float().norm(dim=-1)
-        ind = torch.stack(quiet_and_median(norms, qs)[0], -1).float()  # (B, T, Hkv, m)
-        lse, mass = attention_row_masses(q, k, ind, sink=sink, window=sliding(info, l), scale=scale, backend=backend)
-        phantom = (torch.exp(sink.float()[None, :, None] - lse.float()) if sink is not None
-                   else torch.zeros_like(lse, dtype=torch.float32))
-        acc.add(l, mass.float(), phantom)
+        norms = got["hook_v"].float().norm(dim=-1)
+        ind = torch.stack(quiet_and_median(norms, qs)[0], -1).float()  # (B, T, Hkv, m) quiet reads per cutoff
+        _, mass, phantom = row_masses(info, l, got, ind, backend)
+        acc.add(l, mass, phantom)
 
-    needs = lambda l: ["hook_q", "hook_k", "hook_v"] + (["hook_sink_logit"] if info.has_phantom else [])  # noqa
-    return LayerCollector(model, needs, on_layer)
+    return LayerCollector(model, lambda l: row_mass_hooks(info), on_layer)
+
+
+def _as_list(x) -> list:
+    return [x] if isinstance(x, (str, float, int)) else list(x)
 
 
 def conditions(junk, cutoffs, doses) -> list[tuple[str, str, float]]:
-    junk = [junk] if isinstance(junk, str) else list(junk)
-    cutoffs = [cutoffs] if isinstance(cutoffs, (str, float, int)) else list(cutoffs)
+    """Every (junk type, cutoff, dose) of the battery, validated."""
+    junk, cutoffs = _as_list(junk), _as_list(cutoffs)
     for kind in junk:
         if kind not in JUNK_TYPES:
             raise ValueError(f"unknown junk type {kind!r}; choose one of {', '.join(JUNK_TYPES)}")
     for c in cutoffs:
         cutoff_fraction(c)
-    return [(j, c, float(d)) for j, c, d in itertools.product(junk, cutoffs, doses)]
+    return [(j, c, float(d)) for j, c, d in itertools.product(junk, cutoffs, _as_list(doses))]
+
+
+def _corrupted_losses(model, ids, tgt, chunk, seed: int, batch: int, own) -> list[float]:
+    """Summed next-token loss of each condition in ``chunk``, all stacked in one forward along the batch."""
+    B = ids.shape[0]
+    draws: dict[int, dict[str, JunkDraws]] = {}  # per layer and junk type: shared by every dose of the chunk
+
+    def corrupt_reads(v, hook):
+        l = names.layer_of(hook.name)
+        parts = v.reshape(len(chunk), B, *v.shape[1:])  # each condition keeps its own copy of the batch
+        out = []
+        for c, (kind, cutoff, dose) in enumerate(chunk):
+            if kind not in draws.setdefault(l, {}):
+                draws[l][kind] = JunkDraws(kind, parts.shape[1:], seed, batch, l, own[l] if own is not None else None)
+            out.append(corrupt(parts[c], dose, cutoff_fraction(cutoff), draws[l][kind]))
+        return torch.cat(out, 0)
+
+    out = model.run_with_hooks(ids.repeat(len(chunk), 1), fwd_hooks=[(lambda name: name.endswith("attn.hook_v"),
+                                                                       corrupt_reads)])
+    losses = token_losses(logits_of(out), tgt.repeat(len(chunk), 1)).double().view(len(chunk), -1).sum(1)
+    return losses.tolist()
 
 
 @torch.no_grad()
 def inject(model, data, *, junk=("structured",), cutoffs=("q25",), doses=DEFAULT_DOSES, seed: int = 0,
            exposure: bool = True, max_rows: int | None = None, backend: str = "auto",
-           progress_bar: bool = True) -> dict[str, pd.DataFrame]:
+           progress: bool = True) -> dict[str, pd.DataFrame]:
     """The injection battery: tables ``results`` (per condition: loss_clean, loss_corrupted, delta), ``per_batch``,
     ``exposure`` / ``exposure_layers`` / ``exposure_heads`` (per cutoff, when ``exposure``) and ``meta``.
 
@@ -217,48 +236,30 @@ def inject(model, data, *, junk=("structured",), cutoffs=("q25",), doses=DEFAULT
     conds = conditions(junk, cutoffs, doses)
     own = own_directions(model) if any(j == "own-direction" for j, _, _ in conds) else None
     B, T = w.batch_size, w.tokens.shape[-1] - 1
+    device = model_device(model)
     run = [c for c in conds if c[2] != 0]
     if max_rows is None:
         max_rows = max(B, int(2 ** 30 // (T * info.vocab_size * 4)))
     per_fwd = max(1, max_rows // B)
-    exp_acc = ExposureAccumulator(info, cutoffs if not isinstance(cutoffs, str) else [cutoffs])
+    exp_acc = ExposureAccumulator(info, _as_list(cutoffs))
     collector = _exposure_collector(model, exp_acc, [cutoff_fraction(c) for c in exp_acc.cutoffs], backend) \
         if exposure else None
 
     sums = {c: 0.0 for c in conds}
     clean_total, count = 0.0, 0
     per_batch = []
-    bar = progress(len(w) * len(conds), progress_bar, f"injection ({info.name})")
+    bar = make_bar(len(w) * len(conds), progress, f"injection ({info.name})")
     for n in range(len(w)):
-        ids, tgt = w.inputs(n), w.targets(n)
+        ids, tgt = w.inputs(n, device), w.targets(n, device)
         out = collector.run(model, ids) if collector is not None else model(ids)
-        clean = float(token_losses(logits_of(out), tgt).double().sum())
+        clean = float(token_losses(logits_of(out), tgt).double().sum())  # summed over the batch's positions
         clean_total += clean
         count += tgt.numel()
         batch_loss = {c: clean for c in conds}  # dose 0: unchanged
         bar.update(len(conds) - len(run))
         for start in range(0, len(run), per_fwd):
             chunk = run[start:start + per_fwd]
-            draws = {}
-
-            def hook(v, hook, chunk=chunk, draws=draws, n=n):
-                l = names.layer_of(hook.name)
-                parts = v.reshape(len(chunk), B, *v.shape[1:])
-                out = []
-                for c, (kind, cutoff, dose) in enumerate(chunk):
-                    if kind not in draws.setdefault(l, {}):
-                        draws[l][kind] = JunkDraws(kind, parts.shape[1:], seed, n, l,
-                                                   own[l] if own is not None else None)
-                    out.append(corrupt(parts[c], dose, cutoff_fraction(cutoff), draws[l][kind]))
-                return torch.cat(out, 0)
-
-            stacked = ids.repeat(len(chunk), 1)
-            logits = logits_of(model.run_with_hooks(stacked, fwd_hooks=[(lambda name: name.endswith("attn.hook_v"),
-                                                                          hook)]))
-            losses = token_losses(logits, tgt.repeat(len(chunk), 1)).double().view(len(chunk), -1).sum(1)
-            del logits
-            for c, cond in enumerate(chunk):
-                batch_loss[cond] = float(losses[c])
+            batch_loss.update(zip(chunk, _corrupted_losses(model, ids, tgt, chunk, seed, n, own)))
             bar.update(len(chunk))
         for cond in conds:
             sums[cond] += batch_loss[cond]
@@ -283,13 +284,14 @@ def exposure_stats(model, data, *, cutoffs=("q25", "median"), backend: str = "au
     """Exposure alone (no injection): share of each row's mass on quiet reads per cutoff, and on the phantom."""
     info = model.probe_info
     w = as_windows(data)
-    cutoffs = [cutoffs] if isinstance(cutoffs, (str, float, int)) else list(cutoffs)
+    cutoffs = _as_list(cutoffs)
     acc = ExposureAccumulator(info, cutoffs)
     collector = _exposure_collector(model, acc, [cutoff_fraction(c) for c in cutoffs], backend)
     for n in range(len(w)):
-        collector.run(model, w.inputs(n))
+        collector.run(model, w.inputs(n, model_device(model)))
     return finish(acc.tables(), describe(model, w, "exposure", cutoffs=",".join(map(str, cutoffs))))
 
 
-__all__ = ["inject", "exposure_stats", "corrupt", "quiet_mask", "median_norm", "quiet_and_median", "JunkDraws", "own_directions",
+__all__ = ["inject", "exposure_stats", "corrupt", "quiet_mask", "median_norm", "quiet_and_median", "JunkDraws",
+           "own_directions",
            "JUNK_TYPES", "CUTOFFS", "DEFAULT_DOSES", "conditions", "cutoff_fraction"]

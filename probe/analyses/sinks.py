@@ -9,16 +9,18 @@ interpolation), reported as a mean of ratios. Averages: over rows, then query he
 are also reported over the queries whose window contains key 0. A sink has formed when, averaged over the layers past
 the first, pos0_share >= 3 x uniform_ref and r0 < 0.8 (SPEC §8).
 
-``sink_stats`` streams: it hooks q, k, v (and the sink logit) of one layer at a time and gets the per-row masses from
-probe.kernels.attention_row_masses, so no T x T tensor exists. ``sink_stats_reference`` computes the same numbers from
-``hook_pattern``/``hook_phantom`` (materialised patterns) and is what tests compare the streaming pass against.
+``sink_stats`` streams: it hooks q, k, v (the sink logit, a routing-slot gate) of one layer at a time and gets the
+per-row masses from probe.kernels.attention_row_masses, so no T x T tensor exists; it stops the forward after the last
+layer. ``sink_stats_reference`` computes the same numbers from ``hook_pattern``/``hook_phantom`` (materialised
+patterns) and is what tests compare the streaming pass against.
 """
 from __future__ import annotations
 
 import pandas as pd
 import torch
 
-from probe.analyses.capture import LayerCollector, as_windows, describe, finish, progress, sliding
+from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, model_device, make_bar,
+                                    row_mass_hooks, row_masses, sliding)
 
 SINK_FACTOR = 3.0  # pos0_share >= 3 x causal-uniform reference
 SINK_R0 = 0.8  # and r0 below this
@@ -39,6 +41,7 @@ class SinkAccumulator:
 
     def add(self, layer: int, pos0: torch.Tensor, phantom: torch.Tensor, norms: torch.Tensor, sink=None):
         """pos0, phantom: (B, H, T) per-row shares; norms: (B, T, Hkv) read norms; sink: (H,) logits or None."""
+        pos0, phantom, norms = pos0.cpu(), phantom.cpu(), norms.cpu()
         B, H, T = pos0.shape
         if T < 2:
             raise ValueError("sink statistics need at least 2 positions (rows t >= 1)")
@@ -115,38 +118,29 @@ def _meta(model, w, kind, **settings):
 
 
 @torch.no_grad()
-def sink_stats(model, data, *, backend: str = "auto", progress_bar: bool = False) -> dict[str, pd.DataFrame]:
+def sink_stats(model, data, *, backend: str = "auto", progress: bool = False) -> dict[str, pd.DataFrame]:
     """Streaming sink statistics: tables ``summary``, ``by_type``, ``layers``, ``heads``, ``meta``.
 
     Hooks q, k, v (and the sink logit where the model has a phantom) one layer at a time; per-row masses on key 0 and
     on all real keys come from ``attention_row_masses`` with the phantom in the normaliser."""
-    from probe.kernels import attention_row_masses
-
     info = model.probe_info
     w = as_windows(data)
     acc = SinkAccumulator(info)
-    scale = info.extra.get("attn_scale")
 
     def on_layer(l, got):
-        q, k, v = got["hook_q"], got["hook_k"], got["hook_v"]
-        sink = got.get("hook_sink_logit")
+        k, v = got["hook_k"], got["hook_v"]
         B, T, Hkv = k.shape[:3]
-        ind = torch.zeros(B, T, Hkv, 2, dtype=torch.float32)  # [key 0, every real key]
+        ind = torch.zeros(B, T, Hkv, 2, dtype=torch.float32, device=k.device)  # [key 0, every real key]
         ind[:, 0, :, 0] = 1
         ind[..., 1] = 1
-        lse, mass = attention_row_masses(q, k, ind, sink=sink, window=sliding(info, l), scale=scale,
-                                         backend=backend)
-        real = mass[..., 1].float()
-        pos0 = mass[..., 0].float() / real.clamp_min(1e-30)
-        phantom = (torch.exp(sink.float()[None, :, None] - lse.float()) if sink is not None
-                   else torch.zeros_like(lse, dtype=torch.float32))
-        acc.add(l, pos0, phantom, v.float().norm(dim=-1), sink)
+        _, mass, phantom = row_masses(info, l, got, ind, backend)
+        pos0 = mass[..., 0] / mass[..., 1].clamp_min(1e-30)
+        acc.add(l, pos0, phantom, v.float().norm(dim=-1), got.get("hook_sink_logit"))
 
-    needs = lambda l: ["hook_q", "hook_k", "hook_v"] + (["hook_sink_logit"] if info.has_phantom else [])  # noqa
-    collector = LayerCollector(model, needs, on_layer, stop_early=True)
-    bar = progress(len(w), progress_bar, "sink statistics")
+    collector = LayerCollector(model, lambda l: row_mass_hooks(info), on_layer, stop_early=True)
+    bar = make_bar(len(w), progress, "sink statistics")
     for n in range(len(w)):
-        collector.run(model, w.inputs(n))
+        collector.run(model, w.inputs(n, model_device(model)))
         bar.update()
     bar.close()
     return finish(acc.tables(), _meta(model, w, "streaming", backend=backend))
@@ -160,7 +154,8 @@ def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
     acc = SinkAccumulator(info)
     wanted = ("hook_pattern", "hook_phantom", "hook_v", "hook_sink_logit")
     for n in range(len(w)):
-        _, cache = model.run_with_cache(w.inputs(n), names_filter=lambda name: name.endswith(wanted))
+        ids = w.inputs(n, model_device(model))
+        _, cache = model.run_with_cache(ids, names_filter=lambda name: name.endswith(wanted))
         for l in range(info.n_layers):
             pattern = cache[f"blocks.{l}.attn.hook_pattern"].double()  # (B, H, T, T)
             phantom = cache[f"blocks.{l}.attn.hook_phantom"].double()

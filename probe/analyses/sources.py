@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probe.analyses.capture import StopForward, as_windows, describe, finish, progress, run_until_done
+from probe.analyses.capture import (StopForward, as_windows, describe, finish, model_device, make_bar,
+                                    run_until_done)
 
 
 def source_category(label: str) -> str:
@@ -61,7 +62,7 @@ class SourceAccumulator:
         labels = self.sites[site]
         if alpha.shape[-1] != len(labels):
             raise ValueError(f"{site}: {alpha.shape[-1]} depth weights but {len(labels)} source labels {labels}")
-        a = alpha.reshape(-1, alpha.shape[-1]).double()
+        a = alpha.reshape(-1, alpha.shape[-1]).double().cpu()
         h = entropy(a)
         neff = h.exp()
         self.n[site] += a.shape[0]
@@ -111,7 +112,7 @@ class SourceAccumulator:
 
 
 @torch.no_grad()
-def effective_sources(model, data, *, progress_bar: bool = False) -> dict[str, pd.DataFrame]:
+def effective_sources(model, data, *, progress: bool = False) -> dict[str, pd.DataFrame]:
     """Depth-routing statistics: tables ``summary`` (S_src, clip value), ``sites`` (per read site), ``heatmap``
     (mean α, read site x source identity, NaN where a site does not read a source) and ``meta``.
 
@@ -130,10 +131,10 @@ def effective_sources(model, data, *, progress_bar: bool = False) -> dict[str, p
         if len(seen) == len(hook_names):
             raise StopForward  # every site is read: skip the final norm and the LM head
 
-    bar = progress(len(w), progress_bar, "effective sources")
+    bar = make_bar(len(w), progress, "effective sources")
     for n in range(len(w)):
         seen.clear()
-        run_until_done(model, w.inputs(n), [(lambda name: name in hook_names, fn)])
+        run_until_done(model, w.inputs(n, model_device(model)), [(lambda name: name in hook_names, fn)])
         if len(seen) != len(hook_names):
             raise RuntimeError(f"the forward pass fired no hook_depth_weights at {sorted(set(hook_names) - seen)}")
         bar.update()

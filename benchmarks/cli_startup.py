@@ -3,8 +3,9 @@
     python benchmarks/cli_startup.py [--runs 7]
 
 Runs each command in a fresh interpreter (`python -m probe.cli ...`, and the installed `probe` console script when it
-sits next to this interpreter), reports the median and worst wall time, and lists any heavy library (torch, transformers, pandas, plotly, transformer_lens) that
-parsing the arguments imported (there should be none: the verbs import them lazily).
+sits next to this interpreter), reports the median and worst wall time, and lists any heavy library (torch,
+transformers, pandas, plotly, transformer_lens) that parsing the arguments imported (there should be none: the verbs
+import them lazily). Exits 1 if a median misses the goal or a heavy library was imported.
 """
 from __future__ import annotations
 

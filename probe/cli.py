@@ -102,7 +102,8 @@ def _model_flags(p, default_model: str | None, *, defaults=(8, 8)):
                    f"{defaults[0]})")
     g.add_argument("--batch-size", type=positive_int, default=defaults[1], help=f"windows per batch (default "
                    f"{defaults[1]})")
-    g.add_argument("--ctx", type=positive_int, help="tokens per window (default: the model's context, at most 1024)")
+    g.add_argument("--ctx", type=positive_int, help="tokens per window (default: a custom model's training context; "
+                   "HF checkpoints min(1024, maximum))")
     g.add_argument("--window-mode", choices=WINDOW_MODES, default="auto", help="how windows are drawn: first window "
                    "of each document, sequential windows, or random; auto = first, else sequential (default auto)")
     g.add_argument("--seed", type=nonneg_int, default=0, help="seed of the window choice and of injected noise")

@@ -1,8 +1,9 @@
 """The analysis verbs of ``probe``: sinks, inject, sources, gates, eval (model + windows -> tables, figures)."""
 from __future__ import annotations
 
-from probe.cli_common import (DEFAULT_DEPTH_MODEL, DEFAULT_MODEL, Console, UsageError, check_data, emit, header,
-                              load_model, plan_line, result_meta, save_result, show, windows_for)
+from probe.cli_common import (DEFAULT_DEPTH_MODEL, DEFAULT_MODEL, Console, UsageError, check_data, load_model,
+                              plan_line, windows_for)
+from probe.cli_output import emit, header, result_meta, save_result, show
 
 
 def _prepare(args, default: str, verb: str):

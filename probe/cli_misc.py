@@ -6,8 +6,9 @@ import os
 import shutil
 from pathlib import Path
 
-from probe.cli_common import (Console, UsageError, atomic_write, check_data, emit, first_line, load_corpus,
-                              make_windows, resolve_device, save_result, set_threads, show)
+from probe.cli_common import (Console, UsageError, check_data, first_line, load_corpus, make_windows, resolve_device,
+                              set_threads)
+from probe.cli_output import atomic_write, emit, save_result, show
 
 # ------------------------------------------------------------------------------------------------------------ models
 

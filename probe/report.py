@@ -19,8 +19,9 @@ import re
 import signal
 from pathlib import Path
 
-from probe.cli_common import (KNOWN_HINT, Console, UsageError, check_data, clean, eval_ctx, load_corpus, load_model,
-                              make_windows, model_dir, resolve_device, show, tokenizer_for, write_files)
+from probe.cli_common import (KNOWN_HINT, Console, UsageError, check_data, eval_ctx, load_corpus, load_model,
+                              make_windows, model_dir, resolve_device, tokenizer_for)
+from probe.cli_output import clean, show, write_files
 from probe.hooks.load import resolve
 
 MANIFEST = "manifest.json"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from probe.cli_common import html_page
+from probe.cli_output import html_page
 
 SUMMARY_STATS = [  # (column, title, reference column or None)
     ("pos0_share", "Mass on position 0 / mass on real keys (rows t >= 1)", "uniform_ref"),
@@ -79,7 +79,8 @@ def report_page(tables: dict, records: list[dict], settings: dict) -> str:
     intro = {"models": ", ".join(r["name"] for r in records), "corpus": meta.get("corpus"),
              "corpus fingerprint": meta.get("corpus_fingerprint"),
              "windows": f"{settings['batches']} batches x {settings['batch_size']} windows, ctx "
-                        f"{settings['ctx'] or 'model default'}, mode {settings['window_mode']}, seed {settings['seed']}",
+                        f"{settings['ctx'] or 'model default'}, mode {settings['window_mode']}, "
+                        f"seed {settings['seed']}",
              "injection": settings["inject"] or "none", "device / dtype": f"{settings['device']} / {settings['dtype']}",
              "probe version": settings["probe_version"]}
     cols = ["model", "step", "model_id", "pos0_share", "uniform_ref", "pos0_over_uniform", "phantom_share", "r0",

@@ -1,4 +1,4 @@
-"""Shared helpers for tests/test_cli.py and tests/test_report.py: the `probe` command in a subprocess, tiny saved models.
+"""Helpers for tests/test_cli.py and tests/test_report.py: the `probe` command in a subprocess, tiny saved models.
 
 Subprocesses run with one torch thread (tiny tensors on a busy 2-core machine are many times faster single-threaded)
 and with the hub marked offline (offline errors come at once instead of after a connection timeout).

@@ -9,3 +9,6 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# tests use tiny tensors: one thread avoids oversubscription overhead (and makes timings steadier)
+torch.set_num_threads(1)

@@ -230,7 +230,7 @@ LIGHT_ERRORS = [  # rejected by the parser or before any model is loaded
     (["sinks", "--batches", "0"], ["--batches", "'0'", "positive integer"]),
     (["sinks", "--batch-size", "0"], ["--batch-size", "'0'", "positive integer"]),
     (["sinks", "--data", "no/such/file.txt"], ["'no/such/file.txt'", "wikitext-2-test", "shakespeare"]),
-    (["inject", "--model", "no-such-model-xyz"], ["'no-such-model-xyz'", "offline", "pythia-14m", "local model directory"]),
+    (["inject", "--model", "no-such-model-xyz"], ["'no-such-model-xyz'", "offline", "pythia-14m", "local model"]),
     (["sinks", "--model", "pythia-41m"], ["'pythia-41m'", "did you mean pythia-410m?"]),
     (["sinks", "--model", "pythia-70m@step1500"], ["'pythia-70m@step1500'", "no checkpoint at step 1500"]),
     (["report", "--checkpoints", "pythia-160m@step1000,step2000"], ["pythia-160m@step1000", "offline"]),

@@ -244,3 +244,12 @@ def test_weight_decay_is_excluded_by_role():
     assert "blocks.0.dense.w1.weight" in mudd and "blocks.0.dense.bias" in mudd
     slr = create("slr-full-r8", **SMALL).no_weight_decay()
     assert "final_read.query" in slr
+
+
+def test_documented_constant_inits():
+    model = create("sink+proj", **SMALL)
+    attn = model.blocks[0].attn
+    assert (attn.gate_w == 0).all() and (attn.gate_b == 0).all() and (attn.sink == 0).all()
+    mudd = create("mudd", **SMALL)
+    assert (mudd.blocks[0].dense.w2.weight == 0).all() and mudd.blocks[0].dense.w1.weight.std() > 0
+    assert (create("slr-full-r8", **SMALL).final_read.query == 0).all()

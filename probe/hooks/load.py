@@ -264,6 +264,7 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
             raise ImportError(f"{identity} is a custom probe checkpoint but probe.models cannot be imported: "
                               f"{e}") from e
         model = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev)
+        model.probe_name = identity  # recorded in every analysis output
     else:
         model_kw.setdefault("attn_implementation", "eager")
         hf = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev)

@@ -21,7 +21,7 @@ from probe.models.block import Block
 from probe.models.config import ProbeConfig
 from probe.models.depth import DepthRead, DepthSources, site_sources
 from probe.models.layers import make_norm
-from probe.models.params import OUTPUT_PROJECTIONS, is_no_decay
+from probe.models.params import OUTPUT_PROJECTIONS, RANDOM_ROLES, is_no_decay, role_of
 
 
 def _param_seed(seed: int, name: str) -> int:
@@ -68,10 +68,8 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
         base = 0.02 if c.init == "gpt2" else None
         depth_scale = 1 / math.sqrt(2 * c.n_layers)
         for name, p in self.named_parameters():
-            if p.is_meta or p.dim() < 2 and name != "sink_token":
-                continue
-            if name.endswith("dense.w2.weight") or name.endswith("dense.bias"):
-                continue  # MUDD's W2 = 0 and one-hot a_i: set below / at construction
+            if p.is_meta or role_of(name) not in RANDOM_ROLES and not name.endswith("dense.w1.weight"):
+                continue  # constants (sinks, gate τ/w/b, queries, mixing weights, norms) keep their construction init
             g = torch.Generator().manual_seed(_param_seed(seed, name))
             fan_in = p.shape[-1]
             std = base if base is not None else 1 / math.sqrt(fan_in)

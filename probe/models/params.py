@@ -21,6 +21,8 @@ ROLES = [
     ("bias", r"\.bias$"),
     ("matrix", r"\.weight$"),
 ]
+# roles drawn at random at init (everything else is a documented constant)
+RANDOM_ROLES = {"sink_token", "gate_projection", "routing_key", "position", "embedding", "matrix"}
 NO_DECAY_ROLES = {"sink", "sink_token", "gate", "routing_query", "mixing", "norm", "bias"}
 
 

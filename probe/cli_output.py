@@ -1,0 +1,132 @@
+"""Outputs of the ``probe`` verbs: readable tables on stdout, JSON, and files written atomically (CSV, JSON, one
+self-contained offline HTML page of plotly figures). Heavy libraries are imported inside the functions."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+
+def clean(x):
+    """JSON-safe copy: NaN/inf -> None, numpy scalars -> Python."""
+    if isinstance(x, dict):
+        return {str(k): clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [clean(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        try:
+            x = x.item()
+        except (ValueError, AttributeError):
+            return str(x)
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    return str(x)
+
+
+def result_meta(result: dict) -> dict:
+    meta = result.get("meta")
+    if meta is None:
+        return {}
+    return dict(meta.attrs.get("meta") or meta.iloc[0].to_dict())
+
+
+def result_json(verb: str, result: dict) -> dict:
+    return clean({"verb": verb, "meta": result_meta(result),
+                  "tables": {k: v.to_dict("records") for k, v in result.items() if k != "meta"}})
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_files(out: Path, files: dict[str, str | bytes]) -> list[Path]:
+    """Write every file to a temp name first, then rename them all into ``out``: no partial files on failure."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    staged = []
+    try:
+        for name, data in files.items():
+            tmp = out / f".{name}.tmp-{os.getpid()}"
+            staged.append((tmp, out / name))
+            if isinstance(data, bytes):
+                tmp.write_bytes(data)
+            else:
+                tmp.write_text(data, encoding="utf-8")
+        for tmp, final in staged:
+            os.replace(tmp, final)
+    finally:
+        for tmp, _ in staged:
+            if tmp.exists():
+                tmp.unlink()
+    return [final for _, final in staged]
+
+
+def html_page(title: str, figures, *, intro: dict | None = None, tables=()) -> str:
+    """One self-contained offline HTML page: plotly.js inline once, then each figure (and optional tables)."""
+    import html
+
+    from plotly.offline import get_plotlyjs
+
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    if intro:
+        rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                       for k, v in intro.items())
+        parts.append(f"<table class='meta'>{rows}</table>")
+    for caption, df in tables:
+        parts.append(f"<h2>{html.escape(caption)}</h2>" + df.to_html(index=False, float_format=lambda x: f"{x:.4g}",
+                                                                     na_rep="", border=0, classes="data"))
+    for fig in figures:
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=False, default_width="100%"))
+    style = ("body{font-family:sans-serif;margin:2em;} table{border-collapse:collapse;margin:1em 0;} "
+             "th,td{padding:2px 8px;text-align:left;border-bottom:1px solid #ddd;font-size:90%;}")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style><script type='text/javascript'>{get_plotlyjs()}</script></head>"
+            f"<body>{''.join(parts)}</body></html>\n")
+
+
+def save_result(out: str | None, stem: str, result: dict, figures, console, title: str) -> None:
+    """``--out DIR``: one CSV per table, one JSON with everything, one HTML with the figures."""
+    if not out:
+        return
+    files = {f"{stem}_{k}.csv": v.to_csv(index=False) for k, v in result.items()}
+    files[f"{stem}.json"] = json.dumps(result_json(stem, result), indent=1)
+    if figures:
+        files[f"{stem}.html"] = html_page(title, figures, intro=clean(result_meta(result)))
+    written = write_files(Path(out), files)
+    console.note(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
+
+
+def show(df, columns=None, digits: int = 4, identity: bool = False) -> str:
+    """A table for stdout: selected columns (identity columns and all-empty ones dropped), compact floats."""
+    cols = [c for c in (columns or df.columns) if c in df.columns and df[c].notna().any()
+            and (identity or c not in ("model", "corpus"))]
+    return df[cols].to_string(index=False, float_format=lambda x: f"{x:.{digits}g}", na_rep="-")
+
+
+def header(meta: dict) -> str:
+    w = (f"{meta.get('n_batches')} x {meta.get('batch_size')} windows of {meta.get('ctx')} tokens "
+         f"({meta.get('mode', '?')})") if meta.get("ctx") else ""
+    return "\n".join(s for s in (f"model:  {meta.get('model')}",
+                                 f"corpus: {meta.get('corpus')} (tokenizer {meta.get('tokenizer')})"
+                                 if meta.get("corpus") else "", f"windows: {w}" if w else "") if s)
+
+
+def emit(args, verb: str, result: dict, text: str) -> None:
+    """stdout: the JSON document with --json, else the readable text."""
+    if args.json:
+        print(json.dumps(result_json(verb, result), indent=1))
+    else:
+        print(text)

@@ -51,9 +51,9 @@ def cmd_sinks(args) -> int:
         text += ["", "by layer type:", show(result["by_type"])]
     text += ["", "per layer:", show(result["layers"], ["layer", "layer_type", "pos0_share", "uniform_ref",
                                                        "phantom_share", "r0", "pos0_share_key0"])]
-    emit(args, "sinks", result, "\n".join(text))
     save_result(args.out, "sinks", result, [F.sink_figure(result), F.sink_heads_figure(result, "pos0_share"),
                                             F.sink_heads_figure(result, "r0")], console, "Attention sinks")
+    emit(args, "sinks", result, "\n".join(text))
     return 0
 
 
@@ -102,8 +102,8 @@ def cmd_inject(args) -> int:
         text += ["", "exposure (share of each row's attention mass, phantom included):",
                  show(result["exposure"], ["cutoff", "quiet_share", "phantom_share"])]
         figures.append(F.exposure_figure(result))
-    emit(args, "inject", result, "\n".join(text))
     save_result(args.out, "inject", result, figures, console, "Value-noise injection")
+    emit(args, "inject", result, "\n".join(text))
     return 0
 
 
@@ -126,9 +126,9 @@ def cmd_sources(args) -> int:
             _summary_lines(s, ("mode", "n_sites", "S_src", "neff_mean", "top1_mass", "input_dependence")), "",
             "per read site:", show(result["sites"], [c for c in result["sites"].columns
                                                      if c not in ("site_index", "n_tokens")])]
-    emit(args, "sources", result, "\n".join(text))
     save_result(args.out, "sources", result, [F.depth_heatmap(result), F.effective_sources_figure(result)], console,
                 "Depth routing")
+    emit(args, "sources", result, "\n".join(text))
     return 0
 
 
@@ -147,7 +147,7 @@ def cmd_gates(args) -> int:
     console.note(plan_line("gates", model, eb))
     result = gate_stats(model, eb, min_count=args.min_count, tokenizer=tok, progress=not args.quiet)
     s = result["summary"].iloc[0].to_dict()
-    tokens = result["tokens"]
+    tokens = result["tokens"].assign(token=lambda t: t["token"].map(repr))  # show spaces and newlines
     text = [header(result_meta(result)), "", "summary:",
             _summary_lines(s, ("value_gate", "mean_gate", "selectivity", "spread", "read_mean_gate",
                                "frac_below_half", "token_share", "token_share_min_count")), "",
@@ -161,8 +161,8 @@ def cmd_gates(args) -> int:
     else:
         text += ["", f"no token occurs {args.min_count} times in these windows (lower --min-count)"]
     figures = [F.gate_figure(result)] + ([F.gate_token_table(result)] if len(tokens) else [])
-    emit(args, "gates", result, "\n".join(text))
     save_result(args.out, "gates", result, figures, console, "Value gates")
+    emit(args, "gates", result, "\n".join(text))
     return 0
 
 
@@ -201,6 +201,6 @@ def cmd_eval(args) -> int:
     fig = go.Figure(go.Bar(x=list(range(len(windows))), y=windows["loss"], text=windows["doc_id"]))
     fig.update_layout(title=f"Mean next-token loss per window — {model.probe_info.name}", xaxis_title="window",
                       yaxis_title="loss (nats)")
-    emit(args, "eval", result, "\n".join(text))
     save_result(args.out, "eval", result, [fig], console, "Evaluation")
+    emit(args, "eval", result, "\n".join(text))
     return 0

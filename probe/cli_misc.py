@@ -40,8 +40,8 @@ def cmd_models(args) -> int:
     text += [f"  {r.name:<{w}}{r.source}{'  (cached)' if r.available else ''}" for r in hub.itertuples()]
     text += ["", f"  pythia-<size>[-deduped]@step<N>: sizes {', '.join(PYTHIA_SIZES)}; steps 0, 1, 2, 4, ..., 512 "
              "and every 1000 up to 143000", "  also: any HF repo id[@revision], a local model directory, a .gguf file"]
-    emit(args, "models", result, "\n".join(text))
     save_result(args.out, "models", result, [], console, "Models")
+    emit(args, "models", result, "\n".join(text))
     return 0
 
 
@@ -79,8 +79,8 @@ def cmd_costs(args) -> int:
     text = [f"cost model: d={d}, L={L}, m={m}; base C = L(4d^2 + 3dm) = {meta['base_flops']:,} multiply-adds/token",
             "", show(table, ["label", "S_src", "added_flops", "added_flops_pct", "table1_pct", "added_params",
                              "added_params_pct"], digits=5)]
-    emit(args, "costs", result, "\n".join(text))
     save_result(args.out, "costs", result, [cost_figure(table)], console, "Depth-routing costs")
+    emit(args, "costs", result, "\n".join(text))
     return 0
 
 

@@ -1,0 +1,308 @@
+"""Massive activations (Sun et al., "Massive activations in large language models", 2024), lined up with the sink.
+
+Sites: the residual stream that each layer reads, ``blocks.{l}.hook_resid_pre`` (layer l; for l >= 1 this is the
+output of layer l - 1, Sun et al.'s hidden state of layer l - 1; for depth-routed models the routed read), and the last
+layer's output ``blocks.{L-1}.hook_resid_post`` (reported as layer L). Per site and window (sequence):
+
+* magnitudes |h[t, i]| over all T positions and d hidden dimensions; the k-th largest (top1..top3) and the median
+  (linear interpolation over all T x d entries); ``ratio`` = top1 / median;
+* an activation is *massive* when |h| > ``abs_threshold`` (default 100) **and** |h| > ``ratio_threshold`` (default
+  1000) x the median of its site and window (Sun et al.'s criterion); a hidden dimension is massive at a site when it
+  holds at least one massive activation;
+* the largest activations over the whole evaluation set with their window, position, token and dimension (``top``).
+
+Alignment with the sink (same forward, layer l's attention reads the stream measured at ``blocks.{l}.hook_resid_pre``):
+``key0_mass`` (mean over rows t >= 1 and heads of the attention mass on key 0, phantom in the normaliser),
+``top_mass`` (mass on the position holding the window's largest activation, over the rows that can see it,
+t >= max(1, p)), ``massive_mass`` (mass on the positions holding massive activations, windows that have any), and the
+value reads of layer l (``hook_v``; SPEC §5): r0 = ||v_0|| / median_j ||v_j||, ``r_top`` the same ratio at the top
+position, ``r_massive`` at massive positions (per KV head and window, means of ratios). ``top1_pos0_share`` is the share
+of windows whose largest activation sits at position 0 (the sink position; the learned sink token for ``sinktoken``
+models) and ``massive_pos0_share`` the share of massive activations at position 0.
+
+Memory: each site's stream is reduced inside its hook (one (B, T, d) tensor at a time); attention masses come from
+probe.kernels.attention_row_masses, so no T x T pattern exists.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import pandas as pd
+import torch
+
+from probe.analyses.capture import (LayerCollector, StopForward, as_windows, describe, finish, make_bar, model_device,
+                                    row_mass_hooks, row_masses)
+from probe.analyses.gates import read_tokens_of
+
+ABS_THRESHOLD = 100.0
+RATIO_THRESHOLD = 1000.0
+
+
+def site_names(info) -> list[str]:
+    """Hook names of the measured sites: every layer's input stream, then the last layer's output."""
+    return [f"blocks.{l}.hook_resid_pre" for l in range(info.n_layers)] + [f"blocks.{info.n_layers - 1}.hook_resid_post"]
+
+
+def median_abs(a: torch.Tensor) -> torch.Tensor:
+    """Median of each row of a (B, n) tensor with linear interpolation (torch.quantile's rule, any size), O(n)."""
+    n = a.shape[1]
+    pos = 0.5 * (n - 1)
+    lo, hi = int(pos), int(pos) + (pos > int(pos))
+    v_lo = a.kthvalue(lo + 1, dim=1).values
+    v_hi = a.kthvalue(hi + 1, dim=1).values if hi != lo else v_lo
+    return v_lo + (pos - lo) * (v_hi - v_lo)
+
+
+class MassiveAccumulator:
+    """Per-site sums over windows, the best ``top_k`` activations, and the massive activations found."""
+
+    def __init__(self, info, *, abs_threshold=ABS_THRESHOLD, ratio_threshold=RATIO_THRESHOLD, top_k: int = 10):
+        self.info, self.abs_thr, self.ratio_thr, self.top_k = info, float(abs_threshold), float(ratio_threshold), top_k
+        self.sites = site_names(info)
+        S = len(self.sites)
+        z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
+        self.topk_sum, self.median_sum, self.ratio_sum, self.seqs = z(S, 3), z(S), z(S), z(S)
+        self.max_mag = z(S)
+        self.top1_pos0, self.top1_dims = z(S), [Counter() for _ in range(S)]
+        self.best: list[list[dict]] = [[] for _ in range(S)]
+        self.massive = [dict() for _ in range(S)]  # dim -> {count, seqs, max, ratio_sum, pos0, positions, tokens}
+        self.n_massive, self.n_massive_pos0, self.massive_seqs = z(S), z(S), z(S)
+        # attention alignment (layers only)
+        L = info.n_layers
+        self.key0, self.key0_rows = z(L), z(L)
+        self.top_mass, self.top_rows = z(L), z(L)
+        self.mass_massive, self.massive_attn_seqs = z(L), z(L)
+        self.r0, self.r_top, self.r_seqs = z(L), z(L), z(L)
+        self.r_massive, self.r_massive_n = z(L), z(L)
+
+    def add_stream(self, site: int, h: torch.Tensor, tokens: torch.Tensor, batch: int = 0) -> dict:
+        """h: (B, T, d) residual stream of one site; tokens: (B, T) token id per position (-1 for a sink token).
+        Returns the per-window top position (B,) and the massive-position mask (B, T) for the attention step."""
+        B, T, d = h.shape
+        a = h.detach().float().abs().reshape(B, T * d)
+        med = median_abs(a).double().cpu()  # (B,)
+        k = min(max(self.top_k, 3), T * d)
+        vals, idx = a.topk(k, dim=1)
+        vals, idx = vals.double().cpu(), idx.cpu()
+        signed = h.detach().reshape(B, T * d).gather(1, idx.to(h.device)).double().cpu()
+        tokens = tokens.cpu()
+        k3 = min(3, k)
+        self.topk_sum[site, :k3] += vals[:, :k3].sum(0)
+        self.median_sum[site] += med.sum()
+        self.ratio_sum[site] += (vals[:, 0] / med.clamp_min(1e-30)).sum()
+        self.seqs[site] += B
+        self.max_mag[site] = max(float(self.max_mag[site]), float(vals[:, 0].max()))
+        top_pos = idx[:, 0] // d
+        self.top1_pos0[site] += (top_pos == 0).double().sum()
+        self.top1_dims[site].update((idx[:, 0] % d).tolist())
+        for b in range(B):
+            for r in range(k):
+                p, i = int(idx[b, r]) // d, int(idx[b, r]) % d
+                self.best[site].append({"batch": batch, "row": b, "position": p, "token_id": int(tokens[b, p]),
+                                        "dim": i, "value": float(signed[b, r]), "magnitude": float(vals[b, r]),
+                                        "ratio": float(vals[b, r] / max(float(med[b]), 1e-30))})
+        self.best[site] = sorted(self.best[site], key=lambda e: -e["magnitude"])[: self.top_k]
+        # massive activations: > abs_threshold and > ratio_threshold x the window's median
+        limit = torch.maximum(torch.full_like(med, self.abs_thr), self.ratio_thr * med).float().to(a.device)
+        mask = a.view(B, T, d) > limit[:, None, None]
+        hits = mask.nonzero().cpu()  # (n, 3): window, position, dim
+        self.n_massive[site] += len(hits)
+        if len(hits):
+            self.n_massive_pos0[site] += float((hits[:, 1] == 0).sum())
+            mags = a.view(B, T, d)[mask].double().cpu()
+            for i in hits[:, 2].unique().tolist():
+                sel = hits[:, 2] == i
+                hb, hp, hm = hits[sel, 0], hits[sel, 1], mags[sel]
+                e = self.massive[site].setdefault(i, {"count": 0, "seqs": 0, "max": 0.0, "ratio_sum": 0.0, "pos0": 0,
+                                                      "positions": Counter(), "tokens": Counter()})
+                e["count"] += len(hb)
+                e["seqs"] += int(hb.unique().numel())
+                e["max"] = max(e["max"], float(hm.max()))
+                e["ratio_sum"] += float((hm / med[hb].clamp_min(1e-30)).sum())
+                e["pos0"] += int((hp == 0).sum())
+                e["positions"].update(hp.tolist())
+                e["tokens"].update(tokens[hb, hp].tolist())
+        massive_pos = mask.any(-1)  # (B, T)
+        self.massive_seqs[site] += float(massive_pos.any(-1).sum())
+        return {"top_pos": top_pos, "massive_pos": massive_pos}
+
+    def add_attention(self, layer: int, mass: torch.Tensor, v_norms: torch.Tensor, top_pos: torch.Tensor,
+                      massive_pos: torch.Tensor) -> None:
+        """mass: (B, H, T, 3) row masses on [key 0, the top position, the massive positions] (phantom in the
+        normaliser); v_norms: (B, T, Hkv) read norms of the layer; top_pos (B,), massive_pos (B, T) from add_stream."""
+        mass, n = mass.double().cpu(), v_norms.double().cpu()
+        top_pos, massive_pos = top_pos.cpu(), massive_pos.cpu()
+        B, H, T, _ = mass.shape
+        t = torch.arange(T)
+        self.key0[layer] += mass[:, :, 1:, 0].sum()
+        self.key0_rows[layer] += B * H * (T - 1)
+        sees = t[None, :] >= top_pos.clamp_min(1)[:, None]  # (B, T) rows t >= max(1, p) see the top position
+        self.top_mass[layer] += (mass[..., 1] * sees[:, None]).sum()
+        self.top_rows[layer] += H * sees.sum()
+        has = massive_pos.any(-1)
+        if has.any():
+            self.mass_massive[layer] += mass[has][:, :, 1:, 2].mean((1, 2)).sum()
+            self.massive_attn_seqs[layer] += float(has.sum())
+        med = torch.quantile(n, 0.5, dim=1)  # (B, Hkv), linear interpolation over all T reads
+        ratio = n / med[:, None, :]  # (B, T, Hkv)
+        self.r0[layer] += ratio[:, 0].mean(-1).sum()
+        self.r_top[layer] += ratio[torch.arange(B), top_pos].mean(-1).sum()
+        self.r_seqs[layer] += B
+        if massive_pos.any():
+            self.r_massive[layer] += ratio[massive_pos].sum() / ratio.shape[-1]
+            self.r_massive_n[layer] += float(massive_pos.sum())
+
+    def tables(self, tokenizer=None) -> dict[str, pd.DataFrame]:
+        info, L = self.info, self.info.n_layers
+        nan = float("nan")
+        decode = _decoder(tokenizer)
+        layers = []
+        for s, hook in enumerate(self.sites):
+            n = float(self.seqs[s])
+            dim, cnt = self.top1_dims[s].most_common(1)[0] if self.top1_dims[s] else (-1, 0)
+            row = {"layer": s, "hook": hook, "top1": float(self.topk_sum[s, 0] / n), "top2": float(self.topk_sum[s, 1] / n),
+                   "top3": float(self.topk_sum[s, 2] / n), "median": float(self.median_sum[s] / n),
+                   "ratio": float(self.ratio_sum[s] / n), "max_magnitude": float(self.max_mag[s]),
+                   "top1_dim": int(dim), "top1_dim_share": cnt / n, "top1_pos0_share": float(self.top1_pos0[s] / n),
+                   "n_massive": int(self.n_massive[s]), "n_massive_dims": len(self.massive[s]),
+                   "massive_windows": float(self.massive_seqs[s] / n),
+                   "massive_pos0_share": float(self.n_massive_pos0[s] / self.n_massive[s]) if self.n_massive[s] else nan}
+            if s < L:
+                row.update(key0_mass=float(self.key0[s] / self.key0_rows[s]),
+                           top_mass=float(self.top_mass[s] / self.top_rows[s]),
+                           massive_mass=(float(self.mass_massive[s] / self.massive_attn_seqs[s])
+                                         if self.massive_attn_seqs[s] else nan),
+                           r0=float(self.r0[s] / self.r_seqs[s]), r_top=float(self.r_top[s] / self.r_seqs[s]),
+                           r_massive=float(self.r_massive[s] / self.r_massive_n[s]) if self.r_massive_n[s] else nan)
+            else:
+                row.update(key0_mass=nan, top_mass=nan, massive_mass=nan, r0=nan, r_top=nan, r_massive=nan)
+            layers.append(row)
+        layers = pd.DataFrame(layers)
+        top = pd.DataFrame([{"layer": s, "hook": hook, "rank": r, **e, "token": decode(e["token_id"])}
+                            for s, hook in enumerate(self.sites) for r, e in enumerate(self.best[s])])
+        dims = []
+        for s, hook in enumerate(self.sites):
+            for i, e in sorted(self.massive[s].items(), key=lambda kv: -kv[1]["max"]):
+                dims.append({"layer": s, "hook": hook, "dim": i, "count": e["count"], "windows": e["seqs"],
+                             "max_magnitude": e["max"], "mean_ratio": e["ratio_sum"] / e["count"],
+                             "pos0_share": e["pos0"] / e["count"],
+                             "positions": ", ".join(f"{p} ({c})" for p, c in e["positions"].most_common(5)),
+                             "tokens": ", ".join(f"{decode(t)!r} ({c})" for t, c in e["tokens"].most_common(5))})
+        dims = pd.DataFrame(dims, columns=["layer", "hook", "dim", "count", "windows", "max_magnitude", "mean_ratio",
+                                           "pos0_share", "positions", "tokens"])
+        s_max = int(torch.argmax(self.max_mag))
+        best = self.best[s_max][0] if self.best[s_max] else {}
+        with_massive = layers[(layers["n_massive"] > 0) & (layers["layer"] < L)]
+        without = layers[(layers["n_massive"] == 0) & (layers["layer"] < L)]
+        n_all = float(self.n_massive.sum())
+        summary = {"massive": bool(n_all > 0), "n_massive": int(n_all),
+                   "massive_dims": ", ".join(str(i) for i in sorted({i for m in self.massive for i in m})),
+                   "n_massive_dims": len({i for m in self.massive for i in m}),
+                   "first_massive_layer": int(layers.loc[layers["n_massive"] > 0, "layer"].min()) if n_all else -1,
+                   "massive_pos0_share": float(self.n_massive_pos0.sum() / n_all) if n_all else nan,
+                   "max_magnitude": float(self.max_mag[s_max]), "max_layer": s_max,
+                   "max_position": best.get("position", -1), "max_dim": best.get("dim", -1),
+                   "max_token": decode(best["token_id"]) if best else "", "max_ratio": float(layers["ratio"].max()),
+                   "top1_pos0_share": float(layers["top1_pos0_share"].mean()),
+                   "key0_mass": float(layers["key0_mass"].mean()), "r0": float(layers["r0"].mean()),
+                   "r0_massive_layers": float(with_massive["r0"].mean()) if len(with_massive) else nan,
+                   "r0_other_layers": float(without["r0"].mean()) if len(without) else nan,
+                   "abs_threshold": self.abs_thr, "ratio_threshold": self.ratio_thr}
+        return {"summary": pd.DataFrame([summary]), "layers": layers, "top": top, "dims": dims}
+
+
+def _decoder(tokenizer):
+    def decode(t: int) -> str:
+        if t < 0:
+            return "<sink>"
+        if tokenizer is None:
+            return str(t)
+        try:
+            return tokenizer.decode([int(t)])
+        except Exception:  # noqa: BLE001 - a token that cannot be decoded alone still gets a row
+            return str(t)
+
+    return decode
+
+
+@torch.no_grad()
+def massive_activations(model, data, *, abs_threshold: float = ABS_THRESHOLD, ratio_threshold: float = RATIO_THRESHOLD,
+                        top_k: int = 10, tokenizer=None, backend: str = "auto",
+                        progress: bool = False) -> dict[str, pd.DataFrame]:
+    """Massive activations per layer: tables ``summary``, ``layers`` (top1..3, median, ratio, massive counts and the
+    alignment with key 0 and the value reads), ``top`` (the ``top_k`` largest activations per site with window,
+    position, token and dimension), ``dims`` (massive dimensions per site) and ``meta``."""
+    info = model.probe_info
+    w = as_windows(data)
+    acc = MassiveAccumulator(info, abs_threshold=abs_threshold, ratio_threshold=ratio_threshold, top_k=top_k)
+    sites = {name: s for s, name in enumerate(acc.sites)}
+    last = len(acc.sites) - 1
+    state: dict = {}
+
+    def stream_hook(tensor, hook):
+        s = sites[hook.name]
+        state[s] = acc.add_stream(s, tensor, state["tokens"], state["batch"])
+        if s == last:
+            raise StopForward  # the last layer's output is measured: skip the final norm and the LM head
+        return None
+
+    def on_layer(l, got):
+        k, v = got["hook_k"], got["hook_v"]
+        B, T, Hkv = k.shape[:3]
+        found = state.pop(l)
+        ind = torch.zeros(B, T, Hkv, 3, dtype=torch.float32, device=k.device)
+        ind[:, 0, :, 0] = 1
+        ind[torch.arange(B), found["top_pos"].to(k.device), :, 1] = 1
+        ind[..., 2] = found["massive_pos"].to(k.device, torch.float32)[..., None]
+        _, mass, _ = row_masses(info, l, got, ind, backend)
+        acc.add_attention(l, mass, v.float().norm(dim=-1), found["top_pos"], found["massive_pos"])
+
+    collector = LayerCollector(model, lambda l: row_mass_hooks(info), on_layer, stop_early=False)
+    extra = [(lambda name: name in sites, stream_hook)]
+    bar = make_bar(len(w), progress, "massive activations")
+    for n in range(len(w)):
+        ids = w.inputs(n, model_device(model))
+        state.clear()
+        state.update(tokens=read_tokens_of(info, ids), batch=n)
+        collector.run(model, ids, extra_hooks=extra)
+        if last not in state:
+            raise RuntimeError(f"model {info.name!r} produced no {acc.sites[-1]} in its forward pass")
+        bar.update()
+    bar.close()
+    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    meta = describe(model, w, "massive", abs_threshold=float(abs_threshold), ratio_threshold=float(ratio_threshold),
+                    top_k=top_k, sites="blocks.{l}.hook_resid_pre (layer l) + last hook_resid_post (layer L)",
+                    key0="learned sink token" if info.sink_token else "first input token")
+    return finish(acc.tables(tok), meta)
+
+
+# ------------------------------------------------------------------------------------------------------------ figure
+
+
+def massive_figure(result: dict):
+    """Left: top-1/2/3 and median magnitude per layer (log scale) with the absolute threshold; right: where the top
+    activation sits (share at position 0), the key-0 attention mass and r0 per layer."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    lay = result["layers"]
+    name = str(result["meta"]["model"].iloc[0])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("residual-stream magnitudes (log scale)",
+                                                        "alignment with the sink"))
+    for col, dash in (("top1", None), ("top2", "dash"), ("top3", "dot"), ("median", None)):
+        fig.add_trace(go.Scatter(x=lay["layer"], y=lay[col], mode="lines+markers", name=col,
+                                 line=dict(dash=dash, color="gray" if col == "median" else None),
+                                 text=[f"{h}<br>top-1 dim {d}" for h, d in zip(lay["hook"], lay["top1_dim"])]),
+                      row=1, col=1)
+    thr = float(result["summary"]["abs_threshold"].iloc[0])
+    fig.add_hline(y=thr, line_dash="dot", line_color="red", annotation_text=f"|h| = {thr:g}", row=1, col=1)
+    for col in ("top1_pos0_share", "key0_mass", "r0", "r_top"):
+        fig.add_trace(go.Scatter(x=lay["layer"], y=lay[col], mode="lines+markers", name=col), row=1, col=2)
+    fig.update_yaxes(type="log", title_text="|h|", row=1, col=1)
+    fig.update_xaxes(title_text="layer (input stream of; L = last output)")
+    fig.update_layout(title=f"Massive activations — {name}")
+    return fig
+
+
+__all__ = ["massive_activations", "MassiveAccumulator", "massive_figure", "site_names", "median_abs", "ABS_THRESHOLD",
+           "RATIO_THRESHOLD"]

@@ -1,0 +1,222 @@
+"""Sink heads and the Sink^ε metric (Gu et al., "When attention sink emerges in language models", ICLR 2025).
+
+Per head (l, h) the *key-0 score* is the mean over queries of the attention mass on key 0,
+    α^{l,h} = mean_{rows t >= 1} a_{t,0}
+where a_{t,0} is the pattern's column 0: with a phantom (off-by-one, sink logit, gpt-oss sinks) the row's normaliser
+includes the phantom, so rows sum to 1 - phantom and α is an absolute share of all mass. A head is a *sink head* at
+threshold ε when α^{l,h} > ε (Gu et al.'s default ε = 0.3), and
+    Sink^ε = (1 / L) Σ_l (1 / H) Σ_h 1[α^{l,h} > ε]
+is the share of sink heads in the model (reported per layer as well, for every ε asked for).
+
+Conventions (SPEC §5): rows t >= 1 (query 0 sees only key 0); Gu et al. average over every query including the first,
+which ``include_query0=True`` reproduces. The mean is pooled over every row of every window (all windows have the same
+length, so this equals the mean over windows of per-window means), then thresholded per head. Beside α the tables
+report the key-0 share of the *real* mass (a_{t,0} / Σ_j a_{t,j}, sinks.py's ``pos0_share``), the phantom share and
+the causal-uniform reference mean_t 1/(t+1). "Key 0" is the first position of the window: the first text token (eval
+windows carry no BOS), or, for the custom ``sinktoken`` variant, the learned sink token prepended at position 0
+(``meta['key0']`` says which). Sliding-window layers (gpt-oss) are also reported over the rows whose window contains
+key 0 (``*_key0`` columns); the sink-head decision uses all rows unless ``window_rows='key0'`` is asked for.
+
+Memory: the streaming pass hooks q, k (the sink logit, a routing-slot gate) one layer at a time and gets the per-row
+masses from probe.kernels.attention_row_masses; no T x T tensor exists. ``method='pattern'`` reads ``hook_pattern`` /
+``hook_phantom`` instead, still one layer at a time (the reference the tests compare against).
+"""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, make_bar, model_device,
+                                    row_mass_hooks, row_masses, sliding)
+
+DEFAULT_EPS = (0.3,)
+
+
+def _eps_list(eps) -> list[float]:
+    out = [float(e) for e in ([eps] if isinstance(eps, (int, float)) else eps)]
+    if not out:
+        raise ValueError("eps: give at least one threshold")
+    if any(not 0 <= e < 1 for e in out):
+        raise ValueError(f"eps={out}: thresholds are shares of attention mass, 0 <= eps < 1")
+    return list(dict.fromkeys(out))
+
+
+def key0_label(info) -> str:
+    return "learned sink token" if info.sink_token else "first input token"
+
+
+class SinkEpsAccumulator:
+    """Sums over rows of the key-0 mass, its share of the real mass and the phantom mass per (layer, head)."""
+
+    def __init__(self, info, eps=DEFAULT_EPS, include_query0: bool = False, window_rows: str = "all"):
+        if window_rows not in ("all", "key0"):
+            raise ValueError(f"window_rows={window_rows!r}: choose 'all' or 'key0'")
+        self.info, self.eps, self.q0, self.window_rows = info, _eps_list(eps), include_query0, window_rows
+        L, H = info.n_layers, info.n_heads
+        z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
+        self.key0, self.real0, self.phantom, self.rows, self.uniform = z(L, H), z(L, H), z(L, H), z(L), z(L)
+        self.key0_w, self.real0_w, self.phantom_w, self.rows_w, self.uniform_w = z(L, H), z(L, H), z(L, H), z(L), z(L)
+
+    def add(self, layer: int, key0: torch.Tensor, real: torch.Tensor, phantom: torch.Tensor) -> None:
+        """key0: (B, H, T) mass on key 0 (phantom in the normaliser); real: (B, H, T) mass on all real keys;
+        phantom: (B, H, T) phantom mass (zeros without one)."""
+        key0, real, phantom = key0.double().cpu(), real.double().cpu(), phantom.double().cpu()
+        B, H, T = key0.shape
+        first = 0 if self.q0 else 1
+        if T - first < 1:
+            raise ValueError("Sink^ε needs at least 2 positions (rows t >= 1)")
+        t = torch.arange(first, T, dtype=torch.float64)
+        share = key0 / real.clamp_min(1e-300)
+        window = sliding(self.info, layer)
+        sees0 = t < window if window is not None else torch.ones_like(t, dtype=torch.bool)
+        n = int(sees0.sum())  # rows first .. first+n-1 see key 0 (a window always contains its own query)
+        for (k0, r0, ph, rows, uni), sl in (((self.key0, self.real0, self.phantom, self.rows, self.uniform),
+                                             slice(first, T)),
+                                            ((self.key0_w, self.real0_w, self.phantom_w, self.rows_w, self.uniform_w),
+                                             slice(first, first + n))):
+            k0[layer] += key0[:, :, sl].sum((0, 2))
+            r0[layer] += share[:, :, sl].sum((0, 2))
+            ph[layer] += phantom[:, :, sl].sum((0, 2))
+            nrows = sl.stop - sl.start
+            rows[layer] += B * nrows
+            tt = t[:nrows]
+            uni[layer] += B * torch.where(sees0[:nrows], 1 / (tt + 1), 0).sum()
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        info = self.info
+        heads = []
+        for l in range(info.n_layers):
+            r, rw = self.rows[l], self.rows_w[l]
+            for h in range(info.n_heads):
+                heads.append({"layer": l, "head": h, "kv_head": h // info.kv_group, "layer_type": info.layer_types[l],
+                              "key0_mass": float(self.key0[l, h] / r), "key0_share_real": float(self.real0[l, h] / r),
+                              "phantom_share": float(self.phantom[l, h] / r), "uniform_ref": float(self.uniform[l] / r),
+                              "key0_mass_key0": float(self.key0_w[l, h] / rw),
+                              "key0_share_real_key0": float(self.real0_w[l, h] / rw),
+                              "uniform_ref_key0": float(self.uniform_w[l] / rw)})
+        heads = pd.DataFrame(heads)
+        score = "key0_mass" if self.window_rows == "all" else "key0_mass_key0"
+        layers, summary = [], []
+        for e in self.eps:
+            is_sink = heads[score] > e
+            is_sink_w = heads["key0_mass_key0"] > e
+            g = heads.assign(sink=is_sink, sink_key0=is_sink_w).groupby(["layer", "layer_type"], sort=True)
+            lay = g.agg(n_heads=("head", "size"), n_sink_heads=("sink", "sum"), sink_share=("sink", "mean"),
+                        n_sink_heads_key0=("sink_key0", "sum"), sink_share_key0=("sink_key0", "mean"),
+                        key0_mass=("key0_mass", "mean"), key0_share_real=("key0_share_real", "mean"),
+                        phantom_share=("phantom_share", "mean"), uniform_ref=("uniform_ref", "mean")).reset_index()
+            lay.insert(2, "epsilon", e)
+            layers.append(lay)
+            summary.append({"epsilon": e, "n_heads": len(heads), "n_sink_heads": int(is_sink.sum()),
+                            "sink_share": float(lay["sink_share"].mean()),  # (1/L) Σ_l (1/H) Σ_h 1[α > ε]
+                            "sink_share_key0": float(lay["sink_share_key0"].mean()),
+                            "key0_mass": float(lay["key0_mass"].mean()),
+                            "key0_share_real": float(lay["key0_share_real"].mean()),
+                            "phantom_share": float(lay["phantom_share"].mean()),
+                            "uniform_ref": float(lay["uniform_ref"].mean()),
+                            "key0": key0_label(info), "rows": "t>=0" if self.q0 else "t>=1",
+                            "score": score})
+        layers = pd.concat(layers, ignore_index=True)
+        layers[["n_sink_heads", "n_sink_heads_key0"]] = layers[["n_sink_heads", "n_sink_heads_key0"]].astype(int)
+        return {"summary": pd.DataFrame(summary), "layers": layers, "heads": heads}
+
+
+@torch.no_grad()
+def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, window_rows: str = "all",
+               method: str = "streaming", backend: str = "auto", progress: bool = False) -> dict[str, pd.DataFrame]:
+    """Sink^ε for every ε in ``eps``: tables ``summary`` (one row per ε: the model's share of sink heads),
+    ``layers`` (one row per layer and ε), ``heads`` (key-0 score per head) and ``meta``.
+
+    ``method='streaming'`` (default) never materialises a pattern; ``'pattern'`` reads hook_pattern/hook_phantom one
+    layer at a time. ``window_rows='key0'`` decides sink heads of sliding-window layers on the rows that see key 0."""
+    if method not in ("streaming", "pattern"):
+        raise ValueError(f"method={method!r}: choose 'streaming' or 'pattern'")
+    info = model.probe_info
+    w = as_windows(data)
+    acc = SinkEpsAccumulator(info, eps, include_query0, window_rows)
+
+    if method == "streaming":
+        needs = [h for h in row_mass_hooks(info) if h != "hook_v"]
+
+        def on_layer(l, got):
+            k = got["hook_k"]
+            B, T, Hkv = k.shape[:3]
+            ind = torch.zeros(B, T, Hkv, 2, dtype=torch.float32, device=k.device)  # [key 0, every real key]
+            ind[:, 0, :, 0] = 1
+            ind[..., 1] = 1
+            _, mass, phantom = row_masses(info, l, got, ind, backend)
+            acc.add(l, mass[..., 0], mass[..., 1], phantom)
+    else:
+        needs = ["hook_pattern", "hook_phantom"]
+
+        def on_layer(l, got):
+            pattern = got["hook_pattern"]
+            acc.add(l, pattern[..., 0], pattern.sum(-1, dtype=torch.float64), got["hook_phantom"])
+
+    collector = LayerCollector(model, lambda l: needs, on_layer, stop_early=True)
+    bar = make_bar(len(w), progress, "sink heads (Sink^ε)")
+    for n in range(len(w)):
+        collector.run(model, w.inputs(n, model_device(model)))
+        bar.update()
+    bar.close()
+    meta = describe(model, w, "sink_heads", method=method, eps=",".join(f"{e:g}" for e in acc.eps),
+                    key0=key0_label(info), rows="t>=0" if include_query0 else "t>=1", window_rows=window_rows,
+                    **({"backend": backend} if method == "streaming" else {}))
+    return finish(acc.tables(), meta)
+
+
+# ------------------------------------------------------------------------------------------------------------ figures
+
+
+def _many(results):
+    return [results] if isinstance(results, dict) else list(results)
+
+
+def sink_eps_figure(results):
+    """Left: share of sink heads per layer (one line per model and ε); right: key-0 score per head (layer x head) of
+    the first result, with the smallest ε as the colour midpoint."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    res0 = _many(results)[0]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("share of sink heads per layer (Sink^ε)",
+                                                        f"key-0 score per head — {res0['meta']['model'].iloc[0]}"))
+    for res in _many(results):
+        name = str(res["meta"]["model"].iloc[0])
+        for e, g in res["layers"].groupby("epsilon", sort=False):
+            fig.add_trace(go.Scatter(x=g["layer"], y=g["sink_share"], mode="lines+markers", name=f"{name} ε={e:g}",
+                                     hovertemplate="layer %{x}: %{y:.2f}<extra>" + f"{name} ε={e:g}</extra>"),
+                          row=1, col=1)
+    heads = res0["heads"].pivot(index="layer", columns="head", values="key0_mass")
+    eps = float(res0["summary"]["epsilon"].min())
+    fig.add_trace(go.Heatmap(z=heads.to_numpy(), x=list(heads.columns), y=list(heads.index), zmin=0, zmax=1,
+                             colorscale=[[0, "#f7fbff"], [eps, "#9ecae1"], [1, "#08306b"]],
+                             colorbar=dict(title="mean a[t,0]", x=1.02), showlegend=False), row=1, col=2)
+    fig.update_yaxes(title_text="share of heads with α > ε", range=[-0.02, 1.02], row=1, col=1)
+    fig.update_xaxes(title_text="layer", row=1, col=1)
+    fig.update_xaxes(title_text="head", row=1, col=2)
+    fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=2)
+    fig.update_layout(title="Sink heads (Gu et al.): mean attention on key 0 above ε")
+    return fig
+
+
+def sink_eps_trend_figure(summary: pd.DataFrame):
+    """Sink^ε across models or training checkpoints: ``summary`` is the concatenation of several results' ``summary``
+    tables with a ``model`` column (and ``step`` where the models are checkpoints of one run, as ``probe report``
+    writes them). x = training step when every row has one, else the model."""
+    import plotly.graph_objects as go
+
+    steps = summary["step"] if "step" in summary else pd.Series([None] * len(summary), index=summary.index)
+    by_step = steps.notna().all()
+    fig = go.Figure()
+    for e, g in summary.groupby("epsilon", sort=False):
+        x = g["step"].astype(int) if by_step else g["model"]
+        fig.add_trace(go.Scatter(x=x, y=g["sink_share"], mode="lines+markers", name=f"ε = {e:g}", text=g["model"]))
+    fig.update_layout(title="Sink^ε: share of heads whose mean attention on key 0 exceeds ε",
+                      xaxis_title="training step" if by_step else "model", yaxis_title="Sink^ε",
+                      yaxis_range=[-0.02, 1.02])
+    return fig
+
+
+__all__ = ["sink_heads", "SinkEpsAccumulator", "sink_eps_figure", "sink_eps_trend_figure", "DEFAULT_EPS",
+           "key0_label"]

@@ -1,8 +1,14 @@
 """probe: mechanistic interpretability of how attention routes information.
 
-Heavy libraries are imported lazily so that ``import probe`` and ``probe --help`` stay fast.
+Heavy libraries are imported lazily so that ``import probe`` and ``probe --help`` stay fast. The custom model type
+is registered with transformers' Auto classes as soon as transformers is in use (now, or when it is first imported),
+so after ``import probe``, ``AutoModelForCausalLM.from_pretrained(dir)`` loads saved probe models.
 """
 from __future__ import annotations
+
+import importlib
+import importlib.abc
+import sys
 
 __version__ = "0.1.0"
 
@@ -15,7 +21,31 @@ def __getattr__(name: str):
 
         return load
     if name in {"models", "kernels", "hooks", "analyses", "data", "train"}:
-        import importlib
-
         return importlib.import_module(f"probe.{name}")
     raise AttributeError(f"module 'probe' has no attribute {name!r}")
+
+
+class _RegisterWhenTransformersLoads(importlib.abc.MetaPathFinder):
+    """Runs ``import probe.models`` (which registers the "probe" model type) right after transformers loads."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "transformers":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_register(module):
+            exec_module(module)  # transformers swaps in its lazy module itself
+            importlib.import_module("probe.models")
+
+        spec.loader.exec_module = exec_and_register
+        return spec
+
+
+if "transformers" in sys.modules:
+    importlib.import_module("probe.models")
+elif not any(isinstance(f, _RegisterWhenTransformersLoads) for f in sys.meta_path):
+    sys.meta_path.insert(0, _RegisterWhenTransformersLoads())

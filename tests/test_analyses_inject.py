@@ -68,7 +68,11 @@ def test_own_direction_needs_a_projection_gate():
     from probe.models import create
 
     untrained = create("projgate", n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=64, vocab_size=97)
+    with pytest.raises(ValueError, match=r"layer 0, KV head\(s\) \[0, 1, 2, 3\] is zero"):  # w = 0 at init
+        own_directions(untrained)
     with torch.no_grad():
+        for blk in untrained.blocks:
+            blk.attn.gate_w.normal_()
         untrained.blocks[1].attn.gate_w[2].zero_()
     with pytest.raises(ValueError, match=r"layer 1, KV head\(s\) \[2\] is zero"):  # w_h = 0 has no direction
         own_directions(untrained)

@@ -253,3 +253,17 @@ def test_documented_constant_inits():
     mudd = create("mudd", **SMALL)
     assert (mudd.blocks[0].dense.w2.weight == 0).all() and mudd.blocks[0].dense.w1.weight.std() > 0
     assert (create("slr-full-r8", **SMALL).final_read.query == 0).all()
+
+
+@pytest.mark.parametrize("order", ["probe first", "transformers first"])
+def test_import_probe_registers_the_model_type_with_auto_classes(tmp_path, order):
+    import subprocess
+    import sys
+
+    create("baseline", **SMALL).save_pretrained(tmp_path)
+    imports = "import probe; import transformers" if order == "probe first" else "import transformers; import probe"
+    code = (f"{imports}\nm = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\n"
+            "print(type(m).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ProbeForCausalLM")

@@ -1,0 +1,241 @@
+"""Active and dormant heads (Guo et al., "Active-dormant attention heads: mechanistically demystifying extreme-token
+phenomena in LLMs", 2024), and how dormancy depends on the input domain.
+
+Per head (layer l, query head h) and *input* (one evaluation window x):
+
+    key0_mass(x)  = mean over rows t >= 1 of the attention mass on key 0 (pattern column 0; with a phantom the rows'
+                    normaliser includes it, so this is a share of all mass; SPEC §5 rows)
+    phantom(x)    = mean over rows t >= 1 of the phantom mass (0 without one)
+    z_norm(x)     = mean over positions t >= 1 of ||z_t||, z = hook_z (the head's output before the output projection)
+    z_ratio(x)    = z_norm(x) / mean over every input of the run (all domains pooled) of z_norm for that head
+
+**Definition used here.** A head is *dormant* on an input when key0_mass(x) > ``threshold`` (default 0.5): it dumps
+most of its mass on the sink and reads little content; otherwise it is *active*. This is the attention-weight
+criterion Guo et al. use for pretrained LLMs (mass on the first token). Their mechanism predicts that a dormant head's
+output is small (the sink's value is drained), so the output-norm criterion is reported beside it:
+``dormant_norm`` = z_ratio(x) < ``norm_ratio`` (default 0.5), plus the per-head mean ||z|| in each state and the
+agreement of the two criteria. For the ``sinktoken`` variant key 0 is the learned sink token; with a phantom (sink
+logit, off-by-one, gpt-oss) mass parked on the phantom is not key-0 mass: ``phantom`` is reported beside it and
+``dormant_phantom`` = key0_mass + phantom > ``threshold`` treats both as the sink.
+
+Domain dependence: ``data`` may map domain names to windows (e.g. the bundled corpora, see ``domain_windows``); the
+tables then give the dormant share per domain and layer, and the heads whose dormant rate differs most between
+domains (``switching``).
+
+Memory: one streaming pass per window; q, k (sink logit) and z of one layer at a time, row masses from
+probe.kernels.attention_row_masses (no T x T pattern).
+"""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, make_bar, model_device,
+                                    row_mass_hooks, row_masses)
+
+THRESHOLD = 0.5
+NORM_RATIO = 0.5
+DOMAINS = ("wikitext-2-test", "shakespeare", "kjv")
+
+
+def domain_windows(model, corpora=DOMAINS, *, n_batches: int = 2, batch_size: int = 4, ctx: int | None = None,
+                   seed: int = 0, mode: str = "sequential") -> dict:
+    """Evaluation windows of the model per corpus (the bundled ones by default): {corpus name: EvalBatches}."""
+    from probe.analyses.capture import default_windows
+
+    return {c: default_windows(model, c, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=mode)
+            for c in corpora}
+
+
+class DormantAccumulator:
+    """Per (domain, window, layer, head): key-0 mass, phantom mass and mean head-output norm over rows t >= 1."""
+
+    def __init__(self, info, threshold: float = THRESHOLD, norm_ratio: float = NORM_RATIO):
+        if not 0 < threshold < 1:
+            raise ValueError(f"threshold={threshold}: a share of attention mass, 0 < threshold < 1")
+        if norm_ratio <= 0:
+            raise ValueError(f"norm_ratio={norm_ratio} must be positive")
+        self.info, self.threshold, self.norm_ratio = info, float(threshold), float(norm_ratio)
+        self.rows: list[dict] = []
+
+    def add(self, layer: int, key0: torch.Tensor, phantom: torch.Tensor, z: torch.Tensor, *, domain: str = "",
+            batch: int = 0, doc_ids=None) -> None:
+        """key0, phantom: (B, H, T) per-row masses; z: (B, T, H, dh) head outputs. One row per (window, head)."""
+        B, H, T = key0.shape
+        if T < 2:
+            raise ValueError("dormant heads need at least 2 positions (rows t >= 1)")
+        k0 = key0[:, :, 1:].double().mean(-1).cpu()  # (B, H)
+        ph = phantom[:, :, 1:].double().mean(-1).cpu()
+        zn = z[:, 1:].double().norm(dim=-1).mean(1).cpu()  # (B, H)
+        for b in range(B):
+            doc = int(doc_ids[b]) if doc_ids is not None else -1
+            for h in range(H):
+                self.rows.append({"domain": domain, "batch": batch, "row": b, "doc_id": doc, "layer": layer,
+                                  "head": h, "key0_mass": float(k0[b, h]), "phantom_share": float(ph[b, h]),
+                                  "z_norm": float(zn[b, h])})
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        info = self.info
+        inputs = pd.DataFrame(self.rows)
+        inputs.insert(5, "kv_head", inputs["head"] // info.kv_group)
+        head_mean = inputs.groupby(["layer", "head"])["z_norm"].transform("mean")
+        inputs["z_ratio"] = inputs["z_norm"] / head_mean.where(head_mean > 0)
+        inputs["dormant"] = inputs["key0_mass"] > self.threshold
+        inputs["dormant_norm"] = inputs["z_ratio"] < self.norm_ratio
+        inputs["dormant_phantom"] = (inputs["key0_mass"] + inputs["phantom_share"]) > self.threshold
+        inputs = inputs.sort_values(["domain", "batch", "row", "layer", "head"], kind="stable").reset_index(drop=True)
+
+        def state_mean(g, col, dormant):
+            sel = g[g["dormant"] == dormant][col]
+            return float(sel.mean()) if len(sel) else float("nan")
+
+        heads = []
+        for (l, h), g in inputs.groupby(["layer", "head"], sort=True):
+            heads.append({"layer": l, "head": h, "kv_head": h // info.kv_group, "n_inputs": len(g),
+                          "dormant_rate": float(g["dormant"].mean()),
+                          "dormant_norm_rate": float(g["dormant_norm"].mean()),
+                          "dormant_phantom_rate": float(g["dormant_phantom"].mean()),
+                          "agreement": float((g["dormant"] == g["dormant_norm"]).mean()),
+                          "key0_mass": float(g["key0_mass"].mean()), "phantom_share": float(g["phantom_share"].mean()),
+                          "z_norm": float(g["z_norm"].mean()),
+                          "z_norm_dormant": state_mean(g, "z_norm", True), "z_norm_active": state_mean(g, "z_norm", False),
+                          "z_ratio_dormant": state_mean(g, "z_ratio", True),
+                          "z_ratio_active": state_mean(g, "z_ratio", False)})
+        heads = pd.DataFrame(heads)
+        agg = dict(n_inputs=("dormant", "size"), dormant_share=("dormant", "mean"),
+                   dormant_norm_share=("dormant_norm", "mean"), dormant_phantom_share=("dormant_phantom", "mean"),
+                   key0_mass=("key0_mass", "mean"), phantom_share=("phantom_share", "mean"),
+                   z_ratio=("z_ratio", "mean"))
+        domains = inputs.groupby(["domain", "layer"], sort=False).agg(**agg).reset_index()
+        summary = inputs.groupby("domain", sort=False).agg(**agg).reset_index()
+        if summary["domain"].nunique() > 1:
+            summary = pd.concat([summary, inputs.assign(domain="all").groupby("domain").agg(**agg).reset_index()],
+                                ignore_index=True)
+        summary["n_windows"] = [int(inputs[inputs["domain"] == d].groupby(["batch", "row"]).ngroups) if d != "all"
+                                else int(inputs.groupby(["domain", "batch", "row"]).ngroups) for d in summary["domain"]]
+        summary["threshold"], summary["norm_ratio"] = self.threshold, self.norm_ratio
+        # heads whose dormancy depends on the domain
+        rate = inputs.pivot_table(index=["layer", "head"], columns="domain", values="dormant", aggfunc="mean",
+                                  sort=False)
+        switching = rate.reset_index()
+        switching.columns = [str(c) if c in ("layer", "head") else f"dormant_rate[{c}]" for c in switching.columns]
+        cols = [c for c in switching.columns if c.startswith("dormant_rate[")]
+        switching["spread"] = switching[cols].max(axis=1) - switching[cols].min(axis=1)
+        switching = switching.sort_values(["spread", "layer", "head"], ascending=[False, True, True],
+                                          kind="stable").reset_index(drop=True)
+        return {"summary": summary, "domains": domains, "heads": heads, "switching": switching, "inputs": inputs}
+
+
+def _as_domains(data) -> dict:
+    if isinstance(data, dict):
+        if not data:
+            raise ValueError("data: an empty mapping of domains")
+        return {str(k): as_windows(v) for k, v in data.items()}
+    w = as_windows(data)
+    return {str(w.meta.get("corpus", "data")): w}
+
+
+@torch.no_grad()
+def dormant_heads(model, data, *, threshold: float = THRESHOLD, norm_ratio: float = NORM_RATIO,
+                  backend: str = "auto", progress: bool = False) -> dict[str, pd.DataFrame]:
+    """Active/dormant state of every head on every input window. ``data``: windows (EvalBatches or token tensor), or
+    {domain name: windows} to compare domains. Tables: ``summary`` (one row per domain, and 'all'), ``domains`` (per
+    domain and layer), ``heads`` (dormant rate and output norms per state), ``switching`` (dormant rate per domain and
+    its spread, most domain-dependent heads first), ``inputs`` (one row per window and head) and ``meta``."""
+    info = model.probe_info
+    domains = _as_domains(data)
+    acc = DormantAccumulator(info, threshold, norm_ratio)
+    needs = [h for h in row_mass_hooks(info) if h != "hook_v"] + ["hook_z"]
+    state: dict = {}
+
+    def on_layer(l, got):
+        k = got["hook_k"]
+        B, T, Hkv = k.shape[:3]
+        ind = torch.ones(B, T, Hkv, 1, dtype=torch.float32, device=k.device)
+        ind[:, 1:] = 0  # key 0 only
+        _, mass, phantom = row_masses(info, l, got, ind, backend)
+        acc.add(l, mass[..., 0], phantom, got["hook_z"], domain=state["domain"], batch=state["batch"],
+                doc_ids=state["docs"])
+
+    collector = LayerCollector(model, lambda l: needs, on_layer, stop_early=True)
+    bar = make_bar(sum(len(w) for w in domains.values()), progress, "dormant heads")
+    for name, w in domains.items():
+        for n in range(len(w)):
+            state.update(domain=name, batch=n, docs=w.doc_ids[n].tolist() if w.doc_ids is not None else None)
+            collector.run(model, w.inputs(n, model_device(model)))
+            bar.update()
+    bar.close()
+    first = next(iter(domains.values()))
+    meta = describe(model, first, "dormant", threshold=float(threshold), norm_ratio=float(norm_ratio),
+                    criterion="key0_mass > threshold (rows t >= 1); also z_ratio < norm_ratio",
+                    key0="learned sink token" if info.sink_token else "first input token")
+    if len(domains) > 1:  # the corpus identity of every domain
+        meta["corpus"] = "+".join(domains)
+        meta["domains"] = "; ".join(f"{k}: {w.meta.get('corpus_fingerprint') or w.meta.get('corpus')} "
+                                    f"({len(w)}x{w.batch_size} windows, ctx {w.tokens.shape[-1] - 1})"
+                                    for k, w in domains.items())
+    return finish(acc.tables(), meta)
+
+
+# ------------------------------------------------------------------------------------------------------------ figures
+
+
+def dormant_figure(result: dict):
+    """Left: share of dormant (head, input) pairs per layer, one bar series per domain; right: every (head, input) as
+    key-0 mass against the output-norm ratio, coloured by domain, with both thresholds."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    name = str(result["meta"]["model"].iloc[0])
+    meta = result["meta"].iloc[0]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("dormant share per layer",
+                                                        "key-0 mass vs output norm (each head x input)"))
+    dom = result["domains"]
+    inputs = result["inputs"]
+    for i, (d, g) in enumerate(dom.groupby("domain", sort=False)):
+        fig.add_trace(go.Bar(x=g["layer"], y=g["dormant_share"], name=d, legendgroup=d,
+                             marker_color=_colour(i)), row=1, col=1)
+        s = inputs[inputs["domain"] == d]
+        fig.add_trace(go.Scattergl(x=s["key0_mass"], y=s["z_ratio"], mode="markers", name=d, legendgroup=d,
+                                   showlegend=False, marker=dict(size=4, opacity=0.5, color=_colour(i)),
+                                   text=[f"L{l}H{h} window {b}.{r}" for l, h, b, r in
+                                         zip(s["layer"], s["head"], s["batch"], s["row"])]), row=1, col=2)
+    fig.add_vline(x=float(meta["threshold"]), line_dash="dot", line_color="gray", row=1, col=2)
+    fig.add_hline(y=float(meta["norm_ratio"]), line_dash="dot", line_color="gray", row=1, col=2)
+    fig.update_xaxes(title_text="layer", row=1, col=1)
+    fig.update_yaxes(title_text="share of (head, input) dormant", range=[0, 1], row=1, col=1)
+    fig.update_xaxes(title_text="mean attention on key 0", range=[0, 1], row=1, col=2)
+    fig.update_yaxes(title_text="||z|| / head mean", row=1, col=2)
+    fig.update_layout(title=f"Active and dormant heads — {name}", barmode="group")
+    return fig
+
+
+def dormant_heads_figure(result: dict):
+    """Layer x head heatmap of the dormant rate, one panel per domain."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    sw = result["switching"]
+    cols = [c for c in sw.columns if c.startswith("dormant_rate[")]
+    fig = make_subplots(rows=1, cols=len(cols), subplot_titles=[c[len("dormant_rate["):-1] for c in cols])
+    for i, c in enumerate(cols, start=1):
+        h = sw.pivot(index="layer", columns="head", values=c).sort_index()
+        fig.add_trace(go.Heatmap(z=h.to_numpy(), x=list(h.columns), y=list(h.index), zmin=0, zmax=1,
+                                 colorscale="Viridis", showscale=i == 1, colorbar=dict(title="dormant rate")),
+                      row=1, col=i)
+        fig.update_yaxes(autorange="reversed", row=1, col=i)
+    fig.update_xaxes(title_text="head")
+    fig.update_yaxes(title_text="layer", col=1)
+    fig.update_layout(title=f"Dormant rate per head and domain — {result['meta']['model'].iloc[0]}")
+    return fig
+
+
+def _colour(i: int) -> str:
+    import plotly.express as px
+
+    pal = px.colors.qualitative.Plotly
+    return pal[i % len(pal)]
+
+
+__all__ = ["dormant_heads", "DormantAccumulator", "domain_windows", "dormant_figure", "dormant_heads_figure",
+           "THRESHOLD", "NORM_RATIO", "DOMAINS"]

@@ -10,13 +10,18 @@ Per head (layer l, query head h) and *input* (one evaluation window x):
     z_ratio(x)    = z_norm(x) / mean over every input of the run (all domains pooled) of z_norm for that head
 
 **Definition used here.** A head is *dormant* on an input when key0_mass(x) > ``threshold`` (default 0.5): it dumps
-most of its mass on the sink and reads little content; otherwise it is *active*. This is the attention-weight
-criterion Guo et al. use for pretrained LLMs (mass on the first token). Their mechanism predicts that a dormant head's
-output is small (the sink's value is drained), so the output-norm criterion is reported beside it:
+most of its mass on the sink and reads little content; otherwise it is *active*. This follows Guo et al.'s
+attention-weight criterion for pretrained LLMs (attention on the first token, as Sandoval-Segura et al. 2025 also
+characterise it); the 0.5 threshold is this module's choice (the paper was not available offline to copy its value).
+Their mechanism predicts that a dormant head's output is small (the sink's value is drained), so the output-norm
+criterion is reported beside it:
 ``dormant_norm`` = z_ratio(x) < ``norm_ratio`` (default 0.5), plus the per-head mean ||z|| in each state and the
 agreement of the two criteria. For the ``sinktoken`` variant key 0 is the learned sink token; with a phantom (sink
 logit, off-by-one, gpt-oss) mass parked on the phantom is not key-0 mass: ``phantom`` is reported beside it and
 ``dormant_phantom`` = key0_mass + phantom > ``threshold`` treats both as the sink.
+
+Sliding-window layers (gpt-oss): rows past the window cannot see key 0, so all three per-input numbers are taken
+over the rows 1 <= t < window, whose window contains key 0.
 
 Domain dependence: ``data`` may map domain names to windows (e.g. the bundled corpora, see ``domain_windows``); the
 tables then give the dormant share per domain and layer, and the heads whose dormant rate differs most between
@@ -31,7 +36,7 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, make_bar, model_device,
-                                    row_mass_hooks, row_masses)
+                                    row_mass_hooks, row_masses, sliding)
 
 THRESHOLD = 0.5
 NORM_RATIO = 0.5
@@ -64,9 +69,11 @@ class DormantAccumulator:
         B, H, T = key0.shape
         if T < 2:
             raise ValueError("dormant heads need at least 2 positions (rows t >= 1)")
-        k0 = key0[:, :, 1:].double().mean(-1).cpu()  # (B, H)
-        ph = phantom[:, :, 1:].double().mean(-1).cpu()
-        zn = z[:, 1:].double().norm(dim=-1).mean(1).cpu()  # (B, H)
+        window = sliding(self.info, layer)
+        end = T if window is None else min(T, window)  # sliding layers: the rows whose window contains key 0
+        k0 = key0[:, :, 1:end].double().mean(-1).cpu()  # (B, H)
+        ph = phantom[:, :, 1:end].double().mean(-1).cpu()
+        zn = z[:, 1:end].double().norm(dim=-1).mean(1).cpu()  # (B, H)
         for b in range(B):
             doc = int(doc_ids[b]) if doc_ids is not None else -1
             for h in range(H):
@@ -83,7 +90,10 @@ class DormantAccumulator:
         inputs["dormant"] = inputs["key0_mass"] > self.threshold
         inputs["dormant_norm"] = inputs["z_ratio"] < self.norm_ratio
         inputs["dormant_phantom"] = (inputs["key0_mass"] + inputs["phantom_share"]) > self.threshold
-        inputs = inputs.sort_values(["domain", "batch", "row", "layer", "head"], kind="stable").reset_index(drop=True)
+        order = {d: i for i, d in enumerate(dict.fromkeys(inputs["domain"]))}  # domains in the order given
+        inputs = (inputs.assign(_d=inputs["domain"].map(order))
+                  .sort_values(["_d", "batch", "row", "layer", "head"], kind="stable")
+                  .drop(columns="_d").reset_index(drop=True))
 
         def state_mean(g, col, dormant):
             sel = g[g["dormant"] == dormant][col]
@@ -98,7 +108,8 @@ class DormantAccumulator:
                           "agreement": float((g["dormant"] == g["dormant_norm"]).mean()),
                           "key0_mass": float(g["key0_mass"].mean()), "phantom_share": float(g["phantom_share"].mean()),
                           "z_norm": float(g["z_norm"].mean()),
-                          "z_norm_dormant": state_mean(g, "z_norm", True), "z_norm_active": state_mean(g, "z_norm", False),
+                          "z_norm_dormant": state_mean(g, "z_norm", True),
+                          "z_norm_active": state_mean(g, "z_norm", False),
                           "z_ratio_dormant": state_mean(g, "z_ratio", True),
                           "z_ratio_active": state_mean(g, "z_ratio", False)})
         heads = pd.DataFrame(heads)

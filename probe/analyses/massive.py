@@ -40,7 +40,8 @@ RATIO_THRESHOLD = 1000.0
 
 def site_names(info) -> list[str]:
     """Hook names of the measured sites: every layer's input stream, then the last layer's output."""
-    return [f"blocks.{l}.hook_resid_pre" for l in range(info.n_layers)] + [f"blocks.{info.n_layers - 1}.hook_resid_post"]
+    last = f"blocks.{info.n_layers - 1}.hook_resid_post"
+    return [f"blocks.{l}.hook_resid_pre" for l in range(info.n_layers)] + [last]
 
 
 def median_abs(a: torch.Tensor) -> torch.Tensor:
@@ -153,20 +154,24 @@ class MassiveAccumulator:
             self.r_massive_n[layer] += float(massive_pos.sum())
 
     def tables(self, tokenizer=None) -> dict[str, pd.DataFrame]:
-        info, L = self.info, self.info.n_layers
+        L = self.info.n_layers
         nan = float("nan")
         decode = _decoder(tokenizer)
         layers = []
         for s, hook in enumerate(self.sites):
             n = float(self.seqs[s])
+            if n == 0:  # a site that saw no window (only when fed by hand)
+                continue
             dim, cnt = self.top1_dims[s].most_common(1)[0] if self.top1_dims[s] else (-1, 0)
-            row = {"layer": s, "hook": hook, "top1": float(self.topk_sum[s, 0] / n), "top2": float(self.topk_sum[s, 1] / n),
-                   "top3": float(self.topk_sum[s, 2] / n), "median": float(self.median_sum[s] / n),
-                   "ratio": float(self.ratio_sum[s] / n), "max_magnitude": float(self.max_mag[s]),
+            row = {"layer": s, "hook": hook, "top1": float(self.topk_sum[s, 0] / n),
+                   "top2": float(self.topk_sum[s, 1] / n), "top3": float(self.topk_sum[s, 2] / n),
+                   "median": float(self.median_sum[s] / n), "ratio": float(self.ratio_sum[s] / n),
+                   "max_magnitude": float(self.max_mag[s]),
                    "top1_dim": int(dim), "top1_dim_share": cnt / n, "top1_pos0_share": float(self.top1_pos0[s] / n),
                    "n_massive": int(self.n_massive[s]), "n_massive_dims": len(self.massive[s]),
                    "massive_windows": float(self.massive_seqs[s] / n),
-                   "massive_pos0_share": float(self.n_massive_pos0[s] / self.n_massive[s]) if self.n_massive[s] else nan}
+                   "massive_pos0_share": (float(self.n_massive_pos0[s] / self.n_massive[s]) if self.n_massive[s]
+                                          else nan)}
             if s < L:
                 row.update(key0_mass=float(self.key0[s] / self.key0_rows[s]),
                            top_mass=float(self.top_mass[s] / self.top_rows[s]),
@@ -294,8 +299,10 @@ def massive_figure(result: dict):
                                  line=dict(dash=dash, color="gray" if col == "median" else None),
                                  text=[f"{h}<br>top-1 dim {d}" for h, d in zip(lay["hook"], lay["top1_dim"])]),
                       row=1, col=1)
-    thr = float(result["summary"]["abs_threshold"].iloc[0])
-    fig.add_hline(y=thr, line_dash="dot", line_color="red", annotation_text=f"|h| = {thr:g}", row=1, col=1)
+    thr = float(result["summary"]["abs_threshold"].iloc[0])  # a trace, not a shape: shapes on log axes take log10(y)
+    fig.add_trace(go.Scatter(x=[lay["layer"].min(), lay["layer"].max()], y=[thr, thr], mode="lines",
+                             line=dict(dash="dot", color="red"), name=f"|h| = {thr:g} (massive threshold)"),
+                  row=1, col=1)
     for col in ("top1_pos0_share", "key0_mass", "r0", "r_top"):
         fig.add_trace(go.Scatter(x=lay["layer"], y=lay[col], mode="lines+markers", name=col), row=1, col=2)
     fig.update_yaxes(type="log", title_text="|h|", row=1, col=1)

@@ -8,8 +8,8 @@ threshold ε when α^{l,h} > ε (Gu et al.'s default ε = 0.3), and
     Sink^ε = (1 / L) Σ_l (1 / H) Σ_h 1[α^{l,h} > ε]
 is the share of sink heads in the model (reported per layer as well, for every ε asked for).
 
-Conventions (SPEC §5): rows t >= 1 (query 0 sees only key 0); Gu et al. average over every query including the first,
-which ``include_query0=True`` reproduces. The mean is pooled over every row of every window (all windows have the same
+Conventions (SPEC §5): rows t >= 1 (query 0 sees only key 0). Gu et al.'s score for key k averages over the queries
+i >= k, which for key 0 includes query 0 itself (always 1 - phantom); ``include_query0=True`` reproduces that. The mean is pooled over every row of every window (all windows have the same
 length, so this equals the mean over windows of per-window means), then thresholded per head. Beside α the tables
 report the key-0 share of the *real* mass (a_{t,0} / Σ_j a_{t,j}, sinks.py's ``pos0_share``), the phantom share and
 the causal-uniform reference mean_t 1/(t+1). "Key 0" is the first position of the window: the first text token (eval
@@ -196,7 +196,8 @@ def sink_eps_figure(results):
     fig.update_xaxes(title_text="layer", row=1, col=1)
     fig.update_xaxes(title_text="head", row=1, col=2)
     fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=2)
-    fig.update_layout(title="Sink heads (Gu et al.): mean attention on key 0 above ε")
+    fig.update_layout(title="Sink heads (Gu et al.): mean attention on key 0 above ε",
+                      legend=dict(orientation="h", y=-0.25))
     return fig
 
 
@@ -218,5 +219,27 @@ def sink_eps_trend_figure(summary: pd.DataFrame):
     return fig
 
 
-__all__ = ["sink_heads", "SinkEpsAccumulator", "sink_eps_figure", "sink_eps_trend_figure", "DEFAULT_EPS",
-           "key0_label"]
+def sink_eps_layers_figure(layers: pd.DataFrame, epsilon: float | None = None):
+    """Share of sink heads per layer across models or checkpoints (layer x model/step heatmap) at one ε (default: the
+    smallest): ``layers`` is the concatenation of several results' ``layers`` tables with a ``model`` column (and
+    ``step``), as ``probe report`` collects them."""
+    import plotly.graph_objects as go
+
+    e = float(layers["epsilon"].min()) if epsilon is None else float(epsilon)
+    sub = layers[layers["epsilon"] == e]
+    if sub.empty:
+        raise ValueError(f"epsilon={e:g} is not among the table's thresholds {sorted(layers['epsilon'].unique())}")
+    models = list(dict.fromkeys(sub["model"]))
+    steps = sub.drop_duplicates("model").set_index("model")["step"] if "step" in sub else None
+    by_step = steps is not None and steps.notna().all()
+    wide = sub.pivot_table(index="layer", columns="model", values="sink_share", sort=False)[models]
+    x = [str(int(steps[m])) for m in models] if by_step else models
+    fig = go.Figure(go.Heatmap(z=wide.to_numpy(), x=x, y=list(wide.index), zmin=0, zmax=1, colorscale="Viridis",
+                               colorbar=dict(title="sink share")))
+    fig.update_layout(title=f"Share of sink heads per layer (Sink^ε, ε = {e:g})",
+                      xaxis_title="training step" if by_step else "model", yaxis_title="layer")
+    return fig
+
+
+__all__ = ["sink_heads", "SinkEpsAccumulator", "sink_eps_figure", "sink_eps_trend_figure", "sink_eps_layers_figure",
+           "DEFAULT_EPS", "key0_label"]

@@ -1,0 +1,304 @@
+"""The superposition filtering task (abstention-filtering.md, appendix "Construction", Figure 4).
+
+A dictionary of N unit features in R^d (orthonormal when N <= d, random unit vectors otherwise) at load N/d; the
+first ``n_relevant`` features are relevant. A sequence holds T items, each a uniformly drawn relevant feature with
+probability ``p_relevant`` and a uniformly drawn irrelevant feature otherwise. One learned query attends over the
+items through one head (no FFN, no norm); a linear readout of the head output reports which relevant features are
+present (multi-label BCE). Keys: ``blind`` — a fresh random tag per item (N(0, I/d)), so routing cannot see content;
+``visible`` — the items themselves.
+
+Variants (all with the same initial weights and the same training data per seed, i.e. paired):
+  baseline   s_t = q . W_K k_t / sqrt(dh), a = softmax_t(s), o = sum_t a_t W_V x_t
+  offbyone   a phantom key with logit 0 and value 0 joins the softmax
+  normgate   each read is multiplied by g_t = sigmoid(beta (||v_t|| / sqrt(dh) - tau)), beta = 8, tau learned
+             (initialised at the median read norm of the initial model, as SPEC §4 suggests for the LM gate)
+  oracle     the baseline with every irrelevant item's read set to zero by ground truth, in training and evaluation
+
+Every (seed, variant) model is trained independently; for speed they are stacked along leading tensor dimensions
+(seed x variant), which is exactly equivalent to separate runs because the losses are summed, the models share no
+parameter and Adam is element-wise. Parameter initialisation (fan-in Gaussian for W_K, W_V and the readout, a unit
+Gaussian query, zero readout bias) is not given by the paper and is chosen here.
+
+Reported per (keys, load, variant, seed) on a fixed held-out set per seed: BCE, bit error (share of the
+n_relevant presence bits decided wrongly at logit 0), the attention mass on relevant items, on the phantom, and the
+mean gate on relevant and irrelevant reads. The ``gap`` table gives, per (keys, load), the oracle headroom
+(baseline error - oracle error) and the share of it each variant closes.
+"""
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from probe.experiments.common import Result, Timer, config_dict, mean_se
+
+VARIANTS = ("baseline", "offbyone", "normgate", "oracle")
+KEYS = ("blind", "visible")
+
+
+@dataclass
+class SuperpositionConfig:
+    d: int = 64
+    d_head: int = 64
+    loads: tuple = (1, 2, 4, 8)  # N / d
+    n_relevant: int = 16
+    n_items: int = 64
+    p_relevant: float = 0.15
+    steps: int = 4000
+    batch_size: int = 256
+    lr: float = 1e-3
+    seeds: tuple = (0, 1, 2)
+    keys: tuple = KEYS
+    variants: tuple = VARIANTS
+    beta: float = 8.0
+    n_eval: int = 4096  # held-out sequences per seed
+    curve_every: int = 100  # training-loss record interval (0 = none)
+    threads: int = 1
+
+
+def _gen(*key) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def dictionary(n_features: int, d: int, seed: int) -> torch.Tensor:
+    """(N, d) unit rows; orthonormal rows when N <= d."""
+    f = torch.randn(n_features, d, generator=_gen("dict", seed, n_features, d))
+    if n_features <= d:
+        q, _ = torch.linalg.qr(f.T)  # (d, N) orthonormal columns
+        return q.T.contiguous()
+    return f / f.norm(dim=1, keepdim=True)
+
+
+def sample(features: torch.Tensor, cfg: SuperpositionConfig, batch: int, g: torch.Generator):
+    """Items (B, T, d), tags (B, T, d), relevant mask (B, T) and targets (B, n_relevant)."""
+    N = features.shape[0]
+    T, R = cfg.n_items, cfg.n_relevant
+    rel = torch.rand(batch, T, generator=g) < cfg.p_relevant
+    rel_id = torch.randint(0, R, (batch, T), generator=g)
+    irr_id = torch.randint(R, N, (batch, T), generator=g)
+    ids = torch.where(rel, rel_id, irr_id)
+    x = features[ids]
+    tags = torch.randn(batch, T, cfg.d, generator=g) / math.sqrt(cfg.d)
+    y = (F.one_hot(rel_id, R).bool() & rel[..., None]).any(1).float()  # presence of each relevant feature
+    return x, tags, rel, y
+
+
+class StackedHeads(torch.nn.Module):
+    """S seeds x V variants of the one-query, one-head model, as stacked parameters (S, V, ...)."""
+
+    def __init__(self, cfg: SuperpositionConfig, variants, seeds):
+        super().__init__()
+        d, dh, R, V = cfg.d, cfg.d_head, cfg.n_relevant, len(variants)
+        init = []
+        for s in seeds:  # one draw per seed, shared by its variants (paired)
+            g = _gen("init", s, d, dh, R)
+            init.append((torch.randn(dh, generator=g), torch.randn(d, dh, generator=g) / math.sqrt(d),
+                         torch.randn(d, dh, generator=g) / math.sqrt(d), torch.randn(dh, R, generator=g) / math.sqrt(dh)))
+        stack = lambda i: torch.stack([t[i] for t in init])[:, None].repeat(1, V, *[1] * init[0][i].dim())  # noqa: E731
+        self.q, self.w_k, self.w_v, self.w_r = (torch.nn.Parameter(stack(i)) for i in range(4))
+        self.b_r = torch.nn.Parameter(torch.zeros(len(seeds), V, R))
+        self.tau = torch.nn.Parameter(torch.zeros(len(seeds), V))  # (S, V); see set_initial_tau
+        flag = lambda name: torch.tensor([v == name for v in variants])[None, :]  # noqa: E731 (1, V)
+        self.register_buffer("phantom", flag("offbyone"), persistent=False)
+        self.register_buffer("gated", flag("normgate"), persistent=False)
+        self.register_buffer("oracle", flag("oracle"), persistent=False)
+        self.beta, self.dh = cfg.beta, dh
+
+    def forward(self, x, keys, rel):
+        """x, keys: (S, B, T, d); rel: (S, B, T) -> logits (S, V, B, R) and diagnostics."""
+        S, B, T, d = x.shape
+        u = (self.w_k @ self.q[..., None])  # (S, V, d, 1): q . W_K k = k . (W_K q)
+        scores = (keys.reshape(S, 1, B * T, d) @ u).view(S, -1, B, T) / math.sqrt(self.dh)
+        lse = scores.logsumexp(-1)
+        lse = torch.where(self.phantom[..., None], torch.logaddexp(lse, torch.zeros_like(lse)), lse)
+        a = torch.exp(scores - lse[..., None])  # (S, V, B, T); rows sum to 1 - phantom
+        v = (x.reshape(S, 1, B * T, d) @ self.w_v).view(S, -1, B, T, self.dh)
+        keep = torch.where(self.oracle[..., None, None], rel[:, None].float(), torch.ones(()))  # (S, V, B, T)
+        gate = torch.sigmoid(self.beta * (v.norm(dim=-1) / math.sqrt(self.dh) - self.tau[..., None, None]))
+        weight = a * keep * torch.where(self.gated[..., None, None], gate, torch.ones(()))
+        o = torch.einsum("svbt,svbth->svbh", weight, v)
+        logits = o @ self.w_r + self.b_r[:, :, None]
+        return logits, {"attn": a, "gate": gate}
+
+
+@torch.no_grad()
+def set_initial_tau(model: StackedHeads, dicts, cfg: SuperpositionConfig, seeds) -> None:
+    """tau := median ||W_V x|| / sqrt(dh) of the initial model over one batch of items, per seed (SPEC §4's choice
+    for the language-model norm gate: half the reads pass at initialisation)."""
+    for i, (f, s) in enumerate(zip(dicts, seeds)):
+        x = sample(f, cfg, 256, _gen("tau", s))[0]
+        model.tau[i] = ((x @ model.w_v[i, 0]).norm(dim=-1) / math.sqrt(cfg.d_head)).median()
+
+
+def _batch(dicts, cfg, batch, gens, keys):
+    parts = [sample(f, cfg, batch, g) for f, g in zip(dicts, gens)]
+    x, tags, rel, y = (torch.stack(t) for t in zip(*parts))
+    return x, (tags if keys == "blind" else x), rel, y
+
+
+@torch.no_grad()
+def _evaluate(model, data, variants, seeds, keys, load) -> list[dict]:
+    x, k, rel, y = data
+    rows = []
+    for start in range(0, x.shape[1], 1024):
+        sl = slice(start, start + 1024)
+        logits, diag = model(x[:, sl], k[:, sl], rel[:, sl])
+        yy = y[:, None, sl].expand_as(logits)
+        bce = F.binary_cross_entropy_with_logits(logits, yy, reduction="none").sum((-2, -1))  # (S, V)
+        err = ((logits > 0).float() != yy).float().sum((-2, -1))
+        a, gate, r = diag["attn"], diag["gate"], rel[:, None, sl].float()
+        mass_rel = (a * r).sum((-2, -1))
+        mass_all = a.sum((-2, -1))
+        g_rel, g_irr = (gate * r).sum((-2, -1)), (gate * (1 - r)).sum((-2, -1))
+        rows.append(torch.stack([bce, err, mass_rel, mass_all, g_rel, g_irr]))
+    tot = torch.stack(rows).sum(0)  # (6, S, V)
+    n_seq, n_bits = x.shape[1], x.shape[1] * y.shape[-1]
+    n_rel = rel.float().sum((1, 2))  # (S,)
+    n_irr = rel.numel() / rel.shape[0] - n_rel
+    out = []
+    for i, s in enumerate(seeds):
+        for j, v in enumerate(variants):
+            out.append({"keys": keys, "load": load, "variant": v, "seed": s,
+                        "bce": float(tot[0, i, j] / n_bits), "error": float(tot[1, i, j] / n_bits),
+                        "mass_relevant": float(tot[2, i, j] / n_seq), "mass_phantom": float(1 - tot[3, i, j] / n_seq),
+                        "gate_relevant": float(tot[4, i, j] / n_rel[i]) if v == "normgate" else float("nan"),
+                        "gate_irrelevant": float(tot[5, i, j] / n_irr[i]) if v == "normgate" else float("nan")})
+    return out
+
+
+def train_condition(cfg: SuperpositionConfig, keys: str, load: int, progress=None):
+    """Train every (seed, variant) model of one (keys, load) condition; returns (final rows, curve rows, seconds)."""
+    seeds, variants = list(cfg.seeds), list(cfg.variants)
+    n_features = int(round(load * cfg.d))
+    if n_features <= cfg.n_relevant:
+        raise ValueError(f"load {load} gives N = {n_features} features, not more than n_relevant = {cfg.n_relevant}")
+    t0 = time.perf_counter()
+    dicts = [dictionary(n_features, cfg.d, s) for s in seeds]
+    model = StackedHeads(cfg, variants, seeds)
+    set_initial_tau(model, dicts, cfg, seeds)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    gens = [_gen("train", s, load) for s in seeds]  # the same items for every variant and both key conditions
+    curves = []
+    for step in range(1, cfg.steps + 1):
+        x, k, rel, y = _batch(dicts, cfg, cfg.batch_size, gens, keys)
+        logits, _ = model(x, k, rel)
+        loss = F.binary_cross_entropy_with_logits(logits, y[:, None].expand_as(logits), reduction="none")
+        per_model = loss.mean((-2, -1))  # (S, V)
+        opt.zero_grad(set_to_none=True)
+        per_model.sum().backward()
+        opt.step()
+        if cfg.curve_every and (step % cfg.curve_every == 0 or step == cfg.steps):
+            curves += [{"keys": keys, "load": load, "variant": v, "seed": s, "step": step,
+                        "bce": float(per_model[i, j])} for i, s in enumerate(seeds) for j, v in enumerate(variants)]
+        if progress is not None:
+            progress.update(1)
+    eval_data = _batch(dicts, cfg, cfg.n_eval, [_gen("eval", s, load) for s in seeds], keys)
+    rows = _evaluate(model, eval_data, variants, seeds, keys, load)
+    return rows, curves, time.perf_counter() - t0
+
+
+def gap_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per (keys, load): oracle headroom in error and BCE, and the share of it each variant closes."""
+    rows = []
+    for (keys, load), g in summary.groupby(["keys", "load"], sort=False):
+        by = g.set_index("variant")
+        if "baseline" not in by.index or "oracle" not in by.index:
+            continue
+        row = {"keys": keys, "load": load}
+        for metric in ("error", "bce"):
+            head = by.at["baseline", metric] - by.at["oracle", metric]
+            row[f"headroom_{metric}"] = head
+            for v in by.index:
+                if v in ("baseline", "oracle"):
+                    continue
+                gain = by.at["baseline", metric] - by.at[v, metric]
+                row[f"{v}_gain_{metric}"] = gain
+                row[f"{v}_closed_{metric}"] = gain / head if head > 0 else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def figure(summary: pd.DataFrame):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    keys = list(dict.fromkeys(summary["keys"]))
+    fig = make_subplots(rows=1, cols=len(keys), subplot_titles=[f"{k} keys" for k in keys], shared_yaxes=True)
+    colors = {"baseline": "#636efa", "offbyone": "#ab63fa", "normgate": "#ef553b", "oracle": "#00cc96"}
+    for c, k in enumerate(keys, start=1):
+        for v, g in summary[summary["keys"] == k].groupby("variant", sort=False):
+            fig.add_trace(go.Scatter(x=g["load"], y=g["error"], mode="lines+markers", name=v, legendgroup=v,
+                                     showlegend=c == 1, line=dict(color=colors.get(v)),
+                                     error_y=dict(type="data", array=g["error_se"].fillna(0), visible=True)),
+                          row=1, col=c)
+        fig.update_xaxes(title_text="load N/d", type="log", row=1, col=c)
+    fig.update_yaxes(title_text="bit error (held out)", row=1, col=1)
+    fig.update_layout(title="Superposition filtering task: error against load (mean ± SE over seeds)")
+    return fig
+
+
+def run(cfg: SuperpositionConfig | None = None, *, progress: bool = False) -> Result:
+    cfg = cfg or SuperpositionConfig()
+    for name, allowed, given in (("variants", VARIANTS, cfg.variants), ("keys", KEYS, cfg.keys)):
+        bad = [x for x in given if x not in allowed]
+        if bad:
+            raise ValueError(f"unknown {name} {bad}; choose from {', '.join(allowed)}")
+    timer = Timer()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=cfg.steps * len(cfg.loads) * len(cfg.keys), disable=not progress, desc="superposition")
+    rows, curves, costs = [], [], []
+    try:
+        for keys in cfg.keys:
+            for load in cfg.loads:
+                r, c, secs = train_condition(cfg, keys, load, bar)
+                rows += r
+                curves += c
+                costs.append({"keys": keys, "load": load, "models": len(cfg.seeds) * len(cfg.variants),
+                              "steps": cfg.steps, "seconds": round(secs, 2)})
+    finally:
+        bar.close()
+        torch.set_num_threads(threads)
+    per_seed = pd.DataFrame(rows)
+    metrics = ["bce", "error", "mass_relevant", "mass_phantom", "gate_relevant", "gate_irrelevant"]
+    summary = mean_se(per_seed, ["keys", "load", "variant"], metrics)
+    tables = {"per_seed": per_seed, "summary": summary, "gap": gap_table(summary), "cost": pd.DataFrame(costs)}
+    if curves:
+        tables["curves"] = pd.DataFrame(curves)
+    return Result("superposition", config_dict(cfg), tables, {"error_vs_load": figure(summary)}, timer.meta())
+
+
+def qualitative_checks(result: Result, *, margin: float = 0.0) -> dict[str, bool]:
+    """The paper's qualitative claims, evaluated on a result (each True when it holds):
+
+    blind_headroom   with blind keys the oracle beats the baseline at the highest load
+    gate_closes_gap  with blind keys the norm gate beats the baseline at the highest load
+    gate_grows       with blind keys the gate's gain over the baseline is larger at the highest load than the lowest
+    offbyone_no_fix  off-by-one abstention closes less of the blind gap than the norm gate does
+    visible_no_room  with visible keys the oracle headroom at the highest load is below half the blind headroom
+    """
+    s = result["summary"].set_index(["keys", "load", "variant"])["error"]
+    lo, hi = min(result.config["loads"]), max(result.config["loads"])
+    blind = lambda load, v: s[("blind", load, v)]  # noqa: E731
+    checks = {
+        "blind_headroom": blind(hi, "baseline") - blind(hi, "oracle") > margin,
+        "gate_closes_gap": blind(hi, "baseline") - blind(hi, "normgate") > margin,
+        "gate_grows": (blind(hi, "baseline") - blind(hi, "normgate")) > (blind(lo, "baseline") - blind(lo, "normgate")),
+    }
+    if ("blind", hi, "offbyone") in s.index:
+        checks["offbyone_no_fix"] = (blind(hi, "baseline") - blind(hi, "offbyone")) < \
+                                    (blind(hi, "baseline") - blind(hi, "normgate"))
+    if ("visible", hi, "baseline") in s.index:
+        vis = s[("visible", hi, "baseline")] - s[("visible", hi, "oracle")]
+        checks["visible_no_room"] = vis < 0.5 * (blind(hi, "baseline") - blind(hi, "oracle"))
+    return {k: bool(v) for k, v in checks.items()}
+
+
+__all__ = ["SuperpositionConfig", "run", "dictionary", "sample", "StackedHeads", "gap_table", "qualitative_checks"]

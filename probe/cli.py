@@ -112,6 +112,12 @@ def _model_flags(p, default_model: str | None, *, defaults=(8, 8)):
     g.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
 
 
+def _eps_flag(p):
+    p.add_argument("--eps", nargs="+", type=positive_float, default=[0.3], metavar="EPS",
+                   help="Sink^eps thresholds: a head is a sink head when its mean attention on key 0 exceeds eps "
+                        "(Gu et al. 2025; default 0.3)")
+
+
 def _injection_flags(p, dose_flag: str, dose_default, dose_help: str):
     g = p.add_argument_group("injection")
     g.add_argument("--junk", nargs="+", choices=JUNK_TYPES + ("all",), default=["structured"], metavar="KIND",
@@ -145,8 +151,14 @@ def build_parser() -> Parser:
     p.add_argument("--no-exposure", action="store_true", help="skip the exposure statistics")
     _output_flags(p)
 
-    p = verb("sinks", "attention-sink statistics: position-0 share, phantom share, r0")
+    p = verb("sinks", "attention-sink statistics: position-0 share, phantom share, r0, Sink^eps")
     _model_flags(p, DEFAULT_MODEL)
+    _eps_flag(p)
+    p.add_argument("--massive", action="store_true", help="also report massive activations (Sun et al. 2024)")
+    p.add_argument("--dormant", action="store_true", help="also report active/dormant heads per input domain "
+                   "(Guo et al. 2024)")
+    p.add_argument("--dormant-corpora", nargs="+", default=["wikitext-2-test", "shakespeare", "kjv"],
+                   metavar="CORPUS", help="input domains for --dormant (default: the three bundled corpora)")
     _output_flags(p)
 
     p = verb("sources", "effective depth sources and mean depth heatmap of a depth-routed model")
@@ -176,6 +188,7 @@ def build_parser() -> Parser:
     g.add_argument("--models", nargs="+", metavar="NAME", help="model names or directories")
     g.add_argument("--checkpoints", metavar="SPEC", help="checkpoints of one model: pythia-160m@step1000,step2000,...")
     _model_flags(p, None)
+    _eps_flag(p)
     _injection_flags(p, "--inject-doses", None, "also run injection at these doses (default: no injection)")
     p.add_argument("--out", metavar="DIR", default="probe-report", help="report directory (default probe-report)")
     p.add_argument("--json", action="store_true", help="print the summary table as JSON on stdout")

@@ -1,5 +1,6 @@
 """The analysis verbs of ``probe``: sinks, inject, sources, gates, eval (model + windows -> tables, figures)."""
 from __future__ import annotations
+import argparse
 
 from probe.cli_common import (DEFAULT_DEPTH_MODEL, DEFAULT_MODEL, Console, UsageError, check_data, load_model,
                               plan_line, windows_for)
@@ -38,9 +39,16 @@ def cmd_sinks(args) -> int:
     from probe.analyses import figures as F
     from probe.analyses.sinks import SINK_FACTOR, SINK_R0, sink_stats
 
-    console, model, eb, _ = _prepare(args, DEFAULT_MODEL, "sinks")
+    from probe.analyses.sink_heads import sink_eps_figure, sink_heads
+
+    console, model, eb, tok = _prepare(args, DEFAULT_MODEL, "sinks")
     console.note(plan_line("sinks", model, eb))
     result = sink_stats(model, eb, progress=not args.quiet)
+    heads = sink_heads(model, eb, eps=list(dict.fromkeys(args.eps)), progress=not args.quiet)
+    for k in ("summary", "layers", "heads"):
+        result[f"sink_eps_{k}"] = heads[k]
+    figures = [F.sink_figure(result), F.sink_heads_figure(result, "pos0_share"), F.sink_heads_figure(result, "r0"),
+               sink_eps_figure(heads)]
     s = result["summary"].iloc[0].to_dict()
     text = [header(result_meta(result)), "",
             f"summary (rows t >= 1; a sink has formed when pos0 share >= {SINK_FACTOR:g} x uniform and r0 < "
@@ -51,8 +59,31 @@ def cmd_sinks(args) -> int:
         text += ["", "by layer type:", show(result["by_type"])]
     text += ["", "per layer:", show(result["layers"], ["layer", "layer_type", "pos0_share", "uniform_ref",
                                                        "phantom_share", "r0", "pos0_share_key0"])]
-    save_result(args.out, "sinks", result, [F.sink_figure(result), F.sink_heads_figure(result, "pos0_share"),
-                                            F.sink_heads_figure(result, "r0")], console, "Attention sinks")
+    text += ["", f"sink heads (Gu et al.): share of heads whose mean attention on key 0 "
+                 f"({heads['summary']['key0'].iloc[0]}) exceeds eps:",
+             show(heads["summary"], ["epsilon", "n_sink_heads", "n_heads", "sink_share", "key0_mass",
+                                     "phantom_share", "uniform_ref"])]
+    if args.massive:
+        from probe.analyses.massive import massive_activations, massive_figure
+
+        mas = massive_activations(model, eb, tokenizer=tok, progress=not args.quiet)
+        for k in ("summary", "layers", "top", "dims"):
+            result[f"massive_{k}"] = mas[k]
+        text += ["", "massive activations (Sun et al.; |h| > 100 and > 1000 x median):",
+                 show(mas["layers"], ["layer", "top1", "median", "ratio", "top1_dim", "n_massive", "key0_mass", "r0"])]
+        figures.append(massive_figure(mas))
+    if args.dormant:
+        from probe.analyses.dormant import dormant_figure, dormant_heads, dormant_heads_figure
+
+        domains = {c: windows_for(argparse.Namespace(**{**vars(args), "data": c}), model, console)[0]
+                   for c in dict.fromkeys(args.dormant_corpora)}
+        dor = dormant_heads(model, domains, progress=not args.quiet)
+        for k in ("summary", "domains", "heads", "switching"):
+            result[f"dormant_{k}"] = dor[k]
+        text += ["", "active / dormant heads (Guo et al.; dormant = key-0 mass > 0.5 on that input):",
+                 show(dor["summary"])]
+        figures += [dormant_figure(dor), dormant_heads_figure(dor)]
+    save_result(args.out, "sinks", result, figures, console, "Attention sinks")
     emit(args, "sinks", result, "\n".join(text))
     return 0
 

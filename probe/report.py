@@ -26,7 +26,7 @@ from probe.hooks.load import resolve
 
 MANIFEST = "manifest.json"
 KILL_ENV = "PROBE_REPORT_TEST_KILL"  # tests only: "after:N" or "staged:N" → SIGKILL self at that point of model N
-TABLES = ("summary", "by_type", "layers", "heads", "injection", "exposure")
+TABLES = ("summary", "by_type", "layers", "heads", "sink_eps", "sink_eps_layers", "injection", "exposure")
 
 
 def expand_checkpoints(spec: str) -> list[str]:
@@ -69,7 +69,7 @@ def settings_of(args) -> dict:
                   "cutoff": list(dict.fromkeys(args.cutoff))}
     return {"data": args.data, "tokenizer": args.tokenizer, "batches": args.batches, "batch_size": args.batch_size,
             "ctx": args.ctx, "window_mode": args.window_mode, "seed": args.seed, "device": resolve_device(args.device),
-            "dtype": args.dtype, "inject": inject, "probe_version": __version__}
+            "dtype": args.dtype, "inject": inject, "eps": list(dict.fromkeys(args.eps)), "probe_version": __version__}
 
 
 def _check_dir(out: Path, settings: dict) -> None:
@@ -133,6 +133,7 @@ class Windows:
 
 def compute_one(args, name: str, index: int, windows: Windows, console: Console) -> dict:
     from probe.analyses.inject import inject
+    from probe.analyses.sink_heads import sink_heads
     from probe.analyses.sinks import sink_stats
     from probe.cli_analyses import injection_plan
 
@@ -142,6 +143,8 @@ def compute_one(args, name: str, index: int, windows: Windows, console: Console)
     eb = windows.get(model, tok, eval_ctx(margs, model))
     res = sink_stats(model, eb, progress=not args.quiet)
     tables = {k: res[k] for k in ("summary", "by_type", "layers", "heads")}
+    se = sink_heads(model, eb, eps=list(dict.fromkeys(args.eps)), progress=not args.quiet)
+    tables["sink_eps"], tables["sink_eps_layers"] = se["summary"], se["layers"]
     meta = dict(res["meta"].attrs["meta"])
     if args.dose:
         kinds, cutoffs, skipped = injection_plan(model, args.junk, args.cutoff, args.batch_size)

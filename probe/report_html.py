@@ -50,6 +50,11 @@ def report_figures(tables: dict) -> list[go.Figure]:
         figs.append(go.Figure(go.Heatmap(z=wide.to_numpy(), x=[str(xs[m]) for m in wide.columns], y=list(wide.index),
                                          colorscale="Viridis", colorbar=dict(title=col)))
                     .update_layout(title=title, xaxis_title=xtitle, yaxis_title="layer"))
+    if "sink_eps" in tables:
+        from probe.analyses.sink_heads import sink_eps_layers_figure, sink_eps_trend_figure
+
+        figs.append(sink_eps_trend_figure(tables["sink_eps"]))
+        figs.append(sink_eps_layers_figure(tables["sink_eps_layers"]))
     if "injection" in tables:
         inj = tables["injection"]
         fig = go.Figure()
@@ -87,6 +92,9 @@ def report_page(tables: dict, records: list[dict], settings: dict) -> str:
             "r0_later", "sink_formed"]
     summary = tables["summary"][[c for c in cols if c in tables["summary"]]]
     shown = [("Summary (averages over rows t >= 1, heads, layers)", summary)]
+    if "sink_eps" in tables:
+        shown.append(("Sink^eps (Gu et al.)", tables["sink_eps"][["model", "step", "epsilon", "n_sink_heads", "n_heads",
+                                                                 "sink_share", "key0_mass", "phantom_share"]]))
     if "injection" in tables:
         shown.append(("Injection", tables["injection"][["model", "step", "junk", "cutoff", "dose", "loss_clean",
                                                         "loss_corrupted", "delta"]]))

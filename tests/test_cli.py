@@ -71,6 +71,19 @@ def test_sinks_default_model_and_text():
     assert s["uniform_ref"] == pytest.approx(sum(1 / (t + 1) for t in range(1, 32)) / 31)
     assert 0 < s["pos0_share"] < 1 and 0 < s["phantom_share"] < 1 and s["r0"] > 0
     assert len(doc["tables"]["layers"]) == 6  # the tiny tier
+    assert [row["epsilon"] for row in doc["tables"]["sink_eps_summary"]] == [0.3]  # Sink^eps by default
+
+
+def test_sinks_with_eps_list_massive_and_dormant():
+    r = probe("sinks", "--model", "probe/tiny-baseline", *WINDOWS, "--eps", "0.01", "0.3", "--massive", "--dormant",
+              "--dormant-corpora", "wikitext-2-test", "kjv", "--json")
+    assert r.returncode == 0, r.stderr
+    t = json.loads(r.stdout)["tables"]
+    assert [row["epsilon"] for row in t["sink_eps_summary"]] == [0.01, 0.3]
+    low, high = t["sink_eps_summary"]
+    assert low["sink_share"] >= high["sink_share"]  # a lower threshold counts at least as many sink heads
+    assert len(t["massive_layers"]) == 7  # six block inputs and the final output
+    assert {row["domain"] for row in t["dormant_summary"]} == {"wikitext-2-test", "kjv", "all"}
 
 
 def test_inject_headline_default(tmp_path):

@@ -1,7 +1,8 @@
 """What every recipe shares: its result (recorded config, DataFrames, plotly figures) and how that lands on disk.
 
 A recipe is ``run(cfg: SomeConfig) -> Result``. ``Result.save(out)`` writes ``config.json`` (the recipe name, every
-option, the package version, the wall time), one CSV per table and one HTML per figure. Every file is first written
+option, the package version, the wall time), one CSV per table, one HTML file per figure (all sharing the offline
+``plotly.min.js`` written beside them) and ``report.html`` (self-contained: the headline tables and every figure). Every file is first written
 under a temporary name in the output folder and then renamed into place (``os.replace``), and ``config.json`` is
 renamed last, so a folder with a ``config.json`` holds a complete result and an interrupted save leaves no half file.
 """
@@ -26,6 +27,7 @@ class Result:
     tables: dict[str, pd.DataFrame]
     figures: dict = field(default_factory=dict)  # name -> plotly Figure
     meta: dict = field(default_factory=dict)  # wall time, torch threads, corpus identity, ...
+    headline: tuple = ()  # names of the tables shown in report.html (default: all but per-step curves)
 
     def __getitem__(self, name: str) -> pd.DataFrame:
         return self.tables[name]
@@ -36,11 +38,24 @@ class Result:
         out.mkdir(parents=True, exist_ok=True)
         for name, df in self.tables.items():
             _atomic(out / f"{name}.csv", lambda p, df=df: df.to_csv(p, index=False))
+        from probe.cli_output import clean, html_page
+
+        if self.figures:  # one small HTML per figure, sharing one offline copy of plotly.js
+            from plotly.offline import get_plotlyjs
+
+            _atomic(out / "plotly.min.js", lambda p: Path(p).write_text(get_plotlyjs(), encoding="utf-8"))
         for name, fig in self.figures.items():
-            _atomic(out / f"{name}.html", lambda p, fig=fig: fig.write_html(str(p), include_plotlyjs=True))
+            html = fig.to_html(include_plotlyjs="directory", full_html=True)
+            _atomic(out / f"{name}.html", lambda p, html=html: Path(p).write_text(html, encoding="utf-8"))
+
+        shown = self.headline or [n for n, df in self.tables.items() if len(df) <= 200]
+        page = html_page(f"probe experiment {self.recipe}", list(self.figures.values()),
+                         intro={"recipe": self.recipe, **{k: v for k, v in self.meta.items() if not isinstance(v, dict)}},
+                         tables=[(n, self.tables[n]) for n in shown])
+        _atomic(out / "report.html", lambda p: Path(p).write_text(page, encoding="utf-8"))
         record = {"recipe": self.recipe, "config": self.config, "meta": self.meta,
                   "tables": sorted(self.tables), "figures": sorted(self.figures)}
-        _atomic(out / "config.json", lambda p: Path(p).write_text(json.dumps(record, indent=1, default=str)))
+        _atomic(out / "config.json", lambda p: Path(p).write_text(json.dumps(clean(record), indent=1)))
         return out
 
 
@@ -49,6 +64,9 @@ def _atomic(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -74,8 +74,10 @@ def dictionary(n_features: int, d: int, seed: int) -> torch.Tensor:
     return f / f.norm(dim=1, keepdim=True)
 
 
-def sample(features: torch.Tensor, cfg: SuperpositionConfig, batch: int, g: torch.Generator):
-    """Items (B, T, d), tags (B, T, d), relevant mask (B, T) and targets (B, n_relevant)."""
+def sample(features: torch.Tensor, cfg: SuperpositionConfig, batch: int, g: torch.Generator,
+           tag_gen: torch.Generator | None = None):
+    """Items (B, T, d), tags (B, T, d) or None without ``tag_gen``, relevant mask (B, T), targets (B, n_relevant).
+    Tags come from their own generator, so the items are the same whether or not tags are drawn."""
     N = features.shape[0]
     T, R = cfg.n_items, cfg.n_relevant
     rel = torch.rand(batch, T, generator=g) < cfg.p_relevant
@@ -83,7 +85,7 @@ def sample(features: torch.Tensor, cfg: SuperpositionConfig, batch: int, g: torc
     irr_id = torch.randint(R, N, (batch, T), generator=g)
     ids = torch.where(rel, rel_id, irr_id)
     x = features[ids]
-    tags = torch.randn(batch, T, cfg.d, generator=g) / math.sqrt(cfg.d)
+    tags = None if tag_gen is None else torch.randn(batch, T, cfg.d, generator=tag_gen) / math.sqrt(cfg.d)
     y = (F.one_hot(rel_id, R).bool() & rel[..., None]).any(1).float()  # presence of each relevant feature
     return x, tags, rel, y
 
@@ -103,27 +105,34 @@ class StackedHeads(torch.nn.Module):
         self.q, self.w_k, self.w_v, self.w_r = (torch.nn.Parameter(stack(i)) for i in range(4))
         self.b_r = torch.nn.Parameter(torch.zeros(len(seeds), V, R))
         self.tau = torch.nn.Parameter(torch.zeros(len(seeds), V))  # (S, V); see set_initial_tau
-        flag = lambda name: torch.tensor([v == name for v in variants])[None, :]  # noqa: E731 (1, V)
-        self.register_buffer("phantom", flag("offbyone"), persistent=False)
-        self.register_buffer("gated", flag("normgate"), persistent=False)
-        self.register_buffer("oracle", flag("oracle"), persistent=False)
-        self.beta, self.dh = cfg.beta, dh
+        self.variants, self.beta, self.dh = list(variants), cfg.beta, dh
 
     def forward(self, x, keys, rel):
-        """x, keys: (S, B, T, d); rel: (S, B, T) -> logits (S, V, B, R) and diagnostics."""
+        """x, keys: (S, B, T, d); rel: (S, B, T) -> logits (S, V, B, R), attention (S, V, B, T), gate (S, B, T).
+
+        Ungated variants aggregate the items first and project once, o = (sum_t w_t x_t) W_V, which equals
+        sum_t w_t (x_t W_V) at a T-th of the cost; the norm gate needs every read's norm, so it projects each item."""
         S, B, T, d = x.shape
-        u = (self.w_k @ self.q[..., None])  # (S, V, d, 1): q . W_K k = k . (W_K q)
-        scores = (keys.reshape(S, 1, B * T, d) @ u).view(S, -1, B, T) / math.sqrt(self.dh)
-        lse = scores.logsumexp(-1)
-        lse = torch.where(self.phantom[..., None], torch.logaddexp(lse, torch.zeros_like(lse)), lse)
-        a = torch.exp(scores - lse[..., None])  # (S, V, B, T); rows sum to 1 - phantom
-        v = (x.reshape(S, 1, B * T, d) @ self.w_v).view(S, -1, B, T, self.dh)
-        keep = torch.where(self.oracle[..., None, None], rel[:, None].float(), torch.ones(()))  # (S, V, B, T)
-        gate = torch.sigmoid(self.beta * (v.norm(dim=-1) / math.sqrt(self.dh) - self.tau[..., None, None]))
-        weight = a * keep * torch.where(self.gated[..., None, None], gate, torch.ones(()))
-        o = torch.einsum("svbt,svbth->svbh", weight, v)
-        logits = o @ self.w_r + self.b_r[:, :, None]
-        return logits, {"attn": a, "gate": gate}
+        xf, kf = x.reshape(S, B * T, d), keys.reshape(S, B * T, d)
+        logits, attn, gate = [], [], None
+        for j, v in enumerate(self.variants):
+            u = self.w_k[:, j] @ self.q[:, j, :, None]  # (S, d, 1): q . (k W_K) = k . (W_K q)
+            s = (kf @ u).view(S, B, T) / math.sqrt(self.dh)
+            lse = s.logsumexp(-1)
+            if v == "offbyone":  # phantom key: logit 0, value 0
+                lse = torch.logaddexp(lse, torch.zeros_like(lse))
+            a = torch.exp(s - lse[..., None])  # rows sum to 1 - phantom
+            w = a * rel if v == "oracle" else a
+            if v == "normgate":
+                vv = (xf @ self.w_v[:, j]).view(S, B, T, self.dh)
+                rms = (vv * vv).sum(-1).sqrt() / math.sqrt(self.dh)
+                gate = torch.sigmoid(self.beta * (rms - self.tau[:, j, None, None]))
+                o = torch.einsum("sbt,sbth->sbh", w * gate, vv)
+            else:
+                o = torch.einsum("sbt,sbtd->sbd", w, x) @ self.w_v[:, j]
+            logits.append(o @ self.w_r[:, j] + self.b_r[:, j, None])
+            attn.append(a)
+        return torch.stack(logits, 1), {"attn": torch.stack(attn, 1), "gate": gate}
 
 
 @torch.no_grad()
@@ -135,39 +144,43 @@ def set_initial_tau(model: StackedHeads, dicts, cfg: SuperpositionConfig, seeds)
         model.tau[i] = ((x @ model.w_v[i, 0]).norm(dim=-1) / math.sqrt(cfg.d_head)).median()
 
 
-def _batch(dicts, cfg, batch, gens, keys):
-    parts = [sample(f, cfg, batch, g) for f, g in zip(dicts, gens)]
-    x, tags, rel, y = (torch.stack(t) for t in zip(*parts))
-    return x, (tags if keys == "blind" else x), rel, y
+def _batch(dicts, cfg, batch, gens, tag_gens, keys):
+    parts = [sample(f, cfg, batch, g, tg if keys == "blind" else None) for f, g, tg in zip(dicts, gens, tag_gens)]
+    x, rel, y = (torch.stack([p[i] for p in parts]) for i in (0, 2, 3))
+    return x, (torch.stack([p[1] for p in parts]) if keys == "blind" else x), rel, y
 
 
 @torch.no_grad()
-def _evaluate(model, data, variants, seeds, keys, load) -> list[dict]:
+def _evaluate(model, data, variants, seeds, keys, load, chunk: int = 1024) -> list[dict]:
     x, k, rel, y = data
-    rows = []
-    for start in range(0, x.shape[1], 1024):
-        sl = slice(start, start + 1024)
+    S, V = len(seeds), len(variants)
+    bce, err, mass_rel, mass_all = (torch.zeros(S, V, dtype=torch.float64) for _ in range(4))
+    g_rel, g_irr = torch.zeros(S, dtype=torch.float64), torch.zeros(S, dtype=torch.float64)
+    for start in range(0, x.shape[1], chunk):
+        sl = slice(start, start + chunk)
         logits, diag = model(x[:, sl], k[:, sl], rel[:, sl])
         yy = y[:, None, sl].expand_as(logits)
-        bce = F.binary_cross_entropy_with_logits(logits, yy, reduction="none").sum((-2, -1))  # (S, V)
-        err = ((logits > 0).float() != yy).float().sum((-2, -1))
-        a, gate, r = diag["attn"], diag["gate"], rel[:, None, sl].float()
-        mass_rel = (a * r).sum((-2, -1))
-        mass_all = a.sum((-2, -1))
-        g_rel, g_irr = (gate * r).sum((-2, -1)), (gate * (1 - r)).sum((-2, -1))
-        rows.append(torch.stack([bce, err, mass_rel, mass_all, g_rel, g_irr]))
-    tot = torch.stack(rows).sum(0)  # (6, S, V)
+        bce += F.binary_cross_entropy_with_logits(logits, yy, reduction="none").sum((-2, -1))
+        err += ((logits > 0).float() != yy).float().sum((-2, -1))
+        r = rel[:, sl].float()
+        mass_rel += (diag["attn"] * r[:, None]).sum((-2, -1))
+        mass_all += diag["attn"].sum((-2, -1))
+        if diag["gate"] is not None:
+            g_rel += (diag["gate"] * r).sum((-2, -1))
+            g_irr += (diag["gate"] * (1 - r)).sum((-2, -1))
     n_seq, n_bits = x.shape[1], x.shape[1] * y.shape[-1]
-    n_rel = rel.float().sum((1, 2))  # (S,)
-    n_irr = rel.numel() / rel.shape[0] - n_rel
+    n_rel = rel.double().sum((1, 2))
+    n_irr = rel[0].numel() - n_rel
     out = []
     for i, s in enumerate(seeds):
         for j, v in enumerate(variants):
+            gated = v == "normgate"
             out.append({"keys": keys, "load": load, "variant": v, "seed": s,
-                        "bce": float(tot[0, i, j] / n_bits), "error": float(tot[1, i, j] / n_bits),
-                        "mass_relevant": float(tot[2, i, j] / n_seq), "mass_phantom": float(1 - tot[3, i, j] / n_seq),
-                        "gate_relevant": float(tot[4, i, j] / n_rel[i]) if v == "normgate" else float("nan"),
-                        "gate_irrelevant": float(tot[5, i, j] / n_irr[i]) if v == "normgate" else float("nan")})
+                        "bce": float(bce[i, j] / n_bits), "error": float(err[i, j] / n_bits),
+                        "mass_relevant": float(mass_rel[i, j] / n_seq),
+                        "mass_phantom": float(1 - mass_all[i, j] / n_seq),
+                        "gate_relevant": float(g_rel[i] / n_rel[i]) if gated else float("nan"),
+                        "gate_irrelevant": float(g_irr[i] / n_irr[i]) if gated else float("nan")})
     return out
 
 
@@ -183,9 +196,10 @@ def train_condition(cfg: SuperpositionConfig, keys: str, load: int, progress=Non
     set_initial_tau(model, dicts, cfg, seeds)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     gens = [_gen("train", s, load) for s in seeds]  # the same items for every variant and both key conditions
+    tag_gens = [_gen("tags", s, load) for s in seeds]
     curves = []
     for step in range(1, cfg.steps + 1):
-        x, k, rel, y = _batch(dicts, cfg, cfg.batch_size, gens, keys)
+        x, k, rel, y = _batch(dicts, cfg, cfg.batch_size, gens, tag_gens, keys)
         logits, _ = model(x, k, rel)
         loss = F.binary_cross_entropy_with_logits(logits, y[:, None].expand_as(logits), reduction="none")
         per_model = loss.mean((-2, -1))  # (S, V)
@@ -194,10 +208,11 @@ def train_condition(cfg: SuperpositionConfig, keys: str, load: int, progress=Non
         opt.step()
         if cfg.curve_every and (step % cfg.curve_every == 0 or step == cfg.steps):
             curves += [{"keys": keys, "load": load, "variant": v, "seed": s, "step": step,
-                        "bce": float(per_model[i, j])} for i, s in enumerate(seeds) for j, v in enumerate(variants)]
+                        "bce": float(per_model[i, j].detach())} for i, s in enumerate(seeds) for j, v in enumerate(variants)]
         if progress is not None:
             progress.update(1)
-    eval_data = _batch(dicts, cfg, cfg.n_eval, [_gen("eval", s, load) for s in seeds], keys)
+    eval_data = _batch(dicts, cfg, cfg.n_eval, [_gen("eval", s, load) for s in seeds],
+                       [_gen("eval-tags", s, load) for s in seeds], keys)
     rows = _evaluate(model, eval_data, variants, seeds, keys, load)
     return rows, curves, time.perf_counter() - t0
 
@@ -302,3 +317,4 @@ def qualitative_checks(result: Result, *, margin: float = 0.0) -> dict[str, bool
 
 
 __all__ = ["SuperpositionConfig", "run", "dictionary", "sample", "StackedHeads", "gap_table", "qualitative_checks"]
+CONFIG = SuperpositionConfig

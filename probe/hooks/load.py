@@ -277,6 +277,9 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
     if model_type == "probe" and device is not None and "device_map" not in hf_kwargs:
         model = model.to(device)
     tokenizer = _load_tokenizer(source, **common)
+    if kind == "zoo" and tokenizer is not None and (Path(target) / "zoo.json").is_file():
+        # a zoo checkpoint carries a copy of a named tokenizer: record that name, not the directory
+        tokenizer.name_or_path = json.loads((Path(target) / "zoo.json").read_text())["recipe"]["tokenizer"]
     if getattr(model, "tokenizer", None) is None:
         model.tokenizer = tokenizer
     return model.eval()

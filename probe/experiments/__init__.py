@@ -1,0 +1,89 @@
+"""The source papers' experiments as runnable recipes, one module per recipe.
+
+    from probe import experiments
+    res = experiments.run("superposition", steps=400, loads=(1, 8))   # a Result: .tables, .figures, .config
+    res.save("out/superposition")                                     # config.json + CSV tables + HTML figures
+
+    python -m probe.experiments superposition --out out/sp --steps 400 --loads 1 8
+    python -m probe.experiments --list
+
+Each recipe module defines a dataclass ``CONFIG`` (every option, with the paper's values as defaults where a
+machine can afford them) and ``run(cfg, progress=False) -> Result``. Importing this package loads no recipe (and no
+torch); ``REGISTRY[name]`` is a callable ``(out=None, progress=False, **options) -> Result``.
+"""
+from __future__ import annotations
+
+import importlib
+
+_RECIPES: dict[str, tuple[str, str]] = {  # name -> (module, one-line description)
+    "superposition": ("superposition", "abstention-filtering App. 'Construction': superposition filtering task, "
+                                       "error vs load for blind/visible keys (Figure 4)"),
+    "decomposition": ("decomposition", "abstention-filtering Tables 1, 2, 8: paired sink/gate/both improvements, "
+                                       "the abstention decomposition and the routing-slot control"),
+    "gatedv-controls": ("gatedv_controls", "gatedv.md Tables 4, 5: GatedV vs baseline, affine match, moment-matched "
+                                           "SiLU and activation placements (Q only, Q/K/V), paired"),
+    "value-swap": ("value_swap", "gatedv.md Table 9: evaluate baseline and GatedV with linear or SiLU values at "
+                                 "inference"),
+    "depth-routing": ("depth_routing", "lr-attnres Figure 2/3, §4.7, §4.8: effective sources across ranks and block "
+                                       "counts, S_src, mean gradient norm per variant"),
+    "cross-layer": ("cross_layer", "cross-layer connections: value-residual λ and DenseFormer/MUDD weights per layer, "
+                                   "cosine similarity of adjacent layers' inputs"),
+    "zero-shot": ("zero_shot", "abstention-filtering Table 12: WikiText-2 perplexity on non-overlapping windows "
+                               "(LAMBADA / HellaSwag when reachable)"),
+}
+RECIPES = {name: desc for name, (_, desc) in _RECIPES.items()}
+
+
+def module(name: str):
+    """The recipe module (``CONFIG``, ``run``) of a registered name."""
+    if name not in _RECIPES:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(_RECIPES), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown experiment {name!r}{hint} (choose one of {', '.join(_RECIPES)})")
+    return importlib.import_module(f"probe.experiments.{_RECIPES[name][0]}")
+
+
+def make_config(name: str, **options):
+    """The recipe's config with ``options`` applied (unknown option names are an error)."""
+    import dataclasses
+
+    cls = module(name).CONFIG
+    fields = {f.name for f in dataclasses.fields(cls)}
+    bad = sorted(set(options) - fields)
+    if bad:
+        raise ValueError(f"experiment {name!r} has no option {', '.join(bad)}; options: {', '.join(sorted(fields))}")
+    return cls(**options)
+
+
+def run(name: str, out=None, *, progress: bool = False, **options):
+    """Run a recipe; with ``out`` the result is also written there (atomically). Returns the ``Result``."""
+    result = module(name).run(make_config(name, **options), progress=progress)
+    if out is not None:
+        result.save(out)
+    return result
+
+
+class _Entry:
+    def __init__(self, name: str):
+        self.name, self.description = name, RECIPES[name]
+
+    def __call__(self, out=None, *, progress: bool = False, **options):
+        return run(self.name, out, progress=progress, **options)
+
+    def __repr__(self):
+        return f"<experiment {self.name}: {self.description}>"
+
+
+REGISTRY = {name: _Entry(name) for name in _RECIPES}
+
+
+def main(argv=None) -> int:
+    """``python -m probe.experiments NAME --out DIR [options]`` (see ``probe.experiments.__main__``)."""
+    from probe.experiments.__main__ import main as _main
+
+    return _main(argv)
+
+
+__all__ = ["RECIPES", "REGISTRY", "run", "module", "make_config", "main"]

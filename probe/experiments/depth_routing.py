@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from probe.experiments.common import Result, Timer, config_dict, mean_se
-from probe.experiments.paired import Data, TrainSpec, threads, train_grid, work_dir
+from probe.experiments.paired import Data, TrainSpec, overrides, threads, train_grid, work_dir
 
 VARIANTS = ("baseline", "attnres-full", "slr-full-r8", "slr-full-r32", "slr-full-r64", "plr-full-r8", "plr-full-r32",
             "plr-full-r64", "attnres-block2", "attnres-block4", "attnres-block6", "slr-block4-r32", "plr-block4-r32")
@@ -50,8 +50,9 @@ def describe_variant(variant: str, tier: str, overrides: dict) -> dict:
         return {"method": "baseline" if variant == "baseline" else variant, "mode": "", "blocks": np.nan,
                 "rank": np.nan}
     rank = arch["d_model"] if method == "attnres" else s["depth_rank"]
-    return {"method": method, "mode": "block" if s["depth_blocks"] else "full",
-            "blocks": s["depth_blocks"] or np.nan, "rank": rank}
+    n_blocks = s.get("depth_blocks", 0)
+    return {"method": method, "mode": "block" if n_blocks else "full",
+            "blocks": n_blocks or np.nan, "rank": rank}
 
 
 def source_tables(models: dict, eval_batches):
@@ -78,7 +79,7 @@ def source_tables(models: dict, eval_batches):
 
 def summary_table(cfg: DepthRoutingConfig, runs: pd.DataFrame, per_run_sources: pd.DataFrame) -> pd.DataFrame:
     from probe.analyses.costs import s_src
-    from probe.experiments.paired import overrides
+    from probe.models.config import tier_config
 
     df = runs.rename(columns={"val_loss": "loss"})
     if len(per_run_sources):
@@ -86,8 +87,7 @@ def summary_table(cfg: DepthRoutingConfig, runs: pd.DataFrame, per_run_sources: 
     cols = [c for c in ("loss", "grad_norm_mean", "neff_mean", "top1_mass", "input_dependence") if c in df]
     out = mean_se(df, ["variant"], cols)
     ov = overrides(cfg)
-    L = ov.get("n_layers") or __import__("probe.models.config", fromlist=["tier_config"]).tier_config(cfg.tier)[
-        "n_layers"]
+    L = ov.get("n_layers") or tier_config(cfg.tier)["n_layers"]
     rows = []
     for v in out["variant"]:
         d = describe_variant(v, cfg.tier, ov)
@@ -162,7 +162,7 @@ def run(cfg: DepthRoutingConfig | None = None, *, progress: bool = False) -> Res
     figs = {"grad_norm": grad_figure(summary)}
     if len(sites):
         figs["neff_sites"] = neff_figure(sites)
-        sweep = [v for v in cfg.variants if describe_variant(v, cfg.tier, {}).get("mode") == "full"]
+        sweep = [v for v in cfg.variants if describe_variant(v, cfg.tier, overrides(cfg))["mode"] == "full"]
         figs["neff_rank_sweep"] = neff_figure(sites, sweep, "Rank sweep, full depth routing: N_eff per read site")
         grid = heatmap_grid(heat, [v for v in cfg.variants if v != "baseline"])
         if grid is not None:

@@ -452,3 +452,7 @@ def test_zero_shot_end_to_end_and_offline_loaders(toy, tmp_path, monkeypatch):
             loader()
         assert "\n" not in str(e.value) and "unreachable" in str(e.value)
     assert Z.resolve_wikitext("auto") == "wikitext-2-test"
+    from probe.experiments.__main__ import main
+
+    assert main(["zero-shot", "--out", str(tmp_path / "off"), "--tasks", "hellaswag", "--variants", "baseline"]) == 2
+    assert not (tmp_path / "off").exists()  # failed before training anything or writing

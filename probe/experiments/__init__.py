@@ -79,11 +79,12 @@ class _Entry:
 REGISTRY = {name: _Entry(name) for name in _RECIPES}
 
 
-def main(argv=None) -> int:
-    """``python -m probe.experiments NAME --out DIR [options]`` (see ``probe.experiments.__main__``)."""
+def main(argv=None, prog: str = "python -m probe.experiments") -> int:
+    """``python -m probe.experiments NAME --out DIR [options]`` (see ``probe.experiments.__main__``); the ``probe``
+    CLI's verb is ``main(argv_after_the_verb, prog="probe experiment")``."""
     from probe.experiments.__main__ import main as _main
 
-    return _main(argv)
+    return _main(argv, prog)
 
 
 __all__ = ["RECIPES", "REGISTRY", "run", "module", "make_config", "main"]

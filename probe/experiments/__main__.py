@@ -45,9 +45,12 @@ def _none_or(typ):
     return parse
 
 
-def build_parser(name: str) -> argparse.ArgumentParser:
+PROG = "python -m probe.experiments"
+
+
+def build_parser(name: str, prog: str = PROG) -> argparse.ArgumentParser:
     cfg_cls = module(name).CONFIG
-    p = _Parser(prog=f"python -m probe.experiments {name}", description=RECIPES[name], allow_abbrev=False)
+    p = _Parser(prog=f"{prog} {name}", description=RECIPES[name], allow_abbrev=False)
     p.add_argument("--out", required=True, help="output folder (config.json, CSV tables, HTML figures)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     for f in dataclasses.fields(cfg_cls):
@@ -65,31 +68,33 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = PROG) -> int:
+    """Run the command line ``[NAME, --out, DIR, options...]``; returns the exit code. ``prog`` names the command in
+    messages (the ``probe`` CLI passes ``"probe experiment"``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if not argv or argv[0] in ("-h", "--help", "--list"):
             width = max(map(len, RECIPES))
-            print("usage: python -m probe.experiments NAME --out DIR [options]   (NAME --help lists the options)\n")
+            print(f"usage: {prog} NAME --out DIR [options]   (NAME --help lists the options)\n")
             print("\n".join(f"  {n:<{width}}  {d}" for n, d in RECIPES.items()))
             return 0
         name = argv[0]
         try:
             module(name)
         except ValueError as e:
-            raise _Usage(f"python -m probe.experiments: error: {e}") from None
-        args = vars(build_parser(name).parse_args(argv[1:]))
+            raise _Usage(f"{prog}: error: {e}") from None
+        args = vars(build_parser(name, prog).parse_args(argv[1:]))
         out, quiet = args.pop("out"), args.pop("quiet")
         options = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
         try:
             cfg = make_config(name, **options)
         except (ValueError, TypeError) as e:
-            raise _Usage(f"python -m probe.experiments {name}: error: {e}") from None
+            raise _Usage(f"{prog} {name}: error: {e}") from None
         try:
             result = module(name).run(cfg, progress=not quiet)
         except (ValueError, FileNotFoundError, ConnectionError) as e:
-            raise _Usage(f"python -m probe.experiments {name}: error: {str(e).splitlines()[0] if str(e) else e!r}") \
-                from None
+            message = str(e).splitlines()[0] if str(e) else repr(e)
+            raise _Usage(f"{prog} {name}: error: {message}") from None
         folder = result.save(out)
         print(f"{name}: wrote {len(result.tables)} tables and {len(result.figures)} figures to {folder} "
               f"({result.meta.get('wall_s', '?')} s)")

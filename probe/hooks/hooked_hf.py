@@ -17,6 +17,8 @@ the parameters).
 """
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import copy
 import types
 from collections import OrderedDict
@@ -107,11 +109,15 @@ class HookedHF(HookedRootModule):
         return layer.self_attn
 
     @staticmethod
+    @abstractmethod
     def layer_forward(layer, hooks: _BlockHooks, hidden_states, **kwargs):
-        raise NotImplementedError
+        """Each family's adapter runs its decoder layer through the residual hook points."""
+        raise NotImplementedError  # abstractmethod: every adapter defines it
 
+    @abstractmethod
     def describe(self, config, name: str) -> ModelInfo:
-        raise NotImplementedError
+        """Each family's adapter describes its architecture as a ModelInfo."""
+        raise NotImplementedError  # abstractmethod: every adapter defines it
 
     # --- machinery --------------------------------------------------------------------------------------------
     def _install(self, layers):

@@ -14,8 +14,8 @@ import torch
 
 from probe.models import VARIANTS, create
 
-DEFAULT = [v for v in VARIANTS if "{" not in v] + ["attnres-full", "attnres-block4", "plr-block4-r32",
-                                                   "slr-block4-r32", "plr-full-r32", "slr-full-r32"]
+DEFAULT = [v for v in VARIANTS if "{" not in v] + ["attnres-block4", "plr-block4-r32", "slr-block4-r32",
+                                                   "plr-full-r32", "slr-full-r32"]
 
 
 def step_time(model, ids) -> float:
@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--variants", nargs="*", default=DEFAULT)
     args = ap.parse_args()
-    names = ["baseline"] + [v for v in args.variants if v != "baseline"]
+    names = ["baseline"] + [v for v in dict.fromkeys(args.variants) if v != "baseline"]
     models = {v: create(v, tier=args.tier) for v in names}
     vocab = models["baseline"].config.vocab_size
     ids = torch.randint(0, vocab, (args.batch, args.ctx), generator=torch.Generator().manual_seed(0))

@@ -63,7 +63,7 @@ def test_report_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
     assert not [p for p in files_under(cut) if p.name.startswith(".")]  # the staged file was cleaned up
 
     for name in ("report_summary.csv", "report_by_type.csv", "report_layers.csv", "report_heads.csv",
-                 "report_injection.csv", "report_exposure.csv"):
+                 "report_sink_eps.csv", "report_sink_eps_layers.csv", "report_injection.csv", "report_exposure.csv"):
         assert (cut / name).read_text() == (whole / name).read_text(), name
     summary = pd.read_csv(cut / "report_summary.csv")
     assert list(summary["model"]) == [str(fx["sp"]), str(fx["llama"]), str(fx["base"])]
@@ -75,7 +75,7 @@ def test_report_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
         str(fx["sp"]): True, str(fx["llama"]): False, str(fx["base"]): False}  # only sink+proj has a phantom
 
     page = (cut / "report.html").read_text()
-    assert "<script src" not in page and page.count("Plotly.newPlot") == 5 + 3 + 2  # stats, layer maps, injection
+    assert "<script src" not in page and page.count("Plotly.newPlot") == 5 + 3 + 2 + 2  # stats, layer maps, Sink^eps, injection
     manifest = json.loads((cut / "manifest.json").read_text())
     assert manifest["settings"]["inject"]["doses"] == [0.4, 0.8] and len(manifest["models"]) == 3
 

@@ -14,7 +14,7 @@ def hf_dir(tmp_path_factory):
     return lambda family: build_tiny(family, tmp_path_factory.mktemp(family))
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt_oss"])
+@pytest.mark.parametrize("family", ["llama", "gpt_oss", "gpt_neox"])
 def test_sinks_and_injection_on_tiny_hf_models(hf_dir, family):
     model = probe.load(str(hf_dir(family)))
     toks = torch.randint(2, 96, (2, 2, 13), generator=torch.Generator().manual_seed(0))
@@ -31,3 +31,17 @@ def test_sinks_and_injection_on_tiny_hf_models(hf_dir, family):
     e = res["exposure"].iloc[0]
     assert 0 < e["quiet_share"] < 1 and (e["phantom_share"] > 0) == (family == "gpt_oss")
     assert res["meta"]["family"].iloc[0] == family
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_oss", "gpt_neox"])
+def test_gate_and_depth_analyses_on_hf_models_report_what_applies(hf_dir, family):
+    """HF checkpoints have no value gate and no depth routing: both analyses refuse with a clear error."""
+    from probe.analyses.gates import gate_stats
+    from probe.analyses.sources import effective_sources
+
+    model = probe.load(str(hf_dir(family)))
+    toks = torch.randint(2, 96, (1, 2, 13), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="depth routing"):
+        effective_sources(model, toks)
+    with pytest.raises(ValueError, match="has no value gate"):
+        gate_stats(model, toks)

@@ -9,6 +9,7 @@
     probe report  --models A B | --checkpoints pythia-160m@step1000,step2000   batch sink report (resumable)
     probe train   --variant V --tier T --out DIR    train a custom model (same command resumes)
     probe eval    --model DIR                       next-token loss and perplexity
+    probe experiment NAME --out DIR                 a paper's experiment recipe (probe experiment --list)
 
 This module parses arguments only: torch, transformers and pandas are imported by the verb implementations
 (``probe.cli_verbs``, ``probe.report``), so ``probe --help`` stays fast. Every user error (unknown verb, flag, model,
@@ -25,7 +26,7 @@ import sys
 
 from probe.cli_common import UsageError
 
-VERBS = ("models", "inject", "sinks", "sources", "gates", "costs", "report", "train", "eval")
+VERBS = ("models", "inject", "sinks", "sources", "gates", "costs", "report", "train", "eval", "experiment")
 # mirrored from probe.analyses.inject (kept light here; tests/test_cli.py checks they agree)
 JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
 CUTOFFS = ("q25", "median")
@@ -194,6 +195,10 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true", help="print the summary table as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
 
+    p = verb("experiment", "run one of the papers' experiment recipes: probe experiment NAME --out DIR "
+             "(probe experiment --list; NAME --help lists its options)")
+    p.add_argument("recipe", nargs=argparse.REMAINDER, help="NAME --out DIR [options]")
+
     p = verb("train", "train a custom model; the same command resumes an interrupted run",
              "Train a custom variant; writes metrics.jsonl, checkpoint/ and, when finished, model/ (weights and "
              "tokenizer, loadable with --model DIR) to --out.")
@@ -239,6 +244,10 @@ def _check_unknown(parser: Parser, args, extra: list[str]) -> None:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["experiment"]:  # the recipes parse their own options (one dataclass per recipe)
+        from probe.experiments.__main__ import main as run_experiment
+
+        return run_experiment(argv[1:], prog="probe experiment")
     verb = None
     try:
         parser = build_parser()

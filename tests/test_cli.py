@@ -302,3 +302,11 @@ def test_errors_after_loading_in_process(make, needles, fx, tmp_path, capsys, mo
     r = subprocess.CompletedProcess([], code, *capsys.readouterr())
     assert_one_line_error(r, *needles)
     assert files_under(out) == []
+
+
+def test_experiment_verb_lists_recipes_and_rejects_unknown_names(tmp_path):
+    r = probe("experiment", "--list")
+    assert r.returncode == 0 and "superposition" in r.stdout and "decomposition" in r.stdout
+    bad = probe("experiment", "no-such-recipe", "--out", tmp_path / "x")
+    assert_one_line_error(bad, "no-such-recipe", "superposition")
+    assert not (tmp_path / "x").exists()

@@ -17,23 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-
-def build(kind: str, seed: int = 0):
-    """The custom tiny-tier baseline, or a GPT-NeoX with pythia-160m's shape and random weights (probe's adapter)."""
-    torch.manual_seed(seed)
-    if kind == "tiny":
-        from probe.models import create
-
-        return create("baseline", tier="tiny", seed=seed).eval()
-    from transformers import AutoModelForCausalLM, GPTNeoXConfig
-
-    from probe.hooks.adapters import adapt
-
-    config = GPTNeoXConfig(vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                           intermediate_size=3072, rotary_pct=0.25, use_parallel_residual=True, attention_bias=True,
-                           max_position_embeddings=2048, tie_word_embeddings=False)
-    return adapt(AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval(),
-                 name="pythia-160m-shape (random weights)")
+from common import build  # benchmarks/common.py (scripts run with benchmarks/ on sys.path)
 
 
 def main() -> None:

@@ -20,6 +20,8 @@ import os
 import threading
 import time
 
+from common import build  # benchmarks/common.py (scripts run with benchmarks/ on sys.path)
+
 
 class PeakRSS:
     """Peak resident-set growth (bytes) over the RSS at entry, sampled by a background thread."""
@@ -49,25 +51,6 @@ class PeakRSS:
         self.thread.join()
         self.peak = max(self.peak, self.rss())
         self.growth = self.peak - self.start
-
-
-def build(kind: str, seed: int = 0):
-    import torch
-
-    torch.manual_seed(seed)
-    if kind == "tiny":
-        from probe.models import create
-
-        return create("baseline", tier="tiny", seed=seed).eval()
-    from transformers import AutoModelForCausalLM, GPTNeoXConfig
-
-    from probe.hooks.adapters import adapt
-
-    config = GPTNeoXConfig(vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                           intermediate_size=3072, rotary_pct=0.25, use_parallel_residual=True, attention_bias=True,
-                           max_position_embeddings=2048, tie_word_embeddings=False)
-    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    return adapt(hf.eval(), name="pythia-160m-shape (random weights)")
 
 
 def worker(method: str, args, queue):

@@ -43,44 +43,23 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message, prog=self.prog)
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _number(cast, valid, message):
+    """An argparse type: ``cast(text)`` that must satisfy ``valid``, else one line ``message, got 'text'``."""
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{message}, got {text!r}") from None
+        if not valid(value):
+            raise argparse.ArgumentTypeError(f"{message}, got {text!r}")
+        return value
+    return parse
 
 
-def nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def dose(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"dose must be a finite number >= 0, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"dose must be a finite number >= 0, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+positive_int = _number(int, lambda v: v >= 1, "expected a positive integer")
+nonneg_int = _number(int, lambda v: v >= 0, "expected an integer >= 0")
+dose = _number(float, lambda v: math.isfinite(v) and v >= 0, "dose must be a finite number >= 0")
+positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "expected a positive number")
 
 
 def _output_flags(p, out_help="write CSV, JSON and a plotly HTML figure to DIR"):

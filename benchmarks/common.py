@@ -1,0 +1,22 @@
+"""Models the benchmarks share: the custom tiny-tier baseline, or a random GPT-NeoX of pythia-160m's shape."""
+from __future__ import annotations
+
+
+def build(kind: str, seed: int = 0):
+    """``"tiny"``: probe's tiny-tier baseline; otherwise pythia-160m's shape with random weights (probe's adapter)."""
+    import torch
+
+    torch.manual_seed(seed)
+    if kind == "tiny":
+        from probe.models import create
+
+        return create("baseline", tier="tiny", seed=seed).eval()
+    from transformers import AutoModelForCausalLM, GPTNeoXConfig
+
+    from probe.hooks.adapters import adapt
+
+    config = GPTNeoXConfig(vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                           intermediate_size=3072, rotary_pct=0.25, use_parallel_residual=True, attention_bias=True,
+                           max_position_embeddings=2048, tie_word_embeddings=False)
+    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    return adapt(hf.eval(), name="pythia-160m-shape (random weights)")

@@ -193,6 +193,9 @@ def build_parser() -> Parser:
     p.add_argument("--warmup", type=nonneg_int, default=100, help="warmup steps (default 100)")
     p.add_argument("--eval-every", type=nonneg_int, default=250, help="steps between evaluations (0: at the end)")
     p.add_argument("--ckpt-every", type=nonneg_int, default=500, help="steps between checkpoints (0: at the end)")
+    p.add_argument("--snapshot-every", type=nonneg_int, default=0,
+                   help="keep the model at step 0, every N steps and at the end in DIR/snapshots/ for "
+                        "`probe report --checkpoints DIR` (default 0: none)")
     p.add_argument("--eval-data", default="wikitext-2-test", help="held-out corpus (default wikitext-2-test)")
     p.add_argument("--eval-batches", type=positive_int, default=8, help="held-out batches of 8 windows (default 8)")
     p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")

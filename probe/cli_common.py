@@ -96,18 +96,8 @@ def resolve_device(device: str) -> str:
     return str(dev)
 
 
-def model_dir(name: str) -> str:
-    """A `probe train` run directory stands for its finished model (DIR/model) or its last checkpoint."""
-    p = Path(name).expanduser()
-    if p.is_dir() and not (p / "config.json").exists():
-        for sub in ("model", "checkpoint"):
-            if (p / sub / "config.json").is_file():
-                return str(p / sub)
-    return name
-
-
 KNOWN_HINT = ("see `probe models`: zoo names probe/tiny-<variant>, pythia-14m ... pythia-12b[-deduped][@stepN], "
-              "gpt-oss-20b, gpt-oss-120b, an HF repo id, a local model directory or a .gguf file")
+              "gpt-oss-20b, gpt-oss-120b, an HF repo id, a local model directory, a `probe train` run directory[@stepN] or a .gguf file")
 
 
 def load_model(args, default: str, console: Console):
@@ -124,7 +114,6 @@ def load_model(args, default: str, console: Console):
             name = default
         except L.ModelNotFoundError:
             return fresh_default(default, device, dtype, console)
-    name = model_dir(name)
     try:
         _, _, kind = L.resolve(name)
     except L.ModelNotFoundError as e:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 from probe.cli_common import (Console, UsageError, check_data, first_line, load_corpus, make_windows, resolve_device,
@@ -121,7 +120,7 @@ def _check_run_dir(out: Path, ident: dict) -> bool:
 def cmd_train(args) -> int:
     from probe.data import WindowSampler, load_tokenizer, tokenize_documents
     from probe.models import config_for, create
-    from probe.train import TrainConfig, find_checkpoint, train
+    from probe.train import TrainConfig, export_model, find_checkpoint, train
 
     console = Console(args.quiet)
     check_data(args.data)
@@ -167,7 +166,8 @@ def cmd_train(args) -> int:
         sampler = _KillAt(sampler, int(os.environ[KILL_ENV]))
     model = create(args.variant, args.tier, seed=args.seed)
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                      eval_every=args.eval_every, ckpt_every=args.ckpt_every, seed=args.seed, device=device)
+                      eval_every=args.eval_every, ckpt_every=args.ckpt_every, snapshot_every=args.snapshot_every,
+                      seed=args.seed, device=device)
     n_params = sum(p.numel() for p in model.parameters())
     ckpt = find_checkpoint(out) if resuming else None
     start = json.loads((ckpt / "trainer_state.json").read_text())["step"] if ckpt else 0
@@ -176,9 +176,9 @@ def cmd_train(args) -> int:
                  + (f"; resuming from step {start}" if ckpt else "") + f"; run directory {out}")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / RUN_FILE, json.dumps(ident, indent=1))
-    last = train(model, sampler, cfg, out, eval_batches=eb, resume=True, progress=not args.quiet)
+    last = train(model, sampler, cfg, out, eval_batches=eb, resume=True, progress=not args.quiet, tokenizer=tok)
     if start < args.steps or not (out / "model" / "config.json").exists():
-        _export(model, tok, out / "model")
+        export_model(model, out / "model", tok)
     result = {**(last or {}), "steps": args.steps, "model_dir": str(out / "model")}
     if args.json:
         print(json.dumps(result, indent=1))
@@ -188,22 +188,6 @@ def cmd_train(args) -> int:
                         for k in keys))
         print(f"model saved to {out / 'model'} (probe eval --model {out})")
     return 0
-
-
-def _export(model, tok, final: Path) -> None:
-    """The finished model and its tokenizer, loadable by probe.load / --model; swapped in atomically."""
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    old = final.with_name(f".{final.name}.old-{os.getpid()}")
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 class _KillAt:

@@ -20,7 +20,7 @@ import signal
 from pathlib import Path
 
 from probe.cli_common import (KNOWN_HINT, Console, UsageError, check_data, eval_ctx, load_corpus, load_model,
-                              make_windows, model_dir, resolve_device, tokenizer_for)
+                              make_windows, resolve_device, tokenizer_for)
 from probe.cli_output import clean, show, write_files
 from probe.hooks.load import resolve
 
@@ -31,12 +31,20 @@ TABLES = ("summary", "by_type", "layers", "heads", "sink_eps", "sink_eps_layers"
 
 def expand_checkpoints(spec: str) -> list[str]:
     """``pythia-160m@step1000,step2000,4000`` → ``[pythia-160m@step1000, pythia-160m@step2000, pythia-160m@4000]``:
-    an item without '@' is a revision of the base of the item before it."""
+    an item without '@' is a revision of the base of the item before it; a ``probe train`` run directory (trained with
+    ``--snapshot-every``) stands for all of its snapshots."""
     names, base = [], None
     for item in (s.strip() for s in spec.split(",")):
         if not item:
             continue
-        if "@" in item:
+        if "@" not in item and Path(item).expanduser().is_dir():  # a training run: every snapshot it kept
+            from probe.train.checkpoint import snapshot_steps
+
+            base, steps = item, snapshot_steps(Path(item).expanduser())
+            if not steps:
+                raise UsageError(f"--checkpoints {item!r} holds no training snapshots (train with --snapshot-every N)")
+            names += [f"{item}@step{s}" for s in steps]
+        elif "@" in item:
             base = item.split("@", 1)[0]
             names.append(item)
         elif base is None:
@@ -179,7 +187,7 @@ def cmd_report(args) -> int:
     _check_dir(out, settings)
     for name in names:  # malformed names, missing directories or zoo entries: fail before any work
         try:
-            resolve(model_dir(name))
+            resolve(name)
         except ValueError as e:
             raise UsageError(f"--models/--checkpoints {name!r}: {e}; {KNOWN_HINT}") from None
     paths = {n: out / "models" / f"{slug(n)}.json" for n in names}

@@ -6,6 +6,7 @@ import math
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 from cli_util import ENV, WINDOWS, assert_one_line_error, files_under, fx, probe  # noqa: F401 (fixture)
 
@@ -204,7 +205,8 @@ def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
     def train(out, **env):
         return probe("train", "--variant", "sink+proj", "--tier", "tiny", "--seed", "1", "--data", fx["data"],
                      "--eval-data", fx["data"], "--eval-batches", "1", "--steps", "6", "--batch-size", "2",
-                     "--ctx", "32", "--ckpt-every", "2", "--eval-every", "2", "--out", out, env=env)
+                     "--ctx", "32", "--ckpt-every", "2", "--eval-every", "2", "--snapshot-every", "3", "--out", out,
+                     env=env)
 
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     assert train(whole).returncode == 0
@@ -227,6 +229,31 @@ def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
     r = probe("train", "--variant", "baseline", "--tier", "tiny", "--seed", "1", "--data", fx["data"], "--steps", "6",
               "--out", cut)
     assert_one_line_error(r, "different settings", "--variant 'sink+proj' (now 'baseline')")
+
+
+def test_report_over_the_snapshots_of_a_training_run(fx, tmp_path):
+    """`probe train --snapshot-every` keeps the model along training; `probe report --checkpoints RUN` reads them all
+    and `--model RUN@stepN` any one of them."""
+    run = tmp_path / "run"
+    r = probe("train", "--variant", "sink+proj", "--tier", "tiny", "--seed", "1", "--data", fx["data"], "--eval-data",
+              fx["data"], "--eval-batches", "1", "--steps", "4", "--batch-size", "2", "--ctx", "32",
+              "--snapshot-every", "2", "--quiet", "--out", run)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (run / "snapshots").iterdir()) == ["step0", "step2", "step4"]
+    r = probe("report", "--checkpoints", run, "--data", fx["data"], *WINDOWS, "--quiet", "--out", tmp_path / "rep")
+    assert r.returncode == 0, r.stderr
+    summary = pd.read_csv(tmp_path / "rep" / "report_summary.csv")
+    assert sorted(summary["step"]) == [0, 2, 4] and summary["pos0_share"].nunique() == 3  # three different models
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert "training step of" in html
+    one = probe("sinks", "--model", f"{run}@step2", "--data", fx["data"], *WINDOWS, "--json", "--quiet")
+    assert one.returncode == 0, one.stderr
+    s2 = summary[summary["step"] == 2].iloc[0]
+    assert json.loads(one.stdout)["tables"]["summary"][0]["pos0_share"] == pytest.approx(s2["pos0_share"], rel=1e-6)
+    assert_one_line_error(probe("sinks", "--model", f"{run}@step3", "--data", fx["data"], *WINDOWS),
+                          "step3", "step0, step2, step4")
+    assert_one_line_error(probe("report", "--checkpoints", tmp_path / "rep", "--out", tmp_path / "x"),
+                          "no training snapshots", "--snapshot-every")
 
 
 # ------------------------------------------------------------------------------------------------- errors

@@ -276,6 +276,30 @@ def test_checkpoint_is_pickle_free_atomic_and_restorable(tmp_path):
     assert find_checkpoint(tmp_path) == tmp_path / "checkpoint.old"
 
 
+def test_snapshots_keep_the_model_along_training_and_survive_a_resume(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from probe.train import snapshot_steps
+
+    init = {n: p.detach().clone() for n, p in tiny_model().named_parameters()}
+    model = tiny_model()
+    with pytest.raises(KeyboardInterrupt):  # dies drawing step 5's batch: checkpoint at 3, snapshots 0, 2, 4
+        train(model, TinySampler(fail_at=5), cfg(snapshot_every=2), tmp_path, progress=False)
+    assert list(snapshot_steps(tmp_path)) == [0, 2, 4]
+    train(model, TinySampler(), cfg(snapshot_every=2), tmp_path, progress=False)  # resumes at 3, redoes step 4
+    snaps = snapshot_steps(tmp_path)
+    assert list(snaps) == [0, 2, 4, 6] and not [p for p in (tmp_path / "snapshots").iterdir() if p.name[0] == "."]
+    loaded = {s: dict(AutoModelForCausalLM.from_pretrained(d).named_parameters()) for s, d in snaps.items()}
+    assert all(torch.equal(loaded[0][n], p) for n, p in init.items())  # step 0 = the initial weights
+    assert all(torch.equal(loaded[6][n], p) for n, p in model.named_parameters())  # the last = the final weights
+    assert not all(torch.equal(loaded[2][n], loaded[4][n]) for n in init)
+
+    whole = tmp_path / "whole"  # an uninterrupted run snapshots the same weights at step 4
+    train(tiny_model(), TinySampler(), cfg(snapshot_every=2), whole, progress=False)
+    again = dict(AutoModelForCausalLM.from_pretrained(snapshot_steps(whole)[4]).named_parameters())
+    assert all(torch.equal(again[n], loaded[4][n]) for n in init)
+
+
 def test_resume_false_starts_over(tmp_path):
     train(tiny_model(), TinySampler(), cfg(steps=3), tmp_path, progress=False)
     train(tiny_model(), TinySampler(), cfg(steps=2), tmp_path, resume=False, progress=False)

@@ -5,7 +5,8 @@
 * zoo names ``probe/tiny-<variant>`` or ``tiny-<variant>`` → the packaged checkpoint ``probe/zoo/<name>/``;
 * ``pythia-{14m,…,12b}[-deduped][@step{N}]`` → ``EleutherAI/pythia-…`` at revision ``step{N}``;
 * ``gpt-oss-20b`` / ``gpt-oss-120b`` → ``openai/…``;
-* any HF repo id, optionally ``repo@revision``; a local model directory; a ``.gguf`` file (loaded with transformers'
+* any HF repo id, optionally ``repo@revision``; a local model directory, a ``probe train`` run directory (its final
+  model, else its last checkpoint) or ``run_dir@step{N}`` (a snapshot it kept); a ``.gguf`` file (loaded with transformers'
   ``gguf_file=``; for a GGUF inside a hub repo pass ``gguf_file=`` yourself).
 
 Custom checkpoints (config ``model_type == "probe"``) load through ``AutoModelForCausalLM`` after ``import
@@ -74,6 +75,19 @@ def _normalise_revision(rev: str | None, pythia: bool) -> str | None:
     return rev
 
 
+def _snapshot(run_dir: Path, rev: str) -> str:
+    """``run_dir@step{N}`` → the snapshot a training run kept at step N (``probe train --snapshot-every``)."""
+    from probe.train.checkpoint import snapshot_steps
+
+    steps = snapshot_steps(run_dir)
+    m = re.fullmatch(r"(?:step)?(\d+)", rev)
+    if not steps:
+        raise ModelNotFoundError(f"{run_dir} holds no training snapshots (train with --snapshot-every N)")
+    if not m or int(m.group(1)) not in steps:
+        raise ModelNotFoundError(f"{run_dir} has no snapshot {rev!r}; it has step{', step'.join(map(str, steps))}")
+    return str(steps[int(m.group(1))].resolve())
+
+
 def resolve(name) -> tuple[str, str | None, str]:
     """``name`` → ``(repo_or_path, revision, kind)`` with kind in {"zoo", "local", "gguf", "hub"}.
 
@@ -90,9 +104,12 @@ def resolve(name) -> tuple[str, str | None, str]:
         raise ModelNotFoundError(f"GGUF file not found: {raw} (for a GGUF in a hub repo use "
                                  f"probe.load('owner/repo', gguf_file='file.gguf'))")
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"{raw} is a directory but holds no config.json (not a saved model)")
-        return str(path.resolve()), None, "local"
+        if (path / "config.json").is_file():
+            return str(path.resolve()), None, "local"
+        for sub in ("model", "checkpoint"):  # a `probe train` run directory: its final model, else last checkpoint
+            if (path / sub / "config.json").is_file():
+                return str((path / sub).resolve()), None, "local"
+        raise ModelNotFoundError(f"{raw} is a directory but holds no config.json (not a saved model)")
     if raw.startswith("probe/") or raw.startswith("tiny-"):
         zoo = raw.split("/", 1)[1] if raw.startswith("probe/") else raw
         if (ZOO_DIR / zoo / "config.json").is_file():
@@ -102,6 +119,8 @@ def resolve(name) -> tuple[str, str | None, str]:
     base, _, rev = raw.partition("@")
     if "@" in rev:
         raise ValueError(f"malformed model name {raw!r}: more than one '@'")
+    if Path(base).expanduser().is_dir():
+        return _snapshot(Path(base).expanduser(), rev), None, "local"
     if m := _PYTHIA.match(base):
         size, dedup = m.group(1).lower(), m.group(2) or ""
         return f"EleutherAI/pythia-{size}{dedup.lower()}", _normalise_revision(rev, True), "hub"

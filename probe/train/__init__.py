@@ -1,9 +1,9 @@
 """Training: the loop (trainer), optimizers (optim), lr schedules (schedule), checkpoints, and torchrun DDP."""
-from .checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import export_model, find_checkpoint, load_checkpoint, save_checkpoint, snapshot_steps
 from .distributed import DistInfo, setup
 from .optim import build_optimizer, param_groups
 from .schedule import lr_factor
 from .trainer import Sampler, TrainConfig, evaluate, lm_loss, train
 
 __all__ = ["TrainConfig", "train", "evaluate", "lm_loss", "Sampler", "build_optimizer", "param_groups", "lr_factor",
-           "save_checkpoint", "load_checkpoint", "find_checkpoint", "setup", "DistInfo"]
+           "save_checkpoint", "load_checkpoint", "find_checkpoint", "export_model", "snapshot_steps", "setup", "DistInfo"]

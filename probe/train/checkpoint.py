@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -89,6 +90,38 @@ def save_model(model: nn.Module, path: Path):
     else:
         from safetensors.torch import save_model as st_save_model
         st_save_model(model, str(path / "model.safetensors"))
+
+
+def export_model(model: nn.Module, path: Path, tokenizer=None) -> Path:
+    """A directory that ``probe.load`` / ``--model`` opens: weights (safetensors) + config, and the tokenizer when given.
+
+    Written into a temporary sibling and renamed into place, so a reader never sees a half-written model."""
+    path = Path(path)
+    tmp, old = path.with_name(f".{path.name}.tmp-{os.getpid()}"), path.with_name(f".{path.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_model(model, tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+SNAPSHOTS = "snapshots"  # out_dir/snapshots/step{N}/: exported models kept along training (probe report --checkpoints)
+
+
+def snapshot_steps(run_dir: Path) -> dict[int, Path]:
+    """``{step: directory}`` of the snapshots a training run has written, in step order."""
+    root = Path(run_dir) / SNAPSHOTS
+    found = {}
+    for d in root.iterdir() if root.is_dir() else ():
+        m = re.fullmatch(r"step(\d+)", d.name)
+        if m and (d / "config.json").is_file():
+            found[int(m.group(1))] = d
+    return dict(sorted(found.items()))
 
 
 def load_model(model: nn.Module, path: Path):

@@ -24,7 +24,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import distributed as D
-from .checkpoint import STATE_JSON, find_checkpoint, load_checkpoint, load_model, save_checkpoint
+from .checkpoint import (SNAPSHOTS, STATE_JSON, export_model, find_checkpoint, load_checkpoint, load_model,
+                         save_checkpoint)
 from .optim import build_optimizer
 from .schedule import lr_factor
 
@@ -58,6 +59,7 @@ class TrainConfig:
     eval_every: int = 250  # 0 = only at the end
     eval_batches: int = 16  # fixed batches used by evaluations during training (0 = all); the final one uses all
     ckpt_every: int = 500  # 0 = only at the end
+    snapshot_every: int = 0  # > 0: also keep the model at step 0, every N steps and at the end in out_dir/snapshots/
     log_every: int = 10
     seed: int = 0  # torch seed of the loop; the sampler and the model must be built from the same seed (paired runs)
     device: str = "auto"  # "auto" = cuda when available, else cpu
@@ -128,12 +130,14 @@ def _resolve_device(device: str, info: D.DistInfo) -> torch.device:
 
 
 def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval_batches=None, resume: bool = True,
-          progress: bool = True) -> dict:
+          progress: bool = True, tokenizer=None) -> dict:
     """Train ``model`` in place for ``cfg.steps`` optimizer steps; returns the last metrics record.
 
     Writes ``out_dir/metrics.jsonl`` and ``out_dir/checkpoint/`` (rank 0 only). With ``resume`` it continues from the
     checkpoint there — bit-exactly on CPU — and a finished run only loads its final weights into ``model`` and returns
-    its recorded final metrics. ``resume=False`` discards what ``out_dir`` holds.
+    its recorded final metrics. ``resume=False`` discards what ``out_dir`` holds. With ``cfg.snapshot_every`` the
+    model (and ``tokenizer``, when given) is also exported to ``out_dir/snapshots/step{N}`` — a training trajectory
+    that ``probe report --checkpoints out_dir`` reads.
     """
     out_dir = Path(out_dir)
     info = D.setup(cfg.device)
@@ -164,10 +168,12 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
         torch.manual_seed(cfg.seed)
         if info.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
-            for name in ("checkpoint", "checkpoint.old", "checkpoint.tmp"):
+            for name in ("checkpoint", "checkpoint.old", "checkpoint.tmp", SNAPSHOTS):
                 shutil.rmtree(out_dir / name, ignore_errors=True)
             _write_metrics(metrics_path, [])
             (out_dir / "train_config.json").write_text(json.dumps(_jsonable(cfg), indent=1))
+            if cfg.snapshot_every:
+                export_model(model, out_dir / SNAPSHOTS / "step0", tokenizer)
     D.barrier()
 
     net = model
@@ -221,6 +227,8 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
             if info.is_main:
                 save_checkpoint(out_dir, model, optimizer, sampler, step, {"config": _jsonable(cfg), "metrics": last})
             D.barrier()
+        if cfg.snapshot_every and (final or step % cfg.snapshot_every == 0) and info.is_main:
+            export_model(model, out_dir / SNAPSHOTS / f"step{step}", tokenizer)
     bar.close()
     return last
 

@@ -23,3 +23,30 @@ def test_zoo_checkpoint_reproduces_its_recorded_validation_loss(name):
     loss = evaluate(model, zoo_eval_batches(model.tokenizer, record["eval"]))
     assert loss == pytest.approx(record["val_loss"], abs=1e-4)
     assert loss < 6.0  # trained: far below the untrained ln(8192) = 9.01
+
+
+def test_zoo_trainer_runs_variants_in_parallel_and_records_what_it_did(tmp_path):
+    """`python -m probe.train.zoo --jobs 2` trains two variants in two processes; each shipped directory reloads and
+    reproduces the validation loss its zoo.json records, and holds the exact command that rebuilds it."""
+    import subprocess
+    import sys
+
+    zoo, work = tmp_path / "zoo", tmp_path / "work"
+    cmd = [sys.executable, "-m", "probe.train.zoo", "--variants", "baseline", "sink+proj", "--steps", "2",
+           "--batch-size", "2", "--warmup", "1", "--jobs", "2", "--snapshot-every", "1", "--work", str(work),
+           "--zoo-dir", str(zoo)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "baseline: done" in r.stdout and "sink+proj: done" in r.stdout
+    for v in ("baseline", "sink+proj"):
+        record = json.loads((zoo / f"tiny-{v}" / "zoo.json").read_text())
+        assert record["command"] == (f"python -m probe.train.zoo --variants {v} --steps 2 --batch-size 2 "
+                                     "--warmup 1")
+        assert record["recipe"]["batch_size"] == 2 and record["train_metrics"]["step"] == 2
+        model = probe.load(zoo / f"tiny-{v}")
+        assert evaluate(model, zoo_eval_batches(model.tokenizer, record["eval"])) == pytest.approx(record["val_loss"],
+                                                                                                 abs=1e-4)
+        assert sorted(p.name for p in (work / v / "snapshots").iterdir()) == ["step0", "step1", "step2"]
+    r = subprocess.run([sys.executable, "-m", "probe.train.zoo", "--variants", "nope", "--zoo-dir", str(zoo)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "'nope'" in r.stderr

@@ -1,10 +1,10 @@
 """Training throughput of every variant at a tier, as a ratio to the baseline measured in the same run.
 
-    python benchmarks/models.py [--tier tiny] [--batch 8] [--ctx 256] [--iters 5] [--variants a b ...] [--fwd-bwd]
+    python benchmarks/models.py [--tier tiny] [--batch 8] [--ctx 256] [--iters 5] [--variants a b ...]
 
-A step is what `probe train` does per optimizer step: forward, loss, backward, gradient clipping and the AdamW step
-with the trainer's parameter groups (``--fwd-bwd``: forward and backward only, the model cost alone).
-Goals (issue #2): GatedV >= 0.98, sink and gate variants >= 0.95, block low-rank AttnRes >= 0.92, MUDD >= 0.88.
+Two columns per variant: forward+backward alone (the model's cost; issue #2's goals: GatedV >= 0.98, sink and gate
+variants >= 0.95, block low-rank AttnRes >= 0.92, MUDD >= 0.88) and a whole training step as `probe train` takes it
+(issue #7): forward, loss, backward, gradient clipping and the AdamW step with the trainer's parameter groups.
 Variants are timed interleaved (round-robin) so drift of the machine hits all of them alike.
 """
 from __future__ import annotations
@@ -39,27 +39,28 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--variants", nargs="*", default=DEFAULT)
-    ap.add_argument("--fwd-bwd", action="store_true", help="time forward+backward only (no clipping, no AdamW)")
     args = ap.parse_args()
     names = ["baseline"] + [v for v in dict.fromkeys(args.variants) if v != "baseline"]
     models = {v: create(v, tier=args.tier) for v in names}
-    optimizers = {v: None if args.fwd_bwd else build_optimizer(m, TrainConfig(lr=1e-4)) for v, m in models.items()}
+    optimizers = {v: build_optimizer(m, TrainConfig(lr=1e-4)) for v, m in models.items()}
     vocab = models["baseline"].config.vocab_size
     ids = torch.randint(0, vocab, (args.batch, args.ctx), generator=torch.Generator().manual_seed(0))
     for v, m in models.items():  # warm-up (and the optimizer's state allocation)
         step_time(m, ids, optimizers[v])
-    times = {v: [] for v in names}
+    kinds = ("fwd+bwd", "train step")
+    times = {(v, k): [] for v in names for k in kinds}
     for _ in range(args.iters):
         for v, m in models.items():
-            times[v].append(step_time(m, ids, optimizers[v]))
+            times[v, "fwd+bwd"].append(step_time(m, ids))
+            times[v, "train step"].append(step_time(m, ids, optimizers[v]))
+    median = {key: sorted(t)[len(t) // 2] for key, t in times.items()}
     tokens = args.batch * args.ctx
-    base = sorted(times["baseline"])[len(times["baseline"]) // 2]
     print(f"tier={args.tier} batch={args.batch} ctx={args.ctx} threads={torch.get_num_threads()} "
-          f"(median of {args.iters} {'fwd+bwd' if args.fwd_bwd else 'training (fwd+bwd+clip+AdamW)'} steps)")
-    print(f"{'variant':<22}{'tokens/s':>12}{'ratio':>8}")
+          f"(median of {args.iters}; tokens/s and ratio to baseline)")
+    print(f"{'variant':<22}" + "".join(f"{k + ' tok/s':>18}{'ratio':>8}" for k in kinds))
     for v in names:
-        med = sorted(times[v])[len(times[v]) // 2]
-        print(f"{v:<22}{tokens / med:>12.0f}{base / med:>8.3f}")
+        print(f"{v:<22}" + "".join(f"{tokens / median[v, k]:>18.0f}{median['baseline', k] / median[v, k]:>8.3f}"
+                                   for k in kinds))
 
 
 if __name__ == "__main__":

@@ -53,13 +53,28 @@ def test_sdpa_matches_reference(transform, sink_value, window, heads, key_bias):
         assert not g_ref["sink"][0] and not g_fast["sink"][0]  # a -inf sink gets no gradient
 
 
-def test_sdpa_lse_only_without_autograd():
-    x = make_inputs(sink_value=0.0, key_bias=True)
+@pytest.mark.parametrize("key_bias", [True, False])  # extra coordinates / the flash kernel's rows rescaled
+def test_sdpa_lse_only_without_autograd(key_bias):
+    x = make_inputs(sink_value=0.0, key_bias=key_bias)
     ref = run(x, "reference", transform="norm")
     assert run(x, "sdpa", transform="norm").lse is None  # the fused kernel's lse has no gradient
     with torch.no_grad():
         lse = run(x, "sdpa", transform="norm").lse
     torch.testing.assert_close(lse, ref.lse)
+
+
+def test_causal_sink_path_copies_nothing(monkeypatch):
+    """A causal sink with no key bias runs the flash kernel on q, k, v as they are: no phantom row or coordinate."""
+    x = make_inputs(dh=8, dv=8, sink_value=1.0)
+    ref = run(x, "reference")
+
+    def no_cat(*a, **k):
+        raise AssertionError("torch.cat called: the phantom was folded in as a copy")
+
+    monkeypatch.setattr(torch, "cat", no_cat)
+    fast = run(x, "sdpa")
+    monkeypatch.undo()
+    torch.testing.assert_close(fast.out, ref.out, atol=2e-6, rtol=1e-5)
 
 
 def test_sdpa_scale_and_wide_values():
@@ -68,11 +83,12 @@ def test_sdpa_scale_and_wide_values():
     torch.testing.assert_close(run(x, "sdpa", scale=0.7, window=4).out, ref.out, atol=2e-6, rtol=1e-5)
 
 
-def test_sdpa_bf16_close_to_fp32_reference():
-    x = make_inputs(sink_value=0.5, key_bias=True)
+@pytest.mark.parametrize("key_bias", [True, False])
+def test_sdpa_bf16_close_to_fp32_reference(key_bias):
+    x = make_inputs(sink_value=0.5, key_bias=key_bias)
     ref = run(x, "reference", transform="silu")
     low = sink_attention(x["q"].bfloat16(), x["k"].bfloat16(), x["v"].bfloat16(), sink=x["sink"],
-                         key_bias=x["key_bias"], transform="silu", backend="sdpa")
+                         key_bias=x.get("key_bias"), transform="silu", backend="sdpa")
     assert low.out.dtype == torch.bfloat16
     torch.testing.assert_close(low.out.float(), ref.out, atol=3e-2, rtol=3e-2)
 

@@ -1,4 +1,7 @@
-"""Fast CPU path (no pattern): value transform, then fused SDPA with the phantom key folded in as extra coordinates.
+"""Fast CPU path (no pattern): value transform, then fused SDPA with the phantom key folded in.
+
+Causal attention with a sink and nothing else on the CPU runs the flash kernel as it is and rescales its rows
+(`_CausalSinkFlashCPU`). Everything else (key biases, windows, other devices) uses extra coordinates:
 
 The trick (abstention-filtering, App. "Implementation of the variants"), adapted to per-query-head sinks under GQA:
 
@@ -39,6 +42,36 @@ def fused_sdpa(q, k, v, *, is_causal, mask, scale):
     return out, None
 
 
+class _CausalSinkFlashCPU(torch.autograd.Function):
+    """Causal attention with a per-head phantom (logit ``sink``, value 0) on the fused CPU flash kernel, no copies.
+
+    The phantom only rescales each row: y = out · exp(lse − lse'), with lse' = logaddexp(lse, sink) the normaliser
+    including it. The kernel's own backward is exact for the phantom problem when given y and lse' (its row term
+    rowsum(dy ∘ y) is the phantom-inclusive one, and it rebuilds the real probabilities from lse'); the sink's
+    gradient is −Σ_rows p_phantom · rowsum(dy ∘ y).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, sink, scale):  # q (B,H,T,D), k/v (B,Hkv,T,D), sink (H,) fp32 -> y (B,H,T,D), lse' (B,H,T)
+        out, lse = _cpu_flash(q, k, v, 0.0, True, scale=scale)
+        lse_all = torch.logaddexp(lse, sink.to(lse.dtype)[None, :, None])
+        y = (out * torch.exp(lse - lse_all)[..., None].to(out.dtype)).contiguous()
+        ctx.save_for_backward(q, k, v, y, lse_all, sink)
+        ctx.scale = scale
+        ctx.mark_non_differentiable(lse_all)
+        return y, lse_all
+
+    @staticmethod
+    def backward(ctx, dy, _):
+        q, k, v, y, lse_all, sink = ctx.saved_tensors
+        dy = dy.contiguous()
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dy, q, k, v, y, lse_all, 0.0, True, scale=ctx.scale)
+        p_phantom = torch.exp(sink.to(lse_all.dtype)[None, :, None] - lse_all)  # (B, H, T)
+        dsink = -(p_phantom * (dy.float() * y.float()).sum(-1)).sum((0, 2))
+        return dq, dk, dv, dsink.to(sink.dtype), None
+
+
 def sink_attention_sdpa(q, k, v, *, sink=None, transform="identity", tau=None, w=None, b=None, beta=8.0,
                         key_bias=None, window=None, scale=None):
     """q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv) -> (out (B,T,H,dv) in q.dtype, lse (B,H,T) fp32 or None).
@@ -55,6 +88,11 @@ def sink_attention_sdpa(q, k, v, *, sink=None, transform="identity", tau=None, w
         t is not None and t.requires_grad for t in (q, k, v, sink, tau, w, b, key_bias))
 
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.to(dtype).transpose(1, 2)  # (B, H|Hkv, T, d)
+    if sink is not None and key_bias is None and window is None and q.device.type == "cpu" and _cpu_flash:
+        D = -(-max(dh, dv) // 8) * 8
+        s = sink.float().clamp(min=SINK_FLOOR)
+        out, lse = _CausalSinkFlashCPU.apply(_pad_last(qt, D), _pad_last(kt, D), _pad_last(vt, D), s, scale)
+        return out[..., :dv].transpose(1, 2), None if recording else lse.float()
     q_extra, k_extra = [], []  # extra coordinates, fp32, (B, H, T, 1) and (B, Hkv, T, 1)
     if sink is not None:
         s = sink.float().clamp(min=SINK_FLOOR) / scale  # (H,)

@@ -123,6 +123,15 @@ def sink_attention(q, k, v, *, sink=None, transform="identity", tau=None, w=None
     return AttentionOutput(*sink_attention_triton(q, k, v, **kw), None, None)
 
 
+def depth_backend(value: torch.Tensor, backend: str = "auto") -> str:
+    """The path a depth read of sources like ``value`` takes: "triton" (fused, CUDA) or "reference" (torch)."""
+    _check_backend(backend)
+    if backend == "auto":
+        fused = value.device.type == "cuda" and triton_available() and value.dtype in _TRITON_DTYPES
+        return "triton" if fused else "reference"
+    return "triton" if backend == "triton" else "reference"
+
+
 def depth_attention(values: Sequence[torch.Tensor], keys: Sequence[torch.Tensor], query: torch.Tensor, *, bias=None,
                     normalize=True, eps=1e-6, return_weights=False, backend="auto") -> DepthOutput:
     """Softmax read over S depth sources: h = Σ_i softmax_i(query . RMSNorm(k_i) + bias_i) values_i.
@@ -130,12 +139,9 @@ def depth_attention(values: Sequence[torch.Tensor], keys: Sequence[torch.Tensor]
     values: S tensors (B,T,d); keys: S tensors (B,T,r) (views allowed, e.g. values[i][..., -r:]); query (r,).
     No 1/sqrt(r) scaling. The Triton kernel reads the lists in place through pointer tables (no stacking).
     """
-    _check_backend(backend)
     values, keys = list(values), list(keys)
     check_sources(values, keys, query, bias)
-    if backend == "auto":
-        cuda = values[0].device.type == "cuda"
-        backend = "triton" if cuda and triton_available() and values[0].dtype in _TRITON_DTYPES else "reference"
+    backend = depth_backend(values[0], backend)
     if backend != "triton":  # torch / sdpa / reference: the reference loop is the torch path
         return DepthOutput(*depth_attention_reference(values, keys, query, bias=bias, normalize=normalize, eps=eps,
                                                       return_weights=return_weights))

@@ -12,8 +12,9 @@ import torch.nn as nn
 from transformer_lens.hook_points import HookPoint
 
 from probe.kernels import depth_attention
+from probe.kernels.depth_attention.reference import rms_normalize
+from probe.kernels.dispatch import depth_backend
 from probe.models.config import ProbeConfig
-from probe.models.layers import rms_normalize
 
 
 class DepthSources:
@@ -29,6 +30,7 @@ class DepthSources:
         self.keys: list[torch.Tensor] = [self._key(embed, embed_key)]
         self.partial_value = self.partial_key = None
         self.partial_count = 0
+        self._normed: list[torch.Tensor] = []  # RMS-normalised keys of the fixed sources, computed once
 
     def _key(self, value, raw_key):
         if self.kind == "plr":
@@ -58,6 +60,14 @@ class DepthSources:
                     self.keys + [self._key(self.partial_value, self.partial_key)])
         return self.values, self.keys
 
+    def normalized_keys(self, eps: float) -> list[torch.Tensor]:
+        """RMS-normalised (fp32) keys of ``current()``: a fixed source's is computed once, for every later site."""
+        for k in self.keys[len(self._normed):]:
+            self._normed.append(rms_normalize(k, eps))
+        if self.partial_count:
+            return self._normed + [rms_normalize(self._key(self.partial_value, self.partial_key), eps)]
+        return list(self._normed)
+
 
 class DepthRead(nn.Module):
     """One read site: h = Σ_i softmax_i(q · RMSNorm(k_i)) o_i with a static query q initialised to zero."""
@@ -71,10 +81,11 @@ class DepthRead(nn.Module):
 
     def forward(self, sources: DepthSources) -> torch.Tensor:
         values, keys = sources.current()
-        normalize = True
-        if self.hook_routing_keys.has_hooks():
-            keys = self.hook_routing_keys(torch.stack([rms_normalize(k, self.eps) for k in keys], dim=2))
-            keys, normalize = list(keys.unbind(2)), False
+        hooked, normalize = self.hook_routing_keys.has_hooks(), True
+        if hooked or depth_backend(values[0], self.backend) != "triton":  # torch read: each source normalised once
+            keys, normalize = sources.normalized_keys(self.eps), False
+            if hooked:
+                keys = list(self.hook_routing_keys(torch.stack(keys, dim=2)).unbind(2))
         want_weights = self.hook_depth_weights.has_hooks()
         res = depth_attention(values, keys, self.query, normalize=normalize, eps=self.eps,
                               return_weights=want_weights, backend="torch" if want_weights else self.backend)

@@ -7,12 +7,6 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 
-def rms_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """RMSNorm without a learned gain (the depth-routing key normalisation), computed in fp32."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float = 1e-6):
         super().__init__()

@@ -44,7 +44,7 @@ def depth_attention_reference(values, keys, query, *, bias=None, normalize=True,
     alpha = torch.exp(scores - lse[..., None])  # (B, T, S)
     h = alpha[..., 0, None] * values[0].float()
     for i in range(1, len(values)):
-        h = h + alpha[..., i, None] * values[i].float()
+        h = torch.addcmul(h, alpha[..., i, None], values[i].float())  # h += α_i v_i in one fused op
     return h.to(values[0].dtype), lse, alpha if return_weights else None
 
 

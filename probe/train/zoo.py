@@ -7,7 +7,7 @@ command line, the training recipe, the evaluation batches (corpus, seed, shape) 
 the shipped (fp16) weights in fp32 on the CPU, so a test can reload it anywhere and reproduce that number.
 
 ``--jobs N`` trains N variants at once in separate processes (on CPU each gets cores/N threads: two one-thread jobs
-train ~1.4x more tokens per second on 2 cores than one two-thread job; on a GPU they share the device). Training runs
+train 6.4k tokens/s together on 2 cores, one two-thread job 5.4k; on a GPU they share the device). Training runs
 keep resumable checkpoints (and ``--snapshot-every`` snapshots) under ``--work``; a rerun of the same command resumes.
 """
 from __future__ import annotations

@@ -16,6 +16,21 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def pattern_requests(monkeypatch):
+    """A list recording, for each attention call of a probe model, whether it asked for the T x T pattern."""
+    import probe.models.attention as attention
+
+    asked, real = [], attention.sink_attention
+
+    def spy(*args, **kwargs):
+        asked.append(bool(kwargs.get("return_pattern")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "sink_attention", spy)
+    return asked
+
+
 def windows(n_batches=2, batch=3, ctx=16, vocab=97, seed=0, low=0):
     """(N, B, ctx+1) random token windows."""
     g = torch.Generator().manual_seed(seed)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import probe
-from analyses_util import one_thread, tiny, windows  # noqa: F401
+from analyses_util import one_thread, pattern_requests, tiny, windows  # noqa: F401
 from probe.analyses.dormant import DormantAccumulator, dormant_figure, dormant_heads, dormant_heads_figure
 from probe.analyses.massive import MassiveAccumulator, massive_activations, massive_figure, median_abs
 from probe.analyses.sink_heads import (SinkEpsAccumulator, sink_eps_figure, sink_eps_layers_figure,
@@ -385,19 +385,10 @@ def test_dormant_output_norms_are_hook_z_norms():
 # ------------------------------------------------------------------------------------------------------------ memory
 
 
-def test_streaming_analyses_materialise_no_pattern(monkeypatch):
+def test_streaming_analyses_materialise_no_pattern(pattern_requests):
     """Sink^ε, massive activations and dormant heads keep the model on its fast path: no attention call is asked
     for a T x T pattern (the pattern method is, so the spy does see requests when there are some)."""
-    import probe.models.attention as attention
-
-    asked = []
-    real = attention.sink_attention
-
-    def spy(*args, **kwargs):
-        asked.append(bool(kwargs.get("return_pattern")))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(attention, "sink_attention", spy)
+    asked = pattern_requests
     model = tiny("sinklogit")
     toks = windows(1, 2, 8)
     sink_heads(model, toks)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from analyses_util import one_thread, tiny, windows  # noqa: F401
+from analyses_util import one_thread, pattern_requests, tiny, windows  # noqa: F401
 from probe.analyses.sinks import SinkAccumulator, sink_stats, sink_stats_reference
 from probe.hooks.info import ModelInfo
 
@@ -137,18 +137,9 @@ def test_results_record_identity_and_settings():
     assert math.isclose(res["summary"]["uniform_ref"].iloc[0], sum(1 / (t + 1) for t in range(1, 8)) / 7)
 
 
-def test_streaming_pass_materialises_no_pattern(monkeypatch):
+def test_streaming_pass_materialises_no_pattern(pattern_requests):
     """The streaming pass keeps the model on its fast path: no attention call is asked for a pattern."""
-    import probe.models.attention as attention
-
-    asked = []
-    real = attention.sink_attention
-
-    def spy(*args, **kwargs):
-        asked.append(bool(kwargs.get("return_pattern")))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(attention, "sink_attention", spy)
+    asked = pattern_requests
     model = tiny("sinklogit")
     sink_stats(model, windows(1, 2, 8))
     assert asked and not any(asked)

@@ -9,16 +9,11 @@ import pandas as pd
 import pytest
 import torch
 
+from analyses_util import one_thread  # noqa: F401 (autouse fixture)
 from probe import experiments
 from probe.experiments import superposition as sp
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # ---------------------------------------------------------------- registry and command line

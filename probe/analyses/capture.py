@@ -242,11 +242,24 @@ def window_losses(model, data) -> pd.DataFrame:
     return df
 
 
+def token_text(tokenizer, token_id: int) -> str:
+    """One token's text for tables and viewers: ``<sink>`` for a negative id (a sink-token slot), the id itself when
+    there is no tokenizer or it cannot decode the token alone."""
+    if token_id < 0:
+        return "<sink>"
+    if tokenizer is None:
+        return str(token_id)
+    try:
+        return tokenizer.decode([int(token_id)])
+    except Exception:  # noqa: BLE001 - a token a tokenizer cannot decode alone still gets a row
+        return str(token_id)
+
+
 def sliding(info, layer: int) -> int | None:
     """The attention window of a layer (None for full attention)."""
     return info.sliding_window if info.layer_types[layer] == "sliding" else None
 
 
-__all__ = ["Windows", "as_windows", "describe", "tag", "finish", "keyed_generator", "make_bar", "LayerCollector",
+__all__ = ["token_text", "Windows", "as_windows", "describe", "tag", "finish", "keyed_generator", "make_bar", "LayerCollector",
            "StopForward", "run_until_done", "model_device", "default_windows", "row_mass_hooks", "row_masses",
            "token_losses", "window_losses", "sliding", "names"]

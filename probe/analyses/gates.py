@@ -18,7 +18,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.analyses.capture import LayerCollector, as_windows, describe, finish, model_device, make_bar
+from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, make_bar, model_device,
+                                    token_text)
 
 
 class GateAccumulator:
@@ -117,17 +118,8 @@ class GateAccumulator:
         tokens = pd.DataFrame({"token_id": self.vocab.tolist(), "count": self.counts.long().tolist(),
                                "mean_gate": mean_tok.tolist()})
         tokens = tokens[tokens["count"] >= self.min_count].sort_values(["mean_gate", "token_id"]).reset_index(drop=True)
-        tokens.insert(1, "token", [_decode(tokenizer, t) for t in tokens["token_id"]])
+        tokens.insert(1, "token", [token_text(tokenizer, t) for t in tokens["token_id"]])
         return {"summary": pd.DataFrame([summary]), "layers": layers, "heads": heads, "tokens": tokens}
-
-
-def _decode(tokenizer, token_id: int) -> str:
-    if tokenizer is None:
-        return str(token_id)
-    try:
-        return tokenizer.decode([int(token_id)])
-    except Exception:  # noqa: BLE001 - a token a tokenizer cannot decode alone still gets a row
-        return str(token_id)
 
 
 def read_tokens_of(info, ids: torch.Tensor) -> torch.Tensor:

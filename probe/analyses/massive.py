@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import (LayerCollector, StopForward, as_windows, describe, finish, make_bar, model_device,
-                                    row_mass_hooks, row_masses)
+                                    row_mass_hooks, row_masses, token_text)
 from probe.analyses.gates import read_tokens_of
 
 ABS_THRESHOLD = 100.0
@@ -156,7 +156,6 @@ class MassiveAccumulator:
     def tables(self, tokenizer=None) -> dict[str, pd.DataFrame]:
         L = self.info.n_layers
         nan = float("nan")
-        decode = _decoder(tokenizer)
         layers = []
         for s, hook in enumerate(self.sites):
             n = float(self.seqs[s])
@@ -183,7 +182,7 @@ class MassiveAccumulator:
                 row.update(key0_mass=nan, top_mass=nan, massive_mass=nan, r0=nan, r_top=nan, r_massive=nan)
             layers.append(row)
         layers = pd.DataFrame(layers)
-        top = pd.DataFrame([{"layer": s, "hook": hook, "rank": r, **e, "token": decode(e["token_id"])}
+        top = pd.DataFrame([{"layer": s, "hook": hook, "rank": r, **e, "token": token_text(tokenizer, e["token_id"])}
                             for s, hook in enumerate(self.sites) for r, e in enumerate(self.best[s])])
         dims = []
         for s, hook in enumerate(self.sites):
@@ -192,7 +191,7 @@ class MassiveAccumulator:
                              "max_magnitude": e["max"], "mean_ratio": e["ratio_sum"] / e["count"],
                              "pos0_share": e["pos0"] / e["count"],
                              "positions": ", ".join(f"{p} ({c})" for p, c in e["positions"].most_common(5)),
-                             "tokens": ", ".join(f"{decode(t)!r} ({c})" for t, c in e["tokens"].most_common(5))})
+                             "tokens": ", ".join(f"{token_text(tokenizer, t)!r} ({c})" for t, c in e["tokens"].most_common(5))})
         dims = pd.DataFrame(dims, columns=["layer", "hook", "dim", "count", "windows", "max_magnitude", "mean_ratio",
                                            "pos0_share", "positions", "tokens"])
         s_max = int(torch.argmax(self.max_mag))
@@ -207,27 +206,13 @@ class MassiveAccumulator:
                    "massive_pos0_share": float(self.n_massive_pos0.sum() / n_all) if n_all else nan,
                    "max_magnitude": float(self.max_mag[s_max]), "max_layer": s_max,
                    "max_position": best.get("position", -1), "max_dim": best.get("dim", -1),
-                   "max_token": decode(best["token_id"]) if best else "", "max_ratio": float(layers["ratio"].max()),
+                   "max_token": token_text(tokenizer, best["token_id"]) if best else "", "max_ratio": float(layers["ratio"].max()),
                    "top1_pos0_share": float(layers["top1_pos0_share"].mean()),
                    "key0_mass": float(layers["key0_mass"].mean()), "r0": float(layers["r0"].mean()),
                    "r0_massive_layers": float(with_massive["r0"].mean()) if len(with_massive) else nan,
                    "r0_other_layers": float(without["r0"].mean()) if len(without) else nan,
                    "abs_threshold": self.abs_thr, "ratio_threshold": self.ratio_thr}
         return {"summary": pd.DataFrame([summary]), "layers": layers, "top": top, "dims": dims}
-
-
-def _decoder(tokenizer):
-    def decode(t: int) -> str:
-        if t < 0:
-            return "<sink>"
-        if tokenizer is None:
-            return str(t)
-        try:
-            return tokenizer.decode([int(t)])
-        except Exception:  # noqa: BLE001 - a token that cannot be decoded alone still gets a row
-            return str(t)
-
-    return decode
 
 
 @torch.no_grad()

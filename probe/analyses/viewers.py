@@ -44,7 +44,7 @@ def prepare(model, text_or_ids, *, tokenizer=None, max_tokens: int | None = None
     """(ids (1, T) on the model's device, token strings per read position, note) for one text; a string is tokenized
     with the model's tokenizer without special tokens; input beyond ``max_tokens`` (default min(1024, the model's
     context), as SPEC §5's evaluation windows; at most the context) is cut and the note says so."""
-    from probe.analyses.capture import model_device
+    from probe.analyses.capture import model_device, token_text
     from probe.analyses.gates import read_tokens_of
 
     info = model.probe_info
@@ -64,17 +64,7 @@ def prepare(model, text_or_ids, *, tokenizer=None, max_tokens: int | None = None
     if ids.numel() < 1:
         raise ValueError("the text has no tokens")
     ids = ids[None].to(model_device(model))
-    toks = []
-    for t in read_tokens_of(info, ids.cpu())[0].tolist():
-        if t < 0:
-            toks.append("<sink>")
-        elif tok is None:
-            toks.append(str(t))
-        else:
-            try:
-                toks.append(tok.decode([t]))
-            except Exception:  # noqa: BLE001 - undecodable alone: show the id
-                toks.append(str(t))
+    toks = [token_text(tok, t) for t in read_tokens_of(info, ids.cpu())[0].tolist()]
     return ids, toks, note
 
 

@@ -31,17 +31,21 @@ def test_zoo_trainer_runs_variants_in_parallel_and_records_what_it_did(tmp_path)
     import subprocess
     import sys
 
-    zoo, work = tmp_path / "zoo", tmp_path / "work"
+    from probe.data.corpus import CORPUS_DIR
+
+    zoo, work, text = tmp_path / "zoo", tmp_path / "work", tmp_path / "sonnets.txt"
+    text.write_text((CORPUS_DIR / "shakespeare.txt").read_text()[:200_000])
     cmd = [sys.executable, "-m", "probe.train.zoo", "--variants", "baseline", "sink+proj", "--steps", "2",
-           "--batch-size", "2", "--warmup", "1", "--jobs", "2", "--snapshot-every", "1", "--work", str(work),
+           "--data", str(text), "--batch-size", "2", "--warmup", "1", "--jobs", "2", "--snapshot-every", "1", "--work", str(work),
            "--zoo-dir", str(zoo)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "baseline: done" in r.stdout and "sink+proj: done" in r.stdout
     for v in ("baseline", "sink+proj"):
         record = json.loads((zoo / f"tiny-{v}" / "zoo.json").read_text())
-        assert record["command"] == (f"python -m probe.train.zoo --variants {v} --steps 2 --batch-size 2 "
-                                     "--warmup 1")
+        assert record["command"] == (f"python -m probe.train.zoo --variants {v} --steps 2 --data {text} "
+                                     "--batch-size 2 --warmup 1")
+        assert record["recipe"]["data"] == str(text)
         assert record["recipe"]["batch_size"] == 2 and record["train_metrics"]["step"] == 2
         model = probe.load(zoo / f"tiny-{v}")
         assert evaluate(model, zoo_eval_batches(model.tokenizer, record["eval"])) == pytest.approx(record["val_loss"],
@@ -50,3 +54,7 @@ def test_zoo_trainer_runs_variants_in_parallel_and_records_what_it_did(tmp_path)
     r = subprocess.run([sys.executable, "-m", "probe.train.zoo", "--variants", "nope", "--zoo-dir", str(zoo)],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "'nope'" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "probe.train.zoo", "--data", str(tmp_path / "missing.txt"), "--jobs", "2",
+                        "--zoo-dir", str(zoo)], capture_output=True, text=True)
+    assert r.returncode == 2 and "--data" in r.stderr and "missing.txt" in r.stderr
+    assert not (zoo / "tiny-mudd").exists()

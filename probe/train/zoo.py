@@ -1,6 +1,7 @@
 """The model zoo: tiny-tier variants trained here with one seed on the same bundled data, shipped in probe/zoo/.
 
     python -m probe.train.zoo --variants baseline sink+proj --steps 600 [--jobs 2] [--work runs/zoo]
+    python -m probe.train.zoo --data hf:fineweb-edu:200000 --steps 32768 --device cuda --zoo-dir my-zoo   # online
 
 Each shipped checkpoint directory holds the fp16 safetensors weights, config, tokenizer and `zoo.json`: the exact
 command line, the training recipe, the evaluation batches (corpus, seed, shape) and the validation loss measured on
@@ -101,6 +102,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Train and ship the tiny-tier zoo")
     ap.add_argument("--variants", nargs="+", default=ZOO_VARIANTS)
     ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--data", default=RECIPE["data"],
+                    help="training corpus: 'train' (the bundled mix), a .txt file or directory, hf:fineweb-edu[:N]")
     ap.add_argument("--batch-size", type=int, default=RECIPE["batch_size"], help="windows per step")
     ap.add_argument("--lr", type=float, default=RECIPE["lr"], help="peak learning rate")
     ap.add_argument("--warmup", type=int, default=RECIPE["warmup"], help="warmup steps")
@@ -118,20 +121,25 @@ def main(argv=None) -> int:
             config_for(v, RECIPE["tier"])
         except ValueError as e:
             ap.error(f"--variants {v!r}: {e}")
-    recipe = {**RECIPE, "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup}
+    recipe = {**RECIPE, "data": args.data, "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup}
 
     def argv_of(variant: str) -> list[str]:  # the command that trains one variant (recorded in its zoo.json)
-        extra = [(f"--{k.replace('_', '-')}", recipe[k]) for k in ("batch_size", "lr", "warmup") if recipe[k] != RECIPE[k]]
+        extra = [(f"--{k.replace('_', '-')}", recipe[k]) for k in ("data", "batch_size", "lr", "warmup")
+                 if recipe[k] != RECIPE[k]]
         return ["--variants", variant, "--steps", str(args.steps), *[str(x) for kv in extra for x in kv]]
 
+    from probe.data import load_corpus, load_tokenizer, tokenize_documents
+
+    try:  # read here first, so that a bad --data is one error rather than one per child process
+        corpus = load_corpus(recipe["data"])
+    except (ValueError, FileNotFoundError, ConnectionError, ImportError) as e:
+        ap.error(f"--data {recipe['data']!r}: {e}")
     if args.jobs > 1 and len(args.variants) > 1:
         return _run_parallel(args, lambda v: [*argv_of(v), "--work", str(args.work), "--device", args.device,
                                               "--snapshot-every", str(args.snapshot_every),
                                               "--zoo-dir", str(args.zoo_dir)])
-    from probe.data import load_corpus, load_tokenizer, tokenize_documents
-
     tokenizer = load_tokenizer(RECIPE["tokenizer"])
-    docs = tokenize_documents(load_corpus(RECIPE["data"]), tokenizer)
+    docs = tokenize_documents(corpus, tokenizer)
     for variant in args.variants:
         command = "python -m probe.train.zoo " + shlex.join(argv_of(variant))
         rec = train_variant(variant, args.steps, args.work, docs, tokenizer, command, progress=not args.quiet,

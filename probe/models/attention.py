@@ -16,7 +16,7 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.kernels import sink_attention, value_transform
 from probe.models.config import ProbeConfig
-from probe.models.layers import RMSNorm, Rotary
+from probe.models.layers import RMSNorm, Rotary, project_with_key
 
 # value gates that are a pure function of the read v_j (the kernel can fuse them into the V load)
 KERNEL_TRANSFORMS = {"none": "identity", "norm": "norm", "proj": "proj", "routing-norm": "routing-norm",
@@ -141,8 +141,8 @@ class Attention(nn.Module):
                 self.hook_phantom(res.phantom)
         z = self.hook_z(res.out)  # B,T,H,dv
         z = z.reshape(B, T, self.n_heads * self.d_value)
-        key = self.key_proj(z) if self.key_proj is not None else None
-        return self.o_proj(z), key, v_first
+        out, key = project_with_key(z, self.o_proj, self.key_proj)  # B,T,d and B,T,r (P-LR) or None
+        return out, key, v_first
 
     def _gate(self, v, xv, kind, gate_params):
         """The gate g of the read (B,T,Hkv scalar or B,T,Hkv,dv element-wise), or None for ungated heads."""

@@ -44,6 +44,15 @@ class Rotary:
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def project_with_key(x: torch.Tensor, out_proj: nn.Linear, key_proj: nn.Linear | None):
+    """(out_proj(x), key_proj(x) or None): a P-LR sub-layer's output and routing key read the same input, so one
+    matmul over the stacked weights does both (one GEMM forward and one for the input's gradient, not two)."""
+    if key_proj is None:
+        return out_proj(x), None
+    y = F.linear(x, torch.cat([out_proj.weight, key_proj.weight]))  # ...,d+r
+    return y.split([out_proj.out_features, key_proj.out_features], dim=-1)
+
+
 class MLP(nn.Module):
     """SwiGLU or GELU feed-forward sub-layer. With `key_rank` it also emits a P-LR routing key
     from the activation passed to the output projection (lr-attnres Eq. 12)."""
@@ -64,5 +73,4 @@ class MLP(nn.Module):
         else:
             a = F.gelu(self.up(x))
         a = self.hook_post(a)  # B,T,m
-        key = self.key_proj(a) if self.key_proj is not None else None  # B,T,r
-        return self.down(a), key
+        return project_with_key(a, self.down, self.key_proj)  # B,T,d and B,T,r (P-LR) or None

@@ -120,7 +120,9 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
         logits = F.linear(x, self.embed.weight) if c.tie_embeddings else self.lm_head(x)  # B,T,V
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+            # shift the labels, not the logits: slicing B,T,V logits costs a copy forward and a zero-fill backward
+            targets = F.pad(labels[:, 1:], (0, 1), value=-100)  # B,T; the last position has no next token
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits)
 
     # ---- HF glue ----------------------------------------------------------------------------------------

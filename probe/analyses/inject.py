@@ -52,13 +52,20 @@ def quiet_and_median(norms: torch.Tensor, qs) -> tuple[list[torch.Tensor], torch
     """(..., T, Hkv) read norms -> (a bool mask of the ⌊qT⌋ smallest reads per (..., KV head) for each q, ties by
     position; the median over T with linear interpolation, j = 0 included, (..., Hkv)), from one stable sort."""
     T = norms.shape[-2]
+    rank, median = _ranks_and_median(norms)
+    return [rank < math.floor(q * T) for q in qs], median
+
+
+def _ranks_and_median(norms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., T, Hkv) -> (each read's place in the stable ascending order over T, the interpolated median (..., Hkv))."""
+    T = norms.shape[-2]
     values, order = torch.sort(norms, dim=-2, stable=True)
-    masks = [torch.zeros_like(norms, dtype=torch.bool).scatter_(-2, order[..., :math.floor(q * T), :], True)
-             for q in qs]
+    places = torch.arange(T, device=norms.device).view(T, 1).expand(order.shape)
+    rank = torch.empty_like(order).scatter_(-2, order, places)
     pos = 0.5 * (T - 1)
     lo, hi = math.floor(pos), math.ceil(pos)
     median = values[..., lo, :] + (pos - lo) * (values[..., hi, :] - values[..., lo, :])
-    return masks, median
+    return rank, median
 
 
 def quiet_mask(norms: torch.Tensor, q: float) -> torch.Tensor:
@@ -121,11 +128,19 @@ def corrupt(v: torch.Tensor, dose: float, q: float, draws: JunkDraws) -> torch.T
     """v (B, T, Hkv, dh) -> v with each quiet read replaced by v_j + dose * m_h * u_j (dose 0 returns v itself)."""
     if dose == 0:
         return v
-    norms = v.float().norm(dim=-1)  # (B, T, Hkv)
-    (quiet,), m = quiet_and_median(norms, [q])  # (B, T, Hkv), (B, Hkv)
-    u = draws.directions(v)
-    noisy = (v.float() + dose * m[:, None, :, None] * u).to(v.dtype)
-    return torch.where(quiet[..., None], noisy, v)
+    return corrupt_stacked(v[None], [dose], [q], [draws])[0]
+
+
+def corrupt_stacked(v: torch.Tensor, doses, qs, draws) -> torch.Tensor:
+    """``corrupt`` for C conditions at once: v (C, B, T, Hkv, dh) holds condition c's reads in v[c], corrupted
+    with doses[c], cutoff qs[c] and draws[c]; one sort and one elementwise pass serve them all."""
+    C, T = v.shape[0], v.shape[2]
+    rank, m = _ranks_and_median(v.float().norm(dim=-1))  # (C, B, T, Hkv), (C, B, Hkv)
+    n_quiet = torch.tensor([math.floor(q * T) for q in qs], device=v.device).view(C, 1, 1, 1)
+    u = torch.stack([d.directions(v[c]).expand(v.shape[1:]) for c, d in enumerate(draws)])  # (C,B,T,Hkv,dh) unit
+    dose = torch.tensor([float(d) for d in doses], device=v.device).view(C, 1, 1, 1, 1)
+    noisy = (v.float() + dose * m[:, :, None, :, None] * u).to(v.dtype)
+    return torch.where((rank < n_quiet)[..., None], noisy, v)
 
 
 def own_directions(model) -> dict[int, torch.Tensor]:
@@ -209,12 +224,12 @@ def _corrupted_losses(model, ids, tgt, chunk, seed: int, batch: int, own) -> lis
     def corrupt_reads(v, hook):
         l = names.layer_of(hook.name)
         parts = v.reshape(len(chunk), B, *v.shape[1:])  # each condition keeps its own copy of the batch
-        out = []
-        for c, (kind, cutoff, dose) in enumerate(chunk):
+        for kind, _, _ in chunk:
             if kind not in draws.setdefault(l, {}):
                 draws[l][kind] = JunkDraws(kind, parts.shape[1:], seed, batch, l, own[l] if own is not None else None)
-            out.append(corrupt(parts[c], dose, cutoff_fraction(cutoff), draws[l][kind]))
-        return torch.cat(out, 0)
+        out = corrupt_stacked(parts, [d for _, _, d in chunk], [cutoff_fraction(c) for _, c, _ in chunk],
+                              [draws[l][kind] for kind, _, _ in chunk])
+        return out.reshape(v.shape)
 
     out = model.run_with_hooks(ids.repeat(len(chunk), 1), fwd_hooks=[(lambda name: name.endswith("attn.hook_v"),
                                                                        corrupt_reads)])
@@ -292,6 +307,5 @@ def exposure_stats(model, data, *, cutoffs=("q25", "median"), backend: str = "au
     return finish(acc.tables(), describe(model, w, "exposure", cutoffs=",".join(map(str, cutoffs))))
 
 
-__all__ = ["inject", "exposure_stats", "corrupt", "quiet_mask", "median_norm", "quiet_and_median", "JunkDraws",
-           "own_directions",
-           "JUNK_TYPES", "CUTOFFS", "DEFAULT_DOSES", "conditions", "cutoff_fraction"]
+__all__ = ["inject", "exposure_stats", "corrupt", "corrupt_stacked", "quiet_mask", "median_norm", "quiet_and_median",
+           "JunkDraws", "own_directions", "JUNK_TYPES", "CUTOFFS", "DEFAULT_DOSES", "conditions", "cutoff_fraction"]

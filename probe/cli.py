@@ -60,6 +60,8 @@ positive_int = _number(int, lambda v: v >= 1, "expected a positive integer")
 nonneg_int = _number(int, lambda v: v >= 0, "expected an integer >= 0")
 dose = _number(float, lambda v: math.isfinite(v) and v >= 0, "dose must be a finite number >= 0")
 positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "expected a positive number")
+nonneg_float = _number(float, lambda v: math.isfinite(v) and v >= 0, "expected a finite number >= 0")
+fraction = _number(float, lambda v: 0 <= v <= 1, "expected a number in [0, 1]")
 
 
 def _output_flags(p, out_help="write CSV, JSON and a plotly HTML figure to DIR"):
@@ -191,6 +193,19 @@ def build_parser() -> Parser:
     p.add_argument("--ctx", type=positive_int, help="tokens per window (default: the tier's context)")
     p.add_argument("--lr", type=positive_float, default=6e-4, help="peak learning rate (default 6e-4)")
     p.add_argument("--warmup", type=nonneg_int, default=100, help="warmup steps (default 100)")
+    p.add_argument("--schedule", choices=("cosine", "linear-warmdown"), default="cosine",
+                   help="after warmup: cosine to --min-lr-ratio, or constant then a linear warmdown (default cosine)")
+    p.add_argument("--min-lr-ratio", type=fraction, default=0.1, help="final lr / peak lr (default 0.1)")
+    p.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw",
+                   help="AdamW, or Muon for hidden matrices with Adam for the rest (default adamw)")
+    p.add_argument("--muon-lr", type=positive_float, default=1e-3, help="Muon's peak lr with --optimizer muon "
+                   "(default 1e-3)")
+    p.add_argument("--weight-decay", type=nonneg_float, default=0.1,
+                   help="on >=2-D weights not excluded by role: sinks, gates, queries, mixing weights (default 0.1)")
+    p.add_argument("--grad-clip", type=nonneg_float, default=1.0, help="global norm clip, 0: none (default 1.0)")
+    p.add_argument("--z-loss", type=nonneg_float, default=0.0, help="weight of mean(logsumexp^2) (default 0)")
+    p.add_argument("--grad-accum", type=positive_int, default=1,
+                   help="micro-steps per optimizer step; --batch-size stays the whole step's windows (default 1)")
     p.add_argument("--eval-every", type=nonneg_int, default=250, help="steps between evaluations (0: at the end)")
     p.add_argument("--ckpt-every", type=nonneg_int, default=500, help="steps between checkpoints (0: at the end)")
     p.add_argument("--snapshot-every", type=nonneg_int, default=0,

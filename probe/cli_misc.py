@@ -88,7 +88,11 @@ def cmd_costs(args) -> int:
 RUN_FILE = "probe_train.json"
 KILL_ENV = "PROBE_TRAIN_TEST_KILL"  # tests only: SIGKILL this process when step N draws its batch
 RUN_KEYS = ("variant", "tier", "seed", "data", "tokenizer", "batch_size", "ctx", "lr", "warmup", "eval_data",
-            "eval_batches")  # must match to resume; --steps, --eval-every, --ckpt-every may change
+            "eval_batches", "schedule", "min_lr_ratio", "optimizer", "muon_lr", "weight_decay", "grad_clip", "z_loss",
+            "grad_accum")  # must match to resume; --steps, --eval-every, --ckpt-every may change
+# keys added after runs were written without them: such a run was trained with these values
+LATER_KEYS = {"schedule": "cosine", "min_lr_ratio": 0.1, "optimizer": "adamw", "muon_lr": 1e-3, "weight_decay": 0.1,
+              "grad_clip": 1.0, "z_loss": 0.0, "grad_accum": 1}
 
 
 def _run_identity(args, ctx: int) -> dict:
@@ -109,7 +113,7 @@ def _check_run_dir(out: Path, ident: dict) -> bool:
             raise UsageError(f"--out {str(out)!r} exists and is not a `probe train` run directory; choose a new or "
                              "empty directory")
         return False
-    old = json.loads(run.read_text())
+    old = {**LATER_KEYS, **json.loads(run.read_text())}
     diff = [f"--{k.replace('_', '-')} {old.get(k)!r} (now {v!r})" for k, v in ident.items() if old.get(k) != v]
     if diff:
         raise UsageError(f"--out {str(out)!r} holds a run with different settings: {'; '.join(diff)}; resume with "
@@ -136,6 +140,9 @@ def cmd_train(args) -> int:
                          f"--ctx 2..{config.n_ctx}")
     if ctx < 2:
         raise UsageError(f"--ctx {ctx} is too short; choose --ctx 2..{config.n_ctx}")
+    if args.batch_size % args.grad_accum:
+        raise UsageError(f"--batch-size {args.batch_size} does not split into --grad-accum {args.grad_accum} equal "
+                         "micro-batches; choose a --grad-accum that divides it")
     out = Path(args.out)
     ident = _run_identity(args, ctx)
     resuming = _check_run_dir(out, ident)
@@ -166,8 +173,10 @@ def cmd_train(args) -> int:
         sampler = _KillAt(sampler, int(os.environ[KILL_ENV]))
     model = create(args.variant, args.tier, seed=args.seed)
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                      eval_every=args.eval_every, ckpt_every=args.ckpt_every, snapshot_every=args.snapshot_every,
-                      seed=args.seed, device=device)
+                      schedule=args.schedule, min_lr_ratio=args.min_lr_ratio, optimizer=args.optimizer,
+                      muon_lr=args.muon_lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+                      z_loss=args.z_loss, grad_accum=args.grad_accum, eval_every=args.eval_every,
+                      ckpt_every=args.ckpt_every, snapshot_every=args.snapshot_every, seed=args.seed, device=device)
     n_params = sum(p.numel() for p in model.parameters())
     ckpt = find_checkpoint(out) if resuming else None
     start = json.loads((ckpt / "trainer_state.json").read_text())["step"] if ckpt else 0

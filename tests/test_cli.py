@@ -231,6 +231,65 @@ def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
     assert_one_line_error(r, "different settings", "--variant 'sink+proj' (now 'baseline')")
 
 
+def test_train_optimizer_flags_reach_the_trainer(fx, tmp_path):
+    """--schedule/--min-lr-ratio/--optimizer/--muon-lr/--weight-decay/--grad-clip/--z-loss/--grad-accum train exactly
+    what TrainConfig with those values trains in Python; they are part of the run's identity for resuming."""
+    import torch
+    from safetensors.torch import load_file
+
+    from probe.data import WindowSampler, load_corpus, load_tokenizer, tokenize_documents
+    from probe.models import create
+    from probe.train import TrainConfig, train
+
+    flags = dict(schedule="linear-warmdown", min_lr_ratio=0.0, optimizer="muon", muon_lr=2e-3, weight_decay=0.5,
+                 grad_clip=0.5, z_loss=1e-4, grad_accum=2)
+    common = ["--variant", "sink+proj", "--tier", "tiny", "--seed", "1", "--data", fx["data"], "--eval-data", fx["data"],
+              "--eval-batches", "1", "--steps", "3", "--batch-size", "4", "--ctx", "32", "--lr", "1e-3", "--warmup",
+              "1", "--eval-every", "0", "--ckpt-every", "0", "--quiet"]
+    cli = tmp_path / "cli"
+    args = [x for k, v in flags.items() for x in (f"--{k.replace('_', '-')}", v)]
+    r = probe("train", *common, *args, "--out", cli)
+    assert r.returncode == 0, r.stderr
+
+    torch.manual_seed(0)
+    tok = load_tokenizer("probe-bpe-8k")
+    sampler = WindowSampler(tokenize_documents(load_corpus(str(fx["data"])), tok), 32, 1, eos_id=tok.eos_token_id)
+    model = create("sink+proj", "tiny", seed=1)
+    cfg = TrainConfig(steps=3, batch_size=4, lr=1e-3, warmup=1, eval_every=0, ckpt_every=0, seed=1, device="cpu",
+                      **flags)
+    train(model, sampler, cfg, tmp_path / "py", progress=False)
+    got = load_file(cli / "model" / "model.safetensors")
+    assert got.keys() == model.state_dict().keys()
+    assert all(torch.allclose(got[k], v, atol=1e-5) for k, v in model.state_dict().items())
+    lrs = [json.loads(x)["lr"] for x in (cli / "metrics.jsonl").read_text().splitlines() if '"lr"' in x]
+    assert lrs[-1] == pytest.approx(0.0)  # linear warmdown to min_lr_ratio 0
+
+    r = probe("train", *common, *args[:-2], "--grad-accum", "1", "--out", cli)
+    assert_one_line_error(r, "different settings", "--grad-accum 2 (now 1)")
+    r = probe("train", *common, "--grad-accum", "3", "--out", tmp_path / "bad")
+    assert_one_line_error(r, "--grad-accum 3", "--batch-size 4")
+    assert not (tmp_path / "bad").exists()
+    r = probe("train", *common, "--optimizer", "sgd", "--out", tmp_path / "bad")
+    assert_one_line_error(r, "'sgd'", "adamw", "muon")
+
+
+def test_train_resumes_a_run_recorded_before_the_optimizer_flags(fx, tmp_path):
+    """A run directory written before --weight-decay & co. existed resumes with the defaults it was trained with."""
+    out = tmp_path / "run"
+    common = ["--variant", "baseline", "--tier", "tiny", "--data", fx["data"], "--eval-data", fx["data"],
+              "--eval-batches", "1", "--batch-size", "2", "--ctx", "32", "--ckpt-every", "1", "--quiet", "--out", out]
+    assert probe("train", *common, "--steps", "1").returncode == 0
+    run = json.loads((out / "probe_train.json").read_text())
+    old = {k: v for k, v in run.items() if k not in ("schedule", "min_lr_ratio", "optimizer", "muon_lr",
+                                                     "weight_decay", "grad_clip", "z_loss", "grad_accum")}
+    (out / "probe_train.json").write_text(json.dumps(old))
+    r = probe("train", *common, "--steps", "2")
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()][-1] == 2
+    assert_one_line_error(probe("train", *common, "--steps", "3", "--weight-decay", "0.5"),
+                          "--weight-decay 0.1 (now 0.5)")
+
+
 def test_report_over_the_snapshots_of_a_training_run(fx, tmp_path):
     """`probe train --snapshot-every` keeps the model along training; `probe report --checkpoints RUN` reads them all
     and `--model RUN@stepN` any one of them."""

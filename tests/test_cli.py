@@ -243,9 +243,9 @@ def test_train_optimizer_flags_reach_the_trainer(fx, tmp_path):
 
     flags = dict(schedule="linear-warmdown", min_lr_ratio=0.0, optimizer="muon", muon_lr=2e-3, weight_decay=0.5,
                  grad_clip=0.5, z_loss=1e-4, grad_accum=2)
-    common = ["--variant", "sink+proj", "--tier", "tiny", "--seed", "1", "--data", fx["data"], "--eval-data", fx["data"],
-              "--eval-batches", "1", "--steps", "3", "--batch-size", "4", "--ctx", "32", "--lr", "1e-3", "--warmup",
-              "1", "--eval-every", "0", "--ckpt-every", "0", "--quiet"]
+    common = ["--variant", "sink+proj", "--tier", "tiny", "--seed", "1", "--data", fx["data"], "--eval-data",
+              fx["data"], "--eval-batches", "1", "--steps", "3", "--batch-size", "4", "--ctx", "32", "--lr", "1e-3",
+              "--warmup", "1", "--eval-every", "0", "--ckpt-every", "0", "--quiet"]
     cli = tmp_path / "cli"
     args = [x for k, v in flags.items() for x in (f"--{k.replace('_', '-')}", v)]
     r = probe("train", *common, *args, "--out", cli)

@@ -76,8 +76,8 @@ def _model_flags(p, default_model: str | None, *, defaults=(8, 8)):
         g.add_argument("--model", metavar="NAME", help="zoo name, pythia-410m[@stepN], gpt-oss-20b, HF repo id, local "
                        f"directory or .gguf file (default: the bundled model {default_model})")
     g.add_argument("--data", metavar="CORPUS", default="wikitext-2-test",
-                   help="bundled corpus (wikitext-2-test, wikitext-2-valid, shakespeare, kjv, train), a .txt file or "
-                   "directory, or hf:... (online); default wikitext-2-test")
+                   help="bundled corpus (wikitext-2-test, wikitext-2-valid, shakespeare, kjv, train), a .txt or "
+                   ".jsonl[.gz] file, a directory, or hf:... (online); default wikitext-2-test")
     g.add_argument("--tokenizer", metavar="NAME", help="tokenizer (default: the model's own, else the shipped "
                    "probe-bpe-8k)")
     g.add_argument("--batches", type=positive_int, default=defaults[0], help=f"evaluation batches (default "

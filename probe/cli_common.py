@@ -72,7 +72,8 @@ def check_data(name: str, flag: str = "--data") -> None:
     if name in bundled or name.startswith("hf:") or Path(name).expanduser().exists():
         return
     raise UsageError(f"{flag} {name!r}: no such bundled corpus, file or directory; choose one of "
-                     f"{', '.join(bundled)}, an existing .txt file or directory, or hf:wikitext-2-raw-v1:<split>")
+                     f"{', '.join(bundled)}, an existing .txt or .jsonl[.gz] file or directory, or "
+                     "hf:wikitext-2-raw-v1:<split>")
 
 
 def set_threads(n: int | None) -> None:

@@ -75,6 +75,28 @@ def test_local_file_and_directory(tmp_path):
     assert d.fingerprint != c.fingerprint
 
 
+def test_json_lines_corpus_plain_and_gzip(tmp_path):
+    """A .jsonl[.gz] file (a FineWeb-Edu dump, say) is one document per record's "text"; blank texts are dropped."""
+    import gzip
+    import json
+
+    records = [{"text": "first doc\n\nwith a blank line", "id": 1}, {"text": "  "}, {"text": "second"}]
+    lines = "\n".join(json.dumps(r) for r in records) + "\n\n"
+    (tmp_path / "a.jsonl").write_text(lines, encoding="utf-8")
+    with gzip.open(tmp_path / "a.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write(lines)
+    plain, packed = load_corpus(tmp_path / "a.jsonl"), load_corpus(str(tmp_path / "a.jsonl.gz"))
+    assert plain.documents == packed.documents == ["first doc\n\nwith a blank line", "second"]
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2 is not a JSON object with a \"text\" field"):
+        load_corpus(tmp_path / "bad.jsonl")
+    (tmp_path / "blank.jsonl").write_text('{"text": ""}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="holds no records with text"):
+        load_corpus(tmp_path / "blank.jsonl")
+    with pytest.raises(FileNotFoundError, match="missing.jsonl.gz"):
+        load_corpus("missing.jsonl.gz")
+
+
 def test_corpus_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"unknown corpus 'wikitext'.*wikitext-2-test"):
         load_corpus("wikitext")

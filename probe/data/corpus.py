@@ -8,6 +8,7 @@ described in ``probe.data.documents``.
     load_corpus("train")                    # bundled training mix: shakespeare + kjv + wikitext-2-valid
     load_corpus("my_texts/")                # one document per .txt file (recursive, sorted)
     load_corpus("notes.txt")                # one document per blank-line-separated chunk
+    load_corpus("shard.jsonl.gz")           # one document per line's "text" field (e.g. a FineWeb-Edu dump), gzip ok
     load_corpus("hf:wikitext-2-raw-v1:test")  # through `datasets`; needs the hub (or HF_HUB_OFFLINE=1 and a cache)
 """
 from __future__ import annotations
@@ -86,13 +87,39 @@ def load_corpus(name_or_path: str | os.PathLike = DEFAULT_EVAL_CORPUS) -> Corpus
             raise FileNotFoundError(f"corpus directory {key!r} holds no .txt files")
         docs = [t for t in (f.read_text(encoding="utf-8").strip("\n") for f in files) if t.strip()]
         return Corpus(str(path.resolve()), docs, f"directory, one document per .txt file ({len(files)} files)")
+    if path.is_file() and path.name.endswith((".jsonl", ".jsonl.gz")):
+        docs = _jsonl_documents(path)
+        return Corpus(str(path.resolve()), docs, "JSON lines, one document per record's \"text\"")
     if path.is_file():
         docs = D.split_blank_lines(path.read_text(encoding="utf-8"))
         return Corpus(str(path.resolve()), docs, "text file, one document per blank-line-separated chunk")
-    if key.endswith(".txt") or os.sep in key:
+    if key.endswith((".txt", ".jsonl", ".jsonl.gz")) or os.sep in key:
         raise FileNotFoundError(f"corpus file {key!r} does not exist")
-    raise ValueError(f"unknown corpus {key!r}; choose one of {sorted(_BUNDLED) + ['train']}, "
-                     "a .txt file or directory, or hf:wikitext-2-raw-v1:<split> / hf:fineweb-edu[:<n_docs>]")
+    raise ValueError(f"unknown corpus {key!r}; choose one of {sorted(_BUNDLED) + ['train']}, a .txt or "
+                     ".jsonl[.gz] file, a directory of .txt files, or hf:wikitext-2-raw-v1:<split> / "
+                     "hf:fineweb-edu[:<n_docs>]")
+
+
+def _jsonl_documents(path: Path) -> list[str]:
+    """The non-blank "text" of every record of a JSON-lines file (gzip when it ends in .gz)."""
+    import gzip
+    import json
+
+    opener = gzip.open if path.name.endswith(".gz") else open
+    docs = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line)["text"]
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"{path}:{n} is not a JSON object with a \"text\" field") from None
+            if isinstance(text, str) and text.strip():
+                docs.append(text)
+    if not docs:
+        raise ValueError(f"corpus file {str(path)!r} holds no records with text")
+    return docs
 
 
 def _hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:

@@ -103,7 +103,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", nargs="+", default=ZOO_VARIANTS)
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--data", default=RECIPE["data"],
-                    help="training corpus: 'train' (the bundled mix), a .txt file or directory, hf:fineweb-edu[:N]")
+                    help="training corpus: 'train' (the bundled mix), a .txt or .jsonl[.gz] file, a directory, "
+                    "hf:fineweb-edu[:N]")
     ap.add_argument("--batch-size", type=int, default=RECIPE["batch_size"], help="windows per step")
     ap.add_argument("--lr", type=float, default=RECIPE["lr"], help="peak learning rate")
     ap.add_argument("--warmup", type=int, default=RECIPE["warmup"], help="warmup steps")

@@ -27,25 +27,39 @@ def test_zoo_checkpoint_reproduces_its_recorded_validation_loss(name):
 
 def test_zoo_trainer_runs_variants_in_parallel_and_records_what_it_did(tmp_path):
     """`python -m probe.train.zoo --jobs 2` trains two variants in two processes; each shipped directory reloads and
-    reproduces the validation loss its zoo.json records, and holds the exact command that rebuilds it."""
+    reproduces the validation loss its zoo.json records, and holds the exact command that rebuilds it. An online
+    corpus (here `datasets` is a stand-in that logs its calls) is fetched once, by the parent, for both."""
+    import os
     import subprocess
     import sys
 
     from probe.data.corpus import CORPUS_DIR
 
-    zoo, work, text = tmp_path / "zoo", tmp_path / "work", tmp_path / "sonnets.txt"
-    text.write_text((CORPUS_DIR / "shakespeare.txt").read_text()[:200_000])
+    zoo, work, fake, calls = tmp_path / "zoo", tmp_path / "work", tmp_path / "fake", tmp_path / "calls.log"
+    fake.mkdir()
+    (fake / "sitecustomize.py").write_text(  # every process of the run: datasets.load_dataset logs and serves text
+        "import json, os\n"
+        "import datasets\n"
+        "def load_dataset(*args, **kwargs):\n"
+        "    open(os.environ['FAKE_DATASETS_CALLS'], 'a').write(json.dumps([args, kwargs]) + '\\n')\n"
+        "    words = open(os.environ['FAKE_DATASETS_TEXT']).read().split()\n"
+        "    return iter({'text': ' '.join(words[i:i + 400])} for i in range(0, len(words), 400))\n"
+        "datasets.load_dataset = load_dataset\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]),
+           "HF_HUB_OFFLINE": "1", "FAKE_DATASETS_CALLS": str(calls),
+           "FAKE_DATASETS_TEXT": str(CORPUS_DIR / "shakespeare.txt")}
     cmd = [sys.executable, "-m", "probe.train.zoo", "--variants", "baseline", "sink+proj", "--steps", "2",
-           "--data", str(text), "--batch-size", "2", "--warmup", "1", "--jobs", "2", "--snapshot-every", "1", "--work", str(work),
-           "--zoo-dir", str(zoo)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+           "--data", "hf:fineweb-edu:60", "--batch-size", "2", "--warmup", "1", "--jobs", "2", "--snapshot-every",
+           "1", "--work", str(work), "--zoo-dir", str(zoo)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "baseline: done" in r.stdout and "sink+proj: done" in r.stdout
+    assert len(calls.read_text().splitlines()) == 1  # the parent fetched it; the children read work/corpus.jsonl.gz
     for v in ("baseline", "sink+proj"):
         record = json.loads((zoo / f"tiny-{v}" / "zoo.json").read_text())
-        assert record["command"] == (f"python -m probe.train.zoo --variants {v} --steps 2 --data {text} "
+        assert record["command"] == (f"python -m probe.train.zoo --variants {v} --steps 2 --data hf:fineweb-edu:60 "
                                      "--batch-size 2 --warmup 1")
-        assert record["recipe"]["data"] == str(text)
+        assert record["recipe"]["data"] == "hf:fineweb-edu:60"
         assert record["recipe"]["batch_size"] == 2 and record["train_metrics"]["step"] == 2
         model = probe.load(zoo / f"tiny-{v}")
         assert evaluate(model, zoo_eval_batches(model.tokenizer, record["eval"])) == pytest.approx(record["val_loss"],

@@ -122,6 +122,21 @@ def _jsonl_documents(path: Path) -> list[str]:
     return docs
 
 
+def write_jsonl(documents, path: str | os.PathLike) -> Path:
+    """Save documents as a gzip JSON-lines corpus that ``load_corpus`` reads back unchanged (written atomically)."""
+    import gzip
+    import json
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        for d in documents:
+            f.write(json.dumps({"text": d}) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
 def _hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
     """DNS lookup with a timeout, so that an offline machine fails in seconds instead of retrying for half a minute."""
     ok = []

@@ -8,7 +8,8 @@ command line, the training recipe, the evaluation batches (corpus, seed, shape) 
 the shipped (fp16) weights in fp32 on the CPU, so a test can reload it anywhere and reproduce that number.
 
 ``--jobs N`` trains N variants at once in separate processes (on CPU each gets cores/N threads: two one-thread jobs
-train 6.4k tokens/s together on 2 cores, one two-thread job 5.4k; on a GPU they share the device). Training runs
+train 6.4k tokens/s together on 2 cores, one two-thread job 5.4k; on a GPU they share the device). An ``hf:`` corpus
+is fetched once, into WORK/corpus.jsonl.gz, for all of them. Training runs
 keep resumable checkpoints (and ``--snapshot-every`` snapshots) under ``--work``; a rerun of the same command resumes.
 """
 from __future__ import annotations
@@ -39,7 +40,8 @@ def zoo_eval_batches(tokenizer, spec: dict = EVAL):
 
 
 def train_variant(variant: str, steps: int, work: Path, docs, tokenizer, command: str, progress=True, *,
-                  recipe: dict = RECIPE, device: str = "auto", snapshot_every: int = 0, zoo_dir: Path = ZOO_DIR) -> dict:
+                  recipe: dict = RECIPE, device: str = "auto", snapshot_every: int = 0,
+                  zoo_dir: Path = ZOO_DIR) -> dict:
     import torch
 
     from probe.data import WindowSampler
@@ -114,6 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=Path("runs/zoo"), help="training checkpoints (resumable)")
     ap.add_argument("--zoo-dir", type=Path, default=ZOO_DIR, help="where the trained checkpoints go (default: the zoo)")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--record-data", help=argparse.SUPPRESS)  # child processes: the --data the user gave
     args = ap.parse_args(argv)
     from probe.models import config_for
 
@@ -122,7 +125,8 @@ def main(argv=None) -> int:
             config_for(v, RECIPE["tier"])
         except ValueError as e:
             ap.error(f"--variants {v!r}: {e}")
-    recipe = {**RECIPE, "data": args.data, "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup}
+    recipe = {**RECIPE, "data": args.record_data or args.data, "batch_size": args.batch_size, "lr": args.lr,
+              "warmup": args.warmup}
 
     def argv_of(variant: str) -> list[str]:  # the command that trains one variant (recorded in its zoo.json)
         extra = [(f"--{k.replace('_', '-')}", recipe[k]) for k in ("data", "batch_size", "lr", "warmup")
@@ -130,13 +134,18 @@ def main(argv=None) -> int:
         return ["--variants", variant, "--steps", str(args.steps), *[str(x) for kv in extra for x in kv]]
 
     from probe.data import load_corpus, load_tokenizer, tokenize_documents
+    from probe.data.corpus import write_jsonl
 
     try:  # read here first, so that a bad --data is one error rather than one per child process
-        corpus = load_corpus(recipe["data"])
+        corpus = load_corpus(args.data)
     except (ValueError, FileNotFoundError, ConnectionError, ImportError) as e:
-        ap.error(f"--data {recipe['data']!r}: {e}")
+        ap.error(f"--data {args.data!r}: {e}")
     if args.jobs > 1 and len(args.variants) > 1:
-        return _run_parallel(args, lambda v: [*argv_of(v), "--work", str(args.work), "--device", args.device,
+        data = args.data
+        if data.startswith("hf:"):  # fetched once here; the children read this copy and record the hf: name
+            data = str(write_jsonl(corpus.documents, args.work / "corpus.jsonl.gz"))
+        return _run_parallel(args, lambda v: [*argv_of(v), "--data", data, "--record-data", recipe["data"],
+                                              "--work", str(args.work), "--device", args.device,
                                               "--snapshot-every", str(args.snapshot_every),
                                               "--zoo-dir", str(args.zoo_dir)])
     tokenizer = load_tokenizer(RECIPE["tokenizer"])

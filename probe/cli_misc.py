@@ -7,7 +7,7 @@ from pathlib import Path
 
 from probe.cli_common import (Console, UsageError, check_data, first_line, load_corpus, make_windows, resolve_device,
                               set_threads)
-from probe.cli_output import atomic_write, emit, save_result, show
+from probe.cli_output import atomic_write, emit, html_page, save_result, show
 
 # ------------------------------------------------------------------------------------------------------------ models
 
@@ -188,6 +188,7 @@ def cmd_train(args) -> int:
     last = train(model, sampler, cfg, out, eval_batches=eb, resume=True, progress=not args.quiet, tokenizer=tok)
     if start < args.steps or not (out / "model" / "config.json").exists():
         export_model(model, out / "model", tok)
+    _write_training_page(out, args)
     result = {**(last or {}), "steps": args.steps, "model_dir": str(out / "model")}
     if args.json:
         print(json.dumps(result, indent=1))
@@ -195,8 +196,18 @@ def cmd_train(args) -> int:
         keys = [k for k in ("step", "loss", "val_loss", "lr", "grad_norm", "tokens", "tokens_per_s") if k in result]
         print("\n".join(f"{k:<14}{result[k]:.4g}" if isinstance(result[k], float) else f"{k:<14}{result[k]}"
                         for k in keys))
-        print(f"model saved to {out / 'model'} (probe eval --model {out})")
+        print(f"model saved to {out / 'model'} (probe eval --model {out}); curves in {out / 'training.html'}")
     return 0
+
+
+def _write_training_page(out: Path, args) -> None:
+    """DIR/training.html: the run's curves (loss, validation loss, lr, gradient norm), written atomically."""
+    from probe.analyses.figures import training_figure
+    from probe.train import read_metrics
+
+    page = html_page(f"probe train: {args.tier}-{args.variant} ({out.name})", [training_figure(read_metrics(out))],
+                     intro={k: getattr(args, k) for k in RUN_KEYS if hasattr(args, k)})
+    atomic_write(out / "training.html", page)
 
 
 class _KillAt:

@@ -211,10 +211,12 @@ def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     assert train(whole).returncode == 0
     r = train(cut, PROBE_TRAIN_TEST_KILL="5")  # killed while step 5 draws its batch: last checkpoint at step 4
-    assert r.returncode != 0 and not (cut / "model").exists()
+    assert r.returncode != 0 and not (cut / "model").exists() and not (cut / "training.html").exists()
     r = train(cut)
     assert r.returncode == 0, r.stderr
     assert "resuming from step 4" in r.stderr
+    page = (cut / "training.html").read_text()
+    assert "validation loss" in page and "gradient norm" in page and "plotly" in page.lower()
     a, b = load_file(whole / "model" / "model.safetensors"), load_file(cut / "model" / "model.safetensors")
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
 

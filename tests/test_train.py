@@ -349,3 +349,24 @@ def test_probe_model_roles_reach_the_optimizer():
     assert "embed.weight" in groups["decay"] and "blocks.0.attn.o_proj.weight" in groups["decay"]
     muon = _names(param_groups(m, "muon"))["muon"]
     assert "blocks.0.attn.o_proj.weight" in muon and not muon & (gate_w | {"embed.weight"})
+
+
+def test_read_metrics_and_training_curves_of_paired_runs(tmp_path):
+    """read_metrics gives the logged rows as a DataFrame; training_figure overlays runs: one trace per run and panel,
+    carrying exactly the logged values (validation loss only where an evaluation ran)."""
+    from probe.analyses.figures import training_figure
+    from probe.train import read_metrics as metrics_frame
+
+    frames = {}
+    for variant in ("baseline", "sink+proj"):
+        train(tiny_model(variant=variant), TinySampler(), cfg(steps=4, eval_every=2), tmp_path / variant,
+              eval_batches=eval_windows(1), progress=False)
+        frames[variant] = metrics_frame(tmp_path / variant)
+    df = frames["baseline"]
+    assert df["step"].tolist() == [1, 2, 3, 4] and df["val_loss"].notna().tolist() == [False, True, False, True]
+    assert df["loss"].tolist() == [r["loss"] for r in read_metrics(tmp_path / "baseline")]
+    fig = training_figure(frames)
+    assert len(fig.data) == 2 * 4
+    val = [t for t in fig.data if t.name == "sink+proj" and t.yaxis == "y2"][0]
+    assert list(val.x) == [2, 4] and list(val.y) == frames["sink+proj"]["val_loss"].dropna().tolist()
+    assert metrics_frame(tmp_path / "nothing").empty

@@ -145,3 +145,27 @@ def decomposition_figure(table: pd.DataFrame) -> go.Figure:
 
 __all__ = ["depth_heatmap", "effective_sources_figure", "sink_figure", "sink_heads_figure", "gate_figure",
            "gate_token_table", "injection_figure", "exposure_figure", "paired_figure", "decomposition_figure"]
+
+
+TRAINING_PANELS = (("loss", "training loss"), ("val_loss", "validation loss"), ("lr", "learning rate"),
+                   ("grad_norm", "gradient norm"))
+
+
+def training_figure(runs) -> go.Figure:
+    """Training curves against step: loss, validation loss, learning rate and gradient norm, one colour per run.
+
+    ``runs``: a ``read_metrics`` DataFrame, or a dict {label: DataFrame} to compare runs (paired variants, say)."""
+    runs = {"run": runs} if isinstance(runs, pd.DataFrame) else dict(runs)
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[title for _, title in TRAINING_PANELS])
+    colours = fig.layout.template.layout.colorway or [None]
+    for i, (label, df) in enumerate(runs.items()):
+        for j, (col, _) in enumerate(TRAINING_PANELS):
+            if col not in df:
+                continue
+            d = df[["step", col]].dropna()
+            fig.add_trace(go.Scatter(x=d["step"], y=d[col], name=str(label), legendgroup=str(label), showlegend=j == 0,
+                                     mode="lines+markers" if col == "val_loss" else "lines",
+                                     line=dict(color=colours[i % len(colours)])), row=j // 2 + 1, col=j % 2 + 1)
+    fig.update_xaxes(title_text="step")
+    fig.update_layout(title="Training", height=600)
+    return fig

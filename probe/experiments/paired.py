@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import tempfile
 import time
 from dataclasses import dataclass
@@ -116,12 +115,6 @@ def threads(n: int):
         torch.set_num_threads(old)
 
 
-def read_metrics(run_dir: Path) -> pd.DataFrame:
-    path = Path(run_dir) / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return pd.DataFrame([json.loads(x) for x in lines if x.strip()])
-
-
 def train_one(spec: TrainSpec, data: Data, variant: str, seed: int, work: Path, *, label: str | None = None,
               build=None, progress: bool = False):
     """Build (``build(variant, seed)`` or ``create``), train and evaluate one model.
@@ -129,7 +122,7 @@ def train_one(spec: TrainSpec, data: Data, variant: str, seed: int, work: Path, 
     Returns (model, record) with record = variant (``label``), seed, val_loss, final train loss, mean and final
     gradient norm over training, seconds, parameters."""
     from probe.models import create
-    from probe.train.trainer import evaluate, train
+    from probe.train.trainer import evaluate, read_metrics, train
 
     label = label or variant
     model = build(variant, seed) if build is not None else create(variant, spec.tier, seed=seed, **overrides(spec))

@@ -3,7 +3,7 @@ from .checkpoint import export_model, find_checkpoint, load_checkpoint, save_che
 from .distributed import DistInfo, setup
 from .optim import build_optimizer, param_groups
 from .schedule import lr_factor
-from .trainer import Sampler, TrainConfig, evaluate, lm_loss, train
+from .trainer import Sampler, TrainConfig, evaluate, lm_loss, read_metrics, train
 
-__all__ = ["TrainConfig", "train", "evaluate", "lm_loss", "Sampler", "build_optimizer", "param_groups", "lr_factor",
+__all__ = ["TrainConfig", "train", "evaluate", "lm_loss", "read_metrics", "Sampler", "build_optimizer", "param_groups", "lr_factor",
            "save_checkpoint", "load_checkpoint", "find_checkpoint", "export_model", "snapshot_steps", "setup", "DistInfo"]

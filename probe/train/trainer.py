@@ -117,6 +117,14 @@ def _read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def read_metrics(run_dir: str | os.PathLike):
+    """A run's ``metrics.jsonl`` as a DataFrame (one row per logged step: step, loss, lr, grad_norm, tokens,
+    tokens_per_s, and val_loss where an evaluation ran); empty when nothing was logged yet."""
+    import pandas as pd
+
+    return pd.DataFrame(_read_metrics(Path(run_dir) / "metrics.jsonl"))
+
+
 def _write_metrics(path: Path, records: list[dict]):
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -98,4 +98,19 @@ def report_page(tables: dict, records: list[dict], settings: dict) -> str:
     if "injection" in tables:
         shown.append(("Injection", tables["injection"][["model", "step", "junk", "cutoff", "dose", "loss_clean",
                                                         "loss_corrupted", "delta"]]))
-    return html_page("Attention-sink report", report_figures(tables), intro=intro, tables=shown)
+    return html_page("Attention-sink report", report_figures(tables) + _training_figures(records), intro=intro,
+                     tables=shown)
+
+
+def _training_figures(records: list[dict]) -> list[go.Figure]:
+    """The training curves of every `probe train` run whose snapshots were reported (beside their sink trends)."""
+    from pathlib import Path
+
+    from probe.analyses.figures import training_figure
+    from probe.train import read_metrics
+
+    runs = dict.fromkeys(r["name"].rsplit("@", 1)[0] for r in records if "@" in r["name"])
+    frames = {run: read_metrics(Path(run).expanduser()) for run in runs
+              if (Path(run).expanduser() / "metrics.jsonl").is_file()}
+    frames = {run: df for run, df in frames.items() if not df.empty}
+    return [training_figure(frames)] if frames else []

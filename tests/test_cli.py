@@ -307,6 +307,7 @@ def test_report_over_the_snapshots_of_a_training_run(fx, tmp_path):
     assert sorted(summary["step"]) == [0, 2, 4] and summary["pos0_share"].nunique() == 3  # three different models
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "training step of" in html
+    assert "gradient norm" in html  # the run's training curves beside its sink trend
     one = probe("sinks", "--model", f"{run}@step2", "--data", fx["data"], *WINDOWS, "--json", "--quiet")
     assert one.returncode == 0, one.stderr
     s2 = summary[summary["step"] == 2].iloc[0]

@@ -145,7 +145,8 @@ def cmd_train(args) -> int:
                          "micro-batches; choose a --grad-accum that divides it")
     out = Path(args.out)
     ident = _run_identity(args, ctx)
-    resuming = _check_run_dir(out, ident)
+    lead = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 checks, writes and reports
+    resuming = _check_run_dir(out, ident) if lead else False
     set_threads(args.threads)
     device = resolve_device(args.device)
     try:
@@ -180,12 +181,15 @@ def cmd_train(args) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     ckpt = find_checkpoint(out) if resuming else None
     start = json.loads((ckpt / "trainer_state.json").read_text())["step"] if ckpt else 0
-    console.note(f"plan: train {args.tier}-{args.variant} ({n_params:,} parameters) on {args.data} for {args.steps} "
-                 f"steps x {args.batch_size} windows x {ctx} tokens"
-                 + (f"; resuming from step {start}" if ckpt else "") + f"; run directory {out}")
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / RUN_FILE, json.dumps(ident, indent=1))
+    if lead:
+        console.note(f"plan: train {args.tier}-{args.variant} ({n_params:,} parameters) on {args.data} for "
+                     f"{args.steps} steps x {args.batch_size} windows x {ctx} tokens"
+                     + (f"; resuming from step {start}" if ckpt else "") + f"; run directory {out}")
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / RUN_FILE, json.dumps(ident, indent=1))
     last = train(model, sampler, cfg, out, eval_batches=eb, resume=True, progress=not args.quiet, tokenizer=tok)
+    if not lead:
+        return 0
     if start < args.steps or not (out / "model" / "config.json").exists():
         export_model(model, out / "model", tok)
     _write_training_page(out, args)

@@ -60,6 +60,29 @@ def test_two_processes_match_one(tmp_path):
     assert wdiff < TOL
 
 
+def test_probe_train_under_torchrun_matches_one_process(tmp_path):
+    """`torchrun --nproc_per_node 2 -m probe.cli train ...` trains what the same command trains in one process; only
+    rank 0 writes the run's files and reports."""
+    data = str(REPO / "probe" / "data" / "corpora" / "wikitext-2-valid.txt")
+    flags = ["train", "--variant", "sink+proj", "--tier", "tiny", "--data", data, "--eval-data", data,
+             "--eval-batches", "1", "--steps", "3", "--batch-size", "4", "--ctx", "32", "--warmup", "1", "--quiet"]
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
+    one = subprocess.run([sys.executable, "-m", "probe.cli", *flags, "--out", str(tmp_path / "one")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+                          "probe.cli", *flags, "--out", str(tmp_path / "two")], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    assert two.stdout.count("model saved to") == 1 and (tmp_path / "two" / "training.html").is_file()
+    a, b = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two"))
+    assert a.keys() == b.keys()
+    wdiff = max((a[n].float() - b[n].float()).abs().max().item() for n in a)
+    print(f"max |one process - torchrun| final weights: {wdiff:.3g}")
+    assert wdiff < TOL
+
+
 if __name__ == "__main__":  # the torchrun worker: each rank trains 4 of the 8 windows, in 2 micro-batches of 2
     import probe.train.distributed as D
     from safetensors.torch import save_file

@@ -370,3 +370,20 @@ def test_read_metrics_and_training_curves_of_paired_runs(tmp_path):
     val = [t for t in fig.data if t.name == "sink+proj" and t.yaxis == "y2"][0]
     assert list(val.x) == [2, 4] and list(val.y) == frames["sink+proj"]["val_loss"].dropna().tolist()
     assert metrics_frame(tmp_path / "nothing").empty
+
+
+@pytest.mark.parametrize("variant", ["sink+proj", "gatedv"])
+def test_bf16_autocast_keeps_gates_and_sinks_in_fp32(variant, tmp_path):
+    """Under bf16 autocast (the trainer's amp on GPU; 'bf16' forces it here) the projections run in bf16 while sink
+    logits and value gates stay fp32, and training with amp='bf16' keeps a finite loss."""
+    model = tiny_model(variant=variant)
+    ids = CORPUS[:2 * CTX].view(2, CTX)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, cache = model.run_with_cache(ids, names_filter=lambda n: n.startswith("blocks.0.attn."))
+    assert cache["blocks.0.attn.hook_q"].dtype == torch.bfloat16
+    assert cache["blocks.0.attn.hook_v_gate"].dtype == torch.float32
+    if variant == "sink+proj":
+        assert cache["blocks.0.attn.hook_sink_logit"].dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    last = train(model, TinySampler(), cfg(steps=2, amp="bf16", ckpt_every=0), tmp_path, progress=False)
+    assert math.isfinite(last["loss"])

@@ -140,9 +140,11 @@ def cmd_train(args) -> int:
                          f"--ctx 2..{config.n_ctx}")
     if ctx < 2:
         raise UsageError(f"--ctx {ctx} is too short; choose --ctx 2..{config.n_ctx}")
-    if args.batch_size % args.grad_accum:
-        raise UsageError(f"--batch-size {args.batch_size} does not split into --grad-accum {args.grad_accum} equal "
-                         "micro-batches; choose a --grad-accum that divides it")
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun processes
+    if args.batch_size % (world * args.grad_accum):
+        raise UsageError(f"--batch-size {args.batch_size} does not split into {world} process(es) x --grad-accum "
+                         f"{args.grad_accum} equal micro-batches; choose a --batch-size that is a multiple of "
+                         f"{world * args.grad_accum}")
     out = Path(args.out)
     ident = _run_identity(args, ctx)
     lead = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 checks, writes and reports

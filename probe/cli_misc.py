@@ -90,9 +90,8 @@ KILL_ENV = "PROBE_TRAIN_TEST_KILL"  # tests only: SIGKILL this process when step
 RUN_KEYS = ("variant", "tier", "seed", "data", "tokenizer", "batch_size", "ctx", "lr", "warmup", "eval_data",
             "eval_batches", "schedule", "min_lr_ratio", "optimizer", "muon_lr", "weight_decay", "grad_clip", "z_loss",
             "grad_accum")  # must match to resume; --steps, --eval-every, --ckpt-every may change
-# keys added after runs were written without them: such a run was trained with these values
-LATER_KEYS = {"schedule": "cosine", "min_lr_ratio": 0.1, "optimizer": "adamw", "muon_lr": 1e-3, "weight_decay": 0.1,
-              "grad_clip": 1.0, "z_loss": 0.0, "grad_accum": 1}
+# keys added after runs were written without them: such a run was trained with TrainConfig's defaults for them
+LATER_KEYS = ("schedule", "min_lr_ratio", "optimizer", "muon_lr", "weight_decay", "grad_clip", "z_loss", "grad_accum")
 
 
 def _run_identity(args, ctx: int) -> dict:
@@ -113,7 +112,9 @@ def _check_run_dir(out: Path, ident: dict) -> bool:
             raise UsageError(f"--out {str(out)!r} exists and is not a `probe train` run directory; choose a new or "
                              "empty directory")
         return False
-    old = {**LATER_KEYS, **json.loads(run.read_text())}
+    from probe.train import TrainConfig
+
+    old = {**{k: getattr(TrainConfig, k) for k in LATER_KEYS}, **json.loads(run.read_text())}
     diff = [f"--{k.replace('_', '-')} {old.get(k)!r} (now {v!r})" for k, v in ident.items() if old.get(k) != v]
     if diff:
         raise UsageError(f"--out {str(out)!r} holds a run with different settings: {'; '.join(diff)}; resume with "
@@ -125,6 +126,7 @@ def cmd_train(args) -> int:
     from probe.data import WindowSampler, load_tokenizer, tokenize_documents
     from probe.models import config_for, create
     from probe.train import TrainConfig, export_model, find_checkpoint, train
+    from probe.train.distributed import from_env
 
     console = Console(args.quiet)
     check_data(args.data)
@@ -140,15 +142,14 @@ def cmd_train(args) -> int:
                          f"--ctx 2..{config.n_ctx}")
     if ctx < 2:
         raise UsageError(f"--ctx {ctx} is too short; choose --ctx 2..{config.n_ctx}")
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun processes
-    if args.batch_size % (world * args.grad_accum):
-        raise UsageError(f"--batch-size {args.batch_size} does not split into {world} process(es) x --grad-accum "
-                         f"{args.grad_accum} equal micro-batches; choose a --batch-size that is a multiple of "
-                         f"{world * args.grad_accum}")
+    dist = from_env()  # under torchrun only rank 0 checks, writes and reports
+    if args.batch_size % (dist.world_size * args.grad_accum):
+        raise UsageError(f"--batch-size {args.batch_size} does not split into {dist.world_size} process(es) x "
+                         f"--grad-accum {args.grad_accum} equal micro-batches; choose a --batch-size that is a "
+                         f"multiple of {dist.world_size * args.grad_accum}")
     out = Path(args.out)
     ident = _run_identity(args, ctx)
-    lead = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 checks, writes and reports
-    resuming = _check_run_dir(out, ident) if lead else False
+    resuming = _check_run_dir(out, ident) if dist.is_main else False
     set_threads(args.threads)
     device = resolve_device(args.device)
     try:
@@ -183,18 +184,18 @@ def cmd_train(args) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     ckpt = find_checkpoint(out) if resuming else None
     start = json.loads((ckpt / "trainer_state.json").read_text())["step"] if ckpt else 0
-    if lead:
+    if dist.is_main:
         console.note(f"plan: train {args.tier}-{args.variant} ({n_params:,} parameters) on {args.data} for "
                      f"{args.steps} steps x {args.batch_size} windows x {ctx} tokens"
                      + (f"; resuming from step {start}" if ckpt else "") + f"; run directory {out}")
         out.mkdir(parents=True, exist_ok=True)
         atomic_write(out / RUN_FILE, json.dumps(ident, indent=1))
     last = train(model, sampler, cfg, out, eval_batches=eb, resume=True, progress=not args.quiet, tokenizer=tok)
-    if not lead:
+    if not dist.is_main:
         return 0
     if start < args.steps or not (out / "model" / "config.json").exists():
         export_model(model, out / "model", tok)
-    _write_training_page(out, args)
+    _write_training_page(out, args, ident)
     result = {**(last or {}), "steps": args.steps, "model_dir": str(out / "model")}
     if args.json:
         print(json.dumps(result, indent=1))
@@ -206,13 +207,13 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _write_training_page(out: Path, args) -> None:
-    """DIR/training.html: the run's curves (loss, validation loss, lr, gradient norm), written atomically."""
+def _write_training_page(out: Path, args, ident: dict) -> None:
+    """DIR/training.html: the run's settings and curves (loss, validation loss, lr, gradient norm), atomically."""
     from probe.analyses.figures import training_figure
     from probe.train import read_metrics
 
     page = html_page(f"probe train: {args.tier}-{args.variant} ({out.name})", [training_figure(read_metrics(out))],
-                     intro={k: getattr(args, k) for k in RUN_KEYS if hasattr(args, k)})
+                     intro=ident)
     atomic_write(out / "training.html", page)
 
 

@@ -110,7 +110,6 @@ def _training_figures(records: list[dict]) -> list[go.Figure]:
     from probe.train import read_metrics
 
     runs = dict.fromkeys(r["name"].rsplit("@", 1)[0] for r in records if "@" in r["name"])
-    frames = {run: read_metrics(Path(run).expanduser()) for run in runs
-              if (Path(run).expanduser() / "metrics.jsonl").is_file()}
+    frames = {run: read_metrics(Path(run).expanduser()) for run in runs}  # empty for a hub model's revisions
     frames = {run: df for run, df in frames.items() if not df.empty}
     return [training_figure(frames)] if frames else []

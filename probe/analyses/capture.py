@@ -260,6 +260,6 @@ def sliding(info, layer: int) -> int | None:
     return info.sliding_window if info.layer_types[layer] == "sliding" else None
 
 
-__all__ = ["token_text", "Windows", "as_windows", "describe", "tag", "finish", "keyed_generator", "make_bar", "LayerCollector",
-           "StopForward", "run_until_done", "model_device", "default_windows", "row_mass_hooks", "row_masses",
-           "token_losses", "window_losses", "sliding", "names"]
+__all__ = ["token_text", "Windows", "as_windows", "describe", "tag", "finish", "keyed_generator", "make_bar",
+           "LayerCollector", "StopForward", "run_until_done", "model_device", "default_windows", "row_mass_hooks",
+           "row_masses", "token_losses", "window_losses", "sliding", "names"]

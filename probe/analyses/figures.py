@@ -143,10 +143,6 @@ def decomposition_figure(table: pd.DataFrame) -> go.Figure:
     return fig
 
 
-__all__ = ["depth_heatmap", "effective_sources_figure", "sink_figure", "sink_heads_figure", "gate_figure",
-           "gate_token_table", "injection_figure", "exposure_figure", "paired_figure", "decomposition_figure"]
-
-
 TRAINING_PANELS = (("loss", "training loss"), ("val_loss", "validation loss"), ("lr", "learning rate"),
                    ("grad_norm", "gradient norm"))
 
@@ -169,3 +165,8 @@ def training_figure(runs) -> go.Figure:
     fig.update_xaxes(title_text="step")
     fig.update_layout(title="Training", height=600)
     return fig
+
+
+__all__ = ["depth_heatmap", "effective_sources_figure", "sink_figure", "sink_heads_figure", "gate_figure",
+           "gate_token_table", "injection_figure", "exposure_figure", "paired_figure", "decomposition_figure",
+           "training_figure"]

@@ -191,7 +191,8 @@ class MassiveAccumulator:
                              "max_magnitude": e["max"], "mean_ratio": e["ratio_sum"] / e["count"],
                              "pos0_share": e["pos0"] / e["count"],
                              "positions": ", ".join(f"{p} ({c})" for p, c in e["positions"].most_common(5)),
-                             "tokens": ", ".join(f"{token_text(tokenizer, t)!r} ({c})" for t, c in e["tokens"].most_common(5))})
+                             "tokens": ", ".join(f"{token_text(tokenizer, t)!r} ({c})"
+                                                 for t, c in e["tokens"].most_common(5))})
         dims = pd.DataFrame(dims, columns=["layer", "hook", "dim", "count", "windows", "max_magnitude", "mean_ratio",
                                            "pos0_share", "positions", "tokens"])
         s_max = int(torch.argmax(self.max_mag))
@@ -206,7 +207,8 @@ class MassiveAccumulator:
                    "massive_pos0_share": float(self.n_massive_pos0.sum() / n_all) if n_all else nan,
                    "max_magnitude": float(self.max_mag[s_max]), "max_layer": s_max,
                    "max_position": best.get("position", -1), "max_dim": best.get("dim", -1),
-                   "max_token": token_text(tokenizer, best["token_id"]) if best else "", "max_ratio": float(layers["ratio"].max()),
+                   "max_token": token_text(tokenizer, best["token_id"]) if best else "",
+                   "max_ratio": float(layers["ratio"].max()),
                    "top1_pos0_share": float(layers["top1_pos0_share"].mean()),
                    "key0_mass": float(layers["key0_mass"].mean()), "r0": float(layers["r0"].mean()),
                    "r0_massive_layers": float(with_massive["r0"].mean()) if len(with_massive) else nan,

@@ -13,7 +13,9 @@ described in ``probe.data.documents``.
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
+import json
 import os
 import socket
 import threading
@@ -102,9 +104,6 @@ def load_corpus(name_or_path: str | os.PathLike = DEFAULT_EVAL_CORPUS) -> Corpus
 
 def _jsonl_documents(path: Path) -> list[str]:
     """The non-blank "text" of every record of a JSON-lines file (gzip when it ends in .gz)."""
-    import gzip
-    import json
-
     opener = gzip.open if path.name.endswith(".gz") else open
     docs = []
     with opener(path, "rt", encoding="utf-8") as f:
@@ -124,9 +123,6 @@ def _jsonl_documents(path: Path) -> list[str]:
 
 def write_jsonl(documents, path: str | os.PathLike) -> Path:
     """Save documents as a gzip JSON-lines corpus that ``load_corpus`` reads back unchanged (written atomically)."""
-    import gzip
-    import json
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")

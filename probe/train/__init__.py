@@ -5,5 +5,6 @@ from .optim import build_optimizer, param_groups
 from .schedule import lr_factor
 from .trainer import Sampler, TrainConfig, evaluate, lm_loss, read_metrics, train
 
-__all__ = ["TrainConfig", "train", "evaluate", "lm_loss", "read_metrics", "Sampler", "build_optimizer", "param_groups", "lr_factor",
-           "save_checkpoint", "load_checkpoint", "find_checkpoint", "export_model", "snapshot_steps", "setup", "DistInfo"]
+__all__ = ["TrainConfig", "train", "evaluate", "lm_loss", "read_metrics", "Sampler", "build_optimizer", "param_groups",
+           "lr_factor", "save_checkpoint", "load_checkpoint", "find_checkpoint", "export_model", "snapshot_steps",
+           "setup", "DistInfo"]

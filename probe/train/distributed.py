@@ -29,12 +29,19 @@ class DistInfo:
         return self.world_size > 1
 
 
-def setup(device: str = "auto") -> DistInfo:
-    """Join the process group that torchrun describes (idempotent); a plain process gets rank 0 of 1."""
+def from_env() -> DistInfo:
+    """This process's place among torchrun's, read from the environment without joining anything."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
-    info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    return DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def setup(device: str = "auto") -> DistInfo:
+    """Join the process group that torchrun describes (idempotent); a plain process gets rank 0 of 1."""
+    info = from_env()
+    if not info.enabled:
+        return info
     cuda = torch.cuda.is_available() and device != "cpu" and not device.startswith("cpu")
     if cuda:
         torch.cuda.set_device(info.local_rank)

@@ -9,8 +9,8 @@ the shipped (fp16) weights in fp32 on the CPU, so a test can reload it anywhere 
 
 ``--jobs N`` trains N variants at once in separate processes (on CPU each gets cores/N threads: two one-thread jobs
 train 6.4k tokens/s together on 2 cores, one two-thread job 5.4k; on a GPU they share the device). An ``hf:`` corpus
-is fetched once, into WORK/corpus.jsonl.gz, for all of them. Training runs
-keep resumable checkpoints (and ``--snapshot-every`` snapshots) under ``--work``; a rerun of the same command resumes.
+is fetched once, into WORK/corpus.jsonl.gz, for all of them. Training runs keep resumable checkpoints (and
+``--snapshot-every`` snapshots) under ``--work``; a rerun of the same command resumes.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ def build(kind: str, seed: int = 0):
         return create("baseline", tier="tiny", seed=seed).eval()
     from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
-    from probe.hooks.adapters import adapt
+    from probe.checkpoints.adapters import adapt
 
     config = GPTNeoXConfig(vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                            intermediate_size=3072, rotary_pct=0.25, use_parallel_residual=True, attention_bias=True,

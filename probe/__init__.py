@@ -17,7 +17,7 @@ __all__ = ["load", "models", "__version__"]
 
 def __getattr__(name: str):
     if name == "load":
-        from probe.hooks.load import load
+        from probe.checkpoints.load import load
 
         return load
     if name in {"models", "kernels", "hooks", "analyses", "data", "train"}:

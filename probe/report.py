@@ -19,10 +19,10 @@ import re
 import signal
 from pathlib import Path
 
-from probe.cli_common import (KNOWN_HINT, Console, UsageError, check_data, eval_ctx, load_corpus, load_model,
+from probe.cli.common import (KNOWN_HINT, Console, UsageError, check_data, eval_ctx, load_corpus, load_model,
                               make_windows, resolve_device, tokenizer_for)
-from probe.cli_output import clean, show, write_files
-from probe.hooks.load import resolve
+from probe.output import clean, show, write_files
+from probe.checkpoints.load import resolve
 
 MANIFEST = "manifest.json"
 KILL_ENV = "PROBE_REPORT_TEST_KILL"  # tests only: "after:N" or "staged:N" → SIGKILL self at that point of model N
@@ -143,7 +143,7 @@ def compute_one(args, name: str, index: int, windows: Windows, console: Console)
     from probe.analyses.inject import inject
     from probe.analyses.sink_heads import sink_heads
     from probe.analyses.sinks import sink_stats
-    from probe.cli_analyses import injection_plan
+    from probe.cli.analyses import injection_plan
 
     margs = argparse.Namespace(**{**vars(args), "model": name})
     model = load_model(margs, name, console)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from probe.cli_output import html_page
+from probe.output import html_page
 
 SUMMARY_STATS = [  # (column, title, reference column or None)
     ("pos0_share", "Mass on position 0 / mass on real keys (rows t >= 1)", "uniform_ref"),

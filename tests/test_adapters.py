@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import probe
-from probe.hooks import attention as A
-from probe.hooks.adapters.tiny import build_tiny
+from probe.checkpoints import attention as A
+from probe.testing import build_tiny
 
 FAMILIES = ("gpt_neox", "gpt_oss", "llama")
 ATOL = 1e-5  # logits, fast (SDPA) path vs HF eager, fp32; measured max |Δ| ≈ 1e-7

@@ -12,7 +12,7 @@ from probe.analyses.massive import MassiveAccumulator, massive_activations, mass
 from probe.analyses.sink_heads import (SinkEpsAccumulator, sink_eps_figure, sink_eps_layers_figure,
                                        sink_eps_trend_figure, sink_heads)
 from probe.analyses.sinks import sink_stats
-from probe.hooks.adapters.tiny import build_tiny
+from probe.testing import build_tiny
 from probe.hooks.info import ModelInfo
 
 

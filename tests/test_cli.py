@@ -277,7 +277,7 @@ def test_train_optimizer_flags_reach_the_trainer(fx, tmp_path):
 
 def test_train_resumes_a_run_recorded_before_the_optimizer_flags(fx, tmp_path):
     """A run directory written before --weight-decay & co. existed resumes with the defaults it was trained with."""
-    from probe.cli_misc import LATER_KEYS
+    from probe.cli.misc import LATER_KEYS
 
     out = tmp_path / "run"
     common = ["--variant", "baseline", "--tier", "tiny", "--data", fx["data"], "--eval-data", fx["data"],

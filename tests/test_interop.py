@@ -1,4 +1,4 @@
-"""Interop both ways: TransformerLens TransformerBridge / nnsight models → probe.hooks.wrap; probe models under
+"""Interop both ways: TransformerLens TransformerBridge / nnsight models → probe.checkpoints.wrap; probe models under
 nnsight and TransformerLens tooling; parity with TransformerLens on identical weights."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import probe
-from probe.hooks import wrap
-from probe.hooks.adapters import GPTNeoXAdapter, GptOssAdapter, LlamaAdapter
-from probe.hooks.adapters.tiny import build_tiny
+from probe.checkpoints import wrap
+from probe.checkpoints.adapters import GPTNeoXAdapter, GptOssAdapter, LlamaAdapter
+from probe.testing import build_tiny
 
 FAMILIES = ("gpt_neox", "gpt_oss", "llama")
 CLASSES = {"gpt_neox": GPTNeoXAdapter, "gpt_oss": GptOssAdapter, "llama": LlamaAdapter}

@@ -1,4 +1,4 @@
-"""probe.load / probe.hooks.load.resolve: name resolution, local directories, zoo, GGUF, custom checkpoints, offline."""
+"""probe.load / probe.checkpoints.load.resolve: name resolution, local directories, zoo, GGUF, custom checkpoints, offline."""
 from __future__ import annotations
 
 import json
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import probe
-from probe.hooks import load as L
-from probe.hooks.adapters import GPTNeoXAdapter, GptOssAdapter, LlamaAdapter
-from probe.hooks.adapters.tiny import build_tiny, tiny_model
+from probe.checkpoints import load as L
+from probe.checkpoints.adapters import GPTNeoXAdapter, GptOssAdapter, LlamaAdapter
+from probe.testing import build_tiny, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from cli_util import WINDOWS, assert_one_line_error, files_under, fx, probe  # noqa: F401 (fixture)
 
-from probe.cli_common import UsageError
+from probe.cli.common import UsageError
 from probe.report import expand_checkpoints, slug, step_of
 
 

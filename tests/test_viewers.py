@@ -12,7 +12,7 @@ import torch
 import probe
 from analyses_util import one_thread, tiny  # noqa: F401
 from probe.analyses import viewers as V
-from probe.hooks.adapters.tiny import build_tiny
+from probe.testing import build_tiny
 
 NETWORK_SCRIPT = re.compile(r"<script[^>]*\bsrc\s*=\s*[\"']?(https?:)?//", re.I)
 

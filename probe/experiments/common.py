@@ -38,7 +38,7 @@ class Result:
         out.mkdir(parents=True, exist_ok=True)
         for name, df in self.tables.items():
             _atomic(out / f"{name}.csv", lambda p, df=df: df.to_csv(p, index=False))
-        from probe.cli_output import clean, html_page
+        from probe.output import clean, html_page
 
         if self.figures:  # one small HTML per figure, sharing one offline copy of plotly.js
             from plotly.offline import get_plotlyjs

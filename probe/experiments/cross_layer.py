@@ -217,7 +217,7 @@ def run(cfg: CrossLayerConfig | None = None, *, progress: bool = False) -> Resul
                 dynamic.append(d.assign(variant=label, seed=seed))
             cosine.append(adjacent_cosine(model, data.eval).assign(model=label, seed=seed))
         for name in cfg.models:
-            from probe.hooks.load import load
+            from probe.checkpoints.load import load
 
             m = load(name)
             cosine.append(adjacent_cosine(m, data.eval).assign(model=str(name), seed=None))

@@ -87,7 +87,7 @@ def run(cfg: ValueSwapConfig | None = None, *, progress: bool = False) -> Result
     with threads(cfg.threads), work_dir(cfg) as work:
         data = Data(cfg)
         if cfg.models:
-            from probe.hooks.load import load
+            from probe.checkpoints.load import load
 
             models = {}
             for name in cfg.models:

@@ -232,7 +232,7 @@ def run(cfg: ZeroShotConfig | None = None, *, progress: bool = False) -> Result:
             if t in cfg.tasks:  # fail before any training when a task's data is unreachable
                 cache[t] = loader()
         if cfg.models:
-            from probe.hooks.load import load
+            from probe.checkpoints.load import load
 
             for name in cfg.models:
                 model = load(name).float().eval()

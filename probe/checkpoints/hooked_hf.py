@@ -1,12 +1,12 @@
 """``HookedHF``: a TransformerLens ``HookedRootModule`` around a transformers causal LM, exposing the §3 hook names.
 
-How the hooks fire (family adapters in ``probe.hooks.adapters`` fill in the per-architecture parts):
+How the hooks fire (family adapters in ``probe.checkpoints.adapters`` fill in the per-architecture parts):
 
 * ``hook_embed`` — a forward hook on the input embedding returns ``hook_embed(output)``.
 * ``blocks.{l}.hook_resid_pre / hook_resid_mid / hook_resid_post`` — each decoder layer's ``forward`` is replaced
   (on that instance only) by the family's layer forward, which calls the layer's own submodules in HF's order and
   passes the residual stream through the HookPoints, so edits propagate exactly.
-* ``blocks.{l}.attn.*`` — the model runs with ``attn_implementation="probe"`` (``probe.hooks.attention``); the
+* ``blocks.{l}.attn.*`` — the model runs with ``attn_implementation="probe"`` (``probe.checkpoints.attention``); the
   attention function looks up the calling module's hook container and fires hook_q/k/v/v_out/[sink_logit]/
   [pattern/phantom]/z.
 
@@ -28,7 +28,7 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 from transformer_lens import HookedRootModule
 
-from probe.hooks import attention as _attn
+from probe.checkpoints import attention as _attn
 from probe.hooks.info import ModelInfo
 
 class _AttnHooks(nn.Module):

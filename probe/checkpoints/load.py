@@ -11,7 +11,7 @@
 
 Custom checkpoints (config ``model_type == "probe"``) load through ``AutoModelForCausalLM`` after ``import
 probe.models`` and come back as they are (already hooked); HF architectures come back wrapped in their adapter
-(``probe.hooks.adapters``). A hub model that is neither cached nor reachable raises :class:`ModelNotFoundError` with
+(``probe.checkpoints.adapters``). A hub model that is neither cached nor reachable raises :class:`ModelNotFoundError` with
 one line, without hub retries.
 """
 from __future__ import annotations
@@ -289,7 +289,7 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
         hf = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev)
         if device is not None and "device_map" not in hf_kwargs:
             hf = hf.to(device)
-        from probe.hooks.adapters import adapt
+        from probe.checkpoints.adapters import adapt
 
         model = adapt(hf.eval(), tokenizer=None, name=identity)
         model.probe_info.extra.update({"source": kind, "revision": rev, "location": target})

@@ -103,7 +103,7 @@ KNOWN_HINT = ("see `probe models`: zoo names probe/tiny-<variant>, pythia-14m ..
 
 def load_model(args, default: str, console: Console):
     """The model of ``--model`` (or the embedded default), on ``--device`` in ``--dtype``, in eval mode."""
-    import probe.hooks.load as L
+    import probe.checkpoints.load as L
 
     set_threads(args.threads)
     device = resolve_device(args.device)

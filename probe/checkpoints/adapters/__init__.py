@@ -1,13 +1,13 @@
 """HF architecture adapters: each exposes the §3 hook names on a transformers causal LM.
 
 ``adapt(hf_model, tokenizer, name)`` picks the adapter by ``config.model_type`` and hooks the model in place;
-``probe.hooks.wrap(obj)`` does the same on a structural copy of a user's model (TransformerBridge, nnsight, HF).
+``probe.checkpoints.wrap(obj)`` does the same on a structural copy of a user's model (TransformerBridge, nnsight, HF).
 """
 from __future__ import annotations
 
-from probe.hooks.adapters.gpt_neox import GPTNeoXAdapter
-from probe.hooks.adapters.gpt_oss import GptOssAdapter
-from probe.hooks.adapters.llama import LlamaAdapter
+from probe.checkpoints.adapters.gpt_neox import GPTNeoXAdapter
+from probe.checkpoints.adapters.gpt_oss import GptOssAdapter
+from probe.checkpoints.adapters.llama import LlamaAdapter
 
 ADAPTERS = (GPTNeoXAdapter, GptOssAdapter, LlamaAdapter)
 SUPPORTED_MODEL_TYPES = {mt: cls for cls in ADAPTERS for mt in cls.model_types}

@@ -7,8 +7,8 @@ sink column's probability (= exp(sink − lse) with lse over real keys and sink)
 """
 from __future__ import annotations
 
-from probe.hooks.adapters.llama import sequential_layer_forward
-from probe.hooks.hooked_hf import HookedHF, base_info
+from probe.checkpoints.adapters.llama import sequential_layer_forward
+from probe.checkpoints.hooked_hf import HookedHF, base_info
 
 
 class GptOssAdapter(HookedHF):

@@ -5,7 +5,7 @@ mlp → resid_post = resid_mid + mlp_out (HF's own order of operations, so the u
 """
 from __future__ import annotations
 
-from probe.hooks.hooked_hf import HookedHF, base_info
+from probe.checkpoints.hooked_hf import HookedHF, base_info
 
 
 def sequential_layer_forward(layer, hooks, hidden_states, **kwargs):

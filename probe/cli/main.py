@@ -24,14 +24,14 @@ import math
 import os
 import sys
 
-from probe.cli_common import UsageError
+from probe.cli.common import UsageError
 
 VERBS = ("models", "inject", "sinks", "sources", "gates", "costs", "report", "train", "eval", "experiment")
 # mirrored from probe.analyses.inject (kept light here; tests/test_cli.py checks they agree)
 JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
 CUTOFFS = ("q25", "median")
 DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
-VERB_MODULES = {"models": "cli_misc", "costs": "cli_misc", "train": "cli_misc", "report": "report"}
+VERB_MODULES = {"models": "cli.misc", "costs": "cli.misc", "train": "cli.misc", "report": "report"}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 WINDOW_MODES = ("auto", "first", "sequential", "random")
 
@@ -111,7 +111,7 @@ def _injection_flags(p, dose_flag: str, dose_default, dose_help: str):
 
 def build_parser() -> Parser:
     from probe import __version__
-    from probe.cli_common import DEFAULT_DEPTH_MODEL, DEFAULT_MODEL
+    from probe.cli.common import DEFAULT_DEPTH_MODEL, DEFAULT_MODEL
 
     parser = Parser(prog="probe", description="Mechanistic interpretability of attention routing: sinks, phantom "
                     "keys, value gates, depth routing.", allow_abbrev=False,
@@ -254,7 +254,7 @@ def main(argv=None) -> int:
             raise UsageError(f"missing VERB; choose one of {', '.join(VERBS)}", prog="probe")
         import importlib
 
-        module = importlib.import_module(f"probe.{VERB_MODULES.get(args.verb, 'cli_analyses')}")
+        module = importlib.import_module("probe." + VERB_MODULES.get(args.verb, "cli.analyses"))
         verb = args.verb
         return getattr(module, f"cmd_{args.verb}")(args) or 0
     except UsageError as e:

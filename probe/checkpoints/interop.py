@@ -35,18 +35,18 @@ def _underlying(obj):
 
 def wrap(obj, tokenizer=None, name: str | None = None):
     """A probe-protocol view of ``obj`` (see module docstring); strings and paths go to :func:`probe.load`."""
-    from probe.hooks.hooked_hf import is_hooked, shared_clone
+    from probe.checkpoints.hooked_hf import is_hooked, shared_clone
 
     if is_hooked(obj):
         return obj
     if isinstance(obj, (str, Path)):
-        from probe.hooks.load import load
+        from probe.checkpoints.load import load
 
         return load(obj)
     hf, tok = _underlying(obj)
     if hasattr(hf, "probe_info"):  # a custom probe model inside a wrapper: already speaks the protocol
         return hf
-    from probe.hooks.adapters import adapt
+    from probe.checkpoints.adapters import adapt
 
     model = adapt(shared_clone(hf), tokenizer=tokenizer if tokenizer is not None else tok, name=name)
     model.probe_info.extra["wrapped"] = type(obj).__qualname__

@@ -11,7 +11,7 @@ With ``use_parallel_residual=False`` the layer is sequential and resid_mid is wh
 """
 from __future__ import annotations
 
-from probe.hooks.hooked_hf import HookedHF, base_info
+from probe.checkpoints.hooked_hf import HookedHF, base_info
 
 
 def neox_layer_forward(layer, hooks, hidden_states, **kwargs):

@@ -5,9 +5,9 @@ import json
 import os
 from pathlib import Path
 
-from probe.cli_common import (Console, UsageError, check_data, first_line, load_corpus, make_windows, resolve_device,
+from probe.cli.common import (Console, UsageError, check_data, first_line, load_corpus, make_windows, resolve_device,
                               set_threads)
-from probe.cli_output import atomic_write, emit, html_page, save_result, show
+from probe.output import atomic_write, emit, html_page, save_result, show
 
 # ------------------------------------------------------------------------------------------------------------ models
 
@@ -15,7 +15,7 @@ from probe.cli_output import atomic_write, emit, html_page, save_result, show
 def cmd_models(args) -> int:
     import pandas as pd
 
-    from probe.hooks.load import PYTHIA_SIZES, list_models
+    from probe.checkpoints.load import PYTHIA_SIZES, list_models
     from probe.models import TIER_DESCRIPTIONS, TIERS, VARIANTS
 
     console = Console(args.quiet)

@@ -2,9 +2,9 @@
 from __future__ import annotations
 import argparse
 
-from probe.cli_common import (DEFAULT_DEPTH_MODEL, DEFAULT_MODEL, Console, UsageError, check_data, load_model,
+from probe.cli.common import (DEFAULT_DEPTH_MODEL, DEFAULT_MODEL, Console, UsageError, check_data, load_model,
                               plan_line, windows_for)
-from probe.cli_output import emit, header, result_meta, save_result, show
+from probe.output import emit, header, result_meta, save_result, show
 
 
 def _prepare(args, default: str, verb: str):

@@ -1,0 +1,5 @@
+import sys
+
+from probe.cli.main import main
+
+sys.exit(main())

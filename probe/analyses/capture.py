@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
+from probe.data import DEFAULT_EVAL_CORPUS, cap_ctx, eval_batches
 from probe.hooks import names
+from probe.kernels import attention_row_masses
 
 
 @dataclass
@@ -63,8 +66,6 @@ def default_windows(model, corpus=None, *, n_batches: int = 8, batch_size: int =
     """SPEC §5's evaluation windows for a model: ``n_batches`` x ``batch_size`` fixed windows of raw text (no BOS) at
     the model's training context (HF checkpoints: min(1024, max context)), tokenized with the model's tokenizer
     (custom models without one: the shipped probe-bpe-8k). Returns probe.data.EvalBatches."""
-    from probe.data import DEFAULT_EVAL_CORPUS, cap_ctx, eval_batches
-
     info = model.probe_info
     if ctx is None:
         ctx = info.n_ctx if info.family == "probe" else cap_ctx(None, info.n_ctx)
@@ -109,8 +110,6 @@ def keyed_generator(*key) -> torch.Generator:
 def make_bar(total: int, enabled: bool, desc: str):
     """A tqdm bar (or a silent stand-in with the same update/close methods)."""
     if enabled:
-        from tqdm.auto import tqdm
-
         return tqdm(total=total, desc=desc)
 
     class _Silent:
@@ -203,8 +202,6 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     """(lse (B,H,T), masses (B,H,T,m), phantom (B,H,T)) of one layer from the hooks named by ``row_mass_hooks``;
     masses[..., c] is each row's attention mass on the keys marked by indicators[..., c] (phantom in the normaliser).
     """
-    from probe.kernels import attention_row_masses
-
     q, k, sink = got["hook_q"], got["hook_k"], got.get("hook_sink_logit")
     key_bias = None
     if "hook_v_gate" in got:  # routing slot: the model adds log g_j to the logits (B, Hkv, T)

@@ -18,6 +18,9 @@ Conventions (SPEC §4-5), which reproduce every "Added FLOPs (%)" entry of Table
 """
 from __future__ import annotations
 
+import pandas as pd
+import plotly.graph_objects as go
+
 METHODS = ("baseline", "attnres", "p-lr", "s-lr")
 
 # Table 1 of lr-attnres.md (d=1024, L=24, m=2816): (method, N or None for full, r, printed added FLOPs %).
@@ -120,8 +123,6 @@ def cost_row(method: str, d: int, L: int, m: int, N: int | None = None, r: int |
 
 def cost_table(d: int = 1024, L: int = 24, m: int = 2816, rows=None):
     """DataFrame of costs; ``rows`` are (method, N, r) tuples (N None = full), default Table 1's rows."""
-    import pandas as pd
-
     rows = [t[:3] for t in TABLE1] if rows is None else rows
     df = pd.DataFrame([cost_row(meth, d, L, m, N, r) for meth, N, r in rows])
     df.insert(0, "label", [_label(meth, N, r) for meth, N, r in rows])
@@ -138,8 +139,6 @@ def _label(method: str, N: int | None, r: int | None) -> str:
 
 def cost_figure(df):
     """Stacked bars of added FLOPs (% of the core): depth kernel and P-LR key projection, one bar per row."""
-    import plotly.graph_objects as go
-
     fig = go.Figure([
         go.Bar(name="depth kernel", x=df["label"], y=df["kernel_pct"]),
         go.Bar(name="P-LR key projection", x=df["label"], y=df["key_proj_pct"]),

@@ -33,10 +33,13 @@ probe.kernels.attention_row_masses (no T x T pattern).
 from __future__ import annotations
 
 import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
 
-from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, make_bar, model_device,
-                                    row_mass_hooks, row_masses, sliding)
+from probe.analyses.capture import (LayerCollector, as_windows, default_windows, describe, finish, make_bar,
+                                    model_device, row_mass_hooks, row_masses, sliding)
 
 THRESHOLD = 0.5
 NORM_RATIO = 0.5
@@ -46,8 +49,6 @@ DOMAINS = ("wikitext-2-test", "shakespeare", "kjv")
 def domain_windows(model, corpora=DOMAINS, *, n_batches: int = 2, batch_size: int = 4, ctx: int | None = None,
                    seed: int = 0, mode: str = "sequential") -> dict:
     """Evaluation windows of the model per corpus (the bundled ones by default): {corpus name: EvalBatches}."""
-    from probe.analyses.capture import default_windows
-
     return {c: default_windows(model, c, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=mode)
             for c in corpora}
 
@@ -194,9 +195,6 @@ def dormant_heads(model, data, *, threshold: float = THRESHOLD, norm_ratio: floa
 def dormant_figure(result: dict):
     """Left: share of dormant (head, input) pairs per layer, one bar series per domain; right: every (head, input) as
     key-0 mass against the output-norm ratio, coloured by domain, with both thresholds."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     name = str(result["meta"]["model"].iloc[0])
     meta = result["meta"].iloc[0]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("dormant share per layer",
@@ -223,9 +221,6 @@ def dormant_figure(result: dict):
 
 def dormant_heads_figure(result: dict):
     """Layer x head heatmap of the dormant rate, one panel per domain."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     sw = result["switching"]
     cols = [c for c in sw.columns if c.startswith("dormant_rate[")]
     fig = make_subplots(rows=1, cols=len(cols), subplot_titles=[c[len("dormant_rate["):-1] for c in cols])
@@ -242,8 +237,6 @@ def dormant_heads_figure(result: dict):
 
 
 def _colour(i: int) -> str:
-    import plotly.express as px
-
     pal = px.colors.qualitative.Plotly
     return pal[i % len(pal)]
 

@@ -28,7 +28,9 @@ from __future__ import annotations
 from collections import Counter
 
 import pandas as pd
+import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
 
 from probe.analyses.capture import (LayerCollector, StopForward, as_windows, describe, finish, make_bar, model_device,
                                     row_mass_hooks, row_masses, token_text)
@@ -274,9 +276,6 @@ def massive_activations(model, data, *, abs_threshold: float = ABS_THRESHOLD, ra
 def massive_figure(result: dict):
     """Left: top-1/2/3 and median magnitude per layer (log scale) with the absolute threshold; right: where the top
     activation sits (share at position 0), the key-0 attention mass and r0 per layer."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     lay = result["layers"]
     name = str(result["meta"]["model"].iloc[0])
     fig = make_subplots(rows=1, cols=2, subplot_titles=("residual-stream magnitudes (log scale)",

@@ -24,7 +24,9 @@ masses from probe.kernels.attention_row_masses; no T x T tensor exists. ``method
 from __future__ import annotations
 
 import pandas as pd
+import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
 
 from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, make_bar, model_device,
                                     row_mass_hooks, row_masses, sliding)
@@ -175,9 +177,6 @@ def _many(results):
 def sink_eps_figure(results):
     """Left: share of sink heads per layer (one line per model and ε); right: key-0 score per head (layer x head) of
     the first result, with the smallest ε as the colour midpoint."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     res0 = _many(results)[0]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("share of sink heads per layer (Sink^ε)",
                                                         f"key-0 score per head — {res0['meta']['model'].iloc[0]}"))
@@ -205,8 +204,6 @@ def sink_eps_trend_figure(summary: pd.DataFrame):
     """Sink^ε across models or training checkpoints: ``summary`` is the concatenation of several results' ``summary``
     tables with a ``model`` column (and ``step`` where the models are checkpoints of one run, as ``probe report``
     writes them). x = training step when every row has one, else the model."""
-    import plotly.graph_objects as go
-
     steps = summary["step"] if "step" in summary else pd.Series([None] * len(summary), index=summary.index)
     by_step = steps.notna().all()
     fig = go.Figure()
@@ -223,8 +220,6 @@ def sink_eps_layers_figure(layers: pd.DataFrame, epsilon: float | None = None):
     """Share of sink heads per layer across models or checkpoints (layer x model/step heatmap) at one ε (default: the
     smallest): ``layers`` is the concatenation of several results' ``layers`` tables with a ``model`` column (and
     ``step``), as ``probe report`` collects them."""
-    import plotly.graph_objects as go
-
     e = float(layers["epsilon"].min()) if epsilon is None else float(epsilon)
     sub = layers[layers["epsilon"] == e]
     if sub.empty:

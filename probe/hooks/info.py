@@ -27,6 +27,7 @@ class ModelInfo:
     depth_blocks: int = 0  # 0 = full depth routing, N = block routing with N blocks
     sink_token: bool = False  # a learned token prepended at position 0 (custom sinktoken variant)
     bos_token_id: int | None = None
+    trained_with_bos: bool = False  # its training windows started with BOS (then evaluation windows from text do too)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):

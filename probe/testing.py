@@ -4,7 +4,7 @@
 (tokens ``w2 … w{V-1}``) to ``directory`` and returns it. Quirks kept: GPT-NeoX — q|k|v interleaved per head in
 ``query_key_value``, rotary on 25% of head dims, parallel residual, QKV bias, untied embeddings; gpt-oss — learned
 sinks (set to randn·3 so they matter), sliding/full ``layer_types`` with a window shorter than test sequences, GQA,
-MoE, QKV bias, YaRN rope; llama — GQA.
+MoE, QKV bias, YaRN rope; llama — GQA; gemma2/gemma3_text/qwen2/qwen3/mistral — see :func:`more_tiny_config`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ("gpt_neox", "gpt_oss", "llama")
+FAMILIES = ("gpt_neox", "gpt_oss", "llama", "gemma2", "gemma3_text", "qwen2", "qwen3", "mistral")
+MORE_FAMILIES = FAMILIES[3:]  # configs in more_tiny_config
 VOCAB = 96
 
 
@@ -37,6 +38,8 @@ def tiny_config(family: str, vocab_size: int = VOCAB):
         return LlamaConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                            num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
                            tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    if family in MORE_FAMILIES:
+        return more_tiny_config(family, vocab_size)
     raise ValueError(f"unknown tiny family {family!r}; choose from {FAMILIES}")
 
 
@@ -66,6 +69,8 @@ def tiny_model(family: str, seed: int = 0):
         for name, p in model.named_parameters():
             if name.endswith("bias") or name.endswith("_bias"):
                 p.copy_(torch.randn_like(p) * 0.1)
+        if family in MORE_FAMILIES:
+            _randomise_norms(model)
     return model.eval()
 
 
@@ -74,3 +79,42 @@ def build_tiny(family: str, directory: str | Path, seed: int = 0) -> Path:
     tiny_model(family, seed).save_pretrained(directory)
     tiny_tokenizer().save_pretrained(directory)
     return directory
+
+
+# --------------------------------------------------------------------------------------------------------------
+# more families (issue 14): Gemma 2 and 3 (sandwich norms, sliding/full layers, query_pre_attn_scalar, soft-caps,
+# QK-norm), and the llama-family models LlamaAdapter claims (Qwen2: QKV bias; Qwen3: QK-norm and a head width that is
+# not d_model / heads; Mistral: a sliding window in every layer)
+
+
+def more_tiny_config(family: str, vocab_size: int = VOCAB):
+    from transformers import Gemma2Config, Gemma3TextConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                  max_position_embeddings=128, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    if family == "gemma3_text":  # like gemma-3-270m: one KV head, sliding layers then a full one, tied embeddings
+        return Gemma3TextConfig(**common, num_hidden_layers=3, num_key_value_heads=1, head_dim=16,
+                                query_pre_attn_scalar=8, sliding_window=4,
+                                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                tie_word_embeddings=True)
+    if family == "gemma2":  # no QK-norm: a wider init gives attention logits of several units, which the cap bends
+        return Gemma2Config(**common, num_hidden_layers=2, num_key_value_heads=2, head_dim=16,
+                            query_pre_attn_scalar=8, sliding_window=4, initializer_range=0.25,
+                            layer_types=["sliding_attention", "full_attention"],
+                            attn_logit_softcapping=2.0, final_logit_softcapping=5.0, tie_word_embeddings=True)
+    if family == "qwen2":
+        return Qwen2Config(**common, num_hidden_layers=2, num_key_value_heads=2, tie_word_embeddings=True)
+    if family == "qwen3":
+        return Qwen3Config(**common, num_hidden_layers=2, num_key_value_heads=2, head_dim=16,
+                           tie_word_embeddings=True)
+    if family == "mistral":
+        return MistralConfig(**common, num_hidden_layers=2, num_key_value_heads=2, sliding_window=4,
+                             tie_word_embeddings=False)
+    raise ValueError(f"unknown tiny family {family!r}; choose from {FAMILIES}")
+
+
+def _randomise_norms(model):
+    """Norm gains start at 1 (Gemma: at 0 in its 1 + w form), which would hide a norm applied at the wrong place."""
+    for name, p in model.named_parameters():
+        if "norm" in name and name.endswith("weight"):
+            p.add_(torch.randn_like(p) * 0.3)

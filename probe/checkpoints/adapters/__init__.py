@@ -5,11 +5,12 @@
 """
 from __future__ import annotations
 
+from probe.checkpoints.adapters.gemma import GemmaAdapter
 from probe.checkpoints.adapters.gpt_neox import GPTNeoXAdapter
 from probe.checkpoints.adapters.gpt_oss import GptOssAdapter
 from probe.checkpoints.adapters.llama import LlamaAdapter
 
-ADAPTERS = (GPTNeoXAdapter, GptOssAdapter, LlamaAdapter)
+ADAPTERS = (GPTNeoXAdapter, GptOssAdapter, LlamaAdapter, GemmaAdapter)
 SUPPORTED_MODEL_TYPES = {mt: cls for cls in ADAPTERS for mt in cls.model_types}
 
 
@@ -27,4 +28,4 @@ def adapt(hf_model, tokenizer=None, name: str | None = None):
 
 
 __all__ = ["adapt", "adapter_for", "ADAPTERS", "SUPPORTED_MODEL_TYPES", "GPTNeoXAdapter", "GptOssAdapter",
-           "LlamaAdapter"]
+           "LlamaAdapter", "GemmaAdapter"]

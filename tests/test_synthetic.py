@@ -203,3 +203,23 @@ def test_split_needs_triggers_for_plain_windows():
     with pytest.raises(ValueError, match="triggers="):
         backcopy_split(model, x)
     assert len(backcopy_split(model, x, triggers=[3, 4])["heads"]) == 1
+
+
+# ---------------------------------------------------------------- the emergence recipe's plumbing
+
+
+def test_emergence_run_trains_resumes_and_measures_every_snapshot(tmp_path):
+    from probe.experiments.sink_emergence import EmergenceConfig, snapshot_table, train_variant
+
+    cfg = EmergenceConfig(n_layers=2, n_heads=1, d_model=16, d_mlp=32, vocab=8, triggers=1, T=16, steps=4,
+                          batch_size=4, warmup=1, snapshot_every=2, n_eval_batches=2, eval_batch_size=2)
+    last = train_variant(cfg, "sinklogit", 0, tmp_path / "run")
+    assert last["step"] == 4 and last["cpu_s"] >= 0
+    again = train_variant(cfg, "sinklogit", 0, tmp_path / "run")  # finished: reloads, trains nothing
+    assert again["step"] == 4
+    t = snapshot_table(cfg, "sinklogit", 0, tmp_path / "run")
+    assert sorted(t["step"].unique()) == [0, 2, 4] and sorted(t["layer"].unique()) == [0, 1]
+    assert t["phantom_share"].between(0, 1).all() and t["r0"].gt(0).all()
+    assert {"sink_formed", "pos0_over_uniform", "r0_later", "prev_at_trigger", "bos_elsewhere",
+            "loss_copy"} <= set(t.columns)
+    assert (tmp_path / "run" / "snapshot_stats.csv").exists()

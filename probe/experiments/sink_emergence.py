@@ -1,0 +1,170 @@
+"""Sink emergence on the Bigram-Backcopy task (issue 18): train probe's models on BB with paired seeds, keep snapshots,
+and measure each snapshot's sink statistics and active/dormant split.
+
+Plain functions, no CLI wiring yet:
+
+    cfg = EmergenceConfig(steps=1500, variants=("baseline", "sinklogit"))
+    for v in cfg.variants:
+        train_variant(cfg, v, seed=0, run_dir=f"/work/runs/bb/recipe/{v}-s0")
+    table = snapshot_table(cfg, "baseline", 0, "/work/runs/bb/recipe/baseline-s0")   # one row per (snapshot, layer)
+
+Every (variant, seed) is built with ``probe.models.create(variant, "tiny", seed, **architecture overrides)`` and draws
+the same BB batches (sampler seed = model seed), so paired variants see identical data. Statistics use ``n_eval``
+fixed BB windows at the training T (``BigramBackcopy.eval_windows``, 256 sequences by default). ``train`` resumes a
+run directory; the CPU seconds of each training call are appended to ``run_dir/timing.jsonl``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from probe.analyses.backcopy import backcopy_split
+from probe.analyses.sinks import sink_stats
+from probe.data.synthetic import BigramBackcopy
+from probe.models import create
+from probe.train import TrainConfig, train
+from probe.train.checkpoint import load_model
+
+VARIANTS = ("baseline", "sinklogit", "normgate", "projgate", "sink+proj", "gatedv")
+
+
+@dataclass
+class EmergenceConfig:
+    variants: tuple = VARIANTS
+    seeds: tuple = (0,)
+    # model (tiny tier with these overrides; SwiGLU width, RMSNorm, RoPE, tied embeddings from the tier)
+    n_layers: int = 2
+    n_heads: int = 1
+    d_model: int = 128
+    d_mlp: int = 384
+    # task
+    vocab: int = 64
+    triggers: int = 3
+    chain_seed: int = 0
+    T: int = 256
+    # optimisation (AdamW; cosine schedule with warmup, ending at lr * min_lr_ratio)
+    steps: int = 1500
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    warmup: int = 100
+    min_lr_ratio: float = 0.1
+    schedule: str = "cosine"
+    snapshot_every: int = 250
+    # evaluation windows for the statistics (n_eval_batches x eval_batch_size sequences)
+    n_eval_batches: int = 32
+    eval_batch_size: int = 8
+    threads: int = 1
+
+    @property
+    def task(self) -> BigramBackcopy:
+        return BigramBackcopy(vocab=self.vocab, triggers=self.triggers, seed=self.chain_seed, T=self.T)
+
+    def overrides(self) -> dict:
+        return dict(n_layers=self.n_layers, n_heads=self.n_heads, d_model=self.d_model, d_mlp=self.d_mlp,
+                    n_ctx=self.T, vocab_size=self.task.vocab_size)
+
+    def train_config(self, seed: int) -> TrainConfig:
+        return TrainConfig(steps=self.steps, batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
+                           warmup=min(self.warmup, self.steps), min_lr_ratio=self.min_lr_ratio,
+                           schedule=self.schedule, eval_every=self.snapshot_every, eval_batches=4,
+                           ckpt_every=self.snapshot_every, snapshot_every=self.snapshot_every, log_every=10,
+                           seed=seed, device="cpu", amp="fp32")
+
+
+def build(cfg: EmergenceConfig, variant: str, seed: int):
+    return create(variant, "tiny", seed=seed, **cfg.overrides())
+
+
+def train_variant(cfg: EmergenceConfig, variant: str, seed: int, run_dir, *, progress: bool = False) -> dict:
+    """Train (or resume, or reload when finished) one model; returns the last metrics record plus CPU seconds."""
+    torch.set_num_threads(cfg.threads)
+    run_dir = Path(run_dir)
+    task = cfg.task
+    model = build(cfg, variant, seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "emergence.json").write_text(json.dumps({"variant": variant, "seed": seed, "config": asdict(cfg),
+                                                       "data": task.to_identity()}, indent=1))
+    evals = task.eval_windows(cfg.n_eval_batches, cfg.eval_batch_size)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    last = train(model, task.sampler(seed), cfg.train_config(seed), run_dir, eval_batches=evals, progress=progress)
+    timing = {"cpu_s": round(time.process_time() - cpu0, 1), "wall_s": round(time.perf_counter() - wall0, 1),
+              "step": last.get("step"), "threads": cfg.threads}
+    with (run_dir / "timing.jsonl").open("a") as f:
+        f.write(json.dumps(timing) + "\n")
+    return {**last, **timing}
+
+
+def snapshot_steps(run_dir) -> dict[int, Path]:
+    """{step: directory} of the snapshots a run has written (``run_dir/snapshots/step{N}`` with a config), by step."""
+    found = {int(d.name[4:]): d for d in Path(run_dir).glob("snapshots/step*")
+             if d.name[4:].isdigit() and (d / "config.json").is_file()}
+    return dict(sorted(found.items()))
+
+
+def cpu_seconds(run_dir) -> float:
+    """CPU seconds of every training call recorded in ``run_dir/timing.jsonl`` (a resumed run sums its parts)."""
+    path = Path(run_dir) / "timing.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return float(sum(r["cpu_s"] for r in rows))
+
+
+@torch.no_grad()
+def copy_losses(model, windows) -> dict:
+    """Mean next-token loss on back-copied targets and on bigram targets (the latter's floor is the chain's entropy)."""
+    copy_sum = other_sum = 0.0
+    n_copy = n_other = 0
+    for n in range(len(windows)):
+        x = windows.tokens[n]
+        logits = model(x[:, :-1]).logits.float()
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="none")
+        is_copy = windows.task.is_trigger[x[:, :-1]].flatten()
+        copy_sum += float(loss[is_copy].sum())
+        other_sum += float(loss[~is_copy].sum())
+        n_copy, n_other = n_copy + int(is_copy.sum()), n_other + int((~is_copy).sum())
+    return {"loss_copy": copy_sum / max(n_copy, 1), "loss_bigram": other_sum / max(n_other, 1)}
+
+
+def snapshot_table(cfg: EmergenceConfig, variant: str, seed: int, run_dir) -> pd.DataFrame:
+    """One row per (snapshot step, layer): pos0 share ÷ uniform, r0, phantom share, the active/dormant split, and
+    the run-level flags (``sink_formed``, ``pos0_over_uniform`` and ``r0_later`` over layers past the first, mean
+    phantom share over layers), plus the copy and bigram losses. Cached in ``run_dir/snapshot_stats.csv``."""
+    run_dir = Path(run_dir)
+    cache = run_dir / "snapshot_stats.csv"
+    steps = snapshot_steps(run_dir)
+    if cache.exists():
+        old = pd.read_csv(cache)
+        if sorted(old["step"].unique()) == sorted(steps):
+            return old
+    torch.set_num_threads(cfg.threads)
+    windows = cfg.task.eval_windows(cfg.n_eval_batches, cfg.eval_batch_size)
+    rows = []
+    for step, path in steps.items():
+        model = build(cfg, variant, seed)
+        load_model(model, path)
+        model.eval()
+        sinks = sink_stats(model, windows)
+        split = backcopy_split(model, windows)["layers"].set_index("layer")
+        summary = sinks["summary"].iloc[0]
+        run = {"variant": variant, "seed": seed, "step": step, "sink_formed": bool(summary["sink_formed"]),
+               "pos0_over_uniform": summary["pos0_over_uniform"], "r0_later": summary["r0_later"],
+               "phantom_mean": summary["phantom_share"], **copy_losses(model, windows)}
+        for _, layer in sinks["layers"].iterrows():
+            l = int(layer["layer"])
+            rows.append({**run, "layer": l, "pos0_share": layer["pos0_share"], "uniform_ref": layer["uniform_ref"],
+                         "pos0_ratio": layer["pos0_share"] / layer["uniform_ref"], "r0": layer["r0"],
+                         "phantom_share": layer["phantom_share"],
+                         **{c: split.loc[l, c] for c in ("prev_at_trigger", "bos_at_trigger", "bos_elsewhere",
+                                                         "prev_elsewhere")}})
+    table = pd.DataFrame(rows)
+    table.to_csv(cache, index=False)
+    return table
+
+
+__all__ = ["EmergenceConfig", "VARIANTS", "build", "train_variant", "snapshot_table", "cpu_seconds", "copy_losses",
+           "snapshot_steps"]

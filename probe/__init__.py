@@ -6,13 +6,33 @@ so after ``import probe``, ``AutoModelForCausalLM.from_pretrained(dir)`` loads s
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import sys
 
 __version__ = "0.1.0"
 
-__all__ = ["load", "models", "__version__"]
+__all__ = ["load", "materialize", "models", "__version__"]
+
+
+@contextlib.contextmanager
+def materialize(model):
+    """``with probe.materialize(model):`` every lazy hook point of ``model`` (attention patterns and phantom mass,
+    depth weights and routing keys; value gates always fire) is computed on each forward, as if a hook asked for it.
+
+    TransformerLens hooks switch these on by themselves; tools that add none, like ``nnsight.NNsight(model)``, need
+    this to read or edit them (otherwise nnsight reports that the model already ran past them). Works on custom probe
+    models and adapted HF checkpoints (whose ``materialize_patterns`` property is the same switch)."""
+    sites = [m for m in model.modules() if isinstance(getattr(m, "materialize", None), bool)]
+    before = [m.materialize for m in sites]
+    for m in sites:
+        m.materialize = True
+    try:
+        yield model
+    finally:
+        for m, was in zip(sites, before):
+            m.materialize = was
 
 
 def __getattr__(name: str):

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import probe
 from probe.checkpoints import wrap
 from probe.checkpoints.adapters import GPTNeoXAdapter, GptOssAdapter, LlamaAdapter
+from probe.models import create
 from probe.testing import build_tiny
 
 FAMILIES = ("gpt_neox", "gpt_oss", "llama")
@@ -215,3 +216,104 @@ def test_adapted_model_speaks_transformer_lens(dirs):
     assert seen == ["blocks.0.attn.hook_phantom", "blocks.1.attn.hook_phantom"]
     m(x)
     assert len(seen) == 2 and not any(hp.has_hooks() for hp in m.hook_dict.values())
+
+
+# ------------------------------------------------------------------------------ (c) every hook point through nnsight
+
+SMALL = dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=32, vocab_size=97)
+
+
+def _uneven(t):
+    """An edit that changes what a softmax sees: a different factor per position (dim 1)."""
+    w = torch.linspace(0.1, 1.0, t.shape[1]).view(1, -1, *([1] * (t.dim() - 2)))
+    return t * w
+
+
+# (variant, hook, edit, whether the edit can change the output); lazy hook points first: patterns, phantom, gates
+# (value slot, element-wise, routing slot), depth weights and routing keys
+LAZY = [
+    ("sink+proj", "blocks.0.attn.hook_pattern", lambda t: t * 0.5, True),
+    ("sink+proj", "blocks.1.attn.hook_phantom", lambda t: t * 0, False),  # the phantom's value is 0
+    ("sink+proj", "blocks.0.attn.hook_v_gate", _uneven, True),
+    ("gatedv", "blocks.1.attn.hook_v_gate", _uneven, True),
+    ("routing-normgate", "blocks.0.attn.hook_v_gate", _uneven, True),
+    ("attnres-block2", "blocks.1.attn_read.hook_depth_weights", lambda t: t.flip(-1), True),
+    ("slr-full-r8", "final_read.hook_depth_weights", lambda t: t.flip(-1), True),
+    ("attnres-block2", "blocks.1.mlp_read.hook_routing_keys", lambda t: t * 2.0, True),
+]
+
+
+def _nnsight_module(nm, name):
+    for part in name.split("."):
+        nm = nm[int(part)] if part.isdigit() else getattr(nm, part)
+    return nm
+
+
+def _probe_model(variant):
+    model = create(variant, seed=1, **SMALL).eval()
+    with torch.no_grad():  # non-trivial sinks, gate directions and routing queries
+        g = torch.Generator().manual_seed(2)
+        for n, p in model.named_parameters():
+            if n.endswith(("attn.sink", "gate.w", "read.query")):
+                p.copy_(torch.randn(p.shape, generator=g))
+    return model
+
+
+@pytest.mark.parametrize("variant,name,edit,changes", LAZY, ids=[f"{v}:{n}" for v, n, _, _ in LAZY])
+@torch.no_grad()
+def test_materialize_makes_every_hook_point_readable_and_editable_through_nnsight(variant, name, edit, changes):
+    from nnsight import NNsight
+
+    model = _probe_model(variant)
+    x = ids(seed=4)
+    _, cache = model.run_with_cache(x, names_filter=name)
+    nm = NNsight(model)
+    with probe.materialize(model):
+        with nm.trace(x):
+            seen = _nnsight_module(nm, name).output.save()
+        with nm.trace(x):
+            site = _nnsight_module(nm, name)
+            site.output = edit(site.output)
+            nn_logits = nm.output.logits.save()
+    assert not any(getattr(m, "materialize", False) for m in model.modules())  # switched off again on exit
+    # materialised layers take the fp32 reference path, the others the fused one: equal up to fp32 rounding
+    torch.testing.assert_close(seen, cache[name], atol=1e-5, rtol=1e-4)
+    tl_logits = model.run_with_hooks(x, fwd_hooks=[(name, lambda t, hook: edit(t))]).logits
+    torch.testing.assert_close(nn_logits, tl_logits, atol=2e-5, rtol=1e-4)
+    assert ((tl_logits - model(x).logits).abs().max() > 1e-3) == changes
+
+
+@torch.no_grad()
+def test_without_materialize_nnsight_cannot_reach_a_lazy_hook_point():
+    """The reason for probe.materialize: nnsight adds no TransformerLens hook, so a lazy point never runs."""
+    from nnsight import NNsight
+
+    nm = NNsight(_probe_model("sink+proj"))
+    with pytest.raises(Exception, match="ran past"):
+        with nm.trace(ids()):
+            nm.blocks[0].attn.hook_pattern.output.save()
+
+
+@torch.no_grad()
+def test_materialize_on_an_adapted_checkpoint(dirs):
+    """The same switch on adapted HF models: patterns and phantom read and edited through nnsight."""
+    from nnsight import NNsight
+
+    m = probe.load(str(dirs["gpt_oss"]))
+    x = ids(seed=5)
+    _, cache = m.run_with_cache(x, names_filter=lambda n: n.startswith("blocks.1.attn.hook_p"))
+    nm = NNsight(m)
+    with probe.materialize(m):
+        assert m.materialize_patterns  # the adapters' property is the same switch
+        with nm.trace(x):
+            pattern = nm.blocks[1].attn.hook_pattern.output.save()
+            phantom = nm.blocks[1].attn.hook_phantom.output.save()
+        with nm.trace(x):
+            nm.blocks[1].attn.hook_pattern.output = nm.blocks[1].attn.hook_pattern.output * 0.5
+            nn_logits = nm.output.logits.save()
+    assert not m.materialize_patterns
+    torch.testing.assert_close(pattern, cache["blocks.1.attn.hook_pattern"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(phantom, cache["blocks.1.attn.hook_phantom"], atol=1e-6, rtol=0)
+    tl_logits = m.run_with_hooks(x, fwd_hooks=[("blocks.1.attn.hook_pattern", lambda t, hook: t * 0.5)]).logits
+    assert (tl_logits - m(x).logits).abs().max() > 1e-3
+    torch.testing.assert_close(nn_logits, tl_logits, atol=1e-5, rtol=0)

@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from probe.kernels import (BACKENDS, attention_row_masses, depth_attention, merge_depth, sink_attention,
-                           value_transform)
+from gates_util import gated
+from probe.kernels import BACKENDS, attention_row_masses, depth_attention, merge_depth, sink_attention
+from probe.models import ProbeConfig
 
 SINKS = [None, float("-inf"), 0.0, 100.0, -100.0]
 
@@ -44,57 +45,62 @@ def naive_attention(q, k, v, *, sink=None, key_bias=None, window=None, log_gate=
     return out, pattern, phantom
 
 
-# ---------------------------------------------------------------- value transforms
+# ---------------------------------------------------------------- value gates (what the kernels are given)
 
-def test_value_transform_formulas():
+def test_value_gate_formulas():
     v = torch.randn(2, 5, 3, 8)
     tau, w, b = torch.rand(3), torch.randn(3, 8), torch.randn(3)
-    out, g = value_transform(v, "identity")
+    out, _, g = gated("none", v)
     assert out is v and g is None
-    out, g = value_transform(v, "silu")
+    out, _, g = gated("silu", v)
     torch.testing.assert_close(out, v * torch.sigmoid(v))
     torch.testing.assert_close(g, torch.sigmoid(v))
-    out, g = value_transform(v, "tanh")
+    out, _, g = gated("tanh", v)
     torch.testing.assert_close(out, v * torch.tanh(v))
     torch.testing.assert_close(g, torch.tanh(v))
     norm_g = torch.sigmoid(8.0 * (v.norm(dim=-1) / math.sqrt(8) - tau))  # (B, T, Hkv)
-    out, g = value_transform(v, "norm", tau=tau)
+    out, _, g = gated("norm", v, tau=tau)
     torch.testing.assert_close(g, norm_g)
     torch.testing.assert_close(out, norm_g[..., None] * v)
-    out, g = value_transform(v, "norm", tau=tau, beta=2.0)
+    out, _, g = gated("norm", v, tau=tau, beta=2.0)
     torch.testing.assert_close(g, torch.sigmoid(2.0 * (v.norm(dim=-1) / math.sqrt(8) - tau)))
     proj_g = torch.sigmoid(torch.einsum("bthd,hd->bth", v, w) + b)
-    out, g = value_transform(v, "proj", w=w, b=b)
+    out, _, g = gated("proj", v, w=w, b=b)
     torch.testing.assert_close(g, proj_g)
     torch.testing.assert_close(out, proj_g[..., None] * v)
-    out, g = value_transform(v, "routing-norm", tau=tau)
+    out, bias, g = gated("routing-norm", v, tau=tau)
     assert out is v and g.shape == (2, 5, 3)
     torch.testing.assert_close(g, norm_g)
+    torch.testing.assert_close(bias, F.logsigmoid(8.0 * (v.norm(dim=-1) / math.sqrt(8) - tau)).transpose(1, 2))
 
 
-def test_value_transform_dtype_and_errors():
+def test_value_gate_dtype_and_errors():
     v = torch.randn(1, 3, 2, 4).bfloat16()
-    out, g = value_transform(v, "norm", tau=torch.zeros(2))
+    out, _, g = gated("norm", v, tau=torch.zeros(2))
     assert out.dtype == torch.bfloat16 and g.dtype == torch.float32
-    with pytest.raises(ValueError, match="identity.*silu.*routing-norm"):
-        value_transform(v, "swish")
-    with pytest.raises(ValueError, match="tau"):
-        value_transform(v, "norm")
+    with pytest.raises(ValueError, match="none.*norm.*routing-norm.*silu"):
+        ProbeConfig(value_gate="swish")
+    model = ProbeConfig(n_layers=1, d_model=8, n_heads=2, d_mlp=8, vocab_size=11, value_gate="norm")
+    from probe.models import ProbeForCausalLM
+
+    state = {n: t for n, t in ProbeForCausalLM(model).state_dict().items() if not n.endswith("gate.tau")}
+    with pytest.raises(RuntimeError, match="tau"):  # a norm gate has its threshold τ
+        ProbeForCausalLM(model).load_state_dict(state)
 
 
 # ---------------------------------------------------------------- sink attention reference
 
 @pytest.mark.parametrize("sink_value", SINKS)
 @pytest.mark.parametrize("window", [None, 3])
-@pytest.mark.parametrize("transform", ["identity", "proj", "routing-norm"])
+@pytest.mark.parametrize("transform", ["none", "proj", "routing-norm"])
 def test_reference_matches_naive(sink_value, window, transform):
     q, k, v = rand_qkv()
     sink = None if sink_value is None else torch.tensor([sink_value, 0.5, -1.0, sink_value])
     key_bias = torch.randn(2, 2, 6)
     tau, w, b = torch.rand(2), torch.randn(2, 6), torch.randn(2)
-    res = sink_attention(q, k, v, sink=sink, key_bias=key_bias, window=window, transform=transform, tau=tau, w=w,
-                         b=b, return_pattern=True, backend="reference")
-    v_in, gate = value_transform(v, transform, tau=tau, w=w, b=b)
+    v_in, bias, gate = gated(transform, v, key_bias, tau=tau, w=w, b=b)
+    res = sink_attention(q, k, v_in, sink=sink, key_bias=bias, window=window, return_pattern=True,
+                         backend="reference")
     log_gate = torch.log(gate) if transform == "routing-norm" else None
     out, pattern, phantom = naive_attention(q, k, v_in, sink=sink, key_bias=key_bias, window=window, log_gate=log_gate)
     torch.testing.assert_close(res.out.double(), out, atol=1e-5, rtol=1e-5)

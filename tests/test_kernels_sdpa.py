@@ -4,7 +4,8 @@ import itertools
 import pytest
 import torch
 
-from probe.kernels import TRANSFORMS, attention_row_masses, sink_attention
+from gates_util import TRANSFORMS, gated
+from probe.kernels import attention_row_masses, sink_attention
 from probe.kernels.sink_attention.row_masses import row_masses_chunked
 
 SINKS = [None, float("-inf"), 0.0, 100.0, -100.0]
@@ -22,9 +23,10 @@ def make_inputs(B=2, T=7, H=4, Hkv=2, dh=8, dv=6, sink_value=None, key_bias=Fals
     return x
 
 
-def run(x, backend, **kw):
-    args = {n: x[n] for n in ("sink", "key_bias", "tau", "w", "b") if n in x}
-    return sink_attention(x["q"], x["k"], x["v"], backend=backend, **args, **kw)
+def run(x, backend, transform="none", **kw):
+    """The attention op on the values and key bias that the value gate ``transform`` (parameters x's tau, w, b) gives."""
+    v, key_bias, _ = gated(transform, x["v"], x.get("key_bias"), tau=x["tau"], w=x["w"], b=x["b"])
+    return sink_attention(x["q"], x["k"], v, sink=x.get("sink"), key_bias=key_bias, backend=backend, **kw)
 
 
 def grads(out, x, cot):
@@ -87,8 +89,8 @@ def test_sdpa_scale_and_wide_values():
 def test_sdpa_bf16_close_to_fp32_reference(key_bias):
     x = make_inputs(sink_value=0.5, key_bias=key_bias)
     ref = run(x, "reference", transform="silu")
-    low = sink_attention(x["q"].bfloat16(), x["k"].bfloat16(), x["v"].bfloat16(), sink=x["sink"],
-                         key_bias=x.get("key_bias"), transform="silu", backend="sdpa")
+    v, key_bias, _ = gated("silu", x["v"].bfloat16(), x.get("key_bias"))
+    low = sink_attention(x["q"].bfloat16(), x["k"].bfloat16(), v, sink=x["sink"], key_bias=key_bias, backend="sdpa")
     assert low.out.dtype == torch.bfloat16
     torch.testing.assert_close(low.out.float(), ref.out, atol=3e-2, rtol=3e-2)
 

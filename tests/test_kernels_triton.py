@@ -20,7 +20,8 @@ if not CUDA and "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
 pytest.importorskip("triton")
 
-from probe.kernels import TRANSFORMS, attention_row_masses, depth_attention, sink_attention  # noqa: E402
+from gates_util import TRANSFORMS, gated  # noqa: E402
+from probe.kernels import attention_row_masses, depth_attention, sink_attention  # noqa: E402
 from probe.kernels.depth_attention import triton as depth_triton  # noqa: E402
 from probe.kernels.sink_attention import triton as sink_triton  # noqa: E402
 
@@ -70,16 +71,17 @@ def attention_inputs(B, T, H, Hkv, dh, dv, sink_value, key_bias, seed=0):
     return x
 
 
-def check_attention(x, atol=2e-5, rtol=1e-4, **kw):
-    args = {n: x[n] for n in ("sink", "key_bias", "tau", "w", "b") if n in x}
-    ref = sink_attention(x["q"], x["k"], x["v"], backend="reference", **args, **kw)
-    tri = sink_attention(x["q"], x["k"], x["v"], backend="triton", **args, **kw)
+def check_attention(x, atol=2e-5, rtol=1e-4, transform="none", **kw):
+    """Triton against the reference on the values and key bias of the value gate ``transform`` (x's tau, w, b)."""
+    v, key_bias, _ = gated(transform, x["v"], x.get("key_bias"), tau=x["tau"], w=x["w"], b=x["b"])
+    ref = sink_attention(x["q"], x["k"], v, sink=x.get("sink"), key_bias=key_bias, backend="reference", **kw)
+    tri = sink_attention(x["q"], x["k"], v, sink=x.get("sink"), key_bias=key_bias, backend="triton", **kw)
     torch.testing.assert_close(tri.out, ref.out, atol=atol, rtol=rtol)
     torch.testing.assert_close(tri.lse, ref.lse, atol=atol, rtol=rtol)
     cot_out, cot_lse = torch.randn_like(ref.out), torch.randn_like(ref.lse)  # the kernel's lse is differentiable
     names = list(x)
     g_ref = torch.autograd.grad((ref.out * cot_out).sum() + (ref.lse * cot_lse).sum(), [x[n] for n in names],
-                                allow_unused=True)
+                                allow_unused=True, retain_graph=True)  # the gate's graph is shared with tri
     g_tri = torch.autograd.grad((tri.out * cot_out).sum() + (tri.lse * cot_lse).sum(), [x[n] for n in names],
                                 allow_unused=True)
     for name, a, b in zip(names, g_tri, g_ref):
@@ -105,7 +107,7 @@ def test_sink_attention_triton_transforms(transform, key_bias):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("shape,sink_value,window,transform", list(itertools.product(
-    [(2, 70, 8, 2, 32, 32), (1, 100, 4, 4, 64, 48)], SINKS, [None, 1, 33], ["identity", "proj"])))
+    [(2, 70, 8, 2, 32, 32), (1, 100, 4, 4, 64, 48)], SINKS, [None, 1, 33], ["none", "proj"])))
 def test_sink_attention_triton_slow_grid(shape, sink_value, window, transform):
     check_attention(attention_inputs(*shape, sink_value, key_bias=True), window=window, transform=transform)
 

@@ -23,7 +23,7 @@ def test_triton_backend_matches_torch_backend(variant):
     with torch.no_grad():  # non-trivial sinks, gates and routing so every kernel branch matters
         for m in (ref, tri):
             for name, p in m.named_parameters():
-                if name.endswith(("attn.sink", "query", "gate_w")):
+                if name.endswith(("attn.sink", "query", "gate.w")):
                     p.copy_(torch.linspace(-1, 1, p.numel()).view_as(p))
     ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
     out_ref, out_tri = ref(ids, labels=ids), tri(ids, labels=ids)

@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 import probe.models as pm
@@ -178,7 +179,7 @@ def test_norm_gate_formula_and_editing_the_gate_changes_the_output():
     ids = tokens()
     _, cache = model.run_with_cache(ids)
     v, g = cache["blocks.0.attn.hook_v"], cache["blocks.0.attn.hook_v_gate"]
-    tau = model.blocks[0].attn.gate_tau
+    tau = model.blocks[0].attn.gate.tau
     expected = torch.sigmoid(8 * (v.norm(dim=-1) / math.sqrt(v.shape[-1]) - tau))
     torch.testing.assert_close(g, expected)
     torch.testing.assert_close(cache["blocks.0.attn.hook_v_out"], g[..., None] * v)
@@ -238,7 +239,7 @@ def test_parameter_formulas():
 def test_weight_decay_is_excluded_by_role():
     model = create("sink+proj", **SMALL)
     nd = model.no_weight_decay()
-    assert "blocks.0.attn.sink" in nd and "blocks.0.attn.gate_w" in nd  # gate_w is 2-D but excluded
+    assert "blocks.0.attn.sink" in nd and "blocks.0.attn.gate.w" in nd  # gate w is 2-D but excluded
     assert "blocks.0.ln1.weight" in nd and "blocks.0.attn.q_proj.weight" not in nd
     mudd = create("mudd", **SMALL).no_weight_decay()
     assert "blocks.0.dense.w1.weight" in mudd and "blocks.0.dense.bias" in mudd
@@ -249,7 +250,7 @@ def test_weight_decay_is_excluded_by_role():
 def test_documented_constant_inits():
     model = create("sink+proj", **SMALL)
     attn = model.blocks[0].attn
-    assert (attn.gate_w == 0).all() and (attn.gate_b == 0).all() and (attn.sink == 0).all()
+    assert (attn.gate.w == 0).all() and (attn.gate.b == 0).all() and (attn.sink == 0).all()
     mudd = create("mudd", **SMALL)
     assert (mudd.blocks[0].dense.w2.weight == 0).all() and mudd.blocks[0].dense.w1.weight.std() > 0
     assert (create("slr-full-r8", **SMALL).final_read.query == 0).all()
@@ -267,3 +268,183 @@ def test_import_probe_registers_the_model_type_with_auto_classes(tmp_path, order
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("ProbeForCausalLM")
+
+
+# ---------------------------------------------------------------- issue 17: declared roles, gates, runtime backend
+
+# the architectures' own parameters differ too: LayerNorm, learned positions, an untied head, QK-norm, GQA
+ARCHS = {"rms-rope-tied": SMALL, "gpt2-style": dict(SMALL, norm="layer", pos="learned", mlp="gelu", init="gpt2",
+                                                      tie_embeddings=False, qk_norm=True, n_kv_heads=2)}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("variant", ALL + ["attnres-block4", "plr-block4-r8", "slr-block2-r16"])
+def test_every_parameter_of_every_variant_has_a_declared_role(variant, arch):
+    from probe.models.params import ROLES, parameter_roles
+
+    with torch.device("meta"):
+        model = create(variant, **ARCHS[arch])
+    roles = parameter_roles(model)  # raises on a parameter that no module declares
+    assert set(roles) == {n for n, _ in model.named_parameters()} and set(roles.values()) <= set(ROLES)
+
+
+def test_an_undeclared_parameter_is_an_error_not_a_decayed_matrix():
+    model = create("baseline", **SMALL)
+    model.blocks[0].attn.extra = torch.nn.Parameter(torch.zeros(3, 3))
+    with pytest.raises(ValueError, match=r"blocks\.0\.attn\.extra.*param_roles"):
+        model.no_weight_decay()
+
+
+def _attention_io(model, ids, layer=0, edit_gate=None):
+    """q, k, v, the gate as the model used it, and z of one layer (optionally editing hook_v_gate)."""
+    got = {}
+    keep = [(f"blocks.{layer}.attn.hook_{n}", lambda t, hook: got.__setitem__(hook.name.rsplit("_", 1)[-1], t))
+            for n in ("q", "k", "v", "z")]
+
+    def gate(g, hook):
+        got["gate"] = g if edit_gate is None else edit_gate(g)
+        return None if edit_gate is None else got["gate"]
+
+    model.run_with_hooks(ids, fwd_hooks=keep + [(f"blocks.{layer}.attn.hook_v_gate", gate)])
+    return got
+
+
+def test_routing_slot_key_bias_is_logsigmoid_of_the_logit_and_the_log_of_an_edited_gate():
+    from probe.kernels import sink_attention
+
+    model = create("routing-normgate", **SMALL)
+    with torch.no_grad():
+        model.blocks[0].attn.gate.tau.copy_(torch.tensor([0.5, 1.0, 1.5, 2.0]))
+    ids = tokens()
+    got = _attention_io(model, ids)
+    logit = 8 * (got["v"].norm(dim=-1) / math.sqrt(8) - model.blocks[0].attn.gate.tau)  # B,T,Hkv
+    torch.testing.assert_close(got["gate"], torch.sigmoid(logit))
+    want = sink_attention(got["q"], got["k"], got["v"], key_bias=F.logsigmoid(logit).transpose(1, 2),
+                          backend="reference").out
+    torch.testing.assert_close(got["z"], want, atol=1e-6, rtol=1e-5)
+
+    def edit(g):  # close every other key; others keep their gate
+        g = g.clone()
+        g[:, 1::2] = 1e-3
+        return g
+
+    edited = _attention_io(model, ids, edit_gate=edit)
+    want = sink_attention(edited["q"], edited["k"], edited["v"], key_bias=torch.log(edited["gate"]).transpose(1, 2),
+                          backend="reference").out
+    torch.testing.assert_close(edited["z"], want, atol=1e-6, rtol=1e-5)
+    assert (edited["z"] - got["z"]).abs().max() > 1e-2
+
+
+def test_routing_slot_fast_and_hooked_paths_agree_where_the_gate_underflows():
+    """τ far above every read norm: σ(z) is 0 in fp32 but logsigmoid(z) ≈ z is finite, on both paths."""
+    model = create("routing-normgate", **SMALL)
+    with torch.no_grad():
+        for blk in model.blocks:
+            blk.attn.gate.tau.fill_(15.0)  # z = 8 (‖v‖/√dh − 15) ≈ −110
+    ids = tokens()
+    out, cache = model.run_with_cache(ids)
+    assert (cache["blocks.0.attn.hook_v_gate"] == 0).all()
+    torch.testing.assert_close(out.logits, logits(model, ids), atol=2e-5, rtol=1e-4)
+
+
+def test_an_edited_pattern_is_what_the_head_aggregates():
+    from probe.kernels.sink_attention.reference import apply_pattern
+
+    model = create("sink+proj", **SMALL)
+    ids = tokens()
+    got = {}
+    uniform = torch.tril(torch.ones(12, 12)) / torch.arange(1, 13)[:, None]  # causal uniform rows
+    hooks = [("blocks.0.attn.hook_pattern", lambda p, hook: uniform.expand_as(p)),
+             ("blocks.0.attn.hook_v_out", lambda t, hook: got.__setitem__("v_out", t)),
+             ("blocks.0.attn.hook_z", lambda t, hook: got.__setitem__("z", t))]
+    model.run_with_hooks(ids, fwd_hooks=hooks)
+    torch.testing.assert_close(got["z"], apply_pattern(uniform.expand(2, 4, 12, 12), got["v_out"]))
+    z0 = {}
+    model.run_with_hooks(ids, fwd_hooks=[("blocks.0.attn.hook_z", lambda t, hook: z0.__setitem__("z", t))])
+    assert (z0["z"] - got["z"]).abs().max() > 1e-3
+
+
+def test_backend_is_chosen_at_run_time(monkeypatch):
+    """An argument (create/load or model.backend) beats use_backend(), which beats $PROBE_BACKEND, which beats auto."""
+    from probe.kernels import dispatch, use_backend
+
+    calls = []
+    real = dispatch.sink_attention_reference
+    monkeypatch.setattr(dispatch, "sink_attention_reference", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.delenv("PROBE_BACKEND", raising=False)
+    model, ids = create("sink+norm", **SMALL), tokens()
+    fast = logits(model, ids)
+    assert calls == []  # auto on CPU: the fused path
+    with use_backend("reference"):
+        torch.testing.assert_close(logits(model, ids), fast, atol=2e-5, rtol=1e-4)
+    assert len(calls) == 2
+    monkeypatch.setenv("PROBE_BACKEND", "reference")
+    logits(model, ids)
+    assert len(calls) == 4
+    with use_backend("sdpa"):  # the block beats the environment
+        logits(model, ids)
+    assert len(calls) == 4
+    monkeypatch.setenv("PROBE_BACKEND", "sdpa")
+    with use_backend("sdpa"):
+        logits(create("sink+norm", backend="reference", **SMALL), ids)  # the model's own setting beats both
+    assert len(calls) == 6
+    with pytest.raises(ValueError, match="auto.*torch.*reference.*sdpa.*triton"):
+        create("baseline", backend="flash", **SMALL)
+    monkeypatch.setenv("PROBE_BACKEND", "flash")
+    with pytest.raises(ValueError, match="PROBE_BACKEND"):
+        logits(model, ids)
+
+
+def test_a_model_saved_under_triton_loads_and_runs_on_a_cpu(tmp_path):
+    """The backend is not saved; an old config.json that records one (every shipped zoo model does) is ignored."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    create("sink+proj", backend="triton", **SMALL).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert "backend" not in cfg
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "backend": "triton"}))  # as saved before issue 17
+    code = f"""
+import torch, probe
+m = probe.load({str(tmp_path)!r})
+assert m.backend is None and "backend" not in m.config.to_dict()
+m(torch.arange(12)[None] % 97)
+assert probe.load({str(tmp_path)!r}, backend="reference").backend == "reference"
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PROBE_BACKEND")}  # a plain CPU
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
+
+
+def _as_before_issue_17(state, projection):
+    """The state dict with the gate parameters under their old names (``projection``: G2's or GLU's old name)."""
+    old = {"gate.tau": "gate_tau", "gate.w": "gate_w", "gate.b": "gate_b", "gate.proj.weight": projection}
+    return {(n.rsplit(".attn.", 1)[0] + ".attn." + old[n.rsplit(".attn.", 1)[1]]
+             if ".attn.gate." in n else n): t for n, t in state.items()}
+
+
+@pytest.mark.parametrize("variant,old", [("sink+proj", "gate_w"), ("routing-normgate", "gate_tau"),
+                                         ("g2", "g2_proj.weight"), ("glu-full", "v_gate_proj.weight")])
+def test_checkpoints_with_the_old_gate_parameter_names_load_and_resave_under_the_new(tmp_path, variant, old):
+    from safetensors.torch import load_file, save_file
+
+    model = create(variant, **SMALL)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".attn.gate." in n:
+                p.normal_()
+    state = _as_before_issue_17({n: t.contiguous() for n, t in model.state_dict().items()}, old)
+    assert f"blocks.1.attn.{old}" in state and not any(".attn.gate." in n for n in state)  # as before issue 17
+    model.config.save_pretrained(tmp_path)
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    ids = tokens()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    torch.testing.assert_close(logits(loaded, ids), logits(model, ids), atol=0, rtol=0)
+    fresh = create(variant, seed=9, **SMALL)
+    fresh.load_state_dict(state)  # plain torch loading maps them too
+    torch.testing.assert_close(logits(fresh, ids), logits(model, ids), atol=0, rtol=0)
+    loaded.save_pretrained(tmp_path / "again")
+    assert set(load_file(str(tmp_path / "again" / "model.safetensors"))) == set(model.state_dict())

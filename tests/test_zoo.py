@@ -72,3 +72,31 @@ def test_zoo_trainer_runs_variants_in_parallel_and_records_what_it_did(tmp_path)
                         "--zoo-dir", str(zoo)], capture_output=True, text=True)
     assert r.returncode == 2 and "--data" in r.stderr and "missing.txt" in r.stderr
     assert not (zoo / "tiny-mudd").exists()
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_zoo_checkpoint_written_under_old_names_loads_them_and_resaves_under_todays(tmp_path, name):
+    """The shipped files predate issue 17 (gate parameters ``attn.gate_tau/gate_w/gate_b``, a ``backend`` in
+    config.json): they load with today's names and identical outputs, and saving writes today's names only."""
+    import torch
+    from safetensors import safe_open
+
+    from probe.models.attention import LEGACY_NAMES
+
+    with safe_open(str(ZOO_DIR / name / "model.safetensors"), "pt") as f:
+        stored = set(f.keys())
+    assert json.loads((ZOO_DIR / name / "config.json").read_text())["backend"] == "auto"
+    model = probe.load(f"probe/{name}")
+    current = set(model.state_dict())
+    legacy = stored - current
+    assert {n.rsplit(".attn.", 1)[-1] for n in legacy} <= set(LEGACY_NAMES)
+    # every zoo model with gate parameters (norm, projection) exercises the mapping; GatedV's SiLU has none
+    assert bool(legacy) == any(".attn.gate." in n for n in current)
+    assert "backend" not in model.config.to_dict()
+    model.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == current
+    again = probe.load(tmp_path)
+    ids = torch.arange(64)[None] * 37 % model.config.vocab_size
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, model(ids).logits, atol=0, rtol=0)

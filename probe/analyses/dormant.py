@@ -149,7 +149,7 @@ def _as_domains(data) -> dict:
 
 @torch.no_grad()
 def dormant_heads(model, data, *, threshold: float = THRESHOLD, norm_ratio: float = NORM_RATIO,
-                  backend: str = "auto", progress: bool = False) -> dict[str, pd.DataFrame]:
+                  backend: str | None = None, progress: bool = False) -> dict[str, pd.DataFrame]:
     """Active/dormant state of every head on every input window. ``data``: windows (EvalBatches or token tensor), or
     {domain name: windows} to compare domains. Tables: ``summary`` (one row per domain, and 'all'), ``domains`` (per
     domain and layer), ``heads`` (dormant rate and output norms per state), ``switching`` (dormant rate per domain and

@@ -6,22 +6,30 @@ s_aux=...)`` after the projections and rotary, with q (B,H,Tq,dh), k/v (B,Hkv,Tk
 
     hook_q, hook_k, hook_v, hook_v_out, [hook_sink_logit], [hook_pattern, hook_phantom], hook_z
 
-all with positions second (B,T,heads,dh). The pattern is materialised (fp32 softmax, GQA by repetition, the learned sink
-as an extra logit column whose probability is the phantom mass) only when a hook or cache asks for ``hook_pattern`` /
-``hook_phantom``, the caller passed ``output_attentions=True`` or the adapter's ``materialize_patterns`` is on;
-otherwise one SDPA call computes the same output.
-An attention module that no adapter hooked runs the same math without hooks.
+all with positions second (B,T,heads,dh). The phantom-key attention itself is the kernels' (probe.kernels, the same op
+and reference the custom models use, with HF's additive mask in place of the causal rule): the pattern (fp32, the
+learned sink as the phantom whose mass is 1 − row sum) is materialised only when a hook or cache asks for
+``hook_pattern`` / ``hook_phantom``, the caller passed ``output_attentions=True``, dropout is active, or the
+adapter is materialising (``probe.materialize(model)`` / ``materialize_patterns``); otherwise the fused op computes the
+same output on the runtime backend. An attention module that no adapter hooked runs the same math without hooks.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from probe.kernels import sink_attention
+from probe.kernels.sink_attention.reference import attention_probs
+
 ATTN_IMPLEMENTATION = "probe"
 
 # key in an HF attention module's __dict__ holding the adapter's hook container for that layer (hooked_hf._AttnHooks);
 # a plain attribute, not a submodule, so state dicts are unchanged and deep copies stay consistent
 SITE_KEY = "_probe_attn"
+
+
+def _bthd(x):  # (B,H,T,dh) <-> (B,T,H,dh)
+    return x.transpose(1, 2)
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -45,46 +53,19 @@ def _float_mask(attention_mask, q_len: int, k_len: int, device) -> torch.Tensor 
 
 
 def eager_probs(q, k, mask, scaling: float, sinks=None):
-    """fp32 attention probabilities over real keys and the phantom (sink) mass.
+    """fp32 attention probabilities over real keys and the phantom (sink) mass: the kernels' reference.
 
-    q (B,H,Tq,dh), k (B,H,Tk,dh) already repeated to H heads, mask additive (broadcastable to B,H,Tq,Tk) or None,
-    sinks (H,) logits or None. Returns pattern (B,H,Tq,Tk) and phantom (B,H,Tq); pattern rows sum to 1 - phantom.
+    q (B,H,Tq,dh), k (B,H,Tk,dh) already repeated to H heads, mask additive (broadcastable to B,H,Tq,Tk) or None
+    (causal), sinks (H,) logits or None. Returns pattern (B,H,Tq,Tk) and phantom (B,H,Tq); rows sum to 1 - phantom.
     """
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
-    if mask is not None:
-        scores = scores + mask
-    if sinks is None:
-        pattern = torch.softmax(scores, dim=-1)
-        return pattern, pattern.new_zeros(pattern.shape[:-1])
-    b, h, tq, _ = scores.shape
-    sink_col = sinks.float().reshape(1, h, 1, 1).expand(b, h, tq, 1)
-    probs = torch.softmax(torch.cat([scores, sink_col], dim=-1), dim=-1)
-    return probs[..., :-1], probs[..., -1]
+    pattern, phantom, _ = attention_probs(_bthd(q), _bthd(k), sink=sinks, mask=mask, scale=scaling)
+    return pattern, phantom
 
 
-def fast_attention(q, k, v, mask, scaling: float, sinks=None, dropout: float = 0.0):
-    """Output (B,H,Tq,dh) without materialising the pattern: one SDPA call.
-
-    A sink becomes one extra key whose logit is the sink for every query: q gains a constant 1 coordinate, the extra
-    key is (0, …, 0, sink_h / scale) and its value is 0, so the softmax normaliser gains exp(sink_h) exactly as in the
-    eager formula.
-    """
-    h, hkv = q.shape[1], k.shape[1]
-    if sinks is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype),
-                                              dropout_p=dropout, scale=scaling, enable_gqa=h != hkv)
-    k, v = repeat_kv(k, h // hkv), repeat_kv(v, h // hkv)
-    b, _, tq, dh = q.shape
-    tk = k.shape[2]
-    q2 = torch.cat([q, q.new_ones(b, h, tq, 1)], dim=-1)
-    sink_coord = (sinks.to(k.dtype) / scaling).reshape(1, h, 1, 1).expand(b, h, 1, 1)
-    sink_key = torch.cat([k.new_zeros(b, h, 1, dh), sink_coord], dim=-1)
-    k2 = torch.cat([torch.cat([k, k.new_zeros(b, h, tk, 1)], dim=-1), sink_key], dim=2)
-    v2 = torch.cat([v, v.new_zeros(b, h, 1, dh)], dim=2)
-    if mask is None:
-        mask = torch.zeros(1, 1, tq, tk, device=q.device)
-    mask2 = torch.cat([mask.expand(mask.shape[0], 1, tq, tk), mask.new_zeros(mask.shape[0], 1, tq, 1)], dim=-1)
-    return F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask2.to(q.dtype), dropout_p=dropout, scale=scaling)
+def fast_attention(q, k, v, mask, scaling: float, sinks=None):
+    """Output (B,H,Tq,dh) without materialising the pattern: the kernels' fused op (SDPA with the sink as an extra
+    key of value 0 on CPU), GQA without repetition; q (B,H,Tq,dh), k/v (B,Hkv,Tk,dh)."""
+    return _bthd(sink_attention(_bthd(q), _bthd(k), _bthd(v), sink=sinks, mask=mask, scale=scaling).out)
 
 
 def _hf_wants_attentions() -> bool:
@@ -96,10 +77,6 @@ def _hf_wants_attentions() -> bool:
     except Exception:  # pragma: no cover - transformers internals moved
         return False
     return isinstance(collected, dict) and "attentions" in collected
-
-
-def _bthd(x):  # (B,H,T,dh) -> (B,T,H,dh)
-    return x.transpose(1, 2)
 
 
 def probe_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
@@ -119,8 +96,8 @@ def probe_attention(module, query, key, value, attention_mask, scaling=None, dro
         need_pattern = site.materialize or site.hook_pattern.has_hooks() or site.hook_phantom.has_hooks()
     else:
         need_pattern = False
-    need_pattern = need_pattern or _hf_wants_attentions()
     training = module.training and dropout > 0
+    need_pattern = need_pattern or training or _hf_wants_attentions()  # dropout acts on the probabilities
     n_rep = query.shape[1] // key.shape[1]
     mask = _float_mask(attention_mask, query.shape[2], key.shape[2], query.device)
 
@@ -134,7 +111,7 @@ def probe_attention(module, query, key, value, attention_mask, scaling=None, dro
         probs = F.dropout(weights, p=dropout, training=True) if training else weights
         out = torch.matmul(probs, repeat_kv(value, n_rep))
     else:
-        out = fast_attention(query, key, value, mask, scaling, sinks, dropout if training else 0.0)
+        out = fast_attention(query, key, value, mask, scaling, sinks)
     out = _bthd(out)
     if site is not None:
         out = site.hook_z(out)

@@ -34,7 +34,7 @@ from probe.hooks.info import ModelInfo
 class _AttnHooks(nn.Module):
     def __init__(self, has_sink: bool):
         super().__init__()
-        self.materialize = False  # compute the pattern even when no TL hook asks (nnsight, output_attentions)
+        self.materialize = False  # compute the pattern even when no TL hook asks (probe.materialize, for nnsight)
         self.hook_q = HookPoint()  # B,T,H,dh after rotary
         self.hook_k = HookPoint()  # B,T,Hkv,dh after rotary
         self.hook_v = HookPoint()  # B,T,Hkv,dh value reads
@@ -148,7 +148,7 @@ class HookedHF(HookedRootModule):
     def materialize_patterns(self) -> bool:
         """Force the pattern path (hook_pattern/hook_phantom fire on every forward), e.g. to read patterns through
         nnsight, which does not register TransformerLens hooks. Off by default: patterns are then computed only when
-        a hook or cache asks for them."""
+        a hook or cache asks for them. The same switch as ``with probe.materialize(model):``, kept as a property."""
         return all(b.attn.materialize for b in self.blocks)
 
     @materialize_patterns.setter

@@ -2,13 +2,14 @@
 
 backend    sink_attention                   depth_attention           attention_row_masses
 auto       pattern -> reference;            CUDA + triton -> triton;  CUDA + triton -> triton;
-           CUDA + triton -> triton;         else reference            CPU, no window -> CPU flash;
+           CUDA + triton, no mask -> triton; else reference            CPU, no window -> CPU flash;
            else sdpa                                                  else chunked
 torch      pattern -> reference; else sdpa reference                 CPU flash or chunked
 reference  T x T fp32 reference             reference                 T x T reference
 sdpa       fused SDPA (no pattern)          reference (no SDPA form)  CPU flash or chunked
 triton     Triton kernel: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (set before importing triton)
-Triton is imported only when a Triton path is taken.
+``backend=None`` (the default) is the runtime choice: ``use_backend(...)``, else $PROBE_BACKEND, else auto
+(probe.kernels.backend). Triton is imported only when a Triton path is taken.
 """
 from __future__ import annotations
 
@@ -19,22 +20,21 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
+from probe.kernels.backend import resolve_backend
 from probe.kernels.depth_attention.reference import check_sources, depth_attention_reference, depth_scores
 from probe.kernels.sink_attention.reference import sink_attention_reference
 from probe.kernels.sink_attention.row_masses import (row_masses_chunked, row_masses_flash_cpu,
                                                      row_masses_reference, row_masses_triton)
 from probe.kernels.sink_attention.sdpa import _cpu_flash, sink_attention_sdpa
-from probe.kernels.value_transform import check_transform
 
-BACKENDS = ("auto", "torch", "reference", "sdpa", "triton")
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 class AttentionOutput(NamedTuple):
-    out: torch.Tensor  # (B, T, H, dv) in q.dtype
-    lse: Optional[torch.Tensor]  # (B, H, T) fp32, log(exp(sink) + Σ_visible exp(score)); None on sdpa under autograd
-    pattern: Optional[torch.Tensor]  # (B, H, T, T) fp32 over real keys, rows sum to 1 - phantom (return_pattern)
-    phantom: Optional[torch.Tensor]  # (B, H, T) fp32 mass on the phantom key (return_pattern)
+    out: torch.Tensor  # (B, Tq, H, dv) in q.dtype
+    lse: Optional[torch.Tensor]  # (B, H, Tq) fp32, log(exp(sink) + Σ_visible exp(score)); None on sdpa under autograd
+    pattern: Optional[torch.Tensor]  # (B, H, Tq, Tk) fp32 over real keys, rows sum to 1 - phantom (return_pattern)
+    phantom: Optional[torch.Tensor]  # (B, H, Tq) fp32 mass on the phantom key (return_pattern)
 
 
 class DepthOutput(NamedTuple):
@@ -52,11 +52,6 @@ def triton_available() -> bool:
     return True
 
 
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-
-
 def _triton_on(device: torch.device) -> bool:
     """Can a Triton kernel run on tensors of this device? (explicit backend='triton' raises otherwise)"""
     if not triton_available():
@@ -69,44 +64,46 @@ def _triton_on(device: torch.device) -> bool:
                        f"before triton is imported; got {device.type} tensors")
 
 
-def _check_attention_args(q, k, v, sink, key_bias, window):
+def _check_attention_args(q, k, v, sink, key_bias, window, mask=None):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError("expected q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv)")
-    B, T, H, dh = q.shape
-    if k.shape[:2] != (B, T) or v.shape[:3] != k.shape[:3] or k.shape[-1] != dh:
+        raise ValueError("expected q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv)")
+    B, Tq, H, dh = q.shape
+    Tk = k.shape[1]
+    if k.shape[0] != B or Tk < Tq or v.shape[:3] != k.shape[:3] or k.shape[-1] != dh:
         raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if H % k.shape[2]:
         raise ValueError(f"query heads ({H}) must be a multiple of kv heads ({k.shape[2]})")
     if sink is not None and sink.shape != (H,):
         raise ValueError(f"sink must have shape ({H},), got {tuple(sink.shape)}")
-    if key_bias is not None and key_bias.shape != (B, k.shape[2], T):
-        raise ValueError(f"key_bias must have shape ({B}, {k.shape[2]}, {T}), got {tuple(key_bias.shape)}")
+    if key_bias is not None and key_bias.shape != (B, k.shape[2], Tk):
+        raise ValueError(f"key_bias must have shape ({B}, {k.shape[2]}, {Tk}), got {tuple(key_bias.shape)}")
     if window is not None and (int(window) != window or window < 1):
         raise ValueError(f"window must be a positive int or None, got {window!r}")
+    if mask is not None and (mask.dim() != 4 or mask.shape[-2:] != (Tq, Tk)):
+        raise ValueError(f"mask must broadcast to (B, H, {Tq}, {Tk}), got {tuple(mask.shape)}")
 
 
-def sink_attention(q, k, v, *, sink=None, transform="identity", tau=None, w=None, b=None, beta=8.0, key_bias=None,
-                   window=None, scale=None, return_pattern=False, backend="auto") -> AttentionOutput:
-    """Causal (optionally sliding-window) GQA attention with an optional phantom sink key and value transform.
+def sink_attention(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None, return_pattern=False,
+                   backend=None) -> AttentionOutput:
+    """Causal (optionally sliding-window) GQA attention with an optional phantom sink key and per-key logit bias.
 
-    q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv); query head h reads kv head h // (H // Hkv); key j is visible to
-    query i iff i - window < j <= i. sink (H,): phantom logit per query head, value 0 (None = no phantom = -inf).
-    transform/tau/w/b/beta: see value_transform ('routing-norm' adds log g_j to the logits instead). key_bias
-    (B,Hkv,T): extra additive logit per key. scale defaults to 1/sqrt(dh).
+    q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) with Tq <= Tk (queries are the last Tq positions); query head h
+    reads kv head h // (H // Hkv); key j is visible to query i iff i - window < j <= i. sink (H,): phantom logit per
+    query head, value 0 (None = no phantom = -inf). key_bias (B,Hkv,Tk): extra additive logit per key (the routing
+    slot's log g_j). mask: additive logits broadcastable to (B,H,Tq,Tk) that replace the causal/window rule (HF
+    padding masks; not on Triton). scale defaults to 1/sqrt(dh). Value gates are the caller's: v is aggregated as given.
     """
-    _check_backend(backend)
-    _check_attention_args(q, k, v, sink, key_bias, window)
-    check_transform(transform, tau, w, b)
+    backend = resolve_backend(backend)
+    _check_attention_args(q, k, v, sink, key_bias, window, mask)
     window = None if window is None else int(window)
-    kw = dict(sink=sink, transform=transform, tau=tau, w=w, b=b, beta=beta, key_bias=key_bias, window=window,
-              scale=scale)
+    kw = dict(sink=sink, key_bias=key_bias, window=window, scale=scale)
     if backend in ("sdpa", "triton") and return_pattern:
         raise ValueError(f"backend={backend!r} cannot return the pattern; use 'reference', 'torch' or 'auto'")
     if backend == "auto":
         if return_pattern:
             backend = "reference"
-        elif (q.device.type == "cuda" and triton_available() and q.dtype in _TRITON_DTYPES
-              and max(q.shape[-1], v.shape[-1]) <= 256):
+        elif (q.device.type == "cuda" and triton_available() and q.dtype in _TRITON_DTYPES and mask is None
+              and q.shape[1] == k.shape[1] and max(q.shape[-1], v.shape[-1]) <= 256):
             backend = "triton"
         else:
             backend = "sdpa"
@@ -114,18 +111,20 @@ def sink_attention(q, k, v, *, sink=None, transform="identity", tau=None, w=None
         backend = "reference" if return_pattern else "sdpa"
 
     if backend == "reference":
-        return AttentionOutput(*sink_attention_reference(q, k, v, return_pattern=return_pattern, **kw))
+        return AttentionOutput(*sink_attention_reference(q, k, v, mask=mask, return_pattern=return_pattern, **kw))
     if backend == "sdpa":
-        return AttentionOutput(*sink_attention_sdpa(q, k, v, **kw), None, None)
+        return AttentionOutput(*sink_attention_sdpa(q, k, v, mask=mask, **kw), None, None)
+    if mask is not None or q.shape[1] != k.shape[1]:
+        raise ValueError("backend='triton' runs causal/window attention over one sequence: no mask, Tq == Tk")
     _triton_on(q.device)
     from probe.kernels.sink_attention.triton import sink_attention_triton
 
     return AttentionOutput(*sink_attention_triton(q, k, v, **kw), None, None)
 
 
-def depth_backend(value: torch.Tensor, backend: str = "auto") -> str:
+def depth_backend(value: torch.Tensor, backend: str | None = None) -> str:
     """The path a depth read of sources like ``value`` takes: "triton" (fused, CUDA) or "reference" (torch)."""
-    _check_backend(backend)
+    backend = resolve_backend(backend)
     if backend == "auto":
         fused = value.device.type == "cuda" and triton_available() and value.dtype in _TRITON_DTYPES
         return "triton" if fused else "reference"
@@ -133,7 +132,7 @@ def depth_backend(value: torch.Tensor, backend: str = "auto") -> str:
 
 
 def depth_attention(values: Sequence[torch.Tensor], keys: Sequence[torch.Tensor], query: torch.Tensor, *, bias=None,
-                    normalize=True, eps=1e-6, return_weights=False, backend="auto") -> DepthOutput:
+                    normalize=True, eps=1e-6, return_weights=False, backend=None) -> DepthOutput:
     """Softmax read over S depth sources: h = Σ_i softmax_i(query . RMSNorm(k_i) + bias_i) values_i.
 
     values: S tensors (B,T,d); keys: S tensors (B,T,r) (views allowed, e.g. values[i][..., -r:]); query (r,).
@@ -155,14 +154,16 @@ def depth_attention(values: Sequence[torch.Tensor], keys: Sequence[torch.Tensor]
     return DepthOutput(h, lse, weights)
 
 
-def attention_row_masses(q, k, indicators, *, sink=None, key_bias=None, window=None, scale=None, backend="auto"):
+def attention_row_masses(q, k, indicators, *, sink=None, key_bias=None, window=None, scale=None, backend=None):
     """(lse (B,H,T) fp32, masses (B,H,T,m) fp32) with masses[..., c] = Σ_j a_ij indicators[b, j, h // G, c].
 
     a includes the phantom in its normaliser: Σ_j a_ij = 1 - phantom_i, phantom_i = exp(sink_h - lse_i).
     Nothing T x T is materialised except by backend='reference'.
     """
-    _check_backend(backend)
+    backend = resolve_backend(backend)
     _check_attention_args(q, k, indicators, sink, key_bias, window)
+    if q.shape[1] != k.shape[1]:
+        raise ValueError("attention_row_masses takes one sequence: as many queries as keys")
     window = None if window is None else int(window)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     kw = dict(sink=sink, key_bias=key_bias, scale=scale)

@@ -1,4 +1,5 @@
-"""Instrumented custom transformers: one file per mechanism, composed by ProbeForCausalLM from a ProbeConfig.
+"""Instrumented custom transformers: one file per mechanism (attention.py with the value gates of gates.py,
+depth.py, dense.py), composed by ProbeForCausalLM from a ProbeConfig; variants.py names mechanism settings.
 
 Importing this package registers the "probe" model type with transformers' Auto classes, so
 `AutoModelForCausalLM.from_pretrained(dir)` loads saved probe models.
@@ -6,12 +7,12 @@ Importing this package registers the "probe" model type with transformers' Auto 
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from probe.models.config import TIER_DESCRIPTIONS, TIERS, ProbeConfig
+from probe.models.gates import GATES, ValueGate, register_gate
 from probe.models.model import ProbeForCausalLM
-from probe.models.params import added_parameters
-from probe.models.variants import VARIANTS, config_for, create
+from probe.models.variants import VARIANTS, add_variant, added_parameters, config_for, create
 
 AutoConfig.register("probe", ProbeConfig, exist_ok=True)
 AutoModelForCausalLM.register(ProbeConfig, ProbeForCausalLM, exist_ok=True)
 
 __all__ = ["ProbeConfig", "ProbeForCausalLM", "VARIANTS", "TIERS", "TIER_DESCRIPTIONS", "create", "config_for",
-           "added_parameters"]
+           "added_parameters", "add_variant", "GATES", "ValueGate", "register_gate"]

@@ -1,45 +1,39 @@
 """One attention module for every inside-a-head mechanism (SPEC §4, abstention-filtering §3, gatedv.md).
 
-Routing side: baseline softmax, a phantom key (off-by-one: logit 0; sink logit: learned b_h), or the
-routing-slot control (log g_j added to the logits). Value side: norm gate, projection gate, GatedV SiLU and its
-controls (V⊙tanh V, headwise G2 gate, GLU value), value residual. The maths lives in probe.kernels; this module
-wires parameters and hook points. With no hook attached the fused/SDPA path runs and nothing T×T is stored.
+Routing side: baseline softmax or a phantom key (off-by-one: logit 0; sink logit: learned b_h). Value side: the value
+residual, then the value gate (probe.models.gates: norm, projection, routing-slot, GatedV SiLU/tanh, G2, GLU), which
+gives the aggregated values v_out and, for a routing-slot gate, a per-key logit bias log g_j. Both are computed here,
+in PyTorch, on one path whether or not hooks are attached; then one attention op (probe.kernels.sink_attention) takes
+(q, k, v_out, sink, key_bias). With no hook on the pattern the op's fused path runs (SDPA / CPU flash / Triton) and
+nothing T×T is stored.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
-from probe.kernels import sink_attention, value_transform
+from probe.kernels import sink_attention
+from probe.kernels.sink_attention.reference import apply_pattern
 from probe.models.config import ProbeConfig
+from probe.models.gates import apply_gate, make_gate
 from probe.models.layers import RMSNorm, Rotary, project_with_key
 
-# value gates that are a pure function of the read v_j (the kernel can fuse them into the V load)
-KERNEL_TRANSFORMS = {"none": "identity", "norm": "norm", "proj": "proj", "routing-norm": "routing-norm",
-                     "silu": "silu", "tanh": "tanh"}
-
-
-def initial_read_norm(config: ProbeConfig) -> float:
-    """Expected ‖v_j‖/√dh of the initial model: the default norm-gate threshold τ_h.
-
-    The input of W_V is normalised (unit RMS per coordinate), so each coordinate of v has the standard
-    deviation of W_V's entries times √d_model. Placing τ there opens half the gate at init (abstention-filtering
-    leaves τ's init unspecified; SPEC §4 suggests the median read norm of the initial model)."""
-    std = 0.02 if config.init == "gpt2" else 1 / math.sqrt(config.d_model)
-    return std * math.sqrt(config.d_model)
+# state-dict names before the gates became modules (issue 17) -> today's, relative to the attention module
+LEGACY_NAMES = {"gate_tau": "gate.tau", "gate_w": "gate.w", "gate_b": "gate.b", "g2_proj.weight": "gate.proj.weight",
+                "v_gate_proj.weight": "gate.proj.weight"}
 
 
 class Attention(nn.Module):
+    param_roles = {"q_proj": "matrix", "k_proj": "matrix", "v_proj": "matrix", "o_proj": "output",
+                   "key_proj": "routing_key", "sink": "sink", "v_mix": "mixing"}
+
     def __init__(self, config: ProbeConfig, layer: int, key_rank: int = 0):
         super().__init__()
         c = config
         self.layer, self.n_heads, self.n_kv, self.d_head, self.d_value = layer, c.n_heads, c.n_kv_heads, c.d_head, c.d_value
-        self.gate_kind, self.abstention, self.backend, self.beta = c.value_gate, c.abstention, c.backend, c.gate_beta
-        self.qk_activation = c.qk_activation
+        self.abstention, self.qk_activation = c.abstention, c.qk_activation
         self.q_proj = nn.Linear(c.d_model, c.n_heads * c.d_head, bias=False)
         self.k_proj = nn.Linear(c.d_model, c.n_kv_heads * c.d_head, bias=False)
         self.v_proj = nn.Linear(c.d_model, c.n_kv_heads * c.d_value, bias=False)
@@ -51,22 +45,14 @@ class Attention(nn.Module):
 
         if c.abstention == "sinklogit":
             self.sink = nn.Parameter(torch.zeros(c.n_heads))  # b_h, init 0 (= off-by-one at init)
-        if c.value_gate in ("norm", "routing-norm"):
-            tau = c.gate_tau_init if c.gate_tau_init is not None else initial_read_norm(c)
-            self.gate_tau = nn.Parameter(torch.full((c.n_kv_heads,), float(tau)))
-        if c.value_gate == "proj":
-            self.gate_w = nn.Parameter(torch.zeros(c.n_kv_heads, c.d_value))  # w_h = 0, b_h = 0: g = 1/2 at init
-            self.gate_b = nn.Parameter(torch.zeros(c.n_kv_heads))
-        if c.value_gate == "g2":  # Gated Attention's G2: headwise sigmoid gate from the block input
-            self.g2_proj = nn.Linear(c.d_model, c.n_kv_heads, bias=False)
-        if c.value_gate == "glu":  # GLU value: (U W_C) ⊙ SiLU(U W_G)
-            self.v_gate_proj = nn.Linear(c.d_model, c.n_kv_heads * c.d_value, bias=False)
+        self.gate = make_gate(c)  # None for ungated heads
         self.value_residual = c.value_residual if layer > 0 else "none"  # layer 0's values are V_1
         if self.value_residual == "lambda":
             self.v_mix = nn.Parameter(torch.full((1,), 0.5))  # λ_n
         elif self.value_residual == "two-weight":
             self.v_mix = nn.Parameter(torch.full((2,), 0.5))  # (λ_{n,1} on V_1, λ_{n,2} on V_n)
 
+        self.materialize = False  # fire hook_pattern / hook_phantom on every forward (probe.materialize)
         self.hook_q = HookPoint()  # B,T,H,dh
         self.hook_k = HookPoint()  # B,T,Hkv,dh
         self.hook_v = HookPoint()  # B,T,Hkv,dv
@@ -78,9 +64,6 @@ class Attention(nn.Module):
         self.hook_pattern = HookPoint()  # B,H,Tq,Tk
         self.hook_phantom = HookPoint()  # B,H,Tq
         self.hook_z = HookPoint()  # B,T,H,dv
-
-    def _hooked(self, *points: HookPoint) -> bool:
-        return any(p.has_hooks() for p in points)
 
     def forward(self, xq: torch.Tensor, xk: torch.Tensor | None = None, xv: torch.Tensor | None = None,
                 v_first: torch.Tensor | None = None):
@@ -114,41 +97,24 @@ class Attention(nn.Module):
         elif self.abstention == "offbyone":
             sink = self.hook_sink_logit(q.new_zeros(self.n_heads, dtype=torch.float32))
 
-        need_pattern = self._hooked(self.hook_pattern, self.hook_phantom)
-        gate_params = dict(tau=getattr(self, "gate_tau", None), w=getattr(self, "gate_w", None),
-                           b=getattr(self, "gate_b", None), beta=self.beta)
-        kind = KERNEL_TRANSFORMS.get(self.gate_kind)
-        key_bias = None
-        if kind is not None and not need_pattern and not self._hooked(self.hook_v_gate, self.hook_v_out):
-            # fast path: the value transform is fused into the attention op (Triton) or done just before SDPA
-            res = sink_attention(q, k, v, sink=sink, transform=kind, backend=self.backend, **gate_params)
-        else:
-            # hooked path: gate, aggregated value and pattern are materialised so hooks can read and edit them
-            gate = self._gate(v, xv, kind, gate_params)
-            v_out = v
-            if gate is not None:
-                gate = self.hook_v_gate(gate)
-                if self.gate_kind == "routing-norm":  # routing slot: log g_j on the logits, values unchanged
-                    key_bias = torch.log(gate.float().clamp_min(1e-30)).permute(0, 2, 1)  # B,Hkv,T
-                else:  # every value-slot gate multiplies the read: scalar per head or element-wise
-                    g = gate.float() if gate.dim() == v.dim() else gate.float()[..., None]
-                    v_out = (g * v.float()).to(v.dtype)
-            v_out = self.hook_v_out(v_out)
-            res = sink_attention(q, k, v_out, sink=sink, key_bias=key_bias, return_pattern=need_pattern,
-                                 backend="torch" if need_pattern else self.backend)
-            if need_pattern:
-                self.hook_pattern(res.pattern)
-                self.hook_phantom(res.phantom)
-        z = self.hook_z(res.out)  # B,T,H,dv
-        z = z.reshape(B, T, self.n_heads * self.d_value)
+        v_out, key_bias = apply_gate(self.gate, v, xv, self.hook_v_gate)  # fires hook_v_gate on gated heads
+        v_out = self.hook_v_out(v_out)
+
+        need_pattern = self.materialize or self.hook_pattern.has_hooks() or self.hook_phantom.has_hooks()
+        res = sink_attention(q, k, v_out, sink=sink, key_bias=key_bias, return_pattern=need_pattern,
+                             backend="reference" if need_pattern else None)  # None: the runtime backend
+        out = res.out  # B,T,H,dv
+        if need_pattern:
+            pattern = self.hook_pattern(res.pattern)
+            self.hook_phantom(res.phantom)  # the phantom's value is 0: an edit of its mass changes no output
+            if pattern is not res.pattern:  # a hook edited the pattern: aggregate with the edited one
+                out = apply_pattern(pattern, v_out, q.dtype)
+        z = self.hook_z(out).reshape(B, T, self.n_heads * self.d_value)
         out, key = project_with_key(z, self.o_proj, self.key_proj)  # B,T,d and B,T,r (P-LR) or None
         return out, key, v_first
 
-    def _gate(self, v, xv, kind, gate_params):
-        """The gate g of the read (B,T,Hkv scalar or B,T,Hkv,dv element-wise), or None for ungated heads."""
-        if self.gate_kind == "g2":
-            return torch.sigmoid(self.g2_proj(xv).float())
-        if self.gate_kind == "glu":
-            B, T = v.shape[:2]
-            return F.silu(self.v_gate_proj(xv).float()).view(B, T, self.n_kv, self.d_value)
-        return value_transform(v, kind, **gate_params)[1]
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for old, new in LEGACY_NAMES.items():  # checkpoints saved before the gates became modules
+            if prefix + old in state_dict and prefix + new not in state_dict:
+                state_dict[prefix + new] = state_dict.pop(prefix + old)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -13,6 +13,8 @@ from probe.models.layers import MLP, make_norm
 
 
 class Block(nn.Module):
+    param_roles = {"ln1": "norm", "ln2": "norm"}
+
     def __init__(self, config: ProbeConfig, layer: int):
         super().__init__()
         c = config

@@ -1,14 +1,16 @@
 """The configuration of a probe model: one dataclass-like HF config that selects every mechanism.
 
-Mechanisms (SPEC §4) are orthogonal switches; `validate()` rejects combinations that make no sense.
-Tiers are named base architectures (SPEC §8 and each paper's tables); `variants.py` names mechanism settings.
+Mechanisms (SPEC §4) are orthogonal switches; `validate()` rejects combinations that make no sense. `value_gate` names
+a registered gate module (gates.py). Tiers are named base architectures (SPEC §8 and each paper's tables); `variants.py`
+names mechanism settings. The attention backend is not configuration: it is chosen at run time (probe.kernels.backend).
 """
 from __future__ import annotations
 
 from transformers import PretrainedConfig
 
+from probe.models.gates import GATES
+
 ABSTENTIONS = ("none", "offbyone", "sinklogit", "sinktoken")
-VALUE_GATES = ("none", "norm", "proj", "routing-norm", "silu", "tanh", "g2", "glu")
 DEPTHS = ("residual", "attnres", "plr", "slr")
 DENSES = ("none", "denseformer", "mudd")
 VALUE_RESIDUALS = ("none", "lambda", "two-weight")
@@ -17,7 +19,6 @@ NORMS = ("rms", "layer")
 POSITIONS = ("rope", "learned")
 MLPS = ("swiglu", "gelu")
 INITS = ("fan-in", "gpt2")
-BACKENDS = ("auto", "torch", "triton")
 
 
 def _check(field: str, value, choices) -> None:
@@ -51,7 +52,7 @@ class ProbeConfig(PretrainedConfig):
         abstention: str = "none",
         value_gate: str = "none",
         gate_beta: float = 8.0,
-        gate_tau_init: float | None = None,  # None: expected read norm of the initial model (see attention.py)
+        gate_tau_init: float | None = None,  # None: expected read norm of the initial model (see gates.py)
         qk_activation: str = "none",  # GatedV placement controls: SiLU on q (or q and k) before RoPE
         value_residual: str = "none",
         # across depth
@@ -59,7 +60,6 @@ class ProbeConfig(PretrainedConfig):
         depth_blocks: int = 0,  # 0: full depth routing; N: block routing with N blocks
         depth_rank: int | None = None,  # routing-key rank r for plr/slr (attnres uses d_model)
         dense: str = "none",
-        backend: str = "auto",
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -89,7 +89,7 @@ class ProbeConfig(PretrainedConfig):
         self.depth_blocks = depth_blocks
         self.depth_rank = depth_rank
         self.dense = dense
-        self.backend = backend
+        kwargs.pop("backend", None)  # config.json files from before issue 17 carry it; it is a runtime choice now
         kwargs.setdefault("tie_word_embeddings", False)  # tying is done by reusing the embedding matrix
         super().__init__(**kwargs)
         self.validate()
@@ -121,10 +121,9 @@ class ProbeConfig(PretrainedConfig):
         return self.abstention in ("offbyone", "sinklogit")
 
     def validate(self) -> None:
-        for field, choices in [("abstention", ABSTENTIONS), ("value_gate", VALUE_GATES), ("depth", DEPTHS),
+        for field, choices in [("abstention", ABSTENTIONS), ("value_gate", ("none", *GATES)), ("depth", DEPTHS),
                                ("dense", DENSES), ("value_residual", VALUE_RESIDUALS), ("norm", NORMS),
-                               ("pos", POSITIONS), ("mlp", MLPS), ("init", INITS), ("backend", BACKENDS),
-                               ("qk_activation", QK_ACTIVATIONS)]:
+                               ("pos", POSITIONS), ("mlp", MLPS), ("init", INITS), ("qk_activation", QK_ACTIVATIONS)]:
             _check(field, getattr(self, field), choices)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")

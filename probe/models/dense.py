@@ -17,6 +17,8 @@ from probe.models.layers import RMSNorm
 
 
 class DenseMix(nn.Module):
+    param_roles = {"bias": "mixing", "w1": "mixing_projection", "w2": "mixing"}
+
     def __init__(self, config: ProbeConfig, layer: int, streams: int):
         super().__init__()
         self.kind, self.streams, self.n_src = config.dense, streams, layer + 2  # sources X_0 .. X_{layer+1}
@@ -27,7 +29,8 @@ class DenseMix(nn.Module):
             width = streams * self.n_src
             self.norm = RMSNorm(config.d_model, config.norm_eps)
             self.w1 = nn.Linear(config.d_model, width, bias=False)
-            self.w2 = nn.Linear(width, width, bias=False)  # zero at init (see ProbeForCausalLM.reset_parameters)
+            self.w2 = nn.Linear(width, width, bias=False)
+            nn.init.zeros_(self.w2.weight)  # W2 = 0: no dynamic part at init
         self.hook_weights = HookPoint()  # B,T,C,S
 
     def forward(self, hiddens: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -70,25 +70,30 @@ class DepthSources:
 
 
 class DepthRead(nn.Module):
-    """One read site: h = Σ_i softmax_i(q · RMSNorm(k_i)) o_i with a static query q initialised to zero."""
+    """One read site: h = Σ_i softmax_i(q · RMSNorm(k_i)) o_i with a static query q initialised to zero.
+
+    Routing keys and depth weights are computed for their hooks only when a hook asks or ``materialize`` is on
+    (``probe.materialize``); the plain read takes the backend's fused path."""
+    param_roles = {"query": "routing_query"}
 
     def __init__(self, config: ProbeConfig):
         super().__init__()
         self.query = nn.Parameter(torch.zeros(config.routing_rank))
-        self.eps, self.backend = config.norm_eps, config.backend
+        self.eps = config.norm_eps
+        self.materialize = False  # fire hook_routing_keys / hook_depth_weights on every forward
         self.hook_routing_keys = HookPoint()  # B,T,S,r normalised keys
         self.hook_depth_weights = HookPoint()  # B,T,S weights over sources (sum to 1)
 
     def forward(self, sources: DepthSources) -> torch.Tensor:
         values, keys = sources.current()
-        hooked, normalize = self.hook_routing_keys.has_hooks(), True
-        if hooked or depth_backend(values[0], self.backend) != "triton":  # torch read: each source normalised once
+        hooked, normalize = self.materialize or self.hook_routing_keys.has_hooks(), True
+        if hooked or depth_backend(values[0]) != "triton":  # torch read: each source normalised once
             keys, normalize = sources.normalized_keys(self.eps), False
             if hooked:
                 keys = list(self.hook_routing_keys(torch.stack(keys, dim=2)).unbind(2))
-        want_weights = self.hook_depth_weights.has_hooks()
+        want_weights = self.materialize or self.hook_depth_weights.has_hooks()
         res = depth_attention(values, keys, self.query, normalize=normalize, eps=self.eps,
-                              return_weights=want_weights, backend="torch" if want_weights else self.backend)
+                              return_weights=want_weights, backend="torch" if want_weights else None)
         if not want_weights:
             return res.h
         weights = self.hook_depth_weights(res.weights)

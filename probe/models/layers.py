@@ -8,6 +8,8 @@ from transformer_lens.hook_points import HookPoint
 
 
 class RMSNorm(nn.Module):
+    param_roles = {"weight": "norm"}
+
     def __init__(self, d: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
@@ -56,6 +58,7 @@ def project_with_key(x: torch.Tensor, out_proj: nn.Linear, key_proj: nn.Linear |
 class MLP(nn.Module):
     """SwiGLU or GELU feed-forward sub-layer. With `key_rank` it also emits a P-LR routing key
     from the activation passed to the output projection (lr-attnres Eq. 12)."""
+    param_roles = {"gate": "matrix", "up": "matrix", "down": "output", "key_proj": "routing_key"}
 
     def __init__(self, d_model: int, d_mlp: int, kind: str, key_rank: int = 0):
         super().__init__()

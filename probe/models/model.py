@@ -2,10 +2,13 @@
 
 Every tensor of SPEC §3 that the configured mechanisms produce passes through a HookPoint of that name, so
 `run_with_cache`/`run_with_hooks` work as in TransformerLens, `save_pretrained`/`AutoModelForCausalLM` as in HF.
+Parameters are initialised by the role their module declares (params.py); checkpoints saved under older parameter
+names load through `from_pretrained` and `load_state_dict` alike (attention.LEGACY_NAMES).
 """
 from __future__ import annotations
 
 import math
+import re
 import zlib
 
 import torch
@@ -17,11 +20,17 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from probe.hooks.info import ModelInfo
+from probe.kernels import use_backend
+from probe.kernels.backend import check_backend
+from probe.models.attention import LEGACY_NAMES
 from probe.models.block import Block
 from probe.models.config import ProbeConfig
 from probe.models.depth import DepthRead, DepthSources, site_sources
 from probe.models.layers import make_norm
-from probe.models.params import OUTPUT_PROJECTIONS, RANDOM_ROLES, is_no_decay, role_of
+from probe.models.params import ROLES, no_decay_names, parameter_roles
+
+# from_pretrained's renaming of pre-issue-17 checkpoint keys (attention.LEGACY_NAMES, anchored to an attention module)
+_LEGACY_KEY_MAPPING = {rf"^(blocks\.\d+\.attn\.){re.escape(old)}$": rf"\1{new}" for old, new in LEGACY_NAMES.items()}
 
 
 def _param_seed(seed: int, name: str) -> int:
@@ -34,10 +43,15 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
     base_model_prefix = "probe"
     _no_split_modules = ["Block"]
     main_input_name = "input_ids"
+    param_roles = {"embed": "embedding", "pos_embed": "position", "sink_token": "sink_token",
+                   "embed_key": "routing_key", "ln_f": "norm", "lm_head": "embedding"}
 
-    def __init__(self, config: ProbeConfig, seed: int = 0):
+    def __init__(self, config: ProbeConfig, seed: int = 0, backend: str | None = None):
+        """``backend``: this model's attention backend (probe.kernels.backend), a run-time setting that is never
+        saved; None follows ``probe.kernels.use_backend`` / $PROBE_BACKEND."""
         super().__init__(config)
         c = config
+        self.backend = None if backend is None else check_backend(backend)
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         if c.pos == "learned":  # a sink token takes one extra position
             self.pos_embed = nn.Embedding(c.n_ctx + (c.abstention == "sinktoken"), c.d_model)
@@ -63,28 +77,38 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
 
     @torch.no_grad()
     def init_weights_from_seed(self, seed: int) -> None:
-        """Draw every random matrix from a generator keyed by (seed, name); constants keep their init."""
+        """Draw every random parameter from a generator keyed by (seed, name), as its declared role says;
+        constants (sinks, gate τ/w/b, queries, mixing weights, norms) keep the value their module gave them."""
         c = self.config
-        base = 0.02 if c.init == "gpt2" else None
         depth_scale = 1 / math.sqrt(2 * c.n_layers)
+        roles = parameter_roles(self)
         for name, p in self.named_parameters():
-            if p.is_meta or role_of(name) not in RANDOM_ROLES and not name.endswith("dense.w1.weight"):
-                continue  # constants (sinks, gate τ/w/b, queries, mixing weights, norms) keep their construction init
+            init = ROLES[roles[name]].init
+            if p.is_meta or init == "constant":
+                continue
             g = torch.Generator().manual_seed(_param_seed(seed, name))
-            fan_in = p.shape[-1]
-            std = base if base is not None else 1 / math.sqrt(fan_in)
-            if any(name.endswith(s) for s in OUTPUT_PROJECTIONS):
+            std = 0.02 if c.init == "gpt2" else 1 / math.sqrt(p.shape[-1])  # GPT-2's constant, or fan-in
+            if init == "output":
                 std *= depth_scale
             p.copy_(torch.randn(p.shape, generator=g) * std)
-        for blk in self.blocks:
-            if hasattr(blk, "dense") and blk.dense.kind == "mudd":
-                blk.dense.w2.weight.zero_()
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """HF's from_pretrained, reading checkpoints saved under the pre-issue-17 gate parameter names too."""
+        kwargs["key_mapping"] = {**_LEGACY_KEY_MAPPING, **(kwargs.get("key_mapping") or {})}
+        model = super().from_pretrained(*args, **kwargs)
+        model._weight_conversions = None  # HF would write the legacy names back on save; today's names it is
+        return model
 
     # ---- forward ----------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, **kwargs) -> CausalLMOutputWithPast:
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("probe models take unpadded windows; attention_mask with zeros is not supported")
+        with use_backend(self.backend):  # None: the caller's use_backend / $PROBE_BACKEND
+            return self._forward(input_ids, labels)
+
+    def _forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None) -> CausalLMOutputWithPast:
         c = self.config
         B, T = input_ids.shape
         x = self.embed(input_ids)  # B,T,d
@@ -134,9 +158,9 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
 
     # ---- what analyses and trainers may ask ------------------------------------------------------------
     def no_weight_decay(self) -> set[str]:
-        """Parameter names excluded from weight decay by role (sink logits, gates, routing queries, mixing
-        weights, norms, biases), not by tensor rank (SPEC §4)."""
-        return {n for n, _ in self.named_parameters() if is_no_decay(n)}
+        """Parameter names excluded from weight decay by their declared role (sink logits, gates, routing queries,
+        mixing weights, norms), not by tensor rank (SPEC §4)."""
+        return no_decay_names(self)
 
     @property
     def probe_info(self) -> ModelInfo:

@@ -1,64 +1,67 @@
-"""Parameter roles and accounting: what each mechanism adds over the baseline (papers' formulas)."""
+"""Parameter roles, declared by the modules that own the parameters (SPEC §4: weight decay by role, not by rank).
+
+Each module lists its parameters in a class attribute ``param_roles``: a key is one of its own parameters or a child
+module (all of whose parameters take the role, unless the child declares its own); keys absent in a configuration
+(``key_proj`` without P-LR) are skipped. The role says how the model initialises the parameter and whether weight
+decay applies. A parameter that no module declares is an error, not a silently decayed random matrix.
+"""
 from __future__ import annotations
 
-import re
+from typing import NamedTuple
 
-# names ending like this are output projections (scaled by 1/sqrt(2L) at init)
-OUTPUT_PROJECTIONS = ("attn.o_proj.weight", "mlp.down.weight")
-
-# (role, pattern) — first match wins; roles in NO_DECAY_ROLES are excluded from weight decay
-ROLES = [
-    ("sink", r"attn\.sink$"),
-    ("sink_token", r"^sink_token$"),
-    ("gate", r"attn\.(gate_tau|gate_w|gate_b)$"),
-    ("gate_projection", r"attn\.(g2_proj|v_gate_proj)\.weight$"),
-    ("routing_query", r"_read\.query$"),
-    ("routing_key", r"(key_proj\.weight|^embed_key\.weight)$"),
-    ("mixing", r"(attn\.v_mix$|dense\.)"),
-    ("norm", r"(norm|ln1|ln2|ln_f)\.(weight|bias)$"),
-    ("position", r"^pos_embed\.weight$"),
-    ("embedding", r"^(embed\.weight|lm_head\.weight)$"),
-    ("bias", r"\.bias$"),
-    ("matrix", r"\.weight$"),
-]
-# roles drawn at random at init (everything else is a documented constant)
-RANDOM_ROLES = {"sink_token", "gate_projection", "routing_key", "position", "embedding", "matrix"}
-NO_DECAY_ROLES = {"sink", "sink_token", "gate", "routing_query", "mixing", "norm", "bias"}
+import torch.nn as nn
 
 
-def role_of(name: str) -> str:
-    for role, pattern in ROLES:
-        if re.search(pattern, name):
-            return role
-    return "other"
+class Role(NamedTuple):
+    decay: bool
+    init: str  # "normal": drawn per (seed, name), std 1/√fan-in (or 0.02 for GPT-2 init); "output": that × 1/√(2L);
+    #            "constant": keeps the value its module gave it (a documented constant)
 
 
-def is_no_decay(name: str) -> bool:
-    return role_of(name) in NO_DECAY_ROLES
+ROLES: dict[str, Role] = {
+    "matrix": Role(True, "normal"),  # q/k/v projections, MLP input projections
+    "output": Role(True, "output"),  # projections that write the residual stream (attention o_proj, MLP down)
+    "embedding": Role(True, "normal"),  # token embedding, untied LM head
+    "position": Role(True, "normal"),  # learned positions
+    "routing_key": Role(True, "normal"),  # P-LR key rows beside each output, the embedding's key
+    "gate_projection": Role(True, "normal"),  # G2 / GLU gate projections from the layer input
+    "sink_token": Role(False, "normal"),  # the learned first token
+    "sink": Role(False, "constant"),  # sink logits b_h (0: off-by-one at init)
+    "gate": Role(False, "constant"),  # gate τ, w, b
+    "routing_query": Role(False, "constant"),  # depth-routing queries (0: uniform over sources)
+    "mixing": Role(False, "constant"),  # value-residual λ, DenseFormer/MUDD weights a_i and W2
+    "mixing_projection": Role(False, "normal"),  # MUDD W1
+    "norm": Role(False, "constant"),  # norm gains
+}
 
 
-def count_by_role(model) -> dict[str, int]:
+def parameter_roles(model: nn.Module) -> dict[str, str]:
+    """name -> role for every parameter of ``model``; ValueError if any has no declared role."""
+    roles: dict[str, str] = {}
+    for prefix, module in model.named_modules():  # parents before children: the closest declaration wins
+        for key, role in getattr(module, "param_roles", {}).items():
+            if role not in ROLES:
+                raise ValueError(f"{type(module).__name__}.param_roles[{key!r}] = {role!r} is not a role; "
+                                 f"choose one of {', '.join(ROLES)}")
+            target = getattr(module, key, None)
+            name = f"{prefix}.{key}" if prefix else key
+            if isinstance(target, nn.Parameter):
+                roles[name] = role
+            elif isinstance(target, nn.Module):
+                roles.update((n, role) for n, _ in target.named_parameters(prefix=name))
+    missing = [n for n, _ in model.named_parameters() if n not in roles]
+    if missing:
+        raise ValueError(f"parameters without a declared role: {missing}; list them in their module's param_roles")
+    return roles
+
+
+def no_decay_names(model: nn.Module) -> set[str]:
+    return {n for n, role in parameter_roles(model).items() if not ROLES[role].decay}
+
+
+def count_by_role(model: nn.Module) -> dict[str, int]:
+    roles = parameter_roles(model)
     counts: dict[str, int] = {}
     for n, p in model.named_parameters():
-        counts[role_of(n)] = counts.get(role_of(n), 0) + p.numel()
+        counts[roles[n]] = counts.get(roles[n], 0) + p.numel()
     return counts
-
-
-def added_parameters(config) -> dict[str, int]:
-    """Parameters a configured variant adds over the plain baseline of the same architecture, by role.
-    Built on the meta device, so it costs no memory even for the large tiers."""
-    import torch
-
-    from probe.models.config import ProbeConfig
-    from probe.models.model import ProbeForCausalLM
-
-    plain = {k: v for k, v in config.to_dict().items() if k in ProbeConfig().to_dict()}
-    plain.update(abstention="none", value_gate="none", value_residual="none", depth="residual", depth_blocks=0,
-                 depth_rank=None, dense="none", qk_activation="none", d_value=None)
-    with torch.device("meta"):
-        variant = count_by_role(ProbeForCausalLM(config))
-        base = count_by_role(ProbeForCausalLM(ProbeConfig(**plain)))
-    diff = {r: variant.get(r, 0) - base.get(r, 0) for r in set(variant) | set(base)}
-    diff = {r: v for r, v in diff.items() if v}
-    diff["total"] = sum(diff.values())
-    return diff

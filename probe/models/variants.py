@@ -1,13 +1,17 @@
 """Named variants: a name selects mechanism settings on top of a tier's architecture.
 
 Parametric names carry their parameters (SPEC §8): attnres-block4, plr-block4-r32, slr-full-r16, ...
-A name without them ("attnres-block", "slr-block") takes the tier's default N and r.
+A name without them ("attnres-block", "slr-block") takes the tier's default N and r. `add_variant` names a new setting.
 """
 from __future__ import annotations
 
 import re
 
+import torch
+
 from probe.models.config import ProbeConfig, tier_config, TIERS
+from probe.models.model import ProbeForCausalLM
+from probe.models.params import count_by_role
 
 VARIANTS: dict[str, str] = {
     "baseline": "standard causal softmax attention, plain residual stream",
@@ -61,7 +65,18 @@ _FIXED: dict[str, dict] = {
     "denseformer": dict(dense="denseformer"),
     "mudd": dict(dense="mudd"),
 }
+# the config fields that select mechanisms: all at these values is the plain baseline of an architecture
+_PLAIN = dict(abstention="none", value_gate="none", value_residual="none", depth="residual", depth_blocks=0,
+              depth_rank=None, dense="none", qk_activation="none", d_value=None)
 _ROUTED = re.compile(r"^(attnres|plr|slr)-(full|block(\d*))(?:-r(\d+))?$")
+
+
+def add_variant(name: str, description: str, **settings) -> None:
+    """Name a mechanism setting: ``add_variant("mygate", "my value gate", value_gate="mygate")``; then
+    ``create("mygate")`` builds it and its name is recorded in the config (``probe_variant``)."""
+    ProbeConfig(**settings)  # unknown fields or values fail here, not at first use
+    VARIANTS[name] = description
+    _FIXED[name] = dict(settings)
 
 
 def _defaults(arch: dict) -> tuple[int, int]:
@@ -99,16 +114,29 @@ def config_for(variant: str = "baseline", tier: str = "tiny", **overrides) -> Pr
     return config
 
 
-def create(variant: str = "baseline", tier: str = "tiny", seed: int = 0, **overrides):
+def create(variant: str = "baseline", tier: str = "tiny", seed: int = 0, backend: str | None = None, **overrides):
     """A freshly initialised model: `create("sink+proj", "tiny", seed=1, n_layers=2)`.
 
     Paired seeds: every parameter is drawn from a generator keyed by (seed, parameter name), so two variants
-    created with the same seed share every tensor they have in common."""
-    from probe.models.model import ProbeForCausalLM
-
-    model = ProbeForCausalLM(config_for(variant, tier, **overrides), seed=seed)
+    created with the same seed share every tensor they have in common. ``backend``: the model's attention backend
+    (a run-time setting, not saved; see probe.kernels.backend)."""
+    model = ProbeForCausalLM(config_for(variant, tier, **overrides), seed=seed, backend=backend)
     model.probe_name = f"{tier}-{variant}"
     return model
 
 
-__all__ = ["VARIANTS", "TIERS", "create", "config_for", "variant_settings"]
+def added_parameters(config: ProbeConfig) -> dict[str, int]:
+    """Parameters a configured variant adds over the plain baseline of the same architecture, by role (and "total").
+    Built on the meta device, so it costs no memory even for the large tiers."""
+    plain = {k: v for k, v in config.to_dict().items() if k in ProbeConfig().to_dict()}
+    plain.update(_PLAIN)
+    with torch.device("meta"):
+        variant = count_by_role(ProbeForCausalLM(config))
+        base = count_by_role(ProbeForCausalLM(ProbeConfig(**plain)))
+    diff = {r: variant.get(r, 0) - base.get(r, 0) for r in set(variant) | set(base)}
+    diff = {r: v for r, v in diff.items() if v}
+    diff["total"] = sum(diff.values())
+    return diff
+
+
+__all__ = ["VARIANTS", "TIERS", "create", "config_for", "variant_settings", "add_variant", "added_parameters"]

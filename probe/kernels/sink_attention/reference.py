@@ -1,11 +1,13 @@
-"""Readable fp32 reference for causal attention with a phantom sink key, value transforms and per-key logit biases.
+"""Readable fp32 reference for causal attention with a phantom sink key and per-key logit biases.
 
-    s_ij  = scale * q_i . k_j + key_bias_j (+ log g_j for routing-norm)     for visible j (i - window < j <= i)
+    s_ij  = scale * q_i . k_j + key_bias_j            for visible j (i - window < j <= i), or + mask_ij if given
     lse_i = log(exp(sink_h) + sum_j exp(s_ij))
     a_ij  = exp(s_ij - lse_i)          phantom_i = exp(sink_h - lse_i)      sum_j a_ij + phantom_i = 1
-    out_i = sum_j a_ij v'_j            (the phantom's value is 0)
+    out_i = sum_j a_ij v_j             (the phantom's value is 0)
 
-Materialises the (B, H, T, T) pattern: this is what tests compare against and what hooked forwards use.
+Materialises the (B, H, Tq, Tk) pattern: this is what tests compare against, what hooked forwards use, and what the
+HF adapters' attention function uses when a pattern is asked for (``attention_probs``: one implementation of the
+phantom key for custom models and checkpoints alike). Queries are the last Tq of the Tk positions (Tq < Tk: a cache).
 """
 from __future__ import annotations
 
@@ -13,43 +15,60 @@ import math
 
 import torch
 
-from probe.kernels.value_transform import apply_transform
 
-
-def visible_mask(T: int, window: int | None, device=None) -> torch.Tensor:
-    """(T, T) bool, True where key j is visible to query i: i - window < j <= i (window=None: j <= i)."""
-    i = torch.arange(T, device=device)[:, None]
-    j = torch.arange(T, device=device)[None, :]
+def visible_mask(Tq: int, window: int | None, device=None, Tk: int | None = None) -> torch.Tensor:
+    """(Tq, Tk) bool, True where key j is visible to query i (queries are the last Tq positions):
+    i' - window < j <= i' with i' = i + Tk - Tq (window=None: j <= i')."""
+    Tk = Tq if Tk is None else Tk
+    i = torch.arange(Tq, device=device)[:, None] + (Tk - Tq)
+    j = torch.arange(Tk, device=device)[None, :]
     mask = j <= i
     if window is not None:
         mask &= j > i - window
     return mask
 
 
-def sink_attention_reference(q, k, v, *, sink=None, transform="identity", tau=None, w=None, b=None, beta=8.0,
-                             key_bias=None, window=None, scale=None, return_pattern=False):
-    """q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv) -> (out (B,T,H,dv) q.dtype, lse (B,H,T), pattern, phantom)."""
-    B, T, H, dh = q.shape
-    Hkv = k.shape[2]
+def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, scale=None):
+    """q (B,Tq,H,dh), k (B,Tk,Hkv,dh) -> (pattern (B,H,Tq,Tk), phantom (B,H,Tq), lse (B,H,Tq)), all fp32.
+
+    sink (H,): phantom logit per query head (None: no phantom). key_bias (B,Hkv,Tk): added to key j's logit.
+    mask: additive logits broadcastable to (B,H,Tq,Tk) that replace the causal/window rule (HF's padding masks)."""
+    B, Tq, H, dh = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
     G = H // Hkv  # query heads per kv head; head h reads kv head h // G
     scale = 1.0 / math.sqrt(dh) if scale is None else scale
-    v, key_bias = apply_transform(v, transform, key_bias, tau=tau, w=w, b=b, beta=beta)
-
-    qf = q.float().transpose(1, 2)  # (B, H, T, dh)
-    kf = k.float().transpose(1, 2).repeat_interleave(G, dim=1)  # (B, H, T, dh)
-    vf = v.float().transpose(1, 2).repeat_interleave(G, dim=1)  # (B, H, T, dv)
-    scores = scale * (qf @ kf.transpose(-1, -2))  # (B, H, T, T)
+    qf = q.float().transpose(1, 2)  # (B, H, Tq, dh)
+    kf = k.float().transpose(1, 2).repeat_interleave(G, dim=1)  # (B, H, Tk, dh)
+    scores = scale * (qf @ kf.transpose(-1, -2))  # (B, H, Tq, Tk)
     if key_bias is not None:
-        scores = scores + key_bias.repeat_interleave(G, dim=1)[:, :, None, :]  # (B, H, 1, T) over keys
-    scores = scores.masked_fill(~visible_mask(T, window, q.device), float("-inf"))
+        scores = scores + key_bias.float().repeat_interleave(G, dim=1)[:, :, None, :]  # (B, H, 1, Tk) over keys
+    if mask is None:
+        scores = scores.masked_fill(~visible_mask(Tq, window, q.device, Tk), float("-inf"))
+    else:
+        scores = scores + mask.float()
 
-    lse = scores.logsumexp(-1)  # (B, H, T)
+    lse = scores.logsumexp(-1)  # (B, H, Tq)
     if sink is not None:
-        sink_f = sink.float()[None, :, None].expand(B, H, T)  # (B, H, T)
+        sink_f = sink.float()[None, :, None].expand(B, H, Tq)  # (B, H, Tq)
         lse = torch.logaddexp(lse, sink_f)
-    pattern = torch.exp(scores - lse[..., None])  # (B, H, T, T), rows sum to 1 - phantom
-    out = (pattern @ vf).transpose(1, 2).to(q.dtype)  # (B, T, H, dv)
+    pattern = torch.exp(scores - lse[..., None])  # rows sum to 1 - phantom
+    phantom = torch.exp(sink_f - lse) if sink is not None else torch.zeros_like(lse)
+    return pattern, phantom, lse
+
+
+def apply_pattern(pattern: torch.Tensor, v: torch.Tensor, dtype=None) -> torch.Tensor:
+    """out (B,Tq,H,dv) = pattern (B,H,Tq,Tk) @ v (B,Tk,Hkv,dv), in fp32, GQA by repetition; cast to dtype (v's)."""
+    G = pattern.shape[1] // v.shape[2]
+    vf = v.float().transpose(1, 2).repeat_interleave(G, dim=1)  # (B, H, Tk, dv)
+    return (pattern.float() @ vf).transpose(1, 2).to(dtype or v.dtype)
+
+
+def sink_attention_reference(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None,
+                             return_pattern=False):
+    """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> (out (B,Tq,H,dv) q.dtype, lse (B,H,Tq), pattern, phantom)."""
+    pattern, phantom, lse = attention_probs(q, k, sink=sink, key_bias=key_bias, mask=mask, window=window,
+                                            scale=scale)
+    out = apply_pattern(pattern, v, q.dtype)
     if not return_pattern:
         return out, lse, None, None
-    phantom = torch.exp(sink_f - lse) if sink is not None else torch.zeros_like(lse)  # (B, H, T)
     return out, lse, pattern, phantom

@@ -1,7 +1,7 @@
-"""Fast CPU path (no pattern): value transform, then fused SDPA with the phantom key folded in.
+"""Fused torch path (no pattern): SDPA with the phantom key folded in.
 
 Causal attention with a sink and nothing else on the CPU runs the flash kernel as it is and rescales its rows
-(`_CausalSinkFlashCPU`). Everything else (key biases, windows, other devices) uses extra coordinates:
+(`_CausalSinkFlashCPU`). Everything else (key biases, windows, masks, other devices) uses extra coordinates:
 
 The trick (abstention-filtering, App. "Implementation of the variants"), adapted to per-query-head sinks under GQA:
 
@@ -11,9 +11,10 @@ The trick (abstention-filtering, App. "Implementation of the variants"), adapted
 
 The phantom key is prepended at position 0 with value 0. Without a window a dummy query row is prepended too, so the
 (T+1) x (T+1) problem is plain causal (`is_causal=True`) and query i (now at i+1) sees the phantom and keys <= i. With a
-window an explicit (T, T+1) mask is used instead. Head sizes are zero-padded to one multiple of 8 so that q, k and v
-share it, which is what the fused CPU kernel needs (otherwise SDPA falls back to the slow math path).
-Everything stays differentiable w.r.t. q, k, v, sink, key_bias and the gate parameters.
+window, a caller's additive mask (HF padding) or fewer queries than keys (a cache), an explicit (Tq, Tk+1) mask is used
+instead. Head sizes are zero-padded to one multiple of 8 so that q, k and v share it, which is what the fused CPU
+kernel needs (otherwise SDPA falls back to the slow math path).
+Everything stays differentiable w.r.t. q, k, v, sink and key_bias (and so w.r.t. whatever computed them: value gates).
 Precision: the extra coordinates are in q.dtype (exact enough in fp32; rounded in bf16 — use Triton on GPU).
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from probe.kernels.value_transform import apply_transform
+from probe.kernels.sink_attention.reference import visible_mask
 
 SINK_FLOOR = -1000.0  # sinks below this are clamped: exp(-1000 - lse) is 0 in fp32, and -inf * 0 would give NaN
 _cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -72,35 +73,33 @@ class _CausalSinkFlashCPU(torch.autograd.Function):
         return dq, dk, dv, dsink.to(sink.dtype), None
 
 
-def sink_attention_sdpa(q, k, v, *, sink=None, transform="identity", tau=None, w=None, b=None, beta=8.0,
-                        key_bias=None, window=None, scale=None):
-    """q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv) -> (out (B,T,H,dv) in q.dtype, lse (B,H,T) fp32 or None).
+def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None):
+    """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> (out (B,Tq,H,dv) in q.dtype, lse (B,H,Tq) fp32 or None).
 
     lse comes from the fused CPU kernel, which does not differentiate it: it is returned only when no gradient is
     being recorded (analysis), and is None under autograd or off-CPU.
     """
-    B, T, H, dh = q.shape
-    Hkv, dv = k.shape[2], v.shape[-1]
+    B, Tq, H, dh = q.shape
+    Tk, Hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
     scale = 1.0 / math.sqrt(dh) if scale is None else scale
     dtype = q.dtype
-    v, key_bias = apply_transform(v, transform, key_bias, tau=tau, w=w, b=b, beta=beta)
-    recording = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k, v, sink, tau, w, b, key_bias))
+    recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sink, key_bias))
+    causal = mask is None and window is None and Tq == Tk  # plain causal: is_causal, no explicit mask
 
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.to(dtype).transpose(1, 2)  # (B, H|Hkv, T, d)
-    if sink is not None and key_bias is None and window is None and q.device.type == "cpu" and _cpu_flash:
+    if sink is not None and key_bias is None and causal and q.device.type == "cpu" and _cpu_flash:
         D = -(-max(dh, dv) // 8) * 8
         s = sink.float().clamp(min=SINK_FLOOR)
         out, lse = _CausalSinkFlashCPU.apply(_pad_last(qt, D), _pad_last(kt, D), _pad_last(vt, D), s, scale)
         return out[..., :dv].transpose(1, 2), None if recording else lse.float()
-    q_extra, k_extra = [], []  # extra coordinates, fp32, (B, H, T, 1) and (B, Hkv, T, 1)
+    q_extra, k_extra = [], []  # extra coordinates, fp32, (B, H, Tq, 1) and (B, Hkv, Tk, 1)
     if sink is not None:
         s = sink.float().clamp(min=SINK_FLOOR) / scale  # (H,)
-        q_extra.append(s[None, :, None, None].expand(B, H, T, 1))
-        k_extra.append(q.new_zeros(B, Hkv, T, 1, dtype=torch.float32))
+        q_extra.append(s[None, :, None, None].expand(B, H, Tq, 1))
+        k_extra.append(q.new_zeros(B, Hkv, Tk, 1, dtype=torch.float32))
     if key_bias is not None:
-        q_extra.append(q.new_full((B, H, T, 1), 1.0 / scale, dtype=torch.float32))
-        k_extra.append(key_bias.float()[..., None])  # (B, Hkv, T, 1)
+        q_extra.append(q.new_full((B, H, Tq, 1), 1.0 / scale, dtype=torch.float32))
+        k_extra.append(key_bias.float()[..., None])  # (B, Hkv, Tk, 1)
     D = -(-max(dh + len(q_extra), dv) // 8) * 8  # shared head size, a multiple of 8
     if q_extra:
         qt = torch.cat([qt, torch.cat(q_extra, -1).to(dtype)], -1)
@@ -110,22 +109,24 @@ def sink_attention_sdpa(q, k, v, *, sink=None, transform="identity", tau=None, w
     if sink is not None:  # prepend the phantom key (1 in the sink coordinate) with value 0
         phantom = q.new_zeros(B, Hkv, 1, D)
         phantom[..., dh] = 1.0
-        kt = torch.cat([phantom, kt], 2)  # (B, Hkv, T+1, D)
+        kt = torch.cat([phantom, kt], 2)  # (B, Hkv, Tk+1, D)
         vt = torch.cat([vt.new_zeros(B, Hkv, 1, D), vt], 2)
-    lead = kt.shape[2] - T  # 1 with a phantom, else 0
+    lead = kt.shape[2] - Tk  # 1 with a phantom, else 0
 
-    if window is None:
+    if causal:
         if lead:
             qt = torch.cat([qt.new_zeros(B, H, 1, D), qt], 2)  # dummy query row keeps is_causal valid
         out, lse = fused_sdpa(qt, kt, vt, is_causal=True, mask=None, scale=scale)
         out, lse = out[:, :, lead:], None if lse is None else lse[:, :, lead:]
     else:
-        i = torch.arange(T, device=q.device)[:, None]
-        j = torch.arange(T, device=q.device)[None, :]
-        visible = torch.cat([torch.ones(T, lead, dtype=torch.bool, device=q.device), (j <= i) & (j > i - window)], 1)
-        mask = torch.zeros(T, T + lead, dtype=dtype, device=q.device).masked_fill(~visible, float("-inf"))
+        if mask is None:
+            visible = visible_mask(Tq, window, q.device, Tk)
+            mask = torch.zeros(Tq, Tk, dtype=dtype, device=q.device).masked_fill(~visible, float("-inf"))
+        mask = mask.to(dtype)
+        if lead:  # every query sees the phantom
+            mask = torch.cat([mask.new_zeros(*mask.shape[:-1], lead), mask], -1)
         out, lse = fused_sdpa(qt, kt, vt, is_causal=False, mask=mask, scale=scale)
 
-    out = out[..., :dv].transpose(1, 2)  # (B, T, H, dv)
+    out = out[..., :dv].transpose(1, 2)  # (B, Tq, H, dv)
     lse = None if (lse is None or recording) else lse.float()
     return out, lse

@@ -2,7 +2,7 @@
 
 Layout as in the reference: q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv); strides are passed, so nothing is transposed.
 Online softmax starts from the phantom: m = sink_h, l = 1 (l = 0 when sink_h = -inf), acc = 0 (its value is 0).
-Value transforms are applied in PyTorch before the kernel (their gradients flow through v and key_bias), so the kernel
+Value gates are applied by the model before the kernel (their gradients flow through v and key_bias), so the kernel
 only needs: GQA (head h reads kv head h // G), causal + sliding window, sink, key_bias, scale.
 
 Backward (FA2 style, no atomics): delta_i = dO_i . O_i - dlse_i;  ds_ij = p_ij (dO_i . v_j - delta_i);
@@ -18,8 +18,6 @@ import os
 import torch
 import triton
 import triton.language as tl
-
-from probe.kernels.value_transform import apply_transform
 
 
 def _interpreting() -> bool:
@@ -245,11 +243,9 @@ class SinkAttentionFunction(torch.autograd.Function):
         return dq, dk, dval, dsink, dbias, None, None
 
 
-def sink_attention_triton(q, k, v, *, sink=None, transform="identity", tau=None, w=None, b=None, beta=8.0,
-                          key_bias=None, window=None, scale=None):
+def sink_attention_triton(q, k, v, *, sink=None, key_bias=None, window=None, scale=None):
     """q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv) -> (out (B,T,H,dv) in q.dtype, lse (B,H,T) fp32, differentiable)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    v, key_bias = apply_transform(v, transform, key_bias, tau=tau, w=w, b=b, beta=beta)
     k, v = k.to(q.dtype), v.to(q.dtype)
     sink = None if sink is None else sink.float().contiguous()
     key_bias = None if key_bias is None else key_bias.float().contiguous()

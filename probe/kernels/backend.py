@@ -1,0 +1,59 @@
+"""Which implementation the ops run: a runtime choice, never part of a saved model.
+
+    auto       Triton on CUDA where it applies, else the fused torch path (SDPA / CPU flash) or the reference
+    torch      the torch paths: the fused one, the reference where a pattern is asked for
+    reference  the readable fp32 reference everywhere (materialises T x T)
+    sdpa       the fused torch path (no pattern)
+    triton     the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1)
+
+Precedence, read when an op runs: an explicit ``backend=`` argument, then the innermost ``use_backend(...)`` block,
+then the ``PROBE_BACKEND`` environment variable, then "auto".
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+
+BACKENDS = ("auto", "torch", "reference", "sdpa", "triton")
+ENV_VAR = "PROBE_BACKEND"
+
+_chosen: contextvars.ContextVar[str | None] = contextvars.ContextVar("probe_backend", default=None)
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    return backend
+
+
+def current_backend() -> str:
+    """The backend in force here: the innermost ``use_backend`` block, else $PROBE_BACKEND, else "auto"."""
+    chosen = _chosen.get()
+    if chosen is not None:
+        return chosen
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        if env not in BACKENDS:
+            raise ValueError(f"{ENV_VAR}={env!r} is not a backend; choose one of {', '.join(BACKENDS)}")
+        return env
+    return "auto"
+
+
+def resolve_backend(backend: str | None) -> str:
+    """An op's ``backend=`` argument: None means the runtime choice (``current_backend()``)."""
+    return current_backend() if backend is None else check_backend(backend)
+
+
+@contextlib.contextmanager
+def use_backend(backend: str | None):
+    """``with use_backend("triton"): model(ids)`` — every op inside the block runs on ``backend`` unless an op is
+    given one explicitly. ``None`` leaves the choice as it is (so callers can pass an optional setting through)."""
+    if backend is None:
+        yield
+        return
+    token = _chosen.set(check_backend(backend))
+    try:
+        yield
+    finally:
+        _chosen.reset(token)

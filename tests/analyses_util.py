@@ -44,7 +44,7 @@ def tiny(variant="baseline", seed=0, **over):
         for name, p in model.named_parameters():
             if name.endswith("attn.sink"):  # nonzero sink logits
                 p.copy_(torch.randn(p.shape, generator=g) * 2)
-            elif name.endswith("gate_w"):  # a projection gate with a direction
+            elif name.endswith("gate.w"):  # a projection gate with a direction
                 p.copy_(torch.randn(p.shape, generator=g))
             elif name.endswith("read.query"):  # depth routing that is not uniform
                 p.copy_(torch.randn(p.shape, generator=g))

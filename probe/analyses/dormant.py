@@ -40,6 +40,7 @@ from plotly.subplots import make_subplots
 
 from probe.analyses.capture import (LayerCollector, as_windows, default_windows, describe, finish, make_bar,
                                     model_device, row_mass_hooks, row_masses, sliding)
+from probe.analyses.parallel import batches_of_rank, gather, is_main
 
 THRESHOLD = 0.5
 NORM_RATIO = 0.5
@@ -81,6 +82,10 @@ class DormantAccumulator:
                 self.rows.append({"domain": domain, "batch": batch, "row": b, "doc_id": doc, "layer": layer,
                                   "head": h, "key0_mass": float(k0[b, h]), "phantom_share": float(ph[b, h]),
                                   "z_norm": float(zn[b, h])})
+
+    def merge(self) -> None:
+        """Every rank's rows (data-parallel runs); ``tables`` puts them in domain, batch, row order."""
+        self.rows = [row for part in gather(self.rows) for row in part]
 
     def tables(self) -> dict[str, pd.DataFrame]:
         info = self.info
@@ -170,13 +175,15 @@ def dormant_heads(model, data, *, threshold: float = THRESHOLD, norm_ratio: floa
                 doc_ids=state["docs"])
 
     collector = LayerCollector(model, lambda l: needs, on_layer, stop_early=True)
-    bar = make_bar(sum(len(w) for w in domains.values()), progress, "dormant heads")
+    mine = {name: batches_of_rank(len(w)) for name, w in domains.items()}
+    bar = make_bar(sum(map(len, mine.values())), progress and is_main(), "dormant heads")
     for name, w in domains.items():
-        for n in range(len(w)):
+        for n in mine[name]:
             state.update(domain=name, batch=n, docs=w.doc_ids[n].tolist() if w.doc_ids is not None else None)
             collector.run(model, w.inputs(n, model_device(model)))
             bar.update()
     bar.close()
+    acc.merge()
     first = next(iter(domains.values()))
     meta = describe(model, first, "dormant", threshold=float(threshold), norm_ratio=float(norm_ratio),
                     criterion="key0_mass > threshold (rows t >= 1); also z_ratio < norm_ratio",

@@ -20,9 +20,12 @@ import torch
 
 from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, make_bar, model_device,
                                     token_text)
+from probe.analyses.parallel import batches_of_rank, is_main, reduce_sums
 
 
 class GateAccumulator:
+    SUMS = ("m", "m2", "sel", "rows", "g", "low", "reads", "tok", "tok_g2", "tok_g2f", "tok_gf", "tok_nf")
+
     def __init__(self, info, token_ids: torch.Tensor, min_count: int):
         """token_ids: every input token of the evaluation set (its unique values index the token sums)."""
         L, H, Hkv = info.n_layers, info.n_heads, info.n_kv_heads
@@ -36,6 +39,10 @@ class GateAccumulator:
         self.tok = z(L, Hkv, len(self.vocab))  # Σ g per token
         self.tok_g2 = z(L, Hkv)  # Σ g² over real-token reads
         self.tok_g2f, self.tok_gf, self.tok_nf = z(L, Hkv), z(L, Hkv), z(L)  # over frequent tokens only
+
+    def merge(self) -> None:
+        """Combine the ranks' sums (token counts come from the whole evaluation set on every rank already)."""
+        reduce_sums(self, self.SUMS)
 
     def add(self, layer: int, pattern: torch.Tensor, gate: torch.Tensor, read_tokens: torch.Tensor):
         """pattern (B, H, T, T) over real keys; gate (B, T, Hkv) or element-wise (B, T, Hkv, dv);
@@ -147,13 +154,15 @@ def gate_stats(model, data, *, min_count: int = 50, tokenizer=None,
         acc.add(l, got["hook_pattern"], got["hook_v_gate"], state["read_tokens"])
 
     collector = LayerCollector(model, lambda l: ["hook_v_gate", "hook_pattern"], on_layer, stop_early=True)
-    bar = make_bar(len(w), progress, "gate statistics")
-    for n in range(len(w)):
+    mine = batches_of_rank(len(w))
+    bar = make_bar(len(mine), progress and is_main(), "gate statistics")
+    for n in mine:
         ids = w.inputs(n, model_device(model))
         state["read_tokens"] = read_tokens_of(info, ids)
         collector.run(model, ids)
         bar.update()
     bar.close()
+    acc.merge()
     tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     meta = describe(model, w, "gates", value_gate=info.value_gate, min_count=min_count)
     return finish(acc.tables(tok), meta)

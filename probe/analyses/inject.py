@@ -29,6 +29,7 @@ import torch
 
 from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, keyed_generator, logits_of,
                                     model_device, make_bar, row_mass_hooks, row_masses, token_losses)
+from probe.analyses.parallel import all_sum, batches_of_rank, gather_rows, is_main, reduce_sums
 from probe.hooks import names
 
 JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
@@ -147,9 +148,9 @@ def own_directions(model) -> dict[int, torch.Tensor]:
     """Projection-gate directions w_h (Hkv, dh) per layer; ValueError for models without a projection gate."""
     info = model.probe_info
     params = dict(model.named_parameters())
-    found = {l: params.get(f"blocks.{l}.attn.gate_w") for l in range(info.n_layers)}
+    found = {l: params.get(f"blocks.{l}.attn.gate.w") for l in range(info.n_layers)}
     if info.value_gate != "proj" or any(p is None for p in found.values()):
-        raise ValueError(f"own-direction junk needs a projection gate (blocks.{{l}}.attn.gate_w); model "
+        raise ValueError(f"own-direction junk needs a projection gate (blocks.{{l}}.attn.gate.w); model "
                          f"{info.name!r} has value_gate={info.value_gate!r}")
     for l, w in found.items():
         zero = (w.detach().float().norm(dim=-1) == 0).nonzero().flatten().tolist()
@@ -168,6 +169,10 @@ class ExposureAccumulator:
         self.quiet = torch.zeros(L, H, len(self.cutoffs), dtype=torch.float64)
         self.phantom = torch.zeros(L, H, dtype=torch.float64)
         self.rows = torch.zeros(L, dtype=torch.float64)
+
+    def merge(self) -> None:
+        """Combine the ranks' sums (data-parallel runs; nothing to do in one process)."""
+        reduce_sums(self, ("quiet", "phantom", "rows"))
 
     def add(self, layer, quiet_share: torch.Tensor, phantom: torch.Tensor):
         """quiet_share (B, H, T, m) of total mass; phantom (B, H, T)."""
@@ -239,7 +244,7 @@ def _corrupted_losses(model, ids, tgt, chunk, seed: int, batch: int, own) -> lis
 
 @torch.no_grad()
 def inject(model, data, *, junk=("structured",), cutoffs=("q25",), doses=DEFAULT_DOSES, seed: int = 0,
-           exposure: bool = True, max_rows: int | None = None, backend: str = "auto",
+           exposure: bool = True, max_rows: int | None = None, backend: str | None = None,
            progress: bool = True) -> dict[str, pd.DataFrame]:
     """The injection battery: tables ``results`` (per condition: loss_clean, loss_corrupted, delta), ``per_batch``,
     ``exposure`` / ``exposure_layers`` / ``exposure_heads`` (per cutoff, when ``exposure``) and ``meta``.
@@ -263,8 +268,9 @@ def inject(model, data, *, junk=("structured",), cutoffs=("q25",), doses=DEFAULT
     sums = {c: 0.0 for c in conds}
     clean_total, count = 0.0, 0
     per_batch = []
-    bar = make_bar(len(w) * len(conds), progress, f"injection ({info.name})")
-    for n in range(len(w)):
+    mine = batches_of_rank(len(w))  # whole batches by global index: the (seed, batch, layer) draws do not move
+    bar = make_bar(len(mine) * len(conds), progress and is_main(), f"injection ({info.name})")
+    for n in mine:
         ids, tgt = w.inputs(n, device), w.targets(n, device)
         out = collector.run(model, ids) if collector is not None else model(ids)
         clean = float(token_losses(logits_of(out), tgt).double().sum())  # summed over the batch's positions
@@ -282,11 +288,14 @@ def inject(model, data, *, junk=("structured",), cutoffs=("q25",), doses=DEFAULT
                               "loss_clean": clean / tgt.numel(), "loss_corrupted": batch_loss[cond] / tgt.numel(),
                               "delta": (batch_loss[cond] - clean) / tgt.numel()})
     bar.close()
+    sums, clean_total, count = all_sum(sums), all_sum(clean_total), all_sum(count)
+    per_batch = gather_rows(per_batch)
     results = pd.DataFrame([{"junk": j, "cutoff": str(c), "dose": d, "loss_clean": clean_total / count,
                              "loss_corrupted": sums[(j, c, d)] / count,
                              "delta": (sums[(j, c, d)] - clean_total) / count} for j, c, d in conds])
     tables = {"results": results, "per_batch": pd.DataFrame(per_batch)}
     if exposure:
+        exp_acc.merge()
         tables.update(exp_acc.tables())
     meta = describe(model, w, "inject", junk=",".join(dict.fromkeys(j for j, _, _ in conds)),
                     cutoffs=",".join(map(str, exp_acc.cutoffs)), doses=",".join(map(str, doses)), seed=seed,
@@ -295,15 +304,16 @@ def inject(model, data, *, junk=("structured",), cutoffs=("q25",), doses=DEFAULT
 
 
 @torch.no_grad()
-def exposure_stats(model, data, *, cutoffs=("q25", "median"), backend: str = "auto") -> dict[str, pd.DataFrame]:
+def exposure_stats(model, data, *, cutoffs=("q25", "median"), backend: str | None = None) -> dict[str, pd.DataFrame]:
     """Exposure alone (no injection): share of each row's mass on quiet reads per cutoff, and on the phantom."""
     info = model.probe_info
     w = as_windows(data)
     cutoffs = _as_list(cutoffs)
     acc = ExposureAccumulator(info, cutoffs)
     collector = _exposure_collector(model, acc, [cutoff_fraction(c) for c in cutoffs], backend)
-    for n in range(len(w)):
+    for n in batches_of_rank(len(w)):
         collector.run(model, w.inputs(n, model_device(model)))
+    acc.merge()
     return finish(acc.tables(), describe(model, w, "exposure", cutoffs=",".join(map(str, cutoffs))))
 
 

@@ -35,6 +35,7 @@ from plotly.subplots import make_subplots
 from probe.analyses.capture import (LayerCollector, StopForward, as_windows, describe, finish, make_bar, model_device,
                                     row_mass_hooks, row_masses, token_text)
 from probe.analyses.gates import read_tokens_of
+from probe.analyses.parallel import batches_of_rank, gather, is_main, reduce_sums
 
 ABS_THRESHOLD = 100.0
 RATIO_THRESHOLD = 1000.0
@@ -56,8 +57,22 @@ def median_abs(a: torch.Tensor) -> torch.Tensor:
     return v_lo + (pos - lo) * (v_hi - v_lo)
 
 
+def _best_first(entry: dict):
+    """Order of the top-activation list: magnitude, then where it was found (the same order in any merge)."""
+    return -entry["magnitude"], entry["batch"], entry["row"], entry["position"], entry["dim"]
+
+
+def _most_common(counter: Counter, n: int) -> list:
+    """``Counter.most_common`` with ties broken by key, not by insertion order (which merging ranks changes)."""
+    return sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+
 class MassiveAccumulator:
     """Per-site sums over windows, the best ``top_k`` activations, and the massive activations found."""
+
+    SUMS = ("topk_sum", "median_sum", "ratio_sum", "seqs", "top1_pos0", "n_massive", "n_massive_pos0", "massive_seqs",
+            "key0", "key0_rows", "top_mass", "top_rows", "mass_massive", "massive_attn_seqs", "r0", "r_top", "r_seqs",
+            "r_massive", "r_massive_n")
 
     def __init__(self, info, *, abs_threshold=ABS_THRESHOLD, ratio_threshold=RATIO_THRESHOLD, top_k: int = 10):
         self.info, self.abs_thr, self.ratio_thr, self.top_k = info, float(abs_threshold), float(ratio_threshold), top_k
@@ -104,7 +119,7 @@ class MassiveAccumulator:
                 self.best[site].append({"batch": batch, "row": b, "position": p, "token_id": int(tokens[b, p]),
                                         "dim": i, "value": float(signed[b, r]), "magnitude": float(vals[b, r]),
                                         "ratio": float(vals[b, r] / max(float(med[b]), 1e-30))})
-        self.best[site] = sorted(self.best[site], key=lambda e: -e["magnitude"])[: self.top_k]
+        self.best[site] = sorted(self.best[site], key=_best_first)[: self.top_k]
         # massive activations: > abs_threshold and > ratio_threshold x the window's median
         limit = torch.maximum(torch.full_like(med, self.abs_thr), self.ratio_thr * med).float().to(a.device)
         mask = a.view(B, T, d) > limit[:, None, None]
@@ -128,6 +143,27 @@ class MassiveAccumulator:
         massive_pos = mask.any(-1)  # (B, T)
         self.massive_seqs[site] += float(massive_pos.any(-1).sum())
         return {"top_pos": top_pos, "massive_pos": massive_pos}
+
+    def merge(self) -> None:
+        """Combine the ranks' accumulators: sums added, maxima taken, top lists and massive dimensions merged."""
+        reduce_sums(self, self.SUMS)
+        parts = gather((self.max_mag, self.top1_dims, self.best, self.massive))
+        if len(parts) == 1:
+            return
+        self.max_mag = torch.stack([p[0] for p in parts]).amax(0)
+        self.top1_dims = [sum((p[1][s] for p in parts), Counter()) for s in range(len(self.sites))]
+        self.best = [sorted((e for p in parts for e in p[2][s]), key=_best_first)[: self.top_k]
+                     for s in range(len(self.sites))]
+        merged = [dict() for _ in self.sites]
+        for p in parts:
+            for s, dims in enumerate(p[3]):
+                for i, e in dims.items():
+                    m = merged[s].setdefault(i, {"count": 0, "seqs": 0, "max": 0.0, "ratio_sum": 0.0, "pos0": 0,
+                                                 "positions": Counter(), "tokens": Counter()})
+                    for k in ("count", "seqs", "ratio_sum", "pos0", "positions", "tokens"):
+                        m[k] += e[k]
+                    m["max"] = max(m["max"], e["max"])
+        self.massive = merged
 
     def add_attention(self, layer: int, mass: torch.Tensor, v_norms: torch.Tensor, top_pos: torch.Tensor,
                       massive_pos: torch.Tensor) -> None:
@@ -163,7 +199,7 @@ class MassiveAccumulator:
             n = float(self.seqs[s])
             if n == 0:  # a site that saw no window (only when fed by hand)
                 continue
-            dim, cnt = self.top1_dims[s].most_common(1)[0] if self.top1_dims[s] else (-1, 0)
+            dim, cnt = _most_common(self.top1_dims[s], 1)[0] if self.top1_dims[s] else (-1, 0)
             row = {"layer": s, "hook": hook, "top1": float(self.topk_sum[s, 0] / n),
                    "top2": float(self.topk_sum[s, 1] / n), "top3": float(self.topk_sum[s, 2] / n),
                    "median": float(self.median_sum[s] / n), "ratio": float(self.ratio_sum[s] / n),
@@ -188,13 +224,13 @@ class MassiveAccumulator:
                             for s, hook in enumerate(self.sites) for r, e in enumerate(self.best[s])])
         dims = []
         for s, hook in enumerate(self.sites):
-            for i, e in sorted(self.massive[s].items(), key=lambda kv: -kv[1]["max"]):
+            for i, e in sorted(self.massive[s].items(), key=lambda kv: (-kv[1]["max"], kv[0])):
                 dims.append({"layer": s, "hook": hook, "dim": i, "count": e["count"], "windows": e["seqs"],
                              "max_magnitude": e["max"], "mean_ratio": e["ratio_sum"] / e["count"],
                              "pos0_share": e["pos0"] / e["count"],
-                             "positions": ", ".join(f"{p} ({c})" for p, c in e["positions"].most_common(5)),
+                             "positions": ", ".join(f"{p} ({c})" for p, c in _most_common(e["positions"], 5)),
                              "tokens": ", ".join(f"{token_text(tokenizer, t)!r} ({c})"
-                                                 for t, c in e["tokens"].most_common(5))})
+                                                 for t, c in _most_common(e["tokens"], 5))})
         dims = pd.DataFrame(dims, columns=["layer", "hook", "dim", "count", "windows", "max_magnitude", "mean_ratio",
                                            "pos0_share", "positions", "tokens"])
         s_max = int(torch.argmax(self.max_mag))
@@ -221,7 +257,7 @@ class MassiveAccumulator:
 
 @torch.no_grad()
 def massive_activations(model, data, *, abs_threshold: float = ABS_THRESHOLD, ratio_threshold: float = RATIO_THRESHOLD,
-                        top_k: int = 10, tokenizer=None, backend: str = "auto",
+                        top_k: int = 10, tokenizer=None, backend: str | None = None,
                         progress: bool = False) -> dict[str, pd.DataFrame]:
     """Massive activations per layer: tables ``summary``, ``layers`` (top1..3, median, ratio, massive counts and the
     alignment with key 0 and the value reads), ``top`` (the ``top_k`` largest activations per site with window,
@@ -253,8 +289,9 @@ def massive_activations(model, data, *, abs_threshold: float = ABS_THRESHOLD, ra
 
     collector = LayerCollector(model, lambda l: row_mass_hooks(info), on_layer, stop_early=False)
     extra = [(lambda name: name in sites, stream_hook)]
-    bar = make_bar(len(w), progress, "massive activations")
-    for n in range(len(w)):
+    mine = batches_of_rank(len(w))
+    bar = make_bar(len(mine), progress and is_main(), "massive activations")
+    for n in mine:
         ids = w.inputs(n, model_device(model))
         state.clear()
         state.update(tokens=read_tokens_of(info, ids), batch=n)
@@ -263,6 +300,7 @@ def massive_activations(model, data, *, abs_threshold: float = ABS_THRESHOLD, ra
             raise RuntimeError(f"model {info.name!r} produced no {acc.sites[-1]} in its forward pass")
         bar.update()
     bar.close()
+    acc.merge()
     tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     meta = describe(model, w, "massive", abs_threshold=float(abs_threshold), ratio_threshold=float(ratio_threshold),
                     top_k=top_k, sites="blocks.{l}.hook_resid_pre (layer l) + last hook_resid_post (layer L)",

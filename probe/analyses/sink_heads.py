@@ -30,6 +30,7 @@ from plotly.subplots import make_subplots
 
 from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, make_bar, model_device,
                                     row_mass_hooks, row_masses, sliding)
+from probe.analyses.parallel import batches_of_rank, is_main, reduce_sums
 
 DEFAULT_EPS = (0.3,)
 
@@ -58,6 +59,11 @@ class SinkEpsAccumulator:
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
         self.key0, self.real0, self.phantom, self.rows, self.uniform = z(L, H), z(L, H), z(L, H), z(L), z(L)
         self.key0_w, self.real0_w, self.phantom_w, self.rows_w, self.uniform_w = z(L, H), z(L, H), z(L, H), z(L), z(L)
+
+    def merge(self) -> None:
+        """Combine the ranks' sums (data-parallel runs; nothing to do in one process)."""
+        reduce_sums(self, ("key0", "real0", "phantom", "rows", "uniform", "key0_w", "real0_w", "phantom_w", "rows_w",
+                           "uniform_w"))
 
     def add(self, layer: int, key0: torch.Tensor, real: torch.Tensor, phantom: torch.Tensor) -> None:
         """key0: (B, H, T) mass on key 0 (phantom in the normaliser); real: (B, H, T) mass on all real keys;
@@ -125,7 +131,7 @@ class SinkEpsAccumulator:
 
 @torch.no_grad()
 def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, window_rows: str = "all",
-               method: str = "streaming", backend: str = "auto", progress: bool = False) -> dict[str, pd.DataFrame]:
+               method: str = "streaming", backend: str | None = None, progress: bool = False) -> dict[str, pd.DataFrame]:
     """Sink^ε for every ε in ``eps``: tables ``summary`` (one row per ε: the model's share of sink heads),
     ``layers`` (one row per layer and ε), ``heads`` (key-0 score per head) and ``meta``.
 
@@ -156,11 +162,13 @@ def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, wi
             acc.add(l, pattern[..., 0], pattern.sum(-1, dtype=torch.float64), got["hook_phantom"])
 
     collector = LayerCollector(model, lambda l: needs, on_layer, stop_early=True)
-    bar = make_bar(len(w), progress, "sink heads (Sink^ε)")
-    for n in range(len(w)):
+    mine = batches_of_rank(len(w))
+    bar = make_bar(len(mine), progress and is_main(), "sink heads (Sink^ε)")
+    for n in mine:
         collector.run(model, w.inputs(n, model_device(model)))
         bar.update()
     bar.close()
+    acc.merge()
     meta = describe(model, w, "sink_heads", method=method, eps=",".join(f"{e:g}" for e in acc.eps),
                     key0=key0_label(info), rows="t>=0" if include_query0 else "t>=1", window_rows=window_rows,
                     **({"backend": backend} if method == "streaming" else {}))

@@ -21,6 +21,7 @@ import torch
 
 from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, model_device, make_bar,
                                     row_mass_hooks, row_masses, sliding)
+from probe.analyses.parallel import batches_of_rank, first_present, is_main, reduce_sums
 
 SINK_FACTOR = 3.0  # pos0_share >= 3 x causal-uniform reference
 SINK_R0 = 0.8  # and r0 below this
@@ -28,6 +29,8 @@ SINK_R0 = 0.8  # and r0 below this
 
 class SinkAccumulator:
     """Sums of per-row statistics per (layer, head) and of r0 per (layer, KV head) over batches."""
+
+    SUMS = ("pos0", "phantom", "rows", "pos0_w", "phantom_w", "rows_w", "uniform", "uniform_w", "r0", "seqs")
 
     def __init__(self, info):
         self.info = info
@@ -63,6 +66,11 @@ class SinkAccumulator:
         self.seqs[layer] += B
         if sink is not None:
             self.sink[layer] = sink.detach().double().cpu()
+
+    def merge(self) -> None:
+        """Combine the ranks' sums (data-parallel runs; nothing to do in one process)."""
+        reduce_sums(self, self.SUMS)
+        self.sink = first_present(self.sink)
 
     def tables(self) -> dict[str, pd.DataFrame]:
         info = self.info
@@ -118,7 +126,7 @@ def _meta(model, w, kind, **settings):
 
 
 @torch.no_grad()
-def sink_stats(model, data, *, backend: str = "auto", progress: bool = False) -> dict[str, pd.DataFrame]:
+def sink_stats(model, data, *, backend: str | None = None, progress: bool = False) -> dict[str, pd.DataFrame]:
     """Streaming sink statistics: tables ``summary``, ``by_type``, ``layers``, ``heads``, ``meta``.
 
     Hooks q, k, v (and the sink logit where the model has a phantom) one layer at a time; per-row masses on key 0 and
@@ -138,11 +146,13 @@ def sink_stats(model, data, *, backend: str = "auto", progress: bool = False) ->
         acc.add(l, pos0, phantom, v.float().norm(dim=-1), got.get("hook_sink_logit"))
 
     collector = LayerCollector(model, lambda l: row_mass_hooks(info), on_layer, stop_early=True)
-    bar = make_bar(len(w), progress, "sink statistics")
-    for n in range(len(w)):
+    mine = batches_of_rank(len(w))
+    bar = make_bar(len(mine), progress and is_main(), "sink statistics")
+    for n in mine:
         collector.run(model, w.inputs(n, model_device(model)))
         bar.update()
     bar.close()
+    acc.merge()
     return finish(acc.tables(), _meta(model, w, "streaming", backend=backend))
 
 
@@ -153,7 +163,7 @@ def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
     w = as_windows(data)
     acc = SinkAccumulator(info)
     wanted = ("hook_pattern", "hook_phantom", "hook_v", "hook_sink_logit")
-    for n in range(len(w)):
+    for n in batches_of_rank(len(w)):
         ids = w.inputs(n, model_device(model))
         _, cache = model.run_with_cache(ids, names_filter=lambda name: name.endswith(wanted))
         for l in range(info.n_layers):
@@ -164,6 +174,7 @@ def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
                     cache[f"blocks.{l}.attn.hook_v"].float().norm(dim=-1),
                     cache[f"blocks.{l}.attn.hook_sink_logit"] if f"blocks.{l}.attn.hook_sink_logit" in cache else None)
         del cache
+    acc.merge()
     return finish(acc.tables(), _meta(model, w, "pattern"))
 
 

@@ -17,6 +17,7 @@ import torch
 
 from probe.analyses.capture import (StopForward, as_windows, describe, finish, model_device, make_bar,
                                     run_until_done)
+from probe.analyses.parallel import batches_of_rank, is_main, reduce_sums
 
 
 def source_category(label: str) -> str:
@@ -56,6 +57,10 @@ class SourceAccumulator:
         self.h = {s: 0.0 for s in sites}
         self.top1 = {s: 0.0 for s in sites}
         self.alpha = {s: torch.zeros(len(v), dtype=torch.float64) for s, v in sites.items()}
+
+    def merge(self) -> None:
+        """Combine the ranks' sums (data-parallel runs; nothing to do in one process)."""
+        reduce_sums(self, ("n", "neff", "neff2", "h", "top1", "alpha"))
 
     def add(self, site: str, alpha: torch.Tensor):
         """alpha: (..., S) depth weights of one site."""
@@ -131,14 +136,16 @@ def effective_sources(model, data, *, progress: bool = False) -> dict[str, pd.Da
         if len(seen) == len(hook_names):
             raise StopForward  # every site is read: skip the final norm and the LM head
 
-    bar = make_bar(len(w), progress, "effective sources")
-    for n in range(len(w)):
+    mine = batches_of_rank(len(w))
+    bar = make_bar(len(mine), progress and is_main(), "effective sources")
+    for n in mine:
         seen.clear()
         run_until_done(model, w.inputs(n, model_device(model)), [(lambda name: name in hook_names, fn)])
         if len(seen) != len(hook_names):
             raise RuntimeError(f"the forward pass fired no hook_depth_weights at {sorted(set(hook_names) - seen)}")
         bar.update()
     bar.close()
+    acc.merge()
     meta = describe(model, w, "sources", depth_routing=info.depth_routing, depth_blocks=info.depth_blocks)
     return finish(acc.tables(), meta)
 

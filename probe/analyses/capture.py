@@ -197,11 +197,12 @@ class LayerCollector:
 
 
 def model_device(model) -> torch.device:
-    """Where the model's weights are (inputs go there; statistics come back to the CPU)."""
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
+    """Where the model's inputs go (statistics come back to the CPU): the first parameter that holds data, since
+    accelerate leaves weights offloaded to disk on the 'meta' device; the CPU when every weight is offloaded."""
+    for p in model.parameters():
+        if p.device.type != "meta":
+            return p.device
+    return torch.device("cpu")
 
 
 def row_mass_hooks(info) -> list[str]:

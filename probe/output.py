@@ -1,11 +1,17 @@
-"""Outputs of the ``probe`` verbs: readable tables on stdout, JSON, and files written atomically (CSV, JSON, one
-self-contained offline HTML page of plotly figures). Heavy libraries are imported inside the functions."""
+"""Results as files and text, for the CLI verbs, ``probe report`` and the experiment recipes: files written atomically
+(CSV, JSON, self-contained offline HTML pages of plotly figures), readable tables and JSON on stdout."""
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
 from pathlib import Path
+
+from plotly.offline import get_plotlyjs
+
+from probe.console import Console
+from probe.specs import OutputSpec
 
 
 def clean(x):
@@ -53,7 +59,8 @@ def atomic_write(path: Path, data: str | bytes) -> None:
 
 
 def write_files(out: Path, files: dict[str, str | bytes]) -> list[Path]:
-    """Write every file to a temp name first, then rename them all into ``out``: no partial files on failure."""
+    """Write every file to a temp name first, then rename them all into ``out`` in the order given: no partial files
+    on failure, and the last file lands last (a marker that the others are complete)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     staged = []
@@ -76,10 +83,6 @@ def write_files(out: Path, files: dict[str, str | bytes]) -> list[Path]:
 
 def html_page(title: str, figures, *, intro: dict | None = None, tables=()) -> str:
     """One self-contained offline HTML page: plotly.js inline once, then each figure (and optional tables)."""
-    import html
-
-    from plotly.offline import get_plotlyjs
-
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if intro:
         rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
@@ -97,16 +100,16 @@ def html_page(title: str, figures, *, intro: dict | None = None, tables=()) -> s
             f"<body>{''.join(parts)}</body></html>\n")
 
 
-def save_result(out: str | None, stem: str, result: dict, figures, console, title: str) -> None:
-    """``--out DIR``: one CSV per table, one JSON with everything, one HTML with the figures."""
-    if not out:
+def save_result(output: OutputSpec, stem: str, result: dict, figures, console: Console, title: str) -> None:
+    """With ``output.out``: one CSV per table, one JSON with everything, one HTML with the figures."""
+    if not output.out:
         return
     files = {f"{stem}_{k}.csv": v.to_csv(index=False) for k, v in result.items()}
     files[f"{stem}.json"] = json.dumps(result_json(stem, result), indent=1)
     if figures:
         files[f"{stem}.html"] = html_page(title, figures, intro=clean(result_meta(result)))
-    written = write_files(Path(out), files)
-    console.note(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
+    written = write_files(Path(output.out), files)
+    console.note(f"wrote {len(written)} files to {output.out}: " + ", ".join(p.name for p in written))
 
 
 def show(df, columns=None, digits: int = 4, identity: bool = False) -> str:
@@ -124,9 +127,9 @@ def header(meta: dict) -> str:
                                  if meta.get("corpus") else "", f"windows: {w}" if w else "") if s)
 
 
-def emit(args, verb: str, result: dict, text: str) -> None:
-    """stdout: the JSON document with --json, else the readable text."""
-    if args.json:
+def emit(output: OutputSpec, verb: str, result: dict, text: str) -> None:
+    """stdout: the JSON document with ``output.as_json`` (--json), else the readable text."""
+    if output.as_json:
         print(json.dumps(result_json(verb, result), indent=1))
     else:
         print(text)

@@ -10,23 +10,46 @@ are an error; a different model list reuses the models already done.
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import gc
 import hashlib
 import json
 import os
 import re
-import signal
+from dataclasses import dataclass
 from pathlib import Path
 
-from probe.cli.common import (KNOWN_HINT, Console, UsageError, check_data, eval_ctx, load_corpus, load_model,
-                              make_windows, resolve_device, tokenizer_for)
-from probe.output import clean, show, write_files
+import pandas as pd
+
+from probe import __version__
+from probe.analyses.inject import inject
+from probe.analyses.sink_heads import sink_heads
+from probe.analyses.sinks import sink_stats
 from probe.checkpoints.load import resolve
+from probe.console import Console
+from probe.data import tokenize_documents
+from probe.errors import UsageError
+from probe.inputs import (KNOWN_HINT, check_data, eval_ctx, injection_plan, load_corpus, load_model, make_windows,
+                          on_device, resolve_device, tokenizer_for)
+from probe.output import clean, write_files
+from probe.report_html import report_page
+from probe.runs import parse_step, snapshot_steps
+from probe.specs import InjectionSpec, ModelSpec, WindowSpec
 
 MANIFEST = "manifest.json"
-KILL_ENV = "PROBE_REPORT_TEST_KILL"  # tests only: "after:N" or "staged:N" → SIGKILL self at that point of model N
 TABLES = ("summary", "by_type", "layers", "heads", "sink_eps", "sink_eps_layers", "injection", "exposure")
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    """One report: which models, evaluated on which windows, written where."""
+
+    names: tuple[str, ...]  # model names in report order, without duplicates
+    model: ModelSpec  # device, dtype and threads of every model (its name is each of ``names`` in turn)
+    windows: WindowSpec
+    eps: tuple[float, ...] = (0.3,)  # Sink^eps thresholds
+    injection: InjectionSpec | None = None  # None: no injection
+    out: Path = Path("probe-report")
 
 
 def expand_checkpoints(spec: str) -> list[str]:
@@ -38,8 +61,6 @@ def expand_checkpoints(spec: str) -> list[str]:
         if not item:
             continue
         if "@" not in item and Path(item).expanduser().is_dir():  # a training run: every snapshot it kept
-            from probe.train.checkpoint import snapshot_steps
-
             base, steps = item, snapshot_steps(Path(item).expanduser())
             if not steps:
                 raise UsageError(f"--checkpoints {item!r} holds no training snapshots (train with --snapshot-every N)")
@@ -57,10 +78,9 @@ def expand_checkpoints(spec: str) -> list[str]:
     return names
 
 
-def step_of(name: str):
-    rev = name.rsplit("@", 1)[1] if "@" in name else ""
-    m = re.fullmatch(r"(?:step)?(\d+)", rev)
-    return int(m.group(1)) if m else None
+def step_of(name: str) -> int | None:
+    """The training step of ``name@step{N}`` (or ``name@N``); None for any other revision or none."""
+    return parse_step(name.rsplit("@", 1)[1]) if "@" in name else None
 
 
 def slug(name: str) -> str:
@@ -68,16 +88,14 @@ def slug(name: str) -> str:
     return f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
-def settings_of(args) -> dict:
-    from probe import __version__
-
-    inject = None
-    if args.dose:
-        inject = {"doses": list(dict.fromkeys(args.dose)), "junk": list(dict.fromkeys(args.junk)),
-                  "cutoff": list(dict.fromkeys(args.cutoff))}
-    return {"data": args.data, "tokenizer": args.tokenizer, "batches": args.batches, "batch_size": args.batch_size,
-            "ctx": args.ctx, "window_mode": args.window_mode, "seed": args.seed, "device": resolve_device(args.device),
-            "dtype": args.dtype, "inject": inject, "eps": list(dict.fromkeys(args.eps)), "probe_version": __version__}
+def settings_of(spec: ReportSpec) -> dict:
+    """What determines the numbers (recorded in the manifest; a resumed run must match it)."""
+    w, inj = spec.windows, spec.injection
+    injection = None if inj is None else {"doses": list(inj.doses), "junk": list(inj.junk),
+                                          "cutoff": list(inj.cutoffs)}
+    return {"data": w.data, "tokenizer": w.tokenizer, "batches": w.batches, "batch_size": w.batch_size,
+            "ctx": w.ctx, "window_mode": w.mode, "seed": w.seed, "device": resolve_device(spec.model.device),
+            "dtype": spec.model.dtype, "inject": injection, "eps": list(spec.eps), "probe_version": __version__}
 
 
 def _check_dir(out: Path, settings: dict) -> None:
@@ -102,64 +120,50 @@ def _write_manifest(out: Path, settings: dict, names: list[str]) -> None:
     (out / "models").mkdir(exist_ok=True)
 
 
-def _test_kill(phase: str, n: int) -> None:
-    if os.environ.get(KILL_ENV) == f"{phase}:{n}":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _persist(path: Path, record: dict, n: int) -> None:
+def _persist(path: Path, record: dict) -> None:
+    """Stage the model's record, then rename it into place: a model counts as done only once renamed."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(clean(record)))
-    _test_kill("staged", n)
     os.replace(tmp, path)
 
 
 class Windows:
     """Evaluation windows per (tokenizer, context), built once per run; the corpus is read once."""
 
-    def __init__(self, args):
-        self.args, self.corpus, self.docs, self.cache = args, None, {}, {}
+    def __init__(self, spec: WindowSpec):
+        self.spec, self.corpus, self.docs, self.cache = spec, None, {}, {}
 
     def get(self, model, tok, ctx):
-        from probe.data import tokenize_documents
-
-        a = self.args
+        w = self.spec
         key = (tok.name_or_path, len(tok), ctx)
         if key not in self.cache:
-            self.corpus = self.corpus or load_corpus(a.data)
+            self.corpus = self.corpus or load_corpus(w.data)
             tkey = key[:2]
             if tkey not in self.docs:
                 self.docs[tkey] = tokenize_documents(self.corpus, tok)
-            self.cache[key] = make_windows(self.corpus, tok, n_batches=a.batches, batch_size=a.batch_size, ctx=ctx,
-                                           seed=a.seed, mode=a.window_mode, vocab_size=model.probe_info.vocab_size,
+            self.cache[key] = make_windows(self.corpus, tok, n_batches=w.batches, batch_size=w.batch_size, ctx=ctx,
+                                           seed=w.seed, mode=w.mode, vocab_size=model.probe_info.vocab_size,
                                            docs=self.docs[tkey])
-        import dataclasses
-
-        eb = self.cache[key]
-        return dataclasses.replace(eb, tokens=eb.tokens.to(next(model.parameters()).device))
+        return on_device(self.cache[key], model)
 
 
-def compute_one(args, name: str, index: int, windows: Windows, console: Console) -> dict:
-    from probe.analyses.inject import inject
-    from probe.analyses.sink_heads import sink_heads
-    from probe.analyses.sinks import sink_stats
-    from probe.cli.analyses import injection_plan
-
-    margs = argparse.Namespace(**{**vars(args), "model": name})
-    model = load_model(margs, name, console)
-    tok = tokenizer_for(margs, model)
-    eb = windows.get(model, tok, eval_ctx(margs, model))
-    res = sink_stats(model, eb, progress=not args.quiet)
+def compute_one(spec: ReportSpec, name: str, index: int, windows: Windows, console: Console) -> dict:
+    """Sink statistics, Sink^eps (and injection) of one model, as the record persisted in ``DIR/models/``."""
+    progress = not console.quiet
+    model = load_model(dataclasses.replace(spec.model, name=name), console)
+    tok = tokenizer_for(spec.windows, model)
+    eb = windows.get(model, tok, eval_ctx(spec.windows, model))
+    res = sink_stats(model, eb, progress=progress)
     tables = {k: res[k] for k in ("summary", "by_type", "layers", "heads")}
-    se = sink_heads(model, eb, eps=list(dict.fromkeys(args.eps)), progress=not args.quiet)
+    se = sink_heads(model, eb, eps=list(spec.eps), progress=progress)
     tables["sink_eps"], tables["sink_eps_layers"] = se["summary"], se["layers"]
     meta = dict(res["meta"].attrs["meta"])
-    if args.dose:
-        kinds, cutoffs, skipped = injection_plan(model, args.junk, args.cutoff, args.batch_size)
+    if spec.injection is not None:
+        kinds, cutoffs, skipped = injection_plan(model, spec.injection, spec.windows.batch_size)
         for s in skipped:
             console.note(f"{name}: skipping junk {s}")
-        inj = inject(model, eb, junk=kinds, cutoffs=cutoffs, doses=list(dict.fromkeys(args.dose)), seed=args.seed,
-                     progress=not args.quiet)
+        inj = inject(model, eb, junk=kinds, cutoffs=cutoffs, doses=list(spec.injection.doses), seed=spec.windows.seed,
+                     progress=progress)
         tables["injection"], tables["exposure"] = inj["results"], inj["exposure"]
     step = step_of(name)
     out = {}
@@ -174,16 +178,11 @@ def compute_one(args, name: str, index: int, windows: Windows, console: Console)
     return {"name": name, "index": index, "meta": meta, "tables": out}
 
 
-def cmd_report(args) -> int:
-    import pandas as pd
-
-    console = Console(args.quiet)
-    if bool(args.models) == bool(args.checkpoints):
-        raise UsageError("give exactly one of --models A B ... or --checkpoints NAME@REV,REV,...")
-    names = list(dict.fromkeys(args.models or expand_checkpoints(args.checkpoints)))
-    check_data(args.data)
-    out = Path(args.out)
-    settings = settings_of(args)
+def write_report(spec: ReportSpec, console: Console) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Compute what is not done yet, then write the tables and the HTML page; returns (tables, settings)."""
+    names, out = list(spec.names), Path(spec.out)
+    check_data(spec.windows.data)
+    settings = settings_of(spec)
     _check_dir(out, settings)
     for name in names:  # malformed names, missing directories or zoo entries: fail before any work
         try:
@@ -194,7 +193,7 @@ def cmd_report(args) -> int:
     todo = [n for n in names if not paths[n].is_file()]
     if len(todo) < len(names):
         console.note(f"resuming {out}: {len(names) - len(todo)} of {len(names)} models already done")
-    windows = Windows(args)
+    windows = Windows(spec.windows)
     manifest_written = False
     bar = console.bar(len(names), "report", unit="model")
     bar.update(len(names) - len(todo))
@@ -203,13 +202,12 @@ def cmd_report(args) -> int:
             if name not in todo:
                 continue
             bar.set_description(f"report: {name}")
-            record = compute_one(args, name, i, windows, console)
+            record = compute_one(spec, name, i, windows, console)
             if not manifest_written:
                 _write_manifest(out, settings, names)
                 manifest_written = True
-            _persist(paths[name], record, i)
+            _persist(paths[name], record)
             bar.update()
-            _test_kill("after", i)
     except BaseException:
         bar.leave = False  # erase the bar: the error line is what stays on the terminal
         raise
@@ -220,23 +218,8 @@ def cmd_report(args) -> int:
     records = [json.loads(paths[n].read_text()) for n in names]
     tables = {k: pd.DataFrame([row for r in records for row in r["tables"].get(k, [])]) for k in TABLES}
     tables = {k: v for k, v in tables.items() if len(v)}
-    from probe.report_html import report_page
-
     files = {f"report_{k}.csv": v.to_csv(index=False) for k, v in tables.items()}
     files["report.html"] = report_page(tables, records, settings)
     written = write_files(out, files)
     console.note(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
-    summary = tables["summary"]
-    if args.json:
-        print(json.dumps(clean({"settings": settings, **{k: v.to_dict("records") for k, v in tables.items()
-                                                         if k in ("summary", "injection", "exposure")}}), indent=1))
-    else:
-        text = [f"sink report: {len(names)} models, {settings['data']}, {args.batches} x {args.batch_size} windows",
-                show(summary, ["model", "step", "pos0_share", "uniform_ref", "pos0_over_uniform", "phantom_share",
-                               "r0", "r0_later", "sink_formed"], identity=True)]
-        if "injection" in tables:
-            inj = tables["injection"]
-            text += ["", "injection (loss increase, nats per token):",
-                     show(inj, ["model", "step", "junk", "cutoff", "dose", "loss_clean", "delta"], identity=True)]
-        print("\n".join(text))
-    return 0
+    return tables, settings

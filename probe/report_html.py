@@ -1,9 +1,16 @@
 """The HTML page of ``probe report``: one figure per statistic across models (or training steps), offline."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import pandas as pd
 import plotly.graph_objects as go
 
+from probe.analyses.figures import training_figure
+from probe.analyses.sink_heads import sink_eps_layers_figure, sink_eps_trend_figure
+from probe.analyses.sinks import SINK_FACTOR, SINK_R0
 from probe.output import html_page
+from probe.runs import metrics_records
 
 SUMMARY_STATS = [  # (column, title, reference column or None)
     ("pos0_share", "Mass on position 0 / mass on real keys (rows t >= 1)", "uniform_ref"),
@@ -26,8 +33,6 @@ def _axis(summary):
 
 
 def report_figures(tables: dict) -> list[go.Figure]:
-    from probe.analyses.sinks import SINK_FACTOR, SINK_R0
-
     summary = tables["summary"]
     xs, xtitle = _axis(summary)
     x = [xs[m] for m in summary["model"]]
@@ -51,8 +56,6 @@ def report_figures(tables: dict) -> list[go.Figure]:
                                          colorscale="Viridis", colorbar=dict(title=col)))
                     .update_layout(title=title, xaxis_title=xtitle, yaxis_title="layer"))
     if "sink_eps" in tables:
-        from probe.analyses.sink_heads import sink_eps_layers_figure, sink_eps_trend_figure
-
         figs.append(sink_eps_trend_figure(tables["sink_eps"]))
         figs.append(sink_eps_layers_figure(tables["sink_eps_layers"]))
     if "injection" in tables:
@@ -104,12 +107,7 @@ def report_page(tables: dict, records: list[dict], settings: dict) -> str:
 
 def _training_figures(records: list[dict]) -> list[go.Figure]:
     """The training curves of every `probe train` run whose snapshots were reported (beside their sink trends)."""
-    from pathlib import Path
-
-    from probe.analyses.figures import training_figure
-    from probe.train import read_metrics
-
     runs = dict.fromkeys(r["name"].rsplit("@", 1)[0] for r in records if "@" in r["name"])
-    frames = {run: read_metrics(Path(run).expanduser()) for run in runs}  # empty for a hub model's revisions
+    frames = {run: pd.DataFrame(metrics_records(Path(run).expanduser())) for run in runs}  # empty for hub revisions
     frames = {run: df for run, df in frames.items() if not df.empty}
     return [training_figure(frames)] if frames else []

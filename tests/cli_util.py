@@ -1,4 +1,5 @@
-"""Helpers for tests/test_cli.py and tests/test_report.py: the `probe` command in a subprocess, tiny saved models.
+"""Helpers for tests/test_cli.py and tests/test_report.py: the `probe` command in a subprocess, tiny saved models,
+and faults injected into that subprocess.
 
 Subprocesses run with one torch thread (tiny tensors on a busy 2-core machine are many times faster single-threaded)
 and with the hub marked offline (offline errors come at once instead of after a connection timeout).
@@ -8,14 +9,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
        "PYTHONWARNINGS": "ignore"}
-ENV.pop("PROBE_REPORT_TEST_KILL", None)
-ENV.pop("PROBE_TRAIN_TEST_KILL", None)
 WINDOWS = ["--batches", "1", "--batch-size", "2", "--ctx", "32"]  # two windows of 32 tokens
 SMALL = dict(n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=64)  # tiny tier, shrunk; vocab stays 8192
 
@@ -26,6 +27,57 @@ def probe(*args, env=None, cwd=None, timeout=600) -> subprocess.CompletedProcess
                        env={**ENV, **(env or {})}, cwd=cwd, timeout=timeout)
     r.stdout, r.stderr = r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
     return r
+
+
+def patched(tmp_path: Path, code: str) -> dict[str, str]:
+    """Environment for a subprocess that runs ``code`` at start-up: a ``sitecustomize`` module in a folder put first
+    on PYTHONPATH. This is how a test injects a fault (a kill at a chosen point) into the `probe` command: production
+    code has no test hooks."""
+    folder = tmp_path / f"site-{len(list(tmp_path.glob('site-*')))}"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(textwrap.dedent(code))
+    return {"PYTHONPATH": os.pathsep.join([str(folder), str(REPO), *filter(None, [ENV.get("PYTHONPATH")])])}
+
+
+def kill_at_batch(tmp_path: Path, n: int) -> dict[str, str]:
+    """SIGKILL the process when its training sampler draws its n-th batch (that is, at step n)."""
+    return patched(tmp_path, f"""
+        import os, signal
+        from probe.data.batches import WindowSampler
+
+        _sample, _calls = WindowSampler.sample, [0]
+
+        def sample(self, batch_size):
+            _calls[0] += 1
+            if _calls[0] == {n}:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return _sample(self, batch_size)
+
+        WindowSampler.sample = sample
+    """)
+
+
+def kill_at_model_result(tmp_path: Path, n: int, *, staged: bool) -> dict[str, str]:
+    """SIGKILL a `probe report` process at the n-th model result it writes (a rename into DIR/models/): after the
+    rename, or with ``staged`` just before it (the result is written under its temporary name, never renamed)."""
+    return patched(tmp_path, f"""
+        import os, signal
+        from pathlib import Path
+
+        _replace, _results = os.replace, [0]
+
+        def replace(src, dst, *args, **kwargs):
+            if Path(dst).parent.name != "models" or Path(dst).suffix != ".json":
+                return _replace(src, dst, *args, **kwargs)
+            _results[0] += 1
+            if _results[0] == {n} and {staged}:
+                os.kill(os.getpid(), signal.SIGKILL)
+            _replace(src, dst, *args, **kwargs)
+            if _results[0] == {n}:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        os.replace = replace
+    """)
 
 
 def terminal_lines(text: str) -> list[str]:
@@ -65,7 +117,7 @@ def build_fixtures(root: Path) -> dict[str, Path]:
         with torch.no_grad():  # untrained gates, sinks and routing queries are constants: give them values
             g = torch.Generator().manual_seed(1)
             for n, p in model.named_parameters():
-                if n.endswith(("gate_w", "read.query", "attn.sink")):
+                if n.endswith(("gate.w", "read.query", "attn.sink")):
                     p.copy_(torch.randn(p.shape, generator=g))
         model.save_pretrained(root / name)
         out[name] = root / name

@@ -8,14 +8,14 @@ import sys
 
 import pandas as pd
 import pytest
-from cli_util import ENV, WINDOWS, assert_one_line_error, files_under, fx, probe  # noqa: F401 (fixture)
+from cli_util import ENV, WINDOWS, assert_one_line_error, files_under, fx, kill_at_batch, probe  # noqa: F401 (fixture)
 
 # ------------------------------------------------------------------------------------------------- parser, help
 
 
 def test_parser_choices_match_the_analyses():
-    from probe import cli
     from probe.analyses import inject
+    from probe.cli import parser as cli
 
     assert cli.JUNK_TYPES == inject.JUNK_TYPES
     assert cli.CUTOFFS == tuple(inject.CUTOFFS)
@@ -202,7 +202,7 @@ def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
     """The same command resumes a killed run; it ends with the same weights and metrics as an uninterrupted run."""
     from safetensors.torch import load_file
 
-    def train(out, **env):
+    def train(out, env=None):
         return probe("train", "--variant", "sink+proj", "--tier", "tiny", "--seed", "1", "--data", fx["data"],
                      "--eval-data", fx["data"], "--eval-batches", "1", "--steps", "6", "--batch-size", "2",
                      "--ctx", "32", "--ckpt-every", "2", "--eval-every", "2", "--snapshot-every", "3", "--out", out,
@@ -210,7 +210,7 @@ def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
 
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     assert train(whole).returncode == 0
-    r = train(cut, PROBE_TRAIN_TEST_KILL="5")  # killed while step 5 draws its batch: last checkpoint at step 4
+    r = train(cut, kill_at_batch(tmp_path, 5))  # killed while step 5 draws its batch: last checkpoint at step 4
     assert r.returncode != 0 and not (cut / "model").exists() and not (cut / "training.html").exists()
     r = train(cut)
     assert r.returncode == 0, r.stderr
@@ -277,7 +277,7 @@ def test_train_optimizer_flags_reach_the_trainer(fx, tmp_path):
 
 def test_train_resumes_a_run_recorded_before_the_optimizer_flags(fx, tmp_path):
     """A run directory written before --weight-decay & co. existed resumes with the defaults it was trained with."""
-    from probe.cli.misc import LATER_KEYS
+    from probe.cli.train import LATER_KEYS
 
     out = tmp_path / "run"
     common = ["--variant", "baseline", "--tier", "tiny", "--data", fx["data"], "--eval-data", fx["data"],

@@ -30,7 +30,7 @@ def test_registry_lists_every_recipe_with_a_description():
 
 
 def test_main_writes_config_tables_and_figures(tmp_path, capsys):
-    from probe.experiments.__main__ import main
+    from probe.experiments.command import main
 
     out = tmp_path / "sp"
     rc = main(["superposition", "--out", str(out), "--quiet", "--steps", "3", "--loads", "1", "--seeds", "0",
@@ -44,7 +44,7 @@ def test_main_writes_config_tables_and_figures(tmp_path, capsys):
     summary = pd.read_csv(out / "summary.csv")
     assert set(summary["variant"]) == set(sp.VARIANTS)
     assert (out / "error_vs_load.html").exists() and (out / "report.html").stat().st_size > 100_000
-    assert not list(out.glob(".*.tmp"))
+    assert not list(out.glob(".*.tmp*"))  # every staged file was renamed into place
     # user errors: one line, exit 2, nothing written
     assert main(["superposition", "--out", str(tmp_path / "bad"), "--loads", "x"]) == 2
     assert main(["nope", "--out", str(tmp_path / "bad")]) == 2
@@ -447,7 +447,7 @@ def test_zero_shot_end_to_end_and_offline_loaders(toy, tmp_path, monkeypatch):
             loader()
         assert "\n" not in str(e.value) and "unreachable" in str(e.value)
     assert Z.resolve_wikitext("auto") == "wikitext-2-test"
-    from probe.experiments.__main__ import main
+    from probe.experiments.command import main
 
     assert main(["zero-shot", "--out", str(tmp_path / "off"), "--tasks", "hellaswag", "--variants", "baseline"]) == 2
     assert not (tmp_path / "off").exists()  # failed before training anything or writing

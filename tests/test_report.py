@@ -5,9 +5,10 @@ import json
 
 import pandas as pd
 import pytest
-from cli_util import WINDOWS, assert_one_line_error, files_under, fx, probe  # noqa: F401 (fixture)
+from cli_util import (WINDOWS, assert_one_line_error, files_under, fx, kill_at_model_result,  # noqa: F401 (fixture)
+                      probe)
 
-from probe.cli.common import UsageError
+from probe.errors import UsageError
 from probe.report import expand_checkpoints, slug, step_of
 
 
@@ -44,13 +45,14 @@ def test_report_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "sink report: 3 models" in r.stdout
 
-    r = _report(fx, cut, env={"PROBE_REPORT_TEST_KILL": "after:1"})  # killed once model 1 is persisted
+    r = _report(fx, cut, env=kill_at_model_result(tmp_path, 1, staged=False))  # killed once model 1 is persisted
     assert r.returncode != 0
     done = sorted(p.name for p in (cut / "models").iterdir())
     assert len(done) == 1 and not (cut / "report_summary.csv").exists()
     first = (cut / "models" / done[0]).stat()
 
-    r = _report(fx, cut, env={"PROBE_REPORT_TEST_KILL": "staged:2"})  # killed between writing and renaming model 2
+    # resumed, then killed between writing and renaming its first new result: model 2
+    r = _report(fx, cut, env=kill_at_model_result(tmp_path, 1, staged=True))
     assert r.returncode != 0
     assert "resuming" in r.stderr and "1 of 3 models already done" in r.stderr
     staged = [p.name for p in (cut / "models").iterdir() if p.name.startswith(".")]

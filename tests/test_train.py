@@ -279,7 +279,7 @@ def test_checkpoint_is_pickle_free_atomic_and_restorable(tmp_path):
 def test_snapshots_keep_the_model_along_training_and_survive_a_resume(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from probe.train import snapshot_steps
+    from probe.runs import snapshot_steps
 
     init = {n: p.detach().clone() for n, p in tiny_model().named_parameters()}
     model = tiny_model()
@@ -342,7 +342,7 @@ def test_paired_variants_keep_their_initial_weights_and_see_the_same_batches(tmp
 def test_probe_model_roles_reach_the_optimizer():
     m = tiny_model(variant="sink+proj")
     groups = _names(param_groups(m, "adamw"))
-    gate_w = {n for n, p in m.named_parameters() if n.endswith("attn.gate_w")}
+    gate_w = {n for n, p in m.named_parameters() if n.endswith("attn.gate.w")}
     sinks = {n for n in groups["no_decay"] if n.endswith("attn.sink")}
     assert gate_w and sinks and gate_w <= groups["no_decay"]  # 2-D, yet not decayed: excluded by role
     assert groups["no_decay"] == set(m.no_weight_decay()) | {n for n, p in m.named_parameters() if p.ndim < 2}

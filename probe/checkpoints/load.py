@@ -26,6 +26,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+import probe.runs as runs
 from probe.checkpoints import gguf
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
@@ -85,15 +86,13 @@ def _normalise_revision(rev: str | None, pythia: bool) -> str | None:
 
 def _snapshot(run_dir: Path, rev: str) -> str:
     """``run_dir@step{N}`` → the snapshot a training run kept at step N (``probe train --snapshot-every``)."""
-    from probe.train.checkpoint import snapshot_steps
-
-    steps = snapshot_steps(run_dir)
-    m = re.fullmatch(r"(?:step)?(\d+)", rev)
+    steps = runs.snapshot_steps(run_dir)
+    step = runs.parse_step(rev)
     if not steps:
         raise ModelNotFoundError(f"{run_dir} holds no training snapshots (train with --snapshot-every N)")
-    if not m or int(m.group(1)) not in steps:
+    if step not in steps:
         raise ModelNotFoundError(f"{run_dir} has no snapshot {rev!r}; it has step{', step'.join(map(str, steps))}")
-    return str(steps[int(m.group(1))].resolve())
+    return str(steps[step].resolve())
 
 
 def resolve(name) -> tuple[str, str | None, str]:
@@ -112,11 +111,10 @@ def resolve(name) -> tuple[str, str | None, str]:
         raise ModelNotFoundError(f"GGUF file not found: {raw} (for a GGUF in a hub repo use "
                                  f"probe.load('owner/repo', gguf_file='file.gguf'))")
     if path.is_dir():
-        if (path / "config.json").is_file():
+        if (path / runs.MODEL_CONFIG).is_file():
             return str(path.resolve()), None, "local"
-        for sub in ("model", "checkpoint"):  # a `probe train` run directory: its final model, else last checkpoint
-            if (path / sub / "config.json").is_file():
-                return str((path / sub).resolve()), None, "local"
+        if (model_dir := runs.run_model_dir(path)) is not None:  # a `probe train` run: final model, else checkpoint
+            return str(model_dir.resolve()), None, "local"
         raise ModelNotFoundError(f"{raw} is a directory but holds no config.json (not a saved model)")
     if raw.startswith("probe/") or raw.startswith("tiny-"):
         zoo = raw.split("/", 1)[1] if raw.startswith("probe/") else raw

@@ -1,4 +1,5 @@
-"""The ``probe`` command (``main``); one module per verb family, parsed in ``probe.cli.main``."""
-from probe.cli.main import build_parser, main
+"""The ``probe`` command (``main``): flags in ``parser``, the verb table in ``main``, one module per verb family."""
+from probe.cli.main import main
+from probe.cli.parser import build_parser
 
 __all__ = ["main", "build_parser"]

@@ -1,26 +1,72 @@
 """The analysis verbs of ``probe``: sinks, inject, sources, gates, eval (model + windows -> tables, figures)."""
 from __future__ import annotations
+
 import argparse
+import dataclasses
+import math
+from dataclasses import dataclass
 
-from probe.cli.common import (DEFAULT_DEPTH_MODEL, DEFAULT_MODEL, Console, UsageError, check_data, load_model,
-                              plan_line, windows_for)
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+from probe.analyses import figures as F
+from probe.analyses.capture import as_windows, describe, finish, logits_of, token_losses
+from probe.analyses.dormant import dormant_figure, dormant_heads, dormant_heads_figure
+from probe.analyses.gates import gate_stats
+from probe.analyses.inject import conditions, inject
+from probe.analyses.massive import massive_activations, massive_figure
+from probe.analyses.sink_heads import sink_eps_figure, sink_heads
+from probe.analyses.sinks import SINK_FACTOR, SINK_R0, sink_stats
+from probe.analyses.sources import effective_sources
+from probe.cli.parser import DEFAULT_DEPTH_MODEL, DEFAULT_MODEL
+from probe.cli.specs import eps_values, injection_spec, model_spec, output_spec, window_spec
+from probe.console import Console
+from probe.errors import UsageError
+from probe.inputs import check_data, injection_plan, load_model, windows_for
 from probe.output import emit, header, result_meta, save_result, show
+from probe.specs import OutputSpec, WindowSpec
 
 
-def _prepare(args, default: str, verb: str):
-    """Console, model, windows and tokenizer, with a loading bar; fails fast on a missing data file."""
-    console = Console(args.quiet)
-    check_data(args.data)
-    bar = console.bar(2, f"{verb}: loading {args.model or 'the default model'}", unit="step", leave=False)
+@dataclass
+class Prepared:
+    """What every analysis verb starts from: the loaded model, its windows and tokenizer, and where results go."""
+
+    console: Console
+    model: object
+    windows: object  # probe.data.EvalBatches on the model's device
+    tokenizer: object
+    window_spec: WindowSpec
+    output: OutputSpec
+
+    @property
+    def progress(self) -> bool:
+        return not self.console.quiet
+
+
+def _prepare(args: argparse.Namespace, default: str, verb: str) -> Prepared:
+    """The flags as specs, then the model and its windows, with a loading bar; fails fast on a missing data file."""
+    model, windows, output = model_spec(args, default), window_spec(args), output_spec(args)
+    console = Console(output.quiet)
+    check_data(windows.data)
+    bar = console.bar(2, f"{verb}: loading {model.name or 'the default model'}", unit="step", leave=False)
     try:
-        model = load_model(args, default, console)
+        loaded = load_model(model, console)
         bar.update()
-        bar.set_description(f"{verb}: tokenizing {args.data}")
-        eb, tok = windows_for(args, model, console)
+        bar.set_description(f"{verb}: tokenizing {windows.data}")
+        eb, tok = windows_for(windows, loaded)
         bar.update()
     finally:
         bar.close()
-    return console, model, eb, tok
+    return Prepared(console, loaded, eb, tok, windows, output)
+
+
+def plan_line(verb: str, model, eb, passes: int = 1, what: str = "") -> str:
+    """The one line a verb notes before its forward passes: model, windows and how many passes."""
+    n = eb.tokens.shape[0] * eb.tokens.shape[1]
+    extra = f" x {passes} forward passes ({what})" if passes > 1 else ""
+    return (f"plan: {verb} on {model.probe_info.name} — {eb.tokens.shape[0]} batches x {eb.tokens.shape[1]} windows "
+            f"x {eb.ctx} tokens ({n} windows, {eb.corpus}, {eb.mode}){extra}")
 
 
 def _summary_lines(row: dict, keys) -> str:
@@ -35,16 +81,12 @@ def _summary_lines(row: dict, keys) -> str:
 # ------------------------------------------------------------------------------------------------------------ sinks
 
 
-def cmd_sinks(args) -> int:
-    from probe.analyses import figures as F
-    from probe.analyses.sinks import SINK_FACTOR, SINK_R0, sink_stats
-
-    from probe.analyses.sink_heads import sink_eps_figure, sink_heads
-
-    console, model, eb, tok = _prepare(args, DEFAULT_MODEL, "sinks")
-    console.note(plan_line("sinks", model, eb))
-    result = sink_stats(model, eb, progress=not args.quiet)
-    heads = sink_heads(model, eb, eps=list(dict.fromkeys(args.eps)), progress=not args.quiet)
+def run_sinks(args: argparse.Namespace) -> int:
+    run = _prepare(args, DEFAULT_MODEL, "sinks")
+    model, eb = run.model, run.windows
+    run.console.note(plan_line("sinks", model, eb))
+    result = sink_stats(model, eb, progress=run.progress)
+    heads = sink_heads(model, eb, eps=list(eps_values(args)), progress=run.progress)
     for k in ("summary", "layers", "heads"):
         result[f"sink_eps_{k}"] = heads[k]
     figures = [F.sink_figure(result), F.sink_heads_figure(result, "pos0_share"), F.sink_heads_figure(result, "r0"),
@@ -64,68 +106,42 @@ def cmd_sinks(args) -> int:
              show(heads["summary"], ["epsilon", "n_sink_heads", "n_heads", "sink_share", "key0_mass",
                                      "phantom_share", "uniform_ref"])]
     if args.massive:
-        from probe.analyses.massive import massive_activations, massive_figure
-
-        mas = massive_activations(model, eb, tokenizer=tok, progress=not args.quiet)
+        mas = massive_activations(model, eb, tokenizer=run.tokenizer, progress=run.progress)
         for k in ("summary", "layers", "top", "dims"):
             result[f"massive_{k}"] = mas[k]
         text += ["", "massive activations (Sun et al.; |h| > 100 and > 1000 x median):",
                  show(mas["layers"], ["layer", "top1", "median", "ratio", "top1_dim", "n_massive", "key0_mass", "r0"])]
         figures.append(massive_figure(mas))
     if args.dormant:
-        from probe.analyses.dormant import dormant_figure, dormant_heads, dormant_heads_figure
-
-        domains = {c: windows_for(argparse.Namespace(**{**vars(args), "data": c}), model, console)[0]
+        domains = {c: windows_for(dataclasses.replace(run.window_spec, data=c), model)[0]
                    for c in dict.fromkeys(args.dormant_corpora)}
-        dor = dormant_heads(model, domains, progress=not args.quiet)
+        dor = dormant_heads(model, domains, progress=run.progress)
         for k in ("summary", "domains", "heads", "switching"):
             result[f"dormant_{k}"] = dor[k]
         text += ["", "active / dormant heads (Guo et al.; dormant = key-0 mass > 0.5 on that input):",
                  show(dor["summary"])]
         figures += [dormant_figure(dor), dormant_heads_figure(dor)]
-    save_result(args.out, "sinks", result, figures, console, "Attention sinks")
-    emit(args, "sinks", result, "\n".join(text))
+    save_result(run.output, "sinks", result, figures, run.console, "Attention sinks")
+    emit(run.output, "sinks", result, "\n".join(text))
     return 0
 
 
 # ------------------------------------------------------------------------------------------------------------ inject
 
 
-def injection_plan(model, junk, cutoffs, batch_size):
-    """Junk types to run: 'all' expands to every type that applies to the model; explicit misfits are errors."""
-    from probe.analyses.inject import JUNK_TYPES, own_directions
-
-    kinds = list(dict.fromkeys(JUNK_TYPES if "all" in junk else junk))
-    skipped = []
-    if "own-direction" in kinds:
-        try:
-            own_directions(model)
-        except ValueError as e:
-            if "own-direction" in junk:
-                raise UsageError(f"--junk own-direction: {e}") from None
-            kinds.remove("own-direction")
-            skipped.append(f"own-direction ({e})")
-    if batch_size < 2 and "structured" in kinds:
-        raise UsageError("--junk structured needs --batch-size >= 2 (its junk comes from the other sequences of the "
-                         "batch)")
-    return kinds, list(dict.fromkeys(cutoffs)), skipped
-
-
-def cmd_inject(args) -> int:
-    from probe.analyses import figures as F
-    from probe.analyses.inject import conditions, inject
-
-    console, model, eb, _ = _prepare(args, DEFAULT_MODEL, "inject")
-    kinds, cutoffs, skipped = injection_plan(model, args.junk, args.cutoff, args.batch_size)
+def run_inject(args: argparse.Namespace) -> int:
+    run = _prepare(args, DEFAULT_MODEL, "inject")
+    model, eb, spec = run.model, run.windows, injection_spec(args)
+    kinds, cutoffs, skipped = injection_plan(model, spec, run.window_spec.batch_size)
     for s in skipped:
-        console.note(f"skipping junk {s}")
-    doses = list(dict.fromkeys(args.dose))
+        run.console.note(f"skipping junk {s}")
+    doses = list(spec.doses)
     conds = conditions(kinds, cutoffs, doses)
-    run = [c for c in conds if c[2] != 0]
-    console.note(plan_line("inject", model, eb, 1 + len(run), f"1 clean + {len(run)} corrupted: "
-                           f"{len(kinds)} junk x {len(cutoffs)} cutoff x {len(doses)} dose"))
-    result = inject(model, eb, junk=kinds, cutoffs=cutoffs, doses=doses, seed=args.seed,
-                    exposure=not args.no_exposure, progress=not args.quiet)
+    corrupted = [c for c in conds if c[2] != 0]
+    run.console.note(plan_line("inject", model, eb, 1 + len(corrupted), f"1 clean + {len(corrupted)} corrupted: "
+                               f"{len(kinds)} junk x {len(cutoffs)} cutoff x {len(doses)} dose"))
+    result = inject(model, eb, junk=kinds, cutoffs=cutoffs, doses=doses, seed=run.window_spec.seed,
+                    exposure=not args.no_exposure, progress=run.progress)
     text = [header(result_meta(result)), "", "loss increase (corrupted - clean, nats per token):",
             show(result["results"], ["junk", "cutoff", "dose", "loss_clean", "loss_corrupted", "delta"])]
     figures = [F.injection_figure(result)]
@@ -133,50 +149,45 @@ def cmd_inject(args) -> int:
         text += ["", "exposure (share of each row's attention mass, phantom included):",
                  show(result["exposure"], ["cutoff", "quiet_share", "phantom_share"])]
         figures.append(F.exposure_figure(result))
-    save_result(args.out, "inject", result, figures, console, "Value-noise injection")
-    emit(args, "inject", result, "\n".join(text))
+    save_result(run.output, "inject", result, figures, run.console, "Value-noise injection")
+    emit(run.output, "inject", result, "\n".join(text))
     return 0
 
 
 # ------------------------------------------------------------------------------------------------------------ sources
 
 
-def cmd_sources(args) -> int:
-    from probe.analyses import figures as F
-    from probe.analyses.sources import effective_sources
-
-    console, model, eb, _ = _prepare(args, DEFAULT_DEPTH_MODEL, "sources")
-    info = model.probe_info
+def run_sources(args: argparse.Namespace) -> int:
+    run = _prepare(args, DEFAULT_DEPTH_MODEL, "sources")
+    info = run.model.probe_info
     if info.depth_routing not in ("attnres", "plr", "slr"):
         raise UsageError(f"model {info.name!r} has no depth routing (depth_routing={info.depth_routing!r}); `probe "
                          "sources` needs an AttnRes / P-LR / S-LR model, e.g. `probe train --variant attnres-block4`")
-    console.note(plan_line("sources", model, eb))
-    result = effective_sources(model, eb, progress=not args.quiet)
+    run.console.note(plan_line("sources", run.model, run.windows))
+    result = effective_sources(run.model, run.windows, progress=run.progress)
     s = result["summary"].iloc[0].to_dict()
     text = [header(result_meta(result)), "", "summary:",
             _summary_lines(s, ("mode", "n_sites", "S_src", "neff_mean", "top1_mass", "input_dependence")), "",
             "per read site:", show(result["sites"], [c for c in result["sites"].columns
                                                      if c not in ("site_index", "n_tokens")])]
-    save_result(args.out, "sources", result, [F.depth_heatmap(result), F.effective_sources_figure(result)], console,
-                "Depth routing")
-    emit(args, "sources", result, "\n".join(text))
+    save_result(run.output, "sources", result, [F.depth_heatmap(result), F.effective_sources_figure(result)],
+                run.console, "Depth routing")
+    emit(run.output, "sources", result, "\n".join(text))
     return 0
 
 
 # ------------------------------------------------------------------------------------------------------------ gates
 
 
-def cmd_gates(args) -> int:
-    from probe.analyses import figures as F
-    from probe.analyses.gates import gate_stats
-
-    console, model, eb, tok = _prepare(args, DEFAULT_MODEL, "gates")
-    info = model.probe_info
+def run_gates(args: argparse.Namespace) -> int:
+    run = _prepare(args, DEFAULT_MODEL, "gates")
+    info = run.model.probe_info
     if info.value_gate == "none":
         raise UsageError(f"model {info.name!r} has no value gate; `probe gates` needs a gated model (normgate, "
                          "projgate, sink+norm, sink+proj, routing-normgate, gatedv, g2, glu-...)")
-    console.note(plan_line("gates", model, eb))
-    result = gate_stats(model, eb, min_count=args.min_count, tokenizer=tok, progress=not args.quiet)
+    run.console.note(plan_line("gates", run.model, run.windows))
+    result = gate_stats(run.model, run.windows, min_count=args.min_count, tokenizer=run.tokenizer,
+                        progress=run.progress)
     s = result["summary"].iloc[0].to_dict()
     tokens = result["tokens"].assign(token=lambda t: t["token"].map(repr))  # show spaces and newlines
     text = [header(result_meta(result)), "", "summary:",
@@ -192,27 +203,20 @@ def cmd_gates(args) -> int:
     else:
         text += ["", f"no token occurs {args.min_count} times in these windows (lower --min-count)"]
     figures = [F.gate_figure(result)] + ([F.gate_token_table(result)] if len(tokens) else [])
-    save_result(args.out, "gates", result, figures, console, "Value gates")
-    emit(args, "gates", result, "\n".join(text))
+    save_result(run.output, "gates", result, figures, run.console, "Value gates")
+    emit(run.output, "gates", result, "\n".join(text))
     return 0
 
 
 # ------------------------------------------------------------------------------------------------------------ eval
 
 
-def cmd_eval(args) -> int:
-    import math
-
-    import pandas as pd
-    import plotly.graph_objects as go
-    import torch
-
-    from probe.analyses.capture import as_windows, describe, finish, logits_of, token_losses
-
-    console, model, eb, _ = _prepare(args, DEFAULT_MODEL, "eval")
-    console.note(plan_line("eval", model, eb))
+def run_eval(args: argparse.Namespace) -> int:
+    run = _prepare(args, DEFAULT_MODEL, "eval")
+    model, eb = run.model, run.windows
+    run.console.note(plan_line("eval", model, eb))
     rows = []
-    bar = console.bar(len(eb), "eval", unit="batch")
+    bar = run.console.bar(len(eb), "eval", unit="batch")
     with torch.no_grad():
         for n in range(len(eb)):
             window = eb.tokens[n]
@@ -232,6 +236,6 @@ def cmd_eval(args) -> int:
     fig = go.Figure(go.Bar(x=list(range(len(windows))), y=windows["loss"], text=windows["doc_id"]))
     fig.update_layout(title=f"Mean next-token loss per window — {model.probe_info.name}", xaxis_title="window",
                       yaxis_title="loss (nats)")
-    save_result(args.out, "eval", result, [fig], console, "Evaluation")
-    emit(args, "eval", result, "\n".join(text))
+    save_result(run.output, "eval", result, [fig], run.console, "Evaluation")
+    emit(run.output, "eval", result, "\n".join(text))
     return 0

@@ -4,7 +4,7 @@
     res = experiments.run("superposition", steps=400, loads=(1, 8))   # a Result: .tables, .figures, .config
     res.save("out/superposition")                                     # config.json + CSV tables + HTML figures
 
-    python -m probe.experiments superposition --out out/sp --steps 400 --loads 1 8
+    python -m probe.experiments superposition --out out/sp --steps 400 --loads 1 8    # probe.experiments.command
     python -m probe.experiments --list
 
 Each recipe module defines a dataclass ``CONFIG`` (every option, with the paper's values as defaults where a
@@ -13,6 +13,8 @@ torch); ``REGISTRY[name]`` is a callable ``(out=None, progress=False, **options)
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib
 
 _RECIPES: dict[str, tuple[str, str]] = {  # name -> (module, one-line description)
@@ -37,8 +39,6 @@ RECIPES = {name: desc for name, (_, desc) in _RECIPES.items()}
 def module(name: str):
     """The recipe module (``CONFIG``, ``run``) of a registered name."""
     if name not in _RECIPES:
-        import difflib
-
         close = difflib.get_close_matches(name, list(_RECIPES), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown experiment {name!r}{hint} (choose one of {', '.join(_RECIPES)})")
@@ -47,8 +47,6 @@ def module(name: str):
 
 def make_config(name: str, **options):
     """The recipe's config with ``options`` applied (unknown option names are an error)."""
-    import dataclasses
-
     cls = module(name).CONFIG
     fields = {f.name for f in dataclasses.fields(cls)}
     bad = sorted(set(options) - fields)
@@ -79,12 +77,4 @@ class _Entry:
 REGISTRY = {name: _Entry(name) for name in _RECIPES}
 
 
-def main(argv=None, prog: str = "python -m probe.experiments") -> int:
-    """``python -m probe.experiments NAME --out DIR [options]`` (see ``probe.experiments.__main__``); the ``probe``
-    CLI's verb is ``main(argv_after_the_verb, prog="probe experiment")``."""
-    from probe.experiments.__main__ import main as _main
-
-    return _main(argv, prog)
-
-
-__all__ = ["RECIPES", "REGISTRY", "run", "module", "make_config", "main"]
+__all__ = ["RECIPES", "REGISTRY", "run", "module", "make_config"]

@@ -22,10 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
+import plotly.graph_objects as go
 import torch
 
-from probe.experiments.common import Result, Timer, config_dict
-from probe.experiments.paired import Data, TrainSpec, threads, train_grid, work_dir
+from probe.analyses.capture import StopForward, as_windows, model_device, run_until_done
+from probe.checkpoints.load import load
+from probe.experiments.paired import Data, TrainSpec, overrides, threads, train_grid, work_dir
+from probe.experiments.result import Result, Timer, config_dict
+from probe.models import create
 
 VARIANTS = ("baseline", "value-residual", "value-residual-2w", "denseformer", "mudd")
 STREAMS = ("q", "k", "v", "resid")
@@ -88,8 +92,6 @@ class MixingRecorder:
 @torch.no_grad()
 def mudd_dynamic(model, eval_batches) -> pd.DataFrame:
     """MUDD's per-token weights A_i averaged over the validation tokens: (layer, stream, source, weight)."""
-    from probe.analyses.capture import as_windows, model_device
-
     if model.config.dense != "mudd":
         return pd.DataFrame()
     w = as_windows(eval_batches)
@@ -120,8 +122,6 @@ def adjacent_cosine(model, data) -> pd.DataFrame:
     """Mean over tokens of cos(h_l, h_{l+1}) for the inputs h_l = blocks.{l}.hook_resid_pre of adjacent layers.
 
     Works on any model that exposes the hook (probe models and the HF adapters). Rows: layer pair (l, l+1)."""
-    from probe.analyses.capture import StopForward, as_windows, model_device, run_until_done
-
     w = as_windows(data)
     L = model.probe_info.n_layers
     names = {f"blocks.{l}.hook_resid_pre": l for l in range(L)}
@@ -152,8 +152,6 @@ def adjacent_cosine(model, data) -> pd.DataFrame:
 
 
 def figures(mixing: pd.DataFrame, cosine: pd.DataFrame) -> dict:
-    import plotly.graph_objects as go
-
     figs = {}
     fig = go.Figure()
     for name, g in cosine.groupby("model", sort=False):
@@ -187,16 +185,12 @@ def figures(mixing: pd.DataFrame, cosine: pd.DataFrame) -> dict:
 
 
 def run(cfg: CrossLayerConfig | None = None, *, progress: bool = False) -> Result:
-    from probe.experiments.paired import overrides
-
     cfg = cfg or CrossLayerConfig()
     timer = Timer()
     recorders = {}
 
     def builder(variant):
         def build(seed):
-            from probe.models import create
-
             model = create(variant, cfg.tier, seed=seed, **overrides(cfg))
             recorders[(variant, seed)] = MixingRecorder(model, cfg.record_every)
             return model
@@ -217,8 +211,6 @@ def run(cfg: CrossLayerConfig | None = None, *, progress: bool = False) -> Resul
                 dynamic.append(d.assign(variant=label, seed=seed))
             cosine.append(adjacent_cosine(model, data.eval).assign(model=label, seed=seed))
         for name in cfg.models:
-            from probe.checkpoints.load import load
-
             m = load(name)
             cosine.append(adjacent_cosine(m, data.eval).assign(model=str(name), seed=None))
     cols = ["variant", "seed", "step", "layer", "kind", "stream", "source", "weight"]

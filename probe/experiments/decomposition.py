@@ -21,8 +21,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from probe.experiments.common import Result, Timer, config_dict
+from probe.analyses.figures import decomposition_figure, paired_figure
+from probe.analyses.gates import gate_stats
+from probe.analyses.stats import abstention_decomposition, paired_differences
 from probe.experiments.paired import Data, TrainSpec, threads, train_grid, work_dir
+from probe.experiments.result import Result, Timer, config_dict
 
 GATE_FORMS = {"norm": ("normgate", "sink+norm"), "proj": ("projgate", "sink+proj")}
 VARIANTS = ("baseline", "sinklogit", "normgate", "projgate", "sink+norm", "sink+proj", "routing-normgate")
@@ -43,8 +46,6 @@ CONFIG = DecompositionConfig
 def tables_from_losses(df: pd.DataFrame, *, baseline: str = "baseline", sink: str = "sinklogit",
                        value: str = "loss") -> dict[str, pd.DataFrame]:
     """Tables 1 and 2 from a long table with one row per (variant, seed) and a loss column (lower is better)."""
-    from probe.analyses.stats import abstention_decomposition, paired_differences
-
     present = set(df["variant"])
     upper = paired_differences(df, baseline, [v for v in dict.fromkeys(df["variant"]) if v != baseline], value=value)
     blocks = [upper["summary"].assign(block=f"over {baseline}")]
@@ -69,8 +70,6 @@ def tables_from_losses(df: pd.DataFrame, *, baseline: str = "baseline", sink: st
 def table8(losses: pd.DataFrame, gates: pd.DataFrame, *, baseline: str = "baseline",
            routing: str = "routing-normgate", value: str = "loss") -> pd.DataFrame:
     """The routing-slot control: paired improvement over the baseline and the gate's read statistics (seed means)."""
-    from probe.analyses.stats import paired_differences
-
     if routing not in set(losses["variant"]):
         return pd.DataFrame()
     imp = paired_differences(losses, baseline, [routing], value=value)["summary"].iloc[0]
@@ -83,8 +82,6 @@ def table8(losses: pd.DataFrame, gates: pd.DataFrame, *, baseline: str = "baseli
 
 def gate_rows(models: dict, eval_batches, n_last: int) -> pd.DataFrame:
     """gate_stats summary of every gated model on the last ``n_last`` validation batches."""
-    from probe.analyses.gates import gate_stats
-
     batch = eval_batches.tokens[-n_last:]
     rows = []
     for (label, seed), model in models.items():
@@ -98,8 +95,6 @@ def gate_rows(models: dict, eval_batches, n_last: int) -> pd.DataFrame:
 
 
 def figures(tables: dict) -> dict:
-    from probe.analyses.figures import decomposition_figure, paired_figure
-
     figs = {}
     t1 = tables["table1"]
     if len(t1):

@@ -21,9 +21,16 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
-from probe.experiments.common import Result, Timer, config_dict, mean_se
+from probe.analyses.costs import s_src
+from probe.analyses.sources import effective_sources
 from probe.experiments.paired import Data, TrainSpec, overrides, threads, train_grid, work_dir
+from probe.experiments.result import Result, Timer, config_dict
+from probe.experiments.stats import mean_se
+from probe.models.config import tier_config
+from probe.models.variants import variant_settings
 
 VARIANTS = ("baseline", "attnres-full", "slr-full-r8", "slr-full-r32", "slr-full-r64", "plr-full-r8", "plr-full-r32",
             "plr-full-r64", "attnres-block2", "attnres-block4", "attnres-block6", "slr-block4-r32", "plr-block4-r32")
@@ -40,9 +47,6 @@ CONFIG = DepthRoutingConfig
 
 def describe_variant(variant: str, tier: str, overrides: dict) -> dict:
     """method (baseline/attnres/plr/slr), mode (full/block), N and r of a variant name."""
-    from probe.models.config import tier_config
-    from probe.models.variants import variant_settings
-
     arch = {**tier_config(tier), **overrides}
     s = variant_settings(variant, arch)
     method = s.get("depth", "residual")
@@ -57,8 +61,6 @@ def describe_variant(variant: str, tier: str, overrides: dict) -> dict:
 
 def source_tables(models: dict, eval_batches):
     """effective_sources of every depth-routed model: (sites, per-run summary, heatmap long, raw results)."""
-    from probe.analyses.sources import effective_sources
-
     sites, summ, heat, raw = [], [], [], {}
     for (label, seed), model in models.items():
         if model.config.depth == "residual":
@@ -78,9 +80,6 @@ def source_tables(models: dict, eval_batches):
 
 
 def summary_table(cfg: DepthRoutingConfig, runs: pd.DataFrame, per_run_sources: pd.DataFrame) -> pd.DataFrame:
-    from probe.analyses.costs import s_src
-    from probe.models.config import tier_config
-
     df = runs.rename(columns={"val_loss": "loss"})
     if len(per_run_sources):
         df = df.merge(per_run_sources, on=["variant", "seed"], how="left")
@@ -99,8 +98,6 @@ def summary_table(cfg: DepthRoutingConfig, runs: pd.DataFrame, per_run_sources: 
 
 
 def neff_figure(sites: pd.DataFrame, variants=None, title="Effective number of sources per read site"):
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     g = sites.groupby(["variant", "site_index"], sort=False).agg(neff=("neff_mean", "mean"),
                                                                   n_sources=("n_sources", "first"),
@@ -115,9 +112,6 @@ def neff_figure(sites: pd.DataFrame, variants=None, title="Effective number of s
 
 
 def heatmap_grid(heat: pd.DataFrame, variants):
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     variants = [v for v in variants if v in set(heat["variant"])]
     if not variants:
         return None
@@ -142,8 +136,6 @@ def heatmap_grid(heat: pd.DataFrame, variants):
 
 
 def grad_figure(summary: pd.DataFrame):
-    import plotly.graph_objects as go
-
     fig = go.Figure(go.Bar(x=summary["variant"], y=summary["grad_norm_mean"],
                            error_y=dict(type="data", array=summary["grad_norm_mean_se"].fillna(0), visible=True)))
     fig.update_layout(title="Average gradient norm over training (before clipping)", yaxis_title="mean ‖g‖")

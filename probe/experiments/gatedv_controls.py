@@ -30,11 +30,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import torch
 import torch.nn.functional as F
 
-from probe.experiments.common import Result, Timer, config_dict
+from probe.analyses.capture import window_losses
+from probe.analyses.stats import document_bootstrap, paired_differences, perplexity_summary
 from probe.experiments.paired import Data, TrainSpec, overrides, threads, train_grid, work_dir
+from probe.experiments.result import Result, Timer, config_dict
+from probe.models import create
 
 CONTROLS = ("affine-match", "mm-silu")
 VARIANTS = ("baseline", "gatedv", "affine-match", "mm-silu", "gatedv-q", "gatedv-qkv")
@@ -108,8 +112,6 @@ def calibration_windows(data: Data, spec: TrainSpec, seed: int, n: int) -> torch
 
 def build_control(spec: TrainSpec, data: Data, control: str, seed: int, n_windows: int):
     """A freshly initialised control model and its calibration moments (from the baseline at that seed's init)."""
-    from probe.models import create
-
     base = create("baseline", spec.tier, seed=seed, **overrides(spec))
     moments = value_moments(base, calibration_windows(data, spec, seed, n_windows))
     model = create("gatedv" if control == "mm-silu" else "baseline", spec.tier, seed=seed, **overrides(spec))
@@ -120,8 +122,6 @@ def build_control(spec: TrainSpec, data: Data, control: str, seed: int, n_window
 
 def ppl_table(losses: pd.DataFrame, baseline: str = "baseline", reference: str = "gatedv") -> pd.DataFrame:
     """Per variant: PPL mean ± SD over seeds, ΔP vs baseline and vs reference (%), improved pairs vs baseline."""
-    from probe.analyses.stats import paired_differences, perplexity_summary
-
     ppl = perplexity_summary(losses).set_index("variant")
     pairs = paired_differences(losses, baseline)["summary"].set_index("variant")
     rows = []
@@ -137,8 +137,6 @@ def ppl_table(losses: pd.DataFrame, baseline: str = "baseline", reference: str =
 
 def bootstrap_table(window_losses: dict, baseline: str, seeds, n_resamples: int) -> pd.DataFrame:
     """Document bootstrap (gatedv.md) of each variant's token-weighted NLL difference from the baseline."""
-    from probe.analyses.stats import document_bootstrap
-
     rows = []
     variants = sorted({v for v, _ in window_losses} - {baseline})
     for v in variants:
@@ -154,8 +152,6 @@ def bootstrap_table(window_losses: dict, baseline: str, seeds, n_resamples: int)
 
 
 def figure(table: pd.DataFrame):
-    import plotly.graph_objects as go
-
     fig = go.Figure(go.Bar(x=table["variant"], y=table["ppl_mean"],
                            error_y=dict(type="data", array=table["ppl_sd"].fillna(0), visible=True),
                            text=[f"{d:+.2f}% ({p})" for d, p in zip(table["delta_vs_baseline_pct"],
@@ -166,8 +162,6 @@ def figure(table: pd.DataFrame):
 
 
 def run(cfg: GatedVControlsConfig | None = None, *, progress: bool = False) -> Result:
-    from probe.analyses.capture import window_losses
-
     cfg = cfg or GatedVControlsConfig()
     if "baseline" not in cfg.variants:
         raise ValueError("the variants must include 'baseline'")

@@ -21,6 +21,12 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
+
+from probe.data import WindowSampler, eval_batches, load_corpus, load_tokenizer, tokenize_documents
+from probe.models import create
+from probe.models.config import tier_config
+from probe.train.trainer import TrainConfig, evaluate, read_metrics, train
 
 
 @dataclass
@@ -50,8 +56,6 @@ class TrainSpec:
 
 def overrides(spec: TrainSpec) -> dict:
     """ProbeConfig overrides from the spec (architecture fields that are set, and n_ctx when ctx exceeds the tier's)."""
-    from probe.models.config import tier_config
-
     out = {k: getattr(spec, k) for k in ("n_layers", "d_model", "n_heads", "d_mlp") if getattr(spec, k) is not None}
     if spec.ctx > tier_config(spec.tier)["n_ctx"]:
         out["n_ctx"] = spec.ctx
@@ -61,8 +65,6 @@ def overrides(spec: TrainSpec) -> dict:
 @functools.lru_cache(maxsize=4)
 def _tokenized(data: str, tokenizer: str):
     """(tokenizer, corpus identity, token tensors) — cached per process: the bundled training mix takes seconds."""
-    from probe.data import load_corpus, load_tokenizer, tokenize_documents
-
     tok = load_tokenizer(tokenizer)
     corpus = load_corpus(data)
     return tok, corpus.to_dict(), tokenize_documents(corpus, tok)
@@ -72,15 +74,11 @@ class Data:
     """Tokenizer, tokenized training documents and the fixed evaluation batches of a spec."""
 
     def __init__(self, spec: TrainSpec):
-        from probe.data import eval_batches
-
         self.tokenizer, self.corpus, self.docs = _tokenized(str(spec.data), str(spec.tokenizer))
         self.eval = eval_batches(spec.eval_corpus, self.tokenizer, n_batches=spec.eval_batches,
                                  batch_size=spec.eval_batch_size, ctx=spec.ctx, seed=0, mode=spec.eval_mode)
 
     def sampler(self, spec: TrainSpec, seed: int):
-        from probe.data import WindowSampler
-
         return WindowSampler(self.docs, spec.ctx, seed=seed, eos_id=self.tokenizer.eos_token_id)
 
     def meta(self) -> dict:
@@ -88,8 +86,6 @@ class Data:
 
 
 def train_config(spec: TrainSpec, seed: int):
-    from probe.train.trainer import TrainConfig
-
     return TrainConfig(steps=spec.steps, batch_size=spec.batch_size, lr=spec.lr, warmup=min(spec.warmup, spec.steps),
                        min_lr_ratio=spec.min_lr_ratio, weight_decay=spec.weight_decay, eval_every=0, ckpt_every=0,
                        log_every=1, seed=seed, device="cpu")
@@ -121,9 +117,6 @@ def train_one(spec: TrainSpec, data: Data, variant: str, seed: int, work: Path, 
 
     Returns (model, record) with record = variant (``label``), seed, val_loss, final train loss, mean and final
     gradient norm over training, seconds, parameters."""
-    from probe.models import create
-    from probe.train.trainer import evaluate, read_metrics, train
-
     label = label or variant
     model = build(variant, seed) if build is not None else create(variant, spec.tier, seed=seed, **overrides(spec))
     run_dir = work / label.replace("/", "_") / f"seed{seed}"
@@ -144,8 +137,6 @@ def train_grid(spec: TrainSpec, data: Data, variants, work: Path, *, builders: d
     """Train every variant at every seed. ``builders``: label -> build(seed) for models ``create`` cannot make.
 
     Returns (results DataFrame, {(label, seed): model}, metrics DataFrame with every logged step)."""
-    from tqdm.auto import tqdm
-
     builders = builders or {}
     labels = list(variants) + [b for b in builders if b not in variants]
     models, rows, curves = {}, [], []

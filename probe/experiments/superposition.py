@@ -34,10 +34,14 @@ import zlib
 from dataclasses import dataclass
 
 import pandas as pd
+import plotly.graph_objects as go
 import torch
 import torch.nn.functional as F
+from plotly.subplots import make_subplots
+from tqdm.auto import tqdm
 
-from probe.experiments.common import Result, Timer, config_dict, mean_se
+from probe.experiments.result import Result, Timer, config_dict
+from probe.experiments.stats import mean_se
 
 VARIANTS = ("baseline", "offbyone", "normgate", "oracle")
 KEYS = ("blind", "visible")
@@ -241,9 +245,6 @@ def gap_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def figure(summary: pd.DataFrame):
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     keys = list(dict.fromkeys(summary["keys"]))
     fig = make_subplots(rows=1, cols=len(keys), subplot_titles=[f"{k} keys" for k in keys], shared_yaxes=True)
     colors = {"baseline": "#636efa", "offbyone": "#ab63fa", "normgate": "#ef553b", "oracle": "#00cc96"}
@@ -268,7 +269,6 @@ def run(cfg: SuperpositionConfig | None = None, *, progress: bool = False) -> Re
     timer = Timer()
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
-    from tqdm.auto import tqdm
 
     bar = tqdm(total=cfg.steps * len(cfg.loads) * len(cfg.keys), disable=not progress, desc="superposition")
     rows, curves, costs = [], [], []

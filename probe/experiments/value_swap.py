@@ -13,10 +13,15 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 
-from probe.experiments.common import Result, Timer, config_dict
+from probe.checkpoints.load import load
 from probe.experiments.paired import Data, TrainSpec, threads, train_grid, work_dir
+from probe.experiments.result import Result, Timer, config_dict
+from probe.models.model import ProbeForCausalLM
+from probe.train.trainer import evaluate
 
 ACTIVATIONS = {"none": "linear", "silu": "SiLU"}
 
@@ -31,8 +36,6 @@ CONFIG = ValueSwapConfig
 
 def with_value_gate(model, value_gate: str):
     """The same weights in a model whose config has ``value_gate`` (linear 'none' or 'silu')."""
-    from probe.models.model import ProbeForCausalLM
-
     if model.config.value_gate not in ACTIVATIONS or value_gate not in ACTIVATIONS:
         raise ValueError(f"the value swap is between value_gate 'none' and 'silu'; model has "
                          f"{model.config.value_gate!r}, asked for {value_gate!r}")
@@ -47,8 +50,6 @@ def with_value_gate(model, value_gate: str):
 
 def swap_rows(models: dict, eval_batches) -> pd.DataFrame:
     """Loss of each model (key: (label, seed)) under both value activations."""
-    from probe.train.trainer import evaluate
-
     rows = []
     for (label, seed), model in models.items():
         trained = model.config.value_gate
@@ -60,8 +61,6 @@ def swap_rows(models: dict, eval_batches) -> pd.DataFrame:
 
 
 def swap_table(rows: pd.DataFrame) -> pd.DataFrame:
-    import numpy as np
-
     r = rows.assign(ppl=np.exp(rows["loss"]))
     g = r.groupby(["training", "inference"], sort=False)["ppl"]
     t = pd.DataFrame({"ppl_mean": g.mean(), "ppl_sd": g.std(ddof=1), "n": g.count()}).reset_index()
@@ -70,8 +69,6 @@ def swap_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def figure(table: pd.DataFrame):
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for inf, g in table.groupby("inference", sort=False):
         fig.add_trace(go.Bar(x=g["training"], y=g["ppl_mean"], name=f"{inf} at inference",
@@ -87,8 +84,6 @@ def run(cfg: ValueSwapConfig | None = None, *, progress: bool = False) -> Result
     with threads(cfg.threads), work_dir(cfg) as work:
         data = Data(cfg)
         if cfg.models:
-            from probe.checkpoints.load import load
-
             models = {}
             for name in cfg.models:
                 m = load(name)

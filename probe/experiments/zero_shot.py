@@ -19,15 +19,21 @@ training context, and summarised as mean ± SD over seeds.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 from dataclasses import dataclass
 
 import pandas as pd
+import plotly.graph_objects as go
 import torch
 import torch.nn.functional as F
 
-from probe.experiments.common import Result, Timer, config_dict
+from probe.checkpoints.load import load
+from probe.data import corpus as data_corpus
+from probe.data import load_corpus
 from probe.experiments.paired import Data, TrainSpec, threads, train_grid, work_dir
+from probe.experiments.result import Result, Timer, config_dict
 
 TASKS = ("wikitext2", "lambada", "hellaswag")
 VARIANTS = ("baseline", "sinklogit", "normgate", "projgate", "sink+norm", "sink+proj")
@@ -49,13 +55,9 @@ CONFIG = ZeroShotConfig
 
 # ---------------------------------------------------------------- data
 def _need_hub(what: str):
-    import os
-
-    from probe.data.corpus import _hub_reachable
-
     if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
         return
-    if not _hub_reachable():
+    if not data_corpus._hub_reachable():  # looked up when called: tests stand in for it
         raise ConnectionError(f"{what} needs the Hugging Face hub (datasets), which is unreachable from this machine; "
                               f"run without it (--tasks wikitext2) or where the hub is reachable")
 
@@ -94,18 +96,13 @@ def load_hellaswag(n: int = 3000) -> list[dict]:
 def resolve_wikitext(name: str) -> str:
     if name != "auto":
         return name
-    from probe.data.corpus import _hub_reachable
 
-    import importlib.util
-
-    online = importlib.util.find_spec("datasets") is not None and _hub_reachable()
+    online = importlib.util.find_spec("datasets") is not None and data_corpus._hub_reachable()
     return "hf:wikitext-2-raw-v1:test" if online else "wikitext-2-test"
 
 
 def wikitext_windows(corpus: str, tokenizer, ctx: int, max_windows: int | None = None) -> torch.Tensor:
     """(N, ctx+1) non-overlapping windows of the documents joined by a blank line (window i starts at i·ctx)."""
-    from probe.data import load_corpus
-
     text = "\n\n".join(load_corpus(corpus).documents)
     ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
     n = (len(ids) - 1) // ctx
@@ -210,8 +207,6 @@ def summarise(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def figure(summary: pd.DataFrame):
-    import plotly.graph_objects as go
-
     fig = go.Figure(go.Bar(x=summary["variant"], y=summary["wikitext2_ppl_mean"],
                            error_y=dict(type="data", array=summary["wikitext2_ppl_sd"].fillna(0), visible=True)))
     fig.update_layout(title="Zero-shot WikiText-2 perplexity (non-overlapping windows; mean ± SD over seeds)",
@@ -232,8 +227,6 @@ def run(cfg: ZeroShotConfig | None = None, *, progress: bool = False) -> Result:
             if t in cfg.tasks:  # fail before any training when a task's data is unreachable
                 cache[t] = loader()
         if cfg.models:
-            from probe.checkpoints.load import load
-
             for name in cfg.models:
                 model = load(name).float().eval()
                 tok = model.tokenizer

@@ -1,6 +1,6 @@
 """Training checkpoints without pickle: safetensors for every tensor, JSON for everything else, swapped in atomically.
 
-Layout of ``out_dir/checkpoint/``::
+Layout of ``out_dir/checkpoint/`` (the rest of a run directory: ``probe.runs``)::
 
     model.safetensors (+ config.json)   via ``save_pretrained`` when the model has it, else the state dict
     state.safetensors                   every tensor of the optimizer, sampler and RNG states
@@ -14,14 +14,17 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from safetensors.torch import save_model as save_state
 from torch import nn
+from transformers.utils import logging as hf_logging
+
+from probe.runs import CHECKPOINT
 
 STATE_JSON, STATE_TENSORS = "trainer_state.json", "state.safetensors"
 
@@ -79,7 +82,6 @@ def set_rng_state(state: dict):
 
 def save_model(model: nn.Module, path: Path):
     if hasattr(model, "save_pretrained"):
-        from transformers.utils import logging as hf_logging
         bars = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # no "Writing model shards" bar inside the training loop
         try:
@@ -88,8 +90,7 @@ def save_model(model: nn.Module, path: Path):
             if bars:
                 hf_logging.enable_progress_bar()
     else:
-        from safetensors.torch import save_model as st_save_model
-        st_save_model(model, str(path / "model.safetensors"))
+        save_state(model, str(path / "model.safetensors"))
 
 
 def export_model(model: nn.Module, path: Path, tokenizer=None) -> Path:
@@ -108,20 +109,6 @@ def export_model(model: nn.Module, path: Path, tokenizer=None) -> Path:
     os.replace(tmp, path)
     shutil.rmtree(old, ignore_errors=True)
     return path
-
-
-SNAPSHOTS = "snapshots"  # out_dir/snapshots/step{N}/: exported models kept along training (probe report --checkpoints)
-
-
-def snapshot_steps(run_dir: Path) -> dict[int, Path]:
-    """``{step: directory}`` of the snapshots a training run has written, in step order."""
-    root = Path(run_dir) / SNAPSHOTS
-    found = {}
-    for d in root.iterdir() if root.is_dir() else ():
-        m = re.fullmatch(r"step(\d+)", d.name)
-        if m and (d / "config.json").is_file():
-            found[int(m.group(1))] = d
-    return dict(sorted(found.items()))
 
 
 def load_model(model: nn.Module, path: Path):
@@ -144,7 +131,7 @@ def load_model(model: nn.Module, path: Path):
 
 def find_checkpoint(out_dir: Path) -> Path | None:
     """The complete checkpoint in ``out_dir``: ``checkpoint/``, else ``checkpoint.old/`` (an interrupted swap)."""
-    for name in ("checkpoint", "checkpoint.old"):
+    for name in (CHECKPOINT, f"{CHECKPOINT}.old"):
         if (out_dir / name / STATE_JSON).exists():
             return out_dir / name
     return None
@@ -152,7 +139,7 @@ def find_checkpoint(out_dir: Path) -> Path | None:
 
 def save_checkpoint(out_dir: Path, model: nn.Module, optimizer, sampler, step: int, extra: dict | None = None) -> Path:
     out_dir = Path(out_dir)
-    final, tmp, old = out_dir / "checkpoint", out_dir / "checkpoint.tmp", out_dir / "checkpoint.old"
+    final, tmp, old = out_dir / CHECKPOINT, out_dir / f"{CHECKPOINT}.tmp", out_dir / f"{CHECKPOINT}.old"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(model, tmp)

@@ -18,14 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from probe.runs import CHECKPOINT, METRICS, SNAPSHOTS, TRAIN_CONFIG, metrics_records, snapshot_dir
+
 from . import distributed as D
-from .checkpoint import (SNAPSHOTS, STATE_JSON, export_model, find_checkpoint, load_checkpoint, load_model,
-                         save_checkpoint)
+from .checkpoint import STATE_JSON, export_model, find_checkpoint, load_checkpoint, load_model, save_checkpoint
 from .optim import build_optimizer
 from .schedule import lr_factor
 
@@ -113,16 +115,10 @@ def evaluate(model: nn.Module, eval_batches, *, max_batches: int | None = None, 
     return total / count
 
 
-def _read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def read_metrics(run_dir: str | os.PathLike):
+def read_metrics(run_dir: str | os.PathLike) -> pd.DataFrame:
     """A run's ``metrics.jsonl`` as a DataFrame (one row per logged step: step, loss, lr, grad_norm, tokens,
     tokens_per_s, and val_loss where an evaluation ran); empty when nothing was logged yet."""
-    import pandas as pd
-
-    return pd.DataFrame(_read_metrics(Path(run_dir) / "metrics.jsonl"))
+    return pd.DataFrame(metrics_records(Path(run_dir)))
 
 
 def _write_metrics(path: Path, records: list[dict]):
@@ -141,16 +137,16 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
           progress: bool = True, tokenizer=None) -> dict:
     """Train ``model`` in place for ``cfg.steps`` optimizer steps; returns the last metrics record.
 
-    Writes ``out_dir/metrics.jsonl`` and ``out_dir/checkpoint/`` (rank 0 only). With ``resume`` it continues from the
-    checkpoint there — bit-exactly on CPU — and a finished run only loads its final weights into ``model`` and returns
-    its recorded final metrics. ``resume=False`` discards what ``out_dir`` holds. With ``cfg.snapshot_every`` the
+    Writes ``out_dir/metrics.jsonl`` and ``out_dir/checkpoint/`` (rank 0 only; the layout is ``probe.runs``). With
+    ``resume`` it continues from the checkpoint there — bit-exactly on CPU — and a finished run only loads its final
+    weights into ``model`` and returns its recorded final metrics. ``resume=False`` discards what ``out_dir`` holds. With ``cfg.snapshot_every`` the
     model (and ``tokenizer``, when given) is also exported to ``out_dir/snapshots/step{N}`` — a training trajectory
     that ``probe report --checkpoints out_dir`` reads.
     """
     out_dir = Path(out_dir)
     info = D.setup(cfg.device)
     device = _resolve_device(cfg.device, info)
-    metrics_path = out_dir / "metrics.jsonl"
+    metrics_path = out_dir / METRICS
     if cfg.batch_size % (info.world_size * cfg.grad_accum):
         raise ValueError(f"batch_size {cfg.batch_size} must divide into world_size {info.world_size} × "
                          f"grad_accum {cfg.grad_accum} equal micro-batches")
@@ -171,17 +167,17 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
         meta = load_checkpoint(ckpt, model, optimizer, sampler)
         step, last = meta["step"], meta.get("metrics")
         if info.is_main:
-            _write_metrics(metrics_path, [r for r in _read_metrics(metrics_path) if r["step"] <= step])
+            _write_metrics(metrics_path, [r for r in metrics_records(out_dir) if r["step"] <= step])
     else:
         torch.manual_seed(cfg.seed)
         if info.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
-            for name in ("checkpoint", "checkpoint.old", "checkpoint.tmp", SNAPSHOTS):
+            for name in (CHECKPOINT, f"{CHECKPOINT}.old", f"{CHECKPOINT}.tmp", SNAPSHOTS):
                 shutil.rmtree(out_dir / name, ignore_errors=True)
             _write_metrics(metrics_path, [])
-            (out_dir / "train_config.json").write_text(json.dumps(_jsonable(cfg), indent=1))
+            (out_dir / TRAIN_CONFIG).write_text(json.dumps(_jsonable(cfg), indent=1))
             if cfg.snapshot_every:
-                export_model(model, out_dir / SNAPSHOTS / "step0", tokenizer)
+                export_model(model, snapshot_dir(out_dir, 0), tokenizer)
     D.barrier()
 
     net = model
@@ -236,7 +232,7 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
                 save_checkpoint(out_dir, model, optimizer, sampler, step, {"config": _jsonable(cfg), "metrics": last})
             D.barrier()
         if cfg.snapshot_every and (final or step % cfg.snapshot_every == 0) and info.is_main:
-            export_model(model, out_dir / SNAPSHOTS / f"step{step}", tokenizer)
+            export_model(model, snapshot_dir(out_dir, step), tokenizer)
     bar.close()
     return last
 

@@ -1,64 +1,35 @@
-"""What the ``probe`` verbs share: user errors, notes and bars, model, tokenizer and window loading.
+"""What an analysis runs on, built from typed specs: the model (``ModelSpec``), its evaluation windows
+(``WindowSpec``) and the injection conditions that apply to it (``InjectionSpec``), for the CLI verbs and ``probe
+report``.
 
-Nothing heavy is imported at module level (``probe --help`` imports this module); torch, pandas, plotly and
-transformers are imported inside the functions that need them.
+Every failure a user can cause here (a missing corpus, an unknown model, an unreadable checkpoint, a tokenizer that
+does not fit, a context the model cannot take, a device that is not there) is a one-line :class:`UsageError` naming
+the flag, raised before any output is written.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
-import os
-import sys
 from pathlib import Path
 
-# The embedded default models: zoo checkpoints (issue #7) when installed, else a freshly initialised tiny model of the
-# same variant built in-process (seed 0). Switching to another zoo name is a one-line change here.
-DEFAULT_MODEL = "probe/tiny-sink+proj"
-DEFAULT_DEPTH_MODEL = "probe/tiny-attnres-block4"  # `probe sources` needs depth routing
-DEFAULT_TOKENIZER = "probe-bpe-8k"
+import torch
+from transformers.utils import logging as hf_logging
 
+from probe.analyses.inject import JUNK_TYPES, own_directions
+from probe.checkpoints.load import KNOWN_CHECKPOINTS, ModelNotFoundError, load, resolve
+from probe.console import Console
+from probe.data import cap_ctx, eval_batches, tokenize_documents
+from probe.data import load_corpus as read_corpus
+from probe.data.corpus import CORPORA
+from probe.data.tokenizer import TOKENIZERS, load_tokenizer
+from probe.errors import UsageError, first_line
+from probe.models import create
+from probe.specs import InjectionSpec, ModelSpec, WindowSpec
 
-class UsageError(Exception):
-    """A user error: printed as one line on stderr, exit code 2."""
-
-    def __init__(self, message: str, prog: str = "probe"):
-        super().__init__(message)
-        self.prog = prog
-
-    def one_line(self) -> str:
-        return " ".join(str(self).split())
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
-
-
-class Console:
-    """Notes (stderr) and tqdm bars, silent with --quiet. Results go to stdout."""
-
-    def __init__(self, quiet: bool = False):
-        self.quiet = quiet
-        if quiet:
-            import warnings
-
-            warnings.simplefilter("ignore")
-            os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-
-    def note(self, msg: str) -> None:
-        """A line on stderr that does not collide with an active progress bar."""
-        if not self.quiet:
-            from tqdm import tqdm
-
-            tqdm.write(msg, file=sys.stderr)
-
-    def bar(self, total: int, desc: str, unit: str = "it", leave: bool = True):
-        """A tqdm bar on stderr; ``leave=False`` bars (loading stages) erase themselves when closed, so an error
-        that follows them is the only line left on the terminal."""
-        from tqdm.auto import tqdm
-
-        return tqdm(total=total, desc=desc, unit=unit, disable=self.quiet, file=sys.stderr, dynamic_ncols=True,
-                    leave=leave)
+DEFAULT_TOKENIZER = "probe-bpe-8k"  # for probe models that ship none
+KNOWN_HINT = ("see `probe models`: zoo names probe/tiny-<variant>, pythia-14m ... pythia-12b[-deduped][@stepN], "
+              "gpt-oss-20b, gpt-oss-120b, an HF repo id, a local model directory, a `probe train` run "
+              "directory[@stepN] or a .gguf file")
 
 
 # ------------------------------------------------------------------------------------------------------------ checks
@@ -66,8 +37,6 @@ class Console:
 
 def check_data(name: str, flag: str = "--data") -> None:
     """Fail fast (before loading a model) on a corpus that is neither bundled, online (hf:) nor an existing path."""
-    from probe.data.corpus import CORPORA
-
     bundled = [k for k in CORPORA if not k.startswith("hf:")]
     if name in bundled or name.startswith("hf:") or Path(name).expanduser().exists():
         return
@@ -78,14 +47,10 @@ def check_data(name: str, flag: str = "--data") -> None:
 
 def set_threads(n: int | None) -> None:
     if n:
-        import torch
-
         torch.set_num_threads(n)
 
 
 def resolve_device(device: str) -> str:
-    import torch
-
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -97,38 +62,33 @@ def resolve_device(device: str) -> str:
     return str(dev)
 
 
-KNOWN_HINT = ("see `probe models`: zoo names probe/tiny-<variant>, pythia-14m ... pythia-12b[-deduped][@stepN], "
-              "gpt-oss-20b, gpt-oss-120b, an HF repo id, a local model directory, a `probe train` run directory[@stepN] or a .gguf file")
+# ------------------------------------------------------------------------------------------------------------ model
 
 
-def load_model(args, default: str, console: Console):
-    """The model of ``--model`` (or the embedded default), on ``--device`` in ``--dtype``, in eval mode."""
-    import probe.checkpoints.load as L
-
-    set_threads(args.threads)
-    device = resolve_device(args.device)
-    dtype = None if args.dtype == "auto" else args.dtype
-    name = args.model
+def load_model(spec: ModelSpec, console: Console):
+    """The model of ``spec.name`` (or the embedded default), on its device in its dtype, in eval mode."""
+    set_threads(spec.threads)
+    device = resolve_device(spec.device)
+    dtype = None if spec.dtype == "auto" else spec.dtype
+    name = spec.name
     if name is None:
         try:
-            L.resolve(default)
-            name = default
-        except L.ModelNotFoundError:
-            return fresh_default(default, device, dtype, console)
+            resolve(spec.default)
+            name = spec.default
+        except ModelNotFoundError:
+            return fresh_default(spec.default, device, dtype, console)
     try:
-        _, _, kind = L.resolve(name)
-    except L.ModelNotFoundError as e:
+        _, _, kind = resolve(name)
+    except ModelNotFoundError as e:
         raise UsageError(f"--model {name!r}: {e}") from None
     except ValueError as e:
         raise UsageError(f"--model {name!r}: {e}; {KNOWN_HINT}") from None
     if kind != "hub":  # local weights load in moments: our loading bar is enough (hub downloads keep their bars)
-        from transformers.utils import logging as hf_logging
-
         hf_logging.disable_progress_bar()
     try:
-        model = L.load(name, device=device if device != "cpu" else None, dtype=dtype)
-    except L.ModelNotFoundError as e:
-        close = difflib.get_close_matches(name.split("@")[0], list(L.KNOWN_CHECKPOINTS), n=1)
+        model = load(name, device=device if device != "cpu" else None, dtype=dtype)
+    except ModelNotFoundError as e:
+        close = difflib.get_close_matches(name.split("@")[0], list(KNOWN_CHECKPOINTS), n=1)
         hint = f"did you mean {close[0]}? " if close and close[0] != name.split("@")[0] else ""
         raise UsageError(f"--model {name!r}: {e}; {hint}{KNOWN_HINT}") from None
     except Exception as e:  # noqa: BLE001 — an unreadable checkpoint of any kind is a user error, one line
@@ -137,10 +97,7 @@ def load_model(args, default: str, console: Console):
 
 
 def fresh_default(default: str, device: str, dtype, console: Console):
-    import torch
-
-    from probe.models import create
-
+    """A freshly initialised tiny model of the default's variant (seed 0), when that zoo checkpoint is not installed."""
     variant = default.split("tiny-", 1)[1]
     console.note(f"model: zoo checkpoint {default} is not installed; using a freshly initialised tiny {variant} "
                  f"(seed 0, untrained)")
@@ -151,10 +108,12 @@ def fresh_default(default: str, device: str, dtype, console: Console):
     return model.to(device).eval()
 
 
-def tokenizer_for(args, model):
-    from probe.data.tokenizer import TOKENIZERS, load_tokenizer
+# ------------------------------------------------------------------------------------------------------------ windows
 
-    name = getattr(args, "tokenizer", None)
+
+def tokenizer_for(spec: WindowSpec, model):
+    """``spec.tokenizer``, else the model's own, else (probe models only) the shipped default."""
+    name = spec.tokenizer
     if name is None:
         if getattr(model, "tokenizer", None) is not None:
             return model.tokenizer
@@ -169,36 +128,29 @@ def tokenizer_for(args, model):
 
 
 def load_corpus(name: str, flag: str = "--data"):
-    from probe.data import load_corpus as _load
-
     check_data(name, flag)
     try:
-        return _load(name)
+        return read_corpus(name)
     except (OSError, ValueError, ImportError, UnicodeDecodeError) as e:
         raise UsageError(f"{flag} {name!r}: {first_line(e)}") from None
 
 
-def eval_ctx(args, model) -> int:
-    from probe.data import cap_ctx
-
+def eval_ctx(spec: WindowSpec, model) -> int:
+    """Tokens per window: ``spec.ctx`` (at most the model's maximum), else the model's evaluation context."""
     info = model.probe_info
     n_ctx = info.n_ctx
-    if args.ctx is None and info.family == "probe":
+    if spec.ctx is None and info.family == "probe":
         return n_ctx  # custom models: their training context (SPEC §5); HF checkpoints: min(1024, maximum)
     try:
-        return cap_ctx(args.ctx, n_ctx)
+        return cap_ctx(spec.ctx, n_ctx)
     except ValueError:
-        raise UsageError(f"--ctx {args.ctx} exceeds the maximum context {n_ctx} of model "
+        raise UsageError(f"--ctx {spec.ctx} exceeds the maximum context {n_ctx} of model "
                          f"{info.name!r}; choose --ctx 2..{n_ctx}") from None
 
 
 def make_windows(corpus, tok, *, n_batches: int, batch_size: int, ctx: int, seed: int, mode: str, vocab_size: int,
                  docs=None):
     """Fixed evaluation windows; mode auto = one window per document (first), else sequential windows."""
-    import dataclasses
-
-    from probe.data import eval_batches, tokenize_documents
-
     if mode == "random" and tok.eos_token_id is None:
         raise UsageError(f"--window-mode random joins documents with EOS, but tokenizer {tok.name_or_path!r} has no "
                          "eos token; use --window-mode first or sequential")
@@ -225,21 +177,38 @@ def make_windows(corpus, tok, *, n_batches: int, batch_size: int, ctx: int, seed
     return eb
 
 
-def windows_for(args, model, console: Console):
-    """Model-specific windows of ``--data`` (its tokenizer and context) on its device: (windows, tokenizer)."""
-    import dataclasses
-
-    tok = tokenizer_for(args, model)
-    ctx = eval_ctx(args, model)
-    corpus = load_corpus(args.data)
-    eb = make_windows(corpus, tok, n_batches=args.batches, batch_size=args.batch_size, ctx=ctx, seed=args.seed,
-                      mode=args.window_mode, vocab_size=model.probe_info.vocab_size)
-    device = next(model.parameters()).device
-    return dataclasses.replace(eb, tokens=eb.tokens.to(device)), tok
+def windows_for(spec: WindowSpec, model):
+    """The model's windows of ``spec.data`` (its tokenizer and context) on its device: (windows, tokenizer)."""
+    tok = tokenizer_for(spec, model)
+    ctx = eval_ctx(spec, model)
+    corpus = load_corpus(spec.data)
+    eb = make_windows(corpus, tok, n_batches=spec.batches, batch_size=spec.batch_size, ctx=ctx, seed=spec.seed,
+                      mode=spec.mode, vocab_size=model.probe_info.vocab_size)
+    return on_device(eb, model), tok
 
 
-def plan_line(verb: str, model, eb, passes: int = 1, what: str = "") -> str:
-    n = eb.tokens.shape[0] * eb.tokens.shape[1]
-    extra = f" x {passes} forward passes ({what})" if passes > 1 else ""
-    return (f"plan: {verb} on {model.probe_info.name} — {eb.tokens.shape[0]} batches x {eb.tokens.shape[1]} windows "
-            f"x {eb.ctx} tokens ({n} windows, {eb.corpus}, {eb.mode}){extra}")
+def on_device(eb, model):
+    """The windows with their tokens on the model's device."""
+    return dataclasses.replace(eb, tokens=eb.tokens.to(next(model.parameters()).device))
+
+
+# ------------------------------------------------------------------------------------------------------------ injection
+
+
+def injection_plan(model, spec: InjectionSpec, batch_size: int) -> tuple[list[str], list[str], list[str]]:
+    """(junk types, cutoffs, skipped notes): 'all' expands to every type that applies to the model (own-direction
+    only for projection gates); a type asked for by name that does not apply is an error."""
+    kinds = list(dict.fromkeys(JUNK_TYPES if "all" in spec.junk else spec.junk))
+    skipped = []
+    if "own-direction" in kinds:
+        try:
+            own_directions(model)
+        except ValueError as e:
+            if "own-direction" in spec.junk:
+                raise UsageError(f"--junk own-direction: {e}") from None
+            kinds.remove("own-direction")
+            skipped.append(f"own-direction ({e})")
+    if batch_size < 2 and "structured" in kinds:
+        raise UsageError("--junk structured needs --batch-size >= 2 (its junk comes from the other sequences of the "
+                         "batch)")
+    return kinds, list(dict.fromkeys(spec.cutoffs)), skipped

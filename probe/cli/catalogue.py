@@ -1,0 +1,76 @@
+"""The ``probe`` verbs that describe rather than run a model: models (what can be named) and costs (what depth
+routing adds)."""
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+
+from probe.analyses.costs import TABLE1, cost_figure, cost_table
+from probe.checkpoints.load import PYTHIA_SIZES, list_models
+from probe.cli.specs import output_spec
+from probe.console import Console
+from probe.errors import UsageError
+from probe.models import TIER_DESCRIPTIONS, TIERS, VARIANTS
+from probe.output import emit, save_result, show
+
+def run_models(args: argparse.Namespace) -> int:
+    output = output_spec(args)
+    console = Console(output.quiet)
+    variants = pd.DataFrame([{"name": k, "description": v} for k, v in VARIANTS.items()])
+    tiers = pd.DataFrame([{"name": k, "layers": t["n_layers"], "d_model": t["d_model"], "heads": t["n_heads"],
+                           "d_mlp": t["d_mlp"], "ctx": t["n_ctx"], "vocab": t["vocab_size"],
+                           "description": TIER_DESCRIPTIONS.get(k, "")} for k, t in TIERS.items()])
+    checkpoints = pd.DataFrame(list_models(), columns=["name", "source", "kind", "available"])
+    result = {"variants": variants, "tiers": tiers, "checkpoints": checkpoints}
+    zoo = checkpoints[checkpoints["kind"] == "zoo"]
+    hub = checkpoints[checkpoints["kind"] == "hub"]
+    w = max(len(n) for n in list(variants["name"]) + list(tiers["name"]) + list(checkpoints["name"])) + 2
+    text = ["variants (probe train --variant V; {N} blocks, {r} routing rank):"]
+    text += [f"  {r.name:<{w}}{r.description}" for r in variants.itertuples()]
+    text += ["", "tiers (probe train --tier T):"]
+    text += [f"  {r.name:<{w}}{r.description}" for r in tiers.itertuples()]
+    text += ["", "zoo (bundled trained checkpoints, --model probe/<name>):"]
+    text += [f"  {r.name:<{w}}{r.source}" for r in zoo.itertuples()] or ["  none installed yet; commands without "
+                                                                         "--model use a freshly initialised tiny model"]
+    text += ["", "known checkpoints (--model NAME; 'cached' = in the local Hugging Face cache):"]
+    text += [f"  {r.name:<{w}}{r.source}{'  (cached)' if r.available else ''}" for r in hub.itertuples()]
+    text += ["", f"  pythia-<size>[-deduped]@step<N>: sizes {', '.join(PYTHIA_SIZES)}; steps 0, 1, 2, 4, ..., 512 "
+             "and every 1000 up to 143000", "  also: any HF repo id[@revision], a local model directory, a .gguf file"]
+    save_result(output, "models", result, [], console, "Models")
+    emit(output, "models", result, "\n".join(text))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------------------ costs
+
+
+def run_costs(args: argparse.Namespace) -> int:
+    output = output_spec(args)
+    console = Console(output.quiet)
+    d, L, m = 1024, 24, 2816
+    if args.tier:
+        if args.tier not in TIERS:
+            raise UsageError(f"--tier {args.tier!r} is not a tier; choose one of {', '.join(TIERS)}")
+        t = TIERS[args.tier]
+        d, L, m = t["d_model"], t["n_layers"], t["d_mlp"]
+    d, L, m = args.d or d, args.layers or L, args.mlp or m
+    rows, skipped = [], []
+    for meth, N, r, _ in TABLE1:
+        if (N is not None and (2 * L) % N) or (r is not None and meth == "s-lr" and r > d):
+            skipped.append(f"{meth} N={N} r={r}")
+        else:
+            rows.append((meth, N, r))
+    table = cost_table(d, L, m, rows)
+    if (d, L, m) == (1024, 24, 2816):  # the paper's printed values beside the model's
+        table["table1_pct"] = [p for meth, N, r, p in TABLE1]
+    meta = {"analysis": "costs", "d": d, "L": L, "m": m, "base_flops": int(table["base_flops"].iloc[0])}
+    result = {"costs": table, "meta": pd.DataFrame([meta])}
+    if skipped:
+        console.note(f"skipped rows that do not fit L={L}, d={d}: {', '.join(skipped)}")
+    text = [f"cost model: d={d}, L={L}, m={m}; base C = L(4d^2 + 3dm) = {meta['base_flops']:,} multiply-adds/token",
+            "", show(table, ["label", "S_src", "added_flops", "added_flops_pct", "table1_pct", "added_params",
+                             "added_params_pct"], digits=5)]
+    save_result(output, "costs", result, [cost_figure(table)], console, "Depth-routing costs")
+    emit(output, "costs", result, "\n".join(text))
+    return 0

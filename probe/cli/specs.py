@@ -1,0 +1,43 @@
+"""The parsed flags as typed specs: the one place that reads the shared flags off an ``argparse.Namespace``.
+
+Lists are deduplicated here, in the order given (``--dose 0.4 0.4`` is one condition, ``--eps 0.3 0.3`` one threshold).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from probe.specs import InjectionSpec, ModelSpec, OutputSpec, WindowSpec
+
+
+def _unique(values) -> tuple:
+    return tuple(dict.fromkeys(values))
+
+
+def model_spec(args: argparse.Namespace, default: str | None = None) -> ModelSpec:
+    """--model (``default`` when absent), --device, --dtype, --threads."""
+    return ModelSpec(name=args.model, default=default, device=args.device, dtype=args.dtype,
+                     threads=args.threads)
+
+
+def window_spec(args: argparse.Namespace) -> WindowSpec:
+    """--data, --tokenizer, --batches, --batch-size, --ctx, --window-mode, --seed."""
+    return WindowSpec(data=args.data, tokenizer=args.tokenizer, batches=args.batches, batch_size=args.batch_size,
+                      ctx=args.ctx, mode=args.window_mode, seed=args.seed)
+
+
+def injection_spec(args: argparse.Namespace) -> InjectionSpec | None:
+    """--junk, --cutoff and the doses (--dose, or report's --inject-doses); None when no dose was asked for."""
+    if not args.dose:
+        return None
+    return InjectionSpec(doses=_unique(args.dose), junk=_unique(args.junk), cutoffs=_unique(args.cutoff))
+
+
+def output_spec(args: argparse.Namespace) -> OutputSpec:
+    """--out, --json, --quiet."""
+    return OutputSpec(out=Path(args.out) if args.out else None, as_json=args.json, quiet=args.quiet)
+
+
+def eps_values(args: argparse.Namespace) -> tuple[float, ...]:
+    """--eps: the Sink^eps thresholds."""
+    return _unique(args.eps)

@@ -1,0 +1,139 @@
+"""``probe train``: train a custom variant into a run directory (layout: ``probe.runs``); the same command resumes.
+
+The run's identity (the flags that determine the weights) is recorded in ``RUN/probe_train.json``; an existing run
+directory with another identity, or a directory that is not a run, is a one-line error before anything is written.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from probe.analyses.figures import training_figure
+from probe.console import Console
+from probe.data import WindowSampler, load_tokenizer, tokenize_documents
+from probe.errors import UsageError, first_line
+from probe.inputs import check_data, load_corpus, make_windows, resolve_device, set_threads
+from probe.models import config_for, create
+from probe.output import atomic_write, html_page
+from probe.runs import FINAL_MODEL, MODEL_CONFIG, RUN_IDENTITY, TRAINING_PAGE
+from probe.train import TrainConfig, export_model, find_checkpoint, read_metrics, train
+from probe.train.checkpoint import STATE_JSON
+from probe.train.distributed import from_env
+
+RUN_KEYS = ("variant", "tier", "seed", "data", "tokenizer", "batch_size", "ctx", "lr", "warmup", "eval_data",
+            "eval_batches", "schedule", "min_lr_ratio", "optimizer", "muon_lr", "weight_decay", "grad_clip", "z_loss",
+            "grad_accum")  # must match to resume; --steps, --eval-every, --ckpt-every may change
+# keys added after runs were written without them: such a run was trained with TrainConfig's defaults for them
+LATER_KEYS = ("schedule", "min_lr_ratio", "optimizer", "muon_lr", "weight_decay", "grad_clip", "z_loss", "grad_accum")
+
+
+def _run_identity(args: argparse.Namespace, ctx: int) -> dict:
+    ident = {k: vars(args)[k] for k in RUN_KEYS}
+    ident["ctx"] = ctx
+    return ident
+
+
+def _check_run_dir(out: Path, ident: dict) -> bool:
+    """True when ``out`` holds a run with the same identity (resume); errors for a different run or foreign files."""
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} is a file, not a run directory")
+    run = out / RUN_IDENTITY
+    if not run.is_file():
+        if any(out.iterdir()):
+            raise UsageError(f"--out {str(out)!r} exists and is not a `probe train` run directory; choose a new or "
+                             "empty directory")
+        return False
+    old = {**{k: getattr(TrainConfig, k) for k in LATER_KEYS}, **json.loads(run.read_text())}
+    diff = [f"--{k.replace('_', '-')} {old.get(k)!r} (now {v!r})" for k, v in ident.items() if old.get(k) != v]
+    if diff:
+        raise UsageError(f"--out {str(out)!r} holds a run with different settings: {'; '.join(diff)}; resume with "
+                         "the same flags or choose another --out")
+    return True
+
+
+def run_train(args: argparse.Namespace) -> int:
+    console = Console(args.quiet)
+    check_data(args.data)
+    check_data(args.eval_data, "--eval-data")
+    try:
+        config = config_for(args.variant, args.tier)
+    except ValueError as e:
+        raise UsageError(f"--variant {args.variant!r} / --tier {args.tier!r}: {first_line(e).split(': ', 1)[-1]}"
+                         ) from None
+    ctx = args.ctx or config.n_ctx
+    if ctx > config.n_ctx:
+        raise UsageError(f"--ctx {ctx} exceeds the maximum context {config.n_ctx} of tier {args.tier!r}; choose "
+                         f"--ctx 2..{config.n_ctx}")
+    if ctx < 2:
+        raise UsageError(f"--ctx {ctx} is too short; choose --ctx 2..{config.n_ctx}")
+    dist = from_env()  # under torchrun only rank 0 checks, writes and reports
+    if args.batch_size % (dist.world_size * args.grad_accum):
+        raise UsageError(f"--batch-size {args.batch_size} does not split into {dist.world_size} process(es) x "
+                         f"--grad-accum {args.grad_accum} equal micro-batches; choose a --batch-size that is a "
+                         f"multiple of {dist.world_size * args.grad_accum}")
+    out = Path(args.out)
+    ident = _run_identity(args, ctx)
+    resuming = _check_run_dir(out, ident) if dist.is_main else False
+    set_threads(args.threads)
+    device = resolve_device(args.device)
+    try:
+        tok = load_tokenizer(args.tokenizer)
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"--tokenizer {args.tokenizer!r}: {first_line(e)}") from None
+    if len(tok) > config.vocab_size:
+        raise UsageError(f"--tokenizer {args.tokenizer!r} has {len(tok)} tokens but tier {args.tier!r} has a "
+                         f"vocabulary of {config.vocab_size}; choose a matching tokenizer or tier")
+    bar = console.bar(2, f"train: tokenizing {args.data}", unit="corpus", leave=False)
+    try:
+        docs = tokenize_documents(load_corpus(args.data), tok)
+        try:
+            sampler = WindowSampler(docs, ctx, args.seed, eos_id=tok.eos_token_id)
+        except ValueError as e:
+            raise UsageError(f"--data {args.data!r}: {e}") from None
+        bar.update()
+        bar.set_description(f"train: tokenizing {args.eval_data}")
+        eb = make_windows(load_corpus(args.eval_data, "--eval-data"), tok, n_batches=args.eval_batches,
+                          batch_size=8, ctx=ctx, seed=args.seed, mode="auto", vocab_size=config.vocab_size)
+        bar.update()
+    finally:
+        bar.close()
+    model = create(args.variant, args.tier, seed=args.seed)
+    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+                      schedule=args.schedule, min_lr_ratio=args.min_lr_ratio, optimizer=args.optimizer,
+                      muon_lr=args.muon_lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+                      z_loss=args.z_loss, grad_accum=args.grad_accum, eval_every=args.eval_every,
+                      ckpt_every=args.ckpt_every, snapshot_every=args.snapshot_every, seed=args.seed, device=device)
+    n_params = sum(p.numel() for p in model.parameters())
+    ckpt = find_checkpoint(out) if resuming else None
+    start = json.loads((ckpt / STATE_JSON).read_text())["step"] if ckpt else 0
+    if dist.is_main:
+        console.note(f"plan: train {args.tier}-{args.variant} ({n_params:,} parameters) on {args.data} for "
+                     f"{args.steps} steps x {args.batch_size} windows x {ctx} tokens"
+                     + (f"; resuming from step {start}" if ckpt else "") + f"; run directory {out}")
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / RUN_IDENTITY, json.dumps(ident, indent=1))
+    last = train(model, sampler, cfg, out, eval_batches=eb, resume=True, progress=not args.quiet, tokenizer=tok)
+    if not dist.is_main:
+        return 0
+    model_dir = out / FINAL_MODEL
+    if start < args.steps or not (model_dir / MODEL_CONFIG).exists():
+        export_model(model, model_dir, tok)
+    _write_training_page(out, f"{args.tier}-{args.variant}", ident)
+    result = {**(last or {}), "steps": args.steps, "model_dir": str(model_dir)}
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        keys = [k for k in ("step", "loss", "val_loss", "lr", "grad_norm", "tokens", "tokens_per_s") if k in result]
+        print("\n".join(f"{k:<14}{result[k]:.4g}" if isinstance(result[k], float) else f"{k:<14}{result[k]}"
+                        for k in keys))
+        print(f"model saved to {model_dir} (probe eval --model {out}); curves in {out / TRAINING_PAGE}")
+    return 0
+
+
+def _write_training_page(out: Path, model_name: str, ident: dict) -> None:
+    """The run's settings and curves (loss, validation loss, lr, gradient norm), atomically."""
+    page = html_page(f"probe train: {model_name} ({out.name})", [training_figure(read_metrics(out))], intro=ident)
+    atomic_write(out / TRAINING_PAGE, page)

@@ -1,0 +1,28 @@
+"""User errors: one line on stderr and exit code 2, wherever they are raised (the CLI, reports, experiment recipes)."""
+from __future__ import annotations
+
+import argparse
+
+
+class UsageError(Exception):
+    """A user error: printed as one line on stderr, exit code 2."""
+
+    def __init__(self, message: str, prog: str = "probe"):
+        super().__init__(message)
+        self.prog = prog
+
+    def one_line(self) -> str:
+        return " ".join(str(self).split())
+
+
+class UsageParser(argparse.ArgumentParser):
+    """argparse whose errors are a :class:`UsageError` (``PROG: error: ...``, exit 2) instead of usage text."""
+
+    def error(self, message):
+        raise UsageError(message, prog=self.prog)
+
+
+def first_line(e: BaseException) -> str:
+    """``TypeName: first line of the message``: how a library's exception appears inside a one-line error."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")

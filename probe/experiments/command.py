@@ -1,0 +1,97 @@
+"""The command line of the recipes, ``python -m probe.experiments NAME --out DIR [options]`` and ``probe experiment
+NAME ...``: run one recipe and write its result.
+
+Options are the fields of the recipe's config dataclass (``--steps 400``, ``--loads 1 8``, ``--seeds 0 1``,
+``--no-flag`` for booleans); ``python -m probe.experiments NAME --help`` lists them with their defaults.
+``--list`` prints the recipes. User errors are one line on stderr and exit code 2; the output folder receives
+``config.json`` (the recipe, every option, wall time), one CSV per table and one HTML figure each, written atomically.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import typing
+
+from probe.errors import UsageError, UsageParser
+from probe.experiments import RECIPES, make_config, module
+
+
+def _scalar_type(field: dataclasses.Field):
+    """int/float/str for a field, from its default or (for None defaults) from its annotation text."""
+    default = field.default if field.default is not dataclasses.MISSING else None
+    if isinstance(default, tuple):
+        return type(default[0]) if default else str
+    if default is not None:
+        return type(default)
+    text = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "str")
+    for name, typ in (("int", int), ("float", float)):
+        if name in text.split(" | ") or name in typing.get_args(field.type):
+            return typ
+    return str
+
+
+def _none_or(typ):
+    def parse(text: str):
+        return None if text.lower() == "none" else typ(text)
+    parse.__name__ = typ.__name__
+    return parse
+
+
+PROG = "python -m probe.experiments"
+
+
+def build_parser(name: str, prog: str = PROG) -> argparse.ArgumentParser:
+    cfg_cls = module(name).CONFIG
+    p = UsageParser(prog=f"{prog} {name}", description=RECIPES[name], allow_abbrev=False)
+    p.add_argument("--out", required=True, help="output folder (config.json, CSV tables, HTML figures)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    for f in dataclasses.fields(cfg_cls):
+        flags = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
+        default = f.default
+        help_ = f"default: {default!r}"
+        if isinstance(default, bool):
+            p.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_)
+        elif isinstance(default, tuple):
+            p.add_argument(*flags, dest=f.name, nargs="+", type=_scalar_type(f), default=default, help=help_)
+        else:
+            typ = _scalar_type(f)
+            p.add_argument(*flags, dest=f.name, type=_none_or(typ) if default is None else typ, default=default,
+                           help=help_)
+    return p
+
+
+def main(argv=None, prog: str = PROG) -> int:
+    """Run the command line ``[NAME, --out, DIR, options...]``; returns the exit code. ``prog`` names the command in
+    messages (the ``probe`` CLI passes ``"probe experiment"``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if not argv or argv[0] in ("-h", "--help", "--list"):
+            width = max(map(len, RECIPES))
+            print(f"usage: {prog} NAME --out DIR [options]   (NAME --help lists the options)\n")
+            print("\n".join(f"  {n:<{width}}  {d}" for n, d in RECIPES.items()))
+            return 0
+        name = argv[0]
+        try:
+            module(name)
+        except ValueError as e:
+            raise UsageError(str(e), prog=prog) from None
+        args = vars(build_parser(name, prog).parse_args(argv[1:]))
+        out, quiet = args.pop("out"), args.pop("quiet")
+        options = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
+        try:
+            cfg = make_config(name, **options)
+        except (ValueError, TypeError) as e:
+            raise UsageError(str(e), prog=f"{prog} {name}") from None
+        try:
+            result = module(name).run(cfg, progress=not quiet)
+        except (ValueError, FileNotFoundError, ConnectionError) as e:
+            message = str(e).splitlines()[0] if str(e) else repr(e)
+            raise UsageError(message, prog=f"{prog} {name}") from None
+        folder = result.save(out)
+        print(f"{name}: wrote {len(result.tables)} tables and {len(result.figures)} figures to {folder} "
+              f"({result.meta.get('wall_s', '?')} s)")
+        return 0
+    except UsageError as e:
+        print(f"{e.prog}: error: {e.one_line()}", file=sys.stderr)
+        return 2

@@ -1,0 +1,72 @@
+"""What a recipe returns and records: its ``Result`` (recorded config, DataFrames, plotly figures, run metadata) and
+how that lands on disk.
+
+A recipe is ``run(cfg: SomeConfig) -> Result``. ``Result.save(out)`` writes ``config.json`` (the recipe name, every
+option, the package version, the wall time), one CSV per table, one HTML file per figure (all sharing the offline
+``plotly.min.js`` written beside them) and ``report.html`` (self-contained: the headline tables and every figure),
+through ``probe.output.write_files``: every file is staged under a temporary name and renamed into place, and
+``config.json`` is renamed last, so a folder with a ``config.json`` holds a complete result and an interrupted save
+leaves no half file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+from plotly.offline import get_plotlyjs
+
+from probe import __version__
+from probe.output import clean, html_page, write_files
+
+
+@dataclass
+class Result:
+    recipe: str
+    config: dict
+    tables: dict[str, pd.DataFrame]
+    figures: dict = field(default_factory=dict)  # name -> plotly Figure
+    meta: dict = field(default_factory=dict)  # wall time, torch threads, corpus identity, ...
+    headline: tuple = ()  # names of the tables shown in report.html (default: all but per-step curves)
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        return self.tables[name]
+
+    def save(self, out) -> Path:
+        """Write the result into the folder ``out`` (created if needed); returns the folder."""
+        files = {f"{name}.csv": df.to_csv(index=False) for name, df in self.tables.items()}
+        if self.figures:  # one small HTML per figure, sharing one offline copy of plotly.js
+            files["plotly.min.js"] = get_plotlyjs()
+        for name, fig in self.figures.items():
+            files[f"{name}.html"] = fig.to_html(include_plotlyjs="directory", full_html=True)
+        shown = self.headline or [n for n, df in self.tables.items() if len(df) <= 200]
+        files["report.html"] = html_page(
+            f"probe experiment {self.recipe}", list(self.figures.values()),
+            intro={"recipe": self.recipe, **{k: v for k, v in self.meta.items() if not isinstance(v, dict)}},
+            tables=[(n, self.tables[n]) for n in shown])
+        record = {"recipe": self.recipe, "config": self.config, "meta": self.meta,
+                  "tables": sorted(self.tables), "figures": sorted(self.figures)}
+        files["config.json"] = json.dumps(clean(record), indent=1)  # renamed last: marks the folder complete
+        write_files(Path(out), files)
+        return Path(out)
+
+
+def config_dict(cfg) -> dict:
+    """The recipe's config dataclass as recorded in ``config.json``."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+class Timer:
+    """Started with the recipe; ``meta()`` is the run's metadata: wall time and the versions that produced it."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    def meta(self, **extra) -> dict:
+        return {"wall_s": round(time.perf_counter() - self.t0, 2), "torch_threads": torch.get_num_threads(),
+                "torch": torch.__version__, "probe": __version__, "python": platform.python_version(), **extra}

@@ -1,0 +1,64 @@
+"""The layout of a training run directory, shared by the trainer (which writes it) and the loader (which reads it).
+
+    RUN/probe_train.json        the `probe train` flags that identify the run (a different run refuses to resume)
+    RUN/train_config.json       the TrainConfig of the loop
+    RUN/metrics.jsonl           one JSON record per logged step (loss, lr, grad_norm, tokens, val_loss, ...)
+    RUN/checkpoint/             the resumable state (see ``probe.train.checkpoint``)
+    RUN/model/                  the final model, exported when training ends
+    RUN/snapshots/step{N}/      models kept along training (``--snapshot-every``), each a loadable model directory
+    RUN/training.html           the training curves
+
+``RUN`` as a model name stands for its final model, else its last checkpoint; ``RUN@step{N}`` for a snapshot.
+Standard library only: both ``probe.checkpoints`` and ``probe.train`` import it.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+MODEL_CONFIG = "config.json"  # marks a directory as a saved model
+RUN_IDENTITY = "probe_train.json"
+TRAIN_CONFIG = "train_config.json"
+METRICS = "metrics.jsonl"
+CHECKPOINT = "checkpoint"
+FINAL_MODEL = "model"
+SNAPSHOTS = "snapshots"
+TRAINING_PAGE = "training.html"
+
+_STEP = re.compile(r"(?:step)?(\d+)")
+
+
+def parse_step(revision: str) -> int | None:
+    """``step1000`` or ``1000`` → 1000; anything else (``main``, a commit) → None."""
+    m = _STEP.fullmatch(revision)
+    return int(m.group(1)) if m else None
+
+
+def snapshot_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / SNAPSHOTS / f"step{step}"
+
+
+def snapshot_steps(run_dir: Path) -> dict[int, Path]:
+    """``{step: directory}`` of the snapshots a training run has written (complete ones only), in step order."""
+    root = Path(run_dir) / SNAPSHOTS
+    found = {}
+    for d in root.iterdir() if root.is_dir() else ():
+        m = re.fullmatch(r"step(\d+)", d.name)
+        if m and (d / MODEL_CONFIG).is_file():
+            found[int(m.group(1))] = d
+    return dict(sorted(found.items()))
+
+
+def run_model_dir(run_dir: Path) -> Path | None:
+    """The model a run directory stands for: its final model, else its last checkpoint; None when it has neither."""
+    for sub in (FINAL_MODEL, CHECKPOINT):
+        if (Path(run_dir) / sub / MODEL_CONFIG).is_file():
+            return Path(run_dir) / sub
+    return None
+
+
+def metrics_records(run_dir: Path) -> list[dict]:
+    """The run's logged steps, oldest first; empty when nothing was logged yet."""
+    path = Path(run_dir) / METRICS
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []

@@ -209,7 +209,7 @@ def test_split_needs_triggers_for_plain_windows():
 
 
 def test_emergence_run_trains_resumes_and_measures_every_snapshot(tmp_path):
-    from probe.experiments.sink_emergence import EmergenceConfig, snapshot_table, train_variant
+    from probe.experiments.sink_emergence import EmergenceConfig, snapshot_table, train_variant, trajectory_figure
 
     cfg = EmergenceConfig(n_layers=2, n_heads=1, d_model=16, d_mlp=32, vocab=8, triggers=1, T=16, steps=4,
                           batch_size=4, warmup=1, snapshot_every=2, n_eval_batches=2, eval_batch_size=2)
@@ -223,3 +223,4 @@ def test_emergence_run_trains_resumes_and_measures_every_snapshot(tmp_path):
     assert {"sink_formed", "pos0_over_uniform", "r0_later", "prev_at_trigger", "bos_elsewhere",
             "loss_copy"} <= set(t.columns)
     assert (tmp_path / "run" / "snapshot_stats.csv").exists()
+    assert len(trajectory_figure(t).data) == 5 * 2  # five statistics x two layers, one run

@@ -21,7 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
+import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
 
 from probe.analyses.backcopy import backcopy_split
 from probe.analyses.sinks import sink_stats
@@ -166,5 +168,35 @@ def snapshot_table(cfg: EmergenceConfig, variant: str, seed: int, run_dir) -> pd
     return table
 
 
-__all__ = ["EmergenceConfig", "VARIANTS", "build", "train_variant", "snapshot_table", "cpu_seconds", "copy_losses",
-           "snapshot_steps"]
+TRAJECTORIES = (("pos0_ratio", "position-0 share ÷ causal-uniform", 3.0), ("r0", "r0 = ‖v0‖ / median ‖vj‖", 0.8),
+                ("phantom_share", "phantom share", None), ("prev_at_trigger", "previous token, trigger rows", None),
+                ("bos_elsewhere", "BOS, other rows", None))
+
+
+def trajectory_figure(table: pd.DataFrame) -> go.Figure:
+    """Statistics against training step, one column per layer and one line per (variant, seed); dotted lines mark
+    SPEC §8's thresholds (3x uniform, r0 0.8). ``table``: ``snapshot_table`` rows of one or more runs."""
+    layers = sorted(table["layer"].unique())
+    fig = make_subplots(rows=len(TRAJECTORIES), cols=len(layers), shared_xaxes=True,
+                        subplot_titles=[f"layer {l}: {title}" for _, title, _ in TRAJECTORIES for l in layers])
+    for i, (run, g) in enumerate(table.groupby(["variant", "seed"], sort=False)):
+        name = f"{run[0]} s{run[1]}"
+        for r, (col, _, _) in enumerate(TRAJECTORIES, start=1):
+            for c, l in enumerate(layers, start=1):
+                d = g[g["layer"] == l].sort_values("step")
+                fig.add_scatter(x=d["step"], y=d[col], mode="lines+markers", name=name, legendgroup=name,
+                                showlegend=r == 1 and c == 1, line=dict(color=_COLOURS[i % len(_COLOURS)]),
+                                row=r, col=c)
+    for r, (_, _, threshold) in enumerate(TRAJECTORIES, start=1):
+        if threshold is not None:
+            for c in range(1, len(layers) + 1):
+                fig.add_hline(y=threshold, line_dash="dot", line_color="gray", row=r, col=c)
+    fig.update_xaxes(title_text="step", row=len(TRAJECTORIES))
+    fig.update_layout(title="Sink emergence on Bigram-Backcopy", height=220 * len(TRAJECTORIES))
+    return fig
+
+
+_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+
+__all__ = ["EmergenceConfig", "VARIANTS", "build", "train_variant", "snapshot_table", "snapshot_steps", "cpu_seconds",
+           "copy_losses", "trajectory_figure"]

@@ -114,7 +114,8 @@ def test_logits_match_hf_eager(models, fam):
     torch.testing.assert_close(m(x).logits, want, atol=ATOL, rtol=0)  # fast path (SDPA; soft-capped: eager)
     out, cache = m.run_with_cache(x)  # every hook: pattern path
     torch.testing.assert_close(out.logits, want, atol=EXACT, rtol=0)
-    assert {"hook_embed", "blocks.0.attn.hook_pattern", f"blocks.{m.probe_info.n_layers - 1}.hook_resid_post"} <= set(cache)
+    last = m.probe_info.n_layers - 1
+    assert {"hook_embed", "blocks.0.attn.hook_pattern", f"blocks.{last}.hook_resid_post"} <= set(cache)
 
 
 @pytest.mark.parametrize("fam", FAMILIES)

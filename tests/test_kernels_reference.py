@@ -255,3 +255,49 @@ print("ok")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+# ---------------------------------------------------------------- masks, caches and the runtime backend
+
+def test_a_mask_replaces_the_causal_rule_and_fewer_queries_are_the_last_ones():
+    q, k, v = rand_qkv(T=7)
+    sink, key_bias = torch.tensor([0.3, -1.0, 2.0, 0.0]), torch.randn(2, 2, 7)
+    kw = dict(sink=sink, key_bias=key_bias, return_pattern=True, backend="reference")
+    full = sink_attention(q, k, v, window=3, **kw)
+    i, j = torch.arange(7)[:, None], torch.arange(7)[None]
+    additive = torch.zeros(7, 7).masked_fill(~((j <= i) & (j > i - 3)), float("-inf"))[None, None]
+    masked = sink_attention(q, k, v, mask=additive, **kw)
+    for a, b in zip(masked, full):
+        torch.testing.assert_close(a, b)
+    last = sink_attention(q[:, 4:], k, v, window=3, **kw)  # a cache: 3 new queries over 7 keys
+    torch.testing.assert_close(last.out, full.out[:, 4:])
+    torch.testing.assert_close(last.pattern, full.pattern[:, :, 4:])
+    torch.testing.assert_close(last.phantom, full.phantom[:, :, 4:])
+
+
+def test_use_backend_is_read_when_an_op_runs(monkeypatch):
+    from probe.kernels import current_backend, dispatch, use_backend
+
+    calls = []
+    real = dispatch.sink_attention_reference
+    monkeypatch.setattr(dispatch, "sink_attention_reference", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.delenv("PROBE_BACKEND", raising=False)
+    q, k, v = rand_qkv()
+    assert current_backend() == "auto"
+    sink_attention(q, k, v)
+    assert calls == []
+    with use_backend("reference"):
+        sink_attention(q, k, v)
+        with use_backend("sdpa"):  # the innermost block
+            assert current_backend() == "sdpa"
+            sink_attention(q, k, v)
+        with use_backend(None):  # no choice: the outer one stays
+            sink_attention(q, k, v)
+        sink_attention(q, k, v, backend="sdpa")  # an explicit argument wins
+    assert len(calls) == 2 and current_backend() == "auto"
+    monkeypatch.setenv("PROBE_BACKEND", "reference")
+    sink_attention(q, k, v)
+    assert len(calls) == 3
+    with pytest.raises(ValueError, match="auto.*torch.*reference.*sdpa.*triton"):
+        with use_backend("cuda"):
+            pass

@@ -127,3 +127,28 @@ def test_row_masses_match_pattern(sink_value, window, backend):
     phantom = torch.exp(x["sink"].detach()[None, :, None] - lse) if "sink" in x else torch.zeros_like(lse)
     torch.testing.assert_close(phantom, ref.phantom, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(masses[..., 2] + phantom, torch.ones_like(lse), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sink_value", [None, 0.0, 100.0])
+@pytest.mark.parametrize("queries", [7, 3])  # all, or the last 3 over 7 keys (a cache)
+def test_sdpa_with_a_callers_mask_matches_reference(sink_value, queries):
+    """HF's additive masks (causal, a window, left padding as the finite minimum) and caches: values and gradients."""
+    x = make_inputs(sink_value=sink_value, key_bias=True)
+    i, j = torch.arange(7)[:, None], torch.arange(7)[None]
+    allowed = ((j <= i) & (i - j < 5))[None, None].repeat(2, 1, 1, 1)
+    allowed[1, :, :, :2] = False  # sequence 1 is left-padded by two
+    allowed[1, :, :2, 0] = True  # its padded rows stay non-empty
+    mask = torch.zeros(2, 1, 7, 7).masked_fill(~allowed, torch.finfo(torch.float32).min)[:, :, 7 - queries:]
+    q = x["q"][:, 7 - queries:]
+    kw = dict(sink=x.get("sink"), key_bias=x["key_bias"], mask=mask)
+    ref = sink_attention(q, x["k"], x["v"], backend="reference", **kw)
+    fast = sink_attention(q, x["k"], x["v"], backend="sdpa", **kw)
+    torch.testing.assert_close(fast.out, ref.out, atol=2e-6, rtol=1e-5)
+    cot = torch.randn_like(ref.out)
+    for name, a, b in zip(x, *(torch.autograd.grad(r.out, list(x.values()), cot, allow_unused=True) for r in (fast, ref))):
+        if b is None:
+            assert a is None or not a.any(), name
+        else:
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=lambda m: f"d{name}: {m}")
+    with pytest.raises(ValueError, match="triton"):
+        sink_attention(q, x["k"], x["v"], backend="triton", **kw)

@@ -17,9 +17,16 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from probe.kernels import sink_attention
 from probe.kernels.sink_attention.reference import attention_probs
+
+try:  # where transformers collects attentions for output_attentions=True (an internal: absent in other versions)
+    from transformers.utils.output_capturing import _active_collector
+except ImportError:  # pragma: no cover
+    _active_collector = None
 
 ATTN_IMPLEMENTATION = "probe"
 
@@ -70,12 +77,7 @@ def fast_attention(q, k, v, mask, scaling: float, sinks=None):
 
 def _hf_wants_attentions() -> bool:
     """True inside a transformers forward called with ``output_attentions=True``."""
-    try:
-        from transformers.utils.output_capturing import _active_collector
-
-        collected = _active_collector.get()
-    except Exception:  # pragma: no cover - transformers internals moved
-        return False
+    collected = None if _active_collector is None else _active_collector.get()
     return isinstance(collected, dict) and "attentions" in collected
 
 
@@ -125,9 +127,6 @@ def register() -> str:
     """Register ``"probe"`` with transformers' attention and mask interfaces (idempotent); returns the name."""
     global _registered
     if not _registered:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
         AttentionInterface.register(ATTN_IMPLEMENTATION, probe_attention)
         AttentionMaskInterface.register(ATTN_IMPLEMENTATION, eager_mask)
         _registered = True

@@ -144,8 +144,8 @@ def make_gate(config) -> ValueGate | None:
 def apply_gate(gate: ValueGate | None, v: torch.Tensor, x: torch.Tensor, hook=None):
     """(values to aggregate B,T,Hkv,dv in v.dtype, per-key logit bias B,Hkv,T fp32 or None) of a gated read.
 
-    ``hook`` (Attention's hook_v_gate) sees the gate and may return an edited one; in the routing slot the bias is
-    then the log of the edited gate, otherwise logsigmoid of the gate logit (finite where g underflows)."""
+    ``hook`` (Attention's hook_v_gate) sees the gate and may return an edited one. In the routing slot the bias is the
+    gate's own ``log_gate`` (logsigmoid of the logit: finite where g underflows), or the log of an edited gate."""
     if gate is None:
         return v, None
     hook = hook or (lambda g: g)

@@ -20,8 +20,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from probe.hooks.info import ModelInfo
-from probe.kernels import use_backend
-from probe.kernels.backend import check_backend
+from probe.kernels.backend import check_backend, use_backend
 from probe.models.attention import LEGACY_NAMES
 from probe.models.block import Block
 from probe.models.config import ProbeConfig

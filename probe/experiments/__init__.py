@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import inspect
 
 _RECIPES: dict[str, tuple[str, str]] = {  # name -> (module, one-line description)
     "superposition": ("superposition", "abstention-filtering App. 'Construction': superposition filtering task, "
@@ -32,6 +33,10 @@ _RECIPES: dict[str, tuple[str, str]] = {  # name -> (module, one-line descriptio
                                    "cosine similarity of adjacent layers' inputs"),
     "zero-shot": ("zero_shot", "abstention-filtering Table 12: WikiText-2 perplexity on non-overlapping windows "
                                "(LAMBADA / HellaSwag when reachable)"),
+    "pretrained-injection": ("pretrained_injection", "abstention-filtering Table 13: value-noise injection on "
+                                                     "pretrained models (structured, same-context, Gaussian junk)"),
+    "pretrained-sinks": ("pretrained_sinks", "abstention-filtering Table 14: sink statistics of pretrained models "
+                                             "per layer type, per layer"),
 }
 RECIPES = {name: desc for name, (_, desc) in _RECIPES.items()}
 
@@ -57,10 +62,18 @@ def make_config(name: str, **options):
 
 def run(name: str, out=None, *, progress: bool = False, **options):
     """Run a recipe; with ``out`` the result is also written there (atomically). Returns the ``Result``."""
-    result = module(name).run(make_config(name, **options), progress=progress)
+    result = run_recipe(module(name), make_config(name, **options), out, progress=progress)
     if out is not None:
         result.save(out)
     return result
+
+
+def run_recipe(mod, cfg, out=None, *, progress: bool = False):
+    """``mod.run(cfg)``; a recipe whose ``run`` takes ``out`` also gets the output folder, where it keeps partial
+    results and resumes from them."""
+    if out is not None and "out" in inspect.signature(mod.run).parameters:
+        return mod.run(cfg, progress=progress, out=out)
+    return mod.run(cfg, progress=progress)
 
 
 class _Entry:
@@ -77,4 +90,4 @@ class _Entry:
 REGISTRY = {name: _Entry(name) for name in _RECIPES}
 
 
-__all__ = ["RECIPES", "REGISTRY", "run", "module", "make_config"]
+__all__ = ["RECIPES", "REGISTRY", "run", "run_recipe", "module", "make_config"]

@@ -14,7 +14,7 @@ import sys
 import typing
 
 from probe.errors import UsageError, UsageParser
-from probe.experiments import RECIPES, make_config, module
+from probe.experiments import RECIPES, make_config, module, run_recipe
 
 
 def _scalar_type(field: dataclasses.Field):
@@ -50,7 +50,7 @@ def build_parser(name: str, prog: str = PROG) -> argparse.ArgumentParser:
         flags = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
         default = f.default
         help_ = f"default: {default!r}"
-        if isinstance(default, bool):
+        if isinstance(default, bool) or f.type == "bool | None":  # None: --flag / --no-flag / neither
             p.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_)
         elif isinstance(default, tuple):
             p.add_argument(*flags, dest=f.name, nargs="+", type=_scalar_type(f), default=default, help=help_)
@@ -84,7 +84,7 @@ def main(argv=None, prog: str = PROG) -> int:
         except (ValueError, TypeError) as e:
             raise UsageError(str(e), prog=f"{prog} {name}") from None
         try:
-            result = module(name).run(cfg, progress=not quiet)
+            result = run_recipe(module(name), cfg, out, progress=not quiet)
         except (ValueError, FileNotFoundError, ConnectionError) as e:
             message = str(e).splitlines()[0] if str(e) else repr(e)
             raise UsageError(message, prog=f"{prog} {name}") from None

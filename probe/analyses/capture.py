@@ -216,8 +216,14 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     """(lse (B,H,T), masses (B,H,T,m), phantom (B,H,T)) of one layer from the hooks named by ``row_mass_hooks``;
     masses[..., c] is each row's attention mass on the keys marked by indicators[..., c] (phantom in the normaliser).
     ``backend``: the kernels' vocabulary (auto, torch, reference, sdpa, triton); None follows the runtime choice
-    (``probe.kernels.use_backend`` / $PROBE_BACKEND), as models do.
+    (``probe.kernels.use_backend`` / $PROBE_BACKEND), as models do. A model with an attention-logit soft-cap (Gemma 2,
+    ``info.extra['attn_logit_softcap']``) is refused with a ValueError: the kernels do not apply the cap yet.
     """
+    cap = info.extra.get("attn_logit_softcap")
+    if cap:  # Gemma 2: cap * tanh(scores / cap) before the softmax, which the streaming kernels do not apply
+        raise ValueError(f"model {info.name!r} soft-caps its attention logits (attn_logit_softcap={cap:g}), which the "
+                         "streaming row masses do not apply yet; use a pattern-based path where the analysis has one "
+                         "(sink_heads(method='pattern'), sink_stats_reference)")
     q, k, sink = got["hook_q"], got["hook_k"], got.get("hook_sink_logit")
     key_bias = None
     if "hook_v_gate" in got:  # routing slot: the model adds log g_j to the logits (B, Hkv, T)

@@ -354,6 +354,8 @@ def test_streaming_analyses_refuse_a_soft_capped_model(tmp_path):
                               for l in range(info.n_layers)]) / x.shape[0]
     assert np.allclose(ref["layers"]["pos0_share"], want.numpy(), atol=1e-6)
     assert np.allclose(pat["layers"]["key0_mass"], want.numpy(), atol=1e-6)
+    # injection itself does not need the row masses, only its exposure tables do
+    assert "exposure" not in inject(m, x, junk="gaussian", doses=(0.4,), exposure=False, progress=False)
 
 
 # ---------------------------------------------------------------------------------- resolution and the cache

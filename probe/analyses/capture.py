@@ -223,7 +223,7 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     if cap:  # Gemma 2: cap * tanh(scores / cap) before the softmax, which the streaming kernels do not apply
         raise ValueError(f"model {info.name!r} soft-caps its attention logits (attn_logit_softcap={cap:g}), which the "
                          "streaming row masses do not apply yet; use a pattern-based path where the analysis has one "
-                         "(sink_heads(method='pattern'), sink_stats_reference)")
+                         "(sink_heads(method='pattern'), sink_stats_reference; inject(exposure=False) / --no-exposure)")
     q, k, sink = got["hook_q"], got["hook_k"], got.get("hook_sink_logit")
     key_bias = None
     if "hook_v_gate" in got:  # routing slot: the model adds log g_j to the logits (B, Hkv, T)

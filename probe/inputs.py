@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
+from probe.analyses.capture import model_device, wants_bos
 from probe.analyses.inject import JUNK_TYPES, own_directions
 from probe.checkpoints.load import KNOWN_CHECKPOINTS, ModelNotFoundError, load, resolve
 from probe.console import Console
@@ -148,9 +149,18 @@ def eval_ctx(spec: WindowSpec, model) -> int:
                          f"{info.name!r}; choose --ctx 2..{n_ctx}") from None
 
 
+def bos_id_for(spec: WindowSpec, model, tok) -> int | None:
+    """The BOS id that starts each window, or None: ``spec.bos``, or SPEC §5's rule when it is None."""
+    bos = wants_bos(model, tok) if spec.bos is None else spec.bos
+    if bos and tok.bos_token_id is None:
+        raise UsageError(f"--bos: tokenizer {tok.name_or_path!r} has no BOS token; drop --bos")
+    return tok.bos_token_id if bos else None
+
+
 def make_windows(corpus, tok, *, n_batches: int, batch_size: int, ctx: int, seed: int, mode: str, vocab_size: int,
-                 docs=None):
-    """Fixed evaluation windows; mode auto = one window per document (first), else sequential windows."""
+                 docs=None, bos_id: int | None = None):
+    """Fixed evaluation windows; mode auto = one window per document (first), else sequential windows; with
+    ``bos_id`` each window is that BOS + ctx-1 text tokens of input."""
     if mode == "random" and tok.eos_token_id is None:
         raise UsageError(f"--window-mode random joins documents with EOS, but tokenizer {tok.name_or_path!r} has no "
                          "eos token; use --window-mode first or sequential")
@@ -158,7 +168,8 @@ def make_windows(corpus, tok, *, n_batches: int, batch_size: int, ctx: int, seed
     last = None
     for m in (("first", "sequential") if mode == "auto" else (mode,)):
         try:
-            eb = eval_batches(docs, tok, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=m)
+            eb = eval_batches(docs, tok, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=m,
+                              bos_id=bos_id)
             break
         except ValueError as e:
             last = e
@@ -183,13 +194,13 @@ def windows_for(spec: WindowSpec, model):
     ctx = eval_ctx(spec, model)
     corpus = load_corpus(spec.data)
     eb = make_windows(corpus, tok, n_batches=spec.batches, batch_size=spec.batch_size, ctx=ctx, seed=spec.seed,
-                      mode=spec.mode, vocab_size=model.probe_info.vocab_size)
+                      mode=spec.mode, vocab_size=model.probe_info.vocab_size, bos_id=bos_id_for(spec, model, tok))
     return on_device(eb, model), tok
 
 
 def on_device(eb, model):
-    """The windows with their tokens on the model's device."""
-    return dataclasses.replace(eb, tokens=eb.tokens.to(next(model.parameters()).device))
+    """The windows with their tokens on the model's (input) device."""
+    return dataclasses.replace(eb, tokens=eb.tokens.to(model_device(model)))
 
 
 # ------------------------------------------------------------------------------------------------------------ injection

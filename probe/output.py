@@ -121,7 +121,7 @@ def show(df, columns=None, digits: int = 4, identity: bool = False) -> str:
 
 def header(meta: dict) -> str:
     w = (f"{meta.get('n_batches')} x {meta.get('batch_size')} windows of {meta.get('ctx')} tokens "
-         f"({meta.get('mode', '?')})") if meta.get("ctx") else ""
+         f"({meta.get('mode', '?')}{', BOS first' if meta.get('bos') else ''})") if meta.get("ctx") else ""
     return "\n".join(s for s in (f"model:  {meta.get('model')}",
                                  f"corpus: {meta.get('corpus')} (tokenizer {meta.get('tokenizer')})"
                                  if meta.get("corpus") else "", f"windows: {w}" if w else "") if s)

@@ -29,7 +29,7 @@ from probe.checkpoints.load import resolve
 from probe.console import Console
 from probe.data import tokenize_documents
 from probe.errors import UsageError
-from probe.inputs import (KNOWN_HINT, check_data, eval_ctx, injection_plan, load_corpus, load_model, make_windows,
+from probe.inputs import (KNOWN_HINT, bos_id_for, check_data, eval_ctx, injection_plan, load_corpus, load_model, make_windows,
                           on_device, resolve_device, tokenizer_for)
 from probe.output import clean, write_files
 from probe.report_html import report_page
@@ -135,7 +135,8 @@ class Windows:
 
     def get(self, model, tok, ctx):
         w = self.spec
-        key = (tok.name_or_path, len(tok), ctx)
+        bos_id = bos_id_for(w, model, tok)
+        key = (tok.name_or_path, len(tok), ctx, bos_id)
         if key not in self.cache:
             self.corpus = self.corpus or load_corpus(w.data)
             tkey = key[:2]
@@ -143,7 +144,7 @@ class Windows:
                 self.docs[tkey] = tokenize_documents(self.corpus, tok)
             self.cache[key] = make_windows(self.corpus, tok, n_batches=w.batches, batch_size=w.batch_size, ctx=ctx,
                                            seed=w.seed, mode=w.mode, vocab_size=model.probe_info.vocab_size,
-                                           docs=self.docs[tkey])
+                                           docs=self.docs[tkey], bos_id=bos_id)
         return on_device(self.cache[key], model)
 
 

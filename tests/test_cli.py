@@ -147,6 +147,29 @@ def test_sinks_hf_checkpoint_quiet_with_out(fx, tmp_path):
     assert len(pd.read_csv(out / "sinks_heads.csv")) == 2 * 4
 
 
+def test_bos_flags_decide_the_first_token(fx, tmp_path):
+    """--bos / --no-bos override SPEC §5's rule (no BOS for a tokenizer that does not prepend one), in the meta."""
+    import json
+
+    from probe.testing import build_tiny
+
+    llama = build_tiny("llama", tmp_path / "llama")  # its tokenizer has a BOS token but does not add it to text
+    words = tmp_path / "words.txt"  # text in the tiny vocabulary (w2 ... w95), one document
+    words.write_text(" ".join(f"w{2 + (7 * i) % 94}" for i in range(200)) + "\n")
+    runs = {flag: probe("sinks", "--model", llama, "--data", words, *WINDOWS, "--json", "--quiet",
+                        *([flag] if flag else [])) for flag in ("", "--bos", "--no-bos")}
+    for flag, r in runs.items():
+        assert r.returncode == 0, (flag, r.stderr)
+    meta = {flag: json.loads(r.stdout)["meta"] for flag, r in runs.items()}
+    assert [meta[f]["bos"] for f in ("", "--bos", "--no-bos")] == [False, True, False]
+    assert meta["--bos"]["ctx"] == meta[""]["ctx"] == 32
+    pos0 = {f: json.loads(r.stdout)["tables"]["summary"][0]["pos0_share"] for f, r in runs.items()}
+    assert pos0["--bos"] != pos0[""] and pos0["--no-bos"] == pos0[""]  # another token at position 0
+    r = probe("sinks", *WINDOWS, "--bos", "--quiet")  # probe-bpe-8k has no BOS token
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "probe sinks: error: --bos: tokenizer 'probe-bpe-8k' has no BOS token; drop --bos"]
+
+
 def test_sources(fx):
     from probe.analyses.costs import s_src
 

@@ -70,6 +70,9 @@ def _model_flags(p, default_model: str | None, *, defaults=(8, 8)):
     g.add_argument("--window-mode", choices=WINDOW_MODES, default="auto", help="how windows are drawn: first window "
                    "of each document, sequential windows, or random; auto = first, else sequential (default auto)")
     g.add_argument("--seed", type=nonneg_int, default=0, help="seed of the window choice and of injected noise")
+    g.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
+                   help="start each window with the tokenizer's BOS (then BOS + ctx-1 text tokens); default: exactly "
+                   "when the tokenizer prepends one to plain text (Gemma) or the model trained with one")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
     g.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: float32 on CPU)")
     g.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")

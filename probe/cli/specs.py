@@ -21,9 +21,9 @@ def model_spec(args: argparse.Namespace, default: str | None = None) -> ModelSpe
 
 
 def window_spec(args: argparse.Namespace) -> WindowSpec:
-    """--data, --tokenizer, --batches, --batch-size, --ctx, --window-mode, --seed."""
+    """--data, --tokenizer, --batches, --batch-size, --ctx, --window-mode, --seed, --bos / --no-bos."""
     return WindowSpec(data=args.data, tokenizer=args.tokenizer, batches=args.batches, batch_size=args.batch_size,
-                      ctx=args.ctx, mode=args.window_mode, seed=args.seed)
+                      ctx=args.ctx, mode=args.window_mode, seed=args.seed, bos=args.bos)
 
 
 def injection_spec(args: argparse.Namespace) -> InjectionSpec | None:

@@ -67,49 +67,65 @@ def _run(analysis: str, n_batches: int) -> dict[str, pd.DataFrame]:
     raise ValueError(analysis)
 
 
-def _rank_main(rank: int, world: int, port: int, analysis: str, n_batches: int, out: str) -> None:
+def _rank_main(rank: int, world: int, port: int, analyses: list[str], n_batches: int, out: str) -> None:
+    """One rank: every analysis in turn, its forward count, and (rank 0) its merged tables in ``out/ANALYSIS/``."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        tables = _run(analysis, n_batches)
-        with open(os.path.join(out, f"forwards{rank}.txt"), "w") as f:
-            f.write(str(FORWARDS[0]))
-        if rank == 0:
-            for name, df in tables.items():
-                df.to_csv(os.path.join(out, f"{name}.csv"), index=False)
+        for analysis in analyses:
+            folder = os.path.join(out, analysis)
+            os.makedirs(folder, exist_ok=True)
+            FORWARDS[0] = 0
+            tables = _run(analysis, n_batches)
+            with open(os.path.join(folder, f"forwards{rank}.txt"), "w") as f:
+                f.write(str(FORWARDS[0]))
+            if rank == 0:
+                for name, df in tables.items():
+                    df.to_csv(os.path.join(folder, f"{name}.csv"), index=False)
     finally:
         dist.destroy_process_group()
 
 
-def _spawned(analysis: str, n_batches: int, world: int, tmp_path) -> dict[str, pd.DataFrame]:
-    tmp_path.mkdir()
-    mp.spawn(_rank_main, args=(world, _free_port(), analysis, n_batches, str(tmp_path)), nprocs=world, join=True)
-    return {p.stem: pd.read_csv(p) for p in tmp_path.glob("*.csv")}
+def _tables(folder) -> dict[str, pd.DataFrame]:
+    return {p.stem: pd.read_csv(p) for p in folder.glob("*.csv")}
 
 
-def _forwards(tmp_path, world: int) -> list[int]:
-    return [int((tmp_path / f"forwards{r}.txt").read_text()) for r in range(world)]
-
-
-def _round_trip(tables: dict[str, pd.DataFrame], tmp_path) -> dict[str, pd.DataFrame]:
+def _round_trip(tables: dict[str, pd.DataFrame], folder) -> dict[str, pd.DataFrame]:
     """The one-process tables written and read back like the ranks' (same CSV dtypes)."""
-    tmp_path.mkdir()
+    folder.mkdir()
     for name, df in tables.items():
-        df.to_csv(tmp_path / f"{name}.csv", index=False)
-    return {p.stem: pd.read_csv(p) for p in tmp_path.glob("*.csv")}
+        df.to_csv(folder / f"{name}.csv", index=False)
+    return _tables(folder)
 
 
-@pytest.mark.parametrize("analysis,n_batches,world", [
-    ("sinks", 3, 2), ("sinks", 2, 3), ("sinks_reference", 3, 2), ("inject", 3, 2), ("inject", 2, 3),
-    ("gates", 3, 2), ("sources", 3, 2), ("sink_heads", 3, 2), ("massive", 3, 2), ("dormant", 3, 2),
-    ("window_losses", 3, 2)])
-def test_ranks_match_one_process(analysis, n_batches, world, tmp_path):
-    parallel = _spawned(analysis, n_batches, world, tmp_path / "ranks")
+# (batches, ranks) -> analyses: 3 batches over 2 ranks split unevenly; 2 batches over 3 ranks leave one rank idle
+SETTINGS = {(3, 2): ["sinks", "sinks_reference", "inject", "gates", "sources", "sink_heads", "massive", "dormant",
+                     "window_losses"],
+            (2, 3): ["sinks", "inject"]}
+
+
+@pytest.fixture(scope="module")
+def ranks_out(tmp_path_factory):
+    """Each setting's ranks spawned once (one process start per rank for all its analyses)."""
+    out = {}
+    for (n_batches, world), analyses in SETTINGS.items():
+        folder = tmp_path_factory.mktemp(f"ranks{n_batches}x{world}")
+        mp.spawn(_rank_main, args=(world, _free_port(), analyses, n_batches, str(folder)), nprocs=world, join=True)
+        out[n_batches, world] = folder
+    return out
+
+
+@pytest.mark.parametrize("n_batches,world,analysis", [(b, w, a) for (b, w), names in SETTINGS.items()
+                                                       for a in names])
+def test_ranks_match_one_process(n_batches, world, analysis, ranks_out, tmp_path):
+    folder = ranks_out[n_batches, world] / analysis
+    parallel = _tables(folder)
     FORWARDS[0] = 0
     single = _round_trip(_run(analysis, n_batches), tmp_path / "one")
     per_batch = FORWARDS[0] // n_batches
     # each rank ran only its own batches (round-robin by global index); with more ranks than batches one ran none
-    assert _forwards(tmp_path / "ranks", world) == [len(range(r, n_batches, world)) * per_batch for r in range(world)]
+    forwards = [int((folder / f"forwards{r}.txt").read_text()) for r in range(world)]
+    assert forwards == [len(range(r, n_batches, world)) * per_batch for r in range(world)]
     assert sorted(parallel) == sorted(single)
     for name in single:
         pd.testing.assert_frame_equal(parallel[name], single[name], check_exact=False, rtol=1e-9, atol=1e-12,

@@ -68,10 +68,11 @@ def test_sinks_numbers_are_sink_stats_by_type_on_the_same_windows(sinks, gpt_oss
     for pct, share in (("pos0_pct", "pos0_share"), ("phantom_pct", "phantom_share"), ("uniform_ref_pct", "uniform_ref")):
         np.testing.assert_allclose(ours[pct].to_numpy(), 100 * by_type[share].to_numpy(), rtol=1e-12)
     np.testing.assert_allclose(ours["r0"].to_numpy(), by_type["r0"].to_numpy(), rtol=1e-12)
-    logits = model.probe_info  # the sink logit per type is the mean of that type's layers' head means
-    layers = sinks["layers"][sinks["layers"].model == gpt_oss].set_index("layer")
+    # the sink logit of a layer type is the mean over that type's layers of their head means
+    layers = sinks["layers"][sinks["layers"].model == gpt_oss]
+    sliding = [i for i, t in enumerate(model.probe_info.layer_types) if t == "sliding"]
     assert ours.set_index("layer_type").loc["sliding", "sink_logit_mean"] == pytest.approx(
-        layers.loc[[i for i, t in enumerate(logits.layer_types) if t == "sliding"], "sink_logit"].mean())
+        layers.set_index("layer").loc[sliding, "sink_logit"].mean())
 
 
 # ------------------------------------------------------------------------------------------------ Table 13

@@ -54,3 +54,4 @@ def test_token_tensors_are_used_as_given():
     tokens = torch.arange(34).view(2, 17)
     w = as_windows(tokens)
     assert torch.equal(w.tokens[0], tokens) and "bos" not in w.meta
+

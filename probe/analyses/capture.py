@@ -144,10 +144,10 @@ class StopForward(Exception):
     norm and the LM head, often a third of the FLOPs) is skipped. TransformerLens removes the hooks on the way out."""
 
 
-def run_until_done(model, ids, fwd_hooks):
+def run_until_done(model, ids, fwd_hooks, **forward_kwargs):
     """``model.run_with_hooks`` that returns None when a hook stops the forward with StopForward."""
     try:
-        return model.run_with_hooks(ids, fwd_hooks=fwd_hooks)
+        return model.run_with_hooks(ids, fwd_hooks=fwd_hooks, **forward_kwargs)
     except StopForward:
         return None
 
@@ -183,11 +183,11 @@ class LayerCollector:
 
         return [(lambda name: name in self.wanted, fn)]
 
-    def run(self, model, ids: torch.Tensor, extra_hooks=()):
+    def run(self, model, ids: torch.Tensor, extra_hooks=(), **forward_kwargs):
         """One forward with the collecting hooks; returns the model output (None when stopped early). Raises if a
         layer stayed incomplete."""
         self.pending, self.done = {}, set()
-        out = run_until_done(model, ids, self.hooks() + list(extra_hooks))
+        out = run_until_done(model, ids, self.hooks() + list(extra_hooks), **forward_kwargs)
         missing = [(l, sorted(self.needs[l] - set(self.pending.get(l, {})))) for l in self.needs if l not in self.done]
         if missing:
             l, m = missing[0]
@@ -244,6 +244,26 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
 
 
+LOSS_CHUNK = 128  # positions unembedded at once: B x 128 x V logits at a time, never B x T x V
+
+
+def loss_forward_kwargs(model) -> dict:
+    """What to pass to a forward whose output goes to :func:`output_losses`: models with ``unembed`` (probe models
+    and adapted checkpoints) return their final hidden states instead of logits."""
+    return {"return_hidden": True} if hasattr(model, "unembed") else {}
+
+
+def output_losses(model, out, targets: torch.Tensor, chunk: int = LOSS_CHUNK) -> torch.Tensor:
+    """Next-token loss per position (B, T) fp32 of a forward run with :func:`loss_forward_kwargs`: hidden states
+    are unembedded ``chunk`` positions at a time (Gemma's 262k vocabulary: full logits of 8 x 1024 positions would
+    be 8.6 GB in fp32); a plain logits output is scored as it is."""
+    if not hasattr(model, "unembed"):
+        return token_losses(logits_of(out), targets)
+    targets = targets.to(out.device)
+    return torch.cat([token_losses(model.unembed(out[:, a:a + chunk]), targets[:, a:a + chunk])
+                      for a in range(0, out.shape[1], chunk)], dim=1)
+
+
 @torch.no_grad()
 def window_losses(model, data) -> pd.DataFrame:
     """Summed next-token loss and token count per evaluation window (input for the document bootstrap).
@@ -252,7 +272,8 @@ def window_losses(model, data) -> pd.DataFrame:
     w = as_windows(data)
     rows, device = [], model_device(model)
     for n in batches_of_rank(len(w)):
-        losses = token_losses(logits_of(model(w.inputs(n, device))), w.targets(n, device)).double().cpu()
+        out = model(w.inputs(n, device), **loss_forward_kwargs(model))
+        losses = output_losses(model, out, w.targets(n, device)).double().cpu()
         for b in range(w.batch_size):
             rows.append({"batch": n, "row": b, "doc_id": int(w.doc_ids[n, b]) if w.doc_ids is not None else -1,
                          "loss_sum": float(losses[b].sum()), "n_tokens": losses.shape[1]})
@@ -281,4 +302,4 @@ def sliding(info, layer: int) -> int | None:
 
 __all__ = ["token_text", "Windows", "as_windows", "describe", "tag", "finish", "keyed_generator", "make_bar",
            "LayerCollector", "StopForward", "run_until_done", "model_device", "default_windows", "wants_bos", "row_mass_hooks",
-           "row_masses", "token_losses", "window_losses", "sliding", "names"]
+           "row_masses", "token_losses", "loss_forward_kwargs", "output_losses", "window_losses", "sliding", "names"]

@@ -27,8 +27,9 @@ import math
 import pandas as pd
 import torch
 
-from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, keyed_generator, logits_of,
-                                    model_device, make_bar, row_mass_hooks, row_masses, token_losses)
+from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, keyed_generator,
+                                    loss_forward_kwargs, model_device, make_bar, output_losses, row_mass_hooks,
+                                    row_masses)
 from probe.analyses.parallel import all_sum, batches_of_rank, gather_rows, is_main, reduce_sums
 from probe.hooks import names
 
@@ -237,8 +238,8 @@ def _corrupted_losses(model, ids, tgt, chunk, seed: int, batch: int, own) -> lis
         return out.reshape(v.shape)
 
     out = model.run_with_hooks(ids.repeat(len(chunk), 1), fwd_hooks=[(lambda name: name.endswith("attn.hook_v"),
-                                                                       corrupt_reads)])
-    losses = token_losses(logits_of(out), tgt.repeat(len(chunk), 1)).double().view(len(chunk), -1).sum(1)
+                                                                       corrupt_reads)], **loss_forward_kwargs(model))
+    losses = output_losses(model, out, tgt.repeat(len(chunk), 1)).double().view(len(chunk), -1).sum(1)
     return losses.tolist()
 
 
@@ -272,8 +273,9 @@ def inject(model, data, *, junk=("structured",), cutoffs=("q25",), doses=DEFAULT
     bar = make_bar(len(mine) * len(conds), progress and is_main(), f"injection ({info.name})")
     for n in mine:
         ids, tgt = w.inputs(n, device), w.targets(n, device)
-        out = collector.run(model, ids) if collector is not None else model(ids)
-        clean = float(token_losses(logits_of(out), tgt).double().sum())  # summed over the batch's positions
+        kw = loss_forward_kwargs(model)
+        out = collector.run(model, ids, **kw) if collector is not None else model(ids, **kw)
+        clean = float(output_losses(model, out, tgt).double().sum())  # summed over the batch's positions
         clean_total += clean
         count += tgt.numel()
         batch_loss = {c: clean for c in conds}  # dose 0: unchanged

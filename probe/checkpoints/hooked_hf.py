@@ -156,18 +156,40 @@ class HookedHF(HookedRootModule):
         for b in self.blocks:
             b.attn.materialize = bool(on)
 
-    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, return_hidden: bool = False, **kwargs):
         """Run the HF model (``use_cache=False`` unless given); ``input_ids`` may also be a string or a list of
-        strings, tokenized with ``self.tokenizer``."""
+        strings, tokenized with ``self.tokenizer``. With ``return_hidden`` the decoder alone runs and its final-normed
+        hidden states B,T,d come back, for :meth:`unembed` (analyses unembed a few positions at a time: Gemma's 262k
+        vocabulary makes full logits of 8 x 1024 positions 8.6 GB)."""
         if isinstance(input_ids, (str, list)) and (isinstance(input_ids, str) or isinstance(input_ids[0], str)):
             if self.tokenizer is None:
                 raise ValueError("text input needs a tokenizer; pass token ids instead")
             enc = self.tokenizer(input_ids, return_tensors="pt", padding=isinstance(input_ids, list))
             input_ids, attention_mask = enc["input_ids"], enc.get("attention_mask", attention_mask)
         if isinstance(input_ids, torch.Tensor):
-            input_ids = input_ids.to(self.hf_model.get_input_embeddings().weight.device)
+            input_ids = input_ids.to(self.input_device)
         kwargs.setdefault("use_cache", False)
+        if return_hidden:
+            return self.hf_model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                            **kwargs).last_hidden_state
         return self.hf_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where token ids go: the input embedding's device, or where accelerate runs it when it is offloaded."""
+        embed = self.hf_model.get_input_embeddings()
+        if embed.weight.device.type != "meta":
+            return embed.weight.device
+        hook = getattr(embed, "_hf_hook", None) or getattr(self.hf_model, "_hf_hook", None)
+        device = getattr(hook, "execution_device", None)
+        return torch.device(device) if device not in (None, "disk", "meta") else torch.device("cpu")
+
+    def unembed(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits (..., V) of final-normed hidden states: the LM head and, where the config has one, the final-logit
+        soft-cap (Gemma 2), as the HF forward computes them."""
+        logits = self.hf_model.get_output_embeddings()(hidden)
+        cap = getattr(self.hf_model.config, "final_logit_softcapping", None)
+        return logits if not cap else torch.tanh(logits / cap) * cap
 
     def generate(self, *args, **kwargs):
         return self.hf_model.generate(*args, **kwargs)

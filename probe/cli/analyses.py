@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import torch
 
 from probe.analyses import figures as F
-from probe.analyses.capture import as_windows, describe, finish, logits_of, token_losses
+from probe.analyses.capture import as_windows, describe, finish, loss_forward_kwargs, output_losses
 from probe.analyses.dormant import dormant_figure, dormant_heads, dormant_heads_figure
 from probe.analyses.gates import gate_stats
 from probe.analyses.inject import conditions, inject
@@ -220,7 +220,8 @@ def run_eval(args: argparse.Namespace) -> int:
     with torch.no_grad():
         for n in range(len(eb)):
             window = eb.tokens[n]
-            losses = token_losses(logits_of(model(window[:, :-1])), window[:, 1:]).double()
+            out = model(window[:, :-1], **loss_forward_kwargs(model))
+            losses = output_losses(model, out, window[:, 1:]).double()
             for b in range(window.shape[0]):
                 rows.append({"batch": n, "row": b, "doc_id": int(eb.doc_ids[n, b]), "loss_sum": float(losses[b].sum()),
                              "n_tokens": losses.shape[1], "loss": float(losses[b].mean())})

@@ -101,13 +101,19 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
 
     # ---- forward ----------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, **kwargs) -> CausalLMOutputWithPast:
+                attention_mask: torch.Tensor | None = None, return_hidden: bool = False, **kwargs):
+        """Logits (``CausalLMOutputWithPast``), or with ``return_hidden`` the final-normed hidden states B,T,d that
+        :meth:`unembed` turns into logits (analyses unembed a few positions at a time to bound memory)."""
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("probe models take unpadded windows; attention_mask with zeros is not supported")
         with use_backend(self.backend):  # None: the caller's use_backend / $PROBE_BACKEND
-            return self._forward(input_ids, labels)
+            return self._forward(input_ids, labels, return_hidden)
 
-    def _forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None) -> CausalLMOutputWithPast:
+    def unembed(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits (..., V) of final-normed hidden states (..., d): the LM head alone."""
+        return F.linear(hidden, self.embed.weight) if self.config.tie_embeddings else self.lm_head(hidden)
+
+    def _forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None, return_hidden: bool = False):
         c = self.config
         B, T = input_ids.shape
         x = self.embed(input_ids)  # B,T,d
@@ -140,7 +146,9 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
         x = self.ln_f(x)
         if c.abstention == "sinktoken":
             x = x[:, 1:]
-        logits = F.linear(x, self.embed.weight) if c.tie_embeddings else self.lm_head(x)  # B,T,V
+        if return_hidden:
+            return x  # B,T,d
+        logits = self.unembed(x)  # B,T,V
         loss = None
         if labels is not None:
             # shift the labels, not the logits: slicing B,T,V logits costs a copy forward and a zero-fill backward

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from adapters_util import check_logits_match_hf_eager
 import probe
 from probe.checkpoints import attention as A
 from probe.testing import build_tiny
@@ -46,13 +47,7 @@ def hf_attn_modules(ref):
 @torch.no_grad()
 def test_logits_match_hf_eager(models, fam):
     m, ref = models[fam]
-    x = ids()
-    want = ref(x).logits
-    assert want.abs().max() > 0.05  # the random model is not degenerate
-    fast = m(x).logits
-    torch.testing.assert_close(fast, want, atol=ATOL, rtol=0)
-    out, cache = m.run_with_cache(x)  # every hook: pattern path
-    torch.testing.assert_close(out.logits, want, atol=EXACT, rtol=0)
+    cache = check_logits_match_hf_eager(m, ref, ids(), ATOL, EXACT)
     assert set(cache) >= {"hook_embed", "blocks.1.hook_resid_post", "blocks.0.attn.hook_pattern"}
 
 

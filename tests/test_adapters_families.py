@@ -15,6 +15,7 @@ import torch
 from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+from adapters_util import check_logits_match_hf_eager
 import probe
 from probe.analyses.capture import row_masses
 from probe.checkpoints.adapters import GemmaAdapter, LlamaAdapter, adapt
@@ -108,12 +109,7 @@ def test_adapter_per_family(models, fam):
 @torch.no_grad()
 def test_logits_match_hf_eager(models, fam):
     m, ref = models[fam]
-    x = ids()
-    want = ref(x).logits
-    assert want.abs().max() > 0.05  # the random model is not degenerate
-    torch.testing.assert_close(m(x).logits, want, atol=ATOL, rtol=0)  # fast path (SDPA; soft-capped: eager)
-    out, cache = m.run_with_cache(x)  # every hook: pattern path
-    torch.testing.assert_close(out.logits, want, atol=EXACT, rtol=0)
+    cache = check_logits_match_hf_eager(m, ref, ids(), ATOL, EXACT)
     last = m.probe_info.n_layers - 1
     assert {"hook_embed", "blocks.0.attn.hook_pattern", f"blocks.{last}.hook_resid_post"} <= set(cache)
 

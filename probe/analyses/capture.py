@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from probe.data import DEFAULT_EVAL_CORPUS, cap_ctx, eval_batches, load_tokenizer, prepends_bos
-from probe.analyses.parallel import batches_of_rank, gather_rows
+from probe.analyses.parallel import batches_of_rank, gather_rows, is_main
 from probe.hooks import names
 from probe.kernels import attention_row_masses
 
@@ -182,6 +182,16 @@ class LayerCollector:
             return None
 
         return [(lambda name: name in self.wanted, fn)]
+
+    def run_batches(self, model, windows: Windows, progress: bool, desc: str) -> None:
+        """One forward per evaluation batch of this rank (data-parallel runs: whole batches by global index), with
+        a progress bar on the main rank."""
+        mine = batches_of_rank(len(windows))
+        bar = make_bar(len(mine), progress and is_main(), desc)
+        for n in mine:
+            self.run(model, windows.inputs(n, model_device(model)))
+            bar.update()
+        bar.close()
 
     def run(self, model, ids: torch.Tensor, extra_hooks=(), **forward_kwargs):
         """One forward with the collecting hooks; returns the model output (None when stopped early). Raises if a

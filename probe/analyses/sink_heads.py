@@ -28,9 +28,8 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, make_bar, model_device,
-                                    row_mass_hooks, row_masses, sliding)
-from probe.analyses.parallel import batches_of_rank, is_main, reduce_sums
+from probe.analyses.capture import LayerCollector, as_windows, describe, finish, row_mass_hooks, row_masses, sliding
+from probe.analyses.parallel import reduce_sums
 
 DEFAULT_EPS = (0.3,)
 
@@ -162,12 +161,7 @@ def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, wi
             acc.add(l, pattern[..., 0], pattern.sum(-1, dtype=torch.float64), got["hook_phantom"])
 
     collector = LayerCollector(model, lambda l: needs, on_layer, stop_early=True)
-    mine = batches_of_rank(len(w))
-    bar = make_bar(len(mine), progress and is_main(), "sink heads (Sink^ε)")
-    for n in mine:
-        collector.run(model, w.inputs(n, model_device(model)))
-        bar.update()
-    bar.close()
+    collector.run_batches(model, w, progress, "sink heads (Sink^ε)")
     acc.merge()
     meta = describe(model, w, "sink_heads", method=method, eps=",".join(f"{e:g}" for e in acc.eps),
                     key0=key0_label(info), rows="t>=0" if include_query0 else "t>=1", window_rows=window_rows,

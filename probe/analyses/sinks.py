@@ -19,9 +19,9 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, model_device, make_bar,
-                                    row_mass_hooks, row_masses, sliding)
-from probe.analyses.parallel import batches_of_rank, first_present, is_main, reduce_sums
+from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, model_device, row_mass_hooks,
+                                    row_masses, sliding)
+from probe.analyses.parallel import batches_of_rank, first_present, reduce_sums
 
 SINK_FACTOR = 3.0  # pos0_share >= 3 x causal-uniform reference
 SINK_R0 = 0.8  # and r0 below this
@@ -146,12 +146,7 @@ def sink_stats(model, data, *, backend: str | None = None, progress: bool = Fals
         acc.add(l, pos0, phantom, v.float().norm(dim=-1), got.get("hook_sink_logit"))
 
     collector = LayerCollector(model, lambda l: row_mass_hooks(info), on_layer, stop_early=True)
-    mine = batches_of_rank(len(w))
-    bar = make_bar(len(mine), progress and is_main(), "sink statistics")
-    for n in mine:
-        collector.run(model, w.inputs(n, model_device(model)))
-        bar.update()
-    bar.close()
+    collector.run_batches(model, w, progress, "sink statistics")
     acc.merge()
     return finish(acc.tables(), _meta(model, w, "streaming", backend=backend))
 

@@ -7,13 +7,7 @@ from probe.data import BBSampler, BigramBackcopy, parse_synthetic
 from probe.data.synthetic import keyed_generator
 from probe.models import create
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from analyses_util import one_thread  # noqa: F401 (autouse fixture)
 
 
 TASK = BigramBackcopy(vocab=16, triggers=2, seed=3, T=64)

@@ -8,7 +8,6 @@ layer's set is complete, then drops them: an analysis never holds more than one 
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -16,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from probe.data import DEFAULT_EVAL_CORPUS, cap_ctx, eval_batches, load_tokenizer, prepends_bos
 from probe.analyses.parallel import batches_of_rank, gather_rows, is_main
+from probe.data import DEFAULT_EVAL_CORPUS, cap_ctx, eval_batches, load_tokenizer, prepends_bos
+from probe.data.seeding import keyed_generator
 from probe.hooks import names
 from probe.kernels import attention_row_masses
 
@@ -112,12 +112,6 @@ def finish(tables: dict[str, pd.DataFrame], meta: dict) -> dict[str, pd.DataFram
                                  for k, v in meta.items()}])
     out["meta"].attrs["meta"] = dict(meta)
     return out
-
-
-def keyed_generator(*key) -> torch.Generator:
-    """A CPU generator seeded from a tuple key, e.g. (seed, batch, layer): the same key gives the same draws."""
-    digest = hashlib.blake2b(":".join(map(str, key)).encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") % (2 ** 63))
 
 
 def make_bar(total: int, enabled: bool, desc: str):

@@ -31,17 +31,13 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from probe.data.seeding import keyed_generator
+
 SYNTHETIC_PREFIX = "synthetic:"
 TASKS = ("bb",)
 ZIPF = 0.5  # exponent of the Zipf prior over tokens
 CONCENTRATION = 0.1  # Dirichlet concentration per token of the vocabulary (times the prior)
 KEYS = ("vocab", "triggers", "seed", "T")
-
-
-def keyed_generator(*key) -> torch.Generator:
-    """A CPU generator seeded from a tuple key: the same key gives the same draws."""
-    digest = hashlib.blake2b(":".join(map(str, key)).encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") % (2 ** 63))
 
 
 @dataclass(frozen=True)

@@ -104,19 +104,11 @@ class WindowSampler:
         self.count, self.seed = state["count"], state["seed"]
 
 
-@dataclass
-class EvalBatches:
-    """Fixed evaluation windows: ``tokens`` (N, B, ctx+1), ``doc_ids`` (N, B); iterating yields (B, ctx+1) batches."""
+class TokenWindows:
+    """Fixed windows ``tokens`` (N, B, ctx+1): iterating yields (B, ctx+1) batches; input ``[..., :-1]``, target
+    ``[..., 1:]``. Shared by text windows (EvalBatches) and synthetic ones (probe.data.synthetic.BBWindows)."""
 
     tokens: torch.Tensor
-    doc_ids: torch.Tensor
-    corpus: str
-    tokenizer: str
-    seed: int
-    ctx: int
-    mode: str = "first"
-    corpus_fingerprint: str = ""
-    bos: bool = False  # each window starts with the tokenizer's BOS, then ctx text tokens
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -135,6 +127,21 @@ class EvalBatches:
     @property
     def targets(self) -> torch.Tensor:
         return self.tokens[..., 1:]
+
+
+@dataclass
+class EvalBatches(TokenWindows):
+    """Fixed evaluation windows: ``tokens`` (N, B, ctx+1), ``doc_ids`` (N, B); iterating yields (B, ctx+1) batches."""
+
+    tokens: torch.Tensor
+    doc_ids: torch.Tensor
+    corpus: str
+    tokenizer: str
+    seed: int
+    ctx: int
+    mode: str = "first"
+    corpus_fingerprint: str = ""
+    bos: bool = False  # each window starts with the tokenizer's BOS, then ctx text tokens
 
     def to_dict(self) -> dict:
         """Metadata to record beside any result computed on these windows."""

@@ -31,6 +31,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from probe.data.batches import TokenWindows
 from probe.data.seeding import keyed_generator
 
 SYNTHETIC_PREFIX = "synthetic:"
@@ -202,7 +203,7 @@ class BBSampler:
 
 
 @dataclass
-class BBWindows:
+class BBWindows(TokenWindows):
     """Fixed BB evaluation windows, usable wherever analyses take ``data`` (like probe.data.EvalBatches).
 
     ``tokens`` (N, B, T+1); ``doc_ids`` (N, B) (every window is its own sequence); ``after_trigger`` (N, B, T+1) marks
@@ -214,27 +215,9 @@ class BBWindows:
     task: BigramBackcopy
     seed: int
 
-    def __len__(self) -> int:
-        return self.tokens.shape[0]
-
-    def __iter__(self):
-        return iter(self.tokens)
-
-    @property
-    def batch_size(self) -> int:
-        return self.tokens.shape[1]
-
     @property
     def ctx(self) -> int:
         return self.tokens.shape[-1] - 1
-
-    @property
-    def inputs(self) -> torch.Tensor:
-        return self.tokens[..., :-1]
-
-    @property
-    def targets(self) -> torch.Tensor:
-        return self.tokens[..., 1:]
 
     @property
     def after_trigger(self) -> torch.Tensor:

@@ -44,18 +44,37 @@ def _scores(q, k, bias_ptr, rows, cols, T, WINDOW, scale,
 
 
 @triton.jit
+def _tile(base, idx, d, s_t, T, D):
+    """(len(idx), len(d)) tile of a (T, D) matrix at ``base`` with row stride ``s_t``; zeros past T and D."""
+    return tl.load(base + idx[:, None] * s_t + d[None, :], mask=(idx[:, None] < T) & (d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def _query_block(pid_m, pid_bh, H, G, BLOCK_M: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """A query-block program's batch, query head, kv head (GQA), query rows and head-dim ranges."""
+    b, h = pid_bh // H, pid_bh % H
+    return b, h, h // G, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_DH), tl.arange(0, BLOCK_DV)
+
+
+@triton.jit
+def _key_range(pid_m, T, WINDOW, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[lo, hi): the key blocks query block ``pid_m`` can see (causal, and inside the sliding window)."""
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(pid_m * BLOCK_M - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+    hi = tl.minimum((pid_m + 1) * BLOCK_M, T)
+    return lo, hi
+
+
+@triton.jit
 def _fwd_kernel(Q, K, V, SINK, BIAS, O, LSE,
                 sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, so_b, so_t, so_h, sb_b, sb_h,
                 T, H, G, WINDOW, scale, DH, DV,
                 HAS_SINK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
-    b, h = pid_bh // H, pid_bh % H
-    hk = h // G
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    d_h, d_v = tl.arange(0, BLOCK_DH), tl.arange(0, BLOCK_DV)
-    q = tl.load(Q + b * sq_b + h * sq_h + rows[:, None] * sq_t + d_h[None, :],
-                mask=(rows[:, None] < T) & (d_h[None, :] < DH), other=0.0)  # (M, DH)
+    b, h, hk, rows, d_h, d_v = _query_block(pid_m, pid_bh, H, G, BLOCK_M, BLOCK_DH, BLOCK_DV)
+    q = _tile(Q + b * sq_b + h * sq_h, rows, d_h, sq_t, T, DH)  # (M, DH)
     if HAS_SINK:
         m_i = tl.zeros([BLOCK_M], tl.float32) + tl.load(SINK + h).to(tl.float32)
         l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)  # the phantom's exp(sink - m) = 1
@@ -64,16 +83,11 @@ def _fwd_kernel(Q, K, V, SINK, BIAS, O, LSE,
         l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
 
-    lo = 0
-    if HAS_WINDOW:
-        lo = tl.maximum(pid_m * BLOCK_M - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
-    hi = tl.minimum((pid_m + 1) * BLOCK_M, T)
+    lo, hi = _key_range(pid_m, T, WINDOW, HAS_WINDOW, BLOCK_M, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = tl.load(K + b * sk_b + hk * sk_h + cols[:, None] * sk_t + d_h[None, :],
-                    mask=(cols[:, None] < T) & (d_h[None, :] < DH), other=0.0)  # (N, DH)
-        v = tl.load(V + b * sv_b + hk * sv_h + cols[:, None] * sv_t + d_v[None, :],
-                    mask=(cols[:, None] < T) & (d_v[None, :] < DV), other=0.0)  # (N, DV)
+        k = _tile(K + b * sk_b + hk * sk_h, cols, d_h, sk_t, T, DH)  # (N, DH)
+        v = _tile(V + b * sv_b + hk * sv_h, cols, d_v, sv_t, T, DV)  # (N, DV)
         s = _scores(q, k, BIAS + b * sb_b + hk * sb_h, rows, cols, T, WINDOW, scale, HAS_BIAS, HAS_WINDOW, PREC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet stays at 0 mass
@@ -115,10 +129,8 @@ def _bwd_dkdv_kernel(Q, K, V, BIAS, DO, LSE, DELTA, DK, DVAL, DBIAS,
         h = hk * G + g
         for start_m in range(lo, hi, BLOCK_M):
             rows = start_m + tl.arange(0, BLOCK_M)
-            q = tl.load(Q + b * sq_b + h * sq_h + rows[:, None] * sq_t + d_h[None, :],
-                        mask=(rows[:, None] < T) & (d_h[None, :] < DH), other=0.0)  # (M, DH)
-            do = tl.load(DO + b * sd_b + h * sd_h + rows[:, None] * sd_t + d_v[None, :],
-                         mask=(rows[:, None] < T) & (d_v[None, :] < DV), other=0.0)  # (M, DV)
+            q = _tile(Q + b * sq_b + h * sq_h, rows, d_h, sq_t, T, DH)  # (M, DH)
+            do = _tile(DO + b * sd_b + h * sd_h, rows, d_v, sd_t, T, DV)  # (M, DV)
             lse = tl.load(LSE + (b * H + h) * T + rows, mask=rows < T, other=float("inf"))
             delta = tl.load(DELTA + (b * H + h) * T + rows, mask=rows < T, other=0.0)
             s = _scores(q, k, BIAS + b * sb_b + hk * sb_h, rows, cols, T, WINDOW, scale, HAS_BIAS, HAS_WINDOW, PREC)
@@ -143,28 +155,19 @@ def _bwd_dq_kernel(Q, K, V, BIAS, DO, LSE, DELTA, DQ,
                    HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
-    b, h = pid_bh // H, pid_bh % H
-    hk = h // G
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    d_h, d_v = tl.arange(0, BLOCK_DH), tl.arange(0, BLOCK_DV)
+    b, h, hk, rows, d_h, d_v = _query_block(pid_m, pid_bh, H, G, BLOCK_M, BLOCK_DH, BLOCK_DV)
     q_mask = (rows[:, None] < T) & (d_h[None, :] < DH)
-    q = tl.load(Q + b * sq_b + h * sq_h + rows[:, None] * sq_t + d_h[None, :], mask=q_mask, other=0.0)  # (M, DH)
-    do = tl.load(DO + b * sd_b + h * sd_h + rows[:, None] * sd_t + d_v[None, :],
-                 mask=(rows[:, None] < T) & (d_v[None, :] < DV), other=0.0)  # (M, DV)
+    q = _tile(Q + b * sq_b + h * sq_h, rows, d_h, sq_t, T, DH)  # (M, DH)
+    do = _tile(DO + b * sd_b + h * sd_h, rows, d_v, sd_t, T, DV)  # (M, DV)
     lse = tl.load(LSE + pid_bh * T + rows, mask=rows < T, other=float("inf"))
     delta = tl.load(DELTA + pid_bh * T + rows, mask=rows < T, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_DH], tl.float32)
 
-    lo = 0
-    if HAS_WINDOW:
-        lo = tl.maximum(pid_m * BLOCK_M - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
-    hi = tl.minimum((pid_m + 1) * BLOCK_M, T)
+    lo, hi = _key_range(pid_m, T, WINDOW, HAS_WINDOW, BLOCK_M, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = tl.load(K + b * sk_b + hk * sk_h + cols[:, None] * sk_t + d_h[None, :],
-                    mask=(cols[:, None] < T) & (d_h[None, :] < DH), other=0.0)
-        v = tl.load(V + b * sv_b + hk * sv_h + cols[:, None] * sv_t + d_v[None, :],
-                    mask=(cols[:, None] < T) & (d_v[None, :] < DV), other=0.0)
+        k = _tile(K + b * sk_b + hk * sk_h, cols, d_h, sk_t, T, DH)
+        v = _tile(V + b * sv_b + hk * sv_h, cols, d_v, sv_t, T, DV)
         s = _scores(q, k, BIAS + b * sb_b + hk * sb_h, rows, cols, T, WINDOW, scale, HAS_BIAS, HAS_WINDOW, PREC)
         p = tl.exp(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)

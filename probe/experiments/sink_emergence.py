@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from probe.analyses.backcopy import backcopy_split
+from probe.analyses.backcopy import STATS, backcopy_split
 from probe.analyses.sinks import sink_stats
 from probe.data.synthetic import BigramBackcopy
 from probe.models import create
@@ -141,7 +141,7 @@ def snapshot_table(cfg: EmergenceConfig, variant: str, seed: int, run_dir) -> pd
     steps = snapshot_steps(run_dir)
     if cache.exists():
         old = pd.read_csv(cache)
-        if sorted(old["step"].unique()) == sorted(steps):
+        if sorted(old["step"].unique()) == sorted(steps) and {"sink_logit", *STATS} <= set(old.columns):
             return old
     torch.set_num_threads(cfg.threads)
     windows = cfg.task.eval_windows(cfg.n_eval_batches, cfg.eval_batch_size)
@@ -160,9 +160,8 @@ def snapshot_table(cfg: EmergenceConfig, variant: str, seed: int, run_dir) -> pd
             l = int(layer["layer"])
             rows.append({**run, "layer": l, "pos0_share": layer["pos0_share"], "uniform_ref": layer["uniform_ref"],
                          "pos0_ratio": layer["pos0_share"] / layer["uniform_ref"], "r0": layer["r0"],
-                         "phantom_share": layer["phantom_share"],
-                         **{c: split.loc[l, c] for c in ("prev_at_trigger", "bos_at_trigger", "bos_elsewhere",
-                                                         "prev_elsewhere")}})
+                         "phantom_share": layer["phantom_share"], "sink_logit": layer["sink_logit"],
+                         **{c: split.loc[l, c] for c in STATS}})
     table = pd.DataFrame(rows)
     table.to_csv(cache, index=False)
     return table

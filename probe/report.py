@@ -7,6 +7,11 @@ as that model finishes. Started again with the same settings, a run skips the mo
 any point ends with the same numbers as an uninterrupted one and without duplicate rows (the final tables are
 assembled from the per-model files, one per model name, in the order given). Different settings in an existing DIR
 are an error; a different model list reuses the models already done.
+
+Sharded (``ReportSpec.shard = (i, N)``), a run computes only every N-th model of the list starting at the i-th
+(round-robin by report index, so a sweep sorted by size or step spreads its cost evenly) and records the whole run's
+model list and its shard in the manifest; ``probe.report_shards.merge_reports`` joins the N folders into the report an
+unsharded run writes.
 """
 from __future__ import annotations
 
@@ -50,6 +55,20 @@ class ReportSpec:
     eps: tuple[float, ...] = (0.3,)  # Sink^eps thresholds
     injection: InjectionSpec | None = None  # None: no injection
     out: Path = Path("probe-report")
+    shard: tuple[int, int] | None = None  # (i, N), 1-based: compute only every N-th model starting at the i-th
+
+
+def shard_share(names, shard: tuple[int, int] | None) -> list:
+    """The models a shard computes: round-robin over the report order (all of them when unsharded)."""
+    if shard is None:
+        return list(names)
+    i, n = shard
+    return list(names)[i - 1::n]
+
+
+def shard_record(names, shard: tuple[int, int] | None) -> dict | None:
+    """What the manifest records of a shard: its index, the shard count and the models it computes."""
+    return None if shard is None else {"index": shard[0], "count": shard[1], "models": shard_share(names, shard)}
 
 
 def expand_checkpoints(spec: str) -> list[str]:
@@ -98,16 +117,25 @@ def settings_of(spec: ReportSpec) -> dict:
             "dtype": spec.model.dtype, "inject": injection, "eps": list(spec.eps), "probe_version": __version__}
 
 
-def _check_dir(out: Path, settings: dict) -> None:
-    """An existing DIR must be a report with the same settings; stale staged files of a killed run are removed.
-    Nothing is written here: the manifest is written with the first result, so a failure before it leaves no files."""
+def settings_diff(old: dict, new: dict) -> list[str]:
+    return [f"{k}: {old.get(k)!r} (now {v!r})" for k, v in new.items() if old.get(k) != v]
+
+
+def check_dir(out: Path, settings: dict, shard: dict | None = None) -> None:
+    """An existing DIR must be a report with the same settings (and the same shard of its run); stale staged files of
+    a killed run are removed. Nothing is written here: the manifest is written with the first result, so a failure
+    before it leaves no files."""
     manifest = out / MANIFEST
     if manifest.is_file():
-        old = json.loads(manifest.read_text())["settings"]
-        diff = [f"{k}: {old.get(k)!r} (now {v!r})" for k, v in settings.items() if old.get(k) != v]
+        old = json.loads(manifest.read_text())
+        diff = settings_diff(old["settings"], settings)
         if diff:
             raise UsageError(f"--out {str(out)!r} holds a report computed with other settings ({'; '.join(diff)}); "
                              "use the same flags to resume, or another --out")
+        if shard_name(old.get("shard")) != shard_name(shard):  # the share itself follows --models, as unsharded
+            raise UsageError(f"--out {str(out)!r} holds {shard_name(old.get('shard'))} of a report, not "
+                             f"{shard_name(shard)}; resume it with the same --models/--checkpoints and --shard, or "
+                             "use another --out")
     elif out.exists() and (not out.is_dir() or any(p for p in out.iterdir() if not p.name.startswith("."))):
         raise UsageError(f"--out {str(out)!r} exists and is not a probe report directory; choose a new or empty one")
     if out.is_dir():
@@ -115,8 +143,13 @@ def _check_dir(out: Path, settings: dict) -> None:
             stale.unlink()  # staged files of a killed run: never renamed, so never counted
 
 
-def _write_manifest(out: Path, settings: dict, names: list[str]) -> None:
-    write_files(out, {MANIFEST: json.dumps({"settings": settings, "models": names}, indent=1)})
+def shard_name(shard: dict | None) -> str:
+    return "the whole" if shard is None else f"shard {shard['index']}/{shard['count']}"
+
+
+def write_manifest(out: Path, settings: dict, names: list[str], **extra) -> None:
+    """The run's settings and whole model list (plus, for a shard, which shard; for a merge, its sources)."""
+    write_files(out, {MANIFEST: json.dumps({"settings": settings, "models": names, **extra}, indent=1)})
     (out / "models").mkdir(exist_ok=True)
 
 
@@ -184,20 +217,25 @@ def write_report(spec: ReportSpec, console: Console) -> tuple[dict[str, pd.DataF
     names, out = list(spec.names), Path(spec.out)
     check_data(spec.windows.data)
     settings = settings_of(spec)
-    _check_dir(out, settings)
+    shard = shard_record(names, spec.shard)
+    check_dir(out, settings, shard)
     for name in names:  # malformed names, missing directories or zoo entries: fail before any work
         try:
             resolve(name)
         except ValueError as e:
             raise UsageError(f"--models/--checkpoints {name!r}: {e}; {KNOWN_HINT}") from None
-    paths = {n: out / "models" / f"{slug(n)}.json" for n in names}
-    todo = [n for n in names if not paths[n].is_file()]
-    if len(todo) < len(names):
-        console.note(f"resuming {out}: {len(names) - len(todo)} of {len(names)} models already done")
+    mine = shard_share(names, spec.shard)  # this run's models: all of them, or this shard's share
+    paths = {n: out / "models" / f"{slug(n)}.json" for n in mine}
+    todo = [n for n in mine if not paths[n].is_file()]
+    if len(todo) < len(mine):
+        console.note(f"resuming {out}: {len(mine) - len(todo)} of {len(mine)} models already done")
+    if spec.shard is not None:
+        console.note(f"{shard_name(shard)}: {len(mine)} of {len(names)} models")
     windows = Windows(spec.windows)
     manifest_written = False
-    bar = console.bar(len(names), "report", unit="model")
-    bar.update(len(names) - len(todo))
+    extra = {} if shard is None else {"shard": shard}
+    bar = console.bar(len(mine), "report", unit="model")
+    bar.update(len(mine) - len(todo))
     try:
         for i, name in enumerate(names, start=1):
             if name not in todo:
@@ -205,7 +243,7 @@ def write_report(spec: ReportSpec, console: Console) -> tuple[dict[str, pd.DataF
             bar.set_description(f"report: {name}")
             record = compute_one(spec, name, i, windows, console)
             if not manifest_written:
-                _write_manifest(out, settings, names)
+                write_manifest(out, settings, names, **extra)
                 manifest_written = True
             _persist(paths[name], record)
             bar.update()
@@ -215,12 +253,19 @@ def write_report(spec: ReportSpec, console: Console) -> tuple[dict[str, pd.DataF
     finally:
         bar.close()
     if not manifest_written:
-        _write_manifest(out, settings, names)
-    records = [json.loads(paths[n].read_text()) for n in names]
+        write_manifest(out, settings, names, **extra)
+    if not mine:  # more shards than models (a job array larger than the sweep): only the manifest, for the merge
+        return {}, settings
+    records = [json.loads(paths[n].read_text()) for n in mine]
+    return write_tables(out, records, settings, console), settings
+
+
+def write_tables(out: Path, records: list[dict], settings: dict, console: Console) -> dict[str, pd.DataFrame]:
+    """The CSV tables and the HTML page of ``records`` (in report order) into ``out``."""
     tables = {k: pd.DataFrame([row for r in records for row in r["tables"].get(k, [])]) for k in TABLES}
     tables = {k: v for k, v in tables.items() if len(v)}
     files = {f"report_{k}.csv": v.to_csv(index=False) for k, v in tables.items()}
     files["report.html"] = report_page(tables, records, settings)
     written = write_files(out, files)
     console.note(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
-    return tables, settings
+    return tables

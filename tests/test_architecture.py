@@ -20,6 +20,7 @@ LEVELS = {
     "checkpoints": 2, "testing": 2,  # name -> model, HF adapters, interop; tiny HF models for tests
     "analyses": 3,  # captured tensors -> DataFrames and figures
     "inputs": 4, "train": 4, "experiments": 4, "report": 4, "report_html": 4,  # jobs built from the analyses
+    "report_shards": 4,
     "cli": 5,  # the command line
 }
 

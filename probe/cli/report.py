@@ -1,4 +1,5 @@
-"""``probe report``: the flags as a ``ReportSpec``, the report written by ``probe.report``, its summary on stdout."""
+"""``probe report``: the flags as a ``ReportSpec``, the report written by ``probe.report`` (or shard folders joined by
+``probe.report_shards``), its summary on stdout."""
 from __future__ import annotations
 
 import argparse
@@ -10,22 +11,36 @@ from probe.console import Console
 from probe.errors import UsageError
 from probe.output import clean, show
 from probe.report import ReportSpec, expand_checkpoints, write_report
+from probe.report_shards import merge_reports, parse_shard
 
 
 def run_report(args: argparse.Namespace) -> int:
     console = Console(args.quiet)
-    if bool(args.models) == bool(args.checkpoints):
-        raise UsageError("give exactly one of --models A B ... or --checkpoints NAME@REV,REV,...")
-    names = tuple(dict.fromkeys(args.models or expand_checkpoints(args.checkpoints)))
-    spec = ReportSpec(names=names, model=model_spec(args), windows=window_spec(args), eps=eps_values(args),
-                      injection=injection_spec(args), out=Path(args.out))
-    tables, settings = write_report(spec, console)
+    if args.merge:
+        if args.models or args.checkpoints or args.shard:
+            raise UsageError("--merge DIR ... joins finished shard folders: give it no --models, --checkpoints or "
+                             "--shard (those go to the shard runs)")
+        tables, settings, names = merge_reports([Path(d) for d in args.merge], Path(args.out), console)
+    else:
+        if bool(args.models) == bool(args.checkpoints):
+            raise UsageError("give exactly one of --models A B ... or --checkpoints NAME@REV,REV,... "
+                             "(or --merge DIR ... to join shard folders)")
+        names = tuple(dict.fromkeys(args.models or expand_checkpoints(args.checkpoints)))
+        shard = parse_shard(args.shard) if args.shard else None
+        spec = ReportSpec(names=names, model=model_spec(args), windows=window_spec(args), eps=eps_values(args),
+                          injection=injection_spec(args), out=Path(args.out), shard=shard)
+        tables, settings = write_report(spec, console)
     if args.json:
         print(json.dumps(clean({"settings": settings, **{k: v.to_dict("records") for k, v in tables.items()
                                                          if k in ("summary", "injection", "exposure")}}), indent=1))
         return 0
-    w = spec.windows
-    text = [f"sink report: {len(names)} models, {settings['data']}, {w.batches} x {w.batch_size} windows",
+    share = f"{len(names)} models"
+    if args.shard:
+        share = f"shard {args.shard.strip()}, {len(tables.get('summary', ()))} of {len(names)} models"
+    if not tables:  # more shards than models: the folder's manifest is all the merge needs
+        print(f"sink report: {share}")
+        return 0
+    text = [f"sink report: {share}, {settings['data']}, {settings['batches']} x {settings['batch_size']} windows",
             show(tables["summary"], ["model", "step", "pos0_share", "uniform_ref", "pos0_over_uniform",
                                      "phantom_share", "r0", "r0_later", "sink_formed"], identity=True)]
     if "injection" in tables:

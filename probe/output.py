@@ -2,15 +2,13 @@
 (CSV, JSON, self-contained offline HTML pages of plotly figures), readable tables and JSON on stdout."""
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
 from pathlib import Path
 
-from plotly.offline import get_plotlyjs
-
 from probe.console import Console
+from probe.pages import INDEX, index_page, page, support_files
 from probe.specs import OutputSpec
 
 
@@ -82,33 +80,32 @@ def write_files(out: Path, files: dict[str, str | bytes]) -> list[Path]:
 
 
 def html_page(title: str, figures, *, intro: dict | None = None, tables=()) -> str:
-    """One self-contained offline HTML page: plotly.js inline once, then each figure (and optional tables)."""
-    parts = [f"<h1>{html.escape(title)}</h1>"]
-    if intro:
-        rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
-                       for k, v in intro.items())
-        parts.append(f"<table class='meta'>{rows}</table>")
-    for caption, df in tables:
-        parts.append(f"<h2>{html.escape(caption)}</h2>" + df.to_html(index=False, float_format=lambda x: f"{x:.4g}",
-                                                                     na_rep="", border=0, classes="data"))
-    for fig in figures:
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=False, default_width="100%"))
-    style = ("body{font-family:sans-serif;margin:2em;} table{border-collapse:collapse;margin:1em 0;} "
-             "th,td{padding:2px 8px;text-align:left;border-bottom:1px solid #ddd;font-size:90%;}")
-    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style><script type='text/javascript'>{get_plotlyjs()}</script></head>"
-            f"<body>{''.join(parts)}</body></html>\n")
+    """One self-contained offline HTML page (plotly.js inline): tables first, then the figures."""
+    return page(title, figures, intro=intro, tables=tables, self_contained=True)
 
 
-def save_result(output: OutputSpec, stem: str, result: dict, figures, console: Console, title: str) -> None:
-    """With ``output.out``: one CSV per table, one JSON with everything, one HTML with the figures."""
+def write_pages(out: Path, files: dict[str, str | bytes]) -> list[Path]:
+    """``write_files`` for a folder of pages: plotly.min.js first when a page loads it and the folder lacks it, then
+    the files in order, then the folder's index.html rebuilt from everything in it."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = write_files(out, {**support_files(out, files), **files})
+    atomic_write(out / INDEX, index_page(out))
+    return written
+
+
+def save_result(output: OutputSpec, stem: str, result: dict, figures, console: Console, title: str,
+                sections: dict | None = None) -> None:
+    """With ``output.out``: one CSV per table, one JSON with everything, one HTML page (``sections``: the verdicts,
+    caveats and tables it opens with, as ``probe.pages.page`` takes them), the folder's index."""
     if not output.out:
         return
     files = {f"{stem}_{k}.csv": v.to_csv(index=False) for k, v in result.items()}
     files[f"{stem}.json"] = json.dumps(result_json(stem, result), indent=1)
-    if figures:
-        files[f"{stem}.html"] = html_page(title, figures, intro=clean(result_meta(result)))
-    written = write_files(Path(output.out), files)
+    if figures or sections:
+        files[f"{stem}.html"] = page(title, figures, intro=clean(result_meta(result)), **(sections or {}),
+                                     self_contained=output.self_contained)
+    written = write_pages(Path(output.out), files)
     console.note(f"wrote {len(written)} files to {output.out}: " + ", ".join(p.name for p in written))
 
 

@@ -51,3 +51,4 @@ class OutputSpec:
     out: Path | None = None  # CSV, JSON and HTML files go here; None: nothing written
     as_json: bool = False  # stdout carries the JSON document instead of the text
     quiet: bool = False  # no notes or progress bars on stderr
+    self_contained: bool = False  # pages inline plotly.js instead of loading the folder's shared plotly.min.js

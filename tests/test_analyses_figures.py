@@ -16,14 +16,16 @@ def test_figures_from_analysis_outputs(tmp_path):
     routed = effective_sources(tiny("attnres-block2"), toks)
     heat = figures.depth_heatmap(routed)
     z = np.array(heat.data[0].z, dtype=float)
-    assert z.shape == (4, len(routed["heatmap"].columns) - 3)  # model, corpus, site are not source columns
+    assert z.shape == (len(routed["heatmap"].columns) - 3, 4)  # sources (y) x read sites (x); model, corpus, site
+    assert heat.layout.yaxis.autorange is None  # one orientation: depth grows from the origin
     assert heat.data[0].zmax == routed["summary"]["heatmap_clip"].iloc[0]
     assert len(figures.effective_sources_figure([routed, effective_sources(tiny("slr-block2-r8"), toks)]).data) == 3
 
     sinks = [sink_stats(tiny(v), toks) for v in ("baseline", "sinklogit")]
     fig = figures.sink_figure(sinks)
-    assert len(fig.data) == 2 * 3 + 1  # three panels per model plus the uniform reference
-    assert len(figures.sink_heads_figure(sinks[1], "phantom_share").data[0].z) == 2
+    assert len(fig.data) == 2 * 3 + 2  # three panels per model, the uniform reference and the 3x threshold
+    heads = figures.sink_heads_figure(sinks[1], "phantom_share")
+    assert np.array(heads.data[0].z).shape == (len(sinks[1]["heads"]["head"].unique()), 2)  # heads (y) x layers (x)
 
     gates = gate_stats(tiny("normgate"), toks, min_count=2)
     assert len(figures.gate_figure(gates).data) == 3

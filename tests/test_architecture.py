@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "probe"
 # the public face and stands outside the order.
 LEVELS = {
     # vocabulary, fused ops, text and tokens, and plain helpers every layer may use
-    "hooks": 0, "kernels": 0, "data": 0, "output": 0, "errors": 0, "console": 0, "runs": 0, "specs": 0,
+    "hooks": 0, "kernels": 0, "data": 0, "output": 0, "errors": 0, "console": 0, "runs": 0, "specs": 0, "pages": 0,
     "models": 1,  # custom instrumented transformers
     "checkpoints": 2, "testing": 2,  # name -> model, HF adapters, interop; tiny HF models for tests
     "analyses": 3,  # captured tensors -> DataFrames and figures

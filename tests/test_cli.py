@@ -102,7 +102,9 @@ def test_inject_headline_default(tmp_path):
     assert row["junk"] == "structured" and row["dose"] == 0.4 and row["cutoff"] == "q25"
     assert row["delta"] == pytest.approx(row["loss_corrupted"] - row["loss_clean"], abs=1e-9)
     page = (out / "inject.html").read_text()
-    assert "<script src" not in page and "Plotly.newPlot" in page and len(page) > 1_000_000  # plotly.js inline
+    assert "src='plotly.min.js'" in page and "Plotly.newPlot" in page and len(page) < 1_000_000  # shared plotly.js
+    assert "Loss increase per condition" in page.split("Plotly.newPlot")[0]  # the table comes before the figures
+    assert "inject.html" in (out / "index.html").read_text()
 
 
 def test_inject_every_junk_type(fx):

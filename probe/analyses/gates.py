@@ -20,7 +20,7 @@ import torch
 
 from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, make_bar, model_device,
                                     token_text)
-from probe.analyses.parallel import batches_of_rank, is_main, reduce_sums
+from probe.analyses.parallel import batches_of_rank, gather_rows, is_main, reduce_sums
 
 
 class GateAccumulator:
@@ -39,10 +39,12 @@ class GateAccumulator:
         self.tok = z(L, Hkv, len(self.vocab))  # Σ g per token
         self.tok_g2 = z(L, Hkv)  # Σ g² over real-token reads
         self.tok_g2f, self.tok_gf, self.tok_nf = z(L, Hkv), z(L, Hkv), z(L)  # over frequent tokens only
+        self.batch, self.batch_rows = 0, []  # global index of the batch being added; its per-layer means
 
     def merge(self) -> None:
         """Combine the ranks' sums (token counts come from the whole evaluation set on every rank already)."""
         reduce_sums(self, self.SUMS)
+        self.batch_rows = gather_rows(self.batch_rows)
 
     def add(self, layer: int, pattern: torch.Tensor, gate: torch.Tensor, read_tokens: torch.Tensor):
         """pattern (B, H, T, T) over real keys; gate (B, T, Hkv) or element-wise (B, T, Hkv, dv);
@@ -68,6 +70,8 @@ class GateAccumulator:
         self.g[layer] += g.sum((0, 1))
         self.low[layer] += (g < 0.5).double().sum((0, 1))
         self.reads[layer] += B * T
+        self.batch_rows.append({"batch": self.batch, "layer": layer, "mean_gate": float(m.mean()),
+                                "selectivity": float(sel.mean()), "read_mean_gate": float(g.mean())})
         # token statistics over real-token reads
         real = read_tokens >= 0
         gt, ids = g[real], torch.searchsorted(self.vocab, read_tokens[real])  # (n, Hkv), (n,)
@@ -120,13 +124,16 @@ class GateAccumulator:
         summary = {c: float(layers[c].mean()) for c in cols + ["read_mean_gate", "frac_below_half"]}
         summary.update(token_share=self._token_share(all_layers, False),
                        token_share_min_count=self._token_share(all_layers, True), min_count=self.min_count,
-                       value_gate=info.value_gate)
+                       value_gate=info.value_gate, n_token_reads=int(self.counts.sum()), n_token_types=len(self.vocab),
+                       n_frequent_reads=int(self.counts[self.frequent].sum()),
+                       n_frequent_types=int(self.frequent.sum()))
         mean_tok = self.tok.sum((0, 1)) / (self.counts * info.n_layers * info.n_kv_heads)
         tokens = pd.DataFrame({"token_id": self.vocab.tolist(), "count": self.counts.long().tolist(),
                                "mean_gate": mean_tok.tolist()})
         tokens = tokens[tokens["count"] >= self.min_count].sort_values(["mean_gate", "token_id"]).reset_index(drop=True)
         tokens.insert(1, "token", [token_text(tokenizer, t) for t in tokens["token_id"]])
-        return {"summary": pd.DataFrame([summary]), "layers": layers, "heads": heads, "tokens": tokens}
+        return {"summary": pd.DataFrame([summary]), "layers": layers, "heads": heads, "tokens": tokens,
+                "batches": pd.DataFrame(self.batch_rows)}
 
 
 def read_tokens_of(info, ids: torch.Tensor) -> torch.Tensor:
@@ -139,7 +146,8 @@ def read_tokens_of(info, ids: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def gate_stats(model, data, *, min_count: int = 50, tokenizer=None,
                progress: bool = False) -> dict[str, pd.DataFrame]:
-    """Gate statistics: tables ``summary``, ``layers``, ``heads``, ``tokens`` (most attenuated first) and ``meta``.
+    """Gate statistics: tables ``summary``, ``layers``, ``heads``, ``tokens`` (most attenuated first), ``batches``
+    (per batch and layer) and ``meta``.
 
     Raises ValueError for models without a value gate."""
     info = model.probe_info
@@ -159,6 +167,7 @@ def gate_stats(model, data, *, min_count: int = 50, tokenizer=None,
     for n in mine:
         ids = w.inputs(n, model_device(model))
         state["read_tokens"] = read_tokens_of(info, ids)
+        acc.batch = n
         collector.run(model, ids)
         bar.update()
     bar.close()

@@ -21,14 +21,15 @@ import torch
 
 from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, model_device, row_mass_hooks,
                                     row_masses, sliding)
-from probe.analyses.parallel import batches_of_rank, first_present, reduce_sums
+from probe.analyses.parallel import batches_of_rank, first_present, gather_rows, rank_and_world, reduce_sums
 
 SINK_FACTOR = 3.0  # pos0_share >= 3 x causal-uniform reference
 SINK_R0 = 0.8  # and r0 below this
 
 
 class SinkAccumulator:
-    """Sums of per-row statistics per (layer, head) and of r0 per (layer, KV head) over batches."""
+    """Sums of per-row statistics per (layer, head) and of r0 per (layer, KV head) over batches, and one row per
+    (batch, layer) of that batch's means (standard errors over batches on the pages)."""
 
     SUMS = ("pos0", "phantom", "rows", "pos0_w", "phantom_w", "rows_w", "uniform", "uniform_w", "r0", "seqs")
 
@@ -41,6 +42,7 @@ class SinkAccumulator:
         self.uniform, self.uniform_w = z(L), z(L)
         self.r0, self.seqs = z(L, Hkv), z(L)
         self.sink = [None] * L
+        self.batch_rows, self.calls = [], [0] * L  # per-batch means; batches seen per layer by this rank
 
     def add(self, layer: int, pos0: torch.Tensor, phantom: torch.Tensor, norms: torch.Tensor, sink=None):
         """pos0, phantom: (B, H, T) per-row shares; norms: (B, T, Hkv) read norms; sink: (H,) logits or None."""
@@ -64,6 +66,13 @@ class SinkAccumulator:
         median = torch.quantile(n, 0.5, dim=1)  # (B, Hkv), linear interpolation over all T reads
         self.r0[layer] += (n[:, 0] / median).sum(0)
         self.seqs[layer] += B
+        rank, world = rank_and_world()  # this rank's k-th batch is global batch rank + k * world (round-robin)
+        self.batch_rows.append({"batch": rank + self.calls[layer] * world, "layer": layer,
+                                "pos0_share": float(pos0[:, :, 1:].double().mean()),
+                                "phantom_share": float(phantom[:, :, 1:].double().mean()),
+                                "uniform_ref": float(torch.where(sees0, 1 / (t + 1), 0).mean()),
+                                "r0": float((n[:, 0] / median).mean())})
+        self.calls[layer] += 1
         if sink is not None:
             self.sink[layer] = sink.detach().double().cpu()
 
@@ -71,6 +80,7 @@ class SinkAccumulator:
         """Combine the ranks' sums (data-parallel runs; nothing to do in one process)."""
         reduce_sums(self, self.SUMS)
         self.sink = first_present(self.sink)
+        self.batch_rows = gather_rows(self.batch_rows)
 
     def tables(self) -> dict[str, pd.DataFrame]:
         info = self.info
@@ -107,7 +117,8 @@ class SinkAccumulator:
             key0 = sub.assign(pos0_share=sub["pos0_share_key0"], phantom_share=sub["phantom_share_key0"],
                               uniform_ref=sub["uniform_ref_key0"])
             by_type.append(_summary(key0, "sliding (key 0 in window)"))
-        return {"summary": pd.DataFrame([summary]), "by_type": pd.DataFrame(by_type), "layers": layers, "heads": heads}
+        return {"summary": pd.DataFrame([summary]), "by_type": pd.DataFrame(by_type), "layers": layers, "heads": heads,
+                "batches": pd.DataFrame(self.batch_rows)}
 
 
 def _summary(layers: pd.DataFrame, group: str) -> dict:
@@ -127,7 +138,8 @@ def _meta(model, w, kind, **settings):
 
 @torch.no_grad()
 def sink_stats(model, data, *, backend: str | None = None, progress: bool = False) -> dict[str, pd.DataFrame]:
-    """Streaming sink statistics: tables ``summary``, ``by_type``, ``layers``, ``heads``, ``meta``.
+    """Streaming sink statistics: tables ``summary``, ``by_type``, ``layers``, ``heads``, ``batches`` (per batch and
+    layer), ``meta``.
 
     Hooks q, k, v (and the sink logit where the model has a phantom) one layer at a time; per-row masses on key 0 and
     on all real keys come from ``attention_row_masses`` with the phantom in the normaliser."""

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 import torch
 
 from probe.analyses import figures as F
+from probe.analyses import summaries
 from probe.analyses.capture import as_windows, describe, finish, loss_forward_kwargs, output_losses
 from probe.analyses.dormant import dormant_figure, dormant_heads, dormant_heads_figure
 from probe.analyses.gates import gate_stats
@@ -121,7 +122,8 @@ def run_sinks(args: argparse.Namespace) -> int:
         text += ["", "active / dormant heads (Guo et al.; dormant = key-0 mass > 0.5 on that input):",
                  show(dor["summary"])]
         figures += [dormant_figure(dor), dormant_heads_figure(dor)]
-    save_result(run.output, "sinks", result, figures, run.console, "Attention sinks")
+    save_result(run.output, "sinks", result, figures, run.console, "Attention sinks",
+                summaries.sink_sections(result))
     emit(run.output, "sinks", result, "\n".join(text))
     return 0
 
@@ -149,7 +151,8 @@ def run_inject(args: argparse.Namespace) -> int:
         text += ["", "exposure (share of each row's attention mass, phantom included):",
                  show(result["exposure"], ["cutoff", "quiet_share", "phantom_share"])]
         figures.append(F.exposure_figure(result))
-    save_result(run.output, "inject", result, figures, run.console, "Value-noise injection")
+    save_result(run.output, "inject", result, figures, run.console, "Value-noise injection",
+                summaries.inject_sections(result))
     emit(run.output, "inject", result, "\n".join(text))
     return 0
 
@@ -171,7 +174,7 @@ def run_sources(args: argparse.Namespace) -> int:
             "per read site:", show(result["sites"], [c for c in result["sites"].columns
                                                      if c not in ("site_index", "n_tokens")])]
     save_result(run.output, "sources", result, [F.depth_heatmap(result), F.effective_sources_figure(result)],
-                run.console, "Depth routing")
+                run.console, "Depth routing", summaries.source_sections(result))
     emit(run.output, "sources", result, "\n".join(text))
     return 0
 
@@ -203,7 +206,7 @@ def run_gates(args: argparse.Namespace) -> int:
     else:
         text += ["", f"no token occurs {args.min_count} times in these windows (lower --min-count)"]
     figures = [F.gate_figure(result)] + ([F.gate_token_table(result)] if len(tokens) else [])
-    save_result(run.output, "gates", result, figures, run.console, "Value gates")
+    save_result(run.output, "gates", result, figures, run.console, "Value gates", summaries.gate_sections(result))
     emit(run.output, "gates", result, "\n".join(text))
     return 0
 
@@ -237,6 +240,6 @@ def run_eval(args: argparse.Namespace) -> int:
     fig = go.Figure(go.Bar(x=list(range(len(windows))), y=windows["loss"], text=windows["doc_id"]))
     fig.update_layout(title=f"Mean next-token loss per window — {model.probe_info.name}", xaxis_title="window",
                       yaxis_title="loss (nats)")
-    save_result(run.output, "eval", result, [fig], run.console, "Evaluation")
+    save_result(run.output, "eval", result, [fig], run.console, "Evaluation", summaries.eval_sections(result))
     emit(run.output, "eval", result, "\n".join(text))
     return 0

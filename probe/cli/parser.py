@@ -49,6 +49,12 @@ def _output_flags(p, out_help="write CSV, JSON and a plotly HTML figure to DIR")
     p.add_argument("--out", metavar="DIR", help=out_help)
     p.add_argument("--json", action="store_true", help="print machine-readable results (JSON) on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
+    _self_contained_flag(p)
+
+
+def _self_contained_flag(p):
+    p.add_argument("--self-contained", action="store_true", help="HTML pages carry plotly.js inline (one 4.8 MB file "
+                   "each) instead of loading the plotly.min.js written beside them")
 
 
 def _model_flags(p, default_model: str | None, *, defaults=(8, 8)):
@@ -161,6 +167,7 @@ def build_parser() -> UsageParser:
     p.add_argument("--out", metavar="DIR", default="probe-report", help="report directory (default probe-report)")
     p.add_argument("--json", action="store_true", help="print the summary table as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
+    _self_contained_flag(p)
 
     p = verb("experiment", "run one of the papers' experiment recipes: probe experiment NAME --out DIR "
              "(probe experiment --list; NAME --help lists its options)")

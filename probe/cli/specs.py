@@ -34,8 +34,9 @@ def injection_spec(args: argparse.Namespace) -> InjectionSpec | None:
 
 
 def output_spec(args: argparse.Namespace) -> OutputSpec:
-    """--out, --json, --quiet."""
-    return OutputSpec(out=Path(args.out) if args.out else None, as_json=args.json, quiet=args.quiet)
+    """--out, --json, --quiet, --self-contained."""
+    return OutputSpec(out=Path(args.out) if args.out else None, as_json=args.json, quiet=args.quiet,
+                      self_contained=getattr(args, "self_contained", False))
 
 
 def eps_values(args: argparse.Namespace) -> tuple[float, ...]:

@@ -1,0 +1,114 @@
+"""Result pages and output folders: pages open with verdicts and the tables the CSVs hold, share one plotly.min.js
+(unless self-contained), every folder has an index.html listing each file; figures have integer layer/head ticks,
+labelled thresholds, fitted colour-blind-safe scales and titled axes."""
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyses_util import one_thread, tiny, windows  # noqa: F401
+from probe.analyses import figures, summaries
+from probe.analyses.gates import gate_stats
+from probe.analyses.inject import inject
+from probe.analyses.sinks import sink_stats
+from probe.console import Console
+from probe.output import save_result, write_pages
+from probe.pages import PLOTLY_JS, page
+from probe.specs import OutputSpec
+
+
+@pytest.fixture(scope="module")
+def sinks():
+    return sink_stats(tiny("sinklogit"), windows(3, 2, 12))
+
+
+def _save(tmp_path, stem, result, figs, sections, **out):
+    save_result(OutputSpec(out=tmp_path, quiet=True, **out), stem, result, figs, Console(True), stem, sections)
+    return (tmp_path / f"{stem}.html").read_text()
+
+
+def _text(html: str) -> str:
+    return re.sub(r"<[^>]+>", " ", html.split("Plotly.newPlot")[0])
+
+
+def test_sinks_page_opens_with_verdict_and_csv_values(tmp_path, sinks):
+    html = _save(tmp_path, "sinks", sinks, [figures.sink_figure(sinks)], summaries.sink_sections(sinks))
+    before_figures = _text(html)
+    formed = bool(sinks["summary"]["sink_formed"].iloc[0])
+    assert f"sink_formed: {formed} — rule: position-0 share &gt;= 3x the causal-uniform reference and r0 &lt; 0.8" \
+        in before_figures
+    csv = pd.read_csv(tmp_path / "sinks_summary.csv").iloc[0]
+    layers = pd.read_csv(tmp_path / "sinks_layers.csv")
+    for value in [csv["pos0_share"], csv["phantom_share"], csv["r0_later"], *layers["r0"]]:
+        assert f"{value:.4g}" in before_figures  # the page shows the numbers the CSVs hold, before any figure
+    batches = pd.read_csv(tmp_path / "sinks_batches.csv")
+    assert len(batches) == 3 * 2  # one row per (batch, layer)
+    se = batches.groupby("layer")["pos0_share"].sem()
+    assert all(f"{v:.4g}" in before_figures for v in se)  # per-layer standard errors over batches
+    # the overall means are the batch means' means (equal-sized batches)
+    assert batches.groupby("layer")["pos0_share"].mean().to_numpy() == pytest.approx(layers["pos0_share"], rel=1e-9)
+    # shared plotly.js: the page is small and loads the folder's copy; the folder has an index of every file
+    assert "src='plotly.min.js'" in html and len(html.encode()) < 1_000_000
+    assert (tmp_path / PLOTLY_JS).stat().st_size > 1_000_000
+    index = (tmp_path / "index.html").read_text()
+    files = [p.name for p in tmp_path.iterdir() if p.name != "index.html"]
+    assert all(f"href='{name}'" in index for name in files)
+    assert "sink statistics per layer" in index  # description from the table keyed by file name
+
+
+def test_folder_shared_by_verbs_and_self_contained(tmp_path, sinks):
+    gates = gate_stats(tiny("normgate"), windows(1, 2, 12), min_count=10_000)
+    html = _save(tmp_path, "gates", gates, [figures.gate_figure(gates)], summaries.gate_sections(gates))
+    text = _text(html)
+    assert "no token occurs 10000 times" in text  # empty token tables say why
+    assert "too small a sample" in text and "standard errors need at least 2" in text  # caveats on a tiny sample
+    first = (tmp_path / PLOTLY_JS).stat().st_mtime_ns
+    written = write_pages(tmp_path, {"sinks.html": page("Sinks", [figures.sink_figure(sinks)]),
+                                     "notes.csv": "a,b\n1,2\n"})
+    assert PLOTLY_JS not in [p.name for p in written] and (tmp_path / PLOTLY_JS).stat().st_mtime_ns == first
+    assert len(list(tmp_path.glob("*.js"))) == 1 and not list(tmp_path.glob(".*"))
+    index = (tmp_path / "index.html").read_text()
+    assert all(f"href='{n}'" in index for n in ("gates.html", "gates_layers.csv", "sinks.html", "notes.csv"))
+    assert "table, 1 rows: a, b" in index  # fallback description of an unknown CSV: its header
+    assert "Value gates" not in index and "value gates: summary" in index
+    alone = tmp_path / "alone"
+    html = _save(alone, "sinks", sinks, [figures.sink_figure(sinks)], summaries.sink_sections(sinks),
+                 self_contained=True)
+    assert "src='plotly.min.js'" not in html and len(html) > 1_000_000 and not (alone / PLOTLY_JS).exists()
+
+
+def test_inject_page_standard_errors(tmp_path):
+    res = inject(tiny("sinklogit"), windows(3, 2, 12), junk=["gaussian"], doses=[0.4, 1.6], progress=False)
+    sec = summaries.inject_sections(res)
+    table = sec["tables"][0][1].set_index("dose")
+    sem = res["per_batch"].groupby("dose")["delta"].sem()
+    assert table.loc[1.6, "delta_se"] == pytest.approx(sem[1.6]) and table.loc[1.6, "n_batches"] == 3
+    assert sec["verdicts"][0].startswith("gaussian junk on the q25 quiet reads at dose 1.6: loss ")
+    fig = figures.injection_figure(res)
+    assert list(fig.data[0].error_y.array) == pytest.approx(list(sem.sort_index()))
+    assert [a.text for a in fig.layout.annotations] == ["no change"]
+
+
+def _axes(fig):
+    return [v for k, v in fig.layout.to_plotly_json().items() if re.fullmatch(r"[xy]axis\d*", k)]
+
+
+def test_figures_ticks_thresholds_and_colours(sinks):
+    fig = figures.sink_figure([sinks, sink_stats(tiny("baseline"), windows(3, 2, 12))])
+    x_axes = [a for k, a in fig.layout.to_plotly_json().items() if k.startswith("xaxis")]
+    assert len(x_axes) == 3 and all(a["dtick"] == 1 and a["tickformat"] == "d" for a in x_axes)
+    assert all(a.get("title", {}).get("text") for a in _axes(fig))  # every axis has a title
+    assert "r0 = 0.8 (sink threshold)" in [a.text for a in fig.layout.annotations]
+    assert "3 x uniform (sink threshold)" in [t.name for t in fig.data]
+    assert all(t.mode == "lines+markers" and t.error_y.array is not None for t in fig.data[:6])  # ± s.e. per layer
+
+    heads = figures.sink_heads_figure(sinks, "pos0_share")
+    z = np.array(heads.data[0].z, dtype=float)
+    assert (heads.data[0].zmin, heads.data[0].zmax) == (z.min(), z.max())  # fitted to the data, not 0..1
+    scale = [c for _, c in heads.data[0].colorscale]
+    assert heads.data[0].colorscale == heads.data[0].__class__(colorscale="Viridis").colorscale and scale
+    assert heads.layout.xaxis.title.text == "layer" and heads.layout.yaxis.title.text == "head"
+    assert heads.layout.xaxis.dtick == 1 and heads.layout.yaxis.dtick == 1
+    signed = figures.fitted_heatmap([[-1.0, 2.0]], [0, 1], [0], "d")
+    assert signed.zmid == 0 and signed.zmin is None  # signed data: diverging scale centred on 0

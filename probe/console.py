@@ -1,16 +1,98 @@
-"""Notes and progress bars on stderr, silent when quiet; results go to stdout (see ``probe.output``)."""
+"""Notes and progress on stderr, silent when quiet; results go to stdout (see ``probe.output``).
+
+On a terminal progress is a tqdm bar; piped to a file or a CI log it is plain lines (one at each tenth of the work and
+one at the end), never carriage returns or escape codes.
+"""
 from __future__ import annotations
 
 import os
 import sys
+import time
 import warnings
 
 from tqdm import tqdm
 from tqdm.auto import tqdm as auto_tqdm
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 batch``, ``2 batches``, ``1,024 tokens``: a count with its noun in the right number."""
+    if n == 1:
+        return f"1 {word}"
+    return f"{n:,} {many or (word + 'es' if word.endswith(('s', 'x', 'ch', 'sh')) else word + 's')}"
+
+
+def number(x: float, digits: int = 4) -> str:
+    """A measured value with ``digits`` significant digits (``3.91``, ``0.0213``, ``1.2e+04``)."""
+    return f"{x:.{digits}g}"
+
+
+class PlainProgress:
+    """tqdm's update / set_description / set_postfix / close as plain lines: one per tenth of ``total`` (at most one
+    every ``min_interval`` seconds) and one when closed."""
+
+    def __init__(self, total: int, desc: str, unit: str = "it", initial: int = 0, file=None,
+                 min_interval: float = 2.0):
+        self.total, self.desc, self.unit, self.n = total, desc, unit, initial
+        self.file, self.min_interval, self.postfix = file or sys.stderr, min_interval, ""
+        self._next = self._step_after(initial)
+        self._last_t = 0.0
+        self._closed = False
+
+    def _step_after(self, n: int) -> int:
+        tenth = max(1, -(-self.total // 10)) if self.total else 1
+        return (n // tenth + 1) * tenth
+
+    def _line(self) -> None:
+        count = f"{self.n}/{plural(self.total, self.unit)}" if self.total else plural(self.n, self.unit)
+        post = f" ({self.postfix})" if self.postfix else ""
+        self.file.write(f"{self.desc}: {count}{post}\n")
+        self.file.flush()
+        self._last_t = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.n >= self._next and self.n < (self.total or self.n + 1):
+            self._next = self._step_after(self.n)
+            if time.monotonic() - self._last_t >= self.min_interval:
+                self._line()
+
+    def set_description(self, desc: str, refresh: bool = True) -> None:
+        self.desc = desc
+
+    def set_postfix(self, ordered_dict=None, refresh: bool = True, **kwargs) -> None:
+        self.postfix = ", ".join(f"{k}={v}" for k, v in {**(ordered_dict or {}), **kwargs}.items())
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._line()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _Silent(PlainProgress):
+    def _line(self) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str, *, unit: str = "it", enabled: bool = True, leave: bool = True,
+                 initial: int = 0):
+    """A tqdm bar on stderr when it is a terminal, plain lines when it is not, nothing when not ``enabled``.
+    ``leave=False`` (loading stages) erases a terminal bar when closed and prints no lines."""
+    if not enabled or (not leave and not sys.stderr.isatty()):
+        return _Silent(total, desc, unit, initial)
+    if not sys.stderr.isatty():
+        return PlainProgress(total, desc, unit, initial)
+    return auto_tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=leave,
+                     initial=initial)
+
+
 class Console:
-    """Notes (stderr) and tqdm bars, silent with --quiet."""
+    """Notes (stderr) and progress bars, silent with --quiet."""
 
     def __init__(self, quiet: bool = False):
         self.quiet = quiet
@@ -25,7 +107,6 @@ class Console:
             tqdm.write(msg, file=sys.stderr)
 
     def bar(self, total: int, desc: str, unit: str = "it", leave: bool = True):
-        """A tqdm bar on stderr; ``leave=False`` bars (loading stages) erase themselves when closed, so an error
-        that follows them is the only line left on the terminal."""
-        return auto_tqdm(total=total, desc=desc, unit=unit, disable=self.quiet, file=sys.stderr, dynamic_ncols=True,
-                         leave=leave)
+        """Progress on stderr (``progress_bar``); ``leave=False`` bars (loading stages) erase themselves when closed,
+        so an error that follows them is the only line left on the terminal."""
+        return progress_bar(total, desc, unit=unit, enabled=not self.quiet, leave=leave)

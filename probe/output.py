@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from probe.console import Console
+from probe.errors import UsageError
 from probe.pages import INDEX, index_page, page, support_files
 from probe.specs import OutputSpec
 
@@ -54,6 +55,35 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def check_out_dir(out, flag: str = "--out", prog: str = "probe") -> Path:
+    """Fail fast (a ``UsageError``, before any model is loaded) unless ``out`` is, or can become, a writable directory.
+
+    Really tries: creates the missing folders and a temporary file, then removes what it created, so a path under a
+    regular file, under /proc or on a read-only mount is one line here instead of a traceback after the work."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{flag} {str(out)!r} is a file, not a directory; choose a new or existing directory", prog)
+    created = []
+    try:
+        for parent in [*reversed(out.parents), out]:
+            if not parent.exists():
+                parent.mkdir()
+                created.append(parent)
+        probe_file = out / f".probe-write-check-{os.getpid()}"
+        probe_file.write_bytes(b"")
+        probe_file.unlink()
+    except OSError as e:
+        raise UsageError(f"{flag} {str(out)!r} is not a writable directory ({e.strerror or type(e).__name__}); "
+                         "choose a directory you can write to", prog) from None
+    finally:
+        for folder in reversed(created):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+    return out
 
 
 def write_files(out: Path, files: dict[str, str | bytes]) -> list[Path]:
@@ -125,7 +155,10 @@ def header(meta: dict) -> str:
 
 
 def emit(output: OutputSpec, verb: str, result: dict, text: str) -> None:
-    """stdout: the JSON document with ``output.as_json`` (--json), else the readable text."""
+    """stdout: the JSON document with ``output.as_json`` (--json), else the readable text (nothing on the ranks that
+    do not write)."""
+    if not output.writer:
+        return
     if output.as_json:
         print(json.dumps(result_json(verb, result), indent=1))
     else:

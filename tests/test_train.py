@@ -182,8 +182,9 @@ def test_few_steps_lower_the_loss(tmp_path, optimizer):
     before = evaluate(tiny_model(), ev)
     final = train(tiny_model(), TinySampler(), c, tmp_path, eval_batches=ev, progress=False)
     rows = read_metrics(tmp_path)
-    assert [r["step"] for r in rows] == [5, 10, 15, 20, 25]
-    assert [r["step"] for r in rows if "val_loss" in r] == [10, 20, 25]
+    assert [r["step"] for r in rows] == list(range(26))  # step 0 (validation only), then every step (25 // 50 < 5)
+    assert [r["step"] for r in rows if "val_loss" in r] == [0, 10, 20, 25]
+    assert rows[0]["val_loss"] == pytest.approx(before)
     assert set(final) == {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "val_loss"}
     assert final == rows[-1] and final["tokens"] == 25 * 8 * CTX
     assert final["lr"] == pytest.approx(1e-3)  # cosine ends at 10 %
@@ -227,14 +228,14 @@ def test_exact_resume_after_interruption(tmp_path, family, optimizer):
 
     with pytest.raises(KeyboardInterrupt):  # dies while drawing the batch of step 6: steps 1–5 logged, checkpoint at 3
         train(make(), TinySampler(fail_at=6), c, tmp_path / "b", eval_batches=ev, progress=False)
-    assert [r["step"] for r in read_metrics(tmp_path / "b")] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in read_metrics(tmp_path / "b")] == [0, 1, 2, 3, 4, 5]
     resumed_model = make()
     train(resumed_model, TinySampler(), c, tmp_path / "b", eval_batches=ev, progress=False)  # the same command again
     resumed = read_metrics(tmp_path / "b")
 
-    assert [r["step"] for r in resumed] == list(range(1, 8))  # no duplicates after the resume
-    for key in ("loss", "grad_norm", "lr", "tokens"):
-        assert [r[key] for r in resumed] == [r[key] for r in straight], key  # bit-exact
+    assert [r["step"] for r in resumed] == list(range(8))  # no duplicates after the resume
+    for key in ("loss", "grad_norm", "lr", "tokens", "val_loss"):
+        assert [r.get(key) for r in resumed] == [r.get(key) for r in straight], key  # bit-exact
     assert resumed[-1]["val_loss"] == straight[-1]["val_loss"]
     for (n, a), (_, b) in zip(straight_model.named_parameters(), resumed_model.named_parameters()):
         assert torch.equal(a, b), n
@@ -300,6 +301,19 @@ def test_snapshots_keep_the_model_along_training_and_survive_a_resume(tmp_path):
     assert all(torch.equal(again[n], loaded[4][n]) for n in init)
 
 
+def test_short_runs_cap_warmup_and_log_often():
+    from probe.train.trainer import capped_warmup, log_interval
+    assert capped_warmup(100, 30) == 3 and capped_warmup(100, 5) == 0 and capped_warmup(10, 30) == 10
+    assert log_interval(10, 30) == 1 and log_interval(10, 200) == 4 and log_interval(10, 10_000) == 10
+
+
+def test_warmup_not_shorter_than_the_run_warns_and_is_capped(tmp_path):
+    with pytest.warns(UserWarning, match="warmup 10 >= steps 4"):
+        train(tiny_model(), TinySampler(), cfg(steps=4, warmup=10, lr=1e-2), tmp_path, progress=False)
+    lrs = [r["lr"] for r in read_metrics(tmp_path)]
+    assert lrs[0] == pytest.approx(1e-2)  # capped to 0 warmup steps: the peak at once, not 1/10 of it
+
+
 def test_resume_false_starts_over(tmp_path):
     train(tiny_model(), TinySampler(), cfg(steps=3), tmp_path, progress=False)
     train(tiny_model(), TinySampler(), cfg(steps=2), tmp_path, resume=False, progress=False)
@@ -363,12 +377,15 @@ def test_read_metrics_and_training_curves_of_paired_runs(tmp_path):
               eval_batches=eval_windows(1), progress=False)
         frames[variant] = metrics_frame(tmp_path / variant)
     df = frames["baseline"]
-    assert df["step"].tolist() == [1, 2, 3, 4] and df["val_loss"].notna().tolist() == [False, True, False, True]
-    assert df["loss"].tolist() == [r["loss"] for r in read_metrics(tmp_path / "baseline")]
+    assert df["step"].tolist() == [0, 1, 2, 3, 4]
+    assert df["val_loss"].notna().tolist() == [True, False, True, False, True]
+    assert df["loss"].dropna().tolist() == [r["loss"] for r in read_metrics(tmp_path / "baseline") if "loss" in r]
     fig = training_figure(frames)
-    assert len(fig.data) == 2 * 4
-    val = [t for t in fig.data if t.name == "sink+proj" and t.yaxis == "y2"][0]
-    assert list(val.x) == [2, 4] and list(val.y) == frames["sink+proj"]["val_loss"].dropna().tolist()
+    assert len(fig.data) == 2 * 4  # per run: training and validation loss on one axis, lr, gradient norm
+    val = [t for t in fig.data if t.name == "sink+proj validation"][0]
+    train_curve = [t for t in fig.data if t.name == "sink+proj training"][0]
+    assert val.yaxis == train_curve.yaxis == "y" and fig.layout.yaxis.title.text.startswith("loss")
+    assert list(val.x) == [0, 2, 4] and list(val.y) == frames["sink+proj"]["val_loss"].dropna().tolist()
     assert metrics_frame(tmp_path / "nothing").empty
 
 

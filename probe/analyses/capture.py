@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from probe.analyses.parallel import batches_of_rank, gather_rows, is_main
+from probe.console import progress_bar
 from probe.data import DEFAULT_EVAL_CORPUS, cap_ctx, eval_batches, load_tokenizer, prepends_bos
 from probe.data.seeding import keyed_generator
 from probe.hooks import names
@@ -115,18 +115,8 @@ def finish(tables: dict[str, pd.DataFrame], meta: dict) -> dict[str, pd.DataFram
 
 
 def make_bar(total: int, enabled: bool, desc: str):
-    """A tqdm bar (or a silent stand-in with the same update/close methods)."""
-    if enabled:
-        return tqdm(total=total, desc=desc)
-
-    class _Silent:
-        def update(self, n=1):
-            pass
-
-        def close(self):
-            pass
-
-    return _Silent()
+    """Progress on stderr: a tqdm bar on a terminal, plain lines otherwise, nothing when not ``enabled``."""
+    return progress_bar(total, desc, enabled=enabled)
 
 
 def attn_hook(suffix: str, layer: int) -> str:

@@ -34,6 +34,9 @@ from probe.analyses.sources import depth_sites
 WINDOW = 64
 MAX_FULL = 128
 MAX_TOKENS = 1024  # default cut: a layer's captured pattern is H x T x T
+TICK_SIZE = 11  # px; smaller labels are unreadable on a laptop screen
+TOKEN_TICKS = dict(tickfont=dict(size=TICK_SIZE), dtick=1)  # dtick 1: every token label drawn, none dropped
+GATE_COLOURS = "Cividis"  # blue -> yellow: readable with red-green colour blindness (never red/green)
 
 
 # ------------------------------------------------------------------------------------------------------------ tokens
@@ -150,9 +153,9 @@ def attention_view(pattern, phantom=None, tokens=None, *, heads=None, window: in
     for k in range(1, n + 1):
         xcats, ycats = axes_per_step[0]
         layout[_axis("xaxis", k)] = dict(type="category", categoryorder="array", categoryarray=xcats,
-                                         range=[-0.5, len(xcats) - 0.5], tickfont=dict(size=8))
+                                         range=[-0.5, len(xcats) - 0.5], **TOKEN_TICKS, tickangle=-60)
         layout[_axis("yaxis", k)] = dict(type="category", categoryorder="array", categoryarray=ycats,
-                                         range=[len(ycats) - 0.5, -0.5], tickfont=dict(size=8))
+                                         range=[len(ycats) - 0.5, -0.5], **TOKEN_TICKS)
     fig.update_layout(**layout)
     if not full:
         sliders = []
@@ -199,8 +202,8 @@ def _token_heatmap(z, row_labels, tokens, *, window, title, colorbar, zmin=None,
                                + " %{z:.4f}<extra></extra>"))
     for y in separators:
         fig.add_hline(y=y - 0.5, line_color="white", line_width=2)
-    fig.update_xaxes(type="category", tickfont=dict(size=9), range=[-0.5, min(window, T) - 0.5])
-    fig.update_yaxes(type="category", autorange="reversed", tickfont=dict(size=9))
+    fig.update_xaxes(type="category", **TOKEN_TICKS, tickangle=-60, range=[-0.5, min(window, T) - 0.5])
+    fig.update_yaxes(type="category", autorange="reversed", **TOKEN_TICKS)
     if T > window:
         steps = [dict(method="relayout", label=f"{s}–{e - 1}", args=[{"xaxis.range": [s - 0.5, s + window - 0.5]}])
                  for s, e in _steps(T, window)]
@@ -284,7 +287,7 @@ def gate_view(gates: dict, tokens, *, per_head: bool = False, window: int = WIND
     z = np.stack(rows)
     lo, hi = float(np.nanmin(z)), float(np.nanmax(z))
     zmin, zmax = (0.0, 1.0) if lo >= 0 and hi <= 1 else (lo, hi)
-    return _token_heatmap(z, labels, tokens, window=window, zmin=zmin, zmax=zmax, colorscale="RdYlGn",
+    return _token_heatmap(z, labels, tokens, window=window, zmin=zmin, zmax=zmax, colorscale=GATE_COLOURS,
                           title=title or "Value gates over the text", colorbar="gate", separators=seps, hover="layer")
 
 
@@ -311,11 +314,11 @@ def gate_text_view(values, tokens, *, per_line: int = 16, lines: int = 16, title
         pos = np.arange(a * per_line, b * per_line).reshape(b - a, per_line)
         fig.add_trace(go.Heatmap(z=grid[a:b], text=text[a:b], customdata=pos, texttemplate="%{text}",
                                  textfont=dict(size=11), x=list(range(per_line)), y=list(range(a, b)),
-                                 zmin=zmin, zmax=zmax, colorscale="RdYlGn", colorbar=dict(title="gate"),
+                                 zmin=zmin, zmax=zmax, colorscale=GATE_COLOURS, colorbar=dict(title="gate"),
                                  xgap=1, ygap=1, visible=(j == 0),
                                  hovertemplate="token %{customdata}: %{text}<br>gate %{z:.4f}<extra></extra>"))
     fig.update_xaxes(visible=False)
-    fig.update_yaxes(autorange="reversed", title_text="line", tickfont=dict(size=9), dtick=1)
+    fig.update_yaxes(autorange="reversed", title_text="line", tickfont=dict(size=TICK_SIZE), dtick=1)
     if len(pages) > 1:
         steps = [dict(method="update", label=f"lines {a}–{b - 1}",
                       args=[{"visible": [jj == j for jj in range(len(pages))]}]) for j, (a, b) in enumerate(pages)]
@@ -346,13 +349,104 @@ def gate_viewer(model, text_or_ids, *, layers=None, per_head: bool = False, text
 # ------------------------------------------------------------------------------------------------------------ html
 
 
-def viewer_html(figures, title: str = "probe viewer") -> str:
-    """One self-contained HTML page: plotly.js inline once (no network), then every figure."""
+def capture_all_attention(model, text_or_ids, *, tokenizer=None, max_tokens: int | None = None) -> dict:
+    """Every layer's pattern (H, T, T) and phantom (H, T) for one text, in one forward pass, as numpy."""
+    info = model.probe_info
+    ids, toks, note = prepare(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ids, names_filter=lambda n: n.endswith(("attn.hook_pattern",
+                                                                                 "attn.hook_phantom")))
+    patterns = [cache[f"blocks.{l}.attn.hook_pattern"][0].float().cpu().numpy() for l in range(info.n_layers)]
+    phantoms = [cache[f"blocks.{l}.attn.hook_phantom"][0].float().cpu().numpy() if info.has_phantom else None
+                for l in range(info.n_layers)]
+    return {"patterns": patterns, "phantoms": phantoms, "tokens": toks, "note": note, "model": info.name}
+
+
+def attention_picker_view(patterns, phantoms, tokens, *, title: str = "Attention pattern") -> go.Figure:
+    """One heatmap per (layer, head), trace ``layer * H + head``, only layer 0 head 0 visible; ``picker_html``
+    switches between them. Rows = queries, columns = keys with the phantom first (when the model has one); each
+    trace's colour scale runs from 0 to its own maximum, so a head with weights near 0.02 is not drawn blank."""
+    T = len(tokens)
+    labels = labels_of(tokens)
+    lead = ["phantom"] if phantoms[0] is not None else []
+    causal = np.tril(np.ones((T, T), dtype=bool))
+    fig = go.Figure()
+    for l, (pattern, phantom) in enumerate(zip(patterns, phantoms)):
+        for h in range(pattern.shape[0]):
+            z = np.where(causal, pattern[h], np.nan)  # T, T
+            if phantom is not None:
+                z = np.concatenate([phantom[h][:, None], z], axis=1)  # T, 1 + T
+            fig.add_trace(go.Heatmap(
+                z=z, x=lead + labels, y=labels, zmin=0, zmax=float(np.nanmax(z)) or 1.0, colorscale="Viridis",
+                colorbar=dict(title="attention"), visible=(l == 0 and h == 0), name=f"layer {l} head {h}",
+                hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra>" + f"layer {l} head {h}</extra>"))
+    px = 15  # per token row / column: room for an 11 px label
+    fig.update_xaxes(type="category", title_text="key (phantom first)" if lead else "key", side="bottom",
+                     **TOKEN_TICKS, tickangle=-60)
+    fig.update_yaxes(type="category", title_text="query", autorange="reversed", **TOKEN_TICKS)
+    fig.update_layout(title=title, height=max(500, px * T + 320), width=max(900, px * (T + len(lead)) + 340),
+                      margin=dict(l=140, b=160), meta={"picker": [len(patterns), patterns[0].shape[0]]})
+    return fig
+
+
+def picker_html(div_id: str, n_layers: int, n_heads: int) -> str:
+    """Layer and head <select>s that show one (layer, head) trace of figure ``div_id`` (a few lines of inline
+    JavaScript calling Plotly.restyle once the page is parsed; offline). Placed above the figure."""
+    def options(n):
+        return "".join(f"<option value='{i}'>{i}</option>" for i in range(n))
+    return (f"<p class='pickers'><label>layer <select id='{div_id}-layer'>{options(n_layers)}</select></label> "
+            f"<label>head <select id='{div_id}-head'>{options(n_heads)}</select></label></p>"
+            "<script type='text/javascript'>document.addEventListener('DOMContentLoaded', function () {"
+            f"var gd = document.getElementById('{div_id}'), L = {n_layers}, H = {n_heads};"
+            f"var layer = document.getElementById('{div_id}-layer'), head = document.getElementById('{div_id}-head');"
+            "function show() { var pick = (+layer.value) * H + (+head.value), vis = [];"
+            " for (var i = 0; i < L * H; i++) vis.push(i === pick);"
+            " Plotly.restyle(gd, {visible: vis}); }"
+            "layer.addEventListener('change', show); head.addEventListener('change', show);"
+            "});</script>")
+
+
+def view_figures(model, text_or_ids, *, tokenizer=None, max_tokens: int = MAX_FULL) -> tuple[list, dict]:
+    """What ``probe view`` shows for one text — the attention pattern of any layer and head (``viewer_html`` adds
+    the pickers), then depth weights (depth-routed models) and gates over the text (gated models) — and a summary
+    of what was drawn."""
+    info = model.probe_info
+    cap = capture_all_attention(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens)
+    H = cap["patterns"][0].shape[0]
+    note = f" ({cap['note']})" if cap["note"] else ""
+    key0 = "learned sink token" if info.sink_token else "first token"
+    att = attention_picker_view(cap["patterns"], cap["phantoms"], cap["tokens"], title=(
+        f"Attention pattern of the layer and head picked above — {cap['model']}<br><sup>key 0 = {key0}"
+        + ("; phantom = first column" if cap["phantoms"][0] is not None else "") + f"{note}</sup>"))
+    shown = [att]
+    summary = {"model": cap["model"], "tokens": len(cap["tokens"]), "layers": info.n_layers, "heads": H,
+               "phantom": cap["phantoms"][0] is not None, "depth": False, "gates": False, "note": cap["note"]}
+    if info.depth_routing in ("attnres", "plr", "slr") and info.extra.get("depth_sites"):
+        shown.append(depth_viewer(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens))
+        summary["depth"] = True
+    if info.value_gate != "none":
+        shown.append(gate_viewer(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens))
+        shown.append(gate_viewer(model, text_or_ids, text_layer="mean", tokenizer=tokenizer, max_tokens=max_tokens))
+        summary["gates"] = True
+    return shown, summary
+
+
+def viewer_html(figures, title: str = "probe viewer", *, plotly_src: str | None = None) -> str:
+    """One offline HTML page: plotly.js (inline, or ``plotly_src``, a file beside the page), then every figure; a
+    figure from ``attention_picker_view`` gets its layer and head pickers."""
     figures = [figures] if not isinstance(figures, (list, tuple)) else list(figures)
-    body = "".join(f.to_html(full_html=False, include_plotlyjs=False, default_width="100%") for f in figures)
-    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>"
-            f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
-            f"<h1 style='font-family:sans-serif'>{_html.escape(title)}</h1>{body}</body></html>\n")
+    body = []
+    for i, fig in enumerate(figures):
+        div, meta = f"figure-{i}", fig.layout.meta
+        picker = meta.get("picker") if isinstance(meta, dict) else None
+        width = f"{fig.layout.width}px" if fig.layout.width else "100%"
+        body.append((picker_html(div, *picker) if picker else "")
+                    + fig.to_html(full_html=False, include_plotlyjs=False, default_width=width, div_id=div))
+    script = (f"<script type='text/javascript' src='{_html.escape(plotly_src)}'></script>" if plotly_src
+              else f"<script type='text/javascript'>{get_plotlyjs()}</script>")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>{script}"
+            "<style>body{font-family:sans-serif;margin:2em} .pickers{font-size:120%}</style></head><body>"
+            f"<h1>{_html.escape(title)}</h1>{''.join(body)}</body></html>\n")
 
 
 def write_viewer_html(figures, path, title: str = "probe viewer") -> Path:
@@ -363,4 +457,5 @@ def write_viewer_html(figures, path, title: str = "probe viewer") -> Path:
 
 __all__ = ["prepare", "labels_of", "capture_attention", "attention_view", "attention_viewer", "capture_depth",
            "depth_view", "depth_viewer", "capture_gates", "gate_view", "gate_text_view", "gate_viewer", "viewer_html",
-           "write_viewer_html", "WINDOW", "MAX_FULL"]
+           "write_viewer_html", "capture_all_attention", "attention_picker_view", "picker_html", "view_figures",
+           "WINDOW", "MAX_FULL"]

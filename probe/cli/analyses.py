@@ -22,7 +22,7 @@ from probe.analyses.sinks import SINK_FACTOR, SINK_R0, sink_stats
 from probe.analyses.sources import effective_sources
 from probe.cli.parser import DEFAULT_DEPTH_MODEL, DEFAULT_MODEL
 from probe.cli.specs import eps_values, injection_spec, model_spec, output_spec, window_spec
-from probe.console import Console
+from probe.console import Console, plural
 from probe.errors import UsageError
 from probe.inputs import check_data, injection_plan, load_model, windows_for
 from probe.output import emit, header, result_meta, save_result, show
@@ -66,8 +66,9 @@ def plan_line(verb: str, model, eb, passes: int = 1, what: str = "") -> str:
     """The one line a verb notes before its forward passes: model, windows and how many passes."""
     n = eb.tokens.shape[0] * eb.tokens.shape[1]
     extra = f" x {passes} forward passes ({what})" if passes > 1 else ""
-    return (f"plan: {verb} on {model.probe_info.name} — {eb.tokens.shape[0]} batches x {eb.tokens.shape[1]} windows "
-            f"x {eb.ctx} tokens ({n} windows, {eb.corpus}, {eb.mode}){extra}")
+    return (f"plan: {verb} on {model.probe_info.name} — {plural(eb.tokens.shape[0], 'batch')} x "
+            f"{plural(eb.tokens.shape[1], 'window')} x {eb.ctx} tokens ({plural(n, 'window')}, {eb.corpus}, "
+            f"{eb.mode}){extra}")
 
 
 def _summary_lines(row: dict, keys) -> str:

@@ -9,10 +9,12 @@
     probe report  --models A B | --checkpoints pythia-160m@step1000,step2000   batch sink report (resumable)
     probe train   --variant V --tier T --out DIR    train a custom model (same command resumes)
     probe eval    --model DIR                       next-token loss and perplexity
+    probe view    --text "..." --out DIR            attention (any layer, head), depth weights, gates of one text
     probe experiment NAME --out DIR                 a paper's experiment recipe (probe experiment --list)
 
 ``probe.cli.parser`` defines the flags; ``VERBS`` below maps each verb to the function that runs it, in one module per
-verb family (``analyses``: sinks, inject, sources, gates, eval; ``catalogue``: models, costs; ``train``; ``report``).
+verb family (``analyses``: sinks, inject, sources, gates, eval; ``catalogue``: models, costs; ``train``; ``report``;
+``view``).
 Every user error (unknown verb, flag, model, junk type, cutoff; a bad dose, count or context; a missing data file; an
 unreadable checkpoint) is one line on stderr and exit code 2, before any output file is written.
 """
@@ -37,6 +39,7 @@ VERBS = {
     "eval": lambda args: import_module("probe.cli.analyses").run_eval(args),
     "train": lambda args: import_module("probe.cli.train").run_train(args),
     "report": lambda args: import_module("probe.cli.report").run_report(args),
+    "view": lambda args: import_module("probe.cli.view").run_view(args),
 }
 
 
@@ -57,6 +60,10 @@ def main(argv=None) -> int:
         if args.verb is None:
             raise UsageError(f"missing VERB; choose one of {', '.join([*VERBS, 'experiment'])}", prog="probe")
         verb = args.verb
+        # before any model loads: a bad --out is one line within a second (under torchrun rank 0, the one writer,
+        # alone checks: ranks creating and removing the same test folders at once would race)
+        if getattr(args, "out", None) and os.environ.get("RANK", "0") == "0":
+            import_module("probe.output").check_out_dir(args.out, prog=f"probe {verb}")
         return VERBS[verb](args) or 0
     except UsageError as e:
         if os.environ.get("PROBE_TRACEBACK"):

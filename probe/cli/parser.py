@@ -212,6 +212,29 @@ def build_parser() -> UsageParser:
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
 
+    p = verb("view", "one page of viewers for one text: attention pattern (any layer and head, phantom column), "
+             "depth weights, gates over the text",
+             "Capture one text's attention patterns (every layer and head, the phantom as the first column), depth-"
+             "attention weights (depth-routed models) and value gates (gated models) and write DIR/view.html: one "
+             "offline page with layer and head pickers.")
+    g = p.add_argument_group("model and text")
+    g.add_argument("--model", metavar="NAME", help=f"any --model form of the other verbs (default: the bundled model "
+                   f"{DEFAULT_MODEL})")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--text", metavar="TEXT", help="the text to view (tokenized without special tokens)")
+    src.add_argument("--data", metavar="CORPUS", help="view a document of this corpus instead (any --data form; "
+                     "default wikitext-2-test)")
+    g.add_argument("--doc", type=nonneg_int, default=0, help="which document of --data (default 0, the first)")
+    g.add_argument("--max-tokens", type=positive_int, default=128, help="cut the text to its first N tokens (at most "
+                   "the model's context; default 128: every token label stays readable)")
+    g.add_argument("--tokenizer", metavar="NAME", help="tokenizer (default: the model's own)")
+    g.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available, else cpu)")
+    g.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: float32 on CPU)")
+    g.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--out", metavar="DIR", required=True, help="folder for view.html (required)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
+    _self_contained_flag(p)
+
     p = verb("eval", "next-token loss and perplexity on evaluation windows")
     _model_flags(p, DEFAULT_MODEL)
     _output_flags(p)

@@ -8,6 +8,7 @@ import importlib
 
 _EXPORTS = {
     "Corpus": "corpus", "CORPORA": "corpus", "load_corpus": "corpus", "DEFAULT_EVAL_CORPUS": "corpus",
+    "HELDOUT": "corpus", "split_heldout": "corpus",
     "train_bpe": "tokenizer", "load_tokenizer": "tokenizer", "TOKENIZERS": "tokenizer",
     "DEFAULT_TOKENIZER": "tokenizer", "prepends_bos": "tokenizer",
     "tokenize_documents": "batches", "WindowSampler": "batches", "EvalBatches": "batches",

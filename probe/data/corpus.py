@@ -102,6 +102,27 @@ def load_corpus(name_or_path: str | os.PathLike = DEFAULT_EVAL_CORPUS) -> Corpus
                      "hf:fineweb-edu[:<n_docs>]")
 
 
+HELDOUT = "heldout"  # `probe train --eval-data heldout`: validate on documents of the training corpus never trained on
+HELDOUT_FRACTION = 0.05
+
+
+def split_heldout(corpus: Corpus, fraction: float = HELDOUT_FRACTION) -> tuple[Corpus, Corpus]:
+    """(training documents, held-out documents) of one corpus: the ``fraction`` of documents (at least one) with the
+    smallest SHA-256 of their text. Deterministic and independent of the seed and of document order, so paired runs
+    and resumed runs hold out the same documents; the sampler never sees them."""
+    if len(corpus.documents) < 2:
+        raise ValueError(f"corpus {corpus.name!r} has {len(corpus.documents)} document(s); a held-out split needs at "
+                         "least 2 (pass another corpus for validation)")
+    n_out = min(len(corpus.documents) - 1, max(1, round(fraction * len(corpus.documents))))
+    digest = [hashlib.sha256(d.encode("utf-8")).hexdigest() for d in corpus.documents]
+    out = set(sorted(range(len(digest)), key=lambda i: (digest[i], i))[:n_out])
+    keep = [d for i, d in enumerate(corpus.documents) if i not in out]
+    held = [d for i, d in enumerate(corpus.documents) if i in out]
+    return (Corpus(corpus.name, keep, f"{corpus.source}; {len(held)} held-out documents removed"),
+            Corpus(f"{corpus.name}:{HELDOUT}", held, f"held-out {len(held)} of {len(corpus.documents)} documents of "
+                   f"{corpus.name} (smallest SHA-256), never sampled for training"))
+
+
 def _jsonl_documents(path: Path) -> list[str]:
     """The non-blank "text" of every record of a JSON-lines file (gzip when it ends in .gz)."""
     opener = gzip.open if path.name.endswith(".gz") else open

@@ -15,6 +15,7 @@ import typing
 
 from probe.errors import UsageError, UsageParser
 from probe.experiments import RECIPES, make_config, module, run_recipe
+from probe.output import check_out_dir
 
 
 def _scalar_type(field: dataclasses.Field):
@@ -39,6 +40,13 @@ def _none_or(typ):
 
 
 PROG = "python -m probe.experiments"
+
+
+def _out_flag(argv: list[str]) -> str | None:
+    """--out read off the command line alone, so it is checked before the recipe module is imported."""
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    early.add_argument("--out")
+    return early.parse_known_args(argv)[0].out
 
 
 def build_parser(name: str, prog: str = PROG) -> argparse.ArgumentParser:
@@ -72,6 +80,9 @@ def main(argv=None, prog: str = PROG) -> int:
             print("\n".join(f"  {n:<{width}}  {d}" for n, d in RECIPES.items()))
             return 0
         name = argv[0]
+        out = _out_flag(argv[1:])
+        if name in RECIPES and out and not {"-h", "--help"} & set(argv):  # before the recipe (and torch) loads
+            check_out_dir(out, prog=f"{prog} {name}")
         try:
             module(name)
         except ValueError as e:

@@ -22,8 +22,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
+from probe.console import progress_bar
 from probe.runs import CHECKPOINT, METRICS, SNAPSHOTS, TRAIN_CONFIG, metrics_records, snapshot_dir
 
 from . import distributed as D
@@ -127,6 +127,16 @@ def _write_metrics(path: Path, records: list[dict]):
     os.replace(tmp, path)
 
 
+def capped_warmup(warmup: int, steps: int) -> int:
+    """``warmup``, or a tenth of the run when it is not shorter than the run (the lr would never reach its peak)."""
+    return warmup if warmup < steps else steps // 10
+
+
+def log_interval(log_every: int, steps: int) -> int:
+    """Steps between metrics records: often enough that a short run still draws a curve (about 50 points)."""
+    return min(log_every, max(1, steps // 50))
+
+
 def _resolve_device(device: str, info: D.DistInfo) -> torch.device:
     if device == "auto":
         return torch.device(f"cuda:{info.local_rank}" if torch.cuda.is_available() else "cpu")
@@ -153,6 +163,10 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
     if getattr(sampler, "seed", cfg.seed) != cfg.seed:
         warnings.warn(f"sampler seed {sampler.seed} != cfg.seed {cfg.seed}: paired runs need the same seed for both")
 
+    if cfg.warmup >= cfg.steps:
+        warnings.warn(f"warmup {cfg.warmup} >= steps {cfg.steps}: the lr would never reach its peak; warming up for "
+                      f"{capped_warmup(cfg.warmup, cfg.steps)} steps instead")
+    warmup, log_every = capped_warmup(cfg.warmup, cfg.steps), log_interval(cfg.log_every, cfg.steps)
     model.to(device)
     optimizer = build_optimizer(model, cfg)
     step, last = 0, None
@@ -174,7 +188,10 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
             out_dir.mkdir(parents=True, exist_ok=True)
             for name in (CHECKPOINT, f"{CHECKPOINT}.old", f"{CHECKPOINT}.tmp", SNAPSHOTS):
                 shutil.rmtree(out_dir / name, ignore_errors=True)
-            _write_metrics(metrics_path, [])
+            # step 0: the initial model's validation loss, so the validation curve starts where training did
+            first = [] if eval_batches is None else [{"step": 0, "tokens": 0, "val_loss": evaluate(
+                model, eval_batches, max_batches=cfg.eval_batches, amp=cfg.amp)}]
+            _write_metrics(metrics_path, first)
             (out_dir / TRAIN_CONFIG).write_text(json.dumps(_jsonable(cfg), indent=1))
             if cfg.snapshot_every:
                 export_model(model, snapshot_dir(out_dir, 0), tokenizer)
@@ -184,10 +201,10 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
     if info.enabled:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     model.train()
-    bar = tqdm(total=cfg.steps, initial=step, disable=not progress or not info.is_main, desc="train")
+    bar = progress_bar(cfg.steps, "train", unit="step", enabled=progress and info.is_main, initial=step)
     t_log, step_log = time.perf_counter(), step
     while step < cfg.steps:
-        factor = lr_factor(step, cfg.steps, cfg.warmup, cfg.schedule, cfg.min_lr_ratio, cfg.warmdown)
+        factor = lr_factor(step, cfg.steps, warmup, cfg.schedule, cfg.min_lr_ratio, cfg.warmdown)
         for group in optimizer.param_groups:
             group["lr"] = group["base_lr"] * factor
         window = sampler.sample(cfg.batch_size)
@@ -210,7 +227,7 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
         final = step == cfg.steps
         eval_step = final or bool(cfg.eval_every and step % cfg.eval_every == 0)
         do_eval = eval_step and eval_batches is not None
-        if final or step % cfg.log_every == 0 or eval_step:  # the same steps on every rank (a collective follows)
+        if final or step % log_every == 0 or eval_step:  # the same steps on every rank (a collective follows)
             loss_v = D.mean_over_ranks(loss).item()
             if not math.isfinite(loss_v):
                 raise FloatingPointError(f"loss is {loss_v} at step {step}")

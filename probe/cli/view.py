@@ -1,0 +1,55 @@
+"""``probe view``: the viewers of one text on one page — the attention pattern of any layer and head (with the
+phantom column), depth-attention weights of depth-routed models and value gates over the text of gated models.
+
+    probe view --model probe/tiny-sink+proj --text "The cat sat on the mat." --out view/
+    probe view --model pythia-160m --data shakespeare --max-tokens 64 --out view/    (the corpus's first document)
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from probe.analyses.viewers import view_figures, viewer_html
+from probe.cli.parser import DEFAULT_MODEL
+from probe.console import Console, plural
+from probe.errors import UsageError
+from probe.inputs import load_corpus, load_model, tokenizer_for
+from probe.output import write_pages
+from probe.specs import ModelSpec, WindowSpec
+
+PAGE = "view.html"
+PLOTLY_JS = "plotly.min.js"  # written beside the page by write_pages (probe.pages)
+
+
+def _text(args: argparse.Namespace) -> tuple[str, str]:
+    """(the text to view, where it came from): --text, else --data's document --doc (the first by default)."""
+    if args.text is not None:
+        if not args.text.strip():
+            raise UsageError("--text is empty; give some text or --data CORPUS")
+        return args.text, "--text"
+    corpus = load_corpus(args.data or "wikitext-2-test")
+    if not 0 <= args.doc < len(corpus.documents):
+        raise UsageError(f"--doc {args.doc}: corpus {corpus.name!r} has documents 0..{len(corpus.documents) - 1}")
+    return corpus.documents[args.doc], f"document {args.doc} of {corpus.name}"
+
+
+def run_view(args: argparse.Namespace) -> int:
+    console = Console(args.quiet)
+    text, source = _text(args)
+    model = load_model(ModelSpec(name=args.model, default=DEFAULT_MODEL, device=args.device, dtype=args.dtype,
+                                 threads=args.threads), console)
+    tok = tokenizer_for(WindowSpec(tokenizer=args.tokenizer), model)
+    try:
+        figures, summary = view_figures(model, text, tokenizer=tok, max_tokens=args.max_tokens)
+    except ValueError as e:
+        raise UsageError(str(e).splitlines()[0]) from None
+    title = f"probe view: {summary['model']} on {source}"
+    html = viewer_html(figures, title, plotly_src=None if args.self_contained else PLOTLY_JS)
+    written = write_pages(Path(args.out), {PAGE: html})
+    shown = ["attention (layer and head pickers" + (", phantom column" if summary["phantom"] else "") + ")"]
+    shown += ["depth weights"] * summary["depth"] + ["gates over the text"] * summary["gates"]
+    console.note(f"wrote {', '.join(p.name for p in written)} to {args.out}")
+    print(f"{Path(args.out) / PAGE}: {plural(summary['tokens'], 'token')} of {source}"
+          + (f" ({summary['note']})" if summary["note"] else "") + f"; {', '.join(shown)}; "
+          f"{plural(summary['layers'], 'layer')} x {plural(summary['heads'], 'head')}")
+    return 0

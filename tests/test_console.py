@@ -1,0 +1,48 @@
+"""Progress and numbers on the terminal: plain lines (no carriage returns, no escape codes) when stderr is not a
+terminal; "1 batch", "2 batches"."""
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from probe.cli.main import main
+from probe.console import PlainProgress, plural, progress_bar
+
+
+def test_plural_and_counts():
+    assert plural(1, "batch") == "1 batch" and plural(2, "batch") == "2 batches"
+    assert plural(0, "window") == "0 windows" and plural(1024, "token") == "1,024 tokens"
+    assert plural(3, "index", "indices") == "3 indices"
+
+
+def test_piped_progress_is_plain_lines(capsys):
+    bar = progress_bar(20, "work", unit="batch")  # capsys' stderr is not a terminal
+    assert isinstance(bar, PlainProgress)
+    bar.min_interval = 0  # a line at every tenth however fast the work is
+    for _ in range(20):
+        bar.update()
+    bar.set_postfix(loss="1.234")
+    bar.close()
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\x1b" not in err
+    lines = err.splitlines()
+    assert lines[0] == "work: 2/20 batches" and lines[-1] == "work: 20/20 batches (loss=1.234)" and len(lines) == 10
+    assert progress_bar(5, "quiet", enabled=False).__class__.__name__ == "_Silent"
+
+
+def test_silent_and_erased_bars_print_nothing():
+    out = io.StringIO()
+    bar = PlainProgress(3, "x", unit="step", file=out)
+    bar.update(3)
+    bar.close()
+    bar.close()  # closing twice prints once
+    assert out.getvalue() == "x: 3/3 steps\n"
+
+
+@pytest.mark.parametrize("verb", ["eval"])
+def test_a_verb_piped_to_a_file_leaves_no_escape_codes(verb, tmp_path, capsys):
+    rc = main([verb, "--batches", "1", "--batch-size", "1", "--ctx", "16", "--threads", "1"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "\r" not in err and "\x1b" not in err, err
+    assert "plan: eval" in err and "1 batch x 1 window x 16 tokens" in err

@@ -1,0 +1,56 @@
+"""`--out` is checked before any work: a path under a regular file or under /proc is one line and exit code 2 within a
+second, for every verb and every recipe, and nothing is left on disk. In-process; no model is loaded."""
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+import probe.experiments.command  # noqa: F401 — imported up front: the timings below are the checks, not imports
+import probe.output  # noqa: F401
+from probe.cli.main import VERBS, main
+from probe.experiments import RECIPES
+
+REQUIRED = {"report": ["--models", "probe/tiny-baseline"]}  # verbs with a required flag besides --out
+
+
+def bad_outs(tmp_path):
+    regular = tmp_path / "a-file"
+    regular.write_text("not a directory")
+    return {"a regular file": regular, "under a regular file": regular / "x", "under /proc": "/proc/forbidden/x"}
+
+
+def run(argv, capsys):
+    t0 = time.perf_counter()
+    rc = main(argv)
+    return rc, time.perf_counter() - t0, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize("verb", sorted(set(VERBS) - {"costs"}) + ["costs"])
+def test_every_verb_checks_out_first(verb, tmp_path, capsys):
+    for what, out in bad_outs(tmp_path).items():
+        rc, seconds, err = run([verb, *REQUIRED.get(verb, []), "--out", str(out)], capsys)
+        assert rc == 2, (verb, what, err)
+        assert err.startswith(f"probe {verb}: error: --out '{out}'") and "\n" not in err, (what, err)
+        assert seconds < 1.0, (verb, what, seconds)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # no folder made while checking
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_every_recipe_checks_out_before_loading(recipe, tmp_path, capsys):
+    before = set(sys.modules)
+    for what, out in bad_outs(tmp_path).items():
+        rc, seconds, err = run(["experiment", recipe, "--out", str(out)], capsys)
+        assert rc == 2 and err.startswith(f"probe experiment {recipe}: error: --out '{out}'"), (what, err)
+        assert "\n" not in err and seconds < 1.0, (what, err, seconds)
+    assert f"probe.experiments.{recipe.replace('-', '_')}" not in set(sys.modules) - before  # the recipe never loaded
+
+
+def test_a_writable_out_passes_and_leaves_nothing(tmp_path):
+    from probe.output import check_out_dir
+    deep = tmp_path / "a" / "b" / "c"
+    assert check_out_dir(deep) == deep and not (tmp_path / "a").exists()
+    (tmp_path / "d").mkdir()
+    check_out_dir(tmp_path / "d")
+    assert list((tmp_path / "d").iterdir()) == []

@@ -1,0 +1,92 @@
+"""`probe view`: one page with the attention pattern of every layer and head (pickers, phantom column), depth weights
+and gates over the text; readable ticks and a colour-blind-safe gate scale. Tiny models; a few seconds in all."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from plotly.colors import get_colorscale
+
+from probe.analyses.viewers import GATE_COLOURS, TICK_SIZE, view_figures, viewer_html
+from probe.cli.main import main
+from probe.models import create
+
+IDS = torch.arange(5, 5 + 12)  # 12 token ids; the tiny models here have no tokenizer
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def small(variant: str):
+    return create(variant, "tiny", seed=0, n_layers=2, d_model=32, n_heads=2, d_mlp=64, n_ctx=64).eval()
+
+
+def test_attention_figure_holds_every_layer_and_head_with_the_phantom_first():
+    model = small("sink+proj")
+    figures, summary = view_figures(model, IDS)
+    att = figures[0]
+    assert summary == {"model": summary["model"], "tokens": 12, "layers": 2, "heads": 2, "phantom": True,
+                       "depth": False, "gates": True, "note": ""}
+    assert len(att.data) == 2 * 2 and [t.visible for t in att.data] == [True, False, False, False]
+    assert att.layout.meta["picker"] == [2, 2]
+    _, cache = model.run_with_cache(IDS[None])
+    for layer in range(2):
+        for head in range(2):
+            z = np.asarray(att.data[layer * 2 + head].z, dtype=float)  # T, 1 + T: phantom, then keys
+            assert att.data[layer * 2 + head].x[0] == "phantom"
+            np.testing.assert_allclose(z[:, 0], cache[f"blocks.{layer}.attn.hook_phantom"][0, head].numpy(),
+                                       rtol=1e-5, atol=1e-7)
+            want = cache[f"blocks.{layer}.attn.hook_pattern"][0, head].numpy()
+            np.testing.assert_allclose(np.nan_to_num(z[:, 1:]), np.tril(want), rtol=1e-5, atol=1e-7)
+            assert att.data[layer * 2 + head].zmax == pytest.approx(np.nanmax(z))  # fitted, not a fixed 0..1
+    # readable ticks: 11 px, every label (dtick 1), token labels angled
+    assert att.layout.xaxis.tickfont.size >= TICK_SIZE >= 11 and att.layout.xaxis.dtick == 1
+    assert att.layout.xaxis.tickangle == -60 and att.layout.yaxis.tickfont.size >= 11
+
+
+def test_gates_use_a_colour_blind_safe_scale_and_depth_models_get_their_weights():
+    figures, _ = view_figures(small("sink+proj"), IDS)
+    gates = figures[1:]
+    assert len(gates) == 2  # layers x tokens, and the text coloured by the mean gate
+    cividis = [c for _, c in get_colorscale("Cividis")]  # blue to yellow: no red-green contrast
+    assert GATE_COLOURS == "Cividis"
+    for fig in gates:
+        assert [c for _, c in fig.data[0].colorscale] == cividis
+    depth, summary = view_figures(small("attnres-block2"), IDS)
+    assert summary["depth"] and not summary["gates"] and not summary["phantom"]
+    assert depth[0].data[0].x[0] != "phantom" and "Depth-attention" in depth[1].layout.title.text
+
+
+def test_page_has_pickers_that_restyle_and_loads_plotly_beside_it():
+    figures, _ = view_figures(small("sink+proj"), IDS)
+    page = viewer_html(figures, "t", plotly_src="plotly.min.js")
+    assert "<script type='text/javascript' src='plotly.min.js'></script>" in page
+    assert "id='figure-0-layer'" in page and "id='figure-0-head'" in page and "Plotly.restyle" in page
+    assert len(re.findall(r"<option value='\d+'>", page)) == 2 + 2
+    assert "cdn" not in page.lower() and "https://" not in page.replace("https://plot.ly", "")
+
+
+def test_probe_view_command_writes_one_page_and_the_folder_index(tmp_path, capsys):
+    out = tmp_path / "view"
+    rc = main(["view", "--text", "The cat sat on the mat. The cat sat.", "--out", str(out), "--quiet"])
+    assert rc == 0
+    assert {p.name for p in out.iterdir()} == {"view.html", "plotly.min.js", "index.html"}
+    page = (out / "view.html").read_text()
+    assert len(set(re.findall(r'"name":"(layer \d+ head \d+)"', page))) == 6 * 4  # tiny tier: every layer and head
+    assert "Value gates (proj) over the text" in page and "Gate (proj), layer mean" in page
+    said = capsys.readouterr().out
+    assert "view.html" in said and "6 layers x 4 heads" in said and "phantom column" in said
+
+
+def test_probe_view_bad_input_is_one_line(tmp_path, capsys):
+    assert main(["view", "--data", "wikitext-2-test", "--doc", "100000", "--out", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("probe view: error: --doc 100000") and "\n" not in err
+    assert not (tmp_path / "v").exists()

@@ -22,12 +22,14 @@ from probe.console import Console
 from probe.data import cap_ctx, eval_batches, tokenize_documents
 from probe.data import load_corpus as read_corpus
 from probe.data.corpus import CORPORA
+from probe.data.synthetic import BigramBackcopy, is_synthetic, parse_synthetic
 from probe.data.tokenizer import TOKENIZERS, load_tokenizer
 from probe.errors import UsageError, first_line
 from probe.models import create
 from probe.specs import InjectionSpec, ModelSpec, WindowSpec
 
 DEFAULT_TOKENIZER = "probe-bpe-8k"  # for probe models that ship none
+DEFAULT_DATA = "wikitext-2-test"  # windows of text models when --data is not given
 KNOWN_HINT = ("see `probe models`: zoo names probe/tiny-<variant>, pythia-14m ... pythia-12b[-deduped][@stepN], "
               "gpt-oss-20b, gpt-oss-120b, an HF repo id, a local model directory, a `probe train` run "
               "directory[@stepN] or a .gguf file")
@@ -36,14 +38,23 @@ KNOWN_HINT = ("see `probe models`: zoo names probe/tiny-<variant>, pythia-14m ..
 # ------------------------------------------------------------------------------------------------------------ checks
 
 
-def check_data(name: str, flag: str = "--data") -> None:
-    """Fail fast (before loading a model) on a corpus that is neither bundled, online (hf:) nor an existing path."""
+def check_data(name: str | None, flag: str = "--data") -> None:
+    """Fail fast (before loading a model) on a corpus that is neither bundled, online (hf:), synthetic (a well-formed
+    synthetic:bb[...] name) nor an existing path. None (the model's default data) is always fine."""
+    if name is None:
+        return
+    if is_synthetic(name):
+        try:
+            parse_synthetic(name)
+        except ValueError as e:
+            raise UsageError(f"{flag}: {e}") from None
+        return
     bundled = [k for k in CORPORA if not k.startswith("hf:")]
     if name in bundled or name.startswith("hf:") or Path(name).expanduser().exists():
         return
     raise UsageError(f"{flag} {name!r}: no such bundled corpus, file or directory; choose one of "
-                     f"{', '.join(bundled)}, an existing .txt or .jsonl[.gz] file or directory, or "
-                     "hf:wikitext-2-raw-v1:<split>")
+                     f"{', '.join(bundled)}, an existing .txt or .jsonl[.gz] file or directory, "
+                     "hf:wikitext-2-raw-v1:<split>, or synthetic:bb[...]")
 
 
 def set_threads(n: int | None) -> None:
@@ -150,11 +161,13 @@ def eval_ctx(spec: WindowSpec, model) -> int:
 
 
 def bos_id_for(spec: WindowSpec, model, tok) -> int | None:
-    """The BOS id that starts each window, or None: ``spec.bos``, or SPEC §5's rule when it is None."""
+    """The BOS id that starts each window, or None: ``spec.bos``, or SPEC §5's rule when it is None. A model trained
+    with ``probe train --bos`` records the id it used (the EOS of a tokenizer without a BOS token)."""
     bos = wants_bos(model, tok) if spec.bos is None else spec.bos
-    if bos and tok.bos_token_id is None:
+    recorded = (getattr(model, "train_record", None) or {}).get("bos_id")
+    if bos and tok.bos_token_id is None and recorded is None:
         raise UsageError(f"--bos: tokenizer {tok.name_or_path!r} has no BOS token; drop --bos")
-    return tok.bos_token_id if bos else None
+    return (tok.bos_token_id if tok.bos_token_id is not None else recorded) if bos else None
 
 
 def make_windows(corpus, tok, *, n_batches: int, batch_size: int, ctx: int, seed: int, mode: str, vocab_size: int,
@@ -188,11 +201,55 @@ def make_windows(corpus, tok, *, n_batches: int, batch_size: int, ctx: int, seed
     return eb
 
 
+def trained_task(model) -> BigramBackcopy | None:
+    """The synthetic task a model was trained on (recorded by its run, ``probe.runs.training_record``), else None."""
+    record = getattr(model, "train_record", None) or {}
+    return BigramBackcopy.from_identity(record["task"]) if record.get("task") else None
+
+
+def synthetic_windows(spec: WindowSpec, model, task: BigramBackcopy | None):
+    """Fixed Bigram-Backcopy windows of ``spec.data`` (bare ``synthetic:bb``: the model's recorded chain), BOS first,
+    ``--ctx`` tokens (default: the chain's T) after it."""
+    name = spec.data or "synthetic:bb"
+    info = model.probe_info
+    if task is None:
+        raise UsageError(f"--data {name!r} is Bigram-Backcopy data but model {info.name!r} was trained on text; pass "
+                         "a text corpus (e.g. wikitext-2-test), or a model trained with --data synthetic:bb")
+    try:
+        asked = parse_synthetic(name, base=task)
+        if spec.ctx is not None:
+            asked = dataclasses.replace(asked, T=spec.ctx)
+    except ValueError as e:
+        raise UsageError(f"--data / --ctx: {first_line(e)}") from None
+    if spec.tokenizer is not None:
+        raise UsageError(f"--tokenizer {spec.tokenizer!r} does not apply to --data {name!r} (its tokens are ids); "
+                         "drop --tokenizer")
+    if spec.bos is False:
+        raise UsageError(f"--no-bos: --data {name!r} windows always start with BOS; drop --no-bos")
+    if asked.vocab_size > info.vocab_size:
+        raise UsageError(f"--data {asked.spec()!r} needs {asked.vocab_size} token ids but model {info.name!r} has a "
+                         f"vocabulary of {info.vocab_size}; choose vocab <= {info.vocab_size - 1}")
+    if asked.T > info.n_ctx:
+        raise UsageError(f"--data {asked.spec()!r}: T={asked.T} exceeds the maximum context {info.n_ctx} of model "
+                         f"{info.name!r}; choose T (or --ctx) 2..{info.n_ctx}")
+    return asked.eval_windows(spec.batches, spec.batch_size, seed=spec.seed)
+
+
 def windows_for(spec: WindowSpec, model):
-    """The model's windows of ``spec.data`` (its tokenizer and context) on its device: (windows, tokenizer)."""
+    """The model's windows of ``spec.data`` (its tokenizer and context) on its device: (windows, tokenizer). Without
+    ``spec.data``: a Bigram-Backcopy model's own chain, else wikitext-2-test. Bigram-Backcopy windows come with no
+    tokenizer (None); text on a Bigram-Backcopy model, or BB data on a text model, is an error naming both."""
+    task = trained_task(model)
+    if is_synthetic(spec.data) or (spec.data is None and task is not None):
+        return on_device(synthetic_windows(spec, model, task), model), None
+    data = spec.data or DEFAULT_DATA
+    if task is not None:
+        raise UsageError(f"--data {data!r} is text but model {model.probe_info.name!r} was trained on "
+                         f"Bigram-Backcopy data ({task.spec()}); use --data synthetic:bb (its own chain) or "
+                         "synthetic:bb[vocab=..,triggers=..,seed=..,T=..]")
     tok = tokenizer_for(spec, model)
     ctx = eval_ctx(spec, model)
-    corpus = load_corpus(spec.data)
+    corpus = load_corpus(data)
     eb = make_windows(corpus, tok, n_batches=spec.batches, batch_size=spec.batch_size, ctx=ctx, seed=spec.seed,
                       mode=spec.mode, vocab_size=model.probe_info.vocab_size, bos_id=bos_id_for(spec, model, tok))
     return on_device(eb, model), tok

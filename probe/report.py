@@ -33,9 +33,10 @@ from probe.analyses.sinks import sink_stats
 from probe.checkpoints.load import resolve
 from probe.console import Console
 from probe.data import tokenize_documents
+from probe.data.synthetic import is_synthetic
 from probe.errors import UsageError
-from probe.inputs import (KNOWN_HINT, bos_id_for, check_data, eval_ctx, injection_plan, load_corpus, load_model, make_windows,
-                          on_device, resolve_device, tokenizer_for)
+from probe.inputs import (DEFAULT_DATA, KNOWN_HINT, bos_id_for, check_data, eval_ctx, injection_plan, load_corpus, load_model, make_windows,
+                          on_device, resolve_device, tokenizer_for, trained_task, windows_for)
 from probe.output import clean, write_files
 from probe.report_html import report_page
 from probe.runs import parse_step, snapshot_steps
@@ -168,10 +169,12 @@ class Windows:
 
     def get(self, model, tok, ctx):
         w = self.spec
+        if is_synthetic(w.data) or trained_task(model) is not None:  # Bigram-Backcopy windows (or the error naming both)
+            return windows_for(w, model)[0]
         bos_id = bos_id_for(w, model, tok)
         key = (tok.name_or_path, len(tok), ctx, bos_id)
         if key not in self.cache:
-            self.corpus = self.corpus or load_corpus(w.data)
+            self.corpus = self.corpus or load_corpus(w.data or DEFAULT_DATA)
             tkey = key[:2]
             if tkey not in self.docs:
                 self.docs[tkey] = tokenize_documents(self.corpus, tok)

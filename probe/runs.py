@@ -7,6 +7,7 @@
     RUN/model/                  the final model, exported when training ends
     RUN/snapshots/step{N}/      models kept along training (``--snapshot-every``), each a loadable model directory
     RUN/training.html           the training curves
+    ZOO/zoo.json                a shipped model's record (``"run"``: the identity of the run that trained it)
 
 ``RUN`` as a model name stands for its final model, else its last checkpoint; ``RUN@step{N}`` for a snapshot.
 Standard library only: both ``probe.checkpoints`` and ``probe.train`` import it.
@@ -25,6 +26,7 @@ CHECKPOINT = "checkpoint"
 FINAL_MODEL = "model"
 SNAPSHOTS = "snapshots"
 TRAINING_PAGE = "training.html"
+ZOO_RECORD = "zoo.json"  # a zoo entry's record: command, recipe, measured statistics, its run's identity
 
 _STEP = re.compile(r"(?:step)?(\d+)")
 
@@ -55,6 +57,19 @@ def run_model_dir(run_dir: Path) -> Path | None:
     for sub in (FINAL_MODEL, CHECKPOINT):
         if (Path(run_dir) / sub / MODEL_CONFIG).is_file():
             return Path(run_dir) / sub
+    return None
+
+
+def training_record(model_dir: Path) -> dict | None:
+    """What the run that trained a saved model recorded about it (``RUN/probe_train.json``: data, BOS, the synthetic
+    task), found from the model's own directory: ``RUN/model``, ``RUN/checkpoint``, ``RUN/snapshots/step{N}``, or a
+    zoo entry whose ``zoo.json`` carries its run's record under ``"run"``. None when there is none."""
+    d = Path(model_dir)
+    if (d / ZOO_RECORD).is_file():
+        return json.loads((d / ZOO_RECORD).read_text()).get("run")
+    run = d.parent.parent if d.parent.name == SNAPSHOTS else d.parent if d.name in (FINAL_MODEL, CHECKPOINT) else None
+    if run is not None and (run / RUN_IDENTITY).is_file():
+        return json.loads((run / RUN_IDENTITY).read_text())
     return None
 
 

@@ -25,7 +25,7 @@ class ModelSpec:
 class WindowSpec:
     """Fixed evaluation windows: which text, tokenized how, cut how."""
 
-    data: str = "wikitext-2-test"  # bundled corpus, file, directory or hf:...
+    data: str | None = None  # bundled corpus, file, directory, hf:... or synthetic:bb[...]; None: the model's default
     tokenizer: str | None = None  # None: the model's own, else the shipped probe-bpe-8k
     batches: int = 8
     batch_size: int = 8

@@ -298,6 +298,8 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
                               f"{e}") from e
         model = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev)
         model.probe_name = identity  # recorded in every analysis output
+        if kind in ("zoo", "local"):  # its training data and BOS (ModelInfo.trained_with_bos, the default --data)
+            model.train_record = runs.training_record(Path(target))
     else:
         model_kw.setdefault("attn_implementation", "eager")
         hf = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev)

@@ -54,7 +54,7 @@ def _prepare(args: argparse.Namespace, default: str, verb: str) -> Prepared:
     try:
         loaded = load_model(model, console)
         bar.update()
-        bar.set_description(f"{verb}: tokenizing {windows.data}")
+        bar.set_description(f"{verb}: windows of {windows.data or 'the default data'}")
         eb, tok = windows_for(windows, loaded)
         bar.update()
     finally:

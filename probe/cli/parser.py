@@ -62,9 +62,11 @@ def _model_flags(p, default_model: str | None, *, defaults=(8, 8)):
     if default_model is not None:
         g.add_argument("--model", metavar="NAME", help="zoo name, pythia-410m[@stepN], gpt-oss-20b, HF repo id, local "
                        f"directory or .gguf file (default: the bundled model {default_model})")
-    g.add_argument("--data", metavar="CORPUS", default="wikitext-2-test",
+    g.add_argument("--data", metavar="CORPUS", default=None,
                    help="bundled corpus (wikitext-2-test, wikitext-2-valid, shakespeare, kjv, train), a .txt or "
-                   ".jsonl[.gz] file, a directory, or hf:... (online); default wikitext-2-test")
+                   ".jsonl[.gz] file, a directory, hf:... (online), or synthetic:bb[vocab=..,triggers=..,seed=..,T=..] "
+                   "(Bigram-Backcopy; bare synthetic:bb = the chain the model trained on); default: a "
+                   "Bigram-Backcopy model's own chain, else wikitext-2-test")
     g.add_argument("--tokenizer", metavar="NAME", help="tokenizer (default: the model's own, else the shipped "
                    "probe-bpe-8k)")
     g.add_argument("--batches", type=positive_int, default=defaults[0], help=f"evaluation batches (default "
@@ -179,8 +181,11 @@ def build_parser() -> UsageParser:
     p.add_argument("--variant", default="baseline", help="model variant (see `probe models`; default baseline)")
     p.add_argument("--tier", default="tiny", help="size tier (default tiny)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the weights, data order and loop")
-    p.add_argument("--data", default="train", help="training corpus (default: the bundled training mix)")
+    p.add_argument("--data", default="train", help="training corpus (default: the bundled training mix), or "
+                   "synthetic:bb[vocab=..,triggers=..,seed=..] for an endless Bigram-Backcopy stream (--ctx is its T)")
     p.add_argument("--tokenizer", default="probe-bpe-8k", help="tokenizer (default probe-bpe-8k)")
+    p.add_argument("--bos", action="store_true", help="every training window starts with BOS (the tokenizer's, else "
+                   "its EOS); recorded in the run, so analyses of the model start their windows with it too")
     p.add_argument("--steps", type=positive_int, default=1000, help="optimizer steps (default 1000)")
     p.add_argument("--batch-size", type=positive_int, default=64, help="windows per step (default 64)")
     p.add_argument("--ctx", type=positive_int, help="tokens per window (default: the tier's context)")

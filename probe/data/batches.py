@@ -49,13 +49,15 @@ def tokenize_documents(corpus, tokenizer) -> list[torch.Tensor]:
 
 
 class WindowSampler:
-    """Seeded random windows of ctx+1 tokens from the documents joined by ``eos_id``.
+    """Seeded random windows of ctx+1 tokens from the documents joined by ``eos_id``; with ``bos_id`` each window is
+    that BOS followed by ctx text tokens (``probe train --bos``: the model always sees a BOS at position 0).
 
     ``sample(B)`` returns a (B, ctx+1) LongTensor; ``state_dict()``/``load_state_dict()`` save and restore the exact
     position in the sequence of draws (for training resume).
     """
 
-    def __init__(self, docs_tokens: list[torch.Tensor], ctx: int, seed: int = 0, *, eos_id: int):
+    def __init__(self, docs_tokens: list[torch.Tensor], ctx: int, seed: int = 0, *, eos_id: int,
+                 bos_id: int | None = None):
         if ctx < 1:
             raise ValueError(f"ctx={ctx} must be at least 1")
         if not docs_tokens:
@@ -72,7 +74,7 @@ class WindowSampler:
         if len(self.stream) < ctx + 1:
             raise ValueError(f"the documents hold {len(self.stream)} tokens (EOS separators included); "
                              f"a window needs ctx+1 = {ctx + 1}")
-        self.ctx, self.seed, self.count = ctx, seed, 0
+        self.ctx, self.seed, self.count, self.bos_id = ctx, seed, 0, bos_id
         self.generator = torch.Generator().manual_seed(seed)
 
     def starts(self, batch_size: int) -> torch.Tensor:
@@ -82,7 +84,10 @@ class WindowSampler:
         return s
 
     def windows(self, starts: torch.Tensor) -> torch.Tensor:
-        return self.stream[starts[:, None] + torch.arange(self.ctx + 1)]
+        if self.bos_id is None:
+            return self.stream[starts[:, None] + torch.arange(self.ctx + 1)]
+        text = self.stream[starts[:, None] + torch.arange(self.ctx)]  # (B, ctx)
+        return torch.cat([torch.full_like(text[:, :1], self.bos_id), text], dim=1)  # (B, ctx + 1), BOS first
 
     def sample(self, batch_size: int) -> torch.Tensor:
         return self.windows(self.starts(batch_size))

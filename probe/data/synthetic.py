@@ -220,6 +220,14 @@ class BBWindows(TokenWindows):
         return self.tokens.shape[-1] - 1
 
     @property
+    def corpus(self) -> str:  # what text windows call their corpus: here the task's canonical name
+        return self.task.spec()
+
+    @property
+    def mode(self) -> str:
+        return "synthetic"
+
+    @property
     def after_trigger(self) -> torch.Tensor:
         return self.task.after_trigger(self.tokens)
 
@@ -228,8 +236,8 @@ class BBWindows(TokenWindows):
         return self.task.is_trigger[self.inputs]
 
     def to_dict(self) -> dict:
-        return {"corpus": self.task.spec(), "corpus_fingerprint": self.task.fingerprint, "tokenizer": None,
-                "mode": "synthetic", "seed": self.seed, "ctx": self.ctx, "n_batches": len(self),
+        return {"corpus": self.corpus, "corpus_fingerprint": self.task.fingerprint, "tokenizer": None,
+                "mode": self.mode, "seed": self.seed, "ctx": self.ctx, "n_batches": len(self),
                 "batch_size": self.batch_size, "n_documents": len(self) * self.batch_size, "bos": True,
                 "trigger_ids": self.task.trigger_ids.tolist()}
 

@@ -37,6 +37,8 @@ _RECIPES: dict[str, tuple[str, str]] = {  # name -> (module, one-line descriptio
                                                      "pretrained models (structured, same-context, Gaussian junk)"),
     "pretrained-sinks": ("pretrained_sinks", "abstention-filtering Table 14: sink statistics of pretrained models "
                                              "per layer type, per layer"),
+    "sink-emergence": ("sink_emergence", "issue 18: train baseline, sinklogit, gates and GatedV on Bigram-Backcopy "
+                                         "with paired seeds and watch a BOS sink form (and a sink logit replace it)"),
 }
 RECIPES = {name: desc for name, (_, desc) in _RECIPES.items()}
 

@@ -1,7 +1,17 @@
 """Sink emergence on the Bigram-Backcopy task (issue 18): train probe's models on BB with paired seeds, keep snapshots,
 and measure each snapshot's sink statistics and active/dormant split.
 
-Plain functions, no CLI wiring yet:
+The recipe ``probe experiment sink-emergence --out DIR`` (``run``) trains every variant into DIR/runs/ (resumable: a
+rerun continues each run where it stopped, and a finished run only reloads), measures every snapshot and writes
+
+    snapshots.csv     one row per (variant, seed, step, layer): pos0 share ÷ uniform, r0, phantom share, sink logit,
+                      Sink^0.3 share of heads, massive activations (top-1 ÷ median, share at BOS), the split
+    summary.csv       one row per (variant, seed, step): the run-level statistics and sink_formed (SPEC §8)
+    done_when.csv     issue 18's check at each seed's last two snapshots (baseline sink; sink logit takes its place)
+    trajectories.html every variant's statistics against step, side by side
+
+The defaults are the sweep's grid point ``lr3e-3`` (scripts/sink_emergence_sweep.py; docs/sink_emergence_sweep.md):
+the same training, bit for bit, as the runs the zoo's ``probe/bb-<variant>`` models come from. As functions:
 
     cfg = EmergenceConfig(steps=1500, variants=("baseline", "sinklogit"))
     for v in cfg.variants:
@@ -28,7 +38,11 @@ from plotly.subplots import make_subplots
 from probe.analyses.backcopy import STATS, backcopy_split
 from probe.analyses.sinks import sink_stats
 from probe.data.synthetic import BigramBackcopy
-from probe.models import create
+from probe.analyses.massive import massive_activations
+from probe.analyses.sink_heads import sink_heads
+from probe.experiments.result import Result, Timer, config_dict
+from probe.models import config_for, create
+from probe.runs import RUN_IDENTITY
 from probe.train import TrainConfig, train
 from probe.train.checkpoint import load_model
 
@@ -50,18 +64,27 @@ class EmergenceConfig:
     chain_seed: int = 0
     T: int = 256
     # optimisation (AdamW; cosine schedule with warmup, ending at lr * min_lr_ratio)
-    steps: int = 1500
+    steps: int = 1200
     batch_size: int = 32
-    lr: float = 1e-3
+    lr: float = 3e-3
     weight_decay: float = 1e-4
     warmup: int = 100
     min_lr_ratio: float = 0.1
     schedule: str = "cosine"
-    snapshot_every: int = 250
+    snapshot_every: int = 200
     # evaluation windows for the statistics (n_eval_batches x eval_batch_size sequences)
     n_eval_batches: int = 32
     eval_batch_size: int = 8
     threads: int = 1
+
+    def __post_init__(self):
+        for v in self.variants:  # fail before any training on a name create() does not know
+            config_for(v, "tiny")
+        if not self.variants or not self.seeds:
+            raise ValueError("choose at least one variant and one seed")
+        if self.steps < 1 or self.snapshot_every < 1:
+            raise ValueError(f"steps={self.steps} and snapshot_every={self.snapshot_every} must be at least 1")
+        self.task  # noqa: B018 — validates vocab, triggers, chain_seed and T
 
     @property
     def task(self) -> BigramBackcopy:
@@ -92,6 +115,7 @@ def train_variant(cfg: EmergenceConfig, variant: str, seed: int, run_dir, *, pro
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "emergence.json").write_text(json.dumps({"variant": variant, "seed": seed, "config": asdict(cfg),
                                                        "data": task.to_identity()}, indent=1))
+    (run_dir / RUN_IDENTITY).write_text(json.dumps(run_identity(cfg, variant, seed), indent=1))
     evals = task.eval_windows(cfg.n_eval_batches, cfg.eval_batch_size)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     last = train(model, task.sampler(seed), cfg.train_config(seed), run_dir, eval_batches=evals, progress=progress)
@@ -100,6 +124,16 @@ def train_variant(cfg: EmergenceConfig, variant: str, seed: int, run_dir, *, pro
     with (run_dir / "timing.jsonl").open("a") as f:
         f.write(json.dumps(timing) + "\n")
     return {**last, **timing}
+
+
+def run_identity(cfg: EmergenceConfig, variant: str, seed: int) -> dict:
+    """What the run records about itself (``RUN/probe_train.json``), so that ``probe sinks --model RUN@step{N}`` and
+    the zoo copy know their data: the chain (``task``) and that every window starts with BOS."""
+    task = cfg.task
+    return {"recipe": "sink-emergence", "variant": variant, "tier": "tiny", "seed": seed, "data": task.spec(),
+            "task": task.to_identity(), "bos": True, "bos_id": task.bos_id, "ctx": cfg.T,
+            **{k: getattr(cfg, k) for k in ("n_layers", "n_heads", "d_model", "d_mlp", "steps", "batch_size", "lr",
+                                            "weight_decay", "warmup", "min_lr_ratio", "schedule")}}
 
 
 def snapshot_steps(run_dir) -> dict[int, Path]:
@@ -152,6 +186,7 @@ def snapshot_table(cfg: EmergenceConfig, variant: str, seed: int, run_dir) -> pd
         model.eval()
         sinks = sink_stats(model, windows)
         split = backcopy_split(model, windows)["layers"].set_index("layer")
+        extra = extra_stats(model, windows)
         summary = sinks["summary"].iloc[0]
         run = {"variant": variant, "seed": seed, "step": step, "sink_formed": bool(summary["sink_formed"]),
                "pos0_over_uniform": summary["pos0_over_uniform"], "r0_later": summary["r0_later"],
@@ -161,10 +196,23 @@ def snapshot_table(cfg: EmergenceConfig, variant: str, seed: int, run_dir) -> pd
             rows.append({**run, "layer": l, "pos0_share": layer["pos0_share"], "uniform_ref": layer["uniform_ref"],
                          "pos0_ratio": layer["pos0_share"] / layer["uniform_ref"], "r0": layer["r0"],
                          "phantom_share": layer["phantom_share"], "sink_logit": layer["sink_logit"],
-                         **{c: split.loc[l, c] for c in STATS}})
+                         **{c: split.loc[l, c] for c in STATS}, **extra[l]})
     table = pd.DataFrame(rows)
     table.to_csv(cache, index=False)
     return table
+
+
+SINK_EPS = 0.3  # Gu et al.'s threshold for a sink head (mean attention on key 0 above it)
+EXTRA = ("sink_eps_share", "massive_ratio", "massive_top1_at_bos")
+
+
+def extra_stats(model, windows) -> dict[int, dict]:
+    """Per layer: the share of heads that are sinks by Sink^0.3, and the massive activations of its output residual
+    (top-1 |h| ÷ median, the share of windows whose top-1 sits at BOS). Two more forward passes."""
+    heads = sink_heads(model, windows, eps=[SINK_EPS])["layers"].set_index("layer")
+    mas = massive_activations(model, windows)["layers"].set_index("layer")
+    return {l: {"sink_eps_share": float(heads.loc[l, "sink_share"]), "massive_ratio": float(mas.loc[l, "ratio"]),
+                "massive_top1_at_bos": float(mas.loc[l, "top1_pos0_share"])} for l in heads.index}
 
 
 TRAJECTORIES = (("pos0_ratio", "position-0 share ÷ causal-uniform", 3.0), ("r0", "r0 = ‖v0‖ / median ‖vj‖", 0.8),
@@ -197,5 +245,75 @@ def trajectory_figure(table: pd.DataFrame) -> go.Figure:
 
 _COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
-__all__ = ["EmergenceConfig", "VARIANTS", "build", "train_variant", "snapshot_table", "snapshot_steps", "cpu_seconds",
-           "copy_losses", "trajectory_figure"]
+
+# ---------------------------------------------------------------------- the recipe
+
+RUN_STATS = ("sink_formed", "pos0_over_uniform", "r0_later", "phantom_mean", "loss_copy", "loss_bigram")
+
+
+def run_name(variant: str, seed: int) -> str:
+    return f"{variant.replace('+', '_')}-s{seed}"
+
+
+def summary_table(snapshots: pd.DataFrame) -> pd.DataFrame:
+    """One row per (variant, seed, step): the run-level statistics of ``snapshot_table`` rows."""
+    return snapshots.drop_duplicates(["variant", "seed", "step"])[["variant", "seed", "step", *RUN_STATS]] \
+        .reset_index(drop=True)
+
+
+def done_when(summary: pd.DataFrame) -> pd.DataFrame:
+    """Issue 18's criteria at each seed's last two baseline snapshots: the baseline has formed a sink (SPEC §8), and
+    the sink-logit model at the same step has phantom share > 0.1, a lower pos0 ÷ uniform and an r0 nearer 1."""
+    runs = summary.set_index(["variant", "seed", "step"])
+    rows = []
+    for seed in sorted(summary["seed"].unique()):
+        have = {v for v, s, _ in runs.index if s == seed}
+        if not {"baseline", "sinklogit"} <= have:
+            continue
+        for step in sorted(runs.loc[("baseline", seed)].index)[-2:]:
+            if ("sinklogit", seed, step) not in runs.index:
+                continue
+            b, k = runs.loc[("baseline", seed, step)], runs.loc[("sinklogit", seed, step)]
+            checks = {"baseline_sink_formed": bool(b.sink_formed), "sinklogit_phantom_over_0.1": k.phantom_mean > 0.1,
+                      "sinklogit_pos0_lower": k.pos0_over_uniform < b.pos0_over_uniform,
+                      "sinklogit_r0_nearer_1": abs(1 - k.r0_later) < abs(1 - b.r0_later)}
+            rows.append({"seed": seed, "step": step, "baseline_pos0_over_uniform": b.pos0_over_uniform,
+                         "baseline_r0": b.r0_later, "sinklogit_pos0_over_uniform": k.pos0_over_uniform,
+                         "sinklogit_r0": k.r0_later, "sinklogit_phantom": k.phantom_mean,
+                         **{c: bool(v) for c, v in checks.items()}, "all_met": all(checks.values())})
+    return pd.DataFrame(rows)
+
+
+CONFIG = EmergenceConfig
+
+
+def run(cfg: EmergenceConfig, progress: bool = False, out=None) -> Result:
+    """Train every (variant, seed) into ``out``/runs/ (resuming), measure each snapshot, and return the tables and
+    the trajectories page. Prints the summary when ``progress``."""
+    if out is None:
+        raise ValueError("sink-emergence trains into its output folder; pass --out DIR")
+    timer = Timer()
+    frames = []
+    for seed in cfg.seeds:
+        for variant in cfg.variants:
+            run_dir = Path(out) / "runs" / run_name(variant, seed)
+            if progress:
+                print(f"sink-emergence: {variant} seed {seed} -> {run_dir}", flush=True)
+            train_variant(cfg, variant, seed, run_dir, progress=progress)
+            frames.append(snapshot_table(cfg, variant, seed, run_dir))
+    snapshots = pd.concat(frames, ignore_index=True)
+    summary = summary_table(snapshots)
+    check = done_when(summary)
+    if progress:
+        print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        print("\nDone-when at the last two snapshots:\n" + (check.to_string(index=False) if len(check) else
+                                                              "(needs baseline and sinklogit)"))
+    cpu = {run_name(v, s): cpu_seconds(Path(out) / "runs" / run_name(v, s)) for s in cfg.seeds for v in cfg.variants}
+    return Result("sink-emergence", config_dict(cfg), {"snapshots": snapshots, "summary": summary, "done_when": check},
+                  {"trajectories": trajectory_figure(snapshots)},
+                  timer.meta(data=cfg.task.to_identity(), cpu_s_per_run=cpu), headline=("summary", "done_when"))
+
+
+__all__ = ["EmergenceConfig", "CONFIG", "VARIANTS", "build", "train_variant", "run_identity", "snapshot_table",
+           "snapshot_steps", "cpu_seconds", "copy_losses", "extra_stats", "trajectory_figure", "summary_table",
+           "done_when", "run", "run_name"]

@@ -179,4 +179,4 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
             n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, d_head=c.d_head,
             n_ctx=c.n_ctx, vocab_size=c.vocab_size, has_phantom=c.has_phantom, value_gate=c.value_gate,
             depth_routing=depth, depth_blocks=c.depth_blocks, sink_token=c.abstention == "sinktoken",
-            extra=extra)
+            trained_with_bos=bool((getattr(self, "train_record", None) or {}).get("bos")), extra=extra)

@@ -37,13 +37,14 @@ from probe.data.synthetic import is_synthetic
 from probe.errors import UsageError
 from probe.inputs import (DEFAULT_DATA, KNOWN_HINT, bos_id_for, check_data, eval_ctx, injection_plan, load_corpus, load_model, make_windows,
                           on_device, resolve_device, tokenizer_for, trained_task, windows_for)
-from probe.output import clean, write_files
+from probe.output import clean, write_files, write_pages
 from probe.report_html import report_page
 from probe.runs import parse_step, snapshot_steps
 from probe.specs import InjectionSpec, ModelSpec, WindowSpec
 
 MANIFEST = "manifest.json"
-TABLES = ("summary", "by_type", "layers", "heads", "sink_eps", "sink_eps_layers", "injection", "exposure")
+TABLES = ("summary", "by_type", "layers", "heads", "batches", "sink_eps", "sink_eps_layers", "injection",
+          "injection_batches", "exposure")
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class ReportSpec:
     injection: InjectionSpec | None = None  # None: no injection
     out: Path = Path("probe-report")
     shard: tuple[int, int] | None = None  # (i, N), 1-based: compute only every N-th model starting at the i-th
+    self_contained: bool = False  # report.html inlines plotly.js instead of loading the folder's plotly.min.js
 
 
 def shard_share(names, shard: tuple[int, int] | None) -> list:
@@ -191,7 +193,7 @@ def compute_one(spec: ReportSpec, name: str, index: int, windows: Windows, conso
     tok = tokenizer_for(spec.windows, model)
     eb = windows.get(model, tok, eval_ctx(spec.windows, model))
     res = sink_stats(model, eb, progress=progress)
-    tables = {k: res[k] for k in ("summary", "by_type", "layers", "heads")}
+    tables = {k: res[k] for k in ("summary", "by_type", "layers", "heads", "batches")}
     se = sink_heads(model, eb, eps=list(spec.eps), progress=progress)
     tables["sink_eps"], tables["sink_eps_layers"] = se["summary"], se["layers"]
     meta = dict(res["meta"].attrs["meta"])
@@ -202,6 +204,7 @@ def compute_one(spec: ReportSpec, name: str, index: int, windows: Windows, conso
         inj = inject(model, eb, junk=kinds, cutoffs=cutoffs, doses=list(spec.injection.doses), seed=spec.windows.seed,
                      progress=progress)
         tables["injection"], tables["exposure"] = inj["results"], inj["exposure"]
+        tables["injection_batches"] = inj["per_batch"]  # standard errors over batches on the page
     step = step_of(name)
     out = {}
     for k, df in tables.items():
@@ -260,15 +263,16 @@ def write_report(spec: ReportSpec, console: Console) -> tuple[dict[str, pd.DataF
     if not mine:  # more shards than models (a job array larger than the sweep): only the manifest, for the merge
         return {}, settings
     records = [json.loads(paths[n].read_text()) for n in mine]
-    return write_tables(out, records, settings, console), settings
+    return write_tables(out, records, settings, console, spec.self_contained), settings
 
 
-def write_tables(out: Path, records: list[dict], settings: dict, console: Console) -> dict[str, pd.DataFrame]:
+def write_tables(out: Path, records: list[dict], settings: dict, console: Console,
+                 self_contained: bool = False) -> dict[str, pd.DataFrame]:
     """The CSV tables and the HTML page of ``records`` (in report order) into ``out``."""
     tables = {k: pd.DataFrame([row for r in records for row in r["tables"].get(k, [])]) for k in TABLES}
     tables = {k: v for k, v in tables.items() if len(v)}
     files = {f"report_{k}.csv": v.to_csv(index=False) for k, v in tables.items()}
-    files["report.html"] = report_page(tables, records, settings)
-    written = write_files(out, files)
+    files["report.html"] = report_page(tables, records, settings, self_contained)
+    written = write_pages(out, files)
     console.note(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
     return tables

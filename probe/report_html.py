@@ -1,4 +1,9 @@
-"""The HTML page of ``probe report``: one figure per statistic across models (or training steps), offline."""
+"""The HTML page of ``probe report``: verdict lines and tables first, then one figure per statistic across models or
+training steps, offline.
+
+Models are categories (dots with standard errors over evaluation batches; no lines join unrelated models);
+checkpoints of one run are lines over the training step. Per-layer profiles are overlaid across models, layers on
+the x axis as in every figure (``probe.analyses.figures``). Every threshold line is labelled."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,21 +11,21 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from probe.analyses.figures import training_figure
-from probe.analyses.sink_heads import sink_eps_layers_figure, sink_eps_trend_figure
+from probe.analyses.figures import integer_ticks, sink_profile_figure, threshold, training_figure
 from probe.analyses.sinks import SINK_FACTOR, SINK_R0
-from probe.output import html_page
+from probe.pages import page
 from probe.runs import metrics_records
 
-SUMMARY_STATS = [  # (column, title, reference column or None)
-    ("pos0_share", "Mass on position 0 / mass on real keys (rows t >= 1)", "uniform_ref"),
-    ("pos0_over_uniform", "Position-0 share over the causal-uniform reference (layers past the first)", None),
-    ("phantom_share", "Phantom share of all attention mass", None),
-    ("r0", "r0 = ||v0|| / median ||vj|| (mean over layers)", None),
-    ("r0_later", "r0 over layers past the first", None),
+SUMMARY_STATS = [  # (column, title, axis title with unit, threshold or None)
+    ("pos0_share", "Mass on position 0 / mass on real keys (rows t >= 1)", "share of real attention mass", None),
+    ("pos0_over_uniform", "Position-0 share over the causal-uniform reference (layers past the first)",
+     "ratio to causal-uniform (x)", (SINK_FACTOR, f"{SINK_FACTOR:g}x uniform (sink threshold)")),
+    ("phantom_share", "Phantom share of all attention mass", "share of all attention mass", None),
+    ("r0_later", "r0 = ||v0|| / median ||vj|| over layers past the first", "read-norm ratio (unitless)",
+     (SINK_R0, f"r0 = {SINK_R0:g} (sink threshold)")),
 ]
-LAYER_STATS = [("pos0_share", "Position-0 share per layer"), ("phantom_share", "Phantom share per layer"),
-               ("r0", "r0 per layer")]
+# summary column <- (per-batch column, over the layers past the first only)
+BATCH_STATS = {"pos0_share": ("pos0_share", False), "phantom_share": ("phantom_share", False), "r0_later": ("r0", True)}
 
 
 def _axis(summary):
@@ -32,57 +37,111 @@ def _axis(summary):
     return {m: m for m in summary["model"]}, "model"
 
 
+def _summary_se(batches: pd.DataFrame | None, col: str) -> dict:
+    """Per model: standard error over batches of the per-batch mean over layers (past the first, for r0_later)."""
+    if batches is None or col not in BATCH_STATS:
+        return {}
+    key, later = BATCH_STATS[col]
+    out = {}
+    for model, b in batches.groupby("model", sort=False):
+        b = b[b["layer"] > 0] if later and b["layer"].nunique() > 1 else b
+        out[model] = float(b.groupby("batch")[key].mean().sem())
+    return out
+
+
+def across(xs: dict, by_step: bool, rows: pd.DataFrame, value: str, name: str, se: dict | None = None,
+           **style) -> go.Scatter:
+    """One series across models (dots with error bars) or training steps (a line)."""
+    err = [se.get(m, float("nan")) for m in rows["model"]] if se else None
+    return go.Scatter(x=[xs[m] for m in rows["model"]], y=rows[value], mode="lines+markers" if by_step else "markers",
+                      name=name, text=rows["model"], marker=dict(size=9, color=style.get("line", {}).get("color")),
+                      error_y=dict(type="data", array=err, visible=True) if err else None, **style)
+
+
 def report_figures(tables: dict) -> list[go.Figure]:
     summary = tables["summary"]
     xs, xtitle = _axis(summary)
-    x = [xs[m] for m in summary["model"]]
+    by_step = xtitle != "model"
+    batches = tables.get("batches")
     figs = []
-    for col, title, ref in SUMMARY_STATS:
-        fig = go.Figure(go.Scatter(x=x, y=summary[col], mode="lines+markers", name=col, text=summary["model"]))
-        if ref:
-            fig.add_trace(go.Scatter(x=x, y=summary[ref], mode="lines", name="causal-uniform reference",
-                                     line=dict(dash="dot", color="gray")))
-        if col == "pos0_over_uniform":
-            fig.add_hline(y=SINK_FACTOR, line_dash="dot", line_color="gray", annotation_text="sink threshold")
-        if col.startswith("r0"):
-            fig.add_hline(y=SINK_R0, line_dash="dot", line_color="gray", annotation_text="sink threshold")
-        fig.update_layout(title=title, xaxis_title=xtitle, yaxis_title=col)
+    for col, title, unit, line in SUMMARY_STATS:
+        se = _summary_se(batches, col)
+        fig = go.Figure(across(xs, by_step, summary, col, col, se))
+        if col == "pos0_share":
+            fig.add_trace(across(xs, by_step, summary, "uniform_ref", "causal-uniform reference",
+                                 line=dict(dash="dot", color="gray")))
+        if line:
+            threshold(fig, *line)
+        fig.update_layout(title=title + (" (± standard error over batches)" if se else ""), xaxis_title=xtitle,
+                          yaxis_title=unit, yaxis_rangemode="tozero")
+        if not by_step:
+            fig.update_xaxes(type="category")
         figs.append(fig)
-    layers = tables["layers"]
-    for col, title in LAYER_STATS:
-        wide = layers.pivot_table(index="layer", columns="model", values=col, sort=False)
-        wide = wide[[m for m in summary["model"] if m in wide.columns]]
-        figs.append(go.Figure(go.Heatmap(z=wide.to_numpy(), x=[str(xs[m]) for m in wide.columns], y=list(wide.index),
-                                         colorscale="Viridis", colorbar=dict(title=col)))
-                    .update_layout(title=title, xaxis_title=xtitle, yaxis_title="layer"))
+    figs.append(sink_profile_figure(tables["layers"], batches, "Attention sinks per layer, overlaid across models"))
     if "sink_eps" in tables:
-        figs.append(sink_eps_trend_figure(tables["sink_eps"]))
-        figs.append(sink_eps_layers_figure(tables["sink_eps_layers"]))
+        figs += _sink_eps_figures(tables, xs, by_step, xtitle)
     if "injection" in tables:
-        inj = tables["injection"]
-        fig = go.Figure()
-        for (junk, cutoff, dose), g in inj.groupby(["junk", "cutoff", "dose"], sort=False):
-            fig.add_trace(go.Scatter(x=[xs[m] for m in g["model"]], y=g["delta"], mode="lines+markers",
-                                     name=f"{junk} ({cutoff}) ε={dose:g}", text=g["model"]))
-        fig.update_layout(title="Loss increase under value-noise injection", xaxis_title=xtitle,
-                          yaxis_title="loss increase (nats per token)")
-        figs.append(fig)
+        figs.append(_injection_figure(tables, xs, by_step, xtitle))
     if "exposure" in tables:
         exp = tables["exposure"]
         fig = go.Figure()
         for cutoff, g in exp.groupby("cutoff", sort=False):
-            fig.add_trace(go.Scatter(x=[xs[m] for m in g["model"]], y=g["quiet_share"], mode="lines+markers",
-                                     name=f"quiet reads ({cutoff})"))
-        first = exp.drop_duplicates("model")
-        fig.add_trace(go.Scatter(x=[xs[m] for m in first["model"]], y=first["phantom_share"], mode="lines+markers",
-                                 name="phantom"))
+            fig.add_trace(across(xs, by_step, g, "quiet_share", f"quiet reads ({cutoff})"))
+        fig.add_trace(across(xs, by_step, exp.drop_duplicates("model"), "phantom_share", "phantom"))
         fig.update_layout(title="Exposure: share of attention mass on quiet reads and on the phantom",
-                          xaxis_title=xtitle, yaxis_title="share of attention mass")
+                          xaxis_title=xtitle, yaxis_title="share of attention mass", yaxis_rangemode="tozero")
         figs.append(fig)
     return figs
 
 
-def report_page(tables: dict, records: list[dict], settings: dict) -> str:
+def _sink_eps_figures(tables, xs, by_step, xtitle) -> list[go.Figure]:
+    """Sink^ε share across models (one series per ε) and per layer at the smallest ε (one line per model)."""
+    trend = go.Figure()
+    for e, g in tables["sink_eps"].groupby("epsilon", sort=False):
+        trend.add_trace(across(xs, by_step, g, "sink_share", f"ε = {e:g}"))
+    trend.update_layout(title="Sink^ε: share of heads whose mean attention on key 0 exceeds ε", xaxis_title=xtitle,
+                        yaxis_title="share of heads", yaxis_range=[0, 1.02])
+    layers = tables["sink_eps_layers"]
+    e = float(layers["epsilon"].min())
+    prof = go.Figure()
+    for model, g in layers[layers["epsilon"] == e].groupby("model", sort=False):
+        prof.add_trace(go.Scatter(x=g["layer"], y=g["sink_share"], mode="lines+markers", name=str(model)))
+    prof.update_layout(title=f"Share of sink heads per layer (Sink^ε, ε = {e:g})", yaxis_title="share of heads",
+                       yaxis_range=[0, 1.02])
+    return [trend, integer_ticks(prof, "x", "layer")]
+
+
+def _injection_figure(tables, xs, by_step, xtitle) -> go.Figure:
+    inj = tables["injection"]
+    per_batch = tables.get("injection_batches")
+    fig = go.Figure()
+    for (junk, cutoff, dose), g in inj.groupby(["junk", "cutoff", "dose"], sort=False):
+        se = {}
+        if per_batch is not None:
+            pb = per_batch[(per_batch["junk"] == junk) & (per_batch["cutoff"].astype(str) == str(cutoff))
+                           & (per_batch["dose"] == dose)]
+            se = pb.groupby("model")["delta"].sem().to_dict()
+        fig.add_trace(across(xs, by_step, g, "delta", f"{junk} ({cutoff}) ε={dose:g}", se))
+    threshold(fig, 0, "no change")
+    fig.update_layout(title="Loss increase under value-noise injection" + (" (± s.e. over batches)" if per_batch
+                                                                          is not None else ""),
+                      xaxis_title=xtitle, yaxis_title="loss increase (nats per token)")
+    return fig
+
+
+def _readable_summary(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary as people read it: no model_id column when it repeats the model, no step column of None."""
+    cols = ["model", "step", "model_id", "pos0_share", "uniform_ref", "pos0_over_uniform", "phantom_share", "r0",
+            "r0_later", "sink_formed"]
+    table = summary[[c for c in cols if c in summary]]
+    if "model_id" in table and (table["model_id"].astype(str) == table["model"].astype(str)).all():
+        table = table.drop(columns="model_id")
+    if "model_id" in table:
+        table = table.rename(columns={"model_id": "loaded as"})
+    return table.loc[:, [c for c in table.columns if table[c].notna().any()]]
+
+
+def report_page(tables: dict, records: list[dict], settings: dict, self_contained: bool = False) -> str:
     meta = records[0]["meta"] if records else {}
     intro = {"models": ", ".join(r["name"] for r in records), "corpus": meta.get("corpus"),
              "corpus fingerprint": meta.get("corpus_fingerprint"),
@@ -91,18 +150,25 @@ def report_page(tables: dict, records: list[dict], settings: dict) -> str:
                         f"seed {settings['seed']}",
              "injection": settings["inject"] or "none", "device / dtype": f"{settings['device']} / {settings['dtype']}",
              "probe version": settings["probe_version"]}
-    cols = ["model", "step", "model_id", "pos0_share", "uniform_ref", "pos0_over_uniform", "phantom_share", "r0",
-            "r0_later", "sink_formed"]
-    summary = tables["summary"][[c for c in cols if c in tables["summary"]]]
-    shown = [("Summary (averages over rows t >= 1, heads, layers)", summary)]
+    summary = tables["summary"]
+    verdicts = [f"rule: a sink has formed when the position-0 share is >= {SINK_FACTOR:g}x the causal-uniform "
+                f"reference and r0 < {SINK_R0:g}, averaged over the layers past the first"]
+    verdicts += [f"{r['model']}: sink_formed {bool(r['sink_formed'])} ({r['pos0_over_uniform']:.3g}x uniform, "
+                 f"r0 {r['r0_later']:.3g})" for _, r in summary.iterrows()]
+    shown = [("Summary (averages over rows t >= 1, heads, layers)", _readable_summary(summary))]
     if "sink_eps" in tables:
-        shown.append(("Sink^eps (Gu et al.)", tables["sink_eps"][["model", "step", "epsilon", "n_sink_heads", "n_heads",
+        shown.append(("Sink^eps (Gu et al.)", tables["sink_eps"][["model", "epsilon", "n_sink_heads", "n_heads",
                                                                  "sink_share", "key0_mass", "phantom_share"]]))
     if "injection" in tables:
-        shown.append(("Injection", tables["injection"][["model", "step", "junk", "cutoff", "dose", "loss_clean",
-                                                        "loss_corrupted", "delta"]]))
-    return html_page("Attention-sink report", report_figures(tables) + _training_figures(records), intro=intro,
-                     tables=shown)
+        inj = tables["injection"][["model", "junk", "cutoff", "dose", "loss_clean", "loss_corrupted", "delta"]]
+        if "injection_batches" in tables:
+            pb = tables["injection_batches"].assign(cutoff=lambda d: d["cutoff"].astype(str))
+            se = pb.groupby(["model", "junk", "cutoff", "dose"])["delta"].sem().rename("delta_se").reset_index()
+            inj = inj.assign(cutoff=inj["cutoff"].astype(str)).merge(se, on=["model", "junk", "cutoff", "dose"],
+                                                                      how="left")
+        shown.append(("Injection (loss increase in nats per token; delta_se: s.e. over batches)", inj))
+    return page("Attention-sink report", report_figures(tables) + _training_figures(records), verdicts=verdicts,
+                tables=shown, intro=intro, self_contained=self_contained)
 
 
 def _training_figures(records: list[dict]) -> list[go.Figure]:

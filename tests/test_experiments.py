@@ -43,7 +43,9 @@ def test_main_writes_config_tables_and_figures(tmp_path, capsys):
         assert (out / f"{t}.csv").exists()
     summary = pd.read_csv(out / "summary.csv")
     assert set(summary["variant"]) == set(sp.VARIANTS)
-    assert (out / "error_vs_load.html").exists() and (out / "report.html").stat().st_size > 100_000
+    report = (out / "report.html").read_text()  # tables, then figures loading the folder's plotly.min.js
+    assert (out / "error_vs_load.html").exists() and "Plotly.newPlot" in report and "src='plotly.min.js'" in report
+    assert (out / "plotly.min.js").is_file() and "report.html" in (out / "index.html").read_text()
     assert not list(out.glob(".*.tmp*"))  # every staged file was renamed into place
     # user errors: one line, exit 2, nothing written
     assert main(["superposition", "--out", str(tmp_path / "bad"), "--loads", "x"]) == 2

@@ -177,6 +177,6 @@ def test_command_line_writes_the_tables_and_takes_bos_both_ways(tmp_path, capsys
     assert record["config"]["bos"] is False and record["config"]["models"] == [ZOO[0]]
     for name in ("table14", "layers", "heads", "summary", "models"):
         assert (out / f"{name}.csv").is_file()
-    assert (out / "layers.html").is_file() and (out / "report.html").stat().st_size > 100_000
+    assert (out / "layers.html").is_file() and "Plotly.newPlot" in (out / "report.html").read_text()
     assert pd.read_csv(out / "models.csv")["bos"].tolist() == [False]
     assert "pretrained-injection" in experiments.RECIPES and "pretrained-sinks" in experiments.RECIPES

@@ -29,7 +29,8 @@ def _save(tmp_path, stem, result, figs, sections, **out):
 
 
 def _text(html: str) -> str:
-    return re.sub(r"<[^>]+>", " ", html.split("Plotly.newPlot")[0])
+    head = re.sub(r"<style>.*?</style>", " ", html.split("<div")[0], flags=re.S)
+    return re.sub(r"<[^>]+>", " ", head)  # the page's text before its first figure
 
 
 def test_sinks_page_opens_with_verdict_and_csv_values(tmp_path, sinks):
@@ -112,3 +113,42 @@ def test_figures_ticks_thresholds_and_colours(sinks):
     assert heads.layout.xaxis.dtick == 1 and heads.layout.yaxis.dtick == 1
     signed = figures.fitted_heatmap([[-1.0, 2.0]], [0, 1], [0], "d")
     assert signed.zmid == 0 and signed.zmin is None  # signed data: diverging scale centred on 0
+
+
+def _report_tables(results: dict, steps: dict) -> dict:
+    """What `probe report` collects: each model's tables with model and step columns, concatenated."""
+    def rows(key):
+        return pd.concat([r[key].drop(columns=["model"]).assign(model=name, step=steps.get(name), model_id=name)
+                          for name, r in results.items()], ignore_index=True)
+    return {k: rows(k) for k in ("summary", "layers", "batches")}
+
+
+def test_report_models_are_categories_checkpoints_are_lines(sinks):
+    from probe.report_html import report_figures, report_page
+
+    other = sink_stats(tiny("baseline"), windows(3, 2, 12))
+    tables = _report_tables({"sinklogit": sinks, "baseline": other}, {})
+    figs = report_figures(tables)
+    summary_figs = figs[:4]
+    assert all(t.mode == "markers" for f in summary_figs for t in f.data)  # no lines join unrelated models
+    assert all(f.layout.xaxis.type == "category" and f.layout.yaxis.rangemode == "tozero" for f in summary_figs)
+    pos0 = summary_figs[0].data[0]
+    se = tables["batches"].groupby(["model", "batch"], sort=False)["pos0_share"].mean().groupby("model").sem()
+    assert list(pos0.error_y.array) == pytest.approx([se["sinklogit"], se["baseline"]])
+    labels = [a.text for f in figs for a in f.layout.annotations]
+    assert "3x uniform (sink threshold)" in labels and "r0 = 0.8 (sink threshold)" in labels
+    profile = figs[4]  # per-layer profiles overlaid across models, layers on x with integer ticks
+    assert {t.name for t in profile.data[:6]} == {"sinklogit", "baseline"} and profile.layout.xaxis.dtick == 1
+    assert all(f.layout.yaxis.title.text for f in figs)  # every axis titled with its unit
+
+    steps = _report_tables({"run@step0": other, "run@step4": sinks}, {"run@step0": 0, "run@step4": 4})
+    line = report_figures(steps)[0]
+    assert line.data[0].mode == "lines+markers" and list(line.data[0].x) == [0, 4]
+    settings = dict(batches=3, batch_size=2, ctx=12, window_mode="sequential", seed=0, device="cpu", dtype="auto",
+                    inject={"doses": [0.4], "junk": ["structured"], "cutoff": ["q25"]}, probe_version="x")
+    html = report_page(tables, [{"name": n, "meta": {"corpus": "c"}} for n in ("sinklogit", "baseline")], settings)
+    text = _text(html)
+    assert "sinklogit: sink_formed" in text and f"{tables['summary']['pos0_share'].iloc[1]:.4g}" in text
+    assert "doses 0.4, junk structured, cutoff q25" in html and "{'doses'" not in html  # readable, no raw dicts
+    assert "model_id" not in text and "step" not in re.findall(r"<th>(\w+)</th>", html)  # no duplicate / None columns
+    assert "src='plotly.min.js'" in html and len(html) < 1_000_000

@@ -77,7 +77,9 @@ def test_report_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
         str(fx["sp"]): True, str(fx["llama"]): False, str(fx["base"]): False}  # only sink+proj has a phantom
 
     page = (cut / "report.html").read_text()
-    assert "<script src" not in page and page.count("Plotly.newPlot") == 5 + 3 + 2 + 2  # stats, layer maps, Sink^eps, injection
+    assert "src='plotly.min.js'" in page and (cut / "plotly.min.js").is_file() and "report.html" in (
+        cut / "index.html").read_text()
+    assert page.count("Plotly.newPlot") == 4 + 1 + 2 + 2  # stats, layer profiles, Sink^eps, injection and exposure
     manifest = json.loads((cut / "manifest.json").read_text())
     assert manifest["settings"]["inject"]["doses"] == [0.4, 0.8] and len(manifest["models"]) == 3
 

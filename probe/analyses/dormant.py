@@ -40,6 +40,7 @@ from plotly.subplots import make_subplots
 
 from probe.analyses.capture import (LayerCollector, as_windows, default_windows, describe, finish, make_bar,
                                     model_device, row_mass_hooks, row_masses, sliding)
+from probe.analyses.figures import integer_ticks
 from probe.analyses.parallel import batches_of_rank, gather, is_main
 
 THRESHOLD = 0.5
@@ -227,18 +228,17 @@ def dormant_figure(result: dict):
 
 
 def dormant_heads_figure(result: dict):
-    """Layer x head heatmap of the dormant rate, one panel per domain."""
+    """Layer (x) x head (y) heatmap of the dormant rate, one panel per domain (one 0-1 scale: rates compared)."""
     sw = result["switching"]
     cols = [c for c in sw.columns if c.startswith("dormant_rate[")]
     fig = make_subplots(rows=1, cols=len(cols), subplot_titles=[c[len("dormant_rate["):-1] for c in cols])
     for i, c in enumerate(cols, start=1):
-        h = sw.pivot(index="layer", columns="head", values=c).sort_index()
+        h = sw.pivot(index="head", columns="layer", values=c).sort_index()
         fig.add_trace(go.Heatmap(z=h.to_numpy(), x=list(h.columns), y=list(h.index), zmin=0, zmax=1,
                                  colorscale="Viridis", showscale=i == 1, colorbar=dict(title="dormant rate")),
                       row=1, col=i)
-        fig.update_yaxes(autorange="reversed", row=1, col=i)
-    fig.update_xaxes(title_text="head")
-    fig.update_yaxes(title_text="layer", col=1)
+    integer_ticks(fig, "x", "layer")
+    integer_ticks(fig, "y", "head")
     fig.update_layout(title=f"Dormant rate per head and domain — {result['meta']['model'].iloc[0]}")
     return fig
 

@@ -29,6 +29,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from probe.analyses.capture import LayerCollector, as_windows, describe, finish, row_mass_hooks, row_masses, sliding
+from probe.analyses.figures import fitted_heatmap, integer_ticks
 from probe.analyses.parallel import reduce_sums
 
 DEFAULT_EPS = (0.3,)
@@ -188,15 +189,12 @@ def sink_eps_figure(results):
             fig.add_trace(go.Scatter(x=g["layer"], y=g["sink_share"], mode="lines+markers", name=f"{name} ε={e:g}",
                                      hovertemplate="layer %{x}: %{y:.2f}<extra>" + f"{name} ε={e:g}</extra>"),
                           row=1, col=1)
-    heads = res0["heads"].pivot(index="layer", columns="head", values="key0_mass")
-    eps = float(res0["summary"]["epsilon"].min())
-    fig.add_trace(go.Heatmap(z=heads.to_numpy(), x=list(heads.columns), y=list(heads.index), zmin=0, zmax=1,
-                             colorscale=[[0, "#f7fbff"], [eps, "#9ecae1"], [1, "#08306b"]],
-                             colorbar=dict(title="mean a[t,0]", x=1.02), showlegend=False), row=1, col=2)
+    heads = res0["heads"].pivot(index="head", columns="layer", values="key0_mass")
+    fig.add_trace(fitted_heatmap(heads.to_numpy(), list(heads.columns), list(heads.index), "mean a[t,0]",
+                                 showlegend=False), row=1, col=2)
     fig.update_yaxes(title_text="share of heads with α > ε", range=[-0.02, 1.02], row=1, col=1)
-    fig.update_xaxes(title_text="layer", row=1, col=1)
-    fig.update_xaxes(title_text="head", row=1, col=2)
-    fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=2)
+    integer_ticks(fig, "x", "layer")
+    integer_ticks(fig, "y", "head", row=1, col=2)
     fig.update_layout(title="Sink heads (Gu et al.): mean attention on key 0 above ε",
                       legend=dict(orientation="h", y=-0.25))
     return fig
@@ -211,7 +209,8 @@ def sink_eps_trend_figure(summary: pd.DataFrame):
     fig = go.Figure()
     for e, g in summary.groupby("epsilon", sort=False):
         x = g["step"].astype(int) if by_step else g["model"]
-        fig.add_trace(go.Scatter(x=x, y=g["sink_share"], mode="lines+markers", name=f"ε = {e:g}", text=g["model"]))
+        fig.add_trace(go.Scatter(x=x, y=g["sink_share"], mode="lines+markers" if by_step else "markers",
+                                 name=f"ε = {e:g}", text=g["model"]))  # no lines between unrelated models
     fig.update_layout(title="Sink^ε: share of heads whose mean attention on key 0 exceeds ε",
                       xaxis_title="training step" if by_step else "model", yaxis_title="Sink^ε",
                       yaxis_range=[-0.02, 1.02])

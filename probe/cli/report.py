@@ -28,7 +28,8 @@ def run_report(args: argparse.Namespace) -> int:
         names = tuple(dict.fromkeys(args.models or expand_checkpoints(args.checkpoints)))
         shard = parse_shard(args.shard) if args.shard else None
         spec = ReportSpec(names=names, model=model_spec(args), windows=window_spec(args), eps=eps_values(args),
-                          injection=injection_spec(args), out=Path(args.out), shard=shard)
+                          injection=injection_spec(args), out=Path(args.out), shard=shard,
+                          self_contained=args.self_contained)
         tables, settings = write_report(spec, console)
     if args.json:
         print(json.dumps(clean({"settings": settings, **{k: v.to_dict("records") for k, v in tables.items()

@@ -54,6 +54,8 @@ def build_parser(name: str, prog: str = PROG) -> argparse.ArgumentParser:
     p = UsageParser(prog=f"{prog} {name}", description=RECIPES[name], allow_abbrev=False)
     p.add_argument("--out", required=True, help="output folder (config.json, CSV tables, HTML figures)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--self-contained", action="store_true", help="HTML pages carry plotly.js inline instead of "
+                   "loading the plotly.min.js written beside them")
     for f in dataclasses.fields(cfg_cls):
         flags = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
         default = f.default
@@ -88,7 +90,7 @@ def main(argv=None, prog: str = PROG) -> int:
         except ValueError as e:
             raise UsageError(str(e), prog=prog) from None
         args = vars(build_parser(name, prog).parse_args(argv[1:]))
-        out, quiet = args.pop("out"), args.pop("quiet")
+        out, quiet, self_contained = args.pop("out"), args.pop("quiet"), args.pop("self_contained")
         options = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
         try:
             cfg = make_config(name, **options)
@@ -99,7 +101,7 @@ def main(argv=None, prog: str = PROG) -> int:
         except (ValueError, FileNotFoundError, ConnectionError) as e:
             message = str(e).splitlines()[0] if str(e) else repr(e)
             raise UsageError(message, prog=f"{prog} {name}") from None
-        folder = result.save(out)
+        folder = result.save(out, self_contained)
         print(f"{name}: wrote {len(result.tables)} tables and {len(result.figures)} figures to {folder} "
               f"({result.meta.get('wall_s', '?')} s)")
         return 0

@@ -2,11 +2,11 @@
 how that lands on disk.
 
 A recipe is ``run(cfg: SomeConfig) -> Result``. ``Result.save(out)`` writes ``config.json`` (the recipe name, every
-option, the package version, the wall time), one CSV per table, one HTML file per figure (all sharing the offline
-``plotly.min.js`` written beside them) and ``report.html`` (self-contained: the headline tables and every figure),
-through ``probe.output.write_files``: every file is staged under a temporary name and renamed into place, and
-``config.json`` is renamed last, so a folder with a ``config.json`` holds a complete result and an interrupted save
-leaves no half file.
+option, the package version, the wall time), one CSV per table, one HTML page per figure and ``report.html`` (the
+headline tables, then every figure), all loading the offline ``plotly.min.js`` written once beside them (or inlining
+it with ``self_contained``), through ``probe.output.write_pages``: every file is staged under a temporary name and
+renamed into place, and ``config.json`` is renamed last (only the folder's ``index.html`` follows), so a folder with a
+``config.json`` holds a complete result and an interrupted save leaves no half file.
 """
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from plotly.offline import get_plotlyjs
-
 from probe import __version__
-from probe.output import clean, html_page, write_files
+from probe.output import clean, write_pages
+from probe.pages import page
 
 
 @dataclass
@@ -37,22 +36,20 @@ class Result:
     def __getitem__(self, name: str) -> pd.DataFrame:
         return self.tables[name]
 
-    def save(self, out) -> Path:
+    def save(self, out, self_contained: bool = False) -> Path:
         """Write the result into the folder ``out`` (created if needed); returns the folder."""
         files = {f"{name}.csv": df.to_csv(index=False) for name, df in self.tables.items()}
-        if self.figures:  # one small HTML per figure, sharing one offline copy of plotly.js
-            files["plotly.min.js"] = get_plotlyjs()
-        for name, fig in self.figures.items():
-            files[f"{name}.html"] = fig.to_html(include_plotlyjs="directory", full_html=True)
+        for name, fig in self.figures.items():  # one small page per figure
+            title = fig.layout.title.text or name
+            files[f"{name}.html"] = page(f"{self.recipe}: {title}", [fig], self_contained=self_contained)
         shown = self.headline or [n for n, df in self.tables.items() if len(df) <= 200]
-        files["report.html"] = html_page(
-            f"probe experiment {self.recipe}", list(self.figures.values()),
-            intro={"recipe": self.recipe, **{k: v for k, v in self.meta.items() if not isinstance(v, dict)}},
-            tables=[(n, self.tables[n]) for n in shown])
+        files["report.html"] = page(
+            f"probe experiment {self.recipe}", list(self.figures.values()), intro={"recipe": self.recipe, **self.meta},
+            tables=[(n, self.tables[n], "no rows in this run") for n in shown], self_contained=self_contained)
         record = {"recipe": self.recipe, "config": self.config, "meta": self.meta,
                   "tables": sorted(self.tables), "figures": sorted(self.figures)}
         files["config.json"] = json.dumps(clean(record), indent=1)  # renamed last: marks the folder complete
-        write_files(Path(out), files)
+        write_pages(Path(out), files)
         return Path(out)
 
 

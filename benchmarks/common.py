@@ -11,12 +11,18 @@ def build(kind: str, seed: int = 0):
         from probe.models import create
 
         return create("baseline", tier="tiny", seed=seed).eval()
-    from transformers import AutoModelForCausalLM, GPTNeoXConfig
+    from transformers import AutoModelForCausalLM
 
     from probe.checkpoints.adapters import adapt
 
-    config = GPTNeoXConfig(vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                           intermediate_size=3072, rotary_pct=0.25, use_parallel_residual=True, attention_bias=True,
-                           max_position_embeddings=2048, tie_word_embeddings=False)
-    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    hf = AutoModelForCausalLM.from_config(pythia_160m_config(), attn_implementation="eager")
     return adapt(hf.eval(), name="pythia-160m-shape (random weights)")
+
+
+def pythia_160m_config(max_positions: int = 2048):
+    """pythia-160m's GPT-NeoX config (12 layers, width 768, 12 heads, rotary on 25%, vocab 50304)."""
+    from transformers import GPTNeoXConfig
+
+    return GPTNeoXConfig(vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                         intermediate_size=3072, rotary_pct=0.25, use_parallel_residual=True, attention_bias=True,
+                         max_position_embeddings=max_positions, tie_word_embeddings=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import tempfile
 from pathlib import Path
 
 import torch
@@ -97,15 +98,43 @@ def load_model(spec: ModelSpec, console: Console):
         raise UsageError(f"--model {name!r}: {e}; {KNOWN_HINT}") from None
     if kind != "hub":  # local weights load in moments: our loading bar is enough (hub downloads keep their bars)
         hf_logging.disable_progress_bar()
+    placed, offload_tmp = placement(spec)
     try:
-        model = load(name, device=device if device != "cpu" else None, dtype=dtype)
+        model = load(name, device=None if placed or device == "cpu" else device, dtype=dtype, **placed)
     except ModelNotFoundError as e:
         close = difflib.get_close_matches(name.split("@")[0], list(KNOWN_CHECKPOINTS), n=1)
         hint = f"did you mean {close[0]}? " if close and close[0] != name.split("@")[0] else ""
         raise UsageError(f"--model {name!r}: {e}; {hint}{KNOWN_HINT}") from None
     except Exception as e:  # noqa: BLE001 — an unreadable checkpoint of any kind is a user error, one line
+        if placed:
+            raise UsageError(f"--model {name!r} with --device-map {placed['device_map']!r}"
+                             f"{' --max-memory ' + str(spec.max_memory) if spec.max_memory else ''}: cannot place "
+                             f"it ({first_line(e)})") from None
         raise UsageError(f"--model {name!r}: cannot read the {kind} checkpoint ({first_line(e)})") from None
+    if offload_tmp is not None:
+        model.offload_tmp = offload_tmp  # the temporary folder lives (and is removed) with the model
     return model.eval()
+
+
+def placement(spec: ModelSpec) -> tuple[dict, tempfile.TemporaryDirectory | None]:
+    """``from_pretrained`` keywords that spread the model over devices with accelerate (--device-map, --max-memory,
+    --offload-dir; either of the last two alone means --device-map auto), or {} to load it whole on --device; and the
+    temporary offload folder to keep alive while the model is used (None with --offload-dir)."""
+    if spec.device_map is None and spec.max_memory is None and spec.offload_dir is None:
+        return {}, None
+    if spec.device != "auto":
+        raise UsageError(f"--device {spec.device!r} and --device-map both place the model; give one of them")
+    gpus = torch.cuda.device_count()
+    missing = [k for k in spec.max_memory or {} if isinstance(k, int) and k >= gpus]
+    if missing:
+        have = f"GPUs 0..{gpus - 1}, " if gpus else "no GPU: "
+        raise UsageError(f"--max-memory: GPU {missing[0]} is not on this machine ({have}use cpu, disk)")
+    # offloaded weights are written here while the model loads and read at every forward pass
+    tmp = None if spec.offload_dir else tempfile.TemporaryDirectory(prefix="probe-offload-")
+    placed = {"device_map": spec.device_map or "auto", "offload_folder": spec.offload_dir or tmp.name}
+    if spec.max_memory:
+        placed["max_memory"] = dict(spec.max_memory)
+    return placed, tmp
 
 
 def fresh_default(default: str, device: str, dtype, console: Console):

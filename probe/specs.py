@@ -19,6 +19,10 @@ class ModelSpec:
     device: str = "auto"  # auto = cuda when available, else cpu
     dtype: str = "auto"  # auto = float32 on the CPU, the checkpoint's dtype on an accelerator
     threads: int | None = None  # torch CPU threads; None: torch's choice
+    # accelerate's placement: auto | balanced | balanced_low_0 | sequential | cpu | {module: device}; None: ``device``
+    device_map: str | dict | None = None
+    max_memory: dict | None = None  # {0: "10GiB", "cpu": "200MB", "disk": ...}: per-device budget of the device map
+    offload_dir: str | None = None  # where weights offloaded to disk go; None: a temporary folder
 
 
 @dataclass(frozen=True)
@@ -52,3 +56,4 @@ class OutputSpec:
     as_json: bool = False  # stdout carries the JSON document instead of the text
     quiet: bool = False  # no notes or progress bars on stderr
     self_contained: bool = False  # pages inline plotly.js instead of loading the folder's shared plotly.min.js
+    writer: bool = True  # False on the ranks of a multi-process run other than rank 0: they neither write nor print

@@ -1,14 +1,19 @@
 """Big checkpoints across devices: a tiny HF model dispatched by accelerate with a ``max_memory`` that does not hold it
 (decoder layers offloaded to disk, their weights on 'meta' between uses) gives the undivided model's logits, hooks and
-analyses."""
+analyses; and so does the CLI with --max-memory / --device-map."""
 from __future__ import annotations
 
+import contextlib
+import io
+
+import pandas as pd
 import pytest
 import torch
 
 import probe
 from probe.analyses.inject import inject
 from probe.analyses.sinks import sink_stats
+from probe.inputs import load_model
 from probe.testing import build_tiny
 
 
@@ -56,3 +61,62 @@ def test_analyses_equal_the_undivided_model(pair):
     torch.testing.assert_close(torch.tensor(got["delta"].values), torch.tensor(want["delta"].values),
                                rtol=1e-12, atol=1e-12)
     assert (want["delta"].abs() > 0).all()  # the injection did something to compare
+
+
+# ------------------------------------------------------------------------------------------------------------ the CLI
+
+WINDOWS = ["--batches", "2", "--batch-size", "2", "--ctx", "17", "--quiet"]
+
+
+def cli(*argv) -> tuple[int, str]:
+    """``probe ARGV`` in this process: (exit code, stderr)."""
+    from probe.cli.main import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in argv])
+    return rc, err.getvalue()
+
+
+def test_cli_on_a_model_split_over_cpu_and_disk_equals_the_whole_model(tmp_path, monkeypatch):
+    """`probe sinks|inject --max-memory cpu=60KB` (so --device-map auto) puts the tiny llama's layers on disk and
+    writes the undivided model's tables."""
+    pytest.importorskip("accelerate")
+    import probe.cli.analyses as analyses
+
+    loaded = []  # the models the verbs ran on, to see where their weights were
+    monkeypatch.setattr(analyses, "load_model", lambda *a: loaded.append(load_model(*a)) or loaded[-1])
+    path = build_tiny("llama", tmp_path / "llama")
+    words = torch.randint(2, 90, (600,), generator=torch.Generator().manual_seed(2))
+    (tmp_path / "words.txt").write_text(" ".join(f"w{int(i)}" for i in words))
+    common = ["--model", path, "--data", tmp_path / "words.txt", *WINDOWS]
+    for verb, extra in (("sinks", []), ("inject", ["--junk", "structured", "gaussian", "--dose", "0.4"])):
+        assert cli(verb, *common, *extra, "--out", tmp_path / "whole" / verb) == (0, "")
+        offload = tmp_path / "offload" / verb
+        assert cli(verb, *common, *extra, "--max-memory", "cpu=60KB", "--offload-dir", offload,
+                   "--out", tmp_path / "split" / verb) == (0, "")
+        placement = loaded[-1].hf_model.hf_device_map
+        assert {"cpu", "disk"} <= set(placement.values()), placement
+        assert getattr(loaded[-2].hf_model, "hf_device_map", None) is None  # the reference is undivided
+        tables = sorted(p.name for p in (tmp_path / "whole" / verb).glob("*.csv"))
+        assert tables == sorted(p.name for p in (tmp_path / "split" / verb).glob("*.csv")) and len(tables) > 3
+        for name in tables:
+            want, got = (pd.read_csv(tmp_path / run / verb / name) for run in ("whole", "split"))
+            assert len(want) > 0, name
+            pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12, atol=1e-12, obj=name)
+
+
+@pytest.mark.parametrize("flags, needles", [
+    (["--device-map", "fast"], ["--device-map", "'fast'", "auto, balanced, balanced_low_0, sequential, cpu"]),
+    (["--max-memory", "cpu=lots"], ["--max-memory", "'lots'", "GiB"]),
+    (["--max-memory", "gpu=1GB"], ["--max-memory", "'gpu'", "cpu, disk, mps"]),
+    (["--max-memory", "7=1GB"], ["--max-memory", "GPU 7", "use cpu, disk"]),
+    (["--device", "cpu", "--device-map", "auto"], ["--device 'cpu'", "--device-map", "give one"]),
+])
+def test_bad_placement_flags_are_one_line_exit_2(flags, needles):
+    if "7=1GB" in flags and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a GPU 7")
+    rc, err = cli("sinks", *flags, *WINDOWS)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and err.startswith("probe sinks: error: "), err
+    for needle in needles:
+        assert needle in err, (needle, err)

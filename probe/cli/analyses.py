@@ -17,9 +17,11 @@ from probe.analyses.dormant import dormant_figure, dormant_heads, dormant_heads_
 from probe.analyses.gates import gate_stats
 from probe.analyses.inject import conditions, inject
 from probe.analyses.massive import massive_activations, massive_figure
+from probe.analyses.parallel import batches_of_rank, gather_rows
 from probe.analyses.sink_heads import sink_eps_figure, sink_heads
 from probe.analyses.sinks import SINK_FACTOR, SINK_R0, sink_stats
 from probe.analyses.sources import effective_sources
+from probe.cli.distributed import all_ranks_agree
 from probe.cli.parser import DEFAULT_DEPTH_MODEL, DEFAULT_MODEL
 from probe.cli.specs import eps_values, injection_spec, model_spec, output_spec, window_spec
 from probe.console import Console, plural
@@ -84,7 +86,8 @@ def _summary_lines(row: dict, keys) -> str:
 
 
 def run_sinks(args: argparse.Namespace) -> int:
-    run = _prepare(args, DEFAULT_MODEL, "sinks")
+    with all_ranks_agree():  # under torchrun: a setup failure on any rank ends every rank
+        run = _prepare(args, DEFAULT_MODEL, "sinks")
     model, eb = run.model, run.windows
     run.console.note(plan_line("sinks", model, eb))
     result = sink_stats(model, eb, progress=run.progress)
@@ -133,9 +136,10 @@ def run_sinks(args: argparse.Namespace) -> int:
 
 
 def run_inject(args: argparse.Namespace) -> int:
-    run = _prepare(args, DEFAULT_MODEL, "inject")
-    model, eb, spec = run.model, run.windows, injection_spec(args)
-    kinds, cutoffs, skipped = injection_plan(model, spec, run.window_spec.batch_size)
+    with all_ranks_agree():
+        run = _prepare(args, DEFAULT_MODEL, "inject")
+        model, eb, spec = run.model, run.windows, injection_spec(args)
+        kinds, cutoffs, skipped = injection_plan(model, spec, run.window_spec.batch_size)
     for s in skipped:
         run.console.note(f"skipping junk {s}")
     doses = list(spec.doses)
@@ -162,11 +166,13 @@ def run_inject(args: argparse.Namespace) -> int:
 
 
 def run_sources(args: argparse.Namespace) -> int:
-    run = _prepare(args, DEFAULT_DEPTH_MODEL, "sources")
-    info = run.model.probe_info
-    if info.depth_routing not in ("attnres", "plr", "slr"):
-        raise UsageError(f"model {info.name!r} has no depth routing (depth_routing={info.depth_routing!r}); `probe "
-                         "sources` needs an AttnRes / P-LR / S-LR model, e.g. `probe train --variant attnres-block4`")
+    with all_ranks_agree():
+        run = _prepare(args, DEFAULT_DEPTH_MODEL, "sources")
+        info = run.model.probe_info
+        if info.depth_routing not in ("attnres", "plr", "slr"):
+            raise UsageError(f"model {info.name!r} has no depth routing (depth_routing={info.depth_routing!r}); "
+                             "`probe sources` needs an AttnRes / P-LR / S-LR model, e.g. `probe train --variant "
+                             "attnres-block4`")
     run.console.note(plan_line("sources", run.model, run.windows))
     result = effective_sources(run.model, run.windows, progress=run.progress)
     s = result["summary"].iloc[0].to_dict()
@@ -184,11 +190,12 @@ def run_sources(args: argparse.Namespace) -> int:
 
 
 def run_gates(args: argparse.Namespace) -> int:
-    run = _prepare(args, DEFAULT_MODEL, "gates")
-    info = run.model.probe_info
-    if info.value_gate == "none":
-        raise UsageError(f"model {info.name!r} has no value gate; `probe gates` needs a gated model (normgate, "
-                         "projgate, sink+norm, sink+proj, routing-normgate, gatedv, g2, glu-...)")
+    with all_ranks_agree():
+        run = _prepare(args, DEFAULT_MODEL, "gates")
+        info = run.model.probe_info
+        if info.value_gate == "none":
+            raise UsageError(f"model {info.name!r} has no value gate; `probe gates` needs a gated model (normgate, "
+                             "projgate, sink+norm, sink+proj, routing-normgate, gatedv, g2, glu-...)")
     run.console.note(plan_line("gates", run.model, run.windows))
     result = gate_stats(run.model, run.windows, min_count=args.min_count, tokenizer=run.tokenizer,
                         progress=run.progress)
@@ -216,13 +223,14 @@ def run_gates(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    run = _prepare(args, DEFAULT_MODEL, "eval")
+    with all_ranks_agree():
+        run = _prepare(args, DEFAULT_MODEL, "eval")
     model, eb = run.model, run.windows
     run.console.note(plan_line("eval", model, eb))
-    rows = []
-    bar = run.console.bar(len(eb), "eval", unit="batch")
+    rows, mine = [], batches_of_rank(len(eb))  # under torchrun: this rank's batches; all rows gathered below
+    bar = run.console.bar(len(mine), "eval", unit="batch")
     with torch.no_grad():
-        for n in range(len(eb)):
+        for n in mine:
             window = eb.tokens[n]
             out = model(window[:, :-1], **loss_forward_kwargs(model))
             losses = output_losses(model, out, window[:, 1:]).double()
@@ -231,7 +239,7 @@ def run_eval(args: argparse.Namespace) -> int:
                              "n_tokens": losses.shape[1], "loss": float(losses[b].mean())})
             bar.update()
     bar.close()
-    windows = pd.DataFrame(rows)
+    windows = pd.DataFrame(gather_rows(rows))
     loss = float(windows["loss_sum"].sum() / windows["n_tokens"].sum())
     summary = pd.DataFrame([{"loss": loss, "perplexity": math.exp(loss), "n_tokens": int(windows["n_tokens"].sum()),
                              "n_windows": len(windows)}])

@@ -43,6 +43,11 @@ VERBS = {
 }
 
 
+def under_torchrun() -> bool:
+    """One of several processes started by torchrun (probe.cli.distributed runs the verb in their process group)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
 def run_experiment(argv: list[str]) -> int:
     """``probe experiment NAME ...``: the recipes parse their own options (one config dataclass per recipe)."""
     return import_module("probe.experiments.command").main(argv, prog="probe experiment")
@@ -60,6 +65,8 @@ def main(argv=None) -> int:
         if args.verb is None:
             raise UsageError(f"missing VERB; choose one of {', '.join([*VERBS, 'experiment'])}", prog="probe")
         verb = args.verb
+        if under_torchrun() and verb != "train":  # the trainer joins its process group itself
+            return import_module("probe.cli.distributed").run_on_ranks(VERBS[verb], args) or 0
         # before any model loads: a bad --out is one line within a second (under torchrun rank 0, the one writer,
         # alone checks: ranks creating and removing the same test folders at once would race)
         if getattr(args, "out", None) and os.environ.get("RANK", "0") == "0":
@@ -68,6 +75,8 @@ def main(argv=None) -> int:
     except UsageError as e:
         if os.environ.get("PROBE_TRACEBACK"):
             raise
+        if under_torchrun() and os.environ.get("RANK", "0") != "0" and not getattr(e, "rank_local", False):
+            return 2  # every rank met this error (same flags, or shared by probe.cli.distributed): rank 0 prints it
         prog = f"probe {verb}" if e.prog == "probe" and verb else e.prog
         sys.stderr.write(f"{prog}: error: {e.one_line()}\n")
         return 2

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import math
+import re
 
 from probe import __version__
 from probe.errors import UsageError, UsageParser
@@ -22,6 +24,11 @@ CUTOFFS = ("q25", "median")
 DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 WINDOW_MODES = ("auto", "first", "sequential", "random")
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential", "cpu")  # accelerate's placements, and all-on-cpu
+MEMORY_DEVICES = ("cpu", "disk", "mps")  # besides GPU indices
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?", re.IGNORECASE)
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
+          "TIB": 2**40}
 
 
 def _number(cast, valid, message):
@@ -43,6 +50,46 @@ dose = _number(float, lambda v: math.isfinite(v) and v >= 0, "dose must be a fin
 positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "expected a positive number")
 nonneg_float = _number(float, lambda v: math.isfinite(v) and v >= 0, "expected a finite number >= 0")
 fraction = _number(float, lambda v: 0 <= v <= 1, "expected a number in [0, 1]")
+
+
+def device_map(text: str):
+    """--device-map: one of DEVICE_MAPS, or a JSON object {module name: device}."""
+    if text in DEVICE_MAPS:
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not value or not all(isinstance(v, (str, int)) for v in value.values()):
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(DEVICE_MAPS)} or a JSON object "
+                                         f"{{\"module\": \"device\"}}, got {text!r}")
+    return value
+
+
+def max_memory(text: str) -> dict:
+    """--max-memory: ``cpu=200MB,0=10GiB,disk=1GB`` or a JSON object -> {device: bytes}; devices are cpu, disk, mps
+    or a GPU index, sizes bytes or a number with a unit (decimal KB ... TB, binary KiB ... TiB, any case)."""
+    try:
+        pairs = json.loads(text) if text.lstrip().startswith("{") else dict(
+            item.split("=", 1) for item in text.split(",") if item.strip())
+    except ValueError:
+        pairs = None
+    if not isinstance(pairs, dict) or not pairs:
+        raise argparse.ArgumentTypeError(f"expected DEVICE=SIZE,... (e.g. cpu=200MB,0=10GiB,disk=1GB) or a JSON "
+                                         f"object, got {text!r}")
+    budget = {}
+    for key, size in pairs.items():
+        key, size = str(key).strip(), str(size).strip()
+        if not (key in MEMORY_DEVICES or key.isdigit()):
+            raise argparse.ArgumentTypeError(f"device {key!r} in {text!r}: choose {', '.join(MEMORY_DEVICES)} or a "
+                                              "GPU index 0, 1, ...")
+        m = _SIZE.fullmatch(size)
+        if not m:
+            raise argparse.ArgumentTypeError(f"size {size!r} of {key} in {text!r}: expected bytes or a number with "
+                                              "B, KB, MB, GB, TB, KiB, MiB, GiB or TiB (e.g. 200MB, 10GiB)")
+        # bytes as an int: accelerate would read a lower-case 'mb' as megabits
+        budget[int(key) if key.isdigit() else key] = int(float(m[1]) * _UNITS[(m[2] or "B").upper()])
+    return budget
 
 
 def _output_flags(p, out_help="write CSV, JSON and a plotly HTML figure to DIR"):
@@ -84,6 +131,14 @@ def _model_flags(p, default_model: str | None, *, defaults=(8, 8)):
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
     g.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: float32 on CPU)")
     g.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
+    g.add_argument("--device-map", type=device_map, metavar="MAP", help="spread the model over devices with "
+                   f"accelerate: {', '.join(DEVICE_MAPS)}, or a JSON object {{module: device}} (default: all on "
+                   "--device; implied auto by --max-memory)")
+    g.add_argument("--max-memory", type=max_memory, metavar="BUDGET", help="per-device budget of the device map: "
+                   "cpu=200MB,0=10GiB,disk=... or the same as JSON; what does not fit goes to the next device, "
+                   "disk last")
+    g.add_argument("--offload-dir", metavar="DIR", help="folder for weights offloaded to disk (default: a temporary "
+                   "folder removed at exit)")
 
 
 def _eps_flag(p):
@@ -209,7 +264,9 @@ def build_parser() -> UsageParser:
     p.add_argument("--snapshot-every", type=nonneg_int, default=0,
                    help="keep the model at step 0, every N steps and at the end in DIR/snapshots/ for "
                         "`probe report --checkpoints DIR` (default 0: none)")
-    p.add_argument("--eval-data", default="wikitext-2-test", help="held-out corpus (default wikitext-2-test)")
+    p.add_argument("--eval-data", default="heldout", help="validation corpus: heldout = 5%% of --data's documents "
+                   "(smallest SHA-256), never sampled for training; or any --data name, e.g. wikitext-2-test "
+                   "(default heldout)")
     p.add_argument("--eval-batches", type=positive_int, default=8, help="held-out batches of 8 windows (default 8)")
     p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from probe.analyses.parallel import is_main
 from probe.specs import InjectionSpec, ModelSpec, OutputSpec, WindowSpec
 
 
@@ -15,9 +16,10 @@ def _unique(values) -> tuple:
 
 
 def model_spec(args: argparse.Namespace, default: str | None = None) -> ModelSpec:
-    """--model (``default`` when absent), --device, --dtype, --threads."""
+    """--model (``default`` when absent), --device, --dtype, --threads, --device-map, --max-memory, --offload-dir."""
     return ModelSpec(name=args.model, default=default, device=args.device, dtype=args.dtype,
-                     threads=args.threads)
+                     threads=args.threads, device_map=args.device_map, max_memory=args.max_memory,
+                     offload_dir=args.offload_dir)
 
 
 def window_spec(args: argparse.Namespace) -> WindowSpec:
@@ -34,7 +36,9 @@ def injection_spec(args: argparse.Namespace) -> InjectionSpec | None:
 
 
 def output_spec(args: argparse.Namespace) -> OutputSpec:
-    """--out, --json, --quiet, --self-contained."""
+    """--out, --json, --quiet, --self-contained; under torchrun only rank 0 writes and prints (the others are quiet)."""
+    if not is_main():
+        return OutputSpec(out=None, as_json=False, quiet=True, writer=False)
     return OutputSpec(out=Path(args.out) if args.out else None, as_json=args.json, quiet=args.quiet,
                       self_contained=getattr(args, "self_contained", False))
 

@@ -66,6 +66,11 @@ DESCRIPTIONS = {
     "eval_windows.csv": "summed and mean loss per evaluation window",
     "models.json": "variants, tiers and zoo checkpoints (JSON)",
     "costs.html": "FLOP and parameter costs of depth routing",
+    "costs.json": "FLOP and parameter costs of depth routing (JSON)",
+    "costs_costs.csv": "added FLOPs and parameters per routing method and setting",
+    "models_variants.csv": "model variants and what they are",
+    "models_tiers.csv": "size tiers: layers, width, heads, context, vocabulary",
+    "models_checkpoints.csv": "known checkpoint names and whether they are available offline",
     "report.html": "report: summary tables, figures across models or training steps",
     "report_summary.csv": "report: sink statistics per model or checkpoint",
     "report_by_type.csv": "report: sink statistics per layer type",
@@ -143,6 +148,8 @@ def describe(path: Path) -> str:
     """One line on a file: from DESCRIPTIONS, else its HTML title, a CSV's shape and columns, or its kind."""
     if path.name in DESCRIPTIONS:
         return DESCRIPTIONS[path.name]
+    if path.name.endswith("_meta.csv"):
+        return "the run's settings: model, corpus, windows, analysis options"
     if path.is_dir():
         return "folder" + (" (has its own index)" if (path / INDEX).is_file() else "")
     if path.suffix == ".html":
@@ -152,7 +159,8 @@ def describe(path: Path) -> str:
         with path.open(encoding="utf-8", errors="replace") as f:
             columns = f.readline().strip().split(",")
             rows = sum(1 for _ in f)
-        return f"table, {rows} rows: {', '.join(columns[:8])}{', ...' if len(columns) > 8 else ''}"
+        more = ", ..." if len(columns) > 8 else ""
+        return f"table, {rows} row{'' if rows == 1 else 's'}: {', '.join(columns[:8])}{more}"
     return {".json": "JSON", ".jsonl": "JSON lines", ".png": "image"}.get(path.suffix, "file")
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from probe.experiments.sink_emergence import (VARIANTS, EmergenceConfig, cpu_seconds, snapshot_steps, snapshot_table,
-                                              train_variant)
+from probe.experiments.sink_emergence import (VARIANTS, EmergenceConfig, cpu_seconds, done_when, snapshot_steps,
+                                              snapshot_table, summary_table, train_variant)
 
 # the issue's setting (2 layers, 1 head of 128, d 128, batch 32, AdamW lr 1e-3, wd 1e-4) at T = 256, 1200 steps
 BASE = EmergenceConfig(seeds=(0,), n_layers=2, n_heads=1, d_model=128, d_mlp=384, T=256, batch_size=32, lr=1e-3,
@@ -110,7 +110,7 @@ def cmd_table(args):
                      f"{' ; '.join(cells)} | {per_layer} | {int(best.step)}: {best.pos0_over_uniform:.2f}× r0 {best.r0_later:.2f} |")
     if not frames:
         raise SystemExit(f"no finished runs under {out}")
-    pd.concat(frames, ignore_index=True).to_csv(out / "all_snapshots.csv", index=False)
+    pd.concat(frames, ignore_index=True).to_csv(args.csv or out / "all_snapshots.csv", index=False)
     header = ("| run | variant | seed | heads×width | d | T | lr | wd | steps | CPU min | final loss copy / bigram | "
               "last two snapshots: step: pos0÷uniform / r0 / phantom / sink formed | last snapshot per layer | "
               "largest pos0÷uniform |\n" + "|---" * 14 + "|")
@@ -156,31 +156,22 @@ def cmd_recipe(args):
                      f"{'**yes**' if r.sink_formed else 'no'} | {l0.pos0_ratio:.2f} / {l0.r0:.2f} | "
                      f"{l1.prev_at_trigger:.3f} / {l1.bos_elsewhere:.4f} / {l1.phantom_elsewhere:.3f} | "
                      f"{logits if 'nan' not in logits else '–'} | {r.loss_copy:.4f} / {r.loss_bigram:.3f} |")
-    text = "\n".join(lines) + "\n\n" + done_when(t) + "\n"
+    text = "\n".join(lines) + "\n\n" + done_when_text(done_when(summary_table(t))) + "\n"
     if args.md:
         write_section(Path(args.md), f"recipe {args.grid}/{args.point}", text)
     print(text)
 
 
-def done_when(t: pd.DataFrame) -> str:
-    """Issue 18's criteria at each seed's last two snapshots: the baseline has sink_formed; sinklogit has phantom share
-    > 0.1, a lower pos0÷uniform and an r0 nearer 1 than the baseline at the same step."""
-    runs = t.drop_duplicates(["variant", "seed", "step"]).set_index(["variant", "seed", "step"])
+def done_when_text(check: pd.DataFrame) -> str:
+    """Issue 18's criteria at each seed's last two snapshots (``sink_emergence.done_when``), one line per step."""
     out = []
-    for seed in sorted(t["seed"].unique()):
-        if ("baseline", seed) not in runs.index.droplevel(2) or ("sinklogit", seed) not in runs.index.droplevel(2):
-            continue
-        steps = sorted(runs.loc[("baseline", seed)].index)[-2:]
-        for step in steps:
-            b, s = runs.loc[("baseline", seed, step)], runs.loc[("sinklogit", seed, step)]
-            checks = {"baseline sink_formed": bool(b.sink_formed), "sinklogit phantom > 0.1": s.phantom_mean > 0.1,
-                      "sinklogit pos0÷uniform lower": s.pos0_over_uniform < b.pos0_over_uniform,
-                      "sinklogit r0 nearer 1": abs(1 - s.r0_later) < abs(1 - b.r0_later)}
-            verdict = "all met" if all(checks.values()) else "NOT met: " + ", ".join(k for k, ok in checks.items()
-                                                                                   if not ok)
-            out.append(f"- seed {seed}, step {step}: {verdict} (baseline {b.pos0_over_uniform:.2f}× r0 "
-                       f"{b.r0_later:.2f}; sinklogit {s.pos0_over_uniform:.2f}× r0 {s.r0_later:.2f} phantom "
-                       f"{s.phantom_mean:.3f})")
+    for r in check.itertuples():
+        failed = [c for c in ("baseline_sink_formed", "sinklogit_phantom_over_0.1", "sinklogit_pos0_lower",
+                              "sinklogit_r0_nearer_1") if not check.loc[r.Index, c]]
+        verdict = "all met" if r.all_met else "NOT met: " + ", ".join(failed)
+        out.append(f"- seed {r.seed}, step {r.step}: {verdict} (baseline {r.baseline_pos0_over_uniform:.2f}× r0 "
+                   f"{r.baseline_r0:.2f}; sinklogit {r.sinklogit_pos0_over_uniform:.2f}× r0 {r.sinklogit_r0:.2f} "
+                   f"phantom {r.sinklogit_phantom:.3f})")
     return "Done-when at the last two snapshots:\n" + ("\n".join(out) if out else "- no baseline/sinklogit pair yet")
 
 
@@ -197,6 +188,7 @@ def main():
     s = sub.add_parser("table")
     s.add_argument("--out", default="/work/runs/bb")
     s.add_argument("--md", default=None)
+    s.add_argument("--csv", default=None, help="where every snapshot's row goes (default OUT/all_snapshots.csv)")
     s.set_defaults(fn=cmd_table)
     m = sub.add_parser("measure")
     m.add_argument("--out", default="/work/runs/bb")

@@ -71,7 +71,7 @@ def test_folder_shared_by_verbs_and_self_contained(tmp_path, sinks):
     assert len(list(tmp_path.glob("*.js"))) == 1 and not list(tmp_path.glob(".*"))
     index = (tmp_path / "index.html").read_text()
     assert all(f"href='{n}'" in index for n in ("gates.html", "gates_layers.csv", "sinks.html", "notes.csv"))
-    assert "table, 1 rows: a, b" in index  # fallback description of an unknown CSV: its header
+    assert "table, 1 row: a, b" in index  # fallback description of an unknown CSV: its header
     assert "Value gates" not in index and "value gates: summary" in index
     alone = tmp_path / "alone"
     html = _save(alone, "sinks", sinks, [figures.sink_figure(sinks)], summaries.sink_sections(sinks),

@@ -6,12 +6,14 @@ directory with another identity, or a directory that is not a run, is a one-line
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
 from probe.analyses.figures import training_figure
 from probe.console import Console
 from probe.data import WindowSampler, load_tokenizer, tokenize_documents
+from probe.data.synthetic import BigramBackcopy, is_synthetic, parse_synthetic
 from probe.errors import UsageError, first_line
 from probe.inputs import check_data, load_corpus, make_windows, resolve_device, set_threads
 from probe.models import config_for, create
@@ -23,15 +25,32 @@ from probe.train.distributed import from_env
 
 RUN_KEYS = ("variant", "tier", "seed", "data", "tokenizer", "batch_size", "ctx", "lr", "warmup", "eval_data",
             "eval_batches", "schedule", "min_lr_ratio", "optimizer", "muon_lr", "weight_decay", "grad_clip", "z_loss",
-            "grad_accum")  # must match to resume; --steps, --eval-every, --ckpt-every may change
+            "grad_accum", "bos")  # must match to resume; --steps, --eval-every, --ckpt-every may change
 # keys added after runs were written without them: such a run was trained with TrainConfig's defaults for them
 LATER_KEYS = ("schedule", "min_lr_ratio", "optimizer", "muon_lr", "weight_decay", "grad_clip", "z_loss", "grad_accum")
 
 
-def _run_identity(args: argparse.Namespace, ctx: int) -> dict:
+def _run_identity(args: argparse.Namespace, ctx: int, task: BigramBackcopy | None) -> dict:
+    """The flags that determine the weights; synthetic data records its canonical name and its chain (``task``), which
+    is also what an analysis of the model reads as its default --data (``probe.inputs.trained_task``)."""
     ident = {k: vars(args)[k] for k in RUN_KEYS}
     ident["ctx"] = ctx
+    if task is not None:  # BOS-first windows of ids: no tokenizer, validation on the chain's own windows
+        ident.update(data=task.spec(), tokenizer=None, eval_data=None, bos=True, task=task.to_identity(),
+                     bos_id=task.bos_id)
     return ident
+
+
+def _synthetic_task(args: argparse.Namespace) -> BigramBackcopy | None:
+    """--data synthetic:bb[...] as a task (--ctx is its T), else None."""
+    if not is_synthetic(args.data):
+        return None
+    try:
+        task = parse_synthetic(args.data)
+        return dataclasses.replace(task, T=args.ctx) if args.ctx else task
+    except ValueError as e:
+        raise UsageError(f"--data / --ctx: {first_line(e)}") from None
+
 
 
 def _check_run_dir(out: Path, ident: dict) -> bool:
@@ -46,12 +65,23 @@ def _check_run_dir(out: Path, ident: dict) -> bool:
             raise UsageError(f"--out {str(out)!r} exists and is not a `probe train` run directory; choose a new or "
                              "empty directory")
         return False
-    old = {**{k: getattr(TrainConfig, k) for k in LATER_KEYS}, **json.loads(run.read_text())}
+    old = {**{k: getattr(TrainConfig, k) for k in LATER_KEYS}, "bos": False, **json.loads(run.read_text())}
     diff = [f"--{k.replace('_', '-')} {old.get(k)!r} (now {v!r})" for k, v in ident.items() if old.get(k) != v]
     if diff:
         raise UsageError(f"--out {str(out)!r} holds a run with different settings: {'; '.join(diff)}; resume with "
                          "the same flags or choose another --out")
     return True
+
+
+def _tokenizer(args: argparse.Namespace, config):
+    try:
+        tok = load_tokenizer(args.tokenizer)
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"--tokenizer {args.tokenizer!r}: {first_line(e)}") from None
+    if len(tok) > config.vocab_size:
+        raise UsageError(f"--tokenizer {args.tokenizer!r} has {len(tok)} tokens but tier {args.tier!r} has a "
+                         f"vocabulary of {config.vocab_size}; choose a matching tokenizer or tier")
+    return tok
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -63,7 +93,8 @@ def run_train(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(f"--variant {args.variant!r} / --tier {args.tier!r}: {first_line(e).split(': ', 1)[-1]}"
                          ) from None
-    ctx = args.ctx or config.n_ctx
+    task = _synthetic_task(args)
+    ctx = task.T if task is not None else args.ctx or config.n_ctx
     if ctx > config.n_ctx:
         raise UsageError(f"--ctx {ctx} exceeds the maximum context {config.n_ctx} of tier {args.tier!r}; choose "
                          f"--ctx 2..{config.n_ctx}")
@@ -75,31 +106,38 @@ def run_train(args: argparse.Namespace) -> int:
                          f"--grad-accum {args.grad_accum} equal micro-batches; choose a --batch-size that is a "
                          f"multiple of {dist.world_size * args.grad_accum}")
     out = Path(args.out)
-    ident = _run_identity(args, ctx)
+    ident = _run_identity(args, ctx, task)
     resuming = _check_run_dir(out, ident) if dist.is_main else False
     set_threads(args.threads)
     device = resolve_device(args.device)
-    try:
-        tok = load_tokenizer(args.tokenizer)
-    except Exception as e:  # noqa: BLE001
-        raise UsageError(f"--tokenizer {args.tokenizer!r}: {first_line(e)}") from None
-    if len(tok) > config.vocab_size:
-        raise UsageError(f"--tokenizer {args.tokenizer!r} has {len(tok)} tokens but tier {args.tier!r} has a "
-                         f"vocabulary of {config.vocab_size}; choose a matching tokenizer or tier")
-    bar = console.bar(2, f"train: tokenizing {args.data}", unit="corpus", leave=False)
-    try:
-        docs = tokenize_documents(load_corpus(args.data), tok)
+    tok = None if task is not None else _tokenizer(args, config)
+    if task is not None and task.vocab_size > config.vocab_size:
+        raise UsageError(f"--data {task.spec()!r} needs {task.vocab_size} token ids but tier {args.tier!r} has a "
+                         f"vocabulary of {config.vocab_size}; choose a smaller vocab or another tier")
+    bos_id = None
+    if task is None and args.bos:  # the tokenizer's BOS, else its EOS (probe-bpe-8k has no BOS token)
+        bos_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        ident["bos_id"] = bos_id
+    if task is not None:  # an infinite stream of BB sequences; validation on fixed windows of the same chain
+        sampler, eb = task.sampler(args.seed), task.eval_windows(args.eval_batches, 8)
+        validation = f"; validation on {args.eval_batches * 8} sequences of the same chain"
+    else:
+        bar = console.bar(2, f"train: tokenizing {args.data}", unit="corpus", leave=False)
         try:
-            sampler = WindowSampler(docs, ctx, args.seed, eos_id=tok.eos_token_id)
-        except ValueError as e:
-            raise UsageError(f"--data {args.data!r}: {e}") from None
-        bar.update()
-        bar.set_description(f"train: tokenizing {args.eval_data}")
-        eb = make_windows(load_corpus(args.eval_data, "--eval-data"), tok, n_batches=args.eval_batches,
-                          batch_size=8, ctx=ctx, seed=args.seed, mode="auto", vocab_size=config.vocab_size)
-        bar.update()
-    finally:
-        bar.close()
+            docs = tokenize_documents(load_corpus(args.data), tok)
+            try:
+                sampler = WindowSampler(docs, ctx, args.seed, eos_id=tok.eos_token_id, bos_id=bos_id)
+            except ValueError as e:
+                raise UsageError(f"--data {args.data!r}: {e}") from None
+            bar.update()
+            bar.set_description(f"train: tokenizing {args.eval_data}")
+            eb = make_windows(load_corpus(args.eval_data, "--eval-data"), tok, n_batches=args.eval_batches,
+                              batch_size=8, ctx=ctx, seed=args.seed, mode="auto", vocab_size=config.vocab_size,
+                              bos_id=bos_id)
+            bar.update()
+        finally:
+            bar.close()
+        validation = ""
     model = create(args.variant, args.tier, seed=args.seed)
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                       schedule=args.schedule, min_lr_ratio=args.min_lr_ratio, optimizer=args.optimizer,
@@ -110,8 +148,9 @@ def run_train(args: argparse.Namespace) -> int:
     ckpt = find_checkpoint(out) if resuming else None
     start = json.loads((ckpt / STATE_JSON).read_text())["step"] if ckpt else 0
     if dist.is_main:
-        console.note(f"plan: train {args.tier}-{args.variant} ({n_params:,} parameters) on {args.data} for "
+        console.note(f"plan: train {args.tier}-{args.variant} ({n_params:,} parameters) on {ident['data']} for "
                      f"{args.steps} steps x {args.batch_size} windows x {ctx} tokens"
+                     f"{' (BOS first)' if ident['bos'] else ''}{validation}"
                      + (f"; resuming from step {start}" if ckpt else "") + f"; run directory {out}")
         out.mkdir(parents=True, exist_ok=True)
         atomic_write(out / RUN_IDENTITY, json.dumps(ident, indent=1))

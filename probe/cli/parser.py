@@ -131,6 +131,11 @@ def _model_flags(p, default_model: str | None, *, defaults=(8, 8)):
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
     g.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: float32 on CPU)")
     g.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
+    _placement_flags(g)
+
+
+def _placement_flags(g):
+    """Big checkpoints: accelerate's device map over GPUs, CPU and disk."""
     g.add_argument("--device-map", type=device_map, metavar="MAP", help="spread the model over devices with "
                    f"accelerate: {', '.join(DEVICE_MAPS)}, or a JSON object {{module: device}} (default: all on "
                    "--device; implied auto by --max-memory)")
@@ -293,6 +298,7 @@ def build_parser() -> UsageParser:
     g.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available, else cpu)")
     g.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: float32 on CPU)")
     g.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
+    _placement_flags(g)
     p.add_argument("--out", metavar="DIR", required=True, help="folder for view.html (required)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
     _self_contained_flag(p)

@@ -11,11 +11,12 @@ from pathlib import Path
 
 from probe.analyses.viewers import view_figures, viewer_html
 from probe.cli.parser import DEFAULT_MODEL
+from probe.cli.specs import model_spec
 from probe.console import Console, plural
 from probe.errors import UsageError
 from probe.inputs import load_corpus, load_model, tokenizer_for
 from probe.output import write_pages
-from probe.specs import ModelSpec, WindowSpec
+from probe.specs import WindowSpec
 
 PAGE = "view.html"
 PLOTLY_JS = "plotly.min.js"  # written beside the page by write_pages (probe.pages)
@@ -36,8 +37,7 @@ def _text(args: argparse.Namespace) -> tuple[str, str]:
 def run_view(args: argparse.Namespace) -> int:
     console = Console(args.quiet)
     text, source = _text(args)
-    model = load_model(ModelSpec(name=args.model, default=DEFAULT_MODEL, device=args.device, dtype=args.dtype,
-                                 threads=args.threads), console)
+    model = load_model(model_spec(args, DEFAULT_MODEL), console)
     tok = tokenizer_for(WindowSpec(tokenizer=args.tokenizer), model)
     try:
         figures, summary = view_figures(model, text, tokenizer=tok, max_tokens=args.max_tokens)

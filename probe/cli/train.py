@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from probe.analyses.figures import training_figure
-from probe.console import Console
-from probe.data import WindowSampler, load_tokenizer, tokenize_documents
+from probe.console import Console, plural
+from probe.data import HELDOUT, WindowSampler, load_tokenizer, split_heldout, tokenize_documents
 from probe.data.synthetic import BigramBackcopy, is_synthetic, parse_synthetic
 from probe.errors import UsageError, first_line
 from probe.inputs import check_data, load_corpus, make_windows, resolve_device, set_threads
@@ -20,6 +20,7 @@ from probe.models import config_for, create
 from probe.output import atomic_write, html_page
 from probe.runs import FINAL_MODEL, MODEL_CONFIG, RUN_IDENTITY, TRAINING_PAGE
 from probe.train import TrainConfig, export_model, find_checkpoint, read_metrics, train
+from probe.train.trainer import capped_warmup
 from probe.train.checkpoint import STATE_JSON
 from probe.train.distributed import from_env
 
@@ -52,7 +53,6 @@ def _synthetic_task(args: argparse.Namespace) -> BigramBackcopy | None:
         raise UsageError(f"--data / --ctx: {first_line(e)}") from None
 
 
-
 def _check_run_dir(out: Path, ident: dict) -> bool:
     """True when ``out`` holds a run with the same identity (resume); errors for a different run or foreign files."""
     if not out.exists():
@@ -73,6 +73,17 @@ def _check_run_dir(out: Path, ident: dict) -> bool:
     return True
 
 
+def _corpora(args: argparse.Namespace):
+    """(training corpus, validation corpus): by default the validation documents are held out of --data."""
+    corpus = load_corpus(args.data)
+    if args.eval_data != HELDOUT:
+        return corpus, load_corpus(args.eval_data, "--eval-data")
+    try:
+        return split_heldout(corpus)
+    except ValueError as e:
+        raise UsageError(f"--data {args.data!r}: {e} with --eval-data CORPUS") from None
+
+
 def _tokenizer(args: argparse.Namespace, config):
     try:
         tok = load_tokenizer(args.tokenizer)
@@ -87,7 +98,8 @@ def _tokenizer(args: argparse.Namespace, config):
 def run_train(args: argparse.Namespace) -> int:
     console = Console(args.quiet)
     check_data(args.data)
-    check_data(args.eval_data, "--eval-data")
+    if args.eval_data != HELDOUT:
+        check_data(args.eval_data, "--eval-data")
     try:
         config = config_for(args.variant, args.tier)
     except ValueError as e:
@@ -118,28 +130,32 @@ def run_train(args: argparse.Namespace) -> int:
     if task is None and args.bos:  # the tokenizer's BOS, else its EOS (probe-bpe-8k has no BOS token)
         bos_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         ident["bos_id"] = bos_id
+    warmup = capped_warmup(args.warmup, args.steps)
+    if warmup != args.warmup:
+        console.note(f"warning: --warmup {args.warmup} >= --steps {args.steps}, so the lr would never reach its peak; "
+                     f"warming up for {plural(warmup, 'step')} instead")
     if task is not None:  # an infinite stream of BB sequences; validation on fixed windows of the same chain
         sampler, eb = task.sampler(args.seed), task.eval_windows(args.eval_batches, 8)
-        validation = f"; validation on {args.eval_batches * 8} sequences of the same chain"
+        validation = f"{plural(args.eval_batches * 8, 'sequence')} of the same chain"
     else:
         bar = console.bar(2, f"train: tokenizing {args.data}", unit="corpus", leave=False)
         try:
-            docs = tokenize_documents(load_corpus(args.data), tok)
+            corpus, eval_corpus = _corpora(args)
+            docs = tokenize_documents(corpus, tok)
             try:
                 sampler = WindowSampler(docs, ctx, args.seed, eos_id=tok.eos_token_id, bos_id=bos_id)
             except ValueError as e:
                 raise UsageError(f"--data {args.data!r}: {e}") from None
             bar.update()
             bar.set_description(f"train: tokenizing {args.eval_data}")
-            eb = make_windows(load_corpus(args.eval_data, "--eval-data"), tok, n_batches=args.eval_batches,
-                              batch_size=8, ctx=ctx, seed=args.seed, mode="auto", vocab_size=config.vocab_size,
-                              bos_id=bos_id)
+            eb = make_windows(eval_corpus, tok, n_batches=args.eval_batches, batch_size=8, ctx=ctx, seed=args.seed,
+                              mode="auto", vocab_size=config.vocab_size, bos_id=bos_id)
             bar.update()
         finally:
             bar.close()
-        validation = ""
+        validation = f"{eval_corpus.name} ({plural(len(eval_corpus.documents), 'document')})"
     model = create(args.variant, args.tier, seed=args.seed)
-    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=warmup,
                       schedule=args.schedule, min_lr_ratio=args.min_lr_ratio, optimizer=args.optimizer,
                       muon_lr=args.muon_lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                       z_loss=args.z_loss, grad_accum=args.grad_accum, eval_every=args.eval_every,
@@ -149,8 +165,8 @@ def run_train(args: argparse.Namespace) -> int:
     start = json.loads((ckpt / STATE_JSON).read_text())["step"] if ckpt else 0
     if dist.is_main:
         console.note(f"plan: train {args.tier}-{args.variant} ({n_params:,} parameters) on {ident['data']} for "
-                     f"{args.steps} steps x {args.batch_size} windows x {ctx} tokens"
-                     f"{' (BOS first)' if ident['bos'] else ''}{validation}"
+                     f"{plural(args.steps, 'step')} x {plural(args.batch_size, 'window')} x {ctx} tokens"
+                     f"{' (BOS first)' if ident['bos'] else ''}; validation on {validation}"
                      + (f"; resuming from step {start}" if ckpt else "") + f"; run directory {out}")
         out.mkdir(parents=True, exist_ok=True)
         atomic_write(out / RUN_IDENTITY, json.dumps(ident, indent=1))

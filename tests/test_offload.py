@@ -120,3 +120,17 @@ def test_bad_placement_flags_are_one_line_exit_2(flags, needles):
     assert rc == 2 and len(err.strip().splitlines()) == 1 and err.startswith("probe sinks: error: "), err
     for needle in needles:
         assert needle in err, (needle, err)
+
+
+def test_pretrained_recipes_take_the_placement_flags(tmp_path):
+    """The pretrained recipes read --device-map / --max-memory like the verbs: a bad value is one exit-2 line before
+    any model loads (nothing written)."""
+    from probe.experiments.command import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(["pretrained-sinks", "--out", str(tmp_path / "out"), "--models", "probe/tiny-baseline",
+                   "--max-memory", "cpu=lots"])
+    assert rc == 2 and len(err.getvalue().strip().splitlines()) == 1, err.getvalue()
+    assert "--max-memory" in err.getvalue() and "'lots'" in err.getvalue()
+    assert not (tmp_path / "out").exists()

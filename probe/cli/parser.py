@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import math
-import re
 
 from probe import __version__
 from probe.errors import UsageError, UsageParser
+from probe.specs import DEVICE_MAPS, parse_device_map, parse_max_memory
 
 # The embedded default models: zoo checkpoints (issue #7) when installed, else a freshly initialised tiny model of the
 # same variant built in-process (seed 0). Switching to another zoo name is a one-line change here.
@@ -24,11 +23,6 @@ CUTOFFS = ("q25", "median")
 DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 WINDOW_MODES = ("auto", "first", "sequential", "random")
-DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential", "cpu")  # accelerate's placements, and all-on-cpu
-MEMORY_DEVICES = ("cpu", "disk", "mps")  # besides GPU indices
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?", re.IGNORECASE)
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
-          "TIB": 2**40}
 
 
 def _number(cast, valid, message):
@@ -52,44 +46,20 @@ nonneg_float = _number(float, lambda v: math.isfinite(v) and v >= 0, "expected a
 fraction = _number(float, lambda v: 0 <= v <= 1, "expected a number in [0, 1]")
 
 
-def device_map(text: str):
-    """--device-map: one of DEVICE_MAPS, or a JSON object {module name: device}."""
-    if text in DEVICE_MAPS:
-        return text
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict) or not value or not all(isinstance(v, (str, int)) for v in value.values()):
-        raise argparse.ArgumentTypeError(f"expected one of {', '.join(DEVICE_MAPS)} or a JSON object "
-                                         f"{{\"module\": \"device\"}}, got {text!r}")
-    return value
+def _user_value(parse):
+    """An argparse type from a parser of probe.specs whose ValueError is the one-line message (argparse names the
+    flag itself)."""
+    def typ(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
+    typ.__name__ = parse.__name__
+    return typ
 
 
-def max_memory(text: str) -> dict:
-    """--max-memory: ``cpu=200MB,0=10GiB,disk=1GB`` or a JSON object -> {device: bytes}; devices are cpu, disk, mps
-    or a GPU index, sizes bytes or a number with a unit (decimal KB ... TB, binary KiB ... TiB, any case)."""
-    try:
-        pairs = json.loads(text) if text.lstrip().startswith("{") else dict(
-            item.split("=", 1) for item in text.split(",") if item.strip())
-    except ValueError:
-        pairs = None
-    if not isinstance(pairs, dict) or not pairs:
-        raise argparse.ArgumentTypeError(f"expected DEVICE=SIZE,... (e.g. cpu=200MB,0=10GiB,disk=1GB) or a JSON "
-                                         f"object, got {text!r}")
-    budget = {}
-    for key, size in pairs.items():
-        key, size = str(key).strip(), str(size).strip()
-        if not (key in MEMORY_DEVICES or key.isdigit()):
-            raise argparse.ArgumentTypeError(f"device {key!r} in {text!r}: choose {', '.join(MEMORY_DEVICES)} or a "
-                                              "GPU index 0, 1, ...")
-        m = _SIZE.fullmatch(size)
-        if not m:
-            raise argparse.ArgumentTypeError(f"size {size!r} of {key} in {text!r}: expected bytes or a number with "
-                                              "B, KB, MB, GB, TB, KiB, MiB, GiB or TiB (e.g. 200MB, 10GiB)")
-        # bytes as an int: accelerate would read a lower-case 'mb' as megabits
-        budget[int(key) if key.isdigit() else key] = int(float(m[1]) * _UNITS[(m[2] or "B").upper()])
-    return budget
+device_map = _user_value(parse_device_map)
+max_memory = _user_value(parse_max_memory)
 
 
 def _output_flags(p, out_help="write CSV, JSON and a plotly HTML figure to DIR"):

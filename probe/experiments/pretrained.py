@@ -24,7 +24,7 @@ from probe.errors import UsageError
 from probe.inputs import KNOWN_HINT, check_data, eval_ctx, load_model, on_device, tokenizer_for
 from probe.output import clean, write_files
 from probe.report import slug
-from probe.specs import ModelSpec, WindowSpec
+from probe.specs import ModelSpec, WindowSpec, parse_device_map, parse_max_memory
 
 WINDOW_MODES = ("auto", "first", "sequential", "random")
 
@@ -42,11 +42,17 @@ class PretrainedSpec:
     device: str = "auto"  # auto = cuda when available, else cpu
     dtype: str = "auto"  # auto = float32 on the CPU
     threads: int | None = None  # torch CPU threads; None: torch's choice
+    device_map: str | None = None  # big checkpoints: auto, balanced, ..., cpu or JSON (accelerate; as `probe sinks`)
+    max_memory: str | None = None  # per-device budget, cpu=200MB,0=10GiB,disk=... (implies --device-map auto)
+
+
+PLACEMENT = ("threads", "device_map", "max_memory")  # where a model runs, not what its numbers are
 
 
 def settings_of(spec: PretrainedSpec) -> dict:
-    """What determines a model's numbers (every option but the model list and threads) and the probe version."""
-    return clean({**{k: v for k, v in dataclasses.asdict(spec).items() if k not in ("models", "threads")},
+    """What determines a model's numbers (every option but the model list and its placement) and the probe
+    version."""
+    return clean({**{k: v for k, v in dataclasses.asdict(spec).items() if k not in ("models", *PLACEMENT)},
                   "probe_version": __version__})
 
 
@@ -62,6 +68,7 @@ def check_spec(spec: PretrainedSpec) -> list[str]:
         check_data(spec.data)
     except UsageError as e:
         raise ValueError(str(e)) from None
+    placement(spec)
     names = list(dict.fromkeys(str(m) for m in spec.models))
     for name in names:
         check_model(name)
@@ -82,10 +89,16 @@ def check_model(name: str) -> None:
 def load_one(name: str, spec: PretrainedSpec, progress: bool):
     """The model in eval mode on its device (one-line ValueError when it cannot be read)."""
     try:
-        return load_model(ModelSpec(name=name, device=spec.device, dtype=spec.dtype, threads=spec.threads),
-                          Console(quiet=not progress))
+        return load_model(ModelSpec(name=name, device=spec.device, dtype=spec.dtype, threads=spec.threads,
+                                    **placement(spec)), Console(quiet=not progress))
     except UsageError as e:
         raise ValueError(e.one_line().replace("--model ", "--models ", 1)) from None
+
+
+def placement(spec: PretrainedSpec) -> dict:
+    """--device-map and --max-memory as ModelSpec fields (ValueError, one line, for a bad value)."""
+    return {"device_map": parse_device_map(spec.device_map) if spec.device_map else None,
+            "max_memory": parse_max_memory(spec.max_memory) if spec.max_memory else None}
 
 
 def windows_for(model, spec: PretrainedSpec):

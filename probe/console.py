@@ -10,8 +10,7 @@ import sys
 import time
 import warnings
 
-from tqdm import tqdm
-from tqdm.auto import tqdm as auto_tqdm
+from tqdm import tqdm  # tqdm.auto would warn in a notebook without ipywidgets; there progress is plain lines anyway
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:
@@ -43,7 +42,9 @@ class PlainProgress:
         return (n // tenth + 1) * tenth
 
     def _line(self) -> None:
-        count = f"{self.n}/{plural(self.total, self.unit)}" if self.total else plural(self.n, self.unit)
+        count = f"{self.n}/{self.total}" if self.total else str(self.n)
+        if self.unit != "it":  # tqdm's default unit says nothing: leave it out
+            count = f"{self.n}/{plural(self.total, self.unit)}" if self.total else plural(self.n, self.unit)
         post = f" ({self.postfix})" if self.postfix else ""
         self.file.write(f"{self.desc}: {count}{post}\n")
         self.file.flush()
@@ -87,8 +88,7 @@ def progress_bar(total: int, desc: str, *, unit: str = "it", enabled: bool = Tru
         return _Silent(total, desc, unit, initial)
     if not sys.stderr.isatty():
         return PlainProgress(total, desc, unit, initial)
-    return auto_tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=leave,
-                     initial=initial)
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=leave, initial=initial)
 
 
 class Console:

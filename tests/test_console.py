@@ -46,3 +46,12 @@ def test_a_verb_piped_to_a_file_leaves_no_escape_codes(verb, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 0 and "\r" not in err and "\x1b" not in err, err
     assert "plan: eval" in err and "1 batch x 1 window x 16 tokens" in err
+
+
+def test_probe_models_shows_each_zoo_models_validation_loss_not_its_path(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    zoo = out.split("zoo (")[1].split("\n\n")[0]
+    line = next(l for l in zoo.splitlines() if l.strip().startswith("probe/tiny-baseline "))
+    assert "val loss 5.390 on wikitext-2-test (baseline, 600 steps)" in line  # probe/zoo/tiny-baseline/zoo.json
+    assert "/zoo/" not in zoo and "probe/bb-baseline" in zoo

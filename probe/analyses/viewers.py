@@ -449,6 +449,28 @@ def viewer_html(figures, title: str = "probe viewer", *, plotly_src: str | None 
             f"<h1>{_html.escape(title)}</h1>{''.join(body)}</body></html>\n")
 
 
+def static_images(width: int = 900, height: int = 500) -> bool:
+    """In a notebook: every figure shown from now on also carries a PNG (kaleido drawing it in Chromium), so it shows
+    on GitHub and nbviewer, which run no JavaScript. True when a Chromium was found; without one figures stay
+    interactive only (no error: a user's machine need not have a browser kaleido can drive)."""
+    import shutil
+
+    import plotly.io as pio
+
+    if not any(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "chrome")):
+        return False
+    import warnings
+
+    import kaleido
+
+    kaleido.start_sync_server(silence_warnings=True)  # one browser for every image, not one per figure
+    # plotly passes its (default) kaleido options along, which the server ignores: harmless, and said once per figure
+    warnings.filterwarnings("ignore", message="The kopts argument is ignored if using a server")
+    pio.renderers["png"].width, pio.renderers["png"].height = width, height
+    pio.renderers.default = "plotly_mimetype+png"
+    return True
+
+
 def write_viewer_html(figures, path, title: str = "probe viewer") -> Path:
     path = Path(path)
     path.write_text(viewer_html(figures, title), encoding="utf-8")
@@ -458,4 +480,5 @@ def write_viewer_html(figures, path, title: str = "probe viewer") -> Path:
 __all__ = ["prepare", "labels_of", "capture_attention", "attention_view", "attention_viewer", "capture_depth",
            "depth_view", "depth_viewer", "capture_gates", "gate_view", "gate_text_view", "gate_viewer", "viewer_html",
            "write_viewer_html", "capture_all_attention", "attention_picker_view", "picker_html", "view_figures",
+           "static_images",
            "WINDOW", "MAX_FULL"]

@@ -3,6 +3,8 @@ routing adds)."""
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import pandas as pd
 
@@ -13,6 +15,17 @@ from probe.console import Console
 from probe.errors import UsageError
 from probe.models import TIER_DESCRIPTIONS, TIERS, VARIANTS
 from probe.output import emit, save_result, show
+
+def zoo_summary(directory: str) -> str:
+    """What a zoo model scored, from its zoo.json: validation loss and the data it was measured on."""
+    path = Path(directory) / "zoo.json"
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    val = record.get("val_loss", (record.get("train_metrics") or {}).get("val_loss"))
+    on = (record.get("eval") or {}).get("corpus") or (record.get("eval") or {}).get("windows") or "its held-out data"
+    steps = (record.get("recipe") or {}).get("steps") or record.get("step")
+    trained = f"{record.get('variant', '?')}, {steps} steps" if steps else record.get("variant", "")
+    return f"val loss {val:.3f} on {on} ({trained})" if val is not None else f"no validation recorded ({trained})"
+
 
 def run_models(args: argparse.Namespace) -> int:
     output = output_spec(args)
@@ -31,8 +44,8 @@ def run_models(args: argparse.Namespace) -> int:
     text += ["", "tiers (probe train --tier T):"]
     text += [f"  {r.name:<{w}}{r.description}" for r in tiers.itertuples()]
     text += ["", "zoo (bundled trained checkpoints, --model probe/<name>):"]
-    text += [f"  {r.name:<{w}}{r.source}" for r in zoo.itertuples()] or ["  none installed yet; commands without "
-                                                                         "--model use a freshly initialised tiny model"]
+    text += [f"  {r.name:<{w}}{zoo_summary(r.source)}" for r in zoo.itertuples()] or [
+        "  none installed yet; commands without --model use a freshly initialised tiny model"]
     text += ["", "known checkpoints (--model NAME; 'cached' = in the local Hugging Face cache):"]
     text += [f"  {r.name:<{w}}{r.source}{'  (cached)' if r.available else ''}" for r in hub.itertuples()]
     text += ["", f"  pythia-<size>[-deduped]@step<N>: sizes {', '.join(PYTHIA_SIZES)}; steps 0, 1, 2, 4, ..., 512 "

@@ -152,3 +152,19 @@ def test_report_models_are_categories_checkpoints_are_lines(sinks):
     assert "doses 0.4, junk structured, cutoff q25" in html and "{'doses'" not in html  # readable, no raw dicts
     assert "model_id" not in text and "step" not in re.findall(r"<th>(\w+)</th>", html)  # no duplicate / None columns
     assert "src='plotly.min.js'" in html and len(html) < 1_000_000
+
+
+def test_sources_and_eval_verdicts():
+    from probe.analyses.sources import effective_sources
+
+    res = effective_sources(tiny("attnres-block2"), windows(1, 3, 10, vocab=6))
+    s = res["summary"].iloc[0]
+    (line,) = summaries.source_sections(res)["verdicts"]
+    assert f"N_eff = {s['neff_mean']:.3g}" in line and f"over {int(s['n_sites'])} read sites" in line
+    w = pd.DataFrame({"loss": [3.0, 3.2, 3.4], "doc_id": [1, 2, 3]})
+    summary = pd.DataFrame([{"loss": 3.2, "perplexity": 24.5, "n_tokens": 30, "n_windows": 3}])
+    sec = summaries.eval_sections({"summary": summary, "windows": w})
+    assert sec["verdicts"] == ["loss 3.2 ± 0.12 nats per token (mean ± s.e. over 3 windows), perplexity 24.5"]
+    assert sec["tables"][0][1]["loss_se"].iloc[0] == pytest.approx(0.2 / 3 ** 0.5)
+    one = summaries.eval_sections({"summary": summary, "windows": w.head(1)})
+    assert one["caveats"] == ["standard errors need at least 2 windows (this run: 1); run with more --batches"]

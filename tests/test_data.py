@@ -303,3 +303,25 @@ def test_corpus_dataclass_in_memory(tok):
     c = Corpus("mine", ["alpha beta gamma " * 30, "short"], "test")
     eb = eval_batches(c, tok, n_batches=1, batch_size=1, ctx=20)
     assert eb.corpus == "mine" and eb.doc_ids.tolist() == [[0]]
+
+
+def test_heldout_split_is_deterministic_disjoint_and_never_sampled():
+    """probe train's default validation: 5% of the training corpus's documents (smallest SHA-256), the same whatever
+    the document order, none of them in what the sampler draws from."""
+    from probe.data.corpus import split_heldout
+
+    mix = load_corpus("train")
+    keep, held = split_heldout(mix)
+    assert len(held) == round(0.05 * len(mix)) == 8 and len(keep) + len(held) == len(mix)
+    assert not set(keep.documents) & set(held.documents) and held.name == "train:heldout"
+    shuffled = Corpus("train", list(reversed(mix.documents)))
+    assert sorted(split_heldout(shuffled)[1].documents) == sorted(held.documents)
+    from argparse import Namespace
+
+    from probe.cli.train import _corpora
+    trained_on, validated_on = _corpora(Namespace(data="train", eval_data="heldout"))  # what `probe train` uses
+    assert trained_on.documents == keep.documents and validated_on.documents == held.documents
+    other = _corpora(Namespace(data="train", eval_data="wikitext-2-test"))
+    assert other[0].documents == mix.documents and other[1].name == "wikitext-2-test"
+    with pytest.raises(ValueError, match="at least 2"):
+        split_heldout(Corpus("one", ["a single document"]))

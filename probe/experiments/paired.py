@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
+from probe.console import progress_bar
 from probe.data import WindowSampler, eval_batches, load_corpus, load_tokenizer, tokenize_documents
 from probe.models import create
 from probe.models.config import tier_config
@@ -140,7 +140,7 @@ def train_grid(spec: TrainSpec, data: Data, variants, work: Path, *, builders: d
     builders = builders or {}
     labels = list(variants) + [b for b in builders if b not in variants]
     models, rows, curves = {}, [], []
-    bar = tqdm(total=len(labels) * len(spec.seeds), disable=not progress, desc="paired training")
+    bar = progress_bar(len(labels) * len(spec.seeds), "paired training", unit="run", enabled=progress)
     for seed in spec.seeds:  # seed-major: an interrupted run leaves complete pairs
         for label in labels:
             build = (lambda v, s, b=builders[label]: b(s)) if label in builders else None

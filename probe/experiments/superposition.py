@@ -38,8 +38,8 @@ import plotly.graph_objects as go
 import torch
 import torch.nn.functional as F
 from plotly.subplots import make_subplots
-from tqdm.auto import tqdm
 
+from probe.console import progress_bar
 from probe.experiments.result import Result, Timer, config_dict
 from probe.experiments.stats import mean_se
 
@@ -270,7 +270,7 @@ def run(cfg: SuperpositionConfig | None = None, *, progress: bool = False) -> Re
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
 
-    bar = tqdm(total=cfg.steps * len(cfg.loads) * len(cfg.keys), disable=not progress, desc="superposition")
+    bar = progress_bar(cfg.steps * len(cfg.loads) * len(cfg.keys), "superposition", unit="step", enabled=progress)
     rows, curves, costs = [], [], []
     try:
         for keys in cfg.keys:

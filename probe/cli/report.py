@@ -41,7 +41,8 @@ def run_report(args: argparse.Namespace) -> int:
     if not tables:  # more shards than models: the folder's manifest is all the merge needs
         print(f"sink report: {share}")
         return 0
-    text = [f"sink report: {share}, {settings['data']}, {settings['batches']} x {settings['batch_size']} windows",
+    data = settings["data"] or "each model's default data"  # None: wikitext-2-test, a BB model's own chain
+    text = [f"sink report: {share}, {data}, {settings['batches']} x {settings['batch_size']} windows",
             show(tables["summary"], ["model", "step", "pos0_share", "uniform_ref", "pos0_over_uniform",
                                      "phantom_share", "r0", "r0_later", "sink_formed"], identity=True)]
     if "injection" in tables:

@@ -41,8 +41,9 @@ def recipe_command(cfg: EmergenceConfig, variant: str) -> str:
 
 
 @torch.no_grad()
-def measure(model, cfg: EmergenceConfig) -> dict:
-    """The statistics a zoo entry records: per layer and overall, on the recipe's evaluation windows."""
+def measure(model, cfg: EmergenceConfig, *, losses: bool = True) -> dict:
+    """The statistics a zoo entry records: per layer and overall, on the recipe's evaluation windows (and the copy /
+    bigram losses: one more forward pass, skipped with ``losses=False``)."""
     windows = cfg.task.eval_windows(cfg.n_eval_batches, cfg.eval_batch_size)
     s = sink_stats(model, windows)
     summary = s["summary"].iloc[0]
@@ -50,7 +51,7 @@ def measure(model, cfg: EmergenceConfig) -> dict:
             "layers": [{"layer": int(r["layer"]), **{k: float(r[k]) for k in LAYER_STATS},
                         "pos0_over_uniform": float(r["pos0_share"] / r["uniform_ref"])}
                        for _, r in s["layers"].iterrows()],
-            **copy_losses(model, windows)}
+            **(copy_losses(model, windows) if losses else {})}
 
 
 def ship(run_dir, *, trained_by: str | None = None, zoo_dir: Path = ZOO_DIR) -> dict:

@@ -39,7 +39,7 @@ def test_two_processes_match_one(tmp_path):
 
     rows = {name: [json.loads(l) for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
             for name in ("single", "ddp")}
-    assert [r["step"] for r in rows["ddp"]] == [1, 2, 3, 4]  # one writer: no line per rank
+    assert [r["step"] for r in rows["ddp"]] == [0, 1, 2, 3, 4]  # one writer: no line per rank (0: validation only)
     for key in ("loss", "grad_norm", "val_loss"):
         a = [r[key] for r in rows["single"] if key in r]
         b = [r[key] for r in rows["ddp"] if key in r]

@@ -240,7 +240,7 @@ def training_figure(runs) -> go.Figure:
     ``runs``: a ``read_metrics`` DataFrame, or a dict {label: DataFrame} to compare runs (paired variants, say)."""
     runs = {"run": runs} if isinstance(runs, pd.DataFrame) else dict(runs)
     fig = make_subplots(rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]], vertical_spacing=0.14,
-                        subplot_titles=["loss: training (solid) and validation (dashed)"]
+                        subplot_titles=["training loss (solid) and validation loss (dashed)"]
                         + [title for _, title, _ in TRAINING_PANELS])
     colours = fig.layout.template.layout.colorway or [None]
     for i, (label, df) in enumerate(runs.items()):

@@ -27,11 +27,12 @@ def number(x: float, digits: int = 4) -> str:
 
 class PlainProgress:
     """tqdm's update / set_description / set_postfix / close as plain lines: one per tenth of ``total`` (at most one
-    every ``min_interval`` seconds) and one when closed."""
+    every ``min_interval`` seconds) and one when closed after some work (a bar closed by an error before any work
+    prints nothing, so that error is the only line)."""
 
     def __init__(self, total: int, desc: str, unit: str = "it", initial: int = 0, file=None,
                  min_interval: float = 2.0):
-        self.total, self.desc, self.unit, self.n = total, desc, unit, initial
+        self.total, self.desc, self.unit, self.n, self.initial = total, desc, unit, initial, initial
         self.file, self.min_interval, self.postfix = file or sys.stderr, min_interval, ""
         self._next = self._step_after(initial)
         self._last_t = 0.0
@@ -66,7 +67,8 @@ class PlainProgress:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._line()
+            if self.n > self.initial:
+                self._line()
 
     def __enter__(self):
         return self

@@ -109,11 +109,6 @@ def write_files(out: Path, files: dict[str, str | bytes]) -> list[Path]:
     return [final for _, final in staged]
 
 
-def html_page(title: str, figures, *, intro: dict | None = None, tables=()) -> str:
-    """One self-contained offline HTML page (plotly.js inline): tables first, then the figures."""
-    return page(title, figures, intro=intro, tables=tables, self_contained=True)
-
-
 def write_pages(out: Path, files: dict[str, str | bytes]) -> list[Path]:
     """``write_files`` for a folder of pages: plotly.min.js first when a page loads it and the folder lacks it, then
     the files in order, then the folder's index.html rebuilt from everything in it."""

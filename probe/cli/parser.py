@@ -248,6 +248,7 @@ def build_parser() -> UsageParser:
     p.add_argument("--out", metavar="DIR", required=True, help="run directory (required)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
+    _self_contained_flag(p)
 
     p = verb("view", "one page of viewers for one text: attention pattern (any layer and head, phantom column), "
              "depth weights, gates over the text",

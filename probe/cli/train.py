@@ -17,7 +17,8 @@ from probe.data.synthetic import BigramBackcopy, is_synthetic, parse_synthetic
 from probe.errors import UsageError, first_line
 from probe.inputs import check_data, load_corpus, make_windows, resolve_device, set_threads
 from probe.models import config_for, create
-from probe.output import atomic_write, html_page
+from probe.output import atomic_write, write_pages
+from probe.pages import page
 from probe.runs import FINAL_MODEL, MODEL_CONFIG, RUN_IDENTITY, TRAINING_PAGE
 from probe.train import TrainConfig, export_model, find_checkpoint, read_metrics, train
 from probe.train.trainer import capped_warmup
@@ -176,7 +177,7 @@ def run_train(args: argparse.Namespace) -> int:
     model_dir = out / FINAL_MODEL
     if start < args.steps or not (model_dir / MODEL_CONFIG).exists():
         export_model(model, model_dir, tok)
-    _write_training_page(out, f"{args.tier}-{args.variant}", ident)
+    _write_training_page(out, f"{args.tier}-{args.variant}", ident, args.self_contained)
     result = {**(last or {}), "steps": args.steps, "model_dir": str(model_dir)}
     if args.json:
         print(json.dumps(result, indent=1))
@@ -188,7 +189,9 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_training_page(out: Path, model_name: str, ident: dict) -> None:
-    """The run's settings and curves (loss, validation loss, lr, gradient norm), atomically."""
-    page = html_page(f"probe train: {model_name} ({out.name})", [training_figure(read_metrics(out))], intro=ident)
-    atomic_write(out / TRAINING_PAGE, page)
+def _write_training_page(out: Path, model_name: str, ident: dict, self_contained: bool = False) -> None:
+    """The run's settings and curves (loss, validation loss, lr, gradient norm), atomically, beside the folder's
+    shared plotly.min.js and index.html (``self_contained``: plotly.js inline instead)."""
+    html = page(f"probe train: {model_name} ({out.name})", [training_figure(read_metrics(out))], intro=ident,
+                self_contained=self_contained)
+    write_pages(out, {TRAINING_PAGE: html})

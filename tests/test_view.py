@@ -9,19 +9,12 @@ import pytest
 import torch
 from plotly.colors import get_colorscale
 
+from analyses_util import one_thread  # noqa: F401 (autouse fixture)
 from probe.analyses.viewers import GATE_COLOURS, TICK_SIZE, view_figures, viewer_html
 from probe.cli.main import main
 from probe.models import create
 
 IDS = torch.arange(5, 5 + 12)  # 12 token ids; the tiny models here have no tokenizer
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def small(variant: str):

@@ -59,7 +59,7 @@ def test_gates_use_a_colour_blind_safe_scale_and_depth_models_get_their_weights(
 
 def test_page_has_pickers_that_restyle_and_loads_plotly_beside_it():
     figures, _ = view_figures(small("sink+proj"), IDS)
-    page = viewer_html(figures, "t", plotly_src="plotly.min.js")
+    page = viewer_html(figures, "t", self_contained=False)
     assert "<script type='text/javascript' src='plotly.min.js'></script>" in page
     assert "id='figure-0-layer'" in page and "id='figure-0-head'" in page and "Plotly.restyle" in page
     assert len(re.findall(r"<option value='\d+'>", page)) == 2 + 2

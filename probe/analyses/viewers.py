@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 import torch
-from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from probe.analyses.capture import model_device, token_text
 from probe.analyses.gates import read_tokens_of
 from probe.analyses.sources import depth_sites
+from probe.pages import plotly_script
 
 WINDOW = 64
 MAX_FULL = 128
@@ -431,9 +431,10 @@ def view_figures(model, text_or_ids, *, tokenizer=None, max_tokens: int = MAX_FU
     return shown, summary
 
 
-def viewer_html(figures, title: str = "probe viewer", *, plotly_src: str | None = None) -> str:
-    """One offline HTML page: plotly.js (inline, or ``plotly_src``, a file beside the page), then every figure; a
-    figure from ``attention_picker_view`` gets its layer and head pickers."""
+def viewer_html(figures, title: str = "probe viewer", *, self_contained: bool = True) -> str:
+    """One offline HTML page: plotly.js (inline, or with ``self_contained=False`` the folder's shared plotly.min.js,
+    ``probe.pages.plotly_script``), then every figure; a figure from ``attention_picker_view`` gets its layer and
+    head pickers."""
     figures = [figures] if not isinstance(figures, (list, tuple)) else list(figures)
     body = []
     for i, fig in enumerate(figures):
@@ -442,8 +443,7 @@ def viewer_html(figures, title: str = "probe viewer", *, plotly_src: str | None 
         width = f"{fig.layout.width}px" if fig.layout.width else "100%"
         body.append((picker_html(div, *picker) if picker else "")
                     + fig.to_html(full_html=False, include_plotlyjs=False, default_width=width, div_id=div))
-    script = (f"<script type='text/javascript' src='{_html.escape(plotly_src)}'></script>" if plotly_src
-              else f"<script type='text/javascript'>{get_plotlyjs()}</script>")
+    script = plotly_script(self_contained)
     return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>{script}"
             "<style>body{font-family:sans-serif;margin:2em} .pickers{font-size:120%}</style></head><body>"
             f"<h1>{_html.escape(title)}</h1>{''.join(body)}</body></html>\n")

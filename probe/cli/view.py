@@ -14,12 +14,11 @@ from probe.cli.parser import DEFAULT_MODEL
 from probe.cli.specs import model_spec
 from probe.console import Console, plural
 from probe.errors import UsageError
-from probe.inputs import load_corpus, load_model, tokenizer_for
+from probe.inputs import DEFAULT_DATA, load_corpus, load_model, tokenizer_for
 from probe.output import write_pages
 from probe.specs import WindowSpec
 
 PAGE = "view.html"
-PLOTLY_JS = "plotly.min.js"  # written beside the page by write_pages (probe.pages)
 
 
 def _text(args: argparse.Namespace) -> tuple[str, str]:
@@ -28,7 +27,7 @@ def _text(args: argparse.Namespace) -> tuple[str, str]:
         if not args.text.strip():
             raise UsageError("--text is empty; give some text or --data CORPUS")
         return args.text, "--text"
-    corpus = load_corpus(args.data or "wikitext-2-test")
+    corpus = load_corpus(args.data or DEFAULT_DATA)
     if not 0 <= args.doc < len(corpus.documents):
         raise UsageError(f"--doc {args.doc}: corpus {corpus.name!r} has documents 0..{len(corpus.documents) - 1}")
     return corpus.documents[args.doc], f"document {args.doc} of {corpus.name}"
@@ -44,7 +43,7 @@ def run_view(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e).splitlines()[0]) from None
     title = f"probe view: {summary['model']} on {source}"
-    html = viewer_html(figures, title, plotly_src=None if args.self_contained else PLOTLY_JS)
+    html = viewer_html(figures, title, self_contained=args.self_contained)
     written = write_pages(Path(args.out), {PAGE: html})
     shown = ["attention (layer and head pickers" + (", phantom column" if summary["phantom"] else "") + ")"]
     shown += ["depth weights"] * summary["depth"] + ["gates over the text"] * summary["gates"]

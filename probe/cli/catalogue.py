@@ -15,10 +15,11 @@ from probe.console import Console
 from probe.errors import UsageError
 from probe.models import TIER_DESCRIPTIONS, TIERS, VARIANTS
 from probe.output import emit, save_result, show
+from probe.runs import ZOO_RECORD
 
 def zoo_summary(directory: str) -> str:
     """What a zoo model scored, from its zoo.json: validation loss and the data it was measured on."""
-    path = Path(directory) / "zoo.json"
+    path = Path(directory) / ZOO_RECORD
     record = json.loads(path.read_text()) if path.is_file() else {}
     val = record.get("val_loss", (record.get("train_metrics") or {}).get("val_loss"))
     on = (record.get("eval") or {}).get("corpus") or (record.get("eval") or {}).get("windows") or "its held-out data"

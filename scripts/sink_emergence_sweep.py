@@ -71,7 +71,7 @@ def cmd_measure(args):
     """(Re)compute the snapshot statistics of every finished run under OUT (cached per run; cheap)."""
     for marker in sorted(Path(args.out).glob("*/*/*/emergence.json")):
         info = json.loads(marker.read_text())
-        cfg = EmergenceConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in info["config"].items()})
+        cfg = EmergenceConfig.from_record(info["config"])
         if json.loads((marker.parent / "train_config.json").read_text())["steps"] in snapshot_steps(marker.parent):
             snapshot_table(cfg, info["variant"], info["seed"], marker.parent)
             print("measured", marker.parent)
@@ -88,7 +88,7 @@ def cmd_table(args):
     out = Path(args.out)
     frames, lines = [], []
     for d, info in _runs(out):
-        cfg = EmergenceConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in info["config"].items()})
+        cfg = EmergenceConfig.from_record(info["config"])
         t = pd.read_csv(d / "snapshot_stats.csv")
         grid, point = d.parent.parent.name, d.parent.name
         t.insert(0, "point", point)

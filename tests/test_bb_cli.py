@@ -39,7 +39,7 @@ def test_shipped_bb_model_reproduces_its_recorded_statistics(name):
     assert rec["command"].startswith("probe experiment sink-emergence ") and f"--variants {rec['variant']}" in \
         rec["command"]
     assert model.probe_info.trained_with_bos and trained_task(model).spec() == rec["run"]["data"] == CHAIN
-    cfg = EmergenceConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in rec["recipe"].items()})
+    cfg = EmergenceConfig.from_record(rec["recipe"])
     assert cfg.n_eval_batches * cfg.eval_batch_size >= 256 and cfg.T <= 256  # the evaluation size
     got, want = measure(model, cfg, losses=False), rec["stats"]
     assert got["summary"]["sink_formed"] == want["summary"]["sink_formed"]

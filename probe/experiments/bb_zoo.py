@@ -60,7 +60,7 @@ def ship(run_dir, *, trained_by: str | None = None, zoo_dir: Path = ZOO_DIR) -> 
 
     run_dir = Path(run_dir)
     info = json.loads((run_dir / "emergence.json").read_text())
-    cfg = EmergenceConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in info["config"].items()})
+    cfg = EmergenceConfig.from_record(info["config"])
     variant, seed = info["variant"], info["seed"]
     steps = snapshot_steps(run_dir)
     if cfg.steps not in steps:

@@ -90,6 +90,12 @@ class EmergenceConfig:
     def task(self) -> BigramBackcopy:
         return BigramBackcopy(vocab=self.vocab, triggers=self.triggers, seed=self.chain_seed, T=self.T)
 
+    @classmethod
+    def from_record(cls, record: dict) -> "EmergenceConfig":
+        """The config as ``asdict`` wrote it to JSON (a run's emergence.json, a zoo entry's recipe): lists back to
+        tuples."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in record.items()})
+
     def overrides(self) -> dict:
         return dict(n_layers=self.n_layers, n_heads=self.n_heads, d_model=self.d_model, d_mlp=self.d_mlp,
                     n_ctx=self.T, vocab_size=self.task.vocab_size)

@@ -29,6 +29,12 @@ def test_attention_figure_holds_every_layer_and_head_with_the_phantom_first():
                        "depth": False, "gates": True, "note": ""}
     assert len(att.data) == 2 * 2 and [t.visible for t in att.data] == [True, False, False, False]
     assert att.layout.meta["picker"] == [2, 2]
+    # plotly's own dropdown (what a notebook shows): one entry per (layer, head), each showing exactly that trace
+    buttons = att.layout.updatemenus[0].buttons
+    assert [b.label for b in buttons] == [f"layer {l} head {h}" for l in range(2) for h in range(2)]
+    for k, b in enumerate(buttons):
+        visible = b.args[0]["visible"]
+        assert visible == [i == k for i in range(4)] and att.data[visible.index(True)].name == buttons[k].label
     _, cache = model.run_with_cache(IDS[None])
     for layer in range(2):
         for head in range(2):
@@ -63,6 +69,8 @@ def test_page_has_pickers_that_restyle_and_loads_plotly_beside_it():
     assert "<script type='text/javascript' src='plotly.min.js'></script>" in page
     assert "id='figure-0-layer'" in page and "id='figure-0-head'" in page and "Plotly.restyle" in page
     assert len(re.findall(r"<option value='\d+'>", page)) == 2 + 2
+    assert '"updatemenus"' not in page.split("figure-1")[0]  # the <select>s replace the figure's own dropdown
+    assert figures[0].layout.updatemenus  # ... on the page's copy only
     assert "cdn" not in page.lower() and "https://" not in page.replace("https://plot.ly", "")
 
 

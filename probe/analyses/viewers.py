@@ -363,9 +363,11 @@ def capture_all_attention(model, text_or_ids, *, tokenizer=None, max_tokens: int
 
 
 def attention_picker_view(patterns, phantoms, tokens, *, title: str = "Attention pattern") -> go.Figure:
-    """One heatmap per (layer, head), trace ``layer * H + head``, only layer 0 head 0 visible; ``picker_html``
-    switches between them. Rows = queries, columns = keys with the phantom first (when the model has one); each
-    trace's colour scale runs from 0 to its own maximum, so a head with weights near 0.02 is not drawn blank."""
+    """One heatmap per (layer, head), trace ``layer * H + head``, only layer 0 head 0 visible. The figure carries
+    plotly's own dropdown of every (layer, head), so it can be picked wherever the figure is shown (a notebook, a
+    Dash app); ``viewer_html`` replaces that menu with separate layer and head pickers (``picker_html``). Rows =
+    queries, columns = keys with the phantom first (when the model has one); each trace's colour scale runs from 0
+    to its own maximum, so a head with weights near 0.02 is not drawn blank."""
     T = len(tokens)
     labels = labels_of(tokens)
     lead = ["phantom"] if phantoms[0] is not None else []
@@ -380,12 +382,18 @@ def attention_picker_view(patterns, phantoms, tokens, *, title: str = "Attention
                 z=z, x=lead + labels, y=labels, zmin=0, zmax=float(np.nanmax(z)) or 1.0, colorscale="Viridis",
                 colorbar=dict(title="attention"), visible=(l == 0 and h == 0), name=f"layer {l} head {h}",
                 hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra>" + f"layer {l} head {h}</extra>"))
+    n = len(fig.data)
+    # one button per (layer, head); each sets the visibility of every trace (n^2 booleans, far less than the data)
+    menu = dict(type="dropdown", direction="down", x=1.0, y=1.01, xanchor="right", yanchor="bottom", showactive=True,
+                active=0, buttons=[dict(label=t.name, method="restyle", args=[{"visible": [i == k for i in range(n)]}])
+                                   for k, t in enumerate(fig.data)])
     px = 15  # per token row / column: room for an 11 px label
     fig.update_xaxes(type="category", title_text="key (phantom first)" if lead else "key", side="bottom",
                      **TOKEN_TICKS, tickangle=-60)
     fig.update_yaxes(type="category", title_text="query", autorange="reversed", **TOKEN_TICKS)
     fig.update_layout(title=title, height=max(500, px * T + 320), width=max(900, px * (T + len(lead)) + 340),
-                      margin=dict(l=140, b=160), meta={"picker": [len(patterns), patterns[0].shape[0]]})
+                      margin=dict(l=140, b=160, t=140), updatemenus=[menu],
+                      meta={"picker": [len(patterns), patterns[0].shape[0]]})
     return fig
 
 
@@ -441,6 +449,9 @@ def viewer_html(figures, title: str = "probe viewer", *, self_contained: bool = 
         div, meta = f"figure-{i}", fig.layout.meta
         picker = meta.get("picker") if isinstance(meta, dict) else None
         width = f"{fig.layout.width}px" if fig.layout.width else "100%"
+        if picker:  # the page's layer and head <select>s replace the figure's one-list dropdown
+            fig = go.Figure(fig)
+            fig.layout.updatemenus = ()  # (update_layout would merge an empty list into the old menus)
         body.append((picker_html(div, *picker) if picker else "")
                     + fig.to_html(full_html=False, include_plotlyjs=False, default_width=width, div_id=div))
     script = plotly_script(self_contained)

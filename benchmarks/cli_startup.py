@@ -1,4 +1,5 @@
-"""Start-up time of the `probe` command: `probe --help` and `probe inject --help` should return in under a second.
+"""Start-up time of the `probe` command: `probe --help`, `probe inject --help` and `probe models` should return in
+under a second.
 
     python benchmarks/cli_startup.py [--runs 7]
 
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import time
 
-COMMANDS = (["--help"], ["inject", "--help"], ["report", "--help"])
+COMMANDS = (["--help"], ["inject", "--help"], ["report", "--help"], ["models"])
 GOAL_S = 1.0
 HEAVY = ("torch", "transformers", "pandas", "plotly", "transformer_lens")
 

@@ -1,5 +1,8 @@
 """Results as files and text, for the CLI verbs, ``probe report`` and the experiment recipes: files written atomically
-(CSV, JSON, self-contained offline HTML pages of plotly figures), readable tables and JSON on stdout."""
+(CSV, JSON, self-contained offline HTML pages of plotly figures), readable tables and JSON on stdout.
+
+The page builders (probe.pages: pandas, plotly) are imported where a page is written, so ``check_out_dir`` and
+``emit`` cost no heavy import (``probe models`` answers within a second)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +12,6 @@ from pathlib import Path
 
 from probe.console import Console
 from probe.errors import UsageError
-from probe.pages import INDEX, index_page, page, support_files
 from probe.specs import OutputSpec
 
 
@@ -112,6 +114,8 @@ def write_files(out: Path, files: dict[str, str | bytes]) -> list[Path]:
 def write_pages(out: Path, files: dict[str, str | bytes]) -> list[Path]:
     """``write_files`` for a folder of pages: plotly.min.js first when a page loads it and the folder lacks it, then
     the files in order, then the folder's index.html rebuilt from everything in it."""
+    from probe.pages import INDEX, index_page, support_files
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = write_files(out, {**support_files(out, files), **files})
@@ -125,6 +129,8 @@ def save_result(output: OutputSpec, stem: str, result: dict, figures, console: C
     caveats and tables it opens with, as ``probe.pages.page`` takes them), the folder's index."""
     if not output.out:
         return
+    from probe.pages import page
+
     files = {f"{stem}_{k}.csv": v.to_csv(index=False) for k, v in result.items()}
     files[f"{stem}.json"] = json.dumps(result_json(stem, result), indent=1)
     if figures or sections:

@@ -56,6 +56,25 @@ def test_models(tmp_path):
     assert hub["pythia-410m"] == "EleutherAI/pythia-410m" and hub["gpt-oss-20b"] == "openai/gpt-oss-20b"
     assert {p.name for p in files_under(tmp_path / "m")} >= {"models_variants.csv", "models_checkpoints.csv",
                                                              "models.json"}
+    for table in ("variants", "checkpoints"):  # the CSVs hold the same rows as the JSON document
+        assert pd.read_csv(tmp_path / "m" / f"models_{table}.csv").to_dict("records") == doc["tables"][table]
+
+
+def test_models_imports_no_heavy_library_and_lists_each_zoo_models_val_loss():
+    """`probe models` answers within a second: no torch, transformers, pandas or plotly on its path."""
+    from probe.checkpoints.load import zoo_names
+
+    code = ("import contextlib, io, sys\nfrom probe.cli import main\ntext = io.StringIO()\n"
+            "with contextlib.redirect_stdout(text):\n    rc = main(['models'])\n"
+            "print(rc, sorted(m for m in ('torch', 'transformers', 'pandas', 'plotly') if m in sys.modules))\n"
+            "print(text.getvalue())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0, r.stderr
+    status, text = r.stdout.split("\n", 1)
+    assert status == "0 []"
+    zoo = dict(line.split(None, 1) for line in text.split("zoo (")[1].split("\n\n")[0].splitlines()[1:])
+    assert set(zoo) == {f"probe/{name}" for name in zoo_names()} and len(zoo) >= 6
+    assert all(summary.startswith("val loss ") and " on " in summary for summary in zoo.values()), zoo
 
 
 def test_sinks_default_model_and_text():

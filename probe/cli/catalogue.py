@@ -1,21 +1,22 @@
 """The ``probe`` verbs that describe rather than run a model: models (what can be named) and costs (what depth
-routing adds)."""
+routing adds).
+
+``probe models`` answers within a second: the names come from stdlib-only modules (probe.models.catalogue,
+probe.checkpoints.load), and pandas is imported only for --out / --json, which write the tables as DataFrames."""
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
 
-import pandas as pd
-
-from probe.analyses.costs import TABLE1, cost_figure, cost_table
 from probe.checkpoints.load import PYTHIA_SIZES, list_models
 from probe.cli.specs import output_spec
 from probe.console import Console
 from probe.errors import UsageError
-from probe.models import TIER_DESCRIPTIONS, TIERS, VARIANTS
-from probe.output import emit, save_result, show
+from probe.models.catalogue import TIER_DESCRIPTIONS, TIERS, VARIANTS
+from probe.output import emit, save_result
 from probe.runs import ZOO_RECORD
+
 
 def zoo_summary(directory: str) -> str:
     """What a zoo model scored, from its zoo.json: validation loss and the data it was measured on."""
@@ -30,28 +31,32 @@ def zoo_summary(directory: str) -> str:
 
 def run_models(args: argparse.Namespace) -> int:
     output = output_spec(args)
-    console = Console(output.quiet)
-    variants = pd.DataFrame([{"name": k, "description": v} for k, v in VARIANTS.items()])
-    tiers = pd.DataFrame([{"name": k, "layers": t["n_layers"], "d_model": t["d_model"], "heads": t["n_heads"],
-                           "d_mlp": t["d_mlp"], "ctx": t["n_ctx"], "vocab": t["vocab_size"],
-                           "description": TIER_DESCRIPTIONS.get(k, "")} for k, t in TIERS.items()])
-    checkpoints = pd.DataFrame(list_models(), columns=["name", "source", "kind", "available"])
-    result = {"variants": variants, "tiers": tiers, "checkpoints": checkpoints}
-    zoo = checkpoints[checkpoints["kind"] == "zoo"]
-    hub = checkpoints[checkpoints["kind"] == "hub"]
-    w = max(len(n) for n in list(variants["name"]) + list(tiers["name"]) + list(checkpoints["name"])) + 2
+    variants = [{"name": k, "description": v} for k, v in VARIANTS.items()]
+    tiers = [{"name": k, "layers": t["n_layers"], "d_model": t["d_model"], "heads": t["n_heads"], "d_mlp": t["d_mlp"],
+              "ctx": t["n_ctx"], "vocab": t["vocab_size"], "description": TIER_DESCRIPTIONS.get(k, "")}
+             for k, t in TIERS.items()]
+    checkpoints = list_models()
+    zoo = [r for r in checkpoints if r["kind"] == "zoo"]
+    hub = [r for r in checkpoints if r["kind"] == "hub"]
+    w = max(len(r["name"]) for r in variants + tiers + checkpoints) + 2
     text = ["variants (probe train --variant V; {N} blocks, {r} routing rank):"]
-    text += [f"  {r.name:<{w}}{r.description}" for r in variants.itertuples()]
+    text += [f"  {r['name']:<{w}}{r['description']}" for r in variants]
     text += ["", "tiers (probe train --tier T):"]
-    text += [f"  {r.name:<{w}}{r.description}" for r in tiers.itertuples()]
+    text += [f"  {r['name']:<{w}}{r['description']}" for r in tiers]
     text += ["", "zoo (bundled trained checkpoints, --model probe/<name>):"]
-    text += [f"  {r.name:<{w}}{zoo_summary(r.source)}" for r in zoo.itertuples()] or [
+    text += [f"  {r['name']:<{w}}{zoo_summary(r['source'])}" for r in zoo] or [
         "  none installed yet; commands without --model use a freshly initialised tiny model"]
     text += ["", "known checkpoints (--model NAME; 'cached' = in the local Hugging Face cache):"]
-    text += [f"  {r.name:<{w}}{r.source}{'  (cached)' if r.available else ''}" for r in hub.itertuples()]
+    text += [f"  {r['name']:<{w}}{r['source']}{'  (cached)' if r['available'] else ''}" for r in hub]
     text += ["", f"  pythia-<size>[-deduped]@step<N>: sizes {', '.join(PYTHIA_SIZES)}; steps 0, 1, 2, 4, ..., 512 "
              "and every 1000 up to 143000", "  also: any HF repo id[@revision], a local model directory, a .gguf file"]
-    save_result(output, "models", result, [], console, "Models")
+    result = None  # the tables as DataFrames, for the files and the JSON document only (pandas: ~0.7 s to import)
+    if output.out or output.as_json:
+        import pandas as pd
+
+        result = {"variants": pd.DataFrame(variants), "tiers": pd.DataFrame(tiers),
+                  "checkpoints": pd.DataFrame(checkpoints, columns=["name", "source", "kind", "available"])}
+        save_result(output, "models", result, [], Console(output.quiet), "Models")
     emit(output, "models", result, "\n".join(text))
     return 0
 
@@ -60,6 +65,11 @@ def run_models(args: argparse.Namespace) -> int:
 
 
 def run_costs(args: argparse.Namespace) -> int:
+    import pandas as pd  # this verb's tables and figure; imported here so that `probe models` stays light
+
+    from probe.analyses.costs import TABLE1, cost_figure, cost_table
+    from probe.output import show
+
     output = output_spec(args)
     console = Console(output.quiet)
     d, L, m = 1024, 24, 2816

@@ -5,9 +5,9 @@ Lists are deduplicated here, in the order given (``--dose 0.4 0.4`` is one condi
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from probe.analyses.parallel import is_main
 from probe.specs import InjectionSpec, ModelSpec, OutputSpec, WindowSpec
 
 
@@ -35,9 +35,20 @@ def injection_spec(args: argparse.Namespace) -> InjectionSpec | None:
     return InjectionSpec(doses=_unique(args.dose), junk=_unique(args.junk), cutoffs=_unique(args.cutoff))
 
 
+def _is_main() -> bool:
+    """Rank 0 of the process group, or the only process. A group exists only once torch.distributed is imported
+    (probe.cli.distributed does so before the verb runs), so a verb that never imports torch, like ``probe models``,
+    is the main process without importing it (torch costs seconds)."""
+    if "torch.distributed" not in sys.modules:
+        return True
+    from probe.analyses.parallel import is_main
+
+    return is_main()
+
+
 def output_spec(args: argparse.Namespace) -> OutputSpec:
     """--out, --json, --quiet, --self-contained; under torchrun only rank 0 writes and prints (the others are quiet)."""
-    if not is_main():
+    if not _is_main():
         return OutputSpec(out=None, as_json=False, quiet=True, writer=False)
     return OutputSpec(out=Path(args.out) if args.out else None, as_json=args.json, quiet=args.quiet,
                       self_contained=getattr(args, "self_contained", False))

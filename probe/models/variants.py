@@ -9,38 +9,10 @@ import re
 
 import torch
 
+from probe.models.catalogue import VARIANTS
 from probe.models.config import ProbeConfig, tier_config, TIERS
 from probe.models.model import ProbeForCausalLM
 from probe.models.params import count_by_role
-
-VARIANTS: dict[str, str] = {
-    "baseline": "standard causal softmax attention, plain residual stream",
-    "offbyone": "phantom key with logit fixed at 0 and value 0 (softmax-off-by-one)",
-    "sinklogit": "phantom key with a learned logit b_h per head (gpt-oss sink)",
-    "sinktoken": "a learned extra first token with learned key and value, removed before the LM head",
-    "normgate": "value gate g_j = sigmoid(beta(||v_j||/sqrt(dh) - tau_h)), beta = 8",
-    "projgate": "value gate g_j = sigmoid(w_h . v_j + b_h)",
-    "sink+norm": "sink logit and norm gate",
-    "sink+proj": "sink logit and projection gate",
-    "routing-normgate": "norm gate in the routing slot: log g_j added to the logits, no row scaling",
-    "gatedv": "GatedV: SiLU on the projected values before aggregation",
-    "gatedv-tanh": "GatedV control: V * tanh(V)",
-    "gatedv-q": "GatedV placement control: SiLU on the queries only (before RoPE)",
-    "gatedv-qkv": "GatedV placement control: SiLU on queries, keys (before RoPE) and values",
-    "g2": "Gated Attention G2: headwise sigmoid gate from a separate input projection, on the values",
-    "glu-full": "GLU value (U W_C) * SiLU(U W_G) at full value width",
-    "glu-reduced": "GLU value at reduced width: combined value width 2d/3, parameter-matched",
-    "attnres-full": "AttnRes: static-query softmax over all earlier sub-layer outputs",
-    "attnres-block{N}": "Block AttnRes with N blocks (embedding, completed block sums, partial block)",
-    "plr-full-r{r}": "P-LR-AttnRes: rank-r routing keys projected beside each output, full sources",
-    "plr-block{N}-r{r}": "P-LR-AttnRes over N blocks",
-    "slr-full-r{r}": "S-LR-AttnRes: routing key = last r coordinates of each output, full sources",
-    "slr-block{N}-r{r}": "S-LR-AttnRes over N blocks",
-    "value-residual": "value residual: V_n <- (1 - lambda_n) V_n + lambda_n V_1, lambda init 0.5",
-    "value-residual-2w": "ResFormer two-weight value residual: lambda_1 V_1 + lambda_2 V_n",
-    "denseformer": "DenseFormer: static weighted average of all earlier block outputs after each block",
-    "mudd": "MUDD: per-token dynamic dense connections for query, key, value and residual streams",
-}
 
 _FIXED: dict[str, dict] = {
     "baseline": {},

@@ -1,0 +1,64 @@
+"""What can be named, as plain data: variant names with their descriptions, tiers with their architectures.
+
+Standard library only, so ``probe models`` lists them without importing torch or transformers; config.py (ProbeConfig,
+tier_config) and variants.py (the mechanism settings behind each name, ``add_variant``) import these tables.
+"""
+from __future__ import annotations
+
+# name -> description; add_variant (variants.py) adds to this one dict
+VARIANTS: dict[str, str] = {
+    "baseline": "standard causal softmax attention, plain residual stream",
+    "offbyone": "phantom key with logit fixed at 0 and value 0 (softmax-off-by-one)",
+    "sinklogit": "phantom key with a learned logit b_h per head (gpt-oss sink)",
+    "sinktoken": "a learned extra first token with learned key and value, removed before the LM head",
+    "normgate": "value gate g_j = sigmoid(beta(||v_j||/sqrt(dh) - tau_h)), beta = 8",
+    "projgate": "value gate g_j = sigmoid(w_h . v_j + b_h)",
+    "sink+norm": "sink logit and norm gate",
+    "sink+proj": "sink logit and projection gate",
+    "routing-normgate": "norm gate in the routing slot: log g_j added to the logits, no row scaling",
+    "gatedv": "GatedV: SiLU on the projected values before aggregation",
+    "gatedv-tanh": "GatedV control: V * tanh(V)",
+    "gatedv-q": "GatedV placement control: SiLU on the queries only (before RoPE)",
+    "gatedv-qkv": "GatedV placement control: SiLU on queries, keys (before RoPE) and values",
+    "g2": "Gated Attention G2: headwise sigmoid gate from a separate input projection, on the values",
+    "glu-full": "GLU value (U W_C) * SiLU(U W_G) at full value width",
+    "glu-reduced": "GLU value at reduced width: combined value width 2d/3, parameter-matched",
+    "attnres-full": "AttnRes: static-query softmax over all earlier sub-layer outputs",
+    "attnres-block{N}": "Block AttnRes with N blocks (embedding, completed block sums, partial block)",
+    "plr-full-r{r}": "P-LR-AttnRes: rank-r routing keys projected beside each output, full sources",
+    "plr-block{N}-r{r}": "P-LR-AttnRes over N blocks",
+    "slr-full-r{r}": "S-LR-AttnRes: routing key = last r coordinates of each output, full sources",
+    "slr-block{N}-r{r}": "S-LR-AttnRes over N blocks",
+    "value-residual": "value residual: V_n <- (1 - lambda_n) V_n + lambda_n V_1, lambda init 0.5",
+    "value-residual-2w": "ResFormer two-weight value residual: lambda_1 V_1 + lambda_2 V_n",
+    "denseformer": "DenseFormer: static weighted average of all earlier block outputs after each block",
+    "mudd": "MUDD: per-token dynamic dense connections for query, key, value and residual streams",
+}
+
+# name -> ProbeConfig keyword arguments (the architecture only; mechanisms come from variants)
+_GPT2_STYLE = dict(norm="layer", pos="learned", mlp="gelu", tie_embeddings=True, init="gpt2", vocab_size=50257)
+TIERS: dict[str, dict] = {
+    # SPEC §8: gatedv.md's small model; 2,328,192 parameters for the baseline
+    "tiny": dict(n_layers=6, d_model=128, n_heads=4, d_mlp=384, n_ctx=256, vocab_size=8192),
+    "gatedv-small": dict(n_layers=6, d_model=128, n_heads=4, d_mlp=384, n_ctx=256, vocab_size=8192),
+    "gatedv-medium": dict(n_layers=12, d_model=384, n_heads=6, d_mlp=1152, n_ctx=256, vocab_size=8192),
+    # abstention-filtering.md Table 4 (GPT-2 style, 4x GELU MLP)
+    "abstention-10m": dict(n_layers=6, d_model=384, n_heads=6, d_mlp=1536, n_ctx=512, **_GPT2_STYLE),
+    "abstention-50m": dict(n_layers=10, d_model=640, n_heads=10, d_mlp=2560, n_ctx=1024, **_GPT2_STYLE),
+    "abstention-124m": dict(n_layers=12, d_model=768, n_heads=12, d_mlp=3072, n_ctx=1024, **_GPT2_STYLE),
+    "abstention-350m": dict(n_layers=24, d_model=1024, n_heads=16, d_mlp=4096, n_ctx=1024, **_GPT2_STYLE),
+    # lr-attnres.md §4.1
+    "lr-attnres": dict(n_layers=24, d_model=1024, n_heads=16, d_mlp=2816, n_ctx=2048, vocab_size=100277,
+                       rope_theta=500000.0, qk_norm=True, tie_embeddings=False),
+}
+TIER_DESCRIPTIONS = {
+    "tiny": "6 layers, d=128, 4x32 heads, SwiGLU 384, ctx 256, vocab 8192 (trains on 2 CPU cores)",
+    "gatedv-small": "gatedv.md small model (same as tiny)",
+    "gatedv-medium": "gatedv.md medium: 12 layers, d=384, 6x64 heads, SwiGLU 1152",
+    "abstention-10m": "abstention-filtering Table 4, 10M tier: 6L, d=384, GPT-2 style",
+    "abstention-50m": "abstention-filtering Table 4, 50M tier: 10L, d=640",
+    "abstention-124m": "abstention-filtering Table 4, 124M tier: 12L, d=768",
+    "abstention-350m": "abstention-filtering Table 4, 350M tier: 24L, d=1024",
+    "lr-attnres": "lr-attnres.md: 24L, d=1024, 16 heads, SwiGLU 2816, RoPE 5e5, QK-norm, untied",
+}
+

@@ -46,7 +46,7 @@ def __getattr__(name: str):
 
 
 class _RegisterWhenTransformersLoads(importlib.abc.MetaPathFinder):
-    """Runs ``import probe.models.model`` (which registers the "probe" model type) right after transformers loads."""
+    """Runs ``import probe.models`` (which registers the "probe" model type) right after transformers loads."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "transformers":
@@ -59,13 +59,13 @@ class _RegisterWhenTransformersLoads(importlib.abc.MetaPathFinder):
 
         def exec_and_register(module):
             exec_module(module)  # transformers swaps in its lazy module itself
-            importlib.import_module("probe.models.model")
+            importlib.import_module("probe.models")
 
         spec.loader.exec_module = exec_and_register
         return spec
 
 
 if "transformers" in sys.modules:
-    importlib.import_module("probe.models.model")
+    importlib.import_module("probe.models")
 elif not any(isinstance(f, _RegisterWhenTransformersLoads) for f in sys.meta_path):
     sys.meta_path.insert(0, _RegisterWhenTransformersLoads())

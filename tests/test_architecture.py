@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "probe"
 LEVELS = {
     # vocabulary, fused ops, text and tokens, and plain helpers every layer may use
     "hooks": 0, "kernels": 0, "data": 0, "output": 0, "errors": 0, "console": 0, "runs": 0, "specs": 0, "pages": 0,
+    "catalogue": 0,  # the custom models' variant and tier names, plain data (`probe models` reads them without torch)
     "models": 1,  # custom instrumented transformers
     "checkpoints": 2, "testing": 2,  # name -> model, HF adapters, interop; tiny HF models for tests
     "analyses": 3,  # captured tensors -> DataFrames and figures

@@ -13,7 +13,7 @@
   pass ``gguf_file=`` yourself).
 
 Custom checkpoints (config ``model_type == "probe"``) load through ``AutoModelForCausalLM`` after ``import
-probe.models.model`` (which registers them) and come back as they are (already hooked); HF architectures come back
+probe.models`` (which registers them) and come back as they are (already hooked); HF architectures come back
 wrapped in their adapter (``probe.checkpoints.adapters``). A hub model that is neither cached nor reachable raises
 :class:`ModelNotFoundError` with one line, without hub retries.
 """
@@ -292,7 +292,7 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
 
     if model_type == "probe":
         try:
-            import probe.models.model  # noqa: F401  (registers ProbeConfig / ProbeForCausalLM with the Auto classes)
+            import probe.models  # noqa: F401  (registers ProbeConfig / ProbeForCausalLM with the Auto classes)
         except ImportError as e:
             raise ImportError(f"{identity} is a custom probe checkpoint but probe.models cannot be imported: "
                               f"{e}") from e

@@ -1,7 +1,7 @@
 """The ``probe`` verbs that describe rather than run a model: models (what can be named) and costs (what depth
 routing adds).
 
-``probe models`` answers within a second: the names come from stdlib-only modules (probe.models.catalogue,
+``probe models`` answers within a second: the names come from stdlib-only modules (probe.catalogue,
 probe.checkpoints.load), and pandas is imported only for --out / --json, which write the tables as DataFrames."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from probe.checkpoints.load import PYTHIA_SIZES, list_models
 from probe.cli.specs import output_spec
 from probe.console import Console
 from probe.errors import UsageError
-from probe.models.catalogue import TIER_DESCRIPTIONS, TIERS, VARIANTS
+from probe.catalogue import TIER_DESCRIPTIONS, TIERS, VARIANTS
 from probe.output import emit, save_result
 from probe.runs import ZOO_RECORD
 

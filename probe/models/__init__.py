@@ -1,25 +1,20 @@
 """Instrumented custom transformers: one file per mechanism (attention.py with the value gates of gates.py,
-depth.py, dense.py), composed by ProbeForCausalLM from a ProbeConfig; variants.py names mechanism settings and
-catalogue.py lists the names (variants, tiers) as plain data.
+depth.py, dense.py), composed by ProbeForCausalLM from a ProbeConfig; variants.py names mechanism settings. The
+names themselves (VARIANTS, TIERS) are plain data in probe.catalogue, which `probe models` reads without torch.
 
-The names below are imported on first use, so ``from probe.models import VARIANTS, TIERS`` costs no torch or
-transformers (``probe models`` answers at once). model.py registers the "probe" model type with transformers' Auto
-classes, and ``import probe`` imports it as soon as transformers loads, so after ``import probe.models``,
+Importing this package registers the "probe" model type with transformers' Auto classes, so
 `AutoModelForCausalLM.from_pretrained(dir)` loads saved probe models.
 """
-from __future__ import annotations
+from transformers import AutoConfig, AutoModelForCausalLM
 
-import importlib
+from probe.catalogue import TIER_DESCRIPTIONS, TIERS, VARIANTS
+from probe.models.config import ProbeConfig
+from probe.models.gates import GATES, ValueGate, register_gate
+from probe.models.model import ProbeForCausalLM
+from probe.models.variants import add_variant, added_parameters, config_for, create
 
-# name -> the submodule that defines it
-_EXPORTS = {"VARIANTS": "catalogue", "TIERS": "catalogue", "TIER_DESCRIPTIONS": "catalogue",
-            "ProbeConfig": "config", "ProbeForCausalLM": "model", "GATES": "gates", "ValueGate": "gates",
-            "register_gate": "gates", "create": "variants", "config_for": "variants", "added_parameters": "variants",
-            "add_variant": "variants"}
-__all__ = sorted(_EXPORTS)
+AutoConfig.register("probe", ProbeConfig, exist_ok=True)
+AutoModelForCausalLM.register(ProbeConfig, ProbeForCausalLM, exist_ok=True)
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"probe.models.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'probe.models' has no attribute {name!r}")
+__all__ = ["ProbeConfig", "ProbeForCausalLM", "VARIANTS", "TIERS", "TIER_DESCRIPTIONS", "create", "config_for",
+           "added_parameters", "add_variant", "GATES", "ValueGate", "register_gate"]

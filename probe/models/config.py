@@ -2,14 +2,14 @@
 
 Mechanisms (SPEC §4) are orthogonal switches; `validate()` rejects combinations that make no sense. `value_gate` names
 a registered gate module (gates.py). Tiers are named base architectures (SPEC §8 and each paper's tables), listed in
-catalogue.py; `variants.py` names mechanism settings. The attention backend is not configuration: it is chosen
+probe/catalogue.py; `variants.py` names mechanism settings. The attention backend is not configuration: it is chosen
 at run time (probe.kernels.backend).
 """
 from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from probe.models.catalogue import TIERS
+from probe.catalogue import TIERS
 from probe.models.gates import GATES
 
 ABSTENTIONS = ("none", "offbyone", "sinklogit", "sinktoken")

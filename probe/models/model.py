@@ -2,8 +2,6 @@
 
 Every tensor of SPEC §3 that the configured mechanisms produce passes through a HookPoint of that name, so
 `run_with_cache`/`run_with_hooks` work as in TransformerLens, `save_pretrained`/`AutoModelForCausalLM` as in HF.
-Importing this module registers the "probe" model type with transformers' Auto classes (``import probe`` imports it
-as soon as transformers loads), so `AutoModelForCausalLM.from_pretrained(dir)` loads saved probe models.
 Parameters are initialised by the role their module declares (params.py); checkpoints saved under older parameter
 names load through `from_pretrained` and `load_state_dict` alike (attention.LEGACY_NAMES).
 """
@@ -18,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from probe.hooks.info import ModelInfo
@@ -182,7 +180,3 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
             n_ctx=c.n_ctx, vocab_size=c.vocab_size, has_phantom=c.has_phantom, value_gate=c.value_gate,
             depth_routing=depth, depth_blocks=c.depth_blocks, sink_token=c.abstention == "sinktoken",
             trained_with_bos=bool((getattr(self, "train_record", None) or {}).get("bos")), extra=extra)
-
-
-AutoConfig.register("probe", ProbeConfig, exist_ok=True)
-AutoModelForCausalLM.register(ProbeConfig, ProbeForCausalLM, exist_ok=True)

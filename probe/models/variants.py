@@ -9,7 +9,7 @@ import re
 
 import torch
 
-from probe.models.catalogue import VARIANTS
+from probe.catalogue import VARIANTS
 from probe.models.config import ProbeConfig, tier_config, TIERS
 from probe.models.model import ProbeForCausalLM
 from probe.models.params import count_by_role

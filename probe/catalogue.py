@@ -1,7 +1,8 @@
-"""What can be named, as plain data: variant names with their descriptions, tiers with their architectures.
+"""The names of the custom models, as plain data: variants with their descriptions, tiers with their architectures.
 
-Standard library only, so ``probe models`` lists them without importing torch or transformers; config.py (ProbeConfig,
-tier_config) and variants.py (the mechanism settings behind each name, ``add_variant``) import these tables.
+Standard library only, so ``probe models`` lists them without importing torch or transformers. probe.models uses and
+re-exports these tables (``probe.models.VARIANTS``, ``TIERS``): models/config.py builds tiers from them, models/variants.py
+maps each variant name to its mechanism settings and ``add_variant`` adds to ``VARIANTS``.
 """
 from __future__ import annotations
 

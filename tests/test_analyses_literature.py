@@ -199,7 +199,9 @@ def test_sink_eps_validates_and_figures():
     layers = pd.concat([early["layers"].assign(model="m@step1000", step=1000),
                         forced["layers"].assign(model="m@step2000", step=2000)])
     heat = sink_eps_layers_figure(layers, 0.3).data[0]
-    assert list(heat.x) == ["1000", "2000"] and heat.z.tolist() == [[0.0, 1.0], [0.0, 1.0]]
+    # layers on x (as in every per-layer figure), one row per checkpoint; zero keys never sink, forced key 0 always
+    assert list(heat.x) == [0, 1] and list(heat.y) == ["1000", "2000"]
+    assert heat.z.tolist() == [[0.0, 0.0], [1.0, 1.0]]
 
 
 # ------------------------------------------------------------------------------------------------------------ massive

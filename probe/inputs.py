@@ -8,8 +8,10 @@ the flag, raised before any output is written.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import difflib
+import logging
 import tempfile
 from pathlib import Path
 
@@ -99,6 +101,10 @@ def load_model(spec: ModelSpec, console: Console):
     if kind != "hub":  # local weights load in moments: our loading bar is enough (hub downloads keep their bars)
         hf_logging.disable_progress_bar()
     placed, offload_tmp = placement(spec)
+    # accelerate warns that offloaded weights sit on 'meta' (expected here); probe says where the layers went instead
+    offload_log = logging.getLogger("accelerate.big_modeling")
+    level = offload_log.level
+    offload_log.setLevel(logging.ERROR)
     try:
         model = load(name, device=None if placed or device == "cpu" else device, dtype=dtype, **placed)
     except ModelNotFoundError as e:
@@ -111,6 +117,13 @@ def load_model(spec: ModelSpec, console: Console):
                              f"{' --max-memory ' + str(spec.max_memory) if spec.max_memory else ''}: cannot place "
                              f"it ({first_line(e)})") from None
         raise UsageError(f"--model {name!r}: cannot read the {kind} checkpoint ({first_line(e)})") from None
+    finally:
+        offload_log.setLevel(level)
+    if placed:
+        device_map = getattr(getattr(model, "hf_model", model), "hf_device_map", None) or {}
+        where = collections.Counter(str(d) for d in device_map.values())
+        console.note(f"placement: --device-map {placed['device_map']}: "
+                     + ", ".join(f"{n} module{'s' * (n != 1)} on {d}" for d, n in where.items()))
     if offload_tmp is not None:
         model.offload_tmp = offload_tmp  # the temporary folder lives (and is removed) with the model
     return model.eval()

@@ -78,9 +78,10 @@ def cli(*argv) -> tuple[int, str]:
     return rc, err.getvalue()
 
 
-def test_cli_on_a_model_split_over_cpu_and_disk_equals_the_whole_model(tmp_path, monkeypatch):
+def test_cli_on_a_model_split_over_cpu_and_disk_equals_the_whole_model(tmp_path, monkeypatch, caplog):
     """`probe sinks|inject --max-memory cpu=60KB` (so --device-map auto) puts the tiny llama's layers on disk and
-    writes the undivided model's tables."""
+    writes the undivided model's tables; --quiet prints nothing (not accelerate's offload warning either), and without
+    it probe says where the modules went."""
     pytest.importorskip("accelerate")
     import probe.cli.analyses as analyses
 
@@ -104,6 +105,10 @@ def test_cli_on_a_model_split_over_cpu_and_disk_equals_the_whole_model(tmp_path,
             want, got = (pd.read_csv(tmp_path / run / verb / name) for run in ("whole", "split"))
             assert len(want) > 0, name
             pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12, atol=1e-12, obj=name)
+    assert not [r for r in caplog.records if r.name.startswith("accelerate")], caplog.records
+    loud = [a for a in common if a != "--quiet"]
+    rc, err = cli("sinks", *loud, "--max-memory", "cpu=60KB", "--out", tmp_path / "loud")
+    assert rc == 0 and "placement: --device-map auto: " in err and " on disk" in err, err
 
 
 @pytest.mark.parametrize("flags, needles", [

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from probe.analyses.figures import integer_ticks, sink_profile_figure, threshold, training_figure
+from probe.analyses.figures import integer_ticks, se_bars, sink_profile_figure, threshold, training_figure
 from probe.analyses.sinks import SINK_FACTOR, SINK_R0
 from probe.pages import page
 from probe.runs import metrics_records
@@ -58,6 +58,13 @@ def across(xs: dict, by_step: bool, rows: pd.DataFrame, value: str, name: str, s
                       error_y=dict(type="data", array=err, visible=True) if err else None, **style)
 
 
+def _column_se(rows: pd.DataFrame, value: str) -> dict:
+    """Per model: the ``<value>_se`` column the analysis wrote (absent in older saved records: no bars)."""
+    if f"{value}_se" not in rows:
+        return {}
+    return dict(zip(rows["model"], pd.to_numeric(rows[f"{value}_se"], errors="coerce").astype(float)))
+
+
 def report_figures(tables: dict) -> list[go.Figure]:
     summary = tables["summary"]
     xs, xtitle = _axis(summary)
@@ -86,27 +93,33 @@ def report_figures(tables: dict) -> list[go.Figure]:
         exp = tables["exposure"]
         fig = go.Figure()
         for cutoff, g in exp.groupby("cutoff", sort=False):
-            fig.add_trace(across(xs, by_step, g, "quiet_share", f"quiet reads ({cutoff})"))
-        fig.add_trace(across(xs, by_step, exp.drop_duplicates("model"), "phantom_share", "phantom"))
-        fig.update_layout(title="Exposure: share of attention mass on quiet reads and on the phantom",
+            fig.add_trace(across(xs, by_step, g, "quiet_share", f"quiet reads ({cutoff})",
+                                 _column_se(g, "quiet_share")))
+        ph = exp.drop_duplicates("model")
+        fig.add_trace(across(xs, by_step, ph, "phantom_share", "phantom", _column_se(ph, "phantom_share")))
+        se = " (± s.e. over batches)" if "quiet_share_se" in exp else ""
+        fig.update_layout(title="Exposure: share of attention mass on quiet reads and on the phantom" + se,
                           xaxis_title=xtitle, yaxis_title="share of attention mass", yaxis_rangemode="tozero")
         figs.append(fig)
     return figs
 
 
 def _sink_eps_figures(tables, xs, by_step, xtitle) -> list[go.Figure]:
-    """Sink^ε share across models (one series per ε) and per layer at the smallest ε (one line per model)."""
+    """Sink^ε share across models (one series per ε) and per layer at the smallest ε (one line per model),
+    ± jackknife s.e. over batches where the saved tables have it."""
     trend = go.Figure()
     for e, g in tables["sink_eps"].groupby("epsilon", sort=False):
-        trend.add_trace(across(xs, by_step, g, "sink_share", f"ε = {e:g}"))
-    trend.update_layout(title="Sink^ε: share of heads whose mean attention on key 0 exceeds ε", xaxis_title=xtitle,
-                        yaxis_title="share of heads", yaxis_range=[0, 1.02])
+        trend.add_trace(across(xs, by_step, g, "sink_share", f"ε = {e:g}", _column_se(g, "sink_share")))
+    se = " (± jackknife s.e. over batches)" if "sink_share_se" in tables["sink_eps"] else ""
+    trend.update_layout(title="Sink^ε: share of heads whose mean attention on key 0 exceeds ε" + se,
+                        xaxis_title=xtitle, yaxis_title="share of heads", yaxis_range=[0, 1.02])
     layers = tables["sink_eps_layers"]
     e = float(layers["epsilon"].min())
     prof = go.Figure()
     for model, g in layers[layers["epsilon"] == e].groupby("model", sort=False):
-        prof.add_trace(go.Scatter(x=g["layer"], y=g["sink_share"], mode="lines+markers", name=str(model)))
-    prof.update_layout(title=f"Share of sink heads per layer (Sink^ε, ε = {e:g})", yaxis_title="share of heads",
+        prof.add_trace(go.Scatter(x=g["layer"], y=g["sink_share"], mode="lines+markers", name=str(model),
+                                  error_y=se_bars(g, "sink_share")))
+    prof.update_layout(title=f"Share of sink heads per layer (Sink^ε, ε = {e:g})" + se, yaxis_title="share of heads",
                        yaxis_range=[0, 1.02])
     return [trend, integer_ticks(prof, "x", "layer")]
 
@@ -157,8 +170,11 @@ def report_page(tables: dict, records: list[dict], settings: dict, self_containe
                  f"r0 {r['r0_later']:.3g})" for _, r in summary.iterrows()]
     shown = [("Summary (averages over rows t >= 1, heads, layers)", _readable_summary(summary))]
     if "sink_eps" in tables:
-        shown.append(("Sink^eps (Gu et al.)", tables["sink_eps"][["model", "epsilon", "n_sink_heads", "n_heads",
-                                                                 "sink_share", "key0_mass", "phantom_share"]]))
+        cols = ["model", "epsilon", "n_sink_heads", "n_heads", "sink_share", "sink_share_se", "key0_mass",
+                "key0_mass_se", "phantom_share"]
+        eps = tables["sink_eps"]
+        shown.append(("Sink^eps (Gu et al.; *_se: jackknife standard error over batches)",
+                      eps[[c for c in cols if c in eps]]))
     if "injection" in tables:
         inj = tables["injection"][["model", "junk", "cutoff", "dose", "loss_clean", "loss_corrupted", "delta"]]
         if "injection_batches" in tables:

@@ -63,6 +63,15 @@ def _error(se, keys) -> dict | None:
     return dict(type="data", array=[float(se.get(k, np.nan)) for k in keys], visible=True)
 
 
+def se_bars(table: pd.DataFrame, column: str) -> dict | None:
+    """Error bars from ``table``'s ``<column>_se`` (standard errors the analysis computed), or None without that
+    column (e.g. older saved results): the figure is still drawn, without bars."""
+    if f"{column}_se" not in table:
+        return None
+    se = pd.to_numeric(table[f"{column}_se"], errors="coerce")  # None (a NaN saved as JSON) -> NaN
+    return dict(type="data", array=se.astype(float).tolist(), visible=True)
+
+
 def depth_heatmap(result: dict) -> go.Figure:
     """Mean depth weights: read site (x) x source identity (y), colour clipped at the 99.5th percentile."""
     heat = result["heatmap"].drop(columns=[c for c in ID_COLUMNS if c in result["heatmap"]]).set_index("site")
@@ -150,9 +159,10 @@ def gate_figure(results) -> go.Figure:
     for res in _many(results):
         lay, batches = res["layers"], res.get("batches")
         for col, (key, _, _) in enumerate(panels, start=1):
-            se = layer_se(batches, key, by=("layer",))
+            # token-identity share: a ratio of sums with its jackknife s.e. in the layers table
+            bars = se_bars(lay, key) or _error(layer_se(batches, key, by=("layer",)), lay["layer"])
             fig.add_trace(go.Scatter(x=lay["layer"], y=lay[key], mode="lines+markers", name=_name(res),
-                                     legendgroup=_name(res), showlegend=col == 1, error_y=_error(se, lay["layer"])),
+                                     legendgroup=_name(res), showlegend=col == 1, error_y=bars),
                           row=1, col=col)
     for col, (_, _, unit) in enumerate(panels, start=1):
         fig.update_yaxes(title_text=unit, rangemode="tozero", row=1, col=col)
@@ -194,16 +204,19 @@ def injection_figure(results) -> go.Figure:
 
 
 def exposure_figure(results) -> go.Figure:
-    """Share of attention mass on quiet reads (per cutoff) and on the phantom; models are categories."""
+    """Share of attention mass on quiet reads (per cutoff) and on the phantom; models are categories, ± standard error
+    over batches where the result has it."""
     fig = go.Figure()
     rows = []
     for res in _many(results):
-        for _, e in res["exposure"].iterrows():
-            rows.append((_name(res), f"quiet ({e['cutoff']})", e["quiet_share"]))
-        rows.append((_name(res), "phantom", float(res["exposure"]["phantom_share"].iloc[0])))
-    df = pd.DataFrame(rows, columns=["model", "kind", "share"])
+        e = res["exposure"]
+        for _, r in e.iterrows():
+            rows.append((_name(res), f"quiet ({r['cutoff']})", r["quiet_share"], r.get("quiet_share_se")))
+        rows.append((_name(res), "phantom", float(e["phantom_share"].iloc[0]), e.iloc[0].get("phantom_share_se")))
+    df = pd.DataFrame(rows, columns=["model", "kind", "share", "share_se"])
     for kind, g in df.groupby("kind", sort=False):
-        fig.add_trace(go.Bar(x=g["model"], y=g["share"], name=kind))
+        fig.add_trace(go.Bar(x=g["model"], y=g["share"], name=kind,
+                             error_y=se_bars(g, "share") if g["share_se"].notna().any() else None))
     fig.update_layout(title="Exposure to injected junk", xaxis_title="model",
                       yaxis_title="share of attention mass (fraction of each row)", barmode="group")
     return fig
@@ -265,6 +278,6 @@ def training_figure(runs) -> go.Figure:
 
 
 __all__ = ["depth_heatmap", "effective_sources_figure", "sink_figure", "sink_profile_figure", "sink_heads_figure",
-           "gate_figure", "integer_ticks", "threshold", "fitted_heatmap", "layer_se",
+           "gate_figure", "integer_ticks", "threshold", "fitted_heatmap", "layer_se", "se_bars",
            "gate_token_table", "injection_figure", "exposure_figure", "paired_figure", "decomposition_figure",
            "training_figure"]

@@ -7,7 +7,9 @@ averaged over rows t >= 1, then heads, then layers; ``spread`` is the standard d
 head. Per read (no attention weighting): the mean gate and the fraction of reads with g < 0.5 (Table 8). Per token:
 the mean gate over every occurrence, layer and KV head (min count 50 by default), and the share of gate variance that
 token identity explains: per KV head, between-token over total sum of squares, both sums pooled over heads (overall
-and per layer), over all tokens and over tokens seen at least ``min_count`` times. Element-wise gates (GatedV SiLU,
+and per layer), over all tokens and over tokens seen at least ``min_count`` times, with a delete-one-batch jackknife
+standard error (the share is a ratio of sums, so a mean of per-batch shares would be biased; the frequent-token set
+stays the one of the whole evaluation set). Element-wise gates (GatedV SiLU,
 V⊙tanh V, GLU) are reduced to their mean over the head's coordinates, one number per read. With a sink token the read
 at position 0 is the sink's, which enters the attention statistics but not the token statistics.
 
@@ -21,6 +23,7 @@ import torch
 from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, make_bar, model_device,
                                     token_text)
 from probe.analyses.parallel import batches_of_rank, gather_rows, is_main, reduce_sums
+from probe.analyses.stats import jackknife_se
 
 
 class GateAccumulator:
@@ -40,11 +43,16 @@ class GateAccumulator:
         self.tok_g2 = z(L, Hkv)  # Σ g² over real-token reads
         self.tok_g2f, self.tok_gf, self.tok_nf = z(L, Hkv), z(L, Hkv), z(L)  # over frequent tokens only
         self.batch, self.batch_rows = 0, []  # global index of the batch being added; its per-layer means
+        # per batch, its own share of the token sums (for the jackknife): only the columns of the token types it
+        # holds, (L, Hkv, u_b) float64 with u_b <= min(U, B*T), e.g. 24 x 8 x 4096 x 8 bytes = 6.3 MB per batch
+        self.token_parts = {}
 
     def merge(self) -> None:
         """Combine the ranks' sums (token counts come from the whole evaluation set on every rank already)."""
         reduce_sums(self, self.SUMS)
         self.batch_rows = gather_rows(self.batch_rows)
+        parts = gather_rows([{"batch": b, **p} for b, p in self.token_parts.items()])  # in global batch order
+        self.token_parts = {p.pop("batch"): p for p in parts}
 
     def add(self, layer: int, pattern: torch.Tensor, gate: torch.Tensor, read_tokens: torch.Tensor):
         """pattern (B, H, T, T) over real keys; gate (B, T, Hkv) or element-wise (B, T, Hkv, dv);
@@ -81,23 +89,57 @@ class GateAccumulator:
         self.tok_gf[layer] += gt[f].sum(0)
         self.tok_g2f[layer] += (gt[f] ** 2).sum(0)
         self.tok_nf[layer] += f.sum()
+        self._add_token_part(layer, ids, gt, f)
 
-    def _token_share(self, layers, frequent_only: bool) -> float:
-        """Between-token / total sum of squares, pooled over the KV heads of the given layers."""
+    def _add_token_part(self, layer: int, ids: torch.Tensor, gt: torch.Tensor, f: torch.Tensor) -> None:
+        """This batch's own token sums (ids (n,) into the vocabulary, gates gt (n, Hkv), frequent mask f (n,))."""
+        L, Hkv = self.tok.shape[:2]
+        part = self.token_parts.get(self.batch)
+        if part is None:  # the batch's first layer: its token types and their counts (the same in every layer)
+            cols, n = torch.unique(ids, return_counts=True)
+            z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
+            part = self.token_parts[self.batch] = {"cols": cols, "counts": n.double(), "tok": z(L, Hkv, len(cols)),
+                                                   "g2": z(L, Hkv), "gf": z(L, Hkv), "g2f": z(L, Hkv), "nf": z(L)}
+        part["tok"][layer].index_add_(1, torch.searchsorted(part["cols"], ids), gt.T)
+        part["g2"][layer] += (gt ** 2).sum(0)
+        part["gf"][layer] += gt[f].sum(0)
+        part["g2f"][layer] += (gt[f] ** 2).sum(0)
+        part["nf"][layer] += f.sum()
+
+    def _sums(self) -> dict[str, torch.Tensor]:
+        return {"tok": self.tok, "counts": self.counts, "g2": self.tok_g2, "gf": self.tok_gf, "g2f": self.tok_g2f,
+                "nf": self.tok_nf}
+
+    def _sums_without(self, part: dict) -> dict[str, torch.Tensor]:
+        """The token sums with one batch's part taken out (the frequent-token set stays the whole set's)."""
+        s = {k: self._sums()[k] - part[k] for k in ("g2", "gf", "g2f", "nf")}
+        s["tok"], s["counts"] = self.tok.clone(), self.counts.clone()
+        s["tok"][:, :, part["cols"]] -= part["tok"]
+        s["counts"][part["cols"]] -= part["counts"]
+        return s
+
+    def _token_shares(self, s: dict, frequent_only: bool) -> torch.Tensor:
+        """Between-token / total sum of squares pooled over KV heads from the sums ``s``: per layer, then over all
+        layers pooled, (L + 1,)."""
         keep = self.frequent if frequent_only else torch.ones_like(self.frequent)
-        n_u = self.counts[keep]
-        between = total = 0.0
-        for l in layers:
-            if frequent_only:
-                s, s2, n = self.tok_gf[l], self.tok_g2f[l], self.tok_nf[l]
-            else:
-                s, s2, n = self.tok[l].sum(-1), self.tok_g2[l], self.counts.sum()
-            if n == 0:
-                continue
-            s_u = self.tok[l][:, keep]  # (Hkv, U)
-            between += float(((s_u ** 2) / n_u).sum() - (s ** 2).sum() / n)
-            total += float(s2.sum() - (s ** 2).sum() / n)
-        return between / total if total > 0 else float("nan")
+        n_u, s_u = s["counts"][keep], s["tok"][:, :, keep]  # (U',), (L, Hkv, U')
+        if frequent_only:
+            head, sq, n = s["gf"], s["g2f"], s["nf"]  # (L, Hkv), (L, Hkv), (L,)
+        else:
+            head, sq, n = s["tok"].sum(-1), s["g2"], s["counts"].sum().expand(s["g2"].shape[0])
+        by_token = torch.where(n_u > 0, s_u ** 2 / n_u.clamp_min(1), 0).sum((1, 2))  # tokens left out add nothing
+        grand = (head ** 2).sum(1) / n.clamp_min(1)  # (L,) the pooled mean's part
+        between = torch.where(n > 0, by_token - grand, 0)
+        total = torch.where(n > 0, sq.sum(1) - grand, 0)
+        between, total = torch.cat([between, between.sum()[None]]), torch.cat([total, total.sum()[None]])
+        return torch.where(total > 0, between / total.clamp_min(1e-300), float("nan"))
+
+    def _token_share_table(self, frequent_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(share, jackknife s.e. over batches), each (L + 1,): per layer, then all layers pooled."""
+        share = self._token_shares(self._sums(), frequent_only)
+        loo = [self._token_shares(self._sums_without(p), frequent_only) for p in self.token_parts.values()]
+        se = jackknife_se(torch.stack(loo).numpy()) if loo else torch.full_like(share, float("nan")).numpy()
+        return share, torch.as_tensor(se)
 
     def tables(self, tokenizer=None) -> dict[str, pd.DataFrame]:
         info = self.info
@@ -118,12 +160,12 @@ class GateAccumulator:
         layers["read_mean_gate"] = [float(self.g[l].sum() / (self.reads[l] * info.n_kv_heads)) for l in layers.layer]
         layers["frac_below_half"] = [float(self.low[l].sum() / (self.reads[l] * info.n_kv_heads))
                                      for l in layers.layer]
-        layers["token_share"] = [self._token_share([l], False) for l in layers.layer]
-        layers["token_share_min_count"] = [self._token_share([l], True) for l in layers.layer]
-        all_layers = range(info.n_layers)
         summary = {c: float(layers[c].mean()) for c in cols + ["read_mean_gate", "frac_below_half"]}
-        summary.update(token_share=self._token_share(all_layers, False),
-                       token_share_min_count=self._token_share(all_layers, True), min_count=self.min_count,
+        for name, frequent_only in (("token_share", False), ("token_share_min_count", True)):
+            share, se = self._token_share_table(frequent_only)
+            layers[name], layers[f"{name}_se"] = share[:-1].tolist(), se[:-1].tolist()
+            summary.update({name: float(share[-1]), f"{name}_se": float(se[-1])})
+        summary.update(min_count=self.min_count,
                        value_gate=info.value_gate, n_token_reads=int(self.counts.sum()), n_token_types=len(self.vocab),
                        n_frequent_reads=int(self.counts[self.frequent].sum()),
                        n_frequent_types=int(self.frequent.sum()))

@@ -162,7 +162,9 @@ def own_directions(model) -> dict[int, torch.Tensor]:
 
 
 class ExposureAccumulator:
-    """Per (layer, head) sums over rows t >= 1 of the quiet-read share (per cutoff) and the phantom share."""
+    """Per (layer, head) sums over rows t >= 1 of the quiet-read share (per cutoff) and the phantom share, and one row
+    per (batch, layer, cutoff) of that batch's means: standard errors over batches (ddof 1 / sqrt(batches); batches
+    are equal-sized, so the mean of their means is the pooled share)."""
 
     def __init__(self, info, cutoffs):
         self.info, self.cutoffs = info, list(cutoffs)
@@ -170,16 +172,25 @@ class ExposureAccumulator:
         self.quiet = torch.zeros(L, H, len(self.cutoffs), dtype=torch.float64)
         self.phantom = torch.zeros(L, H, dtype=torch.float64)
         self.rows = torch.zeros(L, dtype=torch.float64)
+        self.batch, self.batch_rows = 0, []  # global index of the batch being added; its per-layer means
 
     def merge(self) -> None:
-        """Combine the ranks' sums (data-parallel runs; nothing to do in one process)."""
+        """Combine the ranks' sums and per-batch rows (data-parallel runs; nothing to do in one process)."""
         reduce_sums(self, ("quiet", "phantom", "rows"))
+        self.batch_rows = gather_rows(self.batch_rows)
 
     def add(self, layer, quiet_share: torch.Tensor, phantom: torch.Tensor):
         """quiet_share (B, H, T, m) of total mass; phantom (B, H, T)."""
-        self.quiet[layer] += quiet_share[:, :, 1:].double().sum((0, 2)).cpu()
-        self.phantom[layer] += phantom[:, :, 1:].double().sum((0, 2)).cpu()
-        self.rows[layer] += quiet_share.shape[0] * (quiet_share.shape[2] - 1)
+        quiet = quiet_share[:, :, 1:].double().sum((0, 2)).cpu()  # (H, m)
+        ph = phantom[:, :, 1:].double().sum((0, 2)).cpu()  # (H,)
+        rows = quiet_share.shape[0] * (quiet_share.shape[2] - 1)  # per head
+        self.quiet[layer] += quiet
+        self.phantom[layer] += ph
+        self.rows[layer] += rows
+        for c, name in enumerate(self.cutoffs):
+            self.batch_rows.append({"batch": self.batch, "layer": layer, "cutoff": str(name),
+                                    "quiet_share": float(quiet[:, c].mean() / rows),
+                                    "phantom_share": float(ph.mean() / rows)})
 
     def tables(self):
         rows = []
@@ -190,8 +201,17 @@ class ExposureAccumulator:
                                  "quiet_share": float(self.quiet[l, h, c] / self.rows[l]),
                                  "phantom_share": float(self.phantom[l, h] / self.rows[l])})
         heads = pd.DataFrame(rows)
-        layers = heads.groupby(["cutoff", "layer"], sort=False)[["quiet_share", "phantom_share"]].mean().reset_index()
-        summary = layers.groupby("cutoff", sort=False)[["quiet_share", "phantom_share"]].mean().reset_index()
+        cols = ["quiet_share", "phantom_share"]
+        layers = heads.groupby(["cutoff", "layer"], sort=False)[cols].mean().reset_index()
+        summary = layers.groupby("cutoff", sort=False)[cols].mean().reset_index()
+        batches = pd.DataFrame(self.batch_rows, columns=["batch", "layer", "cutoff"] + cols)
+        layer_se = batches.groupby(["cutoff", "layer"])[cols].sem()  # NaN with one batch
+        summary_se = batches.groupby(["cutoff", "batch"])[cols].mean().groupby("cutoff")[cols].sem()
+        for c in cols:  # beside each share its standard error over batches
+            layers.insert(layers.columns.get_loc(c) + 1, f"{c}_se",
+                          [float(layer_se[c].get((k, l), float("nan"))) for k, l in zip(layers.cutoff, layers.layer)])
+            summary.insert(summary.columns.get_loc(c) + 1, f"{c}_se",
+                           [float(summary_se[c].get(k, float("nan"))) for k in summary.cutoff])
         return {"exposure": summary, "exposure_layers": layers, "exposure_heads": heads}
 
 
@@ -273,6 +293,7 @@ def inject(model, data, *, junk=("structured",), cutoffs=("q25",), doses=DEFAULT
     bar = make_bar(len(mine) * len(conds), progress and is_main(), f"injection ({info.name})")
     for n in mine:
         ids, tgt = w.inputs(n, device), w.targets(n, device)
+        exp_acc.batch = n
         kw = loss_forward_kwargs(model)
         out = collector.run(model, ids, **kw) if collector is not None else model(ids, **kw)
         clean = float(output_losses(model, out, tgt).double().sum())  # summed over the batch's positions
@@ -314,6 +335,7 @@ def exposure_stats(model, data, *, cutoffs=("q25", "median"), backend: str | Non
     acc = ExposureAccumulator(info, cutoffs)
     collector = _exposure_collector(model, acc, [cutoff_fraction(c) for c in cutoffs], backend)
     for n in batches_of_rank(len(w)):
+        acc.batch = n
         collector.run(model, w.inputs(n, model_device(model)))
     acc.merge()
     return finish(acc.tables(), describe(model, w, "exposure", cutoffs=",".join(map(str, cutoffs))))

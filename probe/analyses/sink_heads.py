@@ -12,7 +12,9 @@ Conventions (SPEC §5): rows t >= 1 (query 0 sees only key 0). Gu et al.'s score
 i >= k, which for key 0 includes query 0 itself (always 1 - phantom); ``include_query0=True`` reproduces that. The mean is pooled over every row of every window (all windows have the same
 length, so this equals the mean over windows of per-window means), then thresholded per head. Beside α the tables
 report the key-0 share of the *real* mass (a_{t,0} / Σ_j a_{t,j}, sinks.py's ``pos0_share``), the phantom share and
-the causal-uniform reference mean_t 1/(t+1). "Key 0" is the first position of the window: the first text token (eval
+the causal-uniform reference mean_t 1/(t+1). Standard errors (``sink_share_se``, ``key0_mass_se``) are delete-one-batch
+jackknife estimates over evaluation batches: α and the thresholded share are recomputed with each batch left out
+(a threshold is not a mean of per-batch values). "Key 0" is the first position of the window: the first text token (eval
 windows carry no BOS), or, for the custom ``sinktoken`` variant, the learned sink token prepended at position 0
 (``meta['key0']`` says which). Sliding-window layers (gpt-oss) are also reported over the rows whose window contains
 key 0 (``*_key0`` columns); the sink-head decision uses all rows unless ``window_rows='key0'`` is asked for.
@@ -29,8 +31,9 @@ import torch
 from plotly.subplots import make_subplots
 
 from probe.analyses.capture import LayerCollector, as_windows, describe, finish, row_mass_hooks, row_masses, sliding
-from probe.analyses.figures import fitted_heatmap, integer_ticks
-from probe.analyses.parallel import reduce_sums
+from probe.analyses.figures import fitted_heatmap, integer_ticks, se_bars
+from probe.analyses.parallel import gather_rows, rank_and_world, reduce_sums
+from probe.analyses.stats import jackknife_se
 
 DEFAULT_EPS = (0.3,)
 
@@ -49,7 +52,8 @@ def key0_label(info) -> str:
 
 
 class SinkEpsAccumulator:
-    """Sums over rows of the key-0 mass, its share of the real mass and the phantom mass per (layer, head)."""
+    """Sums over rows of the key-0 mass, its share of the real mass and the phantom mass per (layer, head), and each
+    batch's own key-0 sums and rows (for the jackknife: (L, H) per batch)."""
 
     def __init__(self, info, eps=DEFAULT_EPS, include_query0: bool = False, window_rows: str = "all"):
         if window_rows not in ("all", "key0"):
@@ -59,11 +63,25 @@ class SinkEpsAccumulator:
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
         self.key0, self.real0, self.phantom, self.rows, self.uniform = z(L, H), z(L, H), z(L, H), z(L), z(L)
         self.key0_w, self.real0_w, self.phantom_w, self.rows_w, self.uniform_w = z(L, H), z(L, H), z(L, H), z(L), z(L)
+        self.parts, self.calls = {}, [0] * L  # global batch -> its key-0 sums and rows; batches seen per layer
+
+    def _part(self, layer: int) -> dict:
+        """The sums of this layer's current batch: this rank's k-th batch is global batch rank + k * world."""
+        rank, world = rank_and_world()
+        batch = rank + self.calls[layer] * world
+        self.calls[layer] += 1
+        if batch not in self.parts:
+            L, H = self.key0.shape
+            z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
+            self.parts[batch] = {"key0": z(L, H), "rows": z(L), "key0_w": z(L, H), "rows_w": z(L)}
+        return self.parts[batch]
 
     def merge(self) -> None:
         """Combine the ranks' sums (data-parallel runs; nothing to do in one process)."""
         reduce_sums(self, ("key0", "real0", "phantom", "rows", "uniform", "key0_w", "real0_w", "phantom_w", "rows_w",
                            "uniform_w"))
+        parts = gather_rows([{"batch": b, **p} for b, p in self.parts.items()])  # in global batch order
+        self.parts = {p.pop("batch"): p for p in parts}
 
     def add(self, layer: int, key0: torch.Tensor, real: torch.Tensor, phantom: torch.Tensor) -> None:
         """key0: (B, H, T) mass on key 0 (phantom in the normaliser); real: (B, H, T) mass on all real keys;
@@ -78,6 +96,11 @@ class SinkEpsAccumulator:
         window = sliding(self.info, layer)
         sees0 = t < window if window is not None else torch.ones_like(t, dtype=torch.bool)
         n = int(sees0.sum())  # rows first .. first+n-1 see key 0 (a window always contains its own query)
+        part = self._part(layer)
+        part["key0"][layer] += key0[:, :, first:].sum((0, 2))
+        part["rows"][layer] += B * (T - first)
+        part["key0_w"][layer] += key0[:, :, first:first + n].sum((0, 2))
+        part["rows_w"][layer] += B * n
         for (k0, r0, ph, rows, uni), sl in (((self.key0, self.real0, self.phantom, self.rows, self.uniform),
                                              slice(first, T)),
                                             ((self.key0_w, self.real0_w, self.phantom_w, self.rows_w, self.uniform_w),
@@ -90,8 +113,18 @@ class SinkEpsAccumulator:
             tt = t[:nrows]
             uni[layer] += B * torch.where(sees0[:nrows], 1 / (tt + 1), 0).sum()
 
+    def _leave_one_out(self, key0_rows: bool) -> torch.Tensor:
+        """α per (layer, head) with each batch left out in turn, (n, L, H); over the rows that see key 0 when
+        ``key0_rows``."""
+        k, r = ("key0_w", "rows_w") if key0_rows else ("key0", "rows")
+        total_k, total_r = getattr(self, k), getattr(self, r)
+        return torch.stack([(total_k - p[k]) / (total_r - p[r])[:, None] for p in self.parts.values()]) \
+            if self.parts else torch.zeros(0, *total_k.shape, dtype=torch.float64)
+
     def tables(self) -> dict[str, pd.DataFrame]:
         info = self.info
+        alpha_loo = self._leave_one_out(self.window_rows == "key0")  # (n, L, H) the score each batch left out
+        mass_loo = self._leave_one_out(False).mean(-1)  # (n, L) key-0 mass per layer
         heads = []
         for l in range(info.n_layers):
             r, rw = self.rows[l], self.rows_w[l]
@@ -114,11 +147,16 @@ class SinkEpsAccumulator:
                         key0_mass=("key0_mass", "mean"), key0_share_real=("key0_share_real", "mean"),
                         phantom_share=("phantom_share", "mean"), uniform_ref=("uniform_ref", "mean")).reset_index()
             lay.insert(2, "epsilon", e)
+            share_loo = (alpha_loo > e).double().mean(-1).numpy()  # (n, L) share of sink heads, each batch left out
+            lay.insert(lay.columns.get_loc("sink_share") + 1, "sink_share_se", jackknife_se(share_loo))
+            lay.insert(lay.columns.get_loc("key0_mass") + 1, "key0_mass_se", jackknife_se(mass_loo.numpy()))
             layers.append(lay)
             summary.append({"epsilon": e, "n_heads": len(heads), "n_sink_heads": int(is_sink.sum()),
                             "sink_share": float(lay["sink_share"].mean()),  # (1/L) Σ_l (1/H) Σ_h 1[α > ε]
+                            "sink_share_se": jackknife_se(share_loo.mean(-1)),
                             "sink_share_key0": float(lay["sink_share_key0"].mean()),
                             "key0_mass": float(lay["key0_mass"].mean()),
+                            "key0_mass_se": jackknife_se(mass_loo.mean(-1).numpy()),
                             "key0_share_real": float(lay["key0_share_real"].mean()),
                             "phantom_share": float(lay["phantom_share"].mean()),
                             "uniform_ref": float(lay["uniform_ref"].mean()),
@@ -178,8 +216,8 @@ def _many(results):
 
 
 def sink_eps_figure(results):
-    """Left: share of sink heads per layer (one line per model and ε); right: key-0 score per head (layer x head) of
-    the first result, with the smallest ε as the colour midpoint."""
+    """Left: share of sink heads per layer (one line per model and ε, ± jackknife s.e. over batches where the result
+    has it); right: key-0 score per head (layer x head) of the first result."""
     res0 = _many(results)[0]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("share of sink heads per layer (Sink^ε)",
                                                         f"key-0 score per head — {res0['meta']['model'].iloc[0]}"))
@@ -187,6 +225,7 @@ def sink_eps_figure(results):
         name = str(res["meta"]["model"].iloc[0])
         for e, g in res["layers"].groupby("epsilon", sort=False):
             fig.add_trace(go.Scatter(x=g["layer"], y=g["sink_share"], mode="lines+markers", name=f"{name} ε={e:g}",
+                                     error_y=se_bars(g, "sink_share"),
                                      hovertemplate="layer %{x}: %{y:.2f}<extra>" + f"{name} ε={e:g}</extra>"),
                           row=1, col=1)
     heads = res0["heads"].pivot(index="head", columns="layer", values="key0_mass")
@@ -203,14 +242,15 @@ def sink_eps_figure(results):
 def sink_eps_trend_figure(summary: pd.DataFrame):
     """Sink^ε across models or training checkpoints: ``summary`` is the concatenation of several results' ``summary``
     tables with a ``model`` column (and ``step`` where the models are checkpoints of one run, as ``probe report``
-    writes them). x = training step when every row has one, else the model."""
+    writes them). x = training step when every row has one, else the model; ± jackknife s.e. over batches where the
+    summary has ``sink_share_se``."""
     steps = summary["step"] if "step" in summary else pd.Series([None] * len(summary), index=summary.index)
     by_step = steps.notna().all()
     fig = go.Figure()
     for e, g in summary.groupby("epsilon", sort=False):
         x = g["step"].astype(int) if by_step else g["model"]
         fig.add_trace(go.Scatter(x=x, y=g["sink_share"], mode="lines+markers" if by_step else "markers",
-                                 name=f"ε = {e:g}", text=g["model"]))  # no lines between unrelated models
+                                 name=f"ε = {e:g}", text=g["model"], error_y=se_bars(g, "sink_share")))  # no lines between unrelated models
     fig.update_layout(title="Sink^ε: share of heads whose mean attention on key 0 exceeds ε",
                       xaxis_title="training step" if by_step else "model", yaxis_title="Sink^ε",
                       yaxis_range=[-0.02, 1.02])
@@ -218,8 +258,8 @@ def sink_eps_trend_figure(summary: pd.DataFrame):
 
 
 def sink_eps_layers_figure(layers: pd.DataFrame, epsilon: float | None = None):
-    """Share of sink heads per layer across models or checkpoints (layer x model/step heatmap) at one ε (default: the
-    smallest): ``layers`` is the concatenation of several results' ``layers`` tables with a ``model`` column (and
+    """Share of sink heads per layer across models or checkpoints (heatmap: layers on x like every per-layer figure,
+    one row per model or training step) at one ε (default: the smallest): ``layers`` is the concatenation of several results' ``layers`` tables with a ``model`` column (and
     ``step``), as ``probe report`` collects them."""
     e = float(layers["epsilon"].min()) if epsilon is None else float(epsilon)
     sub = layers[layers["epsilon"] == e]
@@ -228,12 +268,13 @@ def sink_eps_layers_figure(layers: pd.DataFrame, epsilon: float | None = None):
     models = list(dict.fromkeys(sub["model"]))
     steps = sub.drop_duplicates("model").set_index("model")["step"] if "step" in sub else None
     by_step = steps is not None and steps.notna().all()
-    wide = sub.pivot_table(index="layer", columns="model", values="sink_share", sort=False)[models]
-    x = [str(int(steps[m])) for m in models] if by_step else models
-    fig = go.Figure(go.Heatmap(z=wide.to_numpy(), x=x, y=list(wide.index), zmin=0, zmax=1, colorscale="Viridis",
+    wide = sub.pivot_table(index="model", columns="layer", values="sink_share", sort=False).loc[models]
+    y = [str(int(steps[m])) for m in models] if by_step else models
+    fig = go.Figure(go.Heatmap(z=wide.to_numpy(), x=list(wide.columns), y=y, zmin=0, zmax=1, colorscale="Viridis",
                                colorbar=dict(title="sink share")))
-    fig.update_layout(title=f"Share of sink heads per layer (Sink^ε, ε = {e:g})",
-                      xaxis_title="training step" if by_step else "model", yaxis_title="layer")
+    fig.update_yaxes(type="category", title_text="training step" if by_step else "model")
+    integer_ticks(fig, "x", "layer")
+    fig.update_layout(title=f"Share of sink heads per layer (Sink^ε, ε = {e:g})")
     return fig
 
 

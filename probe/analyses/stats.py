@@ -1,4 +1,5 @@
-"""Paired comparisons between variants trained with the same seeds (SPEC §5, gatedv.md, abstention-filtering Table 2).
+"""Paired comparisons between variants trained with the same seeds (SPEC §5, gatedv.md, abstention-filtering Table 2),
+and the delete-one jackknife over evaluation batches.
 
 Inputs are long tables with one row per (variant, seed): columns ``variant``, ``seed`` and a metric (default
 ``loss``, lower is better). An improvement is ``other - variant`` for lower-is-better metrics (positive = better).
@@ -16,6 +17,20 @@ def _se(x: np.ndarray) -> float:
     x = np.asarray(x, dtype=float)
     x = x[~np.isnan(x)]
     return float(np.std(x, ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
+
+
+def jackknife_se(leave_one_out) -> np.ndarray | float:
+    """Delete-one jackknife standard error from a statistic recomputed with each batch left out in turn:
+    leave_one_out (n, ...) holds θ_-i along axis 0; s.e. = sqrt((n-1)/n · Σ_i (θ_-i - mean θ_-·)²) per entry,
+    NaN with fewer than two batches. For ratios of sums and thresholded statistics, where a mean of per-batch values
+    would be biased; for a plain mean over equal batches it equals the s.e. of the batch means (ddof 1 / sqrt(n))."""
+    theta = np.asarray(leave_one_out, dtype=float)
+    n = theta.shape[0]
+    if n < 2:
+        se = np.full(theta.shape[1:], np.nan)
+    else:
+        se = np.sqrt((n - 1) / n * ((theta - theta.mean(0)) ** 2).sum(0))
+    return float(se) if se.ndim == 0 else se
 
 
 def _wide(df: pd.DataFrame, value: str) -> pd.DataFrame:
@@ -106,4 +121,5 @@ def abstention_decomposition(df: pd.DataFrame, *, baseline: str = "baseline", si
     return pd.DataFrame(rows)
 
 
-__all__ = ["paired_differences", "perplexity_summary", "document_bootstrap", "abstention_decomposition"]
+__all__ = ["paired_differences", "perplexity_summary", "document_bootstrap", "abstention_decomposition",
+           "jackknife_se"]

@@ -4,7 +4,8 @@ the sample is too small for a statistic. Each function takes an analysis result 
 keyword arguments of ``probe.pages.page``: ``verdicts``, ``caveats``, ``tables``.
 
 Standard errors: sample standard deviation (ddof 1) of the per-batch means over batches, divided by sqrt(batches);
-batches are equal-sized, so their mean is the pooled mean."""
+batches are equal-sized, so their mean is the pooled mean. Ratios of sums and thresholded statistics (token-identity
+share, Sink^eps) carry delete-one-batch jackknife standard errors computed by their analyses (``*_se`` columns)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -57,6 +58,12 @@ def _se_caveat(n: int, what: str = "evaluation batches") -> list[str]:
     return [f"standard errors need at least {MIN_BATCHES} {what} (this run: {n}); run with more --batches"]
 
 
+def _pm(row, col: str, fmt: str = ".1%") -> str:
+    """' ± s.e.' of ``col`` from its ``<col>_se`` column, or nothing (no column, or NaN: fewer than two batches)."""
+    se = row.get(f"{col}_se")
+    return f" ± {se:{fmt}}" if se is not None and pd.notna(se) else ""
+
+
 def _later(layers: pd.DataFrame) -> pd.DataFrame:
     return layers[layers["layer"] > 0] if len(layers) > 1 else layers
 
@@ -73,8 +80,8 @@ def sink_sections(result: dict) -> dict:
         key0 = result["sink_eps_summary"]["key0"].iloc[0] if "key0" in result["sink_eps_summary"] else "key 0"
         for _, e in result["sink_eps_summary"].iterrows():
             verdicts.append(f"Sink^{e['epsilon']:g}: {int(e['n_sink_heads'])} of {int(e['n_heads'])} heads "
-                            f"({e['sink_share']:.1%}) put more than {e['epsilon']:g} of their mean attention on "
-                            f"{key0}")
+                            f"({e['sink_share']:.1%}{_pm(e, 'sink_share')}) put more than {e['epsilon']:g} of their "
+                            f"mean attention on {key0}")
     later_b = batches[batches["layer"].isin(later["layer"])] if batches is not None and len(batches) else None
     se = batch_se(later_b, ["pos0_share", "uniform_ref", "r0"], by=None)
     summary = _drop_ids(result["summary"])
@@ -87,8 +94,11 @@ def sink_sections(result: dict) -> dict:
     tables.append(("Per layer (± standard error over batches)",
                    _with_se(result["layers"], batches, ["pos0_share", "phantom_share", "r0"])))
     if "sink_eps_summary" in result:
-        tables.append(("Sink^eps (Gu et al.): heads whose mean attention on key 0 exceeds eps",
-                       _drop_ids(result["sink_eps_summary"])))
+        tables.append(("Sink^eps (Gu et al.): heads whose mean attention on key 0 exceeds eps (*_se: jackknife "
+                       "standard error over batches)", _drop_ids(result["sink_eps_summary"])))
+    if "sink_eps_layers" in result:
+        tables.append(("Sink^eps per layer (± jackknife standard error over batches)",
+                       _drop_ids(result["sink_eps_layers"])))
     if "massive_layers" in result:
         tables.append(("Massive activations (Sun et al.; |h| > 100 and > 1000x the median)",
                        _drop_ids(result["massive_layers"]),
@@ -120,9 +130,13 @@ def inject_sections(result: dict) -> dict:
     if "exposure" in result:
         e = result["exposure"]
         for _, row in e.iterrows():
-            verdicts.append(f"exposure: {row['quiet_share']:.1%} of each row's attention mass falls on the "
-                            f"{row['cutoff']} quiet reads, {row['phantom_share']:.1%} on the phantom")
-        tables.append(("Exposure (share of each row's attention mass, phantom included)", _drop_ids(e)))
+            verdicts.append(f"exposure: {row['quiet_share']:.1%}{_pm(row, 'quiet_share')} of each row's attention "
+                            f"mass falls on the {row['cutoff']} quiet reads, {row['phantom_share']:.1%}"
+                            f"{_pm(row, 'phantom_share')} on the phantom (mean ± s.e. over batches)")
+        tables.append(("Exposure (share of each row's attention mass, phantom included; *_se: standard error over "
+                       "batches)", _drop_ids(e)))
+    if "exposure_layers" in result:
+        tables.append(("Exposure per layer (± standard error over batches)", _drop_ids(result["exposure_layers"])))
     return {"verdicts": verdicts, "caveats": _se_caveat(_n_batches(result)), "tables": tables}
 
 
@@ -132,8 +146,9 @@ def gate_sections(result: dict, k: int = 10) -> dict:
     tokens, min_count = result["tokens"], int(s.get("min_count", 0))
     verdicts = [f"mean gate {s['mean_gate']:.3g} (attention-weighted), selectivity {s['selectivity']:.3g}, "
                 f"{s['frac_below_half']:.1%} of reads gated below 0.5",
-                f"token identity explains {s['token_share']:.1%} of the gate variance "
-                f"({s['token_share_min_count']:.1%} over tokens seen >= {min_count} times)"]
+                f"token identity explains {s['token_share']:.1%}{_pm(s, 'token_share')} of the gate variance "
+                f"({s['token_share_min_count']:.1%}{_pm(s, 'token_share_min_count')} over tokens seen >= {min_count} "
+                "times; ± jackknife s.e. over batches)"]
     caveats = _se_caveat(_n_batches(result))
     for label, n, u in (("all tokens", s.get("n_token_reads"), s.get("n_token_types")),
                         (f"tokens seen >= {min_count} times", s.get("n_frequent_reads"), s.get("n_frequent_types"))):
@@ -143,7 +158,8 @@ def gate_sections(result: dict, k: int = 10) -> dict:
                            f"a gate unrelated to token identity would already score about {chance:.0%} "
                            "((types - 1) / (reads - 1)); too small a sample, use more --batches")
     empty = f"no token occurs {min_count} times in these windows (lower --min-count or use more --batches)"
-    tables = [("Summary (rows t >= 1, averaged over heads and layers)", _drop_ids(result["summary"])),
+    tables = [("Summary (rows t >= 1, averaged over heads and layers; token_share*_se: jackknife standard error over "
+               "batches)", _drop_ids(result["summary"])),
               ("Per layer (± standard error over batches)",
                _with_se(result["layers"], result.get("batches"), ["mean_gate", "selectivity", "read_mean_gate"])),
               (f"Most attenuated tokens (count >= {min_count})", _drop_ids(tokens.head(k)), empty),

@@ -183,6 +183,11 @@ def report_page(tables: dict, records: list[dict], settings: dict, self_containe
             inj = inj.assign(cutoff=inj["cutoff"].astype(str)).merge(se, on=["model", "junk", "cutoff", "dose"],
                                                                       how="left")
         shown.append(("Injection (loss increase in nats per token; delta_se: s.e. over batches)", inj))
+    if "exposure" in tables:
+        exp = tables["exposure"]
+        cols = ["model", "cutoff", "quiet_share", "quiet_share_se", "phantom_share", "phantom_share_se"]
+        shown.append(("Exposure (share of each row's attention mass on the quiet reads and on the phantom; *_se: "
+                      "s.e. over batches)", exp[[c for c in cols if c in exp]]))
     return page("Attention-sink report", report_figures(tables) + _training_figures(records), verdicts=verdicts,
                 tables=shown, intro=intro, self_contained=self_contained)
 

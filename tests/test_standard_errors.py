@@ -145,7 +145,7 @@ def test_sink_eps_jackknife_leaves_each_batch_out():
 
 
 def test_pages_and_figures_show_the_standard_errors():
-    from probe.report_html import report_figures
+    from probe.report_html import report_figures, report_page
 
     model, toks = tiny("sinklogit"), windows(N_BATCHES, 2, 12)
     heads = sink_heads(model, toks, eps=[0.05, 0.3])
@@ -179,23 +179,28 @@ def test_pages_and_figures_show_the_standard_errors():
     assert list(token_panel.error_y.array) == pytest.approx(gates["layers"]["token_share_se"].tolist())
 
     # the report: bars from the saved *_se columns; older records without them still draw, without bars
-    def report(with_se: bool):
+    def report_tables(with_se: bool) -> dict:
         def rows(t):
             t = t.assign(model="m", step=None)
             return t if with_se else t[[c for c in t.columns if not c.endswith("_se")]]
-        sinks = {k: pd.DataFrame({"model": ["m"], "step": [None], "pos0_share": [0.5], "uniform_ref": [0.2],
-                                  "pos0_over_uniform": [2.5], "phantom_share": [0.1], "r0_later": [0.9]})
-                 for k in ("summary",)}
+        summary = pd.DataFrame({"model": ["m"], "step": [None], "pos0_share": [0.5], "uniform_ref": [0.2],
+                                "pos0_over_uniform": [2.5], "phantom_share": [0.1], "r0_later": [0.9],
+                                "sink_formed": [False]})
         layers = pd.DataFrame({"model": "m", "layer": [0, 1], "pos0_share": 0.5, "phantom_share": 0.1, "r0": 0.9,
                                "uniform_ref": 0.2})
-        return report_figures({**sinks, "layers": layers, "sink_eps": rows(heads["summary"]),
-                               "sink_eps_layers": rows(heads["layers"]), "exposure": rows(exp["exposure"])})
-    figs = report(True)
+        return {"summary": summary, "layers": layers, "sink_eps": rows(heads["summary"]),
+                "sink_eps_layers": rows(heads["layers"]), "exposure": rows(exp["exposure"])}
+    figs = report_figures(report_tables(True))
     trend, prof, exposure = figs[-3], figs[-2], figs[-1]
     assert trend.data[0].error_y.array == pytest.approx((e["sink_share_se"],))
     assert list(prof.data[0].error_y.array) == pytest.approx(
         heads["layers"].query("epsilon == 0.05")["sink_share_se"].tolist())
     assert [t.error_y.array[0] for t in exposure.data] == pytest.approx([row["quiet_share_se"],
                                                                          row["phantom_share_se"]])
-    old = report(False)
+    old = report_figures(report_tables(False))
     assert len(old) == len(figs) and all(t.error_y.array is None for f in old[-3:] for t in f.data)
+    settings = dict(batches=N_BATCHES, batch_size=2, ctx=12, window_mode="sequential", seed=0, device="cpu",
+                    dtype="auto", inject=None, probe_version="x")
+    html = report_page(report_tables(True), [{"name": "m", "meta": {}}], settings)
+    for col in ("sink_share_se", "key0_mass_se", "quiet_share_se", "phantom_share_se"):
+        assert f"<th>{col}</th>" in html, col  # the report's tables carry the standard errors

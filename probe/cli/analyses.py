@@ -108,8 +108,8 @@ def run_sinks(args: argparse.Namespace) -> int:
                                                        "phantom_share", "r0", "pos0_share_key0"])]
     text += ["", f"sink heads (Gu et al.): share of heads whose mean attention on key 0 "
                  f"({heads['summary']['key0'].iloc[0]}) exceeds eps:",
-             show(heads["summary"], ["epsilon", "n_sink_heads", "n_heads", "sink_share", "key0_mass",
-                                     "phantom_share", "uniform_ref"])]
+             show(heads["summary"], ["epsilon", "n_sink_heads", "n_heads", "sink_share", "sink_share_se", "key0_mass",
+                                     "key0_mass_se", "phantom_share", "uniform_ref"])]
     if args.massive:
         mas = massive_activations(model, eb, tokenizer=run.tokenizer, progress=run.progress)
         for k in ("summary", "layers", "top", "dims"):
@@ -154,7 +154,8 @@ def run_inject(args: argparse.Namespace) -> int:
     figures = [F.injection_figure(result)]
     if "exposure" in result:
         text += ["", "exposure (share of each row's attention mass, phantom included):",
-                 show(result["exposure"], ["cutoff", "quiet_share", "phantom_share"])]
+                 show(result["exposure"], ["cutoff", "quiet_share", "quiet_share_se", "phantom_share",
+                                           "phantom_share_se"])]
         figures.append(F.exposure_figure(result))
     save_result(run.output, "inject", result, figures, run.console, "Value-noise injection",
                 summaries.inject_sections(result))
@@ -203,7 +204,8 @@ def run_gates(args: argparse.Namespace) -> int:
     tokens = result["tokens"].assign(token=lambda t: t["token"].map(repr))  # show spaces and newlines
     text = [header(result_meta(result)), "", "summary:",
             _summary_lines(s, ("value_gate", "mean_gate", "selectivity", "spread", "read_mean_gate",
-                               "frac_below_half", "token_share", "token_share_min_count")), "",
+                               "frac_below_half", "token_share", "token_share_se", "token_share_min_count",
+                               "token_share_min_count_se")), "",
             "per layer:", show(result["layers"])]
     cols = ["token", "token_id", "count", "mean_gate"]
     if 0 < len(tokens) <= 20:

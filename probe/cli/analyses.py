@@ -78,7 +78,7 @@ def _summary_lines(row: dict, keys) -> str:
     for k in keys:
         if k in row:
             v = row[k]
-            out.append(f"  {k:<22} {v:.4g}" if isinstance(v, float) else f"  {k:<22} {v}")
+            out.append(f"  {k:<24} {v:.4g}" if isinstance(v, float) else f"  {k:<24} {v}")  # fits *_min_count_se
     return "\n".join(out)
 
 

@@ -1,8 +1,8 @@
 """The names of the custom models, as plain data: variants with their descriptions, tiers with their architectures.
 
-Standard library only, so ``probe models`` lists them without importing torch or transformers. probe.models uses and
-re-exports these tables (``probe.models.VARIANTS``, ``TIERS``): models/config.py builds tiers from them, models/variants.py
-maps each variant name to its mechanism settings and ``add_variant`` adds to ``VARIANTS``.
+Standard library only, so ``probe models`` lists them without importing torch or transformers. probe.models uses
+and re-exports these tables (``probe.models.VARIANTS``, ``TIERS``): models/config.py builds tiers from them,
+models/variants.py maps each variant name to its mechanism settings and ``add_variant`` adds to ``VARIANTS``.
 """
 from __future__ import annotations
 

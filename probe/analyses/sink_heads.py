@@ -9,8 +9,8 @@ threshold ε when α^{l,h} > ε (Gu et al.'s default ε = 0.3), and
 is the share of sink heads in the model (reported per layer as well, for every ε asked for).
 
 Conventions (SPEC §5): rows t >= 1 (query 0 sees only key 0). Gu et al.'s score for key k averages over the queries
-i >= k, which for key 0 includes query 0 itself (always 1 - phantom); ``include_query0=True`` reproduces that. The mean is pooled over every row of every window (all windows have the same
-length, so this equals the mean over windows of per-window means), then thresholded per head. Beside α the tables
+i >= k, which for key 0 includes query 0 itself (always 1 - phantom); ``include_query0=True`` reproduces that. The
+mean is pooled over every row of every window (all windows have the same length, so this equals the mean over windows of per-window means), then thresholded per head. Beside α the tables
 report the key-0 share of the *real* mass (a_{t,0} / Σ_j a_{t,j}, sinks.py's ``pos0_share``), the phantom share and
 the causal-uniform reference mean_t 1/(t+1). Standard errors (``sink_share_se``, ``key0_mass_se``) are delete-one-batch
 jackknife estimates over evaluation batches: α and the thresholded share are recomputed with each batch left out
@@ -250,7 +250,8 @@ def sink_eps_trend_figure(summary: pd.DataFrame):
     for e, g in summary.groupby("epsilon", sort=False):
         x = g["step"].astype(int) if by_step else g["model"]
         fig.add_trace(go.Scatter(x=x, y=g["sink_share"], mode="lines+markers" if by_step else "markers",
-                                 name=f"ε = {e:g}", text=g["model"], error_y=se_bars(g, "sink_share")))  # no lines between unrelated models
+                                 name=f"ε = {e:g}", text=g["model"],  # markers only between unrelated models
+                                 error_y=se_bars(g, "sink_share")))
     fig.update_layout(title="Sink^ε: share of heads whose mean attention on key 0 exceeds ε",
                       xaxis_title="training step" if by_step else "model", yaxis_title="Sink^ε",
                       yaxis_range=[-0.02, 1.02])
@@ -259,8 +260,8 @@ def sink_eps_trend_figure(summary: pd.DataFrame):
 
 def sink_eps_layers_figure(layers: pd.DataFrame, epsilon: float | None = None):
     """Share of sink heads per layer across models or checkpoints (heatmap: layers on x like every per-layer figure,
-    one row per model or training step) at one ε (default: the smallest): ``layers`` is the concatenation of several results' ``layers`` tables with a ``model`` column (and
-    ``step``), as ``probe report`` collects them."""
+    one row per model or training step) at one ε (default: the smallest): ``layers`` is the concatenation of several
+    results' ``layers`` tables with a ``model`` column (and ``step``), as ``probe report`` collects them."""
     e = float(layers["epsilon"].min()) if epsilon is None else float(epsilon)
     sub = layers[layers["epsilon"] == e]
     if sub.empty:

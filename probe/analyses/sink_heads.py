@@ -9,15 +9,16 @@ threshold ε when α^{l,h} > ε (Gu et al.'s default ε = 0.3), and
 is the share of sink heads in the model (reported per layer as well, for every ε asked for).
 
 Conventions (SPEC §5): rows t >= 1 (query 0 sees only key 0). Gu et al.'s score for key k averages over the queries
-i >= k, which for key 0 includes query 0 itself (always 1 - phantom); ``include_query0=True`` reproduces that. The
-mean is pooled over every row of every window (all windows have the same length, so this equals the mean over
-windows of per-window means), then thresholded per head. Beside α the tables report the key-0 share of the *real*
-mass (a_{t,0} / Σ_j a_{t,j}, sinks.py's ``pos0_share``), the phantom share and the causal-uniform reference mean_t 1/(t+1). Standard errors (``sink_share_se``, ``key0_mass_se``) are delete-one-batch
-jackknife estimates over evaluation batches: α and the thresholded share are recomputed with each batch left out
-(a threshold is not a mean of per-batch values). "Key 0" is the first position of the window: the first text token (eval
-windows carry no BOS), or, for the custom ``sinktoken`` variant, the learned sink token prepended at position 0
-(``meta['key0']`` says which). Sliding-window layers (gpt-oss) are also reported over the rows whose window contains
-key 0 (``*_key0`` columns); the sink-head decision uses all rows unless ``window_rows='key0'`` is asked for.
+i >= k, which for key 0 includes query 0 itself (always 1 - phantom); ``include_query0=True`` reproduces that. The mean
+is pooled over every row of every window (all windows have the same length, so this equals the mean over windows of
+per-window means), then thresholded per head. Beside α the tables report the key-0 share of the *real* mass (a_{t,0} /
+Σ_j a_{t,j}, sinks.py's ``pos0_share``), the phantom share and the causal-uniform reference mean_t 1/(t+1). Standard
+errors (``sink_share_se``, ``key0_mass_se``) are delete-one-batch jackknife estimates over evaluation batches: α and
+the thresholded share are recomputed with each batch left out (a threshold is not a mean of per-batch values). "Key 0"
+is the first position of the window: the first text token (eval windows carry no BOS), or, for the custom
+``sinktoken`` variant, the learned sink token prepended at position 0 (``meta['key0']`` says which). Sliding-window
+layers (gpt-oss) are also reported over the rows whose window contains key 0 (``*_key0`` columns); the sink-head
+decision uses all rows unless ``window_rows='key0'`` is asked for.
 
 Memory: the streaming pass hooks q, k (the sink logit, a routing-slot gate) one layer at a time and gets the per-row
 masses from probe.kernels.attention_row_masses; no T x T tensor exists. ``method='pattern'`` reads ``hook_pattern`` /

@@ -11,8 +11,10 @@ Tolerances are measured on this machine (fp32, 1 or 2 threads alike) with margin
 The analyses run once each (module fixtures) on the windows ``default_windows`` builds for the model: 2 batches × 2
 windows of BOS + 255 WikiText-2 tokens (the parity windows are the first batch). What they assert was measured first
 (numbers in each test); the margins are wide enough for the model, narrow enough that a broken hook fails.
-Gemma 2's attention-logit soft-cap is not applied by the streaming row masses: those analyses refuse a Gemma 2 model
-(tested on a tiny random one) and the pattern-based paths still work.
+Gemma 2's attention-logit soft-cap, cap · tanh(scale q·k / cap), is applied by the streaming row masses as by its
+hook_pattern: on a tiny random Gemma 2 (cap 2, small enough to bend its patterns) every streaming analysis equals its
+pattern-based counterpart, and `probe sinks` runs on it (about 10 CPU-seconds for that section, most of it the CLI
+subprocess's imports).
 
 Cost (one thread, as conftest sets; measured with the cache converted): the whole file takes about 135 CPU-seconds
 (user + system) and 5.3 GB peak RSS. Wall time on 2 cores busy with other work (load 7-8): 276 s, of which the
@@ -23,6 +25,7 @@ loaded machine they made each analysis 2-4x slower.
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 from types import SimpleNamespace
 
@@ -31,9 +34,11 @@ import pytest
 import torch
 
 import probe
+from cli_util import WINDOWS as CLI_WINDOWS
+from cli_util import probe as cli
 from probe.analyses.capture import default_windows, row_masses
 from probe.analyses.gates import gate_stats
-from probe.analyses.inject import exposure_stats, inject
+from probe.analyses.inject import exposure_stats, inject, quiet_mask
 from probe.analyses.massive import massive_activations
 from probe.analyses.sink_heads import sink_heads
 from probe.analyses.sinks import sink_stats, sink_stats_reference
@@ -328,34 +333,80 @@ def test_gate_and_depth_analyses_refuse_gemma(gemma_model, windows):
 # ---------------------------------------------------------------------------------- Gemma 2: the attention soft-cap
 
 
-@torch.no_grad()
-def test_streaming_analyses_refuse_a_soft_capped_model(tmp_path):
-    """Gemma 2 soft-caps its attention logits (cap · tanh(s / cap)); the streaming row masses do not, so every analysis
-    that uses them refuses with one line naming the cap and the way out, and the pattern paths (hook_pattern carries
-    the cap) still work."""
-    m = probe.load(build_tiny("gemma2", tmp_path / "gemma2"))
-    info = m.probe_info
-    assert info.extra["attn_logit_softcap"] == 2.0
+@pytest.fixture(scope="module")
+def gemma2(tmp_path_factory):
+    """A tiny random Gemma 2 (cap 2.0, a sliding layer of window 4 then a full one), 2 batches x 2 windows of 12."""
+    directory = build_tiny("gemma2", tmp_path_factory.mktemp("gemma2") / "gemma2")
     x = torch.randint(2, VOCAB, (2, 2, 13), generator=torch.Generator().manual_seed(0))
-    runs = {"row_masses": lambda: row_masses(info, 0, {}, torch.zeros(2, 12, info.n_kv_heads, 1)),
-            "sink_stats": lambda: sink_stats(m, x), "sink_heads": lambda: sink_heads(m, x),
-            "massive": lambda: massive_activations(m, x), "exposure": lambda: exposure_stats(m, x),
-            "inject": lambda: inject(m, x, junk="gaussian", doses=(0.4,), progress=False)}
-    for what, run in runs.items():
-        with pytest.raises(ValueError) as e:
-            run()
-        msg = str(e.value)
-        assert "\n" not in msg and "attn_logit_softcap=2" in msg and "method='pattern'" in msg, what
-    ref, pat = sink_stats_reference(m, x), sink_heads(m, x, method="pattern")
-    want = torch.zeros(info.n_layers, dtype=torch.float64)
+    return SimpleNamespace(dir=directory, m=probe.load(directory), x=x)
+
+
+def without_cap(info):
+    info = copy.copy(info)
+    info.extra = {**info.extra, "attn_logit_softcap": None}
+    return info
+
+
+@torch.no_grad()
+def test_streaming_row_masses_apply_the_soft_cap(gemma2):
+    """One-hot indicators make the row masses the whole pattern: with the cap they equal hook_pattern (HF eager's
+    softmax of cap · tanh(s / cap)) in the sliding and the full layer (measured max |Δ| 1.8e-7); without it they are
+    far off (0.51 and 0.64), so the cap is what this checks."""
+    m, x = gemma2.m, gemma2.x[0, :, :-1]
+    info = m.probe_info
+    assert info.extra["attn_logit_softcap"] == 2.0 and info.layer_types == ["sliding", "full"]
+    _, cache = m.run_with_cache(x, names_filter=lambda n: n.endswith(("hook_pattern", "hook_q", "hook_k")))
+    B, T = x.shape
+    one_hot = torch.eye(T)[None, :, None, :].expand(B, T, info.n_kv_heads, T)  # (B, T, Hkv, T): key j -> column j
+    for l in range(info.n_layers):
+        got = {n: cache[f"blocks.{l}.attn.{n}"] for n in ("hook_q", "hook_k")}
+        pattern = cache[f"blocks.{l}.attn.hook_pattern"]  # (B, H, T, T)
+        _, mass, phantom = row_masses(info, l, got, one_hot)
+        torch.testing.assert_close(mass, pattern, atol=1e-6, rtol=1e-5)
+        assert not phantom.any()
+        _, uncapped, _ = row_masses(without_cap(info), l, got, one_hot)
+        assert (uncapped - pattern).abs().max() > 0.3, l
+
+
+@torch.no_grad()
+def test_streaming_analyses_equal_the_pattern_paths_on_gemma2(gemma2):
+    """sink_stats, sink_heads, exposure (alone and inside inject) and massive activations' key-0 masses stream the
+    capped row masses; each equals its pattern-based counterpart (measured |Δ| ≤ 1.2e-8)."""
+    m, x = gemma2.m, gemma2.x
+    info = m.probe_info
+    stream, ref = sink_stats(m, x), sink_stats_reference(m, x)
+    for table in ("summary", "by_type", "layers", "heads", "batches"):
+        cols = ref[table].select_dtypes("number").columns
+        assert np.allclose(stream[table][cols], ref[table][cols], rtol=1e-5, atol=1e-7, equal_nan=True), table
+    streamed, pat = sink_heads(m, x, method="streaming"), sink_heads(m, x, method="pattern")
+    for table in ("summary", "layers", "heads"):
+        cols = pat[table].select_dtypes("number").columns
+        assert np.allclose(streamed[table][cols], pat[table][cols], rtol=1e-5, atol=1e-7, equal_nan=True), table
+    key0 = ref["layers"]["pos0_share"].to_numpy()
+    assert np.allclose(massive_activations(m, x)["layers"]["key0_mass"][:info.n_layers], key0, atol=1e-6)
+
+    exposure = exposure_stats(m, x, cutoffs=["q25"])["exposure_heads"]
+    want = torch.zeros(info.n_layers, info.n_heads, dtype=torch.float64)
     for n in range(x.shape[0]):  # equal batches: the pooled mean is the mean of batch means
-        _, cache = m.run_with_cache(x[n, :, :-1], names_filter=lambda name: name.endswith("hook_pattern"))
-        want += torch.tensor([cache[f"blocks.{l}.attn.hook_pattern"][..., 1:, 0].double().mean().item()
-                              for l in range(info.n_layers)]) / x.shape[0]
-    assert np.allclose(ref["layers"]["pos0_share"], want.numpy(), atol=1e-6)
-    assert np.allclose(pat["layers"]["key0_mass"], want.numpy(), atol=1e-6)
-    # injection itself does not need the row masses, only its exposure tables do
-    assert "exposure" not in inject(m, x, junk="gaussian", doses=(0.4,), exposure=False, progress=False)
+        _, cache = m.run_with_cache(x[n, :, :-1], names_filter=lambda name: name.endswith(("hook_pattern", "hook_v")))
+        for l in range(info.n_layers):
+            pattern = cache[f"blocks.{l}.attn.hook_pattern"].double()  # (B, H, T, T)
+            quiet = quiet_mask(cache[f"blocks.{l}.attn.hook_v"].norm(dim=-1), 0.25)  # (B, T, Hkv) per key
+            quiet = quiet.permute(0, 2, 1).repeat_interleave(info.kv_group, 1)[:, :, None, :]  # (B, H, 1, T)
+            want[l] += (pattern * quiet).sum(-1)[:, :, 1:].mean((0, 2)) / x.shape[0]
+    assert np.allclose(exposure.sort_values(["layer", "head"])["quiet_share"], want.flatten().numpy(), atol=1e-6)
+    injected = inject(m, x, junk="gaussian", doses=(0.4,), progress=False)
+    assert np.allclose(injected["exposure_heads"].sort_values(["layer", "head"])["quiet_share"],
+                       want.flatten().numpy(), atol=1e-6)
+
+
+def test_probe_sinks_runs_on_gemma2(gemma2, tmp_path):
+    words = tmp_path / "words.txt"  # text in the tiny vocabulary (w2 ... w95), one document
+    words.write_text(" ".join(f"w{2 + (7 * i) % 94}" for i in range(200)) + "\n")
+    r = cli("sinks", "--model", gemma2.dir, "--data", words, *CLI_WINDOWS, "--json", "--quiet")
+    assert r.returncode == 0, r.stderr
+    layers = json.loads(r.stdout)["tables"]["layers"]
+    assert [x["layer_type"] for x in layers] == ["sliding", "full"] and all(0 < x["pos0_share"] < 1 for x in layers)
 
 
 # ---------------------------------------------------------------------------------- resolution and the cache

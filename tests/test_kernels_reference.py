@@ -20,8 +20,9 @@ def rand_qkv(B=2, T=6, H=4, Hkv=2, dh=8, dv=6, seed=0):
             torch.randn(B, T, Hkv, dv, generator=g))
 
 
-def naive_attention(q, k, v, *, sink=None, key_bias=None, window=None, log_gate=None):
-    """Row by row in float64 with Python exp: the phantom enters the normaliser with value 0."""
+def naive_attention(q, k, v, *, sink=None, key_bias=None, window=None, log_gate=None, softcap=None):
+    """Row by row in float64 with Python exp: the phantom enters the normaliser with value 0. softcap bends the q.k
+    score only (Gemma 2: cap tanh(s / cap)); biases and the sink are added uncapped."""
     B, T, H, dh = q.shape
     G = H // k.shape[2]
     out = torch.zeros(B, T, H, v.shape[-1], dtype=torch.float64)
@@ -32,6 +33,8 @@ def naive_attention(q, k, v, *, sink=None, key_bias=None, window=None, log_gate=
             for i in range(T):
                 js = [j for j in range(T) if j <= i and (window is None or j > i - window)]
                 logit = {j: float(q[b, i, h].double() @ k[b, j, h // G].double()) / math.sqrt(dh) for j in js}
+                if softcap is not None:
+                    logit = {j: softcap * math.tanh(x / softcap) for j, x in logit.items()}
                 for j in js:
                     logit[j] += (0.0 if key_bias is None else float(key_bias[b, h // G, j]))
                     logit[j] += (0.0 if log_gate is None else float(log_gate[b, j, h // G]))
@@ -144,6 +147,43 @@ def test_window_and_scale():
     res = sink_attention(q, k, v, window=1, scale=0.3, return_pattern=True, backend="reference")
     torch.testing.assert_close(res.pattern, torch.eye(5).expand(1, 2, 5, 5))  # window 1: only the diagonal
     torch.testing.assert_close(res.out, v.expand(1, 5, 2, 6))
+
+
+@pytest.mark.parametrize("sink_value", [None, 0.0, 100.0])
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("backend", ["reference", "torch", "chunked"])
+def test_softcapped_row_masses_match_naive(sink_value, window, backend):
+    """Gemma 2's cap on every torch path (the CPU flash op cannot cap: torch takes the chunked path), with GQA, a
+    key bias and a sink; chunks of 4 over 9 positions cross block edges. A cap of 1 moves the masses by far more
+    than the tolerance (checked), so the cap is applied, not skipped."""
+    from probe.kernels.sink_attention.row_masses import row_masses_chunked
+
+    q, k, v = rand_qkv(T=9)
+    q = 2 * q  # scores of several units: the cap bends them
+    sink = None if sink_value is None else torch.tensor([sink_value, 0.5, -1.0, sink_value])
+    key_bias = torch.randn(2, 2, 9, generator=torch.Generator().manual_seed(1))
+    ind = torch.zeros(2, 9, 2, 2)
+    ind[:, 0, :, 0] = 1.0  # key 0
+    ind[:, :, :, 1] = (torch.rand(2, 9, 2, generator=torch.Generator().manual_seed(2)) < 0.5).float()
+    kw = dict(sink=sink, key_bias=key_bias, window=window)
+    _, pattern, phantom = naive_attention(q, k, v, softcap=1.0, **kw)
+    if backend == "chunked":
+        lse, masses = row_masses_chunked(q, k, ind, scale=8 ** -0.5, softcap=1.0, chunk=4, **kw)
+    else:
+        lse, masses = attention_row_masses(q, k, ind, softcap=1.0, backend=backend, **kw)
+    want = torch.einsum("bhij,bjhc->bhic", pattern, ind.double().repeat_interleave(2, dim=2))  # (B, H, T, 2)
+    torch.testing.assert_close(masses.double(), want, atol=1e-6, rtol=1e-5)
+    if sink is not None:
+        torch.testing.assert_close(torch.exp(sink[None, :, None] - lse).double(), phantom, atol=1e-6, rtol=1e-5)
+    _, uncapped = attention_row_masses(q, k, ind, backend=backend if backend != "chunked" else "torch", **kw)
+    assert (uncapped.double() - want).abs().max() > 0.05
+
+
+@pytest.mark.parametrize("softcap", [0.0, -1.0, float("inf"), float("nan"), "2"])
+def test_bad_softcap_is_refused(softcap):
+    q, k, v = rand_qkv()
+    with pytest.raises(ValueError, match=f"softcap must be a positive finite number or None, got {softcap!r}"):
+        attention_row_masses(q, k, v, softcap=softcap)
 
 
 # ---------------------------------------------------------------- depth attention reference and merge

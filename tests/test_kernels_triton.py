@@ -127,6 +127,41 @@ def test_row_masses_triton(sink_value, window):
     torch.testing.assert_close(masses[..., 1] + ref.phantom, torch.ones_like(lse), atol=1e-5, rtol=1e-5)
 
 
+def capped_masses(q, k, ind, sink, key_bias, window, softcap):
+    """Explicit T x T, fp64: softmax over [sink, cap tanh(scale q.k / cap) + key_bias] on visible keys, @ indicators."""
+    B, T, H, dh = q.shape
+    G = H // k.shape[2]
+    s = torch.einsum("bihd,bjhd->bhij", q.double(), k.double().repeat_interleave(G, 2)) / dh ** 0.5  # (B, H, T, T)
+    s = softcap * torch.tanh(s / softcap) + key_bias.double().repeat_interleave(G, 1)[:, :, None, :]
+    i, j = torch.arange(T, device=q.device)[:, None], torch.arange(T, device=q.device)[None, :]
+    visible = (j <= i) if window is None else (j <= i) & (j > i - window)
+    s = s.masked_fill(~visible, float("-inf"))
+    if sink is not None:  # the phantom: one more logit, value 0
+        s = torch.cat([sink.double()[None, :, None, None].expand(B, H, T, 1), s], -1)
+    lse = s.logsumexp(-1)  # (B, H, T)
+    a = torch.exp(s - lse[..., None])[..., -T:]  # the real keys' probabilities
+    return lse, torch.einsum("bhij,bjhc->bhic", a, ind.double().repeat_interleave(G, 2))
+
+
+@pytest.mark.parametrize("sink_value,window", [(None, None), (0.7, None), (100.0, 6)])
+def test_row_masses_triton_softcap(sink_value, window):
+    """Gemma 2's cap inside the kernel (2 sigmoid(2x) - 1 for tanh), with GQA, a key bias, a sink and a window."""
+    x = attention_inputs(2, 20, 4, 2, 8, 8, sink_value, key_bias=True)
+    q = 2 * x["q"].detach()  # scores of several units: a cap of 1 bends them
+    ind = torch.zeros(2, 20, 2, 2, device=DEV)
+    ind[:, 0, :, 0] = 1.0
+    ind[:, :, :, 1] = (torch.rand(2, 20, 2, generator=torch.Generator().manual_seed(3)) < 0.5).float().to(DEV)
+    sink = None if "sink" not in x else x["sink"].detach()
+    kw = dict(sink=sink, key_bias=x["key_bias"].detach(), window=window)
+    with torch.no_grad():
+        lse, masses = attention_row_masses(q, x["k"], ind, softcap=1.0, backend="triton", **kw)
+        _, uncapped = attention_row_masses(q, x["k"], ind, backend="triton", **kw)
+    want_lse, want = capped_masses(q, x["k"].detach(), ind, softcap=1.0, **kw)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(masses.double(), want, atol=1e-6, rtol=1e-5)
+    assert (uncapped.double() - want).abs().max() > 0.05
+
+
 # ---------------------------------------------------------------- depth attention
 
 def depth_inputs(S, B, T, d, r, view_keys, bias, seed=0):

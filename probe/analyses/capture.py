@@ -211,19 +211,16 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     masses[..., c] is each row's attention mass on the keys marked by indicators[..., c] (phantom in the normaliser).
     ``backend``: the kernels' vocabulary (auto, torch, reference, sdpa, triton); None follows the runtime choice
     (``probe.kernels.use_backend`` / $PROBE_BACKEND), as models do. A model with an attention-logit soft-cap (Gemma 2,
-    ``info.extra['attn_logit_softcap']``) is refused with a ValueError: the kernels do not apply the cap yet.
+    ``info.extra['attn_logit_softcap']``) has it applied to the scores, ``cap · tanh(scale q·k / cap)``, as in its
+    ``hook_pattern``.
     """
-    cap = info.extra.get("attn_logit_softcap")
-    if cap:  # Gemma 2: cap * tanh(scores / cap) before the softmax, which the streaming kernels do not apply
-        raise ValueError(f"model {info.name!r} soft-caps its attention logits (attn_logit_softcap={cap:g}), which the "
-                         "streaming row masses do not apply yet; use a pattern-based path where the analysis has one "
-                         "(sink_heads(method='pattern'), sink_stats_reference; inject(exposure=False) / --no-exposure)")
     q, k, sink = got["hook_q"], got["hook_k"], got.get("hook_sink_logit")
     key_bias = None
     if "hook_v_gate" in got:  # routing slot: the model adds log g_j to the logits (B, Hkv, T)
         key_bias = torch.log(got["hook_v_gate"].float().clamp_min(1e-30)).permute(0, 2, 1)
     lse, mass = attention_row_masses(q, k, indicators, sink=sink, key_bias=key_bias, window=sliding(info, layer),
-                                     scale=info.extra.get("attn_scale"), backend=backend)
+                                     scale=info.extra.get("attn_scale"),
+                                     softcap=info.extra.get("attn_logit_softcap") or None, backend=backend)
     lse = lse.float()
     phantom = torch.exp(sink.float()[None, :, None] - lse) if sink is not None else torch.zeros_like(lse)
     return lse, mass.float(), phantom

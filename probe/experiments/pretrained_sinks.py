@@ -11,8 +11,8 @@ the model has sliding-window layers: full, sliding, and sliding over the queries
     sink_logit_mean  the learned sink logit averaged over heads and the layers of that type (blank without one)
     uniform_ref_pct  the causal-uniform reference mean_t 1/(t+1) for the same rows
 
-plus the same statistics per layer and a per-layer figure. A model whose attention logits are soft-capped (Gemma 2)
-is measured from materialised patterns (``sink_stats_reference``), which apply the cap; every other model streams.
+plus the same statistics per layer and a per-layer figure. Every model streams, a soft-capped one (Gemma 2) too: the
+row masses apply its attention-logit cap.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from probe.analyses.sinks import sink_stats, sink_stats_reference
+from probe.analyses.sinks import sink_stats
 from probe.experiments.pretrained import (ModelStore, PretrainedSpec, check_spec, each_model, settings_of,
                                           window_meta)
 from probe.experiments.result import Result, Timer, config_dict
@@ -42,9 +42,7 @@ CONFIG = PretrainedSinksConfig
 
 
 def measure(model, windows, progress: bool = False) -> dict[str, pd.DataFrame]:
-    """``sink_stats`` (or the pattern-based reference for soft-capped attention logits)."""
-    if model.probe_info.extra.get("attn_logit_softcap"):
-        return sink_stats_reference(model, windows)
+    """``sink_stats``: streaming row masses (with Gemma 2's attention-logit soft-cap where the model has one)."""
     return sink_stats(model, windows, progress=progress)
 
 

@@ -2,11 +2,11 @@
 
 backend    sink_attention                   depth_attention           attention_row_masses
 auto       pattern -> reference;            CUDA + triton -> triton;  CUDA + triton -> triton;
-           CUDA + triton, no mask -> triton; else reference            CPU, no window -> CPU flash;
-           else sdpa                                                  else chunked
-torch      pattern -> reference; else sdpa reference                 CPU flash or chunked
+           CUDA + triton, no mask -> triton; else reference            CPU, no window, no softcap -> CPU
+           else sdpa                                                  flash; else chunked
+torch      pattern -> reference; else sdpa reference                 CPU flash or chunked (softcap: chunked)
 reference  T x T fp32 reference             reference                 T x T reference
-sdpa       fused SDPA (no pattern)          reference (no SDPA form)  CPU flash or chunked
+sdpa       fused SDPA (no pattern)          reference (no SDPA form)  CPU flash or chunked (softcap: chunked)
 triton     Triton kernel: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (set before importing triton)
 ``backend=None`` (the default) is the runtime choice: ``use_backend(...)``, else $PROBE_BACKEND, else auto
 (probe.kernels.backend). Triton is imported only when a Triton path is taken.
@@ -154,26 +154,32 @@ def depth_attention(values: Sequence[torch.Tensor], keys: Sequence[torch.Tensor]
     return DepthOutput(h, lse, weights)
 
 
-def attention_row_masses(q, k, indicators, *, sink=None, key_bias=None, window=None, scale=None, backend=None):
+def attention_row_masses(q, k, indicators, *, sink=None, key_bias=None, window=None, scale=None, softcap=None,
+                         backend=None):
     """(lse (B,H,T) fp32, masses (B,H,T,m) fp32) with masses[..., c] = Σ_j a_ij indicators[b, j, h // G, c].
 
     a includes the phantom in its normaliser: Σ_j a_ij = 1 - phantom_i, phantom_i = exp(sink_h - lse_i).
-    Nothing T x T is materialised except by backend='reference'.
+    softcap: Gemma 2's attention-logit soft-cap, scale q·k -> softcap tanh(scale q·k / softcap) before key_bias and
+    the sink (None: none). The CPU flash op computes its scores itself and cannot cap, so a capped call takes the
+    chunked path there. Nothing T x T is materialised except by backend='reference'.
     """
     backend = resolve_backend(backend)
     _check_attention_args(q, k, indicators, sink, key_bias, window)
     if q.shape[1] != k.shape[1]:
         raise ValueError("attention_row_masses takes one sequence: as many queries as keys")
+    if softcap is not None and not (isinstance(softcap, (int, float)) and 0 < softcap < math.inf):
+        raise ValueError(f"softcap must be a positive finite number or None, got {softcap!r}")
+    cap = None if softcap is None else float(softcap)
     window = None if window is None else int(window)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     kw = dict(sink=sink, key_bias=key_bias, scale=scale)
     if backend == "auto" and q.device.type == "cuda" and triton_available() and q.dtype in _TRITON_DTYPES:
         backend = "triton"
     if backend == "reference":
-        return row_masses_reference(q, k, indicators, window=window, **kw)
+        return row_masses_reference(q, k, indicators, window=window, softcap=cap, **kw)
     if backend == "triton":
         _triton_on(q.device)
-        return row_masses_triton(q, k, indicators, window=window, **kw)
-    if q.device.type == "cpu" and window is None and _cpu_flash is not None:
+        return row_masses_triton(q, k, indicators, window=window, softcap=cap, **kw)
+    if q.device.type == "cpu" and window is None and cap is None and _cpu_flash is not None:
         return row_masses_flash_cpu(q, k, indicators, **kw)
-    return row_masses_chunked(q, k, indicators, window=window, **kw)
+    return row_masses_chunked(q, k, indicators, window=window, softcap=cap, **kw)

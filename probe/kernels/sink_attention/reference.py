@@ -1,9 +1,13 @@
 """Readable fp32 reference for causal attention with a phantom sink key and per-key logit biases.
 
-    s_ij  = scale * q_i . k_j + key_bias_j            for visible j (i - window < j <= i), or + mask_ij if given
+    s_ij  = cap(scale * q_i . k_j) + key_bias_j       for visible j (i - window < j <= i), or + mask_ij if given
+    cap(x) = softcap * tanh(x / softcap)              Gemma 2's attention-logit soft-cap (softcap=None: cap(x) = x)
     lse_i = log(exp(sink_h) + sum_j exp(s_ij))
     a_ij  = exp(s_ij - lse_i)          phantom_i = exp(sink_h - lse_i)      sum_j a_ij + phantom_i = 1
     out_i = sum_j a_ij v_j             (the phantom's value is 0)
+
+The cap bounds only the q.k score, as HF's Gemma 2 does before its mask; key_bias, the mask and the sink logit are
+added uncapped (Gemma 2 has neither a key bias nor a sink, so this order is probe's choice for a model with both).
 
 Materialises the (B, H, Tq, Tk) pattern: this is what tests compare against, what hooked forwards use, and what the
 HF adapters' attention function uses when a pattern is asked for (``attention_probs``: one implementation of the
@@ -28,11 +32,12 @@ def visible_mask(Tq: int, window: int | None, device=None, Tk: int | None = None
     return mask
 
 
-def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, scale=None):
+def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, scale=None, softcap=None):
     """q (B,Tq,H,dh), k (B,Tk,Hkv,dh) -> (pattern (B,H,Tq,Tk), phantom (B,H,Tq), lse (B,H,Tq)), all fp32.
 
     sink (H,): phantom logit per query head (None: no phantom). key_bias (B,Hkv,Tk): added to key j's logit.
-    mask: additive logits broadcastable to (B,H,Tq,Tk) that replace the causal/window rule (HF's padding masks)."""
+    mask: additive logits broadcastable to (B,H,Tq,Tk) that replace the causal/window rule (HF's padding masks).
+    softcap: scores become softcap * tanh(scores / softcap) before key_bias, mask and sink (None: no cap)."""
     B, Tq, H, dh = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     G = H // Hkv  # query heads per kv head; head h reads kv head h // G
@@ -40,6 +45,8 @@ def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, s
     qf = q.float().transpose(1, 2)  # (B, H, Tq, dh)
     kf = k.float().transpose(1, 2).repeat_interleave(G, dim=1)  # (B, H, Tk, dh)
     scores = scale * (qf @ kf.transpose(-1, -2))  # (B, H, Tq, Tk)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     if key_bias is not None:
         scores = scores + key_bias.float().repeat_interleave(G, dim=1)[:, :, None, :]  # (B, H, 1, Tk) over keys
     if mask is None:
@@ -64,10 +71,10 @@ def apply_pattern(pattern: torch.Tensor, v: torch.Tensor, dtype=None) -> torch.T
 
 
 def sink_attention_reference(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None,
-                             return_pattern=False):
+                             softcap=None, return_pattern=False):
     """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> (out (B,Tq,H,dv) q.dtype, lse (B,H,Tq), pattern, phantom)."""
     pattern, phantom, lse = attention_probs(q, k, sink=sink, key_bias=key_bias, mask=mask, window=window,
-                                            scale=scale)
+                                            scale=scale, softcap=softcap)
     out = apply_pattern(pattern, v, q.dtype)
     if not return_pattern:
         return out, lse, None, None

@@ -6,7 +6,10 @@
 Three torch paths: the fused CPU flash kernel (`_scaled_dot_product_flash_attention_for_cpu` takes (B,H,T,D) q/k/v
 with one shared head size and returns (out, lse (B,H,T)); the indicators ride as the values, key_bias as one extra
 q/k coordinate, and the sink is folded in afterwards: lse' = logaddexp(lse, sink), out' = out exp(lse - lse')); an
-explicit chunked path (windows, non-CPU devices) bounded by chunk x (chunk + window) scores; and the T x T reference.
+explicit chunked path (windows, Gemma 2's soft-cap, non-CPU devices) bounded by chunk x (chunk + window) scores; and
+the T x T reference. The fused flash op computes the scores itself, so it cannot apply a soft-cap
+(s -> softcap * tanh(s / softcap), on scale * q.k only, before key_bias and the sink, as in reference.py): a
+soft-capped call goes to the chunked path or the Triton kernel (probe.kernels.dispatch).
 """
 from __future__ import annotations
 
@@ -23,14 +26,14 @@ def _fold_sink(lse, masses, sink):
     return lse_s, masses * torch.exp(lse - lse_s)[..., None]
 
 
-def row_masses_reference(q, k, indicators, *, sink=None, key_bias=None, window=None, scale=None):
+def row_masses_reference(q, k, indicators, *, sink=None, key_bias=None, window=None, scale=None, softcap=None):
     out, lse, _, _ = sink_attention_reference(q.float(), k.float(), indicators.float(), sink=sink,
-                                              key_bias=key_bias, window=window, scale=scale)
+                                              key_bias=key_bias, window=window, scale=scale, softcap=softcap)
     return lse, out.transpose(1, 2)  # (B, H, T), (B, H, T, m)
 
 
 def row_masses_flash_cpu(q, k, indicators, *, sink=None, key_bias=None, scale):
-    """Causal, no window, CPU tensors."""
+    """Causal, no window, no soft-cap, CPU tensors."""
     B, T, H, dh = q.shape
     m = indicators.shape[-1]
     qt, kt, vt = q.float().transpose(1, 2), k.float().transpose(1, 2), indicators.float().transpose(1, 2)
@@ -42,7 +45,7 @@ def row_masses_flash_cpu(q, k, indicators, *, sink=None, key_bias=None, scale):
     return _fold_sink(lse.float(), out[..., :m], sink)
 
 
-def row_masses_chunked(q, k, indicators, *, sink=None, key_bias=None, window=None, scale, chunk=256):
+def row_masses_chunked(q, k, indicators, *, sink=None, key_bias=None, window=None, scale, softcap=None, chunk=256):
     """Explicit scores over blocks of `chunk` queries and only the keys they can see; any device."""
     B, T, H, dh = q.shape
     Hkv, m = k.shape[2], indicators.shape[-1]
@@ -55,6 +58,8 @@ def row_masses_chunked(q, k, indicators, *, sink=None, key_bias=None, window=Non
         qc = q[:, i0:i1].float().unflatten(2, (Hkv, G)).permute(0, 2, 3, 1, 4)  # (B, Hkv, G, c, dh)
         kc = k[:, j0:i1].float().permute(0, 2, 1, 3)[:, :, None]  # (B, Hkv, 1, n, dh)
         s = scale * (qc @ kc.transpose(-1, -2))  # (B, Hkv, G, c, n)
+        if softcap is not None:  # Gemma 2: the q.k score only, before the key bias (reference.py)
+            s = softcap * torch.tanh(s / softcap)
         if key_bias is not None:
             s = s + key_bias[:, :, None, None, j0:i1].float()
         i = torch.arange(i0, i1, device=q.device)[:, None]
@@ -69,11 +74,12 @@ def row_masses_chunked(q, k, indicators, *, sink=None, key_bias=None, window=Non
     return _fold_sink(lse_all, masses_all, sink)
 
 
-def row_masses_triton(q, k, indicators, *, sink=None, key_bias=None, window=None, scale):
+def row_masses_triton(q, k, indicators, *, sink=None, key_bias=None, window=None, scale, softcap=None):
     from probe.kernels.sink_attention.triton import sink_attention_forward
 
     ind = indicators.float()  # p @ indicators in fp32 (exact dot), whatever q's dtype
     sink = None if sink is None else sink.float().contiguous()
     key_bias = None if key_bias is None else key_bias.float().contiguous()
-    out, lse = sink_attention_forward(q, k.to(q.dtype), ind, sink, key_bias, window, scale, out_dtype=torch.float32)
+    out, lse = sink_attention_forward(q, k.to(q.dtype), ind, sink, key_bias, window, scale, out_dtype=torch.float32,
+                                      softcap=softcap)
     return lse, out.transpose(1, 2)

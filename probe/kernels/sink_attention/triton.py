@@ -3,7 +3,9 @@
 Layout as in the reference: q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv); strides are passed, so nothing is transposed.
 Online softmax starts from the phantom: m = sink_h, l = 1 (l = 0 when sink_h = -inf), acc = 0 (its value is 0).
 Value gates are applied by the model before the kernel (their gradients flow through v and key_bias), so the kernel
-only needs: GQA (head h reads kv head h // G), causal + sliding window, sink, key_bias, scale.
+only needs: GQA (head h reads kv head h // G), causal + sliding window, sink, key_bias, scale. The forward also takes
+Gemma 2's attention-logit soft-cap (s -> cap tanh(s / cap) on scale q.k, before key_bias; a constexpr, so the uncapped
+kernel is unchanged) for the row masses; the backward does not (SinkAttentionFunction never passes one).
 
 Backward (FA2 style, no atomics): delta_i = dO_i . O_i - dlse_i;  ds_ij = p_ij (dO_i . v_j - delta_i);
     dv_j = sum_i p_ij dO_i    dk_j = scale sum_i ds_ij q_i    dbias_j = sum_i ds_ij    (one program per key block, looping
@@ -31,10 +33,12 @@ def _blocks(dh: int, dv: int):
 
 
 @triton.jit
-def _scores(q, k, bias_ptr, rows, cols, T, WINDOW, scale,
-            HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr):
-    """(BLOCK_M, BLOCK_N) logits scale q.k + bias, -inf where key col is not visible to query row."""
+def _scores(q, k, bias_ptr, rows, cols, T, WINDOW, scale, CAP,
+            HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr, PREC: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) logits cap(scale q.k) + bias, -inf where key col is not visible to query row."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+    if HAS_CAP:  # CAP tanh(s / CAP), as 2 sigmoid(2x) - 1: tl has no tanh (libdevice's is CUDA-only)
+        s = CAP * (2.0 * tl.sigmoid(2.0 * s / CAP) - 1.0)
     if HAS_BIAS:
         s += tl.load(bias_ptr + cols, mask=cols < T, other=0.0)[None, :]
     visible = (cols[None, :] <= rows[:, None]) & (rows[:, None] < T) & (cols[None, :] < T)
@@ -69,9 +73,10 @@ def _key_range(pid_m, T, WINDOW, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr
 @triton.jit
 def _fwd_kernel(Q, K, V, SINK, BIAS, O, LSE,
                 sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, so_b, so_t, so_h, sb_b, sb_h,
-                T, H, G, WINDOW, scale, DH, DV,
-                HAS_SINK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, PREC: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr):
+                T, H, G, WINDOW, scale, CAP, DH, DV,
+                HAS_SINK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CAP: tl.constexpr,
+                PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DH: tl.constexpr,
+                BLOCK_DV: tl.constexpr):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h, hk, rows, d_h, d_v = _query_block(pid_m, pid_bh, H, G, BLOCK_M, BLOCK_DH, BLOCK_DV)
     q = _tile(Q + b * sq_b + h * sq_h, rows, d_h, sq_t, T, DH)  # (M, DH)
@@ -88,7 +93,8 @@ def _fwd_kernel(Q, K, V, SINK, BIAS, O, LSE,
         cols = start_n + tl.arange(0, BLOCK_N)
         k = _tile(K + b * sk_b + hk * sk_h, cols, d_h, sk_t, T, DH)  # (N, DH)
         v = _tile(V + b * sv_b + hk * sv_h, cols, d_v, sv_t, T, DV)  # (N, DV)
-        s = _scores(q, k, BIAS + b * sb_b + hk * sb_h, rows, cols, T, WINDOW, scale, HAS_BIAS, HAS_WINDOW, PREC)
+        s = _scores(q, k, BIAS + b * sb_b + hk * sb_h, rows, cols, T, WINDOW, scale, CAP, HAS_BIAS, HAS_WINDOW,
+                    HAS_CAP, PREC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet stays at 0 mass
         alpha = tl.exp(m_i - m_safe)
@@ -133,7 +139,8 @@ def _bwd_dkdv_kernel(Q, K, V, BIAS, DO, LSE, DELTA, DK, DVAL, DBIAS,
             do = _tile(DO + b * sd_b + h * sd_h, rows, d_v, sd_t, T, DV)  # (M, DV)
             lse = tl.load(LSE + (b * H + h) * T + rows, mask=rows < T, other=float("inf"))
             delta = tl.load(DELTA + (b * H + h) * T + rows, mask=rows < T, other=0.0)
-            s = _scores(q, k, BIAS + b * sb_b + hk * sb_h, rows, cols, T, WINDOW, scale, HAS_BIAS, HAS_WINDOW, PREC)
+            s = _scores(q, k, BIAS + b * sb_b + hk * sb_h, rows, cols, T, WINDOW, scale, 0.0, HAS_BIAS, HAS_WINDOW,
+                        False, PREC)
             p = tl.exp(s - lse[:, None])  # (M, N), 0 where not visible
             dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
@@ -168,7 +175,8 @@ def _bwd_dq_kernel(Q, K, V, BIAS, DO, LSE, DELTA, DQ,
         cols = start_n + tl.arange(0, BLOCK_N)
         k = _tile(K + b * sk_b + hk * sk_h, cols, d_h, sk_t, T, DH)
         v = _tile(V + b * sv_b + hk * sv_h, cols, d_v, sv_t, T, DV)
-        s = _scores(q, k, BIAS + b * sb_b + hk * sb_h, rows, cols, T, WINDOW, scale, HAS_BIAS, HAS_WINDOW, PREC)
+        s = _scores(q, k, BIAS + b * sb_b + hk * sb_h, rows, cols, T, WINDOW, scale, 0.0, HAS_BIAS, HAS_WINDOW,
+                    False, PREC)
         p = tl.exp(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * (dp - delta[:, None])
@@ -185,9 +193,9 @@ def _lastdim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def sink_attention_forward(q, k, v, sink, key_bias, window, scale, out_dtype=None):
+def sink_attention_forward(q, k, v, sink, key_bias, window, scale, out_dtype=None, softcap=None):
     """No autograd. q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv), sink (H,) fp32 or None, key_bias (B,Hkv,T) fp32 or
-    None -> out (B,T,H,dv) in out_dtype (default q.dtype), lse (B,H,T) fp32."""
+    None, softcap: float or None -> out (B,T,H,dv) in out_dtype (default q.dtype), lse (B,H,T) fp32."""
     q, k, v = _lastdim_contiguous(q), _lastdim_contiguous(k), _lastdim_contiguous(v)
     B, T, H, dh = q.shape
     Hkv, dv = k.shape[2], v.shape[-1]
@@ -200,9 +208,9 @@ def sink_attention_forward(q, k, v, sink, key_bias, window, scale, out_dtype=Non
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         bias.stride(0), bias.stride(1),
-        T, H, H // Hkv, window or 0, scale, dh, dv,
-        HAS_SINK=sink is not None, HAS_BIAS=key_bias is not None, HAS_WINDOW=window is not None, PREC=DOT_PRECISION,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_DH=bdh, BLOCK_DV=bdv)
+        T, H, H // Hkv, window or 0, scale, float(softcap or 0.0), dh, dv,
+        HAS_SINK=sink is not None, HAS_BIAS=key_bias is not None, HAS_WINDOW=window is not None,
+        HAS_CAP=softcap is not None, PREC=DOT_PRECISION, BLOCK_M=bm, BLOCK_N=bn, BLOCK_DH=bdh, BLOCK_DV=bdv)
     return out, lse
 
 

@@ -22,6 +22,7 @@ STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px} table{border-
          " th,td{padding:2px 8px;text-align:right;border-bottom:1px solid #ddd;font-size:90%}"
          " th{background:#f4f4f4} td:first-child,th:first-child{text-align:left}"
          " ul.verdicts{font-size:110%} ul.verdicts li{margin:.3em 0} .note{color:#555;font-style:italic}"
+         " .wide{overflow-x:auto}"
          " .caveat{background:#fff4d6;border-left:4px solid #e0a000;padding:.4em .8em;margin:.5em 0}")
 
 # One line per file an output folder may hold (exact names); other files fall back to their own title or header.
@@ -112,7 +113,8 @@ def table_html(caption: str, df: pd.DataFrame | None, empty_note: str = "no rows
     if df is None or df.empty:
         return head + f"<p class='note'>{html.escape(empty_note)}</p>"
     df = df.loc[:, [c for c in df.columns if df[c].notna().any()]]  # no all-empty columns (step of None, ...)
-    return head + df.to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="", border=0, classes="data")
+    table = df.to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="", border=0, classes="data")
+    return head + f"<div class='wide'>{table}</div>"  # a table wider than the page scrolls instead of being cut
 
 
 def page(title: str, figures=(), *, verdicts=(), caveats=(), tables=(), intro: dict | None = None,

@@ -29,7 +29,7 @@ def _save(tmp_path, stem, result, figs, sections, **out):
 
 
 def _text(html: str) -> str:
-    head = re.sub(r"<style>.*?</style>", " ", html.split("<div")[0], flags=re.S)
+    head = re.sub(r"<(style|script)[^>]*>.*?</\1>", " ", html.split('class="plotly-graph-div"')[0], flags=re.S)
     return re.sub(r"<[^>]+>", " ", head)  # the page's text before its first figure
 
 

@@ -89,6 +89,7 @@ def test_inject_page_standard_errors(tmp_path):
     fig = figures.injection_figure(res)
     assert list(fig.data[0].error_y.array) == pytest.approx(list(sem.sort_index()))
     assert [a.text for a in fig.layout.annotations] == ["no change"]
+    assert list(fig.layout.xaxis.ticktext) == ["0.4", "1.6"]  # the doses run, not a log axis's bare digits
 
 
 def _axes(fig):

@@ -186,6 +186,7 @@ def gate_token_table(result: dict, k: int = 10) -> go.Figure:
 def injection_figure(results) -> go.Figure:
     """Dose-response: loss increase against dose (± s.e. over batches), one line per (model, junk type, cutoff)."""
     fig = go.Figure()
+    doses = sorted({float(d) for res in _many(results) for d in res["results"]["dose"]})
     for res in _many(results):
         r, per_batch = res["results"], res.get("per_batch")
         se = None
@@ -200,6 +201,8 @@ def injection_figure(results) -> go.Figure:
     threshold(fig, 0, "no change")
     fig.update_layout(title="Injected interference (± standard error over batches)", xaxis_title="dose ε (× median "
                       "read norm, log scale)", yaxis_title="loss increase (nats per token)", xaxis_type="log")
+    # ticks at the doses run (a log axis would label 0.2 .. 0.9 as bare digits 2 .. 9)
+    fig.update_xaxes(tickmode="array", tickvals=doses, ticktext=[f"{d:g}" for d in doses])
     return fig
 
 

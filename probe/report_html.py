@@ -142,10 +142,13 @@ def _injection_figure(tables, xs, by_step, xtitle) -> go.Figure:
     return fig
 
 
-def _readable_summary(summary: pd.DataFrame) -> pd.DataFrame:
-    """The summary as people read it: no model_id column when it repeats the model, no step column of None."""
-    cols = ["model", "step", "model_id", "pos0_share", "uniform_ref", "pos0_over_uniform", "phantom_share", "r0",
-            "r0_later", "sink_formed"]
+def _readable_summary(summary: pd.DataFrame, batches: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The summary as people read it: the figures' standard errors beside their values, no model_id column when it
+    repeats the model, no step column of None."""
+    summary = summary.assign(**{f"{col}_se": summary["model"].map(se) for col in BATCH_STATS
+                                if (se := _summary_se(batches, col))})
+    cols = ["model", "step", "model_id", "pos0_share", "pos0_share_se", "uniform_ref", "pos0_over_uniform",
+            "phantom_share", "phantom_share_se", "r0", "r0_later", "r0_later_se", "sink_formed"]
     table = summary[[c for c in cols if c in summary]]
     if "model_id" in table and (table["model_id"].astype(str) == table["model"].astype(str)).all():
         table = table.drop(columns="model_id")
@@ -168,7 +171,8 @@ def report_page(tables: dict, records: list[dict], settings: dict, self_containe
                 f"reference and r0 < {SINK_R0:g}, averaged over the layers past the first"]
     verdicts += [f"{r['model']}: sink_formed {bool(r['sink_formed'])} ({r['pos0_over_uniform']:.3g}x uniform, "
                  f"r0 {r['r0_later']:.3g})" for _, r in summary.iterrows()]
-    shown = [("Summary (averages over rows t >= 1, heads, layers)", _readable_summary(summary))]
+    shown = [("Summary (averages over rows t >= 1, heads, layers; *_se: standard error over batches of the per-batch "
+              "mean over layers, past the first for r0_later)", _readable_summary(summary, tables.get("batches")))]
     if "sink_eps" in tables:
         cols = ["model", "epsilon", "n_sink_heads", "n_heads", "sink_share", "sink_share_se", "key0_mass",
                 "key0_mass_se", "phantom_share"]

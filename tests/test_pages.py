@@ -150,6 +150,7 @@ def test_report_models_are_categories_checkpoints_are_lines(sinks):
     html = report_page(tables, [{"name": n, "meta": {"corpus": "c"}} for n in ("sinklogit", "baseline")], settings)
     text = _text(html)
     assert "sinklogit: sink_formed" in text and f"{tables['summary']['pos0_share'].iloc[1]:.4g}" in text
+    assert "<th>pos0_share_se</th>" in html and f"{se['baseline']:.4g}" in text  # the figure's error bar, in the table
     assert "doses 0.4, junk structured, cutoff q25" in html and "{'doses'" not in html  # readable, no raw dicts
     assert "model_id" not in text and "step" not in re.findall(r"<th>(\w+)</th>", html)  # no duplicate / None columns
     assert "src='plotly.min.js'" in html and len(html) < 1_000_000

@@ -378,6 +378,8 @@ LIGHT_ERRORS = [  # rejected by the parser or before any model is loaded
     (["inject", "--dose", "-0.4"], ["--dose", "'-0.4'", ">= 0"]),
     (["inject", "--dose", "0.4", "nan"], ["--dose", "'nan'"]),
     (["inject", "--dose", "lots"], ["--dose", "'lots'"]),
+    (["sinks", "--eps", "1.5"], ["--eps", "'1.5'", "0 <= eps < 1"]),
+    (["sinks", "--eps", "0.3", "-0.1"], ["--eps", "'-0.1'", "0 <= eps < 1"]),
     (["sinks", "--batches", "0"], ["--batches", "'0'", "positive integer"]),
     (["sinks", "--batch-size", "0"], ["--batch-size", "'0'", "positive integer"]),
     (["sinks", "--data", "no/such/file.txt"], ["'no/such/file.txt'", "wikitext-2-test", "shakespeare"]),

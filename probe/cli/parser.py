@@ -44,6 +44,7 @@ dose = _number(float, lambda v: math.isfinite(v) and v >= 0, "dose must be a fin
 positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "expected a positive number")
 nonneg_float = _number(float, lambda v: math.isfinite(v) and v >= 0, "expected a finite number >= 0")
 fraction = _number(float, lambda v: 0 <= v <= 1, "expected a number in [0, 1]")
+attention_share = _number(float, lambda v: 0 <= v < 1, "expected a share of attention mass, 0 <= eps < 1")
 
 
 def _user_value(parse):
@@ -117,7 +118,7 @@ def _placement_flags(g):
 
 
 def _eps_flag(p):
-    p.add_argument("--eps", nargs="+", type=positive_float, default=[0.3], metavar="EPS",
+    p.add_argument("--eps", nargs="+", type=attention_share, default=[0.3], metavar="EPS",
                    help="Sink^eps thresholds: a head is a sink head when its mean attention on key 0 exceeds eps "
                         "(Gu et al. 2025; default 0.3)")
 

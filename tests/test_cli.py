@@ -253,7 +253,9 @@ def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
                      env=env)
 
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    assert train(whole).returncode == 0
+    r = train(whole)
+    assert r.returncode == 0
+    assert "warning: --warmup 100 >= --steps 6, so the lr would never reach its peak; warming up for 0 steps" in r.stderr
     r = train(cut, kill_at_batch(tmp_path, 5))  # killed while step 5 draws its batch: last checkpoint at step 4
     assert r.returncode != 0 and not (cut / "model").exists() and not (cut / "training.html").exists()
     r = train(cut)

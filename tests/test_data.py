@@ -325,3 +325,16 @@ def test_heldout_split_is_deterministic_disjoint_and_never_sampled():
     assert other[0].documents == mix.documents and other[1].name == "wikitext-2-test"
     with pytest.raises(ValueError, match="at least 2"):
         split_heldout(Corpus("one", ["a single document"]))
+
+
+def test_train_on_a_one_document_corpus_is_one_line_before_any_warning(tmp_path, capsys):
+    """The held-out split cannot be made from one document: `probe train` says so in one line (the warmup warning of
+    a short run waits until the data are known good) and names the flag that fixes it; nothing is written."""
+    from probe.cli.main import main
+
+    (tmp_path / "one.txt").write_text("a single document " * 50)
+    rc = main(["train", "--data", str(tmp_path / "one.txt"), "--steps", "1", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "has 1 document(s); a held-out split needs at least 2" in err and "--eval-data CORPUS" in err
+    assert not (tmp_path / "run").exists()

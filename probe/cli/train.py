@@ -131,10 +131,6 @@ def run_train(args: argparse.Namespace) -> int:
     if task is None and args.bos:  # the tokenizer's BOS, else its EOS (probe-bpe-8k has no BOS token)
         bos_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         ident["bos_id"] = bos_id
-    warmup = capped_warmup(args.warmup, args.steps)
-    if warmup != args.warmup:
-        console.note(f"warning: --warmup {args.warmup} >= --steps {args.steps}, so the lr would never reach its peak; "
-                     f"warming up for {plural(warmup, 'step')} instead")
     if task is not None:  # an infinite stream of BB sequences; validation on fixed windows of the same chain
         sampler, eb = task.sampler(args.seed), task.eval_windows(args.eval_batches, 8)
         validation = f"{plural(args.eval_batches * 8, 'sequence')} of the same chain"
@@ -155,6 +151,10 @@ def run_train(args: argparse.Namespace) -> int:
         finally:
             bar.close()
         validation = f"{eval_corpus.name} ({plural(len(eval_corpus.documents), 'document')})"
+    warmup = capped_warmup(args.warmup, args.steps)  # said once the data are known good: an error is the only line
+    if warmup != args.warmup:
+        console.note(f"warning: --warmup {args.warmup} >= --steps {args.steps}, so the lr would never reach its peak; "
+                     f"warming up for {plural(warmup, 'step')} instead")
     model = create(args.variant, args.tier, seed=args.seed)
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=warmup,
                       schedule=args.schedule, min_lr_ratio=args.min_lr_ratio, optimizer=args.optimizer,

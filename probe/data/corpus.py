@@ -112,7 +112,7 @@ def split_heldout(corpus: Corpus, fraction: float = HELDOUT_FRACTION) -> tuple[C
     and resumed runs hold out the same documents; the sampler never sees them."""
     if len(corpus.documents) < 2:
         raise ValueError(f"corpus {corpus.name!r} has {len(corpus.documents)} document(s); a held-out split needs at "
-                         "least 2 (pass another corpus for validation)")
+                         "least 2; pass another corpus for validation")
     n_out = min(len(corpus.documents) - 1, max(1, round(fraction * len(corpus.documents))))
     digest = [hashlib.sha256(d.encode("utf-8")).hexdigest() for d in corpus.documents]
     out = set(sorted(range(len(digest)), key=lambda i: (digest[i], i))[:n_out])

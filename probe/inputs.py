@@ -198,8 +198,8 @@ def eval_ctx(spec: WindowSpec, model) -> int:
     try:
         return cap_ctx(spec.ctx, n_ctx)
     except ValueError:
-        raise UsageError(f"--ctx {spec.ctx} exceeds the maximum context {n_ctx} of model "
-                         f"{info.name!r}; choose --ctx 2..{n_ctx}") from None
+        why = "is too short" if spec.ctx < 2 else f"exceeds the maximum context {n_ctx} of model {info.name!r}"
+        raise UsageError(f"--ctx {spec.ctx} {why}; choose --ctx 2..{n_ctx}") from None
 
 
 def bos_id_for(spec: WindowSpec, model, tok) -> int | None:

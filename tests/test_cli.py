@@ -404,6 +404,8 @@ def test_errors_before_loading(args, needles, tmp_path):
 
 MODEL_ERRORS = [  # need the model (or its config) to find the error
     (lambda fx: ["sinks", "--model", fx["sp"], "--data", fx["data"], "--ctx", "100"], ["--ctx 100", "64"]),
+    (lambda fx: ["sinks", "--model", fx["sp"], "--data", fx["data"], "--ctx", "1"],
+     ["--ctx 1 is too short", "choose --ctx 2..64"]),
     (lambda fx: ["sinks", "--model", fx["bad_config"], "--data", fx["data"]], ["cannot read", "bad_config"]),
     (lambda fx: ["inject", "--model", fx["bad_weights"], "--data", fx["data"]], ["cannot read", "bad_weights"]),
     (lambda fx: ["inject", "--model", fx["base"], "--data", fx["data"], "--junk", "own-direction"],

@@ -91,3 +91,30 @@ def test_probe_view_bad_input_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("probe view: error: --doc 100000") and "\n" not in err
     assert not (tmp_path / "v").exists()
+
+
+def test_probe_view_on_a_bigram_backcopy_model_shows_a_sequence_of_its_chain(tmp_path, capsys):
+    """A Bigram-Backcopy model has no text tokenizer: `probe view` shows sequence --doc of its own chain (BOS first),
+    and text (--text or a text --data) is one exit-2 line naming the model's data."""
+    from probe.checkpoints.load import load
+    from probe.inputs import trained_task
+
+    out = tmp_path / "bb"
+    assert main(["view", "--model", "probe/bb-baseline", "--doc", "2", "--max-tokens", "20", "--out", str(out),
+                 "--quiet"]) == 0
+    said = capsys.readouterr().out
+    assert "20 tokens of sequence 2 of synthetic:bb[vocab=64,triggers=3,seed=0,T=256]" in said
+    task = trained_task(load("probe/bb-baseline"))
+    want = task.eval_windows(3, 1).tokens[2, 0, :20].tolist()
+    page = (out / "view.html").read_text()
+    assert task.bos_id == want[0] and f'"0 {want[0]}","1 {want[1]}","2 {want[2]}"' in page  # the chain's ids
+    for flags in (["--text", "hello"], ["--data", "shakespeare"]):
+        assert main(["view", "--model", "probe/bb-baseline", *flags, "--out", str(tmp_path / "no")]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "trained on Bigram-Backcopy data" in err, err
+    assert not (tmp_path / "no").exists()
+
+
+def test_ids_outside_the_vocabulary_are_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"token id 9999 is outside model .* vocabulary 0\.\.\d+; use the model's own"):
+        view_figures(small("baseline"), torch.tensor([1, 2, 9999]))

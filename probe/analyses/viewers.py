@@ -70,6 +70,9 @@ def prepare(model, text_or_ids, *, tokenizer=None, max_tokens: int | None = None
         ids = ids[:limit]
     if ids.numel() < 1:
         raise ValueError("the text has no tokens")
+    if int(ids.max()) >= info.vocab_size or int(ids.min()) < 0:  # e.g. another model's tokenizer
+        raise ValueError(f"token id {int(ids.max())} is outside model {info.name!r}'s vocabulary "
+                         f"0..{info.vocab_size - 1}; use the model's own tokenizer")
     ids = ids[None].to(model_device(model))
     toks = [token_text(tok, t) for t in read_tokens_of(info, ids.cpu())[0].tolist()]
     return ids, toks, note

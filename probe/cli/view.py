@@ -3,6 +3,7 @@ phantom column), depth-attention weights of depth-routed models and value gates 
 
     probe view --model probe/tiny-sink+proj --text "The cat sat on the mat." --out view/
     probe view --model pythia-160m --data shakespeare --max-tokens 64 --out view/    (the corpus's first document)
+    probe view --model probe/bb-baseline --out view/        (a Bigram-Backcopy model: a sequence of its own chain)
 """
 from __future__ import annotations
 
@@ -14,19 +15,30 @@ from probe.cli.parser import DEFAULT_MODEL
 from probe.cli.specs import model_spec
 from probe.console import Console, plural
 from probe.errors import UsageError
-from probe.inputs import DEFAULT_DATA, load_corpus, load_model, tokenizer_for
+from probe.data.synthetic import is_synthetic
+from probe.inputs import DEFAULT_DATA, load_corpus, load_model, synthetic_windows, tokenizer_for, trained_task
 from probe.output import write_pages
 from probe.specs import WindowSpec
 
 PAGE = "view.html"
 
 
-def _text(args: argparse.Namespace) -> tuple[str, str]:
-    """(the text to view, where it came from): --text, else --data's document --doc (the first by default)."""
+def _text(args: argparse.Namespace, model) -> tuple:
+    """(the text or token ids to view, where they came from): --text, else --data's document --doc (the first by
+    default); a Bigram-Backcopy model views sequence --doc of its own chain (or of --data synthetic:bb[...])."""
+    task = trained_task(model)
     if args.text is not None:
-        if not args.text.strip():
-            raise UsageError("--text is empty; give some text or --data CORPUS")
+        if task is not None:
+            raise UsageError(f"--text is text but model {model.probe_info.name!r} was trained on Bigram-Backcopy data "
+                             f"({task.spec()}); view one of its sequences with --data synthetic:bb [--doc N]")
         return args.text, "--text"
+    if is_synthetic(args.data) or (args.data is None and task is not None):
+        windows = synthetic_windows(WindowSpec(data=args.data, batches=args.doc + 1, batch_size=1,
+                                                tokenizer=args.tokenizer), model, task)
+        return windows.tokens[args.doc, 0], f"sequence {args.doc} of {windows.corpus}"
+    if task is not None:
+        raise UsageError(f"--data {args.data!r} is text but model {model.probe_info.name!r} was trained on "
+                         f"Bigram-Backcopy data ({task.spec()}); use --data synthetic:bb (its own chain)")
     corpus = load_corpus(args.data or DEFAULT_DATA)
     if not 0 <= args.doc < len(corpus.documents):
         raise UsageError(f"--doc {args.doc}: corpus {corpus.name!r} has documents 0..{len(corpus.documents) - 1}")
@@ -35,9 +47,11 @@ def _text(args: argparse.Namespace) -> tuple[str, str]:
 
 def run_view(args: argparse.Namespace) -> int:
     console = Console(args.quiet)
-    text, source = _text(args)
+    if args.text is not None and not args.text.strip():
+        raise UsageError("--text is empty; give some text or --data CORPUS")
     model = load_model(model_spec(args, DEFAULT_MODEL), console)
-    tok = tokenizer_for(WindowSpec(tokenizer=args.tokenizer), model)
+    text, source = _text(args, model)
+    tok = None if not isinstance(text, str) else tokenizer_for(WindowSpec(tokenizer=args.tokenizer), model)
     try:
         figures, summary = view_figures(model, text, tokenizer=tok, max_tokens=args.max_tokens)
     except ValueError as e:

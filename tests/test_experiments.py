@@ -453,3 +453,22 @@ def test_zero_shot_end_to_end_and_offline_loaders(toy, tmp_path, monkeypatch):
 
     assert main(["zero-shot", "--out", str(tmp_path / "off"), "--tasks", "hellaswag", "--variants", "baseline"]) == 2
     assert not (tmp_path / "off").exists()  # failed before training anything or writing
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sink-emergence", "--lr", "nan"], "argument --lr: expected a finite number >= 0, got 'nan'"),
+    (["superposition", "--seeds", "0", "-1"], "argument --seeds: expected a finite number >= 0, got '-1'"),
+    (["depth-routing", "--steps", "0"], "steps=0 must be at least 1"),
+    (["decomposition", "--ctx", "1"], "ctx=1 must be at least 2"),
+    (["gatedv-controls", "--lr", "0"], "lr=0.0 must be > 0"),
+    (["sink-emergence", "--batch-size", "0"], "batch_size=0 must be at least 1"),
+])
+def test_recipe_numbers_are_checked_before_any_work(argv, message, tmp_path, capsys):
+    """A negative, non-finite or zero count / rate is one exit-2 line naming it (was a traceback after training
+    started: NaN loss, or an AttributeError), and nothing is written."""
+    from probe.experiments.command import main
+
+    assert main([argv[0], "--out", str(tmp_path / "bad"), *argv[1:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"python -m probe.experiments {argv[0]}: error:") and message in err[0]
+    assert not (tmp_path / "bad").exists()

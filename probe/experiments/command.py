@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 import typing
 
@@ -22,14 +23,29 @@ def _scalar_type(field: dataclasses.Field):
     """int/float/str for a field, from its default or (for None defaults) from its annotation text."""
     default = field.default if field.default is not dataclasses.MISSING else None
     if isinstance(default, tuple):
-        return type(default[0]) if default else str
-    if default is not None:
-        return type(default)
+        typ = type(default[0]) if default else str
+    else:
+        typ = type(default) if default is not None else None
+    if typ in (int, float):
+        return _non_negative(typ)
+    if typ is not None:
+        return typ
     text = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "str")
     for name, typ in (("int", int), ("float", float)):
         if name in text.split(" | ") or name in typing.get_args(field.type):
-            return typ
+            return _non_negative(typ)
     return str
+
+
+def _non_negative(typ):
+    """int/float that is finite and >= 0: every numeric option of a recipe is a count, a size, a rate or a seed."""
+    def parse(text: str):
+        value = typ(text)  # a ValueError becomes argparse's "invalid int value: 'x'"
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+        return value
+    parse.__name__ = typ.__name__
+    return parse
 
 
 def _none_or(typ):

@@ -53,6 +53,17 @@ class TrainSpec:
     work: str | None = None  # keep checkpoints/metrics here (resumable); None: a temporary folder
     threads: int = 1
 
+    def __post_init__(self):  # fail before any training (subclasses inherit this check)
+        for name in ("steps", "batch_size", "eval_batches", "eval_batch_size", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.ctx < 2:
+            raise ValueError(f"ctx={self.ctx} must be at least 2")
+        if not self.seeds:
+            raise ValueError("choose at least one seed")
+        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"lr={self.lr} must be > 0 and min_lr_ratio={self.min_lr_ratio} in [0, 1]")
+
 
 def overrides(spec: TrainSpec) -> dict:
     """ProbeConfig overrides from the spec (architecture fields that are set, and n_ctx when ctx exceeds the tier's)."""

@@ -82,8 +82,11 @@ class EmergenceConfig:
             config_for(v, "tiny")
         if not self.variants or not self.seeds:
             raise ValueError("choose at least one variant and one seed")
-        if self.steps < 1 or self.snapshot_every < 1:
-            raise ValueError(f"steps={self.steps} and snapshot_every={self.snapshot_every} must be at least 1")
+        for name in ("steps", "snapshot_every", "batch_size", "n_eval_batches", "eval_batch_size", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"lr={self.lr} must be > 0 and min_lr_ratio={self.min_lr_ratio} in [0, 1]")
         self.task  # noqa: B018 — validates vocab, triggers, chain_seed and T
 
     @property

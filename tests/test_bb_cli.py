@@ -83,6 +83,10 @@ BB_ERRORS = [
     (["gates", "--model", "probe/bb-baseline", "--data", "synthetic:bb[size=3]"], ["unknown key 'size'", "vocab"]),
     (["eval", "--model", "probe/bb-baseline", "--data", "synthetic:bigram"], ["'bigram'", "bb"]),
     (["eval", "--model", "probe/bb-baseline", "--no-bos"], ["--no-bos", "always start with BOS"]),
+    (["sinks", "--model", "probe/bb-baseline", "--dormant"],  # the default domains are the text corpora
+     ["--dormant-corpora 'wikitext-2-test' is text", "--dormant-corpora synthetic:bb synthetic:bb[seed=1]"]),
+    (["sinks", "--model", "probe/bb-baseline", "--dormant", "--dormant-corpora", "synthetic:bb[size=3]"],
+     ["--dormant-corpora 'synthetic:bb[size=3]': ", "unknown key 'size'"]),
 ]
 
 

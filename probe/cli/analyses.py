@@ -26,7 +26,8 @@ from probe.cli.parser import DEFAULT_DEPTH_MODEL, DEFAULT_MODEL
 from probe.cli.specs import eps_values, injection_spec, model_spec, output_spec, window_spec
 from probe.console import Console, plural
 from probe.errors import UsageError
-from probe.inputs import check_data, injection_plan, load_model, windows_for
+from probe.data.synthetic import is_synthetic
+from probe.inputs import check_data, injection_plan, load_model, trained_task, windows_for
 from probe.output import emit, header, result_meta, save_result, show
 from probe.specs import OutputSpec, WindowSpec
 
@@ -85,9 +86,27 @@ def _summary_lines(row: dict, keys) -> str:
 # ------------------------------------------------------------------------------------------------------------ sinks
 
 
+def _dormant_domains(args: argparse.Namespace, run) -> dict:
+    """--dormant's input domains as windows of the run's settings, built before any work (a bad domain is one line
+    naming --dormant-corpora, not --data)."""
+    domains = {}
+    for corpus in dict.fromkeys(args.dormant_corpora):
+        if trained_task(run.model) is not None and not is_synthetic(corpus):
+            raise UsageError(f"--dormant-corpora {corpus!r} is text but model {run.model.probe_info.name!r} was "
+                             "trained on Bigram-Backcopy data; give Bigram-Backcopy domains, e.g. --dormant-corpora "
+                             "synthetic:bb synthetic:bb[seed=1]")
+        try:
+            domains[corpus] = windows_for(dataclasses.replace(run.window_spec, data=corpus), run.model)[0]
+        except UsageError as e:
+            why = e.one_line().removeprefix(f"--data {corpus!r}: ")
+            raise UsageError(f"--dormant-corpora {corpus!r}: {why}") from None
+    return domains
+
+
 def run_sinks(args: argparse.Namespace) -> int:
     with all_ranks_agree():  # under torchrun: a setup failure on any rank ends every rank
         run = _prepare(args, DEFAULT_MODEL, "sinks")
+        domains = _dormant_domains(args, run) if args.dormant else None
     model, eb = run.model, run.windows
     run.console.note(plan_line("sinks", model, eb))
     result = sink_stats(model, eb, progress=run.progress)
@@ -118,8 +137,6 @@ def run_sinks(args: argparse.Namespace) -> int:
                  show(mas["layers"], ["layer", "top1", "median", "ratio", "top1_dim", "n_massive", "key0_mass", "r0"])]
         figures.append(massive_figure(mas))
     if args.dormant:
-        domains = {c: windows_for(dataclasses.replace(run.window_spec, data=c), model)[0]
-                   for c in dict.fromkeys(args.dormant_corpora)}
         dor = dormant_heads(model, domains, progress=run.progress)
         for k in ("summary", "domains", "heads", "switching"):
             result[f"dormant_{k}"] = dor[k]

@@ -55,3 +55,13 @@ def test_probe_models_shows_each_zoo_models_validation_loss_not_its_path(capsys)
     line = next(l for l in zoo.splitlines() if l.strip().startswith("probe/tiny-baseline "))
     assert "val loss 5.390 on wikitext-2-test (baseline, 600 steps)" in line  # probe/zoo/tiny-baseline/zoo.json
     assert "/zoo/" not in zoo and "probe/bb-baseline" in zoo
+
+
+def test_summary_lines_put_the_standard_error_beside_its_value_and_say_n_a():
+    from probe.cli.analyses import _summary_lines
+
+    row = {"token_share": 0.98861, "token_share_se": 0.000457, "token_share_min_count": float("nan"),
+           "token_share_min_count_se": float("nan"), "mean_gate": 0.4662, "mean_gate_se": float("nan"), "gate": "proj"}
+    assert _summary_lines(row, ["gate", "mean_gate", "token_share", "token_share_min_count", "absent"]).split("\n") == [
+        "  gate                   proj", "  mean_gate              0.4662", "  token_share            0.9886 ± 0.00046",
+        "  token_share_min_count  n/a"]

@@ -75,11 +75,19 @@ def plan_line(verb: str, model, eb, passes: int = 1, what: str = "") -> str:
 
 
 def _summary_lines(row: dict, keys) -> str:
+    """``  key  value`` lines; a ``<key>_se`` in the row is shown as ``value ± se`` (when there is one: it needs two
+    batches), a NaN value (e.g. no token reaches --min-count) as n/a."""
     out = []
     for k in keys:
         if k in row:
-            v = row[k]
-            out.append(f"  {k:<24} {v:.4g}" if isinstance(v, float) else f"  {k:<24} {v}")  # fits *_min_count_se
+            v, se = row[k], row.get(f"{k}_se")
+            if isinstance(v, float):
+                text = "n/a" if math.isnan(v) else f"{v:.4g}"
+                if se is not None and not math.isnan(v) and math.isfinite(se):
+                    text += f" ± {se:.2g}"
+            else:
+                text = str(v)
+            out.append(f"  {k:<22} {text}")
     return "\n".join(out)
 
 
@@ -221,8 +229,7 @@ def run_gates(args: argparse.Namespace) -> int:
     tokens = result["tokens"].assign(token=lambda t: t["token"].map(repr))  # show spaces and newlines
     text = [header(result_meta(result)), "", "summary:",
             _summary_lines(s, ("value_gate", "mean_gate", "selectivity", "spread", "read_mean_gate",
-                               "frac_below_half", "token_share", "token_share_se", "token_share_min_count",
-                               "token_share_min_count_se")), "",
+                               "frac_below_half", "token_share", "token_share_min_count")), "",
             "per layer:", show(result["layers"])]
     cols = ["token", "token_id", "count", "mean_gate"]
     if 0 < len(tokens) <= 20:

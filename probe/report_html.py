@@ -158,9 +158,11 @@ def _readable_summary(summary: pd.DataFrame, batches: pd.DataFrame | None = None
 
 
 def report_page(tables: dict, records: list[dict], settings: dict, self_contained: bool = False) -> str:
-    meta = records[0]["meta"] if records else {}
-    intro = {"models": ", ".join(r["name"] for r in records), "corpus": meta.get("corpus"),
-             "corpus fingerprint": meta.get("corpus_fingerprint"),
+    def each(key):  # every distinct value over the models (a Bigram-Backcopy model reads its own chain, not text)
+        return ", ".join(dict.fromkeys(str(r["meta"][key]) for r in records if r["meta"].get(key) is not None)) or None
+
+    intro = {"models": ", ".join(r["name"] for r in records), "corpus": each("corpus"),
+             "corpus fingerprint": each("corpus_fingerprint"),
              "windows": f"{settings['batches']} batches x {settings['batch_size']} windows, ctx "
                         f"{settings['ctx'] or 'model default'}, mode {settings['window_mode']}, "
                         f"seed {settings['seed']}",

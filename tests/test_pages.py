@@ -154,6 +154,9 @@ def test_report_models_are_categories_checkpoints_are_lines(sinks):
     assert "doses 0.4, junk structured, cutoff q25" in html and "{'doses'" not in html  # readable, no raw dicts
     assert "model_id" not in text and "step" not in re.findall(r"<th>(\w+)</th>", html)  # no duplicate / None columns
     assert "src='plotly.min.js'" in html and len(html) < 1_000_000
+    mixed = report_page(tables, [{"name": "sinklogit", "meta": {"corpus": "wikitext-2-test"}},
+                                 {"name": "baseline", "meta": {"corpus": "synthetic:bb"}}], settings)
+    assert "<th>corpus</th><td>wikitext-2-test, synthetic:bb</td>" in mixed  # each model's own data, not the first's
 
 
 def test_sources_and_eval_verdicts():

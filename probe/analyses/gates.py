@@ -26,6 +26,11 @@ from probe.analyses.parallel import batches_of_rank, gather_rows, is_main, reduc
 from probe.analyses.stats import jackknife_se
 
 
+def _by_token(s_u: torch.Tensor, n_u: torch.Tensor) -> torch.Tensor:
+    """Σ over tokens and KV heads of s_u² / n_u per layer: s_u (L, Hkv, k) gate sums, n_u (k,) reads (0: no term)."""
+    return torch.where(n_u > 0, s_u ** 2 / n_u.clamp_min(1), 0).sum((1, 2))
+
+
 class GateAccumulator:
     SUMS = ("m", "m2", "sel", "rows", "g", "low", "reads", "tok", "tok_g2", "tok_g2f", "tok_gf", "tok_nf")
 
@@ -106,28 +111,31 @@ class GateAccumulator:
         part["g2f"][layer] += (gt[f] ** 2).sum(0)
         part["nf"][layer] += f.sum()
 
-    def _sums(self) -> dict[str, torch.Tensor]:
-        return {"tok": self.tok, "counts": self.counts, "g2": self.tok_g2, "gf": self.tok_gf, "g2f": self.tok_g2f,
-                "nf": self.tok_nf}
-
-    def _sums_without(self, part: dict) -> dict[str, torch.Tensor]:
-        """The token sums with one batch's part taken out (the frequent-token set stays the whole set's)."""
-        s = {k: self._sums()[k] - part[k] for k in ("g2", "gf", "g2f", "nf")}
-        s["tok"], s["counts"] = self.tok.clone(), self.counts.clone()
-        s["tok"][:, :, part["cols"]] -= part["tok"]
-        s["counts"][part["cols"]] -= part["counts"]
-        return s
-
-    def _token_shares(self, s: dict, frequent_only: bool) -> torch.Tensor:
-        """Between-token / total sum of squares pooled over KV heads from the sums ``s``: per layer, then over all
-        layers pooled, (L + 1,)."""
+    def _share_parts(self, frequent_only: bool) -> tuple[torch.Tensor, ...]:
+        """The sums the share is made of, over the whole evaluation set: (by_token (L,) = Σ_u Σ_heads s_u² / n_u,
+        head sums (L, Hkv), squares (L, Hkv), reads n (L,)); over the frequent tokens only when ``frequent_only``."""
         keep = self.frequent if frequent_only else torch.ones_like(self.frequent)
-        n_u, s_u = s["counts"][keep], s["tok"][:, :, keep]  # (U',), (L, Hkv, U')
+        by_token = _by_token(self.tok[:, :, keep], self.counts[keep])
         if frequent_only:
-            head, sq, n = s["gf"], s["g2f"], s["nf"]  # (L, Hkv), (L, Hkv), (L,)
-        else:
-            head, sq, n = s["tok"].sum(-1), s["g2"], s["counts"].sum().expand(s["g2"].shape[0])
-        by_token = torch.where(n_u > 0, s_u ** 2 / n_u.clamp_min(1), 0).sum((1, 2))  # tokens left out add nothing
+            return by_token, self.tok_gf, self.tok_g2f, self.tok_nf
+        return by_token, self.tok.sum(-1), self.tok_g2, self.counts.sum().expand(self.tok.shape[0])
+
+    def _without(self, parts: tuple, part: dict, frequent_only: bool) -> tuple[torch.Tensor, ...]:
+        """``parts`` with one batch's ``part`` taken out; only that batch's token columns are recomputed (the frequent
+        set stays the whole set's), so no (L, Hkv, U) copy is made per batch."""
+        by_token, head, sq, n = parts
+        keep = self.frequent[part["cols"]] if frequent_only else torch.ones_like(part["cols"], dtype=torch.bool)
+        cols = part["cols"][keep]
+        s_c, n_c = self.tok[:, :, cols], self.counts[cols]  # (L, Hkv, k), (k,) whole-set sums of those tokens
+        p_c, m_c = part["tok"][:, :, keep], part["counts"][keep]
+        by_token = by_token - _by_token(s_c, n_c) + _by_token(s_c - p_c, n_c - m_c)
+        if frequent_only:
+            return by_token, head - part["gf"], sq - part["g2f"], n - part["nf"]
+        return by_token, head - part["tok"].sum(-1), sq - part["g2"], n - part["counts"].sum()
+
+    @staticmethod
+    def _token_shares(by_token, head, sq, n) -> torch.Tensor:
+        """Between-token / total sum of squares pooled over KV heads: per layer, then all layers pooled, (L + 1,)."""
         grand = (head ** 2).sum(1) / n.clamp_min(1)  # (L,) the pooled mean's part
         between = torch.where(n > 0, by_token - grand, 0)
         total = torch.where(n > 0, sq.sum(1) - grand, 0)
@@ -136,8 +144,9 @@ class GateAccumulator:
 
     def _token_share_table(self, frequent_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """(share, jackknife s.e. over batches), each (L + 1,): per layer, then all layers pooled."""
-        share = self._token_shares(self._sums(), frequent_only)
-        loo = [self._token_shares(self._sums_without(p), frequent_only) for p in self.token_parts.values()]
+        parts = self._share_parts(frequent_only)
+        share = self._token_shares(*parts)
+        loo = [self._token_shares(*self._without(parts, p, frequent_only)) for p in self.token_parts.values()]
         se = jackknife_se(torch.stack(loo).numpy()) if loo else torch.full_like(share, float("nan")).numpy()
         return share, torch.as_tensor(se)
 

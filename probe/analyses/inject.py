@@ -31,6 +31,7 @@ from probe.analyses.capture import (LayerCollector, as_windows, describe, finish
                                     loss_forward_kwargs, model_device, make_bar, output_losses, row_mass_hooks,
                                     row_masses)
 from probe.analyses.parallel import all_sum, batches_of_rank, gather_rows, is_main, reduce_sums
+from probe.analyses.stats import with_batch_se
 from probe.hooks import names
 
 JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
@@ -205,13 +206,9 @@ class ExposureAccumulator:
         layers = heads.groupby(["cutoff", "layer"], sort=False)[cols].mean().reset_index()
         summary = layers.groupby("cutoff", sort=False)[cols].mean().reset_index()
         batches = pd.DataFrame(self.batch_rows, columns=["batch", "layer", "cutoff"] + cols)
-        layer_se = batches.groupby(["cutoff", "layer"])[cols].sem()  # NaN with one batch
-        summary_se = batches.groupby(["cutoff", "batch"])[cols].mean().groupby("cutoff")[cols].sem()
-        for c in cols:  # beside each share its standard error over batches
-            layers.insert(layers.columns.get_loc(c) + 1, f"{c}_se",
-                          [float(layer_se[c].get((k, l), float("nan"))) for k, l in zip(layers.cutoff, layers.layer)])
-            summary.insert(summary.columns.get_loc(c) + 1, f"{c}_se",
-                           [float(summary_se[c].get(k, float("nan"))) for k in summary.cutoff])
+        per_batch = batches.groupby(["cutoff", "batch"], sort=False)[cols].mean().reset_index()  # over layers
+        layers = with_batch_se(layers, batches, cols, by=["cutoff", "layer"])  # NaN s.e. with one batch
+        summary = with_batch_se(summary, per_batch, cols, by="cutoff")
         return {"exposure": summary, "exposure_layers": layers, "exposure_heads": heads}
 
 

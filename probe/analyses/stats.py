@@ -1,5 +1,5 @@
 """Paired comparisons between variants trained with the same seeds (SPEC §5, gatedv.md, abstention-filtering Table 2),
-and the delete-one jackknife over evaluation batches.
+and standard errors over evaluation batches (of per-batch means; the delete-one jackknife for other statistics).
 
 Inputs are long tables with one row per (variant, seed): columns ``variant``, ``seed`` and a metric (default
 ``loss``, lower is better). An improvement is ``other - variant`` for lower-is-better metrics (positive = better).
@@ -31,6 +31,32 @@ def jackknife_se(leave_one_out) -> np.ndarray | float:
     else:
         se = np.sqrt((n - 1) / n * ((theta - theta.mean(0)) ** 2).sum(0))
     return float(se) if se.ndim == 0 else se
+
+
+def batch_se(batches: pd.DataFrame | None, columns, by: str | list | None = "layer") -> pd.DataFrame | None:
+    """Standard error over batches of each column: per ``by`` group (e.g. per layer), or of the per-batch average
+    over the groups (``by=None``: the summary); None without per-batch data."""
+    if batches is None or batches.empty or "batch" not in batches:
+        return None
+    cols = [c for c in columns if c in batches]
+    if by is None:
+        return batches.groupby("batch")[cols].mean().sem().to_frame().T.rename(columns=lambda c: f"{c}_se")
+    return batches.groupby(by)[cols].sem().rename(columns=lambda c: f"{c}_se").reset_index()
+
+
+def with_batch_se(table: pd.DataFrame, batches, columns, by: str | list | None = "layer") -> pd.DataFrame:
+    """``table`` with a ``<column>_se`` (``batch_se``) beside each column, when per-batch data exist."""
+    se = batch_se(batches, columns, by)
+    table = table.reset_index(drop=True)
+    if se is None:
+        return table
+    if by is None:
+        table = pd.concat([table, se.reset_index(drop=True)], axis=1)
+    else:
+        table = table.merge(se, on=by, how="left")
+    order = [c for col in table.columns if not col.endswith("_se")
+             for c in (col, f"{col}_se") if c in table.columns]
+    return table[order]
 
 
 def _wide(df: pd.DataFrame, value: str) -> pd.DataFrame:
@@ -122,4 +148,4 @@ def abstention_decomposition(df: pd.DataFrame, *, baseline: str = "baseline", si
 
 
 __all__ = ["paired_differences", "perplexity_summary", "document_bootstrap", "abstention_decomposition",
-           "jackknife_se"]
+           "jackknife_se", "batch_se", "with_batch_se"]

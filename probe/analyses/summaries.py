@@ -11,6 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from probe.analyses.sinks import SINK_FACTOR, SINK_R0
+from probe.analyses.stats import batch_se, with_batch_se
 
 ID_COLUMNS = ["model", "corpus"]
 MIN_BATCHES = 2  # a standard error needs at least two batches
@@ -21,30 +22,9 @@ def _drop_ids(df: pd.DataFrame) -> pd.DataFrame:
     return df.drop(columns=[c for c in ID_COLUMNS if c in df.columns])
 
 
-def batch_se(batches: pd.DataFrame | None, columns, by: str | list | None = "layer") -> pd.DataFrame | None:
-    """Standard error over batches of each column: per ``by`` group (e.g. per layer), or of the per-batch average
-    over the groups (``by=None``: the summary); None without per-batch data."""
-    if batches is None or batches.empty or "batch" not in batches:
-        return None
-    cols = [c for c in columns if c in batches]
-    if by is None:
-        return batches.groupby("batch")[cols].mean().sem().to_frame().T.rename(columns=lambda c: f"{c}_se")
-    return batches.groupby(by)[cols].sem().rename(columns=lambda c: f"{c}_se").reset_index()
-
-
 def _with_se(table: pd.DataFrame, batches, columns, by="layer") -> pd.DataFrame:
-    """``table`` with a ``<column>_se`` beside each column (when per-batch data exist)."""
-    se = batch_se(batches, columns, by)
-    table = _drop_ids(table).reset_index(drop=True)
-    if se is None:
-        return table
-    if by is None:
-        table = pd.concat([table, se.reset_index(drop=True)], axis=1)
-    else:
-        table = table.merge(se, on=by, how="left")
-    order = [c for col in table.columns if not col.endswith("_se")
-             for c in (col, f"{col}_se") if c in table.columns]
-    return table[order]
+    """``table`` without its id columns, with a ``<column>_se`` beside each column (when per-batch data exist)."""
+    return with_batch_se(_drop_ids(table), batches, columns, by)
 
 
 def _n_batches(result) -> int:

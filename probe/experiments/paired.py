@@ -24,6 +24,7 @@ import torch
 
 from probe.console import progress_bar
 from probe.data import WindowSampler, eval_batches, load_corpus, load_tokenizer, tokenize_documents
+from probe.experiments.result import check_training_numbers
 from probe.models import create
 from probe.models.config import tier_config
 from probe.train.trainer import TrainConfig, evaluate, read_metrics, train
@@ -54,15 +55,11 @@ class TrainSpec:
     threads: int = 1
 
     def __post_init__(self):  # fail before any training (subclasses inherit this check)
-        for name in ("steps", "batch_size", "eval_batches", "eval_batch_size", "threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        check_training_numbers(self, ("steps", "batch_size", "eval_batches", "eval_batch_size", "threads"))
         if self.ctx < 2:
             raise ValueError(f"ctx={self.ctx} must be at least 2")
         if not self.seeds:
             raise ValueError("choose at least one seed")
-        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"lr={self.lr} must be > 0 and min_lr_ratio={self.min_lr_ratio} in [0, 1]")
 
 
 def overrides(spec: TrainSpec) -> dict:

@@ -58,6 +58,16 @@ def config_dict(cfg) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
 
 
+def check_training_numbers(cfg, counts) -> None:
+    """A recipe config's training numbers, before any work: each field named in ``counts`` >= 1, ``lr`` > 0 and
+    ``min_lr_ratio`` in [0, 1] (a ValueError naming the field)."""
+    for name in counts:
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name}={getattr(cfg, name)} must be at least 1")
+    if not cfg.lr > 0 or not 0 <= cfg.min_lr_ratio <= 1:
+        raise ValueError(f"lr={cfg.lr} must be > 0 and min_lr_ratio={cfg.min_lr_ratio} in [0, 1]")
+
+
 class Timer:
     """Started with the recipe; ``meta()`` is the run's metadata: wall time and the versions that produced it."""
 

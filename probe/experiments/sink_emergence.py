@@ -40,7 +40,7 @@ from probe.analyses.sinks import sink_stats
 from probe.data.synthetic import BigramBackcopy
 from probe.analyses.massive import massive_activations
 from probe.analyses.sink_heads import sink_heads
-from probe.experiments.result import Result, Timer, config_dict
+from probe.experiments.result import Result, Timer, check_training_numbers, config_dict
 from probe.models import config_for, create
 from probe.runs import RUN_IDENTITY
 from probe.train import TrainConfig, train
@@ -82,11 +82,8 @@ class EmergenceConfig:
             config_for(v, "tiny")
         if not self.variants or not self.seeds:
             raise ValueError("choose at least one variant and one seed")
-        for name in ("steps", "snapshot_every", "batch_size", "n_eval_batches", "eval_batch_size", "threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
-        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"lr={self.lr} must be > 0 and min_lr_ratio={self.min_lr_ratio} in [0, 1]")
+        check_training_numbers(self, ("steps", "snapshot_every", "batch_size", "n_eval_batches", "eval_batch_size",
+                                      "threads"))
         self.task  # noqa: B018 — validates vocab, triggers, chain_seed and T
 
     @property

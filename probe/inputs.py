@@ -21,7 +21,7 @@ from transformers.utils import logging as hf_logging
 from probe.analyses.capture import model_device, wants_bos
 from probe.analyses.inject import JUNK_TYPES, own_directions
 from probe.checkpoints.load import KNOWN_CHECKPOINTS, ModelNotFoundError, load, resolve
-from probe.console import Console
+from probe.console import Console, plural
 from probe.data import cap_ctx, eval_batches, tokenize_documents
 from probe.data import load_corpus as read_corpus
 from probe.data.corpus import CORPORA
@@ -123,7 +123,7 @@ def load_model(spec: ModelSpec, console: Console):
         device_map = getattr(getattr(model, "hf_model", model), "hf_device_map", None) or {}
         where = collections.Counter(str(d) for d in device_map.values())
         console.note(f"placement: --device-map {placed['device_map']}: "
-                     + ", ".join(f"{n} module{'s' * (n != 1)} on {d}" for d, n in where.items()))
+                     + ", ".join(f"{plural(n, 'module')} on {d}" for d, n in where.items()))
     if offload_tmp is not None:
         model.offload_tmp = offload_tmp  # the temporary folder lives (and is removed) with the model
     return model.eval()
@@ -277,6 +277,14 @@ def synthetic_windows(spec: WindowSpec, model, task: BigramBackcopy | None):
     return asked.eval_windows(spec.batches, spec.batch_size, seed=spec.seed)
 
 
+def text_on_bb(what: str, model, task: BigramBackcopy,
+               hint: str = "use --data synthetic:bb (its own chain) or synthetic:bb[vocab=..,triggers=..,seed=..,T=..]"
+               ) -> UsageError:
+    """The one-line error for text given to a model trained on Bigram-Backcopy data; ``what`` names the input."""
+    return UsageError(f"{what} is text but model {model.probe_info.name!r} was trained on Bigram-Backcopy data "
+                      f"({task.spec()}); {hint}")
+
+
 def windows_for(spec: WindowSpec, model):
     """The model's windows of ``spec.data`` (its tokenizer and context) on its device: (windows, tokenizer). Without
     ``spec.data``: a Bigram-Backcopy model's own chain, else wikitext-2-test. Bigram-Backcopy windows come with no
@@ -286,9 +294,7 @@ def windows_for(spec: WindowSpec, model):
         return on_device(synthetic_windows(spec, model, task), model), None
     data = spec.data or DEFAULT_DATA
     if task is not None:
-        raise UsageError(f"--data {data!r} is text but model {model.probe_info.name!r} was trained on "
-                         f"Bigram-Backcopy data ({task.spec()}); use --data synthetic:bb (its own chain) or "
-                         "synthetic:bb[vocab=..,triggers=..,seed=..,T=..]")
+        raise text_on_bb(f"--data {data!r}", model, task)
     tok = tokenizer_for(spec, model)
     ctx = eval_ctx(spec, model)
     corpus = load_corpus(data)

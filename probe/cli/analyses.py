@@ -27,7 +27,7 @@ from probe.cli.specs import eps_values, injection_spec, model_spec, output_spec,
 from probe.console import Console, plural
 from probe.errors import UsageError
 from probe.data.synthetic import is_synthetic
-from probe.inputs import check_data, injection_plan, load_model, trained_task, windows_for
+from probe.inputs import check_data, injection_plan, load_model, text_on_bb, trained_task, windows_for
 from probe.output import emit, header, result_meta, save_result, show
 from probe.specs import OutputSpec, WindowSpec
 
@@ -97,12 +97,11 @@ def _summary_lines(row: dict, keys) -> str:
 def _dormant_domains(args: argparse.Namespace, run) -> dict:
     """--dormant's input domains as windows of the run's settings, built before any work (a bad domain is one line
     naming --dormant-corpora, not --data)."""
-    domains = {}
+    domains, task = {}, trained_task(run.model)
     for corpus in dict.fromkeys(args.dormant_corpora):
-        if trained_task(run.model) is not None and not is_synthetic(corpus):
-            raise UsageError(f"--dormant-corpora {corpus!r} is text but model {run.model.probe_info.name!r} was "
-                             "trained on Bigram-Backcopy data; give Bigram-Backcopy domains, e.g. --dormant-corpora "
-                             "synthetic:bb synthetic:bb[seed=1]")
+        if task is not None and not is_synthetic(corpus):
+            raise text_on_bb(f"--dormant-corpora {corpus!r}", run.model, task, "give Bigram-Backcopy domains, e.g. "
+                             "--dormant-corpora synthetic:bb synthetic:bb[seed=1]")
         try:
             domains[corpus] = windows_for(dataclasses.replace(run.window_spec, data=corpus), run.model)[0]
         except UsageError as e:

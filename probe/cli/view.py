@@ -16,7 +16,8 @@ from probe.cli.specs import model_spec
 from probe.console import Console, plural
 from probe.errors import UsageError
 from probe.data.synthetic import is_synthetic
-from probe.inputs import DEFAULT_DATA, load_corpus, load_model, synthetic_windows, tokenizer_for, trained_task
+from probe.inputs import (DEFAULT_DATA, load_corpus, load_model, synthetic_windows, text_on_bb, tokenizer_for,
+                          trained_task)
 from probe.output import write_pages
 from probe.specs import WindowSpec
 
@@ -29,16 +30,14 @@ def _text(args: argparse.Namespace, model) -> tuple:
     task = trained_task(model)
     if args.text is not None:
         if task is not None:
-            raise UsageError(f"--text is text but model {model.probe_info.name!r} was trained on Bigram-Backcopy data "
-                             f"({task.spec()}); view one of its sequences with --data synthetic:bb [--doc N]")
+            raise text_on_bb("--text", model, task, "view one of its sequences with --data synthetic:bb [--doc N]")
         return args.text, "--text"
     if is_synthetic(args.data) or (args.data is None and task is not None):
         windows = synthetic_windows(WindowSpec(data=args.data, batches=args.doc + 1, batch_size=1,
                                                 tokenizer=args.tokenizer), model, task)
         return windows.tokens[args.doc, 0], f"sequence {args.doc} of {windows.corpus}"
     if task is not None:
-        raise UsageError(f"--data {args.data!r} is text but model {model.probe_info.name!r} was trained on "
-                         f"Bigram-Backcopy data ({task.spec()}); use --data synthetic:bb (its own chain)")
+        raise text_on_bb(f"--data {args.data!r}", model, task)
     corpus = load_corpus(args.data or DEFAULT_DATA)
     if not 0 <= args.doc < len(corpus.documents):
         raise UsageError(f"--doc {args.doc}: corpus {corpus.name!r} has documents 0..{len(corpus.documents) - 1}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from importlib import import_module
 
 from probe.cli.parser import build_parser, check_unknown
@@ -46,6 +47,15 @@ VERBS = {
 def under_torchrun() -> bool:
     """One of several processes started by torchrun (probe.cli.distributed runs the verb in their process group)."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+RANK0_GRACE_S = 5.0
+
+
+def _in_process_group() -> bool:
+    """A torch.distributed group is up (never without importing torch, which the flag parser does not)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def run_experiment(argv: list[str]) -> int:
@@ -76,7 +86,12 @@ def main(argv=None) -> int:
         if os.environ.get("PROBE_TRACEBACK"):
             raise
         if under_torchrun() and os.environ.get("RANK", "0") != "0" and not getattr(e, "rank_local", False):
-            return 2  # every rank met this error (same flags, or shared by probe.cli.distributed): rank 0 prints it
+            # every rank met this error (same flags, or shared by probe.cli.distributed): rank 0 prints it
+            if not _in_process_group():
+                # torchrun ends every rank at the first non-zero exit; before the ranks share a group nothing makes
+                # rank 0 print first, so this rank gives it time (torchrun stops this rank when rank 0 exits)
+                time.sleep(RANK0_GRACE_S)
+            return 2
         prog = f"probe {verb}" if e.prog == "probe" and verb else e.prog
         sys.stderr.write(f"{prog}: error: {e.one_line()}\n")
         return 2

@@ -3,7 +3,7 @@
     python benchmarks/inject.py [--model tiny|pythia-160m-shape] [--batches 2] [--batch 4] [--ctx 256]
                                 [--junk structured] [--doses 0.2 0.4 0.8 1.6] [--threads 2] [--repeats 2]
 
-Goal (issue #5): battery time <= 1.15x the plain passes. The battery runs one clean pass per batch (with exposure:
+Goal: battery time <= 1.15x the plain passes. The battery runs one clean pass per batch (with exposure:
 q25 quiet mass and phantom mass per row) and the corrupted conditions stacked along the batch dimension; the
 reference is n_batches x (1 + n_conditions) plain forwards of one batch, each followed by the same next-token
 cross-entropy the battery computes. Both are timed interleaved, best of ``--repeats``, in wall time and in process CPU

@@ -2,7 +2,7 @@
 
     python benchmarks/sinks.py [--model pythia-160m-shape|tiny] [--ctx 1024] [--batch 1] [--threads 2] [--repeats 2]
 
-Goals (issue #5): streaming >= 1.5x faster and <= 0.25x the peak memory growth of the cached-pattern pass.
+Goals: streaming >= 1.5x faster and <= 0.25x the peak memory growth of the cached-pattern pass.
 Each method runs in its own fresh process (so one's allocator state cannot flatter the other). Memory is the peak
 growth of the process's resident set (RSS, sampled every millisecond from /proc/self/statm by a background thread)
 over its RSS just before the call: tensors live outside Python's heap, so tracemalloc would not see them.

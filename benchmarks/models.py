@@ -4,7 +4,7 @@
 
 Two columns per variant: forward+backward alone (the model's cost; goals: GatedV >= 0.98, sink and gate
 variants >= 0.95, block low-rank AttnRes >= 0.92, MUDD >= 0.88) and a whole training step as `probe train` takes it
-(the trainer's step): forward, loss, backward, gradient clipping and the AdamW step with the trainer's parameter groups.
+(one optimiser step): forward, loss, backward, gradient clipping and the AdamW step with the trainer's parameter groups.
 Variants are timed interleaved (round-robin) so drift of the machine hits all of them alike.
 """
 from __future__ import annotations

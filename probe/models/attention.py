@@ -1,4 +1,4 @@
-"""One attention module for every inside-a-head mechanism (SPEC §4, abstention-filtering §3, gatedv.md).
+"""One attention module for every inside-a-head mechanism (docs/definitions.md#phantom-key, docs/definitions.md#value-gates; Wang 2026 §3, GatedV).
 
 Routing side: baseline softmax or a phantom key (off-by-one: logit 0; sink logit: learned b_h). Value side: the value
 residual, then the value gate (probe.models.gates: norm, projection, routing-slot, GatedV SiLU/tanh, G2, GLU), which
@@ -20,7 +20,7 @@ from probe.models.config import ProbeConfig
 from probe.models.gates import apply_gate, make_gate
 from probe.models.layers import RMSNorm, Rotary, project_with_key
 
-# state-dict names before the gates became modules (issue 17) -> today's, relative to the attention module
+# state-dict names before the gates became modules (checkpoints saved before that refactor) -> today's, relative to the attention module
 LEGACY_NAMES = {"gate_tau": "gate.tau", "gate_w": "gate.w", "gate_b": "gate.b", "g2_proj.weight": "gate.proj.weight",
                 "v_gate_proj.weight": "gate.proj.weight"}
 

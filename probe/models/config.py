@@ -1,7 +1,7 @@
 """The configuration of a probe model: one dataclass-like HF config that selects every mechanism.
 
-Mechanisms (SPEC §4) are orthogonal switches; `validate()` rejects combinations that make no sense. `value_gate` names
-a registered gate module (gates.py). Tiers are named base architectures (SPEC §8 and each paper's tables), listed in
+Mechanisms (docs/definitions.md#mechanisms) are orthogonal switches; `validate()` rejects combinations that make no sense. `value_gate` names
+a registered gate module (gates.py). Tiers are named base architectures (docs/definitions.md#tiers and each paper's tables), listed in
 probe/catalogue.py; `variants.py` names mechanism settings. The attention backend is not configuration: it is chosen
 at run time (probe.kernels.backend).
 """
@@ -91,7 +91,7 @@ class ProbeConfig(PretrainedConfig):
         self.depth_blocks = depth_blocks
         self.depth_rank = depth_rank
         self.dense = dense
-        kwargs.pop("backend", None)  # config.json files from before issue 17 carry it; it is a runtime choice now
+        kwargs.pop("backend", None)  # config.json files saved before the backend became a runtime choice carry it; it is a runtime choice now
         kwargs.setdefault("tie_word_embeddings", False)  # tying is done by reusing the embedding matrix
         super().__init__(**kwargs)
         self.validate()

@@ -1,4 +1,4 @@
-"""Value gates (abstention-filtering §3.3, gatedv.md): one small module each, registered by name for `value_gate=`.
+"""Value gates (Wang 2026 §3.3, GatedV; docs/definitions.md#value-gates): one small module each, registered by name for `value_gate=`.
 
 A gate reads the value v_j (B,T,Hkv,dv: the read after any value-residual mix) and the layer's value-stream input x
 (B,T,d), and returns g in fp32, per key and KV head (B,T,Hkv) or per element (B,T,Hkv,dv). Attention fires
@@ -31,8 +31,8 @@ def initial_read_norm(config) -> float:
     """Expected ‖v_j‖/√dh of the initial model: the default norm-gate threshold τ_h.
 
     The input of W_V is normalised (unit RMS per coordinate), so each coordinate of v has the standard
-    deviation of W_V's entries times √d_model. Placing τ there opens half the gate at init (abstention-filtering
-    leaves τ's init unspecified; SPEC §4 suggests the median read norm of the initial model)."""
+    deviation of W_V's entries times √d_model. Placing τ there opens half the gate at init (Wang 2026
+    leaves τ's init unspecified; see docs/definitions.md#value-gates)."""
     std = 0.02 if config.init == "gpt2" else 1 / math.sqrt(config.d_model)
     return std * math.sqrt(config.d_model)
 

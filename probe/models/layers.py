@@ -20,7 +20,7 @@ class RMSNorm(nn.Module):
 
 
 def make_norm(kind: str, d: int, eps: float) -> nn.Module:
-    # abstention-filtering's GPT-2-style baseline is bias-free throughout, LayerNorm included
+    # Wang 2026's GPT-2-style baseline is bias-free throughout, LayerNorm included
     return RMSNorm(d, eps) if kind == "rms" else nn.LayerNorm(d, eps=eps, bias=False)
 
 
@@ -57,7 +57,7 @@ def project_with_key(x: torch.Tensor, out_proj: nn.Linear, key_proj: nn.Linear |
 
 class MLP(nn.Module):
     """SwiGLU or GELU feed-forward sub-layer. With `key_rank` it also emits a P-LR routing key
-    from the activation passed to the output projection (lr-attnres Eq. 12)."""
+    from the activation passed to the output projection (LR-AttnRes 2026 Eq. 12)."""
     param_roles = {"gate": "matrix", "up": "matrix", "down": "output", "key_proj": "routing_key"}
 
     def __init__(self, d_model: int, d_mlp: int, kind: str, key_rank: int = 0):

@@ -1,6 +1,6 @@
 """ProbeForCausalLM: an HF PreTrainedModel and a TransformerLens HookedRootModule in one.
 
-Every tensor of SPEC §3 that the configured mechanisms produce passes through a HookPoint of that name, so
+Every tensor of docs/definitions.md#hook-namespace that the configured mechanisms produce passes through a HookPoint of that name, so
 `run_with_cache`/`run_with_hooks` work as in TransformerLens, `save_pretrained`/`AutoModelForCausalLM` as in HF.
 Parameters are initialised by the role their module declares (params.py); checkpoints saved under older parameter
 names load through `from_pretrained` and `load_state_dict` alike (attention.LEGACY_NAMES).
@@ -28,7 +28,7 @@ from probe.models.depth import DepthRead, DepthSources, site_sources
 from probe.models.layers import make_norm
 from probe.models.params import ROLES, no_decay_names, parameter_roles
 
-# from_pretrained's renaming of pre-issue-17 checkpoint keys (attention.LEGACY_NAMES, anchored to an attention module)
+# from_pretrained's renaming of checkpoint keys from before the gates became modules (attention.LEGACY_NAMES, anchored to an attention module)
 _LEGACY_KEY_MAPPING = {rf"^(blocks\.\d+\.attn\.){re.escape(old)}$": rf"\1{new}" for old, new in LEGACY_NAMES.items()}
 
 
@@ -56,7 +56,7 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
             self.pos_embed = nn.Embedding(c.n_ctx + (c.abstention == "sinktoken"), c.d_model)
         if c.abstention == "sinktoken":
             self.sink_token = nn.Parameter(torch.zeros(c.d_model))
-        if c.depth == "plr":  # W_0^K: the embedding's low-rank key (lr-attnres Eq. 13)
+        if c.depth == "plr":  # W_0^K: the embedding's low-rank key (LR-AttnRes 2026 Eq. 13)
             self.embed_key = nn.Linear(c.d_model, c.depth_rank, bias=False)
         self.blocks = nn.ModuleList(Block(c, l) for l in range(c.n_layers))
         if c.depth != "residual":
@@ -93,7 +93,7 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        """HF's from_pretrained, reading checkpoints saved under the pre-issue-17 gate parameter names too."""
+        """HF's from_pretrained, reading checkpoints saved under the old gate parameter names too."""
         kwargs["key_mapping"] = {**_LEGACY_KEY_MAPPING, **(kwargs.get("key_mapping") or {})}
         model = super().from_pretrained(*args, **kwargs)
         model._weight_conversions = None  # HF would write the legacy names back on save; today's names it is
@@ -166,7 +166,7 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
     # ---- what analyses and trainers may ask ------------------------------------------------------------
     def no_weight_decay(self) -> set[str]:
         """Parameter names excluded from weight decay by their declared role (sink logits, gates, routing queries,
-        mixing weights, norms), not by tensor rank (SPEC §4)."""
+        mixing weights, norms), not by tensor rank (docs/definitions.md#weight-decay)."""
         return no_decay_names(self)
 
     @property

@@ -1,4 +1,4 @@
-"""Readable fp32 reference for attention over depth (AttnRes / LR-AttnRes read sites, lr-attnres.md Eq. 2-3, 8-10).
+"""Readable fp32 reference for attention over depth (AttnRes / LR-AttnRes read sites, LR-AttnRes 2026 Eq. 2-3, 8-10).
 
     k̄_i   = k_i * rsqrt(mean(k_i^2) + eps)          RMSNorm without a learned gain (when normalize)
     s_i   = query . k̄_i + bias_i                    no 1/sqrt(r) scaling

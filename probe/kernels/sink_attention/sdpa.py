@@ -3,7 +3,7 @@
 Causal attention with a sink and nothing else on the CPU runs the flash kernel as it is and rescales its rows
 (`_CausalSinkFlashCPU`). Everything else (key biases, windows, masks, other devices) uses extra coordinates:
 
-The trick (abstention-filtering, App. "Implementation of the variants"), adapted to per-query-head sinks under GQA:
+The trick (Wang 2026, App. "Implementation of the variants"), adapted to per-query-head sinks under GQA:
 
     coordinate  query (per query head h)   phantom key   real key j
     sink        sink_h / scale             1             0            -> phantom logit = sink_h, real logits unchanged

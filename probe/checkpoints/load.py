@@ -1,4 +1,4 @@
-"""Name → hooked model (SPEC §6).
+"""Name → hooked model (docs/definitions.md#hf-checkpoints).
 
 ``probe.load(name)`` accepts
 
@@ -229,7 +229,7 @@ def _resolve_dtype(dtype, device, hf_kwargs):
 
     if dtype is None:
         on_gpu = (device is not None and str(device) != "cpu") or "device_map" in hf_kwargs
-        return "auto" if on_gpu else torch.float32  # bf16 is very slow on CPU (SPEC §7)
+        return "auto" if on_gpu else torch.float32  # bf16 is very slow on CPU (docs/definitions.md#hf-checkpoints)
     if isinstance(dtype, str) and dtype != "auto":
         aliases = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
         return getattr(torch, aliases.get(dtype, dtype))

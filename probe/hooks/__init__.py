@@ -1,4 +1,4 @@
-"""The hook vocabulary every probe model speaks: SPEC §3's names (``names``) and model descriptions (``ModelInfo``).
+"""The hook vocabulary every probe model speaks: the names of docs/definitions.md#hook-namespace (``names``) and model descriptions (``ModelInfo``).
 
 Loading checkpoints, the HF adapters and interop with TransformerBridge / nnsight live in ``probe.checkpoints``.
 """

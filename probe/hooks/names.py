@@ -1,4 +1,4 @@
-"""The hook vocabulary (SPEC §3): one set of names for custom models and for HF checkpoints.
+"""The hook vocabulary (docs/definitions.md#hook-namespace): one set of names for custom models and for HF checkpoints.
 
 Every name below is an identity ``HookPoint``; shapes are given with B batch, T positions, d model width,
 H query heads, Hkv key/value heads, dh head width, S depth sources, r routing rank, C dense streams.

@@ -1,10 +1,10 @@
 """Optimizers: AdamW with weight decay excluded by role, or Muon for hidden matrices + Adam for the rest.
 
-Weight decay (SPEC §4, abstention-filtering appendix "Optimization") applies to parameter tensors of dimension ≥ 2
+Weight decay (docs/definitions.md#weight-decay; Wang 2026 appendix "Optimization") applies to parameter tensors of dimension ≥ 2
 that the model does not exclude by role through ``model.no_weight_decay()`` (sink logits, gate τ/w/b, routing queries,
 mixing weights, norms, biases). A model without ``no_weight_decay`` gets the plain ≥2-D rule.
 
-Muon mode follows lr-attnres §4.1: Muon (lr 1e-3, momentum 0.95, Nesterov, 5 Newton–Schulz steps, decoupled weight
+Muon mode follows LR-AttnRes 2026 §4.1: Muon (lr 1e-3, momentum 0.95, Nesterov, 5 Newton–Schulz steps, decoupled weight
 decay) for the hidden 2-D matrices — decayable by role and not an embedding or the LM head — and Adam without weight
 decay for everything else. Muon's update is rescaled to AdamW's RMS (``adjust_lr_fn="match_rms_adamw"``), which is
 what makes an AdamW-sized lr of 1e-3 meaningful. ``torch.optim.Muon`` is used when torch ships it (≥ 2.9), else the

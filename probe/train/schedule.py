@@ -9,9 +9,9 @@ def lr_factor(step: int, steps: int, warmup: int, schedule: str = "cosine", min_
     """Multiplier for the peak lr at optimizer step ``step`` of ``steps``.
 
     Both schedules warm up linearly over ``warmup`` steps (step 0 gets 1/warmup).
-    ``cosine``: cosine decay from 1 to ``min_ratio``, reached at the final step (abstention-filtering appendix).
+    ``cosine``: cosine decay from 1 to ``min_ratio``, reached at the final step (Wang 2026 appendix "Optimization").
     ``linear-warmdown``: constant 1, then a linear decay to ``min_ratio`` over the last ``warmdown`` fraction of the
-    steps, reached at the final step (lr-attnres §4.1; pass ``min_ratio=0`` for a decay to zero).
+    steps, reached at the final step (LR-AttnRes 2026 §4.1; pass ``min_ratio=0`` for a decay to zero).
     """
     if step < warmup:
         return (step + 1) / warmup

@@ -54,7 +54,7 @@ class TrainConfig:
     weight_decay: float = 0.1  # AdamW's ≥2-D tensors not excluded by role; Muon's matrices in muon mode
     eps: float = 1e-8
     grad_clip: float = 1.0  # global norm; 0 = no clipping (the norm is still logged)
-    z_loss: float = 0.0  # weight of mean(logsumexp(logits)²); lr-attnres uses 1e-5
+    z_loss: float = 0.0  # weight of mean(logsumexp(logits)²); LR-AttnRes 2026 uses 1e-5
     optimizer: str = "adamw"  # "adamw" | "muon" (Muon for hidden matrices + Adam, see optim.py)
     muon_lr: float = 1e-3
     muon_momentum: float = 0.95

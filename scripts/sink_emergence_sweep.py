@@ -1,4 +1,4 @@
-"""Sweep for issue 18: which Bigram-Backcopy settings make probe's baseline form a BOS sink (SPEC §8) on a CPU budget.
+"""Sweep for the sink-emergence recipe: which Bigram-Backcopy settings make probe's baseline form a BOS sink (docs/definitions.md#sink-rule) on a CPU budget.
 
 Each grid point is an ``EmergenceConfig`` (probe.experiments.sink_emergence) that differs from ``BASE`` in the named
 fields. A run trains one (variant, seed) with snapshots, then measures every snapshot on 256 fixed BB sequences.
@@ -10,7 +10,7 @@ fields. A run trains one (variant, seed) with snapshots, then measures every sna
 ``train`` resumes a run directory (OUT/GRID/POINT/VARIANT-sSEED); ``table`` gathers every finished run's snapshot
 statistics into OUT/all_snapshots.csv and writes the markdown summary (one line per run: settings, CPU minutes and the
 statistics at each of its last two snapshots); ``recipe`` lists every variant's snapshots at one grid point, checks
-issue 18's Done-when at the last two snapshots and writes OUT/GRID/POINT/trajectories.html.
+the sink-emergence check (docs/definitions.md#sink-emergence-check) at the last two snapshots and writes OUT/GRID/POINT/trajectories.html.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import pandas as pd
 from probe.experiments.sink_emergence import (VARIANTS, EmergenceConfig, cpu_seconds, done_when, snapshot_steps,
                                               snapshot_table, summary_table, train_variant)
 
-# the issue's setting (2 layers, 1 head of 128, d 128, batch 32, AdamW lr 1e-3, wd 1e-4) at T = 256, 1200 steps
+# the starting setting (2 layers, 1 head of 128, d 128, batch 32, AdamW lr 1e-3, wd 1e-4) at T = 256, 1200 steps
 BASE = EmergenceConfig(seeds=(0,), n_layers=2, n_heads=1, d_model=128, d_mlp=384, T=256, batch_size=32, lr=1e-3,
                        weight_decay=1e-4, steps=1200, snapshot_every=200)
 
@@ -163,7 +163,7 @@ def cmd_recipe(args):
 
 
 def done_when_text(check: pd.DataFrame) -> str:
-    """Issue 18's criteria at each seed's last two snapshots (``sink_emergence.done_when``), one line per step."""
+    """The sink-emergence check at each seed's last two snapshots (``sink_emergence.done_when``), one line per step."""
     out = []
     for r in check.itertuples():
         failed = [c for c in ("baseline_sink_formed", "sinklogit_phantom_over_0.1", "sinklogit_pos0_lower",

@@ -19,25 +19,25 @@ import importlib
 import inspect
 
 _RECIPES: dict[str, tuple[str, str]] = {  # name -> (module, one-line description)
-    "superposition": ("superposition", "abstention-filtering App. 'Construction': superposition filtering task, "
+    "superposition": ("superposition", "Wang 2026 App. 'Construction': superposition filtering task, "
                                        "error vs load for blind/visible keys (Figure 4)"),
-    "decomposition": ("decomposition", "abstention-filtering Tables 1, 2, 8: paired sink/gate/both improvements, "
+    "decomposition": ("decomposition", "Wang 2026 Tables 1, 2, 8: paired sink/gate/both improvements, "
                                        "the abstention decomposition and the routing-slot control"),
-    "gatedv-controls": ("gatedv_controls", "gatedv.md Tables 4, 5: GatedV vs baseline, affine match, moment-matched "
+    "gatedv-controls": ("gatedv_controls", "GatedV Tables 4, 5: GatedV vs baseline, affine match, moment-matched "
                                            "SiLU and activation placements (Q only, Q/K/V), paired"),
-    "value-swap": ("value_swap", "gatedv.md Table 9: evaluate baseline and GatedV with linear or SiLU values at "
+    "value-swap": ("value_swap", "GatedV Table 9: evaluate baseline and GatedV with linear or SiLU values at "
                                  "inference"),
-    "depth-routing": ("depth_routing", "lr-attnres Figure 2/3, §4.7, §4.8: effective sources across ranks and block "
+    "depth-routing": ("depth_routing", "LR-AttnRes 2026 Figure 2/3, §4.7, §4.8: effective sources across ranks and block "
                                        "counts, S_src, mean gradient norm per variant"),
     "cross-layer": ("cross_layer", "cross-layer connections: value-residual λ and DenseFormer/MUDD weights per layer, "
                                    "cosine similarity of adjacent layers' inputs"),
-    "zero-shot": ("zero_shot", "abstention-filtering Table 12: WikiText-2 perplexity on non-overlapping windows "
+    "zero-shot": ("zero_shot", "Wang 2026 Table 12: WikiText-2 perplexity on non-overlapping windows "
                                "(LAMBADA / HellaSwag when reachable)"),
-    "pretrained-injection": ("pretrained_injection", "abstention-filtering Table 13: value-noise injection on "
+    "pretrained-injection": ("pretrained_injection", "Wang 2026 Table 13: value-noise injection on "
                                                      "pretrained models (structured, same-context, Gaussian junk)"),
-    "pretrained-sinks": ("pretrained_sinks", "abstention-filtering Table 14: sink statistics of pretrained models "
+    "pretrained-sinks": ("pretrained_sinks", "Wang 2026 Table 14: sink statistics of pretrained models "
                                              "per layer type, per layer"),
-    "sink-emergence": ("sink_emergence", "issue 18: train baseline, sinklogit, gates and GatedV on Bigram-Backcopy "
+    "sink-emergence": ("sink_emergence", "train baseline, sinklogit, gates and GatedV on Bigram-Backcopy "
                                          "with paired seeds and watch a BOS sink form (and a sink logit replace it)"),
 }
 RECIPES = {name: desc for name, (_, desc) in _RECIPES.items()}

@@ -1,4 +1,4 @@
-"""Depth-routing reports (lr-attnres.md §4.5-4.8): effective sources, mean heatmaps, source counts, gradient norms.
+"""Depth-routing reports (LR-AttnRes 2026 §4.5-4.8): effective sources, mean heatmaps, source counts, gradient norms.
 
 Trains a set of depth-routing variants of one tier with paired seeds (default: a rank sweep of full S-LR and P-LR,
 full AttnRes, and block variants at several block counts, beside the baseline), then on fixed validation windows:

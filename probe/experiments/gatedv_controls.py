@@ -1,4 +1,4 @@
-"""GatedV controls (gatedv.md Tables 4 and 5): fixed moment adjustments and activation placements, seed-paired.
+"""GatedV controls (GatedV Tables 4 and 5): fixed moment adjustments and activation placements, seed-paired.
 
 Variants (same initial weights and training windows per seed):
   baseline       linear values
@@ -20,7 +20,7 @@ in the training graph; ``run_with_hooks`` and analyses remove only their own, no
 are not parameters: they are not in the state dict and are recorded in the ``moments`` table (and in
 ``model.probe_value_affine``); ``attach_value_affine`` puts them back on a reloaded checkpoint.
 
-Reported: per-seed validation losses; per variant the mean of per-seed perplexities ± SD (gatedv.md), the relative
+Reported: per-seed validation losses; per variant the mean of per-seed perplexities ± SD (docs/definitions.md#perplexity-summary), the relative
 change ΔP against the baseline and against GatedV, improved pairs; the document bootstrap of the mean NLL difference
 of each variant against the baseline; and the calibration moments.
 """
@@ -136,7 +136,7 @@ def ppl_table(losses: pd.DataFrame, baseline: str = "baseline", reference: str =
 
 
 def bootstrap_table(window_losses: dict, baseline: str, seeds, n_resamples: int) -> pd.DataFrame:
-    """Document bootstrap (gatedv.md) of each variant's token-weighted NLL difference from the baseline."""
+    """Document bootstrap (docs/definitions.md#document-bootstrap) of each variant's token-weighted NLL difference from the baseline."""
     rows = []
     variants = sorted({v for v, _ in window_losses} - {baseline})
     for v in variants:

@@ -3,7 +3,7 @@
 Every (variant, seed) model is built with ``probe.models.create(variant, tier, seed, **overrides)`` — variants
 created with the same seed share every tensor they have in common — and trained by ``probe.train.train`` on windows
 from a ``WindowSampler`` seeded with the same seed, so paired runs see the same windows in the same order
-(SPEC §5 "Paired comparison"). Each model is scored on the same fixed evaluation windows.
+(docs/definitions.md#paired-seeds). Each model is scored on the same fixed evaluation windows.
 
 ``TrainSpec`` holds the options every training recipe shares; recipe configs inherit it. The defaults are a tiny
 schedule a 2-core machine runs in minutes; the papers' schedules are options (steps, batch, ctx, lr, tier). With

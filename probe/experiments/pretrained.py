@@ -102,7 +102,7 @@ def placement(spec: PretrainedSpec) -> dict:
 
 
 def windows_for(model, spec: PretrainedSpec):
-    """The model's evaluation windows of ``spec.data`` with its tokenizer at its context, BOS by SPEC §5's rule
+    """The model's evaluation windows of ``spec.data`` with its tokenizer at its context, BOS by the rule of docs/definitions.md#bos-rule
     (``spec.bos`` overrides), on the model's device."""
     try:
         tok = tokenizer_for(WindowSpec(), model)

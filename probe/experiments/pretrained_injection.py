@@ -1,4 +1,4 @@
-"""Value-noise injection on pretrained models (abstention-filtering Table 13, App. "Injection in pretrained models").
+"""Value-noise injection on pretrained models (Wang 2026 Table 13, App. "Injection in pretrained models").
 
 For every model in ``models`` (any name ``probe.load`` takes), on its own BOS-aware evaluation windows
 (``probe.experiments.pretrained``): ``probe.analyses.inject.inject`` with junk transplanted from another context of

@@ -1,4 +1,4 @@
-"""Sink statistics of pretrained models per layer type (abstention-filtering Table 14, App. "A production model
+"""Sink statistics of pretrained models per layer type (Wang 2026 Table 14, App. "A production model
 with a sink logit").
 
 For every model in ``models`` (any name ``probe.load`` takes), on its own BOS-aware evaluation windows

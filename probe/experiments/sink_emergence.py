@@ -1,4 +1,4 @@
-"""Sink emergence on the Bigram-Backcopy task (issue 18): train probe's models on BB with paired seeds, keep snapshots,
+"""Sink emergence on the Bigram-Backcopy task: train probe's models on BB with paired seeds, keep snapshots,
 and measure each snapshot's sink statistics and active/dormant split.
 
 The recipe ``probe experiment sink-emergence --out DIR`` (``run``) trains every variant into DIR/runs/ (resumable: a
@@ -6,8 +6,8 @@ rerun continues each run where it stopped, and a finished run only reloads), mea
 
     snapshots.csv     one row per (variant, seed, step, layer): pos0 share ÷ uniform, r0, phantom share, sink logit,
                       Sink^0.3 share of heads, massive activations (top-1 ÷ median, share at BOS), the split
-    summary.csv       one row per (variant, seed, step): the run-level statistics and sink_formed (SPEC §8)
-    done_when.csv     issue 18's check at each seed's last two snapshots (baseline sink; sink logit takes its place)
+    summary.csv       one row per (variant, seed, step): the run-level statistics and sink_formed (docs/definitions.md#sink-rule)
+    done_when.csv     the sink-emergence check (docs/definitions.md#sink-emergence-check) at each seed's last two snapshots (baseline sink; sink logit takes its place)
     trajectories.html every variant's statistics against step, side by side
 
 The defaults are the sweep's grid point ``lr3e-3`` (scripts/sink_emergence_sweep.py; docs/sink_emergence_sweep.md):
@@ -228,7 +228,7 @@ TRAJECTORIES = (("pos0_ratio", "position-0 share ÷ causal-uniform", 3.0), ("r0"
 
 def trajectory_figure(table: pd.DataFrame) -> go.Figure:
     """Statistics against training step, one column per layer and one line per (variant, seed); dotted lines mark
-    SPEC §8's thresholds (3x uniform, r0 0.8). ``table``: ``snapshot_table`` rows of one or more runs."""
+    the sink rule's thresholds (3x uniform, r0 0.8; docs/definitions.md#sink-rule). ``table``: ``snapshot_table`` rows of one or more runs."""
     layers = sorted(table["layer"].unique())
     fig = make_subplots(rows=len(TRAJECTORIES), cols=len(layers), shared_xaxes=True,
                         subplot_titles=[f"layer {l}: {title}" for _, title, _ in TRAJECTORIES for l in layers])
@@ -268,7 +268,7 @@ def summary_table(snapshots: pd.DataFrame) -> pd.DataFrame:
 
 
 def done_when(summary: pd.DataFrame) -> pd.DataFrame:
-    """Issue 18's criteria at each seed's last two baseline snapshots: the baseline has formed a sink (SPEC §8), and
+    """The sink-emergence check (docs/definitions.md#sink-emergence-check) at each seed's last two baseline snapshots: the baseline has formed a sink (docs/definitions.md#sink-rule), and
     the sink-logit model at the same step has phantom share > 0.1, a lower pos0 ÷ uniform and an r0 nearer 1."""
     runs = summary.set_index(["variant", "seed", "step"])
     rows = []

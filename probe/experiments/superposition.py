@@ -1,4 +1,4 @@
-"""The superposition filtering task (abstention-filtering.md, appendix "Construction", Figure 4).
+"""The superposition filtering task (Wang 2026, appendix "Construction", Figure 4).
 
 A dictionary of N unit features in R^d (orthonormal when N <= d, random unit vectors otherwise) at load N/d; the
 first ``n_relevant`` features are relevant. A sequence holds T items, each a uniformly drawn relevant feature with
@@ -11,7 +11,7 @@ Variants (all with the same initial weights and the same training data per seed,
   baseline   s_t = q . W_K k_t / sqrt(dh), a = softmax_t(s), o = sum_t a_t W_V x_t
   offbyone   a phantom key with logit 0 and value 0 joins the softmax
   normgate   each read is multiplied by g_t = sigmoid(beta (||v_t|| / sqrt(dh) - tau)), beta = 8, tau learned
-             (initialised at the median read norm of the initial model, as SPEC §4 suggests for the LM gate)
+             (initialised at the median read norm of the initial model, as docs/definitions.md#value-gates describes for the LM gate)
   oracle     the baseline with every irrelevant item's read set to zero by ground truth, in training and evaluation
 
 Every (seed, variant) model is trained independently; for speed their parameters are stacked along leading
@@ -143,7 +143,7 @@ class StackedHeads(torch.nn.Module):
 
 @torch.no_grad()
 def set_initial_tau(model: StackedHeads, dicts, cfg: SuperpositionConfig, seeds) -> None:
-    """tau := median ||W_V x|| / sqrt(dh) of the initial model over one batch of items, per seed (SPEC §4's choice
+    """tau := median ||W_V x|| / sqrt(dh) of the initial model over one batch of items, per seed (docs/definitions.md#value-gates: the choice
     for the language-model norm gate: half the reads pass at initialisation)."""
     for i, (f, s) in enumerate(zip(dicts, seeds)):
         x = sample(f, cfg, 256, _gen("tau", s))[0]

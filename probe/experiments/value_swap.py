@@ -1,4 +1,4 @@
-"""Inference-time swap of the value activation (gatedv.md Table 9).
+"""Inference-time swap of the value activation (GatedV Table 9).
 
 Train baseline (linear values) and GatedV (SiLU values) with paired seeds — or take trained checkpoints
 (``models``: directories or zoo names, each a baseline- or GatedV-trained probe model) — then evaluate every model
@@ -73,7 +73,7 @@ def figure(table: pd.DataFrame):
     for inf, g in table.groupby("inference", sort=False):
         fig.add_trace(go.Bar(x=g["training"], y=g["ppl_mean"], name=f"{inf} at inference",
                              error_y=dict(type="data", array=g["ppl_sd"].fillna(0), visible=True)))
-    fig.update_layout(title="Value activation at training vs inference (gatedv.md Table 9)", barmode="group",
+    fig.update_layout(title="Value activation at training vs inference (GatedV Table 9)", barmode="group",
                       xaxis_title="activation during training", yaxis_title="perplexity", yaxis_type="log")
     return fig
 

@@ -1,4 +1,4 @@
-"""Zero-shot evaluation (abstention-filtering Table 12): WikiText-2 perplexity, LAMBADA and HellaSwag accuracy.
+"""Zero-shot evaluation (Wang 2026 Table 12): WikiText-2 perplexity, LAMBADA and HellaSwag accuracy.
 
 WikiText-2: the split's documents joined by a blank line, tokenized once, cut into non-overlapping windows of the
 model's context; every window of ctx+1 tokens scores its ctx next-token targets (the last, partial window is

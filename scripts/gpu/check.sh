@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU session (SPEC §7; ~10 minutes): Triton kernels against the references on CUDA, the kernel benchmark,
+# One prepared GPU session (~10 minutes on the lent H200): Triton kernels against the references on CUDA, the kernel benchmark,
 # then the zoo trained on the GPU and packed for the trip back. Run through the device tool from the repo root:
 #   scripts/gpu/fetch_wheels.sh            # here, once
 #   run(carry=[".whl"], timeout_s=600, command="bash scripts/gpu/check.sh")

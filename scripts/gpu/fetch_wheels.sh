@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Wheels the lent GPU machine lacks (it has no network): run here, once, from the repo root; `.whl/` is git-ignored and
 # travels with `carry: [".whl"]`. The image has torch 2.11, triton 3.6, transformers 5.17, pandas, einops, jaxtyping,
-# pyarrow, xxhash (SPEC §7); importing transformer_lens also needs datasets, dill and multiprocess. transformers is
+# pyarrow, xxhash; importing transformer_lens also needs datasets, dill and multiprocess. transformers is
 # carried at the version CI tests.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

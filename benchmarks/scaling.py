@@ -195,7 +195,7 @@ def save_model(folder: Path, max_ctx: int) -> None:
     """pythia-160m's shape, random weights (seed 0), and a word-level tokenizer over its vocabulary."""
     from transformers import AutoModelForCausalLM
 
-    from probe.testing import tiny_tokenizer
+    from probe.checkpoints.tiny import tiny_tokenizer
 
     sys.path.insert(0, str(HERE))  # for benchmarks/common.py, once transformers is imported
     from common import pythia_160m_config

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from adapters_util import check_logits_match_hf_eager
 import probe
 from probe.checkpoints import attention as A
-from probe.testing import build_tiny
+from probe.checkpoints.tiny import build_tiny
 
 FAMILIES = ("gpt_neox", "gpt_oss", "llama")
 ATOL = 1e-5  # logits, fast (SDPA) path vs HF eager, fp32; measured max |Δ| ≈ 1e-7

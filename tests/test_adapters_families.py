@@ -19,7 +19,7 @@ from adapters_util import check_logits_match_hf_eager
 import probe
 from probe.analyses.capture import row_masses
 from probe.checkpoints.adapters import GemmaAdapter, LlamaAdapter, adapt
-from probe.testing import build_tiny, more_tiny_config
+from probe.checkpoints.tiny import build_tiny, more_tiny_config
 
 FAMILIES = ("gemma2", "gemma3_text", "gemma3", "qwen2", "qwen3", "mistral")
 GEMMA = ("gemma2", "gemma3_text", "gemma3")

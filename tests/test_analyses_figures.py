@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 
 from analyses_util import one_thread, tiny, windows  # noqa: F401
-from probe.analyses import figures
+from probe.present import figures
 from probe.analyses.gates import gate_stats
 from probe.analyses.inject import inject
 from probe.analyses.sinks import sink_stats

@@ -6,7 +6,7 @@ import probe
 from analyses_util import one_thread  # noqa: F401
 from probe.analyses.inject import inject
 from probe.analyses.sinks import sink_stats, sink_stats_reference
-from probe.testing import build_tiny
+from probe.checkpoints.tiny import build_tiny
 
 
 @pytest.fixture(scope="module")

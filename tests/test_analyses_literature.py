@@ -7,12 +7,14 @@ import torch
 
 import probe
 from analyses_util import one_thread, pattern_requests, tiny, windows  # noqa: F401
-from probe.analyses.dormant import DormantAccumulator, dormant_figure, dormant_heads, dormant_heads_figure
-from probe.analyses.massive import MassiveAccumulator, massive_activations, massive_figure, median_abs
-from probe.analyses.sink_heads import (SinkEpsAccumulator, sink_eps_figure, sink_eps_layers_figure,
-                                       sink_eps_trend_figure, sink_heads)
+from probe.analyses.dormant import DormantAccumulator, dormant_heads
+from probe.present.dormant import dormant_figure, dormant_heads_figure
+from probe.analyses.massive import MassiveAccumulator, massive_activations, median_abs
+from probe.present.massive import massive_figure
+from probe.analyses.sink_heads import SinkEpsAccumulator, sink_heads
+from probe.present.sink_eps import sink_eps_figure, sink_eps_layers_figure, sink_eps_trend_figure
 from probe.analyses.sinks import sink_stats
-from probe.testing import build_tiny
+from probe.checkpoints.tiny import build_tiny
 from probe.hooks.info import ModelInfo
 
 

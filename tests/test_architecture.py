@@ -14,15 +14,16 @@ PACKAGE = Path(__file__).resolve().parents[1] / "probe"
 # its own level or below, never above. The root ``probe/__init__.py`` (lazy ``probe.load`` / ``probe.materialize``) is
 # the public face and stands outside the order.
 LEVELS = {
-    # vocabulary, fused ops, text and tokens, and plain helpers every layer may use
-    "hooks": 0, "kernels": 0, "data": 0, "output": 0, "errors": 0, "console": 0, "runs": 0, "specs": 0, "pages": 0,
+    # vocabulary, fused ops, text and tokens, and the stdlib-only leaves every layer may use
+    "hooks": 0, "kernels": 0, "data": 0, "runs": 0, "progress": 0,
     "catalogue": 0,  # the custom models' variant and tier names, plain data (`probe models` reads them without torch)
     "models": 1,  # custom instrumented transformers
-    "checkpoints": 2, "testing": 2,  # name -> model, HF adapters, interop; tiny HF models for tests
-    "analyses": 3,  # captured tensors -> DataFrames and figures
-    "inputs": 4, "train": 4, "experiments": 4, "report": 4, "report_html": 4,  # jobs built from the analyses
-    "report_shards": 4,
-    "cli": 5,  # the command line
+    "checkpoints": 2,  # name -> model, HF adapters, interop, tiny HF models for tests
+    "analyses": 3,  # captured tensors -> DataFrames (compute only: no files, pages or stdout)
+    "present": 4,  # figures, page sections, terminal text, files, console, errors
+    "jobs": 5, "train": 5,  # run specs, inputs and windows, the resumable store, the report; training
+    "experiments": 6,  # the papers' recipes
+    "cli": 7,  # the command line
 }
 
 

@@ -172,7 +172,7 @@ def test_bos_flags_decide_the_first_token(fx, tmp_path):
     """--bos / --no-bos override SPEC §5's rule (no BOS for a tokenizer that does not prepend one), in the meta."""
     import json
 
-    from probe.testing import build_tiny
+    from probe.checkpoints.tiny import build_tiny
 
     llama = build_tiny("llama", tmp_path / "llama")  # its tokenizer has a BOS token but does not add it to text
     words = tmp_path / "words.txt"  # text in the tiny vocabulary (w2 ... w95), one document

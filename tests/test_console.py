@@ -7,7 +7,7 @@ import io
 import pytest
 
 from probe.cli.main import main
-from probe.console import PlainProgress, plural, progress_bar
+from probe.progress import PlainProgress, plural, progress_bar
 
 
 def test_plural_and_counts():

@@ -364,7 +364,7 @@ def test_depth_routing_end_to_end_toy(toy, tmp_path):
 def test_adjacent_cosine_matches_hidden_states(tmp_path):
     import probe
     from probe.experiments.cross_layer import adjacent_cosine
-    from probe.testing import build_tiny
+    from probe.checkpoints.tiny import build_tiny
     from transformers import AutoModelForCausalLM
 
     d = build_tiny("gpt_neox", tmp_path / "neox")

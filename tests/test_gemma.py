@@ -45,7 +45,7 @@ from probe.analyses.sinks import sink_stats, sink_stats_reference
 from probe.analyses.sources import effective_sources
 from probe.checkpoints import gguf
 from probe.checkpoints import load as L
-from probe.testing import VOCAB, build_tiny
+from probe.checkpoints.tiny import VOCAB, build_tiny
 
 LOGITS_ATOL = 1e-3
 PATTERN_ATOL = 1e-4

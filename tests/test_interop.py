@@ -10,7 +10,7 @@ import probe
 from probe.checkpoints import wrap
 from probe.checkpoints.adapters import GPTNeoXAdapter, GptOssAdapter, LlamaAdapter
 from probe.models import create
-from probe.testing import build_tiny
+from probe.checkpoints.tiny import build_tiny
 
 FAMILIES = ("gpt_neox", "gpt_oss", "llama")
 CLASSES = {"gpt_neox": GPTNeoXAdapter, "gpt_oss": GptOssAdapter, "llama": LlamaAdapter}

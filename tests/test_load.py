@@ -13,7 +13,7 @@ import torch
 import probe
 from probe.checkpoints import load as L
 from probe.checkpoints.adapters import GPTNeoXAdapter, GptOssAdapter, LlamaAdapter
-from probe.testing import build_tiny, tiny_model
+from probe.checkpoints.tiny import build_tiny, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probe.testing import build_tiny
+from probe.checkpoints.tiny import build_tiny
 
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import probe.experiments.command  # noqa: F401 — imported up front: the timings below are the checks, not imports
-import probe.output  # noqa: F401
+import probe.present.files  # noqa: F401
 from probe.cli.main import VERBS, main
 from probe.experiments import RECIPES
 
@@ -48,7 +48,7 @@ def test_every_recipe_checks_out_before_loading(recipe, tmp_path, capsys):
 
 
 def test_a_writable_out_passes_and_leaves_nothing(tmp_path):
-    from probe.output import check_out_dir
+    from probe.present.files import check_out_dir
     deep = tmp_path / "a" / "b" / "c"
     assert check_out_dir(deep) == deep and not (tmp_path / "a").exists()
     (tmp_path / "d").mkdir()

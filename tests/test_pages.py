@@ -8,14 +8,14 @@ import pandas as pd
 import pytest
 
 from analyses_util import one_thread, tiny, windows  # noqa: F401
-from probe.analyses import figures, summaries
+from probe.present import figures, summaries
 from probe.analyses.gates import gate_stats
 from probe.analyses.inject import inject
 from probe.analyses.sinks import sink_stats
-from probe.console import Console
-from probe.output import save_result, write_pages
-from probe.pages import PLOTLY_JS, page
-from probe.specs import OutputSpec
+from probe.present.console import Console
+from probe.present.files import save_result, write_pages
+from probe.present.page import PLOTLY_JS, page
+from probe.present.files import OutputSpec
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def _report_tables(results: dict, steps: dict) -> dict:
 
 
 def test_report_models_are_categories_checkpoints_are_lines(sinks):
-    from probe.report_html import report_figures, report_page
+    from probe.present.report import report_figures, report_page
 
     other = sink_stats(tiny("baseline"), windows(3, 2, 12))
     tables = _report_tables({"sinklogit": sinks, "baseline": other}, {})

@@ -8,8 +8,8 @@ import pytest
 from cli_util import (WINDOWS, assert_one_line_error, files_under, fx, kill_at_model_result,  # noqa: F401 (fixture)
                       probe)
 
-from probe.errors import UsageError
-from probe.report import expand_checkpoints, slug, step_of
+from probe.present.errors import UsageError
+from probe.jobs.report import expand_checkpoints, slug, step_of
 
 
 def test_expand_checkpoints():
@@ -26,7 +26,7 @@ def test_expand_checkpoints():
 
 
 def test_report_axis_uses_training_steps():
-    from probe.report_html import _axis
+    from probe.present.report import _axis
 
     s = pd.DataFrame({"model": ["pythia-160m@step1000", "pythia-160m@step2000"], "step": [1000, 2000]})
     assert _axis(s) == ({"pythia-160m@step1000": 1000, "pythia-160m@step2000": 2000}, "training step of pythia-160m")

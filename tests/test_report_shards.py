@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from cli_util import WINDOWS, assert_one_line_error, files_under, fx  # noqa: F401 (fixture)
 
-from probe.errors import UsageError
-from probe.report import shard_share
-from probe.report_shards import parse_shard
+from probe.present.errors import UsageError
+from probe.jobs.report import shard_share
+from probe.jobs.shards import parse_shard
 
 PLOTLY_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # plotly's random div ids
 

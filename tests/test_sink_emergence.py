@@ -16,7 +16,7 @@ from cli_util import assert_one_line_error
 from probe.experiments.bb_zoo import ship
 from probe.experiments.command import main
 from probe.experiments.sink_emergence import EXTRA, RUN_STATS, EmergenceConfig
-from probe.inputs import trained_task
+from probe.jobs.inputs import trained_task
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--steps", "24", "--snapshot-every", "12", "--warmup", "4", "--T", "32", "--batch-size", "4", "--d-model", "32",

@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 
 from analyses_util import one_thread, tiny, windows  # noqa: F401
-from probe.analyses import figures, summaries
+from probe.present import figures, summaries
 from probe.analyses.gates import gate_stats
 from probe.analyses.inject import exposure_stats
-from probe.analyses.sink_heads import sink_eps_figure, sink_eps_trend_figure, sink_heads
+from probe.analyses.sink_heads import sink_heads
+from probe.present.sink_eps import sink_eps_figure, sink_eps_trend_figure
 from probe.analyses.stats import jackknife_se
 
 N_BATCHES = 3
@@ -145,7 +146,7 @@ def test_sink_eps_jackknife_leaves_each_batch_out():
 
 
 def test_pages_and_figures_show_the_standard_errors():
-    from probe.report_html import report_figures, report_page
+    from probe.present.report import report_figures, report_page
 
     model, toks = tiny("sinklogit"), windows(N_BATCHES, 2, 12)
     heads = sink_heads(model, toks, eps=[0.05, 0.3])

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from probe.analyses.backcopy import SplitAccumulator, backcopy_split, backcopy_figure
+from probe.analyses.backcopy import SplitAccumulator, backcopy_split
+from probe.present.backcopy import backcopy_figure
 from probe.data import BBSampler, BigramBackcopy, parse_synthetic
 from probe.data.synthetic import keyed_generator
 from probe.models import create

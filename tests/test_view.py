@@ -10,7 +10,7 @@ import torch
 from plotly.colors import get_colorscale
 
 from analyses_util import one_thread  # noqa: F401 (autouse fixture)
-from probe.analyses.viewers import GATE_COLOURS, TICK_SIZE, view_figures, viewer_html
+from probe.present.viewers import GATE_COLOURS, TICK_SIZE, view_figures, viewer_html
 from probe.cli.main import main
 from probe.models import create
 
@@ -97,7 +97,7 @@ def test_probe_view_on_a_bigram_backcopy_model_shows_a_sequence_of_its_chain(tmp
     """A Bigram-Backcopy model has no text tokenizer: `probe view` shows sequence --doc of its own chain (BOS first),
     and text (--text or a text --data) is one exit-2 line naming the model's data."""
     from probe.checkpoints.load import load
-    from probe.inputs import trained_task
+    from probe.jobs.inputs import trained_task
 
     out = tmp_path / "bb"
     assert main(["view", "--model", "probe/bb-baseline", "--doc", "2", "--max-tokens", "20", "--out", str(out),

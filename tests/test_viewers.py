@@ -11,8 +11,8 @@ import torch
 
 import probe
 from analyses_util import one_thread, tiny  # noqa: F401
-from probe.analyses import viewers as V
-from probe.testing import build_tiny
+from probe.present import viewers as V
+from probe.checkpoints.tiny import build_tiny
 
 NETWORK_SCRIPT = re.compile(r"<script[^>]*\bsrc\s*=\s*[\"']?(https?:)?//", re.I)
 

@@ -8,7 +8,7 @@ import torch
 from probe.analyses.capture import as_windows, default_windows, wants_bos
 from probe.analyses.sinks import sink_stats
 from probe.data import load_tokenizer
-from probe.testing import build_tiny
+from probe.checkpoints.tiny import build_tiny
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from probe.analyses.parallel import batches_of_rank, gather_rows, is_main
-from probe.console import progress_bar
+from probe.progress import progress_bar
 from probe.data import DEFAULT_EVAL_CORPUS, cap_ctx, eval_batches, load_tokenizer, prepends_bos
 from probe.data.seeding import keyed_generator
 from probe.hooks import names

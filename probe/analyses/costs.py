@@ -19,7 +19,6 @@ Conventions (SPEC §4-5), which reproduce every "Added FLOPs (%)" entry of Table
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 
 METHODS = ("baseline", "attnres", "p-lr", "s-lr")
 
@@ -137,14 +136,3 @@ def _label(method: str, N: int | None, r: int | None) -> str:
     return f"{'Full' if N is None else f'Block N={N}'} {name}" + (f" r={r}" if r is not None else "")
 
 
-def cost_figure(df):
-    """Stacked bars of added FLOPs (% of the core): depth kernel and P-LR key projection, one bar per row."""
-    fig = go.Figure([
-        go.Bar(name="depth kernel", x=df["label"], y=df["kernel_pct"]),
-        go.Bar(name="P-LR key projection", x=df["label"], y=df["key_proj_pct"]),
-    ])
-    a = df.attrs
-    dims = f" (d={a['d']}, L={a['L']}, m={a['m']})" if {"d", "L", "m"} <= set(a) else ""
-    fig.update_layout(barmode="stack", title="Added FLOPs per token, % of the non-embedding core" + dims,
-                      yaxis_title="added FLOPs (%)", xaxis_tickangle=-45)
-    return fig

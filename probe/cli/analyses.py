@@ -10,26 +10,31 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from probe.analyses import figures as F
-from probe.analyses import summaries
+from probe.present import figures as F
+from probe.present import summaries
 from probe.analyses.capture import as_windows, describe, finish, loss_forward_kwargs, output_losses
-from probe.analyses.dormant import dormant_figure, dormant_heads, dormant_heads_figure
+from probe.analyses.dormant import dormant_heads
+from probe.present.dormant import dormant_figure, dormant_heads_figure
 from probe.analyses.gates import gate_stats
 from probe.analyses.inject import conditions, inject
-from probe.analyses.massive import massive_activations, massive_figure
+from probe.analyses.massive import massive_activations
+from probe.present.massive import massive_figure
 from probe.analyses.parallel import batches_of_rank, gather_rows
-from probe.analyses.sink_heads import sink_eps_figure, sink_heads
+from probe.analyses.sink_heads import sink_heads
+from probe.present.sink_eps import sink_eps_figure
 from probe.analyses.sinks import SINK_FACTOR, SINK_R0, sink_stats
 from probe.analyses.sources import effective_sources
 from probe.cli.distributed import all_ranks_agree
 from probe.cli.parser import DEFAULT_DEPTH_MODEL, DEFAULT_MODEL
 from probe.cli.specs import eps_values, injection_spec, model_spec, output_spec, window_spec
-from probe.console import Console, plural
-from probe.errors import UsageError
+from probe.present.console import Console
+from probe.progress import plural
+from probe.present.errors import UsageError
 from probe.data.synthetic import is_synthetic
-from probe.inputs import check_data, injection_plan, load_model, text_on_bb, trained_task, windows_for
-from probe.output import emit, header, result_meta, save_result, show
-from probe.specs import OutputSpec, WindowSpec
+from probe.jobs.inputs import check_data, injection_plan, load_model, text_on_bb, trained_task, windows_for
+from probe.present.files import emit, header, result_meta, save_result, show
+from probe.jobs.specs import WindowSpec
+from probe.present.files import OutputSpec
 
 
 @dataclass

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from probe.checkpoints.load import PYTHIA_SIZES, list_models
 from probe.cli.specs import output_spec
-from probe.console import Console
-from probe.errors import UsageError
+from probe.present.console import Console
+from probe.present.errors import UsageError
 from probe.catalogue import TIER_DESCRIPTIONS, TIERS, VARIANTS
-from probe.output import emit, save_result
+from probe.present.files import emit, save_result
 from probe.runs import ZOO_RECORD
 
 
@@ -69,8 +69,9 @@ def run_models(args: argparse.Namespace) -> int:
 def run_costs(args: argparse.Namespace) -> int:
     import pandas as pd  # this verb's tables and figure; imported here so that `probe models` stays light
 
-    from probe.analyses.costs import TABLE1, cost_figure, cost_table
-    from probe.output import show
+    from probe.analyses.costs import TABLE1, cost_table
+    from probe.present.costs import cost_figure
+    from probe.present.files import show
 
     output = output_spec(args)
     console = Console(output.quiet)

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from probe.analyses.parallel import gather, rank_and_world
-from probe.errors import UsageError, first_line
-from probe.output import check_out_dir
+from probe.present.errors import UsageError, first_line
+from probe.present.files import check_out_dir
 from probe.train.distributed import from_env
 
 PARALLEL_VERBS = ("sinks", "inject", "gates", "sources", "eval")

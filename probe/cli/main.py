@@ -26,7 +26,7 @@ import time
 from importlib import import_module
 
 from probe.cli.parser import build_parser, check_unknown
-from probe.errors import UsageError
+from probe.present.errors import UsageError
 
 # verb -> the function that runs it (argparse.Namespace -> exit code). The verb modules import torch, transformers and
 # pandas at their top, so each is imported only when its verb runs: `probe --help` stays under a second.
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
         # before any model loads: a bad --out is one line within a second (under torchrun rank 0, the one writer,
         # alone checks: ranks creating and removing the same test folders at once would race)
         if getattr(args, "out", None) and os.environ.get("RANK", "0") == "0":
-            import_module("probe.output").check_out_dir(args.out, prog=f"probe {verb}")
+            import_module("probe.present.files").check_out_dir(args.out, prog=f"probe {verb}")
         return VERBS[verb](args) or 0
     except UsageError as e:
         if os.environ.get("PROBE_TRACEBACK"):

@@ -1,6 +1,6 @@
 """The ``probe`` command line: every verb's flags, with one-line errors (``probe VERB: error: ...``, exit code 2).
 
-Only argparse and ``probe.errors`` are imported here, so ``probe --help`` and ``probe VERB --help`` stay under a
+Only argparse and ``probe.present.errors`` are imported here, so ``probe --help`` and ``probe VERB --help`` stay under a
 second; the verbs' modules (``probe.cli.analyses``, ``catalogue``, ``train``, ``report``) import torch and run them.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ import difflib
 import math
 
 from probe import __version__
-from probe.errors import UsageError, UsageParser
-from probe.specs import DEVICE_MAPS, parse_device_map, parse_max_memory
+from probe.present.errors import UsageError, UsageParser
+from probe.jobs.specs import DEVICE_MAPS, parse_device_map, parse_max_memory
 
 # The embedded default models: zoo checkpoints (issue #7) when installed, else a freshly initialised tiny model of the
 # same variant built in-process (seed 0). Switching to another zoo name is a one-line change here.
@@ -48,7 +48,7 @@ attention_share = _number(float, lambda v: 0 <= v < 1, "expected a share of atte
 
 
 def _user_value(parse):
-    """An argparse type from a parser of probe.specs whose ValueError is the one-line message (argparse names the
+    """An argparse type from a parser of probe.jobs.specs whose ValueError is the one-line message (argparse names the
     flag itself)."""
     def typ(text: str):
         try:

@@ -1,5 +1,5 @@
-"""``probe report``: the flags as a ``ReportSpec``, the report written by ``probe.report`` (or shard folders joined by
-``probe.report_shards``), its summary on stdout."""
+"""``probe report``: the flags as a ``ReportSpec``, the report written by ``probe.jobs.report`` (or shard folders joined by
+``probe.jobs.shards``), its summary on stdout."""
 from __future__ import annotations
 
 import argparse
@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 from probe.cli.specs import eps_values, injection_spec, model_spec, window_spec
-from probe.console import Console
-from probe.errors import UsageError
-from probe.output import clean, show
-from probe.report import ReportSpec, expand_checkpoints, write_report
-from probe.report_shards import merge_reports, parse_shard
+from probe.present.console import Console
+from probe.present.errors import UsageError
+from probe.present.files import clean, show
+from probe.jobs.report import ReportSpec, expand_checkpoints, write_report
+from probe.jobs.shards import merge_reports, parse_shard
 
 
 def run_report(args: argparse.Namespace) -> int:

@@ -8,7 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from probe.specs import InjectionSpec, ModelSpec, OutputSpec, WindowSpec
+from probe.jobs.specs import InjectionSpec, ModelSpec, WindowSpec
+from probe.present.files import OutputSpec
 
 
 def _unique(values) -> tuple:

@@ -10,15 +10,16 @@ import dataclasses
 import json
 from pathlib import Path
 
-from probe.analyses.figures import training_figure
-from probe.console import Console, plural
+from probe.present.figures import training_figure
+from probe.present.console import Console
+from probe.progress import plural
 from probe.data import HELDOUT, WindowSampler, load_tokenizer, split_heldout, tokenize_documents
 from probe.data.synthetic import BigramBackcopy, is_synthetic, parse_synthetic
-from probe.errors import UsageError, first_line
-from probe.inputs import check_data, load_corpus, make_windows, resolve_device, set_threads
+from probe.present.errors import UsageError, first_line
+from probe.jobs.inputs import check_data, load_corpus, make_windows, resolve_device, set_threads
 from probe.models import config_for, create
-from probe.output import atomic_write, write_pages
-from probe.pages import page
+from probe.present.files import atomic_write, write_pages
+from probe.present.page import page
 from probe.runs import FINAL_MODEL, MODEL_CONFIG, RUN_IDENTITY, TRAINING_PAGE
 from probe.train import TrainConfig, export_model, find_checkpoint, read_metrics, train
 from probe.train.trainer import capped_warmup
@@ -34,7 +35,7 @@ LATER_KEYS = ("schedule", "min_lr_ratio", "optimizer", "muon_lr", "weight_decay"
 
 def _run_identity(args: argparse.Namespace, ctx: int, task: BigramBackcopy | None) -> dict:
     """The flags that determine the weights; synthetic data records its canonical name and its chain (``task``), which
-    is also what an analysis of the model reads as its default --data (``probe.inputs.trained_task``)."""
+    is also what an analysis of the model reads as its default --data (``probe.jobs.inputs.trained_task``)."""
     ident = {k: vars(args)[k] for k in RUN_KEYS}
     ident["ctx"] = ctx
     if task is not None:  # BOS-first windows of ids: no tokenizer, validation on the chain's own windows

@@ -10,16 +10,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from probe.analyses.viewers import view_figures, viewer_html
+from probe.present.viewers import view_figures, viewer_html
 from probe.cli.parser import DEFAULT_MODEL
 from probe.cli.specs import model_spec
-from probe.console import Console, plural
-from probe.errors import UsageError
+from probe.present.console import Console
+from probe.progress import plural
+from probe.present.errors import UsageError
 from probe.data.synthetic import is_synthetic
-from probe.inputs import (DEFAULT_DATA, load_corpus, load_model, synthetic_windows, text_on_bb, tokenizer_for,
+from probe.jobs.inputs import (DEFAULT_DATA, load_corpus, load_model, synthetic_windows, text_on_bb, tokenizer_for,
                           trained_task)
-from probe.output import write_pages
-from probe.specs import WindowSpec
+from probe.present.files import write_pages
+from probe.jobs.specs import WindowSpec
 
 PAGE = "view.html"
 

@@ -14,9 +14,9 @@ import math
 import sys
 import typing
 
-from probe.errors import UsageError, UsageParser
+from probe.present.errors import UsageError, UsageParser
 from probe.experiments import RECIPES, make_config, module, run_recipe
-from probe.output import check_out_dir
+from probe.present.files import check_out_dir
 
 
 def _scalar_type(field: dataclasses.Field):

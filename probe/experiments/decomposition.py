@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from probe.analyses.figures import decomposition_figure, paired_figure
+from probe.present.figures import decomposition_figure, paired_figure
 from probe.analyses.gates import gate_stats
 from probe.analyses.stats import abstention_decomposition, paired_differences
 from probe.experiments.paired import Data, TrainSpec, threads, train_grid, work_dir

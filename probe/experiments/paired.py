@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from probe.console import progress_bar
+from probe.progress import progress_bar
 from probe.data import WindowSampler, eval_batches, load_corpus, load_tokenizer, tokenize_documents
 from probe.experiments.result import check_training_numbers
 from probe.models import create

@@ -19,12 +19,12 @@ import pandas as pd
 from probe import __version__
 from probe.analyses.capture import default_windows
 from probe.checkpoints.load import _hub_config_path, resolve
-from probe.console import Console
-from probe.errors import UsageError
-from probe.inputs import KNOWN_HINT, check_data, eval_ctx, load_model, on_device, tokenizer_for
-from probe.output import clean, write_files
-from probe.report import slug
-from probe.specs import ModelSpec, WindowSpec, parse_device_map, parse_max_memory
+from probe.present.console import Console
+from probe.present.errors import UsageError
+from probe.jobs.inputs import KNOWN_HINT, check_data, eval_ctx, load_model, on_device, tokenizer_for
+from probe.present.files import clean, write_files
+from probe.jobs.report import slug
+from probe.jobs.specs import ModelSpec, WindowSpec, parse_device_map, parse_max_memory
 
 WINDOW_MODES = ("auto", "first", "sequential", "random")
 

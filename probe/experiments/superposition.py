@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from plotly.subplots import make_subplots
 
-from probe.console import progress_bar
+from probe.progress import progress_bar
 from probe.experiments.result import Result, Timer, config_dict
 from probe.experiments.stats import mean_se
 

@@ -2,7 +2,7 @@
 (a job array's task index is the shard), and the shard folders joined into the report an unsharded run writes.
 
 A shard folder is an ordinary, resumable report folder whose manifest also records the whole run's model list and
-which shard it is (``probe.report.write_report``). Merging checks that the folders are every shard of one run (same
+which shard it is (``probe.jobs.report.write_report``). Merging checks that the folders are every shard of one run (same
 settings, same model list, shards 1..N once each, each finished), then writes the models' records, the manifest and
 the tables in the whole run's order: the CSV files equal an unsharded run's, and so does the page apart from plotly's
 random element ids. The merged folder is itself a report folder: `probe report` over it with the same flags finds
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from probe.console import Console
-from probe.errors import UsageError
-from probe.output import atomic_write
-from probe.report import MANIFEST, check_dir, shard_name, shard_share, slug, write_manifest, write_tables
+from probe.present.console import Console
+from probe.present.errors import UsageError
+from probe.present.files import atomic_write
+from probe.jobs.report import MANIFEST, check_dir, shard_name, shard_share, slug, write_manifest, write_tables
 
 SHARD_HINT = ("i/N with 1 <= i <= N, e.g. 2/4 (a SLURM array run with --array=1-N: "
               "--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)")

@@ -1,14 +1,11 @@
-"""Notes and progress on stderr, silent when quiet; results go to stdout (see ``probe.output``).
-
-On a terminal progress is a tqdm bar; piped to a file or a CI log it is plain lines (one at each tenth of the work and
-one at the end), never carriage returns or escape codes.
+"""Progress on stderr: a tqdm bar on a terminal; piped to a file or a CI log, plain lines (one at each tenth of the work
+and one at the end), never carriage returns or escape codes. Used by the analyses and the trainer, which print nothing
+else (notes and results belong to ``probe.present``).
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
-import warnings
 
 from tqdm import tqdm  # tqdm.auto would warn in a notebook without ipywidgets; there progress is plain lines anyway
 
@@ -18,11 +15,6 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     if n == 1:
         return f"1 {word}"
     return f"{n:,} {many or (word + 'es' if word.endswith(('s', 'x', 'ch', 'sh')) else word + 's')}"
-
-
-def number(x: float, digits: int = 4) -> str:
-    """A measured value with ``digits`` significant digits (``3.91``, ``0.0213``, ``1.2e+04``)."""
-    return f"{x:.{digits}g}"
 
 
 class PlainProgress:
@@ -91,24 +83,3 @@ def progress_bar(total: int, desc: str, *, unit: str = "it", enabled: bool = Tru
     if not sys.stderr.isatty():
         return PlainProgress(total, desc, unit, initial)
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=leave, initial=initial)
-
-
-class Console:
-    """Notes (stderr) and progress bars, silent with --quiet."""
-
-    def __init__(self, quiet: bool = False):
-        self.quiet = quiet
-        if quiet:  # libraries' own warnings and bars would break the promise of a silent run
-            warnings.simplefilter("ignore")
-            os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-
-    def note(self, msg: str) -> None:
-        """A line on stderr that does not collide with an active progress bar."""
-        if not self.quiet:
-            tqdm.write(msg, file=sys.stderr)
-
-    def bar(self, total: int, desc: str, unit: str = "it", leave: bool = True):
-        """Progress on stderr (``progress_bar``); ``leave=False`` bars (loading stages) erase themselves when closed,
-        so an error that follows them is the only line left on the terminal."""
-        return progress_bar(total, desc, unit=unit, enabled=not self.quiet, leave=leave)

@@ -1,18 +1,29 @@
 """Results as files and text, for the CLI verbs, ``probe report`` and the experiment recipes: files written atomically
 (CSV, JSON, self-contained offline HTML pages of plotly figures), readable tables and JSON on stdout.
 
-The page builders (probe.pages: pandas, plotly) are imported where a page is written, so ``check_out_dir`` and
+The page builders (probe.present.page: pandas, plotly) are imported where a page is written, so ``check_out_dir`` and
 ``emit`` cost no heavy import (``probe models`` answers within a second)."""
 from __future__ import annotations
 
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from probe.console import Console
-from probe.errors import UsageError
-from probe.specs import OutputSpec
+from probe.present.console import Console
+from probe.present.errors import UsageError
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """Where results go besides the readable text on stdout."""
+
+    out: Path | None = None  # CSV, JSON and HTML files go here; None: nothing written
+    as_json: bool = False  # stdout carries the JSON document instead of the text
+    quiet: bool = False  # no notes or progress bars on stderr
+    self_contained: bool = False  # pages inline plotly.js instead of loading the folder's shared plotly.min.js
+    writer: bool = True  # False on the ranks of a multi-process run other than rank 0: they neither write nor print
 
 
 def clean(x):
@@ -114,7 +125,7 @@ def write_files(out: Path, files: dict[str, str | bytes]) -> list[Path]:
 def write_pages(out: Path, files: dict[str, str | bytes]) -> list[Path]:
     """``write_files`` for a folder of pages: plotly.min.js first when a page loads it and the folder lacks it, then
     the files in order, then the folder's index.html rebuilt from everything in it."""
-    from probe.pages import INDEX, index_page, support_files
+    from probe.present.page import INDEX, index_page, support_files
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -126,10 +137,10 @@ def write_pages(out: Path, files: dict[str, str | bytes]) -> list[Path]:
 def save_result(output: OutputSpec, stem: str, result: dict, figures, console: Console, title: str,
                 sections: dict | None = None) -> None:
     """With ``output.out``: one CSV per table, one JSON with everything, one HTML page (``sections``: the verdicts,
-    caveats and tables it opens with, as ``probe.pages.page`` takes them), the folder's index."""
+    caveats and tables it opens with, as ``probe.present.page.page`` takes them), the folder's index."""
     if not output.out:
         return
-    from probe.pages import page
+    from probe.present.page import page
 
     files = {f"{stem}_{k}.csv": v.to_csv(index=False) for k, v in result.items()}
     files[f"{stem}.json"] = json.dumps(result_json(stem, result), indent=1)

@@ -29,7 +29,7 @@ from plotly.subplots import make_subplots
 from probe.analyses.capture import model_device, token_text
 from probe.analyses.gates import read_tokens_of
 from probe.analyses.sources import depth_sites
-from probe.pages import plotly_script
+from probe.present.page import plotly_script
 
 WINDOW = 64
 MAX_FULL = 128
@@ -444,7 +444,7 @@ def view_figures(model, text_or_ids, *, tokenizer=None, max_tokens: int = MAX_FU
 
 def viewer_html(figures, title: str = "probe viewer", *, self_contained: bool = True) -> str:
     """One offline HTML page: plotly.js (inline, or with ``self_contained=False`` the folder's shared plotly.min.js,
-    ``probe.pages.plotly_script``), then every figure; a figure from ``attention_picker_view`` gets its layer and
+    ``probe.present.page.plotly_script``), then every figure; a figure from ``attention_picker_view`` gets its layer and
     head pickers."""
     figures = [figures] if not isinstance(figures, (list, tuple)) else list(figures)
     body = []

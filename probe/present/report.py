@@ -3,7 +3,7 @@ training steps, offline.
 
 Models are categories (dots with standard errors over evaluation batches; no lines join unrelated models);
 checkpoints of one run are lines over the training step. Per-layer profiles are overlaid across models, layers on
-the x axis as in every figure (``probe.analyses.figures``). Every threshold line is labelled."""
+the x axis as in every figure (``probe.present.figures``). Every threshold line is labelled."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,9 +11,9 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from probe.analyses.figures import integer_ticks, se_bars, sink_profile_figure, threshold, training_figure
+from probe.present.figures import integer_ticks, se_bars, sink_profile_figure, threshold, training_figure
 from probe.analyses.sinks import SINK_FACTOR, SINK_R0
-from probe.pages import page
+from probe.present.page import page
 from probe.runs import metrics_records
 
 SUMMARY_STATS = [  # (column, title, axis title with unit, threshold or None)

@@ -1,7 +1,7 @@
 """What each analysis page opens with: verdict lines (with the rule that decided them), the summary table, per-layer
 tables with standard errors over evaluation batches (or windows), a note where a table is empty, and caveats where
 the sample is too small for a statistic. Each function takes an analysis result (dict of DataFrames) and returns the
-keyword arguments of ``probe.pages.page``: ``verdicts``, ``caveats``, ``tables``.
+keyword arguments of ``probe.present.page.page``: ``verdicts``, ``caveats``, ``tables``.
 
 Standard errors: sample standard deviation (ddof 1) of the per-batch means over batches, divided by sqrt(batches);
 batches are equal-sized, so their mean is the pooled mean. Ratios of sums and thresholded statistics (token-identity

@@ -21,15 +21,16 @@ from transformers.utils import logging as hf_logging
 from probe.analyses.capture import model_device, wants_bos
 from probe.analyses.inject import JUNK_TYPES, own_directions
 from probe.checkpoints.load import KNOWN_CHECKPOINTS, ModelNotFoundError, load, resolve
-from probe.console import Console, plural
+from probe.present.console import Console
+from probe.progress import plural
 from probe.data import cap_ctx, eval_batches, tokenize_documents
 from probe.data import load_corpus as read_corpus
 from probe.data.corpus import CORPORA
 from probe.data.synthetic import BigramBackcopy, is_synthetic, parse_synthetic
 from probe.data.tokenizer import TOKENIZERS, load_tokenizer
-from probe.errors import UsageError, first_line
+from probe.present.errors import UsageError, first_line
 from probe.models import create
-from probe.specs import InjectionSpec, ModelSpec, WindowSpec
+from probe.jobs.specs import InjectionSpec, ModelSpec, WindowSpec
 
 DEFAULT_TOKENIZER = "probe-bpe-8k"  # for probe models that ship none
 DEFAULT_DATA = "wikitext-2-test"  # windows of text models when --data is not given

@@ -1,7 +1,7 @@
 """What a run is asked to do, as small typed values: the model, its evaluation windows, injection, output.
 
 The CLI turns its flags into these right after parsing (``probe.cli.specs``); the helpers that load a model or build
-windows (``probe.inputs``), the report and the output functions take them, never an ``argparse.Namespace``. A variant
+windows (``probe.jobs.inputs``), the report and the output functions take them, never an ``argparse.Namespace``. A variant
 of a spec is ``dataclasses.replace(spec, field=value)``. Plain values only: importing this module imports no torch.
 """
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential", "cpu")  # accelerate's placements, and all-on-cpu
 MEMORY_DEVICES = ("cpu", "disk", "mps")  # besides GPU indices
@@ -54,17 +53,6 @@ class InjectionSpec:
     doses: tuple[float, ...] = (0.2, 0.4, 0.8, 1.6)
     junk: tuple[str, ...] = ("structured",)  # junk types, or "all"
     cutoffs: tuple[str, ...] = ("q25",)
-
-
-@dataclass(frozen=True)
-class OutputSpec:
-    """Where results go besides the readable text on stdout."""
-
-    out: Path | None = None  # CSV, JSON and HTML files go here; None: nothing written
-    as_json: bool = False  # stdout carries the JSON document instead of the text
-    quiet: bool = False  # no notes or progress bars on stderr
-    self_contained: bool = False  # pages inline plotly.js instead of loading the folder's shared plotly.min.js
-    writer: bool = True  # False on the ranks of a multi-process run other than rank 0: they neither write nor print
 
 
 def parse_device_map(text: str):

@@ -1,4 +1,4 @@
-"""Tiny random HF checkpoints that carry the real architectures' quirks (SPEC §6), for offline tests and demos.
+"""Tiny random HF checkpoints that carry the real architectures' quirks (docs/definitions.md#hf-checkpoints), for offline tests and demos.
 
 ``build_tiny(family, directory)`` writes ``config.json``, safetensors weights and a word-level tokenizer
 (tokens ``w2 … w{V-1}``) to ``directory`` and returns it. Quirks kept: GPT-NeoX — q|k|v interleaved per head in
@@ -82,7 +82,7 @@ def build_tiny(family: str, directory: str | Path, seed: int = 0) -> Path:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# more families (issue 14): Gemma 2 and 3 (sandwich norms, sliding/full layers, query_pre_attn_scalar, soft-caps,
+# more families: Gemma 2 and 3 (sandwich norms, sliding/full layers, query_pre_attn_scalar, soft-caps,
 # QK-norm), and the llama-family models LlamaAdapter claims (Qwen2: QKV bias; Qwen3: QK-norm and a head width that is
 # not d_model / heads; Mistral: a sliding window in every layer)
 

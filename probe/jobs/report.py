@@ -10,7 +10,7 @@ are an error; a different model list reuses the models already done.
 
 Sharded (``ReportSpec.shard = (i, N)``), a run computes only every N-th model of the list starting at the i-th
 (round-robin by report index, so a sweep sorted by size or step spreads its cost evenly) and records the whole run's
-model list and its shard in the manifest; ``probe.report_shards.merge_reports`` joins the N folders into the report an
+model list and its shard in the manifest; ``probe.jobs.shards.merge_reports`` joins the N folders into the report an
 unsharded run writes.
 """
 from __future__ import annotations
@@ -31,16 +31,16 @@ from probe.analyses.inject import inject
 from probe.analyses.sink_heads import sink_heads
 from probe.analyses.sinks import sink_stats
 from probe.checkpoints.load import resolve
-from probe.console import Console
+from probe.present.console import Console
 from probe.data import tokenize_documents
 from probe.data.synthetic import is_synthetic
-from probe.errors import UsageError
-from probe.inputs import (DEFAULT_DATA, KNOWN_HINT, bos_id_for, check_data, eval_ctx, injection_plan, load_corpus, load_model, make_windows,
+from probe.present.errors import UsageError
+from probe.jobs.inputs import (DEFAULT_DATA, KNOWN_HINT, bos_id_for, check_data, eval_ctx, injection_plan, load_corpus, load_model, make_windows,
                           on_device, resolve_device, tokenizer_for, trained_task, windows_for)
-from probe.output import clean, write_files, write_pages
-from probe.report_html import report_page
+from probe.present.files import clean, write_files, write_pages
+from probe.present.report import report_page
 from probe.runs import parse_step, snapshot_steps
-from probe.specs import InjectionSpec, ModelSpec, WindowSpec
+from probe.jobs.specs import InjectionSpec, ModelSpec, WindowSpec
 
 MANIFEST = "manifest.json"
 TABLES = ("summary", "by_type", "layers", "heads", "batches", "sink_eps", "sink_eps_layers", "injection",

@@ -15,6 +15,10 @@ from probe.models.gates import GATES
 ABSTENTIONS = ("none", "offbyone", "sinklogit", "sinktoken")
 DEPTHS = ("residual", "attnres", "plr", "slr")
 DENSES = ("none", "denseformer", "mudd")
+# P-LR routing keys: "normalized" RMS-normalises each key as it is emitted (eps: the dtype's machine epsilon, as the
+# LR-AttnRes authors' model.py), so a block's key is the sum of normalised keys, normalised again at the read; "raw"
+# sums raw keys and normalises once at the read (how probe's checkpoints before this field were trained)
+PLR_KEYS = ("normalized", "raw")
 VALUE_RESIDUALS = ("none", "lambda", "two-weight")
 QK_ACTIVATIONS = ("none", "q", "qk")
 NORMS = ("rms", "layer")
@@ -61,6 +65,12 @@ class ProbeConfig(PretrainedConfig):
         depth: str = "residual",
         depth_blocks: int = 0,  # 0: full depth routing; N: block routing with N blocks
         depth_rank: int | None = None,  # routing-key rank r for plr/slr (attnres uses d_model)
+        plr_key: str = "normalized",  # see PLR_KEYS; a saved config without the field loads as "raw" (from_dict)
+        # LR-AttnRes authors' block options (their attnres_block_average / attnres_block_count_prior, shared scope):
+        depth_block_mean: float = 0.0,  # p: a block source's value is divided by count**p (1: the mean, 0.5: sqrt)
+        depth_block_mean_learned: bool = False,  # p is one learned scalar (initialised to depth_block_mean)
+        depth_block_prior: float = 0.0,  # β: β·log(count) is added to a block source's logit (1: their prior)
+        depth_block_prior_learned: bool = False,  # β is one learned scalar (initialised to depth_block_prior)
         dense: str = "none",
         **kwargs,
     ):
@@ -90,11 +100,27 @@ class ProbeConfig(PretrainedConfig):
         self.depth = depth
         self.depth_blocks = depth_blocks
         self.depth_rank = depth_rank
+        self.plr_key = plr_key
+        self.depth_block_mean = float(depth_block_mean)
+        self.depth_block_mean_learned = bool(depth_block_mean_learned)
+        self.depth_block_prior = float(depth_block_prior)
+        self.depth_block_prior_learned = bool(depth_block_prior_learned)
         self.dense = dense
         kwargs.pop("backend", None)  # config.json files saved before the backend became a runtime choice carry it; it is a runtime choice now
         kwargs.setdefault("tie_word_embeddings", False)  # tying is done by reusing the embedding matrix
         super().__init__(**kwargs)
         self.validate()
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        """A saved config.json without ``plr_key`` was trained with raw-sum P-LR keys: it loads as "raw"."""
+        if "plr_key" not in config_dict and "plr_key" not in kwargs:
+            config_dict = {**config_dict, "plr_key": "raw"}
+        return super().from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def from_json_file(cls, json_file):
+        return cls.from_dict(cls._dict_from_json_file(json_file))
 
     # HF generic names, so generic tooling (nnsight, generation utils) finds them
     @property
@@ -125,7 +151,8 @@ class ProbeConfig(PretrainedConfig):
     def validate(self) -> None:
         for field, choices in [("abstention", ABSTENTIONS), ("value_gate", ("none", *GATES)), ("depth", DEPTHS),
                                ("dense", DENSES), ("value_residual", VALUE_RESIDUALS), ("norm", NORMS),
-                               ("pos", POSITIONS), ("mlp", MLPS), ("init", INITS), ("qk_activation", QK_ACTIVATIONS)]:
+                               ("pos", POSITIONS), ("mlp", MLPS), ("init", INITS), ("qk_activation", QK_ACTIVATIONS),
+                               ("plr_key", PLR_KEYS)]:
             _check(field, getattr(self, field), choices)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
@@ -137,6 +164,11 @@ class ProbeConfig(PretrainedConfig):
                 raise ValueError("depth_blocks needs depth routing (depth='attnres', 'plr' or 'slr')")
             if (2 * self.n_layers) % self.depth_blocks:
                 raise ValueError(f"depth_blocks={self.depth_blocks} must divide 2L={2 * self.n_layers} sub-layers")
+        block_options = {"depth_block_mean": self.depth_block_mean != 0 or self.depth_block_mean_learned,
+                         "depth_block_prior": self.depth_block_prior != 0 or self.depth_block_prior_learned}
+        for field, used in block_options.items():
+            if used and not self.depth_blocks:
+                raise ValueError(f"{field} needs block depth routing (depth_blocks > 0); got depth_blocks=0")
         if self.depth != "residual" and self.dense != "none":
             raise ValueError(f"depth={self.depth!r} and dense={self.dense!r} both replace the residual stream; pick one")
         if self.value_gate == "glu" and self.value_residual != "none":

@@ -7,8 +7,11 @@ completed block sums and the running partial block. The maths is probe.kernels.d
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from probe.kernels import depth_attention
@@ -17,55 +20,92 @@ from probe.kernels.dispatch import depth_backend
 from probe.models.config import ProbeConfig
 
 
+def emit_key(raw_key: torch.Tensor) -> torch.Tensor:
+    """A P-LR key as the LR-AttnRes authors emit it: RMS-normalised, without gain, with eps the machine epsilon of its
+    dtype (their ``norm`` calls ``F.rms_norm`` with eps=None)."""
+    return F.rms_norm(raw_key, (raw_key.shape[-1],))
+
+
 class DepthSources:
-    """The sources written so far: values (B,T,d) and raw routing keys (B,T,r), full or block mode.
+    """The sources written so far: values (B,T,d) and routing keys (B,T,r), full or block mode.
 
-    Keys: AttnRes uses the value itself; S-LR the last r coordinates of the value (a view, no copy);
-    P-LR the projected key emitted beside the value, and a block's key is the sum of its raw keys."""
+    Keys: AttnRes uses the value itself; S-LR the last r coordinates of the value (a view, no copy); P-LR the
+    projected key emitted beside the value, RMS-normalised on emission (``plr_key="normalized"``) or raw, and a
+    block's key is the sum of its members' keys. Block options (the LR-AttnRes authors'): a block value is divided by
+    count**mean_power (AttnRes / S-LR keys follow the scaled value; P-LR keys are not scaled: the read normalises
+    them), and prior·log(count) is added to each source's logit (``bias``). ``mean_power`` / ``prior``: floats, or
+    0-d learned parameters."""
 
-    def __init__(self, config: ProbeConfig, embed: torch.Tensor, embed_key: torch.Tensor | None):
+    def __init__(self, config: ProbeConfig, embed: torch.Tensor, embed_key: torch.Tensor | None,
+                 mean_power: float | torch.Tensor = 0.0, prior: float | torch.Tensor = 0.0):
         self.kind, self.rank = config.depth, config.routing_rank
         self.block_size = (2 * config.n_layers) // config.depth_blocks if config.depth_blocks else 0
+        self.normalize_emitted = config.depth == "plr" and config.plr_key == "normalized"
+        self.mean_power, self.prior = mean_power, prior
         self.values: list[torch.Tensor] = [embed]
-        self.keys: list[torch.Tensor] = [self._key(embed, embed_key)]
+        self.keys: list[torch.Tensor] = [self._key(embed, self._emitted(embed_key))]
+        self.counts: list[int] = [1]  # sub-layer outputs summed in each fixed source (the embedding: 1)
         self.partial_value = self.partial_key = None
         self.partial_count = 0
         self._normed: list[torch.Tensor] = []  # RMS-normalised keys of the fixed sources, computed once
 
-    def _key(self, value, raw_key):
+    def _emitted(self, raw_key):
+        return emit_key(raw_key) if self.normalize_emitted and raw_key is not None else raw_key
+
+    def _key(self, value, key):
         if self.kind == "plr":
-            return raw_key
+            return key
         return value if self.kind == "attnres" else value[..., -self.rank:]
 
+    def _scaled(self, value: torch.Tensor, count: int) -> torch.Tensor:
+        """A block value divided by count**mean_power (the authors' block mean; the identity by default)."""
+        p = self.mean_power
+        if count == 1 or (not torch.is_tensor(p) and p == 0):
+            return value
+        return value * (torch.exp(-p * math.log(count)).to(value.dtype) if torch.is_tensor(p) else count ** -p)
+
     def add(self, value: torch.Tensor, raw_key: torch.Tensor | None) -> None:
+        key = self._emitted(raw_key)
         if not self.block_size:
             self.values.append(value)
-            self.keys.append(self._key(value, raw_key))
+            self.keys.append(self._key(value, key))
+            self.counts.append(1)
             return
         first = self.partial_count == 0
         self.partial_value = value if first else self.partial_value + value
         if self.kind == "plr":
-            self.partial_key = raw_key if first else self.partial_key + raw_key
+            self.partial_key = key if first else self.partial_key + key
         self.partial_count += 1
         if self.partial_count == self.block_size:  # the block is complete: it becomes a fixed source
-            self.values.append(self.partial_value)
-            self.keys.append(self._key(self.partial_value, self.partial_key))
+            block = self._scaled(self.partial_value, self.block_size)
+            self.values.append(block)
+            self.keys.append(self._key(block, self.partial_key))
+            self.counts.append(self.block_size)
             self.partial_value = self.partial_key = None
             self.partial_count = 0
 
     def current(self):
         """(values, keys) visible to the next read site."""
         if self.partial_count:
-            return (self.values + [self.partial_value],
-                    self.keys + [self._key(self.partial_value, self.partial_key)])
+            partial = self._scaled(self.partial_value, self.partial_count)
+            return self.values + [partial], self.keys + [self._key(partial, self.partial_key)]
         return self.values, self.keys
+
+    def bias(self) -> torch.Tensor | None:
+        """(S,) logit bias prior·log(count) of the sources of ``current()`` (at least fp32); None without a prior."""
+        if not torch.is_tensor(self.prior) and self.prior == 0:
+            return None
+        counts = self.counts + ([self.partial_count] if self.partial_count else [])
+        dtype = torch.promote_types(self.values[0].dtype, torch.float32)
+        log_counts = torch.tensor(counts, dtype=dtype, device=self.values[0].device).log()
+        return self.prior * log_counts
 
     def normalized_keys(self, eps: float) -> list[torch.Tensor]:
         """RMS-normalised (fp32) keys of ``current()``: a fixed source's is computed once, for every later site."""
         for k in self.keys[len(self._normed):]:
             self._normed.append(rms_normalize(k, eps))
         if self.partial_count:
-            return self._normed + [rms_normalize(self._key(self.partial_value, self.partial_key), eps)]
+            return self._normed + [rms_normalize(self.current()[1][-1], eps)]
         return list(self._normed)
 
 
@@ -92,7 +132,7 @@ class DepthRead(nn.Module):
             if hooked:
                 keys = list(self.hook_routing_keys(torch.stack(keys, dim=2)).unbind(2))
         want_weights = self.materialize or self.hook_depth_weights.has_hooks()
-        res = depth_attention(values, keys, self.query, normalize=normalize, eps=self.eps,
+        res = depth_attention(values, keys, self.query, bias=sources.bias(), normalize=normalize, eps=self.eps,
                               return_weights=want_weights, backend="torch" if want_weights else None)
         if not want_weights:
             return res.h

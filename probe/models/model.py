@@ -43,7 +43,8 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
     _no_split_modules = ["Block"]
     main_input_name = "input_ids"
     param_roles = {"embed": "embedding", "pos_embed": "position", "sink_token": "sink_token",
-                   "embed_key": "routing_key", "ln_f": "norm", "lm_head": "embedding"}
+                   "embed_key": "routing_key", "ln_f": "norm", "lm_head": "embedding",
+                   "depth_block_mean": "mixing", "depth_block_prior": "mixing"}
 
     def __init__(self, config: ProbeConfig, seed: int = 0, backend: str | None = None):
         """``backend``: this model's attention backend (probe.kernels.backend), a run-time setting that is never
@@ -58,6 +59,10 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
             self.sink_token = nn.Parameter(torch.zeros(c.d_model))
         if c.depth == "plr":  # W_0^K: the embedding's low-rank key (LR-AttnRes 2026 Eq. 13)
             self.embed_key = nn.Linear(c.d_model, c.depth_rank, bias=False)
+        if c.depth_block_mean_learned:  # the LR-AttnRes authors' learned block-mean power (one scalar)
+            self.depth_block_mean = nn.Parameter(torch.tensor(c.depth_block_mean))
+        if c.depth_block_prior_learned:  # their learned log-count prior weight (one scalar)
+            self.depth_block_prior = nn.Parameter(torch.tensor(c.depth_block_prior))
         self.blocks = nn.ModuleList(Block(c, l) for l in range(c.n_layers))
         if c.depth != "residual":
             self.final_read = DepthRead(c)
@@ -127,7 +132,9 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
 
         v_first = None
         if c.depth != "residual":
-            sources = DepthSources(c, x, self.embed_key(x) if c.depth == "plr" else None)
+            sources = DepthSources(c, x, self.embed_key(x) if c.depth == "plr" else None,
+                                   mean_power=self.depth_block_mean if c.depth_block_mean_learned else c.depth_block_mean,
+                                   prior=self.depth_block_prior if c.depth_block_prior_learned else c.depth_block_prior)
             for l, blk in enumerate(self.blocks):
                 next_read = self.blocks[l + 1].attn_read if l + 1 < c.n_layers else self.final_read
                 x, v_first = blk.forward_routed(x, sources, next_read, v_first)

@@ -12,9 +12,14 @@ from __future__ import annotations
 import torch
 
 
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """x in fp32, or in its own dtype when that is wider (fp64 stays fp64, so fp64 checks against other code are exact)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def rms_normalize(k: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """fp32 RMSNorm without gain over the last dim."""
-    k = k.float()
+    """RMSNorm without gain over the last dim, in fp32 (or fp64 for fp64 keys)."""
+    k = wide(k)
     return k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps)
 
 
@@ -31,9 +36,10 @@ def check_sources(values, keys, query, bias=None) -> None:
 
 def depth_scores(keys, query, bias=None, normalize=True, eps=1e-6) -> torch.Tensor:
     """(B, T, S) fp32 logits of the S sources."""
-    qf = query.float()  # (r,)
-    scores = torch.stack([(rms_normalize(k, eps) if normalize else k.float()) @ qf for k in keys], -1)  # (B, T, S)
-    return scores if bias is None else scores + bias.float()
+    qf = wide(query)  # (r,)
+    scores = torch.stack([(rms_normalize(k, eps) if normalize else wide(k)) @ qf.to(wide(k).dtype)
+                          for k in keys], -1)  # (B, T, S)
+    return scores if bias is None else scores + wide(bias)
 
 
 def depth_attention_reference(values, keys, query, *, bias=None, normalize=True, eps=1e-6, return_weights=False):
@@ -42,9 +48,9 @@ def depth_attention_reference(values, keys, query, *, bias=None, normalize=True,
     scores = depth_scores(keys, query, bias, normalize, eps)  # (B, T, S)
     lse = scores.logsumexp(-1)  # (B, T)
     alpha = torch.exp(scores - lse[..., None])  # (B, T, S)
-    h = alpha[..., 0, None] * values[0].float()
+    h = alpha[..., 0, None] * wide(values[0])
     for i in range(1, len(values)):
-        h = torch.addcmul(h, alpha[..., i, None], values[i].float())  # h += α_i v_i in one fused op
+        h = torch.addcmul(h, alpha[..., i, None], wide(values[i]))  # h += α_i v_i in one fused op
     return h.to(values[0].dtype), lse, alpha if return_weights else None
 
 

@@ -19,6 +19,8 @@ import math
 
 import torch
 
+from probe.kernels.depth_attention.reference import wide  # fp32, or fp64 for fp64 inputs
+
 
 def visible_mask(Tq: int, window: int | None, device=None, Tk: int | None = None) -> torch.Tensor:
     """(Tq, Tk) bool, True where key j is visible to query i (queries are the last Tq positions):
@@ -33,7 +35,8 @@ def visible_mask(Tq: int, window: int | None, device=None, Tk: int | None = None
 
 
 def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, scale=None, softcap=None):
-    """q (B,Tq,H,dh), k (B,Tk,Hkv,dh) -> (pattern (B,H,Tq,Tk), phantom (B,H,Tq), lse (B,H,Tq)), all fp32.
+    """q (B,Tq,H,dh), k (B,Tk,Hkv,dh) -> (pattern (B,H,Tq,Tk), phantom (B,H,Tq), lse (B,H,Tq)), all fp32
+    (fp64 for fp64 inputs).
 
     sink (H,): phantom logit per query head (None: no phantom). key_bias (B,Hkv,Tk): added to key j's logit.
     mask: additive logits broadcastable to (B,H,Tq,Tk) that replace the causal/window rule (HF's padding masks).
@@ -42,21 +45,21 @@ def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, s
     Tk, Hkv = k.shape[1], k.shape[2]
     G = H // Hkv  # query heads per kv head; head h reads kv head h // G
     scale = 1.0 / math.sqrt(dh) if scale is None else scale
-    qf = q.float().transpose(1, 2)  # (B, H, Tq, dh)
-    kf = k.float().transpose(1, 2).repeat_interleave(G, dim=1)  # (B, H, Tk, dh)
+    qf = wide(q).transpose(1, 2)  # (B, H, Tq, dh)
+    kf = wide(k).transpose(1, 2).repeat_interleave(G, dim=1)  # (B, H, Tk, dh)
     scores = scale * (qf @ kf.transpose(-1, -2))  # (B, H, Tq, Tk)
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     if key_bias is not None:
-        scores = scores + key_bias.float().repeat_interleave(G, dim=1)[:, :, None, :]  # (B, H, 1, Tk) over keys
+        scores = scores + wide(key_bias).repeat_interleave(G, dim=1)[:, :, None, :]  # (B, H, 1, Tk) over keys
     if mask is None:
         scores = scores.masked_fill(~visible_mask(Tq, window, q.device, Tk), float("-inf"))
     else:
-        scores = scores + mask.float()
+        scores = scores + wide(mask)
 
     lse = scores.logsumexp(-1)  # (B, H, Tq)
     if sink is not None:
-        sink_f = sink.float()[None, :, None].expand(B, H, Tq)  # (B, H, Tq)
+        sink_f = wide(sink)[None, :, None].expand(B, H, Tq)  # (B, H, Tq)
         lse = torch.logaddexp(lse, sink_f)
     pattern = torch.exp(scores - lse[..., None])  # rows sum to 1 - phantom
     phantom = torch.exp(sink_f - lse) if sink is not None else torch.zeros_like(lse)
@@ -66,8 +69,8 @@ def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, s
 def apply_pattern(pattern: torch.Tensor, v: torch.Tensor, dtype=None) -> torch.Tensor:
     """out (B,Tq,H,dv) = pattern (B,H,Tq,Tk) @ v (B,Tk,Hkv,dv), in fp32, GQA by repetition; cast to dtype (v's)."""
     G = pattern.shape[1] // v.shape[2]
-    vf = v.float().transpose(1, 2).repeat_interleave(G, dim=1)  # (B, H, Tk, dv)
-    return (pattern.float() @ vf).transpose(1, 2).to(dtype or v.dtype)
+    vf = wide(v).transpose(1, 2).repeat_interleave(G, dim=1)  # (B, H, Tk, dv)
+    return (wide(pattern) @ vf).transpose(1, 2).to(dtype or v.dtype)
 
 
 def sink_attention_reference(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None,

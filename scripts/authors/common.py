@@ -1,0 +1,95 @@
+"""Shared pieces of the golden-fixture scripts: seeded random weights, byte-stable files, the provenance record.
+
+Not part of the probe package and never imported by it. The scripts run the authors' own code, imported from a path
+given on the command line (their code is not copied here), in a throwaway venv: see scripts/authors/README.md.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import math
+import platform
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "authors"
+
+
+def load_module(path: Path, name: str, extra_sys_path: Path | None = None):
+    """Import the authors' file at ``path`` as module ``name`` (its folder on sys.path for its sibling imports)."""
+    path = Path(path).resolve()
+    sys.path.insert(0, str(extra_sys_path or path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def git_blob_sha1(path: Path) -> str:
+    """The file's git blob id: ties the file that ran to the pinned commit (``git ls-tree <commit> <file>``)."""
+    data = Path(path).read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@torch.no_grad()
+def randomize(model: torch.nn.Module, seed: int, skip=()) -> None:
+    """Every parameter (except names in ``skip``) drawn N(0, 1/fan-in) (1-d: N(0, 1)) from one seeded generator, in
+    the module's parameter order, in fp64: weights large enough that a wrong mapping moves the logits by O(1)."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name in skip:
+            continue
+        std = 1.0 if p.dim() == 1 else 1.0 / math.sqrt(p.shape[-1])
+        p.copy_((torch.randn(p.shape, generator=g, dtype=torch.float64) * std).to(p.dtype))
+
+
+@contextlib.contextmanager
+def keep_fp64_through_float():
+    """``Tensor.float()`` returns fp64 tensors unchanged while active. The authors' reads upcast with ``.float()``
+    (their models run in bf16, so that means "at least fp32"); in an fp64 run it would truncate to fp32."""
+    original = torch.Tensor.float
+
+    def float_keeping_fp64(self, *args, **kwargs):
+        return self if self.dtype == torch.float64 else original(self, *args, **kwargs)
+
+    torch.Tensor.float = float_keeping_fp64
+    try:
+        yield
+    finally:
+        torch.Tensor.float = original
+
+
+KEEP_FP64_PATCH = ("torch.Tensor.float returns fp64 tensors unchanged during the fp64 run (the authors upcast with "
+                   ".float(), which would truncate fp64 to fp32); the fp32 run is unpatched")
+
+
+def versions(*packages: str) -> dict:
+    out = {"python": platform.python_version()}
+    for p in ("torch", "safetensors", "numpy", *packages):
+        try:
+            out[p] = importlib.metadata.version(p)
+        except importlib.metadata.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+def contiguous(tensors: dict) -> dict:
+    return {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+
+
+def write_fixture(name: str, *, weights: dict, inputs: dict, outputs: dict, meta: dict) -> Path:
+    """tests/fixtures/authors/<name>/{weights,inputs,outputs}.safetensors and meta.json, byte-stable across runs."""
+    out = FIXTURES / name
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(contiguous(weights), out / "weights.safetensors")
+    save_file(contiguous(inputs), out / "inputs.safetensors")
+    save_file(contiguous(outputs), out / "outputs.safetensors")
+    (out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    return out

@@ -1,0 +1,166 @@
+"""probe against the papers' own code: golden outputs computed once by the authors' functions at a pinned commit.
+
+Each fixture in tests/fixtures/authors/<mechanism>/ holds tiny random weights under the authors' parameter names, the
+input ids and the authors' outputs (fp64, and an fp32 run of the same weights); meta.json records the repository,
+commit, file, settings and versions, and scripts/authors/ the script that wrote it. Here the weights are mapped into
+probe explicitly and probe's logits, read-site outputs and mixing weights must match the authors' to 1e-10 in fp64.
+A deliberately wrong mapping (two layers swapped) must move the logits, so the agreement means something.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from probe.models.config import ProbeConfig
+from probe.models.model import ProbeForCausalLM
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "authors"
+FP64_TOL = 1e-10
+FP32_TOL = 1e-4  # fp32 both sides: rounding only (the measured values are in the README)
+# the authors' block log-count prior is built as an fp32 tensor even in an fp64 model (log(count) rounded to fp32)
+FP64_TOL_FP32_PRIOR = 1e-6
+
+LR_ATTNRES = {  # fixture -> probe's mechanism settings
+    "attnres-full": dict(depth="attnres"),
+    "attnres-block": dict(depth="attnres", depth_blocks=2),
+    "slr-full": dict(depth="slr", depth_rank=4),
+    "slr-block": dict(depth="slr", depth_rank=4, depth_blocks=2),
+    "plr-full": dict(depth="plr", depth_rank=4),
+    "plr-block": dict(depth="plr", depth_rank=4, depth_blocks=2),
+    "plr-block-mean-prior": dict(depth="plr", depth_rank=4, depth_blocks=2, depth_block_mean=1.0,
+                                 depth_block_prior=1.0),
+}
+
+
+def load_fixture(name: str):
+    d = FIXTURES / name
+    meta = json.loads((d / "meta.json").read_text())
+    return (meta, load_file(d / "weights.safetensors"), load_file(d / "inputs.safetensors"),
+            load_file(d / "outputs.safetensors"))
+
+
+# ---- LR-AttnRes (jon123boss/LR-AttnRes model.py): AttnRes, S-LR, P-LR, full and block --------------------------------
+def lr_probe_config(meta: dict, settings: dict, dtype) -> ProbeConfig:
+    a = meta["settings"]
+    return ProbeConfig(vocab_size=a["vocab_size"], n_layers=a["n_layer"], d_model=a["n_embd"], n_heads=a["n_head"],
+                       d_mlp=a["mlp_hidden_dim"], n_ctx=a["block_size"], rope_theta=a["rope_theta"], qk_norm=True,
+                       tie_embeddings=False, norm_eps=torch.finfo(dtype).eps,  # their norm(): eps=None
+                       **settings)
+
+
+def interleaved_to_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Rows of a q/k projection from their RoPE layout (pairs 2i, 2i+1 in each head) to probe's (pairs i, i+dh/2)."""
+    d_head = w.shape[0] // n_heads
+    perm = torch.cat([torch.arange(0, d_head, 2), torch.arange(1, d_head, 2)])
+    return w.view(n_heads, d_head, -1)[:, perm].reshape(w.shape)
+
+
+def site_of_residual_index(t: int, n_layers: int) -> str:
+    """Their residual index t (the read before sub-layer t; 2L: before the final norm) -> probe's read site."""
+    if t == 2 * n_layers:
+        return "final_read"
+    return f"blocks.{t // 2}.{'mlp' if t % 2 else 'attn'}_read"
+
+
+def map_lr_weights(w: dict, config: ProbeConfig, meta: dict, layer_order=None) -> dict:
+    """Their state dict -> probe's (``layer_order``: which of their layers fills each probe layer; the identity
+    unless a test swaps layers on purpose)."""
+    c, d, m, r = config, config.d_model, config.d_mlp, config.depth_rank
+    plr = c.depth == "plr"
+    lrid = meta["settings"].get("use_lrid", False)
+    scale = meta["config_after_post_init"]["lrid_logit_scale"] if lrid else 1.0
+    out = {"embed.weight": w["transformer.wte.weight"], "lm_head.weight": w["lm_head.weight"],
+           "ln_f.weight": torch.ones(d, dtype=torch.float64)}
+    if plr:
+        out["embed_key.weight"] = w["transformer.lrid_embedding_key.proj.weight"]
+    for l, src in enumerate(layer_order or range(c.n_layers)):
+        p, a = f"blocks.{l}.", f"transformer.layers.{src}."
+        qkv = w[a + "attn.c_attn.weight"]
+        out[p + "attn.q_proj.weight"] = interleaved_to_half(qkv[:d], c.n_heads)
+        out[p + "attn.k_proj.weight"] = interleaved_to_half(qkv[d:2 * d], c.n_heads)
+        out[p + "attn.v_proj.weight"] = qkv[2 * d:]
+        o = w[a + "attn.c_proj.proj.weight"] if lrid else w[a + "attn.c_proj.weight"]
+        out[p + "attn.o_proj.weight"] = o[:d]
+        fc1 = w[a + "mlp.fc1.weight"]
+        out[p + "mlp.up.weight"], out[p + "mlp.gate.weight"] = fc1[:m], fc1[m:]
+        down = w[a + "mlp.fc2.proj.weight"] if lrid else w[a + "mlp.fc2.weight"]
+        out[p + "mlp.down.weight"] = down[:d]
+        if plr:
+            out[p + "attn.key_proj.weight"] = o[d:d + r]
+            out[p + "mlp.key_proj.weight"] = down[d:d + r]
+        for norm in ("ln1", "ln2", "attn.q_norm", "attn.k_norm"):
+            out[p + norm + ".weight"] = torch.ones(d if norm.startswith("ln") else c.d_head, dtype=torch.float64)
+    for t in range(1, 2 * c.n_layers + 1):
+        q = w[f"transformer.lrid_queries.{t - 1}"][0] if lrid else w[f"transformer.attn_residuals.{t - 1}.query"]
+        out[site_of_residual_index(t, c.n_layers) + ".query"] = q * scale  # probe's logits carry no 1/sqrt(r)
+    return out
+
+
+def probe_lr_outputs(model: ProbeForCausalLM, ids: torch.Tensor) -> dict:
+    """logits, read.{t} and weights.{t} in the fixture's naming, from probe's hooks."""
+    L = model.config.n_layers
+    reads = {0: "blocks.0.hook_resid_pre", 2 * L: f"blocks.{L - 1}.hook_resid_post"}
+    for l in range(L):
+        reads[2 * l + 1] = f"blocks.{l}.hook_resid_mid"
+        if l:
+            reads[2 * l] = f"blocks.{l}.hook_resid_pre"
+    weights = {t: site_of_residual_index(t, L) + ".hook_depth_weights" for t in range(1, 2 * L + 1)}
+    wanted = set(reads.values()) | set(weights.values())
+    with torch.no_grad():
+        out, cache = model.run_with_cache(ids, names_filter=lambda n: n in wanted)
+    result = {"logits": out.logits}
+    result.update({f"read.{t}": cache[n] for t, n in reads.items()})
+    result.update({f"weights.{t}": cache[n] for t, n in weights.items()})
+    return result
+
+
+def lr_model(name: str, dtype, layer_order=None):
+    meta, w, inputs, outputs = load_fixture(name)
+    config = lr_probe_config(meta, LR_ATTNRES[name], dtype)
+    model = ProbeForCausalLM(config, backend="reference").to(dtype).eval()
+    model.load_state_dict(map_lr_weights(w, config, meta, layer_order), strict=True)
+    return model, inputs["input_ids"], outputs, meta
+
+
+def max_differences(ours: dict, theirs: dict, prefix: str = "") -> dict:
+    keys = [k for k in ours if prefix + k in theirs]
+    assert {k for k in theirs if k.startswith(prefix) and "/" not in k[len(prefix):]} <= {prefix + k for k in keys}
+    return {k: (ours[k].double() - theirs[prefix + k].double()).abs().max().item() for k in keys}
+
+
+@pytest.mark.parametrize("name", list(LR_ATTNRES))
+def test_lr_attnres_family_matches_the_authors_in_fp64(name):
+    model, ids, theirs, meta = lr_model(name, torch.float64)
+    assert meta["repository"] == "jon123boss/LR-AttnRes" and len(meta["commit"]) == 40
+    diffs = max_differences(probe_lr_outputs(model, ids), theirs)
+    assert {"logits", "read.0", "weights.1", f"weights.{2 * model.config.n_layers}"} <= set(diffs)
+    tol = FP64_TOL_FP32_PRIOR if model.config.depth_block_prior else FP64_TOL
+    assert max(diffs.values()) <= tol, diffs
+
+
+@pytest.mark.parametrize("name", list(LR_ATTNRES))
+def test_lr_attnres_family_matches_the_authors_in_fp32(name):
+    model, ids, theirs, _ = lr_model(name, torch.float32)
+    diffs = max_differences(probe_lr_outputs(model, ids), theirs, prefix="fp32/")
+    assert max(diffs.values()) <= FP32_TOL, diffs
+
+
+@pytest.mark.parametrize("name", ["attnres-full", "slr-block", "plr-block"])
+def test_a_wrong_lr_mapping_moves_the_logits(name):
+    model, ids, theirs, _ = lr_model(name, torch.float64, layer_order=[1, 0, 2])  # layers 0 and 1 swapped
+    diff = (probe_lr_outputs(model, ids)["logits"] - theirs["logits"]).abs().max().item()
+    assert diff > 0.1, diff
+
+
+def test_plr_block_with_raw_keys_is_not_the_authors_function():
+    """probe's checkpoints before ``plr_key`` summed raw keys: that form must not agree with the authors'."""
+    meta, w, inputs, theirs = load_fixture("plr-block")
+    config = lr_probe_config(meta, {**LR_ATTNRES["plr-block"], "plr_key": "raw"}, torch.float64)
+    model = ProbeForCausalLM(config, backend="reference").double().eval()
+    model.load_state_dict(map_lr_weights(w, config, meta), strict=True)
+    diff = (probe_lr_outputs(model, inputs["input_ids"])["logits"] - theirs["logits"]).abs().max().item()
+    assert diff > 1e-3, diff

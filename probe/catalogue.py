@@ -39,27 +39,27 @@ VARIANTS: dict[str, str] = {
 # name -> ProbeConfig keyword arguments (the architecture only; mechanisms come from variants)
 _GPT2_STYLE = dict(norm="layer", pos="learned", mlp="gelu", tie_embeddings=True, init="gpt2", vocab_size=50257)
 TIERS: dict[str, dict] = {
-    # SPEC §8: gatedv.md's small model; 2,328,192 parameters for the baseline
+    # docs/definitions.md#tiers: GatedV's small model; 2,328,192 parameters for the baseline
     "tiny": dict(n_layers=6, d_model=128, n_heads=4, d_mlp=384, n_ctx=256, vocab_size=8192),
     "gatedv-small": dict(n_layers=6, d_model=128, n_heads=4, d_mlp=384, n_ctx=256, vocab_size=8192),
     "gatedv-medium": dict(n_layers=12, d_model=384, n_heads=6, d_mlp=1152, n_ctx=256, vocab_size=8192),
-    # abstention-filtering.md Table 4 (GPT-2 style, 4x GELU MLP)
+    # Wang 2026 Table 4 (GPT-2 style, 4x GELU MLP)
     "abstention-10m": dict(n_layers=6, d_model=384, n_heads=6, d_mlp=1536, n_ctx=512, **_GPT2_STYLE),
     "abstention-50m": dict(n_layers=10, d_model=640, n_heads=10, d_mlp=2560, n_ctx=1024, **_GPT2_STYLE),
     "abstention-124m": dict(n_layers=12, d_model=768, n_heads=12, d_mlp=3072, n_ctx=1024, **_GPT2_STYLE),
     "abstention-350m": dict(n_layers=24, d_model=1024, n_heads=16, d_mlp=4096, n_ctx=1024, **_GPT2_STYLE),
-    # lr-attnres.md §4.1
+    # LR-AttnRes 2026 §4.1
     "lr-attnres": dict(n_layers=24, d_model=1024, n_heads=16, d_mlp=2816, n_ctx=2048, vocab_size=100277,
                        rope_theta=500000.0, qk_norm=True, tie_embeddings=False),
 }
 TIER_DESCRIPTIONS = {
     "tiny": "6 layers, d=128, 4x32 heads, SwiGLU 384, ctx 256, vocab 8192 (trains on 2 CPU cores)",
-    "gatedv-small": "gatedv.md small model (same as tiny)",
-    "gatedv-medium": "gatedv.md medium: 12 layers, d=384, 6x64 heads, SwiGLU 1152",
-    "abstention-10m": "abstention-filtering Table 4, 10M tier: 6L, d=384, GPT-2 style",
-    "abstention-50m": "abstention-filtering Table 4, 50M tier: 10L, d=640",
-    "abstention-124m": "abstention-filtering Table 4, 124M tier: 12L, d=768",
-    "abstention-350m": "abstention-filtering Table 4, 350M tier: 24L, d=1024",
-    "lr-attnres": "lr-attnres.md: 24L, d=1024, 16 heads, SwiGLU 2816, RoPE 5e5, QK-norm, untied",
+    "gatedv-small": "GatedV small model (same as tiny)",
+    "gatedv-medium": "GatedV medium: 12 layers, d=384, 6x64 heads, SwiGLU 1152",
+    "abstention-10m": "Wang 2026 Table 4, 10M tier: 6L, d=384, GPT-2 style",
+    "abstention-50m": "Wang 2026 Table 4, 50M tier: 10L, d=640",
+    "abstention-124m": "Wang 2026 Table 4, 124M tier: 12L, d=768",
+    "abstention-350m": "Wang 2026 Table 4, 350M tier: 24L, d=1024",
+    "lr-attnres": "LR-AttnRes 2026: 24L, d=1024, 16 heads, SwiGLU 2816, RoPE 5e5, QK-norm, untied",
 }
 

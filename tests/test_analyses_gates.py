@@ -1,4 +1,4 @@
-"""Gate statistics (abstention-filtering App. "Selectivity", Table 8, token identity): hand-built and tiny models."""
+"""Gate statistics (Wang 2026 App. "Selectivity", Table 8, token identity): hand-built and tiny models."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""Value-noise injection and exposure (SPEC §5, abstention-filtering §5 and App. C)."""
+"""Value-noise injection and exposure (docs/definitions.md#injection, Wang 2026 §5 and App. C)."""
 import pytest
 import torch
 

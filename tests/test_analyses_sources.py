@@ -1,4 +1,4 @@
-"""Depth routing statistics (lr-attnres §4.5-4.7): hand-built weights with known answers, tiny routed models."""
+"""Depth routing statistics (LR-AttnRes 2026 §4.5-4.7): hand-built weights with known answers, tiny routed models."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Paired statistics on known numbers (SPEC §5: paired comparison, document bootstrap, Table 2 decomposition)."""
+"""Paired statistics on known numbers (docs/definitions.md#paired-differences, docs/definitions.md#document-bootstrap, docs/definitions.md#abstention-decomposition)."""
 import math
 
 import numpy as np

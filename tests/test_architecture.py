@@ -1,4 +1,4 @@
-"""SPEC §2's one-way dependency order, read off the source: no import against it, no import circle between files or
+"""The one-way dependency order (README "Architecture"), read off the source: no import against it, no import circle between files or
 between packages. Function-level imports count like top-level ones (a lazy import is still a dependency)."""
 from __future__ import annotations
 

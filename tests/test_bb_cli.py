@@ -1,5 +1,5 @@
-"""Bigram-Backcopy on the command line and in the zoo (issue 18): the shipped probe/bb-<variant> models reproduce their
-recorded statistics and issue 18's Done-when relations; ``probe sinks`` defaults to a BB model's own chain and shows its
+"""Bigram-Backcopy on the command line and in the zoo: the shipped probe/bb-<variant> models reproduce their
+recorded statistics and the sink-emergence check's relations (docs/definitions.md#sink-emergence-check); ``probe sinks`` defaults to a BB model's own chain and shows its
 sink; text on a BB model and BB data on a text model are one-line errors; ``probe train --data synthetic:bb`` and
 ``probe train --bos`` record what they trained on, and the loaded model knows it.
 
@@ -51,7 +51,7 @@ def test_shipped_bb_model_reproduces_its_recorded_statistics(name):
 
 
 def test_shipped_baseline_forms_a_sink_and_the_sink_logit_takes_its_place():
-    """Issue 18's Done-when, on the recorded statistics the test above reproduces from the shipped weights."""
+    """The sink-emergence check, on the recorded statistics the test above reproduces from the shipped weights."""
     base, sink = record("bb-baseline")["stats"]["summary"], record("bb-sinklogit")["stats"]["summary"]
     assert base["sink_formed"] and base["pos0_over_uniform"] >= 3 and base["r0_later"] < 0.8
     assert sink["phantom_share"] > 0.1

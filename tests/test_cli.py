@@ -169,7 +169,7 @@ def test_sinks_hf_checkpoint_quiet_with_out(fx, tmp_path):
 
 
 def test_bos_flags_decide_the_first_token(fx, tmp_path):
-    """--bos / --no-bos override SPEC §5's rule (no BOS for a tokenizer that does not prepend one), in the meta."""
+    """--bos / --no-bos override docs/definitions.md#bos-rule (no BOS for a tokenizer that does not prepend one), in the meta."""
     import json
 
     from probe.checkpoints.tiny import build_tiny
@@ -219,7 +219,7 @@ def test_costs():
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)["tables"]["costs"]
     assert len(rows) == 20
-    for x in rows:  # lr-attnres Table 1, four decimals
+    for x in rows:  # LR-AttnRes 2026 Table 1, four decimals
         assert round(x["added_flops_pct"], 4) == pytest.approx(x["table1_pct"], abs=1e-9), x["label"]
     r = probe("costs", "--d", "128", "--layers", "6", "--mlp", "384")
     assert r.returncode == 0, r.stderr

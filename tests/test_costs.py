@@ -1,4 +1,4 @@
-"""Cost model vs lr-attnres.md: every Table 1 "Added FLOPs (%)" entry and the Appendix A.6 numbers."""
+"""Cost model vs LR-AttnRes 2026: every Table 1 "Added FLOPs (%)" entry and the Appendix A.6 numbers."""
 import pytest
 
 from probe.analyses import costs as K

@@ -1,4 +1,4 @@
-"""The pretrained-model recipes (abstention-filtering Tables 13 and 14): layouts, agreement with the analyses they
+"""The pretrained-model recipes (Wang 2026 Tables 13 and 14): layouts, agreement with the analyses they
 wrap on the same windows, resume, and one-line user errors. Tiny models only: two zoo models and a tiny random
 gpt-oss checkpoint (learned sinks, sliding and full layers)."""
 from __future__ import annotations

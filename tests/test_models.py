@@ -1,4 +1,4 @@
-"""Invariants of the custom model family (SPEC §4, issue: instrumented model core)."""
+"""Invariants of the custom model family (docs/definitions.md#mechanisms)."""
 import math
 
 import pytest
@@ -231,7 +231,7 @@ def test_parameter_formulas():
     assert added_parameters(config_for("sinktoken"))["total"] == d
     assert added_parameters(config_for("gatedv"))["total"] == 0
     assert added_parameters(config_for("value-residual"))["total"] == L - 1
-    # the paper's large configuration (lr-attnres A.6): P-LR r=32 adds 2,983,424, S-LR 1,536
+    # the paper's large configuration (LR-AttnRes 2026 A.6): P-LR r=32 adds 2,983,424, S-LR 1,536
     assert added_parameters(config_for("plr-full-r32", tier="lr-attnres"))["total"] == 2_983_424
     assert added_parameters(config_for("slr-full-r32", tier="lr-attnres"))["total"] == 1_536
 
@@ -270,7 +270,7 @@ def test_import_probe_registers_the_model_type_with_auto_classes(tmp_path, order
     assert out.stdout.strip().endswith("ProbeForCausalLM")
 
 
-# ---------------------------------------------------------------- issue 17: declared roles, gates, runtime backend
+# ---------------------------------------------------------------- declared roles, gates, runtime backend
 
 # the architectures' own parameters differ too: LayerNorm, learned positions, an untied head, QK-norm, GQA
 ARCHS = {"rms-rope-tied": SMALL, "gpt2-style": dict(SMALL, norm="layer", pos="learned", mlp="gelu", init="gpt2",
@@ -405,7 +405,7 @@ def test_a_model_saved_under_triton_loads_and_runs_on_a_cpu(tmp_path):
     create("sink+proj", backend="triton", **SMALL).save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert "backend" not in cfg
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "backend": "triton"}))  # as saved before issue 17
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "backend": "triton"}))  # as saved before the backend became a runtime choice
     code = f"""
 import torch, probe
 m = probe.load({str(tmp_path)!r})
@@ -437,7 +437,7 @@ def test_checkpoints_with_the_old_gate_parameter_names_load_and_resave_under_the
             if ".attn.gate." in n:
                 p.normal_()
     state = _as_before_issue_17({n: t.contiguous() for n, t in model.state_dict().items()}, old)
-    assert f"blocks.1.attn.{old}" in state and not any(".attn.gate." in n for n in state)  # as before issue 17
+    assert f"blocks.1.attn.{old}" in state and not any(".attn.gate." in n for n in state)  # as before the gates became modules
     model.config.save_pretrained(tmp_path)
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     ids = tokens()

@@ -1,4 +1,4 @@
-"""``probe experiment sink-emergence`` (issue 18) on a few dozen steps of two tiny variants: the files and their columns,
+"""``probe experiment sink-emergence`` on a few dozen steps of two tiny variants: the files and their columns,
 resume (a second call trains nothing), the Done-when table, one-line errors; the recipe's defaults are the sweep's grid
 point lr3e-3 (the training the zoo's probe/bb-* models come from); a finished run ships as a zoo entry that loads with
 its chain as default data."""

@@ -1,4 +1,4 @@
-"""SPEC §5's BOS rule for evaluation windows built from text: a BOS first exactly when the tokenizer's encoding of
+"""The BOS rule (docs/definitions.md#bos-rule) for evaluation windows built from text: a BOS first exactly when the tokenizer's encoding of
 plain text starts with its BOS or the model was trained with one; caller tokens and explicit choices as given."""
 from __future__ import annotations
 

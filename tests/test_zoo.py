@@ -77,7 +77,7 @@ def test_zoo_trainer_runs_variants_in_parallel_and_records_what_it_did(tmp_path)
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_zoo_checkpoint_written_under_old_names_loads_them_and_resaves_under_todays(tmp_path, name):
-    """The shipped files predate issue 17 (gate parameters ``attn.gate_tau/gate_w/gate_b``, a ``backend`` in
+    """The shipped files predate the gate modules (gate parameters ``attn.gate_tau/gate_w/gate_b``, a ``backend`` in
     config.json): they load with today's names and identical outputs, and saving writes today's names only."""
     import torch
     from safetensors import safe_open

@@ -63,14 +63,14 @@ def as_windows(data) -> Windows:
 
 
 def wants_bos(model, tokenizer) -> bool:
-    """SPEC §5: windows built from text start with a BOS exactly when the tokenizer's encoding of plain text starts
+    """docs/definitions.md#bos-rule: windows built from text start with a BOS exactly when the tokenizer's encoding of plain text starts
     with its BOS (Gemma) or the model's training run records that it saw one (``ModelInfo.trained_with_bos``)."""
     return model.probe_info.trained_with_bos or prepends_bos(tokenizer)
 
 
 def default_windows(model, corpus=None, *, n_batches: int = 8, batch_size: int = 8, ctx: int | None = None,
                     seed: int = 0, tokenizer=None, mode: str = "first", bos: bool | None = None):
-    """SPEC §5's evaluation windows for a model: ``n_batches`` x ``batch_size`` fixed windows of text at the model's
+    """The evaluation windows (docs/definitions.md#evaluation-windows) for a model: ``n_batches`` x ``batch_size`` fixed windows of text at the model's
     training context (HF checkpoints: min(1024, max context)), tokenized with the model's tokenizer (custom models
     without one: the shipped probe-bpe-8k). ``bos`` None decides by :func:`wants_bos` (then each window is BOS +
     ctx-1 text tokens as input); True / False force it. Returns probe.data.EvalBatches (``bos`` in its meta)."""

@@ -1,6 +1,6 @@
-"""FLOP and parameter cost model of depth routing: AttnRes, P-LR and S-LR (lr-attnres.md Appendix A, Table 1).
+"""FLOP and parameter cost model of depth routing: AttnRes, P-LR and S-LR (LR-AttnRes 2026 Appendix A, Table 1).
 
-Conventions (SPEC §4-5), which reproduce every "Added FLOPs (%)" entry of Table 1 to its printed four decimals:
+Conventions (docs/definitions.md#cost-model), which reproduce every "Added FLOPs (%)" entry of Table 1 to its printed four decimals:
 
 - There are 2L+1 read sites: one before each of the 2L residual-writing sub-layers and one before the final norm.
   Site t (1-based) has seen t-1 sub-layer outputs.
@@ -22,7 +22,7 @@ import pandas as pd
 
 METHODS = ("baseline", "attnres", "p-lr", "s-lr")
 
-# Table 1 of lr-attnres.md (d=1024, L=24, m=2816): (method, N or None for full, r, printed added FLOPs %).
+# Table 1 of LR-AttnRes 2026 (d=1024, L=24, m=2816): (method, N or None for full, r, printed added FLOPs %).
 TABLE1 = [
     ("baseline", None, None, 0.0000),
     ("attnres", None, None, 0.8131), ("attnres", 4, None, 0.1116), ("attnres", 8, None, 0.1754),

@@ -4,7 +4,7 @@ phenomena in LLMs", 2024), and how dormancy depends on the input domain.
 Per head (layer l, query head h) and *input* (one evaluation window x):
 
     key0_mass(x)  = mean over rows t >= 1 of the attention mass on key 0 (pattern column 0; with a phantom the rows'
-                    normaliser includes it, so this is a share of all mass; SPEC §5 rows)
+                    normaliser includes it, so this is a share of all mass; docs/definitions.md#rows-and-heads)
     phantom(x)    = mean over rows t >= 1 of the phantom mass (0 without one)
     z_norm(x)     = mean over positions t >= 1 of ||z_t||, z = hook_z (the head's output before the output projection)
     z_ratio(x)    = z_norm(x) / mean over every input of the run (all domains pooled) of z_norm for that head

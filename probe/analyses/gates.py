@@ -1,4 +1,4 @@
-"""Value-gate statistics (SPEC §5, abstention-filtering App. "Selectivity", "Routing-slot control", "What the filter
+"""Value-gate statistics (docs/definitions.md#gate-statistics, Wang 2026 App. "Selectivity", "Routing-slot control", "What the filter
 removes", "Token identity and content").
 
 For a query row i of head h with pattern a_ij over the real keys and gates g_j of its KV head's reads (hook_v_gate):

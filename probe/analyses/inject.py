@@ -1,4 +1,4 @@
-"""Value-noise injection and exposure (SPEC §5, abstention-filtering §5.1, §5.2 and App. C).
+"""Value-noise injection and exposure (docs/definitions.md#injection, Wang 2026 §5.1, §5.2 and App. C).
 
 At evaluation time, in every layer at once, at ``hook_v`` (reads before any gate), on the reads arriving in the
 corrupted pass: per (layer, KV head, sequence) the quiet reads are the ⌊qT⌋ smallest read norms (q = 0.25 for

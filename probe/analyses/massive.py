@@ -15,7 +15,7 @@ Alignment with the sink (same forward, layer l's attention reads the stream meas
 ``key0_mass`` (mean over rows t >= 1 and heads of the attention mass on key 0, phantom in the normaliser),
 ``top_mass`` (mass on the position holding the window's largest activation, over the rows that can see it,
 t >= max(1, p)), ``massive_mass`` (mass on the positions holding massive activations, windows that have any), and the
-value reads of layer l (``hook_v``; SPEC §5): r0 = ||v_0|| / median_j ||v_j||, ``r_top`` the same ratio at the top
+value reads of layer l (``hook_v``; docs/definitions.md#reads): r0 = ||v_0|| / median_j ||v_j||, ``r_top`` the same ratio at the top
 position, ``r_massive`` at massive positions (per KV head and window, means of ratios). ``top1_pos0_share`` is the share
 of windows whose largest activation sits at position 0 (the sink position; the learned sink token for ``sinktoken``
 models) and ``massive_pos0_share`` the share of massive activations at position 0.

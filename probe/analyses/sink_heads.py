@@ -8,7 +8,7 @@ threshold ε when α^{l,h} > ε (Gu et al.'s default ε = 0.3), and
     Sink^ε = (1 / L) Σ_l (1 / H) Σ_h 1[α^{l,h} > ε]
 is the share of sink heads in the model (reported per layer as well, for every ε asked for).
 
-Conventions (SPEC §5): rows t >= 1 (query 0 sees only key 0). Gu et al.'s score for key k averages over the queries
+Conventions (docs/definitions.md#rows-and-heads): rows t >= 1 (query 0 sees only key 0). Gu et al.'s score for key k averages over the queries
 i >= k, which for key 0 includes query 0 itself (always 1 - phantom); ``include_query0=True`` reproduces that. The mean
 is pooled over every row of every window (all windows have the same length, so this equals the mean over windows of
 per-window means), then thresholded per head. Beside α the tables report the key-0 share of the *real* mass (a_{t,0} /

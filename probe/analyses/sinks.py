@@ -1,4 +1,4 @@
-"""Attention-sink statistics (SPEC §5, abstention-filtering §4.3 and App. "Sink analysis", Tables 14-15).
+"""Attention-sink statistics (docs/definitions.md#sink-statistics, Wang 2026 §4.3 and App. "Sink analysis", Tables 14-15).
 
 Per attention row i (queries t >= 1):
     pos0_share    = mass on key 0 / mass on the real keys
@@ -7,7 +7,7 @@ Per attention row i (queries t >= 1):
 and per KV head and sequence  r0 = ||v_0|| / median_j ||v_j||  (reads = hook_v, median over all T reads, linear
 interpolation), reported as a mean of ratios. Averages: over rows, then query heads, then layers. Sliding-window layers
 are also reported over the queries whose window contains key 0. A sink has formed when, averaged over the layers past
-the first, pos0_share >= 3 x uniform_ref and r0 < 0.8 (SPEC §8).
+the first, pos0_share >= 3 x uniform_ref and r0 < 0.8 (docs/definitions.md#sink-rule).
 
 ``sink_stats`` streams: it hooks q, k, v (the sink logit, a routing-slot gate) of one layer at a time and gets the
 per-row masses from probe.kernels.attention_row_masses, so no T x T tensor exists; it stops the forward after the last

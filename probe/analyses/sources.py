@@ -1,11 +1,11 @@
-"""Depth routing: effective sources, mean depth heatmap, source counts (lr-attnres §4.5-4.7, SPEC §5).
+"""Depth routing: effective sources, mean depth heatmap, source counts (LR-AttnRes 2026 §4.5-4.7, docs/definitions.md#effective-sources).
 
 For every read site t (a hook prefix such as ``blocks.1.attn_read``; ``final_read`` last) and every token x, the
 depth weights α_t(x) over the site's sources come from ``{site}.hook_depth_weights`` (B, T, S). Per site:
     N_eff = exp(H(α)) mean and std over tokens       top1 = mean of max_i α_i
     mass per source category (block mode: embedding / completed blocks / partial; full: embedding / attention / MLP)
     input dependence = H(mean α) - mean H(α)  (0 when every token routes alike)
-    n_sources = |S_t|;  S_src = Σ_t n_t over the sites with at least two sources (lr-attnres Eq. 17)
+    n_sources = |S_t|;  S_src = Σ_t n_t over the sites with at least two sources (LR-AttnRes 2026 Eq. 17)
 The heatmap is α averaged over tokens, read site x source slot, slots aligned by source identity ('embed', 'attn0',
 'mlp0', ... or 'embed', 'block1', ..., 'partial'); cells a site does not read are NaN.
 """

@@ -13,7 +13,7 @@ from probe import __version__
 from probe.present.errors import UsageError, UsageParser
 from probe.jobs.specs import DEVICE_MAPS, parse_device_map, parse_max_memory
 
-# The embedded default models: zoo checkpoints (issue #7) when installed, else a freshly initialised tiny model of the
+# The embedded default models: zoo checkpoints when installed, else a freshly initialised tiny model of the
 # same variant built in-process (seed 0). Switching to another zoo name is a one-line change here.
 DEFAULT_MODEL = "probe/tiny-sink+proj"
 DEFAULT_DEPTH_MODEL = "probe/tiny-attnres-block4"  # `probe sources` needs depth routing
@@ -173,8 +173,8 @@ def build_parser() -> UsageParser:
                    "(default 50)")
     _output_flags(p)
 
-    p = verb("costs", "FLOP and parameter cost model of AttnRes / P-LR / S-LR (lr-attnres Table 1)",
-             "Added FLOPs and parameters of depth routing. Default dimensions are lr-attnres Table 1's "
+    p = verb("costs", "FLOP and parameter cost model of AttnRes / P-LR / S-LR (LR-AttnRes 2026 Table 1)",
+             "Added FLOPs and parameters of depth routing. Default dimensions are LR-AttnRes 2026 Table 1's "
              "(d=1024, L=24, m=2816); --tier takes them from a model tier.")
     p.add_argument("--tier", help="take d, L and m from a model tier (see `probe models`)")
     p.add_argument("--d", type=positive_int, help="model width d (default 1024)")
@@ -278,6 +278,8 @@ def build_parser() -> UsageParser:
     p = verb("eval", "next-token loss and perplexity on evaluation windows")
     _model_flags(p, DEFAULT_MODEL)
     _output_flags(p)
+    from probe.cli.doctor import add_doctor_parser  # torch-free module: `probe --help` stays fast
+    add_doctor_parser(sub)
     return parser
 
 

@@ -195,7 +195,7 @@ def eval_ctx(spec: WindowSpec, model) -> int:
     info = model.probe_info
     n_ctx = info.n_ctx
     if spec.ctx is None and info.family == "probe":
-        return n_ctx  # custom models: their training context (SPEC §5); HF checkpoints: min(1024, maximum)
+        return n_ctx  # custom models: their training context (docs/definitions.md#evaluation-windows); HF checkpoints: min(1024, maximum)
     try:
         return cap_ctx(spec.ctx, n_ctx)
     except ValueError:
@@ -204,7 +204,7 @@ def eval_ctx(spec: WindowSpec, model) -> int:
 
 
 def bos_id_for(spec: WindowSpec, model, tok) -> int | None:
-    """The BOS id that starts each window, or None: ``spec.bos``, or SPEC §5's rule when it is None. A model trained
+    """The BOS id that starts each window, or None: ``spec.bos``, or docs/definitions.md#bos-rule when it is None. A model trained
     with ``probe train --bos`` records the id it used (the EOS of a tokenizer without a BOS token)."""
     bos = wants_bos(model, tok) if spec.bos is None else spec.bos
     recorded = (getattr(model, "train_record", None) or {}).get("bos_id")

@@ -43,7 +43,7 @@ class WindowSpec:
     ctx: int | None = None  # None: a custom model's training context, HF checkpoints min(1024, maximum)
     mode: str = "auto"  # auto | first | sequential | random
     seed: int = 0
-    bos: bool | None = None  # None: a BOS first when the tokenizer prepends one or the model trained with one (SPEC §5)
+    bos: bool | None = None  # None: a BOS first when the tokenizer prepends one or the model trained with one (docs/definitions.md#bos-rule)
 
 
 @dataclass(frozen=True)

@@ -164,3 +164,79 @@ def test_plr_block_with_raw_keys_is_not_the_authors_function():
     model.load_state_dict(map_lr_weights(w, config, meta), strict=True)
     diff = (probe_lr_outputs(model, inputs["input_ids"])["logits"] - theirs["logits"]).abs().max().item()
     assert diff > 1e-3, diff
+
+
+# ---- gpt-oss (openai/gpt-oss gpt_oss/torch/model.py): attention with a learned sink logit per head -----------------
+def gpt_oss_attention(dtype, swap_heads=False):
+    """probe's sink-logit attention sub-layer (norm, attention, residual add) with their AttentionBlock's weights."""
+    from probe.models.attention import Attention
+    from probe.models.layers import RMSNorm
+
+    meta, w, inputs, outputs = load_fixture("gpt-oss-sink")
+    s = meta["settings"]
+    H, Hkv, dh, d = s["num_attention_heads"], s["num_key_value_heads"], s["head_dim"], s["hidden_size"]
+    config = ProbeConfig(vocab_size=s["vocab_size"], n_layers=1, d_model=d, n_heads=H, n_kv_heads=Hkv, d_head=dh,
+                         n_ctx=s["initial_context_length"], rope_theta=s["rope_theta"], abstention="sinklogit",
+                         norm_eps=1e-5)  # their RMSNorm's eps
+    assert s["rope_scaling_factor"] == 1.0  # YaRN off: plain rotate-half RoPE, as probe's
+    attn, norm = Attention(config, 0).to(dtype), RMSNorm(d, 1e-5).to(dtype)
+    qkv, sinks = w["qkv.weight"], w["sinks"]
+    assert not w["qkv.bias"].any() and not w["out.bias"].any()  # probe's projections have no bias
+    if swap_heads:  # a wrong mapping: the sinks of query heads 0 and 1 exchanged
+        sinks = sinks[[1, 0, *range(2, H)]]
+    attn.load_state_dict({"q_proj.weight": qkv[:H * dh], "k_proj.weight": qkv[H * dh:(H + Hkv) * dh],
+                          "v_proj.weight": qkv[(H + Hkv) * dh:], "o_proj.weight": w["out.weight"], "sink": sinks})
+    norm.load_state_dict({"weight": w["norm.scale"]})
+    seen = {}
+    attn.materialize = True
+    attn.hook_pattern.register_forward_hook(lambda m, i, o: seen.__setitem__("pattern", o))
+    attn.hook_phantom.register_forward_hook(lambda m, i, o: seen.__setitem__("phantom", o))
+    x = inputs["block/x"].to(dtype)[None]  # 1,T,d
+    with torch.no_grad():
+        out = x + attn(norm(x))[0]
+    return {"block/out": out[0], "block/pattern": seen["pattern"][0], "block/sink_share": seen["phantom"][0]}, \
+        inputs, outputs
+
+
+def gpt_oss_sdpa(inputs: dict, dtype) -> dict:
+    """probe's attention op (reference and torch backends) on their sdpa's inputs, with their sliding window."""
+    from probe.kernels import sink_attention
+
+    q, k, v, sinks = (inputs[f"sdpa/{n}"].to(dtype) for n in ("q", "k", "v", "sinks"))
+    T, Hkv, G, dh = q.shape
+    q = q.reshape(1, T, Hkv * G, dh)  # their (kv head, member) order is probe's head order h = kv * G + m
+    res = {}
+    for backend in ("reference", "torch"):
+        r = sink_attention(q, k[None], v[None], sink=sinks, window=3, return_pattern=backend == "reference",
+                           backend=backend)
+        res[f"sdpa/out/{backend}"] = r.out[0].reshape(T, -1)
+        if r.pattern is not None:
+            res["sdpa/pattern"], res["sdpa/sink_share"] = r.pattern[0], r.phantom[0]
+    return res
+
+
+def gpt_oss_differences(dtype) -> dict:
+    prefix = "" if dtype == torch.float64 else "fp32/"
+    ours, inputs, theirs = gpt_oss_attention(dtype)
+    ours.update(gpt_oss_sdpa(inputs, dtype))
+    diffs = {k: (v.double() - theirs[prefix + k.removesuffix("/reference").removesuffix("/torch")].double()
+                 ).abs().max().item() for k, v in ours.items()}
+    assert len(diffs) == 7
+    return diffs
+
+
+def test_gpt_oss_sink_attention_matches_the_authors_in_fp64():
+    diffs = gpt_oss_differences(torch.float64)
+    assert max(v for k, v in diffs.items() if k != "sdpa/out/torch") <= FP64_TOL, diffs
+    assert diffs["sdpa/out/torch"] <= 1e-6, diffs  # the fused CPU path computes in fp32 whatever the input
+
+
+def test_gpt_oss_sink_attention_matches_the_authors_in_fp32():
+    diffs = gpt_oss_differences(torch.float32)
+    assert max(diffs.values()) <= FP32_TOL, diffs
+
+
+def test_a_wrong_gpt_oss_mapping_moves_the_output():
+    ours, _, theirs = gpt_oss_attention(torch.float64, swap_heads=True)
+    assert (ours["block/sink_share"] - theirs["block/sink_share"]).abs().max() > 1e-2
+    assert (ours["block/out"] - theirs["block/out"]).abs().max() > 1e-3

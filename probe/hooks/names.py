@@ -5,6 +5,8 @@ H query heads, Hkv key/value heads, dh head width, S depth sources, r routing ra
 """
 from __future__ import annotations
 
+import operator
+
 EMBED = "hook_embed"  # B,T,d — token embedding (depth source 0)
 
 # per block
@@ -37,8 +39,111 @@ def name(template: str, layer: int | None = None, site: str | None = None) -> st
     return template.format(l=layer, site=site)
 
 
+# Builders: every hook name in probe is made here, so a rename or a new point is one edit in one file.
+RESID_POINTS = ("pre", "mid", "post")
+ATTN_POINTS = ("q", "k", "v", "v_gate", "v_out", "pattern", "phantom", "sink_logit", "z", "v_first", "v_mix")
+READ_KINDS = ("attn", "mlp")  # the two read sites of a depth-routed block: before attention, before the MLP
+READ_POINTS = ("routing_keys", "depth_weights")
+FINAL_READ = "final_read"  # the depth read before the final norm
+
+
+def _choose(value: str, choices: tuple[str, ...], what: str) -> str:
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}; choose from {', '.join(choices)}")
+    return value
+
+
+def _layer(layer: int) -> int:
+    try:  # numpy / torch integers index too; a float or bool layer is a caller's bug
+        index = operator.index(layer)
+    except TypeError:
+        index = -1
+    if isinstance(layer, bool) or index < 0:
+        raise ValueError(f"a layer index is an int >= 0, got {layer!r}")
+    return index
+
+
+def block(layer: int) -> str:
+    """The module path of block ``layer``: ``block(2) == 'blocks.2'`` (hook names and module paths below it)."""
+    return f"blocks.{_layer(layer)}"
+
+
+def resid(layer: int, point: str) -> str:
+    """``resid(2, "pre") == 'blocks.2.hook_resid_pre'``; point is pre, mid or post."""
+    return f"{block(layer)}.hook_resid_{_choose(point, RESID_POINTS, 'residual point')}"
+
+
+def attn_module(layer: int) -> str:
+    """The module path of block ``layer``'s attention: ``'blocks.2.attn'``."""
+    return f"{block(layer)}.attn"
+
+
+def attn(layer: int, point: str) -> str:
+    """``attn(2, "pattern") == 'blocks.2.attn.hook_pattern'``; point is one of ATTN_POINTS, or its HookPoint
+    attribute name (``"hook_pattern"``) as the attention module spells it."""
+    short = point[len("hook_"):] if point.startswith("hook_") else point
+    return f"{attn_module(layer)}.hook_{_choose(short, ATTN_POINTS, 'attention hook')}"
+
+
+def read_site(layer: int | None, kind: str = "attn") -> str:
+    """The hook prefix of a depth read site: ``read_site(2, "mlp") == 'blocks.2.mlp_read'``; ``read_site(None)`` is
+    the final read, ``'final_read'``."""
+    if layer is None:
+        return FINAL_READ
+    return f"{block(layer)}.{_choose(kind, READ_KINDS, 'read site')}_read"
+
+
+def read(site: str, point: str) -> str:
+    """A hook of a depth read site (a ``read_site`` prefix): ``read('final_read', 'depth_weights') ==
+    'final_read.hook_depth_weights'``; point is routing_keys or depth_weights."""
+    if not is_read_site(site):
+        raise ValueError(f"unknown depth read site {site!r}; a site is blocks.<l>.attn_read, blocks.<l>.mlp_read "
+                         f"or {FINAL_READ}")
+    return f"{site}.hook_{_choose(point, READ_POINTS, 'read hook')}"
+
+
+def depth_weights(site: str) -> str:
+    """``depth_weights('blocks.1.attn_read') == 'blocks.1.attn_read.hook_depth_weights'``."""
+    return read(site, "depth_weights")
+
+
+def routing_keys(site: str) -> str:
+    """``routing_keys('final_read') == 'final_read.hook_routing_keys'``."""
+    return read(site, "routing_keys")
+
+
+def dense(layer: int) -> str:
+    """``dense(2) == 'blocks.2.dense.hook_weights'``: DenseFormer / MUDD mixing weights after block 2."""
+    return f"{block(layer)}.dense.hook_weights"
+
+
+def is_read_site(site: str) -> bool:
+    if site == FINAL_READ:
+        return True
+    parts = site.split(".")
+    return (len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit()
+            and parts[2] in tuple(f"{k}_read" for k in READ_KINDS))
+
+
+def attn_point(hook_name: str) -> str | None:
+    """The attention point of a hook name (``'blocks.2.attn.hook_v' -> 'v'``), None for any other hook."""
+    parts = hook_name.split(".")
+    if len(parts) == 4 and parts[0] == "blocks" and parts[2] == "attn" and parts[3].startswith("hook_"):
+        point = parts[3][len("hook_"):]
+        return point if point in ATTN_POINTS else None
+    return None
+
+
+def is_attn(hook_name: str, *points: str) -> bool:
+    """Whether ``hook_name`` is one of the given attention points of any layer: ``is_attn(n, "pattern", "phantom")``
+    (a ``names_filter`` / ``fwd_hooks`` predicate)."""
+    for p in points:
+        _choose(p, ATTN_POINTS, "attention hook")
+    return attn_point(hook_name) in points
+
+
 def layer_of(hook_name: str) -> int | None:
-    """The block index of a hook name, or None for model-level hooks."""
+    """The block index of a hook name (or of a module path below a block), or None for model-level hooks."""
     parts = hook_name.split(".")
     if len(parts) > 1 and parts[0] == "blocks":
         return int(parts[1])

@@ -119,10 +119,6 @@ def make_bar(total: int, enabled: bool, desc: str):
     return progress_bar(total, desc, enabled=enabled)
 
 
-def attn_hook(suffix: str, layer: int) -> str:
-    return f"blocks.{layer}.attn.{suffix}"
-
-
 class StopForward(Exception):
     """Raised from a hook once an analysis has everything it needs: the rest of the forward (the last MLP, the final
     norm and the LM head, often a third of the FLOPs) is skipped. TransformerLens removes the hooks on the way out."""
@@ -150,7 +146,7 @@ class LayerCollector:
         self.needs = {l: set(needs(l)) for l in range(self.info.n_layers)}
         self.pending: dict[int, dict[str, torch.Tensor]] = {}
         self.done: set[int] = set()
-        wanted = {attn_hook(s, l): (l, s) for l, ss in self.needs.items() for s in ss}
+        wanted = {names.attn(l, s): (l, s) for l, ss in self.needs.items() for s in ss}
         self.wanted = wanted
 
     def hooks(self):
@@ -185,7 +181,7 @@ class LayerCollector:
         missing = [(l, sorted(self.needs[l] - set(self.pending.get(l, {})))) for l in self.needs if l not in self.done]
         if missing:
             l, m = missing[0]
-            raise RuntimeError(f"model {self.info.name!r} produced no {', '.join(attn_hook(s, l) for s in m)} in its "
+            raise RuntimeError(f"model {self.info.name!r} produced no {', '.join(names.attn(l, s) for s in m)} in its "
                                f"forward pass ({len(missing)} layer(s) incomplete); this analysis needs those hooks")
         return out
 

@@ -33,6 +33,7 @@ from probe.analyses.capture import (LayerCollector, as_windows, describe, finish
 from probe.analyses.parallel import all_sum, batches_of_rank, gather_rows, is_main, reduce_sums
 from probe.analyses.stats import with_batch_se
 from probe.hooks import names
+from probe.models.gates import gate_directions
 
 JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
 CUTOFFS = {"q25": 0.25, "median": 0.5}
@@ -149,10 +150,10 @@ def corrupt_stacked(v: torch.Tensor, doses, qs, draws) -> torch.Tensor:
 def own_directions(model) -> dict[int, torch.Tensor]:
     """Projection-gate directions w_h (Hkv, dh) per layer; ValueError for models without a projection gate."""
     info = model.probe_info
-    params = dict(model.named_parameters())
-    found = {l: params.get(f"blocks.{l}.attn.gate.w") for l in range(info.n_layers)}
-    if info.value_gate != "proj" or any(p is None for p in found.values()):
-        raise ValueError(f"own-direction junk needs a projection gate (blocks.{{l}}.attn.gate.w); model "
+    directions = gate_directions(model)
+    found = {l: directions.get(l) for l in range(info.n_layers)}
+    if info.value_gate != "proj" or any(w is None for w in found.values()):
+        raise ValueError(f"own-direction junk needs a projection gate in every layer (value_gate='proj'); model "
                          f"{info.name!r} has value_gate={info.value_gate!r}")
     for l, w in found.items():
         zero = (w.detach().float().norm(dim=-1) == 0).nonzero().flatten().tolist()
@@ -254,7 +255,7 @@ def _corrupted_losses(model, ids, tgt, chunk, seed: int, batch: int, own) -> lis
                               [draws[l][kind] for kind, _, _ in chunk])
         return out.reshape(v.shape)
 
-    out = model.run_with_hooks(ids.repeat(len(chunk), 1), fwd_hooks=[(lambda name: name.endswith("attn.hook_v"),
+    out = model.run_with_hooks(ids.repeat(len(chunk), 1), fwd_hooks=[(lambda name: names.is_attn(name, "v"),
                                                                        corrupt_reads)], **loss_forward_kwargs(model))
     losses = output_losses(model, out, tgt.repeat(len(chunk), 1)).double().view(len(chunk), -1).sum(1)
     return losses.tolist()

@@ -30,10 +30,11 @@ from collections import Counter
 import pandas as pd
 import torch
 
-from probe.analyses.capture import (LayerCollector, StopForward, as_windows, describe, finish, make_bar, model_device,
-                                    row_mass_hooks, row_masses, token_text)
+from probe.analyses.capture import as_windows, describe, finish, row_mass_hooks, token_text
 from probe.analyses.gates import read_tokens_of
-from probe.analyses.parallel import batches_of_rank, gather, is_main, reduce_sums
+from probe.analyses.parallel import gather, reduce_sums
+from probe.analyses.passes import Part, run_pass
+from probe.hooks import names
 
 ABS_THRESHOLD = 100.0
 RATIO_THRESHOLD = 1000.0
@@ -41,8 +42,7 @@ RATIO_THRESHOLD = 1000.0
 
 def site_names(info) -> list[str]:
     """Hook names of the measured sites: every layer's input stream, then the last layer's output."""
-    last = f"blocks.{info.n_layers - 1}.hook_resid_post"
-    return [f"blocks.{l}.hook_resid_pre" for l in range(info.n_layers)] + [last]
+    return [names.resid(l, "pre") for l in range(info.n_layers)] + [names.resid(info.n_layers - 1, "post")]
 
 
 def median_abs(a: torch.Tensor) -> torch.Tensor:
@@ -253,6 +253,63 @@ class MassiveAccumulator:
         return {"summary": pd.DataFrame([summary]), "layers": layers, "top": top, "dims": dims}
 
 
+class MassivePart(Part):
+    """Massive activations as a part of a shared pass (probe.analyses.passes): each site's stream is reduced in its
+    hook; each layer's attention (q, k, v, the sink logit, a routing-slot gate) gives the row masses on [key 0, the
+    top position, the massive positions] of the stream that layer reads."""
+
+    def __init__(self, info, *, abs_threshold=ABS_THRESHOLD, ratio_threshold=RATIO_THRESHOLD, top_k: int = 10,
+                 backend: str | None = None):
+        self.info, self.backend = info, backend
+        self.acc = MassiveAccumulator(info, abs_threshold=abs_threshold, ratio_threshold=ratio_threshold, top_k=top_k)
+        self.hooks = set(row_mass_hooks(info))
+        self.state: dict = {}
+
+    def needs(self, layer: int) -> set[str]:
+        return self.hooks
+
+    def stream_hooks(self) -> dict:
+        def measure(site):
+            def fn(tensor):
+                self.state[site] = self.acc.add_stream(site, tensor, self.state["tokens"], self.state["batch"])
+            return fn
+        return {name: measure(s) for s, name in enumerate(self.acc.sites)}
+
+    def start(self, windows, batch, ids) -> None:
+        self.state.clear()
+        self.state.update(tokens=read_tokens_of(self.info, ids), batch=batch)
+
+    def on_layer(self, layer, got, masses) -> None:
+        k = got["hook_k"]
+        found = self.state.pop(layer)
+        B, T, Hkv = k.shape[:3]
+
+        def indicators(g):  # (B, T, Hkv, 3): [key 0, the window's top position, its massive positions]
+            ind = torch.zeros(B, T, Hkv, 3, dtype=torch.float32, device=k.device)
+            ind[:, 0, :, 0] = 1
+            ind[torch.arange(B), found["top_pos"].to(k.device), :, 1] = 1
+            ind[..., 2] = found["massive_pos"].to(k.device, torch.float32)[..., None]
+            return ind
+
+        _, mass, _ = masses("key0+top+massive", indicators, self.backend)
+        self.acc.add_attention(layer, mass, got["hook_v"].float().norm(dim=-1), found["top_pos"],
+                               found["massive_pos"])
+
+    def end(self) -> None:
+        if len(self.acc.sites) - 1 not in self.state:
+            raise RuntimeError(f"model {self.info.name!r} produced no {self.acc.sites[-1]} in its forward pass")
+
+    def result(self, model, w, tokenizer=None) -> dict[str, pd.DataFrame]:
+        """Merge the ranks and return the tables (every rank calls this once, after the pass)."""
+        acc = self.acc
+        acc.merge()
+        tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        meta = describe(model, w, "massive", abs_threshold=acc.abs_thr, ratio_threshold=acc.ratio_thr,
+                        top_k=acc.top_k, sites="blocks.{l}.hook_resid_pre (layer l) + last hook_resid_post (layer L)",
+                        key0="learned sink token" if self.info.sink_token else "first input token")
+        return finish(acc.tables(tok), meta)
+
+
 @torch.no_grad()
 def massive_activations(model, data, *, abs_threshold: float = ABS_THRESHOLD, ratio_threshold: float = RATIO_THRESHOLD,
                         top_k: int = 10, tokenizer=None, backend: str | None = None,
@@ -260,54 +317,15 @@ def massive_activations(model, data, *, abs_threshold: float = ABS_THRESHOLD, ra
     """Massive activations per layer: tables ``summary``, ``layers`` (top1..3, median, ratio, massive counts and the
     alignment with key 0 and the value reads), ``top`` (the ``top_k`` largest activations per site with window,
     position, token and dimension), ``dims`` (massive dimensions per site) and ``meta``."""
-    info = model.probe_info
     w = as_windows(data)
-    acc = MassiveAccumulator(info, abs_threshold=abs_threshold, ratio_threshold=ratio_threshold, top_k=top_k)
-    sites = {name: s for s, name in enumerate(acc.sites)}
-    last = len(acc.sites) - 1
-    state: dict = {}
-
-    def stream_hook(tensor, hook):
-        s = sites[hook.name]
-        state[s] = acc.add_stream(s, tensor, state["tokens"], state["batch"])
-        if s == last:
-            raise StopForward  # the last layer's output is measured: skip the final norm and the LM head
-        return None
-
-    def on_layer(l, got):
-        k, v = got["hook_k"], got["hook_v"]
-        B, T, Hkv = k.shape[:3]
-        found = state.pop(l)
-        ind = torch.zeros(B, T, Hkv, 3, dtype=torch.float32, device=k.device)
-        ind[:, 0, :, 0] = 1
-        ind[torch.arange(B), found["top_pos"].to(k.device), :, 1] = 1
-        ind[..., 2] = found["massive_pos"].to(k.device, torch.float32)[..., None]
-        _, mass, _ = row_masses(info, l, got, ind, backend)
-        acc.add_attention(l, mass, v.float().norm(dim=-1), found["top_pos"], found["massive_pos"])
-
-    collector = LayerCollector(model, lambda l: row_mass_hooks(info), on_layer, stop_early=False)
-    extra = [(lambda name: name in sites, stream_hook)]
-    mine = batches_of_rank(len(w))
-    bar = make_bar(len(mine), progress and is_main(), "massive activations")
-    for n in mine:
-        ids = w.inputs(n, model_device(model))
-        state.clear()
-        state.update(tokens=read_tokens_of(info, ids), batch=n)
-        collector.run(model, ids, extra_hooks=extra)
-        if last not in state:
-            raise RuntimeError(f"model {info.name!r} produced no {acc.sites[-1]} in its forward pass")
-        bar.update()
-    bar.close()
-    acc.merge()
-    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    meta = describe(model, w, "massive", abs_threshold=float(abs_threshold), ratio_threshold=float(ratio_threshold),
-                    top_k=top_k, sites="blocks.{l}.hook_resid_pre (layer l) + last hook_resid_post (layer L)",
-                    key0="learned sink token" if info.sink_token else "first input token")
-    return finish(acc.tables(tok), meta)
+    part = MassivePart(model.probe_info, abs_threshold=abs_threshold, ratio_threshold=ratio_threshold, top_k=top_k,
+                       backend=backend)
+    run_pass(model, [(w, [part])], progress=progress, desc="massive activations")
+    return part.result(model, w, tokenizer)
 
 
 # ------------------------------------------------------------------------------------------------------------ figure
 
 
-__all__ = ["massive_activations", "MassiveAccumulator", "site_names", "median_abs", "ABS_THRESHOLD",
+__all__ = ["massive_activations", "MassiveAccumulator", "MassivePart", "site_names", "median_abs", "ABS_THRESHOLD",
            "RATIO_THRESHOLD"]

@@ -22,6 +22,7 @@ import torch
 from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, model_device, row_mass_hooks,
                                     row_masses, sliding)
 from probe.analyses.parallel import batches_of_rank, first_present, gather_rows, rank_and_world, reduce_sums
+from probe.hooks import names
 
 SINK_FACTOR = 3.0  # pos0_share >= 3 x causal-uniform reference
 SINK_R0 = 0.8  # and r0 below this
@@ -169,17 +170,17 @@ def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
     info = model.probe_info
     w = as_windows(data)
     acc = SinkAccumulator(info)
-    wanted = ("hook_pattern", "hook_phantom", "hook_v", "hook_sink_logit")
+    wanted = ("pattern", "phantom", "v", "sink_logit")
     for n in batches_of_rank(len(w)):
         ids = w.inputs(n, model_device(model))
-        _, cache = model.run_with_cache(ids, names_filter=lambda name: name.endswith(wanted))
+        _, cache = model.run_with_cache(ids, names_filter=lambda name: names.is_attn(name, *wanted))
         for l in range(info.n_layers):
-            pattern = cache[f"blocks.{l}.attn.hook_pattern"].double()  # (B, H, T, T)
-            phantom = cache[f"blocks.{l}.attn.hook_phantom"].double()
+            pattern = cache[names.attn(l, "pattern")].double()  # (B, H, T, T)
+            phantom = cache[names.attn(l, "phantom")].double()
             real = pattern.sum(-1)
             acc.add(l, pattern[..., 0] / real.clamp_min(1e-300), phantom / (phantom + real),
-                    cache[f"blocks.{l}.attn.hook_v"].float().norm(dim=-1),
-                    cache[f"blocks.{l}.attn.hook_sink_logit"] if f"blocks.{l}.attn.hook_sink_logit" in cache else None)
+                    cache[names.attn(l, "v")].float().norm(dim=-1),
+                    cache[sink] if (sink := names.attn(l, "sink_logit")) in cache else None)
         del cache
     acc.merge()
     return finish(acc.tables(), _meta(model, w, "pattern"))

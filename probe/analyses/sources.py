@@ -18,6 +18,7 @@ import torch
 from probe.analyses.capture import (StopForward, as_windows, describe, finish, model_device, make_bar,
                                     run_until_done)
 from probe.analyses.parallel import batches_of_rank, is_main, reduce_sums
+from probe.hooks import names
 
 
 def source_category(label: str) -> str:
@@ -87,7 +88,7 @@ class SourceAccumulator:
         for i, (site, labels) in enumerate(self.sites.items()):
             n = self.n[site]
             if n == 0:
-                raise RuntimeError(f"no depth weights were captured at {site}.hook_depth_weights")
+                raise RuntimeError(f"no depth weights were captured at {names.depth_weights(site)}")
             mean_alpha = self.alpha[site] / n
             mean_neff = self.neff[site] / n
             row = {"site_index": i, "site": site, "n_sources": len(labels), "neff_mean": mean_neff,
@@ -126,7 +127,7 @@ def effective_sources(model, data, *, progress: bool = False) -> dict[str, pd.Da
     sites = depth_sites(info)
     w = as_windows(data)
     acc = SourceAccumulator(sites)
-    hook_names = {f"{s}.hook_depth_weights": s for s in sites}
+    hook_names = {names.depth_weights(s): s for s in sites}
 
     seen = set()
 

@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from probe.hooks.names import layer_of
+
 GATES: dict[str, type["ValueGate"]] = {}
 
 
@@ -51,6 +53,10 @@ class ValueGate(nn.Module):
     def log_gate(self, v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """log g (B,T,Hkv), for routing-slot gates."""
         raise NotImplementedError(f"{type(self).__name__} is a value-slot gate")
+
+    def direction(self) -> torch.Tensor | None:
+        """The gate's own read direction w_h (Hkv, dv) when g is a function of w_h·v_j, else None."""
+        return None
 
 
 @register_gate("norm")
@@ -94,6 +100,9 @@ class ProjGate(ValueGate):
     def forward(self, v, x):
         return torch.sigmoid((v.float() * self.w.float()).sum(-1) + self.b.float())  # B,T,Hkv
 
+    def direction(self):
+        return self.w
+
 
 @register_gate("silu")
 class SiluGate(ValueGate):
@@ -135,6 +144,12 @@ class GLUGate(ValueGate):
 
     def forward(self, v, x):
         return F.silu(self.proj(x).float()).view(v.shape)
+
+
+def gate_directions(model) -> dict[int, torch.Tensor | None]:
+    """Per layer with a value gate, the gate's ``direction()`` (Hkv, dv) or None, found in the module tree."""
+    return {layer_of(path): module.direction() for path, module in model.named_modules()
+            if isinstance(module, ValueGate)}
 
 
 def make_gate(config) -> ValueGate | None:

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
+from probe.hooks.names import read_site
 from probe.kernels import depth_attention
 from probe.kernels.depth_attention.reference import rms_normalize
 from probe.kernels.dispatch import depth_backend
@@ -144,12 +145,12 @@ class DepthRead(nn.Module):
 
 def site_names(config: ProbeConfig) -> list[str]:
     """Hook prefixes of the 2L read sites that have a query, in order (site 1 is the identity)."""
-    names = []
+    sites = []
     for l in range(config.n_layers):
         if l > 0:
-            names.append(f"blocks.{l}.attn_read")
-        names.append(f"blocks.{l}.mlp_read")
-    return names + ["final_read"]
+            sites.append(read_site(l, "attn"))
+        sites.append(read_site(l, "mlp"))
+    return sites + [read_site(None)]
 
 
 def site_sources(config: ProbeConfig) -> dict[str, list[str]]:

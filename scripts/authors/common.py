@@ -66,6 +66,31 @@ def keep_fp64_through_float():
         torch.Tensor.float = original
 
 
+@contextlib.contextmanager
+def keep_fp64_through_fp32_casts():
+    """While active, ``Tensor.to(torch.float32)`` of an fp64 tensor and ``F.softmax(x, dtype=torch.float32)`` of an
+    fp64 x stay fp64 (HF-style code upcasts bf16 to fp32 that way; in an fp64 run it would truncate)."""
+    to, softmax = torch.Tensor.to, torch.nn.functional.softmax
+
+    def to_keeping_fp64(self, *args, **kwargs):
+        target = kwargs.get("dtype", args[0] if args and isinstance(args[0], torch.dtype) else None)
+        if self.dtype == torch.float64 and target == torch.float32 and len(args) <= 1 and set(kwargs) <= {"dtype"}:
+            return self
+        return to(self, *args, **kwargs)
+
+    def softmax_keeping_fp64(x, *args, dtype=None, **kwargs):
+        return softmax(x, *args, dtype=None if x.dtype == torch.float64 else dtype, **kwargs)
+
+    torch.Tensor.to, torch.nn.functional.softmax = to_keeping_fp64, softmax_keeping_fp64
+    try:
+        yield
+    finally:
+        torch.Tensor.to, torch.nn.functional.softmax = to, softmax
+
+
+KEEP_FP64_CASTS_PATCH = ("Tensor.to(torch.float32) of an fp64 tensor and F.softmax(x, dtype=torch.float32) of an "
+                         "fp64 x stay fp64 during the fp64 run (their upcasts for bf16 would truncate fp64 to fp32); "
+                         "the fp32 run is unpatched")
 KEEP_FP64_PATCH = ("torch.Tensor.float returns fp64 tensors unchanged during the fp64 run (the authors upcast with "
                    ".float(), which would truncate fp64 to fp32); the fp32 run is unpatched")
 

@@ -240,3 +240,55 @@ def test_a_wrong_gpt_oss_mapping_moves_the_output():
     ours, _, theirs = gpt_oss_attention(torch.float64, swap_heads=True)
     assert (ours["block/sink_share"] - theirs["block/sink_share"]).abs().max() > 1e-2
     assert (ours["block/out"] - theirs["block/out"]).abs().max() > 1e-3
+
+
+# ---- ResFormer (Zcchill/Value-Residual-Learning modeling_llama_resformer.py): V_n <- 0.5 V_1 + 0.5 V_n ------------
+def value_residual_model(dtype, layer_order=None):
+    meta, w, inputs, outputs = load_fixture("value-residual")
+    s = meta["settings"]
+    config = ProbeConfig(vocab_size=s["vocab_size"], n_layers=s["num_hidden_layers"], d_model=s["hidden_size"],
+                         n_heads=s["num_attention_heads"], n_kv_heads=s["num_key_value_heads"],
+                         d_mlp=s["intermediate_size"], n_ctx=s["max_position_embeddings"], norm_eps=s["rms_norm_eps"],
+                         rope_theta=s["rope_theta"], tie_embeddings=False, value_residual="lambda")
+    mapped = {"embed.weight": w["model.embed_tokens.weight"], "ln_f.weight": w["model.norm.weight"],
+              "lm_head.weight": w["lm_head.weight"]}
+    for l, src in enumerate(layer_order or range(config.n_layers)):
+        p, a = f"blocks.{l}.", f"model.layers.{src}."
+        for x in "qkvo":
+            mapped[p + f"attn.{x}_proj.weight"] = w[a + f"self_attn.{x}_proj.weight"]
+        for x in ("gate", "up", "down"):
+            mapped[p + f"mlp.{x}.weight"] = w[a + f"mlp.{x}_proj.weight"]
+        mapped[p + "ln1.weight"] = w[a + "input_layernorm.weight"]
+        mapped[p + "ln2.weight"] = w[a + "post_attention_layernorm.weight"]
+        if l:
+            mapped[p + "attn.v_mix"] = torch.full((1,), 0.5, dtype=torch.float64)  # their constant 0.5
+    model = ProbeForCausalLM(config, backend="reference").to(dtype).eval()
+    model.load_state_dict(mapped, strict=True)
+    return model, inputs["input_ids"], outputs
+
+
+def probe_value_residual_outputs(model, ids) -> dict:
+    L = model.config.n_layers
+    names = {f"resid_post.{l}": f"blocks.{l}.hook_resid_post" for l in range(L - 1)}
+    names.update({f"pattern.{l}": f"blocks.{l}.attn.hook_pattern" for l in range(L)})
+    with torch.no_grad():
+        out, cache = model.run_with_cache(ids, names_filter=lambda n: n in names.values())
+    return {"logits": out.logits, **{k: cache[n] for k, n in names.items()}}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_value_residual_matches_resformer(dtype):
+    model, ids, theirs = value_residual_model(dtype)
+    diffs = max_differences(probe_value_residual_outputs(model, ids), theirs,
+                            prefix="" if dtype == torch.float64 else "fp32/")
+    assert max(diffs.values()) <= (FP64_TOL if dtype == torch.float64 else FP32_TOL), diffs
+
+
+def test_a_wrong_value_residual_mapping_moves_the_logits():
+    model, ids, theirs = value_residual_model(torch.float64, layer_order=[1, 0, 2])
+    assert (probe_value_residual_outputs(model, ids)["logits"] - theirs["logits"]).abs().max() > 0.1
+    model, ids, theirs = value_residual_model(torch.float64)
+    with torch.no_grad():
+        for blk in model.blocks[1:]:
+            blk.attn.v_mix.zero_()  # no value residual: a plain Llama on the same weights
+    assert (probe_value_residual_outputs(model, ids)["logits"] - theirs["logits"]).abs().max() > 1e-2

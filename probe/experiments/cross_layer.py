@@ -29,6 +29,7 @@ from probe.analyses.capture import StopForward, as_windows, model_device, run_un
 from probe.checkpoints.load import load
 from probe.experiments.paired import Data, TrainSpec, overrides, threads, train_grid, work_dir
 from probe.experiments.result import Result, Timer, config_dict
+from probe.hooks import names as hook_names
 from probe.models import create
 
 VARIANTS = ("baseline", "value-residual", "value-residual-2w", "denseformer", "mudd")
@@ -99,11 +100,11 @@ def mudd_dynamic(model, eval_batches) -> pd.DataFrame:
     sums, count = {}, 0
 
     def hook(t, hook):
-        l = int(hook.name.split(".")[1])
+        l = hook_names.layer_of(hook.name)
         sums[l] = sums.get(l, 0) + t.double().sum((0, 1)).cpu()
         return None
 
-    names = [f"blocks.{l}.dense.hook_weights" for l in range(L)]
+    names = [hook_names.dense(l) for l in range(L)]
     for n in range(len(w)):
         ids = w.inputs(n, model_device(model))
         model.run_with_hooks(ids, fwd_hooks=[(x, hook) for x in names])
@@ -124,7 +125,7 @@ def adjacent_cosine(model, data) -> pd.DataFrame:
     Works on any model that exposes the hook (probe models and the HF adapters). Rows: layer pair (l, l+1)."""
     w = as_windows(data)
     L = model.probe_info.n_layers
-    names = {f"blocks.{l}.hook_resid_pre": l for l in range(L)}
+    names = {hook_names.resid(l, "pre"): l for l in range(L)}
     sums, sq, count = torch.zeros(L - 1, dtype=torch.float64), torch.zeros(L - 1, dtype=torch.float64), 0
     prev = {}
 

@@ -38,6 +38,7 @@ from probe.analyses.capture import window_losses
 from probe.analyses.stats import document_bootstrap, paired_differences, perplexity_summary
 from probe.experiments.paired import Data, TrainSpec, overrides, threads, train_grid, work_dir
 from probe.experiments.result import Result, Timer, config_dict
+from probe.hooks import names as hook_names
 from probe.models import create
 
 CONTROLS = ("affine-match", "mm-silu")
@@ -61,13 +62,13 @@ def value_moments(model, windows: torch.Tensor, batch: int = 16) -> pd.DataFrame
     acc = torch.zeros(L, 5, dtype=torch.float64)  # n, Σv, Σv², Σφ, Σφ²
 
     def hook(v, hook):
-        l = int(hook.name.split(".")[1])
+        l = hook_names.layer_of(hook.name)
         vd, phi = v.double(), F.silu(v.double())
         acc[l] += torch.stack([torch.tensor(float(v.numel()), dtype=torch.float64), vd.sum(), (vd ** 2).sum(),
                                phi.sum(), (phi ** 2).sum()])
         return None
 
-    names = [f"blocks.{l}.attn.hook_v" for l in range(L)]
+    names = [hook_names.attn(l, "v") for l in range(L)]
     for start in range(0, len(windows), batch):
         model.run_with_hooks(windows[start:start + batch], fwd_hooks=[(n, hook) for n in names])
     n = acc[:, 0]
@@ -100,7 +101,7 @@ def attach_value_affine(model, coefficients: list[tuple[float, float]]):
     for l, (a, b) in enumerate(coefficients):
         def hook(v, hook, a=float(a), b=float(b)):
             return v * a + b
-        model.add_perma_hook(f"blocks.{l}.attn.hook_v_out", hook)
+        model.add_perma_hook(hook_names.attn(l, "v_out"), hook)
     model.probe_value_affine = [tuple(map(float, c)) for c in coefficients]
     return model
 

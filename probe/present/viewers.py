@@ -29,6 +29,7 @@ from plotly.subplots import make_subplots
 from probe.analyses.capture import model_device, token_text
 from probe.analyses.gates import read_tokens_of
 from probe.analyses.sources import depth_sites
+from probe.hooks import names as hook_names
 from probe.present.page import plotly_script
 
 WINDOW = 64
@@ -100,11 +101,11 @@ def capture_attention(model, text_or_ids, layer: int, *, tokenizer=None, max_tok
     if not 0 <= layer < info.n_layers:
         raise ValueError(f"layer={layer}: model {info.name!r} has layers 0..{info.n_layers - 1}")
     ids, toks, note = prepare(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens)
-    names = {f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_phantom"}
+    names = {hook_names.attn(layer, "pattern"), hook_names.attn(layer, "phantom")}
     with torch.no_grad():
         _, cache = model.run_with_cache(ids, names_filter=lambda n: n in names)
-    pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0].float().cpu().numpy()
-    phantom = cache[f"blocks.{layer}.attn.hook_phantom"][0].float().cpu().numpy()
+    pattern = cache[hook_names.attn(layer, "pattern")][0].float().cpu().numpy()
+    phantom = cache[hook_names.attn(layer, "phantom")][0].float().cpu().numpy()
     return {"pattern": pattern, "phantom": phantom if info.has_phantom else None, "tokens": toks, "note": note,
             "layer": layer, "model": info.name}
 
@@ -225,10 +226,10 @@ def capture_depth(model, text_or_ids, *, sites=None, tokenizer=None, max_tokens:
     if unknown:
         raise ValueError(f"unknown read sites {unknown}; the model's sites are {list(all_sites)}")
     ids, toks, note = prepare(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens)
-    names = {f"{s}.hook_depth_weights": s for s in sites}
+    names = {hook_names.depth_weights(s): s for s in sites}
     with torch.no_grad():
         _, cache = model.run_with_cache(ids, names_filter=lambda n: n in names)
-    weights = {s: cache[f"{s}.hook_depth_weights"][0].float().cpu().numpy() for s in sites}
+    weights = {s: cache[hook_names.depth_weights(s)][0].float().cpu().numpy() for s in sites}
     return {"weights": weights, "sources": {s: all_sites[s] for s in sites}, "tokens": toks, "note": note,
             "model": info.name}
 
@@ -264,7 +265,7 @@ def capture_gates(model, text_or_ids, *, layers=None, tokenizer=None, max_tokens
                          "hook_v_gate")
     layers = list(range(info.n_layers)) if layers is None else [int(l) for l in layers]
     ids, toks, note = prepare(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens)
-    names = {f"blocks.{l}.attn.hook_v_gate": l for l in layers}
+    names = {hook_names.attn(l, "v_gate"): l for l in layers}
     with torch.no_grad():
         _, cache = model.run_with_cache(ids, names_filter=lambda n: n in names)
     gates = {}
@@ -357,10 +358,9 @@ def capture_all_attention(model, text_or_ids, *, tokenizer=None, max_tokens: int
     info = model.probe_info
     ids, toks, note = prepare(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens)
     with torch.no_grad():
-        _, cache = model.run_with_cache(ids, names_filter=lambda n: n.endswith(("attn.hook_pattern",
-                                                                                 "attn.hook_phantom")))
-    patterns = [cache[f"blocks.{l}.attn.hook_pattern"][0].float().cpu().numpy() for l in range(info.n_layers)]
-    phantoms = [cache[f"blocks.{l}.attn.hook_phantom"][0].float().cpu().numpy() if info.has_phantom else None
+        _, cache = model.run_with_cache(ids, names_filter=lambda n: hook_names.is_attn(n, "pattern", "phantom"))
+    patterns = [cache[hook_names.attn(l, "pattern")][0].float().cpu().numpy() for l in range(info.n_layers)]
+    phantoms = [cache[hook_names.attn(l, "phantom")][0].float().cpu().numpy() if info.has_phantom else None
                 for l in range(info.n_layers)]
     return {"patterns": patterns, "phantoms": phantoms, "tokens": toks, "note": note, "model": info.name}
 

@@ -305,7 +305,7 @@ class MassivePart(Part):
         acc.merge()
         tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         meta = describe(model, w, "massive", abs_threshold=acc.abs_thr, ratio_threshold=acc.ratio_thr,
-                        top_k=acc.top_k, sites="blocks.{l}.hook_resid_pre (layer l) + last hook_resid_post (layer L)",
+                        top_k=acc.top_k, sites=f"{names.RESID_PRE} (layer l) + last hook_resid_post (layer L)",
                         key0="learned sink token" if self.info.sink_token else "first input token")
         return finish(acc.tables(tok), meta)
 

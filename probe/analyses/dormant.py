@@ -35,9 +35,9 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.analyses.capture import (LayerCollector, as_windows, default_windows, describe, finish, make_bar,
-                                    model_device, row_mass_hooks, row_masses, sliding)
-from probe.analyses.parallel import batches_of_rank, gather, is_main
+from probe.analyses.capture import as_windows, default_windows, describe, finish, row_mass_hooks, sliding
+from probe.analyses.parallel import gather
+from probe.analyses.passes import Part, run_pass
 
 THRESHOLD = 0.5
 NORM_RATIO = 0.5
@@ -61,6 +61,7 @@ class DormantAccumulator:
             raise ValueError(f"norm_ratio={norm_ratio} must be positive")
         self.info, self.threshold, self.norm_ratio = info, float(threshold), float(norm_ratio)
         self.rows: list[dict] = []
+        self.domain_order: list[str] = []  # the tables' domain order; domains not listed follow in order of arrival
 
     def add(self, layer: int, key0: torch.Tensor, phantom: torch.Tensor, z: torch.Tensor, *, domain: str = "",
             batch: int = 0, doc_ids=None) -> None:
@@ -88,15 +89,17 @@ class DormantAccumulator:
         info = self.info
         inputs = pd.DataFrame(self.rows)
         inputs.insert(5, "kv_head", inputs["head"] // info.kv_group)
+        # domains in the order given (a pass may feed them in another order); sorted before any sum, so the per-head
+        # means below add the same rows in the same order however the batches were run
+        order = {d: i for i, d in enumerate(dict.fromkeys([*self.domain_order, *inputs["domain"]]))}
+        inputs = (inputs.assign(_d=inputs["domain"].map(order))
+                  .sort_values(["_d", "batch", "row", "layer", "head"], kind="stable")
+                  .drop(columns="_d").reset_index(drop=True))
         head_mean = inputs.groupby(["layer", "head"])["z_norm"].transform("mean")
         inputs["z_ratio"] = inputs["z_norm"] / head_mean.where(head_mean > 0)
         inputs["dormant"] = inputs["key0_mass"] > self.threshold
         inputs["dormant_norm"] = inputs["z_ratio"] < self.norm_ratio
         inputs["dormant_phantom"] = (inputs["key0_mass"] + inputs["phantom_share"]) > self.threshold
-        order = {d: i for i, d in enumerate(dict.fromkeys(inputs["domain"]))}  # domains in the order given
-        inputs = (inputs.assign(_d=inputs["domain"].map(order))
-                  .sort_values(["_d", "batch", "row", "layer", "head"], kind="stable")
-                  .drop(columns="_d").reset_index(drop=True))
 
         def state_mean(g, col, dormant):
             sel = g[g["dormant"] == dormant][col]
@@ -149,40 +152,49 @@ def _as_domains(data) -> dict:
     return {str(w.meta.get("corpus", "data")): w}
 
 
-@torch.no_grad()
-def dormant_heads(model, data, *, threshold: float = THRESHOLD, norm_ratio: float = NORM_RATIO,
-                  backend: str | None = None, progress: bool = False) -> dict[str, pd.DataFrame]:
-    """Active/dormant state of every head on every input window. ``data``: windows (EvalBatches or token tensor), or
-    {domain name: windows} to compare domains. Tables: ``summary`` (one row per domain, and 'all'), ``domains`` (per
-    domain and layer), ``heads`` (dormant rate and output norms per state), ``switching`` (dormant rate per domain and
-    its spread, most domain-dependent heads first), ``inputs`` (one row per window and head) and ``meta``."""
-    info = model.probe_info
+class DormantPart(Part):
+    """Dormant heads on one input domain as a part of a shared pass (probe.analyses.passes): q, k (the sink logit, a
+    routing-slot gate) and z per layer; per-row masses on key 0 with the phantom in the normaliser. The parts of
+    several domains share one accumulator (:func:`dormant_parts`)."""
+
+    def __init__(self, acc: DormantAccumulator, domain: str, backend: str | None = None):
+        self.acc, self.domain, self.backend = acc, domain, backend
+        self.hooks = (set(row_mass_hooks(acc.info)) - {"hook_v"}) | {"hook_z"}
+        self.batch, self.docs = 0, None
+
+    def needs(self, layer: int) -> set[str]:
+        return self.hooks
+
+    def start(self, windows, batch, ids) -> None:
+        self.batch = batch
+        self.docs = windows.doc_ids[batch].tolist() if windows.doc_ids is not None else None
+
+    def on_layer(self, layer, got, masses) -> None:
+        def key0_only(g):  # (B, T, Hkv, 1)
+            ind = torch.ones(*g["hook_k"].shape[:3], 1, dtype=torch.float32, device=g["hook_k"].device)
+            ind[:, 1:] = 0
+            return ind
+
+        _, mass, phantom = masses("key0", key0_only, self.backend)
+        self.acc.add(layer, mass[..., 0], phantom, got["hook_z"], domain=self.domain, batch=self.batch,
+                     doc_ids=self.docs)
+
+
+def dormant_parts(info, data, *, threshold: float = THRESHOLD, norm_ratio: float = NORM_RATIO,
+                  backend: str | None = None) -> tuple[DormantAccumulator, dict, dict[str, DormantPart]]:
+    """The accumulator, the domains ({name: Windows}) and one part per domain of a dormant-heads run on ``data``."""
     domains = _as_domains(data)
     acc = DormantAccumulator(info, threshold, norm_ratio)
-    needs = [h for h in row_mass_hooks(info) if h != "hook_v"] + ["hook_z"]
-    state: dict = {}
+    acc.domain_order = list(domains)
+    return acc, domains, {name: DormantPart(acc, name, backend) for name in domains}
 
-    def on_layer(l, got):
-        k = got["hook_k"]
-        B, T, Hkv = k.shape[:3]
-        ind = torch.ones(B, T, Hkv, 1, dtype=torch.float32, device=k.device)
-        ind[:, 1:] = 0  # key 0 only
-        _, mass, phantom = row_masses(info, l, got, ind, backend)
-        acc.add(l, mass[..., 0], phantom, got["hook_z"], domain=state["domain"], batch=state["batch"],
-                doc_ids=state["docs"])
 
-    collector = LayerCollector(model, lambda l: needs, on_layer, stop_early=True)
-    mine = {name: batches_of_rank(len(w)) for name, w in domains.items()}
-    bar = make_bar(sum(map(len, mine.values())), progress and is_main(), "dormant heads")
-    for name, w in domains.items():
-        for n in mine[name]:
-            state.update(domain=name, batch=n, docs=w.doc_ids[n].tolist() if w.doc_ids is not None else None)
-            collector.run(model, w.inputs(n, model_device(model)))
-            bar.update()
-    bar.close()
+def dormant_result(model, acc: DormantAccumulator, domains: dict) -> dict[str, pd.DataFrame]:
+    """Merge the ranks and return the tables (every rank calls this once, after the passes)."""
+    info = model.probe_info
     acc.merge()
     first = next(iter(domains.values()))
-    meta = describe(model, first, "dormant", threshold=float(threshold), norm_ratio=float(norm_ratio),
+    meta = describe(model, first, "dormant", threshold=acc.threshold, norm_ratio=acc.norm_ratio,
                     criterion="key0_mass > threshold (rows t >= 1); also z_ratio < norm_ratio",
                     key0="learned sink token" if info.sink_token else "first input token")
     if len(domains) > 1:  # the corpus identity of every domain
@@ -193,8 +205,22 @@ def dormant_heads(model, data, *, threshold: float = THRESHOLD, norm_ratio: floa
     return finish(acc.tables(), meta)
 
 
+@torch.no_grad()
+def dormant_heads(model, data, *, threshold: float = THRESHOLD, norm_ratio: float = NORM_RATIO,
+                  backend: str | None = None, progress: bool = False) -> dict[str, pd.DataFrame]:
+    """Active/dormant state of every head on every input window. ``data``: windows (EvalBatches or token tensor), or
+    {domain name: windows} to compare domains. Tables: ``summary`` (one row per domain, and 'all'), ``domains`` (per
+    domain and layer), ``heads`` (dormant rate and output norms per state), ``switching`` (dormant rate per domain and
+    its spread, most domain-dependent heads first), ``inputs`` (one row per window and head) and ``meta``."""
+    acc, domains, parts = dormant_parts(model.probe_info, data, threshold=threshold, norm_ratio=norm_ratio,
+                                        backend=backend)
+    run_pass(model, [(domains[name], [part]) for name, part in parts.items()], progress=progress,
+             desc="dormant heads")
+    return dormant_result(model, acc, domains)
+
+
 # ------------------------------------------------------------------------------------------------------------ figures
 
 
-__all__ = ["dormant_heads", "DormantAccumulator", "domain_windows",
+__all__ = ["dormant_heads", "DormantAccumulator", "DormantPart", "dormant_parts", "dormant_result", "domain_windows",
            "THRESHOLD", "NORM_RATIO", "DOMAINS"]

@@ -29,8 +29,9 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.analyses.capture import LayerCollector, as_windows, describe, finish, row_mass_hooks, row_masses, sliding
+from probe.analyses.capture import as_windows, describe, finish, row_mass_hooks, sliding
 from probe.analyses.parallel import gather_rows, rank_and_world, reduce_sums
+from probe.analyses.passes import Part, key0_and_real, run_pass
 from probe.analyses.stats import jackknife_se
 
 DEFAULT_EPS = (0.3,)
@@ -165,6 +166,45 @@ class SinkEpsAccumulator:
         return {"summary": pd.DataFrame(summary), "layers": layers, "heads": heads}
 
 
+class SinkEpsPart(Part):
+    """Sink^ε as a part of a shared pass (probe.analyses.passes): q, k (the sink logit, a routing-slot gate) per
+    layer; per-row masses on [key 0, every real key] with the phantom in the normaliser, shared with sink statistics."""
+
+    def __init__(self, info, eps=DEFAULT_EPS, include_query0: bool = False, window_rows: str = "all",
+                 backend: str | None = None):
+        self.info, self.backend = info, backend
+        self.acc = SinkEpsAccumulator(info, eps, include_query0, window_rows)
+        self.hooks = set(row_mass_hooks(info)) - {"hook_v"}
+
+    def needs(self, layer: int) -> set[str]:
+        return self.hooks
+
+    def on_layer(self, layer, got, masses) -> None:
+        _, mass, phantom = masses("key0+real", lambda g: key0_and_real(g["hook_k"]), self.backend)
+        self.acc.add(layer, mass[..., 0], mass[..., 1], phantom)
+
+    def result(self, model, w, method: str = "streaming") -> dict[str, pd.DataFrame]:
+        """Merge the ranks and return the tables (every rank calls this once, after the pass)."""
+        acc = self.acc
+        acc.merge()
+        meta = describe(model, w, "sink_heads", method=method, eps=",".join(f"{e:g}" for e in acc.eps),
+                        key0=key0_label(self.info), rows="t>=0" if acc.q0 else "t>=1", window_rows=acc.window_rows,
+                        **({"backend": self.backend} if method == "streaming" else {}))
+        return finish(acc.tables(), meta)
+
+
+class _PatternPart(SinkEpsPart):
+    """The reference: key-0 and real masses read off hook_pattern / hook_phantom (materialised, one layer at a time)."""
+
+    def __init__(self, info, eps, include_query0, window_rows):
+        super().__init__(info, eps, include_query0, window_rows)
+        self.hooks = {"hook_pattern", "hook_phantom"}
+
+    def on_layer(self, layer, got, masses) -> None:
+        pattern = got["hook_pattern"]
+        self.acc.add(layer, pattern[..., 0], pattern.sum(-1, dtype=torch.float64), got["hook_phantom"])
+
+
 @torch.no_grad()
 def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, window_rows: str = "all",
                method: str = "streaming", backend: str | None = None, progress: bool = False) -> dict[str, pd.DataFrame]:
@@ -177,37 +217,14 @@ def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, wi
         raise ValueError(f"method={method!r}: choose 'streaming' or 'pattern'")
     info = model.probe_info
     w = as_windows(data)
-    acc = SinkEpsAccumulator(info, eps, include_query0, window_rows)
-
-    if method == "streaming":
-        needs = [h for h in row_mass_hooks(info) if h != "hook_v"]
-
-        def on_layer(l, got):
-            k = got["hook_k"]
-            B, T, Hkv = k.shape[:3]
-            ind = torch.zeros(B, T, Hkv, 2, dtype=torch.float32, device=k.device)  # [key 0, every real key]
-            ind[:, 0, :, 0] = 1
-            ind[..., 1] = 1
-            _, mass, phantom = row_masses(info, l, got, ind, backend)
-            acc.add(l, mass[..., 0], mass[..., 1], phantom)
-    else:
-        needs = ["hook_pattern", "hook_phantom"]
-
-        def on_layer(l, got):
-            pattern = got["hook_pattern"]
-            acc.add(l, pattern[..., 0], pattern.sum(-1, dtype=torch.float64), got["hook_phantom"])
-
-    collector = LayerCollector(model, lambda l: needs, on_layer, stop_early=True)
-    collector.run_batches(model, w, progress, "sink heads (Sink^ε)")
-    acc.merge()
-    meta = describe(model, w, "sink_heads", method=method, eps=",".join(f"{e:g}" for e in acc.eps),
-                    key0=key0_label(info), rows="t>=0" if include_query0 else "t>=1", window_rows=window_rows,
-                    **({"backend": backend} if method == "streaming" else {}))
-    return finish(acc.tables(), meta)
+    part = (SinkEpsPart(info, eps, include_query0, window_rows, backend) if method == "streaming"
+            else _PatternPart(info, eps, include_query0, window_rows))
+    run_pass(model, [(w, [part])], progress=progress, desc="sink heads (Sink^ε)")
+    return part.result(model, w, method)
 
 
 # ------------------------------------------------------------------------------------------------------------ figures
 
 
-__all__ = ["sink_heads", "SinkEpsAccumulator",
+__all__ = ["sink_heads", "SinkEpsAccumulator", "SinkEpsPart",
            "DEFAULT_EPS", "key0_label"]

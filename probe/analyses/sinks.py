@@ -19,9 +19,9 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, model_device, row_mass_hooks,
-                                    row_masses, sliding)
+from probe.analyses.capture import as_windows, describe, finish, model_device, row_mass_hooks, sliding
 from probe.analyses.parallel import batches_of_rank, first_present, gather_rows, rank_and_world, reduce_sums
+from probe.analyses.passes import Part, key0_and_real, run_pass
 from probe.hooks import names
 
 SINK_FACTOR = 3.0  # pos0_share >= 3 x causal-uniform reference
@@ -137,6 +137,29 @@ def _meta(model, w, kind, **settings):
     return describe(model, w, "sinks", method=kind, sink_factor=SINK_FACTOR, sink_r0=SINK_R0, **settings)
 
 
+class SinkPart(Part):
+    """Sink statistics as a part of a shared pass (probe.analyses.passes): q, k, v (the sink logit, a routing-slot
+    gate) per layer; per-row masses on [key 0, every real key] with the phantom in the normaliser."""
+
+    def __init__(self, info, backend: str | None = None):
+        self.info, self.backend = info, backend
+        self.acc = SinkAccumulator(info)
+        self.hooks = set(row_mass_hooks(info))
+
+    def needs(self, layer: int) -> set[str]:
+        return self.hooks
+
+    def on_layer(self, layer, got, masses) -> None:
+        _, mass, phantom = masses("key0+real", lambda g: key0_and_real(g["hook_k"]), self.backend)
+        pos0 = mass[..., 0] / mass[..., 1].clamp_min(1e-30)
+        self.acc.add(layer, pos0, phantom, got["hook_v"].float().norm(dim=-1), got.get("hook_sink_logit"))
+
+    def result(self, model, w) -> dict[str, pd.DataFrame]:
+        """Merge the ranks and return the tables (every rank calls this once, after the pass)."""
+        self.acc.merge()
+        return finish(self.acc.tables(), _meta(model, w, "streaming", backend=self.backend))
+
+
 @torch.no_grad()
 def sink_stats(model, data, *, backend: str | None = None, progress: bool = False) -> dict[str, pd.DataFrame]:
     """Streaming sink statistics: tables ``summary``, ``by_type``, ``layers``, ``heads``, ``batches`` (per batch and
@@ -144,24 +167,10 @@ def sink_stats(model, data, *, backend: str | None = None, progress: bool = Fals
 
     Hooks q, k, v (and the sink logit where the model has a phantom) one layer at a time; per-row masses on key 0 and
     on all real keys come from ``attention_row_masses`` with the phantom in the normaliser."""
-    info = model.probe_info
     w = as_windows(data)
-    acc = SinkAccumulator(info)
-
-    def on_layer(l, got):
-        k, v = got["hook_k"], got["hook_v"]
-        B, T, Hkv = k.shape[:3]
-        ind = torch.zeros(B, T, Hkv, 2, dtype=torch.float32, device=k.device)  # [key 0, every real key]
-        ind[:, 0, :, 0] = 1
-        ind[..., 1] = 1
-        _, mass, phantom = row_masses(info, l, got, ind, backend)
-        pos0 = mass[..., 0] / mass[..., 1].clamp_min(1e-30)
-        acc.add(l, pos0, phantom, v.float().norm(dim=-1), got.get("hook_sink_logit"))
-
-    collector = LayerCollector(model, lambda l: row_mass_hooks(info), on_layer, stop_early=True)
-    collector.run_batches(model, w, progress, "sink statistics")
-    acc.merge()
-    return finish(acc.tables(), _meta(model, w, "streaming", backend=backend))
+    part = SinkPart(model.probe_info, backend)
+    run_pass(model, [(w, [part])], progress=progress, desc="sink statistics")
+    return part.result(model, w)
 
 
 @torch.no_grad()
@@ -186,4 +195,4 @@ def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
     return finish(acc.tables(), _meta(model, w, "pattern"))
 
 
-__all__ = ["sink_stats", "sink_stats_reference", "SinkAccumulator", "SINK_FACTOR", "SINK_R0"]
+__all__ = ["sink_stats", "sink_stats_reference", "SinkAccumulator", "SinkPart", "SINK_FACTOR", "SINK_R0"]

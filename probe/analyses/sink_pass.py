@@ -1,0 +1,66 @@
+"""Sink statistics, Sink^ε, and on request massive activations and dormant heads, from one forward per batch.
+
+What ``probe sinks`` and ``probe report`` compute for a model: the analyses of probe.analyses.sinks, sink_heads,
+massive and dormant run as parts of one pass (probe.analyses.passes), so the model runs once per evaluation batch
+instead of once per analysis, and sink statistics and Sink^ε share each layer's row masses. Each result equals what the
+analysis's own function returns on the same windows.
+
+Dormant heads compare input domains. A domain whose windows are the evaluation windows themselves (same tokens, same
+documents; e.g. ``--dormant`` with the default corpus among its domains) is read in the same pass; every other domain
+costs one forward per batch of its own windows.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from probe.analyses.capture import Windows, as_windows
+from probe.analyses.dormant import dormant_parts, dormant_result
+from probe.analyses.massive import MassivePart
+from probe.analyses.passes import run_pass
+from probe.analyses.sink_heads import DEFAULT_EPS, SinkEpsPart
+from probe.analyses.sinks import SinkPart
+
+
+def same_windows(a: Windows, b: Windows) -> bool:
+    """True when two window sets feed the model the same tokens from the same documents."""
+    def docs(w):
+        return None if w.doc_ids is None else w.doc_ids.cpu()
+
+    same_docs = (docs(a) is None and docs(b) is None) or (
+        docs(a) is not None and docs(b) is not None and torch.equal(docs(a), docs(b)))
+    return a.tokens.shape == b.tokens.shape and same_docs and torch.equal(a.tokens.cpu(), b.tokens.cpu())
+
+
+@torch.no_grad()
+def sink_analyses(model, data, *, eps=DEFAULT_EPS, massive: bool = False, dormant=None, tokenizer=None,
+                  backend: str | None = None, progress: bool = False) -> dict[str, dict[str, pd.DataFrame]]:
+    """``{"sinks": sink_stats(...), "sink_eps": sink_heads(..., eps=eps)}``, plus ``"massive"``
+    (massive_activations) when ``massive`` and ``"dormant"`` (dormant_heads on the domains ``dormant``: windows or
+    {domain: windows}) when given, all from one forward per batch of ``data`` (and of each other dormant domain)."""
+    info = model.probe_info
+    w = as_windows(data)
+    sinks, heads = SinkPart(info, backend), SinkEpsPart(info, eps, backend=backend)
+    parts = [sinks, heads]
+    mas = MassivePart(info, backend=backend) if massive else None
+    if mas is not None:
+        parts.append(mas)
+    jobs = [(w, parts)]
+    if dormant is not None:
+        dor_acc, domains, dor_parts = dormant_parts(info, dormant, backend=backend)
+        for name, part in dor_parts.items():
+            if same_windows(domains[name], w):
+                parts.append(part)
+            else:
+                jobs.append((domains[name], [part]))
+    run_pass(model, jobs, progress=progress, desc="sinks")
+    # every rank merges in the same order (the merges are collective under torchrun)
+    out = {"sinks": sinks.result(model, w), "sink_eps": heads.result(model, w)}
+    if mas is not None:
+        out["massive"] = mas.result(model, w, tokenizer)
+    if dormant is not None:
+        out["dormant"] = dormant_result(model, dor_acc, domains)
+    return out
+
+
+__all__ = ["sink_analyses", "same_windows"]

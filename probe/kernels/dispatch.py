@@ -10,17 +10,23 @@ sdpa       fused SDPA (no pattern)          reference (no SDPA form)  CPU flash 
 triton     Triton kernel: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (set before importing triton)
 ``backend=None`` (the default) is the runtime choice: ``use_backend(...)``, else $PROBE_BACKEND, else auto
 (probe.kernels.backend). Triton is imported only when a Triton path is taken.
+
+Fallback: when no launch setting of a Triton kernel fits the device's shared memory (probe.kernels.launch), the op
+runs its torch path instead (sink_attention: sdpa; attention_row_masses: chunked; depth_attention: the reference
+loop; never the T x T reference), with one warning per shape: never an OutOfResources.
 """
 from __future__ import annotations
 
 import functools
 import math
 import os
+import warnings
 from typing import NamedTuple, Optional, Sequence
 
 import torch
 
 from probe.kernels.backend import resolve_backend
+from probe.kernels.launch import NoLaunchConfig
 from probe.kernels.depth_attention.reference import check_sources, depth_attention_reference, depth_scores
 from probe.kernels.sink_attention.reference import sink_attention_reference
 from probe.kernels.sink_attention.row_masses import (row_masses_chunked, row_masses_flash_cpu,
@@ -64,6 +70,17 @@ def _triton_on(device: torch.device) -> bool:
                        f"before triton is imported; got {device.type} tensors")
 
 
+_fallbacks_warned: set[str] = set()
+
+
+def warn_fallback(error: NoLaunchConfig, path: str) -> None:
+    """One warning per distinct shape that takes the torch path because no Triton launch fits the device."""
+    message = f"{error}; using the {path} path instead"
+    if message not in _fallbacks_warned:
+        _fallbacks_warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
 def _check_attention_args(q, k, v, sink, key_bias, window, mask=None):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("expected q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv)")
@@ -83,6 +100,25 @@ def _check_attention_args(q, k, v, sink, key_bias, window, mask=None):
         raise ValueError(f"mask must broadcast to (B, H, {Tq}, {Tk}), got {tuple(mask.shape)}")
 
 
+def auto_sink_attention(q, k, v, *, mask=None, return_pattern=False) -> str:
+    """The path backend="auto" takes for these tensors: "reference" (a pattern is asked for), "triton" or "sdpa"."""
+    if return_pattern:
+        return "reference"
+    if (q.device.type == "cuda" and triton_available() and q.dtype in _TRITON_DTYPES and mask is None
+            and q.shape[1] == k.shape[1] and max(q.shape[-1], v.shape[-1]) <= 256):
+        return "triton"
+    return "sdpa"
+
+
+def auto_row_masses(q, *, window=None, softcap=None) -> str:
+    """The path backend="auto" takes for attention_row_masses on q: "triton", "flash" (CPU) or "chunked"."""
+    if q.device.type == "cuda" and triton_available() and q.dtype in _TRITON_DTYPES:
+        return "triton"
+    if q.device.type == "cpu" and window is None and softcap is None and _cpu_flash is not None:
+        return "flash"
+    return "chunked"
+
+
 def sink_attention(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None, return_pattern=False,
                    backend=None) -> AttentionOutput:
     """Causal (optionally sliding-window) GQA attention with an optional phantom sink key and per-key logit bias.
@@ -100,13 +136,7 @@ def sink_attention(q, k, v, *, sink=None, key_bias=None, mask=None, window=None,
     if backend in ("sdpa", "triton") and return_pattern:
         raise ValueError(f"backend={backend!r} cannot return the pattern; use 'reference', 'torch' or 'auto'")
     if backend == "auto":
-        if return_pattern:
-            backend = "reference"
-        elif (q.device.type == "cuda" and triton_available() and q.dtype in _TRITON_DTYPES and mask is None
-              and q.shape[1] == k.shape[1] and max(q.shape[-1], v.shape[-1]) <= 256):
-            backend = "triton"
-        else:
-            backend = "sdpa"
+        backend = auto_sink_attention(q, k, v, mask=mask, return_pattern=return_pattern)
     elif backend == "torch":
         backend = "reference" if return_pattern else "sdpa"
 
@@ -119,7 +149,11 @@ def sink_attention(q, k, v, *, sink=None, key_bias=None, mask=None, window=None,
     _triton_on(q.device)
     from probe.kernels.sink_attention.triton import sink_attention_triton
 
-    return AttentionOutput(*sink_attention_triton(q, k, v, **kw), None, None)
+    try:
+        return AttentionOutput(*sink_attention_triton(q, k, v, **kw), None, None)
+    except NoLaunchConfig as e:
+        warn_fallback(e, "sdpa")
+        return AttentionOutput(*sink_attention_sdpa(q, k, v, mask=None, **kw), None, None)
 
 
 def depth_backend(value: torch.Tensor, backend: str | None = None) -> str:
@@ -147,7 +181,12 @@ def depth_attention(values: Sequence[torch.Tensor], keys: Sequence[torch.Tensor]
     _triton_on(values[0].device)
     from probe.kernels.depth_attention.triton import depth_attention_triton
 
-    h, lse = depth_attention_triton(values, keys, query, bias=bias, normalize=normalize, eps=eps)
+    try:
+        h, lse = depth_attention_triton(values, keys, query, bias=bias, normalize=normalize, eps=eps)
+    except NoLaunchConfig as e:
+        warn_fallback(e, "reference (torch loop over the sources)")
+        return DepthOutput(*depth_attention_reference(values, keys, query, bias=bias, normalize=normalize, eps=eps,
+                                                      return_weights=return_weights))
     weights = None
     if return_weights:  # cheap: r-wide scores in torch, normalised by the kernel's lse
         weights = torch.exp(depth_scores(keys, query, bias, normalize, eps) - lse[..., None])
@@ -173,13 +212,17 @@ def attention_row_masses(q, k, indicators, *, sink=None, key_bias=None, window=N
     window = None if window is None else int(window)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     kw = dict(sink=sink, key_bias=key_bias, scale=scale)
-    if backend == "auto" and q.device.type == "cuda" and triton_available() and q.dtype in _TRITON_DTYPES:
+    if backend == "auto" and auto_row_masses(q, window=window, softcap=cap) == "triton":
         backend = "triton"
     if backend == "reference":
         return row_masses_reference(q, k, indicators, window=window, softcap=cap, **kw)
     if backend == "triton":
         _triton_on(q.device)
-        return row_masses_triton(q, k, indicators, window=window, softcap=cap, **kw)
+        try:
+            return row_masses_triton(q, k, indicators, window=window, softcap=cap, **kw)
+        except NoLaunchConfig as e:
+            warn_fallback(e, "chunked")
+            return row_masses_chunked(q, k, indicators, window=window, softcap=cap, **kw)
     if q.device.type == "cpu" and window is None and cap is None and _cpu_flash is not None:
         return row_masses_flash_cpu(q, k, indicators, **kw)
     return row_masses_chunked(q, k, indicators, window=window, softcap=cap, **kw)

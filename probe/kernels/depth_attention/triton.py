@@ -13,18 +13,16 @@ Backward: grid (row blocks). delta = dh . h - dlse per row (PyTorch). Per source
     dk_i = rstd (dk̄_i - k̄_i mean(dk̄_i ⊙ k̄_i))   (through the gain-free RMSNorm)
 dquery and dbias are reduced per program into small (n_blocks, r) / (n_blocks, S) buffers and summed in PyTorch
 (deterministic, no atomics).
+Rows per program, the d slice and warps come from probe.kernels.launch.launch_config, chosen before anything runs
+(``depth_configs``); NoLaunchConfig when nothing fits, and the dispatch takes the torch loop.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from probe.kernels.launch import KB, NoLaunchConfig, device_limits, launch_config
 
 
 @triton.jit
@@ -125,11 +123,19 @@ def _depth_bwd_kernel(VPTR, VSTR, V0, KPTR, KSTR, K0, QUERY, BIAS, DH, LSE, DELT
     tl.store(DQ_PART + pid * R + r_off, tl.sum(dq, 0), mask=r_mask)
 
 
-def _blocks(d: int, r: int):
-    block_r = triton.next_power_of_2(r)
-    block_d = min(triton.next_power_of_2(d), 16 if _interpreting() else 128)
-    block_t = 16 if _interpreting() else max(1, min(64, 8192 // block_r))
-    return block_t, block_d, block_r
+def depth_configs(value: torch.Tensor, r: int, backward: bool) -> dict:
+    """{op: DepthConfig} of the forward (and backward) for sources like ``value`` (B,T,d) with keys of width r;
+    NoLaunchConfig, naming the shape, when one has no setting that fits the device."""
+    limits = device_limits(value.device)
+    configs = {}
+    for op in ("depth_forward", "depth_backward") if backward else ("depth_forward",):
+        cfg = launch_config(op, value.dtype, limits, d=value.shape[-1], r=r)
+        if cfg is None:
+            raise NoLaunchConfig(f"no Triton launch of {op} fits {limits.name}'s {limits.shared_bytes // KB} KB of "
+                                 f"shared memory per block for sources {tuple(value.shape)} "
+                                 f"{str(value.dtype).removeprefix('torch.')} with keys of width {r}")
+        configs[op] = cfg
+    return configs
 
 
 def _tables(ts):
@@ -146,20 +152,19 @@ def _rowwise(ts):
 
 class DepthAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, bias, normalize, eps, S, *sources):
+    def forward(ctx, query, bias, normalize, eps, S, configs, *sources):
         values, keys = _rowwise(sources[:S]), _rowwise(sources[S:])
         B, T, D = values[0].shape
         R, N = keys[0].shape[-1], B * T
         h = values[0].new_empty(B, T, D)
         lse = torch.empty(B, T, device=h.device, dtype=torch.float32)
         (vptr, vstr), (kptr, kstr) = _tables(values), _tables(keys)
-        bt, bd, br = _blocks(D, R)
-        _depth_fwd_kernel[(triton.cdiv(N, bt), triton.cdiv(D, bd))](
+        cfg = configs["depth_forward"]
+        _depth_fwd_kernel[(triton.cdiv(N, cfg.block_t), triton.cdiv(D, cfg.block_d))](
             vptr, vstr, values[0], kptr, kstr, keys[0], query, bias if bias is not None else lse, h, lse,
-            S, N, T, D, R, eps, NORMALIZE=normalize, HAS_BIAS=bias is not None,
-            BLOCK_T=bt, BLOCK_D=bd, BLOCK_R=br)
+            S, N, T, D, R, eps, NORMALIZE=normalize, HAS_BIAS=bias is not None, **cfg.constexprs(), **cfg.options())
         ctx.save_for_backward(query, bias, h, lse, *values, *keys)
-        ctx.normalize, ctx.eps, ctx.S = normalize, eps, S
+        ctx.normalize, ctx.eps, ctx.S, ctx.configs = normalize, eps, S, configs  # backward may run on another thread
         return h, lse
 
     @staticmethod
@@ -175,8 +180,8 @@ class DepthAttentionFunction(torch.autograd.Function):
             delta = delta - dlse.float()
         dvalues = [torch.empty(B, T, D, device=h.device, dtype=v.dtype) for v in values]
         dkeys = [torch.empty(B, T, R, device=h.device, dtype=k.dtype) for k in keys]
-        bt, bd, br = _blocks(D, R)
-        n_blocks = triton.cdiv(N, bt)
+        cfg = ctx.configs.get("depth_backward") or depth_configs(values[0], R, True)["depth_backward"]
+        n_blocks = triton.cdiv(N, cfg.block_t)
         dq_part = torch.empty(n_blocks, R, device=h.device, dtype=torch.float32)
         db_part = torch.empty(n_blocks, S, device=h.device, dtype=torch.float32)
         (vptr, vstr), (kptr, kstr) = _tables(values), _tables(keys)
@@ -184,17 +189,21 @@ class DepthAttentionFunction(torch.autograd.Function):
         _depth_bwd_kernel[(n_blocks,)](
             vptr, vstr, values[0], kptr, kstr, keys[0], query, bias if bias is not None else lse, dh, lse,
             delta.contiguous(), dvptr, dvalues[0], dkptr, dkeys[0], dq_part, db_part, S, N, T, D, R, ctx.eps,
-            NORMALIZE=ctx.normalize, HAS_BIAS=bias is not None, BLOCK_T=bt, BLOCK_D=bd, BLOCK_R=br)
+            NORMALIZE=ctx.normalize, HAS_BIAS=bias is not None, **cfg.constexprs(), **cfg.options())
         dquery = dq_part.sum(0).to(query.dtype)
         dbias = db_part.sum(0).to(bias.dtype) if bias is not None else None
-        return (dquery, dbias, None, None, None, *dvalues, *dkeys)
+        return (dquery, dbias, None, None, None, None, *dvalues, *dkeys)
 
 
 def depth_attention_triton(values, keys, query, *, bias=None, normalize=True, eps=1e-6):
-    """values: S x (B,T,d), keys: S x (B,T,r), query (r,) -> (h (B,T,d) in values' dtype, lse (B,T) fp32)."""
+    """values: S x (B,T,d), keys: S x (B,T,r), query (r,) -> (h (B,T,d) in values' dtype, lse (B,T) fp32).
+    Raises NoLaunchConfig before computing anything when a launch it needs does not fit the device."""
     values, keys = list(values), list(keys)
     if any(v.dtype != values[0].dtype for v in values) or any(k.dtype != keys[0].dtype for k in keys):
         raise ValueError("depth_attention (triton): all values must share one dtype, and all keys one dtype")
     bias = None if bias is None else bias.contiguous()
-    return DepthAttentionFunction.apply(query.contiguous(), bias, bool(normalize), float(eps), len(values),
+    backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                               for t in (query, bias, *values, *keys))
+    configs = depth_configs(values[0], keys[0].shape[-1], backward)
+    return DepthAttentionFunction.apply(query.contiguous(), bias, bool(normalize), float(eps), len(values), configs,
                                         *values, *keys)

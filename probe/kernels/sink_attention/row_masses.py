@@ -75,11 +75,14 @@ def row_masses_chunked(q, k, indicators, *, sink=None, key_bias=None, window=Non
 
 
 def row_masses_triton(q, k, indicators, *, sink=None, key_bias=None, window=None, scale, softcap=None):
-    from probe.kernels.sink_attention.triton import sink_attention_forward
+    """The sink-attention forward with the indicators as fp32 values; NoLaunchConfig when it does not fit the
+    device (probe.kernels.launch)."""
+    from probe.kernels.sink_attention.triton import attention_configs, sink_attention_forward
 
     ind = indicators.float()  # p @ indicators in fp32 (exact dot), whatever q's dtype
+    config = attention_configs(q, ind, backward=False)["sink_forward"]
     sink = None if sink is None else sink.float().contiguous()
     key_bias = None if key_bias is None else key_bias.float().contiguous()
     out, lse = sink_attention_forward(q, k.to(q.dtype), ind, sink, key_bias, window, scale, out_dtype=torch.float32,
-                                      softcap=softcap)
+                                      softcap=softcap, config=config)
     return lse, out.transpose(1, 2)

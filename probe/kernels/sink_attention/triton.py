@@ -11,25 +11,20 @@ Backward (FA2 style, no atomics): delta_i = dO_i . O_i - dlse_i;  ds_ij = p_ij (
     dv_j = sum_i p_ij dO_i    dk_j = scale sum_i ds_ij q_i    dbias_j = sum_i ds_ij    (one program per key block, looping
     over the G query heads of its kv head)     dq_i = scale sum_j ds_ij k_j   (one program per query block)
     dsink_h = -sum_{b,i} exp(sink_h - lse_i) delta_i   (in PyTorch from lse and delta)
+
+Tiles, warps and stages come from probe.kernels.launch.launch_config for the device's shared memory, chosen once per
+call before anything runs (``attention_configs``); when nothing fits it raises NoLaunchConfig and the dispatch takes
+the torch path.
 """
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def _blocks(dh: int, dv: int):
-    small = _interpreting()
-    bm = bn = 16 if small else 64
-    return bm, bn, max(16, triton.next_power_of_2(dh)), max(16, triton.next_power_of_2(dv))
+from probe.kernels.launch import KB, NoLaunchConfig, device_limits, launch_config
 
 
 @triton.jit
@@ -193,34 +188,54 @@ def _lastdim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def sink_attention_forward(q, k, v, sink, key_bias, window, scale, out_dtype=None, softcap=None):
+def attention_configs(q, v, backward: bool) -> dict:
+    """{op: AttentionConfig} of the forward (and both backward kernels) for q (B,T,H,dh) and v (..., dv) on their
+    device; raises NoLaunchConfig, naming the shape, when one of them has no setting that fits."""
+    limits = device_limits(q.device)
+    ops = ("sink_forward", "sink_backward_dkdv", "sink_backward_dq") if backward else ("sink_forward",)
+    configs = {}
+    for op in ops:
+        # the backward keeps dO in q's dtype: v's own dtype (the row masses' fp32 indicators) only enters the forward
+        cfg = launch_config(op, q.dtype, limits, dh=q.shape[-1], dv=v.shape[-1],
+                            v_dtype=v.dtype if op == "sink_forward" else None)
+        if cfg is None:
+            raise NoLaunchConfig(
+                f"no Triton launch of {op} fits {limits.name}'s {limits.shared_bytes // KB} KB of shared memory per "
+                f"block for q {tuple(q.shape)} {str(q.dtype).removeprefix('torch.')}, values of width {v.shape[-1]} "
+                f"{str(v.dtype).removeprefix('torch.')}")
+        configs[op] = cfg
+    return configs
+
+
+def sink_attention_forward(q, k, v, sink, key_bias, window, scale, out_dtype=None, softcap=None, config=None):
     """No autograd. q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv), sink (H,) fp32 or None, key_bias (B,Hkv,T) fp32 or
-    None, softcap: float or None -> out (B,T,H,dv) in out_dtype (default q.dtype), lse (B,H,T) fp32."""
+    None, softcap: float or None -> out (B,T,H,dv) in out_dtype (default q.dtype), lse (B,H,T) fp32.
+    config: the forward's AttentionConfig (default: chosen here; NoLaunchConfig when nothing fits)."""
     q, k, v = _lastdim_contiguous(q), _lastdim_contiguous(k), _lastdim_contiguous(v)
     B, T, H, dh = q.shape
     Hkv, dv = k.shape[2], v.shape[-1]
+    cfg = config or attention_configs(q, v, backward=False)["sink_forward"]
     out = q.new_empty(B, T, H, dv, dtype=out_dtype or q.dtype)
     lse = q.new_empty(B, H, T, dtype=torch.float32)
     bias = key_bias if key_bias is not None else lse
-    bm, bn, bdh, bdv = _blocks(dh, dv)
-    _fwd_kernel[(triton.cdiv(T, bm), B * H)](
+    _fwd_kernel[(triton.cdiv(T, cfg.block_m), B * H)](
         q, k, v, sink if sink is not None else lse, bias, out, lse,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         bias.stride(0), bias.stride(1),
         T, H, H // Hkv, window or 0, scale, float(softcap or 0.0), dh, dv,
         HAS_SINK=sink is not None, HAS_BIAS=key_bias is not None, HAS_WINDOW=window is not None,
-        HAS_CAP=softcap is not None, PREC=DOT_PRECISION, BLOCK_M=bm, BLOCK_N=bn, BLOCK_DH=bdh, BLOCK_DV=bdv)
+        HAS_CAP=softcap is not None, PREC=DOT_PRECISION, **cfg.constexprs(), **cfg.options())
     return out, lse
 
 
 class SinkAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sink, key_bias, window, scale):
+    def forward(ctx, q, k, v, sink, key_bias, window, scale, configs):
         q, k, v = _lastdim_contiguous(q), _lastdim_contiguous(k), _lastdim_contiguous(v)
-        out, lse = sink_attention_forward(q, k, v, sink, key_bias, window, scale)
+        out, lse = sink_attention_forward(q, k, v, sink, key_bias, window, scale, config=configs["sink_forward"])
         ctx.save_for_backward(q, k, v, sink, key_bias, out, lse)
-        ctx.window, ctx.scale = window, scale
+        ctx.window, ctx.scale, ctx.configs = window, scale, configs  # backward may run on another thread
         return out, lse
 
     @staticmethod
@@ -236,28 +251,33 @@ class SinkAttentionFunction(torch.autograd.Function):
         dq, dk, dval = (torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (q, k, v))  # contiguous
         dbias = torch.empty(B, Hkv, T, device=q.device, dtype=torch.float32) if key_bias is not None else None
         bias = key_bias if key_bias is not None else lse
-        bm, bn, bdh, bdv = _blocks(dh, dv)
+        cfg_kv = ctx.configs.get("sink_backward_dkdv") or attention_configs(q, v, True)["sink_backward_dkdv"]
+        cfg_q = ctx.configs.get("sink_backward_dq") or attention_configs(q, v, True)["sink_backward_dq"]
         strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                    v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2),
                    bias.stride(0), bias.stride(1))
-        flags = dict(HAS_BIAS=key_bias is not None, HAS_WINDOW=window is not None, PREC=DOT_PRECISION,
-                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_DH=bdh, BLOCK_DV=bdv)
-        _bwd_dkdv_kernel[(triton.cdiv(T, bn), B * Hkv)](
+        flags = dict(HAS_BIAS=key_bias is not None, HAS_WINDOW=window is not None, PREC=DOT_PRECISION)
+        _bwd_dkdv_kernel[(triton.cdiv(T, cfg_kv.block_n), B * Hkv)](
             q, k, v, bias, dout, lse, delta, dk, dval, dbias if dbias is not None else lse, *strides,
-            *dk.stride()[:3], *dval.stride()[:3], T, H, Hkv, H // Hkv, window or 0, scale, dh, dv, **flags)
-        _bwd_dq_kernel[(triton.cdiv(T, bm), B * H)](
+            *dk.stride()[:3], *dval.stride()[:3], T, H, Hkv, H // Hkv, window or 0, scale, dh, dv, **flags,
+            **cfg_kv.constexprs(), **cfg_kv.options())
+        _bwd_dq_kernel[(triton.cdiv(T, cfg_q.block_m), B * H)](
             q, k, v, bias, dout, lse, delta, dq, *strides, *dq.stride()[:3],
-            T, H, H // Hkv, window or 0, scale, dh, dv, **flags)
+            T, H, H // Hkv, window or 0, scale, dh, dv, **flags, **cfg_q.constexprs(), **cfg_q.options())
         dsink = None
         if sink is not None and ctx.needs_input_grad[3]:
             dsink = -(torch.exp(sink.float()[None, :, None] - lse) * delta).sum((0, 2)).to(sink.dtype)  # (H,)
-        return dq, dk, dval, dsink, dbias, None, None
+        return dq, dk, dval, dsink, dbias, None, None, None
 
 
 def sink_attention_triton(q, k, v, *, sink=None, key_bias=None, window=None, scale=None):
-    """q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv) -> (out (B,T,H,dv) in q.dtype, lse (B,H,T) fp32, differentiable)."""
+    """q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv) -> (out (B,T,H,dv) in q.dtype, lse (B,H,T) fp32, differentiable).
+    Raises NoLaunchConfig before computing anything when the forward, or the backward a gradient would need, has no
+    launch setting that fits the device."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     k, v = k.to(q.dtype), v.to(q.dtype)
     sink = None if sink is None else sink.float().contiguous()
     key_bias = None if key_bias is None else key_bias.float().contiguous()
-    return SinkAttentionFunction.apply(q, k, v, sink, key_bias, window, scale)
+    backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sink, key_bias))
+    configs = attention_configs(q, v, backward)
+    return SinkAttentionFunction.apply(q, k, v, sink, key_bias, window, scale, configs)

@@ -24,6 +24,7 @@ SINK_LOGIT = "blocks.{l}.attn.hook_sink_logit"  # H
 Z = "blocks.{l}.attn.hook_z"  # B,T,H,dh head outputs before the output projection
 V_FIRST = "blocks.{l}.attn.hook_v_first"  # B,T,Hkv,dh value residual: V of the first layer
 V_MIX = "blocks.{l}.attn.hook_v_mix"  # (1,) or (2,) value-residual mixing weight(s)
+MLP_POST = "blocks.{l}.mlp.hook_post"  # B,T,m activation entering the MLP's output projection (probe models)
 ROUTING_KEYS = "blocks.{l}.{site}_read.hook_routing_keys"  # B,T,S,r normalised routing keys
 DEPTH_WEIGHTS = "blocks.{l}.{site}_read.hook_depth_weights"  # B,T,S depth-attention weights
 FINAL_ROUTING_KEYS = "final_read.hook_routing_keys"
@@ -42,6 +43,7 @@ def name(template: str, layer: int | None = None, site: str | None = None) -> st
 # Builders: every hook name in probe is made here, so a rename or a new point is one edit in one file.
 RESID_POINTS = ("pre", "mid", "post")
 ATTN_POINTS = ("q", "k", "v", "v_gate", "v_out", "pattern", "phantom", "sink_logit", "z", "v_first", "v_mix")
+MLP_POINTS = ("post",)
 READ_KINDS = ("attn", "mlp")  # the two read sites of a depth-routed block: before attention, before the MLP
 READ_POINTS = ("routing_keys", "depth_weights")
 FINAL_READ = "final_read"  # the depth read before the final norm
@@ -83,6 +85,11 @@ def attn(layer: int, point: str) -> str:
     attribute name (``"hook_pattern"``) as the attention module spells it."""
     short = point[len("hook_"):] if point.startswith("hook_") else point
     return f"{attn_module(layer)}.hook_{_choose(short, ATTN_POINTS, 'attention hook')}"
+
+
+def mlp(layer: int, point: str = "post") -> str:
+    """``mlp(2) == 'blocks.2.mlp.hook_post'``: the activation entering block 2's MLP output projection."""
+    return f"{block(layer)}.mlp.hook_{_choose(point, MLP_POINTS, 'MLP hook')}"
 
 
 def read_site(layer: int | None, kind: str = "attn") -> str:

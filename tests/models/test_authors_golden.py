@@ -292,3 +292,74 @@ def test_a_wrong_value_residual_mapping_moves_the_logits():
         for blk in model.blocks[1:]:
             blk.attn.v_mix.zero_()  # no value residual: a plain Llama on the same weights
     assert (probe_value_residual_outputs(model, ids)["logits"] - theirs["logits"]).abs().max() > 1e-2
+
+
+# ---- MUDDFormer (Caiyun-AI/MUDDFormer pytorch/muddformer/modeling_muddformer.py): dynamic dense q/k/v/r streams ----
+def mudd_model(dtype, layer_order=None, their_rope_table=True):
+    """``their_rope_table``: probe's RoPE reads their cos/sin table (torch.polar's, an ulp from torch.cos of the same
+    fp32 angles), so an fp64 comparison checks the dense connections rather than a libm difference."""
+    meta, w, inputs, outputs = load_fixture("mudd")
+    s = meta["settings"]
+    d, L, d_mlp = s["dim"], s["n_layer"], max(meta["ffn_widths"])
+    config = ProbeConfig(vocab_size=s["vocab_size"], n_layers=L, d_model=d, n_heads=s["n_head"], d_mlp=d_mlp,
+                         n_ctx=s["block_size"], norm_eps=s["norm_eps"], rope_theta=float(s["rope_base"]),
+                         tie_embeddings=False, dense="mudd")
+
+    def padded_rows(x):  # FFN weights of a narrower layer, zero-padded to probe's one width
+        return torch.cat([x, x.new_zeros(d_mlp - x.shape[0], x.shape[1])])
+
+    mapped = {"embed.weight": w["tok_embeddings.weight"], "ln_f.weight": w["norm.weight"],
+              "lm_head.weight": w["output.weight"]}
+    for l, src in enumerate(layer_order or range(L)):
+        p, a = f"blocks.{l}.", f"layers.{src}."
+        q, k, v = (w[a + f"attention.w{x}.weight"] for x in "qkv")
+        norms = [w[a + "attention_norm.weight"]] if src == 0 else [w[a + f"attention_norms.{i}.weight"] for i in range(3)]
+        assert all(torch.equal(n, norms[0]) for n in norms)  # probe: one norm for the q/k/v streams
+        mapped.update({p + "attn.q_proj.weight": q, p + "attn.k_proj.weight": k, p + "attn.v_proj.weight": v,
+                       p + "attn.o_proj.weight": w[a + "attention.wo.weight"], p + "ln1.weight": norms[0],
+                       p + "ln2.weight": w[a + "ffn_norm.weight"],
+                       p + "mlp.gate.weight": padded_rows(w[a + "feed_forward.w1.weight"]),
+                       p + "mlp.up.weight": padded_rows(w[a + "feed_forward.w3.weight"]),
+                       p + "mlp.down.weight": padded_rows(w[a + "feed_forward.w2.weight"].T).T,
+                       p + "dense.w1.weight": w[f"dynamic_dense.{l}.w1.weight"],
+                       p + "dense.w2.weight": w[f"dynamic_dense.{l}.w2.weight"],
+                       p + "dense.norm.weight": torch.ones(d, dtype=torch.float64),
+                       p + "dense.bias": w[f"dense_bs.{l}"]})
+    model = ProbeForCausalLM(config, backend="reference").to(dtype).eval()
+    model.load_state_dict(mapped, strict=True)
+    if their_rope_table:
+        table = outputs["tables/rope"].to(dtype)  # block_size, d_head/2, 2
+        T = inputs["input_ids"].shape[1]
+        cos, sin = (torch.cat([table[:T, :, i]] * 2, dim=-1)[:, None, :] for i in (0, 1))  # T,1,d_head
+        for blk in model.blocks:
+            blk.attn.rotary._cache[(T, "cpu", dtype)] = (cos, sin)
+    return model, inputs["input_ids"], outputs
+
+
+def probe_mudd_outputs(model, ids) -> dict:
+    streams = {}
+    handles = [blk.dense.register_forward_hook(lambda m, i, o, _l=l: streams.update(
+        {f"stream.{_l}.{c}": x for c, x in enumerate(o)})) for l, blk in enumerate(model.blocks)]
+    names = {f"blocks.{l}.dense.hook_weights": l for l in range(model.config.n_layers)}
+    try:
+        with torch.no_grad():
+            out, cache = model.run_with_cache(ids, names_filter=lambda n: n in names)
+    finally:
+        for h in handles:
+            h.remove()
+    weights = {f"dense_weights.{l}": cache[n].permute(2, 0, 1, 3) for n, l in names.items()}  # C,B,T,S as theirs
+    return {"logits": out.logits, **weights, **streams}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_mudd_matches_muddformer(dtype):
+    model, ids, theirs = mudd_model(dtype, their_rope_table=dtype == torch.float64)
+    diffs = max_differences(probe_mudd_outputs(model, ids), theirs, prefix="" if dtype == torch.float64 else "fp32/")
+    assert max(diffs.values()) <= (FP64_TOL if dtype == torch.float64 else FP32_TOL), diffs
+
+
+def test_a_wrong_mudd_mapping_moves_the_logits():
+    model, ids, theirs = mudd_model(torch.float64)
+    with torch.no_grad():
+        model.blocks[0].dense.bias.copy_(model.blocks[0].dense.bias[[1, 0, 2, 3]])  # q and k streams' weights swapped
+    assert (probe_mudd_outputs(model, ids)["logits"] - theirs["logits"]).abs().max() > 0.1

@@ -15,7 +15,7 @@ from cli_util import ENV, WINDOWS, assert_one_line_error, files_under, fx, kill_
 
 def test_parser_choices_match_the_analyses():
     from probe.analyses import inject
-    from probe.cli import parser as cli
+    from probe.cli import flags as cli
 
     assert cli.JUNK_TYPES == inject.JUNK_TYPES
     assert cli.CUTOFFS == tuple(inject.CUTOFFS)

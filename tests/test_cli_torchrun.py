@@ -56,7 +56,7 @@ def worker(root: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    import probe.cli.analyses as analyses
+    import probe.cli.prepare as analyses  # where the analysis verbs load their model
     from probe.present.errors import UsageError
 
     torch.set_num_threads(1)

@@ -58,7 +58,7 @@ def test_probe_models_shows_each_zoo_models_validation_loss_not_its_path(capsys)
 
 
 def test_summary_lines_put_the_standard_error_beside_its_value_and_say_n_a():
-    from probe.cli.analyses import _summary_lines
+    from probe.present.console import summary_lines as _summary_lines
 
     row = {"token_share": 0.98861, "token_share_se": 0.000457, "token_share_min_count": float("nan"),
            "token_share_min_count_se": float("nan"), "mean_gate": 0.4662, "mean_gate_se": float("nan"), "gate": "proj"}

@@ -83,7 +83,7 @@ def test_cli_on_a_model_split_over_cpu_and_disk_equals_the_whole_model(tmp_path,
     writes the undivided model's tables; --quiet prints nothing (not accelerate's offload warning either), and without
     it probe says where the modules went."""
     pytest.importorskip("accelerate")
-    import probe.cli.analyses as analyses
+    import probe.cli.prepare as analyses  # where the analysis verbs load their model
 
     loaded = []  # the models the verbs ran on, to see where their weights were
     monkeypatch.setattr(analyses, "load_model", lambda *a: loaded.append(load_model(*a)) or loaded[-1])

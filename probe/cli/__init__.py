@@ -1,5 +1,5 @@
-"""The ``probe`` command (``main``): flags in ``parser``, the verb table in ``main``, one module per verb family."""
-from probe.cli.main import main
-from probe.cli.parser import build_parser
+"""The ``probe`` command (``main``): the verb table and the parser in ``main``, one module per verb that owns its flags
+and its run function, the shared flag groups in ``flags``."""
+from probe.cli.main import build_parser, main
 
 __all__ = ["main", "build_parser"]

@@ -12,36 +12,84 @@
     probe view    --text "..." --out DIR            attention (any layer, head), depth weights, gates of one text
     probe experiment NAME --out DIR                 a paper's experiment recipe (probe experiment --list)
 
-``probe.cli.parser`` defines the flags; ``VERBS`` below maps each verb to the function that runs it, in one module per
-verb family (``analyses``: sinks, inject, sources, gates, eval; ``catalogue``: models, costs; ``train``; ``report``;
-``view``).
+One module per verb (``probe.cli.<verb>``) owns its flags (``add_parser``) and its run function (``run``); the flags
+several verbs share are declared once in ``probe.cli.flags``. ``VERBS`` below is the table of them, in ``--help``
+order.
 Every user error (unknown verb, flag, model, junk type, cutoff; a bad dose, count or context; a missing data file; an
 unreadable checkpoint) is one line on stderr and exit code 2, before any output file is written.
 """
 from __future__ import annotations
 
+import argparse
+import difflib
 import os
 import sys
 import time
+from dataclasses import dataclass
+from functools import partial
 from importlib import import_module
 
-from probe.cli.parser import build_parser, check_unknown
-from probe.present.errors import UsageError
+from probe import __version__
 
-# verb -> the function that runs it (argparse.Namespace -> exit code). The verb modules import torch, transformers and
-# pandas at their top, so each is imported only when its verb runs: `probe --help` stays under a second.
+from probe.present.errors import UsageError, UsageParser
+
+
+@dataclass(frozen=True)
+class Verb:
+    """Where a verb lives: its module, the function there that adds its flags to the subparsers, and the function
+    that runs it (argparse.Namespace -> exit code)."""
+
+    module: str
+    add_parser: str = "add_parser"
+    run: str = "run"
+
+
+# verb -> its module. Every verb module is torch-free at import (its run function imports what it needs), so building
+# the parser imports them all and `probe --help` stays under a second; a verb's work is imported only when it runs.
 VERBS = {
-    "models": lambda args: import_module("probe.cli.catalogue").run_models(args),
-    "costs": lambda args: import_module("probe.cli.catalogue").run_costs(args),
-    "sinks": lambda args: import_module("probe.cli.analyses").run_sinks(args),
-    "inject": lambda args: import_module("probe.cli.analyses").run_inject(args),
-    "sources": lambda args: import_module("probe.cli.analyses").run_sources(args),
-    "gates": lambda args: import_module("probe.cli.analyses").run_gates(args),
-    "eval": lambda args: import_module("probe.cli.analyses").run_eval(args),
-    "train": lambda args: import_module("probe.cli.train").run_train(args),
-    "report": lambda args: import_module("probe.cli.report").run_report(args),
-    "view": lambda args: import_module("probe.cli.view").run_view(args),
+    "models": Verb("probe.cli.models"),
+    "inject": Verb("probe.cli.inject"),
+    "sinks": Verb("probe.cli.sinks"),
+    "sources": Verb("probe.cli.sources"),
+    "gates": Verb("probe.cli.gates"),
+    "costs": Verb("probe.cli.costs"),
+    "report": Verb("probe.cli.report"),
+    "experiment": Verb("probe.cli.experiment", run="main"),
+    "train": Verb("probe.cli.train"),
+    "view": Verb("probe.cli.view"),
+    "eval": Verb("probe.cli.eval"),
+    "doctor": Verb("probe.cli.doctor", "add_doctor_parser", "run_doctor"),
 }
+
+
+def build_parser() -> UsageParser:
+    parser = UsageParser(prog="probe", description="Mechanistic interpretability of attention routing: sinks, phantom "
+                         "keys, value gates, depth routing.", allow_abbrev=False,
+                         epilog="`probe VERB --help` lists a verb's flags. Errors exit with code 2.")
+    parser.add_argument("--version", action="version", version=f"probe {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=UsageParser)
+    for verb in VERBS.values():
+        getattr(import_module(verb.module), verb.add_parser)(sub)
+    return parser
+
+
+def run_verb(name: str, args) -> int:
+    verb = VERBS[name]
+    return getattr(import_module(verb.module), verb.run)(args)
+
+
+def check_unknown(parser: UsageParser, args, extra: list[str]) -> None:
+    """Unknown flags: one line naming them and the verb's valid flags (with a close match when there is one)."""
+    if not extra:
+        return
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    p = sub.choices.get(args.verb, parser)
+    valid = sorted({o for a in p._actions for o in a.option_strings if o.startswith("--")})
+    bad = extra[0]
+    close = difflib.get_close_matches(bad.split("=")[0], valid, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    what = "option" if bad.startswith("-") else "argument"
+    raise UsageError(f"unknown {what} {bad!r}{hint}; valid options: {', '.join(valid)}", prog=p.prog)
 
 
 def under_torchrun() -> bool:
@@ -58,30 +106,25 @@ def _in_process_group() -> bool:
     return dist is not None and dist.is_available() and dist.is_initialized()
 
 
-def run_experiment(argv: list[str]) -> int:
-    """``probe experiment NAME ...``: the recipes parse their own options (one config dataclass per recipe)."""
-    return import_module("probe.experiments.command").main(argv, prog="probe experiment")
-
-
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["experiment"]:
-        return run_experiment(argv[1:])
+        return run_verb("experiment", argv[1:])
     verb = None
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
         check_unknown(parser, args, extra)
         if args.verb is None:
-            raise UsageError(f"missing VERB; choose one of {', '.join([*VERBS, 'experiment'])}", prog="probe")
+            raise UsageError(f"missing VERB; choose one of {', '.join(VERBS)}", prog="probe")
         verb = args.verb
         if under_torchrun() and verb != "train":  # the trainer joins its process group itself
-            return import_module("probe.cli.distributed").run_on_ranks(VERBS[verb], args) or 0
+            return import_module("probe.cli.distributed").run_on_ranks(partial(run_verb, verb), args) or 0
         # before any model loads: a bad --out is one line within a second (under torchrun rank 0, the one writer,
         # alone checks: ranks creating and removing the same test folders at once would race)
         if getattr(args, "out", None) and os.environ.get("RANK", "0") == "0":
             import_module("probe.present.files").check_out_dir(args.out, prog=f"probe {verb}")
-        return VERBS[verb](args) or 0
+        return run_verb(verb, args) or 0
     except UsageError as e:
         if os.environ.get("PROBE_TRACEBACK"):
             raise

@@ -3,18 +3,46 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
-from probe.cli.specs import eps_values, injection_spec, model_spec, window_spec
-from probe.present.console import Console
-from probe.present.errors import UsageError
-from probe.present.files import clean, show
-from probe.jobs.report import ReportSpec, expand_checkpoints, write_report
-from probe.jobs.shards import merge_reports, parse_shard
+from probe.cli.flags import eps_flag, injection_flags, model_flags, self_contained_flag
+
+HELP = "batch sink report over many models or training checkpoints (resumable)"
+DESCRIPTION = ("Sink statistics (and optionally injection) for every model or checkpoint, written as CSV and one "
+               "self-contained offline HTML report. Killed and started again with the same arguments, it continues "
+               "where it stopped.")
 
 
-def run_report(args: argparse.Namespace) -> int:
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("report", help=HELP, description=DESCRIPTION, allow_abbrev=False)
+    g = p.add_argument_group("what to compare")
+    g.add_argument("--models", nargs="+", metavar="NAME", help="model names or directories")
+    g.add_argument("--checkpoints", metavar="SPEC", help="checkpoints of one model: pythia-160m@step1000,step2000,...")
+    g.add_argument("--shard", metavar="I/N", help="compute only shard I of N (1-based; every N-th model from the I-th): "
+                   "one job of a job array, e.g. --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT; resumable")
+    g.add_argument("--merge", nargs="+", metavar="DIR", help="join the folders of all N shards of one run into --out "
+                   "(computes nothing; CSV rows as an unsharded run's)")
+    model_flags(p, None)
+    p.set_defaults(model=None)  # each of --models / --checkpoints in turn, never one --model
+    eps_flag(p)
+    injection_flags(p, "--inject-doses", None, "also run injection at these doses (default: no injection)")
+    p.add_argument("--out", metavar="DIR", default="probe-report", help="report directory (default probe-report)")
+    p.add_argument("--json", action="store_true", help="print the summary table as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
+    self_contained_flag(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from probe.cli.flags import eps_values, injection_spec, model_spec, window_spec
+    from probe.jobs.report import ReportSpec, expand_checkpoints, write_report
+    from probe.jobs.shards import merge_reports, parse_shard
+    from probe.present.console import Console
+    from probe.present.errors import UsageError
+    from probe.present.files import clean, show
+
     console = Console(args.quiet)
     if args.merge:
         if args.models or args.checkpoints or args.shard:

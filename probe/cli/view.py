@@ -8,26 +8,48 @@ phantom column), depth-attention weights of depth-routed models and value gates 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from probe.present.viewers import view_figures, viewer_html
-from probe.cli.parser import DEFAULT_MODEL
-from probe.cli.specs import model_spec
-from probe.present.console import Console
-from probe.progress import plural
-from probe.present.errors import UsageError
-from probe.data.synthetic import is_synthetic
-from probe.jobs.inputs import (DEFAULT_DATA, load_corpus, load_model, synthetic_windows, text_on_bb, tokenizer_for,
-                          trained_task)
-from probe.present.files import write_pages
-from probe.jobs.specs import WindowSpec
+from probe.cli.flags import DEFAULT_MODEL, DTYPES, nonneg_int, placement_flags, positive_int, self_contained_flag
 
 PAGE = "view.html"
+HELP = ("one page of viewers for one text: attention pattern (any layer and head, phantom column), depth weights, "
+        "gates over the text")
+DESCRIPTION = ("Capture one text's attention patterns (every layer and head, the phantom as the first column), depth-"
+               "attention weights (depth-routed models) and value gates (gated models) and write DIR/view.html: one "
+               "offline page with layer and head pickers.")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("view", help=HELP, description=DESCRIPTION, allow_abbrev=False)
+    g = p.add_argument_group("model and text")
+    g.add_argument("--model", metavar="NAME", help=f"any --model form of the other verbs (default: the bundled model "
+                   f"{DEFAULT_MODEL})")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--text", metavar="TEXT", help="the text to view (tokenized without special tokens)")
+    src.add_argument("--data", metavar="CORPUS", help="view a document of this corpus instead (any --data form; "
+                     "default wikitext-2-test)")
+    g.add_argument("--doc", type=nonneg_int, default=0, help="which document of --data (default 0, the first)")
+    g.add_argument("--max-tokens", type=positive_int, default=128, help="cut the text to its first N tokens (at most "
+                   "the model's context; default 128: every token label stays readable)")
+    g.add_argument("--tokenizer", metavar="NAME", help="tokenizer (default: the model's own)")
+    g.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available, else cpu)")
+    g.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: float32 on CPU)")
+    g.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
+    placement_flags(g)
+    p.add_argument("--out", metavar="DIR", required=True, help="folder for view.html (required)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
+    self_contained_flag(p)
+    return p
 
 
 def _text(args: argparse.Namespace, model) -> tuple:
     """(the text or token ids to view, where they came from): --text, else --data's document --doc (the first by
     default); a Bigram-Backcopy model views sequence --doc of its own chain (or of --data synthetic:bb[...])."""
+    from probe.data.synthetic import is_synthetic
+    from probe.jobs.inputs import DEFAULT_DATA, load_corpus, synthetic_windows, text_on_bb, trained_task
+    from probe.jobs.specs import WindowSpec
+    from probe.present.errors import UsageError
+
     task = trained_task(model)
     if args.text is not None:
         if task is not None:
@@ -45,7 +67,18 @@ def _text(args: argparse.Namespace, model) -> tuple:
     return corpus.documents[args.doc], f"document {args.doc} of {corpus.name}"
 
 
-def run_view(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from probe.cli.flags import model_spec
+    from probe.jobs.inputs import load_model, tokenizer_for
+    from probe.jobs.specs import WindowSpec
+    from probe.present.console import Console
+    from probe.present.errors import UsageError
+    from probe.present.files import write_pages
+    from probe.present.viewers import view_figures, viewer_html
+    from probe.progress import plural
+
     console = Console(args.quiet)
     if args.text is not None and not args.text.strip():
         raise UsageError("--text is empty; give some text or --data CORPUS")

@@ -2,6 +2,8 @@
 from __future__ import annotations
 import plotly.graph_objects as go
 
+from probe.present.files import show
+
 
 def cost_figure(df):
     """Stacked bars of added FLOPs (% of the core): depth kernel and P-LR key projection, one bar per row."""
@@ -16,3 +18,22 @@ def cost_figure(df):
     return fig
 
 
+
+
+TITLE = "Depth-routing costs"
+
+
+def figures(result: dict) -> list:
+    return [cost_figure(result["costs"])]
+
+
+def sections(result: dict) -> dict:
+    return {}
+
+
+def text(result: dict) -> str:
+    meta = result["meta"].iloc[0]
+    return "\n".join([f"cost model: d={meta['d']}, L={meta['L']}, m={meta['m']}; base C = L(4d^2 + 3dm) = "
+                      f"{meta['base_flops']:,} multiply-adds/token", "",
+                      show(result["costs"], ["label", "S_src", "added_flops", "added_flops_pct", "table1_pct",
+                                             "added_params", "added_params_pct"], digits=5)])

@@ -175,3 +175,13 @@ def emit(output: OutputSpec, verb: str, result: dict, text: str) -> None:
         print(json.dumps(result_json(verb, result), indent=1))
     else:
         print(text)
+
+
+def publish(output: OutputSpec, stem: str, result: dict, presentation, console: Console) -> None:
+    """An analysis verb's outputs, shaped by its presentation module (``probe.present.<analysis>``: ``TITLE``,
+    ``figures(result)``, ``sections(result)``, ``text(result)``): with ``output.out`` the CSVs, the JSON document and
+    the page (``save_result``), then the terminal text or the JSON on stdout (``emit``)."""
+    if output.out:
+        save_result(output, stem, result, presentation.figures(result), console, presentation.TITLE,
+                    presentation.sections(result))
+    emit(output, stem, result, presentation.text(result))

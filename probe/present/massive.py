@@ -2,6 +2,7 @@
 from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+from probe.present.files import show
 
 
 def massive_figure(result: dict):
@@ -28,3 +29,17 @@ def massive_figure(result: dict):
     return fig
 
 
+
+
+PART = ("summary", "layers", "top", "dims")  # a sinks result holds them as massive_<table>
+
+
+def part(result: dict) -> dict:
+    """The massive-activation tables of a `probe sinks --massive` result, as ``massive_activations`` returns them."""
+    return {"meta": result["meta"], **{k: result[f"massive_{k}"] for k in PART}}
+
+
+def text_lines(result: dict) -> list[str]:
+    return ["", "massive activations (Sun et al.; |h| > 100 and > 1000 x median):",
+            show(result["massive_layers"], ["layer", "top1", "median", "ratio", "top1_dim", "n_massive", "key0_mass",
+                                            "r0"])]

@@ -4,6 +4,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from probe.present.figures import fitted_heatmap, integer_ticks, se_bars
+from probe.present.files import show
 
 
 def sink_eps_figure(results):
@@ -74,3 +75,20 @@ def _many(results):
     return [results] if isinstance(results, dict) else list(results)
 
 
+
+
+PART = ("summary", "layers", "heads")  # a sinks result holds them as sink_eps_<table>
+
+
+def part(result: dict) -> dict:
+    """The Sink^eps tables of a `probe sinks` result, as ``sink_heads`` returns them."""
+    return {"meta": result["meta"], **{k: result[f"sink_eps_{k}"] for k in PART}}
+
+
+def text_lines(result: dict) -> list[str]:
+    """`probe sinks`'s terminal lines on sink heads."""
+    summary = result["sink_eps_summary"]
+    return ["", f"sink heads (Gu et al.): share of heads whose mean attention on key 0 ({summary['key0'].iloc[0]}) "
+                "exceeds eps:",
+            show(summary, ["epsilon", "n_sink_heads", "n_heads", "sink_share", "sink_share_se", "key0_mass",
+                           "key0_mass_se", "phantom_share", "uniform_ref"])]

@@ -55,7 +55,7 @@ def _action(a: argparse.Action) -> dict:
 
 def parser_actions() -> dict:
     """{verb: [action, ...]} of the live parser (the top-level parser under ""), and the resume keys of `probe train`."""
-    from probe.cli.parser import build_parser
+    from probe.cli.main import build_parser
     from probe.cli.train import LATER_KEYS, RUN_KEYS
 
     parser = build_parser()
@@ -81,7 +81,7 @@ def test_the_parser_matches_the_pinned_actions():
 
 
 def test_the_type_signature_tells_the_numeric_types_apart():
-    from probe.cli import parser as flags
+    from probe.cli import flags
 
     types = (flags.positive_int, flags.nonneg_int, flags.positive_float, flags.nonneg_float, flags.fraction,
              flags.attention_share, flags.dose)

@@ -1,0 +1,191 @@
+"""The flags several verbs share, declared once, and the one place that reads them off an ``argparse.Namespace``
+as typed specs.
+
+Groups: the model and its evaluation windows (``model_flags``, with the big-checkpoint placement flags of
+``placement_flags``), the outputs (``output_flags``), the Sink^eps thresholds (``eps_flag``) and injection
+(``injection_flags``); the argparse types that turn a bad number into one line. A verb's own flags live in its module
+(``probe.cli.<verb>``).
+
+Only argparse and light modules are imported here (no torch, pandas or plotly), so ``probe --help`` stays under a
+second. Lists are deduplicated by the readers, in the order given (``--dose 0.4 0.4`` is one condition, ``--eps 0.3
+0.3`` one threshold).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from probe.jobs.specs import DEVICE_MAPS, InjectionSpec, ModelSpec, WindowSpec, parse_device_map, parse_max_memory
+from probe.present.files import OutputSpec
+
+# The embedded default models: zoo checkpoints when installed, else a freshly initialised tiny model of the
+# same variant built in-process (seed 0). Switching to another zoo name is a one-line change here.
+DEFAULT_MODEL = "probe/tiny-sink+proj"
+DEFAULT_DEPTH_MODEL = "probe/tiny-attnres-block4"  # `probe sources` needs depth routing
+# mirrored from probe.analyses.inject (kept light here; tests/test_cli.py checks they agree)
+JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
+CUTOFFS = ("q25", "median")
+DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+WINDOW_MODES = ("auto", "first", "sequential", "random")
+
+
+def _number(cast, valid, message):
+    """An argparse type: ``cast(text)`` that must satisfy ``valid``, else one line ``message, got 'text'``."""
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{message}, got {text!r}") from None
+        if not valid(value):
+            raise argparse.ArgumentTypeError(f"{message}, got {text!r}")
+        return value
+    return parse
+
+
+positive_int = _number(int, lambda v: v >= 1, "expected a positive integer")
+nonneg_int = _number(int, lambda v: v >= 0, "expected an integer >= 0")
+dose = _number(float, lambda v: math.isfinite(v) and v >= 0, "dose must be a finite number >= 0")
+positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "expected a positive number")
+nonneg_float = _number(float, lambda v: math.isfinite(v) and v >= 0, "expected a finite number >= 0")
+fraction = _number(float, lambda v: 0 <= v <= 1, "expected a number in [0, 1]")
+attention_share = _number(float, lambda v: 0 <= v < 1, "expected a share of attention mass, 0 <= eps < 1")
+
+
+def _user_value(parse):
+    """An argparse type from a parser of probe.jobs.specs whose ValueError is the one-line message (argparse names the
+    flag itself)."""
+    def typ(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
+    typ.__name__ = parse.__name__
+    return typ
+
+
+device_map = _user_value(parse_device_map)
+max_memory = _user_value(parse_max_memory)
+
+
+def output_flags(p, out_help="write CSV, JSON and a plotly HTML figure to DIR"):
+    p.add_argument("--out", metavar="DIR", help=out_help)
+    p.add_argument("--json", action="store_true", help="print machine-readable results (JSON) on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
+    self_contained_flag(p)
+
+
+def self_contained_flag(p):
+    p.add_argument("--self-contained", action="store_true", help="HTML pages carry plotly.js inline (one 4.8 MB file "
+                   "each) instead of loading the plotly.min.js written beside them")
+
+
+def model_flags(p, default_model: str | None, *, defaults=(8, 8)):
+    g = p.add_argument_group("model and evaluation windows")
+    if default_model is not None:
+        g.add_argument("--model", metavar="NAME", help="zoo name, pythia-410m[@stepN], gpt-oss-20b, HF repo id, local "
+                       f"directory or .gguf file (default: the bundled model {default_model})")
+    g.add_argument("--data", metavar="CORPUS", default=None,
+                   help="bundled corpus (wikitext-2-test, wikitext-2-valid, shakespeare, kjv, train), a .txt or "
+                   ".jsonl[.gz] file, a directory, hf:... (online), or synthetic:bb[vocab=..,triggers=..,seed=..,T=..] "
+                   "(Bigram-Backcopy; bare synthetic:bb = the chain the model trained on); default: a "
+                   "Bigram-Backcopy model's own chain, else wikitext-2-test")
+    g.add_argument("--tokenizer", metavar="NAME", help="tokenizer (default: the model's own, else the shipped "
+                   "probe-bpe-8k)")
+    g.add_argument("--batches", type=positive_int, default=defaults[0], help=f"evaluation batches (default "
+                   f"{defaults[0]})")
+    g.add_argument("--batch-size", type=positive_int, default=defaults[1], help=f"windows per batch (default "
+                   f"{defaults[1]})")
+    g.add_argument("--ctx", type=positive_int, help="tokens per window (default: a custom model's training context; "
+                   "HF checkpoints min(1024, maximum))")
+    g.add_argument("--window-mode", choices=WINDOW_MODES, default="auto", help="how windows are drawn: first window "
+                   "of each document, sequential windows, or random; auto = first, else sequential (default auto)")
+    g.add_argument("--seed", type=nonneg_int, default=0, help="seed of the window choice and of injected noise")
+    g.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
+                   help="start each window with the tokenizer's BOS (then BOS + ctx-1 text tokens); default: exactly "
+                   "when the tokenizer prepends one to plain text (Gemma) or the model trained with one")
+    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
+    g.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: float32 on CPU)")
+    g.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
+    placement_flags(g)
+
+
+def placement_flags(g):
+    """Big checkpoints: accelerate's device map over GPUs, CPU and disk."""
+    g.add_argument("--device-map", type=device_map, metavar="MAP", help="spread the model over devices with "
+                   f"accelerate: {', '.join(DEVICE_MAPS)}, or a JSON object {{module: device}} (default: all on "
+                   "--device; implied auto by --max-memory)")
+    g.add_argument("--max-memory", type=max_memory, metavar="BUDGET", help="per-device budget of the device map: "
+                   "cpu=200MB,0=10GiB,disk=... or the same as JSON; what does not fit goes to the next device, "
+                   "disk last")
+    g.add_argument("--offload-dir", metavar="DIR", help="folder for weights offloaded to disk (default: a temporary "
+                   "folder removed at exit)")
+
+
+def eps_flag(p):
+    p.add_argument("--eps", nargs="+", type=attention_share, default=[0.3], metavar="EPS",
+                   help="Sink^eps thresholds: a head is a sink head when its mean attention on key 0 exceeds eps "
+                        "(Gu et al. 2025; default 0.3)")
+
+
+def injection_flags(p, dose_flag: str, dose_default, dose_help: str):
+    g = p.add_argument_group("injection")
+    g.add_argument("--junk", nargs="+", choices=JUNK_TYPES + ("all",), default=["structured"], metavar="KIND",
+                   help=f"junk direction(s): {', '.join(JUNK_TYPES)}, or all (default structured)")
+    g.add_argument(dose_flag, dest="dose", nargs="+", type=dose, default=dose_default, metavar="EPS", help=dose_help)
+    g.add_argument("--cutoff", nargs="+", choices=CUTOFFS, default=["q25"], metavar="Q",
+                   help="quiet reads: the q25 (default) or median smallest read norms")
+
+
+
+# ------------------------------------------------------------------------------------------------- reading
+
+
+def _unique(values) -> tuple:
+    return tuple(dict.fromkeys(values))
+
+
+def model_spec(args: argparse.Namespace, default: str | None = None) -> ModelSpec:
+    """--model (``default`` when absent), --device, --dtype, --threads, --device-map, --max-memory, --offload-dir."""
+    return ModelSpec(name=args.model, default=default, device=args.device, dtype=args.dtype,
+                     threads=args.threads, device_map=args.device_map, max_memory=args.max_memory,
+                     offload_dir=args.offload_dir)
+
+
+def window_spec(args: argparse.Namespace) -> WindowSpec:
+    """--data, --tokenizer, --batches, --batch-size, --ctx, --window-mode, --seed, --bos / --no-bos."""
+    return WindowSpec(data=args.data, tokenizer=args.tokenizer, batches=args.batches, batch_size=args.batch_size,
+                      ctx=args.ctx, mode=args.window_mode, seed=args.seed, bos=args.bos)
+
+
+def injection_spec(args: argparse.Namespace) -> InjectionSpec | None:
+    """--junk, --cutoff and the doses (--dose, or report's --inject-doses); None when no dose was asked for."""
+    if not args.dose:
+        return None
+    return InjectionSpec(doses=_unique(args.dose), junk=_unique(args.junk), cutoffs=_unique(args.cutoff))
+
+
+def _is_main() -> bool:
+    """Rank 0 of the process group, or the only process. A group exists only once torch.distributed is imported
+    (probe.cli.distributed does so before the verb runs), so a verb that never imports torch, like ``probe models``,
+    is the main process without importing it (torch costs seconds)."""
+    if "torch.distributed" not in sys.modules:
+        return True
+    from probe.analyses.parallel import is_main
+
+    return is_main()
+
+
+def output_spec(args: argparse.Namespace) -> OutputSpec:
+    """--out, --json, --quiet, --self-contained; under torchrun only rank 0 writes and prints (the others are quiet)."""
+    if not _is_main():
+        return OutputSpec(out=None, as_json=False, quiet=True, writer=False)
+    return OutputSpec(out=Path(args.out) if args.out else None, as_json=args.json, quiet=args.quiet,
+                      self_contained=getattr(args, "self_contained", False))
+
+
+def eps_values(args: argparse.Namespace) -> tuple[float, ...]:
+    """--eps: the Sink^eps thresholds."""
+    return _unique(args.eps)

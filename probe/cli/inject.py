@@ -1,0 +1,46 @@
+"""``probe inject``: value-noise injection into the quiet value reads (loss increase) and the attention exposure to
+them; shaped for the terminal and the page by probe.present.inject."""
+from __future__ import annotations
+
+import argparse
+
+from probe.cli.flags import DEFAULT_DOSES, DEFAULT_MODEL, injection_flags, model_flags, output_flags
+
+HELP = "value-noise injection: loss increase when quiet value reads receive junk"
+DESCRIPTION = ("Inject junk into the quiet value reads of every layer at once and report the loss increase per "
+               "condition (junk x cutoff x dose), plus the attention exposure to quiet reads and to the phantom.")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("inject", help=HELP, description=DESCRIPTION, allow_abbrev=False)
+    model_flags(p, DEFAULT_MODEL)
+    injection_flags(p, "--dose", list(DEFAULT_DOSES), "dose(s) eps, finite and >= 0 (default 0.2 0.4 0.8 1.6)")
+    p.add_argument("--no-exposure", action="store_true", help="skip the exposure statistics")
+    output_flags(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from probe.analyses.inject import conditions, inject
+    from probe.cli.distributed import all_ranks_agree
+    from probe.cli.flags import injection_spec
+    from probe.cli.prepare import prepare
+    from probe.jobs.inputs import injection_plan
+    from probe.present import inject as presentation
+    from probe.present.console import plan_line
+    from probe.present.files import publish
+
+    with all_ranks_agree():
+        run = prepare(args, DEFAULT_MODEL, "inject")
+        model, eb, spec = run.model, run.windows, injection_spec(args)
+        kinds, cutoffs, skipped = injection_plan(model, spec, run.window_spec.batch_size)
+    for s in skipped:
+        run.console.note(f"skipping junk {s}")
+    doses = list(spec.doses)
+    corrupted = [c for c in conditions(kinds, cutoffs, doses) if c[2] != 0]
+    run.console.note(plan_line("inject", model, eb, 1 + len(corrupted), f"1 clean + {len(corrupted)} corrupted: "
+                               f"{len(kinds)} junk x {len(cutoffs)} cutoff x {len(doses)} dose"))
+    result = inject(model, eb, junk=kinds, cutoffs=cutoffs, doses=doses, seed=run.window_spec.seed,
+                    exposure=not args.no_exposure, progress=run.progress)
+    publish(run.output, "inject", result, presentation, run.console)
+    return 0

@@ -1,0 +1,42 @@
+"""``probe models``: what can be named (variants, tiers, the zoo, known checkpoints); shaped by probe.present.models.
+
+It answers within a second: the names come from stdlib-only modules (probe.catalogue, probe.checkpoints.load), and
+pandas is imported only for --out / --json, which write the tables as DataFrames."""
+from __future__ import annotations
+
+import argparse
+
+from probe.cli.flags import output_flags
+
+HELP = "list variants, tiers, zoo checkpoints and known checkpoint names"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("models", help=HELP, description=HELP, allow_abbrev=False)
+    output_flags(p, "write models.csv and models.json to DIR")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from probe.catalogue import TIER_DESCRIPTIONS, TIERS, VARIANTS
+    from probe.checkpoints.load import list_models
+    from probe.cli.flags import output_spec
+    from probe.present import models
+    from probe.present.console import Console
+    from probe.present.files import emit, save_result
+
+    output = output_spec(args)
+    variants = [{"name": k, "description": v} for k, v in VARIANTS.items()]
+    tiers = [{"name": k, "layers": t["n_layers"], "d_model": t["d_model"], "heads": t["n_heads"], "d_mlp": t["d_mlp"],
+              "ctx": t["n_ctx"], "vocab": t["vocab_size"], "description": TIER_DESCRIPTIONS.get(k, "")}
+             for k, t in TIERS.items()]
+    checkpoints = list_models()
+    result = None  # the tables as DataFrames, for the files and the JSON document only (pandas: ~0.7 s to import)
+    if output.out or output.as_json:
+        import pandas as pd
+
+        result = {"variants": pd.DataFrame(variants), "tiers": pd.DataFrame(tiers),
+                  "checkpoints": pd.DataFrame(checkpoints, columns=["name", "source", "kind", "available"])}
+        save_result(output, "models", result, [], Console(output.quiet), "Models")
+    emit(output, "models", result, models.text(variants, tiers, checkpoints))
+    return 0

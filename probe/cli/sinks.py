@@ -1,0 +1,75 @@
+"""``probe sinks``: attention-sink statistics and Sink^eps, with massive activations (--massive) and active /
+dormant heads per input domain (--dormant) when asked; shaped for the terminal and the page by probe.present.sinks."""
+from __future__ import annotations
+
+import argparse
+
+from probe.cli.flags import DEFAULT_MODEL, eps_flag, model_flags, output_flags
+
+HELP = "attention-sink statistics: position-0 share, phantom share, r0, Sink^eps"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("sinks", help=HELP, description=HELP, allow_abbrev=False)
+    model_flags(p, DEFAULT_MODEL)
+    eps_flag(p)
+    p.add_argument("--massive", action="store_true", help="also report massive activations (Sun et al. 2024)")
+    p.add_argument("--dormant", action="store_true", help="also report active/dormant heads per input domain "
+                   "(Guo et al. 2024)")
+    p.add_argument("--dormant-corpora", nargs="+", default=["wikitext-2-test", "shakespeare", "kjv"],
+                   metavar="CORPUS", help="input domains for --dormant (default: the three bundled corpora)")
+    output_flags(p)
+    return p
+
+
+def _dormant_domains(args: argparse.Namespace, run) -> dict:
+    """--dormant's input domains as windows of the run's settings, built before any work (a bad domain is one line
+    naming --dormant-corpora, not --data)."""
+    import dataclasses
+
+    from probe.data.synthetic import is_synthetic
+    from probe.jobs.inputs import text_on_bb, trained_task, windows_for
+    from probe.present.errors import UsageError
+
+    domains, task = {}, trained_task(run.model)
+    for corpus in dict.fromkeys(args.dormant_corpora):
+        if task is not None and not is_synthetic(corpus):
+            raise text_on_bb(f"--dormant-corpora {corpus!r}", run.model, task, "give Bigram-Backcopy domains, e.g. "
+                             "--dormant-corpora synthetic:bb synthetic:bb[seed=1]")
+        try:
+            domains[corpus] = windows_for(dataclasses.replace(run.window_spec, data=corpus), run.model)[0]
+        except UsageError as e:
+            why = e.one_line().removeprefix(f"--data {corpus!r}: ")
+            raise UsageError(f"--dormant-corpora {corpus!r}: {why}") from None
+    return domains
+
+
+def run(args: argparse.Namespace) -> int:
+    from probe.analyses.sink_pass import sink_analyses
+    from probe.cli.distributed import all_ranks_agree
+    from probe.cli.flags import eps_values
+    from probe.cli.prepare import prepare
+    from probe.present import sinks
+    from probe.present.console import plan_line
+    from probe.present.files import publish
+
+    with all_ranks_agree():  # under torchrun: a setup failure on any rank ends every rank
+        run = prepare(args, DEFAULT_MODEL, "sinks")
+        domains = _dormant_domains(args, run) if args.dormant else None
+    model, eb = run.model, run.windows
+    run.console.note(plan_line("sinks", model, eb))
+    found = sink_analyses(model, eb, eps=list(eps_values(args)), massive=args.massive, dormant=domains,
+                          tokenizer=run.tokenizer, progress=run.progress)  # one forward per batch for all of them
+    result, heads = found["sinks"], found["sink_eps"]
+    for k in ("summary", "layers", "heads"):
+        result[f"sink_eps_{k}"] = heads[k]
+    if args.massive:
+        mas = found["massive"]
+        for k in ("summary", "layers", "top", "dims"):
+            result[f"massive_{k}"] = mas[k]
+    if args.dormant:
+        dor = found["dormant"]
+        for k in ("summary", "domains", "heads", "switching"):
+            result[f"dormant_{k}"] = dor[k]
+    publish(run.output, "sinks", result, sinks, run.console)
+    return 0

@@ -363,3 +363,60 @@ def test_a_wrong_mudd_mapping_moves_the_logits():
     with torch.no_grad():
         model.blocks[0].dense.bias.copy_(model.blocks[0].dense.bias[[1, 0, 2, 3]])  # q and k streams' weights swapped
     assert (probe_mudd_outputs(model, ids)["logits"] - theirs["logits"]).abs().max() > 0.1
+
+
+# ---- DenseFormer (epfml/DenseFormer experiments/models/denseformer.py): depth-weighted averages after each block ---
+def denseformer_model(dtype, layer_order=None, their_rope_angles=True):
+    """``their_rope_angles``: probe's RoPE takes cos/sin of their recorded angles (their 10**(-4x) frequencies are an
+    ulp from probe's 1/10000**x), so the fp64 comparison checks the depth-weighted averages, not libm."""
+    meta, w, inputs, outputs = load_fixture("denseformer")
+    s = meta["settings"]
+    d, L = s["n_embd"], s["n_layer"]
+    config = ProbeConfig(vocab_size=s["vocab_size"], n_layers=L, d_model=d, n_heads=s["n_head"], d_mlp=4 * d,
+                         n_ctx=s["sequence_length"], norm="layer", norm_eps=1e-5, mlp="gelu", tie_embeddings=True,
+                         dense="denseformer")
+    assert torch.equal(w["lm_head.weight"], w["transformer.wte.weight"])  # tied, as probe's
+    mapped = {"embed.weight": w["transformer.wte.weight"], "ln_f.weight": w["transformer.ln_f.weight"]}
+    for l, src in enumerate(layer_order or range(L)):
+        p, a = f"blocks.{l}.", f"transformer.h.{src}.0."
+        q, k, v = w[a + "attn.c_attn.weight"].split(d)
+        mapped.update({p + "attn.q_proj.weight": interleaved_to_half(q, config.n_heads),
+                       p + "attn.k_proj.weight": interleaved_to_half(k, config.n_heads), p + "attn.v_proj.weight": v,
+                       p + "attn.o_proj.weight": w[a + "attn.c_proj.weight"], p + "ln1.weight": w[a + "ln_1.weight"],
+                       p + "ln2.weight": w[a + "ln_2.weight"], p + "mlp.up.weight": w[a + "mlp.c_fc.weight"],
+                       p + "mlp.down.weight": w[a + "mlp.c_proj.weight"], p + "dense.bias": w[f"weights.{l}.weight"]})
+    model = ProbeForCausalLM(config, backend="reference").to(dtype).eval()
+    model.load_state_dict(mapped, strict=True)
+    if their_rope_angles:
+        T = inputs["input_ids"].shape[1]
+        half = outputs["tables/rope_angles"].to(dtype)[:T, 0::2]  # T, d_head/2: one angle per interleaved pair
+        angles = torch.cat([half, half], dim=-1)[:, None, :]  # T,1,d_head in probe's rotate-half layout
+        for blk in model.blocks:
+            blk.attn.rotary._cache[(T, "cpu", dtype)] = (angles.cos(), angles.sin())
+    return model, inputs["input_ids"], outputs
+
+
+def probe_denseformer_outputs(model, ids) -> dict:
+    streams = {}
+    handles = [blk.dense.register_forward_hook(lambda m, i, o, _l=l: streams.__setitem__(f"stream.{_l}", o[0]))
+               for l, blk in enumerate(model.blocks)]
+    try:
+        with torch.no_grad():
+            logits = model(ids).logits
+    finally:
+        for h in handles:
+            h.remove()
+    return {"logits": logits, **streams}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_denseformer_matches_the_authors(dtype):
+    model, ids, theirs = denseformer_model(dtype, their_rope_angles=dtype == torch.float64)
+    diffs = max_differences(probe_denseformer_outputs(model, ids), theirs,
+                            prefix="" if dtype == torch.float64 else "fp32/")
+    assert max(diffs.values()) <= (FP64_TOL if dtype == torch.float64 else FP32_TOL), diffs
+
+
+def test_a_wrong_denseformer_mapping_moves_the_logits():
+    model, ids, theirs = denseformer_model(torch.float64, layer_order=[1, 0, 2])
+    assert (probe_denseformer_outputs(model, ids)["logits"] - theirs["logits"]).abs().max() > 0.1

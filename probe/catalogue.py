@@ -2,38 +2,61 @@
 
 Standard library only, so ``probe models`` lists them without importing torch or transformers. probe.models uses
 and re-exports these tables (``probe.models.VARIANTS``, ``TIERS``): models/config.py builds tiers from them,
-models/variants.py maps each variant name to its mechanism settings and ``add_variant`` adds to ``VARIANTS``.
+models/variants.py builds each variant's config from its ``settings`` here, and ``add_variant`` adds to ``VARIANTS``.
 """
 from __future__ import annotations
 
-# name -> description; add_variant (variants.py) adds to this one dict
-VARIANTS: dict[str, str] = {
-    "baseline": "standard causal softmax attention, plain residual stream",
-    "offbyone": "phantom key with logit fixed at 0 and value 0 (softmax-off-by-one)",
-    "sinklogit": "phantom key with a learned logit b_h per head (gpt-oss sink)",
-    "sinktoken": "a learned extra first token with learned key and value, removed before the LM head",
-    "normgate": "value gate g_j = sigmoid(beta(||v_j||/sqrt(dh) - tau_h)), beta = 8",
-    "projgate": "value gate g_j = sigmoid(w_h . v_j + b_h)",
-    "sink+norm": "sink logit and norm gate",
-    "sink+proj": "sink logit and projection gate",
-    "routing-normgate": "norm gate in the routing slot: log g_j added to the logits, no row scaling",
-    "gatedv": "GatedV: SiLU on the projected values before aggregation",
-    "gatedv-tanh": "GatedV control: V * tanh(V)",
-    "gatedv-q": "GatedV placement control: SiLU on the queries only (before RoPE)",
-    "gatedv-qkv": "GatedV placement control: SiLU on queries, keys (before RoPE) and values",
-    "g2": "Gated Attention G2: headwise sigmoid gate from a separate input projection, on the values",
-    "glu-full": "GLU value (U W_C) * SiLU(U W_G) at full value width",
-    "glu-reduced": "GLU value at reduced width: combined value width 2d/3, parameter-matched",
-    "attnres-full": "AttnRes: static-query softmax over all earlier sub-layer outputs",
-    "attnres-block{N}": "Block AttnRes with N blocks (embedding, completed block sums, partial block)",
-    "plr-full-r{r}": "P-LR-AttnRes: rank-r routing keys projected beside each output, full sources",
-    "plr-block{N}-r{r}": "P-LR-AttnRes over N blocks",
-    "slr-full-r{r}": "S-LR-AttnRes: routing key = last r coordinates of each output, full sources",
-    "slr-block{N}-r{r}": "S-LR-AttnRes over N blocks",
-    "value-residual": "value residual: V_n <- (1 - lambda_n) V_n + lambda_n V_1, lambda init 0.5",
-    "value-residual-2w": "ResFormer two-weight value residual: lambda_1 V_1 + lambda_2 V_n",
-    "denseformer": "DenseFormer: static weighted average of all earlier block outputs after each block",
-    "mudd": "MUDD: per-token dynamic dense connections for query, key, value and residual streams",
+from typing import NamedTuple
+
+
+class Variant(NamedTuple):
+    """One named custom model: what it is, and the ProbeConfig mechanism fields it sets (plain data)."""
+    description: str
+    settings: dict  # parametric names ({N} blocks, {r} rank) add their parameters to these (models/variants.py)
+
+
+# name -> Variant: the one variant table (models/variants.py builds configs from it; add_variant adds to it)
+VARIANTS: dict[str, Variant] = {
+    "baseline": Variant("standard causal softmax attention, plain residual stream", {}),
+    "offbyone": Variant("phantom key with logit fixed at 0 and value 0 (softmax-off-by-one)",
+                        dict(abstention="offbyone")),
+    "sinklogit": Variant("phantom key with a learned logit b_h per head (gpt-oss sink)", dict(abstention="sinklogit")),
+    "sinktoken": Variant("a learned extra first token with learned key and value, removed before the LM head",
+                         dict(abstention="sinktoken")),
+    "normgate": Variant("value gate g_j = sigmoid(beta(||v_j||/sqrt(dh) - tau_h)), beta = 8", dict(value_gate="norm")),
+    "projgate": Variant("value gate g_j = sigmoid(w_h . v_j + b_h)", dict(value_gate="proj")),
+    "sink+norm": Variant("sink logit and norm gate", dict(abstention="sinklogit", value_gate="norm")),
+    "sink+proj": Variant("sink logit and projection gate", dict(abstention="sinklogit", value_gate="proj")),
+    "routing-normgate": Variant("norm gate in the routing slot: log g_j added to the logits, no row scaling",
+                                dict(value_gate="routing-norm")),
+    "gatedv": Variant("GatedV: SiLU on the projected values before aggregation", dict(value_gate="silu")),
+    "gatedv-tanh": Variant("GatedV control: V * tanh(V)", dict(value_gate="tanh")),
+    "gatedv-q": Variant("GatedV placement control: SiLU on the queries only (before RoPE)", dict(qk_activation="q")),
+    "gatedv-qkv": Variant("GatedV placement control: SiLU on queries, keys (before RoPE) and values",
+                          dict(qk_activation="qk", value_gate="silu")),
+    "g2": Variant("Gated Attention G2: headwise sigmoid gate from a separate input projection, on the values",
+                  dict(value_gate="g2")),
+    "glu-full": Variant("GLU value (U W_C) * SiLU(U W_G) at full value width", dict(value_gate="glu")),
+    # d_value "reduced": the combined value width m = 2d/3, rounded to a multiple of the heads (models/variants.py)
+    "glu-reduced": Variant("GLU value at reduced width: combined value width 2d/3, parameter-matched",
+                           dict(value_gate="glu", d_value="reduced")),
+    "attnres-full": Variant("AttnRes: static-query softmax over all earlier sub-layer outputs", dict(depth="attnres")),
+    "attnres-block{N}": Variant("Block AttnRes with N blocks (embedding, completed block sums, partial block)",
+                                dict(depth="attnres")),
+    "plr-full-r{r}": Variant("P-LR-AttnRes: rank-r routing keys projected beside each output, full sources",
+                             dict(depth="plr")),
+    "plr-block{N}-r{r}": Variant("P-LR-AttnRes over N blocks", dict(depth="plr")),
+    "slr-full-r{r}": Variant("S-LR-AttnRes: routing key = last r coordinates of each output, full sources",
+                             dict(depth="slr")),
+    "slr-block{N}-r{r}": Variant("S-LR-AttnRes over N blocks", dict(depth="slr")),
+    "value-residual": Variant("value residual: V_n <- (1 - lambda_n) V_n + lambda_n V_1, lambda init 0.5",
+                              dict(value_residual="lambda")),
+    "value-residual-2w": Variant("ResFormer two-weight value residual: lambda_1 V_1 + lambda_2 V_n",
+                                 dict(value_residual="two-weight")),
+    "denseformer": Variant("DenseFormer: static weighted average of all earlier block outputs after each block",
+                           dict(dense="denseformer")),
+    "mudd": Variant("MUDD: per-token dynamic dense connections for query, key, value and residual streams",
+                    dict(dense="mudd")),
 }
 
 # name -> ProbeConfig keyword arguments (the architecture only; mechanisms come from variants)

@@ -7,7 +7,6 @@ from transformers import AutoModelForCausalLM
 
 from probe.data import WindowSampler, eval_batches, load_corpus, load_tokenizer, tokenize_documents
 from probe.models import GATES, VARIANTS, ValueGate, add_variant, added_parameters, config_for, create, register_gate
-from probe.models import variants
 from probe.models.params import parameter_roles
 from probe.train.trainer import TrainConfig, evaluate, train
 
@@ -37,10 +36,10 @@ def registered():
     yield
     GATES.pop("mean")  # leave the registries as the other tests expect them
     VARIANTS.pop("meangate")
-    variants._FIXED.pop("meangate")
 
 
 def test_the_new_gate_is_built_hooked_and_its_roles_are_declared(registered):
+    assert VARIANTS["meangate"] == ("value gate on the mean of each read", {"value_gate": "mean"})
     model = create("meangate", **SMALL)
     assert model.config.probe_variant == "meangate" and isinstance(model.blocks[0].attn.gate, MeanGate)
     roles = parameter_roles(model)

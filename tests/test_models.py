@@ -38,6 +38,28 @@ def test_unknown_names_raise_with_choices():
 
 
 @pytest.mark.parametrize("variant", ALL)
+def test_a_variant_sets_its_catalogue_settings_and_leaves_every_other_mechanism_plain(variant):
+    """probe.catalogue.VARIANTS is the one variant table: a name's config has its settings there (a routed name adds
+    its N and r to its template's) and every other mechanism field at the plain baseline's value."""
+    from probe.catalogue import VARIANTS
+    from probe.models.variants import _PLAIN
+
+    config = config_for(variant, **SMALL)
+    kind, _, rest = variant.partition("-")
+    template = variant if variant in VARIANTS else f"{kind}-{'full' if rest.startswith('full') else 'block{N}'}" + (
+        "-r{r}" if "-r" in rest else "")
+    plain = config_for("baseline", **SMALL)
+    expected = dict({k: getattr(plain, k) for k in _PLAIN}, **VARIANTS[template].settings)
+    if expected["d_value"] == "reduced":
+        expected["d_value"] = round(2 * SMALL["d_model"] / 3 / SMALL["n_heads"])
+    if template != variant:
+        expected["depth_blocks"] = 0 if rest.startswith("full") else int(rest.split("-")[0][len("block"):])
+        if "-r" in rest:
+            expected["depth_rank"] = int(rest.rpartition("-r")[2])
+    assert {k: getattr(config, k) for k in _PLAIN} == expected
+
+
+@pytest.mark.parametrize("variant", ALL)
 def test_every_variant_trains_forward_backward_at_tiny_tier(variant):
     overrides = {"depth_rank": 8} if variant.startswith(("plr", "slr")) else {}
     model = create(variant.replace("block2", "block4").replace("-r8", ""), tier="tiny", **overrides)

@@ -9,34 +9,11 @@ import re
 
 import torch
 
-from probe.catalogue import VARIANTS
+from probe.catalogue import VARIANTS, Variant
 from probe.models.config import ProbeConfig, tier_config, TIERS
 from probe.models.model import ProbeForCausalLM
 from probe.models.params import count_by_role
 
-_FIXED: dict[str, dict] = {
-    "baseline": {},
-    "offbyone": dict(abstention="offbyone"),
-    "sinklogit": dict(abstention="sinklogit"),
-    "sinktoken": dict(abstention="sinktoken"),
-    "normgate": dict(value_gate="norm"),
-    "projgate": dict(value_gate="proj"),
-    "sink+norm": dict(abstention="sinklogit", value_gate="norm"),
-    "sink+proj": dict(abstention="sinklogit", value_gate="proj"),
-    "routing-normgate": dict(value_gate="routing-norm"),
-    "gatedv": dict(value_gate="silu"),
-    "gatedv-tanh": dict(value_gate="tanh"),
-    "gatedv-q": dict(qk_activation="q"),
-    "gatedv-qkv": dict(qk_activation="qk", value_gate="silu"),
-    "g2": dict(value_gate="g2"),
-    "glu-full": dict(value_gate="glu"),
-    "glu-reduced": dict(value_gate="glu", d_value="reduced"),
-    "attnres-full": dict(depth="attnres"),
-    "value-residual": dict(value_residual="lambda"),
-    "value-residual-2w": dict(value_residual="two-weight"),
-    "denseformer": dict(dense="denseformer"),
-    "mudd": dict(dense="mudd"),
-}
 # the config fields that select mechanisms: all at these values is the plain baseline of an architecture
 _PLAIN = dict(abstention="none", value_gate="none", value_residual="none", depth="residual", depth_blocks=0,
               depth_rank=None, dense="none", qk_activation="none", d_value=None)
@@ -47,8 +24,7 @@ def add_variant(name: str, description: str, **settings) -> None:
     """Name a mechanism setting: ``add_variant("mygate", "my value gate", value_gate="mygate")``; then
     ``create("mygate")`` builds it and its name is recorded in the config (``probe_variant``)."""
     ProbeConfig(**settings)  # unknown fields or values fail here, not at first use
-    VARIANTS[name] = description
-    _FIXED[name] = dict(settings)
+    VARIANTS[name] = Variant(description, dict(settings))
 
 
 def _defaults(arch: dict) -> tuple[int, int]:
@@ -58,8 +34,8 @@ def _defaults(arch: dict) -> tuple[int, int]:
 
 def variant_settings(variant: str, arch: dict) -> dict:
     """Mechanism settings (ProbeConfig kwargs) for a variant name on an architecture."""
-    if variant in _FIXED:
-        settings = dict(_FIXED[variant])
+    if variant in VARIANTS and "{" not in variant:
+        settings = dict(VARIANTS[variant].settings)
         if settings.get("d_value") == "reduced":  # combined value width m = 2d/3, a multiple of the heads
             heads = arch.get("n_heads", 4)
             settings["d_value"] = max(1, round(2 * arch["d_model"] / 3 / heads))
@@ -70,7 +46,8 @@ def variant_settings(variant: str, arch: dict) -> dict:
         default_n, default_r = _defaults(arch)
         if kind == "attnres" and rank:
             raise ValueError(f"variant {variant!r}: attnres uses full-width keys; drop the -r{rank} suffix")
-        settings = dict(depth=kind, depth_blocks=0 if mode == "full" else int(n_blocks or default_n))
+        template = f"{kind}-{'full' if mode == 'full' else 'block{N}'}" + ("" if kind == "attnres" else "-r{r}")
+        settings = dict(VARIANTS[template].settings, depth_blocks=0 if mode == "full" else int(n_blocks or default_n))
         if kind != "attnres":
             settings["depth_rank"] = int(rank) if rank else default_r
         return settings

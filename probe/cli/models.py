@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from probe.present.files import emit, save_result
 
     output = output_spec(args)
-    variants = [{"name": k, "description": v} for k, v in VARIANTS.items()]
+    variants = [{"name": k, "description": v.description} for k, v in VARIANTS.items()]
     tiers = [{"name": k, "layers": t["n_layers"], "d_model": t["d_model"], "heads": t["n_heads"], "d_mlp": t["d_mlp"],
               "ctx": t["n_ctx"], "vocab": t["vocab_size"], "description": TIER_DESCRIPTIONS.get(k, "")}
              for k, t in TIERS.items()]

@@ -420,3 +420,33 @@ def test_denseformer_matches_the_authors(dtype):
 def test_a_wrong_denseformer_mapping_moves_the_logits():
     model, ids, theirs = denseformer_model(torch.float64, layer_order=[1, 0, 2])
     assert (probe_denseformer_outputs(model, ids)["logits"] - theirs["logits"]).abs().max() > 0.1
+
+
+# ---- fla-org/flash-linear-attention fla/ops/attnres/naive.py: a second reference for one AttnRes read -------------
+def probe_attnres_read(inputs: dict, dtype, eps: float) -> dict:
+    from probe.models.depth import DepthRead, DepthSources
+
+    residuals = inputs["residuals"].to(dtype)  # S,B,T,D
+    config = ProbeConfig(n_layers=2, d_model=residuals.shape[-1], n_heads=2, depth="attnres", norm_eps=eps)
+    sources = DepthSources(config, residuals[0], None)
+    for v in residuals[1:]:
+        sources.add(v, None)
+    read = DepthRead(config).to(dtype)
+    read.materialize = True
+    seen = {}
+    read.hook_depth_weights.register_forward_hook(lambda m, i, o: seen.__setitem__("weights", o))
+    with torch.no_grad():
+        read.query.copy_(inputs["query"])
+        out = read(sources)
+    return {"out": out, "weights": seen["weights"].permute(2, 0, 1)}  # S,B,T as theirs
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_an_attnres_read_matches_fla_naive_attnres(dtype):
+    meta, _, inputs, theirs = load_fixture("attnres-read-fla")
+    assert meta["repository"] == "fla-org/flash-linear-attention"
+    diffs = max_differences(probe_attnres_read(inputs, dtype, meta["settings"]["rms_eps"]), theirs,
+                            prefix="" if dtype == torch.float64 else "fp32/")
+    assert max(diffs.values()) <= (FP64_TOL if dtype == torch.float64 else FP32_TOL), diffs
+    wrong = probe_attnres_read({**inputs, "query": -inputs["query"]}, dtype, meta["settings"]["rms_eps"])
+    assert (wrong["weights"].double() - theirs["weights"]).abs().max() > 1e-2  # the query matters

@@ -181,7 +181,14 @@ def interpreter_checks(timeout: float = 300.0) -> list[CheckRow]:
     return [CheckRow(**json.loads(line)) for line in res.stdout.splitlines() if line.startswith("{")]
 
 
-if __name__ == "__main__":  # the interpreter check: tiny shapes, fp32, JSON rows on stdout
+def _interpreter_main():
+    """The interpreter check's process: tiny shapes, fp32, one JSON row per line on stdout."""
     torch.set_num_threads(1)
     for row in run_checks("cpu", ["fp32"], small=True):
         print(json.dumps(dataclasses.asdict(row)), flush=True)
+
+
+if __name__ == "__main__":  # run through the imported module, not this __main__ copy, so its settings are the ones used
+    from probe.kernels import checks
+
+    checks._interpreter_main()

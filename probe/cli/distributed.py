@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from probe.analyses.parallel import gather, rank_and_world
+from probe.jobs.lock import acquire as acquire_lock
 from probe.present.errors import UsageError, first_line
 from probe.present.files import check_out_dir
 from probe.train.distributed import from_env
@@ -49,10 +50,12 @@ def run_on_ranks(run, args) -> int:
         if cuda:
             torch.cuda.set_device(info.local_rank)  # --device auto / cuda: this rank's GPU
         dist.init_process_group("nccl" if cuda else "gloo", timeout=group_timeout())
+    lock = None
     try:
-        with all_ranks_agree():  # a bad --out ends every rank (rank 0 alone writes, so it alone checks)
+        with all_ranks_agree():  # a bad or busy --out ends every rank (rank 0 alone writes, so it alone checks)
             if info.rank == 0 and getattr(args, "out", None):
                 check_out_dir(args.out, prog=f"probe {args.verb}")
+                lock = acquire_lock(args.out, wait=getattr(args, "wait", False), prog=f"probe {args.verb}")
         return run(args)
     except UsageError as e:
         if not getattr(e, "shared", False):
@@ -61,6 +64,8 @@ def run_on_ranks(run, args) -> int:
                 e.args = (f"rank {info.rank}: {e}",)
         raise
     finally:
+        if lock is not None:
+            lock.release()
         if owned:
             dist.destroy_process_group()
 

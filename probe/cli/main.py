@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import os
 import sys
 import time
@@ -32,6 +33,10 @@ from importlib import import_module
 from probe import __version__
 
 from probe.present.errors import UsageError, UsageParser
+from probe.present.files import WriteError
+
+# a write that failed for want of room or a working disk, wherever it happened (torch.save, a library's writer)
+DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS}
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,27 @@ def build_parser() -> UsageParser:
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=UsageParser)
     for verb in VERBS.values():
         getattr(import_module(verb.module), verb.add_parser)(sub)
+    for p in sub.choices.values():  # every verb that writes --out holds its lock (probe.jobs.lock) while it runs
+        if any("--out" in a.option_strings for a in p._actions):
+            p.add_argument("--wait", action="store_true", help="when another probe process holds --out, wait for it "
+                           "to finish instead of stopping (exit 2) with a line naming it")
+        if any("--data" in a.option_strings for a in p._actions):
+            p.add_argument("--skip-bad-records", action="store_true", help="skip .jsonl records without a string "
+                           "\"text\" (a warning counts them) instead of stopping at the first")
     return parser
+
+
+def run_verb_reading(name: str, args) -> int:
+    """``run_verb`` under the run's policy for bad corpus records (--skip-bad-records; probe.data.corpus)."""
+    if not getattr(args, "skip_bad_records", False):
+        return run_verb(name, args)
+    from probe.data.corpus import SKIP_BAD_RECORDS
+
+    token = SKIP_BAD_RECORDS.set(True)
+    try:
+        return run_verb(name, args)
+    finally:
+        SKIP_BAD_RECORDS.reset(token)
 
 
 def run_verb(name: str, args) -> int:
@@ -119,12 +144,27 @@ def main(argv=None) -> int:
             raise UsageError(f"missing VERB; choose one of {', '.join(VERBS)}", prog="probe")
         verb = args.verb
         if under_torchrun() and verb != "train":  # the trainer joins its process group itself
-            return import_module("probe.cli.distributed").run_on_ranks(partial(run_verb, verb), args) or 0
+            return import_module("probe.cli.distributed").run_on_ranks(partial(run_verb_reading, verb), args) or 0
         # before any model loads: a bad --out is one line within a second (under torchrun rank 0, the one writer,
         # alone checks: ranks creating and removing the same test folders at once would race)
+        lock = None
         if getattr(args, "out", None) and os.environ.get("RANK", "0") == "0":
             import_module("probe.present.files").check_out_dir(args.out, prog=f"probe {verb}")
-        return run_verb(verb, args) or 0
+            lock = import_module("probe.jobs.lock").acquire(args.out, wait=getattr(args, "wait", False),
+                                                            prog=f"probe {verb}")
+        try:
+            return run_verb_reading(verb, args) or 0
+        finally:
+            if lock is not None:
+                lock.release()
+    except WriteError as e:  # the flags were fine, the disk was not: exit 1, one line naming the file
+        sys.stderr.write(f"probe {verb}: error: {e}\n")
+        return 1
+    except OSError as e:
+        if e.errno not in DISK_ERRORS or os.environ.get("PROBE_TRACEBACK"):
+            raise
+        sys.stderr.write(f"probe {verb}: error: cannot write {e.filename or 'a file'}: {e.strerror}\n")
+        return 1
     except UsageError as e:
         if os.environ.get("PROBE_TRACEBACK"):
             raise

@@ -18,12 +18,17 @@ import hashlib
 import json
 import os
 import socket
+import tempfile
 import threading
+import warnings
+import zlib
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from probe.data import documents as D
+from probe.data.limits import MAX_INPUT_BYTES, check_fits, check_input_file, human_bytes
 
 CORPUS_DIR = Path(__file__).parent / "corpora"
 DEFAULT_EVAL_CORPUS = "wikitext-2-test"
@@ -45,6 +50,9 @@ _BUNDLED = {  # name -> (file, splitter)
     "kjv": ("kjv.txt", D.split_kjv),
 }
 TRAIN_MIX = ("shakespeare", "kjv", "wikitext-2-valid")
+# the run's policy for JSON-lines records without a string "text": False = stop at the first (one line naming it),
+# True = skip them with a warning that counts them (the CLI's --skip-bad-records sets it around a verb's run)
+SKIP_BAD_RECORDS: ContextVar[bool] = ContextVar("SKIP_BAD_RECORDS", default=False)
 
 
 @dataclass
@@ -70,8 +78,14 @@ class Corpus:
                 "corpus_documents": len(self.documents)}
 
 
-def load_corpus(name_or_path: str | os.PathLike = DEFAULT_EVAL_CORPUS) -> Corpus:
-    """A bundled name, ``train``, a local ``.txt`` file or directory, or ``hf:...``; see ``CORPORA``."""
+def load_corpus(name_or_path: str | os.PathLike = DEFAULT_EVAL_CORPUS, *,
+                skip_bad_records: bool | None = None) -> Corpus:
+    """A bundled name, ``train``, a local ``.txt`` file or directory, or ``hf:...``; see ``CORPORA``.
+
+    Every local file read is a regular file of bounded size (``probe.data.limits.check_input_file``). A JSON-lines
+    record without a string ``"text"`` is a ``ValueError`` naming the file and line, or with ``skip_bad_records``
+    (None: ``SKIP_BAD_RECORDS`` of the caller's context, the CLI's ``--skip-bad-records``) skipped with a warning that
+    counts them."""
     key = str(name_or_path)
     if key in _BUNDLED:
         fname, split = _BUNDLED[key]
@@ -87,13 +101,15 @@ def load_corpus(name_or_path: str | os.PathLike = DEFAULT_EVAL_CORPUS) -> Corpus
         files = sorted(path.rglob("*.txt"))
         if not files:
             raise FileNotFoundError(f"corpus directory {key!r} holds no .txt files")
-        docs = [t for t in (f.read_text(encoding="utf-8").strip("\n") for f in files) if t.strip()]
+        docs = [t for t in (_read_text(f).strip("\n") for f in files) if t.strip()]
         return Corpus(str(path.resolve()), docs, f"directory, one document per .txt file ({len(files)} files)")
-    if path.is_file() and path.name.endswith((".jsonl", ".jsonl.gz")):
-        docs = _jsonl_documents(path)
-        return Corpus(str(path.resolve()), docs, "JSON lines, one document per record's \"text\"")
-    if path.is_file():
-        docs = D.split_blank_lines(path.read_text(encoding="utf-8"))
+    if path.name.endswith((".jsonl", ".jsonl.gz")) and path.exists():
+        skip = SKIP_BAD_RECORDS.get() if skip_bad_records is None else skip_bad_records
+        docs, skipped = _jsonl_documents(check_input_file(path), skip)
+        note = f"; {skipped} records without a string \"text\" skipped" if skipped else ""
+        return Corpus(str(path.resolve()), docs, f"JSON lines, one document per record's \"text\"{note}")
+    if path.exists():
+        docs = D.split_blank_lines(_read_text(path))
         return Corpus(str(path.resolve()), docs, "text file, one document per blank-line-separated chunk")
     if key.endswith((".txt", ".jsonl", ".jsonl.gz")) or os.sep in key:
         raise FileNotFoundError(f"corpus file {key!r} does not exist")
@@ -123,34 +139,82 @@ def split_heldout(corpus: Corpus, fraction: float = HELDOUT_FRACTION) -> tuple[C
                    f"{corpus.name} (smallest SHA-256), never sampled for training"))
 
 
-def _jsonl_documents(path: Path) -> list[str]:
-    """The non-blank "text" of every record of a JSON-lines file (gzip when it ends in .gz)."""
+def _read_text(path: Path) -> str:
+    """A local text file, once it is known to be a regular file of bounded size that fits in memory."""
+    size = check_input_file(path).stat().st_size
+    try:
+        check_fits(size, f"reading {path}")
+    except MemoryError as e:
+        raise ValueError(str(e)) from None
+    return path.read_text(encoding="utf-8")
+
+
+def _bad_record(line: str) -> str | None:
+    """Why a JSON-lines record gives no document (None: it does)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return "is not JSON"
+    if not isinstance(record, dict) or "text" not in record:
+        return "is not a JSON object with a \"text\" field"
+    if not isinstance(record["text"], str):
+        return f"has a \"text\" of type {type(record['text']).__name__}, not a string"
+    return None
+
+
+def _jsonl_documents(path: Path, skip_bad: bool = False) -> tuple[list[str], int]:
+    """(the non-blank "text" of every record of a JSON-lines file (gzip when it ends in .gz), records skipped).
+
+    A record without a string "text" is a ValueError naming its file and line, or with ``skip_bad`` skipped and
+    counted (a warning names the count and the first). Corrupt or truncated compression is one ValueError naming the
+    file; so is inflating past ``MAX_INPUT_BYTES``."""
     opener = gzip.open if path.name.endswith(".gz") else open
-    docs = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
+    docs, skipped, first_bad, inflated = [], 0, None, 0
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, start=1):
+                inflated += len(line)
+                if inflated > MAX_INPUT_BYTES:
+                    raise ValueError(f"{path} inflates past {human_bytes(MAX_INPUT_BYTES)}, more than a corpus file "
+                                     "may hold")
+                if not line.strip():
+                    continue
+                why = _bad_record(line)
+                if why is not None:
+                    if not skip_bad:
+                        raise ValueError(f"{path}:{n} {why}; fix the record, or pass --skip-bad-records to skip "
+                                         "such records")
+                    skipped += 1
+                    first_bad = first_bad or f"{path}:{n} {why}"
+                    continue
                 text = json.loads(line)["text"]
-            except (ValueError, KeyError, TypeError):
-                raise ValueError(f"{path}:{n} is not a JSON object with a \"text\" field") from None
-            if isinstance(text, str) and text.strip():
-                docs.append(text)
+                if text.strip():
+                    docs.append(text)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise ValueError(f"{path} is corrupt or truncated compressed data ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
+    if skipped:
+        warnings.warn(f"skipped {skipped} records without a string \"text\" (first: {first_bad})", stacklevel=3)
     if not docs:
         raise ValueError(f"corpus file {str(path)!r} holds no records with text")
-    return docs
+    return docs, skipped
 
 
 def write_jsonl(documents, path: str | os.PathLike) -> Path:
     """Save documents as a gzip JSON-lines corpus that ``load_corpus`` reads back unchanged (written atomically)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8") as f:
-        for d in documents:
-            f.write(json.dumps({"text": d}) + "\n")
-    os.replace(tmp, path)
+    # a new temp file of a random name, created exclusively (never a planted link); probe.present.files holds the
+    # general atomic writer, above this package
+    fd, tmp = tempfile.mkstemp(prefix=f".probe-tmp-{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", filename="") as z:
+            for d in documents:
+                z.write((json.dumps({"text": d}) + "\n").encode("utf-8"))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     return path
 
 

@@ -24,6 +24,7 @@ import torch
 
 from probe.analyses.sinks import sink_stats
 from probe.experiments.sink_emergence import (EmergenceConfig, build, copy_losses, run_identity, snapshot_steps)
+from probe.present.files import atomic_write, staging_dir
 from probe.runs import METRICS, ZOO_RECORD, metrics_records
 from probe.train.checkpoint import load_model
 
@@ -68,8 +69,7 @@ def ship(run_dir, *, trained_by: str | None = None, zoo_dir: Path = ZOO_DIR) -> 
     model = build(cfg, variant, seed)
     load_model(model, steps[cfg.steps])
     name = f"bb-{variant}"
-    tmp, final = zoo_dir / f".{name}.tmp", zoo_dir / name
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp, final = staging_dir(zoo_dir, name), zoo_dir / name  # a new folder of a random name: never a planted one
     model.cpu().half().save_pretrained(tmp)  # shipped in fp16 like the text zoo; analyses run it in fp32
     shipped = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
     last = [r for r in metrics_records(run_dir) if r.get("step") == cfg.steps] if (run_dir / METRICS).exists() else []
@@ -79,7 +79,7 @@ def ship(run_dir, *, trained_by: str | None = None, zoo_dir: Path = ZOO_DIR) -> 
               "eval": {"windows": cfg.task.spec(), "n_batches": cfg.n_eval_batches,
                        "batch_size": cfg.eval_batch_size, "seed": 0},
               "stats": measure(shipped, cfg)}
-    (tmp / ZOO_RECORD).write_text(json.dumps(record, indent=1))
+    atomic_write(tmp / ZOO_RECORD, json.dumps(record, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return record

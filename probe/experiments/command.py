@@ -16,7 +16,8 @@ import typing
 
 from probe.present.errors import UsageError, UsageParser
 from probe.experiments import RECIPES, make_config, module, run_recipe
-from probe.present.files import check_out_dir
+from probe.jobs.lock import acquire as acquire_lock
+from probe.present.files import WriteError, check_out_dir
 
 
 def _scalar_type(field: dataclasses.Field):
@@ -112,15 +113,19 @@ def main(argv=None, prog: str = PROG) -> int:
             cfg = make_config(name, **options)
         except (ValueError, TypeError) as e:
             raise UsageError(str(e), prog=f"{prog} {name}") from None
-        try:
-            result = run_recipe(module(name), cfg, out, progress=not quiet)
-        except (ValueError, FileNotFoundError, ConnectionError) as e:
-            message = str(e).splitlines()[0] if str(e) else repr(e)
-            raise UsageError(message, prog=f"{prog} {name}") from None
-        folder = result.save(out, self_contained)
+        with acquire_lock(out, prog=f"{prog} {name}"):  # one writer per folder (probe.jobs.lock)
+            try:
+                result = run_recipe(module(name), cfg, out, progress=not quiet)
+            except (ValueError, FileNotFoundError, ConnectionError) as e:
+                message = str(e).splitlines()[0] if str(e) else repr(e)
+                raise UsageError(message, prog=f"{prog} {name}") from None
+            folder = result.save(out, self_contained)
         print(f"{name}: wrote {len(result.tables)} tables and {len(result.figures)} figures to {folder} "
               f"({result.meta.get('wall_s', '?')} s)")
         return 0
+    except WriteError as e:  # a full disk or an I/O error: the run failed, the options were fine
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
     except UsageError as e:
         print(f"{e.prog}: error: {e.one_line()}", file=sys.stderr)
         return 2

@@ -42,6 +42,7 @@ from probe.analyses.massive import massive_activations
 from probe.analyses.sink_heads import sink_heads
 from probe.experiments.result import Result, Timer, check_training_numbers, config_dict
 from probe.models import config_for, create
+from probe.present.files import append_line, atomic_write
 from probe.runs import RUN_IDENTITY
 from probe.train import TrainConfig, train
 from probe.train.checkpoint import load_model
@@ -119,16 +120,15 @@ def train_variant(cfg: EmergenceConfig, variant: str, seed: int, run_dir, *, pro
     task = cfg.task
     model = build(cfg, variant, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "emergence.json").write_text(json.dumps({"variant": variant, "seed": seed, "config": asdict(cfg),
-                                                       "data": task.to_identity()}, indent=1))
-    (run_dir / RUN_IDENTITY).write_text(json.dumps(run_identity(cfg, variant, seed), indent=1))
+    atomic_write(run_dir / "emergence.json", json.dumps({"variant": variant, "seed": seed, "config": asdict(cfg),
+                                                         "data": task.to_identity()}, indent=1))
+    atomic_write(run_dir / RUN_IDENTITY, json.dumps(run_identity(cfg, variant, seed), indent=1))
     evals = task.eval_windows(cfg.n_eval_batches, cfg.eval_batch_size)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     last = train(model, task.sampler(seed), cfg.train_config(seed), run_dir, eval_batches=evals, progress=progress)
     timing = {"cpu_s": round(time.process_time() - cpu0, 1), "wall_s": round(time.perf_counter() - wall0, 1),
               "step": last.get("step"), "threads": cfg.threads}
-    with (run_dir / "timing.jsonl").open("a") as f:
-        f.write(json.dumps(timing) + "\n")
+    append_line(run_dir / "timing.jsonl", json.dumps(timing) + "\n")
     return {**last, **timing}
 
 

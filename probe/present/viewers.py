@@ -30,6 +30,7 @@ from probe.analyses.capture import model_device, token_text
 from probe.analyses.gates import read_tokens_of
 from probe.analyses.sources import depth_sites
 from probe.hooks import names as hook_names
+from probe.present.files import atomic_write
 from probe.present.page import plotly_script
 
 WINDOW = 64
@@ -487,7 +488,7 @@ def static_images(width: int = 900, height: int = 500) -> bool:
 
 def write_viewer_html(figures, path, title: str = "probe viewer") -> Path:
     path = Path(path)
-    path.write_text(viewer_html(figures, title), encoding="utf-8")
+    atomic_write(path, viewer_html(figures, title))
     return path
 
 

@@ -24,6 +24,7 @@ from safetensors.torch import save_model as save_state
 from torch import nn
 from transformers.utils import logging as hf_logging
 
+from probe.present.files import atomic_write, fsync_tree, staging_dir
 from probe.runs import CHECKPOINT
 
 STATE_JSON, STATE_TENSORS = "trainer_state.json", "state.safetensors"
@@ -98,16 +99,23 @@ def export_model(model: nn.Module, path: Path, tokenizer=None) -> Path:
 
     Written into a temporary sibling and renamed into place, so a reader never sees a half-written model."""
     path = Path(path)
-    tmp, old = path.with_name(f".{path.name}.tmp-{os.getpid()}"), path.with_name(f".{path.name}.old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_model(model, tmp)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = staging_dir(path.parent, path.name)  # a new folder of a random name: never a planted one
+    try:
+        save_model(model, tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        fsync_tree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
     if path.exists():
+        old = staging_dir(path.parent, f"{path.name}.old")  # empty: the previous model is renamed over it
         os.replace(path, old)
     os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return path
 
 
@@ -139,14 +147,20 @@ def find_checkpoint(out_dir: Path) -> Path | None:
 
 def save_checkpoint(out_dir: Path, model: nn.Module, optimizer, sampler, step: int, extra: dict | None = None) -> Path:
     out_dir = Path(out_dir)
-    final, tmp, old = out_dir / CHECKPOINT, out_dir / f"{CHECKPOINT}.tmp", out_dir / f"{CHECKPOINT}.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_model(model, tmp)
-    tensors: dict[str, torch.Tensor] = {}
-    state = flatten({"optimizer": optimizer.state_dict(), "sampler": sampler.state_dict(), "rng": rng_state()}, tensors)
-    save_file(tensors, str(tmp / STATE_TENSORS))
-    (tmp / STATE_JSON).write_text(json.dumps({"step": step, **(extra or {}), "state": state}))  # written last
+    final, old = out_dir / CHECKPOINT, out_dir / f"{CHECKPOINT}.old"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = staging_dir(out_dir, CHECKPOINT)  # a new folder of a random name (two runs never share it)
+    try:
+        save_model(model, tmp)
+        tensors: dict[str, torch.Tensor] = {}
+        state = flatten({"optimizer": optimizer.state_dict(), "sampler": sampler.state_dict(), "rng": rng_state()},
+                        tensors)
+        save_file(tensors, str(tmp / STATE_TENSORS))
+        atomic_write(tmp / STATE_JSON, json.dumps({"step": step, **(extra or {}), "state": state}))  # written last
+        fsync_tree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if (final / STATE_JSON).exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)

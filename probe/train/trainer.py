@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from probe.present.files import append_line, atomic_write
 from probe.progress import progress_bar
 from probe.runs import CHECKPOINT, METRICS, SNAPSHOTS, TRAIN_CONFIG, metrics_records, snapshot_dir
 
@@ -122,9 +123,7 @@ def read_metrics(run_dir: str | os.PathLike) -> pd.DataFrame:
 
 
 def _write_metrics(path: Path, records: list[dict]):
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    os.replace(tmp, path)
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
 def capped_warmup(warmup: int, steps: int) -> int:
@@ -192,7 +191,7 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
             first = [] if eval_batches is None else [{"step": 0, "tokens": 0, "val_loss": evaluate(
                 model, eval_batches, max_batches=cfg.eval_batches, amp=cfg.amp)}]
             _write_metrics(metrics_path, first)
-            (out_dir / TRAIN_CONFIG).write_text(json.dumps(_jsonable(cfg), indent=1))
+            atomic_write(out_dir / TRAIN_CONFIG, json.dumps(_jsonable(cfg), indent=1))
             if cfg.snapshot_every:
                 export_model(model, snapshot_dir(out_dir, 0), tokenizer)
     D.barrier()
@@ -241,8 +240,7 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
                 last["val_loss"] = evaluate(model, eval_batches, max_batches=None if final else cfg.eval_batches,
                                             amp=cfg.amp)
             if info.is_main:
-                with metrics_path.open("a") as f:
-                    f.write(json.dumps(last) + "\n")
+                append_line(metrics_path, json.dumps(last) + "\n")
             bar.set_postfix(loss=f"{loss_v:.4f}", **({"val": f"{last['val_loss']:.4f}"} if "val_loss" in last else {}))
         if final or (cfg.ckpt_every and step % cfg.ckpt_every == 0):
             if info.is_main:

@@ -56,8 +56,9 @@ def train_variant(variant: str, steps: int, work: Path, docs, tokenizer, command
     last = train(model, sampler, cfg, work / variant, progress=progress, tokenizer=tokenizer)
 
     name = f"{r['tier']}-{variant}"
-    tmp, final = zoo_dir / f".{name}.tmp", zoo_dir / name
-    shutil.rmtree(tmp, ignore_errors=True)
+    from probe.present.files import atomic_write, staging_dir
+
+    tmp, final = staging_dir(zoo_dir, name), zoo_dir / name  # a new folder of a random name: never a planted one
     model.cpu().half().save_pretrained(tmp)  # shipped in fp16; analyses run it in fp32
     tokenizer.save_pretrained(tmp)
     from transformers import AutoModelForCausalLM
@@ -66,7 +67,7 @@ def train_variant(variant: str, steps: int, work: Path, docs, tokenizer, command
     val = evaluate(shipped, zoo_eval_batches(tokenizer))
     record = {"name": f"probe/{name}", "variant": variant, "command": command, "recipe": {**r, "steps": steps},
               "train_metrics": last, "eval": EVAL, "val_loss": val}
-    (tmp / "zoo.json").write_text(json.dumps(record, indent=1))
+    atomic_write(tmp / "zoo.json", json.dumps(record, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return record

@@ -131,6 +131,77 @@ def test_hooked_path_equals_fast_path_and_pattern_plus_phantom_is_one(variant):
         assert (pattern.triu(1) == 0).all()  # causal
 
 
+def test_new_plr_configs_normalise_emitted_keys_and_write_the_definition(tmp_path):
+    model = create("plr-block2-r8", **SMALL)
+    assert model.config.plr_key == "normalized"
+    model.save_pretrained(tmp_path)
+    assert '"plr_key": "normalized"' in (tmp_path / "config.json").read_text()
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).config.plr_key == "normalized"
+
+
+def test_a_plr_config_without_the_field_loads_as_the_raw_sum_it_was_trained_with(tmp_path):
+    """A config.json written before plr_key (the shipped P-LR block checkpoint's, with the field taken out if it has
+    one) loads raw-sum, through from_pretrained and from_json_file alike, and the definition changes its logits."""
+    import json
+    import shutil
+
+    shutil.copytree("probe/zoo/tiny-plr-block4-r32", tmp_path / "ckpt")
+    config_path = tmp_path / "ckpt" / "config.json"
+    saved = json.loads(config_path.read_text())
+    saved.pop("plr_key", None)
+    config_path.write_text(json.dumps(saved))
+    old = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", dtype=torch.float32)
+    assert old.config.plr_key == "raw" and pm.ProbeConfig.from_json_file(config_path).plr_key == "raw"
+    normalized = type(old)(pm.ProbeConfig(**{**old.config.to_dict(), "plr_key": "normalized"}))
+    normalized.load_state_dict(old.state_dict())
+    ids = tokens(V=old.config.vocab_size)
+    assert (logits(old, ids) - logits(normalized, ids)).abs().max() > 1e-3  # the definition matters here
+
+
+def test_plr_full_is_the_same_function_with_normalised_or_raw_keys():
+    """A full-mode key is normalised again at the read, so emission normalisation changes it only through eps."""
+    raw = create("plr-full-r8", **SMALL, plr_key="raw", norm_eps=1e-12).double()
+    normalized = create("plr-full-r8", **SMALL, norm_eps=1e-12).double()
+    for model in (raw, normalized):
+        for n, p in model.named_parameters():
+            if n.endswith("query"):
+                p.data.normal_(generator=torch.Generator().manual_seed(len(n)))
+    ids = tokens()
+    torch.testing.assert_close(logits(normalized, ids), logits(raw, ids), atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("field,value", [("plr_key", "summed"), ("depth_block_mean", 1.0),
+                                         ("depth_block_prior_learned", True)])
+def test_bad_plr_and_block_option_values_name_the_field(field, value):
+    variant = "plr-full-r8" if field != "plr_key" else "plr-block2-r8"
+    with pytest.raises(ValueError, match=field):
+        config_for(variant, **SMALL, **{field: value})
+
+
+def test_learned_block_options_are_one_undecayed_scalar_each_and_get_gradients():
+    model = create("plr-block2-r8", **SMALL, depth_block_mean=1.0, depth_block_mean_learned=True,
+                   depth_block_prior=1.0, depth_block_prior_learned=True)
+    assert model.depth_block_mean.shape == () and model.depth_block_mean.item() == 1.0
+    assert {"depth_block_mean", "depth_block_prior"} <= model.no_weight_decay()
+    for n, p in model.named_parameters():
+        if n.endswith("query"):
+            p.data.normal_(generator=torch.Generator().manual_seed(len(n)))
+    ids = tokens()
+    model(ids, labels=ids).loss.backward()
+    assert model.depth_block_mean.grad.abs() > 0 and model.depth_block_prior.grad.abs() > 0
+    fixed = create("plr-block2-r8", **SMALL, depth_block_mean=1.0, depth_block_prior=1.0)
+    fixed.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("depth_block")})
+    torch.testing.assert_close(logits(model, ids), logits(fixed, ids))  # learned at its init = the fixed option
+
+
+def test_block_prior_is_log_count_on_the_depth_logits():
+    model = create("attnres-block2", **SMALL, depth_block_prior=1.0)
+    ids = tokens()
+    _, cache = model.run_with_cache(ids)
+    # zero queries: the weights are softmax(log count) = count / total; the final read sees embed + 2 blocks of 2
+    torch.testing.assert_close(cache["final_read.hook_depth_weights"][0, 0], torch.tensor([1 / 5, 2 / 5, 2 / 5]))
+
+
 def test_slr_with_rank_d_equals_attnres_full_and_block():
     for mode in ("full", "block2"):
         attnres = create(f"attnres-{mode}", **SMALL)

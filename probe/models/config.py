@@ -164,11 +164,10 @@ class ProbeConfig(PretrainedConfig):
                 raise ValueError("depth_blocks needs depth routing (depth='attnres', 'plr' or 'slr')")
             if (2 * self.n_layers) % self.depth_blocks:
                 raise ValueError(f"depth_blocks={self.depth_blocks} must divide 2L={2 * self.n_layers} sub-layers")
-        block_options = {"depth_block_mean": self.depth_block_mean != 0 or self.depth_block_mean_learned,
-                         "depth_block_prior": self.depth_block_prior != 0 or self.depth_block_prior_learned}
-        for field, used in block_options.items():
-            if used and not self.depth_blocks:
-                raise ValueError(f"{field} needs block depth routing (depth_blocks > 0); got depth_blocks=0")
+        for field in ("depth_block_mean", "depth_block_mean_learned", "depth_block_prior", "depth_block_prior_learned"):
+            if getattr(self, field) and not self.depth_blocks:
+                raise ValueError(f"{field}={getattr(self, field)!r} needs block depth routing (depth_blocks > 0); "
+                                 "got depth_blocks=0")
         if self.depth != "residual" and self.dense != "none":
             raise ValueError(f"depth={self.depth!r} and dense={self.dense!r} both replace the residual stream; pick one")
         if self.value_gate == "glu" and self.value_residual != "none":

@@ -252,18 +252,23 @@ def output_losses(model, out, targets: torch.Tensor, chunk: int = LOSS_CHUNK) ->
 
 
 @torch.no_grad()
-def window_losses(model, data) -> pd.DataFrame:
-    """Summed next-token loss and token count per evaluation window (input for the document bootstrap).
+def window_losses(model, data, *, progress: bool = False) -> pd.DataFrame:
+    """Summed next-token loss and token count per evaluation window (``probe eval``'s table, and the input of the
+    document bootstrap); one forward per batch of this rank, rows of every rank gathered in global batch order.
 
-    Columns: batch, row, doc_id (the window's document, or -1), loss_sum, n_tokens."""
+    Columns: batch, row, doc_id (the window's document, or -1), loss_sum, n_tokens, loss (the window's mean)."""
     w = as_windows(data)
-    rows, device = [], model_device(model)
-    for n in batches_of_rank(len(w)):
+    rows, device, mine = [], model_device(model), batches_of_rank(len(w))
+    bar = progress_bar(len(mine), "eval", unit="batch", enabled=progress and is_main())
+    for n in mine:
         out = model(w.inputs(n, device), **loss_forward_kwargs(model))
         losses = output_losses(model, out, w.targets(n, device)).double().cpu()
         for b in range(w.batch_size):
             rows.append({"batch": n, "row": b, "doc_id": int(w.doc_ids[n, b]) if w.doc_ids is not None else -1,
-                         "loss_sum": float(losses[b].sum()), "n_tokens": losses.shape[1]})
+                         "loss_sum": float(losses[b].sum()), "n_tokens": losses.shape[1],
+                         "loss": float(losses[b].mean())})
+        bar.update()
+    bar.close()
     df = pd.DataFrame(gather_rows(rows))
     df.attrs["meta"] = describe(model, w, "window_losses")
     return df

@@ -118,10 +118,11 @@ def resolve(name) -> tuple[str, str | None, str]:
         raise ModelNotFoundError(f"{raw} is a directory but holds no config.json (not a saved model)")
     if raw.startswith("probe/") or raw.startswith("tiny-"):
         zoo = raw.split("/", 1)[1] if raw.startswith("probe/") else raw
-        if (ZOO_DIR / zoo / "config.json").is_file():
-            return str(ZOO_DIR / zoo), None, "zoo"
         have = zoo_names()
-        raise ModelNotFoundError(f"no zoo checkpoint {zoo!r}; available: {', '.join(have) if have else 'none yet'}")
+        if zoo in have:  # one of the zoo's own folders by name: no '..', no absolute path leads out of the zoo
+            return str(ZOO_DIR / zoo), None, "zoo"
+        raise ModelNotFoundError(f"no zoo checkpoint {zoo!r}; available: "
+                                 f"{', '.join(f'probe/{n}' for n in have) if have else 'none yet'}")
     base, _, rev = raw.partition("@")
     if "@" in rev:
         raise ValueError(f"malformed model name {raw!r}: more than one '@'")
@@ -296,12 +297,14 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
         except ImportError as e:
             raise ImportError(f"{identity} is a custom probe checkpoint but probe.models cannot be imported: "
                               f"{e}") from e
+        _check_sizes(source, kind, identity, model_kw["dtype"], hf_kwargs)
         model = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev)
         model.probe_name = identity  # recorded in every analysis output
         if kind in ("zoo", "local"):  # its training data and BOS (ModelInfo.trained_with_bos, the default --data)
             model.train_record = runs.training_record(Path(target))
     else:
         model_kw.setdefault("attn_implementation", "eager")
+        _check_sizes(source, kind, identity, model_kw["dtype"], hf_kwargs)
         hf = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev)
         if device is not None and "device_map" not in hf_kwargs:
             hf = hf.to(device)
@@ -318,6 +321,21 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
     if getattr(model, "tokenizer", None) is None:
         model.tokenizer = tokenizer
     return model.eval()
+
+
+def _check_sizes(source: str, kind: str, identity: str, dtype, hf_kwargs: dict) -> None:
+    """A local checkpoint's config against its safetensors headers and the memory available, before any allocation
+    (``probe.checkpoints.sizes``); a hub model's files are the hub's to check. With a device map, accelerate places
+    the weights, so only the config is checked against the headers."""
+    if kind == "hub":
+        return
+    import torch
+
+    from probe.checkpoints.sizes import check_sizes
+
+    placed = "device_map" in hf_kwargs
+    per_param = torch.empty((), dtype=dtype).element_size() if isinstance(dtype, torch.dtype) else None
+    check_sizes(Path(source), identity, per_param, check_memory=not placed)  # CheckpointSizeError: one line
 
 
 def _from_pretrained(auto_cls, source, kw, kind, target, rev):

@@ -109,7 +109,9 @@ def _check_run_dir(out: Path, ident: dict) -> bool:
         raise UsageError(f"--out {str(out)!r} is a file, not a run directory")
     run = out / RUN_IDENTITY
     if not run.is_file():
-        if any(out.iterdir()):
+        from probe.jobs.lock import LOCK_NAME
+
+        if any(p.name != LOCK_NAME for p in out.iterdir()):  # the lock this run holds is no foreign file
             raise UsageError(f"--out {str(out)!r} exists and is not a `probe train` run directory; choose a new or "
                              "empty directory")
         return False

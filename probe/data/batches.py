@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from probe.data.corpus import Corpus, load_corpus
+from probe.data.limits import available_memory, human_bytes
 from probe.data.tokenizer import load_tokenizer
 
 DEFAULT_MAX_EVAL_CTX = 1024
@@ -167,6 +168,12 @@ def eval_batches(corpus_or_docs, tokenizer, *, n_batches: int = 8, batch_size: i
         raise ValueError(f"ctx={ctx} must be at least 2")
     if mode not in ("first", "sequential", "random"):
         raise ValueError(f"unknown mode {mode!r}; choose 'first', 'sequential' or 'random'")
+    window_bytes = n_batches * batch_size * (ctx + 1) * 8  # the int64 windows [n_batches, batch_size, ctx+1], any mode
+    have = available_memory()
+    if have is not None and window_bytes > have:
+        raise ValueError(f"n_batches*batch_size={n_batches * batch_size} windows of {ctx + 1} tokens need "
+                         f"{human_bytes(window_bytes)}, more than the {human_bytes(have)} of memory available; ask "
+                         "for fewer windows or a smaller ctx")
     tok = _tokenizer(tokenizer)
     if isinstance(corpus_or_docs, list) and all(isinstance(d, torch.Tensor) for d in corpus_or_docs):
         name, fingerprint, docs = "custom-tokens", "", corpus_or_docs

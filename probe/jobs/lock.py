@@ -11,6 +11,7 @@ can be writing there.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import os
 import socket
@@ -94,9 +95,14 @@ def acquire(folder, *, wait: bool = False, flag: str = "--out", prog: str = "pro
         raise UsageError(f"{flag} {str(folder)!r} is not a writable directory ({e.strerror}); choose a directory you "
                          "can write to", prog) from None
     try:
-        while True:
+        for attempt in itertools.count():
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                if attempt < 100:  # the holder we waited for removed the folder it had created: make it again
+                    created += make_dirs(folder)
+                    continue
+                raise
             except OSError as e:
                 raise UsageError(f"{flag} {str(folder)!r}: cannot open its lock file {path} ({e.strerror}); remove "
                                  "it if it is not a regular file", prog) from None

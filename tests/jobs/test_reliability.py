@@ -1,0 +1,348 @@
+"""Hostile inputs to the job layer, one kind per section: writes that a planted link or a full disk must not corrupt,
+run folders that two processes must not share, model names and sizes that must not lead out of the zoo or into an
+allocation that cannot fit, and corpus files that must not hang, crash or be silently thinned."""
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import probe.present.files as files
+from probe.cli.main import build_parser, main
+from probe.jobs.lock import LOCK_NAME, acquire, this_host
+from probe.present.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+ZOO_MODEL = REPO / "probe" / "zoo" / "tiny-sink+proj"
+
+
+def probe_cli(*args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "probe.cli", *map(str, args)], capture_output=True, text=True,
+                          env=ENV, timeout=timeout, cwd=REPO)
+
+
+def one_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# safe writes
+
+
+def test_a_link_planted_at_the_old_temp_name_is_never_written_through(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("a.csv", "b.json"):  # the temp names the writer used to stage under, predictable from the PID
+        os.symlink(victim, out / f".{name}.tmp-{os.getpid()}")
+    os.symlink(victim, out / "a.csv")  # and a link at the final name itself
+    files.write_files(out, {"a.csv": "x,y\n1,2\n", "b.json": "{}"})
+    assert victim.read_text() == "precious"
+    assert not (out / "a.csv").is_symlink() and (out / "a.csv").read_text() == "x,y\n1,2\n"
+    assert (out / "b.json").read_text() == "{}"
+    assert not [p for p in out.iterdir() if p.name.startswith(files.TEMP_PREFIX)]
+
+
+def test_the_out_check_truncates_nothing(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(victim, out / f".probe-write-check-{os.getpid()}")  # the name the check used to open and empty
+    assert files.check_out_dir(out) == out
+    assert victim.read_text() == "precious"
+
+
+def test_files_are_synced_before_their_rename(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(f"replace {Path(b).name}"), real_replace(a, b))[1])
+    files.atomic_write(tmp_path / "manifest.json", "{}")
+    assert events.index("fsync") < events.index("replace manifest.json")
+    assert events[-1] == "fsync"  # the folder, so the new name survives a crash too
+
+
+def test_written_files_are_readable_like_any_other(tmp_path):
+    files.atomic_write(tmp_path / "t.csv", "a\n")
+    assert (tmp_path / "t.csv").stat().st_mode & 0o777 == files.FILE_MODE  # not mkstemp's private 0600
+
+
+def _full_disk(monkeypatch):
+    def no_space(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files, "_write_all", no_space)
+
+
+def test_a_full_disk_is_exit_1_one_line_and_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    _full_disk(monkeypatch)
+    out = tmp_path / "new" / "run"
+    rc = main(["costs", "--out", str(out)])
+    err = one_line(capsys.readouterr().err)
+    assert rc == 1
+    assert "No space left on device" in err and str(out) in err and "cannot write" in err
+    assert not (tmp_path / "new").exists()  # no empty --out, no half-written file, no temp file
+
+
+def test_a_full_disk_keeps_the_previous_files_whole(tmp_path, monkeypatch):
+    files.write_files(tmp_path, {"a.csv": "old\n"})
+    _full_disk(monkeypatch)
+    with pytest.raises(files.WriteError, match="No space left on device"):
+        files.write_files(tmp_path, {"a.csv": "new\n", "b.csv": "new\n"})
+    assert (tmp_path / "a.csv").read_text() == "old\n" and not (tmp_path / "b.csv").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv"]
+
+
+def test_a_killed_runs_temp_files_are_removed_by_the_next_run(tmp_path):
+    out = tmp_path / "out"
+    (out / "models").mkdir(parents=True)
+    stale = [out / f"{files.TEMP_PREFIX}costs.json.k2j3h4", out / "models" / f"{files.TEMP_PREFIX}m.json.x9"]
+    for p in stale:
+        p.write_text("half")
+    (out / f"{files.TEMP_PREFIX}checkpoint.abc").mkdir()  # a staged checkpoint folder
+    (out / ".mine").write_text("a user's hidden file")
+    r = probe_cli("costs", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert not any(p.exists() for p in stale) and not (out / f"{files.TEMP_PREFIX}checkpoint.abc").exists()
+    assert (out / ".mine").read_text() == "a user's hidden file"
+    assert (out / "costs.json").is_file() and not (out / LOCK_NAME).exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# run-folder locks
+
+HOLDER = """
+import sys
+from probe.jobs.lock import acquire
+lock = acquire(sys.argv[1])
+print("held", flush=True)
+sys.stdin.readline()
+lock.release()
+"""
+
+
+def _holder(folder: Path) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, env=ENV, cwd=REPO)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_a_second_process_on_a_held_folder_exits_2_naming_the_holder(tmp_path):
+    out = tmp_path / "out"
+    holder = _holder(out)
+    try:
+        r = probe_cli("costs", "--out", out)
+        line = one_line(r.stderr)
+        assert r.returncode == 2
+        assert f"pid {holder.pid} on host {this_host()}" in line and "--wait" in line
+        assert not (out / "costs.json").exists()
+    finally:
+        holder.communicate("\n", timeout=30)
+
+
+def test_wait_queues_behind_the_holder(tmp_path):
+    out = tmp_path / "out"
+    holder = _holder(out)
+    waiter = subprocess.Popen([sys.executable, "-m", "probe.cli", "costs", "--out", str(out), "--wait"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO)
+    try:
+        time.sleep(8)  # long enough for the waiter to start and reach the lock
+        assert waiter.poll() is None and not (out / "costs.json").exists()  # still queued
+    finally:
+        holder.communicate("\n", timeout=30)
+    _, err = waiter.communicate(timeout=300)
+    assert waiter.returncode == 0, err
+    assert "waiting for pid" in err and (out / "costs.json").is_file()
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_lock_left_by_a_dead_process_on_this_host_is_taken_over(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).write_text(json.dumps({"pid": _dead_pid(), "host": this_host(), "command": "probe train"}))
+    r = probe_cli("costs", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "taking over the lock" in r.stderr and (out / "costs.json").is_file()
+    assert not (out / LOCK_NAME).exists()  # released at the end
+
+
+def test_a_lock_of_another_host_is_reported_not_taken(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).write_text(json.dumps({"pid": 4242, "host": "other-node-7", "command": "probe report"}))
+    with pytest.raises(UsageError, match="pid 4242 on host other-node-7.*another host.*remove"):
+        acquire(out)
+    assert json.loads((out / LOCK_NAME).read_text())["host"] == "other-node-7"
+
+
+def test_a_lock_file_that_is_a_link_is_refused(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(victim, out / LOCK_NAME)
+    with pytest.raises(UsageError, match="lock file"):
+        acquire(out)
+    assert victim.read_text() == "precious"
+
+
+def test_every_verb_that_writes_out_can_wait_and_every_reader_of_data_can_skip():
+    import argparse
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for verb, p in sub.choices.items():
+        flags = {o for a in p._actions for o in a.option_strings}
+        assert ("--out" in flags) == ("--wait" in flags), verb
+        assert ("--data" in flags) == ("--skip-bad-records" in flags), verb
+    assert "--skip-bad-records" in {o for a in sub.choices["sinks"]._actions for o in a.option_strings}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# names and sizes
+
+
+def test_a_zoo_name_cannot_lead_out_of_the_zoo(tmp_path, monkeypatch):
+    from probe.checkpoints.load import ZOO_DIR, ModelNotFoundError, resolve
+
+    elsewhere = tmp_path / "elsewhere" / "tiny-sink+proj"
+    shutil.copytree(ZOO_MODEL, elsewhere)
+    monkeypatch.chdir(tmp_path)  # no probe/ folder here, so the name is no relative path either
+    for name in (f"probe/{os.path.relpath(elsewhere, ZOO_DIR)}", f"probe/{elsewhere}", "tiny-../elsewhere"):
+        with pytest.raises(ModelNotFoundError, match="no zoo checkpoint .*available: .*probe/tiny-sink\\+proj"):
+            resolve(name)
+    assert resolve("probe/tiny-sink+proj") == (str(ZOO_MODEL), None, "zoo")
+
+
+def _copy_model(tmp_path, **config) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(ZOO_MODEL, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **config}))
+    return folder
+
+
+def test_a_config_whose_sizes_the_weights_do_not_hold_is_one_line_before_any_allocation(tmp_path):
+    import probe
+    from probe.checkpoints.sizes import CheckpointSizeError
+
+    folder = _copy_model(tmp_path, d_mlp=10**9)  # 2.3e12 parameters: terabytes if it were allocated
+    with pytest.raises(CheckpointSizeError, match=r"config implies 2,304,001,444,272 parameters, its safetensors "
+                                                  r"headers hold 2,329,008 \(fewer by"):
+        probe.load(folder)
+
+
+def test_one_layer_more_than_the_weights_is_refused(tmp_path):
+    from probe.checkpoints.sizes import CheckpointSizeError, check_sizes
+
+    with pytest.raises(CheckpointSizeError, match="fewer by 213,384"):
+        check_sizes(_copy_model(tmp_path, n_layers=7), "m")
+
+
+def test_weights_that_do_not_fit_the_memory_are_refused(tmp_path, monkeypatch):
+    import probe.checkpoints.sizes as sizes
+
+    monkeypatch.setattr(sizes, "available_memory", lambda: 1 << 20)
+    with pytest.raises(sizes.CheckpointSizeError, match=r"weights need 8\.9 MB, more than the 1\.0 MB of memory "
+                                                        r"available \(by 7\.9 MB\)"):
+        sizes.check_sizes(ZOO_MODEL, "m", dtype_bytes=4)
+
+
+def test_a_truncated_weight_file_is_named(tmp_path):
+    from probe.checkpoints.sizes import CheckpointSizeError, check_sizes
+
+    folder = _copy_model(tmp_path)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    with pytest.raises(CheckpointSizeError, match="model.safetensors is truncated"):
+        check_sizes(folder, "m")
+
+
+def test_random_windows_are_counted_before_allocation(monkeypatch):
+    import probe.data.batches as batches
+
+    monkeypatch.setattr(batches, "available_memory", lambda: 1 << 20)
+    calls = []
+    monkeypatch.setattr(batches, "tokenize_documents", lambda *a, **k: calls.append(a) or [])
+    for mode in ("random", "sequential", "first"):
+        with pytest.raises(ValueError, match=r"n_batches\*batch_size=8000 windows of 257 tokens need 15\.7 MB, more "
+                                             r"than the 1\.0 MB of memory available"):
+            batches.eval_batches(["some text"], "probe-bpe-8k", n_batches=1000, batch_size=8, ctx=256, mode=mode)
+    assert not calls  # refused before the corpus was even tokenized
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# files that are read
+
+
+def test_a_fifo_or_device_in_a_data_folder_is_named_not_read(tmp_path):
+    from probe.data.corpus import load_corpus
+
+    (tmp_path / "a.txt").write_text("some text")
+    os.mkfifo(tmp_path / "b.txt")  # opened for reading, it would wait forever for a writer
+    with pytest.raises(ValueError, match=r"b\.txt is a FIFO, not a regular file"):
+        load_corpus(tmp_path)
+    os.unlink(tmp_path / "b.txt")
+    os.symlink("/dev/zero", tmp_path / "z.txt")  # endless
+    with pytest.raises(ValueError, match=r"z\.txt is a device \(through a link\), not a regular file"):
+        load_corpus(tmp_path)
+    os.mkfifo(tmp_path / "notes.txt.fifo")
+    with pytest.raises(ValueError, match="is a FIFO"):
+        load_corpus(tmp_path / "notes.txt.fifo")
+
+
+def test_truncated_compression_is_one_line_naming_the_file(tmp_path):
+    from probe.data.corpus import load_corpus
+
+    whole = gzip.compress(b"".join(json.dumps({"text": f"document {i} " * 50}).encode() + b"\n" for i in range(200)))
+    bad = tmp_path / "shard.jsonl.gz"
+    bad.write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(ValueError, match=r"shard\.jsonl\.gz is corrupt or truncated compressed data"):
+        load_corpus(bad)
+    bad.write_bytes(b"\x1f\x8b" + os.urandom(200))
+    with pytest.raises(ValueError, match=r"shard\.jsonl\.gz is corrupt or truncated"):
+        load_corpus(bad)
+
+
+def test_records_without_a_string_text_are_named_or_skipped_with_a_count(tmp_path):
+    from probe.data.corpus import SKIP_BAD_RECORDS, load_corpus
+
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "one"}\n{"text": 5}\n{"text": "two"}\n{"body": "x"}\n[1]\n')
+    with pytest.raises(ValueError, match=r"c\.jsonl:2 has a \"text\" of type int, not a string.*--skip-bad-records"):
+        load_corpus(path)
+    with pytest.warns(UserWarning, match=r"skipped 3 records without a string \"text\" \(first: .*c\.jsonl:2 "):
+        corpus = load_corpus(path, skip_bad_records=True)
+    assert corpus.documents == ["one", "two"] and "3 records" in corpus.source
+    token = SKIP_BAD_RECORDS.set(True)  # what the CLI's --skip-bad-records sets around a verb
+    try:
+        with pytest.warns(UserWarning, match="skipped 3"):
+            assert len(load_corpus(path)) == 2
+    finally:
+        SKIP_BAD_RECORDS.reset(token)
+
+
+def test_the_cli_names_the_bad_record(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "one two three"}\n{"text": null}\n')
+    r = probe_cli("sinks", "--data", path, "--batches", "1", "--batch-size", "1", "--ctx", "4")
+    assert r.returncode == 2
+    assert f"{path}:2 has a \"text\" of type NoneType" in one_line(r.stderr)

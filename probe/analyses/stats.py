@@ -33,15 +33,19 @@ def jackknife_se(leave_one_out) -> np.ndarray | float:
     return float(se) if se.ndim == 0 else se
 
 
-def batch_se(batches: pd.DataFrame | None, columns, by: str | list | None = "layer") -> pd.DataFrame | None:
-    """Standard error over batches of each column: per ``by`` group (e.g. per layer), or of the per-batch average
-    over the groups (``by=None``: the summary); None without per-batch data."""
+def batch_se(batches: pd.DataFrame | None, columns, by: str | list | None = "layer", *,
+             indexed: bool = False) -> pd.DataFrame | None:
+    """Standard error over batches (docs/definitions.md#batch-standard-errors) of each column, as ``<column>_se``:
+    per ``by`` group (e.g. per layer; ``indexed``: the groups as the index, else as columns), or of the per-batch
+    average over the groups (``by=None``: the summary, one row); None without per-batch data. ``batches`` has one
+    row per batch and group (a ``batch`` column)."""
     if batches is None or batches.empty or "batch" not in batches:
         return None
     cols = [c for c in columns if c in batches]
     if by is None:
         return batches.groupby("batch")[cols].mean().sem().to_frame().T.rename(columns=lambda c: f"{c}_se")
-    return batches.groupby(by)[cols].sem().rename(columns=lambda c: f"{c}_se").reset_index()
+    se = batches.groupby(by)[cols].sem().rename(columns=lambda c: f"{c}_se")
+    return se if indexed else se.reset_index()
 
 
 def with_batch_se(table: pd.DataFrame, batches, columns, by: str | list | None = "layer") -> pd.DataFrame:

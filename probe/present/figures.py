@@ -9,6 +9,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from probe.analyses.sinks import SINK_FACTOR, SINK_R0
+from probe.analyses.stats import batch_se
 
 ID_COLUMNS = ("model", "corpus")
 # One orientation everywhere: layers (and read sites) run along the x axis, layer 0 at the left; heads, sources and
@@ -53,8 +54,8 @@ def layer_se(batches: pd.DataFrame | None, key: str, by=("model", "layer")) -> p
     """Standard error over evaluation batches of ``key`` per (model, layer); None without per-batch data."""
     if batches is None or batches.empty or key not in batches:
         return None
-    by = [c for c in by if c in batches]
-    return batches.groupby(by)[key].sem()
+    se = batch_se(batches, [key], [c for c in by if c in batches], indexed=True)
+    return None if se is None else se[f"{key}_se"]
 
 
 def _error(se, keys) -> dict | None:
@@ -191,8 +192,8 @@ def injection_figure(results) -> go.Figure:
         r, per_batch = res["results"], res.get("per_batch")
         se = None
         if per_batch is not None and len(per_batch):
-            se = per_batch.assign(cutoff=per_batch["cutoff"].astype(str)).groupby(["junk", "cutoff", "dose"])["delta"]
-            se = se.sem()
+            se = batch_se(per_batch.assign(cutoff=per_batch["cutoff"].astype(str)), ["delta"],
+                          ["junk", "cutoff", "dose"], indexed=True)["delta_se"]
         for (junk, cutoff), g in r.groupby(["junk", "cutoff"], sort=False):
             g = g.sort_values("dose")
             keys = [(junk, str(cutoff), d) for d in g["dose"]]

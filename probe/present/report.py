@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 
 from probe.present.figures import integer_ticks, se_bars, sink_profile_figure, threshold, training_figure
 from probe.analyses.sinks import SINK_FACTOR, SINK_R0
+from probe.analyses.stats import batch_se
 from probe.present.page import page
 from probe.runs import metrics_records
 
@@ -45,7 +46,7 @@ def _summary_se(batches: pd.DataFrame | None, col: str) -> dict:
     out = {}
     for model, b in batches.groupby("model", sort=False):
         b = b[b["layer"] > 0] if later and b["layer"].nunique() > 1 else b
-        out[model] = float(b.groupby("batch")[key].mean().sem())
+        out[model] = float(batch_se(b, [key], by=None)[f"{key}_se"].iloc[0])
     return out
 
 
@@ -133,7 +134,8 @@ def _injection_figure(tables, xs, by_step, xtitle) -> go.Figure:
         if per_batch is not None:
             pb = per_batch[(per_batch["junk"] == junk) & (per_batch["cutoff"].astype(str) == str(cutoff))
                            & (per_batch["dose"] == dose)]
-            se = pb.groupby("model")["delta"].sem().to_dict()
+            se = batch_se(pb, ["delta"], by="model", indexed=True)
+            se = {} if se is None else se["delta_se"].to_dict()
         fig.add_trace(across(xs, by_step, g, "delta", f"{junk} ({cutoff}) ε={dose:g}", se))
     threshold(fig, 0, "no change")
     fig.update_layout(title="Loss increase under value-noise injection" + (" (± s.e. over batches)" if per_batch
@@ -185,9 +187,10 @@ def report_page(tables: dict, records: list[dict], settings: dict, self_containe
         inj = tables["injection"][["model", "junk", "cutoff", "dose", "loss_clean", "loss_corrupted", "delta"]]
         if "injection_batches" in tables:
             pb = tables["injection_batches"].assign(cutoff=lambda d: d["cutoff"].astype(str))
-            se = pb.groupby(["model", "junk", "cutoff", "dose"])["delta"].sem().rename("delta_se").reset_index()
-            inj = inj.assign(cutoff=inj["cutoff"].astype(str)).merge(se, on=["model", "junk", "cutoff", "dose"],
-                                                                      how="left")
+            inj = inj.assign(cutoff=inj["cutoff"].astype(str))
+            se = batch_se(pb, ["delta"], by=["model", "junk", "cutoff", "dose"])
+            if se is not None:
+                inj = inj.merge(se, on=["model", "junk", "cutoff", "dose"], how="left")
         shown.append(("Injection (loss increase in nats per token; delta_se: s.e. over batches)", inj))
     if "exposure" in tables:
         exp = tables["exposure"]

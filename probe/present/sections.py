@@ -96,10 +96,10 @@ def inject_sections(result: dict) -> dict:
     keys = ["junk", "cutoff", "dose"]
     res = _drop_ids(result["results"])
     if per_batch is not None and len(per_batch):
-        se = per_batch.assign(cutoff=per_batch["cutoff"].astype(str)).groupby(keys, sort=False)["delta"]
+        pb = per_batch.assign(cutoff=per_batch["cutoff"].astype(str))
         res = res.assign(cutoff=res["cutoff"].astype(str)).merge(
-            se.sem().rename("delta_se").reset_index(), on=keys, how="left").merge(
-            se.size().rename("n_batches").reset_index(), on=keys, how="left")
+            batch_se(pb, ["delta"], keys), on=keys, how="left").merge(
+            pb.groupby(keys, sort=False).size().rename("n_batches").reset_index(), on=keys, how="left")
     verdicts = []
     for (junk, cutoff), g in res.groupby(["junk", "cutoff"], sort=False):
         top = g.sort_values("dose").iloc[-1]

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Rewrite every fixture in tests/fixtures/authors/ from the authors' code at the pinned commits.
+#   MIRRORS=/path/to/git/mirrors PYTHON=/tmp/authors-venv/bin/python scripts/authors/regenerate.sh
+# MIRRORS holds one git repository (bare or not) per author, named owner+name (e.g. jon123boss+LR-AttnRes/repo as the
+# `fetch` tool lays them out; set REPO_SUFFIX="" for plain clones). Their files are exported to a scratch folder, never
+# into this repository.
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python}
+MIRRORS=${MIRRORS:?set MIRRORS to the folder holding the authors\' git repositories}
+REPO_SUFFIX=${REPO_SUFFIX-/repo}
+SRC=$(mktemp -d)
+trap 'rm -rf "$SRC"' EXIT
+export_files() {  # owner+name commit dest paths...
+  local repo="$MIRRORS/$1$REPO_SUFFIX" commit=$2 dest=$SRC/$3
+  shift 3
+  mkdir -p "$dest"
+  git -C "$repo" archive "$commit" "$@" | tar -x -C "$dest"
+}
+LR=14784c7b486f17e0d2fb849c4822cbd9d118d9a6
+FLA=bc3b101dcb713ddc5bd8924b66754eb68b5ccf89
+OSS=7b583341fe16729127f6d5b94a7b09ccae97e1a1
+RES=95652f64aba7db6c095f4e92eafb9e76e6ed9e02
+MUDD=fc067b274a5f14894b2ee299fdcb3c581a092896
+DENSE=c99a623bdb5f6611bf0d37e964c67ecbf15c3c19
+export_files jon123boss+LR-AttnRes $LR lr model.py attnres_ops.py
+export_files fla-org+flash-linear-attention $FLA fla fla/ops/attnres/naive.py
+export_files openai+gpt-oss $OSS oss gpt_oss/__init__.py gpt_oss/torch
+export_files Zcchill+Value-Residual-Learning $RES res src/modeling/modeling_llama_resformer.py
+export_files Caiyun-AI+MUDDFormer $MUDD mudd pytorch/muddformer/modeling_muddformer.py \
+  pytorch/muddformer/configuration_muddformer.py
+export_files epfml+DenseFormer $DENSE dense experiments/models
+"$PYTHON" lr_attnres.py --src "$SRC/lr" --commit $LR
+"$PYTHON" fla_attnres.py --src "$SRC/fla/fla/ops/attnres/naive.py" --commit $FLA
+"$PYTHON" gpt_oss_sink.py --src "$SRC/oss" --commit $OSS
+"$PYTHON" value_residual.py --src "$SRC/res/src/modeling/modeling_llama_resformer.py" --commit $RES
+"$PYTHON" mudd.py --src "$SRC/mudd/pytorch/muddformer" --commit $MUDD
+"$PYTHON" denseformer.py --src "$SRC/dense/experiments" --commit $DENSE

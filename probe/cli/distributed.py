@@ -21,11 +21,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from probe.analyses.parallel import gather, rank_and_world
-from probe.jobs.lock import acquire as acquire_lock
+from probe.analyses.parallel import from_env, gather, join_group, rank_and_world
 from probe.present.errors import UsageError, first_line
 from probe.present.files import check_out_dir
-from probe.train.distributed import from_env
 
 PARALLEL_VERBS = ("sinks", "inject", "gates", "sources", "eval")
 
@@ -45,17 +43,11 @@ def run_on_ranks(run, args) -> int:
         raise UsageError(f"--device-map {args.device_map!r} under torchrun would spread every rank's copy over the "
                          "same devices; run one process with --device-map, or one rank per GPU without it")
     cuda = torch.cuda.is_available() and not args.device.startswith("cpu") and args.device_map is None
-    owned = not dist.is_initialized()  # a Python caller may already be in a group: use it, leave it
-    if owned:
-        if cuda:
-            torch.cuda.set_device(info.local_rank)  # --device auto / cuda: this rank's GPU
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=group_timeout())
-    lock = None
+    owned = join_group(info, cuda, group_timeout())  # a Python caller may already be in a group: use it, leave it
     try:
-        with all_ranks_agree():  # a bad or busy --out ends every rank (rank 0 alone writes, so it alone checks)
+        with all_ranks_agree():  # a bad --out ends every rank (rank 0 alone writes, so it alone checks)
             if info.rank == 0 and getattr(args, "out", None):
                 check_out_dir(args.out, prog=f"probe {args.verb}")
-                lock = acquire_lock(args.out, wait=getattr(args, "wait", False), prog=f"probe {args.verb}")
         return run(args)
     except UsageError as e:
         if not getattr(e, "shared", False):
@@ -64,8 +56,6 @@ def run_on_ranks(run, args) -> int:
                 e.args = (f"rank {info.rank}: {e}",)
         raise
     finally:
-        if lock is not None:
-            lock.release()
         if owned:
             dist.destroy_process_group()
 

@@ -121,8 +121,7 @@ def resolve(name) -> tuple[str, str | None, str]:
         have = zoo_names()
         if zoo in have:  # one of the zoo's own folders by name: no '..', no absolute path leads out of the zoo
             return str(ZOO_DIR / zoo), None, "zoo"
-        raise ModelNotFoundError(f"no zoo checkpoint {zoo!r}; available: "
-                                 f"{', '.join(f'probe/{n}' for n in have) if have else 'none yet'}")
+        raise ModelNotFoundError(f"no zoo checkpoint {zoo!r}; available: {', '.join(have) if have else 'none yet'}")
     base, _, rev = raw.partition("@")
     if "@" in rev:
         raise ValueError(f"malformed model name {raw!r}: more than one '@'")

@@ -106,8 +106,8 @@ def test_window_losses_from_eval_batches_feed_the_document_bootstrap():
 
 
 def test_default_windows_use_the_models_context_and_record_the_corpus():
-    from probe.analyses.capture import default_windows
     from probe.analyses.inject import inject
+    from probe.data.windows import default_windows
     from probe.models import create
 
     model = create("sinklogit", n_layers=1, d_model=32, n_heads=4, d_mlp=64, n_ctx=24)  # vocabulary 8192

@@ -62,7 +62,7 @@ def test_sinks_table_has_one_row_per_model_and_layer_type(sinks, gpt_oss):
 def test_sinks_numbers_are_sink_stats_by_type_on_the_same_windows(sinks, gpt_oss, words):
     cfg = pretrained_sinks.PretrainedSinksConfig(models=(gpt_oss,), data=words, **WINDOWS)
     model = pretrained.load_one(gpt_oss, cfg, progress=False)
-    by_type = sink_stats(model, pretrained.windows_for(model, cfg))["by_type"]
+    by_type = sink_stats(model, pretrained.windows_of(model, cfg))["by_type"]
     ours = sinks["table14"][sinks["table14"].model == gpt_oss]
     assert ours["layer_type"].tolist() == by_type["layers"].tolist()
     for pct, share in (("pos0_pct", "pos0_share"), ("phantom_pct", "phantom_share"), ("uniform_ref_pct", "uniform_ref")):
@@ -102,7 +102,7 @@ def test_injection_table_layout_and_ratio(injection):
 def test_injection_numbers_are_inject_on_the_same_windows(injection):
     cfg = pretrained_injection.PretrainedInjectionConfig(models=ZOO[1:], doses=DOSES, **WINDOWS)
     model = pretrained.load_one(ZOO[1], cfg, progress=False)
-    direct = inject(model, pretrained.windows_for(model, cfg), junk=list(cfg.junk), cutoffs=list(cfg.cutoffs),
+    direct = inject(model, pretrained.windows_of(model, cfg), junk=list(cfg.junk), cutoffs=list(cfg.cutoffs),
                     doses=list(DOSES), progress=False)["results"]
     ours = injection["injection"][injection["injection"].model == ZOO[1]]
     np.testing.assert_allclose(ours["delta"].to_numpy(), direct["delta"].to_numpy(), rtol=1e-12)

@@ -9,7 +9,8 @@ from cli_util import (WINDOWS, assert_one_line_error, files_under, fx, kill_at_m
                       probe)
 
 from probe.present.errors import UsageError
-from probe.jobs.report import expand_checkpoints, slug, step_of
+from probe.jobs.report import expand_checkpoints, step_of
+from probe.jobs.store import slug
 
 
 def test_expand_checkpoints():

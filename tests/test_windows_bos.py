@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probe.analyses.capture import as_windows, default_windows, wants_bos
+from probe.analyses.capture import as_windows
 from probe.analyses.sinks import sink_stats
 from probe.data import load_tokenizer
 from probe.checkpoints.tiny import build_tiny
+from probe.data.windows import default_windows, wants_bos
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
 """What every analysis shares: evaluation windows, result metadata, and a layer-by-layer hook collector.
 
 Windows follow probe.data.EvalBatches: each is ctx+1 tokens, the model reads ``window[:-1]`` and the next-token
-targets are ``window[1:]``. An analysis accepts an EvalBatches, a (B, ctx+1) or (N, B, ctx+1) LongTensor of windows.
+targets are ``window[1:]``. An analysis accepts an EvalBatches, a (B, ctx+1) or (N, B, ctx+1) LongTensor of windows;
+a model's default windows, BOS by its rule, come from ``probe.data.windows.default_windows``
+(docs/definitions.md#evaluation-windows, docs/definitions.md#bos-rule).
 
 The collector hooks a few named tensors per layer (e.g. q, k, v, sink logit) and hands them to a callback as soon as a
 layer's set is complete, then drops them: an analysis never holds more than one layer's tensors.
@@ -16,7 +18,6 @@ import torch.nn.functional as F
 
 from probe.analyses.parallel import batches_of_rank, gather_rows, is_main
 from probe.progress import progress_bar
-from probe.data import DEFAULT_EVAL_CORPUS, cap_ctx, eval_batches, load_tokenizer, prepends_bos
 from probe.data.seeding import keyed_generator
 from probe.hooks import names
 from probe.kernels import attention_row_masses
@@ -60,31 +61,6 @@ def as_windows(data) -> Windows:
     meta = {"corpus": "custom-tokens", "seed": None, "ctx": tokens.shape[-1] - 1, "n_batches": tokens.shape[0],
             "batch_size": tokens.shape[1]}
     return Windows(tokens, None, meta)
-
-
-def wants_bos(model, tokenizer) -> bool:
-    """docs/definitions.md#bos-rule: windows built from text start with a BOS exactly when the tokenizer's encoding of plain text starts
-    with its BOS (Gemma) or the model's training run records that it saw one (``ModelInfo.trained_with_bos``)."""
-    return model.probe_info.trained_with_bos or prepends_bos(tokenizer)
-
-
-def default_windows(model, corpus=None, *, n_batches: int = 8, batch_size: int = 8, ctx: int | None = None,
-                    seed: int = 0, tokenizer=None, mode: str = "first", bos: bool | None = None):
-    """The evaluation windows (docs/definitions.md#evaluation-windows) for a model: ``n_batches`` x ``batch_size`` fixed windows of text at the model's
-    training context (HF checkpoints: min(1024, max context)), tokenized with the model's tokenizer (custom models
-    without one: the shipped probe-bpe-8k). ``bos`` None decides by :func:`wants_bos` (then each window is BOS +
-    ctx-1 text tokens as input); True / False force it. Returns probe.data.EvalBatches (``bos`` in its meta)."""
-    info = model.probe_info
-    if ctx is None:
-        ctx = info.n_ctx if info.family == "probe" else cap_ctx(None, info.n_ctx)
-    tok = tokenizer or getattr(model, "tokenizer", None) or "probe-bpe-8k"
-    tok = load_tokenizer(tok) if isinstance(tok, str) else tok
-    if bos is None:
-        bos = wants_bos(model, tok)
-    if bos and tok.bos_token_id is None:
-        raise ValueError(f"bos=True but tokenizer {tok.name_or_path!r} has no BOS token")
-    return eval_batches(corpus or DEFAULT_EVAL_CORPUS, tok, n_batches=n_batches, batch_size=batch_size, ctx=ctx,
-                        seed=seed, mode=mode, bos_id=tok.bos_token_id if bos else None)
 
 
 def describe(model, windows: Windows, analysis: str, **settings) -> dict:
@@ -293,5 +269,5 @@ def sliding(info, layer: int) -> int | None:
 
 
 __all__ = ["token_text", "Windows", "as_windows", "describe", "tag", "finish", "keyed_generator", "make_bar",
-           "LayerCollector", "StopForward", "run_until_done", "model_device", "default_windows", "wants_bos", "row_mass_hooks",
+           "LayerCollector", "StopForward", "run_until_done", "model_device", "row_mass_hooks",
            "row_masses", "token_losses", "loss_forward_kwargs", "output_losses", "window_losses", "sliding", "names"]

@@ -35,9 +35,10 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, default_windows, describe, finish, row_mass_hooks, sliding
+from probe.analyses.capture import as_windows, describe, finish, row_mass_hooks, sliding
 from probe.analyses.parallel import gather
 from probe.analyses.passes import Part, run_pass
+from probe.data.windows import default_windows
 
 THRESHOLD = 0.5
 NORM_RATIO = 0.5
@@ -46,7 +47,8 @@ DOMAINS = ("wikitext-2-test", "shakespeare", "kjv")
 
 def domain_windows(model, corpora=DOMAINS, *, n_batches: int = 2, batch_size: int = 4, ctx: int | None = None,
                    seed: int = 0, mode: str = "sequential") -> dict:
-    """Evaluation windows of the model per corpus (the bundled ones by default): {corpus name: EvalBatches}."""
+    """Evaluation windows of the model per corpus (the bundled ones by default): {corpus name: EvalBatches}
+    (``probe.data.windows.default_windows``, docs/definitions.md#evaluation-windows)."""
     return {c: default_windows(model, c, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=mode)
             for c in corpora}
 

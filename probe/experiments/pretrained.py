@@ -1,32 +1,33 @@
 """What the pretrained-model recipes share (``pretrained-injection``, ``pretrained-sinks``): the options that name the
-models and their evaluation windows, loading each model with one-line errors, its BOS-aware windows, and the
-per-model store that lets a restarted run skip the models it already finished.
+models and their evaluation windows, loading each model with one-line errors, its windows (``probe.jobs.inputs``, BOS
+by docs/definitions.md#bos-rule), and the run store that lets a restarted run skip the models it already finished.
 
-Resume: with an output folder, each model's tables are written to ``DIR/models/<slug>.json`` (staged, then renamed)
-as soon as that model is done, together with the settings that determine its numbers. Started again with the same
-settings, a run reloads those files instead of recomputing; a file computed with other settings is an error.
+Resume: with an output folder, the folder is a ``probe.jobs.store.RunStore`` of the recipe: the settings that
+determine the numbers in its manifest, each model's tables in ``DIR/models/<slug>.json`` (staged, then renamed) as
+soon as that model is done. Started again with the same settings, a run reloads those records instead of recomputing;
+other settings, or another recipe's folder, are an error.
+
+Errors: the recipes raise one-line ``ValueError`` s; the job layer's ``UsageError`` s (one line, naming the flag) become
+ValueErrors at :func:`recipe_errors`.
 """
 from __future__ import annotations
 
 import dataclasses
 import gc
-import json
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 
 from probe import __version__
-from probe.analyses.capture import default_windows
 from probe.checkpoints.load import _hub_config_path, resolve
+from probe.data.windows import WINDOW_MODES
+from probe.jobs.inputs import KNOWN_HINT, WindowCache, check_data, load_model, windows_for
+from probe.jobs.specs import ModelSpec, WindowSpec, parse_device_map, parse_max_memory
+from probe.jobs.store import RunStore
 from probe.present.console import Console
 from probe.present.errors import UsageError
-from probe.jobs.inputs import KNOWN_HINT, check_data, eval_ctx, load_model, on_device, tokenizer_for
-from probe.present.files import clean, write_files
-from probe.jobs.report import slug
-from probe.jobs.specs import ModelSpec, WindowSpec, parse_device_map, parse_max_memory
-
-WINDOW_MODES = ("auto", "first", "sequential", "random")
+from probe.present.files import clean
 
 
 @dataclass
@@ -49,11 +50,34 @@ class PretrainedSpec:
 PLACEMENT = ("threads", "device_map", "max_memory")  # where a model runs, not what its numbers are
 
 
+@contextmanager
+def recipe_errors():
+    """The job layer's one-line UsageErrors as the ValueErrors the recipes raise."""
+    try:
+        yield
+    except UsageError as e:
+        raise ValueError(e.one_line()) from None
+
+
 def settings_of(spec: PretrainedSpec) -> dict:
     """What determines a model's numbers (every option but the model list and its placement) and the probe
     version."""
     return clean({**{k: v for k, v in dataclasses.asdict(spec).items() if k not in ("models", *PLACEMENT)},
                   "probe_version": __version__})
+
+
+def model_spec(spec: PretrainedSpec, name: str | None = None) -> ModelSpec:
+    """The recipe's model options as the job layer's spec (a ValueError, one line, for a bad --device-map or
+    --max-memory)."""
+    return ModelSpec(name=name, device=spec.device, dtype=spec.dtype, threads=spec.threads,
+                     device_map=parse_device_map(spec.device_map) if spec.device_map else None,
+                     max_memory=parse_max_memory(spec.max_memory) if spec.max_memory else None)
+
+
+def window_spec(spec: PretrainedSpec) -> WindowSpec:
+    """The recipe's window options as the job layer's spec (every model's own tokenizer)."""
+    return WindowSpec(data=spec.data, batches=spec.batches, batch_size=spec.batch_size, ctx=spec.ctx,
+                      mode=spec.window_mode, seed=spec.seed, bos=spec.bos)
 
 
 def check_spec(spec: PretrainedSpec) -> list[str]:
@@ -64,11 +88,9 @@ def check_spec(spec: PretrainedSpec) -> list[str]:
         raise ValueError(f"--window-mode {spec.window_mode!r}: choose one of {', '.join(WINDOW_MODES)}")
     if spec.batches < 1 or spec.batch_size < 1:
         raise ValueError(f"--batches {spec.batches} and --batch-size {spec.batch_size} must both be at least 1")
-    try:
+    with recipe_errors():
         check_data(spec.data)
-    except UsageError as e:
-        raise ValueError(str(e)) from None
-    placement(spec)
+    model_spec(spec)
     names = list(dict.fromkeys(str(m) for m in spec.models))
     for name in names:
         check_model(name)
@@ -88,41 +110,16 @@ def check_model(name: str) -> None:
 
 def load_one(name: str, spec: PretrainedSpec, progress: bool):
     """The model in eval mode on its device (one-line ValueError when it cannot be read)."""
-    try:
-        return load_model(ModelSpec(name=name, device=spec.device, dtype=spec.dtype, threads=spec.threads,
-                                    **placement(spec)), Console(quiet=not progress))
-    except UsageError as e:
-        raise ValueError(e.one_line().replace("--model ", "--models ", 1)) from None
+    with recipe_errors():
+        return load_model(model_spec(spec, name), Console(quiet=not progress), flag="--models")
 
 
-def placement(spec: PretrainedSpec) -> dict:
-    """--device-map and --max-memory as ModelSpec fields (ValueError, one line, for a bad value)."""
-    return {"device_map": parse_device_map(spec.device_map) if spec.device_map else None,
-            "max_memory": parse_max_memory(spec.max_memory) if spec.max_memory else None}
-
-
-def windows_for(model, spec: PretrainedSpec):
-    """The model's evaluation windows of ``spec.data`` with its tokenizer at its context, BOS by the rule of docs/definitions.md#bos-rule
-    (``spec.bos`` overrides), on the model's device."""
-    try:
-        tok = tokenizer_for(WindowSpec(), model)
-        ctx = eval_ctx(WindowSpec(ctx=spec.ctx), model)
-    except UsageError as e:
-        raise ValueError(e.one_line()) from None
-    if spec.bos and tok.bos_token_id is None:
-        raise ValueError(f"--bos: tokenizer {tok.name_or_path!r} of model {model.probe_info.name!r} has no BOS token; "
-                         "drop --bos")
-    modes = ("first", "sequential") if spec.window_mode == "auto" else (spec.window_mode,)
-    for mode in modes:
-        try:
-            eb = default_windows(model, spec.data, n_batches=spec.batches, batch_size=spec.batch_size, ctx=ctx,
-                                 seed=spec.seed, tokenizer=tok, mode=mode, bos=spec.bos)
-            break
-        except ValueError as e:
-            error = e
-    else:
-        raise ValueError(f"--data {spec.data!r}: {str(error).splitlines()[0]}")
-    return on_device(eb, model)
+def windows_of(model, spec: PretrainedSpec, cache: WindowCache | None = None):
+    """The model's evaluation windows of ``spec.data`` with its tokenizer at its context, BOS by
+    docs/definitions.md#bos-rule (``spec.bos`` overrides), on the model's device (``probe.jobs.inputs.windows_for``;
+    ``cache``: a ``WindowCache`` of ``window_spec(spec)``, shared by the models of one run)."""
+    with recipe_errors():
+        return windows_for(window_spec(spec), model, cache)[0]
 
 
 def tables_to_records(tables: dict[str, pd.DataFrame]) -> dict:
@@ -140,69 +137,25 @@ def records_to_tables(records: dict) -> dict[str, pd.DataFrame]:
     return tables
 
 
-class ModelStore:
-    """Finished models' tables under ``DIR/models`` (nothing is kept without a folder)."""
+def each_model(recipe: str, names, spec: PretrainedSpec, out, compute, progress: bool):
+    """For every name: the record stored in ``out`` (a ``RunStore`` of ``recipe``; None: nothing is kept), or
+    ``compute(name, model, windows) -> (tables, meta)`` on the freshly loaded model, stored as soon as it is done.
+    Returns [(name, tables, meta)] in the order given; a stored and a fresh result read the same (both come back
+    from their JSON record)."""
+    with recipe_errors():
+        store = RunStore(out, settings_of(spec), names, kind=recipe)
+    cache = WindowCache(window_spec(spec))
 
-    def __init__(self, out, recipe: str, settings: dict):
-        self.dir = Path(out) / "models" if out is not None else None
-        self.recipe, self.settings = recipe, settings
-        if out is not None:
-            self._check(Path(out))
+    def record(name: str) -> dict:
+        model = load_one(name, spec, progress)
+        windows = windows_of(model, spec, cache)
+        tables, meta = compute(name, model, windows)
+        del model, windows
+        gc.collect()
+        return {"name": name, "meta": meta, "tables": tables_to_records(tables)}
 
-    def _check(self, out: Path) -> None:
-        config = out / "config.json"
-        if config.is_file():
-            recipe = json.loads(config.read_text()).get("recipe")
-            if recipe != self.recipe:
-                raise ValueError(f"--out {str(out)!r} holds the result of {recipe!r}, not {self.recipe!r}; "
-                                 "choose another --out")
-        if self.dir.is_dir():
-            for path in self.dir.glob("*.json"):
-                record = json.loads(path.read_text())
-                old = record.get("settings", {})
-                diff = [f"{k}: {old.get(k)!r} (now {v!r})" for k, v in self.settings.items() if old.get(k) != v]
-                if record.get("recipe") != self.recipe or diff:
-                    raise ValueError(f"--out {str(out)!r} holds model {record.get('name')!r} computed by "
-                                     f"{record.get('recipe')!r} with other settings ({'; '.join(diff)}); use the same "
-                                     "options to resume, or another --out")
-
-    def path(self, name: str) -> Path:
-        return self.dir / f"{slug(name)}.json"
-
-    def get(self, name: str) -> dict | None:
-        """The stored record of a finished model (tables as DataFrames), or None."""
-        if self.dir is None or not self.path(name).is_file():
-            return None
-        record = json.loads(self.path(name).read_text())
-        return {**record, "tables": records_to_tables(record["tables"])}
-
-    def put(self, name: str, tables: dict[str, pd.DataFrame], meta: dict) -> None:
-        if self.dir is None:
-            return
-        record = {"recipe": self.recipe, "name": name, "settings": self.settings, "meta": clean(meta),
-                  "tables": tables_to_records(tables)}
-        write_files(self.dir, {self.path(name).name: json.dumps(record)})
-
-
-def each_model(names, spec: PretrainedSpec, store: ModelStore, compute, progress: bool):
-    """For every name: the stored record, or ``compute(name, model, windows) -> (tables, meta)`` on the freshly
-    loaded model, stored as soon as it is done. Returns [(name, tables, meta)] in the order given."""
-    done = []
-    for name in names:
-        record = store.get(name)
-        if record is None:
-            model = load_one(name, spec, progress)
-            windows = windows_for(model, spec)
-            tables, meta = compute(name, model, windows)
-            store.put(name, tables, meta)
-            del model, windows
-            gc.collect()
-        else:
-            tables, meta = record["tables"], record["meta"]
-            if progress:
-                Console().note(f"{name}: reusing the result stored in {store.dir}")
-        done.append((name, tables, meta))
-    return done
+    records = store.records(names, record, Console(quiet=not progress), recipe)
+    return [(r["name"], records_to_tables(r["tables"]), r["meta"]) for r in records]
 
 
 def window_meta(windows, model) -> dict:
@@ -212,5 +165,5 @@ def window_meta(windows, model) -> dict:
             "layer_types": ",".join(sorted(set(info.layer_types))), **clean(windows.to_dict())}
 
 
-__all__ = ["PretrainedSpec", "ModelStore", "check_spec", "check_model", "each_model", "windows_for", "settings_of",
-           "window_meta"]
+__all__ = ["PretrainedSpec", "check_spec", "check_model", "each_model", "windows_of", "model_spec", "window_spec",
+           "settings_of", "window_meta", "recipe_errors"]

@@ -21,8 +21,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from probe.analyses.inject import conditions, inject
-from probe.experiments.pretrained import (ModelStore, PretrainedSpec, check_spec, each_model, settings_of,
-                                          window_meta)
+from probe.experiments.pretrained import PretrainedSpec, check_spec, each_model, window_meta
 from probe.experiments.result import Result, Timer, config_dict
 
 RECIPE = "pretrained-injection"
@@ -97,7 +96,6 @@ def run(cfg: PretrainedInjectionConfig | None = None, *, progress: bool = False,
                          "batch)")
     names = check_spec(cfg)
     timer = Timer()
-    store = ModelStore(out, RECIPE, settings_of(cfg))
 
     def compute(name, model, windows):
         t0 = time.perf_counter()
@@ -110,7 +108,7 @@ def run(cfg: PretrainedInjectionConfig | None = None, *, progress: bool = False,
                 "seconds": round(time.perf_counter() - t0, 2)}
         return {k: df[["model"] + [c for c in df.columns if c != "model"]] for k, df in tables.items()}, meta
 
-    done = each_model(names, cfg, store, compute, progress)
+    done = each_model(RECIPE, names, cfg, out, compute, progress)
     long = pd.concat([t["injection"] for _, t, _ in done], ignore_index=True)
     wide = wide_table(long)
     tables = {"table13": wide, "ratio": ratio_table(wide), "injection": long}

@@ -24,8 +24,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from probe.analyses.sinks import sink_stats
-from probe.experiments.pretrained import (ModelStore, PretrainedSpec, check_spec, each_model, settings_of,
-                                          window_meta)
+from probe.experiments.pretrained import PretrainedSpec, check_spec, each_model, window_meta
 from probe.experiments.result import Result, Timer, config_dict
 
 RECIPE = "pretrained-sinks"
@@ -112,7 +111,6 @@ def run(cfg: PretrainedSinksConfig | None = None, *, progress: bool = False, out
     cfg = cfg or PretrainedSinksConfig()
     names = check_spec(cfg)
     timer = Timer()
-    store = ModelStore(out, RECIPE, settings_of(cfg))
 
     def compute(name, model, windows):
         t0 = time.perf_counter()
@@ -124,7 +122,7 @@ def run(cfg: PretrainedSinksConfig | None = None, *, progress: bool = False, out
                 "seconds": round(time.perf_counter() - t0, 2)}
         return tables, meta
 
-    done = each_model(names, cfg, store, compute, progress)
+    done = each_model(RECIPE, names, cfg, out, compute, progress)
     tables = {k: pd.concat([t[k] for _, t, _ in done], ignore_index=True)
               for k in ("table14", "layers", "heads", "summary")}
     tables["models"] = pd.DataFrame([{"model": name, **meta} for name, _, meta in done])

@@ -1,6 +1,10 @@
 """What an analysis runs on, built from typed specs: the model (``ModelSpec``), its evaluation windows
-(``WindowSpec``) and the injection conditions that apply to it (``InjectionSpec``), for the CLI verbs and ``probe
-report``.
+(``WindowSpec``) and the injection conditions that apply to it (``InjectionSpec``), for the CLI verbs, ``probe
+report`` and the pretrained-model recipes.
+
+Windows are built by ``probe.data.windows`` (docs/definitions.md#evaluation-windows, docs/definitions.md#bos-rule);
+here they get the model's tokenizer and the flags' names in their errors, and a :class:`WindowCache` reads the corpus
+and tokenizes it once for every model of a run.
 
 Every failure a user can cause here (a missing corpus, an unknown model, an unreadable checkpoint, a tokenizer that
 does not fit, a context the model cannot take, a device that is not there) is a one-line :class:`UsageError` naming
@@ -18,21 +22,21 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
-from probe.analyses.capture import model_device, wants_bos
+from probe.analyses.capture import model_device
 from probe.analyses.inject import JUNK_TYPES, own_directions
 from probe.checkpoints.load import KNOWN_CHECKPOINTS, ModelNotFoundError, load, resolve
 from probe.present.console import Console
 from probe.progress import plural
-from probe.data import cap_ctx, eval_batches, tokenize_documents
+from probe.data import tokenize_documents
 from probe.data import load_corpus as read_corpus
 from probe.data.corpus import CORPORA
 from probe.data.synthetic import BigramBackcopy, is_synthetic, parse_synthetic
-from probe.data.tokenizer import TOKENIZERS, load_tokenizer
+from probe.data.tokenizer import DEFAULT_TOKENIZER, TOKENIZERS, load_tokenizer
+from probe.data.windows import build_windows, eval_context, window_bos_id
 from probe.present.errors import UsageError, first_line
 from probe.models import create
 from probe.jobs.specs import InjectionSpec, ModelSpec, WindowSpec
 
-DEFAULT_TOKENIZER = "probe-bpe-8k"  # for probe models that ship none
 DEFAULT_DATA = "wikitext-2-test"  # windows of text models when --data is not given
 KNOWN_HINT = ("see `probe models`: zoo names probe/tiny-<variant>, pythia-14m ... pythia-12b[-deduped][@stepN], "
               "gpt-oss-20b, gpt-oss-120b, an HF repo id, a local model directory, a `probe train` run "
@@ -81,8 +85,9 @@ def resolve_device(device: str) -> str:
 # ------------------------------------------------------------------------------------------------------------ model
 
 
-def load_model(spec: ModelSpec, console: Console):
-    """The model of ``spec.name`` (or the embedded default), on its device in its dtype, in eval mode."""
+def load_model(spec: ModelSpec, console: Console, flag: str = "--model"):
+    """The model of ``spec.name`` (or the embedded default), on its device in its dtype, in eval mode; errors name
+    ``flag`` (the one that gave the name)."""
     set_threads(spec.threads)
     device = resolve_device(spec.device)
     dtype = None if spec.dtype == "auto" else spec.dtype
@@ -96,9 +101,9 @@ def load_model(spec: ModelSpec, console: Console):
     try:
         _, _, kind = resolve(name)
     except ModelNotFoundError as e:
-        raise UsageError(f"--model {name!r}: {e}") from None
+        raise UsageError(f"{flag} {name!r}: {e}") from None
     except ValueError as e:
-        raise UsageError(f"--model {name!r}: {e}; {KNOWN_HINT}") from None
+        raise UsageError(f"{flag} {name!r}: {e}; {KNOWN_HINT}") from None
     if kind != "hub":  # local weights load in moments: our loading bar is enough (hub downloads keep their bars)
         hf_logging.disable_progress_bar()
     placed, offload_tmp = placement(spec)
@@ -111,13 +116,13 @@ def load_model(spec: ModelSpec, console: Console):
     except ModelNotFoundError as e:
         close = difflib.get_close_matches(name.split("@")[0], list(KNOWN_CHECKPOINTS), n=1)
         hint = f"did you mean {close[0]}? " if close and close[0] != name.split("@")[0] else ""
-        raise UsageError(f"--model {name!r}: {e}; {hint}{KNOWN_HINT}") from None
+        raise UsageError(f"{flag} {name!r}: {e}; {hint}{KNOWN_HINT}") from None
     except Exception as e:  # noqa: BLE001 — an unreadable checkpoint of any kind is a user error, one line
         if placed:
-            raise UsageError(f"--model {name!r} with --device-map {placed['device_map']!r}"
+            raise UsageError(f"{flag} {name!r} with --device-map {placed['device_map']!r}"
                              f"{' --max-memory ' + str(spec.max_memory) if spec.max_memory else ''}: cannot place "
                              f"it ({first_line(e)})") from None
-        raise UsageError(f"--model {name!r}: cannot read the {kind} checkpoint ({first_line(e)})") from None
+        raise UsageError(f"{flag} {name!r}: cannot read the {kind} checkpoint ({first_line(e)})") from None
     finally:
         offload_log.setLevel(level)
     if placed:
@@ -192,56 +197,39 @@ def load_corpus(name: str, flag: str = "--data"):
 
 def eval_ctx(spec: WindowSpec, model) -> int:
     """Tokens per window: ``spec.ctx`` (at most the model's maximum), else the model's evaluation context."""
-    info = model.probe_info
-    n_ctx = info.n_ctx
-    if spec.ctx is None and info.family == "probe":
-        return n_ctx  # custom models: their training context (docs/definitions.md#evaluation-windows); HF checkpoints: min(1024, maximum)
     try:
-        return cap_ctx(spec.ctx, n_ctx)
+        return eval_context(model, spec.ctx)
     except ValueError:
-        why = "is too short" if spec.ctx < 2 else f"exceeds the maximum context {n_ctx} of model {info.name!r}"
-        raise UsageError(f"--ctx {spec.ctx} {why}; choose --ctx 2..{n_ctx}") from None
+        info = model.probe_info
+        why = "is too short" if spec.ctx < 2 else f"exceeds the maximum context {info.n_ctx} of model {info.name!r}"
+        raise UsageError(f"--ctx {spec.ctx} {why}; choose --ctx 2..{info.n_ctx}") from None
 
 
 def bos_id_for(spec: WindowSpec, model, tok) -> int | None:
-    """The BOS id that starts each window, or None: ``spec.bos``, or docs/definitions.md#bos-rule when it is None. A model trained
-    with ``probe train --bos`` records the id it used (the EOS of a tokenizer without a BOS token)."""
-    bos = wants_bos(model, tok) if spec.bos is None else spec.bos
-    recorded = (getattr(model, "train_record", None) or {}).get("bos_id")
-    if bos and tok.bos_token_id is None and recorded is None:
-        raise UsageError(f"--bos: tokenizer {tok.name_or_path!r} has no BOS token; drop --bos")
-    return (tok.bos_token_id if tok.bos_token_id is not None else recorded) if bos else None
+    """The BOS id that starts each window, or None: ``spec.bos``, or docs/definitions.md#bos-rule when it is None
+    (``probe.data.windows.window_bos_id``)."""
+    try:
+        return window_bos_id(model, tok, spec.bos)
+    except ValueError:
+        raise UsageError(f"--bos: tokenizer {tok.name_or_path!r} has no BOS token; drop --bos") from None
 
 
 def make_windows(corpus, tok, *, n_batches: int, batch_size: int, ctx: int, seed: int, mode: str, vocab_size: int,
                  docs=None, bos_id: int | None = None):
-    """Fixed evaluation windows; mode auto = one window per document (first), else sequential windows; with
-    ``bos_id`` each window is that BOS + ctx-1 text tokens of input."""
-    if mode == "random" and tok.eos_token_id is None:
-        raise UsageError(f"--window-mode random joins documents with EOS, but tokenizer {tok.name_or_path!r} has no "
-                         "eos token; use --window-mode first or sequential")
-    docs = tokenize_documents(corpus, tok) if docs is None else docs
-    last = None
-    for m in (("first", "sequential") if mode == "auto" else (mode,)):
-        try:
-            eb = eval_batches(docs, tok, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=m,
-                              bos_id=bos_id)
-            break
-        except ValueError as e:
-            last = e
-    else:
-        msg = str(last)
-        for a, b in (("corpus 'custom-tokens' ", "it "), ("n_batches*batch_size", "--batches x --batch-size"),
+    """``probe.data.windows.build_windows`` (mode auto = one window per document, sequential windows when there are
+    too few; with ``bos_id`` each window is that BOS + ctx-1 text tokens of input), its errors naming the flags."""
+    try:
+        return build_windows(corpus, tok, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=mode,
+                             bos_id=bos_id, docs=docs, vocab_size=vocab_size)
+    except ValueError as e:
+        msg = str(e)
+        for a, b in ((f"corpus {corpus.name!r} ", "it "), ("n_batches*batch_size", "--batches x --batch-size"),
                      ("mode='sequential' or 'random'", "--window-mode sequential or random"),
-                     ("mode='random'", "--window-mode random")):
+                     ("mode='random'", "--window-mode random"), ("mode='first' or 'sequential'",
+                                                                 "--window-mode first or sequential"),
+                     ("a matching tokenizer", "a matching --tokenizer")):
             msg = msg.replace(a, b)
-        raise UsageError(f"--data {corpus.name!r}: {msg}")
-    eb = dataclasses.replace(eb, corpus=corpus.name, corpus_fingerprint=corpus.fingerprint)
-    top = int(eb.tokens.max())
-    if top >= vocab_size:
-        raise UsageError(f"tokenizer {eb.tokenizer!r} produces token id {top}, beyond the model's vocabulary of "
-                         f"{vocab_size}; pass a matching --tokenizer")
-    return eb
+        raise UsageError(f"--data {corpus.name!r}: {msg}") from None
 
 
 def trained_task(model) -> BigramBackcopy | None:
@@ -286,22 +274,45 @@ def text_on_bb(what: str, model, task: BigramBackcopy,
                       f"({task.spec()}); {hint}")
 
 
-def windows_for(spec: WindowSpec, model):
+def windows_for(spec: WindowSpec, model, cache: WindowCache | None = None):
     """The model's windows of ``spec.data`` (its tokenizer and context) on its device: (windows, tokenizer). Without
     ``spec.data``: a Bigram-Backcopy model's own chain, else wikitext-2-test. Bigram-Backcopy windows come with no
-    tokenizer (None); text on a Bigram-Backcopy model, or BB data on a text model, is an error naming both."""
+    tokenizer (None); text on a Bigram-Backcopy model, or BB data on a text model, is an error naming both. With
+    ``cache`` (a :class:`WindowCache` of the same ``spec``) text windows are built once for all the models that share a
+    tokenizer, context and BOS."""
     task = trained_task(model)
     if is_synthetic(spec.data) or (spec.data is None and task is not None):
         return on_device(synthetic_windows(spec, model, task), model), None
-    data = spec.data or DEFAULT_DATA
     if task is not None:
-        raise text_on_bb(f"--data {data!r}", model, task)
+        raise text_on_bb(f"--data {spec.data or DEFAULT_DATA!r}", model, task)
     tok = tokenizer_for(spec, model)
-    ctx = eval_ctx(spec, model)
-    corpus = load_corpus(data)
-    eb = make_windows(corpus, tok, n_batches=spec.batches, batch_size=spec.batch_size, ctx=ctx, seed=spec.seed,
-                      mode=spec.mode, vocab_size=model.probe_info.vocab_size, bos_id=bos_id_for(spec, model, tok))
-    return on_device(eb, model), tok
+    return (cache or WindowCache(spec)).get(model, tok, eval_ctx(spec, model)), tok
+
+
+class WindowCache:
+    """Text windows of one ``WindowSpec`` per (tokenizer, context, BOS) for the many models of one run: the corpus is
+    read once and tokenized once per tokenizer."""
+
+    def __init__(self, spec: WindowSpec):
+        self.spec, self.corpus, self.docs, self.cache = spec, None, {}, {}
+
+    def get(self, model, tok, ctx):
+        """The model's windows on its device, with ``tok`` and ``ctx`` as :func:`windows_for` picks them (a
+        Bigram-Backcopy model, or Bigram-Backcopy data: :func:`windows_for`'s windows or its error)."""
+        w = self.spec
+        if is_synthetic(w.data) or trained_task(model) is not None:
+            return windows_for(w, model)[0]
+        bos_id = bos_id_for(w, model, tok)
+        key = (tok.name_or_path, len(tok), ctx, bos_id)
+        if key not in self.cache:
+            self.corpus = self.corpus or load_corpus(w.data or DEFAULT_DATA)
+            tkey = key[:2]
+            if tkey not in self.docs:
+                self.docs[tkey] = tokenize_documents(self.corpus, tok)
+            self.cache[key] = make_windows(self.corpus, tok, n_batches=w.batches, batch_size=w.batch_size, ctx=ctx,
+                                           seed=w.seed, mode=w.mode, vocab_size=model.probe_info.vocab_size,
+                                           docs=self.docs[tkey], bos_id=bos_id)
+        return on_device(self.cache[key], model)
 
 
 def on_device(eb, model):

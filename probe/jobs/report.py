@@ -1,12 +1,12 @@
 """``probe report``: sink statistics (and optionally injection) over many models or training checkpoints, written as
 CSV plus one self-contained offline HTML report.
 
-Resumable. ``DIR/manifest.json`` records the settings that determine the numbers (corpus, windows, seed, device,
-dtype, injection, probe version); each model's results are persisted atomically to ``DIR/models/<slug>.json`` as soon
-as that model finishes. Started again with the same settings, a run skips the models already done, so a run killed at
-any point ends with the same numbers as an uninterrupted one and without duplicate rows (the final tables are
-assembled from the per-model files, one per model name, in the order given). Different settings in an existing DIR
-are an error; a different model list reuses the models already done.
+Resumable: DIR is a ``probe.jobs.store.RunStore``. Its manifest records the settings that determine the numbers
+(corpus, windows, seed, device, dtype, injection, probe version); each model's results are persisted atomically to
+``DIR/models/<slug>.json`` as soon as that model finishes. Started again with the same settings, a run skips the
+models already done, so a run killed at any point ends with the same numbers as an uninterrupted one and without
+duplicate rows (the final tables are assembled from the per-model files, one per model name, in the order given).
+Different settings in an existing DIR are an error; a different model list reuses the models already done.
 
 Sharded (``ReportSpec.shard = (i, N)``), a run computes only every N-th model of the list starting at the i-th
 (round-robin by report index, so a sweep sorted by size or step spreads its cost evenly) and records the whole run's
@@ -17,10 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import hashlib
-import json
-import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,20 +24,19 @@ import pandas as pd
 
 from probe import __version__
 from probe.analyses.inject import inject
-from probe.analyses.sink_pass import sink_analyses
+from probe.analyses.sink_heads import sink_heads
+from probe.analyses.sinks import sink_stats
 from probe.checkpoints.load import resolve
 from probe.present.console import Console
-from probe.data import tokenize_documents
-from probe.data.synthetic import is_synthetic
 from probe.present.errors import UsageError
-from probe.jobs.inputs import (DEFAULT_DATA, KNOWN_HINT, bos_id_for, check_data, eval_ctx, injection_plan, load_corpus, load_model, make_windows,
-                          on_device, resolve_device, tokenizer_for, trained_task, windows_for)
-from probe.present.files import clean, write_files, write_pages
+from probe.jobs.inputs import (KNOWN_HINT, WindowCache, check_data, eval_ctx, injection_plan, load_model,
+                               resolve_device, tokenizer_for)
+from probe.jobs.store import RunStore, shard_name
+from probe.present.files import write_pages
 from probe.present.report import report_page
 from probe.runs import parse_step, snapshot_steps
 from probe.jobs.specs import InjectionSpec, ModelSpec, WindowSpec
 
-MANIFEST = "manifest.json"
 TABLES = ("summary", "by_type", "layers", "heads", "batches", "sink_eps", "sink_eps_layers", "injection",
           "injection_batches", "exposure")
 
@@ -104,11 +99,6 @@ def step_of(name: str) -> int | None:
     return parse_step(name.rsplit("@", 1)[1]) if "@" in name else None
 
 
-def slug(name: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")[-60:]
-    return f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
-
-
 def settings_of(spec: ReportSpec) -> dict:
     """What determines the numbers (recorded in the manifest; a resumed run must match it)."""
     w, inj = spec.windows, spec.injection
@@ -119,81 +109,15 @@ def settings_of(spec: ReportSpec) -> dict:
             "dtype": spec.model.dtype, "inject": injection, "eps": list(spec.eps), "probe_version": __version__}
 
 
-def settings_diff(old: dict, new: dict) -> list[str]:
-    return [f"{k}: {old.get(k)!r} (now {v!r})" for k, v in new.items() if old.get(k) != v]
-
-
-def check_dir(out: Path, settings: dict, shard: dict | None = None) -> None:
-    """An existing DIR must be a report with the same settings (and the same shard of its run); stale staged files of
-    a killed run are removed. Nothing is written here: the manifest is written with the first result, so a failure
-    before it leaves no files."""
-    manifest = out / MANIFEST
-    if manifest.is_file():
-        old = json.loads(manifest.read_text())
-        diff = settings_diff(old["settings"], settings)
-        if diff:
-            raise UsageError(f"--out {str(out)!r} holds a report computed with other settings ({'; '.join(diff)}); "
-                             "use the same flags to resume, or another --out")
-        if shard_name(old.get("shard")) != shard_name(shard):  # the share itself follows --models, as unsharded
-            raise UsageError(f"--out {str(out)!r} holds {shard_name(old.get('shard'))} of a report, not "
-                             f"{shard_name(shard)}; resume it with the same --models/--checkpoints and --shard, or "
-                             "use another --out")
-    elif out.exists() and (not out.is_dir() or any(p for p in out.iterdir() if not p.name.startswith("."))):
-        raise UsageError(f"--out {str(out)!r} exists and is not a probe report directory; choose a new or empty one")
-    if out.is_dir():
-        for stale in list(out.glob(".*.tmp-*")) + list(out.glob("models/.*.tmp-*")):
-            stale.unlink()  # staged files of a killed run: never renamed, so never counted
-
-
-def shard_name(shard: dict | None) -> str:
-    return "the whole" if shard is None else f"shard {shard['index']}/{shard['count']}"
-
-
-def write_manifest(out: Path, settings: dict, names: list[str], **extra) -> None:
-    """The run's settings and whole model list (plus, for a shard, which shard; for a merge, its sources)."""
-    write_files(out, {MANIFEST: json.dumps({"settings": settings, "models": names, **extra}, indent=1)})
-    (out / "models").mkdir(exist_ok=True)
-
-
-def _persist(path: Path, record: dict) -> None:
-    """Stage the model's record, then rename it into place: a model counts as done only once renamed."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(clean(record)))
-    os.replace(tmp, path)
-
-
-class Windows:
-    """Evaluation windows per (tokenizer, context), built once per run; the corpus is read once."""
-
-    def __init__(self, spec: WindowSpec):
-        self.spec, self.corpus, self.docs, self.cache = spec, None, {}, {}
-
-    def get(self, model, tok, ctx):
-        w = self.spec
-        if is_synthetic(w.data) or trained_task(model) is not None:  # Bigram-Backcopy windows (or the error naming both)
-            return windows_for(w, model)[0]
-        bos_id = bos_id_for(w, model, tok)
-        key = (tok.name_or_path, len(tok), ctx, bos_id)
-        if key not in self.cache:
-            self.corpus = self.corpus or load_corpus(w.data or DEFAULT_DATA)
-            tkey = key[:2]
-            if tkey not in self.docs:
-                self.docs[tkey] = tokenize_documents(self.corpus, tok)
-            self.cache[key] = make_windows(self.corpus, tok, n_batches=w.batches, batch_size=w.batch_size, ctx=ctx,
-                                           seed=w.seed, mode=w.mode, vocab_size=model.probe_info.vocab_size,
-                                           docs=self.docs[tkey], bos_id=bos_id)
-        return on_device(self.cache[key], model)
-
-
-def compute_one(spec: ReportSpec, name: str, index: int, windows: Windows, console: Console) -> dict:
+def compute_one(spec: ReportSpec, name: str, index: int, windows: WindowCache, console: Console) -> dict:
     """Sink statistics, Sink^eps (and injection) of one model, as the record persisted in ``DIR/models/``."""
     progress = not console.quiet
     model = load_model(dataclasses.replace(spec.model, name=name), console)
     tok = tokenizer_for(spec.windows, model)
     eb = windows.get(model, tok, eval_ctx(spec.windows, model))
-    found = sink_analyses(model, eb, eps=list(spec.eps), progress=progress)  # one forward per batch for both
-    res, se = found["sinks"], found["sink_eps"]
+    res = sink_stats(model, eb, progress=progress)
     tables = {k: res[k] for k in ("summary", "by_type", "layers", "heads", "batches")}
+    se = sink_heads(model, eb, eps=list(spec.eps), progress=progress)
     tables["sink_eps"], tables["sink_eps_layers"] = se["summary"], se["layers"]
     meta = dict(res["meta"].attrs["meta"])
     if spec.injection is not None:
@@ -223,45 +147,21 @@ def write_report(spec: ReportSpec, console: Console) -> tuple[dict[str, pd.DataF
     check_data(spec.windows.data)
     settings = settings_of(spec)
     shard = shard_record(names, spec.shard)
-    check_dir(out, settings, shard)
+    store = RunStore(out, settings, names, shard=shard)  # an existing DIR: the same settings and shard, or an error
     for name in names:  # malformed names, missing directories or zoo entries: fail before any work
         try:
             resolve(name)
         except ValueError as e:
             raise UsageError(f"--models/--checkpoints {name!r}: {e}; {KNOWN_HINT}") from None
     mine = shard_share(names, spec.shard)  # this run's models: all of them, or this shard's share
-    paths = {n: out / "models" / f"{slug(n)}.json" for n in mine}
-    todo = [n for n in mine if not paths[n].is_file()]
-    if len(todo) < len(mine):
-        console.note(f"resuming {out}: {len(mine) - len(todo)} of {len(mine)} models already done")
     if spec.shard is not None:
         console.note(f"{shard_name(shard)}: {len(mine)} of {len(names)} models")
-    windows = Windows(spec.windows)
-    manifest_written = False
-    extra = {} if shard is None else {"shard": shard}
-    bar = console.bar(len(mine), "report", unit="model")
-    bar.update(len(mine) - len(todo))
-    try:
-        for i, name in enumerate(names, start=1):
-            if name not in todo:
-                continue
-            bar.set_description(f"report: {name}")
-            record = compute_one(spec, name, i, windows, console)
-            if not manifest_written:
-                write_manifest(out, settings, names, **extra)
-                manifest_written = True
-            _persist(paths[name], record)
-            bar.update()
-    except BaseException:
-        bar.leave = False  # erase the bar: the error line is what stays on the terminal
-        raise
-    finally:
-        bar.close()
-    if not manifest_written:
-        write_manifest(out, settings, names, **extra)
+    windows = WindowCache(spec.windows)
+    index = {name: i for i, name in enumerate(names, start=1)}
+    records = store.records(mine, lambda name: compute_one(spec, name, index[name], windows, console), console,
+                            "report")
     if not mine:  # more shards than models (a job array larger than the sweep): only the manifest, for the merge
         return {}, settings
-    records = [json.loads(paths[n].read_text()) for n in mine]
     return write_tables(out, records, settings, console, spec.self_contained), settings
 
 

@@ -1,16 +1,15 @@
 """``probe report --shard i/N`` and ``probe report --merge``: one report's models split over the jobs of a cluster
 (a job array's task index is the shard), and the shard folders joined into the report an unsharded run writes.
 
-A shard folder is an ordinary, resumable report folder whose manifest also records the whole run's model list and
-which shard it is (``probe.jobs.report.write_report``). Merging checks that the folders are every shard of one run (same
-settings, same model list, shards 1..N once each, each finished), then writes the models' records, the manifest and
-the tables in the whole run's order: the CSV files equal an unsharded run's, and so does the page apart from plotly's
+A shard folder is an ordinary, resumable report folder (a ``probe.jobs.store.RunStore``) whose manifest also records
+the whole run's model list and which shard it is (``probe.jobs.report.write_report``). Merging checks that the folders
+are every shard of one run (same settings, same model list, shards 1..N once each, each finished), then writes the
+models' records, the manifest and the tables in the whole run's order: the CSV files equal an unsharded run's, and so does the page apart from plotly's
 random element ids. The merged folder is itself a report folder: `probe report` over it with the same flags finds
 every model done.
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -18,8 +17,8 @@ import pandas as pd
 
 from probe.present.console import Console
 from probe.present.errors import UsageError
-from probe.present.files import atomic_write
-from probe.jobs.report import MANIFEST, check_dir, shard_name, shard_share, slug, write_manifest, write_tables
+from probe.jobs.report import shard_share, write_tables
+from probe.jobs.store import MANIFEST, RunStore, read_manifest, read_record, record_path, shard_name
 
 SHARD_HINT = ("i/N with 1 <= i <= N, e.g. 2/4 (a SLURM array run with --array=1-N: "
               "--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)")
@@ -34,11 +33,8 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def _read_manifest(folder: Path) -> dict:
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
-        manifest = None
-    if not isinstance(manifest, dict) or not {"settings", "models"} <= manifest.keys():
+    manifest = read_manifest(folder)
+    if manifest is None or manifest.get("kind", "report") != "report":
         raise UsageError(f"--merge {str(folder)!r} is not a probe report folder (no readable {MANIFEST})")
     whole = {"index": 1, "count": 1, "models": manifest["models"]}  # an unsharded report is its run's only shard
     manifest["shard"] = manifest.get("shard") or whole
@@ -84,7 +80,7 @@ def check_shards(folders: list[Path]) -> tuple[dict, list[tuple[Path, dict]]]:
     names = shards[0][1]["models"]
     for f, m in shards:
         share = shard_share(names, (m["shard"]["index"], n))
-        done = [x for x in share if (f / "models" / f"{slug(x)}.json").is_file()]
+        done = [x for x in share if record_path(f, x).is_file()]
         if len(done) < len(share):
             raise UsageError(f"--merge: {shard_name(m['shard'])} in {str(f)!r} is not finished ({len(done)} of "
                              f"{len(share)} models done); run the same `probe report ... --shard` again to resume it")
@@ -98,15 +94,14 @@ def merge_reports(folders: list[Path], out: Path, console: Console) -> tuple[dic
         raise UsageError(f"--out {str(out)!r} is one of the --merge folders; write the merged report to a new one")
     run, shards = check_shards(folders)
     settings, names = run["settings"], run["models"]
-    check_dir(out, settings)  # new, empty, or a whole report of the same settings: nothing written before here
     n = len(shards)
+    merged_from = [{"folder": str(f), "shard": f"{m['shard']['index']}/{n}"} for f, m in shards]
+    # new, empty, or a whole report of the same settings: nothing written before here
+    store = RunStore(out, settings, names, extra={"merged_from": merged_from})
     source = {x: f for f, m in shards for x in shard_share(names, (m["shard"]["index"], n))}
-    write_manifest(out, settings, names, merged_from=[{"folder": str(f), "shard": f"{m['shard']['index']}/{n}"}
-                                                      for f, m in shards])
-    records = []
-    for x in names:
-        text = (source[x] / "models" / f"{slug(x)}.json").read_text()
-        atomic_write(out / "models" / f"{slug(x)}.json", text)
-        records.append(json.loads(text))
+    store.write_manifest()
+    records = [read_record(source[x], x) for x in names]
+    for x, record in zip(names, records):
+        store.put(x, record)
     console.note(f"merged {n} shards, {len(names)} models, into {out}")
     return write_tables(out, records, settings, console), settings, names

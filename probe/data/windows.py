@@ -1,0 +1,92 @@
+"""A model's evaluation windows (docs/definitions.md#evaluation-windows), BOS first by the BOS rule
+(docs/definitions.md#bos-rule): the one window builder. The analyses' Python default (:func:`default_windows`) and the
+command line's inputs (``probe.jobs.inputs``, which names the flags in its errors) both build windows here.
+
+A model is read only through ``model.probe_info`` (context, family, ``trained_with_bos``), ``model.tokenizer`` and
+``model.train_record`` (the BOS id a ``probe train --bos`` run used), so this module needs nothing above the data.
+Errors are ``ValueError``s with one-line messages.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from probe.data.batches import EvalBatches, _corpus, _tokenizer, cap_ctx, eval_batches, tokenize_documents
+from probe.data.corpus import DEFAULT_EVAL_CORPUS
+from probe.data.tokenizer import DEFAULT_TOKENIZER, prepends_bos
+
+WINDOW_MODES = ("auto", "first", "sequential", "random")  # auto: first, else sequential when too few documents
+
+
+def wants_bos(model, tokenizer) -> bool:
+    """The BOS rule: windows built from text start with a BOS exactly when the tokenizer's encoding of plain text starts
+    with its BOS (Gemma) or the model's training run records that it saw one (``ModelInfo.trained_with_bos``)."""
+    return model.probe_info.trained_with_bos or prepends_bos(tokenizer)
+
+
+def window_bos_id(model, tokenizer, bos: bool | None = None) -> int | None:
+    """The id that starts each window, or None: ``bos`` (None: :func:`wants_bos`). A model trained with ``probe train
+    --bos`` records the id it used (the EOS of a tokenizer without a BOS token), which stands in when the tokenizer has
+    none."""
+    if not (wants_bos(model, tokenizer) if bos is None else bos):
+        return None
+    if tokenizer.bos_token_id is not None:
+        return tokenizer.bos_token_id
+    recorded = (getattr(model, "train_record", None) or {}).get("bos_id")
+    if recorded is None:
+        raise ValueError(f"bos=True but tokenizer {tokenizer.name_or_path!r} has no BOS token")
+    return recorded
+
+
+def eval_context(model, ctx: int | None = None) -> int:
+    """Tokens per window: ``ctx`` (at most the model's maximum), else a probe model's training context and an HF
+    checkpoint's min(1024, maximum context)."""
+    info = model.probe_info
+    if ctx is None and info.family == "probe":
+        return info.n_ctx
+    return cap_ctx(ctx, info.n_ctx)
+
+
+def build_windows(corpus, tokenizer, *, n_batches: int = 8, batch_size: int = 8, ctx: int = 256, seed: int = 0,
+                  mode: str = "first", bos_id: int | None = None, docs=None,
+                  vocab_size: int | None = None) -> EvalBatches:
+    """Fixed windows of ``corpus`` (a name, path or ``Corpus``; ``docs``: its documents already tokenized with
+    ``tokenizer``, to reuse them across calls). ``mode`` is one of :data:`WINDOW_MODES`; with ``bos_id`` each window is
+    that BOS followed by ctx text tokens. With ``vocab_size``, a token id the model cannot embed is an error."""
+    tok = _tokenizer(tokenizer)
+    if mode not in WINDOW_MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(WINDOW_MODES)}")
+    if mode == "random" and tok.eos_token_id is None:
+        raise ValueError(f"mode='random' joins documents with EOS, but tokenizer {tok.name_or_path!r} has no eos "
+                         "token; use mode='first' or 'sequential'")
+    corpus = _corpus(corpus)
+    docs = tokenize_documents(corpus, tok) if docs is None else docs
+    error = None
+    for m in ("first", "sequential") if mode == "auto" else (mode,):
+        try:
+            eb = eval_batches(docs, tok, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=m,
+                              bos_id=bos_id)
+            break
+        except ValueError as e:
+            error = e
+    else:
+        raise ValueError(str(error).replace("corpus 'custom-tokens' ", f"corpus {corpus.name!r} ", 1))
+    eb = dataclasses.replace(eb, corpus=corpus.name, corpus_fingerprint=corpus.fingerprint)
+    top = int(eb.tokens.max())
+    if vocab_size is not None and top >= vocab_size:
+        raise ValueError(f"tokenizer {eb.tokenizer!r} produces token id {top}, beyond the model's vocabulary of "
+                         f"{vocab_size}; pass a matching tokenizer")
+    return eb
+
+
+def default_windows(model, corpus=None, *, n_batches: int = 8, batch_size: int = 8, ctx: int | None = None,
+                    seed: int = 0, tokenizer=None, mode: str = "first", bos: bool | None = None) -> EvalBatches:
+    """The evaluation windows for a model: ``n_batches`` x ``batch_size`` fixed windows of ``corpus`` (default: the
+    bundled WikiText-2 test split) at :func:`eval_context`, tokenized with ``tokenizer`` (a name or a tokenizer; default
+    the model's own, custom models without one: the shipped probe-bpe-8k). ``bos`` None decides by :func:`wants_bos`
+    (then each window is BOS + ctx-1 text tokens as input); True / False force it. ``bos`` is in the windows' meta."""
+    tok = _tokenizer(tokenizer or getattr(model, "tokenizer", None) or DEFAULT_TOKENIZER)
+    return build_windows(corpus or DEFAULT_EVAL_CORPUS, tok, n_batches=n_batches, batch_size=batch_size,
+                         ctx=eval_context(model, ctx), seed=seed, mode=mode, bos_id=window_bos_id(model, tok, bos))
+
+
+__all__ = ["WINDOW_MODES", "wants_bos", "window_bos_id", "eval_context", "build_windows", "default_windows"]

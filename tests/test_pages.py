@@ -8,7 +8,12 @@ import pandas as pd
 import pytest
 
 from analyses_util import one_thread, tiny, windows  # noqa: F401
-from probe.present import figures, summaries
+from probe.present import figures
+from probe.present.eval import eval_sections
+from probe.present.gates import gate_figure, gate_sections
+from probe.present.inject import inject_sections, injection_figure
+from probe.present.sinks import sink_figure, sink_heads_figure, sink_sections
+from probe.present.sources import source_sections
 from probe.analyses.gates import gate_stats
 from probe.analyses.inject import inject
 from probe.analyses.sinks import sink_stats
@@ -34,7 +39,7 @@ def _text(html: str) -> str:
 
 
 def test_sinks_page_opens_with_verdict_and_csv_values(tmp_path, sinks):
-    html = _save(tmp_path, "sinks", sinks, [figures.sink_figure(sinks)], summaries.sink_sections(sinks))
+    html = _save(tmp_path, "sinks", sinks, [sink_figure(sinks)], sink_sections(sinks))
     before_figures = _text(html)
     formed = bool(sinks["summary"]["sink_formed"].iloc[0])
     assert f"sink_formed: {formed} — rule: position-0 share &gt;= 3x the causal-uniform reference and r0 &lt; 0.8" \
@@ -60,12 +65,12 @@ def test_sinks_page_opens_with_verdict_and_csv_values(tmp_path, sinks):
 
 def test_folder_shared_by_verbs_and_self_contained(tmp_path, sinks):
     gates = gate_stats(tiny("normgate"), windows(1, 2, 12), min_count=10_000)
-    html = _save(tmp_path, "gates", gates, [figures.gate_figure(gates)], summaries.gate_sections(gates))
+    html = _save(tmp_path, "gates", gates, [gate_figure(gates)], gate_sections(gates))
     text = _text(html)
     assert "no token occurs 10000 times" in text  # empty token tables say why
     assert "too small a sample" in text and "standard errors need at least 2" in text  # caveats on a tiny sample
     first = (tmp_path / PLOTLY_JS).stat().st_mtime_ns
-    written = write_pages(tmp_path, {"sinks.html": page("Sinks", [figures.sink_figure(sinks)]),
+    written = write_pages(tmp_path, {"sinks.html": page("Sinks", [sink_figure(sinks)]),
                                      "notes.csv": "a,b\n1,2\n"})
     assert PLOTLY_JS not in [p.name for p in written] and (tmp_path / PLOTLY_JS).stat().st_mtime_ns == first
     assert len(list(tmp_path.glob("*.js"))) == 1 and not list(tmp_path.glob(".*"))
@@ -74,19 +79,19 @@ def test_folder_shared_by_verbs_and_self_contained(tmp_path, sinks):
     assert "table, 1 row: a, b" in index  # fallback description of an unknown CSV: its header
     assert "Value gates" not in index and "value gates: summary" in index
     alone = tmp_path / "alone"
-    html = _save(alone, "sinks", sinks, [figures.sink_figure(sinks)], summaries.sink_sections(sinks),
+    html = _save(alone, "sinks", sinks, [sink_figure(sinks)], sink_sections(sinks),
                  self_contained=True)
     assert "src='plotly.min.js'" not in html and len(html) > 1_000_000 and not (alone / PLOTLY_JS).exists()
 
 
 def test_inject_page_standard_errors(tmp_path):
     res = inject(tiny("sinklogit"), windows(3, 2, 12), junk=["gaussian"], doses=[0.4, 1.6], progress=False)
-    sec = summaries.inject_sections(res)
+    sec = inject_sections(res)
     table = sec["tables"][0][1].set_index("dose")
     sem = res["per_batch"].groupby("dose")["delta"].sem()
     assert table.loc[1.6, "delta_se"] == pytest.approx(sem[1.6]) and table.loc[1.6, "n_batches"] == 3
     assert sec["verdicts"][0].startswith("gaussian junk on the q25 quiet reads at dose 1.6: loss ")
-    fig = figures.injection_figure(res)
+    fig = injection_figure(res)
     assert list(fig.data[0].error_y.array) == pytest.approx(list(sem.sort_index()))
     assert [a.text for a in fig.layout.annotations] == ["no change"]
     assert list(fig.layout.xaxis.ticktext) == ["0.4", "1.6"]  # the doses run, not a log axis's bare digits
@@ -97,7 +102,7 @@ def _axes(fig):
 
 
 def test_figures_ticks_thresholds_and_colours(sinks):
-    fig = figures.sink_figure([sinks, sink_stats(tiny("baseline"), windows(3, 2, 12))])
+    fig = sink_figure([sinks, sink_stats(tiny("baseline"), windows(3, 2, 12))])
     x_axes = [a for k, a in fig.layout.to_plotly_json().items() if k.startswith("xaxis")]
     assert len(x_axes) == 3 and all(a["dtick"] == 1 and a["tickformat"] == "d" for a in x_axes)
     assert all(a.get("title", {}).get("text") for a in _axes(fig))  # every axis has a title
@@ -105,7 +110,7 @@ def test_figures_ticks_thresholds_and_colours(sinks):
     assert "3 x uniform (sink threshold)" in [t.name for t in fig.data]
     assert all(t.mode == "lines+markers" and t.error_y.array is not None for t in fig.data[:6])  # ± s.e. per layer
 
-    heads = figures.sink_heads_figure(sinks, "pos0_share")
+    heads = sink_heads_figure(sinks, "pos0_share")
     z = np.array(heads.data[0].z, dtype=float)
     assert (heads.data[0].zmin, heads.data[0].zmax) == (z.min(), z.max())  # fitted to the data, not 0..1
     scale = [c for _, c in heads.data[0].colorscale]
@@ -164,12 +169,12 @@ def test_sources_and_eval_verdicts():
 
     res = effective_sources(tiny("attnres-block2"), windows(1, 3, 10, vocab=6))
     s = res["summary"].iloc[0]
-    (line,) = summaries.source_sections(res)["verdicts"]
+    (line,) = source_sections(res)["verdicts"]
     assert f"N_eff = {s['neff_mean']:.3g}" in line and f"over {int(s['n_sites'])} read sites" in line
     w = pd.DataFrame({"loss": [3.0, 3.2, 3.4], "doc_id": [1, 2, 3]})
     summary = pd.DataFrame([{"loss": 3.2, "perplexity": 24.5, "n_tokens": 30, "n_windows": 3}])
-    sec = summaries.eval_sections({"summary": summary, "windows": w})
+    sec = eval_sections({"summary": summary, "windows": w})
     assert sec["verdicts"] == ["loss 3.2 ± 0.12 nats per token (mean ± s.e. over 3 windows), perplexity 24.5"]
     assert sec["tables"][0][1]["loss_se"].iloc[0] == pytest.approx(0.2 / 3 ** 0.5)
-    one = summaries.eval_sections({"summary": summary, "windows": w.head(1)})
+    one = eval_sections({"summary": summary, "windows": w.head(1)})
     assert one["caveats"] == ["standard errors need at least 2 windows (this run: 1); run with more --batches"]

@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 
 from analyses_util import one_thread, tiny, windows  # noqa: F401
-from probe.present import figures, summaries
+from probe.present.gates import gate_figure, gate_sections
+from probe.present.inject import exposure_figure, inject_sections
+from probe.present.sinks import sink_sections
 from probe.analyses.gates import gate_stats
 from probe.analyses.inject import exposure_stats
 from probe.analyses.sink_heads import sink_heads
@@ -150,7 +152,7 @@ def test_pages_and_figures_show_the_standard_errors():
 
     model, toks = tiny("sinklogit"), windows(N_BATCHES, 2, 12)
     heads = sink_heads(model, toks, eps=[0.05, 0.3])
-    sec = summaries.sink_sections({"summary": pd.DataFrame([{"sink_formed": False, "pos0_over_uniform": 1.0,
+    sec = sink_sections({"summary": pd.DataFrame([{"sink_formed": False, "pos0_over_uniform": 1.0,
                                                              "r0_later": 1.0}]),
                                    "layers": pd.DataFrame({"layer": [0, 1]}),
                                    "sink_eps_summary": heads["summary"], "sink_eps_layers": heads["layers"]})
@@ -165,18 +167,18 @@ def test_pages_and_figures_show_the_standard_errors():
     assert list(trend.data[0].error_y.array) == pytest.approx([e["sink_share_se"]])
 
     exp = exposure_stats(model, toks, cutoffs=["q25"])
-    sec = summaries.inject_sections({"results": pd.DataFrame(columns=["junk", "cutoff", "dose", "delta"]), **exp})
+    sec = inject_sections({"results": pd.DataFrame(columns=["junk", "cutoff", "dose", "delta"]), **exp})
     row = exp["exposure"].iloc[0]
     assert f"{row['quiet_share']:.1%} ± {row['quiet_share_se']:.1%}" in sec["verdicts"][0]
     assert [t[0] for t in sec["tables"]][-1].startswith("Exposure per layer")
-    bars = figures.exposure_figure(exp)
+    bars = exposure_figure(exp)
     assert [b.error_y.array[0] for b in bars.data] == pytest.approx([row["quiet_share_se"], row["phantom_share_se"]])
 
     gates = gate_stats(tiny("normgate"), toks, min_count=2)
     s = gates["summary"].iloc[0]
     assert f"{s['token_share']:.1%} ± {s['token_share_se']:.1%} of the gate variance" in \
-        summaries.gate_sections(gates)["verdicts"][1]
-    token_panel = [t for t in figures.gate_figure(gates).data if t.xaxis == "x3"][0]
+        gate_sections(gates)["verdicts"][1]
+    token_panel = [t for t in gate_figure(gates).data if t.xaxis == "x3"][0]
     assert list(token_panel.error_y.array) == pytest.approx(gates["layers"]["token_share_se"].tolist())
 
     # the report: bars from the saved *_se columns; older records without them still draw, without bars

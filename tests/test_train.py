@@ -370,7 +370,7 @@ def test_probe_model_roles_reach_the_optimizer():
 def test_read_metrics_and_training_curves_of_paired_runs(tmp_path):
     """read_metrics gives the logged rows as a DataFrame; training_figure overlays runs: one trace per run and panel,
     carrying exactly the logged values (validation loss only where an evaluation ran)."""
-    from probe.present.figures import training_figure
+    from probe.present.training import training_figure
     from probe.train import read_metrics as metrics_frame
 
     frames = {}

@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from probe.jobs.shards import merge_reports, parse_shard
     from probe.present.console import Console
     from probe.present.errors import UsageError
-    from probe.present.files import clean, show
+    from probe.present.files import clean
+    from probe.present.report import report_text
 
     console = Console(args.quiet)
     if args.merge:
@@ -63,19 +64,5 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(clean({"settings": settings, **{k: v.to_dict("records") for k, v in tables.items()
                                                          if k in ("summary", "injection", "exposure")}}), indent=1))
         return 0
-    share = f"{len(names)} models"
-    if args.shard:
-        share = f"shard {args.shard.strip()}, {len(tables.get('summary', ()))} of {len(names)} models"
-    if not tables:  # more shards than models: the folder's manifest is all the merge needs
-        print(f"sink report: {share}")
-        return 0
-    data = settings["data"] or "each model's default data"  # None: wikitext-2-test, a BB model's own chain
-    text = [f"sink report: {share}, {data}, {settings['batches']} x {settings['batch_size']} windows",
-            show(tables["summary"], ["model", "step", "pos0_share", "uniform_ref", "pos0_over_uniform",
-                                     "phantom_share", "r0", "r0_later", "sink_formed"], identity=True)]
-    if "injection" in tables:
-        text += ["", "injection (loss increase, nats per token):",
-                 show(tables["injection"], ["model", "step", "junk", "cutoff", "dose", "loss_clean", "delta"],
-                      identity=True)]
-    print("\n".join(text))
+    print(report_text(tables, settings, len(names), args.shard))
     return 0

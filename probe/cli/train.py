@@ -10,13 +10,19 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from probe.cli.flags import fraction, nonneg_float, nonneg_int, positive_float, positive_int, self_contained_flag
+from probe.cli.flags import positive_int, self_contained_flag
+from probe.present.options import add_options
+from probe.train.config import TrainConfig
 from probe.present.errors import UsageError, first_line
-from probe.runs import FINAL_MODEL, MODEL_CONFIG, RUN_IDENTITY, TRAINING_PAGE
+from probe.runs import FINAL_MODEL, MODEL_CONFIG, RUN_IDENTITY
 
 if TYPE_CHECKING:
     from probe.data.synthetic import BigramBackcopy
 
+# TrainConfig's fields that are flags (their help, type and default declared on the field), in --help order
+LOOP_FLAGS = ("seed", "steps", "batch_size", "lr", "warmup", "schedule", "min_lr_ratio", "optimizer", "muon_lr",
+              "weight_decay", "grad_clip", "z_loss", "grad_accum", "eval_every", "ckpt_every", "snapshot_every",
+              "device")
 HELP = "train a custom model; the same command resumes an interrupted run"
 DESCRIPTION = ("Train a custom variant; writes metrics.jsonl, checkpoint/ and, when finished, model/ (weights and "
                "tokenizer, loadable with --model DIR) to --out.")
@@ -26,40 +32,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("train", help=HELP, description=DESCRIPTION, allow_abbrev=False)
     p.add_argument("--variant", default="baseline", help="model variant (see `probe models`; default baseline)")
     p.add_argument("--tier", default="tiny", help="size tier (default tiny)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the weights, data order and loop")
+    add_options(p, TrainConfig, ["seed"])
     p.add_argument("--data", default="train", help="training corpus (default: the bundled training mix), or "
                    "synthetic:bb[vocab=..,triggers=..,seed=..] for an endless Bigram-Backcopy stream (--ctx is its T)")
     p.add_argument("--tokenizer", default="probe-bpe-8k", help="tokenizer (default probe-bpe-8k)")
     p.add_argument("--bos", action="store_true", help="every training window starts with BOS (the tokenizer's, else "
                    "its EOS); recorded in the run, so analyses of the model start their windows with it too")
-    p.add_argument("--steps", type=positive_int, default=1000, help="optimizer steps (default 1000)")
-    p.add_argument("--batch-size", type=positive_int, default=64, help="windows per step (default 64)")
+    add_options(p, TrainConfig, ["steps", "batch_size"])
     p.add_argument("--ctx", type=positive_int, help="tokens per window (default: the tier's context)")
-    p.add_argument("--lr", type=positive_float, default=6e-4, help="peak learning rate (default 6e-4)")
-    p.add_argument("--warmup", type=nonneg_int, default=100, help="warmup steps (default 100)")
-    p.add_argument("--schedule", choices=("cosine", "linear-warmdown"), default="cosine",
-                   help="after warmup: cosine to --min-lr-ratio, or constant then a linear warmdown (default cosine)")
-    p.add_argument("--min-lr-ratio", type=fraction, default=0.1, help="final lr / peak lr (default 0.1)")
-    p.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw",
-                   help="AdamW, or Muon for hidden matrices with Adam for the rest (default adamw)")
-    p.add_argument("--muon-lr", type=positive_float, default=1e-3, help="Muon's peak lr with --optimizer muon "
-                   "(default 1e-3)")
-    p.add_argument("--weight-decay", type=nonneg_float, default=0.1,
-                   help="on >=2-D weights not excluded by role: sinks, gates, queries, mixing weights (default 0.1)")
-    p.add_argument("--grad-clip", type=nonneg_float, default=1.0, help="global norm clip, 0: none (default 1.0)")
-    p.add_argument("--z-loss", type=nonneg_float, default=0.0, help="weight of mean(logsumexp^2) (default 0)")
-    p.add_argument("--grad-accum", type=positive_int, default=1,
-                   help="micro-steps per optimizer step; --batch-size stays the whole step's windows (default 1)")
-    p.add_argument("--eval-every", type=nonneg_int, default=250, help="steps between evaluations (0: at the end)")
-    p.add_argument("--ckpt-every", type=nonneg_int, default=500, help="steps between checkpoints (0: at the end)")
-    p.add_argument("--snapshot-every", type=nonneg_int, default=0,
-                   help="keep the model at step 0, every N steps and at the end in DIR/snapshots/ for "
-                        "`probe report --checkpoints DIR` (default 0: none)")
+    add_options(p, TrainConfig, LOOP_FLAGS[3:-1])
     p.add_argument("--eval-data", default="heldout", help="validation corpus: heldout = 5%% of --data's documents "
                    "(smallest SHA-256), never sampled for training; or any --data name, e.g. wikitext-2-test "
                    "(default heldout)")
     p.add_argument("--eval-batches", type=positive_int, default=8, help="held-out batches of 8 windows (default 8)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available)")
+    add_options(p, TrainConfig, ["device"])
     p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--out", metavar="DIR", required=True, help="run directory (required)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON on stdout")
@@ -115,8 +101,6 @@ def _check_run_dir(out: Path, ident: dict) -> bool:
             raise UsageError(f"--out {str(out)!r} exists and is not a `probe train` run directory; choose a new or "
                              "empty directory")
         return False
-    from probe.train import TrainConfig
-
     old = {**{k: getattr(TrainConfig, k) for k in LATER_KEYS}, "bos": False, **json.loads(run.read_text())}
     diff = [f"--{k.replace('_', '-')} {old.get(k)!r} (now {v!r})" for k, v in ident.items() if old.get(k) != v]
     if diff:
@@ -158,8 +142,9 @@ def run(args: argparse.Namespace) -> int:
     from probe.models import config_for, create
     from probe.present.console import Console
     from probe.present.files import atomic_write
+    from probe.present.training import training_text, write_training_page
     from probe.progress import plural
-    from probe.train import TrainConfig, export_model, find_checkpoint, train
+    from probe.train import export_model, find_checkpoint, read_metrics, train
     from probe.train.checkpoint import STATE_JSON
     from probe.train.distributed import from_env
     from probe.train.trainer import capped_warmup
@@ -223,11 +208,7 @@ def run(args: argparse.Namespace) -> int:
         console.note(f"warning: --warmup {args.warmup} >= --steps {args.steps}, so the lr would never reach its peak; "
                      f"warming up for {plural(warmup, 'step')} instead")
     model = create(args.variant, args.tier, seed=args.seed)
-    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=warmup,
-                      schedule=args.schedule, min_lr_ratio=args.min_lr_ratio, optimizer=args.optimizer,
-                      muon_lr=args.muon_lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
-                      z_loss=args.z_loss, grad_accum=args.grad_accum, eval_every=args.eval_every,
-                      ckpt_every=args.ckpt_every, snapshot_every=args.snapshot_every, seed=args.seed, device=device)
+    cfg = TrainConfig(**{**{k: getattr(args, k) for k in LOOP_FLAGS}, "warmup": warmup, "device": device})
     n_params = sum(p.numel() for p in model.parameters())
     ckpt = find_checkpoint(out) if resuming else None
     start = json.loads((ckpt / STATE_JSON).read_text())["step"] if ckpt else 0
@@ -244,26 +225,10 @@ def run(args: argparse.Namespace) -> int:
     model_dir = out / FINAL_MODEL
     if start < args.steps or not (model_dir / MODEL_CONFIG).exists():
         export_model(model, model_dir, tok)
-    _write_training_page(out, f"{args.tier}-{args.variant}", ident, args.self_contained)
+    write_training_page(out, f"{args.tier}-{args.variant}", ident, read_metrics(out), args.self_contained)
     result = {**(last or {}), "steps": args.steps, "model_dir": str(model_dir)}
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        keys = [k for k in ("step", "loss", "val_loss", "lr", "grad_norm", "tokens", "tokens_per_s") if k in result]
-        print("\n".join(f"{k:<14}{result[k]:.4g}" if isinstance(result[k], float) else f"{k:<14}{result[k]}"
-                        for k in keys))
-        print(f"model saved to {model_dir} (probe eval --model {out}); curves in {out / TRAINING_PAGE}")
+        print(training_text(result, out))
     return 0
-
-
-def _write_training_page(out: Path, model_name: str, ident: dict, self_contained: bool = False) -> None:
-    """The run's settings and curves (loss, validation loss, lr, gradient norm), atomically, beside the folder's
-    shared plotly.min.js and index.html (``self_contained``: plotly.js inline instead)."""
-    from probe.present.figures import training_figure
-    from probe.present.files import write_pages
-    from probe.present.page import page
-    from probe.train import read_metrics
-
-    html = page(f"probe train: {model_name} ({out.name})", [training_figure(read_metrics(out))], intro=ident,
-                self_contained=self_contained)
-    write_pages(out, {TRAINING_PAGE: html})

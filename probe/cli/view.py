@@ -76,8 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from probe.present.console import Console
     from probe.present.errors import UsageError
     from probe.present.files import write_pages
-    from probe.present.viewers import view_figures, viewer_html
-    from probe.progress import plural
+    from probe.present.viewers import view_figures, view_text, viewer_html
 
     console = Console(args.quiet)
     if args.text is not None and not args.text.strip():
@@ -92,10 +91,6 @@ def run(args: argparse.Namespace) -> int:
     title = f"probe view: {summary['model']} on {source}"
     html = viewer_html(figures, title, self_contained=args.self_contained)
     written = write_pages(Path(args.out), {PAGE: html})
-    shown = ["attention (layer and head pickers" + (", phantom column" if summary["phantom"] else "") + ")"]
-    shown += ["depth weights"] * summary["depth"] + ["gates over the text"] * summary["gates"]
     console.note(f"wrote {', '.join(p.name for p in written)} to {args.out}")
-    print(f"{Path(args.out) / PAGE}: {plural(summary['tokens'], 'token')} of {source}"
-          + (f" ({summary['note']})" if summary["note"] else "") + f"; {', '.join(shown)}; "
-          f"{plural(summary['layers'], 'layer')} x {plural(summary['heads'], 'head')}")
+    print(view_text(Path(args.out) / PAGE, summary, source))
     return 0

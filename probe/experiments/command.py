@@ -9,51 +9,13 @@ Options are the fields of the recipe's config dataclass (``--steps 400``, ``--lo
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import math
 import sys
-import typing
 
 from probe.present.errors import UsageError, UsageParser
 from probe.experiments import RECIPES, make_config, module, run_recipe
 from probe.jobs.lock import acquire as acquire_lock
 from probe.present.files import WriteError, check_out_dir
-
-
-def _scalar_type(field: dataclasses.Field):
-    """int/float/str for a field, from its default or (for None defaults) from its annotation text."""
-    default = field.default if field.default is not dataclasses.MISSING else None
-    if isinstance(default, tuple):
-        typ = type(default[0]) if default else str
-    else:
-        typ = type(default) if default is not None else None
-    if typ in (int, float):
-        return _non_negative(typ)
-    if typ is not None:
-        return typ
-    text = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "str")
-    for name, typ in (("int", int), ("float", float)):
-        if name in text.split(" | ") or name in typing.get_args(field.type):
-            return _non_negative(typ)
-    return str
-
-
-def _non_negative(typ):
-    """int/float that is finite and >= 0: every numeric option of a recipe is a count, a size, a rate or a seed."""
-    def parse(text: str):
-        value = typ(text)  # a ValueError becomes argparse's "invalid int value: 'x'"
-        if not math.isfinite(value) or value < 0:
-            raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-        return value
-    parse.__name__ = typ.__name__
-    return parse
-
-
-def _none_or(typ):
-    def parse(text: str):
-        return None if text.lower() == "none" else typ(text)
-    parse.__name__ = typ.__name__
-    return parse
+from probe.present.options import add_options
 
 
 PROG = "python -m probe.experiments"
@@ -73,18 +35,7 @@ def build_parser(name: str, prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--self-contained", action="store_true", help="HTML pages carry plotly.js inline instead of "
                    "loading the plotly.min.js written beside them")
-    for f in dataclasses.fields(cfg_cls):
-        flags = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
-        default = f.default
-        help_ = f"default: {default!r}"
-        if isinstance(default, bool) or f.type == "bool | None":  # None: --flag / --no-flag / neither
-            p.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_)
-        elif isinstance(default, tuple):
-            p.add_argument(*flags, dest=f.name, nargs="+", type=_scalar_type(f), default=default, help=help_)
-        else:
-            typ = _scalar_type(f)
-            p.add_argument(*flags, dest=f.name, type=_none_or(typ) if default is None else typ, default=default,
-                           help=help_)
+    add_options(p, cfg_cls, underscore_aliases=True)
     return p
 
 

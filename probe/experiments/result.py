@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from probe import __version__
 from probe.present.files import clean, write_pages
-from probe.present.page import page
+from probe.present.recipe import recipe_pages
 
 
 @dataclass
@@ -39,13 +39,7 @@ class Result:
     def save(self, out, self_contained: bool = False) -> Path:
         """Write the result into the folder ``out`` (created if needed); returns the folder."""
         files = {f"{name}.csv": df.to_csv(index=False) for name, df in self.tables.items()}
-        for name, fig in self.figures.items():  # one small page per figure
-            title = fig.layout.title.text or name
-            files[f"{name}.html"] = page(f"{self.recipe}: {title}", [fig], self_contained=self_contained)
-        shown = self.headline or [n for n, df in self.tables.items() if len(df) <= 200]
-        files["report.html"] = page(
-            f"probe experiment {self.recipe}", list(self.figures.values()), intro={"recipe": self.recipe, **self.meta},
-            tables=[(n, self.tables[n], "no rows in this run") for n in shown], self_contained=self_contained)
+        files.update(recipe_pages(self.recipe, self.tables, self.figures, self.meta, self.headline, self_contained))
         record = {"recipe": self.recipe, "config": self.config, "meta": self.meta,
                   "tables": sorted(self.tables), "figures": sorted(self.figures)}
         files["config.json"] = json.dumps(clean(record), indent=1)  # renamed last: marks the folder complete

@@ -1,8 +1,16 @@
 """The depth-routing cost model: its figure."""
 from __future__ import annotations
+
 import plotly.graph_objects as go
 
 from probe.present.files import show
+
+# One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
+DESCRIPTIONS = {
+    "costs.html": "FLOP and parameter costs of depth routing",
+    "costs.json": "FLOP and parameter costs of depth routing (JSON)",
+    "costs_costs.csv": "added FLOPs and parameters per routing method and setting",
+}
 
 
 def cost_figure(df):

@@ -1,10 +1,20 @@
 """Active and dormant heads (Guo et al. 2024): their figures."""
 from __future__ import annotations
+
 import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
 from probe.present.figures import integer_ticks
 from probe.present.files import show
+
+# One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
+DESCRIPTIONS = {
+    "sinks_dormant_summary.csv": "active / dormant heads: summary per input domain",
+    "sinks_dormant_domains.csv": "active / dormant heads per input domain",
+    "sinks_dormant_heads.csv": "key-0 mass per head and input domain",
+    "sinks_dormant_switching.csv": "heads that switch between active and dormant across domains",
+}
 
 
 def dormant_figure(result: dict):

@@ -3,9 +3,29 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from probe.present import summaries
 from probe.present.console import summary_lines
 from probe.present.files import header, result_meta
+from probe.present.sections import drop_ids, se_caveat
+
+# One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
+DESCRIPTIONS = {
+    "eval.html": "next-token loss and perplexity, per window",
+    "eval.json": "evaluation: every table and the run's settings (JSON)",
+    "eval_summary.csv": "mean next-token loss and perplexity",
+    "eval_windows.csv": "summed and mean loss per evaluation window",
+}
+
+
+def eval_sections(result: dict) -> dict:
+    """Evaluation: loss ± s.e. over windows; summary and per-window tables."""
+    s, w = result["summary"].iloc[0], result["windows"]
+    se = float(w["loss"].sem()) if len(w) > 1 else float("nan")
+    verdicts = [f"loss {s['loss']:.4g} ± {se:.2g} nats per token (mean ± s.e. over {len(w)} windows), "
+                f"perplexity {s['perplexity']:.4g}"]
+    summary = drop_ids(result["summary"]).assign(loss_se=se)
+    return {"verdicts": verdicts, "caveats": se_caveat(len(w), "windows"),
+            "tables": [("Summary", summary), ("Per window", drop_ids(w))]}
+
 
 TITLE = "Evaluation"
 
@@ -19,7 +39,7 @@ def figures(result: dict) -> list:
 
 
 def sections(result: dict) -> dict:
-    return summaries.eval_sections(result)
+    return eval_sections(result)
 
 
 def text(result: dict) -> str:

@@ -1,8 +1,18 @@
 """Massive activations (Sun et al. 2024): their figure."""
 from __future__ import annotations
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
 from probe.present.files import show
+
+# One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
+DESCRIPTIONS = {
+    "sinks_massive_summary.csv": "massive activations: summary",
+    "sinks_massive_layers.csv": "massive activations per layer",
+    "sinks_massive_top.csv": "massive activations: the largest hidden-state entries",
+    "sinks_massive_dims.csv": "massive activations per hidden dimension",
+}
 
 
 def massive_figure(result: dict):

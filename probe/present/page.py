@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import re
+from importlib import import_module
 from pathlib import Path
 
 import pandas as pd
@@ -23,70 +24,25 @@ STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px} table{border-
          " th{background:#f4f4f4} td:first-child,th:first-child{text-align:left}"
          " ul.verdicts{font-size:110%} ul.verdicts li{margin:.3em 0} .note{color:#555;font-style:italic}"
          " .wide{overflow-x:auto}"
-         " .caveat{background:#fff4d6;border-left:4px solid #e0a000;padding:.4em .8em;margin:.5em 0}")
+         " .caveat{background:#fff4d6;border-left:4px solid #e0a000;padding:.4em .8em;margin:.5em 0}"
+         " .pickers{font-size:120%}")
 
-# One line per file an output folder may hold (exact names); other files fall back to their own title or header.
-DESCRIPTIONS = {
-    INDEX: "this list",
-    PLOTLY_JS: "plotly.js, loaded by the pages of this folder (offline)",
-    "sinks.html": "attention sinks: verdict, summary and per-layer tables, figures",
-    "sinks.json": "attention sinks: every table and the run's settings (JSON)",
-    "sinks_summary.csv": "sink statistics averaged over rows, heads and layers; sink_formed",
-    "sinks_by_type.csv": "sink statistics per layer type (full / sliding attention)",
-    "sinks_layers.csv": "sink statistics per layer",
-    "sinks_heads.csv": "sink statistics per layer and head",
-    "sinks_batches.csv": "sink statistics per evaluation batch and layer (for standard errors)",
-    "sinks_sink_eps_summary.csv": "Sink^eps: share of heads whose mean attention on key 0 exceeds eps",
-    "sinks_sink_eps_layers.csv": "Sink^eps per layer",
-    "sinks_sink_eps_heads.csv": "Sink^eps: mean attention on key 0 per layer and head",
-    "sinks_massive_summary.csv": "massive activations: summary",
-    "sinks_massive_layers.csv": "massive activations per layer",
-    "sinks_massive_top.csv": "massive activations: the largest hidden-state entries",
-    "sinks_massive_dims.csv": "massive activations per hidden dimension",
-    "sinks_dormant_summary.csv": "active / dormant heads: summary per input domain",
-    "sinks_dormant_domains.csv": "active / dormant heads per input domain",
-    "sinks_dormant_heads.csv": "key-0 mass per head and input domain",
-    "sinks_dormant_switching.csv": "heads that switch between active and dormant across domains",
-    "inject.html": "value-noise injection: loss increase per condition with standard errors, exposure, figures",
-    "inject.json": "value-noise injection: every table and the run's settings (JSON)",
-    "inject_results.csv": "loss increase per condition (junk x cutoff x dose)",
-    "inject_per_batch.csv": "loss increase per condition and evaluation batch",
-    "inject_exposure.csv": "share of attention mass on quiet reads and on the phantom",
-    "gates.html": "value gates: summary, per-layer table, most / least attenuated tokens, figures",
-    "gates.json": "value gates: every table and the run's settings (JSON)",
-    "gates_summary.csv": "gate statistics averaged over rows, heads and layers",
-    "gates_layers.csv": "gate statistics per layer",
-    "gates_heads.csv": "gate statistics per layer and head",
-    "gates_tokens.csv": "mean gate per token (tokens seen at least --min-count times)",
-    "gates_batches.csv": "gate statistics per evaluation batch and layer (for standard errors)",
-    "sources.html": "depth routing: effective sources per read site, mean depth heatmap",
-    "sources.json": "depth routing: every table and the run's settings (JSON)",
-    "eval.html": "next-token loss and perplexity, per window",
-    "eval.json": "evaluation: every table and the run's settings (JSON)",
-    "eval_summary.csv": "mean next-token loss and perplexity",
-    "eval_windows.csv": "summed and mean loss per evaluation window",
-    "models.json": "variants, tiers and zoo checkpoints (JSON)",
-    "costs.html": "FLOP and parameter costs of depth routing",
-    "costs.json": "FLOP and parameter costs of depth routing (JSON)",
-    "costs_costs.csv": "added FLOPs and parameters per routing method and setting",
-    "models_variants.csv": "model variants and what they are",
-    "models_tiers.csv": "size tiers: layers, width, heads, context, vocabulary",
-    "models_checkpoints.csv": "known checkpoint names and whether they are available offline",
-    "report.html": "report: summary tables, figures across models or training steps",
-    "report_summary.csv": "report: sink statistics per model or checkpoint",
-    "report_by_type.csv": "report: sink statistics per layer type",
-    "report_layers.csv": "report: sink statistics per model and layer",
-    "report_heads.csv": "report: sink statistics per model, layer and head",
-    "report_batches.csv": "report: sink statistics per model, batch and layer",
-    "report_sink_eps.csv": "report: Sink^eps per model",
-    "report_sink_eps_layers.csv": "report: Sink^eps per model and layer",
-    "report_injection.csv": "report: loss increase under injection per model and condition",
-    "report_exposure.csv": "report: exposure per model",
-    "manifest.json": "report settings and model list (a resumed run must match them)",
-    "config.json": "recipe, options, versions and wall time of this result",
-    "metrics.jsonl": "training metrics, one JSON line per logged step",
-    "training.html": "training curves",
-}
+# The presentation modules whose DESCRIPTIONS say, one line each, what their files in an output folder hold: every
+# analysis describes its own files (a new analysis adds its module here). Other files fall back to their own title or
+# header.
+DESCRIBED_BY = ["probe.present.sinks", "probe.present.sink_eps", "probe.present.massive", "probe.present.dormant",
+                "probe.present.inject", "probe.present.gates", "probe.present.sources", "probe.present.eval",
+                "probe.present.costs", "probe.present.models", "probe.present.report", "probe.present.training",
+                "probe.present.recipe", "probe.present.viewers"]
+DESCRIPTIONS = {INDEX: "this list", PLOTLY_JS: "plotly.js, loaded by the pages of this folder (offline)"}
+
+
+def descriptions() -> dict[str, str]:
+    """{file name: one line}: this skeleton's own files and those of every module in ``DESCRIBED_BY``."""
+    out = dict(DESCRIPTIONS)
+    for name in DESCRIBED_BY:
+        out.update(import_module(name).DESCRIPTIONS)
+    return out
 
 
 def plotly_script(self_contained: bool) -> str:
@@ -118,19 +74,22 @@ def table_html(caption: str, df: pd.DataFrame | None, empty_note: str = "no rows
 
 
 def page(title: str, figures=(), *, verdicts=(), caveats=(), tables=(), intro: dict | None = None,
-         self_contained: bool = False) -> str:
-    """One offline HTML page. ``tables``: (caption, DataFrame) or (caption, DataFrame, note shown when empty)."""
+         blocks=(), self_contained: bool = False) -> str:
+    """One offline HTML page: the skeleton of every page probe writes (analysis pages, the report, `probe view`,
+    recipe results, training curves). ``tables``: (caption, DataFrame) or (caption, DataFrame, note shown when empty);
+    ``blocks``: figures already rendered to HTML (a viewer's figure with its pickers), after ``figures``."""
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if verdicts:
         parts.append("<ul class='verdicts'>" + "".join(f"<li>{html.escape(v)}</li>" for v in verdicts) + "</ul>")
     parts += [f"<p class='caveat'>{html.escape(c)}</p>" for c in caveats]
     parts += [table_html(*t) for t in tables]
     parts += [fig.to_html(full_html=False, include_plotlyjs=False, default_width="100%") for fig in figures]
+    parts += list(blocks)
     if intro:
         rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(readable(v))}</td></tr>"
                        for k, v in intro.items() if v is not None)
         parts.append(f"<h2>Settings</h2><table class='meta'>{rows}</table>")
-    script = plotly_script(self_contained) if figures else ""
+    script = plotly_script(self_contained) if figures or blocks else ""
     return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style>{script}</head><body>{''.join(parts)}</body></html>\n")
 
@@ -147,9 +106,11 @@ def support_files(folder: Path, files: dict) -> dict[str, str]:
 
 
 def describe(path: Path) -> str:
-    """One line on a file: from DESCRIPTIONS, else its HTML title, a CSV's shape and columns, or its kind."""
-    if path.name in DESCRIPTIONS:
-        return DESCRIPTIONS[path.name]
+    """One line on a file: from the presentation modules' DESCRIPTIONS, else its HTML title, a CSV's shape and
+    columns, or its kind."""
+    known = descriptions()
+    if path.name in known:
+        return known[path.name]
     if path.name.endswith("_meta.csv"):
         return "the run's settings: model, corpus, windows, analysis options"
     if path.is_dir():
@@ -183,5 +144,6 @@ def index_page(folder: Path) -> str:
             f"<table><tr><th>file</th><th>what it holds</th></tr>{''.join(rows)}</table></body></html>\n")
 
 
-__all__ = ["PLOTLY_JS", "INDEX", "DESCRIPTIONS", "page", "table_html", "readable", "plotly_script", "support_files",
+__all__ = ["PLOTLY_JS", "INDEX", "DESCRIPTIONS", "DESCRIBED_BY", "descriptions", "page", "table_html", "readable",
+           "plotly_script", "support_files",
            "describe", "index_page"]

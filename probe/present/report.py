@@ -11,11 +11,30 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from probe.present.figures import integer_ticks, se_bars, sink_profile_figure, threshold, training_figure
 from probe.analyses.sinks import SINK_FACTOR, SINK_R0
 from probe.analyses.stats import batch_se
+from probe.present.figures import integer_ticks, se_bars, threshold
+from probe.present.sinks import sink_profile_figure
+from probe.present.training import training_figure
+from probe.present.files import show
 from probe.present.page import page
 from probe.runs import metrics_records
+
+# One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
+DESCRIPTIONS = {
+    "report.html": "report: summary tables, figures across models or training steps",
+    "report_summary.csv": "report: sink statistics per model or checkpoint",
+    "report_by_type.csv": "report: sink statistics per layer type",
+    "report_layers.csv": "report: sink statistics per model and layer",
+    "report_heads.csv": "report: sink statistics per model, layer and head",
+    "report_batches.csv": "report: sink statistics per model, batch and layer",
+    "report_sink_eps.csv": "report: Sink^eps per model",
+    "report_sink_eps_layers.csv": "report: Sink^eps per model and layer",
+    "report_injection.csv": "report: loss increase under injection per model and condition",
+    "report_exposure.csv": "report: exposure per model",
+    "manifest.json": "report settings and model list (a resumed run must match them)",
+}
+
 
 SUMMARY_STATS = [  # (column, title, axis title with unit, threshold or None)
     ("pos0_share", "Mass on position 0 / mass on real keys (rows t >= 1)", "share of real attention mass", None),
@@ -207,3 +226,21 @@ def _training_figures(records: list[dict]) -> list[go.Figure]:
     frames = {run: pd.DataFrame(metrics_records(Path(run).expanduser())) for run in runs}  # empty for hub revisions
     frames = {run: df for run, df in frames.items() if not df.empty}
     return [training_figure(frames)] if frames else []
+
+
+def report_text(tables: dict, settings: dict, n_models: int, shard: str | None = None) -> str:
+    """`probe report`'s terminal text: what was compared, the summary table and the injection table."""
+    share = f"{n_models} models"
+    if shard:
+        share = f"shard {shard.strip()}, {len(tables.get('summary', ()))} of {n_models} models"
+    if not tables:  # more shards than models: the folder's manifest is all the merge needs
+        return f"sink report: {share}"
+    data = settings["data"] or "each model's default data"  # None: wikitext-2-test, a BB model's own chain
+    text = [f"sink report: {share}, {data}, {settings['batches']} x {settings['batch_size']} windows",
+            show(tables["summary"], ["model", "step", "pos0_share", "uniform_ref", "pos0_over_uniform",
+                                     "phantom_share", "r0", "r0_later", "sink_formed"], identity=True)]
+    if "injection" in tables:
+        text += ["", "injection (loss increase, nats per token):",
+                 show(tables["injection"], ["model", "step", "junk", "cutoff", "dose", "loss_clean", "delta"],
+                      identity=True)]
+    return "\n".join(text)

@@ -1,19 +1,28 @@
 """Sink^eps (Gu et al. 2025): its figures."""
 from __future__ import annotations
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
-from probe.present.figures import fitted_heatmap, integer_ticks, se_bars
+
+from probe.present.figures import fitted_heatmap, integer_ticks, many, se_bars
 from probe.present.files import show
+
+# One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
+DESCRIPTIONS = {
+    "sinks_sink_eps_summary.csv": "Sink^eps: share of heads whose mean attention on key 0 exceeds eps",
+    "sinks_sink_eps_layers.csv": "Sink^eps per layer",
+    "sinks_sink_eps_heads.csv": "Sink^eps: mean attention on key 0 per layer and head",
+}
 
 
 def sink_eps_figure(results):
     """Left: share of sink heads per layer (one line per model and ε, ± jackknife s.e. over batches where the result
     has it); right: key-0 score per head (layer x head) of the first result."""
-    res0 = _many(results)[0]
+    res0 = many(results)[0]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("share of sink heads per layer (Sink^ε)",
                                                         f"key-0 score per head — {res0['meta']['model'].iloc[0]}"))
-    for res in _many(results):
+    for res in many(results):
         name = str(res["meta"]["model"].iloc[0])
         for e, g in res["layers"].groupby("epsilon", sort=False):
             fig.add_trace(go.Scatter(x=g["layer"], y=g["sink_share"], mode="lines+markers", name=f"{name} ε={e:g}",
@@ -69,12 +78,6 @@ def sink_eps_layers_figure(layers: pd.DataFrame, epsilon: float | None = None):
     integer_ticks(fig, "x", "layer")
     fig.update_layout(title=f"Share of sink heads per layer (Sink^ε, ε = {e:g})")
     return fig
-
-
-def _many(results):
-    return [results] if isinstance(results, dict) else list(results)
-
-
 
 
 PART = ("summary", "layers", "heads")  # a sinks result holds them as sink_eps_<table>

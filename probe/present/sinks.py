@@ -2,18 +2,142 @@
 activations and dormant heads (parts of the same verb) have their own modules; this one puts them together."""
 from __future__ import annotations
 
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
 from probe.analyses.sinks import SINK_FACTOR, SINK_R0
+from probe.analyses.stats import batch_se
 from probe.present import dormant, massive, sink_eps
-from probe.present import figures as F
-from probe.present import summaries
 from probe.present.console import summary_lines
+from probe.present.figures import (
+    REFERENCE,
+    error_bars,
+    fitted_heatmap,
+    integer_ticks,
+    layer_se,
+    many,
+    result_name,
+    threshold,
+)
 from probe.present.files import header, result_meta, show
+from probe.present.sections import drop_ids, n_batches, pm, se_caveat, with_se
+
+# One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
+DESCRIPTIONS = {
+    "sinks.html": "attention sinks: verdict, summary and per-layer tables, figures",
+    "sinks.json": "attention sinks: every table and the run's settings (JSON)",
+    "sinks_summary.csv": "sink statistics averaged over rows, heads and layers; sink_formed",
+    "sinks_by_type.csv": "sink statistics per layer type (full / sliding attention)",
+    "sinks_layers.csv": "sink statistics per layer",
+    "sinks_heads.csv": "sink statistics per layer and head",
+    "sinks_batches.csv": "sink statistics per evaluation batch and layer (for standard errors)",
+}
+
+
+def _later(layers: pd.DataFrame) -> pd.DataFrame:
+    return layers[layers["layer"] > 0] if len(layers) > 1 else layers
+
+
+def sink_sections(result: dict) -> dict:
+    """Sinks: the sink_formed verdict with its rule, Sink^eps lines; summary, per-layer (± s.e.), Sink^eps tables."""
+    s = result["summary"].iloc[0]
+    batches = result.get("batches")
+    later = _later(result["layers"])
+    verdicts = [f"sink_formed: {bool(s['sink_formed'])} — rule: position-0 share >= {SINK_FACTOR:g}x the "
+                f"causal-uniform reference and r0 < {SINK_R0:g}, averaged over the layers past the first "
+                f"(here {s['pos0_over_uniform']:.3g}x and r0 = {s['r0_later']:.3g})"]
+    if "sink_eps_summary" in result:
+        key0 = result["sink_eps_summary"]["key0"].iloc[0] if "key0" in result["sink_eps_summary"] else "key 0"
+        for _, e in result["sink_eps_summary"].iterrows():
+            verdicts.append(f"Sink^{e['epsilon']:g}: {int(e['n_sink_heads'])} of {int(e['n_heads'])} heads "
+                            f"({e['sink_share']:.1%}{pm(e, 'sink_share')}) put more than {e['epsilon']:g} of their "
+                            f"mean attention on {key0}")
+    later_b = batches[batches["layer"].isin(later["layer"])] if batches is not None and len(batches) else None
+    se = batch_se(later_b, ["pos0_share", "uniform_ref", "r0"], by=None)
+    summary = drop_ids(result["summary"])
+    if se is not None:
+        summary = summary.assign(pos0_share_later_se=se["pos0_share_se"].iloc[0], r0_later_se=se["r0_se"].iloc[0])
+    tables = [("Summary (rows t >= 1, averaged over heads and layers; *_later_se: s.e. over batches of the "
+               "layers past the first)", summary)]
+    if len(result.get("by_type", ())) > 1:
+        tables.append(("By layer type", drop_ids(result["by_type"])))
+    tables.append(("Per layer (± standard error over batches)",
+                   with_se(result["layers"], batches, ["pos0_share", "phantom_share", "r0"])))
+    if "sink_eps_summary" in result:
+        tables.append(("Sink^eps (Gu et al.): heads whose mean attention on key 0 exceeds eps (*_se: jackknife "
+                       "standard error over batches)", drop_ids(result["sink_eps_summary"])))
+    if "sink_eps_layers" in result:
+        tables.append(("Sink^eps per layer (± jackknife standard error over batches)",
+                       drop_ids(result["sink_eps_layers"])))
+    if "massive_layers" in result:
+        tables.append(("Massive activations (Sun et al.; |h| > 100 and > 1000x the median)",
+                       drop_ids(result["massive_layers"]),
+                       "no layer has a massive activation in these windows"))
+    if "dormant_summary" in result:
+        tables.append(("Active / dormant heads per input domain (Guo et al.)", drop_ids(result["dormant_summary"])))
+        tables.append(("Heads that switch between active and dormant across domains",
+                       drop_ids(result["dormant_switching"]), "no head switches between the domains"))
+    return {"verdicts": verdicts, "caveats": se_caveat(n_batches(result)), "tables": tables}
+
+
+SINK_PANELS = (("pos0_share", "position-0 share", "share of real attention mass on key 0"),
+               ("phantom_share", "phantom share", "share of all attention mass on the phantom"),
+               ("r0", "r0 = ‖v0‖ / median ‖vj‖", "read-norm ratio (unitless)"))
+
+
+def sink_profile_figure(layers: pd.DataFrame, batches: pd.DataFrame | None = None,
+                        title: str = "Attention sinks per layer") -> go.Figure:
+    """Per-layer profiles overlaid across models (one line per ``model``, ± s.e. over batches): position-0 share with
+    the causal-uniform reference and the 3x sink threshold, phantom share, r0 with its 0.8 threshold."""
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t, _ in SINK_PANELS], horizontal_spacing=0.07)
+    colours = qualitative.Plotly
+    for i, (model, lay) in enumerate(layers.groupby("model", sort=False)):
+        colour = colours[i % len(colours)]
+        for col, (key, _, _) in enumerate(SINK_PANELS, start=1):
+            se = layer_se(batches[batches["model"] == model] if batches is not None and "model" in batches
+                          else batches, key, by=("layer",))
+            fig.add_trace(go.Scatter(x=lay["layer"], y=lay[key], mode="lines+markers", name=str(model),
+                                     legendgroup=str(model), showlegend=col == 1, line=dict(color=colour),
+                                     error_y=error_bars(se, lay["layer"])), row=1, col=col)
+    ref = layers.drop_duplicates("layer").sort_values("layer")
+    fig.add_trace(go.Scatter(x=ref["layer"], y=ref["uniform_ref"], mode="lines", line=REFERENCE,
+                             name="causal-uniform reference"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=ref["layer"], y=SINK_FACTOR * ref["uniform_ref"], mode="lines",
+                             line=dict(dash="dash", color="gray"), name=f"{SINK_FACTOR:g} x uniform (sink threshold)"),
+                  row=1, col=1)
+    threshold(fig, SINK_R0, f"r0 = {SINK_R0:g} (sink threshold)", row=1, col=3)
+    for col, (_, _, unit) in enumerate(SINK_PANELS, start=1):
+        fig.update_yaxes(title_text=unit, rangemode="tozero", row=1, col=col)
+    integer_ticks(fig, "x", "layer")
+    fig.update_layout(title=f"{title} (± standard error over batches)" if batches is not None else title,
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def sink_figure(results) -> go.Figure:
+    """Per layer: position-0 share (with the causal-uniform reference), phantom share, r0; one line per model."""
+    results = many(results)
+    layers = pd.concat([r["layers"].assign(model=result_name(r)) for r in results], ignore_index=True)
+    batches = [r["batches"].assign(model=result_name(r)) for r in results if "batches" in r and len(r["batches"])]
+    return sink_profile_figure(layers, pd.concat(batches, ignore_index=True) if batches else None)
+
+
+def sink_heads_figure(result: dict, value: str = "pos0_share") -> go.Figure:
+    """Layer (x) x head (y) heatmap of one sink statistic, colour fitted to its range."""
+    h = result["heads"].pivot(index="head", columns="layer", values=value)
+    fig = go.Figure(fitted_heatmap(h.to_numpy(), list(h.columns), list(h.index), value))
+    fig.update_layout(title=f"{value} per head — {result_name(result)}")
+    integer_ticks(fig, "x", "layer")
+    return integer_ticks(fig, "y", "head")
+
 
 TITLE = "Attention sinks"
 
 
 def figures(result: dict) -> list:
-    out = [F.sink_figure(result), F.sink_heads_figure(result, "pos0_share"), F.sink_heads_figure(result, "r0"),
+    out = [sink_figure(result), sink_heads_figure(result, "pos0_share"), sink_heads_figure(result, "r0"),
            sink_eps.sink_eps_figure(sink_eps.part(result))]
     if "massive_layers" in result:
         out.append(massive.massive_figure(massive.part(result)))
@@ -23,7 +147,7 @@ def figures(result: dict) -> list:
 
 
 def sections(result: dict) -> dict:
-    return summaries.sink_sections(result)
+    return sink_sections(result)
 
 
 def text(result: dict) -> str:

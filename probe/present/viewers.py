@@ -18,7 +18,6 @@ sink token of ``sinktoken`` models (position 0).
 """
 from __future__ import annotations
 
-import html as _html
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +30,10 @@ from probe.analyses.gates import read_tokens_of
 from probe.analyses.sources import depth_sites
 from probe.hooks import names as hook_names
 from probe.present.files import atomic_write
-from probe.present.page import plotly_script
+from probe.present.page import page
+from probe.progress import plural
 
+DESCRIPTIONS = {"view.html": "probe view: attention pattern (layer and head pickers), depth weights, gates of one text"}
 WINDOW = 64
 MAX_FULL = 128
 MAX_TOKENS = 1024  # default cut: a layer's captured pattern is H x T x T
@@ -444,9 +445,9 @@ def view_figures(model, text_or_ids, *, tokenizer=None, max_tokens: int = MAX_FU
 
 
 def viewer_html(figures, title: str = "probe viewer", *, self_contained: bool = True) -> str:
-    """One offline HTML page: plotly.js (inline, or with ``self_contained=False`` the folder's shared plotly.min.js,
-    ``probe.present.page.plotly_script``), then every figure; a figure from ``attention_picker_view`` gets its layer and
-    head pickers."""
+    """One offline HTML page on the shared skeleton (``probe.present.page.page``): plotly.js (inline, or with
+    ``self_contained=False`` the folder's shared plotly.min.js), then every figure; a figure from
+    ``attention_picker_view`` gets its layer and head pickers."""
     figures = [figures] if not isinstance(figures, (list, tuple)) else list(figures)
     body = []
     for i, fig in enumerate(figures):
@@ -458,10 +459,16 @@ def viewer_html(figures, title: str = "probe viewer", *, self_contained: bool = 
             fig.layout.updatemenus = ()  # (update_layout would merge an empty list into the old menus)
         body.append((picker_html(div, *picker) if picker else "")
                     + fig.to_html(full_html=False, include_plotlyjs=False, default_width=width, div_id=div))
-    script = plotly_script(self_contained)
-    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>{script}"
-            "<style>body{font-family:sans-serif;margin:2em} .pickers{font-size:120%}</style></head><body>"
-            f"<h1>{_html.escape(title)}</h1>{''.join(body)}</body></html>\n")
+    return page(title, blocks=body, self_contained=self_contained)
+
+
+def view_text(path, summary: dict, source: str) -> str:
+    """`probe view`'s one line: the page, what it shows of which text, the model's size."""
+    shown = ["attention (layer and head pickers" + (", phantom column" if summary["phantom"] else "") + ")"]
+    shown += ["depth weights"] * summary["depth"] + ["gates over the text"] * summary["gates"]
+    return (f"{path}: {plural(summary['tokens'], 'token')} of {source}"
+            + (f" ({summary['note']})" if summary["note"] else "") + f"; {', '.join(shown)}; "
+            f"{plural(summary['layers'], 'layer')} x {plural(summary['heads'], 'head')}")
 
 
 def static_images(width: int = 900, height: int = 500) -> bool:

@@ -14,7 +14,6 @@ import shutil
 import time
 import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -28,6 +27,7 @@ from probe.progress import progress_bar
 from probe.runs import CHECKPOINT, METRICS, SNAPSHOTS, TRAIN_CONFIG, metrics_records, snapshot_dir
 
 from . import distributed as D
+from .config import TrainConfig
 from .checkpoint import STATE_JSON, export_model, find_checkpoint, load_checkpoint, load_model, save_checkpoint
 from .optim import build_optimizer
 from .schedule import lr_factor
@@ -39,34 +39,6 @@ class Sampler(Protocol):
     def sample(self, batch_size: int) -> torch.LongTensor: ...  # (B, ctx + 1) token windows
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
-
-
-@dataclass
-class TrainConfig:
-    steps: int = 1000
-    batch_size: int = 64  # windows per optimizer step, all ranks and micro-steps together
-    grad_accum: int = 1  # micro-steps per optimizer step (per rank)
-    lr: float = 6e-4  # peak lr of AdamW (or of Adam's share in muon mode)
-    min_lr_ratio: float = 0.1  # the schedule ends at lr * min_lr_ratio at the final step
-    warmup: int = 100
-    schedule: str = "cosine"  # "cosine" | "linear-warmdown"
-    warmdown: float = 0.2  # fraction of steps in the linear warmdown
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.1  # AdamW's ≥2-D tensors not excluded by role; Muon's matrices in muon mode
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # global norm; 0 = no clipping (the norm is still logged)
-    z_loss: float = 0.0  # weight of mean(logsumexp(logits)²); LR-AttnRes 2026 uses 1e-5
-    optimizer: str = "adamw"  # "adamw" | "muon" (Muon for hidden matrices + Adam, see optim.py)
-    muon_lr: float = 1e-3
-    muon_momentum: float = 0.95
-    eval_every: int = 250  # 0 = only at the end
-    eval_batches: int = 16  # fixed batches used by evaluations during training (0 = all); the final one uses all
-    ckpt_every: int = 500  # 0 = only at the end
-    snapshot_every: int = 0  # > 0: also keep the model at step 0, every N steps and at the end in out_dir/snapshots/
-    log_every: int = 10
-    seed: int = 0  # torch seed of the loop; the sampler and the model must be built from the same seed (paired runs)
-    device: str = "auto"  # "auto" = cuda when available, else cpu
-    amp: str = "auto"  # "auto" = bf16 autocast on CUDA, fp32 on CPU | "bf16" | "fp32"
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:

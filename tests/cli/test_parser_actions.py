@@ -1,4 +1,4 @@
-"""The `probe` parser's flags are an interface: every verb's actions (option strings, dest, action kind, type, default,
+"""The `probe` parser's flags are an interface: every verb's (and every `probe experiment` recipe's) actions (option strings, dest, action kind, type, default,
 choices, nargs, required, const) and the `probe train` keys that must match on resume are pinned in
 tests/cli/parser_actions.json. A change to them is deliberate: regenerate the file with
 
@@ -54,7 +54,8 @@ def _action(a: argparse.Action) -> dict:
 
 
 def parser_actions() -> dict:
-    """{verb: [action, ...]} of the live parser (the top-level parser under ""), and the resume keys of `probe train`."""
+    """{verb: [action, ...]} of the live parser (the top-level parser under "", each recipe under "experiment NAME"),
+    and the resume keys of `probe train`."""
     from probe.cli.main import build_parser
     from probe.cli.train import LATER_KEYS, RUN_KEYS
 
@@ -62,6 +63,11 @@ def parser_actions() -> dict:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     verbs = {"": [_action(a) for a in parser._actions if not isinstance(a, argparse._SubParsersAction)]}
     verbs.update({name: [_action(a) for a in p._actions] for name, p in sub.choices.items()})
+    from probe.experiments import RECIPES
+    from probe.experiments.command import build_parser as recipe_parser  # each recipe's options, from its config
+
+    verbs.update({f"experiment {name}": [_action(a) for a in recipe_parser(name, "probe experiment")._actions]
+                  for name in RECIPES})
     return {"verbs": verbs, "train_resume_keys": {"RUN_KEYS": list(RUN_KEYS), "LATER_KEYS": list(LATER_KEYS)}}
 
 

@@ -238,6 +238,22 @@ def test_every_hook_of_a_model_is_a_built_name(variant, overrides):
         assert {names.attn(l, p) for l in range(L) for p in ("v_gate", "sink_logit", "v_first", "v_mix")} <= hooks
 
 
+@pytest.mark.parametrize("family", ["gpt_neox", "gpt_oss", "gemma2"])
+def test_every_hook_of_an_hf_adapter_is_a_built_name(family):
+    """The HF adapters expose the same vocabulary: every hook is a built name, and the per-layer ones are there."""
+    from probe.checkpoints.interop import wrap
+    from probe.checkpoints.tiny import tiny_model
+
+    model = wrap(tiny_model(family))
+    hooks = set(model.hook_dict)
+    L = model.probe_info.n_layers
+    assert sorted(hooks - _all_built(L)) == []
+    points = ("q", "k", "v", "v_out", "pattern", "phantom", "z") + (("sink_logit",) if family == "gpt_oss" else ())
+    for l in range(L):
+        assert {names.resid(l, p) for p in names.RESID_POINTS} | {names.attn(l, p) for p in points} <= hooks
+    assert names.EMBED in hooks
+
+
 def _all_built(L: int) -> set[str]:
     out = {names.EMBED, names.depth_weights(names.FINAL_READ), names.routing_keys(names.FINAL_READ)}
     for l in range(L):

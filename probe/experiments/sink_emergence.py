@@ -36,10 +36,8 @@ import torch
 from plotly.subplots import make_subplots
 
 from probe.analyses.backcopy import STATS, backcopy_split
-from probe.analyses.sinks import sink_stats
+from probe.analyses.sink_pass import sink_analyses
 from probe.data.synthetic import BigramBackcopy
-from probe.analyses.massive import massive_activations
-from probe.analyses.sink_heads import sink_heads
 from probe.experiments.result import Result, Timer, check_training_numbers, config_dict
 from probe.models import config_for, create
 from probe.present.files import append_line, atomic_write
@@ -190,9 +188,10 @@ def snapshot_table(cfg: EmergenceConfig, variant: str, seed: int, run_dir) -> pd
         model = build(cfg, variant, seed)
         load_model(model, path)
         model.eval()
-        sinks = sink_stats(model, windows)
+        found = sink_analyses(model, windows, eps=[SINK_EPS], massive=True)  # one forward per batch for all three
+        sinks = found["sinks"]
         split = backcopy_split(model, windows)["layers"].set_index("layer")
-        extra = extra_stats(model, windows)
+        extra = extra_stats(model, windows, found)
         summary = sinks["summary"].iloc[0]
         run = {"variant": variant, "seed": seed, "step": step, "sink_formed": bool(summary["sink_formed"]),
                "pos0_over_uniform": summary["pos0_over_uniform"], "r0_later": summary["r0_later"],
@@ -212,11 +211,13 @@ SINK_EPS = 0.3  # Gu et al.'s threshold for a sink head (mean attention on key 0
 EXTRA = ("sink_eps_share", "massive_ratio", "massive_top1_at_bos")
 
 
-def extra_stats(model, windows) -> dict[int, dict]:
+def extra_stats(model, windows, found: dict | None = None) -> dict[int, dict]:
     """Per layer: the share of heads that are sinks by Sink^0.3, and the massive activations of its output residual
-    (top-1 |h| ÷ median, the share of windows whose top-1 sits at BOS). Two more forward passes."""
-    heads = sink_heads(model, windows, eps=[SINK_EPS])["layers"].set_index("layer")
-    mas = massive_activations(model, windows)["layers"].set_index("layer")
+    (top-1 |h| ÷ median, the share of windows whose top-1 sits at BOS). From ``found`` (``sink_analyses`` of these
+    windows with eps [SINK_EPS] and massive activations) when given, else from one pass of its own."""
+    found = found or sink_analyses(model, windows, eps=[SINK_EPS], massive=True)
+    heads = found["sink_eps"]["layers"].set_index("layer")
+    mas = found["massive"]["layers"].set_index("layer")
     return {l: {"sink_eps_share": float(heads.loc[l, "sink_share"]), "massive_ratio": float(mas.loc[l, "ratio"]),
                 "massive_top1_at_bos": float(mas.loc[l, "top1_pos0_share"])} for l in heads.index}
 

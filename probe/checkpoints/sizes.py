@@ -92,6 +92,8 @@ def implied_counts(folder: Path) -> tuple[int, int, str] | None:
 
     try:
         config = AutoConfig.from_pretrained(folder)
+        if getattr(config, "quantization_config", None):  # packed weights (MXFP4, GPTQ): fewer stored elements
+            return None
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
     except Exception:  # noqa: BLE001 - an architecture this cannot build: the loader's checks remain

@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -107,6 +108,9 @@ def acquire(folder, *, wait: bool = False, flag: str = "--out", prog: str = "pro
                 raise UsageError(f"{flag} {str(folder)!r}: cannot open its lock file {path} ({e.strerror}); remove "
                                  "it if it is not a regular file", prog) from None
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise UsageError(f"{flag} {str(folder)!r}: its lock file {path} is not a regular file; remove it",
+                                     prog)
                 if not _lock(fd, path, wait, flag, folder, prog, note):
                     continue  # the file was removed by the holder that released it: lock the new one
                 holder = _read_holder(fd)

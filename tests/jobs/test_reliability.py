@@ -194,7 +194,7 @@ def test_a_lock_of_another_host_is_reported_not_taken(tmp_path):
     assert json.loads((out / LOCK_NAME).read_text())["host"] == "other-node-7"
 
 
-def test_a_lock_file_that_is_a_link_is_refused(tmp_path):
+def test_a_lock_file_that_is_a_link_or_a_fifo_is_refused(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     out = tmp_path / "out"
@@ -203,6 +203,10 @@ def test_a_lock_file_that_is_a_link_is_refused(tmp_path):
     with pytest.raises(UsageError, match="lock file"):
         acquire(out)
     assert victim.read_text() == "precious"
+    os.unlink(out / LOCK_NAME)
+    os.mkfifo(out / LOCK_NAME)
+    with pytest.raises(UsageError, match="lock file .* is not a regular file"):
+        acquire(out)
 
 
 def test_every_verb_that_writes_out_can_wait_and_every_reader_of_data_can_skip():
@@ -255,6 +259,14 @@ def test_one_layer_more_than_the_weights_is_refused(tmp_path):
 
     with pytest.raises(CheckpointSizeError, match="fewer by 213,384"):
         check_sizes(_copy_model(tmp_path, n_layers=7), "m")
+
+
+def test_packed_weights_of_a_quantized_checkpoint_are_not_counted_as_missing(tmp_path):
+    from probe.checkpoints.sizes import check_sizes, implied_counts
+
+    folder = _copy_model(tmp_path, n_layers=7, quantization_config={"quant_method": "mxfp4"})
+    assert implied_counts(folder) is None  # 4-bit blocks hold fewer elements than the parameters they pack
+    check_sizes(folder, "m")
 
 
 def test_weights_that_do_not_fit_the_memory_are_refused(tmp_path, monkeypatch):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from probe.cli.flags import output_flags, positive_int
+from probe.cli.flags import output_flags
+from probe.present.options import positive_int
 
 HELP = "FLOP and parameter cost model of AttnRes / P-LR / S-LR (LR-AttnRes 2026 Table 1)"
 DESCRIPTION = ("Added FLOPs and parameters of depth routing. Default dimensions are LR-AttnRes 2026 Table 1's "

@@ -3,8 +3,8 @@ as typed specs.
 
 Groups: the model and its evaluation windows (``model_flags``, with the big-checkpoint placement flags of
 ``placement_flags``), the outputs (``output_flags``), the Sink^eps thresholds (``eps_flag``) and injection
-(``injection_flags``); the argparse types that turn a bad number into one line. A verb's own flags live in its module
-(``probe.cli.<verb>``).
+(``injection_flags``). The argparse types that turn a bad number into one line are ``probe.present.options``'s; a
+verb's own flags live in its module (``probe.cli.<verb>``).
 
 Only argparse and light modules are imported here (no torch, pandas or plotly), so ``probe --help`` stays under a
 second. Lists are deduplicated by the readers, in the order given (``--dose 0.4 0.4`` is one condition, ``--eps 0.3
@@ -13,12 +13,12 @@ second. Lists are deduplicated by the readers, in the order given (``--dose 0.4 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
 from probe.jobs.specs import DEVICE_MAPS, InjectionSpec, ModelSpec, WindowSpec, parse_device_map, parse_max_memory
 from probe.present.files import OutputSpec
+from probe.present.options import attention_share, dose, nonneg_int, positive_int
 
 # The embedded default models: zoo checkpoints when installed, else a freshly initialised tiny model of the
 # same variant built in-process (seed 0). Switching to another zoo name is a one-line change here.
@@ -30,28 +30,6 @@ CUTOFFS = ("q25", "median")
 DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 WINDOW_MODES = ("auto", "first", "sequential", "random")
-
-
-def _number(cast, valid, message):
-    """An argparse type: ``cast(text)`` that must satisfy ``valid``, else one line ``message, got 'text'``."""
-    def parse(text: str):
-        try:
-            value = cast(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{message}, got {text!r}") from None
-        if not valid(value):
-            raise argparse.ArgumentTypeError(f"{message}, got {text!r}")
-        return value
-    return parse
-
-
-positive_int = _number(int, lambda v: v >= 1, "expected a positive integer")
-nonneg_int = _number(int, lambda v: v >= 0, "expected an integer >= 0")
-dose = _number(float, lambda v: math.isfinite(v) and v >= 0, "dose must be a finite number >= 0")
-positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "expected a positive number")
-nonneg_float = _number(float, lambda v: math.isfinite(v) and v >= 0, "expected a finite number >= 0")
-fraction = _number(float, lambda v: 0 <= v <= 1, "expected a number in [0, 1]")
-attention_share = _number(float, lambda v: 0 <= v < 1, "expected a share of attention mass, 0 <= eps < 1")
 
 
 def _user_value(parse):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from probe.cli.flags import DEFAULT_MODEL, model_flags, output_flags, positive_int
+from probe.cli.flags import DEFAULT_MODEL, model_flags, output_flags
+from probe.present.options import positive_int
 
 HELP = "value-gate statistics: mean gate, selectivity, per-token gates"
 

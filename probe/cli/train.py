@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from probe.cli.flags import positive_int, self_contained_flag
-from probe.present.options import add_options
+from probe.cli.flags import self_contained_flag
+from probe.present.options import add_options, positive_int
 from probe.train.config import TrainConfig
 from probe.present.errors import UsageError, first_line
 from probe.runs import FINAL_MODEL, MODEL_CONFIG, RUN_IDENTITY

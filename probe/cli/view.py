@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from probe.cli.flags import DEFAULT_MODEL, DTYPES, nonneg_int, placement_flags, positive_int, self_contained_flag
+from probe.cli.flags import DEFAULT_MODEL, DTYPES, placement_flags, self_contained_flag
+from probe.present.options import nonneg_int, positive_int
 
 PAGE = "view.html"
 HELP = ("one page of viewers for one text: attention pattern (any layer and head, phantom column), depth weights, "

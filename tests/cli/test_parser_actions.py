@@ -87,7 +87,7 @@ def test_the_parser_matches_the_pinned_actions():
 
 
 def test_the_type_signature_tells_the_numeric_types_apart():
-    from probe.cli import flags
+    from probe.present import options as flags
 
     types = (flags.positive_int, flags.nonneg_int, flags.positive_float, flags.nonneg_float, flags.fraction,
              flags.attention_share, flags.dose)

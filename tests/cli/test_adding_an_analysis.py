@@ -153,3 +153,23 @@ def test_the_toy_verb_is_in_help_and_has_the_shared_flags(toy_analysis, capsys):
         assert flag in flags
     assert main(["entropy", "--batches", "0"]) == 2  # the shared flags' checks come with them
     assert "--batches" in capsys.readouterr().err
+
+
+def test_the_readme_section_names_what_this_test_uses():
+    """The section and this test stay one recipe: the three files, the two registrations and the helpers it names
+    exist under those names."""
+    from pathlib import Path
+
+    from probe.cli import prepare as prepare_module
+    from probe.present import files
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Adding an analysis\n", 1)[1].split("\n## ", 1)[0]
+    for needle in ("probe/analyses/NAME.py", "probe/present/NAME.py", "probe/cli/NAME.py", "`DESCRIBED_BY`",
+                   "`VERBS`", "probe.present.files.publish", "probe.cli.prepare.prepare", "`add_parser(sub)`",
+                   "`run(args)`", "`TITLE`", "`figures(result)", "`sections(result)", "`text(result)",
+                   "`DESCRIPTIONS`", "tests/cli/test_adding_an_analysis.py"):
+        assert needle in section, needle
+    assert callable(files.publish) and callable(prepare_module.prepare) and isinstance(page.DESCRIBED_BY, list)
+    assert readme.index("## Adding a mechanism") < readme.index("## Adding an analysis") < readme.index(
+        "## Data and licences")

@@ -7,7 +7,7 @@ determine the numbers in its manifest, each model's tables in ``DIR/models/<slug
 soon as that model is done. Started again with the same settings, a run reloads those records instead of recomputing;
 other settings, or another recipe's folder, are an error.
 
-Errors: the recipes raise one-line ``ValueError`` s; the job layer's ``UsageError`` s (one line, naming the flag) become
+Errors: the recipes raise one-line ValueErrors; the job layer's UsageErrors (one line, naming the flag) become
 ValueErrors at :func:`recipe_errors`.
 """
 from __future__ import annotations

@@ -1,2 +1,3 @@
-"""Jobs: what a run is asked to do (typed specs), its inputs (the one window builder, model loading), the resumable
-store of many-model runs, the batch report and the merge of report shards. Above ``probe.present``."""
+"""Jobs: what a run is asked to do (typed specs), its inputs (model loading; windows from the one window builder,
+``probe.data.windows``), the resumable store of many-model runs (``store``), the batch report and the merge of report
+shards. Above ``probe.present``."""

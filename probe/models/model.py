@@ -132,9 +132,9 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
 
         v_first = None
         if c.depth != "residual":
-            sources = DepthSources(c, x, self.embed_key(x) if c.depth == "plr" else None,
-                                   mean_power=self.depth_block_mean if c.depth_block_mean_learned else c.depth_block_mean,
-                                   prior=self.depth_block_prior if c.depth_block_prior_learned else c.depth_block_prior)
+            mean_power = self.depth_block_mean if c.depth_block_mean_learned else c.depth_block_mean
+            prior = self.depth_block_prior if c.depth_block_prior_learned else c.depth_block_prior
+            sources = DepthSources(c, x, self.embed_key(x) if c.depth == "plr" else None, mean_power, prior)
             for l, blk in enumerate(self.blocks):
                 next_read = self.blocks[l + 1].attn_read if l + 1 < c.n_layers else self.final_read
                 x, v_first = blk.forward_routed(x, sources, next_read, v_first)

@@ -44,7 +44,8 @@ def measured(name: str):
 
 
 def main() -> int:
-    rows = ROWS + [("AttnRes read (second reference)", "attnres-read-fla"), ("value residual (λ = 0.5)", "value-residual"),
+    rows = ROWS + [("AttnRes read (second reference)", "attnres-read-fla"),
+                   ("value residual (λ = 0.5)", "value-residual"),
                    ("DenseFormer", "denseformer"), ("MUDD", "mudd"), ("gpt-oss sink logit", "gpt-oss-sink")]
     print("| mechanism | authors' code | max diff fp64 | max diff fp32 |\n|---|---|---:|---:|")
     for label, name in rows:

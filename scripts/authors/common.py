@@ -5,6 +5,7 @@ given on the command line (their code is not copied here), in a throwaway venv: 
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import importlib.metadata
@@ -19,6 +20,14 @@ import torch
 from safetensors.torch import save_file
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "authors"
+
+
+def source_parser(doc: str, src_help: str) -> argparse.ArgumentParser:
+    """The command line every script takes: --src (where the authors' files were exported) and --commit (recorded)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--src", type=Path, required=True, help=src_help)
+    ap.add_argument("--commit", required=True, help="the commit the files were taken from (recorded in meta.json)")
+    return ap
 
 
 def load_module(path: Path, name: str, extra_sys_path: Path | None = None):

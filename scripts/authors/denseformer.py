@@ -10,7 +10,6 @@ averaged output. Writes tests/fixtures/authors/denseformer/.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import types
@@ -18,7 +17,9 @@ from pathlib import Path
 
 import torch
 
-from common import KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float, randomize, versions, write_fixture
+from common import (
+    KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float, randomize, source_parser, versions, write_fixture,
+)
 
 REPOSITORY = "epfml/DenseFormer"
 FILE = "experiments/models/denseformer.py"
@@ -100,9 +101,7 @@ def run(denseformer, rotary, weights: dict, ids: torch.Tensor, dtype) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--src", type=Path, required=True, help="their experiments folder (holding models/)")
-    ap.add_argument("--commit", required=True, help="the commit the files were taken from (recorded)")
+    ap = source_parser(__doc__, "their experiments folder (holding models/)")
     args = ap.parse_args(argv)
     denseformer, rotary = import_theirs(args.src)
     model = build(denseformer, torch.float64)
@@ -124,7 +123,8 @@ def main(argv=None) -> int:
                         "tables/rope_angles": "T, d_head: their rotary angles (interleaved pairs)",
                         "fp32/": "the same in fp32"},
             "patches": [KEEP_FP64_PATCH, "torch's default dtype is the run's dtype during the forward (their "
-                        "InPlaceSetSlice set_()s an empty default-dtype tensor to the accumulator)", "tiktoken replaced by a stub whose get_encoding returns None (their "
+                        "InPlaceSetSlice set_()s an empty default-dtype tensor to the accumulator)",
+                        "tiktoken replaced by a stub whose get_encoding returns None (their "
                         "constructor loads the GPT-2 vocabulary, which needs a download; the model does not use it)"],
             "versions": versions(), "mapping_to_probe": MAPPING, "script": "scripts/authors/denseformer.py"}
     print(write_fixture("denseformer", weights=weights, inputs={"input_ids": ids}, outputs=outputs, meta=meta))

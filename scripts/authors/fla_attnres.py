@@ -9,13 +9,14 @@ the mixed residual and the depth softmax. Writes tests/fixtures/authors/attnres-
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 from pathlib import Path
 
 import torch
 
-from common import KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float, load_module, versions, write_fixture
+from common import (
+    KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float, load_module, source_parser, versions, write_fixture,
+)
 
 REPOSITORY = "fla-org/flash-linear-attention"
 FILE = "fla/ops/attnres/naive.py"
@@ -23,9 +24,7 @@ SEED, S, B, T, D, EPS = 0, 5, 2, 8, 16, 1e-6
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--src", type=Path, required=True, help="their naive.py")
-    ap.add_argument("--commit", required=True, help="the commit the file was taken from (recorded)")
+    ap = source_parser(__doc__, "their naive.py")
     args = ap.parse_args(argv)
     mod = load_module(args.src, "fla_attnres_naive")
     g = torch.Generator().manual_seed(SEED)

@@ -12,15 +12,16 @@ Two checks, one fixture (tests/fixtures/authors/gpt-oss-sink/):
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 from pathlib import Path
 
 import torch
 
-from common import KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float, load_module, randomize, versions, \
-    write_fixture
+from common import (
+    KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float, load_module, randomize, source_parser, versions,
+    write_fixture,
+)
 
 REPOSITORY = "openai/gpt-oss"
 FILE = "gpt_oss/torch/model.py"
@@ -64,7 +65,8 @@ def run_block(mod, weights: dict, x: torch.Tensor, dtype) -> dict:
         out = block(x.to(dtype))
     w = seen[-1]  # (Hkv, G, T, T + 1): the last column is the sink
     H = SETTINGS["num_attention_heads"]
-    return {"block/out": out, "block/pattern": w[..., :-1].reshape(H, T, T), "block/sink_share": w[..., -1].reshape(H, T)}
+    return {"block/out": out, "block/pattern": w[..., :-1].reshape(H, T, T),
+            "block/sink_share": w[..., -1].reshape(H, T)}
 
 
 def run_sdpa(mod, inputs: dict, dtype) -> dict:
@@ -78,9 +80,7 @@ def run_sdpa(mod, inputs: dict, dtype) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--src", type=Path, required=True, help="folder holding their gpt_oss package")
-    ap.add_argument("--commit", required=True, help="the commit the files were taken from (recorded)")
+    ap = source_parser(__doc__, "folder holding their gpt_oss package")
     args = ap.parse_args(argv)
     mod = load_module(args.src / FILE, "gpt_oss.torch.model", extra_sys_path=args.src)
     block = mod.AttentionBlock(mod.ModelConfig(**SETTINGS), layer_idx=LAYER_IDX).double()

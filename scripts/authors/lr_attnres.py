@@ -11,7 +11,6 @@ tests/models/test_authors_golden.py maps the weights into probe and compares.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 from pathlib import Path
@@ -19,8 +18,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from common import KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float, load_module, randomize, versions, \
-    write_fixture
+from common import (
+    KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float, load_module, randomize, source_parser, versions,
+    write_fixture,
+)
 
 REPOSITORY = "jon123boss/LR-AttnRes"
 FILE = "model.py"
@@ -110,9 +111,7 @@ def run(mod, settings: dict, weights: dict, ids: torch.Tensor, dtype) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--src", type=Path, required=True, help="folder holding their model.py and attnres_ops.py")
-    ap.add_argument("--commit", required=True, help="the commit the files were taken from (recorded)")
+    ap = source_parser(__doc__, "folder holding their model.py and attnres_ops.py")
     ap.add_argument("--only", nargs="*", choices=list(MECHANISMS), help="some mechanisms only")
     args = ap.parse_args(argv)
     mod = load_module(args.src / FILE, "lr_attnres_model")

@@ -9,14 +9,15 @@ and mixed streams. Writes tests/fixtures/authors/mudd/.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 from pathlib import Path
 
 import torch
 
-from common import KEEP_FP64_CASTS_PATCH, KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float, \
-    keep_fp64_through_fp32_casts, load_module, randomize, versions, write_fixture
+from common import (
+    KEEP_FP64_CASTS_PATCH, KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float,
+    keep_fp64_through_fp32_casts, load_module, randomize, source_parser, versions, write_fixture,
+)
 
 REPOSITORY = "Caiyun-AI/MUDDFormer"
 FILE = "pytorch/muddformer/modeling_muddformer.py"
@@ -98,9 +99,7 @@ def run(mod, cfg_mod, weights: dict, ids: torch.Tensor, dtype) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--src", type=Path, required=True, help="their pytorch/muddformer folder")
-    ap.add_argument("--commit", required=True, help="the commit the files were taken from (recorded)")
+    ap = source_parser(__doc__, "their pytorch/muddformer folder")
     args = ap.parse_args(argv)
     cfg_mod = load_module(args.src / "configuration_muddformer.py", "configuration_muddformer")
     mod = load_module(args.src / "modeling_muddformer.py", "modeling_muddformer")

@@ -11,14 +11,15 @@ tests/fixtures/authors/value-residual/.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 from pathlib import Path
 
 import torch
 
-from common import KEEP_FP64_CASTS_PATCH, KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float, \
-    keep_fp64_through_fp32_casts, load_module, randomize, versions, write_fixture
+from common import (
+    KEEP_FP64_CASTS_PATCH, KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float,
+    keep_fp64_through_fp32_casts, load_module, randomize, source_parser, versions, write_fixture,
+)
 
 REPOSITORY = "Zcchill/Value-Residual-Learning"
 FILE = "src/modeling/modeling_llama_resformer.py"
@@ -60,9 +61,7 @@ def run(mod, weights: dict, ids: torch.Tensor, dtype) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--src", type=Path, required=True, help="their modeling_llama_resformer.py")
-    ap.add_argument("--commit", required=True, help="the commit the file was taken from (recorded)")
+    ap = source_parser(__doc__, "their modeling_llama_resformer.py")
     args = ap.parse_args(argv)
     mod = load_module(args.src, "modeling_llama_resformer")
     model = mod.LlamaForCausalLM(mod.LlamaConfig(**SETTINGS)).double()
@@ -81,7 +80,8 @@ def main(argv=None) -> int:
                         "pattern.{l}": "B,H,T,T attention weights", "fp32/": "the same run in fp32"},
             "patches": [KEEP_FP64_CASTS_PATCH, KEEP_FP64_PATCH + " (their logits are .float()-ed)",
                         "each LlamaRotaryEmbedding.inv_freq is kept in fp32 (as their init computes it) after "
-                        "model.to(dtype), so RoPE angles are fp32 in both runs, as in their bf16 training"], "versions": versions("transformers"), "mapping_to_probe": MAPPING,
+                        "model.to(dtype), so RoPE angles are fp32 in both runs, as in their bf16 training"],
+            "versions": versions("transformers"), "mapping_to_probe": MAPPING,
             "script": "scripts/authors/value_residual.py"}
     print(write_fixture("value-residual", weights=weights, inputs={"input_ids": ids}, outputs=outputs, meta=meta))
     return 0

@@ -313,7 +313,8 @@ def mudd_model(dtype, layer_order=None, their_rope_table=True):
     for l, src in enumerate(layer_order or range(L)):
         p, a = f"blocks.{l}.", f"layers.{src}."
         q, k, v = (w[a + f"attention.w{x}.weight"] for x in "qkv")
-        norms = [w[a + "attention_norm.weight"]] if src == 0 else [w[a + f"attention_norms.{i}.weight"] for i in range(3)]
+        norms = ([w[a + "attention_norm.weight"]] if src == 0
+                 else [w[a + f"attention_norms.{i}.weight"] for i in range(3)])
         assert all(torch.equal(n, norms[0]) for n in norms)  # probe: one norm for the q/k/v streams
         mapped.update({p + "attn.q_proj.weight": q, p + "attn.k_proj.weight": k, p + "attn.v_proj.weight": v,
                        p + "attn.o_proj.weight": w[a + "attention.wo.weight"], p + "ln1.weight": norms[0],

@@ -13,7 +13,7 @@ import torch
 
 
 def wide(x: torch.Tensor) -> torch.Tensor:
-    """x in fp32, or in its own dtype when that is wider (fp64 stays fp64, so fp64 checks against other code are exact)."""
+    """x in fp32, or in its own dtype when wider: fp64 stays fp64, so fp64 checks against other code are exact."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 

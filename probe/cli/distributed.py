@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from probe.analyses.parallel import from_env, gather, join_group, rank_and_world
+from probe.jobs.lock import acquire as acquire_lock
 from probe.present.errors import UsageError, first_line
 from probe.present.files import check_out_dir
 
@@ -44,10 +45,12 @@ def run_on_ranks(run, args) -> int:
                          "same devices; run one process with --device-map, or one rank per GPU without it")
     cuda = torch.cuda.is_available() and not args.device.startswith("cpu") and args.device_map is None
     owned = join_group(info, cuda, group_timeout())  # a Python caller may already be in a group: use it, leave it
+    lock = None
     try:
-        with all_ranks_agree():  # a bad --out ends every rank (rank 0 alone writes, so it alone checks)
+        with all_ranks_agree():  # a bad or busy --out ends every rank (rank 0 alone writes, so it alone checks)
             if info.rank == 0 and getattr(args, "out", None):
                 check_out_dir(args.out, prog=f"probe {args.verb}")
+                lock = acquire_lock(args.out, wait=getattr(args, "wait", False), prog=f"probe {args.verb}")
         return run(args)
     except UsageError as e:
         if not getattr(e, "shared", False):
@@ -56,6 +59,8 @@ def run_on_ranks(run, args) -> int:
                 e.args = (f"rank {info.rank}: {e}",)
         raise
     finally:
+        if lock is not None:
+            lock.release()
         if owned:
             dist.destroy_process_group()
 

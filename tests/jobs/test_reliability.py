@@ -160,13 +160,15 @@ def test_wait_queues_behind_the_holder(tmp_path):
     waiter = subprocess.Popen([sys.executable, "-m", "probe.cli", "costs", "--out", str(out), "--wait"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO)
     try:
-        time.sleep(8)  # long enough for the waiter to start and reach the lock
+        first = waiter.stderr.readline()  # written just before it blocks on the lock
+        assert f"waiting for pid {holder.pid}" in first, first
+        time.sleep(2)
         assert waiter.poll() is None and not (out / "costs.json").exists()  # still queued
     finally:
         holder.communicate("\n", timeout=30)
     _, err = waiter.communicate(timeout=300)
     assert waiter.returncode == 0, err
-    assert "waiting for pid" in err and (out / "costs.json").is_file()
+    assert (out / "costs.json").is_file()
 
 
 def _dead_pid() -> int:

@@ -21,6 +21,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -194,6 +195,24 @@ def _compile_one(item) -> dict:
     from triton.backends.compiler import GPUTarget
 
     knobs.nvidia.dump_ptxas_log = True  # triton runs ptxas -v; with this it prints the log
+    limit = ARCHS[arch].shared_bytes
+    skipped = []
+
+    def over_limit_without_ptxas(backend=None, stages=None, options=None, language=None, capability=None):
+        """Triton's stage hook: a launch over the arch's shared memory can never run, so its cubin (minutes of
+        ptxas for the largest fp32 tiles) is not built; metadata.shared is known before that stage."""
+        if backend is None:
+            return "probe-aot-over-limit", str(limit)  # (cache key, hash) when Triton asks
+        make_cubin = stages["cubin"]
+
+        def cubin(src, metadata):
+            if metadata["shared"] > limit:
+                skipped.append(metadata["shared"])
+                return b""
+            return make_cubin(src, metadata)
+        stages["cubin"] = cubin
+
+    knobs.runtime.add_stages_inspection_hook = over_limit_without_ptxas
     mod_name, fn_name = spec.kernel.split(":")
     fn = getattr(importlib.import_module(mod_name), fn_name)
     params = list(fn.arg_names)
@@ -209,6 +228,9 @@ def _compile_one(item) -> dict:
     except Exception as e:  # an over-limit launch compiles fine; this is a compiler error, reported as such
         return dict(spec=spec_json, arch=arch, shared=None, registers=None, spill_bytes=None,
                     seconds=time.perf_counter() - t0, error=f"{type(e).__name__}: {str(e)[:400]}")
+    if skipped:  # over the limit: no cubin, so no registers
+        return dict(spec=spec_json, arch=arch, shared=int(compiled.metadata.shared), registers=None, spill_bytes=None,
+                    seconds=time.perf_counter() - t0, error=None)
     text = log.getvalue()
     regs = _PTXAS_REGS.search(text)
     spills = _PTXAS_SPILLS.findall(text)
@@ -243,35 +265,52 @@ def _worker_main(jobs: int):
             print(json.dumps(fut.result()), flush=True)
 
 
-def compile_specs(specs, archs, *, jobs: int = 2, timeout: float = 600.0) -> list[CompileResult]:
+def compile_specs(specs, archs, *, jobs: int = 2, timeout: float = 1800.0) -> list[CompileResult]:
     """Compile every spec for every arch in a fresh process (TRITON_INTERPRET unset, a fresh Triton cache)."""
     return compile_pairs([(s, a) for s in specs for a in archs], jobs=jobs, timeout=timeout)
 
 
-def compile_pairs(pairs, *, jobs: int = 2, timeout: float = 600.0) -> list[CompileResult]:
-    """Compile each (CompileSpec, arch) pair once, ``jobs`` at a time, in a fresh process."""
+def compile_pairs(pairs, *, jobs: int = 2, timeout: float = 1800.0, on_result=None) -> list[CompileResult]:
+    """Compile each (CompileSpec, arch) pair once, ``jobs`` at a time, in a fresh process; ``on_result(result)`` is
+    called as each compile finishes (so a caller can keep what finished if a later one fails)."""
     for _, arch in pairs:
         if arch not in ARCHS:
             raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
     items = [(s.to_json(), a) for s, a in dict.fromkeys(pairs)]
     root = Path(__file__).resolve().parents[2]
-    with tempfile.TemporaryDirectory(prefix="probe-aot-cache-") as cache:
+    out = []
+    with tempfile.TemporaryDirectory(prefix="probe-aot-cache-") as cache, \
+            tempfile.TemporaryFile("w+") as stderr:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         env.update(TRITON_CACHE_DIR=cache, PYTHONPATH=os.pathsep.join(
             p for p in (str(root), os.environ.get("PYTHONPATH")) if p))
-        res = subprocess.run([sys.executable, "-m", "probe.kernels.aot", str(jobs)], input=json.dumps(items),
-                             capture_output=True, text=True, env=env, timeout=timeout)
-    if res.returncode != 0:
-        raise RuntimeError(f"the AOT compile process failed ({res.returncode}):\n{res.stderr[-4000:]}")
-    out = []
-    for line in res.stdout.splitlines():
-        if line.startswith("{"):
-            d = json.loads(line)
-            out.append(CompileResult(CompileSpec.from_json(d["spec"]), d["arch"], d["shared"], d["registers"],
-                                     d["spill_bytes"], d["seconds"], d["error"]))
-    if len(out) != len(items):
-        raise RuntimeError(f"the AOT compile process returned {len(out)} of {len(items)} results:\n"
-                           f"{res.stderr[-4000:]}")
+        proc = subprocess.Popen([sys.executable, "-m", "probe.kernels.aot", str(jobs)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+                                start_new_session=True)  # its own process group: a timeout ends its workers too
+        deadline = time.monotonic() + timeout
+        try:
+            proc.stdin.write(json.dumps(items))
+            proc.stdin.close()
+            for line in proc.stdout:
+                if line.startswith("{"):
+                    d = json.loads(line)
+                    result = CompileResult(CompileSpec.from_json(d["spec"]), d["arch"], d["shared"], d["registers"],
+                                           d["spill_bytes"], d["seconds"], d["error"])
+                    out.append(result)
+                    if on_result is not None:
+                        on_result(result)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the AOT compiles ran past {timeout:.0f} s ({len(out)} of {len(items)} done)")
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        stderr.seek(0)
+        err = stderr.read()
+    if proc.returncode != 0 or len(out) != len(items):
+        raise RuntimeError(f"the AOT compile process failed ({proc.returncode}; {len(out)} of {len(items)} results):"
+                           f"\n{err[-4000:]}")
     return out
 
 

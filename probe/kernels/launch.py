@@ -8,8 +8,8 @@ Each op has candidate settings in order of preference (the first is the one the 
 tiles, 4 warps, 3 stages); the first whose estimated shared memory fits ``limits.shared_bytes`` is chosen. The
 estimate counts what Triton keeps in shared memory for these kernels: every tile that feeds a ``tl.dot`` (operands
 are staged through shared memory), the tiles loaded inside the key / query loop once per pipeline buffer (num_stages
-- 1 buffers on sm_80-89; num_stages on sm_90's wgmma path, taken by 16-bit dots of 64+ rows on 4k warps), and the
-layout-conversion scratch of a (rows x keys) probability tile. It is an upper bound checked against the compiled
+- 1 buffers on sm_80-89; num_stages on sm_90's wgmma path, taken by 16-bit dots of 64+ rows on 4k warps), the
+layout-conversion scratch of a (rows x keys) probability tile and the row reductions' scratch. It is an upper bound checked against the compiled
 kernels' ``metadata.shared`` for every listed shape on sm_80/86/89/90 (tests/kernels/test_aot_compile.py), so a
 config that the function accepts compiles within the limit on those GPUs.
 
@@ -91,7 +91,7 @@ _INTERPRETER_ATTENTION = (16, 16, 4, 1)
 # depth: rows per program as the key width allows (a (rows, r) fp32 key tile stays in registers), the d slice
 DEPTH_MAX_BLOCK_D = 128
 DEPTH_KEY_ELEMENTS = 8192  # rows * r per program
-DEPTH_CANDIDATES = ((4, 1), (4, 2))  # (num_warps, num_stages): the loops over sources are not pipelined
+DEPTH_CANDIDATES = ((4, 3), (4, 1))  # (num_warps, num_stages): Triton's defaults first, then no pipelining
 
 
 def _next_pow2(n: int) -> int:
@@ -130,7 +130,8 @@ def attention_shared_bytes(op: str, dtype: torch.dtype, limits: DeviceLimits, bl
         loop = block_n * block_dh * es + block_n * block_dv * es + block_n * 4
     else:
         raise ValueError(f"unknown op {op!r}; choose one of {', '.join(ATTENTION_OPS)}")
-    return once + buffers * loop + scratch
+    rows = 2 * max(block_m, block_n) * 4  # cross-warp scratch of the fp32 row max / row sum
+    return once + buffers * loop + scratch + rows
 
 
 def depth_shared_bytes(op: str, dtype: torch.dtype, limits: DeviceLimits, block_t: int, block_d: int, block_r: int,

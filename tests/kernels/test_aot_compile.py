@@ -1,0 +1,85 @@
+"""Every launch the launchers choose for real-model shapes compiles for sm_80, sm_86, sm_89 and sm_90 within their
+shared memory, with no GPU: Triton's ahead-of-time compiler (probe.kernels.aot) on the launches recorded from the real
+launchers under each arch's limits (probe.kernels.cases.capture).
+
+CI tier: the shapes of probe.kernels.cases.ci_cases at each verb's default dtype, each distinct launch compiled once
+per arch, two compile processes; it prints the compile count, wall time, and registers / spills from ptxas -v, and
+fails above 4 minutes. ``-m slow``: every flag x dtype (full_cases).
+"""
+import os
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from probe.kernels.aot import compile_pairs  # noqa: E402
+from probe.kernels.cases import DTYPES, capture, ci_cases, full_cases  # noqa: E402
+from probe.kernels.launch import ARCHS, KB, launch_config  # noqa: E402
+
+BUDGET_S = 240.0
+KERNEL_OPS = {"_fwd_kernel": "sink_forward", "_bwd_dkdv_kernel": "sink_backward_dkdv",
+              "_bwd_dq_kernel": "sink_backward_dq", "_depth_fwd_kernel": "depth_forward",
+              "_depth_bwd_kernel": "depth_backward"}
+
+
+def _expected_config(spec, case, limits):
+    """launch_config for the case that reached this launch: the launcher must have used exactly it."""
+    op = KERNEL_OPS[spec.name]
+    dtype = DTYPES[case.dtype]
+    if op.startswith("depth"):
+        return launch_config(op, dtype, limits, d=case.head_dim, r=case.key_dim)
+    v_dtype = torch.float32 if case.op == "row_masses" and op == "sink_forward" else None
+    dv = 2 if case.op == "row_masses" else case.head_dim
+    return launch_config(op, dtype, limits, dh=case.head_dim, dv=dv, v_dtype=v_dtype)
+
+
+def compile_and_check(cases, archs=tuple(ARCHS)):
+    t0 = time.perf_counter()
+    by_arch = {}
+    for arch in archs:  # one compile per kind of launch: {first spec of its kind: every case reaching the kind}
+        kinds: dict = {}
+        for spec, reaching in capture(cases, ARCHS[arch]).items():
+            kinds.setdefault(spec.kind, (spec, []))[1].extend(reaching)
+        by_arch[arch] = dict(kinds.values())
+    results = compile_pairs([(spec, arch) for arch in archs for spec in by_arch[arch]], jobs=2)
+    wall = time.perf_counter() - t0
+    print(f"\nAOT: {len(results)} compiles (each distinct launch once per arch: {', '.join(archs)}) in "
+          f"{wall:.0f} s wall, {sum(r.seconds for r in results):.0f} s of compiling")
+    print(f"  {'launch':<62} {'arch':<6} {'shared':>9} {'limit':>7} {'regs':>5} {'spills':>7} {'compile':>7}")
+    problems = []
+    for r in sorted(results, key=lambda r: (r.spec.label(), r.arch)):
+        limit = ARCHS[r.arch].shared_bytes
+        print(f"  {r.spec.label():<62} {r.arch:<6} {(r.shared or 0) / KB:7.1f}KB {limit // KB:5d}KB "
+              f"{r.registers or 0:5d} {r.spill_bytes or 0:6d}B {r.seconds:6.1f}s")
+        cases_here = by_arch[r.arch][r.spec]
+        if r.error:
+            problems.append(f"{r.spec.label()} {r.arch}: {r.error}")
+            continue
+        if not r.fits:
+            problems.append(f"{r.spec.label()} {r.arch}: {r.shared} bytes > {limit} "
+                            f"({cases_here[0].label()})")
+        for case in cases_here:
+            cfg = _expected_config(r.spec, case, ARCHS[r.arch])
+            constexprs = dict(r.spec.constexprs)
+            if {n: constexprs[n] for n in cfg.constexprs()} != cfg.constexprs() or \
+                    (r.spec.num_warps, r.spec.num_stages) != (cfg.num_warps, cfg.num_stages):
+                problems.append(f"{case.label()} {r.arch}: launched {r.spec.label()}, launch_config says {cfg}")
+            if cfg.shared_bytes < r.shared:  # the estimate must bound the compiled kernel, or choices near a limit fail
+                problems.append(f"{r.spec.label()} {r.arch}: estimate {cfg.shared_bytes} < compiled {r.shared}")
+    assert not problems, "\n".join(problems[:30])
+    return results, wall
+
+
+def test_every_launch_of_the_listed_shapes_compiles_within_each_arch():
+    results, wall = compile_and_check(ci_cases())
+    assert {r.arch for r in results} == set(ARCHS)
+    names = {r.spec.name for r in results}
+    assert names == set(KERNEL_OPS), names  # forward, both backward kernels, row masses (forward), depth
+    assert wall < BUDGET_S, f"the CI tier took {wall:.0f} s (budget {BUDGET_S:.0f} s)"
+
+
+@pytest.mark.slow
+def test_every_flag_and_dtype_compiles_within_each_arch():
+    compile_and_check(full_cases())

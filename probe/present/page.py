@@ -9,9 +9,12 @@ Only strings are built here; ``probe.present.files.write_pages`` writes them (at
 """
 from __future__ import annotations
 
+import ast
 import html
 import re
+import sys
 from importlib import import_module
+from importlib.util import find_spec
 from pathlib import Path
 
 import pandas as pd
@@ -41,8 +44,23 @@ def descriptions() -> dict[str, str]:
     """{file name: one line}: this skeleton's own files and those of every module in ``DESCRIBED_BY``."""
     out = dict(DESCRIPTIONS)
     for name in DESCRIBED_BY:
-        out.update(import_module(name).DESCRIPTIONS)
+        out.update(_descriptions_of(name))
     return out
+
+
+def _descriptions_of(name: str) -> dict[str, str]:
+    """A module's DESCRIPTIONS, read from its source when it is a literal dict and the module is not imported yet:
+    writing a folder's index (``probe costs --out``, ``probe models --out``) then imports no analysis (and no torch)."""
+    if name not in sys.modules:
+        spec = find_spec(name)
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["DESCRIPTIONS"]:
+                try:
+                    return ast.literal_eval(node.value)
+                except ValueError:  # not a literal (names a constant): the module says
+                    break
+    return import_module(name).DESCRIPTIONS
 
 
 def plotly_script(self_contained: bool) -> str:

@@ -56,3 +56,21 @@ def test_an_analysis_presentation_module_has_the_published_parts(name):
     assert isinstance(module.TITLE, str) and module.TITLE
     for part in ("figures", "sections", "text"):
         assert callable(getattr(module, part)), (name, part)
+
+
+def test_the_index_reads_the_descriptions_without_importing_the_analyses():
+    """A folder's index (written by every verb, `probe costs --out` and `probe models --out` too) reads the modules'
+    literal DESCRIPTIONS from their source: no torch import; the same lines as the imported modules give."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom probe.present import page\nd = page.descriptions()\n"
+            "print(json.dumps([d, 'torch' in sys.modules]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    read, torch_imported = json.loads(r.stdout)
+    assert not torch_imported
+    for name in page.DESCRIBED_BY:
+        import_module(name)
+    assert read == page.descriptions()

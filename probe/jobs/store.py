@@ -25,7 +25,7 @@ from pathlib import Path
 
 from probe.present.console import Console
 from probe.present.errors import UsageError
-from probe.present.files import atomic_write, clean, write_files
+from probe.present.files import atomic_write, clean, remove_stale_temps, write_files
 
 MANIFEST = "manifest.json"
 MODELS = "models"
@@ -110,8 +110,7 @@ class RunStore:
             raise RunFolderError(f"--out {str(out)!r} exists and is not a probe {noun} directory; choose a new or "
                                  "empty one")
         if out.is_dir():
-            for stale in list(out.glob(".*.tmp-*")) + list(out.glob(f"{MODELS}/.*.tmp-*")):
-                stale.unlink()  # staged files of a killed run: never renamed, so never counted
+            remove_stale_temps(out)  # staged files of a killed run: never renamed, so never counted
 
     def done(self, name: str) -> bool:
         return name in self.memory if self.out is None else record_path(self.out, name).is_file()

@@ -12,6 +12,7 @@ import pytest
 from probe.jobs.store import MANIFEST, RunFolderError, RunStore, read_manifest, record_path, slug
 from probe.present.console import Console
 from probe.present.errors import UsageError
+from probe.present.files import TEMP_PREFIX
 
 SETTINGS = {"ctx": 16, "seed": 0}
 QUIET = Console(quiet=True)
@@ -89,7 +90,7 @@ def test_a_foreign_folder_is_refused_and_stale_staged_files_are_removed(tmp_path
 
     out = tmp_path / "run"
     RunStore(out, SETTINGS, ["a", "b"]).records(["a"], _compute([]), QUIET, "x")
-    staged = record_path(out, "b").with_name(f".{slug('b')}.json.tmp-123")  # a kill between write and rename
+    staged = record_path(out, "b").with_name(f"{TEMP_PREFIX}{slug('b')}.json.x1")  # killed before the rename
     staged.write_text("{}")
     store = RunStore(out, SETTINGS, ["a", "b"])
     assert not staged.exists() and store.done("a") and not store.done("b")

@@ -108,7 +108,6 @@ def _inputs(B, T, H, Hkv, dh, grad=True):
 
 
 def run_sink(section, shape, T, B, repeat, flex):
-    import torch
     import torch.nn.functional as F
     from kernels import fwd_bwd, timeit
 
@@ -162,7 +161,7 @@ def make_flex(budget: float):
         return q_idx >= kv_idx
 
     def run(q, k, v, sink, key_bias):  # q (B,H,T,dh); k, v (B,Hkv,T,dh); sink (H,); key_bias (B,Hkv,T)
-        B, H, T, _ = q.shape
+        _, H, T, _ = q.shape
         G = H // k.shape[1]
         if T not in masks:
             masks[T] = create_block_mask(causal, None, None, T, T, device="cuda")

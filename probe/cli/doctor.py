@@ -76,13 +76,13 @@ def _auto_paths(device) -> list[str]:
 
 def _aot(archs) -> tuple[list[str], str | None]:
     from probe.kernels.aot import compile_specs
-    from probe.kernels.cases import capture, ci_cases
+    from probe.kernels.cases import capture_kinds, ci_cases
     from probe.kernels.launch import ARCHS, KB
 
     lines, problem = [], None
     for arch in archs:
         t0 = time.perf_counter()
-        by_spec = capture(ci_cases(), ARCHS[arch])
+        by_spec = capture_kinds(ci_cases(), ARCHS[arch])
         results = compile_specs(list(by_spec), [arch], jobs=2)
         wall = time.perf_counter() - t0
         worst = max(results, key=lambda r: r.shared or 0)

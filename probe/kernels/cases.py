@@ -172,3 +172,12 @@ def capture(cases, limits=None) -> dict:
             for launch in launches:
                 by_spec.setdefault(launch.spec, []).append(case)
     return by_spec
+
+
+def capture_kinds(cases, limits) -> dict:
+    """capture(), one spec per kind (CompileSpec.kind: the launcher's choice without Triton's integer
+    specialisations): {first spec of its kind: every case reaching the kind}."""
+    kinds: dict = {}
+    for spec, reaching in capture(cases, limits).items():
+        kinds.setdefault(spec.kind, (spec, []))[1].extend(reaching)
+    return dict(kinds.values())

@@ -6,7 +6,6 @@ CI tier: the shapes of probe.kernels.cases.ci_cases at each verb's default dtype
 per arch, two compile processes; it prints the compile count, wall time, and registers / spills from ptxas -v, and
 fails above 4 minutes. ``-m slow``: every flag x dtype (full_cases).
 """
-import os
 import time
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 pytest.importorskip("triton")
 
 from probe.kernels.aot import compile_pairs  # noqa: E402
-from probe.kernels.cases import DTYPES, capture, ci_cases, full_cases  # noqa: E402
+from probe.kernels.cases import DTYPES, capture_kinds, ci_cases, full_cases  # noqa: E402
 from probe.kernels.launch import ARCHS, KB, launch_config  # noqa: E402
 
 BUDGET_S = 240.0
@@ -37,12 +36,7 @@ def _expected_config(spec, case, limits):
 
 def compile_and_check(cases, archs=tuple(ARCHS)):
     t0 = time.perf_counter()
-    by_arch = {}
-    for arch in archs:  # one compile per kind of launch: {first spec of its kind: every case reaching the kind}
-        kinds: dict = {}
-        for spec, reaching in capture(cases, ARCHS[arch]).items():
-            kinds.setdefault(spec.kind, (spec, []))[1].extend(reaching)
-        by_arch[arch] = dict(kinds.values())
+    by_arch = {arch: capture_kinds(cases, ARCHS[arch]) for arch in archs}  # one compile per kind and arch
     results = compile_pairs([(spec, arch) for arch in archs for spec in by_arch[arch]], jobs=2)
     wall = time.perf_counter() - t0
     print(f"\nAOT: {len(results)} compiles (each distinct launch once per arch: {', '.join(archs)}) in "

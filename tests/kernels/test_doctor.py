@@ -1,7 +1,6 @@
 """`probe doctor` without a GPU, the prepared GPU run's scripts, and the GPU kernel suite's arguments (all on CPU)."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch

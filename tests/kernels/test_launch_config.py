@@ -162,7 +162,7 @@ def test_training_falls_back_when_only_the_backward_does_not_fit():
               for op in ATTENTION_OPS[1:])
     assert fwd < bwd
     limits = DeviceLimits("between", 86, fwd)
-    q, k, v, sink, key_bias = _attention(T=20, dh=128, seed=4)
+    q, k, v, sink, _ = _attention(T=20, dh=128, seed=4)
     with use_device_limits(limits), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with torch.no_grad(), record_launches(run=True) as analysis:

@@ -97,16 +97,17 @@ def ci_cases() -> list[Case]:
 
 
 def full_cases() -> list[Case]:
-    """Every flag x dtype at the listed shapes: forward + backward with sink, key bias and window on and off, row
-    masses also with the soft-cap, depth, in fp32, bf16 and fp16."""
+    """The full grid (-m slow): every listed shape in fp32, bf16 and fp16, forward + backward and row masses with no
+    flag and with every flag (row masses also with the soft-cap alone), depth in each dtype. With the CI tier's
+    all-flags launches beside the flagless ones it checks that the flags only add to a launch's shared memory."""
     shapes = {(h, hkv, dh): m for m, h, hkv, dh, *_ in _HF} | {(h, hkv, dh): m for m, h, hkv, dh in _TIERS}
     cases = []
-    for ((h, hkv, dh), model), dt, sink, bias, window in itertools.product(
-            shapes.items(), DTYPES, (False, True), (False, True), (None, 128)):
-        cases.append(Case(model, "backward", dt, h, hkv, dh, sink=sink, key_bias=bias, window=window))
-        for cap in (None, 50.0):
-            cases.append(Case(model, "row_masses", dt, h, hkv, dh, sink=sink, key_bias=bias, window=window,
-                              softcap=cap))
+    for ((h, hkv, dh), model), dt in itertools.product(shapes.items(), DTYPES):
+        for flags in ({}, ALL_FLAGS):
+            cases.append(Case(model, "backward", dt, h, hkv, dh, **flags))
+            cases.append(Case(model, "row_masses", dt, h, hkv, dh, **flags))
+        cases.append(Case(model, "row_masses", dt, h, hkv, dh, softcap=50.0))
+        cases.append(Case(model, "row_masses", dt, h, hkv, dh, softcap=50.0, **ALL_FLAGS))
     for (model, s, d, r), dt in itertools.product(_DEPTH, DTYPES):
         cases.append(Case(model, "depth", dt, s, 1, d, r))
     return cases

@@ -75,7 +75,15 @@ def test_zoo_trainer_runs_variants_in_parallel_and_records_what_it_did(tmp_path)
     assert not (zoo / "tiny-mudd").exists()
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+# the checkpoints saved before the gate modules existed (a ``backend`` in config.json); retrained ones are today's
+LEGACY = [n for n in SHIPPED if "backend" in json.loads((ZOO_DIR / n / "config.json").read_text())]
+
+
+def test_some_shipped_checkpoints_still_carry_the_old_names():
+    assert len(LEGACY) >= 2 and "tiny-normgate" in LEGACY  # one with gate parameters, which the mapping renames
+
+
+@pytest.mark.parametrize("name", LEGACY)
 def test_zoo_checkpoint_written_under_old_names_loads_them_and_resaves_under_todays(tmp_path, name):
     """The shipped files predate the gate modules (gate parameters ``attn.gate_tau/gate_w/gate_b``, a ``backend`` in
     config.json): they load with today's names and identical outputs, and saving writes today's names only."""

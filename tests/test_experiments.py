@@ -12,6 +12,7 @@ import torch
 from analyses_util import one_thread  # noqa: F401 (autouse fixture)
 from probe import experiments
 from probe.experiments import superposition as sp
+from probe.present.files import TEMP_PREFIX
 
 
 
@@ -46,7 +47,7 @@ def test_main_writes_config_tables_and_figures(tmp_path, capsys):
     report = (out / "report.html").read_text()  # tables, then figures loading the folder's plotly.min.js
     assert (out / "error_vs_load.html").exists() and "Plotly.newPlot" in report and "src='plotly.min.js'" in report
     assert (out / "plotly.min.js").is_file() and "report.html" in (out / "index.html").read_text()
-    assert not list(out.glob(".*.tmp*"))  # every staged file was renamed into place
+    assert not list(out.rglob(f"{TEMP_PREFIX}*"))  # every staged file was renamed into place
     # user errors: one line, exit 2, nothing written
     assert main(["superposition", "--out", str(tmp_path / "bad"), "--loads", "x"]) == 2
     assert main(["nope", "--out", str(tmp_path / "bad")]) == 2

@@ -1,6 +1,6 @@
 """What a run is asked to do, as small typed values: the model, its evaluation windows, injection, output.
 
-The CLI turns its flags into these right after parsing (``probe.cli.specs``); the helpers that load a model or build
+The CLI turns its flags into these right after parsing (``probe.cli.flags``); the helpers that load a model or build
 windows (``probe.jobs.inputs``), the report and the output functions take them, never an ``argparse.Namespace``. A variant
 of a spec is ``dataclasses.replace(spec, field=value)``. Plain values only: importing this module imports no torch.
 """

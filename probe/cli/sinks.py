@@ -71,5 +71,6 @@ def run(args: argparse.Namespace) -> int:
         dor = found["dormant"]
         for k in ("summary", "domains", "heads", "switching"):
             result[f"dormant_{k}"] = dor[k]
-    publish(run.output, "sinks", result, sinks, run.console)
+    publish(run.output, "sinks", result, sinks, run.console,
+            figure_inputs={"dormant_result": found["dormant"]} if args.dormant else None)
     return 0

@@ -24,8 +24,7 @@ import pandas as pd
 
 from probe import __version__
 from probe.analyses.inject import inject
-from probe.analyses.sink_heads import sink_heads
-from probe.analyses.sinks import sink_stats
+from probe.analyses.sink_pass import sink_analyses
 from probe.checkpoints.load import resolve
 from probe.present.console import Console
 from probe.present.errors import UsageError
@@ -115,9 +114,9 @@ def compute_one(spec: ReportSpec, name: str, index: int, windows: WindowCache, c
     model = load_model(dataclasses.replace(spec.model, name=name), console)
     tok = tokenizer_for(spec.windows, model)
     eb = windows.get(model, tok, eval_ctx(spec.windows, model))
-    res = sink_stats(model, eb, progress=progress)
+    found = sink_analyses(model, eb, eps=list(spec.eps), progress=progress)  # one forward per batch for both
+    res, se = found["sinks"], found["sink_eps"]
     tables = {k: res[k] for k in ("summary", "by_type", "layers", "heads", "batches")}
-    se = sink_heads(model, eb, eps=list(spec.eps), progress=progress)
     tables["sink_eps"], tables["sink_eps_layers"] = se["summary"], se["layers"]
     meta = dict(res["meta"].attrs["meta"])
     if spec.injection is not None:

@@ -67,14 +67,6 @@ def _colour(i: int) -> str:
 
 
 
-PART = ("summary", "domains", "heads", "switching")  # a sinks result holds them as dormant_<table>
-
-
-def part(result: dict) -> dict:
-    """The dormant-head tables of a `probe sinks --dormant` result, as ``dormant_heads`` returns them."""
-    return {"meta": result["meta"], **{k: result[f"dormant_{k}"] for k in PART}}
-
-
 def text_lines(result: dict) -> list[str]:
     return ["", "active / dormant heads (Guo et al.; dormant = key-0 mass > 0.5 on that input):",
             show(result["dormant_summary"])]

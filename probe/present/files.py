@@ -308,11 +308,14 @@ def emit(output: OutputSpec, verb: str, result: dict, text: str) -> None:
         print(text)
 
 
-def publish(output: OutputSpec, stem: str, result: dict, presentation, console: Console) -> None:
+def publish(output: OutputSpec, stem: str, result: dict, presentation, console: Console,
+            figure_inputs: dict | None = None) -> None:
     """An analysis verb's outputs, shaped by its presentation module (``probe.present.<analysis>``: ``TITLE``,
-    ``figures(result)``, ``sections(result)``, ``text(result)``): with ``output.out`` the CSVs, the JSON document and
-    the page (``save_result``), then the terminal text or the JSON on stdout (``emit``)."""
+    ``figures(result, **figure_inputs)``, ``sections(result)``, ``text(result)``): with ``output.out`` the CSVs, the
+    JSON document and the page (``save_result``), then the terminal text or the JSON on stdout (``emit``).
+    ``figure_inputs``: tables a figure draws that are not written as files (dormant heads' per-input rows)."""
     if output.out:
-        save_result(output, stem, result, presentation.figures(result), console, presentation.TITLE,
+        save_result(output, stem, result, presentation.figures(result, **(figure_inputs or {})), console,
+                    presentation.TITLE,
                     presentation.sections(result))
     emit(output, stem, result, presentation.text(result))

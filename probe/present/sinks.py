@@ -136,13 +136,15 @@ def sink_heads_figure(result: dict, value: str = "pos0_share") -> go.Figure:
 TITLE = "Attention sinks"
 
 
-def figures(result: dict) -> list:
+def figures(result: dict, dormant_result: dict | None = None) -> list:
+    """The page's figures; ``dormant_result``: the whole ``dormant_heads`` result (its per-input rows are drawn but not
+    written as a file), without which the dormant figures are left out."""
     out = [sink_figure(result), sink_heads_figure(result, "pos0_share"), sink_heads_figure(result, "r0"),
            sink_eps.sink_eps_figure(sink_eps.part(result))]
     if "massive_layers" in result:
         out.append(massive.massive_figure(massive.part(result)))
-    if "dormant_summary" in result:
-        out += [dormant.dormant_figure(dormant.part(result)), dormant.dormant_heads_figure(dormant.part(result))]
+    if dormant_result is not None:
+        out += [dormant.dormant_figure(dormant_result), dormant.dormant_heads_figure(dormant_result)]
     return out
 
 

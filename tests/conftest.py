@@ -5,6 +5,7 @@ first imported (importing torch._dynamo imports it), so it is set here, before a
 """
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -12,3 +13,35 @@ if not torch.cuda.is_available():
 
 # tests use tiny tensors: one thread avoids oversubscription overhead (and makes timings steadier)
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors run fastest (and least disturbed by other processes) on one thread."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def pattern_requests(monkeypatch):
+    """A list recording, for each attention call of a probe model, whether it asked for the T x T pattern."""
+    import probe.models.attention as attention
+
+    asked, real = [], attention.sink_attention
+
+    def spy(*args, **kwargs):
+        asked.append(bool(kwargs.get("return_pattern")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "sink_attention", spy)
+    return asked
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory):
+    """Saved tiny models, a small text file and two unreadable checkpoints, built once per test module."""
+    from tests.support.cli import build_fixtures
+
+    return build_fixtures(tmp_path_factory.mktemp("cli_fixtures"))

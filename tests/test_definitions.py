@@ -7,7 +7,7 @@ prose), and on a ``docs/<page>.md#<anchor>`` whose page or anchor does not exist
 top-level modules, tests, benchmarks, scripts, notebooks, README), so an area can be checked alone while migrating:
 
     python -m pytest -p no:cacheprovider -n 0 -q tests/test_definitions.py -k "models or kernels"
-    python tests/test_definitions.py probe/analyses tests/test_cli.py      # the problems of some paths, one a line
+    python tests/test_definitions.py probe/analyses tests/cli/test_cli.py      # the problems of some paths, one a line
 """
 from __future__ import annotations
 

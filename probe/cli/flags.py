@@ -24,7 +24,7 @@ from probe.present.options import attention_share, dose, nonneg_int, positive_in
 # same variant built in-process (seed 0). Switching to another zoo name is a one-line change here.
 DEFAULT_MODEL = "probe/tiny-sink+proj"
 DEFAULT_DEPTH_MODEL = "probe/tiny-attnres-block4"  # `probe sources` needs depth routing
-# mirrored from probe.analyses.inject (kept light here; tests/test_cli.py checks they agree)
+# mirrored from probe.analyses.inject (kept light here; tests/cli/test_cli.py checks they agree)
 JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
 CUTOFFS = ("q25", "median")
 DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)

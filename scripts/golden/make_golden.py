@@ -3,7 +3,7 @@ and `report` on every shipped zoo model each verb accepts (`--batches 2 --batch-
 
 Run it from the root of a checkout of the commit whose behaviour is pinned; it records that commit beside the files:
 
-    python scripts/golden/make_golden.py --out tests/golden
+    python scripts/golden/make_golden.py --out tests/jobs/golden
 
 `tests/jobs/test_golden.py` reruns the same commands in-process and compares every table with these files (equal, or
 within 1e-12 relative where merging passes only reorders float sums). A change that alters a definition regenerates

@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from cli_util import REPO, patched, probe
+from tests.support.cli import REPO, patched, probe
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
 pytest.importorskip("triton")

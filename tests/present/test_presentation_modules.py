@@ -10,7 +10,7 @@ import pytest
 
 from probe.present import page
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "jobs" / "golden"
 VERB_PRESENTATIONS = ("sinks", "inject", "gates", "sources", "eval", "costs")  # published through files.publish
 
 

@@ -1,0 +1,37 @@
+"""Every analysis runs on every tiny custom variant it applies to, and refuses the ones it does not."""
+import math
+
+import pytest
+
+import probe.models as pm
+from tests.support.analyses import tiny, windows
+from probe.analyses.gates import gate_stats
+from probe.analyses.inject import inject
+from probe.analyses.sinks import sink_stats
+from probe.analyses.sources import effective_sources
+
+VARIANTS = [v for v in pm.VARIANTS if "{" not in v] + ["attnres-block2", "slr-full-r8", "plr-block2-r8"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_analyses_run(variant):
+    model = tiny(variant)
+    info = model.probe_info
+    toks = windows(1, 2, 10, vocab=8)
+    s = sink_stats(model, toks)["summary"].iloc[0]
+    assert all(math.isfinite(s[k]) for k in ("pos0_share", "phantom_share", "r0", "uniform_ref"))
+    assert (s["phantom_share"] > 0) == info.has_phantom
+    junk = ["own-direction"] if info.value_gate == "proj" else ["structured"]
+    res = inject(model, toks, junk=junk, doses=[0.5], progress=False)
+    assert math.isfinite(res["results"]["delta"].iloc[0]) and res["results"]["delta"].iloc[0] != 0
+    if info.value_gate != "none":
+        g = gate_stats(model, toks, min_count=1)["summary"].iloc[0]
+        assert math.isfinite(g["mean_gate"]) and math.isfinite(g["selectivity"])
+    else:
+        with pytest.raises(ValueError):
+            gate_stats(model, toks)
+    if info.extra.get("depth_sites"):
+        assert effective_sources(model, toks)["summary"]["S_src"].iloc[0] > 0
+    else:
+        with pytest.raises(ValueError):
+            effective_sources(model, toks)

@@ -1,0 +1,97 @@
+"""``probe experiment sink-emergence`` on a few dozen steps of two tiny variants: the files and their columns,
+resume (a second call trains nothing), the Done-when table, one-line errors; the recipe's defaults are the sweep's grid
+point lr3e-3 (the training the zoo's probe/bb-* models come from); a finished run ships as a zoo entry that loads with
+its chain as default data."""
+import dataclasses
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import probe
+from tests.support.cli import assert_one_line_error
+from probe.experiments.bb_zoo import ship
+from probe.experiments.command import main
+from probe.experiments.sink_emergence import EXTRA, RUN_STATS, EmergenceConfig
+from probe.jobs.inputs import trained_task
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["--steps", "24", "--snapshot-every", "12", "--warmup", "4", "--T", "32", "--batch-size", "4", "--d-model", "32",
+        "--d-mlp", "64", "--n-eval-batches", "2", "--eval-batch-size", "4"]
+
+
+def sweep_module():
+    spec = importlib.util.spec_from_file_location("sink_emergence_sweep", REPO / "scripts" / "sink_emergence_sweep.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_recipe_defaults_are_the_sweep_point_lr3e_3():
+    point = sweep_module().point_config("sweep", "lr3e-3", threads=1)
+    default = EmergenceConfig()
+    training = [f.name for f in dataclasses.fields(EmergenceConfig) if f.name not in ("variants", "seeds")]
+    assert {k: getattr(point, k) for k in training} == {k: getattr(default, k) for k in training}
+    assert point.train_config(0) == default.train_config(0) and point.overrides() == default.overrides()
+    assert (default.lr, default.steps, default.T, default.n_heads, default.n_eval_batches * default.eval_batch_size) \
+        == (3e-3, 1200, 256, 1, 256)
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sink_emergence") / "out"
+    assert main(["sink-emergence", "--out", str(out), "--variants", "baseline", "sinklogit", "--quiet", *TINY]) == 0
+    return out
+
+
+def test_recipe_writes_snapshots_summary_done_when_and_trajectories(recipe):
+    snaps = pd.read_csv(recipe / "snapshots.csv")
+    assert {"variant", "seed", "step", "layer", "pos0_ratio", "r0", "phantom_share", "sink_logit", "prev_at_trigger",
+            "bos_elsewhere", *EXTRA, *RUN_STATS} <= set(snaps.columns)
+    assert sorted(snaps.groupby(["variant", "step"]).size().items()) == [
+        ((v, s), 2) for v in ("baseline", "sinklogit") for s in (0, 12, 24)]  # two layers per snapshot
+    assert snaps.loc[snaps["variant"] == "baseline", "phantom_share"].eq(0).all()
+    assert snaps.loc[snaps["variant"] == "sinklogit", "phantom_share"].gt(0).all()
+    summary = pd.read_csv(recipe / "summary.csv")
+    assert list(summary.columns) == ["variant", "seed", "step", *RUN_STATS] and len(summary) == 6
+    done = pd.read_csv(recipe / "done_when.csv")
+    assert list(done["step"]) == [12, 24] and not done["baseline_sink_formed"].any()  # 24 steps form no sink
+    assert (done["all_met"] == done[[c for c in done if c.startswith(("baseline_sink", "sinklogit_"))
+                                     and done[c].dtype == bool]].all(axis=1)).all()
+    page = (recipe / "trajectories.html").read_text()
+    assert "baseline s0" in page and "sinklogit s0" in page
+    config = json.loads((recipe / "config.json").read_text())
+    assert config["recipe"] == "sink-emergence" and config["config"]["steps"] == 24
+
+
+def test_rerun_trains_nothing_and_gives_the_same_tables(recipe):
+    metrics = {d.name: (d / "metrics.jsonl").read_text() for d in (recipe / "runs").iterdir()}
+    before = pd.read_csv(recipe / "snapshots.csv")
+    assert main(["sink-emergence", "--out", str(recipe), "--variants", "baseline", "sinklogit", "--quiet", *TINY]) == 0
+    assert {d.name: (d / "metrics.jsonl").read_text() for d in (recipe / "runs").iterdir()} == metrics
+    timing = [json.loads(line) for line in (recipe / "runs" / "baseline-s0" / "timing.jsonl").read_text().splitlines()]
+    assert [t["step"] for t in timing] == [24, 24]
+    pd.testing.assert_frame_equal(pd.read_csv(recipe / "snapshots.csv"), before)
+
+
+def test_a_finished_run_ships_as_a_zoo_entry(recipe, tmp_path):
+    rec = ship(recipe / "runs" / "baseline-s0", zoo_dir=tmp_path)
+    assert rec["name"] == "probe/bb-baseline" and "--steps 24" in rec["command"] and "--T 32" in rec["command"]
+    model = probe.load(tmp_path / "bb-baseline")
+    assert trained_task(model).spec() == "synthetic:bb[vocab=64,triggers=3,seed=0,T=32]"
+    assert model.probe_info.trained_with_bos and len(rec["stats"]["layers"]) == 2
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--variants", "baseline", "sinkylogit"], ["'sinkylogit'", "sinklogit", "baseline"]),
+    (["--vocab", "2"], ["vocab=2", "at least 4"]),
+    (["--steps", "0"], ["steps=0"]),
+])
+def test_bad_options_are_one_line_and_write_nothing(args, needles, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["sink-emergence", "--out", str(out), *args])
+    assert_one_line_error(subprocess.CompletedProcess([], code, *capsys.readouterr()), *needles)
+    assert not out.exists()

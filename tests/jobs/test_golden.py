@@ -1,0 +1,72 @@
+"""Behaviour pinned by golden files: every verb's CSV and JSON on every shipped zoo model it accepts, as written by
+`scripts/golden/make_golden.py` at the commit recorded in tests/jobs/golden/cases.json. Equal, or within 1e-12 relative
+where merging passes only reorders float sums."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+CASES = json.loads((GOLDEN / "cases.json").read_text())["cases"]
+RTOL = 1e-12
+
+
+def _close(a, b, where: str) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert sorted(a) == sorted(b), f"{where}: keys {sorted(a)} != {sorted(b)}"
+        for k in a:
+            _close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        if math.isnan(a):
+            assert math.isnan(b), f"{where}: nan != {b}"
+        else:
+            assert math.isclose(a, b, rel_tol=RTOL, abs_tol=0.0) or a == b, f"{where}: {a!r} != {b!r}"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def _compare_csv(golden: Path, fresh: Path) -> None:
+    want, got = pd.read_csv(golden), pd.read_csv(fresh)
+    assert list(want.columns) == list(got.columns), f"{golden.name}: columns differ"
+    assert len(want) == len(got), f"{golden.name}: {len(want)} rows != {len(got)}"
+    for col in want.columns:
+        w, g = want[col], got[col]
+        if pd.api.types.is_float_dtype(w) or pd.api.types.is_float_dtype(g):
+            _close(w.astype(float).tolist(), g.astype(float).tolist(), f"{golden.name}:{col}")
+        else:
+            assert w.tolist() == g.tolist(), f"{golden.name}:{col} differs"
+
+
+def _run(argv: list[str], out: Path) -> int:
+    from probe.cli.main import main
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return main([*argv, "--out", str(out)])
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_verb_outputs_equal_the_golden_files(case, tmp_path):
+    spec = CASES[case]
+    out = tmp_path / "out"
+    assert _run(spec["argv"], out) == spec["exit"]
+    if spec["exit"] != 0:
+        return
+    want_dir = GOLDEN / case
+    want = sorted(p.relative_to(want_dir) for p in want_dir.rglob("*") if p.is_file())
+    got = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file() and p.suffix in (".csv", ".json")
+                 and not any(part.startswith(".") for part in p.relative_to(out).parts))
+    assert got == want
+    for rel in want:
+        if rel.suffix == ".csv":
+            _compare_csv(want_dir / rel, out / rel)
+        else:
+            _close(json.loads((want_dir / rel).read_text()), json.loads((out / rel).read_text()), str(rel))

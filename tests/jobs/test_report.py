@@ -1,0 +1,99 @@
+"""`probe report`: batch sink reports, resumable after a kill at any point, with the same numbers and no duplicates."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from tests.support.cli import WINDOWS, assert_one_line_error, files_under, kill_at_model_result, probe
+
+from probe.present.errors import UsageError
+from probe.jobs.report import expand_checkpoints, step_of
+from probe.jobs.store import slug
+
+
+def test_expand_checkpoints():
+    assert expand_checkpoints("pythia-160m@step1000,step2000, 4000") == [
+        "pythia-160m@step1000", "pythia-160m@step2000", "pythia-160m@4000"]
+    assert expand_checkpoints("a@x,b@step3,5") == ["a@x", "b@step3", "b@5"]
+    assert [step_of(n) for n in ("pythia-160m@step1000", "pythia-160m@4000", "x@main", "dir")] == [1000, 4000, None,
+                                                                                                  None]
+    with pytest.raises(UsageError):
+        expand_checkpoints("step1000,step2000")
+    with pytest.raises(UsageError):
+        expand_checkpoints(",")
+    assert slug("a/b") != slug("a_b")  # distinct names never share a result file
+
+
+def test_report_axis_uses_training_steps():
+    from probe.present.report import _axis
+
+    s = pd.DataFrame({"model": ["pythia-160m@step1000", "pythia-160m@step2000"], "step": [1000, 2000]})
+    assert _axis(s) == ({"pythia-160m@step1000": 1000, "pythia-160m@step2000": 2000}, "training step of pythia-160m")
+    s = pd.DataFrame({"model": ["a", "b"], "step": [None, None]})
+    assert _axis(s) == ({"a": "a", "b": "b"}, "model")
+
+
+def _report(fx, out, *extra, env=None):
+    return probe("report", "--models", fx["sp"], fx["llama"], fx["base"], "--data", fx["data"], *WINDOWS,
+                 "--inject-doses", "0.4", "0.8", "--out", out, *extra, env=env)
+
+
+def test_report_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    r = _report(fx, whole)
+    assert r.returncode == 0, r.stderr
+    assert "sink report: 3 models" in r.stdout
+
+    r = _report(fx, cut, env=kill_at_model_result(tmp_path, 1, staged=False))  # killed once model 1 is persisted
+    assert r.returncode != 0
+    done = sorted(p.name for p in (cut / "models").iterdir())
+    assert len(done) == 1 and not (cut / "report_summary.csv").exists()
+    first = (cut / "models" / done[0]).stat()
+
+    # resumed, then killed between writing and renaming its first new result: model 2
+    r = _report(fx, cut, env=kill_at_model_result(tmp_path, 1, staged=True))
+    assert r.returncode != 0
+    assert "resuming" in r.stderr and "1 of 3 models already done" in r.stderr
+    staged = [p.name for p in (cut / "models").iterdir() if p.name.startswith(".")]
+    assert len(staged) == 1 and len([p for p in (cut / "models").iterdir() if not p.name.startswith(".")]) == 1
+
+    r = _report(fx, cut)
+    assert r.returncode == 0, r.stderr
+    assert "1 of 3 models already done" in r.stderr
+    assert (cut / "models" / done[0]).stat().st_mtime_ns == first.st_mtime_ns  # model 1 was not recomputed
+    assert not [p for p in files_under(cut) if p.name.startswith(".")]  # the staged file was cleaned up
+
+    for name in ("report_summary.csv", "report_by_type.csv", "report_layers.csv", "report_heads.csv",
+                 "report_sink_eps.csv", "report_sink_eps_layers.csv", "report_injection.csv", "report_exposure.csv"):
+        assert (cut / name).read_text() == (whole / name).read_text(), name
+    summary = pd.read_csv(cut / "report_summary.csv")
+    assert list(summary["model"]) == [str(fx["sp"]), str(fx["llama"]), str(fx["base"])]
+    layers = pd.read_csv(cut / "report_layers.csv")
+    assert not layers.duplicated(["model", "layer"]).any() and len(layers) == 3 * 2
+    inj = pd.read_csv(cut / "report_injection.csv")
+    assert not inj.duplicated(["model", "junk", "cutoff", "dose"]).any() and len(inj) == 3 * 2
+    assert (summary.set_index("model")["phantom_share"] > 0).to_dict() == {
+        str(fx["sp"]): True, str(fx["llama"]): False, str(fx["base"]): False}  # only sink+proj has a phantom
+
+    page = (cut / "report.html").read_text()
+    assert "src='plotly.min.js'" in page and (cut / "plotly.min.js").is_file() and "report.html" in (
+        cut / "index.html").read_text()
+    assert page.count("Plotly.newPlot") == 4 + 1 + 2 + 2  # stats, layer profiles, Sink^eps, injection and exposure
+    manifest = json.loads((cut / "manifest.json").read_text())
+    assert manifest["settings"]["inject"]["doses"] == [0.4, 0.8] and len(manifest["models"]) == 3
+
+    r = _report(fx, cut, "--seed", "1")  # other settings: refuse to mix numbers
+    assert_one_line_error(r, "other settings", "seed: 0 (now 1)")
+
+
+def test_report_refuses_a_foreign_directory_and_writes_nothing_on_error(fx, tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert_one_line_error(_report(fx, foreign), "not a probe report directory")
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+    out = tmp_path / "out"
+    r = probe("report", "--models", fx["bad_weights"], fx["sp"], "--data", fx["data"], *WINDOWS, "--out", out)
+    assert_one_line_error(r, "cannot read", "bad_weights")
+    assert files_under(out) == []

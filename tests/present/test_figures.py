@@ -1,0 +1,51 @@
+"""Every analysis has a plotly figure; figures build from the analyses' own outputs and write offline HTML."""
+import numpy as np
+import pandas as pd
+
+from tests.support.analyses import tiny, windows
+from probe.present import figures
+from probe.present.gates import gate_figure, gate_token_table
+from probe.present.inject import exposure_figure, injection_figure
+from probe.present.sinks import sink_figure, sink_heads_figure
+from probe.present.sources import depth_heatmap, effective_sources_figure
+from probe.analyses.gates import gate_stats
+from probe.analyses.inject import inject
+from probe.analyses.sinks import sink_stats
+from probe.analyses.sources import effective_sources
+from probe.analyses.stats import abstention_decomposition, paired_differences
+
+
+def test_figures_from_analysis_outputs(tmp_path):
+    toks = windows(1, 3, 10, vocab=6)
+    routed = effective_sources(tiny("attnres-block2"), toks)
+    heat = depth_heatmap(routed)
+    z = np.array(heat.data[0].z, dtype=float)
+    assert z.shape == (len(routed["heatmap"].columns) - 3, 4)  # sources (y) x read sites (x); model, corpus, site
+    assert heat.layout.yaxis.autorange is None  # one orientation: depth grows from the origin
+    assert heat.data[0].zmax == routed["summary"]["heatmap_clip"].iloc[0]
+    assert len(effective_sources_figure([routed, effective_sources(tiny("slr-block2-r8"), toks)]).data) == 3
+
+    sinks = [sink_stats(tiny(v), toks) for v in ("baseline", "sinklogit")]
+    fig = sink_figure(sinks)
+    assert len(fig.data) == 2 * 3 + 2  # three panels per model, the uniform reference and the 3x threshold
+    heads = sink_heads_figure(sinks[1], "phantom_share")
+    assert np.array(heads.data[0].z).shape == (len(sinks[1]["heads"]["head"].unique()), 2)  # heads (y) x layers (x)
+
+    gates = gate_stats(tiny("normgate"), toks, min_count=2)
+    assert len(gate_figure(gates).data) == 3
+    table = gate_token_table(gates, k=2)
+    assert len(table.data[0].cells.values[0]) == 2
+
+    inj = inject(tiny("sinklogit"), toks, junk=["gaussian", "structured"], doses=[0.2, 0.4], progress=False)
+    assert len(injection_figure(inj).data) == 2
+    exp = exposure_figure([inj])
+    assert {t.name for t in exp.data} == {"quiet (q25)", "phantom"}
+
+    df = pd.DataFrame([{"variant": v, "seed": s, "loss": 3 - d * (s + 1)} for s in range(3)
+                       for v, d in (("baseline", 0), ("sinklogit", .01), ("normgate", .01), ("sink+norm", .015))])
+    assert figures.paired_figure(paired_differences(df, "baseline")["summary"]).data[0].x is not None
+    assert "filter share" in figures.decomposition_figure(abstention_decomposition(df)).layout.title.text
+
+    out = tmp_path / "sinks.html"
+    fig.write_html(out, include_plotlyjs=False)
+    assert out.stat().st_size > 1000

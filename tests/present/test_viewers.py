@@ -1,0 +1,178 @@
+"""Viewers: the figures hold the captured data (checked against the hooks), long texts stay bounded, and the HTML is
+self-contained (plotly.js inline, no network script)."""
+import base64
+import json
+import re
+
+import numpy as np
+import plotly.io as pio
+import pytest
+import torch
+
+import probe
+from tests.support.analyses import tiny
+from probe.present import viewers as V
+from probe.checkpoints.tiny import build_tiny
+
+NETWORK_SCRIPT = re.compile(r"<script[^>]*\bsrc\s*=\s*[\"']?(https?:)?//", re.I)
+
+
+def decoded(fig):
+    """Every trace's z as plotly serialises it (typed arrays are base64 in the JSON), decoded back to numpy."""
+    out = []
+    for t in json.loads(pio.to_json(fig))["data"]:
+        z = t["z"]
+        if isinstance(z, dict):
+            arr = np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.dtype(z["dtype"]))
+            z = arr.reshape(z["shape"] if isinstance(z["shape"], list) else
+                            [int(s) for s in str(z["shape"]).split(",")])
+        out.append((t, np.asarray(z, dtype=float)))
+    return out
+
+
+def random_pattern(H, T, seed=0, phantom=True):
+    g = np.random.default_rng(seed)
+    logits = g.normal(size=(H, T, T + 1)) * 2
+    mask = np.concatenate([np.ones((T, 1), bool), np.tril(np.ones((T, T), bool))], axis=1)
+    logits = np.where(mask[None], logits, -np.inf)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    if not phantom:
+        p[..., 1:] /= p[..., 1:].sum(-1, keepdims=True)
+        return p[..., 1:], None
+    return p[..., 1:], p[..., 0]
+
+
+def test_attention_view_full_pattern_with_phantom_column():
+    pattern, phantom = random_pattern(2, 6)
+    tokens = ["a", " b", "a", "\n", "c", "d"]
+    fig = V.attention_view(pattern, phantom, tokens)
+    (t0, z0), (t1, z1) = decoded(fig)
+    assert t0["x"][0] == "phantom" and t0["x"][1:] == ["0 a", "1 ␣b", "2 a", "3 ↵", "4 c", "5 d"]
+    assert t0["y"] == t0["x"][1:]  # unique labels even for the repeated token
+    assert np.allclose(z0[:, 0], phantom[0]) and np.allclose(z1[:, 0], phantom[1])
+    assert np.allclose(np.nan_to_num(z0[:, 1:]), np.tril(pattern[0]))
+    assert np.isnan(z0[0, 2]) and not np.isnan(z0[5, 6])  # above the diagonal: empty
+    assert np.allclose(np.nansum(z0, axis=1), 1.0)  # phantom + real keys = 1 per row
+    assert not fig.layout.sliders
+
+
+def test_attention_view_windows_account_for_every_row():
+    H, T, W = 2, 11, 4
+    pattern, phantom = random_pattern(H, T, seed=1)
+    fig = V.attention_view(pattern, phantom, [f"t{i}" for i in range(T)], window=W, max_full=4)
+    traces = decoded(fig)
+    assert len(traces) == 3 * H  # windows 0-3, 4-7, 8-10, one trace per head each
+    assert [t["visible"] for t, _ in traces] == [True, True] + [False] * 4
+    t, z = traces[2 * H + 1]  # last window, head 1
+    assert t["x"][:3] == ["phantom", "0 t0", "keys 1–7 (sum)"] and t["x"][3:] == ["8 t8", "9 t9", "10 t10"]
+    assert t["y"] == ["8 t8", "9 t9", "10 t10"]
+    assert np.allclose(z[:, 0], phantom[1, 8:]) and np.allclose(z[:, 1], pattern[1, 8:, 0])
+    assert np.allclose(z[:, 2], pattern[1, 8:, 1:8].sum(-1))
+    assert np.allclose(np.nansum(z, axis=1), 1.0)
+    steps = fig.layout.sliders[0].steps
+    assert [s.label for s in steps] == ["0–3", "4–7", "8–10"]
+    vis, lay = steps[2].args
+    assert vis["visible"] == [False] * 4 + [True] * 2
+    assert list(lay["xaxis2.categoryarray"]) == t["x"] and list(lay["yaxis2.range"]) == [2.5, -0.5]
+
+
+def test_long_sequence_stores_windows_not_the_square():
+    H, T, W = 2, 1000, 50
+    pattern, phantom = random_pattern(H, T, seed=2)
+    fig = V.attention_view(pattern, phantom, [str(i) for i in range(T)], window=W)
+    cells = sum(z.size for _, z in decoded(fig))
+    assert cells <= H * T * (W + 3) < H * T * T / 5
+    assert sum(t["visible"] for t, _ in decoded(fig)) == H  # one window drawn at a time
+    html = V.viewer_html(fig)
+    assert len(html) < 8_000_000 and not NETWORK_SCRIPT.search(html)
+
+
+def test_attention_viewer_shows_the_hooked_pattern_and_phantom():
+    model = tiny("sinklogit")
+    ids = torch.randint(0, 97, (9,), generator=torch.Generator().manual_seed(3))
+    fig = V.attention_viewer(model, ids, 1, heads=[0, 3])
+    _, cache = model.run_with_cache(ids[None], names_filter=lambda n: n.startswith("blocks.1.attn.hook_p"))
+    pat, ph = cache["blocks.1.attn.hook_pattern"][0].numpy(), cache["blocks.1.attn.hook_phantom"][0].numpy()
+    (t0, z0), (t1, z1) = decoded(fig)
+    assert t0["x"][0] == "phantom" and t0["x"][1] == f"0 {ids[0].item()}"
+    assert np.allclose(z0[:, 0], ph[0], atol=1e-6) and np.allclose(z1[:, 0], ph[3], atol=1e-6)
+    assert np.allclose(np.nan_to_num(z1[:, 1:]), pat[3], atol=1e-6)
+    assert "layer 1" in fig.layout.title.text and "phantom = first column" in fig.layout.title.text
+
+
+def test_sinktoken_viewer_labels_the_sink_and_baseline_has_no_phantom_column():
+    model = tiny("sinktoken")
+    fig = V.attention_viewer(model, torch.arange(5), 0, heads=[0])
+    t, z = decoded(fig)[0]
+    assert t["x"][0] == "0 <sink>" and len(t["x"]) == 6 and z.shape == (6, 6)
+    assert "learned sink token" in fig.layout.title.text
+
+
+def test_depth_viewer_holds_the_depth_weights():
+    model = tiny("attnres-full")
+    ids = torch.randint(0, 97, (7,), generator=torch.Generator().manual_seed(4))
+    fig = V.depth_viewer(model, ids, window=4)
+    _, cache = model.run_with_cache(ids[None], names_filter=lambda n: n.endswith("hook_depth_weights"))
+    sites = model.probe_info.extra["depth_sites"]
+    (t, z), = decoded(fig)
+    want = np.concatenate([cache[f"{s}.hook_depth_weights"][0].numpy().T for s in sites])
+    assert np.allclose(z, want, atol=1e-6)
+    first = next(iter(sites))
+    assert t["y"][: len(sites[first])] == [f"{first} ← {src}" for src in sites[first]]
+    assert t["x"][0] == f"0 {ids[0].item()}" and len(t["x"]) == 7
+    steps = fig.layout.sliders[0].steps  # 7 tokens, windows of 4: two x-ranges
+    assert [list(s.args[0]["xaxis.range"]) for s in steps] == [[-0.5, 3.5], [3.5, 7.5]]
+
+
+def test_gate_viewers_hold_the_gates():
+    model = tiny("normgate")
+    ids = torch.randint(0, 97, (21,), generator=torch.Generator().manual_seed(5))
+    _, cache = model.run_with_cache(ids[None], names_filter=lambda n: n.endswith("hook_v_gate"))
+    g = [cache[f"blocks.{l}.attn.hook_v_gate"][0].numpy() for l in range(2)]  # (T, Hkv)
+    (t, z), = decoded(V.gate_viewer(model, ids))
+    assert t["y"] == ["L0", "L1"] and np.allclose(z, np.stack([x.mean(1) for x in g]), atol=1e-6)
+    (t, z), = decoded(V.gate_viewer(model, ids, per_head=True))
+    assert t["y"][:5] == ["L0 kv0", "L0 kv1", "L0 kv2", "L0 kv3", "L1 kv0"] and np.allclose(z[5], g[1][:, 1], atol=1e-6)
+    fig = V.gate_viewer(model, ids, text_layer=1, per_line=4, lines=2)
+    pages = decoded(fig)
+    assert len(pages) == 3  # 21 tokens, 4 a line -> 6 lines, 2 lines a page
+    flat = np.concatenate([z.reshape(-1) for _, z in pages])
+    assert np.allclose(flat[:21], g[1].mean(1), atol=1e-6) and np.isnan(flat[21:]).all()
+    assert pages[0][0]["text"][0][0] == str(ids[0].item())
+    assert [t["visible"] for t, _ in pages] == [True, False, False]
+
+
+def test_viewers_from_text_and_their_html_is_offline(tmp_path):
+    model = probe.load(str(build_tiny("llama", tmp_path / "llama")))
+    fig = V.attention_viewer(model, "w5 w6 w7 w5", 0, heads=[1])
+    t, z = decoded(fig)[0]
+    assert t["x"] == ["0 w5", "1 w6", "2 w7", "3 w5"]  # word-level tokenizer, no special tokens
+    html = V.viewer_html([fig], title="viewer test")
+    assert not NETWORK_SCRIPT.search(html) and '<script src="http' not in html
+    for label in t["x"]:
+        assert label in html
+    page = html.replace("\\u002f", "/")  # plotly escapes '/' inside its script
+    for tr in json.loads(pio.to_json(fig))["data"]:  # the numbers themselves are in the page
+        assert tr["z"]["bdata"] in page
+    single = fig.to_html(include_plotlyjs=True)
+    assert not NETWORK_SCRIPT.search(single) and t["x"][1] in single
+    path = V.write_viewer_html([fig, V.gate_text_view([0.1, 0.9], ["x", "y"])], tmp_path / "v.html")
+    assert path.read_text(encoding="utf-8").count("Plotly.newPlot") == 2
+
+
+def test_viewers_refuse_what_the_model_lacks():
+    with pytest.raises(ValueError, match="no value gate"):
+        V.gate_viewer(tiny("baseline"), torch.arange(4))
+    with pytest.raises(ValueError, match="no depth routing"):
+        V.depth_viewer(tiny("baseline"), torch.arange(4))
+    with pytest.raises(ValueError, match="no tokenizer"):
+        V.attention_viewer(tiny("baseline"), "some text", 0)
+    with pytest.raises(ValueError, match="layers 0..1"):
+        V.attention_viewer(tiny("baseline"), torch.arange(4), 2)
+
+
+def test_text_longer_than_the_context_is_cut_and_said_so():
+    model = tiny("baseline", n_ctx=16)
+    fig = V.attention_viewer(model, torch.arange(40), 0, heads=[0])
+    assert decoded(fig)[0][1].shape == (16, 16) and "first 16 of 40 tokens" in fig.layout.title.text

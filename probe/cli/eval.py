@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from probe.cli.flags import DEFAULT_MODEL, model_flags, output_flags
+from probe.cli.flags import DEFAULT_MODEL, analysis_parser, output_flags
 
 HELP = "next-token loss and perplexity on evaluation windows"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("eval", help=HELP, description=HELP, allow_abbrev=False)
-    model_flags(p, DEFAULT_MODEL)
+    p = analysis_parser(sub, "eval", HELP, DEFAULT_MODEL)
     output_flags(p)
     return p
 
@@ -22,16 +21,12 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from probe.analyses.capture import as_windows, describe, finish, window_losses
-    from probe.cli.distributed import all_ranks_agree
-    from probe.cli.prepare import prepare
+    from probe.cli.prepare import start
     from probe.present import eval as presentation
-    from probe.present.console import plan_line
     from probe.present.files import publish
 
-    with all_ranks_agree():
-        run = prepare(args, DEFAULT_MODEL, "eval")
+    run = start(args, DEFAULT_MODEL, "eval")
     model, eb = run.model, run.windows
-    run.console.note(plan_line("eval", model, eb))
     windows = window_losses(model, eb, progress=run.progress)  # under torchrun: every rank's rows, gathered
     loss = float(windows["loss_sum"].sum() / windows["n_tokens"].sum())
     summary = pd.DataFrame([{"loss": loss, "perplexity": math.exp(loss), "n_tokens": int(windows["n_tokens"].sum()),

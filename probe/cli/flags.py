@@ -60,6 +60,13 @@ def self_contained_flag(p):
                    "each) instead of loading the plotly.min.js written beside them")
 
 
+def analysis_parser(sub, verb: str, help: str, default_model: str | None, description: str | None = None):
+    """An analysis verb's parser with its model and window flags (the verb adds its own, then ``output_flags``)."""
+    p = sub.add_parser(verb, help=help, description=description or help, allow_abbrev=False)
+    model_flags(p, default_model)
+    return p
+
+
 def model_flags(p, default_model: str | None, *, defaults=(8, 8)):
     g = p.add_argument_group("model and evaluation windows")
     if default_model is not None:

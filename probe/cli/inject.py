@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from probe.cli.flags import DEFAULT_DOSES, DEFAULT_MODEL, injection_flags, model_flags, output_flags
+from probe.cli.flags import DEFAULT_DOSES, DEFAULT_MODEL, analysis_parser, injection_flags, output_flags
 
 HELP = "value-noise injection: loss increase when quiet value reads receive junk"
 DESCRIPTION = ("Inject junk into the quiet value reads of every layer at once and report the loss increase per "
@@ -12,8 +12,7 @@ DESCRIPTION = ("Inject junk into the quiet value reads of every layer at once an
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("inject", help=HELP, description=DESCRIPTION, allow_abbrev=False)
-    model_flags(p, DEFAULT_MODEL)
+    p = analysis_parser(sub, "inject", HELP, DEFAULT_MODEL, DESCRIPTION)
     injection_flags(p, "--dose", list(DEFAULT_DOSES), "dose(s) eps, finite and >= 0 (default 0.2 0.4 0.8 1.6)")
     p.add_argument("--no-exposure", action="store_true", help="skip the exposure statistics")
     output_flags(p)

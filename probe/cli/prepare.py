@@ -44,3 +44,17 @@ def prepare(args: argparse.Namespace, default: str, verb: str) -> Prepared:
     finally:
         bar.close()
     return Prepared(console, loaded, eb, tok, windows, output)
+
+
+def start(args: argparse.Namespace, default: str, verb: str, check=None) -> Prepared:
+    """``prepare`` on every rank together (under torchrun a setup failure on any rank ends every rank), then
+    ``check(model)`` (a ``UsageError`` for a model the verb cannot take), then the note of the planned work."""
+    from probe.cli.distributed import all_ranks_agree
+    from probe.present.console import plan_line
+
+    with all_ranks_agree():
+        run = prepare(args, default, verb)
+        if check is not None:
+            check(run.model)
+    run.console.note(plan_line(verb, run.model, run.windows))
+    return run

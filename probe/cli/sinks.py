@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from probe.cli.flags import DEFAULT_MODEL, eps_flag, model_flags, output_flags
+from probe.cli.flags import DEFAULT_MODEL, analysis_parser, eps_flag, output_flags
 
 HELP = "attention-sink statistics: position-0 share, phantom share, r0, Sink^eps"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("sinks", help=HELP, description=HELP, allow_abbrev=False)
-    model_flags(p, DEFAULT_MODEL)
+    p = analysis_parser(sub, "sinks", HELP, DEFAULT_MODEL)
     eps_flag(p)
     p.add_argument("--massive", action="store_true", help="also report massive activations (Sun et al. 2024)")
     p.add_argument("--dormant", action="store_true", help="also report active/dormant heads per input domain "

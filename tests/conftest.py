@@ -45,3 +45,14 @@ def fx(tmp_path_factory):
     from tests.support.cli import build_fixtures
 
     return build_fixtures(tmp_path_factory.mktemp("cli_fixtures"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` (large grids: every Triton flag x dtype compiled for every GPU arch, the interpreter's
+    big kernel grids) run only when asked for with ``-m slow``; the default run, CI's, skips them."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="large grid: run with -m slow")
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(skip)

@@ -175,7 +175,7 @@ def row_mass_hooks(info) -> list[str]:
     """The attention hooks from which probe.kernels.attention_row_masses reproduces a layer's attention: q, k, v, the
     sink logit where there is a phantom, the gate where a routing-slot gate adds log g_j to the logits."""
     return (["hook_q", "hook_k", "hook_v"] + (["hook_sink_logit"] if info.has_phantom else [])
-            + (["hook_v_gate"] if info.value_gate == "routing-norm" else []))
+            + (["hook_v_gate"] if info.gate_on_logits else []))
 
 
 def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: str | None = None):

@@ -23,6 +23,7 @@ class ModelInfo:
     sliding_window: int | None = None
     has_phantom: bool = False  # a phantom key (off-by-one, sink logit, gpt-oss sinks)
     value_gate: str = "none"  # none | norm | proj | routing-norm | silu | tanh | g2 | glu
+    gate_on_logits: bool = False  # a routing-slot gate: log g_j (read at hook_v_gate) joins key j's logits
     depth_routing: str = "residual"  # residual | attnres | plr | slr | denseformer | mudd
     depth_blocks: int = 0  # 0 = full depth routing, N = block routing with N blocks
     sink_token: bool = False  # a learned token prepended at position 0 (custom sinktoken variant)

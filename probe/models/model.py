@@ -25,6 +25,7 @@ from probe.models.attention import LEGACY_NAMES
 from probe.models.block import Block
 from probe.models.config import ProbeConfig
 from probe.models.depth import DepthRead, DepthSources, site_sources
+from probe.models.gates import GATES
 from probe.models.layers import make_norm
 from probe.models.params import ROLES, no_decay_names, parameter_roles
 
@@ -185,5 +186,6 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
             name=getattr(self, "probe_name", None) or c.name_or_path or "probe", family="probe",
             n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, d_head=c.d_head,
             n_ctx=c.n_ctx, vocab_size=c.vocab_size, has_phantom=c.has_phantom, value_gate=c.value_gate,
+            gate_on_logits=c.value_gate != "none" and GATES[c.value_gate].routing,  # declared by the gate itself
             depth_routing=depth, depth_blocks=c.depth_blocks, sink_token=c.abstention == "sinktoken",
             trained_with_bos=bool((getattr(self, "train_record", None) or {}).get("bos")), extra=extra)

@@ -82,3 +82,39 @@ def test_the_new_gate_trains_and_reloads(registered, tmp_path):
     model.save_pretrained(tmp_path / "model")
     again = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     assert evaluate(again, held_out) == pytest.approx(after, abs=1e-5)
+
+
+# A gate in the routing slot, added the same way: ``routing = True`` and ``log_gate``. What it does (log g_j on the
+# logits) is declared by the gate, so the streaming analyses read hook_v_gate for it without naming it anywhere.
+class MeanRoutingGate(MeanGate):
+    """log g_j = logsigmoid(s_h · mean(v_j) + c_h) joins key j's logits; the values pass unchanged."""
+    routing = True
+
+    def log_gate(self, v, x):  # B,T,Hkv fp32
+        return torch.nn.functional.logsigmoid(v.float().mean(-1) * self.s.float() + self.c.float())
+
+
+@pytest.fixture
+def routing_gate():
+    register_gate("mean-routing")(MeanRoutingGate)
+    add_variant("meanrouting", "routing-slot gate on the mean of each read", value_gate="mean-routing")
+    yield
+    GATES.pop("mean-routing")
+    VARIANTS.pop("meanrouting")
+
+
+def test_a_new_routing_slot_gate_streams_the_sink_statistics_of_its_pattern(routing_gate):
+    from probe.analyses.sinks import sink_stats, sink_stats_reference
+
+    model = create("meanrouting", **SMALL)
+    assert model.probe_info.gate_on_logits
+    with torch.no_grad():  # gates far from 1/2, different per KV head, so a dropped log g shows
+        for block in model.blocks:
+            block.attn.gate.s.copy_(torch.linspace(-40.0, 40.0, block.attn.gate.s.numel()))
+            block.attn.gate.c.copy_(torch.linspace(-2.0, 1.0, block.attn.gate.c.numel()))
+    toks = torch.randint(0, 8192, (2, 3, 17), generator=torch.Generator().manual_seed(0))
+    fast, ref = sink_stats(model, toks), sink_stats_reference(model, toks)
+    for key in ("heads", "layers", "summary"):
+        a, b = fast[key].select_dtypes("number"), ref[key].select_dtypes("number")
+        torch.testing.assert_close(torch.tensor(a.to_numpy(float)), torch.tensor(b.to_numpy(float)), atol=1e-5,
+                                   rtol=1e-5, equal_nan=True, msg=key)

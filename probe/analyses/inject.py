@@ -148,13 +148,14 @@ def corrupt_stacked(v: torch.Tensor, doses, qs, draws) -> torch.Tensor:
 
 
 def own_directions(model) -> dict[int, torch.Tensor]:
-    """Projection-gate directions w_h (Hkv, dh) per layer; ValueError for models without a projection gate."""
+    """The gate's own read directions w_h (Hkv, dh) per layer, as each gate declares them (``ValueGate.direction``;
+    the projection gate's w); ValueError for a model whose gates declare none in some layer."""
     info = model.probe_info
     directions = gate_directions(model)
     found = {l: directions.get(l) for l in range(info.n_layers)}
-    if info.value_gate != "proj" or any(w is None for w in found.values()):
-        raise ValueError(f"own-direction junk needs a projection gate in every layer (value_gate='proj'); model "
-                         f"{info.name!r} has value_gate={info.value_gate!r}")
+    if any(w is None for w in found.values()):
+        raise ValueError(f"own-direction junk needs a projection gate (or another gate with its own read direction) "
+                         f"in every layer; model {info.name!r} has value_gate={info.value_gate!r}")
     for l, w in found.items():
         zero = (w.detach().float().norm(dim=-1) == 0).nonzero().flatten().tolist()
         if zero:

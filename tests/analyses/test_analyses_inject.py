@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from tests.support.analyses import periodic, tiny, trained_periodic, windows
+from tests.support.analyses import every_variant, periodic, tiny, trained_periodic, windows
 from probe.analyses.inject import (JunkDraws, conditions, corrupt, exposure_stats, inject, median_norm,
                                    own_directions, quiet_mask)
 
@@ -141,8 +141,7 @@ def test_exposure_sums_to_one_when_every_read_is_quiet():
     assert e["q25"] < e["median"] < e["1.0"]
 
 
-@pytest.mark.parametrize("variant,over", [("sink+norm", {}), ("baseline", dict(n_kv_heads=2)), ("sinktoken", {}),
-                                          ("routing-normgate", {})])
+@pytest.mark.parametrize("variant,over", every_variant())
 def test_exposure_matches_the_pattern(variant, over):
     model = tiny(variant, **over)
     toks = windows(1, 2, 12)

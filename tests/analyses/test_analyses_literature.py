@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import probe
-from tests.support.analyses import tiny, windows
+from tests.support.analyses import every_variant, tiny, windows
 from probe.analyses.dormant import DormantAccumulator, dormant_heads
 from probe.present.dormant import dormant_figure, dormant_heads_figure
 from probe.analyses.massive import MassiveAccumulator, massive_activations, median_abs
@@ -149,8 +149,7 @@ def test_huge_sink_logits_take_the_mass_off_key0():
     assert res["summary"]["sink_share"].iloc[0] == 0.0
 
 
-@pytest.mark.parametrize("variant,over", [("baseline", {}), ("sinklogit", {}), ("offbyone", {}), ("sinktoken", {}),
-                                          ("sink+proj", dict(n_kv_heads=2)), ("routing-normgate", {})])
+@pytest.mark.parametrize("variant,over", every_variant())
 def test_sink_eps_streaming_equals_pattern_and_matches_sink_stats(variant, over):
     model = tiny(variant, **over)
     toks = windows(2, 3, 16)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from tests.support.analyses import tiny, windows
+from tests.support.analyses import every_variant, tiny, windows
 from probe.analyses.sinks import SinkAccumulator, sink_stats, sink_stats_reference
 from probe.hooks.info import ModelInfo
 
@@ -107,9 +107,7 @@ def test_attention_forced_onto_key_zero_gives_share_one():
         assert res["summary"]["phantom_share"].iloc[0] == 0
 
 
-@pytest.mark.parametrize("variant,over", [("baseline", {}), ("sinklogit", {}), ("offbyone", {}), ("sinktoken", {}),
-                                          ("baseline", dict(n_kv_heads=2)), ("sink+proj", dict(n_kv_heads=2)),
-                                          ("routing-normgate", {})])
+@pytest.mark.parametrize("variant,over", every_variant())
 def test_streaming_equals_pattern_reference(variant, over):
     model = tiny(variant, **over)
     toks = windows(2, 3, 16)

@@ -49,3 +49,13 @@ def trained_periodic(variant="baseline", steps=60, seed=0, period=2):
         loss.backward()
         opt.step()
     return model.eval(), float(loss.detach())
+
+
+def every_variant() -> list[tuple[str, dict]]:
+    """(variant, overrides) for every registered variant (routed ones at small N and r), plus grouped-query attention
+    with a phantom and with a gate: what a test comparing a streaming analysis with the pattern runs over, so a new
+    mechanism is covered without editing a list."""
+    from probe.models import VARIANTS
+
+    names = [v.replace("{N}", "2").replace("{r}", "8") for v in VARIANTS]  # parametric names at N = 2, r = 8
+    return [(v, {}) for v in names] + [("baseline", dict(n_kv_heads=2)), ("sink+proj", dict(n_kv_heads=2))]

@@ -488,6 +488,17 @@ def static_images(width: int = 900, height: int = 500) -> bool:
     kaleido.start_sync_server(silence_warnings=True)  # one browser for every image, not one per figure
     # plotly passes its (default) kaleido options along, which the server ignores: harmless, and said once per figure
     warnings.filterwarnings("ignore", message="The kopts argument is ignored if using a server")
+    # The browser tab loads kaleido's scripts while the first image is asked for; on a busy machine that first call can
+    # fail ("kaleido_scopes is not defined"). Draw a blank figure first, a few tries, so a notebook's figures never do.
+    import plotly.graph_objects as go
+
+    for attempt in range(3):
+        try:
+            pio.to_image(go.Figure(), format="png", width=10, height=10)
+            break
+        except Exception:  # noqa: BLE001 - kaleido raises its own JavaScript errors; the next try is the remedy
+            if attempt == 2:
+                raise
     pio.renderers["png"].width, pio.renderers["png"].height = width, height
     pio.renderers.default = "plotly_mimetype+png"
     return True

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from tests.support.analyses import tiny, windows
+from probe.models import config_for
+from tests.support.analyses import every_variant, tiny, windows
 from probe.analyses.gates import GateAccumulator, gate_stats
 from probe.hooks.info import ModelInfo
 
@@ -108,10 +109,12 @@ def test_model_without_gate_raises():
         gate_stats(tiny("baseline"), windows(1, 2, 8))
 
 
-@pytest.mark.parametrize("variant", ["normgate", "projgate", "sink+norm", "routing-normgate", "gatedv", "gatedv-tanh",
-                                     "glu-full", "g2"])
-def test_gate_variants_run(variant):
-    res = gate_stats(tiny(variant), windows(1, 3, 12, vocab=8), min_count=2)
+GATED = [(v, over) for v, over in every_variant() if config_for(v, **over).value_gate != "none"]  # every gated variant
+
+
+@pytest.mark.parametrize("variant,over", GATED)
+def test_gate_variants_run(variant, over):
+    res = gate_stats(tiny(variant, **over), windows(1, 3, 12, vocab=8), min_count=2)
     s = res["summary"].iloc[0]
     for key in ("mean_gate", "selectivity", "spread", "read_mean_gate", "token_share"):
         assert torch.isfinite(torch.tensor(float(s[key]))), key

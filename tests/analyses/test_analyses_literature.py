@@ -265,9 +265,11 @@ def test_injected_huge_coordinate_is_found(pos):
     assert res["meta"]["model"].iloc[0] == "tiny-baseline" and res["meta"]["abs_threshold"].iloc[0] == 100.0
 
 
-def test_massive_alignment_matches_sink_statistics():
-    """key0_mass and r0 per layer are the sink analyses' numbers, computed in the same pass."""
-    model = tiny("sinklogit", n_kv_heads=2)
+@pytest.mark.parametrize("variant,over", [("sinklogit", dict(n_kv_heads=2)), *every_variant()])
+def test_massive_alignment_matches_sink_statistics(variant, over):
+    """key0_mass and r0 per layer are the sink analyses' numbers, computed in the same pass (and Sink^eps's key-0 mass
+    equals the pattern's for every variant: test_sink_eps_streaming_equals_pattern_and_matches_sink_stats)."""
+    model = tiny(variant, **over)
     toks = windows(2, 2, 12)
     res = massive_activations(model, toks)
     lay = res["layers"].set_index("layer")

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "probe"
 # the public face and stands outside the order.
 LEVELS = {
     # vocabulary, fused ops, text and tokens, and the stdlib-only leaves every layer may use
-    "hooks": 0, "kernels": 0, "data": 0, "runs": 0, "progress": 0,
+    "hooks": 0, "kernels": 0, "data": 0, "runs": 0, "progress": 0, "writes": 0,
     "catalogue": 0,  # the custom models' variant and tier names, plain data (`probe models` reads them without torch)
     "models": 1,  # custom instrumented transformers
     "checkpoints": 2,  # name -> model, HF adapters, interop, tiny HF models for tests

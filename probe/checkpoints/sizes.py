@@ -58,7 +58,7 @@ def header_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         if name == "__metadata__":
             continue
         try:
-            dtype, shape, (start, stop) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
+            dtype, shape, (_, stop) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise CheckpointSizeError(f"{path}: tensor {name!r} has a malformed header entry") from None
         tensors[name] = (dtype, shape)

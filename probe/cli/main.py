@@ -33,7 +33,7 @@ from importlib import import_module
 from probe import __version__
 
 from probe.present.errors import UsageError, UsageParser
-from probe.present.files import WriteError
+from probe.writes import WriteError
 
 # a write that failed for want of room or a working disk, wherever it happened (torch.save, a library's writer)
 DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS}

@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     from probe.jobs.inputs import check_data, make_windows, resolve_device, set_threads
     from probe.models import config_for, create
     from probe.present.console import Console
-    from probe.present.files import atomic_write
+    from probe.writes import atomic_write
     from probe.present.training import training_text, write_training_page
     from probe.progress import plural
     from probe.train import export_model, find_checkpoint, read_metrics, train

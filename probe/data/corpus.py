@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import socket
-import tempfile
 import threading
 import warnings
 import zlib
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from probe.data import documents as D
 from probe.data.limits import MAX_INPUT_BYTES, check_fits, check_input_file, human_bytes
+from probe.writes import atomic_write
 
 CORPUS_DIR = Path(__file__).parent / "corpora"
 DEFAULT_EVAL_CORPUS = "wikitext-2-test"
@@ -204,17 +204,8 @@ def write_jsonl(documents, path: str | os.PathLike) -> Path:
     """Save documents as a gzip JSON-lines corpus that ``load_corpus`` reads back unchanged (written atomically)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # a new temp file of a random name, created exclusively (never a planted link); probe.present.files holds the
-    # general atomic writer, above this package
-    fd, tmp = tempfile.mkstemp(prefix=f".probe-tmp-{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", filename="") as z:
-            for d in documents:
-                z.write((json.dumps({"text": d}) + "\n").encode("utf-8"))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    lines = b"".join((json.dumps({"text": d}) + "\n").encode("utf-8") for d in documents)
+    atomic_write(path, gzip.compress(lines))
     return path
 
 

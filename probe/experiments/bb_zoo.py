@@ -24,7 +24,7 @@ import torch
 
 from probe.analyses.sinks import sink_stats
 from probe.experiments.sink_emergence import (EmergenceConfig, build, copy_losses, run_identity, snapshot_steps)
-from probe.present.files import atomic_write, staging_dir
+from probe.writes import atomic_write, staging_dir
 from probe.runs import METRICS, ZOO_RECORD, metrics_records
 from probe.train.checkpoint import load_model
 

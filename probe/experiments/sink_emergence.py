@@ -40,7 +40,7 @@ from probe.analyses.sink_pass import sink_analyses
 from probe.data.synthetic import BigramBackcopy
 from probe.experiments.result import Result, Timer, check_training_numbers, config_dict
 from probe.models import config_for, create
-from probe.present.files import append_line, atomic_write
+from probe.writes import append_line, atomic_write
 from probe.runs import RUN_IDENTITY
 from probe.train import TrainConfig, train
 from probe.train.checkpoint import load_model

@@ -5,7 +5,7 @@ A second process on a held folder stops with one line naming the holder (exit co
 ``--wait``. The kernel drops a flock when its process dies, so a lock file left by a killed run on this host is taken
 over. A lock file naming another host is reported and not taken: a flock on a network filesystem need not reach this
 host, so only a person can tell whether that run is over. The holder removes the file when it is done; then it
-removes what a killed run staged and never renamed (``probe.present.files.remove_stale_temps``), since nothing else
+removes what a killed run staged and never renamed (``probe.writes.remove_stale_temps``), since nothing else
 can be writing there.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from probe.present.errors import UsageError
-from probe.present.files import make_dirs, remove_empty_dirs, remove_stale_temps
+from probe.writes import make_dirs, remove_empty_dirs, remove_stale_temps
 
 LOCK_NAME = ".probe.lock"
 

@@ -8,7 +8,7 @@ The folder::
                              report), the settings that determine the numbers (checked on resume), the run's model
                              list in order, and what its kind adds (a report's shard, a merge's source folders)
     DIR/models/<slug>.json   one JSON record per finished model, staged under a dot-name and renamed into place
-                             (``probe.present.files.atomic_write``): a model counts as done only once renamed
+                             (``probe.writes.atomic_write``): a model counts as done only once renamed
 
 Opened on a folder with a manifest, the kind, the settings and the shard must match (a one-line error names what
 differs); staged files of a killed run are removed. Another folder must be new or empty. Nothing is written before the
@@ -25,7 +25,8 @@ from pathlib import Path
 
 from probe.present.console import Console
 from probe.present.errors import UsageError
-from probe.present.files import atomic_write, clean, remove_stale_temps, write_files
+from probe.present.files import clean
+from probe.writes import atomic_write, remove_stale_temps, write_files
 
 MANIFEST = "manifest.json"
 MODELS = "models"

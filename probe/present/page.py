@@ -5,7 +5,7 @@ summary first; an empty table says why it is empty), then its figures, then the 
 load one ``plotly.min.js`` written beside them; ``self_contained=True`` inlines plotly.js instead (a 4.8 MB single
 file). Every folder carries an ``index.html`` rebuilt from all the files in it, so several verbs can share one folder.
 
-Only strings are built here; ``probe.present.files.write_pages`` writes them (atomically) with the folder's support files.
+Only strings are built here; ``probe.present.files.write_pages`` writes them (atomically, through ``probe.writes``) with the folder's support files.
 """
 from __future__ import annotations
 

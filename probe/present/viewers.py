@@ -29,7 +29,7 @@ from probe.analyses.capture import model_device, token_text
 from probe.analyses.gates import read_tokens_of
 from probe.analyses.sources import depth_sites
 from probe.hooks import names as hook_names
-from probe.present.files import atomic_write
+from probe.writes import atomic_write
 from probe.present.page import page
 from probe.progress import plural
 

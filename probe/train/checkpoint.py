@@ -24,7 +24,7 @@ from safetensors.torch import save_model as save_state
 from torch import nn
 from transformers.utils import logging as hf_logging
 
-from probe.present.files import atomic_write, fsync_tree, staging_dir
+from probe.writes import atomic_write, fsync_tree, staging_dir
 from probe.runs import CHECKPOINT
 
 STATE_JSON, STATE_TENSORS = "trainer_state.json", "state.safetensors"

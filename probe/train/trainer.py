@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from probe.present.files import append_line, atomic_write
+from probe.writes import append_line, atomic_write
 from probe.progress import progress_bar
 from probe.runs import CHECKPOINT, METRICS, SNAPSHOTS, TRAIN_CONFIG, metrics_records, snapshot_dir
 

@@ -56,7 +56,7 @@ def train_variant(variant: str, steps: int, work: Path, docs, tokenizer, command
     last = train(model, sampler, cfg, work / variant, progress=progress, tokenizer=tokenizer)
 
     name = f"{r['tier']}-{variant}"
-    from probe.present.files import atomic_write, staging_dir
+    from probe.writes import atomic_write, staging_dir
 
     tmp, final = staging_dir(zoo_dir, name), zoo_dir / name  # a new folder of a random name: never a planted one
     model.cpu().half().save_pretrained(tmp)  # shipped in fp16; analyses run it in fp32

@@ -12,7 +12,7 @@ import torch
 
 from probe import experiments
 from probe.experiments import superposition as sp
-from probe.present.files import TEMP_PREFIX
+from probe.writes import TEMP_PREFIX
 
 
 # ---------------------------------------------------------------- registry and command line

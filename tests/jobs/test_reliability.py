@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import probe.present.files as files
+import probe.writes as writes
 from probe.cli.main import build_parser, main
 from probe.jobs.lock import LOCK_NAME, acquire, this_host
 from probe.present.errors import UsageError
@@ -48,11 +49,11 @@ def test_a_link_planted_at_the_old_temp_name_is_never_written_through(tmp_path):
     for name in ("a.csv", "b.json"):  # the temp names the writer used to stage under, predictable from the PID
         os.symlink(victim, out / f".{name}.tmp-{os.getpid()}")
     os.symlink(victim, out / "a.csv")  # and a link at the final name itself
-    files.write_files(out, {"a.csv": "x,y\n1,2\n", "b.json": "{}"})
+    writes.write_files(out, {"a.csv": "x,y\n1,2\n", "b.json": "{}"})
     assert victim.read_text() == "precious"
     assert not (out / "a.csv").is_symlink() and (out / "a.csv").read_text() == "x,y\n1,2\n"
     assert (out / "b.json").read_text() == "{}"
-    assert not [p for p in out.iterdir() if p.name.startswith(files.TEMP_PREFIX)]
+    assert not [p for p in out.iterdir() if p.name.startswith(writes.TEMP_PREFIX)]
 
 
 def test_the_out_check_truncates_nothing(tmp_path):
@@ -70,21 +71,21 @@ def test_files_are_synced_before_their_rename(tmp_path, monkeypatch):
     real_fsync, real_replace = os.fsync, os.replace
     monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(f"replace {Path(b).name}"), real_replace(a, b))[1])
-    files.atomic_write(tmp_path / "manifest.json", "{}")
+    writes.atomic_write(tmp_path / "manifest.json", "{}")
     assert events.index("fsync") < events.index("replace manifest.json")
     assert events[-1] == "fsync"  # the folder, so the new name survives a crash too
 
 
 def test_written_files_are_readable_like_any_other(tmp_path):
-    files.atomic_write(tmp_path / "t.csv", "a\n")
-    assert (tmp_path / "t.csv").stat().st_mode & 0o777 == files.FILE_MODE  # not mkstemp's private 0600
+    writes.atomic_write(tmp_path / "t.csv", "a\n")
+    assert (tmp_path / "t.csv").stat().st_mode & 0o777 == writes.FILE_MODE  # not mkstemp's private 0600
 
 
 def _full_disk(monkeypatch):
     def no_space(fd, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(files, "_write_all", no_space)
+    monkeypatch.setattr(writes, "_write_all", no_space)
 
 
 def test_a_full_disk_is_exit_1_one_line_and_leaves_no_folder(tmp_path, monkeypatch, capsys):
@@ -98,10 +99,10 @@ def test_a_full_disk_is_exit_1_one_line_and_leaves_no_folder(tmp_path, monkeypat
 
 
 def test_a_full_disk_keeps_the_previous_files_whole(tmp_path, monkeypatch):
-    files.write_files(tmp_path, {"a.csv": "old\n"})
+    writes.write_files(tmp_path, {"a.csv": "old\n"})
     _full_disk(monkeypatch)
-    with pytest.raises(files.WriteError, match="No space left on device"):
-        files.write_files(tmp_path, {"a.csv": "new\n", "b.csv": "new\n"})
+    with pytest.raises(writes.WriteError, match="No space left on device"):
+        writes.write_files(tmp_path, {"a.csv": "new\n", "b.csv": "new\n"})
     assert (tmp_path / "a.csv").read_text() == "old\n" and not (tmp_path / "b.csv").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv"]
 
@@ -109,14 +110,14 @@ def test_a_full_disk_keeps_the_previous_files_whole(tmp_path, monkeypatch):
 def test_a_killed_runs_temp_files_are_removed_by_the_next_run(tmp_path):
     out = tmp_path / "out"
     (out / "models").mkdir(parents=True)
-    stale = [out / f"{files.TEMP_PREFIX}costs.json.k2j3h4", out / "models" / f"{files.TEMP_PREFIX}m.json.x9"]
+    stale = [out / f"{writes.TEMP_PREFIX}costs.json.k2j3h4", out / "models" / f"{writes.TEMP_PREFIX}m.json.x9"]
     for p in stale:
         p.write_text("half")
-    (out / f"{files.TEMP_PREFIX}checkpoint.abc").mkdir()  # a staged checkpoint folder
+    (out / f"{writes.TEMP_PREFIX}checkpoint.abc").mkdir()  # a staged checkpoint folder
     (out / ".mine").write_text("a user's hidden file")
     r = probe_cli("costs", "--out", out)
     assert r.returncode == 0, r.stderr
-    assert not any(p.exists() for p in stale) and not (out / f"{files.TEMP_PREFIX}checkpoint.abc").exists()
+    assert not any(p.exists() for p in stale) and not (out / f"{writes.TEMP_PREFIX}checkpoint.abc").exists()
     assert (out / ".mine").read_text() == "a user's hidden file"
     assert (out / "costs.json").is_file() and not (out / LOCK_NAME).exists()
 

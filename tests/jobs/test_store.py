@@ -12,7 +12,7 @@ import pytest
 from probe.jobs.store import MANIFEST, RunFolderError, RunStore, read_manifest, record_path, slug
 from probe.present.console import Console
 from probe.present.errors import UsageError
-from probe.present.files import TEMP_PREFIX
+from probe.writes import TEMP_PREFIX
 
 SETTINGS = {"ctx": 16, "seed": 0}
 QUIET = Console(quiet=True)

@@ -12,6 +12,7 @@ import sys
 
 from probe.data.corpus import load_corpus
 from probe.data.tokenizer import TOKENIZER_DIR, train_bpe
+from probe.writes import atomic_write
 
 OUT = TOKENIZER_DIR / "probe-bpe-8k.json"
 
@@ -32,8 +33,7 @@ def main(argv=None) -> int:
         same = OUT.exists() and OUT.read_text(encoding="utf-8") == text
         print(f"{OUT.name}: {'matches' if same else 'DIFFERS from'} a fresh build (sha256 {digest})")
         return 0 if same else 1
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text, encoding="utf-8")
+    atomic_write(OUT, text)  # the shipped file is whole or unchanged
     print(f"wrote {OUT} ({len(text) / 1e6:.2f} MB, sha256 {digest})")
     return 0
 

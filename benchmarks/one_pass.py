@@ -19,7 +19,7 @@ The ratios divide by the plain forward, and by the forward without the LM head. 
 the last layer's attention (the last MLP, the final norm and the LM head are skipped) and add the kernels' row masses
 per layer. The tiny zoo model
 (``--tiny``, its default windows: 8 x 8 at its training context) is measured the same way beside it.
-Gemma 3 270M is ``probe.load("gemma-3-270m")`` (``probe[gemma]``; the first load converts the GGUF into
+Gemma 3 270M is ``probe.load("gemma-3-270m")`` (``probe-attn[gemma]``; the first load converts the GGUF into
 ~/.cache/probe/gguf, 2-3 minutes).
 
 Measured 2026-12-01 under ``nice`` on this project's shared 2-core machine, 2 threads, load average 1.8 at the start

@@ -11,7 +11,7 @@ import importlib
 import importlib.abc
 import sys
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["load", "materialize", "models", "__version__"]
 

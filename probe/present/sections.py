@@ -1,8 +1,9 @@
-"""What each analysis page opens with: verdict lines (with the rule that decided them), the summary table, per-layer
-tables with standard errors over evaluation batches (or windows), a note where a table is empty, and caveats where
-the sample is too small for a statistic. Each analysis's ``sections(result)`` (in its module,
+"""What each analysis page holds besides its figures: verdict lines (with the rule that decided them), the summary
+table, per-layer tables with standard errors over evaluation batches (or windows), a note where a table is empty, and
+caveats where the sample is too small for a statistic. Each analysis's ``sections(result)`` (in its module,
 ``probe.present.<analysis>``) returns the keyword arguments of ``probe.present.page.page``: ``verdicts``,
-``caveats``, ``tables``; the helpers they share are here.
+``caveats``, ``tables``; the helpers they share are here. The skeleton places them: verdicts and caveats first, then
+the figures, then the tables (long ones folded).
 
 Standard errors: sample standard deviation (ddof 1) of the per-batch means over batches, divided by sqrt(batches);
 batches are equal-sized, so their mean is the pooled mean. Ratios of sums and thresholded statistics (token-identity

@@ -122,7 +122,8 @@ def test_inject_headline_default(tmp_path):
     assert row["delta"] == pytest.approx(row["loss_corrupted"] - row["loss_clean"], abs=1e-9)
     page = (out / "inject.html").read_text()
     assert "src='plotly.min.js'" in page and "Plotly.newPlot" in page and len(page) < 1_000_000  # shared plotly.js
-    assert "Loss increase per condition" in page.split("Plotly.newPlot")[0]  # the table comes before the figures
+    figure_at = page.index("class=\"plotly-graph-div\"")
+    assert "Loss increase per condition" in page[figure_at:]  # the picture first, then the table
     assert "inject.html" in (out / "index.html").read_text()
 
 

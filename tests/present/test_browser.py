@@ -121,6 +121,7 @@ def pages(tmp_path_factory):
     text.write_text("\n\n".join(d.replace("\n\n", "\n") for d in load_corpus("wikitext-2-valid").documents[:8]))
     runs = {
         "analysis": ["sinks", *SMALL],
+        "massive": ["sinks", "--massive", "--dormant", *SMALL],
         "report": ["report", "--models", "probe/tiny-baseline", "probe/tiny-sinklogit", *SMALL],
         "view": ["view", "--text", "The cat sat on the mat. The cat sat on the mat again.", "--threads", "1",
                  "--quiet"],
@@ -135,12 +136,13 @@ def pages(tmp_path_factory):
     for kind, argv in runs.items():
         out = root / kind
         assert main([*argv, "--out", str(out)]) == 0, kind
-    return {"analysis": root / "analysis" / "sinks.html", "report": root / "report" / "report.html",
+    return {"analysis": root / "analysis" / "sinks.html", "massive": root / "massive" / "sinks.html",
+            "report": root / "report" / "report.html",
             "view": root / "view" / "view.html", "training": root / "training" / "training.html",
             "experiment": root / "experiment" / "report.html", "index": root / "analysis" / "index.html"}
 
 
-@pytest.mark.parametrize("kind", ["analysis", "report", "view", "training", "experiment", "index"])
+@pytest.mark.parametrize("kind", ["analysis", "massive", "report", "view", "training", "experiment", "index"])
 def test_page_draws_every_figure_offline_without_errors(kind, pages, page):
     path = pages[kind]
     figures = path.read_text(encoding="utf-8").count("Plotly.newPlot(")
@@ -151,6 +153,27 @@ def test_page_draws_every_figure_offline_without_errors(kind, pages, page):
     assert page.errors == [], page.errors
     local = ("file://", "data:", "blob:", "about:")  # the page, its scripts and plotly's inline images
     assert page.requests and all(u.startswith(local) for u in page.requests), page.requests  # no network
+
+
+FIRST_SCREEN = (1280, 800)  # width, height in CSS pixels: what a reader sees before scrolling
+SHOWN = 150  # px of the figure that must lie on the first screen
+
+
+@pytest.mark.parametrize("kind", ["analysis", "massive", "report", "view", "training", "experiment"])
+def test_the_first_screen_shows_a_figure(kind, pages, page):
+    """Pictures first: the top 800 px at 1280 x 800 of every page kind with figures hold (part of) its first one."""
+    path = pages[kind]
+    width, height = FIRST_SCREEN
+    page.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+    try:
+        page.open(path, path.read_text(encoding="utf-8").count("Plotly.newPlot("))
+        box = page.evaluate("""(() => { window.scrollTo(0, 0);
+            const r = document.querySelector('.js-plotly-plot').getBoundingClientRect();
+            return {top: r.top + window.scrollY, height: r.height, inner: window.innerHeight}; })()""")
+    finally:
+        page.send("Emulation.clearDeviceMetricsOverride")
+    assert box["inner"] == height, box
+    assert box["top"] + min(SHOWN, box["height"]) <= height, f"{path.name}: first figure starts at {box['top']:.0f} px"
 
 
 def test_view_pickers_switch_the_shown_layer_and_head(pages, page):

@@ -1,6 +1,6 @@
-"""Result pages and output folders: pages open with verdicts and the tables the CSVs hold, share one plotly.min.js
-(unless self-contained), every folder has an index.html listing each file; figures have integer layer/head ticks,
-labelled thresholds, fitted colour-blind-safe scales and titled axes."""
+"""Result pages and output folders: pages open with verdicts, then figures, then the tables the CSVs hold (long ones
+folded), share one plotly.min.js (unless self-contained), every folder has an index.html listing each file; figures
+have integer layer/head ticks, labelled thresholds, fitted colour-blind-safe scales and titled axes."""
 import re
 
 import numpy as np
@@ -33,25 +33,35 @@ def _save(tmp_path, stem, result, figs, sections, **out):
     return (tmp_path / f"{stem}.html").read_text()
 
 
+def _plain(html: str) -> str:
+    return re.sub(r"<[^>]+>", " ", re.sub(r"<(style|script)[^>]*>.*?</\1>", " ", html, flags=re.S))
+
+
+def _split(html: str) -> tuple[str, str]:
+    """The page's text before its first figure and after it (styles and scripts left out)."""
+    head, _, rest = html.partition('class="plotly-graph-div"')
+    return _plain(head), _plain(rest)
+
+
 def _text(html: str) -> str:
-    head = re.sub(r"<(style|script)[^>]*>.*?</\1>", " ", html.split('class="plotly-graph-div"')[0], flags=re.S)
-    return re.sub(r"<[^>]+>", " ", head)  # the page's text before its first figure
+    return _plain(html)  # the page's text
 
 
 def test_sinks_page_opens_with_verdict_and_csv_values(tmp_path, sinks):
     html = _save(tmp_path, "sinks", sinks, [sink_figure(sinks)], sink_sections(sinks))
-    before_figures = _text(html)
+    before_figures, after_figures = _split(html)
     formed = bool(sinks["summary"]["sink_formed"].iloc[0])
     assert f"sink_formed: {formed} — rule: position-0 share &gt;= 3x the causal-uniform reference and r0 &lt; 0.8" \
-        in before_figures
+        in before_figures  # the verdict, then the picture
+    assert "<table" not in html.partition('class="plotly-graph-div"')[0].partition("</style>")[2]  # tables after it
     csv = pd.read_csv(tmp_path / "sinks_summary.csv").iloc[0]
     layers = pd.read_csv(tmp_path / "sinks_layers.csv")
     for value in [csv["pos0_share"], csv["phantom_share"], csv["r0_later"], *layers["r0"]]:
-        assert f"{value:.4g}" in before_figures  # the page shows the numbers the CSVs hold, before any figure
+        assert f"{value:.4g}" in after_figures  # the page shows the numbers the CSVs hold, after its figure
     batches = pd.read_csv(tmp_path / "sinks_batches.csv")
     assert len(batches) == 3 * 2  # one row per (batch, layer)
     se = batches.groupby("layer")["pos0_share"].sem()
-    assert all(f"{v:.4g}" in before_figures for v in se)  # per-layer standard errors over batches
+    assert all(f"{v:.4g}" in after_figures for v in se)  # per-layer standard errors over batches
     # the overall means are the batch means' means (equal-sized batches)
     assert batches.groupby("layer")["pos0_share"].mean().to_numpy() == pytest.approx(layers["pos0_share"], rel=1e-9)
     # shared plotly.js: the page is small and loads the folder's copy; the folder has an index of every file
@@ -178,3 +188,19 @@ def test_sources_and_eval_verdicts():
     assert sec["tables"][0][1]["loss_se"].iloc[0] == pytest.approx(0.2 / 3 ** 0.5)
     one = eval_sections({"summary": summary, "windows": w.head(1)})
     assert one["caveats"] == ["standard errors need at least 2 windows (this run: 1); run with more --batches"]
+
+
+def test_page_order_and_long_tables_folded_with_their_row_count():
+    import plotly.graph_objects as go
+
+    from probe.present.page import FOLD_ROWS
+
+    short = pd.DataFrame({"layer": range(FOLD_ROWS), "x": 0.5})
+    long = pd.DataFrame({"layer": range(FOLD_ROWS + 1), "x": 0.25})
+    html = page("t", [go.Figure(go.Scatter(y=[1, 2]))], verdicts=["the verdict"], caveats=["a caveat"],
+                tables=[("short table", short), ("long table", long)], intro={"model": "m"})
+    at = {k: html.index(k) for k in ("the verdict", "a caveat", "plotly-graph-div", "short table", "long table",
+                                     "Settings")}
+    assert list(at) == sorted(at, key=at.get)  # verdicts, caveats, figures, tables, settings
+    folded = re.findall(r"<details class='table'><summary>(.*?)</summary>", html)
+    assert len(folded) == 1 and "long table" in folded[0] and f"({FOLD_ROWS + 1} rows)" in folded[0]  # short: open

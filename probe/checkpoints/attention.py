@@ -1,26 +1,38 @@
-"""The attention function the HF adapters install (transformers ``AttentionInterface`` name ``"probe"``).
+"""The attention function the HF adapters install (transformers ``AttentionInterface`` name ``"probe"``), and the mask
+builder that goes with it (``AttentionMaskInterface`` of the same name).
 
 transformers 5 calls ``fn(module, query, key, value, attention_mask, scaling=..., dropout=..., sliding_window=...,
-s_aux=...)`` after the projections and rotary, with q (B,H,Tq,dh), k/v (B,Hkv,Tk,dh) and the additive float mask that
-``eager_mask`` builds (causal, sliding window and padding already in it). Here the §3 attention hooks fire:
+s_aux=...)`` after the projections and rotary, with q (B,H,Tq,dh), k/v (B,Hkv,Tk,dh). Here the §3 attention hooks
+fire:
 
     hook_q, hook_k, hook_v, hook_v_out, [hook_sink_logit], [hook_pattern, hook_phantom], hook_z
 
-all with positions second (B,T,heads,dh). The phantom-key attention itself is the kernels' (probe.kernels, the same op
-and reference the custom models use, with HF's additive mask in place of the causal rule): the pattern (fp32, the
-learned sink as the phantom whose mass is 1 − row sum) is materialised only when a hook or cache asks for
-``hook_pattern`` / ``hook_phantom``, the caller passed ``output_attentions=True``, dropout is active, or the
-adapter is materialising (``probe.materialize(model)`` / ``materialize_patterns``); otherwise the fused op computes the
-same output on the runtime backend. An attention module that no adapter hooked runs the same math without hooks.
+all with positions second (B,T,heads,dh). No T x T tensor (docs/definitions.md#long-context): when HF's mask is only
+causal or a sliding window (plus key padding), :func:`rules_mask` hands the attention function a :class:`MaskRules`
+(the window and, with padding, the (B, Tk) keys to keep) instead of transformers' dense B x 1 x T x T float mask, and
+the kernels (probe.kernels: the same op and reference the custom models use) apply the rule themselves: causal layers
+on the fused causal op, sliding layers and padded batches in query blocks whose mask is block x (keys the block can
+see). A dense mask is built only where the rule cannot say it (a cache offset, overlays such as Gemma 3's image
+tokens, a 4D mask the caller passed), as transformers' ``eager_mask``.
+
+The pattern (fp32, the learned sink as the phantom whose mass is 1 − row sum) is materialised only when a hook or
+cache asks for ``hook_pattern`` / ``hook_phantom``, the caller passed ``output_attentions=True``, dropout is active,
+or the adapter is materialising (``probe.materialize(model)`` / ``materialize_patterns``); otherwise the fused op
+computes the same output on the runtime backend. An attention module that no adapter hooked runs the same math
+without hooks.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, prepare_padding_mask
 
 from probe.kernels import sink_attention
+from probe.kernels.backend import resolve_backend
+from probe.kernels.dispatch import auto_sink_attention
 from probe.kernels.sink_attention.reference import attention_probs
 
 try:  # where transformers collects attentions for output_attentions=True (an internal: absent in other versions)
@@ -33,6 +45,9 @@ ATTN_IMPLEMENTATION = "probe"
 # key in an HF attention module's __dict__ holding the adapter's hook container for that layer (hooked_hf._AttnHooks);
 # a plain attribute, not a submodule, so state dicts are unchanged and deep copies stay consistent
 SITE_KEY = "_probe_attn"
+
+MIN_BLOCK = 256  # queries per block on the blocked paths (at least the window: a block then reads <= 2 windows of keys)
+PADDED_BLOCK_ELEMENTS = 1 << 22  # B x block x Tk mask elements per block when key padding needs a dense mask
 
 
 def _bthd(x):  # (B,H,T,dh) <-> (B,T,H,dh)
@@ -47,38 +62,168 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None].expand(b, hkv, n_rep, t, dh).reshape(b, hkv * n_rep, t, dh)
 
 
-def _float_mask(attention_mask, q_len: int, k_len: int, device) -> torch.Tensor | None:
-    """The additive fp32 mask (B|1, 1, Tq, Tk); a missing mask means causal with the queries last."""
+# --- masks as rules ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MaskRules:
+    """HF's attention mask as a rule: key j is visible to query i (queries the last Tq of Tk positions, i' = i + Tk
+    − Tq) iff i' − window < j <= i' (window None: j <= i') and ``keep[b, j]``. keep (B, Tk) bool or None (no padding)."""
+    window: int | None = None
+    keep: torch.Tensor | None = None
+
+    def visible(self, rows: slice, q_len: int, k_len: int, device) -> torch.Tensor:
+        """(B|1, 1, rows, Tk) bool for the queries ``rows`` (a slice or list of indices into range(q_len))."""
+        i = torch.arange(q_len, device=device)[rows, None] + (k_len - q_len)
+        j = torch.arange(k_len, device=device)[None, :]
+        ok = j <= i
+        if self.window is not None:
+            ok = ok & (j > i - self.window)
+        ok = ok[None, None]
+        return ok if self.keep is None else ok & self.keep[:, None, None, :k_len].to(device)
+
+    def dense(self, rows: slice, q_len: int, k_len: int, dtype, device) -> torch.Tensor:
+        """The additive fp32 mask of those rows, with transformers' eager values (0, or the min of ``dtype``)."""
+        allowed = self.visible(rows, q_len, k_len, device)
+        return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def _follows_rule(mask_function, length: int, window: int | None, device) -> bool:
+    """Does transformers' index-based ``mask_function`` say causal (window None) or causal within ``window`` on the
+    rows where the two rules differ from other patterns (first rows, around the window's edge, the last row)? O(T)."""
+    w = window or 1
+    rows = sorted({r for r in (0, 1, w - 1, w, w + 1, length // 2, length - 1) if 0 <= r < length})
+    q = torch.tensor(rows, device=device)[:, None]
+    kv = torch.arange(length, device=device)[None, :]
+    zero = torch.zeros((), dtype=torch.long, device=device)
+    try:
+        got = mask_function(zero, zero, q, kv)
+    except Exception:  # noqa: BLE001 - a mask function that is not index-based: keep transformers' dense mask
+        return False
+    want = MaskRules(window).visible(rows, length, length, device)[0, 0]
+    return isinstance(got, torch.Tensor) and got.shape == want.shape and bool(torch.equal(got.bool(), want))
+
+
+def rules_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0, mask_function=None,
+               attention_mask=None, local_size: int | None = None, allow_is_causal_skip: bool = True, **kwargs):
+    """transformers mask builder for ``"probe"``: a :class:`MaskRules` when the mask is causal or a sliding window
+    (with any key padding) over one sequence without a cache offset, else transformers' dense ``eager_mask``.
+
+    transformers sets ``allow_is_causal_skip`` False when an overlay, packed sequences or a compiled decode change
+    the pattern; the mask function itself is checked against the rule too (:func:`_follows_rule`)."""
+    device = kwargs.get("device", "cpu")
+    plain = (allow_is_causal_skip and isinstance(q_offset, int) and q_offset == 0 and kv_offset == 0
+             and q_length == kv_length and mask_function is not None
+             and _follows_rule(mask_function, q_length, local_size, device))
+    if not plain:
+        if mask_function is not None:
+            kwargs["mask_function"] = mask_function
+        return eager_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                          kv_offset=kv_offset, attention_mask=attention_mask, local_size=local_size, **kwargs)
+    keep = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    if keep is not None:
+        keep = keep[:, :kv_length].bool()
+        if bool(keep.all()):
+            keep = None
+    return MaskRules(window=local_size, keep=keep)
+
+
+def as_rules(attention_mask, sliding_window: int | None, q_len: int, k_len: int, device):
+    """The mask an attention function received, as (MaskRules, None) or (None, dense additive fp32 mask). HF's None
+    means causal (SDPA's is_causal) within the module's ``sliding_window``; a bool mask is made additive."""
+    if isinstance(attention_mask, MaskRules):
+        return attention_mask, None
     if attention_mask is None:
-        if q_len == 1:
-            return None
-        allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
-        return torch.zeros(q_len, k_len, device=device).masked_fill(~allowed, float("-inf"))[None, None]
+        return MaskRules(window=sliding_window), None
     if attention_mask.dtype == torch.bool:
-        return torch.zeros(attention_mask.shape, device=device).masked_fill(~attention_mask, float("-inf"))
-    return attention_mask[..., :k_len].float()
+        return None, torch.zeros(attention_mask.shape, device=device).masked_fill(~attention_mask, float("-inf"))
+    return None, attention_mask[..., :k_len].float()
 
 
-def eager_probs(q, k, mask, scaling: float, sinks=None):
+def query_blocks(rules: MaskRules, q_len: int, k_len: int, dtype, device, block: int | None = None):
+    """Yield (query rows, key columns, mask) covering the queries in blocks, never a q_len x k_len tensor: without
+    padding a block reads only the keys its rule can see and mask is None (the kernels apply the rule, queries last);
+    with padding it reads every key and mask is its (B, 1, block, Tk) additive rows (eager's values, so rows whose
+    keys are all padding stay uniform as in transformers)."""
+    if rules.keep is None:
+        block = block or max(MIN_BLOCK, rules.window or 0)
+        off = k_len - q_len
+        for a in range(0, q_len, block):
+            b = min(q_len, a + block)
+            j0 = 0 if rules.window is None else max(0, a + off - rules.window + 1)
+            yield slice(a, b), slice(j0, b + off), None
+        return
+    block = block or max(1, PADDED_BLOCK_ELEMENTS // (rules.keep.shape[0] * k_len))
+    for a in range(0, q_len, block):
+        rows = slice(a, min(q_len, a + block))
+        yield rows, slice(0, k_len), rules.dense(rows, q_len, k_len, dtype, device)
+
+
+def _kernel_applies_window(q, k, v) -> bool:
+    """Does the kernel path these tensors take apply a sliding window without a T x T mask? (Triton does; the SDPA
+    path builds its (Tq, Tk) visible mask, so the caller feeds it query blocks.)"""
+    backend = resolve_backend(None)
+    if backend == "auto":
+        backend = auto_sink_attention(_bthd(q), _bthd(k), _bthd(v))
+    return backend == "triton"
+
+
+# --- attention ----------------------------------------------------------------------------------------------------
+
+def eager_probs(q, k, mask, scaling: float, sinks=None, window: int | None = None, softcap: float | None = None):
     """fp32 attention probabilities over real keys and the phantom (sink) mass: the kernels' reference.
 
     q (B,H,Tq,dh), k (B,H,Tk,dh) already repeated to H heads, mask additive (broadcastable to B,H,Tq,Tk) or None
-    (causal), sinks (H,) logits or None. Returns pattern (B,H,Tq,Tk) and phantom (B,H,Tq); rows sum to 1 - phantom.
+    (causal within ``window``), sinks (H,) logits or None, softcap Gemma 2's score cap. Returns pattern (B,H,Tq,Tk)
+    and phantom (B,H,Tq); rows sum to 1 - phantom.
     """
-    pattern, phantom, _ = attention_probs(_bthd(q), _bthd(k), sink=sinks, mask=mask, scale=scaling)
+    pattern, phantom, _ = attention_probs(_bthd(q), _bthd(k), sink=sinks, mask=mask, window=window, scale=scaling,
+                                          softcap=softcap)
     return pattern, phantom
 
 
-def fast_attention(q, k, v, mask, scaling: float, sinks=None):
+def fast_attention(q, k, v, mask, scaling: float, sinks=None, window: int | None = None):
     """Output (B,H,Tq,dh) without materialising the pattern: the kernels' fused op (SDPA with the sink as an extra
-    key of value 0 on CPU), GQA without repetition; q (B,H,Tq,dh), k/v (B,Hkv,Tk,dh)."""
-    return _bthd(sink_attention(_bthd(q), _bthd(k), _bthd(v), sink=sinks, mask=mask, scale=scaling).out)
+    key of value 0 on CPU), GQA without repetition; q (B,H,Tq,dh), k/v (B,Hkv,Tk,dh); mask additive or None (causal
+    within ``window``, queries the last Tq positions)."""
+    return _bthd(sink_attention(_bthd(q), _bthd(k), _bthd(v), sink=sinks, mask=mask, window=window,
+                                scale=scaling).out)
+
+
+def rules_attention(q, k, v, rules: MaskRules, scaling: float, sinks=None):
+    """:func:`fast_attention` under a :class:`MaskRules`, with no T x T tensor: plain causal (or a window the kernel
+    applies itself) in one call, otherwise query blocks (:func:`query_blocks`)."""
+    q_len, k_len = q.shape[2], k.shape[2]
+    whole = rules.keep is None and (rules.window is None or rules.window >= k_len or _kernel_applies_window(q, k, v))
+    if whole:
+        return fast_attention(q, k, v, None, scaling, sinks, rules.window)
+    out = q.new_empty(*q.shape[:3], v.shape[-1])
+    for rows, cols, mask in query_blocks(rules, q_len, k_len, q.dtype, q.device):
+        out[:, :, rows] = fast_attention(q[:, :, rows], k[:, :, cols], v[:, :, cols], mask, scaling, sinks,
+                                         None if mask is not None else rules.window)
+    return out
 
 
 def _hf_wants_attentions() -> bool:
     """True inside a transformers forward called with ``output_attentions=True``."""
     collected = None if _active_collector is None else _active_collector.get()
     return isinstance(collected, dict) and "attentions" in collected
+
+
+def wants_pattern(site, module, dropout: float) -> bool:
+    """Materialise the pattern? When a hook or cache reads it, the adapter materialises, HF was asked for the
+    attentions, or dropout acts on the probabilities."""
+    hooked = site is not None and (site.materialize or site.hook_pattern.has_hooks() or site.hook_phantom.has_hooks())
+    return hooked or (module.training and dropout > 0) or _hf_wants_attentions()
+
+
+def fire_qkv(site, query, key, value):
+    """hook_q, hook_k, hook_v, hook_v_out on (B,H,T,dh) tensors (positions second inside the hooks)."""
+    if site is None:
+        return query, key, value
+    query = _bthd(site.hook_q(_bthd(query)))
+    key = _bthd(site.hook_k(_bthd(key)))
+    value = _bthd(site.hook_v_out(site.hook_v(_bthd(value))))
+    return query, key, value
 
 
 def probe_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
@@ -88,30 +233,28 @@ def probe_attention(module, query, key, value, attention_mask, scaling=None, dro
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     sinks = s_aux
-    if site is not None:
-        query = _bthd(site.hook_q(_bthd(query)))
-        key = _bthd(site.hook_k(_bthd(key)))
-        value = _bthd(site.hook_v(_bthd(value)))
-        value = _bthd(site.hook_v_out(_bthd(value)))
-        if sinks is not None and hasattr(site, "hook_sink_logit"):
-            sinks = site.hook_sink_logit(sinks)
-        need_pattern = site.materialize or site.hook_pattern.has_hooks() or site.hook_phantom.has_hooks()
-    else:
-        need_pattern = False
+    query, key, value = fire_qkv(site, query, key, value)
+    if site is not None and sinks is not None and hasattr(site, "hook_sink_logit"):
+        sinks = site.hook_sink_logit(sinks)
     training = module.training and dropout > 0
-    need_pattern = need_pattern or training or _hf_wants_attentions()  # dropout acts on the probabilities
-    n_rep = query.shape[1] // key.shape[1]
-    mask = _float_mask(attention_mask, query.shape[2], key.shape[2], query.device)
+    q_len, k_len = query.shape[2], key.shape[2]
+    rules, mask = as_rules(attention_mask, sliding_window, q_len, k_len, query.device)
 
     weights = None
-    if need_pattern:
-        pattern, phantom = eager_probs(query, repeat_kv(key, n_rep), mask, scaling, sinks)
+    if wants_pattern(site, module, dropout):
+        n_rep = query.shape[1] // key.shape[1]
+        if rules is not None:  # the pattern is T x T by definition; its mask only where padding needs one
+            mask = None if rules.keep is None else rules.dense(slice(None), q_len, k_len, query.dtype, query.device)
+        pattern, phantom = eager_probs(query, repeat_kv(key, n_rep), mask, scaling, sinks,
+                                       window=rules.window if rules is not None and mask is None else None)
         if site is not None:
             pattern = site.hook_pattern(pattern)
             phantom = site.hook_phantom(phantom)
         weights = pattern.to(query.dtype)
         probs = F.dropout(weights, p=dropout, training=True) if training else weights
         out = torch.matmul(probs, repeat_kv(value, n_rep))
+    elif rules is not None:
+        out = rules_attention(query, key, value, rules, scaling, sinks)
     else:
         out = fast_attention(query, key, value, mask, scaling, sinks)
     out = _bthd(out)
@@ -128,6 +271,6 @@ def register() -> str:
     global _registered
     if not _registered:
         AttentionInterface.register(ATTN_IMPLEMENTATION, probe_attention)
-        AttentionMaskInterface.register(ATTN_IMPLEMENTATION, eager_mask)
+        AttentionMaskInterface.register(ATTN_IMPLEMENTATION, rules_mask)
         _registered = True
     return ATTN_IMPLEMENTATION

@@ -8,7 +8,8 @@ and global rotary bases per layer type), as HF passes them to the attention func
 
 Attention scores are ``q·k · query_pre_attn_scalar^-½`` (not ``d_head^-½``), recorded as ``extra["attn_scale"]``.
 Gemma 2 soft-caps them, ``cap · tanh(scores / cap)``, before the mask; :func:`softcap_attention` fires the same hooks
-as probe's shared attention function with that cap inside ``hook_pattern``, exactly as HF eager does. The final-logit
+as probe's shared attention function with that cap inside ``hook_pattern``, exactly as HF eager does, and without a
+pattern hook computes the capped attention in query blocks (no T x T tensor, docs/definitions.md#long-context). The final-logit
 soft-cap stays in HF's LM head.
 """
 from __future__ import annotations
@@ -31,47 +32,58 @@ def sandwich_layer_forward(layer, hooks, hidden_states, **kwargs):
     return hooks.hook_resid_post(mid + mlp_out)
 
 
-def _bthd(x):  # (B,H,T,dh) <-> (B,T,H,dh)
-    return x.transpose(1, 2)
-
-
-def softcap_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
+def softcap_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+                      sliding_window=None, **kwargs):
     """probe's attention function with Gemma 2's attention-logit soft-cap; without a cap it is probe_attention.
 
-    SDPA cannot soft-cap, so with a cap the pattern is always materialised (as HF eager does); hooks fire in the
-    shared order: q, k, v, v_out, pattern, phantom (zeros: no sink), z.
+    SDPA cannot soft-cap, so the capped scores are explicit: the whole pattern when it is materialised (a hook asks,
+    as in probe_attention), else query blocks of ``_attn.query_blocks`` (no T x T tensor). Hooks fire in the shared
+    order: q, k, v, v_out, pattern, phantom (zeros: no sink), z.
     """
     if softcap is None:
         return _attn.probe_attention(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                     **kwargs)
+                                     sliding_window=sliding_window, **kwargs)
     site = module.__dict__.get(_attn.SITE_KEY)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    if site is not None:
-        query, key = _bthd(site.hook_q(_bthd(query))), _bthd(site.hook_k(_bthd(key)))
-        value = _bthd(site.hook_v_out(site.hook_v(_bthd(value))))
+    query, key, value = _attn.fire_qkv(site, query, key, value)
     n_rep = query.shape[1] // key.shape[1]
-    scores = torch.matmul(query.float(), _attn.repeat_kv(key, n_rep).float().transpose(-1, -2)) * scaling
-    scores = softcap * torch.tanh(scores / softcap)  # HF eager: before the mask
-    mask = _attn._float_mask(attention_mask, query.shape[2], key.shape[2], query.device)
-    pattern = torch.softmax(scores if mask is None else scores + mask, dim=-1)
-    if site is not None:
-        pattern = site.hook_pattern(pattern)
-        site.hook_phantom(pattern.new_zeros(pattern.shape[:-1]))
-    weights = pattern.to(query.dtype)
-    probs = F.dropout(weights, p=dropout, training=True) if module.training and dropout > 0 else weights
-    out = _bthd(torch.matmul(probs, _attn.repeat_kv(value, n_rep)))
+    q_len, k_len = query.shape[2], key.shape[2]
+    rules, mask = _attn.as_rules(attention_mask, sliding_window, q_len, k_len, query.device)
+    key, value = _attn.repeat_kv(key, n_rep), _attn.repeat_kv(value, n_rep)
+
+    def probs(rows, cols, mask):  # fp32 capped probabilities (B,H,rows,cols); HF eager: cap before the mask
+        window = rules.window if rules is not None and mask is None else None
+        return _attn.eager_probs(query[:, :, rows], key[:, :, cols], mask, scaling, window=window, softcap=softcap)[0]
+
+    weights = None
+    if _attn.wants_pattern(site, module, dropout) or rules is None:  # a dense mask: the pattern is T x T anyway
+        if rules is not None:
+            mask = None if rules.keep is None else rules.dense(slice(None), q_len, k_len, query.dtype, query.device)
+        pattern = probs(slice(None), slice(None), mask)
+        if site is not None:
+            pattern = site.hook_pattern(pattern)
+            site.hook_phantom(pattern.new_zeros(pattern.shape[:-1]))
+        weights = pattern.to(query.dtype)
+        p = F.dropout(weights, p=dropout, training=True) if module.training and dropout > 0 else weights
+        out = torch.matmul(p, value)
+    else:
+        out = query.new_empty(*query.shape[:3], value.shape[-1])
+        for rows, cols, block_mask in _attn.query_blocks(rules, q_len, k_len, query.dtype, query.device):
+            out[:, :, rows] = torch.matmul(probs(rows, cols, block_mask).to(query.dtype), value[:, :, cols])
+    out = _attn._bthd(out)
     if site is not None:
         out = site.hook_z(out)
     return out.contiguous(), weights
 
 
 def register_softcap() -> str:
-    """Register :func:`softcap_attention` with transformers (idempotent; same mask as "probe"); returns its name."""
+    """Register :func:`softcap_attention` with transformers (idempotent; same mask builder as "probe"); returns its
+    name."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(SOFTCAP_IMPLEMENTATION, softcap_attention)
-    AttentionMaskInterface.register(SOFTCAP_IMPLEMENTATION, eager_mask)
+    AttentionMaskInterface.register(SOFTCAP_IMPLEMENTATION, _attn.rules_mask)
     return SOFTCAP_IMPLEMENTATION
 
 

@@ -42,11 +42,14 @@ class Case:
     key_bias: bool = False
     window: int | None = None
     softcap: float | None = None
+    keep: int | None = None  # kept first keys with the window (window eviction: probe ablate)
 
     def flags(self) -> str:
         on = [n for n, v in (("sink", self.sink), ("key_bias", self.key_bias)) if v]
         if self.window is not None:
             on.append(f"window={self.window}")
+        if self.keep is not None and self.op != "row_masses":
+            on.append(f"keep={self.keep}")
         if self.softcap is not None:
             on.append(f"softcap={self.softcap:g}")
         if self.op == "depth":
@@ -71,8 +74,9 @@ _TIERS = [("tiny", 4, 4, 32), ("gatedv-medium", 6, 6, 64), ("abstention-124m", 1
 # depth: (model, S, d, r); AttnRes keys are the values (r = d), S-LR / P-LR keys are narrow
 _DEPTH = [("lr-attnres", 49, 1024, 64), ("lr-attnres", 49, 1024, 1024), ("depth-8192", 49, 8192, 8192)]
 # every flag that changes a kernel (a constexpr) on: the key bias adds a load per key block, the others none, so a
-# launch with all of them needs the most shared memory of its kind (checked by the full grid, -m slow)
-ALL_FLAGS = dict(sink=True, key_bias=True, window=128)
+# launch with all of them needs the most shared memory of its kind (checked by the full grid, -m slow); keep: the
+# kept-first-keys rule of window eviction (a second key loop in the forward and dq kernels, a wider query range in dkdv)
+ALL_FLAGS = dict(sink=True, key_bias=True, window=128, keep=4)
 
 
 def ci_cases() -> list[Case]:
@@ -148,13 +152,13 @@ def run_case(case: Case, T: int = CAPTURE_T):
     k = torch.zeros(1, T, case.kv_heads, case.head_dim, dtype=dtype, requires_grad=grad)
     sink = torch.zeros(case.heads) if case.sink else None
     key_bias = torch.zeros(1, case.kv_heads, T, requires_grad=grad) if case.key_bias else None
-    if case.op == "row_masses":
+    if case.op == "row_masses":  # the row masses take no kept-first-keys rule (no analysis asks for one)
         indicators = torch.zeros(1, T, case.kv_heads, 2)
         row_masses_triton(q, k, indicators, sink=sink, key_bias=key_bias, window=case.window,
                           scale=case.head_dim ** -0.5, softcap=case.softcap)
         return
     v = torch.zeros(1, T, case.kv_heads, case.head_dim, dtype=dtype, requires_grad=grad)
-    out, lse = sink_attention_triton(q, k, v, sink=sink, key_bias=key_bias, window=case.window)
+    out, lse = sink_attention_triton(q, k, v, sink=sink, key_bias=key_bias, window=case.window, keep=case.keep)
     if grad:
         (out.float().sum() + lse.sum()).backward()
 

@@ -8,6 +8,9 @@ torch      pattern -> reference; else sdpa reference                 CPU flash o
 reference  T x T fp32 reference             reference                 T x T reference
 sdpa       fused SDPA (no pattern)          reference (no SDPA form)  CPU flash or chunked (softcap: chunked)
 triton     Triton kernel: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (set before importing triton)
+sink_attention takes the kept-first-keys rule natively (``keep`` with a ``window``) on every path, and carries out an
+attention edit armed for it (probe.kernels.sink_attention.edits: key-0 knockout, window eviction) through its own
+per-key bias and that rule.
 ``backend=None`` (the default) is the runtime choice: ``use_backend(...)``, else $PROBE_BACKEND, else auto
 (probe.kernels.backend). Triton is imported only when a Triton path is taken.
 
@@ -28,7 +31,8 @@ import torch
 from probe.kernels.backend import resolve_backend
 from probe.kernels.launch import NoLaunchConfig
 from probe.kernels.depth_attention.reference import check_sources, depth_attention_reference, depth_scores
-from probe.kernels.sink_attention.reference import sink_attention_reference
+from probe.kernels.sink_attention import edits
+from probe.kernels.sink_attention.reference import sink_attention_reference, visible_mask
 from probe.kernels.sink_attention.row_masses import (row_masses_chunked, row_masses_flash_cpu,
                                                      row_masses_reference, row_masses_triton)
 from probe.kernels.sink_attention.sdpa import _cpu_flash, sink_attention_sdpa
@@ -81,7 +85,7 @@ def warn_fallback(error: NoLaunchConfig, path: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _check_attention_args(q, k, v, sink, key_bias, window, mask=None):
+def _check_attention_args(q, k, v, sink, key_bias, window, mask=None, keep=None):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("expected q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv)")
     B, Tq, H, dh = q.shape
@@ -96,6 +100,9 @@ def _check_attention_args(q, k, v, sink, key_bias, window, mask=None):
         raise ValueError(f"key_bias must have shape ({B}, {k.shape[2]}, {Tk}), got {tuple(key_bias.shape)}")
     if window is not None and (int(window) != window or window < 1):
         raise ValueError(f"window must be a positive int or None, got {window!r}")
+    if keep is not None and (window is None or int(keep) != keep or keep < 0):
+        raise ValueError(f"keep (kept first keys) must be an int >= 0 with a window, got keep={keep!r}, "
+                         f"window={window!r}")
     if mask is not None and (mask.dim() != 4 or mask.shape[-2:] != (Tq, Tk)):
         raise ValueError(f"mask must broadcast to (B, H, {Tq}, {Tk}), got {tuple(mask.shape)}")
 
@@ -119,8 +126,8 @@ def auto_row_masses(q, *, window=None, softcap=None) -> str:
     return "chunked"
 
 
-def sink_attention(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None, return_pattern=False,
-                   backend=None) -> AttentionOutput:
+def sink_attention(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None, keep=None,
+                   return_pattern=False, backend=None) -> AttentionOutput:
     """Causal (optionally sliding-window) GQA attention with an optional phantom sink key and per-key logit bias.
 
     q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) with Tq <= Tk (queries are the last Tq positions); query head h
@@ -128,11 +135,18 @@ def sink_attention(q, k, v, *, sink=None, key_bias=None, mask=None, window=None,
     query head, value 0 (None = no phantom = -inf). key_bias (B,Hkv,Tk): extra additive logit per key (the routing
     slot's log g_j). mask: additive logits broadcastable to (B,H,Tq,Tk) that replace the causal/window rule (HF
     padding masks; not on Triton). scale defaults to 1/sqrt(dh). Value gates are the caller's: v is aggregated as given.
+    keep: with a window, keys j < keep stay visible to every later query (the kept-first-keys rule).
+    An edit armed for this call (probe.kernels.sink_attention.edits.arm) is carried out here.
     """
+    edit = edits.take()
+    if edit is not None:
+        return _edited_attention(edit, q, k, v, sink=sink, key_bias=key_bias, mask=mask, window=window, scale=scale,
+                                 keep=keep, return_pattern=return_pattern, backend=backend)
     backend = resolve_backend(backend)
-    _check_attention_args(q, k, v, sink, key_bias, window, mask)
+    _check_attention_args(q, k, v, sink, key_bias, window, mask, keep)
     window = None if window is None else int(window)
-    kw = dict(sink=sink, key_bias=key_bias, window=window, scale=scale)
+    keep = None if keep is None or window is None else int(keep)
+    kw = dict(sink=sink, key_bias=key_bias, window=window, scale=scale, keep=keep)
     if backend in ("sdpa", "triton") and return_pattern:
         raise ValueError(f"backend={backend!r} cannot return the pattern; use 'reference', 'torch' or 'auto'")
     if backend == "auto":
@@ -154,6 +168,50 @@ def sink_attention(q, k, v, *, sink=None, key_bias=None, mask=None, window=None,
     except NoLaunchConfig as e:
         warn_fallback(e, "sdpa")
         return AttentionOutput(*sink_attention_sdpa(q, k, v, mask=None, **kw), None, None)
+
+
+def _edited_attention(edit, q, k, v, *, sink, key_bias, mask, window, scale, keep, return_pattern, backend):
+    """sink_attention with an armed edit carried out by the op's own per-key bias and kept-first-keys rule."""
+    if keep is not None:
+        raise ValueError("an armed eviction cannot be combined with the caller's own keep")
+    B, Tq, H, _ = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    if Tq != Tk:  # a cache, or a layer split into query blocks: key 0 and the positions are not the window's own
+        raise RuntimeError(f"an attention edit needs the whole sequence in one attention call; got {Tq} queries "
+                           f"over {Tk} keys")
+    if edit.keep is not None:
+        if mask is None:
+            window, keep, both = edits.eviction_rule(window, edit, Tk)
+            if both is not None:  # kept keys inside a wider own window than the eviction's
+                mask = torch.zeros(Tk, Tk, device=q.device).masked_fill(~both.to(q.device), float("-inf"))[None, None]
+        else:  # an additive mask (HF's dense one): the rule joins it
+            visible = visible_mask(Tq, edit.window, q.device, Tk, edit.keep)
+            mask = mask.float().masked_fill(~visible, float("-inf"))
+    bias = key_bias
+    if edit.knockout:
+        bias = edits.knockout_bias(key_bias, B, Hkv, Tk, edit.kv_heads, q.device)
+    res = sink_attention(q, k, v, sink=sink, key_bias=bias, mask=mask, window=window, scale=scale, keep=keep,
+                         return_pattern=return_pattern, backend=backend)
+    if not edit.knockout:
+        return res
+    empty = edits.empty_first_rows(sink, H, Hkv, edit.kv_heads, q.device)  # (H,)
+    if not bool(empty.any()):
+        return res
+    first = sink_attention(q[:, :1], k[:, :1], v[:, :1], sink=sink,  # query 0 over key 0 alone: its clean row
+                           key_bias=None if key_bias is None else key_bias[..., :1],
+                           mask=None if mask is None else mask[..., :1, :1], scale=scale,
+                           return_pattern=return_pattern, backend=backend)
+    out = res.out.clone()
+    out[:, 0] = torch.where(empty[None, :, None], first.out[:, 0].to(out.dtype), res.out[:, 0])
+    lse, pattern, phantom = res.lse, res.pattern, res.phantom
+    if lse is not None and first.lse is not None:
+        lse = lse.clone()
+        lse[:, :, 0] = torch.where(empty[None], first.lse[:, :, 0], res.lse[:, :, 0])
+    if pattern is not None:
+        pattern, phantom = pattern.clone(), phantom.clone()
+        pattern[:, :, 0, 0] = torch.where(empty[None], first.pattern[:, :, 0, 0], res.pattern[:, :, 0, 0])
+        phantom[:, :, 0] = torch.where(empty[None], first.phantom[:, :, 0], res.phantom[:, :, 0])
+    return AttentionOutput(out, lse, pattern, phantom)
 
 
 def depth_backend(value: torch.Tensor, backend: str | None = None) -> str:

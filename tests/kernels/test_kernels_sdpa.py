@@ -55,6 +55,19 @@ def test_sdpa_matches_reference(transform, sink_value, window, heads, key_bias):
         assert not g_ref["sink"][0] and not g_fast["sink"][0]  # a -inf sink gets no gradient
 
 
+@pytest.mark.parametrize("sink_value,keep,window", [(None, 0, 2), (None, 1, 2), (0.0, 2, 3), (-100.0, 4, 1)])
+def test_sdpa_kept_first_keys_matches_reference(sink_value, keep, window):
+    """The kept-first-keys rule (window eviction) on the CPU path: outputs and gradients equal the reference's."""
+    x = make_inputs(T=11, sink_value=sink_value, key_bias=True)
+    ref = run(x, "reference", window=window, keep=keep)
+    fast = run(x, "sdpa", window=window, keep=keep)
+    torch.testing.assert_close(fast.out, ref.out, atol=2e-6, rtol=1e-5)
+    cot = torch.randn_like(ref.out)
+    g_ref, g_fast = grads(ref.out, x, cot), grads(fast.out, x, cot)
+    for name in ("q", "k", "v", "key_bias") + (("sink",) if sink_value is not None else ()):
+        torch.testing.assert_close(g_fast[name], g_ref[name], atol=2e-5, rtol=1e-4, msg=lambda m: f"d{name}: {m}")
+
+
 @pytest.mark.parametrize("key_bias", [True, False])  # extra coordinates / the flash kernel's rows rescaled
 def test_sdpa_lse_only_without_autograd(key_bias):
     x = make_inputs(sink_value=0.0, key_bias=key_bias)

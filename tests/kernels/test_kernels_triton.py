@@ -100,6 +100,14 @@ def test_sink_attention_triton(shape, sink_value, window):
     check_attention(attention_inputs(*shape, sink_value, key_bias=True), window=window)
 
 
+# kept first keys: none, inside the first key block, spanning a block boundary (16), past the window's first block
+@pytest.mark.parametrize("shape,sink_value,keep", list(itertools.product(SHAPES, [None, 0.5], [0, 1, 4, 18])))
+def test_sink_attention_triton_kept_first_keys(shape, sink_value, keep):
+    """The kept-first-keys rule (StreamingLLM eviction) in the forward and both backward kernels: outputs and every
+    gradient against the reference."""
+    check_attention(attention_inputs(*shape, sink_value, key_bias=True), window=3, keep=keep)
+
+
 @pytest.mark.parametrize("transform,key_bias", list(itertools.product(TRANSFORMS, [False, True])))
 def test_sink_attention_triton_transforms(transform, key_bias):
     check_attention(attention_inputs(1, 21, 4, 2, 8, 8, 0.5, key_bias), transform=transform, window=9, scale=0.4)

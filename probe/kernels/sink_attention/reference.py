@@ -1,6 +1,7 @@
 """Readable fp32 reference for causal attention with a phantom sink key and per-key logit biases.
 
-    s_ij  = cap(scale * q_i . k_j) + key_bias_j       for visible j (i - window < j <= i), or + mask_ij if given
+    s_ij  = cap(scale * q_i . k_j) + key_bias_j       for visible j (j <= i and (i - window < j or j < keep): the
+                                                      first ``keep`` keys stay past the window), or + mask_ij if given
     cap(x) = softcap * tanh(x / softcap)              Gemma 2's attention-logit soft-cap (softcap=None: cap(x) = x)
     lse_i = log(exp(sink_h) + sum_j exp(s_ij))
     a_ij  = exp(s_ij - lse_i)          phantom_i = exp(sink_h - lse_i)      sum_j a_ij + phantom_i = 1
@@ -22,24 +23,29 @@ import torch
 from probe.kernels.depth_attention.reference import wide  # fp32, or fp64 for fp64 inputs
 
 
-def visible_mask(Tq: int, window: int | None, device=None, Tk: int | None = None) -> torch.Tensor:
+def visible_mask(Tq: int, window: int | None, device=None, Tk: int | None = None, keep: int | None = None
+                 ) -> torch.Tensor:
     """(Tq, Tk) bool, True where key j is visible to query i (queries are the last Tq positions):
-    i' - window < j <= i' with i' = i + Tk - Tq (window=None: j <= i')."""
+    j <= i' and (i' - window < j or j < keep) with i' = i + Tk - Tq (window=None: j <= i'). ``keep``: the kept-first-
+    keys rule (StreamingLLM's window with its first keys kept, docs/definitions.md#window-eviction)."""
     Tk = Tq if Tk is None else Tk
     i = torch.arange(Tq, device=device)[:, None] + (Tk - Tq)
     j = torch.arange(Tk, device=device)[None, :]
     mask = j <= i
     if window is not None:
-        mask &= j > i - window
+        mask &= (j > i - window) | (j < (keep or 0))
     return mask
 
 
-def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, scale=None, softcap=None):
+def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, scale=None, softcap=None, keep=None):
     """q (B,Tq,H,dh), k (B,Tk,Hkv,dh) -> (pattern (B,H,Tq,Tk), phantom (B,H,Tq), lse (B,H,Tq)), all fp32
     (fp64 for fp64 inputs).
 
     sink (H,): phantom logit per query head (None: no phantom). key_bias (B,Hkv,Tk): added to key j's logit.
     mask: additive logits broadcastable to (B,H,Tq,Tk) that replace the causal/window rule (HF's padding masks).
+    keep: with a window, keys j < keep stay visible to every later query (visible_mask).
+    A row that sees no key and no phantom (a knocked-out key's only query) gets zero mass and lse -inf, as the
+    Triton kernel gives it, not NaN.
     softcap: scores become softcap * tanh(scores / softcap) before key_bias, mask and sink (None: no cap)."""
     B, Tq, H, dh = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
@@ -53,7 +59,7 @@ def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, s
     if key_bias is not None:
         scores = scores + wide(key_bias).repeat_interleave(G, dim=1)[:, :, None, :]  # (B, H, 1, Tk) over keys
     if mask is None:
-        scores = scores.masked_fill(~visible_mask(Tq, window, q.device, Tk), float("-inf"))
+        scores = scores.masked_fill(~visible_mask(Tq, window, q.device, Tk, keep), float("-inf"))
     else:
         scores = scores + wide(mask)
 
@@ -61,8 +67,9 @@ def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, s
     if sink is not None:
         sink_f = wide(sink)[None, :, None].expand(B, H, Tq)  # (B, H, Tq)
         lse = torch.logaddexp(lse, sink_f)
-    pattern = torch.exp(scores - lse[..., None])  # rows sum to 1 - phantom
-    phantom = torch.exp(sink_f - lse) if sink is not None else torch.zeros_like(lse)
+    lse_safe = lse.masked_fill(lse == float("-inf"), 0.0)  # an empty row: exp(-inf - 0) = 0, not NaN
+    pattern = torch.exp(scores - lse_safe[..., None])  # rows sum to 1 - phantom
+    phantom = torch.exp(sink_f - lse_safe) if sink is not None else torch.zeros_like(lse)
     return pattern, phantom, lse
 
 
@@ -74,10 +81,10 @@ def apply_pattern(pattern: torch.Tensor, v: torch.Tensor, dtype=None) -> torch.T
 
 
 def sink_attention_reference(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None,
-                             softcap=None, return_pattern=False):
+                             softcap=None, keep=None, return_pattern=False):
     """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> (out (B,Tq,H,dv) q.dtype, lse (B,H,Tq), pattern, phantom)."""
     pattern, phantom, lse = attention_probs(q, k, sink=sink, key_bias=key_bias, mask=mask, window=window,
-                                            scale=scale, softcap=softcap)
+                                            scale=scale, softcap=softcap, keep=keep)
     out = apply_pattern(pattern, v, q.dtype)
     if not return_pattern:
         return out, lse, None, None

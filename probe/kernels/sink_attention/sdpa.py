@@ -73,8 +73,9 @@ class _CausalSinkFlashCPU(torch.autograd.Function):
         return dq, dk, dv, dsink.to(sink.dtype), None
 
 
-def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None):
+def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None, keep=None):
     """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> (out (B,Tq,H,dv) in q.dtype, lse (B,H,Tq) fp32 or None).
+    keep: with a window, the first ``keep`` keys stay visible (the kept-first-keys rule, in the explicit mask).
 
     lse comes from the fused CPU kernel, which does not differentiate it: it is returned only when no gradient is
     being recorded (analysis), and is None under autograd or off-CPU.
@@ -120,7 +121,7 @@ def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=
         out, lse = out[:, :, lead:], None if lse is None else lse[:, :, lead:]
     else:
         if mask is None:
-            visible = visible_mask(Tq, window, q.device, Tk)
+            visible = visible_mask(Tq, window, q.device, Tk, keep)
             mask = torch.zeros(Tq, Tk, dtype=dtype, device=q.device).masked_fill(~visible, float("-inf"))
         mask = mask.to(dtype)
         if lead:  # every query sees the phantom

@@ -29,7 +29,7 @@ JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own
 CUTOFFS = ("q25", "median")
 DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-WINDOW_MODES = ("auto", "first", "sequential", "random")
+WINDOW_MODES = ("auto", "first", "sequential", "random", "packed")
 
 
 def _user_value(parse):
@@ -60,14 +60,16 @@ def self_contained_flag(p):
                    "each) instead of loading the plotly.min.js written beside them")
 
 
-def analysis_parser(sub, verb: str, help: str, default_model: str | None, description: str | None = None):
-    """An analysis verb's parser with its model and window flags (the verb adds its own, then ``output_flags``)."""
+def analysis_parser(sub, verb: str, help: str, default_model: str | None, description: str | None = None,
+                    several_ctx: bool = False):
+    """An analysis verb's parser with its model and window flags (the verb adds its own, then ``output_flags``);
+    ``several_ctx``: --ctx takes one or more lengths (a list in args.ctx)."""
     p = sub.add_parser(verb, help=help, description=description or help, allow_abbrev=False)
-    model_flags(p, default_model)
+    model_flags(p, default_model, several_ctx=several_ctx)
     return p
 
 
-def model_flags(p, default_model: str | None, *, defaults=(8, 8)):
+def model_flags(p, default_model: str | None, *, defaults=(8, 8), several_ctx: bool = False):
     g = p.add_argument_group("model and evaluation windows")
     if default_model is not None:
         g.add_argument("--model", metavar="NAME", help="zoo name, pythia-410m[@stepN], gpt-oss-20b, HF repo id, local "
@@ -83,10 +85,14 @@ def model_flags(p, default_model: str | None, *, defaults=(8, 8)):
                    f"{defaults[0]})")
     g.add_argument("--batch-size", type=positive_int, default=defaults[1], help=f"windows per batch (default "
                    f"{defaults[1]})")
-    g.add_argument("--ctx", type=positive_int, help="tokens per window (default: a custom model's training context; "
-                   "HF checkpoints min(1024, maximum))")
+    several = dict(nargs="+", metavar="T") if several_ctx else {}
+    g.add_argument("--ctx", type=positive_int, **several,
+                   help="tokens per window (default: a custom model's training context; HF checkpoints min(1024, "
+                   "maximum))" + ("; several lengths run the analysis at each and report it against T" if several_ctx
+                                  else ""))
     g.add_argument("--window-mode", choices=WINDOW_MODES, default="auto", help="how windows are drawn: first window "
-                   "of each document, sequential windows, or random; auto = first, else sequential (default auto)")
+                   "of each document, sequential windows, random, or packed (documents joined by EOS, cut into "
+                   "consecutive windows, as pretraining packs them); auto = first, else sequential (default auto)")
     g.add_argument("--seed", type=nonneg_int, default=0, help="seed of the window choice and of injected noise")
     g.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
                    help="start each window with the tokenizer's BOS (then BOS + ctx-1 text tokens); default: exactly "

@@ -10,7 +10,7 @@ HELP = "attention-sink statistics: position-0 share, phantom share, r0, Sink^eps
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = analysis_parser(sub, "sinks", HELP, DEFAULT_MODEL)
+    p = analysis_parser(sub, "sinks", HELP, DEFAULT_MODEL, several_ctx=True)
     eps_flag(p)
     p.add_argument("--massive", action="store_true", help="also report massive activations (Sun et al. 2024)")
     p.add_argument("--dormant", action="store_true", help="also report active/dormant heads per input domain "
@@ -44,6 +44,10 @@ def _dormant_domains(args: argparse.Namespace, run) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    contexts = list(dict.fromkeys(args.ctx)) if args.ctx else [None]
+    if len(contexts) > 1:
+        return run_sweep(args, contexts)
+    args.ctx = contexts[0]  # one context: the single-context run and its files, as before
     from probe.analyses.sink_pass import sink_analyses
     from probe.cli.distributed import all_ranks_agree
     from probe.cli.flags import eps_values
@@ -72,4 +76,41 @@ def run(args: argparse.Namespace) -> int:
             result[f"dormant_{k}"] = dor[k]
     publish(run.output, "sinks", result, sinks, run.console,
             figure_inputs={"dormant_result": found["dormant"]} if args.dormant else None)
+    return 0
+
+
+def run_sweep(args: argparse.Namespace, contexts: list[int]) -> int:
+    """--ctx with several lengths: the same analyses at each T (the model loaded once, every context's windows built
+    before any work), reported against T (probe.analyses.context_sweep; files sinks_ctx_*)."""
+    import dataclasses
+
+    from probe.analyses.context_sweep import sink_context_sweep
+    from probe.cli.distributed import all_ranks_agree
+    from probe.cli.flags import eps_values
+    from probe.cli.prepare import prepare
+    from probe.jobs.inputs import windows_for
+    from probe.present import sink_sweep
+    from probe.present.console import plan_line
+    from probe.present.errors import UsageError
+    from probe.present.files import publish
+
+    if args.dormant:
+        raise UsageError(f"--dormant takes one --ctx, got {len(contexts)} ({' '.join(map(str, contexts))}); "
+                         "give one length, or leave out --dormant")
+    contexts = sorted(contexts)
+    args.ctx = contexts[0]
+    with all_ranks_agree():
+        run = prepare(args, DEFAULT_MODEL, "sinks")
+        windows = {contexts[0]: run.windows}
+        for ctx in contexts[1:]:
+            try:
+                windows[ctx] = windows_for(dataclasses.replace(run.window_spec, ctx=ctx), run.model)[0]
+            except UsageError as e:
+                raise UsageError(f"--ctx {ctx}: {e.one_line()}") from None
+    for ctx, eb in windows.items():
+        run.console.note(plan_line("sinks", run.model, eb))
+    kw = {"protocol": args.protocol} if getattr(args, "protocol", "pooled") != "pooled" else {}
+    result, _ = sink_context_sweep(run.model, windows, eps=list(eps_values(args)), massive=args.massive,
+                                   tokenizer=run.tokenizer, progress=run.progress, **kw)
+    publish(run.output, "sinks_ctx", result, sink_sweep, run.console)
     return 0

@@ -41,12 +41,91 @@ def _corpus(corpus) -> Corpus:
     return load_corpus(corpus)
 
 
+PIECE_CHARS = 1 << 20  # a longer document is tokenized in pieces (docs/definitions.md#long-documents)
+
+
+def _encode(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+
+
+def _cut(text: str) -> int:
+    """Where a document of more than PIECE_CHARS characters is cut (docs/definitions.md#long-documents): after the last
+    line break of its second half-piece, else before its last space there, else at PIECE_CHARS."""
+    head = text[:PIECE_CHARS]
+    at = head.rfind("\n", PIECE_CHARS // 2)
+    if at >= 0:
+        return at + 1
+    at = head.rfind(" ", PIECE_CHARS // 2)
+    return at if at > 0 else PIECE_CHARS
+
+
+def tokenize_pieces(tok, pieces, limit: int | None = None) -> torch.Tensor:
+    """Token ids of one document given as text pieces (any split; see :func:`_cut`), at most ``limit`` of them: the
+    text is read only as far as the first ``limit`` tokens need."""
+    ids, n, buf = [], 0, ""
+    for piece in pieces:
+        buf += piece
+        while len(buf) > PIECE_CHARS:
+            at = _cut(buf)
+            ids.append(_encode(tok, buf[:at]))
+            buf, n = buf[at:], n + len(ids[-1])
+            if limit is not None and n >= limit:
+                return torch.tensor([t for x in ids for t in x][:limit], dtype=torch.long)
+    if buf:
+        ids.append(_encode(tok, buf))
+    flat = [t for x in ids for t in x]
+    return torch.tensor(flat if limit is None else flat[:limit], dtype=torch.long)
+
+
+def document_pieces(documents, i: int):
+    """The text of document ``i`` in pieces: a streamed corpus reads it from its file
+    (``probe.data.streams.FileDocuments.pieces``), a list holds it whole."""
+    return documents.pieces(i) if hasattr(documents, "pieces") else iter((documents[i],))
+
+
 def tokenize_documents(corpus, tokenizer) -> list[torch.Tensor]:
-    """One LongTensor of token ids per document: raw text, no BOS/EOS added. ``corpus``: Corpus, name or texts."""
+    """One LongTensor of token ids per document: raw text, no BOS/EOS added. ``corpus``: Corpus, name or texts. Every
+    document is tokenized whole (documents in memory: in one batch); for windows, :func:`eval_batches` tokenizes
+    only what they need."""
     tok = _tokenizer(tokenizer)
     texts = _corpus(corpus).documents
-    ids = tok(texts, add_special_tokens=False, verbose=False)["input_ids"] if texts else []
-    return [torch.tensor(x, dtype=torch.long) for x in ids]
+    if isinstance(texts, list) and all(len(t) <= PIECE_CHARS for t in texts):
+        ids = tok(texts, add_special_tokens=False, verbose=False)["input_ids"] if texts else []
+        return [torch.tensor(x, dtype=torch.long) for x in ids]
+    return [tokenize_pieces(tok, document_pieces(texts, i)) for i in range(len(texts))]
+
+
+class DocumentTokens:
+    """The documents of a corpus (or token tensors) tokenized when asked for: the window builder's view. A streamed
+    corpus (``probe.data.streams.FileDocuments``) is tokenized each time only as far as asked, so memory is bounded by
+    the windows and not by the corpus; documents held in memory are tokenized whole once (in batches) and kept, so
+    one ``DocumentTokens`` serves many window sets of one tokenizer."""
+
+    def __init__(self, corpus_or_tokens, tok=None):
+        self.tensors = corpus_or_tokens if isinstance(corpus_or_tokens, list) else None
+        self.documents = None if self.tensors is not None else corpus_or_tokens.documents
+        self.tok, self.kept = tok, {}
+        self.streamed = self.documents is not None and hasattr(self.documents, "pieces")
+
+    def __len__(self) -> int:
+        return len(self.tensors if self.tensors is not None else self.documents)
+
+    def prefixes(self, indices, limit: int | None) -> dict[int, torch.Tensor]:
+        """{i: the first ``limit`` tokens of document i (None: all)}, read in ascending order (a gzip file is read
+        forward once)."""
+        indices = sorted(set(indices))
+        if self.streamed:
+            return {i: tokenize_pieces(self.tok, self.documents.pieces(i), limit) for i in indices}
+        if self.tensors is None:
+            todo = [i for i in indices if i not in self.kept]
+            short = [i for i in todo if len(self.documents[i]) <= PIECE_CHARS]
+            if short:
+                ids = self.tok([self.documents[i] for i in short], add_special_tokens=False, verbose=False)
+                self.kept.update({i: torch.tensor(x, dtype=torch.long) for i, x in zip(short, ids["input_ids"])})
+            self.kept.update({i: tokenize_pieces(self.tok, iter((self.documents[i],))) for i in todo if i not in
+                              self.kept})
+        whole = self.tensors if self.tensors is not None else self.kept
+        return {i: whole[i] if limit is None else whole[i][:limit] for i in indices}
 
 
 class WindowSampler:
@@ -158,7 +237,8 @@ class EvalBatches(TokenWindows):
 
 def eval_batches(corpus_or_docs, tokenizer, *, n_batches: int = 8, batch_size: int = 8, ctx: int = 256,
                  seed: int = 0, mode: str = "first", bos_id: int | None = None) -> EvalBatches:
-    """Fixed windows of ctx+1 tokens from a corpus (name, path or ``Corpus``) or a list of token tensors.
+    """Fixed windows of ctx+1 tokens from a corpus (name, path or ``Corpus``), a list of token tensors, or a
+    :class:`DocumentTokens` (its tokens reused).
 
     With ``bos_id`` each window is that token followed by ctx text tokens (so documents need ctx text tokens, not
     ctx+1); the text tokens of a window are the same ones a window without BOS starts with."""
@@ -166,8 +246,8 @@ def eval_batches(corpus_or_docs, tokenizer, *, n_batches: int = 8, batch_size: i
         raise ValueError(f"n_batches={n_batches} and batch_size={batch_size} must both be at least 1")
     if ctx < 2:
         raise ValueError(f"ctx={ctx} must be at least 2")
-    if mode not in ("first", "sequential", "random"):
-        raise ValueError(f"unknown mode {mode!r}; choose 'first', 'sequential' or 'random'")
+    if mode not in ("first", "sequential", "random", "packed"):
+        raise ValueError(f"unknown mode {mode!r}; choose 'first', 'sequential', 'random' or 'packed'")
     window_bytes = n_batches * batch_size * (ctx + 1) * 8  # the int64 windows [n_batches, batch_size, ctx+1], any mode
     have = available_memory()
     if have is not None and window_bytes > have:
@@ -175,29 +255,24 @@ def eval_batches(corpus_or_docs, tokenizer, *, n_batches: int = 8, batch_size: i
                          f"{human_bytes(window_bytes)}, more than the {human_bytes(have)} of memory available; ask "
                          "for fewer windows or a smaller ctx")
     tok = _tokenizer(tokenizer)
-    if isinstance(corpus_or_docs, list) and all(isinstance(d, torch.Tensor) for d in corpus_or_docs):
-        name, fingerprint, docs = "custom-tokens", "", corpus_or_docs
+    if isinstance(corpus_or_docs, DocumentTokens):
+        name, fingerprint, source = "custom-tokens", "", corpus_or_docs
+    elif isinstance(corpus_or_docs, list) and all(isinstance(d, torch.Tensor) for d in corpus_or_docs):
+        name, fingerprint, source = "custom-tokens", "", DocumentTokens(corpus_or_docs)
     else:
         corpus = _corpus(corpus_or_docs)
-        name, fingerprint, docs = corpus.name, corpus.fingerprint, tokenize_documents(corpus, tok)
+        name, fingerprint, source = corpus.name, corpus.fingerprint, DocumentTokens(corpus, tok)
     need = n_batches * batch_size
     g = torch.Generator().manual_seed(seed)
     text_ctx = ctx if bos_id is None else ctx - 1  # text tokens per window, minus one (the last is a target only)
+    w = text_ctx + 1
     if mode in ("first", "sequential"):
-        # round r takes the r-th non-overlapping window of every document long enough to hold it, documents in a
-        # seeded order; mode 'first' stops after round 0 (one window per document).
-        order, w = torch.randperm(len(docs), generator=g).tolist(), text_ctx + 1
-        rounds = 1 if mode == "first" else max((len(d) // w for d in docs), default=0)
-        picks = [(i, r) for r in range(rounds) for i in order if len(docs[i]) >= (r + 1) * w]
-        if len(picks) < need:
-            what = "documents with at least" if mode == "first" else "non-overlapping windows of"
-            others = "mode='sequential' or 'random'" if mode == "first" else "mode='random'"
-            raise ValueError(f"corpus {name!r} has {len(picks)} {what} {w} text tokens, so mode={mode!r} can supply "
-                             f"{len(picks)} windows, not n_batches*batch_size={need}; ask for fewer windows, a smaller "
-                             f"ctx, or {others}")
-        ids = torch.tensor([i for i, _ in picks[:need]])
-        tokens = torch.stack([docs[i][r * w:(r + 1) * w] for i, r in picks[:need]])
+        tokens, ids = _document_windows(source, mode, need, w, torch.randperm(len(source), generator=g).tolist(), name)
+    elif mode == "packed":
+        tokens, ids = _packed_windows(source, need, w, _separator(tok), name)
     else:
+        docs = source.prefixes(range(len(source)), None)
+        docs = [docs[i] for i in range(len(source))]
         n_tokens = sum(len(d) for d in docs) + max(len(docs) - 1, 0)
         if n_tokens < text_ctx + 1:
             raise ValueError(f"corpus {name!r} holds {n_tokens} tokens (EOS separators included), fewer than one "
@@ -209,6 +284,74 @@ def eval_batches(corpus_or_docs, tokenizer, *, n_batches: int = 8, batch_size: i
         tokens = torch.cat([torch.full((need, 1), int(bos_id), dtype=torch.long), tokens.long()], dim=1)
     return EvalBatches(tokens.view(n_batches, batch_size, ctx + 1).long(), ids.view(n_batches, batch_size), name,
                        tok.name_or_path, seed, ctx, mode, fingerprint, bos_id is not None)
+
+
+def _separator(tok) -> int:
+    """The id that joins documents in mode 'packed': the tokenizer's EOS, else its separator token."""
+    sep = tok.eos_token_id if tok.eos_token_id is not None else getattr(tok, "sep_token_id", None)
+    if sep is None:
+        raise ValueError(f"mode='packed' joins documents with EOS, but tokenizer {tok.name_or_path!r} has neither an "
+                         "eos nor a sep token; use mode='first' or 'sequential'")
+    return sep
+
+
+def _document_windows(source: DocumentTokens, mode: str, need: int, w: int, order: list[int], name: str):
+    """Modes first and sequential: round r takes the r-th non-overlapping window of every document long enough to
+    hold it, documents in the seeded ``order``; mode 'first' stops after round 0 (one window per document).
+
+    Documents are tokenized in that order only as far as the windows need: round 0 reads the first w tokens of
+    documents until ``need`` of them hold a window; only when the whole corpus holds fewer are later rounds counted
+    (every document's length, capped at need windows) and the windows read from the documents they fall in."""
+    long_enough, at, step = [], 0, max(need, 64)
+    while len(long_enough) < need and at < len(order):
+        batch = order[at:at + step]
+        heads = source.prefixes(batch, w)
+        long_enough += [(i, heads[i]) for i in batch if len(heads[i]) >= w]
+        at += len(batch)
+    if len(long_enough) >= need:
+        first = long_enough[:need]
+        return torch.stack([t for _, t in first]), torch.tensor([i for i, _ in first])
+    picks = [(i, 0) for i, _ in long_enough]
+    if mode == "sequential" and long_enough:
+        lengths = {i: len(t) for i, t in source.prefixes([i for i, _ in long_enough], need * w).items()}
+        rounds = max(n // w for n in lengths.values())
+        picks = [(i, r) for r in range(rounds) for i, _ in long_enough if lengths[i] >= (r + 1) * w]
+    if len(picks) < need:
+        what = "documents with at least" if mode == "first" else "non-overlapping windows of"
+        others = "mode='sequential' or 'random'" if mode == "first" else "mode='random'"
+        raise ValueError(f"corpus {name!r} has {len(picks)} {what} {w} text tokens, so mode={mode!r} can supply "
+                         f"{len(picks)} windows, not n_batches*batch_size={need}; ask for fewer windows, a smaller "
+                         f"ctx, or {others}")
+    picks = picks[:need]
+    last = {}
+    for i, r in picks:
+        last[i] = max(last.get(i, 0), r + 1)
+    docs = {i: source.prefixes([i], last[i] * w)[i] for i in sorted(last)}  # fewer than need documents
+    return torch.stack([docs[i][r * w:(r + 1) * w] for i, r in picks]), torch.tensor([i for i, _ in picks])
+
+
+def _packed_windows(source: DocumentTokens, need: int, w: int, sep: int, name: str):
+    """Mode packed (docs/definitions.md#evaluation-windows): the documents in corpus order joined by ``sep`` (EOS),
+    cut into consecutive non-overlapping windows of w tokens from the start, as pretraining packs text; each window
+    carries the document of its first token. Only the first need x w tokens of the stream are tokenized."""
+    total, parts, owner, i = need * w, [], [], 0
+    have = 0
+    while have < total and i < len(source):
+        if i:
+            parts.append(torch.tensor([sep]))
+            owner.append(torch.tensor([i - 1]))
+            have += 1
+        doc = source.prefixes([i], total - have)[i]
+        parts.append(doc)
+        owner.append(torch.full((len(doc),), i))
+        have += len(doc)
+        i += 1
+    if have < total:
+        raise ValueError(f"corpus {name!r} holds {have} tokens (EOS separators included), so mode='packed' can supply "
+                         f"{have // w} windows of {w} text tokens, not n_batches*batch_size={need}; ask for fewer "
+                         "windows or a smaller ctx")
+    stream, docs = torch.cat(parts)[:total], torch.cat(owner)[:total]
+    return stream.view(need, w), docs.view(need, w)[:, 0].clone()
 
 
 def cap_ctx(ctx: int | None, n_ctx: int | None) -> int:

@@ -20,14 +20,14 @@ import os
 import socket
 import threading
 import warnings
-import zlib
+from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from probe.data import documents as D
-from probe.data.limits import MAX_INPUT_BYTES, check_fits, check_input_file, human_bytes
+from probe.data.streams import FileDocuments
 from probe.writes import atomic_write
 
 CORPUS_DIR = Path(__file__).parent / "corpora"
@@ -58,17 +58,27 @@ SKIP_BAD_RECORDS: ContextVar[bool] = ContextVar("SKIP_BAD_RECORDS", default=Fals
 @dataclass
 class Corpus:
     name: str  # identity recorded in every output
-    documents: list[str] = field(repr=False)
+    documents: Sequence[str] = field(repr=False)  # a list, or a local file's FileDocuments (read when asked for)
     source: str = ""  # where the text came from, in words
 
     @cached_property
     def fingerprint(self) -> str:
-        """First 16 hex digits of the SHA-256 of the documents (order and boundaries included)."""
-        h = hashlib.sha256()
+        """First 16 hex digits of the SHA-256 of the documents (order and boundaries included); of a local file or
+        directory, of its bytes (``content``), so that a streamed corpus is never decoded whole to name it."""
+        return self.content["sha256"][:16]
+
+    @cached_property
+    def content(self) -> dict:
+        """What resume compares (docs/definitions.md#streamed-corpora): ``sha256`` (hex) and ``bytes`` of a local
+        file or directory as stored; of an in-memory corpus, of its documents each followed by a NUL byte."""
+        if isinstance(self.documents, FileDocuments):
+            return {"sha256": self.documents.sha256, "bytes": self.documents.size}
+        h, size = hashlib.sha256(), 0
         for d in self.documents:
-            h.update(d.encode("utf-8"))
-            h.update(b"\x00")
-        return h.hexdigest()[:16]
+            data = d.encode("utf-8") + b"\x00"
+            h.update(data)
+            size += len(data)
+        return {"sha256": h.hexdigest(), "bytes": size}
 
     def __len__(self) -> int:
         return len(self.documents)
@@ -97,20 +107,17 @@ def load_corpus(name_or_path: str | os.PathLike = DEFAULT_EVAL_CORPUS, *,
     if key.startswith("hf:"):
         return _load_hf(key)
     path = Path(key).expanduser()
-    if path.is_dir():
-        files = sorted(path.rglob("*.txt"))
-        if not files:
-            raise FileNotFoundError(f"corpus directory {key!r} holds no .txt files")
-        docs = [t for t in (_read_text(f).strip("\n") for f in files) if t.strip()]
-        return Corpus(str(path.resolve()), docs, f"directory, one document per .txt file ({len(files)} files)")
-    if path.name.endswith((".jsonl", ".jsonl.gz")) and path.exists():
+    if path.exists():  # streamed: the documents stay in the file until a window reads them
         skip = SKIP_BAD_RECORDS.get() if skip_bad_records is None else skip_bad_records
-        docs, skipped = _jsonl_documents(check_input_file(path), skip)
-        note = f"; {skipped} records without a string \"text\" skipped" if skipped else ""
-        return Corpus(str(path.resolve()), docs, f"JSON lines, one document per record's \"text\"{note}")
-    if path.exists():
-        docs = D.split_blank_lines(_read_text(path))
-        return Corpus(str(path.resolve()), docs, "text file, one document per blank-line-separated chunk")
+        docs = FileDocuments(path, skip_bad=skip)
+        if docs.skipped:
+            warnings.warn(f"skipped {docs.skipped} records without a string \"text\" (first: {docs.first_bad})",
+                          stacklevel=2)
+        how = {"directory": f"directory, one document per .txt file ({getattr(docs, 'n_files', 0)} files)",
+               "text": "text file, one document per blank-line-separated chunk"}.get(
+            docs.format, "JSON lines, one document per record's \"text\"")
+        note = f"; {docs.skipped} records without a string \"text\" skipped" if docs.skipped else ""
+        return Corpus(str(path.resolve()), docs, how + note)
     if key.endswith((".txt", ".jsonl", ".jsonl.gz")) or os.sep in key:
         raise FileNotFoundError(f"corpus file {key!r} does not exist")
     raise ValueError(f"unknown corpus {key!r}; choose one of {sorted(_BUNDLED) + ['train']}, a .txt or "
@@ -137,67 +144,6 @@ def split_heldout(corpus: Corpus, fraction: float = HELDOUT_FRACTION) -> tuple[C
     return (Corpus(corpus.name, keep, f"{corpus.source}; {len(held)} held-out documents removed"),
             Corpus(f"{corpus.name}:{HELDOUT}", held, f"held-out {len(held)} of {len(corpus.documents)} documents of "
                    f"{corpus.name} (smallest SHA-256), never sampled for training"))
-
-
-def _read_text(path: Path) -> str:
-    """A local text file, once it is known to be a regular file of bounded size that fits in memory."""
-    size = check_input_file(path).stat().st_size
-    try:
-        check_fits(size, f"reading {path}")
-    except MemoryError as e:
-        raise ValueError(str(e)) from None
-    return path.read_text(encoding="utf-8")
-
-
-def _bad_record(line: str) -> str | None:
-    """Why a JSON-lines record gives no document (None: it does)."""
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return "is not JSON"
-    if not isinstance(record, dict) or "text" not in record:
-        return "is not a JSON object with a \"text\" field"
-    if not isinstance(record["text"], str):
-        return f"has a \"text\" of type {type(record['text']).__name__}, not a string"
-    return None
-
-
-def _jsonl_documents(path: Path, skip_bad: bool = False) -> tuple[list[str], int]:
-    """(the non-blank "text" of every record of a JSON-lines file (gzip when it ends in .gz), records skipped).
-
-    A record without a string "text" is a ValueError naming its file and line, or with ``skip_bad`` skipped and
-    counted (a warning names the count and the first). Corrupt or truncated compression is one ValueError naming the
-    file; so is inflating past ``MAX_INPUT_BYTES``."""
-    opener = gzip.open if path.name.endswith(".gz") else open
-    docs, skipped, first_bad, inflated = [], 0, None, 0
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for n, line in enumerate(f, start=1):
-                inflated += len(line)
-                if inflated > MAX_INPUT_BYTES:
-                    raise ValueError(f"{path} inflates past {human_bytes(MAX_INPUT_BYTES)}, more than a corpus file "
-                                     "may hold")
-                if not line.strip():
-                    continue
-                why = _bad_record(line)
-                if why is not None:
-                    if not skip_bad:
-                        raise ValueError(f"{path}:{n} {why}; fix the record, or pass --skip-bad-records to skip "
-                                         "such records")
-                    skipped += 1
-                    first_bad = first_bad or f"{path}:{n} {why}"
-                    continue
-                text = json.loads(line)["text"]
-                if text.strip():
-                    docs.append(text)
-    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise ValueError(f"{path} is corrupt or truncated compressed data ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
-    if skipped:
-        warnings.warn(f"skipped {skipped} records without a string \"text\" (first: {first_bad})", stacklevel=3)
-    if not docs:
-        raise ValueError(f"corpus file {str(path)!r} holds no records with text")
-    return docs, skipped
 
 
 def write_jsonl(documents, path: str | os.PathLike) -> Path:

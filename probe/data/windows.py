@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from probe.data.batches import EvalBatches, _corpus, _tokenizer, cap_ctx, eval_batches, tokenize_documents
+from probe.data.batches import DocumentTokens, EvalBatches, _corpus, _tokenizer, cap_ctx, eval_batches
 from probe.data.corpus import DEFAULT_EVAL_CORPUS
 from probe.data.tokenizer import DEFAULT_TOKENIZER, prepends_bos
 
-WINDOW_MODES = ("auto", "first", "sequential", "random")  # auto: first, else sequential when too few documents
+WINDOW_MODES = ("auto", "first", "sequential", "random", "packed")  # auto: first, else sequential (too few documents)
 
 
 def wants_bos(model, tokenizer) -> bool:
@@ -49,8 +49,9 @@ def eval_context(model, ctx: int | None = None) -> int:
 def build_windows(corpus, tokenizer, *, n_batches: int = 8, batch_size: int = 8, ctx: int = 256, seed: int = 0,
                   mode: str = "first", bos_id: int | None = None, docs=None,
                   vocab_size: int | None = None) -> EvalBatches:
-    """Fixed windows of ``corpus`` (a name, path or ``Corpus``; ``docs``: its documents already tokenized with
-    ``tokenizer``, to reuse them across calls). ``mode`` is one of :data:`WINDOW_MODES`; with ``bos_id`` each window is
+    """Fixed windows of ``corpus`` (a name, path or ``Corpus``; ``docs``: its documents tokenized with ``tokenizer``
+    as a list of tensors or a :class:`probe.data.batches.DocumentTokens`, to reuse them across calls). ``mode`` is one
+    of :data:`WINDOW_MODES`; with ``bos_id`` each window is
     that BOS followed by ctx text tokens. With ``vocab_size``, a token id the model cannot embed is an error."""
     tok = _tokenizer(tokenizer)
     if mode not in WINDOW_MODES:
@@ -59,7 +60,8 @@ def build_windows(corpus, tokenizer, *, n_batches: int = 8, batch_size: int = 8,
         raise ValueError(f"mode='random' joins documents with EOS, but tokenizer {tok.name_or_path!r} has no eos "
                          "token; use mode='first' or 'sequential'")
     corpus = _corpus(corpus)
-    docs = tokenize_documents(corpus, tok) if docs is None else docs
+    if docs is None:
+        docs = DocumentTokens(corpus, tok)
     error = None
     for m in ("first", "sequential") if mode == "auto" else (mode,):
         try:

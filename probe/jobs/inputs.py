@@ -27,8 +27,8 @@ from probe.analyses.inject import JUNK_TYPES, own_directions
 from probe.checkpoints.load import KNOWN_CHECKPOINTS, ModelNotFoundError, load, resolve
 from probe.present.console import Console
 from probe.progress import plural
-from probe.data import tokenize_documents
 from probe.data import load_corpus as read_corpus
+from probe.data.batches import DocumentTokens
 from probe.data.corpus import CORPORA
 from probe.data.synthetic import BigramBackcopy, is_synthetic, parse_synthetic
 from probe.data.tokenizer import DEFAULT_TOKENIZER, TOKENIZERS, load_tokenizer
@@ -225,8 +225,8 @@ def make_windows(corpus, tok, *, n_batches: int, batch_size: int, ctx: int, seed
         msg = str(e)
         for a, b in ((f"corpus {corpus.name!r} ", "it "), ("n_batches*batch_size", "--batches x --batch-size"),
                      ("mode='sequential' or 'random'", "--window-mode sequential or random"),
-                     ("mode='random'", "--window-mode random"), ("mode='first' or 'sequential'",
-                                                                 "--window-mode first or sequential"),
+                     ("mode='random'", "--window-mode random"), ("mode='packed'", "--window-mode packed"),
+                     ("mode='first' or 'sequential'", "--window-mode first or sequential"),
                      ("a matching tokenizer", "a matching --tokenizer")):
             msg = msg.replace(a, b)
         raise UsageError(f"--data {corpus.name!r}: {msg}") from None
@@ -291,7 +291,7 @@ def windows_for(spec: WindowSpec, model, cache: WindowCache | None = None):
 
 class WindowCache:
     """Text windows of one ``WindowSpec`` per (tokenizer, context, BOS) for the many models of one run: the corpus is
-    read once and tokenized once per tokenizer."""
+    opened once, and (held in memory) tokenized once per tokenizer."""
 
     def __init__(self, spec: WindowSpec):
         self.spec, self.corpus, self.docs, self.cache = spec, None, {}, {}
@@ -307,8 +307,8 @@ class WindowCache:
         if key not in self.cache:
             self.corpus = self.corpus or load_corpus(w.data or DEFAULT_DATA)
             tkey = key[:2]
-            if tkey not in self.docs:
-                self.docs[tkey] = tokenize_documents(self.corpus, tok)
+            if tkey not in self.docs:  # documents in memory are tokenized once; a streamed file as far as asked
+                self.docs[tkey] = DocumentTokens(self.corpus, tok)
             self.cache[key] = make_windows(self.corpus, tok, n_batches=w.batches, batch_size=w.batch_size, ctx=ctx,
                                            seed=w.seed, mode=w.mode, vocab_size=model.probe_info.vocab_size,
                                            docs=self.docs[tkey], bos_id=bos_id)

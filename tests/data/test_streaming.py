@@ -1,0 +1,160 @@
+"""Streamed corpora (docs/definitions.md#streamed-corpora): a local file's documents are found in one pass and read
+from disk only as far as the windows need, with exactly the documents and windows that a whole-file read gives; the
+packed window mode; long documents tokenized in pieces."""
+import gzip
+import json
+import random
+import tracemalloc
+
+import pytest
+import torch
+
+from probe.data import batches as B
+from probe.data import streams as S
+from probe.data.batches import eval_batches, tokenize_documents
+from probe.data.corpus import CORPUS_DIR, Corpus, load_corpus
+from probe.data.documents import split_blank_lines
+from probe.data.windows import build_windows
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from probe.data.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
+def whole_jsonl(raw: bytes) -> tuple[list[str], int]:
+    """The documents and bad-record count of a JSON-lines file read whole (the reader streaming replaced)."""
+    docs, bad = [], 0
+    for line in raw.decode().split("\n"):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(record, dict) and isinstance(record.get("text"), str):
+            docs += [record["text"]] if record["text"].strip() else []
+        else:
+            bad += 1
+    return docs, bad
+
+
+def test_text_files_split_as_a_whole_file_read_splits_them(tmp_path, monkeypatch):
+    """Blocks of a few bytes put every separator, CRLF and multi-byte character across a block boundary somewhere."""
+    rng = random.Random(0)
+    parts = ["a", "b", " ", "\t", "\n", "\r", "\r\n", "é", "\u00a0", "x\n\n", "\n \n", "\n\t\n\n", "\u3000"]
+    path = tmp_path / "t.txt"
+    for _ in range(400):
+        monkeypatch.setattr(S, "BLOCK", rng.choice([3, 7, 64]))
+        path.write_bytes("".join(rng.choice(parts) for _ in range(rng.randint(0, 40))).encode())
+        assert list(S.FileDocuments(path)) == split_blank_lines(path.read_text(encoding="utf-8"))
+
+
+def test_jsonl_records_read_as_streams_give_the_records_text(tmp_path, monkeypatch):
+    """Long records (LONG_RECORD made small) are scanned and decoded in pieces: escapes, surrogate pairs, nested
+    values, other keys before and after "text", bad records; plain and gzip."""
+    rng = random.Random(1)
+    chars = ["a", " ", "\n", "é", "😀", '"', "\\", "\u2028", "xxxxx", "\t"]
+
+    def record():
+        r, text = rng.random(), "".join(rng.choice(chars) for _ in range(rng.randint(0, 60)))
+        bad = [json.dumps({"id": 1}), json.dumps({"text": 5}), "{not json", "", json.dumps({"text": [1, {"a": "}"}]}),
+               json.dumps([1, 2]), json.dumps({"text": None})]
+        if r < 0.25:
+            return rng.choice(bad)
+        obj = {"meta": {"k": [1, 2, 'x"y']}, "text": text} if r < 0.6 else {"text": text, "n": -1.5e3, "b": True}
+        return json.dumps(obj, ensure_ascii=rng.random() < 0.5)
+
+    for _ in range(150):
+        monkeypatch.setattr(S, "BLOCK", rng.choice([3, 9, 64]))
+        monkeypatch.setattr(S, "LONG_RECORD", rng.choice([4, 30, 1 << 20]))
+        raw = "\n".join(record() for _ in range(rng.randint(2, 6))).encode() + b"\n"
+        want, bad = whole_jsonl(raw)
+        for name, data in (("t.jsonl", raw), ("t.jsonl.gz", gzip.compress(raw))):
+            (tmp_path / name).write_bytes(data)
+            if not want:
+                with pytest.raises(ValueError, match="holds no records with text"):
+                    S.FileDocuments(tmp_path / name, skip_bad=True)
+                continue
+            docs = S.FileDocuments(tmp_path / name, skip_bad=True)
+            assert (list(docs), docs.skipped) == (want, bad)
+
+
+def test_a_streamed_copy_of_a_bundled_text_gives_its_windows(tmp_path, tok):
+    """The same documents from a file (streamed) and in memory give byte-identical windows in every mode, and the
+    same tokens as tokenizing every document whole."""
+    text = (CORPUS_DIR / "wikitext-2-test.txt").read_text(encoding="utf-8")
+    path = tmp_path / "wiki.txt"
+    path.write_text("\n\n".join(d.replace("\n\n", "\n") for d in split_blank_lines(text)[:40]), encoding="utf-8")
+    streamed, held = load_corpus(path), Corpus("held", split_blank_lines(path.read_text(encoding="utf-8")))
+    assert list(streamed.documents) == held.documents
+    whole = tokenize_documents(held, tok)
+    for mode, ctx, n in (("first", 64, 4), ("sequential", 64, 16), ("random", 64, 4), ("packed", 128, 6)):
+        a = eval_batches(streamed, tok, n_batches=n, batch_size=4, ctx=ctx, mode=mode, seed=3)
+        b = eval_batches(held, tok, n_batches=n, batch_size=4, ctx=ctx, mode=mode, seed=3)
+        c = eval_batches(whole, tok, n_batches=n, batch_size=4, ctx=ctx, mode=mode, seed=3)
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.tokens, c.tokens), mode
+        assert torch.equal(a.doc_ids, b.doc_ids) and torch.equal(a.doc_ids, c.doc_ids), mode
+
+
+def test_windows_of_a_large_document_read_only_what_they_need(tmp_path, tok, monkeypatch):
+    """A 24 MB single-record .jsonl.gz and a 24 MB one-document .txt: the tokenizer sees at most a piece of text
+    per window's document and Python holds at most a few blocks at a time (tracemalloc's peak), never the file."""
+    line = "The quick brown fox jumps over the lazy dog, again and again.\n"
+    text = line * (24_000_000 // len(line))
+    (tmp_path / "one.jsonl.gz").write_bytes(gzip.compress((json.dumps({"text": text}) + "\n").encode(), 1))
+    (tmp_path / "one.txt").write_text(text)
+    del text
+    seen = []
+    real = B._encode
+    monkeypatch.setattr(B, "_encode", lambda t, s: seen.append(len(s)) or real(t, s))
+    for name in ("one.jsonl.gz", "one.txt"):
+        seen.clear()
+        tracemalloc.start()
+        eb = build_windows(tmp_path / name, tok, n_batches=2, batch_size=4, ctx=64, mode="auto")
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert eb.tokens.shape == (2, 4, 65) and eb.mode == "sequential" and eb.doc_ids.unique().tolist() == [0]
+        assert sum(seen) <= 4 * B.PIECE_CHARS, name  # mode first, then round 0, the length count, the windows
+        assert peak < 5 * S.LONG_RECORD, f"{name}: Python peak {peak / 2**20:.0f} MiB"
+        assert eb.corpus_fingerprint == load_corpus(tmp_path / name).content["sha256"][:16]
+
+
+def test_long_documents_are_tokenized_in_pieces_cut_at_line_ends(tok, monkeypatch):
+    """A document longer than PIECE_CHARS is cut after a line break (else before a space): for byte-level BPE on
+    text with line breaks this gives the tokens of the whole document, and a prefix reads only its pieces."""
+    monkeypatch.setattr(B, "PIECE_CHARS", 2000)
+    doc = "\n".join(load_corpus("kjv").documents[0].split("\n")[:200])
+    assert len(doc) > 20 * B.PIECE_CHARS
+    whole = torch.tensor(tok(doc, add_special_tokens=False)["input_ids"])
+    pieces = [doc[i:i + 777] for i in range(0, len(doc), 777)]  # any split of the text gives the same cuts
+    assert torch.equal(B.tokenize_pieces(tok, iter(pieces)), whole)
+    assert torch.equal(B.tokenize_pieces(tok, iter(pieces), limit=100), whole[:100])
+    assert B._cut("a" * 3000) == 2000 and B._cut("a " * 1500) == 1999 and B._cut("ab\n" * 1000) == 1998
+
+
+def test_packed_windows_are_the_eos_joined_stream_cut_in_order(tok):
+    kjv = load_corpus("kjv")
+    docs = tokenize_documents(kjv, tok)
+    eos = tok.eos_token_id
+    stream = torch.cat([torch.cat([d, torch.tensor([eos])]) for d in docs])[:-1]
+    eb = build_windows(kjv, tok, n_batches=2, batch_size=3, ctx=32768, mode="packed")
+    assert eb.tokens.shape == (2, 3, 32769) and eb.to_dict()["mode"] == "packed"
+    assert torch.equal(eb.tokens.flatten(), stream[:6 * 32769])
+    starts = torch.cumsum(torch.tensor([len(d) + 1 for d in docs]), 0)
+    first_token_doc = torch.searchsorted(starts, torch.arange(6) * 32769, right=True)
+    assert torch.equal(eb.doc_ids.flatten(), first_token_doc)
+    with_bos = build_windows(kjv, tok, n_batches=1, batch_size=2, ctx=100, mode="packed", bos_id=7)
+    assert (with_bos.tokens[..., 0] == 7).all() and torch.equal(with_bos.tokens[0, 0, 1:], stream[:100])
+    with pytest.raises(ValueError, match=r"mode='packed' can supply \d+ windows"):
+        build_windows("wikitext-2-test", tok, n_batches=100, batch_size=8, ctx=1024, mode="packed")
+
+
+def test_packed_is_a_window_mode_of_the_command_line():
+    from probe.cli.main import build_parser
+
+    args = build_parser().parse_args(["sinks", "--window-mode", "packed"])
+    assert args.window_mode == "packed"

@@ -89,7 +89,7 @@ def run_sweep(args: argparse.Namespace, contexts: list[int]) -> int:
     from probe.cli.flags import eps_values
     from probe.cli.prepare import prepare
     from probe.jobs.inputs import windows_for
-    from probe.present import sink_sweep
+    from probe.present import sinks_ctx
     from probe.present.console import plan_line
     from probe.present.errors import UsageError
     from probe.present.files import publish
@@ -112,5 +112,5 @@ def run_sweep(args: argparse.Namespace, contexts: list[int]) -> int:
     kw = {"protocol": args.protocol} if getattr(args, "protocol", "pooled") != "pooled" else {}
     result, _ = sink_context_sweep(run.model, windows, eps=list(eps_values(args)), massive=args.massive,
                                    tokenizer=run.tokenizer, progress=run.progress, **kw)
-    publish(run.output, "sinks_ctx", result, sink_sweep, run.console)
+    publish(run.output, "sinks_ctx", result, sinks_ctx, run.console)
     return 0

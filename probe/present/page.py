@@ -37,7 +37,8 @@ FOLD_ROWS = 20  # a table longer than this is folded: the reader opens the numbe
 # The presentation modules whose DESCRIPTIONS say, one line each, what their files in an output folder hold: every
 # analysis describes its own files (a new analysis adds its module here). Other files fall back to their own title or
 # header.
-DESCRIBED_BY = ["probe.present.sinks", "probe.present.sink_eps", "probe.present.massive", "probe.present.dormant",
+DESCRIBED_BY = ["probe.present.sinks", "probe.present.sinks_ctx", "probe.present.sink_eps", "probe.present.massive",
+                "probe.present.dormant",
                 "probe.present.inject", "probe.present.gates", "probe.present.sources", "probe.present.eval",
                 "probe.present.costs", "probe.present.models", "probe.present.report", "probe.present.training",
                 "probe.present.recipe", "probe.present.viewers"]

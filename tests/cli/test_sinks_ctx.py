@@ -1,0 +1,70 @@
+"""`probe sinks --ctx T1 T2 ...`: the sink analyses at several context lengths in one run, reported against T
+(probe.analyses.context_sweep, probe.present.sinks_ctx); one --ctx stays the single-context run."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from tests.support.cli import probe
+
+MODEL = "probe/tiny-sink+proj"
+WINDOWS = ["--batches", "1", "--batch-size", "2"]
+
+
+def test_several_contexts_in_one_run(tmp_path):
+    out = tmp_path / "sweep"
+    r = probe("sinks", "--model", MODEL, *WINDOWS, "--ctx", "32", "16", "--massive", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "T = 16 → 32" in r.stdout
+    summary = pd.read_csv(out / "sinks_ctx_summary.csv")
+    layers = pd.read_csv(out / "sinks_ctx_layers.csv")
+    assert summary["ctx"].tolist() == [16, 32]  # ascending, whatever the order given
+    assert set(layers["ctx"]) == {16, 32} and layers["massive_top1"].notna().all()
+    assert {"pos0_share", "uniform_ref", "r0", "sink_share"} <= set(layers.columns)
+    assert not list(out.glob("sinks_*.csv")) == [] and not (out / "sinks.html").exists()
+    page = (out / "sinks_ctx.html").read_text()
+    assert "against context length" in page
+    # each context's numbers are the single-context run's
+    one = probe("sinks", "--model", MODEL, *WINDOWS, "--ctx", "16", "--out", tmp_path / "one")
+    assert one.returncode == 0, one.stderr
+    single = pd.read_csv(tmp_path / "one" / "sinks_summary.csv").iloc[0]
+    row = summary.set_index("ctx").loc[16]
+    for col in ("pos0_share", "uniform_ref", "r0"):
+        assert row[col] == pytest.approx(single[col], abs=1e-9)
+    assert not (tmp_path / "one" / "sinks_ctx_summary.csv").exists()  # one --ctx: today's files only
+    meta = json.loads((out / "sinks_ctx.json").read_text())["meta"]
+    assert meta["ctx"] == "16 32"
+
+
+def test_several_contexts_refuse_dormant_in_one_line():
+    r = probe("sinks", "--model", MODEL, *WINDOWS, "--ctx", "16", "32", "--dormant")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].count("--dormant") >= 1 and "16 32" in r.stderr
+
+
+@torch.no_grad()
+def test_sweep_tables_per_layer_type_on_a_sliding_model(tmp_path):
+    """On a model with sliding and full layers (tiny Gemma 3: window 4) the sweep reports both types at every T, and
+    each context's per-layer numbers are those of sink_analyses at that T."""
+    import probe as probe_pkg
+    from probe.analyses.context_sweep import sink_context_sweep
+    from probe.analyses.sink_pass import sink_analyses
+    from probe.checkpoints.tiny import build_tiny
+
+    model = probe_pkg.load(str(build_tiny("gemma3_text", tmp_path / "g3")))
+    g = torch.Generator().manual_seed(0)
+    windows = {t: torch.randint(2, 96, (1, 2, t + 1), generator=g) for t in (8, 32)}
+    sweep, per_ctx = sink_context_sweep(model, windows, eps=[0.3], massive=True)
+    by_type = sweep["by_type"]
+    assert set(zip(by_type["ctx"], by_type["layer_type"])) == {(8, "sliding"), (8, "full"), (32, "sliding"),
+                                                                (32, "full")}
+    assert by_type.set_index(["ctx", "layer_type"])["layers"].to_dict()[(32, "sliding")] == 2
+    alone = sink_analyses(model, windows[32], eps=[0.3])["sinks"]["layers"]
+    got = sweep["layers"][sweep["layers"]["ctx"] == 32]
+    torch.testing.assert_close(torch.tensor(got["pos0_share"].to_numpy()), torch.tensor(alone["pos0_share"].to_numpy()))
+    # the causal-uniform reference falls with T in full layers
+    full = by_type[by_type["layer_type"] == "full"].set_index("ctx")["uniform_ref"]
+    assert full[32] < full[8]

@@ -202,9 +202,9 @@ def gate_stats(model, data, *, min_count: int = 50, tokenizer=None,
 
     Raises ValueError for models without a value gate."""
     info = model.probe_info
-    if info.value_gate == "none":
-        raise ValueError(f"model {info.name!r} has no value gate (value_gate='none'); gate statistics need "
-                         "hook_v_gate (norm, proj, routing-norm, silu, tanh, g2 or glu gates)")
+    if not info.has_value_gate:
+        raise ValueError(f"model {info.name!r} has no value gate (value_gate={info.value_gate!r}); gate statistics "
+                         "need hook_v_gate (norm, proj, routing-norm, silu, tanh, g2 or glu gates)")
     w = as_windows(data)
     acc = GateAccumulator(info, w.tokens[..., :-1].reshape(-1), min_count)
     state = {}

@@ -37,7 +37,7 @@ def source_category(label: str) -> str:
 
 def depth_sites(info) -> dict[str, list[str]]:
     sites = info.extra.get("depth_sites") or {}
-    if info.depth_routing not in ("attnres", "plr", "slr") or not sites:
+    if not info.has_depth_sources or not sites:
         raise ValueError(f"model {info.name!r} has no depth routing (depth_routing={info.depth_routing!r}): effective "
                          "sources need AttnRes / P-LR / S-LR read sites with hook_depth_weights")
     return sites

@@ -22,7 +22,7 @@ def _gated(model) -> None:
     from probe.present.errors import UsageError
 
     info = model.probe_info
-    if info.value_gate == "none":
+    if not info.has_value_gate:
         raise UsageError(f"model {info.name!r} has no value gate; `probe gates` needs a gated model (normgate, "
                          "projgate, sink+norm, sink+proj, routing-normgate, gatedv, g2, glu-...)")
 

@@ -19,7 +19,7 @@ def _depth_routed(model) -> None:
     from probe.present.errors import UsageError
 
     info = model.probe_info
-    if info.depth_routing not in ("attnres", "plr", "slr"):
+    if not info.has_depth_sources:
         raise UsageError(f"model {info.name!r} has no depth routing (depth_routing={info.depth_routing!r}); "
                          "`probe sources` needs an AttnRes / P-LR / S-LR model, e.g. `probe train --variant "
                          "attnres-block4`")

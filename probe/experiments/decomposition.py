@@ -85,7 +85,7 @@ def gate_rows(models: dict, eval_batches, n_last: int) -> pd.DataFrame:
     batch = eval_batches.tokens[-n_last:]
     rows = []
     for (label, seed), model in models.items():
-        if model.config.value_gate == "none":
+        if not model.probe_info.has_value_gate:
             continue
         s = gate_stats(model, batch, min_count=1)["summary"].iloc[0]
         rows.append({"variant": label, "seed": seed, **{k: float(s[k]) for k in (

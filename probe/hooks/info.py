@@ -22,9 +22,13 @@ class ModelInfo:
     layer_types: list[str] = field(default_factory=list)  # per layer: "full" or "sliding"
     sliding_window: int | None = None
     has_phantom: bool = False  # a phantom key (off-by-one, sink logit, gpt-oss sinks)
-    value_gate: str = "none"  # none | norm | proj | routing-norm | silu | tanh | g2 | glu
+    value_gate: str = "none"  # the gate's registered name, for records only: none | norm | proj | routing-norm | ...
+    # What a mechanism does, declared by the mechanism: analyses, pages and verbs read these, never the names
+    has_value_gate: bool = False  # a value gate: every layer fires attn.hook_v_gate (g per read or per element)
     gate_on_logits: bool = False  # a routing-slot gate: log g_j (read at hook_v_gate) joins key j's logits
-    depth_routing: str = "residual"  # residual | attnres | plr | slr | denseformer | mudd
+    has_depth_sources: bool = False  # depth routing over sub-layer sources: {site}.hook_depth_weights per read
+    #   site, the sites' source labels in extra["depth_sites"] (AttnRes / P-LR / S-LR; not DenseFormer or MUDD)
+    depth_routing: str = "residual"  # the depth mechanism's name, for records: residual | attnres | plr | slr | ...
     depth_blocks: int = 0  # 0 = full depth routing, N = block routing with N blocks
     sink_token: bool = False  # a learned token prepended at position 0 (custom sinktoken variant)
     bos_token_id: int | None = None

@@ -67,7 +67,7 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
         self.blocks = nn.ModuleList(Block(c, l) for l in range(c.n_layers))
         if c.depth != "residual":
             self.final_read = DepthRead(c)
-        self.ln_f = make_norm(c.norm, c.d_model, c.norm_eps)
+        self.ln_f = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
         if not c.tie_embeddings:
             self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.hook_embed = HookPoint()  # B,T,d
@@ -181,11 +181,14 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
     def probe_info(self) -> ModelInfo:
         c = self.config
         depth = c.depth if c.depth != "residual" else (c.dense if c.dense != "none" else "residual")
-        extra = {"depth_sites": site_sources(c)} if c.depth != "residual" else {}
+        routed = c.depth != "residual"  # DepthRead sites over sub-layer sources (dense connections have none)
+        extra = {"depth_sites": site_sources(c)} if routed else {}
+        gate = GATES.get(c.value_gate)  # the registered gate class, None without a gate
         return ModelInfo(
             name=getattr(self, "probe_name", None) or c.name_or_path or "probe", family="probe",
             n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, d_head=c.d_head,
             n_ctx=c.n_ctx, vocab_size=c.vocab_size, has_phantom=c.has_phantom, value_gate=c.value_gate,
-            gate_on_logits=c.value_gate != "none" and GATES[c.value_gate].routing,  # declared by the gate itself
-            depth_routing=depth, depth_blocks=c.depth_blocks, sink_token=c.abstention == "sinktoken",
+            has_value_gate=gate is not None, gate_on_logits=gate is not None and gate.routing,  # declared by the gate
+            has_depth_sources=routed, depth_routing=depth, depth_blocks=c.depth_blocks,
+            sink_token=c.abstention == "sinktoken",
             trained_with_bos=bool((getattr(self, "train_record", None) or {}).get("bos")), extra=extra)

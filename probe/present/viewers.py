@@ -262,9 +262,9 @@ def depth_viewer(model, text_or_ids, *, sites=None, tokenizer=None, max_tokens: 
 def capture_gates(model, text_or_ids, *, layers=None, tokenizer=None, max_tokens: int | None = None) -> dict:
     """Value gates (T, Hkv) per layer for one text (element-wise gates: mean over the head's coordinates)."""
     info = model.probe_info
-    if info.value_gate == "none":
-        raise ValueError(f"model {info.name!r} has no value gate (value_gate='none'); the gate viewer needs "
-                         "hook_v_gate")
+    if not info.has_value_gate:
+        raise ValueError(f"model {info.name!r} has no value gate (value_gate={info.value_gate!r}); the gate viewer "
+                         "needs hook_v_gate")
     layers = list(range(info.n_layers)) if layers is None else [int(l) for l in layers]
     ids, toks, note = prepare(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens)
     names = {hook_names.attn(l, "v_gate"): l for l in layers}
@@ -434,10 +434,10 @@ def view_figures(model, text_or_ids, *, tokenizer=None, max_tokens: int = MAX_FU
     shown = [att]
     summary = {"model": cap["model"], "tokens": len(cap["tokens"]), "layers": info.n_layers, "heads": H,
                "phantom": cap["phantoms"][0] is not None, "depth": False, "gates": False, "note": cap["note"]}
-    if info.depth_routing in ("attnres", "plr", "slr") and info.extra.get("depth_sites"):
+    if info.has_depth_sources and info.extra.get("depth_sites"):
         shown.append(depth_viewer(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens))
         summary["depth"] = True
-    if info.value_gate != "none":
+    if info.has_value_gate:
         shown.append(gate_viewer(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens))
         shown.append(gate_viewer(model, text_or_ids, text_layer="mean", tokenizer=tokenizer, max_tokens=max_tokens))
         summary["gates"] = True

@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from probe.models import config_for
-from tests.support.analyses import every_variant, tiny, windows
+from tests.support.analyses import every_variant, gate_reference, tiny, windows
 from probe.analyses.gates import GateAccumulator, gate_stats
 from probe.hooks.info import ModelInfo
 
@@ -109,7 +108,7 @@ def test_model_without_gate_raises():
         gate_stats(tiny("baseline"), windows(1, 2, 8))
 
 
-GATED = [(v, over) for v, over in every_variant() if config_for(v, **over).value_gate != "none"]  # every gated variant
+GATED = [(v, over) for v, over in every_variant() if tiny(v, **over).probe_info.has_value_gate]  # as they declare
 
 
 @pytest.mark.parametrize("variant,over", GATED)
@@ -141,3 +140,17 @@ def test_model_numbers_match_a_brute_force_computation():
         assert layer["selectivity"] == pytest.approx(float(sel.mean()), rel=1e-4)
         assert layer["read_mean_gate"] == pytest.approx(float(gate.mean()), rel=1e-5)
         assert layer["frac_below_half"] == pytest.approx(float((gate < 0.5).float().mean()))
+
+
+@pytest.mark.parametrize("variant,over", GATED)
+def test_gate_statistics_equal_the_pattern_reference(variant, over):
+    """The streamed statistics (one layer's pattern at a time, stopped early) equal the definitions computed from
+    every layer's whole hook_pattern and hook_v_gate (tests.support.analyses.gate_reference, float64), for every
+    gated variant: per head, per layer and the pooled token share."""
+    model, toks = tiny(variant, **over), windows(2, 2, 12)
+    got, ref = gate_stats(model, toks, min_count=1), gate_reference(model, toks)
+    cols = ["mean_gate", "selectivity", "spread", "read_mean_gate", "frac_below_half"]
+    for table, keys in (("heads", cols), ("layers", cols + ["token_share"])):
+        a, b = got[table][keys].to_numpy(float), ref[table][keys].to_numpy(float)
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-6, atol=1e-7, msg=table)
+    assert got["summary"]["token_share"].iloc[0] == pytest.approx(ref["token_share"], rel=1e-6, abs=1e-7)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.support.analyses import tiny, windows
+from tests.support.analyses import every_variant, sources_reference, tiny, windows
 from probe.analyses.sources import SourceAccumulator, effective_sources, entropy
 
 FULL = {"blocks.0.mlp_read": ["embed", "attn0"], "blocks.1.attn_read": ["embed", "attn0", "mlp0"]}
@@ -106,3 +106,25 @@ def test_zero_queries_route_uniformly():
     model = create("attnres-full", n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=64, vocab_size=97)
     sites = effective_sources(model, windows(1, 2, 8))["sites"]
     assert sites["neff_mean"].tolist() == pytest.approx(sites["n_sources"].astype(float).tolist(), rel=1e-6)
+
+
+ROUTED = [(v, over) for v, over in every_variant() if tiny(v, **over).probe_info.has_depth_sources]  # as declared
+
+
+@pytest.mark.parametrize("variant,over", ROUTED)
+def test_effective_sources_equal_the_depth_weights_reference(variant, over):
+    """The streamed statistics (each site's weights accumulated as the forward fires them, stopped once every site
+    is read) equal the definitions computed from every site's whole hook_depth_weights
+    (tests.support.analyses.sources_reference, float64), for every depth-routed variant: every column of the site
+    table, the heatmap cell by cell (NaN exactly where a site does not read a source) and S_src."""
+    model, toks = tiny(variant, **over), windows(2, 2, 12)
+    got, ref = effective_sources(model, toks), sources_reference(model, toks)
+    sites = got["sites"].drop(columns=["model", "corpus"]).set_index("site")
+    want = ref["sites"].set_index("site")
+    assert sorted(sites.columns) == sorted(want.columns) and sites.index.tolist() == want.index.tolist()
+    torch.testing.assert_close(torch.tensor(sites.to_numpy(float)), torch.tensor(want[sites.columns].to_numpy(float)),
+                               rtol=1e-10, atol=1e-12)
+    heat = got["heatmap"].drop(columns=["model", "corpus"]).set_index("site")
+    expected = np.array([[ref["heatmap"][s].get(x, np.nan) for x in heat.columns] for s in heat.index])
+    np.testing.assert_allclose(heat.to_numpy(float), expected, rtol=1e-10, atol=1e-12)  # NaN where NaN
+    assert got["summary"]["S_src"].iloc[0] == ref["S_src"]

@@ -9,6 +9,7 @@ from probe.analyses.gates import gate_stats
 from probe.analyses.inject import inject
 from probe.analyses.sinks import sink_stats
 from probe.analyses.sources import effective_sources
+from probe.models.gates import gate_directions
 
 VARIANTS = [v for v in pm.VARIANTS if "{" not in v] + ["attnres-block2", "slr-full-r8", "plr-block2-r8"]
 
@@ -21,16 +22,17 @@ def test_analyses_run(variant):
     s = sink_stats(model, toks)["summary"].iloc[0]
     assert all(math.isfinite(s[k]) for k in ("pos0_share", "phantom_share", "r0", "uniform_ref"))
     assert (s["phantom_share"] > 0) == info.has_phantom
-    junk = ["own-direction"] if info.value_gate == "proj" else ["structured"]
+    directions = gate_directions(model)  # a gate that declares its own read direction gets own-direction junk
+    junk = ["own-direction"] if directions and all(w is not None for w in directions.values()) else ["structured"]
     res = inject(model, toks, junk=junk, doses=[0.5], progress=False)
     assert math.isfinite(res["results"]["delta"].iloc[0]) and res["results"]["delta"].iloc[0] != 0
-    if info.value_gate != "none":
+    if info.has_value_gate:
         g = gate_stats(model, toks, min_count=1)["summary"].iloc[0]
         assert math.isfinite(g["mean_gate"]) and math.isfinite(g["selectivity"])
     else:
         with pytest.raises(ValueError):
             gate_stats(model, toks)
-    if info.extra.get("depth_sites"):
+    if info.has_depth_sources:
         assert effective_sources(model, toks)["summary"]["S_src"].iloc[0] > 0
     else:
         with pytest.raises(ValueError):

@@ -104,10 +104,12 @@ def routing_gate():
 
 
 def test_a_new_routing_slot_gate_streams_the_sink_statistics_of_its_pattern(routing_gate):
+    from probe.analyses.gates import gate_stats
     from probe.analyses.sinks import sink_stats, sink_stats_reference
+    from tests.support.analyses import gate_reference
 
     model = create("meanrouting", **SMALL)
-    assert model.probe_info.gate_on_logits
+    assert model.probe_info.has_value_gate and model.probe_info.gate_on_logits  # declared by the gate class
     with torch.no_grad():  # gates far from 1/2, different per KV head, so a dropped log g shows
         for block in model.blocks:
             block.attn.gate.s.copy_(torch.linspace(-40.0, 40.0, block.attn.gate.s.numel()))
@@ -118,3 +120,7 @@ def test_a_new_routing_slot_gate_streams_the_sink_statistics_of_its_pattern(rout
         a, b = fast[key].select_dtypes("number"), ref[key].select_dtypes("number")
         torch.testing.assert_close(torch.tensor(a.to_numpy(float)), torch.tensor(b.to_numpy(float)), atol=1e-5,
                                    rtol=1e-5, equal_nan=True, msg=key)
+    gates, ref = gate_stats(model, toks, min_count=1), gate_reference(model, toks)  # gate statistics too
+    cols = ["mean_gate", "selectivity", "spread", "read_mean_gate", "frac_below_half", "token_share"]
+    torch.testing.assert_close(torch.tensor(gates["layers"][cols].to_numpy(float)),
+                               torch.tensor(ref["layers"][cols].to_numpy(float)), rtol=1e-6, atol=1e-7)

@@ -4,6 +4,7 @@ metrics, the zoo builders, corpora, run stores, result pages): each file staged 
 an OSError is one ``WriteError`` naming the file. Standard library only, at the lowest level of the package."""
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -131,6 +132,18 @@ def remove_stale_temps(folder: Path, depth: int = 2) -> list[Path]:
     return removed
 
 
+def check_real_folders(root: Path, path: Path) -> None:
+    """Every folder from ``root`` (exclusive) down to ``path``'s parent is a real folder, not a link: a link planted
+    as a subfolder of --out (``--out/models -> /elsewhere``) would send the writes below it elsewhere. A link is an
+    OSError (ELOOP) naming it; ``root`` itself may be a link (the user chose it)."""
+    root, at = Path(root), Path(root)
+    for part in Path(path).parent.relative_to(root).parts:
+        at = at / part
+        if at.is_symlink():
+            raise OSError(errno.ELOOP, f"{at} is a link; probe writes only into real folders of {root} (remove the "
+                          "link)", str(at))
+
+
 def staging_dir(parent: Path, name: str) -> Path:
     """A new, empty folder beside ``parent / name`` to build it in before one rename (a checkpoint): created
     exclusively (``mkdtemp``), recognisable as a killed run's leftover."""
@@ -157,14 +170,15 @@ def fsync_tree(folder: Path) -> None:
 def write_files(out: Path, files: dict[str, str | bytes]) -> list[Path]:
     """Write every file to a temp name first, then rename them all into ``out`` in the order given: no partial files
     on failure, and the last file lands last (a marker that the others are complete). Names may hold a subfolder of
-    ``out`` that exists. An OSError (full disk, I/O error) is a ``WriteError`` naming the file; the temp files and
-    the folders this call created are gone by then."""
+    ``out`` that exists, never a link planted there (``check_real_folders``). An OSError (full disk, I/O error) is a
+    ``WriteError`` naming the file; the temp files and the folders this call created are gone by then."""
     out = Path(out)
     staged, created, final = [], [], out
     try:
         created = make_dirs(out)
         for name, data in files.items():
             final = out / name
+            check_real_folders(out, final)
             staged.append((_stage(final, data), final))
         for tmp, final in staged:
             os.replace(tmp, final)

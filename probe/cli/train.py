@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,6 +88,33 @@ def _synthetic_task(args: argparse.Namespace) -> BigramBackcopy | None:
         raise UsageError(f"--data / --ctx: {first_line(e)}") from None
 
 
+def _recorded_identity(out: Path) -> dict:
+    """The run's recorded identity; a damaged file is one line naming it and how to recover."""
+    from probe.jobs.store import _read_state
+
+    return _read_state(out / RUN_IDENTITY, "restore it, or choose another --out (or delete this one) to start over")
+
+
+def _check_corpus(out: Path, ident: dict, corpus, resuming: bool) -> None:
+    """Resume trusts the corpus's content, not its path (docs/definitions.md#resume-fingerprints): the SHA-256 and
+    size of what the run trains on are recorded; a changed corpus refuses the resume, naming both fingerprints, and a
+    run recorded before fingerprints existed resumes with a warning and records them."""
+    ident["corpus_sha256"], ident["corpus_bytes"] = corpus.content["sha256"], corpus.content["bytes"]
+    if not resuming:
+        return
+    old = _recorded_identity(out)
+    if "corpus_sha256" not in old:
+        sys.stderr.write(f"probe train: warning: {out / RUN_IDENTITY} records no corpus fingerprint (written before "
+                         f"fingerprints existed); resuming on what --data {ident['data']!r} holds now, sha256 "
+                         f"{ident['corpus_sha256'][:16]}..., and recording it\n")  # even with --quiet
+        return
+    if (old["corpus_sha256"], old.get("corpus_bytes")) != (ident["corpus_sha256"], ident["corpus_bytes"]):
+        raise UsageError(f"--data {ident['data']!r} changed since the run in --out {str(out)!r} started: its corpus "
+                         f"was sha256 {old['corpus_sha256'][:16]}... ({old.get('corpus_bytes')} bytes), now "
+                         f"{ident['corpus_sha256'][:16]}... ({ident['corpus_bytes']} bytes); restore the corpus to "
+                         "resume, or choose another --out")
+
+
 def _check_run_dir(out: Path, ident: dict) -> bool:
     """True when ``out`` holds a run with the same identity (resume); errors for a different run or foreign files."""
     if not out.exists():
@@ -101,7 +129,7 @@ def _check_run_dir(out: Path, ident: dict) -> bool:
             raise UsageError(f"--out {str(out)!r} exists and is not a `probe train` run directory; choose a new or "
                              "empty directory")
         return False
-    old = {**{k: getattr(TrainConfig, k) for k in LATER_KEYS}, "bos": False, **json.loads(run.read_text())}
+    old = {**{k: getattr(TrainConfig, k) for k in LATER_KEYS}, "bos": False, **_recorded_identity(out)}
     diff = [f"--{k.replace('_', '-')} {old.get(k)!r} (now {v!r})" for k, v in ident.items() if old.get(k) != v]
     if diff:
         raise UsageError(f"--out {str(out)!r} holds a run with different settings: {'; '.join(diff)}; resume with "
@@ -145,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     from probe.present.training import training_text, write_training_page
     from probe.progress import plural
     from probe.train import export_model, find_checkpoint, read_metrics, train
-    from probe.train.checkpoint import STATE_JSON
+    from probe.train.checkpoint import read_state
     from probe.train.distributed import from_env
     from probe.train.trainer import capped_warmup
 
@@ -190,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
         bar = console.bar(2, f"train: tokenizing {args.data}", unit="corpus", leave=False)
         try:
             corpus, eval_corpus = _corpora(args)
+            if dist.is_main:
+                _check_corpus(out, ident, corpus, resuming)
             docs = tokenize_documents(corpus, tok)
             try:
                 sampler = WindowSampler(docs, ctx, args.seed, eos_id=tok.eos_token_id, bos_id=bos_id)
@@ -211,7 +241,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(**{**{k: getattr(args, k) for k in LOOP_FLAGS}, "warmup": warmup, "device": device})
     n_params = sum(p.numel() for p in model.parameters())
     ckpt = find_checkpoint(out) if resuming else None
-    start = json.loads((ckpt / STATE_JSON).read_text())["step"] if ckpt else 0
+    try:
+        start = read_state(ckpt)["step"] if ckpt else 0
+    except ValueError as e:
+        raise UsageError(f"--out {str(out)!r}: {e}") from None
     if dist.is_main:
         console.note(f"plan: train {args.tier}-{args.variant} ({n_params:,} parameters) on {ident['data']} for "
                      f"{plural(args.steps, 'step')} x {plural(args.batch_size, 'window')} x {ctx} tokens"

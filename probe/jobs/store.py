@@ -8,7 +8,7 @@ The folder::
                              report), the settings that determine the numbers (checked on resume), the run's model
                              list in order, and what its kind adds (a report's shard, a merge's source folders)
     DIR/models/<slug>.json   one JSON record per finished model, staged under a dot-name and renamed into place
-                             (``probe.writes.atomic_write``): a model counts as done only once renamed
+                             (``probe.writes.write_files``): a model counts as done only once renamed
 
 Opened on a folder with a manifest, the kind, the settings and the shard must match (a one-line error names what
 differs); staged files of a killed run are removed. Another folder must be new or empty. Nothing is written before the
@@ -26,7 +26,7 @@ from pathlib import Path
 from probe.present.console import Console
 from probe.present.errors import UsageError
 from probe.present.files import clean
-from probe.writes import atomic_write, remove_stale_temps, write_files
+from probe.writes import remove_stale_temps, write_files
 
 MANIFEST = "manifest.json"
 MODELS = "models"
@@ -48,17 +48,30 @@ def record_path(folder: Path, name: str) -> Path:
     return Path(folder) / MODELS / f"{slug(name)}.json"
 
 
+def _read_state(path: Path, recover: str) -> dict:
+    """A state file of the run folder as JSON; a damaged one (truncated, not JSON, not an object) is one line naming
+    it and how to recover."""
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RunFolderError(f"{path} is corrupt ({type(e).__name__}: {str(e).splitlines()[0]}); {recover}") from None
+    if not isinstance(state, dict):
+        raise RunFolderError(f"{path} is corrupt (a JSON {type(state).__name__}, not an object); {recover}")
+    return state
+
+
 def read_record(folder: Path, name: str) -> dict:
-    return json.loads(record_path(folder, name).read_text())
+    return _read_state(record_path(folder, name), f"delete it and run again: model {name!r} is then recomputed")
 
 
 def read_manifest(folder: Path) -> dict | None:
-    """The folder's manifest, or None when it has no readable one."""
-    try:
-        manifest = json.loads((Path(folder) / MANIFEST).read_text())
-    except (OSError, ValueError):
+    """The folder's manifest, or None when it has none or one of another program; a damaged one is a one-line
+    RunFolderError."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
         return None
-    return manifest if isinstance(manifest, dict) and {"settings", "models"} <= manifest.keys() else None
+    manifest = _read_state(path, "restore it, or delete the folder (or choose another --out) to start the run over")
+    return manifest if {"settings", "models"} <= manifest.keys() else None
 
 
 def shard_name(shard: dict | None) -> str:
@@ -128,7 +141,8 @@ class RunStore:
             return
         if not self.manifest_written:
             self.write_manifest()
-        atomic_write(record_path(self.out, name), text)
+        path = record_path(self.out, name)  # through write_files from --out: a link planted at models/ is refused
+        write_files(self.out, {str(path.relative_to(self.out)): text})
 
     def write_manifest(self) -> None:
         if self.out is None:

@@ -39,7 +39,7 @@ FOLD_ROWS = 20  # a table longer than this is folded: the reader opens the numbe
 # header.
 DESCRIBED_BY = ["probe.present.sinks", "probe.present.sinks_ctx", "probe.present.sink_eps", "probe.present.massive",
                 "probe.present.dormant",
-                "probe.present.inject", "probe.present.gates", "probe.present.sources", "probe.present.eval",
+                "probe.present.inject", "probe.present.ablate", "probe.present.gates", "probe.present.sources", "probe.present.eval",
                 "probe.present.costs", "probe.present.models", "probe.present.report", "probe.present.training",
                 "probe.present.recipe", "probe.present.viewers"]
 DESCRIPTIONS = {INDEX: "this list", PLOTLY_JS: "plotly.js, loaded by the pages of this folder (offline)"}

@@ -24,7 +24,7 @@ from safetensors.torch import save_model as save_state
 from torch import nn
 from transformers.utils import logging as hf_logging
 
-from probe.writes import atomic_write, fsync_tree, staging_dir
+from probe.writes import WriteError, atomic_write, check_real_folders, fsync_tree, staging_dir
 from probe.runs import CHECKPOINT
 
 STATE_JSON, STATE_TENSORS = "trainer_state.json", "state.safetensors"
@@ -94,11 +94,17 @@ def save_model(model: nn.Module, path: Path):
         save_state(model, str(path / "model.safetensors"))
 
 
-def export_model(model: nn.Module, path: Path, tokenizer=None) -> Path:
+def export_model(model: nn.Module, path: Path, tokenizer=None, root: Path | None = None) -> Path:
     """A directory that ``probe.load`` / ``--model`` opens: weights (safetensors) + config, and the tokenizer when given.
 
-    Written into a temporary sibling and renamed into place, so a reader never sees a half-written model."""
+    Written into a temporary sibling and renamed into place, so a reader never sees a half-written model. With
+    ``root`` (the run folder), a link planted between it and ``path`` (``snapshots -> /elsewhere``) is a WriteError."""
     path = Path(path)
+    if root is not None:
+        try:
+            check_real_folders(root, path)
+        except OSError as e:
+            raise WriteError(path, e) from None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = staging_dir(path.parent, path.name)  # a new folder of a random name: never a planted one
     try:
@@ -145,6 +151,19 @@ def find_checkpoint(out_dir: Path) -> Path | None:
     return None
 
 
+def read_state(ckpt: Path) -> dict:
+    """``ckpt/trainer_state.json``; a damaged one is a ValueError of one line naming it and how to recover."""
+    path = Path(ckpt) / STATE_JSON
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+            raise ValueError("no step recorded")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is corrupt ({type(e).__name__}: {str(e).splitlines()[0]}); delete {ckpt} and run "
+                         f"again to resume from {CHECKPOINT}.old if it is there, else from step 0") from None
+    return meta
+
+
 def save_checkpoint(out_dir: Path, model: nn.Module, optimizer, sampler, step: int, extra: dict | None = None) -> Path:
     out_dir = Path(out_dir)
     final, old = out_dir / CHECKPOINT, out_dir / f"{CHECKPOINT}.old"
@@ -175,7 +194,7 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer=None, sampler=None, 
     """Restore what :func:`save_checkpoint` wrote; returns the JSON metadata (``step``, ``config``, …)."""
     path = Path(path)
     load_model(model, path)
-    meta = json.loads((path / STATE_JSON).read_text())
+    meta = read_state(path)
     state = unflatten(meta.pop("state"), load_file(str(path / STATE_TENSORS)))
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])

@@ -28,7 +28,7 @@ from probe.runs import CHECKPOINT, METRICS, SNAPSHOTS, TRAIN_CONFIG, metrics_rec
 
 from . import distributed as D
 from .config import TrainConfig
-from .checkpoint import STATE_JSON, export_model, find_checkpoint, load_checkpoint, load_model, save_checkpoint
+from .checkpoint import export_model, find_checkpoint, load_checkpoint, load_model, read_state, save_checkpoint
 from .optim import build_optimizer
 from .schedule import lr_factor
 
@@ -143,7 +143,7 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
     step, last = 0, None
     ckpt = find_checkpoint(out_dir) if resume else None
     if ckpt is not None:
-        meta = json.loads((ckpt / STATE_JSON).read_text())
+        meta = read_state(ckpt)
         if meta.get("config") != _jsonable(cfg):
             warnings.warn(f"resuming {ckpt} with a different TrainConfig than it was written with")
         if meta["step"] >= cfg.steps:  # finished: nothing to train
@@ -165,7 +165,7 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
             _write_metrics(metrics_path, first)
             atomic_write(out_dir / TRAIN_CONFIG, json.dumps(_jsonable(cfg), indent=1))
             if cfg.snapshot_every:
-                export_model(model, snapshot_dir(out_dir, 0), tokenizer)
+                export_model(model, snapshot_dir(out_dir, 0), tokenizer, root=out_dir)
     D.barrier()
 
     net = model
@@ -219,7 +219,7 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
                 save_checkpoint(out_dir, model, optimizer, sampler, step, {"config": _jsonable(cfg), "metrics": last})
             D.barrier()
         if cfg.snapshot_every and (final or step % cfg.snapshot_every == 0) and info.is_main:
-            export_model(model, snapshot_dir(out_dir, step), tokenizer)
+            export_model(model, snapshot_dir(out_dir, step), tokenizer, root=out_dir)
     bar.close()
     return last
 

@@ -361,3 +361,74 @@ def test_the_cli_names_the_bad_record(tmp_path):
     r = probe_cli("sinks", "--data", path, "--batches", "1", "--batch-size", "1", "--ctx", "4")
     assert r.returncode == 2
     assert f"{path}:2 has a \"text\" of type NoneType" in one_line(r.stderr)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# links planted below --out, damaged state files, resume fingerprints
+
+
+def test_a_link_planted_as_a_subfolder_of_out_does_not_redirect_writes(tmp_path):
+    from probe.jobs.store import RunStore
+
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "pages").symlink_to(elsewhere)
+    with pytest.raises(writes.WriteError, match=r"pages is a link"):
+        writes.write_files(out, {"pages/report.html": "<html>"})
+    out = tmp_path / "report"
+    store = RunStore(out, {"a": 1}, ["m"])
+    out.mkdir()
+    (out / "models").symlink_to(elsewhere)
+    with pytest.raises(writes.WriteError, match=r"models is a link"):
+        store.put("m", {"x": 1})
+    assert list(elsewhere.iterdir()) == []  # nothing written through either link
+
+
+def _store_with_one_record(out: Path):
+    from probe.jobs.store import RunStore, record_path
+
+    RunStore(out, {"a": 1}, ["m"]).put("m", {"x": 1})
+    return RunStore, record_path(out, "m")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-an-object"])
+def test_damaged_state_files_are_one_line_naming_the_file_and_the_way_out(tmp_path, damage):
+    from probe.jobs.store import MANIFEST, RunFolderError
+    from probe.train.checkpoint import read_state
+
+    out = tmp_path / "out"
+    RunStore, record = _store_with_one_record(out)
+    text = record.read_text()
+    record.write_text(text[:len(text) // 2] if damage == "truncated" else "[1, 2]")
+    with pytest.raises(RunFolderError, match=r"models/.*\.json is corrupt .*delete it and run again"):
+        RunStore(out, {"a": 1}, ["m"]).record("m")
+    manifest = out / MANIFEST
+    manifest.write_text(manifest.read_text()[:10] if damage == "truncated" else '"x"')
+    with pytest.raises(RunFolderError, match=r"manifest.json is corrupt .*start the run over"):
+        RunStore(out, {"a": 1}, ["m"])
+    ckpt = tmp_path / "run" / "checkpoint"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text('{"step": 3, "sta' if damage == "truncated" else "{}")
+    with pytest.raises(ValueError, match=r"trainer_state.json is corrupt .*delete .*checkpoint"):
+        read_state(ckpt)
+
+
+def test_resume_refuses_a_changed_training_corpus_naming_both_fingerprints(tmp_path, capsys):
+    text, run = tmp_path / "corpus.txt", tmp_path / "run"
+    text.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog." * 3 for i in range(40)))
+    argv = ["train", "--data", str(text), "--eval-data", str(text), "--ctx", "16", "--steps", "2", "--batch-size",
+            "2", "--eval-batches", "1", "--out", str(run), "--quiet", "--threads", "1"]
+    assert main(argv) == 0, capsys.readouterr().err
+    ident = json.loads((run / "probe_train.json").read_text())
+    assert len(ident["corpus_sha256"]) == 64 and ident["corpus_bytes"] > 0
+    capsys.readouterr()
+    text.write_text(text.read_text().replace("Paragraph 3:", "Paragraph three:"))
+    assert main(argv) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "changed since the run" in err and ident["corpus_sha256"][:16] in err and "now" in err
+    legacy = {k: v for k, v in ident.items() if k not in ("corpus_sha256", "corpus_bytes")}
+    (run / "probe_train.json").write_text(json.dumps(legacy))  # a run written before fingerprints existed
+    assert main(argv) == 0
+    assert "records no corpus fingerprint" in one_line(capsys.readouterr().err)
+    assert "corpus_sha256" in json.loads((run / "probe_train.json").read_text())

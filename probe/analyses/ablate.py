@@ -1,0 +1,431 @@
+"""Causal interventions on sinks, phantoms, gates and depth routes, as loss changes (docs/definitions.md#ablations).
+
+Each intervention is a set of forward hooks (hook names from probe.hooks.names); its outcome is the change in
+next-token loss per token, ablated − clean, paired on the same windows, with standard errors over batches:
+
+    knockout   key 0 leaves every query's softmax (rows renormalise over the other keys and the phantom; query 0 of a
+               head without a phantom keeps its clean row), by the attention op's own per-key bias: an edit armed at
+               hook_v_out for the layer's op (probe.kernels.sink_attention.edits). Key 0 is the window's first
+               position (the learned sink token of the sinktoken variant).
+    value      v_0 at hook_v set to zero, to the mean of its KV head's reads over positions 1 .. T-1 of the same
+               window, or to the read at position 1 (zero | mean | swap); a value gate sees the edited read.
+    phantom    the phantom logit at hook_sink_logit removed (-inf: plain softmax) or fixed (sink-logit c); models
+               without a phantom are refused.
+    gate       a scalar value gate at hook_v_gate held open (g = 1), closed (g = 0) or at its mean per layer and KV
+               head over the clean pass of the same windows. A routing-slot gate (ModelInfo.gate_on_logits) closed
+               removes every key from the softmax, as the knockout does key 0: rows without a phantom keep their
+               clean row, rows with one go to the phantom (value 0). Element-wise gates are refused.
+    evict      window eviction (StreamingLLM): query t sees keys 0 .. k-1 and t-w+1 .. t at their original positions,
+               in every layer, by the op's kept-first-keys rule; loss over all queries and over queries t >= k + w.
+    depth      a depth read site's weights (hook_depth_weights over sub-layer sources; DenseFormer / MUDD
+               dense.hook_weights over block states) forced to the uniform mix, to the standard residual (weight 1
+               on every sub-layer source; one-hot on the latest block state for dense mixes), or, for sub-layer
+               sources, with one source category dropped (embed / blocks / partial) and the rest renormalised.
+
+Local interventions run on every layer at once (scope "model") and one layer at a time ("layer"; "head": one KV
+head, or one query head for phantom edits, with ``per_head``); depth forcings on every site at once and per site.
+Mechanisms are found by what the model does (its capabilities and the hooks that fire), never by its name.
+Cost: one clean forward per batch plus one forward per condition and batch; ``meta`` records both wall times.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from probe.analyses.capture import (as_windows, describe, finish, loss_forward_kwargs, make_bar, model_device,
+                                    output_losses)
+from probe.analyses.parallel import all_sum, batches_of_rank, gather, gather_rows, is_main
+from probe.analyses.stats import with_batch_se
+from probe.hooks import names
+from probe.kernels.sink_attention import edits
+
+INTERVENTIONS = ("knockout", "value", "phantom", "gate", "evict", "depth")
+VALUE_MODES = ("zero", "mean", "swap")
+GATE_MODES = ("open", "closed", "mean")
+DEPTH_MODES = ("uniform", "residual", "drop")
+SOURCE_CATEGORIES = ("embed", "blocks", "partial")
+DEFAULT_KEEP = (0, 1, 4)
+DEFAULT_WINDOWS = (64,)
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """One condition: an intervention, its setting, and where (every layer / site, or one)."""
+    intervention: str  # one of INTERVENTIONS
+    setting: str  # key0 | zero | mean | swap | remove | logit=c | open | closed | k=K,w=W | uniform | residual | drop:cat
+    layer: int | None = None  # None: every layer at once
+    head: int | None = None  # a KV head (a query head for phantom edits)
+    site: str | None = None  # a depth read site (None: every site)
+
+    @property
+    def scope(self) -> str:
+        if self.site is not None:
+            return "site"
+        return "head" if self.head is not None else ("layer" if self.layer is not None else "model")
+
+
+class AblationError(ValueError):
+    """An intervention the model cannot take (one line naming the model and what it lacks)."""
+
+
+# --- what the model has ----------------------------------------------------------------------------------------
+
+@dataclass
+class Mechanisms:
+    gate_dims: int | None  # 3: scalar gates (B,T,Hkv), 4: element-wise, None: no gate fired
+    depth_sites: list[str]  # sub-layer depth read sites (hook prefixes) that fired
+    dense_layers: list[int]  # layers with a DenseFormer / MUDD mix that fired
+
+
+def find_mechanisms(model, ids: torch.Tensor) -> Mechanisms:
+    """One short forward (a few tokens of one window) records which gate and depth hooks fire and their shapes."""
+    seen: dict[str, tuple] = {}
+
+    def record(x, hook):
+        seen[hook.name] = tuple(x.shape)
+
+    points = getattr(model, "hook_dict", {})
+    wanted = [n for n in points if names.attn_point(n) == "v_gate" or n.endswith(".hook_depth_weights")
+              or n.endswith(".dense.hook_weights")]
+    if wanted:
+        model.run_with_hooks(ids[:1, :min(ids.shape[1], 8)], fwd_hooks=[(n, record) for n in wanted],
+                             **loss_forward_kwargs(model))
+    gates = [len(s) for n, s in seen.items() if names.attn_point(n) == "v_gate"]
+    sites = [n[: -len(".hook_depth_weights")] for n in seen if n.endswith(".hook_depth_weights")]
+    dense = sorted(names.layer_of(n) for n in seen if n.endswith(".dense.hook_weights"))
+    return Mechanisms(max(gates) if gates else None, sites, dense)
+
+
+def source_labels(model, site: str) -> list[str]:
+    """The source slots a sub-layer depth read site reads ('embed', 'attn3', 'block2', 'partial', ...)."""
+    labels = model.probe_info.extra.get("depth_sites")
+    if labels is None:
+        from probe.models.depth import site_sources  # probe's own depth-routed models
+
+        labels = site_sources(model.config)
+    return list(labels[site])
+
+
+def category(label: str) -> str:
+    """A source slot's category: embed, blocks (a completed block, or a sub-layer output in full mode) or partial."""
+    return label if label in ("embed", "partial") else "blocks"
+
+
+# --- the conditions --------------------------------------------------------------------------------------------
+
+def plan(model, mech: Mechanisms, interventions, *, value_modes=("zero", "mean"), sink_logits=(),
+         gate_modes=GATE_MODES, keep=DEFAULT_KEEP, windows=DEFAULT_WINDOWS, depth_modes=DEPTH_MODES,
+         per_layer: bool = True, per_head: bool = False, ctx: int | None = None) -> list[Ablation]:
+    """Every condition of the requested interventions, validated against the model; AblationError on one it
+    cannot take."""
+    info = model.probe_info
+    L, H, Hkv = info.n_layers, info.n_heads, info.n_kv_heads
+    out: list[Ablation] = []
+
+    def local(intervention, setting, n_heads):
+        out.append(Ablation(intervention, setting))
+        for l in range(L) if per_layer or per_head else ():
+            if per_layer:
+                out.append(Ablation(intervention, setting, l))
+            for h in range(n_heads) if per_head else ():
+                out.append(Ablation(intervention, setting, l, h))
+
+    for name in dict.fromkeys(interventions):
+        if name not in INTERVENTIONS:
+            raise AblationError(f"unknown intervention {name!r}; choose from {', '.join(INTERVENTIONS)}")
+        if name == "knockout":
+            local("knockout", "key0", Hkv)
+        elif name == "value":
+            for mode in dict.fromkeys(value_modes):
+                if mode not in VALUE_MODES:
+                    raise AblationError(f"unknown value ablation {mode!r}; choose from {', '.join(VALUE_MODES)}")
+                local("value", mode, Hkv)
+        elif name == "phantom":
+            if not info.has_phantom:
+                raise AblationError(f"model {info.name!r} has no phantom key (off-by-one, sink logit or gpt-oss "
+                                    "sinks): phantom edits need one")
+            for setting in ["remove"] + [f"logit={float(c):g}" for c in dict.fromkeys(sink_logits)]:
+                local("phantom", setting, H)
+        elif name == "gate":
+            if mech.gate_dims is None:
+                raise AblationError(f"model {info.name!r} has no value gate (no hook_v_gate fires): gate clamps "
+                                    "need a scalar gate")
+            if mech.gate_dims != 3:
+                raise AblationError(f"model {info.name!r} has an element-wise value gate (GatedV, GLU: one g per "
+                                    "value coordinate); gate clamps take scalar gates (one g per key and KV head)")
+            for mode in dict.fromkeys(gate_modes):
+                if mode not in GATE_MODES:
+                    raise AblationError(f"unknown gate clamp {mode!r}; choose from {', '.join(GATE_MODES)}")
+                local("gate", mode, Hkv)
+        elif name == "evict":
+            for w in dict.fromkeys(windows):
+                if int(w) != w or w < 1:
+                    raise AblationError(f"eviction window must be a positive int, got {w!r}")
+                for k in dict.fromkeys(keep):
+                    if int(k) != k or k < 0:
+                        raise AblationError(f"kept first keys must be ints >= 0, got {k!r}")
+                    out.append(Ablation("evict", f"k={int(k)},w={int(w)}"))
+        elif name == "depth":
+            if not mech.depth_sites and not mech.dense_layers:
+                raise AblationError(f"model {info.name!r} has no depth routing (no hook_depth_weights or "
+                                    "dense.hook_weights fires): depth-route ablations need AttnRes, S-LR, P-LR, "
+                                    "DenseFormer or MUDD")
+            for mode in dict.fromkeys(depth_modes):
+                if mode not in DEPTH_MODES:
+                    raise AblationError(f"unknown depth forcing {mode!r}; choose from {', '.join(DEPTH_MODES)}")
+                settings = [mode] if mode != "drop" else [f"drop:{c}" for c in SOURCE_CATEGORIES]
+                for setting in settings:
+                    if setting.startswith("drop:") and not mech.depth_sites:
+                        continue  # dense mixes take the two forcings only
+                    sites = [s for s in _depth_targets(mech) if _site_takes(model, s, setting)]
+                    if not sites:
+                        continue
+                    out.append(Ablation("depth", setting))
+                    out += [Ablation("depth", setting, site=s) for s in sites] if per_layer else []
+    return out
+
+
+def _depth_targets(mech: Mechanisms) -> list[str]:
+    return mech.depth_sites + [names.block(l) + ".dense" for l in mech.dense_layers]
+
+
+def _site_takes(model, site: str, setting: str) -> bool:
+    """Dense mixes take uniform / residual; a drop needs the category present and something left after it."""
+    if site.endswith(".dense"):
+        return not setting.startswith("drop:")
+    if not setting.startswith("drop:"):
+        return True
+    cats = [category(lab) for lab in source_labels(model, site)]
+    drop = setting.split(":", 1)[1]
+    return drop in cats and any(c != drop for c in cats)
+
+
+# --- the hooks -------------------------------------------------------------------------------------------------
+
+def _layers(abl: Ablation, n_layers: int) -> list[int]:
+    return list(range(n_layers)) if abl.layer is None else [abl.layer]
+
+
+def ablation_hooks(model, abl: Ablation, mech: Mechanisms | None = None,
+                   gate_means: dict[int, torch.Tensor] | None = None) -> list:
+    """The (hook name, fn) pairs that carry out one condition (``model.run_with_hooks`` inside edits.armed())."""
+    info = model.probe_info
+    layers = _layers(abl, info.n_layers)
+    kind, setting = abl.intervention, abl.setting
+    if kind in ("knockout", "evict"):
+        if kind == "knockout":
+            edit = edits.AttentionEdit(knockout=True, kv_heads=None if abl.head is None else (abl.head,))
+        else:
+            k, w = (int(part.split("=")[1]) for part in setting.split(","))
+            edit = edits.AttentionEdit(keep=k, window=w)
+
+        def arm(x, hook):
+            edits.arm(edit)
+
+        return [(names.attn(l, "v_out"), arm) for l in layers]
+    if kind == "value":
+        def value(v, hook):  # B,T,Hkv,dv
+            heads = slice(None) if abl.head is None else slice(abl.head, abl.head + 1)
+            new = {"zero": lambda: torch.zeros_like(v[:, 0]), "mean": lambda: v[:, 1:].mean(1),
+                   "swap": lambda: v[:, 1]}[setting]()
+            v = v.clone()
+            v[:, 0, heads] = new[:, heads]
+            return v
+
+        return [(names.attn(l, "v"), value) for l in layers]
+    if kind == "phantom":
+        logit = float("-inf") if setting == "remove" else float(setting.split("=", 1)[1])
+
+        def phantom(sink, hook):  # H
+            sink = sink.clone()
+            sink[slice(None) if abl.head is None else abl.head] = logit
+            return sink
+
+        return [(names.attn(l, "sink_logit"), phantom) for l in layers]
+    if kind == "gate" and setting == "closed" and info.gate_on_logits:
+        # routing slot: every key leaves the softmax. A row without a phantom would see nothing and keeps its clean
+        # row (no hook); a row with one puts all its mass there, whose value is 0: the same as zero values.
+        if not info.has_phantom:
+            return []
+
+        def to_phantom(v, hook):  # B,T,Hkv,dv
+            v = v.clone()
+            v[:, :, slice(None) if abl.head is None else slice(abl.head, abl.head + 1)] = 0
+            return v
+
+        return [(names.attn(l, "v_out"), to_phantom) for l in layers]
+    if kind == "gate":
+        def gate(g, hook):  # B,T,Hkv
+            l = names.layer_of(hook.name)
+            value = {"open": lambda: torch.ones_like(g), "closed": lambda: torch.zeros_like(g),
+                     "mean": lambda: gate_means[l].to(g.device, g.dtype).expand_as(g)}[setting]()
+            if abl.head is None:
+                return value
+            g = g.clone()
+            g[..., abl.head] = value[..., abl.head]
+            return g
+
+        return [(names.attn(l, "v_gate"), gate) for l in layers]
+    if kind == "depth":
+        return _depth_hooks(model, setting, [abl.site] if abl.site is not None else _depth_targets(mech))
+    raise AblationError(f"unknown intervention {kind!r}")
+
+
+def _depth_hooks(model, setting: str, sites: list[str]) -> list:
+    hooks = []
+    for site in sites:
+        if not _site_takes(model, site, setting):
+            continue
+        if site.endswith(".dense"):
+            def dense(w, hook):  # B,T,C,S
+                if setting == "uniform":
+                    return torch.full_like(w, 1.0 / w.shape[-1])
+                one_hot = torch.zeros_like(w)
+                one_hot[..., -1] = 1.0  # the latest block state: a plain residual stream
+                return one_hot
+
+            hooks.append((site + ".hook_weights", dense))
+            continue
+        drop = [category(lab) == setting.split(":", 1)[1] for lab in source_labels(model, site)] \
+            if setting.startswith("drop:") else None
+
+        def depth(w, hook, drop=drop):  # B,T,S
+            if setting == "uniform":
+                return torch.full_like(w, 1.0 / w.shape[-1])
+            if setting == "residual":
+                return torch.ones_like(w)
+            kept = w.masked_fill(torch.tensor(drop, device=w.device), 0.0)
+            return kept / kept.sum(-1, keepdim=True)
+
+        hooks.append((names.depth_weights(site), depth))
+    return hooks
+
+
+# --- the run ---------------------------------------------------------------------------------------------------
+
+def _gate_collector(sums: dict, counts: dict):
+    def fn(g, hook):  # B,T,Hkv
+        l = names.layer_of(hook.name)
+        sums[l] = sums.get(l, 0) + g.detach().double().sum((0, 1)).cpu()
+        counts[l] = counts.get(l, 0) + g.shape[0] * g.shape[1]
+
+    return [(lambda name: names.attn_point(name) == "v_gate", fn)]
+
+
+def _late_mask(abl: Ablation, T: int) -> torch.Tensor | None:
+    """Eviction: the queries t >= k + w (None for other interventions)."""
+    if abl.intervention != "evict":
+        return None
+    k, w = (int(part.split("=")[1]) for part in abl.setting.split(","))
+    return torch.arange(T) >= k + w
+
+
+@torch.no_grad()
+def ablate(model, data, interventions=("knockout", "value"), *, value_modes=("zero", "mean"), sink_logits=(),
+           gate_modes=GATE_MODES, keep=DEFAULT_KEEP, windows=DEFAULT_WINDOWS, depth_modes=DEPTH_MODES,
+           per_layer: bool = True, per_head: bool = False, progress: bool = True) -> dict[str, pd.DataFrame]:
+    """Loss change per condition: tables ``results`` (loss_clean, loss_ablated, delta, delta_se; eviction also over
+    queries t >= k + w: *_late), ``per_batch`` and ``meta`` (with the forwards' wall times and their ratio)."""
+    info = model.probe_info
+    w = as_windows(data)
+    T = w.tokens.shape[-1] - 1
+    if T < 2:
+        raise AblationError(f"ablations need windows of at least 2 tokens, got {T}")
+    device = model_device(model)
+    mech = find_mechanisms(model, w.inputs(0, device))
+    conds = plan(model, mech, interventions, value_modes=value_modes, sink_logits=sink_logits, gate_modes=gate_modes,
+                 keep=keep, windows=windows, depth_modes=depth_modes, per_layer=per_layer, per_head=per_head)
+    kw = loss_forward_kwargs(model)
+    mine = batches_of_rank(len(w))
+    want_means = any(c.intervention == "gate" and c.setting == "mean" for c in conds)
+
+    # clean pass over this rank's batches (the gate means need all of them before any clamp at the mean)
+    clean, sums, counts, clean_times = {}, {}, {}, []
+    for n in mine:
+        t0 = time.perf_counter()
+        out = model.run_with_hooks(w.inputs(n, device), fwd_hooks=_gate_collector(sums, counts) if want_means else [],
+                                   **kw)
+        clean[n] = output_losses(model, out, w.targets(n, device)).double().cpu()  # (B, T)
+        clean_times.append(time.perf_counter() - t0)
+    clean_s = sum(clean_times)
+    gate_means = None
+    if want_means:
+        sums, counts = all_sum(sums), all_sum(counts)
+        gate_means = {l: (sums[l] / counts[l]).float() for l in sums}  # (Hkv,) per layer
+
+    rows = []
+    bar = make_bar(len(mine) * len(conds), progress and is_main(), f"ablations ({info.name})")
+    t0 = time.perf_counter()
+    for n in mine:
+        ids, tgt = w.inputs(n, device), w.targets(n, device)
+        base = clean[n]
+        for c in conds:
+            with edits.armed():
+                out = model.run_with_hooks(ids, fwd_hooks=ablation_hooks(model, c, mech, gate_means), **kw)
+            lost = output_losses(model, out, tgt).double().cpu()
+            row = _row(c, n, base, lost, _late_mask(c, T))
+            rows.append(row)
+            bar.update()
+    bar.close()
+    ablated_s = time.perf_counter() - t0
+    rows = gather_rows(rows)
+    n_forwards = all_sum(len(mine) * len(conds))
+    # one plain forward: the median clean batch (the first forward of a process also pays one-time set-up)
+    plain_s = float(torch.tensor([t for part in gather(clean_times) for t in part]).median())
+    clean_s, ablated_s = all_sum(clean_s), all_sum(ablated_s)
+    per_batch = pd.DataFrame(rows)
+    results = _results(per_batch)
+    query0 = "clean row kept where the head has no phantom" if any(c.intervention == "knockout" for c in conds) \
+        else "n/a"
+    meta = describe(model, w, "ablate", interventions=",".join(dict.fromkeys(c.intervention for c in conds)),
+                    per_layer=per_layer, per_head=per_head, n_conditions=len(conds), n_tokens=int(w.tokens[..., 1:]
+                    .numel()), knockout_query0=query0, gate_means="clean pass" if want_means else "n/a",
+                    clean_forward_s=plain_s, ablated_forward_s=ablated_s / max(n_forwards, 1),
+                    cost_ratio=(ablated_s / max(n_forwards, 1)) / plain_s, wall_s=clean_s + ablated_s)
+    return finish({"results": results, "per_batch": per_batch}, meta)
+
+
+KEYS = ["intervention", "setting", "scope", "layer", "head", "site"]
+
+
+def _row(c: Ablation, batch: int, clean: torch.Tensor, ablated: torch.Tensor, late: torch.Tensor | None) -> dict:
+    row = {"batch": batch, "intervention": c.intervention, "setting": c.setting, "scope": c.scope,
+           "layer": -1 if c.layer is None else c.layer, "head": -1 if c.head is None else c.head,
+           "site": c.site or "", "n_tokens": clean.numel(), "clean_sum": float(clean.sum()),
+           "ablated_sum": float(ablated.sum())}
+    row["delta"] = (row["ablated_sum"] - row["clean_sum"]) / row["n_tokens"]
+    if late is not None:
+        n_late = int(late.sum()) * clean.shape[0]
+        row.update(n_late=n_late, clean_late_sum=float(clean[:, late].sum()),
+                   ablated_late_sum=float(ablated[:, late].sum()))
+        row["delta_late"] = (row["ablated_late_sum"] - row["clean_late_sum"]) / n_late if n_late else float("nan")
+    return row
+
+
+def _results(per_batch: pd.DataFrame) -> pd.DataFrame:
+    """Pooled means over every batch (sums over tokens), delta's standard error over batches (with_batch_se)."""
+    sums = [c for c in ("n_tokens", "clean_sum", "ablated_sum", "n_late", "clean_late_sum", "ablated_late_sum")
+            if c in per_batch]
+    grouped = per_batch.groupby(KEYS, sort=False)
+    g = grouped[sums].sum(min_count=1).join(grouped.size().rename("n_batches")).reset_index()
+    res = g[KEYS].copy()
+    res["loss_clean"] = g["clean_sum"] / g["n_tokens"]
+    res["loss_ablated"] = g["ablated_sum"] / g["n_tokens"]
+    res["delta"] = res["loss_ablated"] - res["loss_clean"]
+    cols = ["delta"]
+    if "n_late" in g:
+        late = g["n_late"].where(g["n_late"] > 0)
+        res["loss_clean_late"] = g["clean_late_sum"] / late
+        res["loss_ablated_late"] = g["ablated_late_sum"] / late
+        res["delta_late"] = res["loss_ablated_late"] - res["loss_clean_late"]
+        cols.append("delta_late")
+    res["n_batches"] = g["n_batches"]
+    return with_batch_se(res, per_batch, cols, by=KEYS)
+
+
+__all__ = ["ablate", "plan", "ablation_hooks", "find_mechanisms", "Ablation", "AblationError", "Mechanisms",
+           "INTERVENTIONS", "VALUE_MODES", "GATE_MODES", "DEPTH_MODES", "SOURCE_CATEGORIES", "DEFAULT_KEEP",
+           "DEFAULT_WINDOWS"]

@@ -1,0 +1,165 @@
+"""`probe ablate`: its terminal text, figures, page sections and the descriptions of its files."""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from probe.present.figures import integer_ticks, se_bars, threshold
+from probe.present.files import header, result_meta, show
+from probe.present.sections import drop_ids, n_batches, pm, se_caveat
+
+DESCRIPTIONS = {
+    "ablate.html": "causal interventions: loss change per intervention, whole model and per layer, with figures",
+    "ablate.json": "causal interventions: every table and the run's settings (JSON)",
+    "ablate_results.csv": "loss change (ablated - clean, nats per token) per intervention, setting and scope",
+    "ablate_per_batch.csv": "loss change per condition and evaluation batch",
+}
+
+TITLE = "Ablations: is the sink needed?"
+COLUMNS = ["intervention", "setting", "scope", "layer", "head", "site", "loss_clean", "loss_ablated", "delta",
+           "delta_se", "loss_clean_late", "loss_ablated_late", "delta_late", "delta_late_se"]
+
+
+def _where(row) -> str:
+    if row["scope"] == "model":
+        return "every layer" if row["intervention"] != "depth" else "every read site"
+    if row["scope"] == "site":
+        return f"site {row['site']}"
+    return f"layer {row['layer']}" + (f", head {row['head']}" if row["scope"] == "head" else "")
+
+
+def _table(res: pd.DataFrame) -> pd.DataFrame:
+    """The results with readable places: 'all' for every layer / head, empty columns dropped."""
+    t = drop_ids(res).copy()
+    for col in ("layer", "head"):
+        if col in t:
+            t[col] = t[col].map(lambda v: "all" if v == -1 else int(v))
+    keep = [c for c in COLUMNS + ["n_batches"] if c in t and t[c].astype(str).ne("").any() and t[c].notna().any()]
+    return t[keep]
+
+
+def sections(result: dict) -> dict:
+    """One verdict per (intervention, setting) on the whole model, with the layer it hurts most; the full table."""
+    res = result["results"]
+    verdicts = []
+    model = res[res["scope"] == "model"]
+    for _, row in model.iterrows():
+        line = (f"{row['intervention']} {row['setting']} in {_where(row)}: loss {row['delta']:+.4g}"
+                f"{pm(row, 'delta', '.2g')} nats per token (ablated {row['loss_ablated']:.4g} vs clean "
+                f"{row['loss_clean']:.4g}; mean ± s.e. over batches)")
+        if "delta_late" in row and pd.notna(row.get("delta_late")):
+            line += f"; over queries t >= k + w: {row['delta_late']:+.4g}{pm(row, 'delta_late', '.2g')}"
+        local = res[(res["intervention"] == row["intervention"]) & (res["setting"] == row["setting"])
+                    & res["scope"].isin(["layer", "site"])]
+        if len(local):
+            worst = local.loc[local["delta"].idxmax()]
+            line += f"; most in {_where(worst)} ({worst['delta']:+.4g})"
+        verdicts.append(line)
+    caveats = se_caveat(n_batches(result))
+    meta = result_meta(result)
+    if meta.get("knockout_query0", "n/a") != "n/a":
+        caveats.append("knockout: query 0 keeps its clean row in heads without a phantom (it would see no key)")
+    tables = [("Loss change per intervention (ablated - clean, nats per token; *_se: standard error over batches; "
+               "*_late: queries t >= k + w only)", _table(res))]
+    return {"verdicts": verdicts, "caveats": caveats, "tables": tables}
+
+
+def layer_figure(result: dict) -> go.Figure:
+    """Loss change when one layer (or one depth read site) at a time is ablated, one line per intervention."""
+    res = result["results"]
+    fig = go.Figure()
+    for (iv, setting), g in res[res["scope"] == "layer"].groupby(["intervention", "setting"], sort=False):
+        g = g.sort_values("layer")
+        fig.add_trace(go.Scatter(x=g["layer"], y=g["delta"], mode="lines+markers", error_y=se_bars(g, "delta"),
+                                 name=f"{iv} {setting}"))
+    threshold(fig, 0, "no change")
+    integer_ticks(fig, "x", "layer ablated (alone)")
+    fig.update_layout(title="Which layers need what: loss change with one layer ablated (± s.e. over batches)",
+                      yaxis_title="loss change (nats per token)")
+    return fig
+
+
+def model_figure(result: dict) -> go.Figure:
+    """Every intervention on the whole model, as bars (± s.e. over batches)."""
+    m = result["results"]
+    m = m[m["scope"] == "model"]
+    fig = go.Figure(go.Bar(x=[f"{a} {b}" for a, b in zip(m["intervention"], m["setting"])], y=m["delta"],
+                           error_y=se_bars(m, "delta"), name="every layer"))
+    fig.update_layout(title="Whole-model interventions: loss change (± s.e. over batches)",
+                      xaxis_title="intervention", yaxis_title="loss change (nats per token)")
+    return fig
+
+
+def eviction_figure(result: dict) -> go.Figure:
+    """Window eviction: loss change against the kept first keys k, one line per window w, over all queries and over
+    queries t >= k + w."""
+    ev = result["results"]
+    ev = ev[ev["intervention"] == "evict"]
+    kw = ev["setting"].str.extract(r"k=(\d+),w=(\d+)").astype(int)
+    ev = ev.assign(k=kw[0].values, w=kw[1].values)
+    fig = go.Figure()
+    for w, g in ev.groupby("w"):
+        g = g.sort_values("k")
+        fig.add_trace(go.Scatter(x=g["k"], y=g["delta"], mode="lines+markers", error_y=se_bars(g, "delta"),
+                                 name=f"w = {w}, all queries"))
+        if "delta_late" in g and g["delta_late"].notna().any():
+            fig.add_trace(go.Scatter(x=g["k"], y=g["delta_late"], mode="lines+markers", line=dict(dash="dot"),
+                                     error_y=se_bars(g, "delta_late"), name=f"w = {w}, queries t >= k + w"))
+    threshold(fig, 0, "full attention")
+    integer_ticks(fig, "x", "kept first keys k")
+    fig.update_layout(title="Window eviction (StreamingLLM, original positions): loss change against full attention",
+                      yaxis_title="loss change (nats per token)")
+    return fig
+
+
+def head_figure(result: dict) -> go.Figure:
+    """Per-head ablations (--per-head): heatmap of the loss change, layers x heads, one panel per intervention."""
+    res = result["results"]
+    h = res[res["scope"] == "head"]
+    fig = go.Figure()
+    for (iv, setting), g in h.groupby(["intervention", "setting"], sort=False):
+        z = g.pivot(index="layer", columns="head", values="delta")
+        fig.add_trace(go.Heatmap(z=z.values, x=z.columns, y=z.index, colorscale="RdBu", zmid=0,
+                                 name=f"{iv} {setting}", visible=len(fig.data) == 0,
+                                 colorbar=dict(title="Δ loss")))
+    fig.update_layout(title="Per-head ablations: loss change (nats per token); first panel: "
+                      + (f"{h['intervention'].iloc[0]} {h['setting'].iloc[0]}" if len(h) else "none"),
+                      xaxis_title="head", yaxis_title="layer")
+    return fig
+
+
+def site_figure(result: dict) -> go.Figure:
+    """Depth-route forcings one read site at a time."""
+    d = result["results"]
+    d = d[d["scope"] == "site"]
+    fig = go.Figure()
+    for setting, g in d.groupby("setting", sort=False):
+        fig.add_trace(go.Bar(x=g["site"], y=g["delta"], error_y=se_bars(g, "delta"), name=setting))
+    fig.update_layout(title="Depth routes forced one read site at a time (± s.e. over batches)", barmode="group",
+                      xaxis_title="read site", yaxis_title="loss change (nats per token)")
+    return fig
+
+
+def figures(result: dict) -> list:
+    res = result["results"]
+    figs = [model_figure(result)]
+    if (res["scope"] == "layer").any():
+        figs.append(layer_figure(result))
+    if (res["intervention"] == "evict").any():
+        figs.append(eviction_figure(result))
+    if (res["scope"] == "head").any():
+        figs.append(head_figure(result))
+    if (res["scope"] == "site").any():
+        figs.append(site_figure(result))
+    return figs
+
+
+def text(result: dict) -> str:
+    meta = result_meta(result)
+    res = _table(result["results"])
+    lines = [header(meta), "", "loss change (ablated - clean, nats per token; mean ± s.e. over batches):",
+             show(res, [c for c in COLUMNS if c not in ("loss_clean_late", "loss_ablated_late")])]
+    if "cost_ratio" in meta:
+        lines += ["", f"cost: {meta['ablated_forward_s']:.3g} s per ablated forward, {meta['clean_forward_s']:.3g} s "
+                  f"per clean forward ({meta['cost_ratio']:.2f}x), {meta['wall_s']:.3g} s in all"]
+    return "\n".join(lines)

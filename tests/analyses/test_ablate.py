@@ -1,0 +1,252 @@
+"""Causal interventions (docs/definitions.md#ablations): the invariants of probe.analyses.ablate on small models."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.support.analyses import tiny, windows
+from probe.analyses.ablate import AblationError, ablate
+from probe.analyses.capture import output_losses, loss_forward_kwargs
+from probe.hooks import names
+from probe.models import GATES, ValueGate, register_gate
+
+W = windows(n_batches=2, batch=2, ctx=16)
+
+
+def losses(model, tokens, hooks=()):
+    """Mean next-token loss over every window (tokens (N, B, T+1)) with the given forward hooks."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x in tokens:
+            out = model.run_with_hooks(x[:, :-1], fwd_hooks=list(hooks), **loss_forward_kwargs(model))
+            lost = output_losses(model, out, x[:, 1:]).double()
+            total, count = total + float(lost.sum()), count + lost.numel()
+    return total / count
+
+
+def row(result, intervention, setting, layer=-1, **where):
+    r = result["results"]
+    sel = (r["intervention"] == intervention) & (r["setting"] == setting) & (r["layer"] == layer)
+    for k, v in where.items():
+        sel &= r[k] == v
+    assert sel.sum() == 1, (intervention, setting, layer, where)
+    return r[sel].iloc[0]
+
+
+class FirstKeyClosed(ValueGate):
+    """A routing-slot gate with g_0 = 0 (log g_0 = -inf) and g_j = 1 elsewhere: key 0's logits are -inf already."""
+    routing = True
+
+    def forward(self, v, x):
+        return torch.exp(self.log_gate(v, x))
+
+    def log_gate(self, v, x):
+        log_g = torch.zeros(v.shape[:3], dtype=torch.float32, device=v.device)
+        log_g[:, 0] = float("-inf")
+        return log_g
+
+
+@pytest.fixture
+def first_key_closed():
+    register_gate("test-first-key-closed")(FirstKeyClosed)
+    yield "test-first-key-closed"
+    del GATES["test-first-key-closed"]
+
+
+def test_knockout_where_key0_logits_are_already_minus_inf_changes_the_loss_by_exactly_0(first_key_closed):
+    model = tiny("sinklogit", value_gate=first_key_closed)  # the phantom keeps query 0's row defined
+    res = ablate(model, W, ["knockout"], progress=False)["results"]
+    assert len(res) == 1 + model.probe_info.n_layers
+    assert (res["delta"] == 0.0).all(), res[["layer", "delta"]]
+    other = ablate(tiny("sinklogit"), W, ["knockout"], per_layer=False, progress=False)["results"]
+    assert (other["delta"] != 0).all()  # the same knockout on the same weights without the closed gate does change it
+
+
+@pytest.mark.parametrize("variant", ["baseline", "sink+proj"])
+def test_knockout_at_layer_l_leaves_the_residual_stream_up_to_l_bit_identical(variant):
+    from probe.analyses.ablate import Ablation, ablation_hooks
+    from probe.kernels.sink_attention import edits
+
+    model = tiny(variant, n_layers=3)
+    x = W[0, :, :-1]
+    l = 1
+    seen = {}
+
+    def keep(t, hook):
+        seen[hook.name] = t.detach().clone()
+
+    points = [names.resid(i, "pre") for i in range(3)] + [names.resid(l, "post")]
+    with torch.no_grad():
+        model.run_with_hooks(x, fwd_hooks=[(p, keep) for p in points])
+        clean = dict(seen)
+        with edits.armed():
+            model.run_with_hooks(x, fwd_hooks=ablation_hooks(model, Ablation("knockout", "key0", l))
+                                 + [(p, keep) for p in points])
+    for i in range(l + 1):
+        assert torch.equal(seen[names.resid(i, "pre")], clean[names.resid(i, "pre")]), i
+    assert not torch.equal(seen[names.resid(l, "post")], clean[names.resid(l, "post")])
+    assert not torch.equal(seen[names.resid(l + 1, "pre")], clean[names.resid(l + 1, "pre")])
+
+
+def test_knockout_and_eviction_build_no_t_by_t_tensor(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the T x T reference attention ran")
+
+    from probe.kernels.sink_attention import reference
+
+    monkeypatch.setattr(reference, "attention_probs", refuse)
+    monkeypatch.setattr("probe.kernels.dispatch.sink_attention_reference", refuse)
+    res = ablate(tiny("sink+proj"), W, ["knockout", "evict"], keep=(0, 2), windows=(4,), progress=False)["results"]
+    assert res["delta"].notna().all() and (res["delta"] != 0).all()
+
+
+def test_phantom_removal_equals_the_same_weights_with_a_minus_inf_sink():
+    model = tiny("sinklogit")
+    res = ablate(model, W, ["phantom"], sink_logits=(1.5,), progress=False)
+    removed = tiny("sinklogit")
+    with torch.no_grad():
+        for block in removed.blocks:
+            block.attn.sink.fill_(float("-inf"))
+    assert row(res, "phantom", "remove")["loss_ablated"] == losses(removed, W)
+    fixed = tiny("sinklogit")
+    with torch.no_grad():
+        fixed.blocks[1].attn.sink.fill_(1.5)
+    assert row(res, "phantom", "logit=1.5", 1)["loss_ablated"] == losses(fixed, W)
+    with pytest.raises(AblationError, match="no phantom key"):
+        ablate(tiny("baseline"), W, ["phantom"], progress=False)
+
+
+def test_eviction_with_k_plus_w_covering_the_window_equals_the_clean_loss_exactly():
+    T = W.shape[-1] - 1
+    res = ablate(tiny("sink+proj"), W, ["evict"], keep=(0, 4, T), windows=(T - 4, 3), progress=False)
+    for k, w in [(4, T - 4), (T, 3), (T, T - 4)]:
+        assert row(res, "evict", f"k={k},w={w}")["delta"] == 0.0
+    assert row(res, "evict", "k=0,w=3")["delta"] != 0.0
+    late = row(res, "evict", "k=4,w=3")
+    assert late["loss_clean_late"] != late["loss_clean"] and pd_notna(late["delta_late"])
+
+
+def pd_notna(x) -> bool:
+    return x == x
+
+
+def test_eviction_equals_masked_attention_by_hand():
+    """Query t sees keys 0..k-1 and t-w+1..t at the original positions: the same loss as editing the pattern."""
+    model = tiny("sink+proj")
+    k, w = 2, 4
+    T = W.shape[-1] - 1
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    evicted = (j > i - w) | (j < k)
+
+    def by_hand(pattern, hook):  # rows renormalised over the kept keys and the phantom
+        phantom = 1 - pattern.sum(-1, keepdim=True)
+        kept = pattern * evicted
+        return kept / (kept.sum(-1, keepdim=True) + phantom)
+
+    res = ablate(model, W, ["evict"], keep=(k,), windows=(w,), progress=False)
+    want = losses(model, W, [(lambda n: names.is_attn(n, "pattern"), by_hand)])
+    assert row(res, "evict", f"k={k},w={w}")["loss_ablated"] == pytest.approx(want, abs=1e-5)
+
+
+def test_uniform_depth_weights_on_a_zero_query_attnres_model_equal_its_clean_loss():
+    model = tiny("attnres-full")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("read.query"):
+                p.zero_()
+    res = ablate(model, W, ["depth"], depth_modes=("uniform",), progress=False)["results"]
+    assert (res["delta"].abs() < 1e-6).all(), res[["site", "delta"]]
+    routed = ablate(tiny("attnres-full"), W, ["depth"], depth_modes=("uniform",), per_layer=False, progress=False)
+    assert abs(routed["results"]["delta"].iloc[0]) > 1e-3  # a trained-like (random) query is not uniform
+
+
+def test_ablate_equals_the_same_edits_made_by_hand_with_run_with_hooks():
+    model = tiny("sink+proj")
+    res = ablate(model, W, ["value", "gate", "phantom", "knockout"], value_modes=("zero", "mean", "swap"),
+                 sink_logits=(0.5,), progress=False)
+    l = 1
+
+    def value(mode):
+        def edit(v, hook):
+            v = v.clone()
+            v[:, 0] = {"zero": 0 * v[:, 0], "mean": v[:, 1:].mean(1), "swap": v[:, 1]}[mode]
+            return v
+        return edit
+
+    for mode in ("zero", "mean", "swap"):
+        assert row(res, "value", mode, l)["loss_ablated"] == losses(model, W, [(names.attn(l, "v"), value(mode))])
+    gates = []
+    losses(model, W, [(names.attn(l, "v_gate"), lambda g, hook: gates.append(g.double().mean((0, 1))))])
+    mean = torch.stack(gates).mean(0).float()  # equal-sized batches: the mean of batch means
+    for mode, fill in (("open", lambda g: torch.ones_like(g)), ("closed", lambda g: torch.zeros_like(g)),
+                       ("mean", lambda g: mean.expand_as(g).clone())):
+        want = losses(model, W, [(names.attn(l, "v_gate"), lambda g, hook, fill=fill: fill(g))])
+        assert row(res, "gate", mode, l)["loss_ablated"] == pytest.approx(want, abs=1e-6), mode
+    sink = lambda s, hook: torch.full_like(s, 0.5)  # noqa: E731
+    assert row(res, "phantom", "logit=0.5", l)["loss_ablated"] == losses(model, W, [(names.attn(l, "sink_logit"),
+                                                                                      sink)])
+
+    def knock(pattern, hook):  # key 0 out of every row (query 0's goes to the phantom), renormalised
+        phantom = 1 - pattern.sum(-1, keepdim=True)
+        kept = pattern.clone()
+        kept[..., 0] = 0
+        return kept / (kept.sum(-1, keepdim=True) + phantom)
+
+    want = losses(model, W, [(names.attn(l, "pattern"), knock)])
+    got = row(res, "knockout", "key0", l)["loss_ablated"]
+    assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_query_0_keeps_its_clean_row_without_a_phantom():
+    """Without a phantom query 0 would see no key: its row stays clean, so position 0's loss is unchanged."""
+    from probe.analyses.ablate import Ablation, ablation_hooks
+    from probe.kernels.sink_attention import edits
+
+    model = tiny("baseline")
+    x, y = W[0, :, :-1], W[0, :, 1:]
+    with torch.no_grad():
+        clean = F.cross_entropy(model(x).logits.transpose(1, 2), y, reduction="none")
+        with edits.armed():
+            out = model.run_with_hooks(x, fwd_hooks=ablation_hooks(model, Ablation("knockout", "key0")))
+        knocked = F.cross_entropy(out.logits.transpose(1, 2), y, reduction="none")
+    torch.testing.assert_close(knocked[:, 0], clean[:, 0], atol=1e-6, rtol=1e-6)
+    assert torch.isfinite(knocked).all() and (knocked[:, 1:] - clean[:, 1:]).abs().max() > 1e-3
+
+
+def test_standard_errors_are_over_batches_of_the_paired_deltas():
+    res = ablate(tiny("sink+proj"), windows(n_batches=3, batch=2, ctx=16), ["value"], value_modes=("zero",),
+                 per_layer=False, progress=False)
+    pb = res["per_batch"]
+    assert len(pb) == 3
+    assert res["results"]["delta_se"].iloc[0] == pytest.approx(pb["delta"].std(ddof=1) / 3 ** 0.5)
+    assert res["results"]["delta"].iloc[0] == pytest.approx(pb["delta"].mean())  # equal batches: pooled = mean
+
+
+def test_gate_clamps_are_refused_in_one_line_where_they_do_not_apply():
+    with pytest.raises(AblationError, match="no value gate"):
+        ablate(tiny("baseline"), W, ["gate"], progress=False)
+    with pytest.raises(AblationError, match="element-wise"):
+        ablate(tiny("gatedv"), W, ["gate"], progress=False)
+    with pytest.raises(AblationError, match="no depth routing"):
+        ablate(tiny("baseline"), W, ["depth"], progress=False)
+    with pytest.raises(AblationError, match="unknown intervention"):
+        ablate(tiny("baseline"), W, ["bogus"], progress=False)
+
+
+def test_a_closed_routing_slot_gate_removes_every_key():
+    """Without a phantom every row would be empty and keeps its clean row (exactly no change); with one, every row's
+    mass goes to the phantom: the same as editing the pattern to zero by hand."""
+    res = ablate(tiny("routing-normgate"), W, ["gate"], gate_modes=("closed", "open"), per_layer=False,
+                 progress=False)
+    assert row(res, "gate", "closed")["delta"] == 0.0 and row(res, "gate", "open")["delta"] != 0.0
+    model = tiny("routing-normgate", abstention="sinklogit")
+    res = ablate(model, W, ["gate"], gate_modes=("closed",), progress=False)
+    want = losses(model, W, [(names.attn(1, "pattern"), lambda p, hook: torch.zeros_like(p))])
+    assert row(res, "gate", "closed", 1)["loss_ablated"] == pytest.approx(want, abs=1e-5)
+
+
+def test_depth_forcings_on_dense_mixes_and_block_sources():
+    res = ablate(tiny("mudd"), W, ["depth"], progress=False)["results"]
+    assert set(res["setting"]) == {"uniform", "residual"}  # dense mixes take the two forcings only
+    assert (res["delta"] != 0).any()
+    res = ablate(tiny("attnres-block2"), W, ["depth"], depth_modes=("drop",), progress=False)["results"]
+    assert {"drop:embed", "drop:blocks", "drop:partial"} <= set(res["setting"])

@@ -138,3 +138,14 @@ def test_rules_mask_keeps_the_dense_mask_where_the_rule_cannot_say_it():
     padded = A.rules_mask(2, n, n, mask_function=causal_mask_function,
                           attention_mask=torch.tensor([[True] * n, [False] * 3 + [True] * (n - 3)]))
     assert padded.window is None and padded.keep.shape == (2, n) and not padded.keep[1, :3].any()
+
+
+@pytest.mark.parametrize("fam", ["gemma3_text", "gpt_oss"])
+@torch.no_grad()
+def test_generation_with_a_cache_equals_hf_eager(models, fam):
+    """With a KV cache the prefill gets rules and each decoding step (a cache offset) transformers' dense 1 x Tk mask:
+    greedy tokens past the sliding window equal HF eager's."""
+    m, ref = models[fam]
+    x = windows(seed=3)[0, :, :12]
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=1)
+    torch.testing.assert_close(m.hf_model.generate(x, **kw), ref.generate(x, **kw), atol=0, rtol=0)

@@ -328,7 +328,8 @@ def ablate(model, data, interventions=("knockout", "value"), *, value_modes=("ze
            gate_modes=GATE_MODES, keep=DEFAULT_KEEP, windows=DEFAULT_WINDOWS, depth_modes=DEPTH_MODES,
            per_layer: bool = True, per_head: bool = False, progress: bool = True) -> dict[str, pd.DataFrame]:
     """Loss change per condition: tables ``results`` (loss_clean, loss_ablated, delta, delta_se; eviction also over
-    queries t >= k + w: *_late), ``per_batch`` and ``meta`` (with the forwards' wall times and their ratio)."""
+    queries t >= k + w: *_late; cost_ratio: the condition's mean forward time over one plain forward's), ``per_batch``
+    and ``meta`` (with the forwards' wall times and their ratio)."""
     info = model.probe_info
     w = as_windows(data)
     T = w.tokens.shape[-1] - 1
@@ -363,10 +364,12 @@ def ablate(model, data, interventions=("knockout", "value"), *, value_modes=("ze
         ids, tgt = w.inputs(n, device), w.targets(n, device)
         base = clean[n]
         for c in conds:
+            t1 = time.perf_counter()
             with edits.armed():
                 out = model.run_with_hooks(ids, fwd_hooks=ablation_hooks(model, c, mech, gate_means), **kw)
             lost = output_losses(model, out, tgt).double().cpu()
             row = _row(c, n, base, lost, _late_mask(c, T))
+            row["forward_s"] = time.perf_counter() - t1
             rows.append(row)
             bar.update()
     bar.close()
@@ -378,6 +381,8 @@ def ablate(model, data, interventions=("knockout", "value"), *, value_modes=("ze
     clean_s, ablated_s = all_sum(clean_s), all_sum(ablated_s)
     per_batch = pd.DataFrame(rows)
     results = _results(per_batch)
+    cost = (per_batch.groupby(KEYS, sort=False)["forward_s"].mean() / plain_s).rename("cost_ratio").reset_index()
+    results = results.merge(cost, on=KEYS, how="left")  # the condition's forward over one plain forward
     query0 = "clean row kept where the head has no phantom" if any(c.intervention == "knockout" for c in conds) \
         else "n/a"
     meta = describe(model, w, "ablate", interventions=",".join(dict.fromkeys(c.intervention for c in conds)),

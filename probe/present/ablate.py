@@ -11,13 +11,14 @@ from probe.present.sections import drop_ids, n_batches, pm, se_caveat
 DESCRIPTIONS = {
     "ablate.html": "causal interventions: loss change per intervention, whole model and per layer, with figures",
     "ablate.json": "causal interventions: every table and the run's settings (JSON)",
-    "ablate_results.csv": "loss change (ablated - clean, nats per token) per intervention, setting and scope",
+    "ablate_results.csv": "loss change (ablated - clean, nats per token) per intervention, setting and scope, and "
+                          "each condition's forward time over one plain forward's",
     "ablate_per_batch.csv": "loss change per condition and evaluation batch",
 }
 
 TITLE = "Ablations: is the sink needed?"
 COLUMNS = ["intervention", "setting", "scope", "layer", "head", "site", "loss_clean", "loss_ablated", "delta",
-           "delta_se", "loss_clean_late", "loss_ablated_late", "delta_late", "delta_late_se"]
+           "delta_se", "loss_clean_late", "loss_ablated_late", "delta_late", "delta_late_se", "cost_ratio"]
 
 
 def _where(row) -> str:

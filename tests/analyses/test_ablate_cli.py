@@ -1,9 +1,17 @@
-"""`probe ablate` end to end: terminal table, --out files and page, refusals in one line with exit code 2."""
+"""`probe ablate` end to end: terminal table, --out files and page, refusals in one line with exit code 2. Every CLI
+call runs in this process (``probe.cli.main``)."""
 import json
+import subprocess
 
 import pandas as pd
 
-from tests.support.cli import WINDOWS, probe
+from tests.support.cli import WINDOWS, assert_one_line_error
+from probe.cli import main
+
+
+def cli(capsys, *args) -> subprocess.CompletedProcess:
+    code = main([str(a) for a in args])
+    return subprocess.CompletedProcess(list(args), code, *capsys.readouterr())
 
 
 def test_the_cli_mirrors_the_analysis_vocabulary():
@@ -26,9 +34,9 @@ def test_flags_imply_their_intervention():
         "knockout", "phantom", "evict"]
 
 
-def test_probe_ablate_writes_tables_and_a_page(tmp_path):
+def test_probe_ablate_writes_tables_and_a_page(tmp_path, capsys):
     out = tmp_path / "ab"
-    r = probe("ablate", "--model", "probe/tiny-sink+proj", *WINDOWS, "--ablate", "knockout", "--value", "zero",
+    r = cli(capsys, "ablate", "--model", "probe/tiny-sink+proj", *WINDOWS, "--ablate", "knockout", "--value", "zero",
               "--keep", "0", "1", "--window", "8", "--sink-logit", "0", "--gate", "open", "--out", out, "--quiet")
     assert r.returncode == 0, r.stderr
     assert "loss change" in r.stdout and "knockout" in r.stdout and "cost:" in r.stdout
@@ -44,16 +52,12 @@ def test_probe_ablate_writes_tables_and_a_page(tmp_path):
     assert "ablate_results.csv" in index and "loss change" in index  # described by probe.present.ablate
 
 
-def test_refusals_are_one_line_and_exit_2(tmp_path):
+def test_refusals_are_one_line_and_exit_2(tmp_path, capsys):
     for args, message in [(["--model", "probe/tiny-baseline", "--sink-logit", "1"], "has no phantom key"),
                           (["--model", "probe/tiny-gatedv", "--gate", "open"], "element-wise value gate"),
                           (["--model", "probe/tiny-baseline", "--depth", "uniform"], "has no depth routing")]:
-        r = probe("ablate", *args, *WINDOWS, "--quiet", "--out", tmp_path / "x")
-        assert r.returncode == 2, (args, r.stderr)
-        lines = [line for line in r.stderr.splitlines() if line.strip()]
-        assert len(lines) == 1 and message in lines[0], r.stderr
+        r = cli(capsys, "ablate", *args, *WINDOWS, "--quiet", "--out", tmp_path / "x")
+        assert_one_line_error(r, message, "probe ablate")
         assert not (tmp_path / "x").exists()  # nothing written
-    r = probe("ablate", "--value", "bogus")
-    assert r.returncode == 2 and "invalid choice: 'bogus'" in r.stderr
-    r = probe("ablate", "--sink-logit", "inf")
-    assert r.returncode == 2 and "expected a finite number, got 'inf'" in r.stderr
+    assert_one_line_error(cli(capsys, "ablate", "--value", "bogus"), "invalid choice: 'bogus'")
+    assert_one_line_error(cli(capsys, "ablate", "--sink-logit", "inf"), "expected a finite number, got 'inf'")

@@ -296,6 +296,15 @@ class WindowCache:
     def __init__(self, spec: WindowSpec):
         self.spec, self.corpus, self.docs, self.cache = spec, None, {}, {}
 
+    def fingerprint(self) -> dict | None:
+        """The corpus that text windows come from, as resume compares it (docs/definitions.md#resume-fingerprints):
+        {"corpus", "sha256", "bytes"}; None for synthetic data (its name is its content)."""
+        name = self.spec.data
+        if name is not None and name.startswith("synthetic:"):
+            return None
+        self.corpus = self.corpus or load_corpus(name or DEFAULT_DATA)
+        return {"corpus": self.corpus.name, **self.corpus.content}
+
     def get(self, model, tok, ctx):
         """The model's windows on its device, with ``tok`` and ``ctx`` as :func:`windows_for` picks them (a
         Bigram-Backcopy model, or Bigram-Backcopy data: :func:`windows_for`'s windows or its error)."""

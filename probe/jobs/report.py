@@ -30,6 +30,7 @@ from probe.present.console import Console
 from probe.present.errors import UsageError
 from probe.jobs.inputs import (KNOWN_HINT, WindowCache, check_data, eval_ctx, injection_plan, load_model,
                                resolve_device, tokenizer_for)
+from probe.jobs.fingerprints import model_fingerprint
 from probe.jobs.store import RunStore, shard_name
 from probe.present.files import write_pages
 from probe.present.report import report_page
@@ -158,7 +159,8 @@ def write_report(spec: ReportSpec, console: Console) -> tuple[dict[str, pd.DataF
     windows = WindowCache(spec.windows)
     index = {name: i for i, name in enumerate(names, start=1)}
     records = store.records(mine, lambda name: compute_one(spec, name, index[name], windows, console), console,
-                            "report")
+                            "report", fingerprint=lambda name: {"model": model_fingerprint(name),
+                                                                "windows": windows.fingerprint()})
     if not mine:  # more shards than models (a job array larger than the sweep): only the manifest, for the merge
         return {}, settings
     return write_tables(out, records, settings, console, spec.self_contained), settings

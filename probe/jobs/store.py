@@ -9,6 +9,8 @@ The folder::
                              list in order, and what its kind adds (a report's shard, a merge's source folders)
     DIR/models/<slug>.json   one JSON record per finished model, staged under a dot-name and renamed into place
                              (``probe.writes.write_files``): a model counts as done only once renamed
+    DIR/inputs/<slug>.fingerprint  the fingerprints of what that record was computed from (a local model's files,
+                             the corpus; docs/definitions.md#resume-fingerprints), written just before the record
 
 Opened on a folder with a manifest, the kind, the settings and the shard must match (a one-line error names what
 differs); staged files of a killed run are removed. Another folder must be new or empty. Nothing is written before the
@@ -21,8 +23,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from pathlib import Path
 
+from probe.jobs.fingerprints import describe
 from probe.present.console import Console
 from probe.present.errors import UsageError
 from probe.present.files import clean
@@ -30,6 +34,7 @@ from probe.writes import remove_stale_temps, write_files
 
 MANIFEST = "manifest.json"
 MODELS = "models"
+INPUTS = "inputs"
 REPORT = "report"  # the kind of a `probe report` folder, whose manifest names no kind (as before kinds existed)
 
 
@@ -58,6 +63,11 @@ def _read_state(path: Path, recover: str) -> dict:
     if not isinstance(state, dict):
         raise RunFolderError(f"{path} is corrupt (a JSON {type(state).__name__}, not an object); {recover}")
     return state
+
+
+def fingerprint_path(folder: Path, name: str) -> Path:
+    """Where a finished model's input fingerprints are kept (JSON; not a .json: not one of the run's results)."""
+    return Path(folder) / INPUTS / f"{slug(name)}.fingerprint"
 
 
 def read_record(folder: Path, name: str) -> dict:
@@ -153,10 +163,40 @@ class RunStore:
         (self.out / MODELS).mkdir(exist_ok=True)
         self.manifest_written = True
 
-    def records(self, names, compute, console: Console, what: str) -> list[dict]:
+    def _write_fingerprint(self, name: str, fingerprint: dict) -> None:
+        (self.out / INPUTS).mkdir(exist_ok=True)
+        path = fingerprint_path(self.out, name)
+        write_files(self.out, {str(path.relative_to(self.out)): json.dumps(fingerprint)})
+
+    def check_fingerprints(self, names, fingerprint) -> None:
+        """Every finished model of ``names`` was computed from the inputs ``fingerprint(name)`` finds now
+        (docs/definitions.md#resume-fingerprints): a change is a one-line RunFolderError naming both; models finished
+        before fingerprints existed get one warning and their fingerprints recorded."""
+        unrecorded = []
+        for name in (n for n in names if self.done(n)):
+            now, path = fingerprint(name), fingerprint_path(self.out, name)
+            if not path.is_file():
+                unrecorded.append(name)
+                self._write_fingerprint(name, now)
+                continue
+            was = _read_state(path, "delete it and run again: it is recorded again from the inputs of now")
+            if was != now:
+                raise RunFolderError(f"--out {str(self.out)!r}: model {name!r} was computed from other inputs "
+                                     f"({describe(was)}) than it reads now ({describe(now)}); restore them to resume, "
+                                     "delete its record to recompute it, or use another --out")
+        if unrecorded:
+            sys.stderr.write(f"warning: {len(unrecorded)} finished model(s) in {self.out} record no input fingerprints "
+                             f"(written before fingerprints existed; first {unrecorded[0]!r}); resuming with the "
+                             "inputs of now and recording them\n")
+
+    def records(self, names, compute, console: Console, what: str, fingerprint=None) -> list[dict]:
         """The record of every one of ``names``, in order: the stored one, or ``compute(name)``, stored as soon as it
-        returns. A progress bar ``what`` counts the models; the manifest is written by the end."""
+        returns. A progress bar ``what`` counts the models; the manifest is written by the end. With ``fingerprint``
+        (name -> the fingerprint of what that model's result is computed from), finished models are checked against
+        it (:meth:`check_fingerprints`) and each new record is stored with it."""
         names = list(names)
+        if fingerprint is not None and self.out is not None:
+            self.check_fingerprints(names, fingerprint)
         todo = [n for n in names if not self.done(n)]
         if len(todo) < len(names):
             console.note(f"resuming {self.out}: {len(names) - len(todo)} of {len(names)} models already done")
@@ -165,7 +205,12 @@ class RunStore:
         try:
             for name in todo:
                 bar.set_description(f"{what}: {name}")
-                self.put(name, compute(name))
+                record = compute(name)
+                if fingerprint is not None and self.out is not None:  # before the record, which marks it done
+                    if not self.manifest_written:
+                        self.write_manifest()
+                    self._write_fingerprint(name, fingerprint(name))
+                self.put(name, record)
                 bar.update()
         except BaseException:
             bar.leave = False  # erase the bar: the error line is what stays on the terminal

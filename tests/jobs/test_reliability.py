@@ -432,3 +432,30 @@ def test_resume_refuses_a_changed_training_corpus_naming_both_fingerprints(tmp_p
     assert main(argv) == 0
     assert "records no corpus fingerprint" in one_line(capsys.readouterr().err)
     assert "corpus_sha256" in json.loads((run / "probe_train.json").read_text())
+
+
+def test_report_resume_refuses_changed_inputs_naming_both_fingerprints(tmp_path, capsys):
+    """A corpus edited between a kill and the rerun, or a model folder whose files changed, refuses the resume in
+    one line instead of mixing two fingerprints in one report; a folder from before fingerprints resumes with one
+    warning and records them."""
+    corpus, out, model = tmp_path / "corpus.txt", tmp_path / "report", tmp_path / "model"
+    corpus.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog." * 4 for i in range(24)))
+    shutil.copytree(ZOO_MODEL, model)
+    argv = ["report", "--models", str(model), "--data", str(corpus), "--ctx", "16", "--batches", "1", "--batch-size",
+            "2", "--out", str(out), "--quiet"]
+    assert main(argv) == 0, capsys.readouterr().err
+    (recorded,) = list((out / "inputs").iterdir())
+    fingerprint = json.loads(recorded.read_text())
+    assert fingerprint["model"]["files"] >= 2 and fingerprint["windows"]["bytes"] == corpus.stat().st_size
+    capsys.readouterr()
+    corpus.write_text(corpus.read_text().replace("Paragraph 3:", "Paragraph three:"))
+    assert main(argv) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "computed from other inputs" in err and fingerprint["windows"]["sha256"][:16] in err and "now" in err
+    recorded.unlink()  # as a folder written before fingerprints existed
+    assert main(argv) == 0
+    assert "record no input fingerprints" in capsys.readouterr().err
+    config = model / "config.json"
+    config.write_text(config.read_text() + "\n")
+    assert main(argv) == 2
+    assert "model sha256" in one_line(capsys.readouterr().err)

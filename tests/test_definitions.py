@@ -128,7 +128,8 @@ def areas() -> list[str]:
     packages = sorted(p.relative_to(ROOT).as_posix() for p in probe.iterdir()
                       if p.is_dir() and p.name not in SKIP_DIRS and any(p.rglob("*.py")))
     top = sorted(p.relative_to(ROOT).as_posix() for p in probe.glob("*.py"))
-    roots = [r for r in ("tests", "benchmarks", "scripts", "notebooks", "README.md") if (ROOT / r).exists()]
+    roots = [r for r in ("tests", "benchmarks", "scripts", "notebooks", "README.md", "docs", "CHANGELOG.md",
+                         "mkdocs.yml") if (ROOT / r).exists()]
     return packages + top + roots
 
 

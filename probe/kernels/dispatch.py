@@ -227,7 +227,7 @@ def depth_attention(values: Sequence[torch.Tensor], keys: Sequence[torch.Tensor]
                     normalize=True, eps=1e-6, return_weights=False, backend=None) -> DepthOutput:
     """Softmax read over S depth sources: h = Σ_i softmax_i(query . RMSNorm(k_i) + bias_i) values_i.
 
-    values: S tensors (B,T,d); keys: S tensors (B,T,r) (views allowed, e.g. values[i][..., -r:]); query (r,).
+    values: S tensors (B,T,d); keys: S tensors (B,T,r) (views allowed, e.g. ``values[i][..., -r:]``); query (r,).
     No 1/sqrt(r) scaling. The Triton kernel reads the lists in place through pointer tables (no stacking).
     """
     values, keys = list(values), list(keys)

@@ -3,9 +3,10 @@
 A page leads with what it found and its picture: verdict lines (each with the rule that decided it), caveats, then its
 figures, then its tables (the summary first; an empty table says why it is empty; one longer than ``FOLD_ROWS`` rows is
 folded in a ``<details>`` whose summary line gives its row count), then the run's settings. So the first screen of
-every page with figures shows one, as W&B and TensorBoard put the picture first and let the reader open the numbers. Pages in one folder
-load one ``plotly.min.js`` written beside them; ``self_contained=True`` inlines plotly.js instead (a 4.8 MB single
-file). Every folder carries an ``index.html`` rebuilt from all the files in it, so several verbs can share one folder.
+every page with figures shows one, as W&B and TensorBoard put the picture first and let the reader open the numbers.
+Pages in one folder load one ``plotly.min.js`` written beside them; ``self_contained=True`` inlines plotly.js instead
+(a 4.8 MB single file). Every folder carries an ``index.html`` rebuilt from all the files in it, so several verbs can
+share one folder.
 
 Only strings are built here; ``probe.present.files.write_pages`` writes them (atomically, through ``probe.writes``) with the folder's support files.
 """
@@ -173,6 +174,7 @@ def index_page(folder: Path) -> str:
             f"<table><tr><th>file</th><th>what it holds</th></tr>{''.join(rows)}</table></body></html>\n")
 
 
-__all__ = ["PLOTLY_JS", "INDEX", "FOLD_ROWS", "DESCRIPTIONS", "DESCRIBED_BY", "descriptions", "page", "table_html", "readable",
+__all__ = ["PLOTLY_JS", "INDEX", "FOLD_ROWS", "DESCRIPTIONS", "DESCRIBED_BY", "descriptions", "page", "table_html",
+           "readable",
            "plotly_script", "support_files",
            "describe", "index_page"]

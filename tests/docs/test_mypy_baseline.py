@@ -53,8 +53,8 @@ def test_mypy_errors_only_shrink():
     pytest.importorskip("mypy")
     found, allowed = mypy_errors(), read_baseline()
     new = found - allowed
-    assert not new, (f"{sum(new.values())} mypy error(s) not in the baseline (fix them; the baseline may only shrink):\n"
-                     + "\n".join(sorted(new.elements())))
+    assert not new, (f"{sum(new.values())} mypy error(s) not in the baseline (fix them; the baseline may only "
+                     "shrink):\n" + "\n".join(sorted(new.elements())))
     gone = allowed - found
     assert not gone, (f"{sum(gone.values())} baseline error(s) no longer occur: run python "
                       "tests/docs/test_mypy_baseline.py --write to shrink the baseline\n" + "\n".join(sorted(gone)))

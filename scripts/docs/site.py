@@ -1,0 +1,193 @@
+"""The documentation site's one piece of machinery (an MkDocs hook, named in mkdocs.yml): it fills the pages' directives
+from the sources they document, so nothing on the site is a hand-made copy.
+
+Directives (HTML comments, so a page read on GitHub shows nothing where they stand):
+
+    <!-- readme: heading "Training and the zoo" -->        a README section, its own heading left out
+    <!-- readme: from "**`probe report`**" until "**Many processes" -->   README lines from one start to the next
+    <!-- cli-reference -->                                 every verb's and recipe's flags, from the live parser
+    <!-- include "CHANGELOG.md" -->                         a repository file, its title left out
+
+Code-block marks (on the line just above a fence; tests/docs/test_code_blocks.py fails on a block with neither):
+
+    <!-- executed -->                                      tests/docs/test_code_blocks.py runs it and compares
+    <!-- copied from a run; settings: ...; wall: ...; memory: ... -->   shown on the site above the block
+    <!-- not run here; why: ... -->                        a command this project cannot run; the reason is shown
+
+Run as a script it prints one page's expanded markdown: ``python scripts/docs/site.py docs/how-to/gemma.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import posixpath
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DIRECTIVE = re.compile(r"^<!-- readme: (?:heading \"(?P<heading>[^\"]+)\"|from \"(?P<start>[^\"]+)\" until "
+                       r"\"(?P<until>[^\"]+)\") -->$", re.M)
+CLI = "<!-- cli-reference -->"
+INCLUDE = re.compile(r"^<!-- include \"(?P<path>[\w./-]+)\" -->$", re.M)
+EXECUTED = re.compile(r"^<!-- executed -->$")
+COPIED = re.compile(r"^<!-- copied from a run; (?P<what>settings: [^>]+; wall: [^>]+; memory: [^>]+) -->$")
+NOT_RUN = re.compile(r"^<!-- not run here; why: (?P<why>[^>]+) -->$")
+FENCE = re.compile(r"^(```|~~~)")
+LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
+
+
+class DocsError(ValueError):
+    """A directive that names nothing in its source (the strict build stops on it)."""
+
+
+# ---- README parts
+
+def readme_part(text: str, heading: str | None = None, start: str | None = None, until: str | None = None) -> str:
+    """A README section without its heading (sub-headings lifted so the section's children are h2), or the lines
+    from the one starting with ``start`` up to the next starting with ``until``."""
+    lines = text.splitlines()
+    if heading is not None:
+        found = [i for i, ln in enumerate(lines) if re.fullmatch(r"#{1,6} " + re.escape(heading), ln)]
+        if len(found) != 1:
+            raise DocsError(f"README heading {heading!r}: found {len(found)} times, expected once")
+        level = len(lines[found[0]].split()[0])
+        end = next((i for i in range(found[0] + 1, len(lines)) if _heading_level(lines, i) and
+                    _heading_level(lines, i) <= level), len(lines))
+        body, shift = lines[found[0] + 1:end], level - 1
+    else:
+        begin = [i for i, ln in enumerate(lines) if ln.startswith(start)]
+        if len(begin) != 1:
+            raise DocsError(f"README line starting {start!r}: found {len(begin)} times, expected once")
+        end = next((i for i in range(begin[0] + 1, len(lines)) if lines[i].startswith(until)), None)
+        if end is None:
+            raise DocsError(f"README line starting {until!r} after {start!r}: not found")
+        body, shift = lines[begin[0]:end], 0
+    out, fenced = [], False
+    for ln in body:
+        if FENCE.match(ln):
+            fenced = not fenced
+        if not fenced and shift and re.match(r"#{2,6} ", ln):
+            ln = ln[shift:]
+        out.append(ln)
+    return "\n".join(out).strip("\n") + "\n"
+
+
+def _heading_level(lines: list[str], i: int) -> int:
+    fenced = sum(1 for ln in lines[:i] if FENCE.match(ln)) % 2
+    m = re.match(r"(#{1,6}) ", lines[i])
+    return 0 if fenced or not m else len(m.group(1))
+
+
+def relink(text: str, page: str) -> str:
+    """README links made right for a site page: links into docs/ (pages, anchors, images) relative to ``page`` (a
+    path in docs/), other repository paths shown as code (the site holds only docs/), web links kept."""
+    def one(m):
+        bang, label, target = m.groups()
+        if re.match(r"[a-z]+:|#", target):
+            return m.group(0)
+        if target.startswith("docs/"):
+            rel = posixpath.relpath(target[len("docs/"):], posixpath.dirname(page) or ".")
+            return f"{bang}[{label}]({rel})"
+        return f"{label} (`{target}`)" if label.strip("`") != target else f"`{target}`"
+    return LINK.sub(one, text)
+
+
+# ---- the CLI reference
+
+def cli_reference() -> str:
+    """Every verb and `probe experiment` recipe: its description, usage, and a table of its flags with their
+    defaults and choices, straight from the parser `probe` runs."""
+    from probe.cli.main import build_parser
+    from probe.experiments import RECIPES
+    from probe.experiments.command import build_parser as recipe_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    parts = [_parser_section("probe", parser, parser.description)]
+    for name, p in sub.choices.items():
+        parts.append(_parser_section(f"probe {name}", p, helps.get(name) or p.description))
+    for name in RECIPES:
+        p = recipe_parser(name, "probe experiment")
+        parts.append(_parser_section(f"probe experiment {name}", p, p.description, level=3))
+    return "\n".join(parts)
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _parser_section(title: str, p: argparse.ArgumentParser, description: str | None, level: int = 2) -> str:
+    usage = p.format_usage().strip().removeprefix("usage: ")
+    rows = []
+    for a in p._actions:
+        if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        flag = ", ".join(f"`{o}`" for o in a.option_strings) or f"`{a.metavar or a.dest}` (positional)"
+        default = "" if a.default in (None, argparse.SUPPRESS) or isinstance(a, argparse._VersionAction) \
+            else f"`{a.default!r}`"
+        choices = "" if a.choices is None else ", ".join(f"`{c}`" for c in a.choices)
+        help_text = (a.help or "").replace("%(default)s", str(a.default)).replace("%%", "%")
+        rows.append(f"| {flag} | {_cell(default)} | {_cell(choices)} | {_cell(help_text)} |")
+    table = "| flag | default | choices | what it does |\n|---|---|---|---|\n" + "\n".join(rows) if rows else ""
+    return (f"{'#' * level} `{title}`\n\n{_cell(description or '')}\n\n<pre><code>{_escape(usage)}</code></pre>\n\n"
+            f"{table}\n")
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# ---- pages
+
+def expand(markdown: str, page: str, readme: str | None = None) -> str:
+    """A page's markdown with its directives filled (``page``: its path under docs/, for links)."""
+    text = README.read_text(encoding="utf-8") if readme is None else readme
+
+    def part(m):
+        return relink(readme_part(text, m["heading"], m["start"], m["until"]), page)
+    markdown = DIRECTIVE.sub(part, markdown)
+    markdown = INCLUDE.sub(lambda m: relink(re.sub(r"\A# .*\n", "", (ROOT / m["path"]).read_text(encoding="utf-8")),
+                                            page), markdown)
+    if CLI in markdown:
+        markdown = markdown.replace(CLI, cli_reference())
+    return markdown
+
+
+def code_blocks(markdown: str) -> list[dict]:
+    """Every fenced block of a page: its info string, its text, the line its fence opens on, and its mark
+    ('executed', 'copied' with what it was copied from, 'not run' with why, or None)."""
+    lines, blocks, i = markdown.splitlines(), [], 0
+    while i < len(lines):
+        m = FENCE.match(lines[i].lstrip())
+        if not m:
+            i += 1
+            continue
+        fence, info, start = m.group(1), lines[i].lstrip()[3:].strip(), i
+        j = next((k for k in range(i + 1, len(lines)) if lines[k].lstrip().startswith(fence)), len(lines))
+        above = next((lines[k].strip() for k in range(start - 1, -1, -1) if lines[k].strip()), "")
+        mark, what = (("executed", None) if EXECUTED.match(above) else
+                      ("copied", COPIED.match(above)["what"]) if COPIED.match(above) else
+                      ("not run", NOT_RUN.match(above)["why"]) if NOT_RUN.match(above) else (None, None))
+        blocks.append({"info": info, "text": "\n".join(lines[i + 1:j]), "line": start + 1, "mark": mark,
+                       "copied": what})
+        i = j + 1
+    return blocks
+
+
+def show_marks(markdown: str) -> str:
+    """The site shows a copied block's settings, wall time and memory above it, and why a block was not run."""
+    markdown = re.sub(r"^<!-- copied from a run; (settings: [^>]+) -->$", r"*Copied from a run* — \1", markdown,
+                      flags=re.M)
+    return re.sub(r"^<!-- not run here; why: ([^>]+) -->$", r"*Not run here* — \1", markdown, flags=re.M)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:  # the MkDocs hook
+    return show_marks(expand(markdown, page.file.src_uri))
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:]:
+        path = Path(name).resolve()
+        print(expand(path.read_text(encoding="utf-8"), path.relative_to(ROOT / "docs").as_posix()))

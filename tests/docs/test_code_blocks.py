@@ -1,0 +1,134 @@
+"""Every code block on the documentation site (docs/*.md with the README parts they include, as scripts/docs/site.py
+expands them) is marked on the line above its fence, and the mark is kept:
+
+- ``<!-- executed -->``: this test runs it. A python block runs in a fresh namespace; an executed ``text`` block
+  right after it is what it must print, line for line (so at the printed precision). A ``console`` block is a
+  transcript: each ``$ probe ...`` line runs in-process from an empty directory and the lines shown under it must
+  appear in its stdout, in order (``...`` skips lines).
+- ``<!-- copied from a run; settings: ...; wall: ...; memory: ... -->``: shown on the site above the block.
+- ``<!-- not run here; why: ... -->``: a command this project cannot run (no cluster, no 20B weights offline); the
+  reason is shown on the site.
+
+A block with no mark fails the first test."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+
+
+def _site():
+    spec = importlib.util.spec_from_file_location("probe_docs_site", ROOT / "scripts" / "docs" / "site.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+site = _site()
+PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
+
+
+def blocks(page: str) -> list[dict]:
+    return site.code_blocks(site.expand((DOCS / page).read_text(encoding="utf-8"), page))
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_code_block_is_executed_or_marked_as_copied(page):
+    unmarked = [f"{page}: block at line {b['line']} ({b['info'] or 'no language'}): {b['text'][:80]!r}"
+                for b in blocks(page) if b["mark"] is None]
+    assert not unmarked, ("mark each block <!-- executed --> (and make this test run it) or <!-- copied from a run; "
+                          "settings: ...; wall: ...; memory: ... -->:\n" + "\n".join(unmarked))
+
+
+def test_the_marks_are_recognised():
+    page = ("<!-- executed -->\n```python\nprint(1)\n```\n\n<!-- copied from a run; settings: s; wall: 1 s; "
+            "memory: 1 GB -->\n```\nout\n```\n\n<!-- copied from a run; wall: 1 s -->\n```\nx\n```\n"
+            "<!-- not run here; why: no cluster -->\n```bash\nsbatch x\n```\n")
+    assert [b["mark"] for b in site.code_blocks(page)] == ["executed", "copied", None, "not run"]
+    shown = site.show_marks(page)
+    assert "*Copied from a run* — settings: s; wall: 1 s; memory: 1 GB" in shown
+    assert "*Not run here* — no cluster" in shown
+
+
+def _run_python(code: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "<docs block>", "exec"), {"__name__": "__docs__"})
+    return out.getvalue()
+
+
+def _run_probe(command: str) -> str:
+    from probe.cli.main import main
+
+    argv = shlex.split(command)
+    assert argv[0] == "probe", f"a transcript runs probe commands only: {command!r}"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv[1:]) == 0, command
+    return out.getvalue()
+
+
+def _shown_in_order(shown: list[str], got: list[str]) -> str | None:
+    """None when the shown lines (chunks between '...' lines) appear in ``got`` in order, each chunk contiguous."""
+    chunks, chunk = [], []
+    for line in shown:
+        if line.strip() == "...":
+            chunks.append(chunk)
+            chunk = []
+        else:
+            chunk.append(line.rstrip())
+    chunks.append(chunk)
+    at = 0
+    for chunk in filter(None, chunks):
+        found = next((i for i in range(at, len(got) - len(chunk) + 1) if got[i:i + len(chunk)] == chunk), None)
+        if found is None:
+            return "\n".join(chunk)
+        at = found + len(chunk)
+    return None
+
+
+def executed_pages() -> list[str]:
+    return [p for p in PAGES if any(b["mark"] == "executed" for b in blocks(p))]
+
+
+@pytest.mark.parametrize("page", executed_pages())
+def test_executed_blocks_print_what_the_page_shows(page, tmp_path, one_thread):
+    page_blocks = blocks(page)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # a transcript's --out lands in a fresh folder
+    try:
+        for i, b in enumerate(page_blocks):
+            if b["mark"] != "executed":
+                continue
+            if b["info"] == "python":
+                printed = _run_python(b["text"])
+                after = page_blocks[i + 1] if i + 1 < len(page_blocks) else None
+                if after is not None and after["mark"] == "executed" and after["info"] == "text":
+                    assert printed.rstrip().splitlines() == after["text"].rstrip().splitlines(), \
+                        f"{page} line {b['line']}: printed\n{printed}"
+            elif b["info"] == "console":
+                lines = b["text"].splitlines()
+                starts = [k for k, ln in enumerate(lines) if ln.startswith("$ ")] + [len(lines)]
+                assert starts[0] == 0, f"{page} line {b['line']}: a transcript starts with a '$ ' command"
+                for k, end in zip(starts, starts[1:], strict=False):
+                    got = [ln.rstrip() for ln in _run_probe(lines[k][2:]).splitlines()]
+                    missing = _shown_in_order(lines[k + 1:end], got)
+                    assert missing is None, f"{page} line {b['line']}: {lines[k]} did not print\n{missing}\n" \
+                                            f"it printed:\n" + "\n".join(got)
+            elif b["info"] == "text":
+                before = page_blocks[i - 1] if i else None
+                assert before is not None and before["mark"] == "executed" and before["info"] == "python", \
+                    f"{page} line {b['line']}: an executed text block is the output of the python block above it"
+            else:
+                pytest.fail(f"{page} line {b['line']}: an executed block is python, console or text, "
+                            f"not {b['info']!r}")
+    finally:
+        os.chdir(cwd)

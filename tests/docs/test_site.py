@@ -1,0 +1,117 @@
+"""The documentation site builds with warnings as errors (``mkdocs build --strict``: a dead link or anchor, a page left
+out of the nav, a directive naming no README part, a docstring mkdocstrings cannot read all fail it), works offline
+(no web fonts, scripts or styles from another host), and its generated references are whole: the command-line page
+has every verb and recipe with every flag and choice, the API page every public function and class of the modules it
+documents. The how-to guides hold the README's sections themselves (included at build time, not copied)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("mkdocs")
+pytest.importorskip("material")
+pytest.importorskip("mkdocstrings_handlers.python")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
+                         capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", **_env()})
+    assert run.returncode == 0, run.stderr[-4000:]
+    return out
+
+
+def _env() -> dict:
+    import os
+
+    return dict(os.environ)
+
+
+def test_the_site_loads_nothing_from_the_network(built):
+    # a script, image or frame from another host, a <link> that loads one (a stylesheet, a font), a CSS import
+    remote = re.compile(r"""<(?:script|img|iframe)[^>]+src=["']https?://"""
+                        r"""|<link[^>]+href=["']https?://[^"']+["'][^>]*"""
+                        r"""rel=["']?(?:stylesheet|preload|preconnect|icon)"""
+                        r"""|<link[^>]+rel=["']?(?:stylesheet|preload|preconnect)[^>]+href=["']https?://"""
+                        r"""|@import\s+url\(["']?https?://|fonts\.(?:googleapis|gstatic)""")
+    found = [f"{p.relative_to(built)}: {m.group(0)[:100]}" for p in built.rglob("*") if p.suffix in (".html", ".css")
+             for m in remote.finditer(p.read_text(encoding="utf-8", errors="replace"))]
+    assert not found, "\n".join(found)
+    pages = {p.relative_to(built).as_posix() for p in built.rglob("*.html")}
+    assert {"index.html", "getting-started.html", "definitions.html", "reference/cli.html", "reference/api.html",
+            "how-to/gemma.html", "how-to/adding-an-analysis.html", "changelog.html"} <= pages
+
+
+def _parsers():
+    from probe.cli.main import build_parser
+    from probe.experiments import RECIPES
+    from probe.experiments.command import build_parser as recipe_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"probe": parser, **{f"probe {n}": p for n, p in sub.choices.items()},
+            **{f"probe experiment {n}": recipe_parser(n, "probe experiment") for n in RECIPES}}
+
+
+def _text(html: str) -> str:
+    import html as h
+
+    return h.unescape(re.sub(r"<[^>]+>", "", html))
+
+
+def test_the_cli_reference_has_every_verb_flag_default_and_choice(built):
+    page = _text((built / "reference" / "cli.html").read_text(encoding="utf-8"))
+    sections = re.split(r"\n(?=probe(?:[\w -]*)¶)", page)  # one per heading (Material's permalink sign ends it)
+    by_title = {s.split("¶")[0].strip(): s for s in sections if "¶" in s}
+    for title, parser in _parsers().items():
+        assert title in by_title, f"no section for {title}"
+        section = by_title[title]
+        for a in parser._actions:
+            if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            for option in a.option_strings:
+                assert option in section, f"{title}: {option} missing"
+            for choice in a.choices or ():
+                assert str(choice) in section, f"{title} {a.option_strings}: choice {choice} missing"
+            if a.default not in (None, argparse.SUPPRESS) and not isinstance(a, argparse._VersionAction):
+                assert repr(a.default) in section, f"{title} {a.option_strings}: default {a.default!r} missing"
+
+
+def _documented_modules() -> list[str]:
+    return re.findall(r"^::: ([\w.]+)$", (ROOT / "docs" / "reference" / "api.md").read_text(), re.M)
+
+
+def test_the_api_reference_has_every_public_function_and_class(built):
+    page = (built / "reference" / "api.html").read_text(encoding="utf-8")
+    ids = set(re.findall(r'id="([\w.]+)"', page))
+    missing = []
+    for name in _documented_modules():
+        module = importlib.import_module(name)
+        public = getattr(module, "__all__", None) or [n for n, v in vars(module).items() if not n.startswith("_")
+                                                        and getattr(v, "__module__", None) == name]  # defined there
+        for attr in public:
+            obj = getattr(module, attr, None)
+            where = {f"{name}.{attr}", f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"}
+            if (inspect.isfunction(obj) or inspect.isclass(obj)) and not where & ids:  # re-exported or at home
+                missing.append(f"{name}.{attr}")
+    assert not missing, "not in the API reference:\n" + "\n".join(missing)
+
+
+def test_the_how_to_guides_include_the_readme_sections(built):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for page, heading in [("how-to/gemma.html", "### Real weights offline: Gemma 3 270M"),
+                          ("how-to/adding-an-analysis.html", "## Adding an analysis"),
+                          ("how-to/training.html", "## Training and the zoo")]:
+        body = readme.split(heading + "\n", 1)[1]
+        first = next(ln for ln in body.splitlines() if ln.strip() and not ln.startswith(("<!--", "```")))
+        words = re.sub(r"[`*]", "", re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", first)).split()[:8]
+        assert " ".join(words) in " ".join(_text((built / page).read_text(encoding="utf-8")).split()), page

@@ -34,14 +34,15 @@ class Attention(nn.Module):
         c = config
         self.layer, self.n_heads, self.n_kv, self.d_head, self.d_value = layer, c.n_heads, c.n_kv_heads, c.d_head, c.d_value
         self.abstention, self.qk_activation = c.abstention, c.qk_activation
-        self.q_proj = nn.Linear(c.d_model, c.n_heads * c.d_head, bias=False)
-        self.k_proj = nn.Linear(c.d_model, c.n_kv_heads * c.d_head, bias=False)
-        self.v_proj = nn.Linear(c.d_model, c.n_kv_heads * c.d_value, bias=False)
-        self.o_proj = nn.Linear(c.n_heads * c.d_value, c.d_model, bias=False)
+        bias = c.linear_bias  # MUDDPythia (GPT-NeoX style); probe's own models are bias-free
+        self.q_proj = nn.Linear(c.d_model, c.n_heads * c.d_head, bias=bias)
+        self.k_proj = nn.Linear(c.d_model, c.n_kv_heads * c.d_head, bias=bias)
+        self.v_proj = nn.Linear(c.d_model, c.n_kv_heads * c.d_value, bias=bias)
+        self.o_proj = nn.Linear(c.n_heads * c.d_value, c.d_model, bias=bias)
         self.key_proj = nn.Linear(c.n_heads * c.d_value, key_rank, bias=False) if key_rank else None  # P-LR key rows
         self.q_norm = RMSNorm(c.d_head, c.norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.d_head, c.norm_eps) if c.qk_norm else None
-        self.rotary = Rotary(c.d_head, c.rope_theta) if c.pos == "rope" else None
+        self.rotary = Rotary(c.d_head, c.rope_theta, c.rotary_dims) if c.pos == "rope" else None
 
         if c.abstention == "sinklogit":
             self.sink = nn.Parameter(torch.zeros(c.n_heads))  # b_h, init 0 (= off-by-one at init)

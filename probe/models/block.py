@@ -13,16 +13,20 @@ from probe.models.layers import MLP, make_norm
 
 
 class Block(nn.Module):
-    param_roles = {"ln1": "norm", "ln2": "norm"}
+    param_roles = {"ln1": "norm", "ln1_k": "norm", "ln1_v": "norm", "ln2": "norm"}
 
     def __init__(self, config: ProbeConfig, layer: int):
         super().__init__()
         c = config
         key_rank = c.depth_rank if c.depth == "plr" else 0
-        self.ln1 = make_norm(c.norm, c.d_model, c.norm_eps)
+        self.ln1 = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
+        if c.dense_stream_norms and layer > 0:  # MUDD's sepln: the key and value streams get norms of their own
+            self.ln1_k = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
+            self.ln1_v = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
         self.attn = Attention(c, layer, key_rank)
-        self.ln2 = make_norm(c.norm, c.d_model, c.norm_eps)
-        self.mlp = MLP(c.d_model, c.d_mlp, c.mlp, key_rank)
+        self.ln2 = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
+        self.mlp = MLP(c.d_model, c.layer_d_mlp(layer), c.mlp, key_rank, c.linear_bias)
+        self.parallel_residual = c.parallel_residual
         if c.depth != "residual":
             if layer > 0:  # site 1 (before block 0's attention) reads only the embedding: no query
                 self.attn_read = DepthRead(c)
@@ -41,10 +45,11 @@ class Block(nn.Module):
             h = self.ln1(x)
             a, _, v_first = self.attn(h, v_first=v_first)
         else:
-            a, _, v_first = self.attn(*(self.ln1(s) for s in qkv), v_first=v_first)
-        x = self.hook_resid_mid(x + a)
-        m, _ = self.mlp(self.ln2(x))
-        return self.hook_resid_post(x + m), v_first
+            norms = (self.ln1, self.ln1_k, self.ln1_v) if hasattr(self, "ln1_k") else (self.ln1,) * 3
+            a, _, v_first = self.attn(*(norm(s) for norm, s in zip(norms, qkv)), v_first=v_first)
+        mid = self.hook_resid_mid(x + a)
+        m, _ = self.mlp(self.ln2(x if self.parallel_residual else mid))  # parallel: the MLP reads the block input
+        return self.hook_resid_post(mid + m), v_first
 
     def forward_routed(self, x: torch.Tensor, sources: DepthSources, next_read: DepthRead, v_first=None):
         """Depth-routed: x is this block's routed read; sub-layer outputs are appended to `sources`.

@@ -72,6 +72,16 @@ class ProbeConfig(PretrainedConfig):
         depth_block_prior: float = 0.0,  # β: β·log(count) is added to a block source's logit (1: their prior)
         depth_block_prior_learned: bool = False,  # β is one learned scalar (initialised to depth_block_prior)
         dense: str = "none",
+        # options of MUDDFormer's released checkpoints (Caiyun-AI/MUDDFormer; docs/definitions.md#dense-connections)
+        mudd_round64: bool = False,  # their round64: dense-network hidden width (h // 64 + 1) * 64
+        mudd_expand_last: bool = False,  # their expand_last: the last layer's dense-network hidden width x4
+        dense_stream_norms: bool = False,  # their sepln: blocks > 0 norm the q, k, v streams with separate norms
+        d_mlp_layers: list | None = None,  # per-layer FFN widths (None: every layer d_mlp)
+        # architecture options of MUDDPythia (GPT-NeoX style; docs/definitions.md#released-checkpoints)
+        parallel_residual: bool = False,  # the MLP reads the block's input, not input + attention
+        linear_bias: bool = False,  # biases on the q/k/v/o projections and the MLP's linear maps
+        norm_bias: bool = False,  # LayerNorm with a bias (norm="layer")
+        rotary_dims: int | None = None,  # RoPE on the first rotary_dims of each head only (None: all of d_head)
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -106,6 +116,14 @@ class ProbeConfig(PretrainedConfig):
         self.depth_block_prior = float(depth_block_prior)
         self.depth_block_prior_learned = bool(depth_block_prior_learned)
         self.dense = dense
+        self.mudd_round64 = bool(mudd_round64)
+        self.mudd_expand_last = bool(mudd_expand_last)
+        self.dense_stream_norms = bool(dense_stream_norms)
+        self.d_mlp_layers = None if d_mlp_layers is None else [int(m) for m in d_mlp_layers]
+        self.parallel_residual = bool(parallel_residual)
+        self.linear_bias = bool(linear_bias)
+        self.norm_bias = bool(norm_bias)
+        self.rotary_dims = None if rotary_dims is None else int(rotary_dims)
         kwargs.pop("backend", None)  # config.json files saved before the backend became a runtime choice carry it; it is a runtime choice now
         kwargs.setdefault("tie_word_embeddings", False)  # tying is done by reusing the embedding matrix
         super().__init__(**kwargs)
@@ -144,6 +162,10 @@ class ProbeConfig(PretrainedConfig):
         """Width of the routing keys: d_model for AttnRes, r for the low-rank variants."""
         return self.d_model if self.depth == "attnres" else (self.depth_rank or 0)
 
+    def layer_d_mlp(self, layer: int) -> int:
+        """The FFN width of block ``layer`` (d_mlp unless d_mlp_layers gives one per layer)."""
+        return self.d_mlp_layers[layer] if self.d_mlp_layers else self.d_mlp
+
     @property
     def has_phantom(self) -> bool:
         return self.abstention in ("offbyone", "sinklogit")
@@ -170,6 +192,22 @@ class ProbeConfig(PretrainedConfig):
                                  "got depth_blocks=0")
         if self.depth != "residual" and self.dense != "none":
             raise ValueError(f"depth={self.depth!r} and dense={self.dense!r} both replace the residual stream; pick one")
+        for field in ("mudd_round64", "mudd_expand_last", "dense_stream_norms"):
+            if getattr(self, field) and self.dense != "mudd":
+                raise ValueError(f"{field}=True needs dense='mudd'; got dense={self.dense!r}")
+        if self.d_mlp_layers is not None and (len(self.d_mlp_layers) != self.n_layers
+                                              or min(self.d_mlp_layers) < 1):
+            raise ValueError(f"d_mlp_layers={self.d_mlp_layers!r} must list one positive width per layer "
+                             f"(n_layers={self.n_layers})")
+        if self.parallel_residual and self.depth != "residual":
+            raise ValueError(f"parallel_residual=True needs the plain or dense residual stream; got depth={self.depth!r}")
+        if self.linear_bias and self.depth == "plr":
+            raise ValueError("linear_bias=True does not compose with depth='plr' (its routing keys share the output "
+                             "projection's matmul)")
+        if self.norm_bias and self.norm != "layer":
+            raise ValueError(f"norm_bias=True needs norm='layer'; got norm={self.norm!r}")
+        if self.rotary_dims is not None and not (0 < self.rotary_dims <= self.d_head and self.rotary_dims % 2 == 0):
+            raise ValueError(f"rotary_dims={self.rotary_dims!r} must be even and in 2..d_head={self.d_head}")
         if self.value_gate == "glu" and self.value_residual != "none":
             raise ValueError("value_residual does not compose with the GLU value (different value widths)")
 

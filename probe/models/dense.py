@@ -16,6 +16,18 @@ from probe.models.config import ProbeConfig
 from probe.models.layers import RMSNorm
 
 
+def mudd_hidden_width(config: ProbeConfig, layer: int, width: int) -> int:
+    """The hidden width of MUDD's per-token weight network after block ``layer`` (``width`` = C·S outputs): width
+    itself, x4 on the last layer with mudd_expand_last, then with mudd_round64 (h // 64 + 1)·64 (MUDDFormer's
+    round64: the next multiple of 64 strictly above h, so 64 becomes 128)."""
+    hidden = width
+    if config.mudd_expand_last and layer == config.n_layers - 1:
+        hidden *= 4
+    if config.mudd_round64:
+        hidden = (hidden // 64 + 1) * 64
+    return hidden
+
+
 class DenseMix(nn.Module):
     param_roles = {"bias": "mixing", "w1": "mixing_projection", "w2": "mixing"}
 
@@ -27,9 +39,10 @@ class DenseMix(nn.Module):
         self.bias = nn.Parameter(one_hot)  # a_i (DenseFormer: the static weights themselves)
         if self.kind == "mudd":
             width = streams * self.n_src
+            hidden = mudd_hidden_width(config, layer, width)
             self.norm = RMSNorm(config.d_model, config.norm_eps)
-            self.w1 = nn.Linear(config.d_model, width, bias=False)
-            self.w2 = nn.Linear(width, width, bias=False)
+            self.w1 = nn.Linear(config.d_model, hidden, bias=False)
+            self.w2 = nn.Linear(hidden, width, bias=False)
             nn.init.zeros_(self.w2.weight)  # W2 = 0: no dynamic part at init
         self.hook_weights = HookPoint()  # B,T,C,S
 

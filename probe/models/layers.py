@@ -19,16 +19,18 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def make_norm(kind: str, d: int, eps: float) -> nn.Module:
-    # Wang 2026's GPT-2-style baseline is bias-free throughout, LayerNorm included
-    return RMSNorm(d, eps) if kind == "rms" else nn.LayerNorm(d, eps=eps, bias=False)
+def make_norm(kind: str, d: int, eps: float, bias: bool = False) -> nn.Module:
+    # Wang 2026's GPT-2-style baseline is bias-free throughout, LayerNorm included (MUDDPythia's LayerNorms: bias)
+    return RMSNorm(d, eps) if kind == "rms" else nn.LayerNorm(d, eps=eps, bias=bias)
 
 
 class Rotary:
-    """RoPE (rotate-half convention) with a cos/sin table cached per (length, device, dtype)."""
+    """RoPE (rotate-half convention) with a cos/sin table cached per (length, device, dtype). With ``d_rot`` <
+    d_head only the first d_rot coordinates of each head rotate (GPT-NeoX's rotary_pct), the rest pass unchanged."""
 
-    def __init__(self, d_head: int, theta: float):
-        self.d_head, self.theta = d_head, theta
+    def __init__(self, d_head: int, theta: float, d_rot: int | None = None):
+        self.d_head, self.theta = d_rot or d_head, theta  # d_head: the rotated width
+        self.partial = self.d_head < d_head
         self._cache: dict = {}
 
     def tables(self, T: int, device, dtype):
@@ -41,6 +43,12 @@ class Rotary:
         return self._cache[key]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: B,T,H,dh
+        if self.partial:
+            rot, rest = x.split([self.d_head, x.shape[-1] - self.d_head], dim=-1)
+            return torch.cat([self._rotate(rot), rest], dim=-1)
+        return self._rotate(x)
+
+    def _rotate(self, x: torch.Tensor) -> torch.Tensor:  # x: B,T,H,d_rot
         cos, sin = self.tables(x.shape[1], x.device, x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
@@ -60,13 +68,13 @@ class MLP(nn.Module):
     from the activation passed to the output projection (LR-AttnRes 2026 Eq. 12)."""
     param_roles = {"gate": "matrix", "up": "matrix", "down": "output", "key_proj": "routing_key"}
 
-    def __init__(self, d_model: int, d_mlp: int, kind: str, key_rank: int = 0):
+    def __init__(self, d_model: int, d_mlp: int, kind: str, key_rank: int = 0, bias: bool = False):
         super().__init__()
         self.kind = kind
         if kind == "swiglu":
-            self.gate = nn.Linear(d_model, d_mlp, bias=False)
-        self.up = nn.Linear(d_model, d_mlp, bias=False)
-        self.down = nn.Linear(d_mlp, d_model, bias=False)
+            self.gate = nn.Linear(d_model, d_mlp, bias=bias)
+        self.up = nn.Linear(d_model, d_mlp, bias=bias)
+        self.down = nn.Linear(d_mlp, d_model, bias=bias)
         self.key_proj = nn.Linear(d_mlp, key_rank, bias=False) if key_rank else None
         self.hook_post = HookPoint()  # B,T,m activation entering the output projection
 

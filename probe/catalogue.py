@@ -75,6 +75,36 @@ TIERS: dict[str, dict] = {
     "lr-attnres": dict(n_layers=24, d_model=1024, n_heads=16, d_mlp=2816, n_ctx=2048, vocab_size=100277,
                        rope_theta=500000.0, qk_norm=True, tie_embeddings=False),
 }
+
+
+class Released(NamedTuple):
+    """A paper's released checkpoint, read from the authors' own format (probe/checkpoints/<format>.py)."""
+    repo: str  # its Hugging Face repository
+    format: str  # the loader: "muddformer" / "muddpythia" (config.json + weights), "lr-attnres" (final_model.pt)
+    description: str
+
+
+# short name -> the release; names as the authors' repositories give them at the pinned commits
+# (Caiyun-AI/MUDDFormer README / pytorch/README.md; jon123boss/LR-AttnRes's own loading and figure scripts)
+RELEASED: dict[str, Released] = {
+    "muddformer-2.8b": Released("Caiyun-AI/MUDDFormer-2.8B", "muddformer",
+                                "MUDDFormer 2.8B (Xiao et al. 2025): 32L, d=2560, MUDD q/k/v/r dense connections"),
+    "muddpythia-1.4b": Released("Caiyun-AI/MUDDPythia-1.4B", "muddpythia",
+                                "MUDDPythia 1.4B: Pythia-style (parallel residual, biases) with MUDD, 24L, d=2048"),
+    "muddpythia-2.8b": Released("Caiyun-AI/MUDDPythia-2.8B", "muddpythia",
+                                "MUDDPythia 2.8B: 32L, d=2560"),
+    # what each run is, as far as the scripts naming it say (its own model_args say the rest when loaded)
+    "lr-attnres-n16": Released("Jonnester/LR-AttnRes-n16", "lr-attnres",
+                               "LR-AttnRes: the run their load/inspect scripts download by default"),
+    "lr-attnres-n8": Released("Jonnester/LR-AttnRes-n8", "lr-attnres", "LR-AttnRes: 'Block LR-AttnRes n=8'"),
+    "lr-attnres-n8-avg": Released("Jonnester/LR-AttnRes-n8-Avg", "lr-attnres",
+                                  "LR-AttnRes: 'Block LR-AttnRes n=8 + avg' (block mean)"),
+    "lr-attnres-full": Released("Jonnester/LR-AttnRes-Full", "lr-attnres",
+                                "LR-AttnRes: a full-routing run (their static-query heatmap script)"),
+    "lr-attnres-full-32": Released("Jonnester/LR-AttnRes-Full-32", "lr-attnres",
+                                   "LR-AttnRes: a second full-routing run (same script)"),
+}
+
 TIER_DESCRIPTIONS = {
     "tiny": "6 layers, d=128, 4x32 heads, SwiGLU 384, ctx 256, vocab 8192 (trains on 2 CPU cores)",
     "gatedv-small": "GatedV small model (same as tiny)",

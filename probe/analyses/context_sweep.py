@@ -66,7 +66,16 @@ def sink_context_sweep(model, windows_by_ctx: dict, *, eps=DEFAULT_EPS, massive:
                        backend: str | None = None, progress: bool = False, protocol: str = "pooled"):
     """``(sweep, per_ctx)``: the sweep's tables (``summary``, ``by_type``, ``layers``, ``meta``) over the contexts of
     ``windows_by_ctx`` ({T: windows of T tokens}, in the order given), and each context's whole
-    :func:`sink_analyses` result."""
+    :func:`sink_analyses` result.
+
+    Tables (columns):
+
+    - ``summary``: model, corpus, ctx, pos0_share, uniform_ref, pos0_over_uniform, phantom_share, r0, sink_formed,
+      epsilon, sink_share
+    - ``by_type``: model, corpus, ctx, layer_type, layers, pos0_share, uniform_ref, phantom_share, r0, sink_share,
+      key0_mass
+    - ``layers``: model, corpus, ctx, layer, layer_type, pos0_share, uniform_ref, phantom_share, r0, sink_share, key0_mass
+    """
     per_ctx = {}
     for ctx, data in windows_by_ctx.items():
         kw = dict(eps=eps, massive=massive, tokenizer=tokenizer, backend=backend, progress=progress)

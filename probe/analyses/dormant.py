@@ -213,7 +213,20 @@ def dormant_heads(model, data, *, threshold: float = THRESHOLD, norm_ratio: floa
     """Active/dormant state of every head on every input window. ``data``: windows (EvalBatches or token tensor), or
     {domain name: windows} to compare domains. Tables: ``summary`` (one row per domain, and 'all'), ``domains`` (per
     domain and layer), ``heads`` (dormant rate and output norms per state), ``switching`` (dormant rate per domain and
-    its spread, most domain-dependent heads first), ``inputs`` (one row per window and head) and ``meta``."""
+    its spread, most domain-dependent heads first), ``inputs`` (one row per window and head) and ``meta``.
+
+    Tables (columns):
+
+    - ``summary``: model, corpus, domain, n_inputs, dormant_share, dormant_norm_share, dormant_phantom_share, key0_mass,
+      phantom_share, z_ratio, n_windows, threshold, norm_ratio
+    - ``domains``: model, corpus, domain, layer, n_inputs, dormant_share, dormant_norm_share, dormant_phantom_share,
+      key0_mass, phantom_share, z_ratio
+    - ``heads``: model, corpus, layer, head, kv_head, n_inputs, dormant_rate, dormant_norm_rate, dormant_phantom_rate,
+      agreement, key0_mass, phantom_share, z_norm, z_norm_dormant, z_norm_active, z_ratio_dormant, z_ratio_active
+    - ``switching``: model, corpus, layer, head, ``dormant_rate[<domain>]``, spread
+    - ``inputs``: model, corpus, domain, batch, row, doc_id, layer, kv_head, head, key0_mass, phantom_share, z_norm,
+      z_ratio, dormant, dormant_norm, dormant_phantom
+    """
     acc, domains, parts = dormant_parts(model.probe_info, data, threshold=threshold, norm_ratio=norm_ratio,
                                         backend=backend)
     run_pass(model, [(domains[name], [part]) for name, part in parts.items()], progress=progress,

@@ -200,7 +200,19 @@ def gate_stats(model, data, *, min_count: int = 50, tokenizer=None,
     """Gate statistics: tables ``summary``, ``layers``, ``heads``, ``tokens`` (most attenuated first), ``batches``
     (per batch and layer) and ``meta``.
 
-    Raises ValueError for models without a value gate."""
+    Raises ValueError for models without a value gate.
+
+    Tables (columns):
+
+    - ``summary``: model, corpus, mean_gate, selectivity, spread, read_mean_gate, frac_below_half, token_share,
+      token_share_se, token_share_min_count, token_share_min_count_se, min_count, value_gate, n_token_reads,
+      n_token_types, n_frequent_reads, n_frequent_types
+    - ``layers``: model, corpus, layer, mean_gate, selectivity, spread, read_mean_gate, frac_below_half, token_share,
+      token_share_se, token_share_min_count, token_share_min_count_se
+    - ``heads``: model, corpus, layer, head, kv_head, mean_gate, selectivity, spread, read_mean_gate, frac_below_half
+    - ``tokens``: model, corpus, token_id, token, count, mean_gate
+    - ``batches``: model, corpus, batch, layer, mean_gate, selectivity, read_mean_gate
+    """
     info = model.probe_info
     if not info.has_value_gate:
         raise ValueError(f"model {info.name!r} has no value gate (value_gate={info.value_gate!r}); gate statistics "

@@ -270,7 +270,16 @@ def inject(model, data, *, junk=("structured",), cutoffs=("q25",), doses=DEFAULT
     ``exposure`` / ``exposure_layers`` / ``exposure_heads`` (per cutoff, when ``exposure``) and ``meta``.
 
     ``max_rows``: sequences per corrupted forward (conditions are stacked along the batch); default keeps the
-    stacked logits under about 1 GiB."""
+    stacked logits under about 1 GiB.
+
+    Tables (columns):
+
+    - ``results``: model, corpus, junk, cutoff, dose, loss_clean, loss_corrupted, delta
+    - ``per_batch``: model, corpus, batch, junk, cutoff, dose, loss_clean, loss_corrupted, delta
+    - ``exposure``: model, corpus, cutoff, quiet_share, quiet_share_se, phantom_share, phantom_share_se
+    - ``exposure_layers``: model, corpus, cutoff, layer, quiet_share, quiet_share_se, phantom_share, phantom_share_se
+    - ``exposure_heads``: model, corpus, layer, head, cutoff, quiet_share, phantom_share
+    """
     info = model.probe_info
     w = as_windows(data)
     conds = conditions(junk, cutoffs, doses)
@@ -327,7 +336,14 @@ def inject(model, data, *, junk=("structured",), cutoffs=("q25",), doses=DEFAULT
 
 @torch.no_grad()
 def exposure_stats(model, data, *, cutoffs=("q25", "median"), backend: str | None = None) -> dict[str, pd.DataFrame]:
-    """Exposure alone (no injection): share of each row's mass on quiet reads per cutoff, and on the phantom."""
+    """Exposure alone (no injection): share of each row's mass on quiet reads per cutoff, and on the phantom.
+
+    Tables (columns):
+
+    - ``exposure``: model, corpus, cutoff, quiet_share, quiet_share_se, phantom_share, phantom_share_se
+    - ``exposure_layers``: model, corpus, cutoff, layer, quiet_share, quiet_share_se, phantom_share, phantom_share_se
+    - ``exposure_heads``: model, corpus, layer, head, cutoff, quiet_share, phantom_share
+    """
     info = model.probe_info
     w = as_windows(data)
     cutoffs = _as_list(cutoffs)

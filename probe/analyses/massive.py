@@ -316,7 +316,19 @@ def massive_activations(model, data, *, abs_threshold: float = ABS_THRESHOLD, ra
                         progress: bool = False) -> dict[str, pd.DataFrame]:
     """Massive activations per layer: tables ``summary``, ``layers`` (top1..3, median, ratio, massive counts and the
     alignment with key 0 and the value reads), ``top`` (the ``top_k`` largest activations per site with window,
-    position, token and dimension), ``dims`` (massive dimensions per site) and ``meta``."""
+    position, token and dimension), ``dims`` (massive dimensions per site) and ``meta``.
+
+    Tables (columns):
+
+    - ``summary``: model, corpus, massive, n_massive, massive_dims, n_massive_dims, first_massive_layer,
+      massive_pos0_share, max_magnitude, max_layer, max_position, max_dim, max_token, max_ratio, top1_pos0_share,
+      key0_mass, r0, r0_massive_layers, r0_other_layers, abs_threshold, ratio_threshold
+    - ``layers``: model, corpus, layer, hook, top1, top2, top3, median, ratio, max_magnitude, top1_dim, top1_dim_share,
+      top1_pos0_share, n_massive, n_massive_dims, massive_windows, massive_pos0_share, key0_mass, top_mass,
+      massive_mass, r0, r_top, r_massive
+    - ``top``: model, corpus, layer, hook, rank, batch, row, position, token_id, dim, value, magnitude, ratio, token
+    - ``dims``: model, corpus, layer, hook, dim, count, windows, max_magnitude, mean_ratio, pos0_share, positions, tokens
+    """
     w = as_windows(data)
     part = MassivePart(model.probe_info, abs_threshold=abs_threshold, ratio_threshold=ratio_threshold, top_k=top_k,
                        backend=backend)

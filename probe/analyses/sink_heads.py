@@ -212,7 +212,19 @@ def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, wi
     ``layers`` (one row per layer and ε), ``heads`` (key-0 score per head) and ``meta``.
 
     ``method='streaming'`` (default) never materialises a pattern; ``'pattern'`` reads hook_pattern/hook_phantom one
-    layer at a time. ``window_rows='key0'`` decides sink heads of sliding-window layers on the rows that see key 0."""
+    layer at a time. ``window_rows='key0'`` decides sink heads of sliding-window layers on the rows that see key 0.
+    ``protocol`` (one of :data:`PROTOCOLS`): 'pooled' (probe's form) or 'gu2025' (Gu et al.'s released evaluation:
+    rows t >= 0, thresholded per window; the windows must hold 64 tokens, ``probe.data.windows.text_windows``).
+
+    Tables (columns):
+
+    - ``summary``: model, corpus, epsilon, n_heads, n_sink_heads, sink_share, sink_share_se, sink_share_key0, key0_mass,
+      key0_mass_se, key0_share_real, phantom_share, uniform_ref, key0, rows, score, threshold
+    - ``layers``: model, corpus, layer, layer_type, epsilon, n_heads, n_sink_heads, sink_share, sink_share_se,
+      n_sink_heads_key0, sink_share_key0, key0_mass, key0_mass_se, key0_share_real, phantom_share, uniform_ref
+    - ``heads``: model, corpus, layer, head, kv_head, layer_type, key0_mass, key0_share_real, phantom_share, uniform_ref,
+      key0_mass_key0, key0_share_real_key0, uniform_ref_key0
+    """
     if method not in ("streaming", "pattern"):
         raise ValueError(f"method={method!r}: choose 'streaming' or 'pattern'")
     info = model.probe_info

@@ -166,7 +166,17 @@ def sink_stats(model, data, *, backend: str | None = None, progress: bool = Fals
     layer), ``meta``.
 
     Hooks q, k, v (and the sink logit where the model has a phantom) one layer at a time; per-row masses on key 0 and
-    on all real keys come from ``attention_row_masses`` with the phantom in the normaliser."""
+    on all real keys come from ``attention_row_masses`` with the phantom in the normaliser.
+
+    Tables (columns):
+
+    - ``summary``: model, corpus, layers, n_layers, pos0_share, phantom_share, r0, uniform_ref, pos0_over_uniform,
+      r0_later, sink_formed
+    - ``by_type``: model, corpus, layers, n_layers, pos0_share, phantom_share, r0, uniform_ref
+    - ``layers``: model, corpus, layer, layer_type, pos0_share, phantom_share, r0, uniform_ref, sink_logit
+    - ``heads``: model, corpus, layer, head, kv_head, layer_type, pos0_share, phantom_share, r0, uniform_ref, sink_logit
+    - ``batches``: model, corpus, batch, layer, pos0_share, phantom_share, uniform_ref, r0
+    """
     w = as_windows(data)
     part = SinkPart(model.probe_info, backend)
     run_pass(model, [(w, [part])], progress=progress, desc="sink statistics")

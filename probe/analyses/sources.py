@@ -122,7 +122,15 @@ def effective_sources(model, data, *, progress: bool = False) -> dict[str, pd.Da
     """Depth-routing statistics: tables ``summary`` (S_src, clip value), ``sites`` (per read site), ``heatmap``
     (mean α, read site x source identity, NaN where a site does not read a source) and ``meta``.
 
-    Raises ValueError for models without depth routing."""
+    Raises ValueError for models without depth routing.
+
+    Tables (columns):
+
+    - ``summary``: model, corpus, n_sites, S_src, neff_mean, top1_mass, input_dependence, mode, heatmap_clip
+    - ``sites``: model, corpus, site_index, site, n_sources, neff_mean, neff_std, top1_mass, input_dependence, n_tokens,
+      mass_embedding, mass_blocks, mass_partial
+    - ``heatmap``: model, corpus, site, embed, ``block<i>``
+    """
     info = model.probe_info
     sites = depth_sites(info)
     w = as_windows(data)

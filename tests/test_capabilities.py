@@ -1,7 +1,7 @@
 """Analyses, pages and verbs read what a mechanism does (ModelInfo's capability fields, declared by the gate registry
 and the model), never its name: no module under probe/analyses, probe/present or probe/cli compares a gate, variant,
 depth or abstention name with a string literal. A new mechanism registered the README's way is then analysed as its
-declaration says, without editing an analysis (issue 24 item 4)."""
+declaration says, without editing an analysis."""
 import ast
 from pathlib import Path
 
@@ -87,7 +87,7 @@ def test_no_analysis_page_or_verb_compares_mechanism_names():
     'x = name in ("normgate", "projgate")',
 ])
 def test_the_check_catches_name_comparisons(line):
-    """The check finds each way the old code compared names (it found the ones removed in issue 24)."""
+    """The check finds each way the old code compared names (it found the ones capabilities replaced)."""
     assert name_comparisons(line, "probe/analyses/x.py", _mechanism_names())
 
 

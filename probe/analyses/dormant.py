@@ -12,7 +12,9 @@ Per head (layer l, query head h) and *input* (one evaluation window x):
 **Definition used here.** A head is *dormant* on an input when key0_mass(x) > ``threshold`` (default 0.5): it dumps
 most of its mass on the sink and reads little content; otherwise it is *active*. This follows Guo et al.'s
 attention-weight criterion for pretrained LLMs (attention on the first token, as Sandoval-Segura et al. 2025 also
-characterise it); the 0.5 threshold is this module's choice (the paper was not available offline to copy its value).
+characterise it); the 0.5 threshold is this module's choice (their released code states none). Their code averages
+column 0 over every row, row 0 included: bos_attn = (1 + (T - 1) key0_mass) / T without a phantom
+(docs/definitions.md#dormant-heads; tests/analyses/test_authors_diagnostics.py).
 Their mechanism predicts that a dormant head's output is small (the sink's value is drained), so the output-norm
 criterion is reported beside it:
 ``dormant_norm`` = z_ratio(x) < ``norm_ratio`` (default 0.5), plus the per-head mean ||z|| in each state and the

@@ -5,7 +5,8 @@ output of layer l - 1, Sun et al.'s hidden state of layer l - 1; for depth-route
 layer's output ``blocks.{L-1}.hook_resid_post`` (reported as layer L). Per site and window (sequence):
 
 * magnitudes |h[t, i]| over all T positions and d hidden dimensions; the k-th largest (top1..top3) and the median
-  (linear interpolation over all T x d entries); ``ratio`` = top1 / median;
+  (linear interpolation over all T x d entries; Sun et al.'s code takes torch.median, the lower middle value:
+  docs/definitions.md#massive-activations); ``ratio`` = top1 / median;
 * an activation is *massive* when |h| > ``abs_threshold`` (default 100) **and** |h| > ``ratio_threshold`` (default
   1000) x the median of its site and window (Sun et al.'s criterion); a hidden dimension is massive at a site when it
   holds at least one massive activation;
@@ -15,10 +16,10 @@ Alignment with the sink (same forward, layer l's attention reads the stream meas
 ``key0_mass`` (mean over rows t >= 1 and heads of the attention mass on key 0, phantom in the normaliser),
 ``top_mass`` (mass on the position holding the window's largest activation, over the rows that can see it,
 t >= max(1, p)), ``massive_mass`` (mass on the positions holding massive activations, windows that have any), and the
-value reads of layer l (``hook_v``; docs/definitions.md#reads): r0 = ||v_0|| / median_j ||v_j||, ``r_top`` the same ratio at the top
-position, ``r_massive`` at massive positions (per KV head and window, means of ratios). ``top1_pos0_share`` is the share
-of windows whose largest activation sits at position 0 (the sink position; the learned sink token for ``sinktoken``
-models) and ``massive_pos0_share`` the share of massive activations at position 0.
+value reads of layer l (``hook_v``; docs/definitions.md#reads): r0 = ||v_0|| / median_j ||v_j||, ``r_top`` the same
+ratio at the top position, ``r_massive`` at massive positions (per KV head and window, means of ratios).
+``top1_pos0_share`` is the share of windows whose largest activation sits at position 0 (the sink position; the
+learned sink token for ``sinktoken`` models) and ``massive_pos0_share`` the share of massive activations at position 0.
 
 Memory: each site's stream is reduced inside its hook (one (B, T, d) tensor at a time); attention masses come from
 probe.kernels.attention_row_masses, so no T x T pattern exists.
@@ -95,7 +96,8 @@ class MassiveAccumulator:
         """h: (B, T, d) residual stream of one site; tokens: (B, T) token id per position (-1 for a sink token).
         Returns the per-window top position (B,) and the massive-position mask (B, T) for the attention step."""
         B, T, d = h.shape
-        a = h.detach().float().abs().reshape(B, T * d)
+        h = h.detach()
+        a = (h if h.dtype == torch.float64 else h.float()).abs().reshape(B, T * d)  # fp32 at least, fp64 kept
         med = median_abs(a).double().cpu()  # (B,)
         k = min(max(self.top_k, 3), T * d)
         vals, idx = a.topk(k, dim=1)

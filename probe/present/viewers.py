@@ -29,9 +29,9 @@ from probe.analyses.capture import model_device, token_text
 from probe.analyses.gates import read_tokens_of
 from probe.analyses.sources import depth_sites
 from probe.hooks import names as hook_names
-from probe.writes import atomic_write
 from probe.present.page import page
 from probe.progress import plural
+from probe.writes import atomic_write
 
 DESCRIPTIONS = {"view.html": "probe view: attention pattern (layer and head pickers), depth weights, gates of one text"}
 WINDOW = 64

@@ -127,3 +127,25 @@ def write_fixture(name: str, *, weights: dict, inputs: dict, outputs: dict, meta
     save_file(contiguous(outputs), out / "outputs.safetensors")
     (out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return out
+
+
+# The tiny random Llama the diagnostic references (massive.py, dormant.py) run on: the authors' analysis code targets
+# HF Llama models, and probe reads the same weights through its llama adapter.
+TINY_LLAMA = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=10000.0,
+                  tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+
+
+def tiny_llama(seed: int, dtype=torch.float64):
+    """A transformers LlamaForCausalLM of TINY_LLAMA with eager attention, every parameter drawn by ``randomize``
+    in fp64 (then cast to ``dtype``): the same weights for the same seed in every script."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA, attn_implementation="eager")).to(torch.float64)
+    randomize(model, seed)
+    return model.to(dtype).eval()
+
+
+def token_windows(seed: int, n: int, T: int, vocab: int) -> torch.Tensor:
+    """(n, T) seeded uniform token ids, no BOS (both diagnostics' scripts tokenize with add_special_tokens=False)."""
+    return torch.randint(0, vocab, (n, T), generator=torch.Generator().manual_seed(seed))

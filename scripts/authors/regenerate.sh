@@ -17,12 +17,22 @@ export_files() {  # owner+name commit dest paths...
   mkdir -p "$dest"
   git -C "$repo" archive "$commit" "$@" | tar -x -C "$dest"
 }
+show_files() {  # owner+name commit dest paths... (one file at a time: for mirrors whose large blobs are absent)
+  local repo="$MIRRORS/$1$REPO_SUFFIX" commit=$2 dest=$SRC/$3 path
+  shift 3
+  for path in "$@"; do
+    mkdir -p "$dest/$(dirname "$path")"
+    git -C "$repo" show "$commit:$path" > "$dest/$path"
+  done
+}
 LR=14784c7b486f17e0d2fb849c4822cbd9d118d9a6
 FLA=bc3b101dcb713ddc5bd8924b66754eb68b5ccf89
 OSS=7b583341fe16729127f6d5b94a7b09ccae97e1a1
 RES=95652f64aba7db6c095f4e92eafb9e76e6ed9e02
 MUDD=fc067b274a5f14894b2ee299fdcb3c581a092896
 DENSE=c99a623bdb5f6611bf0d37e964c67ecbf15c3c19
+MASSIVE=6521c05efd2c22460e8486471c8ef511ebd8c067
+DORMANT=16b3593c32a751d6b08df5dd6631a76d9fe7c0c9
 export_files jon123boss+LR-AttnRes $LR lr model.py attnres_ops.py
 export_files fla-org+flash-linear-attention $FLA fla fla/ops/attnres/naive.py
 export_files openai+gpt-oss $OSS oss gpt_oss/__init__.py gpt_oss/torch
@@ -30,9 +40,13 @@ export_files Zcchill+Value-Residual-Learning $RES res src/modeling/modeling_llam
 export_files Caiyun-AI+MUDDFormer $MUDD mudd pytorch/muddformer/modeling_muddformer.py \
   pytorch/muddformer/configuration_muddformer.py
 export_files epfml+DenseFormer $DENSE dense experiments/models
+show_files locuslab+massive-activations $MASSIVE massive main_llm.py monkey_patch/modify_llama.py lib/plot_utils_llm.py
+show_files GuoTianYu2000+Active-Dormant-Attention $DORMANT dormant LLM/src/entropy.py BBM/probe_utils.py
 "$PYTHON" lr_attnres.py --src "$SRC/lr" --commit $LR
 "$PYTHON" fla_attnres.py --src "$SRC/fla/fla/ops/attnres/naive.py" --commit $FLA
 "$PYTHON" gpt_oss_sink.py --src "$SRC/oss" --commit $OSS
 "$PYTHON" value_residual.py --src "$SRC/res/src/modeling/modeling_llama_resformer.py" --commit $RES
 "$PYTHON" mudd.py --src "$SRC/mudd/pytorch/muddformer" --commit $MUDD
 "$PYTHON" denseformer.py --src "$SRC/dense/experiments" --commit $DENSE
+"$PYTHON" massive.py --src "$SRC/massive" --commit $MASSIVE
+"$PYTHON" dormant.py --src "$SRC/dormant" --commit $DORMANT

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from tests.support.analyses import every_variant, gate_reference, tiny, windows
 from probe.analyses.gates import GateAccumulator, gate_stats
 from probe.hooks.info import ModelInfo
+from tests.support.analyses import every_variant, gate_reference, tiny, windows
 
 
 def info(H=1, Hkv=1, L=1):

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.support.analyses import every_variant, sources_reference, tiny, windows
 from probe.analyses.sources import SourceAccumulator, effective_sources, entropy
+from tests.support.analyses import every_variant, sources_reference, tiny, windows
 
 FULL = {"blocks.0.mlp_read": ["embed", "attn0"], "blocks.1.attn_read": ["embed", "attn0", "mlp0"]}
 BLOCK = {"blocks.0.mlp_read": ["embed", "partial"], "blocks.1.attn_read": ["embed", "block1"],

@@ -4,12 +4,12 @@ import math
 import pytest
 
 import probe.models as pm
-from tests.support.analyses import tiny, windows
 from probe.analyses.gates import gate_stats
 from probe.analyses.inject import inject
 from probe.analyses.sinks import sink_stats
 from probe.analyses.sources import effective_sources
 from probe.models.gates import gate_directions
+from tests.support.analyses import tiny, windows
 
 VARIANTS = [v for v in pm.VARIANTS if "{" not in v] + ["attnres-block2", "slr-full-r8", "plr-block2-r8"]
 

@@ -9,7 +9,6 @@ from probe.data import WindowSampler, eval_batches, load_corpus, load_tokenizer,
 from probe.models import GATES, VARIANTS, ValueGate, add_variant, added_parameters, config_for, create, register_gate
 from probe.models.params import parameter_roles
 from probe.train.trainer import TrainConfig, evaluate, train
-
 from tests.support import SMALL as TINY_TIER_SHRUNK  # noqa: E402
 
 SMALL = dict(TINY_TIER_SHRUNK, d_model=64, d_mlp=128)

@@ -2,7 +2,6 @@
 import torch
 
 from probe.models import create
-
 from tests.support import SMALL
 
 SMALL = dict(SMALL, vocab_size=97)  # random windows draw from 97 ids
@@ -146,6 +145,6 @@ def sources_reference(model, tokens) -> dict:
                      "n_tokens": alpha.shape[0],
                      **{f"mass_{k}": float(sum(mean[j] for j in range(len(labels)) if kinds[j] == k))
                         for k in all_kinds}})
-        heat[site] = dict(zip(labels, mean.tolist()))
+        heat[site] = dict(zip(labels, mean.tolist(), strict=True))
     return {"sites": pd.DataFrame(rows), "heatmap": heat,
             "S_src": sum(len(v) for v in sites.values() if len(v) >= 2)}

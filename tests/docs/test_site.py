@@ -115,3 +115,23 @@ def test_the_how_to_guides_include_the_readme_sections(built):
         first = next(ln for ln in body.splitlines() if ln.strip() and not ln.startswith(("<!--", "```")))
         words = re.sub(r"[`*]", "", re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", first)).split()[:8]
         assert " ".join(words) in " ".join(_text((built / page).read_text(encoding="utf-8")).split()), page
+
+
+def test_the_site_opens_offline_in_a_browser(built, tmp_path):
+    """Opened from the file system in headless Chromium, the home page, a how-to and the API page request nothing
+    but local files (Material's own bundle, no fonts or scripts from the web)."""
+    from tests.present.test_browser import BROWSER, REQUIRED, Page
+
+    if BROWSER is None:
+        if REQUIRED:
+            pytest.fail("PROBE_REQUIRE_BROWSER=1 but no Chromium found")
+        pytest.skip("no Chromium found (set PROBE_CHROMIUM)")
+    page = Page(BROWSER, tmp_path / "profile")
+    try:
+        for name in ("index.html", "how-to/gemma.html", "reference/api.html"):
+            page.open(built / name, figures=0)
+            assert page.requests, name
+            remote = [u for u in page.requests if not u.startswith(("file://", "data:", "blob:", "about:"))]
+            assert not remote, f"{name} requested {remote}"
+    finally:
+        page.close()

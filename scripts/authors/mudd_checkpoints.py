@@ -158,6 +158,7 @@ def write_family(name: str, src: Path, commit: str) -> Path:
             "file_blob_sha1": git_blob_sha1(src / folder / f"{mod_name}.py"),
             "also_imported": {f"pytorch/{folder}/{cfg_name}.py": git_blob_sha1(src / folder / f"{cfg_name}.py")},
             "released_configs": {f"pytorch/{folder}/{f}": git_blob_sha1(src / folder / f) for f in released},
+            "released_config_contents": {f: json.loads((src / folder / f).read_text()) for f in released},
             "config_from": f"pytorch/{folder}/{released[0]} with only these keys changed: {sorted(TINY)}",
             "entry": f"m = {cls_name}({cfg_cls_name}(**config)).eval(); m.setup_caches(B, block_size, dtype); "
                      "m(input_ids, return_tensor=True); m.save_pretrained(dir, safe_serialization=True)",

@@ -166,6 +166,7 @@ def _tokenizer(args: argparse.Namespace, config):
 
 def run(args: argparse.Namespace) -> int:
     from probe.data import HELDOUT, WindowSampler, tokenize_documents
+    from probe.data.batches import token_stream
     from probe.jobs.inputs import check_data, make_windows, resolve_device, set_threads
     from probe.models import config_for, create
     from probe.present.console import Console
@@ -220,9 +221,12 @@ def run(args: argparse.Namespace) -> int:
             corpus, eval_corpus = _corpora(args)
             if dist.is_main:
                 _check_corpus(out, ident, corpus, resuming)
-            docs = tokenize_documents(corpus, tok)
+            # a local file's tokens go to a temporary file in --out (the same stream, not held in memory)
+            streamed = hasattr(corpus.documents, "pieces")
+            docs = None if streamed else tokenize_documents(corpus, tok)
+            stream = token_stream(corpus.documents, tok, tok.eos_token_id, out) if streamed else None
             try:
-                sampler = WindowSampler(docs, ctx, args.seed, eos_id=tok.eos_token_id, bos_id=bos_id)
+                sampler = WindowSampler(docs, ctx, args.seed, eos_id=tok.eos_token_id, bos_id=bos_id, stream=stream)
             except ValueError as e:
                 raise UsageError(f"--data {args.data!r}: {e}") from None
             bar.update()

@@ -16,6 +16,8 @@ docs/definitions.md#bos-rule). Which models want a BOS is decided by :func:`prob
 from __future__ import annotations
 
 import itertools
+import os
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -138,6 +140,36 @@ class DocumentTokens:
         return {i: whole[i] if limit is None else whole[i][:limit] for i in indices}
 
 
+def token_stream(documents, tok, eos_id: int, folder) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the documents joined by ``eos_id`` as one token stream, each document's offset in it), for a corpus too large
+    to hold as tokens: tokenized piece by piece into a temporary file in ``folder`` (2 bytes a token below 65536 ids,
+    else 4) that backs the returned tensor, so memory holds what the windows touch, not the corpus. The file is
+    unlinked at once (the mapping keeps it until the tensor goes); a killed run leaves at most a ``.probe-tmp-``
+    leftover, which the next run under the folder's lock removes."""
+    import numpy as np
+
+    from probe.writes import TEMP_PREFIX
+
+    dtype = np.uint16 if len(tok) <= 1 << 16 else np.int32
+    fd, name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}tokens.", dir=folder)
+    starts, n = [], 0
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for i in range(len(documents)):
+                starts.append(n)
+                if i:
+                    f.write(np.array([eos_id], dtype=dtype).tobytes())
+                    n += 1
+                    starts[-1] = n
+                for ids in piece_ids(tok, document_pieces(documents, i)):
+                    f.write(np.asarray(ids, dtype=dtype).tobytes())
+                    n += len(ids)
+        stream = np.memmap(name, dtype=dtype, mode="c", shape=(n,)) if n else np.zeros(0, dtype=dtype)
+    finally:
+        os.unlink(name)
+    return torch.from_numpy(stream), torch.tensor(starts, dtype=torch.long)
+
+
 class WindowSampler:
     """Seeded random windows of ctx+1 tokens from the documents joined by ``eos_id``; with ``bos_id`` each window is
     that BOS followed by ctx text tokens (``probe train --bos``: the model always sees a BOS at position 0).
@@ -146,21 +178,27 @@ class WindowSampler:
     position in the sequence of draws (for training resume).
     """
 
-    def __init__(self, docs_tokens: list[torch.Tensor], ctx: int, seed: int = 0, *, eos_id: int,
-                 bos_id: int | None = None):
+    def __init__(self, docs_tokens: list[torch.Tensor] | None, ctx: int, seed: int = 0, *, eos_id: int,
+                 bos_id: int | None = None, stream: tuple[torch.Tensor, torch.Tensor] | None = None):
         if ctx < 1:
             raise ValueError(f"ctx={ctx} must be at least 1")
-        if not docs_tokens:
-            raise ValueError("no documents to sample windows from")
-        eos = torch.tensor([eos_id], dtype=torch.long)
-        parts = []
-        for i, d in enumerate(docs_tokens):
-            if i:
-                parts.append(eos)
-            parts.append(d.long().flatten())
-        self.stream = torch.cat(parts)
-        lengths = torch.tensor([len(d) + (1 if i + 1 < len(docs_tokens) else 0) for i, d in enumerate(docs_tokens)])
-        self.doc_starts = torch.cumsum(lengths, 0) - lengths  # stream offset of each document (its EOS follows it)
+        if stream is not None:  # already joined (``token_stream``: a large corpus, its tokens in a file)
+            self.stream, self.doc_starts = stream
+            if not len(self.doc_starts):
+                raise ValueError("no documents to sample windows from")
+        else:
+            if not docs_tokens:
+                raise ValueError("no documents to sample windows from")
+            eos = torch.tensor([eos_id], dtype=torch.long)
+            parts = []
+            for i, d in enumerate(docs_tokens):
+                if i:
+                    parts.append(eos)
+                parts.append(d.long().flatten())
+            self.stream = torch.cat(parts)
+            lengths = torch.tensor([len(d) + (1 if i + 1 < len(docs_tokens) else 0)
+                                    for i, d in enumerate(docs_tokens)])
+            self.doc_starts = torch.cumsum(lengths, 0) - lengths  # stream offset of each document (its EOS follows)
         if len(self.stream) < ctx + 1:
             raise ValueError(f"the documents hold {len(self.stream)} tokens (EOS separators included); "
                              f"a window needs ctx+1 = {ctx + 1}")
@@ -175,8 +213,8 @@ class WindowSampler:
 
     def windows(self, starts: torch.Tensor) -> torch.Tensor:
         if self.bos_id is None:
-            return self.stream[starts[:, None] + torch.arange(self.ctx + 1)]
-        text = self.stream[starts[:, None] + torch.arange(self.ctx)]  # (B, ctx)
+            return self.stream[starts[:, None] + torch.arange(self.ctx + 1)].long()
+        text = self.stream[starts[:, None] + torch.arange(self.ctx)].long()  # (B, ctx)
         return torch.cat([torch.full_like(text[:, :1], self.bos_id), text], dim=1)  # (B, ctx + 1), BOS first
 
     def sample(self, batch_size: int) -> torch.Tensor:

@@ -73,11 +73,14 @@ class Corpus:
         file or directory as stored; of an in-memory corpus, of its documents each followed by a NUL byte."""
         if isinstance(self.documents, FileDocuments):
             return {"sha256": self.documents.sha256, "bytes": self.documents.size}
-        h, size = hashlib.sha256(), 0
-        for d in self.documents:
-            data = d.encode("utf-8") + b"\x00"
-            h.update(data)
-            size += len(data)
+        h, size, docs = hashlib.sha256(), 0, self.documents
+        for i in range(len(docs)):  # a view of a streamed corpus is hashed piece by piece
+            for piece in docs.pieces(i) if hasattr(docs, "pieces") else (docs[i],):
+                data = piece.encode("utf-8")
+                h.update(data)
+                size += len(data)
+            h.update(b"\x00")
+            size += 1
         return {"sha256": h.hexdigest(), "bytes": size}
 
     def __len__(self) -> int:
@@ -137,13 +140,43 @@ def split_heldout(corpus: Corpus, fraction: float = HELDOUT_FRACTION) -> tuple[C
         raise ValueError(f"corpus {corpus.name!r} has {len(corpus.documents)} document(s); a held-out split needs at "
                          "least 2; pass another corpus for validation")
     n_out = min(len(corpus.documents) - 1, max(1, round(fraction * len(corpus.documents))))
-    digest = [hashlib.sha256(d.encode("utf-8")).hexdigest() for d in corpus.documents]
+    digest = [_document_sha256(corpus.documents, i) for i in range(len(corpus.documents))]
     out = set(sorted(range(len(digest)), key=lambda i: (digest[i], i))[:n_out])
-    keep = [d for i, d in enumerate(corpus.documents) if i not in out]
-    held = [d for i, d in enumerate(corpus.documents) if i in out]
+    keep_ids = [i for i in range(len(digest)) if i not in out]
+    held_ids = [i for i in range(len(digest)) if i in out]
+    if isinstance(corpus.documents, list):
+        keep, held = [corpus.documents[i] for i in keep_ids], [corpus.documents[i] for i in held_ids]
+    else:  # a streamed corpus stays on disk: the two parts are views of its documents
+        keep, held = DocumentSubset(corpus.documents, keep_ids), DocumentSubset(corpus.documents, held_ids)
     return (Corpus(corpus.name, keep, f"{corpus.source}; {len(held)} held-out documents removed"),
             Corpus(f"{corpus.name}:{HELDOUT}", held, f"held-out {len(held)} of {len(corpus.documents)} documents of "
                    f"{corpus.name} (smallest SHA-256), never sampled for training"))
+
+
+def _document_sha256(documents, i: int) -> bytes:
+    """SHA-256 of one document's UTF-8 text (a streamed document hashed piece by piece)."""
+    h = hashlib.sha256()
+    for piece in (documents.pieces(i) if hasattr(documents, "pieces") else (documents[i],)):
+        h.update(piece.encode("utf-8"))
+    return h.hexdigest()
+
+
+class DocumentSubset(Sequence):
+    """Some documents of a streamed corpus, by index, still read from its file (``pieces`` as FileDocuments)."""
+
+    def __init__(self, documents, indices):
+        self.base, self.indices = documents, list(indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.base[self.indices[i]]
+
+    def pieces(self, i: int):
+        return self.base.pieces(self.indices[i])
 
 
 def write_jsonl(documents, path: str | os.PathLike) -> Path:

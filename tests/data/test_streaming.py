@@ -174,3 +174,27 @@ def test_packed_is_a_window_mode_of_the_command_line():
 
     args = build_parser().parse_args(["sinks", "--window-mode", "packed"])
     assert args.window_mode == "packed"
+
+
+def test_a_streamed_training_corpus_gives_the_samplers_windows_and_resume(tmp_path, tok):
+    """probe train on a local file: the token stream lives in a temporary file (2 bytes a token, unlinked at once)
+    and the sampler draws exactly the windows, and resumes exactly where, the in-memory sampler does."""
+    from probe.data.batches import WindowSampler, token_stream
+    from probe.data.corpus import split_heldout
+
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join(load_corpus("wikitext-2-test").documents[:12]))
+    streamed_keep, streamed_held = split_heldout(load_corpus(path))
+    keep, held = split_heldout(Corpus("held", list(load_corpus(path).documents)))
+    assert list(streamed_held.documents) == held.documents and streamed_keep.content == keep.content
+    stream = token_stream(streamed_keep.documents, tok, tok.eos_token_id, tmp_path)
+    assert stream[0].dtype == torch.uint16 and not [p for p in tmp_path.iterdir() if p.name.startswith(".probe")]
+    a = WindowSampler(None, 64, seed=2, eos_id=tok.eos_token_id, stream=stream)
+    b = WindowSampler(tokenize_documents(keep, tok), 64, seed=2, eos_id=tok.eos_token_id)
+    assert torch.equal(a.doc_starts, b.doc_starts) and torch.equal(a.sample(8), b.sample(8))
+    state = a.state_dict()
+    assert state["n_tokens"] == b.state_dict()["n_tokens"]
+    after = a.sample(8)
+    c = WindowSampler(None, 64, seed=0, eos_id=tok.eos_token_id, stream=stream)
+    c.load_state_dict(state)
+    assert torch.equal(c.sample(8), after) and torch.equal(b.sample(8), after)

@@ -13,8 +13,12 @@ Code-block marks (on the line just above a fence; tests/docs/test_code_blocks.py
     <!-- executed -->                                      tests/docs/test_code_blocks.py runs it and compares
     <!-- copied from a run; settings: ...; wall: ...; memory: ... -->   shown on the site above the block
     <!-- not run here; why: ... -->                        a command this project cannot run; the reason is shown
+    <!-- tested by tests/x.py -->                           a snippet a test file writes out and runs (its names and
+                                                           strings must occur there)
 
-Run as a script it prints one page's expanded markdown: ``python scripts/docs/site.py docs/how-to/gemma.md``.
+Run as a script it prints one page's expanded markdown: ``python scripts/docs/site.py docs/how-to/gemma.md``; with
+``--materialize`` it writes the README parts into the pages themselves (the move of those sections out of the README,
+which then keeps what a newcomer needs first and links here; the README sections are deleted by hand after it).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ CLI = "<!-- cli-reference -->"
 INCLUDE = re.compile(r"^<!-- include \"(?P<path>[\w./-]+)\" -->$", re.M)
 EXECUTED = re.compile(r"^<!-- executed -->$")
 COPIED = re.compile(r"^<!-- copied from a run; (?P<what>settings: [^>]+; wall: [^>]+; memory: [^>]+) -->$")
+TESTED_BY = re.compile(r"^<!-- tested by (?P<path>tests/[\w/]+\.py) -->$")
 NOT_RUN = re.compile(r"^<!-- not run here; why: (?P<why>[^>]+) -->$")
 FENCE = re.compile(r"^(```|~~~)")
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
@@ -157,7 +162,8 @@ def expand(markdown: str, page: str, readme: str | None = None) -> str:
 
 def code_blocks(markdown: str) -> list[dict]:
     """Every fenced block of a page: its info string, its text, the line its fence opens on, and its mark
-    ('executed', 'copied' with what it was copied from, 'not run' with why, or None)."""
+    ('executed', 'copied' with what it was copied from, 'not run' with why, 'tested by' with the test file, or
+    None)."""
     lines, blocks, i = markdown.splitlines(), [], 0
     while i < len(lines):
         m = FENCE.match(lines[i].lstrip())
@@ -169,9 +175,10 @@ def code_blocks(markdown: str) -> list[dict]:
         above = next((lines[k].strip() for k in range(start - 1, -1, -1) if lines[k].strip()), "")
         mark, what = (("executed", None) if EXECUTED.match(above) else
                       ("copied", COPIED.match(above)["what"]) if COPIED.match(above) else
-                      ("not run", NOT_RUN.match(above)["why"]) if NOT_RUN.match(above) else (None, None))
+                      ("not run", NOT_RUN.match(above)["why"]) if NOT_RUN.match(above) else
+                      ("tested by", TESTED_BY.match(above)["path"]) if TESTED_BY.match(above) else (None, None))
         blocks.append({"info": info, "text": "\n".join(lines[i + 1:j]), "line": start + 1, "mark": mark,
-                       "copied": what})
+                       "detail": what})
         i = j + 1
     return blocks
 
@@ -179,6 +186,8 @@ def code_blocks(markdown: str) -> list[dict]:
 def show_marks(markdown: str) -> str:
     """The site shows a copied block's settings, wall time and memory above it, and why a block was not run."""
     markdown = re.sub(r"^<!-- copied from a run; (settings: [^>]+) -->$", r"*Copied from a run* — \1", markdown,
+                      flags=re.M)
+    markdown = re.sub(r"^<!-- tested by (tests/[\w/]+\.py) -->$", r"*Written out and run by* `\1`", markdown,
                       flags=re.M)
     return re.sub(r"^<!-- not run here; why: ([^>]+) -->$", r"*Not run here* — \1", markdown, flags=re.M)
 
@@ -188,6 +197,16 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # the MkDocs h
 
 
 if __name__ == "__main__":
-    for name in sys.argv[1:]:
+    args = sys.argv[1:]
+    materialize = args[:1] == ["--materialize"]
+    for name in args[materialize:]:
         path = Path(name).resolve()
-        print(expand(path.read_text(encoding="utf-8"), path.relative_to(ROOT / "docs").as_posix()))
+        text = path.read_text(encoding="utf-8")
+        if materialize:  # only the README directives: the CLI reference and included files stay generated
+            page = path.relative_to(ROOT / "docs").as_posix()
+            readme = README.read_text(encoding="utf-8")
+            path.write_text(DIRECTIVE.sub(lambda m: relink(readme_part(readme, m["heading"], m["start"], m["until"]),
+                                                           page), text), encoding="utf-8")
+            print(f"{name}: README parts written in")
+        else:
+            print(expand(text, path.relative_to(ROOT / "docs").as_posix()))

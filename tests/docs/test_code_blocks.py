@@ -8,6 +8,8 @@ expands them) is marked on the line above its fence, and the mark is kept:
 - ``<!-- copied from a run; settings: ...; wall: ...; memory: ... -->``: shown on the site above the block.
 - ``<!-- not run here; why: ... -->``: a command this project cannot run (no cluster, no 20B weights offline); the
   reason is shown on the site.
+- ``<!-- tested by tests/PATH.py -->``: a snippet that needs its context (a guide's step), written out and run by
+  that test file: every class, function, decorator argument and string of the block must occur in it.
 
 A block with no mark fails the first test."""
 from __future__ import annotations
@@ -52,10 +54,34 @@ def test_the_marks_are_recognised():
     page = ("<!-- executed -->\n```python\nprint(1)\n```\n\n<!-- copied from a run; settings: s; wall: 1 s; "
             "memory: 1 GB -->\n```\nout\n```\n\n<!-- copied from a run; wall: 1 s -->\n```\nx\n```\n"
             "<!-- not run here; why: no cluster -->\n```bash\nsbatch x\n```\n")
-    assert [b["mark"] for b in site.code_blocks(page)] == ["executed", "copied", None, "not run"]
+    page += "<!-- tested by tests/x.py -->\n```python\nclass A: pass\n```\n"
+    assert [b["mark"] for b in site.code_blocks(page)] == ["executed", "copied", None, "not run", "tested by"]
+    assert _names_and_strings('@register_gate("g")\nclass G(B):\n    def f(self): return 1') == {"g", "G", "f"}
     shown = site.show_marks(page)
     assert "*Copied from a run* — settings: s; wall: 1 s; memory: 1 GB" in shown
     assert "*Not run here* — no cluster" in shown
+
+
+def _names_and_strings(code: str) -> set[str]:
+    """The identifiers a snippet defines and the strings it passes (what its test must define and pass too)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.add(node.value)
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_snippets_occur_in_the_test_that_runs_them(page):
+    for b in blocks(page):
+        if b["mark"] == "tested by":
+            test = (ROOT / b["detail"]).read_text(encoding="utf-8")
+            missing = sorted(n for n in _names_and_strings(b["text"]) if n not in test)
+            assert not missing, f"{page} line {b['line']}: {b['copied']} lacks {missing}"
 
 
 def _run_python(code: str) -> str:

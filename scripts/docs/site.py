@@ -203,10 +203,11 @@ if __name__ == "__main__":
         path = Path(name).resolve()
         text = path.read_text(encoding="utf-8")
         if materialize:  # only the README directives: the CLI reference and included files stay generated
-            page = path.relative_to(ROOT / "docs").as_posix()
-            readme = README.read_text(encoding="utf-8")
-            path.write_text(DIRECTIVE.sub(lambda m: relink(readme_part(readme, m["heading"], m["start"], m["until"]),
-                                                           page), text), encoding="utf-8")
+            page, readme = path.relative_to(ROOT / "docs").as_posix(), README.read_text(encoding="utf-8")
+
+            def part(m, page=page, readme=readme):
+                return relink(readme_part(readme, m["heading"], m["start"], m["until"]), page)
+            path.write_text(DIRECTIVE.sub(part, text), encoding="utf-8")
             print(f"{name}: README parts written in")
         else:
             print(expand(text, path.relative_to(ROOT / "docs").as_posix()))

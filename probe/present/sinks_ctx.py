@@ -46,7 +46,9 @@ def sweep_figure(result: dict) -> go.Figure:
             if col == "pos0_share":
                 fig.add_trace(go.Scatter(x=g["ctx"], y=g["uniform_ref"], mode="lines", name=f"{kind}: causal-uniform",
                                          line=dict(dash="dash", color=colour), legendgroup=kind), row=1, col=c)
-        fig.update_xaxes(type="log", title_text="context length T (log)", row=1, col=c)
+        ticks = sorted(layers["ctx"].unique())
+        fig.update_xaxes(type="log", title_text="context length T (log)", tickvals=ticks,
+                         ticktext=[str(int(t)) for t in ticks], row=1, col=c)
     if "pos0_share" in dict(panels):
         fig.update_yaxes(type="log", row=1, col=1)
     fig.update_layout(title="Attention sinks against context length, per layer type", height=420,

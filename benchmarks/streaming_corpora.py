@@ -6,7 +6,9 @@ files are generated in a temporary folder and removed afterwards:
 
 - a 200 MB single-document ``.jsonl`` (one record),
 - a ``.jsonl.gz`` of a few MB that inflates to one 2 GB record,
-- a 1 GB ``.txt`` of blank-line-separated paragraphs (the bundled WikiText-2 test text, repeated).
+- a 1 GB ``.txt`` of blank-line-separated paragraphs (the bundled WikiText-2 test text, repeated),
+- and in ``--window-mode random`` (which counts every token of the corpus) a ``--random-mb`` MB ``.txt`` of the same
+  paragraphs against the bundled text in random mode.
 
     python benchmarks/streaming_corpora.py            # all cases
     python benchmarks/streaming_corpora.py --gb 0.2   # smaller .txt / .gz, for a quick look
@@ -30,12 +32,12 @@ t = time.perf_counter()
 from probe.data.tokenizer import load_tokenizer
 from probe.data.windows import build_windows
 tok = load_tokenizer()
-eb = build_windows(sys.argv[1], tok, n_batches=2, batch_size=8, ctx=64, mode="auto")
+eb = build_windows(sys.argv[1], tok, n_batches=2, batch_size=8, ctx=64, mode=sys.argv[2])
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter() - t, eb.mode, eb.corpus_fingerprint)
 """
 
 
-def write_inputs(folder: Path, gb: float) -> dict[str, Path]:
+def write_inputs(folder: Path, gb: float, random_mb: float) -> dict[tuple[str, str], Path | str]:
     from probe.data.corpus import CORPUS_DIR
 
     text = (CORPUS_DIR / "wikitext-2-test.txt").read_text(encoding="utf-8")
@@ -57,30 +59,37 @@ def write_inputs(folder: Path, gb: float) -> dict[str, Path]:
     with open(txt, "w", encoding="utf-8") as f:
         for _ in range(int(gb * 1e9) // len(text)):
             f.write(text + "\n\n")
-    return {"bundled wikitext-2-test": "wikitext-2-test", one.name: one, gz.name: gz, txt.name: txt}
+    small = folder / f"paragraphs-{random_mb:g}MB.txt"
+    with open(small, "w", encoding="utf-8") as f:
+        for _ in range(max(1, int(random_mb * 1e6) // len(text))):
+            f.write(text + "\n\n")
+    return {("bundled wikitext-2-test", "auto"): "wikitext-2-test", (one.name, "auto"): one, (gz.name, "auto"): gz,
+            (txt.name, "auto"): txt, ("bundled wikitext-2-test", "random"): "wikitext-2-test",
+            (small.name, "random"): small}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gb", type=float, default=1.0, help="size of the .txt in GB (the .gz inflates to twice it)")
+    ap.add_argument("--random-mb", type=float, default=20.0, help="size of the .txt read in random mode, in MB")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="probe-streaming-") as tmp:
         t = time.perf_counter()
-        cases = write_inputs(Path(tmp), args.gb)
+        cases = write_inputs(Path(tmp), args.gb, args.random_mb)
         print(f"inputs written in {time.perf_counter() - t:.0f} s")
-        base = None
-        for label, data in cases.items():
+        base = {}
+        for (label, mode), data in cases.items():
             size = Path(data).stat().st_size if isinstance(data, Path) else None
-            out = subprocess.run([sys.executable, "-c", CHILD, str(data)], capture_output=True, text=True)
+            out = subprocess.run([sys.executable, "-c", CHILD, str(data), mode], capture_output=True, text=True)
             if out.returncode:
                 print(f"{label}: failed: {out.stderr.strip().splitlines()[-1]}")
                 continue
-            rss_kb, wall, mode, fingerprint = out.stdout.split()
+            rss_kb, wall, used, fingerprint = out.stdout.split()
             peak = int(rss_kb) / 1024
-            base = peak if base is None else base
+            base.setdefault(mode, peak)
             on_disk = f"{size / 1e6:,.0f} MB on disk" if size else "bundled"
-            print(f"{label} ({on_disk}): peak {peak:,.0f} MiB ({peak - base:+,.0f} vs bundled), "
-                  f"{float(wall):.1f} s, mode {mode}, fingerprint {fingerprint}")
+            print(f"--window-mode {mode}: {label} ({on_disk}): peak {peak:,.0f} MiB ({peak - base[mode]:+,.0f} vs "
+                  f"bundled), {float(wall):.1f} s, windows {used}, fingerprint {fingerprint}", flush=True)
 
 
 if __name__ == "__main__":

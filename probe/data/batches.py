@@ -19,6 +19,7 @@ import itertools
 import os
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -148,10 +149,13 @@ def token_stream(documents, tok, eos_id: int, folder) -> tuple[torch.Tensor, tor
     leftover, which the next run under the folder's lock removes."""
     import numpy as np
 
-    from probe.writes import TEMP_PREFIX
+    from probe.writes import TEMP_PREFIX, WriteError
 
     dtype = np.uint16 if len(tok) <= 1 << 16 else np.int32
-    fd, name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}tokens.", dir=folder)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}tokens.", dir=folder)
+    except OSError as e:
+        raise WriteError(Path(folder) / f"{TEMP_PREFIX}tokens", e) from None
     starts, n = [], 0
     try:
         with os.fdopen(fd, "wb") as f:
@@ -165,6 +169,8 @@ def token_stream(documents, tok, eos_id: int, folder) -> tuple[torch.Tensor, tor
                     f.write(np.asarray(ids, dtype=dtype).tobytes())
                     n += len(ids)
         stream = np.memmap(name, dtype=dtype, mode="c", shape=(n,)) if n else np.zeros(0, dtype=dtype)
+    except OSError as e:  # a full disk while the stream is written: one line naming the file, exit code 1
+        raise WriteError(name, e) from None
     finally:
         os.unlink(name)
     return torch.from_numpy(stream), torch.tensor(starts, dtype=torch.long)

@@ -33,12 +33,11 @@ MUDD=fc067b274a5f14894b2ee299fdcb3c581a092896
 DENSE=c99a623bdb5f6611bf0d37e964c67ecbf15c3c19
 MASSIVE=6521c05efd2c22460e8486471c8ef511ebd8c067
 DORMANT=16b3593c32a751d6b08df5dd6631a76d9fe7c0c9
-export_files jon123boss+LR-AttnRes $LR lr model.py attnres_ops.py
+export_files jon123boss+LR-AttnRes $LR lr model.py attnres_ops.py optimizer.py schedulers.py muon
 export_files fla-org+flash-linear-attention $FLA fla fla/ops/attnres/naive.py
 export_files openai+gpt-oss $OSS oss gpt_oss/__init__.py gpt_oss/torch
 export_files Zcchill+Value-Residual-Learning $RES res src/modeling/modeling_llama_resformer.py
-export_files Caiyun-AI+MUDDFormer $MUDD mudd pytorch/muddformer/modeling_muddformer.py \
-  pytorch/muddformer/configuration_muddformer.py
+export_files Caiyun-AI+MUDDFormer $MUDD mudd pytorch/muddformer pytorch/muddpythia
 export_files epfml+DenseFormer $DENSE dense experiments/models
 show_files locuslab+massive-activations $MASSIVE massive main_llm.py monkey_patch/modify_llama.py lib/plot_utils_llm.py
 show_files GuoTianYu2000+Active-Dormant-Attention $DORMANT dormant LLM/src/entropy.py BBM/probe_utils.py
@@ -48,5 +47,7 @@ show_files GuoTianYu2000+Active-Dormant-Attention $DORMANT dormant LLM/src/entro
 "$PYTHON" value_residual.py --src "$SRC/res/src/modeling/modeling_llama_resformer.py" --commit $RES
 "$PYTHON" mudd.py --src "$SRC/mudd/pytorch/muddformer" --commit $MUDD
 "$PYTHON" denseformer.py --src "$SRC/dense/experiments" --commit $DENSE
+"$PYTHON" mudd_checkpoints.py --src "$SRC/mudd/pytorch" --commit $MUDD
+"$PYTHON" lr_attnres_checkpoints.py --src "$SRC/lr" --commit $LR
 "$PYTHON" massive.py --src "$SRC/massive" --commit $MASSIVE
 "$PYTHON" dormant.py --src "$SRC/dormant" --commit $DORMANT

@@ -207,10 +207,10 @@ class FileDocuments(Sequence):
                 if eof:
                     self._chunk(chunk, base + len(buf), _merge(has_text, _has_text(buf[scanned:])), undecided)
                     break
-                last_end = max(buf.rfind(b"\n"), buf.rfind(b"\r"))
+                last_end = max(buf.rfind(b"\n"), buf.rfind(b"\r"))  # a separator can only start at a line end
                 if last_end > 0 and buf[last_end - 1:last_end + 1] == b"\r\n":
                     last_end -= 1
-                keep = pending if pending is not None else max(pos, last_end, 0)
+                keep = pending if pending is not None else last_end if last_end >= pos else len(buf)
                 has_text = _merge(has_text, _has_text(buf[scanned:keep]))
                 buf, base = buf[keep:], base + keep
         self.sha256, self.size = f.sha.hexdigest(), f.size

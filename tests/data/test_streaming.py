@@ -53,6 +53,18 @@ def test_text_files_split_as_a_whole_file_read_splits_them(tmp_path, monkeypatch
         assert list(S.FileDocuments(path)) == split_blank_lines(path.read_text(encoding="utf-8"))
 
 
+def test_a_text_file_without_line_ends_is_indexed_in_bounded_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr(S, "BLOCK", 4096)
+    path = tmp_path / "one-line.txt"
+    path.write_text("word " * 400_000)
+    tracemalloc.start()
+    docs = S.FileDocuments(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(docs) == 1 and peak < 64 * S.BLOCK, peak  # the 2 MB line never sits in the buffer
+    assert docs[0] == path.read_text()
+
+
 def test_jsonl_records_read_as_streams_give_the_records_text(tmp_path, monkeypatch):
     """Long records (LONG_RECORD made small) are scanned and decoded in pieces: escapes, surrogate pairs, nested
     values, other keys before and after "text", bad records; plain and gzip."""

@@ -26,7 +26,7 @@ from probe.jobs.lock import acquire as acquire_lock
 from probe.present.errors import UsageError, first_line
 from probe.present.files import check_out_dir
 
-PARALLEL_VERBS = ("sinks", "inject", "gates", "sources", "eval")
+PARALLEL_VERBS = ("sinks", "inject", "ablate", "gates", "sources", "eval")
 
 
 def group_timeout() -> timedelta:

@@ -89,8 +89,10 @@ def relink(text: str, page: str) -> str:
     path in docs/), other repository paths shown as code (the site holds only docs/), web links kept."""
     def one(m):
         bang, label, target = m.groups()
-        if re.match(r"[a-z]+:|#", target):
+        if re.match(r"[a-z]+:", target):
             return m.group(0)
+        if target.startswith("#"):  # a README heading, which may sit on another page of the site: the text alone
+            return label
         if target.startswith("docs/"):
             rel = posixpath.relpath(target[len("docs/"):], posixpath.dirname(page) or ".")
             return f"{bang}[{label}]({rel})"

@@ -2,9 +2,9 @@
 expands them) is marked on the line above its fence, and the mark is kept:
 
 - ``<!-- executed -->``: this test runs it. A python block runs in a fresh namespace; an executed ``text`` block
-  right after it is what it must print, line for line (so at the printed precision). A ``console`` block is a
-  transcript: each ``$ probe ...`` line runs in-process from an empty directory and the lines shown under it must
-  appear in its stdout, in order (``...`` skips lines).
+  right after it is what it must print, line for line (so at the printed precision). A ``console`` block (or
+  one without a language that starts with ``$ probe``) is a transcript: each ``$ probe ...`` line runs in-process
+  from an empty directory and the lines shown under it must appear in its stdout, in order (``...`` skips lines).
 - ``<!-- copied from a run; settings: ...; wall: ...; memory: ... -->``: shown on the site above the block.
 - ``<!-- not run here; why: ... -->``: a command this project cannot run (no cluster, no 20B weights offline); the
   reason is shown on the site.
@@ -140,7 +140,7 @@ def test_executed_blocks_print_what_the_page_shows(page, tmp_path, one_thread):
                 if after is not None and after["mark"] == "executed" and after["info"] == "text":
                     assert printed.rstrip().splitlines() == after["text"].rstrip().splitlines(), \
                         f"{page} line {b['line']}: printed\n{printed}"
-            elif b["info"] == "console":
+            elif b["info"] in ("console", "") and b["text"].startswith("$ probe "):
                 lines = b["text"].splitlines()
                 starts = [k for k, ln in enumerate(lines) if ln.startswith("$ ")] + [len(lines)]
                 assert starts[0] == 0, f"{page} line {b['line']}: a transcript starts with a '$ ' command"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from probe.checkpoints.muddformer import AuthorsFormatError
+from probe.checkpoints.muddformer import AuthorsFormatError, check_memory
 
 # the file name their train.py uploads (upload_full_run_checkpoint) and their loaders look for first
 CHECKPOINT_FILE = "final_model.pt"
@@ -217,11 +217,13 @@ def load_lr_attnres(path, *, name: str | None = None, dtype=None):
     name = name or str(path)
     if file is None:
         raise AuthorsFormatError(f"{name}: no {CHECKPOINT_FILE} (or .pt file) there")
-    payload = read_checkpoint(file, name)
+    dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
+    payload = read_checkpoint(file, name)  # memory-mapped: the optimiser states are never read into memory
+    tensors = payload["model"].values() if isinstance(payload["model"], dict) else []
+    check_memory(0, sum(t.numel() for t in tensors if hasattr(t, "numel")), dtype, name)
     args = payload["model_args"]
     if not isinstance(args, dict):
         raise AuthorsFormatError(f"{name}: model_args is a {type(args).__name__}, not their asdict(ModelConfig)")
-    dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
     pc = ProbeConfig(**probe_config_kwargs(args, torch.finfo(dtype).eps, name))
     mapped = map_state_dict(payload["model"], pc, args, name)
     with torch.device("meta"):

@@ -168,6 +168,20 @@ def map_state_dict(theirs: dict, config, kind: str, name: str = "checkpoint") ->
     return out
 
 
+def check_memory(stored_bytes: int, stored_elements: int, dtype, name: str) -> None:
+    """Before reading: the weights as stored plus the model in ``dtype`` must fit the memory available (both are
+    held while the tensors are mapped and cast); else one line."""
+    import torch
+
+    from probe.data.limits import available_memory, human_bytes
+
+    need = stored_bytes + stored_elements * torch.empty((), dtype=dtype).element_size()
+    have = available_memory()
+    if have is not None and need > have:
+        raise AuthorsFormatError(f"{name}: reading it needs about {human_bytes(need)}, more than the "
+                                 f"{human_bytes(have)} of memory available")
+
+
 def read_weights(folder: Path, name: str) -> dict:
     """Every tensor of a Hugging Face model directory: (sharded) safetensors, else (sharded) pytorch_model.bin read
     with torch.load(weights_only=True) (tensors and plain containers only: nothing is executed)."""
@@ -219,6 +233,13 @@ def load_mudd(folder, *, name: str | None = None, dtype=None):
     kwargs = probe_config_kwargs(config, name)
     pc = ProbeConfig(**kwargs)
     dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
+    from probe.checkpoints.sizes import stored_counts
+
+    n_stored, stored_bytes, files = stored_counts(folder)  # safetensors headers (a .bin: its file size below)
+    if not files:
+        stored_bytes = sum(f.stat().st_size for f in folder.glob("pytorch_model*.bin"))
+        n_stored = stored_bytes // 2  # their released weights are bf16
+    check_memory(stored_bytes, n_stored, dtype, name)
     theirs = read_weights(folder, name)
     mapped = map_state_dict(theirs, pc, config["model_type"], name)
     with torch.device("meta"):

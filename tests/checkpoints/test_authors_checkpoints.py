@@ -279,3 +279,13 @@ def test_sinks_run_on_a_mudd_checkpoint_and_sources_refuse_it_in_one_line(small_
     assert cli("sources", "--model", d / "checkpoint", *windows) == 2  # dense connections: no depth read sites
     err = capsys.readouterr().err.strip()
     assert "depth" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("path", ["muddformer-checkpoint/checkpoint", "lr-attnres-full-checkpoint"])
+def test_a_checkpoint_larger_than_memory_is_one_line_before_it_is_read(monkeypatch, path):
+    import probe.data.limits
+
+    monkeypatch.setattr(probe.data.limits, "available_memory", lambda: 1000)
+    with pytest.raises(AuthorsFormatError, match="more than the .* of memory available") as e:
+        probe.load(FIXTURES / path)
+    assert "\n" not in str(e.value)

@@ -15,6 +15,7 @@ Code-block marks (on the line just above a fence; tests/docs/test_code_blocks.py
     <!-- not run here; why: ... -->                        a command this project cannot run; the reason is shown
     <!-- tested by tests/x.py -->                           a snippet a test file writes out and runs (its names and
                                                            strings must occur there)
+    <!-- parsed -->                                        a list of probe commands, each parsed by probe's parser
 
 Run as a script it prints one page's expanded markdown: ``python scripts/docs/site.py docs/how-to/gemma.md``; with
 ``--materialize`` it writes the README parts into the pages themselves (the move of those sections out of the README,
@@ -35,6 +36,7 @@ DIRECTIVE = re.compile(r"^<!-- readme: (?:heading \"(?P<heading>[^\"]+)\"|from \
 CLI = "<!-- cli-reference -->"
 INCLUDE = re.compile(r"^<!-- include \"(?P<path>[\w./-]+)\" -->$", re.M)
 EXECUTED = re.compile(r"^<!-- executed -->$")
+PARSED = re.compile(r"^<!-- parsed -->$")
 COPIED = re.compile(r"^<!-- copied from a run; (?P<what>settings: [^>]+; wall: [^>]+; memory: [^>]+) -->$")
 TESTED_BY = re.compile(r"^<!-- tested by (?P<path>tests/[\w/]+\.py) -->$")
 NOT_RUN = re.compile(r"^<!-- not run here; why: (?P<why>[^>]+) -->$")
@@ -175,7 +177,7 @@ def code_blocks(markdown: str) -> list[dict]:
         fence, info, start = m.group(1), lines[i].lstrip()[3:].strip(), i
         j = next((k for k in range(i + 1, len(lines)) if lines[k].lstrip().startswith(fence)), len(lines))
         above = next((lines[k].strip() for k in range(start - 1, -1, -1) if lines[k].strip()), "")
-        mark, what = (("executed", None) if EXECUTED.match(above) else
+        mark, what = (("executed", None) if EXECUTED.match(above) else ("parsed", None) if PARSED.match(above) else
                       ("copied", COPIED.match(above)["what"]) if COPIED.match(above) else
                       ("not run", NOT_RUN.match(above)["why"]) if NOT_RUN.match(above) else
                       ("tested by", TESTED_BY.match(above)["path"]) if TESTED_BY.match(above) else (None, None))

@@ -8,6 +8,8 @@ expands them) is marked on the line above its fence, and the mark is kept:
 - ``<!-- copied from a run; settings: ...; wall: ...; memory: ... -->``: shown on the site above the block.
 - ``<!-- not run here; why: ... -->``: a command this project cannot run (no cluster, no 20B weights offline); the
   reason is shown on the site.
+- ``<!-- parsed -->``: a list of ``probe ...`` commands (comments after ``#``): each is parsed by the parser probe
+  runs (its verb, recipe, flags and values exist and are valid), without running it.
 - ``<!-- tested by tests/PATH.py -->``: a snippet that needs its context (a guide's step), written out and run by
   that test file: every class, function, decorator argument and string of the block must occur in it.
 
@@ -54,8 +56,9 @@ def test_the_marks_are_recognised():
     page = ("<!-- executed -->\n```python\nprint(1)\n```\n\n<!-- copied from a run; settings: s; wall: 1 s; "
             "memory: 1 GB -->\n```\nout\n```\n\n<!-- copied from a run; wall: 1 s -->\n```\nx\n```\n"
             "<!-- not run here; why: no cluster -->\n```bash\nsbatch x\n```\n")
-    page += "<!-- tested by tests/x.py -->\n```python\nclass A: pass\n```\n"
-    assert [b["mark"] for b in site.code_blocks(page)] == ["executed", "copied", None, "not run", "tested by"]
+    page += "<!-- tested by tests/x.py -->\n```python\nclass A: pass\n```\n<!-- parsed -->\n```\nprobe models\n```\n"
+    assert [b["mark"] for b in site.code_blocks(page)] == ["executed", "copied", None, "not run", "tested by",
+                                                           "parsed"]
     assert _names_and_strings('@register_gate("g")\nclass G(B):\n    def f(self): return 1') == {"g", "G", "f"}
     shown = site.show_marks(page)
     assert "*Copied from a run* — settings: s; wall: 1 s; memory: 1 GB" in shown
@@ -82,6 +85,36 @@ def test_snippets_occur_in_the_test_that_runs_them(page):
             test = (ROOT / b["detail"]).read_text(encoding="utf-8")
             missing = sorted(n for n in _names_and_strings(b["text"]) if n not in test)
             assert not missing, f"{page} line {b['line']}: {b['copied']} lacks {missing}"
+
+
+def _parse_probe(command: str) -> None:
+    """Parse one ``probe ...`` line as probe would (a recipe with its own parser), without running it."""
+    from probe.cli.main import build_parser
+    from probe.experiments import RECIPES
+    from probe.experiments.command import build_parser as recipe_parser
+
+    argv = shlex.split(command, comments=True)
+    assert argv[0] == "probe", command
+    if argv[1:3] == ["experiment", "--list"]:
+        return
+    if argv[1] == "experiment":
+        assert argv[2] in RECIPES, f"{command}: no recipe {argv[2]!r}"
+        recipe_parser(argv[2], "probe experiment").parse_args(argv[3:])
+    else:
+        build_parser().parse_args(argv[1:])
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_listed_commands_parse(page):
+    for b in blocks(page):
+        if b["mark"] == "parsed":
+            lines = [ln for ln in b["text"].splitlines() if ln.strip()]
+            assert lines, f"{page} line {b['line']}: an empty command list"
+            for line in lines:
+                try:
+                    _parse_probe(line)
+                except SystemExit as e:  # argparse's way out; probe's UsageParser raises UsageError instead
+                    pytest.fail(f"{page} line {b['line']}: {line!r} does not parse ({e})")
 
 
 def _run_python(code: str) -> str:

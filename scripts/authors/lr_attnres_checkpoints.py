@@ -54,6 +54,7 @@ TINY = dict(block_size=16, vocab_size=48, n_layer=3, n_head=2, n_embd=16, mlp_hi
 KINDS = {  # fixture -> the released run it stands for
     "block": dict(attnres_type="block", attnres_num_blocks=3),  # Jonnester/LR-AttnRes-n8-Avg's recipe at 2L = 6
     "full": dict(attnres_type="full"),  # Jonnester/LR-AttnRes-Full's
+    "baseline": dict(use_lrid=False, use_attnres=False),  # train.py's own default: the residual baseline
 }
 # train.py's optimiser / schedule defaults (get_optimizers and get_schedulers read these keys of `config`)
 TRAIN_CONFIG = dict(muon_lr=0.001, adamw_lr=0.0003, muon_weight_decay=0.1, adamw_weight_decay=0.0, cautious=True,

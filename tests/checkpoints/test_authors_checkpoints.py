@@ -29,7 +29,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "authors"
 FP64_TOL, FP32_TOL = 1e-10, 1e-4
 FP64_TOL_FP32_PRIOR = 1e-6  # their block log-count prior is an fp32 tensor even in an fp64 model (log(count) rounded)
 MUDD = ("muddformer", "muddpythia")
-LR = ("block", "full")
+LR = ("block", "full", "baseline")
 
 
 def fixture(name: str):
@@ -172,8 +172,12 @@ def test_an_lr_attnres_checkpoint_loads_to_the_authors_outputs(kind, dtype):
                                     "muon_optimizer", "muon_scheduler", "step", "tokens_processed"]
     model = probe.load(d, dtype=dtype)  # the directory holding final_model.pt, as downloaded
     c = model.config
-    assert (c.depth, c.depth_rank, c.plr_key) == ("plr", 4, "normalized")
-    assert (c.depth_blocks, c.depth_block_mean, c.depth_block_prior) == ((3, 1.0, 1.0) if kind == "block" else (0, 0, 0))
+    if kind == "baseline":  # train.py's default run: no AttnRes, the plain residual stream
+        assert c.depth == "residual"
+    else:
+        assert (c.depth, c.depth_rank, c.plr_key) == ("plr", 4, "normalized")
+        assert (c.depth_blocks, c.depth_block_mean, c.depth_block_prior) == \
+            ((3, 1.0, 1.0) if kind == "block" else (0, 0, 0))
     diffs = max_diffs(lr_outputs(model, ids), theirs, prefix="" if dtype == torch.float64 else "fp32/")
     tol = (FP64_TOL_FP32_PRIOR if kind == "block" else FP64_TOL) if dtype == torch.float64 else FP32_TOL
     assert max(diffs.values()) <= tol, diffs

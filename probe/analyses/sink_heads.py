@@ -20,6 +20,14 @@ is the first position of the window: the first text token (eval windows carry no
 layers (gpt-oss) are also reported over the rows whose window contains key 0 (``*_key0`` columns); the sink-head
 decision uses all rows unless ``window_rows='key0'`` is asked for.
 
+Protocols (docs/definitions.md#sink-eps-protocols): ``protocol='pooled'`` (the default) is the form above;
+``protocol='gu2025'`` is Gu et al.'s released evaluation (sail-sg/Attention-Sink ``eval_sink_open_source.py``): rows
+t >= 0, α per (window, layer, head), the indicator α > ε per window, and the mean of the indicators over windows,
+layers and heads; its windows are the first 64 tokens of each text with the tokenizer's default special tokens, one
+window per text (``probe.data.windows.text_windows``). ``heads`` then still gives the mean α over windows per head
+(the same number: every window has 64 rows); ``layers`` and ``summary`` give the mean indicators, and their standard
+errors leave out one batch of windows at a time.
+
 Memory: the streaming pass hooks q, k (the sink logit, a routing-slot gate) one layer at a time and gets the per-row
 masses from probe.kernels.attention_row_masses; no T x T tensor exists. ``method='pattern'`` reads ``hook_pattern`` /
 ``hook_phantom`` instead, still one layer at a time (the reference the tests compare against).
@@ -35,6 +43,31 @@ from probe.analyses.passes import Part, key0_and_real, run_pass
 from probe.analyses.stats import jackknife_se
 
 DEFAULT_EPS = (0.3,)
+PROTOCOLS = ("pooled", "gu2025")  # docs/definitions.md#sink-eps-protocols
+GU2025_TOKENS = 64  # Gu et al. read the first 64 tokens of each text
+
+
+def protocol_settings(protocol: str) -> dict:
+    """The accumulator settings a protocol fixes: ``include_query0`` and ``per_window`` (threshold each window's α)."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+    return {"include_query0": protocol == "gu2025", "per_window": protocol == "gu2025"}
+
+
+def check_protocol_windows(protocol: str, w) -> None:
+    """gu2025 reads exactly GU2025_TOKENS tokens per window; other window lengths are an error, not a silent variant."""
+    T = w.tokens.shape[-1] - 1
+    if protocol == "gu2025" and T != GU2025_TOKENS:
+        raise ValueError(f"protocol 'gu2025' reads the first {GU2025_TOKENS} tokens of each text, but these windows "
+                         f"hold {T}; build them with probe.data.windows.text_windows (or synthetic:random / "
+                         f"synthetic:repeat with T={GU2025_TOKENS})")
+
+
+def with_protocol(w, protocol: str):
+    """The windows with the protocol's name in their meta, so every result computed on them records it; the pooled
+    default leaves them as they are (its Sink^ε result says ``protocol='pooled'``; a result without the key is
+    pooled, as every result from before the protocols is)."""
+    return w if protocol == "pooled" else type(w)(w.tokens, w.doc_ids, {**w.meta, "protocol": protocol})
 
 
 def _eps_list(eps) -> list[float]:
@@ -52,17 +85,22 @@ def key0_label(info) -> str:
 
 class SinkEpsAccumulator:
     """Sums over rows of the key-0 mass, its share of the real mass and the phantom mass per (layer, head), and each
-    batch's own key-0 sums and rows (for the jackknife: (L, H) per batch)."""
+    batch's own key-0 sums and rows (for the jackknife: (L, H) per batch). With ``per_window`` also the count of
+    windows whose own α exceeds each ε, per (ε, layer, head), in total and per batch (Gu et al.'s per-sample
+    indicator)."""
 
-    def __init__(self, info, eps=DEFAULT_EPS, include_query0: bool = False, window_rows: str = "all"):
+    def __init__(self, info, eps=DEFAULT_EPS, include_query0: bool = False, window_rows: str = "all",
+                 per_window: bool = False):
         if window_rows not in ("all", "key0"):
             raise ValueError(f"window_rows={window_rows!r}: choose 'all' or 'key0'")
         self.info, self.eps, self.q0, self.window_rows = info, _eps_list(eps), include_query0, window_rows
+        self.per_window = per_window
         L, H = info.n_layers, info.n_heads
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
         self.key0, self.real0, self.phantom, self.rows, self.uniform = z(L, H), z(L, H), z(L, H), z(L), z(L)
         self.key0_w, self.real0_w, self.phantom_w, self.rows_w, self.uniform_w = z(L, H), z(L, H), z(L, H), z(L), z(L)
         self.parts, self.calls = {}, [0] * L  # global batch -> its key-0 sums and rows; batches seen per layer
+        self.above, self.windows = z(len(self.eps), L, H), z(L)  # windows with α > ε; windows seen per layer
 
     def _part(self, layer: int) -> dict:
         """The sums of this layer's current batch: this rank's k-th batch is global batch rank + k * world."""
@@ -72,13 +110,14 @@ class SinkEpsAccumulator:
         if batch not in self.parts:
             L, H = self.key0.shape
             z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
-            self.parts[batch] = {"key0": z(L, H), "rows": z(L), "key0_w": z(L, H), "rows_w": z(L)}
+            self.parts[batch] = {"key0": z(L, H), "rows": z(L), "key0_w": z(L, H), "rows_w": z(L),
+                                 "above": z(len(self.eps), L, H), "windows": z(L)}
         return self.parts[batch]
 
     def merge(self) -> None:
         """Combine the ranks' sums (data-parallel runs; nothing to do in one process)."""
         reduce_sums(self, ("key0", "real0", "phantom", "rows", "uniform", "key0_w", "real0_w", "phantom_w", "rows_w",
-                           "uniform_w"))
+                           "uniform_w", "above", "windows"))
         parts = gather_rows([{"batch": b, **p} for b, p in self.parts.items()])  # in global batch order
         self.parts = {p.pop("batch"): p for p in parts}
 
@@ -100,6 +139,14 @@ class SinkEpsAccumulator:
         part["rows"][layer] += B * (T - first)
         part["key0_w"][layer] += key0[:, :, first:first + n].sum((0, 2))
         part["rows_w"][layer] += B * n
+        if self.per_window:  # each window's own α (rows as the decision uses them), thresholded per window
+            rows = slice(first, first + n) if self.window_rows == "key0" else slice(first, T)
+            alpha = key0[:, :, rows].mean(-1)  # (B, H)
+            above = torch.stack([(alpha > e).sum(0) for e in self.eps]).double()  # (E, H)
+            part["above"][:, layer] += above
+            self.above[:, layer] += above
+            part["windows"][layer] += B
+            self.windows[layer] += B
         for (k0, r0, ph, rows, uni), sl in (((self.key0, self.real0, self.phantom, self.rows, self.uniform),
                                              slice(first, T)),
                                             ((self.key0_w, self.real0_w, self.phantom_w, self.rows_w, self.uniform_w),
@@ -119,6 +166,12 @@ class SinkEpsAccumulator:
         total_k, total_r = getattr(self, k), getattr(self, r)
         return torch.stack([(total_k - p[k]) / (total_r - p[r])[:, None] for p in self.parts.values()]) \
             if self.parts else torch.zeros(0, *total_k.shape, dtype=torch.float64)
+
+    def _leave_one_window_batch_out(self, i: int) -> torch.Tensor:
+        """Per-window indicator rates at the i-th ε with each batch left out in turn, (n, L, H)."""
+        return torch.stack([(self.above[i] - p["above"][i]) / (self.windows - p["windows"])[:, None]
+                            for p in self.parts.values()]) if self.parts else torch.zeros(0, *self.above.shape[1:],
+                                                                                          dtype=torch.float64)
 
     def tables(self) -> dict[str, pd.DataFrame]:
         info = self.info
@@ -147,10 +200,17 @@ class SinkEpsAccumulator:
                         phantom_share=("phantom_share", "mean"), uniform_ref=("uniform_ref", "mean")).reset_index()
             lay.insert(2, "epsilon", e)
             share_loo = (alpha_loo > e).double().mean(-1).numpy()  # (n, L) share of sink heads, each batch left out
+            if self.per_window:  # Gu et al.: the mean over windows of each window's indicator, then over heads
+                i = self.eps.index(e)
+                rate = self.above[i] / self.windows[:, None]  # (L, H) share of windows in which the head is a sink
+                lay["n_sink_heads"] = (rate.sum(-1)).numpy()  # sink heads per window, on average
+                lay["sink_share"] = rate.mean(-1).numpy()
+                share_loo = self._leave_one_window_batch_out(i).mean(-1).numpy()
             lay.insert(lay.columns.get_loc("sink_share") + 1, "sink_share_se", jackknife_se(share_loo))
             lay.insert(lay.columns.get_loc("key0_mass") + 1, "key0_mass_se", jackknife_se(mass_loo.numpy()))
             layers.append(lay)
-            summary.append({"epsilon": e, "n_heads": len(heads), "n_sink_heads": int(is_sink.sum()),
+            summary.append({"epsilon": e, "n_heads": len(heads),
+                            "n_sink_heads": float(lay["n_sink_heads"].sum()) if self.per_window else int(is_sink.sum()),
                             "sink_share": float(lay["sink_share"].mean()),  # (1/L) Σ_l (1/H) Σ_h 1[α > ε]
                             "sink_share_se": jackknife_se(share_loo.mean(-1)),
                             "sink_share_key0": float(lay["sink_share_key0"].mean()),
@@ -162,7 +222,8 @@ class SinkEpsAccumulator:
                             "key0": key0_label(info), "rows": "t>=0" if self.q0 else "t>=1",
                             "score": score})
         layers = pd.concat(layers, ignore_index=True)
-        layers[["n_sink_heads", "n_sink_heads_key0"]] = layers[["n_sink_heads", "n_sink_heads_key0"]].astype(int)
+        counts = ["n_sink_heads_key0"] if self.per_window else ["n_sink_heads", "n_sink_heads_key0"]
+        layers[counts] = layers[counts].astype(int)
         return {"summary": pd.DataFrame(summary), "layers": layers, "heads": heads}
 
 
@@ -171,9 +232,12 @@ class SinkEpsPart(Part):
     layer; per-row masses on [key 0, every real key] with the phantom in the normaliser, shared with sink statistics."""
 
     def __init__(self, info, eps=DEFAULT_EPS, include_query0: bool = False, window_rows: str = "all",
-                 backend: str | None = None):
-        self.info, self.backend = info, backend
-        self.acc = SinkEpsAccumulator(info, eps, include_query0, window_rows)
+                 backend: str | None = None, protocol: str = "pooled"):
+        self.info, self.backend, self.protocol = info, backend, protocol
+        settings = protocol_settings(protocol)
+        if protocol != "pooled":  # the protocol fixes the rows and the threshold
+            include_query0 = settings["include_query0"]
+        self.acc = SinkEpsAccumulator(info, eps, include_query0, window_rows, settings["per_window"])
         self.hooks = set(row_mass_hooks(info)) - {"hook_v"}
 
     def needs(self, layer: int) -> set[str]:
@@ -189,6 +253,7 @@ class SinkEpsPart(Part):
         acc.merge()
         meta = describe(model, w, "sink_heads", method=method, eps=",".join(f"{e:g}" for e in acc.eps),
                         key0=key0_label(self.info), rows="t>=0" if acc.q0 else "t>=1", window_rows=acc.window_rows,
+                        protocol=self.protocol, threshold="per window" if acc.per_window else "pooled",
                         **({"backend": self.backend} if method == "streaming" else {}))
         return finish(acc.tables(), meta)
 
@@ -196,8 +261,8 @@ class SinkEpsPart(Part):
 class _PatternPart(SinkEpsPart):
     """The reference: key-0 and real masses read off hook_pattern / hook_phantom (materialised, one layer at a time)."""
 
-    def __init__(self, info, eps, include_query0, window_rows):
-        super().__init__(info, eps, include_query0, window_rows)
+    def __init__(self, info, eps, include_query0, window_rows, protocol="pooled"):
+        super().__init__(info, eps, include_query0, window_rows, protocol=protocol)
         self.hooks = {"hook_pattern", "hook_phantom"}
 
     def on_layer(self, layer, got, masses) -> None:
@@ -207,7 +272,8 @@ class _PatternPart(SinkEpsPart):
 
 @torch.no_grad()
 def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, window_rows: str = "all",
-               method: str = "streaming", backend: str | None = None, progress: bool = False) -> dict[str, pd.DataFrame]:
+               method: str = "streaming", backend: str | None = None, progress: bool = False,
+               protocol: str = "pooled") -> dict[str, pd.DataFrame]:
     """Sink^ε for every ε in ``eps``: tables ``summary`` (one row per ε: the model's share of sink heads),
     ``layers`` (one row per layer and ε), ``heads`` (key-0 score per head) and ``meta``.
 
@@ -227,10 +293,12 @@ def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, wi
     """
     if method not in ("streaming", "pattern"):
         raise ValueError(f"method={method!r}: choose 'streaming' or 'pattern'")
+    protocol_settings(protocol)
     info = model.probe_info
-    w = as_windows(data)
-    part = (SinkEpsPart(info, eps, include_query0, window_rows, backend) if method == "streaming"
-            else _PatternPart(info, eps, include_query0, window_rows))
+    w = with_protocol(as_windows(data), protocol)
+    check_protocol_windows(protocol, w)
+    part = (SinkEpsPart(info, eps, include_query0, window_rows, backend, protocol) if method == "streaming"
+            else _PatternPart(info, eps, include_query0, window_rows, protocol))
     run_pass(model, [(w, [part])], progress=progress, desc="sink heads (Sink^ε)")
     return part.result(model, w, method)
 
@@ -238,5 +306,5 @@ def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, wi
 # ------------------------------------------------------------------------------------------------------------ figures
 
 
-__all__ = ["sink_heads", "SinkEpsAccumulator", "SinkEpsPart",
-           "DEFAULT_EPS", "key0_label"]
+__all__ = ["sink_heads", "SinkEpsAccumulator", "SinkEpsPart", "DEFAULT_EPS", "key0_label", "PROTOCOLS",
+           "GU2025_TOKENS", "protocol_settings", "check_protocol_windows", "with_protocol"]

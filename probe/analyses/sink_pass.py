@@ -18,7 +18,8 @@ from probe.analyses.capture import Windows, as_windows
 from probe.analyses.dormant import dormant_parts, dormant_result
 from probe.analyses.massive import MassivePart
 from probe.analyses.passes import run_pass
-from probe.analyses.sink_heads import DEFAULT_EPS, SinkEpsPart
+from probe.analyses.sink_heads import (DEFAULT_EPS, SinkEpsPart, check_protocol_windows, protocol_settings,
+                                       with_protocol)
 from probe.analyses.sinks import SinkPart
 
 
@@ -34,13 +35,17 @@ def same_windows(a: Windows, b: Windows) -> bool:
 
 @torch.no_grad()
 def sink_analyses(model, data, *, eps=DEFAULT_EPS, massive: bool = False, dormant=None, tokenizer=None,
-                  backend: str | None = None, progress: bool = False) -> dict[str, dict[str, pd.DataFrame]]:
-    """``{"sinks": sink_stats(...), "sink_eps": sink_heads(..., eps=eps)}``, plus ``"massive"``
+                  backend: str | None = None, progress: bool = False,
+                  protocol: str = "pooled") -> dict[str, dict[str, pd.DataFrame]]:
+    """``{"sinks": sink_stats(...), "sink_eps": sink_heads(..., eps=eps, protocol=protocol)}``, plus ``"massive"``
     (massive_activations) when ``massive`` and ``"dormant"`` (dormant_heads on the domains ``dormant``: windows or
-    {domain: windows}) when given, all from one forward per batch of ``data`` (and of each other dormant domain)."""
+    {domain: windows}) when given, all from one forward per batch of ``data`` (and of each other dormant domain).
+    ``protocol`` (probe.analyses.sink_heads.PROTOCOLS) decides Sink^ε's form; its name is in every result's meta."""
     info = model.probe_info
-    w = as_windows(data)
-    sinks, heads = SinkPart(info, backend), SinkEpsPart(info, eps, backend=backend)
+    protocol_settings(protocol)
+    w = with_protocol(as_windows(data), protocol)
+    check_protocol_windows(protocol, w)
+    sinks, heads = SinkPart(info, backend), SinkEpsPart(info, eps, backend=backend, protocol=protocol)
     parts = [sinks, heads]
     mas = MassivePart(info, backend=backend) if massive else None
     if mas is not None:

@@ -30,6 +30,7 @@ CUTOFFS = ("q25", "median")
 DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 WINDOW_MODES = ("auto", "first", "sequential", "random", "packed")
+PROTOCOLS = ("pooled", "gu2025")  # mirrored from probe.analyses.sink_heads (tests/analyses/test_gu2025.py checks)
 
 
 def _user_value(parse):
@@ -77,7 +78,8 @@ def model_flags(p, default_model: str | None, *, defaults=(8, 8), several_ctx: b
     g.add_argument("--data", metavar="CORPUS", default=None,
                    help="bundled corpus (wikitext-2-test, wikitext-2-valid, shakespeare, kjv, train), a .txt or "
                    ".jsonl[.gz] file, a directory, hf:... (online), or synthetic:bb[vocab=..,triggers=..,seed=..,T=..] "
-                   "(Bigram-Backcopy; bare synthetic:bb = the chain the model trained on); default: a "
+                   "(Bigram-Backcopy; bare synthetic:bb = the chain the model trained on), synthetic:random[T=..,n=..,seed=..] or "
+                   "synthetic:repeat[T=..,n=..,token=..] (token ids for any model); default: a "
                    "Bigram-Backcopy model's own chain, else wikitext-2-test")
     g.add_argument("--tokenizer", metavar="NAME", help="tokenizer (default: the model's own, else the shipped "
                    "probe-bpe-8k)")
@@ -121,6 +123,14 @@ def eps_flag(p):
                         "(Gu et al. 2025; default 0.3)")
 
 
+def protocol_flag(p):
+    p.add_argument("--protocol", choices=PROTOCOLS, default="pooled",
+                   help="Sink^eps protocol: pooled (probe's: rows t >= 1 of every window pooled per head, thresholded "
+                        "once) or gu2025 (Gu et al.'s released evaluation: the first 64 tokens of each text with the "
+                        "tokenizer's special tokens, query 0 included, thresholded per text; fixes --ctx, "
+                        "--window-mode and --bos); default pooled")
+
+
 def injection_flags(p, dose_flag: str, dose_default, dose_help: str):
     g = p.add_argument_group("injection")
     g.add_argument("--junk", nargs="+", choices=JUNK_TYPES + ("all",), default=["structured"], metavar="KIND",
@@ -146,9 +156,11 @@ def model_spec(args: argparse.Namespace, default: str | None = None) -> ModelSpe
 
 
 def window_spec(args: argparse.Namespace) -> WindowSpec:
-    """--data, --tokenizer, --batches, --batch-size, --ctx, --window-mode, --seed, --bos / --no-bos."""
+    """--data, --tokenizer, --batches, --batch-size, --ctx, --window-mode, --seed, --bos / --no-bos (and --protocol,
+    on the verbs that have it)."""
     return WindowSpec(data=args.data, tokenizer=args.tokenizer, batches=args.batches, batch_size=args.batch_size,
-                      ctx=args.ctx, mode=args.window_mode, seed=args.seed, bos=args.bos)
+                      ctx=args.ctx, mode=args.window_mode, seed=args.seed, bos=args.bos,
+                      protocol=getattr(args, "protocol", "pooled"))
 
 
 def injection_spec(args: argparse.Namespace) -> InjectionSpec | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from probe.cli.flags import eps_flag, injection_flags, model_flags, self_contained_flag
+from probe.cli.flags import eps_flag, injection_flags, model_flags, protocol_flag, self_contained_flag
 
 HELP = "batch sink report over many models or training checkpoints (resumable)"
 DESCRIPTION = ("Sink statistics (and optionally injection) for every model or checkpoint, written as CSV and one "
@@ -24,6 +24,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     model_flags(p, None)
     p.set_defaults(model=None)  # each of --models / --checkpoints in turn, never one --model
     eps_flag(p)
+    protocol_flag(p)
     injection_flags(p, "--inject-doses", None, "also run injection at these doses (default: no injection)")
     p.add_argument("--out", metavar="DIR", default="probe-report", help="report directory (default probe-report)")
     p.add_argument("--json", action="store_true", help="print the summary table as JSON on stdout")

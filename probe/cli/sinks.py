@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from probe.cli.flags import DEFAULT_MODEL, analysis_parser, eps_flag, output_flags
+from probe.cli.flags import DEFAULT_MODEL, analysis_parser, eps_flag, output_flags, protocol_flag
 
 HELP = "attention-sink statistics: position-0 share, phantom share, r0, Sink^eps"
 
@@ -12,6 +12,7 @@ HELP = "attention-sink statistics: position-0 share, phantom share, r0, Sink^eps
 def add_parser(sub) -> argparse.ArgumentParser:
     p = analysis_parser(sub, "sinks", HELP, DEFAULT_MODEL, several_ctx=True)
     eps_flag(p)
+    protocol_flag(p)
     p.add_argument("--massive", action="store_true", help="also report massive activations (Sun et al. 2024)")
     p.add_argument("--dormant", action="store_true", help="also report active/dormant heads per input domain "
                    "(Guo et al. 2024)")
@@ -62,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     model, eb = run.model, run.windows
     run.console.note(plan_line("sinks", model, eb))
     found = sink_analyses(model, eb, eps=list(eps_values(args)), massive=args.massive, dormant=domains,
-                          tokenizer=run.tokenizer, progress=run.progress)  # one forward per batch for all of them
+                          tokenizer=run.tokenizer, progress=run.progress,  # one forward per batch for all of them
+                          protocol=args.protocol)
     result, heads = found["sinks"], found["sink_eps"]
     for k in ("summary", "layers", "heads"):
         result[f"sink_eps_{k}"] = heads[k]

@@ -17,6 +17,12 @@ Everything follows from (seed, vocab, triggers, T); the two shape constants are 
 Names: ``synthetic:bb`` or ``synthetic:bb[vocab=64,triggers=3,seed=0,T=256]`` (any subset of the keys, any order;
 ``parse_synthetic(name, base=...)`` fills missing keys from ``base``, e.g. the task recorded in a model's run).
 
+Token domains (Gu et al. 2025, §3.1's random and repeated inputs; docs/definitions.md#token-domains), for any model:
+``synthetic:random[T=64,n=100,seed=0]`` — n sequences of token ids drawn uniformly from the model's whole vocabulary
+0..V-1 (no id excluded) — and ``synthetic:repeat[T=64,n=100,token=ID]`` — n sequences of one id repeated (without
+``token``: each sequence repeats its own id, drawn uniformly). No BOS unless ``bos=1`` (then the tokenizer's BOS
+replaces the first drawn token); see ``TokenDomain``.
+
 Training draws come from ``BBSampler`` (``sample(B)`` → (B, T+1) windows; batch k is generated from a generator keyed
 by (task, seed, k), so a resumed run sees exactly the batches it would have). Evaluation windows are ``BBWindows``:
 fixed (N, B, T+1) windows from a key disjoint from training's, with the masks of which positions follow a trigger.
@@ -242,6 +248,117 @@ class BBWindows(TokenWindows):
                 "trigger_ids": self.task.trigger_ids.tolist()}
 
 
+# ---------------------------------------------------------------------- token domains (Gu et al.'s random / repeated)
+
+TOKEN_DOMAINS = ("random", "repeat")
+TOKEN_KEYS = {"random": ("T", "n", "seed", "bos"), "repeat": ("T", "n", "token", "seed", "bos")}
+
+
+@dataclass(frozen=True)
+class TokenDomain:
+    """Sequences of token ids built without text, for any model of vocabulary V (docs/definitions.md#token-domains).
+
+    Every sequence holds T+1 ids (the model reads T; the last is a target only), drawn with
+    ``torch.Generator().manual_seed(seed)``: ``random`` — ``torch.randint(0, V, (n, T+1))``, uniform over every id the
+    model can embed; ``repeat`` — ``token`` repeated, or without it one id per sequence, ``torch.randint(0, V, (n,))``.
+    Gu et al.'s released code builds only natural-text inputs; the paper's random and repeated inputs carry no BOS
+    (a repeated-token sequence is then the same token at every position, the case in which they find no sink in
+    RoPE models), so ``bos=0`` is the default; ``bos=1`` puts the tokenizer's BOS at position 0 instead of the first
+    drawn id."""
+
+    kind: str = "random"  # one of TOKEN_DOMAINS
+    T: int = 64  # tokens a model reads per sequence
+    n: int = 100  # sequences
+    seed: int = 0
+    token: int | None = None  # repeat: the id repeated; None: each sequence repeats its own uniformly drawn id
+    bos: int = 0  # 1: the tokenizer's BOS at position 0
+
+    def __post_init__(self):
+        if self.kind not in TOKEN_DOMAINS:
+            raise ValueError(f"unknown token domain {self.kind!r}; choose one of: {', '.join(TOKEN_DOMAINS)}")
+        for key in ("T", "n", "seed", "bos") + (("token",) if self.token is not None else ()):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{key}={value!r} must be an integer")
+        if self.token is not None and self.kind != "repeat":
+            raise ValueError(f"token={self.token} applies to synthetic:repeat only; keys of synthetic:{self.kind}: "
+                             f"{', '.join(TOKEN_KEYS[self.kind])}")
+        if self.T < 2:
+            raise ValueError(f"T={self.T} is not valid; choose at least 2")
+        if self.n < 1:
+            raise ValueError(f"n={self.n} is not valid; choose at least 1")
+        if self.seed < 0:
+            raise ValueError(f"seed={self.seed} is not valid; choose an integer >= 0")
+        if self.bos not in (0, 1):
+            raise ValueError(f"bos={self.bos} is not valid; choose 0 (no BOS) or 1 (the tokenizer's BOS first)")
+        if self.token is not None and self.token < 0:
+            raise ValueError(f"token={self.token} is not valid; choose a token id >= 0")
+
+    def spec(self) -> str:
+        """The canonical name, e.g. ``synthetic:repeat[T=64,n=100,seed=0,bos=0]``."""
+        keys = [k for k in TOKEN_KEYS[self.kind] if k != "token" or self.token is not None]
+        return f"{SYNTHETIC_PREFIX}{self.kind}[" + ",".join(f"{k}={getattr(self, k)}" for k in keys) + "]"
+
+    def generate(self, vocab_size: int, bos_id: int | None = None) -> torch.Tensor:
+        """(n, T+1) LongTensor of ids below ``vocab_size``; ``bos_id`` at position 0 when ``bos=1`` (required then)."""
+        if self.token is not None and self.token >= vocab_size:
+            raise ValueError(f"token={self.token} is beyond the model's vocabulary; choose 0..{vocab_size - 1}")
+        if self.bos and bos_id is None:
+            raise ValueError("bos=1 but the model's tokenizer has no BOS token; use bos=0")
+        g = torch.Generator().manual_seed(self.seed)
+        if self.kind == "random":
+            ids = torch.randint(0, vocab_size, (self.n, self.T + 1), generator=g)
+        else:
+            one = (torch.full((self.n,), self.token, dtype=torch.long) if self.token is not None
+                   else torch.randint(0, vocab_size, (self.n,), generator=g))
+            ids = one[:, None].expand(self.n, self.T + 1).clone()
+        if self.bos:
+            ids[:, 0] = bos_id
+        return ids
+
+    def windows(self, vocab_size: int, bos_id: int | None = None, batch_size: int = 8) -> TokenDomainWindows:
+        """The n sequences as fixed windows (no sequence dropped: ``probe.data.windows.batch_layout``)."""
+        from probe.data.windows import batch_layout
+
+        ids = self.generate(vocab_size, bos_id)
+        nb, b = batch_layout(self.n, batch_size)
+        return TokenDomainWindows(ids.view(nb, b, self.T + 1), torch.arange(self.n).view(nb, b), self, vocab_size,
+                                  bos_id if self.bos else None)
+
+
+@dataclass
+class TokenDomainWindows(TokenWindows):
+    """A token domain's sequences as evaluation windows, usable wherever analyses take ``data``."""
+
+    tokens: torch.Tensor
+    doc_ids: torch.Tensor
+    domain: TokenDomain
+    vocab_size: int
+    bos_id: int | None
+
+    @property
+    def ctx(self) -> int:
+        return self.tokens.shape[-1] - 1
+
+    @property
+    def corpus(self) -> str:
+        return self.domain.spec()
+
+    @property
+    def mode(self) -> str:
+        return "synthetic"
+
+    def to_dict(self) -> dict:
+        h = hashlib.blake2b(self.tokens.numpy().tobytes(), digest_size=8).hexdigest()
+        draw = ("uniform over ids 0..V-1, none excluded" if self.domain.kind == "random" else
+                f"id {self.domain.token} repeated" if self.domain.token is not None else
+                "one id per sequence, uniform over 0..V-1, repeated")
+        return {"corpus": self.corpus, "corpus_fingerprint": h, "tokenizer": None, "mode": self.mode,
+                "seed": self.domain.seed, "ctx": self.ctx, "n_batches": len(self), "batch_size": self.batch_size,
+                "n_documents": self.domain.n, "bos": bool(self.domain.bos), "bos_id": self.bos_id,
+                "vocab_size": self.vocab_size, "draw": draw}
+
+
 # ---------------------------------------------------------------------- names
 
 _NAME = re.compile(r"^synthetic:(?P<task>[^\[\]]*)(?:\[(?P<args>[^\[\]]*)\])?$")
@@ -278,5 +395,35 @@ def parse_synthetic(name: str, base: BigramBackcopy | None = None) -> BigramBack
     return BigramBackcopy(**values)
 
 
-__all__ = ["BigramBackcopy", "BBSampler", "BBWindows", "parse_synthetic", "is_synthetic", "SYNTHETIC_PREFIX",
+def is_token_domain(name) -> bool:
+    """True for ``synthetic:random[...]`` / ``synthetic:repeat[...]`` names (well-formed or not)."""
+    m = _NAME.match(name.strip()) if is_synthetic(name) else None
+    return m is not None and m["task"] in TOKEN_DOMAINS
+
+
+def parse_token_domain(name: str) -> TokenDomain:
+    """``synthetic:random[T=64,n=100,seed=0]`` / ``synthetic:repeat[T=64,n=100,token=ID]`` → TokenDomain (missing keys:
+    the defaults). Errors are one line naming the bad part and the valid choices."""
+    m = _NAME.match(name.strip()) if isinstance(name, str) else None
+    if m is None or m["task"] not in TOKEN_DOMAINS:
+        raise ValueError(f"{name!r} is not a token domain name; write synthetic:random[T=64,n=100,seed=0] or "
+                         "synthetic:repeat[T=64,n=100,token=ID]")
+    kind, keys, values = m["task"], TOKEN_KEYS[m["task"]], {}
+    parts = m["args"].split(",") if m["args"] and m["args"].strip() else []
+    for part in parts:
+        key, eq, value = (s.strip() for s in part.partition("="))
+        if not eq or not key:
+            raise ValueError(f"{part.strip()!r} in {name!r} is not key=value; keys: {', '.join(keys)}")
+        if key not in keys:
+            raise ValueError(f"unknown key {key!r} in {name!r}; valid keys: {', '.join(keys)}")
+        if key in values:
+            raise ValueError(f"key {key!r} given twice in {name!r}")
+        if not re.fullmatch(r"[+-]?\d+", value):
+            raise ValueError(f"{key}={value!r} in {name!r} must be an integer")
+        values[key] = int(value)
+    return TokenDomain(kind, **values)
+
+
+__all__ = ["TokenDomain", "TokenDomainWindows", "parse_token_domain", "is_token_domain", "TOKEN_DOMAINS",
+           "BigramBackcopy", "BBSampler", "BBWindows", "parse_synthetic", "is_synthetic", "SYNTHETIC_PREFIX",
            "TASKS", "keyed_generator"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from probe.data.batches import DocumentTokens, EvalBatches, _corpus, _tokenizer, cap_ctx, eval_batches
 from probe.data.corpus import DEFAULT_EVAL_CORPUS
 from probe.data.tokenizer import DEFAULT_TOKENIZER, prepends_bos
@@ -91,4 +93,63 @@ def default_windows(model, corpus=None, *, n_batches: int = 8, batch_size: int =
                          ctx=eval_context(model, ctx), seed=seed, mode=mode, bos_id=window_bos_id(model, tok, bos))
 
 
-__all__ = ["WINDOW_MODES", "wants_bos", "window_bos_id", "eval_context", "build_windows", "default_windows"]
+def batch_layout(n: int, batch_size: int) -> tuple[int, int]:
+    """(batches, windows per batch) for ``n`` windows of which none is dropped: the largest batch of at most
+    ``batch_size`` that divides ``n`` (60 texts at batch size 8: 10 x 6)."""
+    b = max(d for d in range(1, min(batch_size, n) + 1) if n % d == 0)
+    return n // b, b
+
+
+@dataclasses.dataclass
+class TextWindows(EvalBatches):
+    """One window per text, texts in corpus order (docs/definitions.md#sink-eps-protocols): each window is the first
+    ctx+1 tokens of the text encoded with the tokenizer's default special tokens (Gemma: its <bos> first), the model
+    reading ctx of them. ``skipped``: texts passed over for being shorter than ctx+1 tokens."""
+
+    skipped: int = 0
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "special_tokens": "tokenizer default", "text_order": "corpus order",
+                "texts_skipped": self.skipped}
+
+
+def text_windows(corpus, tokenizer, *, n: int, ctx: int = 64, batch_size: int = 8,
+                 vocab_size: int | None = None) -> TextWindows:
+    """Gu et al.'s windows: the first ``n`` texts of ``corpus`` (in order) whose encoding with the tokenizer's default
+    special tokens holds at least ctx+1 tokens, each cut to its first ctx+1 (ctx read, the next one a target only),
+    laid out by :func:`batch_layout`. Fewer such texts than ``n``: all of them."""
+    tok, corpus = _tokenizer(tokenizer), _corpus(corpus)
+    if n < 1:
+        raise ValueError(f"n={n} texts: ask for at least 1")
+    if ctx < 2:
+        raise ValueError(f"ctx={ctx} must be at least 2")
+    rows, ids, skipped, chunk = [], [], 0, 64
+    for start in range(0, len(corpus.documents), chunk):  # tokenize only as far as needed
+        texts = corpus.documents[start:start + chunk]
+        for i, x in enumerate(tok(texts, verbose=False)["input_ids"]):
+            if len(rows) == n:
+                break
+            if len(x) < ctx + 1:
+                skipped += 1
+                continue
+            rows.append(torch.tensor(x[:ctx + 1], dtype=torch.long))
+            ids.append(start + i)
+        if len(rows) == n:
+            break
+    if not rows:
+        raise ValueError(f"corpus {corpus.name!r} has no text of at least {ctx + 1} tokens (with the tokenizer's "
+                         "special tokens); give longer texts")
+    nb, b = batch_layout(len(rows), batch_size)
+    tokens = torch.stack(rows).view(nb, b, ctx + 1)
+    top = int(tokens.max())
+    if vocab_size is not None and top >= vocab_size:
+        raise ValueError(f"tokenizer {tok.name_or_path!r} produces token id {top}, beyond the model's vocabulary of "
+                         f"{vocab_size}; pass a matching tokenizer")
+    bos = tok.bos_token_id is not None and bool((tokens[..., 0] == tok.bos_token_id).all())
+    return TextWindows(tokens=tokens, doc_ids=torch.tensor(ids).view(nb, b), corpus=corpus.name,
+                       tokenizer=tok.name_or_path, seed=0, ctx=ctx, mode="texts", corpus_fingerprint=corpus.fingerprint,
+                       bos=bos, skipped=skipped)
+
+
+__all__ = ["WINDOW_MODES", "wants_bos", "window_bos_id", "eval_context", "build_windows", "default_windows",
+           "batch_layout", "TextWindows", "text_windows"]

@@ -30,9 +30,9 @@ from probe.progress import plural
 from probe.data import load_corpus as read_corpus
 from probe.data.batches import DocumentTokens
 from probe.data.corpus import CORPORA
-from probe.data.synthetic import BigramBackcopy, is_synthetic, parse_synthetic
+from probe.data.synthetic import BigramBackcopy, is_synthetic, is_token_domain, parse_synthetic, parse_token_domain
 from probe.data.tokenizer import DEFAULT_TOKENIZER, TOKENIZERS, load_tokenizer
-from probe.data.windows import build_windows, eval_context, window_bos_id
+from probe.data.windows import build_windows, eval_context, text_windows, window_bos_id
 from probe.present.errors import UsageError, first_line
 from probe.models import create
 from probe.jobs.specs import InjectionSpec, ModelSpec, WindowSpec
@@ -51,6 +51,12 @@ def check_data(name: str | None, flag: str = "--data") -> None:
     synthetic:bb[...] name) nor an existing path. None (the model's default data) is always fine."""
     if name is None:
         return
+    if is_token_domain(name):
+        try:
+            parse_token_domain(name)
+        except ValueError as e:
+            raise UsageError(f"{flag}: {e}") from None
+        return
     if is_synthetic(name):
         try:
             parse_synthetic(name)
@@ -62,7 +68,7 @@ def check_data(name: str | None, flag: str = "--data") -> None:
         return
     raise UsageError(f"{flag} {name!r}: no such bundled corpus, file or directory; choose one of "
                      f"{', '.join(bundled)}, an existing .txt or .jsonl[.gz] file or directory, "
-                     "hf:wikitext-2-raw-v1:<split>, or synthetic:bb[...]")
+                     "hf:wikitext-2-raw-v1:<split>, synthetic:bb[...], synthetic:random[...] or synthetic:repeat[...]")
 
 
 def set_threads(n: int | None) -> None:
@@ -281,12 +287,70 @@ def windows_for(spec: WindowSpec, model, cache: WindowCache | None = None):
     ``cache`` (a :class:`WindowCache` of the same ``spec``) text windows are built once for all the models that share a
     tokenizer, context and BOS."""
     task = trained_task(model)
+    check_protocol(spec, task)
+    if is_token_domain(spec.data):
+        return on_device(token_domain_windows(spec, model), model), None
     if is_synthetic(spec.data) or (spec.data is None and task is not None):
         return on_device(synthetic_windows(spec, model, task), model), None
     if task is not None:
         raise text_on_bb(f"--data {spec.data or DEFAULT_DATA!r}", model, task)
     tok = tokenizer_for(spec, model)
     return (cache or WindowCache(spec)).get(model, tok, eval_ctx(spec, model)), tok
+
+
+def check_protocol(spec: WindowSpec, task: BigramBackcopy | None) -> None:
+    """--protocol gu2025 fixes the windows (docs/definitions.md#sink-eps-protocols): the first 64 tokens of each text
+    with the tokenizer's default special tokens, one window per text; a flag that asks for other windows is an error."""
+    from probe.analyses.sink_heads import GU2025_TOKENS, PROTOCOLS
+
+    if spec.protocol not in PROTOCOLS:
+        raise UsageError(f"--protocol {spec.protocol!r}: choose one of {', '.join(PROTOCOLS)}")
+    if spec.protocol != "gu2025":
+        return
+    why = f"--protocol gu2025 reads the first {GU2025_TOKENS} tokens of each text"
+    if spec.ctx is not None and spec.ctx != GU2025_TOKENS:
+        raise UsageError(f"--ctx {spec.ctx} conflicts with --protocol gu2025 ({why}); drop --ctx")
+    if spec.mode != "auto":
+        raise UsageError(f"--window-mode {spec.mode} conflicts with --protocol gu2025 (one window per text, texts in "
+                         "order); drop --window-mode")
+    if spec.bos is not None:
+        raise UsageError(f"--{'' if spec.bos else 'no-'}bos conflicts with --protocol gu2025 (the tokenizer's default "
+                         f"special tokens decide the BOS); drop --{'' if spec.bos else 'no-'}bos")
+    if is_token_domain(spec.data):
+        T = parse_token_domain(spec.data).T
+        if T != GU2025_TOKENS:
+            raise UsageError(f"--data {spec.data!r}: T={T} conflicts with --protocol gu2025 ({why}); use "
+                             f"T={GU2025_TOKENS}")
+    elif is_synthetic(spec.data) or (spec.data is None and task is not None):
+        raise UsageError(f"--protocol gu2025 reads text or synthetic:random / synthetic:repeat, not Bigram-Backcopy "
+                         f"data ({spec.data or task.spec()}); use --protocol pooled")
+
+
+def token_domain_windows(spec: WindowSpec, model):
+    """Windows of ``synthetic:random[...]`` / ``synthetic:repeat[...]`` for any model: ids over its vocabulary, the
+    tokenizer's BOS first only with ``bos=1``; --ctx, --bos, --tokenizer do not apply (the name says T and bos)."""
+    name, info = spec.data, model.probe_info
+    try:
+        domain = parse_token_domain(name)
+    except ValueError as e:
+        raise UsageError(f"--data: {first_line(e)}") from None
+    for flag, given in (("--ctx", spec.ctx is not None and spec.ctx != domain.T), ("--bos", spec.bos is not None),
+                        ("--tokenizer", spec.tokenizer is not None)):
+        if given:
+            raise UsageError(f"{flag} does not apply to --data {name!r} (its T and bos are in the name); drop {flag}")
+    if domain.T > info.n_ctx:
+        raise UsageError(f"--data {name!r}: T={domain.T} exceeds the maximum context {info.n_ctx} of model "
+                         f"{info.name!r}; choose T 2..{info.n_ctx}")
+    bos_id, tok = None, getattr(model, "tokenizer", None)
+    if domain.bos and tok is not None:
+        try:
+            bos_id = window_bos_id(model, tok, True)
+        except ValueError:
+            pass  # no BOS anywhere: TokenDomain.generate says so in one line
+    try:
+        return domain.windows(info.vocab_size, bos_id, spec.batch_size)
+    except ValueError as e:
+        raise UsageError(f"--data {name!r}: {first_line(e)}") from None
 
 
 class WindowCache:
@@ -311,6 +375,9 @@ class WindowCache:
         w = self.spec
         if is_synthetic(w.data) or trained_task(model) is not None:
             return windows_for(w, model)[0]
+        check_protocol(w, None)
+        if w.protocol == "gu2025":
+            return self.texts(model, tok)
         bos_id = bos_id_for(w, model, tok)
         key = (tok.name_or_path, len(tok), ctx, bos_id)
         if key not in self.cache:
@@ -321,6 +388,22 @@ class WindowCache:
             self.cache[key] = make_windows(self.corpus, tok, n_batches=w.batches, batch_size=w.batch_size, ctx=ctx,
                                            seed=w.seed, mode=w.mode, vocab_size=model.probe_info.vocab_size,
                                            docs=self.docs[tkey], bos_id=bos_id)
+        return on_device(self.cache[key], model)
+
+
+    def texts(self, model, tok):
+        """--protocol gu2025's windows: one per text (the first --batches x --batch-size texts of >= 65 tokens)."""
+        from probe.analyses.sink_heads import GU2025_TOKENS
+
+        w = self.spec
+        key = ("texts", tok.name_or_path, len(tok))
+        if key not in self.cache:
+            self.corpus = self.corpus or load_corpus(w.data or DEFAULT_DATA)
+            try:
+                self.cache[key] = text_windows(self.corpus, tok, n=w.batches * w.batch_size, ctx=GU2025_TOKENS,
+                                               batch_size=w.batch_size, vocab_size=model.probe_info.vocab_size)
+            except ValueError as e:
+                raise UsageError(f"--data {self.corpus.name!r}: {first_line(e)}") from None
         return on_device(self.cache[key], model)
 
 

@@ -106,7 +106,8 @@ def settings_of(spec: ReportSpec) -> dict:
                                           "cutoff": list(inj.cutoffs)}
     return {"data": w.data, "tokenizer": w.tokenizer, "batches": w.batches, "batch_size": w.batch_size,
             "ctx": w.ctx, "window_mode": w.mode, "seed": w.seed, "device": resolve_device(spec.model.device),
-            "dtype": spec.model.dtype, "inject": injection, "eps": list(spec.eps), "probe_version": __version__}
+            "dtype": spec.model.dtype, "inject": injection, "eps": list(spec.eps), "probe_version": __version__,
+            **({"protocol": w.protocol} if w.protocol != "pooled" else {})}  # older manifests: pooled
 
 
 def compute_one(spec: ReportSpec, name: str, index: int, windows: WindowCache, console: Console) -> dict:
@@ -115,7 +116,8 @@ def compute_one(spec: ReportSpec, name: str, index: int, windows: WindowCache, c
     model = load_model(dataclasses.replace(spec.model, name=name), console)
     tok = tokenizer_for(spec.windows, model)
     eb = windows.get(model, tok, eval_ctx(spec.windows, model))
-    found = sink_analyses(model, eb, eps=list(spec.eps), progress=progress)  # one forward per batch for both
+    found = sink_analyses(model, eb, eps=list(spec.eps), progress=progress,  # one forward per batch for both
+                          protocol=spec.windows.protocol)
     res, se = found["sinks"], found["sink_eps"]
     tables = {k: res[k] for k in ("summary", "by_type", "layers", "heads", "batches")}
     tables["sink_eps"], tables["sink_eps_layers"] = se["summary"], se["layers"]

@@ -44,6 +44,7 @@ class WindowSpec:
     mode: str = "auto"  # auto | first | sequential | random
     seed: int = 0
     bos: bool | None = None  # None: a BOS first when the tokenizer prepends one or the model trained with one (docs/definitions.md#bos-rule)
+    protocol: str = "pooled"  # Sink^eps protocol (probe.analyses.sink_heads.PROTOCOLS); gu2025 fixes the windows
 
 
 @dataclass(frozen=True)

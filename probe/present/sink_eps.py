@@ -91,7 +91,11 @@ def part(result: dict) -> dict:
 def text_lines(result: dict) -> list[str]:
     """`probe sinks`'s terminal lines on sink heads."""
     summary = result["sink_eps_summary"]
+    meta = result["meta"]
+    per_text = "protocol" in meta and meta["protocol"].iloc[0] == "gu2025"
+    how = (" (protocol gu2025: per text, queries 0..63, mean of the indicators over texts)" if per_text else
+           "")
     return ["", f"sink heads (Gu et al.): share of heads whose mean attention on key 0 ({summary['key0'].iloc[0]}) "
-                "exceeds eps:",
+                f"exceeds eps{how}:",
             show(summary, ["epsilon", "n_sink_heads", "n_heads", "sink_share", "sink_share_se", "key0_mass",
                            "key0_mass_se", "phantom_share", "uniform_ref"])]

@@ -123,9 +123,12 @@ def head_figure(result: dict) -> go.Figure:
         fig.add_trace(go.Heatmap(z=z.values, x=z.columns, y=z.index, colorscale="RdBu", zmid=0,
                                  name=f"{iv} {setting}", visible=len(fig.data) == 0,
                                  colorbar=dict(title="Δ loss")))
-    fig.update_layout(title="Per-head ablations: loss change (nats per token); first panel: "
-                      + (f"{h['intervention'].iloc[0]} {h['setting'].iloc[0]}" if len(h) else "none"),
-                      xaxis_title="head", yaxis_title="layer")
+    n = len(fig.data)
+    buttons = [dict(label=t.name, method="update", args=[{"visible": [i == k for i in range(n)]}])
+               for k, t in enumerate(fig.data)]
+    fig.update_layout(title="Per-head ablations: loss change (nats per token), one intervention at a time (menu)",
+                      xaxis_title="head", yaxis_title="layer",
+                      updatemenus=[dict(buttons=buttons, x=1.0, y=1.15, xanchor="right")] if n > 1 else [])
     return fig
 
 

@@ -61,3 +61,19 @@ def test_refusals_are_one_line_and_exit_2(tmp_path, capsys):
         assert not (tmp_path / "x").exists()  # nothing written
     assert_one_line_error(cli(capsys, "ablate", "--value", "bogus"), "invalid choice: 'bogus'")
     assert_one_line_error(cli(capsys, "ablate", "--sink-logit", "inf"), "expected a finite number, got 'inf'")
+
+
+def test_per_head_and_depth_pages_draw_their_figures():
+    from tests.support.analyses import tiny, windows
+    from probe.analyses.ablate import ablate
+    from probe.present import ablate as presentation
+
+    heads = ablate(tiny("sink+proj"), windows(2, 1, 12), ["knockout", "phantom"], per_head=True, progress=False)
+    titles = [f.layout.title.text for f in presentation.figures(heads)]
+    assert any("Per-head" in t for t in titles) and any("one layer" in t for t in titles)
+    heatmap = next(f for f in presentation.figures(heads) if "Per-head" in f.layout.title.text)
+    assert len(heatmap.data) == 2 and len(heatmap.layout.updatemenus[0].buttons) == 2  # key0, phantom remove
+    assert sum(bool(t.visible) for t in heatmap.data) == 1
+    depth = ablate(tiny("attnres-block2"), windows(2, 1, 12), ["depth"], progress=False)
+    assert any("read site" in f.layout.title.text for f in presentation.figures(depth))
+    assert "Loss change" in presentation.sections(depth)["tables"][0][0]

@@ -285,7 +285,7 @@ def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, wi
     Tables (columns):
 
     - ``summary``: model, corpus, epsilon, n_heads, n_sink_heads, sink_share, sink_share_se, sink_share_key0, key0_mass,
-      key0_mass_se, key0_share_real, phantom_share, uniform_ref, key0, rows, score, threshold
+      key0_mass_se, key0_share_real, phantom_share, uniform_ref, key0, rows, score
     - ``layers``: model, corpus, layer, layer_type, epsilon, n_heads, n_sink_heads, sink_share, sink_share_se,
       n_sink_heads_key0, sink_share_key0, key0_mass, key0_mass_se, key0_share_real, phantom_share, uniform_ref
     - ``heads``: model, corpus, layer, head, kv_head, layer_type, key0_mass, key0_share_real, phantom_share, uniform_ref,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from probe.checkpoints.muddformer import AuthorsFormatError, check_memory
+from probe.checkpoints.muddformer import AuthorsFormatError, assemble, check_memory
 
 # the file name their train.py uploads (upload_full_run_checkpoint) and their loaders look for first
 CHECKPOINT_FILE = "final_model.pt"
@@ -211,7 +211,6 @@ def load_lr_attnres(path, *, name: str | None = None, dtype=None):
     import torch
 
     from probe.models.config import ProbeConfig
-    from probe.models.model import ProbeForCausalLM
 
     file = checkpoint_file(path)
     name = name or str(path)
@@ -226,16 +225,6 @@ def load_lr_attnres(path, *, name: str | None = None, dtype=None):
         raise AuthorsFormatError(f"{name}: model_args is a {type(args).__name__}, not their asdict(ModelConfig)")
     pc = ProbeConfig(**probe_config_kwargs(args, torch.finfo(dtype).eps, name))
     mapped = map_state_dict(payload["model"], pc, args, name)
-    with torch.device("meta"):
-        model = ProbeForCausalLM(pc)
-    expected = model.state_dict()
-    for k, v in mapped.items():
-        if tuple(v.shape) != tuple(expected[k].shape):
-            raise AuthorsFormatError(f"{name}: weight for {k} has shape {tuple(v.shape)}, model_args imply "
-                                     f"{tuple(expected[k].shape)}")
-    model.load_state_dict({k: v.to(dtype) for k, v in mapped.items()}, strict=True, assign=True)
-    model.probe_name = name
-    model.authors_format = {"format": "lr-attnres", "repository": "jon123boss/LR-AttnRes",
-                            "step": payload.get("step"), "tokens_processed": payload.get("tokens_processed"),
-                            "n_params": sum(p.numel() for p in model.parameters())}
-    return model.eval()
+    return assemble(pc, mapped, dtype, name, "model_args", {
+        "format": "lr-attnres", "repository": "jon123boss/LR-AttnRes", "step": payload.get("step"),
+        "tokens_processed": payload.get("tokens_processed")})

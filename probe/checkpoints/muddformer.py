@@ -225,7 +225,6 @@ def load_mudd(folder, *, name: str | None = None, dtype=None):
     import torch
 
     from probe.models.config import ProbeConfig
-    from probe.models.model import ProbeForCausalLM
 
     folder = Path(folder)
     name = name or str(folder)
@@ -242,16 +241,26 @@ def load_mudd(folder, *, name: str | None = None, dtype=None):
     check_memory(stored_bytes, n_stored, dtype, name)
     theirs = read_weights(folder, name)
     mapped = map_state_dict(theirs, pc, config["model_type"], name)
+    return assemble(pc, mapped, dtype, name, "the config", {"format": config["model_type"],
+                                                            "repository": "Caiyun-AI/MUDDFormer"})
+
+
+def assemble(pc, mapped: dict, dtype, name: str, implied_by: str, authors_format: dict):
+    """probe's model of ``pc`` holding the mapped weights (cast to ``dtype``; shapes checked against what
+    ``implied_by`` implies, one line on a mismatch), in eval mode, its authors' format recorded."""
+    import torch
+
+    from probe.models.model import ProbeForCausalLM
+
     with torch.device("meta"):
         model = ProbeForCausalLM(pc)
     expected = model.state_dict()
     for k, v in mapped.items():
         if tuple(v.shape) != tuple(expected[k].shape):
-            raise AuthorsFormatError(f"{name}: weight for {k} has shape {tuple(v.shape)}, the config implies "
+            raise AuthorsFormatError(f"{name}: weight for {k} has shape {tuple(v.shape)}, {implied_by} implies "
                                      f"{tuple(expected[k].shape)}")
     model.load_state_dict({k: v.to(dtype) for k, v in mapped.items()}, strict=True, assign=True)
     model.probe_name = name
-    model.authors_format = {"format": config["model_type"], "repository": "Caiyun-AI/MUDDFormer",
-                            "n_params": sum(p.numel() for p in model.parameters())}
+    model.authors_format = {**authors_format, "n_params": sum(p.numel() for p in model.parameters())}
     return model.eval()
 

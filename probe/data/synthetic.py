@@ -378,21 +378,25 @@ def parse_synthetic(name: str, base: BigramBackcopy | None = None) -> BigramBack
     if m["task"] not in TASKS:
         raise ValueError(f"unknown synthetic task {m['task']!r} in {name!r}; choose one of: {', '.join(TASKS)}")
     values = {k: getattr(base or BigramBackcopy(), k) for k in KEYS}
-    given = set()
-    parts = m["args"].split(",") if m["args"] and m["args"].strip() else []
-    for part in parts:
+    return BigramBackcopy(**{**values, **_integer_args(m["args"], name, KEYS)})
+
+
+def _integer_args(args: str | None, name: str, keys) -> dict[str, int]:
+    """The ``key=N,...`` inside a synthetic name's brackets, each key one of ``keys`` at most once (one-line errors
+    naming the bad part and the valid keys)."""
+    values: dict[str, int] = {}
+    for part in args.split(",") if args and args.strip() else []:
         key, eq, value = (s.strip() for s in part.partition("="))
         if not eq or not key:
-            raise ValueError(f"{part.strip()!r} in {name!r} is not key=value; keys: {', '.join(KEYS)}")
-        if key not in KEYS:
-            raise ValueError(f"unknown key {key!r} in {name!r}; valid keys: {', '.join(KEYS)}")
-        if key in given:
+            raise ValueError(f"{part.strip()!r} in {name!r} is not key=value; keys: {', '.join(keys)}")
+        if key not in keys:
+            raise ValueError(f"unknown key {key!r} in {name!r}; valid keys: {', '.join(keys)}")
+        if key in values:
             raise ValueError(f"key {key!r} given twice in {name!r}")
         if not re.fullmatch(r"[+-]?\d+", value):
             raise ValueError(f"{key}={value!r} in {name!r} must be an integer")
         values[key] = int(value)
-        given.add(key)
-    return BigramBackcopy(**values)
+    return values
 
 
 def is_token_domain(name) -> bool:
@@ -408,20 +412,8 @@ def parse_token_domain(name: str) -> TokenDomain:
     if m is None or m["task"] not in TOKEN_DOMAINS:
         raise ValueError(f"{name!r} is not a token domain name; write synthetic:random[T=64,n=100,seed=0] or "
                          "synthetic:repeat[T=64,n=100,token=ID]")
-    kind, keys, values = m["task"], TOKEN_KEYS[m["task"]], {}
-    parts = m["args"].split(",") if m["args"] and m["args"].strip() else []
-    for part in parts:
-        key, eq, value = (s.strip() for s in part.partition("="))
-        if not eq or not key:
-            raise ValueError(f"{part.strip()!r} in {name!r} is not key=value; keys: {', '.join(keys)}")
-        if key not in keys:
-            raise ValueError(f"unknown key {key!r} in {name!r}; valid keys: {', '.join(keys)}")
-        if key in values:
-            raise ValueError(f"key {key!r} given twice in {name!r}")
-        if not re.fullmatch(r"[+-]?\d+", value):
-            raise ValueError(f"{key}={value!r} in {name!r} must be an integer")
-        values[key] = int(value)
-    return TokenDomain(kind, **values)
+    kind = m["task"]
+    return TokenDomain(kind, **_integer_args(m["args"], name, TOKEN_KEYS[kind]))
 
 
 __all__ = ["TokenDomain", "TokenDomainWindows", "parse_token_domain", "is_token_domain", "TOKEN_DOMAINS",

@@ -33,6 +33,9 @@ not), kjv, one window per T, seconds / peak RSS GB:
 costs about 4x, 154 s at 8k.) Peak RSS at 32k is 2.78 GB, within the 4 GB goal (before the rule masks: 11.3 GB and
 15 min 23 s for `probe sinks --ctx 32768 --data kjv`); the time goal, 1.15x the model's own forward, is not met at
 32k (1.48x): the row masses recompute each layer's q.k scores after the forward has computed them once.
+Rerun at 13:59 at load 1-4 (--ctx 4096 8192): sinks 40.2 / 94.5 s, probe forward 20.9 / 50.7 s, HF forward
+11.0 / 73.9 s; interleaved in one process at 4096 the probe forward took 18.8 and 23.7 s, the HF forward 27.8 and
+34.5 s: on this machine a single time is worth a factor of two.
 """
 from __future__ import annotations
 

@@ -1,14 +1,17 @@
-"""The one-way dependency order (README "Architecture"), read off the source: no import against it, no import circle between files or
-between packages. Function-level imports count like top-level ones (a lazy import is still a dependency)."""
+"""The one-way dependency order (docs/architecture.md), read off the source: no import against it, no import circle
+between files or between packages. Function-level imports count like top-level ones (a lazy import is still a
+dependency). The level table of docs/architecture.md is this test's LEVELS."""
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "probe"
+PAGE = PACKAGE.parent / "docs" / "architecture.md"
 
 # A <- B means B may import A. Each top-level package or module of probe sits on one level; a unit may import units of
 # its own level or below, never above. The root ``probe/__init__.py`` (lazy ``probe.load`` / ``probe.materialize``) is
@@ -103,6 +106,21 @@ EDGES = _edges(MODULES)
 def test_every_unit_has_a_level():
     units = {_unit(m) for m in MODULES} - {None}
     assert units - set(LEVELS) == set(), "place each new top-level package or module on a level in LEVELS"
+
+
+def page_levels(text: str) -> dict[str, int]:
+    """{unit: level} from the level table of docs/architecture.md (rows ``| N | `unit`, `unit` | ... |``)."""
+    found = {}
+    for level, units in re.findall(r"^\| (\d) \| ([^|]+) \|", text, re.M):
+        for unit in re.findall(r"`(\w+)`", units):
+            found[unit] = int(level)
+    return found
+
+
+def test_the_architecture_page_shows_these_levels():
+    assert page_levels(PAGE.read_text(encoding="utf-8")) == LEVELS
+    moved = PAGE.read_text(encoding="utf-8").replace("| 5 | `jobs`, `train` |", "| 5 | `jobs` |\n| 6 | `train` |")
+    assert page_levels(moved) != LEVELS  # a unit put on another level is seen
 
 
 def test_imports_follow_the_one_way_order():

@@ -1,7 +1,7 @@
 """Analyses, pages and verbs read what a mechanism does (ModelInfo's capability fields, declared by the gate registry
 and the model), never its name: no module under probe/analyses, probe/present or probe/cli compares a gate, variant,
-depth or abstention name with a string literal. A new mechanism registered the README's way is then analysed as its
-declaration says, without editing an analysis."""
+depth or abstention name with a string literal. A new mechanism registered the way docs/how-to/adding-a-mechanism.md
+says is then analysed as its declaration says, without editing an analysis."""
 import ast
 from pathlib import Path
 

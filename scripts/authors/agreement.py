@@ -1,5 +1,6 @@
-"""Print the README's "Agreement with the authors" table: probe against every golden fixture, max |difference| over
-all compared outputs (logits, mixing weights, read-site outputs), fp64 and fp32. Runs in the project's venv:
+"""Print the table of docs/results/agreement.md ("Agreement with the authors"): probe against every golden fixture,
+max |difference| over all compared outputs (logits, mixing weights, read-site outputs), fp64 and fp32. Runs in the
+project's venv:
 
     python scripts/authors/agreement.py
 """

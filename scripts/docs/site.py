@@ -3,8 +3,6 @@ from the sources they document, so nothing on the site is a hand-made copy.
 
 Directives (HTML comments, so a page read on GitHub shows nothing where they stand):
 
-    <!-- readme: heading "Training and the zoo" -->        a README section, its own heading left out
-    <!-- readme: from "**`probe report`**" until "**Many processes" -->   README lines from one start to the next
     <!-- cli-reference -->                                 every verb's and recipe's flags, from the live parser
     <!-- include "CHANGELOG.md" -->                         a repository file, its title left out
 
@@ -17,9 +15,9 @@ Code-block marks (on the line just above a fence; tests/docs/test_code_blocks.py
                                                            strings must occur there)
     <!-- parsed -->                                        a list of probe commands, each parsed by probe's parser
 
-Run as a script it prints one page's expanded markdown: ``python scripts/docs/site.py docs/how-to/gemma.md``; with
-``--materialize`` it writes the README parts into the pages themselves (the move of those sections out of the README,
-which then keeps what a newcomer needs first and links here; the README sections are deleted by hand after it).
+The pages hold their own text (the README's reference sections moved here; the README keeps what a newcomer needs
+first and links to these pages). Run as a script it prints one page's expanded markdown:
+``python scripts/docs/site.py docs/reference/cli.md``.
 """
 from __future__ import annotations
 
@@ -30,9 +28,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-DIRECTIVE = re.compile(r"^<!-- readme: (?:heading \"(?P<heading>[^\"]+)\"|from \"(?P<start>[^\"]+)\" until "
-                       r"\"(?P<until>[^\"]+)\") -->$", re.M)
 CLI = "<!-- cli-reference -->"
 INCLUDE = re.compile(r"^<!-- include \"(?P<path>[\w./-]+)\" -->$", re.M)
 EXECUTED = re.compile(r"^<!-- executed -->$")
@@ -44,56 +39,17 @@ FENCE = re.compile(r"^(```|~~~)")
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 
 
-class DocsError(ValueError):
-    """A directive that names nothing in its source (the strict build stops on it)."""
-
-
-# ---- README parts
-
-def readme_part(text: str, heading: str | None = None, start: str | None = None, until: str | None = None) -> str:
-    """A README section without its heading (sub-headings lifted so the section's children are h2), or the lines
-    from the one starting with ``start`` up to the next starting with ``until``."""
-    lines = text.splitlines()
-    if heading is not None:
-        found = [i for i, ln in enumerate(lines) if re.fullmatch(r"#{1,6} " + re.escape(heading), ln)]
-        if len(found) != 1:
-            raise DocsError(f"README heading {heading!r}: found {len(found)} times, expected once")
-        level = len(lines[found[0]].split()[0])
-        end = next((i for i in range(found[0] + 1, len(lines)) if _heading_level(lines, i) and
-                    _heading_level(lines, i) <= level), len(lines))
-        body, shift = lines[found[0] + 1:end], level - 1
-    else:
-        begin = [i for i, ln in enumerate(lines) if ln.startswith(start)]
-        if len(begin) != 1:
-            raise DocsError(f"README line starting {start!r}: found {len(begin)} times, expected once")
-        end = next((i for i in range(begin[0] + 1, len(lines)) if lines[i].startswith(until)), None)
-        if end is None:
-            raise DocsError(f"README line starting {until!r} after {start!r}: not found")
-        body, shift = lines[begin[0]:end], 0
-    out, fenced = [], False
-    for ln in body:
-        if FENCE.match(ln):
-            fenced = not fenced
-        if not fenced and shift and re.match(r"#{2,6} ", ln):
-            ln = ln[shift:]
-        out.append(ln)
-    return "\n".join(out).strip("\n") + "\n"
-
-
-def _heading_level(lines: list[str], i: int) -> int:
-    fenced = sum(1 for ln in lines[:i] if FENCE.match(ln)) % 2
-    m = re.match(r"(#{1,6}) ", lines[i])
-    return 0 if fenced or not m else len(m.group(1))
-
+# ---- included files
 
 def relink(text: str, page: str) -> str:
-    """README links made right for a site page: links into docs/ (pages, anchors, images) relative to ``page`` (a
-    path in docs/), other repository paths shown as code (the site holds only docs/), web links kept."""
+    """An included repository file's links made right for a site page: links into docs/ (pages, anchors, images)
+    relative to ``page`` (a path in docs/), other repository paths shown as code (the site holds only docs/), web
+    links kept."""
     def one(m):
         bang, label, target = m.groups()
         if re.match(r"[a-z]+:", target):
             return m.group(0)
-        if target.startswith("#"):  # a README heading, which may sit on another page of the site: the text alone
+        if target.startswith("#"):  # a heading of the included file, not on this page: the text alone
             return label
         if target.startswith("docs/"):
             rel = posixpath.relpath(target[len("docs/"):], posixpath.dirname(page) or ".")
@@ -150,13 +106,8 @@ def _escape(text: str) -> str:
 
 # ---- pages
 
-def expand(markdown: str, page: str, readme: str | None = None) -> str:
+def expand(markdown: str, page: str) -> str:
     """A page's markdown with its directives filled (``page``: its path under docs/, for links)."""
-    text = README.read_text(encoding="utf-8") if readme is None else readme
-
-    def part(m):
-        return relink(readme_part(text, m["heading"], m["start"], m["until"]), page)
-    markdown = DIRECTIVE.sub(part, markdown)
     markdown = INCLUDE.sub(lambda m: relink(re.sub(r"\A# .*\n", "", (ROOT / m["path"]).read_text(encoding="utf-8")),
                                             page), markdown)
     if CLI in markdown:
@@ -201,17 +152,6 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # the MkDocs h
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    materialize = args[:1] == ["--materialize"]
-    for name in args[materialize:]:
+    for name in sys.argv[1:]:
         path = Path(name).resolve()
-        text = path.read_text(encoding="utf-8")
-        if materialize:  # only the README directives: the CLI reference and included files stay generated
-            page, readme = path.relative_to(ROOT / "docs").as_posix(), README.read_text(encoding="utf-8")
-
-            def part(m, page=page, readme=readme):
-                return relink(readme_part(readme, m["heading"], m["start"], m["until"]), page)
-            path.write_text(DIRECTIVE.sub(part, text), encoding="utf-8")
-            print(f"{name}: README parts written in")
-        else:
-            print(expand(text, path.relative_to(ROOT / "docs").as_posix()))
+        print(expand(path.read_text(encoding="utf-8"), path.relative_to(ROOT / "docs").as_posix()))

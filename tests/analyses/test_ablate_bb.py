@@ -1,5 +1,5 @@
-"""The README's Bigram-Backcopy ablation rows (section "Ablations") rerun from the shipped weights with the command the
-README gives, in this process (``probe.cli.main``), and compared row by row."""
+"""The Bigram-Backcopy ablation rows of docs/reference/analyses.md (section "Ablations") rerun from the shipped weights
+with the command that page gives, in this process (``probe.cli.main``), and compared row by row."""
 import json
 import re
 from pathlib import Path
@@ -8,14 +8,14 @@ import pytest
 
 from probe.cli import main
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "analyses.md"
 COMMAND = ["ablate", "--batches", "4", "--batch-size", "8", "--ablate", "knockout", "value", "evict", "--value",
            "zero", "mean", "swap", "--keep", "0", "1", "4", "--window", "16", "--threads", "1", "--quiet", "--json"]
 
 
-def readme_rows() -> dict[tuple, tuple]:
-    """{(model, 'intervention setting', layer): (clean loss, delta, delta s.e.)} from the README's table."""
-    text = README.read_text(encoding="utf-8")
+def page_rows() -> dict[tuple, tuple]:
+    """{(model, 'intervention setting', layer): (clean loss, delta, delta s.e.)} from the page's table."""
+    text = PAGE.read_text(encoding="utf-8")
     table = text.split("<!-- ablate bb table -->", 1)[1].split("<!-- end of ablate bb table -->", 1)[0]
     rows = {}
     for line in table.strip().splitlines()[2:]:
@@ -25,14 +25,14 @@ def readme_rows() -> dict[tuple, tuple]:
     return rows
 
 
-def test_the_readme_command_is_the_one_this_test_runs():
-    text = " ".join(README.read_text(encoding="utf-8").split())
+def test_the_page_command_is_the_one_this_test_runs():
+    text = " ".join(PAGE.read_text(encoding="utf-8").split())
     assert "probe ablate --model probe/bb-baseline " + " ".join(COMMAND[1:-2]) in text
 
 
 @pytest.mark.parametrize("model", ["probe/bb-baseline", "probe/bb-sinklogit"])
 def test_bigram_backcopy_ablation_rows_reproduce(model, capsys):
-    want = {k: v for k, v in readme_rows().items() if k[0] == model}
+    want = {k: v for k, v in page_rows().items() if k[0] == model}
     assert len(want) == 15  # knockout, three value ablations (every layer and each of 2 layers), 3 evictions
     assert main(["ablate", "--model", model, *COMMAND[1:]]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -74,7 +74,7 @@ def test_massive_top_activations_equal_sun_et_al_and_the_median_is_the_documente
     torch.testing.assert_close(theirs, ref[3], rtol=0, atol=1e-12)  # their number is the lower order statistic
     interpolated = torch.stack([torch.quantile(flat[:, l], 0.5, dim=1) for l in range(L)], 1).mean(0)
     torch.testing.assert_close(torch.tensor(layers["median"].to_numpy()), interpolated, rtol=0, atol=1e-12)
-    assert ((interpolated - ref[3]).abs() > 1e-6).all()  # a real difference (reported in the README table)
+    assert ((interpolated - ref[3]).abs() > 1e-6).all()  # a real difference (docs/results/agreement.md)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 2e-6), (torch.float32, 1e-5)])

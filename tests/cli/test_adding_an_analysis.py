@@ -1,4 +1,4 @@
-'''README "Adding an analysis", followed to the letter: a toy analysis (the mean entropy of the model's next-token
+'''docs/how-to/adding-an-analysis.md, followed to the letter: a toy analysis (the mean entropy of the model's next-token
 distribution per window) as three files, probe/analyses/entropy.py, probe/present/entropy.py and probe/cli/entropy.py
 (written to a temporary folder that is added to those three packages' paths, so they import under exactly those
 names), registered with one line in probe.cli.main.VERBS and one in probe.present.page.DESCRIBED_BY; its verb then
@@ -103,7 +103,7 @@ def toy_analysis(tmp_path, monkeypatch):
         folder.mkdir(parents=True)
         (folder / "entropy.py").write_text(textwrap.dedent(code))
         monkeypatch.setattr(package, "__path__", [*package.__path__, str(folder)])
-    monkeypatch.setitem(VERBS, "entropy", Verb("probe.cli.entropy"))  # README: one line in VERBS
+    monkeypatch.setitem(VERBS, "entropy", Verb("probe.cli.entropy"))  # the guide: one line in VERBS
     monkeypatch.setattr(page, "DESCRIBED_BY", [*page.DESCRIBED_BY, "probe.present.entropy"])  # and in DESCRIBED_BY
     yield
     for name in ("probe.analyses.entropy", "probe.present.entropy", "probe.cli.entropy"):
@@ -117,7 +117,7 @@ def run(argv) -> tuple[int, str]:
     return rc, out.getvalue()
 
 
-def test_a_toy_analysis_added_as_the_readme_says_runs_end_to_end(toy_analysis, tmp_path):
+def test_a_toy_analysis_added_as_the_guide_says_runs_end_to_end(toy_analysis, tmp_path):
     out = tmp_path / "out"
     rc, text = run(["entropy", "--data", "wikitext-2-test", "--batches", "2", "--batch-size", "2", "--ctx", "32",
                     "--quiet", "--out", out])
@@ -155,21 +155,19 @@ def test_the_toy_verb_is_in_help_and_has_the_shared_flags(toy_analysis, capsys):
     assert "--batches" in capsys.readouterr().err
 
 
-def test_the_readme_section_names_what_this_test_uses():
-    """The section and this test stay one recipe: the three files, the two registrations and the helpers it names
-    exist under those names."""
+def test_the_guide_names_what_this_test_uses():
+    """The guide (docs/how-to/adding-an-analysis.md) and this test stay one recipe: the three files, the two
+    registrations and the helpers it names exist under those names."""
     from pathlib import Path
 
     from probe.cli import prepare as prepare_module
     from probe.present import files
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Adding an analysis\n", 1)[1].split("\n## ", 1)[0]
+    section = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "adding-an-analysis.md").read_text(
+        encoding="utf-8")
     for needle in ("probe/analyses/NAME.py", "probe/present/NAME.py", "probe/cli/NAME.py", "`DESCRIBED_BY`",
                    "`VERBS`", "probe.present.files.publish", "probe.cli.prepare.prepare", "`add_parser(sub)`",
                    "`run(args)`", "`TITLE`", "`figures(result)", "`sections(result)", "`text(result)",
                    "`DESCRIPTIONS`", "tests/cli/test_adding_an_analysis.py"):
         assert needle in section, needle
     assert callable(files.publish) and callable(prepare_module.prepare) and isinstance(page.DESCRIBED_BY, list)
-    assert readme.index("## Adding a mechanism") < readme.index("## Adding an analysis") < readme.index(
-        "## Data and licences")

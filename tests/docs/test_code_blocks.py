@@ -1,5 +1,5 @@
-"""Every code block on the documentation site (docs/*.md with the README parts they include, as scripts/docs/site.py
-expands them) is marked on the line above its fence, and the mark is kept:
+"""Every code block on the documentation site (docs/*.md, as scripts/docs/site.py expands them) and in the README is
+marked on the line above its fence, and the mark is kept:
 
 - ``<!-- executed -->``: this test runs it. A python block runs in a fresh namespace; an executed ``text`` block
   right after it is what it must print, line for line (so at the printed precision). A ``console`` block (or
@@ -37,7 +37,7 @@ def _site():
 
 
 site = _site()
-PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
+PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")) + ["../README.md"]  # and the README
 
 
 def blocks(page: str) -> list[dict]:

@@ -1,8 +1,8 @@
 """The documentation site builds with warnings as errors (``mkdocs build --strict``: a dead link or anchor, a page left
-out of the nav, a directive naming no README part, a docstring mkdocstrings cannot read all fail it), works offline
-(no web fonts, scripts or styles from another host), and its generated references are whole: the command-line page
-has every verb and recipe with every flag and choice, the API page every public function and class of the modules it
-documents. The how-to guides hold the README's sections themselves (included at build time, not copied)."""
+out of the nav, a docstring mkdocstrings cannot read all fail it), works offline (no web fonts, scripts or styles from
+another host), and its generated references are whole: the command-line page has every verb and recipe with every
+flag and choice, the API page every public function and class of the modules it documents. The README leads with the
+two commands (the tests' exactly as CI runs them) and links to every page of the site."""
 from __future__ import annotations
 
 import argparse
@@ -106,15 +106,38 @@ def test_the_api_reference_has_every_public_function_and_class(built):
     assert not missing, "not in the API reference:\n" + "\n".join(missing)
 
 
-def test_the_how_to_guides_include_the_readme_sections(built):
+def _nav_pages(nav) -> list[str]:
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, dict):
+        return [p for v in nav.values() for p in _nav_pages(v)]
+    return [p for item in nav for p in _nav_pages(item)]
+
+
+def test_the_readme_leads_with_the_two_commands_and_links_into_the_site():
+    import yaml
+
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for page, heading in [("how-to/gemma.html", "### Real weights offline: Gemma 3 270M"),
-                          ("how-to/adding-an-analysis.html", "## Adding an analysis"),
-                          ("how-to/training.html", "## Training and the zoo")]:
-        body = readme.split(heading + "\n", 1)[1]
-        first = next(ln for ln in body.splitlines() if ln.strip() and not ln.startswith(("<!--", "```")))
-        words = re.sub(r"[`*]", "", re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", first)).split()[:8]
-        assert " ".join(words) in " ".join(_text((built / page).read_text(encoding="utf-8")).split()), page
+    first, second = [b["text"] for b in _site().code_blocks(readme)[:2]]
+    assert first == ("python3 -m venv .venv && . .venv/bin/activate && pip install -e . && "
+                     "probe inject --junk structured --dose 0.4")
+    ci = next(ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if "python -m pytest" in ln)
+    assert second == "python3 -m venv .venv && . .venv/bin/activate && " + ci.replace("pip install -q", "pip install")
+    assert readme.index(second) < readme.index("## What probe is") < readme.index("## Documentation")
+    linked = set(re.findall(r"\]\(docs/([^)#\s]+)\)", readme))
+    assert {page for page in linked if not (ROOT / "docs" / page).is_file()} == set()
+    nav = set(_nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]))
+    assert nav - linked == {"index.md", "changelog.md"}  # the site's home; the changelog is linked as CHANGELOG.md
+    assert len(readme.splitlines()) < 150, "the README keeps what a newcomer needs first; the rest is on the site"
+
+
+def _site():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("probe_docs_site", ROOT / "scripts" / "docs" / "site.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_the_site_opens_offline_in_a_browser(built, tmp_path):

@@ -102,7 +102,7 @@ def test_the_scan_allows_docstrings_comments_and_short_names(source):
     assert hand_built_names(source) == []
 
 
-# every builder against the name the README and docs/definitions.md#hook-namespace document
+# every builder against the name docs/reference/models.md and docs/definitions.md#hook-namespace document
 DOCUMENTED = [
     (names.resid(0, "pre"), "blocks.0.hook_resid_pre"),
     (names.resid(3, "mid"), "blocks.3.hook_resid_mid"),

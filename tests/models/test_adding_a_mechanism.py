@@ -1,5 +1,6 @@
-"""README "Adding a mechanism", kept honest: a new value gate defined here the way a user would (the gate module, its
-registration, a variant name), built, hooked, trained a few steps, saved and reloaded; its parameter roles declared."""
+"""docs/how-to/adding-a-mechanism.md, kept honest: a new value gate defined here the way a user would (the gate
+module, its registration, a variant name), built, hooked, trained a few steps, saved and reloaded; its parameter
+roles declared."""
 import pytest
 import torch
 import torch.nn as nn

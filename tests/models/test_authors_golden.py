@@ -20,7 +20,7 @@ from probe.models.model import ProbeForCausalLM
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "authors"
 FP64_TOL = 1e-10
-FP32_TOL = 1e-4  # fp32 both sides: rounding only (the measured values are in the README)
+FP32_TOL = 1e-4  # fp32 both sides: rounding only (the measured values are in docs/results/agreement.md)
 # the authors' block log-count prior is built as an fp32 tensor even in an fp64 model (log(count) rounded to fp32)
 FP64_TOL_FP32_PRIOR = 1e-6
 

@@ -88,14 +88,14 @@ def find_mechanisms(model, ids: torch.Tensor) -> Mechanisms:
         seen[hook.name] = tuple(x.shape)
 
     points = getattr(model, "hook_dict", {})
-    wanted = [n for n in points if names.attn_point(n) == "v_gate" or n.endswith(".hook_depth_weights")
-              or n.endswith(".dense.hook_weights")]
+    wanted = [n for n in points if names.attn_point(n) == "v_gate" or names.is_depth_weights(n)
+              or names.is_dense_weights(n)]
     if wanted:
         model.run_with_hooks(ids[:1, :min(ids.shape[1], 8)], fwd_hooks=[(n, record) for n in wanted],
                              **loss_forward_kwargs(model))
     gates = [len(s) for n, s in seen.items() if names.attn_point(n) == "v_gate"]
-    sites = [n[: -len(".hook_depth_weights")] for n in seen if n.endswith(".hook_depth_weights")]
-    dense = sorted(names.layer_of(n) for n in seen if n.endswith(".dense.hook_weights"))
+    sites = [names.site_of(n) for n in seen if names.is_depth_weights(n)]
+    dense = sorted(names.layer_of(n) for n in seen if names.is_dense_weights(n))
     return Mechanisms(max(gates) if gates else None, sites, dense)
 
 
@@ -170,8 +170,8 @@ def plan(model, mech: Mechanisms, interventions, *, value_modes=("zero", "mean")
                     out.append(Ablation("evict", f"k={int(k)},w={int(w)}"))
         elif name == "depth":
             if not mech.depth_sites and not mech.dense_layers:
-                raise AblationError(f"model {info.name!r} has no depth routing (no hook_depth_weights or "
-                                    "dense.hook_weights fires): depth-route ablations need AttnRes, S-LR, P-LR, "
+                raise AblationError(f"model {info.name!r} has no depth routing (no depth-routing or dense "
+                                    "mixing weights fire): depth-route ablations need AttnRes, S-LR, P-LR, "
                                     "DenseFormer or MUDD")
             for mode in dict.fromkeys(depth_modes):
                 if mode not in DEPTH_MODES:
@@ -287,7 +287,7 @@ def _depth_hooks(model, setting: str, sites: list[str]) -> list:
                 one_hot[..., -1] = 1.0  # the latest block state: a plain residual stream
                 return one_hot
 
-            hooks.append((site + ".hook_weights", dense))
+            hooks.append((names.dense(names.layer_of(site)), dense))
             continue
         drop = [category(lab) == setting.split(":", 1)[1] for lab in source_labels(model, site)] \
             if setting.startswith("drop:") else None

@@ -25,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from probe.checkpoints.muddformer import AuthorsFormatError, assemble, check_memory
+from probe.hooks import names
 
 # the file name their train.py uploads (upload_full_run_checkpoint) and their loaders look for first
 CHECKPOINT_FILE = "final_model.pt"
@@ -146,8 +147,8 @@ def interleaved_to_half(w, n_heads: int):
 def site_of_residual_index(t: int, n_layers: int) -> str:
     """Their residual index t (the read before sub-layer t; 2L: before the final norm) -> probe's read site."""
     if t == 2 * n_layers:
-        return "final_read"
-    return f"blocks.{t // 2}.{'mlp' if t % 2 else 'attn'}_read"
+        return names.read_site(None)
+    return names.read_site(t // 2, "mlp" if t % 2 else "attn")
 
 
 def map_state_dict(theirs: dict, config, args: dict, name: str = "checkpoint") -> dict:
@@ -175,7 +176,7 @@ def map_state_dict(theirs: dict, config, args: dict, name: str = "checkpoint") -
     if plr:
         out["embed_key.weight"] = get("transformer.lrid_embedding_key.proj.weight")
     for l in range(c.n_layers):
-        p, a = f"blocks.{l}.", f"transformer.layers.{l}."
+        p, a = names.block(l) + ".", f"transformer.layers.{l}."
         qkv = get(a + "attn.c_attn.weight")
         out[p + "attn.q_proj.weight"] = interleaved_to_half(qkv[:d], c.n_heads)
         out[p + "attn.k_proj.weight"] = interleaved_to_half(qkv[d:2 * d], c.n_heads)

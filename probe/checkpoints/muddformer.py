@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from probe.hooks import names
+
 MODEL_TYPES = ("muddformer", "muddpythia")
 # config.json keys read (and checked) below; the rest of PretrainedConfig's own keys carry no architecture
 ARCHITECTURE_KEYS = {"block_size", "vocab_size", "n_layer", "n_head", "dim", "intermediate_size", "n_local_heads",
@@ -140,7 +142,7 @@ def map_state_dict(theirs: dict, config, kind: str, name: str = "checkpoint") ->
         take(f"norm.{p}", f"ln_f.{p}")
     ffn = {"w1": "up", "w2": "down"} if pythia else {"w1": "gate", "w3": "up", "w2": "down"}
     for l in range(c.n_layers):
-        a, b = f"layers.{l}.", f"blocks.{l}."
+        a, b = f"layers.{l}.", names.block(l) + "."
         for x in "qkvo":
             for p in ("weight", "bias") if pythia else ("weight",):
                 take(f"{a}attention.w{x}.{p}", f"{b}attn.{x}_proj.{p}")

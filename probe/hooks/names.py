@@ -124,6 +124,26 @@ def dense(layer: int) -> str:
     return f"{block(layer)}.dense.hook_weights"
 
 
+def is_depth_weights(hook_name: str) -> bool:
+    """Whether ``hook_name`` is a depth read site's ``hook_depth_weights`` (any site, the final read included)."""
+    site, _, point = hook_name.rpartition(".")
+    return point == "hook_depth_weights" and is_read_site(site)
+
+
+def is_dense_weights(hook_name: str) -> bool:
+    """Whether ``hook_name`` is a DenseFormer / MUDD mix's ``blocks.<l>.dense.hook_weights``."""
+    layer = layer_of(hook_name)
+    return layer is not None and hook_name == dense(layer)
+
+
+def site_of(hook_name: str) -> str:
+    """The read site of a read-site hook: ``site_of('blocks.1.attn_read.hook_depth_weights') == 'blocks.1.attn_read'``."""
+    site = hook_name.rpartition(".")[0]
+    if not is_read_site(site):
+        raise ValueError(f"{hook_name!r} is not a hook of a depth read site")
+    return site
+
+
 def is_read_site(site: str) -> bool:
     if site == FINAL_READ:
         return True

@@ -124,8 +124,11 @@ def _check_run_dir(out: Path, ident: dict) -> bool:
     run = out / RUN_IDENTITY
     if not run.is_file():
         from probe.jobs.lock import LOCK_NAME
+        from probe.writes import TEMP_PREFIX
 
-        if any(p.name != LOCK_NAME for p in out.iterdir()):  # the lock this run holds is no foreign file
+        # the lock this run holds and the temp files of its ranks (torchrun: each writes its token stream) are no
+        # foreign files
+        if any(p.name != LOCK_NAME and not p.name.startswith(TEMP_PREFIX) for p in out.iterdir()):
             raise UsageError(f"--out {str(out)!r} exists and is not a `probe train` run directory; choose a new or "
                              "empty directory")
         return False

@@ -17,7 +17,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-
 from common import build  # benchmarks/common.py (scripts run with benchmarks/ on sys.path)
 
 

@@ -98,7 +98,7 @@ def bench_sink(B, T, H, Hkv, dh, dtype, device, repeat, backends):
             repeat)))
     for backend in backends:
         rows.append((f"sink_attention[{backend}]", timeit(fwd_bwd(
-            lambda: sink_attention(q, k, v, sink=sink, backend=backend).out, ins), repeat)))
+            lambda backend=backend: sink_attention(q, k, v, sink=sink, backend=backend).out, ins), repeat)))
     report(f"sink attention fwd+bwd  B={B} T={T} H={H} Hkv={Hkv} dh={dh} {dtype}", rows, rows[0][0])
 
 
@@ -110,7 +110,7 @@ def bench_depth(S, B, T, d, r, dtype, device, repeat, backends):
     rows = [("naive eager (stack)", timeit(fwd_bwd(lambda: naive_depth(values, keys, query), ins), repeat))]
     for backend in backends:
         rows.append((f"depth_attention[{backend}]", timeit(fwd_bwd(
-            lambda: depth_attention(values, keys, query, backend=backend).h, ins), repeat)))
+            lambda backend=backend: depth_attention(values, keys, query, backend=backend).h, ins), repeat)))
     report(f"depth attention fwd+bwd  S={S} B={B} T={T} d={d} r={r} {dtype}", rows, rows[0][0])
 
 
@@ -122,7 +122,7 @@ def bench_masses(B, T, H, Hkv, dh, device, repeat, backends):
         rows = [("naive eager (T x T)", timeit(lambda: naive_row_masses(q, k, ind, sink), repeat))]
         for backend in backends:
             rows.append((f"row_masses[{backend}]", timeit(
-                lambda: attention_row_masses(q, k, ind, sink=sink, backend=backend), repeat)))
+                lambda backend=backend: attention_row_masses(q, k, ind, sink=sink, backend=backend), repeat)))
     report(f"attention_row_masses fwd  B={B} T={T} H={H} Hkv={Hkv} dh={dh}", rows, rows[0][0])
 
 

@@ -10,7 +10,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-
 TEMP_PREFIX = ".probe-tmp-"  # every staged file and folder starts so: a killed run's leftovers are recognisable
 
 

@@ -35,8 +35,15 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from probe.analyses.capture import (as_windows, describe, finish, loss_forward_kwargs, make_bar, model_device,
-                                    output_losses)
+from probe.analyses.capture import (
+    as_windows,
+    describe,
+    finish,
+    loss_forward_kwargs,
+    make_bar,
+    model_device,
+    output_losses,
+)
 from probe.analyses.parallel import all_sum, batches_of_rank, gather, gather_rows, is_main
 from probe.analyses.stats import with_batch_se
 from probe.hooks import names

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from probe.analyses.parallel import batches_of_rank, gather_rows, is_main
-from probe.progress import progress_bar
 from probe.data.seeding import keyed_generator
 from probe.hooks import names
 from probe.kernels import attention_row_masses
+from probe.progress import progress_bar
 
 
 @dataclass

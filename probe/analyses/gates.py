@@ -20,8 +20,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, make_bar, model_device,
-                                    token_text)
+from probe.analyses.capture import LayerCollector, as_windows, describe, finish, make_bar, model_device, token_text
 from probe.analyses.parallel import batches_of_rank, gather_rows, is_main, reduce_sums
 from probe.analyses.stats import jackknife_se
 

@@ -27,9 +27,19 @@ import math
 import pandas as pd
 import torch
 
-from probe.analyses.capture import (LayerCollector, as_windows, describe, finish, keyed_generator,
-                                    loss_forward_kwargs, model_device, make_bar, output_losses, row_mass_hooks,
-                                    row_masses)
+from probe.analyses.capture import (
+    LayerCollector,
+    as_windows,
+    describe,
+    finish,
+    keyed_generator,
+    loss_forward_kwargs,
+    make_bar,
+    model_device,
+    output_losses,
+    row_mass_hooks,
+    row_masses,
+)
 from probe.analyses.parallel import all_sum, batches_of_rank, gather_rows, is_main, reduce_sums
 from probe.analyses.stats import with_batch_se
 from probe.hooks import names

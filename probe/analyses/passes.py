@@ -13,12 +13,19 @@ A part is a small adapter around its analysis's accumulator (the accumulators ar
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-from probe.analyses.capture import (LayerCollector, StopForward, Windows, make_bar, model_device, row_mass_hooks,
-                                    row_masses)
+from probe.analyses.capture import (
+    LayerCollector,
+    StopForward,
+    Windows,
+    make_bar,
+    model_device,
+    row_mass_hooks,
+    row_masses,
+)
 from probe.analyses.parallel import batches_of_rank, is_main
 
 
@@ -36,7 +43,7 @@ class Part:
     def start(self, windows: Windows, batch: int, ids: torch.Tensor) -> None:
         """Called before the forward of global batch ``batch`` (ids: (B, T) on the model's device)."""
 
-    def on_layer(self, layer: int, got: dict[str, torch.Tensor], masses: "LayerMasses") -> None:
+    def on_layer(self, layer: int, got: dict[str, torch.Tensor], masses: LayerMasses) -> None:
         """A completed layer: ``got`` holds at least the part's hooks; ``masses`` gives shared row masses."""
 
     def end(self) -> None:

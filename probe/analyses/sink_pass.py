@@ -18,8 +18,7 @@ from probe.analyses.capture import Windows, as_windows
 from probe.analyses.dormant import dormant_parts, dormant_result
 from probe.analyses.massive import MassivePart
 from probe.analyses.passes import run_pass
-from probe.analyses.sink_heads import (DEFAULT_EPS, SinkEpsPart, check_protocol_windows, protocol_settings,
-                                       with_protocol)
+from probe.analyses.sink_heads import DEFAULT_EPS, SinkEpsPart, check_protocol_windows, protocol_settings, with_protocol
 from probe.analyses.sinks import SinkPart
 
 

@@ -15,8 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probe.analyses.capture import (StopForward, as_windows, describe, finish, model_device, make_bar,
-                                    run_until_done)
+from probe.analyses.capture import StopForward, as_windows, describe, finish, make_bar, model_device, run_until_done
 from probe.analyses.parallel import batches_of_rank, is_main, reduce_sums
 from probe.hooks import names
 

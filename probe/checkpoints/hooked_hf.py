@@ -17,19 +17,19 @@ the parameters).
 """
 from __future__ import annotations
 
-from abc import abstractmethod
-
 import copy
 import types
+from abc import abstractmethod
 from collections import OrderedDict
 
 import torch
 from torch import nn
-from transformer_lens.hook_points import HookPoint
 from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
 
 from probe.checkpoints import attention as _attn
 from probe.hooks.info import ModelInfo
+
 
 class _AttnHooks(nn.Module):
     def __init__(self, has_sink: bool):

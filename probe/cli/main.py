@@ -32,7 +32,6 @@ from functools import partial
 from importlib import import_module
 
 from probe import __version__
-
 from probe.present.errors import UsageError, UsageParser
 from probe.writes import WriteError
 

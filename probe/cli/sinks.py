@@ -109,7 +109,7 @@ def run_sweep(args: argparse.Namespace, contexts: list[int]) -> int:
                 windows[ctx] = windows_for(dataclasses.replace(run.window_spec, ctx=ctx), run.model)[0]
             except UsageError as e:
                 raise UsageError(f"--ctx {ctx}: {e.one_line()}") from None
-    for ctx, eb in windows.items():
+    for eb in windows.values():
         run.console.note(plan_line("sinks", run.model, eb))
     kw = {"protocol": args.protocol} if getattr(args, "protocol", "pooled") != "pooled" else {}
     result, _ = sink_context_sweep(run.model, windows, eps=list(eps_values(args)), massive=args.massive,

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from probe.cli.flags import self_contained_flag
-from probe.present.options import add_options, positive_int
-from probe.train.config import TrainConfig
 from probe.present.errors import UsageError, first_line
+from probe.present.options import add_options, positive_int
 from probe.runs import FINAL_MODEL, MODEL_CONFIG, RUN_IDENTITY
+from probe.train.config import TrainConfig
 
 if TYPE_CHECKING:
     from probe.data.synthetic import BigramBackcopy
@@ -173,13 +173,13 @@ def run(args: argparse.Namespace) -> int:
     from probe.jobs.inputs import check_data, make_windows, resolve_device, set_threads
     from probe.models import config_for, create
     from probe.present.console import Console
-    from probe.writes import atomic_write
     from probe.present.training import training_text, write_training_page
     from probe.progress import plural
     from probe.train import export_model, find_checkpoint, read_metrics, train
     from probe.train.checkpoint import read_state
     from probe.train.distributed import from_env
     from probe.train.trainer import capped_warmup
+    from probe.writes import atomic_write
 
     console = Console(args.quiet)
     check_data(args.data)

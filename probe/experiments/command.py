@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from probe.present.errors import UsageError, UsageParser
 from probe.experiments import RECIPES, make_config, module, run_recipe
 from probe.jobs.lock import acquire as acquire_lock
+from probe.present.errors import UsageError, UsageParser
 from probe.present.files import check_out_dir
-from probe.writes import WriteError
 from probe.present.options import add_options
-
+from probe.writes import WriteError
 
 PROG = "python -m probe.experiments"
 

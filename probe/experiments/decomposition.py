@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from probe.present.figures import decomposition_figure, paired_figure
 from probe.analyses.gates import gate_stats
 from probe.analyses.stats import abstention_decomposition, paired_differences
 from probe.experiments.paired import Data, TrainSpec, threads, train_grid, work_dir
 from probe.experiments.result import Result, Timer, config_dict
+from probe.present.figures import decomposition_figure, paired_figure
 
 GATE_FORMS = {"norm": ("normgate", "sink+norm"), "proj": ("projgate", "sink+proj")}
 VARIANTS = ("baseline", "sinklogit", "normgate", "projgate", "sink+norm", "sink+proj", "routing-normgate")

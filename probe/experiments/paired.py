@@ -22,11 +22,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from probe.progress import progress_bar
 from probe.data import WindowSampler, eval_batches, load_corpus, load_tokenizer, tokenize_documents
 from probe.experiments.result import check_training_numbers
 from probe.models import create
 from probe.models.config import tier_config
+from probe.progress import progress_bar
 from probe.train.trainer import TrainConfig, evaluate, read_metrics, train
 
 

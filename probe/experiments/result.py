@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+
 from probe import __version__
 from probe.present.files import clean, write_pages
 from probe.present.recipe import recipe_pages

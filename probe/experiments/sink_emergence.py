@@ -40,10 +40,10 @@ from probe.analyses.sink_pass import sink_analyses
 from probe.data.synthetic import BigramBackcopy
 from probe.experiments.result import Result, Timer, check_training_numbers, config_dict
 from probe.models import config_for, create
-from probe.writes import append_line, atomic_write
 from probe.runs import RUN_IDENTITY
 from probe.train import TrainConfig, train
 from probe.train.checkpoint import load_model
+from probe.writes import append_line, atomic_write
 
 VARIANTS = ("baseline", "sinklogit", "normgate", "projgate", "sink+proj", "gatedv")
 
@@ -90,7 +90,7 @@ class EmergenceConfig:
         return BigramBackcopy(vocab=self.vocab, triggers=self.triggers, seed=self.chain_seed, T=self.T)
 
     @classmethod
-    def from_record(cls, record: dict) -> "EmergenceConfig":
+    def from_record(cls, record: dict) -> EmergenceConfig:
         """The config as ``asdict`` wrote it to JSON (a run's emergence.json, a zoo entry's recipe): lists back to
         tuples."""
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in record.items()})

@@ -39,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from plotly.subplots import make_subplots
 
-from probe.progress import progress_bar
 from probe.experiments.result import Result, Timer, config_dict
 from probe.experiments.stats import mean_se
+from probe.progress import progress_bar
 
 VARIANTS = ("baseline", "offbyone", "normgate", "oracle")
 KEYS = ("blind", "visible")

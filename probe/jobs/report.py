@@ -26,16 +26,24 @@ from probe import __version__
 from probe.analyses.inject import inject
 from probe.analyses.sink_pass import sink_analyses
 from probe.checkpoints.load import resolve
+from probe.jobs.fingerprints import model_fingerprint
+from probe.jobs.inputs import (
+    KNOWN_HINT,
+    WindowCache,
+    check_data,
+    eval_ctx,
+    injection_plan,
+    load_model,
+    resolve_device,
+    tokenizer_for,
+)
+from probe.jobs.specs import InjectionSpec, ModelSpec, WindowSpec
+from probe.jobs.store import RunStore, shard_name
 from probe.present.console import Console
 from probe.present.errors import UsageError
-from probe.jobs.inputs import (KNOWN_HINT, WindowCache, check_data, eval_ctx, injection_plan, load_model,
-                               resolve_device, tokenizer_for)
-from probe.jobs.fingerprints import model_fingerprint
-from probe.jobs.store import RunStore, shard_name
 from probe.present.files import write_pages
 from probe.present.report import report_page
 from probe.runs import parse_step, snapshot_steps
-from probe.jobs.specs import InjectionSpec, ModelSpec, WindowSpec
 
 TABLES = ("summary", "by_type", "layers", "heads", "batches", "sink_eps", "sink_eps_layers", "injection",
           "injection_batches", "exposure")

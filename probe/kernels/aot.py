@@ -72,7 +72,7 @@ class CompileSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "CompileSpec":
+    def from_json(cls, d: dict) -> CompileSpec:
         return cls(d["kernel"], tuple(map(tuple, d["signature"])), tuple(map(tuple, d["constexprs"])),
                    tuple(d["divisible"]), d["num_warps"], d["num_stages"], tuple(d.get("declared", ())))
 

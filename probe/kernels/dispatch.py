@@ -24,17 +24,22 @@ import functools
 import math
 import os
 import warnings
-from typing import NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
 from probe.kernels.backend import resolve_backend
-from probe.kernels.launch import NoLaunchConfig
 from probe.kernels.depth_attention.reference import check_sources, depth_attention_reference, depth_scores
+from probe.kernels.launch import NoLaunchConfig
 from probe.kernels.sink_attention import edits
 from probe.kernels.sink_attention.reference import sink_attention_reference, visible_mask
-from probe.kernels.sink_attention.row_masses import (row_masses_chunked, row_masses_flash_cpu,
-                                                     row_masses_reference, row_masses_triton)
+from probe.kernels.sink_attention.row_masses import (
+    row_masses_chunked,
+    row_masses_flash_cpu,
+    row_masses_reference,
+    row_masses_triton,
+)
 from probe.kernels.sink_attention.sdpa import _cpu_flash, sink_attention_sdpa
 
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -42,18 +47,18 @@ _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 class AttentionOutput(NamedTuple):
     out: torch.Tensor  # (B, Tq, H, dv) in q.dtype
-    lse: Optional[torch.Tensor]  # (B, H, Tq) fp32, log(exp(sink) + Σ_visible exp(score)); None on sdpa under autograd
-    pattern: Optional[torch.Tensor]  # (B, H, Tq, Tk) fp32 over real keys, rows sum to 1 - phantom (return_pattern)
-    phantom: Optional[torch.Tensor]  # (B, H, Tq) fp32 mass on the phantom key (return_pattern)
+    lse: torch.Tensor | None  # (B, H, Tq) fp32, log(exp(sink) + Σ_visible exp(score)); None on sdpa under autograd
+    pattern: torch.Tensor | None  # (B, H, Tq, Tk) fp32 over real keys, rows sum to 1 - phantom (return_pattern)
+    phantom: torch.Tensor | None  # (B, H, Tq) fp32 mass on the phantom key (return_pattern)
 
 
 class DepthOutput(NamedTuple):
     h: torch.Tensor  # (B, T, d) in values' dtype
     lse: torch.Tensor  # (B, T) fp32
-    weights: Optional[torch.Tensor]  # (B, T, S) fp32 (return_weights)
+    weights: torch.Tensor | None  # (B, T, S) fp32 (return_weights)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401

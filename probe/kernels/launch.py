@@ -188,7 +188,7 @@ def use_device_limits(limits: DeviceLimits | None):
         _limits_override.reset(token)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_limits(index: int) -> DeviceLimits:
     props = torch.cuda.get_device_properties(index)
     shared = getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from probe.hooks.names import layer_of
 
-GATES: dict[str, type["ValueGate"]] = {}
+GATES: dict[str, type[ValueGate]] = {}
 
 
 def register_gate(name: str):

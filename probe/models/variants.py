@@ -10,7 +10,7 @@ import re
 import torch
 
 from probe.catalogue import VARIANTS, Variant
-from probe.models.config import ProbeConfig, tier_config, TIERS
+from probe.models.config import TIERS, ProbeConfig, tier_config
 from probe.models.model import ProbeForCausalLM
 from probe.models.params import count_by_role
 

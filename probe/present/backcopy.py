@@ -1,5 +1,6 @@
 """The Bigram-Backcopy split (Guo et al. 2024): its figure."""
 from __future__ import annotations
+
 import plotly.graph_objects as go
 
 

@@ -14,10 +14,10 @@ import plotly.graph_objects as go
 from probe.analyses.sinks import SINK_FACTOR, SINK_R0
 from probe.analyses.stats import batch_se
 from probe.present.figures import integer_ticks, se_bars, threshold
-from probe.present.sinks import sink_profile_figure
-from probe.present.training import training_figure
 from probe.present.files import show
 from probe.present.page import page
+from probe.present.sinks import sink_profile_figure
+from probe.present.training import training_figure
 from probe.runs import metrics_records
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)

@@ -24,8 +24,8 @@ from safetensors.torch import save_model as save_state
 from torch import nn
 from transformers.utils import logging as hf_logging
 
-from probe.writes import WriteError, atomic_write, check_real_folders, fsync_tree, staging_dir
 from probe.runs import CHECKPOINT
+from probe.writes import WriteError, atomic_write, check_real_folders, fsync_tree, staging_dir
 
 STATE_JSON, STATE_TENSORS = "trainer_state.json", "state.safetensors"
 

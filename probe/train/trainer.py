@@ -22,13 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from probe.writes import append_line, atomic_write
 from probe.progress import progress_bar
 from probe.runs import CHECKPOINT, METRICS, SNAPSHOTS, TRAIN_CONFIG, metrics_records, snapshot_dir
+from probe.writes import append_line, atomic_write
 
 from . import distributed as D
-from .config import TrainConfig
 from .checkpoint import export_model, find_checkpoint, load_checkpoint, load_model, read_state, save_checkpoint
+from .config import TrainConfig
 from .optim import build_optimizer
 from .schedule import lr_factor
 
@@ -132,11 +132,12 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
         raise ValueError(f"batch_size {cfg.batch_size} must divide into world_size {info.world_size} × "
                          f"grad_accum {cfg.grad_accum} equal micro-batches")
     if getattr(sampler, "seed", cfg.seed) != cfg.seed:
-        warnings.warn(f"sampler seed {sampler.seed} != cfg.seed {cfg.seed}: paired runs need the same seed for both")
+        warnings.warn(f"sampler seed {sampler.seed} != cfg.seed {cfg.seed}: paired runs need the same seed for both",
+                      stacklevel=2)
 
     if cfg.warmup >= cfg.steps:
         warnings.warn(f"warmup {cfg.warmup} >= steps {cfg.steps}: the lr would never reach its peak; warming up for "
-                      f"{capped_warmup(cfg.warmup, cfg.steps)} steps instead")
+                      f"{capped_warmup(cfg.warmup, cfg.steps)} steps instead", stacklevel=2)
     warmup, log_every = capped_warmup(cfg.warmup, cfg.steps), log_interval(cfg.log_every, cfg.steps)
     model.to(device)
     optimizer = build_optimizer(model, cfg)
@@ -145,7 +146,7 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
     if ckpt is not None:
         meta = read_state(ckpt)
         if meta.get("config") != _jsonable(cfg):
-            warnings.warn(f"resuming {ckpt} with a different TrainConfig than it was written with")
+            warnings.warn(f"resuming {ckpt} with a different TrainConfig than it was written with", stacklevel=2)
         if meta["step"] >= cfg.steps:  # finished: nothing to train
             load_model(model, ckpt)
             return meta.get("metrics") or {"step": meta["step"]}

@@ -133,7 +133,7 @@ def load_model(model: nn.Module, path: Path):
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     state = {}
     for f in files:
-        state.update(load_file(path / f))
+        state.update(read_tensors(path / f, path))
     missing, unexpected = model.load_state_dict(state, strict=False)
     own = model.state_dict(keep_vars=True)
     loaded = {t.data_ptr() for k, t in own.items() if k in state}
@@ -162,6 +162,19 @@ def read_state(ckpt: Path) -> dict:
         raise ValueError(f"{path} is corrupt ({type(e).__name__}: {str(e).splitlines()[0]}); delete {ckpt} and run "
                          f"again to resume from {CHECKPOINT}.old if it is there, else from step 0") from None
     return meta
+
+
+def read_tensors(file: Path, ckpt: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint's safetensors file; a missing, truncated or damaged one is a ValueError of one line
+    naming it and how to recover (as :func:`read_state`)."""
+    from safetensors import SafetensorError
+
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{file} is corrupt ({type(e).__name__}: {why}); delete {ckpt} and run again to resume from "
+                         f"{CHECKPOINT}.old if it is there, else from step 0") from None
 
 
 def save_checkpoint(out_dir: Path, model: nn.Module, optimizer, sampler, step: int, extra: dict | None = None) -> Path:
@@ -195,7 +208,7 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer=None, sampler=None, 
     path = Path(path)
     load_model(model, path)
     meta = read_state(path)
-    state = unflatten(meta.pop("state"), load_file(str(path / STATE_TENSORS)))
+    state = unflatten(meta.pop("state"), read_tensors(path / STATE_TENSORS, path))
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
     if sampler is not None:

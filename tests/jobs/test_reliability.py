@@ -414,6 +414,25 @@ def test_damaged_state_files_are_one_line_naming_the_file_and_the_way_out(tmp_pa
         read_state(ckpt)
 
 
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_checkpoint_tensor_file_is_one_line_naming_it(tmp_path, damage):
+    import torch
+
+    from probe.models import create
+    from probe.train.checkpoint import STATE_TENSORS, load_checkpoint, load_model, save_checkpoint
+
+    model = create("baseline", tier="tiny", seed=0)
+    sampler = type("S", (), {"state_dict": lambda self: {"count": torch.tensor(3)}})()
+    ckpt = save_checkpoint(tmp_path, model, torch.optim.SGD(model.parameters(), lr=0.1), sampler, step=1)
+    for name in (STATE_TENSORS, "model.safetensors"):
+        f = ckpt / name
+        data = f.read_bytes()
+        f.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x07" * 64)
+        with pytest.raises(ValueError, match=rf"{name} is corrupt .*delete .*checkpoint"):
+            (load_model(model, ckpt) if name == "model.safetensors" else
+             load_checkpoint(ckpt, model, restore_rng=False))
+
+
 def test_resume_refuses_a_changed_training_corpus_naming_both_fingerprints(tmp_path, capsys):
     text, run = tmp_path / "corpus.txt", tmp_path / "run"
     text.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog." * 3 for i in range(40)))

@@ -22,6 +22,7 @@ import pandas as pd
 from probe import __version__
 from probe.checkpoints.load import _hub_config_path, resolve
 from probe.data.windows import WINDOW_MODES
+from probe.jobs.fingerprints import model_fingerprint
 from probe.jobs.inputs import KNOWN_HINT, WindowCache, check_data, load_model, windows_for
 from probe.jobs.specs import ModelSpec, WindowSpec, parse_device_map, parse_max_memory
 from probe.jobs.store import RunStore
@@ -154,7 +155,11 @@ def each_model(recipe: str, names, spec: PretrainedSpec, out, compute, progress:
         gc.collect()
         return {"name": name, "meta": meta, "tables": tables_to_records(tables)}
 
-    records = store.records(names, record, Console(quiet=not progress), recipe)
+    def inputs(name: str) -> dict:  # what a finished model's record was computed from (resume checks it)
+        return {"model": model_fingerprint(name), "windows": cache.fingerprint()}
+
+    with recipe_errors():
+        records = store.records(names, record, Console(quiet=not progress), recipe, fingerprint=inputs)
     return [(r["name"], records_to_tables(r["tables"]), r["meta"]) for r in records]
 
 

@@ -135,6 +135,18 @@ def test_sinks_resume_recomputes_nothing(tmp_path, monkeypatch, gpt_oss, words):
         experiments.run("pretrained-sinks", out, models=(ZOO[0],), data=words, batches=1, batch_size=2, ctx=12)
 
 
+def test_resume_refuses_a_changed_corpus_naming_both_fingerprints(tmp_path):
+    corpus = tmp_path / "words.txt"
+    rng = random.Random(1)
+    corpus.write_text("\n\n".join(" ".join(f"w{rng.randrange(2, 96)}" for _ in range(60)) for _ in range(6)) + "\n")
+    out = tmp_path / "sinks"
+    experiments.run("pretrained-sinks", out, models=(ZOO[0],), data=str(corpus), **WINDOWS)
+    assert len(list((out / "inputs").glob("*.fingerprint"))) == 1
+    corpus.write_text(corpus.read_text().replace("w2 ", "w3 ", 1))
+    with pytest.raises(ValueError, match=r"computed from other inputs.*sha256"):
+        experiments.run("pretrained-sinks", out, models=(ZOO[0],), data=str(corpus), **WINDOWS)
+
+
 def test_injection_resume_recomputes_nothing(tmp_path, monkeypatch):
     out = tmp_path / "inj"
     first = experiments.run("pretrained-injection", out, models=ZOO, doses=DOSES, **WINDOWS)

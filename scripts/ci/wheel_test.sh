@@ -3,7 +3,7 @@
 # data file probe ships (zoo, tokenizer, bundled corpora); install it into a fresh venv (dependencies from pip's
 # cache and the indexes pip is configured with, which the CI install has just used); then, from an empty temporary
 # directory, run the main job on the embedded default, `probe models` and `probe --version`, and check that the
-# probe imported there is the installed one. Fails above WHEEL_TEST_BUDGET seconds (default 180).
+# probe imported there is the installed one. Warns above WHEEL_TEST_BUDGET seconds (default 180).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -78,4 +78,5 @@ grep -q "structured" inject.txt && [ -s inject/inject_results.csv ] && [ -s inje
   || { echo "wheel test: stray files in the working directory: $(ls -A)"; exit 1; }
 took=$((SECONDS - start))
 echo "wheel test: probe --version, probe models and probe inject ran from the wheel; ${took} s"
-[ "$took" -le "$budget" ] || { echo "wheel test: ${took} s is over the ${budget} s budget"; exit 1; }
+# over the budget is reported, not failed: the time depends on the machine's load, what the test checks does not
+[ "$took" -le "$budget" ] || echo "wheel test: WARNING: ${took} s is over the ${budget} s budget"

@@ -17,7 +17,6 @@ from probe.kernels.aot import compile_pairs  # noqa: E402
 from probe.kernels.cases import DTYPES, capture_kinds, ci_cases, full_cases  # noqa: E402
 from probe.kernels.launch import ARCHS, KB, launch_config  # noqa: E402
 
-BUDGET_S = 240.0
 KERNEL_OPS = {"_fwd_kernel": "sink_forward", "_bwd_dkdv_kernel": "sink_backward_dkdv",
               "_bwd_dq_kernel": "sink_backward_dq", "_depth_fwd_kernel": "depth_forward",
               "_depth_bwd_kernel": "depth_backward"}
@@ -71,7 +70,6 @@ def test_every_launch_of_the_listed_shapes_compiles_within_each_arch():
     assert {r.arch for r in results} == set(ARCHS)
     names = {r.spec.name for r in results}
     assert names == set(KERNEL_OPS), names  # forward, both backward kernels, row masses (forward), depth
-    assert wall < BUDGET_S, f"the CI tier took {wall:.0f} s (budget {BUDGET_S:.0f} s)"
 
 
 @pytest.mark.slow

@@ -72,7 +72,8 @@ def main() -> None:
         tb, tp = min(t["battery"]), min(t["plain"])
         # each repeat times both back to back: the median of those ratios shrugs off the machine's slow spells
         ratios = sorted(b / p for b, p in zip(t["battery"], t["plain"]))
-        print(f"{kind:>12}: battery {tb:.2f} s    {n_passes} plain passes {tp:.2f} s    ratio of bests {tb / tp:.3f}    "
+        print(f"{kind:>12}: battery {tb:.2f} s    {n_passes} plain passes {tp:.2f} s    "
+              f"ratio of bests {tb / tp:.3f}    "
               f"median ratio {ratios[len(ratios) // 2]:.3f} [{ratios[0]:.3f}-{ratios[-1]:.3f}] (goal <= 1.15)")
     print(res["results"][["junk", "cutoff", "dose", "delta"]].to_string(index=False))
 

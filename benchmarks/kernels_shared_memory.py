@@ -48,7 +48,8 @@ def captures(archs, with_fp32_256: bool = False):
 def row(when, arch, result, case) -> dict:
     c = dict(result.spec.constexprs)
     return dict(
-        when=when, kernel=result.spec.name + (" (row masses)" if case.op == "row_masses" else ""), dtype=case.dtype, head_dim=case.head_dim, flags=case.flags(), arch=arch,
+        when=when, kernel=result.spec.name + (" (row masses)" if case.op == "row_masses" else ""), dtype=case.dtype,
+        head_dim=case.head_dim, flags=case.flags(), arch=arch,
         blocks="x".join(f"{k.removeprefix('BLOCK_')}{v}" for k, v in c.items() if k.startswith("BLOCK_")),
         num_warps=result.spec.num_warps, num_stages=result.spec.num_stages, shared_bytes=result.shared,
         limit_bytes=ARCHS[arch].shared_bytes, fits=result.fits, registers=result.registers,

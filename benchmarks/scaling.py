@@ -235,8 +235,8 @@ def main() -> None:
         print(f"pythia-160m shape, random weights; {args.windows} window(s) of batch 1 per context; {args.cores} cores "
               f"in all; load average {os.getloadavg()[0]:.1f} at start (a shared, busy machine: times are indicative)")
         if args.ctx:
-            print("\n| pass | T | probe s | probe peak MiB | probe growth MiB | growth / T=first | TL s | TL peak MiB | "
-                  "TL growth MiB | growth / T=first | TL / probe s | TL / probe growth | max diff |")
+            print("\n| pass | T | probe s | probe peak MiB | probe growth MiB | growth / T=first | TL s | "
+                  "TL peak MiB | TL growth MiB | growth / T=first | TL / probe s | TL / probe growth | max diff |")
             print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for name in args.passes:
             base = {}
@@ -266,8 +266,9 @@ def main() -> None:
             for ranks in (1, 2):
                 r = run(job, ranks, args.cores)
                 one = one or r["seconds"]
-                print(f"| {name} | {args.rank_ctx} | 2 | {ranks} x {max(1, args.cores // ranks)} | {r['seconds']:.1f} | "
-                      f"{mib(r['peak'])} | {mib(r['growth'])} | {r['seconds'] / one:.2f} |", flush=True)
+                print(f"| {name} | {args.rank_ctx} | 2 | {ranks} x {max(1, args.cores // ranks)} | "
+                      f"{r['seconds']:.1f} | {mib(r['peak'])} | {mib(r['growth'])} | {r['seconds'] / one:.2f} |",
+                      flush=True)
     print(f"\ntotal {time.perf_counter() - start:.0f} s; load average {os.getloadavg()[0]:.1f} at the end")
 
 

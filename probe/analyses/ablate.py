@@ -62,7 +62,8 @@ DEFAULT_WINDOWS = (64,)
 class Ablation:
     """One condition: an intervention, its setting, and where (every layer / site, or one)."""
     intervention: str  # one of INTERVENTIONS
-    setting: str  # key0 | zero | mean | swap | remove | logit=c | open | closed | k=K,w=W | uniform | residual | drop:cat
+    # key0 | zero | mean | swap | remove | logit=c | open | closed | k=K,w=W | uniform | residual | drop:cat
+    setting: str
     layer: int | None = None  # None: every layer at once
     head: int | None = None  # a KV head (a query head for phantom edits)
     site: str | None = None  # a depth read site (None: every site)

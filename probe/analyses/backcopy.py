@@ -100,8 +100,9 @@ def backcopy_split(model, data, *, triggers=None, progress: bool = False) -> dic
 
     Tables (columns):
 
-    - ``layers``: model, corpus, layer, n_trigger_rows, n_other_rows, prev_at_trigger, bos_at_trigger, phantom_at_trigger,
-      bos_elsewhere, prev_elsewhere, phantom_elsewhere, uniform_at_trigger, uniform_elsewhere, split_score
+    - ``layers``: model, corpus, layer, n_trigger_rows, n_other_rows, prev_at_trigger, bos_at_trigger,
+      phantom_at_trigger, bos_elsewhere, prev_elsewhere, phantom_elsewhere, uniform_at_trigger, uniform_elsewhere,
+      split_score
     - ``heads``: model, corpus, layer, head, n_trigger_rows, n_other_rows, prev_at_trigger, bos_at_trigger,
       phantom_at_trigger, bos_elsewhere, prev_elsewhere, phantom_elsewhere, uniform_at_trigger, uniform_elsewhere,
       split_score

@@ -1,4 +1,5 @@
-"""Attention sinks against context length: `probe sinks --ctx 1024 4096 16384 32768` (docs/definitions.md#context-sweep).
+"""Attention sinks against context length: `probe sinks --ctx 1024 4096 16384 32768`
+(docs/definitions.md#context-sweep).
 
 One :func:`probe.analyses.sink_pass.sink_analyses` per context length T (sink statistics, Sink^ε and, with
 ``massive``, massive activations from one forward per batch), on windows of T tokens; the per-context results are
@@ -74,7 +75,8 @@ def sink_context_sweep(model, windows_by_ctx: dict, *, eps=DEFAULT_EPS, massive:
       epsilon, sink_share
     - ``by_type``: model, corpus, ctx, layer_type, layers, pos0_share, uniform_ref, phantom_share, r0, sink_share,
       key0_mass
-    - ``layers``: model, corpus, ctx, layer, layer_type, pos0_share, uniform_ref, phantom_share, r0, sink_share, key0_mass
+    - ``layers``: model, corpus, ctx, layer, layer_type, pos0_share, uniform_ref, phantom_share, r0, sink_share,
+      key0_mass
     """
     per_ctx = {}
     for ctx, data in windows_by_ctx.items():

@@ -1,6 +1,7 @@
 """FLOP and parameter cost model of depth routing: AttnRes, P-LR and S-LR (LR-AttnRes 2026 Appendix A, Table 1).
 
-Conventions (docs/definitions.md#cost-model), which reproduce every "Added FLOPs (%)" entry of Table 1 to its printed four decimals:
+Conventions (docs/definitions.md#cost-model), which reproduce every "Added FLOPs (%)" entry of Table 1 to its printed
+four decimals:
 
 - There are 2L+1 read sites: one before each of the 2L residual-writing sub-layers and one before the final norm.
   Site t (1-based) has seen t-1 sub-layer outputs.

@@ -1,5 +1,5 @@
-"""Value-gate statistics (docs/definitions.md#gate-statistics, Wang 2026 App. "Selectivity", "Routing-slot control", "What the filter
-removes", "Token identity and content").
+"""Value-gate statistics (docs/definitions.md#gate-statistics, Wang 2026 App. "Selectivity", "Routing-slot control",
+"What the filter removes", "Token identity and content").
 
 For a query row i of head h with pattern a_ij over the real keys and gates g_j of its KV head's reads (hook_v_gate):
     w_ij = a_ij / Σ_k a_ik        m_i = Σ_j w_ij g_j  (mean gate)        selectivity_i = sqrt(Σ_j w_ij (g_j - m_i)²)

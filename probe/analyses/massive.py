@@ -329,7 +329,8 @@ def massive_activations(model, data, *, abs_threshold: float = ABS_THRESHOLD, ra
       top1_pos0_share, n_massive, n_massive_dims, massive_windows, massive_pos0_share, key0_mass, top_mass,
       massive_mass, r0, r_top, r_massive
     - ``top``: model, corpus, layer, hook, rank, batch, row, position, token_id, dim, value, magnitude, ratio, token
-    - ``dims``: model, corpus, layer, hook, dim, count, windows, max_magnitude, mean_ratio, pos0_share, positions, tokens
+    - ``dims``: model, corpus, layer, hook, dim, count, windows, max_magnitude, mean_ratio, pos0_share, positions,
+      tokens
     """
     w = as_windows(data)
     part = MassivePart(model.probe_info, abs_threshold=abs_threshold, ratio_threshold=ratio_threshold, top_k=top_k,

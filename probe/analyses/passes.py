@@ -3,9 +3,9 @@
 Sink statistics, Sink^ε, massive activations and dormant heads all read the same attention hooks (q, k, the sink
 logit, a routing-slot gate) and ask probe.kernels.attention_row_masses for per-row masses; run separately, each would
 pay a full forward of the model per batch. Here each analysis is a *part*: it declares the hooks it needs and receives
-every completed layer, and the pass runs one forward per batch with the union of the parts' hooks. Row masses asked for twice with the same indicator columns (sink statistics and
-Sink^ε both use [key 0, every real key]) are computed once per layer and shared, so each part sees exactly the numbers
-it would compute alone.
+every completed layer, and the pass runs one forward per batch with the union of the parts' hooks. Row masses asked for
+twice with the same indicator columns (sink statistics and Sink^ε both use [key 0, every real key]) are computed once
+per layer and shared, so each part sees exactly the numbers it would compute alone.
 
 A part is a small adapter around its analysis's accumulator (the accumulators are unchanged): the public functions
 ``sink_stats``, ``sink_heads``, ``massive_activations`` and ``dormant_heads`` are this pass with one part, and

@@ -8,17 +8,17 @@ threshold ε when α^{l,h} > ε (Gu et al.'s default ε = 0.3), and
     Sink^ε = (1 / L) Σ_l (1 / H) Σ_h 1[α^{l,h} > ε]
 is the share of sink heads in the model (reported per layer as well, for every ε asked for).
 
-Conventions (docs/definitions.md#rows-and-heads): rows t >= 1 (query 0 sees only key 0). Gu et al.'s score for key k averages over the queries
-i >= k, which for key 0 includes query 0 itself (always 1 - phantom); ``include_query0=True`` reproduces that. The mean
-is pooled over every row of every window (all windows have the same length, so this equals the mean over windows of
-per-window means), then thresholded per head. Beside α the tables report the key-0 share of the *real* mass (a_{t,0} /
-Σ_j a_{t,j}, sinks.py's ``pos0_share``), the phantom share and the causal-uniform reference mean_t 1/(t+1). Standard
-errors (``sink_share_se``, ``key0_mass_se``) are delete-one-batch jackknife estimates over evaluation batches: α and
-the thresholded share are recomputed with each batch left out (a threshold is not a mean of per-batch values). "Key 0"
-is the first position of the window: the first text token (eval windows carry no BOS), or, for the custom
-``sinktoken`` variant, the learned sink token prepended at position 0 (``meta['key0']`` says which). Sliding-window
-layers (gpt-oss) are also reported over the rows whose window contains key 0 (``*_key0`` columns); the sink-head
-decision uses all rows unless ``window_rows='key0'`` is asked for.
+Conventions (docs/definitions.md#rows-and-heads): rows t >= 1 (query 0 sees only key 0). Gu et al.'s score for key k
+averages over the queries i >= k, which for key 0 includes query 0 itself (always 1 - phantom); ``include_query0=True``
+reproduces that. The mean is pooled over every row of every window (all windows have the same length, so this equals the
+mean over windows of per-window means), then thresholded per head. Beside α the tables report the key-0 share of the
+*real* mass (a_{t,0} / Σ_j a_{t,j}, sinks.py's ``pos0_share``), the phantom share and the causal-uniform reference
+mean_t 1/(t+1). Standard errors (``sink_share_se``, ``key0_mass_se``) are delete-one-batch jackknife estimates over
+evaluation batches: α and the thresholded share are recomputed with each batch left out (a threshold is not a mean of
+per-batch values). "Key 0" is the first position of the window: the first text token (eval windows carry no BOS), or,
+for the custom ``sinktoken`` variant, the learned sink token prepended at position 0 (``meta['key0']`` says which).
+Sliding-window layers (gpt-oss) are also reported over the rows whose window contains key 0 (``*_key0`` columns); the
+sink-head decision uses all rows unless ``window_rows='key0'`` is asked for.
 
 Protocols (docs/definitions.md#sink-eps-protocols): ``protocol='pooled'`` (the default) is the form above;
 ``protocol='gu2025'`` is Gu et al.'s released evaluation (sail-sg/Attention-Sink ``eval_sink_open_source.py``): rows
@@ -288,8 +288,8 @@ def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, wi
       key0_mass_se, key0_share_real, phantom_share, uniform_ref, key0, rows, score
     - ``layers``: model, corpus, layer, layer_type, epsilon, n_heads, n_sink_heads, sink_share, sink_share_se,
       n_sink_heads_key0, sink_share_key0, key0_mass, key0_mass_se, key0_share_real, phantom_share, uniform_ref
-    - ``heads``: model, corpus, layer, head, kv_head, layer_type, key0_mass, key0_share_real, phantom_share, uniform_ref,
-      key0_mass_key0, key0_share_real_key0, uniform_ref_key0
+    - ``heads``: model, corpus, layer, head, kv_head, layer_type, key0_mass, key0_share_real, phantom_share,
+      uniform_ref, key0_mass_key0, key0_share_real_key0, uniform_ref_key0
     """
     if method not in ("streaming", "pattern"):
         raise ValueError(f"method={method!r}: choose 'streaming' or 'pattern'")

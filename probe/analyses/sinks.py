@@ -1,4 +1,5 @@
-"""Attention-sink statistics (docs/definitions.md#sink-statistics, Wang 2026 §4.3 and App. "Sink analysis", Tables 14-15).
+"""Attention-sink statistics (docs/definitions.md#sink-statistics, Wang 2026 §4.3 and App. "Sink analysis", Tables
+14-15).
 
 Per attention row i (queries t >= 1):
     pos0_share    = mass on key 0 / mass on the real keys

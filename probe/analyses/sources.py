@@ -1,4 +1,5 @@
-"""Depth routing: effective sources, mean depth heatmap, source counts (LR-AttnRes 2026 §4.5-4.7, docs/definitions.md#effective-sources).
+"""Depth routing: effective sources, mean depth heatmap, source counts (LR-AttnRes 2026 §4.5-4.7,
+docs/definitions.md#effective-sources).
 
 For every read site t (a hook prefix such as ``blocks.1.attn_read``; ``final_read`` last) and every token x, the
 depth weights α_t(x) over the site's sources come from ``{site}.hook_depth_weights`` (B, T, S). Per site:

@@ -1,5 +1,6 @@
-"""Paired comparisons between variants trained with the same seeds (docs/definitions.md#paired-differences, GatedV, Wang 2026 Table 2),
-and standard errors over evaluation batches (of per-batch means; the delete-one jackknife for other statistics).
+"""Paired comparisons between variants trained with the same seeds (docs/definitions.md#paired-differences, GatedV, Wang
+2026 Table 2), and standard errors over evaluation batches (of per-batch means; the delete-one jackknife for other
+statistics).
 
 Inputs are long tables with one row per (variant, seed): columns ``variant``, ``seed`` and a metric (default
 ``loss``, lower is better). An improvement is ``other - variant`` for lower-is-better metrics (positive = better).

@@ -1,7 +1,7 @@
 """Checkpoints by name: ``load`` (name → model), the HF family adapters and ``wrap`` (interop).
 
-``probe.load`` is :func:`probe.checkpoints.load.load` (the module ``load`` keeps its name here). The submodules pull in transformers / TransformerLens, so
-they are imported on first use of a name here.
+``probe.load`` is :func:`probe.checkpoints.load.load` (the module ``load`` keeps its name here). The submodules pull in
+transformers / TransformerLens, so they are imported on first use of a name here.
 """
 from __future__ import annotations
 

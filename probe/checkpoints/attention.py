@@ -67,7 +67,8 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class MaskRules:
     """HF's attention mask as a rule: key j is visible to query i (queries the last Tq of Tk positions, i' = i + Tk
-    − Tq) iff i' − window < j <= i' (window None: j <= i') and ``keep[b, j]``. keep (B, Tk) bool or None (no padding)."""
+    − Tq) iff i' − window < j <= i' (window None: j <= i') and ``keep[b, j]``. keep (B, Tk) bool or None (no
+    padding)."""
     window: int | None = None
     keep: torch.Tensor | None = None
 

@@ -195,7 +195,8 @@ def map_state_dict(theirs: dict, config, args: dict, name: str = "checkpoint") -
     if c.depth != "residual":
         scale = float(args.get("lrid_logit_scale") or 1.0) if lrid else 1.0
         for t in range(1, 2 * c.n_layers + 1):
-            q = get(f"transformer.lrid_queries.{t - 1}")[0] if lrid else get(f"transformer.attn_residuals.{t - 1}.query")
+            q = (get(f"transformer.lrid_queries.{t - 1}")[0] if lrid
+                 else get(f"transformer.attn_residuals.{t - 1}.query"))
             out[site_of_residual_index(t, c.n_layers) + ".query"] = q * scale
         for kind, field in (("alphas", "depth_block_mean"), ("betas", "depth_block_prior")):
             if getattr(c, field + "_learned"):

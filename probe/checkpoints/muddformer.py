@@ -100,7 +100,8 @@ def probe_config_kwargs(config: dict, name: str = "checkpoint") -> dict:
     widths = ffn_widths(int(inter), L)
     kwargs = dict(vocab_size=int(config.get("vocab_size", 32000 if pythia else 50432)), n_layers=L, d_model=d,
                   n_heads=H, n_kv_heads=kv, d_head=d_head, d_mlp=max(widths), d_mlp_layers=widths,
-                  n_ctx=int(config.get("block_size", 2048)), norm_eps=float(config.get("norm_eps", 1e-5 if pythia else 1e-6)),
+                  n_ctx=int(config.get("block_size", 2048)),
+                  norm_eps=float(config.get("norm_eps", 1e-5 if pythia else 1e-6)),
                   rope_theta=float(config.get("rope_base", 10000)), qk_norm=bool(config.get("use_qk_norm", False)),
                   tie_embeddings=False, dense="mudd", mudd_round64=bool(config.get("round64", False)),
                   mudd_expand_last=bool(config.get("expand_last", False)),

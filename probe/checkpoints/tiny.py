@@ -1,4 +1,5 @@
-"""Tiny random HF checkpoints that carry the real architectures' quirks (docs/definitions.md#hf-checkpoints), for offline tests and demos.
+"""Tiny random HF checkpoints that carry the real architectures' quirks (docs/definitions.md#hf-checkpoints), for
+offline tests and demos.
 
 ``build_tiny(family, directory)`` writes ``config.json``, safetensors weights and a word-level tokenizer
 (tokens ``w2 … w{V-1}``) to ``directory`` and returns it. Quirks kept: GPT-NeoX — q|k|v interleaved per head in

@@ -78,7 +78,8 @@ def model_flags(p, default_model: str | None, *, defaults=(8, 8), several_ctx: b
     g.add_argument("--data", metavar="CORPUS", default=None,
                    help="bundled corpus (wikitext-2-test, wikitext-2-valid, shakespeare, kjv, train), a .txt or "
                    ".jsonl[.gz] file, a directory, hf:... (online), or synthetic:bb[vocab=..,triggers=..,seed=..,T=..] "
-                   "(Bigram-Backcopy; bare synthetic:bb = the chain the model trained on), synthetic:random[T=..,n=..,seed=..] or "
+                   "(Bigram-Backcopy; bare synthetic:bb = the chain the model trained on), "
+                   "synthetic:random[T=..,n=..,seed=..] or "
                    "synthetic:repeat[T=..,n=..,token=..] (token ids for any model); default: a "
                    "Bigram-Backcopy model's own chain, else wikitext-2-test")
     g.add_argument("--tokenizer", metavar="NAME", help="tokenizer (default: the model's own, else the shipped "

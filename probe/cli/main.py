@@ -3,7 +3,8 @@
     probe models                                    variants, tiers, zoo and known checkpoint names
     probe sinks   [--model M] [--data D]            attention-sink statistics
     probe inject  --junk structured --dose 0.4      value-noise injection (loss increase) and exposure
-    probe ablate  --ablate knockout value evict     causal interventions: loss change when the sink, phantom, gate or depth route is ablated
+    probe ablate  --ablate knockout value evict     causal interventions: loss change when the sink, phantom, gate or
+                                                    depth route is ablated
     probe sources --model DIR                       effective depth sources of a depth-routed model
     probe gates   [--model M]                       value-gate selectivity and per-token gates
     probe costs   [--tier T | --d --layers --mlp]   FLOP / parameter cost model of depth routing

@@ -1,5 +1,5 @@
-"""``probe report``: the flags as a ``ReportSpec``, the report written by ``probe.jobs.report`` (or shard folders joined by
-``probe.jobs.shards``), its summary on stdout."""
+"""``probe report``: the flags as a ``ReportSpec``, the report written by ``probe.jobs.report`` (or shard folders joined
+by ``probe.jobs.shards``), its summary on stdout."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +17,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g = p.add_argument_group("what to compare")
     g.add_argument("--models", nargs="+", metavar="NAME", help="model names or directories")
     g.add_argument("--checkpoints", metavar="SPEC", help="checkpoints of one model: pythia-160m@step1000,step2000,...")
-    g.add_argument("--shard", metavar="I/N", help="compute only shard I of N (1-based; every N-th model from the I-th): "
+    g.add_argument("--shard", metavar="I/N",
+                   help="compute only shard I of N (1-based; every N-th model from the I-th): "
                    "one job of a job array, e.g. --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT; resumable")
     g.add_argument("--merge", nargs="+", metavar="DIR", help="join the folders of all N shards of one run into --out "
                    "(computes nothing; CSV rows as an unsharded run's)")

@@ -3,15 +3,16 @@
 Training draws windows of ctx+1 tokens at random (with replacement) from one stream in which documents are joined by
 EOS; the sampler's state is a generator state plus a count, so a resumed run sees exactly the windows it would have.
 
-Evaluation uses fixed windows that every model and condition shares (docs/definitions.md#evaluation-windows). Mode ``first`` takes the first ctx+1
-tokens of each document long enough to hold them, visiting documents in a seeded random order, so each window is an
-independent document for the document bootstrap. Mode ``sequential`` continues past one window per document when a
-corpus has too few documents (WikiText-2 test has 60 articles, fewer than 8 x 8 windows): round r takes the r-th
-non-overlapping window of each document, in the same seeded order, so its first round is exactly mode ``first``.
-Mode ``random`` draws windows from the EOS-joined stream (a window may cross a document boundary; its document id is
-that of its first token). Input is ``window[:-1]``, target ``window[1:]``: raw text, or with ``bos_id`` a BOS followed by
-ctx text tokens (the model reads BOS + ctx-1 text tokens, as a model whose tokenizer prepends BOS saw text in training;
-docs/definitions.md#bos-rule). Which models want a BOS is decided by :func:`probe.data.tokenizer.prepends_bos` and the caller.
+Evaluation uses fixed windows that every model and condition shares (docs/definitions.md#evaluation-windows). Mode
+``first`` takes the first ctx+1 tokens of each document long enough to hold them, visiting documents in a seeded random
+order, so each window is an independent document for the document bootstrap. Mode ``sequential`` continues past one
+window per document when a corpus has too few documents (WikiText-2 test has 60 articles, fewer than 8 x 8 windows):
+round r takes the r-th non-overlapping window of each document, in the same seeded order, so its first round is exactly
+mode ``first``. Mode ``random`` draws windows from the EOS-joined stream (a window may cross a document boundary; its
+document id is that of its first token). Input is ``window[:-1]``, target ``window[1:]``: raw text, or with ``bos_id`` a
+BOS followed by ctx text tokens (the model reads BOS + ctx-1 text tokens, as a model whose tokenizer prepends BOS saw
+text in training; docs/definitions.md#bos-rule). Which models want a BOS is decided by
+:func:`probe.data.tokenizer.prepends_bos` and the caller.
 """
 from __future__ import annotations
 
@@ -446,7 +447,8 @@ def _packed_windows(source: DocumentTokens, need: int, w: int, sep: int, name: s
 
 
 def cap_ctx(ctx: int | None, n_ctx: int | None) -> int:
-    """Evaluation context: ``None`` → min(model maximum, 1024) (docs/definitions.md#evaluation-windows); above the model's maximum is an error."""
+    """Evaluation context: ``None`` → min(model maximum, 1024) (docs/definitions.md#evaluation-windows); above the
+    model's maximum is an error."""
     if ctx is None:
         return DEFAULT_MAX_EVAL_CTX if n_ctx is None else min(n_ctx, DEFAULT_MAX_EVAL_CTX)
     if ctx < 2:

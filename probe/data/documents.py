@@ -1,8 +1,8 @@
 """How each bundled text is cut into documents.
 
 Documents matter twice: training windows are drawn from documents joined by EOS, and held-out evaluation takes the first
-window of each document so that a document bootstrap (docs/definitions.md#document-bootstrap) can resample independent units. So a document should
-be a natural unit of the source, long enough to hold a window:
+window of each document so that a document bootstrap (docs/definitions.md#document-bootstrap) can resample independent
+units. So a document should be a natural unit of the source, long enough to hold a window:
 
 - WikiText-2: one Wikipedia article, cut at top-level `` = Title = `` heading lines with a blank line on each side
   (``= = Section = =`` stays inside; formula lines such as `` = 1 <unk> / s = `` inside a paragraph are not headings).

@@ -1,8 +1,8 @@
 """Tokenizers: the shipped 8k byte-level BPE, GPT-2 offline, or any HF tokenizer on disk.
 
-Small models here are trained with an 8192-token BPE (the tiny tier, docs/definitions.md#tiers): a 50k vocabulary makes a 2M-parameter model
-about 5x slower on CPU and puts most of its parameters in the embedding. The shipped ``probe-bpe-8k`` was trained on the
-bundled training mix by ``python -m probe.data.build_tokenizer``.
+Small models here are trained with an 8192-token BPE (the tiny tier, docs/definitions.md#tiers): a 50k vocabulary makes
+a 2M-parameter model about 5x slower on CPU and puts most of its parameters in the embedding. The shipped
+``probe-bpe-8k`` was trained on the bundled training mix by ``python -m probe.data.build_tokenizer``.
 
 Every loader returns a ``transformers.PreTrainedTokenizerFast`` whose ``eos_token`` is set and whose ``name_or_path`` is
 the name recorded in outputs.
@@ -87,7 +87,8 @@ def load_tokenizer(name_or_path: str | os.PathLike = DEFAULT_TOKENIZER):
 
 def prepends_bos(tokenizer) -> bool:
     """Does the tokenizer's encoding of plain text start with its BOS (Gemma, Llama) or not (Pythia, GPT-2, gpt-oss,
-    Qwen, probe-bpe-8k)? The answer decides whether evaluation windows built from text start with a BOS (docs/definitions.md#bos-rule)."""
+    Qwen, probe-bpe-8k)? The answer decides whether evaluation windows built from text start with a BOS
+    (docs/definitions.md#bos-rule)."""
     bos = getattr(tokenizer, "bos_token_id", None)
     if bos is None:
         return False

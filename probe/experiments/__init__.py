@@ -27,8 +27,8 @@ _RECIPES: dict[str, tuple[str, str]] = {  # name -> (module, one-line descriptio
                                            "SiLU and activation placements (Q only, Q/K/V), paired"),
     "value-swap": ("value_swap", "GatedV Table 9: evaluate baseline and GatedV with linear or SiLU values at "
                                  "inference"),
-    "depth-routing": ("depth_routing", "LR-AttnRes 2026 Figure 2/3, §4.7, §4.8: effective sources across ranks and block "
-                                       "counts, S_src, mean gradient norm per variant"),
+    "depth-routing": ("depth_routing", "LR-AttnRes 2026 Figure 2/3, §4.7, §4.8: effective sources across ranks and "
+                                       "block counts, S_src, mean gradient norm per variant"),
     "cross-layer": ("cross_layer", "cross-layer connections: value-residual λ and DenseFormer/MUDD weights per layer, "
                                    "cosine similarity of adjacent layers' inputs"),
     "zero-shot": ("zero_shot", "Wang 2026 Table 12: WikiText-2 perplexity on non-overlapping windows "

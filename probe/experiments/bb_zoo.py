@@ -8,7 +8,8 @@ sweep (``scripts/sink_emergence_sweep.py train``): its last snapshot is the mode
 (``probe experiment sink-emergence ... --variants V``; the recipe's defaults are the run's settings), the recipe, the
 run's identity (``"run"``: the Bigram-Backcopy chain, BOS — what ``probe sinks --model probe/bb-V`` defaults to), the
 evaluation windows and the statistics measured on the shipped weights in fp32 (pos0 ÷ uniform, r0, phantom share per
-layer and the sink-rule verdict, docs/definitions.md#sink-rule), so a test can reload it anywhere and reproduce them. No tokenizer: tokens are ids.
+layer and the sink-rule verdict, docs/definitions.md#sink-rule), so a test can reload it anywhere and reproduce them. No
+tokenizer: tokens are ids.
 """
 from __future__ import annotations
 

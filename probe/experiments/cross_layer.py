@@ -1,4 +1,5 @@
-"""Cross-layer diagnostics (Zhou et al. 2024, Pagliardini et al. 2024, Xiao et al. 2025): mixing weights over training and adjacent-layer similarity.
+"""Cross-layer diagnostics (Zhou et al. 2024, Pagliardini et al. 2024, Xiao et al. 2025): mixing weights over training
+and adjacent-layer similarity.
 
 Trains baseline, value residual (λ and the two-weight ResFormer form), DenseFormer and MUDD with paired seeds and
 reports

@@ -1,4 +1,5 @@
-"""Abstention decomposition over seed-paired trained variants (Wang 2026 Tables 1, 2 and 8; docs/definitions.md#abstention-decomposition).
+"""Abstention decomposition over seed-paired trained variants (Wang 2026 Tables 1, 2 and 8;
+docs/definitions.md#abstention-decomposition).
 
 Trains baseline, sink logit, norm gate, projection gate, sink+norm, sink+proj and the routing-slot norm gate with the
 same seeds (same initial weights where shapes agree, same training windows), evaluates each on the same fixed

@@ -20,9 +20,10 @@ in the training graph; ``run_with_hooks`` and analyses remove only their own, no
 are not parameters: they are not in the state dict and are recorded in the ``moments`` table (and in
 ``model.probe_value_affine``); ``attach_value_affine`` puts them back on a reloaded checkpoint.
 
-Reported: per-seed validation losses; per variant the mean of per-seed perplexities ± SD (docs/definitions.md#perplexity-summary), the relative
-change ΔP against the baseline and against GatedV, improved pairs; the document bootstrap of the mean NLL difference
-of each variant against the baseline; and the calibration moments.
+Reported: per-seed validation losses; per variant the mean of per-seed perplexities ± SD
+(docs/definitions.md#perplexity-summary), the relative change ΔP against the baseline and against GatedV, improved
+pairs; the document bootstrap of the mean NLL difference of each variant against the baseline; and the calibration
+moments.
 """
 from __future__ import annotations
 
@@ -137,7 +138,8 @@ def ppl_table(losses: pd.DataFrame, baseline: str = "baseline", reference: str =
 
 
 def bootstrap_table(window_losses: dict, baseline: str, seeds, n_resamples: int) -> pd.DataFrame:
-    """Document bootstrap (docs/definitions.md#document-bootstrap) of each variant's token-weighted NLL difference from the baseline."""
+    """Document bootstrap (docs/definitions.md#document-bootstrap) of each variant's token-weighted NLL difference from
+    the baseline."""
     rows = []
     variants = sorted({v for v, _ in window_losses} - {baseline})
     for v in variants:

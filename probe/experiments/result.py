@@ -4,9 +4,9 @@ how that lands on disk.
 A recipe is ``run(cfg: SomeConfig) -> Result``. ``Result.save(out)`` writes ``config.json`` (the recipe name, every
 option, the package version, the wall time), one CSV per table, one HTML page per figure and ``report.html`` (the
 headline tables, then every figure), all loading the offline ``plotly.min.js`` written once beside them (or inlining
-it with ``self_contained``), through ``probe.present.files.write_pages``: every file is staged under a temporary name and
-renamed into place, and ``config.json`` is renamed last (only the folder's ``index.html`` follows), so a folder with a
-``config.json`` holds a complete result and an interrupted save leaves no half file.
+it with ``self_contained``), through ``probe.present.files.write_pages``: every file is staged under a temporary name
+and renamed into place, and ``config.json`` is renamed last (only the folder's ``index.html`` follows), so a folder with
+a ``config.json`` holds a complete result and an interrupted save leaves no half file.
 """
 from __future__ import annotations
 

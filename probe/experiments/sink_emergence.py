@@ -6,8 +6,10 @@ rerun continues each run where it stopped, and a finished run only reloads), mea
 
     snapshots.csv     one row per (variant, seed, step, layer): pos0 share ÷ uniform, r0, phantom share, sink logit,
                       Sink^0.3 share of heads, massive activations (top-1 ÷ median, share at BOS), the split
-    summary.csv       one row per (variant, seed, step): the run-level statistics and sink_formed (docs/definitions.md#sink-rule)
-    done_when.csv     the sink-emergence check (docs/definitions.md#sink-emergence-check) at each seed's last two snapshots (baseline sink; sink logit takes its place)
+    summary.csv       one row per (variant, seed, step): the run-level statistics and sink_formed
+                      (docs/definitions.md#sink-rule)
+    done_when.csv     the sink-emergence check (docs/definitions.md#sink-emergence-check) at each seed's last two
+                      snapshots (baseline sink; sink logit takes its place)
     trajectories.html every variant's statistics against step, side by side
 
 The defaults are the sweep's grid point ``lr3e-3`` (scripts/sink_emergence_sweep.py; docs/sink_emergence_sweep.md):
@@ -229,7 +231,8 @@ TRAJECTORIES = (("pos0_ratio", "position-0 share ÷ causal-uniform", 3.0), ("r0"
 
 def trajectory_figure(table: pd.DataFrame) -> go.Figure:
     """Statistics against training step, one column per layer and one line per (variant, seed); dotted lines mark
-    the sink rule's thresholds (3x uniform, r0 0.8; docs/definitions.md#sink-rule). ``table``: ``snapshot_table`` rows of one or more runs."""
+    the sink rule's thresholds (3x uniform, r0 0.8; docs/definitions.md#sink-rule). ``table``: ``snapshot_table`` rows
+    of one or more runs."""
     layers = sorted(table["layer"].unique())
     fig = make_subplots(rows=len(TRAJECTORIES), cols=len(layers), shared_xaxes=True,
                         subplot_titles=[f"layer {l}: {title}" for _, title, _ in TRAJECTORIES for l in layers])
@@ -269,8 +272,9 @@ def summary_table(snapshots: pd.DataFrame) -> pd.DataFrame:
 
 
 def done_when(summary: pd.DataFrame) -> pd.DataFrame:
-    """The sink-emergence check (docs/definitions.md#sink-emergence-check) at each seed's last two baseline snapshots: the baseline has formed a sink (docs/definitions.md#sink-rule), and
-    the sink-logit model at the same step has phantom share > 0.1, a lower pos0 ÷ uniform and an r0 nearer 1."""
+    """The sink-emergence check (docs/definitions.md#sink-emergence-check) at each seed's last two baseline snapshots:
+    the baseline has formed a sink (docs/definitions.md#sink-rule), and the sink-logit model at the same step has
+    phantom share > 0.1, a lower pos0 ÷ uniform and an r0 nearer 1."""
     runs = summary.set_index(["variant", "seed", "step"])
     rows = []
     for seed in sorted(summary["seed"].unique()):

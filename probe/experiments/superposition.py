@@ -11,7 +11,8 @@ Variants (all with the same initial weights and the same training data per seed,
   baseline   s_t = q . W_K k_t / sqrt(dh), a = softmax_t(s), o = sum_t a_t W_V x_t
   offbyone   a phantom key with logit 0 and value 0 joins the softmax
   normgate   each read is multiplied by g_t = sigmoid(beta (||v_t|| / sqrt(dh) - tau)), beta = 8, tau learned
-             (initialised at the median read norm of the initial model, as docs/definitions.md#value-gates describes for the LM gate)
+             (initialised at the median read norm of the initial model, as docs/definitions.md#value-gates describes for
+             the LM gate)
   oracle     the baseline with every irrelevant item's read set to zero by ground truth, in training and evaluation
 
 Every (seed, variant) model is trained independently; for speed their parameters are stacked along leading
@@ -106,7 +107,8 @@ class StackedHeads(torch.nn.Module):
         for s in seeds:  # one draw per seed, shared by its variants (paired)
             g = _gen("init", s, d, dh, R)
             init.append((torch.randn(dh, generator=g), torch.randn(d, dh, generator=g) / math.sqrt(d),
-                         torch.randn(d, dh, generator=g) / math.sqrt(d), torch.randn(dh, R, generator=g) / math.sqrt(dh)))
+                         torch.randn(d, dh, generator=g) / math.sqrt(d),
+                         torch.randn(dh, R, generator=g) / math.sqrt(dh)))
         stack = lambda i: torch.stack([t[i] for t in init])[:, None].repeat(1, V, *[1] * init[0][i].dim())  # noqa: E731
         self.q, self.w_k, self.w_v, self.w_r = (torch.nn.Parameter(stack(i)) for i in range(4))
         self.b_r = torch.nn.Parameter(torch.zeros(len(seeds), V, R))
@@ -143,8 +145,9 @@ class StackedHeads(torch.nn.Module):
 
 @torch.no_grad()
 def set_initial_tau(model: StackedHeads, dicts, cfg: SuperpositionConfig, seeds) -> None:
-    """tau := median ||W_V x|| / sqrt(dh) of the initial model over one batch of items, per seed (docs/definitions.md#value-gates: the choice
-    for the language-model norm gate: half the reads pass at initialisation)."""
+    """tau := median ||W_V x|| / sqrt(dh) of the initial model over one batch of items, per seed
+    (docs/definitions.md#value-gates: the choice for the language-model norm gate: half the reads pass at
+    initialisation)."""
     for i, (f, s) in enumerate(zip(dicts, seeds)):
         x = sample(f, cfg, 256, _gen("tau", s))[0]
         model.tau[i] = ((x @ model.w_v[i, 0]).norm(dim=-1) / math.sqrt(cfg.d_head)).median()
@@ -214,7 +217,8 @@ def train_condition(cfg: SuperpositionConfig, keys: str, load: int, progress=Non
         opt.step()
         if cfg.curve_every and (step % cfg.curve_every == 0 or step == cfg.steps):
             curves += [{"keys": keys, "load": load, "variant": v, "seed": s, "step": step,
-                        "bce": float(per_model[i, j].detach())} for i, s in enumerate(seeds) for j, v in enumerate(variants)]
+                        "bce": float(per_model[i, j].detach())}
+                       for i, s in enumerate(seeds) for j, v in enumerate(variants)]
         if progress is not None:
             progress.update(1)
     eval_data = _batch(dicts, cfg, cfg.n_eval, [_gen("eval", s, load) for s in seeds],

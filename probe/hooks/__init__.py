@@ -1,4 +1,5 @@
-"""The hook vocabulary every probe model speaks: the names of docs/definitions.md#hook-namespace (``names``) and model descriptions (``ModelInfo``).
+"""The hook vocabulary every probe model speaks: the names of docs/definitions.md#hook-namespace (``names``) and model
+descriptions (``ModelInfo``).
 
 Loading checkpoints, the HF adapters and interop with TransformerBridge / nnsight live in ``probe.checkpoints``.
 """

@@ -137,7 +137,8 @@ def is_dense_weights(hook_name: str) -> bool:
 
 
 def site_of(hook_name: str) -> str:
-    """The read site of a read-site hook: ``site_of('blocks.1.attn_read.hook_depth_weights') == 'blocks.1.attn_read'``."""
+    """The read site of a read-site hook:
+    ``site_of('blocks.1.attn_read.hook_depth_weights') == 'blocks.1.attn_read'``."""
     site = hook_name.rpartition(".")[0]
     if not is_read_site(site):
         raise ValueError(f"{hook_name!r} is not a hook of a depth read site")

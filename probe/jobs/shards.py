@@ -4,9 +4,9 @@
 A shard folder is an ordinary, resumable report folder (a ``probe.jobs.store.RunStore``) whose manifest also records
 the whole run's model list and which shard it is (``probe.jobs.report.write_report``). Merging checks that the folders
 are every shard of one run (same settings, same model list, shards 1..N once each, each finished), then writes the
-models' records, the manifest and the tables in the whole run's order: the CSV files equal an unsharded run's, and so does the page apart from plotly's
-random element ids. The merged folder is itself a report folder: `probe report` over it with the same flags finds
-every model done.
+models' records, the manifest and the tables in the whole run's order: the CSV files equal an unsharded run's, and so
+does the page apart from plotly's random element ids. The merged folder is itself a report folder: `probe report` over
+it with the same flags finds every model done.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """What a run is asked to do, as small typed values: the model, its evaluation windows, injection, output.
 
 The CLI turns its flags into these right after parsing (``probe.cli.flags``); the helpers that load a model or build
-windows (``probe.jobs.inputs``), the report and the output functions take them, never an ``argparse.Namespace``. A variant
-of a spec is ``dataclasses.replace(spec, field=value)``. Plain values only: importing this module imports no torch.
+windows (``probe.jobs.inputs``), the report and the output functions take them, never an ``argparse.Namespace``. A
+variant of a spec is ``dataclasses.replace(spec, field=value)``. Plain values only: importing this module imports no
+torch.
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ class WindowSpec:
     ctx: int | None = None  # None: a custom model's training context, HF checkpoints min(1024, maximum)
     mode: str = "auto"  # auto | first | sequential | random
     seed: int = 0
-    bos: bool | None = None  # None: a BOS first when the tokenizer prepends one or the model trained with one (docs/definitions.md#bos-rule)
+    # None: a BOS first when the tokenizer prepends one or the model trained with one (docs/definitions.md#bos-rule)
+    bos: bool | None = None
     protocol: str = "pooled"  # Sink^eps protocol (probe.analyses.sink_heads.PROTOCOLS); gu2025 fixes the windows
 
 

@@ -9,9 +9,9 @@ tiles, 4 warps, 3 stages); the first whose estimated shared memory fits ``limits
 estimate counts what Triton keeps in shared memory for these kernels: every tile that feeds a ``tl.dot`` (operands
 are staged through shared memory), the tiles loaded inside the key / query loop once per pipeline buffer (num_stages
 - 1 buffers on sm_80-89; num_stages on sm_90's wgmma path, taken by 16-bit dots of 64+ rows on 4k warps), the
-layout-conversion scratch of a (rows x keys) probability tile and the row reductions' scratch. It is an upper bound checked against the compiled
-kernels' ``metadata.shared`` for every listed shape on sm_80/86/89/90 (tests/kernels/test_aot_compile.py), so a
-config that the function accepts compiles within the limit on those GPUs.
+layout-conversion scratch of a (rows x keys) probability tile and the row reductions' scratch. It is an upper bound
+checked against the compiled kernels' ``metadata.shared`` for every listed shape on sm_80/86/89/90
+(tests/kernels/test_aot_compile.py), so a config that the function accepts compiles within the limit on those GPUs.
 
 ``use_device_limits(ARCHS["sm_86"])`` makes the launchers choose as on another device (tests, ahead-of-time
 compiles); on CPU under TRITON_INTERPRET=1 the limits are ``INTERPRETER``: no shared memory, small tiles (the

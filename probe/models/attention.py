@@ -1,4 +1,5 @@
-"""One attention module for every inside-a-head mechanism (docs/definitions.md#phantom-key, docs/definitions.md#value-gates; Wang 2026 §3, GatedV).
+"""One attention module for every inside-a-head mechanism (docs/definitions.md#phantom-key,
+docs/definitions.md#value-gates; Wang 2026 §3, GatedV).
 
 Routing side: baseline softmax or a phantom key (off-by-one: logit 0; sink logit: learned b_h). Value side: the value
 residual, then the value gate (probe.models.gates: norm, projection, routing-slot, GatedV SiLU/tanh, G2, GLU), which
@@ -20,7 +21,8 @@ from probe.models.config import ProbeConfig
 from probe.models.gates import apply_gate, make_gate
 from probe.models.layers import RMSNorm, Rotary, project_with_key
 
-# state-dict names before the gates became modules (checkpoints saved before that refactor) -> today's, relative to the attention module
+# state-dict names before the gates became modules (checkpoints saved before that refactor) -> today's, relative to
+# the attention module
 LEGACY_NAMES = {"gate_tau": "gate.tau", "gate_w": "gate.w", "gate_b": "gate.b", "g2_proj.weight": "gate.proj.weight",
                 "v_gate_proj.weight": "gate.proj.weight"}
 
@@ -32,7 +34,8 @@ class Attention(nn.Module):
     def __init__(self, config: ProbeConfig, layer: int, key_rank: int = 0):
         super().__init__()
         c = config
-        self.layer, self.n_heads, self.n_kv, self.d_head, self.d_value = layer, c.n_heads, c.n_kv_heads, c.d_head, c.d_value
+        self.layer, self.n_heads, self.n_kv = layer, c.n_heads, c.n_kv_heads
+        self.d_head, self.d_value = c.d_head, c.d_value
         self.abstention, self.qk_activation = c.abstention, c.qk_activation
         bias = c.linear_bias  # MUDDPythia (GPT-NeoX style); probe's own models are bias-free
         self.q_proj = nn.Linear(c.d_model, c.n_heads * c.d_head, bias=bias)

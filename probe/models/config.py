@@ -1,9 +1,9 @@
 """The configuration of a probe model: one dataclass-like HF config that selects every mechanism.
 
-Mechanisms (docs/definitions.md#mechanisms) are orthogonal switches; `validate()` rejects combinations that make no sense. `value_gate` names
-a registered gate module (gates.py). Tiers are named base architectures (docs/definitions.md#tiers and each paper's tables), listed in
-probe/catalogue.py; `variants.py` names mechanism settings. The attention backend is not configuration: it is chosen
-at run time (probe.kernels.backend).
+Mechanisms (docs/definitions.md#mechanisms) are orthogonal switches; `validate()` rejects combinations that make no
+sense. `value_gate` names a registered gate module (gates.py). Tiers are named base architectures
+(docs/definitions.md#tiers and each paper's tables), listed in probe/catalogue.py; `variants.py` names mechanism
+settings. The attention backend is not configuration: it is chosen at run time (probe.kernels.backend).
 """
 from __future__ import annotations
 
@@ -124,7 +124,8 @@ class ProbeConfig(PretrainedConfig):
         self.linear_bias = bool(linear_bias)
         self.norm_bias = bool(norm_bias)
         self.rotary_dims = None if rotary_dims is None else int(rotary_dims)
-        kwargs.pop("backend", None)  # config.json files saved before the backend became a runtime choice carry it; it is a runtime choice now
+        # config.json files saved before the backend became a runtime choice carry it; it is a runtime choice now
+        kwargs.pop("backend", None)
         kwargs.setdefault("tie_word_embeddings", False)  # tying is done by reusing the embedding matrix
         super().__init__(**kwargs)
         self.validate()
@@ -180,7 +181,8 @@ class ProbeConfig(PretrainedConfig):
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
         if self.depth in ("plr", "slr"):
             if not self.depth_rank or not 0 < self.depth_rank <= self.d_model:
-                raise ValueError(f"depth_rank={self.depth_rank!r} must be in 1..d_model={self.d_model} for depth={self.depth!r}")
+                raise ValueError(f"depth_rank={self.depth_rank!r} must be in 1..d_model={self.d_model} "
+                                 f"for depth={self.depth!r}")
         if self.depth_blocks:
             if self.depth == "residual":
                 raise ValueError("depth_blocks needs depth routing (depth='attnres', 'plr' or 'slr')")
@@ -191,7 +193,8 @@ class ProbeConfig(PretrainedConfig):
                 raise ValueError(f"{field}={getattr(self, field)!r} needs block depth routing (depth_blocks > 0); "
                                  "got depth_blocks=0")
         if self.depth != "residual" and self.dense != "none":
-            raise ValueError(f"depth={self.depth!r} and dense={self.dense!r} both replace the residual stream; pick one")
+            raise ValueError(f"depth={self.depth!r} and dense={self.dense!r} both replace the residual stream; "
+                             "pick one")
         for field in ("mudd_round64", "mudd_expand_last", "dense_stream_norms"):
             if getattr(self, field) and self.dense != "mudd":
                 raise ValueError(f"{field}=True needs dense='mudd'; got dense={self.dense!r}")
@@ -200,7 +203,8 @@ class ProbeConfig(PretrainedConfig):
             raise ValueError(f"d_mlp_layers={self.d_mlp_layers!r} must list one positive width per layer "
                              f"(n_layers={self.n_layers})")
         if self.parallel_residual and self.depth != "residual":
-            raise ValueError(f"parallel_residual=True needs the plain or dense residual stream; got depth={self.depth!r}")
+            raise ValueError("parallel_residual=True needs the plain or dense residual stream; "
+                             f"got depth={self.depth!r}")
         if self.linear_bias and self.depth == "plr":
             raise ValueError("linear_bias=True does not compose with depth='plr' (its routing keys share the output "
                              "projection's matmul)")

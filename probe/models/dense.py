@@ -1,4 +1,5 @@
-"""Dense cross-layer connections over block hidden states (Pagliardini et al. 2024, Xiao et al. 2025; docs/definitions.md#dense-connections).
+"""Dense cross-layer connections over block hidden states (Pagliardini et al. 2024, Xiao et al. 2025;
+docs/definitions.md#dense-connections).
 
 X_0 is the embedding and X_i the output of block i. After block i the next block reads X̄_i = Σ_{j≤i} A_ij X_j.
 DenseFormer: static weights, one stream, one-hot on X_i at init. MUDD: per-token weights for each of the

@@ -1,4 +1,5 @@
-"""Depth routing: AttnRes, P-LR and S-LR read sites over sub-layer outputs (LR-AttnRes 2026 §3; docs/definitions.md#depth-routing).
+"""Depth routing: AttnRes, P-LR and S-LR read sites over sub-layer outputs (LR-AttnRes 2026 §3;
+docs/definitions.md#depth-routing).
 
 Sources are o_0 = the embedding and o_i = each residual-writing sub-layer's output (attention and MLP
 separately). A read site before every sub-layer and before the final norm mixes them with static-query

@@ -1,4 +1,5 @@
-"""Value gates (Wang 2026 §3.3, GatedV; docs/definitions.md#value-gates): one small module each, registered by name for `value_gate=`.
+"""Value gates (Wang 2026 §3.3, GatedV; docs/definitions.md#value-gates): one small module each, registered by name for
+`value_gate=`.
 
 A gate reads the value v_j (B,T,Hkv,dv: the read after any value-residual mix) and the layer's value-stream input x
 (B,T,d), and returns g in fp32, per key and KV head (B,T,Hkv) or per element (B,T,Hkv,dv). Attention fires

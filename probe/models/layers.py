@@ -36,7 +36,8 @@ class Rotary:
     def tables(self, T: int, device, dtype):
         key = (T, str(device), dtype)
         if key not in self._cache:
-            inv = 1.0 / self.theta ** (torch.arange(0, self.d_head, 2, device=device, dtype=torch.float32) / self.d_head)
+            inv = 1.0 / self.theta ** (torch.arange(0, self.d_head, 2, device=device, dtype=torch.float32)
+                                       / self.d_head)
             ang = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv)  # T, dh/2
             ang = torch.cat([ang, ang], dim=-1)  # T, dh
             self._cache[key] = (ang.cos().to(dtype)[:, None, :], ang.sin().to(dtype)[:, None, :])  # T,1,dh

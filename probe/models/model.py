@@ -1,8 +1,8 @@
 """ProbeForCausalLM: an HF PreTrainedModel and a TransformerLens HookedRootModule in one.
 
-Every tensor of docs/definitions.md#hook-namespace that the configured mechanisms produce passes through a HookPoint of that name, so
-`run_with_cache`/`run_with_hooks` work as in TransformerLens, `save_pretrained`/`AutoModelForCausalLM` as in HF.
-Parameters are initialised by the role their module declares (params.py); checkpoints saved under older parameter
+Every tensor of docs/definitions.md#hook-namespace that the configured mechanisms produce passes through a HookPoint of
+that name, so `run_with_cache`/`run_with_hooks` work as in TransformerLens, `save_pretrained`/`AutoModelForCausalLM` as
+in HF. Parameters are initialised by the role their module declares (params.py); checkpoints saved under older parameter
 names load through `from_pretrained` and `load_state_dict` alike (attention.LEGACY_NAMES).
 """
 from __future__ import annotations
@@ -29,7 +29,8 @@ from probe.models.gates import GATES
 from probe.models.layers import make_norm
 from probe.models.params import ROLES, no_decay_names, parameter_roles
 
-# from_pretrained's renaming of checkpoint keys from before the gates became modules (attention.LEGACY_NAMES, anchored to an attention module)
+# from_pretrained's renaming of checkpoint keys from before the gates became modules (attention.LEGACY_NAMES, anchored
+# to an attention module)
 _LEGACY_KEY_MAPPING = {rf"^(blocks\.\d+\.attn\.){re.escape(old)}$": rf"\1{new}" for old, new in LEGACY_NAMES.items()}
 
 

@@ -1,4 +1,5 @@
-"""Parameter roles, declared by the modules that own the parameters (docs/definitions.md#weight-decay: by role, not by rank).
+"""Parameter roles, declared by the modules that own the parameters (docs/definitions.md#weight-decay: by role, not by
+rank).
 
 Each module lists its parameters in a class attribute ``param_roles``: a key is one of its own parameters or a child
 module (all of whose parameters take the role, unless the child declares its own); keys absent in a configuration

@@ -1,7 +1,8 @@
 """Named variants: a name selects mechanism settings on top of a tier's architecture.
 
-Parametric names carry their parameters (docs/definitions.md#depth-routing): attnres-block4, plr-block4-r32, slr-full-r16, ...
-A name without them ("attnres-block", "slr-block") takes the tier's default N and r. `add_variant` names a new setting.
+Parametric names carry their parameters (docs/definitions.md#depth-routing): attnres-block4, plr-block4-r32,
+slr-full-r16, ... A name without them ("attnres-block", "slr-block") takes the tier's default N and r. `add_variant`
+names a new setting.
 """
 from __future__ import annotations
 

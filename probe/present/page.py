@@ -8,7 +8,8 @@ Pages in one folder load one ``plotly.min.js`` written beside them; ``self_conta
 (a 4.8 MB single file). Every folder carries an ``index.html`` rebuilt from all the files in it, so several verbs can
 share one folder.
 
-Only strings are built here; ``probe.present.files.write_pages`` writes them (atomically, through ``probe.writes``) with the folder's support files.
+Only strings are built here; ``probe.present.files.write_pages`` writes them (atomically, through ``probe.writes``) with
+the folder's support files.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ FOLD_ROWS = 20  # a table longer than this is folded: the reader opens the numbe
 # header.
 DESCRIBED_BY = ["probe.present.sinks", "probe.present.sinks_ctx", "probe.present.sink_eps", "probe.present.massive",
                 "probe.present.dormant",
-                "probe.present.inject", "probe.present.ablate", "probe.present.gates", "probe.present.sources", "probe.present.eval",
+                "probe.present.inject", "probe.present.ablate", "probe.present.gates", "probe.present.sources",
+                "probe.present.eval",
                 "probe.present.costs", "probe.present.models", "probe.present.report", "probe.present.training",
                 "probe.present.recipe", "probe.present.viewers"]
 DESCRIPTIONS = {INDEX: "this list", PLOTLY_JS: "plotly.js, loaded by the pages of this folder (offline)"}

@@ -65,7 +65,8 @@ def _verdicts(result: dict) -> list[str]:
     first, last = s.iloc[0], s.iloc[-1]
     lines = [f"T = {int(first['ctx'])} → {int(last['ctx'])}: position 0 takes {first['pos0_share']:.2%} → "
              f"{last['pos0_share']:.2%} of each row's real attention ({first['pos0_over_uniform']:.3g}x → "
-             f"{last['pos0_over_uniform']:.3g}x the causal-uniform reference), r0 {first['r0']:.3g} → {last['r0']:.3g}, "
+             f"{last['pos0_over_uniform']:.3g}x the causal-uniform reference), "
+             f"r0 {first['r0']:.3g} → {last['r0']:.3g}, "
              f"Sink^{first['epsilon']:g} {first['sink_share']:.1%} → {last['sink_share']:.1%} of heads"]
     if "max_magnitude" in s:
         lines.append(f"largest activation {first['max_magnitude']:.4g} → {last['max_magnitude']:.4g}")

@@ -56,7 +56,8 @@ def _display(tok: str) -> str:
 def prepare(model, text_or_ids, *, tokenizer=None, max_tokens: int | None = None):
     """(ids (1, T) on the model's device, token strings per read position, note) for one text; a string is tokenized
     with the model's tokenizer without special tokens; input beyond ``max_tokens`` (default min(1024, the model's
-    context), as the evaluation windows of docs/definitions.md#evaluation-windows; at most the context) is cut and the note says so."""
+    context), as the evaluation windows of docs/definitions.md#evaluation-windows; at most the context) is cut and the
+    note says so."""
     info = model.probe_info
     tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     if isinstance(text_or_ids, str):

@@ -95,7 +95,8 @@ def save_model(model: nn.Module, path: Path):
 
 
 def export_model(model: nn.Module, path: Path, tokenizer=None, root: Path | None = None) -> Path:
-    """A directory that ``probe.load`` / ``--model`` opens: weights (safetensors) + config, and the tokenizer when given.
+    """A directory that ``probe.load`` / ``--model`` opens: weights (safetensors) + config, and the tokenizer when
+    given.
 
     Written into a temporary sibling and renamed into place, so a reader never sees a half-written model. With
     ``root`` (the run folder), a link planted between it and ``path`` (``snapshots -> /elsewhere``) is a WriteError."""

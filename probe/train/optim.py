@@ -1,8 +1,8 @@
 """Optimizers: AdamW with weight decay excluded by role, or Muon for hidden matrices + Adam for the rest.
 
-Weight decay (docs/definitions.md#weight-decay; Wang 2026 appendix "Optimization") applies to parameter tensors of dimension ≥ 2
-that the model does not exclude by role through ``model.no_weight_decay()`` (sink logits, gate τ/w/b, routing queries,
-mixing weights, norms, biases). A model without ``no_weight_decay`` gets the plain ≥2-D rule.
+Weight decay (docs/definitions.md#weight-decay; Wang 2026 appendix "Optimization") applies to parameter tensors of
+dimension ≥ 2 that the model does not exclude by role through ``model.no_weight_decay()`` (sink logits, gate τ/w/b,
+routing queries, mixing weights, norms, biases). A model without ``no_weight_decay`` gets the plain ≥2-D rule.
 
 Muon mode follows LR-AttnRes 2026 §4.1: Muon (lr 1e-3, momentum 0.95, Nesterov, 5 Newton–Schulz steps, decoupled weight
 decay) for the hidden 2-D matrices — decayable by role and not an embedding or the LM head — and Adam without weight

@@ -120,9 +120,9 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
 
     Writes ``out_dir/metrics.jsonl`` and ``out_dir/checkpoint/`` (rank 0 only; the layout is ``probe.runs``). With
     ``resume`` it continues from the checkpoint there — bit-exactly on CPU — and a finished run only loads its final
-    weights into ``model`` and returns its recorded final metrics. ``resume=False`` discards what ``out_dir`` holds. With ``cfg.snapshot_every`` the
-    model (and ``tokenizer``, when given) is also exported to ``out_dir/snapshots/step{N}`` — a training trajectory
-    that ``probe report --checkpoints out_dir`` reads.
+    weights into ``model`` and returns its recorded final metrics. ``resume=False`` discards what ``out_dir`` holds.
+    With ``cfg.snapshot_every`` the model (and ``tokenizer``, when given) is also exported to
+    ``out_dir/snapshots/step{N}`` — a training trajectory that ``probe report --checkpoints out_dir`` reads.
     """
     out_dir = Path(out_dir)
     info = D.setup(cfg.device)

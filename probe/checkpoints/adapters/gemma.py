@@ -9,8 +9,8 @@ and global rotary bases per layer type), as HF passes them to the attention func
 Attention scores are ``q·k · query_pre_attn_scalar^-½`` (not ``d_head^-½``), recorded as ``extra["attn_scale"]``.
 Gemma 2 soft-caps them, ``cap · tanh(scores / cap)``, before the mask; :func:`softcap_attention` fires the same hooks
 as probe's shared attention function with that cap inside ``hook_pattern``, exactly as HF eager does, and without a
-pattern hook computes the capped attention in query blocks (no T x T tensor, docs/definitions.md#long-context). The final-logit
-soft-cap stays in HF's LM head.
+pattern hook computes the capped attention in query blocks (no T x T tensor, docs/definitions.md#long-context). The
+final-logit soft-cap stays in HF's LM head.
 """
 from __future__ import annotations
 

@@ -29,7 +29,8 @@ def check_sources(values, keys, query, bias=None) -> None:
     shape, r = values[0].shape[:-1], query.shape[-1]
     for v, k in zip(values, keys):
         if v.shape != values[0].shape or k.shape[:-1] != shape or k.shape[-1] != r:
-            raise ValueError(f"sources must be (B,T,d) values and (B,T,{r}) keys, got {tuple(v.shape)}, {tuple(k.shape)}")
+            raise ValueError(f"sources must be (B,T,d) values and (B,T,{r}) keys, "
+                             f"got {tuple(v.shape)}, {tuple(k.shape)}")
     if bias is not None and bias.shape != (len(values),):
         raise ValueError(f"bias must have shape ({len(values)},), got {tuple(bias.shape)}")
 
@@ -43,7 +44,8 @@ def depth_scores(keys, query, bias=None, normalize=True, eps=1e-6) -> torch.Tens
 
 
 def depth_attention_reference(values, keys, query, *, bias=None, normalize=True, eps=1e-6, return_weights=False):
-    """values: S x (B,T,d), keys: S x (B,T,r), query (r,) -> (h (B,T,d) in values' dtype, lse (B,T), weights or None)."""
+    """values: S x (B,T,d), keys: S x (B,T,r), query (r,) -> (h (B,T,d) in values' dtype, lse (B,T), weights or
+    None)."""
     check_sources(values, keys, query, bias)
     scores = depth_scores(keys, query, bias, normalize, eps)  # (B, T, S)
     lse = scores.logsumexp(-1)  # (B, T)

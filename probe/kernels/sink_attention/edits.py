@@ -1,4 +1,5 @@
-"""Attention edits the op itself carries out for one call: key-0 knockout and window eviction (docs/definitions.md#ablations).
+"""Attention edits the op itself carries out for one call: key-0 knockout and window eviction
+(docs/definitions.md#ablations).
 
 An analysis arms an edit from a hook that fires just before a layer's attention op (``hook_v_out``: the last
 attention hook before the op, on probe's models and on the HF adapters alike); the next ``probe.kernels.sink_attention``

@@ -10,8 +10,8 @@ Gemma 2's attention-logit soft-cap (s -> cap tanh(s / cap) on scale q.k, before 
 kernel is unchanged) for the row masses; the backward does not (SinkAttentionFunction never passes one).
 
 Backward (FA2 style, no atomics): delta_i = dO_i . O_i - dlse_i;  ds_ij = p_ij (dO_i . v_j - delta_i);
-    dv_j = sum_i p_ij dO_i    dk_j = scale sum_i ds_ij q_i    dbias_j = sum_i ds_ij    (one program per key block, looping
-    over the G query heads of its kv head)     dq_i = scale sum_j ds_ij k_j   (one program per query block)
+    dv_j = sum_i p_ij dO_i    dk_j = scale sum_i ds_ij q_i    dbias_j = sum_i ds_ij    (one program per key block,
+    looping over the G query heads of its kv head)     dq_i = scale sum_j ds_ij k_j   (one program per query block)
     dsink_h = -sum_{b,i} exp(sink_h - lse_i) delta_i   (in PyTorch from lse and delta)
 
 Tiles, warps and stages come from probe.kernels.launch.launch_config for the device's shared memory, chosen once per
@@ -118,8 +118,8 @@ def _fwd_kernel(Q, K, V, SINK, BIAS, O, LSE,
                 sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, so_b, so_t, so_h, sb_b, sb_h,
                 T, H, G, WINDOW, KEEP, scale, CAP, DH, DV,
                 HAS_SINK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_KEEP: tl.constexpr,
-                HAS_CAP: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DH: tl.constexpr,
-                BLOCK_DV: tl.constexpr):
+                HAS_CAP: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h, hk, rows, d_h, d_v = _query_block(pid_m, pid_bh, H, G, BLOCK_M, BLOCK_DH, BLOCK_DV)
     q = _tile(Q + b * sq_b + h * sq_h, rows, d_h, sq_t, T, DH)  # (M, DH)
@@ -249,7 +249,8 @@ def attention_configs(q, v, backward: bool) -> dict:
     return configs
 
 
-def sink_attention_forward(q, k, v, sink, key_bias, window, scale, out_dtype=None, softcap=None, config=None, keep=None):
+def sink_attention_forward(q, k, v, sink, key_bias, window, scale, out_dtype=None, softcap=None, config=None,
+                           keep=None):
     """No autograd. q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv), sink (H,) fp32 or None, key_bias (B,Hkv,T) fp32 or
     None, softcap: float or None, keep: kept first keys (with a window) or None -> out (B,T,H,dv) in out_dtype
     (default q.dtype), lse (B,H,T) fp32.
@@ -268,7 +269,8 @@ def sink_attention_forward(q, k, v, sink, key_bias, window, scale, out_dtype=Non
         bias.stride(0), bias.stride(1),
         T, H, H // Hkv, window or 0, _kept(keep, window), scale, float(softcap or 0.0), dh, dv,
         HAS_SINK=sink is not None, HAS_BIAS=key_bias is not None, HAS_WINDOW=window is not None,
-        HAS_KEEP=_kept(keep, window) > 0, HAS_CAP=softcap is not None, PREC=DOT_PRECISION, **cfg.constexprs(), **cfg.options())
+        HAS_KEEP=_kept(keep, window) > 0, HAS_CAP=softcap is not None, PREC=DOT_PRECISION,
+        **cfg.constexprs(), **cfg.options())
     return out, lse
 
 

@@ -9,6 +9,12 @@ depth weights α_t(x) over the site's sources come from ``{site}.hook_depth_weig
     n_sources = |S_t|;  S_src = Σ_t n_t over the sites with at least two sources (LR-AttnRes 2026 Eq. 17)
 The heatmap is α averaged over tokens, read site x source slot, slots aligned by source identity ('embed', 'attn0',
 'mlp0', ... or 'embed', 'block1', ..., 'partial'); cells a site does not read are NaN.
+
+Dense connections (DenseFormer / MUDD, docs/definitions.md#dense-weights) have no read sites: their mixes after each
+block weigh the block states X_0 (embedding) .. X_{l+1} per stream c, ``blocks.{l}.dense.hook_weights`` (B, T, C, S).
+``dense_weights`` streams their mean and std over tokens per (layer, stream, source), and per (layer, stream) the
+weight on the latest block state, on the embedding, on the earlier block states, their sum and the largest deviation
+of the mean weights from the plain residual (one-hot on the latest state).
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import StopForward, as_windows, describe, finish, make_bar, model_device, run_until_done
-from probe.analyses.parallel import batches_of_rank, is_main, reduce_sums
+from probe.analyses.parallel import batches_of_rank, gather, is_main, reduce_sums
 from probe.hooks import names
 
 
@@ -117,6 +123,29 @@ class SourceAccumulator:
                 "heatmap": heatmap.reset_index()}
 
 
+def stream_hooks(model, w, hook_names: dict, acc, desc: str, progress: bool) -> None:
+    """This rank's windows through the model, ``acc.add(key, tensor)`` for each hook of ``hook_names`` ({hook name:
+    key}) as it fires (the forward stops once all have), then ``acc.merge()`` over ranks."""
+    seen = set()
+
+    def fn(tensor, hook):
+        acc.add(hook_names[hook.name], tensor.detach())
+        seen.add(hook.name)
+        if len(seen) == len(hook_names):
+            raise StopForward  # every hook is read: skip the rest of the forward (final norm, LM head)
+
+    mine = batches_of_rank(len(w))
+    bar = make_bar(len(mine), progress and is_main(), desc)
+    for n in mine:
+        seen.clear()
+        run_until_done(model, w.inputs(n, model_device(model)), [(lambda name: name in hook_names, fn)])
+        if len(seen) != len(hook_names):
+            raise RuntimeError(f"the forward pass fired no {sorted(set(hook_names) - seen)}")
+        bar.update()
+    bar.close()
+    acc.merge()
+
+
 @torch.no_grad()
 def effective_sources(model, data, *, progress: bool = False) -> dict[str, pd.DataFrame]:
     """Depth-routing statistics: tables ``summary`` (S_src, clip value), ``sites`` (per read site), ``heatmap``
@@ -135,28 +164,145 @@ def effective_sources(model, data, *, progress: bool = False) -> dict[str, pd.Da
     sites = depth_sites(info)
     w = as_windows(data)
     acc = SourceAccumulator(sites)
-    hook_names = {names.depth_weights(s): s for s in sites}
-
-    seen = set()
-
-    def fn(tensor, hook):
-        acc.add(hook_names[hook.name], tensor.detach())
-        seen.add(hook.name)
-        if len(seen) == len(hook_names):
-            raise StopForward  # every site is read: skip the final norm and the LM head
-
-    mine = batches_of_rank(len(w))
-    bar = make_bar(len(mine), progress and is_main(), "effective sources")
-    for n in mine:
-        seen.clear()
-        run_until_done(model, w.inputs(n, model_device(model)), [(lambda name: name in hook_names, fn)])
-        if len(seen) != len(hook_names):
-            raise RuntimeError(f"the forward pass fired no hook_depth_weights at {sorted(set(hook_names) - seen)}")
-        bar.update()
-    bar.close()
-    acc.merge()
+    stream_hooks(model, w, {names.depth_weights(s): s for s in sites}, acc, "effective sources", progress)
     meta = describe(model, w, "sources", depth_routing=info.depth_routing, depth_blocks=info.depth_blocks)
     return finish(acc.tables(), meta)
 
 
-__all__ = ["effective_sources", "SourceAccumulator", "entropy", "source_category", "depth_sites"]
+# --- dense connections ----------------------------------------------------------------------------------------
+
+def dense_stream_labels(n_streams: int) -> list[str]:
+    """The streams a dense mix writes, in hook order: MUDD's query, key, value and residual inputs of the next block
+    (C = 4) or the residual stream alone (C = 1: DenseFormer, and MUDD after the last block)."""
+    if n_streams == 4:
+        return ["q", "k", "v", "r"]
+    if n_streams == 1:
+        return ["r"]
+    raise ValueError(f"a dense mix with {n_streams} streams; expected 4 (q, k, v, r) or 1 (r)")
+
+
+def dense_source_labels(n_sources: int) -> list[str]:
+    """Block states a mix after block l weighs: 'embed' (X_0), then 'block<j>' = the output of blocks.<j>."""
+    return ["embed"] + [f"block{j}" for j in range(n_sources - 1)]
+
+
+def dense_layers(model) -> list[int]:
+    """Layers whose dense mix has a ``blocks.<l>.dense.hook_weights`` hook (DenseFormer / MUDD); empty otherwise.
+    dense_weights checks that each of them fires."""
+    return sorted(names.layer_of(n) for n in getattr(model, "hook_dict", {}) if names.is_dense_weights(n))
+
+
+class DenseAccumulator:
+    """Float64 sums over tokens of w - e and (w - e)^2 per (layer, stream, source), e the plain residual's one-hot on
+    the latest block state (the mean adds e back): at the residual the sums are exactly 0, and the variance of weights
+    near e loses no digits to cancellation. A layer's (C, S) comes from the first weights it sees (a rank that saw
+    none learns it from the others when merging)."""
+
+    def __init__(self, layers: list[int]):
+        self.layers = list(layers)
+        self.shapes: dict[int, tuple[int, int]] = {}
+        self.n: dict[int, int] = {}
+        self.s1: dict[int, torch.Tensor] = {}
+        self.s2: dict[int, torch.Tensor] = {}
+
+    @staticmethod
+    def residual(shape) -> torch.Tensor:
+        e = torch.zeros(shape, dtype=torch.float64)
+        e[..., -1] = 1.0
+        return e
+
+    def _allocate(self, layer: int, shape: tuple[int, int]) -> None:
+        self.shapes[layer] = shape
+        self.n[layer] = 0
+        self.s1[layer] = torch.zeros(shape, dtype=torch.float64)
+        self.s2[layer] = torch.zeros(shape, dtype=torch.float64)
+
+    def merge(self) -> None:
+        """Combine the ranks' sums (data-parallel runs; nothing to do in one process)."""
+        for shapes in gather(self.shapes):
+            for layer, shape in shapes.items():
+                if layer not in self.shapes:
+                    self._allocate(layer, shape)
+        for field in ("shapes", "n", "s1", "s2"):  # one key order on every rank
+            setattr(self, field, dict(sorted(getattr(self, field).items())))
+        reduce_sums(self, ("n", "s1", "s2"))
+
+    def add(self, layer: int, weights: torch.Tensor):
+        """weights: (..., C, S) mixing weights of the mix after block ``layer``."""
+        shape = tuple(weights.shape[-2:])
+        if layer not in self.shapes:
+            self._allocate(layer, shape)
+        if shape != self.shapes[layer]:
+            raise ValueError(f"{names.dense(layer)}: weights of shape {tuple(weights.shape)}, expected (..., C, S) = "
+                             f"(..., {self.shapes[layer][0]}, {self.shapes[layer][1]})")
+        c, s = shape
+        d = weights.reshape(-1, c, s).double().cpu() - self.residual(shape)  # N,C,S
+        self.n[layer] += d.shape[0]
+        self.s1[layer] += d.sum(0)
+        self.s2[layer] += (d ** 2).sum(0)
+
+    def mean_std(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std) over tokens, each (C, S) float64."""
+        if not self.n.get(layer):
+            raise RuntimeError(f"no dense weights were captured at {names.dense(layer)}")
+        n = self.n[layer]
+        m = self.s1[layer] / n
+        var = (self.s2[layer] / n - m ** 2).clamp_min(0.0)
+        return m + self.residual(m.shape), var.sqrt()
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        weights, layers = [], []
+        for l in self.layers:
+            mean, std = self.mean_std(l)
+            c, s = self.shapes[l]
+            residual = self.residual((c, s))
+            sources = dense_source_labels(s)
+            for ci, stream in enumerate(dense_stream_labels(c)):
+                for si, source in enumerate(sources):
+                    weights.append({"layer": l, "stream": stream, "source_index": si, "source": source,
+                                    "weight_mean": float(mean[ci, si]), "weight_std": float(std[ci, si])})
+                m = mean[ci]
+                layers.append({"layer": l, "stream": stream, "n_sources": s, "latest_weight": float(m[-1]),
+                               "embed_weight": float(m[0]), "earlier_weight": float(m[1:-1].sum()),
+                               "weight_sum": float(m.sum()),
+                               "residual_distance": float((m - residual[ci]).abs().max()), "n_tokens": self.n[l]})
+        layers = pd.DataFrame(layers)
+        n_streams = max(c for c, _ in self.shapes.values())
+        summary = {"mode": "dense", "n_layers": len(self.layers), "n_streams": int(n_streams),
+                   **{k: float(layers[k].mean()) for k in ("latest_weight", "embed_weight", "earlier_weight",
+                                                           "weight_sum")},
+                   "residual_distance": float(layers["residual_distance"].max())}
+        return {"summary": pd.DataFrame([summary]), "dense_layers": layers, "dense_weights": pd.DataFrame(weights)}
+
+
+@torch.no_grad()
+def dense_weights(model, data, *, progress: bool = False) -> dict[str, pd.DataFrame]:
+    """Dense-connection weights of a DenseFormer / MUDD model (docs/definitions.md#dense-weights), streamed over the
+    windows: tables ``summary``, ``dense_layers`` (per layer and stream), ``dense_weights`` (mean and std over tokens
+    per layer, stream and source block state) and ``meta``.
+
+    Raises ValueError for models without ``blocks.<l>.dense.hook_weights`` hooks; RuntimeError if one does not
+    fire.
+
+    Tables (columns):
+
+    - ``summary``: model, corpus, mode, n_layers, n_streams, latest_weight, embed_weight, earlier_weight, weight_sum,
+      residual_distance
+    - ``dense_layers``: model, corpus, layer, stream, n_sources, latest_weight, embed_weight, earlier_weight,
+      weight_sum, residual_distance, n_tokens
+    - ``dense_weights``: model, corpus, layer, stream, source_index, source, weight_mean, weight_std
+    """
+    info = model.probe_info
+    w = as_windows(data)
+    layers = dense_layers(model)
+    if not layers:
+        raise ValueError(f"model {info.name!r} has no dense connections: no blocks.<l>.dense.hook_weights hooks "
+                         "(DenseFormer / MUDD models have them)")
+    acc = DenseAccumulator(layers)
+    stream_hooks(model, w, {names.dense(l): l for l in layers}, acc, "dense weights", progress)  # each must fire
+    meta = describe(model, w, "sources", depth_routing=info.depth_routing, dense_layers=len(layers))
+    return finish(acc.tables(), meta)
+
+
+__all__ = ["effective_sources", "dense_weights", "DenseAccumulator", "dense_layers", "dense_stream_labels",
+           "dense_source_labels", "SourceAccumulator", "entropy", "source_category", "depth_sites"]

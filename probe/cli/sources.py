@@ -1,12 +1,13 @@
-"""``probe sources``: effective depth sources of a depth-routed model (AttnRes, P-LR, S-LR); shaped for the terminal
-and the page by probe.present.sources."""
+"""``probe sources``: effective depth sources of a depth-routed model (AttnRes, P-LR, S-LR), or the dense-connection
+weights of a DenseFormer / MUDD model; shaped for the terminal and the page by probe.present.sources."""
 from __future__ import annotations
 
 import argparse
 
 from probe.cli.flags import DEFAULT_DEPTH_MODEL, analysis_parser, output_flags
 
-HELP = "effective depth sources and mean depth heatmap of a depth-routed model"
+HELP = ("effective depth sources and mean depth heatmap of a depth-routed model; dense-connection weights of a "
+        "DenseFormer / MUDD model")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -16,22 +17,24 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _depth_routed(model) -> None:
+    from probe.analyses.sources import dense_layers
     from probe.present.errors import UsageError
 
     info = model.probe_info
-    if not info.has_depth_sources:
+    if not info.has_depth_sources and not dense_layers(model):
         raise UsageError(f"model {info.name!r} has no depth routing (depth_routing={info.depth_routing!r}); "
-                         "`probe sources` needs an AttnRes / P-LR / S-LR model, e.g. `probe train --variant "
-                         "attnres-block4`")
+                         "`probe sources` needs an AttnRes / P-LR / S-LR model or dense connections (DenseFormer / "
+                         "MUDD), e.g. `probe train --variant attnres-block4`")
 
 
 def run(args: argparse.Namespace) -> int:
-    from probe.analyses.sources import effective_sources
+    from probe.analyses.sources import dense_weights, effective_sources
     from probe.cli.prepare import start
     from probe.present import sources
     from probe.present.files import publish
 
     run = start(args, DEFAULT_DEPTH_MODEL, "sources", check=_depth_routed)
-    result = effective_sources(run.model, run.windows, progress=run.progress)
+    analysis = effective_sources if run.model.probe_info.has_depth_sources else dense_weights
+    result = analysis(run.model, run.windows, progress=run.progress)
     publish(run.output, "sources", result, sources, run.console)
     return 0

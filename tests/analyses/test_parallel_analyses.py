@@ -56,6 +56,14 @@ def _run(analysis: str, n_batches: int) -> dict[str, pd.DataFrame]:
         return gates.gate_stats(_model("projgate"), data, min_count=2)
     if analysis == "sources":
         return sources.effective_sources(_model("attnres-block4"), data)
+    if analysis == "dense":  # MUDD's per-token weights off their zero init, so the sums are not all 0
+        model = _model("mudd")
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(3)
+            for name, p in model.named_parameters():
+                if name.endswith("dense.w2.weight"):
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+        return sources.dense_weights(model, data)
     if analysis == "sink_heads":
         return sink_heads.sink_heads(_model("baseline"), data)
     if analysis == "massive":
@@ -99,9 +107,9 @@ def _round_trip(tables: dict[str, pd.DataFrame], folder) -> dict[str, pd.DataFra
 
 
 # (batches, ranks) -> analyses: 3 batches over 2 ranks split unevenly; 2 batches over 3 ranks leave one rank idle
-SETTINGS = {(3, 2): ["sinks", "sinks_reference", "inject", "gates", "sources", "sink_heads", "massive", "dormant",
-                     "window_losses"],
-            (2, 3): ["sinks", "inject"]}
+SETTINGS = {(3, 2): ["sinks", "sinks_reference", "inject", "gates", "sources", "dense", "sink_heads", "massive",
+                     "dormant", "window_losses"],
+            (2, 3): ["sinks", "inject", "dense"]}
 
 
 @pytest.fixture(scope="module")

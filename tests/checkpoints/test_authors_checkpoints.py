@@ -14,6 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -273,16 +274,22 @@ def test_sources_and_sinks_run_on_an_lr_attnres_checkpoint(small_text, tmp_path,
     assert (tmp_path / "sinks" / "sinks.json").is_file()
 
 
-def test_sinks_run_on_a_mudd_checkpoint_and_sources_refuse_it_in_one_line(small_text, tmp_path, capsys):
+def test_sinks_and_sources_run_on_a_mudd_checkpoint(small_text, tmp_path, capsys):
+    """sources on a MUDD checkpoint: its dense-connection weights (docs/definitions.md#dense-weights), CSV and page."""
     d, *_ = fixture("muddpythia-checkpoint")
     windows = ["--tokenizer", small_text / "tok", "--data", small_text / "corpus.txt", "--ctx", 16, "--batches", 1,
                "--batch-size", 2, "--quiet"]
     assert cli("sinks", "--model", d / "checkpoint", *windows, "--out", tmp_path / "sinks") == 0
     assert (tmp_path / "sinks" / "sinks.json").is_file()
-    capsys.readouterr()
-    assert cli("sources", "--model", d / "checkpoint", *windows) == 2  # dense connections: no depth read sites
-    err = capsys.readouterr().err.strip()
-    assert "depth" in err and "\n" not in err
+    assert cli("sources", "--model", d / "checkpoint", *windows, "--out", tmp_path / "sources") == 0
+    weights = pd.read_csv(tmp_path / "sources" / "sources_dense_weights.csv")
+    n_layers = json.loads((d / "checkpoint" / "config.json").read_text())["n_layer"]  # their key
+    # C = 4 streams after every block but the last (one), S = l + 2 block states: sum over l of C_l (l + 2)
+    assert len(weights) == sum(4 * (l + 2) for l in range(n_layers - 1)) + (n_layers + 1)
+    assert set(weights["stream"]) == {"q", "k", "v", "r"} and weights["weight_std"].ge(0).all()
+    page = (tmp_path / "sources" / "sources.html").read_text()
+    assert all(f"Dense-connection weights, stream {c}" in page for c in "qkvr")
+    assert "dense mixes put mean weight" in page
 
 
 @pytest.mark.parametrize("path", ["muddformer-checkpoint/checkpoint", "lr-attnres-full-checkpoint"])

@@ -189,7 +189,8 @@ def dense_source_labels(n_sources: int) -> list[str]:
 def dense_layers(model) -> list[int]:
     """Layers whose dense mix has a ``blocks.<l>.dense.hook_weights`` hook (DenseFormer / MUDD); empty otherwise.
     dense_weights checks that each of them fires."""
-    return sorted(names.layer_of(n) for n in getattr(model, "hook_dict", {}) if names.is_dense_weights(n))
+    layers = (names.layer_of(n) for n in getattr(model, "hook_dict", {}) if names.is_dense_weights(n))
+    return sorted(l for l in layers if l is not None)  # a dense hook's name always carries its layer
 
 
 class DenseAccumulator:

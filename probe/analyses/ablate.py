@@ -295,7 +295,9 @@ def _depth_hooks(model, setting: str, sites: list[str]) -> list:
                 one_hot[..., -1] = 1.0  # the latest block state: a plain residual stream
                 return one_hot
 
-            hooks.append((names.dense(names.layer_of(site)), dense))
+            layer = names.layer_of(site)
+            assert layer is not None  # a dense site is blocks.<l>.dense
+            hooks.append((names.dense(layer), dense))
             continue
         drop = [category(lab) == setting.split(":", 1)[1] for lab in source_labels(model, site)] \
             if setting.startswith("drop:") else None

@@ -16,13 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
-from probe.experiments.sink_emergence import (VARIANTS, EmergenceConfig, cpu_seconds, done_when, snapshot_steps,
-                                              snapshot_table, summary_table, train_variant)
+from probe.experiments.sink_emergence import (
+    VARIANTS,
+    EmergenceConfig,
+    cpu_seconds,
+    done_when,
+    snapshot_steps,
+    snapshot_table,
+    summary_table,
+    train_variant,
+)
 
 # the starting setting (2 layers, 1 head of 128, d 128, batch 32, AdamW lr 1e-3, wd 1e-4) at T = 256, 1200 steps
 BASE = EmergenceConfig(seeds=(0,), n_layers=2, n_heads=1, d_model=128, d_mlp=384, T=256, batch_size=32, lr=1e-3,

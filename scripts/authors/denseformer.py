@@ -16,9 +16,14 @@ import types
 from pathlib import Path
 
 import torch
-
 from common import (
-    KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float, randomize, source_parser, versions, write_fixture,
+    KEEP_FP64_PATCH,
+    git_blob_sha1,
+    keep_fp64_through_float,
+    randomize,
+    source_parser,
+    versions,
+    write_fixture,
 )
 
 REPOSITORY = "epfml/DenseFormer"

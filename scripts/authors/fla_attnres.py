@@ -10,12 +10,16 @@ the mixed residual and the depth softmax. Writes tests/fixtures/authors/attnres-
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 import torch
-
 from common import (
-    KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float, load_module, source_parser, versions, write_fixture,
+    KEEP_FP64_PATCH,
+    git_blob_sha1,
+    keep_fp64_through_float,
+    load_module,
+    source_parser,
+    versions,
+    write_fixture,
 )
 
 REPOSITORY = "fla-org/flash-linear-attention"

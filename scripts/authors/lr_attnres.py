@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from common import (
-    KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float, load_module, randomize, source_parser, versions,
+    KEEP_FP64_PATCH,
+    git_blob_sha1,
+    keep_fp64_through_float,
+    load_module,
+    randomize,
+    source_parser,
+    versions,
     write_fixture,
 )
 

@@ -23,12 +23,17 @@ import json
 import sys
 
 import torch
-from safetensors.torch import save_file
-
 from common import (
-    FIXTURES, KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float, load_module, randomize, source_parser,
+    FIXTURES,
+    KEEP_FP64_PATCH,
+    git_blob_sha1,
+    keep_fp64_through_float,
+    load_module,
+    randomize,
+    source_parser,
     versions,
 )
+from safetensors.torch import save_file
 
 REPOSITORY = "jon123boss/LR-AttnRes"
 FILE = "model.py"

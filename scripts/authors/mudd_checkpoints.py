@@ -23,12 +23,19 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
-
 from common import (
-    FIXTURES, KEEP_FP64_CASTS_PATCH, KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float,
-    keep_fp64_through_fp32_casts, load_module, randomize, source_parser, versions,
+    FIXTURES,
+    KEEP_FP64_CASTS_PATCH,
+    KEEP_FP64_PATCH,
+    git_blob_sha1,
+    keep_fp64_through_float,
+    keep_fp64_through_fp32_casts,
+    load_module,
+    randomize,
+    source_parser,
+    versions,
 )
+from safetensors.torch import save_file
 
 REPOSITORY = "Caiyun-AI/MUDDFormer"
 FAMILIES = {  # fixture -> (folder, module, config module, class, config class, released config files)

@@ -12,13 +12,19 @@ tests/fixtures/authors/value-residual/.
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 import torch
-
 from common import (
-    KEEP_FP64_CASTS_PATCH, KEEP_FP64_PATCH, git_blob_sha1, keep_fp64_through_float,
-    keep_fp64_through_fp32_casts, load_module, randomize, source_parser, versions, write_fixture,
+    KEEP_FP64_CASTS_PATCH,
+    KEEP_FP64_PATCH,
+    git_blob_sha1,
+    keep_fp64_through_float,
+    keep_fp64_through_fp32_casts,
+    load_module,
+    randomize,
+    source_parser,
+    versions,
+    write_fixture,
 )
 
 REPOSITORY = "Zcchill/Value-Residual-Learning"

@@ -3,11 +3,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.support.analyses import tiny, windows
 from probe.analyses.ablate import AblationError, ablate
-from probe.analyses.capture import output_losses, loss_forward_kwargs
+from probe.analyses.capture import loss_forward_kwargs, output_losses
 from probe.hooks import names
 from probe.models import GATES, ValueGate, register_gate
+from tests.support.analyses import tiny, windows
 
 W = windows(n_batches=2, batch=2, ctx=16)
 

@@ -5,8 +5,8 @@ import subprocess
 
 import pandas as pd
 
-from tests.support.cli import WINDOWS, assert_one_line_error
 from probe.cli import main
+from tests.support.cli import WINDOWS, assert_one_line_error
 
 
 def cli(capsys, *args) -> subprocess.CompletedProcess:
@@ -24,8 +24,8 @@ def test_the_cli_mirrors_the_analysis_vocabulary():
 
 
 def test_flags_imply_their_intervention():
-    from probe.cli.main import build_parser
     from probe.cli.ablate import interventions
+    from probe.cli.main import build_parser
 
     parse = build_parser().parse_args
     assert interventions(parse(["ablate"])) == ["knockout", "value"]
@@ -64,9 +64,9 @@ def test_refusals_are_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_per_head_and_depth_pages_draw_their_figures():
-    from tests.support.analyses import tiny, windows
     from probe.analyses.ablate import ablate
     from probe.present import ablate as presentation
+    from tests.support.analyses import tiny, windows
 
     heads = ablate(tiny("sink+proj"), windows(2, 1, 12), ["knockout", "phantom"], per_head=True, progress=False)
     titles = [f.layout.title.text for f in presentation.figures(heads)]

@@ -3,7 +3,6 @@ import pytest
 import torch
 
 import probe
-
 from probe.analyses.inject import inject
 from probe.analyses.sinks import sink_stats, sink_stats_reference
 from probe.checkpoints.tiny import build_tiny

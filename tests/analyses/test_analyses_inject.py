@@ -2,9 +2,17 @@
 import pytest
 import torch
 
+from probe.analyses.inject import (
+    JunkDraws,
+    conditions,
+    corrupt,
+    exposure_stats,
+    inject,
+    median_norm,
+    own_directions,
+    quiet_mask,
+)
 from tests.support.analyses import every_variant, periodic, tiny, trained_periodic, windows
-from probe.analyses.inject import (JunkDraws, conditions, corrupt, exposure_stats, inject, median_norm,
-                                   own_directions, quiet_mask)
 
 
 def test_quiet_reads_are_the_floor_qT_smallest_with_ties_by_position():

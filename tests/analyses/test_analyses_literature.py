@@ -6,16 +6,16 @@ import pytest
 import torch
 
 import probe
-from tests.support.analyses import every_variant, tiny, windows
 from probe.analyses.dormant import DormantAccumulator, dormant_heads
-from probe.present.dormant import dormant_figure, dormant_heads_figure
 from probe.analyses.massive import MassiveAccumulator, massive_activations, median_abs
-from probe.present.massive import massive_figure
 from probe.analyses.sink_heads import SinkEpsAccumulator, sink_heads
-from probe.present.sink_eps import sink_eps_figure, sink_eps_layers_figure, sink_eps_trend_figure
 from probe.analyses.sinks import sink_stats
 from probe.checkpoints.tiny import build_tiny
 from probe.hooks.info import ModelInfo
+from probe.present.dormant import dormant_figure, dormant_heads_figure
+from probe.present.massive import massive_figure
+from probe.present.sink_eps import sink_eps_figure, sink_eps_layers_figure, sink_eps_trend_figure
+from tests.support.analyses import every_variant, tiny, windows
 
 
 def info(L=2, H=2, Hkv=2, layer_types=None, window=None, sink_token=False):

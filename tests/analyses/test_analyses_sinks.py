@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from tests.support.analyses import every_variant, tiny, windows
 from probe.analyses.sinks import SinkAccumulator, sink_stats, sink_stats_reference
 from probe.hooks.info import ModelInfo
+from tests.support.analyses import every_variant, tiny, windows
 
 
 def info(L=2, H=2, Hkv=2, layer_types=None, window=None):

@@ -5,7 +5,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-
 from probe.analyses.stats import abstention_decomposition, document_bootstrap, paired_differences, perplexity_summary
 
 
@@ -86,10 +85,10 @@ def test_abstention_decomposition_reproduces_table_2_arithmetic():
 def test_window_losses_from_eval_batches_feed_the_document_bootstrap():
     import torch
 
-    from tests.support.analyses import tiny
     from probe.analyses.capture import window_losses
     from probe.analyses.sinks import sink_stats
     from probe.data import eval_batches
+    from tests.support.analyses import tiny
 
     g = torch.Generator().manual_seed(0)
     docs = [torch.randint(0, 97, (int(n),), generator=g) for n in torch.randint(12, 30, (10,), generator=g)]

@@ -16,7 +16,6 @@ from probe.data.corpus import Corpus
 from probe.data.synthetic import TokenDomain, is_token_domain, parse_synthetic, parse_token_domain
 from probe.data.windows import batch_layout, text_windows
 from probe.hooks.info import ModelInfo
-
 from tests.support.analyses import every_variant, tiny, windows
 from tests.support.cli import probe
 

@@ -8,15 +8,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.support.analyses import tiny, windows
-from probe.present.gates import gate_figure, gate_sections
-from probe.present.inject import exposure_figure, inject_sections
-from probe.present.sinks import sink_sections
 from probe.analyses.gates import gate_stats
 from probe.analyses.inject import exposure_stats
 from probe.analyses.sink_heads import sink_heads
-from probe.present.sink_eps import sink_eps_figure, sink_eps_trend_figure
 from probe.analyses.stats import jackknife_se
+from probe.present.gates import gate_figure, gate_sections
+from probe.present.inject import exposure_figure, inject_sections
+from probe.present.sink_eps import sink_eps_figure, sink_eps_trend_figure
+from probe.present.sinks import sink_sections
+from tests.support.analyses import tiny, windows
 
 N_BATCHES = 3
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.support.adapters import check_logits_match_hf_eager
 import probe
 from probe.checkpoints import attention as A
 from probe.checkpoints.tiny import build_tiny
+from tests.support.adapters import check_logits_match_hf_eager
 
 FAMILIES = ("gpt_neox", "gpt_oss", "llama")
 ATOL = 1e-5  # logits, fast (SDPA) path vs HF eager, fp32; measured max |Δ| ≈ 1e-7

@@ -15,11 +15,11 @@ import torch
 from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from tests.support.adapters import check_logits_match_hf_eager
 import probe
 from probe.analyses.capture import row_masses
 from probe.checkpoints.adapters import GemmaAdapter, LlamaAdapter, adapt
 from probe.checkpoints.tiny import build_tiny, more_tiny_config
+from tests.support.adapters import check_logits_match_hf_eager
 
 FAMILIES = ("gemma2", "gemma3_text", "gemma3", "qwen2", "qwen3", "mistral")
 GEMMA = ("gemma2", "gemma3_text", "gemma3")

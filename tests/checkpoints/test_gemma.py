@@ -34,8 +34,6 @@ import pytest
 import torch
 
 import probe
-from tests.support.cli import WINDOWS as CLI_WINDOWS
-from tests.support.cli import probe as cli
 from probe.analyses.capture import row_masses
 from probe.analyses.gates import gate_stats
 from probe.analyses.inject import exposure_stats, inject, quiet_mask
@@ -43,10 +41,12 @@ from probe.analyses.massive import massive_activations
 from probe.analyses.sink_heads import sink_heads
 from probe.analyses.sinks import sink_stats, sink_stats_reference
 from probe.analyses.sources import effective_sources
-from probe.data.windows import default_windows
 from probe.checkpoints import gguf
 from probe.checkpoints import load as L
 from probe.checkpoints.tiny import VOCAB, build_tiny
+from probe.data.windows import default_windows
+from tests.support.cli import WINDOWS as CLI_WINDOWS
+from tests.support.cli import probe as cli
 
 LOGITS_ATOL = 1e-3
 PATTERN_ATOL = 1e-4

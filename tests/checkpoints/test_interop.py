@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import probe
 from probe.checkpoints import wrap
 from probe.checkpoints.adapters import GPTNeoXAdapter, GptOssAdapter, LlamaAdapter
-from probe.models import create
 from probe.checkpoints.tiny import build_tiny
+from probe.models import create
 
 FAMILIES = ("gpt_neox", "gpt_oss", "llama")
 CLASSES = {"gpt_neox": GPTNeoXAdapter, "gpt_oss": GptOssAdapter, "llama": LlamaAdapter}

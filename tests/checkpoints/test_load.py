@@ -169,8 +169,9 @@ def test_load_dtype_device_and_missing_tokenizer(tmp_path):
 
 def test_load_custom_probe_checkpoint_returned_as_is(tmp_path, monkeypatch, tiny_dirs):
     """model_type 'probe' goes through AutoModelForCausalLM after `import probe.models`, un-adapted."""
-    from probe.hooks.info import ModelInfo
     import transformers
+
+    from probe.hooks.info import ModelInfo
 
     d = tmp_path / "custom"
     d.mkdir()

@@ -122,8 +122,11 @@ def test_rule_masks_equal_hf_dense_masks_with_and_without_padding(models, fam, s
 def test_rules_mask_keeps_the_dense_mask_where_the_rule_cannot_say_it():
     """A cache offset, or a mask function that is not causal / the window (a chunked or bidirectional overlay),
     gets transformers' dense eager mask; causal and sliding ones get rules."""
-    from transformers.masking_utils import (causal_mask_function, chunked_causal_mask_function,
-                                            sliding_window_causal_mask_function)
+    from transformers.masking_utils import (
+        causal_mask_function,
+        chunked_causal_mask_function,
+        sliding_window_causal_mask_function,
+    )
 
     n = 12
     assert A.rules_mask(1, n, n, mask_function=causal_mask_function) == A.MaskRules(None)

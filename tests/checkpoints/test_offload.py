@@ -13,8 +13,8 @@ import torch
 import probe
 from probe.analyses.inject import inject
 from probe.analyses.sinks import sink_stats
-from probe.jobs.inputs import load_model
 from probe.checkpoints.tiny import build_tiny
+from probe.jobs.inputs import load_model
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import probe
-from tests.support.cli import assert_one_line_error, files_under
 from probe.cli import main
 from probe.data import WindowSampler
 from probe.experiments.bb_zoo import ZOO_DIR, measure
 from probe.experiments.sink_emergence import EmergenceConfig
 from probe.jobs.inputs import trained_task
+from tests.support.cli import assert_one_line_error, files_under
 
 SHIPPED = sorted(p.name for p in ZOO_DIR.glob("bb-*") if (p / "zoo.json").is_file())
 CHAIN = "synthetic:bb[vocab=64,triggers=3,seed=0,T=256]"

@@ -8,6 +8,7 @@ import sys
 
 import pandas as pd
 import pytest
+
 from tests.support.cli import ENV, WINDOWS, assert_one_line_error, files_under, kill_at_batch, probe
 
 # ------------------------------------------------------------------------------------------------- parser, help

@@ -9,10 +9,9 @@ import pytest
 import torch
 from plotly.colors import get_colorscale
 
-
-from probe.present.viewers import GATE_COLOURS, TICK_SIZE, view_figures, viewer_html
 from probe.cli.main import main
 from probe.models import create
+from probe.present.viewers import GATE_COLOURS, TICK_SIZE, view_figures, viewer_html
 
 IDS = torch.arange(5, 5 + 12)  # 12 token ids; the tiny models here have no tokenizer
 

@@ -3,11 +3,10 @@ import pytest
 import torch
 
 from probe.analyses.backcopy import SplitAccumulator, backcopy_split
-from probe.present.backcopy import backcopy_figure
 from probe.data import BBSampler, BigramBackcopy, parse_synthetic
 from probe.data.synthetic import keyed_generator
 from probe.models import create
-
+from probe.present.backcopy import backcopy_figure
 
 TASK = BigramBackcopy(vocab=16, triggers=2, seed=3, T=64)
 

@@ -7,8 +7,8 @@ import torch
 
 from probe.analyses.capture import as_windows
 from probe.analyses.sinks import sink_stats
-from probe.data import load_tokenizer
 from probe.checkpoints.tiny import build_tiny
+from probe.data import load_tokenizer
 from probe.data.windows import default_windows, wants_bos
 
 

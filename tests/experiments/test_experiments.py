@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 import torch
 
-
 from probe import experiments
 from probe.experiments import superposition as sp
 from probe.writes import TEMP_PREFIX
@@ -361,10 +360,11 @@ def test_depth_routing_end_to_end_toy(toy, tmp_path):
 
 # ---------------------------------------------------------------- cross-layer diagnostics
 def test_adjacent_cosine_matches_hidden_states(tmp_path):
-    import probe
-    from probe.experiments.cross_layer import adjacent_cosine
-    from probe.checkpoints.tiny import build_tiny
     from transformers import AutoModelForCausalLM
+
+    import probe
+    from probe.checkpoints.tiny import build_tiny
+    from probe.experiments.cross_layer import adjacent_cosine
 
     d = build_tiny("gpt_neox", tmp_path / "neox")
     model = probe.load(str(d))

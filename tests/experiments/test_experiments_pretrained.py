@@ -10,13 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-
 from probe import experiments
 from probe.analyses.inject import inject
 from probe.analyses.sinks import sink_stats
+from probe.checkpoints.tiny import build_tiny
 from probe.experiments import pretrained, pretrained_injection, pretrained_sinks
 from probe.experiments.command import build_parser, main
-from probe.checkpoints.tiny import build_tiny
 
 ZOO = ("probe/tiny-baseline", "probe/tiny-sink+proj")
 WINDOWS = dict(batches=1, batch_size=2, ctx=16)

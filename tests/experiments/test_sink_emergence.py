@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 import probe
-from tests.support.cli import assert_one_line_error
 from probe.experiments.bb_zoo import ship
 from probe.experiments.command import main
 from probe.experiments.sink_emergence import EXTRA, RUN_STATS, EmergenceConfig
 from probe.jobs.inputs import trained_task
+from tests.support.cli import assert_one_line_error
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--steps", "24", "--snapshot-every", "12", "--warmup", "4", "--T", "32", "--batch-size", "4", "--d-model", "32",

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.support.gates import gated
 from probe.kernels import BACKENDS, attention_row_masses, depth_attention, merge_depth, sink_attention
 from probe.models import ProbeConfig
+from tests.support.gates import gated
 
 SINKS = [None, float("-inf"), 0.0, 100.0, -100.0]
 

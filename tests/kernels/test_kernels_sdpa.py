@@ -4,9 +4,9 @@ import itertools
 import pytest
 import torch
 
-from tests.support.gates import TRANSFORMS, gated
 from probe.kernels import attention_row_masses, sink_attention
 from probe.kernels.sink_attention.row_masses import row_masses_chunked
+from tests.support.gates import TRANSFORMS, gated
 
 SINKS = [None, float("-inf"), 0.0, 100.0, -100.0]
 

@@ -20,10 +20,10 @@ if not CUDA and "triton" not in sys.modules:
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
 pytest.importorskip("triton")
 
-from tests.support.gates import TRANSFORMS, gated
 from probe.kernels import attention_row_masses, depth_attention, sink_attention  # noqa: E402
 from probe.kernels.depth_attention import triton as depth_triton  # noqa: E402
 from probe.kernels.sink_attention import triton as sink_triton  # noqa: E402
+from tests.support.gates import TRANSFORMS, gated  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 FRESH_PROCESS = not CUDA and type(sink_triton._fwd_kernel).__name__ != "InterpretedFunction"

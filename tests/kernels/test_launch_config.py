@@ -13,8 +13,16 @@ pytest.importorskip("triton")
 
 from probe.kernels import attention_row_masses, depth_attention, sink_attention  # noqa: E402
 from probe.kernels.aot import record_launches  # noqa: E402
-from probe.kernels.launch import (ARCHS, ATTENTION_CANDIDATES, ATTENTION_OPS, DEPTH_OPS, INTERPRETER,  # noqa: E402
-                                  DeviceLimits, launch_config, use_device_limits)
+from probe.kernels.launch import (  # noqa: E402
+    ARCHS,
+    ATTENTION_CANDIDATES,
+    ATTENTION_OPS,
+    DEPTH_OPS,
+    INTERPRETER,
+    DeviceLimits,
+    launch_config,
+    use_device_limits,
+)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

@@ -4,7 +4,6 @@ import torch
 
 pytest.importorskip("triton")
 from probe.models import create  # noqa: E402
-
 from tests.support import SMALL as TINY_TIER_SHRUNK  # noqa: E402
 
 SMALL = dict(TINY_TIER_SHRUNK, n_kv_heads=2, n_ctx=32, vocab_size=61)

@@ -5,7 +5,6 @@ import torch
 from probe.data import WindowSampler, eval_batches, load_corpus, load_tokenizer, tokenize_documents
 from probe.models import create
 from probe.train.trainer import TrainConfig, evaluate, train
-
 from tests.support import SMALL as TINY_TIER_SHRUNK  # noqa: E402
 
 SMALL = dict(TINY_TIER_SHRUNK, d_model=64, d_mlp=128)

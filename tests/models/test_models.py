@@ -8,7 +8,6 @@ from transformers import AutoModelForCausalLM
 
 import probe.models as pm
 from probe.models import added_parameters, config_for, create
-
 from tests.support import SMALL as TINY_TIER_SHRUNK  # noqa: E402
 
 SMALL = dict(TINY_TIER_SHRUNK, n_ctx=32, vocab_size=97)

@@ -2,17 +2,17 @@
 import numpy as np
 import pandas as pd
 
-from tests.support.analyses import tiny, windows
-from probe.present import figures
-from probe.present.gates import gate_figure, gate_token_table
-from probe.present.inject import exposure_figure, injection_figure
-from probe.present.sinks import sink_figure, sink_heads_figure
-from probe.present.sources import depth_heatmap, effective_sources_figure
 from probe.analyses.gates import gate_stats
 from probe.analyses.inject import inject
 from probe.analyses.sinks import sink_stats
 from probe.analyses.sources import effective_sources
 from probe.analyses.stats import abstention_decomposition, paired_differences
+from probe.present import figures
+from probe.present.gates import gate_figure, gate_token_table
+from probe.present.inject import exposure_figure, injection_figure
+from probe.present.sinks import sink_figure, sink_heads_figure
+from probe.present.sources import depth_heatmap, effective_sources_figure
+from tests.support.analyses import tiny, windows
 
 
 def test_figures_from_analysis_outputs(tmp_path):

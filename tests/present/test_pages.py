@@ -7,20 +7,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.support.analyses import tiny, windows
-from probe.present import figures
-from probe.present.eval import eval_sections
-from probe.present.gates import gate_figure, gate_sections
-from probe.present.inject import inject_sections, injection_figure
-from probe.present.sinks import sink_figure, sink_heads_figure, sink_sections
-from probe.present.sources import source_sections
 from probe.analyses.gates import gate_stats
 from probe.analyses.inject import inject
 from probe.analyses.sinks import sink_stats
+from probe.present import figures
 from probe.present.console import Console
-from probe.present.files import save_result, write_pages
+from probe.present.eval import eval_sections
+from probe.present.files import OutputSpec, save_result, write_pages
+from probe.present.gates import gate_figure, gate_sections
+from probe.present.inject import inject_sections, injection_figure
 from probe.present.page import PLOTLY_JS, page
-from probe.present.files import OutputSpec
+from probe.present.sinks import sink_figure, sink_heads_figure, sink_sections
+from probe.present.sources import source_sections
+from tests.support.analyses import tiny, windows
 
 
 @pytest.fixture(scope="module")

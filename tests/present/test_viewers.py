@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import probe
-from tests.support.analyses import tiny
-from probe.present import viewers as V
 from probe.checkpoints.tiny import build_tiny
+from probe.present import viewers as V
+from tests.support.analyses import tiny
 
 NETWORK_SCRIPT = re.compile(r"<script[^>]*\bsrc\s*=\s*[\"']?(https?:)?//", re.I)
 

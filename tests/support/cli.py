@@ -14,7 +14,6 @@ from pathlib import Path
 
 from tests.support import SMALL  # the tiny tier shrunk; vocabulary stays 8192
 
-
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
        "PYTHONWARNINGS": "ignore"}

@@ -2,7 +2,6 @@
 routing slot's key bias in PyTorch before the attention op, so the kernels are tested on what the gates produce."""
 from types import SimpleNamespace
 
-
 from probe.models.gates import GATES, apply_gate
 
 # the gates that read only the value itself ("none": an ungated head)

@@ -84,8 +84,9 @@ def test_probe_train_under_torchrun_matches_one_process(tmp_path):
 
 
 if __name__ == "__main__":  # the torchrun worker: each rank trains 4 of the 8 windows, in 2 micro-batches of 2
-    import probe.train.distributed as D
     from safetensors.torch import save_file
+
+    import probe.train.distributed as D
 
     out, seen, shard = Path(sys.argv[1]), [], D.shard
     D.shard = lambda batch, info: seen.append(shard(batch, info)) or seen[-1]  # record this rank's rows

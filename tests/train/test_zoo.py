@@ -4,8 +4,8 @@ import json
 import pytest
 
 import probe
-from probe.train.zoo import DEFAULT_MODEL, ZOO_DIR, zoo_eval_batches
 from probe.train.trainer import evaluate
+from probe.train.zoo import DEFAULT_MODEL, ZOO_DIR, zoo_eval_batches
 
 # the text zoo (tiny-*); the Bigram-Backcopy entries (bb-*) have their own test in tests/cli/test_bb_cli.py
 SHIPPED = sorted(p.name for p in ZOO_DIR.glob("tiny-*") if (p / "zoo.json").is_file()) if ZOO_DIR.is_dir() else []

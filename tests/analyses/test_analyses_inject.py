@@ -159,7 +159,7 @@ def test_exposure_matches_the_pattern(variant, over):
     for l in range(2):
         pattern = cache[f"blocks.{l}.attn.hook_pattern"]  # (B, H, T, T)
         norms = cache[f"blocks.{l}.attn.hook_v"].norm(dim=-1)  # (B, T, Hkv)
-        for cutoff, q in (("q25", 0.25), ("median", 0.5)):
+        for cutoff, q in (("q25", 0.25), ("median", 0.5)):  # noqa: B007 (the query reads @cutoff)
             quiet = quiet_mask(norms, q).permute(0, 2, 1).repeat_interleave(G, 1).float()  # (B, H, T) per key
             share = (pattern * quiet[:, :, None, :]).sum(-1)[:, :, 1:].mean((0, 2))
             got = res["exposure_heads"].query("layer == @l and cutoff == @cutoff")["quiet_share"].tolist()

@@ -24,7 +24,8 @@ def make_inputs(B=2, T=7, H=4, Hkv=2, dh=8, dv=6, sink_value=None, key_bias=Fals
 
 
 def run(x, backend, transform="none", **kw):
-    """The attention op on the values and key bias that the value gate ``transform`` (parameters x's tau, w, b) gives."""
+    """The attention op on the values and key bias that the value gate ``transform`` (parameters x's tau, w, b)
+    gives."""
     v, key_bias, _ = gated(transform, x["v"], x.get("key_bias"), tau=x["tau"], w=x["w"], b=x["b"])
     return sink_attention(x["q"], x["k"], v, sink=x.get("sink"), key_bias=key_bias, backend=backend, **kw)
 
@@ -50,7 +51,8 @@ def test_sdpa_matches_reference(transform, sink_value, window, heads, key_bias):
         if g_ref[name] is None:
             assert g_fast[name] is None or not g_fast[name].any(), name
             continue
-        torch.testing.assert_close(g_fast[name], g_ref[name], atol=2e-5, rtol=1e-4, msg=lambda m: f"d{name}: {m}")
+        torch.testing.assert_close(g_fast[name], g_ref[name], atol=2e-5, rtol=1e-4,
+                                   msg=lambda m, name=name: f"d{name}: {m}")
     if sink_value == float("-inf"):
         assert not g_ref["sink"][0] and not g_fast["sink"][0]  # a -inf sink gets no gradient
 
@@ -65,7 +67,8 @@ def test_sdpa_kept_first_keys_matches_reference(sink_value, keep, window):
     cot = torch.randn_like(ref.out)
     g_ref, g_fast = grads(ref.out, x, cot), grads(fast.out, x, cot)
     for name in ("q", "k", "v", "key_bias") + (("sink",) if sink_value is not None else ()):
-        torch.testing.assert_close(g_fast[name], g_ref[name], atol=2e-5, rtol=1e-4, msg=lambda m: f"d{name}: {m}")
+        torch.testing.assert_close(g_fast[name], g_ref[name], atol=2e-5, rtol=1e-4,
+                                   msg=lambda m, name=name: f"d{name}: {m}")
 
 
 @pytest.mark.parametrize("key_bias", [True, False])  # extra coordinates / the flash kernel's rows rescaled
@@ -158,10 +161,11 @@ def test_sdpa_with_a_callers_mask_matches_reference(sink_value, queries):
     fast = sink_attention(q, x["k"], x["v"], backend="sdpa", **kw)
     torch.testing.assert_close(fast.out, ref.out, atol=2e-6, rtol=1e-5)
     cot = torch.randn_like(ref.out)
-    for name, a, b in zip(x, *(torch.autograd.grad(r.out, list(x.values()), cot, allow_unused=True) for r in (fast, ref))):
+    grads_of = (torch.autograd.grad(r.out, list(x.values()), cot, allow_unused=True) for r in (fast, ref))
+    for name, a, b in zip(x, *grads_of):
         if b is None:
             assert a is None or not a.any(), name
         else:
-            torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=lambda m: f"d{name}: {m}")
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=lambda m, name=name: f"d{name}: {m}")
     with pytest.raises(ValueError, match="triton"):
         sink_attention(q, x["k"], x["v"], backend="triton", **kw)

@@ -88,7 +88,7 @@ def check_attention(x, atol=2e-5, rtol=1e-4, transform="none", **kw):
         if b is None:
             assert a is None or not a.any(), name
         else:
-            torch.testing.assert_close(a, b, atol=atol, rtol=rtol, msg=lambda m: f"d{name}: {m}")
+            torch.testing.assert_close(a, b, atol=atol, rtol=rtol, msg=lambda m, name=name: f"d{name}: {m}")
 
 
 # (B, T, H, Hkv, dh, dv): T spans several 16-blocks and ends mid-block; GQA groups 1, 2, 3; dv != dh
@@ -195,7 +195,7 @@ def check_depth(S, B, T, d, r, view_keys, bias, normalize, atol=2e-5, rtol=1e-4)
     g_ref = torch.autograd.grad((ref.h * cot_h).sum() + (ref.lse * cot_lse).sum(), leaves, retain_graph=True)
     g_tri = torch.autograd.grad((tri.h * cot_h).sum() + (tri.lse * cot_lse).sum(), leaves)
     for i, (a, b_) in enumerate(zip(g_tri, g_ref)):
-        torch.testing.assert_close(a, b_, atol=atol, rtol=rtol, msg=lambda m: f"leaf {i}: {m}")
+        torch.testing.assert_close(a, b_, atol=atol, rtol=rtol, msg=lambda m, i=i: f"leaf {i}: {m}")
     return tri
 
 

@@ -1,4 +1,5 @@
-"""Sweep for the sink-emergence recipe: which Bigram-Backcopy settings make probe's baseline form a BOS sink (docs/definitions.md#sink-rule) on a CPU budget.
+"""Sweep for the sink-emergence recipe: which Bigram-Backcopy settings make probe's baseline form a BOS sink
+(docs/definitions.md#sink-rule) on a CPU budget.
 
 Each grid point is an ``EmergenceConfig`` (probe.experiments.sink_emergence) that differs from ``BASE`` in the named
 fields. A run trains one (variant, seed) with snapshots, then measures every snapshot on 256 fixed BB sequences.
@@ -10,7 +11,8 @@ fields. A run trains one (variant, seed) with snapshots, then measures every sna
 ``train`` resumes a run directory (OUT/GRID/POINT/VARIANT-sSEED); ``table`` gathers every finished run's snapshot
 statistics into OUT/all_snapshots.csv and writes the markdown summary (one line per run: settings, CPU minutes and the
 statistics at each of its last two snapshots); ``recipe`` lists every variant's snapshots at one grid point, checks
-the sink-emergence check (docs/definitions.md#sink-emergence-check) at the last two snapshots and writes OUT/GRID/POINT/trajectories.html.
+the sink-emergence check (docs/definitions.md#sink-emergence-check) at the last two snapshots and writes
+OUT/GRID/POINT/trajectories.html.
 """
 from __future__ import annotations
 
@@ -112,10 +114,12 @@ def cmd_table(args):
         last = runs.iloc[-1]
         per_layer = " ; ".join(f"L{int(r.layer)} {r.pos0_ratio:.2f}× r0 {r.r0:.2f}"
                                for r in t[t["step"] == last.step].sort_values("layer").itertuples())
-        lines.append(f"| {grid}/{point} | {info['variant']} | {info['seed']} | {cfg.n_heads}×{cfg.d_model // cfg.n_heads}"
+        lines.append(f"| {grid}/{point} | {info['variant']} | {info['seed']} | "
+                     f"{cfg.n_heads}×{cfg.d_model // cfg.n_heads}"
                      f" | {cfg.d_model} | {cfg.T} | {cfg.lr:g} | {cfg.weight_decay:g} | {cfg.steps} | "
                      f"{t['cpu_min'].iloc[0]:.1f} | {last.loss_copy:.3f} / {last.loss_bigram:.3f} | "
-                     f"{' ; '.join(cells)} | {per_layer} | {int(best.step)}: {best.pos0_over_uniform:.2f}× r0 {best.r0_later:.2f} |")
+                     f"{' ; '.join(cells)} | {per_layer} | "
+                     f"{int(best.step)}: {best.pos0_over_uniform:.2f}× r0 {best.r0_later:.2f} |")
     if not frames:
         raise SystemExit(f"no finished runs under {out}")
     pd.concat(frames, ignore_index=True).to_csv(args.csv or out / "all_snapshots.csv", index=False)
@@ -153,7 +157,8 @@ def cmd_recipe(args):
     order = {v: i for i, v in enumerate(VARIANTS)}
     t = t.sort_values(["seed", "variant", "step", "layer"], key=lambda c: c.map(order) if c.name == "variant" else c)
     trajectory_figure(t).write_html(root / "trajectories.html", include_plotlyjs="cdn")
-    lines = ["| variant | seed | step | pos0÷uniform (L≥1) | r0 (L≥1) | phantom (mean) | sink formed | L0 pos0÷uniform / r0 "
+    lines = ["| variant | seed | step | pos0÷uniform (L≥1) | r0 (L≥1) | phantom (mean) | sink formed "
+             "| L0 pos0÷uniform / r0 "
              "| L1 prev@trigger / BOS elsewhere / phantom elsewhere | sink logit L0 / L1 | loss copy / bigram |",
              "|---" * 11 + "|"]
     for (v, seed, step), g in t.groupby(["variant", "seed", "step"], sort=False):

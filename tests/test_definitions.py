@@ -3,8 +3,9 @@
 Comments, docstrings, notebooks and the README point at ``docs/definitions.md#<anchor>`` and at the papers by name.
 This test fails on a citation of the project's unshipped specification (its section sign or number), on an issue-number
 reference (the word issue, issues or PR followed by a number, or a number after a hash sign in parentheses or in
-prose), and on a ``docs/<page>.md#<anchor>`` whose page or anchor does not exist (anchors are GitHub's heading slugs). One test per area (each package of ``probe/``, its
-top-level modules, tests, benchmarks, scripts, notebooks, README), so an area can be checked alone while migrating:
+prose), and on a ``docs/<page>.md#<anchor>`` whose page or anchor does not exist (anchors are GitHub's heading
+slugs). One test per area (each package of ``probe/``, its top-level modules, tests, benchmarks, scripts, notebooks,
+README), so an area can be checked alone while migrating:
 
     python -m pytest -p no:cacheprovider -n 0 -q tests/test_definitions.py -k "models or kernels"
     python tests/test_definitions.py probe/analyses tests/cli/test_cli.py      # the problems of some paths, one a line
@@ -165,8 +166,8 @@ def test_spec_citations_are_found(text):
     assert any("unshipped spec" in p for p in line_problems(text, lambda page: set()))
 
 
-@pytest.mark.parametrize("text", ["is" + "sue 18's check", "(is" + "sue #" + "7)", "pre-is" + "sue-17 keys", "I" + "ssues 3",
-                                  "fixed in (#" + "15)", "as PR #" + "4 did", "see #" + "12 for more"])
+@pytest.mark.parametrize("text", ["is" + "sue 18's check", "(is" + "sue #" + "7)", "pre-is" + "sue-17 keys",
+                                  "I" + "ssues 3", "fixed in (#" + "15)", "as PR #" + "4 did", "see #" + "12 for more"])
 def test_issue_numbers_are_found(text):
     assert any("issue number" in p for p in line_problems(text, lambda page: set()))
 

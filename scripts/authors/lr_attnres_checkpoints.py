@@ -84,7 +84,8 @@ def checkpoint_payload(src, mod, model, settings: dict) -> dict:
     sys.path.insert(0, str(src))
     optimizer = load_module(src / "optimizer.py", "lr_attnres_optimizer")
     schedulers = load_module(src / "schedulers.py", "lr_attnres_schedulers")
-    config = {**TRAIN_CONFIG, **{k: v for k, v in settings.items() if isinstance(v, (int, float, bool, str, type(None)))}}
+    config = {**TRAIN_CONFIG,
+              **{k: v for k, v in settings.items() if isinstance(v, (int, float, bool, str, type(None)))}}
     cfg = {**config, "block_size": settings["block_size"]}
     muon, adamw = optimizer.get_optimizers(cfg, model)
     muon_s, adamw_s = schedulers.get_schedulers(cfg, muon, adamw)

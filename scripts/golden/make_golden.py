@@ -57,7 +57,8 @@ def run_case(argv: list[str], out_dir: Path) -> int:
 def kept(out_dir: Path) -> list[Path]:
     """The machine-readable outputs (CSV and JSON); pages, scripts and resumable state are not pinned."""
     return sorted(p for p in out_dir.rglob("*") if p.is_file() and p.suffix in (".csv", ".json")
-                  and not p.name.startswith(".") and not any(part.startswith(".") for part in p.relative_to(out_dir).parts))
+                  and not p.name.startswith(".")
+                  and not any(part.startswith(".") for part in p.relative_to(out_dir).parts))
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,5 @@
-"""Sink statistics (docs/definitions.md#sink-statistics, docs/definitions.md#sink-rule): hand-built accumulator cases, a forced sink, streaming == pattern reference."""
+"""Sink statistics (docs/definitions.md#sink-statistics, docs/definitions.md#sink-rule): hand-built accumulator cases,
+a forced sink, streaming == pattern reference."""
 import math
 
 import pytest

@@ -1,4 +1,5 @@
-"""Paired statistics on known numbers (docs/definitions.md#paired-differences, docs/definitions.md#document-bootstrap, docs/definitions.md#abstention-decomposition)."""
+"""Paired statistics on known numbers (docs/definitions.md#paired-differences, docs/definitions.md#document-bootstrap,
+docs/definitions.md#abstention-decomposition)."""
 import math
 
 import numpy as np

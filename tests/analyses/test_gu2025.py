@@ -29,7 +29,7 @@ def numbers(df):
     return torch.tensor(df.select_dtypes("number").to_numpy(float))
 
 
-# ------------------------------------------------------------------------------------------------------------ the statistic
+# ------------------------------------------------------------------------------------------------------- the statistic
 
 
 def test_per_window_indicator_is_not_the_pooled_threshold():
@@ -138,7 +138,7 @@ def test_batch_layout_keeps_every_window():
     assert batch_layout(3, 8) == (1, 3)
 
 
-# ------------------------------------------------------------------------------------------------------------ token domains
+# ------------------------------------------------------------------------------------------------------- token domains
 
 
 def test_random_and_repeat_domains_draw_as_documented():
@@ -184,7 +184,7 @@ def test_token_beyond_the_vocabulary_and_training_on_a_token_domain_are_errors()
         parse_synthetic("synthetic:random[T=8]")  # what `probe train --data` parses: Bigram-Backcopy only
 
 
-# ------------------------------------------------------------------------------------------------------------ command line
+# -------------------------------------------------------------------------------------------------------- command line
 # in-process (probe.cli.main.main, the command's own entry point): a subprocess costs ~10 s of imports on a busy machine
 
 

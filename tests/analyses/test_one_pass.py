@@ -47,7 +47,8 @@ def run(argv, tmp_path) -> Counter:
 
 
 @pytest.mark.parametrize("extra", [[], ["--massive"]], ids=["default", "massive"])
-@pytest.mark.parametrize("model,data", [("probe/tiny-sink+proj", []), ("probe/bb-sinklogit", ["--data", "synthetic:bb"])],
+@pytest.mark.parametrize("model,data",
+                         [("probe/tiny-sink+proj", []), ("probe/bb-sinklogit", ["--data", "synthetic:bb"])],
                          ids=["text", "bb"])
 def test_sinks_runs_one_forward_per_batch(model, data, extra, tmp_path):
     seen = run(["sinks", "--model", model, *data, *WINDOWS, *extra], tmp_path)

@@ -1,7 +1,8 @@
-"""Standard errors over evaluation batches where the analyses report pooled means or ratios (docs/definitions.md#batch-standard-errors, docs/definitions.md#jackknife):
-the delete-one jackknife helper, the exposure shares (s.e. of per-batch means), the gates' token-identity share and
-Sink^eps (jackknife: each statistic recomputed with one batch left out, checked against running the analysis on the
-windows without that batch), and the pages and figures that show them."""
+"""Standard errors over evaluation batches where the analyses report pooled means or ratios
+(docs/definitions.md#batch-standard-errors, docs/definitions.md#jackknife): the delete-one jackknife helper, the
+exposure shares (s.e. of per-batch means), the gates' token-identity share and Sink^eps (jackknife: each statistic
+recomputed with one batch left out, checked against running the analysis on the windows without that batch), and the
+pages and figures that show them."""
 import math
 
 import numpy as np

@@ -79,8 +79,8 @@ def gemma_model():
 
 @pytest.fixture(scope="module")
 def windows(gemma_model):
-    """The evaluation windows (docs/definitions.md#bos-rule) for Gemma, built by default_windows: the tokenizer prepends <bos>, so each is BOS + 255 text
-    tokens as input (2 batches of 2)."""
+    """The evaluation windows (docs/definitions.md#bos-rule) for Gemma, built by default_windows: the tokenizer
+    prepends <bos>, so each is BOS + 255 text tokens as input (2 batches of 2)."""
     return default_windows(gemma_model, "wikitext-2-test", n_batches=2, batch_size=2, ctx=256)
 
 

@@ -1,4 +1,5 @@
-"""probe.load / probe.checkpoints.load.resolve: name resolution, local directories, zoo, GGUF, custom checkpoints, offline."""
+"""probe.load / probe.checkpoints.load.resolve: name resolution, local directories, zoo, GGUF, custom checkpoints,
+offline."""
 from __future__ import annotations
 
 import json

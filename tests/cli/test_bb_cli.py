@@ -1,7 +1,8 @@
 """Bigram-Backcopy on the command line and in the zoo: the shipped probe/bb-<variant> models reproduce their
-recorded statistics and the sink-emergence check's relations (docs/definitions.md#sink-emergence-check); ``probe sinks`` defaults to a BB model's own chain and shows its
-sink; text on a BB model and BB data on a text model are one-line errors; ``probe train --data synthetic:bb`` and
-``probe train --bos`` record what they trained on, and the loaded model knows it.
+recorded statistics and the sink-emergence check's relations (docs/definitions.md#sink-emergence-check);
+``probe sinks`` defaults to a BB model's own chain and shows its sink; text on a BB model and BB data on a text model
+are one-line errors; ``probe train --data synthetic:bb`` and ``probe train --bos`` record what they trained on, and
+the loaded model knows it.
 
 Every CLI call runs in this process (``probe.cli.main``: one import for all of them)."""
 import json

@@ -171,7 +171,8 @@ def test_sinks_hf_checkpoint_quiet_with_out(fx, tmp_path):
 
 
 def test_bos_flags_decide_the_first_token(fx, tmp_path):
-    """--bos / --no-bos override docs/definitions.md#bos-rule (no BOS for a tokenizer that does not prepend one), in the meta."""
+    """--bos / --no-bos override docs/definitions.md#bos-rule (no BOS for a tokenizer that does not prepend one), in the
+    meta."""
     import json
 
     from probe.checkpoints.tiny import build_tiny
@@ -257,7 +258,8 @@ def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     r = train(whole)
     assert r.returncode == 0
-    assert "warning: --warmup 100 >= --steps 6, so the lr would never reach its peak; warming up for 0 steps" in r.stderr
+    assert ("warning: --warmup 100 >= --steps 6, so the lr would never reach its peak; warming up for 0 steps"
+            in r.stderr)
     r = train(cut, kill_at_batch(tmp_path, 5))  # killed while step 5 draws its batch: last checkpoint at step 4
     assert r.returncode != 0 and not (cut / "model").exists() and not (cut / "training.html").exists()
     r = train(cut)

@@ -1,6 +1,6 @@
-"""The `probe` parser's flags are an interface: every verb's (and every `probe experiment` recipe's) actions (option strings, dest, action kind, type, default,
-choices, nargs, required, const) and the `probe train` keys that must match on resume are pinned in
-tests/cli/parser_actions.json. A change to them is deliberate: regenerate the file with
+"""The `probe` parser's flags are an interface: every verb's (and every `probe experiment` recipe's) actions (option
+strings, dest, action kind, type, default, choices, nargs, required, const) and the `probe train` keys that must match
+on resume are pinned in tests/cli/parser_actions.json. A change to them is deliberate: regenerate the file with
 
     python tests/cli/test_parser_actions.py --write
 

@@ -232,7 +232,8 @@ def test_eval_sequential_and_random(tok):
 
 @pytest.mark.parametrize("mode", ["first", "sequential", "random"])
 def test_eval_windows_with_bos(tok, mode):
-    """With a BOS each window is BOS + the first ctx text tokens of the window drawn without one (docs/definitions.md#bos-rule)."""
+    """With a BOS each window is BOS + the first ctx text tokens of the window drawn without one
+    (docs/definitions.md#bos-rule)."""
     docs = toy_docs()
     plain = eval_batches(docs, tok, n_batches=2, batch_size=3, ctx=15, seed=1, mode=mode)
     bos = eval_batches(docs, tok, n_batches=2, batch_size=3, ctx=15, seed=1, mode=mode, bos_id=7777)

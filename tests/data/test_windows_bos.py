@@ -1,5 +1,6 @@
-"""The BOS rule (docs/definitions.md#bos-rule) for evaluation windows built from text: a BOS first exactly when the tokenizer's encoding of
-plain text starts with its BOS or the model was trained with one; caller tokens and explicit choices as given."""
+"""The BOS rule (docs/definitions.md#bos-rule) for evaluation windows built from text: a BOS first exactly when the
+tokenizer's encoding of plain text starts with its BOS or the model was trained with one; caller tokens and explicit
+choices as given."""
 from __future__ import annotations
 
 import pytest

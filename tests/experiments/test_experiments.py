@@ -183,7 +183,8 @@ def test_decomposition_tables_on_hand_made_losses():
 
     base = [3.00, 3.10, 3.20]
     imp = {"sinklogit": [0.010, 0.012, 0.014], "normgate": [0.005, 0.007, 0.003], "sink+norm": [0.014, 0.016, 0.018],
-           "projgate": [0.020, 0.020, 0.020], "sink+proj": [0.030, 0.026, 0.028], "routing-normgate": [-0.001, 0.002, 0.0]}
+           "projgate": [0.020, 0.020, 0.020], "sink+proj": [0.030, 0.026, 0.028],
+           "routing-normgate": [-0.001, 0.002, 0.0]}
     rows = [("baseline", s, b) for s, b in enumerate(base)]
     rows += [(v, s, b - d) for v, ds in imp.items() for s, (b, d) in enumerate(zip(base, ds))]
     t = tables_from_losses(_losses(rows))

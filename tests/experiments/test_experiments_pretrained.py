@@ -64,7 +64,8 @@ def test_sinks_numbers_are_sink_stats_by_type_on_the_same_windows(sinks, gpt_oss
     by_type = sink_stats(model, pretrained.windows_of(model, cfg))["by_type"]
     ours = sinks["table14"][sinks["table14"].model == gpt_oss]
     assert ours["layer_type"].tolist() == by_type["layers"].tolist()
-    for pct, share in (("pos0_pct", "pos0_share"), ("phantom_pct", "phantom_share"), ("uniform_ref_pct", "uniform_ref")):
+    for pct, share in (("pos0_pct", "pos0_share"), ("phantom_pct", "phantom_share"),
+                       ("uniform_ref_pct", "uniform_ref")):
         np.testing.assert_allclose(ours[pct].to_numpy(), 100 * by_type[share].to_numpy(), rtol=1e-12)
     np.testing.assert_allclose(ours["r0"].to_numpy(), by_type["r0"].to_numpy(), rtol=1e-12)
     # the sink logit of a layer type is the mean over that type's layers of their head means

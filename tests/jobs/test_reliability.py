@@ -458,7 +458,8 @@ def test_report_resume_refuses_changed_inputs_naming_both_fingerprints(tmp_path,
     one line instead of mixing two fingerprints in one report; a folder from before fingerprints resumes with one
     warning and records them."""
     corpus, out, model = tmp_path / "corpus.txt", tmp_path / "report", tmp_path / "model"
-    corpus.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog." * 4 for i in range(24)))
+    corpus.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog." * 4
+                                  for i in range(24)))
     shutil.copytree(ZOO_MODEL, model)
     argv = ["report", "--models", str(model), "--data", str(corpus), "--ctx", "16", "--batches", "1", "--batch-size",
             "2", "--out", str(out), "--quiet"]

@@ -98,7 +98,8 @@ def test_an_interpreter_launch_under_sm86_limits_uses_the_functions_configuratio
     with use_device_limits(limits), record_launches(run=True) as launches:
         out = sink_attention(q, k, v, sink=sink, key_bias=key_bias, window=33, backend="triton")
         grads = torch.autograd.grad(out.out.sum(), [q, k, v, sink, key_bias])
-    ops = {"_fwd_kernel": "sink_forward", "_bwd_dkdv_kernel": "sink_backward_dkdv", "_bwd_dq_kernel": "sink_backward_dq"}
+    ops = {"_fwd_kernel": "sink_forward", "_bwd_dkdv_kernel": "sink_backward_dkdv",
+           "_bwd_dq_kernel": "sink_backward_dq"}
     assert [launch.spec.name for launch in launches] == list(ops)
     for launch in launches:
         cfg = launch_config(ops[launch.spec.name], torch.float32, limits, dh=64, dv=64)

@@ -499,7 +499,8 @@ def test_a_model_saved_under_triton_loads_and_runs_on_a_cpu(tmp_path):
     create("sink+proj", backend="triton", **SMALL).save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert "backend" not in cfg
-    (tmp_path / "config.json").write_text(json.dumps({**cfg, "backend": "triton"}))  # as saved before the backend became a runtime choice
+    # as saved before the backend became a runtime choice
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "backend": "triton"}))
     code = f"""
 import torch, probe
 m = probe.load({str(tmp_path)!r})
@@ -531,7 +532,8 @@ def test_checkpoints_with_the_old_gate_parameter_names_load_and_resave_under_the
             if ".attn.gate." in n:
                 p.normal_()
     state = _as_before_issue_17({n: t.contiguous() for n, t in model.state_dict().items()}, old)
-    assert f"blocks.1.attn.{old}" in state and not any(".attn.gate." in n for n in state)  # as before the gates became modules
+    # as before the gates became modules
+    assert f"blocks.1.attn.{old}" in state and not any(".attn.gate." in n for n in state)
     model.config.save_pretrained(tmp_path)
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     ids = tokens()

@@ -1,5 +1,5 @@
-"""Helpers for tests/cli/test_cli.py and tests/jobs/test_report.py: the `probe` command in a subprocess, tiny saved models,
-and faults injected into that subprocess.
+"""Helpers for tests/cli/test_cli.py and tests/jobs/test_report.py: the `probe` command in a subprocess, tiny saved
+models, and faults injected into that subprocess.
 
 Subprocesses run with one torch thread (tiny tensors on a busy 2-core machine are many times faster single-threaded)
 and with the hub marked offline (offline errors come at once instead of after a connection timeout).

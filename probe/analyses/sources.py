@@ -297,7 +297,7 @@ def dense_weights(model, data, *, progress: bool = False) -> dict[str, pd.DataFr
     w = as_windows(data)
     layers = dense_layers(model)
     if not layers:
-        raise ValueError(f"model {info.name!r} has no dense connections: no blocks.<l>.dense.hook_weights hooks "
+        raise ValueError(f"model {info.name!r} has no dense connections: no dense mixing-weight hooks "
                          "(DenseFormer / MUDD models have them)")
     acc = DenseAccumulator(layers)
     stream_hooks(model, w, {names.dense(l): l for l in layers}, acc, "dense weights", progress)  # each must fire

@@ -121,8 +121,10 @@ class MultiOptimizer:
 def build_optimizer(model: nn.Module, cfg) -> MultiOptimizer:
     """The optimizer ``cfg.optimizer`` names, with groups tagged ``name`` and ``base_lr`` (the schedule's peak)."""
     groups = param_groups(model, cfg.optimizer)
-    group = lambda name, lr, wd: {"params": [p for _, p in groups[name]], "name": name,  # noqa: E731
-                                  "lr": lr, "base_lr": lr, "weight_decay": wd}
+
+    def group(name, lr, wd):
+        return {"params": [p for _, p in groups[name]], "name": name, "lr": lr, "base_lr": lr, "weight_decay": wd}
+
     adam_kw = dict(betas=tuple(cfg.betas), eps=cfg.eps)
     if cfg.optimizer == "adamw":
         return MultiOptimizer([torch.optim.AdamW(

@@ -8,6 +8,7 @@ sits next to this interpreter), reports the median and worst wall time, and list
 transformers, pandas, plotly, transformer_lens) that parsing the arguments imported (there should be none: the verbs
 import them lazily). Exits 1 if a median misses the goal or a heavy library was imported.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,10 @@ def wall(args: list[str], script: bool = False) -> float:
 
 
 def heavy_imports() -> list[str]:
-    code = ("import sys, probe.cli as c; c.build_parser().parse_known_args(['inject', '--dose', '0.4']); "
-            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    code = (
+        "import sys, probe.cli as c; c.build_parser().parse_known_args(['inject', '--dose', '0.4']); "
+        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     return [m for m in out.split(",") if m]
 

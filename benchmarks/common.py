@@ -1,4 +1,5 @@
 """Models the benchmarks share: the custom tiny-tier baseline, or a random GPT-NeoX of pythia-160m's shape."""
+
 from __future__ import annotations
 
 
@@ -23,6 +24,15 @@ def pythia_160m_config(max_positions: int = 2048):
     """pythia-160m's GPT-NeoX config (12 layers, width 768, 12 heads, rotary on 25%, vocab 50304)."""
     from transformers import GPTNeoXConfig
 
-    return GPTNeoXConfig(vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                         intermediate_size=3072, rotary_pct=0.25, use_parallel_residual=True, attention_bias=True,
-                         max_position_embeddings=max_positions, tie_word_embeddings=False)
+    return GPTNeoXConfig(
+        vocab_size=50304,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        rotary_pct=0.25,
+        use_parallel_residual=True,
+        attention_bias=True,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=False,
+    )

@@ -10,6 +10,7 @@ cross-entropy the battery computes. Both are timed interleaved, best of ``--repe
 time (the steadier number on a shared machine; with one thread it is the work done). The ratio is given both from
 the two best times and as the median over repeats of each repeat's back-to-back ratio (the steadier one here).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,15 @@ def main() -> None:
     n_passes = args.batches * (1 + n_cond)
 
     def battery():
-        return inject(model, toks, junk=args.junk, cutoffs=args.cutoffs, doses=args.doses,
-                      exposure=not args.no_exposure, progress=False)
+        return inject(
+            model,
+            toks,
+            junk=args.junk,
+            cutoffs=args.cutoffs,
+            doses=args.doses,
+            exposure=not args.no_exposure,
+            progress=False,
+        )
 
     @torch.no_grad()
     def plain():
@@ -66,15 +74,19 @@ def main() -> None:
             cpu[name].append(time.process_time() - c0)
             if name == "battery":
                 res = out
-    print(f"model={model.probe_info.name} windows={args.batches}x{args.batch} ctx={ctx} threads={args.threads} "
-          f"conditions={n_cond} exposure={not args.no_exposure} ({args.repeats} repeats)")
+    print(
+        f"model={model.probe_info.name} windows={args.batches}x{args.batch} ctx={ctx} threads={args.threads} "
+        f"conditions={n_cond} exposure={not args.no_exposure} ({args.repeats} repeats)"
+    )
     for kind, t in (("wall", wall), ("process CPU", cpu)):
         tb, tp = min(t["battery"]), min(t["plain"])
         # each repeat times both back to back: the median of those ratios shrugs off the machine's slow spells
         ratios = sorted(b / p for b, p in zip(t["battery"], t["plain"]))
-        print(f"{kind:>12}: battery {tb:.2f} s    {n_passes} plain passes {tp:.2f} s    "
-              f"ratio of bests {tb / tp:.3f}    "
-              f"median ratio {ratios[len(ratios) // 2]:.3f} [{ratios[0]:.3f}-{ratios[-1]:.3f}] (goal <= 1.15)")
+        print(
+            f"{kind:>12}: battery {tb:.2f} s    {n_passes} plain passes {tp:.2f} s    "
+            f"ratio of bests {tb / tp:.3f}    "
+            f"median ratio {ratios[len(ratios) // 2]:.3f} [{ratios[0]:.3f}-{ratios[-1]:.3f}] (goal <= 1.15)"
+        )
     print(res["results"][["junk", "cutoff", "dose", "delta"]].to_string(index=False))
 
 

@@ -6,6 +6,7 @@
 
 A ratio is baseline time / path time (> 1: the path is faster). Timing claims live here, never in unit tests.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,6 +44,7 @@ def fwd_bwd(f, inputs):
         out = f()
         out = out[0] if isinstance(out, tuple) else out
         torch.autograd.grad(out.float().square().sum(), inputs)
+
     return run
 
 
@@ -54,6 +56,7 @@ def report(title, rows, baseline):
 
 
 # ---------------------------------------------------------------- naive eager baselines
+
 
 def naive_sink_attention(q, k, v, sink):
     """What one writes by hand: repeat kv heads, masked scores, phantom column, softmax, drop the phantom."""
@@ -86,6 +89,7 @@ def naive_row_masses(q, k, ind, sink):
 
 # ---------------------------------------------------------------- benchmarks
 
+
 def bench_sink(B, T, H, Hkv, dh, dtype, device, repeat, backends):
     q, k, v = (torch.randn(B, T, h, dh, device=device, dtype=dtype, requires_grad=True) for h in (H, Hkv, Hkv))
     sink = torch.zeros(H, device=device, requires_grad=True)
@@ -93,12 +97,28 @@ def bench_sink(B, T, H, Hkv, dh, dtype, device, repeat, backends):
     rows = [("naive eager", timeit(fwd_bwd(lambda: naive_sink_attention(q, k, v, sink), ins), repeat))]
     if device == "cuda":
         qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
-        rows.append(("torch SDPA, no sink", timeit(fwd_bwd(
-            lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True), [qt, kt, vt]),
-            repeat)))
+        rows.append(
+            (
+                "torch SDPA, no sink",
+                timeit(
+                    fwd_bwd(
+                        lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True),
+                        [qt, kt, vt],
+                    ),
+                    repeat,
+                ),
+            )
+        )
     for backend in backends:
-        rows.append((f"sink_attention[{backend}]", timeit(fwd_bwd(
-            lambda backend=backend: sink_attention(q, k, v, sink=sink, backend=backend).out, ins), repeat)))
+        rows.append(
+            (
+                f"sink_attention[{backend}]",
+                timeit(
+                    fwd_bwd(lambda backend=backend: sink_attention(q, k, v, sink=sink, backend=backend).out, ins),
+                    repeat,
+                ),
+            )
+        )
     report(f"sink attention fwd+bwd  B={B} T={T} H={H} Hkv={Hkv} dh={dh} {dtype}", rows, rows[0][0])
 
 
@@ -109,8 +129,15 @@ def bench_depth(S, B, T, d, r, dtype, device, repeat, backends):
     ins = values + [query]
     rows = [("naive eager (stack)", timeit(fwd_bwd(lambda: naive_depth(values, keys, query), ins), repeat))]
     for backend in backends:
-        rows.append((f"depth_attention[{backend}]", timeit(fwd_bwd(
-            lambda backend=backend: depth_attention(values, keys, query, backend=backend).h, ins), repeat)))
+        rows.append(
+            (
+                f"depth_attention[{backend}]",
+                timeit(
+                    fwd_bwd(lambda backend=backend: depth_attention(values, keys, query, backend=backend).h, ins),
+                    repeat,
+                ),
+            )
+        )
     report(f"depth attention fwd+bwd  S={S} B={B} T={T} d={d} r={r} {dtype}", rows, rows[0][0])
 
 
@@ -121,8 +148,12 @@ def bench_masses(B, T, H, Hkv, dh, device, repeat, backends):
     with torch.no_grad():
         rows = [("naive eager (T x T)", timeit(lambda: naive_row_masses(q, k, ind, sink), repeat))]
         for backend in backends:
-            rows.append((f"row_masses[{backend}]", timeit(
-                lambda backend=backend: attention_row_masses(q, k, ind, sink=sink, backend=backend), repeat)))
+            rows.append(
+                (
+                    f"row_masses[{backend}]",
+                    timeit(lambda backend=backend: attention_row_masses(q, k, ind, sink=sink, backend=backend), repeat),
+                )
+            )
     report(f"attention_row_masses fwd  B={B} T={T} H={H} Hkv={Hkv} dh={dh}", rows, rows[0][0])
 
 

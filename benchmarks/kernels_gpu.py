@@ -16,6 +16,7 @@ Sections, each written to DIR/<section>.txt (and a JSON line per measurement to 
 Shapes: gpt-oss (64 x 64 over 8 kv heads), llama (32 x 128 over 8), gemma (4 x 256 over 1); batch = 16k tokens / T.
 Timings are medians of CUDA-event-free wall times after a warm-up (benchmarks/kernels.timeit).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,15 +47,38 @@ def sequence_length(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), metavar="SECTION",
-                   help=f"which sections ({', '.join(SECTIONS)}; default all)")
-    p.add_argument("--T", nargs="+", type=sequence_length, default=list(DEFAULT_T), metavar="T",
-                   help="sequence lengths (default 1024 2048 4096 8192 16384)")
-    p.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES), metavar="SHAPE",
-                   help=f"attention shapes ({', '.join(SHAPES)}; default all)")
+    p.add_argument(
+        "--sections",
+        nargs="+",
+        choices=SECTIONS,
+        default=list(SECTIONS),
+        metavar="SECTION",
+        help=f"which sections ({', '.join(SECTIONS)}; default all)",
+    )
+    p.add_argument(
+        "--T",
+        nargs="+",
+        type=sequence_length,
+        default=list(DEFAULT_T),
+        metavar="T",
+        help="sequence lengths (default 1024 2048 4096 8192 16384)",
+    )
+    p.add_argument(
+        "--shapes",
+        nargs="+",
+        choices=list(SHAPES),
+        default=list(SHAPES),
+        metavar="SHAPE",
+        help=f"attention shapes ({', '.join(SHAPES)}; default all)",
+    )
     p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--flex-budget", type=float, default=60.0, metavar="S",
-                   help="seconds FlexAttention may spend (its compiles included) before its column is skipped")
+    p.add_argument(
+        "--flex-budget",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds FlexAttention may spend (its compiles included) before its column is skipped",
+    )
     p.add_argument("--out", type=Path, help="folder for <section>.txt / .jsonl (default: stdout only)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
     return p
@@ -100,8 +124,7 @@ class Section:
 def _inputs(B, T, H, Hkv, dh, grad=True):
     import torch
 
-    q, k, v = (torch.randn(B, T, h, dh, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
-               for h in (H, Hkv, Hkv))
+    q, k, v = (torch.randn(B, T, h, dh, device="cuda", dtype=torch.bfloat16, requires_grad=grad) for h in (H, Hkv, Hkv))
     sink = torch.zeros(H, device="cuda", requires_grad=grad)
     key_bias = (0.1 * torch.randn(B, Hkv, T, device="cuda")).requires_grad_(grad)
     return q, k, v, sink, key_bias
@@ -115,11 +138,18 @@ def run_sink(section, shape, T, B, repeat, flex):
 
     H, Hkv, dh = SHAPES[shape]
     q, k, v, sink, key_bias = _inputs(B, T, H, Hkv, dh)
-    t_tri = timeit(fwd_bwd(lambda: sink_attention(q, k, v, sink=sink, key_bias=key_bias, backend="triton").out,
-                           [q, k, v, sink, key_bias]), repeat)
+    t_tri = timeit(
+        fwd_bwd(
+            lambda: sink_attention(q, k, v, sink=sink, key_bias=key_bias, backend="triton").out,
+            [q, k, v, sink, key_bias],
+        ),
+        repeat,
+    )
     qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
-    t_sdpa = timeit(fwd_bwd(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=H != Hkv),
-                            [qt, kt, vt]), repeat)
+    t_sdpa = timeit(
+        fwd_bwd(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=H != Hkv), [qt, kt, vt]),
+        repeat,
+    )
     rec = dict(shape=shape, T=T, B=B, triton_ms=1e3 * t_tri, sdpa_ms=1e3 * t_sdpa, ratio_vs_sdpa=t_sdpa / t_tri)
     if flex is not None and flex.spent > flex.budget:
         rec.update(flex_error=f"skipped: FlexAttention's compiles used its {flex.budget:.0f} s budget")
@@ -131,12 +161,23 @@ def run_sink(section, shape, T, B, repeat, flex):
         except Exception as e:  # an unsupported shape is reported, not fatal
             rec.update(flex_error=f"{type(e).__name__}: {str(e)[:120]}")
         flex.spent += time.perf_counter() - t0
-    goal = "" if T < 2048 else (" meets" if rec["ratio_vs_sdpa"] >= GOALS["sink"] else " BELOW") + \
-        f" the {GOALS['sink']}x goal"
-    flex_txt = (f"  flex {rec['flex_ms']:8.2f} ms (x{rec['ratio_vs_flex']:.2f})" if "flex_ms" in rec
-                else f"  flex: {rec['flex_error']}" if "flex_error" in rec else "")
-    section.line(f"  {shape:<8} T={T:<6} B={B:<3} triton {rec['triton_ms']:8.2f} ms  sdpa {rec['sdpa_ms']:8.2f} ms "
-                 f"(x{rec['ratio_vs_sdpa']:.2f}){flex_txt}{goal}", rec)
+    goal = (
+        ""
+        if T < 2048
+        else (" meets" if rec["ratio_vs_sdpa"] >= GOALS["sink"] else " BELOW") + f" the {GOALS['sink']}x goal"
+    )
+    flex_txt = (
+        f"  flex {rec['flex_ms']:8.2f} ms (x{rec['ratio_vs_flex']:.2f})"
+        if "flex_ms" in rec
+        else f"  flex: {rec['flex_error']}"
+        if "flex_error" in rec
+        else ""
+    )
+    section.line(
+        f"  {shape:<8} T={T:<6} B={B:<3} triton {rec['triton_ms']:8.2f} ms  sdpa {rec['sdpa_ms']:8.2f} ms "
+        f"(x{rec['ratio_vs_sdpa']:.2f}){flex_txt}{goal}",
+        rec,
+    )
 
 
 class _Flex:
@@ -184,10 +225,13 @@ def run_fla(section, shape, T, B, repeat, parallel_attn):
     q, k, v, sink, _ = _inputs(B, T, H, Hkv, dh)
     ins = [q, k, v, sink]
     t_tri = timeit(fwd_bwd(lambda: sink_attention(q, k, v, sink=sink, backend="triton").out, ins), repeat)
-    t_fla = timeit(fwd_bwd(lambda: parallel_attn(q, k, v, scale=dh ** -0.5, sink_bias=sink), ins), repeat)
+    t_fla = timeit(fwd_bwd(lambda: parallel_attn(q, k, v, scale=dh**-0.5, sink_bias=sink), ins), repeat)
     rec = dict(shape=shape, T=T, B=B, triton_ms=1e3 * t_tri, fla_ms=1e3 * t_fla, ratio_vs_fla=t_fla / t_tri)
-    section.line(f"  {shape:<8} T={T:<6} B={B:<3} triton {rec['triton_ms']:8.2f} ms  fla parallel_attn "
-                 f"{rec['fla_ms']:8.2f} ms (x{rec['ratio_vs_fla']:.2f})", rec)
+    section.line(
+        f"  {shape:<8} T={T:<6} B={B:<3} triton {rec['triton_ms']:8.2f} ms  fla parallel_attn "
+        f"{rec['fla_ms']:8.2f} ms (x{rec['ratio_vs_fla']:.2f})",
+        rec,
+    )
 
 
 def run_masses(section, shape, T, B, repeat):
@@ -204,8 +248,11 @@ def run_masses(section, shape, T, B, repeat):
         t_fwd = timeit(lambda: sink_attention(q, k, v, sink=sink, key_bias=key_bias, backend="triton"), repeat)
     rec = dict(shape=shape, T=T, B=B, masses_ms=1e3 * t_mass, forward_ms=1e3 * t_fwd, ratio=t_mass / t_fwd)
     verdict = "meets" if rec["ratio"] <= GOALS["masses"] else "ABOVE"
-    section.line(f"  {shape:<8} T={T:<6} B={B:<3} row masses {rec['masses_ms']:8.2f} ms  forward "
-                 f"{rec['forward_ms']:8.2f} ms  ({rec['ratio']:.2f}x, {verdict} the {GOALS['masses']}x goal)", rec)
+    section.line(
+        f"  {shape:<8} T={T:<6} B={B:<3} row masses {rec['masses_ms']:8.2f} ms  forward "
+        f"{rec['forward_ms']:8.2f} ms  ({rec['ratio']:.2f}x, {verdict} the {GOALS['masses']}x goal)",
+        rec,
+    )
 
 
 def copy_bandwidth() -> float:
@@ -213,7 +260,7 @@ def copy_bandwidth() -> float:
     import torch
     from kernels import timeit
 
-    x = torch.empty(2 ** 29, device="cuda", dtype=torch.bfloat16)
+    x = torch.empty(2**29, device="cuda", dtype=torch.bfloat16)
     return 2 * x.numel() * x.element_size() / timeit(lambda: x.clone(), 5)
 
 
@@ -232,9 +279,11 @@ def run_depth(section, label, T, B, repeat, bandwidth):
     moved = (S + 1) * B * T * d * 2  # every source read once, h written once (keys are views of the values)
     rec = dict(shape=label, T=T, B=B, ms=1e3 * t, bytes=moved, fraction_of_copy_bandwidth=moved / t / bandwidth)
     verdict = "meets" if rec["fraction_of_copy_bandwidth"] >= GOALS["depth"] else "BELOW"
-    section.line(f"  {label:<13} T={T:<6} B={B:<3} {rec['ms']:8.3f} ms  {moved / t / 1e9:7.0f} GB/s = "
-                 f"{100 * rec['fraction_of_copy_bandwidth']:.0f} % of the copy bandwidth ({verdict} the 70 % goal)",
-                 rec)
+    section.line(
+        f"  {label:<13} T={T:<6} B={B:<3} {rec['ms']:8.3f} ms  {moved / t / 1e9:7.0f} GB/s = "
+        f"{100 * rec['fraction_of_copy_bandwidth']:.0f} % of the copy bandwidth ({verdict} the 70 % goal)",
+        rec,
+    )
 
 
 def main(argv=None) -> int:

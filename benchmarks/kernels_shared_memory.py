@@ -11,6 +11,7 @@ compiled once (probe.kernels.aot.compile_pairs) whether it serves before, after 
 case, arch): settings, shared bytes, the arch's limit, registers and spills from ptxas -v, compile seconds. Rows are
 written as their compiles finish.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,24 @@ from probe.kernels.aot import compile_pairs  # noqa: E402
 from probe.kernels.cases import capture, table_cases  # noqa: E402
 from probe.kernels.launch import ARCHS, DeviceLimits  # noqa: E402
 
-FIELDS = ["when", "kernel", "dtype", "head_dim", "flags", "arch", "blocks", "num_warps", "num_stages", "shared_bytes",
-          "limit_bytes", "fits", "registers", "spill_bytes", "compile_s", "case"]
+FIELDS = [
+    "when",
+    "kernel",
+    "dtype",
+    "head_dim",
+    "flags",
+    "arch",
+    "blocks",
+    "num_warps",
+    "num_stages",
+    "shared_bytes",
+    "limit_bytes",
+    "fits",
+    "registers",
+    "spill_bytes",
+    "compile_s",
+    "case",
+]
 UNBOUNDED = 1 << 40
 
 
@@ -48,12 +65,23 @@ def captures(archs, with_fp32_256: bool = False):
 def row(when, arch, result, case) -> dict:
     c = dict(result.spec.constexprs)
     return dict(
-        when=when, kernel=result.spec.name + (" (row masses)" if case.op == "row_masses" else ""), dtype=case.dtype,
-        head_dim=case.head_dim, flags=case.flags(), arch=arch,
+        when=when,
+        kernel=result.spec.name + (" (row masses)" if case.op == "row_masses" else ""),
+        dtype=case.dtype,
+        head_dim=case.head_dim,
+        flags=case.flags(),
+        arch=arch,
         blocks="x".join(f"{k.removeprefix('BLOCK_')}{v}" for k, v in c.items() if k.startswith("BLOCK_")),
-        num_warps=result.spec.num_warps, num_stages=result.spec.num_stages, shared_bytes=result.shared,
-        limit_bytes=ARCHS[arch].shared_bytes, fits=result.fits, registers=result.registers,
-        spill_bytes=result.spill_bytes, compile_s=round(result.seconds, 1), case=case.label())
+        num_warps=result.spec.num_warps,
+        num_stages=result.spec.num_stages,
+        shared_bytes=result.shared,
+        limit_bytes=ARCHS[arch].shared_bytes,
+        fits=result.fits,
+        registers=result.registers,
+        spill_bytes=result.spill_bytes,
+        compile_s=round(result.seconds, 1),
+        case=case.label(),
+    )
 
 
 def main():
@@ -61,8 +89,9 @@ def main():
     p.add_argument("--csv", type=Path, required=True)
     p.add_argument("--arch", action="append", choices=list(ARCHS), help="default: every arch")
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--with-fp32-256", action="store_true", help="also compile fp32 at head dim 256 (minutes per "
-                   "launch)")
+    p.add_argument(
+        "--with-fp32-256", action="store_true", help="also compile fp32 at head dim 256 (minutes per launch)"
+    )
     args = p.parse_args()
     archs = args.arch or list(ARCHS)
     caps = captures(archs, args.with_fp32_256)
@@ -84,8 +113,7 @@ def main():
 
         compile_pairs(pairs, jobs=args.jobs, timeout=7200, on_result=write)
     print(f"compiled in {time.perf_counter() - t0:.0f} s")
-    rows.sort(key=lambda d: (d["when"] != "before", d["kernel"], d["dtype"], int(d["head_dim"]), d["flags"],
-                             d["arch"]))
+    rows.sort(key=lambda d: (d["when"] != "before", d["kernel"], d["dtype"], int(d["head_dim"]), d["flags"], d["arch"]))
     with args.csv.open("w", newline="") as f:
         w = csv.DictWriter(f, FIELDS)
         w.writeheader()
@@ -95,8 +123,10 @@ def main():
         over = [r for r in mine if not r["fits"]]
         print(f"{when}: {len(mine)} launches, {len(over)} over their arch's limit")
         for r in over:
-            print(f"  {r['kernel']} {r['dtype']} dh={r['head_dim']} {r['flags']} {r['arch']}: {r['shared_bytes']} > "
-                  f"{r['limit_bytes']}")
+            print(
+                f"  {r['kernel']} {r['dtype']} dh={r['head_dim']} {r['flags']} {r['arch']}: {r['shared_bytes']} > "
+                f"{r['limit_bytes']}"
+            )
 
 
 if __name__ == "__main__":

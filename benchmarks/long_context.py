@@ -37,6 +37,7 @@ Rerun at 13:59 at load 1-4 (--ctx 4096 8192): sinks 40.2 / 94.5 s, probe forward
 11.0 / 73.9 s; interleaved in one process at 4096 the probe forward took 18.8 and 23.7 s, the HF forward 27.8 and
 34.5 s: on this machine a single time is worth a factor of two.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,8 +82,13 @@ def child(model_name: str, data: str, ctx: int, way: str, threads: int) -> dict:
         else:
             model.hf_model.base_model(input_ids=ids, use_cache=False)
         seconds = time.perf_counter() - t0
-    out = {"ctx": ctx, "way": way, "seconds": seconds, "peak_rss_gb": resource.getrusage(
-        resource.RUSAGE_SELF).ru_maxrss / 2**20, "rss_after_load_gb": rss_loaded}
+    out = {
+        "ctx": ctx,
+        "way": way,
+        "seconds": seconds,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "rss_after_load_gb": rss_loaded,
+    }
     if way == "sinks":  # the numbers themselves, to check a run read real attention
         s = found["sinks"]["summary"].iloc[0]
         out.update(pos0_share=float(s["pos0_share"]), r0=float(s["r0"]))
@@ -90,8 +96,20 @@ def child(model_name: str, data: str, ctx: int, way: str, threads: int) -> dict:
 
 
 def run_one(args, ctx: int, way: str) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", way, "--model", args.model, "--data", args.data,
-           "--threads", str(args.threads), "--ctx", str(ctx)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        way,
+        "--model",
+        args.model,
+        "--data",
+        args.data,
+        "--threads",
+        str(args.threads),
+        "--ctx",
+        str(ctx),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         return {"ctx": ctx, "way": way, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
@@ -111,8 +129,11 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(args.model, args.data, args.ctx[0], args.child, args.threads)))
         return 0
-    print(f"{args.model}, one window of --data {args.data}, B = 1, {args.threads} threads, load average at start "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    print(
+        f"{args.model}, one window of --data {args.data}, B = 1, {args.threads} threads, load average at start "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}",
+        flush=True,
+    )
     print(f"{'T':>6}  {'way':<14} {'seconds':>9} {'peak RSS GB':>12}  notes", flush=True)
     rows = []
     for ctx in args.ctx:
@@ -126,8 +147,11 @@ def main(argv=None) -> int:
             print(f"{ctx:>6}  {way:<14} {r['seconds']:>9.2f} {r['peak_rss_gb']:>12.2f}  {note}", flush=True)
         by_way = {r["way"]: r for r in rows if r["ctx"] == ctx and "error" not in r}
         if "sinks" in by_way:
-            ratios = [f"{by_way['sinks']['seconds'] / by_way[w]['seconds']:.2f}x the {w}"
-                      for w in ("probe-forward", "hf-forward") if w in by_way]
+            ratios = [
+                f"{by_way['sinks']['seconds'] / by_way[w]['seconds']:.2f}x the {w}"
+                for w in ("probe-forward", "hf-forward")
+                if w in by_way
+            ]
             if ratios:
                 print(f"{ctx:>6}  sinks = {', '.join(ratios)}", flush=True)
     print(f"load average at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")

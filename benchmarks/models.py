@@ -7,6 +7,7 @@ variants >= 0.95, block low-rank AttnRes >= 0.92, MUDD >= 0.88) and a whole trai
 (one optimiser step): forward, loss, backward, gradient clipping and the AdamW step with the trainer's parameter groups.
 Variants are timed interleaved (round-robin) so drift of the machine hits all of them alike.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,13 @@ import torch
 from probe.models import VARIANTS, create
 from probe.train import TrainConfig, build_optimizer
 
-DEFAULT = [v for v in VARIANTS if "{" not in v] + ["attnres-block4", "plr-block4-r32", "slr-block4-r32",
-                                                   "plr-full-r32", "slr-full-r32"]
+DEFAULT = [v for v in VARIANTS if "{" not in v] + [
+    "attnres-block4",
+    "plr-block4-r32",
+    "slr-block4-r32",
+    "plr-full-r32",
+    "slr-full-r32",
+]
 
 
 def step_time(model, ids, optimizer=None) -> float:
@@ -55,12 +61,16 @@ def main() -> None:
             times[v, "train step"].append(step_time(m, ids, optimizers[v]))
     median = {key: sorted(t)[len(t) // 2] for key, t in times.items()}
     tokens = args.batch * args.ctx
-    print(f"tier={args.tier} batch={args.batch} ctx={args.ctx} threads={torch.get_num_threads()} "
-          f"(median of {args.iters}; tokens/s and ratio to baseline)")
+    print(
+        f"tier={args.tier} batch={args.batch} ctx={args.ctx} threads={torch.get_num_threads()} "
+        f"(median of {args.iters}; tokens/s and ratio to baseline)"
+    )
     print(f"{'variant':<22}" + "".join(f"{k + ' tok/s':>18}{'ratio':>8}" for k in kinds))
     for v in names:
-        print(f"{v:<22}" + "".join(f"{tokens / median[v, k]:>18.0f}{median['baseline', k] / median[v, k]:>8.3f}"
-                                   for k in kinds))
+        print(
+            f"{v:<22}"
+            + "".join(f"{tokens / median[v, k]:>18.0f}{median['baseline', k] / median[v, k]:>8.3f}" for k in kinds)
+        )
 
 
 if __name__ == "__main__":

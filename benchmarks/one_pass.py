@@ -32,6 +32,7 @@ and 2.0 at the end (a quiet spell; an earlier run at load 6-23 gave the same ord
 
 The "without the LM head" ratios are the ones comparable with the 2.2x the two-pass verb was measured at.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,10 +66,12 @@ def measure(name: str, windows: dict, repeats: int) -> dict:
 
     model = probe.load(name)
     eb, _ = windows_for(WindowSpec(**windows), model)
-    ways = {"plain forward": lambda: plain_forward(model, eb),
-            "no LM head": lambda: plain_forward(model, eb, **loss_forward_kwargs(model)),
-            "one pass": lambda: sink_analyses(model, eb, eps=[0.3]),
-            "two passes": lambda: (sink_stats(model, eb), sink_heads(model, eb, eps=[0.3]))}
+    ways = {
+        "plain forward": lambda: plain_forward(model, eb),
+        "no LM head": lambda: plain_forward(model, eb, **loss_forward_kwargs(model)),
+        "one pass": lambda: sink_analyses(model, eb, eps=[0.3]),
+        "two passes": lambda: (sink_stats(model, eb), sink_heads(model, eb, eps=[0.3])),
+    }
     times = {k: [] for k in ways}
     with torch.no_grad():
         model(eb.tokens[0, :1, :16])  # lazy initialisation outside the timings
@@ -79,9 +82,14 @@ def measure(name: str, windows: dict, repeats: int) -> dict:
                 times[k].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
     n, b, t = eb.tokens.shape
-    return {"model": name, "windows": f"{n} x {b} windows of {t - 1} tokens", "median_s": med, "runs_s": times,
-            "ratio": {k: med[k] / med["plain forward"] for k in ("one pass", "two passes")},
-            "ratio_no_head": {k: med[k] / med["no LM head"] for k in ("one pass", "two passes")}}
+    return {
+        "model": name,
+        "windows": f"{n} x {b} windows of {t - 1} tokens",
+        "median_s": med,
+        "runs_s": times,
+        "ratio": {k: med[k] / med["plain forward"] for k in ("one pass", "two passes")},
+        "ratio_no_head": {k: med[k] / med["no LM head"] for k in ("one pass", "two passes")},
+    }
 
 
 def main(argv=None) -> int:
@@ -98,18 +106,22 @@ def main(argv=None) -> int:
     plans = [(args.model, {"batches": args.batches, "batch_size": args.batch_size, "ctx": args.ctx})]
     if args.tiny:
         plans.append((args.tiny, {}))  # the verb's default windows for the zoo model
-    print(f"threads {args.threads}, median of {args.repeats} runs, load average at start "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(
+        f"threads {args.threads}, median of {args.repeats} runs, load average at start "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+    )
     for name, windows in plans:
         r = measure(name, windows, args.repeats)
         m = r["median_s"]
         q, h = r["ratio"], r["ratio_no_head"]
-        print(f"{r['model']} ({r['windows']}): plain forward {m['plain forward']:.2f} s, without the LM head "
-              f"{m['no LM head']:.2f} s; one pass {m['one pass']:.2f} s ({q['one pass']:.2f}x the plain forward, "
-              f"{h['one pass']:.2f}x without the head), two passes {m['two passes']:.2f} s ({q['two passes']:.2f}x, "
-              f"{h['two passes']:.2f}x)"
-              f"; runs {', '.join(f'{k} ' + '/'.join(f'{s:.2f}' for s in v) for k, v in r['runs_s'].items())}",
-              flush=True)
+        print(
+            f"{r['model']} ({r['windows']}): plain forward {m['plain forward']:.2f} s, without the LM head "
+            f"{m['no LM head']:.2f} s; one pass {m['one pass']:.2f} s ({q['one pass']:.2f}x the plain forward, "
+            f"{h['one pass']:.2f}x without the head), two passes {m['two passes']:.2f} s ({q['two passes']:.2f}x, "
+            f"{h['two passes']:.2f}x)"
+            f"; runs {', '.join(f'{k} ' + '/'.join(f'{s:.2f}' for s in v) for k, v in r['runs_s'].items())}",
+            flush=True,
+        )
     print(f"load average at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     return 0
 

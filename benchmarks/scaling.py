@@ -26,6 +26,7 @@ TransformerLens runs are skipped where the cached patterns alone (L H T^2 x 4 by
 The last column checks agreement: the largest difference of per-layer position-0 shares (sinks) or of loss increases
 (inject) between the TransformerLens run and probe's run of the same pass and context.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,6 +50,7 @@ DOSES = (0.4,)  # one condition: the run must fit a 15-minute budget on a shared
 
 
 # ------------------------------------------------------------------ one measurement (a fresh process, or one rank)
+
 
 def _rss() -> int:
     with open("/proc/self/statm") as f:
@@ -123,8 +125,12 @@ def tl_inject(bridge, toks):
     return [(c - clean) / count for c in corrupted]
 
 
-PASSES = {("sinks", "probe"): probe_sinks, ("sinks", "tl"): tl_sinks,
-          ("inject", "probe"): probe_inject, ("inject", "tl"): tl_inject}
+PASSES = {
+    ("sinks", "probe"): probe_sinks,
+    ("sinks", "tl"): tl_sinks,
+    ("inject", "probe"): probe_inject,
+    ("inject", "tl"): tl_inject,
+}
 
 
 def load(method: str, folder: str):
@@ -170,6 +176,7 @@ def measure(job: dict) -> dict:
 
 # ------------------------------------------------------------------ the driver: fresh processes, tables
 
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -179,16 +186,33 @@ def _free_port() -> int:
 def run(job: dict, ranks: int, cores: int) -> dict:
     """``job`` in ``ranks`` fresh processes (threads: cores / ranks); the slowest rank's time, the largest peak."""
     job = {**job, "threads": max(1, cores // ranks)}
-    env = {**os.environ, "WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
-    procs = [subprocess.Popen([sys.executable, __file__, "--job", json.dumps(job)], stdout=subprocess.PIPE,
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, text=True) for r in range(ranks)]
+    env = {
+        **os.environ,
+        "WORLD_SIZE": str(ranks),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "PYTHONWARNINGS": "ignore",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--job", json.dumps(job)],
+            stdout=subprocess.PIPE,
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            text=True,
+        )
+        for r in range(ranks)
+    ]
     outs = [p.communicate()[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit(f"measurement {job} failed (exit codes {[p.returncode for p in procs]})")
     res = [json.loads(o.strip().splitlines()[-1]) for o in outs]
-    return {"seconds": max(r["seconds"] for r in res), "peak": max(r["peak"] for r in res),
-            "growth": max(r["growth"] for r in res), "check": res[0]["check"]}
+    return {
+        "seconds": max(r["seconds"] for r in res),
+        "peak": max(r["peak"] for r in res),
+        "growth": max(r["growth"] for r in res),
+        "check": res[0]["check"],
+    }
 
 
 def save_model(folder: Path, max_ctx: int) -> None:
@@ -206,18 +230,28 @@ def save_model(folder: Path, max_ctx: int) -> None:
 
 
 def mib(x: float) -> str:
-    return f"{x / 2 ** 20:,.0f}"
+    return f"{x / 2**20:,.0f}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ctx", type=int, nargs="*", default=[512, 1024, 2048, 4096], help="context lengths (none: "
-                    "only the ranks comparison)")
+    ap.add_argument(
+        "--ctx",
+        type=int,
+        nargs="*",
+        default=[512, 1024, 2048, 4096],
+        help="context lengths (none: only the ranks comparison)",
+    )
     ap.add_argument("--windows", type=int, default=1, help="windows (batches of one sequence) per context length")
     ap.add_argument("--rank-ctx", type=int, default=512, help="context of the ranks comparison (2 windows; 0: skip)")
     ap.add_argument("--cores", type=int, default=2, help="threads in all, split between the ranks")
-    ap.add_argument("--cache-limit-gb", type=float, default=3.0, help="largest pattern cache TransformerLens may "
-                    "hold (default 3: T=2048 runs, 4096's 9 GiB does not, on a shared 23 GB machine)")
+    ap.add_argument(
+        "--cache-limit-gb",
+        type=float,
+        default=3.0,
+        help="largest pattern cache TransformerLens may "
+        "hold (default 3: T=2048 runs, 4096's 9 GiB does not, on a shared 23 GB machine)",
+    )
     ap.add_argument("--passes", nargs="+", default=["sinks", "inject"], choices=["sinks", "inject"])
     ap.add_argument("--job", help=argparse.SUPPRESS)  # a measurement, in a fresh process
     ap.add_argument("--save", help=argparse.SUPPRESS)  # write the model, in a fresh process
@@ -232,11 +266,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="probe-scaling-") as folder:
         max_ctx = max([*args.ctx, args.rank_ctx])  # the size of the model's position table
         subprocess.run([sys.executable, __file__, "--save", folder, "--ctx", str(max_ctx)], check=True)
-        print(f"pythia-160m shape, random weights; {args.windows} window(s) of batch 1 per context; {args.cores} cores "
-              f"in all; load average {os.getloadavg()[0]:.1f} at start (a shared, busy machine: times are indicative)")
+        print(
+            f"pythia-160m shape, random weights; {args.windows} window(s) of batch 1 per context; {args.cores} cores "
+            f"in all; load average {os.getloadavg()[0]:.1f} at start (a shared, busy machine: times are indicative)"
+        )
         if args.ctx:
-            print("\n| pass | T | probe s | probe peak MiB | probe growth MiB | growth / T=first | TL s | "
-                  "TL peak MiB | TL growth MiB | growth / T=first | TL / probe s | TL / probe growth | max diff |")
+            print(
+                "\n| pass | T | probe s | probe peak MiB | probe growth MiB | growth / T=first | TL s | "
+                "TL peak MiB | TL growth MiB | growth / T=first | TL / probe s | TL / probe growth | max diff |"
+            )
             print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for name in args.passes:
             base = {}
@@ -244,31 +282,44 @@ def main() -> None:
                 job = {"pass": name, "ctx": ctx, "windows": args.windows, "folder": folder}
                 p = run({**job, "method": "probe"}, 1, args.cores)
                 base.setdefault("probe", p["growth"])
-                row = [name, ctx, f"{p['seconds']:.1f}", mib(p["peak"]), mib(p["growth"]),
-                       f"{p['growth'] / base['probe']:.2f}"]
+                row = [
+                    name,
+                    ctx,
+                    f"{p['seconds']:.1f}",
+                    mib(p["peak"]),
+                    mib(p["growth"]),
+                    f"{p['growth'] / base['probe']:.2f}",
+                ]
                 cache_bytes = 12 * 12 * ctx * ctx * 4 * args.windows
-                if cache_bytes > args.cache_limit_gb * 2 ** 30:
-                    row += [f"skipped: patterns alone {cache_bytes / 2 ** 30:.1f} GiB"] + [""] * 6
+                if cache_bytes > args.cache_limit_gb * 2**30:
+                    row += [f"skipped: patterns alone {cache_bytes / 2**30:.1f} GiB"] + [""] * 6
                 else:
                     t = run({**job, "method": "tl"}, 1, args.cores)
                     base.setdefault("tl", t["growth"])
                     diff = max(abs(a - b) for a, b in zip(p["check"], t["check"]))
-                    row += [f"{t['seconds']:.1f}", mib(t["peak"]), mib(t["growth"]), f"{t['growth'] / base['tl']:.2f}",
-                            f"{t['seconds'] / p['seconds']:.2f}", f"{t['growth'] / max(p['growth'], 1):.2f}",
-                            f"{diff:.1e}"]
+                    row += [
+                        f"{t['seconds']:.1f}",
+                        mib(t["peak"]),
+                        mib(t["growth"]),
+                        f"{t['growth'] / base['tl']:.2f}",
+                        f"{t['seconds'] / p['seconds']:.2f}",
+                        f"{t['growth'] / max(p['growth'], 1):.2f}",
+                        f"{diff:.1e}",
+                    ]
                 print("| " + " | ".join(map(str, row)) + " |", flush=True)
         print("\n| pass | T | windows | ranks x threads | s | peak MiB per rank | growth MiB per rank | s / 1 rank |")
         print("|---|---:|---:|---|---:|---:|---:|---:|")
         for name in args.passes if args.rank_ctx else ():
-            job = {"pass": name, "ctx": args.rank_ctx, "windows": 2, "folder": folder,
-                   "method": "probe"}
+            job = {"pass": name, "ctx": args.rank_ctx, "windows": 2, "folder": folder, "method": "probe"}
             one = None
             for ranks in (1, 2):
                 r = run(job, ranks, args.cores)
                 one = one or r["seconds"]
-                print(f"| {name} | {args.rank_ctx} | 2 | {ranks} x {max(1, args.cores // ranks)} | "
-                      f"{r['seconds']:.1f} | {mib(r['peak'])} | {mib(r['growth'])} | {r['seconds'] / one:.2f} |",
-                      flush=True)
+                print(
+                    f"| {name} | {args.rank_ctx} | 2 | {ranks} x {max(1, args.cores // ranks)} | "
+                    f"{r['seconds']:.1f} | {mib(r['peak'])} | {mib(r['growth'])} | {r['seconds'] / one:.2f} |",
+                    flush=True,
+                )
     print(f"\ntotal {time.perf_counter() - start:.0f} s; load average {os.getloadavg()[0]:.1f} at the end")
 
 

@@ -12,6 +12,7 @@ A plain forward (no hooks, SDPA, logits included) is timed too, as the floor the
 streaming pass stops the forward once the last layer's q/k/v are read, so it skips the last MLP and the LM head; the
 cached-pattern pass runs the whole model as run_with_cache does.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,9 +63,11 @@ def worker(method: str, args, queue):
     model = build(args.model)
     vocab = model.probe_info.vocab_size
     toks = torch.randint(0, vocab, (1, args.batch, args.ctx + 1), generator=torch.Generator().manual_seed(1))
-    fn = {"streaming": lambda: sink_stats(model, toks),
-          "cached patterns": lambda: sink_stats_reference(model, toks),
-          "plain forward": lambda: model(toks[0, :, :-1])}[method]
+    fn = {
+        "streaming": lambda: sink_stats(model, toks),
+        "cached patterns": lambda: sink_stats_reference(model, toks),
+        "plain forward": lambda: model(toks[0, :, :-1]),
+    }[method]
     with torch.no_grad():
         model(toks[0, :, :16])  # warm-up of lazy initialisation
         times, growth, out = [], 0, None
@@ -98,11 +101,13 @@ def main() -> None:
             raise SystemExit(f"the {method!r} worker failed (exit code {p.exitcode})")
         name, t, mem, summary = q.get()
         results[name] = (t, mem, summary)
-    print(f"model={args.model} ctx={args.ctx} batch={args.batch} threads={args.threads} "
-          f"(best of {args.repeats}; memory = peak RSS growth during the call)")
+    print(
+        f"model={args.model} ctx={args.ctx} batch={args.batch} threads={args.threads} "
+        f"(best of {args.repeats}; memory = peak RSS growth during the call)"
+    )
     print(f"{'method':<18}{'time (s)':>10}{'peak RSS growth (MiB)':>24}")
     for name, (t, mem, _) in results.items():
-        print(f"{name:<18}{t:>10.2f}{mem / 2 ** 20:>24.1f}")
+        print(f"{name:<18}{t:>10.2f}{mem / 2**20:>24.1f}")
     (ts, ms, a), (tr, mr, b) = results["streaming"][:3], results["cached patterns"][:3]
     print(f"speed-up of streaming over cached patterns: {tr / ts:.2f}x (goal >= 1.5x)")
     print(f"memory of streaming / cached patterns:      {ms / max(mr, 1):.3f} (goal <= 0.25)")

@@ -15,6 +15,7 @@ files are generated in a temporary folder and removed afterwards:
 
 The goal (streaming corpora): every file within 200 MB of the bundled text's peak.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,9 +64,14 @@ def write_inputs(folder: Path, gb: float, random_mb: float) -> dict[tuple[str, s
     with open(small, "w", encoding="utf-8") as f:
         for _ in range(max(1, int(random_mb * 1e6) // len(text))):
             f.write(text + "\n\n")
-    return {("bundled wikitext-2-test", "auto"): "wikitext-2-test", (one.name, "auto"): one, (gz.name, "auto"): gz,
-            (txt.name, "auto"): txt, ("bundled wikitext-2-test", "random"): "wikitext-2-test",
-            (small.name, "random"): small}
+    return {
+        ("bundled wikitext-2-test", "auto"): "wikitext-2-test",
+        (one.name, "auto"): one,
+        (gz.name, "auto"): gz,
+        (txt.name, "auto"): txt,
+        ("bundled wikitext-2-test", "random"): "wikitext-2-test",
+        (small.name, "random"): small,
+    }
 
 
 def main() -> None:
@@ -88,8 +94,11 @@ def main() -> None:
             peak = int(rss_kb) / 1024
             base.setdefault(mode, peak)
             on_disk = f"{size / 1e6:,.0f} MB on disk" if size else "bundled"
-            print(f"--window-mode {mode}: {label} ({on_disk}): peak {peak:,.0f} MiB ({peak - base[mode]:+,.0f} vs "
-                  f"bundled), {float(wall):.1f} s, windows {used}, fingerprint {fingerprint}", flush=True)
+            print(
+                f"--window-mode {mode}: {label} ({on_disk}): peak {peak:,.0f} MiB ({peak - base[mode]:+,.0f} vs "
+                f"bundled), {float(wall):.1f} s, windows {used}, fingerprint {fingerprint}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

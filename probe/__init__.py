@@ -4,6 +4,7 @@ Heavy libraries are imported lazily so that ``import probe`` and ``probe --help`
 is registered with transformers' Auto classes as soon as transformers is in use (now, or when it is first imported),
 so after ``import probe``, ``AutoModelForCausalLM.from_pretrained(dir)`` loads saved probe models.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -4,6 +4,7 @@ Standard library only, so ``probe models`` lists them without importing torch or
 and re-exports these tables (``probe.models.VARIANTS``, ``TIERS``): models/config.py builds tiers from them,
 models/variants.py builds each variant's config from its ``settings`` here, and ``add_variant`` adds to ``VARIANTS``.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -11,6 +12,7 @@ from typing import NamedTuple
 
 class Variant(NamedTuple):
     """One named custom model: what it is, and the ProbeConfig mechanism fields it sets (plain data)."""
+
     description: str
     settings: dict  # parametric names ({N} blocks, {r} rank) add their parameters to these (models/variants.py)
 
@@ -18,45 +20,62 @@ class Variant(NamedTuple):
 # name -> Variant: the one variant table (models/variants.py builds configs from it; add_variant adds to it)
 VARIANTS: dict[str, Variant] = {
     "baseline": Variant("standard causal softmax attention, plain residual stream", {}),
-    "offbyone": Variant("phantom key with logit fixed at 0 and value 0 (softmax-off-by-one)",
-                        dict(abstention="offbyone")),
+    "offbyone": Variant(
+        "phantom key with logit fixed at 0 and value 0 (softmax-off-by-one)", dict(abstention="offbyone")
+    ),
     "sinklogit": Variant("phantom key with a learned logit b_h per head (gpt-oss sink)", dict(abstention="sinklogit")),
-    "sinktoken": Variant("a learned extra first token with learned key and value, removed before the LM head",
-                         dict(abstention="sinktoken")),
+    "sinktoken": Variant(
+        "a learned extra first token with learned key and value, removed before the LM head",
+        dict(abstention="sinktoken"),
+    ),
     "normgate": Variant("value gate g_j = sigmoid(beta(||v_j||/sqrt(dh) - tau_h)), beta = 8", dict(value_gate="norm")),
     "projgate": Variant("value gate g_j = sigmoid(w_h . v_j + b_h)", dict(value_gate="proj")),
     "sink+norm": Variant("sink logit and norm gate", dict(abstention="sinklogit", value_gate="norm")),
     "sink+proj": Variant("sink logit and projection gate", dict(abstention="sinklogit", value_gate="proj")),
-    "routing-normgate": Variant("norm gate in the routing slot: log g_j added to the logits, no row scaling",
-                                dict(value_gate="routing-norm")),
+    "routing-normgate": Variant(
+        "norm gate in the routing slot: log g_j added to the logits, no row scaling", dict(value_gate="routing-norm")
+    ),
     "gatedv": Variant("GatedV: SiLU on the projected values before aggregation", dict(value_gate="silu")),
     "gatedv-tanh": Variant("GatedV control: V * tanh(V)", dict(value_gate="tanh")),
     "gatedv-q": Variant("GatedV placement control: SiLU on the queries only (before RoPE)", dict(qk_activation="q")),
-    "gatedv-qkv": Variant("GatedV placement control: SiLU on queries, keys (before RoPE) and values",
-                          dict(qk_activation="qk", value_gate="silu")),
-    "g2": Variant("Gated Attention G2: headwise sigmoid gate from a separate input projection, on the values",
-                  dict(value_gate="g2")),
+    "gatedv-qkv": Variant(
+        "GatedV placement control: SiLU on queries, keys (before RoPE) and values",
+        dict(qk_activation="qk", value_gate="silu"),
+    ),
+    "g2": Variant(
+        "Gated Attention G2: headwise sigmoid gate from a separate input projection, on the values",
+        dict(value_gate="g2"),
+    ),
     "glu-full": Variant("GLU value (U W_C) * SiLU(U W_G) at full value width", dict(value_gate="glu")),
     # d_value "reduced": the combined value width m = 2d/3, rounded to a multiple of the heads (models/variants.py)
-    "glu-reduced": Variant("GLU value at reduced width: combined value width 2d/3, parameter-matched",
-                           dict(value_gate="glu", d_value="reduced")),
+    "glu-reduced": Variant(
+        "GLU value at reduced width: combined value width 2d/3, parameter-matched",
+        dict(value_gate="glu", d_value="reduced"),
+    ),
     "attnres-full": Variant("AttnRes: static-query softmax over all earlier sub-layer outputs", dict(depth="attnres")),
-    "attnres-block{N}": Variant("Block AttnRes with N blocks (embedding, completed block sums, partial block)",
-                                dict(depth="attnres")),
-    "plr-full-r{r}": Variant("P-LR-AttnRes: rank-r routing keys projected beside each output, full sources",
-                             dict(depth="plr")),
+    "attnres-block{N}": Variant(
+        "Block AttnRes with N blocks (embedding, completed block sums, partial block)", dict(depth="attnres")
+    ),
+    "plr-full-r{r}": Variant(
+        "P-LR-AttnRes: rank-r routing keys projected beside each output, full sources", dict(depth="plr")
+    ),
     "plr-block{N}-r{r}": Variant("P-LR-AttnRes over N blocks", dict(depth="plr")),
-    "slr-full-r{r}": Variant("S-LR-AttnRes: routing key = last r coordinates of each output, full sources",
-                             dict(depth="slr")),
+    "slr-full-r{r}": Variant(
+        "S-LR-AttnRes: routing key = last r coordinates of each output, full sources", dict(depth="slr")
+    ),
     "slr-block{N}-r{r}": Variant("S-LR-AttnRes over N blocks", dict(depth="slr")),
-    "value-residual": Variant("value residual: V_n <- (1 - lambda_n) V_n + lambda_n V_1, lambda init 0.5",
-                              dict(value_residual="lambda")),
-    "value-residual-2w": Variant("ResFormer two-weight value residual: lambda_1 V_1 + lambda_2 V_n",
-                                 dict(value_residual="two-weight")),
-    "denseformer": Variant("DenseFormer: static weighted average of all earlier block outputs after each block",
-                           dict(dense="denseformer")),
-    "mudd": Variant("MUDD: per-token dynamic dense connections for query, key, value and residual streams",
-                    dict(dense="mudd")),
+    "value-residual": Variant(
+        "value residual: V_n <- (1 - lambda_n) V_n + lambda_n V_1, lambda init 0.5", dict(value_residual="lambda")
+    ),
+    "value-residual-2w": Variant(
+        "ResFormer two-weight value residual: lambda_1 V_1 + lambda_2 V_n", dict(value_residual="two-weight")
+    ),
+    "denseformer": Variant(
+        "DenseFormer: static weighted average of all earlier block outputs after each block", dict(dense="denseformer")
+    ),
+    "mudd": Variant(
+        "MUDD: per-token dynamic dense connections for query, key, value and residual streams", dict(dense="mudd")
+    ),
 }
 
 # name -> ProbeConfig keyword arguments (the architecture only; mechanisms come from variants)
@@ -72,13 +91,23 @@ TIERS: dict[str, dict] = {
     "abstention-124m": dict(n_layers=12, d_model=768, n_heads=12, d_mlp=3072, n_ctx=1024, **_GPT2_STYLE),
     "abstention-350m": dict(n_layers=24, d_model=1024, n_heads=16, d_mlp=4096, n_ctx=1024, **_GPT2_STYLE),
     # LR-AttnRes 2026 §4.1
-    "lr-attnres": dict(n_layers=24, d_model=1024, n_heads=16, d_mlp=2816, n_ctx=2048, vocab_size=100277,
-                       rope_theta=500000.0, qk_norm=True, tie_embeddings=False),
+    "lr-attnres": dict(
+        n_layers=24,
+        d_model=1024,
+        n_heads=16,
+        d_mlp=2816,
+        n_ctx=2048,
+        vocab_size=100277,
+        rope_theta=500000.0,
+        qk_norm=True,
+        tie_embeddings=False,
+    ),
 }
 
 
 class Released(NamedTuple):
     """A paper's released checkpoint, read from the authors' own format (probe/checkpoints/<format>.py)."""
+
     repo: str  # its Hugging Face repository
     format: str  # the loader: "muddformer" / "muddpythia" (config.json + weights), "lr-attnres" (final_model.pt)
     description: str
@@ -87,22 +116,31 @@ class Released(NamedTuple):
 # short name -> the release; names as the authors' repositories give them at the pinned commits
 # (Caiyun-AI/MUDDFormer README / pytorch/README.md; jon123boss/LR-AttnRes's own loading and figure scripts)
 RELEASED: dict[str, Released] = {
-    "muddformer-2.8b": Released("Caiyun-AI/MUDDFormer-2.8B", "muddformer",
-                                "MUDDFormer 2.8B (Xiao et al. 2025): 32L, d=2560, MUDD q/k/v/r dense connections"),
-    "muddpythia-1.4b": Released("Caiyun-AI/MUDDPythia-1.4B", "muddpythia",
-                                "MUDDPythia 1.4B: Pythia-style (parallel residual, biases) with MUDD, 24L, d=2048"),
-    "muddpythia-2.8b": Released("Caiyun-AI/MUDDPythia-2.8B", "muddpythia",
-                                "MUDDPythia 2.8B: 32L, d=2560"),
+    "muddformer-2.8b": Released(
+        "Caiyun-AI/MUDDFormer-2.8B",
+        "muddformer",
+        "MUDDFormer 2.8B (Xiao et al. 2025): 32L, d=2560, MUDD q/k/v/r dense connections",
+    ),
+    "muddpythia-1.4b": Released(
+        "Caiyun-AI/MUDDPythia-1.4B",
+        "muddpythia",
+        "MUDDPythia 1.4B: Pythia-style (parallel residual, biases) with MUDD, 24L, d=2048",
+    ),
+    "muddpythia-2.8b": Released("Caiyun-AI/MUDDPythia-2.8B", "muddpythia", "MUDDPythia 2.8B: 32L, d=2560"),
     # what each run is, as far as the scripts naming it say (its own model_args say the rest when loaded)
-    "lr-attnres-n16": Released("Jonnester/LR-AttnRes-n16", "lr-attnres",
-                               "LR-AttnRes: the run their load/inspect scripts download by default"),
+    "lr-attnres-n16": Released(
+        "Jonnester/LR-AttnRes-n16", "lr-attnres", "LR-AttnRes: the run their load/inspect scripts download by default"
+    ),
     "lr-attnres-n8": Released("Jonnester/LR-AttnRes-n8", "lr-attnres", "LR-AttnRes: 'Block LR-AttnRes n=8'"),
-    "lr-attnres-n8-avg": Released("Jonnester/LR-AttnRes-n8-Avg", "lr-attnres",
-                                  "LR-AttnRes: 'Block LR-AttnRes n=8 + avg' (block mean)"),
-    "lr-attnres-full": Released("Jonnester/LR-AttnRes-Full", "lr-attnres",
-                                "LR-AttnRes: a full-routing run (their static-query heatmap script)"),
-    "lr-attnres-full-32": Released("Jonnester/LR-AttnRes-Full-32", "lr-attnres",
-                                   "LR-AttnRes: a second full-routing run (same script)"),
+    "lr-attnres-n8-avg": Released(
+        "Jonnester/LR-AttnRes-n8-Avg", "lr-attnres", "LR-AttnRes: 'Block LR-AttnRes n=8 + avg' (block mean)"
+    ),
+    "lr-attnres-full": Released(
+        "Jonnester/LR-AttnRes-Full", "lr-attnres", "LR-AttnRes: a full-routing run (their static-query heatmap script)"
+    ),
+    "lr-attnres-full-32": Released(
+        "Jonnester/LR-AttnRes-Full-32", "lr-attnres", "LR-AttnRes: a second full-routing run (same script)"
+    ),
 }
 
 TIER_DESCRIPTIONS = {
@@ -115,4 +153,3 @@ TIER_DESCRIPTIONS = {
     "abstention-350m": "Wang 2026 Table 4, 350M tier: 24L, d=1024",
     "lr-attnres": "LR-AttnRes 2026: 24L, d=1024, 16 heads, SwiGLU 2816, RoPE 5e5, QK-norm, untied",
 }
-

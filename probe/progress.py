@@ -2,6 +2,7 @@
 and one at the end), never carriage returns or escape codes. Used by the analyses and the trainer, which print nothing
 else (notes and results belong to ``probe.present``).
 """
+
 from __future__ import annotations
 
 import sys
@@ -22,8 +23,7 @@ class PlainProgress:
     every ``min_interval`` seconds) and one when closed after some work (a bar closed by an error before any work
     prints nothing, so that error is the only line)."""
 
-    def __init__(self, total: int, desc: str, unit: str = "it", initial: int = 0, file=None,
-                 min_interval: float = 2.0):
+    def __init__(self, total: int, desc: str, unit: str = "it", initial: int = 0, file=None, min_interval: float = 2.0):
         self.total, self.desc, self.unit, self.n, self.initial = total, desc, unit, initial, initial
         self.file, self.min_interval, self.postfix = file or sys.stderr, min_interval, ""
         self._next = self._step_after(initial)
@@ -74,8 +74,9 @@ class _Silent(PlainProgress):
         pass
 
 
-def progress_bar(total: int, desc: str, *, unit: str = "it", enabled: bool = True, leave: bool = True,
-                 initial: int = 0):
+def progress_bar(
+    total: int, desc: str, *, unit: str = "it", enabled: bool = True, leave: bool = True, initial: int = 0
+):
     """A tqdm bar on stderr when it is a terminal, plain lines when it is not, nothing when not ``enabled``.
     ``leave=False`` (loading stages) erases a terminal bar when closed and prints no lines."""
     if not enabled or (not leave and not sys.stderr.isatty()):

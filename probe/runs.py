@@ -12,6 +12,7 @@
 ``RUN`` as a model name stands for its final model, else its last checkpoint; ``RUN@step{N}`` for a snapshot.
 Standard library only: both ``probe.checkpoints`` and ``probe.train`` import it.
 """
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 metrics, the zoo builders, corpora, run stores, result pages): each file staged in a new temp file of its folder
 (``mkstemp``: exclusive, a random name, so a planted file or link is never opened), synced, then renamed into place;
 an OSError is one ``WriteError`` naming the file. Standard library only, at the lowest level of the package."""
+
 from __future__ import annotations
 
 import errno
@@ -35,7 +36,7 @@ def _write_all(fd: int, data: bytes) -> None:
     """Every byte of ``data`` to ``fd`` (os.write may write fewer)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -139,8 +140,9 @@ def check_real_folders(root: Path, path: Path) -> None:
     for part in Path(path).parent.relative_to(root).parts:
         at = at / part
         if at.is_symlink():
-            raise OSError(errno.ELOOP, f"{at} is a link; probe writes only into real folders of {root} (remove the "
-                          "link)", str(at))
+            raise OSError(
+                errno.ELOOP, f"{at} is a link; probe writes only into real folders of {root} (remove the link)", str(at)
+            )
 
 
 def staging_dir(parent: Path, name: str) -> Path:

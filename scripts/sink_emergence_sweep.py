@@ -14,6 +14,7 @@ statistics at each of its last two snapshots); ``recipe`` lists every variant's 
 the sink-emergence check (docs/definitions.md#sink-emergence-check) at the last two snapshots and writes
 OUT/GRID/POINT/trajectories.html.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,19 @@ from probe.experiments.sink_emergence import (
 )
 
 # the starting setting (2 layers, 1 head of 128, d 128, batch 32, AdamW lr 1e-3, wd 1e-4) at T = 256, 1200 steps
-BASE = EmergenceConfig(seeds=(0,), n_layers=2, n_heads=1, d_model=128, d_mlp=384, T=256, batch_size=32, lr=1e-3,
-                       weight_decay=1e-4, steps=1200, snapshot_every=200)
+BASE = EmergenceConfig(
+    seeds=(0,),
+    n_layers=2,
+    n_heads=1,
+    d_model=128,
+    d_mlp=384,
+    T=256,
+    batch_size=32,
+    lr=1e-3,
+    weight_decay=1e-4,
+    steps=1200,
+    snapshot_every=200,
+)
 
 # one factor at a time from BASE (steps are covered by the snapshots every 200 steps)
 GRIDS: dict[str, dict[str, dict]] = {
@@ -53,8 +65,22 @@ GRIDS: dict[str, dict[str, dict]] = {
     },
 }
 
-SETTINGS = ("n_layers", "n_heads", "d_model", "d_mlp", "T", "batch_size", "lr", "weight_decay", "steps", "warmup",
-            "min_lr_ratio", "chain_seed", "vocab", "triggers")
+SETTINGS = (
+    "n_layers",
+    "n_heads",
+    "d_model",
+    "d_mlp",
+    "T",
+    "batch_size",
+    "lr",
+    "weight_decay",
+    "steps",
+    "warmup",
+    "min_lr_ratio",
+    "chain_seed",
+    "vocab",
+    "triggers",
+)
 
 
 def point_config(grid: str, point: str, **extra) -> EmergenceConfig:
@@ -108,24 +134,33 @@ def cmd_table(args):
         t["cpu_min"] = cpu_seconds(d) / 60
         frames.append(t)
         runs = t.drop_duplicates("step").sort_values("step")
-        cells = [f"{int(r.step)}: {r.pos0_over_uniform:.2f}× / r0 {r.r0_later:.2f} / ph {r.phantom_mean:.2f} / "
-                 f"{'**yes**' if r.sink_formed else 'no'}" for r in runs.tail(2).itertuples()]
+        cells = [
+            f"{int(r.step)}: {r.pos0_over_uniform:.2f}× / r0 {r.r0_later:.2f} / ph {r.phantom_mean:.2f} / "
+            f"{'**yes**' if r.sink_formed else 'no'}"
+            for r in runs.tail(2).itertuples()
+        ]
         best = runs.loc[runs["pos0_over_uniform"].idxmax()]
         last = runs.iloc[-1]
-        per_layer = " ; ".join(f"L{int(r.layer)} {r.pos0_ratio:.2f}× r0 {r.r0:.2f}"
-                               for r in t[t["step"] == last.step].sort_values("layer").itertuples())
-        lines.append(f"| {grid}/{point} | {info['variant']} | {info['seed']} | "
-                     f"{cfg.n_heads}×{cfg.d_model // cfg.n_heads}"
-                     f" | {cfg.d_model} | {cfg.T} | {cfg.lr:g} | {cfg.weight_decay:g} | {cfg.steps} | "
-                     f"{t['cpu_min'].iloc[0]:.1f} | {last.loss_copy:.3f} / {last.loss_bigram:.3f} | "
-                     f"{' ; '.join(cells)} | {per_layer} | "
-                     f"{int(best.step)}: {best.pos0_over_uniform:.2f}× r0 {best.r0_later:.2f} |")
+        per_layer = " ; ".join(
+            f"L{int(r.layer)} {r.pos0_ratio:.2f}× r0 {r.r0:.2f}"
+            for r in t[t["step"] == last.step].sort_values("layer").itertuples()
+        )
+        lines.append(
+            f"| {grid}/{point} | {info['variant']} | {info['seed']} | "
+            f"{cfg.n_heads}×{cfg.d_model // cfg.n_heads}"
+            f" | {cfg.d_model} | {cfg.T} | {cfg.lr:g} | {cfg.weight_decay:g} | {cfg.steps} | "
+            f"{t['cpu_min'].iloc[0]:.1f} | {last.loss_copy:.3f} / {last.loss_bigram:.3f} | "
+            f"{' ; '.join(cells)} | {per_layer} | "
+            f"{int(best.step)}: {best.pos0_over_uniform:.2f}× r0 {best.r0_later:.2f} |"
+        )
     if not frames:
         raise SystemExit(f"no finished runs under {out}")
     pd.concat(frames, ignore_index=True).to_csv(args.csv or out / "all_snapshots.csv", index=False)
-    header = ("| run | variant | seed | heads×width | d | T | lr | wd | steps | CPU min | final loss copy / bigram | "
-              "last two snapshots: step: pos0÷uniform / r0 / phantom / sink formed | last snapshot per layer | "
-              "largest pos0÷uniform |\n" + "|---" * 14 + "|")
+    header = (
+        "| run | variant | seed | heads×width | d | T | lr | wd | steps | CPU min | final loss copy / bigram | "
+        "last two snapshots: step: pos0÷uniform / r0 / phantom / sink formed | last snapshot per layer | "
+        "largest pos0÷uniform |\n" + "|---" * 14 + "|"
+    )
     text = header + "\n" + "\n".join(lines) + "\n"
     if args.md:
         write_section(Path(args.md), "sweep table", text)
@@ -149,26 +184,31 @@ def cmd_recipe(args):
     from probe.experiments.sink_emergence import trajectory_figure
 
     root = Path(args.out) / args.grid / args.point
-    frames = [pd.read_csv(d / "snapshot_stats.csv") for d in sorted(root.glob("*-s*"))
-              if (d / "snapshot_stats.csv").exists()]
+    frames = [
+        pd.read_csv(d / "snapshot_stats.csv") for d in sorted(root.glob("*-s*")) if (d / "snapshot_stats.csv").exists()
+    ]
     if not frames:
         raise SystemExit(f"no finished runs under {root}")
     t = pd.concat(frames, ignore_index=True)
     order = {v: i for i, v in enumerate(VARIANTS)}
     t = t.sort_values(["seed", "variant", "step", "layer"], key=lambda c: c.map(order) if c.name == "variant" else c)
     trajectory_figure(t).write_html(root / "trajectories.html", include_plotlyjs="cdn")
-    lines = ["| variant | seed | step | pos0÷uniform (L≥1) | r0 (L≥1) | phantom (mean) | sink formed "
-             "| L0 pos0÷uniform / r0 "
-             "| L1 prev@trigger / BOS elsewhere / phantom elsewhere | sink logit L0 / L1 | loss copy / bigram |",
-             "|---" * 11 + "|"]
+    lines = [
+        "| variant | seed | step | pos0÷uniform (L≥1) | r0 (L≥1) | phantom (mean) | sink formed "
+        "| L0 pos0÷uniform / r0 "
+        "| L1 prev@trigger / BOS elsewhere / phantom elsewhere | sink logit L0 / L1 | loss copy / bigram |",
+        "|---" * 11 + "|",
+    ]
     for (v, seed, step), g in t.groupby(["variant", "seed", "step"], sort=False):
         r, l0 = g.iloc[0], g[g["layer"] == 0].iloc[0]
         l1 = g[g["layer"] == 1].iloc[0] if (g["layer"] == 1).any() else l0
         logits = " / ".join(f"{x:.2f}" for x in g.sort_values("layer")["sink_logit"]) if "sink_logit" in g else ""
-        lines.append(f"| {v} | {seed} | {step} | {r.pos0_over_uniform:.2f} | {r.r0_later:.2f} | {r.phantom_mean:.3f} | "
-                     f"{'**yes**' if r.sink_formed else 'no'} | {l0.pos0_ratio:.2f} / {l0.r0:.2f} | "
-                     f"{l1.prev_at_trigger:.3f} / {l1.bos_elsewhere:.4f} / {l1.phantom_elsewhere:.3f} | "
-                     f"{logits if 'nan' not in logits else '–'} | {r.loss_copy:.4f} / {r.loss_bigram:.3f} |")
+        lines.append(
+            f"| {v} | {seed} | {step} | {r.pos0_over_uniform:.2f} | {r.r0_later:.2f} | {r.phantom_mean:.3f} | "
+            f"{'**yes**' if r.sink_formed else 'no'} | {l0.pos0_ratio:.2f} / {l0.r0:.2f} | "
+            f"{l1.prev_at_trigger:.3f} / {l1.bos_elsewhere:.4f} / {l1.phantom_elsewhere:.3f} | "
+            f"{logits if 'nan' not in logits else '–'} | {r.loss_copy:.4f} / {r.loss_bigram:.3f} |"
+        )
     text = "\n".join(lines) + "\n\n" + done_when_text(done_when(summary_table(t))) + "\n"
     if args.md:
         write_section(Path(args.md), f"recipe {args.grid}/{args.point}", text)
@@ -179,12 +219,22 @@ def done_when_text(check: pd.DataFrame) -> str:
     """The sink-emergence check at each seed's last two snapshots (``sink_emergence.done_when``), one line per step."""
     out = []
     for r in check.itertuples():
-        failed = [c for c in ("baseline_sink_formed", "sinklogit_phantom_over_0.1", "sinklogit_pos0_lower",
-                              "sinklogit_r0_nearer_1") if not check.loc[r.Index, c]]
+        failed = [
+            c
+            for c in (
+                "baseline_sink_formed",
+                "sinklogit_phantom_over_0.1",
+                "sinklogit_pos0_lower",
+                "sinklogit_r0_nearer_1",
+            )
+            if not check.loc[r.Index, c]
+        ]
         verdict = "all met" if r.all_met else "NOT met: " + ", ".join(failed)
-        out.append(f"- seed {r.seed}, step {r.step}: {verdict} (baseline {r.baseline_pos0_over_uniform:.2f}× r0 "
-                   f"{r.baseline_r0:.2f}; sinklogit {r.sinklogit_pos0_over_uniform:.2f}× r0 {r.sinklogit_r0:.2f} "
-                   f"phantom {r.sinklogit_phantom:.3f})")
+        out.append(
+            f"- seed {r.seed}, step {r.step}: {verdict} (baseline {r.baseline_pos0_over_uniform:.2f}× r0 "
+            f"{r.baseline_r0:.2f}; sinklogit {r.sinklogit_pos0_over_uniform:.2f}× r0 {r.sinklogit_r0:.2f} "
+            f"phantom {r.sinklogit_phantom:.3f})"
+        )
     return "Done-when at the last two snapshots:\n" + ("\n".join(out) if out else "- no baseline/sinklogit pair yet")
 
 

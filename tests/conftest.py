@@ -3,6 +3,7 @@
 Triton runs kernels on CPU tensors only under its interpreter, and TRITON_INTERPRET must be set before triton is
 first imported (importing torch._dynamo imports it), so it is set here, before any test module loads.
 """
+
 import os
 
 import pytest

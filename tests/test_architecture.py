@@ -1,6 +1,7 @@
 """The one-way dependency order (docs/architecture.md), read off the source: no import against it, no import circle
 between files or between packages. Function-level imports count like top-level ones (a lazy import is still a
 dependency). The level table of docs/architecture.md is this test's LEVELS."""
+
 from __future__ import annotations
 
 import ast
@@ -18,13 +19,19 @@ PAGE = PACKAGE.parent / "docs" / "architecture.md"
 # the public face and stands outside the order.
 LEVELS = {
     # vocabulary, fused ops, text and tokens, and the stdlib-only leaves every layer may use
-    "hooks": 0, "kernels": 0, "data": 0, "runs": 0, "progress": 0, "writes": 0,
+    "hooks": 0,
+    "kernels": 0,
+    "data": 0,
+    "runs": 0,
+    "progress": 0,
+    "writes": 0,
     "catalogue": 0,  # the custom models' variant and tier names, plain data (`probe models` reads them without torch)
     "models": 1,  # custom instrumented transformers
     "checkpoints": 2,  # name -> model, HF adapters, interop, tiny HF models for tests
     "analyses": 3,  # captured tensors -> DataFrames (compute only: no files, pages or stdout)
     "present": 4,  # figures, page sections, terminal text, files, console, errors
-    "jobs": 5, "train": 5,  # run specs, inputs and windows, the resumable store, the report; training
+    "jobs": 5,
+    "train": 5,  # run specs, inputs and windows, the resumable store, the report; training
     "experiments": 6,  # the papers' recipes
     "cli": 7,  # the command line
 }
@@ -124,10 +131,11 @@ def test_the_architecture_page_shows_these_levels():
 
 
 def test_imports_follow_the_one_way_order():
-    against = sorted(f"{a}:{line} imports {b} ({_unit(a)} level {LEVELS.get(_unit(a))} < {_unit(b)} level "
-                     f"{LEVELS.get(_unit(b))})"
-                     for a, b, line in EDGES
-                     if _unit(a) and _unit(b) and LEVELS.get(_unit(b), 99) > LEVELS.get(_unit(a), -1))
+    against = sorted(
+        f"{a}:{line} imports {b} ({_unit(a)} level {LEVELS.get(_unit(a))} < {_unit(b)} level {LEVELS.get(_unit(b))})"
+        for a, b, line in EDGES
+        if _unit(a) and _unit(b) and LEVELS.get(_unit(b), 99) > LEVELS.get(_unit(a), -1)
+    )
     assert against == []
 
 
@@ -146,9 +154,20 @@ def test_no_import_circles_between_packages():
     assert _cycles(graph) == []
 
 
-@pytest.mark.parametrize("moved", ["probe/hooks/load.py", "probe/hooks/interop.py", "probe/hooks/adapters",
-                                   "probe/hooks/hooked_hf.py", "probe/cli.py", "probe/cli_common.py",
-                                   "probe/cli_misc.py", "probe/cli_analyses.py", "probe/cli_output.py"])
+@pytest.mark.parametrize(
+    "moved",
+    [
+        "probe/hooks/load.py",
+        "probe/hooks/interop.py",
+        "probe/hooks/adapters",
+        "probe/hooks/hooked_hf.py",
+        "probe/cli.py",
+        "probe/cli_common.py",
+        "probe/cli_misc.py",
+        "probe/cli_analyses.py",
+        "probe/cli_output.py",
+    ],
+)
 def test_moved_modules_are_gone_not_shimmed(moved):
     assert not (PACKAGE.parent / moved).exists()
 

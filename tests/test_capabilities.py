@@ -2,6 +2,7 @@
 and the model), never its name: no module under probe/analyses, probe/present or probe/cli compares a gate, variant,
 depth or abstention name with a string literal. A new mechanism registered the way docs/how-to/adding-a-mechanism.md
 says is then analysed as its declaration says, without editing an analysis."""
+
 import ast
 from pathlib import Path
 
@@ -52,7 +53,8 @@ def name_comparisons(source: str, path: str, mechanism_names: set[str]) -> list[
     found = []
     for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.Compare) or not all(
-                isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
+            isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops
+        ):
             continue
         operands = [node.left, *node.comparators]
         literals = [s for o in operands for s in _strings(o)]
@@ -73,29 +75,37 @@ def test_no_analysis_page_or_verb_compares_mechanism_names():
         for f in sorted((ROOT / folder).rglob("*.py")):
             rel = f.relative_to(ROOT).as_posix()
             found += name_comparisons(f.read_text(encoding="utf-8"), rel, names)
-    assert not found, ("compare capabilities (ModelInfo.has_value_gate, gate_on_logits, has_depth_sources, "
-                       "has_phantom, sink_token; a gate's declared direction) instead of names:\n" + "\n".join(found))
+    assert not found, (
+        "compare capabilities (ModelInfo.has_value_gate, gate_on_logits, has_depth_sources, "
+        "has_phantom, sink_token; a gate's declared direction) instead of names:\n" + "\n".join(found)
+    )
 
 
-@pytest.mark.parametrize("line", [
-    'if info.value_gate == "none": pass',
-    'if info.value_gate != "none": pass',
-    'x = info.depth_routing in ("attnres", "plr", "slr")',
-    'x = meta["value_gate"] == "proj"',
-    'x = cfg.get("abstention") == "sinktoken"',
-    'x = variant == "routing-normgate"',
-    'x = name in ("normgate", "projgate")',
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        'if info.value_gate == "none": pass',
+        'if info.value_gate != "none": pass',
+        'x = info.depth_routing in ("attnres", "plr", "slr")',
+        'x = meta["value_gate"] == "proj"',
+        'x = cfg.get("abstention") == "sinktoken"',
+        'x = variant == "routing-normgate"',
+        'x = name in ("normgate", "projgate")',
+    ],
+)
 def test_the_check_catches_name_comparisons(line):
     """The check finds each way the old code compared names (it found the ones capabilities replaced)."""
     assert name_comparisons(line, "probe/analyses/x.py", _mechanism_names())
 
 
-@pytest.mark.parametrize("line", [
-    'if not info.has_value_gate: pass',
-    'x = info.gate_on_logits and info.has_depth_sources',
-    'x = text.lower() == "none"',  # an option's text, not a mechanism
-    'x = method == "baseline"',  # the cost model's Table 1 row (allowed in costs.py only)
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "if not info.has_value_gate: pass",
+        "x = info.gate_on_logits and info.has_depth_sources",
+        'x = text.lower() == "none"',  # an option's text, not a mechanism
+        'x = method == "baseline"',  # the cost model's Table 1 row (allowed in costs.py only)
+    ],
+)
 def test_the_check_passes_capabilities(line):
     assert not name_comparisons(line, "probe/analyses/costs.py", _mechanism_names())

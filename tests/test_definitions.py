@@ -10,6 +10,7 @@ README), so an area can be checked alone while migrating:
     python -m pytest -p no:cacheprovider -n 0 -q tests/test_definitions.py -k "models or kernels"
     python tests/test_definitions.py probe/analyses tests/cli/test_cli.py      # the problems of some paths, one a line
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,11 @@ SKIP_DIRS = {"zoo", "corpora", "__pycache__", ".ipynb_checkpoints"}  # shipped w
 SPEC = re.compile(r"\bSPEC\s*(?:§|\d)|\bSPEC\.md\b", re.IGNORECASE)
 # issue numbers: the word issue(s) (also hyphenated) or PR before a number, a hash-number in parentheses or in prose.
 # Not: shebangs, "# comments", "#L12" line anchors, hex colours, markdown headings (see the cases below).
-ISSUE = re.compile(r"\bissues?[\s-]+#?\d+\b|\(#\d+\)|\b(?:PR|pull request)\s*#?\d+\b"
-                   r"|(?<![\w&/#:\-])#\d+\b(?![\w-])", re.IGNORECASE)
+ISSUE = re.compile(
+    r"\bissues?[\s-]+#?\d+\b|\(#\d+\)|\b(?:PR|pull request)\s*#?\d+\b"
+    r"|(?<![\w&/#:\-])#\d+\b(?![\w-])",
+    re.IGNORECASE,
+)
 HEX_COLOUR = re.compile(r"#(?:\d{3}|\d{6})\s*[;\"'}]")
 # a link or reference to an anchor of a shipped page: docs/definitions.md#sink-rule
 DOC_ANCHOR = re.compile(r"\bdocs/([\w.-]+\.md)#([^\s)\]<>'\"`,;:]+)")
@@ -99,6 +103,7 @@ def _page_anchors():
             path = ROOT / "docs" / page
             cache[page] = anchors(path) if path.is_file() else None
         return cache[page]
+
     return get
 
 
@@ -126,19 +131,27 @@ def problems(paths) -> list[str]:
 def areas() -> list[str]:
     """The areas the rule covers: each package of probe/, probe's top-level modules, and the other roots."""
     probe = ROOT / "probe"
-    packages = sorted(p.relative_to(ROOT).as_posix() for p in probe.iterdir()
-                      if p.is_dir() and p.name not in SKIP_DIRS and any(p.rglob("*.py")))
+    packages = sorted(
+        p.relative_to(ROOT).as_posix()
+        for p in probe.iterdir()
+        if p.is_dir() and p.name not in SKIP_DIRS and any(p.rglob("*.py"))
+    )
     top = sorted(p.relative_to(ROOT).as_posix() for p in probe.glob("*.py"))
-    roots = [r for r in ("tests", "benchmarks", "scripts", "notebooks", "README.md", "docs", "CHANGELOG.md",
-                         "mkdocs.yml") if (ROOT / r).exists()]
+    roots = [
+        r
+        for r in ("tests", "benchmarks", "scripts", "notebooks", "README.md", "docs", "CHANGELOG.md", "mkdocs.yml")
+        if (ROOT / r).exists()
+    ]
     return packages + top + roots
 
 
 @pytest.mark.parametrize("area", areas())
 def test_no_unshipped_citations_or_dead_anchors(area):
     found = problems([area])
-    assert not found, f"{len(found)} citation problem(s) in {area} (cite docs/definitions.md#<anchor> or the paper " \
-                      "by name; say what a thing is instead of its issue number):\n" + "\n".join(found)
+    assert not found, (
+        f"{len(found)} citation problem(s) in {area} (cite docs/definitions.md#<anchor> or the paper "
+        "by name; say what a thing is instead of its issue number):\n" + "\n".join(found)
+    )
 
 
 def test_definitions_page_links_resolve():
@@ -151,8 +164,20 @@ def test_definitions_page_links_resolve():
 
 def test_the_definitions_have_the_anchors_the_code_cites():
     known = anchors(ROOT / "docs" / "definitions.md")
-    for a in ("rows-and-heads", "reads", "medians-and-quantiles", "sink-rule", "bos-rule", "evaluation-windows",
-              "injection", "exposure", "sink-heads", "document-bootstrap", "cost-model", "hook-namespace"):
+    for a in (
+        "rows-and-heads",
+        "reads",
+        "medians-and-quantiles",
+        "sink-rule",
+        "bos-rule",
+        "evaluation-windows",
+        "injection",
+        "exposure",
+        "sink-heads",
+        "document-bootstrap",
+        "cost-model",
+        "hook-namespace",
+    ):
         assert a in known
 
 
@@ -160,22 +185,54 @@ def test_the_definitions_have_the_anchors_the_code_cites():
 SPEC_WORD = "SP" + "EC"
 
 
-@pytest.mark.parametrize("text", [f"(see {SPEC_WORD} §5)", f"{SPEC_WORD} §8's rule", f"{SPEC_WORD} 5",
-                                  f"{SPEC_WORD.lower()} §4", f"{SPEC_WORD}§3", f"{SPEC_WORD}.md"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"(see {SPEC_WORD} §5)",
+        f"{SPEC_WORD} §8's rule",
+        f"{SPEC_WORD} 5",
+        f"{SPEC_WORD.lower()} §4",
+        f"{SPEC_WORD}§3",
+        f"{SPEC_WORD}.md",
+    ],
+)
 def test_spec_citations_are_found(text):
     assert any("unshipped spec" in p for p in line_problems(text, lambda page: set()))
 
 
-@pytest.mark.parametrize("text", ["is" + "sue 18's check", "(is" + "sue #" + "7)", "pre-is" + "sue-17 keys",
-                                  "I" + "ssues 3", "fixed in (#" + "15)", "as PR #" + "4 did", "see #" + "12 for more"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "is" + "sue 18's check",
+        "(is" + "sue #" + "7)",
+        "pre-is" + "sue-17 keys",
+        "I" + "ssues 3",
+        "fixed in (#" + "15)",
+        "as PR #" + "4 did",
+        "see #" + "12 for more",
+    ],
+)
 def test_issue_numbers_are_found(text):
     assert any("issue number" in p for p in line_problems(text, lambda page: set()))
 
 
-@pytest.mark.parametrize("text", ["#!/usr/bin/env bash", "# a comment", "## 5 Analyses", "code.py#L12",
-                                  ".note{color:#555;font-style:italic}", "color: #555;", "line=dict(color='#1f77b4')",
-                                  "the issue's setting", "metavar=\"" + SPEC_WORD + "\"", "x = y  # 3 windows",
-                                  "specs.py", "a spec 's field"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "#!/usr/bin/env bash",
+        "# a comment",
+        "## 5 Analyses",
+        "code.py#L12",
+        ".note{color:#555;font-style:italic}",
+        "color: #555;",
+        "line=dict(color='#1f77b4')",
+        "the issue's setting",
+        'metavar="' + SPEC_WORD + '"',
+        "x = y  # 3 windows",
+        "specs.py",
+        "a spec 's field",
+    ],
+)
 def test_ordinary_text_is_not_flagged(text):
     assert line_problems(text, lambda page: set()) == []
 
@@ -192,8 +249,11 @@ def test_anchor_links_are_checked(tmp_path):
 
 def test_slugs_follow_github(tmp_path):
     page = tmp_path / "p.md"
-    page.write_text("# Title\n## Sink rule\n### Hook `names` (and shapes)\n## Sink rule\n```\n# not a heading\n```\n"
-                    "### Sink^ε, pooled\n", encoding="utf-8")
+    page.write_text(
+        "# Title\n## Sink rule\n### Hook `names` (and shapes)\n## Sink rule\n```\n# not a heading\n```\n"
+        "### Sink^ε, pooled\n",
+        encoding="utf-8",
+    )
     assert anchors(page) == {"title", "sink-rule", "hook-names-and-shapes", "sink-rule-1", "sinkε-pooled"}
 
 

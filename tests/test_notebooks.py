@@ -1,6 +1,7 @@
 """The notebooks in notebooks/ execute top to bottom through nbconvert (what `jupyter nbconvert --execute` runs) without
 an error or a warning, and every plotly figure also carries a PNG (so it shows on GitHub) when a Chromium is there for
 kaleido — always under CI (PROBE_REQUIRE_BROWSER=1). Tiny models; one torch thread."""
+
 from __future__ import annotations
 
 import os

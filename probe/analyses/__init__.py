@@ -2,6 +2,7 @@
 
 Submodules load on first use (``probe.analyses.costs``), so importing the package pulls in neither pandas nor plotly.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -27,6 +27,7 @@ head, or one query head for phantom edits, with ``per_head``); depth forcings on
 Mechanisms are found by what the model does (its capabilities and the hooks that fire), never by its name.
 Cost: one clean forward per batch plus one forward per condition and batch; ``meta`` records both wall times.
 """
+
 from __future__ import annotations
 
 import time
@@ -61,6 +62,7 @@ DEFAULT_WINDOWS = (64,)
 @dataclass(frozen=True)
 class Ablation:
     """One condition: an intervention, its setting, and where (every layer / site, or one)."""
+
     intervention: str  # one of INTERVENTIONS
     # key0 | zero | mean | swap | remove | logit=c | open | closed | k=K,w=W | uniform | residual | drop:cat
     setting: str
@@ -81,6 +83,7 @@ class AblationError(ValueError):
 
 # --- what the model has ----------------------------------------------------------------------------------------
 
+
 @dataclass
 class Mechanisms:
     gate_dims: int | None  # 3: scalar gates (B,T,Hkv), 4: element-wise, None: no gate fired
@@ -96,11 +99,13 @@ def find_mechanisms(model, ids: torch.Tensor) -> Mechanisms:
         seen[hook.name] = tuple(x.shape)
 
     points = getattr(model, "hook_dict", {})
-    wanted = [n for n in points if names.attn_point(n) == "v_gate" or names.is_depth_weights(n)
-              or names.is_dense_weights(n)]
+    wanted = [
+        n for n in points if names.attn_point(n) == "v_gate" or names.is_depth_weights(n) or names.is_dense_weights(n)
+    ]
     if wanted:
-        model.run_with_hooks(ids[:1, :min(ids.shape[1], 8)], fwd_hooks=[(n, record) for n in wanted],
-                             **loss_forward_kwargs(model))
+        model.run_with_hooks(
+            ids[:1, : min(ids.shape[1], 8)], fwd_hooks=[(n, record) for n in wanted], **loss_forward_kwargs(model)
+        )
     gates = [len(s) for n, s in seen.items() if names.attn_point(n) == "v_gate"]
     sites = [names.site_of(n) for n in seen if names.is_depth_weights(n)]
     dense = sorted(names.layer_of(n) for n in seen if names.is_dense_weights(n))
@@ -124,9 +129,22 @@ def category(label: str) -> str:
 
 # --- the conditions --------------------------------------------------------------------------------------------
 
-def plan(model, mech: Mechanisms, interventions, *, value_modes=("zero", "mean"), sink_logits=(),
-         gate_modes=GATE_MODES, keep=DEFAULT_KEEP, windows=DEFAULT_WINDOWS, depth_modes=DEPTH_MODES,
-         per_layer: bool = True, per_head: bool = False, ctx: int | None = None) -> list[Ablation]:
+
+def plan(
+    model,
+    mech: Mechanisms,
+    interventions,
+    *,
+    value_modes=("zero", "mean"),
+    sink_logits=(),
+    gate_modes=GATE_MODES,
+    keep=DEFAULT_KEEP,
+    windows=DEFAULT_WINDOWS,
+    depth_modes=DEPTH_MODES,
+    per_layer: bool = True,
+    per_head: bool = False,
+    ctx: int | None = None,
+) -> list[Ablation]:
     """Every condition of the requested interventions, validated against the model; AblationError on one it
     cannot take."""
     info = model.probe_info
@@ -153,17 +171,22 @@ def plan(model, mech: Mechanisms, interventions, *, value_modes=("zero", "mean")
                 local("value", mode, Hkv)
         elif name == "phantom":
             if not info.has_phantom:
-                raise AblationError(f"model {info.name!r} has no phantom key (off-by-one, sink logit or gpt-oss "
-                                    "sinks): phantom edits need one")
+                raise AblationError(
+                    f"model {info.name!r} has no phantom key (off-by-one, sink logit or gpt-oss "
+                    "sinks): phantom edits need one"
+                )
             for setting in ["remove"] + [f"logit={float(c):g}" for c in dict.fromkeys(sink_logits)]:
                 local("phantom", setting, H)
         elif name == "gate":
             if mech.gate_dims is None:
-                raise AblationError(f"model {info.name!r} has no value gate (no hook_v_gate fires): gate clamps "
-                                    "need a scalar gate")
+                raise AblationError(
+                    f"model {info.name!r} has no value gate (no hook_v_gate fires): gate clamps need a scalar gate"
+                )
             if mech.gate_dims != 3:
-                raise AblationError(f"model {info.name!r} has an element-wise value gate (GatedV, GLU: one g per "
-                                    "value coordinate); gate clamps take scalar gates (one g per key and KV head)")
+                raise AblationError(
+                    f"model {info.name!r} has an element-wise value gate (GatedV, GLU: one g per "
+                    "value coordinate); gate clamps take scalar gates (one g per key and KV head)"
+                )
             for mode in dict.fromkeys(gate_modes):
                 if mode not in GATE_MODES:
                     raise AblationError(f"unknown gate clamp {mode!r}; choose from {', '.join(GATE_MODES)}")
@@ -178,9 +201,11 @@ def plan(model, mech: Mechanisms, interventions, *, value_modes=("zero", "mean")
                     out.append(Ablation("evict", f"k={int(k)},w={int(w)}"))
         elif name == "depth":
             if not mech.depth_sites and not mech.dense_layers:
-                raise AblationError(f"model {info.name!r} has no depth routing (no depth-routing or dense "
-                                    "mixing weights fire): depth-route ablations need AttnRes, S-LR, P-LR, "
-                                    "DenseFormer or MUDD")
+                raise AblationError(
+                    f"model {info.name!r} has no depth routing (no depth-routing or dense "
+                    "mixing weights fire): depth-route ablations need AttnRes, S-LR, P-LR, "
+                    "DenseFormer or MUDD"
+                )
             for mode in dict.fromkeys(depth_modes):
                 if mode not in DEPTH_MODES:
                     raise AblationError(f"unknown depth forcing {mode!r}; choose from {', '.join(DEPTH_MODES)}")
@@ -213,12 +238,14 @@ def _site_takes(model, site: str, setting: str) -> bool:
 
 # --- the hooks -------------------------------------------------------------------------------------------------
 
+
 def _layers(abl: Ablation, n_layers: int) -> list[int]:
     return list(range(n_layers)) if abl.layer is None else [abl.layer]
 
 
-def ablation_hooks(model, abl: Ablation, mech: Mechanisms | None = None,
-                   gate_means: dict[int, torch.Tensor] | None = None) -> list:
+def ablation_hooks(
+    model, abl: Ablation, mech: Mechanisms | None = None, gate_means: dict[int, torch.Tensor] | None = None
+) -> list:
     """The (hook name, fn) pairs that carry out one condition (``model.run_with_hooks`` inside edits.armed())."""
     info = model.probe_info
     layers = _layers(abl, info.n_layers)
@@ -235,10 +262,14 @@ def ablation_hooks(model, abl: Ablation, mech: Mechanisms | None = None,
 
         return [(names.attn(l, "v_out"), arm) for l in layers]
     if kind == "value":
+
         def value(v, hook):  # B,T,Hkv,dv
             heads = slice(None) if abl.head is None else slice(abl.head, abl.head + 1)
-            new = {"zero": lambda: torch.zeros_like(v[:, 0]), "mean": lambda: v[:, 1:].mean(1),
-                   "swap": lambda: v[:, 1]}[setting]()
+            new = {
+                "zero": lambda: torch.zeros_like(v[:, 0]),
+                "mean": lambda: v[:, 1:].mean(1),
+                "swap": lambda: v[:, 1],
+            }[setting]()
             v = v.clone()
             v[:, 0, heads] = new[:, heads]
             return v
@@ -266,10 +297,14 @@ def ablation_hooks(model, abl: Ablation, mech: Mechanisms | None = None,
 
         return [(names.attn(l, "v_out"), to_phantom) for l in layers]
     if kind == "gate":
+
         def gate(g, hook):  # B,T,Hkv
             l = names.layer_of(hook.name)
-            value = {"open": lambda: torch.ones_like(g), "closed": lambda: torch.zeros_like(g),
-                     "mean": lambda: gate_means[l].to(g.device, g.dtype).expand_as(g)}[setting]()
+            value = {
+                "open": lambda: torch.ones_like(g),
+                "closed": lambda: torch.zeros_like(g),
+                "mean": lambda: gate_means[l].to(g.device, g.dtype).expand_as(g),
+            }[setting]()
             if abl.head is None:
                 return value
             g = g.clone()
@@ -288,6 +323,7 @@ def _depth_hooks(model, setting: str, sites: list[str]) -> list:
         if not _site_takes(model, site, setting):
             continue
         if site.endswith(".dense"):
+
             def dense(w, hook):  # B,T,C,S
                 if setting == "uniform":
                     return torch.full_like(w, 1.0 / w.shape[-1])
@@ -299,8 +335,11 @@ def _depth_hooks(model, setting: str, sites: list[str]) -> list:
             assert layer is not None  # a dense site is blocks.<l>.dense
             hooks.append((names.dense(layer), dense))
             continue
-        drop = [category(lab) == setting.split(":", 1)[1] for lab in source_labels(model, site)] \
-            if setting.startswith("drop:") else None
+        drop = (
+            [category(lab) == setting.split(":", 1)[1] for lab in source_labels(model, site)]
+            if setting.startswith("drop:")
+            else None
+        )
 
         def depth(w, hook, drop=drop):  # B,T,S
             if setting == "uniform":
@@ -315,6 +354,7 @@ def _depth_hooks(model, setting: str, sites: list[str]) -> list:
 
 
 # --- the run ---------------------------------------------------------------------------------------------------
+
 
 def _gate_collector(sums: dict, counts: dict):
     def fn(g, hook):  # B,T,Hkv
@@ -334,9 +374,21 @@ def _late_mask(abl: Ablation, T: int) -> torch.Tensor | None:
 
 
 @torch.no_grad()
-def ablate(model, data, interventions=("knockout", "value"), *, value_modes=("zero", "mean"), sink_logits=(),
-           gate_modes=GATE_MODES, keep=DEFAULT_KEEP, windows=DEFAULT_WINDOWS, depth_modes=DEPTH_MODES,
-           per_layer: bool = True, per_head: bool = False, progress: bool = True) -> dict[str, pd.DataFrame]:
+def ablate(
+    model,
+    data,
+    interventions=("knockout", "value"),
+    *,
+    value_modes=("zero", "mean"),
+    sink_logits=(),
+    gate_modes=GATE_MODES,
+    keep=DEFAULT_KEEP,
+    windows=DEFAULT_WINDOWS,
+    depth_modes=DEPTH_MODES,
+    per_layer: bool = True,
+    per_head: bool = False,
+    progress: bool = True,
+) -> dict[str, pd.DataFrame]:
     """Loss change per condition: tables ``results`` (loss_clean, loss_ablated, delta, delta_se; eviction also over
     queries t >= k + w: *_late; cost_ratio: the condition's mean forward time over one plain forward's), ``per_batch``
     and ``meta`` (with the forwards' wall times and their ratio).
@@ -355,8 +407,19 @@ def ablate(model, data, interventions=("knockout", "value"), *, value_modes=("ze
         raise AblationError(f"ablations need windows of at least 2 tokens, got {T}")
     device = model_device(model)
     mech = find_mechanisms(model, w.inputs(0, device))
-    conds = plan(model, mech, interventions, value_modes=value_modes, sink_logits=sink_logits, gate_modes=gate_modes,
-                 keep=keep, windows=windows, depth_modes=depth_modes, per_layer=per_layer, per_head=per_head)
+    conds = plan(
+        model,
+        mech,
+        interventions,
+        value_modes=value_modes,
+        sink_logits=sink_logits,
+        gate_modes=gate_modes,
+        keep=keep,
+        windows=windows,
+        depth_modes=depth_modes,
+        per_layer=per_layer,
+        per_head=per_head,
+    )
     kw = loss_forward_kwargs(model)
     mine = batches_of_rank(len(w))
     want_means = any(c.intervention == "gate" and c.setting == "mean" for c in conds)
@@ -365,8 +428,9 @@ def ablate(model, data, interventions=("knockout", "value"), *, value_modes=("ze
     clean, sums, counts, clean_times = {}, {}, {}, []
     for n in mine:
         t0 = time.perf_counter()
-        out = model.run_with_hooks(w.inputs(n, device), fwd_hooks=_gate_collector(sums, counts) if want_means else [],
-                                   **kw)
+        out = model.run_with_hooks(
+            w.inputs(n, device), fwd_hooks=_gate_collector(sums, counts) if want_means else [], **kw
+        )
         clean[n] = output_losses(model, out, w.targets(n, device)).double().cpu()  # (B, T)
         clean_times.append(time.perf_counter() - t0)
     clean_s = sum(clean_times)
@@ -401,13 +465,25 @@ def ablate(model, data, interventions=("knockout", "value"), *, value_modes=("ze
     results = _results(per_batch)
     cost = (per_batch.groupby(KEYS, sort=False)["forward_s"].mean() / plain_s).rename("cost_ratio").reset_index()
     results = results.merge(cost, on=KEYS, how="left")  # the condition's forward over one plain forward
-    query0 = "clean row kept where the head has no phantom" if any(c.intervention == "knockout" for c in conds) \
-        else "n/a"
-    meta = describe(model, w, "ablate", interventions=",".join(dict.fromkeys(c.intervention for c in conds)),
-                    per_layer=per_layer, per_head=per_head, n_conditions=len(conds), n_tokens=int(w.tokens[..., 1:]
-                    .numel()), knockout_query0=query0, gate_means="clean pass" if want_means else "n/a",
-                    clean_forward_s=plain_s, ablated_forward_s=ablated_s / max(n_forwards, 1),
-                    cost_ratio=(ablated_s / max(n_forwards, 1)) / plain_s, wall_s=clean_s + ablated_s)
+    query0 = (
+        "clean row kept where the head has no phantom" if any(c.intervention == "knockout" for c in conds) else "n/a"
+    )
+    meta = describe(
+        model,
+        w,
+        "ablate",
+        interventions=",".join(dict.fromkeys(c.intervention for c in conds)),
+        per_layer=per_layer,
+        per_head=per_head,
+        n_conditions=len(conds),
+        n_tokens=int(w.tokens[..., 1:].numel()),
+        knockout_query0=query0,
+        gate_means="clean pass" if want_means else "n/a",
+        clean_forward_s=plain_s,
+        ablated_forward_s=ablated_s / max(n_forwards, 1),
+        cost_ratio=(ablated_s / max(n_forwards, 1)) / plain_s,
+        wall_s=clean_s + ablated_s,
+    )
     return finish({"results": results, "per_batch": per_batch}, meta)
 
 
@@ -415,23 +491,35 @@ KEYS = ["intervention", "setting", "scope", "layer", "head", "site"]
 
 
 def _row(c: Ablation, batch: int, clean: torch.Tensor, ablated: torch.Tensor, late: torch.Tensor | None) -> dict:
-    row = {"batch": batch, "intervention": c.intervention, "setting": c.setting, "scope": c.scope,
-           "layer": -1 if c.layer is None else c.layer, "head": -1 if c.head is None else c.head,
-           "site": c.site or "", "n_tokens": clean.numel(), "clean_sum": float(clean.sum()),
-           "ablated_sum": float(ablated.sum())}
+    row = {
+        "batch": batch,
+        "intervention": c.intervention,
+        "setting": c.setting,
+        "scope": c.scope,
+        "layer": -1 if c.layer is None else c.layer,
+        "head": -1 if c.head is None else c.head,
+        "site": c.site or "",
+        "n_tokens": clean.numel(),
+        "clean_sum": float(clean.sum()),
+        "ablated_sum": float(ablated.sum()),
+    }
     row["delta"] = (row["ablated_sum"] - row["clean_sum"]) / row["n_tokens"]
     if late is not None:
         n_late = int(late.sum()) * clean.shape[0]
-        row.update(n_late=n_late, clean_late_sum=float(clean[:, late].sum()),
-                   ablated_late_sum=float(ablated[:, late].sum()))
+        row.update(
+            n_late=n_late, clean_late_sum=float(clean[:, late].sum()), ablated_late_sum=float(ablated[:, late].sum())
+        )
         row["delta_late"] = (row["ablated_late_sum"] - row["clean_late_sum"]) / n_late if n_late else float("nan")
     return row
 
 
 def _results(per_batch: pd.DataFrame) -> pd.DataFrame:
     """Pooled means over every batch (sums over tokens), delta's standard error over batches (with_batch_se)."""
-    sums = [c for c in ("n_tokens", "clean_sum", "ablated_sum", "n_late", "clean_late_sum", "ablated_late_sum")
-            if c in per_batch]
+    sums = [
+        c
+        for c in ("n_tokens", "clean_sum", "ablated_sum", "n_late", "clean_late_sum", "ablated_late_sum")
+        if c in per_batch
+    ]
     grouped = per_batch.groupby(KEYS, sort=False)
     g = grouped[sums].sum(min_count=1).join(grouped.size().rename("n_batches")).reset_index()
     res = g[KEYS].copy()
@@ -449,6 +537,19 @@ def _results(per_batch: pd.DataFrame) -> pd.DataFrame:
     return with_batch_se(res, per_batch, cols, by=KEYS)
 
 
-__all__ = ["ablate", "plan", "ablation_hooks", "find_mechanisms", "Ablation", "AblationError", "Mechanisms",
-           "INTERVENTIONS", "VALUE_MODES", "GATE_MODES", "DEPTH_MODES", "SOURCE_CATEGORIES", "DEFAULT_KEEP",
-           "DEFAULT_WINDOWS"]
+__all__ = [
+    "ablate",
+    "plan",
+    "ablation_hooks",
+    "find_mechanisms",
+    "Ablation",
+    "AblationError",
+    "Mechanisms",
+    "INTERVENTIONS",
+    "VALUE_MODES",
+    "GATE_MODES",
+    "DEPTH_MODES",
+    "SOURCE_CATEGORIES",
+    "DEFAULT_KEEP",
+    "DEFAULT_WINDOWS",
+]

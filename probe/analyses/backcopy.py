@@ -17,6 +17,7 @@ reported as the phantom's, and BOS is the first input token. ``split_score`` = p
 Trigger rows come from the data (``BBWindows.trigger_rows``, or ``triggers=`` token ids on any windows). Memory: one
 layer's (B, H, T, T) pattern at a time (a streaming hook collector; the forward stops after the last layer).
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -24,8 +25,14 @@ import torch
 
 from probe.analyses.capture import LayerCollector, as_windows, describe, finish, make_bar, model_device
 
-STATS = ("prev_at_trigger", "bos_at_trigger", "phantom_at_trigger", "bos_elsewhere", "prev_elsewhere",
-         "phantom_elsewhere")
+STATS = (
+    "prev_at_trigger",
+    "bos_at_trigger",
+    "phantom_at_trigger",
+    "bos_elsewhere",
+    "prev_elsewhere",
+    "phantom_elsewhere",
+)
 
 
 class SplitAccumulator:
@@ -48,9 +55,14 @@ class SplitAccumulator:
         ph = ph[..., 2:]
         trig = trigger_rows[:, 2:].cpu().bool()[:, None, :]  # (B, 1, T-2)
         other = ~trig
-        for name, value, rows in (("prev_at_trigger", prev, trig), ("bos_at_trigger", bos, trig),
-                                  ("phantom_at_trigger", ph, trig), ("bos_elsewhere", bos, other),
-                                  ("prev_elsewhere", prev, other), ("phantom_elsewhere", ph, other)):
+        for name, value, rows in (
+            ("prev_at_trigger", prev, trig),
+            ("bos_at_trigger", bos, trig),
+            ("phantom_at_trigger", ph, trig),
+            ("bos_elsewhere", bos, other),
+            ("prev_elsewhere", prev, other),
+            ("phantom_elsewhere", ph, other),
+        ):
             self.sums[name][layer] += (value * rows).sum((0, 2))
         inv = 1 / torch.arange(3, T + 1, dtype=torch.float64)  # 1/(t+1) for t = 2..T-1
         self.n_trigger[layer] += trig.sum()
@@ -70,8 +82,9 @@ class SplitAccumulator:
                     row[s] = float(self.sums[s][l, h]) / n if n else float("nan")
                 row["uniform_at_trigger"] = float(self.uniform_trigger[l]) / nt if nt else float("nan")
                 row["uniform_elsewhere"] = float(self.uniform_other[l]) / no if no else float("nan")
-                row["split_score"] = (row["prev_at_trigger"] - row["prev_elsewhere"] + row["bos_elsewhere"]
-                                      - row["bos_at_trigger"])
+                row["split_score"] = (
+                    row["prev_at_trigger"] - row["prev_elsewhere"] + row["bos_elsewhere"] - row["bos_at_trigger"]
+                )
                 heads.append(row)
         heads = pd.DataFrame(heads)
         cols = [c for c in heads.columns if c not in ("layer", "head")]
@@ -86,8 +99,10 @@ def _trigger_ids(w, triggers) -> torch.Tensor:
         return torch.as_tensor(list(triggers), dtype=torch.long)
     ids = w.meta.get("trigger_ids")
     if ids is None:
-        raise ValueError("the back-copy split needs the trigger tokens: pass BB windows (probe.data.BBWindows, from "
-                         "BigramBackcopy.eval_windows) or triggers=[token ids]")
+        raise ValueError(
+            "the back-copy split needs the trigger tokens: pass BB windows (probe.data.BBWindows, from "
+            "BigramBackcopy.eval_windows) or triggers=[token ids]"
+        )
     return torch.as_tensor(list(ids), dtype=torch.long)
 
 
@@ -129,8 +144,14 @@ def backcopy_split(model, data, *, triggers=None, progress: bool = False) -> dic
         collector.run(model, ids.to(model_device(model)))
         bar.update()
     bar.close()
-    meta = describe(model, w, "backcopy_split", trigger_ids=str(trigger_ids.tolist()), rows="t >= 2",
-                    mass="share of all mass (phantom in the normaliser)")
+    meta = describe(
+        model,
+        w,
+        "backcopy_split",
+        trigger_ids=str(trigger_ids.tolist()),
+        rows="t >= 2",
+        mass="share of all mass (phantom in the normaliser)",
+    )
     return finish(acc.tables(), meta)
 
 

@@ -8,6 +8,7 @@ a model's default windows, BOS by its rule, come from ``probe.data.windows.defau
 The collector hooks a few named tensors per layer (e.g. q, k, v, sink logit) and hands them to a callback as soon as a
 layer's set is complete, then drops them: an analysis never holds more than one layer's tensors.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -58,8 +59,13 @@ def as_windows(data) -> Windows:
         tokens = tokens[None]
     if tokens.dim() != 3 or tokens.shape[-1] < 2:
         raise ValueError(f"token windows must be (B, T+1) or (N, B, T+1) with T+1 >= 2, got {tuple(data.shape)}")
-    meta = {"corpus": "custom-tokens", "seed": None, "ctx": tokens.shape[-1] - 1, "n_batches": tokens.shape[0],
-            "batch_size": tokens.shape[1]}
+    meta = {
+        "corpus": "custom-tokens",
+        "seed": None,
+        "ctx": tokens.shape[-1] - 1,
+        "n_batches": tokens.shape[0],
+        "batch_size": tokens.shape[1],
+    }
     return Windows(tokens, None, meta)
 
 
@@ -84,8 +90,9 @@ def tag(df: pd.DataFrame, meta: dict) -> pd.DataFrame:
 def finish(tables: dict[str, pd.DataFrame], meta: dict) -> dict[str, pd.DataFrame]:
     """Tag every table and add a one-row ``meta`` table (what a report writes beside the numbers)."""
     out = {k: tag(v, meta) for k, v in tables.items()}
-    out["meta"] = pd.DataFrame([{k: (v if isinstance(v, (int, float, str, bool)) or v is None else repr(v))
-                                 for k, v in meta.items()}])
+    out["meta"] = pd.DataFrame(
+        [{k: (v if isinstance(v, (int, float, str, bool)) or v is None else repr(v)) for k, v in meta.items()}]
+    )
     out["meta"].attrs["meta"] = dict(meta)
     return out
 
@@ -157,8 +164,10 @@ class LayerCollector:
         missing = [(l, sorted(self.needs[l] - set(self.pending.get(l, {})))) for l in self.needs if l not in self.done]
         if missing:
             l, m = missing[0]
-            raise RuntimeError(f"model {self.info.name!r} produced no {', '.join(names.attn(l, s) for s in m)} in its "
-                               f"forward pass ({len(missing)} layer(s) incomplete); this analysis needs those hooks")
+            raise RuntimeError(
+                f"model {self.info.name!r} produced no {', '.join(names.attn(l, s) for s in m)} in its "
+                f"forward pass ({len(missing)} layer(s) incomplete); this analysis needs those hooks"
+            )
         return out
 
 
@@ -174,8 +183,11 @@ def model_device(model) -> torch.device:
 def row_mass_hooks(info) -> list[str]:
     """The attention hooks from which probe.kernels.attention_row_masses reproduces a layer's attention: q, k, v, the
     sink logit where there is a phantom, the gate where a routing-slot gate adds log g_j to the logits."""
-    return (["hook_q", "hook_k", "hook_v"] + (["hook_sink_logit"] if info.has_phantom else [])
-            + (["hook_v_gate"] if info.gate_on_logits else []))
+    return (
+        ["hook_q", "hook_k", "hook_v"]
+        + (["hook_sink_logit"] if info.has_phantom else [])
+        + (["hook_v_gate"] if info.gate_on_logits else [])
+    )
 
 
 def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: str | None = None):
@@ -190,9 +202,17 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     key_bias = None
     if "hook_v_gate" in got:  # routing slot: the model adds log g_j to the logits (B, Hkv, T)
         key_bias = torch.log(got["hook_v_gate"].float().clamp_min(1e-30)).permute(0, 2, 1)
-    lse, mass = attention_row_masses(q, k, indicators, sink=sink, key_bias=key_bias, window=sliding(info, layer),
-                                     scale=info.extra.get("attn_scale"),
-                                     softcap=info.extra.get("attn_logit_softcap") or None, backend=backend)
+    lse, mass = attention_row_masses(
+        q,
+        k,
+        indicators,
+        sink=sink,
+        key_bias=key_bias,
+        window=sliding(info, layer),
+        scale=info.extra.get("attn_scale"),
+        softcap=info.extra.get("attn_logit_softcap") or None,
+        backend=backend,
+    )
     lse = lse.float()
     phantom = torch.exp(sink.float()[None, :, None] - lse) if sink is not None else torch.zeros_like(lse)
     return lse, mass.float(), phantom
@@ -223,8 +243,13 @@ def output_losses(model, out, targets: torch.Tensor, chunk: int = LOSS_CHUNK) ->
     if not hasattr(model, "unembed"):
         return token_losses(logits_of(out), targets)
     targets = targets.to(out.device)
-    return torch.cat([token_losses(model.unembed(out[:, a:a + chunk]), targets[:, a:a + chunk])
-                      for a in range(0, out.shape[1], chunk)], dim=1)
+    return torch.cat(
+        [
+            token_losses(model.unembed(out[:, a : a + chunk]), targets[:, a : a + chunk])
+            for a in range(0, out.shape[1], chunk)
+        ],
+        dim=1,
+    )
 
 
 @torch.no_grad()
@@ -240,9 +265,16 @@ def window_losses(model, data, *, progress: bool = False) -> pd.DataFrame:
         out = model(w.inputs(n, device), **loss_forward_kwargs(model))
         losses = output_losses(model, out, w.targets(n, device)).double().cpu()
         for b in range(w.batch_size):
-            rows.append({"batch": n, "row": b, "doc_id": int(w.doc_ids[n, b]) if w.doc_ids is not None else -1,
-                         "loss_sum": float(losses[b].sum()), "n_tokens": losses.shape[1],
-                         "loss": float(losses[b].mean())})
+            rows.append(
+                {
+                    "batch": n,
+                    "row": b,
+                    "doc_id": int(w.doc_ids[n, b]) if w.doc_ids is not None else -1,
+                    "loss_sum": float(losses[b].sum()),
+                    "n_tokens": losses.shape[1],
+                    "loss": float(losses[b].mean()),
+                }
+            )
         bar.update()
     bar.close()
     df = pd.DataFrame(gather_rows(rows))
@@ -268,6 +300,25 @@ def sliding(info, layer: int) -> int | None:
     return info.sliding_window if info.layer_types[layer] == "sliding" else None
 
 
-__all__ = ["token_text", "Windows", "as_windows", "describe", "tag", "finish", "keyed_generator", "make_bar",
-           "LayerCollector", "StopForward", "run_until_done", "model_device", "row_mass_hooks",
-           "row_masses", "token_losses", "loss_forward_kwargs", "output_losses", "window_losses", "sliding", "names"]
+__all__ = [
+    "token_text",
+    "Windows",
+    "as_windows",
+    "describe",
+    "tag",
+    "finish",
+    "keyed_generator",
+    "make_bar",
+    "LayerCollector",
+    "StopForward",
+    "run_until_done",
+    "model_device",
+    "row_mass_hooks",
+    "row_masses",
+    "token_losses",
+    "loss_forward_kwargs",
+    "output_losses",
+    "window_losses",
+    "sliding",
+    "names",
+]

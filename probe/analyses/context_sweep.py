@@ -8,6 +8,7 @@ layers of that type) and per T (``summary``), each with the causal-uniform refer
 share (docs/definitions.md#causal-uniform-reference). Memory per T is the streaming analyses' (linear in T on HF
 checkpoints, docs/definitions.md#long-context).
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -52,8 +53,14 @@ def sweep_tables(per_ctx: dict[int, dict]) -> dict[str, pd.DataFrame]:
     summary = []
     for ctx, found in per_ctx.items():
         s = found["sinks"]["summary"].iloc[0]
-        row = {"ctx": ctx, **{k: s[k] for k in ("pos0_share", "uniform_ref", "pos0_over_uniform", "phantom_share",
-                                                "r0", "sink_formed") if k in s}}
+        row = {
+            "ctx": ctx,
+            **{
+                k: s[k]
+                for k in ("pos0_share", "uniform_ref", "pos0_over_uniform", "phantom_share", "r0", "sink_formed")
+                if k in s
+            },
+        }
         e = found["sink_eps"]["summary"].iloc[0]
         row.update(epsilon=e["epsilon"], sink_share=e["sink_share"])
         if "massive" in found:
@@ -63,8 +70,17 @@ def sweep_tables(per_ctx: dict[int, dict]) -> dict[str, pd.DataFrame]:
     return {"summary": pd.DataFrame(summary), "by_type": by_type, "layers": layers}
 
 
-def sink_context_sweep(model, windows_by_ctx: dict, *, eps=DEFAULT_EPS, massive: bool = False, tokenizer=None,
-                       backend: str | None = None, progress: bool = False, protocol: str = "pooled"):
+def sink_context_sweep(
+    model,
+    windows_by_ctx: dict,
+    *,
+    eps=DEFAULT_EPS,
+    massive: bool = False,
+    tokenizer=None,
+    backend: str | None = None,
+    progress: bool = False,
+    protocol: str = "pooled",
+):
     """``(sweep, per_ctx)``: the sweep's tables (``summary``, ``by_type``, ``layers``, ``meta``) over the contexts of
     ``windows_by_ctx`` ({T: windows of T tokens}, in the order given), and each context's whole
     :func:`sink_analyses` result.
@@ -86,8 +102,9 @@ def sink_context_sweep(model, windows_by_ctx: dict, *, eps=DEFAULT_EPS, massive:
         per_ctx[int(ctx)] = sink_analyses(model, data, **kw)
     first = as_windows(next(iter(windows_by_ctx.values())))
     eps_list = [eps] if isinstance(eps, (int, float)) else list(eps)
-    meta = describe(model, first, "sink_context_sweep", ctx=" ".join(str(c) for c in per_ctx), eps=eps_list[0],
-                    massive=massive)
+    meta = describe(
+        model, first, "sink_context_sweep", ctx=" ".join(str(c) for c in per_ctx), eps=eps_list[0], massive=massive
+    )
     return finish(sweep_tables(per_ctx), meta), per_ctx
 
 

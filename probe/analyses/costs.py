@@ -17,6 +17,7 @@ four decimals:
 - Base cost C = L(4d² + 3dm) multiply-adds per token (attention projections + SwiGLU MLP, the non-embedding core,
   which is also the core's parameter count); "added FLOPs %" = 100·added/C.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -26,13 +27,25 @@ METHODS = ("baseline", "attnres", "p-lr", "s-lr")
 # Table 1 of LR-AttnRes 2026 (d=1024, L=24, m=2816): (method, N or None for full, r, printed added FLOPs %).
 TABLE1 = [
     ("baseline", None, None, 0.0000),
-    ("attnres", None, None, 0.8131), ("attnres", 4, None, 0.1116), ("attnres", 8, None, 0.1754),
+    ("attnres", None, None, 0.8131),
+    ("attnres", 4, None, 0.1116),
+    ("attnres", 8, None, 0.1754),
     ("attnres", 16, None, 0.3029),
-    ("p-lr", None, 16, 0.8966), ("p-lr", None, 32, 1.3865), ("p-lr", None, 64, 2.3665),
-    ("p-lr", 4, 32, 1.0248), ("p-lr", 8, 32, 1.0577), ("p-lr", 16, 32, 1.1235),
-    ("s-lr", None, 16, 0.4129), ("s-lr", None, 32, 0.4193), ("s-lr", None, 64, 0.4320), ("s-lr", None, 128, 0.4574),
-    ("s-lr", None, 256, 0.5082), ("s-lr", None, 512, 0.6099),
-    ("s-lr", 4, 64, 0.0593), ("s-lr", 8, 64, 0.0932), ("s-lr", 16, 64, 0.1609),
+    ("p-lr", None, 16, 0.8966),
+    ("p-lr", None, 32, 1.3865),
+    ("p-lr", None, 64, 2.3665),
+    ("p-lr", 4, 32, 1.0248),
+    ("p-lr", 8, 32, 1.0577),
+    ("p-lr", 16, 32, 1.1235),
+    ("s-lr", None, 16, 0.4129),
+    ("s-lr", None, 32, 0.4193),
+    ("s-lr", None, 64, 0.4320),
+    ("s-lr", None, 128, 0.4574),
+    ("s-lr", None, 256, 0.5082),
+    ("s-lr", None, 512, 0.6099),
+    ("s-lr", 4, 64, 0.0593),
+    ("s-lr", 8, 64, 0.0932),
+    ("s-lr", 16, 64, 0.1609),
 ]
 
 
@@ -53,8 +66,9 @@ def source_counts(L: int, N: int | None = None) -> list[int]:
     if N is None:
         return [t for t in range(1, n + 2)]
     if N < 1 or n % N:
-        raise ValueError(f"block count N={N} must divide 2L={n} (choose from "
-                         f"{[k for k in range(1, n + 1) if n % k == 0]})")
+        raise ValueError(
+            f"block count N={N} must divide 2L={n} (choose from {[k for k in range(1, n + 1) if n % k == 0]})"
+        )
     size = n // N
     return [1 + done // size + (1 if done % size else 0) for done in range(n + 1)]
 
@@ -90,8 +104,12 @@ def added_flops(method: str, d: int, L: int, m: int, N: int | None = None, r: in
 def added_params(method: str, d: int, L: int, m: int, r: int | None = None) -> int:
     """Parameters added to the baseline: AttnRes 2Ld, S-LR 2Lr, P-LR r[L(d+m)+d+2L] (independent of N)."""
     _check(method, r, d)
-    return {"baseline": 0, "attnres": 2 * L * d, "s-lr": 2 * L * (r or 0),
-            "p-lr": (r or 0) * (L * (d + m) + d + 2 * L)}[method]
+    return {
+        "baseline": 0,
+        "attnres": 2 * L * d,
+        "s-lr": 2 * L * (r or 0),
+        "p-lr": (r or 0) * (L * (d + m) + d + 2 * L),
+    }[method]
 
 
 def kernel_reduction_pct(d: int, r: int) -> float:
@@ -114,11 +132,22 @@ def cost_row(method: str, d: int, L: int, m: int, N: int | None = None, r: int |
     C = base_flops(d, L, m)
     k, p = kernel_flops(method, d, L, N, r), key_proj_flops(method, d, L, m, r)
     full = N is None
-    return {"method": method, "mode": "full" if full else "block", "N": N, "r": r,
-            "S_src": 0 if method == "baseline" else s_src(L, N), "kernel_flops": k, "key_proj_flops": p,
-            "added_flops": k + p, "base_flops": C, "kernel_pct": 100 * k / C, "key_proj_pct": 100 * p / C,
-            "added_flops_pct": 100 * (k + p) / C, "added_params": added_params(method, d, L, m, r),
-            "added_params_pct": 100 * added_params(method, d, L, m, r) / C}
+    return {
+        "method": method,
+        "mode": "full" if full else "block",
+        "N": N,
+        "r": r,
+        "S_src": 0 if method == "baseline" else s_src(L, N),
+        "kernel_flops": k,
+        "key_proj_flops": p,
+        "added_flops": k + p,
+        "base_flops": C,
+        "kernel_pct": 100 * k / C,
+        "key_proj_pct": 100 * p / C,
+        "added_flops_pct": 100 * (k + p) / C,
+        "added_params": added_params(method, d, L, m, r),
+        "added_params_pct": 100 * added_params(method, d, L, m, r) / C,
+    }
 
 
 def cost_table(d: int = 1024, L: int = 24, m: int = 2816, rows=None):
@@ -135,5 +164,3 @@ def _label(method: str, N: int | None, r: int | None) -> str:
     if method == "baseline":
         return name
     return f"{'Full' if N is None else f'Block N={N}'} {name}" + (f" r={r}" if r is not None else "")
-
-

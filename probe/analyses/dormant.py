@@ -32,6 +32,7 @@ domains (``switching``).
 Memory: one streaming pass per window; q, k (sink logit) and z of one layer at a time, row masses from
 probe.kernels.attention_row_masses (no T x T pattern).
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -47,12 +48,22 @@ NORM_RATIO = 0.5
 DOMAINS = ("wikitext-2-test", "shakespeare", "kjv")
 
 
-def domain_windows(model, corpora=DOMAINS, *, n_batches: int = 2, batch_size: int = 4, ctx: int | None = None,
-                   seed: int = 0, mode: str = "sequential") -> dict:
+def domain_windows(
+    model,
+    corpora=DOMAINS,
+    *,
+    n_batches: int = 2,
+    batch_size: int = 4,
+    ctx: int | None = None,
+    seed: int = 0,
+    mode: str = "sequential",
+) -> dict:
     """Evaluation windows of the model per corpus (the bundled ones by default): {corpus name: EvalBatches}
     (``probe.data.windows.default_windows``, docs/definitions.md#evaluation-windows)."""
-    return {c: default_windows(model, c, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=mode)
-            for c in corpora}
+    return {
+        c: default_windows(model, c, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=mode)
+        for c in corpora
+    }
 
 
 class DormantAccumulator:
@@ -67,8 +78,17 @@ class DormantAccumulator:
         self.rows: list[dict] = []
         self.domain_order: list[str] = []  # the tables' domain order; domains not listed follow in order of arrival
 
-    def add(self, layer: int, key0: torch.Tensor, phantom: torch.Tensor, z: torch.Tensor, *, domain: str = "",
-            batch: int = 0, doc_ids=None) -> None:
+    def add(
+        self,
+        layer: int,
+        key0: torch.Tensor,
+        phantom: torch.Tensor,
+        z: torch.Tensor,
+        *,
+        domain: str = "",
+        batch: int = 0,
+        doc_ids=None,
+    ) -> None:
         """key0, phantom: (B, H, T) per-row masses; z: (B, T, H, dh) head outputs. One row per (window, head)."""
         B, H, T = key0.shape
         if T < 2:
@@ -81,9 +101,19 @@ class DormantAccumulator:
         for b in range(B):
             doc = int(doc_ids[b]) if doc_ids is not None else -1
             for h in range(H):
-                self.rows.append({"domain": domain, "batch": batch, "row": b, "doc_id": doc, "layer": layer,
-                                  "head": h, "key0_mass": float(k0[b, h]), "phantom_share": float(ph[b, h]),
-                                  "z_norm": float(zn[b, h])})
+                self.rows.append(
+                    {
+                        "domain": domain,
+                        "batch": batch,
+                        "row": b,
+                        "doc_id": doc,
+                        "layer": layer,
+                        "head": h,
+                        "key0_mass": float(k0[b, h]),
+                        "phantom_share": float(ph[b, h]),
+                        "z_norm": float(zn[b, h]),
+                    }
+                )
 
     def merge(self) -> None:
         """Every rank's rows (data-parallel runs); ``tables`` puts them in domain, batch, row order."""
@@ -96,9 +126,12 @@ class DormantAccumulator:
         # domains in the order given (a pass may feed them in another order); sorted before any sum, so the per-head
         # means below add the same rows in the same order however the batches were run
         order = {d: i for i, d in enumerate(dict.fromkeys([*self.domain_order, *inputs["domain"]]))}
-        inputs = (inputs.assign(_d=inputs["domain"].map(order))
-                  .sort_values(["_d", "batch", "row", "layer", "head"], kind="stable")
-                  .drop(columns="_d").reset_index(drop=True))
+        inputs = (
+            inputs.assign(_d=inputs["domain"].map(order))
+            .sort_values(["_d", "batch", "row", "layer", "head"], kind="stable")
+            .drop(columns="_d")
+            .reset_index(drop=True)
+        )
         head_mean = inputs.groupby(["layer", "head"])["z_norm"].transform("mean")
         inputs["z_ratio"] = inputs["z_norm"] / head_mean.where(head_mean > 0)
         inputs["dormant"] = inputs["key0_mass"] > self.threshold
@@ -111,39 +144,59 @@ class DormantAccumulator:
 
         heads = []
         for (l, h), g in inputs.groupby(["layer", "head"], sort=True):
-            heads.append({"layer": l, "head": h, "kv_head": h // info.kv_group, "n_inputs": len(g),
-                          "dormant_rate": float(g["dormant"].mean()),
-                          "dormant_norm_rate": float(g["dormant_norm"].mean()),
-                          "dormant_phantom_rate": float(g["dormant_phantom"].mean()),
-                          "agreement": float((g["dormant"] == g["dormant_norm"]).mean()),
-                          "key0_mass": float(g["key0_mass"].mean()), "phantom_share": float(g["phantom_share"].mean()),
-                          "z_norm": float(g["z_norm"].mean()),
-                          "z_norm_dormant": state_mean(g, "z_norm", True),
-                          "z_norm_active": state_mean(g, "z_norm", False),
-                          "z_ratio_dormant": state_mean(g, "z_ratio", True),
-                          "z_ratio_active": state_mean(g, "z_ratio", False)})
+            heads.append(
+                {
+                    "layer": l,
+                    "head": h,
+                    "kv_head": h // info.kv_group,
+                    "n_inputs": len(g),
+                    "dormant_rate": float(g["dormant"].mean()),
+                    "dormant_norm_rate": float(g["dormant_norm"].mean()),
+                    "dormant_phantom_rate": float(g["dormant_phantom"].mean()),
+                    "agreement": float((g["dormant"] == g["dormant_norm"]).mean()),
+                    "key0_mass": float(g["key0_mass"].mean()),
+                    "phantom_share": float(g["phantom_share"].mean()),
+                    "z_norm": float(g["z_norm"].mean()),
+                    "z_norm_dormant": state_mean(g, "z_norm", True),
+                    "z_norm_active": state_mean(g, "z_norm", False),
+                    "z_ratio_dormant": state_mean(g, "z_ratio", True),
+                    "z_ratio_active": state_mean(g, "z_ratio", False),
+                }
+            )
         heads = pd.DataFrame(heads)
-        agg = dict(n_inputs=("dormant", "size"), dormant_share=("dormant", "mean"),
-                   dormant_norm_share=("dormant_norm", "mean"), dormant_phantom_share=("dormant_phantom", "mean"),
-                   key0_mass=("key0_mass", "mean"), phantom_share=("phantom_share", "mean"),
-                   z_ratio=("z_ratio", "mean"))
+        agg = dict(
+            n_inputs=("dormant", "size"),
+            dormant_share=("dormant", "mean"),
+            dormant_norm_share=("dormant_norm", "mean"),
+            dormant_phantom_share=("dormant_phantom", "mean"),
+            key0_mass=("key0_mass", "mean"),
+            phantom_share=("phantom_share", "mean"),
+            z_ratio=("z_ratio", "mean"),
+        )
         domains = inputs.groupby(["domain", "layer"], sort=False).agg(**agg).reset_index()
         summary = inputs.groupby("domain", sort=False).agg(**agg).reset_index()
         if summary["domain"].nunique() > 1:
-            summary = pd.concat([summary, inputs.assign(domain="all").groupby("domain").agg(**agg).reset_index()],
-                                ignore_index=True)
-        summary["n_windows"] = [int(inputs[inputs["domain"] == d].groupby(["batch", "row"]).ngroups) if d != "all"
-                                else int(inputs.groupby(["domain", "batch", "row"]).ngroups) for d in summary["domain"]]
+            summary = pd.concat(
+                [summary, inputs.assign(domain="all").groupby("domain").agg(**agg).reset_index()], ignore_index=True
+            )
+        summary["n_windows"] = [
+            int(inputs[inputs["domain"] == d].groupby(["batch", "row"]).ngroups)
+            if d != "all"
+            else int(inputs.groupby(["domain", "batch", "row"]).ngroups)
+            for d in summary["domain"]
+        ]
         summary["threshold"], summary["norm_ratio"] = self.threshold, self.norm_ratio
         # heads whose dormancy depends on the domain
-        rate = inputs.pivot_table(index=["layer", "head"], columns="domain", values="dormant", aggfunc="mean",
-                                  sort=False)
+        rate = inputs.pivot_table(
+            index=["layer", "head"], columns="domain", values="dormant", aggfunc="mean", sort=False
+        )
         switching = rate.reset_index()
         switching.columns = [str(c) if c in ("layer", "head") else f"dormant_rate[{c}]" for c in switching.columns]
         cols = [c for c in switching.columns if c.startswith("dormant_rate[")]
         switching["spread"] = switching[cols].max(axis=1) - switching[cols].min(axis=1)
-        switching = switching.sort_values(["spread", "layer", "head"], ascending=[False, True, True],
-                                          kind="stable").reset_index(drop=True)
+        switching = switching.sort_values(
+            ["spread", "layer", "head"], ascending=[False, True, True], kind="stable"
+        ).reset_index(drop=True)
         return {"summary": summary, "domains": domains, "heads": heads, "switching": switching, "inputs": inputs}
 
 
@@ -180,12 +233,14 @@ class DormantPart(Part):
             return ind
 
         _, mass, phantom = masses("key0", key0_only, self.backend)
-        self.acc.add(layer, mass[..., 0], phantom, got["hook_z"], domain=self.domain, batch=self.batch,
-                     doc_ids=self.docs)
+        self.acc.add(
+            layer, mass[..., 0], phantom, got["hook_z"], domain=self.domain, batch=self.batch, doc_ids=self.docs
+        )
 
 
-def dormant_parts(info, data, *, threshold: float = THRESHOLD, norm_ratio: float = NORM_RATIO,
-                  backend: str | None = None) -> tuple[DormantAccumulator, dict, dict[str, DormantPart]]:
+def dormant_parts(
+    info, data, *, threshold: float = THRESHOLD, norm_ratio: float = NORM_RATIO, backend: str | None = None
+) -> tuple[DormantAccumulator, dict, dict[str, DormantPart]]:
     """The accumulator, the domains ({name: Windows}) and one part per domain of a dormant-heads run on ``data``."""
     domains = _as_domains(data)
     acc = DormantAccumulator(info, threshold, norm_ratio)
@@ -198,20 +253,35 @@ def dormant_result(model, acc: DormantAccumulator, domains: dict) -> dict[str, p
     info = model.probe_info
     acc.merge()
     first = next(iter(domains.values()))
-    meta = describe(model, first, "dormant", threshold=acc.threshold, norm_ratio=acc.norm_ratio,
-                    criterion="key0_mass > threshold (rows t >= 1); also z_ratio < norm_ratio",
-                    key0="learned sink token" if info.sink_token else "first input token")
+    meta = describe(
+        model,
+        first,
+        "dormant",
+        threshold=acc.threshold,
+        norm_ratio=acc.norm_ratio,
+        criterion="key0_mass > threshold (rows t >= 1); also z_ratio < norm_ratio",
+        key0="learned sink token" if info.sink_token else "first input token",
+    )
     if len(domains) > 1:  # the corpus identity of every domain
         meta["corpus"] = "+".join(domains)
-        meta["domains"] = "; ".join(f"{k}: {w.meta.get('corpus_fingerprint') or w.meta.get('corpus')} "
-                                    f"({len(w)}x{w.batch_size} windows, ctx {w.tokens.shape[-1] - 1})"
-                                    for k, w in domains.items())
+        meta["domains"] = "; ".join(
+            f"{k}: {w.meta.get('corpus_fingerprint') or w.meta.get('corpus')} "
+            f"({len(w)}x{w.batch_size} windows, ctx {w.tokens.shape[-1] - 1})"
+            for k, w in domains.items()
+        )
     return finish(acc.tables(), meta)
 
 
 @torch.no_grad()
-def dormant_heads(model, data, *, threshold: float = THRESHOLD, norm_ratio: float = NORM_RATIO,
-                  backend: str | None = None, progress: bool = False) -> dict[str, pd.DataFrame]:
+def dormant_heads(
+    model,
+    data,
+    *,
+    threshold: float = THRESHOLD,
+    norm_ratio: float = NORM_RATIO,
+    backend: str | None = None,
+    progress: bool = False,
+) -> dict[str, pd.DataFrame]:
     """Active/dormant state of every head on every input window. ``data``: windows (EvalBatches or token tensor), or
     {domain name: windows} to compare domains. Tables: ``summary`` (one row per domain, and 'all'), ``domains`` (per
     domain and layer), ``heads`` (dormant rate and output norms per state), ``switching`` (dormant rate per domain and
@@ -229,15 +299,24 @@ def dormant_heads(model, data, *, threshold: float = THRESHOLD, norm_ratio: floa
     - ``inputs``: model, corpus, domain, batch, row, doc_id, layer, kv_head, head, key0_mass, phantom_share, z_norm,
       z_ratio, dormant, dormant_norm, dormant_phantom
     """
-    acc, domains, parts = dormant_parts(model.probe_info, data, threshold=threshold, norm_ratio=norm_ratio,
-                                        backend=backend)
-    run_pass(model, [(domains[name], [part]) for name, part in parts.items()], progress=progress,
-             desc="dormant heads")
+    acc, domains, parts = dormant_parts(
+        model.probe_info, data, threshold=threshold, norm_ratio=norm_ratio, backend=backend
+    )
+    run_pass(model, [(domains[name], [part]) for name, part in parts.items()], progress=progress, desc="dormant heads")
     return dormant_result(model, acc, domains)
 
 
 # ------------------------------------------------------------------------------------------------------------ figures
 
 
-__all__ = ["dormant_heads", "DormantAccumulator", "DormantPart", "dormant_parts", "dormant_result", "domain_windows",
-           "THRESHOLD", "NORM_RATIO", "DOMAINS"]
+__all__ = [
+    "dormant_heads",
+    "DormantAccumulator",
+    "DormantPart",
+    "dormant_parts",
+    "dormant_result",
+    "domain_windows",
+    "THRESHOLD",
+    "NORM_RATIO",
+    "DOMAINS",
+]

@@ -15,6 +15,7 @@ at position 0 is the sink's, which enters the attention statistics but not the t
 
 The layer's pattern is materialised (one layer at a time, through hook_pattern).
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -27,7 +28,7 @@ from probe.analyses.stats import jackknife_se
 
 def _by_token(s_u: torch.Tensor, n_u: torch.Tensor) -> torch.Tensor:
     """Σ over tokens and KV heads of s_u² / n_u per layer: s_u (L, Hkv, k) gate sums, n_u (k,) reads (0: no term)."""
-    return torch.where(n_u > 0, s_u ** 2 / n_u.clamp_min(1), 0).sum((1, 2))
+    return torch.where(n_u > 0, s_u**2 / n_u.clamp_min(1), 0).sum((1, 2))
 
 
 class GateAccumulator:
@@ -76,19 +77,26 @@ class GateAccumulator:
         m, sel, g = m[:, :, 1:].double().cpu(), sel[:, :, 1:].double().cpu(), g.cpu()
         read_tokens = read_tokens.cpu()
         self.m[layer] += m.sum((0, 2))
-        self.m2[layer] += (m ** 2).sum((0, 2))
+        self.m2[layer] += (m**2).sum((0, 2))
         self.sel[layer] += sel.sum((0, 2))
         self.rows[layer] += B * (T - 1)
         self.g[layer] += g.sum((0, 1))
         self.low[layer] += (g < 0.5).double().sum((0, 1))
         self.reads[layer] += B * T
-        self.batch_rows.append({"batch": self.batch, "layer": layer, "mean_gate": float(m.mean()),
-                                "selectivity": float(sel.mean()), "read_mean_gate": float(g.mean())})
+        self.batch_rows.append(
+            {
+                "batch": self.batch,
+                "layer": layer,
+                "mean_gate": float(m.mean()),
+                "selectivity": float(sel.mean()),
+                "read_mean_gate": float(g.mean()),
+            }
+        )
         # token statistics over real-token reads
         real = read_tokens >= 0
         gt, ids = g[real], torch.searchsorted(self.vocab, read_tokens[real])  # (n, Hkv), (n,)
         self.tok[layer].index_add_(1, ids, gt.T)
-        self.tok_g2[layer] += (gt ** 2).sum(0)
+        self.tok_g2[layer] += (gt**2).sum(0)
         f = self.frequent[ids]
         self.tok_gf[layer] += gt[f].sum(0)
         self.tok_g2f[layer] += (gt[f] ** 2).sum(0)
@@ -102,10 +110,17 @@ class GateAccumulator:
         if part is None:  # the batch's first layer: its token types and their counts (the same in every layer)
             cols, n = torch.unique(ids, return_counts=True)
             z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
-            part = self.token_parts[self.batch] = {"cols": cols, "counts": n.double(), "tok": z(L, Hkv, len(cols)),
-                                                   "g2": z(L, Hkv), "gf": z(L, Hkv), "g2f": z(L, Hkv), "nf": z(L)}
+            part = self.token_parts[self.batch] = {
+                "cols": cols,
+                "counts": n.double(),
+                "tok": z(L, Hkv, len(cols)),
+                "g2": z(L, Hkv),
+                "gf": z(L, Hkv),
+                "g2f": z(L, Hkv),
+                "nf": z(L),
+            }
         part["tok"][layer].index_add_(1, torch.searchsorted(part["cols"], ids), gt.T)
-        part["g2"][layer] += (gt ** 2).sum(0)
+        part["g2"][layer] += (gt**2).sum(0)
         part["gf"][layer] += gt[f].sum(0)
         part["g2f"][layer] += (gt[f] ** 2).sum(0)
         part["nf"][layer] += f.sum()
@@ -135,7 +150,7 @@ class GateAccumulator:
     @staticmethod
     def _token_shares(by_token, head, sq, n) -> torch.Tensor:
         """Between-token / total sum of squares pooled over KV heads: per layer, then all layers pooled, (L + 1,)."""
-        grand = (head ** 2).sum(1) / n.clamp_min(1)  # (L,) the pooled mean's part
+        grand = (head**2).sum(1) / n.clamp_min(1)  # (L,) the pooled mean's part
         between = torch.where(n > 0, by_token - grand, 0)
         total = torch.where(n > 0, sq.sum(1) - grand, 0)
         between, total = torch.cat([between, between.sum()[None]]), torch.cat([total, total.sum()[None]])
@@ -157,33 +172,49 @@ class GateAccumulator:
             for h in range(info.n_heads):
                 r, kv = self.rows[l], h // G
                 mean = float(self.m[l, h] / r)
-                heads.append({"layer": l, "head": h, "kv_head": kv, "mean_gate": mean,
-                              "selectivity": float(self.sel[l, h] / r),
-                              "spread": float(max(self.m2[l, h] / r - mean ** 2, 0.0)) ** 0.5,
-                              "read_mean_gate": float(self.g[l, kv] / self.reads[l]),
-                              "frac_below_half": float(self.low[l, kv] / self.reads[l])})
+                heads.append(
+                    {
+                        "layer": l,
+                        "head": h,
+                        "kv_head": kv,
+                        "mean_gate": mean,
+                        "selectivity": float(self.sel[l, h] / r),
+                        "spread": float(max(self.m2[l, h] / r - mean**2, 0.0)) ** 0.5,
+                        "read_mean_gate": float(self.g[l, kv] / self.reads[l]),
+                        "frac_below_half": float(self.low[l, kv] / self.reads[l]),
+                    }
+                )
         heads = pd.DataFrame(heads)
         cols = ["mean_gate", "selectivity", "spread"]
         layers = heads.groupby("layer")[cols].mean().reset_index()
         layers["read_mean_gate"] = [float(self.g[l].sum() / (self.reads[l] * info.n_kv_heads)) for l in layers.layer]
-        layers["frac_below_half"] = [float(self.low[l].sum() / (self.reads[l] * info.n_kv_heads))
-                                     for l in layers.layer]
+        layers["frac_below_half"] = [float(self.low[l].sum() / (self.reads[l] * info.n_kv_heads)) for l in layers.layer]
         summary = {c: float(layers[c].mean()) for c in cols + ["read_mean_gate", "frac_below_half"]}
         for name, frequent_only in (("token_share", False), ("token_share_min_count", True)):
             share, se = self._token_share_table(frequent_only)
             layers[name], layers[f"{name}_se"] = share[:-1].tolist(), se[:-1].tolist()
             summary.update({name: float(share[-1]), f"{name}_se": float(se[-1])})
-        summary.update(min_count=self.min_count,
-                       value_gate=info.value_gate, n_token_reads=int(self.counts.sum()), n_token_types=len(self.vocab),
-                       n_frequent_reads=int(self.counts[self.frequent].sum()),
-                       n_frequent_types=int(self.frequent.sum()))
+        summary.update(
+            min_count=self.min_count,
+            value_gate=info.value_gate,
+            n_token_reads=int(self.counts.sum()),
+            n_token_types=len(self.vocab),
+            n_frequent_reads=int(self.counts[self.frequent].sum()),
+            n_frequent_types=int(self.frequent.sum()),
+        )
         mean_tok = self.tok.sum((0, 1)) / (self.counts * info.n_layers * info.n_kv_heads)
-        tokens = pd.DataFrame({"token_id": self.vocab.tolist(), "count": self.counts.long().tolist(),
-                               "mean_gate": mean_tok.tolist()})
+        tokens = pd.DataFrame(
+            {"token_id": self.vocab.tolist(), "count": self.counts.long().tolist(), "mean_gate": mean_tok.tolist()}
+        )
         tokens = tokens[tokens["count"] >= self.min_count].sort_values(["mean_gate", "token_id"]).reset_index(drop=True)
         tokens.insert(1, "token", [token_text(tokenizer, t) for t in tokens["token_id"]])
-        return {"summary": pd.DataFrame([summary]), "layers": layers, "heads": heads, "tokens": tokens,
-                "batches": pd.DataFrame(self.batch_rows)}
+        return {
+            "summary": pd.DataFrame([summary]),
+            "layers": layers,
+            "heads": heads,
+            "tokens": tokens,
+            "batches": pd.DataFrame(self.batch_rows),
+        }
 
 
 def read_tokens_of(info, ids: torch.Tensor) -> torch.Tensor:
@@ -194,8 +225,7 @@ def read_tokens_of(info, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def gate_stats(model, data, *, min_count: int = 50, tokenizer=None,
-               progress: bool = False) -> dict[str, pd.DataFrame]:
+def gate_stats(model, data, *, min_count: int = 50, tokenizer=None, progress: bool = False) -> dict[str, pd.DataFrame]:
     """Gate statistics: tables ``summary``, ``layers``, ``heads``, ``tokens`` (most attenuated first), ``batches``
     (per batch and layer) and ``meta``.
 
@@ -214,8 +244,10 @@ def gate_stats(model, data, *, min_count: int = 50, tokenizer=None,
     """
     info = model.probe_info
     if not info.has_value_gate:
-        raise ValueError(f"model {info.name!r} has no value gate (value_gate={info.value_gate!r}); gate statistics "
-                         "need hook_v_gate (norm, proj, routing-norm, silu, tanh, g2 or glu gates)")
+        raise ValueError(
+            f"model {info.name!r} has no value gate (value_gate={info.value_gate!r}); gate statistics "
+            "need hook_v_gate (norm, proj, routing-norm, silu, tanh, g2 or glu gates)"
+        )
     w = as_windows(data)
     acc = GateAccumulator(info, w.tokens[..., :-1].reshape(-1), min_count)
     state = {}

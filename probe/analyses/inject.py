@@ -19,6 +19,7 @@ Efficiency: one clean pass per batch (with exposure), then the conditions stacke
 condition keeps its own copy of the batch, so the structured pool never mixes conditions), as many per forward as
 ``max_rows`` allows. Dose-0 conditions change nothing and are not run: their loss change is exactly 0.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -105,8 +106,10 @@ class JunkDraws:
         self.kind, self.shape = kind, shape
         if kind == "structured":
             if B < 2:
-                raise ValueError("structured junk needs a batch of at least 2 sequences (the pool is other sequences' "
-                                 "reads of the same batch)")
+                raise ValueError(
+                    "structured junk needs a batch of at least 2 sequences (the pool is other sequences' "
+                    "reads of the same batch)"
+                )
             r = torch.randint(0, B * T - 1, (B, T, Hkv), generator=g)
             own_pos = (torch.arange(B)[:, None] * T + torch.arange(T)[None, :])[..., None]
             self.src = r + (r >= own_pos)  # flat (sequence, position) != own
@@ -164,13 +167,17 @@ def own_directions(model) -> dict[int, torch.Tensor]:
     directions = gate_directions(model)
     found = {l: directions.get(l) for l in range(info.n_layers)}
     if any(w is None for w in found.values()):
-        raise ValueError(f"own-direction junk needs a projection gate (or another gate with its own read direction) "
-                         f"in every layer; model {info.name!r} has value_gate={info.value_gate!r}")
+        raise ValueError(
+            f"own-direction junk needs a projection gate (or another gate with its own read direction) "
+            f"in every layer; model {info.name!r} has value_gate={info.value_gate!r}"
+        )
     for l, w in found.items():
         zero = (w.detach().float().norm(dim=-1) == 0).nonzero().flatten().tolist()
         if zero:
-            raise ValueError(f"own-direction junk: the gate direction w_h of layer {l}, KV head(s) {zero} is zero "
-                             "(an untrained projection gate) and has no direction")
+            raise ValueError(
+                f"own-direction junk: the gate direction w_h of layer {l}, KV head(s) {zero} is zero "
+                "(an untrained projection gate) and has no direction"
+            )
     return {l: w.detach() for l, w in found.items()}
 
 
@@ -201,18 +208,30 @@ class ExposureAccumulator:
         self.phantom[layer] += ph
         self.rows[layer] += rows
         for c, name in enumerate(self.cutoffs):
-            self.batch_rows.append({"batch": self.batch, "layer": layer, "cutoff": str(name),
-                                    "quiet_share": float(quiet[:, c].mean() / rows),
-                                    "phantom_share": float(ph.mean() / rows)})
+            self.batch_rows.append(
+                {
+                    "batch": self.batch,
+                    "layer": layer,
+                    "cutoff": str(name),
+                    "quiet_share": float(quiet[:, c].mean() / rows),
+                    "phantom_share": float(ph.mean() / rows),
+                }
+            )
 
     def tables(self):
         rows = []
         for l in range(self.info.n_layers):
             for h in range(self.info.n_heads):
                 for c, name in enumerate(self.cutoffs):
-                    rows.append({"layer": l, "head": h, "cutoff": str(name),
-                                 "quiet_share": float(self.quiet[l, h, c] / self.rows[l]),
-                                 "phantom_share": float(self.phantom[l, h] / self.rows[l])})
+                    rows.append(
+                        {
+                            "layer": l,
+                            "head": h,
+                            "cutoff": str(name),
+                            "quiet_share": float(self.quiet[l, h, c] / self.rows[l]),
+                            "phantom_share": float(self.phantom[l, h] / self.rows[l]),
+                        }
+                    )
         heads = pd.DataFrame(rows)
         cols = ["quiet_share", "phantom_share"]
         layers = heads.groupby(["cutoff", "layer"], sort=False)[cols].mean().reset_index()
@@ -262,20 +281,37 @@ def _corrupted_losses(model, ids, tgt, chunk, seed: int, batch: int, own) -> lis
         for kind, _, _ in chunk:
             if kind not in draws.setdefault(l, {}):
                 draws[l][kind] = JunkDraws(kind, parts.shape[1:], seed, batch, l, own[l] if own is not None else None)
-        out = corrupt_stacked(parts, [d for _, _, d in chunk], [cutoff_fraction(c) for _, c, _ in chunk],
-                              [draws[l][kind] for kind, _, _ in chunk])
+        out = corrupt_stacked(
+            parts,
+            [d for _, _, d in chunk],
+            [cutoff_fraction(c) for _, c, _ in chunk],
+            [draws[l][kind] for kind, _, _ in chunk],
+        )
         return out.reshape(v.shape)
 
-    out = model.run_with_hooks(ids.repeat(len(chunk), 1), fwd_hooks=[(lambda name: names.is_attn(name, "v"),
-                                                                       corrupt_reads)], **loss_forward_kwargs(model))
+    out = model.run_with_hooks(
+        ids.repeat(len(chunk), 1),
+        fwd_hooks=[(lambda name: names.is_attn(name, "v"), corrupt_reads)],
+        **loss_forward_kwargs(model),
+    )
     losses = output_losses(model, out, tgt.repeat(len(chunk), 1)).double().view(len(chunk), -1).sum(1)
     return losses.tolist()
 
 
 @torch.no_grad()
-def inject(model, data, *, junk=("structured",), cutoffs=("q25",), doses=DEFAULT_DOSES, seed: int = 0,
-           exposure: bool = True, max_rows: int | None = None, backend: str | None = None,
-           progress: bool = True) -> dict[str, pd.DataFrame]:
+def inject(
+    model,
+    data,
+    *,
+    junk=("structured",),
+    cutoffs=("q25",),
+    doses=DEFAULT_DOSES,
+    seed: int = 0,
+    exposure: bool = True,
+    max_rows: int | None = None,
+    backend: str | None = None,
+    progress: bool = True,
+) -> dict[str, pd.DataFrame]:
     """The injection battery: tables ``results`` (per condition: loss_clean, loss_corrupted, delta), ``per_batch``,
     ``exposure`` / ``exposure_layers`` / ``exposure_heads`` (per cutoff, when ``exposure``) and ``meta``.
 
@@ -298,11 +334,14 @@ def inject(model, data, *, junk=("structured",), cutoffs=("q25",), doses=DEFAULT
     device = model_device(model)
     run = [c for c in conds if c[2] != 0]
     if max_rows is None:
-        max_rows = max(B, int(2 ** 30 // (T * info.vocab_size * 4)))
+        max_rows = max(B, int(2**30 // (T * info.vocab_size * 4)))
     per_fwd = max(1, max_rows // B)
     exp_acc = ExposureAccumulator(info, _as_list(cutoffs))
-    collector = _exposure_collector(model, exp_acc, [cutoff_fraction(c) for c in exp_acc.cutoffs], backend) \
-        if exposure else None
+    collector = (
+        _exposure_collector(model, exp_acc, [cutoff_fraction(c) for c in exp_acc.cutoffs], backend)
+        if exposure
+        else None
+    )
 
     sums = {c: 0.0 for c in conds}
     clean_total, count = 0.0, 0
@@ -320,27 +359,52 @@ def inject(model, data, *, junk=("structured",), cutoffs=("q25",), doses=DEFAULT
         batch_loss = {c: clean for c in conds}  # dose 0: unchanged
         bar.update(len(conds) - len(run))
         for start in range(0, len(run), per_fwd):
-            chunk = run[start:start + per_fwd]
+            chunk = run[start : start + per_fwd]
             batch_loss.update(zip(chunk, _corrupted_losses(model, ids, tgt, chunk, seed, n, own)))
             bar.update(len(chunk))
         for cond in conds:
             sums[cond] += batch_loss[cond]
-            per_batch.append({"batch": n, "junk": cond[0], "cutoff": str(cond[1]), "dose": cond[2],
-                              "loss_clean": clean / tgt.numel(), "loss_corrupted": batch_loss[cond] / tgt.numel(),
-                              "delta": (batch_loss[cond] - clean) / tgt.numel()})
+            per_batch.append(
+                {
+                    "batch": n,
+                    "junk": cond[0],
+                    "cutoff": str(cond[1]),
+                    "dose": cond[2],
+                    "loss_clean": clean / tgt.numel(),
+                    "loss_corrupted": batch_loss[cond] / tgt.numel(),
+                    "delta": (batch_loss[cond] - clean) / tgt.numel(),
+                }
+            )
     bar.close()
     sums, clean_total, count = all_sum(sums), all_sum(clean_total), all_sum(count)
     per_batch = gather_rows(per_batch)
-    results = pd.DataFrame([{"junk": j, "cutoff": str(c), "dose": d, "loss_clean": clean_total / count,
-                             "loss_corrupted": sums[(j, c, d)] / count,
-                             "delta": (sums[(j, c, d)] - clean_total) / count} for j, c, d in conds])
+    results = pd.DataFrame(
+        [
+            {
+                "junk": j,
+                "cutoff": str(c),
+                "dose": d,
+                "loss_clean": clean_total / count,
+                "loss_corrupted": sums[(j, c, d)] / count,
+                "delta": (sums[(j, c, d)] - clean_total) / count,
+            }
+            for j, c, d in conds
+        ]
+    )
     tables = {"results": results, "per_batch": pd.DataFrame(per_batch)}
     if exposure:
         exp_acc.merge()
         tables.update(exp_acc.tables())
-    meta = describe(model, w, "inject", junk=",".join(dict.fromkeys(j for j, _, _ in conds)),
-                    cutoffs=",".join(map(str, exp_acc.cutoffs)), doses=",".join(map(str, doses)), seed=seed,
-                    n_tokens=count)
+    meta = describe(
+        model,
+        w,
+        "inject",
+        junk=",".join(dict.fromkeys(j for j, _, _ in conds)),
+        cutoffs=",".join(map(str, exp_acc.cutoffs)),
+        doses=",".join(map(str, doses)),
+        seed=seed,
+        n_tokens=count,
+    )
     return finish(tables, meta)
 
 
@@ -366,5 +430,19 @@ def exposure_stats(model, data, *, cutoffs=("q25", "median"), backend: str | Non
     return finish(acc.tables(), describe(model, w, "exposure", cutoffs=",".join(map(str, cutoffs))))
 
 
-__all__ = ["inject", "exposure_stats", "corrupt", "corrupt_stacked", "quiet_mask", "median_norm", "quiet_and_median",
-           "JunkDraws", "own_directions", "JUNK_TYPES", "CUTOFFS", "DEFAULT_DOSES", "conditions", "cutoff_fraction"]
+__all__ = [
+    "inject",
+    "exposure_stats",
+    "corrupt",
+    "corrupt_stacked",
+    "quiet_mask",
+    "median_norm",
+    "quiet_and_median",
+    "JunkDraws",
+    "own_directions",
+    "JUNK_TYPES",
+    "CUTOFFS",
+    "DEFAULT_DOSES",
+    "conditions",
+    "cutoff_fraction",
+]

@@ -24,6 +24,7 @@ learned sink token for ``sinktoken`` models) and ``massive_pos0_share`` the shar
 Memory: each site's stream is reduced inside its hook (one (B, T, d) tensor at a time); attention masses come from
 probe.kernels.attention_row_masses, so no T x T pattern exists.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -69,9 +70,27 @@ def _most_common(counter: Counter, n: int) -> list:
 class MassiveAccumulator:
     """Per-site sums over windows, the best ``top_k`` activations, and the massive activations found."""
 
-    SUMS = ("topk_sum", "median_sum", "ratio_sum", "seqs", "top1_pos0", "n_massive", "n_massive_pos0", "massive_seqs",
-            "key0", "key0_rows", "top_mass", "top_rows", "mass_massive", "massive_attn_seqs", "r0", "r_top", "r_seqs",
-            "r_massive", "r_massive_n")
+    SUMS = (
+        "topk_sum",
+        "median_sum",
+        "ratio_sum",
+        "seqs",
+        "top1_pos0",
+        "n_massive",
+        "n_massive_pos0",
+        "massive_seqs",
+        "key0",
+        "key0_rows",
+        "top_mass",
+        "top_rows",
+        "mass_massive",
+        "massive_attn_seqs",
+        "r0",
+        "r_top",
+        "r_seqs",
+        "r_massive",
+        "r_massive_n",
+    )
 
     def __init__(self, info, *, abs_threshold=ABS_THRESHOLD, ratio_threshold=RATIO_THRESHOLD, top_k: int = 10):
         self.info, self.abs_thr, self.ratio_thr, self.top_k = info, float(abs_threshold), float(ratio_threshold), top_k
@@ -116,9 +135,18 @@ class MassiveAccumulator:
         for b in range(B):
             for r in range(k):
                 p, i = int(idx[b, r]) // d, int(idx[b, r]) % d
-                self.best[site].append({"batch": batch, "row": b, "position": p, "token_id": int(tokens[b, p]),
-                                        "dim": i, "value": float(signed[b, r]), "magnitude": float(vals[b, r]),
-                                        "ratio": float(vals[b, r] / max(float(med[b]), 1e-30))})
+                self.best[site].append(
+                    {
+                        "batch": batch,
+                        "row": b,
+                        "position": p,
+                        "token_id": int(tokens[b, p]),
+                        "dim": i,
+                        "value": float(signed[b, r]),
+                        "magnitude": float(vals[b, r]),
+                        "ratio": float(vals[b, r] / max(float(med[b]), 1e-30)),
+                    }
+                )
         self.best[site] = sorted(self.best[site], key=_best_first)[: self.top_k]
         # massive activations: > abs_threshold and > ratio_threshold x the window's median
         limit = torch.maximum(torch.full_like(med, self.abs_thr), self.ratio_thr * med).float().to(a.device)
@@ -131,8 +159,18 @@ class MassiveAccumulator:
             for i in hits[:, 2].unique().tolist():
                 sel = hits[:, 2] == i
                 hb, hp, hm = hits[sel, 0], hits[sel, 1], mags[sel]
-                e = self.massive[site].setdefault(i, {"count": 0, "seqs": 0, "max": 0.0, "ratio_sum": 0.0, "pos0": 0,
-                                                      "positions": Counter(), "tokens": Counter()})
+                e = self.massive[site].setdefault(
+                    i,
+                    {
+                        "count": 0,
+                        "seqs": 0,
+                        "max": 0.0,
+                        "ratio_sum": 0.0,
+                        "pos0": 0,
+                        "positions": Counter(),
+                        "tokens": Counter(),
+                    },
+                )
                 e["count"] += len(hb)
                 e["seqs"] += int(hb.unique().numel())
                 e["max"] = max(e["max"], float(hm.max()))
@@ -152,21 +190,33 @@ class MassiveAccumulator:
             return
         self.max_mag = torch.stack([p[0] for p in parts]).amax(0)
         self.top1_dims = [sum((p[1][s] for p in parts), Counter()) for s in range(len(self.sites))]
-        self.best = [sorted((e for p in parts for e in p[2][s]), key=_best_first)[: self.top_k]
-                     for s in range(len(self.sites))]
+        self.best = [
+            sorted((e for p in parts for e in p[2][s]), key=_best_first)[: self.top_k] for s in range(len(self.sites))
+        ]
         merged = [dict() for _ in self.sites]
         for p in parts:
             for s, dims in enumerate(p[3]):
                 for i, e in dims.items():
-                    m = merged[s].setdefault(i, {"count": 0, "seqs": 0, "max": 0.0, "ratio_sum": 0.0, "pos0": 0,
-                                                 "positions": Counter(), "tokens": Counter()})
+                    m = merged[s].setdefault(
+                        i,
+                        {
+                            "count": 0,
+                            "seqs": 0,
+                            "max": 0.0,
+                            "ratio_sum": 0.0,
+                            "pos0": 0,
+                            "positions": Counter(),
+                            "tokens": Counter(),
+                        },
+                    )
                     for k in ("count", "seqs", "ratio_sum", "pos0", "positions", "tokens"):
                         m[k] += e[k]
                     m["max"] = max(m["max"], e["max"])
         self.massive = merged
 
-    def add_attention(self, layer: int, mass: torch.Tensor, v_norms: torch.Tensor, top_pos: torch.Tensor,
-                      massive_pos: torch.Tensor) -> None:
+    def add_attention(
+        self, layer: int, mass: torch.Tensor, v_norms: torch.Tensor, top_pos: torch.Tensor, massive_pos: torch.Tensor
+    ) -> None:
         """mass: (B, H, T, 3) row masses on [key 0, the top position, the massive positions] (phantom in the
         normaliser); v_norms: (B, T, Hkv) read norms of the layer; top_pos (B,), massive_pos (B, T) from add_stream."""
         mass, n = mass.double().cpu(), v_norms.double().cpu()
@@ -200,58 +250,105 @@ class MassiveAccumulator:
             if n == 0:  # a site that saw no window (only when fed by hand)
                 continue
             dim, cnt = _most_common(self.top1_dims[s], 1)[0] if self.top1_dims[s] else (-1, 0)
-            row = {"layer": s, "hook": hook, "top1": float(self.topk_sum[s, 0] / n),
-                   "top2": float(self.topk_sum[s, 1] / n), "top3": float(self.topk_sum[s, 2] / n),
-                   "median": float(self.median_sum[s] / n), "ratio": float(self.ratio_sum[s] / n),
-                   "max_magnitude": float(self.max_mag[s]),
-                   "top1_dim": int(dim), "top1_dim_share": cnt / n, "top1_pos0_share": float(self.top1_pos0[s] / n),
-                   "n_massive": int(self.n_massive[s]), "n_massive_dims": len(self.massive[s]),
-                   "massive_windows": float(self.massive_seqs[s] / n),
-                   "massive_pos0_share": (float(self.n_massive_pos0[s] / self.n_massive[s]) if self.n_massive[s]
-                                          else nan)}
+            row = {
+                "layer": s,
+                "hook": hook,
+                "top1": float(self.topk_sum[s, 0] / n),
+                "top2": float(self.topk_sum[s, 1] / n),
+                "top3": float(self.topk_sum[s, 2] / n),
+                "median": float(self.median_sum[s] / n),
+                "ratio": float(self.ratio_sum[s] / n),
+                "max_magnitude": float(self.max_mag[s]),
+                "top1_dim": int(dim),
+                "top1_dim_share": cnt / n,
+                "top1_pos0_share": float(self.top1_pos0[s] / n),
+                "n_massive": int(self.n_massive[s]),
+                "n_massive_dims": len(self.massive[s]),
+                "massive_windows": float(self.massive_seqs[s] / n),
+                "massive_pos0_share": (float(self.n_massive_pos0[s] / self.n_massive[s]) if self.n_massive[s] else nan),
+            }
             if s < L:
-                row.update(key0_mass=float(self.key0[s] / self.key0_rows[s]),
-                           top_mass=float(self.top_mass[s] / self.top_rows[s]),
-                           massive_mass=(float(self.mass_massive[s] / self.massive_attn_seqs[s])
-                                         if self.massive_attn_seqs[s] else nan),
-                           r0=float(self.r0[s] / self.r_seqs[s]), r_top=float(self.r_top[s] / self.r_seqs[s]),
-                           r_massive=float(self.r_massive[s] / self.r_massive_n[s]) if self.r_massive_n[s] else nan)
+                row.update(
+                    key0_mass=float(self.key0[s] / self.key0_rows[s]),
+                    top_mass=float(self.top_mass[s] / self.top_rows[s]),
+                    massive_mass=(
+                        float(self.mass_massive[s] / self.massive_attn_seqs[s]) if self.massive_attn_seqs[s] else nan
+                    ),
+                    r0=float(self.r0[s] / self.r_seqs[s]),
+                    r_top=float(self.r_top[s] / self.r_seqs[s]),
+                    r_massive=float(self.r_massive[s] / self.r_massive_n[s]) if self.r_massive_n[s] else nan,
+                )
             else:
                 row.update(key0_mass=nan, top_mass=nan, massive_mass=nan, r0=nan, r_top=nan, r_massive=nan)
             layers.append(row)
         layers = pd.DataFrame(layers)
-        top = pd.DataFrame([{"layer": s, "hook": hook, "rank": r, **e, "token": token_text(tokenizer, e["token_id"])}
-                            for s, hook in enumerate(self.sites) for r, e in enumerate(self.best[s])])
+        top = pd.DataFrame(
+            [
+                {"layer": s, "hook": hook, "rank": r, **e, "token": token_text(tokenizer, e["token_id"])}
+                for s, hook in enumerate(self.sites)
+                for r, e in enumerate(self.best[s])
+            ]
+        )
         dims = []
         for s, hook in enumerate(self.sites):
             for i, e in sorted(self.massive[s].items(), key=lambda kv: (-kv[1]["max"], kv[0])):
-                dims.append({"layer": s, "hook": hook, "dim": i, "count": e["count"], "windows": e["seqs"],
-                             "max_magnitude": e["max"], "mean_ratio": e["ratio_sum"] / e["count"],
-                             "pos0_share": e["pos0"] / e["count"],
-                             "positions": ", ".join(f"{p} ({c})" for p, c in _most_common(e["positions"], 5)),
-                             "tokens": ", ".join(f"{token_text(tokenizer, t)!r} ({c})"
-                                                 for t, c in _most_common(e["tokens"], 5))})
-        dims = pd.DataFrame(dims, columns=["layer", "hook", "dim", "count", "windows", "max_magnitude", "mean_ratio",
-                                           "pos0_share", "positions", "tokens"])
+                dims.append(
+                    {
+                        "layer": s,
+                        "hook": hook,
+                        "dim": i,
+                        "count": e["count"],
+                        "windows": e["seqs"],
+                        "max_magnitude": e["max"],
+                        "mean_ratio": e["ratio_sum"] / e["count"],
+                        "pos0_share": e["pos0"] / e["count"],
+                        "positions": ", ".join(f"{p} ({c})" for p, c in _most_common(e["positions"], 5)),
+                        "tokens": ", ".join(
+                            f"{token_text(tokenizer, t)!r} ({c})" for t, c in _most_common(e["tokens"], 5)
+                        ),
+                    }
+                )
+        dims = pd.DataFrame(
+            dims,
+            columns=[
+                "layer",
+                "hook",
+                "dim",
+                "count",
+                "windows",
+                "max_magnitude",
+                "mean_ratio",
+                "pos0_share",
+                "positions",
+                "tokens",
+            ],
+        )
         s_max = int(torch.argmax(self.max_mag))
         best = self.best[s_max][0] if self.best[s_max] else {}
         with_massive = layers[(layers["n_massive"] > 0) & (layers["layer"] < L)]
         without = layers[(layers["n_massive"] == 0) & (layers["layer"] < L)]
         n_all = float(self.n_massive.sum())
-        summary = {"massive": bool(n_all > 0), "n_massive": int(n_all),
-                   "massive_dims": ", ".join(str(i) for i in sorted({i for m in self.massive for i in m})),
-                   "n_massive_dims": len({i for m in self.massive for i in m}),
-                   "first_massive_layer": int(layers.loc[layers["n_massive"] > 0, "layer"].min()) if n_all else -1,
-                   "massive_pos0_share": float(self.n_massive_pos0.sum() / n_all) if n_all else nan,
-                   "max_magnitude": float(self.max_mag[s_max]), "max_layer": s_max,
-                   "max_position": best.get("position", -1), "max_dim": best.get("dim", -1),
-                   "max_token": token_text(tokenizer, best["token_id"]) if best else "",
-                   "max_ratio": float(layers["ratio"].max()),
-                   "top1_pos0_share": float(layers["top1_pos0_share"].mean()),
-                   "key0_mass": float(layers["key0_mass"].mean()), "r0": float(layers["r0"].mean()),
-                   "r0_massive_layers": float(with_massive["r0"].mean()) if len(with_massive) else nan,
-                   "r0_other_layers": float(without["r0"].mean()) if len(without) else nan,
-                   "abs_threshold": self.abs_thr, "ratio_threshold": self.ratio_thr}
+        summary = {
+            "massive": bool(n_all > 0),
+            "n_massive": int(n_all),
+            "massive_dims": ", ".join(str(i) for i in sorted({i for m in self.massive for i in m})),
+            "n_massive_dims": len({i for m in self.massive for i in m}),
+            "first_massive_layer": int(layers.loc[layers["n_massive"] > 0, "layer"].min()) if n_all else -1,
+            "massive_pos0_share": float(self.n_massive_pos0.sum() / n_all) if n_all else nan,
+            "max_magnitude": float(self.max_mag[s_max]),
+            "max_layer": s_max,
+            "max_position": best.get("position", -1),
+            "max_dim": best.get("dim", -1),
+            "max_token": token_text(tokenizer, best["token_id"]) if best else "",
+            "max_ratio": float(layers["ratio"].max()),
+            "top1_pos0_share": float(layers["top1_pos0_share"].mean()),
+            "key0_mass": float(layers["key0_mass"].mean()),
+            "r0": float(layers["r0"].mean()),
+            "r0_massive_layers": float(with_massive["r0"].mean()) if len(with_massive) else nan,
+            "r0_other_layers": float(without["r0"].mean()) if len(without) else nan,
+            "abs_threshold": self.abs_thr,
+            "ratio_threshold": self.ratio_thr,
+        }
         return {"summary": pd.DataFrame([summary]), "layers": layers, "top": top, "dims": dims}
 
 
@@ -260,8 +357,15 @@ class MassivePart(Part):
     hook; each layer's attention (q, k, v, the sink logit, a routing-slot gate) gives the row masses on [key 0, the
     top position, the massive positions] of the stream that layer reads."""
 
-    def __init__(self, info, *, abs_threshold=ABS_THRESHOLD, ratio_threshold=RATIO_THRESHOLD, top_k: int = 10,
-                 backend: str | None = None):
+    def __init__(
+        self,
+        info,
+        *,
+        abs_threshold=ABS_THRESHOLD,
+        ratio_threshold=RATIO_THRESHOLD,
+        top_k: int = 10,
+        backend: str | None = None,
+    ):
         self.info, self.backend = info, backend
         self.acc = MassiveAccumulator(info, abs_threshold=abs_threshold, ratio_threshold=ratio_threshold, top_k=top_k)
         self.hooks = set(row_mass_hooks(info))
@@ -274,7 +378,9 @@ class MassivePart(Part):
         def measure(site):
             def fn(tensor):
                 self.state[site] = self.acc.add_stream(site, tensor, self.state["tokens"], self.state["batch"])
+
             return fn
+
         return {name: measure(s) for s, name in enumerate(self.acc.sites)}
 
     def start(self, windows, batch, ids) -> None:
@@ -294,8 +400,7 @@ class MassivePart(Part):
             return ind
 
         _, mass, _ = masses("key0+top+massive", indicators, self.backend)
-        self.acc.add_attention(layer, mass, got["hook_v"].float().norm(dim=-1), found["top_pos"],
-                               found["massive_pos"])
+        self.acc.add_attention(layer, mass, got["hook_v"].float().norm(dim=-1), found["top_pos"], found["massive_pos"])
 
     def end(self) -> None:
         if len(self.acc.sites) - 1 not in self.state:
@@ -306,16 +411,31 @@ class MassivePart(Part):
         acc = self.acc
         acc.merge()
         tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-        meta = describe(model, w, "massive", abs_threshold=acc.abs_thr, ratio_threshold=acc.ratio_thr,
-                        top_k=acc.top_k, sites=f"{names.RESID_PRE} (layer l) + last hook_resid_post (layer L)",
-                        key0="learned sink token" if self.info.sink_token else "first input token")
+        meta = describe(
+            model,
+            w,
+            "massive",
+            abs_threshold=acc.abs_thr,
+            ratio_threshold=acc.ratio_thr,
+            top_k=acc.top_k,
+            sites=f"{names.RESID_PRE} (layer l) + last hook_resid_post (layer L)",
+            key0="learned sink token" if self.info.sink_token else "first input token",
+        )
         return finish(acc.tables(tok), meta)
 
 
 @torch.no_grad()
-def massive_activations(model, data, *, abs_threshold: float = ABS_THRESHOLD, ratio_threshold: float = RATIO_THRESHOLD,
-                        top_k: int = 10, tokenizer=None, backend: str | None = None,
-                        progress: bool = False) -> dict[str, pd.DataFrame]:
+def massive_activations(
+    model,
+    data,
+    *,
+    abs_threshold: float = ABS_THRESHOLD,
+    ratio_threshold: float = RATIO_THRESHOLD,
+    top_k: int = 10,
+    tokenizer=None,
+    backend: str | None = None,
+    progress: bool = False,
+) -> dict[str, pd.DataFrame]:
     """Massive activations per layer: tables ``summary``, ``layers`` (top1..3, median, ratio, massive counts and the
     alignment with key 0 and the value reads), ``top`` (the ``top_k`` largest activations per site with window,
     position, token and dimension), ``dims`` (massive dimensions per site) and ``meta``.
@@ -333,8 +453,9 @@ def massive_activations(model, data, *, abs_threshold: float = ABS_THRESHOLD, ra
       tokens
     """
     w = as_windows(data)
-    part = MassivePart(model.probe_info, abs_threshold=abs_threshold, ratio_threshold=ratio_threshold, top_k=top_k,
-                       backend=backend)
+    part = MassivePart(
+        model.probe_info, abs_threshold=abs_threshold, ratio_threshold=ratio_threshold, top_k=top_k, backend=backend
+    )
     run_pass(model, [(w, [part])], progress=progress, desc="massive activations")
     return part.result(model, w, tokenizer)
 
@@ -342,5 +463,12 @@ def massive_activations(model, data, *, abs_threshold: float = ABS_THRESHOLD, ra
 # ------------------------------------------------------------------------------------------------------------ figure
 
 
-__all__ = ["massive_activations", "MassiveAccumulator", "MassivePart", "site_names", "median_abs", "ABS_THRESHOLD",
-           "RATIO_THRESHOLD"]
+__all__ = [
+    "massive_activations",
+    "MassiveAccumulator",
+    "MassivePart",
+    "site_names",
+    "median_abs",
+    "ABS_THRESHOLD",
+    "RATIO_THRESHOLD",
+]

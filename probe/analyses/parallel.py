@@ -6,6 +6,7 @@ Batches are dealt round-robin (batch n goes to rank n mod world), so per-batch r
 ranks, and a rank may get no batch at all. Merging: sums are all-reduced, per-batch rows and other Python objects are
 gathered and put back in global order. Every rank ends with the same merged result; callers let rank 0 write.
 """
+
 from __future__ import annotations
 
 import os
@@ -125,5 +126,16 @@ def first_present(values: list) -> list:
     return [next((p[i] for p in parts if p[i] is not None), None) for i in range(len(values))]
 
 
-__all__ = ["DistInfo", "from_env", "join_group", "rank_and_world", "is_main", "batches_of_rank", "all_sum",
-           "reduce_sums", "gather", "gather_rows", "first_present"]
+__all__ = [
+    "DistInfo",
+    "from_env",
+    "join_group",
+    "rank_and_world",
+    "is_main",
+    "batches_of_rank",
+    "all_sum",
+    "reduce_sums",
+    "gather",
+    "gather_rows",
+    "first_present",
+]

@@ -11,6 +11,7 @@ A part is a small adapter around its analysis's accumulator (the accumulators ar
 ``sink_stats``, ``sink_heads``, ``massive_activations`` and ``dormant_heads`` are this pass with one part, and
 ``probe.analyses.sink_pass.sink_analyses`` runs them together.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -98,8 +99,9 @@ def run_pass(model, jobs, *, progress: bool = False, desc: str = "analyses") -> 
                 if p.needs(l):
                     p.on_layer(l, got, masses)
 
-        collector = LayerCollector(model, lambda l, parts=parts: set().union(*(p.needs(l) for p in parts)),
-                                   on_layer, stop_early=not streams)
+        collector = LayerCollector(
+            model, lambda l, parts=parts: set().union(*(p.needs(l) for p in parts)), on_layer, stop_early=not streams
+        )
         seen: set[str] = set()
 
         def stream_hook(tensor, hook, streams=streams, seen=seen, collector=collector):

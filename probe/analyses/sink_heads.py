@@ -32,6 +32,7 @@ Memory: the streaming pass hooks q, k (the sink logit, a routing-slot gate) one 
 masses from probe.kernels.attention_row_masses; no T x T tensor exists. ``method='pattern'`` reads ``hook_pattern`` /
 ``hook_phantom`` instead, still one layer at a time (the reference the tests compare against).
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -58,9 +59,11 @@ def check_protocol_windows(protocol: str, w) -> None:
     """gu2025 reads exactly GU2025_TOKENS tokens per window; other window lengths are an error, not a silent variant."""
     T = w.tokens.shape[-1] - 1
     if protocol == "gu2025" and T != GU2025_TOKENS:
-        raise ValueError(f"protocol 'gu2025' reads the first {GU2025_TOKENS} tokens of each text, but these windows "
-                         f"hold {T}; build them with probe.data.windows.text_windows (or synthetic:random / "
-                         f"synthetic:repeat with T={GU2025_TOKENS})")
+        raise ValueError(
+            f"protocol 'gu2025' reads the first {GU2025_TOKENS} tokens of each text, but these windows "
+            f"hold {T}; build them with probe.data.windows.text_windows (or synthetic:random / "
+            f"synthetic:repeat with T={GU2025_TOKENS})"
+        )
 
 
 def with_protocol(w, protocol: str):
@@ -89,8 +92,9 @@ class SinkEpsAccumulator:
     windows whose own α exceeds each ε, per (ε, layer, head), in total and per batch (Gu et al.'s per-sample
     indicator)."""
 
-    def __init__(self, info, eps=DEFAULT_EPS, include_query0: bool = False, window_rows: str = "all",
-                 per_window: bool = False):
+    def __init__(
+        self, info, eps=DEFAULT_EPS, include_query0: bool = False, window_rows: str = "all", per_window: bool = False
+    ):
         if window_rows not in ("all", "key0"):
             raise ValueError(f"window_rows={window_rows!r}: choose 'all' or 'key0'")
         self.info, self.eps, self.q0, self.window_rows = info, _eps_list(eps), include_query0, window_rows
@@ -110,14 +114,35 @@ class SinkEpsAccumulator:
         if batch not in self.parts:
             L, H = self.key0.shape
             z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
-            self.parts[batch] = {"key0": z(L, H), "rows": z(L), "key0_w": z(L, H), "rows_w": z(L),
-                                 "above": z(len(self.eps), L, H), "windows": z(L)}
+            self.parts[batch] = {
+                "key0": z(L, H),
+                "rows": z(L),
+                "key0_w": z(L, H),
+                "rows_w": z(L),
+                "above": z(len(self.eps), L, H),
+                "windows": z(L),
+            }
         return self.parts[batch]
 
     def merge(self) -> None:
         """Combine the ranks' sums (data-parallel runs; nothing to do in one process)."""
-        reduce_sums(self, ("key0", "real0", "phantom", "rows", "uniform", "key0_w", "real0_w", "phantom_w", "rows_w",
-                           "uniform_w", "above", "windows"))
+        reduce_sums(
+            self,
+            (
+                "key0",
+                "real0",
+                "phantom",
+                "rows",
+                "uniform",
+                "key0_w",
+                "real0_w",
+                "phantom_w",
+                "rows_w",
+                "uniform_w",
+                "above",
+                "windows",
+            ),
+        )
         parts = gather_rows([{"batch": b, **p} for b, p in self.parts.items()])  # in global batch order
         self.parts = {p.pop("batch"): p for p in parts}
 
@@ -137,7 +162,7 @@ class SinkEpsAccumulator:
         part = self._part(layer)
         part["key0"][layer] += key0[:, :, first:].sum((0, 2))
         part["rows"][layer] += B * (T - first)
-        part["key0_w"][layer] += key0[:, :, first:first + n].sum((0, 2))
+        part["key0_w"][layer] += key0[:, :, first : first + n].sum((0, 2))
         part["rows_w"][layer] += B * n
         if self.per_window:  # each window's own α (rows as the decision uses them), thresholded per window
             rows = slice(first, first + n) if self.window_rows == "key0" else slice(first, T)
@@ -147,10 +172,10 @@ class SinkEpsAccumulator:
             self.above[:, layer] += above
             part["windows"][layer] += B
             self.windows[layer] += B
-        for (k0, r0, ph, rows, uni), sl in (((self.key0, self.real0, self.phantom, self.rows, self.uniform),
-                                             slice(first, T)),
-                                            ((self.key0_w, self.real0_w, self.phantom_w, self.rows_w, self.uniform_w),
-                                             slice(first, first + n))):
+        for (k0, r0, ph, rows, uni), sl in (
+            ((self.key0, self.real0, self.phantom, self.rows, self.uniform), slice(first, T)),
+            ((self.key0_w, self.real0_w, self.phantom_w, self.rows_w, self.uniform_w), slice(first, first + n)),
+        ):
             k0[layer] += key0[:, :, sl].sum((0, 2))
             r0[layer] += share[:, :, sl].sum((0, 2))
             ph[layer] += phantom[:, :, sl].sum((0, 2))
@@ -164,14 +189,21 @@ class SinkEpsAccumulator:
         ``key0_rows``."""
         k, r = ("key0_w", "rows_w") if key0_rows else ("key0", "rows")
         total_k, total_r = getattr(self, k), getattr(self, r)
-        return torch.stack([(total_k - p[k]) / (total_r - p[r])[:, None] for p in self.parts.values()]) \
-            if self.parts else torch.zeros(0, *total_k.shape, dtype=torch.float64)
+        return (
+            torch.stack([(total_k - p[k]) / (total_r - p[r])[:, None] for p in self.parts.values()])
+            if self.parts
+            else torch.zeros(0, *total_k.shape, dtype=torch.float64)
+        )
 
     def _leave_one_window_batch_out(self, i: int) -> torch.Tensor:
         """Per-window indicator rates at the i-th ε with each batch left out in turn, (n, L, H)."""
-        return torch.stack([(self.above[i] - p["above"][i]) / (self.windows - p["windows"])[:, None]
-                            for p in self.parts.values()]) if self.parts else torch.zeros(0, *self.above.shape[1:],
-                                                                                          dtype=torch.float64)
+        return (
+            torch.stack(
+                [(self.above[i] - p["above"][i]) / (self.windows - p["windows"])[:, None] for p in self.parts.values()]
+            )
+            if self.parts
+            else torch.zeros(0, *self.above.shape[1:], dtype=torch.float64)
+        )
 
     def tables(self) -> dict[str, pd.DataFrame]:
         info = self.info
@@ -181,12 +213,21 @@ class SinkEpsAccumulator:
         for l in range(info.n_layers):
             r, rw = self.rows[l], self.rows_w[l]
             for h in range(info.n_heads):
-                heads.append({"layer": l, "head": h, "kv_head": h // info.kv_group, "layer_type": info.layer_types[l],
-                              "key0_mass": float(self.key0[l, h] / r), "key0_share_real": float(self.real0[l, h] / r),
-                              "phantom_share": float(self.phantom[l, h] / r), "uniform_ref": float(self.uniform[l] / r),
-                              "key0_mass_key0": float(self.key0_w[l, h] / rw),
-                              "key0_share_real_key0": float(self.real0_w[l, h] / rw),
-                              "uniform_ref_key0": float(self.uniform_w[l] / rw)})
+                heads.append(
+                    {
+                        "layer": l,
+                        "head": h,
+                        "kv_head": h // info.kv_group,
+                        "layer_type": info.layer_types[l],
+                        "key0_mass": float(self.key0[l, h] / r),
+                        "key0_share_real": float(self.real0[l, h] / r),
+                        "phantom_share": float(self.phantom[l, h] / r),
+                        "uniform_ref": float(self.uniform[l] / r),
+                        "key0_mass_key0": float(self.key0_w[l, h] / rw),
+                        "key0_share_real_key0": float(self.real0_w[l, h] / rw),
+                        "uniform_ref_key0": float(self.uniform_w[l] / rw),
+                    }
+                )
         heads = pd.DataFrame(heads)
         score = "key0_mass" if self.window_rows == "all" else "key0_mass_key0"
         layers, summary = [], []
@@ -194,10 +235,17 @@ class SinkEpsAccumulator:
             is_sink = heads[score] > e
             is_sink_w = heads["key0_mass_key0"] > e
             g = heads.assign(sink=is_sink, sink_key0=is_sink_w).groupby(["layer", "layer_type"], sort=True)
-            lay = g.agg(n_heads=("head", "size"), n_sink_heads=("sink", "sum"), sink_share=("sink", "mean"),
-                        n_sink_heads_key0=("sink_key0", "sum"), sink_share_key0=("sink_key0", "mean"),
-                        key0_mass=("key0_mass", "mean"), key0_share_real=("key0_share_real", "mean"),
-                        phantom_share=("phantom_share", "mean"), uniform_ref=("uniform_ref", "mean")).reset_index()
+            lay = g.agg(
+                n_heads=("head", "size"),
+                n_sink_heads=("sink", "sum"),
+                sink_share=("sink", "mean"),
+                n_sink_heads_key0=("sink_key0", "sum"),
+                sink_share_key0=("sink_key0", "mean"),
+                key0_mass=("key0_mass", "mean"),
+                key0_share_real=("key0_share_real", "mean"),
+                phantom_share=("phantom_share", "mean"),
+                uniform_ref=("uniform_ref", "mean"),
+            ).reset_index()
             lay.insert(2, "epsilon", e)
             share_loo = (alpha_loo > e).double().mean(-1).numpy()  # (n, L) share of sink heads, each batch left out
             if self.per_window:  # Gu et al.: the mean over windows of each window's indicator, then over heads
@@ -209,18 +257,24 @@ class SinkEpsAccumulator:
             lay.insert(lay.columns.get_loc("sink_share") + 1, "sink_share_se", jackknife_se(share_loo))
             lay.insert(lay.columns.get_loc("key0_mass") + 1, "key0_mass_se", jackknife_se(mass_loo.numpy()))
             layers.append(lay)
-            summary.append({"epsilon": e, "n_heads": len(heads),
-                            "n_sink_heads": float(lay["n_sink_heads"].sum()) if self.per_window else int(is_sink.sum()),
-                            "sink_share": float(lay["sink_share"].mean()),  # (1/L) Σ_l (1/H) Σ_h 1[α > ε]
-                            "sink_share_se": jackknife_se(share_loo.mean(-1)),
-                            "sink_share_key0": float(lay["sink_share_key0"].mean()),
-                            "key0_mass": float(lay["key0_mass"].mean()),
-                            "key0_mass_se": jackknife_se(mass_loo.mean(-1).numpy()),
-                            "key0_share_real": float(lay["key0_share_real"].mean()),
-                            "phantom_share": float(lay["phantom_share"].mean()),
-                            "uniform_ref": float(lay["uniform_ref"].mean()),
-                            "key0": key0_label(info), "rows": "t>=0" if self.q0 else "t>=1",
-                            "score": score})
+            summary.append(
+                {
+                    "epsilon": e,
+                    "n_heads": len(heads),
+                    "n_sink_heads": float(lay["n_sink_heads"].sum()) if self.per_window else int(is_sink.sum()),
+                    "sink_share": float(lay["sink_share"].mean()),  # (1/L) Σ_l (1/H) Σ_h 1[α > ε]
+                    "sink_share_se": jackknife_se(share_loo.mean(-1)),
+                    "sink_share_key0": float(lay["sink_share_key0"].mean()),
+                    "key0_mass": float(lay["key0_mass"].mean()),
+                    "key0_mass_se": jackknife_se(mass_loo.mean(-1).numpy()),
+                    "key0_share_real": float(lay["key0_share_real"].mean()),
+                    "phantom_share": float(lay["phantom_share"].mean()),
+                    "uniform_ref": float(lay["uniform_ref"].mean()),
+                    "key0": key0_label(info),
+                    "rows": "t>=0" if self.q0 else "t>=1",
+                    "score": score,
+                }
+            )
         layers = pd.concat(layers, ignore_index=True)
         counts = ["n_sink_heads_key0"] if self.per_window else ["n_sink_heads", "n_sink_heads_key0"]
         layers[counts] = layers[counts].astype(int)
@@ -231,8 +285,15 @@ class SinkEpsPart(Part):
     """Sink^ε as a part of a shared pass (probe.analyses.passes): q, k (the sink logit, a routing-slot gate) per
     layer; per-row masses on [key 0, every real key] with the phantom in the normaliser, shared with sink statistics."""
 
-    def __init__(self, info, eps=DEFAULT_EPS, include_query0: bool = False, window_rows: str = "all",
-                 backend: str | None = None, protocol: str = "pooled"):
+    def __init__(
+        self,
+        info,
+        eps=DEFAULT_EPS,
+        include_query0: bool = False,
+        window_rows: str = "all",
+        backend: str | None = None,
+        protocol: str = "pooled",
+    ):
         self.info, self.backend, self.protocol = info, backend, protocol
         settings = protocol_settings(protocol)
         if protocol != "pooled":  # the protocol fixes the rows and the threshold
@@ -251,10 +312,19 @@ class SinkEpsPart(Part):
         """Merge the ranks and return the tables (every rank calls this once, after the pass)."""
         acc = self.acc
         acc.merge()
-        meta = describe(model, w, "sink_heads", method=method, eps=",".join(f"{e:g}" for e in acc.eps),
-                        key0=key0_label(self.info), rows="t>=0" if acc.q0 else "t>=1", window_rows=acc.window_rows,
-                        protocol=self.protocol, threshold="per window" if acc.per_window else "pooled",
-                        **({"backend": self.backend} if method == "streaming" else {}))
+        meta = describe(
+            model,
+            w,
+            "sink_heads",
+            method=method,
+            eps=",".join(f"{e:g}" for e in acc.eps),
+            key0=key0_label(self.info),
+            rows="t>=0" if acc.q0 else "t>=1",
+            window_rows=acc.window_rows,
+            protocol=self.protocol,
+            threshold="per window" if acc.per_window else "pooled",
+            **({"backend": self.backend} if method == "streaming" else {}),
+        )
         return finish(acc.tables(), meta)
 
 
@@ -271,9 +341,18 @@ class _PatternPart(SinkEpsPart):
 
 
 @torch.no_grad()
-def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, window_rows: str = "all",
-               method: str = "streaming", backend: str | None = None, progress: bool = False,
-               protocol: str = "pooled") -> dict[str, pd.DataFrame]:
+def sink_heads(
+    model,
+    data,
+    *,
+    eps=DEFAULT_EPS,
+    include_query0: bool = False,
+    window_rows: str = "all",
+    method: str = "streaming",
+    backend: str | None = None,
+    progress: bool = False,
+    protocol: str = "pooled",
+) -> dict[str, pd.DataFrame]:
     """Sink^ε for every ε in ``eps``: tables ``summary`` (one row per ε: the model's share of sink heads),
     ``layers`` (one row per layer and ε), ``heads`` (key-0 score per head) and ``meta``.
 
@@ -297,8 +376,11 @@ def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, wi
     info = model.probe_info
     w = with_protocol(as_windows(data), protocol)
     check_protocol_windows(protocol, w)
-    part = (SinkEpsPart(info, eps, include_query0, window_rows, backend, protocol) if method == "streaming"
-            else _PatternPart(info, eps, include_query0, window_rows, protocol))
+    part = (
+        SinkEpsPart(info, eps, include_query0, window_rows, backend, protocol)
+        if method == "streaming"
+        else _PatternPart(info, eps, include_query0, window_rows, protocol)
+    )
     run_pass(model, [(w, [part])], progress=progress, desc="sink heads (Sink^ε)")
     return part.result(model, w, method)
 
@@ -306,5 +388,15 @@ def sink_heads(model, data, *, eps=DEFAULT_EPS, include_query0: bool = False, wi
 # ------------------------------------------------------------------------------------------------------------ figures
 
 
-__all__ = ["sink_heads", "SinkEpsAccumulator", "SinkEpsPart", "DEFAULT_EPS", "key0_label", "PROTOCOLS",
-           "GU2025_TOKENS", "protocol_settings", "check_protocol_windows", "with_protocol"]
+__all__ = [
+    "sink_heads",
+    "SinkEpsAccumulator",
+    "SinkEpsPart",
+    "DEFAULT_EPS",
+    "key0_label",
+    "PROTOCOLS",
+    "GU2025_TOKENS",
+    "protocol_settings",
+    "check_protocol_windows",
+    "with_protocol",
+]

@@ -9,6 +9,7 @@ Dormant heads compare input domains. A domain whose windows are the evaluation w
 documents; e.g. ``--dormant`` with the default corpus among its domains) is read in the same pass; every other domain
 costs one forward per batch of its own windows.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -24,18 +25,29 @@ from probe.analyses.sinks import SinkPart
 
 def same_windows(a: Windows, b: Windows) -> bool:
     """True when two window sets feed the model the same tokens from the same documents."""
+
     def docs(w):
         return None if w.doc_ids is None else w.doc_ids.cpu()
 
     same_docs = (docs(a) is None and docs(b) is None) or (
-        docs(a) is not None and docs(b) is not None and torch.equal(docs(a), docs(b)))
+        docs(a) is not None and docs(b) is not None and torch.equal(docs(a), docs(b))
+    )
     return a.tokens.shape == b.tokens.shape and same_docs and torch.equal(a.tokens.cpu(), b.tokens.cpu())
 
 
 @torch.no_grad()
-def sink_analyses(model, data, *, eps=DEFAULT_EPS, massive: bool = False, dormant=None, tokenizer=None,
-                  backend: str | None = None, progress: bool = False,
-                  protocol: str = "pooled") -> dict[str, dict[str, pd.DataFrame]]:
+def sink_analyses(
+    model,
+    data,
+    *,
+    eps=DEFAULT_EPS,
+    massive: bool = False,
+    dormant=None,
+    tokenizer=None,
+    backend: str | None = None,
+    progress: bool = False,
+    protocol: str = "pooled",
+) -> dict[str, dict[str, pd.DataFrame]]:
     """``{"sinks": sink_stats(...), "sink_eps": sink_heads(..., eps=eps, protocol=protocol)}``, plus ``"massive"``
     (massive_activations) when ``massive`` and ``"dormant"`` (dormant_heads on the domains ``dormant``: windows or
     {domain: windows}) when given, all from one forward per batch of ``data`` (and of each other dormant domain).

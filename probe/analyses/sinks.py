@@ -15,6 +15,7 @@ per-row masses from probe.kernels.attention_row_masses, so no T x T tensor exist
 layer. ``sink_stats_reference`` computes the same numbers from ``hook_pattern``/``hook_phantom`` (materialised
 patterns) and is what tests compare the streaming pass against.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -60,8 +61,8 @@ class SinkAccumulator:
         sees0 = t < window if window is not None else torch.ones_like(t, dtype=torch.bool)  # query t sees key 0
         self.uniform[layer] += B * torch.where(sees0, 1 / (t + 1), 0).sum()
         k = int(sees0.sum())  # rows 1..k see key 0
-        self.pos0_w[layer] += pos0[:, :, 1:1 + k].double().sum((0, 2))
-        self.phantom_w[layer] += phantom[:, :, 1:1 + k].double().sum((0, 2))
+        self.pos0_w[layer] += pos0[:, :, 1 : 1 + k].double().sum((0, 2))
+        self.phantom_w[layer] += phantom[:, :, 1 : 1 + k].double().sum((0, 2))
         self.rows_w[layer] += B * k
         self.uniform_w[layer] += B * (1 / (t[:k] + 1)).sum()
         n = norms.double()
@@ -69,11 +70,16 @@ class SinkAccumulator:
         self.r0[layer] += (n[:, 0] / median).sum(0)
         self.seqs[layer] += B
         rank, world = rank_and_world()  # this rank's k-th batch is global batch rank + k * world (round-robin)
-        self.batch_rows.append({"batch": rank + self.calls[layer] * world, "layer": layer,
-                                "pos0_share": float(pos0[:, :, 1:].double().mean()),
-                                "phantom_share": float(phantom[:, :, 1:].double().mean()),
-                                "uniform_ref": float(torch.where(sees0, 1 / (t + 1), 0).mean()),
-                                "r0": float((n[:, 0] / median).mean())})
+        self.batch_rows.append(
+            {
+                "batch": rank + self.calls[layer] * world,
+                "layer": layer,
+                "pos0_share": float(pos0[:, :, 1:].double().mean()),
+                "phantom_share": float(phantom[:, :, 1:].double().mean()),
+                "uniform_ref": float(torch.where(sees0, 1 / (t + 1), 0).mean()),
+                "r0": float((n[:, 0] / median).mean()),
+            }
+        )
         self.calls[layer] += 1
         if sink is not None:
             self.sink[layer] = sink.detach().double().cpu()
@@ -91,15 +97,23 @@ class SinkAccumulator:
         for l in range(info.n_layers):
             r0 = self.r0[l] / self.seqs[l]
             for h in range(info.n_heads):
-                row = {"layer": l, "head": h, "kv_head": h // G, "layer_type": info.layer_types[l],
-                       "pos0_share": float(self.pos0[l, h] / self.rows[l]),
-                       "phantom_share": float(self.phantom[l, h] / self.rows[l]),
-                       "r0": float(r0[h // G]), "uniform_ref": float(self.uniform[l] / self.rows[l]),
-                       "sink_logit": float(self.sink[l][h]) if self.sink[l] is not None else float("nan")}
+                row = {
+                    "layer": l,
+                    "head": h,
+                    "kv_head": h // G,
+                    "layer_type": info.layer_types[l],
+                    "pos0_share": float(self.pos0[l, h] / self.rows[l]),
+                    "phantom_share": float(self.phantom[l, h] / self.rows[l]),
+                    "r0": float(r0[h // G]),
+                    "uniform_ref": float(self.uniform[l] / self.rows[l]),
+                    "sink_logit": float(self.sink[l][h]) if self.sink[l] is not None else float("nan"),
+                }
                 if info.layer_types[l] == "sliding":
-                    row.update(pos0_share_key0=float(self.pos0_w[l, h] / self.rows_w[l]),
-                               phantom_share_key0=float(self.phantom_w[l, h] / self.rows_w[l]),
-                               uniform_ref_key0=float(self.uniform_w[l] / self.rows_w[l]))
+                    row.update(
+                        pos0_share_key0=float(self.pos0_w[l, h] / self.rows_w[l]),
+                        phantom_share_key0=float(self.phantom_w[l, h] / self.rows_w[l]),
+                        uniform_ref_key0=float(self.uniform_w[l] / self.rows_w[l]),
+                    )
                 heads.append(row)
         heads = pd.DataFrame(heads)
         cols = [c for c in heads.columns if c not in ("layer", "head", "kv_head", "layer_type", "r0")]
@@ -116,22 +130,36 @@ class SinkAccumulator:
                 by_type.append(_summary(sub, kind))
         sub = layers[layers["layer_type"] == "sliding"]
         if len(sub):
-            key0 = sub.assign(pos0_share=sub["pos0_share_key0"], phantom_share=sub["phantom_share_key0"],
-                              uniform_ref=sub["uniform_ref_key0"])
+            key0 = sub.assign(
+                pos0_share=sub["pos0_share_key0"],
+                phantom_share=sub["phantom_share_key0"],
+                uniform_ref=sub["uniform_ref_key0"],
+            )
             by_type.append(_summary(key0, "sliding (key 0 in window)"))
-        return {"summary": pd.DataFrame([summary]), "by_type": pd.DataFrame(by_type), "layers": layers, "heads": heads,
-                "batches": pd.DataFrame(self.batch_rows)}
+        return {
+            "summary": pd.DataFrame([summary]),
+            "by_type": pd.DataFrame(by_type),
+            "layers": layers,
+            "heads": heads,
+            "batches": pd.DataFrame(self.batch_rows),
+        }
 
 
 def _summary(layers: pd.DataFrame, group: str) -> dict:
-    return {"layers": group, "n_layers": len(layers),
-            **{c: float(layers[c].mean()) for c in ("pos0_share", "phantom_share", "r0", "uniform_ref")}}
+    return {
+        "layers": group,
+        "n_layers": len(layers),
+        **{c: float(layers[c].mean()) for c in ("pos0_share", "phantom_share", "r0", "uniform_ref")},
+    }
 
 
 def _flag(later: pd.DataFrame) -> dict:
     pos0, ref, r0 = later["pos0_share"].mean(), later["uniform_ref"].mean(), later["r0"].mean()
-    return {"pos0_over_uniform": float(pos0 / ref), "r0_later": float(r0),
-            "sink_formed": bool(pos0 >= SINK_FACTOR * ref and r0 < SINK_R0)}
+    return {
+        "pos0_over_uniform": float(pos0 / ref),
+        "r0_later": float(r0),
+        "sink_formed": bool(pos0 >= SINK_FACTOR * ref and r0 < SINK_R0),
+    }
 
 
 def _meta(model, w, kind, **settings):
@@ -198,9 +226,13 @@ def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
             pattern = cache[names.attn(l, "pattern")].double()  # (B, H, T, T)
             phantom = cache[names.attn(l, "phantom")].double()
             real = pattern.sum(-1)
-            acc.add(l, pattern[..., 0] / real.clamp_min(1e-300), phantom / (phantom + real),
-                    cache[names.attn(l, "v")].float().norm(dim=-1),
-                    cache[sink] if (sink := names.attn(l, "sink_logit")) in cache else None)
+            acc.add(
+                l,
+                pattern[..., 0] / real.clamp_min(1e-300),
+                phantom / (phantom + real),
+                cache[names.attn(l, "v")].float().norm(dim=-1),
+                cache[sink] if (sink := names.attn(l, "sink_logit")) in cache else None,
+            )
         del cache
     acc.merge()
     return finish(acc.tables(), _meta(model, w, "pattern"))

@@ -16,6 +16,7 @@ block weigh the block states X_0 (embedding) .. X_{l+1} per stream c, ``blocks.{
 weight on the latest block state, on the embedding, on the earlier block states, their sum and the largest deviation
 of the mean weights from the plain residual (one-hot on the latest state).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,8 +45,10 @@ def source_category(label: str) -> str:
 def depth_sites(info) -> dict[str, list[str]]:
     sites = info.extra.get("depth_sites") or {}
     if not info.has_depth_sources or not sites:
-        raise ValueError(f"model {info.name!r} has no depth routing (depth_routing={info.depth_routing!r}): effective "
-                         "sources need AttnRes / P-LR / S-LR read sites with hook_depth_weights")
+        raise ValueError(
+            f"model {info.name!r} has no depth routing (depth_routing={info.depth_routing!r}): effective "
+            "sources need AttnRes / P-LR / S-LR read sites with hook_depth_weights"
+        )
     return sites
 
 
@@ -79,7 +82,7 @@ class SourceAccumulator:
         neff = h.exp()
         self.n[site] += a.shape[0]
         self.neff[site] += float(neff.sum())
-        self.neff2[site] += float((neff ** 2).sum())
+        self.neff2[site] += float((neff**2).sum())
         self.h[site] += float(h.sum())
         self.top1[site] += float(a.max(-1).values.sum())
         self.alpha[site] += a.sum(0)
@@ -97,13 +100,20 @@ class SourceAccumulator:
                 raise RuntimeError(f"no depth weights were captured at {names.depth_weights(site)}")
             mean_alpha = self.alpha[site] / n
             mean_neff = self.neff[site] / n
-            row = {"site_index": i, "site": site, "n_sources": len(labels), "neff_mean": mean_neff,
-                   "neff_std": float(np.sqrt(max(self.neff2[site] / n - mean_neff ** 2, 0.0))),
-                   "top1_mass": self.top1[site] / n,
-                   "input_dependence": float(entropy(mean_alpha)) - self.h[site] / n, "n_tokens": n}
+            row = {
+                "site_index": i,
+                "site": site,
+                "n_sources": len(labels),
+                "neff_mean": mean_neff,
+                "neff_std": float(np.sqrt(max(self.neff2[site] / n - mean_neff**2, 0.0))),
+                "top1_mass": self.top1[site] / n,
+                "input_dependence": float(entropy(mean_alpha)) - self.h[site] / n,
+                "n_tokens": n,
+            }
             for cat in ("embedding", "blocks", "partial", "attention", "mlp"):
-                row[f"mass_{cat}"] = float(sum(mean_alpha[j] for j, x in enumerate(labels)
-                                               if source_category(x) == cat))
+                row[f"mass_{cat}"] = float(
+                    sum(mean_alpha[j] for j, x in enumerate(labels) if source_category(x) == cat)
+                )
             rows.append(row)
             cells = dict(zip(labels, mean_alpha.tolist()))
             heat.append([cells.get(x, np.nan) for x in order])
@@ -112,15 +122,18 @@ class SourceAccumulator:
         drop = ["mass_attention", "mass_mlp"] if block_mode else ["mass_blocks", "mass_partial"]
         sites = sites.drop(columns=drop)
         s_src = int(sites.loc[sites["n_sources"] >= 2, "n_sources"].sum())
-        summary = {"n_sites": len(sites), "S_src": s_src, "neff_mean": float(sites["neff_mean"].mean()),
-                   "top1_mass": float(sites["top1_mass"].mean()),
-                   "input_dependence": float(sites["input_dependence"].mean()),
-                   "mode": "block" if block_mode else "full"}
+        summary = {
+            "n_sites": len(sites),
+            "S_src": s_src,
+            "neff_mean": float(sites["neff_mean"].mean()),
+            "top1_mass": float(sites["top1_mass"].mean()),
+            "input_dependence": float(sites["input_dependence"].mean()),
+            "mode": "block" if block_mode else "full",
+        }
         heatmap = pd.DataFrame(heat, index=pd.Index(list(self.sites), name="site"), columns=order)
         valid = heatmap.to_numpy()[~np.isnan(heatmap.to_numpy())]
         summary["heatmap_clip"] = float(np.percentile(valid, 99.5)) if valid.size else float("nan")
-        return {"summary": pd.DataFrame([summary]), "sites": sites,
-                "heatmap": heatmap.reset_index()}
+        return {"summary": pd.DataFrame([summary]), "sites": sites, "heatmap": heatmap.reset_index()}
 
 
 def stream_hooks(model, w, hook_names: dict, acc, desc: str, progress: bool) -> None:
@@ -170,6 +183,7 @@ def effective_sources(model, data, *, progress: bool = False) -> dict[str, pd.Da
 
 
 # --- dense connections ----------------------------------------------------------------------------------------
+
 
 def dense_stream_labels(n_streams: int) -> list[str]:
     """The streams a dense mix writes, in hook order: MUDD's query, key, value and residual inputs of the next block
@@ -234,13 +248,15 @@ class DenseAccumulator:
         if layer not in self.shapes:
             self._allocate(layer, shape)
         if shape != self.shapes[layer]:
-            raise ValueError(f"{names.dense(layer)}: weights of shape {tuple(weights.shape)}, expected (..., C, S) = "
-                             f"(..., {self.shapes[layer][0]}, {self.shapes[layer][1]})")
+            raise ValueError(
+                f"{names.dense(layer)}: weights of shape {tuple(weights.shape)}, expected (..., C, S) = "
+                f"(..., {self.shapes[layer][0]}, {self.shapes[layer][1]})"
+            )
         c, s = shape
         d = weights.reshape(-1, c, s).double().cpu() - self.residual(shape)  # N,C,S
         self.n[layer] += d.shape[0]
         self.s1[layer] += d.sum(0)
-        self.s2[layer] += (d ** 2).sum(0)
+        self.s2[layer] += (d**2).sum(0)
 
     def mean_std(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std) over tokens, each (C, S) float64."""
@@ -248,7 +264,7 @@ class DenseAccumulator:
             raise RuntimeError(f"no dense weights were captured at {names.dense(layer)}")
         n = self.n[layer]
         m = self.s1[layer] / n
-        var = (self.s2[layer] / n - m ** 2).clamp_min(0.0)
+        var = (self.s2[layer] / n - m**2).clamp_min(0.0)
         return m + self.residual(m.shape), var.sqrt()
 
     def tables(self) -> dict[str, pd.DataFrame]:
@@ -260,19 +276,39 @@ class DenseAccumulator:
             sources = dense_source_labels(s)
             for ci, stream in enumerate(dense_stream_labels(c)):
                 for si, source in enumerate(sources):
-                    weights.append({"layer": l, "stream": stream, "source_index": si, "source": source,
-                                    "weight_mean": float(mean[ci, si]), "weight_std": float(std[ci, si])})
+                    weights.append(
+                        {
+                            "layer": l,
+                            "stream": stream,
+                            "source_index": si,
+                            "source": source,
+                            "weight_mean": float(mean[ci, si]),
+                            "weight_std": float(std[ci, si]),
+                        }
+                    )
                 m = mean[ci]
-                layers.append({"layer": l, "stream": stream, "n_sources": s, "latest_weight": float(m[-1]),
-                               "embed_weight": float(m[0]), "earlier_weight": float(m[1:-1].sum()),
-                               "weight_sum": float(m.sum()),
-                               "residual_distance": float((m - residual[ci]).abs().max()), "n_tokens": self.n[l]})
+                layers.append(
+                    {
+                        "layer": l,
+                        "stream": stream,
+                        "n_sources": s,
+                        "latest_weight": float(m[-1]),
+                        "embed_weight": float(m[0]),
+                        "earlier_weight": float(m[1:-1].sum()),
+                        "weight_sum": float(m.sum()),
+                        "residual_distance": float((m - residual[ci]).abs().max()),
+                        "n_tokens": self.n[l],
+                    }
+                )
         layers = pd.DataFrame(layers)
         n_streams = max(c for c, _ in self.shapes.values())
-        summary = {"mode": "dense", "n_layers": len(self.layers), "n_streams": int(n_streams),
-                   **{k: float(layers[k].mean()) for k in ("latest_weight", "embed_weight", "earlier_weight",
-                                                           "weight_sum")},
-                   "residual_distance": float(layers["residual_distance"].max())}
+        summary = {
+            "mode": "dense",
+            "n_layers": len(self.layers),
+            "n_streams": int(n_streams),
+            **{k: float(layers[k].mean()) for k in ("latest_weight", "embed_weight", "earlier_weight", "weight_sum")},
+            "residual_distance": float(layers["residual_distance"].max()),
+        }
         return {"summary": pd.DataFrame([summary]), "dense_layers": layers, "dense_weights": pd.DataFrame(weights)}
 
 
@@ -297,13 +333,25 @@ def dense_weights(model, data, *, progress: bool = False) -> dict[str, pd.DataFr
     w = as_windows(data)
     layers = dense_layers(model)
     if not layers:
-        raise ValueError(f"model {info.name!r} has no dense connections: no dense mixing-weight hooks "
-                         "(DenseFormer / MUDD models have them)")
+        raise ValueError(
+            f"model {info.name!r} has no dense connections: no dense mixing-weight hooks "
+            "(DenseFormer / MUDD models have them)"
+        )
     acc = DenseAccumulator(layers)
     stream_hooks(model, w, {names.dense(l): l for l in layers}, acc, "dense weights", progress)  # each must fire
     meta = describe(model, w, "sources", depth_routing=info.depth_routing, dense_layers=len(layers))
     return finish(acc.tables(), meta)
 
 
-__all__ = ["effective_sources", "dense_weights", "DenseAccumulator", "dense_layers", "dense_stream_labels",
-           "dense_source_labels", "SourceAccumulator", "entropy", "source_category", "depth_sites"]
+__all__ = [
+    "effective_sources",
+    "dense_weights",
+    "DenseAccumulator",
+    "dense_layers",
+    "dense_stream_labels",
+    "dense_source_labels",
+    "SourceAccumulator",
+    "entropy",
+    "source_category",
+    "depth_sites",
+]

@@ -6,6 +6,7 @@ Inputs are long tables with one row per (variant, seed): columns ``variant``, ``
 ``loss``, lower is better). An improvement is ``other - variant`` for lower-is-better metrics (positive = better).
 Standard errors are sample standard deviations (ddof 1) over seeds divided by sqrt(n).
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,9 @@ def jackknife_se(leave_one_out) -> np.ndarray | float:
     return float(se) if se.ndim == 0 else se
 
 
-def batch_se(batches: pd.DataFrame | None, columns, by: str | list | None = "layer", *,
-             indexed: bool = False) -> pd.DataFrame | None:
+def batch_se(
+    batches: pd.DataFrame | None, columns, by: str | list | None = "layer", *, indexed: bool = False
+) -> pd.DataFrame | None:
     """Standard error over batches (docs/definitions.md#batch-standard-errors) of each column, as ``<column>_se``:
     per ``by`` group (e.g. per layer; ``indexed``: the groups as the index, else as columns), or of the per-batch
     average over the groups (``by=None``: the summary, one row); None without per-batch data. ``batches`` has one
@@ -59,8 +61,7 @@ def with_batch_se(table: pd.DataFrame, batches, columns, by: str | list | None =
         table = pd.concat([table, se.reset_index(drop=True)], axis=1)
     else:
         table = table.merge(se, on=by, how="left")
-    order = [c for col in table.columns if not col.endswith("_se")
-             for c in (col, f"{col}_se") if c in table.columns]
+    order = [c for col in table.columns if not col.endswith("_se") for c in (col, f"{col}_se") if c in table.columns]
     return table[order]
 
 
@@ -70,8 +71,9 @@ def _wide(df: pd.DataFrame, value: str) -> pd.DataFrame:
     return df.pivot(index="seed", columns="variant", values=value)
 
 
-def paired_differences(df: pd.DataFrame, baseline: str, variants=None, *, value: str = "loss",
-                       lower_is_better: bool = True) -> dict[str, pd.DataFrame]:
+def paired_differences(
+    df: pd.DataFrame, baseline: str, variants=None, *, value: str = "loss", lower_is_better: bool = True
+) -> dict[str, pd.DataFrame]:
     """Per-seed improvements of each variant over ``baseline`` (only seeds both have), and their summary.
 
     Returns ``per_seed`` (seed, variant, baseline value, variant value, improvement) and ``summary`` (variant, n,
@@ -86,18 +88,35 @@ def paired_differences(df: pd.DataFrame, baseline: str, variants=None, *, value:
             raise ValueError(f"variant {v!r} not among {sorted(wide.columns)}")
         pair = wide[[baseline, v]].dropna()
         imp = (pair[baseline] - pair[v]) if lower_is_better else (pair[v] - pair[baseline])
-        rows += [{"seed": s, "variant": v, "baseline": float(pair.at[s, baseline]), "value": float(pair.at[s, v]),
-                  "improvement": float(imp[s])} for s in pair.index]
-        summary.append({"variant": v, "baseline": baseline, "n": len(imp), "mean": float(imp.mean()),
-                        "se": _se(imp.to_numpy()), "n_improved": int((imp > 0).sum())})
+        rows += [
+            {
+                "seed": s,
+                "variant": v,
+                "baseline": float(pair.at[s, baseline]),
+                "value": float(pair.at[s, v]),
+                "improvement": float(imp[s]),
+            }
+            for s in pair.index
+        ]
+        summary.append(
+            {
+                "variant": v,
+                "baseline": baseline,
+                "n": len(imp),
+                "mean": float(imp.mean()),
+                "se": _se(imp.to_numpy()),
+                "n_improved": int((imp > 0).sum()),
+            }
+        )
     return {"per_seed": pd.DataFrame(rows), "summary": pd.DataFrame(summary)}
 
 
 def perplexity_summary(df: pd.DataFrame, *, value: str = "loss") -> pd.DataFrame:
     """Per variant: mean of per-seed perplexities exp(loss) ± their standard deviation (ddof 1), and n seeds."""
     ppl = df.assign(ppl=np.exp(df[value].astype(float)))
-    out = ppl.groupby("variant", sort=False)["ppl"].agg(["mean", lambda x: float(np.std(x, ddof=1))
-                                                         if len(x) > 1 else float("nan"), "count"])
+    out = ppl.groupby("variant", sort=False)["ppl"].agg(
+        ["mean", lambda x: float(np.std(x, ddof=1)) if len(x) > 1 else float("nan"), "count"]
+    )
     out.columns = ["ppl_mean", "ppl_sd", "n"]
     return out.reset_index()
 
@@ -124,12 +143,26 @@ def document_bootstrap(diff_sums, doc_ids, n_tokens, *, n_resamples: int = 2000,
     idx = rng.integers(0, len(docs), size=(n_resamples, len(docs)))
     stats = per_doc[idx].sum(1) / tok_doc[idx].sum(1)
     lo, hi = np.percentile(stats, [2.5, 97.5])
-    return {"mean": float(per_doc.sum() / tok_doc.sum()), "lo": float(lo), "hi": float(hi),
-            "n_documents": len(docs), "n_pairs": d.shape[0], "n_resamples": n_resamples, "seed": seed}
+    return {
+        "mean": float(per_doc.sum() / tok_doc.sum()),
+        "lo": float(lo),
+        "hi": float(hi),
+        "n_documents": len(docs),
+        "n_pairs": d.shape[0],
+        "n_resamples": n_resamples,
+        "seed": seed,
+    }
 
 
-def abstention_decomposition(df: pd.DataFrame, *, baseline: str = "baseline", sink: str = "sinklogit",
-                             gate: str = "normgate", both: str = "sink+norm", value: str = "loss") -> pd.DataFrame:
+def abstention_decomposition(
+    df: pd.DataFrame,
+    *,
+    baseline: str = "baseline",
+    sink: str = "sinklogit",
+    gate: str = "normgate",
+    both: str = "sink+norm",
+    value: str = "loss",
+) -> pd.DataFrame:
     """Table 2: improvements over the baseline from the sink alone, the gate alone and both, paired per seed;
     overlap = sink + gate - both, filter = both - sink, share = filter / both (of the means). Rows: the quantities,
     columns mean, se, n. A missing gate variant leaves gate and overlap NaN."""
@@ -144,13 +177,27 @@ def abstention_decomposition(df: pd.DataFrame, *, baseline: str = "baseline", si
     rows = []
     for k in ("sink", "gate", "both", "overlap", "filter"):
         x = imp[k].dropna()
-        rows.append({"quantity": k, "mean": float(x.mean()) if len(x) else float("nan"), "se": _se(x.to_numpy()),
-                     "n": len(x)})
+        rows.append(
+            {"quantity": k, "mean": float(x.mean()) if len(x) else float("nan"), "se": _se(x.to_numpy()), "n": len(x)}
+        )
     both_mean, filt = rows[2]["mean"], rows[4]["mean"]
-    rows.append({"quantity": "share", "mean": filt / both_mean if both_mean else float("nan"), "se": float("nan"),
-                 "n": rows[4]["n"]})
+    rows.append(
+        {
+            "quantity": "share",
+            "mean": filt / both_mean if both_mean else float("nan"),
+            "se": float("nan"),
+            "n": rows[4]["n"],
+        }
+    )
     return pd.DataFrame(rows)
 
 
-__all__ = ["paired_differences", "perplexity_summary", "document_bootstrap", "abstention_decomposition",
-           "jackknife_se", "batch_se", "with_batch_se"]
+__all__ = [
+    "paired_differences",
+    "perplexity_summary",
+    "document_bootstrap",
+    "abstention_decomposition",
+    "jackknife_se",
+    "batch_se",
+    "with_batch_se",
+]

@@ -3,12 +3,19 @@
 ``probe.load`` is :func:`probe.checkpoints.load.load` (the module ``load`` keeps its name here). The submodules pull in
 transformers / TransformerLens, so they are imported on first use of a name here.
 """
+
 from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"resolve": "load", "ModelNotFoundError": "load", "KNOWN_CHECKPOINTS": "load",
-            "list_models": "load", "wrap": "interop", "adapt": "adapters"}
+_EXPORTS = {
+    "resolve": "load",
+    "ModelNotFoundError": "load",
+    "KNOWN_CHECKPOINTS": "load",
+    "list_models": "load",
+    "wrap": "interop",
+    "adapt": "adapters",
+}
 __all__ = sorted(_EXPORTS)
 
 

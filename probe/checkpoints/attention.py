@@ -21,6 +21,7 @@ or the adapter is materialising (``probe.materialize(model)`` / ``materialize_pa
 computes the same output on the runtime backend. An attention module that no adapter hooked runs the same math
 without hooks.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -64,11 +65,13 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 # --- masks as rules ---------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class MaskRules:
     """HF's attention mask as a rule: key j is visible to query i (queries the last Tq of Tk positions, i' = i + Tk
     − Tq) iff i' − window < j <= i' (window None: j <= i') and ``keep[b, j]``. keep (B, Tk) bool or None (no
     padding)."""
+
     window: int | None = None
     keep: torch.Tensor | None = None
 
@@ -104,22 +107,46 @@ def _follows_rule(mask_function, length: int, window: int | None, device) -> boo
     return isinstance(got, torch.Tensor) and got.shape == want.shape and bool(torch.equal(got.bool(), want))
 
 
-def rules_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0, mask_function=None,
-               attention_mask=None, local_size: int | None = None, allow_is_causal_skip: bool = True, **kwargs):
+def rules_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset=0,
+    kv_offset=0,
+    mask_function=None,
+    attention_mask=None,
+    local_size: int | None = None,
+    allow_is_causal_skip: bool = True,
+    **kwargs,
+):
     """transformers mask builder for ``"probe"``: a :class:`MaskRules` when the mask is causal or a sliding window
     (with any key padding) over one sequence without a cache offset, else transformers' dense ``eager_mask``.
 
     transformers sets ``allow_is_causal_skip`` False when an overlay, packed sequences or a compiled decode change
     the pattern; the mask function itself is checked against the rule too (:func:`_follows_rule`)."""
     device = kwargs.get("device", "cpu")
-    plain = (allow_is_causal_skip and isinstance(q_offset, int) and q_offset == 0 and kv_offset == 0
-             and q_length == kv_length and mask_function is not None
-             and _follows_rule(mask_function, q_length, local_size, device))
+    plain = (
+        allow_is_causal_skip
+        and isinstance(q_offset, int)
+        and q_offset == 0
+        and kv_offset == 0
+        and q_length == kv_length
+        and mask_function is not None
+        and _follows_rule(mask_function, q_length, local_size, device)
+    )
     if not plain:
         if mask_function is not None:
             kwargs["mask_function"] = mask_function
-        return eager_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
-                          kv_offset=kv_offset, attention_mask=attention_mask, local_size=local_size, **kwargs)
+        return eager_mask(
+            batch_size=batch_size,
+            q_length=q_length,
+            kv_length=kv_length,
+            q_offset=q_offset,
+            kv_offset=kv_offset,
+            attention_mask=attention_mask,
+            local_size=local_size,
+            **kwargs,
+        )
     keep = prepare_padding_mask(attention_mask, kv_length, kv_offset)
     if keep is not None:
         keep = keep[:, :kv_length].bool()
@@ -170,6 +197,7 @@ def _kernel_applies_window(q, k, v) -> bool:
 
 # --- attention ----------------------------------------------------------------------------------------------------
 
+
 def eager_probs(q, k, mask, scaling: float, sinks=None, window: int | None = None, softcap: float | None = None):
     """fp32 attention probabilities over real keys and the phantom (sink) mass: the kernels' reference.
 
@@ -177,8 +205,9 @@ def eager_probs(q, k, mask, scaling: float, sinks=None, window: int | None = Non
     (causal within ``window``), sinks (H,) logits or None, softcap Gemma 2's score cap. Returns pattern (B,H,Tq,Tk)
     and phantom (B,H,Tq); rows sum to 1 - phantom.
     """
-    pattern, phantom, _ = attention_probs(_bthd(q), _bthd(k), sink=sinks, mask=mask, window=window, scale=scaling,
-                                          softcap=softcap)
+    pattern, phantom, _ = attention_probs(
+        _bthd(q), _bthd(k), sink=sinks, mask=mask, window=window, scale=scaling, softcap=softcap
+    )
     return pattern, phantom
 
 
@@ -186,8 +215,7 @@ def fast_attention(q, k, v, mask, scaling: float, sinks=None, window: int | None
     """Output (B,H,Tq,dh) without materialising the pattern: the kernels' fused op (SDPA with the sink as an extra
     key of value 0 on CPU), GQA without repetition; q (B,H,Tq,dh), k/v (B,Hkv,Tk,dh); mask additive or None (causal
     within ``window``, queries the last Tq positions)."""
-    return _bthd(sink_attention(_bthd(q), _bthd(k), _bthd(v), sink=sinks, mask=mask, window=window,
-                                scale=scaling).out)
+    return _bthd(sink_attention(_bthd(q), _bthd(k), _bthd(v), sink=sinks, mask=mask, window=window, scale=scaling).out)
 
 
 def rules_attention(q, k, v, rules: MaskRules, scaling: float, sinks=None):
@@ -199,8 +227,15 @@ def rules_attention(q, k, v, rules: MaskRules, scaling: float, sinks=None):
         return fast_attention(q, k, v, None, scaling, sinks, rules.window)
     out = q.new_empty(*q.shape[:3], v.shape[-1])
     for rows, cols, mask in query_blocks(rules, q_len, k_len, q.dtype, q.device):
-        out[:, :, rows] = fast_attention(q[:, :, rows], k[:, :, cols], v[:, :, cols], mask, scaling, sinks,
-                                         None if mask is not None else rules.window)
+        out[:, :, rows] = fast_attention(
+            q[:, :, rows],
+            k[:, :, cols],
+            v[:, :, cols],
+            mask,
+            scaling,
+            sinks,
+            None if mask is not None else rules.window,
+        )
     return out
 
 
@@ -227,8 +262,9 @@ def fire_qkv(site, query, key, value):
     return query, key, value
 
 
-def probe_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
-                    s_aux=None, **kwargs):
+def probe_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, s_aux=None, **kwargs
+):
     """transformers attention function: fires the §3 hooks of the layer that owns ``module``."""
     site = module.__dict__.get(SITE_KEY)
     if scaling is None:
@@ -246,8 +282,14 @@ def probe_attention(module, query, key, value, attention_mask, scaling=None, dro
         n_rep = query.shape[1] // key.shape[1]
         if rules is not None:  # the pattern is T x T by definition; its mask only where padding needs one
             mask = None if rules.keep is None else rules.dense(slice(None), q_len, k_len, query.dtype, query.device)
-        pattern, phantom = eager_probs(query, repeat_kv(key, n_rep), mask, scaling, sinks,
-                                       window=rules.window if rules is not None and mask is None else None)
+        pattern, phantom = eager_probs(
+            query,
+            repeat_kv(key, n_rep),
+            mask,
+            scaling,
+            sinks,
+            window=rules.window if rules is not None and mask is None else None,
+        )
         if site is not None:
             pattern = site.hook_pattern(pattern)
             phantom = site.hook_phantom(phantom)

@@ -11,6 +11,7 @@ lock makes concurrent first loads (pytest workers, two shells) convert once. The
 one records the file's SHA-256 and names four chunk packages whose chunks concatenate to the file. ``gemma_model_dir()``
 assembles them once (checking the hash; a mismatch names the package to reinstall) and converts the result.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -86,17 +87,23 @@ def _convert(gguf_path: Path, out: Path, digest: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     size_mb = gguf_path.stat().st_size / 1e6
-    print(f"probe: converting {gguf_path.name} ({size_mb:.0f} MB) to safetensors in {out.parent}/{digest[:12]}… "
-          f"(once per file; Gemma 3 270M takes 2–3 minutes on 2 cores)", file=sys.stderr, flush=True)
+    print(
+        f"probe: converting {gguf_path.name} ({size_mb:.0f} MB) to safetensors in {out.parent}/{digest[:12]}… "
+        f"(once per file; Gemma 3 270M takes 2–3 minutes on 2 cores)",
+        file=sys.stderr,
+        flush=True,
+    )
     start = time.perf_counter()
     where, name = str(gguf_path.parent), gguf_path.name
     # dequantize=True: with the `kernels` package transformers would otherwise keep the weights packed
-    model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32,
-                                                 quantization_config=GgufConfig(dequantize=True))
+    model = AutoModelForCausalLM.from_pretrained(
+        where, gguf_file=name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+    )
     packed = sorted({type(m).__name__ for m in model.modules() if "gguf" in type(m).__name__.lower()})
     if packed:
-        raise GGUFError(f"{name}: transformers kept GGUF-packed modules ({', '.join(packed)}); "
-                        f"cannot cache dense weights")
+        raise GGUFError(
+            f"{name}: transformers kept GGUF-packed modules ({', '.join(packed)}); cannot cache dense weights"
+        )
     if getattr(model, "hf_quantizer", None) is not None:  # the weights are dense now: drop the GGUF marker so it saves
         model.hf_quantizer.remove_quantization_config(model)
     model.save_pretrained(out)
@@ -105,8 +112,14 @@ def _convert(gguf_path: Path, out: Path, digest: str) -> None:
         tokenizer = True
     except Exception:  # a GGUF without tokenizer metadata (e.g. one written by a test): the model alone is useful
         tokenizer = False
-    record = {"gguf": name, "sha256": digest, "size": gguf_path.stat().st_size, "tokenizer": tokenizer,
-              "transformers": transformers.__version__, "seconds": round(time.perf_counter() - start, 1)}
+    record = {
+        "gguf": name,
+        "sha256": digest,
+        "size": gguf_path.stat().st_size,
+        "tokenizer": tokenizer,
+        "transformers": transformers.__version__,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
     (out / "probe_gguf.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
@@ -139,8 +152,10 @@ def gemma_model_dir() -> Path:
                 with open(chunk, "rb") as f:
                     shutil.copyfileobj(f, out, 1 << 20)
         if sha256_file(assembled) != pkg.EXPECTED_SHA256:
-            raise GGUFError(f"{pkg.MODEL_NAME} assembled from the chunk packages does not match SHA-256 "
-                            f"{pkg.EXPECTED_SHA256[:12]}…: {_bad_chunk_advice(chunks)}")
+            raise GGUFError(
+                f"{pkg.MODEL_NAME} assembled from the chunk packages does not match SHA-256 "
+                f"{pkg.EXPECTED_SHA256[:12]}…: {_bad_chunk_advice(chunks)}"
+            )
         return assembled
 
     try:
@@ -153,12 +168,15 @@ def _chunk_paths(pkg) -> list[Path]:
     try:
         paths = pkg.chunk_paths()
     except ModuleNotFoundError as e:
-        raise GGUFError(f"Gemma chunk package {_dist_name(e.name)} is not installed: pip install "
-                        f"{_dist_name(e.name)} (or {EXTRA_HINT})") from None
+        raise GGUFError(
+            f"Gemma chunk package {_dist_name(e.name)} is not installed: pip install "
+            f"{_dist_name(e.name)} (or {EXTRA_HINT})"
+        ) from None
     absent = [dist for dist, p in zip(_chunk_dists(), paths) if not p.is_file()]
     if absent:
-        raise GGUFError(f"chunk file missing from {', '.join(absent)}: pip install --force-reinstall "
-                        f"{' '.join(absent)}")
+        raise GGUFError(
+            f"chunk file missing from {', '.join(absent)}: pip install --force-reinstall {' '.join(absent)}"
+        )
     return paths
 
 
@@ -191,5 +209,14 @@ def _dist_name(module: str) -> str:
     return module.replace("_", "-")
 
 
-__all__ = ["GEMMA_NAME", "GEMMA_HUB_ID", "GEMMA_SOURCE", "GGUFError", "cache_root", "cached_model_dir",
-           "gemma_installed", "gemma_model_dir", "sha256_file"]
+__all__ = [
+    "GEMMA_NAME",
+    "GEMMA_HUB_ID",
+    "GEMMA_SOURCE",
+    "GGUFError",
+    "cache_root",
+    "cached_model_dir",
+    "gemma_installed",
+    "gemma_model_dir",
+    "sha256_file",
+]

@@ -15,6 +15,7 @@ The HF model is ``self.hf_model``; ``self(input_ids)`` returns its output (``.lo
 user's object without touching it (TransformerBridge, nnsight model or plain HF model: a structural copy that shares
 the parameters).
 """
+
 from __future__ import annotations
 
 import copy
@@ -170,8 +171,9 @@ class HookedHF(HookedRootModule):
             input_ids = input_ids.to(self.input_device)
         kwargs.setdefault("use_cache", False)
         if return_hidden:
-            return self.hf_model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                            **kwargs).last_hidden_state
+            return self.hf_model.base_model(
+                input_ids=input_ids, attention_mask=attention_mask, **kwargs
+            ).last_hidden_state
         return self.hf_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
     @property
@@ -226,9 +228,16 @@ def base_info(config, name: str, family: str, **over) -> ModelInfo:
     n_layers = config.num_hidden_layers
     layer_types = _ffn_layer_types(config, n_layers)
     fields = dict(
-        name=name, family=family, n_layers=n_layers, d_model=config.hidden_size, n_heads=n_heads,
-        n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads, d_head=d_head,
-        n_ctx=getattr(config, "max_position_embeddings", 2048), vocab_size=config.vocab_size, layer_types=layer_types,
+        name=name,
+        family=family,
+        n_layers=n_layers,
+        d_model=config.hidden_size,
+        n_heads=n_heads,
+        n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads,
+        d_head=d_head,
+        n_ctx=getattr(config, "max_position_embeddings", 2048),
+        vocab_size=config.vocab_size,
+        layer_types=layer_types,
         sliding_window=getattr(config, "sliding_window", None) if "sliding" in layer_types else None,
         bos_token_id=getattr(config, "bos_token_id", None),
         extra={"model_type": config.model_type, "dtype": str(getattr(config, "dtype", "") or "")},
@@ -241,8 +250,15 @@ def base_info(config, name: str, family: str, **over) -> ModelInfo:
 # --------------------------------------------------------------------------------------------------------------
 # structural copies that share parameters (for wrap(): never mutate the user's model)
 
-_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
-               "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
+_HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
 
 
 def _unwrap(module: nn.Module) -> nn.Module:

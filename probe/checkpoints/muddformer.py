@@ -21,6 +21,7 @@ fc067b274a5f14894b2ee299fdcb3c581a092896 (tests/fixtures/authors/mudd*-checkpoin
   int(head_dim · rotary_pct) coordinates of each head;
 * QK-norm (use_qk_norm): an RMSNorm with gain over each head, before RoPE; the dense network's RMSNorm has no gain.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,14 +31,43 @@ from probe.hooks import names
 
 MODEL_TYPES = ("muddformer", "muddpythia")
 # config.json keys read (and checked) below; the rest of PretrainedConfig's own keys carry no architecture
-ARCHITECTURE_KEYS = {"block_size", "vocab_size", "n_layer", "n_head", "dim", "intermediate_size", "n_local_heads",
-                     "head_dim", "rope_base", "norm_eps", "use_qk_norm", "tie_word_embeddings", "stack_hidden",
-                     "dense", "dynamic_dense", "sepln", "dense_type", "expand_last", "round64",
-                     "use_parallel_residual", "use_linear_bias", "rotary_pct"}
+ARCHITECTURE_KEYS = {
+    "block_size",
+    "vocab_size",
+    "n_layer",
+    "n_head",
+    "dim",
+    "intermediate_size",
+    "n_local_heads",
+    "head_dim",
+    "rope_base",
+    "norm_eps",
+    "use_qk_norm",
+    "tie_word_embeddings",
+    "stack_hidden",
+    "dense",
+    "dynamic_dense",
+    "sepln",
+    "dense_type",
+    "expand_last",
+    "round64",
+    "use_parallel_residual",
+    "use_linear_bias",
+    "rotary_pct",
+}
 # how their code runs, not what it computes (gradient checkpointing, the decode caches, bf16 training flags)
 EXECUTION_KEYS = {"use_gradient_checkpointing", "is_training", "use_layer_cache"}
-DATA_KEYS = {"auto_map", "architectures", "model_type", "torch_dtype", "transformers_version", "bos_token_id",
-             "eos_token_id", "pad_token_id", "_name_or_path"}
+DATA_KEYS = {
+    "auto_map",
+    "architectures",
+    "model_type",
+    "torch_dtype",
+    "transformers_version",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "_name_or_path",
+}
 PYTHIA_ONLY = {"use_parallel_residual", "use_linear_bias", "rotary_pct"}
 # their decode-time buffers (setup_caches); a checkpoint saved after setup_caches carries them, they hold no weights
 CACHE_BUFFERS = (".kv_cache.k_cache", ".kv_cache.v_cache", "layer_cache.layer_cache")
@@ -66,19 +96,23 @@ def probe_config_kwargs(config: dict, name: str = "checkpoint") -> dict:
     """ProbeConfig keyword arguments for their config.json, or AuthorsFormatError naming what does not map."""
     kind = config.get("model_type")
     if kind not in MODEL_TYPES:
-        raise AuthorsFormatError(f"{name}: model_type={kind!r} is not a MUDD checkpoint; choose one of "
-                                 f"{', '.join(MODEL_TYPES)}")
+        raise AuthorsFormatError(
+            f"{name}: model_type={kind!r} is not a MUDD checkpoint; choose one of {', '.join(MODEL_TYPES)}"
+        )
     known = ARCHITECTURE_KEYS | EXECUTION_KEYS | DATA_KEYS | _pretrained_defaults()
     unknown = sorted(k for k in config if k not in known or (kind == "muddformer" and k in PYTHIA_ONLY))
     if unknown:
-        raise AuthorsFormatError(f"{name}: config key {unknown[0]!r} is not one {kind}'s code reads at the pinned "
-                                 "commit; probe cannot tell what it does")
+        raise AuthorsFormatError(
+            f"{name}: config key {unknown[0]!r} is not one {kind}'s code reads at the pinned "
+            "commit; probe cannot tell what it does"
+        )
 
     def want(key, default, allowed):
         value = config.get(key, default)
         if value not in allowed:
-            raise AuthorsFormatError(f"{name}: {key}={value!r} cannot be mapped onto probe; supported: "
-                                     f"{', '.join(map(repr, allowed))}")
+            raise AuthorsFormatError(
+                f"{name}: {key}={value!r} cannot be mapped onto probe; supported: {', '.join(map(repr, allowed))}"
+            )
         return value
 
     pythia = kind == "muddpythia"
@@ -98,23 +132,41 @@ def probe_config_kwargs(config: dict, name: str = "checkpoint") -> dict:
     if inter is None:
         inter = 4 * d if pythia else _find_multiple(int(2 * 4 * d / 3), 256)
     widths = ffn_widths(int(inter), L)
-    kwargs = dict(vocab_size=int(config.get("vocab_size", 32000 if pythia else 50432)), n_layers=L, d_model=d,
-                  n_heads=H, n_kv_heads=kv, d_head=d_head, d_mlp=max(widths), d_mlp_layers=widths,
-                  n_ctx=int(config.get("block_size", 2048)),
-                  norm_eps=float(config.get("norm_eps", 1e-5 if pythia else 1e-6)),
-                  rope_theta=float(config.get("rope_base", 10000)), qk_norm=bool(config.get("use_qk_norm", False)),
-                  tie_embeddings=False, dense="mudd", mudd_round64=bool(config.get("round64", False)),
-                  mudd_expand_last=bool(config.get("expand_last", False)),
-                  dense_stream_norms=bool(config.get("sepln", True)))
+    kwargs = dict(
+        vocab_size=int(config.get("vocab_size", 32000 if pythia else 50432)),
+        n_layers=L,
+        d_model=d,
+        n_heads=H,
+        n_kv_heads=kv,
+        d_head=d_head,
+        d_mlp=max(widths),
+        d_mlp_layers=widths,
+        n_ctx=int(config.get("block_size", 2048)),
+        norm_eps=float(config.get("norm_eps", 1e-5 if pythia else 1e-6)),
+        rope_theta=float(config.get("rope_base", 10000)),
+        qk_norm=bool(config.get("use_qk_norm", False)),
+        tie_embeddings=False,
+        dense="mudd",
+        mudd_round64=bool(config.get("round64", False)),
+        mudd_expand_last=bool(config.get("expand_last", False)),
+        dense_stream_norms=bool(config.get("sepln", True)),
+    )
     if pythia:
         want("use_linear_bias", True, (True,))  # their attention projections always have biases; probe's one flag
         rot = int(d_head * float(config.get("rotary_pct", 0.25)))
         if rot < 2 or rot % 2:
-            raise AuthorsFormatError(f"{name}: rotary_pct={config.get('rotary_pct')!r} gives {rot} rotary "
-                                     f"coordinates of {d_head}; probe needs an even number >= 2")
-        kwargs.update(norm="layer", norm_bias=True, mlp="gelu", linear_bias=True,
-                      parallel_residual=bool(config.get("use_parallel_residual", True)),
-                      rotary_dims=None if rot == d_head else rot)
+            raise AuthorsFormatError(
+                f"{name}: rotary_pct={config.get('rotary_pct')!r} gives {rot} rotary "
+                f"coordinates of {d_head}; probe needs an even number >= 2"
+            )
+        kwargs.update(
+            norm="layer",
+            norm_bias=True,
+            mlp="gelu",
+            linear_bias=True,
+            parallel_residual=bool(config.get("use_parallel_residual", True)),
+            rotary_dims=None if rot == d_head else rot,
+        )
     return kwargs
 
 
@@ -166,8 +218,9 @@ def map_state_dict(theirs: dict, config, kind: str, name: str = "checkpoint") ->
         out[f"{b}dense.norm.weight"] = torch.ones(c.d_model, dtype=theirs[f"dense_bs.{l}"].dtype)  # theirs: no gain
     left = sorted(set(theirs) - used)
     if left:
-        raise AuthorsFormatError(f"{name}: weight {left[0]!r} has no place in probe's model of this config "
-                                 f"({len(left)} such)")
+        raise AuthorsFormatError(
+            f"{name}: weight {left[0]!r} has no place in probe's model of this config ({len(left)} such)"
+        )
     return out
 
 
@@ -181,8 +234,9 @@ def check_memory(stored_bytes: int, stored_elements: int, dtype, name: str) -> N
     need = stored_bytes + stored_elements * torch.empty((), dtype=dtype).element_size()
     have = available_memory()
     if have is not None and need > have:
-        raise AuthorsFormatError(f"{name}: reading it needs about {human_bytes(need)}, more than the "
-                                 f"{human_bytes(have)} of memory available")
+        raise AuthorsFormatError(
+            f"{name}: reading it needs about {human_bytes(need)}, more than the {human_bytes(have)} of memory available"
+        )
 
 
 def read_weights(folder: Path, name: str) -> dict:
@@ -200,8 +254,13 @@ def read_weights(folder: Path, name: str) -> dict:
             out.update(load_file(f))
         return out
     index = folder / "pytorch_model.bin.index.json"
-    bins = sorted({folder / n for n in json.loads(index.read_text())["weight_map"].values()}) if index.is_file() \
-        else [folder / "pytorch_model.bin"] if (folder / "pytorch_model.bin").is_file() else []
+    bins = (
+        sorted({folder / n for n in json.loads(index.read_text())["weight_map"].values()})
+        if index.is_file()
+        else [folder / "pytorch_model.bin"]
+        if (folder / "pytorch_model.bin").is_file()
+        else []
+    )
     if not bins:
         raise AuthorsFormatError(f"{name}: {folder} holds no model.safetensors or pytorch_model.bin")
     out = {}
@@ -244,8 +303,9 @@ def load_mudd(folder, *, name: str | None = None, dtype=None):
     check_memory(stored_bytes, n_stored, dtype, name)
     theirs = read_weights(folder, name)
     mapped = map_state_dict(theirs, pc, config["model_type"], name)
-    return assemble(pc, mapped, dtype, name, "the config", {"format": config["model_type"],
-                                                            "repository": "Caiyun-AI/MUDDFormer"})
+    return assemble(
+        pc, mapped, dtype, name, "the config", {"format": config["model_type"], "repository": "Caiyun-AI/MUDDFormer"}
+    )
 
 
 def assemble(pc, mapped: dict, dtype, name: str, implied_by: str, authors_format: dict):
@@ -260,10 +320,10 @@ def assemble(pc, mapped: dict, dtype, name: str, implied_by: str, authors_format
     expected = model.state_dict()
     for k, v in mapped.items():
         if tuple(v.shape) != tuple(expected[k].shape):
-            raise AuthorsFormatError(f"{name}: weight for {k} has shape {tuple(v.shape)}, {implied_by} implies "
-                                     f"{tuple(expected[k].shape)}")
+            raise AuthorsFormatError(
+                f"{name}: weight for {k} has shape {tuple(v.shape)}, {implied_by} implies {tuple(expected[k].shape)}"
+            )
     model.load_state_dict({k: v.to(dtype) for k, v in mapped.items()}, strict=True, assign=True)
     model.probe_name = name
     model.authors_format = {**authors_format, "n_params": sum(p.numel() for p in model.parameters())}
     return model.eval()
-

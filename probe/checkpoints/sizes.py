@@ -3,6 +3,7 @@ model built on the meta device: shapes, no storage) must match what its safetens
 loading: the 8-byte header length and the JSON header of each file), and the weights must fit the memory available.
 A config whose sizes are absurd, or weights cut short, is one line here, not an allocation until memory runs out or
 a library's report table after it."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,23 @@ from pathlib import Path
 from probe.data.limits import available_memory, human_bytes
 
 MAX_HEADER_BYTES = 100 << 20  # safetensors caps its JSON header at 100 MB
-DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
-               "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
+DTYPE_BYTES = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
 
 
 class CheckpointSizeError(ValueError):
@@ -44,8 +60,7 @@ def header_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
             head = f.read(8)
             n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
             if not 0 < n <= min(MAX_HEADER_BYTES, size - 8):
-                raise CheckpointSizeError(f"{path} is not a safetensors file (header length {n}, file of {size} "
-                                          "bytes)")
+                raise CheckpointSizeError(f"{path} is not a safetensors file (header length {n}, file of {size} bytes)")
             header = json.loads(f.read(n))
     except OSError as e:
         raise CheckpointSizeError(f"{path}: cannot read it ({e.strerror})") from None
@@ -64,8 +79,9 @@ def header_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         tensors[name] = (dtype, shape)
         end = max(end, int(stop))
     if 8 + n + end > size:
-        raise CheckpointSizeError(f"{path} is truncated: its header describes {8 + n + end} bytes, the file holds "
-                                  f"{size}")
+        raise CheckpointSizeError(
+            f"{path} is truncated: its header describes {8 + n + end} bytes, the file holds {size}"
+        )
     return tensors
 
 
@@ -121,12 +137,15 @@ def check_sizes(folder, name: str, dtype_bytes: int | None = None, *, check_memo
             raise CheckpointSizeError(
                 f"{name}: its config implies {low:,} parameters, its safetensors headers hold {stored:,} "
                 f"({'fewer' if off < 0 else 'more'} by {abs(off):,}); the config and the weights do not belong "
-                "together")
+                "together"
+            )
     need = stored_bytes if dtype_bytes is None else stored * dtype_bytes
     have = available_memory() if check_memory else None
     if have is not None and need > have:
-        raise CheckpointSizeError(f"{name}: its weights need {human_bytes(need)}, more than the "
-                                  f"{human_bytes(have)} of memory available (by {human_bytes(need - have)})")
+        raise CheckpointSizeError(
+            f"{name}: its weights need {human_bytes(need)}, more than the "
+            f"{human_bytes(have)} of memory available (by {human_bytes(need - have)})"
+        )
 
 
 __all__ = ["CheckpointSizeError", "check_sizes", "header_tensors", "implied_counts", "stored_counts", "weight_files"]

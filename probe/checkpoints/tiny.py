@@ -7,6 +7,7 @@ offline tests and demos.
 sinks (set to randn·3 so they matter), sliding/full ``layer_types`` with a window shorter than test sequences, GQA,
 MoE, QKV bias, YaRN rope; llama — GQA; gemma2/gemma3_text/qwen2/qwen3/mistral — see :func:`more_tiny_config`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,23 +23,62 @@ def tiny_config(family: str, vocab_size: int = VOCAB):
     from transformers import GPTNeoXConfig, GptOssConfig, LlamaConfig
 
     if family == "gpt_neox":
-        return GPTNeoXConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                             intermediate_size=64, rotary_pct=0.25, use_parallel_residual=True, attention_bias=True,
-                             max_position_embeddings=128, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+        return GPTNeoXConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            rotary_pct=0.25,
+            use_parallel_residual=True,
+            attention_bias=True,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+            bos_token_id=0,
+            eos_token_id=1,
+        )
     if family == "gpt_oss":
-        return GptOssConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=8, intermediate_size=32, num_local_experts=4,
-                            num_experts_per_tok=2, sliding_window=4,
-                            layer_types=["sliding_attention", "full_attention"], attention_bias=True,
-                            max_position_embeddings=131072,
-                            rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                             "truncate": False, "original_max_position_embeddings": 4096,
-                                             "rope_theta": 150000.0},
-                            tie_word_embeddings=False, pad_token_id=1, bos_token_id=0, eos_token_id=1)
+        return GptOssConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            attention_bias=True,
+            max_position_embeddings=131072,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 4096,
+                "rope_theta": 150000.0,
+            },
+            tie_word_embeddings=False,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=1,
+        )
     if family == "llama":
-        return LlamaConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
-                           tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+        return LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+            bos_token_id=0,
+            eos_token_id=1,
+        )
     if family in MORE_FAMILIES:
         return more_tiny_config(family, vocab_size)
     raise ValueError(f"unknown tiny family {family!r}; choose from {FAMILIES}")
@@ -52,8 +92,9 @@ def tiny_tokenizer(vocab_size: int = VOCAB):
     vocab = {"<unk>": 0, "<eos>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<unk>", eos_token="<eos>",
-                                   pad_token="<eos>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<unk>", eos_token="<eos>", pad_token="<eos>"
+    )
 
 
 def tiny_model(family: str, seed: int = 0):
@@ -91,26 +132,49 @@ def build_tiny(family: str, directory: str | Path, seed: int = 0) -> Path:
 def more_tiny_config(family: str, vocab_size: int = VOCAB):
     from transformers import Gemma2Config, Gemma3TextConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    common = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                  max_position_embeddings=128, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
     if family == "gemma3_text":  # like gemma-3-270m: one KV head, sliding layers then a full one, tied embeddings
-        return Gemma3TextConfig(**common, num_hidden_layers=3, num_key_value_heads=1, head_dim=16,
-                                query_pre_attn_scalar=8, sliding_window=4,
-                                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                                tie_word_embeddings=True)
+        return Gemma3TextConfig(
+            **common,
+            num_hidden_layers=3,
+            num_key_value_heads=1,
+            head_dim=16,
+            query_pre_attn_scalar=8,
+            sliding_window=4,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            tie_word_embeddings=True,
+        )
     if family == "gemma2":  # no QK-norm: a wider init gives attention logits of several units, which the cap bends
-        return Gemma2Config(**common, num_hidden_layers=2, num_key_value_heads=2, head_dim=16,
-                            query_pre_attn_scalar=8, sliding_window=4, initializer_range=0.25,
-                            layer_types=["sliding_attention", "full_attention"],
-                            attn_logit_softcapping=2.0, final_logit_softcapping=5.0, tie_word_embeddings=True)
+        return Gemma2Config(
+            **common,
+            num_hidden_layers=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            query_pre_attn_scalar=8,
+            sliding_window=4,
+            initializer_range=0.25,
+            layer_types=["sliding_attention", "full_attention"],
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=5.0,
+            tie_word_embeddings=True,
+        )
     if family == "qwen2":
         return Qwen2Config(**common, num_hidden_layers=2, num_key_value_heads=2, tie_word_embeddings=True)
     if family == "qwen3":
-        return Qwen3Config(**common, num_hidden_layers=2, num_key_value_heads=2, head_dim=16,
-                           tie_word_embeddings=True)
+        return Qwen3Config(**common, num_hidden_layers=2, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
     if family == "mistral":
-        return MistralConfig(**common, num_hidden_layers=2, num_key_value_heads=2, sliding_window=4,
-                             tie_word_embeddings=False)
+        return MistralConfig(
+            **common, num_hidden_layers=2, num_key_value_heads=2, sliding_window=4, tie_word_embeddings=False
+        )
     raise ValueError(f"unknown tiny family {family!r}; choose from {FAMILIES}")
 
 

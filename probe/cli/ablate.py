@@ -1,6 +1,7 @@
 """``probe ablate``: causal interventions on sinks, phantoms, gates and depth routes (key-0 knockout, position-0
 value ablation, phantom edits, gate clamps, window eviction, depth-route forcings), as loss changes over the same
 windows; shaped for the terminal and the page by probe.present.ablate."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,10 +18,12 @@ DEPTH_MODES = ("uniform", "residual", "drop")
 DEFAULT_INTERVENTIONS = ("knockout", "value")
 
 HELP = "causal interventions: loss change when the sink, the phantom, a gate or a depth route is ablated"
-DESCRIPTION = ("Ablate key 0 (knockout), position 0's value, the phantom, the value gates, the first keys under a "
-               "sliding window (StreamingLLM eviction) or the depth routes, on every layer at once and one layer at "
-               "a time, and report the loss change per token (ablated - clean, paired on the same windows, with "
-               "standard errors over batches).")
+DESCRIPTION = (
+    "Ablate key 0 (knockout), position 0's value, the phantom, the value gates, the first keys under a "
+    "sliding window (StreamingLLM eviction) or the depth routes, on every layer at once and one layer at "
+    "a time, and report the loss change per token (ablated - clean, paired on the same windows, with "
+    "standard errors over batches)."
+)
 
 
 def finite(text: str) -> float:
@@ -37,25 +40,68 @@ def finite(text: str) -> float:
 def add_parser(sub) -> argparse.ArgumentParser:
     p = analysis_parser(sub, "ablate", HELP, DEFAULT_MODEL, DESCRIPTION)
     g = p.add_argument_group("interventions")
-    g.add_argument("--ablate", nargs="+", choices=INTERVENTIONS, default=None, metavar="NAME",
-                   help=f"interventions: {', '.join(INTERVENTIONS)} (default {' '.join(DEFAULT_INTERVENTIONS)}; "
-                   "the flags below add their own)")
-    g.add_argument("--value", nargs="+", choices=VALUE_MODES, default=None, metavar="MODE",
-                   help="position 0's value read set to zero, the mean of positions 1..T-1, or the read at position "
-                   "1 (swap); default zero mean")
-    g.add_argument("--sink-logit", nargs="+", type=finite, default=None, metavar="C",
-                   help="phantom logit(s) fixed to C (besides the phantom's removal); adds phantom")
-    g.add_argument("--gate", nargs="+", choices=GATE_MODES, default=None, metavar="MODE",
-                   help="scalar value gates held open, closed or at their clean mean (default all three); adds gate")
-    g.add_argument("--keep", nargs="+", type=nonneg_int, default=None, metavar="K",
-                   help="window eviction: the first K keys kept (default 0 1 4); adds evict")
-    g.add_argument("--window", nargs="+", type=positive_int, default=None, metavar="W",
-                   help="window eviction: query t sees t-W+1..t besides the kept keys (default 64); adds evict")
-    g.add_argument("--depth", nargs="+", choices=DEPTH_MODES, default=None, metavar="MODE",
-                   help="depth reads forced to the uniform mix, the residual sum, or with one source category "
-                   "dropped (default all three); adds depth")
-    g.add_argument("--per-head", action="store_true", help="also one head at a time (KV heads; query heads for "
-                   "phantom edits)")
+    g.add_argument(
+        "--ablate",
+        nargs="+",
+        choices=INTERVENTIONS,
+        default=None,
+        metavar="NAME",
+        help=f"interventions: {', '.join(INTERVENTIONS)} (default {' '.join(DEFAULT_INTERVENTIONS)}; "
+        "the flags below add their own)",
+    )
+    g.add_argument(
+        "--value",
+        nargs="+",
+        choices=VALUE_MODES,
+        default=None,
+        metavar="MODE",
+        help="position 0's value read set to zero, the mean of positions 1..T-1, or the read at position "
+        "1 (swap); default zero mean",
+    )
+    g.add_argument(
+        "--sink-logit",
+        nargs="+",
+        type=finite,
+        default=None,
+        metavar="C",
+        help="phantom logit(s) fixed to C (besides the phantom's removal); adds phantom",
+    )
+    g.add_argument(
+        "--gate",
+        nargs="+",
+        choices=GATE_MODES,
+        default=None,
+        metavar="MODE",
+        help="scalar value gates held open, closed or at their clean mean (default all three); adds gate",
+    )
+    g.add_argument(
+        "--keep",
+        nargs="+",
+        type=nonneg_int,
+        default=None,
+        metavar="K",
+        help="window eviction: the first K keys kept (default 0 1 4); adds evict",
+    )
+    g.add_argument(
+        "--window",
+        nargs="+",
+        type=positive_int,
+        default=None,
+        metavar="W",
+        help="window eviction: query t sees t-W+1..t besides the kept keys (default 64); adds evict",
+    )
+    g.add_argument(
+        "--depth",
+        nargs="+",
+        choices=DEPTH_MODES,
+        default=None,
+        metavar="MODE",
+        help="depth reads forced to the uniform mix, the residual sum, or with one source category "
+        "dropped (default all three); adds depth",
+    )
+    g.add_argument(
+        "--per-head", action="store_true", help="also one head at a time (KV heads; query heads for phantom edits)"
+    )
     g.add_argument("--no-per-layer", action="store_true", help="only every layer (site) at once, not one at a time")
     output_flags(p)
     return p
@@ -68,8 +114,14 @@ def interventions(args: argparse.Namespace) -> list[str]:
 
 
 def _implied(args) -> list[str]:
-    flags = [("value", args.value), ("phantom", args.sink_logit), ("gate", args.gate), ("evict", args.keep),
-             ("evict", args.window), ("depth", args.depth)]
+    flags = [
+        ("value", args.value),
+        ("phantom", args.sink_logit),
+        ("gate", args.gate),
+        ("evict", args.keep),
+        ("evict", args.window),
+        ("depth", args.depth),
+    ]
     return list(dict.fromkeys(name for name, value in flags if value is not None))
 
 
@@ -82,11 +134,20 @@ def run(args: argparse.Namespace) -> int:
 
     run = start(args, DEFAULT_MODEL, "ablate")
     try:
-        result = ablate(run.model, run.windows, interventions(args), value_modes=args.value or ("zero", "mean"),
-                        sink_logits=args.sink_logit or (), gate_modes=args.gate or GATE_MODES,
-                        keep=args.keep or DEFAULT_KEEP, windows=args.window or DEFAULT_WINDOWS,
-                        depth_modes=args.depth or DEPTH_MODES, per_layer=not args.no_per_layer,
-                        per_head=args.per_head, progress=run.progress)
+        result = ablate(
+            run.model,
+            run.windows,
+            interventions(args),
+            value_modes=args.value or ("zero", "mean"),
+            sink_logits=args.sink_logit or (),
+            gate_modes=args.gate or GATE_MODES,
+            keep=args.keep or DEFAULT_KEEP,
+            windows=args.window or DEFAULT_WINDOWS,
+            depth_modes=args.depth or DEPTH_MODES,
+            per_layer=not args.no_per_layer,
+            per_head=args.per_head,
+            progress=run.progress,
+        )
     except AblationError as e:
         raise UsageError(str(e)) from None
     publish(run.output, "ablate", result, presentation, run.console)

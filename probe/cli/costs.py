@@ -1,5 +1,6 @@
 """``probe costs``: the FLOP and parameter cost model of depth routing (LR-AttnRes 2026 Table 1) for given dimensions
 or a model tier; shaped by probe.present.costs."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,8 +9,10 @@ from probe.cli.flags import output_flags
 from probe.present.options import positive_int
 
 HELP = "FLOP and parameter cost model of AttnRes / P-LR / S-LR (LR-AttnRes 2026 Table 1)"
-DESCRIPTION = ("Added FLOPs and parameters of depth routing. Default dimensions are LR-AttnRes 2026 Table 1's "
-               "(d=1024, L=24, m=2816); --tier takes them from a model tier.")
+DESCRIPTION = (
+    "Added FLOPs and parameters of depth routing. Default dimensions are LR-AttnRes 2026 Table 1's "
+    "(d=1024, L=24, m=2816); --tier takes them from a model tier."
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

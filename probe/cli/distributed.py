@@ -12,6 +12,7 @@ prints it) instead of the others waiting in the first merge for a rank that is g
 is torchrun's to handle (it stops the others at once); under another launcher the group's timeout ends the wait
 (PROBE_DIST_TIMEOUT seconds, default 1800: long enough for one rank's share of an analysis pass on a big model).
 """
+
 from __future__ import annotations
 
 import os
@@ -38,11 +39,15 @@ def run_on_ranks(run, args) -> int:
     its rank), so that a rank other than 0 prints it too."""
     info = from_env()
     if args.verb not in PARALLEL_VERBS:
-        raise UsageError(f"`probe {args.verb}` does not run under torchrun (WORLD_SIZE={info.world_size}); the "
-                         f"verbs that do are {', '.join(PARALLEL_VERBS)}")
+        raise UsageError(
+            f"`probe {args.verb}` does not run under torchrun (WORLD_SIZE={info.world_size}); the "
+            f"verbs that do are {', '.join(PARALLEL_VERBS)}"
+        )
     if args.device_map not in (None, "cpu"):
-        raise UsageError(f"--device-map {args.device_map!r} under torchrun would spread every rank's copy over the "
-                         "same devices; run one process with --device-map, or one rank per GPU without it")
+        raise UsageError(
+            f"--device-map {args.device_map!r} under torchrun would spread every rank's copy over the "
+            "same devices; run one process with --device-map, or one rank per GPU without it"
+        )
     cuda = torch.cuda.is_available() and not args.device.startswith("cpu") and args.device_map is None
     owned = join_group(info, cuda, group_timeout())  # a Python caller may already be in a group: use it, leave it
     lock = None
@@ -80,9 +85,14 @@ def all_ranks_agree():
         yield
     except Exception as e:  # noqa: BLE001 - every failure must reach the other ranks before anything is raised
         failure = e
-    reports = gather(None if failure is None else
-                     (getattr(failure, "prog", None), failure.one_line() if isinstance(failure, UsageError)
-                      else first_line(failure)))
+    reports = gather(
+        None
+        if failure is None
+        else (
+            getattr(failure, "prog", None),
+            failure.one_line() if isinstance(failure, UsageError) else first_line(failure),
+        )
+    )
     first = next(((r, report) for r, report in enumerate(reports) if report is not None), None)
     if first is None:
         return

@@ -8,6 +8,7 @@ interpreter (CPU, fp32, tiny shapes) and, for each ``--arch``, an ahead-of-time 
 launchers choose for the real-model shapes of probe.kernels.cases on that GPU, within its shared memory.
 Exit code 1 with one line on a mismatch or a launch over the limit; 2 for bad input.
 """
+
 from __future__ import annotations
 
 import sys
@@ -18,13 +19,19 @@ ARCH_CHOICES = ("sm_80", "sm_86", "sm_89", "sm_90")  # probe.kernels.launch.ARCH
 
 def add_doctor_parser(subparsers):
     p = subparsers.add_parser(
-        "doctor", help="check this machine's GPU, torch and Triton for probe's kernels",
-        description=__doc__.split("\n\n", 1)[1].strip(), allow_abbrev=False)
-    p.add_argument("--arch", nargs="+", choices=ARCH_CHOICES, metavar="ARCH",
-                   help=f"also compile every launch ahead of time for these GPUs ({', '.join(ARCH_CHOICES)}); "
-                   "about a minute each")
-    p.add_argument("--no-interpreter", action="store_true",
-                   help="without a GPU, skip the Triton interpreter check")
+        "doctor",
+        help="check this machine's GPU, torch and Triton for probe's kernels",
+        description=__doc__.split("\n\n", 1)[1].strip(),
+        allow_abbrev=False,
+    )
+    p.add_argument(
+        "--arch",
+        nargs="+",
+        choices=ARCH_CHOICES,
+        metavar="ARCH",
+        help=f"also compile every launch ahead of time for these GPUs ({', '.join(ARCH_CHOICES)}); about a minute each",
+    )
+    p.add_argument("--no-interpreter", action="store_true", help="without a GPU, skip the Triton interpreter check")
     return p
 
 
@@ -51,12 +58,14 @@ def _auto_paths(device) -> list[str]:
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     q = torch.zeros(1, 16, 4, 64, device=device, dtype=dtype)
-    lines = [f'backend="auto" here ({device.type}, {str(dtype).removeprefix("torch.")}):',
-             f"  sink_attention        {auto_sink_attention(q, q, q)} (with an HF padding mask: "
-             f"{auto_sink_attention(q, q, q, mask=torch.zeros(1, 1, 16, 16, device=device))}; a pattern: reference)",
-             f"  attention_row_masses  {auto_row_masses(q)} (with a window or a soft-cap: "
-             f"{auto_row_masses(q, window=8, softcap=50.0)})",
-             f"  depth_attention       {depth_backend(q)}"]
+    lines = [
+        f'backend="auto" here ({device.type}, {str(dtype).removeprefix("torch.")}):',
+        f"  sink_attention        {auto_sink_attention(q, q, q)} (with an HF padding mask: "
+        f"{auto_sink_attention(q, q, q, mask=torch.zeros(1, 1, 16, 16, device=device))}; a pattern: reference)",
+        f"  attention_row_masses  {auto_row_masses(q)} (with a window or a soft-cap: "
+        f"{auto_row_masses(q, window=8, softcap=50.0)})",
+        f"  depth_attention       {depth_backend(q)}",
+    ]
     if device.type == "cuda":
         from probe.kernels.launch import KB, device_limits, launch_config
 
@@ -68,8 +77,10 @@ def _auto_paths(device) -> list[str]:
                 parts = []
                 for op in fallback:
                     c = launch_config(op, dt, limits, dh=dh, dv=dh)
-                    parts.append(f"{op.removeprefix('sink_')} " + (
-                        f"{c.block_m}x{c.block_n} w{c.num_warps} s{c.num_stages}" if c else "-> sdpa"))
+                    parts.append(
+                        f"{op.removeprefix('sink_')} "
+                        + (f"{c.block_m}x{c.block_n} w{c.num_warps} s{c.num_stages}" if c else "-> sdpa")
+                    )
                 lines.append(f"    {str(dt).removeprefix('torch.'):<8} dh={dh:<3} " + ", ".join(parts))
     return lines
 
@@ -86,10 +97,12 @@ def _aot(archs) -> tuple[list[str], str | None]:
         results = compile_specs(list(by_spec), [arch], jobs=2)
         wall = time.perf_counter() - t0
         worst = max(results, key=lambda r: r.shared or 0)
-        lines.append(f"AOT compile for {arch}: {len(results)} distinct launches in {wall:.0f} s; the largest needs "
-                     f"{(worst.shared or 0) / KB:.1f} of {ARCHS[arch].shared_bytes // KB} KB "
-                     f"({worst.spec.label()}); max {max(r.registers or 0 for r in results)} registers, "
-                     f"{sum(1 for r in results if r.spill_bytes)} launches spill")
+        lines.append(
+            f"AOT compile for {arch}: {len(results)} distinct launches in {wall:.0f} s; the largest needs "
+            f"{(worst.shared or 0) / KB:.1f} of {ARCHS[arch].shared_bytes // KB} KB "
+            f"({worst.spec.label()}); max {max(r.registers or 0 for r in results)} registers, "
+            f"{sum(1 for r in results if r.spill_bytes)} launches spill"
+        )
         for r in results:
             if not r.fits:
                 what = r.error or f"{r.shared} bytes of shared memory > {ARCHS[arch].shared_bytes}"
@@ -109,7 +122,7 @@ def run_doctor(args) -> int:
     device = torch.device("cuda" if cuda else "cpu")
     if cuda:
         p = torch.cuda.get_device_properties(device)
-        out.write(f"device: {p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2 ** 30:.0f} GiB)\n")
+        out.write(f"device: {p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB)\n")
     else:
         out.write("device: no CUDA device here: the kernels cannot run on a GPU on this machine\n")
     for line in _versions() + _auto_paths(device):
@@ -120,8 +133,10 @@ def run_doctor(args) -> int:
             rows = run_checks(device, ["fp32", "bf16"])
             out.write("kernels against the fp32 reference on this GPU (max |diff| / max(1, |reference|)):\n")
         elif not args.no_interpreter:
-            out.write("checked instead: the kernels under the Triton interpreter (CPU, fp32, tiny shapes; their logic, "
-                      "not a GPU's limits)\n")
+            out.write(
+                "checked instead: the kernels under the Triton interpreter (CPU, fp32, tiny shapes; their logic, "
+                "not a GPU's limits)\n"
+            )
             rows = interpreter_checks()
         else:
             rows = []
@@ -130,8 +145,10 @@ def run_doctor(args) -> int:
         bad = [r for r in rows if not r.ok]
         if bad:
             r = bad[0]
-            problem = (f"{r.op} {r.dtype} ({r.shape}) differs from the reference by {r.max_diff:.2e} "
-                       f"(tolerance {r.tolerance:.0e})")
+            problem = (
+                f"{r.op} {r.dtype} ({r.shape}) differs from the reference by {r.max_diff:.2e} "
+                f"(tolerance {r.tolerance:.0e})"
+            )
         if args.arch:
             lines, over = _aot(args.arch)
             for line in lines:

@@ -1,5 +1,6 @@
 """``probe eval``: next-token loss and perplexity on evaluation windows; shaped for the terminal and the page by
 probe.present.eval."""
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,16 @@ def run(args: argparse.Namespace) -> int:
     model, eb = run.model, run.windows
     windows = window_losses(model, eb, progress=run.progress)  # under torchrun: every rank's rows, gathered
     loss = float(windows["loss_sum"].sum() / windows["n_tokens"].sum())
-    summary = pd.DataFrame([{"loss": loss, "perplexity": math.exp(loss), "n_tokens": int(windows["n_tokens"].sum()),
-                             "n_windows": len(windows)}])
+    summary = pd.DataFrame(
+        [
+            {
+                "loss": loss,
+                "perplexity": math.exp(loss),
+                "n_tokens": int(windows["n_tokens"].sum()),
+                "n_windows": len(windows),
+            }
+        ]
+    )
     result = finish({"summary": summary, "windows": windows}, describe(model, as_windows(eb), "eval"))
     publish(run.output, "eval", result, presentation, run.console)
     return 0

@@ -1,11 +1,14 @@
 """``probe experiment NAME --out DIR [options]``: one of the papers' experiment recipes. The recipes parse their own
 options (one config dataclass per recipe, ``probe.experiments.command``); this verb only names them in ``--help``."""
+
 from __future__ import annotations
 
 import argparse
 
-HELP = ("run one of the papers' experiment recipes: probe experiment NAME --out DIR (probe experiment --list; NAME "
-        "--help lists its options)")
+HELP = (
+    "run one of the papers' experiment recipes: probe experiment NAME --out DIR (probe experiment --list; NAME "
+    "--help lists its options)"
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

@@ -10,6 +10,7 @@ Only argparse and light modules are imported here (no torch, pandas or plotly), 
 second. Lists are deduplicated by the readers, in the order given (``--dose 0.4 0.4`` is one condition, ``--eps 0.3
 0.3`` one threshold).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,11 +37,13 @@ PROTOCOLS = ("pooled", "gu2025")  # mirrored from probe.analyses.sink_heads (tes
 def _user_value(parse):
     """An argparse type from a parser of probe.jobs.specs whose ValueError is the one-line message (argparse names the
     flag itself)."""
+
     def typ(text: str):
         try:
             return parse(text)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
+
     typ.__name__ = parse.__name__
     return typ
 
@@ -57,12 +60,17 @@ def output_flags(p, out_help="write CSV, JSON and a plotly HTML figure to DIR"):
 
 
 def self_contained_flag(p):
-    p.add_argument("--self-contained", action="store_true", help="HTML pages carry plotly.js inline (one 4.8 MB file "
-                   "each) instead of loading the plotly.min.js written beside them")
+    p.add_argument(
+        "--self-contained",
+        action="store_true",
+        help="HTML pages carry plotly.js inline (one 4.8 MB file "
+        "each) instead of loading the plotly.min.js written beside them",
+    )
 
 
-def analysis_parser(sub, verb: str, help: str, default_model: str | None, description: str | None = None,
-                    several_ctx: bool = False):
+def analysis_parser(
+    sub, verb: str, help: str, default_model: str | None, description: str | None = None, several_ctx: bool = False
+):
     """An analysis verb's parser with its model and window flags (the verb adds its own, then ``output_flags``);
     ``several_ctx``: --ctx takes one or more lengths (a list in args.ctx)."""
     p = sub.add_parser(verb, help=help, description=description or help, allow_abbrev=False)
@@ -73,33 +81,56 @@ def analysis_parser(sub, verb: str, help: str, default_model: str | None, descri
 def model_flags(p, default_model: str | None, *, defaults=(8, 8), several_ctx: bool = False):
     g = p.add_argument_group("model and evaluation windows")
     if default_model is not None:
-        g.add_argument("--model", metavar="NAME", help="zoo name, pythia-410m[@stepN], gpt-oss-20b, HF repo id, local "
-                       f"directory or .gguf file (default: the bundled model {default_model})")
-    g.add_argument("--data", metavar="CORPUS", default=None,
-                   help="bundled corpus (wikitext-2-test, wikitext-2-valid, shakespeare, kjv, train), a .txt or "
-                   ".jsonl[.gz] file, a directory, hf:... (online), or synthetic:bb[vocab=..,triggers=..,seed=..,T=..] "
-                   "(Bigram-Backcopy; bare synthetic:bb = the chain the model trained on), "
-                   "synthetic:random[T=..,n=..,seed=..] or "
-                   "synthetic:repeat[T=..,n=..,token=..] (token ids for any model); default: a "
-                   "Bigram-Backcopy model's own chain, else wikitext-2-test")
-    g.add_argument("--tokenizer", metavar="NAME", help="tokenizer (default: the model's own, else the shipped "
-                   "probe-bpe-8k)")
-    g.add_argument("--batches", type=positive_int, default=defaults[0], help=f"evaluation batches (default "
-                   f"{defaults[0]})")
-    g.add_argument("--batch-size", type=positive_int, default=defaults[1], help=f"windows per batch (default "
-                   f"{defaults[1]})")
+        g.add_argument(
+            "--model",
+            metavar="NAME",
+            help="zoo name, pythia-410m[@stepN], gpt-oss-20b, HF repo id, local "
+            f"directory or .gguf file (default: the bundled model {default_model})",
+        )
+    g.add_argument(
+        "--data",
+        metavar="CORPUS",
+        default=None,
+        help="bundled corpus (wikitext-2-test, wikitext-2-valid, shakespeare, kjv, train), a .txt or "
+        ".jsonl[.gz] file, a directory, hf:... (online), or synthetic:bb[vocab=..,triggers=..,seed=..,T=..] "
+        "(Bigram-Backcopy; bare synthetic:bb = the chain the model trained on), "
+        "synthetic:random[T=..,n=..,seed=..] or "
+        "synthetic:repeat[T=..,n=..,token=..] (token ids for any model); default: a "
+        "Bigram-Backcopy model's own chain, else wikitext-2-test",
+    )
+    g.add_argument(
+        "--tokenizer", metavar="NAME", help="tokenizer (default: the model's own, else the shipped probe-bpe-8k)"
+    )
+    g.add_argument(
+        "--batches", type=positive_int, default=defaults[0], help=f"evaluation batches (default {defaults[0]})"
+    )
+    g.add_argument(
+        "--batch-size", type=positive_int, default=defaults[1], help=f"windows per batch (default {defaults[1]})"
+    )
     several = dict(nargs="+", metavar="T") if several_ctx else {}
-    g.add_argument("--ctx", type=positive_int, **several,
-                   help="tokens per window (default: a custom model's training context; HF checkpoints min(1024, "
-                   "maximum))" + ("; several lengths run the analysis at each and report it against T" if several_ctx
-                                  else ""))
-    g.add_argument("--window-mode", choices=WINDOW_MODES, default="auto", help="how windows are drawn: first window "
-                   "of each document, sequential windows, random, or packed (documents joined by EOS, cut into "
-                   "consecutive windows, as pretraining packs them); auto = first, else sequential (default auto)")
+    g.add_argument(
+        "--ctx",
+        type=positive_int,
+        **several,
+        help="tokens per window (default: a custom model's training context; HF checkpoints min(1024, "
+        "maximum))" + ("; several lengths run the analysis at each and report it against T" if several_ctx else ""),
+    )
+    g.add_argument(
+        "--window-mode",
+        choices=WINDOW_MODES,
+        default="auto",
+        help="how windows are drawn: first window "
+        "of each document, sequential windows, random, or packed (documents joined by EOS, cut into "
+        "consecutive windows, as pretraining packs them); auto = first, else sequential (default auto)",
+    )
     g.add_argument("--seed", type=nonneg_int, default=0, help="seed of the window choice and of injected noise")
-    g.add_argument("--bos", action=argparse.BooleanOptionalAction, default=None,
-                   help="start each window with the tokenizer's BOS (then BOS + ctx-1 text tokens); default: exactly "
-                   "when the tokenizer prepends one to plain text (Gemma) or the model trained with one")
+    g.add_argument(
+        "--bos",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="start each window with the tokenizer's BOS (then BOS + ctx-1 text tokens); default: exactly "
+        "when the tokenizer prepends one to plain text (Gemma) or the model trained with one",
+    )
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
     g.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: float32 on CPU)")
     g.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
@@ -108,38 +139,72 @@ def model_flags(p, default_model: str | None, *, defaults=(8, 8), several_ctx: b
 
 def placement_flags(g):
     """Big checkpoints: accelerate's device map over GPUs, CPU and disk."""
-    g.add_argument("--device-map", type=device_map, metavar="MAP", help="spread the model over devices with "
-                   f"accelerate: {', '.join(DEVICE_MAPS)}, or a JSON object {{module: device}} (default: all on "
-                   "--device; implied auto by --max-memory)")
-    g.add_argument("--max-memory", type=max_memory, metavar="BUDGET", help="per-device budget of the device map: "
-                   "cpu=200MB,0=10GiB,disk=... or the same as JSON; what does not fit goes to the next device, "
-                   "disk last")
-    g.add_argument("--offload-dir", metavar="DIR", help="folder for weights offloaded to disk (default: a temporary "
-                   "folder removed at exit)")
+    g.add_argument(
+        "--device-map",
+        type=device_map,
+        metavar="MAP",
+        help="spread the model over devices with "
+        f"accelerate: {', '.join(DEVICE_MAPS)}, or a JSON object {{module: device}} (default: all on "
+        "--device; implied auto by --max-memory)",
+    )
+    g.add_argument(
+        "--max-memory",
+        type=max_memory,
+        metavar="BUDGET",
+        help="per-device budget of the device map: "
+        "cpu=200MB,0=10GiB,disk=... or the same as JSON; what does not fit goes to the next device, "
+        "disk last",
+    )
+    g.add_argument(
+        "--offload-dir",
+        metavar="DIR",
+        help="folder for weights offloaded to disk (default: a temporary folder removed at exit)",
+    )
 
 
 def eps_flag(p):
-    p.add_argument("--eps", nargs="+", type=attention_share, default=[0.3], metavar="EPS",
-                   help="Sink^eps thresholds: a head is a sink head when its mean attention on key 0 exceeds eps "
-                        "(Gu et al. 2025; default 0.3)")
+    p.add_argument(
+        "--eps",
+        nargs="+",
+        type=attention_share,
+        default=[0.3],
+        metavar="EPS",
+        help="Sink^eps thresholds: a head is a sink head when its mean attention on key 0 exceeds eps "
+        "(Gu et al. 2025; default 0.3)",
+    )
 
 
 def protocol_flag(p):
-    p.add_argument("--protocol", choices=PROTOCOLS, default="pooled",
-                   help="Sink^eps protocol: pooled (probe's: rows t >= 1 of every window pooled per head, thresholded "
-                        "once) or gu2025 (Gu et al.'s released evaluation: the first 64 tokens of each text with the "
-                        "tokenizer's special tokens, query 0 included, thresholded per text; fixes --ctx, "
-                        "--window-mode and --bos); default pooled")
+    p.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        default="pooled",
+        help="Sink^eps protocol: pooled (probe's: rows t >= 1 of every window pooled per head, thresholded "
+        "once) or gu2025 (Gu et al.'s released evaluation: the first 64 tokens of each text with the "
+        "tokenizer's special tokens, query 0 included, thresholded per text; fixes --ctx, "
+        "--window-mode and --bos); default pooled",
+    )
 
 
 def injection_flags(p, dose_flag: str, dose_default, dose_help: str):
     g = p.add_argument_group("injection")
-    g.add_argument("--junk", nargs="+", choices=JUNK_TYPES + ("all",), default=["structured"], metavar="KIND",
-                   help=f"junk direction(s): {', '.join(JUNK_TYPES)}, or all (default structured)")
+    g.add_argument(
+        "--junk",
+        nargs="+",
+        choices=JUNK_TYPES + ("all",),
+        default=["structured"],
+        metavar="KIND",
+        help=f"junk direction(s): {', '.join(JUNK_TYPES)}, or all (default structured)",
+    )
     g.add_argument(dose_flag, dest="dose", nargs="+", type=dose, default=dose_default, metavar="EPS", help=dose_help)
-    g.add_argument("--cutoff", nargs="+", choices=CUTOFFS, default=["q25"], metavar="Q",
-                   help="quiet reads: the q25 (default) or median smallest read norms")
-
+    g.add_argument(
+        "--cutoff",
+        nargs="+",
+        choices=CUTOFFS,
+        default=["q25"],
+        metavar="Q",
+        help="quiet reads: the q25 (default) or median smallest read norms",
+    )
 
 
 # ------------------------------------------------------------------------------------------------- reading
@@ -151,17 +216,32 @@ def _unique(values) -> tuple:
 
 def model_spec(args: argparse.Namespace, default: str | None = None) -> ModelSpec:
     """--model (``default`` when absent), --device, --dtype, --threads, --device-map, --max-memory, --offload-dir."""
-    return ModelSpec(name=args.model, default=default, device=args.device, dtype=args.dtype,
-                     threads=args.threads, device_map=args.device_map, max_memory=args.max_memory,
-                     offload_dir=args.offload_dir)
+    return ModelSpec(
+        name=args.model,
+        default=default,
+        device=args.device,
+        dtype=args.dtype,
+        threads=args.threads,
+        device_map=args.device_map,
+        max_memory=args.max_memory,
+        offload_dir=args.offload_dir,
+    )
 
 
 def window_spec(args: argparse.Namespace) -> WindowSpec:
     """--data, --tokenizer, --batches, --batch-size, --ctx, --window-mode, --seed, --bos / --no-bos (and --protocol,
     on the verbs that have it)."""
-    return WindowSpec(data=args.data, tokenizer=args.tokenizer, batches=args.batches, batch_size=args.batch_size,
-                      ctx=args.ctx, mode=args.window_mode, seed=args.seed, bos=args.bos,
-                      protocol=getattr(args, "protocol", "pooled"))
+    return WindowSpec(
+        data=args.data,
+        tokenizer=args.tokenizer,
+        batches=args.batches,
+        batch_size=args.batch_size,
+        ctx=args.ctx,
+        mode=args.window_mode,
+        seed=args.seed,
+        bos=args.bos,
+        protocol=getattr(args, "protocol", "pooled"),
+    )
 
 
 def injection_spec(args: argparse.Namespace) -> InjectionSpec | None:
@@ -186,8 +266,12 @@ def output_spec(args: argparse.Namespace) -> OutputSpec:
     """--out, --json, --quiet, --self-contained; under torchrun only rank 0 writes and prints (the others are quiet)."""
     if not _is_main():
         return OutputSpec(out=None, as_json=False, quiet=True, writer=False)
-    return OutputSpec(out=Path(args.out) if args.out else None, as_json=args.json, quiet=args.quiet,
-                      self_contained=getattr(args, "self_contained", False))
+    return OutputSpec(
+        out=Path(args.out) if args.out else None,
+        as_json=args.json,
+        quiet=args.quiet,
+        self_contained=getattr(args, "self_contained", False),
+    )
 
 
 def eps_values(args: argparse.Namespace) -> tuple[float, ...]:

@@ -1,5 +1,6 @@
 """``probe gates``: value-gate statistics (mean gate, selectivity, per-token gates) of a gated model; shaped for the
 terminal and the page by probe.present.gates."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,9 @@ HELP = "value-gate statistics: mean gate, selectivity, per-token gates"
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = analysis_parser(sub, "gates", HELP, DEFAULT_MODEL)
-    p.add_argument("--min-count", type=positive_int, default=50, help="minimum occurrences for the token table "
-                   "(default 50)")
+    p.add_argument(
+        "--min-count", type=positive_int, default=50, help="minimum occurrences for the token table (default 50)"
+    )
     output_flags(p)
     return p
 
@@ -23,8 +25,10 @@ def _gated(model) -> None:
 
     info = model.probe_info
     if not info.has_value_gate:
-        raise UsageError(f"model {info.name!r} has no value gate; `probe gates` needs a gated model (normgate, "
-                         "projgate, sink+norm, sink+proj, routing-normgate, gatedv, g2, glu-...)")
+        raise UsageError(
+            f"model {info.name!r} has no value gate; `probe gates` needs a gated model (normgate, "
+            "projgate, sink+norm, sink+proj, routing-normgate, gatedv, g2, glu-...)"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     from probe.present.files import publish
 
     run = start(args, DEFAULT_MODEL, "gates", check=_gated)
-    result = gate_stats(run.model, run.windows, min_count=args.min_count, tokenizer=run.tokenizer,
-                        progress=run.progress)
+    result = gate_stats(
+        run.model, run.windows, min_count=args.min_count, tokenizer=run.tokenizer, progress=run.progress
+    )
     publish(run.output, "gates", result, gates, run.console)
     return 0

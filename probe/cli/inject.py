@@ -1,5 +1,6 @@
 """``probe inject``: value-noise injection into the quiet value reads (loss increase) and the attention exposure to
 them; shaped for the terminal and the page by probe.present.inject."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,8 +8,10 @@ import argparse
 from probe.cli.flags import DEFAULT_DOSES, DEFAULT_MODEL, analysis_parser, injection_flags, output_flags
 
 HELP = "value-noise injection: loss increase when quiet value reads receive junk"
-DESCRIPTION = ("Inject junk into the quiet value reads of every layer at once and report the loss increase per "
-               "condition (junk x cutoff x dose), plus the attention exposure to quiet reads and to the phantom.")
+DESCRIPTION = (
+    "Inject junk into the quiet value reads of every layer at once and report the loss increase per "
+    "condition (junk x cutoff x dose), plus the attention exposure to quiet reads and to the phantom."
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -37,9 +40,24 @@ def run(args: argparse.Namespace) -> int:
         run.console.note(f"skipping junk {s}")
     doses = list(spec.doses)
     corrupted = [c for c in conditions(kinds, cutoffs, doses) if c[2] != 0]
-    run.console.note(plan_line("inject", model, eb, 1 + len(corrupted), f"1 clean + {len(corrupted)} corrupted: "
-                               f"{len(kinds)} junk x {len(cutoffs)} cutoff x {len(doses)} dose"))
-    result = inject(model, eb, junk=kinds, cutoffs=cutoffs, doses=doses, seed=run.window_spec.seed,
-                    exposure=not args.no_exposure, progress=run.progress)
+    run.console.note(
+        plan_line(
+            "inject",
+            model,
+            eb,
+            1 + len(corrupted),
+            f"1 clean + {len(corrupted)} corrupted: {len(kinds)} junk x {len(cutoffs)} cutoff x {len(doses)} dose",
+        )
+    )
+    result = inject(
+        model,
+        eb,
+        junk=kinds,
+        cutoffs=cutoffs,
+        doses=doses,
+        seed=run.window_spec.seed,
+        exposure=not args.no_exposure,
+        progress=run.progress,
+    )
     publish(run.output, "inject", result, presentation, run.console)
     return 0

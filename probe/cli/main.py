@@ -20,6 +20,7 @@ order.
 Every user error (unknown verb, flag, model, junk type, cutoff; a bad dose, count or context; a missing data file; an
 unreadable checkpoint) is one line on stderr and exit code 2, before any output file is written.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,20 +71,32 @@ VERBS = {
 
 
 def build_parser() -> UsageParser:
-    parser = UsageParser(prog="probe", description="Mechanistic interpretability of attention routing: sinks, phantom "
-                         "keys, value gates, depth routing.", allow_abbrev=False,
-                         epilog="`probe VERB --help` lists a verb's flags. Errors exit with code 2.")
+    parser = UsageParser(
+        prog="probe",
+        description="Mechanistic interpretability of attention routing: sinks, phantom "
+        "keys, value gates, depth routing.",
+        allow_abbrev=False,
+        epilog="`probe VERB --help` lists a verb's flags. Errors exit with code 2.",
+    )
     parser.add_argument("--version", action="version", version=f"probe {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=UsageParser)
     for verb in VERBS.values():
         getattr(import_module(verb.module), verb.add_parser)(sub)
     for p in sub.choices.values():  # every verb that writes --out holds its lock (probe.jobs.lock) while it runs
         if any("--out" in a.option_strings for a in p._actions):
-            p.add_argument("--wait", action="store_true", help="when another probe process holds --out, wait for it "
-                           "to finish instead of stopping (exit 2) with a line naming it")
+            p.add_argument(
+                "--wait",
+                action="store_true",
+                help="when another probe process holds --out, wait for it "
+                "to finish instead of stopping (exit 2) with a line naming it",
+            )
         if any("--data" in a.option_strings for a in p._actions):
-            p.add_argument("--skip-bad-records", action="store_true", help="skip .jsonl records without a string "
-                           "\"text\" (a warning counts them) instead of stopping at the first")
+            p.add_argument(
+                "--skip-bad-records",
+                action="store_true",
+                help="skip .jsonl records without a string "
+                '"text" (a warning counts them) instead of stopping at the first',
+            )
     return parser
 
 
@@ -152,8 +165,9 @@ def main(argv=None) -> int:
         lock = None
         if getattr(args, "out", None) and os.environ.get("RANK", "0") == "0":
             import_module("probe.present.files").check_out_dir(args.out, prog=f"probe {verb}")
-            lock = import_module("probe.jobs.lock").acquire(args.out, wait=getattr(args, "wait", False),
-                                                            prog=f"probe {verb}")
+            lock = import_module("probe.jobs.lock").acquire(
+                args.out, wait=getattr(args, "wait", False), prog=f"probe {verb}"
+            )
         try:
             return run_verb_reading(verb, args) or 0
         finally:

@@ -2,6 +2,7 @@
 
 It answers within a second: the names come from stdlib-only modules (probe.catalogue, probe.checkpoints.load), and
 pandas is imported only for --out / --json, which write the tables as DataFrames."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,16 +28,29 @@ def run(args: argparse.Namespace) -> int:
 
     output = output_spec(args)
     variants = [{"name": k, "description": v.description} for k, v in VARIANTS.items()]
-    tiers = [{"name": k, "layers": t["n_layers"], "d_model": t["d_model"], "heads": t["n_heads"], "d_mlp": t["d_mlp"],
-              "ctx": t["n_ctx"], "vocab": t["vocab_size"], "description": TIER_DESCRIPTIONS.get(k, "")}
-             for k, t in TIERS.items()]
+    tiers = [
+        {
+            "name": k,
+            "layers": t["n_layers"],
+            "d_model": t["d_model"],
+            "heads": t["n_heads"],
+            "d_mlp": t["d_mlp"],
+            "ctx": t["n_ctx"],
+            "vocab": t["vocab_size"],
+            "description": TIER_DESCRIPTIONS.get(k, ""),
+        }
+        for k, t in TIERS.items()
+    ]
     checkpoints = list_models()
     result = None  # the tables as DataFrames, for the files and the JSON document only (pandas: ~0.7 s to import)
     if output.out or output.as_json:
         import pandas as pd
 
-        result = {"variants": pd.DataFrame(variants), "tiers": pd.DataFrame(tiers),
-                  "checkpoints": pd.DataFrame(checkpoints, columns=["name", "source", "kind", "available"])}
+        result = {
+            "variants": pd.DataFrame(variants),
+            "tiers": pd.DataFrame(tiers),
+            "checkpoints": pd.DataFrame(checkpoints, columns=["name", "source", "kind", "available"]),
+        }
         save_result(output, "models", result, [], Console(output.quiet), "Models")
     emit(output, "models", result, models.text(variants, tiers, checkpoints))
     return 0

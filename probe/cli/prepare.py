@@ -1,6 +1,7 @@
 """What every analysis verb starts from: the flags as specs, then the model and its windows (with a loading bar).
 
 Imported by a verb's run function only (it imports torch through probe.jobs.inputs)."""
+
 from __future__ import annotations
 
 import argparse

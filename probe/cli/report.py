@@ -1,5 +1,6 @@
 """``probe report``: the flags as a ``ReportSpec``, the report written by ``probe.jobs.report`` (or shard folders joined
 by ``probe.jobs.shards``), its summary on stdout."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,9 +8,11 @@ import argparse
 from probe.cli.flags import eps_flag, injection_flags, model_flags, protocol_flag, self_contained_flag
 
 HELP = "batch sink report over many models or training checkpoints (resumable)"
-DESCRIPTION = ("Sink statistics (and optionally injection) for every model or checkpoint, written as CSV and one "
-               "self-contained offline HTML report. Killed and started again with the same arguments, it continues "
-               "where it stopped.")
+DESCRIPTION = (
+    "Sink statistics (and optionally injection) for every model or checkpoint, written as CSV and one "
+    "self-contained offline HTML report. Killed and started again with the same arguments, it continues "
+    "where it stopped."
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -17,11 +20,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g = p.add_argument_group("what to compare")
     g.add_argument("--models", nargs="+", metavar="NAME", help="model names or directories")
     g.add_argument("--checkpoints", metavar="SPEC", help="checkpoints of one model: pythia-160m@step1000,step2000,...")
-    g.add_argument("--shard", metavar="I/N",
-                   help="compute only shard I of N (1-based; every N-th model from the I-th): "
-                   "one job of a job array, e.g. --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT; resumable")
-    g.add_argument("--merge", nargs="+", metavar="DIR", help="join the folders of all N shards of one run into --out "
-                   "(computes nothing; CSV rows as an unsharded run's)")
+    g.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="compute only shard I of N (1-based; every N-th model from the I-th): "
+        "one job of a job array, e.g. --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT; resumable",
+    )
+    g.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="DIR",
+        help="join the folders of all N shards of one run into --out "
+        "(computes nothing; CSV rows as an unsharded run's)",
+    )
     model_flags(p, None)
     p.set_defaults(model=None)  # each of --models / --checkpoints in turn, never one --model
     eps_flag(p)
@@ -49,22 +60,46 @@ def run(args: argparse.Namespace) -> int:
     console = Console(args.quiet)
     if args.merge:
         if args.models or args.checkpoints or args.shard:
-            raise UsageError("--merge DIR ... joins finished shard folders: give it no --models, --checkpoints or "
-                             "--shard (those go to the shard runs)")
+            raise UsageError(
+                "--merge DIR ... joins finished shard folders: give it no --models, --checkpoints or "
+                "--shard (those go to the shard runs)"
+            )
         tables, settings, names = merge_reports([Path(d) for d in args.merge], Path(args.out), console)
     else:
         if bool(args.models) == bool(args.checkpoints):
-            raise UsageError("give exactly one of --models A B ... or --checkpoints NAME@REV,REV,... "
-                             "(or --merge DIR ... to join shard folders)")
+            raise UsageError(
+                "give exactly one of --models A B ... or --checkpoints NAME@REV,REV,... "
+                "(or --merge DIR ... to join shard folders)"
+            )
         names = tuple(dict.fromkeys(args.models or expand_checkpoints(args.checkpoints)))
         shard = parse_shard(args.shard) if args.shard else None
-        spec = ReportSpec(names=names, model=model_spec(args), windows=window_spec(args), eps=eps_values(args),
-                          injection=injection_spec(args), out=Path(args.out), shard=shard,
-                          self_contained=args.self_contained)
+        spec = ReportSpec(
+            names=names,
+            model=model_spec(args),
+            windows=window_spec(args),
+            eps=eps_values(args),
+            injection=injection_spec(args),
+            out=Path(args.out),
+            shard=shard,
+            self_contained=args.self_contained,
+        )
         tables, settings = write_report(spec, console)
     if args.json:
-        print(json.dumps(clean({"settings": settings, **{k: v.to_dict("records") for k, v in tables.items()
-                                                         if k in ("summary", "injection", "exposure")}}), indent=1))
+        print(
+            json.dumps(
+                clean(
+                    {
+                        "settings": settings,
+                        **{
+                            k: v.to_dict("records")
+                            for k, v in tables.items()
+                            if k in ("summary", "injection", "exposure")
+                        },
+                    }
+                ),
+                indent=1,
+            )
+        )
         return 0
     print(report_text(tables, settings, len(names), args.shard))
     return 0

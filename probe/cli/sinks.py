@@ -1,5 +1,6 @@
 """``probe sinks``: attention-sink statistics and Sink^eps, with massive activations (--massive) and active /
 dormant heads per input domain (--dormant) when asked; shaped for the terminal and the page by probe.present.sinks."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,10 +15,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     eps_flag(p)
     protocol_flag(p)
     p.add_argument("--massive", action="store_true", help="also report massive activations (Sun et al. 2024)")
-    p.add_argument("--dormant", action="store_true", help="also report active/dormant heads per input domain "
-                   "(Guo et al. 2024)")
-    p.add_argument("--dormant-corpora", nargs="+", default=["wikitext-2-test", "shakespeare", "kjv"],
-                   metavar="CORPUS", help="input domains for --dormant (default: the three bundled corpora)")
+    p.add_argument(
+        "--dormant", action="store_true", help="also report active/dormant heads per input domain (Guo et al. 2024)"
+    )
+    p.add_argument(
+        "--dormant-corpora",
+        nargs="+",
+        default=["wikitext-2-test", "shakespeare", "kjv"],
+        metavar="CORPUS",
+        help="input domains for --dormant (default: the three bundled corpora)",
+    )
     output_flags(p)
     return p
 
@@ -34,8 +41,12 @@ def _dormant_domains(args: argparse.Namespace, run) -> dict:
     domains, task = {}, trained_task(run.model)
     for corpus in dict.fromkeys(args.dormant_corpora):
         if task is not None and not is_synthetic(corpus):
-            raise text_on_bb(f"--dormant-corpora {corpus!r}", run.model, task, "give Bigram-Backcopy domains, e.g. "
-                             "--dormant-corpora synthetic:bb synthetic:bb[seed=1]")
+            raise text_on_bb(
+                f"--dormant-corpora {corpus!r}",
+                run.model,
+                task,
+                "give Bigram-Backcopy domains, e.g. --dormant-corpora synthetic:bb synthetic:bb[seed=1]",
+            )
         try:
             domains[corpus] = windows_for(dataclasses.replace(run.window_spec, data=corpus), run.model)[0]
         except UsageError as e:
@@ -62,9 +73,16 @@ def run(args: argparse.Namespace) -> int:
         domains = _dormant_domains(args, run) if args.dormant else None
     model, eb = run.model, run.windows
     run.console.note(plan_line("sinks", model, eb))
-    found = sink_analyses(model, eb, eps=list(eps_values(args)), massive=args.massive, dormant=domains,
-                          tokenizer=run.tokenizer, progress=run.progress,  # one forward per batch for all of them
-                          protocol=args.protocol)
+    found = sink_analyses(
+        model,
+        eb,
+        eps=list(eps_values(args)),
+        massive=args.massive,
+        dormant=domains,
+        tokenizer=run.tokenizer,
+        progress=run.progress,  # one forward per batch for all of them
+        protocol=args.protocol,
+    )
     result, heads = found["sinks"], found["sink_eps"]
     for k in ("summary", "layers", "heads"):
         result[f"sink_eps_{k}"] = heads[k]
@@ -76,8 +94,14 @@ def run(args: argparse.Namespace) -> int:
         dor = found["dormant"]
         for k in ("summary", "domains", "heads", "switching"):
             result[f"dormant_{k}"] = dor[k]
-    publish(run.output, "sinks", result, sinks, run.console,
-            figure_inputs={"dormant_result": found["dormant"]} if args.dormant else None)
+    publish(
+        run.output,
+        "sinks",
+        result,
+        sinks,
+        run.console,
+        figure_inputs={"dormant_result": found["dormant"]} if args.dormant else None,
+    )
     return 0
 
 
@@ -97,8 +121,10 @@ def run_sweep(args: argparse.Namespace, contexts: list[int]) -> int:
     from probe.present.files import publish
 
     if args.dormant:
-        raise UsageError(f"--dormant takes one --ctx, got {len(contexts)} ({' '.join(map(str, contexts))}); "
-                         "give one length, or leave out --dormant")
+        raise UsageError(
+            f"--dormant takes one --ctx, got {len(contexts)} ({' '.join(map(str, contexts))}); "
+            "give one length, or leave out --dormant"
+        )
     contexts = sorted(contexts)
     args.ctx = contexts[0]
     with all_ranks_agree():
@@ -112,7 +138,14 @@ def run_sweep(args: argparse.Namespace, contexts: list[int]) -> int:
     for eb in windows.values():
         run.console.note(plan_line("sinks", run.model, eb))
     kw = {"protocol": args.protocol} if getattr(args, "protocol", "pooled") != "pooled" else {}
-    result, _ = sink_context_sweep(run.model, windows, eps=list(eps_values(args)), massive=args.massive,
-                                   tokenizer=run.tokenizer, progress=run.progress, **kw)
+    result, _ = sink_context_sweep(
+        run.model,
+        windows,
+        eps=list(eps_values(args)),
+        massive=args.massive,
+        tokenizer=run.tokenizer,
+        progress=run.progress,
+        **kw,
+    )
     publish(run.output, "sinks_ctx", result, sinks_ctx, run.console)
     return 0

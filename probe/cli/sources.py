@@ -1,13 +1,16 @@
 """``probe sources``: effective depth sources of a depth-routed model (AttnRes, P-LR, S-LR), or the dense-connection
 weights of a DenseFormer / MUDD model; shaped for the terminal and the page by probe.present.sources."""
+
 from __future__ import annotations
 
 import argparse
 
 from probe.cli.flags import DEFAULT_DEPTH_MODEL, analysis_parser, output_flags
 
-HELP = ("effective depth sources and mean depth heatmap of a depth-routed model; dense-connection weights of a "
-        "DenseFormer / MUDD model")
+HELP = (
+    "effective depth sources and mean depth heatmap of a depth-routed model; dense-connection weights of a "
+    "DenseFormer / MUDD model"
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -22,9 +25,11 @@ def _depth_routed(model) -> None:
 
     info = model.probe_info
     if not info.has_depth_sources and not dense_layers(model):
-        raise UsageError(f"model {info.name!r} has no depth routing (depth_routing={info.depth_routing!r}); "
-                         "`probe sources` needs an AttnRes / P-LR / S-LR model or dense connections (DenseFormer / "
-                         "MUDD), e.g. `probe train --variant attnres-block4`")
+        raise UsageError(
+            f"model {info.name!r} has no depth routing (depth_routing={info.depth_routing!r}); "
+            "`probe sources` needs an AttnRes / P-LR / S-LR model or dense connections (DenseFormer / "
+            "MUDD), e.g. `probe train --variant attnres-block4`"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

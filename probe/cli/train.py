@@ -3,6 +3,7 @@
 The run's identity (the flags that determine the weights) is recorded in ``RUN/probe_train.json``; an existing run
 directory with another identity, or a directory that is not a run, is a one-line error before anything is written.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,12 +22,30 @@ if TYPE_CHECKING:
     from probe.data.synthetic import BigramBackcopy
 
 # TrainConfig's fields that are flags (their help, type and default declared on the field), in --help order
-LOOP_FLAGS = ("seed", "steps", "batch_size", "lr", "warmup", "schedule", "min_lr_ratio", "optimizer", "muon_lr",
-              "weight_decay", "grad_clip", "z_loss", "grad_accum", "eval_every", "ckpt_every", "snapshot_every",
-              "device")
+LOOP_FLAGS = (
+    "seed",
+    "steps",
+    "batch_size",
+    "lr",
+    "warmup",
+    "schedule",
+    "min_lr_ratio",
+    "optimizer",
+    "muon_lr",
+    "weight_decay",
+    "grad_clip",
+    "z_loss",
+    "grad_accum",
+    "eval_every",
+    "ckpt_every",
+    "snapshot_every",
+    "device",
+)
 HELP = "train a custom model; the same command resumes an interrupted run"
-DESCRIPTION = ("Train a custom variant; writes metrics.jsonl, checkpoint/ and, when finished, model/ (weights and "
-               "tokenizer, loadable with --model DIR) to --out.")
+DESCRIPTION = (
+    "Train a custom variant; writes metrics.jsonl, checkpoint/ and, when finished, model/ (weights and "
+    "tokenizer, loadable with --model DIR) to --out."
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -34,17 +53,29 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--variant", default="baseline", help="model variant (see `probe models`; default baseline)")
     p.add_argument("--tier", default="tiny", help="size tier (default tiny)")
     add_options(p, TrainConfig, ["seed"])
-    p.add_argument("--data", default="train", help="training corpus (default: the bundled training mix), or "
-                   "synthetic:bb[vocab=..,triggers=..,seed=..] for an endless Bigram-Backcopy stream (--ctx is its T)")
+    p.add_argument(
+        "--data",
+        default="train",
+        help="training corpus (default: the bundled training mix), or "
+        "synthetic:bb[vocab=..,triggers=..,seed=..] for an endless Bigram-Backcopy stream (--ctx is its T)",
+    )
     p.add_argument("--tokenizer", default="probe-bpe-8k", help="tokenizer (default probe-bpe-8k)")
-    p.add_argument("--bos", action="store_true", help="every training window starts with BOS (the tokenizer's, else "
-                   "its EOS); recorded in the run, so analyses of the model start their windows with it too")
+    p.add_argument(
+        "--bos",
+        action="store_true",
+        help="every training window starts with BOS (the tokenizer's, else "
+        "its EOS); recorded in the run, so analyses of the model start their windows with it too",
+    )
     add_options(p, TrainConfig, ["steps", "batch_size"])
     p.add_argument("--ctx", type=positive_int, help="tokens per window (default: the tier's context)")
     add_options(p, TrainConfig, LOOP_FLAGS[3:-1])
-    p.add_argument("--eval-data", default="heldout", help="validation corpus: heldout = 5%% of --data's documents "
-                   "(smallest SHA-256), never sampled for training; or any --data name, e.g. wikitext-2-test "
-                   "(default heldout)")
+    p.add_argument(
+        "--eval-data",
+        default="heldout",
+        help="validation corpus: heldout = 5%% of --data's documents "
+        "(smallest SHA-256), never sampled for training; or any --data name, e.g. wikitext-2-test "
+        "(default heldout)",
+    )
     p.add_argument("--eval-batches", type=positive_int, default=8, help="held-out batches of 8 windows (default 8)")
     add_options(p, TrainConfig, ["device"])
     p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
@@ -55,9 +86,28 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-RUN_KEYS = ("variant", "tier", "seed", "data", "tokenizer", "batch_size", "ctx", "lr", "warmup", "eval_data",
-            "eval_batches", "schedule", "min_lr_ratio", "optimizer", "muon_lr", "weight_decay", "grad_clip", "z_loss",
-            "grad_accum", "bos")  # must match to resume; --steps, --eval-every, --ckpt-every may change
+RUN_KEYS = (
+    "variant",
+    "tier",
+    "seed",
+    "data",
+    "tokenizer",
+    "batch_size",
+    "ctx",
+    "lr",
+    "warmup",
+    "eval_data",
+    "eval_batches",
+    "schedule",
+    "min_lr_ratio",
+    "optimizer",
+    "muon_lr",
+    "weight_decay",
+    "grad_clip",
+    "z_loss",
+    "grad_accum",
+    "bos",
+)  # must match to resume; --steps, --eval-every, --ckpt-every may change
 # keys added after runs were written without them: such a run was trained with TrainConfig's defaults for them
 LATER_KEYS = ("schedule", "min_lr_ratio", "optimizer", "muon_lr", "weight_decay", "grad_clip", "z_loss", "grad_accum")
 
@@ -68,8 +118,9 @@ def _run_identity(args: argparse.Namespace, ctx: int, task: BigramBackcopy | Non
     ident = {k: vars(args)[k] for k in RUN_KEYS}
     ident["ctx"] = ctx
     if task is not None:  # BOS-first windows of ids: no tokenizer, validation on the chain's own windows
-        ident.update(data=task.spec(), tokenizer=None, eval_data=None, bos=True, task=task.to_identity(),
-                     bos_id=task.bos_id)
+        ident.update(
+            data=task.spec(), tokenizer=None, eval_data=None, bos=True, task=task.to_identity(), bos_id=task.bos_id
+        )
     return ident
 
 
@@ -104,15 +155,19 @@ def _check_corpus(out: Path, ident: dict, corpus, resuming: bool) -> None:
         return
     old = _recorded_identity(out)
     if "corpus_sha256" not in old:
-        sys.stderr.write(f"probe train: warning: {out / RUN_IDENTITY} records no corpus fingerprint (written before "
-                         f"fingerprints existed); resuming on what --data {ident['data']!r} holds now, sha256 "
-                         f"{ident['corpus_sha256'][:16]}..., and recording it\n")  # even with --quiet
+        sys.stderr.write(
+            f"probe train: warning: {out / RUN_IDENTITY} records no corpus fingerprint (written before "
+            f"fingerprints existed); resuming on what --data {ident['data']!r} holds now, sha256 "
+            f"{ident['corpus_sha256'][:16]}..., and recording it\n"
+        )  # even with --quiet
         return
     if (old["corpus_sha256"], old.get("corpus_bytes")) != (ident["corpus_sha256"], ident["corpus_bytes"]):
-        raise UsageError(f"--data {ident['data']!r} changed since the run in --out {str(out)!r} started: its corpus "
-                         f"was sha256 {old['corpus_sha256'][:16]}... ({old.get('corpus_bytes')} bytes), now "
-                         f"{ident['corpus_sha256'][:16]}... ({ident['corpus_bytes']} bytes); restore the corpus to "
-                         "resume, or choose another --out")
+        raise UsageError(
+            f"--data {ident['data']!r} changed since the run in --out {str(out)!r} started: its corpus "
+            f"was sha256 {old['corpus_sha256'][:16]}... ({old.get('corpus_bytes')} bytes), now "
+            f"{ident['corpus_sha256'][:16]}... ({ident['corpus_bytes']} bytes); restore the corpus to "
+            "resume, or choose another --out"
+        )
 
 
 def _check_run_dir(out: Path, ident: dict) -> bool:
@@ -129,14 +184,17 @@ def _check_run_dir(out: Path, ident: dict) -> bool:
         # the lock this run holds and the temp files of its ranks (torchrun: each writes its token stream) are no
         # foreign files
         if any(p.name != LOCK_NAME and not p.name.startswith(TEMP_PREFIX) for p in out.iterdir()):
-            raise UsageError(f"--out {str(out)!r} exists and is not a `probe train` run directory; choose a new or "
-                             "empty directory")
+            raise UsageError(
+                f"--out {str(out)!r} exists and is not a `probe train` run directory; choose a new or empty directory"
+            )
         return False
     old = {**{k: getattr(TrainConfig, k) for k in LATER_KEYS}, "bos": False, **_recorded_identity(out)}
     diff = [f"--{k.replace('_', '-')} {old.get(k)!r} (now {v!r})" for k, v in ident.items() if old.get(k) != v]
     if diff:
-        raise UsageError(f"--out {str(out)!r} holds a run with different settings: {'; '.join(diff)}; resume with "
-                         "the same flags or choose another --out")
+        raise UsageError(
+            f"--out {str(out)!r} holds a run with different settings: {'; '.join(diff)}; resume with "
+            "the same flags or choose another --out"
+        )
     return True
 
 
@@ -162,8 +220,10 @@ def _tokenizer(args: argparse.Namespace, config):
     except Exception as e:  # noqa: BLE001
         raise UsageError(f"--tokenizer {args.tokenizer!r}: {first_line(e)}") from None
     if len(tok) > config.vocab_size:
-        raise UsageError(f"--tokenizer {args.tokenizer!r} has {len(tok)} tokens but tier {args.tier!r} has a "
-                         f"vocabulary of {config.vocab_size}; choose a matching tokenizer or tier")
+        raise UsageError(
+            f"--tokenizer {args.tokenizer!r} has {len(tok)} tokens but tier {args.tier!r} has a "
+            f"vocabulary of {config.vocab_size}; choose a matching tokenizer or tier"
+        )
     return tok
 
 
@@ -188,20 +248,25 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_for(args.variant, args.tier)
     except ValueError as e:
-        raise UsageError(f"--variant {args.variant!r} / --tier {args.tier!r}: {first_line(e).split(': ', 1)[-1]}"
-                         ) from None
+        raise UsageError(
+            f"--variant {args.variant!r} / --tier {args.tier!r}: {first_line(e).split(': ', 1)[-1]}"
+        ) from None
     task = _synthetic_task(args)
     ctx = task.T if task is not None else args.ctx or config.n_ctx
     if ctx > config.n_ctx:
-        raise UsageError(f"--ctx {ctx} exceeds the maximum context {config.n_ctx} of tier {args.tier!r}; choose "
-                         f"--ctx 2..{config.n_ctx}")
+        raise UsageError(
+            f"--ctx {ctx} exceeds the maximum context {config.n_ctx} of tier {args.tier!r}; choose "
+            f"--ctx 2..{config.n_ctx}"
+        )
     if ctx < 2:
         raise UsageError(f"--ctx {ctx} is too short; choose --ctx 2..{config.n_ctx}")
     dist = from_env()  # under torchrun only rank 0 checks, writes and reports
     if args.batch_size % (dist.world_size * args.grad_accum):
-        raise UsageError(f"--batch-size {args.batch_size} does not split into {dist.world_size} process(es) x "
-                         f"--grad-accum {args.grad_accum} equal micro-batches; choose a --batch-size that is a "
-                         f"multiple of {dist.world_size * args.grad_accum}")
+        raise UsageError(
+            f"--batch-size {args.batch_size} does not split into {dist.world_size} process(es) x "
+            f"--grad-accum {args.grad_accum} equal micro-batches; choose a --batch-size that is a "
+            f"multiple of {dist.world_size * args.grad_accum}"
+        )
     out = Path(args.out)
     ident = _run_identity(args, ctx, task)
     resuming = _check_run_dir(out, ident) if dist.is_main else False
@@ -209,8 +274,10 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     tok = None if task is not None else _tokenizer(args, config)
     if task is not None and task.vocab_size > config.vocab_size:
-        raise UsageError(f"--data {task.spec()!r} needs {task.vocab_size} token ids but tier {args.tier!r} has a "
-                         f"vocabulary of {config.vocab_size}; choose a smaller vocab or another tier")
+        raise UsageError(
+            f"--data {task.spec()!r} needs {task.vocab_size} token ids but tier {args.tier!r} has a "
+            f"vocabulary of {config.vocab_size}; choose a smaller vocab or another tier"
+        )
     bos_id = None
     if task is None and args.bos:  # the tokenizer's BOS, else its EOS (probe-bpe-8k has no BOS token)
         bos_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
@@ -234,16 +301,27 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(f"--data {args.data!r}: {e}") from None
             bar.update()
             bar.set_description(f"train: tokenizing {args.eval_data}")
-            eb = make_windows(eval_corpus, tok, n_batches=args.eval_batches, batch_size=8, ctx=ctx, seed=args.seed,
-                              mode="auto", vocab_size=config.vocab_size, bos_id=bos_id)
+            eb = make_windows(
+                eval_corpus,
+                tok,
+                n_batches=args.eval_batches,
+                batch_size=8,
+                ctx=ctx,
+                seed=args.seed,
+                mode="auto",
+                vocab_size=config.vocab_size,
+                bos_id=bos_id,
+            )
             bar.update()
         finally:
             bar.close()
         validation = f"{eval_corpus.name} ({plural(len(eval_corpus.documents), 'document')})"
     warmup = capped_warmup(args.warmup, args.steps)  # said once the data are known good: an error is the only line
     if warmup != args.warmup:
-        console.note(f"warning: --warmup {args.warmup} >= --steps {args.steps}, so the lr would never reach its peak; "
-                     f"warming up for {plural(warmup, 'step')} instead")
+        console.note(
+            f"warning: --warmup {args.warmup} >= --steps {args.steps}, so the lr would never reach its peak; "
+            f"warming up for {plural(warmup, 'step')} instead"
+        )
     model = create(args.variant, args.tier, seed=args.seed)
     cfg = TrainConfig(**{**{k: getattr(args, k) for k in LOOP_FLAGS}, "warmup": warmup, "device": device})
     n_params = sum(p.numel() for p in model.parameters())
@@ -253,10 +331,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(f"--out {str(out)!r}: {e}") from None
     if dist.is_main:
-        console.note(f"plan: train {args.tier}-{args.variant} ({n_params:,} parameters) on {ident['data']} for "
-                     f"{plural(args.steps, 'step')} x {plural(args.batch_size, 'window')} x {ctx} tokens"
-                     f"{' (BOS first)' if ident['bos'] else ''}; validation on {validation}"
-                     + (f"; resuming from step {start}" if ckpt else "") + f"; run directory {out}")
+        console.note(
+            f"plan: train {args.tier}-{args.variant} ({n_params:,} parameters) on {ident['data']} for "
+            f"{plural(args.steps, 'step')} x {plural(args.batch_size, 'window')} x {ctx} tokens"
+            f"{' (BOS first)' if ident['bos'] else ''}; validation on {validation}"
+            + (f"; resuming from step {start}" if ckpt else "")
+            + f"; run directory {out}"
+        )
         out.mkdir(parents=True, exist_ok=True)
         atomic_write(out / RUN_IDENTITY, json.dumps(ident, indent=1))
     last = train(model, sampler, cfg, out, eval_batches=eb, resume=True, progress=not args.quiet, tokenizer=tok)

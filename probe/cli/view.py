@@ -5,6 +5,7 @@ phantom column), depth-attention weights of depth-routed models and value gates 
     probe view --model pythia-160m --data shakespeare --max-tokens 64 --out view/    (the corpus's first document)
     probe view --model probe/bb-baseline --out view/        (a Bigram-Backcopy model: a sequence of its own chain)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,25 +14,40 @@ from probe.cli.flags import DEFAULT_MODEL, DTYPES, placement_flags, self_contain
 from probe.present.options import nonneg_int, positive_int
 
 PAGE = "view.html"
-HELP = ("one page of viewers for one text: attention pattern (any layer and head, phantom column), depth weights, "
-        "gates over the text")
-DESCRIPTION = ("Capture one text's attention patterns (every layer and head, the phantom as the first column), depth-"
-               "attention weights (depth-routed models) and value gates (gated models) and write DIR/view.html: one "
-               "offline page with layer and head pickers.")
+HELP = (
+    "one page of viewers for one text: attention pattern (any layer and head, phantom column), depth weights, "
+    "gates over the text"
+)
+DESCRIPTION = (
+    "Capture one text's attention patterns (every layer and head, the phantom as the first column), depth-"
+    "attention weights (depth-routed models) and value gates (gated models) and write DIR/view.html: one "
+    "offline page with layer and head pickers."
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("view", help=HELP, description=DESCRIPTION, allow_abbrev=False)
     g = p.add_argument_group("model and text")
-    g.add_argument("--model", metavar="NAME", help=f"any --model form of the other verbs (default: the bundled model "
-                   f"{DEFAULT_MODEL})")
+    g.add_argument(
+        "--model",
+        metavar="NAME",
+        help=f"any --model form of the other verbs (default: the bundled model {DEFAULT_MODEL})",
+    )
     src = g.add_mutually_exclusive_group()
     src.add_argument("--text", metavar="TEXT", help="the text to view (tokenized without special tokens)")
-    src.add_argument("--data", metavar="CORPUS", help="view a document of this corpus instead (any --data form; "
-                     "default wikitext-2-test)")
+    src.add_argument(
+        "--data",
+        metavar="CORPUS",
+        help="view a document of this corpus instead (any --data form; default wikitext-2-test)",
+    )
     g.add_argument("--doc", type=nonneg_int, default=0, help="which document of --data (default 0, the first)")
-    g.add_argument("--max-tokens", type=positive_int, default=128, help="cut the text to its first N tokens (at most "
-                   "the model's context; default 128: every token label stays readable)")
+    g.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=128,
+        help="cut the text to its first N tokens (at most "
+        "the model's context; default 128: every token label stays readable)",
+    )
     g.add_argument("--tokenizer", metavar="NAME", help="tokenizer (default: the model's own)")
     g.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available, else cpu)")
     g.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: float32 on CPU)")
@@ -57,8 +73,9 @@ def _text(args: argparse.Namespace, model) -> tuple:
             raise text_on_bb("--text", model, task, "view one of its sequences with --data synthetic:bb [--doc N]")
         return args.text, "--text"
     if is_synthetic(args.data) or (args.data is None and task is not None):
-        windows = synthetic_windows(WindowSpec(data=args.data, batches=args.doc + 1, batch_size=1,
-                                                tokenizer=args.tokenizer), model, task)
+        windows = synthetic_windows(
+            WindowSpec(data=args.data, batches=args.doc + 1, batch_size=1, tokenizer=args.tokenizer), model, task
+        )
         return windows.tokens[args.doc, 0], f"sequence {args.doc} of {windows.corpus}"
     if task is not None:
         raise text_on_bb(f"--data {args.data!r}", model, task)

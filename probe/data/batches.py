@@ -14,6 +14,7 @@ BOS followed by ctx text tokens (the model reads BOS + ctx-1 text tokens, as a m
 text in training; docs/definitions.md#bos-rule). Which models want a BOS is decided by
 :func:`probe.data.tokenizer.prepends_bos` and the caller.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -136,8 +137,9 @@ class DocumentTokens:
             if short:
                 ids = self.tok([self.documents[i] for i in short], add_special_tokens=False, verbose=False)
                 self.kept.update({i: torch.tensor(x, dtype=torch.long) for i, x in zip(short, ids["input_ids"])})
-            self.kept.update({i: tokenize_pieces(self.tok, iter((self.documents[i],))) for i in todo if i not in
-                              self.kept})
+            self.kept.update(
+                {i: tokenize_pieces(self.tok, iter((self.documents[i],))) for i in todo if i not in self.kept}
+            )
         whole = self.tensors if self.tensors is not None else self.kept
         return {i: whole[i] if limit is None else whole[i][:limit] for i in indices}
 
@@ -185,8 +187,16 @@ class WindowSampler:
     position in the sequence of draws (for training resume).
     """
 
-    def __init__(self, docs_tokens: list[torch.Tensor] | None, ctx: int, seed: int = 0, *, eos_id: int,
-                 bos_id: int | None = None, stream: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def __init__(
+        self,
+        docs_tokens: list[torch.Tensor] | None,
+        ctx: int,
+        seed: int = 0,
+        *,
+        eos_id: int,
+        bos_id: int | None = None,
+        stream: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ):
         if ctx < 1:
             raise ValueError(f"ctx={ctx} must be at least 1")
         if stream is not None:  # already joined (``token_stream``: a large corpus, its tokens in a file)
@@ -203,12 +213,13 @@ class WindowSampler:
                     parts.append(eos)
                 parts.append(d.long().flatten())
             self.stream = torch.cat(parts)
-            lengths = torch.tensor([len(d) + (1 if i + 1 < len(docs_tokens) else 0)
-                                    for i, d in enumerate(docs_tokens)])
+            lengths = torch.tensor([len(d) + (1 if i + 1 < len(docs_tokens) else 0) for i, d in enumerate(docs_tokens)])
             self.doc_starts = torch.cumsum(lengths, 0) - lengths  # stream offset of each document (its EOS follows)
         if len(self.stream) < ctx + 1:
-            raise ValueError(f"the documents hold {len(self.stream)} tokens (EOS separators included); "
-                             f"a window needs ctx+1 = {ctx + 1}")
+            raise ValueError(
+                f"the documents hold {len(self.stream)} tokens (EOS separators included); "
+                f"a window needs ctx+1 = {ctx + 1}"
+            )
         self.ctx, self.seed, self.count, self.bos_id = ctx, seed, 0, bos_id
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -232,14 +243,21 @@ class WindowSampler:
         return torch.searchsorted(self.doc_starts, positions, right=True) - 1
 
     def state_dict(self) -> dict:
-        return {"generator": self.generator.get_state(), "count": self.count, "seed": self.seed, "ctx": self.ctx,
-                "n_tokens": len(self.stream)}
+        return {
+            "generator": self.generator.get_state(),
+            "count": self.count,
+            "seed": self.seed,
+            "ctx": self.ctx,
+            "n_tokens": len(self.stream),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         for k, mine in (("ctx", self.ctx), ("n_tokens", len(self.stream))):
             if state[k] != mine:
-                raise ValueError(f"sampler state has {k}={state[k]} but this sampler has {k}={mine}; "
-                                 "resume with the same corpus, tokenizer and ctx")
+                raise ValueError(
+                    f"sampler state has {k}={state[k]} but this sampler has {k}={mine}; "
+                    "resume with the same corpus, tokenizer and ctx"
+                )
         self.generator.set_state(state["generator"])
         self.count, self.seed = state["count"], state["seed"]
 
@@ -285,13 +303,31 @@ class EvalBatches(TokenWindows):
 
     def to_dict(self) -> dict:
         """Metadata to record beside any result computed on these windows."""
-        return {"corpus": self.corpus, "corpus_fingerprint": self.corpus_fingerprint, "tokenizer": self.tokenizer,
-                "mode": self.mode, "seed": self.seed, "ctx": self.ctx, "n_batches": len(self),
-                "batch_size": self.batch_size, "n_documents": int(self.doc_ids.unique().numel()), "bos": self.bos}
+        return {
+            "corpus": self.corpus,
+            "corpus_fingerprint": self.corpus_fingerprint,
+            "tokenizer": self.tokenizer,
+            "mode": self.mode,
+            "seed": self.seed,
+            "ctx": self.ctx,
+            "n_batches": len(self),
+            "batch_size": self.batch_size,
+            "n_documents": int(self.doc_ids.unique().numel()),
+            "bos": self.bos,
+        }
 
 
-def eval_batches(corpus_or_docs, tokenizer, *, n_batches: int = 8, batch_size: int = 8, ctx: int = 256,
-                 seed: int = 0, mode: str = "first", bos_id: int | None = None) -> EvalBatches:
+def eval_batches(
+    corpus_or_docs,
+    tokenizer,
+    *,
+    n_batches: int = 8,
+    batch_size: int = 8,
+    ctx: int = 256,
+    seed: int = 0,
+    mode: str = "first",
+    bos_id: int | None = None,
+) -> EvalBatches:
     """Fixed windows of ctx+1 tokens from a corpus (name, path or ``Corpus``), a list of token tensors, or a
     :class:`DocumentTokens` (its tokens reused).
 
@@ -306,9 +342,11 @@ def eval_batches(corpus_or_docs, tokenizer, *, n_batches: int = 8, batch_size: i
     window_bytes = n_batches * batch_size * (ctx + 1) * 8  # the int64 windows [n_batches, batch_size, ctx+1], any mode
     have = available_memory()
     if have is not None and window_bytes > have:
-        raise ValueError(f"n_batches*batch_size={n_batches * batch_size} windows of {ctx + 1} tokens need "
-                         f"{human_bytes(window_bytes)}, more than the {human_bytes(have)} of memory available; ask "
-                         "for fewer windows or a smaller ctx")
+        raise ValueError(
+            f"n_batches*batch_size={n_batches * batch_size} windows of {ctx + 1} tokens need "
+            f"{human_bytes(window_bytes)}, more than the {human_bytes(have)} of memory available; ask "
+            "for fewer windows or a smaller ctx"
+        )
     tok = _tokenizer(tokenizer)
     if isinstance(corpus_or_docs, DocumentTokens):
         name, fingerprint, source = "custom-tokens", "", corpus_or_docs
@@ -332,23 +370,36 @@ def eval_batches(corpus_or_docs, tokenizer, *, n_batches: int = 8, batch_size: i
         docs = [docs[i] for i in range(len(source))]
         n_tokens = sum(len(d) for d in docs) + max(len(docs) - 1, 0)
         if n_tokens < text_ctx + 1:
-            raise ValueError(f"corpus {name!r} holds {n_tokens} tokens (EOS separators included), fewer than one "
-                             f"window of {text_ctx + 1} text tokens; mode='random' can supply no windows")
+            raise ValueError(
+                f"corpus {name!r} holds {n_tokens} tokens (EOS separators included), fewer than one "
+                f"window of {text_ctx + 1} text tokens; mode='random' can supply no windows"
+            )
         sampler = WindowSampler(docs, text_ctx, seed, eos_id=tok.eos_token_id)
         starts = sampler.starts(need)
         tokens, ids = sampler.windows(starts), sampler.document_of(starts)
     if bos_id is not None:
         tokens = torch.cat([torch.full((need, 1), int(bos_id), dtype=torch.long), tokens.long()], dim=1)
-    return EvalBatches(tokens.view(n_batches, batch_size, ctx + 1).long(), ids.view(n_batches, batch_size), name,
-                       tok.name_or_path, seed, ctx, mode, fingerprint, bos_id is not None)
+    return EvalBatches(
+        tokens.view(n_batches, batch_size, ctx + 1).long(),
+        ids.view(n_batches, batch_size),
+        name,
+        tok.name_or_path,
+        seed,
+        ctx,
+        mode,
+        fingerprint,
+        bos_id is not None,
+    )
 
 
 def _separator(tok) -> int:
     """The id that joins documents in mode 'packed': the tokenizer's EOS, else its separator token."""
     sep = tok.eos_token_id if tok.eos_token_id is not None else getattr(tok, "sep_token_id", None)
     if sep is None:
-        raise ValueError(f"mode='packed' joins documents with EOS, but tokenizer {tok.name_or_path!r} has neither an "
-                         "eos nor a sep token; use mode='first' or 'sequential'")
+        raise ValueError(
+            f"mode='packed' joins documents with EOS, but tokenizer {tok.name_or_path!r} has neither an "
+            "eos nor a sep token; use mode='first' or 'sequential'"
+        )
     return sep
 
 
@@ -361,7 +412,7 @@ def _document_windows(source: DocumentTokens, mode: str, need: int, w: int, orde
     (every document's length, capped at need windows) and the windows read from the documents they fall in."""
     long_enough, at, step = [], 0, max(need, 64)
     while len(long_enough) < need and at < len(order):
-        batch = order[at:at + step]
+        batch = order[at : at + step]
         heads = source.prefixes(batch, w)
         long_enough += [(i, heads[i]) for i in batch if len(heads[i]) >= w]
         at += len(batch)
@@ -376,29 +427,34 @@ def _document_windows(source: DocumentTokens, mode: str, need: int, w: int, orde
     if len(picks) < need:
         what = "documents with at least" if mode == "first" else "non-overlapping windows of"
         others = "mode='sequential' or 'random'" if mode == "first" else "mode='random'"
-        raise ValueError(f"corpus {name!r} has {len(picks)} {what} {w} text tokens, so mode={mode!r} can supply "
-                         f"{len(picks)} windows, not n_batches*batch_size={need}; ask for fewer windows, a smaller "
-                         f"ctx, or {others}")
+        raise ValueError(
+            f"corpus {name!r} has {len(picks)} {what} {w} text tokens, so mode={mode!r} can supply "
+            f"{len(picks)} windows, not n_batches*batch_size={need}; ask for fewer windows, a smaller "
+            f"ctx, or {others}"
+        )
     picks = picks[:need]
     last = {}
     for i, r in picks:
         last[i] = max(last.get(i, 0), r + 1)
     docs = {i: source.prefixes([i], last[i] * w)[i] for i in sorted(last)}  # fewer than need documents
-    return torch.stack([docs[i][r * w:(r + 1) * w] for i, r in picks]), torch.tensor([i for i, _ in picks])
+    return torch.stack([docs[i][r * w : (r + 1) * w] for i, r in picks]), torch.tensor([i for i, _ in picks])
 
 
 def _random_windows_streamed(source: DocumentTokens, need: int, text_ctx: int, seed: int, eos: int, name: str):
     """Mode random on a streamed corpus: the windows :class:`WindowSampler` draws from the EOS-joined stream (the same
     starts, the same tokens), with the stream never held: one pass counts every document's tokens, piece by piece;
     a second tokenizes only the documents the windows fall in, keeping only the windows' tokens."""
-    lengths = torch.tensor([sum(len(x) for x in piece_ids(source.tok, source.documents.pieces(i)))
-                            for i in range(len(source))])
+    lengths = torch.tensor(
+        [sum(len(x) for x in piece_ids(source.tok, source.documents.pieces(i))) for i in range(len(source))]
+    )
     spans = lengths + (torch.arange(len(lengths)) < len(lengths) - 1).long()  # a document and the EOS after it
     doc_starts = torch.cumsum(spans, 0) - spans
     n_tokens, w = int(spans.sum()), text_ctx + 1
     if n_tokens < w:
-        raise ValueError(f"corpus {name!r} holds {n_tokens} tokens (EOS separators included), fewer than one "
-                         f"window of {w} text tokens; mode='random' can supply no windows")
+        raise ValueError(
+            f"corpus {name!r} holds {n_tokens} tokens (EOS separators included), fewer than one "
+            f"window of {w} text tokens; mode='random' can supply no windows"
+        )
     starts = torch.randint(0, n_tokens - text_ctx, (need,), generator=torch.Generator().manual_seed(seed))
     tokens = torch.empty(need, w, dtype=torch.long)
     wanted: dict[int, list[tuple[int, int, int]]] = {}  # document -> (window, its first local position, its end)
@@ -415,7 +471,7 @@ def _random_windows_streamed(source: DocumentTokens, need: int, text_ctx: int, s
             for k, lo, hi in wanted[d]:  # window k holds stream positions lo..hi of this document (local)
                 a, b = max(lo, at), min(hi, at + len(x))
                 if a < b:
-                    tokens[k, a - lo:b - lo] = x[a - at:b - at]
+                    tokens[k, a - lo : b - lo] = x[a - at : b - at]
             at += len(x)
             if at >= end:
                 break
@@ -439,9 +495,11 @@ def _packed_windows(source: DocumentTokens, need: int, w: int, sep: int, name: s
         have += len(doc)
         i += 1
     if have < total:
-        raise ValueError(f"corpus {name!r} holds {have} tokens (EOS separators included), so mode='packed' can supply "
-                         f"{have // w} windows of {w} text tokens, not n_batches*batch_size={need}; ask for fewer "
-                         "windows or a smaller ctx")
+        raise ValueError(
+            f"corpus {name!r} holds {have} tokens (EOS separators included), so mode='packed' can supply "
+            f"{have // w} windows of {w} text tokens, not n_batches*batch_size={need}; ask for fewer "
+            "windows or a smaller ctx"
+        )
     stream, docs = torch.cat(parts)[:total], torch.cat(owner)[:total]
     return stream.view(need, w), docs.view(need, w)[:, 0].clone()
 

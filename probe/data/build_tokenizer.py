@@ -4,6 +4,7 @@ Trains ``train_bpe`` (vocab 8192) on the bundled training mix (shakespeare + kjv
 writes ``probe/data/tokenizer/probe-bpe-8k.json``. The result is byte-identical on reruns with the same ``tokenizers``
 version; ``--check`` retrains and compares with the shipped file instead of writing it.
 """
+
 from __future__ import annotations
 
 import argparse

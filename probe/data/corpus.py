@@ -11,6 +11,7 @@ described in ``probe.data.documents``.
     load_corpus("shard.jsonl.gz")           # one document per line's "text" field (e.g. a FineWeb-Edu dump), gzip ok
     load_corpus("hf:wikitext-2-raw-v1:test")  # through `datasets`; needs the hub (or HF_HUB_OFFLINE=1 and a cache)
 """
+
 from __future__ import annotations
 
 import gzip
@@ -87,12 +88,17 @@ class Corpus:
         return len(self.documents)
 
     def to_dict(self) -> dict:
-        return {"corpus": self.name, "corpus_fingerprint": self.fingerprint, "corpus_source": self.source,
-                "corpus_documents": len(self.documents)}
+        return {
+            "corpus": self.name,
+            "corpus_fingerprint": self.fingerprint,
+            "corpus_source": self.source,
+            "corpus_documents": len(self.documents),
+        }
 
 
-def load_corpus(name_or_path: str | os.PathLike = DEFAULT_EVAL_CORPUS, *,
-                skip_bad_records: bool | None = None) -> Corpus:
+def load_corpus(
+    name_or_path: str | os.PathLike = DEFAULT_EVAL_CORPUS, *, skip_bad_records: bool | None = None
+) -> Corpus:
     """A bundled name, ``train``, a local ``.txt`` file or directory, or ``hf:...``; see ``CORPORA``.
 
     Every local file read is a regular file of bounded size (``probe.data.limits.check_input_file``). A JSON-lines
@@ -114,18 +120,22 @@ def load_corpus(name_or_path: str | os.PathLike = DEFAULT_EVAL_CORPUS, *,
         skip = SKIP_BAD_RECORDS.get() if skip_bad_records is None else skip_bad_records
         docs = FileDocuments(path, skip_bad=skip)
         if docs.skipped:
-            warnings.warn(f"skipped {docs.skipped} records without a string \"text\" (first: {docs.first_bad})",
-                          stacklevel=2)
-        how = {"directory": f"directory, one document per .txt file ({getattr(docs, 'n_files', 0)} files)",
-               "text": "text file, one document per blank-line-separated chunk"}.get(
-            docs.format, "JSON lines, one document per record's \"text\"")
-        note = f"; {docs.skipped} records without a string \"text\" skipped" if docs.skipped else ""
+            warnings.warn(
+                f'skipped {docs.skipped} records without a string "text" (first: {docs.first_bad})', stacklevel=2
+            )
+        how = {
+            "directory": f"directory, one document per .txt file ({getattr(docs, 'n_files', 0)} files)",
+            "text": "text file, one document per blank-line-separated chunk",
+        }.get(docs.format, 'JSON lines, one document per record\'s "text"')
+        note = f'; {docs.skipped} records without a string "text" skipped' if docs.skipped else ""
         return Corpus(str(path.resolve()), docs, how + note)
     if key.endswith((".txt", ".jsonl", ".jsonl.gz")) or os.sep in key:
         raise FileNotFoundError(f"corpus file {key!r} does not exist")
-    raise ValueError(f"unknown corpus {key!r}; choose one of {sorted(_BUNDLED) + ['train']}, a .txt or "
-                     ".jsonl[.gz] file, a directory of .txt files, or hf:wikitext-2-raw-v1:<split> / "
-                     "hf:fineweb-edu[:<n_docs>]")
+    raise ValueError(
+        f"unknown corpus {key!r}; choose one of {sorted(_BUNDLED) + ['train']}, a .txt or "
+        ".jsonl[.gz] file, a directory of .txt files, or hf:wikitext-2-raw-v1:<split> / "
+        "hf:fineweb-edu[:<n_docs>]"
+    )
 
 
 HELDOUT = "heldout"  # `probe train --eval-data heldout`: validate on documents of the training corpus never trained on
@@ -137,8 +147,10 @@ def split_heldout(corpus: Corpus, fraction: float = HELDOUT_FRACTION) -> tuple[C
     smallest SHA-256 of their text. Deterministic and independent of the seed and of document order, so paired runs
     and resumed runs hold out the same documents; the sampler never sees them."""
     if len(corpus.documents) < 2:
-        raise ValueError(f"corpus {corpus.name!r} has {len(corpus.documents)} document(s); a held-out split needs at "
-                         "least 2; pass another corpus for validation")
+        raise ValueError(
+            f"corpus {corpus.name!r} has {len(corpus.documents)} document(s); a held-out split needs at "
+            "least 2; pass another corpus for validation"
+        )
     n_out = min(len(corpus.documents) - 1, max(1, round(fraction * len(corpus.documents))))
     digest = [_document_sha256(corpus.documents, i) for i in range(len(corpus.documents))]
     out = set(sorted(range(len(digest)), key=lambda i: (digest[i], i))[:n_out])
@@ -148,15 +160,21 @@ def split_heldout(corpus: Corpus, fraction: float = HELDOUT_FRACTION) -> tuple[C
         keep, held = [corpus.documents[i] for i in keep_ids], [corpus.documents[i] for i in held_ids]
     else:  # a streamed corpus stays on disk: the two parts are views of its documents
         keep, held = DocumentSubset(corpus.documents, keep_ids), DocumentSubset(corpus.documents, held_ids)
-    return (Corpus(corpus.name, keep, f"{corpus.source}; {len(held)} held-out documents removed"),
-            Corpus(f"{corpus.name}:{HELDOUT}", held, f"held-out {len(held)} of {len(corpus.documents)} documents of "
-                   f"{corpus.name} (smallest SHA-256), never sampled for training"))
+    return (
+        Corpus(corpus.name, keep, f"{corpus.source}; {len(held)} held-out documents removed"),
+        Corpus(
+            f"{corpus.name}:{HELDOUT}",
+            held,
+            f"held-out {len(held)} of {len(corpus.documents)} documents of "
+            f"{corpus.name} (smallest SHA-256), never sampled for training",
+        ),
+    )
 
 
 def _document_sha256(documents, i: int) -> bytes:
     """SHA-256 of one document's UTF-8 text (a streamed document hashed piece by piece)."""
     h = hashlib.sha256()
-    for piece in (documents.pieces(i) if hasattr(documents, "pieces") else (documents[i],)):
+    for piece in documents.pieces(i) if hasattr(documents, "pieces") else (documents[i],):
         h.update(piece.encode("utf-8"))
     return h.hexdigest()
 
@@ -211,17 +229,22 @@ def _load_hf(key: str) -> Corpus:
         args, kwargs, n_docs = ("wikitext", "wikitext-2-raw-v1"), {"split": parts[2]}, None
     elif parts[1] == "fineweb-edu" and len(parts) <= 3:
         if len(parts) == 3 and not parts[2].isdigit():
-            raise ValueError(f"bad document count {parts[2]!r} in {key!r}; use hf:fineweb-edu:<n_docs>, "
-                             "e.g. hf:fineweb-edu:2000")
+            raise ValueError(
+                f"bad document count {parts[2]!r} in {key!r}; use hf:fineweb-edu:<n_docs>, e.g. hf:fineweb-edu:2000"
+            )
         n_docs = int(parts[2]) if len(parts) == 3 else 10000
         args, kwargs = ("HuggingFaceFW/fineweb-edu",), {"name": "sample-10BT", "split": "train", "streaming": True}
     else:
-        raise ValueError(f"unknown online corpus {key!r}; choose hf:wikitext-2-raw-v1:{{train,validation,test}} "
-                         "or hf:fineweb-edu[:<n_docs>]")
+        raise ValueError(
+            f"unknown online corpus {key!r}; choose hf:wikitext-2-raw-v1:{{train,validation,test}} "
+            "or hf:fineweb-edu[:<n_docs>]"
+        )
     offline_env = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
     if not offline_env and not _hub_reachable():
-        raise ConnectionError(f"corpus {key!r} needs the Hugging Face hub, which is unreachable; offline use the "
-                              f"bundled 'wikitext-2-test' / 'train' (or set HF_HUB_OFFLINE=1 to read a local cache)")
+        raise ConnectionError(
+            f"corpus {key!r} needs the Hugging Face hub, which is unreachable; offline use the "
+            f"bundled 'wikitext-2-test' / 'train' (or set HF_HUB_OFFLINE=1 to read a local cache)"
+        )
     try:
         import datasets
     except ImportError as e:
@@ -233,6 +256,8 @@ def _load_hf(key: str) -> Corpus:
         else:
             docs = [r["text"] for _, r in zip(range(n_docs), ds)]
     except Exception as e:  # hub errors arrive as many types; report one line
-        raise ConnectionError(f"could not load corpus {key!r} through `datasets`: {type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''}") from e
+        raise ConnectionError(
+            f"could not load corpus {key!r} through `datasets`: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
     return Corpus(key, docs, f"Hugging Face datasets {args[0]} {kwargs}")

@@ -12,6 +12,7 @@ units. So a document should be a natural unit of the source, long enough to hold
   their opening words, in canonical order (``KJV_BOOKS``); every opening must be found or loading fails loudly.
 - A local text file: chunks separated by one or more blank lines.
 """
+
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
 """What a run may read and allocate, checked before it does: files read are regular files of bounded size, and an
 allocation must fit the memory available. Standard library only, so every layer can check the same way."""
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,10 @@ def check_fits(n_bytes: int, what: str) -> None:
     """A ``MemoryError`` naming ``what``, how much it needs and how much there is, unless ``n_bytes`` fits."""
     have = available_memory()
     if have is not None and n_bytes > have:
-        raise MemoryError(f"{what} needs {human_bytes(n_bytes)}, more than the {human_bytes(have)} of memory "
-                          f"available (by {human_bytes(n_bytes - have)})")
+        raise MemoryError(
+            f"{what} needs {human_bytes(n_bytes)}, more than the {human_bytes(have)} of memory "
+            f"available (by {human_bytes(n_bytes - have)})"
+        )
 
 
 def check_input_file(path, max_bytes: int = MAX_INPUT_BYTES) -> Path:
@@ -50,14 +53,23 @@ def check_input_file(path, max_bytes: int = MAX_INPUT_BYTES) -> Path:
     except OSError as e:
         raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
-        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or
-                stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "a directory"
-                if stat.S_ISDIR(st.st_mode) else "not a regular file")
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(st.st_mode)
+            else "a device"
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+            else "a socket"
+            if stat.S_ISSOCK(st.st_mode)
+            else "a directory"
+            if stat.S_ISDIR(st.st_mode)
+            else "not a regular file"
+        )
         via = " (through a link)" if path.is_symlink() else ""
         raise ValueError(f"{path} is {kind}{via}, not a regular file; pass a regular text file")
     if st.st_size > max_bytes:
-        raise ValueError(f"{path} holds {human_bytes(st.st_size)}, more than the {human_bytes(max_bytes)} a corpus "
-                         "file may hold")
+        raise ValueError(
+            f"{path} holds {human_bytes(st.st_size)}, more than the {human_bytes(max_bytes)} a corpus file may hold"
+        )
     return path
 
 

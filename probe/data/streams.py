@@ -11,6 +11,7 @@ text of document i in pieces of at most about ``BLOCK`` characters, read from it
 A JSON-lines record longer than ``LONG_RECORD`` bytes is never held whole: it is scanned as a stream (its ``"text"``
 value decoded in pieces at points no escape spans). Standard library only.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -46,7 +47,7 @@ class _Hashing(io.RawIOBase):
 
     def readinto(self, b) -> int:
         data = self.f.read(len(b))
-        b[:len(data)] = data
+        b[: len(data)] = data
         self.sha.update(data)
         self.size += len(data)
         return len(data)
@@ -64,7 +65,7 @@ class _Span(io.RawIOBase):
 
     def readinto(self, b) -> int:
         data = self.f.read(min(len(b), self.left)) if self.left > 0 else b""
-        b[:len(data)] = data
+        b[: len(data)] = data
         self.left -= len(data)
         return len(data)
 
@@ -81,7 +82,7 @@ def _text_pieces(raw, strip_newlines: bool = True):
         if strip_newlines:  # hold back a trailing run of newlines until text follows it
             piece = held + piece
             body = piece.rstrip("\n")
-            held = piece[len(body):]
+            held = piece[len(body) :]
             piece = body
         if piece:
             yield piece
@@ -201,14 +202,14 @@ class FileDocuments(Sequence):
                     if not eof and not _CONTENT_AFTER.match(buf, m.end()):
                         pending = m.start()
                         break
-                    has_text = _merge(has_text, _has_text(buf[scanned:m.start()]))
+                    has_text = _merge(has_text, _has_text(buf[scanned : m.start()]))
                     self._chunk(chunk, base + m.start(), has_text, undecided)
                     chunk, has_text, pos, scanned = base + m.end(), False, m.end(), m.end()
                 if eof:
                     self._chunk(chunk, base + len(buf), _merge(has_text, _has_text(buf[scanned:])), undecided)
                     break
                 last_end = max(buf.rfind(b"\n"), buf.rfind(b"\r"))  # a separator can only start at a line end
-                if last_end > 0 and buf[last_end - 1:last_end + 1] == b"\r\n":
+                if last_end > 0 and buf[last_end - 1 : last_end + 1] == b"\r\n":
                     last_end -= 1
                 keep = pending if pending is not None else last_end if last_end >= pos else len(buf)
                 has_text = _merge(has_text, _has_text(buf[scanned:keep]))
@@ -268,14 +269,16 @@ class FileDocuments(Sequence):
                         why, text_at, has_text = _short_record(line), None, None
                     offset = stream.position
                     if offset > MAX_INPUT_BYTES:
-                        raise ValueError(f"{path} inflates past {human_bytes(MAX_INPUT_BYTES)}, more than a corpus "
-                                         "file may hold")
+                        raise ValueError(
+                            f"{path} inflates past {human_bytes(MAX_INPUT_BYTES)}, more than a corpus file may hold"
+                        )
                     if why == "blank":
                         continue
                     if why is not None:
                         if not skip_bad:
-                            raise ValueError(f"{path}:{n} {why}; fix the record, or pass --skip-bad-records to skip "
-                                             "such records")
+                            raise ValueError(
+                                f"{path}:{n} {why}; fix the record, or pass --skip-bad-records to skip such records"
+                            )
                         self.skipped += 1
                         self.first_bad = self.first_bad or f"{path}:{n} {why}"
                         continue
@@ -286,8 +289,10 @@ class FileDocuments(Sequence):
                         self._add(text_at, offset, kind=1)
                 _drain(hashing)  # what follows the last gzip member: hashed too
             except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-                raise ValueError(f"{path} is corrupt or truncated compressed data ({type(e).__name__}: "
-                                 f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
+                raise ValueError(
+                    f"{path} is corrupt or truncated compressed data ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else 'no detail'})"
+                ) from None
         self.sha256, self.size = hashing.sha.hexdigest(), hashing.size
         if not len(self):
             raise ValueError(f"corpus file {str(path)!r} holds no records with text")
@@ -313,9 +318,9 @@ def _short_record(line: bytes) -> str | None:
     except ValueError:
         return "is not JSON"
     if not isinstance(record, dict) or "text" not in record:
-        return "is not a JSON object with a \"text\" field"
+        return 'is not a JSON object with a "text" field'
     if not isinstance(record["text"], str):
-        return f"has a \"text\" of type {type(record['text']).__name__}, not a string"
+        return f'has a "text" of type {type(record["text"]).__name__}, not a string'
     return None
 
 
@@ -339,7 +344,7 @@ class _JsonStream:
         data = self.f.read(BLOCK)
         if not data:
             return False
-        self.buf, self.base, self.i = self.buf[self.i:] + data, self.base + self.i, 0
+        self.buf, self.base, self.i = self.buf[self.i :] + data, self.base + self.i, 0
         return True
 
     def read_line(self, limit: int) -> bytes | None:
@@ -348,19 +353,19 @@ class _JsonStream:
         while True:
             nl = self.buf.find(b"\n", self.i, self.i + limit)
             if nl >= 0:
-                line, self.i = self.buf[self.i:nl + 1], nl + 1
+                line, self.i = self.buf[self.i : nl + 1], nl + 1
                 return line
             if len(self.buf) - self.i >= limit:
                 return None
             if not self._more():
-                line, self.i = self.buf[self.i:], len(self.buf)
+                line, self.i = self.buf[self.i :], len(self.buf)
                 return line
 
     def _peek(self) -> bytes:
         while self.i >= len(self.buf):
             if not self._more():
                 return b""
-        return self.buf[self.i:self.i + 1]
+        return self.buf[self.i : self.i + 1]
 
     def _skip_space(self) -> bytes:
         while (c := self._peek()) in (b" ", b"\t", b"\r"):
@@ -379,15 +384,15 @@ class _JsonStream:
         while True:
             end = self._closing_quote()
             if end is not None:
-                body, self.i = self.buf[self.i:end], end + 1
+                body, self.i = self.buf[self.i : end], end + 1
                 if body:
                     yield _decode(body)
                 return
             cut = len(self.buf) - 7
-            while cut > self.i and (b"\\" in self.buf[max(cut - 6, 0):cut] or 0x80 <= self.buf[cut] < 0xC0):
+            while cut > self.i and (b"\\" in self.buf[max(cut - 6, 0) : cut] or 0x80 <= self.buf[cut] < 0xC0):
                 cut -= 1
             if cut > self.i:
-                body, self.i = self.buf[self.i:cut], cut
+                body, self.i = self.buf[self.i : cut], cut
                 yield _decode(body)
             if not self._more():
                 raise _NotJson  # the line ended inside the string
@@ -458,7 +463,7 @@ class _JsonStream:
                     else:
                         kind = self._skip_value()
                         if key == "text":
-                            why = f"has a \"text\" of type {kind}, not a string"
+                            why = f'has a "text" of type {kind}, not a string'
                     c = self._skip_space()
                     self.i += 1
                     if c == b"}":
@@ -468,7 +473,7 @@ class _JsonStream:
             if self._skip_space() not in (b"\n", b""):
                 raise _NotJson
             if why is None and text_at is None:
-                why = "is not a JSON object with a \"text\" field"
+                why = 'is not a JSON object with a "text" field'
         except (_NotJson, ValueError):
             why = "is not JSON"
         while (c := self._peek()) and c != b"\n":  # to the end of the line, whatever it held

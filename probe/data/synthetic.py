@@ -27,6 +27,7 @@ Training draws come from ``BBSampler`` (``sample(B)`` → (B, T+1) windows; batc
 by (task, seed, k), so a resumed run sees exactly the batches it would have). Evaluation windows are ``BBWindows``:
 fixed (N, B, T+1) windows from a key disjoint from training's, with the masks of which positions follow a trigger.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -62,8 +63,10 @@ class BigramBackcopy:
         if self.vocab < 4:
             raise ValueError(f"vocab={self.vocab} is too small; choose at least 4 tokens")
         if not 1 <= self.triggers <= self.vocab // 2:
-            raise ValueError(f"triggers={self.triggers} is not valid; choose 1..{self.vocab // 2} (at most half of "
-                             f"vocab={self.vocab})")
+            raise ValueError(
+                f"triggers={self.triggers} is not valid; choose 1..{self.vocab // 2} (at most half of "
+                f"vocab={self.vocab})"
+            )
         if self.seed < 0:
             raise ValueError(f"seed={self.seed} is not valid; choose an integer >= 0")
         if self.T < 2:
@@ -172,17 +175,29 @@ class BigramBackcopy:
 
     def to_identity(self) -> dict:
         """What a run records about its data: enough to rebuild the task and to check it is the same chain."""
-        return {"data": self.spec(), "task": "bigram-backcopy", "vocab": self.vocab, "triggers": self.triggers,
-                "seed": self.seed, "T": self.T, "bos_id": self.bos_id, "vocab_size": self.vocab_size,
-                "trigger_ids": self.trigger_ids.tolist(), "zipf": ZIPF, "concentration": CONCENTRATION,
-                "fingerprint": self.fingerprint}
+        return {
+            "data": self.spec(),
+            "task": "bigram-backcopy",
+            "vocab": self.vocab,
+            "triggers": self.triggers,
+            "seed": self.seed,
+            "T": self.T,
+            "bos_id": self.bos_id,
+            "vocab_size": self.vocab_size,
+            "trigger_ids": self.trigger_ids.tolist(),
+            "zipf": ZIPF,
+            "concentration": CONCENTRATION,
+            "fingerprint": self.fingerprint,
+        }
 
     @classmethod
     def from_identity(cls, identity: dict) -> BigramBackcopy:
         task = cls(**{k: identity[k] for k in KEYS})
         if identity.get("fingerprint") not in (None, task.fingerprint):
-            raise ValueError(f"the recorded chain {identity['fingerprint']} differs from the one {task.spec()} "
-                             f"builds now ({task.fingerprint}); the generator changed since the run was recorded")
+            raise ValueError(
+                f"the recorded chain {identity['fingerprint']} differs from the one {task.spec()} "
+                f"builds now ({task.fingerprint}); the generator changed since the run was recorded"
+            )
         return task
 
 
@@ -203,8 +218,10 @@ class BBSampler:
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("task") != self.task.spec():
-            raise ValueError(f"sampler state is for {state.get('task')!r} but this sampler draws "
-                             f"{self.task.spec()!r}; resume with the same synthetic task")
+            raise ValueError(
+                f"sampler state is for {state.get('task')!r} but this sampler draws "
+                f"{self.task.spec()!r}; resume with the same synthetic task"
+            )
         self.seed, self.count = state["seed"], state["count"]
 
 
@@ -242,10 +259,19 @@ class BBWindows(TokenWindows):
         return self.task.is_trigger[self.inputs]
 
     def to_dict(self) -> dict:
-        return {"corpus": self.corpus, "corpus_fingerprint": self.task.fingerprint, "tokenizer": None,
-                "mode": self.mode, "seed": self.seed, "ctx": self.ctx, "n_batches": len(self),
-                "batch_size": self.batch_size, "n_documents": len(self) * self.batch_size, "bos": True,
-                "trigger_ids": self.task.trigger_ids.tolist()}
+        return {
+            "corpus": self.corpus,
+            "corpus_fingerprint": self.task.fingerprint,
+            "tokenizer": None,
+            "mode": self.mode,
+            "seed": self.seed,
+            "ctx": self.ctx,
+            "n_batches": len(self),
+            "batch_size": self.batch_size,
+            "n_documents": len(self) * self.batch_size,
+            "bos": True,
+            "trigger_ids": self.task.trigger_ids.tolist(),
+        }
 
 
 # ---------------------------------------------------------------------- token domains (Gu et al.'s random / repeated)
@@ -281,8 +307,10 @@ class TokenDomain:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{key}={value!r} must be an integer")
         if self.token is not None and self.kind != "repeat":
-            raise ValueError(f"token={self.token} applies to synthetic:repeat only; keys of synthetic:{self.kind}: "
-                             f"{', '.join(TOKEN_KEYS[self.kind])}")
+            raise ValueError(
+                f"token={self.token} applies to synthetic:repeat only; keys of synthetic:{self.kind}: "
+                f"{', '.join(TOKEN_KEYS[self.kind])}"
+            )
         if self.T < 2:
             raise ValueError(f"T={self.T} is not valid; choose at least 2")
         if self.n < 1:
@@ -309,8 +337,11 @@ class TokenDomain:
         if self.kind == "random":
             ids = torch.randint(0, vocab_size, (self.n, self.T + 1), generator=g)
         else:
-            one = (torch.full((self.n,), self.token, dtype=torch.long) if self.token is not None
-                   else torch.randint(0, vocab_size, (self.n,), generator=g))
+            one = (
+                torch.full((self.n,), self.token, dtype=torch.long)
+                if self.token is not None
+                else torch.randint(0, vocab_size, (self.n,), generator=g)
+            )
             ids = one[:, None].expand(self.n, self.T + 1).clone()
         if self.bos:
             ids[:, 0] = bos_id
@@ -322,8 +353,13 @@ class TokenDomain:
 
         ids = self.generate(vocab_size, bos_id)
         nb, b = batch_layout(self.n, batch_size)
-        return TokenDomainWindows(ids.view(nb, b, self.T + 1), torch.arange(self.n).view(nb, b), self, vocab_size,
-                                  bos_id if self.bos else None)
+        return TokenDomainWindows(
+            ids.view(nb, b, self.T + 1),
+            torch.arange(self.n).view(nb, b),
+            self,
+            vocab_size,
+            bos_id if self.bos else None,
+        )
 
 
 @dataclass
@@ -350,13 +386,28 @@ class TokenDomainWindows(TokenWindows):
 
     def to_dict(self) -> dict:
         h = hashlib.blake2b(self.tokens.numpy().tobytes(), digest_size=8).hexdigest()
-        draw = ("uniform over ids 0..V-1, none excluded" if self.domain.kind == "random" else
-                f"id {self.domain.token} repeated" if self.domain.token is not None else
-                "one id per sequence, uniform over 0..V-1, repeated")
-        return {"corpus": self.corpus, "corpus_fingerprint": h, "tokenizer": None, "mode": self.mode,
-                "seed": self.domain.seed, "ctx": self.ctx, "n_batches": len(self), "batch_size": self.batch_size,
-                "n_documents": self.domain.n, "bos": bool(self.domain.bos), "bos_id": self.bos_id,
-                "vocab_size": self.vocab_size, "draw": draw}
+        draw = (
+            "uniform over ids 0..V-1, none excluded"
+            if self.domain.kind == "random"
+            else f"id {self.domain.token} repeated"
+            if self.domain.token is not None
+            else "one id per sequence, uniform over 0..V-1, repeated"
+        )
+        return {
+            "corpus": self.corpus,
+            "corpus_fingerprint": h,
+            "tokenizer": None,
+            "mode": self.mode,
+            "seed": self.domain.seed,
+            "ctx": self.ctx,
+            "n_batches": len(self),
+            "batch_size": self.batch_size,
+            "n_documents": self.domain.n,
+            "bos": bool(self.domain.bos),
+            "bos_id": self.bos_id,
+            "vocab_size": self.vocab_size,
+            "draw": draw,
+        }
 
 
 # ---------------------------------------------------------------------- names
@@ -373,8 +424,10 @@ def parse_synthetic(name: str, base: BigramBackcopy | None = None) -> BigramBack
     task a model was trained on), else the defaults. Errors are one line naming the bad part and the valid choices."""
     m = _NAME.match(name.strip()) if isinstance(name, str) else None
     if m is None:
-        raise ValueError(f"{name!r} is not a synthetic corpus name; write synthetic:bb or "
-                         f"synthetic:bb[{','.join(f'{k}=N' for k in KEYS)}]")
+        raise ValueError(
+            f"{name!r} is not a synthetic corpus name; write synthetic:bb or "
+            f"synthetic:bb[{','.join(f'{k}=N' for k in KEYS)}]"
+        )
     if m["task"] not in TASKS:
         raise ValueError(f"unknown synthetic task {m['task']!r} in {name!r}; choose one of: {', '.join(TASKS)}")
     values = {k: getattr(base or BigramBackcopy(), k) for k in KEYS}
@@ -410,12 +463,26 @@ def parse_token_domain(name: str) -> TokenDomain:
     the defaults). Errors are one line naming the bad part and the valid choices."""
     m = _NAME.match(name.strip()) if isinstance(name, str) else None
     if m is None or m["task"] not in TOKEN_DOMAINS:
-        raise ValueError(f"{name!r} is not a token domain name; write synthetic:random[T=64,n=100,seed=0] or "
-                         "synthetic:repeat[T=64,n=100,token=ID]")
+        raise ValueError(
+            f"{name!r} is not a token domain name; write synthetic:random[T=64,n=100,seed=0] or "
+            "synthetic:repeat[T=64,n=100,token=ID]"
+        )
     kind = m["task"]
     return TokenDomain(kind, **_integer_args(m["args"], name, TOKEN_KEYS[kind]))
 
 
-__all__ = ["TokenDomain", "TokenDomainWindows", "parse_token_domain", "is_token_domain", "TOKEN_DOMAINS",
-           "BigramBackcopy", "BBSampler", "BBWindows", "parse_synthetic", "is_synthetic", "SYNTHETIC_PREFIX",
-           "TASKS", "keyed_generator"]
+__all__ = [
+    "TokenDomain",
+    "TokenDomainWindows",
+    "parse_token_domain",
+    "is_token_domain",
+    "TOKEN_DOMAINS",
+    "BigramBackcopy",
+    "BBSampler",
+    "BBWindows",
+    "parse_synthetic",
+    "is_synthetic",
+    "SYNTHETIC_PREFIX",
+    "TASKS",
+    "keyed_generator",
+]

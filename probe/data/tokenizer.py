@@ -7,6 +7,7 @@ a 2M-parameter model about 5x slower on CPU and puts most of its parameters in t
 Every loader returns a ``transformers.PreTrainedTokenizerFast`` whose ``eos_token`` is set and whose ``name_or_path`` is
 the name recorded in outputs.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -49,11 +50,17 @@ def train_bpe(texts, vocab_size: int = 8192, min_frequency: int = 2):
     Deterministic for the same texts, order and ``tokenizers`` version.
     """
     if vocab_size < 258:
-        raise ValueError(f"vocab_size={vocab_size} is too small; byte-level BPE needs at least 258 "
-                         "(256 bytes + eos + 1 merge)")
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small; byte-level BPE needs at least 258 (256 bytes + eos + 1 merge)"
+        )
     tok = _byte_level_bpe(models.BPE())
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     return _wrap(tok, f"bpe-{vocab_size}")
 
@@ -70,8 +77,9 @@ def load_tokenizer(name_or_path: str | os.PathLike = DEFAULT_TOKENIZER):
         tok = Tokenizer.from_file(str(path))
         eos = EOS if tok.token_to_id(EOS) is not None else None
         if eos is None:
-            raise ValueError(f"tokenizer file {key!r} has no {EOS!r} token; "
-                             "save it as an HF directory with its eos set")
+            raise ValueError(
+                f"tokenizer file {key!r} has no {EOS!r} token; save it as an HF directory with its eos set"
+            )
         return _wrap(tok, str(path.resolve()), eos)
     if path.is_dir():
         hf = AutoTokenizer.from_pretrained(str(path))
@@ -81,8 +89,9 @@ def load_tokenizer(name_or_path: str | os.PathLike = DEFAULT_TOKENIZER):
         return hf
     if path.suffix == ".json" or os.sep in key:
         raise FileNotFoundError(f"tokenizer path {key!r} does not exist")
-    raise ValueError(f"unknown tokenizer {key!r}; choose 'probe-bpe-8k', 'gpt2', an HF tokenizer directory "
-                     "or a tokenizer.json path")
+    raise ValueError(
+        f"unknown tokenizer {key!r}; choose 'probe-bpe-8k', 'gpt2', an HF tokenizer directory or a tokenizer.json path"
+    )
 
 
 def prepends_bos(tokenizer) -> bool:
@@ -96,7 +105,7 @@ def prepends_bos(tokenizer) -> bool:
     added = tokenizer(text, add_special_tokens=True)["input_ids"]
     plain = tokenizer(text, add_special_tokens=False)["input_ids"]
     # compare with the plain encoding: a text token that happens to share the BOS id (an <unk> as BOS) is no BOS
-    return len(added) > len(plain) and added[0] == bos and added[1:len(plain) + 1] == plain
+    return len(added) > len(plain) and added[0] == bos and added[1 : len(plain) + 1] == plain
 
 
 def _gpt2():

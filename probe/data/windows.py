@@ -6,6 +6,7 @@ A model is read only through ``model.probe_info`` (context, family, ``trained_wi
 ``model.train_record`` (the BOS id a ``probe train --bos`` run used), so this module needs nothing above the data.
 Errors are ``ValueError``s with one-line messages.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,9 +49,19 @@ def eval_context(model, ctx: int | None = None) -> int:
     return cap_ctx(ctx, info.n_ctx)
 
 
-def build_windows(corpus, tokenizer, *, n_batches: int = 8, batch_size: int = 8, ctx: int = 256, seed: int = 0,
-                  mode: str = "first", bos_id: int | None = None, docs=None,
-                  vocab_size: int | None = None) -> EvalBatches:
+def build_windows(
+    corpus,
+    tokenizer,
+    *,
+    n_batches: int = 8,
+    batch_size: int = 8,
+    ctx: int = 256,
+    seed: int = 0,
+    mode: str = "first",
+    bos_id: int | None = None,
+    docs=None,
+    vocab_size: int | None = None,
+) -> EvalBatches:
     """Fixed windows of ``corpus`` (a name, path or ``Corpus``; ``docs``: its documents tokenized with ``tokenizer``
     as a list of tensors or a :class:`probe.data.batches.DocumentTokens`, to reuse them across calls). ``mode`` is one
     of :data:`WINDOW_MODES`; with ``bos_id`` each window is
@@ -59,16 +70,19 @@ def build_windows(corpus, tokenizer, *, n_batches: int = 8, batch_size: int = 8,
     if mode not in WINDOW_MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(WINDOW_MODES)}")
     if mode == "random" and tok.eos_token_id is None:
-        raise ValueError(f"mode='random' joins documents with EOS, but tokenizer {tok.name_or_path!r} has no eos "
-                         "token; use mode='first' or 'sequential'")
+        raise ValueError(
+            f"mode='random' joins documents with EOS, but tokenizer {tok.name_or_path!r} has no eos "
+            "token; use mode='first' or 'sequential'"
+        )
     corpus = _corpus(corpus)
     if docs is None:
         docs = DocumentTokens(corpus, tok)
     error = None
     for m in ("first", "sequential") if mode == "auto" else (mode,):
         try:
-            eb = eval_batches(docs, tok, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=m,
-                              bos_id=bos_id)
+            eb = eval_batches(
+                docs, tok, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=m, bos_id=bos_id
+            )
             break
         except ValueError as e:
             error = e
@@ -77,20 +91,40 @@ def build_windows(corpus, tokenizer, *, n_batches: int = 8, batch_size: int = 8,
     eb = dataclasses.replace(eb, corpus=corpus.name, corpus_fingerprint=corpus.fingerprint)
     top = int(eb.tokens.max())
     if vocab_size is not None and top >= vocab_size:
-        raise ValueError(f"tokenizer {eb.tokenizer!r} produces token id {top}, beyond the model's vocabulary of "
-                         f"{vocab_size}; pass a matching tokenizer")
+        raise ValueError(
+            f"tokenizer {eb.tokenizer!r} produces token id {top}, beyond the model's vocabulary of "
+            f"{vocab_size}; pass a matching tokenizer"
+        )
     return eb
 
 
-def default_windows(model, corpus=None, *, n_batches: int = 8, batch_size: int = 8, ctx: int | None = None,
-                    seed: int = 0, tokenizer=None, mode: str = "first", bos: bool | None = None) -> EvalBatches:
+def default_windows(
+    model,
+    corpus=None,
+    *,
+    n_batches: int = 8,
+    batch_size: int = 8,
+    ctx: int | None = None,
+    seed: int = 0,
+    tokenizer=None,
+    mode: str = "first",
+    bos: bool | None = None,
+) -> EvalBatches:
     """The evaluation windows for a model: ``n_batches`` x ``batch_size`` fixed windows of ``corpus`` (default: the
     bundled WikiText-2 test split) at :func:`eval_context`, tokenized with ``tokenizer`` (a name or a tokenizer; default
     the model's own, custom models without one: the shipped probe-bpe-8k). ``bos`` None decides by :func:`wants_bos`
     (then each window is BOS + ctx-1 text tokens as input); True / False force it. ``bos`` is in the windows' meta."""
     tok = _tokenizer(tokenizer or getattr(model, "tokenizer", None) or DEFAULT_TOKENIZER)
-    return build_windows(corpus or DEFAULT_EVAL_CORPUS, tok, n_batches=n_batches, batch_size=batch_size,
-                         ctx=eval_context(model, ctx), seed=seed, mode=mode, bos_id=window_bos_id(model, tok, bos))
+    return build_windows(
+        corpus or DEFAULT_EVAL_CORPUS,
+        tok,
+        n_batches=n_batches,
+        batch_size=batch_size,
+        ctx=eval_context(model, ctx),
+        seed=seed,
+        mode=mode,
+        bos_id=window_bos_id(model, tok, bos),
+    )
 
 
 def batch_layout(n: int, batch_size: int) -> tuple[int, int]:
@@ -109,12 +143,17 @@ class TextWindows(EvalBatches):
     skipped: int = 0
 
     def to_dict(self) -> dict:
-        return {**super().to_dict(), "special_tokens": "tokenizer default", "text_order": "corpus order",
-                "texts_skipped": self.skipped}
+        return {
+            **super().to_dict(),
+            "special_tokens": "tokenizer default",
+            "text_order": "corpus order",
+            "texts_skipped": self.skipped,
+        }
 
 
-def text_windows(corpus, tokenizer, *, n: int, ctx: int = 64, batch_size: int = 8,
-                 vocab_size: int | None = None) -> TextWindows:
+def text_windows(
+    corpus, tokenizer, *, n: int, ctx: int = 64, batch_size: int = 8, vocab_size: int | None = None
+) -> TextWindows:
     """Gu et al.'s windows: the first ``n`` texts of ``corpus`` (in order) whose encoding with the tokenizer's default
     special tokens holds at least ctx+1 tokens, each cut to its first ctx+1 (ctx read, the next one a target only),
     laid out by :func:`batch_layout`. Fewer such texts than ``n``: all of them."""
@@ -125,31 +164,53 @@ def text_windows(corpus, tokenizer, *, n: int, ctx: int = 64, batch_size: int = 
         raise ValueError(f"ctx={ctx} must be at least 2")
     rows, ids, skipped, chunk = [], [], 0, 64
     for start in range(0, len(corpus.documents), chunk):  # tokenize only as far as needed
-        texts = corpus.documents[start:start + chunk]
+        texts = corpus.documents[start : start + chunk]
         for i, x in enumerate(tok(texts, verbose=False)["input_ids"]):
             if len(rows) == n:
                 break
             if len(x) < ctx + 1:
                 skipped += 1
                 continue
-            rows.append(torch.tensor(x[:ctx + 1], dtype=torch.long))
+            rows.append(torch.tensor(x[: ctx + 1], dtype=torch.long))
             ids.append(start + i)
         if len(rows) == n:
             break
     if not rows:
-        raise ValueError(f"corpus {corpus.name!r} has no text of at least {ctx + 1} tokens (with the tokenizer's "
-                         "special tokens); give longer texts")
+        raise ValueError(
+            f"corpus {corpus.name!r} has no text of at least {ctx + 1} tokens (with the tokenizer's "
+            "special tokens); give longer texts"
+        )
     nb, b = batch_layout(len(rows), batch_size)
     tokens = torch.stack(rows).view(nb, b, ctx + 1)
     top = int(tokens.max())
     if vocab_size is not None and top >= vocab_size:
-        raise ValueError(f"tokenizer {tok.name_or_path!r} produces token id {top}, beyond the model's vocabulary of "
-                         f"{vocab_size}; pass a matching tokenizer")
+        raise ValueError(
+            f"tokenizer {tok.name_or_path!r} produces token id {top}, beyond the model's vocabulary of "
+            f"{vocab_size}; pass a matching tokenizer"
+        )
     bos = tok.bos_token_id is not None and bool((tokens[..., 0] == tok.bos_token_id).all())
-    return TextWindows(tokens=tokens, doc_ids=torch.tensor(ids).view(nb, b), corpus=corpus.name,
-                       tokenizer=tok.name_or_path, seed=0, ctx=ctx, mode="texts", corpus_fingerprint=corpus.fingerprint,
-                       bos=bos, skipped=skipped)
+    return TextWindows(
+        tokens=tokens,
+        doc_ids=torch.tensor(ids).view(nb, b),
+        corpus=corpus.name,
+        tokenizer=tok.name_or_path,
+        seed=0,
+        ctx=ctx,
+        mode="texts",
+        corpus_fingerprint=corpus.fingerprint,
+        bos=bos,
+        skipped=skipped,
+    )
 
 
-__all__ = ["WINDOW_MODES", "wants_bos", "window_bos_id", "eval_context", "build_windows", "default_windows",
-           "batch_layout", "TextWindows", "text_windows"]
+__all__ = [
+    "WINDOW_MODES",
+    "wants_bos",
+    "window_bos_id",
+    "eval_context",
+    "build_windows",
+    "default_windows",
+    "batch_layout",
+    "TextWindows",
+    "text_windows",
+]

@@ -11,6 +11,7 @@ Each recipe module defines a dataclass ``CONFIG`` (every option, with the paper'
 machine can afford them) and ``run(cfg, progress=False) -> Result``. Importing this package loads no recipe (and no
 torch); ``REGISTRY[name]`` is a callable ``(out=None, progress=False, **options) -> Result``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,26 +20,51 @@ import importlib
 import inspect
 
 _RECIPES: dict[str, tuple[str, str]] = {  # name -> (module, one-line description)
-    "superposition": ("superposition", "Wang 2026 App. 'Construction': superposition filtering task, "
-                                       "error vs load for blind/visible keys (Figure 4)"),
-    "decomposition": ("decomposition", "Wang 2026 Tables 1, 2, 8: paired sink/gate/both improvements, "
-                                       "the abstention decomposition and the routing-slot control"),
-    "gatedv-controls": ("gatedv_controls", "GatedV Tables 4, 5: GatedV vs baseline, affine match, moment-matched "
-                                           "SiLU and activation placements (Q only, Q/K/V), paired"),
-    "value-swap": ("value_swap", "GatedV Table 9: evaluate baseline and GatedV with linear or SiLU values at "
-                                 "inference"),
-    "depth-routing": ("depth_routing", "LR-AttnRes 2026 Figure 2/3, §4.7, §4.8: effective sources across ranks and "
-                                       "block counts, S_src, mean gradient norm per variant"),
-    "cross-layer": ("cross_layer", "cross-layer connections: value-residual λ and DenseFormer/MUDD weights per layer, "
-                                   "cosine similarity of adjacent layers' inputs"),
-    "zero-shot": ("zero_shot", "Wang 2026 Table 12: WikiText-2 perplexity on non-overlapping windows "
-                               "(LAMBADA / HellaSwag when reachable)"),
-    "pretrained-injection": ("pretrained_injection", "Wang 2026 Table 13: value-noise injection on "
-                                                     "pretrained models (structured, same-context, Gaussian junk)"),
-    "pretrained-sinks": ("pretrained_sinks", "Wang 2026 Table 14: sink statistics of pretrained models "
-                                             "per layer type, per layer"),
-    "sink-emergence": ("sink_emergence", "train baseline, sinklogit, gates and GatedV on Bigram-Backcopy "
-                                         "with paired seeds and watch a BOS sink form (and a sink logit replace it)"),
+    "superposition": (
+        "superposition",
+        "Wang 2026 App. 'Construction': superposition filtering task, error vs load for blind/visible keys (Figure 4)",
+    ),
+    "decomposition": (
+        "decomposition",
+        "Wang 2026 Tables 1, 2, 8: paired sink/gate/both improvements, "
+        "the abstention decomposition and the routing-slot control",
+    ),
+    "gatedv-controls": (
+        "gatedv_controls",
+        "GatedV Tables 4, 5: GatedV vs baseline, affine match, moment-matched "
+        "SiLU and activation placements (Q only, Q/K/V), paired",
+    ),
+    "value-swap": (
+        "value_swap",
+        "GatedV Table 9: evaluate baseline and GatedV with linear or SiLU values at inference",
+    ),
+    "depth-routing": (
+        "depth_routing",
+        "LR-AttnRes 2026 Figure 2/3, §4.7, §4.8: effective sources across ranks and "
+        "block counts, S_src, mean gradient norm per variant",
+    ),
+    "cross-layer": (
+        "cross_layer",
+        "cross-layer connections: value-residual λ and DenseFormer/MUDD weights per layer, "
+        "cosine similarity of adjacent layers' inputs",
+    ),
+    "zero-shot": (
+        "zero_shot",
+        "Wang 2026 Table 12: WikiText-2 perplexity on non-overlapping windows (LAMBADA / HellaSwag when reachable)",
+    ),
+    "pretrained-injection": (
+        "pretrained_injection",
+        "Wang 2026 Table 13: value-noise injection on pretrained models (structured, same-context, Gaussian junk)",
+    ),
+    "pretrained-sinks": (
+        "pretrained_sinks",
+        "Wang 2026 Table 14: sink statistics of pretrained models per layer type, per layer",
+    ),
+    "sink-emergence": (
+        "sink_emergence",
+        "train baseline, sinklogit, gates and GatedV on Bigram-Backcopy "
+        "with paired seeds and watch a BOS sink form (and a sink logit replace it)",
+    ),
 }
 RECIPES = {name: desc for name, (_, desc) in _RECIPES.items()}
 

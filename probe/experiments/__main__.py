@@ -1,4 +1,5 @@
 """``python -m probe.experiments NAME --out DIR [options]`` (see ``probe.experiments.command``)."""
+
 import sys
 
 from probe.experiments.command import main

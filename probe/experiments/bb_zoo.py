@@ -11,6 +11,7 @@ evaluation windows and the statistics measured on the shipped weights in fp32 (p
 layer and the sink-rule verdict, docs/definitions.md#sink-rule), so a test can reload it anywhere and reproduce them. No
 tokenizer: tokens are ids.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,11 @@ SUMMARY_STATS = ("pos0_over_uniform", "r0_later", "phantom_share", "sink_formed"
 def recipe_command(cfg: EmergenceConfig, variant: str) -> str:
     """``probe experiment sink-emergence`` with the options where ``cfg`` differs from the recipe's defaults."""
     default = EmergenceConfig()
-    opts = [f"--{f.name.replace('_', '-')} {getattr(cfg, f.name)}" for f in fields(cfg)
-            if f.name not in ("variants", "seeds") and getattr(cfg, f.name) != getattr(default, f.name)]
+    opts = [
+        f"--{f.name.replace('_', '-')} {getattr(cfg, f.name)}"
+        for f in fields(cfg)
+        if f.name not in ("variants", "seeds") and getattr(cfg, f.name) != getattr(default, f.name)
+    ]
     return " ".join(["probe experiment sink-emergence --out runs/sink-emergence --variants", variant, *opts])
 
 
@@ -49,11 +53,18 @@ def measure(model, cfg: EmergenceConfig, *, losses: bool = True) -> dict:
     windows = cfg.task.eval_windows(cfg.n_eval_batches, cfg.eval_batch_size)
     s = sink_stats(model, windows)
     summary = s["summary"].iloc[0]
-    return {"summary": {k: (bool(summary[k]) if k == "sink_formed" else float(summary[k])) for k in SUMMARY_STATS},
-            "layers": [{"layer": int(r["layer"]), **{k: float(r[k]) for k in LAYER_STATS},
-                        "pos0_over_uniform": float(r["pos0_share"] / r["uniform_ref"])}
-                       for _, r in s["layers"].iterrows()],
-            **(copy_losses(model, windows) if losses else {})}
+    return {
+        "summary": {k: (bool(summary[k]) if k == "sink_formed" else float(summary[k])) for k in SUMMARY_STATS},
+        "layers": [
+            {
+                "layer": int(r["layer"]),
+                **{k: float(r[k]) for k in LAYER_STATS},
+                "pos0_over_uniform": float(r["pos0_share"] / r["uniform_ref"]),
+            }
+            for _, r in s["layers"].iterrows()
+        ],
+        **(copy_losses(model, windows) if losses else {}),
+    }
 
 
 def ship(run_dir, *, trained_by: str | None = None, zoo_dir: Path = ZOO_DIR) -> dict:
@@ -74,12 +85,24 @@ def ship(run_dir, *, trained_by: str | None = None, zoo_dir: Path = ZOO_DIR) -> 
     model.cpu().half().save_pretrained(tmp)  # shipped in fp16 like the text zoo; analyses run it in fp32
     shipped = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
     last = [r for r in metrics_records(run_dir) if r.get("step") == cfg.steps] if (run_dir / METRICS).exists() else []
-    record = {"name": f"probe/{name}", "variant": variant, "seed": seed, "command": recipe_command(cfg, variant),
-              "trained_by": trained_by, "recipe": asdict(cfg), "run": run_identity(cfg, variant, seed),
-              "train_metrics": last[-1] if last else None, "step": cfg.steps,
-              "eval": {"windows": cfg.task.spec(), "n_batches": cfg.n_eval_batches,
-                       "batch_size": cfg.eval_batch_size, "seed": 0},
-              "stats": measure(shipped, cfg)}
+    record = {
+        "name": f"probe/{name}",
+        "variant": variant,
+        "seed": seed,
+        "command": recipe_command(cfg, variant),
+        "trained_by": trained_by,
+        "recipe": asdict(cfg),
+        "run": run_identity(cfg, variant, seed),
+        "train_metrics": last[-1] if last else None,
+        "step": cfg.steps,
+        "eval": {
+            "windows": cfg.task.spec(),
+            "n_batches": cfg.n_eval_batches,
+            "batch_size": cfg.eval_batch_size,
+            "seed": 0,
+        },
+        "stats": measure(shipped, cfg),
+    }
     atomic_write(tmp / ZOO_RECORD, json.dumps(record, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -95,13 +118,19 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     for run_dir in args.runs:
         try:
-            rec = ship(run_dir, trained_by=args.trained_by and args.trained_by.replace("{run}", str(run_dir)),
-                       zoo_dir=args.zoo_dir)
+            rec = ship(
+                run_dir,
+                trained_by=args.trained_by and args.trained_by.replace("{run}", str(run_dir)),
+                zoo_dir=args.zoo_dir,
+            )
         except (ValueError, FileNotFoundError) as e:
             ap.error(str(e))
         s = rec["stats"]["summary"]
-        print(f"{rec['name']}: pos0/uniform {s['pos0_over_uniform']:.2f}, r0 {s['r0_later']:.2f}, phantom "
-              f"{s['phantom_share']:.3f}, sink_formed {s['sink_formed']}", flush=True)
+        print(
+            f"{rec['name']}: pos0/uniform {s['pos0_over_uniform']:.2f}, r0 {s['r0_later']:.2f}, phantom "
+            f"{s['phantom_share']:.3f}, sink_formed {s['sink_formed']}",
+            flush=True,
+        )
     return 0
 
 

@@ -6,6 +6,7 @@ Options are the fields of the recipe's config dataclass (``--steps 400``, ``--lo
 ``--list`` prints the recipes. User errors are one line on stderr and exit code 2; the output folder receives
 ``config.json`` (the recipe, every option, wall time), one CSV per table and one HTML figure each, written atomically.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,11 @@ def build_parser(name: str, prog: str = PROG) -> argparse.ArgumentParser:
     p = UsageParser(prog=f"{prog} {name}", description=RECIPES[name], allow_abbrev=False)
     p.add_argument("--out", required=True, help="output folder (config.json, CSV tables, HTML figures)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--self-contained", action="store_true", help="HTML pages carry plotly.js inline instead of "
-                   "loading the plotly.min.js written beside them")
+    p.add_argument(
+        "--self-contained",
+        action="store_true",
+        help="HTML pages carry plotly.js inline instead of loading the plotly.min.js written beside them",
+    )
     add_options(p, cfg_cls, underscore_aliases=True)
     return p
 
@@ -71,8 +75,10 @@ def main(argv=None, prog: str = PROG) -> int:
                 message = str(e).splitlines()[0] if str(e) else repr(e)
                 raise UsageError(message, prog=f"{prog} {name}") from None
             folder = result.save(out, self_contained)
-        print(f"{name}: wrote {len(result.tables)} tables and {len(result.figures)} figures to {folder} "
-              f"({result.meta.get('wall_s', '?')} s)")
+        print(
+            f"{name}: wrote {len(result.tables)} tables and {len(result.figures)} figures to {folder} "
+            f"({result.meta.get('wall_s', '?')} s)"
+        )
         return 0
     except WriteError as e:  # a full disk or an I/O error: the run failed, the options were fine
         print(f"{prog}: error: {e}", file=sys.stderr)

@@ -18,6 +18,7 @@ The weights are read from the parameters by a forward pre-hook on the model that
 ``record_every`` forward passes (one per optimizer step without gradient accumulation); it does not change
 training.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,16 +60,19 @@ def mixing_weights(model) -> list[dict]:
             if lam.numel() == 1:
                 rows.append({"layer": l, "kind": "lambda", "stream": "v", "source": "V1", "weight": float(lam[0])})
             else:
-                rows += [{"layer": l, "kind": "lambda", "stream": "v", "source": "V1", "weight": float(lam[0])},
-                         {"layer": l, "kind": "lambda", "stream": "v", "source": f"V{l + 1}", "weight": float(lam[1])}]
+                rows += [
+                    {"layer": l, "kind": "lambda", "stream": "v", "source": "V1", "weight": float(lam[0])},
+                    {"layer": l, "kind": "lambda", "stream": "v", "source": f"V{l + 1}", "weight": float(lam[1])},
+                ]
         if hasattr(blk, "dense"):
             bias = blk.dense.bias.detach().float().cpu()  # (C, S): sources X_0 .. X_{l+1}
             kind = "static" if blk.dense.kind == "denseformer" else "a_i"
             streams = ("resid",) if bias.shape[0] == 1 else STREAMS
             for c, stream in enumerate(streams):
                 for s in range(bias.shape[1]):
-                    rows.append({"layer": l, "kind": kind, "stream": stream, "source": f"X{s}",
-                                 "weight": float(bias[c, s])})
+                    rows.append(
+                        {"layer": l, "kind": kind, "stream": stream, "source": f"X{s}", "weight": float(bias[c, s])}
+                    )
     return rows
 
 
@@ -114,8 +118,11 @@ def mudd_dynamic(model, eval_batches) -> pd.DataFrame:
     for l in range(L):
         m = sums[l] / count  # (C, S)
         streams = ("resid",) if m.shape[0] == 1 else STREAMS
-        rows += [{"layer": l, "stream": st, "source": f"X{s}", "weight": float(m[c, s])}
-                 for c, st in enumerate(streams) for s in range(m.shape[1])]
+        rows += [
+            {"layer": l, "stream": st, "source": f"X{s}", "weight": float(m[c, s])}
+            for c, st in enumerate(streams)
+            for s in range(m.shape[1])
+        ]
     return pd.DataFrame(rows)
 
 
@@ -136,7 +143,7 @@ def adjacent_cosine(model, data) -> pd.DataFrame:
         if l > 0:
             c = torch.nn.functional.cosine_similarity(prev.pop(l - 1), h, dim=-1)  # (B, T)
             sums[l - 1] += c.sum().cpu()
-            sq[l - 1] += (c ** 2).sum().cpu()
+            sq[l - 1] += (c**2).sum().cpu()
         prev[l] = h
         if l == L - 1:
             raise StopForward
@@ -148,9 +155,10 @@ def adjacent_cosine(model, data) -> pd.DataFrame:
         run_until_done(model, ids, [(lambda name: name in names, hook)])
         count += ids.numel()
     mean = sums / count
-    sd = (sq / count - mean ** 2).clamp_min(0).sqrt()
-    return pd.DataFrame({"layer": range(L - 1), "next_layer": range(1, L), "cosine": mean.tolist(),
-                         "cosine_sd": sd.tolist()})
+    sd = (sq / count - mean**2).clamp_min(0).sqrt()
+    return pd.DataFrame(
+        {"layer": range(L - 1), "next_layer": range(1, L), "cosine": mean.tolist(), "cosine_sd": sd.tolist()}
+    )
 
 
 def figures(mixing: pd.DataFrame, cosine: pd.DataFrame) -> dict:
@@ -159,8 +167,11 @@ def figures(mixing: pd.DataFrame, cosine: pd.DataFrame) -> dict:
     for name, g in cosine.groupby("model", sort=False):
         g = g.groupby("layer", sort=True)["cosine"].mean().reset_index()
         fig.add_trace(go.Scatter(x=g["layer"], y=g["cosine"], mode="lines+markers", name=name))
-    fig.update_layout(title="Cosine similarity of adjacent layers' inputs (blocks.l vs blocks.l+1 hook_resid_pre)",
-                      xaxis_title="layer l", yaxis_title="mean cos(h_l, h_l+1)")
+    fig.update_layout(
+        title="Cosine similarity of adjacent layers' inputs (blocks.l vs blocks.l+1 hook_resid_pre)",
+        xaxis_title="layer l",
+        yaxis_title="mean cos(h_l, h_l+1)",
+    )
     figs["adjacent_cosine"] = fig
     lam = mixing[(mixing["kind"] == "lambda") & (mixing["source"] == "V1")]
     if len(lam):
@@ -168,8 +179,11 @@ def figures(mixing: pd.DataFrame, cosine: pd.DataFrame) -> dict:
         for (v, layer), g in lam.groupby(["variant", "layer"], sort=True):
             g = g.groupby("step")["weight"].mean().reset_index()
             fig.add_trace(go.Scatter(x=g["step"], y=g["weight"], mode="lines", name=f"{v} layer {layer}"))
-        fig.update_layout(title="Value residual: weight on V_1 per layer over training", xaxis_title="step",
-                          yaxis_title="λ (weight on V_1)")
+        fig.update_layout(
+            title="Value residual: weight on V_1 per layer over training",
+            xaxis_title="step",
+            yaxis_title="λ (weight on V_1)",
+        )
         figs["value_residual_lambda"] = fig
     dense = mixing[mixing["kind"].isin(["static", "a_i"]) & (mixing["stream"] == "resid")]
     if len(dense):
@@ -178,10 +192,20 @@ def figures(mixing: pd.DataFrame, cosine: pd.DataFrame) -> dict:
         for v, g in final.groupby("variant", sort=False):
             m = g.groupby(["layer", "source"])["weight"].mean().unstack("source")
             m = m[sorted(m.columns, key=lambda s: int(s[1:]))]
-            fig.add_trace(go.Heatmap(z=m.to_numpy(), x=list(m.columns), y=[f"{v} block {i}" for i in m.index],
-                                     colorscale="RdBu", zmid=0, name=v))
-        fig.update_layout(title="Dense connections: final residual-stream weights (static part) per block × source",
-                          xaxis_title="source hidden state X_j")
+            fig.add_trace(
+                go.Heatmap(
+                    z=m.to_numpy(),
+                    x=list(m.columns),
+                    y=[f"{v} block {i}" for i in m.index],
+                    colorscale="RdBu",
+                    zmid=0,
+                    name=v,
+                )
+            )
+        fig.update_layout(
+            title="Dense connections: final residual-stream weights (static part) per block × source",
+            xaxis_title="source hidden state X_j",
+        )
         figs["dense_weights"] = fig
     return figs
 
@@ -196,12 +220,14 @@ def run(cfg: CrossLayerConfig | None = None, *, progress: bool = False) -> Resul
             model = create(variant, cfg.tier, seed=seed, **overrides(cfg))
             recorders[(variant, seed)] = MixingRecorder(model, cfg.record_every)
             return model
+
         return build
 
     with threads(cfg.threads), work_dir(cfg) as work:
         data = Data(cfg)
-        runs, models, _ = train_grid(cfg, data, [], work, builders={v: builder(v) for v in cfg.variants},
-                                     progress=progress)
+        runs, models, _ = train_grid(
+            cfg, data, [], work, builders={v: builder(v) for v in cfg.variants}, progress=progress
+        )
         mixing, dynamic, cosine = [], [], []
         for (label, seed), model in models.items():
             rec = recorders[(label, seed)]
@@ -218,12 +244,22 @@ def run(cfg: CrossLayerConfig | None = None, *, progress: bool = False) -> Resul
     cols = ["variant", "seed", "step", "layer", "kind", "stream", "source", "weight"]
     mixing = pd.DataFrame(mixing, columns=cols)
     cosine = pd.concat(cosine, ignore_index=True)
-    tables = {"mixing": mixing, "cosine": cosine, "runs": runs,
-              "mudd_dynamic": pd.concat(dynamic, ignore_index=True) if dynamic else pd.DataFrame()}
+    tables = {
+        "mixing": mixing,
+        "cosine": cosine,
+        "runs": runs,
+        "mudd_dynamic": pd.concat(dynamic, ignore_index=True) if dynamic else pd.DataFrame(),
+    }
     final = mixing[mixing["step"] == cfg.steps]
     tables["mixing_final"] = final
-    return Result("cross-layer", config_dict(cfg), tables, figures(mixing, cosine), timer.meta(**data.meta()),
-                  headline=("cosine", "runs"))
+    return Result(
+        "cross-layer",
+        config_dict(cfg),
+        tables,
+        figures(mixing, cosine),
+        timer.meta(**data.meta()),
+        headline=("cosine", "runs"),
+    )
 
 
 __all__ = ["CrossLayerConfig", "mixing_weights", "MixingRecorder", "mudd_dynamic", "adjacent_cosine", "run"]

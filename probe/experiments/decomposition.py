@@ -16,6 +16,7 @@ windows, and reports:
 
 ``tables_from_losses`` builds Tables 1 and 2 from any (variant, seed, loss) table, e.g. losses measured elsewhere.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,9 @@ class DecompositionConfig(TrainSpec):
 CONFIG = DecompositionConfig
 
 
-def tables_from_losses(df: pd.DataFrame, *, baseline: str = "baseline", sink: str = "sinklogit",
-                       value: str = "loss") -> dict[str, pd.DataFrame]:
+def tables_from_losses(
+    df: pd.DataFrame, *, baseline: str = "baseline", sink: str = "sinklogit", value: str = "loss"
+) -> dict[str, pd.DataFrame]:
     """Tables 1 and 2 from a long table with one row per (variant, seed) and a loss column (lower is better)."""
     present = set(df["variant"])
     upper = paired_differences(df, baseline, [v for v in dict.fromkeys(df["variant"]) if v != baseline], value=value)
@@ -63,22 +65,40 @@ def tables_from_losses(df: pd.DataFrame, *, baseline: str = "baseline", sink: st
         if sink in present and both in present and baseline in present:
             t = abstention_decomposition(df, baseline=baseline, sink=sink, gate=gate, both=both, value=value)
             rows.append(t.assign(gate_form=form)[["gate_form", "quantity", "mean", "se", "n"]])
-    table2 = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["gate_form", "quantity", "mean",
-                                                                                    "se", "n"])
+    table2 = (
+        pd.concat(rows, ignore_index=True)
+        if rows
+        else pd.DataFrame(columns=["gate_form", "quantity", "mean", "se", "n"])
+    )
     return {"table1": table1, "table2": table2, "per_seed": pd.concat(per_seed, ignore_index=True)}
 
 
-def table8(losses: pd.DataFrame, gates: pd.DataFrame, *, baseline: str = "baseline",
-           routing: str = "routing-normgate", value: str = "loss") -> pd.DataFrame:
+def table8(
+    losses: pd.DataFrame,
+    gates: pd.DataFrame,
+    *,
+    baseline: str = "baseline",
+    routing: str = "routing-normgate",
+    value: str = "loss",
+) -> pd.DataFrame:
     """The routing-slot control: paired improvement over the baseline and the gate's read statistics (seed means)."""
     if routing not in set(losses["variant"]):
         return pd.DataFrame()
     imp = paired_differences(losses, baseline, [routing], value=value)["summary"].iloc[0]
     g = gates[gates["variant"] == routing]
-    return pd.DataFrame([{"variant": routing, "improvement": imp["mean"], "se": imp["se"],
-                          "n_improved": int(imp["n_improved"]), "n": int(imp["n"]),
-                          "read_mean_gate": float(g["read_mean_gate"].mean()) if len(g) else float("nan"),
-                          "frac_below_half": float(g["frac_below_half"].mean()) if len(g) else float("nan")}])
+    return pd.DataFrame(
+        [
+            {
+                "variant": routing,
+                "improvement": imp["mean"],
+                "se": imp["se"],
+                "n_improved": int(imp["n_improved"]),
+                "n": int(imp["n"]),
+                "read_mean_gate": float(g["read_mean_gate"].mean()) if len(g) else float("nan"),
+                "frac_below_half": float(g["frac_below_half"].mean()) if len(g) else float("nan"),
+            }
+        ]
+    )
 
 
 def gate_rows(models: dict, eval_batches, n_last: int) -> pd.DataFrame:
@@ -89,10 +109,16 @@ def gate_rows(models: dict, eval_batches, n_last: int) -> pd.DataFrame:
         if not model.probe_info.has_value_gate:
             continue
         s = gate_stats(model, batch, min_count=1)["summary"].iloc[0]
-        rows.append({"variant": label, "seed": seed, **{k: float(s[k]) for k in (
-            "mean_gate", "selectivity", "spread", "read_mean_gate", "frac_below_half")}})
-    return pd.DataFrame(rows, columns=["variant", "seed", "mean_gate", "selectivity", "spread", "read_mean_gate",
-                                       "frac_below_half"])
+        rows.append(
+            {
+                "variant": label,
+                "seed": seed,
+                **{k: float(s[k]) for k in ("mean_gate", "selectivity", "spread", "read_mean_gate", "frac_below_half")},
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["variant", "seed", "mean_gate", "selectivity", "spread", "read_mean_gate", "frac_below_half"]
+    )
 
 
 def figures(tables: dict) -> dict:
@@ -121,8 +147,14 @@ def run(cfg: DecompositionConfig | None = None, *, progress: bool = False) -> Re
     tables["table8"] = table8(losses, gates, baseline=cfg.baseline, routing=cfg.routing)
     tables["gates"] = gates
     tables["runs"] = results
-    return Result("decomposition", config_dict(cfg), tables, figures(tables), timer.meta(**data.meta()),
-                  headline=("table1", "table2", "table8", "gates", "runs"))
+    return Result(
+        "decomposition",
+        config_dict(cfg),
+        tables,
+        figures(tables),
+        timer.meta(**data.meta()),
+        headline=("table1", "table2", "table8", "gates", "runs"),
+    )
 
 
 __all__ = ["DecompositionConfig", "tables_from_losses", "table8", "gate_rows", "run"]

@@ -15,6 +15,7 @@ full AttnRes, and block variants at several block counts, beside the baseline), 
 Figures: N_eff per read site for every routed variant (Figure 2 left), the rank sweep of full S-LR / P-LR (Figure 2
 right), the heatmap grid (Figure 3) and the mean gradient norm per variant (Table 2).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,8 +33,21 @@ from probe.experiments.stats import mean_se
 from probe.models.config import tier_config
 from probe.models.variants import variant_settings
 
-VARIANTS = ("baseline", "attnres-full", "slr-full-r8", "slr-full-r32", "slr-full-r64", "plr-full-r8", "plr-full-r32",
-            "plr-full-r64", "attnres-block2", "attnres-block4", "attnres-block6", "slr-block4-r32", "plr-block4-r32")
+VARIANTS = (
+    "baseline",
+    "attnres-full",
+    "slr-full-r8",
+    "slr-full-r32",
+    "slr-full-r64",
+    "plr-full-r8",
+    "plr-full-r32",
+    "plr-full-r64",
+    "attnres-block2",
+    "attnres-block4",
+    "attnres-block6",
+    "slr-block4-r32",
+    "plr-block4-r32",
+)
 
 
 @dataclass
@@ -51,12 +65,15 @@ def describe_variant(variant: str, tier: str, overrides: dict) -> dict:
     s = variant_settings(variant, arch)
     method = s.get("depth", "residual")
     if method == "residual":
-        return {"method": "baseline" if variant == "baseline" else variant, "mode": "", "blocks": np.nan,
-                "rank": np.nan}
+        return {
+            "method": "baseline" if variant == "baseline" else variant,
+            "mode": "",
+            "blocks": np.nan,
+            "rank": np.nan,
+        }
     rank = arch["d_model"] if method == "attnres" else s["depth_rank"]
     n_blocks = s.get("depth_blocks", 0)
-    return {"method": method, "mode": "block" if n_blocks else "full",
-            "blocks": n_blocks or np.nan, "rank": rank}
+    return {"method": method, "mode": "block" if n_blocks else "full", "blocks": n_blocks or np.nan, "rank": rank}
 
 
 def source_tables(models: dict, eval_batches):
@@ -67,14 +84,26 @@ def source_tables(models: dict, eval_batches):
             continue
         res = effective_sources(model, eval_batches)
         raw[(label, seed)] = res
-        sites.append(res["sites"].drop(columns=[c for c in ("model", "corpus") if c in res["sites"]])
-                     .assign(variant=label, seed=seed))
+        sites.append(
+            res["sites"]
+            .drop(columns=[c for c in ("model", "corpus") if c in res["sites"]])
+            .assign(variant=label, seed=seed)
+        )
         s = res["summary"].iloc[0]
-        summ.append({"variant": label, "seed": seed, "S_src": int(s["S_src"]), "neff_mean": float(s["neff_mean"]),
-                     "top1_mass": float(s["top1_mass"]), "input_dependence": float(s["input_dependence"])})
+        summ.append(
+            {
+                "variant": label,
+                "seed": seed,
+                "S_src": int(s["S_src"]),
+                "neff_mean": float(s["neff_mean"]),
+                "top1_mass": float(s["top1_mass"]),
+                "input_dependence": float(s["input_dependence"]),
+            }
+        )
         h = res["heatmap"].drop(columns=[c for c in ("model", "corpus") if c in res["heatmap"]])
-        heat.append(h.melt(id_vars="site", var_name="source", value_name="alpha").dropna()
-                    .assign(variant=label, seed=seed))
+        heat.append(
+            h.melt(id_vars="site", var_name="source", value_name="alpha").dropna().assign(variant=label, seed=seed)
+        )
     cat = lambda xs: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame()  # noqa: E731
     return cat(sites), pd.DataFrame(summ), cat(heat), raw
 
@@ -91,23 +120,34 @@ def summary_table(cfg: DepthRoutingConfig, runs: pd.DataFrame, per_run_sources: 
     for v in out["variant"]:
         d = describe_variant(v, cfg.tier, ov)
         measured = per_run_sources.loc[per_run_sources["variant"] == v, "S_src"] if len(per_run_sources) else []
-        rows.append({**d, "S_src": int(measured.iloc[0]) if len(measured) else np.nan,
-                     "S_src_cost_model": s_src(L, None if d["mode"] != "block" else int(d["blocks"]))
-                     if d["mode"] else np.nan})
+        rows.append(
+            {
+                **d,
+                "S_src": int(measured.iloc[0]) if len(measured) else np.nan,
+                "S_src_cost_model": s_src(L, None if d["mode"] != "block" else int(d["blocks"]))
+                if d["mode"]
+                else np.nan,
+            }
+        )
     return pd.concat([out[["variant"]], pd.DataFrame(rows), out.drop(columns=["variant"])], axis=1)
 
 
 def neff_figure(sites: pd.DataFrame, variants=None, title="Effective number of sources per read site"):
     fig = go.Figure()
-    g = sites.groupby(["variant", "site_index"], sort=False).agg(neff=("neff_mean", "mean"),
-                                                                  n_sources=("n_sources", "first"),
-                                                                  site=("site", "first")).reset_index()
+    g = (
+        sites.groupby(["variant", "site_index"], sort=False)
+        .agg(neff=("neff_mean", "mean"), n_sources=("n_sources", "first"), site=("site", "first"))
+        .reset_index()
+    )
     for v, d in g.groupby("variant", sort=False):
         if variants is not None and v not in variants:
             continue
         fig.add_trace(go.Scatter(x=d["site_index"], y=d["neff"], mode="lines+markers", name=v, text=d["site"]))
-    fig.update_layout(title=title, xaxis_title="read site (0 = first attention read)",
-                      yaxis_title="N_eff = exp(H(α)) (mean over tokens and seeds)")
+    fig.update_layout(
+        title=title,
+        xaxis_title="read site (0 = first attention read)",
+        yaxis_title="N_eff = exp(H(α)) (mean over tokens and seeds)",
+    )
     return fig
 
 
@@ -117,8 +157,7 @@ def heatmap_grid(heat: pd.DataFrame, variants):
         return None
     cols = min(3, len(variants))
     rows = -(-len(variants) // cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=variants, horizontal_spacing=0.06,
-                        vertical_spacing=0.12)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=variants, horizontal_spacing=0.06, vertical_spacing=0.12)
     for i, v in enumerate(variants):
         d = heat[heat["variant"] == v].groupby(["site", "source"], sort=False)["alpha"].mean().reset_index()
         sites = list(dict.fromkeys(d["site"]))
@@ -127,17 +166,37 @@ def heatmap_grid(heat: pd.DataFrame, variants):
             sources = [s for s in sources if s != "partial"] + ["partial"]
         m = d.pivot(index="site", columns="source", values="alpha").reindex(index=sites, columns=sources)
         clip = float(np.nanpercentile(m.to_numpy(), 99.5))  # separate colour scale per panel, as in Figure 3
-        fig.add_trace(go.Heatmap(z=m.to_numpy(), x=sources, y=sites, zmin=0, zmax=clip, colorscale="Viridis",
-                                 showscale=False, hoverongaps=False, name=v), row=i // cols + 1, col=i % cols + 1)
+        fig.add_trace(
+            go.Heatmap(
+                z=m.to_numpy(),
+                x=sources,
+                y=sites,
+                zmin=0,
+                zmax=clip,
+                colorscale="Viridis",
+                showscale=False,
+                hoverongaps=False,
+                name=v,
+            ),
+            row=i // cols + 1,
+            col=i % cols + 1,
+        )
         fig.update_yaxes(autorange="reversed", row=i // cols + 1, col=i % cols + 1)
-    fig.update_layout(title="Mean depth-wise attention (read site × source), each panel clipped at its 99.5th "
-                            "percentile", height=380 * rows)
+    fig.update_layout(
+        title="Mean depth-wise attention (read site × source), each panel clipped at its 99.5th percentile",
+        height=380 * rows,
+    )
     return fig
 
 
 def grad_figure(summary: pd.DataFrame):
-    fig = go.Figure(go.Bar(x=summary["variant"], y=summary["grad_norm_mean"],
-                           error_y=dict(type="data", array=summary["grad_norm_mean_se"].fillna(0), visible=True)))
+    fig = go.Figure(
+        go.Bar(
+            x=summary["variant"],
+            y=summary["grad_norm_mean"],
+            error_y=dict(type="data", array=summary["grad_norm_mean_se"].fillna(0), visible=True),
+        )
+    )
     fig.update_layout(title="Average gradient norm over training (before clipping)", yaxis_title="mean ‖g‖")
     return fig
 
@@ -160,8 +219,9 @@ def run(cfg: DepthRoutingConfig | None = None, *, progress: bool = False) -> Res
         if grid is not None:
             figs["heatmaps"] = grid
     tables = {"summary": summary, "sites": sites, "heatmap": heat, "grad_norm": grad, "runs": runs}
-    return Result("depth-routing", config_dict(cfg), tables, figs, timer.meta(**data.meta()),
-                  headline=("summary", "runs"))
+    return Result(
+        "depth-routing", config_dict(cfg), tables, figs, timer.meta(**data.meta()), headline=("summary", "runs")
+    )
 
 
 __all__ = ["DepthRoutingConfig", "describe_variant", "source_tables", "summary_table", "run"]

@@ -25,6 +25,7 @@ Reported: per-seed validation losses; per variant the mean of per-seed perplexit
 pairs; the document bootstrap of the mean NLL difference of each variant against the baseline; and the calibration
 moments.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,19 +66,27 @@ def value_moments(model, windows: torch.Tensor, batch: int = 16) -> pd.DataFrame
     def hook(v, hook):
         l = hook_names.layer_of(hook.name)
         vd, phi = v.double(), F.silu(v.double())
-        acc[l] += torch.stack([torch.tensor(float(v.numel()), dtype=torch.float64), vd.sum(), (vd ** 2).sum(),
-                               phi.sum(), (phi ** 2).sum()])
+        acc[l] += torch.stack(
+            [torch.tensor(float(v.numel()), dtype=torch.float64), vd.sum(), (vd**2).sum(), phi.sum(), (phi**2).sum()]
+        )
         return None
 
     names = [hook_names.attn(l, "v") for l in range(L)]
     for start in range(0, len(windows), batch):
-        model.run_with_hooks(windows[start:start + batch], fwd_hooks=[(n, hook) for n in names])
+        model.run_with_hooks(windows[start : start + batch], fwd_hooks=[(n, hook) for n in names])
     n = acc[:, 0]
     mu_v, mu_p = acc[:, 1] / n, acc[:, 3] / n
-    sd_v = (acc[:, 2] / n - mu_v ** 2).clamp_min(0).sqrt()
-    sd_p = (acc[:, 4] / n - mu_p ** 2).clamp_min(0).sqrt()
-    return pd.DataFrame({"layer": range(L), "mu_v": mu_v.tolist(), "sd_v": sd_v.tolist(), "mu_phi": mu_p.tolist(),
-                         "sd_phi": sd_p.tolist()})
+    sd_v = (acc[:, 2] / n - mu_v**2).clamp_min(0).sqrt()
+    sd_p = (acc[:, 4] / n - mu_p**2).clamp_min(0).sqrt()
+    return pd.DataFrame(
+        {
+            "layer": range(L),
+            "mu_v": mu_v.tolist(),
+            "sd_v": sd_v.tolist(),
+            "mu_phi": mu_p.tolist(),
+            "sd_phi": sd_p.tolist(),
+        }
+    )
 
 
 def affine_coefficients(moments: pd.DataFrame, control: str) -> list[tuple[float, float]]:
@@ -100,8 +109,10 @@ def attach_value_affine(model, coefficients: list[tuple[float, float]]):
     if len(coefficients) != model.config.n_layers:
         raise ValueError(f"{len(coefficients)} coefficient pairs for {model.config.n_layers} layers")
     for l, (a, b) in enumerate(coefficients):
+
         def hook(v, hook, a=float(a), b=float(b)):
             return v * a + b
+
         model.add_perma_hook(hook_names.attn(l, "v_out"), hook)
     model.probe_value_affine = [tuple(map(float, c)) for c in coefficients]
     return model
@@ -128,8 +139,13 @@ def ppl_table(losses: pd.DataFrame, baseline: str = "baseline", reference: str =
     pairs = paired_differences(losses, baseline)["summary"].set_index("variant")
     rows = []
     for v in ppl.index:
-        row = {"variant": v, "ppl_mean": ppl.at[v, "ppl_mean"], "ppl_sd": ppl.at[v, "ppl_sd"], "n": int(ppl.at[v, "n"]),
-               "delta_vs_baseline_pct": 100 * (ppl.at[v, "ppl_mean"] / ppl.at[baseline, "ppl_mean"] - 1)}
+        row = {
+            "variant": v,
+            "ppl_mean": ppl.at[v, "ppl_mean"],
+            "ppl_sd": ppl.at[v, "ppl_sd"],
+            "n": int(ppl.at[v, "n"]),
+            "delta_vs_baseline_pct": 100 * (ppl.at[v, "ppl_mean"] / ppl.at[baseline, "ppl_mean"] - 1),
+        }
         if reference in ppl.index:
             row["delta_vs_gatedv_pct"] = 100 * (ppl.at[v, "ppl_mean"] / ppl.at[reference, "ppl_mean"] - 1)
         row["improved_pairs"] = f"{int(pairs.at[v, 'n_improved'])}/{int(pairs.at[v, 'n'])}" if v in pairs.index else ""
@@ -147,20 +163,29 @@ def bootstrap_table(window_losses: dict, baseline: str, seeds, n_resamples: int)
         if not pairs:
             continue
         ref = window_losses[(baseline, pairs[0])]
-        diffs = np.stack([window_losses[(v, s)]["loss_sum"].to_numpy() - window_losses[(baseline, s)]["loss_sum"]
-                          .to_numpy() for s in pairs])
+        diffs = np.stack(
+            [
+                window_losses[(v, s)]["loss_sum"].to_numpy() - window_losses[(baseline, s)]["loss_sum"].to_numpy()
+                for s in pairs
+            ]
+        )
         b = document_bootstrap(diffs, ref["doc_id"].to_numpy(), ref["n_tokens"].to_numpy(), n_resamples=n_resamples)
         rows.append({"variant": v, "baseline": baseline, **b})
     return pd.DataFrame(rows)
 
 
 def figure(table: pd.DataFrame):
-    fig = go.Figure(go.Bar(x=table["variant"], y=table["ppl_mean"],
-                           error_y=dict(type="data", array=table["ppl_sd"].fillna(0), visible=True),
-                           text=[f"{d:+.2f}% ({p})" for d, p in zip(table["delta_vs_baseline_pct"],
-                                                                  table["improved_pairs"])]))
-    fig.update_layout(title="GatedV controls: validation PPL (mean of per-seed PPL ± SD; ΔP vs baseline)",
-                      yaxis_title="perplexity")
+    fig = go.Figure(
+        go.Bar(
+            x=table["variant"],
+            y=table["ppl_mean"],
+            error_y=dict(type="data", array=table["ppl_sd"].fillna(0), visible=True),
+            text=[f"{d:+.2f}% ({p})" for d, p in zip(table["delta_vs_baseline_pct"], table["improved_pairs"])],
+        )
+    )
+    fig.update_layout(
+        title="GatedV controls: validation PPL (mean of per-seed PPL ± SD; ΔP vs baseline)", yaxis_title="perplexity"
+    )
     return fig
 
 
@@ -178,6 +203,7 @@ def run(cfg: GatedVControlsConfig | None = None, *, progress: bool = False) -> R
                 model, m = build_control(cfg, data, control, seed, cfg.calib_windows)
                 moments.append(m.assign(control=control, seed=seed))
                 return model
+
             return build
 
         plain = [v for v in cfg.variants if v not in CONTROLS]
@@ -186,10 +212,22 @@ def run(cfg: GatedVControlsConfig | None = None, *, progress: bool = False) -> R
         wl = {key: window_losses(m, data.eval) for key, m in models.items()}
     losses = results.rename(columns={"val_loss": "loss"})[["variant", "seed", "loss"]]
     table = ppl_table(losses)
-    tables = {"ppl": table, "bootstrap": bootstrap_table(wl, "baseline", cfg.seeds, cfg.bootstrap_resamples),
-              "moments": pd.concat(moments, ignore_index=True) if moments else pd.DataFrame(), "runs": results}
+    tables = {
+        "ppl": table,
+        "bootstrap": bootstrap_table(wl, "baseline", cfg.seeds, cfg.bootstrap_resamples),
+        "moments": pd.concat(moments, ignore_index=True) if moments else pd.DataFrame(),
+        "runs": results,
+    }
     return Result("gatedv-controls", config_dict(cfg), tables, {"ppl": figure(table)}, timer.meta(**data.meta()))
 
 
-__all__ = ["GatedVControlsConfig", "value_moments", "affine_coefficients", "attach_value_affine", "build_control",
-           "ppl_table", "bootstrap_table", "run"]
+__all__ = [
+    "GatedVControlsConfig",
+    "value_moments",
+    "affine_coefficients",
+    "attach_value_affine",
+    "build_control",
+    "ppl_table",
+    "bootstrap_table",
+    "run",
+]

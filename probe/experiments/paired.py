@@ -10,6 +10,7 @@ schedule a 2-core machine runs in minutes; the papers' schedules are options (st
 ``work`` set, checkpoints and ``metrics.jsonl`` stay in ``work/<variant>/seed<k>``, and a rerun resumes (a finished
 run is only reloaded); without it they go to a temporary folder that is deleted afterwards.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -83,8 +84,15 @@ class Data:
 
     def __init__(self, spec: TrainSpec):
         self.tokenizer, self.corpus, self.docs = _tokenized(str(spec.data), str(spec.tokenizer))
-        self.eval = eval_batches(spec.eval_corpus, self.tokenizer, n_batches=spec.eval_batches,
-                                 batch_size=spec.eval_batch_size, ctx=spec.ctx, seed=0, mode=spec.eval_mode)
+        self.eval = eval_batches(
+            spec.eval_corpus,
+            self.tokenizer,
+            n_batches=spec.eval_batches,
+            batch_size=spec.eval_batch_size,
+            ctx=spec.ctx,
+            seed=0,
+            mode=spec.eval_mode,
+        )
 
     def sampler(self, spec: TrainSpec, seed: int):
         return WindowSampler(self.docs, spec.ctx, seed=seed, eos_id=self.tokenizer.eos_token_id)
@@ -94,9 +102,19 @@ class Data:
 
 
 def train_config(spec: TrainSpec, seed: int):
-    return TrainConfig(steps=spec.steps, batch_size=spec.batch_size, lr=spec.lr, warmup=min(spec.warmup, spec.steps),
-                       min_lr_ratio=spec.min_lr_ratio, weight_decay=spec.weight_decay, eval_every=0, ckpt_every=0,
-                       log_every=1, seed=seed, device="cpu")
+    return TrainConfig(
+        steps=spec.steps,
+        batch_size=spec.batch_size,
+        lr=spec.lr,
+        warmup=min(spec.warmup, spec.steps),
+        min_lr_ratio=spec.min_lr_ratio,
+        weight_decay=spec.weight_decay,
+        eval_every=0,
+        ckpt_every=0,
+        log_every=1,
+        seed=seed,
+        device="cpu",
+    )
 
 
 @contextlib.contextmanager
@@ -119,8 +137,17 @@ def threads(n: int):
         torch.set_num_threads(old)
 
 
-def train_one(spec: TrainSpec, data: Data, variant: str, seed: int, work: Path, *, label: str | None = None,
-              build=None, progress: bool = False):
+def train_one(
+    spec: TrainSpec,
+    data: Data,
+    variant: str,
+    seed: int,
+    work: Path,
+    *,
+    label: str | None = None,
+    build=None,
+    progress: bool = False,
+):
     """Build (``build(variant, seed)`` or ``create``), train and evaluate one model.
 
     Returns (model, record) with record = variant (``label``), seed, val_loss, final train loss, mean and final
@@ -133,15 +160,29 @@ def train_one(spec: TrainSpec, data: Data, variant: str, seed: int, work: Path, 
     seconds = time.perf_counter() - t0
     val = evaluate(model, data.eval)
     m = read_metrics(run_dir)
-    record = {"variant": label, "seed": seed, "val_loss": val, "train_loss": float(last.get("loss", float("nan"))),
-              "grad_norm_mean": float(m["grad_norm"].mean()) if "grad_norm" in m else float("nan"),
-              "grad_norm_final": float(m["grad_norm"].iloc[-1]) if "grad_norm" in m else float("nan"),
-              "train_seconds": round(seconds, 2), "params": sum(p.numel() for p in model.parameters())}
+    record = {
+        "variant": label,
+        "seed": seed,
+        "val_loss": val,
+        "train_loss": float(last.get("loss", float("nan"))),
+        "grad_norm_mean": float(m["grad_norm"].mean()) if "grad_norm" in m else float("nan"),
+        "grad_norm_final": float(m["grad_norm"].iloc[-1]) if "grad_norm" in m else float("nan"),
+        "train_seconds": round(seconds, 2),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
     return model, record, m
 
 
-def train_grid(spec: TrainSpec, data: Data, variants, work: Path, *, builders: dict | None = None,
-               progress: bool = False, keep_models: bool = True):
+def train_grid(
+    spec: TrainSpec,
+    data: Data,
+    variants,
+    work: Path,
+    *,
+    builders: dict | None = None,
+    progress: bool = False,
+    keep_models: bool = True,
+):
     """Train every variant at every seed. ``builders``: label -> build(seed) for models ``create`` cannot make.
 
     Returns (results DataFrame, {(label, seed): model}, metrics DataFrame with every logged step)."""

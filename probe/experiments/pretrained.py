@@ -10,6 +10,7 @@ other settings, or another recipe's folder, are an error.
 Errors: the recipes raise one-line ValueErrors; the job layer's UsageErrors (one line, naming the flag) become
 ValueErrors at :func:`recipe_errors`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,22 +64,38 @@ def recipe_errors():
 def settings_of(spec: PretrainedSpec) -> dict:
     """What determines a model's numbers (every option but the model list and its placement) and the probe
     version."""
-    return clean({**{k: v for k, v in dataclasses.asdict(spec).items() if k not in ("models", *PLACEMENT)},
-                  "probe_version": __version__})
+    return clean(
+        {
+            **{k: v for k, v in dataclasses.asdict(spec).items() if k not in ("models", *PLACEMENT)},
+            "probe_version": __version__,
+        }
+    )
 
 
 def model_spec(spec: PretrainedSpec, name: str | None = None) -> ModelSpec:
     """The recipe's model options as the job layer's spec (a ValueError, one line, for a bad --device-map or
     --max-memory)."""
-    return ModelSpec(name=name, device=spec.device, dtype=spec.dtype, threads=spec.threads,
-                     device_map=parse_device_map(spec.device_map) if spec.device_map else None,
-                     max_memory=parse_max_memory(spec.max_memory) if spec.max_memory else None)
+    return ModelSpec(
+        name=name,
+        device=spec.device,
+        dtype=spec.dtype,
+        threads=spec.threads,
+        device_map=parse_device_map(spec.device_map) if spec.device_map else None,
+        max_memory=parse_max_memory(spec.max_memory) if spec.max_memory else None,
+    )
 
 
 def window_spec(spec: PretrainedSpec) -> WindowSpec:
     """The recipe's window options as the job layer's spec (every model's own tokenizer)."""
-    return WindowSpec(data=spec.data, batches=spec.batches, batch_size=spec.batch_size, ctx=spec.ctx,
-                      mode=spec.window_mode, seed=spec.seed, bos=spec.bos)
+    return WindowSpec(
+        data=spec.data,
+        batches=spec.batches,
+        batch_size=spec.batch_size,
+        ctx=spec.ctx,
+        mode=spec.window_mode,
+        seed=spec.seed,
+        bos=spec.bos,
+    )
 
 
 def check_spec(spec: PretrainedSpec) -> list[str]:
@@ -166,9 +183,24 @@ def each_model(recipe: str, names, spec: PretrainedSpec, out, compute, progress:
 def window_meta(windows, model) -> dict:
     """How a model's windows were drawn, and which model: recorded per model."""
     info = model.probe_info
-    return {"model_id": info.name, "family": info.family, "n_layers": info.n_layers,
-            "layer_types": ",".join(sorted(set(info.layer_types))), **clean(windows.to_dict())}
+    return {
+        "model_id": info.name,
+        "family": info.family,
+        "n_layers": info.n_layers,
+        "layer_types": ",".join(sorted(set(info.layer_types))),
+        **clean(windows.to_dict()),
+    }
 
 
-__all__ = ["PretrainedSpec", "check_spec", "check_model", "each_model", "windows_of", "model_spec", "window_spec",
-           "settings_of", "window_meta", "recipe_errors"]
+__all__ = [
+    "PretrainedSpec",
+    "check_spec",
+    "check_model",
+    "each_model",
+    "windows_of",
+    "model_spec",
+    "window_spec",
+    "settings_of",
+    "window_meta",
+    "recipe_errors",
+]

@@ -11,6 +11,7 @@ the batch (``structured``), from the same sequence (``same-context``) and Gaussi
     exposure   per model and cutoff: the share of each row's mass on the quiet reads, and on the phantom (clean pass)
     models     per model: windows (corpus, ctx, BOS), layer types, seconds
 """
+
 from __future__ import annotations
 
 import time
@@ -26,8 +27,13 @@ from probe.experiments.result import Result, Timer, config_dict
 
 RECIPE = "pretrained-injection"
 JUNK = ("structured", "same-context", "gaussian")
-COLOURS = {"structured": "#d62728", "same-context": "#ff7f0e", "gaussian": "#1f77b4", "random-direction": "#2ca02c",
-           "own-direction": "#9467bd"}
+COLOURS = {
+    "structured": "#d62728",
+    "same-context": "#ff7f0e",
+    "gaussian": "#1f77b4",
+    "random-direction": "#2ca02c",
+    "own-direction": "#9467bd",
+}
 
 
 @dataclass
@@ -70,15 +76,31 @@ def ratio_table(wide: pd.DataFrame, over: str = "structured", under: str = "gaus
 def figure(long: pd.DataFrame):
     """Δ against dose (log x), one line per junk type, one panel per model (rows) and cutoff (columns)."""
     models, cutoffs = list(dict.fromkeys(long["model"])), list(dict.fromkeys(long["cutoff"]))
-    fig = make_subplots(rows=len(models), cols=len(cutoffs), shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=[f"{m} · cutoff {c}" for m in models for c in cutoffs])
+    fig = make_subplots(
+        rows=len(models),
+        cols=len(cutoffs),
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=[f"{m} · cutoff {c}" for m in models for c in cutoffs],
+    )
     for i, model in enumerate(models, start=1):
         for j, cutoff in enumerate(cutoffs, start=1):
             cell = long[(long["model"] == model) & (long["cutoff"] == cutoff)]
             for junk, g in cell.groupby("junk", sort=False):
-                fig.add_trace(go.Scatter(x=g["dose"], y=g["delta"], mode="lines+markers", name=junk, legendgroup=junk,
-                                         showlegend=i == 1 and j == 1, line=dict(color=COLOURS.get(junk)),
-                                         hovertemplate=f"{junk}: ε=%{{x}}, Δ=%{{y:.4g}}"), row=i, col=j)
+                fig.add_trace(
+                    go.Scatter(
+                        x=g["dose"],
+                        y=g["delta"],
+                        mode="lines+markers",
+                        name=junk,
+                        legendgroup=junk,
+                        showlegend=i == 1 and j == 1,
+                        line=dict(color=COLOURS.get(junk)),
+                        hovertemplate=f"{junk}: ε=%{{x}}, Δ=%{{y:.4g}}",
+                    ),
+                    row=i,
+                    col=j,
+                )
             fig.update_xaxes(type="log", row=i, col=j)
             fig.update_yaxes(title_text="Δ loss (nats)" if j == 1 else None, row=i, col=j)
     for j in range(1, len(cutoffs) + 1):
@@ -92,20 +114,32 @@ def run(cfg: PretrainedInjectionConfig | None = None, *, progress: bool = False,
     cfg = cfg or PretrainedInjectionConfig()
     conditions(cfg.junk, cfg.cutoffs, cfg.doses)  # unknown junk types or cutoffs: fail before loading anything
     if "structured" in cfg.junk and cfg.batch_size < 2:
-        raise ValueError("--junk structured needs --batch-size >= 2 (its junk comes from the other sequences of the "
-                         "batch)")
+        raise ValueError(
+            "--junk structured needs --batch-size >= 2 (its junk comes from the other sequences of the batch)"
+        )
     names = check_spec(cfg)
     timer = Timer()
 
     def compute(name, model, windows):
         t0 = time.perf_counter()
-        res = inject(model, windows, junk=list(cfg.junk), cutoffs=list(cfg.cutoffs), doses=list(cfg.doses),
-                     seed=cfg.seed, exposure=cfg.exposure, progress=progress)
+        res = inject(
+            model,
+            windows,
+            junk=list(cfg.junk),
+            cutoffs=list(cfg.cutoffs),
+            doses=list(cfg.doses),
+            seed=cfg.seed,
+            exposure=cfg.exposure,
+            progress=progress,
+        )
         tables = {"injection": res["results"].drop(columns=["model", "corpus"]).assign(model=name)}
         if cfg.exposure:
             tables["exposure"] = res["exposure"].drop(columns=["model", "corpus"]).assign(model=name)
-        meta = {**window_meta(windows, model), "n_tokens": int(res["meta"]["n_tokens"].iloc[0]),
-                "seconds": round(time.perf_counter() - t0, 2)}
+        meta = {
+            **window_meta(windows, model),
+            "n_tokens": int(res["meta"]["n_tokens"].iloc[0]),
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
         return {k: df[["model"] + [c for c in df.columns if c != "model"]] for k, df in tables.items()}, meta
 
     done = each_model(RECIPE, names, cfg, out, compute, progress)
@@ -115,8 +149,14 @@ def run(cfg: PretrainedInjectionConfig | None = None, *, progress: bool = False,
     if cfg.exposure:
         tables["exposure"] = pd.concat([t["exposure"] for _, t, _ in done], ignore_index=True)
     tables["models"] = pd.DataFrame([{"model": name, **meta} for name, _, meta in done])
-    return Result(RECIPE, config_dict(cfg), tables, {"delta_vs_dose": figure(long)}, timer.meta(models=len(names)),
-                  headline=tuple(k for k in ("table13", "ratio", "exposure", "models") if k in tables))
+    return Result(
+        RECIPE,
+        config_dict(cfg),
+        tables,
+        {"delta_vs_dose": figure(long)},
+        timer.meta(models=len(names)),
+        headline=tuple(k for k in ("table13", "ratio", "exposure", "models") if k in tables),
+    )
 
 
 __all__ = ["PretrainedInjectionConfig", "wide_table", "ratio_table", "figure", "run"]

@@ -14,6 +14,7 @@ the model has sliding-window layers: full, sliding, and sliding over the queries
 plus the same statistics per layer and a per-layer figure. Every model streams, a soft-capped one (Gemma 2) too: the
 row masses apply its attention-logit cap.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,8 +29,12 @@ from probe.experiments.pretrained import PretrainedSpec, check_spec, each_model,
 from probe.experiments.result import Result, Timer, config_dict
 
 RECIPE = "pretrained-sinks"
-TYPE_LAYERS = {"all": ("full", "sliding"), "full": ("full",), "sliding": ("sliding",),
-               "sliding (key 0 in window)": ("sliding",)}  # which layers' sink logits each by_type row averages
+TYPE_LAYERS = {
+    "all": ("full", "sliding"),
+    "full": ("full",),
+    "sliding": ("sliding",),
+    "sliding (key 0 in window)": ("sliding",),
+}  # which layers' sink logits each by_type row averages
 
 
 @dataclass
@@ -55,54 +60,106 @@ def type_table(name: str, stats: dict[str, pd.DataFrame]) -> pd.DataFrame:
     rows = []
     for r in by_type.itertuples():
         kinds = layers[layers["layer_type"].isin(TYPE_LAYERS[r.layers])]
-        rows.append({"model": name, "layer_type": r.layers, "n_layers": r.n_layers, "pos0_pct": 100 * r.pos0_share,
-                     "phantom_pct": 100 * r.phantom_share, "r0": r.r0,
-                     "sink_logit_mean": kinds["sink_logit"].mean(),  # NaN (blank) without a sink logit
-                     "uniform_ref_pct": 100 * r.uniform_ref, "pos0_over_uniform": r.pos0_share / r.uniform_ref})
+        rows.append(
+            {
+                "model": name,
+                "layer_type": r.layers,
+                "n_layers": r.n_layers,
+                "pos0_pct": 100 * r.pos0_share,
+                "phantom_pct": 100 * r.phantom_share,
+                "r0": r.r0,
+                "sink_logit_mean": kinds["sink_logit"].mean(),  # NaN (blank) without a sink logit
+                "uniform_ref_pct": 100 * r.uniform_ref,
+                "pos0_over_uniform": r.pos0_share / r.uniform_ref,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def layer_table(name: str, stats: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """The same statistics per layer (key-0-window columns only for sliding layers)."""
     layers = stats["layers"]
-    out = pd.DataFrame({"model": name, "layer": layers["layer"], "layer_type": layers["layer_type"],
-                        "pos0_pct": pct(layers["pos0_share"]), "phantom_pct": pct(layers["phantom_share"]),
-                        "r0": layers["r0"], "sink_logit": layers["sink_logit"],
-                        "uniform_ref_pct": pct(layers["uniform_ref"])})
-    for col, new in (("pos0_share_key0", "pos0_key0_pct"), ("phantom_share_key0", "phantom_key0_pct"),
-                     ("uniform_ref_key0", "uniform_ref_key0_pct")):
+    out = pd.DataFrame(
+        {
+            "model": name,
+            "layer": layers["layer"],
+            "layer_type": layers["layer_type"],
+            "pos0_pct": pct(layers["pos0_share"]),
+            "phantom_pct": pct(layers["phantom_share"]),
+            "r0": layers["r0"],
+            "sink_logit": layers["sink_logit"],
+            "uniform_ref_pct": pct(layers["uniform_ref"]),
+        }
+    )
+    for col, new in (
+        ("pos0_share_key0", "pos0_key0_pct"),
+        ("phantom_share_key0", "phantom_key0_pct"),
+        ("uniform_ref_key0", "uniform_ref_key0_pct"),
+    ):
         if col in layers:
             out[new] = pct(layers[col])
     return out
 
 
 def head_table(name: str, stats: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    return stats["heads"].drop(columns=["model", "corpus"]).assign(model=name).pipe(
-        lambda df: df[["model"] + [c for c in df.columns if c != "model"]])
+    return (
+        stats["heads"]
+        .drop(columns=["model", "corpus"])
+        .assign(model=name)
+        .pipe(lambda df: df[["model"] + [c for c in df.columns if c != "model"]])
+    )
 
 
 def figure(layers: pd.DataFrame):
     """Per layer: position-0 %, phantom % and r0, one line per model (diamonds mark sliding layers); the dotted
     line in the first panel is each model's causal-uniform reference."""
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=("mass on position 0 (% of real keys)", "phantom mass (% of all)",
-                                        "r0 = |v0| / median |vj|"))
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.06,
+        subplot_titles=("mass on position 0 (% of real keys)", "phantom mass (% of all)", "r0 = |v0| / median |vj|"),
+    )
     palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
     for i, (model, g) in enumerate(layers.groupby("model", sort=False)):
         colour = palette[i % len(palette)]
         symbols = ["diamond" if t == "sliding" else "circle" for t in g["layer_type"]]
         for row, col in enumerate(("pos0_pct", "phantom_pct", "r0"), start=1):
-            fig.add_trace(go.Scatter(x=g["layer"], y=g[col], mode="lines+markers", name=model, legendgroup=model,
-                                     showlegend=row == 1, line=dict(color=colour),
-                                     marker=dict(symbol=symbols, size=8), text=g["layer_type"],
-                                     hovertemplate="layer %{x} (%{text}): %{y:.3g}"), row=row, col=1)
-        fig.add_trace(go.Scatter(x=g["layer"], y=g["uniform_ref_pct"], mode="lines", legendgroup=model,
-                                 showlegend=False, line=dict(color=colour, dash="dot"),
-                                 name=f"{model} causal-uniform"), row=1, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=g["layer"],
+                    y=g[col],
+                    mode="lines+markers",
+                    name=model,
+                    legendgroup=model,
+                    showlegend=row == 1,
+                    line=dict(color=colour),
+                    marker=dict(symbol=symbols, size=8),
+                    text=g["layer_type"],
+                    hovertemplate="layer %{x} (%{text}): %{y:.3g}",
+                ),
+                row=row,
+                col=1,
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=g["layer"],
+                y=g["uniform_ref_pct"],
+                mode="lines",
+                legendgroup=model,
+                showlegend=False,
+                line=dict(color=colour, dash="dot"),
+                name=f"{model} causal-uniform",
+            ),
+            row=1,
+            col=1,
+        )
     fig.add_hline(y=1, line=dict(color="grey", dash="dash"), row=3, col=1)
     fig.update_xaxes(title_text="layer", row=3, col=1)
-    fig.update_layout(title="Sink statistics per layer (diamonds: sliding-window layers; dotted: causal-uniform "
-                            "reference)", height=800)
+    fig.update_layout(
+        title="Sink statistics per layer (diamonds: sliding-window layers; dotted: causal-uniform reference)",
+        height=800,
+    )
     return fig
 
 
@@ -115,19 +172,32 @@ def run(cfg: PretrainedSinksConfig | None = None, *, progress: bool = False, out
     def compute(name, model, windows):
         t0 = time.perf_counter()
         stats = measure(model, windows, progress)
-        tables = {"table14": type_table(name, stats), "layers": layer_table(name, stats),
-                  "heads": head_table(name, stats),
-                  "summary": stats["summary"].drop(columns=["model", "corpus"]).assign(model=name)}
-        meta = {**window_meta(windows, model), "method": stats["meta"]["method"].iloc[0],
-                "seconds": round(time.perf_counter() - t0, 2)}
+        tables = {
+            "table14": type_table(name, stats),
+            "layers": layer_table(name, stats),
+            "heads": head_table(name, stats),
+            "summary": stats["summary"].drop(columns=["model", "corpus"]).assign(model=name),
+        }
+        meta = {
+            **window_meta(windows, model),
+            "method": stats["meta"]["method"].iloc[0],
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
         return tables, meta
 
     done = each_model(RECIPE, names, cfg, out, compute, progress)
-    tables = {k: pd.concat([t[k] for _, t, _ in done], ignore_index=True)
-              for k in ("table14", "layers", "heads", "summary")}
+    tables = {
+        k: pd.concat([t[k] for _, t, _ in done], ignore_index=True) for k in ("table14", "layers", "heads", "summary")
+    }
     tables["models"] = pd.DataFrame([{"model": name, **meta} for name, _, meta in done])
-    return Result(RECIPE, config_dict(cfg), tables, {"layers": figure(tables["layers"])},
-                  timer.meta(models=len(names)), headline=("table14", "layers", "summary", "models"))
+    return Result(
+        RECIPE,
+        config_dict(cfg),
+        tables,
+        {"layers": figure(tables["layers"])},
+        timer.meta(models=len(names)),
+        headline=("table14", "layers", "summary", "models"),
+    )
 
 
 __all__ = ["PretrainedSinksConfig", "measure", "type_table", "layer_table", "figure", "run"]

@@ -8,6 +8,7 @@ it with ``self_contained``), through ``probe.present.files.write_pages``: every 
 and renamed into place, and ``config.json`` is renamed last (only the folder's ``index.html`` follows), so a folder with
 a ``config.json`` holds a complete result and an interrupted save leaves no half file.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,13 @@ class Result:
         """Write the result into the folder ``out`` (created if needed); returns the folder."""
         files = {f"{name}.csv": df.to_csv(index=False) for name, df in self.tables.items()}
         files.update(recipe_pages(self.recipe, self.tables, self.figures, self.meta, self.headline, self_contained))
-        record = {"recipe": self.recipe, "config": self.config, "meta": self.meta,
-                  "tables": sorted(self.tables), "figures": sorted(self.figures)}
+        record = {
+            "recipe": self.recipe,
+            "config": self.config,
+            "meta": self.meta,
+            "tables": sorted(self.tables),
+            "figures": sorted(self.figures),
+        }
         files["config.json"] = json.dumps(clean(record), indent=1)  # renamed last: marks the folder complete
         write_pages(Path(out), files)
         return Path(out)
@@ -70,5 +76,11 @@ class Timer:
         self.t0 = time.perf_counter()
 
     def meta(self, **extra) -> dict:
-        return {"wall_s": round(time.perf_counter() - self.t0, 2), "torch_threads": torch.get_num_threads(),
-                "torch": torch.__version__, "probe": __version__, "python": platform.python_version(), **extra}
+        return {
+            "wall_s": round(time.perf_counter() - self.t0, 2),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "probe": __version__,
+            "python": platform.python_version(),
+            **extra,
+        }

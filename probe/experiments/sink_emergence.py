@@ -25,6 +25,7 @@ the same BB batches (sampler seed = model seed), so paired variants see identica
 fixed BB windows at the training T (``BigramBackcopy.eval_windows``, 256 sequences by default). ``train`` resumes a
 run directory; the CPU seconds of each training call are appended to ``run_dir/timing.jsonl``.
 """
+
 from __future__ import annotations
 
 import json
@@ -83,8 +84,9 @@ class EmergenceConfig:
             config_for(v, "tiny")
         if not self.variants or not self.seeds:
             raise ValueError("choose at least one variant and one seed")
-        check_training_numbers(self, ("steps", "snapshot_every", "batch_size", "n_eval_batches", "eval_batch_size",
-                                      "threads"))
+        check_training_numbers(
+            self, ("steps", "snapshot_every", "batch_size", "n_eval_batches", "eval_batch_size", "threads")
+        )
         self.task  # noqa: B018 — validates vocab, triggers, chain_seed and T
 
     @property
@@ -98,15 +100,33 @@ class EmergenceConfig:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in record.items()})
 
     def overrides(self) -> dict:
-        return dict(n_layers=self.n_layers, n_heads=self.n_heads, d_model=self.d_model, d_mlp=self.d_mlp,
-                    n_ctx=self.T, vocab_size=self.task.vocab_size)
+        return dict(
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            d_model=self.d_model,
+            d_mlp=self.d_mlp,
+            n_ctx=self.T,
+            vocab_size=self.task.vocab_size,
+        )
 
     def train_config(self, seed: int) -> TrainConfig:
-        return TrainConfig(steps=self.steps, batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
-                           warmup=min(self.warmup, self.steps), min_lr_ratio=self.min_lr_ratio,
-                           schedule=self.schedule, eval_every=self.snapshot_every, eval_batches=4,
-                           ckpt_every=self.snapshot_every, snapshot_every=self.snapshot_every, log_every=10,
-                           seed=seed, device="cpu", amp="fp32")
+        return TrainConfig(
+            steps=self.steps,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            warmup=min(self.warmup, self.steps),
+            min_lr_ratio=self.min_lr_ratio,
+            schedule=self.schedule,
+            eval_every=self.snapshot_every,
+            eval_batches=4,
+            ckpt_every=self.snapshot_every,
+            snapshot_every=self.snapshot_every,
+            log_every=10,
+            seed=seed,
+            device="cpu",
+            amp="fp32",
+        )
 
 
 def build(cfg: EmergenceConfig, variant: str, seed: int):
@@ -120,14 +140,20 @@ def train_variant(cfg: EmergenceConfig, variant: str, seed: int, run_dir, *, pro
     task = cfg.task
     model = build(cfg, variant, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(run_dir / "emergence.json", json.dumps({"variant": variant, "seed": seed, "config": asdict(cfg),
-                                                         "data": task.to_identity()}, indent=1))
+    atomic_write(
+        run_dir / "emergence.json",
+        json.dumps({"variant": variant, "seed": seed, "config": asdict(cfg), "data": task.to_identity()}, indent=1),
+    )
     atomic_write(run_dir / RUN_IDENTITY, json.dumps(run_identity(cfg, variant, seed), indent=1))
     evals = task.eval_windows(cfg.n_eval_batches, cfg.eval_batch_size)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     last = train(model, task.sampler(seed), cfg.train_config(seed), run_dir, eval_batches=evals, progress=progress)
-    timing = {"cpu_s": round(time.process_time() - cpu0, 1), "wall_s": round(time.perf_counter() - wall0, 1),
-              "step": last.get("step"), "threads": cfg.threads}
+    timing = {
+        "cpu_s": round(time.process_time() - cpu0, 1),
+        "wall_s": round(time.perf_counter() - wall0, 1),
+        "step": last.get("step"),
+        "threads": cfg.threads,
+    }
     append_line(run_dir / "timing.jsonl", json.dumps(timing) + "\n")
     return {**last, **timing}
 
@@ -136,16 +162,42 @@ def run_identity(cfg: EmergenceConfig, variant: str, seed: int) -> dict:
     """What the run records about itself (``RUN/probe_train.json``), so that ``probe sinks --model RUN@step{N}`` and
     the zoo copy know their data: the chain (``task``) and that every window starts with BOS."""
     task = cfg.task
-    return {"recipe": "sink-emergence", "variant": variant, "tier": "tiny", "seed": seed, "data": task.spec(),
-            "task": task.to_identity(), "bos": True, "bos_id": task.bos_id, "ctx": cfg.T,
-            **{k: getattr(cfg, k) for k in ("n_layers", "n_heads", "d_model", "d_mlp", "steps", "batch_size", "lr",
-                                            "weight_decay", "warmup", "min_lr_ratio", "schedule")}}
+    return {
+        "recipe": "sink-emergence",
+        "variant": variant,
+        "tier": "tiny",
+        "seed": seed,
+        "data": task.spec(),
+        "task": task.to_identity(),
+        "bos": True,
+        "bos_id": task.bos_id,
+        "ctx": cfg.T,
+        **{
+            k: getattr(cfg, k)
+            for k in (
+                "n_layers",
+                "n_heads",
+                "d_model",
+                "d_mlp",
+                "steps",
+                "batch_size",
+                "lr",
+                "weight_decay",
+                "warmup",
+                "min_lr_ratio",
+                "schedule",
+            )
+        },
+    }
 
 
 def snapshot_steps(run_dir) -> dict[int, Path]:
     """{step: directory} of the snapshots a run has written (``run_dir/snapshots/step{N}`` with a config), by step."""
-    found = {int(d.name[4:]): d for d in Path(run_dir).glob("snapshots/step*")
-             if d.name[4:].isdigit() and (d / "config.json").is_file()}
+    found = {
+        int(d.name[4:]): d
+        for d in Path(run_dir).glob("snapshots/step*")
+        if d.name[4:].isdigit() and (d / "config.json").is_file()
+    }
     return dict(sorted(found.items()))
 
 
@@ -195,15 +247,32 @@ def snapshot_table(cfg: EmergenceConfig, variant: str, seed: int, run_dir) -> pd
         split = backcopy_split(model, windows)["layers"].set_index("layer")
         extra = extra_stats(model, windows, found)
         summary = sinks["summary"].iloc[0]
-        run = {"variant": variant, "seed": seed, "step": step, "sink_formed": bool(summary["sink_formed"]),
-               "pos0_over_uniform": summary["pos0_over_uniform"], "r0_later": summary["r0_later"],
-               "phantom_mean": summary["phantom_share"], **copy_losses(model, windows)}
+        run = {
+            "variant": variant,
+            "seed": seed,
+            "step": step,
+            "sink_formed": bool(summary["sink_formed"]),
+            "pos0_over_uniform": summary["pos0_over_uniform"],
+            "r0_later": summary["r0_later"],
+            "phantom_mean": summary["phantom_share"],
+            **copy_losses(model, windows),
+        }
         for _, layer in sinks["layers"].iterrows():
             l = int(layer["layer"])
-            rows.append({**run, "layer": l, "pos0_share": layer["pos0_share"], "uniform_ref": layer["uniform_ref"],
-                         "pos0_ratio": layer["pos0_share"] / layer["uniform_ref"], "r0": layer["r0"],
-                         "phantom_share": layer["phantom_share"], "sink_logit": layer["sink_logit"],
-                         **{c: split.loc[l, c] for c in STATS}, **extra[l]})
+            rows.append(
+                {
+                    **run,
+                    "layer": l,
+                    "pos0_share": layer["pos0_share"],
+                    "uniform_ref": layer["uniform_ref"],
+                    "pos0_ratio": layer["pos0_share"] / layer["uniform_ref"],
+                    "r0": layer["r0"],
+                    "phantom_share": layer["phantom_share"],
+                    "sink_logit": layer["sink_logit"],
+                    **{c: split.loc[l, c] for c in STATS},
+                    **extra[l],
+                }
+            )
     table = pd.DataFrame(rows)
     table.to_csv(cache, index=False)
     return table
@@ -220,13 +289,23 @@ def extra_stats(model, windows, found: dict | None = None) -> dict[int, dict]:
     found = found or sink_analyses(model, windows, eps=[SINK_EPS], massive=True)
     heads = found["sink_eps"]["layers"].set_index("layer")
     mas = found["massive"]["layers"].set_index("layer")
-    return {l: {"sink_eps_share": float(heads.loc[l, "sink_share"]), "massive_ratio": float(mas.loc[l, "ratio"]),
-                "massive_top1_at_bos": float(mas.loc[l, "top1_pos0_share"])} for l in heads.index}
+    return {
+        l: {
+            "sink_eps_share": float(heads.loc[l, "sink_share"]),
+            "massive_ratio": float(mas.loc[l, "ratio"]),
+            "massive_top1_at_bos": float(mas.loc[l, "top1_pos0_share"]),
+        }
+        for l in heads.index
+    }
 
 
-TRAJECTORIES = (("pos0_ratio", "position-0 share ÷ causal-uniform", 3.0), ("r0", "r0 = ‖v0‖ / median ‖vj‖", 0.8),
-                ("phantom_share", "phantom share", None), ("prev_at_trigger", "previous token, trigger rows", None),
-                ("bos_elsewhere", "BOS, other rows", None))
+TRAJECTORIES = (
+    ("pos0_ratio", "position-0 share ÷ causal-uniform", 3.0),
+    ("r0", "r0 = ‖v0‖ / median ‖vj‖", 0.8),
+    ("phantom_share", "phantom share", None),
+    ("prev_at_trigger", "previous token, trigger rows", None),
+    ("bos_elsewhere", "BOS, other rows", None),
+)
 
 
 def trajectory_figure(table: pd.DataFrame) -> go.Figure:
@@ -234,16 +313,28 @@ def trajectory_figure(table: pd.DataFrame) -> go.Figure:
     the sink rule's thresholds (3x uniform, r0 0.8; docs/definitions.md#sink-rule). ``table``: ``snapshot_table`` rows
     of one or more runs."""
     layers = sorted(table["layer"].unique())
-    fig = make_subplots(rows=len(TRAJECTORIES), cols=len(layers), shared_xaxes=True,
-                        subplot_titles=[f"layer {l}: {title}" for _, title, _ in TRAJECTORIES for l in layers])
+    fig = make_subplots(
+        rows=len(TRAJECTORIES),
+        cols=len(layers),
+        shared_xaxes=True,
+        subplot_titles=[f"layer {l}: {title}" for _, title, _ in TRAJECTORIES for l in layers],
+    )
     for i, (run, g) in enumerate(table.groupby(["variant", "seed"], sort=False)):
         name = f"{run[0]} s{run[1]}"
         for r, (col, _, _) in enumerate(TRAJECTORIES, start=1):
             for c, l in enumerate(layers, start=1):
                 d = g[g["layer"] == l].sort_values("step")
-                fig.add_scatter(x=d["step"], y=d[col], mode="lines+markers", name=name, legendgroup=name,
-                                showlegend=r == 1 and c == 1, line=dict(color=_COLOURS[i % len(_COLOURS)]),
-                                row=r, col=c)
+                fig.add_scatter(
+                    x=d["step"],
+                    y=d[col],
+                    mode="lines+markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=r == 1 and c == 1,
+                    line=dict(color=_COLOURS[i % len(_COLOURS)]),
+                    row=r,
+                    col=c,
+                )
     for r, (_, _, threshold) in enumerate(TRAJECTORIES, start=1):
         if threshold is not None:
             for c in range(1, len(layers) + 1):
@@ -267,8 +358,9 @@ def run_name(variant: str, seed: int) -> str:
 
 def summary_table(snapshots: pd.DataFrame) -> pd.DataFrame:
     """One row per (variant, seed, step): the run-level statistics of ``snapshot_table`` rows."""
-    return snapshots.drop_duplicates(["variant", "seed", "step"])[["variant", "seed", "step", *RUN_STATS]] \
-        .reset_index(drop=True)
+    return snapshots.drop_duplicates(["variant", "seed", "step"])[["variant", "seed", "step", *RUN_STATS]].reset_index(
+        drop=True
+    )
 
 
 def done_when(summary: pd.DataFrame) -> pd.DataFrame:
@@ -285,13 +377,25 @@ def done_when(summary: pd.DataFrame) -> pd.DataFrame:
             if ("sinklogit", seed, step) not in runs.index:
                 continue
             b, k = runs.loc[("baseline", seed, step)], runs.loc[("sinklogit", seed, step)]
-            checks = {"baseline_sink_formed": bool(b.sink_formed), "sinklogit_phantom_over_0.1": k.phantom_mean > 0.1,
-                      "sinklogit_pos0_lower": k.pos0_over_uniform < b.pos0_over_uniform,
-                      "sinklogit_r0_nearer_1": abs(1 - k.r0_later) < abs(1 - b.r0_later)}
-            rows.append({"seed": seed, "step": step, "baseline_pos0_over_uniform": b.pos0_over_uniform,
-                         "baseline_r0": b.r0_later, "sinklogit_pos0_over_uniform": k.pos0_over_uniform,
-                         "sinklogit_r0": k.r0_later, "sinklogit_phantom": k.phantom_mean,
-                         **{c: bool(v) for c, v in checks.items()}, "all_met": all(checks.values())})
+            checks = {
+                "baseline_sink_formed": bool(b.sink_formed),
+                "sinklogit_phantom_over_0.1": k.phantom_mean > 0.1,
+                "sinklogit_pos0_lower": k.pos0_over_uniform < b.pos0_over_uniform,
+                "sinklogit_r0_nearer_1": abs(1 - k.r0_later) < abs(1 - b.r0_later),
+            }
+            rows.append(
+                {
+                    "seed": seed,
+                    "step": step,
+                    "baseline_pos0_over_uniform": b.pos0_over_uniform,
+                    "baseline_r0": b.r0_later,
+                    "sinklogit_pos0_over_uniform": k.pos0_over_uniform,
+                    "sinklogit_r0": k.r0_later,
+                    "sinklogit_phantom": k.phantom_mean,
+                    **{c: bool(v) for c, v in checks.items()},
+                    "all_met": all(checks.values()),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -317,14 +421,36 @@ def run(cfg: EmergenceConfig, progress: bool = False, out=None) -> Result:
     check = done_when(summary)
     if progress:
         print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-        print("\nDone-when at the last two snapshots:\n" + (check.to_string(index=False) if len(check) else
-                                                              "(needs baseline and sinklogit)"))
+        print(
+            "\nDone-when at the last two snapshots:\n"
+            + (check.to_string(index=False) if len(check) else "(needs baseline and sinklogit)")
+        )
     cpu = {run_name(v, s): cpu_seconds(Path(out) / "runs" / run_name(v, s)) for s in cfg.seeds for v in cfg.variants}
-    return Result("sink-emergence", config_dict(cfg), {"snapshots": snapshots, "summary": summary, "done_when": check},
-                  {"trajectories": trajectory_figure(snapshots)},
-                  timer.meta(data=cfg.task.to_identity(), cpu_s_per_run=cpu), headline=("summary", "done_when"))
+    return Result(
+        "sink-emergence",
+        config_dict(cfg),
+        {"snapshots": snapshots, "summary": summary, "done_when": check},
+        {"trajectories": trajectory_figure(snapshots)},
+        timer.meta(data=cfg.task.to_identity(), cpu_s_per_run=cpu),
+        headline=("summary", "done_when"),
+    )
 
 
-__all__ = ["EmergenceConfig", "CONFIG", "VARIANTS", "build", "train_variant", "run_identity", "snapshot_table",
-           "snapshot_steps", "cpu_seconds", "copy_losses", "extra_stats", "trajectory_figure", "summary_table",
-           "done_when", "run", "run_name"]
+__all__ = [
+    "EmergenceConfig",
+    "CONFIG",
+    "VARIANTS",
+    "build",
+    "train_variant",
+    "run_identity",
+    "snapshot_table",
+    "snapshot_steps",
+    "cpu_seconds",
+    "copy_losses",
+    "extra_stats",
+    "trajectory_figure",
+    "summary_table",
+    "done_when",
+    "run",
+    "run_name",
+]

@@ -1,4 +1,5 @@
 """Summaries over seeds that several recipes report."""
+
 from __future__ import annotations
 
 import pandas as pd

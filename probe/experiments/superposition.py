@@ -27,6 +27,7 @@ n_relevant presence bits decided wrongly at logit 0), the attention mass on rele
 mean gate on relevant and irrelevant reads. The ``gap`` table gives, per (keys, load), the oracle headroom
 (baseline error - oracle error) and the share of it each variant closes.
 """
+
 from __future__ import annotations
 
 import math
@@ -81,8 +82,13 @@ def dictionary(n_features: int, d: int, seed: int) -> torch.Tensor:
     return f / f.norm(dim=1, keepdim=True)
 
 
-def sample(features: torch.Tensor, cfg: SuperpositionConfig, batch: int, g: torch.Generator,
-           tag_gen: torch.Generator | None = None):
+def sample(
+    features: torch.Tensor,
+    cfg: SuperpositionConfig,
+    batch: int,
+    g: torch.Generator,
+    tag_gen: torch.Generator | None = None,
+):
     """Items (B, T, d), tags (B, T, d) or None without ``tag_gen``, relevant mask (B, T), targets (B, n_relevant).
     Tags come from their own generator, so the items are the same whether or not tags are drawn."""
     N = features.shape[0]
@@ -106,9 +112,14 @@ class StackedHeads(torch.nn.Module):
         init = []
         for s in seeds:  # one draw per seed, shared by its variants (paired)
             g = _gen("init", s, d, dh, R)
-            init.append((torch.randn(dh, generator=g), torch.randn(d, dh, generator=g) / math.sqrt(d),
-                         torch.randn(d, dh, generator=g) / math.sqrt(d),
-                         torch.randn(dh, R, generator=g) / math.sqrt(dh)))
+            init.append(
+                (
+                    torch.randn(dh, generator=g),
+                    torch.randn(d, dh, generator=g) / math.sqrt(d),
+                    torch.randn(d, dh, generator=g) / math.sqrt(d),
+                    torch.randn(dh, R, generator=g) / math.sqrt(dh),
+                )
+            )
         stack = lambda i: torch.stack([t[i] for t in init])[:, None].repeat(1, V, *[1] * init[0][i].dim())  # noqa: E731
         self.q, self.w_k, self.w_v, self.w_r = (torch.nn.Parameter(stack(i)) for i in range(4))
         self.b_r = torch.nn.Parameter(torch.zeros(len(seeds), V, R))
@@ -184,12 +195,20 @@ def _evaluate(model, data, variants, seeds, keys, load, chunk: int = 1024) -> li
     for i, s in enumerate(seeds):
         for j, v in enumerate(variants):
             gated = v == "normgate"
-            out.append({"keys": keys, "load": load, "variant": v, "seed": s,
-                        "bce": float(bce[i, j] / n_bits), "error": float(err[i, j] / n_bits),
-                        "mass_relevant": float(mass_rel[i, j] / n_seq),
-                        "mass_phantom": float(1 - mass_all[i, j] / n_seq),
-                        "gate_relevant": float(g_rel[i] / n_rel[i]) if gated else float("nan"),
-                        "gate_irrelevant": float(g_irr[i] / n_irr[i]) if gated else float("nan")})
+            out.append(
+                {
+                    "keys": keys,
+                    "load": load,
+                    "variant": v,
+                    "seed": s,
+                    "bce": float(bce[i, j] / n_bits),
+                    "error": float(err[i, j] / n_bits),
+                    "mass_relevant": float(mass_rel[i, j] / n_seq),
+                    "mass_phantom": float(1 - mass_all[i, j] / n_seq),
+                    "gate_relevant": float(g_rel[i] / n_rel[i]) if gated else float("nan"),
+                    "gate_irrelevant": float(g_irr[i] / n_irr[i]) if gated else float("nan"),
+                }
+            )
     return out
 
 
@@ -216,13 +235,28 @@ def train_condition(cfg: SuperpositionConfig, keys: str, load: int, progress=Non
         per_model.sum().backward()
         opt.step()
         if cfg.curve_every and (step % cfg.curve_every == 0 or step == cfg.steps):
-            curves += [{"keys": keys, "load": load, "variant": v, "seed": s, "step": step,
-                        "bce": float(per_model[i, j].detach())}
-                       for i, s in enumerate(seeds) for j, v in enumerate(variants)]
+            curves += [
+                {
+                    "keys": keys,
+                    "load": load,
+                    "variant": v,
+                    "seed": s,
+                    "step": step,
+                    "bce": float(per_model[i, j].detach()),
+                }
+                for i, s in enumerate(seeds)
+                for j, v in enumerate(variants)
+            ]
         if progress is not None:
             progress.update(1)
-    eval_data = _batch(dicts, cfg, cfg.n_eval, [_gen("eval", s, load) for s in seeds],
-                       [_gen("eval-tags", s, load) for s in seeds], keys)
+    eval_data = _batch(
+        dicts,
+        cfg,
+        cfg.n_eval,
+        [_gen("eval", s, load) for s in seeds],
+        [_gen("eval-tags", s, load) for s in seeds],
+        keys,
+    )
     rows = _evaluate(model, eval_data, variants, seeds, keys, load)
     return rows, curves, time.perf_counter() - t0
 
@@ -254,10 +288,20 @@ def figure(summary: pd.DataFrame):
     colors = {"baseline": "#636efa", "offbyone": "#ab63fa", "normgate": "#ef553b", "oracle": "#00cc96"}
     for c, k in enumerate(keys, start=1):
         for v, g in summary[summary["keys"] == k].groupby("variant", sort=False):
-            fig.add_trace(go.Scatter(x=g["load"], y=g["error"], mode="lines+markers", name=v, legendgroup=v,
-                                     showlegend=c == 1, line=dict(color=colors.get(v)),
-                                     error_y=dict(type="data", array=g["error_se"].fillna(0), visible=True)),
-                          row=1, col=c)
+            fig.add_trace(
+                go.Scatter(
+                    x=g["load"],
+                    y=g["error"],
+                    mode="lines+markers",
+                    name=v,
+                    legendgroup=v,
+                    showlegend=c == 1,
+                    line=dict(color=colors.get(v)),
+                    error_y=dict(type="data", array=g["error_se"].fillna(0), visible=True),
+                ),
+                row=1,
+                col=c,
+            )
         fig.update_xaxes(title_text="load N/d", type="log", row=1, col=c)
     fig.update_yaxes(title_text="bit error (held out)", row=1, col=1)
     fig.update_layout(title="Superposition filtering task: error against load (mean ± SE over seeds)")
@@ -282,8 +326,15 @@ def run(cfg: SuperpositionConfig | None = None, *, progress: bool = False) -> Re
                 r, c, secs = train_condition(cfg, keys, load, bar)
                 rows += r
                 curves += c
-                costs.append({"keys": keys, "load": load, "models": len(cfg.seeds) * len(cfg.variants),
-                              "steps": cfg.steps, "seconds": round(secs, 2)})
+                costs.append(
+                    {
+                        "keys": keys,
+                        "load": load,
+                        "models": len(cfg.seeds) * len(cfg.variants),
+                        "steps": cfg.steps,
+                        "seconds": round(secs, 2),
+                    }
+                )
     finally:
         bar.close()
         torch.set_num_threads(threads)
@@ -314,8 +365,9 @@ def qualitative_checks(result: Result, *, margin: float = 0.0) -> dict[str, bool
         "gate_grows": (blind(hi, "baseline") - blind(hi, "normgate")) > (blind(lo, "baseline") - blind(lo, "normgate")),
     }
     if ("blind", hi, "offbyone") in s.index:
-        checks["offbyone_no_fix"] = (blind(hi, "baseline") - blind(hi, "offbyone")) < \
-                                    (blind(hi, "baseline") - blind(hi, "normgate"))
+        checks["offbyone_no_fix"] = (blind(hi, "baseline") - blind(hi, "offbyone")) < (
+            blind(hi, "baseline") - blind(hi, "normgate")
+        )
     if ("visible", hi, "baseline") in s.index:
         vis = s[("visible", hi, "baseline")] - s[("visible", hi, "oracle")]
         checks["visible_no_room"] = abs(vis) < 0.5 * (blind(hi, "baseline") - blind(hi, "oracle"))

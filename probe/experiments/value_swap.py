@@ -8,6 +8,7 @@ strictly into a model built from the swapped config.
 
 Table: rows = training activation, columns = inference activation, mean of per-seed (per-model) perplexities ± SD.
 """
+
 from __future__ import annotations
 
 import copy
@@ -37,8 +38,10 @@ CONFIG = ValueSwapConfig
 def with_value_gate(model, value_gate: str):
     """The same weights in a model whose config has ``value_gate`` (linear 'none' or 'silu')."""
     if model.config.value_gate not in ACTIVATIONS or value_gate not in ACTIVATIONS:
-        raise ValueError(f"the value swap is between value_gate 'none' and 'silu'; model has "
-                         f"{model.config.value_gate!r}, asked for {value_gate!r}")
+        raise ValueError(
+            f"the value swap is between value_gate 'none' and 'silu'; model has "
+            f"{model.config.value_gate!r}, asked for {value_gate!r}"
+        )
     cfg = copy.deepcopy(model.config)
     cfg.value_gate = value_gate
     swapped = ProbeForCausalLM(cfg)
@@ -55,8 +58,15 @@ def swap_rows(models: dict, eval_batches) -> pd.DataFrame:
         trained = model.config.value_gate
         for inference in ACTIVATIONS:
             m = model if inference == trained else with_value_gate(model, inference)
-            rows.append({"model": label, "seed": seed, "training": ACTIVATIONS[trained],
-                         "inference": ACTIVATIONS[inference], "loss": evaluate(m, eval_batches)})
+            rows.append(
+                {
+                    "model": label,
+                    "seed": seed,
+                    "training": ACTIVATIONS[trained],
+                    "inference": ACTIVATIONS[inference],
+                    "loss": evaluate(m, eval_batches),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -71,10 +81,21 @@ def swap_table(rows: pd.DataFrame) -> pd.DataFrame:
 def figure(table: pd.DataFrame):
     fig = go.Figure()
     for inf, g in table.groupby("inference", sort=False):
-        fig.add_trace(go.Bar(x=g["training"], y=g["ppl_mean"], name=f"{inf} at inference",
-                             error_y=dict(type="data", array=g["ppl_sd"].fillna(0), visible=True)))
-    fig.update_layout(title="Value activation at training vs inference (GatedV Table 9)", barmode="group",
-                      xaxis_title="activation during training", yaxis_title="perplexity", yaxis_type="log")
+        fig.add_trace(
+            go.Bar(
+                x=g["training"],
+                y=g["ppl_mean"],
+                name=f"{inf} at inference",
+                error_y=dict(type="data", array=g["ppl_sd"].fillna(0), visible=True),
+            )
+        )
+    fig.update_layout(
+        title="Value activation at training vs inference (GatedV Table 9)",
+        barmode="group",
+        xaxis_title="activation during training",
+        yaxis_title="perplexity",
+        yaxis_type="log",
+    )
     return fig
 
 

@@ -17,6 +17,7 @@ Models: the checkpoints named in ``models`` (zoo names, probe or HF directories)
 with its own tokenizer; otherwise ``variants`` trained with paired seeds (probe.experiments.paired), evaluated at the
 training context, and summarised as mean ± SD over seeds.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -58,8 +59,10 @@ def _need_hub(what: str):
     if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
         return
     if not data_corpus._hub_reachable():  # looked up when called: tests stand in for it
-        raise ConnectionError(f"{what} needs the Hugging Face hub (datasets), which is unreachable from this machine; "
-                              f"run without it (--tasks wikitext2) or where the hub is reachable")
+        raise ConnectionError(
+            f"{what} needs the Hugging Face hub (datasets), which is unreachable from this machine; "
+            f"run without it (--tasks wikitext2) or where the hub is reachable"
+        )
 
 
 def _load_dataset(what: str, *args, **kwargs):
@@ -110,7 +113,7 @@ def wikitext_windows(corpus: str, tokenizer, ctx: int, max_windows: int | None =
         n = min(n, max_windows)
     if n < 1:
         raise ValueError(f"corpus {corpus!r} has {len(ids)} tokens, fewer than one window of ctx+1 = {ctx + 1}")
-    return torch.stack([ids[i * ctx: i * ctx + ctx + 1] for i in range(n)])
+    return torch.stack([ids[i * ctx : i * ctx + ctx + 1] for i in range(n)])
 
 
 # ---------------------------------------------------------------- scoring
@@ -125,7 +128,7 @@ def perplexity(model, windows: torch.Tensor, batch: int = 8) -> dict:
     device = next(model.parameters()).device
     total, count = 0.0, 0
     for s in range(0, len(windows), batch):
-        w = windows[s:s + batch].to(device)
+        w = windows[s : s + batch].to(device)
         logits = _logits(model, w[:, :-1])
         total += F.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten(), reduction="sum").item()
         count += w[:, 1:].numel()
@@ -148,10 +151,10 @@ def lambada_accuracy(model, examples: list[tuple[list[int], list[int]]], ctx: in
     device = next(model.parameters()).device
     correct = 0
     for context, target in examples:
-        ids = (list(context) + list(target))[-(ctx + 1):]
+        ids = (list(context) + list(target))[-(ctx + 1) :]
         inp = torch.tensor(ids[:-1], device=device)[None]
-        pred = _logits(model, inp)[0, -len(target):].argmax(-1).tolist()
-        correct += pred == list(ids[-len(target):])
+        pred = _logits(model, inp)[0, -len(target) :].argmax(-1).tolist()
+        correct += pred == list(ids[-len(target) :])
     return {"accuracy": correct / len(examples), "n": len(examples)}
 
 
@@ -164,11 +167,11 @@ def hellaswag_accuracy(model, examples: list[tuple[list[int], list[list[int]], i
     for context, endings, label in examples:
         scores = []
         for end in endings:
-            ids = (list(context) + list(end))[-(ctx + 1):]
+            ids = (list(context) + list(end))[-(ctx + 1) :]
             inp = torch.tensor(ids[:-1], device=device)[None]
             logp = torch.log_softmax(_logits(model, inp)[0], -1)
             tgt = torch.tensor(ids[1:], device=device)
-            scores.append(float(logp[-len(end):].gather(-1, tgt[-len(end):, None]).mean()))
+            scores.append(float(logp[-len(end) :].gather(-1, tgt[-len(end) :, None]).mean()))
         correct += int(max(range(len(scores)), key=scores.__getitem__) == label)
     return {"accuracy": correct / len(examples), "n": len(examples)}
 
@@ -185,16 +188,19 @@ def evaluate_model(model, tokenizer, ctx: int, cfg: ZeroShotConfig, cache: dict)
         if key not in cache:
             cache[key] = wikitext_windows(corpus, tokenizer, ctx, cfg.max_windows)
         r = perplexity(model, cache[key])
-        row.update(wikitext2_corpus=corpus, wikitext2_ppl=r["ppl"], wikitext2_loss=r["loss"],
-                   wikitext2_tokens=r["tokens"])
+        row.update(
+            wikitext2_corpus=corpus, wikitext2_ppl=r["ppl"], wikitext2_loss=r["loss"], wikitext2_tokens=r["tokens"]
+        )
     if "lambada" in cfg.tasks:
         texts = cache.setdefault("lambada", load_lambada(cfg.lambada_n))
         ex = [tuple(_encode(tokenizer, p) for p in split_last_word(t)) for t in texts]
         row.update({f"lambada_{k}": v for k, v in lambada_accuracy(model, ex, ctx).items()})
     if "hellaswag" in cfg.tasks:
         items = cache.setdefault("hellaswag", load_hellaswag(cfg.hellaswag_n))
-        ex = [(_encode(tokenizer, it["ctx"]), [_encode(tokenizer, " " + e) for e in it["endings"]], it["label"])
-              for it in items]
+        ex = [
+            (_encode(tokenizer, it["ctx"]), [_encode(tokenizer, " " + e) for e in it["endings"]], it["label"])
+            for it in items
+        ]
         row.update({f"hellaswag_{k}": v for k, v in hellaswag_accuracy(model, ex, ctx).items()})
     return row
 
@@ -207,10 +213,17 @@ def summarise(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def figure(summary: pd.DataFrame):
-    fig = go.Figure(go.Bar(x=summary["variant"], y=summary["wikitext2_ppl_mean"],
-                           error_y=dict(type="data", array=summary["wikitext2_ppl_sd"].fillna(0), visible=True)))
-    fig.update_layout(title="Zero-shot WikiText-2 perplexity (non-overlapping windows; mean ± SD over seeds)",
-                      yaxis_title="perplexity")
+    fig = go.Figure(
+        go.Bar(
+            x=summary["variant"],
+            y=summary["wikitext2_ppl_mean"],
+            error_y=dict(type="data", array=summary["wikitext2_ppl_sd"].fillna(0), visible=True),
+        )
+    )
+    fig.update_layout(
+        title="Zero-shot WikiText-2 perplexity (non-overlapping windows; mean ± SD over seeds)",
+        yaxis_title="perplexity",
+    )
     return fig
 
 
@@ -222,8 +235,10 @@ def run(cfg: ZeroShotConfig | None = None, *, progress: bool = False) -> Result:
     timer = Timer()
     cache, rows = {}, []
     with threads(cfg.threads), work_dir(cfg) as work:
-        for t, loader in (("lambada", lambda: load_lambada(cfg.lambada_n)),
-                          ("hellaswag", lambda: load_hellaswag(cfg.hellaswag_n))):
+        for t, loader in (
+            ("lambada", lambda: load_lambada(cfg.lambada_n)),
+            ("hellaswag", lambda: load_hellaswag(cfg.hellaswag_n)),
+        ):
             if t in cfg.tasks:  # fail before any training when a task's data is unreachable
                 cache[t] = loader()
         if cfg.models:
@@ -233,16 +248,23 @@ def run(cfg: ZeroShotConfig | None = None, *, progress: bool = False) -> Result:
                 if tok is None:
                     raise ValueError(f"model {name!r} has no tokenizer; zero-shot evaluation needs one")
                 ctx = min(model.probe_info.n_ctx, 1024)
-                rows.append({"variant": str(name), "seed": None, "ctx": ctx,
-                             **evaluate_model(model, tok, ctx, cfg, cache)})
+                rows.append(
+                    {"variant": str(name), "seed": None, "ctx": ctx, **evaluate_model(model, tok, ctx, cfg, cache)}
+                )
             runs = pd.DataFrame()
             meta = {}
         else:
             data = Data(cfg)
             runs, models, _ = train_grid(cfg, data, cfg.variants, work, progress=progress)
             for (label, seed), model in models.items():
-                rows.append({"variant": label, "seed": seed, "ctx": cfg.ctx,
-                             **evaluate_model(model.eval(), data.tokenizer, cfg.ctx, cfg, cache)})
+                rows.append(
+                    {
+                        "variant": label,
+                        "seed": seed,
+                        "ctx": cfg.ctx,
+                        **evaluate_model(model.eval(), data.tokenizer, cfg.ctx, cfg, cache),
+                    }
+                )
             meta = data.meta()
     per_model = pd.DataFrame(rows)
     summary = summarise(per_model)
@@ -250,9 +272,19 @@ def run(cfg: ZeroShotConfig | None = None, *, progress: bool = False) -> Result:
     if len(runs):
         tables["runs"] = runs
     figs = {"wikitext2_ppl": figure(summary)} if "wikitext2_ppl_mean" in summary else {}
-    return Result("zero-shot", config_dict(cfg), tables, figs,
-                  timer.meta(wikitext_corpus=cache.get("wikitext_corpus"), **meta))
+    return Result(
+        "zero-shot", config_dict(cfg), tables, figs, timer.meta(wikitext_corpus=cache.get("wikitext_corpus"), **meta)
+    )
 
 
-__all__ = ["ZeroShotConfig", "load_lambada", "load_hellaswag", "wikitext_windows", "perplexity", "split_last_word",
-           "lambada_accuracy", "hellaswag_accuracy", "run"]
+__all__ = [
+    "ZeroShotConfig",
+    "load_lambada",
+    "load_hellaswag",
+    "wikitext_windows",
+    "perplexity",
+    "split_last_word",
+    "lambada_accuracy",
+    "hellaswag_accuracy",
+    "run",
+]

@@ -3,6 +3,7 @@ descriptions (``ModelInfo``).
 
 Loading checkpoints, the HF adapters and interop with TransformerBridge / nnsight live in ``probe.checkpoints``.
 """
+
 from probe.hooks import names
 from probe.hooks.info import ModelInfo
 

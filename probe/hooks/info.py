@@ -3,6 +3,7 @@
 Custom models and HF adapters both expose ``model.probe_info`` (a :class:`ModelInfo`). Analyses read
 tensors through hook names (probe.hooks.names) and shapes/structure from here, never from module internals.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -3,6 +3,7 @@
 Every name below is an identity ``HookPoint``; shapes are given with B batch, T positions, d model width,
 H query heads, Hkv key/value heads, dh head width, S depth sources, r routing rank, C dense streams.
 """
+
 from __future__ import annotations
 
 import operator
@@ -31,8 +32,17 @@ FINAL_ROUTING_KEYS = "final_read.hook_routing_keys"
 FINAL_DEPTH_WEIGHTS = "final_read.hook_depth_weights"
 DENSE_WEIGHTS = "blocks.{l}.dense.hook_weights"  # B,T,C,S MUDD / DenseFormer mixing weights
 
-ATTN_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_v_gate", "hook_v_out", "hook_pattern", "hook_phantom",
-              "hook_sink_logit", "hook_z")
+ATTN_HOOKS = (
+    "hook_q",
+    "hook_k",
+    "hook_v",
+    "hook_v_gate",
+    "hook_v_out",
+    "hook_pattern",
+    "hook_phantom",
+    "hook_sink_logit",
+    "hook_z",
+)
 
 
 def name(template: str, layer: int | None = None, site: str | None = None) -> str:
@@ -83,7 +93,7 @@ def attn_module(layer: int) -> str:
 def attn(layer: int, point: str) -> str:
     """``attn(2, "pattern") == 'blocks.2.attn.hook_pattern'``; point is one of ATTN_POINTS, or its HookPoint
     attribute name (``"hook_pattern"``) as the attention module spells it."""
-    short = point[len("hook_"):] if point.startswith("hook_") else point
+    short = point[len("hook_") :] if point.startswith("hook_") else point
     return f"{attn_module(layer)}.hook_{_choose(short, ATTN_POINTS, 'attention hook')}"
 
 
@@ -104,8 +114,9 @@ def read(site: str, point: str) -> str:
     """A hook of a depth read site (a ``read_site`` prefix): ``read('final_read', 'depth_weights') ==
     'final_read.hook_depth_weights'``; point is routing_keys or depth_weights."""
     if not is_read_site(site):
-        raise ValueError(f"unknown depth read site {site!r}; a site is blocks.<l>.attn_read, blocks.<l>.mlp_read "
-                         f"or {FINAL_READ}")
+        raise ValueError(
+            f"unknown depth read site {site!r}; a site is blocks.<l>.attn_read, blocks.<l>.mlp_read or {FINAL_READ}"
+        )
     return f"{site}.hook_{_choose(point, READ_POINTS, 'read hook')}"
 
 
@@ -149,15 +160,19 @@ def is_read_site(site: str) -> bool:
     if site == FINAL_READ:
         return True
     parts = site.split(".")
-    return (len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit()
-            and parts[2] in tuple(f"{k}_read" for k in READ_KINDS))
+    return (
+        len(parts) == 3
+        and parts[0] == "blocks"
+        and parts[1].isdigit()
+        and parts[2] in tuple(f"{k}_read" for k in READ_KINDS)
+    )
 
 
 def attn_point(hook_name: str) -> str | None:
     """The attention point of a hook name (``'blocks.2.attn.hook_v' -> 'v'``), None for any other hook."""
     parts = hook_name.split(".")
     if len(parts) == 4 and parts[0] == "blocks" and parts[2] == "attn" and parts[3].startswith("hook_"):
-        point = parts[3][len("hook_"):]
+        point = parts[3][len("hook_") :]
         return point if point in ATTN_POINTS else None
     return None
 

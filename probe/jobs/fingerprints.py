@@ -7,6 +7,7 @@ and the corpus its windows come from, so that a resume trusts contents, not name
   revision names it).
 - Windows of text: the SHA-256 and size of the corpus they are built from (``probe.data.corpus.Corpus.content``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,8 +16,15 @@ from pathlib import Path
 
 from probe.checkpoints.load import resolve
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
 HEAD_BYTES = 1 << 20
 
 

@@ -10,6 +10,7 @@ Every failure a user can cause here (a missing corpus, an unknown model, an unre
 does not fit, a context the model cannot take, a device that is not there) is a one-line :class:`UsageError` naming
 the flag, raised before any output is written.
 """
+
 from __future__ import annotations
 
 import collections
@@ -38,9 +39,11 @@ from probe.present.errors import UsageError, first_line
 from probe.progress import plural
 
 DEFAULT_DATA = "wikitext-2-test"  # windows of text models when --data is not given
-KNOWN_HINT = ("see `probe models`: zoo names probe/tiny-<variant>, pythia-14m ... pythia-12b[-deduped][@stepN], "
-              "gpt-oss-20b, gpt-oss-120b, an HF repo id, a local model directory, a `probe train` run "
-              "directory[@stepN] or a .gguf file")
+KNOWN_HINT = (
+    "see `probe models`: zoo names probe/tiny-<variant>, pythia-14m ... pythia-12b[-deduped][@stepN], "
+    "gpt-oss-20b, gpt-oss-120b, an HF repo id, a local model directory, a `probe train` run "
+    "directory[@stepN] or a .gguf file"
+)
 
 
 # ------------------------------------------------------------------------------------------------------------ checks
@@ -66,9 +69,11 @@ def check_data(name: str | None, flag: str = "--data") -> None:
     bundled = [k for k in CORPORA if not k.startswith("hf:")]
     if name in bundled or name.startswith("hf:") or Path(name).expanduser().exists():
         return
-    raise UsageError(f"{flag} {name!r}: no such bundled corpus, file or directory; choose one of "
-                     f"{', '.join(bundled)}, an existing .txt or .jsonl[.gz] file or directory, "
-                     "hf:wikitext-2-raw-v1:<split>, synthetic:bb[...], synthetic:random[...] or synthetic:repeat[...]")
+    raise UsageError(
+        f"{flag} {name!r}: no such bundled corpus, file or directory; choose one of "
+        f"{', '.join(bundled)}, an existing .txt or .jsonl[.gz] file or directory, "
+        "hf:wikitext-2-raw-v1:<split>, synthetic:bb[...], synthetic:random[...] or synthetic:repeat[...]"
+    )
 
 
 def set_threads(n: int | None) -> None:
@@ -125,17 +130,21 @@ def load_model(spec: ModelSpec, console: Console, flag: str = "--model"):
         raise UsageError(f"{flag} {name!r}: {e}; {hint}{KNOWN_HINT}") from None
     except Exception as e:  # noqa: BLE001 — an unreadable checkpoint of any kind is a user error, one line
         if placed:
-            raise UsageError(f"{flag} {name!r} with --device-map {placed['device_map']!r}"
-                             f"{' --max-memory ' + str(spec.max_memory) if spec.max_memory else ''}: cannot place "
-                             f"it ({first_line(e)})") from None
+            raise UsageError(
+                f"{flag} {name!r} with --device-map {placed['device_map']!r}"
+                f"{' --max-memory ' + str(spec.max_memory) if spec.max_memory else ''}: cannot place "
+                f"it ({first_line(e)})"
+            ) from None
         raise UsageError(f"{flag} {name!r}: cannot read the {kind} checkpoint ({first_line(e)})") from None
     finally:
         offload_log.setLevel(level)
     if placed:
         device_map = getattr(getattr(model, "hf_model", model), "hf_device_map", None) or {}
         where = collections.Counter(str(d) for d in device_map.values())
-        console.note(f"placement: --device-map {placed['device_map']}: "
-                     + ", ".join(f"{plural(n, 'module')} on {d}" for d, n in where.items()))
+        console.note(
+            f"placement: --device-map {placed['device_map']}: "
+            + ", ".join(f"{plural(n, 'module')} on {d}" for d, n in where.items())
+        )
     if offload_tmp is not None:
         model.offload_tmp = offload_tmp  # the temporary folder lives (and is removed) with the model
     return model.eval()
@@ -165,8 +174,10 @@ def placement(spec: ModelSpec) -> tuple[dict, tempfile.TemporaryDirectory | None
 def fresh_default(default: str, device: str, dtype, console: Console):
     """A freshly initialised tiny model of the default's variant (seed 0), when that zoo checkpoint is not installed."""
     variant = default.split("tiny-", 1)[1]
-    console.note(f"model: zoo checkpoint {default} is not installed; using a freshly initialised tiny {variant} "
-                 f"(seed 0, untrained)")
+    console.note(
+        f"model: zoo checkpoint {default} is not installed; using a freshly initialised tiny {variant} "
+        f"(seed 0, untrained)"
+    )
     model = create(variant, "tiny", seed=0)
     model.probe_name = f"tiny-{variant} (fresh init, seed 0)"
     if dtype is not None:
@@ -184,8 +195,9 @@ def tokenizer_for(spec: WindowSpec, model):
         if getattr(model, "tokenizer", None) is not None:
             return model.tokenizer
         if model.probe_info.family != "probe":
-            raise UsageError(f"model {model.probe_info.name!r} ships no tokenizer; pass --tokenizer "
-                             f"({', '.join(TOKENIZERS)})")
+            raise UsageError(
+                f"model {model.probe_info.name!r} ships no tokenizer; pass --tokenizer ({', '.join(TOKENIZERS)})"
+            )
         name = DEFAULT_TOKENIZER
     try:
         return load_tokenizer(name)
@@ -220,20 +232,45 @@ def bos_id_for(spec: WindowSpec, model, tok) -> int | None:
         raise UsageError(f"--bos: tokenizer {tok.name_or_path!r} has no BOS token; drop --bos") from None
 
 
-def make_windows(corpus, tok, *, n_batches: int, batch_size: int, ctx: int, seed: int, mode: str, vocab_size: int,
-                 docs=None, bos_id: int | None = None):
+def make_windows(
+    corpus,
+    tok,
+    *,
+    n_batches: int,
+    batch_size: int,
+    ctx: int,
+    seed: int,
+    mode: str,
+    vocab_size: int,
+    docs=None,
+    bos_id: int | None = None,
+):
     """``probe.data.windows.build_windows`` (mode auto = one window per document, sequential windows when there are
     too few; with ``bos_id`` each window is that BOS + ctx-1 text tokens of input), its errors naming the flags."""
     try:
-        return build_windows(corpus, tok, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=mode,
-                             bos_id=bos_id, docs=docs, vocab_size=vocab_size)
+        return build_windows(
+            corpus,
+            tok,
+            n_batches=n_batches,
+            batch_size=batch_size,
+            ctx=ctx,
+            seed=seed,
+            mode=mode,
+            bos_id=bos_id,
+            docs=docs,
+            vocab_size=vocab_size,
+        )
     except ValueError as e:
         msg = str(e)
-        for a, b in ((f"corpus {corpus.name!r} ", "it "), ("n_batches*batch_size", "--batches x --batch-size"),
-                     ("mode='sequential' or 'random'", "--window-mode sequential or random"),
-                     ("mode='random'", "--window-mode random"), ("mode='packed'", "--window-mode packed"),
-                     ("mode='first' or 'sequential'", "--window-mode first or sequential"),
-                     ("a matching tokenizer", "a matching --tokenizer")):
+        for a, b in (
+            (f"corpus {corpus.name!r} ", "it "),
+            ("n_batches*batch_size", "--batches x --batch-size"),
+            ("mode='sequential' or 'random'", "--window-mode sequential or random"),
+            ("mode='random'", "--window-mode random"),
+            ("mode='packed'", "--window-mode packed"),
+            ("mode='first' or 'sequential'", "--window-mode first or sequential"),
+            ("a matching tokenizer", "a matching --tokenizer"),
+        ):
             msg = msg.replace(a, b)
         raise UsageError(f"--data {corpus.name!r}: {msg}") from None
 
@@ -250,8 +287,10 @@ def synthetic_windows(spec: WindowSpec, model, task: BigramBackcopy | None):
     name = spec.data or "synthetic:bb"
     info = model.probe_info
     if task is None:
-        raise UsageError(f"--data {name!r} is Bigram-Backcopy data but model {info.name!r} was trained on text; pass "
-                         "a text corpus (e.g. wikitext-2-test), or a model trained with --data synthetic:bb")
+        raise UsageError(
+            f"--data {name!r} is Bigram-Backcopy data but model {info.name!r} was trained on text; pass "
+            "a text corpus (e.g. wikitext-2-test), or a model trained with --data synthetic:bb"
+        )
     try:
         asked = parse_synthetic(name, base=task)
         if spec.ctx is not None:
@@ -259,25 +298,35 @@ def synthetic_windows(spec: WindowSpec, model, task: BigramBackcopy | None):
     except ValueError as e:
         raise UsageError(f"--data / --ctx: {first_line(e)}") from None
     if spec.tokenizer is not None:
-        raise UsageError(f"--tokenizer {spec.tokenizer!r} does not apply to --data {name!r} (its tokens are ids); "
-                         "drop --tokenizer")
+        raise UsageError(
+            f"--tokenizer {spec.tokenizer!r} does not apply to --data {name!r} (its tokens are ids); drop --tokenizer"
+        )
     if spec.bos is False:
         raise UsageError(f"--no-bos: --data {name!r} windows always start with BOS; drop --no-bos")
     if asked.vocab_size > info.vocab_size:
-        raise UsageError(f"--data {asked.spec()!r} needs {asked.vocab_size} token ids but model {info.name!r} has a "
-                         f"vocabulary of {info.vocab_size}; choose vocab <= {info.vocab_size - 1}")
+        raise UsageError(
+            f"--data {asked.spec()!r} needs {asked.vocab_size} token ids but model {info.name!r} has a "
+            f"vocabulary of {info.vocab_size}; choose vocab <= {info.vocab_size - 1}"
+        )
     if asked.T > info.n_ctx:
-        raise UsageError(f"--data {asked.spec()!r}: T={asked.T} exceeds the maximum context {info.n_ctx} of model "
-                         f"{info.name!r}; choose T (or --ctx) 2..{info.n_ctx}")
+        raise UsageError(
+            f"--data {asked.spec()!r}: T={asked.T} exceeds the maximum context {info.n_ctx} of model "
+            f"{info.name!r}; choose T (or --ctx) 2..{info.n_ctx}"
+        )
     return asked.eval_windows(spec.batches, spec.batch_size, seed=spec.seed)
 
 
-def text_on_bb(what: str, model, task: BigramBackcopy,
-               hint: str = "use --data synthetic:bb (its own chain) or synthetic:bb[vocab=..,triggers=..,seed=..,T=..]"
-               ) -> UsageError:
+def text_on_bb(
+    what: str,
+    model,
+    task: BigramBackcopy,
+    hint: str = "use --data synthetic:bb (its own chain) or synthetic:bb[vocab=..,triggers=..,seed=..,T=..]",
+) -> UsageError:
     """The one-line error for text given to a model trained on Bigram-Backcopy data; ``what`` names the input."""
-    return UsageError(f"{what} is text but model {model.probe_info.name!r} was trained on Bigram-Backcopy data "
-                      f"({task.spec()}); {hint}")
+    return UsageError(
+        f"{what} is text but model {model.probe_info.name!r} was trained on Bigram-Backcopy data "
+        f"({task.spec()}); {hint}"
+    )
 
 
 def windows_for(spec: WindowSpec, model, cache: WindowCache | None = None):
@@ -311,19 +360,26 @@ def check_protocol(spec: WindowSpec, task: BigramBackcopy | None) -> None:
     if spec.ctx is not None and spec.ctx != GU2025_TOKENS:
         raise UsageError(f"--ctx {spec.ctx} conflicts with --protocol gu2025 ({why}); drop --ctx")
     if spec.mode != "auto":
-        raise UsageError(f"--window-mode {spec.mode} conflicts with --protocol gu2025 (one window per text, texts in "
-                         "order); drop --window-mode")
+        raise UsageError(
+            f"--window-mode {spec.mode} conflicts with --protocol gu2025 (one window per text, texts in "
+            "order); drop --window-mode"
+        )
     if spec.bos is not None:
-        raise UsageError(f"--{'' if spec.bos else 'no-'}bos conflicts with --protocol gu2025 (the tokenizer's default "
-                         f"special tokens decide the BOS); drop --{'' if spec.bos else 'no-'}bos")
+        raise UsageError(
+            f"--{'' if spec.bos else 'no-'}bos conflicts with --protocol gu2025 (the tokenizer's default "
+            f"special tokens decide the BOS); drop --{'' if spec.bos else 'no-'}bos"
+        )
     if is_token_domain(spec.data):
         T = parse_token_domain(spec.data).T
         if T != GU2025_TOKENS:
-            raise UsageError(f"--data {spec.data!r}: T={T} conflicts with --protocol gu2025 ({why}); use "
-                             f"T={GU2025_TOKENS}")
+            raise UsageError(
+                f"--data {spec.data!r}: T={T} conflicts with --protocol gu2025 ({why}); use T={GU2025_TOKENS}"
+            )
     elif is_synthetic(spec.data) or (spec.data is None and task is not None):
-        raise UsageError(f"--protocol gu2025 reads text or synthetic:random / synthetic:repeat, not Bigram-Backcopy "
-                         f"data ({spec.data or task.spec()}); use --protocol pooled")
+        raise UsageError(
+            f"--protocol gu2025 reads text or synthetic:random / synthetic:repeat, not Bigram-Backcopy "
+            f"data ({spec.data or task.spec()}); use --protocol pooled"
+        )
 
 
 def token_domain_windows(spec: WindowSpec, model):
@@ -334,13 +390,18 @@ def token_domain_windows(spec: WindowSpec, model):
         domain = parse_token_domain(name)
     except ValueError as e:
         raise UsageError(f"--data: {first_line(e)}") from None
-    for flag, given in (("--ctx", spec.ctx is not None and spec.ctx != domain.T), ("--bos", spec.bos is not None),
-                        ("--tokenizer", spec.tokenizer is not None)):
+    for flag, given in (
+        ("--ctx", spec.ctx is not None and spec.ctx != domain.T),
+        ("--bos", spec.bos is not None),
+        ("--tokenizer", spec.tokenizer is not None),
+    ):
         if given:
             raise UsageError(f"{flag} does not apply to --data {name!r} (its T and bos are in the name); drop {flag}")
     if domain.T > info.n_ctx:
-        raise UsageError(f"--data {name!r}: T={domain.T} exceeds the maximum context {info.n_ctx} of model "
-                         f"{info.name!r}; choose T 2..{info.n_ctx}")
+        raise UsageError(
+            f"--data {name!r}: T={domain.T} exceeds the maximum context {info.n_ctx} of model "
+            f"{info.name!r}; choose T 2..{info.n_ctx}"
+        )
     bos_id, tok = None, getattr(model, "tokenizer", None)
     if domain.bos and tok is not None:
         try:
@@ -385,11 +446,19 @@ class WindowCache:
             tkey = key[:2]
             if tkey not in self.docs:  # documents in memory are tokenized once; a streamed file as far as asked
                 self.docs[tkey] = DocumentTokens(self.corpus, tok)
-            self.cache[key] = make_windows(self.corpus, tok, n_batches=w.batches, batch_size=w.batch_size, ctx=ctx,
-                                           seed=w.seed, mode=w.mode, vocab_size=model.probe_info.vocab_size,
-                                           docs=self.docs[tkey], bos_id=bos_id)
+            self.cache[key] = make_windows(
+                self.corpus,
+                tok,
+                n_batches=w.batches,
+                batch_size=w.batch_size,
+                ctx=ctx,
+                seed=w.seed,
+                mode=w.mode,
+                vocab_size=model.probe_info.vocab_size,
+                docs=self.docs[tkey],
+                bos_id=bos_id,
+            )
         return on_device(self.cache[key], model)
-
 
     def texts(self, model, tok):
         """--protocol gu2025's windows: one per text (the first --batches x --batch-size texts of >= 65 tokens)."""
@@ -400,8 +469,14 @@ class WindowCache:
         if key not in self.cache:
             self.corpus = self.corpus or load_corpus(w.data or DEFAULT_DATA)
             try:
-                self.cache[key] = text_windows(self.corpus, tok, n=w.batches * w.batch_size, ctx=GU2025_TOKENS,
-                                               batch_size=w.batch_size, vocab_size=model.probe_info.vocab_size)
+                self.cache[key] = text_windows(
+                    self.corpus,
+                    tok,
+                    n=w.batches * w.batch_size,
+                    ctx=GU2025_TOKENS,
+                    batch_size=w.batch_size,
+                    vocab_size=model.probe_info.vocab_size,
+                )
             except ValueError as e:
                 raise UsageError(f"--data {self.corpus.name!r}: {first_line(e)}") from None
         return on_device(self.cache[key], model)
@@ -429,6 +504,7 @@ def injection_plan(model, spec: InjectionSpec, batch_size: int) -> tuple[list[st
             kinds.remove("own-direction")
             skipped.append(f"own-direction ({e})")
     if batch_size < 2 and "structured" in kinds:
-        raise UsageError("--junk structured needs --batch-size >= 2 (its junk comes from the other sequences of the "
-                         "batch)")
+        raise UsageError(
+            "--junk structured needs --batch-size >= 2 (its junk comes from the other sequences of the batch)"
+        )
     return kinds, list(dict.fromkeys(spec.cutoffs)), skipped

@@ -8,6 +8,7 @@ host, so only a person can tell whether that run is over. The holder removes the
 removes what a killed run staged and never renamed (``probe.writes.remove_stale_temps``), since nothing else
 can be writing there.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -93,8 +94,10 @@ def acquire(folder, *, wait: bool = False, flag: str = "--out", prog: str = "pro
     try:
         created = make_dirs(folder)
     except OSError as e:
-        raise UsageError(f"{flag} {str(folder)!r} is not a writable directory ({e.strerror}); choose a directory you "
-                         "can write to", prog) from None
+        raise UsageError(
+            f"{flag} {str(folder)!r} is not a writable directory ({e.strerror}); choose a directory you can write to",
+            prog,
+        ) from None
     try:
         for attempt in itertools.count():
             try:
@@ -105,18 +108,25 @@ def acquire(folder, *, wait: bool = False, flag: str = "--out", prog: str = "pro
                     continue
                 raise
             except OSError as e:
-                raise UsageError(f"{flag} {str(folder)!r}: cannot open its lock file {path} ({e.strerror}); remove "
-                                 "it if it is not a regular file", prog) from None
+                raise UsageError(
+                    f"{flag} {str(folder)!r}: cannot open its lock file {path} ({e.strerror}); remove "
+                    "it if it is not a regular file",
+                    prog,
+                ) from None
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise UsageError(f"{flag} {str(folder)!r}: its lock file {path} is not a regular file; remove it",
-                                     prog)
+                    raise UsageError(
+                        f"{flag} {str(folder)!r}: its lock file {path} is not a regular file; remove it", prog
+                    )
                 if not _lock(fd, path, wait, flag, folder, prog, note):
                     continue  # the file was removed by the holder that released it: lock the new one
                 holder = _read_holder(fd)
                 if holder.get("host") not in (None, this_host()):
-                    raise UsageError(f"{flag} {str(folder)!r} is locked by {describe(holder)}: a run on another host; "
-                                     f"if it has ended, remove {path} and run again", prog)
+                    raise UsageError(
+                        f"{flag} {str(folder)!r} is locked by {describe(holder)}: a run on another host; "
+                        f"if it has ended, remove {path} and run again",
+                        prog,
+                    )
                 if holder.get("pid") not in (None, os.getpid()):
                     state = "no longer running" if not _pid_alive(int(holder["pid"])) else "not holding it"
                     note(f"taking over the lock of {folder} left by pid {holder['pid']} ({state})")
@@ -141,8 +151,11 @@ def _lock(fd: int, path: Path, wait: bool, flag: str, folder: Path, prog: str, n
     except BlockingIOError:
         holder = _read_holder(fd)
         if not wait:
-            raise UsageError(f"{flag} {str(folder)!r} is in use by {describe(holder)}; wait for it to finish, pass "
-                             f"--wait to queue behind it, or choose another {flag}", prog) from None
+            raise UsageError(
+                f"{flag} {str(folder)!r} is in use by {describe(holder)}; wait for it to finish, pass "
+                f"--wait to queue behind it, or choose another {flag}",
+                prog,
+            ) from None
         note(f"waiting for {describe(holder)} to release {folder}")
         fcntl.flock(fd, fcntl.LOCK_EX)
     try:
@@ -155,8 +168,12 @@ def _lock(fd: int, path: Path, wait: bool, flag: str, folder: Path, prog: str, n
 
 
 def _write_holder(fd: int) -> None:
-    holder = {"pid": os.getpid(), "host": this_host(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "command": " ".join(["probe", *sys.argv[1:]])[:300]}
+    holder = {
+        "pid": os.getpid(),
+        "host": this_host(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join(["probe", *sys.argv[1:]])[:300],
+    }
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(holder).encode("utf-8"), 0)
     os.fsync(fd)

@@ -13,6 +13,7 @@ Sharded (``ReportSpec.shard = (i, N)``), a run computes only every N-th model of
 model list and its shard in the manifest; ``probe.jobs.shards.merge_reports`` joins the N folders into the report an
 unsharded run writes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +46,18 @@ from probe.present.files import write_pages
 from probe.present.report import report_page
 from probe.runs import parse_step, snapshot_steps
 
-TABLES = ("summary", "by_type", "layers", "heads", "batches", "sink_eps", "sink_eps_layers", "injection",
-          "injection_batches", "exposure")
+TABLES = (
+    "summary",
+    "by_type",
+    "layers",
+    "heads",
+    "batches",
+    "sink_eps",
+    "sink_eps_layers",
+    "injection",
+    "injection_batches",
+    "exposure",
+)
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,7 @@ def shard_share(names, shard: tuple[int, int] | None) -> list:
     if shard is None:
         return list(names)
     i, n = shard
-    return list(names)[i - 1::n]
+    return list(names)[i - 1 :: n]
 
 
 def shard_record(names, shard: tuple[int, int] | None) -> dict | None:
@@ -93,8 +104,10 @@ def expand_checkpoints(spec: str) -> list[str]:
             base = item.split("@", 1)[0]
             names.append(item)
         elif base is None:
-            raise UsageError(f"--checkpoints {spec!r}: the first item needs a model and a revision, e.g. "
-                             "pythia-160m@step1000,step2000")
+            raise UsageError(
+                f"--checkpoints {spec!r}: the first item needs a model and a revision, e.g. "
+                "pythia-160m@step1000,step2000"
+            )
         else:
             names.append(f"{base}@{item}")
     if not names:
@@ -110,12 +123,22 @@ def step_of(name: str) -> int | None:
 def settings_of(spec: ReportSpec) -> dict:
     """What determines the numbers (recorded in the manifest; a resumed run must match it)."""
     w, inj = spec.windows, spec.injection
-    injection = None if inj is None else {"doses": list(inj.doses), "junk": list(inj.junk),
-                                          "cutoff": list(inj.cutoffs)}
-    return {"data": w.data, "tokenizer": w.tokenizer, "batches": w.batches, "batch_size": w.batch_size,
-            "ctx": w.ctx, "window_mode": w.mode, "seed": w.seed, "device": resolve_device(spec.model.device),
-            "dtype": spec.model.dtype, "inject": injection, "eps": list(spec.eps), "probe_version": __version__,
-            **({"protocol": w.protocol} if w.protocol != "pooled" else {})}  # older manifests: pooled
+    injection = None if inj is None else {"doses": list(inj.doses), "junk": list(inj.junk), "cutoff": list(inj.cutoffs)}
+    return {
+        "data": w.data,
+        "tokenizer": w.tokenizer,
+        "batches": w.batches,
+        "batch_size": w.batch_size,
+        "ctx": w.ctx,
+        "window_mode": w.mode,
+        "seed": w.seed,
+        "device": resolve_device(spec.model.device),
+        "dtype": spec.model.dtype,
+        "inject": injection,
+        "eps": list(spec.eps),
+        "probe_version": __version__,
+        **({"protocol": w.protocol} if w.protocol != "pooled" else {}),
+    }  # older manifests: pooled
 
 
 def compute_one(spec: ReportSpec, name: str, index: int, windows: WindowCache, console: Console) -> dict:
@@ -124,8 +147,13 @@ def compute_one(spec: ReportSpec, name: str, index: int, windows: WindowCache, c
     model = load_model(dataclasses.replace(spec.model, name=name), console)
     tok = tokenizer_for(spec.windows, model)
     eb = windows.get(model, tok, eval_ctx(spec.windows, model))
-    found = sink_analyses(model, eb, eps=list(spec.eps), progress=progress,  # one forward per batch for both
-                          protocol=spec.windows.protocol)
+    found = sink_analyses(
+        model,
+        eb,
+        eps=list(spec.eps),
+        progress=progress,  # one forward per batch for both
+        protocol=spec.windows.protocol,
+    )
     res, se = found["sinks"], found["sink_eps"]
     tables = {k: res[k] for k in ("summary", "by_type", "layers", "heads", "batches")}
     tables["sink_eps"], tables["sink_eps_layers"] = se["summary"], se["layers"]
@@ -134,8 +162,15 @@ def compute_one(spec: ReportSpec, name: str, index: int, windows: WindowCache, c
         kinds, cutoffs, skipped = injection_plan(model, spec.injection, spec.windows.batch_size)
         for s in skipped:
             console.note(f"{name}: skipping junk {s}")
-        inj = inject(model, eb, junk=kinds, cutoffs=cutoffs, doses=list(spec.injection.doses), seed=spec.windows.seed,
-                     progress=progress)
+        inj = inject(
+            model,
+            eb,
+            junk=kinds,
+            cutoffs=cutoffs,
+            doses=list(spec.injection.doses),
+            seed=spec.windows.seed,
+            progress=progress,
+        )
         tables["injection"], tables["exposure"] = inj["results"], inj["exposure"]
         tables["injection_batches"] = inj["per_batch"]  # standard errors over batches on the page
     step = step_of(name)
@@ -168,16 +203,21 @@ def write_report(spec: ReportSpec, console: Console) -> tuple[dict[str, pd.DataF
         console.note(f"{shard_name(shard)}: {len(mine)} of {len(names)} models")
     windows = WindowCache(spec.windows)
     index = {name: i for i, name in enumerate(names, start=1)}
-    records = store.records(mine, lambda name: compute_one(spec, name, index[name], windows, console), console,
-                            "report", fingerprint=lambda name: {"model": model_fingerprint(name),
-                                                                "windows": windows.fingerprint()})
+    records = store.records(
+        mine,
+        lambda name: compute_one(spec, name, index[name], windows, console),
+        console,
+        "report",
+        fingerprint=lambda name: {"model": model_fingerprint(name), "windows": windows.fingerprint()},
+    )
     if not mine:  # more shards than models (a job array larger than the sweep): only the manifest, for the merge
         return {}, settings
     return write_tables(out, records, settings, console, spec.self_contained), settings
 
 
-def write_tables(out: Path, records: list[dict], settings: dict, console: Console,
-                 self_contained: bool = False) -> dict[str, pd.DataFrame]:
+def write_tables(
+    out: Path, records: list[dict], settings: dict, console: Console, self_contained: bool = False
+) -> dict[str, pd.DataFrame]:
     """The CSV tables and the HTML page of ``records`` (in report order) into ``out``."""
     tables = {k: pd.DataFrame([row for r in records for row in r["tables"].get(k, [])]) for k in TABLES}
     tables = {k: v for k, v in tables.items() if len(v)}

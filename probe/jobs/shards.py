@@ -8,6 +8,7 @@ models' records, the manifest and the tables in the whole run's order: the CSV f
 does the page apart from plotly's random element ids. The merged folder is itself a report folder: `probe report` over
 it with the same flags finds every model done.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,10 @@ from probe.jobs.store import MANIFEST, RunStore, read_manifest, read_record, rec
 from probe.present.console import Console
 from probe.present.errors import UsageError
 
-SHARD_HINT = ("i/N with 1 <= i <= N, e.g. 2/4 (a SLURM array run with --array=1-N: "
-              "--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)")
+SHARD_HINT = (
+    "i/N with 1 <= i <= N, e.g. 2/4 (a SLURM array run with --array=1-N: "
+    "--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)"
+)
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -45,16 +48,23 @@ def _same_run(first: tuple[Path, dict], other: tuple[Path, dict]) -> None:
     """Shards of one run have the same settings and the same model list; the first difference is the error."""
     (a, ma), (b, mb) = first, other
     sa, sb = ma["settings"], mb["settings"]
-    diff = [f"{k}: {sa.get(k)!r} in {str(a)!r}, {sb.get(k)!r} in {str(b)!r}" for k in dict.fromkeys([*sa, *sb])
-            if sa.get(k) != sb.get(k)]
+    diff = [
+        f"{k}: {sa.get(k)!r} in {str(a)!r}, {sb.get(k)!r} in {str(b)!r}"
+        for k in dict.fromkeys([*sa, *sb])
+        if sa.get(k) != sb.get(k)
+    ]
     if diff:
         raise UsageError(f"--merge: shards of different runs (other settings: {'; '.join(diff)})")
     if ma["models"] != mb["models"]:
-        at = next((i for i, (x, y) in enumerate(zip(ma["models"], mb["models"])) if x != y),
-                  min(len(ma["models"]), len(mb["models"])))
+        at = next(
+            (i for i, (x, y) in enumerate(zip(ma["models"], mb["models"])) if x != y),
+            min(len(ma["models"]), len(mb["models"])),
+        )
         x, y = (repr(m[at]) if at < len(m) else "nothing" for m in (ma["models"], mb["models"]))
-        raise UsageError(f"--merge: shards of different runs (model lists differ at model {at + 1}: "
-                         f"{x} in {str(a)!r}, {y} in {str(b)!r})")
+        raise UsageError(
+            f"--merge: shards of different runs (model lists differ at model {at + 1}: "
+            f"{x} in {str(a)!r}, {y} in {str(b)!r})"
+        )
 
 
 def check_shards(folders: list[Path]) -> tuple[dict, list[tuple[Path, dict]]]:
@@ -75,15 +85,19 @@ def check_shards(folders: list[Path]) -> tuple[dict, list[tuple[Path, dict]]]:
         by_index[i] = f
     missing = [f"{i}/{n}" for i in range(1, n + 1) if i not in by_index]
     if missing:
-        raise UsageError(f"--merge: missing shard {', '.join(missing)} of {n} (given: "
-                         f"{', '.join(f'{i}/{n}' for i in sorted(by_index))}); run it and pass its folder too")
+        raise UsageError(
+            f"--merge: missing shard {', '.join(missing)} of {n} (given: "
+            f"{', '.join(f'{i}/{n}' for i in sorted(by_index))}); run it and pass its folder too"
+        )
     names = shards[0][1]["models"]
     for f, m in shards:
         share = shard_share(names, (m["shard"]["index"], n))
         done = [x for x in share if record_path(f, x).is_file()]
         if len(done) < len(share):
-            raise UsageError(f"--merge: {shard_name(m['shard'])} in {str(f)!r} is not finished ({len(done)} of "
-                             f"{len(share)} models done); run the same `probe report ... --shard` again to resume it")
+            raise UsageError(
+                f"--merge: {shard_name(m['shard'])} in {str(f)!r} is not finished ({len(done)} of "
+                f"{len(share)} models done); run the same `probe report ... --shard` again to resume it"
+            )
     return shards[0][1], sorted(shards, key=lambda s: s[1]["shard"]["index"])
 
 

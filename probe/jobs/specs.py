@@ -5,6 +5,7 @@ windows (``probe.jobs.inputs``), the report and the output functions take them, 
 variant of a spec is ``dataclasses.replace(spec, field=value)``. Plain values only: importing this module imports no
 torch.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,17 @@ from dataclasses import dataclass
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential", "cpu")  # accelerate's placements, and all-on-cpu
 MEMORY_DEVICES = ("cpu", "disk", "mps")  # besides GPU indices
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?", re.IGNORECASE)
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
-          "TIB": 2**40}
+_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 @dataclass(frozen=True)
@@ -67,8 +77,10 @@ def parse_device_map(text: str):
     except ValueError:
         value = None
     if not isinstance(value, dict) or not value or not all(isinstance(v, (str, int)) for v in value.values()):
-        raise ValueError(f"--device-map: expected one of {', '.join(DEVICE_MAPS)} or a JSON object "
-                         f"{{\"module\": \"device\"}}, got {text!r}")
+        raise ValueError(
+            f"--device-map: expected one of {', '.join(DEVICE_MAPS)} or a JSON object "
+            f'{{"module": "device"}}, got {text!r}'
+        )
     return value
 
 
@@ -76,23 +88,30 @@ def parse_max_memory(text: str) -> dict:
     """--max-memory: ``cpu=200MB,0=10GiB,disk=1GB`` or a JSON object -> {device: bytes}; devices are cpu, disk, mps
     or a GPU index, sizes bytes or a number with a unit (decimal KB ... TB, binary KiB ... TiB, any case)."""
     try:
-        pairs = json.loads(text) if text.lstrip().startswith("{") else dict(
-            item.split("=", 1) for item in text.split(",") if item.strip())
+        pairs = (
+            json.loads(text)
+            if text.lstrip().startswith("{")
+            else dict(item.split("=", 1) for item in text.split(",") if item.strip())
+        )
     except ValueError:
         pairs = None
     if not isinstance(pairs, dict) or not pairs:
-        raise ValueError(f"--max-memory: expected DEVICE=SIZE,... (e.g. cpu=200MB,0=10GiB,disk=1GB) or a JSON "
-                         f"object, got {text!r}")
+        raise ValueError(
+            f"--max-memory: expected DEVICE=SIZE,... (e.g. cpu=200MB,0=10GiB,disk=1GB) or a JSON object, got {text!r}"
+        )
     budget = {}
     for key, size in pairs.items():
         key, size = str(key).strip(), str(size).strip()
         if not (key in MEMORY_DEVICES or key.isdigit()):
-            raise ValueError(f"--max-memory: device {key!r} in {text!r}: choose {', '.join(MEMORY_DEVICES)} or a "
-                             "GPU index 0, 1, ...")
+            raise ValueError(
+                f"--max-memory: device {key!r} in {text!r}: choose {', '.join(MEMORY_DEVICES)} or a GPU index 0, 1, ..."
+            )
         m = _SIZE.fullmatch(size)
         if not m:
-            raise ValueError(f"--max-memory: size {size!r} of {key} in {text!r}: expected bytes or a number with "
-                             "B, KB, MB, GB, TB, KiB, MiB, GiB or TiB (e.g. 200MB, 10GiB)")
+            raise ValueError(
+                f"--max-memory: size {size!r} of {key} in {text!r}: expected bytes or a number with "
+                "B, KB, MB, GB, TB, KiB, MiB, GiB or TiB (e.g. 200MB, 10GiB)"
+            )
         # bytes as an int: accelerate would read a lower-case 'mb' as megabits
         budget[int(key) if key.isdigit() else key] = int(float(m[1]) * _UNITS[(m[2] or "B").upper()])
     return budget

@@ -18,6 +18,7 @@ first record, so a run that fails before any model finishes leaves no files; the
 first record of a run and at its end, with the model list of the run that wrote it. Without a folder, records stay in
 memory, as JSON too, so a result reads the same whether it was computed now or reloaded.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -99,8 +100,9 @@ class RunStore:
     models this process computes may be a share of it); ``kind``: what writes the folder; ``shard``: which shard of
     its run the folder holds (None: the whole run); ``extra``: more manifest fields."""
 
-    def __init__(self, out, settings: dict, models, *, kind: str = REPORT, shard: dict | None = None,
-                 extra: dict | None = None):
+    def __init__(
+        self, out, settings: dict, models, *, kind: str = REPORT, shard: dict | None = None, extra: dict | None = None
+    ):
         self.out = None if out is None else Path(out)
         self.settings, self.models, self.kind, self.shard = settings, list(models), kind, shard
         self.extra = {**({} if shard is None else {"shard": shard}), **(extra or {})}
@@ -118,21 +120,28 @@ class RunStore:
         if old is not None:
             kind = old.get("kind", REPORT)
             if kind != self.kind:
-                raise RunFolderError(f"--out {str(out)!r} holds the result of {kind!r}, not {self.kind!r}; choose "
-                                     "another --out")
+                raise RunFolderError(
+                    f"--out {str(out)!r} holds the result of {kind!r}, not {self.kind!r}; choose another --out"
+                )
             diff = settings_diff(old["settings"], self.settings)
             if diff:
-                raise RunFolderError(f"--out {str(out)!r} holds {self._what()} computed with other settings "
-                                     f"({'; '.join(diff)}); use the same flags to resume, or another --out")
+                raise RunFolderError(
+                    f"--out {str(out)!r} holds {self._what()} computed with other settings "
+                    f"({'; '.join(diff)}); use the same flags to resume, or another --out"
+                )
             if shard_name(old.get("shard")) != shard_name(self.shard):  # the share follows the model list
-                raise RunFolderError(f"--out {str(out)!r} holds {shard_name(old.get('shard'))} of a report, not "
-                                     f"{shard_name(self.shard)}; resume it with the same --models/--checkpoints and "
-                                     "--shard, or use another --out")
-        elif (out / MANIFEST).exists() or (out.exists() and (
-                not out.is_dir() or any(p for p in out.iterdir() if not p.name.startswith(".")))):
+                raise RunFolderError(
+                    f"--out {str(out)!r} holds {shard_name(old.get('shard'))} of a report, not "
+                    f"{shard_name(self.shard)}; resume it with the same --models/--checkpoints and "
+                    "--shard, or use another --out"
+                )
+        elif (out / MANIFEST).exists() or (
+            out.exists() and (not out.is_dir() or any(p for p in out.iterdir() if not p.name.startswith(".")))
+        ):
             noun = "report" if self.kind == REPORT else f"{self.kind} run"
-            raise RunFolderError(f"--out {str(out)!r} exists and is not a probe {noun} directory; choose a new or "
-                                 "empty one")
+            raise RunFolderError(
+                f"--out {str(out)!r} exists and is not a probe {noun} directory; choose a new or empty one"
+            )
         if out.is_dir():
             remove_stale_temps(out)  # staged files of a killed run: never renamed, so never counted
 
@@ -181,13 +190,17 @@ class RunStore:
                 continue
             was = _read_state(path, "delete it and run again: it is recorded again from the inputs of now")
             if was != now:
-                raise RunFolderError(f"--out {str(self.out)!r}: model {name!r} was computed from other inputs "
-                                     f"({describe(was)}) than it reads now ({describe(now)}); restore them to resume, "
-                                     "delete its record to recompute it, or use another --out")
+                raise RunFolderError(
+                    f"--out {str(self.out)!r}: model {name!r} was computed from other inputs "
+                    f"({describe(was)}) than it reads now ({describe(now)}); restore them to resume, "
+                    "delete its record to recompute it, or use another --out"
+                )
         if unrecorded:
-            sys.stderr.write(f"warning: {len(unrecorded)} finished model(s) in {self.out} record no input fingerprints "
-                             f"(written before fingerprints existed; first {unrecorded[0]!r}); resuming with the "
-                             "inputs of now and recording them\n")
+            sys.stderr.write(
+                f"warning: {len(unrecorded)} finished model(s) in {self.out} record no input fingerprints "
+                f"(written before fingerprints existed; first {unrecorded[0]!r}); resuming with the "
+                "inputs of now and recording them\n"
+            )
 
     def records(self, names, compute, console: Console, what: str, fingerprint=None) -> list[dict]:
         """The record of every one of ``names``, in order: the stored one, or ``compute(name)``, stored as soon as it
@@ -222,5 +235,15 @@ class RunStore:
         return [self.record(n) for n in names]
 
 
-__all__ = ["RunStore", "RunFolderError", "MANIFEST", "MODELS", "slug", "record_path", "read_record", "read_manifest",
-           "shard_name", "settings_diff"]
+__all__ = [
+    "RunStore",
+    "RunFolderError",
+    "MANIFEST",
+    "MODELS",
+    "slug",
+    "record_path",
+    "read_record",
+    "read_manifest",
+    "shard_name",
+    "settings_diff",
+]

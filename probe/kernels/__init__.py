@@ -9,16 +9,27 @@ Triton kernel, one dispatch function per op).
 Value gates are the models' (probe.models.gates): an op aggregates the values it is given. Importing this package
 needs torch only; triton is imported when a Triton path runs.
 """
+
 from probe.kernels.backend import BACKENDS, current_backend, use_backend
 from probe.kernels.depth_attention.reference import merge_depth
 from probe.kernels.dispatch import (
-                                    AttentionOutput,
-                                    DepthOutput,
-                                    attention_row_masses,
-                                    depth_attention,
-                                    sink_attention,
-                                    triton_available,
+    AttentionOutput,
+    DepthOutput,
+    attention_row_masses,
+    depth_attention,
+    sink_attention,
+    triton_available,
 )
 
-__all__ = ["sink_attention", "depth_attention", "merge_depth", "attention_row_masses", "AttentionOutput",
-           "DepthOutput", "BACKENDS", "use_backend", "current_backend", "triton_available"]
+__all__ = [
+    "sink_attention",
+    "depth_attention",
+    "merge_depth",
+    "attention_row_masses",
+    "AttentionOutput",
+    "DepthOutput",
+    "BACKENDS",
+    "use_backend",
+    "current_backend",
+    "triton_available",
+]

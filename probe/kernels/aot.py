@@ -11,6 +11,7 @@ process has TRITON_INTERPRET=1) cannot be compiled, so the compiles run in a fre
 (``python -m probe.kernels.aot``, specs as JSON on stdin, one JSON result per line on stdout), with ``jobs`` worker
 processes and a fresh Triton cache, so that every compile really happens and prints its ptxas log.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,6 +39,7 @@ _CONSTEXPR = "constexpr"
 @dataclasses.dataclass(frozen=True)
 class CompileSpec:
     """What one launch compiles to: the kernel, its typed signature, constexprs, divisibility attributes, options."""
+
     kernel: str  # "module:function"
     signature: tuple  # ((param, type), ...) in parameter order; type "constexpr" for constexprs
     constexprs: tuple  # ((param, value), ...): declared constexprs, and ints/None Triton specialises (1, None)
@@ -51,8 +53,13 @@ class CompileSpec:
         """(kernel, pointer dtypes, declared constexprs, warps, stages): what the launcher chose, without the
         integer specialisations a GPU would also compile separately (1 as a constant, divisibility by 16)."""
         c = dict(self.constexprs)
-        return (self.kernel, tuple(t for _, t in self.signature if t.startswith("*")),
-                tuple((n, c[n]) for n in self.declared), self.num_warps, self.num_stages)
+        return (
+            self.kernel,
+            tuple(t for _, t in self.signature if t.startswith("*")),
+            tuple((n, c[n]) for n in self.declared),
+            self.num_warps,
+            self.num_stages,
+        )
 
     @property
     def name(self) -> str:
@@ -64,8 +71,9 @@ class CompileSpec:
         ptrs = [t[1:] for _, t in self.signature if t.startswith("*")]
         dtypes = ptrs[0] if len(set(ptrs[:3])) == 1 else "/".join(ptrs[:3])  # q/k/v, or pointer tables
         blocks = "x".join(str(v) for k, v in c.items() if k.startswith("BLOCK_"))
-        flags = "+".join(k.removeprefix("HAS_").lower() for k, v in c.items() if k.startswith(("HAS_", "NORMALIZE"))
-                         and v is True)
+        flags = "+".join(
+            k.removeprefix("HAS_").lower() for k, v in c.items() if k.startswith(("HAS_", "NORMALIZE")) and v is True
+        )
         return f"{self.name}[{dtypes} {blocks}{' ' + flags if flags else ''} w{self.num_warps} s{self.num_stages}]"
 
     def to_json(self) -> dict:
@@ -73,8 +81,15 @@ class CompileSpec:
 
     @classmethod
     def from_json(cls, d: dict) -> CompileSpec:
-        return cls(d["kernel"], tuple(map(tuple, d["signature"])), tuple(map(tuple, d["constexprs"])),
-                   tuple(d["divisible"]), d["num_warps"], d["num_stages"], tuple(d.get("declared", ())))
+        return cls(
+            d["kernel"],
+            tuple(map(tuple, d["signature"])),
+            tuple(map(tuple, d["constexprs"])),
+            tuple(d["divisible"]),
+            d["num_warps"],
+            d["num_stages"],
+            tuple(d.get("declared", ())),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +139,15 @@ def spec_of(kernel_ref: str, params: list[str], args: tuple, kwargs: dict) -> Co
             constexprs.append((name, attr))
         elif attr == "D":
             divisible.append(name)
-    return CompileSpec(kernel_ref, tuple(signature), tuple(constexprs), tuple(divisible), int(num_warps),
-                       int(num_stages), tuple(n for n in params if n in kwargs))
+    return CompileSpec(
+        kernel_ref,
+        tuple(signature),
+        tuple(constexprs),
+        tuple(divisible),
+        int(num_warps),
+        int(num_stages),
+        tuple(n for n in params if n in kwargs),
+    )
 
 
 @dataclasses.dataclass
@@ -147,6 +169,7 @@ class _Recorder:
             self.launches.append(Launch(spec_of(self.ref, self.params, args, kwargs), tuple(grid), dict(kwargs)))
             if self.run:
                 return self.kernel[grid](*args, **kwargs)
+
         return launch
 
     def __getattr__(self, name):  # .fn, .arg_names... of the wrapped kernel
@@ -210,6 +233,7 @@ def _compile_one(item) -> dict:
                 skipped.append(metadata["shared"])
                 return b""
             return make_cubin(src, metadata)
+
         stages["cubin"] = cubin
 
     knobs.runtime.add_stages_inspection_hook = over_limit_without_ptxas
@@ -217,27 +241,52 @@ def _compile_one(item) -> dict:
     fn = getattr(importlib.import_module(mod_name), fn_name)
     params = list(fn.arg_names)
     source = triton.compiler.ASTSource(
-        fn=fn, signature=dict(spec.signature), constexprs=dict(spec.constexprs),
-        attrs={(params.index(n),): [["tt.divisibility", 16]] for n in spec.divisible})
+        fn=fn,
+        signature=dict(spec.signature),
+        constexprs=dict(spec.constexprs),
+        attrs={(params.index(n),): [["tt.divisibility", 16]] for n in spec.divisible},
+    )
     t0 = time.perf_counter()
     log = io.StringIO()
     try:
         with contextlib.redirect_stdout(log):
-            compiled = triton.compile(source, target=GPUTarget("cuda", ARCHS[arch].capability, 32),
-                                      options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages))
+            compiled = triton.compile(
+                source,
+                target=GPUTarget("cuda", ARCHS[arch].capability, 32),
+                options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages),
+            )
     except Exception as e:  # an over-limit launch compiles fine; this is a compiler error, reported as such
-        return dict(spec=spec_json, arch=arch, shared=None, registers=None, spill_bytes=None,
-                    seconds=time.perf_counter() - t0, error=f"{type(e).__name__}: {str(e)[:400]}")
+        return dict(
+            spec=spec_json,
+            arch=arch,
+            shared=None,
+            registers=None,
+            spill_bytes=None,
+            seconds=time.perf_counter() - t0,
+            error=f"{type(e).__name__}: {str(e)[:400]}",
+        )
     if skipped:  # over the limit: no cubin, so no registers
-        return dict(spec=spec_json, arch=arch, shared=int(compiled.metadata.shared), registers=None, spill_bytes=None,
-                    seconds=time.perf_counter() - t0, error=None)
+        return dict(
+            spec=spec_json,
+            arch=arch,
+            shared=int(compiled.metadata.shared),
+            registers=None,
+            spill_bytes=None,
+            seconds=time.perf_counter() - t0,
+            error=None,
+        )
     text = log.getvalue()
     regs = _PTXAS_REGS.search(text)
     spills = _PTXAS_SPILLS.findall(text)
-    return dict(spec=spec_json, arch=arch, shared=int(compiled.metadata.shared),
-                registers=int(regs.group(1)) if regs else None,
-                spill_bytes=sum(int(a) + int(b) for a, b in spills) if spills else None,
-                seconds=time.perf_counter() - t0, error=None)
+    return dict(
+        spec=spec_json,
+        arch=arch,
+        shared=int(compiled.metadata.shared),
+        registers=int(regs.group(1)) if regs else None,
+        spill_bytes=sum(int(a) + int(b) for a, b in spills) if spills else None,
+        seconds=time.perf_counter() - t0,
+        error=None,
+    )
 
 
 def _cost_guess(item) -> int:
@@ -279,14 +328,21 @@ def compile_pairs(pairs, *, jobs: int = 2, timeout: float = 1800.0, on_result=No
     items = [(s.to_json(), a) for s, a in dict.fromkeys(pairs)]
     root = Path(__file__).resolve().parents[2]
     out = []
-    with tempfile.TemporaryDirectory(prefix="probe-aot-cache-") as cache, \
-            tempfile.TemporaryFile("w+") as stderr:
+    with tempfile.TemporaryDirectory(prefix="probe-aot-cache-") as cache, tempfile.TemporaryFile("w+") as stderr:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env.update(TRITON_CACHE_DIR=cache, PYTHONPATH=os.pathsep.join(
-            p for p in (str(root), os.environ.get("PYTHONPATH")) if p))
-        proc = subprocess.Popen([sys.executable, "-m", "probe.kernels.aot", str(jobs)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
-                                start_new_session=True)  # its own process group: a timeout ends its workers too
+        env.update(
+            TRITON_CACHE_DIR=cache,
+            PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p),
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "probe.kernels.aot", str(jobs)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )  # its own process group: a timeout ends its workers too
         deadline = time.monotonic() + timeout
         try:
             proc.stdin.write(json.dumps(items))
@@ -294,8 +350,15 @@ def compile_pairs(pairs, *, jobs: int = 2, timeout: float = 1800.0, on_result=No
             for line in proc.stdout:
                 if line.startswith("{"):
                     d = json.loads(line)
-                    result = CompileResult(CompileSpec.from_json(d["spec"]), d["arch"], d["shared"], d["registers"],
-                                           d["spill_bytes"], d["seconds"], d["error"])
+                    result = CompileResult(
+                        CompileSpec.from_json(d["spec"]),
+                        d["arch"],
+                        d["shared"],
+                        d["registers"],
+                        d["spill_bytes"],
+                        d["seconds"],
+                        d["error"],
+                    )
                     out.append(result)
                     if on_result is not None:
                         on_result(result)
@@ -309,8 +372,9 @@ def compile_pairs(pairs, *, jobs: int = 2, timeout: float = 1800.0, on_result=No
         stderr.seek(0)
         err = stderr.read()
     if proc.returncode != 0 or len(out) != len(items):
-        raise RuntimeError(f"the AOT compile process failed ({proc.returncode}; {len(out)} of {len(items)} results):"
-                           f"\n{err[-4000:]}")
+        raise RuntimeError(
+            f"the AOT compile process failed ({proc.returncode}; {len(out)} of {len(items)} results):\n{err[-4000:]}"
+        )
     return out
 
 

@@ -9,6 +9,7 @@
 Precedence, read when an op runs: an explicit ``backend=`` argument, then the innermost ``use_backend(...)`` block,
 then the ``PROBE_BACKEND`` environment variable, then "auto".
 """
+
 from __future__ import annotations
 
 import contextlib

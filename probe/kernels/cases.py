@@ -17,6 +17,7 @@ Default dtypes: analyses run HF checkpoints in their own dtype (bf16; Pythia fp1
 training on CUDA autocasts to bf16. ``ci_cases()`` is the CI tier (one launch per distinct kind at those dtypes),
 ``full_cases()`` every flag x dtype, ``table_cases()`` the rows of benchmarks/kernels_shared_memory.csv.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,18 +58,23 @@ class Case:
         return "+".join(on) or "-"
 
     def label(self) -> str:
-        dims = (f"S={self.heads} d={self.head_dim}" if self.op == "depth"
-                else f"H={self.heads} Hkv={self.kv_heads} dh={self.head_dim}")
+        dims = (
+            f"S={self.heads} d={self.head_dim}"
+            if self.op == "depth"
+            else f"H={self.heads} Hkv={self.kv_heads} dh={self.head_dim}"
+        )
         return f"{self.model} {self.op} {self.dtype} {dims} {self.flags()}"
 
 
 # (model, heads, kv heads, head dim, window, checkpoint dtype): the HF families as analyses meet them
-_HF = [("pythia", 16, 16, 64, None, "fp16"),
-       ("llama", 32, 8, 128, None, "bf16"),
-       ("qwen", 14, 2, 64, None, "bf16"),
-       ("gpt-oss", 64, 8, 64, 128, "bf16"),
-       ("gemma-3", 4, 1, 256, 512, "bf16"),
-       ("gemma-2", 8, 4, 256, 4096, "bf16")]
+_HF = [
+    ("pythia", 16, 16, 64, None, "fp16"),
+    ("llama", 32, 8, 128, None, "bf16"),
+    ("qwen", 14, 2, 64, None, "bf16"),
+    ("gpt-oss", 64, 8, 64, 128, "bf16"),
+    ("gemma-3", 4, 1, 256, 512, "bf16"),
+    ("gemma-2", 8, 4, 256, 4096, "bf16"),
+]
 # probe's tiers: head dim, heads, kv heads
 _TIERS = [("tiny", 4, 4, 32), ("gatedv-medium", 6, 6, 64), ("abstention-124m", 12, 12, 64), ("lr-attnres", 16, 16, 64)]
 # depth: (model, S, d, r); AttnRes keys are the values (r = d), S-LR / P-LR keys are narrow
@@ -142,7 +148,7 @@ def run_case(case: Case, T: int = CAPTURE_T):
     dtype = DTYPES[case.dtype]
     if case.op == "depth":
         values = [torch.zeros(1, T, case.head_dim, dtype=dtype, requires_grad=True) for _ in range(3)]
-        keys = [v[..., -case.key_dim:] for v in values]
+        keys = [v[..., -case.key_dim :] for v in values]
         query = torch.zeros(case.key_dim, requires_grad=True)
         h, _ = depth_attention_triton(values, keys, query)
         h.float().sum().backward()
@@ -154,8 +160,16 @@ def run_case(case: Case, T: int = CAPTURE_T):
     key_bias = torch.zeros(1, case.kv_heads, T, requires_grad=grad) if case.key_bias else None
     if case.op == "row_masses":  # the row masses take no kept-first-keys rule (no analysis asks for one)
         indicators = torch.zeros(1, T, case.kv_heads, 2)
-        row_masses_triton(q, k, indicators, sink=sink, key_bias=key_bias, window=case.window,
-                          scale=case.head_dim ** -0.5, softcap=case.softcap)
+        row_masses_triton(
+            q,
+            k,
+            indicators,
+            sink=sink,
+            key_bias=key_bias,
+            window=case.window,
+            scale=case.head_dim**-0.5,
+            softcap=case.softcap,
+        )
         return
     v = torch.zeros(1, T, case.kv_heads, case.head_dim, dtype=dtype, requires_grad=grad)
     out, lse = sink_attention_triton(q, k, v, sink=sink, key_bias=key_bias, window=case.window, keep=case.keep)

@@ -8,6 +8,7 @@ gradient), each divided by max(1, max |reference|) so that one tolerance fits va
 with the dtype's tolerance. On CUDA the forward rows also time the kernel against torch SDPA on the same shape (no
 sink, no bias: SDPA's own best case). The interpreter runs tiny shapes: it checks the kernels' logic, not a GPU.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -81,8 +82,10 @@ def check_sink_attention(device, dtype: str, B, T, H, Hkv, dh, window, seed=0, t
     g_ref = torch.autograd.grad((ref.out * cot).sum(), leaves32)
     g_tri = torch.autograd.grad((tri.out.float() * cot).sum(), leaves)
     bwd = max(_scaled_diff(a, b) for a, b in zip(g_tri, g_ref))
-    rows = [CheckRow("forward", dtype, shape, fwd, TOLERANCE[dtype]),
-            CheckRow("backward", dtype, shape, bwd, TOLERANCE[dtype])]
+    rows = [
+        CheckRow("forward", dtype, shape, fwd, TOLERANCE[dtype]),
+        CheckRow("backward", dtype, shape, bwd, TOLERANCE[dtype]),
+    ]
     if timed:
         import torch.nn.functional as F
 
@@ -90,8 +93,9 @@ def check_sink_attention(device, dtype: str, B, T, H, Hkv, dh, window, seed=0, t
         qt, kt, vt = (x.transpose(1, 2) for x in (q_, k_, v_))
         with torch.no_grad():
             rows[0].kernel_ms = _time_ms(lambda: sink_attention(q_, k_, v_, backend="triton"))
-            rows[0].sdpa_ms = _time_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True,
-                                                                             enable_gqa=H != Hkv))
+            rows[0].sdpa_ms = _time_ms(
+                lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=H != Hkv)
+            )
     return rows
 
 
@@ -104,13 +108,17 @@ def check_row_masses(device, dtype: str, B, T, H, Hkv, dh, window, softcap, seed
     with torch.no_grad():
         ref = attention_row_masses(q, k, ind, backend="reference", **kw)
         tri = attention_row_masses(q.to(DTYPES[dtype]), k.to(DTYPES[dtype]), ind, backend="triton", **kw)
-    shape = f"B={B} T={T} H={H} Hkv={Hkv} dh={dh}" + (f" window={window}" if window else "") + \
-        (f" softcap={softcap:g}" if softcap else "")
+    shape = (
+        f"B={B} T={T} H={H} Hkv={Hkv} dh={dh}"
+        + (f" window={window}" if window else "")
+        + (f" softcap={softcap:g}" if softcap else "")
+    )
     # bf16 inputs change the scores themselves: compare with the reference on the same rounded inputs
     if dtype != "fp32":
         with torch.no_grad():
-            ref = attention_row_masses(q.to(DTYPES[dtype]).float(), k.to(DTYPES[dtype]).float(), ind,
-                                       backend="reference", **kw)
+            ref = attention_row_masses(
+                q.to(DTYPES[dtype]).float(), k.to(DTYPES[dtype]).float(), ind, backend="reference", **kw
+            )
     return CheckRow("row_masses", dtype, shape, max(_scaled_diff(a, b) for a, b in zip(tri, ref)), TOLERANCE[dtype])
 
 
@@ -120,7 +128,7 @@ def check_depth(device, dtype: str, S, B, T, d, r, seed=0) -> CheckRow:
 
     g = torch.Generator().manual_seed(seed)
     base = [torch.randn(B, T, d, generator=g).to(DTYPES[dtype]).float().to(device) for _ in range(S)]  # rounded
-    query = (2.0 / r ** 0.5 * torch.randn(r, generator=g)).to(device)
+    query = (2.0 / r**0.5 * torch.randn(r, generator=g)).to(device)
     bias = torch.randn(S, generator=g).to(device)
 
     def run(dt, backend):
@@ -132,8 +140,13 @@ def check_depth(device, dtype: str, S, B, T, d, r, seed=0) -> CheckRow:
         return [res.h, res.lse, *grads]
 
     ref, tri = run(torch.float32, "reference"), run(DTYPES[dtype], "triton")
-    return CheckRow("depth", dtype, f"S={S} B={B} T={T} d={d} r={r}",
-                    max(_scaled_diff(a, b) for a, b in zip(tri, ref)), TOLERANCE[dtype])
+    return CheckRow(
+        "depth",
+        dtype,
+        f"S={S} B={B} T={T} d={d} r={r}",
+        max(_scaled_diff(a, b) for a, b in zip(tri, ref)),
+        TOLERANCE[dtype],
+    )
 
 
 def run_checks(device, dtypes=("fp32", "bf16"), small: bool = False) -> list[CheckRow]:
@@ -159,9 +172,11 @@ def run_checks(device, dtypes=("fp32", "bf16"), small: bool = False) -> list[Che
 def format_rows(rows) -> list[str]:
     lines = [f"  {'op':<11} {'dtype':<5} {'shape':<48} {'max diff':>9} {'tol':>7}  {'kernel':>9} {'sdpa':>9}"]
     for r in rows:
-        t = (f"{r.kernel_ms:7.3f}ms {r.sdpa_ms:7.3f}ms" if r.kernel_ms is not None else f"{'-':>9} {'-':>9}")
-        lines.append(f"  {r.op:<11} {r.dtype:<5} {r.shape:<48} {r.max_diff:9.2e} {r.tolerance:7.0e}  {t}"
-                     f"{'' if r.ok else '  MISMATCH'}")
+        t = f"{r.kernel_ms:7.3f}ms {r.sdpa_ms:7.3f}ms" if r.kernel_ms is not None else f"{'-':>9} {'-':>9}"
+        lines.append(
+            f"  {r.op:<11} {r.dtype:<5} {r.shape:<48} {r.max_diff:9.2e} {r.tolerance:7.0e}  {t}"
+            f"{'' if r.ok else '  MISMATCH'}"
+        )
     return lines
 
 
@@ -172,10 +187,14 @@ def interpreter_checks(timeout: float = 300.0) -> list[CheckRow]:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        p for p in (str(root), os.environ.get("PYTHONPATH")) if p))
-    res = subprocess.run([sys.executable, "-m", "probe.kernels.checks"], capture_output=True, text=True, env=env,
-                         timeout=timeout)
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p),
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "probe.kernels.checks"], capture_output=True, text=True, env=env, timeout=timeout
+    )
     if res.returncode != 0:
         raise RuntimeError(f"the interpreter check failed to run:\n{res.stderr[-3000:]}")
     return [CheckRow(**json.loads(line)) for line in res.stdout.splitlines() if line.startswith("{")]

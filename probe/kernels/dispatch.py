@@ -18,6 +18,7 @@ Fallback: when no launch setting of a Triton kernel fits the device's shared mem
 runs its torch path instead (sink_attention: sdpa; attention_row_masses: chunked; depth_attention: the reference
 loop; never the T x T reference), with one warning per shape: never an OutOfResources.
 """
+
 from __future__ import annotations
 
 import functools
@@ -75,8 +76,10 @@ def _triton_on(device: torch.device) -> bool:
         return True
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return True
-    raise RuntimeError(f"backend='triton' runs on CUDA tensors, or on CPU tensors only with TRITON_INTERPRET=1 set "
-                       f"before triton is imported; got {device.type} tensors")
+    raise RuntimeError(
+        f"backend='triton' runs on CUDA tensors, or on CPU tensors only with TRITON_INTERPRET=1 set "
+        f"before triton is imported; got {device.type} tensors"
+    )
 
 
 _fallbacks_warned: set[str] = set()
@@ -106,8 +109,9 @@ def _check_attention_args(q, k, v, sink, key_bias, window, mask=None, keep=None)
     if window is not None and (int(window) != window or window < 1):
         raise ValueError(f"window must be a positive int or None, got {window!r}")
     if keep is not None and (window is None or int(keep) != keep or keep < 0):
-        raise ValueError(f"keep (kept first keys) must be an int >= 0 with a window, got keep={keep!r}, "
-                         f"window={window!r}")
+        raise ValueError(
+            f"keep (kept first keys) must be an int >= 0 with a window, got keep={keep!r}, window={window!r}"
+        )
     if mask is not None and (mask.dim() != 4 or mask.shape[-2:] != (Tq, Tk)):
         raise ValueError(f"mask must broadcast to (B, H, {Tq}, {Tk}), got {tuple(mask.shape)}")
 
@@ -116,8 +120,14 @@ def auto_sink_attention(q, k, v, *, mask=None, return_pattern=False) -> str:
     """The path backend="auto" takes for these tensors: "reference" (a pattern is asked for), "triton" or "sdpa"."""
     if return_pattern:
         return "reference"
-    if (q.device.type == "cuda" and triton_available() and q.dtype in _TRITON_DTYPES and mask is None
-            and q.shape[1] == k.shape[1] and max(q.shape[-1], v.shape[-1]) <= 256):
+    if (
+        q.device.type == "cuda"
+        and triton_available()
+        and q.dtype in _TRITON_DTYPES
+        and mask is None
+        and q.shape[1] == k.shape[1]
+        and max(q.shape[-1], v.shape[-1]) <= 256
+    ):
         return "triton"
     return "sdpa"
 
@@ -131,8 +141,20 @@ def auto_row_masses(q, *, window=None, softcap=None) -> str:
     return "chunked"
 
 
-def sink_attention(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None, keep=None,
-                   return_pattern=False, backend=None) -> AttentionOutput:
+def sink_attention(
+    q,
+    k,
+    v,
+    *,
+    sink=None,
+    key_bias=None,
+    mask=None,
+    window=None,
+    scale=None,
+    keep=None,
+    return_pattern=False,
+    backend=None,
+) -> AttentionOutput:
     """Causal (optionally sliding-window) GQA attention with an optional phantom sink key and per-key logit bias.
 
     q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) with Tq <= Tk (queries are the last Tq positions); query head h
@@ -145,8 +167,20 @@ def sink_attention(q, k, v, *, sink=None, key_bias=None, mask=None, window=None,
     """
     edit = edits.take()
     if edit is not None:
-        return _edited_attention(edit, q, k, v, sink=sink, key_bias=key_bias, mask=mask, window=window, scale=scale,
-                                 keep=keep, return_pattern=return_pattern, backend=backend)
+        return _edited_attention(
+            edit,
+            q,
+            k,
+            v,
+            sink=sink,
+            key_bias=key_bias,
+            mask=mask,
+            window=window,
+            scale=scale,
+            keep=keep,
+            return_pattern=return_pattern,
+            backend=backend,
+        )
     backend = resolve_backend(backend)
     _check_attention_args(q, k, v, sink, key_bias, window, mask, keep)
     window = None if window is None else int(window)
@@ -182,8 +216,9 @@ def _edited_attention(edit, q, k, v, *, sink, key_bias, mask, window, scale, kee
     B, Tq, H, _ = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     if Tq != Tk:  # a cache, or a layer split into query blocks: key 0 and the positions are not the window's own
-        raise RuntimeError(f"an attention edit needs the whole sequence in one attention call; got {Tq} queries "
-                           f"over {Tk} keys")
+        raise RuntimeError(
+            f"an attention edit needs the whole sequence in one attention call; got {Tq} queries over {Tk} keys"
+        )
     if edit.keep is not None:
         if mask is None:
             window, keep, both = edits.eviction_rule(window, edit, Tk)
@@ -195,17 +230,35 @@ def _edited_attention(edit, q, k, v, *, sink, key_bias, mask, window, scale, kee
     bias = key_bias
     if edit.knockout:
         bias = edits.knockout_bias(key_bias, B, Hkv, Tk, edit.kv_heads, q.device)
-    res = sink_attention(q, k, v, sink=sink, key_bias=bias, mask=mask, window=window, scale=scale, keep=keep,
-                         return_pattern=return_pattern, backend=backend)
+    res = sink_attention(
+        q,
+        k,
+        v,
+        sink=sink,
+        key_bias=bias,
+        mask=mask,
+        window=window,
+        scale=scale,
+        keep=keep,
+        return_pattern=return_pattern,
+        backend=backend,
+    )
     if not edit.knockout:
         return res
     empty = edits.empty_first_rows(sink, H, Hkv, edit.kv_heads, q.device)  # (H,)
     if not bool(empty.any()):
         return res
-    first = sink_attention(q[:, :1], k[:, :1], v[:, :1], sink=sink,  # query 0 over key 0 alone: its clean row
-                           key_bias=None if key_bias is None else key_bias[..., :1],
-                           mask=None if mask is None else mask[..., :1, :1], scale=scale,
-                           return_pattern=return_pattern, backend=backend)
+    first = sink_attention(
+        q[:, :1],
+        k[:, :1],
+        v[:, :1],
+        sink=sink,  # query 0 over key 0 alone: its clean row
+        key_bias=None if key_bias is None else key_bias[..., :1],
+        mask=None if mask is None else mask[..., :1, :1],
+        scale=scale,
+        return_pattern=return_pattern,
+        backend=backend,
+    )
     out = res.out.clone()
     out[:, 0] = torch.where(empty[None, :, None], first.out[:, 0].to(out.dtype), res.out[:, 0])
     lse, pattern, phantom = res.lse, res.pattern, res.phantom
@@ -228,8 +281,17 @@ def depth_backend(value: torch.Tensor, backend: str | None = None) -> str:
     return "triton" if backend == "triton" else "reference"
 
 
-def depth_attention(values: Sequence[torch.Tensor], keys: Sequence[torch.Tensor], query: torch.Tensor, *, bias=None,
-                    normalize=True, eps=1e-6, return_weights=False, backend=None) -> DepthOutput:
+def depth_attention(
+    values: Sequence[torch.Tensor],
+    keys: Sequence[torch.Tensor],
+    query: torch.Tensor,
+    *,
+    bias=None,
+    normalize=True,
+    eps=1e-6,
+    return_weights=False,
+    backend=None,
+) -> DepthOutput:
     """Softmax read over S depth sources: h = Σ_i softmax_i(query . RMSNorm(k_i) + bias_i) values_i.
 
     values: S tensors (B,T,d); keys: S tensors (B,T,r) (views allowed, e.g. ``values[i][..., -r:]``); query (r,).
@@ -239,8 +301,11 @@ def depth_attention(values: Sequence[torch.Tensor], keys: Sequence[torch.Tensor]
     check_sources(values, keys, query, bias)
     backend = depth_backend(values[0], backend)
     if backend != "triton":  # torch / sdpa / reference: the reference loop is the torch path
-        return DepthOutput(*depth_attention_reference(values, keys, query, bias=bias, normalize=normalize, eps=eps,
-                                                      return_weights=return_weights))
+        return DepthOutput(
+            *depth_attention_reference(
+                values, keys, query, bias=bias, normalize=normalize, eps=eps, return_weights=return_weights
+            )
+        )
     _triton_on(values[0].device)
     from probe.kernels.depth_attention.triton import depth_attention_triton
 
@@ -248,16 +313,20 @@ def depth_attention(values: Sequence[torch.Tensor], keys: Sequence[torch.Tensor]
         h, lse = depth_attention_triton(values, keys, query, bias=bias, normalize=normalize, eps=eps)
     except NoLaunchConfig as e:
         warn_fallback(e, "reference (torch loop over the sources)")
-        return DepthOutput(*depth_attention_reference(values, keys, query, bias=bias, normalize=normalize, eps=eps,
-                                                      return_weights=return_weights))
+        return DepthOutput(
+            *depth_attention_reference(
+                values, keys, query, bias=bias, normalize=normalize, eps=eps, return_weights=return_weights
+            )
+        )
     weights = None
     if return_weights:  # cheap: r-wide scores in torch, normalised by the kernel's lse
         weights = torch.exp(depth_scores(keys, query, bias, normalize, eps) - lse[..., None])
     return DepthOutput(h, lse, weights)
 
 
-def attention_row_masses(q, k, indicators, *, sink=None, key_bias=None, window=None, scale=None, softcap=None,
-                         backend=None):
+def attention_row_masses(
+    q, k, indicators, *, sink=None, key_bias=None, window=None, scale=None, softcap=None, backend=None
+):
     """(lse (B,H,T) fp32, masses (B,H,T,m) fp32) with masses[..., c] = Σ_j a_ij indicators[b, j, h // G, c].
 
     a includes the phantom in its normaliser: Σ_j a_ij = 1 - phantom_i, phantom_i = exp(sink_h - lse_i).

@@ -17,6 +17,7 @@ checked against the compiled kernels' ``metadata.shared`` for every listed shape
 compiles); on CPU under TRITON_INTERPRET=1 the limits are ``INTERPRETER``: no shared memory, small tiles (the
 interpreter's cost grows with the tile, not the launch count).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,6 +49,7 @@ INTERPRETER = DeviceLimits("interpreter", None, None)
 @dataclasses.dataclass(frozen=True)
 class AttentionConfig:
     """Sink-attention kernels (forward, both backward kernels; the row masses run the forward)."""
+
     block_m: int  # query rows per program
     block_n: int  # keys per program (backward dK/dV) or per loop step
     block_dh: int
@@ -66,6 +68,7 @@ class AttentionConfig:
 @dataclasses.dataclass(frozen=True)
 class DepthConfig:
     """Depth-attention kernels: rows (B*T) per program, the d slice, the whole key width r."""
+
     block_t: int
     block_d: int
     block_r: int
@@ -85,8 +88,16 @@ DEPTH_OPS = ("depth_forward", "depth_backward")
 OPS = ATTENTION_OPS + DEPTH_OPS
 
 # (block_m, block_n, num_warps, num_stages), most preferred first; tl.dot needs 16+ on each side
-ATTENTION_CANDIDATES = ((64, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 2), (32, 64, 4, 2), (32, 32, 4, 2),
-                        (32, 32, 4, 1), (16, 32, 2, 1), (16, 16, 2, 1))
+ATTENTION_CANDIDATES = (
+    (64, 64, 4, 3),
+    (64, 64, 4, 2),
+    (64, 32, 4, 2),
+    (32, 64, 4, 2),
+    (32, 32, 4, 2),
+    (32, 32, 4, 1),
+    (16, 32, 2, 1),
+    (16, 16, 2, 1),
+)
 _INTERPRETER_ATTENTION = (16, 16, 4, 1)
 # depth: rows per program as the key width allows (a (rows, r) fp32 key tile stays in registers), the d slice
 DEPTH_MAX_BLOCK_D = 128
@@ -105,13 +116,26 @@ def _size(dtype: torch.dtype) -> int:
 def _wgmma(limits: DeviceLimits, dtype: torch.dtype, block_m: int, num_warps: int) -> bool:
     """sm_90's asynchronous MMA: 16-bit operands, 64+ rows, a multiple of 4 warps; its operands stay in shared
     memory for all num_stages buffers."""
-    return (limits.capability or 0) >= 90 and dtype in (torch.bfloat16, torch.float16) and block_m >= 64 \
+    return (
+        (limits.capability or 0) >= 90
+        and dtype in (torch.bfloat16, torch.float16)
+        and block_m >= 64
         and num_warps % 4 == 0
+    )
 
 
-def attention_shared_bytes(op: str, dtype: torch.dtype, limits: DeviceLimits, block_m: int, block_n: int,
-                           block_dh: int, block_dv: int, num_warps: int, num_stages: int,
-                           v_dtype: torch.dtype | None = None) -> int:
+def attention_shared_bytes(
+    op: str,
+    dtype: torch.dtype,
+    limits: DeviceLimits,
+    block_m: int,
+    block_n: int,
+    block_dh: int,
+    block_dv: int,
+    num_warps: int,
+    num_stages: int,
+    v_dtype: torch.dtype | None = None,
+) -> int:
     """Estimated shared memory (bytes) of one sink-attention launch; an upper bound (see the module docstring)."""
     es, ev = _size(dtype), _size(v_dtype or dtype)
     wg = _wgmma(limits, dtype, block_m if op != "sink_backward_dkdv" else block_n, num_warps)
@@ -134,8 +158,16 @@ def attention_shared_bytes(op: str, dtype: torch.dtype, limits: DeviceLimits, bl
     return once + buffers * loop + scratch + rows
 
 
-def depth_shared_bytes(op: str, dtype: torch.dtype, limits: DeviceLimits, block_t: int, block_d: int, block_r: int,
-                       num_warps: int, num_stages: int) -> int:
+def depth_shared_bytes(
+    op: str,
+    dtype: torch.dtype,
+    limits: DeviceLimits,
+    block_t: int,
+    block_d: int,
+    block_r: int,
+    num_warps: int,
+    num_stages: int,
+) -> int:
     """Estimated shared memory of one depth launch: no dots, so only the cross-warp reduction scratch of the row
     sums (the r-wide score, the d-wide dalpha), fp32, one value per row and warp."""
     if op not in DEPTH_OPS:
@@ -143,8 +175,17 @@ def depth_shared_bytes(op: str, dtype: torch.dtype, limits: DeviceLimits, block_
     return 4 * block_t * num_warps * 32 // max(1, min(num_warps * 32, block_t)) + 4 * block_t * max(block_r, block_d)
 
 
-def launch_config(op: str, dtype: torch.dtype, limits: DeviceLimits, *, dh: int = 0, dv: int = 0,
-                  v_dtype: torch.dtype | None = None, d: int = 0, r: int = 0):
+def launch_config(
+    op: str,
+    dtype: torch.dtype,
+    limits: DeviceLimits,
+    *,
+    dh: int = 0,
+    dv: int = 0,
+    v_dtype: torch.dtype | None = None,
+    d: int = 0,
+    r: int = 0,
+):
     """The launch settings of ``op`` for these sizes and dtypes on a device with ``limits``; None when nothing fits.
 
     Attention ops take the head dims dh / dv (v_dtype: the values' dtype when it differs, as in the row masses,
@@ -174,8 +215,9 @@ def launch_config(op: str, dtype: torch.dtype, limits: DeviceLimits, *, dh: int 
 
 # ---------------------------------------------------------------- the device's limits, read at run time
 
-_limits_override: contextvars.ContextVar[DeviceLimits | None] = contextvars.ContextVar("probe_device_limits",
-                                                                                      default=None)
+_limits_override: contextvars.ContextVar[DeviceLimits | None] = contextvars.ContextVar(
+    "probe_device_limits", default=None
+)
 
 
 @contextlib.contextmanager

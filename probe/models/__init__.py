@@ -5,6 +5,7 @@ names themselves (VARIANTS, TIERS) are plain data in probe.catalogue, which `pro
 Importing this package registers the "probe" model type with transformers' Auto classes, so
 `AutoModelForCausalLM.from_pretrained(dir)` loads saved probe models.
 """
+
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from probe.catalogue import TIER_DESCRIPTIONS, TIERS, VARIANTS
@@ -16,5 +17,17 @@ from probe.models.variants import add_variant, added_parameters, config_for, cre
 AutoConfig.register("probe", ProbeConfig, exist_ok=True)
 AutoModelForCausalLM.register(ProbeConfig, ProbeForCausalLM, exist_ok=True)
 
-__all__ = ["ProbeConfig", "ProbeForCausalLM", "VARIANTS", "TIERS", "TIER_DESCRIPTIONS", "create", "config_for",
-           "added_parameters", "add_variant", "GATES", "ValueGate", "register_gate"]
+__all__ = [
+    "ProbeConfig",
+    "ProbeForCausalLM",
+    "VARIANTS",
+    "TIERS",
+    "TIER_DESCRIPTIONS",
+    "create",
+    "config_for",
+    "added_parameters",
+    "add_variant",
+    "GATES",
+    "ValueGate",
+    "register_gate",
+]

@@ -8,6 +8,7 @@ in PyTorch, on one path whether or not hooks are attached; then one attention op
 (q, k, v_out, sink, key_bias). With no hook on the pattern the op's fused path runs (SDPA / CPU flash / Triton) and
 nothing T×T is stored.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,13 +24,25 @@ from probe.models.layers import RMSNorm, Rotary, project_with_key
 
 # state-dict names before the gates became modules (checkpoints saved before that refactor) -> today's, relative to
 # the attention module
-LEGACY_NAMES = {"gate_tau": "gate.tau", "gate_w": "gate.w", "gate_b": "gate.b", "g2_proj.weight": "gate.proj.weight",
-                "v_gate_proj.weight": "gate.proj.weight"}
+LEGACY_NAMES = {
+    "gate_tau": "gate.tau",
+    "gate_w": "gate.w",
+    "gate_b": "gate.b",
+    "g2_proj.weight": "gate.proj.weight",
+    "v_gate_proj.weight": "gate.proj.weight",
+}
 
 
 class Attention(nn.Module):
-    param_roles = {"q_proj": "matrix", "k_proj": "matrix", "v_proj": "matrix", "o_proj": "output",
-                   "key_proj": "routing_key", "sink": "sink", "v_mix": "mixing"}
+    param_roles = {
+        "q_proj": "matrix",
+        "k_proj": "matrix",
+        "v_proj": "matrix",
+        "o_proj": "output",
+        "key_proj": "routing_key",
+        "sink": "sink",
+        "v_mix": "mixing",
+    }
 
     def __init__(self, config: ProbeConfig, layer: int, key_rank: int = 0):
         super().__init__()
@@ -69,8 +82,13 @@ class Attention(nn.Module):
         self.hook_phantom = HookPoint()  # B,H,Tq
         self.hook_z = HookPoint()  # B,T,H,dv
 
-    def forward(self, xq: torch.Tensor, xk: torch.Tensor | None = None, xv: torch.Tensor | None = None,
-                v_first: torch.Tensor | None = None):
+    def forward(
+        self,
+        xq: torch.Tensor,
+        xk: torch.Tensor | None = None,
+        xv: torch.Tensor | None = None,
+        v_first: torch.Tensor | None = None,
+    ):
         """xq/xk/xv: B,T,d normalised inputs (MUDD feeds separate streams; otherwise all equal).
         Returns (output B,T,d, P-LR key B,T,r or None, V_1 for the value residual)."""
         xk = xq if xk is None else xk
@@ -105,8 +123,15 @@ class Attention(nn.Module):
         v_out = self.hook_v_out(v_out)
 
         need_pattern = self.materialize or self.hook_pattern.has_hooks() or self.hook_phantom.has_hooks()
-        res = sink_attention(q, k, v_out, sink=sink, key_bias=key_bias, return_pattern=need_pattern,
-                             backend="reference" if need_pattern else None)  # None: the runtime backend
+        res = sink_attention(
+            q,
+            k,
+            v_out,
+            sink=sink,
+            key_bias=key_bias,
+            return_pattern=need_pattern,
+            backend="reference" if need_pattern else None,
+        )  # None: the runtime backend
         out = res.out  # B,T,H,dv
         if need_pattern:
             pattern = self.hook_pattern(res.pattern)

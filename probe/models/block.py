@@ -1,4 +1,5 @@
 """One pre-norm transformer block; its residual stream is either the plain sum, a dense mix, or depth reads."""
+
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@ sense. `value_gate` names a registered gate module (gates.py). Tiers are named b
 (docs/definitions.md#tiers and each paper's tables), listed in probe/catalogue.py; `variants.py` names mechanism
 settings. The attention backend is not configuration: it is chosen at run time (probe.kernels.backend).
 """
+
 from __future__ import annotations
 
 from transformers import PretrainedConfig
@@ -172,17 +173,27 @@ class ProbeConfig(PretrainedConfig):
         return self.abstention in ("offbyone", "sinklogit")
 
     def validate(self) -> None:
-        for field, choices in [("abstention", ABSTENTIONS), ("value_gate", ("none", *GATES)), ("depth", DEPTHS),
-                               ("dense", DENSES), ("value_residual", VALUE_RESIDUALS), ("norm", NORMS),
-                               ("pos", POSITIONS), ("mlp", MLPS), ("init", INITS), ("qk_activation", QK_ACTIVATIONS),
-                               ("plr_key", PLR_KEYS)]:
+        for field, choices in [
+            ("abstention", ABSTENTIONS),
+            ("value_gate", ("none", *GATES)),
+            ("depth", DEPTHS),
+            ("dense", DENSES),
+            ("value_residual", VALUE_RESIDUALS),
+            ("norm", NORMS),
+            ("pos", POSITIONS),
+            ("mlp", MLPS),
+            ("init", INITS),
+            ("qk_activation", QK_ACTIVATIONS),
+            ("plr_key", PLR_KEYS),
+        ]:
             _check(field, getattr(self, field), choices)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
         if self.depth in ("plr", "slr"):
             if not self.depth_rank or not 0 < self.depth_rank <= self.d_model:
-                raise ValueError(f"depth_rank={self.depth_rank!r} must be in 1..d_model={self.d_model} "
-                                 f"for depth={self.depth!r}")
+                raise ValueError(
+                    f"depth_rank={self.depth_rank!r} must be in 1..d_model={self.d_model} for depth={self.depth!r}"
+                )
         if self.depth_blocks:
             if self.depth == "residual":
                 raise ValueError("depth_blocks needs depth routing (depth='attnres', 'plr' or 'slr')")
@@ -190,24 +201,29 @@ class ProbeConfig(PretrainedConfig):
                 raise ValueError(f"depth_blocks={self.depth_blocks} must divide 2L={2 * self.n_layers} sub-layers")
         for field in ("depth_block_mean", "depth_block_mean_learned", "depth_block_prior", "depth_block_prior_learned"):
             if getattr(self, field) and not self.depth_blocks:
-                raise ValueError(f"{field}={getattr(self, field)!r} needs block depth routing (depth_blocks > 0); "
-                                 "got depth_blocks=0")
+                raise ValueError(
+                    f"{field}={getattr(self, field)!r} needs block depth routing (depth_blocks > 0); got depth_blocks=0"
+                )
         if self.depth != "residual" and self.dense != "none":
-            raise ValueError(f"depth={self.depth!r} and dense={self.dense!r} both replace the residual stream; "
-                             "pick one")
+            raise ValueError(
+                f"depth={self.depth!r} and dense={self.dense!r} both replace the residual stream; pick one"
+            )
         for field in ("mudd_round64", "mudd_expand_last", "dense_stream_norms"):
             if getattr(self, field) and self.dense != "mudd":
                 raise ValueError(f"{field}=True needs dense='mudd'; got dense={self.dense!r}")
-        if self.d_mlp_layers is not None and (len(self.d_mlp_layers) != self.n_layers
-                                              or min(self.d_mlp_layers) < 1):
-            raise ValueError(f"d_mlp_layers={self.d_mlp_layers!r} must list one positive width per layer "
-                             f"(n_layers={self.n_layers})")
+        if self.d_mlp_layers is not None and (len(self.d_mlp_layers) != self.n_layers or min(self.d_mlp_layers) < 1):
+            raise ValueError(
+                f"d_mlp_layers={self.d_mlp_layers!r} must list one positive width per layer (n_layers={self.n_layers})"
+            )
         if self.parallel_residual and self.depth != "residual":
-            raise ValueError("parallel_residual=True needs the plain or dense residual stream; "
-                             f"got depth={self.depth!r}")
+            raise ValueError(
+                f"parallel_residual=True needs the plain or dense residual stream; got depth={self.depth!r}"
+            )
         if self.linear_bias and self.depth == "plr":
-            raise ValueError("linear_bias=True does not compose with depth='plr' (its routing keys share the output "
-                             "projection's matmul)")
+            raise ValueError(
+                "linear_bias=True does not compose with depth='plr' (its routing keys share the output "
+                "projection's matmul)"
+            )
         if self.norm_bias and self.norm != "layer":
             raise ValueError(f"norm_bias=True needs norm='layer'; got norm={self.norm!r}")
         if self.rotary_dims is not None and not (0 < self.rotary_dims <= self.d_head and self.rotary_dims % 2 == 0):

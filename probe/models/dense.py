@@ -6,6 +6,7 @@ DenseFormer: static weights, one stream, one-hot on X_i at init. MUDD: per-token
 query, key, value and residual streams, A_i = GELU(RMSNorm(X_i) W1) W2 + a_i with W2 = 0 and a_i one-hot on X_i,
 so at init both equal a plain transformer.
 """
+
 from __future__ import annotations
 
 import torch

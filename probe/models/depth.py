@@ -6,6 +6,7 @@ separately). A read site before every sub-layer and before the final norm mixes 
 attention over depth; site 1 sees only the embedding (identity, no query). Block mode keeps the embedding, the
 completed block sums and the running partial block. The maths is probe.kernels.depth_attention.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,14 @@ class DepthSources:
     them), and prior·log(count) is added to each source's logit (``bias``). ``mean_power`` / ``prior``: floats, or
     0-d learned parameters."""
 
-    def __init__(self, config: ProbeConfig, embed: torch.Tensor, embed_key: torch.Tensor | None,
-                 mean_power: float | torch.Tensor = 0.0, prior: float | torch.Tensor = 0.0):
+    def __init__(
+        self,
+        config: ProbeConfig,
+        embed: torch.Tensor,
+        embed_key: torch.Tensor | None,
+        mean_power: float | torch.Tensor = 0.0,
+        prior: float | torch.Tensor = 0.0,
+    ):
         self.kind, self.rank = config.depth, config.routing_rank
         self.block_size = (2 * config.n_layers) // config.depth_blocks if config.depth_blocks else 0
         self.normalize_emitted = config.depth == "plr" and config.plr_key == "normalized"
@@ -57,14 +64,14 @@ class DepthSources:
     def _key(self, value, key):
         if self.kind == "plr":
             return key
-        return value if self.kind == "attnres" else value[..., -self.rank:]
+        return value if self.kind == "attnres" else value[..., -self.rank :]
 
     def _scaled(self, value: torch.Tensor, count: int) -> torch.Tensor:
         """A block value divided by count**mean_power (the authors' block mean; the identity by default)."""
         p = self.mean_power
         if count == 1 or (not torch.is_tensor(p) and p == 0):
             return value
-        return value * (torch.exp(-p * math.log(count)).to(value.dtype) if torch.is_tensor(p) else count ** -p)
+        return value * (torch.exp(-p * math.log(count)).to(value.dtype) if torch.is_tensor(p) else count**-p)
 
     def add(self, value: torch.Tensor, raw_key: torch.Tensor | None) -> None:
         key = self._emitted(raw_key)
@@ -104,7 +111,7 @@ class DepthSources:
 
     def normalized_keys(self, eps: float) -> list[torch.Tensor]:
         """RMS-normalised (fp32) keys of ``current()``: a fixed source's is computed once, for every later site."""
-        for k in self.keys[len(self._normed):]:
+        for k in self.keys[len(self._normed) :]:
             self._normed.append(rms_normalize(k, eps))
         if self.partial_count:
             return self._normed + [rms_normalize(self.current()[1][-1], eps)]
@@ -116,6 +123,7 @@ class DepthRead(nn.Module):
 
     Routing keys and depth weights are computed for their hooks only when a hook asks or ``materialize`` is on
     (``probe.materialize``); the plain read takes the backend's fused path."""
+
     param_roles = {"query": "routing_query"}
 
     def __init__(self, config: ProbeConfig):
@@ -134,8 +142,16 @@ class DepthRead(nn.Module):
             if hooked:
                 keys = list(self.hook_routing_keys(torch.stack(keys, dim=2)).unbind(2))
         want_weights = self.materialize or self.hook_depth_weights.has_hooks()
-        res = depth_attention(values, keys, self.query, bias=sources.bias(), normalize=normalize, eps=self.eps,
-                              return_weights=want_weights, backend="torch" if want_weights else None)
+        res = depth_attention(
+            values,
+            keys,
+            self.query,
+            bias=sources.bias(),
+            normalize=normalize,
+            eps=self.eps,
+            return_weights=want_weights,
+            backend="torch" if want_weights else None,
+        )
         if not want_weights:
             return res.h
         weights = self.hook_depth_weights(res.weights)

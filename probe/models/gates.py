@@ -9,6 +9,7 @@ pass unchanged and log g_j is added to key j's logits (`log_gate`, exact where g
 Each gate declares the role of every parameter it owns (`param_roles`, see params.py: weight decay and random or
 constant init) and gives constants their documented value here. A new gate is a subclass plus `@register_gate(name)`.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,9 +25,11 @@ GATES: dict[str, type[ValueGate]] = {}
 
 def register_gate(name: str):
     """Class decorator: ``@register_gate("mine")`` makes ``ProbeConfig(value_gate="mine")`` build that gate."""
+
     def add(cls):
         GATES[name] = cls
         return cls
+
     return add
 
 
@@ -63,6 +66,7 @@ class ValueGate(nn.Module):
 @register_gate("norm")
 class NormGate(ValueGate):
     """g_j = σ(β(‖v_j‖/√dv − τ_h)), β fixed (8), τ_h learned per KV head, starting at the initial read norm."""
+
     param_roles = {"tau": "gate"}
 
     def __init__(self, config):
@@ -82,6 +86,7 @@ class NormGate(ValueGate):
 @register_gate("routing-norm")
 class RoutingNormGate(NormGate):
     """The norm gate in the routing slot (abstention's control): log g_j = logsigmoid(z_j) joins key j's logits."""
+
     routing = True
 
     def log_gate(self, v, x):
@@ -91,6 +96,7 @@ class RoutingNormGate(NormGate):
 @register_gate("proj")
 class ProjGate(ValueGate):
     """g_j = σ(w_h·v_j + b_h); w = 0 and b = 0 at init, so every gate starts at ½."""
+
     param_roles = {"w": "gate", "b": "gate"}
 
     def __init__(self, config):
@@ -124,6 +130,7 @@ class TanhGate(ValueGate):
 @register_gate("g2")
 class G2Gate(ValueGate):
     """Gated Attention's G2: a headwise sigmoid gate from the layer input, σ(x W_g) (B,T,Hkv)."""
+
     param_roles = {"proj": "gate_projection"}
 
     def __init__(self, config):
@@ -137,6 +144,7 @@ class G2Gate(ValueGate):
 @register_gate("glu")
 class GLUGate(ValueGate):
     """GLU value: (x W_V) ⊙ SiLU(x W_G), the gate SiLU(x W_G) per element (it is not bounded by 1)."""
+
     param_roles = {"proj": "gate_projection"}
 
     def __init__(self, config):
@@ -149,8 +157,9 @@ class GLUGate(ValueGate):
 
 def gate_directions(model) -> dict[int, torch.Tensor | None]:
     """Per layer with a value gate, the gate's ``direction()`` (Hkv, dv) or None, found in the module tree."""
-    return {layer_of(path): module.direction() for path, module in model.named_modules()
-            if isinstance(module, ValueGate)}
+    return {
+        layer_of(path): module.direction() for path, module in model.named_modules() if isinstance(module, ValueGate)
+    }
 
 
 def make_gate(config) -> ValueGate | None:

@@ -1,4 +1,5 @@
 """Small building blocks shared by the model files: norms, rotary embedding, the MLP sub-layer."""
+
 from __future__ import annotations
 
 import torch
@@ -36,8 +37,9 @@ class Rotary:
     def tables(self, T: int, device, dtype):
         key = (T, str(device), dtype)
         if key not in self._cache:
-            inv = 1.0 / self.theta ** (torch.arange(0, self.d_head, 2, device=device, dtype=torch.float32)
-                                       / self.d_head)
+            inv = 1.0 / self.theta ** (
+                torch.arange(0, self.d_head, 2, device=device, dtype=torch.float32) / self.d_head
+            )
             ang = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv)  # T, dh/2
             ang = torch.cat([ang, ang], dim=-1)  # T, dh
             self._cache[key] = (ang.cos().to(dtype)[:, None, :], ang.sin().to(dtype)[:, None, :])  # T,1,dh
@@ -67,6 +69,7 @@ def project_with_key(x: torch.Tensor, out_proj: nn.Linear, key_proj: nn.Linear |
 class MLP(nn.Module):
     """SwiGLU or GELU feed-forward sub-layer. With `key_rank` it also emits a P-LR routing key
     from the activation passed to the output projection (LR-AttnRes 2026 Eq. 12)."""
+
     param_roles = {"gate": "matrix", "up": "matrix", "down": "output", "key_proj": "routing_key"}
 
     def __init__(self, d_model: int, d_mlp: int, kind: str, key_rank: int = 0, bias: bool = False):

@@ -5,6 +5,7 @@ that name, so `run_with_cache`/`run_with_hooks` work as in TransformerLens, `sav
 in HF. Parameters are initialised by the role their module declares (params.py); checkpoints saved under older parameter
 names load through `from_pretrained` and `load_state_dict` alike (attention.LEGACY_NAMES).
 """
+
 from __future__ import annotations
 
 import math
@@ -44,9 +45,16 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
     base_model_prefix = "probe"
     _no_split_modules = ["Block"]
     main_input_name = "input_ids"
-    param_roles = {"embed": "embedding", "pos_embed": "position", "sink_token": "sink_token",
-                   "embed_key": "routing_key", "ln_f": "norm", "lm_head": "embedding",
-                   "depth_block_mean": "mixing", "depth_block_prior": "mixing"}
+    param_roles = {
+        "embed": "embedding",
+        "pos_embed": "position",
+        "sink_token": "sink_token",
+        "embed_key": "routing_key",
+        "ln_f": "norm",
+        "lm_head": "embedding",
+        "depth_block_mean": "mixing",
+        "depth_block_prior": "mixing",
+    }
 
     def __init__(self, config: ProbeConfig, seed: int = 0, backend: str | None = None):
         """``backend``: this model's attention backend (probe.kernels.backend), a run-time setting that is never
@@ -107,8 +115,14 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
         return model
 
     # ---- forward ----------------------------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, return_hidden: bool = False, **kwargs):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        return_hidden: bool = False,
+        **kwargs,
+    ):
         """Logits (``CausalLMOutputWithPast``), or with ``return_hidden`` the final-normed hidden states B,T,d that
         :meth:`unembed` turns into logits (analyses unembed a few positions at a time to bound memory)."""
         if attention_mask is not None and not bool(attention_mask.all()):
@@ -186,10 +200,23 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
         extra = {"depth_sites": site_sources(c)} if routed else {}
         gate = GATES.get(c.value_gate)  # the registered gate class, None without a gate
         return ModelInfo(
-            name=getattr(self, "probe_name", None) or c.name_or_path or "probe", family="probe",
-            n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, d_head=c.d_head,
-            n_ctx=c.n_ctx, vocab_size=c.vocab_size, has_phantom=c.has_phantom, value_gate=c.value_gate,
-            has_value_gate=gate is not None, gate_on_logits=gate is not None and gate.routing,  # declared by the gate
-            has_depth_sources=routed, depth_routing=depth, depth_blocks=c.depth_blocks,
+            name=getattr(self, "probe_name", None) or c.name_or_path or "probe",
+            family="probe",
+            n_layers=c.n_layers,
+            d_model=c.d_model,
+            n_heads=c.n_heads,
+            n_kv_heads=c.n_kv_heads,
+            d_head=c.d_head,
+            n_ctx=c.n_ctx,
+            vocab_size=c.vocab_size,
+            has_phantom=c.has_phantom,
+            value_gate=c.value_gate,
+            has_value_gate=gate is not None,
+            gate_on_logits=gate is not None and gate.routing,  # declared by the gate
+            has_depth_sources=routed,
+            depth_routing=depth,
+            depth_blocks=c.depth_blocks,
             sink_token=c.abstention == "sinktoken",
-            trained_with_bos=bool((getattr(self, "train_record", None) or {}).get("bos")), extra=extra)
+            trained_with_bos=bool((getattr(self, "train_record", None) or {}).get("bos")),
+            extra=extra,
+        )

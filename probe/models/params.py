@@ -6,6 +6,7 @@ module (all of whose parameters take the role, unless the child declares its own
 (``key_proj`` without P-LR) are skipped. The role says how the model initialises the parameter and whether weight
 decay applies. A parameter that no module declares is an error, not a silently decayed random matrix.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -42,8 +43,10 @@ def parameter_roles(model: nn.Module) -> dict[str, str]:
     for prefix, module in model.named_modules():  # parents before children: the closest declaration wins
         for key, role in getattr(module, "param_roles", {}).items():
             if role not in ROLES:
-                raise ValueError(f"{type(module).__name__}.param_roles[{key!r}] = {role!r} is not a role; "
-                                 f"choose one of {', '.join(ROLES)}")
+                raise ValueError(
+                    f"{type(module).__name__}.param_roles[{key!r}] = {role!r} is not a role; "
+                    f"choose one of {', '.join(ROLES)}"
+                )
             target = getattr(module, key, None)
             name = f"{prefix}.{key}" if prefix else key
             if isinstance(target, nn.Parameter):

@@ -4,6 +4,7 @@ Parametric names carry their parameters (docs/definitions.md#depth-routing): att
 slr-full-r16, ... A name without them ("attnres-block", "slr-block") takes the tier's default N and r. `add_variant`
 names a new setting.
 """
+
 from __future__ import annotations
 
 import re
@@ -16,8 +17,17 @@ from probe.models.model import ProbeForCausalLM
 from probe.models.params import count_by_role
 
 # the config fields that select mechanisms: all at these values is the plain baseline of an architecture
-_PLAIN = dict(abstention="none", value_gate="none", value_residual="none", depth="residual", depth_blocks=0,
-              depth_rank=None, dense="none", qk_activation="none", d_value=None)
+_PLAIN = dict(
+    abstention="none",
+    value_gate="none",
+    value_residual="none",
+    depth="residual",
+    depth_blocks=0,
+    depth_rank=None,
+    dense="none",
+    qk_activation="none",
+    d_value=None,
+)
 _ROUTED = re.compile(r"^(attnres|plr|slr)-(full|block(\d*))(?:-r(\d+))?$")
 
 

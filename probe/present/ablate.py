@@ -1,4 +1,5 @@
 """`probe ablate`: its terminal text, figures, page sections and the descriptions of its files."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -12,13 +13,28 @@ DESCRIPTIONS = {
     "ablate.html": "causal interventions: loss change per intervention, whole model and per layer, with figures",
     "ablate.json": "causal interventions: every table and the run's settings (JSON)",
     "ablate_results.csv": "loss change (ablated - clean, nats per token) per intervention, setting and scope, and "
-                          "each condition's forward time over one plain forward's",
+    "each condition's forward time over one plain forward's",
     "ablate_per_batch.csv": "loss change per condition and evaluation batch",
 }
 
 TITLE = "Ablations: is the sink needed?"
-COLUMNS = ["intervention", "setting", "scope", "layer", "head", "site", "loss_clean", "loss_ablated", "delta",
-           "delta_se", "loss_clean_late", "loss_ablated_late", "delta_late", "delta_late_se", "cost_ratio"]
+COLUMNS = [
+    "intervention",
+    "setting",
+    "scope",
+    "layer",
+    "head",
+    "site",
+    "loss_clean",
+    "loss_ablated",
+    "delta",
+    "delta_se",
+    "loss_clean_late",
+    "loss_ablated_late",
+    "delta_late",
+    "delta_late_se",
+    "cost_ratio",
+]
 
 
 def _where(row) -> str:
@@ -45,13 +61,18 @@ def sections(result: dict) -> dict:
     verdicts = []
     model = res[res["scope"] == "model"]
     for _, row in model.iterrows():
-        line = (f"{row['intervention']} {row['setting']} in {_where(row)}: loss {row['delta']:+.4g}"
-                f"{pm(row, 'delta', '.2g')} nats per token (ablated {row['loss_ablated']:.4g} vs clean "
-                f"{row['loss_clean']:.4g}; mean ± s.e. over batches)")
+        line = (
+            f"{row['intervention']} {row['setting']} in {_where(row)}: loss {row['delta']:+.4g}"
+            f"{pm(row, 'delta', '.2g')} nats per token (ablated {row['loss_ablated']:.4g} vs clean "
+            f"{row['loss_clean']:.4g}; mean ± s.e. over batches)"
+        )
         if "delta_late" in row and pd.notna(row.get("delta_late")):
             line += f"; over queries t >= k + w: {row['delta_late']:+.4g}{pm(row, 'delta_late', '.2g')}"
-        local = res[(res["intervention"] == row["intervention"]) & (res["setting"] == row["setting"])
-                    & res["scope"].isin(["layer", "site"])]
+        local = res[
+            (res["intervention"] == row["intervention"])
+            & (res["setting"] == row["setting"])
+            & res["scope"].isin(["layer", "site"])
+        ]
         if len(local):
             worst = local.loc[local["delta"].idxmax()]
             line += f"; most in {_where(worst)} ({worst['delta']:+.4g})"
@@ -60,8 +81,13 @@ def sections(result: dict) -> dict:
     meta = result_meta(result)
     if meta.get("knockout_query0", "n/a") != "n/a":
         caveats.append("knockout: query 0 keeps its clean row in heads without a phantom (it would see no key)")
-    tables = [("Loss change per intervention (ablated - clean, nats per token; *_se: standard error over batches; "
-               "*_late: queries t >= k + w only)", _table(res))]
+    tables = [
+        (
+            "Loss change per intervention (ablated - clean, nats per token; *_se: standard error over batches; "
+            "*_late: queries t >= k + w only)",
+            _table(res),
+        )
+    ]
     return {"verdicts": verdicts, "caveats": caveats, "tables": tables}
 
 
@@ -71,12 +97,17 @@ def layer_figure(result: dict) -> go.Figure:
     fig = go.Figure()
     for (iv, setting), g in res[res["scope"] == "layer"].groupby(["intervention", "setting"], sort=False):
         g = g.sort_values("layer")
-        fig.add_trace(go.Scatter(x=g["layer"], y=g["delta"], mode="lines+markers", error_y=se_bars(g, "delta"),
-                                 name=f"{iv} {setting}"))
+        fig.add_trace(
+            go.Scatter(
+                x=g["layer"], y=g["delta"], mode="lines+markers", error_y=se_bars(g, "delta"), name=f"{iv} {setting}"
+            )
+        )
     threshold(fig, 0, "no change")
     integer_ticks(fig, "x", "layer ablated (alone)")
-    fig.update_layout(title="Which layers need what: loss change with one layer ablated (± s.e. over batches)",
-                      yaxis_title="loss change (nats per token)")
+    fig.update_layout(
+        title="Which layers need what: loss change with one layer ablated (± s.e. over batches)",
+        yaxis_title="loss change (nats per token)",
+    )
     return fig
 
 
@@ -84,10 +115,19 @@ def model_figure(result: dict) -> go.Figure:
     """Every intervention on the whole model, as bars (± s.e. over batches)."""
     m = result["results"]
     m = m[m["scope"] == "model"]
-    fig = go.Figure(go.Bar(x=[f"{a} {b}" for a, b in zip(m["intervention"], m["setting"])], y=m["delta"],
-                           error_y=se_bars(m, "delta"), name="every layer"))
-    fig.update_layout(title="Whole-model interventions: loss change (± s.e. over batches)",
-                      xaxis_title="intervention", yaxis_title="loss change (nats per token)")
+    fig = go.Figure(
+        go.Bar(
+            x=[f"{a} {b}" for a, b in zip(m["intervention"], m["setting"])],
+            y=m["delta"],
+            error_y=se_bars(m, "delta"),
+            name="every layer",
+        )
+    )
+    fig.update_layout(
+        title="Whole-model interventions: loss change (± s.e. over batches)",
+        xaxis_title="intervention",
+        yaxis_title="loss change (nats per token)",
+    )
     return fig
 
 
@@ -101,15 +141,28 @@ def eviction_figure(result: dict) -> go.Figure:
     fig = go.Figure()
     for w, g in ev.groupby("w"):
         g = g.sort_values("k")
-        fig.add_trace(go.Scatter(x=g["k"], y=g["delta"], mode="lines+markers", error_y=se_bars(g, "delta"),
-                                 name=f"w = {w}, all queries"))
+        fig.add_trace(
+            go.Scatter(
+                x=g["k"], y=g["delta"], mode="lines+markers", error_y=se_bars(g, "delta"), name=f"w = {w}, all queries"
+            )
+        )
         if "delta_late" in g and g["delta_late"].notna().any():
-            fig.add_trace(go.Scatter(x=g["k"], y=g["delta_late"], mode="lines+markers", line=dict(dash="dot"),
-                                     error_y=se_bars(g, "delta_late"), name=f"w = {w}, queries t >= k + w"))
+            fig.add_trace(
+                go.Scatter(
+                    x=g["k"],
+                    y=g["delta_late"],
+                    mode="lines+markers",
+                    line=dict(dash="dot"),
+                    error_y=se_bars(g, "delta_late"),
+                    name=f"w = {w}, queries t >= k + w",
+                )
+            )
     threshold(fig, 0, "full attention")
     integer_ticks(fig, "x", "kept first keys k")
-    fig.update_layout(title="Window eviction (StreamingLLM, original positions): loss change against full attention",
-                      yaxis_title="loss change (nats per token)")
+    fig.update_layout(
+        title="Window eviction (StreamingLLM, original positions): loss change against full attention",
+        yaxis_title="loss change (nats per token)",
+    )
     return fig
 
 
@@ -120,15 +173,29 @@ def head_figure(result: dict) -> go.Figure:
     fig = go.Figure()
     for (iv, setting), g in h.groupby(["intervention", "setting"], sort=False):
         z = g.pivot(index="layer", columns="head", values="delta")
-        fig.add_trace(go.Heatmap(z=z.values, x=z.columns, y=z.index, colorscale="RdBu", zmid=0,
-                                 name=f"{iv} {setting}", visible=len(fig.data) == 0,
-                                 colorbar=dict(title="Δ loss")))
+        fig.add_trace(
+            go.Heatmap(
+                z=z.values,
+                x=z.columns,
+                y=z.index,
+                colorscale="RdBu",
+                zmid=0,
+                name=f"{iv} {setting}",
+                visible=len(fig.data) == 0,
+                colorbar=dict(title="Δ loss"),
+            )
+        )
     n = len(fig.data)
-    buttons = [dict(label=t.name, method="update", args=[{"visible": [i == k for i in range(n)]}])
-               for k, t in enumerate(fig.data)]
-    fig.update_layout(title="Per-head ablations: loss change (nats per token), one intervention at a time (menu)",
-                      xaxis_title="head", yaxis_title="layer",
-                      updatemenus=[dict(buttons=buttons, x=1.0, y=1.15, xanchor="right")] if n > 1 else [])
+    buttons = [
+        dict(label=t.name, method="update", args=[{"visible": [i == k for i in range(n)]}])
+        for k, t in enumerate(fig.data)
+    ]
+    fig.update_layout(
+        title="Per-head ablations: loss change (nats per token), one intervention at a time (menu)",
+        xaxis_title="head",
+        yaxis_title="layer",
+        updatemenus=[dict(buttons=buttons, x=1.0, y=1.15, xanchor="right")] if n > 1 else [],
+    )
     return fig
 
 
@@ -139,8 +206,12 @@ def site_figure(result: dict) -> go.Figure:
     fig = go.Figure()
     for setting, g in d.groupby("setting", sort=False):
         fig.add_trace(go.Bar(x=g["site"], y=g["delta"], error_y=se_bars(g, "delta"), name=setting))
-    fig.update_layout(title="Depth routes forced one read site at a time (± s.e. over batches)", barmode="group",
-                      xaxis_title="read site", yaxis_title="loss change (nats per token)")
+    fig.update_layout(
+        title="Depth routes forced one read site at a time (± s.e. over batches)",
+        barmode="group",
+        xaxis_title="read site",
+        yaxis_title="loss change (nats per token)",
+    )
     return fig
 
 
@@ -161,9 +232,16 @@ def figures(result: dict) -> list:
 def text(result: dict) -> str:
     meta = result_meta(result)
     res = _table(result["results"])
-    lines = [header(meta), "", "loss change (ablated - clean, nats per token; mean ± s.e. over batches):",
-             show(res, [c for c in COLUMNS if c not in ("loss_clean_late", "loss_ablated_late")])]
+    lines = [
+        header(meta),
+        "",
+        "loss change (ablated - clean, nats per token; mean ± s.e. over batches):",
+        show(res, [c for c in COLUMNS if c not in ("loss_clean_late", "loss_ablated_late")]),
+    ]
     if "cost_ratio" in meta:
-        lines += ["", f"cost: {meta['ablated_forward_s']:.3g} s per ablated forward, {meta['clean_forward_s']:.3g} s "
-                  f"per clean forward ({meta['cost_ratio']:.2f}x), {meta['wall_s']:.3g} s in all"]
+        lines += [
+            "",
+            f"cost: {meta['ablated_forward_s']:.3g} s per ablated forward, {meta['clean_forward_s']:.3g} s "
+            f"per clean forward ({meta['cost_ratio']:.2f}x), {meta['wall_s']:.3g} s in all",
+        ]
     return "\n".join(lines)

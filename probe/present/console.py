@@ -1,6 +1,7 @@
 """Notes on stderr, silent when quiet; results go to stdout (see ``probe.present.files``). Progress bars are
 ``probe.progress``.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,6 +61,8 @@ def plan_line(verb: str, model, eb, passes: int = 1, what: str = "") -> str:
     """The one line a verb notes before its forward passes: model, windows and how many passes."""
     n = eb.tokens.shape[0] * eb.tokens.shape[1]
     extra = f" x {passes} forward passes ({what})" if passes > 1 else ""
-    return (f"plan: {verb} on {model.probe_info.name} — {plural(eb.tokens.shape[0], 'batch')} x "
-            f"{plural(eb.tokens.shape[1], 'window')} x {eb.ctx} tokens ({plural(n, 'window')}, {eb.corpus}, "
-            f"{eb.mode}){extra}")
+    return (
+        f"plan: {verb} on {model.probe_info.name} — {plural(eb.tokens.shape[0], 'batch')} x "
+        f"{plural(eb.tokens.shape[1], 'window')} x {eb.ctx} tokens ({plural(n, 'window')}, {eb.corpus}, "
+        f"{eb.mode}){extra}"
+    )

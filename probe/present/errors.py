@@ -1,4 +1,5 @@
 """User errors: one line on stderr and exit code 2, wherever they are raised (the CLI, reports, experiment recipes)."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """`probe eval`: its terminal text, figure, page sections and the descriptions of its files."""
+
 from __future__ import annotations
 
 import plotly.graph_objects as go
@@ -20,11 +21,16 @@ def eval_sections(result: dict) -> dict:
     """Evaluation: loss ± s.e. over windows; summary and per-window tables."""
     s, w = result["summary"].iloc[0], result["windows"]
     se = float(w["loss"].sem()) if len(w) > 1 else float("nan")
-    verdicts = [f"loss {s['loss']:.4g} ± {se:.2g} nats per token (mean ± s.e. over {len(w)} windows), "
-                f"perplexity {s['perplexity']:.4g}"]
+    verdicts = [
+        f"loss {s['loss']:.4g} ± {se:.2g} nats per token (mean ± s.e. over {len(w)} windows), "
+        f"perplexity {s['perplexity']:.4g}"
+    ]
     summary = drop_ids(result["summary"]).assign(loss_se=se)
-    return {"verdicts": verdicts, "caveats": se_caveat(len(w), "windows"),
-            "tables": [("Summary", summary), ("Per window", drop_ids(w))]}
+    return {
+        "verdicts": verdicts,
+        "caveats": se_caveat(len(w), "windows"),
+        "tables": [("Summary", summary), ("Per window", drop_ids(w))],
+    }
 
 
 TITLE = "Evaluation"
@@ -33,8 +39,11 @@ TITLE = "Evaluation"
 def figures(result: dict) -> list:
     windows = result["windows"]
     fig = go.Figure(go.Bar(x=list(range(len(windows))), y=windows["loss"], text=windows["doc_id"]))
-    fig.update_layout(title=f"Mean next-token loss per window — {result_meta(result)['model']}",
-                      xaxis_title="window", yaxis_title="loss (nats)")
+    fig.update_layout(
+        title=f"Mean next-token loss per window — {result_meta(result)['model']}",
+        xaxis_title="window",
+        yaxis_title="loss (nats)",
+    )
     return [fig]
 
 
@@ -43,5 +52,10 @@ def sections(result: dict) -> dict:
 
 
 def text(result: dict) -> str:
-    return "\n".join([header(result_meta(result)), "", summary_lines(result["summary"].iloc[0].to_dict(),
-                                                                     ("loss", "perplexity", "n_tokens", "n_windows"))])
+    return "\n".join(
+        [
+            header(result_meta(result)),
+            "",
+            summary_lines(result["summary"].iloc[0].to_dict(), ("loss", "perplexity", "n_tokens", "n_windows")),
+        ]
+    )

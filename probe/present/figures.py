@@ -2,6 +2,7 @@
 standard-error bars (each analysis's own figures are in its module, ``probe.present.<analysis>``; each takes the dict
 of tables the analysis returned, or several to compare models, and returns a ``plotly.graph_objects.Figure``), and
 the figures of the paired-seed recipes. ``write_html`` works offline."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,8 +47,11 @@ def fitted_heatmap(z, x, y, title: str, **kw) -> go.Heatmap:
     z = np.asarray(z, dtype=float)
     lo, hi = (float(np.nanmin(z)), float(np.nanmax(z))) if np.isfinite(z).any() else (0.0, 1.0)
     signed = lo < 0 < hi
-    span = dict(zmid=0, colorscale=SIGNED) if signed else dict(zmin=lo, zmax=hi if hi > lo else lo + 1e-12,
-                                                               colorscale=SEQUENTIAL)
+    span = (
+        dict(zmid=0, colorscale=SIGNED)
+        if signed
+        else dict(zmin=lo, zmax=hi if hi > lo else lo + 1e-12, colorscale=SEQUENTIAL)
+    )
     return go.Heatmap(z=z, x=x, y=y, colorbar=dict(title=title), hoverongaps=False, **{**span, **kw})
 
 
@@ -76,11 +80,19 @@ def se_bars(table: pd.DataFrame, column: str) -> dict | None:
 
 def paired_figure(summary: pd.DataFrame) -> go.Figure:
     """Mean paired improvement ± standard error per variant (from stats.paired_differences(...)['summary'])."""
-    fig = go.Figure(go.Bar(x=summary["variant"], y=summary["mean"],
-                           error_y=dict(type="data", array=summary["se"].fillna(0), visible=True),
-                           text=[f"{i}/{n} improved" for i, n in zip(summary["n_improved"], summary["n"])]))
-    fig.update_layout(title=f"Paired improvement over {summary['baseline'].iloc[0]} (± standard error over seeds)",
-                      xaxis_title="variant", yaxis_title="improvement (baseline - variant)")
+    fig = go.Figure(
+        go.Bar(
+            x=summary["variant"],
+            y=summary["mean"],
+            error_y=dict(type="data", array=summary["se"].fillna(0), visible=True),
+            text=[f"{i}/{n} improved" for i, n in zip(summary["n_improved"], summary["n"])],
+        )
+    )
+    fig.update_layout(
+        title=f"Paired improvement over {summary['baseline'].iloc[0]} (± standard error over seeds)",
+        xaxis_title="variant",
+        yaxis_title="improvement (baseline - variant)",
+    )
     return fig
 
 
@@ -89,11 +101,29 @@ def decomposition_figure(table: pd.DataFrame) -> go.Figure:
     t = table[table["quantity"] != "share"]
     fig = go.Figure(go.Bar(x=t["quantity"], y=t["mean"], error_y=dict(type="data", array=t["se"].fillna(0))))
     share = float(table.loc[table["quantity"] == "share", "mean"].iloc[0])
-    fig.update_layout(title=f"Abstention decomposition (filter share {share:.0%})" if np.isfinite(share)
-                      else "Abstention decomposition", xaxis_title="component",
-                      yaxis_title="improvement over baseline (± s.e.)")
+    fig.update_layout(
+        title=f"Abstention decomposition (filter share {share:.0%})"
+        if np.isfinite(share)
+        else "Abstention decomposition",
+        xaxis_title="component",
+        yaxis_title="improvement over baseline (± s.e.)",
+    )
     return fig
 
 
-__all__ = ["ID_COLUMNS", "SEQUENTIAL", "SIGNED", "REFERENCE", "many", "result_name", "integer_ticks", "threshold",
-           "fitted_heatmap", "layer_se", "error_bars", "se_bars", "paired_figure", "decomposition_figure"]
+__all__ = [
+    "ID_COLUMNS",
+    "SEQUENTIAL",
+    "SIGNED",
+    "REFERENCE",
+    "many",
+    "result_name",
+    "integer_ticks",
+    "threshold",
+    "fitted_heatmap",
+    "layer_se",
+    "error_bars",
+    "se_bars",
+    "paired_figure",
+    "decomposition_figure",
+]

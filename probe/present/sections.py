@@ -8,6 +8,7 @@ the figures, then the tables (long ones folded).
 Standard errors: sample standard deviation (ddof 1) of the per-batch means over batches, divided by sqrt(batches);
 batches are equal-sized, so their mean is the pooled mean. Ratios of sums and thresholded statistics (token-identity
 share, Sink^eps) carry delete-one-batch jackknife standard errors computed by their analyses (``*_se`` columns)."""
+
 from __future__ import annotations
 
 import pandas as pd

@@ -1,4 +1,5 @@
 """Sink^eps (Gu et al. 2025): its figures."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -20,23 +21,41 @@ def sink_eps_figure(results):
     """Left: share of sink heads per layer (one line per model and ε, ± jackknife s.e. over batches where the result
     has it); right: key-0 score per head (layer x head) of the first result."""
     res0 = many(results)[0]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("share of sink heads per layer (Sink^ε)",
-                                                        f"key-0 score per head — {res0['meta']['model'].iloc[0]}"))
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=(
+            "share of sink heads per layer (Sink^ε)",
+            f"key-0 score per head — {res0['meta']['model'].iloc[0]}",
+        ),
+    )
     for res in many(results):
         name = str(res["meta"]["model"].iloc[0])
         for e, g in res["layers"].groupby("epsilon", sort=False):
-            fig.add_trace(go.Scatter(x=g["layer"], y=g["sink_share"], mode="lines+markers", name=f"{name} ε={e:g}",
-                                     error_y=se_bars(g, "sink_share"),
-                                     hovertemplate="layer %{x}: %{y:.2f}<extra>" + f"{name} ε={e:g}</extra>"),
-                          row=1, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=g["layer"],
+                    y=g["sink_share"],
+                    mode="lines+markers",
+                    name=f"{name} ε={e:g}",
+                    error_y=se_bars(g, "sink_share"),
+                    hovertemplate="layer %{x}: %{y:.2f}<extra>" + f"{name} ε={e:g}</extra>",
+                ),
+                row=1,
+                col=1,
+            )
     heads = res0["heads"].pivot(index="head", columns="layer", values="key0_mass")
-    fig.add_trace(fitted_heatmap(heads.to_numpy(), list(heads.columns), list(heads.index), "mean a[t,0]",
-                                 showlegend=False), row=1, col=2)
+    fig.add_trace(
+        fitted_heatmap(heads.to_numpy(), list(heads.columns), list(heads.index), "mean a[t,0]", showlegend=False),
+        row=1,
+        col=2,
+    )
     fig.update_yaxes(title_text="share of heads with α > ε", range=[-0.02, 1.02], row=1, col=1)
     integer_ticks(fig, "x", "layer")
     integer_ticks(fig, "y", "head", row=1, col=2)
-    fig.update_layout(title="Sink heads (Gu et al.): mean attention on key 0 above ε",
-                      legend=dict(orientation="h", y=-0.25))
+    fig.update_layout(
+        title="Sink heads (Gu et al.): mean attention on key 0 above ε", legend=dict(orientation="h", y=-0.25)
+    )
     return fig
 
 
@@ -50,12 +69,22 @@ def sink_eps_trend_figure(summary: pd.DataFrame):
     fig = go.Figure()
     for e, g in summary.groupby("epsilon", sort=False):
         x = g["step"].astype(int) if by_step else g["model"]
-        fig.add_trace(go.Scatter(x=x, y=g["sink_share"], mode="lines+markers" if by_step else "markers",
-                                 name=f"ε = {e:g}", text=g["model"],  # markers only between unrelated models
-                                 error_y=se_bars(g, "sink_share")))
-    fig.update_layout(title="Sink^ε: share of heads whose mean attention on key 0 exceeds ε",
-                      xaxis_title="training step" if by_step else "model", yaxis_title="Sink^ε",
-                      yaxis_range=[-0.02, 1.02])
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=g["sink_share"],
+                mode="lines+markers" if by_step else "markers",
+                name=f"ε = {e:g}",
+                text=g["model"],  # markers only between unrelated models
+                error_y=se_bars(g, "sink_share"),
+            )
+        )
+    fig.update_layout(
+        title="Sink^ε: share of heads whose mean attention on key 0 exceeds ε",
+        xaxis_title="training step" if by_step else "model",
+        yaxis_title="Sink^ε",
+        yaxis_range=[-0.02, 1.02],
+    )
     return fig
 
 
@@ -72,8 +101,17 @@ def sink_eps_layers_figure(layers: pd.DataFrame, epsilon: float | None = None):
     by_step = steps is not None and steps.notna().all()
     wide = sub.pivot_table(index="model", columns="layer", values="sink_share", sort=False).loc[models]
     y = [str(int(steps[m])) for m in models] if by_step else models
-    fig = go.Figure(go.Heatmap(z=wide.to_numpy(), x=list(wide.columns), y=y, zmin=0, zmax=1, colorscale="Viridis",
-                               colorbar=dict(title="sink share")))
+    fig = go.Figure(
+        go.Heatmap(
+            z=wide.to_numpy(),
+            x=list(wide.columns),
+            y=y,
+            zmin=0,
+            zmax=1,
+            colorscale="Viridis",
+            colorbar=dict(title="sink share"),
+        )
+    )
     fig.update_yaxes(type="category", title_text="training step" if by_step else "model")
     integer_ticks(fig, "x", "layer")
     fig.update_layout(title=f"Share of sink heads per layer (Sink^ε, ε = {e:g})")
@@ -93,9 +131,23 @@ def text_lines(result: dict) -> list[str]:
     summary = result["sink_eps_summary"]
     meta = result["meta"]
     per_text = "protocol" in meta and meta["protocol"].iloc[0] == "gu2025"
-    how = (" (protocol gu2025: per text, queries 0..63, mean of the indicators over texts)" if per_text else
-           "")
-    return ["", f"sink heads (Gu et al.): share of heads whose mean attention on key 0 ({summary['key0'].iloc[0]}) "
-                f"exceeds eps{how}:",
-            show(summary, ["epsilon", "n_sink_heads", "n_heads", "sink_share", "sink_share_se", "key0_mass",
-                           "key0_mass_se", "phantom_share", "uniform_ref"])]
+    how = " (protocol gu2025: per text, queries 0..63, mean of the indicators over texts)" if per_text else ""
+    return [
+        "",
+        f"sink heads (Gu et al.): share of heads whose mean attention on key 0 ({summary['key0'].iloc[0]}) "
+        f"exceeds eps{how}:",
+        show(
+            summary,
+            [
+                "epsilon",
+                "n_sink_heads",
+                "n_heads",
+                "sink_share",
+                "sink_share_se",
+                "key0_mass",
+                "key0_mass_se",
+                "phantom_share",
+                "uniform_ref",
+            ],
+        ),
+    ]

@@ -1,5 +1,6 @@
 """`probe sinks`: its terminal text, figures, page sections and the descriptions of its files. Sink^eps, massive
 activations and dormant heads (parts of the same verb) have their own modules; this one puts them together."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -45,50 +46,81 @@ def sink_sections(result: dict) -> dict:
     s = result["summary"].iloc[0]
     batches = result.get("batches")
     later = _later(result["layers"])
-    verdicts = [f"sink_formed: {bool(s['sink_formed'])} — rule: position-0 share >= {SINK_FACTOR:g}x the "
-                f"causal-uniform reference and r0 < {SINK_R0:g}, averaged over the layers past the first "
-                f"(here {s['pos0_over_uniform']:.3g}x and r0 = {s['r0_later']:.3g})"]
+    verdicts = [
+        f"sink_formed: {bool(s['sink_formed'])} — rule: position-0 share >= {SINK_FACTOR:g}x the "
+        f"causal-uniform reference and r0 < {SINK_R0:g}, averaged over the layers past the first "
+        f"(here {s['pos0_over_uniform']:.3g}x and r0 = {s['r0_later']:.3g})"
+    ]
     if "sink_eps_summary" in result:
         key0 = result["sink_eps_summary"]["key0"].iloc[0] if "key0" in result["sink_eps_summary"] else "key 0"
         for _, e in result["sink_eps_summary"].iterrows():
-            verdicts.append(f"Sink^{e['epsilon']:g}: {int(e['n_sink_heads'])} of {int(e['n_heads'])} heads "
-                            f"({e['sink_share']:.1%}{pm(e, 'sink_share')}) put more than {e['epsilon']:g} of their "
-                            f"mean attention on {key0}")
+            verdicts.append(
+                f"Sink^{e['epsilon']:g}: {int(e['n_sink_heads'])} of {int(e['n_heads'])} heads "
+                f"({e['sink_share']:.1%}{pm(e, 'sink_share')}) put more than {e['epsilon']:g} of their "
+                f"mean attention on {key0}"
+            )
     later_b = batches[batches["layer"].isin(later["layer"])] if batches is not None and len(batches) else None
     se = batch_se(later_b, ["pos0_share", "uniform_ref", "r0"], by=None)
     summary = drop_ids(result["summary"])
     if se is not None:
         summary = summary.assign(pos0_share_later_se=se["pos0_share_se"].iloc[0], r0_later_se=se["r0_se"].iloc[0])
-    tables = [("Summary (rows t >= 1, averaged over heads and layers; *_later_se: s.e. over batches of the "
-               "layers past the first)", summary)]
+    tables = [
+        (
+            "Summary (rows t >= 1, averaged over heads and layers; *_later_se: s.e. over batches of the "
+            "layers past the first)",
+            summary,
+        )
+    ]
     if len(result.get("by_type", ())) > 1:
         tables.append(("By layer type", drop_ids(result["by_type"])))
-    tables.append(("Per layer (± standard error over batches)",
-                   with_se(result["layers"], batches, ["pos0_share", "phantom_share", "r0"])))
+    tables.append(
+        (
+            "Per layer (± standard error over batches)",
+            with_se(result["layers"], batches, ["pos0_share", "phantom_share", "r0"]),
+        )
+    )
     if "sink_eps_summary" in result:
-        tables.append(("Sink^eps (Gu et al.): heads whose mean attention on key 0 exceeds eps (*_se: jackknife "
-                       "standard error over batches)", drop_ids(result["sink_eps_summary"])))
+        tables.append(
+            (
+                "Sink^eps (Gu et al.): heads whose mean attention on key 0 exceeds eps (*_se: jackknife "
+                "standard error over batches)",
+                drop_ids(result["sink_eps_summary"]),
+            )
+        )
     if "sink_eps_layers" in result:
-        tables.append(("Sink^eps per layer (± jackknife standard error over batches)",
-                       drop_ids(result["sink_eps_layers"])))
+        tables.append(
+            ("Sink^eps per layer (± jackknife standard error over batches)", drop_ids(result["sink_eps_layers"]))
+        )
     if "massive_layers" in result:
-        tables.append(("Massive activations (Sun et al.; |h| > 100 and > 1000x the median)",
-                       drop_ids(result["massive_layers"]),
-                       "no layer has a massive activation in these windows"))
+        tables.append(
+            (
+                "Massive activations (Sun et al.; |h| > 100 and > 1000x the median)",
+                drop_ids(result["massive_layers"]),
+                "no layer has a massive activation in these windows",
+            )
+        )
     if "dormant_summary" in result:
         tables.append(("Active / dormant heads per input domain (Guo et al.)", drop_ids(result["dormant_summary"])))
-        tables.append(("Heads that switch between active and dormant across domains",
-                       drop_ids(result["dormant_switching"]), "no head switches between the domains"))
+        tables.append(
+            (
+                "Heads that switch between active and dormant across domains",
+                drop_ids(result["dormant_switching"]),
+                "no head switches between the domains",
+            )
+        )
     return {"verdicts": verdicts, "caveats": se_caveat(n_batches(result)), "tables": tables}
 
 
-SINK_PANELS = (("pos0_share", "position-0 share", "share of real attention mass on key 0"),
-               ("phantom_share", "phantom share", "share of all attention mass on the phantom"),
-               ("r0", "r0 = ‖v0‖ / median ‖vj‖", "read-norm ratio (unitless)"))
+SINK_PANELS = (
+    ("pos0_share", "position-0 share", "share of real attention mass on key 0"),
+    ("phantom_share", "phantom share", "share of all attention mass on the phantom"),
+    ("r0", "r0 = ‖v0‖ / median ‖vj‖", "read-norm ratio (unitless)"),
+)
 
 
-def sink_profile_figure(layers: pd.DataFrame, batches: pd.DataFrame | None = None,
-                        title: str = "Attention sinks per layer") -> go.Figure:
+def sink_profile_figure(
+    layers: pd.DataFrame, batches: pd.DataFrame | None = None, title: str = "Attention sinks per layer"
+) -> go.Figure:
     """Per-layer profiles overlaid across models (one line per ``model``, ± s.e. over batches): position-0 share with
     the causal-uniform reference and the 3x sink threshold, phantom share, r0 with its 0.8 threshold."""
     fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t, _ in SINK_PANELS], horizontal_spacing=0.07)
@@ -96,23 +128,50 @@ def sink_profile_figure(layers: pd.DataFrame, batches: pd.DataFrame | None = Non
     for i, (model, lay) in enumerate(layers.groupby("model", sort=False)):
         colour = colours[i % len(colours)]
         for col, (key, _, _) in enumerate(SINK_PANELS, start=1):
-            se = layer_se(batches[batches["model"] == model] if batches is not None and "model" in batches
-                          else batches, key, by=("layer",))
-            fig.add_trace(go.Scatter(x=lay["layer"], y=lay[key], mode="lines+markers", name=str(model),
-                                     legendgroup=str(model), showlegend=col == 1, line=dict(color=colour),
-                                     error_y=error_bars(se, lay["layer"])), row=1, col=col)
+            se = layer_se(
+                batches[batches["model"] == model] if batches is not None and "model" in batches else batches,
+                key,
+                by=("layer",),
+            )
+            fig.add_trace(
+                go.Scatter(
+                    x=lay["layer"],
+                    y=lay[key],
+                    mode="lines+markers",
+                    name=str(model),
+                    legendgroup=str(model),
+                    showlegend=col == 1,
+                    line=dict(color=colour),
+                    error_y=error_bars(se, lay["layer"]),
+                ),
+                row=1,
+                col=col,
+            )
     ref = layers.drop_duplicates("layer").sort_values("layer")
-    fig.add_trace(go.Scatter(x=ref["layer"], y=ref["uniform_ref"], mode="lines", line=REFERENCE,
-                             name="causal-uniform reference"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=ref["layer"], y=SINK_FACTOR * ref["uniform_ref"], mode="lines",
-                             line=dict(dash="dash", color="gray"), name=f"{SINK_FACTOR:g} x uniform (sink threshold)"),
-                  row=1, col=1)
+    fig.add_trace(
+        go.Scatter(x=ref["layer"], y=ref["uniform_ref"], mode="lines", line=REFERENCE, name="causal-uniform reference"),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=ref["layer"],
+            y=SINK_FACTOR * ref["uniform_ref"],
+            mode="lines",
+            line=dict(dash="dash", color="gray"),
+            name=f"{SINK_FACTOR:g} x uniform (sink threshold)",
+        ),
+        row=1,
+        col=1,
+    )
     threshold(fig, SINK_R0, f"r0 = {SINK_R0:g} (sink threshold)", row=1, col=3)
     for col, (_, _, unit) in enumerate(SINK_PANELS, start=1):
         fig.update_yaxes(title_text=unit, rangemode="tozero", row=1, col=col)
     integer_ticks(fig, "x", "layer")
-    fig.update_layout(title=f"{title} (± standard error over batches)" if batches is not None else title,
-                      legend=dict(orientation="h", y=-0.2))
+    fig.update_layout(
+        title=f"{title} (± standard error over batches)" if batches is not None else title,
+        legend=dict(orientation="h", y=-0.2),
+    )
     return fig
 
 
@@ -139,8 +198,12 @@ TITLE = "Attention sinks"
 def figures(result: dict, dormant_result: dict | None = None) -> list:
     """The page's figures; ``dormant_result``: the whole ``dormant_heads`` result (its per-input rows are drawn but not
     written as a file), without which the dormant figures are left out."""
-    out = [sink_figure(result), sink_heads_figure(result, "pos0_share"), sink_heads_figure(result, "r0"),
-           sink_eps.sink_eps_figure(sink_eps.part(result))]
+    out = [
+        sink_figure(result),
+        sink_heads_figure(result, "pos0_share"),
+        sink_heads_figure(result, "r0"),
+        sink_eps.sink_eps_figure(sink_eps.part(result)),
+    ]
     if "massive_layers" in result:
         out.append(massive.massive_figure(massive.part(result)))
     if dormant_result is not None:
@@ -154,15 +217,25 @@ def sections(result: dict) -> dict:
 
 def text(result: dict) -> str:
     s = result["summary"].iloc[0].to_dict()
-    lines = [header(result_meta(result)), "",
-             f"summary (rows t >= 1; a sink has formed when pos0 share >= {SINK_FACTOR:g} x uniform and r0 < "
-             f"{SINK_R0:g} over layers past the first):",
-             summary_lines(s, ("pos0_share", "uniform_ref", "pos0_over_uniform", "phantom_share", "r0", "r0_later",
-                               "sink_formed"))]
+    lines = [
+        header(result_meta(result)),
+        "",
+        f"summary (rows t >= 1; a sink has formed when pos0 share >= {SINK_FACTOR:g} x uniform and r0 < "
+        f"{SINK_R0:g} over layers past the first):",
+        summary_lines(
+            s, ("pos0_share", "uniform_ref", "pos0_over_uniform", "phantom_share", "r0", "r0_later", "sink_formed")
+        ),
+    ]
     if len(result["by_type"]) > 1:
         lines += ["", "by layer type:", show(result["by_type"])]
-    lines += ["", "per layer:", show(result["layers"], ["layer", "layer_type", "pos0_share", "uniform_ref",
-                                                        "phantom_share", "r0", "pos0_share_key0"])]
+    lines += [
+        "",
+        "per layer:",
+        show(
+            result["layers"],
+            ["layer", "layer_type", "pos0_share", "uniform_ref", "phantom_share", "r0", "pos0_share_key0"],
+        ),
+    ]
     lines += sink_eps.text_lines(result)
     if "massive_layers" in result:
         lines += massive.text_lines(result)

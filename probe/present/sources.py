@@ -1,4 +1,5 @@
 """`probe sources`: its terminal text, figures, page sections and the descriptions of its files."""
+
 from __future__ import annotations
 
 import plotly.graph_objects as go
@@ -13,9 +14,9 @@ DESCRIPTIONS = {
     "sources.html": "depth routing: effective sources per read site, mean depth heatmap",
     "sources.json": "depth routing: every table and the run's settings (JSON)",
     "sources_dense_weights.csv": "dense connections: mean and std over tokens of each mix weight, per layer, stream "
-                                 "and source block state",
+    "and source block state",
     "sources_dense_layers.csv": "dense connections: weight on the latest block state, the embedding and earlier states "
-                                "per layer and stream",
+    "per layer and stream",
 }
 
 
@@ -27,17 +28,23 @@ def is_dense(result: dict) -> bool:
 def dense_verdict(result: dict) -> str:
     """One line: where the dense mixes put their weight, against the plain residual (1 on the latest state)."""
     s = result["summary"].iloc[0]
-    return (f"dense mixes put mean weight {s['latest_weight']:.3g} on the latest block state, {s['embed_weight']:.3g} "
-            f"on the embedding and {s['earlier_weight']:.3g} on earlier block states (sum {s['weight_sum']:.3g}; "
-            f"{int(s['n_layers'])} layers x up to {int(s['n_streams'])} streams); the plain residual is 1 / 0 / 0, "
-            f"largest deviation of a mean weight from it {s['residual_distance']:.3g}")
+    return (
+        f"dense mixes put mean weight {s['latest_weight']:.3g} on the latest block state, {s['embed_weight']:.3g} "
+        f"on the embedding and {s['earlier_weight']:.3g} on earlier block states (sum {s['weight_sum']:.3g}; "
+        f"{int(s['n_layers'])} layers x up to {int(s['n_streams'])} streams); the plain residual is 1 / 0 / 0, "
+        f"largest deviation of a mean weight from it {s['residual_distance']:.3g}"
+    )
 
 
 def dense_sections(result: dict) -> dict:
     """Dense connections: the weight line; summary and per-layer tables (the per-source weights are the CSV)."""
-    return {"verdicts": [dense_verdict(result)],
-            "tables": [("Summary", drop_ids(result["summary"])),
-                       ("Per layer and stream (mean weights over tokens)", drop_ids(result["dense_layers"]))]}
+    return {
+        "verdicts": [dense_verdict(result)],
+        "tables": [
+            ("Summary", drop_ids(result["summary"])),
+            ("Per layer and stream (mean weights over tokens)", drop_ids(result["dense_layers"])),
+        ],
+    }
 
 
 def dense_heatmaps(result: dict) -> list[go.Figure]:
@@ -51,12 +58,25 @@ def dense_heatmaps(result: dict) -> list[go.Figure]:
         heat = w[w["stream"] == stream].pivot(index="source", columns="layer", values="weight_mean")
         heat = heat.reindex([x for x in sources if x in heat.index])
         std = w[w["stream"] == stream].pivot(index="source", columns="layer", values="weight_std").reindex(heat.index)
-        fig = go.Figure(go.Heatmap(z=heat.to_numpy(), x=[str(c) for c in heat.columns], y=list(heat.index),
-                                   customdata=std.to_numpy(), zmin=-span, zmax=span, colorscale=SIGNED,
-                                   colorbar=dict(title="mean weight"), hoverongaps=False,
-                                   hovertemplate="layer %{x}, %{y}: %{z:.4g} ± %{customdata:.3g}<extra></extra>"))
-        fig.update_layout(title=f"Dense-connection weights, stream {stream} — {result_name(result)}",
-                          xaxis_title="mix after block (layer)", yaxis_title="source block state")
+        fig = go.Figure(
+            go.Heatmap(
+                z=heat.to_numpy(),
+                x=[str(c) for c in heat.columns],
+                y=list(heat.index),
+                customdata=std.to_numpy(),
+                zmin=-span,
+                zmax=span,
+                colorscale=SIGNED,
+                colorbar=dict(title="mean weight"),
+                hoverongaps=False,
+                hovertemplate="layer %{x}, %{y}: %{z:.4g} ± %{customdata:.3g}<extra></extra>",
+            )
+        )
+        fig.update_layout(
+            title=f"Dense-connection weights, stream {stream} — {result_name(result)}",
+            xaxis_title="mix after block (layer)",
+            yaxis_title="source block state",
+        )
         figs.append(fig)
     return figs
 
@@ -66,20 +86,40 @@ def source_sections(result: dict) -> dict:
     if is_dense(result):
         return dense_sections(result)
     s = result["summary"].iloc[0]
-    verdicts = [f"effective sources N_eff = {s['neff_mean']:.3g} on average over {int(s['n_sites'])} read sites "
-                f"(top-1 mass {s['top1_mass']:.3g}, input dependence {s['input_dependence']:.3g} nats)"]
-    return {"verdicts": verdicts, "tables": [("Summary", drop_ids(result["summary"])),
-                                             ("Per read site (± std over tokens)", drop_ids(result["sites"]))]}
+    verdicts = [
+        f"effective sources N_eff = {s['neff_mean']:.3g} on average over {int(s['n_sites'])} read sites "
+        f"(top-1 mass {s['top1_mass']:.3g}, input dependence {s['input_dependence']:.3g} nats)"
+    ]
+    return {
+        "verdicts": verdicts,
+        "tables": [
+            ("Summary", drop_ids(result["summary"])),
+            ("Per read site (± std over tokens)", drop_ids(result["sites"])),
+        ],
+    }
 
 
 def depth_heatmap(result: dict) -> go.Figure:
     """Mean depth weights: read site (x) x source identity (y), colour clipped at the 99.5th percentile."""
     heat = result["heatmap"].drop(columns=[c for c in ID_COLUMNS if c in result["heatmap"]]).set_index("site")
     clip = float(result["summary"]["heatmap_clip"].iloc[0])
-    fig = go.Figure(go.Heatmap(z=heat.to_numpy().T, x=list(heat.index), y=list(heat.columns), zmin=0, zmax=clip,
-                               colorscale=SEQUENTIAL, colorbar=dict(title="mean α (weight)"), hoverongaps=False))
-    fig.update_layout(title=f"Mean depth weights — {result_name(result)} (colour clipped at {clip:.3g})",
-                      xaxis_title="read site (depth order)", yaxis_title="source (depth order)")
+    fig = go.Figure(
+        go.Heatmap(
+            z=heat.to_numpy().T,
+            x=list(heat.index),
+            y=list(heat.columns),
+            zmin=0,
+            zmax=clip,
+            colorscale=SEQUENTIAL,
+            colorbar=dict(title="mean α (weight)"),
+            hoverongaps=False,
+        )
+    )
+    fig.update_layout(
+        title=f"Mean depth weights — {result_name(result)} (colour clipped at {clip:.3g})",
+        xaxis_title="read site (depth order)",
+        yaxis_title="source (depth order)",
+    )
     return fig
 
 
@@ -88,13 +128,27 @@ def effective_sources_figure(results) -> go.Figure:
     fig = go.Figure()
     for res in many(results):
         s = res["sites"]
-        fig.add_trace(go.Scatter(x=s["site_index"], y=s["neff_mean"], mode="lines+markers", name=result_name(res),
-                                 error_y=dict(type="data", array=s["neff_std"], visible=True), text=s["site"]))
+        fig.add_trace(
+            go.Scatter(
+                x=s["site_index"],
+                y=s["neff_mean"],
+                mode="lines+markers",
+                name=result_name(res),
+                error_y=dict(type="data", array=s["neff_std"], visible=True),
+                text=s["site"],
+            )
+        )
     s = many(results)[0]["sites"]
-    fig.add_trace(go.Scatter(x=s["site_index"], y=s["n_sources"], mode="lines", line=REFERENCE,
-                             name="sources available at the site"))
-    fig.update_layout(title="Effective number of sources (± std over tokens)",
-                      yaxis_title="N_eff = exp(H(α)) (sources)", yaxis_rangemode="tozero")
+    fig.add_trace(
+        go.Scatter(
+            x=s["site_index"], y=s["n_sources"], mode="lines", line=REFERENCE, name="sources available at the site"
+        )
+    )
+    fig.update_layout(
+        title="Effective number of sources (± std over tokens)",
+        yaxis_title="N_eff = exp(H(α)) (sources)",
+        yaxis_rangemode="tozero",
+    )
     return integer_ticks(fig, "x", "read site (index in depth order)")
 
 
@@ -114,13 +168,39 @@ def sections(result: dict) -> dict:
 def text(result: dict) -> str:
     s = result["summary"].iloc[0].to_dict()
     if is_dense(result):
-        return "\n".join([header(result_meta(result)), "", dense_verdict(result), "", "summary:",
-                          summary_lines(s, ("mode", "n_layers", "n_streams", "latest_weight", "embed_weight",
-                                            "earlier_weight", "weight_sum", "residual_distance")), "",
-                          "per layer and stream (mean weights over tokens):",
-                          show(result["dense_layers"], [c for c in result["dense_layers"].columns
-                                                        if c != "n_tokens"])])
-    return "\n".join([header(result_meta(result)), "", "summary:",
-                      summary_lines(s, ("mode", "n_sites", "S_src", "neff_mean", "top1_mass", "input_dependence")), "",
-                      "per read site:", show(result["sites"], [c for c in result["sites"].columns
-                                                               if c not in ("site_index", "n_tokens")])])
+        return "\n".join(
+            [
+                header(result_meta(result)),
+                "",
+                dense_verdict(result),
+                "",
+                "summary:",
+                summary_lines(
+                    s,
+                    (
+                        "mode",
+                        "n_layers",
+                        "n_streams",
+                        "latest_weight",
+                        "embed_weight",
+                        "earlier_weight",
+                        "weight_sum",
+                        "residual_distance",
+                    ),
+                ),
+                "",
+                "per layer and stream (mean weights over tokens):",
+                show(result["dense_layers"], [c for c in result["dense_layers"].columns if c != "n_tokens"]),
+            ]
+        )
+    return "\n".join(
+        [
+            header(result_meta(result)),
+            "",
+            "summary:",
+            summary_lines(s, ("mode", "n_sites", "S_src", "neff_mean", "top1_mass", "input_dependence")),
+            "",
+            "per read site:",
+            show(result["sites"], [c for c in result["sites"].columns if c not in ("site_index", "n_tokens")]),
+        ]
+    )

@@ -1,4 +1,5 @@
 """`probe train`: its training curves, the run's page and the descriptions of its files."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,23 +19,48 @@ def training_figure(runs) -> go.Figure:
 
     ``runs``: a ``read_metrics`` DataFrame, or a dict {label: DataFrame} to compare runs (paired variants, say)."""
     runs = {"run": runs} if isinstance(runs, pd.DataFrame) else dict(runs)
-    fig = make_subplots(rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]], vertical_spacing=0.14,
-                        subplot_titles=["training loss (solid) and validation loss (dashed)"]
-                        + [title for _, title, _ in TRAINING_PANELS])
+    fig = make_subplots(
+        rows=2,
+        cols=2,
+        specs=[[{"colspan": 2}, None], [{}, {}]],
+        vertical_spacing=0.14,
+        subplot_titles=["training loss (solid) and validation loss (dashed)"]
+        + [title for _, title, _ in TRAINING_PANELS],
+    )
     colours = fig.layout.template.layout.colorway or [None]
     for i, (label, df) in enumerate(runs.items()):
         colour = colours[i % len(colours)]
         for col, kind, dash in (("loss", "training", "solid"), ("val_loss", "validation", "dash")):
             if col in df:
                 d = df[["step", col]].dropna()
-                fig.add_trace(go.Scatter(x=d["step"], y=d[col], name=f"{label} {kind}", legendgroup=str(label),
-                                         mode="lines+markers" if col == "val_loss" else "lines",
-                                         line=dict(color=colour, dash=dash)), row=1, col=1)
+                fig.add_trace(
+                    go.Scatter(
+                        x=d["step"],
+                        y=d[col],
+                        name=f"{label} {kind}",
+                        legendgroup=str(label),
+                        mode="lines+markers" if col == "val_loss" else "lines",
+                        line=dict(color=colour, dash=dash),
+                    ),
+                    row=1,
+                    col=1,
+                )
         for j, (col, _, _) in enumerate(TRAINING_PANELS):
             if col in df:
                 d = df[["step", col]].dropna()
-                fig.add_trace(go.Scatter(x=d["step"], y=d[col], name=str(label), legendgroup=str(label),
-                                         showlegend=False, mode="lines", line=dict(color=colour)), row=2, col=j + 1)
+                fig.add_trace(
+                    go.Scatter(
+                        x=d["step"],
+                        y=d[col],
+                        name=str(label),
+                        legendgroup=str(label),
+                        showlegend=False,
+                        mode="lines",
+                        line=dict(color=colour),
+                    ),
+                    row=2,
+                    col=j + 1,
+                )
     fig.update_xaxes(title_text="step")
     fig.update_yaxes(title_text="loss (nats per token)", row=1, col=1)
     for j, (_, _, axis) in enumerate(TRAINING_PANELS):
@@ -49,15 +75,20 @@ DESCRIPTIONS = {
 }
 
 
-def write_training_page(out: Path, model_name: str, ident: dict, metrics: pd.DataFrame,
-                        self_contained: bool = False) -> None:
+def write_training_page(
+    out: Path, model_name: str, ident: dict, metrics: pd.DataFrame, self_contained: bool = False
+) -> None:
     """The run's settings and curves (loss, validation loss, lr, gradient norm), atomically, beside the folder's
     shared plotly.min.js and index.html (``self_contained``: plotly.js inline instead)."""
     from probe.present.files import write_pages
     from probe.present.page import page
 
-    html = page(f"probe train: {model_name} ({out.name})", [training_figure(metrics)], intro=ident,
-                self_contained=self_contained)
+    html = page(
+        f"probe train: {model_name} ({out.name})",
+        [training_figure(metrics)],
+        intro=ident,
+        self_contained=self_contained,
+    )
     write_pages(out, {TRAINING_PAGE: html})
 
 

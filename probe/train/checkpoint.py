@@ -9,6 +9,7 @@ Layout of ``out_dir/checkpoint/`` (the rest of a run directory: ``probe.runs``):
 A checkpoint is written into ``checkpoint.tmp`` and renamed into place; the previous one is kept as ``checkpoint.old``
 until the rename has happened, so an interruption at any point leaves one complete checkpoint.
 """
+
 from __future__ import annotations
 
 import json
@@ -140,8 +141,9 @@ def load_model(model: nn.Module, path: Path):
     loaded = {t.data_ptr() for k, t in own.items() if k in state}
     really_missing = [k for k in missing if own[k].data_ptr() not in loaded]
     if unexpected or really_missing:
-        raise RuntimeError(f"checkpoint {path} does not fit the model: missing {really_missing}, "
-                           f"unexpected {unexpected}")
+        raise RuntimeError(
+            f"checkpoint {path} does not fit the model: missing {really_missing}, unexpected {unexpected}"
+        )
 
 
 def find_checkpoint(out_dir: Path) -> Path | None:
@@ -160,8 +162,10 @@ def read_state(ckpt: Path) -> dict:
         if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
             raise ValueError("no step recorded")
     except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is corrupt ({type(e).__name__}: {str(e).splitlines()[0]}); delete {ckpt} and run "
-                         f"again to resume from {CHECKPOINT}.old if it is there, else from step 0") from None
+        raise ValueError(
+            f"{path} is corrupt ({type(e).__name__}: {str(e).splitlines()[0]}); delete {ckpt} and run "
+            f"again to resume from {CHECKPOINT}.old if it is there, else from step 0"
+        ) from None
     return meta
 
 
@@ -174,8 +178,10 @@ def read_tensors(file: Path, ckpt: Path) -> dict[str, torch.Tensor]:
         return load_file(str(file))
     except (SafetensorError, OSError, ValueError) as e:
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{file} is corrupt ({type(e).__name__}: {why}); delete {ckpt} and run again to resume from "
-                         f"{CHECKPOINT}.old if it is there, else from step 0") from None
+        raise ValueError(
+            f"{file} is corrupt ({type(e).__name__}: {why}); delete {ckpt} and run again to resume from "
+            f"{CHECKPOINT}.old if it is there, else from step 0"
+        ) from None
 
 
 def save_checkpoint(out_dir: Path, model: nn.Module, optimizer, sampler, step: int, extra: dict | None = None) -> Path:
@@ -186,8 +192,9 @@ def save_checkpoint(out_dir: Path, model: nn.Module, optimizer, sampler, step: i
     try:
         save_model(model, tmp)
         tensors: dict[str, torch.Tensor] = {}
-        state = flatten({"optimizer": optimizer.state_dict(), "sampler": sampler.state_dict(), "rng": rng_state()},
-                        tensors)
+        state = flatten(
+            {"optimizer": optimizer.state_dict(), "sampler": sampler.state_dict(), "rng": rng_state()}, tensors
+        )
         save_file(tensors, str(tmp / STATE_TENSORS))
         atomic_write(tmp / STATE_JSON, json.dumps({"step": step, **(extra or {}), "state": state}))  # written last
         fsync_tree(tmp)

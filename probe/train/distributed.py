@@ -5,6 +5,7 @@
 the analysis verbs do. Every rank draws the same global batch from an identically seeded sampler and keeps its own rows
 (:func:`shard`), so N processes see exactly the data one process sees. Only rank 0 writes files.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,7 +37,7 @@ def shard(batch: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if batch.shape[0] % info.world_size:
         raise ValueError(f"global batch {batch.shape[0]} is not divisible by world size {info.world_size}")
     n = batch.shape[0] // info.world_size
-    return batch[info.rank * n:(info.rank + 1) * n]
+    return batch[info.rank * n : (info.rank + 1) * n]
 
 
 def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ decay for everything else. Muon's update is rescaled to AdamW's RMS (``adjust_lr
 what makes an AdamW-sized lr of 1e-3 meaningful. ``torch.optim.Muon`` is used when torch ships it (≥ 2.9), else the
 small copy below.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,12 +44,16 @@ def param_groups(model: nn.Module, optimizer: str = "adamw") -> dict[str, list[t
     no_decay, embed = no_decay_params(model), embedding_params(model)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if optimizer == "adamw":
-        return {"decay": [(n, p) for n, p in params if id(p) not in no_decay],
-                "no_decay": [(n, p) for n, p in params if id(p) in no_decay]}
+        return {
+            "decay": [(n, p) for n, p in params if id(p) not in no_decay],
+            "no_decay": [(n, p) for n, p in params if id(p) in no_decay],
+        }
     if optimizer == "muon":
         is_muon = lambda p: p.ndim == 2 and id(p) not in no_decay and id(p) not in embed  # noqa: E731
-        return {"muon": [(n, p) for n, p in params if is_muon(p)],
-                "adam": [(n, p) for n, p in params if not is_muon(p)]}
+        return {
+            "muon": [(n, p) for n, p in params if is_muon(p)],
+            "adam": [(n, p) for n, p in params if not is_muon(p)],
+        }
     raise ValueError(f"unknown optimizer {optimizer!r}: use 'adamw' or 'muon'")
 
 
@@ -68,10 +73,27 @@ def _newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7, coeffs=(3
 class SimpleMuon(torch.optim.Optimizer):
     """Muon for torch versions without ``torch.optim.Muon``; same update as torch's (tested against it)."""
 
-    def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, ns_steps=5,
-                 adjust_lr_fn="match_rms_adamw"):
-        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                                      ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn))
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        weight_decay=0.1,
+        momentum=0.95,
+        nesterov=True,
+        ns_steps=5,
+        adjust_lr_fn="match_rms_adamw",
+    ):
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                weight_decay=weight_decay,
+                momentum=momentum,
+                nesterov=nesterov,
+                ns_steps=ns_steps,
+                adjust_lr_fn=adjust_lr_fn,
+            ),
+        )
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -84,8 +106,11 @@ class SimpleMuon(torch.optim.Optimizer):
                 update = p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
                 update = _newton_schulz(update, group["ns_steps"])
                 rows, cols = p.shape
-                scale = 0.2 * math.sqrt(max(rows, cols)) if group["adjust_lr_fn"] == "match_rms_adamw" \
+                scale = (
+                    0.2 * math.sqrt(max(rows, cols))
+                    if group["adjust_lr_fn"] == "match_rms_adamw"
                     else math.sqrt(max(1, rows / cols))
+                )
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(update, alpha=-group["lr"] * scale)
 
@@ -127,9 +152,15 @@ def build_optimizer(model: nn.Module, cfg) -> MultiOptimizer:
 
     adam_kw = dict(betas=tuple(cfg.betas), eps=cfg.eps)
     if cfg.optimizer == "adamw":
-        return MultiOptimizer([torch.optim.AdamW(
-            [group("decay", cfg.lr, cfg.weight_decay), group("no_decay", cfg.lr, 0.0)], **adam_kw)])
+        return MultiOptimizer(
+            [torch.optim.AdamW([group("decay", cfg.lr, cfg.weight_decay), group("no_decay", cfg.lr, 0.0)], **adam_kw)]
+        )
     muon_cls = getattr(torch.optim, "Muon", SimpleMuon)
-    muon = muon_cls([group("muon", cfg.muon_lr, cfg.weight_decay)], momentum=cfg.muon_momentum, nesterov=True,
-                    ns_steps=5, adjust_lr_fn="match_rms_adamw")
+    muon = muon_cls(
+        [group("muon", cfg.muon_lr, cfg.weight_decay)],
+        momentum=cfg.muon_momentum,
+        nesterov=True,
+        ns_steps=5,
+        adjust_lr_fn="match_rms_adamw",
+    )
     return MultiOptimizer([muon, torch.optim.Adam([group("adam", cfg.lr, 0.0)], **adam_kw)])

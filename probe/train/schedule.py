@@ -1,11 +1,13 @@
 """Learning-rate schedules as a multiplier of the peak rate, indexed by optimizer step (0-based)."""
+
 from __future__ import annotations
 
 import math
 
 
-def lr_factor(step: int, steps: int, warmup: int, schedule: str = "cosine", min_ratio: float = 0.1,
-              warmdown: float = 0.2) -> float:
+def lr_factor(
+    step: int, steps: int, warmup: int, schedule: str = "cosine", min_ratio: float = 0.1, warmdown: float = 0.2
+) -> float:
     """Multiplier for the peak lr at optimizer step ``step`` of ``steps``.
 
     Both schedules warm up linearly over ``warmup`` steps (step 0 gets 1/warmup).

@@ -4,6 +4,7 @@ One optimizer step consumes one *global* batch of ``cfg.batch_size`` windows, dr
 split into ``world_size × grad_accum`` equal micro-batches, so the data (and, up to float summation order, the update)
 does not depend on how the batch is split — the abstention paper's "micro-batch 16 × 4 ≡ batch 64" check.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -114,8 +115,17 @@ def _resolve_device(device: str, info: D.DistInfo) -> torch.device:
     return torch.device(device)
 
 
-def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval_batches=None, resume: bool = True,
-          progress: bool = True, tokenizer=None) -> dict:
+def train(
+    model: nn.Module,
+    sampler: Sampler,
+    cfg: TrainConfig,
+    out_dir,
+    *,
+    eval_batches=None,
+    resume: bool = True,
+    progress: bool = True,
+    tokenizer=None,
+) -> dict:
     """Train ``model`` in place for ``cfg.steps`` optimizer steps; returns the last metrics record.
 
     Writes ``out_dir/metrics.jsonl`` and ``out_dir/checkpoint/`` (rank 0 only; the layout is ``probe.runs``). With
@@ -129,15 +139,21 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
     device = _resolve_device(cfg.device, info)
     metrics_path = out_dir / METRICS
     if cfg.batch_size % (info.world_size * cfg.grad_accum):
-        raise ValueError(f"batch_size {cfg.batch_size} must divide into world_size {info.world_size} × "
-                         f"grad_accum {cfg.grad_accum} equal micro-batches")
+        raise ValueError(
+            f"batch_size {cfg.batch_size} must divide into world_size {info.world_size} × "
+            f"grad_accum {cfg.grad_accum} equal micro-batches"
+        )
     if getattr(sampler, "seed", cfg.seed) != cfg.seed:
-        warnings.warn(f"sampler seed {sampler.seed} != cfg.seed {cfg.seed}: paired runs need the same seed for both",
-                      stacklevel=2)
+        warnings.warn(
+            f"sampler seed {sampler.seed} != cfg.seed {cfg.seed}: paired runs need the same seed for both", stacklevel=2
+        )
 
     if cfg.warmup >= cfg.steps:
-        warnings.warn(f"warmup {cfg.warmup} >= steps {cfg.steps}: the lr would never reach its peak; warming up for "
-                      f"{capped_warmup(cfg.warmup, cfg.steps)} steps instead", stacklevel=2)
+        warnings.warn(
+            f"warmup {cfg.warmup} >= steps {cfg.steps}: the lr would never reach its peak; warming up for "
+            f"{capped_warmup(cfg.warmup, cfg.steps)} steps instead",
+            stacklevel=2,
+        )
     warmup, log_every = capped_warmup(cfg.warmup, cfg.steps), log_interval(cfg.log_every, cfg.steps)
     model.to(device)
     optimizer = build_optimizer(model, cfg)
@@ -161,8 +177,17 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
             for name in (CHECKPOINT, f"{CHECKPOINT}.old", f"{CHECKPOINT}.tmp", SNAPSHOTS):
                 shutil.rmtree(out_dir / name, ignore_errors=True)
             # step 0: the initial model's validation loss, so the validation curve starts where training did
-            first = [] if eval_batches is None else [{"step": 0, "tokens": 0, "val_loss": evaluate(
-                model, eval_batches, max_batches=cfg.eval_batches, amp=cfg.amp)}]
+            first = (
+                []
+                if eval_batches is None
+                else [
+                    {
+                        "step": 0,
+                        "tokens": 0,
+                        "val_loss": evaluate(model, eval_batches, max_batches=cfg.eval_batches, amp=cfg.amp),
+                    }
+                ]
+            )
             _write_metrics(metrics_path, first)
             atomic_write(out_dir / TRAIN_CONFIG, json.dumps(_jsonable(cfg), indent=1))
             if cfg.snapshot_every:
@@ -205,13 +230,19 @@ def train(model: nn.Module, sampler: Sampler, cfg: TrainConfig, out_dir, *, eval
                 raise FloatingPointError(f"loss is {loss_v} at step {step}")
             tokens_per_step = cfg.batch_size * (window.shape[1] - 1)
             now = time.perf_counter()  # throughput since the previous record (includes evals and checkpoints)
-            last = {"step": step, "loss": loss_v, "lr": cfg.lr * factor, "grad_norm": grad_norm.item(),
-                    "tokens": step * tokens_per_step,
-                    "tokens_per_s": (step - step_log) * tokens_per_step / (now - t_log)}
+            last = {
+                "step": step,
+                "loss": loss_v,
+                "lr": cfg.lr * factor,
+                "grad_norm": grad_norm.item(),
+                "tokens": step * tokens_per_step,
+                "tokens_per_s": (step - step_log) * tokens_per_step / (now - t_log),
+            }
             t_log, step_log = now, step
             if do_eval and info.is_main:
-                last["val_loss"] = evaluate(model, eval_batches, max_batches=None if final else cfg.eval_batches,
-                                            amp=cfg.amp)
+                last["val_loss"] = evaluate(
+                    model, eval_batches, max_batches=None if final else cfg.eval_batches, amp=cfg.amp
+                )
             if info.is_main:
                 append_line(metrics_path, json.dumps(last) + "\n")
             bar.set_postfix(loss=f"{loss_v:.4f}", **({"val": f"{last['val_loss']:.4f}"} if "val_loss" in last else {}))

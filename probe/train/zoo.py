@@ -12,6 +12,7 @@ train 6.4k tokens/s together on 2 cores, one two-thread job 5.4k; on a GPU they 
 is fetched once, into WORK/corpus.jsonl.gz, for all of them. Training runs keep resumable checkpoints (and
 ``--snapshot-every`` snapshots) under ``--work``; a rerun of the same command resumes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,20 @@ import time
 from pathlib import Path
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
-ZOO_VARIANTS = ["baseline", "sinklogit", "normgate", "projgate", "sink+norm", "sink+proj", "gatedv", "attnres-block4",
-                "slr-block4-r32", "plr-block4-r32", "value-residual", "mudd"]
+ZOO_VARIANTS = [
+    "baseline",
+    "sinklogit",
+    "normgate",
+    "projgate",
+    "sink+norm",
+    "sink+proj",
+    "gatedv",
+    "attnres-block4",
+    "slr-block4-r32",
+    "plr-block4-r32",
+    "value-residual",
+    "mudd",
+]
 DEFAULT_MODEL = "probe/tiny-sink+proj"  # the CLI's embedded default
 RECIPE = dict(tier="tiny", seed=0, data="train", tokenizer="probe-bpe-8k", batch_size=8, ctx=256, lr=3e-3, warmup=60)
 EVAL = dict(corpus="wikitext-2-test", n_batches=4, batch_size=8, ctx=256, seed=0, mode="sequential")
@@ -35,13 +48,31 @@ EVAL = dict(corpus="wikitext-2-test", n_batches=4, batch_size=8, ctx=256, seed=0
 def zoo_eval_batches(tokenizer, spec: dict = EVAL):
     from probe.data import eval_batches
 
-    return eval_batches(spec["corpus"], tokenizer, n_batches=spec["n_batches"], batch_size=spec["batch_size"],
-                        ctx=spec["ctx"], seed=spec["seed"], mode=spec["mode"])
+    return eval_batches(
+        spec["corpus"],
+        tokenizer,
+        n_batches=spec["n_batches"],
+        batch_size=spec["batch_size"],
+        ctx=spec["ctx"],
+        seed=spec["seed"],
+        mode=spec["mode"],
+    )
 
 
-def train_variant(variant: str, steps: int, work: Path, docs, tokenizer, command: str, progress=True, *,
-                  recipe: dict = RECIPE, device: str = "auto", snapshot_every: int = 0,
-                  zoo_dir: Path = ZOO_DIR) -> dict:
+def train_variant(
+    variant: str,
+    steps: int,
+    work: Path,
+    docs,
+    tokenizer,
+    command: str,
+    progress=True,
+    *,
+    recipe: dict = RECIPE,
+    device: str = "auto",
+    snapshot_every: int = 0,
+    zoo_dir: Path = ZOO_DIR,
+) -> dict:
     import torch
 
     from probe.data import WindowSampler
@@ -51,8 +82,18 @@ def train_variant(variant: str, steps: int, work: Path, docs, tokenizer, command
     r = recipe
     model = create(variant, r["tier"], seed=r["seed"])
     sampler = WindowSampler(docs, r["ctx"], seed=r["seed"], eos_id=tokenizer.eos_token_id)
-    cfg = TrainConfig(steps=steps, batch_size=r["batch_size"], lr=r["lr"], warmup=r["warmup"], eval_every=0,
-                      ckpt_every=100, log_every=20, seed=r["seed"], device=device, snapshot_every=snapshot_every)
+    cfg = TrainConfig(
+        steps=steps,
+        batch_size=r["batch_size"],
+        lr=r["lr"],
+        warmup=r["warmup"],
+        eval_every=0,
+        ckpt_every=100,
+        log_every=20,
+        seed=r["seed"],
+        device=device,
+        snapshot_every=snapshot_every,
+    )
     last = train(model, sampler, cfg, work / variant, progress=progress, tokenizer=tokenizer)
 
     name = f"{r['tier']}-{variant}"
@@ -65,8 +106,15 @@ def train_variant(variant: str, steps: int, work: Path, docs, tokenizer, command
 
     shipped = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)  # on the CPU, wherever it trained
     val = evaluate(shipped, zoo_eval_batches(tokenizer))
-    record = {"name": f"probe/{name}", "variant": variant, "command": command, "recipe": {**r, "steps": steps},
-              "train_metrics": last, "eval": EVAL, "val_loss": val}
+    record = {
+        "name": f"probe/{name}",
+        "variant": variant,
+        "command": command,
+        "recipe": {**r, "steps": steps},
+        "train_metrics": last,
+        "eval": EVAL,
+        "val_loss": val,
+    }
     atomic_write(tmp / "zoo.json", json.dumps(record, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -92,8 +140,9 @@ def _run_parallel(args, argv_of) -> int:
                 log.close()
                 del running[v]
                 tail = (args.work / f"{v}.log").read_text().strip().splitlines()[-1:] or ["(no output)"]
-                print(f"{v}: {'done' if proc.returncode == 0 else f'FAILED ({proc.returncode})'}: {tail[0]}",
-                      flush=True)
+                print(
+                    f"{v}: {'done' if proc.returncode == 0 else f'FAILED ({proc.returncode})'}: {tail[0]}", flush=True
+                )
                 if proc.returncode:
                     failed.append(v)
     if failed:
@@ -105,9 +154,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Train and ship the tiny-tier zoo")
     ap.add_argument("--variants", nargs="+", default=ZOO_VARIANTS)
     ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--data", default=RECIPE["data"],
-                    help="training corpus: 'train' (the bundled mix), a .txt or .jsonl[.gz] file, a directory, "
-                    "hf:fineweb-edu[:N]")
+    ap.add_argument(
+        "--data",
+        default=RECIPE["data"],
+        help="training corpus: 'train' (the bundled mix), a .txt or .jsonl[.gz] file, a directory, hf:fineweb-edu[:N]",
+    )
     ap.add_argument("--batch-size", type=int, default=RECIPE["batch_size"], help="windows per step")
     ap.add_argument("--lr", type=float, default=RECIPE["lr"], help="peak learning rate")
     ap.add_argument("--warmup", type=int, default=RECIPE["warmup"], help="warmup steps")
@@ -126,12 +177,20 @@ def main(argv=None) -> int:
             config_for(v, RECIPE["tier"])
         except ValueError as e:
             ap.error(f"--variants {v!r}: {e}")
-    recipe = {**RECIPE, "data": args.record_data or args.data, "batch_size": args.batch_size, "lr": args.lr,
-              "warmup": args.warmup}
+    recipe = {
+        **RECIPE,
+        "data": args.record_data or args.data,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "warmup": args.warmup,
+    }
 
     def argv_of(variant: str) -> list[str]:  # the command that trains one variant (recorded in its zoo.json)
-        extra = [(f"--{k.replace('_', '-')}", recipe[k]) for k in ("data", "batch_size", "lr", "warmup")
-                 if recipe[k] != RECIPE[k]]
+        extra = [
+            (f"--{k.replace('_', '-')}", recipe[k])
+            for k in ("data", "batch_size", "lr", "warmup")
+            if recipe[k] != RECIPE[k]
+        ]
         return ["--variants", variant, "--steps", str(args.steps), *[str(x) for kv in extra for x in kv]]
 
     from probe.data import load_corpus, load_tokenizer, tokenize_documents
@@ -145,17 +204,41 @@ def main(argv=None) -> int:
         data = args.data
         if data.startswith("hf:"):  # fetched once here; the children read this copy and record the hf: name
             data = str(write_jsonl(corpus.documents, args.work / "corpus.jsonl.gz"))
-        return _run_parallel(args, lambda v: [*argv_of(v), "--data", data, "--record-data", recipe["data"],
-                                              "--work", str(args.work), "--device", args.device,
-                                              "--snapshot-every", str(args.snapshot_every),
-                                              "--zoo-dir", str(args.zoo_dir)])
+        return _run_parallel(
+            args,
+            lambda v: [
+                *argv_of(v),
+                "--data",
+                data,
+                "--record-data",
+                recipe["data"],
+                "--work",
+                str(args.work),
+                "--device",
+                args.device,
+                "--snapshot-every",
+                str(args.snapshot_every),
+                "--zoo-dir",
+                str(args.zoo_dir),
+            ],
+        )
     tokenizer = load_tokenizer(RECIPE["tokenizer"])
     docs = tokenize_documents(corpus, tokenizer)
     for variant in args.variants:
         command = "python -m probe.train.zoo " + shlex.join(argv_of(variant))
-        rec = train_variant(variant, args.steps, args.work, docs, tokenizer, command, progress=not args.quiet,
-                            recipe=recipe, device=args.device, snapshot_every=args.snapshot_every,
-                            zoo_dir=args.zoo_dir)
+        rec = train_variant(
+            variant,
+            args.steps,
+            args.work,
+            docs,
+            tokenizer,
+            command,
+            progress=not args.quiet,
+            recipe=recipe,
+            device=args.device,
+            snapshot_every=args.snapshot_every,
+            zoo_dir=args.zoo_dir,
+        )
         print(f"{rec['name']}: val_loss {rec['val_loss']:.4f}", flush=True)
     return 0
 

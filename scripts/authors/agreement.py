@@ -4,6 +4,7 @@ project's venv:
 
     python scripts/authors/agreement.py
 """
+
 from __future__ import annotations
 
 import sys
@@ -14,9 +15,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "models"))
 import test_authors_golden as g  # noqa: E402  (the test's mappings: one definition of how weights are mapped)
 
-ROWS = [("AttnRes full", "attnres-full"), ("AttnRes block (N=2)", "attnres-block"), ("S-LR full (r=4)", "slr-full"),
-        ("S-LR block", "slr-block"), ("P-LR full (r=4)", "plr-full"), ("P-LR block", "plr-block"),
-        ("P-LR block + block mean + log-count prior", "plr-block-mean-prior")]
+ROWS = [
+    ("AttnRes full", "attnres-full"),
+    ("AttnRes block (N=2)", "attnres-block"),
+    ("S-LR full (r=4)", "slr-full"),
+    ("S-LR block", "slr-block"),
+    ("P-LR full (r=4)", "plr-full"),
+    ("P-LR block", "plr-block"),
+    ("P-LR block + block mean + log-count prior", "plr-block-mean-prior"),
+]
 
 
 def measured(name: str):
@@ -28,26 +35,39 @@ def measured(name: str):
         return out
     if name == "attnres-read-fla":
         meta, _, inputs, theirs = g.load_fixture(name)
-        return [max(g.max_differences(g.probe_attnres_read(inputs, dt, meta["settings"]["rms_eps"]), theirs, p)
-                    .values()) for dt, p in ((torch.float64, ""), (torch.float32, "fp32/"))]
+        return [
+            max(g.max_differences(g.probe_attnres_read(inputs, dt, meta["settings"]["rms_eps"]), theirs, p).values())
+            for dt, p in ((torch.float64, ""), (torch.float32, "fp32/"))
+        ]
     if name == "gpt-oss-sink":
-        return [max(v for k, v in g.gpt_oss_differences(dt).items() if k != "sdpa/out/torch")
-                for dt in (torch.float64, torch.float32)]
-    build, outputs = {"value-residual": (g.value_residual_model, g.probe_value_residual_outputs),
-                      "mudd": (g.mudd_model, g.probe_mudd_outputs),
-                      "denseformer": (g.denseformer_model, g.probe_denseformer_outputs)}[name]
+        return [
+            max(v for k, v in g.gpt_oss_differences(dt).items() if k != "sdpa/out/torch")
+            for dt in (torch.float64, torch.float32)
+        ]
+    build, outputs = {
+        "value-residual": (g.value_residual_model, g.probe_value_residual_outputs),
+        "mudd": (g.mudd_model, g.probe_mudd_outputs),
+        "denseformer": (g.denseformer_model, g.probe_denseformer_outputs),
+    }[name]
     out = []
     for dtype, prefix in ((torch.float64, ""), (torch.float32, "fp32/")):
-        model, ids, theirs = build(dtype) if name == "value-residual" else build(
-            dtype, **{"their_rope_table" if name == "mudd" else "their_rope_angles": dtype == torch.float64})
+        model, ids, theirs = (
+            build(dtype)
+            if name == "value-residual"
+            else build(dtype, **{"their_rope_table" if name == "mudd" else "their_rope_angles": dtype == torch.float64})
+        )
         out.append(max(g.max_differences(outputs(model, ids), theirs, prefix).values()))
     return out
 
 
 def main() -> int:
-    rows = ROWS + [("AttnRes read (second reference)", "attnres-read-fla"),
-                   ("value residual (λ = 0.5)", "value-residual"),
-                   ("DenseFormer", "denseformer"), ("MUDD", "mudd"), ("gpt-oss sink logit", "gpt-oss-sink")]
+    rows = ROWS + [
+        ("AttnRes read (second reference)", "attnres-read-fla"),
+        ("value residual (λ = 0.5)", "value-residual"),
+        ("DenseFormer", "denseformer"),
+        ("MUDD", "mudd"),
+        ("gpt-oss sink logit", "gpt-oss-sink"),
+    ]
     print("| mechanism | authors' code | max diff fp64 | max diff fp32 |\n|---|---|---:|---:|")
     for label, name in rows:
         meta = g.load_fixture(name)[0]

@@ -3,6 +3,7 @@
 Not part of the probe package and never imported by it. The scripts run the authors' own code, imported from a path
 given on the command line (their code is not copied here), in a throwaway venv: see scripts/authors/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -97,11 +98,15 @@ def keep_fp64_through_fp32_casts():
         torch.Tensor.to, torch.nn.functional.softmax = to, softmax
 
 
-KEEP_FP64_CASTS_PATCH = ("Tensor.to(torch.float32) of an fp64 tensor and F.softmax(x, dtype=torch.float32) of an "
-                         "fp64 x stay fp64 during the fp64 run (their upcasts for bf16 would truncate fp64 to fp32); "
-                         "the fp32 run is unpatched")
-KEEP_FP64_PATCH = ("torch.Tensor.float returns fp64 tensors unchanged during the fp64 run (the authors upcast with "
-                   ".float(), which would truncate fp64 to fp32); the fp32 run is unpatched")
+KEEP_FP64_CASTS_PATCH = (
+    "Tensor.to(torch.float32) of an fp64 tensor and F.softmax(x, dtype=torch.float32) of an "
+    "fp64 x stay fp64 during the fp64 run (their upcasts for bf16 would truncate fp64 to fp32); "
+    "the fp32 run is unpatched"
+)
+KEEP_FP64_PATCH = (
+    "torch.Tensor.float returns fp64 tensors unchanged during the fp64 run (the authors upcast with "
+    ".float(), which would truncate fp64 to fp32); the fp32 run is unpatched"
+)
 
 
 def versions(*packages: str) -> dict:
@@ -131,9 +136,20 @@ def write_fixture(name: str, *, weights: dict, inputs: dict, outputs: dict, meta
 
 # The tiny random Llama the diagnostic references (massive.py, dormant.py) run on: the authors' analysis code targets
 # HF Llama models, and probe reads the same weights through its llama adapter.
-TINY_LLAMA = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=10000.0,
-                  tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+TINY_LLAMA = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    bos_token_id=0,
+    eos_token_id=1,
+)
 
 
 def tiny_llama(seed: int, dtype=torch.float64):

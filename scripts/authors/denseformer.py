@@ -8,6 +8,7 @@ after every block: dilation 1, period 1) at a tiny size with seeded random weigh
 averages are not one-hot; LayerNorm gains keep their ones), one batch in fp64 and in fp32: logits and each block's
 averaged output. Writes tests/fixtures/authors/denseformer/.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,22 +29,33 @@ from common import (
 
 REPOSITORY = "epfml/DenseFormer"
 FILE = "experiments/models/denseformer.py"
-SETTINGS = dict(vocab_size=32, sequence_length=16, n_embd=16, n_head=2, n_layer=3, bias=False, dropout=0.0,
-                increase_T_every=1, dilation_factor=1, lm_cache="none", positional_encoder="rotary",
-                attention_window_length=None)
+SETTINGS = dict(
+    vocab_size=32,
+    sequence_length=16,
+    n_embd=16,
+    n_head=2,
+    n_layer=3,
+    bias=False,
+    dropout=0.0,
+    increase_T_every=1,
+    dilation_factor=1,
+    lm_cache="none",
+    positional_encoder="rotary",
+    attention_window_length=None,
+)
 SEED, BATCH, T = 0, 2, 8
 MAPPING = {
     "lm_head.weight (= transformer.wte.weight, tied)": "embed.weight (probe tie_embeddings=True)",
     "transformer.h.{l}.0.attn.c_attn.weight": "rows [0:d] -> blocks.{l}.attn.q_proj, [d:2d] -> k_proj, [2d:3d] -> "
-                                              "v_proj; q and k rows permuted within each head from their "
-                                              "interleaved rotary pairs (2i, 2i+1) to probe's rotate-half (i, i+dh/2)",
+    "v_proj; q and k rows permuted within each head from their "
+    "interleaved rotary pairs (2i, 2i+1) to probe's rotate-half (i, i+dh/2)",
     "transformer.h.{l}.0.attn.c_proj.weight": "blocks.{l}.attn.o_proj.weight",
     "transformer.h.{l}.0.mlp.c_fc / c_proj": "blocks.{l}.mlp.up / down (probe mlp='gelu')",
     "transformer.h.{l}.0.ln_1 / ln_2, transformer.ln_f": "blocks.{l}.ln1 / ln2, ln_f (probe norm='layer', no bias, "
-                                                         "eps 1e-5)",
+    "eps 1e-5)",
     "weights.{l}.weight (1, l+2)": "blocks.{l}.dense.bias (1, l+2)",
     "rotary": "their angles (positions x 10**(-4*2i/dh)) are recorded in tables/rope_angles; the fp64 test gives "
-              "probe's Rotary their cos/sin of them (10**(-4x) and probe's 1/10000**x differ by an ulp)",
+    "probe's Rotary their cos/sin of them (10**(-4x) and probe's 1/10000**x differ by an ulp)",
 }
 
 
@@ -115,23 +127,41 @@ def main(argv=None) -> int:
     ids = torch.randint(0, SETTINGS["vocab_size"], (BATCH, T), generator=torch.Generator().manual_seed(SEED + 1))
     outputs = run(denseformer, rotary, weights, ids, torch.float64)
     outputs.update({f"fp32/{k}": v for k, v in run(denseformer, rotary, weights, ids, torch.float32).items()})
-    files = ["models/denseformer.py", "models/positional_encoders/rotary.py",
-             "models/positional_encoders/rotary_utils.py", "models/positional_encoders/encoder.py"]
-    meta = {"repository": REPOSITORY, "commit": args.commit, "file": FILE,
-            "file_blob_sha1": git_blob_sha1(args.src / "models/denseformer.py"),
-            "also_imported": {f"experiments/{f}": git_blob_sha1(args.src / f) for f in files[1:]},
-            "entry": "DenseFormer(SimpleNamespace(**settings)).eval()(input_ids, targets=input_ids, get_logits=True)",
-            "settings": SETTINGS, "seed": SEED, "inputs": {"shape": [BATCH, T]},
-            "weights": f"every parameter except the LayerNorm gains (their ones) N(0, 1/fan-in) (1-d: N(0, 1)) in "
-                       f"fp64 from torch.Generator seed {SEED}, in their parameter order (DWA weights included)",
-            "outputs": {"logits": "B,T,V", "stream.{l}": "B,T,d: the depth-weighted average after block l",
-                        "tables/rope_angles": "T, d_head: their rotary angles (interleaved pairs)",
-                        "fp32/": "the same in fp32"},
-            "patches": [KEEP_FP64_PATCH, "torch's default dtype is the run's dtype during the forward (their "
-                        "InPlaceSetSlice set_()s an empty default-dtype tensor to the accumulator)",
-                        "tiktoken replaced by a stub whose get_encoding returns None (their "
-                        "constructor loads the GPT-2 vocabulary, which needs a download; the model does not use it)"],
-            "versions": versions(), "mapping_to_probe": MAPPING, "script": "scripts/authors/denseformer.py"}
+    files = [
+        "models/denseformer.py",
+        "models/positional_encoders/rotary.py",
+        "models/positional_encoders/rotary_utils.py",
+        "models/positional_encoders/encoder.py",
+    ]
+    meta = {
+        "repository": REPOSITORY,
+        "commit": args.commit,
+        "file": FILE,
+        "file_blob_sha1": git_blob_sha1(args.src / "models/denseformer.py"),
+        "also_imported": {f"experiments/{f}": git_blob_sha1(args.src / f) for f in files[1:]},
+        "entry": "DenseFormer(SimpleNamespace(**settings)).eval()(input_ids, targets=input_ids, get_logits=True)",
+        "settings": SETTINGS,
+        "seed": SEED,
+        "inputs": {"shape": [BATCH, T]},
+        "weights": f"every parameter except the LayerNorm gains (their ones) N(0, 1/fan-in) (1-d: N(0, 1)) in "
+        f"fp64 from torch.Generator seed {SEED}, in their parameter order (DWA weights included)",
+        "outputs": {
+            "logits": "B,T,V",
+            "stream.{l}": "B,T,d: the depth-weighted average after block l",
+            "tables/rope_angles": "T, d_head: their rotary angles (interleaved pairs)",
+            "fp32/": "the same in fp32",
+        },
+        "patches": [
+            KEEP_FP64_PATCH,
+            "torch's default dtype is the run's dtype during the forward (their "
+            "InPlaceSetSlice set_()s an empty default-dtype tensor to the accumulator)",
+            "tiktoken replaced by a stub whose get_encoding returns None (their "
+            "constructor loads the GPT-2 vocabulary, which needs a download; the model does not use it)",
+        ],
+        "versions": versions(),
+        "mapping_to_probe": MAPPING,
+        "script": "scripts/authors/denseformer.py",
+    }
     print(write_fixture("denseformer", weights=weights, inputs={"input_ids": ids}, outputs=outputs, meta=meta))
     return 0
 

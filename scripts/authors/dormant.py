@@ -17,6 +17,7 @@ Their code states no attention-on-BOS threshold. It measures a head's sink behav
 Both are run from their files (entropy.py imported, the bos_attn expression applied as written) on the attention
 weights of a tiny random Llama (common.tiny_llama, the weights of the massive fixture) on seeded random ids, no BOS.
 """
+
 from __future__ import annotations
 
 import torch
@@ -57,24 +58,42 @@ def main():
     no_triggers = torch.zeros(1, T, dtype=torch.bool)
     outputs = {
         "attentions": attentions,
-        "bos_attn": torch.tensor([[[float(bos_attn(attentions[n, l][None], h, no_triggers)) for h in range(H)]
-                                   for l in range(L)] for n in range(N)], dtype=torch.float64),  # (N, L, H)
-        "row_entropy": torch.stack([ent.row_headwise_average_normalized_entropy(attentions[:, l])
-                                    for l in range(L)], 1),  # (N, L, H)
-        "column_entropy": torch.stack([ent.column_headwise_maximum_normalized_entropy(attentions[:, l])
-                                       for l in range(L)], 1),
+        "bos_attn": torch.tensor(
+            [
+                [[float(bos_attn(attentions[n, l][None], h, no_triggers)) for h in range(H)] for l in range(L)]
+                for n in range(N)
+            ],
+            dtype=torch.float64,
+        ),  # (N, L, H)
+        "row_entropy": torch.stack(
+            [ent.row_headwise_average_normalized_entropy(attentions[:, l]) for l in range(L)], 1
+        ),  # (N, L, H)
+        "column_entropy": torch.stack(
+            [ent.column_headwise_maximum_normalized_entropy(attentions[:, l]) for l in range(L)], 1
+        ),
     }
     meta = {
-        "repository": REPOSITORY, "commit": args.commit, "file": FILE, "blob": git_blob_sha1(args.src / FILE),
+        "repository": REPOSITORY,
+        "commit": args.commit,
+        "file": FILE,
+        "blob": git_blob_sha1(args.src / FILE),
         "statistic_files": {f: git_blob_sha1(args.src / f) for f in STATISTIC_FILES},
         "statistic": "bos_attn: BBM/probe_utils.py:288 per (sequence, layer, head), no trigger positions (mean of "
-                     "A[:, 0] over rows 0..T-1); row_entropy / column_entropy: LLM/src/entropy.py headwise functions",
-        "settings": {"model": "transformers LlamaForCausalLM, eager attention, output_attentions", **TINY_LLAMA,
-                     "seed": SEED, "n_sequences": N_SEQ, "seq_len": T, "bos": False},
-        "mapping": {"weights": "HF Llama names (the same as tests/fixtures/authors/massive/weights.safetensors), "
-                               "wrapped by probe's llama adapter",
-                    "outputs [n, l, h]": "window n, layer l, query head h: probe's dormant inputs row (batch n, "
-                                         "layer l, head h)"},
+        "A[:, 0] over rows 0..T-1); row_entropy / column_entropy: LLM/src/entropy.py headwise functions",
+        "settings": {
+            "model": "transformers LlamaForCausalLM, eager attention, output_attentions",
+            **TINY_LLAMA,
+            "seed": SEED,
+            "n_sequences": N_SEQ,
+            "seq_len": T,
+            "bos": False,
+        },
+        "mapping": {
+            "weights": "HF Llama names (the same as tests/fixtures/authors/massive/weights.safetensors), "
+            "wrapped by probe's llama adapter",
+            "outputs [n, l, h]": "window n, layer l, query head h: probe's dormant inputs row (batch n, "
+            "layer l, head h)",
+        },
         "versions": versions("transformers"),
         "patches": [KEEP_FP64_CASTS_PATCH + " (transformers' LlamaRMSNorm and eager softmax; RoPE table fp32)"],
     }

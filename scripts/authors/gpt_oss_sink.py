@@ -10,6 +10,7 @@ Two checks, one fixture (tests/fixtures/authors/gpt-oss-sink/):
           attention pattern and the sink's share of each row.
   sdpa:   their ``sdpa`` with a sliding window of 3 on random Q, K, V and sinks: the output and the pattern.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,15 +30,27 @@ from common import (
 
 REPOSITORY = "openai/gpt-oss"
 FILE = "gpt_oss/torch/model.py"
-SETTINGS = dict(num_hidden_layers=2, num_experts=2, experts_per_token=1, vocab_size=32, hidden_size=16,
-                intermediate_size=16, head_dim=8, num_attention_heads=4, num_key_value_heads=2, sliding_window=3,
-                initial_context_length=64, rope_theta=10000.0, rope_scaling_factor=1.0)
+SETTINGS = dict(
+    num_hidden_layers=2,
+    num_experts=2,
+    experts_per_token=1,
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=16,
+    head_dim=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    sliding_window=3,
+    initial_context_length=64,
+    rope_theta=10000.0,
+    rope_scaling_factor=1.0,
+)
 LAYER_IDX = 1  # odd layers have no sliding window (probe's model has none); the window is checked on sdpa
 SEED, T, WINDOW = 0, 8, 3
 MAPPING = {
     "norm.scale": "ln1.weight (probe norm_eps = their 1e-5)",
     "qkv.weight": "rows [0:H*dh] -> attn.q_proj.weight, [H*dh:(H+Hkv)*dh] -> k_proj, the rest -> v_proj (same "
-                  "head order: query head h = kv * (H/Hkv) + m reads kv head h // (H/Hkv), as probe's GQA)",
+    "head order: query head h = kv * (H/Hkv) + m reads kv head h // (H/Hkv), as probe's GQA)",
     "qkv.bias, out.bias": "set to 0 before the run (probe's projections have no bias)",
     "sinks": "attn.sink (the phantom key's logit per query head)",
     "out.weight": "attn.o_proj.weight",
@@ -69,8 +82,11 @@ def run_block(mod, weights: dict, x: torch.Tensor, dtype) -> dict:
         out = block(x.to(dtype))
     w = seen[-1]  # (Hkv, G, T, T + 1): the last column is the sink
     H = SETTINGS["num_attention_heads"]
-    return {"block/out": out, "block/pattern": w[..., :-1].reshape(H, T, T),
-            "block/sink_share": w[..., -1].reshape(H, T)}
+    return {
+        "block/out": out,
+        "block/pattern": w[..., :-1].reshape(H, T, T),
+        "block/sink_share": w[..., -1].reshape(H, T),
+    }
 
 
 def run_sdpa(mod, inputs: dict, dtype) -> dict:
@@ -95,27 +111,42 @@ def main(argv=None) -> int:
     weights = {k: v.clone() for k, v in block.state_dict().items()}
     g = torch.Generator().manual_seed(SEED + 1)
     d, H, Hkv, dh = (SETTINGS[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim"))
-    inputs = {"block/x": torch.randn(T, d, generator=g, dtype=torch.float64),
-              "sdpa/q": torch.randn(T, Hkv, H // Hkv, dh, generator=g, dtype=torch.float64),
-              "sdpa/k": torch.randn(T, Hkv, dh, generator=g, dtype=torch.float64),
-              "sdpa/v": torch.randn(T, Hkv, dh, generator=g, dtype=torch.float64),
-              "sdpa/sinks": torch.randn(H, generator=g, dtype=torch.float64)}
+    inputs = {
+        "block/x": torch.randn(T, d, generator=g, dtype=torch.float64),
+        "sdpa/q": torch.randn(T, Hkv, H // Hkv, dh, generator=g, dtype=torch.float64),
+        "sdpa/k": torch.randn(T, Hkv, dh, generator=g, dtype=torch.float64),
+        "sdpa/v": torch.randn(T, Hkv, dh, generator=g, dtype=torch.float64),
+        "sdpa/sinks": torch.randn(H, generator=g, dtype=torch.float64),
+    }
     outputs = {}
     for dtype, prefix in ((torch.float64, ""), (torch.float32, "fp32/")):
         res = {**run_block(mod, weights, inputs["block/x"], dtype), **run_sdpa(mod, inputs, dtype)}
         outputs.update({prefix + k: v.to(dtype) for k, v in res.items()})
-    meta = {"repository": REPOSITORY, "commit": args.commit, "file": FILE,
-            "file_blob_sha1": git_blob_sha1(args.src / FILE),
-            "entry": {"block": f"AttentionBlock(ModelConfig(**settings), layer_idx={LAYER_IDX})(x), x (T, d)",
-                      "sdpa": f"sdpa(Q, K, V, S, 1/sqrt(dh), sliding_window={WINDOW})"},
-              "settings": SETTINGS, "config": dataclasses.asdict(mod.ModelConfig(**SETTINGS)), "seed": SEED,
-            "weights": f"every parameter N(0, 1/fan-in) (1-d: N(0, 1)) in fp64 from torch.Generator seed {SEED}, "
-                       "then qkv.bias and out.bias set to 0",
-            "outputs": {"*/out": "block: x + attention (T, d); sdpa: (T, H*dh)", "*/pattern": "(H, T, T) softmax "
-                        "weights on the real keys", "*/sink_share": "(H, T) the sink column of the softmax",
-                        "fp32/": "the same run in fp32"},
-            "patches": [KEEP_FP64_PATCH + " (their RMSNorm upcasts with .float())"], "versions": versions(),
-            "mapping_to_probe": MAPPING, "script": "scripts/authors/gpt_oss_sink.py"}
+    meta = {
+        "repository": REPOSITORY,
+        "commit": args.commit,
+        "file": FILE,
+        "file_blob_sha1": git_blob_sha1(args.src / FILE),
+        "entry": {
+            "block": f"AttentionBlock(ModelConfig(**settings), layer_idx={LAYER_IDX})(x), x (T, d)",
+            "sdpa": f"sdpa(Q, K, V, S, 1/sqrt(dh), sliding_window={WINDOW})",
+        },
+        "settings": SETTINGS,
+        "config": dataclasses.asdict(mod.ModelConfig(**SETTINGS)),
+        "seed": SEED,
+        "weights": f"every parameter N(0, 1/fan-in) (1-d: N(0, 1)) in fp64 from torch.Generator seed {SEED}, "
+        "then qkv.bias and out.bias set to 0",
+        "outputs": {
+            "*/out": "block: x + attention (T, d); sdpa: (T, H*dh)",
+            "*/pattern": "(H, T, T) softmax weights on the real keys",
+            "*/sink_share": "(H, T) the sink column of the softmax",
+            "fp32/": "the same run in fp32",
+        },
+        "patches": [KEEP_FP64_PATCH + " (their RMSNorm upcasts with .float())"],
+        "versions": versions(),
+        "mapping_to_probe": MAPPING,
+        "script": "scripts/authors/gpt_oss_sink.py",
+    }
     print(write_fixture("gpt-oss-sink", weights=weights, inputs=inputs, outputs=outputs, meta=meta))
     return 0
 

@@ -28,6 +28,7 @@ one thread: about a minute.
     python scripts/authors/gu2025_sink_eps.py --src /path/to/Attention-Sink/eval_sink_open_source.py \
         --commit af49727230ee57b6ecadcc74547653fc776833fc
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -103,26 +104,48 @@ def main() -> None:
     random_ids = torch.randint(0, V, (args.n, TOKENS + 1), generator=torch.Generator().manual_seed(args.seed))
     repeat_one = torch.randint(0, V, (args.n,), generator=torch.Generator().manual_seed(args.seed))
     repeat_ids = repeat_one[:, None].expand(args.n, TOKENS + 1)
-    domains = {"natural": (natural, tokenizer),
-               "random": ([r.tolist() for r in random_ids], IdsTokenizer()),
-               "repeat": ([r.tolist() for r in repeat_ids], IdsTokenizer())}
+    domains = {
+        "natural": (natural, tokenizer),
+        "random": ([r.tolist() for r in random_ids], IdsTokenizer()),
+        "repeat": ([r.tolist() for r in repeat_ids], IdsTokenizer()),
+    }
 
-    out = {"repository": REPOSITORY, "commit": args.commit, "file": FILE, "file_blob": git_blob_sha1(args.src),
-           "functions": ["measure_attention_sink", "compute_attention_sink"],
-           "patch": "synthetic domains reach measure_attention_sink through a tokenizer stand-in that returns the ids",
-           "model": "gemma-3-270m", "model_dir_config": json.loads((Path(model_dir) / "config.json").read_text())
-           ["_model_name_or_path"], "vocab_size": V,
-           "settings": {"token_length": TOKENS, "eps": list(EPS), "n": args.n, "seed": args.seed, "dtype": "float32",
-                        "attn_implementation": "eager", "device": "cpu", "threads": 1,
-                        "natural": "first n wikitext-2-test documents of >= 65 tokens (tokenizer default special "
-                                   "tokens), corpus order",
-                        "random": "torch.randint(0, V, (n, 65), generator=torch.Generator().manual_seed(seed))",
-                        "repeat": "torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed)), repeated",
-                        "bos": "natural: the tokenizer's (<bos>); random / repeat: none"},
-           "corpus": corpus.name, "corpus_fingerprint": corpus.fingerprint, "natural_documents": doc_ids,
-           "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                        "transformers": importlib.metadata.version("transformers"), "numpy": np.__version__},
-           "domains": {}}
+    out = {
+        "repository": REPOSITORY,
+        "commit": args.commit,
+        "file": FILE,
+        "file_blob": git_blob_sha1(args.src),
+        "functions": ["measure_attention_sink", "compute_attention_sink"],
+        "patch": "synthetic domains reach measure_attention_sink through a tokenizer stand-in that returns the ids",
+        "model": "gemma-3-270m",
+        "model_dir_config": json.loads((Path(model_dir) / "config.json").read_text())["_model_name_or_path"],
+        "vocab_size": V,
+        "settings": {
+            "token_length": TOKENS,
+            "eps": list(EPS),
+            "n": args.n,
+            "seed": args.seed,
+            "dtype": "float32",
+            "attn_implementation": "eager",
+            "device": "cpu",
+            "threads": 1,
+            "natural": "first n wikitext-2-test documents of >= 65 tokens (tokenizer default special "
+            "tokens), corpus order",
+            "random": "torch.randint(0, V, (n, 65), generator=torch.Generator().manual_seed(seed))",
+            "repeat": "torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed)), repeated",
+            "bos": "natural: the tokenizer's (<bos>); random / repeat: none",
+        },
+        "corpus": corpus.name,
+        "corpus_fingerprint": corpus.fingerprint,
+        "natural_documents": doc_ids,
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": importlib.metadata.version("transformers"),
+            "numpy": np.__version__,
+        },
+        "domains": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for name, (prompts, tok) in domains.items():
             t0 = time.perf_counter()
@@ -141,8 +164,11 @@ def main() -> None:
             if name != "natural":
                 row["input_ids"] = [p[:TOKENS] for p in prompts]
             out["domains"][name] = row  # no wall times in the file: a rerun rewrites it byte for byte
-            print(f"{name}: Sink^eps % " + ", ".join(f"eps {k}: {v:.2f}" for k, v in row["percent"].items())
-                  + f" ({time.perf_counter() - t0:.1f} s)")
+            print(
+                f"{name}: Sink^eps % "
+                + ", ".join(f"eps {k}: {v:.2f}" for k, v in row["percent"].items())
+                + f" ({time.perf_counter() - t0:.1f} s)"
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -9,6 +9,7 @@ routing is not uniform), and runs one batch in fp64 and in fp32. Writes tests/fi
 weights under their names, the input ids, the logits, every read site's output and mixing weights, and meta.json.
 tests/models/test_authors_golden.py maps the weights into probe and compares.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +30,20 @@ from common import (
 
 REPOSITORY = "jon123boss/LR-AttnRes"
 FILE = "model.py"
-BASE = dict(block_size=16, vocab_size=32, n_layer=3, n_head=2, n_embd=16, mlp_hidden_dim=32, weight_tying=False,
-            rope_theta=10000.0, norm_pos="before", qk_norm=True, flash_attention=False, use_fused_attnres=False)
+BASE = dict(
+    block_size=16,
+    vocab_size=32,
+    n_layer=3,
+    n_head=2,
+    n_embd=16,
+    mlp_hidden_dim=32,
+    weight_tying=False,
+    rope_theta=10000.0,
+    norm_pos="before",
+    qk_norm=True,
+    flash_attention=False,
+    use_fused_attnres=False,
+)
 BLOCK = dict(attnres_type="block", attnres_num_blocks=2)  # 2L = 6 sub-layers: blocks of 3 (partials of 1 and 2)
 NO_BLOCK_OPTIONS = dict(attnres_block_average=False, attnres_block_count_prior=False)  # probe's defaults
 MECHANISMS = {
@@ -41,29 +54,30 @@ MECHANISMS = {
     "plr-full": dict(use_lrid=True, lrid_rank=4, attnres_type="full"),
     "plr-block": dict(use_lrid=True, lrid_rank=4, **BLOCK, **NO_BLOCK_OPTIONS),
     # their training defaults: a block value divided by its count, log(count) added to its logit
-    "plr-block-mean-prior": dict(use_lrid=True, lrid_rank=4, **BLOCK, attnres_block_average=True,
-                                 attnres_block_count_prior=True),
+    "plr-block-mean-prior": dict(
+        use_lrid=True, lrid_rank=4, **BLOCK, attnres_block_average=True, attnres_block_count_prior=True
+    ),
 }
 SEED, BATCH, T = 0, 2, 8
 MAPPING = {
     "transformer.wte.weight": "embed.weight",
     "transformer.layers.{l}.attn.c_attn.weight": "rows [0:d] -> blocks.{l}.attn.q_proj.weight, [d:2d] -> k_proj, "
-                                                 "[2d:3d] -> v_proj; q and k rows permuted within each head from "
-                                                 "their interleaved RoPE pairs (2i, 2i+1) to probe's rotate-half "
-                                                 "pairs (i, i + d_head/2)",
+    "[2d:3d] -> v_proj; q and k rows permuted within each head from "
+    "their interleaved RoPE pairs (2i, 2i+1) to probe's rotate-half "
+    "pairs (i, i + d_head/2)",
     "transformer.layers.{l}.attn.c_proj[.proj].weight": "rows [0:d] -> blocks.{l}.attn.o_proj.weight; P-LR: rows "
-                                                        "[d:d+r] -> blocks.{l}.attn.key_proj.weight",
+    "[d:d+r] -> blocks.{l}.attn.key_proj.weight",
     "transformer.layers.{l}.mlp.fc1.weight": "rows [0:m] -> blocks.{l}.mlp.up.weight, [m:2m] -> mlp.gate.weight "
-                                             "(their x, gate = chunk(2); silu(gate) * x)",
+    "(their x, gate = chunk(2); silu(gate) * x)",
     "transformer.layers.{l}.mlp.fc2[.proj].weight": "rows [0:d] -> blocks.{l}.mlp.down.weight; P-LR: rows [d:d+r] "
-                                                    "-> blocks.{l}.mlp.key_proj.weight",
+    "-> blocks.{l}.mlp.key_proj.weight",
     "transformer.lrid_embedding_key.proj.weight": "embed_key.weight (P-LR)",
     "transformer.attn_residuals.{t-1}.query / transformer.lrid_queries.{t-1}": "the query of read site t (1..2L: "
-        "t = 2l+1 -> blocks.{l}.mlp_read, t = 2l (l >= 1) -> blocks.{l}.attn_read, t = 2L -> final_read), times "
-        "their lrid_logit_scale (1/sqrt(r)) for S-LR / P-LR: probe's logits are q . RMSNorm(k) unscaled",
+    "t = 2l+1 -> blocks.{l}.mlp_read, t = 2l (l >= 1) -> blocks.{l}.attn_read, t = 2L -> final_read), times "
+    "their lrid_logit_scale (1/sqrt(r)) for S-LR / P-LR: probe's logits are q . RMSNorm(k) unscaled",
     "lm_head.weight": "lm_head.weight",
     "(none: their norms have no gain)": "every probe norm weight = 1 (ln1, ln2, ln_f, q_norm, k_norm); probe norm_eps "
-                                        "= torch.finfo(dtype).eps, as their norm(x) with eps=None",
+    "= torch.finfo(dtype).eps, as their norm(x) with eps=None",
 }
 
 
@@ -92,6 +106,7 @@ def recording_reads(model, record: dict):
                 w = seen[-1]
                 record[f"weights.{residual_idx}"] = (w[..., 0] if w.dim() == 4 else w).permute(1, 2, 0)
             return out
+
         return read
 
     for name, method in originals.items():
@@ -129,18 +144,30 @@ def main(argv=None) -> int:
         out64 = run(mod, settings, weights, ids, torch.float64)
         out32 = run(mod, settings, weights, ids, torch.float32)
         config = dataclasses.asdict(mod.ModelConfig(**settings))  # after their __post_init__ (logit scale, ...)
-        meta = {"repository": REPOSITORY, "commit": args.commit, "file": FILE,
-                "file_blob_sha1": git_blob_sha1(args.src / FILE),
-                "also_imported": {"attnres_ops.py": git_blob_sha1(args.src / "attnres_ops.py")},
-                "entry": "OBPM(ModelConfig(**settings)).eval()(input_ids) (their plain, unfused forward)",
-                "settings": settings, "config_after_post_init": config, "seed": SEED, "inputs": {"shape": [BATCH, T]},
-                "weights": "every parameter N(0, 1/fan-in) (1-d: N(0, 1)) in fp64 from torch.Generator seed "
-                           f"{SEED}, in their parameter order (queries included)",
-                "outputs": {"logits": "B,T,V", "read.{t}": "B,T,d: the read before sub-layer t (t = 2L: before the "
-                            "final norm)", "weights.{t}": "B,T,S: that read's softmax over its sources (t >= 1)",
-                            "suffixes": "fp64 outputs as named; fp32 run of the same weights under fp32/"},
-                "patches": [KEEP_FP64_PATCH], "versions": versions("einops"), "mapping_to_probe": MAPPING,
-                "script": "scripts/authors/lr_attnres.py"}
+        meta = {
+            "repository": REPOSITORY,
+            "commit": args.commit,
+            "file": FILE,
+            "file_blob_sha1": git_blob_sha1(args.src / FILE),
+            "also_imported": {"attnres_ops.py": git_blob_sha1(args.src / "attnres_ops.py")},
+            "entry": "OBPM(ModelConfig(**settings)).eval()(input_ids) (their plain, unfused forward)",
+            "settings": settings,
+            "config_after_post_init": config,
+            "seed": SEED,
+            "inputs": {"shape": [BATCH, T]},
+            "weights": "every parameter N(0, 1/fan-in) (1-d: N(0, 1)) in fp64 from torch.Generator seed "
+            f"{SEED}, in their parameter order (queries included)",
+            "outputs": {
+                "logits": "B,T,V",
+                "read.{t}": "B,T,d: the read before sub-layer t (t = 2L: before the final norm)",
+                "weights.{t}": "B,T,S: that read's softmax over its sources (t >= 1)",
+                "suffixes": "fp64 outputs as named; fp32 run of the same weights under fp32/",
+            },
+            "patches": [KEEP_FP64_PATCH],
+            "versions": versions("einops"),
+            "mapping_to_probe": MAPPING,
+            "script": "scripts/authors/lr_attnres.py",
+        }
         outputs = {**out64, **{f"fp32/{k}": v for k, v in out32.items()}}
         path = write_fixture(name, weights=weights, inputs={"input_ids": ids}, outputs=outputs, meta=meta)
         print(f"{name}: {path}")

@@ -15,6 +15,7 @@ optimizer step with their own optimizers and schedulers (optimizer.py, scheduler
 theirs too, saves the dict exactly as build_checkpoint lays it out, and runs their forward in fp64 and fp32.
 Writes tests/fixtures/authors/lr-attnres-<kind>-checkpoint/{final_model.pt, inputs, outputs, meta.json}.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,22 +40,56 @@ REPOSITORY = "jon123boss/LR-AttnRes"
 FILE = "model.py"
 # train.py's model defaults (its "# model", "# Attention Residuals", "# rope", "# normalization" sections) with
 # --use_lrid, then only the sizes made tiny; flash_attention off (CPU; the same attention function)
-TRAIN_DEFAULTS = dict(mlp_ratio=None, weight_tying=False, init_std=0.02, init_cutoff_factor=None, use_attnres=False,
-                      use_fused_attnres=False, attnres_type="block", attnres_num_blocks=8, attnres_block_average=True,
-                      attnres_block_average_mode="count", attnres_block_count_prior=True, attnres_block_alpha="legacy",
-                      attnres_block_beta="legacy", attnres_block_alpha_learned=False,
-                      attnres_block_beta_learned=False, attnres_block_alpha_scope="shared",
-                      attnres_block_beta_scope="shared", attnres_block_split_sublayers=False,
-                      attnres_block_learned_scale=False, attnres_block_learned_scale_init="count",
-                      attnres_block_value_norm=False, attnres_key_norm=True, attn_res_query_norm=False,
-                      attn_res_query_init="zero", attnres_training_cache_phase1=True,
-                      attnres_training_torch_phase2=True, attnres_fuse_read_norm=True, use_lrid=True, lrid_rank=32,
-                      lrid_projection_rank=None, lrid_num_heads=1, lrid_input_dependent_query=False,
-                      lrid_static_embedding_key=False, lrid_add_static_embedding_key=False,
-                      lrid_add_static_source_key=False, lrid_key_from_value=False, lrid_key_from_value_shared=False,
-                      lrid_key_from_output_tail=False, lrid_key_value_norm=True, lrid_query_from_value=False,
-                      lrid_query_from_value_shared=False, lrid_use_logit_scale=False, lrid_logit_scale=None,
-                      rope_theta=500000.0, qk_norm=True, norm_pos="before", clip_qkv=None, flash_attention=False)
+TRAIN_DEFAULTS = dict(
+    mlp_ratio=None,
+    weight_tying=False,
+    init_std=0.02,
+    init_cutoff_factor=None,
+    use_attnres=False,
+    use_fused_attnres=False,
+    attnres_type="block",
+    attnres_num_blocks=8,
+    attnres_block_average=True,
+    attnres_block_average_mode="count",
+    attnres_block_count_prior=True,
+    attnres_block_alpha="legacy",
+    attnres_block_beta="legacy",
+    attnres_block_alpha_learned=False,
+    attnres_block_beta_learned=False,
+    attnres_block_alpha_scope="shared",
+    attnres_block_beta_scope="shared",
+    attnres_block_split_sublayers=False,
+    attnres_block_learned_scale=False,
+    attnres_block_learned_scale_init="count",
+    attnres_block_value_norm=False,
+    attnres_key_norm=True,
+    attn_res_query_norm=False,
+    attn_res_query_init="zero",
+    attnres_training_cache_phase1=True,
+    attnres_training_torch_phase2=True,
+    attnres_fuse_read_norm=True,
+    use_lrid=True,
+    lrid_rank=32,
+    lrid_projection_rank=None,
+    lrid_num_heads=1,
+    lrid_input_dependent_query=False,
+    lrid_static_embedding_key=False,
+    lrid_add_static_embedding_key=False,
+    lrid_add_static_source_key=False,
+    lrid_key_from_value=False,
+    lrid_key_from_value_shared=False,
+    lrid_key_from_output_tail=False,
+    lrid_key_value_norm=True,
+    lrid_query_from_value=False,
+    lrid_query_from_value_shared=False,
+    lrid_use_logit_scale=False,
+    lrid_logit_scale=None,
+    rope_theta=500000.0,
+    qk_norm=True,
+    norm_pos="before",
+    clip_qkv=None,
+    flash_attention=False,
+)
 TINY = dict(block_size=16, vocab_size=48, n_layer=3, n_head=2, n_embd=16, mlp_hidden_dim=24, lrid_rank=4)
 KINDS = {  # fixture -> the released run it stands for
     "block": dict(attnres_type="block", attnres_num_blocks=3),  # Jonnester/LR-AttnRes-n8-Avg's recipe at 2L = 6
@@ -62,10 +97,25 @@ KINDS = {  # fixture -> the released run it stands for
     "baseline": dict(use_lrid=False, use_attnres=False),  # train.py's own default: the residual baseline
 }
 # train.py's optimiser / schedule defaults (get_optimizers and get_schedulers read these keys of `config`)
-TRAIN_CONFIG = dict(muon_lr=0.001, adamw_lr=0.0003, muon_weight_decay=0.1, adamw_weight_decay=0.0, cautious=True,
-                    beta1=0.9, beta2=0.95, muon_momentum=0.95, warmup_steps=2000, max_steps=38146,
-                    warmdown_steps=int(0.2 * 38146), sched_mode="linear", batch_size=16, block_size=2048,
-                    grad_accum_steps=8, z_loss=True, master_process=True)
+TRAIN_CONFIG = dict(
+    muon_lr=0.001,
+    adamw_lr=0.0003,
+    muon_weight_decay=0.1,
+    adamw_weight_decay=0.0,
+    cautious=True,
+    beta1=0.9,
+    beta2=0.95,
+    muon_momentum=0.95,
+    warmup_steps=2000,
+    max_steps=38146,
+    warmdown_steps=int(0.2 * 38146),
+    sched_mode="linear",
+    batch_size=16,
+    block_size=2048,
+    grad_accum_steps=8,
+    z_loss=True,
+    master_process=True,
+)
 SEED, BATCH, T = 0, 2, 8
 
 
@@ -84,8 +134,10 @@ def checkpoint_payload(src, mod, model, settings: dict) -> dict:
     sys.path.insert(0, str(src))
     optimizer = load_module(src / "optimizer.py", "lr_attnres_optimizer")
     schedulers = load_module(src / "schedulers.py", "lr_attnres_schedulers")
-    config = {**TRAIN_CONFIG,
-              **{k: v for k, v in settings.items() if isinstance(v, (int, float, bool, str, type(None)))}}
+    config = {
+        **TRAIN_CONFIG,
+        **{k: v for k, v in settings.items() if isinstance(v, (int, float, bool, str, type(None)))},
+    }
     cfg = {**config, "block_size": settings["block_size"]}
     muon, adamw = optimizer.get_optimizers(cfg, model)
     muon_s, adamw_s = schedulers.get_schedulers(cfg, muon, adamw)
@@ -97,10 +149,17 @@ def checkpoint_payload(src, mod, model, settings: dict) -> dict:
         o.zero_grad(set_to_none=True)
     for s in (muon_s, adamw_s):
         s.step()
-    return {"step": 1, "tokens_processed": BATCH * T, "model": model.state_dict(),
-            "muon_optimizer": muon.state_dict(), "adamw_optimizer": adamw.state_dict(),
-            "muon_scheduler": muon_s.state_dict(), "adamw_scheduler": adamw_s.state_dict(),
-            "config": config, "model_args": dataclasses.asdict(model.config)}
+    return {
+        "step": 1,
+        "tokens_processed": BATCH * T,
+        "model": model.state_dict(),
+        "muon_optimizer": muon.state_dict(),
+        "adamw_optimizer": adamw.state_dict(),
+        "muon_scheduler": muon_s.state_dict(),
+        "adamw_scheduler": adamw_s.state_dict(),
+        "config": config,
+        "model_args": dataclasses.asdict(model.config),
+    }
 
 
 def main(argv=None) -> int:
@@ -129,23 +188,35 @@ def main(argv=None) -> int:
         torch.save(payload, out / "final_model.pt")
         save_file({"input_ids": ids.contiguous()}, out / "inputs.safetensors")
         save_file({k: v.contiguous() for k, v in outputs.items()}, out / "outputs.safetensors")
-        meta = {"repository": REPOSITORY, "commit": args.commit, "file": FILE,
-                "file_blob_sha1": git_blob_sha1(args.src / FILE),
-                "also_imported": {f: git_blob_sha1(args.src / f) for f in
-                                  ("attnres_ops.py", "optimizer.py", "schedulers.py", "muon/muon.py")},
-                "format_from": "train.py build_checkpoint / save_training_checkpoint (torch.save) and "
-                               "upload_full_run_checkpoint (path_in_repo='final_model.pt')",
-                "entry": "OBPM(ModelConfig(**settings)).eval()(input_ids) (their plain, unfused forward)",
-                "settings": settings, "model_args": payload["model_args"], "seed": SEED,
-                "inputs": {"shape": [BATCH, T]}, "payload_keys": sorted(payload),
-                "parameter_names": {k: list(v.shape) for k, v in payload["model"].items()},
-                "weights": f"every parameter N(0, 1/fan-in) (1-d: N(0, 1)) in fp64 from torch.Generator seed {SEED} "
-                           "in their parameter order (queries included), cast to fp32, then one step of their Muon "
-                           "+ AdamW on one random batch (seed 2) with train.py's optimiser defaults",
-                "outputs": {"logits": "B,T,V of the saved weights (their fp64 run of the fp32 weights)",
-                            "fp32/": "the same weights run in fp32"},
-                "patches": [KEEP_FP64_PATCH], "versions": versions("einops"),
-                "script": "scripts/authors/lr_attnres_checkpoints.py"}
+        meta = {
+            "repository": REPOSITORY,
+            "commit": args.commit,
+            "file": FILE,
+            "file_blob_sha1": git_blob_sha1(args.src / FILE),
+            "also_imported": {
+                f: git_blob_sha1(args.src / f)
+                for f in ("attnres_ops.py", "optimizer.py", "schedulers.py", "muon/muon.py")
+            },
+            "format_from": "train.py build_checkpoint / save_training_checkpoint (torch.save) and "
+            "upload_full_run_checkpoint (path_in_repo='final_model.pt')",
+            "entry": "OBPM(ModelConfig(**settings)).eval()(input_ids) (their plain, unfused forward)",
+            "settings": settings,
+            "model_args": payload["model_args"],
+            "seed": SEED,
+            "inputs": {"shape": [BATCH, T]},
+            "payload_keys": sorted(payload),
+            "parameter_names": {k: list(v.shape) for k, v in payload["model"].items()},
+            "weights": f"every parameter N(0, 1/fan-in) (1-d: N(0, 1)) in fp64 from torch.Generator seed {SEED} "
+            "in their parameter order (queries included), cast to fp32, then one step of their Muon "
+            "+ AdamW on one random batch (seed 2) with train.py's optimiser defaults",
+            "outputs": {
+                "logits": "B,T,V of the saved weights (their fp64 run of the fp32 weights)",
+                "fp32/": "the same weights run in fp32",
+            },
+            "patches": [KEEP_FP64_PATCH],
+            "versions": versions("einops"),
+            "script": "scripts/authors/lr_attnres_checkpoints.py",
+        }
         (out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
         print(out)
     return 0

@@ -15,6 +15,7 @@ with ``add_special_tokens=False``; here seeded random ids on a tiny random Llama
 The loop below runs their patched layers and applies their per-sequence reduction step for step (main_llm.py's
 ``__main__`` block cannot be imported); the reduction is the only code of theirs not executed from their file.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -76,23 +77,36 @@ def main():
         outputs[f"{prefix}mean"] = torch.from_numpy(mean)
         outputs[f"{prefix}feat"] = feat
     meta = {
-        "repository": REPOSITORY, "commit": args.commit, "file": FILE, "blob": git_blob_sha1(args.src / FILE),
+        "repository": REPOSITORY,
+        "commit": args.commit,
+        "file": FILE,
+        "blob": git_blob_sha1(args.src / FILE),
         "statistic_files": {f: git_blob_sha1(args.src / f) for f in STATISTIC_FILES},
         "statistic": "main_llm.py --exp2 (lines 81-100) per sequence: sort |layer output| over T x d descending, "
-                     "top 3 and torch.median (lower middle value); plot_utils_llm.plot_layer_ax: mean over sequences",
-        "settings": {"model": "transformers LlamaForCausalLM, eager attention", **TINY_LLAMA, "seed": SEED,
-                     "n_sequences": N_SEQ, "seq_len": T, "bos": False},
-        "mapping": {"weights": "HF Llama names, loaded as they are into the same transformers model, wrapped by "
-                               "probe's llama adapter",
-                    "their layer l (1-based, the output of decoder layer l-1)": "probe's massive layer l: "
-                    "blocks.{l}.hook_resid_pre for l < L, blocks.{L-1}.hook_resid_post for l = L; probe's layer 0 "
-                    "(the embedding) they do not report",
-                    "outputs per_sequence[n, k, l]": "k = 0, 1, 2: top1..top3, k = 3: their median",
-                    "outputs feat[n, l]": "the hidden state their statistic reads (layer l's output, (T, d))"},
+        "top 3 and torch.median (lower middle value); plot_utils_llm.plot_layer_ax: mean over sequences",
+        "settings": {
+            "model": "transformers LlamaForCausalLM, eager attention",
+            **TINY_LLAMA,
+            "seed": SEED,
+            "n_sequences": N_SEQ,
+            "seq_len": T,
+            "bos": False,
+        },
+        "mapping": {
+            "weights": "HF Llama names, loaded as they are into the same transformers model, wrapped by "
+            "probe's llama adapter",
+            "their layer l (1-based, the output of decoder layer l-1)": "probe's massive layer l: "
+            "blocks.{l}.hook_resid_pre for l < L, blocks.{L-1}.hook_resid_post for l = L; probe's layer 0 "
+            "(the embedding) they do not report",
+            "outputs per_sequence[n, k, l]": "k = 0, 1, 2: top1..top3, k = 3: their median",
+            "outputs feat[n, l]": "the hidden state their statistic reads (layer l's output, (T, d))",
+        },
         "versions": versions("transformers"),
-        "patches": [KEEP_FP64_CASTS_PATCH + " (transformers' LlamaRMSNorm and eager softmax; its RoPE table stays "
-                    "fp32 as in probe's run of the same transformers model); their own code casts the layer output "
-                    ".double()"],
+        "patches": [
+            KEEP_FP64_CASTS_PATCH + " (transformers' LlamaRMSNorm and eager softmax; its RoPE table stays "
+            "fp32 as in probe's run of the same transformers model); their own code casts the layer output "
+            ".double()"
+        ],
     }
     write_fixture("massive", weights=weights, inputs={"input_ids": seqs}, outputs=outputs, meta=meta)
 

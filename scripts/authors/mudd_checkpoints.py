@@ -16,6 +16,7 @@ a wrong stream norm or bias moves the outputs), and writes ``tests/fixtures/auth
 It also records, for each released config at full size, the shapes their code gives the dense-connection networks
 and FFNs (built on the meta device), so probe's options are checked at the real sizes too.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,15 +40,36 @@ from safetensors.torch import save_file
 
 REPOSITORY = "Caiyun-AI/MUDDFormer"
 FAMILIES = {  # fixture -> (folder, module, config module, class, config class, released config files)
-    "muddformer": ("muddformer", "modeling_muddformer", "configuration_muddformer", "MUDDFormer",
-                   "MUDDFormerConfig", ["config.json"]),
-    "muddpythia": ("muddpythia", "modeling_muddpythia", "configuration_muddpythia", "MUDDPythia",
-                   "MUDDPythiaConfig", ["config_1p4b.json", "config_2p8b.json"]),
+    "muddformer": (
+        "muddformer",
+        "modeling_muddformer",
+        "configuration_muddformer",
+        "MUDDFormer",
+        "MUDDFormerConfig",
+        ["config.json"],
+    ),
+    "muddpythia": (
+        "muddpythia",
+        "modeling_muddpythia",
+        "configuration_muddpythia",
+        "MUDDPythia",
+        "MUDDPythiaConfig",
+        ["config_1p4b.json", "config_2p8b.json"],
+    ),
 }
 # only the sizes change from the released config; intermediate_size 200 over 3 layers gives their per-layer
 # widths round(200 * (l / 2 + 0.5) / 128) * 128 = 128, 256, 256
-TINY = dict(block_size=16, vocab_size=48, n_layer=3, n_head=2, n_local_heads=2, dim=16, head_dim=8,
-            intermediate_size=200, torch_dtype="float64")
+TINY = dict(
+    block_size=16,
+    vocab_size=48,
+    n_layer=3,
+    n_head=2,
+    n_local_heads=2,
+    dim=16,
+    head_dim=8,
+    intermediate_size=200,
+    torch_dtype="float64",
+)
 SEED, BATCH, T = 0, 2, 8
 
 
@@ -94,9 +116,11 @@ def random_weights(model) -> None:
 def recording_dense(model, record: dict):
     originals = [blk.layer_mix for blk in model.dynamic_dense]
     for l, blk in enumerate(model.dynamic_dense):
+
         def layer_mix(hids, dw, _l=l, _orig=originals[l]):
             record[f"dense_weights.{_l}"] = dw  # C,B,T,L
             return _orig(hids, dw)
+
         blk.layer_mix = layer_mix
     try:
         yield
@@ -120,9 +144,11 @@ def released_shapes(mod, cfg_cls, model_cls, config: dict) -> dict:
     """Per layer at full size: their dense network's w1 / w2 shapes and FFN width (meta device: no memory)."""
     with torch.device("meta"):
         m = model_cls(cfg_cls(**config))
-    return {"dense_w1": [list(b.w1.weight.shape) for b in m.dynamic_dense],
-            "dense_w2": [list(b.w2.weight.shape) for b in m.dynamic_dense],
-            "ffn_widths": [blk.feed_forward.w1.out_features for blk in m.layers]}
+    return {
+        "dense_w1": [list(b.w1.weight.shape) for b in m.dynamic_dense],
+        "dense_w2": [list(b.w2.weight.shape) for b in m.dynamic_dense],
+        "ffn_widths": [blk.feed_forward.w1.out_features for blk in m.layers],
+    }
 
 
 def write_family(name: str, src: Path, commit: str) -> Path:
@@ -157,32 +183,55 @@ def write_family(name: str, src: Path, commit: str) -> Path:
     save_file({"input_ids": ids.contiguous()}, out / "inputs.safetensors")
     save_file({k: v.detach().contiguous() for k, v in outputs.items()}, out / "outputs.safetensors")
 
-    full = {f: released_shapes(mod, cfg_cls, model_cls,
-                               {k: v for k, v in json.loads((src / folder / f).read_text()).items()
-                                if k not in ("architectures", "auto_map", "transformers_version")})
-            for f in released}
-    meta = {"repository": REPOSITORY, "commit": commit, "file": f"pytorch/{folder}/{mod_name}.py",
-            "file_blob_sha1": git_blob_sha1(src / folder / f"{mod_name}.py"),
-            "also_imported": {f"pytorch/{folder}/{cfg_name}.py": git_blob_sha1(src / folder / f"{cfg_name}.py")},
-            "released_configs": {f"pytorch/{folder}/{f}": git_blob_sha1(src / folder / f) for f in released},
-            "released_config_contents": {f: json.loads((src / folder / f).read_text()) for f in released},
-            "config_from": f"pytorch/{folder}/{released[0]} with only these keys changed: {sorted(TINY)}",
-            "entry": f"m = {cls_name}({cfg_cls_name}(**config)).eval(); m.setup_caches(B, block_size, dtype); "
-                     "m(input_ids, return_tensor=True); m.save_pretrained(dir, safe_serialization=True)",
-            "tiny": TINY, "seed": SEED, "inputs": {"shape": [BATCH, T]},
-            "tiny_shapes": released_shapes(mod, cfg_cls, model_cls, config), "released_shapes": full,
-            "parameter_names": {k: list(v.shape) for k, v in plain.state_dict().items()},
-            "weights": f"matrices N(0, 1/fan-in) (1-d: N(0, 1)) in fp64 from torch.Generator seed {SEED} in their "
-                       f"parameter order, except norm gains 1 + 0.3 N(0, 1) and biases 0.3 N(0, 1) (seed {SEED + 7})",
-            "outputs": {"logits": "B,T,V", "dense_weights.{l}": "C,B,T,L after layer l (dynamic + dense_bs)",
-                        "tables/rope": "their RoPE table (block_size, rotary dims / 2, cos|sin), fp32 angles",
-                        "fp32/": "the same weights run in fp32"},
-            "patches": [KEEP_FP64_CASTS_PATCH, KEEP_FP64_PATCH,
-                        "their precompute_freqs_cis's final bf16 (MUDDFormer) / fp16 (MUDDPythia) cast of the RoPE "
-                        "table is skipped (fp32 table, as probe's), in both runs"],
-            "checkpoint_files": "save_pretrained's model.safetensors and config.json (transformers as in versions); "
-                                "config.json gets the released config's architectures and auto_map keys",
-            "versions": versions("einops", "transformers"), "script": "scripts/authors/mudd_checkpoints.py"}
+    full = {
+        f: released_shapes(
+            mod,
+            cfg_cls,
+            model_cls,
+            {
+                k: v
+                for k, v in json.loads((src / folder / f).read_text()).items()
+                if k not in ("architectures", "auto_map", "transformers_version")
+            },
+        )
+        for f in released
+    }
+    meta = {
+        "repository": REPOSITORY,
+        "commit": commit,
+        "file": f"pytorch/{folder}/{mod_name}.py",
+        "file_blob_sha1": git_blob_sha1(src / folder / f"{mod_name}.py"),
+        "also_imported": {f"pytorch/{folder}/{cfg_name}.py": git_blob_sha1(src / folder / f"{cfg_name}.py")},
+        "released_configs": {f"pytorch/{folder}/{f}": git_blob_sha1(src / folder / f) for f in released},
+        "released_config_contents": {f: json.loads((src / folder / f).read_text()) for f in released},
+        "config_from": f"pytorch/{folder}/{released[0]} with only these keys changed: {sorted(TINY)}",
+        "entry": f"m = {cls_name}({cfg_cls_name}(**config)).eval(); m.setup_caches(B, block_size, dtype); "
+        "m(input_ids, return_tensor=True); m.save_pretrained(dir, safe_serialization=True)",
+        "tiny": TINY,
+        "seed": SEED,
+        "inputs": {"shape": [BATCH, T]},
+        "tiny_shapes": released_shapes(mod, cfg_cls, model_cls, config),
+        "released_shapes": full,
+        "parameter_names": {k: list(v.shape) for k, v in plain.state_dict().items()},
+        "weights": f"matrices N(0, 1/fan-in) (1-d: N(0, 1)) in fp64 from torch.Generator seed {SEED} in their "
+        f"parameter order, except norm gains 1 + 0.3 N(0, 1) and biases 0.3 N(0, 1) (seed {SEED + 7})",
+        "outputs": {
+            "logits": "B,T,V",
+            "dense_weights.{l}": "C,B,T,L after layer l (dynamic + dense_bs)",
+            "tables/rope": "their RoPE table (block_size, rotary dims / 2, cos|sin), fp32 angles",
+            "fp32/": "the same weights run in fp32",
+        },
+        "patches": [
+            KEEP_FP64_CASTS_PATCH,
+            KEEP_FP64_PATCH,
+            "their precompute_freqs_cis's final bf16 (MUDDFormer) / fp16 (MUDDPythia) cast of the RoPE "
+            "table is skipped (fp32 table, as probe's), in both runs",
+        ],
+        "checkpoint_files": "save_pretrained's model.safetensors and config.json (transformers as in versions); "
+        "config.json gets the released config's architectures and auto_map keys",
+        "versions": versions("einops", "transformers"),
+        "script": "scripts/authors/mudd_checkpoints.py",
+    }
     (out / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return out
 

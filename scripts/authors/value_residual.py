@@ -9,6 +9,7 @@ with seeded random weights (transformers 4.45, the version their file was writte
 batch in fp64 and in fp32: logits, each layer's output and attention weights. Writes
 tests/fixtures/authors/value-residual/.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,10 +30,22 @@ from common import (
 
 REPOSITORY = "Zcchill/Value-Residual-Learning"
 FILE = "src/modeling/modeling_llama_resformer.py"
-SETTINGS = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
-                num_key_value_heads=2, max_position_embeddings=16, rms_norm_eps=1e-6, rope_theta=10000.0,
-                tie_word_embeddings=False, attention_bias=False, mlp_bias=False, hidden_act="silu",
-                attn_implementation="eager")
+SETTINGS = dict(
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=16,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    attention_bias=False,
+    mlp_bias=False,
+    hidden_act="silu",
+    attn_implementation="eager",
+)
 SEED, BATCH, T = 0, 2, 8
 MAPPING = {
     "model.embed_tokens.weight": "embed.weight",
@@ -42,7 +55,7 @@ MAPPING = {
     "model.norm.weight": "ln_f.weight",
     "lm_head.weight": "lm_head.weight",
     "(their constant 0.5)": "blocks.{l}.attn.v_mix = 0.5 for l >= 1 (probe value_residual='lambda': "
-                            "V_n <- (1 - lambda) V_n + lambda V_1)",
+    "V_n <- (1 - lambda) V_n + lambda V_1)",
 }
 
 
@@ -76,19 +89,34 @@ def main(argv=None) -> int:
     ids = torch.randint(0, SETTINGS["vocab_size"], (BATCH, T), generator=torch.Generator().manual_seed(SEED + 1))
     outputs = run(mod, weights, ids, torch.float64)
     outputs.update({f"fp32/{k}": v for k, v in run(mod, weights, ids, torch.float32).items()})
-    meta = {"repository": REPOSITORY, "commit": args.commit, "file": FILE, "file_blob_sha1": git_blob_sha1(args.src),
-            "entry": "LlamaForCausalLM(LlamaConfig(**settings)).eval()(input_ids, output_hidden_states=True, "
-                     "output_attentions=True)",
-            "settings": SETTINGS, "seed": SEED, "inputs": {"shape": [BATCH, T]},
-            "weights": f"every parameter except the norms (their ones) N(0, 1/fan-in) in fp64 from torch.Generator "
-                       f"seed {SEED}, in their parameter order",
-            "outputs": {"logits": "B,T,V", "resid_post.{l}": "B,T,d: layer l's output (l < L-1)",
-                        "pattern.{l}": "B,H,T,T attention weights", "fp32/": "the same run in fp32"},
-            "patches": [KEEP_FP64_CASTS_PATCH, KEEP_FP64_PATCH + " (their logits are .float()-ed)",
-                        "each LlamaRotaryEmbedding.inv_freq is kept in fp32 (as their init computes it) after "
-                        "model.to(dtype), so RoPE angles are fp32 in both runs, as in their bf16 training"],
-            "versions": versions("transformers"), "mapping_to_probe": MAPPING,
-            "script": "scripts/authors/value_residual.py"}
+    meta = {
+        "repository": REPOSITORY,
+        "commit": args.commit,
+        "file": FILE,
+        "file_blob_sha1": git_blob_sha1(args.src),
+        "entry": "LlamaForCausalLM(LlamaConfig(**settings)).eval()(input_ids, output_hidden_states=True, "
+        "output_attentions=True)",
+        "settings": SETTINGS,
+        "seed": SEED,
+        "inputs": {"shape": [BATCH, T]},
+        "weights": f"every parameter except the norms (their ones) N(0, 1/fan-in) in fp64 from torch.Generator "
+        f"seed {SEED}, in their parameter order",
+        "outputs": {
+            "logits": "B,T,V",
+            "resid_post.{l}": "B,T,d: layer l's output (l < L-1)",
+            "pattern.{l}": "B,H,T,T attention weights",
+            "fp32/": "the same run in fp32",
+        },
+        "patches": [
+            KEEP_FP64_CASTS_PATCH,
+            KEEP_FP64_PATCH + " (their logits are .float()-ed)",
+            "each LlamaRotaryEmbedding.inv_freq is kept in fp32 (as their init computes it) after "
+            "model.to(dtype), so RoPE angles are fp32 in both runs, as in their bf16 training",
+        ],
+        "versions": versions("transformers"),
+        "mapping_to_probe": MAPPING,
+        "script": "scripts/authors/value_residual.py",
+    }
     print(write_fixture("value-residual", weights=weights, inputs={"input_ids": ids}, outputs=outputs, meta=meta))
     return 0
 

@@ -19,6 +19,7 @@ The pages hold their own text (the README's reference sections moved here; the R
 first and links to these pages). Run as a script it prints one page's expanded markdown:
 ``python scripts/docs/site.py docs/reference/cli.md``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,10 +42,12 @@ LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 
 # ---- included files
 
+
 def relink(text: str, page: str) -> str:
     """An included repository file's links made right for a site page: links into docs/ (pages, anchors, images)
     relative to ``page`` (a path in docs/), other repository paths shown as code (the site holds only docs/), web
     links kept."""
+
     def one(m):
         bang, label, target = m.groups()
         if re.match(r"[a-z]+:", target):
@@ -52,13 +55,15 @@ def relink(text: str, page: str) -> str:
         if target.startswith("#"):  # a heading of the included file, not on this page: the text alone
             return label
         if target.startswith("docs/"):
-            rel = posixpath.relpath(target[len("docs/"):], posixpath.dirname(page) or ".")
+            rel = posixpath.relpath(target[len("docs/") :], posixpath.dirname(page) or ".")
             return f"{bang}[{label}]({rel})"
         return f"{label} (`{target}`)" if label.strip("`") != target else f"`{target}`"
+
     return LINK.sub(one, text)
 
 
 # ---- the CLI reference
+
 
 def cli_reference() -> str:
     """Every verb and `probe experiment` recipe: its description, usage, and a table of its flags with their
@@ -90,14 +95,19 @@ def _parser_section(title: str, p: argparse.ArgumentParser, description: str | N
         if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
             continue
         flag = ", ".join(f"`{o}`" for o in a.option_strings) or f"`{a.metavar or a.dest}` (positional)"
-        default = "" if a.default in (None, argparse.SUPPRESS) or isinstance(a, argparse._VersionAction) \
+        default = (
+            ""
+            if a.default in (None, argparse.SUPPRESS) or isinstance(a, argparse._VersionAction)
             else f"`{a.default!r}`"
+        )
         choices = "" if a.choices is None else ", ".join(f"`{c}`" for c in a.choices)
         help_text = (a.help or "").replace("%(default)s", str(a.default)).replace("%%", "%")
         rows.append(f"| {flag} | {_cell(default)} | {_cell(choices)} | {_cell(help_text)} |")
     table = "| flag | default | choices | what it does |\n|---|---|---|---|\n" + "\n".join(rows) if rows else ""
-    return (f"{'#' * level} `{title}`\n\n{_cell(description or '')}\n\n<pre><code>{_escape(usage)}</code></pre>\n\n"
-            f"{table}\n")
+    return (
+        f"{'#' * level} `{title}`\n\n{_cell(description or '')}\n\n<pre><code>{_escape(usage)}</code></pre>\n\n"
+        f"{table}\n"
+    )
 
 
 def _escape(text: str) -> str:
@@ -106,10 +116,12 @@ def _escape(text: str) -> str:
 
 # ---- pages
 
+
 def expand(markdown: str, page: str) -> str:
     """A page's markdown with its directives filled (``page``: its path under docs/, for links)."""
-    markdown = INCLUDE.sub(lambda m: relink(re.sub(r"\A# .*\n", "", (ROOT / m["path"]).read_text(encoding="utf-8")),
-                                            page), markdown)
+    markdown = INCLUDE.sub(
+        lambda m: relink(re.sub(r"\A# .*\n", "", (ROOT / m["path"]).read_text(encoding="utf-8")), page), markdown
+    )
     if CLI in markdown:
         markdown = markdown.replace(CLI, cli_reference())
     return markdown
@@ -128,22 +140,34 @@ def code_blocks(markdown: str) -> list[dict]:
         fence, info, start = m.group(1), lines[i].lstrip()[3:].strip(), i
         j = next((k for k in range(i + 1, len(lines)) if lines[k].lstrip().startswith(fence)), len(lines))
         above = next((lines[k].strip() for k in range(start - 1, -1, -1) if lines[k].strip()), "")
-        mark, what = (("executed", None) if EXECUTED.match(above) else ("parsed", None) if PARSED.match(above) else
-                      ("copied", COPIED.match(above)["what"]) if COPIED.match(above) else
-                      ("not run", NOT_RUN.match(above)["why"]) if NOT_RUN.match(above) else
-                      ("tested by", TESTED_BY.match(above)["path"]) if TESTED_BY.match(above) else (None, None))
-        blocks.append({"info": info, "text": "\n".join(lines[i + 1:j]), "line": start + 1, "mark": mark,
-                       "detail": what})
+        mark, what = (
+            ("executed", None)
+            if EXECUTED.match(above)
+            else ("parsed", None)
+            if PARSED.match(above)
+            else ("copied", COPIED.match(above)["what"])
+            if COPIED.match(above)
+            else ("not run", NOT_RUN.match(above)["why"])
+            if NOT_RUN.match(above)
+            else ("tested by", TESTED_BY.match(above)["path"])
+            if TESTED_BY.match(above)
+            else (None, None)
+        )
+        blocks.append(
+            {"info": info, "text": "\n".join(lines[i + 1 : j]), "line": start + 1, "mark": mark, "detail": what}
+        )
         i = j + 1
     return blocks
 
 
 def show_marks(markdown: str) -> str:
     """The site shows a copied block's settings, wall time and memory above it, and why a block was not run."""
-    markdown = re.sub(r"^<!-- copied from a run; (settings: [^>]+) -->$", r"*Copied from a run* — \1", markdown,
-                      flags=re.M)
-    markdown = re.sub(r"^<!-- tested by (tests/[\w/]+\.py) -->$", r"*Written out and run by* `\1`", markdown,
-                      flags=re.M)
+    markdown = re.sub(
+        r"^<!-- copied from a run; (settings: [^>]+) -->$", r"*Copied from a run* — \1", markdown, flags=re.M
+    )
+    markdown = re.sub(
+        r"^<!-- tested by (tests/[\w/]+\.py) -->$", r"*Written out and run by* `\1`", markdown, flags=re.M
+    )
     return re.sub(r"^<!-- not run here; why: ([^>]+) -->$", r"*Not run here* — \1", markdown, flags=re.M)
 
 

@@ -9,6 +9,7 @@ Run it from the root of a checkout of the commit whose behaviour is pinned; it r
 within 1e-12 relative where merging passes only reorders float sums). A change that alters a definition regenerates
 only the files it affects, in the same commit, and says which and why.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,15 +51,21 @@ def plans(models: list[str]) -> list[tuple[str, list[str]]]:
 
 def run_case(argv: list[str], out_dir: Path) -> int:
     from probe.cli.main import main
+
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return main([*argv, "--out", str(out_dir)])
 
 
 def kept(out_dir: Path) -> list[Path]:
     """The machine-readable outputs (CSV and JSON); pages, scripts and resumable state are not pinned."""
-    return sorted(p for p in out_dir.rglob("*") if p.is_file() and p.suffix in (".csv", ".json")
-                  and not p.name.startswith(".")
-                  and not any(part.startswith(".") for part in p.relative_to(out_dir).parts))
+    return sorted(
+        p
+        for p in out_dir.rglob("*")
+        if p.is_file()
+        and p.suffix in (".csv", ".json")
+        and not p.name.startswith(".")
+        and not any(part.startswith(".") for part in p.relative_to(out_dir).parts)
+    )
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,5 @@
 """Causal interventions (docs/definitions.md#ablations): the invariants of probe.analyses.ablate on small models."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,7 @@ def row(result, intervention, setting, layer=-1, **where):
 
 class FirstKeyClosed(ValueGate):
     """A routing-slot gate with g_0 = 0 (log g_0 = -inf) and g_j = 1 elsewhere: key 0's logits are -inf already."""
+
     routing = True
 
     def forward(self, v, x):
@@ -79,8 +81,9 @@ def test_knockout_at_layer_l_leaves_the_residual_stream_up_to_l_bit_identical(va
         model.run_with_hooks(x, fwd_hooks=[(p, keep) for p in points])
         clean = dict(seen)
         with edits.armed():
-            model.run_with_hooks(x, fwd_hooks=ablation_hooks(model, Ablation("knockout", "key0", l))
-                                 + [(p, keep) for p in points])
+            model.run_with_hooks(
+                x, fwd_hooks=ablation_hooks(model, Ablation("knockout", "key0", l)) + [(p, keep) for p in points]
+            )
     for i in range(l + 1):
         assert torch.equal(seen[names.resid(i, "pre")], clean[names.resid(i, "pre")]), i
     assert not torch.equal(seen[names.resid(l, "post")], clean[names.resid(l, "post")])
@@ -161,8 +164,14 @@ def test_uniform_depth_weights_on_a_zero_query_attnres_model_equal_its_clean_los
 
 def test_ablate_equals_the_same_edits_made_by_hand_with_run_with_hooks():
     model = tiny("sink+proj")
-    res = ablate(model, W, ["value", "gate", "phantom", "knockout"], value_modes=("zero", "mean", "swap"),
-                 sink_logits=(0.5,), progress=False)
+    res = ablate(
+        model,
+        W,
+        ["value", "gate", "phantom", "knockout"],
+        value_modes=("zero", "mean", "swap"),
+        sink_logits=(0.5,),
+        progress=False,
+    )
     l = 1
 
     def value(mode):
@@ -170,6 +179,7 @@ def test_ablate_equals_the_same_edits_made_by_hand_with_run_with_hooks():
             v = v.clone()
             v[:, 0] = {"zero": 0 * v[:, 0], "mean": v[:, 1:].mean(1), "swap": v[:, 1]}[mode]
             return v
+
         return edit
 
     for mode in ("zero", "mean", "swap"):
@@ -177,13 +187,17 @@ def test_ablate_equals_the_same_edits_made_by_hand_with_run_with_hooks():
     gates = []
     losses(model, W, [(names.attn(l, "v_gate"), lambda g, hook: gates.append(g.double().mean((0, 1))))])
     mean = torch.stack(gates).mean(0).float()  # equal-sized batches: the mean of batch means
-    for mode, fill in (("open", lambda g: torch.ones_like(g)), ("closed", lambda g: torch.zeros_like(g)),
-                       ("mean", lambda g: mean.expand_as(g).clone())):
+    for mode, fill in (
+        ("open", lambda g: torch.ones_like(g)),
+        ("closed", lambda g: torch.zeros_like(g)),
+        ("mean", lambda g: mean.expand_as(g).clone()),
+    ):
         want = losses(model, W, [(names.attn(l, "v_gate"), lambda g, hook, fill=fill: fill(g))])
         assert row(res, "gate", mode, l)["loss_ablated"] == pytest.approx(want, abs=1e-6), mode
     sink = lambda s, hook: torch.full_like(s, 0.5)  # noqa: E731
-    assert row(res, "phantom", "logit=0.5", l)["loss_ablated"] == losses(model, W, [(names.attn(l, "sink_logit"),
-                                                                                      sink)])
+    assert row(res, "phantom", "logit=0.5", l)["loss_ablated"] == losses(
+        model, W, [(names.attn(l, "sink_logit"), sink)]
+    )
 
     def knock(pattern, hook):  # key 0 out of every row (query 0's goes to the phantom), renormalised
         phantom = 1 - pattern.sum(-1, keepdim=True)
@@ -213,11 +227,17 @@ def test_query_0_keeps_its_clean_row_without_a_phantom():
 
 
 def test_standard_errors_are_over_batches_of_the_paired_deltas():
-    res = ablate(tiny("sink+proj"), windows(n_batches=3, batch=2, ctx=16), ["value"], value_modes=("zero",),
-                 per_layer=False, progress=False)
+    res = ablate(
+        tiny("sink+proj"),
+        windows(n_batches=3, batch=2, ctx=16),
+        ["value"],
+        value_modes=("zero",),
+        per_layer=False,
+        progress=False,
+    )
     pb = res["per_batch"]
     assert len(pb) == 3
-    assert res["results"]["delta_se"].iloc[0] == pytest.approx(pb["delta"].std(ddof=1) / 3 ** 0.5)
+    assert res["results"]["delta_se"].iloc[0] == pytest.approx(pb["delta"].std(ddof=1) / 3**0.5)
     assert res["results"]["delta"].iloc[0] == pytest.approx(pb["delta"].mean())  # equal batches: pooled = mean
 
 
@@ -235,8 +255,7 @@ def test_gate_clamps_are_refused_in_one_line_where_they_do_not_apply():
 def test_a_closed_routing_slot_gate_removes_every_key():
     """Without a phantom every row would be empty and keeps its clean row (exactly no change); with one, every row's
     mass goes to the phantom: the same as editing the pattern to zero by hand."""
-    res = ablate(tiny("routing-normgate"), W, ["gate"], gate_modes=("closed", "open"), per_layer=False,
-                 progress=False)
+    res = ablate(tiny("routing-normgate"), W, ["gate"], gate_modes=("closed", "open"), per_layer=False, progress=False)
     assert row(res, "gate", "closed")["delta"] == 0.0 and row(res, "gate", "open")["delta"] != 0.0
     model = tiny("routing-normgate", abstention="sinklogit")
     res = ablate(model, W, ["gate"], gate_modes=("closed",), progress=False)

@@ -1,5 +1,6 @@
 """The Bigram-Backcopy ablation rows of docs/reference/analyses.md (section "Ablations") rerun from the shipped weights
 with the command that page gives, in this process (``probe.cli.main``), and compared row by row."""
+
 import json
 import re
 from pathlib import Path
@@ -9,8 +10,31 @@ import pytest
 from probe.cli import main
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "analyses.md"
-COMMAND = ["ablate", "--batches", "4", "--batch-size", "8", "--ablate", "knockout", "value", "evict", "--value",
-           "zero", "mean", "swap", "--keep", "0", "1", "4", "--window", "16", "--threads", "1", "--quiet", "--json"]
+COMMAND = [
+    "ablate",
+    "--batches",
+    "4",
+    "--batch-size",
+    "8",
+    "--ablate",
+    "knockout",
+    "value",
+    "evict",
+    "--value",
+    "zero",
+    "mean",
+    "swap",
+    "--keep",
+    "0",
+    "1",
+    "4",
+    "--window",
+    "16",
+    "--threads",
+    "1",
+    "--quiet",
+    "--json",
+]
 
 
 def page_rows() -> dict[tuple, tuple]:

@@ -1,5 +1,6 @@
 """`probe ablate` end to end: terminal table, --out files and page, refusals in one line with exit code 2. Every CLI
 call runs in this process (``probe.cli.main``)."""
+
 import json
 import subprocess
 
@@ -19,8 +20,11 @@ def test_the_cli_mirrors_the_analysis_vocabulary():
     from probe.cli import ablate as verb
 
     assert verb.INTERVENTIONS == analysis.INTERVENTIONS
-    assert (verb.VALUE_MODES, verb.GATE_MODES, verb.DEPTH_MODES) == (analysis.VALUE_MODES, analysis.GATE_MODES,
-                                                                      analysis.DEPTH_MODES)
+    assert (verb.VALUE_MODES, verb.GATE_MODES, verb.DEPTH_MODES) == (
+        analysis.VALUE_MODES,
+        analysis.GATE_MODES,
+        analysis.DEPTH_MODES,
+    )
 
 
 def test_flags_imply_their_intervention():
@@ -31,13 +35,37 @@ def test_flags_imply_their_intervention():
     assert interventions(parse(["ablate"])) == ["knockout", "value"]
     assert interventions(parse(["ablate", "--keep", "0", "4"])) == ["evict"]
     assert interventions(parse(["ablate", "--ablate", "knockout", "--sink-logit", "0", "--window", "8"])) == [
-        "knockout", "phantom", "evict"]
+        "knockout",
+        "phantom",
+        "evict",
+    ]
 
 
 def test_probe_ablate_writes_tables_and_a_page(tmp_path, capsys):
     out = tmp_path / "ab"
-    r = cli(capsys, "ablate", "--model", "probe/tiny-sink+proj", *WINDOWS, "--ablate", "knockout", "--value", "zero",
-              "--keep", "0", "1", "--window", "8", "--sink-logit", "0", "--gate", "open", "--out", out, "--quiet")
+    r = cli(
+        capsys,
+        "ablate",
+        "--model",
+        "probe/tiny-sink+proj",
+        *WINDOWS,
+        "--ablate",
+        "knockout",
+        "--value",
+        "zero",
+        "--keep",
+        "0",
+        "1",
+        "--window",
+        "8",
+        "--sink-logit",
+        "0",
+        "--gate",
+        "open",
+        "--out",
+        out,
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr
     assert "loss change" in r.stdout and "knockout" in r.stdout and "cost:" in r.stdout
     res = pd.read_csv(out / "ablate_results.csv")
@@ -53,9 +81,11 @@ def test_probe_ablate_writes_tables_and_a_page(tmp_path, capsys):
 
 
 def test_refusals_are_one_line_and_exit_2(tmp_path, capsys):
-    for args, message in [(["--model", "probe/tiny-baseline", "--sink-logit", "1"], "has no phantom key"),
-                          (["--model", "probe/tiny-gatedv", "--gate", "open"], "element-wise value gate"),
-                          (["--model", "probe/tiny-baseline", "--depth", "uniform"], "has no depth routing")]:
+    for args, message in [
+        (["--model", "probe/tiny-baseline", "--sink-logit", "1"], "has no phantom key"),
+        (["--model", "probe/tiny-gatedv", "--gate", "open"], "element-wise value gate"),
+        (["--model", "probe/tiny-baseline", "--depth", "uniform"], "has no depth routing"),
+    ]:
         r = cli(capsys, "ablate", *args, *WINDOWS, "--quiet", "--out", tmp_path / "x")
         assert_one_line_error(r, message, "probe ablate")
         assert not (tmp_path / "x").exists()  # nothing written

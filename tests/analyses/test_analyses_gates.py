@@ -1,4 +1,5 @@
 """Gate statistics (Wang 2026 App. "Selectivity", Table 8, token identity): hand-built and tiny models."""
+
 import pytest
 import torch
 
@@ -8,8 +9,18 @@ from tests.support.analyses import every_variant, gate_reference, tiny, windows
 
 
 def info(H=1, Hkv=1, L=1):
-    return ModelInfo(name="hand", family="test", n_layers=L, d_model=8, n_heads=H, n_kv_heads=Hkv, d_head=4, n_ctx=16,
-                     vocab_size=10, value_gate="norm")
+    return ModelInfo(
+        name="hand",
+        family="test",
+        n_layers=L,
+        d_model=8,
+        n_heads=H,
+        n_kv_heads=Hkv,
+        d_head=4,
+        n_ctx=16,
+        vocab_size=10,
+        value_gate="norm",
+    )
 
 
 def causal_uniform(B, H, T, phantom=0.0):
@@ -85,8 +96,13 @@ def test_token_identity_share():
 
 def test_token_share_pools_sums_over_heads():
     tokens = torch.tensor([[1, 2, 1, 2]])
-    gate = torch.stack([torch.tensor([[0.0, 1.0, 0.0, 1.0]]),  # head 0: all variance between tokens (SS 1)
-                        torch.tensor([[0.4, 0.4, 0.6, 0.6]])], -1)  # head 1: all within tokens (SS 0.04)
+    gate = torch.stack(
+        [
+            torch.tensor([[0.0, 1.0, 0.0, 1.0]]),  # head 0: all variance between tokens (SS 1)
+            torch.tensor([[0.4, 0.4, 0.6, 0.6]]),
+        ],
+        -1,
+    )  # head 1: all within tokens (SS 0.04)
     acc = GateAccumulator(info(H=2, Hkv=2), tokens.flatten(), min_count=1)
     acc.add(0, causal_uniform(1, 2, 4), gate, tokens)
     assert acc.tables()["summary"]["token_share"].iloc[0] == pytest.approx(1.0 / 1.04)

@@ -1,4 +1,5 @@
 """Sinks and injection on tiny random HF checkpoints loaded through probe.load (llama: GQA; gpt-oss: sinks, sliding)."""
+
 import pytest
 import torch
 

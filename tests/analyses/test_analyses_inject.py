@@ -1,4 +1,5 @@
 """Value-noise injection and exposure (docs/definitions.md#injection, Wang 2026 §5 and App. C)."""
+
 import pytest
 import torch
 
@@ -114,8 +115,13 @@ def test_dose_zero_changes_nothing_and_tiny_doses_change_almost_nothing():
 def test_deterministic_for_a_seed_and_batching_does_not_change_results():
     model = tiny("baseline", n_kv_heads=2)
     toks = windows(2, 3, 12)
-    kw = dict(junk=["structured", "same-context", "gaussian", "random-direction"], cutoffs=["q25", "median"],
-              doses=[0.4, 1.6], progress=False, exposure=False)
+    kw = dict(
+        junk=["structured", "same-context", "gaussian", "random-direction"],
+        cutoffs=["q25", "median"],
+        doses=[0.4, 1.6],
+        progress=False,
+        exposure=False,
+    )
     a = inject(model, toks, seed=3, **kw)["results"]
     b = inject(model, toks, seed=3, **kw)["results"]
     assert a["delta"].tolist() == b["delta"].tolist()
@@ -128,8 +134,14 @@ def test_deterministic_for_a_seed_and_batching_does_not_change_results():
 def test_larger_doses_change_loss_more_on_a_trained_model():
     model, final = trained_periodic()
     assert final < 1.0  # it learned to read back a period (uniform guessing costs log 32 = 3.47)
-    res = inject(model, periodic(2, 4, 32, period=2, seed=7), junk=["structured", "gaussian"], cutoffs="median",
-                 doses=[0.5, 2.0, 8.0], progress=False)
+    res = inject(
+        model,
+        periodic(2, 4, 32, period=2, seed=7),
+        junk=["structured", "gaussian"],
+        cutoffs="median",
+        doses=[0.5, 2.0, 8.0],
+        progress=False,
+    )
     for junk, g in res["results"].groupby("junk"):
         deltas = g.sort_values("dose")["delta"].tolist()
         assert abs(deltas[0]) < deltas[1] < deltas[2], (junk, deltas)
@@ -170,8 +182,14 @@ def test_exposure_matches_the_pattern(variant, over):
 
 
 def test_battery_reports_exposure_conditions_and_progress(capsys):
-    res = inject(tiny("sink+proj"), windows(2, 2, 8), junk=["gaussian"], cutoffs=["q25", "median"], doses=[0.2, 0.4],
-                 progress=True)
+    res = inject(
+        tiny("sink+proj"),
+        windows(2, 2, 8),
+        junk=["gaussian"],
+        cutoffs=["q25", "median"],
+        doses=[0.2, 0.4],
+        progress=True,
+    )
     assert len(res["results"]) == 4 and set(res["results"]["cutoff"]) == {"q25", "median"}
     assert res["exposure"]["cutoff"].tolist() == ["q25", "median"]
     assert res["meta"]["seed"].iloc[0] == 0 and res["results"].attrs["meta"]["doses"] == "0.2,0.4"

@@ -1,5 +1,6 @@
 """Sink^ε (Gu et al.), massive activations (Sun et al.), active/dormant heads (Guo et al.): hand-built tensors with
 known answers, tiny models whose attention or activations are forced, streaming == pattern, cross-checks with sinks."""
+
 import math
 
 import pytest
@@ -19,8 +20,20 @@ from tests.support.analyses import every_variant, tiny, windows
 
 
 def info(L=2, H=2, Hkv=2, layer_types=None, window=None, sink_token=False):
-    return ModelInfo(name="hand", family="test", n_layers=L, d_model=8, n_heads=H, n_kv_heads=Hkv, d_head=4, n_ctx=16,
-                     vocab_size=10, layer_types=layer_types or [], sliding_window=window, sink_token=sink_token)
+    return ModelInfo(
+        name="hand",
+        family="test",
+        n_layers=L,
+        d_model=8,
+        n_heads=H,
+        n_kv_heads=Hkv,
+        d_head=4,
+        n_ctx=16,
+        vocab_size=10,
+        layer_types=layer_types or [],
+        sliding_window=window,
+        sink_token=sink_token,
+    )
 
 
 def force_key0(model, layers=None, heads=None, when=None):
@@ -197,8 +210,9 @@ def test_sink_eps_validates_and_figures():
         uniform.add_hook(f"blocks.{l}.attn.hook_k", lambda k, hook: torch.zeros_like(k), is_permanent=True)
     early = sink_heads(uniform, windows(1, 2, 16), eps=(0.1, 0.3))
     forced = sink_heads(force_key0(tiny("baseline")), windows(1, 2, 16), eps=(0.1, 0.3))
-    layers = pd.concat([early["layers"].assign(model="m@step1000", step=1000),
-                        forced["layers"].assign(model="m@step2000", step=2000)])
+    layers = pd.concat(
+        [early["layers"].assign(model="m@step1000", step=1000), forced["layers"].assign(model="m@step2000", step=2000)]
+    )
     heat = sink_eps_layers_figure(layers, 0.3).data[0]
     # layers on x (as in every per-layer figure), one row per checkpoint; zero keys never sink, forced key 0 always
     assert list(heat.x) == [0, 1] and list(heat.y) == ["1000", "2000"]
@@ -410,8 +424,9 @@ def test_dormant_on_gpt_oss_uses_the_rows_that_see_key0(tmp_path):
     info_ = model.probe_info
     toks = torch.randint(2, 96, (1, 2, 11), generator=torch.Generator().manual_seed(2))
     res = dormant_heads(model, toks)
-    _, cache = model.run_with_cache(toks[0, :, :-1], names_filter=lambda n: n.endswith(("hook_z", "hook_pattern",
-                                                                                           "hook_phantom")))
+    _, cache = model.run_with_cache(
+        toks[0, :, :-1], names_filter=lambda n: n.endswith(("hook_z", "hook_pattern", "hook_phantom"))
+    )
     got = res["inputs"].set_index(["row", "layer", "head"])
     for l, kind in enumerate(info_.layer_types):
         end = info_.sliding_window if kind == "sliding" else 10

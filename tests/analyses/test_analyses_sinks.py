@@ -1,5 +1,6 @@
 """Sink statistics (docs/definitions.md#sink-statistics, docs/definitions.md#sink-rule): hand-built accumulator cases,
 a forced sink, streaming == pattern reference."""
+
 import math
 
 import pytest
@@ -11,8 +12,19 @@ from tests.support.analyses import every_variant, tiny, windows
 
 
 def info(L=2, H=2, Hkv=2, layer_types=None, window=None):
-    return ModelInfo(name="hand", family="test", n_layers=L, d_model=8, n_heads=H, n_kv_heads=Hkv, d_head=4, n_ctx=16,
-                     vocab_size=10, layer_types=layer_types or [], sliding_window=window)
+    return ModelInfo(
+        name="hand",
+        family="test",
+        n_layers=L,
+        d_model=8,
+        n_heads=H,
+        n_kv_heads=Hkv,
+        d_head=4,
+        n_ctx=16,
+        vocab_size=10,
+        layer_types=layer_types or [],
+        sliding_window=window,
+    )
 
 
 def test_accumulator_known_values():
@@ -37,8 +49,12 @@ def test_accumulator_known_values():
 
 def test_r0_is_a_mean_of_ratios_per_kv_head_and_sequence():
     acc = SinkAccumulator(info(L=1, H=2, Hkv=2))
-    norms = torch.tensor([[[1.0, 4.0], [2.0, 4.0], [3.0, 4.0]],  # seq 0: head 0 r0 = 1/2, head 1 r0 = 1
-                          [[6.0, 1.0], [2.0, 2.0], [2.0, 3.0]]])  # seq 1: head 0 r0 = 3, head 1 r0 = 1/2
+    norms = torch.tensor(
+        [
+            [[1.0, 4.0], [2.0, 4.0], [3.0, 4.0]],  # seq 0: head 0 r0 = 1/2, head 1 r0 = 1
+            [[6.0, 1.0], [2.0, 2.0], [2.0, 3.0]],
+        ]
+    )  # seq 1: head 0 r0 = 3, head 1 r0 = 1/2
     acc.add(0, torch.zeros(2, 2, 3), torch.zeros(2, 2, 3), norms)
     h = acc.tables()["heads"]
     assert h["r0"].tolist() == pytest.approx([(0.5 + 3) / 2, (1 + 0.5) / 2])
@@ -116,8 +132,9 @@ def test_streaming_equals_pattern_reference(variant, over):
     for key in ("heads", "layers", "summary", "by_type"):
         a, b = fast[key].select_dtypes("number"), ref[key].select_dtypes("number")
         assert list(a.columns) == list(b.columns)
-        assert torch.allclose(torch.tensor(a.to_numpy(float)), torch.tensor(b.to_numpy(float)), atol=1e-5,
-                              equal_nan=True), key
+        assert torch.allclose(
+            torch.tensor(a.to_numpy(float)), torch.tensor(b.to_numpy(float)), atol=1e-5, equal_nan=True
+        ), key
     if variant == "sinklogit":
         assert fast["summary"]["phantom_share"].iloc[0] > 0.01
         sinks = torch.stack([blk.attn.sink.detach() for blk in model.blocks]).flatten()

@@ -1,4 +1,5 @@
 """Depth routing statistics (LR-AttnRes 2026 §4.5-4.7): hand-built weights with known answers, tiny routed models."""
+
 import math
 
 import numpy as np
@@ -9,8 +10,11 @@ from probe.analyses.sources import SourceAccumulator, effective_sources, entropy
 from tests.support.analyses import every_variant, sources_reference, tiny, windows
 
 FULL = {"blocks.0.mlp_read": ["embed", "attn0"], "blocks.1.attn_read": ["embed", "attn0", "mlp0"]}
-BLOCK = {"blocks.0.mlp_read": ["embed", "partial"], "blocks.1.attn_read": ["embed", "block1"],
-         "final_read": ["embed", "block1", "partial"]}
+BLOCK = {
+    "blocks.0.mlp_read": ["embed", "partial"],
+    "blocks.1.attn_read": ["embed", "block1"],
+    "final_read": ["embed", "block1", "partial"],
+}
 
 
 def test_uniform_weights_give_neff_equal_to_sources():
@@ -122,8 +126,9 @@ def test_effective_sources_equal_the_depth_weights_reference(variant, over):
     sites = got["sites"].drop(columns=["model", "corpus"]).set_index("site")
     want = ref["sites"].set_index("site")
     assert sorted(sites.columns) == sorted(want.columns) and sites.index.tolist() == want.index.tolist()
-    torch.testing.assert_close(torch.tensor(sites.to_numpy(float)), torch.tensor(want[sites.columns].to_numpy(float)),
-                               rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        torch.tensor(sites.to_numpy(float)), torch.tensor(want[sites.columns].to_numpy(float)), rtol=1e-10, atol=1e-12
+    )
     heat = got["heatmap"].drop(columns=["model", "corpus"]).set_index("site")
     expected = np.array([[ref["heatmap"][s].get(x, np.nan) for x in heat.columns] for s in heat.index])
     np.testing.assert_allclose(heat.to_numpy(float), expected, rtol=1e-10, atol=1e-12)  # NaN where NaN

@@ -1,5 +1,6 @@
 """Paired statistics on known numbers (docs/definitions.md#paired-differences, docs/definitions.md#document-bootstrap,
 docs/definitions.md#abstention-decomposition)."""
+
 import math
 
 import numpy as np
@@ -67,8 +68,14 @@ def test_abstention_decomposition_reproduces_table_2_arithmetic():
     # 124M norm gate row of Table 2: sink 0.0052, gate 0.0059, both 0.0087 -> overlap 0.0024, filter 0.0035, share 40%
     base = np.array([3.00, 3.01, 2.99])
     noise = np.array([0.001, -0.001, 0.0])
-    df = long({"baseline": base, "sinklogit": base - 0.0052 + noise, "normgate": base - 0.0059,
-               "sink+norm": base - 0.0087 - noise})
+    df = long(
+        {
+            "baseline": base,
+            "sinklogit": base - 0.0052 + noise,
+            "normgate": base - 0.0059,
+            "sink+norm": base - 0.0087 - noise,
+        }
+    )
     t = abstention_decomposition(df).set_index("quantity")
     assert t.loc["sink", "mean"] == pytest.approx(0.0052)
     assert t.loc["gate", "mean"] == pytest.approx(0.0059)

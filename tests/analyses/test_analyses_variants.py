@@ -1,4 +1,5 @@
 """Every analysis runs on every tiny custom variant it applies to, and refuses the ones it does not."""
+
 import math
 
 import pytest

@@ -6,6 +6,7 @@ Two levels each: the statistic alone (probe's accumulator fed the very tensors t
 1e-12), and end to end (probe's analysis on the same weights through its llama adapter; the project's transformers
 is another version than the authors' venv and upcasts its norms to fp32, so agreement there is ~1e-6, not 1e-12).
 Where probe's definition departs from theirs on purpose the test pins the exact relation instead of equality."""
+
 import json
 from pathlib import Path
 
@@ -17,15 +18,30 @@ from probe.analyses.dormant import DormantAccumulator, dormant_heads
 from probe.analyses.massive import MassiveAccumulator, massive_activations
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "authors"
-LLAMA_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-              "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
-              "bos_token_id", "eos_token_id")
+LLAMA_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+)
 
 
 def fixture(name):
     root = FIXTURES / name
-    return (json.loads((root / "meta.json").read_text()), load_file(root / "weights.safetensors"),
-            load_file(root / "inputs.safetensors")["input_ids"], load_file(root / "outputs.safetensors"))
+    return (
+        json.loads((root / "meta.json").read_text()),
+        load_file(root / "weights.safetensors"),
+        load_file(root / "inputs.safetensors")["input_ids"],
+        load_file(root / "outputs.safetensors"),
+    )
 
 
 def llama(meta, weights, dtype):
@@ -60,8 +76,17 @@ def test_massive_top_activations_equal_sun_et_al_and_the_median_is_the_documente
     with torch.no_grad():
         from probe.hooks.info import ModelInfo
 
-        info = ModelInfo(name="fixture", family="llama", n_layers=L, d_model=d, n_heads=4, n_kv_heads=2, d_head=8,
-                         n_ctx=T, vocab_size=96)
+        info = ModelInfo(
+            name="fixture",
+            family="llama",
+            n_layers=L,
+            d_model=d,
+            n_heads=4,
+            n_kv_heads=2,
+            d_head=8,
+            n_ctx=T,
+            vocab_size=96,
+        )
         acc = MassiveAccumulator(info)
         for l in range(L):  # their layer l + 1 is probe's site l + 1 (site 0, the embedding, they do not report)
             acc.add_stream(l + 1, feat[:, l], ids)
@@ -98,8 +123,19 @@ def test_dormant_key0_mass_is_guo_et_al_bos_attention_without_row_zero():
     N, L, H, T, _ = A.shape
     from probe.hooks.info import ModelInfo
 
-    acc = DormantAccumulator(ModelInfo(name="fixture", family="llama", n_layers=L, d_model=32, n_heads=H,
-                                       n_kv_heads=2, d_head=8, n_ctx=T, vocab_size=96))
+    acc = DormantAccumulator(
+        ModelInfo(
+            name="fixture",
+            family="llama",
+            n_layers=L,
+            d_model=32,
+            n_heads=H,
+            n_kv_heads=2,
+            d_head=8,
+            n_ctx=T,
+            vocab_size=96,
+        )
+    )
     for l in range(L):
         acc.add(l, A[:, l, :, :, 0], torch.zeros(N, H, T, dtype=A.dtype), torch.ones(N, T, H, 8, dtype=A.dtype))
     inputs = acc.tables()["inputs"].sort_values(["batch", "row", "layer", "head"])

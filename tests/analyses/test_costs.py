@@ -1,4 +1,5 @@
 """Cost model vs LR-AttnRes 2026: every Table 1 "Added FLOPs (%)" entry and the Appendix A.6 numbers."""
+
 import pytest
 
 from probe.analyses import costs as K
@@ -8,13 +9,25 @@ D, L, M = 1024, 24, 2816
 # Table 1, copied from the paper (not from probe.analyses.costs): method, N (None = full), r, added FLOPs %.
 PAPER_TABLE1 = [
     ("baseline", None, None, "0.0000"),
-    ("attnres", None, None, "0.8131"), ("attnres", 4, None, "0.1116"), ("attnres", 8, None, "0.1754"),
+    ("attnres", None, None, "0.8131"),
+    ("attnres", 4, None, "0.1116"),
+    ("attnres", 8, None, "0.1754"),
     ("attnres", 16, None, "0.3029"),
-    ("p-lr", None, 16, "0.8966"), ("p-lr", None, 32, "1.3865"), ("p-lr", None, 64, "2.3665"),
-    ("p-lr", 4, 32, "1.0248"), ("p-lr", 8, 32, "1.0577"), ("p-lr", 16, 32, "1.1235"),
-    ("s-lr", None, 16, "0.4129"), ("s-lr", None, 32, "0.4193"), ("s-lr", None, 64, "0.4320"),
-    ("s-lr", None, 128, "0.4574"), ("s-lr", None, 256, "0.5082"), ("s-lr", None, 512, "0.6099"),
-    ("s-lr", 4, 64, "0.0593"), ("s-lr", 8, 64, "0.0932"), ("s-lr", 16, 64, "0.1609"),
+    ("p-lr", None, 16, "0.8966"),
+    ("p-lr", None, 32, "1.3865"),
+    ("p-lr", None, 64, "2.3665"),
+    ("p-lr", 4, 32, "1.0248"),
+    ("p-lr", 8, 32, "1.0577"),
+    ("p-lr", 16, 32, "1.1235"),
+    ("s-lr", None, 16, "0.4129"),
+    ("s-lr", None, 32, "0.4193"),
+    ("s-lr", None, 64, "0.4320"),
+    ("s-lr", None, 128, "0.4574"),
+    ("s-lr", None, 256, "0.5082"),
+    ("s-lr", None, 512, "0.6099"),
+    ("s-lr", 4, 64, "0.0593"),
+    ("s-lr", 8, 64, "0.0932"),
+    ("s-lr", 16, 64, "0.1609"),
 ]
 
 
@@ -94,6 +107,7 @@ def test_tiny_tier_row_and_figure():
     assert df.loc[0, "added_flops"] == 2 * 128 * K.s_src(6, 4)
     assert df.loc[2, "key_proj_flops"] == 16 * (6 * (128 + 384) + 128)
     from probe.present.costs import cost_figure
+
     fig = cost_figure(df)
     assert len(fig.data) == 2
     stacked = [a + b for a, b in zip(fig.data[0].y, fig.data[1].y)]

@@ -2,6 +2,7 @@
 std over tokens of every DenseFormer / MUDD mix weight; they equal the same statistics of the whole captured
 ``blocks.<l>.dense.hook_weights`` (run_with_cache, float64) on tiny models and on the tiny MUDDFormer / MUDDPythia
 checkpoints in the authors' format, and at MUDD's initialisation they are the plain residual."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -2,6 +2,7 @@
 (docs/definitions.md#token-domains): the per-window indicator, streaming = pattern for every variant, Gu et al.'s
 windows, the synthetic random / repeated inputs, and the CLI's flags, errors and meta. The golden comparison with the
 authors' evaluation on Gemma 3 270M is tests/analyses/test_gu2025_golden.py."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,18 @@ from tests.support.cli import probe
 
 
 def hand_info(L=1, H=2):
-    return ModelInfo(name="hand", family="test", n_layers=L, d_model=8, n_heads=H, n_kv_heads=H, d_head=4, n_ctx=16,
-                     vocab_size=10, layer_types=[])
+    return ModelInfo(
+        name="hand",
+        family="test",
+        n_layers=L,
+        d_model=8,
+        n_heads=H,
+        n_kv_heads=H,
+        d_head=4,
+        n_ctx=16,
+        vocab_size=10,
+        layer_types=[],
+    )
 
 
 def numbers(df):
@@ -66,8 +77,11 @@ def test_gu2025_on_a_model_equals_its_definition_from_the_pattern():
     alpha = []
     for ids in toks[..., :-1]:
         _, cache = model.run_with_cache(ids, names_filter=lambda n: n.endswith("hook_pattern"))
-        alpha.append(torch.stack([cache[names.attn(l, "hook_pattern")][..., 0].double().mean(-1)
-                                  for l in range(info.n_layers)], 1))  # (B, L, H)
+        alpha.append(
+            torch.stack(
+                [cache[names.attn(l, "hook_pattern")][..., 0].double().mean(-1) for l in range(info.n_layers)], 1
+            )
+        )  # (B, L, H)
     alpha = torch.cat(alpha)  # (windows, L, H)
     eps = (0.05, 0.1, 0.2)
     got = sink_heads(model, toks, eps=eps, protocol="gu2025")
@@ -159,16 +173,19 @@ def test_random_and_repeat_domains_draw_as_documented():
     assert is_token_domain("synthetic:random") and not is_token_domain("synthetic:bb[T=4]")
 
 
-@pytest.mark.parametrize("name,message", [
-    ("synthetic:random[T=1]", r"T=1 is not valid; choose at least 2"),
-    ("synthetic:random[n=0]", r"n=0 is not valid; choose at least 1"),
-    ("synthetic:random[token=3]", r"unknown key 'token' in .*; valid keys: T, n, seed, bos"),
-    ("synthetic:repeat[bos=2]", r"bos=2 is not valid; choose 0 \(no BOS\) or 1"),
-    ("synthetic:repeat[token=-1]", r"token=-1 is not valid"),
-    ("synthetic:repeat[token=x]", r"token='x' in .* must be an integer"),
-    ("synthetic:repeat[n=2,n=3]", r"key 'n' given twice"),
-    ("synthetic:random[T]", r"'T' in .* is not key=value; keys: T, n, seed, bos"),
-])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("synthetic:random[T=1]", r"T=1 is not valid; choose at least 2"),
+        ("synthetic:random[n=0]", r"n=0 is not valid; choose at least 1"),
+        ("synthetic:random[token=3]", r"unknown key 'token' in .*; valid keys: T, n, seed, bos"),
+        ("synthetic:repeat[bos=2]", r"bos=2 is not valid; choose 0 \(no BOS\) or 1"),
+        ("synthetic:repeat[token=-1]", r"token=-1 is not valid"),
+        ("synthetic:repeat[token=x]", r"token='x' in .* must be an integer"),
+        ("synthetic:repeat[n=2,n=3]", r"key 'n' given twice"),
+        ("synthetic:random[T]", r"'T' in .* is not key=value; keys: T, n, seed, bos"),
+    ],
+)
 def test_token_domain_errors_are_one_line(name, message):
     with pytest.raises(ValueError, match=message) as e:
         parse_token_domain(name)
@@ -197,8 +214,21 @@ def cli(capsys, *args) -> tuple[int, str, str]:
 
 
 def test_probe_sinks_gu2025_on_random_tokens_records_the_protocol(capsys):
-    code, out, err = cli(capsys, "sinks", "--protocol", "gu2025", "--data", "synthetic:random[T=64,n=4,seed=1]",
-                         "--batch-size", "2", "--eps", "0.1", "0.3", "--json", "--quiet")
+    code, out, err = cli(
+        capsys,
+        "sinks",
+        "--protocol",
+        "gu2025",
+        "--data",
+        "synthetic:random[T=64,n=4,seed=1]",
+        "--batch-size",
+        "2",
+        "--eps",
+        "0.1",
+        "0.3",
+        "--json",
+        "--quiet",
+    )
     assert code == 0, err
     out = json.loads(out)
     meta = out["meta"]
@@ -214,8 +244,14 @@ def test_probe_sinks_gu2025_on_random_tokens_records_the_protocol(capsys):
 
 def test_probe_sinks_gu2025_on_a_jsonl_of_texts(tmp_path, capsys):
     texts = tmp_path / "texts.jsonl"
-    texts.write_text("".join(json.dumps({"text": "The cat sat on the mat and looked around the room. " * 8 + str(i)})
-                             + "\n" for i in range(3)) + json.dumps({"text": "too short"}) + "\n")
+    texts.write_text(
+        "".join(
+            json.dumps({"text": "The cat sat on the mat and looked around the room. " * 8 + str(i)}) + "\n"
+            for i in range(3)
+        )
+        + json.dumps({"text": "too short"})
+        + "\n"
+    )
     code, out, err = cli(capsys, "sinks", "--protocol", "gu2025", "--data", texts, "--json", "--quiet")
     assert code == 0, err
     meta = json.loads(out)["meta"]
@@ -223,15 +259,18 @@ def test_probe_sinks_gu2025_on_a_jsonl_of_texts(tmp_path, capsys):
     assert meta["protocol"] == "gu2025" and meta["ctx"] == 64
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--ctx", "128"], "--ctx 128 conflicts with --protocol gu2025 (--protocol gu2025 reads the first 64 tokens"),
-    (["--window-mode", "first"], "--window-mode first conflicts with --protocol gu2025"),
-    (["--bos"], "--bos conflicts with --protocol gu2025"),
-    (["--data", "synthetic:random[T=32]"], "T=32 conflicts with --protocol gu2025"),
-    (["--data", "synthetic:bb"], "--protocol gu2025 reads text or synthetic:random / synthetic:repeat"),
-    (["--data", "synthetic:repeat[token=99999]"], "token=99999 is beyond the model's vocabulary; choose 0..8191"),
-    (["--data", "synthetic:random[seed=x]"], "--data: seed='x' in 'synthetic:random[seed=x]' must be an integer"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--ctx", "128"], "--ctx 128 conflicts with --protocol gu2025 (--protocol gu2025 reads the first 64 tokens"),
+        (["--window-mode", "first"], "--window-mode first conflicts with --protocol gu2025"),
+        (["--bos"], "--bos conflicts with --protocol gu2025"),
+        (["--data", "synthetic:random[T=32]"], "T=32 conflicts with --protocol gu2025"),
+        (["--data", "synthetic:bb"], "--protocol gu2025 reads text or synthetic:random / synthetic:repeat"),
+        (["--data", "synthetic:repeat[token=99999]"], "token=99999 is beyond the model's vocabulary; choose 0..8191"),
+        (["--data", "synthetic:random[seed=x]"], "--data: seed='x' in 'synthetic:random[seed=x]' must be an integer"),
+    ],
+)
 def test_probe_sinks_gu2025_conflicts_are_one_line_usage_errors(args, message, capsys):
     code, _, err = cli(capsys, "sinks", "--protocol", "gu2025", *args, "--quiet")
     assert code == 2, err
@@ -244,10 +283,33 @@ def test_probe_sinks_gu2025_conflict_exits_2_from_the_shell():
 
 
 def test_probe_report_gu2025(tmp_path, capsys):
-    code, out, err = cli(capsys, "report", "--models", "probe/tiny-sink+proj", "--protocol", "gu2025", "--data",
-                         "synthetic:repeat[T=64,n=2]", "--out", tmp_path / "rep", "--json", "--quiet")
+    code, out, err = cli(
+        capsys,
+        "report",
+        "--models",
+        "probe/tiny-sink+proj",
+        "--protocol",
+        "gu2025",
+        "--data",
+        "synthetic:repeat[T=64,n=2]",
+        "--out",
+        tmp_path / "rep",
+        "--json",
+        "--quiet",
+    )
     assert code == 0, err
     assert json.loads(out)["settings"]["protocol"] == "gu2025"
-    code, _, err = cli(capsys, "report", "--models", "probe/tiny-sink+proj", "--protocol", "gu2025", "--ctx", "32",
-                       "--out", tmp_path / "bad", "--quiet")
+    code, _, err = cli(
+        capsys,
+        "report",
+        "--models",
+        "probe/tiny-sink+proj",
+        "--protocol",
+        "gu2025",
+        "--ctx",
+        "32",
+        "--out",
+        tmp_path / "bad",
+        "--quiet",
+    )
     assert code == 2 and "--ctx 32 conflicts with --protocol gu2025" in err, err

@@ -3,6 +3,7 @@ eval_sink_open_source.py, run by scripts/authors/gu2025_sink_eps.py on the same 
 attention) to 1e-6: the mean α0 of every (layer, head) and Sink^eps at every ε, on natural text (WikiText-2 test),
 random tokens and a repeated token. The windows are probe's own (text_windows, synthetic:random / synthetic:repeat)
 and must be the fixture's inputs exactly."""
+
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ calls ``forward`` directly. A second pass over the same windows, stopped early o
 
 Dormant heads compare input domains: a domain other than the evaluation windows' is other windows, one forward per
 batch of its own (counted per batch of each domain)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -41,15 +42,16 @@ def forwards():
 
 def run(argv, tmp_path) -> Counter:
     from probe.cli.main import main
+
     with forwards() as seen, contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         assert main([*argv, "--out", str(tmp_path / "out")]) == 0
     return seen
 
 
 @pytest.mark.parametrize("extra", [[], ["--massive"]], ids=["default", "massive"])
-@pytest.mark.parametrize("model,data",
-                         [("probe/tiny-sink+proj", []), ("probe/bb-sinklogit", ["--data", "synthetic:bb"])],
-                         ids=["text", "bb"])
+@pytest.mark.parametrize(
+    "model,data", [("probe/tiny-sink+proj", []), ("probe/bb-sinklogit", ["--data", "synthetic:bb"])], ids=["text", "bb"]
+)
 def test_sinks_runs_one_forward_per_batch(model, data, extra, tmp_path):
     seen = run(["sinks", "--model", model, *data, *WINDOWS, *extra], tmp_path)
     assert list(seen.values()) == [BATCHES], seen
@@ -62,11 +64,38 @@ def test_sinks_runs_one_forward_per_batch(model, data, extra, tmp_path):
 def test_sinks_dormant_reads_the_evaluation_domain_in_the_same_pass(tmp_path):
     # the evaluation windows (synthetic:bb) are one of the two domains: their dormant heads come from the main pass;
     # the other domain is other windows, one forward per batch of its own
-    seen = run(["sinks", "--model", "probe/bb-sinklogit", "--data", "synthetic:bb", *WINDOWS, "--massive",
-                "--dormant", "--dormant-corpora", "synthetic:bb", "synthetic:bb[seed=1]"], tmp_path)
+    seen = run(
+        [
+            "sinks",
+            "--model",
+            "probe/bb-sinklogit",
+            "--data",
+            "synthetic:bb",
+            *WINDOWS,
+            "--massive",
+            "--dormant",
+            "--dormant-corpora",
+            "synthetic:bb",
+            "synthetic:bb[seed=1]",
+        ],
+        tmp_path,
+    )
     assert list(seen.values()) == [BATCHES + BATCHES], seen
-    seen = run(["sinks", "--model", "probe/bb-sinklogit", "--data", "synthetic:bb", *WINDOWS, "--dormant",
-                "--dormant-corpora", "synthetic:bb[seed=1]", "synthetic:bb[seed=2]"], tmp_path / "two")
+    seen = run(
+        [
+            "sinks",
+            "--model",
+            "probe/bb-sinklogit",
+            "--data",
+            "synthetic:bb",
+            *WINDOWS,
+            "--dormant",
+            "--dormant-corpora",
+            "synthetic:bb[seed=1]",
+            "synthetic:bb[seed=2]",
+        ],
+        tmp_path / "two",
+    )
     assert list(seen.values()) == [BATCHES + 2 * BATCHES], seen
 
 
@@ -93,8 +122,12 @@ def test_the_one_pass_results_equal_each_analysis_alone():
     with forwards() as seen:
         together = sink_analyses(model, w, eps=[0.1, 0.3], massive=True, dormant=domains)
     assert list(seen.values()) == [len(w) + len(other)]
-    alone = {"sinks": sink_stats(model, w), "sink_eps": sink_heads(model, w, eps=[0.1, 0.3]),
-             "massive": massive_activations(model, w), "dormant": dormant_heads(model, domains)}
+    alone = {
+        "sinks": sink_stats(model, w),
+        "sink_eps": sink_heads(model, w, eps=[0.1, 0.3]),
+        "massive": massive_activations(model, w),
+        "dormant": dormant_heads(model, domains),
+    }
     assert sorted(together) == sorted(alone)
     for key, tables in alone.items():
         assert sorted(together[key]) == sorted(tables), key

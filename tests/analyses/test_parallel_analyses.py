@@ -1,5 +1,6 @@
 """Data-parallel analyses: 2 (and 3) gloo ranks on CPU give one process's tables to floating-point tolerance, however
 the batches split (3 batches over 2 ranks; 2 batches over 3 ranks, so one rank gets none)."""
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,7 @@ def _model(variant: str):
 def _windows(n_batches: int):
     from probe.data import eval_batches
 
-    return eval_batches("wikitext-2-test", "probe-bpe-8k", n_batches=n_batches, batch_size=2, ctx=32,
-                        mode="sequential")
+    return eval_batches("wikitext-2-test", "probe-bpe-8k", n_batches=n_batches, batch_size=2, ctx=32, mode="sequential")
 
 
 def _run(analysis: str, n_batches: int) -> dict[str, pd.DataFrame]:
@@ -50,8 +50,9 @@ def _run(analysis: str, n_batches: int) -> dict[str, pd.DataFrame]:
     if analysis == "sinks_reference":
         return sinks.sink_stats_reference(_model("sinklogit"), data)
     if analysis == "inject":
-        return inject.inject(_model("sink+proj"), data, junk=("structured", "gaussian"), doses=(0.4, 1.6),
-                             progress=False)
+        return inject.inject(
+            _model("sink+proj"), data, junk=("structured", "gaussian"), doses=(0.4, 1.6), progress=False
+        )
     if analysis == "gates":
         return gates.gate_stats(_model("projgate"), data, min_count=2)
     if analysis == "sources":
@@ -107,9 +108,21 @@ def _round_trip(tables: dict[str, pd.DataFrame], folder) -> dict[str, pd.DataFra
 
 
 # (batches, ranks) -> analyses: 3 batches over 2 ranks split unevenly; 2 batches over 3 ranks leave one rank idle
-SETTINGS = {(3, 2): ["sinks", "sinks_reference", "inject", "gates", "sources", "dense", "sink_heads", "massive",
-                     "dormant", "window_losses"],
-            (2, 3): ["sinks", "inject", "dense"]}
+SETTINGS = {
+    (3, 2): [
+        "sinks",
+        "sinks_reference",
+        "inject",
+        "gates",
+        "sources",
+        "dense",
+        "sink_heads",
+        "massive",
+        "dormant",
+        "window_losses",
+    ],
+    (2, 3): ["sinks", "inject", "dense"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +136,7 @@ def ranks_out(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("n_batches,world,analysis", [(b, w, a) for (b, w), names in SETTINGS.items()
-                                                       for a in names])
+@pytest.mark.parametrize("n_batches,world,analysis", [(b, w, a) for (b, w), names in SETTINGS.items() for a in names])
 def test_ranks_match_one_process(n_batches, world, analysis, ranks_out, tmp_path):
     folder = ranks_out[n_batches, world] / analysis
     parallel = _tables(folder)
@@ -136,8 +148,9 @@ def test_ranks_match_one_process(n_batches, world, analysis, ranks_out, tmp_path
     assert forwards == [len(range(r, n_batches, world)) * per_batch for r in range(world)]
     assert sorted(parallel) == sorted(single)
     for name in single:
-        pd.testing.assert_frame_equal(parallel[name], single[name], check_exact=False, rtol=1e-9, atol=1e-12,
-                                      obj=f"{analysis}:{name}")
+        pd.testing.assert_frame_equal(
+            parallel[name], single[name], check_exact=False, rtol=1e-9, atol=1e-12, obj=f"{analysis}:{name}"
+        )
 
 
 def test_one_process_takes_every_batch():

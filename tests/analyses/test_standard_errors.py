@@ -3,6 +3,7 @@
 exposure shares (s.e. of per-batch means), the gates' token-identity share and Sink^eps (jackknife: each statistic
 recomputed with one batch left out, checked against running the analysis on the windows without that batch), and the
 pages and figures that show them."""
+
 import math
 
 import numpy as np
@@ -61,7 +62,7 @@ def test_exposure_se_is_the_sem_of_per_batch_shares():
     model, toks = tiny("sinklogit"), windows(N_BATCHES, 2, 12)
     cutoffs = ["q25", "median"]
     full = exposure_stats(model, toks, cutoffs=cutoffs)
-    each = [exposure_stats(model, toks[i:i + 1], cutoffs=cutoffs) for i in range(N_BATCHES)]  # one batch alone
+    each = [exposure_stats(model, toks[i : i + 1], cutoffs=cutoffs) for i in range(N_BATCHES)]  # one batch alone
     for table, keys in (("exposure", ["cutoff"]), ("exposure_layers", ["cutoff", "layer"])):
         got = full[table].set_index(keys)
         per_batch = pd.concat([e[table] for e in each]).groupby(keys)
@@ -87,8 +88,9 @@ def brute_token_shares(model, toks, frequent=None) -> np.ndarray:
             _, cache = model.run_with_cache(x[:, :-1])
             g = cache[f"blocks.{l}.attn.hook_v_gate"].double()  # (B, T, Hkv)
             for h in range(g.shape[-1]):
-                frames.append(pd.DataFrame({"head": h, "token": x[:, :-1].flatten().numpy(),
-                                            "g": g[..., h].flatten().numpy()}))
+                frames.append(
+                    pd.DataFrame({"head": h, "token": x[:, :-1].flatten().numpy(), "g": g[..., h].flatten().numpy()})
+                )
         df = pd.concat(frames)
         if frequent is not None:
             df = df[df["token"].isin(frequent)]
@@ -117,7 +119,8 @@ def test_token_share_jackknife_leaves_each_batch_out():
     for i in range(N_BATCHES):
         alone = gate_stats(model, without(toks, i), min_count=min_count)
         assert alone["summary"]["token_share"].iloc[0] == pytest.approx(
-            brute_token_shares(model, without(toks, i))[-1], rel=1e-9)
+            brute_token_shares(model, without(toks, i))[-1], rel=1e-9
+        )
     one = gate_stats(model, toks[:1], min_count=min_count)
     assert one["summary"][["token_share_se", "token_share_min_count_se"]].isna().all(axis=None)
 
@@ -153,10 +156,14 @@ def test_pages_and_figures_show_the_standard_errors():
 
     model, toks = tiny("sinklogit"), windows(N_BATCHES, 2, 12)
     heads = sink_heads(model, toks, eps=[0.05, 0.3])
-    sec = sink_sections({"summary": pd.DataFrame([{"sink_formed": False, "pos0_over_uniform": 1.0,
-                                                             "r0_later": 1.0}]),
-                                   "layers": pd.DataFrame({"layer": [0, 1]}),
-                                   "sink_eps_summary": heads["summary"], "sink_eps_layers": heads["layers"]})
+    sec = sink_sections(
+        {
+            "summary": pd.DataFrame([{"sink_formed": False, "pos0_over_uniform": 1.0, "r0_later": 1.0}]),
+            "layers": pd.DataFrame({"layer": [0, 1]}),
+            "sink_eps_summary": heads["summary"],
+            "sink_eps_layers": heads["layers"],
+        }
+    )
     e = heads["summary"].iloc[0]
     assert f"({e['sink_share']:.1%} ± {e['sink_share_se']:.1%})" in sec["verdicts"][1]
     assert any("sink_share_se" in t[1] for t in sec["tables"] if "per layer" in t[0])
@@ -177,8 +184,10 @@ def test_pages_and_figures_show_the_standard_errors():
 
     gates = gate_stats(tiny("normgate"), toks, min_count=2)
     s = gates["summary"].iloc[0]
-    assert f"{s['token_share']:.1%} ± {s['token_share_se']:.1%} of the gate variance" in \
-        gate_sections(gates)["verdicts"][1]
+    assert (
+        f"{s['token_share']:.1%} ± {s['token_share_se']:.1%} of the gate variance"
+        in gate_sections(gates)["verdicts"][1]
+    )
     token_panel = [t for t in gate_figure(gates).data if t.xaxis == "x3"][0]
     assert list(token_panel.error_y.array) == pytest.approx(gates["layers"]["token_share_se"].tolist())
 
@@ -187,24 +196,52 @@ def test_pages_and_figures_show_the_standard_errors():
         def rows(t):
             t = t.assign(model="m", step=None)
             return t if with_se else t[[c for c in t.columns if not c.endswith("_se")]]
-        summary = pd.DataFrame({"model": ["m"], "step": [None], "pos0_share": [0.5], "uniform_ref": [0.2],
-                                "pos0_over_uniform": [2.5], "phantom_share": [0.1], "r0_later": [0.9],
-                                "sink_formed": [False]})
-        layers = pd.DataFrame({"model": "m", "layer": [0, 1], "pos0_share": 0.5, "phantom_share": 0.1, "r0": 0.9,
-                               "uniform_ref": 0.2})
-        return {"summary": summary, "layers": layers, "sink_eps": rows(heads["summary"]),
-                "sink_eps_layers": rows(heads["layers"]), "exposure": rows(exp["exposure"])}
+
+        summary = pd.DataFrame(
+            {
+                "model": ["m"],
+                "step": [None],
+                "pos0_share": [0.5],
+                "uniform_ref": [0.2],
+                "pos0_over_uniform": [2.5],
+                "phantom_share": [0.1],
+                "r0_later": [0.9],
+                "sink_formed": [False],
+            }
+        )
+        layers = pd.DataFrame(
+            {"model": "m", "layer": [0, 1], "pos0_share": 0.5, "phantom_share": 0.1, "r0": 0.9, "uniform_ref": 0.2}
+        )
+        return {
+            "summary": summary,
+            "layers": layers,
+            "sink_eps": rows(heads["summary"]),
+            "sink_eps_layers": rows(heads["layers"]),
+            "exposure": rows(exp["exposure"]),
+        }
+
     figs = report_figures(report_tables(True))
     trend, prof, exposure = figs[-3], figs[-2], figs[-1]
     assert trend.data[0].error_y.array == pytest.approx((e["sink_share_se"],))
     assert list(prof.data[0].error_y.array) == pytest.approx(
-        heads["layers"].query("epsilon == 0.05")["sink_share_se"].tolist())
-    assert [t.error_y.array[0] for t in exposure.data] == pytest.approx([row["quiet_share_se"],
-                                                                         row["phantom_share_se"]])
+        heads["layers"].query("epsilon == 0.05")["sink_share_se"].tolist()
+    )
+    assert [t.error_y.array[0] for t in exposure.data] == pytest.approx(
+        [row["quiet_share_se"], row["phantom_share_se"]]
+    )
     old = report_figures(report_tables(False))
     assert len(old) == len(figs) and all(t.error_y.array is None for f in old[-3:] for t in f.data)
-    settings = dict(batches=N_BATCHES, batch_size=2, ctx=12, window_mode="sequential", seed=0, device="cpu",
-                    dtype="auto", inject=None, probe_version="x")
+    settings = dict(
+        batches=N_BATCHES,
+        batch_size=2,
+        ctx=12,
+        window_mode="sequential",
+        seed=0,
+        device="cpu",
+        dtype="auto",
+        inject=None,
+        probe_version="x",
+    )
     html = report_page(report_tables(True), [{"name": "m", "meta": {}}], settings)
     for col in ("sink_share_se", "key0_mass_se", "quiet_share_se", "phantom_share_se"):
         assert f"<th>{col}</th>" in html, col  # the report's tables carry the standard errors

@@ -1,4 +1,5 @@
 """HF adapters (GPT-NeoX, gpt-oss, llama): §3 hooks on HF checkpoints, exact against HF eager attention."""
+
 from __future__ import annotations
 
 import math
@@ -60,12 +61,20 @@ def test_hook_shapes(models, fam):
     _, cache = m.run_with_cache(ids(B, T))
     shapes = {"hook_embed": (B, T, d)}
     for l in range(info.n_layers):
-        shapes.update({
-            f"blocks.{l}.hook_resid_pre": (B, T, d), f"blocks.{l}.hook_resid_mid": (B, T, d),
-            f"blocks.{l}.hook_resid_post": (B, T, d), f"blocks.{l}.attn.hook_q": (B, T, H, dh),
-            f"blocks.{l}.attn.hook_k": (B, T, Hkv, dh), f"blocks.{l}.attn.hook_v": (B, T, Hkv, dh),
-            f"blocks.{l}.attn.hook_v_out": (B, T, Hkv, dh), f"blocks.{l}.attn.hook_pattern": (B, H, T, T),
-            f"blocks.{l}.attn.hook_phantom": (B, H, T), f"blocks.{l}.attn.hook_z": (B, T, H, dh)})
+        shapes.update(
+            {
+                f"blocks.{l}.hook_resid_pre": (B, T, d),
+                f"blocks.{l}.hook_resid_mid": (B, T, d),
+                f"blocks.{l}.hook_resid_post": (B, T, d),
+                f"blocks.{l}.attn.hook_q": (B, T, H, dh),
+                f"blocks.{l}.attn.hook_k": (B, T, Hkv, dh),
+                f"blocks.{l}.attn.hook_v": (B, T, Hkv, dh),
+                f"blocks.{l}.attn.hook_v_out": (B, T, Hkv, dh),
+                f"blocks.{l}.attn.hook_pattern": (B, H, T, T),
+                f"blocks.{l}.attn.hook_phantom": (B, H, T),
+                f"blocks.{l}.attn.hook_z": (B, T, H, dh),
+            }
+        )
         if info.has_phantom:
             shapes[f"blocks.{l}.attn.hook_sink_logit"] = (H,)
     assert {k: tuple(v.shape) for k, v in cache.items()} == shapes
@@ -93,12 +102,16 @@ def _capture_hf_qkv(ref, x):
     attns = hf_attn_modules(ref)
     for l, a in enumerate(attns):
         if mt == "gpt_neox":
-            handles.append(a.query_key_value.register_forward_hook(
-                lambda _m, _i, o, l=l: proj.__setitem__((l, "qkv"), o)))
+            handles.append(
+                a.query_key_value.register_forward_hook(lambda _m, _i, o, l=l: proj.__setitem__((l, "qkv"), o))
+            )
         else:
             for p in ("q", "k", "v"):
-                handles.append(getattr(a, f"{p}_proj").register_forward_hook(
-                    lambda _m, _i, o, l=l, p=p: proj.__setitem__((l, p), o)))
+                handles.append(
+                    getattr(a, f"{p}_proj").register_forward_hook(
+                        lambda _m, _i, o, l=l, p=p: proj.__setitem__((l, p), o)
+                    )
+                )
     ref(x)
     for h in handles:
         h.remove()
@@ -111,7 +124,7 @@ def _capture_hf_qkv(ref, x):
             H = ref.config.num_attention_heads
             qkv = proj[(l, "qkv")].view(B, T, H, -1)  # q|k|v interleaved per head
             dh = qkv.shape[-1] // 3
-            q, k, v = qkv[..., :dh], qkv[..., dh:2 * dh], qkv[..., 2 * dh:]
+            q, k, v = qkv[..., :dh], qkv[..., dh : 2 * dh], qkv[..., 2 * dh :]
         else:
             dh = a.head_dim
             q, k, v = (proj[(l, p)].view(B, T, -1, dh) for p in "qkv")
@@ -188,6 +201,7 @@ def _scale_v_at(pos, factor):
         v = v.clone()
         v[:, pos] *= factor
         return v
+
     return hook
 
 
@@ -200,19 +214,23 @@ def test_editing_hook_v_equals_editing_inside_hf(models, fam, with_pattern):
     x, pos, factor = ids(), 3, 2.5
     attn0 = hf_attn_modules(ref)[0]
     if fam == "gpt_neox":
+
         def edit(_m, _i, out):
             out = out.clone()
             B, T = out.shape[:2]
             view = out.view(B, T, ref.config.num_attention_heads, -1)
             dh = view.shape[-1] // 3
-            view[:, pos, :, 2 * dh:] *= factor  # the v slice of every head's interleaved q|k|v
+            view[:, pos, :, 2 * dh :] *= factor  # the v slice of every head's interleaved q|k|v
             return out
+
         h = attn0.query_key_value.register_forward_hook(edit)
     else:
+
         def edit(_m, _i, out):
             out = out.clone()
             out[:, pos] *= factor
             return out
+
         h = attn0.v_proj.register_forward_hook(edit)
     try:
         want = ref(x).logits
@@ -237,7 +255,7 @@ def test_editing_hook_z_equals_editing_o_proj_input(models, fam):
 
     def pre(_m, args):
         z = args[0].clone()
-        z[..., dh:2 * dh] = 0  # zero-ablate head 1
+        z[..., dh : 2 * dh] = 0  # zero-ablate head 1
         return (z,)
 
     h = out_proj.register_forward_pre_hook(pre)
@@ -263,8 +281,10 @@ def test_residual_hooks(models, fam):
     x = ids()
     hf = ref(x, output_hidden_states=True).hidden_states
     attn_out = {}
-    hs = [a.register_forward_hook(lambda _m, _i, o, l=l: attn_out.__setitem__(l, o[0]))
-          for l, a in enumerate(hf_attn_modules(ref))]
+    hs = [
+        a.register_forward_hook(lambda _m, _i, o, l=l: attn_out.__setitem__(l, o[0]))
+        for l, a in enumerate(hf_attn_modules(ref))
+    ]
     ref(x)
     for h in hs:
         h.remove()
@@ -311,8 +331,7 @@ def test_sink_logit_edit(models):
         want = ref(x).logits
     finally:
         sinks.copy_(saved)
-    got, cache = m.run_with_cache(
-        x, names_filter="blocks.0.attn.hook_phantom")
+    got, cache = m.run_with_cache(x, names_filter="blocks.0.attn.hook_phantom")
     assert cache["blocks.0.attn.hook_phantom"].min() > 0
     with m.hooks(fwd_hooks=[("blocks.0.attn.hook_sink_logit", lambda s, hook: torch.full_like(s, -1e4))]):
         got, cache = m.run_with_cache(x, names_filter="blocks.0.attn.hook_phantom")
@@ -358,9 +377,9 @@ def test_fast_sink_attention_equals_eager(sink_scale):
     allowed[1, :, :, :2] = False  # left padding in sequence 1
     allowed[1, :, :2, 0] = True  # keep padded rows non-empty
     mask = torch.zeros(B, 1, T, T).masked_fill(~allowed, torch.finfo(torch.float32).min)
-    pattern, phantom = A.eager_probs(q, A.repeat_kv(k, 2), mask, dh ** -0.5, sinks)
+    pattern, phantom = A.eager_probs(q, A.repeat_kv(k, 2), mask, dh**-0.5, sinks)
     want = pattern @ A.repeat_kv(v, 2)
-    got = A.fast_attention(q, k, v, mask, dh ** -0.5, sinks)
+    got = A.fast_attention(q, k, v, mask, dh**-0.5, sinks)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(pattern.sum(-1) + phantom, torch.ones(B, H, T))
 
@@ -376,8 +395,9 @@ def test_padding_and_batch_consistency(models):
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     got = m(padded, attention_mask=mask, position_ids=pos).logits[0, -1]
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
-    _, cache = m.run_with_cache(padded, attention_mask=mask, position_ids=pos,
-                                names_filter="blocks.0.attn.hook_pattern")
+    _, cache = m.run_with_cache(
+        padded, attention_mask=mask, position_ids=pos, names_filter="blocks.0.attn.hook_pattern"
+    )
     assert torch.all(cache["blocks.0.attn.hook_pattern"][0, :, 3:, :3] == 0)
 
 
@@ -395,6 +415,7 @@ def test_deepcopy_is_an_independent_hooked_model(models):
     finally:
         m.reset_hooks()
     assert seen == [] and "hook_embed" in cache and "blocks.1.attn.hook_phantom" in cache
-    torch.testing.assert_close(cache["blocks.1.attn.hook_pattern"], ref(x, output_attentions=True).attentions[1],
-                               atol=EXACT, rtol=0)
+    torch.testing.assert_close(
+        cache["blocks.1.attn.hook_pattern"], ref(x, output_attentions=True).attentions[1], atol=EXACT, rtol=0
+    )
     assert c.hf_model.model.layers[0].self_attn.sinks is not m.hf_model.model.layers[0].self_attn.sinks

@@ -5,6 +5,7 @@ LlamaAdapter claims (Qwen2: QKV bias; Qwen3: QK-norm, head width ≠ d_model/hea
 Every hook is checked against what HF eager computes, captured independently of the adapter: HF's own eager attention
 function (q/k/v after QK-norm and rotary, the attention weights), hidden states and module outputs.
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,10 +35,23 @@ def tiny_gemma3_multimodal():
     """Gemma3ForConditionalGeneration (model_type gemma3) around the tiny gemma3_text config; text inputs only."""
     from transformers import Gemma3Config
 
-    vision = dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                  num_attention_heads=2, image_size=8, patch_size=4)
-    config = Gemma3Config(text_config=more_tiny_config("gemma3_text").to_dict(), vision_config=vision,
-                          mm_tokens_per_image=4, boi_token_index=93, eoi_token_index=94, image_token_index=95)
+    vision = dict(
+        model_type="siglip_vision_model",
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=8,
+        patch_size=4,
+    )
+    config = Gemma3Config(
+        text_config=more_tiny_config("gemma3_text").to_dict(),
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        boi_token_index=93,
+        eoi_token_index=94,
+        image_token_index=95,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     with torch.no_grad():
@@ -135,8 +149,14 @@ def test_qkv_and_pattern_equal_what_hf_eager_computes(models, fam):
             W = m.probe_info.sliding_window
             i, j = torch.arange(T)[:, None], torch.arange(T)[None]
             assert torch.all(pattern[..., (i - j >= W) | (j > i)] == 0) and pattern[..., W - 1, 0].min() > 0
-    want_types = {"gemma2": {"sliding", "full"}, "gemma3_text": {"sliding", "full"}, "gemma3": {"sliding", "full"},
-                  "qwen2": {"full"}, "qwen3": {"full"}, "mistral": {"sliding"}}[fam]
+    want_types = {
+        "gemma2": {"sliding", "full"},
+        "gemma3_text": {"sliding", "full"},
+        "gemma3": {"sliding", "full"},
+        "qwen2": {"full"},
+        "qwen3": {"full"},
+        "mistral": {"sliding"},
+    }[fam]
     assert set(types) == want_types
 
 
@@ -187,8 +207,10 @@ def test_residual_hooks_follow_hf_norm_order(models, fam):
     writes = {}
     layers = hf_layers(ref)
     src = [(layer.post_attention_layernorm if fam in GEMMA else layer.self_attn) for layer in layers]
-    hs = [mod.register_forward_hook(lambda _m, _i, o, l=l: writes.__setitem__(l, o[0] if isinstance(o, tuple) else o))
-          for l, mod in enumerate(src)]
+    hs = [
+        mod.register_forward_hook(lambda _m, _i, o, l=l: writes.__setitem__(l, o[0] if isinstance(o, tuple) else o))
+        for l, mod in enumerate(src)
+    ]
     try:
         hidden = ref(x, output_hidden_states=True).hidden_states
     finally:
@@ -224,7 +246,7 @@ def test_edits_propagate_like_edits_inside_hf(models, fam, site):
 
     def zero_head1(_m, args):
         z = args[0].clone()
-        z[..., dh:2 * dh] = 0
+        z[..., dh : 2 * dh] = 0
         return (z,)
 
     if site == "v":
@@ -233,7 +255,8 @@ def test_edits_propagate_like_edits_inside_hf(models, fam, site):
     elif site == "resid_mid":
         write = layer.post_attention_layernorm if fam in GEMMA else layer.self_attn
         handle = write.register_forward_hook(
-            lambda _m, _i, o: (o[0] + delta,) + tuple(o[1:]) if isinstance(o, tuple) else o + delta)
+            lambda _m, _i, o: (o[0] + delta,) + tuple(o[1:]) if isinstance(o, tuple) else o + delta
+        )
         hook = ("blocks.0.hook_resid_mid", lambda r, hook: r + delta)
     else:
         handle = layer.self_attn.o_proj.register_forward_pre_hook(zero_head1)
@@ -252,7 +275,7 @@ def test_model_info(models):
     g2, g3, g3m, qwen2, qwen3, mistral = (models[f][0].probe_info for f in FAMILIES)
     assert (g3.family, g3.n_heads, g3.n_kv_heads, g3.d_head) == ("gemma", 4, 1, 16)
     assert g3.layer_types == ["sliding", "sliding", "full"] and g3.sliding_window == 4
-    assert g3.extra["attn_scale"] == 8 ** -0.5 and g3.extra["qk_norm"] and g3.extra["attn_logit_softcap"] is None
+    assert g3.extra["attn_scale"] == 8**-0.5 and g3.extra["qk_norm"] and g3.extra["attn_logit_softcap"] is None
     assert g3m.layer_types == g3.layer_types and g3m.extra["model_type"] == "gemma3" and g3m.n_layers == 3
     assert g2.layer_types == ["sliding", "full"] and g2.extra["final_logit_softcap"] == 5.0
     assert not g2.extra["qk_norm"] and not g2.has_phantom

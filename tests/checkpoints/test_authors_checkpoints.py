@@ -8,6 +8,7 @@ written by scripts/authors/{mudd,lr_attnres}_checkpoints.py. Here probe.load rea
 loaders (no authors' code) and must give the authors' logits (fp64: 1e-10) and MUDD dense weights; a wrong mapping
 must not; the options match the authors' shapes at the released sizes; the names resolve; the analyses run.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,12 @@ LR = ("block", "full", "baseline")
 
 def fixture(name: str):
     d = FIXTURES / name
-    return d, json.loads((d / "meta.json").read_text()), load_file(d / "inputs.safetensors")["input_ids"], \
-        load_file(d / "outputs.safetensors")
+    return (
+        d,
+        json.loads((d / "meta.json").read_text()),
+        load_file(d / "inputs.safetensors")["input_ids"],
+        load_file(d / "outputs.safetensors"),
+    )
 
 
 def use_their_rope_table(model, table: torch.Tensor, T: int, dtype) -> None:
@@ -128,13 +133,16 @@ def test_their_code_never_runs(tmp_path):
     assert resolve(ckpt)[2] == "local"
 
 
-@pytest.mark.parametrize("edit, says", [
-    ({"dense_type": "l"}, "dense_type='l'"),
-    ({"dynamic_dense": False}, "dynamic_dense=False"),
-    ({"use_linear_bias": False}, "use_linear_bias=False"),
-    ({"rotary_pct": 0.1}, "rotary_pct=0.1"),
-    ({"mystery_option": 1}, "'mystery_option'"),
-])
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        ({"dense_type": "l"}, "dense_type='l'"),
+        ({"dynamic_dense": False}, "dynamic_dense=False"),
+        ({"use_linear_bias": False}, "use_linear_bias=False"),
+        ({"rotary_pct": 0.1}, "rotary_pct=0.1"),
+        ({"mystery_option": 1}, "'mystery_option'"),
+    ],
+)
 def test_unmappable_mudd_configs_are_one_line(tmp_path, edit, says):
     d, *_ = fixture("muddpythia-checkpoint")
     ckpt = tmp_path / "ckpt"
@@ -169,16 +177,26 @@ def lr_outputs(model, ids):
 def test_an_lr_attnres_checkpoint_loads_to_the_authors_outputs(kind, dtype):
     d, meta, ids, theirs = fixture(f"lr-attnres-{kind}-checkpoint")
     assert meta["repository"] == "jon123boss/LR-AttnRes" and len(meta["commit"]) == 40
-    assert meta["payload_keys"] == ["adamw_optimizer", "adamw_scheduler", "config", "model", "model_args",
-                                    "muon_optimizer", "muon_scheduler", "step", "tokens_processed"]
+    assert meta["payload_keys"] == [
+        "adamw_optimizer",
+        "adamw_scheduler",
+        "config",
+        "model",
+        "model_args",
+        "muon_optimizer",
+        "muon_scheduler",
+        "step",
+        "tokens_processed",
+    ]
     model = probe.load(d, dtype=dtype)  # the directory holding final_model.pt, as downloaded
     c = model.config
     if kind == "baseline":  # train.py's default run: no AttnRes, the plain residual stream
         assert c.depth == "residual"
     else:
         assert (c.depth, c.depth_rank, c.plr_key) == ("plr", 4, "normalized")
-        assert (c.depth_blocks, c.depth_block_mean, c.depth_block_prior) == \
-            ((3, 1.0, 1.0) if kind == "block" else (0, 0, 0))
+        assert (c.depth_blocks, c.depth_block_mean, c.depth_block_prior) == (
+            (3, 1.0, 1.0) if kind == "block" else (0, 0, 0)
+        )
     diffs = max_diffs(lr_outputs(model, ids), theirs, prefix="" if dtype == torch.float64 else "fp32/")
     tol = (FP64_TOL_FP32_PRIOR if kind == "block" else FP64_TOL) if dtype == torch.float64 else FP32_TOL
     assert max(diffs.values()) <= tol, diffs
@@ -192,13 +210,16 @@ def test_a_wrong_lr_attnres_mapping_moves_the_logits(monkeypatch):
     assert (lr_outputs(model, ids)["logits"] - theirs["logits"]).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("edit, says", [
-    ({"norm_pos": "after"}, "norm_pos='after'"),
-    ({"lrid_num_heads": 2}, "lrid_num_heads=2"),
-    ({"attnres_block_alpha": [1.0, 0.5, 1.0], "attnres_block_alpha_scope": "shared"}, "differs between blocks"),
-    ({"attnres_num_blocks": 4}, "attnres_num_blocks=4"),
-    ({"new_field": True}, "'new_field'"),
-])
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        ({"norm_pos": "after"}, "norm_pos='after'"),
+        ({"lrid_num_heads": 2}, "lrid_num_heads=2"),
+        ({"attnres_block_alpha": [1.0, 0.5, 1.0], "attnres_block_alpha_scope": "shared"}, "differs between blocks"),
+        ({"attnres_num_blocks": 4}, "attnres_num_blocks=4"),
+        ({"new_field": True}, "'new_field'"),
+    ],
+)
 def test_unmappable_lr_attnres_model_args_are_one_line(edit, says):
     _, meta, _, _ = fixture("lr-attnres-block-checkpoint")
     with pytest.raises(AuthorsFormatError) as e:
@@ -245,10 +266,12 @@ def small_text(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("text")
     g = torch.Generator().manual_seed(0)
-    words = ["".join("abcdefgh"[i] for i in torch.randint(0, 8, (int(n),), generator=g))
-             for n in torch.randint(2, 6, (40,), generator=g)]
+    words = [
+        "".join("abcdefgh"[i] for i in torch.randint(0, 8, (int(n),), generator=g))
+        for n in torch.randint(2, 6, (40,), generator=g)
+    ]
     text = " ".join(words[i] for i in torch.randint(0, 40, (3000,), generator=g))
-    (root / "corpus.txt").write_text("\n".join(text[i:i + 200] for i in range(0, len(text), 200)))
+    (root / "corpus.txt").write_text("\n".join(text[i : i + 200] for i in range(0, len(text), 200)))
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=48, special_tokens=["[UNK]", "[EOS]"]))
@@ -264,8 +287,19 @@ def cli(*args) -> int:
 
 def test_sources_and_sinks_run_on_an_lr_attnres_checkpoint(small_text, tmp_path, capsys):
     d, *_ = fixture("lr-attnres-block-checkpoint")
-    windows = ["--tokenizer", small_text / "tok", "--data", small_text / "corpus.txt", "--ctx", 16, "--batches", 1,
-               "--batch-size", 2, "--quiet"]
+    windows = [
+        "--tokenizer",
+        small_text / "tok",
+        "--data",
+        small_text / "corpus.txt",
+        "--ctx",
+        16,
+        "--batches",
+        1,
+        "--batch-size",
+        2,
+        "--quiet",
+    ]
     assert cli("sources", "--model", d, *windows, "--out", tmp_path / "sources") == 0
     summary = json.loads((tmp_path / "sources" / "sources.json").read_text())
     sites = summary["sites"] if "sites" in summary else summary["tables"]["sites"]
@@ -277,8 +311,19 @@ def test_sources_and_sinks_run_on_an_lr_attnres_checkpoint(small_text, tmp_path,
 def test_sinks_and_sources_run_on_a_mudd_checkpoint(small_text, tmp_path, capsys):
     """sources on a MUDD checkpoint: its dense-connection weights (docs/definitions.md#dense-weights), CSV and page."""
     d, *_ = fixture("muddpythia-checkpoint")
-    windows = ["--tokenizer", small_text / "tok", "--data", small_text / "corpus.txt", "--ctx", 16, "--batches", 1,
-               "--batch-size", 2, "--quiet"]
+    windows = [
+        "--tokenizer",
+        small_text / "tok",
+        "--data",
+        small_text / "corpus.txt",
+        "--ctx",
+        16,
+        "--batches",
+        1,
+        "--batch-size",
+        2,
+        "--quiet",
+    ]
     assert cli("sinks", "--model", d / "checkpoint", *windows, "--out", tmp_path / "sinks") == 0
     assert (tmp_path / "sinks" / "sinks.json").is_file()
     assert cli("sources", "--model", d / "checkpoint", *windows, "--out", tmp_path / "sources") == 0

@@ -22,6 +22,7 @@ parity fixture (model, HF copy, five forwards) 94 s, injection (clean pass with 
 batches) 121 s, massive activations 13 s, Sink^ε 11 s, sink statistics 8 s. Two threads were tried and dropped: on a
 loaded machine they made each analysis 2-4x slower.
 """
+
 from __future__ import annotations
 
 import copy
@@ -95,8 +96,9 @@ def load_and_run(m, x) -> SimpleNamespace:
     differences and the loss the tests check as soon as both sides exist, so at most two are held at a time."""
     from transformers import AutoModelForCausalLM
 
-    ref = AutoModelForCausalLM.from_pretrained(gguf.gemma_model_dir(), attn_implementation="eager",
-                                               dtype=torch.float32).eval()
+    ref = AutoModelForCausalLM.from_pretrained(
+        gguf.gemma_model_dir(), attn_implementation="eager", dtype=torch.float32
+    ).eval()
     pattern_names = lambda n: n.endswith(("hook_pattern", "hook_q", "hook_k"))  # noqa: E731
     diffs = {}
     with torch.no_grad():
@@ -117,8 +119,17 @@ def load_and_run(m, x) -> SimpleNamespace:
         finally:
             set_window(ref, None, 512)
             set_window(m.hf_model, m.probe_info, 512)
-    return SimpleNamespace(m=m, x=x, attentions=attentions, attentions64=hf64.attentions, loss=loss, diffs=diffs,
-                           cache=cache, cache64=cache64, info64=info64)
+    return SimpleNamespace(
+        m=m,
+        x=x,
+        attentions=attentions,
+        attentions64=hf64.attentions,
+        loss=loss,
+        diffs=diffs,
+        cache=cache,
+        cache64=cache64,
+        info64=info64,
+    )
 
 
 def max_diff(a, b) -> float:  # assert_close is slow on (2, 256, 262144) logits
@@ -135,7 +146,7 @@ def test_name_loads_the_packaged_weights(gemma):
     assert info.name == gguf.GEMMA_SOURCE and info.extra["source"] == "gguf" and info.family == "gemma"
     assert (info.n_layers, info.n_heads, info.n_kv_heads, info.d_head, info.d_model) == (18, 4, 1, 256, 640)
     assert [l for l, t in enumerate(info.layer_types) if t == "full"] == [5, 11, 17]
-    assert info.sliding_window == 512 and info.extra["attn_scale"] == 256 ** -0.5 and info.extra["qk_norm"]
+    assert info.sliding_window == 512 and info.extra["attn_scale"] == 256**-0.5 and info.extra["qk_norm"]
     assert m.tokenizer("The capital").input_ids[0] == m.tokenizer.bos_token_id == 2
     assert x.shape == (2, 256) and torch.all(x[:, 0] == 2) and torch.all(x[:, 1:] != 2)
 
@@ -206,8 +217,14 @@ def massive(gemma_model, windows):
 
 @pytest.fixture(scope="module")
 def injection(gemma_model, windows):
-    return inject(gemma_model, windows, junk=("structured", "same-context", "gaussian"), cutoffs=("q25",),
-                  doses=(0.4,), progress=False)
+    return inject(
+        gemma_model,
+        windows,
+        junk=("structured", "same-context", "gaussian"),
+        cutoffs=("q25",),
+        doses=(0.4,),
+        progress=False,
+    )
 
 
 def test_default_windows_start_with_the_bos(gemma_model, windows):
@@ -283,9 +300,9 @@ def test_massive_activations_sit_at_the_bos(massive, sinks):
     # alignment: the top position is key 0, so top_mass is the key-0 mass of sink_stats and r_top its r0
     want = sinks["layers"].set_index("layer")
     L = 18
-    assert np.allclose(layers.loc[:L - 1, "key0_mass"], want["pos0_share"], atol=1e-6)
-    assert np.allclose(layers.loc[:L - 1, "top_mass"], want["pos0_share"], atol=1e-6)
-    assert np.allclose(layers.loc[:L - 1, "r_top"], want["r0"], rtol=1e-6)
+    assert np.allclose(layers.loc[: L - 1, "key0_mass"], want["pos0_share"], atol=1e-6)
+    assert np.allclose(layers.loc[: L - 1, "top_mass"], want["pos0_share"], atol=1e-6)
+    assert np.allclose(layers.loc[: L - 1, "r_top"], want["r0"], rtol=1e-6)
     assert massive["meta"]["bos"].iloc[0]
 
 
@@ -384,7 +401,7 @@ def test_streaming_analyses_equal_the_pattern_paths_on_gemma2(gemma2):
         cols = pat[table].select_dtypes("number").columns
         assert np.allclose(streamed[table][cols], pat[table][cols], rtol=1e-5, atol=1e-7, equal_nan=True), table
     key0 = ref["layers"]["pos0_share"].to_numpy()
-    assert np.allclose(massive_activations(m, x)["layers"]["key0_mass"][:info.n_layers], key0, atol=1e-6)
+    assert np.allclose(massive_activations(m, x)["layers"]["key0_mass"][: info.n_layers], key0, atol=1e-6)
 
     exposure = exposure_stats(m, x, cutoffs=["q25"])["exposure_heads"]
     want = torch.zeros(info.n_layers, info.n_heads, dtype=torch.float64)
@@ -397,8 +414,9 @@ def test_streaming_analyses_equal_the_pattern_paths_on_gemma2(gemma2):
             want[l] += (pattern * quiet).sum(-1)[:, :, 1:].mean((0, 2)) / x.shape[0]
     assert np.allclose(exposure.sort_values(["layer", "head"])["quiet_share"], want.flatten().numpy(), atol=1e-6)
     injected = inject(m, x, junk="gaussian", doses=(0.4,), progress=False)
-    assert np.allclose(injected["exposure_heads"].sort_values(["layer", "head"])["quiet_share"],
-                       want.flatten().numpy(), atol=1e-6)
+    assert np.allclose(
+        injected["exposure_heads"].sort_values(["layer", "head"])["quiet_share"], want.flatten().numpy(), atol=1e-6
+    )
 
 
 def test_probe_sinks_runs_on_gemma2(gemma2, tmp_path):

@@ -1,5 +1,6 @@
 """Interop both ways: TransformerLens TransformerBridge / nnsight models → probe.checkpoints.wrap; probe models under
 nnsight and TransformerLens tooling; parity with TransformerLens on identical weights."""
+
 from __future__ import annotations
 
 import pytest
@@ -57,15 +58,17 @@ def test_parity_with_transformer_bridge(dirs, fam):
         torch.testing.assert_close(cache[a + "hook_v"], b_cache[a + "hook_v"], atol=1e-6, rtol=0)
         torch.testing.assert_close(cache[a + "hook_pattern"], b_cache[a + "hook_pattern"], atol=1e-6, rtol=0)
         # the bridge has no phantom hook; its rows sum to 1 - phantom
-        torch.testing.assert_close(cache[a + "hook_phantom"], 1 - b_cache[a + "hook_pattern"].sum(-1), atol=1e-6,
-                                   rtol=0)
+        torch.testing.assert_close(
+            cache[a + "hook_phantom"], 1 - b_cache[a + "hook_pattern"].sum(-1), atol=1e-6, rtol=0
+        )
         torch.testing.assert_close(cache[a + "hook_z"], b_cache[a + "hook_z"], atol=1e-6, rtol=0)
         if a + "hook_rot_q" in b_cache:  # the bridge's hook_q is before rotary, hook_rot_q after (ours)
             torch.testing.assert_close(cache[a + "hook_q"], b_cache[a + "hook_rot_q"], atol=1e-6, rtol=0)
             torch.testing.assert_close(cache[a + "hook_k"], b_cache[a + "hook_rot_k"], atol=1e-6, rtol=0)
         for s in ("pre", "post"):
-            torch.testing.assert_close(cache[f"blocks.{l}.hook_resid_{s}"], b_cache[f"blocks.{l}.hook_resid_{s}"],
-                                       atol=1e-6, rtol=0)
+            torch.testing.assert_close(
+                cache[f"blocks.{l}.hook_resid_{s}"], b_cache[f"blocks.{l}.hook_resid_{s}"], atol=1e-6, rtol=0
+            )
     if fam == "gpt_oss":
         assert cache["blocks.0.attn.hook_phantom"].min() > 1e-4
 

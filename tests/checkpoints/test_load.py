@@ -1,5 +1,6 @@
 """probe.load / probe.checkpoints.load.resolve: name resolution, local directories, zoo, GGUF, custom checkpoints,
 offline."""
+
 from __future__ import annotations
 
 import json
@@ -26,20 +27,23 @@ def tiny_dirs(tmp_path_factory):
 # ---------------------------------------------------------------------------------------------------- resolve
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("pythia-410m", ("EleutherAI/pythia-410m", None, "hub")),
-    ("pythia-1.4b-deduped", ("EleutherAI/pythia-1.4b-deduped", None, "hub")),
-    ("pythia-70m@step1000", ("EleutherAI/pythia-70m", "step1000", "hub")),
-    ("pythia-160m-deduped@step0", ("EleutherAI/pythia-160m-deduped", "step0", "hub")),
-    ("pythia-12b@512", ("EleutherAI/pythia-12b", "step512", "hub")),
-    ("EleutherAI/pythia-2.8b@step143000", ("EleutherAI/pythia-2.8b", "step143000", "hub")),
-    ("pythia-14m", ("EleutherAI/pythia-14m", None, "hub")),
-    ("gpt-oss-20b", ("openai/gpt-oss-20b", None, "hub")),
-    ("gpt-oss-120b", ("openai/gpt-oss-120b", None, "hub")),
-    ("meta-llama/Llama-3.2-1B", ("meta-llama/Llama-3.2-1B", None, "hub")),
-    ("Qwen/Qwen2.5-0.5B@main", ("Qwen/Qwen2.5-0.5B", "main", "hub")),
-    ("gpt2", ("gpt2", None, "hub")),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("pythia-410m", ("EleutherAI/pythia-410m", None, "hub")),
+        ("pythia-1.4b-deduped", ("EleutherAI/pythia-1.4b-deduped", None, "hub")),
+        ("pythia-70m@step1000", ("EleutherAI/pythia-70m", "step1000", "hub")),
+        ("pythia-160m-deduped@step0", ("EleutherAI/pythia-160m-deduped", "step0", "hub")),
+        ("pythia-12b@512", ("EleutherAI/pythia-12b", "step512", "hub")),
+        ("EleutherAI/pythia-2.8b@step143000", ("EleutherAI/pythia-2.8b", "step143000", "hub")),
+        ("pythia-14m", ("EleutherAI/pythia-14m", None, "hub")),
+        ("gpt-oss-20b", ("openai/gpt-oss-20b", None, "hub")),
+        ("gpt-oss-120b", ("openai/gpt-oss-120b", None, "hub")),
+        ("meta-llama/Llama-3.2-1B", ("meta-llama/Llama-3.2-1B", None, "hub")),
+        ("Qwen/Qwen2.5-0.5B@main", ("Qwen/Qwen2.5-0.5B", "main", "hub")),
+        ("gpt2", ("gpt2", None, "hub")),
+    ],
+)
 def test_resolve_names(name, expected):
     assert L.resolve(name) == expected
 
@@ -131,8 +135,9 @@ def test_unreachable_hub_is_not_contacted(monkeypatch):
     import huggingface_hub
 
     monkeypatch.setattr(L, "_hub_reachable", lambda timeout=2.0: False)
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download",
-                        lambda *a, **k: pytest.fail("tried to download while offline"))
+    monkeypatch.setattr(
+        huggingface_hub, "hf_hub_download", lambda *a, **k: pytest.fail("tried to download while offline")
+    )
     with pytest.raises(L.ModelNotFoundError, match="hub is unreachable"):
         probe.load("gpt-oss-20b")
 
@@ -145,8 +150,9 @@ def test_revision_conflict():
 # ---------------------------------------------------------------------------------------------------- local loads
 
 
-@pytest.mark.parametrize("family, cls", [("gpt_neox", GPTNeoXAdapter), ("gpt_oss", GptOssAdapter),
-                                         ("llama", LlamaAdapter)])
+@pytest.mark.parametrize(
+    "family, cls", [("gpt_neox", GPTNeoXAdapter), ("gpt_oss", GptOssAdapter), ("llama", LlamaAdapter)]
+)
 def test_load_local_dir(tiny_dirs, family, cls):
     m = probe.load(str(tiny_dirs[family]))
     assert isinstance(m, cls)
@@ -185,8 +191,17 @@ def test_load_custom_probe_checkpoint_returned_as_is(tmp_path, monkeypatch, tiny
     monkeypatch.setattr(probe, "models", fake, raising=False)
 
     class Custom(torch.nn.Module):
-        probe_info = ModelInfo(name="custom", family="probe", n_layers=1, d_model=4, n_heads=1, n_kv_heads=1,
-                               d_head=4, n_ctx=8, vocab_size=96)
+        probe_info = ModelInfo(
+            name="custom",
+            family="probe",
+            n_layers=1,
+            d_model=4,
+            n_heads=1,
+            n_kv_heads=1,
+            d_head=4,
+            n_ctx=8,
+            vocab_size=96,
+        )
 
     def fake_from_pretrained(path, **kw):
         imported.append((path, kw))
@@ -226,9 +241,17 @@ def write_llama_gguf(model, path):
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])
     w.add_tensor("output.weight", sd["lm_head.weight"])
-    names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-             "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+    names = {
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+    }
     for i in range(c.num_hidden_layers):
         for g, h in names.items():
             t = sd[f"model.layers.{i}.{h}.weight"]

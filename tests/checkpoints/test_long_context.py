@@ -2,6 +2,7 @@
 sliding-window rules instead of transformers' dense B x 1 x T x T mask, so a streaming analysis allocates nothing of
 T x T, on tiny Gemma 2/3, llama, gpt-oss and Mistral configs whose sliding window (4) is far shorter than T; and what
 they compute equals the dense-mask / pattern paths."""
+
 from __future__ import annotations
 
 import pytest
@@ -96,11 +97,13 @@ def test_streaming_results_equal_the_pattern_path(models, fam, small_blocks):
     found = sink_analyses(m, w, eps=[0.3])
     ref = sink_stats_reference(m, w)
     for table in ("layers", "heads"):
-        torch.testing.assert_close(numbers(found["sinks"][table]), numbers(ref[table]), atol=1e-6, rtol=0,
-                                   equal_nan=True)
+        torch.testing.assert_close(
+            numbers(found["sinks"][table]), numbers(ref[table]), atol=1e-6, rtol=0, equal_nan=True
+        )
     pat = sink_heads(m, w, eps=[0.3], method="pattern")
-    torch.testing.assert_close(numbers(found["sink_eps"]["heads"]), numbers(pat["heads"]), atol=1e-6, rtol=0,
-                               equal_nan=True)
+    torch.testing.assert_close(
+        numbers(found["sink_eps"]["heads"]), numbers(pat["heads"]), atol=1e-6, rtol=0, equal_nan=True
+    )
 
 
 @pytest.mark.parametrize("fam", FAMILIES)
@@ -131,15 +134,21 @@ def test_rules_mask_keeps_the_dense_mask_where_the_rule_cannot_say_it():
     n = 12
     assert A.rules_mask(1, n, n, mask_function=causal_mask_function) == A.MaskRules(None)
     assert A.rules_mask(1, n, n, mask_function=sliding_window_causal_mask_function(4), local_size=4) == A.MaskRules(4)
-    chunked = A.rules_mask(1, n, n, mask_function=chunked_causal_mask_function(4, torch.zeros(1, dtype=torch.long)),
-                           local_size=4)
+    chunked = A.rules_mask(
+        1, n, n, mask_function=chunked_causal_mask_function(4, torch.zeros(1, dtype=torch.long)), local_size=4
+    )
     assert isinstance(chunked, torch.Tensor) and chunked.shape == (1, 1, n, n)
     cached = A.rules_mask(1, 1, n, q_offset=n - 1, mask_function=causal_mask_function)
     assert isinstance(cached, torch.Tensor) and cached.shape == (1, 1, 1, n)
     overlay = A.rules_mask(1, n, n, mask_function=causal_mask_function, allow_is_causal_skip=False)
     assert isinstance(overlay, torch.Tensor)
-    padded = A.rules_mask(2, n, n, mask_function=causal_mask_function,
-                          attention_mask=torch.tensor([[True] * n, [False] * 3 + [True] * (n - 3)]))
+    padded = A.rules_mask(
+        2,
+        n,
+        n,
+        mask_function=causal_mask_function,
+        attention_mask=torch.tensor([[True] * n, [False] * 3 + [True] * (n - 3)]),
+    )
     assert padded.window is None and padded.keep.shape == (2, n) and not padded.keep[1, :3].any()
 
 

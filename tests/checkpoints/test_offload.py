@@ -1,6 +1,7 @@
 """Big checkpoints across devices: a tiny HF model dispatched by accelerate with a ``max_memory`` that does not hold it
 (decoder layers offloaded to disk, their weights on 'meta' between uses) gives the undivided model's logits, hooks and
 analyses; and so does the CLI with --max-memory / --device-map."""
+
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +23,9 @@ def pair(tmp_path_factory):
     pytest.importorskip("accelerate")
     path = str(build_tiny("llama", tmp_path_factory.mktemp("llama")))
     whole = probe.load(path)
-    split = probe.load(path, device_map="auto", max_memory={"cpu": "60KB"},
-                       offload_folder=str(tmp_path_factory.mktemp("offload")))
+    split = probe.load(
+        path, device_map="auto", max_memory={"cpu": "60KB"}, offload_folder=str(tmp_path_factory.mktemp("offload"))
+    )
     return whole, split
 
 
@@ -45,21 +47,30 @@ def test_logits_and_hooks_equal_the_undivided_model(pair):
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
     # an edit through a hook propagates on the dispatched model as on the whole one
     zero_v = [("blocks.0.attn.hook_v", lambda v, hook: torch.zeros_like(v))]
-    torch.testing.assert_close(split.run_with_hooks(ids, fwd_hooks=zero_v).logits,
-                               whole.run_with_hooks(ids, fwd_hooks=zero_v).logits, rtol=0, atol=0)
+    torch.testing.assert_close(
+        split.run_with_hooks(ids, fwd_hooks=zero_v).logits,
+        whole.run_with_hooks(ids, fwd_hooks=zero_v).logits,
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_analyses_equal_the_undivided_model(pair):
     whole, split = pair
     windows = torch.randint(2, 90, (2, 2, 17), generator=torch.Generator().manual_seed(1))
     for name in ("layers", "heads"):
-        torch.testing.assert_close(torch.tensor(sink_stats(split, windows)[name].select_dtypes("number").values),
-                                   torch.tensor(sink_stats(whole, windows)[name].select_dtypes("number").values),
-                                   rtol=1e-12, atol=1e-12, equal_nan=True)
+        torch.testing.assert_close(
+            torch.tensor(sink_stats(split, windows)[name].select_dtypes("number").values),
+            torch.tensor(sink_stats(whole, windows)[name].select_dtypes("number").values),
+            rtol=1e-12,
+            atol=1e-12,
+            equal_nan=True,
+        )
     got = inject(split, windows, junk=("structured", "gaussian"), doses=(0.4,), progress=False)["results"]
     want = inject(whole, windows, junk=("structured", "gaussian"), doses=(0.4,), progress=False)["results"]
-    torch.testing.assert_close(torch.tensor(got["delta"].values), torch.tensor(want["delta"].values),
-                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        torch.tensor(got["delta"].values), torch.tensor(want["delta"].values), rtol=1e-12, atol=1e-12
+    )
     assert (want["delta"].abs() > 0).all()  # the injection did something to compare
 
 
@@ -94,8 +105,17 @@ def test_cli_on_a_model_split_over_cpu_and_disk_equals_the_whole_model(tmp_path,
     for verb, extra in (("sinks", []), ("inject", ["--junk", "structured", "gaussian", "--dose", "0.4"])):
         assert cli(verb, *common, *extra, "--out", tmp_path / "whole" / verb) == (0, "")
         offload = tmp_path / "offload" / verb
-        assert cli(verb, *common, *extra, "--max-memory", "cpu=60KB", "--offload-dir", offload,
-                   "--out", tmp_path / "split" / verb) == (0, "")
+        assert cli(
+            verb,
+            *common,
+            *extra,
+            "--max-memory",
+            "cpu=60KB",
+            "--offload-dir",
+            offload,
+            "--out",
+            tmp_path / "split" / verb,
+        ) == (0, "")
         placement = loaded[-1].hf_model.hf_device_map
         assert {"cpu", "disk"} <= set(placement.values()), placement
         assert getattr(loaded[-2].hf_model, "hf_device_map", None) is None  # the reference is undivided
@@ -111,13 +131,16 @@ def test_cli_on_a_model_split_over_cpu_and_disk_equals_the_whole_model(tmp_path,
     assert rc == 0 and "placement: --device-map auto: " in err and " on disk" in err, err
 
 
-@pytest.mark.parametrize("flags, needles", [
-    (["--device-map", "fast"], ["--device-map", "'fast'", "auto, balanced, balanced_low_0, sequential, cpu"]),
-    (["--max-memory", "cpu=lots"], ["--max-memory", "'lots'", "GiB"]),
-    (["--max-memory", "gpu=1GB"], ["--max-memory", "'gpu'", "cpu, disk, mps"]),
-    (["--max-memory", "7=1GB"], ["--max-memory", "GPU 7", "use cpu, disk"]),
-    (["--device", "cpu", "--device-map", "auto"], ["--device 'cpu'", "--device-map", "give one"]),
-])
+@pytest.mark.parametrize(
+    "flags, needles",
+    [
+        (["--device-map", "fast"], ["--device-map", "'fast'", "auto, balanced, balanced_low_0, sequential, cpu"]),
+        (["--max-memory", "cpu=lots"], ["--max-memory", "'lots'", "GiB"]),
+        (["--max-memory", "gpu=1GB"], ["--max-memory", "'gpu'", "cpu, disk, mps"]),
+        (["--max-memory", "7=1GB"], ["--max-memory", "GPU 7", "use cpu, disk"]),
+        (["--device", "cpu", "--device-map", "auto"], ["--device 'cpu'", "--device-map", "give one"]),
+    ],
+)
 def test_bad_placement_flags_are_one_line_exit_2(flags, needles):
     if "7=1GB" in flags and torch.cuda.device_count() > 7:
         pytest.skip("this machine has a GPU 7")
@@ -134,8 +157,17 @@ def test_pretrained_recipes_take_the_placement_flags(tmp_path):
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        rc = main(["pretrained-sinks", "--out", str(tmp_path / "out"), "--models", "probe/tiny-baseline",
-                   "--max-memory", "cpu=lots"])
+        rc = main(
+            [
+                "pretrained-sinks",
+                "--out",
+                str(tmp_path / "out"),
+                "--models",
+                "probe/tiny-baseline",
+                "--max-memory",
+                "cpu=lots",
+            ]
+        )
     assert rc == 2 and len(err.getvalue().strip().splitlines()) == 1, err.getvalue()
     assert "--max-memory" in err.getvalue() and "'lots'" in err.getvalue()
     assert not (tmp_path / "out").exists()

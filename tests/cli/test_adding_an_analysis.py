@@ -1,8 +1,9 @@
-'''docs/how-to/adding-an-analysis.md, followed to the letter: a toy analysis (the mean entropy of the model's next-token
+"""docs/how-to/adding-an-analysis.md, followed to the letter: a toy analysis (the mean entropy of the model's next-token
 distribution per window) as three files, probe/analyses/entropy.py, probe/present/entropy.py and probe/cli/entropy.py
 (written to a temporary folder that is added to those three packages' paths, so they import under exactly those
 names), registered with one line in probe.cli.main.VERBS and one in probe.present.page.DESCRIBED_BY; its verb then
-runs end to end: the terminal table, the page, the CSV and the folder index.'''
+runs end to end: the terminal table, the page, the CSV and the folder index."""
+
 from __future__ import annotations
 
 import contextlib
@@ -119,8 +120,22 @@ def run(argv) -> tuple[int, str]:
 
 def test_a_toy_analysis_added_as_the_guide_says_runs_end_to_end(toy_analysis, tmp_path):
     out = tmp_path / "out"
-    rc, text = run(["entropy", "--data", "wikitext-2-test", "--batches", "2", "--batch-size", "2", "--ctx", "32",
-                    "--quiet", "--out", out])
+    rc, text = run(
+        [
+            "entropy",
+            "--data",
+            "wikitext-2-test",
+            "--batches",
+            "2",
+            "--batch-size",
+            "2",
+            "--ctx",
+            "32",
+            "--quiet",
+            "--out",
+            out,
+        ]
+    )
     assert rc == 0
     summary = pd.read_csv(out / "entropy_summary.csv")
     windows = pd.read_csv(out / "entropy_windows.csv")
@@ -164,10 +179,24 @@ def test_the_guide_names_what_this_test_uses():
     from probe.present import files
 
     section = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "adding-an-analysis.md").read_text(
-        encoding="utf-8")
-    for needle in ("probe/analyses/NAME.py", "probe/present/NAME.py", "probe/cli/NAME.py", "`DESCRIBED_BY`",
-                   "`VERBS`", "probe.present.files.publish", "probe.cli.prepare.prepare", "`add_parser(sub)`",
-                   "`run(args)`", "`TITLE`", "`figures(result)", "`sections(result)", "`text(result)",
-                   "`DESCRIPTIONS`", "tests/cli/test_adding_an_analysis.py"):
+        encoding="utf-8"
+    )
+    for needle in (
+        "probe/analyses/NAME.py",
+        "probe/present/NAME.py",
+        "probe/cli/NAME.py",
+        "`DESCRIBED_BY`",
+        "`VERBS`",
+        "probe.present.files.publish",
+        "probe.cli.prepare.prepare",
+        "`add_parser(sub)`",
+        "`run(args)`",
+        "`TITLE`",
+        "`figures(result)",
+        "`sections(result)",
+        "`text(result)",
+        "`DESCRIPTIONS`",
+        "tests/cli/test_adding_an_analysis.py",
+    ):
         assert needle in section, needle
     assert callable(files.publish) and callable(prepare_module.prepare) and isinstance(page.DESCRIBED_BY, list)

@@ -5,6 +5,7 @@ are one-line errors; ``probe train --data synthetic:bb`` and ``probe train --bos
 the loaded model knows it.
 
 Every CLI call runs in this process (``probe.cli.main``: one import for all of them)."""
+
 import json
 import subprocess
 
@@ -37,8 +38,10 @@ def test_shipped_bb_model_reproduces_its_recorded_statistics(name):
     rec = record(name)
     model = probe.load(f"probe/{name}")
     assert model.probe_info.name == f"probe/{name}" and model.config.probe_variant == rec["variant"]
-    assert rec["command"].startswith("probe experiment sink-emergence ") and f"--variants {rec['variant']}" in \
-        rec["command"]
+    assert (
+        rec["command"].startswith("probe experiment sink-emergence ")
+        and f"--variants {rec['variant']}" in rec["command"]
+    )
     assert model.probe_info.trained_with_bos and trained_task(model).spec() == rec["run"]["data"] == CHAIN
     cfg = EmergenceConfig.from_record(rec["recipe"])
     assert cfg.n_eval_batches * cfg.eval_batch_size >= 256 and cfg.T <= 256  # the issue's evaluation size
@@ -68,26 +71,50 @@ def test_sinks_on_bb_baseline_defaults_to_its_chain_and_shows_the_sink(capsys):
     assert f"corpus: {CHAIN}" in r.stdout and "8 x 8 windows of 256 tokens (synthetic, BOS first)" in r.stdout
     assert [line.split()[-1] for line in r.stdout.splitlines() if "sink_formed" in line] == ["True"]
     # the same chain named explicitly, a shorter T by --ctx: same model, other windows
-    r = cli(capsys, "eval", "--model", "probe/bb-baseline", "--data", "synthetic:bb[seed=0]", "--ctx", "64",
-            "--batches", "1", "--batch-size", "4", "--json", "--quiet")
+    r = cli(
+        capsys,
+        "eval",
+        "--model",
+        "probe/bb-baseline",
+        "--data",
+        "synthetic:bb[seed=0]",
+        "--ctx",
+        "64",
+        "--batches",
+        "1",
+        "--batch-size",
+        "4",
+        "--json",
+        "--quiet",
+    )
     meta = json.loads(r.stdout)["meta"]
     assert r.returncode == 0 and meta["corpus"] == "synthetic:bb[vocab=64,triggers=3,seed=0,T=64]"
 
 
 BB_ERRORS = [
-    (["sinks", "--model", "probe/bb-baseline", "--data", "wikitext-2-test"],
-     ["'wikitext-2-test' is text", "probe/bb-baseline", CHAIN, "synthetic:bb"]),
-    (["sinks", "--model", "probe/tiny-baseline", "--data", "synthetic:bb"],
-     ["'synthetic:bb' is Bigram-Backcopy data", "probe/tiny-baseline", "trained on text"]),
-    (["sinks", "--model", "probe/bb-baseline", "--data", "synthetic:bb[vocab=100]"],
-     ["needs 101 token ids", "vocabulary of 65", "vocab <= 64"]),
+    (
+        ["sinks", "--model", "probe/bb-baseline", "--data", "wikitext-2-test"],
+        ["'wikitext-2-test' is text", "probe/bb-baseline", CHAIN, "synthetic:bb"],
+    ),
+    (
+        ["sinks", "--model", "probe/tiny-baseline", "--data", "synthetic:bb"],
+        ["'synthetic:bb' is Bigram-Backcopy data", "probe/tiny-baseline", "trained on text"],
+    ),
+    (
+        ["sinks", "--model", "probe/bb-baseline", "--data", "synthetic:bb[vocab=100]"],
+        ["needs 101 token ids", "vocabulary of 65", "vocab <= 64"],
+    ),
     (["gates", "--model", "probe/bb-baseline", "--data", "synthetic:bb[size=3]"], ["unknown key 'size'", "vocab"]),
     (["eval", "--model", "probe/bb-baseline", "--data", "synthetic:bigram"], ["'bigram'", "bb"]),
     (["eval", "--model", "probe/bb-baseline", "--no-bos"], ["--no-bos", "always start with BOS"]),
-    (["sinks", "--model", "probe/bb-baseline", "--dormant"],  # the default domains are the text corpora
-     ["--dormant-corpora 'wikitext-2-test' is text", "--dormant-corpora synthetic:bb synthetic:bb[seed=1]"]),
-    (["sinks", "--model", "probe/bb-baseline", "--dormant", "--dormant-corpora", "synthetic:bb[size=3]"],
-     ["--dormant-corpora 'synthetic:bb[size=3]': ", "unknown key 'size'"]),
+    (
+        ["sinks", "--model", "probe/bb-baseline", "--dormant"],  # the default domains are the text corpora
+        ["--dormant-corpora 'wikitext-2-test' is text", "--dormant-corpora synthetic:bb synthetic:bb[seed=1]"],
+    ),
+    (
+        ["sinks", "--model", "probe/bb-baseline", "--dormant", "--dormant-corpora", "synthetic:bb[size=3]"],
+        ["--dormant-corpora 'synthetic:bb[size=3]': ", "unknown key 'size'"],
+    ),
 ]
 
 
@@ -100,8 +127,25 @@ def test_mismatched_data_is_one_line_and_writes_nothing(args, needles, tmp_path,
 
 def test_train_on_synthetic_data_records_the_chain(tmp_path, capsys):
     run = tmp_path / "run"
-    r = cli(capsys, "train", "--data", "synthetic:bb[vocab=8,triggers=2]", "--ctx", "16", "--steps", "2",
-            "--batch-size", "2", "--eval-batches", "1", "--out", run, "--quiet", "--threads", "1")
+    r = cli(
+        capsys,
+        "train",
+        "--data",
+        "synthetic:bb[vocab=8,triggers=2]",
+        "--ctx",
+        "16",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--eval-batches",
+        "1",
+        "--out",
+        run,
+        "--quiet",
+        "--threads",
+        "1",
+    )
     assert r.returncode == 0, r.stderr
     ident = json.loads((run / "probe_train.json").read_text())
     assert ident["data"] == "synthetic:bb[vocab=8,triggers=2,seed=0,T=16]" and ident["bos"] and ident["bos_id"] == 8
@@ -112,11 +156,43 @@ def test_train_on_synthetic_data_records_the_chain(tmp_path, capsys):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["meta"]["corpus"] == ident["data"]  # bare: the run's own chain
     # the same command resumes (the identity matches); another chain is refused, naming both
-    again = cli(capsys, "train", "--data", "synthetic:bb[vocab=8,triggers=2]", "--ctx", "16", "--steps", "2",
-                "--batch-size", "2", "--eval-batches", "1", "--out", run, "--quiet", "--threads", "1")
+    again = cli(
+        capsys,
+        "train",
+        "--data",
+        "synthetic:bb[vocab=8,triggers=2]",
+        "--ctx",
+        "16",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--eval-batches",
+        "1",
+        "--out",
+        run,
+        "--quiet",
+        "--threads",
+        "1",
+    )
     assert again.returncode == 0, again.stderr
-    other = cli(capsys, "train", "--data", "synthetic:bb[vocab=8,triggers=1]", "--ctx", "16", "--steps", "2",
-                "--batch-size", "2", "--eval-batches", "1", "--out", run, "--quiet")
+    other = cli(
+        capsys,
+        "train",
+        "--data",
+        "synthetic:bb[vocab=8,triggers=1]",
+        "--ctx",
+        "16",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--eval-batches",
+        "1",
+        "--out",
+        run,
+        "--quiet",
+    )
     assert_one_line_error(other, "triggers=2", "triggers=1")
 
 
@@ -125,17 +201,52 @@ def test_train_bos_on_text_starts_every_window_with_it(tmp_path, capsys):
     windows = WindowSampler(docs, 16, 0, eos_id=0, bos_id=7).sample(6)  # (6, 17)
     assert (windows[:, 0] == 7).all() and not (windows[:, 1:] == 7).any()
     text = tmp_path / "corpus.txt"
-    text.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog {i} times." * 3
-                                for i in range(40)))
+    text.write_text(
+        "\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog {i} times." * 3 for i in range(40))
+    )
     run = tmp_path / "run"
-    r = cli(capsys, "train", "--bos", "--data", text, "--eval-data", text, "--ctx", "16", "--steps", "2",
-            "--batch-size", "2", "--eval-batches", "1", "--out", run, "--quiet", "--threads", "1")
+    r = cli(
+        capsys,
+        "train",
+        "--bos",
+        "--data",
+        text,
+        "--eval-data",
+        text,
+        "--ctx",
+        "16",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--eval-batches",
+        "1",
+        "--out",
+        run,
+        "--quiet",
+        "--threads",
+        "1",
+    )
     assert r.returncode == 0, r.stderr
     ident = json.loads((run / "probe_train.json").read_text())
     assert ident["bos"] is True and ident["bos_id"] == 0  # probe-bpe-8k has no BOS token: its EOS stands in
     model = probe.load(run)
     assert model.probe_info.trained_with_bos
-    r = cli(capsys, "eval", "--model", run, "--data", text, "--ctx", "16", "--batches", "1", "--batch-size", "2",
-            "--json", "--quiet")
+    r = cli(
+        capsys,
+        "eval",
+        "--model",
+        run,
+        "--data",
+        text,
+        "--ctx",
+        "16",
+        "--batches",
+        "1",
+        "--batch-size",
+        "2",
+        "--json",
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["meta"]["bos"] is True  # the analyses' default windows get the BOS too

@@ -1,4 +1,5 @@
 """The `probe` command end to end, in subprocesses, on tiny models and two 32-token windows."""
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,11 @@ def test_parser_choices_match_the_analyses():
 
 
 def test_cli_module_imports_no_heavy_library():
-    code = ("import sys, probe.cli as c; c.build_parser(); "
-            "print(sorted(m for m in ('torch', 'transformers', 'pandas', 'plotly', 'transformer_lens') "
-            "if m in sys.modules))")
+    code = (
+        "import sys, probe.cli as c; c.build_parser(); "
+        "print(sorted(m for m in ('torch', 'transformers', 'pandas', 'plotly', 'transformer_lens') "
+        "if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
@@ -55,8 +58,11 @@ def test_models(tmp_path):
     assert "tiny" in {row["name"] for row in doc["tables"]["tiers"]}
     hub = {row["name"]: row["source"] for row in doc["tables"]["checkpoints"] if row["kind"] == "hub"}
     assert hub["pythia-410m"] == "EleutherAI/pythia-410m" and hub["gpt-oss-20b"] == "openai/gpt-oss-20b"
-    assert {p.name for p in files_under(tmp_path / "m")} >= {"models_variants.csv", "models_checkpoints.csv",
-                                                             "models.json"}
+    assert {p.name for p in files_under(tmp_path / "m")} >= {
+        "models_variants.csv",
+        "models_checkpoints.csv",
+        "models.json",
+    }
     for table in ("variants", "checkpoints"):  # the CSVs hold the same rows as the JSON document
         assert pd.read_csv(tmp_path / "m" / f"models_{table}.csv").to_dict("records") == doc["tables"][table]
 
@@ -65,10 +71,12 @@ def test_models_imports_no_heavy_library_and_lists_each_zoo_models_val_loss():
     """`probe models` answers within a second: no torch, transformers, pandas or plotly on its path."""
     from probe.checkpoints.load import zoo_names
 
-    code = ("import contextlib, io, sys\nfrom probe.cli import main\ntext = io.StringIO()\n"
-            "with contextlib.redirect_stdout(text):\n    rc = main(['models'])\n"
-            "print(rc, sorted(m for m in ('torch', 'transformers', 'pandas', 'plotly') if m in sys.modules))\n"
-            "print(text.getvalue())")
+    code = (
+        "import contextlib, io, sys\nfrom probe.cli import main\ntext = io.StringIO()\n"
+        "with contextlib.redirect_stdout(text):\n    rc = main(['models'])\n"
+        "print(rc, sorted(m for m in ('torch', 'transformers', 'pandas', 'plotly') if m in sys.modules))\n"
+        "print(text.getvalue())"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
     assert r.returncode == 0, r.stderr
     status, text = r.stdout.split("\n", 1)
@@ -96,8 +104,21 @@ def test_sinks_default_model_and_text():
 
 
 def test_sinks_with_eps_list_massive_and_dormant():
-    r = probe("sinks", "--model", "probe/tiny-baseline", *WINDOWS, "--eps", "0.01", "0.3", "--massive", "--dormant",
-              "--dormant-corpora", "wikitext-2-test", "kjv", "--json")
+    r = probe(
+        "sinks",
+        "--model",
+        "probe/tiny-baseline",
+        *WINDOWS,
+        "--eps",
+        "0.01",
+        "0.3",
+        "--massive",
+        "--dormant",
+        "--dormant-corpora",
+        "wikitext-2-test",
+        "kjv",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     t = json.loads(r.stdout)["tables"]
     assert [row["epsilon"] for row in t["sink_eps_summary"]] == [0.01, 0.3]
@@ -123,20 +144,35 @@ def test_inject_headline_default(tmp_path):
     assert row["delta"] == pytest.approx(row["loss_corrupted"] - row["loss_clean"], abs=1e-9)
     page = (out / "inject.html").read_text()
     assert "src='plotly.min.js'" in page and "Plotly.newPlot" in page and len(page) < 1_000_000  # shared plotly.js
-    figure_at = page.index("class=\"plotly-graph-div\"")
+    figure_at = page.index('class="plotly-graph-div"')
     assert "Loss increase per condition" in page[figure_at:]  # the picture first, then the table
     assert "inject.html" in (out / "index.html").read_text()
 
 
 def test_inject_every_junk_type(fx):
-    r = probe("inject", "--model", fx["sp"], "--data", fx["data"], *WINDOWS, "--junk", "all", "--dose", "0", "0.8",
-              "--cutoff", "q25", "median", "--json", "--quiet")
+    r = probe(
+        "inject",
+        "--model",
+        fx["sp"],
+        "--data",
+        fx["data"],
+        *WINDOWS,
+        "--junk",
+        "all",
+        "--dose",
+        "0",
+        "0.8",
+        "--cutoff",
+        "q25",
+        "median",
+        "--json",
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
     doc = json.loads(r.stdout)
     rows = doc["tables"]["results"]
-    assert {x["junk"] for x in rows} == {"structured", "same-context", "gaussian", "random-direction",
-                                        "own-direction"}
+    assert {x["junk"] for x in rows} == {"structured", "same-context", "gaussian", "random-direction", "own-direction"}
     assert len(rows) == 5 * 2 * 2
     assert all(x["delta"] == 0 for x in rows if x["dose"] == 0)
     assert all(x["delta"] != 0 for x in rows if x["dose"] == 0.8)
@@ -145,13 +181,29 @@ def test_inject_every_junk_type(fx):
 
 
 def test_inject_all_skips_own_direction_without_a_projection_gate(fx):
-    r = probe("inject", "--model", fx["base"], "--data", fx["data"], *WINDOWS, "--junk", "all", "--dose", "0.4",
-              "--no-exposure", "--json")
+    r = probe(
+        "inject",
+        "--model",
+        fx["base"],
+        "--data",
+        fx["data"],
+        *WINDOWS,
+        "--junk",
+        "all",
+        "--dose",
+        "0.4",
+        "--no-exposure",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     assert "skipping junk own-direction" in r.stderr
     doc = json.loads(r.stdout)
-    assert {x["junk"] for x in doc["tables"]["results"]} == {"structured", "same-context", "gaussian",
-                                                            "random-direction"}
+    assert {x["junk"] for x in doc["tables"]["results"]} == {
+        "structured",
+        "same-context",
+        "gaussian",
+        "random-direction",
+    }
     assert "exposure" not in doc["tables"]
 
 
@@ -180,8 +232,12 @@ def test_bos_flags_decide_the_first_token(fx, tmp_path):
     llama = build_tiny("llama", tmp_path / "llama")  # its tokenizer has a BOS token but does not add it to text
     words = tmp_path / "words.txt"  # text in the tiny vocabulary (w2 ... w95), one document
     words.write_text(" ".join(f"w{2 + (7 * i) % 94}" for i in range(200)) + "\n")
-    runs = {flag: probe("sinks", "--model", llama, "--data", words, *WINDOWS, "--json", "--quiet",
-                        *([flag] if flag else [])) for flag in ("", "--bos", "--no-bos")}
+    runs = {
+        flag: probe(
+            "sinks", "--model", llama, "--data", words, *WINDOWS, "--json", "--quiet", *([flag] if flag else [])
+        )
+        for flag in ("", "--bos", "--no-bos")
+    }
     for flag, r in runs.items():
         assert r.returncode == 0, (flag, r.stderr)
     meta = {flag: json.loads(r.stdout)["meta"] for flag, r in runs.items()}
@@ -191,7 +247,8 @@ def test_bos_flags_decide_the_first_token(fx, tmp_path):
     assert pos0["--bos"] != pos0[""] and pos0["--no-bos"] == pos0[""]  # another token at position 0
     r = probe("sinks", *WINDOWS, "--bos", "--quiet")  # probe-bpe-8k has no BOS token
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "probe sinks: error: --bos: tokenizer 'probe-bpe-8k' has no BOS token; drop --bos"]
+        "probe sinks: error: --bos: tokenizer 'probe-bpe-8k' has no BOS token; drop --bos"
+    ]
 
 
 def test_sources(fx):
@@ -250,16 +307,43 @@ def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
     from safetensors.torch import load_file
 
     def train(out, env=None):
-        return probe("train", "--variant", "sink+proj", "--tier", "tiny", "--seed", "1", "--data", fx["data"],
-                     "--eval-data", fx["data"], "--eval-batches", "1", "--steps", "6", "--batch-size", "2",
-                     "--ctx", "32", "--ckpt-every", "2", "--eval-every", "2", "--snapshot-every", "3", "--out", out,
-                     env=env)
+        return probe(
+            "train",
+            "--variant",
+            "sink+proj",
+            "--tier",
+            "tiny",
+            "--seed",
+            "1",
+            "--data",
+            fx["data"],
+            "--eval-data",
+            fx["data"],
+            "--eval-batches",
+            "1",
+            "--steps",
+            "6",
+            "--batch-size",
+            "2",
+            "--ctx",
+            "32",
+            "--ckpt-every",
+            "2",
+            "--eval-every",
+            "2",
+            "--snapshot-every",
+            "3",
+            "--out",
+            out,
+            env=env,
+        )
 
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     r = train(whole)
     assert r.returncode == 0
-    assert ("warning: --warmup 100 >= --steps 6, so the lr would never reach its peak; warming up for 0 steps"
-            in r.stderr)
+    assert (
+        "warning: --warmup 100 >= --steps 6, so the lr would never reach its peak; warming up for 0 steps" in r.stderr
+    )
     r = train(cut, kill_at_batch(tmp_path, 5))  # killed while step 5 draws its batch: last checkpoint at step 4
     assert r.returncode != 0 and not (cut / "model").exists() and not (cut / "training.html").exists()
     r = train(cut)
@@ -282,8 +366,21 @@ def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
     r = probe("eval", "--model", cut, "--data", fx["data"], *WINDOWS, "--json", "--quiet")  # DIR -> DIR/model
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["meta"]["tokenizer"].endswith("model")  # the tokenizer saved beside the weights
-    r = probe("train", "--variant", "baseline", "--tier", "tiny", "--seed", "1", "--data", fx["data"], "--steps", "6",
-              "--out", cut)
+    r = probe(
+        "train",
+        "--variant",
+        "baseline",
+        "--tier",
+        "tiny",
+        "--seed",
+        "1",
+        "--data",
+        fx["data"],
+        "--steps",
+        "6",
+        "--out",
+        cut,
+    )
     assert_one_line_error(r, "different settings", "--variant 'sink+proj' (now 'baseline')")
 
 
@@ -297,11 +394,45 @@ def test_train_optimizer_flags_reach_the_trainer(fx, tmp_path):
     from probe.models import create
     from probe.train import TrainConfig, train
 
-    flags = dict(schedule="linear-warmdown", min_lr_ratio=0.0, optimizer="muon", muon_lr=2e-3, weight_decay=0.5,
-                 grad_clip=0.5, z_loss=1e-4, grad_accum=2)
-    common = ["--variant", "sink+proj", "--tier", "tiny", "--seed", "1", "--data", fx["data"], "--eval-data",
-              fx["data"], "--eval-batches", "1", "--steps", "3", "--batch-size", "4", "--ctx", "32", "--lr", "1e-3",
-              "--warmup", "1", "--eval-every", "0", "--ckpt-every", "0", "--quiet"]
+    flags = dict(
+        schedule="linear-warmdown",
+        min_lr_ratio=0.0,
+        optimizer="muon",
+        muon_lr=2e-3,
+        weight_decay=0.5,
+        grad_clip=0.5,
+        z_loss=1e-4,
+        grad_accum=2,
+    )
+    common = [
+        "--variant",
+        "sink+proj",
+        "--tier",
+        "tiny",
+        "--seed",
+        "1",
+        "--data",
+        fx["data"],
+        "--eval-data",
+        fx["data"],
+        "--eval-batches",
+        "1",
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--ctx",
+        "32",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "1",
+        "--eval-every",
+        "0",
+        "--ckpt-every",
+        "0",
+        "--quiet",
+    ]
     cli = tmp_path / "cli"
     args = [x for k, v in flags.items() for x in (f"--{k.replace('_', '-')}", v)]
     r = probe("train", *common, *args, "--out", cli)
@@ -311,8 +442,9 @@ def test_train_optimizer_flags_reach_the_trainer(fx, tmp_path):
     tok = load_tokenizer("probe-bpe-8k")
     sampler = WindowSampler(tokenize_documents(load_corpus(str(fx["data"])), tok), 32, 1, eos_id=tok.eos_token_id)
     model = create("sink+proj", "tiny", seed=1)
-    cfg = TrainConfig(steps=3, batch_size=4, lr=1e-3, warmup=1, eval_every=0, ckpt_every=0, seed=1, device="cpu",
-                      **flags)
+    cfg = TrainConfig(
+        steps=3, batch_size=4, lr=1e-3, warmup=1, eval_every=0, ckpt_every=0, seed=1, device="cpu", **flags
+    )
     train(model, sampler, cfg, tmp_path / "py", progress=False)
     got = load_file(cli / "model" / "model.safetensors")
     assert got.keys() == model.state_dict().keys()
@@ -334,8 +466,27 @@ def test_train_resumes_a_run_recorded_before_the_optimizer_flags(fx, tmp_path):
     from probe.cli.train import LATER_KEYS
 
     out = tmp_path / "run"
-    common = ["--variant", "baseline", "--tier", "tiny", "--data", fx["data"], "--eval-data", fx["data"],
-              "--eval-batches", "1", "--batch-size", "2", "--ctx", "32", "--ckpt-every", "1", "--quiet", "--out", out]
+    common = [
+        "--variant",
+        "baseline",
+        "--tier",
+        "tiny",
+        "--data",
+        fx["data"],
+        "--eval-data",
+        fx["data"],
+        "--eval-batches",
+        "1",
+        "--batch-size",
+        "2",
+        "--ctx",
+        "32",
+        "--ckpt-every",
+        "1",
+        "--quiet",
+        "--out",
+        out,
+    ]
     assert probe("train", *common, "--steps", "1").returncode == 0
     run = json.loads((out / "probe_train.json").read_text())
     old = {k: v for k, v in run.items() if k not in LATER_KEYS}
@@ -343,17 +494,41 @@ def test_train_resumes_a_run_recorded_before_the_optimizer_flags(fx, tmp_path):
     r = probe("train", *common, "--steps", "2")
     assert r.returncode == 0, r.stderr
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()][-1] == 2
-    assert_one_line_error(probe("train", *common, "--steps", "3", "--weight-decay", "0.5"),
-                          "--weight-decay 0.1 (now 0.5)")
+    assert_one_line_error(
+        probe("train", *common, "--steps", "3", "--weight-decay", "0.5"), "--weight-decay 0.1 (now 0.5)"
+    )
 
 
 def test_report_over_the_snapshots_of_a_training_run(fx, tmp_path):
     """`probe train --snapshot-every` keeps the model along training; `probe report --checkpoints RUN` reads them all
     and `--model RUN@stepN` any one of them."""
     run = tmp_path / "run"
-    r = probe("train", "--variant", "sink+proj", "--tier", "tiny", "--seed", "1", "--data", fx["data"], "--eval-data",
-              fx["data"], "--eval-batches", "1", "--steps", "4", "--batch-size", "2", "--ctx", "32",
-              "--snapshot-every", "2", "--quiet", "--out", run)
+    r = probe(
+        "train",
+        "--variant",
+        "sink+proj",
+        "--tier",
+        "tiny",
+        "--seed",
+        "1",
+        "--data",
+        fx["data"],
+        "--eval-data",
+        fx["data"],
+        "--eval-batches",
+        "1",
+        "--steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--ctx",
+        "32",
+        "--snapshot-every",
+        "2",
+        "--quiet",
+        "--out",
+        run,
+    )
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (run / "snapshots").iterdir()) == ["step0", "step2", "step4"]
     r = probe("report", "--checkpoints", run, "--data", fx["data"], *WINDOWS, "--quiet", "--out", tmp_path / "rep")
@@ -367,10 +542,14 @@ def test_report_over_the_snapshots_of_a_training_run(fx, tmp_path):
     assert one.returncode == 0, one.stderr
     s2 = summary[summary["step"] == 2].iloc[0]
     assert json.loads(one.stdout)["tables"]["summary"][0]["pos0_share"] == pytest.approx(s2["pos0_share"], rel=1e-6)
-    assert_one_line_error(probe("sinks", "--model", f"{run}@step3", "--data", fx["data"], *WINDOWS),
-                          "step3", "step0, step2, step4")
-    assert_one_line_error(probe("report", "--checkpoints", tmp_path / "rep", "--out", tmp_path / "x"),
-                          "no training snapshots", "--snapshot-every")
+    assert_one_line_error(
+        probe("sinks", "--model", f"{run}@step3", "--data", fx["data"], *WINDOWS), "step3", "step0, step2, step4"
+    )
+    assert_one_line_error(
+        probe("report", "--checkpoints", tmp_path / "rep", "--out", tmp_path / "x"),
+        "no training snapshots",
+        "--snapshot-every",
+    )
 
 
 # ------------------------------------------------------------------------------------------------- errors
@@ -408,18 +587,26 @@ def test_errors_before_loading(args, needles, tmp_path):
 
 MODEL_ERRORS = [  # need the model (or its config) to find the error
     (lambda fx: ["sinks", "--model", fx["sp"], "--data", fx["data"], "--ctx", "100"], ["--ctx 100", "64"]),
-    (lambda fx: ["sinks", "--model", fx["sp"], "--data", fx["data"], "--ctx", "1"],
-     ["--ctx 1 is too short", "choose --ctx 2..64"]),
+    (
+        lambda fx: ["sinks", "--model", fx["sp"], "--data", fx["data"], "--ctx", "1"],
+        ["--ctx 1 is too short", "choose --ctx 2..64"],
+    ),
     (lambda fx: ["sinks", "--model", fx["bad_config"], "--data", fx["data"]], ["cannot read", "bad_config"]),
     (lambda fx: ["inject", "--model", fx["bad_weights"], "--data", fx["data"]], ["cannot read", "bad_weights"]),
-    (lambda fx: ["inject", "--model", fx["base"], "--data", fx["data"], "--junk", "own-direction"],
-     ["own-direction", "projection gate"]),
-    (lambda fx: ["inject", "--model", fx["sp"], "--data", fx["data"], "--batch-size", "1"],
-     ["structured", "--batch-size >= 2"]),
+    (
+        lambda fx: ["inject", "--model", fx["base"], "--data", fx["data"], "--junk", "own-direction"],
+        ["own-direction", "projection gate"],
+    ),
+    (
+        lambda fx: ["inject", "--model", fx["sp"], "--data", fx["data"], "--batch-size", "1"],
+        ["structured", "--batch-size >= 2"],
+    ),
     (lambda fx: ["gates", "--model", fx["base"], "--data", fx["data"], *WINDOWS], ["no value gate"]),
     (lambda fx: ["sources", "--model", fx["sp"], "--data", fx["data"], *WINDOWS], ["no depth routing"]),
-    (lambda fx: ["sinks", "--model", fx["sp"], "--data", fx["data"], "--batches", "99", "--ctx", "32"],
-     ["--batches x --batch-size=792"]),
+    (
+        lambda fx: ["sinks", "--model", fx["sp"], "--data", fx["data"], "--batches", "99", "--ctx", "32"],
+        ["--batches x --batch-size=792"],
+    ),
     (lambda fx: ["train", "--variant", "nope", "--data", fx["data"]], ["'nope'", "baseline", "sink+proj"]),
     (lambda fx: ["train", "--tier", "tiny", "--ctx", "1000", "--data", fx["data"]], ["--ctx 1000", "256"]),
 ]

@@ -5,6 +5,7 @@ Two torchrun launches in all (each costs two interpreters importing torch): this
 calls the CLI's ``main`` for every verb and error case in turn (the same path ``-m probe.cli`` takes), and one real
 ``torchrun -m probe.cli`` with a bad flag.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -67,12 +68,24 @@ def worker(root: Path) -> None:
     calls = {verb: call(flags(verb, fx, root / "two" / verb)) for verb in VERBS}
     (root / "a_file").write_text("")
     calls["bad_out"] = call(flags("sinks", fx, root / "a_file" / "out"))
-    calls["missing_model"] = call(["eval", "--model", str(root / "no_such_model"), "--data", str(fx["data"]),
-                                   *WINDOWS, "--out", str(root / "none")])
+    calls["missing_model"] = call(
+        [
+            "eval",
+            "--model",
+            str(root / "no_such_model"),
+            "--data",
+            str(fx["data"]),
+            *WINDOWS,
+            "--out",
+            str(root / "none"),
+        ]
+    )
     if rank == 1:  # this rank's model cannot be read; rank 0's can
+
         def fault(spec, console):
             calls["fault_time"] = time.time()
             raise UsageError(f"--model {spec.name!r}: fault injected on rank 1")
+
         analyses.load_model = fault
     calls["rank1_fault"] = call(flags("gates", fx, root / "fault"))
     (root / f"rank{rank}.json").write_text(json.dumps(calls))
@@ -125,8 +138,9 @@ def test_two_ranks_write_what_one_process_writes(runs, verb):
     assert ranks[1][verb]["stdout"] == ranks[1][verb]["stderr"] == ""
 
 
-@pytest.mark.parametrize("case, needle", [("bad_out", "a_file"), ("missing_model", "no_such_model"),
-                                          ("rank1_fault", "rank 1: --model")])
+@pytest.mark.parametrize(
+    "case, needle", [("bad_out", "a_file"), ("missing_model", "no_such_model"), ("rank1_fault", "rank 1: --model")]
+)
 def test_an_error_on_any_rank_ends_both_with_one_line(runs, case, needle):
     root, ranks, _ = runs
     assert ranks[0][case]["rc"] == ranks[1][case]["rc"] == 2
@@ -141,14 +155,22 @@ def test_an_error_on_any_rank_ends_both_with_one_line(runs, case, needle):
 def test_a_bad_flag_under_torchrun_is_one_line_within_seconds(tmp_path):
     """The real launcher and entry point: `torchrun -m probe.cli sinks --bogus`, every rank's output kept apart."""
     start = time.time()
-    proc = subprocess.run([*TORCHRUN, "--log-dir", str(tmp_path), "--redirects", "3", "-m", "probe.cli", "sinks",
-                           "--bogus"], env=ENV, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [*TORCHRUN, "--log-dir", str(tmp_path), "--redirects", "3", "-m", "probe.cli", "sinks", "--bogus"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     end = time.time()
     # from the ranks' start (their log folders are made as they are spawned) to torchrun's end; torchrun's own start
     # (importing torch) is not ours to time and takes many seconds on a loaded machine
     spawned = min(p.stat().st_mtime for p in tmp_path.rglob("attempt_0/*"))
-    assert proc.returncode != 0 and end - spawned < 10 and end - start < 60, (end - spawned, end - start,
-                                                                               proc.stderr[-2000:])
+    assert proc.returncode != 0 and end - spawned < 10 and end - start < 60, (
+        end - spawned,
+        end - start,
+        proc.stderr[-2000:],
+    )
     codes = [int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", proc.stderr)]
     # every rank exits 2, unless torchrun stopped it first (SIGTERM) on seeing another rank's exit 2
     assert 2 in codes and set(codes) <= {2, -15}, proc.stderr[-2000:]

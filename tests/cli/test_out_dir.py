@@ -1,5 +1,6 @@
 """`--out` is checked before any work: a path under a regular file or under /proc is one line and exit code 2 within a
 second, for every verb and every recipe, and nothing is left on disk. In-process; no model is loaded."""
+
 from __future__ import annotations
 
 import sys
@@ -34,8 +35,9 @@ def verbs_with_out() -> list[str]:
     from probe.cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    verbs = [v for v, p in sub.choices.items() if v != "experiment" and any("--out" in a.option_strings
-                                                                             for a in p._actions)]
+    verbs = [
+        v for v, p in sub.choices.items() if v != "experiment" and any("--out" in a.option_strings for a in p._actions)
+    ]
     return sorted(set(verbs) - {"costs"}) + ["costs"]
 
 
@@ -61,6 +63,7 @@ def test_every_recipe_checks_out_before_loading(recipe, tmp_path, capsys):
 
 def test_a_writable_out_passes_and_leaves_nothing(tmp_path):
     from probe.present.files import check_out_dir
+
     deep = tmp_path / "a" / "b" / "c"
     assert check_out_dir(deep) == deep and not (tmp_path / "a").exists()
     (tmp_path / "d").mkdir()

@@ -9,6 +9,7 @@ and say in the commit which flag changed and why. Help texts are not pinned (the
 A flag's type is a function, so it is pinned by its behaviour: what it returns (or that it rejects) for a fixed set of
 sample inputs, with the message of each rejection.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,10 +48,17 @@ def _type_signature(typ) -> dict | None:
 
 
 def _action(a: argparse.Action) -> dict:
-    return {"option_strings": list(a.option_strings), "dest": a.dest, "action": type(a).__name__,
-            "type": _type_signature(a.type), "default": _jsonable(a.default),
-            "choices": None if a.choices is None else [_jsonable(c) for c in a.choices], "nargs": _jsonable(a.nargs),
-            "required": a.required, "const": _jsonable(a.const)}
+    return {
+        "option_strings": list(a.option_strings),
+        "dest": a.dest,
+        "action": type(a).__name__,
+        "type": _type_signature(a.type),
+        "default": _jsonable(a.default),
+        "choices": None if a.choices is None else [_jsonable(c) for c in a.choices],
+        "nargs": _jsonable(a.nargs),
+        "required": a.required,
+        "const": _jsonable(a.const),
+    }
 
 
 def parser_actions() -> dict:
@@ -66,8 +74,12 @@ def parser_actions() -> dict:
     from probe.experiments import RECIPES
     from probe.experiments.command import build_parser as recipe_parser  # each recipe's options, from its config
 
-    verbs.update({f"experiment {name}": [_action(a) for a in recipe_parser(name, "probe experiment")._actions]
-                  for name in RECIPES})
+    verbs.update(
+        {
+            f"experiment {name}": [_action(a) for a in recipe_parser(name, "probe experiment")._actions]
+            for name in RECIPES
+        }
+    )
     return {"verbs": verbs, "train_resume_keys": {"RUN_KEYS": list(RUN_KEYS), "LATER_KEYS": list(LATER_KEYS)}}
 
 
@@ -81,16 +93,24 @@ def test_the_parser_matches_the_pinned_actions():
         for flag, action in want.items():
             assert got[flag] == action, f"probe {verb} {flag}"
         # the order of --help and of argparse's errors
-        assert [tuple(a["option_strings"]) for a in live["verbs"][verb]] == [tuple(a["option_strings"]) for a in
-                                                                             actions], f"probe {verb}: order"
+        assert [tuple(a["option_strings"]) for a in live["verbs"][verb]] == [
+            tuple(a["option_strings"]) for a in actions
+        ], f"probe {verb}: order"
     assert live["train_resume_keys"] == pinned["train_resume_keys"]
 
 
 def test_the_type_signature_tells_the_numeric_types_apart():
     from probe.present import options as flags
 
-    types = (flags.positive_int, flags.nonneg_int, flags.positive_float, flags.nonneg_float, flags.fraction,
-             flags.attention_share, flags.dose)
+    types = (
+        flags.positive_int,
+        flags.nonneg_int,
+        flags.positive_float,
+        flags.nonneg_float,
+        flags.fraction,
+        flags.attention_share,
+        flags.dose,
+    )
     signatures = [json.dumps(_type_signature(t)["samples"], sort_keys=True) for t in types]
     assert len(set(signatures)) == len(types)
 

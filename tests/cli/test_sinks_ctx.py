@@ -1,5 +1,6 @@
 """`probe sinks --ctx T1 T2 ...`: the sink analyses at several context lengths in one run, reported against T
 (probe.analyses.context_sweep, probe.present.sinks_ctx); one --ctx stays the single-context run."""
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,12 @@ def test_sweep_tables_per_layer_type_on_a_sliding_model(tmp_path):
     windows = {t: torch.randint(2, 96, (1, 2, t + 1), generator=g) for t in (8, 32)}
     sweep, per_ctx = sink_context_sweep(model, windows, eps=[0.3], massive=True)
     by_type = sweep["by_type"]
-    assert set(zip(by_type["ctx"], by_type["layer_type"])) == {(8, "sliding"), (8, "full"), (32, "sliding"),
-                                                                (32, "full")}
+    assert set(zip(by_type["ctx"], by_type["layer_type"])) == {
+        (8, "sliding"),
+        (8, "full"),
+        (32, "sliding"),
+        (32, "full"),
+    }
     assert by_type.set_index(["ctx", "layer_type"])["layers"].to_dict()[(32, "sliding")] == 2
     alone = sink_analyses(model, windows[32], eps=[0.3])["sinks"]["layers"]
     got = sweep["layers"][sweep["layers"]["ctx"] == 32]

@@ -1,5 +1,6 @@
 """`probe view`: one page with the attention pattern of every layer and head (pickers, phantom column), depth weights
 and gates over the text; readable ticks and a colour-blind-safe gate scale. Tiny models; a few seconds in all."""
+
 from __future__ import annotations
 
 import re
@@ -24,8 +25,16 @@ def test_attention_figure_holds_every_layer_and_head_with_the_phantom_first():
     model = small("sink+proj")
     figures, summary = view_figures(model, IDS)
     att = figures[0]
-    assert summary == {"model": summary["model"], "tokens": 12, "layers": 2, "heads": 2, "phantom": True,
-                       "depth": False, "gates": True, "note": ""}
+    assert summary == {
+        "model": summary["model"],
+        "tokens": 12,
+        "layers": 2,
+        "heads": 2,
+        "phantom": True,
+        "depth": False,
+        "gates": True,
+        "note": "",
+    }
     assert len(att.data) == 2 * 2 and [t.visible for t in att.data] == [True, False, False, False]
     assert att.layout.meta["picker"] == [2, 2]
     # plotly's own dropdown (what a notebook shows): one entry per (layer, head), each showing exactly that trace
@@ -39,8 +48,9 @@ def test_attention_figure_holds_every_layer_and_head_with_the_phantom_first():
         for head in range(2):
             z = np.asarray(att.data[layer * 2 + head].z, dtype=float)  # T, 1 + T: phantom, then keys
             assert att.data[layer * 2 + head].x[0] == "phantom"
-            np.testing.assert_allclose(z[:, 0], cache[f"blocks.{layer}.attn.hook_phantom"][0, head].numpy(),
-                                       rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(
+                z[:, 0], cache[f"blocks.{layer}.attn.hook_phantom"][0, head].numpy(), rtol=1e-5, atol=1e-7
+            )
             want = cache[f"blocks.{layer}.attn.hook_pattern"][0, head].numpy()
             np.testing.assert_allclose(np.nan_to_num(z[:, 1:]), np.tril(want), rtol=1e-5, atol=1e-7)
             assert att.data[layer * 2 + head].zmax == pytest.approx(np.nanmax(z))  # fitted, not a fixed 0..1
@@ -99,8 +109,10 @@ def test_probe_view_on_a_bigram_backcopy_model_shows_a_sequence_of_its_chain(tmp
     from probe.jobs.inputs import trained_task
 
     out = tmp_path / "bb"
-    assert main(["view", "--model", "probe/bb-baseline", "--doc", "2", "--max-tokens", "20", "--out", str(out),
-                 "--quiet"]) == 0
+    assert (
+        main(["view", "--model", "probe/bb-baseline", "--doc", "2", "--max-tokens", "20", "--out", str(out), "--quiet"])
+        == 0
+    )
     said = capsys.readouterr().out
     assert "20 tokens of sequence 2 of synthetic:bb[vocab=64,triggers=3,seed=0,T=256]" in said
     task = trained_task(load("probe/bb-baseline"))

@@ -1,4 +1,5 @@
 """Corpora, document splitting, training windows (exact resume) and fixed evaluation batches."""
+
 import io
 import re
 
@@ -27,8 +28,9 @@ def toy_docs():
 # ---------------------------------------------------------------- corpora
 
 
-@pytest.mark.parametrize("name,n_docs", [("wikitext-2-valid", 60), ("wikitext-2-test", 60), ("shakespeare", 42),
-                                         ("kjv", 66), ("train", 168)])
+@pytest.mark.parametrize(
+    "name,n_docs", [("wikitext-2-valid", 60), ("wikitext-2-test", 60), ("shakespeare", 42), ("kjv", 66), ("train", 168)]
+)
 def test_bundled_corpora(name, n_docs):
     c = load_corpus(name)
     assert c.name == name and len(c) == n_docs and name in CORPORA and c.source
@@ -127,8 +129,22 @@ def test_hf_corpora_parse_dataset_records(monkeypatch):
     def load_dataset(*args, **kwargs):
         calls.append((args, kwargs))
         if args[0] == "wikitext":
-            return {"text": ["", " = A = \n", "", " body a \n", "", " = = Sec = = \n", "", " more a \n", "",
-                             " = B = \n", "", " body b \n"]}
+            return {
+                "text": [
+                    "",
+                    " = A = \n",
+                    "",
+                    " body a \n",
+                    "",
+                    " = = Sec = = \n",
+                    "",
+                    " more a \n",
+                    "",
+                    " = B = \n",
+                    "",
+                    " body b \n",
+                ]
+            }
         return iter({"text": f"web doc {i}"} for i in range(100))
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
@@ -161,7 +177,7 @@ def test_window_sampler_deterministic_and_seeded():
     assert len(stream) == sum(len(d) for d in docs) + len(docs) - 1
     assert stream[5] == 7 and stream[6] == 2000  # EOS between documents 0 and 1
     for w in wa:  # every window is a contiguous slice of the stream
-        assert any(torch.equal(stream[s:s + 9], w) for s in range(len(stream) - 8))
+        assert any(torch.equal(stream[s : s + 9], w) for s in range(len(stream) - 8))
     pos = torch.tensor([0, 4, 5, 6, 46, 47])
     assert a.document_of(pos).tolist() == [0, 0, 0, 1, 1, 2]
 
@@ -203,13 +219,24 @@ def test_eval_first_window_per_document(tok):
         assert torch.equal(w, docs[i][:16])  # the first ctx+1 tokens of its document
     assert len(eb) == 2 and [b.shape for b in eb] == [(3, 16), (3, 16)]
     assert torch.equal(eb.inputs[..., 1:], eb.targets[..., :-1])
-    assert eb.to_dict() == {"corpus": "custom-tokens", "corpus_fingerprint": "", "tokenizer": "probe-bpe-8k",
-                            "mode": "first", "seed": 0, "ctx": 15, "n_batches": 2, "batch_size": 3, "n_documents": 6,
-                            "bos": False}
+    assert eb.to_dict() == {
+        "corpus": "custom-tokens",
+        "corpus_fingerprint": "",
+        "tokenizer": "probe-bpe-8k",
+        "mode": "first",
+        "seed": 0,
+        "ctx": 15,
+        "n_batches": 2,
+        "batch_size": 3,
+        "n_documents": 6,
+        "bos": False,
+    }
     again = eval_batches(docs, tok, n_batches=2, batch_size=3, ctx=15, seed=0)
     assert torch.equal(again.tokens, eb.tokens)
-    orders = {tuple(eval_batches(docs, tok, n_batches=1, batch_size=6, ctx=15, seed=s).doc_ids.flatten().tolist())
-              for s in range(6)}
+    orders = {
+        tuple(eval_batches(docs, tok, n_batches=1, batch_size=6, ctx=15, seed=s).doc_ids.flatten().tolist())
+        for s in range(6)
+    }
     assert len(orders) > 1  # the document order depends on the seed
     small = eval_batches(docs, tok, n_batches=1, batch_size=4, ctx=15, seed=0)
     assert small.doc_ids.flatten().tolist() == ids[:4]  # fewer windows = a prefix of the same order
@@ -320,6 +347,7 @@ def test_heldout_split_is_deterministic_disjoint_and_never_sampled():
     from argparse import Namespace
 
     from probe.cli.train import _corpora
+
     trained_on, validated_on = _corpora(Namespace(data="train", eval_data="heldout"))  # what `probe train` uses
     assert trained_on.documents == keep.documents and validated_on.documents == held.documents
     other = _corpora(Namespace(data="train", eval_data="wikitext-2-test"))

@@ -1,6 +1,7 @@
 """Streamed corpora (docs/definitions.md#streamed-corpora): a local file's documents are found in one pass and read
 from disk only as far as the windows need, with exactly the documents and windows that a whole-file read gives; the
 packed window mode; long documents tokenized in pieces."""
+
 import gzip
 import json
 import random
@@ -73,8 +74,15 @@ def test_jsonl_records_read_as_streams_give_the_records_text(tmp_path, monkeypat
 
     def record():
         r, text = rng.random(), "".join(rng.choice(chars) for _ in range(rng.randint(0, 60)))
-        bad = [json.dumps({"id": 1}), json.dumps({"text": 5}), "{not json", "", json.dumps({"text": [1, {"a": "}"}]}),
-               json.dumps([1, 2]), json.dumps({"text": None})]
+        bad = [
+            json.dumps({"id": 1}),
+            json.dumps({"text": 5}),
+            "{not json",
+            "",
+            json.dumps({"text": [1, {"a": "}"}]}),
+            json.dumps([1, 2]),
+            json.dumps({"text": None}),
+        ]
         if r < 0.25:
             return rng.choice(bad)
         obj = {"meta": {"k": [1, 2, 'x"y']}, "text": text} if r < 0.6 else {"text": text, "n": -1.5e3, "b": True}
@@ -158,7 +166,7 @@ def test_long_documents_are_tokenized_in_pieces_cut_at_line_ends(tok, monkeypatc
     doc = "\n".join(load_corpus("kjv").documents[0].split("\n")[:200])
     assert len(doc) > 20 * B.PIECE_CHARS
     whole = torch.tensor(tok(doc, add_special_tokens=False)["input_ids"])
-    pieces = [doc[i:i + 777] for i in range(0, len(doc), 777)]  # any split of the text gives the same cuts
+    pieces = [doc[i : i + 777] for i in range(0, len(doc), 777)]  # any split of the text gives the same cuts
     assert torch.equal(B.tokenize_pieces(tok, iter(pieces)), whole)
     assert torch.equal(B.tokenize_pieces(tok, iter(pieces), limit=100), whole[:100])
     assert B._cut("a" * 3000) == 2000 and B._cut("a " * 1500) == 1999 and B._cut("ab\n" * 1000) == 1998
@@ -171,7 +179,7 @@ def test_packed_windows_are_the_eos_joined_stream_cut_in_order(tok):
     stream = torch.cat([torch.cat([d, torch.tensor([eos])]) for d in docs])[:-1]
     eb = build_windows(kjv, tok, n_batches=2, batch_size=3, ctx=32768, mode="packed")
     assert eb.tokens.shape == (2, 3, 32769) and eb.to_dict()["mode"] == "packed"
-    assert torch.equal(eb.tokens.flatten(), stream[:6 * 32769])
+    assert torch.equal(eb.tokens.flatten(), stream[: 6 * 32769])
     starts = torch.cumsum(torch.tensor([len(d) + 1 for d in docs]), 0)
     first_token_doc = torch.searchsorted(starts, torch.arange(6) * 32769, right=True)
     assert torch.equal(eb.doc_ids.flatten(), first_token_doc)

@@ -1,4 +1,5 @@
 """Bigram-Backcopy corpus (probe.data.synthetic) and the active/dormant split (probe.analyses.backcopy)."""
+
 import pytest
 import torch
 
@@ -111,19 +112,22 @@ def test_parse_round_trip_and_base():
     assert parse_synthetic("synthetic:bb[seed=1]", base=t) == BigramBackcopy(32, 2, 1, 128)
 
 
-@pytest.mark.parametrize("name,message", [
-    ("synthetic:xx", "unknown synthetic task 'xx'.*choose one of: bb"),
-    ("synthetic:bb[vocab=64,heads=2]", "unknown key 'heads'.*valid keys: vocab, triggers, seed, T"),
-    ("synthetic:bb[vocab=abc]", "vocab='abc'.*must be an integer"),
-    ("synthetic:bb[vocab]", "'vocab'.*is not key=value"),
-    ("synthetic:bb[vocab=8,vocab=9]", "given twice"),
-    ("synthetic:bb[triggers=40]", r"triggers=40 is not valid; choose 1\.\.32"),
-    ("synthetic:bb[T=1]", "T=1 is not valid; choose at least 2"),
-    ("synthetic:bb[seed=-1]", "seed=-1 is not valid"),
-    ("synthetic:bb[vocab=2]", "vocab=2 is too small"),
-    ("wikitext", "not a synthetic corpus name"),
-    ("synthetic:bb[T=8", "not a synthetic corpus name"),
-])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("synthetic:xx", "unknown synthetic task 'xx'.*choose one of: bb"),
+        ("synthetic:bb[vocab=64,heads=2]", "unknown key 'heads'.*valid keys: vocab, triggers, seed, T"),
+        ("synthetic:bb[vocab=abc]", "vocab='abc'.*must be an integer"),
+        ("synthetic:bb[vocab]", "'vocab'.*is not key=value"),
+        ("synthetic:bb[vocab=8,vocab=9]", "given twice"),
+        ("synthetic:bb[triggers=40]", r"triggers=40 is not valid; choose 1\.\.32"),
+        ("synthetic:bb[T=1]", "T=1 is not valid; choose at least 2"),
+        ("synthetic:bb[seed=-1]", "seed=-1 is not valid"),
+        ("synthetic:bb[vocab=2]", "vocab=2 is too small"),
+        ("wikitext", "not a synthetic corpus name"),
+        ("synthetic:bb[T=8", "not a synthetic corpus name"),
+    ],
+)
 def test_parse_errors_are_one_line(name, message):
     with pytest.raises(ValueError, match=message) as e:
         parse_synthetic(name)
@@ -161,8 +165,9 @@ def test_split_on_a_model_with_uniform_attention(variant, sink):
     """Zero query weights make every row uniform over its keys (and the phantom, exp(sink) against 1 per key): the
     previous token and BOS each get 1/(t+1+exp(sink)) of row t."""
     task = BigramBackcopy(vocab=16, triggers=2, seed=0, T=24)
-    model = create(variant, "tiny", seed=0, n_layers=2, n_heads=2, d_model=32, d_mlp=64, n_ctx=24,
-                   vocab_size=task.vocab_size).eval()
+    model = create(
+        variant, "tiny", seed=0, n_layers=2, n_heads=2, d_model=32, d_mlp=64, n_ctx=24, vocab_size=task.vocab_size
+    ).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("q_proj.weight"):
@@ -179,8 +184,13 @@ def test_split_on_a_model_with_uniform_attention(variant, sink):
     want_ph_other = float((e / (t + 1 + e))[:, 2:][~rows[:, 2:]].mean())
     heads = res["heads"]
     assert len(heads) == 4 and set(res["layers"]["layer"]) == {0, 1}
-    for col, want in (("prev_at_trigger", want_trig), ("bos_at_trigger", want_trig), ("bos_elsewhere", want_other),
-                      ("prev_elsewhere", want_other), ("phantom_elsewhere", want_ph_other)):
+    for col, want in (
+        ("prev_at_trigger", want_trig),
+        ("bos_at_trigger", want_trig),
+        ("bos_elsewhere", want_other),
+        ("prev_elsewhere", want_other),
+        ("phantom_elsewhere", want_ph_other),
+    ):
         assert heads[col].tolist() == pytest.approx([want] * 4, rel=1e-4), col
     assert heads["n_trigger_rows"].iloc[0] == int(rows[:, 2:].sum())
     assert res["meta"]["corpus"].iloc[0] == task.spec()
@@ -189,8 +199,9 @@ def test_split_on_a_model_with_uniform_attention(variant, sink):
 
 
 def test_split_needs_triggers_for_plain_windows():
-    model = create("baseline", "tiny", seed=0, n_layers=1, n_heads=1, d_model=16, d_mlp=32, n_ctx=8,
-                   vocab_size=17).eval()
+    model = create(
+        "baseline", "tiny", seed=0, n_layers=1, n_heads=1, d_model=16, d_mlp=32, n_ctx=8, vocab_size=17
+    ).eval()
     x = torch.randint(0, 17, (1, 2, 9))
     with pytest.raises(ValueError, match="triggers="):
         backcopy_split(model, x)
@@ -203,8 +214,21 @@ def test_split_needs_triggers_for_plain_windows():
 def test_emergence_run_trains_resumes_and_measures_every_snapshot(tmp_path):
     from probe.experiments.sink_emergence import EmergenceConfig, snapshot_table, train_variant, trajectory_figure
 
-    cfg = EmergenceConfig(n_layers=2, n_heads=1, d_model=16, d_mlp=32, vocab=8, triggers=1, T=16, steps=4,
-                          batch_size=4, warmup=1, snapshot_every=2, n_eval_batches=2, eval_batch_size=2)
+    cfg = EmergenceConfig(
+        n_layers=2,
+        n_heads=1,
+        d_model=16,
+        d_mlp=32,
+        vocab=8,
+        triggers=1,
+        T=16,
+        steps=4,
+        batch_size=4,
+        warmup=1,
+        snapshot_every=2,
+        n_eval_batches=2,
+        eval_batch_size=2,
+    )
     last = train_variant(cfg, "sinklogit", 0, tmp_path / "run")
     assert last["step"] == 4 and last["cpu_s"] >= 0
     again = train_variant(cfg, "sinklogit", 0, tmp_path / "run")  # finished: reloads, trains nothing
@@ -212,7 +236,8 @@ def test_emergence_run_trains_resumes_and_measures_every_snapshot(tmp_path):
     t = snapshot_table(cfg, "sinklogit", 0, tmp_path / "run")
     assert sorted(t["step"].unique()) == [0, 2, 4] and sorted(t["layer"].unique()) == [0, 1]
     assert t["phantom_share"].between(0, 1).all() and t["r0"].gt(0).all()
-    assert {"sink_formed", "pos0_over_uniform", "r0_later", "prev_at_trigger", "bos_elsewhere",
-            "loss_copy"} <= set(t.columns)
+    assert {"sink_formed", "pos0_over_uniform", "r0_later", "prev_at_trigger", "bos_elsewhere", "loss_copy"} <= set(
+        t.columns
+    )
     assert (tmp_path / "run" / "snapshot_stats.csv").exists()
     assert len(trajectory_figure(t).data) == 5 * 2  # five statistics x two layers, one run

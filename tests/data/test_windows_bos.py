@@ -1,6 +1,7 @@
 """The BOS rule (docs/definitions.md#bos-rule) for evaluation windows built from text: a BOS first exactly when the
 tokenizer's encoding of plain text starts with its BOS or the model was trained with one; caller tokens and explicit
 choices as given."""
+
 from __future__ import annotations
 
 import pytest
@@ -48,12 +49,18 @@ def test_bos_without_a_bos_token_is_an_error():
 
     model = create("baseline", tier="tiny", seed=0)
     with pytest.raises(ValueError, match="has no BOS token"):
-        default_windows(model, "wikitext-2-test", n_batches=1, batch_size=1, ctx=16, bos=True,
-                        tokenizer=load_tokenizer("probe-bpe-8k"))
+        default_windows(
+            model,
+            "wikitext-2-test",
+            n_batches=1,
+            batch_size=1,
+            ctx=16,
+            bos=True,
+            tokenizer=load_tokenizer("probe-bpe-8k"),
+        )
 
 
 def test_token_tensors_are_used_as_given():
     tokens = torch.arange(34).view(2, 17)
     w = as_windows(tokens)
     assert torch.equal(w.tokens[0], tokens) and "bos" not in w.meta
-

@@ -1,6 +1,7 @@
 """Each public analysis, run on a tiny model, returns exactly the tables and columns its docstring lists under
 ``Tables (columns):`` (the API reference shows that list; ``<...>`` in a name stands for a part that depends on the
 data: ``block<i>``, ``dormant_rate[<domain>]``). A column added, renamed or dropped without the docstring fails here."""
+
 from __future__ import annotations
 
 import importlib
@@ -17,7 +18,9 @@ def _runs():
 
     def sweep(model, data):
         return importlib.import_module("probe.analyses.context_sweep").sink_context_sweep(
-            model, {8: windows(2, 2, 8), 12: data})[0]
+            model, {8: windows(2, 2, 8), 12: data}
+        )[0]
+
     return {
         "sinks.sink_stats": lambda f: f(tiny("sinklogit"), w),
         "sink_heads.sink_heads": lambda f: f(tiny("sinklogit"), w),
@@ -44,7 +47,7 @@ def documented_tables(doc: str) -> dict[str, list[str]]:
     start = next((i for i, ln in enumerate(lines) if ln.strip() == "Tables (columns):"), None)
     assert start is not None, "no 'Tables (columns):' list"
     tables, name = {}, None
-    for ln in lines[start + 2:]:
+    for ln in lines[start + 2 :]:
         m = re.match(r"^- ``(\w+)``: (.*)$", ln)
         if m:
             name, text = m.group(1), m.group(2)
@@ -86,5 +89,6 @@ def test_returned_columns_equal_the_docstring(name, one_thread):
         documented = want[table]
         unmatched = [c for c in columns if not any(_matches(d, c) for d in documented)]
         not_returned = [d for d in documented if not any(_matches(d, c) for c in columns)]
-        assert not unmatched and not not_returned, \
+        assert not unmatched and not not_returned, (
             f"{name} {table}: returned but not documented {unmatched}; documented but not returned {not_returned}"
+        )

@@ -14,6 +14,7 @@ marked on the line above its fence, and the mark is kept:
   that test file: every class, function, decorator argument and string of the block must occur in it.
 
 A block with no mark fails the first test."""
+
 from __future__ import annotations
 
 import contextlib
@@ -46,19 +47,25 @@ def blocks(page: str) -> list[dict]:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_every_code_block_is_executed_or_marked_as_copied(page):
-    unmarked = [f"{page}: block at line {b['line']} ({b['info'] or 'no language'}): {b['text'][:80]!r}"
-                for b in blocks(page) if b["mark"] is None]
-    assert not unmarked, ("mark each block <!-- executed --> (and make this test run it) or <!-- copied from a run; "
-                          "settings: ...; wall: ...; memory: ... -->:\n" + "\n".join(unmarked))
+    unmarked = [
+        f"{page}: block at line {b['line']} ({b['info'] or 'no language'}): {b['text'][:80]!r}"
+        for b in blocks(page)
+        if b["mark"] is None
+    ]
+    assert not unmarked, (
+        "mark each block <!-- executed --> (and make this test run it) or <!-- copied from a run; "
+        "settings: ...; wall: ...; memory: ... -->:\n" + "\n".join(unmarked)
+    )
 
 
 def test_the_marks_are_recognised():
-    page = ("<!-- executed -->\n```python\nprint(1)\n```\n\n<!-- copied from a run; settings: s; wall: 1 s; "
-            "memory: 1 GB -->\n```\nout\n```\n\n<!-- copied from a run; wall: 1 s -->\n```\nx\n```\n"
-            "<!-- not run here; why: no cluster -->\n```bash\nsbatch x\n```\n")
+    page = (
+        "<!-- executed -->\n```python\nprint(1)\n```\n\n<!-- copied from a run; settings: s; wall: 1 s; "
+        "memory: 1 GB -->\n```\nout\n```\n\n<!-- copied from a run; wall: 1 s -->\n```\nx\n```\n"
+        "<!-- not run here; why: no cluster -->\n```bash\nsbatch x\n```\n"
+    )
     page += "<!-- tested by tests/x.py -->\n```python\nclass A: pass\n```\n<!-- parsed -->\n```\nprobe models\n```\n"
-    assert [b["mark"] for b in site.code_blocks(page)] == ["executed", "copied", None, "not run", "tested by",
-                                                           "parsed"]
+    assert [b["mark"] for b in site.code_blocks(page)] == ["executed", "copied", None, "not run", "tested by", "parsed"]
     assert _names_and_strings('@register_gate("g")\nclass G(B):\n    def f(self): return 1') == {"g", "G", "f"}
     shown = site.show_marks(page)
     assert "*Copied from a run* — settings: s; wall: 1 s; memory: 1 GB" in shown
@@ -147,7 +154,7 @@ def _shown_in_order(shown: list[str], got: list[str]) -> str | None:
     chunks.append(chunk)
     at = 0
     for chunk in filter(None, chunks):
-        found = next((i for i in range(at, len(got) - len(chunk) + 1) if got[i:i + len(chunk)] == chunk), None)
+        found = next((i for i in range(at, len(got) - len(chunk) + 1) if got[i : i + len(chunk)] == chunk), None)
         if found is None:
             return "\n".join(chunk)
         at = found + len(chunk)
@@ -171,23 +178,25 @@ def test_executed_blocks_print_what_the_page_shows(page, tmp_path, one_thread):
                 printed = _run_python(b["text"])
                 after = page_blocks[i + 1] if i + 1 < len(page_blocks) else None
                 if after is not None and after["mark"] == "executed" and after["info"] == "text":
-                    assert printed.rstrip().splitlines() == after["text"].rstrip().splitlines(), \
+                    assert printed.rstrip().splitlines() == after["text"].rstrip().splitlines(), (
                         f"{page} line {b['line']}: printed\n{printed}"
+                    )
             elif b["info"] in ("console", "") and b["text"].startswith("$ probe "):
                 lines = b["text"].splitlines()
                 starts = [k for k, ln in enumerate(lines) if ln.startswith("$ ")] + [len(lines)]
                 assert starts[0] == 0, f"{page} line {b['line']}: a transcript starts with a '$ ' command"
                 for k, end in zip(starts, starts[1:], strict=False):
                     got = [ln.rstrip() for ln in _run_probe(lines[k][2:]).splitlines()]
-                    missing = _shown_in_order(lines[k + 1:end], got)
-                    assert missing is None, f"{page} line {b['line']}: {lines[k]} did not print\n{missing}\n" \
-                                            f"it printed:\n" + "\n".join(got)
+                    missing = _shown_in_order(lines[k + 1 : end], got)
+                    assert missing is None, (
+                        f"{page} line {b['line']}: {lines[k]} did not print\n{missing}\nit printed:\n" + "\n".join(got)
+                    )
             elif b["info"] == "text":
                 before = page_blocks[i - 1] if i else None
-                assert before is not None and before["mark"] == "executed" and before["info"] == "python", \
+                assert before is not None and before["mark"] == "executed" and before["info"] == "python", (
                     f"{page} line {b['line']}: an executed text block is the output of the python block above it"
+                )
             else:
-                pytest.fail(f"{page} line {b['line']}: an executed block is python, console or text, "
-                            f"not {b['info']!r}")
+                pytest.fail(f"{page} line {b['line']}: an executed block is python, console or text, not {b['info']!r}")
     finally:
         os.chdir(cwd)

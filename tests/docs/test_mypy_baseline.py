@@ -7,6 +7,7 @@ After fixing errors, rewrite the baseline (it must come out shorter):
 
     python tests/docs/test_mypy_baseline.py --write
 """
+
 from __future__ import annotations
 
 import re
@@ -25,9 +26,23 @@ ERROR = re.compile(r"^(?P<path>[^:]+):\d+(?::\d+)?: error: (?P<message>.*?)\s+\[
 
 def mypy_errors() -> Counter:
     """Counter of 'path: [code] message' over mypy's errors on CHECKED."""
-    run = subprocess.run([sys.executable, "-m", "mypy", *CHECKED, "--no-error-summary", "--show-error-codes",
-                          "--no-pretty", "--hide-error-context", "--cache-dir", "/dev/null"],
-                         cwd=ROOT, capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            *CHECKED,
+            "--no-error-summary",
+            "--show-error-codes",
+            "--no-pretty",
+            "--hide-error-context",
+            "--cache-dir",
+            "/dev/null",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if run.returncode not in (0, 1):
         raise RuntimeError(f"mypy failed to run ({run.returncode}): {run.stderr.strip()[-2000:]}")
     found = Counter()
@@ -44,8 +59,10 @@ def read_baseline() -> Counter:
 
 
 def write_baseline(found: Counter) -> None:
-    head = ("# mypy errors on " + ", ".join(CHECKED) + " that are tolerated for now (tests/docs/test_mypy_baseline.py)."
-            "\n# One line an occurrence; this list may only shrink.\n")
+    head = (
+        "# mypy errors on " + ", ".join(CHECKED) + " that are tolerated for now (tests/docs/test_mypy_baseline.py)."
+        "\n# One line an occurrence; this list may only shrink.\n"
+    )
     BASELINE.write_text(head + "".join(f"{e}\n" for e in sorted(found.elements())), encoding="utf-8")
 
 
@@ -53,11 +70,15 @@ def test_mypy_errors_only_shrink():
     pytest.importorskip("mypy")
     found, allowed = mypy_errors(), read_baseline()
     new = found - allowed
-    assert not new, (f"{sum(new.values())} mypy error(s) not in the baseline (fix them; the baseline may only "
-                     "shrink):\n" + "\n".join(sorted(new.elements())))
+    assert not new, (
+        f"{sum(new.values())} mypy error(s) not in the baseline (fix them; the baseline may only "
+        "shrink):\n" + "\n".join(sorted(new.elements()))
+    )
     gone = allowed - found
-    assert not gone, (f"{sum(gone.values())} baseline error(s) no longer occur: run python "
-                      "tests/docs/test_mypy_baseline.py --write to shrink the baseline\n" + "\n".join(sorted(gone)))
+    assert not gone, (
+        f"{sum(gone.values())} baseline error(s) no longer occur: run python "
+        "tests/docs/test_mypy_baseline.py --write to shrink the baseline\n" + "\n".join(sorted(gone))
+    )
 
 
 def test_baseline_lines_parse_as_mypy_errors():

@@ -3,6 +3,7 @@ out of the nav, a docstring mkdocstrings cannot read all fail it), works offline
 another host), and its generated references are whole: the command-line page has every verb and recipe with every
 flag and choice, the API page every public function and class of the modules it documents. The README leads with the
 two commands (the tests' exactly as CI runs them) and links to every page of the site."""
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,13 @@ pytest.importorskip("mkdocstrings_handlers.python")
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                         capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", **_env()})
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"NO_MKDOCS_2_WARNING": "1", **_env()},
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     return out
 
@@ -38,17 +44,31 @@ def _env() -> dict:
 
 def test_the_site_loads_nothing_from_the_network(built):
     # a script, image or frame from another host, a <link> that loads one (a stylesheet, a font), a CSS import
-    remote = re.compile(r"""<(?:script|img|iframe)[^>]+src=["']https?://"""
-                        r"""|<link[^>]+href=["']https?://[^"']+["'][^>]*"""
-                        r"""rel=["']?(?:stylesheet|preload|preconnect|icon)"""
-                        r"""|<link[^>]+rel=["']?(?:stylesheet|preload|preconnect)[^>]+href=["']https?://"""
-                        r"""|@import\s+url\(["']?https?://|fonts\.(?:googleapis|gstatic)""")
-    found = [f"{p.relative_to(built)}: {m.group(0)[:100]}" for p in built.rglob("*") if p.suffix in (".html", ".css")
-             for m in remote.finditer(p.read_text(encoding="utf-8", errors="replace"))]
+    remote = re.compile(
+        r"""<(?:script|img|iframe)[^>]+src=["']https?://"""
+        r"""|<link[^>]+href=["']https?://[^"']+["'][^>]*"""
+        r"""rel=["']?(?:stylesheet|preload|preconnect|icon)"""
+        r"""|<link[^>]+rel=["']?(?:stylesheet|preload|preconnect)[^>]+href=["']https?://"""
+        r"""|@import\s+url\(["']?https?://|fonts\.(?:googleapis|gstatic)"""
+    )
+    found = [
+        f"{p.relative_to(built)}: {m.group(0)[:100]}"
+        for p in built.rglob("*")
+        if p.suffix in (".html", ".css")
+        for m in remote.finditer(p.read_text(encoding="utf-8", errors="replace"))
+    ]
     assert not found, "\n".join(found)
     pages = {p.relative_to(built).as_posix() for p in built.rglob("*.html")}
-    assert {"index.html", "getting-started.html", "definitions.html", "reference/cli.html", "reference/api.html",
-            "how-to/gemma.html", "how-to/adding-an-analysis.html", "changelog.html"} <= pages
+    assert {
+        "index.html",
+        "getting-started.html",
+        "definitions.html",
+        "reference/cli.html",
+        "reference/api.html",
+        "how-to/gemma.html",
+        "how-to/adding-an-analysis.html",
+        "changelog.html",
+    } <= pages
 
 
 def _parsers():
@@ -58,8 +78,11 @@ def _parsers():
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {"probe": parser, **{f"probe {n}": p for n, p in sub.choices.items()},
-            **{f"probe experiment {n}": recipe_parser(n, "probe experiment") for n in RECIPES}}
+    return {
+        "probe": parser,
+        **{f"probe {n}": p for n, p in sub.choices.items()},
+        **{f"probe experiment {n}": recipe_parser(n, "probe experiment") for n in RECIPES},
+    }
 
 
 def _text(html: str) -> str:
@@ -96,8 +119,9 @@ def test_the_api_reference_has_every_public_function_and_class(built):
     missing = []
     for name in _documented_modules():
         module = importlib.import_module(name)
-        public = getattr(module, "__all__", None) or [n for n, v in vars(module).items() if not n.startswith("_")
-                                                        and getattr(v, "__module__", None) == name]  # defined there
+        public = getattr(module, "__all__", None) or [
+            n for n, v in vars(module).items() if not n.startswith("_") and getattr(v, "__module__", None) == name
+        ]  # defined there
         for attr in public:
             obj = getattr(module, attr, None)
             where = {f"{name}.{attr}", f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"}
@@ -119,8 +143,9 @@ def test_the_readme_leads_with_the_two_commands_and_links_into_the_site():
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     first, second = [b["text"] for b in _site().code_blocks(readme)[:2]]
-    assert first == ("python3 -m venv .venv && . .venv/bin/activate && pip install -e . && "
-                     "probe inject --junk structured --dose 0.4")
+    assert first == (
+        "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && probe inject --junk structured --dose 0.4"
+    )
     ci = next(ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if "python -m pytest" in ln)
     assert second == "python3 -m venv .venv && . .venv/bin/activate && " + ci.replace("pip install -q", "pip install")
     assert readme.index(second) < readme.index("## What probe is") < readme.index("## Documentation")

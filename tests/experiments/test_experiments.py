@@ -1,4 +1,5 @@
 """The paper recipes (probe.experiments): each at toy size end to end, plus the checks the issue asks for."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,26 @@ def test_main_writes_config_tables_and_figures(tmp_path, capsys):
     from probe.experiments.command import main
 
     out = tmp_path / "sp"
-    rc = main(["superposition", "--out", str(out), "--quiet", "--steps", "3", "--loads", "1", "--seeds", "0",
-               "--n-eval", "64", "--keys", "blind", "--batch-size", "16"])
+    rc = main(
+        [
+            "superposition",
+            "--out",
+            str(out),
+            "--quiet",
+            "--steps",
+            "3",
+            "--loads",
+            "1",
+            "--seeds",
+            "0",
+            "--n-eval",
+            "64",
+            "--keys",
+            "blind",
+            "--batch-size",
+            "16",
+        ]
+    )
     assert rc == 0
     record = json.loads((out / "config.json").read_text())
     assert record["recipe"] == "superposition" and record["config"]["steps"] == 3
@@ -130,8 +149,9 @@ def test_oracle_and_phantom_semantics():
 
 def test_superposition_reproduces_the_qualitative_result():
     """Reduced schedule (200 steps x 128 sequences at lr 1e-2, one seed) instead of 4000 x 256 at 1e-3."""
-    cfg = sp.SuperpositionConfig(steps=200, batch_size=128, lr=1e-2, seeds=(0,), loads=(1, 8), n_eval=1024,
-                                 curve_every=0)
+    cfg = sp.SuperpositionConfig(
+        steps=200, batch_size=128, lr=1e-2, seeds=(0,), loads=(1, 8), n_eval=1024, curve_every=0
+    )
     res = sp.run(cfg)
     s = res["summary"].set_index(["keys", "load", "variant"])["error"]
     blind_room = s["blind", 8, "baseline"] - s["blind", 8, "oracle"]
@@ -152,9 +172,18 @@ def test_superposition_reproduces_the_qualitative_result():
 def test_superposition_gate_without_sharpness_gives_no_filter():
     """A control that the check above can fail: with beta = 0 the 'gate' is the constant 1/2, so it must not
     beat the baseline."""
-    cfg = sp.SuperpositionConfig(steps=200, batch_size=128, lr=1e-2, seeds=(0,), loads=(8,), n_eval=1024,
-                                 keys=("blind",), variants=("baseline", "normgate", "oracle"), beta=0.0,
-                                 curve_every=0)
+    cfg = sp.SuperpositionConfig(
+        steps=200,
+        batch_size=128,
+        lr=1e-2,
+        seeds=(0,),
+        loads=(8,),
+        n_eval=1024,
+        keys=("blind",),
+        variants=("baseline", "normgate", "oracle"),
+        beta=0.0,
+        curve_every=0,
+    )
     s = sp.run(cfg)["summary"].set_index("variant")["error"]
     room = s["baseline"] - s["oracle"]
     assert room > 0.05 and s["baseline"] - s["normgate"] < 0.25 * room
@@ -170,8 +199,21 @@ def toy(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "toy.txt"
     docs = load_corpus("wikitext-2-valid").documents[:6]
     path.write_text("\n\n".join(d.replace("\n\n", "\n") for d in docs))
-    return dict(data=str(path), eval_corpus=str(path), eval_mode="random", eval_batches=2, eval_batch_size=2,
-                ctx=32, batch_size=2, steps=3, n_layers=2, d_model=32, n_heads=2, d_mlp=64, warmup=1)
+    return dict(
+        data=str(path),
+        eval_corpus=str(path),
+        eval_mode="random",
+        eval_batches=2,
+        eval_batch_size=2,
+        ctx=32,
+        batch_size=2,
+        steps=3,
+        n_layers=2,
+        d_model=32,
+        n_heads=2,
+        d_mlp=64,
+        warmup=1,
+    )
 
 
 def _losses(rows):
@@ -182,18 +224,32 @@ def test_decomposition_tables_on_hand_made_losses():
     from probe.experiments.decomposition import table8, tables_from_losses
 
     base = [3.00, 3.10, 3.20]
-    imp = {"sinklogit": [0.010, 0.012, 0.014], "normgate": [0.005, 0.007, 0.003], "sink+norm": [0.014, 0.016, 0.018],
-           "projgate": [0.020, 0.020, 0.020], "sink+proj": [0.030, 0.026, 0.028],
-           "routing-normgate": [-0.001, 0.002, 0.0]}
+    imp = {
+        "sinklogit": [0.010, 0.012, 0.014],
+        "normgate": [0.005, 0.007, 0.003],
+        "sink+norm": [0.014, 0.016, 0.018],
+        "projgate": [0.020, 0.020, 0.020],
+        "sink+proj": [0.030, 0.026, 0.028],
+        "routing-normgate": [-0.001, 0.002, 0.0],
+    }
     rows = [("baseline", s, b) for s, b in enumerate(base)]
     rows += [(v, s, b - d) for v, ds in imp.items() for s, (b, d) in enumerate(zip(base, ds))]
     t = tables_from_losses(_losses(rows))
     se = 0.002 / math.sqrt(3)  # sample SD of (x-0.002, x, x+0.002) is 0.002; of (x, x+0.006, x+0.006) 0.002·√3
     t2 = t["table2"].set_index(["gate_form", "quantity"])
-    expect = {("norm", "sink"): (0.012, se), ("norm", "gate"): (0.005, se), ("norm", "both"): (0.016, se),
-              ("norm", "overlap"): (0.001, se), ("norm", "filter"): (0.004, 0.0), ("norm", "share"): (0.25, None),
-              ("proj", "gate"): (0.020, 0.0), ("proj", "both"): (0.028, se), ("proj", "overlap"): (0.004, 0.002),
-              ("proj", "filter"): (0.016, 0.002), ("proj", "share"): (0.016 / 0.028, None)}
+    expect = {
+        ("norm", "sink"): (0.012, se),
+        ("norm", "gate"): (0.005, se),
+        ("norm", "both"): (0.016, se),
+        ("norm", "overlap"): (0.001, se),
+        ("norm", "filter"): (0.004, 0.0),
+        ("norm", "share"): (0.25, None),
+        ("proj", "gate"): (0.020, 0.0),
+        ("proj", "both"): (0.028, se),
+        ("proj", "overlap"): (0.004, 0.002),
+        ("proj", "filter"): (0.016, 0.002),
+        ("proj", "share"): (0.016 / 0.028, None),
+    }
     for key, (mean, s) in expect.items():
         assert t2.at[key, "mean"] == pytest.approx(mean, abs=1e-9), key
         if s is not None:
@@ -204,8 +260,14 @@ def test_decomposition_tables_on_hand_made_losses():
     lower = t1.loc["filtering increment (over sinklogit)"]
     assert list(lower.index) == ["sink+norm", "sink+proj"]
     assert lower.at["sink+norm", "mean"] == pytest.approx(0.004) and lower.at["sink+norm", "n_improved"] == 3
-    gates = pd.DataFrame({"variant": ["routing-normgate"] * 3, "seed": [0, 1, 2], "read_mean_gate": [0.9, 0.95, 1.0],
-                          "frac_below_half": [0.03, 0.0, 0.03]})
+    gates = pd.DataFrame(
+        {
+            "variant": ["routing-normgate"] * 3,
+            "seed": [0, 1, 2],
+            "read_mean_gate": [0.9, 0.95, 1.0],
+            "frac_below_half": [0.03, 0.0, 0.03],
+        }
+    )
     t8 = table8(_losses(rows), gates).iloc[0]
     assert t8["improvement"] == pytest.approx(0.001 / 3) and t8["n_improved"] == 1
     assert t8["read_mean_gate"] == pytest.approx(0.95) and t8["frac_below_half"] == pytest.approx(0.02)
@@ -259,17 +321,18 @@ def test_moment_matched_silu_reproduces_baseline_initial_value_moments(toy):
     got = _v_out_moments(mm, windows)
     assert len(got) == 4
     for l, (mu, sd) in target.items():
-        assert moments.at[l, "mu_v"] == pytest.approx(mu, abs=1e-6) and moments.at[l, "sd_v"] == pytest.approx(sd,
-                                                                                                            rel=1e-3)
+        assert moments.at[l, "mu_v"] == pytest.approx(mu, abs=1e-6) and moments.at[l, "sd_v"] == pytest.approx(
+            sd, rel=1e-3
+        )
         tol = (1e-5, 1e-4) if l == 0 else (0.05, 0.03)  # layer 0 sees the same input; later ones nearly so
         assert abs(got[l][0] - mu) < tol[0] * sd and abs(got[l][1] / sd - 1) < tol[1], (l, got[l], (mu, sd))
-    plain = _v_out_moments(create("gatedv", spec.tier, seed=0, n_layers=4, d_model=64, n_heads=2, d_mlp=128),
-                           windows)
+    plain = _v_out_moments(create("gatedv", spec.tier, seed=0, n_layers=4, d_model=64, n_heads=2, d_mlp=128), windows)
     assert abs(plain[0][0] - target[0][0]) > 0.1 and abs(plain[0][1] / target[0][1] - 1) > 0.2  # SiLU alone differs
     am, _ = G.build_control(spec, data, "affine-match", 0, 128)  # the reverse: linear values at SiLU's moments
     a0 = _v_out_moments(am, windows)[0]
     assert a0[0] == pytest.approx(moments.at[0, "mu_phi"], abs=1e-4) and a0[1] == pytest.approx(
-        moments.at[0, "sd_phi"], rel=1e-3)
+        moments.at[0, "sd_phi"], rel=1e-3
+    )
 
 
 def test_value_affine_hooks_stay_through_training_and_analyses(toy, tmp_path):
@@ -299,13 +362,15 @@ def test_value_affine_hooks_stay_through_training_and_analyses(toy, tmp_path):
 
 
 def test_gatedv_controls_end_to_end_toy(toy, tmp_path):
-    res = experiments.run("gatedv-controls", out=tmp_path / "gv", seeds=(0, 1), calib_windows=8,
-                          bootstrap_resamples=100, **toy)
+    res = experiments.run(
+        "gatedv-controls", out=tmp_path / "gv", seeds=(0, 1), calib_windows=8, bootstrap_resamples=100, **toy
+    )
     ppl = res["ppl"].set_index("variant")
     assert set(ppl.index) == {"baseline", "gatedv", "affine-match", "mm-silu", "gatedv-q", "gatedv-qkv"}
     assert ppl.at["baseline", "delta_vs_baseline_pct"] == 0 and ppl.at["gatedv", "delta_vs_gatedv_pct"] == 0
     assert ppl.at["mm-silu", "ppl_mean"] == pytest.approx(
-        float(np.exp(res["runs"].query("variant == 'mm-silu'")["val_loss"]).mean()))
+        float(np.exp(res["runs"].query("variant == 'mm-silu'")["val_loss"]).mean())
+    )
     m = res["moments"]
     assert len(m) == 2 * 2 * 2  # control x seed x layer
     assert (m["sd_phi"] < m["sd_v"]).all()  # SiLU shrinks the spread of unit-scale values
@@ -435,8 +500,15 @@ def test_wikitext_windows_are_non_overlapping_and_cover_the_targets():
 def test_zero_shot_end_to_end_and_offline_loaders(toy, tmp_path, monkeypatch):
     from probe.experiments import zero_shot as Z
 
-    res = experiments.run("zero-shot", out=tmp_path / "zs", seeds=(0, 1), variants=("baseline", "sinklogit"),
-                          wikitext=toy["data"], max_windows=4, **{k: v for k, v in toy.items()})
+    res = experiments.run(
+        "zero-shot",
+        out=tmp_path / "zs",
+        seeds=(0, 1),
+        variants=("baseline", "sinklogit"),
+        wikitext=toy["data"],
+        max_windows=4,
+        **{k: v for k, v in toy.items()},
+    )
     pm = res["per_model"]
     assert len(pm) == 4 and (pm["wikitext2_tokens"] == 4 * toy["ctx"]).all()
     t = res["table12"].set_index("variant")
@@ -455,14 +527,17 @@ def test_zero_shot_end_to_end_and_offline_loaders(toy, tmp_path, monkeypatch):
     assert not (tmp_path / "off").exists()  # failed before training anything or writing
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["sink-emergence", "--lr", "nan"], "argument --lr: expected a finite number >= 0, got 'nan'"),
-    (["superposition", "--seeds", "0", "-1"], "argument --seeds: expected a finite number >= 0, got '-1'"),
-    (["depth-routing", "--steps", "0"], "steps=0 must be at least 1"),
-    (["decomposition", "--ctx", "1"], "ctx=1 must be at least 2"),
-    (["gatedv-controls", "--lr", "0"], "lr=0.0 must be > 0"),
-    (["sink-emergence", "--batch-size", "0"], "batch_size=0 must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["sink-emergence", "--lr", "nan"], "argument --lr: expected a finite number >= 0, got 'nan'"),
+        (["superposition", "--seeds", "0", "-1"], "argument --seeds: expected a finite number >= 0, got '-1'"),
+        (["depth-routing", "--steps", "0"], "steps=0 must be at least 1"),
+        (["decomposition", "--ctx", "1"], "ctx=1 must be at least 2"),
+        (["gatedv-controls", "--lr", "0"], "lr=0.0 must be > 0"),
+        (["sink-emergence", "--batch-size", "0"], "batch_size=0 must be at least 1"),
+    ],
+)
 def test_recipe_numbers_are_checked_before_any_work(argv, message, tmp_path, capsys):
     """A negative, non-finite or zero count / rate is one exit-2 line naming it (was a traceback after training
     started: NaN loss, or an AttributeError), and nothing is written."""

@@ -1,6 +1,7 @@
 """The pretrained-model recipes (Wang 2026 Tables 13 and 14): layouts, agreement with the analyses they
 wrap on the same windows, resume, and one-line user errors. Tiny models only: two zoo models and a tiny random
 gpt-oss checkpoint (learned sinks, sliding and full layers)."""
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,17 @@ def sinks(gpt_oss, words):
 
 def test_sinks_table_has_one_row_per_model_and_layer_type(sinks, gpt_oss):
     t = sinks["table14"]
-    assert list(t.columns) == ["model", "layer_type", "n_layers", "pos0_pct", "phantom_pct", "r0", "sink_logit_mean",
-                               "uniform_ref_pct", "pos0_over_uniform"]
+    assert list(t.columns) == [
+        "model",
+        "layer_type",
+        "n_layers",
+        "pos0_pct",
+        "phantom_pct",
+        "r0",
+        "sink_logit_mean",
+        "uniform_ref_pct",
+        "pos0_over_uniform",
+    ]
     assert t[t.model == ZOO[0]]["layer_type"].tolist() == ["all"]  # full attention only
     assert t[t.model == gpt_oss]["layer_type"].tolist() == ["all", "full", "sliding", "sliding (key 0 in window)"]
     baseline, oss = t[t.model == ZOO[0]].iloc[0], t[t.model == gpt_oss].set_index("layer_type")
@@ -64,15 +74,19 @@ def test_sinks_numbers_are_sink_stats_by_type_on_the_same_windows(sinks, gpt_oss
     by_type = sink_stats(model, pretrained.windows_of(model, cfg))["by_type"]
     ours = sinks["table14"][sinks["table14"].model == gpt_oss]
     assert ours["layer_type"].tolist() == by_type["layers"].tolist()
-    for pct, share in (("pos0_pct", "pos0_share"), ("phantom_pct", "phantom_share"),
-                       ("uniform_ref_pct", "uniform_ref")):
+    for pct, share in (
+        ("pos0_pct", "pos0_share"),
+        ("phantom_pct", "phantom_share"),
+        ("uniform_ref_pct", "uniform_ref"),
+    ):
         np.testing.assert_allclose(ours[pct].to_numpy(), 100 * by_type[share].to_numpy(), rtol=1e-12)
     np.testing.assert_allclose(ours["r0"].to_numpy(), by_type["r0"].to_numpy(), rtol=1e-12)
     # the sink logit of a layer type is the mean over that type's layers of their head means
     layers = sinks["layers"][sinks["layers"].model == gpt_oss]
     sliding = [i for i, t in enumerate(model.probe_info.layer_types) if t == "sliding"]
     assert ours.set_index("layer_type").loc["sliding", "sink_logit_mean"] == pytest.approx(
-        layers.set_index("layer").loc[sliding, "sink_logit"].mean())
+        layers.set_index("layer").loc[sliding, "sink_logit"].mean()
+    )
 
 
 # ------------------------------------------------------------------------------------------------ Table 13
@@ -102,8 +116,14 @@ def test_injection_table_layout_and_ratio(injection):
 def test_injection_numbers_are_inject_on_the_same_windows(injection):
     cfg = pretrained_injection.PretrainedInjectionConfig(models=ZOO[1:], doses=DOSES, **WINDOWS)
     model = pretrained.load_one(ZOO[1], cfg, progress=False)
-    direct = inject(model, pretrained.windows_of(model, cfg), junk=list(cfg.junk), cutoffs=list(cfg.cutoffs),
-                    doses=list(DOSES), progress=False)["results"]
+    direct = inject(
+        model,
+        pretrained.windows_of(model, cfg),
+        junk=list(cfg.junk),
+        cutoffs=list(cfg.cutoffs),
+        doses=list(DOSES),
+        progress=False,
+    )["results"]
     ours = injection["injection"][injection["injection"].model == ZOO[1]]
     np.testing.assert_allclose(ours["delta"].to_numpy(), direct["delta"].to_numpy(), rtol=1e-12)
     wide = injection["table13"].set_index(["model", "cutoff", "junk"])
@@ -159,16 +179,22 @@ def test_injection_resume_recomputes_nothing(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ command line
-@pytest.mark.parametrize("argv, message", [
-    (["pretrained-sinks", "--models", "probe/tiny-nope"], "no zoo checkpoint 'tiny-nope'"),
-    (["pretrained-sinks", "--models", "probe/tiny-baseline", "not a name!"], "not a model name"),
-    (["pretrained-injection", "--models", "someone/not-cached-anywhere"], "not in the local Hugging Face cache"),
-    (["pretrained-injection", "--models", "probe/tiny-baseline", "--batch-size", "1"], "needs --batch-size >= 2"),
-    (["pretrained-injection", "--models", "probe/tiny-baseline", "--junk", "noise"], "unknown junk type 'noise'"),
-    (["pretrained-sinks", "--models", "probe/tiny-baseline", "--data", "no-such-corpus"], "--data 'no-such-corpus'"),
-    (["pretrained-sinks", "--models", "probe/tiny-baseline", "--bos", "--ctx", "16"], "--bos: tokenizer"),
-    (["pretrained-sinks"], "name at least one model"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["pretrained-sinks", "--models", "probe/tiny-nope"], "no zoo checkpoint 'tiny-nope'"),
+        (["pretrained-sinks", "--models", "probe/tiny-baseline", "not a name!"], "not a model name"),
+        (["pretrained-injection", "--models", "someone/not-cached-anywhere"], "not in the local Hugging Face cache"),
+        (["pretrained-injection", "--models", "probe/tiny-baseline", "--batch-size", "1"], "needs --batch-size >= 2"),
+        (["pretrained-injection", "--models", "probe/tiny-baseline", "--junk", "noise"], "unknown junk type 'noise'"),
+        (
+            ["pretrained-sinks", "--models", "probe/tiny-baseline", "--data", "no-such-corpus"],
+            "--data 'no-such-corpus'",
+        ),
+        (["pretrained-sinks", "--models", "probe/tiny-baseline", "--bos", "--ctx", "16"], "--bos: tokenizer"),
+        (["pretrained-sinks"], "name at least one model"),
+    ],
+)
 def test_user_errors_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "out"
@@ -183,8 +209,26 @@ def test_command_line_writes_the_tables_and_takes_bos_both_ways(tmp_path, capsys
     assert build_parser("pretrained-sinks").parse_args(["--out", "x", "--bos"]).bos is True
     assert build_parser("pretrained-injection").parse_args(["--out", "x", "--no-bos"]).bos is False
     out = tmp_path / "sinks"
-    assert main(["pretrained-sinks", "--out", str(out), "--quiet", "--models", ZOO[0], "--no-bos", "--batches", "1",
-                 "--batch-size", "2", "--ctx", "16"]) == 0
+    assert (
+        main(
+            [
+                "pretrained-sinks",
+                "--out",
+                str(out),
+                "--quiet",
+                "--models",
+                ZOO[0],
+                "--no-bos",
+                "--batches",
+                "1",
+                "--batch-size",
+                "2",
+                "--ctx",
+                "16",
+            ]
+        )
+        == 0
+    )
     record = json.loads((out / "config.json").read_text())
     assert record["config"]["bos"] is False and record["config"]["models"] == [ZOO[0]]
     for name in ("table14", "layers", "heads", "summary", "models"):

@@ -2,6 +2,7 @@
 resume (a second call trains nothing), the Done-when table, one-line errors; the recipe's defaults are the sweep's grid
 point lr3e-3 (the training the zoo's probe/bb-* models come from); a finished run ships as a zoo entry that loads with
 its chain as default data."""
+
 import dataclasses
 import importlib.util
 import json
@@ -19,8 +20,26 @@ from probe.jobs.inputs import trained_task
 from tests.support.cli import assert_one_line_error
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["--steps", "24", "--snapshot-every", "12", "--warmup", "4", "--T", "32", "--batch-size", "4", "--d-model", "32",
-        "--d-mlp", "64", "--n-eval-batches", "2", "--eval-batch-size", "4"]
+TINY = [
+    "--steps",
+    "24",
+    "--snapshot-every",
+    "12",
+    "--warmup",
+    "4",
+    "--T",
+    "32",
+    "--batch-size",
+    "4",
+    "--d-model",
+    "32",
+    "--d-mlp",
+    "64",
+    "--n-eval-batches",
+    "2",
+    "--eval-batch-size",
+    "4",
+]
 
 
 def sweep_module():
@@ -36,8 +55,13 @@ def test_recipe_defaults_are_the_sweep_point_lr3e_3():
     training = [f.name for f in dataclasses.fields(EmergenceConfig) if f.name not in ("variants", "seeds")]
     assert {k: getattr(point, k) for k in training} == {k: getattr(default, k) for k in training}
     assert point.train_config(0) == default.train_config(0) and point.overrides() == default.overrides()
-    assert (default.lr, default.steps, default.T, default.n_heads, default.n_eval_batches * default.eval_batch_size) \
-        == (3e-3, 1200, 256, 1, 256)
+    assert (
+        default.lr,
+        default.steps,
+        default.T,
+        default.n_heads,
+        default.n_eval_batches * default.eval_batch_size,
+    ) == (3e-3, 1200, 256, 1, 256)
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +73,35 @@ def recipe(tmp_path_factory):
 
 def test_recipe_writes_snapshots_summary_done_when_and_trajectories(recipe):
     snaps = pd.read_csv(recipe / "snapshots.csv")
-    assert {"variant", "seed", "step", "layer", "pos0_ratio", "r0", "phantom_share", "sink_logit", "prev_at_trigger",
-            "bos_elsewhere", *EXTRA, *RUN_STATS} <= set(snaps.columns)
+    assert {
+        "variant",
+        "seed",
+        "step",
+        "layer",
+        "pos0_ratio",
+        "r0",
+        "phantom_share",
+        "sink_logit",
+        "prev_at_trigger",
+        "bos_elsewhere",
+        *EXTRA,
+        *RUN_STATS,
+    } <= set(snaps.columns)
     assert sorted(snaps.groupby(["variant", "step"]).size().items()) == [
-        ((v, s), 2) for v in ("baseline", "sinklogit") for s in (0, 12, 24)]  # two layers per snapshot
+        ((v, s), 2) for v in ("baseline", "sinklogit") for s in (0, 12, 24)
+    ]  # two layers per snapshot
     assert snaps.loc[snaps["variant"] == "baseline", "phantom_share"].eq(0).all()
     assert snaps.loc[snaps["variant"] == "sinklogit", "phantom_share"].gt(0).all()
     summary = pd.read_csv(recipe / "summary.csv")
     assert list(summary.columns) == ["variant", "seed", "step", *RUN_STATS] and len(summary) == 6
     done = pd.read_csv(recipe / "done_when.csv")
     assert list(done["step"]) == [12, 24] and not done["baseline_sink_formed"].any()  # 24 steps form no sink
-    assert (done["all_met"] == done[[c for c in done if c.startswith(("baseline_sink", "sinklogit_"))
-                                     and done[c].dtype == bool]].all(axis=1)).all()
+    assert (
+        done["all_met"]
+        == done[[c for c in done if c.startswith(("baseline_sink", "sinklogit_")) and done[c].dtype == bool]].all(
+            axis=1
+        )
+    ).all()
     page = (recipe / "trajectories.html").read_text()
     assert "baseline s0" in page and "sinklogit s0" in page
     config = json.loads((recipe / "config.json").read_text())
@@ -85,11 +126,14 @@ def test_a_finished_run_ships_as_a_zoo_entry(recipe, tmp_path):
     assert model.probe_info.trained_with_bos and len(rec["stats"]["layers"]) == 2
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["--variants", "baseline", "sinkylogit"], ["'sinkylogit'", "sinklogit", "baseline"]),
-    (["--vocab", "2"], ["vocab=2", "at least 4"]),
-    (["--steps", "0"], ["steps=0"]),
-])
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--variants", "baseline", "sinkylogit"], ["'sinkylogit'", "sinklogit", "baseline"]),
+        (["--vocab", "2"], ["vocab=2", "at least 4"]),
+        (["--steps", "0"], ["steps=0"]),
+    ],
+)
 def test_bad_options_are_one_line_and_write_nothing(args, needles, tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["sink-emergence", "--out", str(out), *args])

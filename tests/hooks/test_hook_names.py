@@ -1,5 +1,6 @@
 """Hook names come from one place: the builders of probe.hooks.names spell the documented vocabulary
 (docs/definitions.md#hook-namespace), and no other module of the package spells a hook name or a module path by hand."""
+
 from __future__ import annotations
 
 import ast
@@ -74,30 +75,36 @@ def test_no_module_outside_names_spells_a_hook_name():
     assert not offenders, "hook names built by hand (use probe.hooks.names):\n" + "\n".join(offenders)
 
 
-@pytest.mark.parametrize("source", [
-    'n = f"blocks.{l}.attn.hook_pattern"',
-    'n = f"blocks.{layer}.attn.gate.w"',
-    'n = "blocks." + str(l) + ".hook_resid_pre"',
-    'n = "blocks.{l}.hook_resid_pre".format(l=l)',
-    'n = "blocks.3.attn"',
-    'f = lambda n: n.endswith("attn.hook_v")',
-    'n = f"{site}.hook_depth_weights"',
-    'n = "final_read"',
-    'n = "final_read.hook_depth_weights"',
-    'n = f"blocks.{l}.mlp_read"',
-    'n = "hook_embed"',
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        'n = f"blocks.{l}.attn.hook_pattern"',
+        'n = f"blocks.{layer}.attn.gate.w"',
+        'n = "blocks." + str(l) + ".hook_resid_pre"',
+        'n = "blocks.{l}.hook_resid_pre".format(l=l)',
+        'n = "blocks.3.attn"',
+        'f = lambda n: n.endswith("attn.hook_v")',
+        'n = f"{site}.hook_depth_weights"',
+        'n = "final_read"',
+        'n = "final_read.hook_depth_weights"',
+        'n = f"blocks.{l}.mlp_read"',
+        'n = "hook_embed"',
+    ],
+)
 def test_the_scan_catches_hand_built_names(source):
     assert hand_built_names(source)
 
 
-@pytest.mark.parametrize("source", [
-    'def f():\n    """Reads ``blocks.{l}.attn.hook_pattern`` and final_read."""\n',
-    '# blocks.{l}.attn.hook_v in a comment\nx = 1\n',
-    'needs = ["hook_pattern", "hook_v_gate"]',  # a LayerCollector's per-layer points, resolved by names.attn
-    'msg = "the gate viewer needs hook_v_gate"',
-    'title = "inputs of adjacent layers (blocks.l vs blocks.l+1 hook_resid_pre)"',
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        'def f():\n    """Reads ``blocks.{l}.attn.hook_pattern`` and final_read."""\n',
+        "# blocks.{l}.attn.hook_v in a comment\nx = 1\n",
+        'needs = ["hook_pattern", "hook_v_gate"]',  # a LayerCollector's per-layer points, resolved by names.attn
+        'msg = "the gate viewer needs hook_v_gate"',
+        'title = "inputs of adjacent layers (blocks.l vs blocks.l+1 hook_resid_pre)"',
+    ],
+)
 def test_the_scan_allows_docstrings_comments_and_short_names(source):
     assert hand_built_names(source) == []
 
@@ -146,10 +153,19 @@ def test_builders_agree_with_the_declared_templates():
         assert names.resid(l, "pre") == names.name(names.RESID_PRE, l)
         assert names.resid(l, "mid") == names.name(names.RESID_MID, l)
         assert names.resid(l, "post") == names.name(names.RESID_POST, l)
-        for point, template in [("q", names.Q), ("k", names.K), ("v", names.V), ("v_gate", names.V_GATE),
-                                ("v_out", names.V_OUT), ("pattern", names.PATTERN), ("phantom", names.PHANTOM),
-                                ("sink_logit", names.SINK_LOGIT), ("z", names.Z), ("v_first", names.V_FIRST),
-                                ("v_mix", names.V_MIX)]:
+        for point, template in [
+            ("q", names.Q),
+            ("k", names.K),
+            ("v", names.V),
+            ("v_gate", names.V_GATE),
+            ("v_out", names.V_OUT),
+            ("pattern", names.PATTERN),
+            ("phantom", names.PHANTOM),
+            ("sink_logit", names.SINK_LOGIT),
+            ("z", names.Z),
+            ("v_first", names.V_FIRST),
+            ("v_mix", names.V_MIX),
+        ]:
             assert names.attn(l, point) == names.name(template, l)
         for kind in names.READ_KINDS:
             site = names.read_site(l, kind)
@@ -164,10 +180,13 @@ def test_builders_agree_with_the_declared_templates():
 
 @pytest.mark.parametrize("layer", [0, 1, 9, 23])
 def test_layer_of_round_trips_every_block_builder(layer):
-    built = ([names.resid(layer, p) for p in names.RESID_POINTS] + [names.attn(layer, p) for p in names.ATTN_POINTS]
-             + [names.read_site(layer, k) for k in names.READ_KINDS]
-             + [names.depth_weights(names.read_site(layer, k)) for k in names.READ_KINDS]
-             + [names.dense(layer), names.mlp(layer), names.block(layer), names.attn_module(layer)])
+    built = (
+        [names.resid(layer, p) for p in names.RESID_POINTS]
+        + [names.attn(layer, p) for p in names.ATTN_POINTS]
+        + [names.read_site(layer, k) for k in names.READ_KINDS]
+        + [names.depth_weights(names.read_site(layer, k)) for k in names.READ_KINDS]
+        + [names.dense(layer), names.mlp(layer), names.block(layer), names.attn_module(layer)]
+    )
     assert [names.layer_of(n) for n in built] == [layer] * len(built)
 
 
@@ -193,30 +212,36 @@ def test_attn_point_and_is_attn_read_names_back():
     assert not names.is_attn(names.depth_weights(names.FINAL_READ), "pattern")
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: names.attn(0, "patern"), "unknown attention hook 'patern'; choose from q, k, v, v_gate"),
-    (lambda: names.resid(0, "middle"), "unknown residual point 'middle'; choose from pre, mid, post"),
-    (lambda: names.read_site(0, "ffn"), "unknown read site 'ffn'; choose from attn, mlp"),
-    (lambda: names.mlp(0, "pre"), "unknown MLP hook 'pre'; choose from post"),
-    (lambda: names.read("blocks.0.attn", "depth_weights"), "unknown depth read site 'blocks.0.attn'"),
-    (lambda: names.depth_weights(names.read_site(0, "mlp")[:-1]), "unknown depth read site"),
-    (lambda: names.read(names.FINAL_READ, "weights"), "unknown read hook 'weights'; choose from routing_keys"),
-    (lambda: names.is_attn("blocks.0.attn.hook_v", "values"), "unknown attention hook 'values'"),
-    (lambda: names.attn(-1, "v"), "a layer index is an int >= 0, got -1"),
-    (lambda: names.attn(1.0, "v"), "a layer index is an int >= 0, got 1.0"),
-    (lambda: names.dense(True), "a layer index is an int >= 0, got True"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: names.attn(0, "patern"), "unknown attention hook 'patern'; choose from q, k, v, v_gate"),
+        (lambda: names.resid(0, "middle"), "unknown residual point 'middle'; choose from pre, mid, post"),
+        (lambda: names.read_site(0, "ffn"), "unknown read site 'ffn'; choose from attn, mlp"),
+        (lambda: names.mlp(0, "pre"), "unknown MLP hook 'pre'; choose from post"),
+        (lambda: names.read("blocks.0.attn", "depth_weights"), "unknown depth read site 'blocks.0.attn'"),
+        (lambda: names.depth_weights(names.read_site(0, "mlp")[:-1]), "unknown depth read site"),
+        (lambda: names.read(names.FINAL_READ, "weights"), "unknown read hook 'weights'; choose from routing_keys"),
+        (lambda: names.is_attn("blocks.0.attn.hook_v", "values"), "unknown attention hook 'values'"),
+        (lambda: names.attn(-1, "v"), "a layer index is an int >= 0, got -1"),
+        (lambda: names.attn(1.0, "v"), "a layer index is an int >= 0, got 1.0"),
+        (lambda: names.dense(True), "a layer index is an int >= 0, got True"),
+    ],
+)
 def test_bad_points_and_layers_name_the_valid_choices(call, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         call()
 
 
-@pytest.mark.parametrize("variant, overrides", [
-    ("attnres-full", {}),
-    ("plr-block2-r8", {}),
-    ("mudd", {}),
-    ("sink+proj", {"value_residual": "lambda"}),
-])
+@pytest.mark.parametrize(
+    "variant, overrides",
+    [
+        ("attnres-full", {}),
+        ("plr-block2-r8", {}),
+        ("mudd", {}),
+        ("sink+proj", {"value_residual": "lambda"}),
+    ],
+)
 def test_every_hook_of_a_model_is_a_built_name(variant, overrides):
     """The hooks a probe model exposes (read off its module tree) are names the builders give, and the documented
     ones for its mechanisms are there."""

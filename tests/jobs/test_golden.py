@@ -1,6 +1,7 @@
 """Behaviour pinned by golden files: every verb's CSV and JSON on every shipped zoo model it accepts, as written by
 `scripts/golden/make_golden.py` at the commit recorded in tests/jobs/golden/cases.json. Equal, or within 1e-12 relative
 where merging passes only reorders float sums."""
+
 from __future__ import annotations
 
 import contextlib
@@ -49,6 +50,7 @@ def _compare_csv(golden: Path, fresh: Path) -> None:
 
 def _run(argv: list[str], out: Path) -> int:
     from probe.cli.main import main
+
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return main([*argv, "--out", str(out)])
 
@@ -62,8 +64,13 @@ def test_verb_outputs_equal_the_golden_files(case, tmp_path):
         return
     want_dir = GOLDEN / case
     want = sorted(p.relative_to(want_dir) for p in want_dir.rglob("*") if p.is_file())
-    got = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file() and p.suffix in (".csv", ".json")
-                 and not any(part.startswith(".") for part in p.relative_to(out).parts))
+    got = sorted(
+        p.relative_to(out)
+        for p in out.rglob("*")
+        if p.is_file()
+        and p.suffix in (".csv", ".json")
+        and not any(part.startswith(".") for part in p.relative_to(out).parts)
+    )
     assert got == want
     for rel in want:
         if rel.suffix == ".csv":

@@ -1,6 +1,7 @@
 """Hostile inputs to the job layer, one kind per section: writes that a planted link or a full disk must not corrupt,
 run folders that two processes must not share, model names and sizes that must not lead out of the zoo or into an
 allocation that cannot fit, and corpus files that must not hang, crash or be silently thinned."""
+
 from __future__ import annotations
 
 import errno
@@ -27,8 +28,14 @@ ZOO_MODEL = REPO / "probe" / "zoo" / "tiny-sink+proj"
 
 
 def probe_cli(*args, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "probe.cli", *map(str, args)], capture_output=True, text=True,
-                          env=ENV, timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "probe.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=timeout,
+        cwd=REPO,
+    )
 
 
 def one_line(err: str) -> str:
@@ -136,8 +143,14 @@ lock.release()
 
 
 def _holder(folder: Path) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True, env=ENV, cwd=REPO)
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(folder)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        cwd=REPO,
+    )
     assert p.stdout.readline().strip() == "held"
     return p
 
@@ -158,8 +171,14 @@ def test_a_second_process_on_a_held_folder_exits_2_naming_the_holder(tmp_path):
 def test_wait_queues_behind_the_holder(tmp_path):
     out = tmp_path / "out"
     holder = _holder(out)
-    waiter = subprocess.Popen([sys.executable, "-m", "probe.cli", "costs", "--out", str(out), "--wait"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO)
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "probe.cli", "costs", "--out", str(out), "--wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        cwd=REPO,
+    )
     try:
         first = waiter.stderr.readline()  # written just before it blocks on the lock
         assert f"waiting for pid {holder.pid}" in first, first
@@ -252,8 +271,11 @@ def test_a_config_whose_sizes_the_weights_do_not_hold_is_one_line_before_any_all
     from probe.checkpoints.sizes import CheckpointSizeError
 
     folder = _copy_model(tmp_path, d_mlp=10**9)  # 2.3e12 parameters: terabytes if it were allocated
-    with pytest.raises(CheckpointSizeError, match=r"config implies 2,304,001,444,272 parameters, its safetensors "
-                                                  r"headers hold 2,329,008 \(fewer by"):
+    with pytest.raises(
+        CheckpointSizeError,
+        match=r"config implies 2,304,001,444,272 parameters, its safetensors "
+        r"headers hold 2,329,008 \(fewer by",
+    ):
         probe.load(folder)
 
 
@@ -276,8 +298,11 @@ def test_weights_that_do_not_fit_the_memory_are_refused(tmp_path, monkeypatch):
     import probe.checkpoints.sizes as sizes
 
     monkeypatch.setattr(sizes, "available_memory", lambda: 1 << 20)
-    with pytest.raises(sizes.CheckpointSizeError, match=r"weights need 8\.9 MB, more than the 1\.0 MB of memory "
-                                                        r"available \(by 7\.9 MB\)"):
+    with pytest.raises(
+        sizes.CheckpointSizeError,
+        match=r"weights need 8\.9 MB, more than the 1\.0 MB of memory "
+        r"available \(by 7\.9 MB\)",
+    ):
         sizes.check_sizes(ZOO_MODEL, "m", dtype_bytes=4)
 
 
@@ -298,8 +323,11 @@ def test_random_windows_are_counted_before_allocation(monkeypatch):
     calls = []
     monkeypatch.setattr(batches, "tokenize_documents", lambda *a, **k: calls.append(a) or [])
     for mode in ("random", "sequential", "first"):
-        with pytest.raises(ValueError, match=r"n_batches\*batch_size=8000 windows of 257 tokens need 15\.7 MB, more "
-                                             r"than the 1\.0 MB of memory available"):
+        with pytest.raises(
+            ValueError,
+            match=r"n_batches\*batch_size=8000 windows of 257 tokens need 15\.7 MB, more "
+            r"than the 1\.0 MB of memory available",
+        ):
             batches.eval_batches(["some text"], "probe-bpe-8k", n_batches=1000, batch_size=8, ctx=256, mode=mode)
     assert not calls  # refused before the corpus was even tokenized
 
@@ -329,7 +357,7 @@ def test_truncated_compression_is_one_line_naming_the_file(tmp_path):
 
     whole = gzip.compress(b"".join(json.dumps({"text": f"document {i} " * 50}).encode() + b"\n" for i in range(200)))
     bad = tmp_path / "shard.jsonl.gz"
-    bad.write_bytes(whole[:len(whole) // 2])
+    bad.write_bytes(whole[: len(whole) // 2])
     with pytest.raises(ValueError, match=r"shard\.jsonl\.gz is corrupt or truncated compressed data"):
         load_corpus(bad)
     bad.write_bytes(b"\x1f\x8b" + os.urandom(200))
@@ -360,7 +388,7 @@ def test_the_cli_names_the_bad_record(tmp_path):
     path.write_text('{"text": "one two three"}\n{"text": null}\n')
     r = probe_cli("sinks", "--data", path, "--batches", "1", "--batch-size", "1", "--ctx", "4")
     assert r.returncode == 2
-    assert f"{path}:2 has a \"text\" of type NoneType" in one_line(r.stderr)
+    assert f'{path}:2 has a "text" of type NoneType' in one_line(r.stderr)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -400,7 +428,7 @@ def test_damaged_state_files_are_one_line_naming_the_file_and_the_way_out(tmp_pa
     out = tmp_path / "out"
     RunStore, record = _store_with_one_record(out)
     text = record.read_text()
-    record.write_text(text[:len(text) // 2] if damage == "truncated" else "[1, 2]")
+    record.write_text(text[: len(text) // 2] if damage == "truncated" else "[1, 2]")
     with pytest.raises(RunFolderError, match=r"models/.*\.json is corrupt .*delete it and run again"):
         RunStore(out, {"a": 1}, ["m"]).record("m")
     manifest = out / MANIFEST
@@ -429,15 +457,36 @@ def test_a_damaged_checkpoint_tensor_file_is_one_line_naming_it(tmp_path, damage
         data = f.read_bytes()
         f.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x07" * 64)
         with pytest.raises(ValueError, match=rf"{name} is corrupt .*delete .*checkpoint"):
-            (load_model(model, ckpt) if name == "model.safetensors" else
-             load_checkpoint(ckpt, model, restore_rng=False))
+            (
+                load_model(model, ckpt)
+                if name == "model.safetensors"
+                else load_checkpoint(ckpt, model, restore_rng=False)
+            )
 
 
 def test_resume_refuses_a_changed_training_corpus_naming_both_fingerprints(tmp_path, capsys):
     text, run = tmp_path / "corpus.txt", tmp_path / "run"
     text.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog." * 3 for i in range(40)))
-    argv = ["train", "--data", str(text), "--eval-data", str(text), "--ctx", "16", "--steps", "2", "--batch-size",
-            "2", "--eval-batches", "1", "--out", str(run), "--quiet", "--threads", "1"]
+    argv = [
+        "train",
+        "--data",
+        str(text),
+        "--eval-data",
+        str(text),
+        "--ctx",
+        "16",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--eval-batches",
+        "1",
+        "--out",
+        str(run),
+        "--quiet",
+        "--threads",
+        "1",
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     ident = json.loads((run / "probe_train.json").read_text())
     assert len(ident["corpus_sha256"]) == 64 and ident["corpus_bytes"] > 0
@@ -458,11 +507,26 @@ def test_report_resume_refuses_changed_inputs_naming_both_fingerprints(tmp_path,
     one line instead of mixing two fingerprints in one report; a folder from before fingerprints resumes with one
     warning and records them."""
     corpus, out, model = tmp_path / "corpus.txt", tmp_path / "report", tmp_path / "model"
-    corpus.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog." * 4
-                                  for i in range(24)))
+    corpus.write_text(
+        "\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog." * 4 for i in range(24))
+    )
     shutil.copytree(ZOO_MODEL, model)
-    argv = ["report", "--models", str(model), "--data", str(corpus), "--ctx", "16", "--batches", "1", "--batch-size",
-            "2", "--out", str(out), "--quiet"]
+    argv = [
+        "report",
+        "--models",
+        str(model),
+        "--data",
+        str(corpus),
+        "--ctx",
+        "16",
+        "--batches",
+        "1",
+        "--batch-size",
+        "2",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     (recorded,) = list((out / "inputs").iterdir())
     fingerprint = json.loads(recorded.read_text())

@@ -1,4 +1,5 @@
 """`probe report`: batch sink reports, resumable after a kill at any point, with the same numbers and no duplicates."""
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,17 @@ from tests.support.cli import WINDOWS, assert_one_line_error, files_under, kill_
 
 def test_expand_checkpoints():
     assert expand_checkpoints("pythia-160m@step1000,step2000, 4000") == [
-        "pythia-160m@step1000", "pythia-160m@step2000", "pythia-160m@4000"]
+        "pythia-160m@step1000",
+        "pythia-160m@step2000",
+        "pythia-160m@4000",
+    ]
     assert expand_checkpoints("a@x,b@step3,5") == ["a@x", "b@step3", "b@5"]
-    assert [step_of(n) for n in ("pythia-160m@step1000", "pythia-160m@4000", "x@main", "dir")] == [1000, 4000, None,
-                                                                                                  None]
+    assert [step_of(n) for n in ("pythia-160m@step1000", "pythia-160m@4000", "x@main", "dir")] == [
+        1000,
+        4000,
+        None,
+        None,
+    ]
     with pytest.raises(UsageError):
         expand_checkpoints("step1000,step2000")
     with pytest.raises(UsageError):
@@ -35,8 +43,23 @@ def test_report_axis_uses_training_steps():
 
 
 def _report(fx, out, *extra, env=None):
-    return probe("report", "--models", fx["sp"], fx["llama"], fx["base"], "--data", fx["data"], *WINDOWS,
-                 "--inject-doses", "0.4", "0.8", "--out", out, *extra, env=env)
+    return probe(
+        "report",
+        "--models",
+        fx["sp"],
+        fx["llama"],
+        fx["base"],
+        "--data",
+        fx["data"],
+        *WINDOWS,
+        "--inject-doses",
+        "0.4",
+        "0.8",
+        "--out",
+        out,
+        *extra,
+        env=env,
+    )
 
 
 def test_report_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
@@ -64,8 +87,16 @@ def test_report_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
     assert (cut / "models" / done[0]).stat().st_mtime_ns == first.st_mtime_ns  # model 1 was not recomputed
     assert not [p for p in files_under(cut) if p.name.startswith(".")]  # the staged file was cleaned up
 
-    for name in ("report_summary.csv", "report_by_type.csv", "report_layers.csv", "report_heads.csv",
-                 "report_sink_eps.csv", "report_sink_eps_layers.csv", "report_injection.csv", "report_exposure.csv"):
+    for name in (
+        "report_summary.csv",
+        "report_by_type.csv",
+        "report_layers.csv",
+        "report_heads.csv",
+        "report_sink_eps.csv",
+        "report_sink_eps_layers.csv",
+        "report_injection.csv",
+        "report_exposure.csv",
+    ):
         assert (cut / name).read_text() == (whole / name).read_text(), name
     summary = pd.read_csv(cut / "report_summary.csv")
     assert list(summary["model"]) == [str(fx["sp"]), str(fx["llama"]), str(fx["base"])]
@@ -74,11 +105,17 @@ def test_report_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
     inj = pd.read_csv(cut / "report_injection.csv")
     assert not inj.duplicated(["model", "junk", "cutoff", "dose"]).any() and len(inj) == 3 * 2
     assert (summary.set_index("model")["phantom_share"] > 0).to_dict() == {
-        str(fx["sp"]): True, str(fx["llama"]): False, str(fx["base"]): False}  # only sink+proj has a phantom
+        str(fx["sp"]): True,
+        str(fx["llama"]): False,
+        str(fx["base"]): False,
+    }  # only sink+proj has a phantom
 
     page = (cut / "report.html").read_text()
-    assert "src='plotly.min.js'" in page and (cut / "plotly.min.js").is_file() and "report.html" in (
-        cut / "index.html").read_text()
+    assert (
+        "src='plotly.min.js'" in page
+        and (cut / "plotly.min.js").is_file()
+        and "report.html" in (cut / "index.html").read_text()
+    )
     assert page.count("Plotly.newPlot") == 4 + 1 + 2 + 2  # stats, layer profiles, Sink^eps, injection and exposure
     manifest = json.loads((cut / "manifest.json").read_text())
     assert manifest["settings"]["inject"]["doses"] == [0.4, 0.8] and len(manifest["models"]) == 3

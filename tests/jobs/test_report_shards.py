@@ -1,5 +1,6 @@
 """`probe report --shard i/N` and `--merge`: shards of one run joined equal the unsharded report; bad shards and
 foreign or missing shard folders are one-line errors that write nothing. In-process CLI calls (one import)."""
+
 from __future__ import annotations
 
 import json
@@ -28,12 +29,24 @@ def cli(capsys, monkeypatch):
     def run(*args):
         code = main([str(a) for a in args])
         return subprocess.CompletedProcess(args, code, *capsys.readouterr())
+
     return run
 
 
 def _report(cli, fx, out, *extra, models=("sp", "llama", "base")):
-    return cli("report", "--models", *(fx[m] for m in models), "--data", fx["data"], *WINDOWS, "--inject-doses", "0.4",
-               "--out", out, *extra)
+    return cli(
+        "report",
+        "--models",
+        *(fx[m] for m in models),
+        "--data",
+        fx["data"],
+        *WINDOWS,
+        "--inject-doses",
+        "0.4",
+        "--out",
+        out,
+        *extra,
+    )
 
 
 def test_parse_shard_and_share():

@@ -2,6 +2,7 @@
 per-model results in: the manifest is checked on resume, records are written atomically and only once each, a run
 that fails before its first model leaves nothing, and a folder of another kind or other settings is refused in one
 line (a UsageError that is also a ValueError)."""
+
 from __future__ import annotations
 
 import json
@@ -22,6 +23,7 @@ def _compute(calls: list):
     def compute(name):
         calls.append(name)
         return {"name": name, "value": len(name), "missing": math.nan}
+
     return compute
 
 
@@ -34,8 +36,9 @@ def test_records_are_computed_once_and_reloaded_in_order(tmp_path):
     assert manifest == {"kind": "recipe-x", "settings": SETTINGS, "models": ["a", "bb"]}
     assert sorted(p.name for p in (out / "models").iterdir()) == sorted(f"{slug(n)}.json" for n in ("a", "bb"))
 
-    again = RunStore(out, SETTINGS, ["bb", "c", "a"], kind="recipe-x").records(["bb", "c", "a"], _compute(calls),
-                                                                              QUIET, "x")
+    again = RunStore(out, SETTINGS, ["bb", "c", "a"], kind="recipe-x").records(
+        ["bb", "c", "a"], _compute(calls), QUIET, "x"
+    )
     assert calls == ["a", "bb", "c"]  # only the new model
     assert [r["name"] for r in again] == ["bb", "c", "a"] and again[0] == first[1] and again[2] == first[0]
     assert read_manifest(out)["models"] == ["bb", "c", "a"]  # the model list of the run that wrote it last
@@ -63,8 +66,11 @@ def test_a_run_that_fails_before_its_first_record_writes_nothing(tmp_path):
 def test_other_settings_kind_or_shard_are_one_line_errors(tmp_path):
     out = tmp_path / "run"
     RunStore(out, SETTINGS, ["a"], kind="recipe-x").records(["a"], _compute([]), QUIET, "x")
-    with pytest.raises(RunFolderError, match=r"holds the result of 'recipe-x' computed with other settings "
-                                             r"\(ctx: 16 \(now 12\)\)"):
+    with pytest.raises(
+        RunFolderError,
+        match=r"holds the result of 'recipe-x' computed with other settings "
+        r"\(ctx: 16 \(now 12\)\)",
+    ):
         RunStore(out, {**SETTINGS, "ctx": 12}, ["a"], kind="recipe-x")
     with pytest.raises(ValueError, match="holds the result of 'recipe-x', not 'recipe-y'"):
         RunStore(out, SETTINGS, ["a"], kind="recipe-y")

@@ -2,6 +2,7 @@
 runs without the training loop, optimisers, schedules, checkpointing or the trainer's DDP in the process. The one
 part of ``probe.train`` the command line reads is ``probe.train.config`` (``TrainConfig``, torch-free: the parser
 builds ``probe train``'s flags from it), and the package's own names load only on first use."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
 
 
 def test_the_sinks_verb_imports_no_trainer_module(tmp_path):
-    done = subprocess.run([sys.executable, "-c", PROGRAM, str(tmp_path / "out")], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAM, str(tmp_path / "out")], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["code"] == 0 and (tmp_path / "out").is_dir()

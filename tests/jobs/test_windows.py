@@ -1,6 +1,7 @@
 """One window builder (``probe.data.windows``, docs/definitions.md#evaluation-windows): the analyses' Python default
 and the command line's inputs cut the same windows, the BOS rule (docs/definitions.md#bos-rule) lives with the data,
 and the inputs only name the flags in its errors."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace

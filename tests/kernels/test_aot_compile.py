@@ -6,6 +6,7 @@ CI tier: the shapes of probe.kernels.cases.ci_cases at each verb's default dtype
 per arch, two compile processes; it prints the compile count, wall time, and registers / spills from ptxas -v, and
 fails above 4 minutes. ``-m slow``: every flag x dtype (full_cases).
 """
+
 import time
 
 import pytest
@@ -17,9 +18,13 @@ from probe.kernels.aot import compile_pairs  # noqa: E402
 from probe.kernels.cases import DTYPES, capture_kinds, ci_cases, full_cases  # noqa: E402
 from probe.kernels.launch import ARCHS, KB, launch_config  # noqa: E402
 
-KERNEL_OPS = {"_fwd_kernel": "sink_forward", "_bwd_dkdv_kernel": "sink_backward_dkdv",
-              "_bwd_dq_kernel": "sink_backward_dq", "_depth_fwd_kernel": "depth_forward",
-              "_depth_bwd_kernel": "depth_backward"}
+KERNEL_OPS = {
+    "_fwd_kernel": "sink_forward",
+    "_bwd_dkdv_kernel": "sink_backward_dkdv",
+    "_bwd_dq_kernel": "sink_backward_dq",
+    "_depth_fwd_kernel": "depth_forward",
+    "_depth_bwd_kernel": "depth_backward",
+}
 
 
 def _expected_config(spec, case, limits):
@@ -38,26 +43,31 @@ def compile_and_check(cases, archs=tuple(ARCHS)):
     by_arch = {arch: capture_kinds(cases, ARCHS[arch]) for arch in archs}  # one compile per kind and arch
     results = compile_pairs([(spec, arch) for arch in archs for spec in by_arch[arch]], jobs=2)
     wall = time.perf_counter() - t0
-    print(f"\nAOT: {len(results)} compiles (each distinct launch once per arch: {', '.join(archs)}) in "
-          f"{wall:.0f} s wall, {sum(r.seconds for r in results):.0f} s of compiling")
+    print(
+        f"\nAOT: {len(results)} compiles (each distinct launch once per arch: {', '.join(archs)}) in "
+        f"{wall:.0f} s wall, {sum(r.seconds for r in results):.0f} s of compiling"
+    )
     print(f"  {'launch':<62} {'arch':<6} {'shared':>9} {'limit':>7} {'regs':>5} {'spills':>7} {'compile':>7}")
     problems = []
     for r in sorted(results, key=lambda r: (r.spec.label(), r.arch)):
         limit = ARCHS[r.arch].shared_bytes
-        print(f"  {r.spec.label():<62} {r.arch:<6} {(r.shared or 0) / KB:7.1f}KB {limit // KB:5d}KB "
-              f"{r.registers or 0:5d} {r.spill_bytes or 0:6d}B {r.seconds:6.1f}s")
+        print(
+            f"  {r.spec.label():<62} {r.arch:<6} {(r.shared or 0) / KB:7.1f}KB {limit // KB:5d}KB "
+            f"{r.registers or 0:5d} {r.spill_bytes or 0:6d}B {r.seconds:6.1f}s"
+        )
         cases_here = by_arch[r.arch][r.spec]
         if r.error:
             problems.append(f"{r.spec.label()} {r.arch}: {r.error}")
             continue
         if not r.fits:
-            problems.append(f"{r.spec.label()} {r.arch}: {r.shared} bytes > {limit} "
-                            f"({cases_here[0].label()})")
+            problems.append(f"{r.spec.label()} {r.arch}: {r.shared} bytes > {limit} ({cases_here[0].label()})")
         for case in cases_here:
             cfg = _expected_config(r.spec, case, ARCHS[r.arch])
             constexprs = dict(r.spec.constexprs)
-            if {n: constexprs[n] for n in cfg.constexprs()} != cfg.constexprs() or \
-                    (r.spec.num_warps, r.spec.num_stages) != (cfg.num_warps, cfg.num_stages):
+            if {n: constexprs[n] for n in cfg.constexprs()} != cfg.constexprs() or (
+                r.spec.num_warps,
+                r.spec.num_stages,
+            ) != (cfg.num_warps, cfg.num_stages):
                 problems.append(f"{case.label()} {r.arch}: launched {r.spec.label()}, launch_config says {cfg}")
             if cfg.shared_bytes < r.shared:  # the estimate must bound the compiled kernel, or choices near a limit fail
                 problems.append(f"{r.spec.label()} {r.arch}: estimate {cfg.shared_bytes} < compiled {r.shared}")
@@ -82,8 +92,14 @@ def test_every_flag_and_dtype_compiles_within_each_arch():
         c = dict(r.spec.constexprs)
         tiles = tuple((n, v) for n, v in c.items() if n.startswith("BLOCK_"))
         flags = sum(bool(v) for n, v in c.items() if n.startswith("HAS_"))
-        key = (r.arch, r.spec.name, tuple(t for _, t in r.spec.signature if t.startswith("*")), tiles,
-               r.spec.num_warps, r.spec.num_stages)
+        key = (
+            r.arch,
+            r.spec.name,
+            tuple(t for _, t in r.spec.signature if t.startswith("*")),
+            tiles,
+            r.spec.num_warps,
+            r.spec.num_stages,
+        )
         groups.setdefault(key, []).append((flags, r.shared))
     for key, members in groups.items():
         most_flags = max(members)[0]

@@ -1,4 +1,5 @@
 """`probe doctor` without a GPU, the prepared GPU run's scripts, and the GPU kernel suite's arguments (all on CPU)."""
+
 import subprocess
 import sys
 
@@ -45,12 +46,13 @@ def test_gpu_scripts_parse():
         assert r.returncode == 0, (script, r.stderr)
     text = (REPO / "scripts/gpu/check.sh").read_text()
     assert text.index("python3 -m probe.cli doctor") < text.index("python3 benchmarks/kernels_gpu.py")  # doctor first
-    assert 'ZOO_STEPS:-0}' in text  # the zoo is opt-in
+    assert "ZOO_STEPS:-0}" in text  # the zoo is opt-in
 
 
 def _suite(*args):
-    return subprocess.run([sys.executable, str(REPO / "benchmarks/kernels_gpu.py"), *args], capture_output=True,
-                          text=True, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks/kernels_gpu.py"), *args], capture_output=True, text=True, cwd=REPO
+    )
 
 
 def test_gpu_suite_plan_covers_1k_to_16k_for_each_shape_and_section():

@@ -1,5 +1,6 @@
 """Attention edits carried out by the op (probe.kernels.sink_attention.edits): key-0 knockout through the per-key bias
 and window eviction through the kept-first-keys rule, on every torch path, against explicit softmaxes."""
+
 import pytest
 import torch
 
@@ -18,7 +19,7 @@ def inputs(seed=0, dtype=torch.float64):
 def naive(q, k, v, visible, sink=None):
     """Explicit softmax over the visible keys (Tq, Tk) bool and the phantom (value 0); empty rows give 0."""
     G = H // HKV
-    s = torch.einsum("bihd,bjhd->bhij", q, k.repeat_interleave(G, 2)) / DH ** 0.5
+    s = torch.einsum("bihd,bjhd->bhij", q, k.repeat_interleave(G, 2)) / DH**0.5
     s = s.masked_fill(~visible, float("-inf"))
     if sink is not None:
         s = torch.cat([sink[None, :, None, None].expand(B, H, T, 1).to(s.dtype), s], -1)
@@ -105,6 +106,7 @@ def test_an_additive_mask_takes_the_eviction_rule():
 
 def test_edits_build_no_t_by_t_pattern(monkeypatch):
     """On the runtime (auto) backend neither edit reaches the T x T reference op."""
+
     def refuse(*a, **k):
         raise AssertionError("the T x T reference op ran")
 

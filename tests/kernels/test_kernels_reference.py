@@ -1,4 +1,5 @@
 """probe.kernels references against explicit formulas, invariants, merge, dispatch errors, torch-only import."""
+
 import math
 import subprocess
 import sys
@@ -16,8 +17,11 @@ SINKS = [None, float("-inf"), 0.0, 100.0, -100.0]
 
 def rand_qkv(B=2, T=6, H=4, Hkv=2, dh=8, dv=6, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, T, H, dh, generator=g), torch.randn(B, T, Hkv, dh, generator=g),
-            torch.randn(B, T, Hkv, dv, generator=g))
+    return (
+        torch.randn(B, T, H, dh, generator=g),
+        torch.randn(B, T, Hkv, dh, generator=g),
+        torch.randn(B, T, Hkv, dv, generator=g),
+    )
 
 
 def naive_attention(q, k, v, *, sink=None, key_bias=None, window=None, log_gate=None, softcap=None):
@@ -36,8 +40,8 @@ def naive_attention(q, k, v, *, sink=None, key_bias=None, window=None, log_gate=
                 if softcap is not None:
                     logit = {j: softcap * math.tanh(x / softcap) for j, x in logit.items()}
                 for j in js:
-                    logit[j] += (0.0 if key_bias is None else float(key_bias[b, h // G, j]))
-                    logit[j] += (0.0 if log_gate is None else float(log_gate[b, j, h // G]))
+                    logit[j] += 0.0 if key_bias is None else float(key_bias[b, h // G, j])
+                    logit[j] += 0.0 if log_gate is None else float(log_gate[b, j, h // G])
                 top = max(list(logit.values()) + ([float(sink[h])] if sink is not None else []))
                 z = sum(math.exp(x - top) for x in logit.values())
                 z += math.exp(float(sink[h]) - top) if sink is not None else 0.0
@@ -49,6 +53,7 @@ def naive_attention(q, k, v, *, sink=None, key_bias=None, window=None, log_gate=
 
 
 # ---------------------------------------------------------------- value gates (what the kernels are given)
+
 
 def test_value_gate_formulas():
     v = torch.randn(2, 5, 3, 8)
@@ -93,6 +98,7 @@ def test_value_gate_dtype_and_errors():
 
 # ---------------------------------------------------------------- sink attention reference
 
+
 @pytest.mark.parametrize("sink_value", SINKS)
 @pytest.mark.parametrize("window", [None, 3])
 @pytest.mark.parametrize("transform", ["none", "proj", "routing-norm"])
@@ -102,8 +108,7 @@ def test_reference_matches_naive(sink_value, window, transform):
     key_bias = torch.randn(2, 2, 6)
     tau, w, b = torch.rand(2), torch.randn(2, 6), torch.randn(2)
     v_in, bias, gate = gated(transform, v, key_bias, tau=tau, w=w, b=b)
-    res = sink_attention(q, k, v_in, sink=sink, key_bias=bias, window=window, return_pattern=True,
-                         backend="reference")
+    res = sink_attention(q, k, v_in, sink=sink, key_bias=bias, window=window, return_pattern=True, backend="reference")
     log_gate = torch.log(gate) if transform == "routing-norm" else None
     out, pattern, phantom = naive_attention(q, k, v_in, sink=sink, key_bias=key_bias, window=window, log_gate=log_gate)
     torch.testing.assert_close(res.out.double(), out, atol=1e-5, rtol=1e-5)
@@ -115,8 +120,9 @@ def test_reference_matches_naive(sink_value, window, transform):
 
 def test_sink_minus_inf_is_plain_softmax_attention():
     q, k, v = rand_qkv(dv=8)
-    plain = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                           enable_gqa=True).transpose(1, 2)
+    plain = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+    ).transpose(1, 2)
     for backend in ("reference", "sdpa"):
         for sink in (None, torch.full((4,), float("-inf"))):
             torch.testing.assert_close(sink_attention(q, k, v, sink=sink, backend=backend).out, plain)
@@ -168,7 +174,7 @@ def test_softcapped_row_masses_match_naive(sink_value, window, backend):
     kw = dict(sink=sink, key_bias=key_bias, window=window)
     _, pattern, phantom = naive_attention(q, k, v, softcap=1.0, **kw)
     if backend == "chunked":
-        lse, masses = row_masses_chunked(q, k, ind, scale=8 ** -0.5, softcap=1.0, chunk=4, **kw)
+        lse, masses = row_masses_chunked(q, k, ind, scale=8**-0.5, softcap=1.0, chunk=4, **kw)
     else:
         lse, masses = attention_row_masses(q, k, ind, softcap=1.0, backend=backend, **kw)
     want = torch.einsum("bhij,bjhc->bhic", pattern, ind.double().repeat_interleave(2, dim=2))  # (B, H, T, 2)
@@ -187,6 +193,7 @@ def test_bad_softcap_is_refused(softcap):
 
 
 # ---------------------------------------------------------------- depth attention reference and merge
+
 
 def rand_sources(S=4, B=2, T=3, d=8, r=4, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -211,8 +218,9 @@ def test_depth_reference_matches_formula(normalize):
             h = sum(a * values[i][bi, t].double() for i, a in enumerate(alpha))
             torch.testing.assert_close(res.h[bi, t].double(), h, atol=1e-5, rtol=1e-5)
             assert abs(float(res.lse[bi, t]) - math.log(z)) < 1e-5
-            torch.testing.assert_close(res.weights[bi, t].double(), torch.tensor(alpha, dtype=torch.float64),
-                                       atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(
+                res.weights[bi, t].double(), torch.tensor(alpha, dtype=torch.float64), atol=1e-6, rtol=1e-5
+            )
 
 
 def test_depth_one_source_is_identity_and_slr_full_rank_is_attnres():
@@ -242,6 +250,7 @@ def test_merge_is_associative_and_equals_single_call():
 
 
 # ---------------------------------------------------------------- dispatch and import
+
 
 def test_backend_and_shape_errors():
     q, k, v = rand_qkv()
@@ -292,12 +301,18 @@ else:
     raise SystemExit("backend='triton' without triton should raise")
 print("ok")
 """
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]),
+    )
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
 # ---------------------------------------------------------------- masks, caches and the runtime backend
+
 
 def test_a_mask_replaces_the_causal_rule_and_fewer_queries_are_the_last_ones():
     q, k, v = rand_qkv(T=7)

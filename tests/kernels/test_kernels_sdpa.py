@@ -1,4 +1,5 @@
 """The fused torch paths (SDPA with phantom coordinates, CPU flash row masses) against the fp32 reference."""
+
 import itertools
 
 import pytest
@@ -14,8 +15,14 @@ SINKS = [None, float("-inf"), 0.0, 100.0, -100.0]
 def make_inputs(B=2, T=7, H=4, Hkv=2, dh=8, dv=6, sink_value=None, key_bias=False, seed=0):
     g = torch.Generator().manual_seed(seed)
     leaf = lambda *s: torch.randn(*s, generator=g).requires_grad_()  # noqa: E731
-    x = dict(q=leaf(B, T, H, dh), k=leaf(B, T, Hkv, dh), v=leaf(B, T, Hkv, dv),
-             tau=(0.5 + 0.3 * torch.randn(Hkv, generator=g)).requires_grad_(), w=leaf(Hkv, dv), b=leaf(Hkv))
+    x = dict(
+        q=leaf(B, T, H, dh),
+        k=leaf(B, T, Hkv, dh),
+        v=leaf(B, T, Hkv, dv),
+        tau=(0.5 + 0.3 * torch.randn(Hkv, generator=g)).requires_grad_(),
+        w=leaf(Hkv, dv),
+        b=leaf(Hkv),
+    )
     if sink_value is not None:  # mixed per-head sinks around the tested value
         x["sink"] = torch.tensor([sink_value, 0.3, sink_value, -2.0][:H] + [0.0] * (H - 4)).requires_grad_()
     if key_bias:
@@ -51,8 +58,9 @@ def test_sdpa_matches_reference(transform, sink_value, window, heads, key_bias):
         if g_ref[name] is None:
             assert g_fast[name] is None or not g_fast[name].any(), name
             continue
-        torch.testing.assert_close(g_fast[name], g_ref[name], atol=2e-5, rtol=1e-4,
-                                   msg=lambda m, name=name: f"d{name}: {m}")
+        torch.testing.assert_close(
+            g_fast[name], g_ref[name], atol=2e-5, rtol=1e-4, msg=lambda m, name=name: f"d{name}: {m}"
+        )
     if sink_value == float("-inf"):
         assert not g_ref["sink"][0] and not g_fast["sink"][0]  # a -inf sink gets no gradient
 
@@ -67,8 +75,9 @@ def test_sdpa_kept_first_keys_matches_reference(sink_value, keep, window):
     cot = torch.randn_like(ref.out)
     g_ref, g_fast = grads(ref.out, x, cot), grads(fast.out, x, cot)
     for name in ("q", "k", "v", "key_bias") + (("sink",) if sink_value is not None else ()):
-        torch.testing.assert_close(g_fast[name], g_ref[name], atol=2e-5, rtol=1e-4,
-                                   msg=lambda m, name=name: f"d{name}: {m}")
+        torch.testing.assert_close(
+            g_fast[name], g_ref[name], atol=2e-5, rtol=1e-4, msg=lambda m, name=name: f"d{name}: {m}"
+        )
 
 
 @pytest.mark.parametrize("key_bias", [True, False])  # extra coordinates / the flash kernel's rows rescaled
@@ -113,6 +122,7 @@ def test_sdpa_bf16_close_to_fp32_reference(key_bias):
 
 # ---------------------------------------------------------------- attention_row_masses
 
+
 def masses_inputs(sink_value, window, key_bias, T=9, seed=1):
     x = make_inputs(T=T, sink_value=sink_value, key_bias=key_bias, seed=seed)
     ind = torch.zeros(2, T, 2, 3)
@@ -132,7 +142,7 @@ def test_row_masses_match_pattern(sink_value, window, backend):
     kw = dict(sink=x.get("sink"), key_bias=x.get("key_bias"), window=window)
     with torch.no_grad():
         if backend == "chunked":
-            lse, masses = row_masses_chunked(x["q"], x["k"], ind, scale=8 ** -0.5, chunk=4, **kw)
+            lse, masses = row_masses_chunked(x["q"], x["k"], ind, scale=8**-0.5, chunk=4, **kw)
         else:
             lse, masses = attention_row_masses(x["q"], x["k"], ind, backend=backend, **kw)
     assert masses.shape == (2, 4, 9, 3) and masses.dtype == torch.float32 and lse.dtype == torch.float32
@@ -154,8 +164,8 @@ def test_sdpa_with_a_callers_mask_matches_reference(sink_value, queries):
     allowed = ((j <= i) & (i - j < 5))[None, None].repeat(2, 1, 1, 1)
     allowed[1, :, :, :2] = False  # sequence 1 is left-padded by two
     allowed[1, :, :2, 0] = True  # its padded rows stay non-empty
-    mask = torch.zeros(2, 1, 7, 7).masked_fill(~allowed, torch.finfo(torch.float32).min)[:, :, 7 - queries:]
-    q = x["q"][:, 7 - queries:]
+    mask = torch.zeros(2, 1, 7, 7).masked_fill(~allowed, torch.finfo(torch.float32).min)[:, :, 7 - queries :]
+    q = x["q"][:, 7 - queries :]
     kw = dict(sink=x.get("sink"), key_bias=x["key_bias"], mask=mask)
     ref = sink_attention(q, x["k"], x["v"], backend="reference", **kw)
     fast = sink_attention(q, x["k"], x["v"], backend="sdpa", **kw)

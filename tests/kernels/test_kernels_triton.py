@@ -6,6 +6,7 @@ is first imported. This module sets it at collection time when it can; when trit
 re-run by one test in a fresh Python process with the variable set. Interpreter grids are tiny; larger grids are
 marked slow and run only when selected (-m slow); bf16 and large shapes need a GPU.
 """
+
 import itertools
 import os
 import subprocess
@@ -45,12 +46,25 @@ def _placement(request):
 @pytest.mark.skipif(not FRESH_PROCESS, reason="the kernel tests run in this process")
 def test_kernels_in_fresh_process(request):
     markexpr = request.config.getoption("markexpr")
-    cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider",
-           str(Path(__file__).resolve())]
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    res = subprocess.run(cmd + (["-m", markexpr] if markexpr else []), cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=3600)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-o",
+        "addopts=",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        str(Path(__file__).resolve()),
+    ]
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    )
+    res = subprocess.run(
+        cmd + (["-m", markexpr] if markexpr else []), cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600
+    )
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
     assert " passed" in res.stdout.strip().splitlines()[-1], res.stdout[-2000:]  # something ran
 
@@ -61,9 +75,14 @@ def leaf(g, *shape):
 
 def attention_inputs(B, T, H, Hkv, dh, dv, sink_value, key_bias, seed=0):
     g = torch.Generator().manual_seed(seed)
-    x = dict(q=leaf(g, B, T, H, dh), k=leaf(g, B, T, Hkv, dh), v=leaf(g, B, T, Hkv, dv),
-             tau=(0.5 + 0.3 * torch.randn(Hkv, generator=g)).to(DEV).requires_grad_(), w=leaf(g, Hkv, dv),
-             b=leaf(g, Hkv))
+    x = dict(
+        q=leaf(g, B, T, H, dh),
+        k=leaf(g, B, T, Hkv, dh),
+        v=leaf(g, B, T, Hkv, dv),
+        tau=(0.5 + 0.3 * torch.randn(Hkv, generator=g)).to(DEV).requires_grad_(),
+        w=leaf(g, Hkv, dv),
+        b=leaf(g, Hkv),
+    )
     if sink_value is not None:
         x["sink"] = torch.tensor(([sink_value, 0.3, -2.0, sink_value] * H)[:H]).to(DEV).requires_grad_()
     if key_bias:
@@ -80,10 +99,15 @@ def check_attention(x, atol=2e-5, rtol=1e-4, transform="none", **kw):
     torch.testing.assert_close(tri.lse, ref.lse, atol=atol, rtol=rtol)
     cot_out, cot_lse = torch.randn_like(ref.out), torch.randn_like(ref.lse)  # the kernel's lse is differentiable
     names = list(x)
-    g_ref = torch.autograd.grad((ref.out * cot_out).sum() + (ref.lse * cot_lse).sum(), [x[n] for n in names],
-                                allow_unused=True, retain_graph=True)  # the gate's graph is shared with tri
-    g_tri = torch.autograd.grad((tri.out * cot_out).sum() + (tri.lse * cot_lse).sum(), [x[n] for n in names],
-                                allow_unused=True)
+    g_ref = torch.autograd.grad(
+        (ref.out * cot_out).sum() + (ref.lse * cot_lse).sum(),
+        [x[n] for n in names],
+        allow_unused=True,
+        retain_graph=True,
+    )  # the gate's graph is shared with tri
+    g_tri = torch.autograd.grad(
+        (tri.out * cot_out).sum() + (tri.lse * cot_lse).sum(), [x[n] for n in names], allow_unused=True
+    )
     for name, a, b in zip(names, g_tri, g_ref):
         if b is None:
             assert a is None or not a.any(), name
@@ -101,8 +125,10 @@ def test_sink_attention_triton(shape, sink_value, window):
 
 
 # kept first keys: none, inside the first key block, spanning a block boundary (16), past the window's first block
-@pytest.mark.parametrize("shape,sink_value,keep", [(shape, sink, keep) for shape in SHAPES
-                                                    for sink, keep in ((None, 1), (0.5, 0), (0.5, 4), (None, 18))])
+@pytest.mark.parametrize(
+    "shape,sink_value,keep",
+    [(shape, sink, keep) for shape in SHAPES for sink, keep in ((None, 1), (0.5, 0), (0.5, 4), (None, 18))],
+)
 def test_sink_attention_triton_kept_first_keys(shape, sink_value, keep):
     """The kept-first-keys rule (StreamingLLM eviction) in the forward and both backward kernels: outputs and every
     gradient against the reference."""
@@ -115,8 +141,10 @@ def test_sink_attention_triton_transforms(transform, key_bias):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape,sink_value,window,transform", list(itertools.product(
-    [(2, 70, 8, 2, 32, 32), (1, 100, 4, 4, 64, 48)], SINKS, [None, 1, 33], ["none", "proj"])))
+@pytest.mark.parametrize(
+    "shape,sink_value,window,transform",
+    list(itertools.product([(2, 70, 8, 2, 32, 32), (1, 100, 4, 4, 64, 48)], SINKS, [None, 1, 33], ["none", "proj"])),
+)
 def test_sink_attention_triton_slow_grid(shape, sink_value, window, transform):
     check_attention(attention_inputs(*shape, sink_value, key_bias=True), window=window, transform=transform)
 
@@ -140,7 +168,7 @@ def capped_masses(q, k, ind, sink, key_bias, window, softcap):
     """Explicit T x T, fp64: softmax over [sink, cap tanh(scale q.k / cap) + key_bias] on visible keys, @ indicators."""
     B, T, H, dh = q.shape
     G = H // k.shape[2]
-    s = torch.einsum("bihd,bjhd->bhij", q.double(), k.double().repeat_interleave(G, 2)) / dh ** 0.5  # (B, H, T, T)
+    s = torch.einsum("bihd,bjhd->bhij", q.double(), k.double().repeat_interleave(G, 2)) / dh**0.5  # (B, H, T, T)
     s = softcap * torch.tanh(s / softcap) + key_bias.double().repeat_interleave(G, 1)[:, :, None, :]
     i, j = torch.arange(T, device=q.device)[:, None], torch.arange(T, device=q.device)[None, :]
     visible = (j <= i) if window is None else (j <= i) & (j > i - window)
@@ -173,13 +201,14 @@ def test_row_masses_triton_softcap(sink_value, window):
 
 # ---------------------------------------------------------------- depth attention
 
+
 def depth_inputs(S, B, T, d, r, view_keys, bias, seed=0):
     g = torch.Generator().manual_seed(seed)
     base = [leaf(g, B, T, d) for _ in range(S)]
     values = [x * 1.0 for x in base]  # non-leaf, like sub-layer outputs
     keys = [v[..., -r:] for v in values] if view_keys else [leaf(g, B, T, r) for _ in range(S)]
     leaves = base + ([] if view_keys else keys)
-    query = (2.0 / r ** 0.5 * torch.randn(r, generator=g)).to(DEV).requires_grad_()  # logits of std ~2
+    query = (2.0 / r**0.5 * torch.randn(r, generator=g)).to(DEV).requires_grad_()  # logits of std ~2
     b = leaf(g, S) if bias else None
     return values, keys, query, b, leaves + [query] + ([b] if bias else [])
 
@@ -200,9 +229,14 @@ def check_depth(S, B, T, d, r, view_keys, bias, normalize, atol=2e-5, rtol=1e-4)
 
 
 # (S, B, T, d, r, view_keys, bias, normalize): S-LR views, P-LR separate keys, d spanning several 16-blocks, r = d
-DEPTH_GRID = [(1, 2, 5, 8, 8, False, False, True), (3, 2, 7, 24, 4, True, True, True),
-              (6, 1, 19, 40, 8, False, True, True), (4, 2, 9, 16, 16, True, False, True),
-              (5, 1, 17, 33, 5, False, True, False), (2, 3, 6, 64, 32, True, True, True)]
+DEPTH_GRID = [
+    (1, 2, 5, 8, 8, False, False, True),
+    (3, 2, 7, 24, 4, True, True, True),
+    (6, 1, 19, 40, 8, False, True, True),
+    (4, 2, 9, 16, 16, True, False, True),
+    (5, 1, 17, 33, 5, False, True, False),
+    (2, 3, 6, 64, 32, True, True, True),
+]
 
 
 @pytest.mark.parametrize("S,B,T,d,r,view_keys,bias,normalize", DEPTH_GRID)
@@ -229,6 +263,7 @@ def test_depth_attention_triton_slow_grid(S, d, r):
 
 
 # ---------------------------------------------------------------- GPU only: bf16 and real sizes
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")

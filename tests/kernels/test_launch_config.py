@@ -3,6 +3,7 @@
 The fallback and launch tests run the kernels under the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1
 before triton is imported on a machine without CUDA); device limits are faked with use_device_limits.
 """
+
 import itertools
 import warnings
 
@@ -33,8 +34,10 @@ def _interpreter_ready() -> bool:
     return type(sink_triton._fwd_kernel).__name__ == "InterpretedFunction"
 
 
-needs_interpreter = pytest.mark.skipif("not torch.cuda.is_available() and not _interpreter_ready()",
-                                       reason="triton imported before TRITON_INTERPRET=1 (see tests/conftest.py)")
+needs_interpreter = pytest.mark.skipif(
+    "not torch.cuda.is_available() and not _interpreter_ready()",
+    reason="triton imported before TRITON_INTERPRET=1 (see tests/conftest.py)",
+)
 
 
 @pytest.mark.parametrize("arch,op,dtype,dh", list(itertools.product(ARCHS, ATTENTION_OPS, DTYPES, [32, 64, 128, 256])))
@@ -45,12 +48,14 @@ def test_attention_config_fits_and_is_the_first_candidate_that_does(arch, op, dt
     assert cfg.shared_bytes <= limits.shared_bytes
     assert (cfg.block_dh, cfg.block_dv) == (max(16, dh), max(16, dh))
     chosen = ATTENTION_CANDIDATES.index((cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages))
-    roomy = DeviceLimits("roomy", limits.capability, 10 * 2 ** 20)
+    roomy = DeviceLimits("roomy", limits.capability, 10 * 2**20)
     from probe.kernels.launch import attention_shared_bytes
 
     for earlier in ATTENTION_CANDIDATES[:chosen]:  # every preferred candidate was rejected for being too big
-        assert attention_shared_bytes(op, dtype, limits, *earlier[:2], cfg.block_dh, cfg.block_dv,
-                                      *earlier[2:]) > limits.shared_bytes
+        assert (
+            attention_shared_bytes(op, dtype, limits, *earlier[:2], cfg.block_dh, cfg.block_dv, *earlier[2:])
+            > limits.shared_bytes
+        )
     assert launch_config(op, dtype, roomy, dh=dh, dv=dh).block_m == ATTENTION_CANDIDATES[0][0]
 
 
@@ -82,6 +87,7 @@ def test_unknown_op_names_the_choices():
 
 # ---------------------------------------------------------------- the launchers use the function
 
+
 def _attention(T=70, H=4, Hkv=2, dh=64, seed=0, grad=True):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, T, h, dh, generator=g).requires_grad_(grad) for h in (H, Hkv, Hkv))
@@ -98,8 +104,11 @@ def test_an_interpreter_launch_under_sm86_limits_uses_the_functions_configuratio
     with use_device_limits(limits), record_launches(run=True) as launches:
         out = sink_attention(q, k, v, sink=sink, key_bias=key_bias, window=33, backend="triton")
         grads = torch.autograd.grad(out.out.sum(), [q, k, v, sink, key_bias])
-    ops = {"_fwd_kernel": "sink_forward", "_bwd_dkdv_kernel": "sink_backward_dkdv",
-           "_bwd_dq_kernel": "sink_backward_dq"}
+    ops = {
+        "_fwd_kernel": "sink_forward",
+        "_bwd_dkdv_kernel": "sink_backward_dkdv",
+        "_bwd_dq_kernel": "sink_backward_dq",
+    }
     assert [launch.spec.name for launch in launches] == list(ops)
     for launch in launches:
         cfg = launch_config(ops[launch.spec.name], torch.float32, limits, dh=64, dv=64)
@@ -143,8 +152,11 @@ def _fallback_warnings(record):
 @needs_interpreter
 def test_sink_attention_falls_back_to_sdpa_with_one_warning_naming_the_shape():
     q, k, v, sink, key_bias = _attention(T=24, dh=48, seed=3)
-    with use_device_limits(TINY_GPU), record_launches(run=True) as launches, \
-            warnings.catch_warnings(record=True) as caught:
+    with (
+        use_device_limits(TINY_GPU),
+        record_launches(run=True) as launches,
+        warnings.catch_warnings(record=True) as caught,
+    ):
         warnings.simplefilter("always")
         outs = [sink_attention(q, k, v, sink=sink, key_bias=key_bias, backend="triton") for _ in range(2)]
         grads = torch.autograd.grad(outs[0].out.sum(), [q, k, v, sink, key_bias])
@@ -167,8 +179,10 @@ def test_training_falls_back_when_only_the_backward_does_not_fit():
 
     smallest = ATTENTION_CANDIDATES[-1]
     fwd = attention_shared_bytes("sink_forward", torch.float32, TINY_GPU, *smallest[:2], 128, 128, *smallest[2:])
-    bwd = min(attention_shared_bytes(op, torch.float32, TINY_GPU, *smallest[:2], 128, 128, *smallest[2:])
-              for op in ATTENTION_OPS[1:])
+    bwd = min(
+        attention_shared_bytes(op, torch.float32, TINY_GPU, *smallest[:2], 128, 128, *smallest[2:])
+        for op in ATTENTION_OPS[1:]
+    )
     assert fwd < bwd
     limits = DeviceLimits("between", 86, fwd)
     q, k, v, sink, _ = _attention(T=20, dh=128, seed=4)
@@ -190,11 +204,13 @@ def test_row_masses_and_depth_fall_back_to_their_torch_paths():
     values = [torch.randn(1, 9, 40, generator=g) for _ in range(4)]
     keys = [x[..., -8:] for x in values]
     query = torch.randn(8, generator=g)
-    with use_device_limits(TINY_GPU), record_launches(run=True) as launches, \
-            warnings.catch_warnings(record=True) as caught:
+    with (
+        use_device_limits(TINY_GPU),
+        record_launches(run=True) as launches,
+        warnings.catch_warnings(record=True) as caught,
+    ):
         warnings.simplefilter("always")
-        masses = attention_row_masses(q, k, ind, sink=sink, key_bias=key_bias, window=7, softcap=2.0,
-                                      backend="triton")
+        masses = attention_row_masses(q, k, ind, sink=sink, key_bias=key_bias, window=7, softcap=2.0, backend="triton")
         depth = depth_attention(values, keys, query, backend="triton")
     assert launches == []
     messages = [str(w.message) for w in _fallback_warnings(caught)]

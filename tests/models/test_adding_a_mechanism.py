@@ -1,6 +1,7 @@
 """docs/how-to/adding-a-mechanism.md, kept honest: a new value gate defined here the way a user would (the gate
 module, its registration, a variant name), built, hooked, trained a few steps, saved and reloaded; its parameter
 roles declared."""
+
 import pytest
 import torch
 import torch.nn as nn
@@ -18,6 +19,7 @@ SMALL = dict(TINY_TIER_SHRUNK, d_model=64, d_mlp=128)
 # 1. the gate module: what it computes, its parameters, their roles and initial values
 class MeanGate(ValueGate):
     """g_j = σ(s_h · mean(v_j) + c_h) per key and KV head; s = c = 0 at init, so every gate starts at ½."""
+
     param_roles = {"s": "gate", "c": "gate"}  # no weight decay, kept at their initial value by the model's init
 
     def __init__(self, config):
@@ -88,6 +90,7 @@ def test_the_new_gate_trains_and_reloads(registered, tmp_path):
 # logits) is declared by the gate, so the streaming analyses read hook_v_gate for it without naming it anywhere.
 class MeanRoutingGate(MeanGate):
     """log g_j = logsigmoid(s_h · mean(v_j) + c_h) joins key j's logits; the values pass unchanged."""
+
     routing = True
 
     def log_gate(self, v, x):  # B,T,Hkv fp32
@@ -118,9 +121,19 @@ def test_a_new_routing_slot_gate_streams_the_sink_statistics_of_its_pattern(rout
     fast, ref = sink_stats(model, toks), sink_stats_reference(model, toks)
     for key in ("heads", "layers", "summary"):
         a, b = fast[key].select_dtypes("number"), ref[key].select_dtypes("number")
-        torch.testing.assert_close(torch.tensor(a.to_numpy(float)), torch.tensor(b.to_numpy(float)), atol=1e-5,
-                                   rtol=1e-5, equal_nan=True, msg=key)
+        torch.testing.assert_close(
+            torch.tensor(a.to_numpy(float)),
+            torch.tensor(b.to_numpy(float)),
+            atol=1e-5,
+            rtol=1e-5,
+            equal_nan=True,
+            msg=key,
+        )
     gates, ref = gate_stats(model, toks, min_count=1), gate_reference(model, toks)  # gate statistics too
     cols = ["mean_gate", "selectivity", "spread", "read_mean_gate", "frac_below_half", "token_share"]
-    torch.testing.assert_close(torch.tensor(gates["layers"][cols].to_numpy(float)),
-                               torch.tensor(ref["layers"][cols].to_numpy(float)), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        torch.tensor(gates["layers"][cols].to_numpy(float)),
+        torch.tensor(ref["layers"][cols].to_numpy(float)),
+        rtol=1e-6,
+        atol=1e-7,
+    )

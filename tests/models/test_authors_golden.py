@@ -6,6 +6,7 @@ commit, file, settings and versions, and scripts/authors/ the script that wrote 
 probe explicitly and probe's logits, read-site outputs and mixing weights must match the authors' to 1e-10 in fp64.
 A deliberately wrong mapping (two layers swapped) must move the logits, so the agreement means something.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,25 +32,39 @@ LR_ATTNRES = {  # fixture -> probe's mechanism settings
     "slr-block": dict(depth="slr", depth_rank=4, depth_blocks=2),
     "plr-full": dict(depth="plr", depth_rank=4),
     "plr-block": dict(depth="plr", depth_rank=4, depth_blocks=2),
-    "plr-block-mean-prior": dict(depth="plr", depth_rank=4, depth_blocks=2, depth_block_mean=1.0,
-                                 depth_block_prior=1.0),
+    "plr-block-mean-prior": dict(
+        depth="plr", depth_rank=4, depth_blocks=2, depth_block_mean=1.0, depth_block_prior=1.0
+    ),
 }
 
 
 def load_fixture(name: str):
     d = FIXTURES / name
     meta = json.loads((d / "meta.json").read_text())
-    return (meta, load_file(d / "weights.safetensors"), load_file(d / "inputs.safetensors"),
-            load_file(d / "outputs.safetensors"))
+    return (
+        meta,
+        load_file(d / "weights.safetensors"),
+        load_file(d / "inputs.safetensors"),
+        load_file(d / "outputs.safetensors"),
+    )
 
 
 # ---- LR-AttnRes (jon123boss/LR-AttnRes model.py): AttnRes, S-LR, P-LR, full and block --------------------------------
 def lr_probe_config(meta: dict, settings: dict, dtype) -> ProbeConfig:
     a = meta["settings"]
-    return ProbeConfig(vocab_size=a["vocab_size"], n_layers=a["n_layer"], d_model=a["n_embd"], n_heads=a["n_head"],
-                       d_mlp=a["mlp_hidden_dim"], n_ctx=a["block_size"], rope_theta=a["rope_theta"], qk_norm=True,
-                       tie_embeddings=False, norm_eps=torch.finfo(dtype).eps,  # their norm(): eps=None
-                       **settings)
+    return ProbeConfig(
+        vocab_size=a["vocab_size"],
+        n_layers=a["n_layer"],
+        d_model=a["n_embd"],
+        n_heads=a["n_head"],
+        d_mlp=a["mlp_hidden_dim"],
+        n_ctx=a["block_size"],
+        rope_theta=a["rope_theta"],
+        qk_norm=True,
+        tie_embeddings=False,
+        norm_eps=torch.finfo(dtype).eps,  # their norm(): eps=None
+        **settings,
+    )
 
 
 def interleaved_to_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -73,16 +88,19 @@ def map_lr_weights(w: dict, config: ProbeConfig, meta: dict, layer_order=None) -
     plr = c.depth == "plr"
     lrid = meta["settings"].get("use_lrid", False)
     scale = meta["config_after_post_init"]["lrid_logit_scale"] if lrid else 1.0
-    out = {"embed.weight": w["transformer.wte.weight"], "lm_head.weight": w["lm_head.weight"],
-           "ln_f.weight": torch.ones(d, dtype=torch.float64)}
+    out = {
+        "embed.weight": w["transformer.wte.weight"],
+        "lm_head.weight": w["lm_head.weight"],
+        "ln_f.weight": torch.ones(d, dtype=torch.float64),
+    }
     if plr:
         out["embed_key.weight"] = w["transformer.lrid_embedding_key.proj.weight"]
     for l, src in enumerate(layer_order or range(c.n_layers)):
         p, a = f"blocks.{l}.", f"transformer.layers.{src}."
         qkv = w[a + "attn.c_attn.weight"]
         out[p + "attn.q_proj.weight"] = interleaved_to_half(qkv[:d], c.n_heads)
-        out[p + "attn.k_proj.weight"] = interleaved_to_half(qkv[d:2 * d], c.n_heads)
-        out[p + "attn.v_proj.weight"] = qkv[2 * d:]
+        out[p + "attn.k_proj.weight"] = interleaved_to_half(qkv[d : 2 * d], c.n_heads)
+        out[p + "attn.v_proj.weight"] = qkv[2 * d :]
         o = w[a + "attn.c_proj.proj.weight"] if lrid else w[a + "attn.c_proj.weight"]
         out[p + "attn.o_proj.weight"] = o[:d]
         fc1 = w[a + "mlp.fc1.weight"]
@@ -90,8 +108,8 @@ def map_lr_weights(w: dict, config: ProbeConfig, meta: dict, layer_order=None) -
         down = w[a + "mlp.fc2.proj.weight"] if lrid else w[a + "mlp.fc2.weight"]
         out[p + "mlp.down.weight"] = down[:d]
         if plr:
-            out[p + "attn.key_proj.weight"] = o[d:d + r]
-            out[p + "mlp.key_proj.weight"] = down[d:d + r]
+            out[p + "attn.key_proj.weight"] = o[d : d + r]
+            out[p + "mlp.key_proj.weight"] = down[d : d + r]
         for norm in ("ln1", "ln2", "attn.q_norm", "attn.k_norm"):
             out[p + norm + ".weight"] = torch.ones(d if norm.startswith("ln") else c.d_head, dtype=torch.float64)
     for t in range(1, 2 * c.n_layers + 1):
@@ -128,7 +146,7 @@ def lr_model(name: str, dtype, layer_order=None):
 
 def max_differences(ours: dict, theirs: dict, prefix: str = "") -> dict:
     keys = [k for k in ours if prefix + k in theirs]
-    assert {k for k in theirs if k.startswith(prefix) and "/" not in k[len(prefix):]} <= {prefix + k for k in keys}
+    assert {k for k in theirs if k.startswith(prefix) and "/" not in k[len(prefix) :]} <= {prefix + k for k in keys}
     return {k: (ours[k].double() - theirs[prefix + k].double()).abs().max().item() for k in keys}
 
 
@@ -175,17 +193,33 @@ def gpt_oss_attention(dtype, swap_heads=False):
     meta, w, inputs, outputs = load_fixture("gpt-oss-sink")
     s = meta["settings"]
     H, Hkv, dh, d = s["num_attention_heads"], s["num_key_value_heads"], s["head_dim"], s["hidden_size"]
-    config = ProbeConfig(vocab_size=s["vocab_size"], n_layers=1, d_model=d, n_heads=H, n_kv_heads=Hkv, d_head=dh,
-                         n_ctx=s["initial_context_length"], rope_theta=s["rope_theta"], abstention="sinklogit",
-                         norm_eps=1e-5)  # their RMSNorm's eps
+    config = ProbeConfig(
+        vocab_size=s["vocab_size"],
+        n_layers=1,
+        d_model=d,
+        n_heads=H,
+        n_kv_heads=Hkv,
+        d_head=dh,
+        n_ctx=s["initial_context_length"],
+        rope_theta=s["rope_theta"],
+        abstention="sinklogit",
+        norm_eps=1e-5,
+    )  # their RMSNorm's eps
     assert s["rope_scaling_factor"] == 1.0  # YaRN off: plain rotate-half RoPE, as probe's
     attn, norm = Attention(config, 0).to(dtype), RMSNorm(d, 1e-5).to(dtype)
     qkv, sinks = w["qkv.weight"], w["sinks"]
     assert not w["qkv.bias"].any() and not w["out.bias"].any()  # probe's projections have no bias
     if swap_heads:  # a wrong mapping: the sinks of query heads 0 and 1 exchanged
         sinks = sinks[[1, 0, *range(2, H)]]
-    attn.load_state_dict({"q_proj.weight": qkv[:H * dh], "k_proj.weight": qkv[H * dh:(H + Hkv) * dh],
-                          "v_proj.weight": qkv[(H + Hkv) * dh:], "o_proj.weight": w["out.weight"], "sink": sinks})
+    attn.load_state_dict(
+        {
+            "q_proj.weight": qkv[: H * dh],
+            "k_proj.weight": qkv[H * dh : (H + Hkv) * dh],
+            "v_proj.weight": qkv[(H + Hkv) * dh :],
+            "o_proj.weight": w["out.weight"],
+            "sink": sinks,
+        }
+    )
     norm.load_state_dict({"weight": w["norm.scale"]})
     seen = {}
     attn.materialize = True
@@ -194,8 +228,11 @@ def gpt_oss_attention(dtype, swap_heads=False):
     x = inputs["block/x"].to(dtype)[None]  # 1,T,d
     with torch.no_grad():
         out = x + attn(norm(x))[0]
-    return {"block/out": out[0], "block/pattern": seen["pattern"][0], "block/sink_share": seen["phantom"][0]}, \
-        inputs, outputs
+    return (
+        {"block/out": out[0], "block/pattern": seen["pattern"][0], "block/sink_share": seen["phantom"][0]},
+        inputs,
+        outputs,
+    )
 
 
 def gpt_oss_sdpa(inputs: dict, dtype) -> dict:
@@ -207,8 +244,9 @@ def gpt_oss_sdpa(inputs: dict, dtype) -> dict:
     q = q.reshape(1, T, Hkv * G, dh)  # their (kv head, member) order is probe's head order h = kv * G + m
     res = {}
     for backend in ("reference", "torch"):
-        r = sink_attention(q, k[None], v[None], sink=sinks, window=3, return_pattern=backend == "reference",
-                           backend=backend)
+        r = sink_attention(
+            q, k[None], v[None], sink=sinks, window=3, return_pattern=backend == "reference", backend=backend
+        )
         res[f"sdpa/out/{backend}"] = r.out[0].reshape(T, -1)
         if r.pattern is not None:
             res["sdpa/pattern"], res["sdpa/sink_share"] = r.pattern[0], r.phantom[0]
@@ -219,8 +257,13 @@ def gpt_oss_differences(dtype) -> dict:
     prefix = "" if dtype == torch.float64 else "fp32/"
     ours, inputs, theirs = gpt_oss_attention(dtype)
     ours.update(gpt_oss_sdpa(inputs, dtype))
-    diffs = {k: (v.double() - theirs[prefix + k.removesuffix("/reference").removesuffix("/torch")].double()
-                 ).abs().max().item() for k, v in ours.items()}
+    diffs = {
+        k: (v.double() - theirs[prefix + k.removesuffix("/reference").removesuffix("/torch")].double())
+        .abs()
+        .max()
+        .item()
+        for k, v in ours.items()
+    }
     assert len(diffs) == 7
     return diffs
 
@@ -246,12 +289,24 @@ def test_a_wrong_gpt_oss_mapping_moves_the_output():
 def value_residual_model(dtype, layer_order=None):
     meta, w, inputs, outputs = load_fixture("value-residual")
     s = meta["settings"]
-    config = ProbeConfig(vocab_size=s["vocab_size"], n_layers=s["num_hidden_layers"], d_model=s["hidden_size"],
-                         n_heads=s["num_attention_heads"], n_kv_heads=s["num_key_value_heads"],
-                         d_mlp=s["intermediate_size"], n_ctx=s["max_position_embeddings"], norm_eps=s["rms_norm_eps"],
-                         rope_theta=s["rope_theta"], tie_embeddings=False, value_residual="lambda")
-    mapped = {"embed.weight": w["model.embed_tokens.weight"], "ln_f.weight": w["model.norm.weight"],
-              "lm_head.weight": w["lm_head.weight"]}
+    config = ProbeConfig(
+        vocab_size=s["vocab_size"],
+        n_layers=s["num_hidden_layers"],
+        d_model=s["hidden_size"],
+        n_heads=s["num_attention_heads"],
+        n_kv_heads=s["num_key_value_heads"],
+        d_mlp=s["intermediate_size"],
+        n_ctx=s["max_position_embeddings"],
+        norm_eps=s["rms_norm_eps"],
+        rope_theta=s["rope_theta"],
+        tie_embeddings=False,
+        value_residual="lambda",
+    )
+    mapped = {
+        "embed.weight": w["model.embed_tokens.weight"],
+        "ln_f.weight": w["model.norm.weight"],
+        "lm_head.weight": w["lm_head.weight"],
+    }
     for l, src in enumerate(layer_order or range(config.n_layers)):
         p, a = f"blocks.{l}.", f"model.layers.{src}."
         for x in "qkvo":
@@ -279,8 +334,9 @@ def probe_value_residual_outputs(model, ids) -> dict:
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_value_residual_matches_resformer(dtype):
     model, ids, theirs = value_residual_model(dtype)
-    diffs = max_differences(probe_value_residual_outputs(model, ids), theirs,
-                            prefix="" if dtype == torch.float64 else "fp32/")
+    diffs = max_differences(
+        probe_value_residual_outputs(model, ids), theirs, prefix="" if dtype == torch.float64 else "fp32/"
+    )
     assert max(diffs.values()) <= (FP64_TOL if dtype == torch.float64 else FP32_TOL), diffs
 
 
@@ -301,31 +357,51 @@ def mudd_model(dtype, layer_order=None, their_rope_table=True):
     meta, w, inputs, outputs = load_fixture("mudd")
     s = meta["settings"]
     d, L, d_mlp = s["dim"], s["n_layer"], max(meta["ffn_widths"])
-    config = ProbeConfig(vocab_size=s["vocab_size"], n_layers=L, d_model=d, n_heads=s["n_head"], d_mlp=d_mlp,
-                         n_ctx=s["block_size"], norm_eps=s["norm_eps"], rope_theta=float(s["rope_base"]),
-                         tie_embeddings=False, dense="mudd")
+    config = ProbeConfig(
+        vocab_size=s["vocab_size"],
+        n_layers=L,
+        d_model=d,
+        n_heads=s["n_head"],
+        d_mlp=d_mlp,
+        n_ctx=s["block_size"],
+        norm_eps=s["norm_eps"],
+        rope_theta=float(s["rope_base"]),
+        tie_embeddings=False,
+        dense="mudd",
+    )
 
     def padded_rows(x):  # FFN weights of a narrower layer, zero-padded to probe's one width
         return torch.cat([x, x.new_zeros(d_mlp - x.shape[0], x.shape[1])])
 
-    mapped = {"embed.weight": w["tok_embeddings.weight"], "ln_f.weight": w["norm.weight"],
-              "lm_head.weight": w["output.weight"]}
+    mapped = {
+        "embed.weight": w["tok_embeddings.weight"],
+        "ln_f.weight": w["norm.weight"],
+        "lm_head.weight": w["output.weight"],
+    }
     for l, src in enumerate(layer_order or range(L)):
         p, a = f"blocks.{l}.", f"layers.{src}."
         q, k, v = (w[a + f"attention.w{x}.weight"] for x in "qkv")
-        norms = ([w[a + "attention_norm.weight"]] if src == 0
-                 else [w[a + f"attention_norms.{i}.weight"] for i in range(3)])
+        norms = (
+            [w[a + "attention_norm.weight"]] if src == 0 else [w[a + f"attention_norms.{i}.weight"] for i in range(3)]
+        )
         assert all(torch.equal(n, norms[0]) for n in norms)  # probe: one norm for the q/k/v streams
-        mapped.update({p + "attn.q_proj.weight": q, p + "attn.k_proj.weight": k, p + "attn.v_proj.weight": v,
-                       p + "attn.o_proj.weight": w[a + "attention.wo.weight"], p + "ln1.weight": norms[0],
-                       p + "ln2.weight": w[a + "ffn_norm.weight"],
-                       p + "mlp.gate.weight": padded_rows(w[a + "feed_forward.w1.weight"]),
-                       p + "mlp.up.weight": padded_rows(w[a + "feed_forward.w3.weight"]),
-                       p + "mlp.down.weight": padded_rows(w[a + "feed_forward.w2.weight"].T).T,
-                       p + "dense.w1.weight": w[f"dynamic_dense.{l}.w1.weight"],
-                       p + "dense.w2.weight": w[f"dynamic_dense.{l}.w2.weight"],
-                       p + "dense.norm.weight": torch.ones(d, dtype=torch.float64),
-                       p + "dense.bias": w[f"dense_bs.{l}"]})
+        mapped.update(
+            {
+                p + "attn.q_proj.weight": q,
+                p + "attn.k_proj.weight": k,
+                p + "attn.v_proj.weight": v,
+                p + "attn.o_proj.weight": w[a + "attention.wo.weight"],
+                p + "ln1.weight": norms[0],
+                p + "ln2.weight": w[a + "ffn_norm.weight"],
+                p + "mlp.gate.weight": padded_rows(w[a + "feed_forward.w1.weight"]),
+                p + "mlp.up.weight": padded_rows(w[a + "feed_forward.w3.weight"]),
+                p + "mlp.down.weight": padded_rows(w[a + "feed_forward.w2.weight"].T).T,
+                p + "dense.w1.weight": w[f"dynamic_dense.{l}.w1.weight"],
+                p + "dense.w2.weight": w[f"dynamic_dense.{l}.w2.weight"],
+                p + "dense.norm.weight": torch.ones(d, dtype=torch.float64),
+                p + "dense.bias": w[f"dense_bs.{l}"],
+            }
+        )
     model = ProbeForCausalLM(config, backend="reference").to(dtype).eval()
     model.load_state_dict(mapped, strict=True)
     if their_rope_table:
@@ -339,8 +415,12 @@ def mudd_model(dtype, layer_order=None, their_rope_table=True):
 
 def probe_mudd_outputs(model, ids) -> dict:
     streams = {}
-    handles = [blk.dense.register_forward_hook(lambda m, i, o, _l=l: streams.update(
-        {f"stream.{_l}.{c}": x for c, x in enumerate(o)})) for l, blk in enumerate(model.blocks)]
+    handles = [
+        blk.dense.register_forward_hook(
+            lambda m, i, o, _l=l: streams.update({f"stream.{_l}.{c}": x for c, x in enumerate(o)})
+        )
+        for l, blk in enumerate(model.blocks)
+    ]
     names = {f"blocks.{l}.dense.hook_weights": l for l in range(model.config.n_layers)}
     try:
         with torch.no_grad():
@@ -373,19 +453,37 @@ def denseformer_model(dtype, layer_order=None, their_rope_angles=True):
     meta, w, inputs, outputs = load_fixture("denseformer")
     s = meta["settings"]
     d, L = s["n_embd"], s["n_layer"]
-    config = ProbeConfig(vocab_size=s["vocab_size"], n_layers=L, d_model=d, n_heads=s["n_head"], d_mlp=4 * d,
-                         n_ctx=s["sequence_length"], norm="layer", norm_eps=1e-5, mlp="gelu", tie_embeddings=True,
-                         dense="denseformer")
+    config = ProbeConfig(
+        vocab_size=s["vocab_size"],
+        n_layers=L,
+        d_model=d,
+        n_heads=s["n_head"],
+        d_mlp=4 * d,
+        n_ctx=s["sequence_length"],
+        norm="layer",
+        norm_eps=1e-5,
+        mlp="gelu",
+        tie_embeddings=True,
+        dense="denseformer",
+    )
     assert torch.equal(w["lm_head.weight"], w["transformer.wte.weight"])  # tied, as probe's
     mapped = {"embed.weight": w["transformer.wte.weight"], "ln_f.weight": w["transformer.ln_f.weight"]}
     for l, src in enumerate(layer_order or range(L)):
         p, a = f"blocks.{l}.", f"transformer.h.{src}.0."
         q, k, v = w[a + "attn.c_attn.weight"].split(d)
-        mapped.update({p + "attn.q_proj.weight": interleaved_to_half(q, config.n_heads),
-                       p + "attn.k_proj.weight": interleaved_to_half(k, config.n_heads), p + "attn.v_proj.weight": v,
-                       p + "attn.o_proj.weight": w[a + "attn.c_proj.weight"], p + "ln1.weight": w[a + "ln_1.weight"],
-                       p + "ln2.weight": w[a + "ln_2.weight"], p + "mlp.up.weight": w[a + "mlp.c_fc.weight"],
-                       p + "mlp.down.weight": w[a + "mlp.c_proj.weight"], p + "dense.bias": w[f"weights.{l}.weight"]})
+        mapped.update(
+            {
+                p + "attn.q_proj.weight": interleaved_to_half(q, config.n_heads),
+                p + "attn.k_proj.weight": interleaved_to_half(k, config.n_heads),
+                p + "attn.v_proj.weight": v,
+                p + "attn.o_proj.weight": w[a + "attn.c_proj.weight"],
+                p + "ln1.weight": w[a + "ln_1.weight"],
+                p + "ln2.weight": w[a + "ln_2.weight"],
+                p + "mlp.up.weight": w[a + "mlp.c_fc.weight"],
+                p + "mlp.down.weight": w[a + "mlp.c_proj.weight"],
+                p + "dense.bias": w[f"weights.{l}.weight"],
+            }
+        )
     model = ProbeForCausalLM(config, backend="reference").to(dtype).eval()
     model.load_state_dict(mapped, strict=True)
     if their_rope_angles:
@@ -399,8 +497,10 @@ def denseformer_model(dtype, layer_order=None, their_rope_angles=True):
 
 def probe_denseformer_outputs(model, ids) -> dict:
     streams = {}
-    handles = [blk.dense.register_forward_hook(lambda m, i, o, _l=l: streams.__setitem__(f"stream.{_l}", o[0]))
-               for l, blk in enumerate(model.blocks)]
+    handles = [
+        blk.dense.register_forward_hook(lambda m, i, o, _l=l: streams.__setitem__(f"stream.{_l}", o[0]))
+        for l, blk in enumerate(model.blocks)
+    ]
     try:
         with torch.no_grad():
             logits = model(ids).logits
@@ -413,8 +513,9 @@ def probe_denseformer_outputs(model, ids) -> dict:
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_denseformer_matches_the_authors(dtype):
     model, ids, theirs = denseformer_model(dtype, their_rope_angles=dtype == torch.float64)
-    diffs = max_differences(probe_denseformer_outputs(model, ids), theirs,
-                            prefix="" if dtype == torch.float64 else "fp32/")
+    diffs = max_differences(
+        probe_denseformer_outputs(model, ids), theirs, prefix="" if dtype == torch.float64 else "fp32/"
+    )
     assert max(diffs.values()) <= (FP64_TOL if dtype == torch.float64 else FP32_TOL), diffs
 
 
@@ -446,8 +547,11 @@ def probe_attnres_read(inputs: dict, dtype, eps: float) -> dict:
 def test_an_attnres_read_matches_fla_naive_attnres(dtype):
     meta, _, inputs, theirs = load_fixture("attnres-read-fla")
     assert meta["repository"] == "fla-org/flash-linear-attention"
-    diffs = max_differences(probe_attnres_read(inputs, dtype, meta["settings"]["rms_eps"]), theirs,
-                            prefix="" if dtype == torch.float64 else "fp32/")
+    diffs = max_differences(
+        probe_attnres_read(inputs, dtype, meta["settings"]["rms_eps"]),
+        theirs,
+        prefix="" if dtype == torch.float64 else "fp32/",
+    )
     assert max(diffs.values()) <= (FP64_TOL if dtype == torch.float64 else FP32_TOL), diffs
     wrong = probe_attnres_read({**inputs, "query": -inputs["query"]}, dtype, meta["settings"]["rms_eps"])
     assert (wrong["weights"].double() - theirs["weights"]).abs().max() > 1e-2  # the query matters

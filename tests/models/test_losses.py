@@ -1,5 +1,6 @@
 """Losses without B x T x V logits: models return final hidden states and analyses unembed a few positions at a
 time (Gemma's 262k vocabulary); the losses equal those of the full logits."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """A model built with backend="triton" matches backend="torch" in logits and gradients (Triton interpreter on CPU)."""
+
 import pytest
 import torch
 

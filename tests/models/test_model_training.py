@@ -1,4 +1,5 @@
 """A few hundred steps on bundled text lower the loss for the baseline and one variant of each family."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """Invariants of the custom model family (docs/definitions.md#mechanisms)."""
+
 import math
 
 import pytest
@@ -47,14 +48,17 @@ def test_a_variant_sets_its_catalogue_settings_and_leaves_every_other_mechanism_
 
     config = config_for(variant, **SMALL)
     kind, _, rest = variant.partition("-")
-    template = variant if variant in VARIANTS else f"{kind}-{'full' if rest.startswith('full') else 'block{N}'}" + (
-        "-r{r}" if "-r" in rest else "")
+    template = (
+        variant
+        if variant in VARIANTS
+        else f"{kind}-{'full' if rest.startswith('full') else 'block{N}'}" + ("-r{r}" if "-r" in rest else "")
+    )
     plain = config_for("baseline", **SMALL)
     expected = dict({k: getattr(plain, k) for k in _PLAIN}, **VARIANTS[template].settings)
     if expected["d_value"] == "reduced":
         expected["d_value"] = round(2 * SMALL["d_model"] / 3 / SMALL["n_heads"])
     if template != variant:
-        expected["depth_blocks"] = 0 if rest.startswith("full") else int(rest.split("-")[0][len("block"):])
+        expected["depth_blocks"] = 0 if rest.startswith("full") else int(rest.split("-")[0][len("block") :])
         if "-r" in rest:
             expected["depth_rank"] = int(rest.rpartition("-r")[2])
     assert {k: getattr(config, k) for k in _PLAIN} == expected
@@ -80,11 +84,19 @@ def _expected_hooks(model):
     shapes = {"hook_embed": (B, Tk, d)}
     for l in range(c.n_layers):
         p = f"blocks.{l}."
-        shapes.update({p + "hook_resid_pre": (B, Tk, d), p + "hook_resid_mid": (B, Tk, d),
-                       p + "hook_resid_post": (B, Tk, d), p + "attn.hook_q": (B, Tk, H, dh),
-                       p + "attn.hook_k": (B, Tk, Hkv, dh), p + "attn.hook_v": (B, Tk, Hkv, dv),
-                       p + "attn.hook_v_out": (B, Tk, Hkv, dv), p + "attn.hook_pattern": (B, H, Tk, Tk),
-                       p + "attn.hook_z": (B, Tk, H, dv)})
+        shapes.update(
+            {
+                p + "hook_resid_pre": (B, Tk, d),
+                p + "hook_resid_mid": (B, Tk, d),
+                p + "hook_resid_post": (B, Tk, d),
+                p + "attn.hook_q": (B, Tk, H, dh),
+                p + "attn.hook_k": (B, Tk, Hkv, dh),
+                p + "attn.hook_v": (B, Tk, Hkv, dv),
+                p + "attn.hook_v_out": (B, Tk, Hkv, dv),
+                p + "attn.hook_pattern": (B, H, Tk, Tk),
+                p + "attn.hook_z": (B, Tk, H, dv),
+            }
+        )
         if c.has_phantom:
             shapes[p + "attn.hook_phantom"] = (B, H, Tk)
             shapes[p + "attn.hook_sink_logit"] = (H,)
@@ -171,8 +183,9 @@ def test_plr_full_is_the_same_function_with_normalised_or_raw_keys():
     torch.testing.assert_close(logits(normalized, ids), logits(raw, ids), atol=1e-9, rtol=1e-9)
 
 
-@pytest.mark.parametrize("field,value", [("plr_key", "summed"), ("depth_block_mean", 1.0),
-                                         ("depth_block_prior_learned", True)])
+@pytest.mark.parametrize(
+    "field,value", [("plr_key", "summed"), ("depth_block_mean", 1.0), ("depth_block_prior_learned", True)]
+)
 def test_bad_plr_and_block_option_values_name_the_field(field, value):
     variant = "plr-full-r8" if field != "plr_key" else "plr-block2-r8"
     with pytest.raises(ValueError, match=field):
@@ -180,8 +193,14 @@ def test_bad_plr_and_block_option_values_name_the_field(field, value):
 
 
 def test_learned_block_options_are_one_undecayed_scalar_each_and_get_gradients():
-    model = create("plr-block2-r8", **SMALL, depth_block_mean=1.0, depth_block_mean_learned=True,
-                   depth_block_prior=1.0, depth_block_prior_learned=True)
+    model = create(
+        "plr-block2-r8",
+        **SMALL,
+        depth_block_mean=1.0,
+        depth_block_mean_learned=True,
+        depth_block_prior=1.0,
+        depth_block_prior_learned=True,
+    )
     assert model.depth_block_mean.shape == () and model.depth_block_mean.item() == 1.0
     assert {"depth_block_mean", "depth_block_prior"} <= model.no_weight_decay()
     for n, p in model.named_parameters():
@@ -233,8 +252,12 @@ def test_zero_queries_give_uniform_mean_of_sources(variant):
 @pytest.mark.parametrize("variant", ["denseformer", "mudd"])
 def test_dense_connections_at_init_equal_the_plain_transformer(variant):
     ids = tokens()
-    torch.testing.assert_close(logits(create(variant, seed=3, **SMALL), ids),
-                               logits(create("baseline", seed=3, **SMALL), ids), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        logits(create(variant, seed=3, **SMALL), ids),
+        logits(create("baseline", seed=3, **SMALL), ids),
+        atol=1e-6,
+        rtol=1e-5,
+    )
 
 
 def test_sink_logit_minus_infinity_equals_baseline_and_zero_sink_equals_offbyone():
@@ -258,8 +281,9 @@ def test_phantom_changes_the_output_and_sink_logit_gets_a_gradient():
     assert all(blk.attn.sink.grad.abs().sum() > 0 for blk in sink.blocks)
 
 
-@pytest.mark.parametrize("variant", ["normgate", "projgate", "sink+norm", "sink+proj", "routing-normgate", "g2",
-                                     "gatedv"])
+@pytest.mark.parametrize(
+    "variant", ["normgate", "projgate", "sink+norm", "sink+proj", "routing-normgate", "g2", "gatedv"]
+)
 def test_gates_lie_in_the_unit_interval(variant):
     model = create(variant, **SMALL)
     _, cache = model.run_with_cache(tokens(), names_filter=lambda n: n.endswith("hook_v_gate"))
@@ -357,8 +381,9 @@ def test_import_probe_registers_the_model_type_with_auto_classes(tmp_path, order
 
     create("baseline", **SMALL).save_pretrained(tmp_path)
     imports = "import probe; import transformers" if order == "probe first" else "import transformers; import probe"
-    code = (f"{imports}\nm = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\n"
-            "print(type(m).__name__)")
+    code = (
+        f"{imports}\nm = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\nprint(type(m).__name__)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("ProbeForCausalLM")
@@ -367,8 +392,12 @@ def test_import_probe_registers_the_model_type_with_auto_classes(tmp_path, order
 # ---------------------------------------------------------------- declared roles, gates, runtime backend
 
 # the architectures' own parameters differ too: LayerNorm, learned positions, an untied head, QK-norm, GQA
-ARCHS = {"rms-rope-tied": SMALL, "gpt2-style": dict(SMALL, norm="layer", pos="learned", mlp="gelu", init="gpt2",
-                                                      tie_embeddings=False, qk_norm=True, n_kv_heads=2)}
+ARCHS = {
+    "rms-rope-tied": SMALL,
+    "gpt2-style": dict(
+        SMALL, norm="layer", pos="learned", mlp="gelu", init="gpt2", tie_embeddings=False, qk_norm=True, n_kv_heads=2
+    ),
+}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -392,8 +421,10 @@ def test_an_undeclared_parameter_is_an_error_not_a_decayed_matrix():
 def _attention_io(model, ids, layer=0, edit_gate=None):
     """q, k, v, the gate as the model used it, and z of one layer (optionally editing hook_v_gate)."""
     got = {}
-    keep = [(f"blocks.{layer}.attn.hook_{n}", lambda t, hook: got.__setitem__(hook.name.rsplit("_", 1)[-1], t))
-            for n in ("q", "k", "v", "z")]
+    keep = [
+        (f"blocks.{layer}.attn.hook_{n}", lambda t, hook: got.__setitem__(hook.name.rsplit("_", 1)[-1], t))
+        for n in ("q", "k", "v", "z")
+    ]
 
     def gate(g, hook):
         got["gate"] = g if edit_gate is None else edit_gate(g)
@@ -413,8 +444,9 @@ def test_routing_slot_key_bias_is_logsigmoid_of_the_logit_and_the_log_of_an_edit
     got = _attention_io(model, ids)
     logit = 8 * (got["v"].norm(dim=-1) / math.sqrt(8) - model.blocks[0].attn.gate.tau)  # B,T,Hkv
     torch.testing.assert_close(got["gate"], torch.sigmoid(logit))
-    want = sink_attention(got["q"], got["k"], got["v"], key_bias=F.logsigmoid(logit).transpose(1, 2),
-                          backend="reference").out
+    want = sink_attention(
+        got["q"], got["k"], got["v"], key_bias=F.logsigmoid(logit).transpose(1, 2), backend="reference"
+    ).out
     torch.testing.assert_close(got["z"], want, atol=1e-6, rtol=1e-5)
 
     def edit(g):  # close every other key; others keep their gate
@@ -423,8 +455,9 @@ def test_routing_slot_key_bias_is_logsigmoid_of_the_logit_and_the_log_of_an_edit
         return g
 
     edited = _attention_io(model, ids, edit_gate=edit)
-    want = sink_attention(edited["q"], edited["k"], edited["v"], key_bias=torch.log(edited["gate"]).transpose(1, 2),
-                          backend="reference").out
+    want = sink_attention(
+        edited["q"], edited["k"], edited["v"], key_bias=torch.log(edited["gate"]).transpose(1, 2), backend="reference"
+    ).out
     torch.testing.assert_close(edited["z"], want, atol=1e-6, rtol=1e-5)
     assert (edited["z"] - got["z"]).abs().max() > 1e-2
 
@@ -448,9 +481,11 @@ def test_an_edited_pattern_is_what_the_head_aggregates():
     ids = tokens()
     got = {}
     uniform = torch.tril(torch.ones(12, 12)) / torch.arange(1, 13)[:, None]  # causal uniform rows
-    hooks = [("blocks.0.attn.hook_pattern", lambda p, hook: uniform.expand_as(p)),
-             ("blocks.0.attn.hook_v_out", lambda t, hook: got.__setitem__("v_out", t)),
-             ("blocks.0.attn.hook_z", lambda t, hook: got.__setitem__("z", t))]
+    hooks = [
+        ("blocks.0.attn.hook_pattern", lambda p, hook: uniform.expand_as(p)),
+        ("blocks.0.attn.hook_v_out", lambda t, hook: got.__setitem__("v_out", t)),
+        ("blocks.0.attn.hook_z", lambda t, hook: got.__setitem__("z", t)),
+    ]
     model.run_with_hooks(ids, fwd_hooks=hooks)
     torch.testing.assert_close(got["z"], apply_pattern(uniform.expand(2, 4, 12, 12), got["v_out"]))
     z0 = {}
@@ -517,12 +552,21 @@ print("ok")
 def _as_before_issue_17(state, projection):
     """The state dict with the gate parameters under their old names (``projection``: G2's or GLU's old name)."""
     old = {"gate.tau": "gate_tau", "gate.w": "gate_w", "gate.b": "gate_b", "gate.proj.weight": projection}
-    return {(n.rsplit(".attn.", 1)[0] + ".attn." + old[n.rsplit(".attn.", 1)[1]]
-             if ".attn.gate." in n else n): t for n, t in state.items()}
+    return {
+        (n.rsplit(".attn.", 1)[0] + ".attn." + old[n.rsplit(".attn.", 1)[1]] if ".attn.gate." in n else n): t
+        for n, t in state.items()
+    }
 
 
-@pytest.mark.parametrize("variant,old", [("sink+proj", "gate_w"), ("routing-normgate", "gate_tau"),
-                                         ("g2", "g2_proj.weight"), ("glu-full", "v_gate_proj.weight")])
+@pytest.mark.parametrize(
+    "variant,old",
+    [
+        ("sink+proj", "gate_w"),
+        ("routing-normgate", "gate_tau"),
+        ("g2", "g2_proj.weight"),
+        ("glu-full", "v_gate_proj.weight"),
+    ],
+)
 def test_checkpoints_with_the_old_gate_parameter_names_load_and_resave_under_the_new(tmp_path, variant, old):
     from safetensors.torch import load_file, save_file
 

@@ -5,6 +5,7 @@ a page that loads the folder's plotly.min.js gets it from there.
 The browser is driven through the DevTools protocol (websocket-client, which nnsight already installs). Without a
 Chromium the tests skip, unless PROBE_REQUIRE_BROWSER=1 (set by .ci/run, which installs Debian's chromium).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,11 +34,23 @@ class Page:
     def __init__(self, browser: str, profile: Path):
         import websocket  # websocket-client
 
-        self.proc = subprocess.Popen([browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                                      "--disable-extensions", "--disable-background-networking",
-                                      "--window-size=1400,1000", "--remote-debugging-port=0",
-                                      f"--user-data-dir={profile}", "about:blank"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                browser,
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-extensions",
+                "--disable-background-networking",
+                "--window-size=1400,1000",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         port_file = profile / "DevToolsActivePort"
         for _ in range(300):
             if port_file.exists() and port_file.read_text().strip():
@@ -45,8 +58,9 @@ class Page:
             time.sleep(0.1)
         port = int(port_file.read_text().split()[0])
         tabs = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10).read())
-        self.ws = websocket.create_connection(next(t for t in tabs if t["type"] == "page")["webSocketDebuggerUrl"],
-                                              timeout=30, suppress_origin=True)
+        self.ws = websocket.create_connection(
+            next(t for t in tabs if t["type"] == "page")["webSocketDebuggerUrl"], timeout=30, suppress_origin=True
+        )
         self.next_id, self.errors, self.requests = 0, [], []
         for domain in ("Runtime", "Log", "Network", "Page"):
             self.send(f"{domain}.enable")
@@ -84,11 +98,13 @@ class Page:
         self.send("Page.navigate", url=path.resolve().as_uri())
         deadline = time.monotonic() + timeout
         while True:
-            counts = self.evaluate("({plots: document.querySelectorAll('.js-plotly-plot').length,"
-                                   " drawn: [...document.querySelectorAll('.js-plotly-plot')]"
-                                   ".filter(d => d._fullLayout && d.querySelector('svg.main-svg')).length,"
-                                   " svgs: document.querySelectorAll('.main-svg').length,"
-                                   " ready: document.readyState})")
+            counts = self.evaluate(
+                "({plots: document.querySelectorAll('.js-plotly-plot').length,"
+                " drawn: [...document.querySelectorAll('.js-plotly-plot')]"
+                ".filter(d => d._fullLayout && d.querySelector('svg.main-svg')).length,"
+                " svgs: document.querySelectorAll('.main-svg').length,"
+                " ready: document.readyState})"
+            )
             if (counts["ready"] == "complete" and counts["drawn"] >= figures) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
@@ -123,23 +139,82 @@ def pages(tmp_path_factory):
         "analysis": ["sinks", *SMALL],
         "massive": ["sinks", "--massive", "--dormant", *SMALL],
         "report": ["report", "--models", "probe/tiny-baseline", "probe/tiny-sinklogit", *SMALL],
-        "view": ["view", "--text", "The cat sat on the mat. The cat sat on the mat again.", "--threads", "1",
-                 "--quiet"],
-        "training": ["train", "--data", str(text), "--eval-data", str(text), "--eval-batches", "1", "--steps", "4",
-                     "--batch-size", "2", "--ctx", "32", "--warmup", "1", "--eval-every", "2", "--threads", "1",
-                     "--quiet"],
-        "experiment": ["experiment", "value-swap", "--data", str(text), "--eval-corpus", str(text), "--eval-mode",
-                       "random", "--eval-batches", "1", "--eval-batch-size", "2", "--ctx", "32", "--batch-size", "2",
-                       "--steps", "2", "--n-layers", "2", "--d-model", "32", "--n-heads", "2", "--d-mlp", "64",
-                       "--warmup", "1", "--seeds", "0", "--quiet"],
+        "view": [
+            "view",
+            "--text",
+            "The cat sat on the mat. The cat sat on the mat again.",
+            "--threads",
+            "1",
+            "--quiet",
+        ],
+        "training": [
+            "train",
+            "--data",
+            str(text),
+            "--eval-data",
+            str(text),
+            "--eval-batches",
+            "1",
+            "--steps",
+            "4",
+            "--batch-size",
+            "2",
+            "--ctx",
+            "32",
+            "--warmup",
+            "1",
+            "--eval-every",
+            "2",
+            "--threads",
+            "1",
+            "--quiet",
+        ],
+        "experiment": [
+            "experiment",
+            "value-swap",
+            "--data",
+            str(text),
+            "--eval-corpus",
+            str(text),
+            "--eval-mode",
+            "random",
+            "--eval-batches",
+            "1",
+            "--eval-batch-size",
+            "2",
+            "--ctx",
+            "32",
+            "--batch-size",
+            "2",
+            "--steps",
+            "2",
+            "--n-layers",
+            "2",
+            "--d-model",
+            "32",
+            "--n-heads",
+            "2",
+            "--d-mlp",
+            "64",
+            "--warmup",
+            "1",
+            "--seeds",
+            "0",
+            "--quiet",
+        ],
     }
     for kind, argv in runs.items():
         out = root / kind
         assert main([*argv, "--out", str(out)]) == 0, kind
-    return {"analysis": root / "analysis" / "sinks.html", "massive": root / "massive" / "sinks.html",
-            "report": root / "report" / "report.html",
-            "view": root / "view" / "view.html", "training": root / "training" / "training.html",
-            "experiment": root / "experiment" / "report.html", "index": root / "analysis" / "index.html"}
+    return {
+        "analysis": root / "analysis" / "sinks.html",
+        "massive": root / "massive" / "sinks.html",
+        "report": root / "report" / "report.html",
+        "view": root / "view" / "view.html",
+        "training": root / "training" / "training.html",
+        "experiment": root / "experiment" / "report.html",
+        "index": root / "analysis" / "index.html",
+    }
 
 
 @pytest.mark.parametrize("kind", ["analysis", "massive", "report", "view", "training", "experiment", "index"])

@@ -1,5 +1,6 @@
 """Progress and numbers on the terminal: plain lines (no carriage returns, no escape codes) when stderr is not a
 terminal; "1 batch", "2 batches"."""
+
 from __future__ import annotations
 
 import io
@@ -60,8 +61,18 @@ def test_probe_models_shows_each_zoo_models_validation_loss_not_its_path(capsys)
 def test_summary_lines_put_the_standard_error_beside_its_value_and_say_n_a():
     from probe.present.console import summary_lines as _summary_lines
 
-    row = {"token_share": 0.98861, "token_share_se": 0.000457, "token_share_min_count": float("nan"),
-           "token_share_min_count_se": float("nan"), "mean_gate": 0.4662, "mean_gate_se": float("nan"), "gate": "proj"}
+    row = {
+        "token_share": 0.98861,
+        "token_share_se": 0.000457,
+        "token_share_min_count": float("nan"),
+        "token_share_min_count_se": float("nan"),
+        "mean_gate": 0.4662,
+        "mean_gate_se": float("nan"),
+        "gate": "proj",
+    }
     assert _summary_lines(row, ["gate", "mean_gate", "token_share", "token_share_min_count", "absent"]).split("\n") == [
-        "  gate                   proj", "  mean_gate              0.4662", "  token_share            0.9886 ± 0.00046",
-        "  token_share_min_count  n/a"]
+        "  gate                   proj",
+        "  mean_gate              0.4662",
+        "  token_share            0.9886 ± 0.00046",
+        "  token_share_min_count  n/a",
+    ]

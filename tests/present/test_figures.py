@@ -1,4 +1,5 @@
 """Every analysis has a plotly figure; figures build from the analyses' own outputs and write offline HTML."""
+
 import numpy as np
 import pandas as pd
 
@@ -41,8 +42,13 @@ def test_figures_from_analysis_outputs(tmp_path):
     exp = exposure_figure([inj])
     assert {t.name for t in exp.data} == {"quiet (q25)", "phantom"}
 
-    df = pd.DataFrame([{"variant": v, "seed": s, "loss": 3 - d * (s + 1)} for s in range(3)
-                       for v, d in (("baseline", 0), ("sinklogit", .01), ("normgate", .01), ("sink+norm", .015))])
+    df = pd.DataFrame(
+        [
+            {"variant": v, "seed": s, "loss": 3 - d * (s + 1)}
+            for s in range(3)
+            for v, d in (("baseline", 0), ("sinklogit", 0.01), ("normgate", 0.01), ("sink+norm", 0.015))
+        ]
+    )
     assert figures.paired_figure(paired_differences(df, "baseline")["summary"]).data[0].x is not None
     assert "filter share" in figures.decomposition_figure(abstention_decomposition(df)).layout.title.text
 

@@ -1,6 +1,7 @@
 """Result pages and output folders: pages open with verdicts, then figures, then the tables the CSVs hold (long ones
 folded), share one plotly.min.js (unless self-contained), every folder has an index.html listing each file; figures
 have integer layer/head ticks, labelled thresholds, fitted colour-blind-safe scales and titled axes."""
+
 import re
 
 import numpy as np
@@ -50,8 +51,10 @@ def test_sinks_page_opens_with_verdict_and_csv_values(tmp_path, sinks):
     html = _save(tmp_path, "sinks", sinks, [sink_figure(sinks)], sink_sections(sinks))
     before_figures, after_figures = _split(html)
     formed = bool(sinks["summary"]["sink_formed"].iloc[0])
-    assert f"sink_formed: {formed} — rule: position-0 share &gt;= 3x the causal-uniform reference and r0 &lt; 0.8" \
-        in before_figures  # the verdict, then the picture
+    assert (
+        f"sink_formed: {formed} — rule: position-0 share &gt;= 3x the causal-uniform reference and r0 &lt; 0.8"
+        in before_figures
+    )  # the verdict, then the picture
     assert "<table" not in html.partition('class="plotly-graph-div"')[0].partition("</style>")[2]  # tables after it
     csv = pd.read_csv(tmp_path / "sinks_summary.csv").iloc[0]
     layers = pd.read_csv(tmp_path / "sinks_layers.csv")
@@ -79,8 +82,7 @@ def test_folder_shared_by_verbs_and_self_contained(tmp_path, sinks):
     assert "no token occurs 10000 times" in text  # empty token tables say why
     assert "too small a sample" in text and "standard errors need at least 2" in text  # caveats on a tiny sample
     first = (tmp_path / PLOTLY_JS).stat().st_mtime_ns
-    written = write_pages(tmp_path, {"sinks.html": page("Sinks", [sink_figure(sinks)]),
-                                     "notes.csv": "a,b\n1,2\n"})
+    written = write_pages(tmp_path, {"sinks.html": page("Sinks", [sink_figure(sinks)]), "notes.csv": "a,b\n1,2\n"})
     assert PLOTLY_JS not in [p.name for p in written] and (tmp_path / PLOTLY_JS).stat().st_mtime_ns == first
     assert len(list(tmp_path.glob("*.js"))) == 1 and not list(tmp_path.glob(".*"))
     index = (tmp_path / "index.html").read_text()
@@ -88,8 +90,7 @@ def test_folder_shared_by_verbs_and_self_contained(tmp_path, sinks):
     assert "table, 1 row: a, b" in index  # fallback description of an unknown CSV: its header
     assert "Value gates" not in index and "value gates: summary" in index
     alone = tmp_path / "alone"
-    html = _save(alone, "sinks", sinks, [sink_figure(sinks)], sink_sections(sinks),
-                 self_contained=True)
+    html = _save(alone, "sinks", sinks, [sink_figure(sinks)], sink_sections(sinks), self_contained=True)
     assert "src='plotly.min.js'" not in html and len(html) > 1_000_000 and not (alone / PLOTLY_JS).exists()
 
 
@@ -132,9 +133,16 @@ def test_figures_ticks_thresholds_and_colours(sinks):
 
 def _report_tables(results: dict, steps: dict) -> dict:
     """What `probe report` collects: each model's tables with model and step columns, concatenated."""
+
     def rows(key):
-        return pd.concat([r[key].drop(columns=["model"]).assign(model=name, step=steps.get(name), model_id=name)
-                          for name, r in results.items()], ignore_index=True)
+        return pd.concat(
+            [
+                r[key].drop(columns=["model"]).assign(model=name, step=steps.get(name), model_id=name)
+                for name, r in results.items()
+            ],
+            ignore_index=True,
+        )
+
     return {k: rows(k) for k in ("summary", "layers", "batches")}
 
 
@@ -159,8 +167,17 @@ def test_report_models_are_categories_checkpoints_are_lines(sinks):
     steps = _report_tables({"run@step0": other, "run@step4": sinks}, {"run@step0": 0, "run@step4": 4})
     line = report_figures(steps)[0]
     assert line.data[0].mode == "lines+markers" and list(line.data[0].x) == [0, 4]
-    settings = dict(batches=3, batch_size=2, ctx=12, window_mode="sequential", seed=0, device="cpu", dtype="auto",
-                    inject={"doses": [0.4], "junk": ["structured"], "cutoff": ["q25"]}, probe_version="x")
+    settings = dict(
+        batches=3,
+        batch_size=2,
+        ctx=12,
+        window_mode="sequential",
+        seed=0,
+        device="cpu",
+        dtype="auto",
+        inject={"doses": [0.4], "junk": ["structured"], "cutoff": ["q25"]},
+        probe_version="x",
+    )
     html = report_page(tables, [{"name": n, "meta": {"corpus": "c"}} for n in ("sinklogit", "baseline")], settings)
     text = _text(html)
     assert "sinklogit: sink_formed" in text and f"{tables['summary']['pos0_share'].iloc[1]:.4g}" in text
@@ -168,8 +185,14 @@ def test_report_models_are_categories_checkpoints_are_lines(sinks):
     assert "doses 0.4, junk structured, cutoff q25" in html and "{'doses'" not in html  # readable, no raw dicts
     assert "model_id" not in text and "step" not in re.findall(r"<th>(\w+)</th>", html)  # no duplicate / None columns
     assert "src='plotly.min.js'" in html and len(html) < 1_000_000
-    mixed = report_page(tables, [{"name": "sinklogit", "meta": {"corpus": "wikitext-2-test"}},
-                                 {"name": "baseline", "meta": {"corpus": "synthetic:bb"}}], settings)
+    mixed = report_page(
+        tables,
+        [
+            {"name": "sinklogit", "meta": {"corpus": "wikitext-2-test"}},
+            {"name": "baseline", "meta": {"corpus": "synthetic:bb"}},
+        ],
+        settings,
+    )
     assert "<th>corpus</th><td>wikitext-2-test, synthetic:bb</td>" in mixed  # each model's own data, not the first's
 
 
@@ -184,7 +207,7 @@ def test_sources_and_eval_verdicts():
     summary = pd.DataFrame([{"loss": 3.2, "perplexity": 24.5, "n_tokens": 30, "n_windows": 3}])
     sec = eval_sections({"summary": summary, "windows": w})
     assert sec["verdicts"] == ["loss 3.2 ± 0.12 nats per token (mean ± s.e. over 3 windows), perplexity 24.5"]
-    assert sec["tables"][0][1]["loss_se"].iloc[0] == pytest.approx(0.2 / 3 ** 0.5)
+    assert sec["tables"][0][1]["loss_se"].iloc[0] == pytest.approx(0.2 / 3**0.5)
     one = eval_sections({"summary": summary, "windows": w.head(1)})
     assert one["caveats"] == ["standard errors need at least 2 windows (this run: 1); run with more --batches"]
 
@@ -196,10 +219,18 @@ def test_page_order_and_long_tables_folded_with_their_row_count():
 
     short = pd.DataFrame({"layer": range(FOLD_ROWS), "x": 0.5})
     long = pd.DataFrame({"layer": range(FOLD_ROWS + 1), "x": 0.25})
-    html = page("t", [go.Figure(go.Scatter(y=[1, 2]))], verdicts=["the verdict"], caveats=["a caveat"],
-                tables=[("short table", short), ("long table", long)], intro={"model": "m"})
-    at = {k: html.index(k) for k in ("the verdict", "a caveat", "plotly-graph-div", "short table", "long table",
-                                     "Settings")}
+    html = page(
+        "t",
+        [go.Figure(go.Scatter(y=[1, 2]))],
+        verdicts=["the verdict"],
+        caveats=["a caveat"],
+        tables=[("short table", short), ("long table", long)],
+        intro={"model": "m"},
+    )
+    at = {
+        k: html.index(k)
+        for k in ("the verdict", "a caveat", "plotly-graph-div", "short table", "long table", "Settings")
+    }
     assert list(at) == sorted(at, key=at.get)  # verdicts, caveats, figures, tables, settings
     folded = re.findall(r"<details class='table'><summary>(.*?)</summary>", html)
     assert len(folded) == 1 and "long table" in folded[0] and f"({FOLD_ROWS + 1} rows)" in folded[0]  # short: open

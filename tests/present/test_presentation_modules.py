@@ -1,6 +1,7 @@
 """Each analysis's presentation lives in its own module (probe.present.<analysis>): its figures, page sections,
 terminal text and the descriptions of its own files; probe.present.page keeps the one page skeleton and asks the
 modules in DESCRIBED_BY for their descriptions."""
+
 from __future__ import annotations
 
 from importlib import import_module
@@ -28,8 +29,12 @@ def test_each_verbs_files_are_described_by_its_own_module():
     owner = {file: name for name in page.DESCRIBED_BY for file in import_module(name).DESCRIPTIONS}
     for verb in ("sinks", "inject", "gates", "eval", "costs", "models"):
         own = [f for f, name in owner.items() if f.split("_")[0].split(".")[0] == verb]
-        assert own and all(owner[f].startswith(("probe.present." + verb, "probe.present.sink_eps",
-                                                 "probe.present.massive", "probe.present.dormant")) for f in own), verb
+        assert own and all(
+            owner[f].startswith(
+                ("probe.present." + verb, "probe.present.sink_eps", "probe.present.massive", "probe.present.dormant")
+            )
+            for f in own
+        ), verb
     assert owner["manifest.json"] == "probe.present.report" and owner["config.json"] == "probe.present.recipe"
 
 
@@ -65,8 +70,10 @@ def test_the_index_reads_the_descriptions_without_importing_the_analyses():
     import subprocess
     import sys
 
-    code = ("import json, sys\nfrom probe.present import page\nd = page.descriptions()\n"
-            "print(json.dumps([d, 'torch' in sys.modules]))")
+    code = (
+        "import json, sys\nfrom probe.present import page\nd = page.descriptions()\n"
+        "print(json.dumps([d, 'torch' in sys.modules]))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     read, torch_imported = json.loads(r.stdout)

@@ -1,5 +1,6 @@
 """Viewers: the figures hold the captured data (checked against the hooks), long texts stay bounded, and the HTML is
 self-contained (plotly.js inline, no network script)."""
+
 import base64
 import json
 import re
@@ -24,8 +25,9 @@ def decoded(fig):
         z = t["z"]
         if isinstance(z, dict):
             arr = np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.dtype(z["dtype"]))
-            z = arr.reshape(z["shape"] if isinstance(z["shape"], list) else
-                            [int(s) for s in str(z["shape"]).split(",")])
+            z = arr.reshape(
+                z["shape"] if isinstance(z["shape"], list) else [int(s) for s in str(z["shape"]).split(",")]
+            )
         out.append((t, np.asarray(z, dtype=float)))
     return out
 
@@ -115,7 +117,7 @@ def test_depth_viewer_holds_the_depth_weights():
     fig = V.depth_viewer(model, ids, window=4)
     _, cache = model.run_with_cache(ids[None], names_filter=lambda n: n.endswith("hook_depth_weights"))
     sites = model.probe_info.extra["depth_sites"]
-    (t, z), = decoded(fig)
+    ((t, z),) = decoded(fig)
     want = np.concatenate([cache[f"{s}.hook_depth_weights"][0].numpy().T for s in sites])
     assert np.allclose(z, want, atol=1e-6)
     first = next(iter(sites))
@@ -130,9 +132,9 @@ def test_gate_viewers_hold_the_gates():
     ids = torch.randint(0, 97, (21,), generator=torch.Generator().manual_seed(5))
     _, cache = model.run_with_cache(ids[None], names_filter=lambda n: n.endswith("hook_v_gate"))
     g = [cache[f"blocks.{l}.attn.hook_v_gate"][0].numpy() for l in range(2)]  # (T, Hkv)
-    (t, z), = decoded(V.gate_viewer(model, ids))
+    ((t, z),) = decoded(V.gate_viewer(model, ids))
     assert t["y"] == ["L0", "L1"] and np.allclose(z, np.stack([x.mean(1) for x in g]), atol=1e-6)
-    (t, z), = decoded(V.gate_viewer(model, ids, per_head=True))
+    ((t, z),) = decoded(V.gate_viewer(model, ids, per_head=True))
     assert t["y"][:5] == ["L0 kv0", "L0 kv1", "L0 kv2", "L0 kv3", "L1 kv0"] and np.allclose(z[5], g[1][:, 1], atol=1e-6)
     fig = V.gate_viewer(model, ids, text_layer=1, per_line=4, lines=2)
     pages = decoded(fig)

@@ -1,5 +1,6 @@
 """Shared checks of HF adapters against HF eager (tests/checkpoints/test_adapters.py,
 tests/checkpoints/test_adapters_families.py)."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Helpers of the analysis tests: tiny custom models and random token windows."""
+
 import torch
 
 from probe.models import create
@@ -99,9 +100,17 @@ def gate_reference(model, tokens) -> dict:
         m, sel = m[:, :, 1:], sel[:, :, 1:]  # rows t >= 1
         for h in range(H):
             kv = g[..., h // G]
-            heads.append({"layer": l, "head": h, "mean_gate": float(m[:, h].mean()),
-                          "selectivity": float(sel[:, h].mean()), "spread": float(m[:, h].std(unbiased=False)),
-                          "read_mean_gate": float(kv.mean()), "frac_below_half": float((kv < 0.5).double().mean())})
+            heads.append(
+                {
+                    "layer": l,
+                    "head": h,
+                    "mean_gate": float(m[:, h].mean()),
+                    "selectivity": float(sel[:, h].mean()),
+                    "spread": float(m[:, h].std(unbiased=False)),
+                    "read_mean_gate": float(kv.mean()),
+                    "frac_below_half": float((kv < 0.5).double().mean()),
+                }
+            )
         between, total = 0.0, 0.0  # token identity: between-token / total sum of squares, per KV head, pooled
         real = ids >= 0
         for kv in range(g.shape[-1]):
@@ -111,9 +120,15 @@ def gate_reference(model, tokens) -> dict:
             total += float(((x - x.mean()) ** 2).sum())
         between_all, total_all = between_all + between, total_all + total
         mine = [r for r in heads if r["layer"] == l]
-        layers.append({"layer": l, **{k: sum(r[k] for r in mine) / H for k in ("mean_gate", "selectivity", "spread")},
-                       "read_mean_gate": float(g.mean()), "frac_below_half": float((g < 0.5).double().mean()),
-                       "token_share": between / total})
+        layers.append(
+            {
+                "layer": l,
+                **{k: sum(r[k] for r in mine) / H for k in ("mean_gate", "selectivity", "spread")},
+                "read_mean_gate": float(g.mean()),
+                "frac_below_half": float((g < 0.5).double().mean()),
+                "token_share": between / total,
+            }
+        )
     return {"heads": pd.DataFrame(heads), "layers": pd.DataFrame(layers), "token_share": between_all / total_all}
 
 
@@ -128,9 +143,19 @@ def sources_reference(model, tokens) -> dict:
 
     sites = model.probe_info.extra["depth_sites"]
     got = _cached(model, tokens, [names.depth_weights(s) for s in sites])
+
     def kind(label):  # full mode: embedding / attention / mlp sources; block mode: embedding / blocks / partial
-        return ("embedding" if label == "embed" else "partial" if label == "partial" else "blocks"
-                if label.startswith("block") else "attention" if label.startswith("attn") else "mlp")
+        return (
+            "embedding"
+            if label == "embed"
+            else "partial"
+            if label == "partial"
+            else "blocks"
+            if label.startswith("block")
+            else "attention"
+            if label.startswith("attn")
+            else "mlp"
+        )
 
     all_kinds = {kind(x) for labels in sites.values() for x in labels}
     rows, heat = [], {}
@@ -139,12 +164,18 @@ def sources_reference(model, tokens) -> dict:
         h = -(alpha * alpha.log()).nan_to_num(0.0).sum(-1)  # Shannon entropy, 0 log 0 = 0
         mean = alpha.mean(0)
         kinds = [kind(x) for x in labels]
-        rows.append({"site_index": i, "site": site, "n_sources": len(labels), "neff_mean": float(h.exp().mean()),
-                     "neff_std": float(h.exp().std(unbiased=False)), "top1_mass": float(alpha.max(-1).values.mean()),
-                     "input_dependence": float(-(mean * mean.log()).nan_to_num(0.0).sum() - h.mean()),
-                     "n_tokens": alpha.shape[0],
-                     **{f"mass_{k}": float(sum(mean[j] for j in range(len(labels)) if kinds[j] == k))
-                        for k in all_kinds}})
+        rows.append(
+            {
+                "site_index": i,
+                "site": site,
+                "n_sources": len(labels),
+                "neff_mean": float(h.exp().mean()),
+                "neff_std": float(h.exp().std(unbiased=False)),
+                "top1_mass": float(alpha.max(-1).values.mean()),
+                "input_dependence": float(-(mean * mean.log()).nan_to_num(0.0).sum() - h.mean()),
+                "n_tokens": alpha.shape[0],
+                **{f"mass_{k}": float(sum(mean[j] for j in range(len(labels)) if kinds[j] == k)) for k in all_kinds},
+            }
+        )
         heat[site] = dict(zip(labels, mean.tolist(), strict=True))
-    return {"sites": pd.DataFrame(rows), "heatmap": heat,
-            "S_src": sum(len(v) for v in sites.values() if len(v) >= 2)}
+    return {"sites": pd.DataFrame(rows), "heatmap": heat, "S_src": sum(len(v) for v in sites.values() if len(v) >= 2)}

@@ -4,6 +4,7 @@ models, and faults injected into that subprocess.
 Subprocesses run with one torch thread (tiny tensors on a busy 2-core machine are many times faster single-threaded)
 and with the hub marked offline (offline errors come at once instead of after a connection timeout).
 """
+
 from __future__ import annotations
 
 import os
@@ -15,15 +16,25 @@ from pathlib import Path
 from tests.support import SMALL  # the tiny tier shrunk; vocabulary stays 8192
 
 REPO = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-       "PYTHONWARNINGS": "ignore"}
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONWARNINGS": "ignore",
+}
 WINDOWS = ["--batches", "1", "--batch-size", "2", "--ctx", "32"]  # two windows of 32 tokens
 
 
 def probe(*args, env=None, cwd=None, timeout=600) -> subprocess.CompletedProcess:
     """Run ``python -m probe.cli ARGS``; stdout / stderr decoded as they were written (carriage returns kept)."""
-    r = subprocess.run([sys.executable, "-m", "probe.cli", *map(str, args)], capture_output=True,
-                       env={**ENV, **(env or {})}, cwd=cwd, timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, "-m", "probe.cli", *map(str, args)],
+        capture_output=True,
+        env={**ENV, **(env or {})},
+        cwd=cwd,
+        timeout=timeout,
+    )
     r.stdout, r.stderr = r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
     return r
 
@@ -40,7 +51,9 @@ def patched(tmp_path: Path, code: str) -> dict[str, str]:
 
 def kill_at_batch(tmp_path: Path, n: int) -> dict[str, str]:
     """SIGKILL the process when its training sampler draws its n-th batch (that is, at step n)."""
-    return patched(tmp_path, f"""
+    return patched(
+        tmp_path,
+        f"""
         import os, signal
         from probe.data.batches import WindowSampler
 
@@ -53,13 +66,16 @@ def kill_at_batch(tmp_path: Path, n: int) -> dict[str, str]:
             return _sample(self, batch_size)
 
         WindowSampler.sample = sample
-    """)
+    """,
+    )
 
 
 def kill_at_model_result(tmp_path: Path, n: int, *, staged: bool) -> dict[str, str]:
     """SIGKILL a `probe report` process at the n-th model result it writes (a rename into DIR/models/): after the
     rename, or with ``staged`` just before it (the result is written under its temporary name, never renamed)."""
-    return patched(tmp_path, f"""
+    return patched(
+        tmp_path,
+        f"""
         import os, signal
         from pathlib import Path
 
@@ -76,7 +92,8 @@ def kill_at_model_result(tmp_path: Path, n: int, *, staged: bool) -> dict[str, s
                 os.kill(os.getpid(), signal.SIGKILL)
 
         os.replace = replace
-    """)
+    """,
+    )
 
 
 def terminal_lines(text: str) -> list[str]:
@@ -122,8 +139,15 @@ def build_fixtures(root: Path) -> dict[str, Path]:
         out[name] = root / name
     tok = load_tokenizer("probe-bpe-8k")
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     AutoModelForCausalLM.from_config(cfg).save_pretrained(root / "llama")
     tok.save_pretrained(root / "llama")
     out["llama"] = root / "llama"

@@ -1,5 +1,6 @@
 """Value gates (probe.models.gates) driven by given tensors, for the kernel tests: the models compute v_out and the
 routing slot's key bias in PyTorch before the attention op, so the kernels are tested on what the gates produce."""
+
 from types import SimpleNamespace
 
 from probe.models.gates import GATES, apply_gate
@@ -13,8 +14,16 @@ def make_gate(kind, *, tau=None, w=None, b=None, beta=8.0):
     if kind == "none":
         return None
     hkv = next((t.shape[0] for t in (tau, w, b) if t is not None), 1)
-    gate = GATES[kind](SimpleNamespace(n_kv_heads=hkv, d_value=1 if w is None else w.shape[-1], gate_tau_init=0.0,
-                                       gate_beta=beta, init="fan-in", d_model=1))
+    gate = GATES[kind](
+        SimpleNamespace(
+            n_kv_heads=hkv,
+            d_value=1 if w is None else w.shape[-1],
+            gate_tau_init=0.0,
+            gate_beta=beta,
+            init="fan-in",
+            d_model=1,
+        )
+    )
     for name, t in (("tau", tau), ("w", w), ("b", b)):
         if name in gate._parameters:
             gate._parameters[name] = t  # the caller's tensor itself, so autograd reaches it

@@ -2,6 +2,7 @@
 
 Run as a script by torchrun (the worker), or by pytest (spawns torchrun in a subprocess and compares).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,23 +23,48 @@ TOL = 1e-5  # losses and weights: 2 ranks × 2 micro-batches vs 1 full batch dif
 
 
 def config(grad_accum: int) -> TrainConfig:
-    return TrainConfig(steps=4, batch_size=8, grad_accum=grad_accum, lr=3e-3, warmup=1, log_every=1, ckpt_every=2,
-                       eval_every=2, device="cpu")
+    return TrainConfig(
+        steps=4,
+        batch_size=8,
+        grad_accum=grad_accum,
+        lr=3e-3,
+        warmup=1,
+        log_every=1,
+        ckpt_every=2,
+        eval_every=2,
+        device="cpu",
+    )
 
 
 def test_two_processes_match_one(tmp_path):
     single, batches = tiny_model(), []
-    train(single, TinySampler(record=batches), config(grad_accum=1), tmp_path / "single", eval_batches=eval_windows(1),
-          progress=False)
+    train(
+        single,
+        TinySampler(record=batches),
+        config(grad_accum=1),
+        tmp_path / "single",
+        eval_batches=eval_windows(1),
+        progress=False,
+    )
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
-           str(tmp_path / "ddp")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        __file__,
+        str(tmp_path / "ddp"),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    rows = {name: [json.loads(l) for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-            for name in ("single", "ddp")}
+    rows = {
+        name: [json.loads(l) for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        for name in ("single", "ddp")
+    }
     assert [r["step"] for r in rows["ddp"]] == [0, 1, 2, 3, 4]  # one writer: no line per rank (0: validation only)
     for key in ("loss", "grad_norm", "val_loss"):
         a = [r[key] for r in rows["single"] if key in r]
@@ -64,16 +90,57 @@ def test_probe_train_under_torchrun_matches_one_process(tmp_path):
     """`torchrun --nproc_per_node 2 -m probe.cli train ...` trains what the same command trains in one process; only
     rank 0 writes the run's files and reports."""
     data = str(REPO / "probe" / "data" / "corpora" / "wikitext-2-valid.txt")
-    flags = ["train", "--variant", "sink+proj", "--tier", "tiny", "--data", data, "--eval-data", data,
-             "--eval-batches", "1", "--steps", "3", "--batch-size", "4", "--ctx", "32", "--warmup", "1", "--quiet"]
+    flags = [
+        "train",
+        "--variant",
+        "sink+proj",
+        "--tier",
+        "tiny",
+        "--data",
+        data,
+        "--eval-data",
+        data,
+        "--eval-batches",
+        "1",
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--ctx",
+        "32",
+        "--warmup",
+        "1",
+        "--quiet",
+    ]
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
-    one = subprocess.run([sys.executable, "-m", "probe.cli", *flags, "--out", str(tmp_path / "one")], env=env,
-                         capture_output=True, text=True, timeout=300)
+    one = subprocess.run(
+        [sys.executable, "-m", "probe.cli", *flags, "--out", str(tmp_path / "one")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-                          "probe.cli", *flags, "--out", str(tmp_path / "two")], env=env, capture_output=True,
-                         text=True, timeout=300)
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "probe.cli",
+            *flags,
+            "--out",
+            str(tmp_path / "two"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
     assert two.stdout.count("model saved to") == 1 and (tmp_path / "two" / "training.html").is_file()
     a, b = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two"))

@@ -1,4 +1,5 @@
 """probe.train: schedules, weight-decay roles, Muon, the loop, exact resume, checkpoints (tiny models, CPU, fp32)."""
+
 from __future__ import annotations
 
 import json
@@ -40,21 +41,31 @@ def hf_model(seed=0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=CTX,
-                                        tie_word_embeddings=True))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=CTX,
+            tie_word_embeddings=True,
+        )
+    )
 
 
 def tiny_model(seed=0, variant="baseline"):
     """A ~86k-parameter probe model (2 layers, width 64)."""
     from probe.models import create
 
-    return create(variant, tier="tiny", seed=seed, n_layers=2, d_model=64, n_heads=2, d_mlp=128, vocab_size=VOCAB,
-                  n_ctx=CTX)
+    return create(
+        variant, tier="tiny", seed=seed, n_layers=2, d_model=64, n_heads=2, d_mlp=128, vocab_size=VOCAB, n_ctx=CTX
+    )
 
 
 def eval_windows(n=2, b=4):
-    return CORPUS[5:5 + n * b * (CTX + 1)].view(n, b, CTX + 1)
+    return CORPUS[5 : 5 + n * b * (CTX + 1)].view(n, b, CTX + 1)
 
 
 def cfg(**kw):
@@ -69,6 +80,7 @@ def read_metrics(out):
 
 
 # ---- pieces ----------------------------------------------------------------------------------------------
+
 
 def test_lr_schedules():
     f = lambda s, sched="cosine": lr_factor(s, 100, 10, sched, 0.1, 0.2)  # noqa: E731
@@ -104,15 +116,19 @@ def test_weight_decay_by_role_and_muon_split():
     m = RoleModel()
     assert _names(param_groups(m, "adamw")) == {
         "decay": {"embed.weight", "proj.weight", "lm_head.weight"},
-        "no_decay": {"proj.bias", "gate_w", "norm.weight", "norm.bias"}}
+        "no_decay": {"proj.bias", "gate_w", "norm.weight", "norm.bias"},
+    }
     assert _names(param_groups(m, "muon")) == {
         "muon": {"proj.weight"},
-        "adam": {"embed.weight", "lm_head.weight", "proj.bias", "gate_w", "norm.weight", "norm.bias"}}
+        "adam": {"embed.weight", "lm_head.weight", "proj.bias", "gate_w", "norm.weight", "norm.bias"},
+    }
     opt = build_optimizer(m, TrainConfig(weight_decay=0.1))
     assert {g["name"]: g["weight_decay"] for g in opt.param_groups} == {"decay": 0.1, "no_decay": 0.0}
     opt = build_optimizer(m, TrainConfig(optimizer="muon", lr=3e-4))
     assert {g["name"]: (g["base_lr"], g["weight_decay"]) for g in opt.param_groups} == {
-        "muon": (1e-3, 0.1), "adam": (3e-4, 0.0)}
+        "muon": (1e-3, 0.1),
+        "adam": (3e-4, 0.0),
+    }
     m.no_weight_decay = lambda: {"gate_weight"}  # a typo must not silently decay the gate
     with pytest.raises(ValueError, match="gate_weight"):
         param_groups(m)
@@ -141,8 +157,10 @@ def test_simple_muon_matches_torch_muon():
     w0 = torch.randn(24, 12, generator=gen)
     grads = [torch.randn(24, 12, generator=gen) for _ in range(4)]
     params = [nn.Parameter(w0.clone()), nn.Parameter(w0.clone())]
-    opts = [torch.optim.Muon([params[0]], lr=1e-2, weight_decay=0.1, adjust_lr_fn="match_rms_adamw"),
-            SimpleMuon([params[1]], lr=1e-2, weight_decay=0.1)]
+    opts = [
+        torch.optim.Muon([params[0]], lr=1e-2, weight_decay=0.1, adjust_lr_fn="match_rms_adamw"),
+        SimpleMuon([params[1]], lr=1e-2, weight_decay=0.1),
+    ]
     for g in grads:
         for p, o in zip(params, opts):
             p.grad = g.clone()
@@ -163,8 +181,13 @@ def test_lm_loss_and_z_loss():
 
 
 def test_checkpoint_tree_roundtrip():
-    tree = {"state": {0: {"step": torch.tensor(3.0), "buf": torch.randn(2, 2)}}, "groups": [{"betas": (0.9, 0.95)}],
-            "py": (3, (1, 2), None), "np": np.arange(5, dtype=np.uint32), "x": float("inf")}
+    tree = {
+        "state": {0: {"step": torch.tensor(3.0), "buf": torch.randn(2, 2)}},
+        "groups": [{"betas": (0.9, 0.95)}],
+        "py": (3, (1, 2), None),
+        "np": np.arange(5, dtype=np.uint32),
+        "x": float("inf"),
+    }
     tensors = {}
     back = unflatten(json.loads(json.dumps(flatten(tree, tensors))), tensors)
     assert set(back["state"]) == {0} and torch.equal(back["state"][0]["buf"], tree["state"][0]["buf"])
@@ -176,10 +199,12 @@ def test_checkpoint_tree_roundtrip():
 
 # ---- the loop --------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_few_steps_lower_the_loss(tmp_path, optimizer):
-    c = cfg(steps=25, batch_size=8, lr=1e-2, optimizer=optimizer, muon_lr=2e-2, log_every=5, eval_every=10,
-            ckpt_every=0)
+    c = cfg(
+        steps=25, batch_size=8, lr=1e-2, optimizer=optimizer, muon_lr=2e-2, log_every=5, eval_every=10, ckpt_every=0
+    )
     ev = eval_windows()
     before = evaluate(tiny_model(), ev)
     final = train(tiny_model(), TinySampler(), c, tmp_path, eval_batches=ev, progress=False)
@@ -305,6 +330,7 @@ def test_snapshots_keep_the_model_along_training_and_survive_a_resume(tmp_path):
 
 def test_short_runs_cap_warmup_and_log_often():
     from probe.train.trainer import capped_warmup, log_interval
+
     assert capped_warmup(100, 30) == 3 and capped_warmup(100, 5) == 0 and capped_warmup(10, 30) == 10
     assert log_interval(10, 30) == 1 and log_interval(10, 200) == 4 and log_interval(10, 10_000) == 10
 
@@ -375,8 +401,14 @@ def test_read_metrics_and_training_curves_of_paired_runs(tmp_path):
 
     frames = {}
     for variant in ("baseline", "sink+proj"):
-        train(tiny_model(variant=variant), TinySampler(), cfg(steps=4, eval_every=2), tmp_path / variant,
-              eval_batches=eval_windows(1), progress=False)
+        train(
+            tiny_model(variant=variant),
+            TinySampler(),
+            cfg(steps=4, eval_every=2),
+            tmp_path / variant,
+            eval_batches=eval_windows(1),
+            progress=False,
+        )
         frames[variant] = metrics_frame(tmp_path / variant)
     df = frames["baseline"]
     assert df["step"].tolist() == [0, 1, 2, 3, 4]
@@ -396,7 +428,7 @@ def test_bf16_autocast_keeps_gates_and_sinks_in_fp32(variant, tmp_path):
     """Under bf16 autocast (the trainer's amp on GPU; 'bf16' forces it here) the projections run in bf16 while sink
     logits and value gates stay fp32, and training with amp='bf16' keeps a finite loss."""
     model = tiny_model(variant=variant)
-    ids = CORPUS[:2 * CTX].view(2, CTX)
+    ids = CORPUS[: 2 * CTX].view(2, CTX)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _, cache = model.run_with_cache(ids, names_filter=lambda n: n.startswith("blocks.0.attn."))
     assert cache["blocks.0.attn.hook_q"].dtype == torch.bfloat16

@@ -1,4 +1,5 @@
 """Every shipped zoo checkpoint loads by name and reproduces its recorded validation loss on its recorded batches."""
+
 import json
 
 import pytest
@@ -45,32 +46,76 @@ def test_zoo_trainer_runs_variants_in_parallel_and_records_what_it_did(tmp_path)
         "    open(os.environ['FAKE_DATASETS_CALLS'], 'a').write(json.dumps([args, kwargs]) + '\\n')\n"
         "    words = open(os.environ['FAKE_DATASETS_TEXT']).read().split()\n"
         "    return iter({'text': ' '.join(words[i:i + 400])} for i in range(0, len(words), 400))\n"
-        "datasets.load_dataset = load_dataset\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]),
-           "HF_HUB_OFFLINE": "1", "FAKE_DATASETS_CALLS": str(calls),
-           "FAKE_DATASETS_TEXT": str(CORPUS_DIR / "shakespeare.txt")}
-    cmd = [sys.executable, "-m", "probe.train.zoo", "--variants", "baseline", "sink+proj", "--steps", "2",
-           "--data", "hf:fineweb-edu:60", "--batch-size", "2", "--warmup", "1", "--jobs", "2", "--snapshot-every",
-           "1", "--work", str(work), "--zoo-dir", str(zoo)]
+        "datasets.load_dataset = load_dataset\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]),
+        "HF_HUB_OFFLINE": "1",
+        "FAKE_DATASETS_CALLS": str(calls),
+        "FAKE_DATASETS_TEXT": str(CORPUS_DIR / "shakespeare.txt"),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "probe.train.zoo",
+        "--variants",
+        "baseline",
+        "sink+proj",
+        "--steps",
+        "2",
+        "--data",
+        "hf:fineweb-edu:60",
+        "--batch-size",
+        "2",
+        "--warmup",
+        "1",
+        "--jobs",
+        "2",
+        "--snapshot-every",
+        "1",
+        "--work",
+        str(work),
+        "--zoo-dir",
+        str(zoo),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "baseline: done" in r.stdout and "sink+proj: done" in r.stdout
     assert len(calls.read_text().splitlines()) == 1  # the parent fetched it; the children read work/corpus.jsonl.gz
     for v in ("baseline", "sink+proj"):
         record = json.loads((zoo / f"tiny-{v}" / "zoo.json").read_text())
-        assert record["command"] == (f"python -m probe.train.zoo --variants {v} --steps 2 --data hf:fineweb-edu:60 "
-                                     "--batch-size 2 --warmup 1")
+        assert record["command"] == (
+            f"python -m probe.train.zoo --variants {v} --steps 2 --data hf:fineweb-edu:60 --batch-size 2 --warmup 1"
+        )
         assert record["recipe"]["data"] == "hf:fineweb-edu:60"
         assert record["recipe"]["batch_size"] == 2 and record["train_metrics"]["step"] == 2
         model = probe.load(zoo / f"tiny-{v}")
-        assert evaluate(model, zoo_eval_batches(model.tokenizer, record["eval"])) == pytest.approx(record["val_loss"],
-                                                                                                 abs=1e-4)
+        assert evaluate(model, zoo_eval_batches(model.tokenizer, record["eval"])) == pytest.approx(
+            record["val_loss"], abs=1e-4
+        )
         assert sorted(p.name for p in (work / v / "snapshots").iterdir()) == ["step0", "step1", "step2"]
-    r = subprocess.run([sys.executable, "-m", "probe.train.zoo", "--variants", "nope", "--zoo-dir", str(zoo)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "probe.train.zoo", "--variants", "nope", "--zoo-dir", str(zoo)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "'nope'" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "probe.train.zoo", "--data", str(tmp_path / "missing.txt"), "--jobs", "2",
-                        "--zoo-dir", str(zoo)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "probe.train.zoo",
+            "--data",
+            str(tmp_path / "missing.txt"),
+            "--jobs",
+            "2",
+            "--zoo-dir",
+            str(zoo),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "--data" in r.stderr and "missing.txt" in r.stderr
     assert not (zoo / "tiny-mudd").exists()
 

@@ -3,6 +3,7 @@
 ``adapt(hf_model, tokenizer, name)`` picks the adapter by ``config.model_type`` and hooks the model in place;
 ``probe.checkpoints.wrap(obj)`` does the same on a structural copy of a user's model (TransformerBridge, nnsight, HF).
 """
+
 from __future__ import annotations
 
 from probe.checkpoints.adapters.gemma import GemmaAdapter
@@ -18,8 +19,9 @@ def adapter_for(model_type: str):
     try:
         return SUPPORTED_MODEL_TYPES[model_type]
     except KeyError:
-        raise ValueError(f"no probe adapter for model_type {model_type!r}; supported: "
-                         f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}") from None
+        raise ValueError(
+            f"no probe adapter for model_type {model_type!r}; supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
+        ) from None
 
 
 def adapt(hf_model, tokenizer=None, name: str | None = None):
@@ -27,5 +29,13 @@ def adapt(hf_model, tokenizer=None, name: str | None = None):
     return adapter_for(hf_model.config.model_type)(hf_model, tokenizer=tokenizer, name=name)
 
 
-__all__ = ["adapt", "adapter_for", "ADAPTERS", "SUPPORTED_MODEL_TYPES", "GPTNeoXAdapter", "GptOssAdapter",
-           "LlamaAdapter", "GemmaAdapter"]
+__all__ = [
+    "adapt",
+    "adapter_for",
+    "ADAPTERS",
+    "SUPPORTED_MODEL_TYPES",
+    "GPTNeoXAdapter",
+    "GptOssAdapter",
+    "LlamaAdapter",
+    "GemmaAdapter",
+]

@@ -12,6 +12,7 @@ as probe's shared attention function with that cap inside ``hook_pattern``, exac
 pattern hook computes the capped attention in query blocks (no T x T tensor, docs/definitions.md#long-context). The
 final-logit soft-cap stays in HF's LM head.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,9 @@ def sandwich_layer_forward(layer, hooks, hidden_states, **kwargs):
     return hooks.hook_resid_post(mid + mlp_out)
 
 
-def softcap_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
-                      sliding_window=None, **kwargs):
+def softcap_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, sliding_window=None, **kwargs
+):
     """probe's attention function with Gemma 2's attention-logit soft-cap; without a cap it is probe_attention.
 
     SDPA cannot soft-cap, so the capped scores are explicit: the whole pattern when it is materialised (a hook asks,
@@ -41,8 +43,17 @@ def softcap_attention(module, query, key, value, attention_mask, scaling=None, d
     order: q, k, v, v_out, pattern, phantom (zeros: no sink), z.
     """
     if softcap is None:
-        return _attn.probe_attention(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                     sliding_window=sliding_window, **kwargs)
+        return _attn.probe_attention(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=scaling,
+            dropout=dropout,
+            sliding_window=sliding_window,
+            **kwargs,
+        )
     site = module.__dict__.get(_attn.SITE_KEY)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     query, key, value = _attn.fire_qkv(site, query, key, value)
@@ -110,9 +121,12 @@ class GemmaAdapter(HookedHF):
 
     def describe(self, config, name):
         text = self._text_config(config)
-        extra = {"attn_scale": text.query_pre_attn_scalar ** -0.5,
-                 "attn_logit_softcap": text.attn_logit_softcapping,
-                 "final_logit_softcap": text.final_logit_softcapping,
-                 "qk_norm": text.model_type != "gemma2", "sandwich_norms": True,
-                 "model_type": config.model_type}
+        extra = {
+            "attn_scale": text.query_pre_attn_scalar**-0.5,
+            "attn_logit_softcap": text.attn_logit_softcapping,
+            "final_logit_softcap": text.final_logit_softcapping,
+            "qk_norm": text.model_type != "gemma2",
+            "sandwich_norms": True,
+            "model_type": config.model_type,
+        }
         return base_info(text, name, self.family, extra=extra)

@@ -9,6 +9,7 @@ reads LayerNorm(resid_pre), not resid_mid, so editing resid_mid changes resid_po
 MLP's input. When resid_mid is not hooked the layer sums mlp_out + attn_out + resid_pre in HF's order (bit-exact).
 With ``use_parallel_residual=False`` the layer is sequential and resid_mid is what the MLP reads.
 """
+
 from __future__ import annotations
 
 from probe.checkpoints.hooked_hf import HookedHF, base_info
@@ -50,6 +51,10 @@ class GPTNeoXAdapter(HookedHF):
         d_head = config.hidden_size // config.num_attention_heads
         rope = getattr(config, "rope_parameters", None) or {}
         pct = rope.get("partial_rotary_factor", getattr(config, "rotary_pct", 1.0))
-        return base_info(config, name, self.family, d_head=d_head,
-                         extra={"rotary_dims": int(d_head * pct),
-                                "parallel_residual": bool(config.use_parallel_residual)})
+        return base_info(
+            config,
+            name,
+            self.family,
+            d_head=d_head,
+            extra={"rotary_dims": int(d_head * pct), "parallel_residual": bool(config.use_parallel_residual)},
+        )

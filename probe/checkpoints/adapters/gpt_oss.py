@@ -5,6 +5,7 @@ HF eager attention appends the sink as an extra logit column, softmaxes, and dro
 weights sum to 1 − phantom. The adapter does the same: ``hook_pattern`` is the real-key part, ``hook_phantom`` the
 sink column's probability (= exp(sink − lse) with lse over real keys and sink), ``hook_sink_logit`` the (H,) sinks.
 """
+
 from __future__ import annotations
 
 from probe.checkpoints.adapters.llama import sequential_layer_forward
@@ -19,6 +20,10 @@ class GptOssAdapter(HookedHF):
     layer_forward = staticmethod(sequential_layer_forward)
 
     def describe(self, config, name):
-        return base_info(config, name, self.family, has_phantom=True,
-                         extra={"n_experts": config.num_local_experts,
-                                "experts_per_token": config.num_experts_per_tok})
+        return base_info(
+            config,
+            name,
+            self.family,
+            has_phantom=True,
+            extra={"n_experts": config.num_local_experts, "experts_per_token": config.num_experts_per_tok},
+        )

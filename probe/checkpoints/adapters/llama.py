@@ -3,6 +3,7 @@
 Layer: resid_pre → input_layernorm → self_attn → resid_mid = resid_pre + attn_out → post_attention_layernorm →
 mlp → resid_post = resid_mid + mlp_out (HF's own order of operations, so the unedited forward matches HF exactly).
 """
+
 from __future__ import annotations
 
 from probe.checkpoints.hooked_hf import HookedHF, base_info

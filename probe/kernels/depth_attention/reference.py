@@ -7,6 +7,7 @@
 
 Sources are taken as lists (never stacked for the values); only the r-wide keys are scored one by one.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,9 @@ def check_sources(values, keys, query, bias=None) -> None:
     shape, r = values[0].shape[:-1], query.shape[-1]
     for v, k in zip(values, keys):
         if v.shape != values[0].shape or k.shape[:-1] != shape or k.shape[-1] != r:
-            raise ValueError(f"sources must be (B,T,d) values and (B,T,{r}) keys, "
-                             f"got {tuple(v.shape)}, {tuple(k.shape)}")
+            raise ValueError(
+                f"sources must be (B,T,d) values and (B,T,{r}) keys, got {tuple(v.shape)}, {tuple(k.shape)}"
+            )
     if bias is not None and bias.shape != (len(values),):
         raise ValueError(f"bias must have shape ({len(values)},), got {tuple(bias.shape)}")
 
@@ -38,8 +40,9 @@ def check_sources(values, keys, query, bias=None) -> None:
 def depth_scores(keys, query, bias=None, normalize=True, eps=1e-6) -> torch.Tensor:
     """(B, T, S) fp32 logits of the S sources."""
     qf = wide(query)  # (r,)
-    scores = torch.stack([(rms_normalize(k, eps) if normalize else wide(k)) @ qf.to(wide(k).dtype)
-                          for k in keys], -1)  # (B, T, S)
+    scores = torch.stack(
+        [(rms_normalize(k, eps) if normalize else wide(k)) @ qf.to(wide(k).dtype) for k in keys], -1
+    )  # (B, T, S)
     return scores if bias is None else scores + wide(bias)
 
 

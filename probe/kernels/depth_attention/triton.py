@@ -16,6 +16,7 @@ dquery and dbias are reduced per program into small (n_blocks, r) / (n_blocks, S
 Rows per program, the d slice and warps come from probe.kernels.launch.launch_config, chosen before anything runs
 (``depth_configs``); NoLaunchConfig when nothing fits, and the dispatch takes the torch loop.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,23 @@ from probe.kernels.launch import KB, NoLaunchConfig, device_limits, launch_confi
 
 
 @triton.jit
-def _key_scores(KPTR, KSTR, K0, i, q, boffs, toffs, rmask, r_off, r_mask, R, eps, BIAS,
-                NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr):
+def _key_scores(
+    KPTR,
+    KSTR,
+    K0,
+    i,
+    q,
+    boffs,
+    toffs,
+    rmask,
+    r_off,
+    r_mask,
+    R,
+    eps,
+    BIAS,
+    NORMALIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
     """Source i's keys of these rows: (k (T_, R) fp32, rstd (T_,), score (T_,))."""
     kp = tl.load(KPTR + i).to(K0.dtype)
     k_row = boffs * tl.load(KSTR + 2 * i) + toffs * tl.load(KSTR + 2 * i + 1)  # (T_,) int64
@@ -43,9 +59,29 @@ def _key_scores(KPTR, KSTR, K0, i, q, boffs, toffs, rmask, r_off, r_mask, R, eps
 
 
 @triton.jit
-def _depth_fwd_kernel(VPTR, VSTR, V0, KPTR, KSTR, K0, QUERY, BIAS, H, LSE, S, N, T, D, R, eps,
-                      NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+def _depth_fwd_kernel(
+    VPTR,
+    VSTR,
+    V0,
+    KPTR,
+    KSTR,
+    K0,
+    QUERY,
+    BIAS,
+    H,
+    LSE,
+    S,
+    N,
+    T,
+    D,
+    R,
+    eps,
+    NORMALIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
     pid_t, pid_d = tl.program_id(0), tl.program_id(1)
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < N
@@ -59,8 +95,9 @@ def _depth_fwd_kernel(VPTR, VSTR, V0, KPTR, KSTR, K0, QUERY, BIAS, H, LSE, S, N,
     l = tl.zeros([BLOCK_T], tl.float32)
     acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
     for i in range(S):
-        _, _, s = _key_scores(KPTR, KSTR, K0, i, q, boffs, toffs, rmask, r_off, r_mask, R, eps, BIAS,
-                              NORMALIZE, HAS_BIAS)
+        _, _, s = _key_scores(
+            KPTR, KSTR, K0, i, q, boffs, toffs, rmask, r_off, r_mask, R, eps, BIAS, NORMALIZE, HAS_BIAS
+        )
         m_new = tl.maximum(m, s)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha, p = tl.exp(m - m_safe), tl.exp(s - m_safe)
@@ -70,17 +107,46 @@ def _depth_fwd_kernel(VPTR, VSTR, V0, KPTR, KSTR, K0, QUERY, BIAS, H, LSE, S, N,
         acc = acc * alpha[:, None] + p[:, None] * v.to(tl.float32)
         l = l * alpha + p
         m = m_new
-    tl.store(H + rows[:, None].to(tl.int64) * D + d_off[None, :], (acc / l[:, None]).to(H.dtype.element_ty),
-             mask=rmask[:, None] & d_mask[None, :])
+    tl.store(
+        H + rows[:, None].to(tl.int64) * D + d_off[None, :],
+        (acc / l[:, None]).to(H.dtype.element_ty),
+        mask=rmask[:, None] & d_mask[None, :],
+    )
     if pid_d == 0:
         tl.store(LSE + rows, m + tl.log(l), mask=rmask)
 
 
 @triton.jit
-def _depth_bwd_kernel(VPTR, VSTR, V0, KPTR, KSTR, K0, QUERY, BIAS, DH, LSE, DELTA, DVPTR, DV0, DKPTR, DK0,
-                      DQ_PART, DB_PART, S, N, T, D, R, eps,
-                      NORMALIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+def _depth_bwd_kernel(
+    VPTR,
+    VSTR,
+    V0,
+    KPTR,
+    KSTR,
+    K0,
+    QUERY,
+    BIAS,
+    DH,
+    LSE,
+    DELTA,
+    DVPTR,
+    DV0,
+    DKPTR,
+    DK0,
+    DQ_PART,
+    DB_PART,
+    S,
+    N,
+    T,
+    D,
+    R,
+    eps,
+    NORMALIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
     pid = tl.program_id(0)
     rows = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < N
@@ -93,8 +159,9 @@ def _depth_bwd_kernel(VPTR, VSTR, V0, KPTR, KSTR, K0, QUERY, BIAS, DH, LSE, DELT
     delta = tl.load(DELTA + rows, mask=rmask, other=0.0)
     dq = tl.zeros([BLOCK_T, BLOCK_R], tl.float32)
     for i in range(S):
-        k, rstd, s = _key_scores(KPTR, KSTR, K0, i, q, boffs, toffs, rmask, r_off, r_mask, R, eps, BIAS,
-                                 NORMALIZE, HAS_BIAS)
+        k, rstd, s = _key_scores(
+            KPTR, KSTR, K0, i, q, boffs, toffs, rmask, r_off, r_mask, R, eps, BIAS, NORMALIZE, HAS_BIAS
+        )
         alpha = tl.exp(s - lse)  # (T_,), 0 on padding rows
         vp = tl.load(VPTR + i).to(V0.dtype)
         v_row = boffs * tl.load(VSTR + 2 * i) + toffs * tl.load(VSTR + 2 * i + 1)
@@ -106,8 +173,9 @@ def _depth_bwd_kernel(VPTR, VSTR, V0, KPTR, KSTR, K0, QUERY, BIAS, DH, LSE, DELT
             dh = tl.load(DH + rows64[:, None] * D + d_off[None, :], mask=msk, other=0.0).to(tl.float32)
             v = tl.load(vp + v_row[:, None] + d_off[None, :], mask=msk, other=0.0).to(tl.float32)
             dalpha += tl.sum(dh * v, 1)
-            tl.store(dvp + rows64[:, None] * D + d_off[None, :], (alpha[:, None] * dh).to(DV0.dtype.element_ty),
-                     mask=msk)
+            tl.store(
+                dvp + rows64[:, None] * D + d_off[None, :], (alpha[:, None] * dh).to(DV0.dtype.element_ty), mask=msk
+            )
         ds = tl.where(rmask, alpha * (dalpha - delta), 0.0)  # (T_,)  d loss / d score_i
         kbar = k * rstd[:, None]  # (T_, R)
         dq += ds[:, None] * kbar
@@ -116,8 +184,11 @@ def _depth_bwd_kernel(VPTR, VSTR, V0, KPTR, KSTR, K0, QUERY, BIAS, DH, LSE, DELT
         if NORMALIZE:
             dk = rstd[:, None] * (dkbar - kbar * (tl.sum(dkbar * kbar, 1) / R)[:, None])
         dkp = tl.load(DKPTR + i).to(DK0.dtype)  # contiguous (B, T, r)
-        tl.store(dkp + rows64[:, None] * R + r_off[None, :], dk.to(DK0.dtype.element_ty),
-                 mask=rmask[:, None] & r_mask[None, :])
+        tl.store(
+            dkp + rows64[:, None] * R + r_off[None, :],
+            dk.to(DK0.dtype.element_ty),
+            mask=rmask[:, None] & r_mask[None, :],
+        )
         if HAS_BIAS:
             tl.store(DB_PART + pid * S + i, tl.sum(ds, 0))
     tl.store(DQ_PART + pid * R + r_off, tl.sum(dq, 0), mask=r_mask)
@@ -131,9 +202,11 @@ def depth_configs(value: torch.Tensor, r: int, backward: bool) -> dict:
     for op in ("depth_forward", "depth_backward") if backward else ("depth_forward",):
         cfg = launch_config(op, value.dtype, limits, d=value.shape[-1], r=r)
         if cfg is None:
-            raise NoLaunchConfig(f"no Triton launch of {op} fits {limits.name}'s {limits.shared_bytes // KB} KB of "
-                                 f"shared memory per block for sources {tuple(value.shape)} "
-                                 f"{str(value.dtype).removeprefix('torch.')} with keys of width {r}")
+            raise NoLaunchConfig(
+                f"no Triton launch of {op} fits {limits.name}'s {limits.shared_bytes // KB} KB of "
+                f"shared memory per block for sources {tuple(value.shape)} "
+                f"{str(value.dtype).removeprefix('torch.')} with keys of width {r}"
+            )
         configs[op] = cfg
     return configs
 
@@ -161,8 +234,27 @@ class DepthAttentionFunction(torch.autograd.Function):
         (vptr, vstr), (kptr, kstr) = _tables(values), _tables(keys)
         cfg = configs["depth_forward"]
         _depth_fwd_kernel[(triton.cdiv(N, cfg.block_t), triton.cdiv(D, cfg.block_d))](
-            vptr, vstr, values[0], kptr, kstr, keys[0], query, bias if bias is not None else lse, h, lse,
-            S, N, T, D, R, eps, NORMALIZE=normalize, HAS_BIAS=bias is not None, **cfg.constexprs(), **cfg.options())
+            vptr,
+            vstr,
+            values[0],
+            kptr,
+            kstr,
+            keys[0],
+            query,
+            bias if bias is not None else lse,
+            h,
+            lse,
+            S,
+            N,
+            T,
+            D,
+            R,
+            eps,
+            NORMALIZE=normalize,
+            HAS_BIAS=bias is not None,
+            **cfg.constexprs(),
+            **cfg.options(),
+        )
         ctx.save_for_backward(query, bias, h, lse, *values, *keys)
         ctx.normalize, ctx.eps, ctx.S, ctx.configs = normalize, eps, S, configs  # backward may run on another thread
         return h, lse
@@ -187,9 +279,34 @@ class DepthAttentionFunction(torch.autograd.Function):
         (vptr, vstr), (kptr, kstr) = _tables(values), _tables(keys)
         dvptr, dkptr = _tables(dvalues)[0], _tables(dkeys)[0]
         _depth_bwd_kernel[(n_blocks,)](
-            vptr, vstr, values[0], kptr, kstr, keys[0], query, bias if bias is not None else lse, dh, lse,
-            delta.contiguous(), dvptr, dvalues[0], dkptr, dkeys[0], dq_part, db_part, S, N, T, D, R, ctx.eps,
-            NORMALIZE=ctx.normalize, HAS_BIAS=bias is not None, **cfg.constexprs(), **cfg.options())
+            vptr,
+            vstr,
+            values[0],
+            kptr,
+            kstr,
+            keys[0],
+            query,
+            bias if bias is not None else lse,
+            dh,
+            lse,
+            delta.contiguous(),
+            dvptr,
+            dvalues[0],
+            dkptr,
+            dkeys[0],
+            dq_part,
+            db_part,
+            S,
+            N,
+            T,
+            D,
+            R,
+            ctx.eps,
+            NORMALIZE=ctx.normalize,
+            HAS_BIAS=bias is not None,
+            **cfg.constexprs(),
+            **cfg.options(),
+        )
         dquery = dq_part.sum(0).to(query.dtype)
         dbias = db_part.sum(0).to(bias.dtype) if bias is not None else None
         return (dquery, dbias, None, None, None, None, *dvalues, *dkeys)
@@ -202,8 +319,8 @@ def depth_attention_triton(values, keys, query, *, bias=None, normalize=True, ep
     if any(v.dtype != values[0].dtype for v in values) or any(k.dtype != keys[0].dtype for k in keys):
         raise ValueError("depth_attention (triton): all values must share one dtype, and all keys one dtype")
     bias = None if bias is None else bias.contiguous()
-    backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                               for t in (query, bias, *values, *keys))
+    backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, bias, *values, *keys))
     configs = depth_configs(values[0], keys[0].shape[-1], backward)
-    return DepthAttentionFunction.apply(query.contiguous(), bias, bool(normalize), float(eps), len(values), configs,
-                                        *values, *keys)
+    return DepthAttentionFunction.apply(
+        query.contiguous(), bias, bool(normalize), float(eps), len(values), configs, *values, *keys
+    )

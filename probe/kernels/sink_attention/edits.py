@@ -16,6 +16,7 @@ runs, and nothing T x T is built for it:
 ``armed()`` is the scope: it refuses to end with an edit left untaken (an op that never ran through
 sink_attention, e.g. a materialised pattern, would otherwise pass the edit on to the next layer).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -75,8 +76,10 @@ def armed():
         _state.depth -= 1
         left = take()
         if left is not None and not failed:
-            raise RuntimeError(f"an attention edit ({left}) was armed but no probe.kernels.sink_attention call took "
-                               "it (a pattern materialised outside the op?)")
+            raise RuntimeError(
+                f"an attention edit ({left}) was armed but no probe.kernels.sink_attention call took "
+                "it (a pattern materialised outside the op?)"
+            )
 
 
 def knockout_bias(key_bias: torch.Tensor | None, B: int, Hkv: int, Tk: int, kv_heads, device) -> torch.Tensor:

@@ -14,6 +14,7 @@ Materialises the (B, H, Tq, Tk) pattern: this is what tests compare against, wha
 HF adapters' attention function uses when a pattern is asked for (``attention_probs``: one implementation of the
 phantom key for custom models and checkpoints alike). Queries are the last Tq of the Tk positions (Tq < Tk: a cache).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,9 @@ import torch
 from probe.kernels.depth_attention.reference import wide  # fp32, or fp64 for fp64 inputs
 
 
-def visible_mask(Tq: int, window: int | None, device=None, Tk: int | None = None, keep: int | None = None
-                 ) -> torch.Tensor:
+def visible_mask(
+    Tq: int, window: int | None, device=None, Tk: int | None = None, keep: int | None = None
+) -> torch.Tensor:
     """(Tq, Tk) bool, True where key j is visible to query i (queries are the last Tq positions):
     j <= i' and (i' - window < j or j < keep) with i' = i + Tk - Tq (window=None: j <= i'). ``keep``: the kept-first-
     keys rule (StreamingLLM's window with its first keys kept, docs/definitions.md#window-eviction)."""
@@ -80,11 +82,24 @@ def apply_pattern(pattern: torch.Tensor, v: torch.Tensor, dtype=None) -> torch.T
     return (wide(pattern) @ vf).transpose(1, 2).to(dtype or v.dtype)
 
 
-def sink_attention_reference(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None,
-                             softcap=None, keep=None, return_pattern=False):
+def sink_attention_reference(
+    q,
+    k,
+    v,
+    *,
+    sink=None,
+    key_bias=None,
+    mask=None,
+    window=None,
+    scale=None,
+    softcap=None,
+    keep=None,
+    return_pattern=False,
+):
     """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> (out (B,Tq,H,dv) q.dtype, lse (B,H,Tq), pattern, phantom)."""
-    pattern, phantom, lse = attention_probs(q, k, sink=sink, key_bias=key_bias, mask=mask, window=window,
-                                            scale=scale, softcap=softcap, keep=keep)
+    pattern, phantom, lse = attention_probs(
+        q, k, sink=sink, key_bias=key_bias, mask=mask, window=window, scale=scale, softcap=softcap, keep=keep
+    )
     out = apply_pattern(pattern, v, q.dtype)
     if not return_pattern:
         return out, lse, None, None

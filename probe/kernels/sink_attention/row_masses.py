@@ -11,6 +11,7 @@ the T x T reference. The fused flash op computes the scores itself, so it cannot
 (s -> softcap * tanh(s / softcap), on scale * q.k only, before key_bias and the sink, as in reference.py): a
 soft-capped call goes to the chunked path or the Triton kernel (probe.kernels.dispatch).
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,16 @@ def _fold_sink(lse, masses, sink):
 
 
 def row_masses_reference(q, k, indicators, *, sink=None, key_bias=None, window=None, scale=None, softcap=None):
-    out, lse, _, _ = sink_attention_reference(q.float(), k.float(), indicators.float(), sink=sink,
-                                              key_bias=key_bias, window=window, scale=scale, softcap=softcap)
+    out, lse, _, _ = sink_attention_reference(
+        q.float(),
+        k.float(),
+        indicators.float(),
+        sink=sink,
+        key_bias=key_bias,
+        window=window,
+        scale=scale,
+        softcap=softcap,
+    )
     return lse, out.transpose(1, 2)  # (B, H, T), (B, H, T, m)
 
 
@@ -83,6 +92,7 @@ def row_masses_triton(q, k, indicators, *, sink=None, key_bias=None, window=None
     config = attention_configs(q, ind, backward=False)["sink_forward"]
     sink = None if sink is None else sink.float().contiguous()
     key_bias = None if key_bias is None else key_bias.float().contiguous()
-    out, lse = sink_attention_forward(q, k.to(q.dtype), ind, sink, key_bias, window, scale, out_dtype=torch.float32,
-                                      softcap=softcap, config=config)
+    out, lse = sink_attention_forward(
+        q, k.to(q.dtype), ind, sink, key_bias, window, scale, out_dtype=torch.float32, softcap=softcap, config=config
+    )
     return lse, out.transpose(1, 2)

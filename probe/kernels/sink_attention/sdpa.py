@@ -17,6 +17,7 @@ kernel needs (otherwise SDPA falls back to the slow math path).
 Everything stays differentiable w.r.t. q, k, v, sink and key_bias (and so w.r.t. whatever computed them: value gates).
 Precision: the extra coordinates are in q.dtype (exact enough in fp32; rounded in bf16 — use Triton on GPU).
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,9 @@ def fused_sdpa(q, k, v, *, is_causal, mask, scale):
     """q (B,H,Tq,D), k/v (B,Hkv,Tk,D) -> (out (B,H,Tq,D), lse (B,H,Tq) or None). GQA handled by the kernel."""
     if q.device.type == "cpu" and _cpu_flash is not None:
         return _cpu_flash(q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                         enable_gqa=q.shape[1] != k.shape[1])
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
     return out, None
 
 
@@ -67,7 +69,8 @@ class _CausalSinkFlashCPU(torch.autograd.Function):
         q, k, v, y, lse_all, sink = ctx.saved_tensors
         dy = dy.contiguous()
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dy, q, k, v, y, lse_all, 0.0, True, scale=ctx.scale)
+            dy, q, k, v, y, lse_all, 0.0, True, scale=ctx.scale
+        )
         p_phantom = torch.exp(sink.to(lse_all.dtype)[None, :, None] - lse_all)  # (B, H, T)
         dsink = -(p_phantom * (dy.float() * y.float()).sum(-1)).sum((0, 2))
         return dq, dk, dv, dsink.to(sink.dtype), None

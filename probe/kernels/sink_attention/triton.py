@@ -18,6 +18,7 @@ Tiles, warps and stages come from probe.kernels.launch.launch_config for the dev
 call before anything runs (``attention_configs``); when nothing fits it raises NoLaunchConfig and the dispatch takes
 the torch path.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,9 +31,23 @@ from probe.kernels.launch import KB, NoLaunchConfig, device_limits, launch_confi
 
 
 @triton.jit
-def _scores(q, k, bias_ptr, rows, cols, T, WINDOW, KEEP, scale, CAP,
-            HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_CAP: tl.constexpr,
-            PREC: tl.constexpr):
+def _scores(
+    q,
+    k,
+    bias_ptr,
+    rows,
+    cols,
+    T,
+    WINDOW,
+    KEEP,
+    scale,
+    CAP,
+    HAS_BIAS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """(BLOCK_M, BLOCK_N) logits cap(scale q.k) + bias, -inf where key col is not visible to query row."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
     if HAS_CAP:  # CAP tanh(s / CAP), as 2 sigmoid(2x) - 1: tl has no tanh (libdevice's is CUDA-only)
@@ -81,9 +96,34 @@ def _kept_end(lo, KEEP, HAS_KEEP: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _fwd_block(q, K, V, BIAS, rows, start_n, d_h, d_v, m_i, l_i, acc, sk_t, sv_t, T, WINDOW, KEEP, scale, CAP, DH, DV,
-               HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_CAP: tl.constexpr,
-               PREC: tl.constexpr, BLOCK_N: tl.constexpr):
+def _fwd_block(
+    q,
+    K,
+    V,
+    BIAS,
+    rows,
+    start_n,
+    d_h,
+    d_v,
+    m_i,
+    l_i,
+    acc,
+    sk_t,
+    sv_t,
+    T,
+    WINDOW,
+    KEEP,
+    scale,
+    CAP,
+    DH,
+    DV,
+    HAS_BIAS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    PREC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """One key block of the online softmax: (m_i, l_i, acc) updated with keys start_n .. start_n + BLOCK_N - 1."""
     cols = start_n + tl.arange(0, BLOCK_N)
     k = _tile(K, cols, d_h, sk_t, T, DH)  # (N, DH)
@@ -99,9 +139,33 @@ def _fwd_block(q, K, V, BIAS, rows, start_n, d_h, d_v, m_i, l_i, acc, sk_t, sv_t
 
 
 @triton.jit
-def _dq_block(q, do, K, V, BIAS, rows, start_n, d_h, d_v, lse, delta, dq, sk_t, sv_t, T, WINDOW, KEEP, scale, DH, DV,
-              HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_KEEP: tl.constexpr, PREC: tl.constexpr,
-              BLOCK_N: tl.constexpr):
+def _dq_block(
+    q,
+    do,
+    K,
+    V,
+    BIAS,
+    rows,
+    start_n,
+    d_h,
+    d_v,
+    lse,
+    delta,
+    dq,
+    sk_t,
+    sv_t,
+    T,
+    WINDOW,
+    KEEP,
+    scale,
+    DH,
+    DV,
+    HAS_BIAS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+    PREC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """One key block's contribution to dq (unscaled)."""
     cols = start_n + tl.arange(0, BLOCK_N)
     k = _tile(K, cols, d_h, sk_t, T, DH)
@@ -114,12 +178,48 @@ def _dq_block(q, do, K, V, BIAS, rows, start_n, d_h, d_v, lse, delta, dq, sk_t, 
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, SINK, BIAS, O, LSE,
-                sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, so_b, so_t, so_h, sb_b, sb_h,
-                T, H, G, WINDOW, KEEP, scale, CAP, DH, DV,
-                HAS_SINK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_KEEP: tl.constexpr,
-                HAS_CAP: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    SINK,
+    BIAS,
+    O,
+    LSE,
+    sq_b,
+    sq_t,
+    sq_h,
+    sk_b,
+    sk_t,
+    sk_h,
+    sv_b,
+    sv_t,
+    sv_h,
+    so_b,
+    so_t,
+    so_h,
+    sb_b,
+    sb_h,
+    T,
+    H,
+    G,
+    WINDOW,
+    KEEP,
+    scale,
+    CAP,
+    DH,
+    DV,
+    HAS_SINK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DH: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h, hk, rows, d_h, d_v = _query_block(pid_m, pid_bh, H, G, BLOCK_M, BLOCK_DH, BLOCK_DV)
     q = _tile(Q + b * sq_b + h * sq_h, rows, d_h, sq_t, T, DH)  # (M, DH)
@@ -134,24 +234,123 @@ def _fwd_kernel(Q, K, V, SINK, BIAS, O, LSE,
     lo, hi = _key_range(pid_m, T, WINDOW, HAS_WINDOW, BLOCK_M, BLOCK_N)
     Kb, Vb, Bb = K + b * sk_b + hk * sk_h, V + b * sv_b + hk * sv_h, BIAS + b * sb_b + hk * sb_h
     for start_n in range(0, _kept_end(lo, KEEP, HAS_KEEP, BLOCK_N), BLOCK_N):  # kept first keys below the window
-        m_i, l_i, acc = _fwd_block(q, Kb, Vb, Bb, rows, start_n, d_h, d_v, m_i, l_i, acc, sk_t, sv_t, T, WINDOW, KEEP,
-                                   scale, CAP, DH, DV, HAS_BIAS, HAS_WINDOW, HAS_KEEP, HAS_CAP, PREC, BLOCK_N)
+        m_i, l_i, acc = _fwd_block(
+            q,
+            Kb,
+            Vb,
+            Bb,
+            rows,
+            start_n,
+            d_h,
+            d_v,
+            m_i,
+            l_i,
+            acc,
+            sk_t,
+            sv_t,
+            T,
+            WINDOW,
+            KEEP,
+            scale,
+            CAP,
+            DH,
+            DV,
+            HAS_BIAS,
+            HAS_WINDOW,
+            HAS_KEEP,
+            HAS_CAP,
+            PREC,
+            BLOCK_N,
+        )
     for start_n in range(lo, hi, BLOCK_N):
-        m_i, l_i, acc = _fwd_block(q, Kb, Vb, Bb, rows, start_n, d_h, d_v, m_i, l_i, acc, sk_t, sv_t, T, WINDOW, KEEP,
-                                   scale, CAP, DH, DV, HAS_BIAS, HAS_WINDOW, HAS_KEEP, HAS_CAP, PREC, BLOCK_N)
+        m_i, l_i, acc = _fwd_block(
+            q,
+            Kb,
+            Vb,
+            Bb,
+            rows,
+            start_n,
+            d_h,
+            d_v,
+            m_i,
+            l_i,
+            acc,
+            sk_t,
+            sv_t,
+            T,
+            WINDOW,
+            KEEP,
+            scale,
+            CAP,
+            DH,
+            DV,
+            HAS_BIAS,
+            HAS_WINDOW,
+            HAS_KEEP,
+            HAS_CAP,
+            PREC,
+            BLOCK_N,
+        )
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # only padding rows past T see nothing
     out = acc / l_i[:, None]
-    tl.store(O + b * so_b + h * so_h + rows[:, None] * so_t + d_v[None, :], out.to(O.dtype.element_ty),
-             mask=(rows[:, None] < T) & (d_v[None, :] < DV))
+    tl.store(
+        O + b * so_b + h * so_h + rows[:, None] * so_t + d_v[None, :],
+        out.to(O.dtype.element_ty),
+        mask=(rows[:, None] < T) & (d_v[None, :] < DV),
+    )
     tl.store(LSE + pid_bh * T + rows, m_i + tl.log(l_i), mask=rows < T)
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, BIAS, DO, LSE, DELTA, DK, DVAL, DBIAS,
-                     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sd_b, sd_t, sd_h, sb_b, sb_h,
-                     sdk_b, sdk_t, sdk_h, sdv_b, sdv_t, sdv_h, T, H, HKV, G, WINDOW, KEEP, scale, DH, DV,
-                     HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_KEEP: tl.constexpr, PREC: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _bwd_dkdv_kernel(
+    Q,
+    K,
+    V,
+    BIAS,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DVAL,
+    DBIAS,
+    sq_b,
+    sq_t,
+    sq_h,
+    sk_b,
+    sk_t,
+    sk_h,
+    sv_b,
+    sv_t,
+    sv_h,
+    sd_b,
+    sd_t,
+    sd_h,
+    sb_b,
+    sb_h,
+    sdk_b,
+    sdk_t,
+    sdk_h,
+    sdv_b,
+    sdv_t,
+    sdv_h,
+    T,
+    H,
+    HKV,
+    G,
+    WINDOW,
+    KEEP,
+    scale,
+    DH,
+    DV,
+    HAS_BIAS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+    PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DH: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     pid_n, pid_bk = tl.program_id(0), tl.program_id(1)
     b, hk = pid_bk // HKV, pid_bk % HKV
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -179,28 +378,85 @@ def _bwd_dkdv_kernel(Q, K, V, BIAS, DO, LSE, DELTA, DK, DVAL, DBIAS,
             do = _tile(DO + b * sd_b + h * sd_h, rows, d_v, sd_t, T, DV)  # (M, DV)
             lse = tl.load(LSE + (b * H + h) * T + rows, mask=rows < T, other=float("inf"))
             delta = tl.load(DELTA + (b * H + h) * T + rows, mask=rows < T, other=0.0)
-            s = _scores(q, k, BIAS + b * sb_b + hk * sb_h, rows, cols, T, WINDOW, KEEP, scale, 0.0, HAS_BIAS,
-                        HAS_WINDOW, HAS_KEEP, False, PREC)
+            s = _scores(
+                q,
+                k,
+                BIAS + b * sb_b + hk * sb_h,
+                rows,
+                cols,
+                T,
+                WINDOW,
+                KEEP,
+                scale,
+                0.0,
+                HAS_BIAS,
+                HAS_WINDOW,
+                HAS_KEEP,
+                False,
+                PREC,
+            )
             p = tl.exp(s - lse[:, None])  # (M, N), 0 where not visible
             dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
             ds = p * (dp - delta[:, None])
             dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
             db += tl.sum(ds, 0)
-    tl.store(DK + b * sdk_b + hk * sdk_h + cols[:, None] * sdk_t + d_h[None, :],
-             (dk * scale).to(DK.dtype.element_ty), mask=k_mask)
-    tl.store(DVAL + b * sdv_b + hk * sdv_h + cols[:, None] * sdv_t + d_v[None, :], dv.to(DVAL.dtype.element_ty),
-             mask=v_mask)
+    tl.store(
+        DK + b * sdk_b + hk * sdk_h + cols[:, None] * sdk_t + d_h[None, :],
+        (dk * scale).to(DK.dtype.element_ty),
+        mask=k_mask,
+    )
+    tl.store(
+        DVAL + b * sdv_b + hk * sdv_h + cols[:, None] * sdv_t + d_v[None, :], dv.to(DVAL.dtype.element_ty), mask=v_mask
+    )
     if HAS_BIAS:
         tl.store(DBIAS + pid_bk * T + cols, db, mask=cols < T)
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, BIAS, DO, LSE, DELTA, DQ,
-                   sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sd_b, sd_t, sd_h, sb_b, sb_h,
-                   sdq_b, sdq_t, sdq_h, T, H, G, WINDOW, KEEP, scale, DH, DV,
-                   HAS_BIAS: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_KEEP: tl.constexpr, PREC: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _bwd_dq_kernel(
+    Q,
+    K,
+    V,
+    BIAS,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    sq_b,
+    sq_t,
+    sq_h,
+    sk_b,
+    sk_t,
+    sk_h,
+    sv_b,
+    sv_t,
+    sv_h,
+    sd_b,
+    sd_t,
+    sd_h,
+    sb_b,
+    sb_h,
+    sdq_b,
+    sdq_t,
+    sdq_h,
+    T,
+    H,
+    G,
+    WINDOW,
+    KEEP,
+    scale,
+    DH,
+    DV,
+    HAS_BIAS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+    PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DH: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h, hk, rows, d_h, d_v = _query_block(pid_m, pid_bh, H, G, BLOCK_M, BLOCK_DH, BLOCK_DV)
     q_mask = (rows[:, None] < T) & (d_h[None, :] < DH)
@@ -213,13 +469,66 @@ def _bwd_dq_kernel(Q, K, V, BIAS, DO, LSE, DELTA, DQ,
     lo, hi = _key_range(pid_m, T, WINDOW, HAS_WINDOW, BLOCK_M, BLOCK_N)
     Kb, Vb, Bb = K + b * sk_b + hk * sk_h, V + b * sv_b + hk * sv_h, BIAS + b * sb_b + hk * sb_h
     for start_n in range(0, _kept_end(lo, KEEP, HAS_KEEP, BLOCK_N), BLOCK_N):  # kept first keys below the window
-        dq = _dq_block(q, do, Kb, Vb, Bb, rows, start_n, d_h, d_v, lse, delta, dq, sk_t, sv_t, T, WINDOW, KEEP, scale,
-                       DH, DV, HAS_BIAS, HAS_WINDOW, HAS_KEEP, PREC, BLOCK_N)
+        dq = _dq_block(
+            q,
+            do,
+            Kb,
+            Vb,
+            Bb,
+            rows,
+            start_n,
+            d_h,
+            d_v,
+            lse,
+            delta,
+            dq,
+            sk_t,
+            sv_t,
+            T,
+            WINDOW,
+            KEEP,
+            scale,
+            DH,
+            DV,
+            HAS_BIAS,
+            HAS_WINDOW,
+            HAS_KEEP,
+            PREC,
+            BLOCK_N,
+        )
     for start_n in range(lo, hi, BLOCK_N):
-        dq = _dq_block(q, do, Kb, Vb, Bb, rows, start_n, d_h, d_v, lse, delta, dq, sk_t, sv_t, T, WINDOW, KEEP, scale,
-                       DH, DV, HAS_BIAS, HAS_WINDOW, HAS_KEEP, PREC, BLOCK_N)
-    tl.store(DQ + b * sdq_b + h * sdq_h + rows[:, None] * sdq_t + d_h[None, :],
-             (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
+        dq = _dq_block(
+            q,
+            do,
+            Kb,
+            Vb,
+            Bb,
+            rows,
+            start_n,
+            d_h,
+            d_v,
+            lse,
+            delta,
+            dq,
+            sk_t,
+            sv_t,
+            T,
+            WINDOW,
+            KEEP,
+            scale,
+            DH,
+            DV,
+            HAS_BIAS,
+            HAS_WINDOW,
+            HAS_KEEP,
+            PREC,
+            BLOCK_N,
+        )
+    tl.store(
+        DQ + b * sdq_b + h * sdq_h + rows[:, None] * sdq_t + d_h[None, :],
+        (dq * scale).to(DQ.dtype.element_ty),
+        mask=q_mask,
+    )
 
 
 # fp32 operands are multiplied exactly (no TF32), like the reference; fp16/bf16 operands ignore the setting.
@@ -238,19 +547,22 @@ def attention_configs(q, v, backward: bool) -> dict:
     configs = {}
     for op in ops:
         # the backward keeps dO in q's dtype: v's own dtype (the row masses' fp32 indicators) only enters the forward
-        cfg = launch_config(op, q.dtype, limits, dh=q.shape[-1], dv=v.shape[-1],
-                            v_dtype=v.dtype if op == "sink_forward" else None)
+        cfg = launch_config(
+            op, q.dtype, limits, dh=q.shape[-1], dv=v.shape[-1], v_dtype=v.dtype if op == "sink_forward" else None
+        )
         if cfg is None:
             raise NoLaunchConfig(
                 f"no Triton launch of {op} fits {limits.name}'s {limits.shared_bytes // KB} KB of shared memory per "
                 f"block for q {tuple(q.shape)} {str(q.dtype).removeprefix('torch.')}, values of width {v.shape[-1]} "
-                f"{str(v.dtype).removeprefix('torch.')}")
+                f"{str(v.dtype).removeprefix('torch.')}"
+            )
         configs[op] = cfg
     return configs
 
 
-def sink_attention_forward(q, k, v, sink, key_bias, window, scale, out_dtype=None, softcap=None, config=None,
-                           keep=None):
+def sink_attention_forward(
+    q, k, v, sink, key_bias, window, scale, out_dtype=None, softcap=None, config=None, keep=None
+):
     """No autograd. q (B,T,H,dh), k (B,T,Hkv,dh), v (B,T,Hkv,dv), sink (H,) fp32 or None, key_bias (B,Hkv,T) fp32 or
     None, softcap: float or None, keep: kept first keys (with a window) or None -> out (B,T,H,dv) in out_dtype
     (default q.dtype), lse (B,H,T) fp32.
@@ -263,14 +575,45 @@ def sink_attention_forward(q, k, v, sink, key_bias, window, scale, out_dtype=Non
     lse = q.new_empty(B, H, T, dtype=torch.float32)
     bias = key_bias if key_bias is not None else lse
     _fwd_kernel[(triton.cdiv(T, cfg.block_m), B * H)](
-        q, k, v, sink if sink is not None else lse, bias, out, lse,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        bias.stride(0), bias.stride(1),
-        T, H, H // Hkv, window or 0, _kept(keep, window), scale, float(softcap or 0.0), dh, dv,
-        HAS_SINK=sink is not None, HAS_BIAS=key_bias is not None, HAS_WINDOW=window is not None,
-        HAS_KEEP=_kept(keep, window) > 0, HAS_CAP=softcap is not None, PREC=DOT_PRECISION,
-        **cfg.constexprs(), **cfg.options())
+        q,
+        k,
+        v,
+        sink if sink is not None else lse,
+        bias,
+        out,
+        lse,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        bias.stride(0),
+        bias.stride(1),
+        T,
+        H,
+        H // Hkv,
+        window or 0,
+        _kept(keep, window),
+        scale,
+        float(softcap or 0.0),
+        dh,
+        dv,
+        HAS_SINK=sink is not None,
+        HAS_BIAS=key_bias is not None,
+        HAS_WINDOW=window is not None,
+        HAS_KEEP=_kept(keep, window) > 0,
+        HAS_CAP=softcap is not None,
+        PREC=DOT_PRECISION,
+        **cfg.constexprs(),
+        **cfg.options(),
+    )
     return out, lse
 
 
@@ -283,8 +626,9 @@ class SinkAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sink, key_bias, window, scale, configs, keep=None):
         q, k, v = _lastdim_contiguous(q), _lastdim_contiguous(k), _lastdim_contiguous(v)
-        out, lse = sink_attention_forward(q, k, v, sink, key_bias, window, scale, config=configs["sink_forward"],
-                                          keep=keep)
+        out, lse = sink_attention_forward(
+            q, k, v, sink, key_bias, window, scale, config=configs["sink_forward"], keep=keep
+        )
         ctx.save_for_backward(q, k, v, sink, key_bias, out, lse)
         ctx.window, ctx.scale, ctx.configs = window, scale, configs  # backward may run on another thread
         ctx.keep = _kept(keep, window)
@@ -305,18 +649,75 @@ class SinkAttentionFunction(torch.autograd.Function):
         bias = key_bias if key_bias is not None else lse
         cfg_kv = ctx.configs.get("sink_backward_dkdv") or attention_configs(q, v, True)["sink_backward_dkdv"]
         cfg_q = ctx.configs.get("sink_backward_dq") or attention_configs(q, v, True)["sink_backward_dq"]
-        strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                   v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2),
-                   bias.stride(0), bias.stride(1))
-        flags = dict(HAS_BIAS=key_bias is not None, HAS_WINDOW=window is not None, HAS_KEEP=keep > 0,
-                     PREC=DOT_PRECISION)
+        strides = (
+            q.stride(0),
+            q.stride(1),
+            q.stride(2),
+            k.stride(0),
+            k.stride(1),
+            k.stride(2),
+            v.stride(0),
+            v.stride(1),
+            v.stride(2),
+            dout.stride(0),
+            dout.stride(1),
+            dout.stride(2),
+            bias.stride(0),
+            bias.stride(1),
+        )
+        flags = dict(
+            HAS_BIAS=key_bias is not None, HAS_WINDOW=window is not None, HAS_KEEP=keep > 0, PREC=DOT_PRECISION
+        )
         _bwd_dkdv_kernel[(triton.cdiv(T, cfg_kv.block_n), B * Hkv)](
-            q, k, v, bias, dout, lse, delta, dk, dval, dbias if dbias is not None else lse, *strides,
-            *dk.stride()[:3], *dval.stride()[:3], T, H, Hkv, H // Hkv, window or 0, keep, scale, dh, dv, **flags,
-            **cfg_kv.constexprs(), **cfg_kv.options())
+            q,
+            k,
+            v,
+            bias,
+            dout,
+            lse,
+            delta,
+            dk,
+            dval,
+            dbias if dbias is not None else lse,
+            *strides,
+            *dk.stride()[:3],
+            *dval.stride()[:3],
+            T,
+            H,
+            Hkv,
+            H // Hkv,
+            window or 0,
+            keep,
+            scale,
+            dh,
+            dv,
+            **flags,
+            **cfg_kv.constexprs(),
+            **cfg_kv.options(),
+        )
         _bwd_dq_kernel[(triton.cdiv(T, cfg_q.block_m), B * H)](
-            q, k, v, bias, dout, lse, delta, dq, *strides, *dq.stride()[:3],
-            T, H, H // Hkv, window or 0, keep, scale, dh, dv, **flags, **cfg_q.constexprs(), **cfg_q.options())
+            q,
+            k,
+            v,
+            bias,
+            dout,
+            lse,
+            delta,
+            dq,
+            *strides,
+            *dq.stride()[:3],
+            T,
+            H,
+            H // Hkv,
+            window or 0,
+            keep,
+            scale,
+            dh,
+            dv,
+            **flags,
+            **cfg_q.constexprs(),
+            **cfg_q.options(),
+        )
         dsink = None
         if sink is not None and ctx.needs_input_grad[3]:
             dsink = -(torch.exp(sink.float()[None, :, None] - lse) * delta).sum((0, 2)).to(sink.dtype)  # (H,)

@@ -419,7 +419,14 @@ class WindowCache:
     opened once, and (held in memory) tokenized once per tokenizer."""
 
     def __init__(self, spec: WindowSpec):
-        self.spec, self.corpus, self.docs, self.cache = spec, None, {}, {}
+        self.spec, self._corpus, self.docs, self.cache = spec, None, {}, {}
+
+    @property
+    def corpus(self):
+        """The run's corpus (``--data``, else the default text), opened on first use and then kept."""
+        if self._corpus is None:
+            self._corpus = load_corpus(self.spec.data or DEFAULT_DATA)
+        return self._corpus
 
     def fingerprint(self) -> dict | None:
         """The corpus that text windows come from, as resume compares it (docs/definitions.md#resume-fingerprints):
@@ -427,7 +434,6 @@ class WindowCache:
         name = self.spec.data
         if name is not None and name.startswith("synthetic:"):
             return None
-        self.corpus = self.corpus or load_corpus(name or DEFAULT_DATA)
         return {"corpus": self.corpus.name, **self.corpus.content}
 
     def get(self, model, tok, ctx):
@@ -442,7 +448,6 @@ class WindowCache:
         bos_id = bos_id_for(w, model, tok)
         key = (tok.name_or_path, len(tok), ctx, bos_id)
         if key not in self.cache:
-            self.corpus = self.corpus or load_corpus(w.data or DEFAULT_DATA)
             tkey = key[:2]
             if tkey not in self.docs:  # documents in memory are tokenized once; a streamed file as far as asked
                 self.docs[tkey] = DocumentTokens(self.corpus, tok)
@@ -467,7 +472,6 @@ class WindowCache:
         w = self.spec
         key = ("texts", tok.name_or_path, len(tok))
         if key not in self.cache:
-            self.corpus = self.corpus or load_corpus(w.data or DEFAULT_DATA)
             try:
                 self.cache[key] = text_windows(
                     self.corpus,

@@ -10,8 +10,8 @@ from probe.cli.flags import eps_flag, injection_flags, model_flags, protocol_fla
 HELP = "batch sink report over many models or training checkpoints (resumable)"
 DESCRIPTION = (
     "Sink statistics (and optionally injection) for every model or checkpoint, written as CSV and one "
-    "self-contained offline HTML report. Killed and started again with the same arguments, it continues "
-    "where it stopped."
+    "self-contained offline HTML report; with several --ctx lengths, every model at each, reported against T. "
+    "Killed and started again with the same arguments, it continues where it stopped."
 )
 
 
@@ -33,7 +33,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="join the folders of all N shards of one run into --out "
         "(computes nothing; CSV rows as an unsharded run's)",
     )
-    model_flags(p, None)
+    model_flags(p, None, several_ctx=True)  # several --ctx: every model at every length, reported against T
     p.set_defaults(model=None)  # each of --models / --checkpoints in turn, never one --model
     eps_flag(p)
     protocol_flag(p)
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from probe.cli.flags import eps_values, injection_spec, model_spec, window_spec
-    from probe.jobs.report import ReportSpec, expand_checkpoints, write_report
+    from probe.jobs.report import ReportSpec, expand_checkpoints, sweep_contexts, write_report
     from probe.jobs.shards import merge_reports, parse_shard
     from probe.present.console import Console
     from probe.present.errors import UsageError
@@ -73,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
             )
         names = tuple(dict.fromkeys(args.models or expand_checkpoints(args.checkpoints)))
         shard = parse_shard(args.shard) if args.shard else None
+        contexts = sweep_contexts(args.ctx)
+        args.ctx = None if contexts or not args.ctx else args.ctx[0]  # one --ctx: the report as before
         spec = ReportSpec(
             names=names,
             model=model_spec(args),
@@ -82,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             out=Path(args.out),
             shard=shard,
             self_contained=args.self_contained,
+            contexts=contexts,
         )
         tables, settings = write_report(spec, console)
     if args.json:
@@ -93,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                         **{
                             k: v.to_dict("records")
                             for k, v in tables.items()
-                            if k in ("summary", "injection", "exposure")
+                            if k in ("summary", "ctx_summary", "injection", "exposure")
                         },
                     }
                 ),

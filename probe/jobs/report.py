@@ -12,11 +12,20 @@ Sharded (``ReportSpec.shard = (i, N)``), a run computes only every N-th model of
 (round-robin by report index, so a sweep sorted by size or step spreads its cost evenly) and records the whole run's
 model list and its shard in the manifest; ``probe.jobs.shards.merge_reports`` joins the N folders into the report an
 unsharded run writes.
+
+Over several context lengths (``ReportSpec.contexts``, ``--ctx T1 T2 ...``; docs/definitions.md#context-sweep) every
+model is computed at every T: one record per (model, T), stored under its own key (:func:`ctx_key`) with its own
+fingerprint, so a killed run continues and a changed list of contexts computes only the (model, T) it has not done.
+The settings record ``ctx: "sweep"`` and the manifest the run's ``contexts``; each model is loaded once for all its
+contexts. Besides the per-(model, T) tables (a ``ctx`` column after the model's), the report writes each model's
+context sweep (``probe.analyses.context_sweep.sweep_tables`` over its records: ``report_ctx_summary``,
+``report_ctx_by_type``, ``report_ctx_layers``) and a page of each model's statistics against log T.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +33,11 @@ from pathlib import Path
 import pandas as pd
 
 from probe import __version__
+from probe.analyses.context_sweep import sweep_tables
 from probe.analyses.inject import inject
 from probe.analyses.sink_pass import sink_analyses
 from probe.checkpoints.load import resolve
+from probe.data.synthetic import is_token_domain
 from probe.jobs.fingerprints import model_fingerprint
 from probe.jobs.inputs import (
     KNOWN_HINT,
@@ -44,6 +55,7 @@ from probe.present.console import Console
 from probe.present.errors import UsageError
 from probe.present.files import write_pages
 from probe.present.report import report_page
+from probe.present.report_ctx import report_ctx_page
 from probe.runs import parse_step, snapshot_steps
 
 TABLES = (
@@ -58,6 +70,8 @@ TABLES = (
     "injection_batches",
     "exposure",
 )
+CTX_TABLES = ("ctx_summary", "ctx_by_type", "ctx_layers")  # a context sweep's (report_ctx_*.csv)
+SWEEP = "sweep"  # settings["ctx"] of a report over several contexts (each record's context is in its key)
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,29 @@ class ReportSpec:
     out: Path = Path("probe-report")
     shard: tuple[int, int] | None = None  # (i, N), 1-based: compute only every N-th model starting at the i-th
     self_contained: bool = False  # report.html inlines plotly.js instead of loading the folder's plotly.min.js
+    contexts: tuple[int, ...] | None = None  # several context lengths, ascending (windows.ctx unused); None: one
+
+
+def sweep_contexts(ctx) -> tuple[int, ...] | None:
+    """--ctx as given (None, one length or several) → the contexts of a sweep, deduplicated and ascending, or None
+    when there are fewer than two (the ordinary one-context report)."""
+    values = sorted(dict.fromkeys([ctx] if isinstance(ctx, int) else ctx or []))
+    return tuple(values) if len(values) > 1 else None
+
+
+def ctx_key(name: str, ctx: int) -> str:
+    """The store key of model ``name`` at context ``ctx`` in a sweep (its record and fingerprint file names)."""
+    return f"{name} --ctx {ctx}"
+
+
+def record_keys(names, contexts) -> list[str]:
+    """The store keys of ``names``: the names themselves, or with ``contexts`` one per (model, T), model-major."""
+    return list(names) if not contexts else [ctx_key(n, t) for n in names for t in contexts]
+
+
+def manifest_contexts(manifest: dict) -> list[int] | None:
+    """The contexts of a report folder's run (None: a one-context report)."""
+    return manifest.get("contexts") if manifest["settings"].get("ctx") == SWEEP else None
 
 
 def shard_share(names, shard: tuple[int, int] | None) -> list:
@@ -129,7 +166,7 @@ def settings_of(spec: ReportSpec) -> dict:
         "tokenizer": w.tokenizer,
         "batches": w.batches,
         "batch_size": w.batch_size,
-        "ctx": w.ctx,
+        "ctx": SWEEP if spec.contexts else w.ctx,  # a sweep's contexts: in each record's key
         "window_mode": w.mode,
         "seed": w.seed,
         "device": resolve_device(spec.model.device),
@@ -141,10 +178,16 @@ def settings_of(spec: ReportSpec) -> dict:
     }  # older manifests: pooled
 
 
-def compute_one(spec: ReportSpec, name: str, index: int, windows: WindowCache, console: Console) -> dict:
-    """Sink statistics, Sink^eps (and injection) of one model, as the record persisted in ``DIR/models/``."""
+def compute_one(
+    spec: ReportSpec, name: str, index: int, windows: WindowCache, console: Console, model=None, ctx: int | None = None
+) -> dict:
+    """Sink statistics, Sink^eps (and injection) of one model, as the record persisted in ``DIR/models/``; with
+    ``model`` that model already loaded, with ``ctx`` (a sweep's context, ``spec.windows.ctx`` too) a ``ctx`` column
+    after the model's in every table."""
     progress = not console.quiet
-    model = load_model(dataclasses.replace(spec.model, name=name), console)
+    own = model is None
+    if own:
+        model = load_model(dataclasses.replace(spec.model, name=name), console)
     tok = tokenizer_for(spec.windows, model)
     eb = windows.get(model, tok, eval_ctx(spec.windows, model))
     found = sink_analyses(
@@ -180,19 +223,61 @@ def compute_one(spec: ReportSpec, name: str, index: int, windows: WindowCache, c
         df.insert(0, "model_id", meta["model"])
         df.insert(0, "step", step)
         df.insert(0, "model", name)
+        if ctx is not None:
+            df.insert(3, "ctx", ctx)
         out[k] = df.to_dict("records")
-    del model
-    gc.collect()
-    return {"name": name, "index": index, "meta": meta, "tables": out}
+    if own:
+        del model
+        gc.collect()
+    return {"name": name, "index": index, "meta": meta, "tables": out, **({} if ctx is None else {"ctx": ctx})}
+
+
+class SweepComputer:
+    """``compute(key)`` of a sweep's (model, T): each model loaded once for all the contexts it has to do (keys come
+    model-major), every one of its contexts checked against its maximum before any of its work."""
+
+    def __init__(self, spec: ReportSpec, index: dict, console: Console):
+        self.spec, self.index, self.console = spec, index, console
+        self.windows = {t: WindowCache(dataclasses.replace(spec.windows, ctx=t)) for t in spec.contexts}
+        self.of = {ctx_key(n, t): (n, t) for n in spec.names for t in spec.contexts}
+        self.name, self.model = None, None
+
+    def __call__(self, key: str) -> dict:
+        name, ctx = self.of[key]
+        if name != self.name:
+            self.release()
+            self.model = load_model(dataclasses.replace(self.spec.model, name=name), self.console)
+            self.name = name
+            for t in self.spec.contexts:  # --ctx beyond this model's maximum: one line before its work
+                eval_ctx(self.windows[t].spec, self.model)
+        spec = dataclasses.replace(self.spec, windows=self.windows[ctx].spec)
+        return compute_one(spec, name, self.index[name], self.windows[ctx], self.console, self.model, ctx)
+
+    def fingerprint(self, key: str) -> dict:
+        name, ctx = self.of[key]
+        return {"model": _model_fingerprint(name), "windows": self.windows[ctx].fingerprint()}
+
+    def release(self) -> None:
+        self.name = self.model = None
+        gc.collect()
+
+
+@functools.lru_cache(maxsize=64)
+def _model_fingerprint(name: str):  # one model's files, hashed once for all its contexts
+    return model_fingerprint(name)
 
 
 def write_report(spec: ReportSpec, console: Console) -> tuple[dict[str, pd.DataFrame], dict]:
     """Compute what is not done yet, then write the tables and the HTML page; returns (tables, settings)."""
     names, out = list(spec.names), Path(spec.out)
     check_data(spec.windows.data)
+    if spec.contexts:
+        check_sweep(spec)
     settings = settings_of(spec)
     shard = shard_record(names, spec.shard)
-    store = RunStore(out, settings, names, shard=shard)  # an existing DIR: the same settings and shard, or an error
+    contexts = {"contexts": list(spec.contexts)} if spec.contexts else None  # a sweep's, rewritten by each run
+    # an existing DIR: the same settings and shard, or an error
+    store = RunStore(out, settings, names, shard=shard, extra=contexts)
     for name in names:  # malformed names, missing directories or zoo entries: fail before any work
         try:
             resolve(name)
@@ -201,28 +286,100 @@ def write_report(spec: ReportSpec, console: Console) -> tuple[dict[str, pd.DataF
     mine = shard_share(names, spec.shard)  # this run's models: all of them, or this shard's share
     if spec.shard is not None:
         console.note(f"{shard_name(shard)}: {len(mine)} of {len(names)} models")
-    windows = WindowCache(spec.windows)
     index = {name: i for i, name in enumerate(names, start=1)}
-    records = store.records(
-        mine,
-        lambda name: compute_one(spec, name, index[name], windows, console),
-        console,
-        "report",
-        fingerprint=lambda name: {"model": model_fingerprint(name), "windows": windows.fingerprint()},
-    )
+    if spec.contexts:
+        sweep = SweepComputer(spec, index, console)
+        try:
+            records = store.records(
+                record_keys(mine, spec.contexts),
+                sweep,
+                console,
+                "report",
+                fingerprint=sweep.fingerprint,
+                unit="model-context pair",
+            )
+        finally:
+            sweep.release()
+    else:
+        windows = WindowCache(spec.windows)
+        records = store.records(
+            mine,
+            lambda name: compute_one(spec, name, index[name], windows, console),
+            console,
+            "report",
+            fingerprint=lambda name: {"model": model_fingerprint(name), "windows": windows.fingerprint()},
+        )
+    shown = {**settings, "contexts": list(spec.contexts)} if spec.contexts else settings
     if not mine:  # more shards than models (a job array larger than the sweep): only the manifest, for the merge
-        return {}, settings
-    return write_tables(out, records, settings, console, spec.self_contained), settings
+        return {}, shown
+    return write_tables(out, records, settings, console, spec.self_contained, spec.contexts), shown
+
+
+def check_sweep(spec: ReportSpec) -> None:
+    """Several contexts where the windows fix their own length: a one-line usage error before any work."""
+    from probe.analyses.sink_heads import GU2025_TOKENS
+
+    given = " ".join(map(str, spec.contexts))
+    w = spec.windows
+    if w.protocol == "gu2025":
+        raise UsageError(
+            f"--ctx {given} conflicts with --protocol gu2025 (it reads the first {GU2025_TOKENS} tokens of each "
+            "text, one context); give one --ctx or none, or use --protocol pooled"
+        )
+    if is_token_domain(w.data):
+        raise UsageError(
+            f"--ctx {given} does not apply to --data {w.data!r} (its T is in the name); give one --ctx or none"
+        )
 
 
 def write_tables(
-    out: Path, records: list[dict], settings: dict, console: Console, self_contained: bool = False
+    out: Path, records: list[dict], settings: dict, console: Console, self_contained: bool = False, contexts=None
 ) -> dict[str, pd.DataFrame]:
-    """The CSV tables and the HTML page of ``records`` (in report order) into ``out``."""
+    """The CSV tables and the HTML page of ``records`` (in report order) into ``out``; with ``contexts`` (a sweep's)
+    each model's context sweep too (:func:`ctx_tables`) and the page against T."""
     tables = {k: pd.DataFrame([row for r in records for row in r["tables"].get(k, [])]) for k in TABLES}
     tables = {k: v for k, v in tables.items() if len(v)}
+    if contexts:
+        tables.update(ctx_tables(records))
     files = {f"report_{k}.csv": v.to_csv(index=False) for k, v in tables.items()}
-    files["report.html"] = report_page(tables, records, settings, self_contained)
+    if contexts:
+        files["report.html"] = report_ctx_page(
+            tables, records, {**settings, "contexts": list(contexts)}, self_contained
+        )
+    else:
+        files["report.html"] = report_page(tables, records, settings, self_contained)
     written = write_pages(out, files)
     console.note(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written))
     return tables
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    """A table read back from a record (JSON): a column of nulls only is a float column of NaN, as computed."""
+    df = pd.DataFrame(rows)
+    for c in df.columns:
+        if df[c].isna().all():
+            df[c] = df[c].astype(float)
+    return df
+
+
+def ctx_tables(records: list[dict]) -> dict[str, pd.DataFrame]:
+    """Each model's context sweep from its per-(model, T) records: ``probe.analyses.context_sweep.sweep_tables``
+    (``ctx_summary``, ``ctx_by_type``, ``ctx_layers``), with the model's columns in front, models in report order."""
+    per_model: dict[str, dict[int, dict]] = {}
+    for r in records:
+        t = r["tables"]
+        found = {
+            "sinks": {"summary": _frame(t["summary"]), "layers": _frame(t["layers"])},
+            "sink_eps": {"summary": _frame(t["sink_eps"]), "layers": _frame(t["sink_eps_layers"])},
+        }
+        per_model.setdefault(r["name"], {})[r["ctx"]] = found
+    meta = {r["name"]: r["meta"] for r in records}  # a model's identity and corpus: the same at every T
+    out: dict[str, list[pd.DataFrame]] = {k: [] for k in CTX_TABLES}
+    for name, per_ctx in per_model.items():
+        for k, df in sweep_tables(per_ctx).items():  # columns model, step, model_id, ctx, corpus, ...: as above
+            df.insert(0, "model_id", meta[name]["model"])
+            df.insert(0, "step", step_of(name))
+            df.insert(0, "model", name)
+            df.insert(4, "corpus", meta[name].get("corpus"))
+            out[f"ctx_{k}"].append(df)
+    return {k: pd.concat(v, ignore_index=True) for k, v in out.items() if v}

@@ -6,7 +6,8 @@ the whole run's model list and which shard it is (``probe.jobs.report.write_repo
 are every shard of one run (same settings, same model list, shards 1..N once each, each finished), then writes the
 models' records, the manifest and the tables in the whole run's order: the CSV files equal an unsharded run's, and so
 does the page apart from plotly's random element ids. The merged folder is itself a report folder: `probe report` over
-it with the same flags finds every model done.
+it with the same flags finds every model done. A report over several contexts shards by model (each shard computes
+every context of its models); its shards must record the same contexts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from probe.jobs.report import shard_share, write_tables
+from probe.jobs.report import manifest_contexts, record_keys, shard_share, write_tables
 from probe.jobs.store import MANIFEST, RunStore, read_manifest, read_record, record_path, shard_name
 from probe.present.console import Console
 from probe.present.errors import UsageError
@@ -65,6 +66,12 @@ def _same_run(first: tuple[Path, dict], other: tuple[Path, dict]) -> None:
             f"--merge: shards of different runs (model lists differ at model {at + 1}: "
             f"{x} in {str(a)!r}, {y} in {str(b)!r})"
         )
+    ca, cb = manifest_contexts(ma), manifest_contexts(mb)
+    if ca != cb:
+        raise UsageError(
+            f"--merge: shards of different runs (contexts: --ctx {' '.join(map(str, ca or []))} in {str(a)!r}, "
+            f"--ctx {' '.join(map(str, cb or []))} in {str(b)!r})"
+        )
 
 
 def check_shards(folders: list[Path]) -> tuple[dict, list[tuple[Path, dict]]]:
@@ -89,14 +96,15 @@ def check_shards(folders: list[Path]) -> tuple[dict, list[tuple[Path, dict]]]:
             f"--merge: missing shard {', '.join(missing)} of {n} (given: "
             f"{', '.join(f'{i}/{n}' for i in sorted(by_index))}); run it and pass its folder too"
         )
-    names = shards[0][1]["models"]
+    names, contexts = shards[0][1]["models"], manifest_contexts(shards[0][1])
+    unit = "model-context pairs" if contexts else "models"
     for f, m in shards:
-        share = shard_share(names, (m["shard"]["index"], n))
+        share = record_keys(shard_share(names, (m["shard"]["index"], n)), contexts)
         done = [x for x in share if record_path(f, x).is_file()]
         if len(done) < len(share):
             raise UsageError(
                 f"--merge: {shard_name(m['shard'])} in {str(f)!r} is not finished ({len(done)} of "
-                f"{len(share)} models done); run the same `probe report ... --shard` again to resume it"
+                f"{len(share)} {unit} done); run the same `probe report ... --shard` again to resume it"
             )
     return shards[0][1], sorted(shards, key=lambda s: s[1]["shard"]["index"])
 
@@ -107,15 +115,18 @@ def merge_reports(folders: list[Path], out: Path, console: Console) -> tuple[dic
     if any(out.resolve() == Path(f).resolve() for f in folders):
         raise UsageError(f"--out {str(out)!r} is one of the --merge folders; write the merged report to a new one")
     run, shards = check_shards(folders)
-    settings, names = run["settings"], run["models"]
+    settings, names, contexts = run["settings"], run["models"], manifest_contexts(run)
     n = len(shards)
     merged_from = [{"folder": str(f), "shard": f"{m['shard']['index']}/{n}"} for f, m in shards]
+    extra = {**({"contexts": contexts} if contexts else {}), "merged_from": merged_from}
     # new, empty, or a whole report of the same settings: nothing written before here
-    store = RunStore(out, settings, names, extra={"merged_from": merged_from})
-    source = {x: f for f, m in shards for x in shard_share(names, (m["shard"]["index"], n))}
+    store = RunStore(out, settings, names, extra=extra)
+    source = {x: f for f, m in shards for x in record_keys(shard_share(names, (m["shard"]["index"], n)), contexts)}
+    keys = record_keys(names, contexts)
     store.write_manifest()
-    records = [read_record(source[x], x) for x in names]
-    for x, record in zip(names, records):
+    records = [read_record(source[x], x) for x in keys]
+    for x, record in zip(keys, records):
         store.put(x, record)
     console.note(f"merged {n} shards, {len(names)} models, into {out}")
-    return write_tables(out, records, settings, console), settings, names
+    shown = {**settings, "contexts": contexts} if contexts else settings
+    return write_tables(out, records, settings, console, contexts=contexts), shown, names

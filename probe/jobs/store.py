@@ -8,7 +8,8 @@ The folder::
                              report), the settings that determine the numbers (checked on resume), the run's model
                              list in order, and what its kind adds (a report's shard, a merge's source folders)
     DIR/models/<slug>.json   one JSON record per finished model, staged under a dot-name and renamed into place
-                             (``probe.writes.write_files``): a model counts as done only once renamed
+                             (``probe.writes.write_files``): a model counts as done only once renamed (a report
+                             over several contexts: one per (model, context), ``probe.jobs.report.ctx_key``)
     DIR/inputs/<slug>.fingerprint  the fingerprints of what that record was computed from (a local model's files,
                              the corpus; docs/definitions.md#resume-fingerprints), written just before the record
 
@@ -202,18 +203,19 @@ class RunStore:
                 "inputs of now and recording them\n"
             )
 
-    def records(self, names, compute, console: Console, what: str, fingerprint=None) -> list[dict]:
+    def records(self, names, compute, console: Console, what: str, fingerprint=None, unit: str = "model") -> list[dict]:
         """The record of every one of ``names``, in order: the stored one, or ``compute(name)``, stored as soon as it
-        returns. A progress bar ``what`` counts the models; the manifest is written by the end. With ``fingerprint``
-        (name -> the fingerprint of what that model's result is computed from), finished models are checked against
-        it (:meth:`check_fingerprints`) and each new record is stored with it."""
+        returns. A progress bar ``what`` counts the records (``unit``: what one is, a model or a report's (model,
+        context) pair); the manifest is written by the end. With ``fingerprint`` (name -> the fingerprint of what
+        that record is computed from), finished records are checked against it (:meth:`check_fingerprints`) and each
+        new record is stored with it."""
         names = list(names)
         if fingerprint is not None and self.out is not None:
             self.check_fingerprints(names, fingerprint)
         todo = [n for n in names if not self.done(n)]
         if len(todo) < len(names):
-            console.note(f"resuming {self.out}: {len(names) - len(todo)} of {len(names)} models already done")
-        bar = console.bar(len(names), what, unit="model")
+            console.note(f"resuming {self.out}: {len(names) - len(todo)} of {len(names)} {unit}s already done")
+        bar = console.bar(len(names), what, unit=unit)
         bar.update(len(names) - len(todo))
         try:
             for name in todo:

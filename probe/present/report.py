@@ -33,6 +33,10 @@ DESCRIPTIONS = {
     "report_sink_eps_layers.csv": "report: Sink^eps per model and layer",
     "report_injection.csv": "report: loss increase under injection per model and condition",
     "report_exposure.csv": "report: exposure per model",
+    "report_ctx_summary.csv": "report over several --ctx: per model and context length T, position-0 share, "
+    "causal-uniform reference, r0, Sink^eps share",
+    "report_ctx_by_type.csv": "report over several --ctx: per model, context length and layer type (means over layers)",
+    "report_ctx_layers.csv": "report over several --ctx: per model, context length and layer",
     "manifest.json": "report settings and model list (a resumed run must match them)",
 }
 
@@ -329,13 +333,15 @@ def report_text(tables: dict, settings: dict, n_models: int, shard: str | None =
     if not tables:  # more shards than models: the folder's manifest is all the merge needs
         return f"sink report: {share}"
     data = settings["data"] or "each model's default data"  # None: wikitext-2-test, a BB model's own chain
+    contexts = f", contexts {' '.join(map(str, settings['contexts']))}" if settings.get("contexts") else ""
     text = [
-        f"sink report: {share}, {data}, {settings['batches']} x {settings['batch_size']} windows",
+        f"sink report: {share}, {data}, {settings['batches']} x {settings['batch_size']} windows{contexts}",
         show(
             tables["summary"],
             [
                 "model",
                 "step",
+                "ctx",  # a report over several contexts: one row per (model, T)
                 "pos0_share",
                 "uniform_ref",
                 "pos0_over_uniform",
@@ -352,7 +358,9 @@ def report_text(tables: dict, settings: dict, n_models: int, shard: str | None =
             "",
             "injection (loss increase, nats per token):",
             show(
-                tables["injection"], ["model", "step", "junk", "cutoff", "dose", "loss_clean", "delta"], identity=True
+                tables["injection"],
+                ["model", "step", "ctx", "junk", "cutoff", "dose", "loss_clean", "delta"],
+                identity=True,
             ),
         ]
     return "\n".join(text)

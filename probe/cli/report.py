@@ -9,9 +9,9 @@ from probe.cli.flags import eps_flag, injection_flags, model_flags, protocol_fla
 
 HELP = "batch sink report over many models or training checkpoints (resumable)"
 DESCRIPTION = (
-    "Sink statistics (and optionally injection) for every model or checkpoint, written as CSV and one "
-    "self-contained offline HTML report; with several --ctx lengths, every model at each, reported against T. "
-    "Killed and started again with the same arguments, it continues where it stopped."
+    "Sink statistics (and optionally massive activations and injection) for every model or checkpoint, written "
+    "as CSV and one self-contained offline HTML report; with several --ctx lengths, every model at each, reported "
+    "against T. Killed and started again with the same arguments, it continues where it stopped."
 )
 
 
@@ -37,6 +37,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.set_defaults(model=None)  # each of --models / --checkpoints in turn, never one --model
     eps_flag(p)
     protocol_flag(p)
+    p.add_argument(
+        "--massive",
+        action="store_true",
+        help="also report massive activations (Sun et al. 2024; with several --ctx, the largest against T)",
+    )
     injection_flags(p, "--inject-doses", None, "also run injection at these doses (default: no injection)")
     p.add_argument("--out", metavar="DIR", default="probe-report", help="report directory (default probe-report)")
     p.add_argument("--json", action="store_true", help="print the summary table as JSON on stdout")
@@ -85,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             shard=shard,
             self_contained=args.self_contained,
             contexts=contexts,
+            massive=args.massive,
         )
         tables, settings = write_report(spec, console)
     if args.json:

@@ -69,6 +69,8 @@ TABLES = (
     "injection",
     "injection_batches",
     "exposure",
+    "massive",
+    "massive_layers",
 )
 CTX_TABLES = ("ctx_summary", "ctx_by_type", "ctx_layers")  # a context sweep's (report_ctx_*.csv)
 SWEEP = "sweep"  # settings["ctx"] of a report over several contexts (each record's context is in its key)
@@ -87,6 +89,7 @@ class ReportSpec:
     shard: tuple[int, int] | None = None  # (i, N), 1-based: compute only every N-th model starting at the i-th
     self_contained: bool = False  # report.html inlines plotly.js instead of loading the folder's plotly.min.js
     contexts: tuple[int, ...] | None = None  # several context lengths, ascending (windows.ctx unused); None: one
+    massive: bool = False  # massive activations too (from the same forward)
 
 
 def sweep_contexts(ctx) -> tuple[int, ...] | None:
@@ -174,8 +177,9 @@ def settings_of(spec: ReportSpec) -> dict:
         "inject": injection,
         "eps": list(spec.eps),
         "probe_version": __version__,
-        **({"protocol": w.protocol} if w.protocol != "pooled" else {}),
-    }  # older manifests: pooled
+        **({"protocol": w.protocol} if w.protocol != "pooled" else {}),  # older manifests: pooled
+        **({"massive": True} if spec.massive else {}),  # older manifests: no massive activations
+    }
 
 
 def compute_one(
@@ -196,10 +200,14 @@ def compute_one(
         eps=list(spec.eps),
         progress=progress,  # one forward per batch for both
         protocol=spec.windows.protocol,
+        massive=spec.massive,
+        tokenizer=tok,
     )
     res, se = found["sinks"], found["sink_eps"]
     tables = {k: res[k] for k in ("summary", "by_type", "layers", "heads", "batches")}
     tables["sink_eps"], tables["sink_eps_layers"] = se["summary"], se["layers"]
+    if spec.massive:
+        tables["massive"], tables["massive_layers"] = found["massive"]["summary"], found["massive"]["layers"]
     meta = dict(res["meta"].attrs["meta"])
     if spec.injection is not None:
         kinds, cutoffs, skipped = injection_plan(model, spec.injection, spec.windows.batch_size)
@@ -372,6 +380,8 @@ def ctx_tables(records: list[dict]) -> dict[str, pd.DataFrame]:
             "sinks": {"summary": _frame(t["summary"]), "layers": _frame(t["layers"])},
             "sink_eps": {"summary": _frame(t["sink_eps"]), "layers": _frame(t["sink_eps_layers"])},
         }
+        if "massive" in t:
+            found["massive"] = {"summary": _frame(t["massive"]), "layers": _frame(t["massive_layers"])}
         per_model.setdefault(r["name"], {})[r["ctx"]] = found
     meta = {r["name"]: r["meta"] for r in records}  # a model's identity and corpus: the same at every T
     out: dict[str, list[pd.DataFrame]] = {k: [] for k in CTX_TABLES}

@@ -33,6 +33,9 @@ DESCRIPTIONS = {
     "report_sink_eps_layers.csv": "report: Sink^eps per model and layer",
     "report_injection.csv": "report: loss increase under injection per model and condition",
     "report_exposure.csv": "report: exposure per model",
+    "report_massive.csv": "report (--massive): massive activations per model: the largest, where, its ratio to the "
+    "median",
+    "report_massive_layers.csv": "report (--massive): massive activations per model, layer and site",
     "report_ctx_summary.csv": "report over several --ctx: per model and context length T, position-0 share, "
     "causal-uniform reference, r0, Sink^eps share",
     "report_ctx_by_type.csv": "report over several --ctx: per model, context length and layer type (means over layers)",
@@ -305,6 +308,28 @@ def report_page(tables: dict, records: list[dict], settings: dict, self_containe
                 "Exposure (share of each row's attention mass on the quiet reads and on the phantom; *_se: "
                 "s.e. over batches)",
                 exp[[c for c in cols if c in exp]],
+            )
+        )
+    if "massive" in tables:
+        mas = tables["massive"]
+        cols = [
+            "model",
+            "massive",
+            "n_massive",
+            "first_massive_layer",
+            "max_magnitude",
+            "max_layer",
+            "max_position",
+            "max_token",
+            "max_ratio",
+            "massive_pos0_share",
+        ]
+        shown.append(
+            (
+                f"Massive activations (Sun et al.: |h| > {mas['abs_threshold'].iloc[0]:g} and > "
+                f"{mas['ratio_threshold'].iloc[0]:g}x the median of its site and window; max_*: the largest over "
+                "every site and window)",
+                mas[[c for c in cols if c in mas]],
             )
         )
     return page(

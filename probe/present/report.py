@@ -243,21 +243,29 @@ def _readable_summary(summary: pd.DataFrame, batches: pd.DataFrame | None = None
     return table.loc[:, [c for c in table.columns if table[c].notna().any()]]
 
 
-def report_page(tables: dict, records: list[dict], settings: dict, self_contained: bool = False) -> str:
+def report_intro(records: list[dict], settings: dict) -> dict:
+    """The page's settings table: the models, their corpus and windows (a sweep's contexts), injection, device."""
+
     def each(key):  # every distinct value over the models (a Bigram-Backcopy model reads its own chain, not text)
         return ", ".join(dict.fromkeys(str(r["meta"][key]) for r in records if r["meta"].get(key) is not None)) or None
 
-    intro = {
-        "models": ", ".join(r["name"] for r in records),
+    contexts = settings.get("contexts")
+    ctx = ", ".join(map(str, contexts)) if contexts else settings["ctx"] or "model default"
+    return {
+        "models": ", ".join(dict.fromkeys(r["name"] for r in records)),  # a sweep: several records per model
         "corpus": each("corpus"),
         "corpus fingerprint": each("corpus_fingerprint"),
         "windows": f"{settings['batches']} batches x {settings['batch_size']} windows, ctx "
-        f"{settings['ctx'] or 'model default'}, mode {settings['window_mode']}, "
+        f"{ctx}, mode {settings['window_mode']}, "
         f"seed {settings['seed']}",
         "injection": settings["inject"] or "none",
         "device / dtype": f"{settings['device']} / {settings['dtype']}",
         "probe version": settings["probe_version"],
     }
+
+
+def report_page(tables: dict, records: list[dict], settings: dict, self_contained: bool = False) -> str:
+    intro = report_intro(records, settings)
     summary = tables["summary"]
     verdicts = [
         f"rule: a sink has formed when the position-0 share is >= {SINK_FACTOR:g}x the causal-uniform "
@@ -334,7 +342,7 @@ def report_page(tables: dict, records: list[dict], settings: dict, self_containe
         )
     return page(
         "Attention-sink report",
-        report_figures(tables) + _training_figures(records),
+        report_figures(tables) + training_figures(records),
         verdicts=verdicts,
         tables=shown,
         intro=intro,
@@ -342,7 +350,7 @@ def report_page(tables: dict, records: list[dict], settings: dict, self_containe
     )
 
 
-def _training_figures(records: list[dict]) -> list[go.Figure]:
+def training_figures(records: list[dict]) -> list[go.Figure]:
     """The training curves of every `probe train` run whose snapshots were reported (beside their sink trends)."""
     runs = dict.fromkeys(r["name"].rsplit("@", 1)[0] for r in records if "@" in r["name"])
     frames = {run: pd.DataFrame(metrics_records(Path(run).expanduser())) for run in runs}  # empty for hub revisions

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from probe.present.page import page
+from probe.present.report import report_intro, training_figures
 from probe.present.sinks_ctx import sections, sweep_figure
 
 CTX_COLUMNS = ["model", "step", "model_id", "ctx"]  # the identity of a (model, T) row, in the report's tables
@@ -31,10 +32,8 @@ def _readable(df: pd.DataFrame) -> pd.DataFrame:
 
 def report_ctx_page(tables: dict, records: list[dict], settings: dict, self_contained: bool = False) -> str:
     """Verdicts per model (T smallest → largest), one figure per model of each statistic against log T per layer
-    type with the causal-uniform reference beside the position-0 share, then the tables."""
-
-    def each(key):  # every distinct value over the records
-        return ", ".join(dict.fromkeys(str(r["meta"][key]) for r in records if r["meta"].get(key) is not None)) or None
+    type with the causal-uniform reference beside the position-0 share (and the training curves of reported `probe
+    train` snapshots), then the tables."""
 
     models = per_model(tables)
     verdicts, figures = [], []
@@ -54,22 +53,12 @@ def report_ctx_page(tables: dict, records: list[dict], settings: dict, self_cont
     if "exposure" in tables:
         cols = [*CTX_COLUMNS, "cutoff", "quiet_share", "phantom_share"]
         shown.append(("Exposure (share of each row's attention mass on the quiet reads)", tables["exposure"][cols]))
-    intro = {
-        "models": ", ".join(models),
-        "corpus": each("corpus"),
-        "corpus fingerprint": each("corpus_fingerprint"),
-        "windows": f"{settings['batches']} batches x {settings['batch_size']} windows, ctx "
-        f"{', '.join(map(str, settings['contexts']))}, mode {settings['window_mode']}, seed {settings['seed']}",
-        "injection": settings["inject"] or "none",
-        "device / dtype": f"{settings['device']} / {settings['dtype']}",
-        "probe version": settings["probe_version"],
-    }
     return page(
         "Attention-sink report against context length",
-        figures,
+        figures + training_figures(records),  # checkpoints of `probe train` runs: their curves beside the sweep
         verdicts=verdicts,
         tables=[(caption, _readable(df)) for caption, df in shown],
-        intro=intro,
+        intro=report_intro(records, settings),
         self_contained=self_contained,
     )
 

@@ -220,3 +220,20 @@ def test_sweep_conflicts_are_one_line_errors_that_write_nothing(cli, fx, tmp_pat
     assert files_under(out) == []
     r = cli("report", "--models", fx["sp"], "--ctx", "16", "x")
     assert r.returncode == 2 and "--ctx" in r.stderr
+
+
+def test_checkpoints_over_contexts(cli, fx, tmp_path):
+    """--checkpoints RUN --ctx T1 T2: every snapshot at every T, with its training step in every table."""
+    import shutil
+
+    run = tmp_path / "run"
+    for step, model in ((0, "sp"), (2, "base")):  # two snapshots of a training run's layout
+        shutil.copytree(fx[model], run / "snapshots" / f"step{step}")
+    out = tmp_path / "o"
+    r = cli("report", "--checkpoints", run, "--data", fx["data"], *WINDOWS, "--ctx", "16", "32", "--out", out)
+    assert r.returncode == 0, r.stderr
+    for name in ("report_summary.csv", "report_ctx_summary.csv"):
+        table = pd.read_csv(out / name)
+        assert list(zip(table["step"], table["ctx"])) == [(0, 16), (0, 32), (2, 16), (2, 32)], name
+        assert list(table["model"].unique()) == [f"{run}@step0", f"{run}@step2"]
+    assert (out / "report.html").read_text().count("Plotly.newPlot") == 2

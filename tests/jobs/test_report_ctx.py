@@ -5,33 +5,17 @@ one-line errors. In-process CLI calls (one import), tiny models, T = 8 / 16 / 32
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from tests.jobs.test_report_shards import PLOTLY_ID
 from tests.support.cli import assert_one_line_error, files_under
 
 WINDOWS = ["--batches", "1", "--batch-size", "2"]
-PLOTLY_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # plotly's random div ids
 CTX_CSVS = ("report_ctx_summary.csv", "report_ctx_by_type.csv", "report_ctx_layers.csv")
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    """``probe ARGS`` in this process, as a CompletedProcess (exit code, stdout, stderr)."""
-    from probe.cli import main
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-    def run(*args):
-        code = main([str(a) for a in args])
-        return subprocess.CompletedProcess(args, code, *capsys.readouterr())
-
-    return run
 
 
 @pytest.fixture(scope="module")

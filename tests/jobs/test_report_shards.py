@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 
 import pandas as pd
 import pytest
@@ -17,20 +16,6 @@ from probe.present.errors import UsageError
 from tests.support.cli import WINDOWS, assert_one_line_error, files_under
 
 PLOTLY_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # plotly's random div ids
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    """``probe ARGS`` in this process, as a CompletedProcess (exit code, stdout, stderr)."""
-    from probe.cli import main
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-    def run(*args):
-        code = main([str(a) for a in args])
-        return subprocess.CompletedProcess(args, code, *capsys.readouterr())
-
-    return run
 
 
 def _report(cli, fx, out, *extra, models=("sp", "llama", "base")):

@@ -88,7 +88,7 @@ class ReportSpec:
     out: Path = Path("probe-report")
     shard: tuple[int, int] | None = None  # (i, N), 1-based: compute only every N-th model starting at the i-th
     self_contained: bool = False  # report.html inlines plotly.js instead of loading the folder's plotly.min.js
-    contexts: tuple[int, ...] | None = None  # several context lengths, ascending (windows.ctx unused); None: one
+    contexts: tuple[int, ...] | None = None  # a sweep's context lengths (windows.ctx unused); None: one context
     massive: bool = False  # massive activations too (from the same forward)
 
 
@@ -280,6 +280,7 @@ def write_report(spec: ReportSpec, console: Console) -> tuple[dict[str, pd.DataF
     names, out = list(spec.names), Path(spec.out)
     check_data(spec.windows.data)
     if spec.contexts:
+        spec = dataclasses.replace(spec, contexts=tuple(sorted(set(spec.contexts))))  # records in ascending T
         check_sweep(spec)
     settings = settings_of(spec)
     shard = shard_record(names, spec.shard)

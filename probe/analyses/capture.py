@@ -190,15 +190,24 @@ def row_mass_hooks(info) -> list[str]:
     )
 
 
+def sparse_mass_hooks(info) -> list[str]:
+    """``row_mass_hooks`` and ``hook_lse``: for analyses whose indicator columns mark few keys (key 0, a massive
+    activation's positions) or every key, which the row-mass op then reads in O(T) per row from the forward's
+    real-key lse instead of recomputing every score (docs/definitions.md#row-log-normaliser)."""
+    return row_mass_hooks(info) + ["hook_lse"]
+
+
 def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: str | None = None):
     """(lse (B,H,T), masses (B,H,T,m), phantom (B,H,T)) of one layer from the hooks named by ``row_mass_hooks``;
     masses[..., c] is each row's attention mass on the keys marked by indicators[..., c] (phantom in the normaliser).
     ``backend``: the kernels' vocabulary (auto, torch, reference, sdpa, triton); None follows the runtime choice
     (``probe.kernels.use_backend`` / $PROBE_BACKEND), as models do. A model with an attention-logit soft-cap (Gemma 2,
     ``info.extra['attn_logit_softcap']``) has it applied to the scores, ``cap · tanh(scale q·k / cap)``, as in its
-    ``hook_pattern``.
+    ``hook_pattern``. With ``hook_lse`` in ``got`` (``sparse_mass_hooks``) and q in fp32 or fp64, sparse indicators
+    are read from it; a half-precision forward's lse is not used (its scores are rounded where these are not).
     """
     q, k, sink = got["hook_q"], got["hook_k"], got.get("hook_sink_logit")
+    lse = got.get("hook_lse") if q.dtype in (torch.float32, torch.float64) else None
     key_bias = None
     if "hook_v_gate" in got:  # routing slot: the model adds log g_j to the logits (B, Hkv, T)
         key_bias = torch.log(got["hook_v_gate"].float().clamp_min(1e-30)).permute(0, 2, 1)
@@ -211,6 +220,7 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
         window=sliding(info, layer),
         scale=info.extra.get("attn_scale"),
         softcap=info.extra.get("attn_logit_softcap") or None,
+        lse=lse,
         backend=backend,
     )
     lse = lse.float()
@@ -314,6 +324,7 @@ __all__ = [
     "run_until_done",
     "model_device",
     "row_mass_hooks",
+    "sparse_mass_hooks",
     "row_masses",
     "token_losses",
     "loss_forward_kwargs",

@@ -38,7 +38,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, describe, finish, row_mass_hooks, sliding
+from probe.analyses.capture import as_windows, describe, finish, sliding, sparse_mass_hooks
 from probe.analyses.parallel import gather
 from probe.analyses.passes import Part, run_pass
 from probe.data.windows import default_windows
@@ -216,7 +216,7 @@ class DormantPart(Part):
 
     def __init__(self, acc: DormantAccumulator, domain: str, backend: str | None = None):
         self.acc, self.domain, self.backend = acc, domain, backend
-        self.hooks = (set(row_mass_hooks(acc.info)) - {"hook_v"}) | {"hook_z"}
+        self.hooks = (set(sparse_mass_hooks(acc.info)) - {"hook_v"}) | {"hook_z"}
         self.batch, self.docs = 0, None
 
     def needs(self, layer: int) -> set[str]:

@@ -32,7 +32,7 @@ from collections import Counter
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, describe, finish, row_mass_hooks, token_text
+from probe.analyses.capture import as_windows, describe, finish, sparse_mass_hooks, token_text
 from probe.analyses.gates import read_tokens_of
 from probe.analyses.parallel import gather, reduce_sums
 from probe.analyses.passes import Part, run_pass
@@ -368,7 +368,7 @@ class MassivePart(Part):
     ):
         self.info, self.backend = info, backend
         self.acc = MassiveAccumulator(info, abs_threshold=abs_threshold, ratio_threshold=ratio_threshold, top_k=top_k)
-        self.hooks = set(row_mass_hooks(info))
+        self.hooks = set(sparse_mass_hooks(info))
         self.state: dict = {}
 
     def needs(self, layer: int) -> set[str]:

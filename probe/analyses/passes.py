@@ -24,8 +24,8 @@ from probe.analyses.capture import (
     Windows,
     make_bar,
     model_device,
-    row_mass_hooks,
     row_masses,
+    sparse_mass_hooks,
 )
 from probe.analyses.parallel import batches_of_rank, is_main
 
@@ -66,7 +66,7 @@ class LayerMasses:
 
     def __init__(self, info, layer: int, got: dict[str, torch.Tensor]):
         # only the hooks row_masses reads: a gate captured for another reason must not become a key bias
-        wanted = set(row_mass_hooks(info)) - {"hook_v"}
+        wanted = set(sparse_mass_hooks(info)) - {"hook_v"}
         self.info, self.layer = info, layer
         self.got = {s: t for s, t in got.items() if s in wanted}
         self.cache: dict[tuple, tuple] = {}

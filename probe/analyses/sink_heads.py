@@ -38,7 +38,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, describe, finish, row_mass_hooks, sliding
+from probe.analyses.capture import as_windows, describe, finish, sliding, sparse_mass_hooks
 from probe.analyses.parallel import gather_rows, rank_and_world, reduce_sums
 from probe.analyses.passes import Part, key0_and_real, run_pass
 from probe.analyses.stats import jackknife_se
@@ -299,7 +299,7 @@ class SinkEpsPart(Part):
         if protocol != "pooled":  # the protocol fixes the rows and the threshold
             include_query0 = settings["include_query0"]
         self.acc = SinkEpsAccumulator(info, eps, include_query0, window_rows, settings["per_window"])
-        self.hooks = set(row_mass_hooks(info)) - {"hook_v"}
+        self.hooks = set(sparse_mass_hooks(info)) - {"hook_v"}
 
     def needs(self, layer: int) -> set[str]:
         return self.hooks

@@ -21,7 +21,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, describe, finish, model_device, row_mass_hooks, sliding
+from probe.analyses.capture import as_windows, describe, finish, model_device, sliding, sparse_mass_hooks
 from probe.analyses.parallel import batches_of_rank, first_present, gather_rows, rank_and_world, reduce_sums
 from probe.analyses.passes import Part, key0_and_real, run_pass
 from probe.hooks import names
@@ -173,7 +173,7 @@ class SinkPart(Part):
     def __init__(self, info, backend: str | None = None):
         self.info, self.backend = info, backend
         self.acc = SinkAccumulator(info)
-        self.hooks = set(row_mass_hooks(info))
+        self.hooks = set(sparse_mass_hooks(info))
 
     def needs(self, layer: int) -> set[str]:
         return self.hooks

@@ -5,7 +5,7 @@ transformers 5 calls ``fn(module, query, key, value, attention_mask, scaling=...
 s_aux=...)`` after the projections and rotary, with q (B,H,Tq,dh), k/v (B,Hkv,Tk,dh). Here the §3 attention hooks
 fire:
 
-    hook_q, hook_k, hook_v, hook_v_out, [hook_sink_logit], [hook_pattern, hook_phantom], hook_z
+    hook_q, hook_k, hook_v, hook_v_out, [hook_sink_logit], [hook_pattern, hook_phantom], [hook_lse], hook_z
 
 all with positions second (B,T,heads,dh). No T x T tensor (docs/definitions.md#long-context): when HF's mask is only
 causal or a sliding window (plus key padding), :func:`rules_mask` hands the attention function a :class:`MaskRules`
@@ -202,32 +202,39 @@ def eager_probs(q, k, mask, scaling: float, sinks=None, window: int | None = Non
     """fp32 attention probabilities over real keys and the phantom (sink) mass: the kernels' reference.
 
     q (B,H,Tq,dh), k (B,H,Tk,dh) already repeated to H heads, mask additive (broadcastable to B,H,Tq,Tk) or None
-    (causal within ``window``), sinks (H,) logits or None, softcap Gemma 2's score cap. Returns pattern (B,H,Tq,Tk)
-    and phantom (B,H,Tq); rows sum to 1 - phantom.
+    (causal within ``window``), sinks (H,) logits or None, softcap Gemma 2's score cap. Returns pattern (B,H,Tq,Tk),
+    phantom (B,H,Tq) and the lse over the real keys (B,H,Tq, docs/definitions.md#row-log-normaliser); rows sum to
+    1 - phantom.
     """
-    pattern, phantom, _ = attention_probs(
+    pattern, phantom, lse = attention_probs(
         _bthd(q), _bthd(k), sink=sinks, mask=mask, window=window, scale=scaling, softcap=softcap
     )
-    return pattern, phantom
+    real = lse if sinks is None else lse + torch.log(pattern.sum(-1))  # the real mass, summed, not 1 - phantom
+    return pattern, phantom, real
 
 
-def fast_attention(q, k, v, mask, scaling: float, sinks=None, window: int | None = None):
-    """Output (B,H,Tq,dh) without materialising the pattern: the kernels' fused op (SDPA with the sink as an extra
-    key of value 0 on CPU), GQA without repetition; q (B,H,Tq,dh), k/v (B,Hkv,Tk,dh); mask additive or None (causal
-    within ``window``, queries the last Tq positions)."""
-    return _bthd(sink_attention(_bthd(q), _bthd(k), _bthd(v), sink=sinks, mask=mask, window=window, scale=scaling).out)
+def fast_attention(q, k, v, mask, scaling: float, sinks=None, window: int | None = None, return_lse=False):
+    """(output (B,H,Tq,dh), lse over the real keys (B,H,Tq) fp32 or None) without materialising the pattern: the
+    kernels' fused op (SDPA with the sink as an extra key of value 0 on CPU), GQA without repetition; q (B,H,Tq,dh),
+    k/v (B,Hkv,Tk,dh); mask additive or None (causal within ``window``, queries the last Tq positions). The lse only
+    with ``return_lse`` (free where the fused kernel has it, docs/definitions.md#row-log-normaliser)."""
+    res = sink_attention(
+        _bthd(q), _bthd(k), _bthd(v), sink=sinks, mask=mask, window=window, scale=scaling, return_lse=return_lse
+    )
+    return _bthd(res.out), res.lse_real
 
 
-def rules_attention(q, k, v, rules: MaskRules, scaling: float, sinks=None):
+def rules_attention(q, k, v, rules: MaskRules, scaling: float, sinks=None, return_lse=False):
     """:func:`fast_attention` under a :class:`MaskRules`, with no T x T tensor: plain causal (or a window the kernel
     applies itself) in one call, otherwise query blocks (:func:`query_blocks`)."""
     q_len, k_len = q.shape[2], k.shape[2]
     whole = rules.keep is None and (rules.window is None or rules.window >= k_len or _kernel_applies_window(q, k, v))
     if whole:
-        return fast_attention(q, k, v, None, scaling, sinks, rules.window)
+        return fast_attention(q, k, v, None, scaling, sinks, rules.window, return_lse)
     out = q.new_empty(*q.shape[:3], v.shape[-1])
+    lse = q.new_empty(*q.shape[:3], dtype=torch.float32) if return_lse else None  # (B, H, Tq)
     for rows, cols, mask in query_blocks(rules, q_len, k_len, q.dtype, q.device):
-        out[:, :, rows] = fast_attention(
+        out[:, :, rows], block_lse = fast_attention(
             q[:, :, rows],
             k[:, :, cols],
             v[:, :, cols],
@@ -235,8 +242,11 @@ def rules_attention(q, k, v, rules: MaskRules, scaling: float, sinks=None):
             scaling,
             sinks,
             None if mask is not None else rules.window,
+            return_lse,
         )
-    return out
+        if lse is not None:
+            lse[:, :, rows] = block_lse
+    return out, lse
 
 
 def _hf_wants_attentions() -> bool:
@@ -250,6 +260,12 @@ def wants_pattern(site, module, dropout: float) -> bool:
     attentions, or dropout acts on the probabilities."""
     hooked = site is not None and (site.materialize or site.hook_pattern.has_hooks() or site.hook_phantom.has_hooks())
     return hooked or (module.training and dropout > 0) or _hf_wants_attentions()
+
+
+def wants_lse(site) -> bool:
+    """Compute each row's real-key lse? When a hook or cache reads ``hook_lse`` or the adapter is materialising (what
+    nnsight reads)."""
+    return site is not None and (site.materialize or site.hook_lse.has_hooks())
 
 
 def fire_qkv(site, query, key, value):
@@ -277,12 +293,12 @@ def probe_attention(
     q_len, k_len = query.shape[2], key.shape[2]
     rules, mask = as_rules(attention_mask, sliding_window, q_len, k_len, query.device)
 
-    weights = None
+    weights, lse, want_lse = None, None, wants_lse(site)
     if wants_pattern(site, module, dropout):
         n_rep = query.shape[1] // key.shape[1]
         if rules is not None:  # the pattern is T x T by definition; its mask only where padding needs one
             mask = None if rules.keep is None else rules.dense(slice(None), q_len, k_len, query.dtype, query.device)
-        pattern, phantom = eager_probs(
+        pattern, phantom, lse = eager_probs(
             query,
             repeat_kv(key, n_rep),
             mask,
@@ -297,9 +313,11 @@ def probe_attention(
         probs = F.dropout(weights, p=dropout, training=True) if training else weights
         out = torch.matmul(probs, repeat_kv(value, n_rep))
     elif rules is not None:
-        out = rules_attention(query, key, value, rules, scaling, sinks)
+        out, lse = rules_attention(query, key, value, rules, scaling, sinks, want_lse)
     else:
-        out = fast_attention(query, key, value, mask, scaling, sinks)
+        out, lse = fast_attention(query, key, value, mask, scaling, sinks, return_lse=want_lse)
+    if want_lse:
+        site.hook_lse(lse)
     out = _bthd(out)
     if site is not None:
         out = site.hook_z(out)

@@ -44,6 +44,7 @@ class _AttnHooks(nn.Module):
             self.hook_sink_logit = HookPoint()  # H
         self.hook_pattern = HookPoint()  # B,H,Tq,Tk over real keys
         self.hook_phantom = HookPoint()  # B,H,Tq sink mass (zeros without a sink)
+        self.hook_lse = HookPoint()  # B,H,Tq real-key log-normaliser (fired only when hooked)
         self.hook_z = HookPoint()  # B,T,H,dh before the output projection
 
 

@@ -21,6 +21,7 @@ V_GATE = "blocks.{l}.attn.hook_v_gate"  # B,T,Hkv scalar gates, or B,T,Hkv,dh el
 V_OUT = "blocks.{l}.attn.hook_v_out"  # B,T,Hkv,dh value actually aggregated
 PATTERN = "blocks.{l}.attn.hook_pattern"  # B,H,Tq,Tk attention over real keys (rows sum to 1 - phantom)
 PHANTOM = "blocks.{l}.attn.hook_phantom"  # B,H,Tq mass on the phantom key
+LSE = "blocks.{l}.attn.hook_lse"  # B,H,Tq fp32 log Σ_visible exp(score) over the real keys (phantom excluded)
 SINK_LOGIT = "blocks.{l}.attn.hook_sink_logit"  # H
 Z = "blocks.{l}.attn.hook_z"  # B,T,H,dh head outputs before the output projection
 V_FIRST = "blocks.{l}.attn.hook_v_first"  # B,T,Hkv,dh value residual: V of the first layer
@@ -41,6 +42,7 @@ ATTN_HOOKS = (
     "hook_pattern",
     "hook_phantom",
     "hook_sink_logit",
+    "hook_lse",
     "hook_z",
 )
 
@@ -52,7 +54,7 @@ def name(template: str, layer: int | None = None, site: str | None = None) -> st
 
 # Builders: every hook name in probe is made here, so a rename or a new point is one edit in one file.
 RESID_POINTS = ("pre", "mid", "post")
-ATTN_POINTS = ("q", "k", "v", "v_gate", "v_out", "pattern", "phantom", "sink_logit", "z", "v_first", "v_mix")
+ATTN_POINTS = ("q", "k", "v", "v_gate", "v_out", "pattern", "phantom", "sink_logit", "lse", "z", "v_first", "v_mix")
 MLP_POINTS = ("post",)
 READ_KINDS = ("attn", "mlp")  # the two read sites of a depth-routed block: before attention, before the MLP
 READ_POINTS = ("routing_keys", "depth_weights")

@@ -34,11 +34,12 @@ from probe.kernels.backend import resolve_backend
 from probe.kernels.depth_attention.reference import check_sources, depth_attention_reference, depth_scores
 from probe.kernels.launch import NoLaunchConfig
 from probe.kernels.sink_attention import edits
-from probe.kernels.sink_attention.reference import sink_attention_reference, visible_mask
+from probe.kernels.sink_attention.reference import real_lse_blocked, sink_attention_reference, visible_mask
 from probe.kernels.sink_attention.row_masses import (
     row_masses_chunked,
     row_masses_flash_cpu,
     row_masses_reference,
+    row_masses_sparse,
     row_masses_triton,
 )
 from probe.kernels.sink_attention.sdpa import _cpu_flash, sink_attention_sdpa
@@ -51,6 +52,7 @@ class AttentionOutput(NamedTuple):
     lse: torch.Tensor | None  # (B, H, Tq) fp32, log(exp(sink) + Σ_visible exp(score)); None on sdpa under autograd
     pattern: torch.Tensor | None  # (B, H, Tq, Tk) fp32 over real keys, rows sum to 1 - phantom (return_pattern)
     phantom: torch.Tensor | None  # (B, H, Tq) fp32 mass on the phantom key (return_pattern)
+    lse_real: torch.Tensor | None = None  # (B, H, Tq) fp32 log Σ_visible exp(score), phantom excluded (return_lse)
 
 
 class DepthOutput(NamedTuple):
@@ -153,6 +155,7 @@ def sink_attention(
     scale=None,
     keep=None,
     return_pattern=False,
+    return_lse=False,
     backend=None,
 ) -> AttentionOutput:
     """Causal (optionally sliding-window) GQA attention with an optional phantom sink key and per-key logit bias.
@@ -163,6 +166,8 @@ def sink_attention(
     slot's log g_j). mask: additive logits broadcastable to (B,H,Tq,Tk) that replace the causal/window rule (HF
     padding masks; not on Triton). scale defaults to 1/sqrt(dh). Value gates are the caller's: v is aggregated as given.
     keep: with a window, keys j < keep stay visible to every later query (the kept-first-keys rule).
+    return_lse: also give ``lse_real``, each row's lse over the real keys (docs/definitions.md#row-log-normaliser):
+    the fused kernel's own where it has one, else computed in query blocks.
     An edit armed for this call (probe.kernels.sink_attention.edits.arm) is carried out here.
     """
     edit = edits.take()
@@ -179,8 +184,31 @@ def sink_attention(
             scale=scale,
             keep=keep,
             return_pattern=return_pattern,
+            return_lse=return_lse,
             backend=backend,
         )
+    res = _sink_attention(q, k, v, sink, key_bias, mask, window, scale, keep, return_pattern, backend)
+    if not return_lse or res.lse_real is not None:
+        return res
+    if sink is None and res.lse is not None:  # without a phantom the kernel's lse is over the real keys
+        return res._replace(lse_real=res.lse)
+    return res._replace(lse_real=_real_lse(q, k, sink, key_bias, mask, window, scale, keep, backend))
+
+
+def _real_lse(q, k, sink, key_bias, mask, window, scale, keep, backend) -> torch.Tensor:
+    """lse over the real keys where the attention's path did not give it: log of the real mass the row-mass op sums
+    (well conditioned however much the phantom takes), or with a mask, a cache or kept first keys, query blocks."""
+    if mask is not None or keep is not None or q.shape[1] != k.shape[1]:
+        return real_lse_blocked(q, k, key_bias=key_bias, mask=mask, window=window, scale=scale, keep=keep).float()
+    every = q.new_ones(*k.shape[:3], 1, dtype=torch.float32)  # (B, T, Hkv, 1)
+    with torch.no_grad():
+        lse, mass = attention_row_masses(
+            q, k, every, sink=sink, key_bias=key_bias, window=window, scale=scale, backend=backend
+        )
+    return lse.float() + torch.log(mass[..., 0].float())
+
+
+def _sink_attention(q, k, v, sink, key_bias, mask, window, scale, keep, return_pattern, backend) -> AttentionOutput:
     backend = resolve_backend(backend)
     _check_attention_args(q, k, v, sink, key_bias, window, mask, keep)
     window = None if window is None else int(window)
@@ -196,7 +224,8 @@ def sink_attention(
     if backend == "reference":
         return AttentionOutput(*sink_attention_reference(q, k, v, mask=mask, return_pattern=return_pattern, **kw))
     if backend == "sdpa":
-        return AttentionOutput(*sink_attention_sdpa(q, k, v, mask=mask, **kw), None, None)
+        out, lse, real = sink_attention_sdpa(q, k, v, mask=mask, **kw)
+        return AttentionOutput(out, lse, None, None, real)
     if mask is not None or q.shape[1] != k.shape[1]:
         raise ValueError("backend='triton' runs causal/window attention over one sequence: no mask, Tq == Tk")
     _triton_on(q.device)
@@ -206,10 +235,11 @@ def sink_attention(
         return AttentionOutput(*sink_attention_triton(q, k, v, **kw), None, None)
     except NoLaunchConfig as e:
         warn_fallback(e, "sdpa")
-        return AttentionOutput(*sink_attention_sdpa(q, k, v, mask=None, **kw), None, None)
+        out, lse, real = sink_attention_sdpa(q, k, v, mask=None, **kw)
+        return AttentionOutput(out, lse, None, None, real)
 
 
-def _edited_attention(edit, q, k, v, *, sink, key_bias, mask, window, scale, keep, return_pattern, backend):
+def _edited_attention(edit, q, k, v, *, sink, key_bias, mask, window, scale, keep, return_pattern, return_lse, backend):
     """sink_attention with an armed edit carried out by the op's own per-key bias and kept-first-keys rule."""
     if keep is not None:
         raise ValueError("an armed eviction cannot be combined with the caller's own keep")
@@ -241,6 +271,7 @@ def _edited_attention(edit, q, k, v, *, sink, key_bias, mask, window, scale, kee
         scale=scale,
         keep=keep,
         return_pattern=return_pattern,
+        return_lse=return_lse,
         backend=backend,
     )
     if not edit.knockout:
@@ -257,19 +288,23 @@ def _edited_attention(edit, q, k, v, *, sink, key_bias, mask, window, scale, kee
         mask=None if mask is None else mask[..., :1, :1],
         scale=scale,
         return_pattern=return_pattern,
+        return_lse=return_lse,
         backend=backend,
     )
     out = res.out.clone()
     out[:, 0] = torch.where(empty[None, :, None], first.out[:, 0].to(out.dtype), res.out[:, 0])
-    lse, pattern, phantom = res.lse, res.pattern, res.phantom
+    lse, pattern, phantom, real = res.lse, res.pattern, res.phantom, res.lse_real
     if lse is not None and first.lse is not None:
         lse = lse.clone()
         lse[:, :, 0] = torch.where(empty[None], first.lse[:, :, 0], res.lse[:, :, 0])
+    if real is not None:
+        real = real.clone()
+        real[:, :, 0] = torch.where(empty[None], first.lse_real[:, :, 0], res.lse_real[:, :, 0])
     if pattern is not None:
         pattern, phantom = pattern.clone(), phantom.clone()
         pattern[:, :, 0, 0] = torch.where(empty[None], first.pattern[:, :, 0, 0], res.pattern[:, :, 0, 0])
         phantom[:, :, 0] = torch.where(empty[None], first.phantom[:, :, 0], res.phantom[:, :, 0])
-    return AttentionOutput(out, lse, pattern, phantom)
+    return AttentionOutput(out, lse, pattern, phantom, real)
 
 
 def depth_backend(value: torch.Tensor, backend: str | None = None) -> str:
@@ -325,7 +360,7 @@ def depth_attention(
 
 
 def attention_row_masses(
-    q, k, indicators, *, sink=None, key_bias=None, window=None, scale=None, softcap=None, backend=None
+    q, k, indicators, *, sink=None, key_bias=None, window=None, scale=None, softcap=None, lse=None, backend=None
 ):
     """(lse (B,H,T) fp32, masses (B,H,T,m) fp32) with masses[..., c] = Σ_j a_ij indicators[b, j, h // G, c].
 
@@ -333,6 +368,9 @@ def attention_row_masses(
     softcap: Gemma 2's attention-logit soft-cap, scale q·k -> softcap tanh(scale q·k / softcap) before key_bias and
     the sink (None: none). The CPU flash op computes its scores itself and cannot cap, so a capped call takes the
     chunked path there. Nothing T x T is materialised except by backend='reference'.
+    lse: the forward's real-key lse of these q, k (B,H,T), ``hook_lse`` (docs/definitions.md#row-log-normaliser);
+    with it, columns that mark few keys or every key cost O(T) per row (row_masses_sparse) on any backend but
+    'reference', instead of a recomputation of every score.
     """
     backend = resolve_backend(backend)
     _check_attention_args(q, k, indicators, sink, key_bias, window)
@@ -344,6 +382,12 @@ def attention_row_masses(
     window = None if window is None else int(window)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     kw = dict(sink=sink, key_bias=key_bias, scale=scale)
+    if lse is not None and backend != "reference":
+        if lse.shape != (q.shape[0], q.shape[2], q.shape[1]):
+            raise ValueError(f"lse must be (B, H, T) = {(q.shape[0], q.shape[2], q.shape[1])}, got {tuple(lse.shape)}")
+        found = row_masses_sparse(q, k, indicators, lse, window=window, softcap=cap, **kw)
+        if found is not None:
+            return found
     if backend == "auto" and auto_row_masses(q, window=window, softcap=cap) == "triton":
         backend = "triton"
     if backend == "reference":

@@ -80,6 +80,7 @@ class Attention(nn.Module):
         self.hook_sink_logit = HookPoint()  # H
         self.hook_pattern = HookPoint()  # B,H,Tq,Tk
         self.hook_phantom = HookPoint()  # B,H,Tq
+        self.hook_lse = HookPoint()  # B,H,Tq real-key log-normaliser (fired only when hooked)
         self.hook_z = HookPoint()  # B,T,H,dv
 
     def forward(
@@ -130,9 +131,12 @@ class Attention(nn.Module):
             sink=sink,
             key_bias=key_bias,
             return_pattern=need_pattern,
+            return_lse=self.materialize or self.hook_lse.has_hooks(),
             backend="reference" if need_pattern else None,
         )  # None: the runtime backend
         out = res.out  # B,T,H,dv
+        if res.lse_real is not None:
+            self.hook_lse(res.lse_real)  # docs/definitions.md#row-log-normaliser
         if need_pattern:
             pattern = self.hook_pattern(res.pattern)
             self.hook_phantom(res.phantom)  # the phantom's value is 0: an edit of its mass changes no output

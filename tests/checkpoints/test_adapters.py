@@ -72,6 +72,7 @@ def test_hook_shapes(models, fam):
                 f"blocks.{l}.attn.hook_v_out": (B, T, Hkv, dh),
                 f"blocks.{l}.attn.hook_pattern": (B, H, T, T),
                 f"blocks.{l}.attn.hook_phantom": (B, H, T),
+                f"blocks.{l}.attn.hook_lse": (B, H, T),
                 f"blocks.{l}.attn.hook_z": (B, T, H, dh),
             }
         )
@@ -377,11 +378,12 @@ def test_fast_sink_attention_equals_eager(sink_scale):
     allowed[1, :, :, :2] = False  # left padding in sequence 1
     allowed[1, :, :2, 0] = True  # keep padded rows non-empty
     mask = torch.zeros(B, 1, T, T).masked_fill(~allowed, torch.finfo(torch.float32).min)
-    pattern, phantom = A.eager_probs(q, A.repeat_kv(k, 2), mask, dh**-0.5, sinks)
+    pattern, phantom, lse = A.eager_probs(q, A.repeat_kv(k, 2), mask, dh**-0.5, sinks)
     want = pattern @ A.repeat_kv(v, 2)
-    got = A.fast_attention(q, k, v, mask, dh**-0.5, sinks)
+    got, got_lse = A.fast_attention(q, k, v, mask, dh**-0.5, sinks, return_lse=True)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(pattern.sum(-1) + phantom, torch.ones(B, H, T))
+    torch.testing.assert_close(got_lse, lse, atol=1e-5, rtol=1e-6)  # over the real keys (padding: eager's min)
 
 
 @torch.no_grad()

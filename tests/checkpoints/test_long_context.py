@@ -161,3 +161,34 @@ def test_generation_with_a_cache_equals_hf_eager(models, fam):
     x = windows(seed=3)[0, :, :12]
     kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=1)
     torch.testing.assert_close(m.hf_model.generate(x, **kw), ref.generate(x, **kw), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+@torch.no_grad()
+def test_the_sink_pass_reads_the_forwards_lse_instead_of_recomputing_scores(models, fam, small_blocks, monkeypatch):
+    """Sink statistics, Sink^ε and massive activations mark key 0, a few positions or every key: with ``hook_lse``
+    their masses cost O(T) per row (docs/definitions.md#row-log-normaliser). Every full recomputation of a layer's
+    scores (the row-mass op's torch paths) is counted: none where the fused forward has the real-key lse (no phantom,
+    or gpt-oss's causal phantom fold), one per sliding layer for gpt-oss, whose windowed phantom sits inside the
+    kernel; and the numbers equal those of the recomputing path."""
+    from probe.kernels import dispatch
+
+    m, _ = models[fam]
+    w = windows(n=1, batch=2, seed=4)
+    calls = []
+    for name in ("row_masses_flash_cpu", "row_masses_chunked", "row_masses_reference", "real_lse_blocked"):
+        real = getattr(dispatch, name)
+        monkeypatch.setattr(
+            dispatch, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k)
+        )
+    found = sink_analyses(m, w, eps=[0.3], massive=True)
+    info = m.probe_info
+    sliding = sum(t == "sliding" for t in info.layer_types)
+    blocks = -(-T // BLOCK)  # gpt-oss's sliding layers: one lse per query block of the forward
+    assert len(calls) == (sliding * blocks if info.has_phantom else 0), calls
+    monkeypatch.setattr(dispatch, "row_masses_sparse", lambda *a, **k: None)  # every layer recomputes its scores
+    again = sink_analyses(m, w, eps=[0.3], massive=True)
+    for analysis, table in [("sinks", "heads"), ("sink_eps", "heads"), ("massive", "layers")]:
+        torch.testing.assert_close(
+            numbers(found[analysis][table]), numbers(again[analysis][table]), atol=1e-6, rtol=0, equal_nan=True
+        )

@@ -40,7 +40,7 @@ def softcap_attention(
 
     SDPA cannot soft-cap, so the capped scores are explicit: the whole pattern when it is materialised (a hook asks,
     as in probe_attention), else query blocks of ``_attn.query_blocks`` (no T x T tensor). Hooks fire in the shared
-    order: q, k, v, v_out, pattern, phantom (zeros: no sink), z.
+    order: q, k, v, v_out, pattern, phantom (zeros: no sink), lse, z.
     """
     if softcap is None:
         return _attn.probe_attention(
@@ -62,15 +62,18 @@ def softcap_attention(
     rules, mask = _attn.as_rules(attention_mask, sliding_window, q_len, k_len, query.device)
     key, value = _attn.repeat_kv(key, n_rep), _attn.repeat_kv(value, n_rep)
 
-    def probs(rows, cols, mask):  # fp32 capped probabilities (B,H,rows,cols); HF eager: cap before the mask
+    def probs(rows, cols, mask):  # fp32 capped probabilities (B,H,rows,cols) and lse; HF eager: cap before the mask
         window = rules.window if rules is not None and mask is None else None
-        return _attn.eager_probs(query[:, :, rows], key[:, :, cols], mask, scaling, window=window, softcap=softcap)[0]
+        pattern, _, lse = _attn.eager_probs(
+            query[:, :, rows], key[:, :, cols], mask, scaling, window=window, softcap=softcap
+        )
+        return pattern, lse
 
     weights = None
     if _attn.wants_pattern(site, module, dropout) or rules is None:  # a dense mask: the pattern is T x T anyway
         if rules is not None:
             mask = None if rules.keep is None else rules.dense(slice(None), q_len, k_len, query.dtype, query.device)
-        pattern = probs(slice(None), slice(None), mask)
+        pattern, lse = probs(slice(None), slice(None), mask)
         if site is not None:
             pattern = site.hook_pattern(pattern)
             site.hook_phantom(pattern.new_zeros(pattern.shape[:-1]))
@@ -79,8 +82,12 @@ def softcap_attention(
         out = torch.matmul(p, value)
     else:
         out = query.new_empty(*query.shape[:3], value.shape[-1])
+        lse = query.new_empty(*query.shape[:3], dtype=torch.float32)  # (B, H, Tq); no phantom: over the real keys
         for rows, cols, block_mask in _attn.query_blocks(rules, q_len, k_len, query.dtype, query.device):
-            out[:, :, rows] = torch.matmul(probs(rows, cols, block_mask).to(query.dtype), value[:, :, cols])
+            pattern, lse[:, :, rows] = probs(rows, cols, block_mask)
+            out[:, :, rows] = torch.matmul(pattern.to(query.dtype), value[:, :, cols])
+    if _attn.wants_lse(site):
+        site.hook_lse(lse)
     out = _attn._bthd(out)
     if site is not None:
         out = site.hook_z(out)

@@ -75,6 +75,27 @@ def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, s
     return pattern, phantom, lse
 
 
+def real_lse_blocked(
+    q, k, *, key_bias=None, mask=None, window=None, scale=None, softcap=None, keep=None, block: int = 256
+) -> torch.Tensor:
+    """lse over the real keys (the phantom excluded), (B, H, Tq) fp32 (fp64 for fp64 inputs), in blocks of ``block``
+    queries: each block's scores are block x (keys up to its last query; every key under a mask, which replaces the
+    rule), never Tq x Tk. Same arguments and rule as attention_probs (queries the last Tq of the Tk positions); a row
+    that sees no key gets -inf."""
+    Tq, Tk = q.shape[1], k.shape[1]
+    parts = []
+    for a in range(0, Tq, block):
+        b = min(Tq, a + block)
+        n = Tk - Tq + b  # under the rule, queries a..b-1 are the last b - a of keys 0..n-1
+        rows = None
+        if mask is not None:  # the mask replaces the rule: every key; broadcast dims (size 1) stay as they are
+            rows, n = (mask if mask.shape[-2] == 1 else mask[..., a:b, :]), Tk
+        kw = dict(window=window, scale=scale, softcap=softcap, keep=keep)
+        bias = None if key_bias is None else key_bias[..., :n]
+        parts.append(attention_probs(q[:, a:b], k[:, :n], key_bias=bias, mask=rows, **kw)[2])
+    return torch.cat(parts, -1)
+
+
 def apply_pattern(pattern: torch.Tensor, v: torch.Tensor, dtype=None) -> torch.Tensor:
     """out (B,Tq,H,dv) = pattern (B,H,Tq,Tk) @ v (B,Tk,Hkv,dv), in fp32, GQA by repetition; cast to dtype (v's)."""
     G = pattern.shape[1] // v.shape[2]

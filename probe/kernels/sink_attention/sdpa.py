@@ -55,17 +55,18 @@ class _CausalSinkFlashCPU(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, scale):  # q (B,H,T,D), k/v (B,Hkv,T,D), sink (H,) fp32 -> y (B,H,T,D), lse' (B,H,T)
+    def forward(ctx, q, k, v, sink, scale):
+        # q (B,H,T,D), k/v (B,Hkv,T,D), sink (H,) fp32 -> y (B,H,T,D), lse' (B,H,T), lse over the real keys (B,H,T)
         out, lse = _cpu_flash(q, k, v, 0.0, True, scale=scale)
         lse_all = torch.logaddexp(lse, sink.to(lse.dtype)[None, :, None])
         y = (out * torch.exp(lse - lse_all)[..., None].to(out.dtype)).contiguous()
         ctx.save_for_backward(q, k, v, y, lse_all, sink)
         ctx.scale = scale
-        ctx.mark_non_differentiable(lse_all)
-        return y, lse_all
+        ctx.mark_non_differentiable(lse_all, lse)
+        return y, lse_all, lse
 
     @staticmethod
-    def backward(ctx, dy, _):
+    def backward(ctx, dy, _, __):
         q, k, v, y, lse_all, sink = ctx.saved_tensors
         dy = dy.contiguous()
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
@@ -77,11 +78,14 @@ class _CausalSinkFlashCPU(torch.autograd.Function):
 
 
 def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None, keep=None):
-    """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> (out (B,Tq,H,dv) in q.dtype, lse (B,H,Tq) fp32 or None).
+    """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> (out (B,Tq,H,dv) in q.dtype, lse (B,H,Tq) fp32 or None,
+    lse over the real keys (B,H,Tq) fp32 or None).
     keep: with a window, the first ``keep`` keys stay visible (the kept-first-keys rule, in the explicit mask).
 
     lse comes from the fused CPU kernel, which does not differentiate it: it is returned only when no gradient is
-    being recorded (analysis), and is None under autograd or off-CPU.
+    being recorded (analysis), and is None under autograd or off-CPU. The real-key lse is the kernel's own where the
+    phantom is not one of its keys (no sink, or the causal fold), else None (a phantom inside the kernel's lse cannot
+    be taken out of it without cancellation).
     """
     B, Tq, H, dh = q.shape
     Tk, Hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
@@ -94,8 +98,9 @@ def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=
     if sink is not None and key_bias is None and causal and q.device.type == "cpu" and _cpu_flash:
         D = -(-max(dh, dv) // 8) * 8
         s = sink.float().clamp(min=SINK_FLOOR)
-        out, lse = _CausalSinkFlashCPU.apply(_pad_last(qt, D), _pad_last(kt, D), _pad_last(vt, D), s, scale)
-        return out[..., :dv].transpose(1, 2), None if recording else lse.float()
+        out, lse, real = _CausalSinkFlashCPU.apply(_pad_last(qt, D), _pad_last(kt, D), _pad_last(vt, D), s, scale)
+        out = out[..., :dv].transpose(1, 2)
+        return (out, None, None) if recording else (out, lse.float(), real.float())
     q_extra, k_extra = [], []  # extra coordinates, fp32, (B, H, Tq, 1) and (B, Hkv, Tk, 1)
     if sink is not None:
         s = sink.float().clamp(min=SINK_FLOOR) / scale  # (H,)
@@ -133,4 +138,4 @@ def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=
 
     out = out[..., :dv].transpose(1, 2)  # (B, Tq, H, dv)
     lse = None if (lse is None or recording) else lse.float()
-    return out, lse
+    return out, lse, (lse if sink is None else None)

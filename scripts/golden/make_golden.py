@@ -4,6 +4,7 @@ and `report` on every shipped zoo model each verb accepts (`--batches 2 --batch-
 Run it from the root of a checkout of the commit whose behaviour is pinned; it records that commit beside the files:
 
     python scripts/golden/make_golden.py --out tests/jobs/golden
+    python scripts/golden/make_golden.py --out tests/jobs/golden --only sinks/ report/   # just those cases
 
 `tests/jobs/test_golden.py` reruns the same commands in-process and compares every table with these files (equal, or
 within 1e-12 relative where merging passes only reorders float sums). A change that alters a definition regenerates
@@ -71,17 +72,30 @@ def kept(out_dir: Path) -> list[Path]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="PREFIX",
+        help="regenerate only the cases whose names start with these (e.g. sinks/); the others and the commit "
+        "they were written at stay, and each regenerated case records its own commit",
+    )
     args = parser.parse_args(argv)
     root = Path.cwd()
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    if args.out.exists():
+    cases, top = {}, commit
+    if args.only:
+        old = json.loads((args.out / "cases.json").read_text())
+        cases, top = old["cases"], old["commit"]
+    elif args.out.exists():
         shutil.rmtree(args.out)
-    args.out.mkdir(parents=True)
-    cases = {}
+    args.out.mkdir(parents=True, exist_ok=True)
     for name, argv_case in plans(zoo_models(root)):
+        if args.only and not name.startswith(tuple(args.only)):
+            continue
+        shutil.rmtree(args.out / name, ignore_errors=True)
         with tempfile.TemporaryDirectory() as tmp:
             code = run_case(argv_case, Path(tmp) / "out")
-            cases[name] = {"argv": argv_case, "exit": code}
+            cases[name] = {"argv": argv_case, "exit": code, **({"commit": commit} if args.only else {})}
             if code == 0:
                 dest = args.out / name
                 for path in kept(Path(tmp) / "out"):
@@ -89,7 +103,8 @@ def main(argv=None) -> int:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(path, target)
         print(f"{name}: exit {code}", file=sys.stderr)
-    (args.out / "cases.json").write_text(json.dumps({"commit": commit, "cases": cases}, indent=1) + "\n")
+    text = json.dumps({"commit": top, "cases": cases}, indent=1) + "\n"
+    (args.out / "cases.json").write_text(text)
     return 0
 
 

@@ -8,7 +8,7 @@ import torch
 
 import probe
 from probe.analyses.dormant import DormantAccumulator, dormant_heads
-from probe.analyses.massive import MassiveAccumulator, massive_activations, median_abs
+from probe.analyses.massive import MassiveAccumulator, massive_activations, median_abs, top_values
 from probe.analyses.sink_heads import SinkEpsAccumulator, sink_heads
 from probe.analyses.sinks import sink_stats
 from probe.checkpoints.tiny import build_tiny
@@ -223,10 +223,29 @@ def test_sink_eps_validates_and_figures():
 
 
 def test_median_abs_is_torch_quantile():
+    """Odd and even lengths, and ties at and around the middle (the even case's upper value is found without a second
+    selection)."""
     g = torch.Generator().manual_seed(0)
-    for n in (7, 8, 1, 2):
+    for n in (7, 8, 1, 2, 10):
         a = torch.rand(3, n, generator=g)
-        assert torch.allclose(median_abs(a), torch.quantile(a, 0.5, dim=1))
+        torch.testing.assert_close(median_abs(a), torch.quantile(a, 0.5, dim=1), atol=0, rtol=0)
+        ties = torch.randint(0, 3, (4, n), generator=g).float()  # many equal values
+        torch.testing.assert_close(median_abs(ties), torch.quantile(ties, 0.5, dim=1), atol=0, rtol=0)
+    a = torch.tensor([[1.0, 2.0, 2.0, 5.0], [1.0, 1.0, 2.0, 9.0], [3.0, 3.0, 3.0, 3.0]])
+    torch.testing.assert_close(median_abs(a), torch.tensor([2.0, 1.5, 3.0]), atol=0, rtol=0)
+
+
+def test_top_values_are_topk_with_ties_in_index_order():
+    g = torch.Generator().manual_seed(0)
+    for n, k in [(50, 3), (5000, 10), (300_000, 10)]:
+        a = torch.rand(2, n, generator=g)
+        vals, idx = top_values(a, k)
+        want_v, want_i = a.topk(k, dim=1)
+        assert torch.equal(vals, want_v) and torch.equal(idx, want_i)  # distinct values: exactly topk's
+        ties = torch.randint(0, 4, (2, n), generator=g).float()  # every value repeated: the first k positions of 3
+        vals, idx = top_values(ties, k)
+        for b in range(2):
+            assert torch.equal(idx[b], (ties[b] == 3).nonzero().squeeze(1)[:k]) and bool((vals[b] == 3).all())
 
 
 def test_massive_hand_built_tensor():

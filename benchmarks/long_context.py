@@ -1,7 +1,8 @@
 """Time and peak memory of `probe sinks --massive` against context length on real weights, beside plain forwards.
 
     nice python benchmarks/long_context.py [--model gemma-3-270m] [--ctx 1024 2048 4096 8192 16384 32768]
-                                           [--data kjv] [--threads 2] [--ways sinks probe-forward hf-forward]
+                                           [--data kjv] [--threads 2] [--repeat 1]
+                                           [--ways sinks sinks-plain probe-forward hf-forward]
 
 Every (T, way) runs in its own subprocess, so its peak resident memory (``ru_maxrss`` of that process: the model's
 weights included) is its own. One window of T tokens of ``--data`` (KJV is one long document: windows of 32k tokens
@@ -18,25 +19,23 @@ exist without packing), B = 1. The ways:
 Goals (docs/definitions.md#long-context): peak RSS <= 4 GB at T = 32k with the 1.1 GB model, time <= 1.15x the
 plain forward.
 
-Measured 2026-12-01 13:00-13:19 UTC under ``nice`` on this project's shared 2-core machine, 2 threads, load average
-3.8 at the start and 7.8 at the end (seven agents' jobs: the times are noisy, 4096 and 8192 visibly so; the memory is
-not), kjv, one window per T, seconds / peak RSS GB:
+Measured 2026-12-01 under ``nice`` on this project's 2-core machine, 2 threads, load average 0.5-2.3 (1k, 2k, 4k,
+16k: ``--repeat 2``, fastest of two; 8k and 32k: one run; the HF forward: one run), kjv, one window per T,
+seconds / peak RSS GB:
 
-      T   sinks --massive   probe forward    HF SDPA forward   sinks / probe fwd   sinks / HF fwd
-   1024    11.1 / 1.43      7.05 / 1.42      15.8 / 1.42           1.57x             0.70x
-   2048    16.3 / 1.50      13.3 / 1.49      27.1 / 1.48           1.22x             0.60x
-   4096   128.9 / 1.55      34.3 / 1.56      61.1 / 1.63           3.76x             2.11x
-   8192    78.2 / 1.89      22.7 / 1.85     154.5 / 1.99           3.45x             0.51x
-  16384    68.3 / 2.25      58.7 / 2.15      not run               1.16x
-  32768   490.3 / 2.78     331.4 / 2.78      not run               1.48x
+      T   sinks --massive   sinks (plain)   probe forward    HF SDPA forward   sinks / probe fwd
+   1024     1.62 / 1.37      1.41 / 1.37     1.42 / 1.36      1.39 / 1.36       1.14x / 0.99x
+   2048     3.56 / 1.45      3.12 / 1.43     2.89 / 1.45      5.93 / 1.41       1.23x / 1.08x
+   4096     7.70 / 1.53      6.93 / 1.52     7.21 / 1.55     11.0  / 1.57       1.07x / 0.96x
+   8192    17.4  / 1.73     15.4  / 1.75    16.3  / 1.72     48.1  / 1.96       1.06x / 0.94x
+  16384    42.0  / 2.14     38.2  / 2.06    39.0  / 2.08      not run           1.08x / 0.98x
+  32768   106.6  / 2.71     93.6  / 2.69    94.6  / 2.69      not run           1.13x / 0.99x
 
-(The HF forward at 16k and 32k was stopped: its sliding layers attend over a dense T x T mask, so each doubling
-costs about 4x, 154 s at 8k.) Peak RSS at 32k is 2.78 GB, within the 4 GB goal (before the rule masks: 11.3 GB and
-15 min 23 s for `probe sinks --ctx 32768 --data kjv`); the time goal, 1.15x the model's own forward, is not met at
-32k (1.48x): the row masses recompute each layer's q.k scores after the forward has computed them once.
-Rerun at 13:59 at load 1-4 (--ctx 4096 8192): sinks 40.2 / 94.5 s, probe forward 20.9 / 50.7 s, HF forward
-11.0 / 73.9 s; interleaved in one process at 4096 the probe forward took 18.8 and 23.7 s, the HF forward 27.8 and
-34.5 s: on this machine a single time is worth a factor of two.
+Both goals are met at 32k: 2.71 GB, and 1.13x the model's own forward with massive activations (0.99x without). The
+sink pass reads its masses on key 0 and on a few massive-activation positions from the forward's ``hook_lse``
+(docs/definitions.md#row-log-normaliser) instead of recomputing every score, which had cost 1.48x (490 s against
+331 s at 32k, load 4-8, before that change). The HF forward at 16k and 32k was not run: its sliding layers attend over
+a dense T x T mask, about 4x per doubling.
 """
 
 from __future__ import annotations

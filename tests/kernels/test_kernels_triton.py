@@ -164,6 +164,25 @@ def test_row_masses_triton(sink_value, window):
     torch.testing.assert_close(masses[..., 1] + ref.phantom, torch.ones_like(lse), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("sink_value,window", [(None, None), (0.7, None), (100.0, 6)])
+def test_triton_forward_lse_feeds_the_sparse_row_masses(sink_value, window):
+    """return_lse on the Triton path: the kernel's own lse without a phantom, else the row-mass op's (Triton) real
+    mass; the masses read from it equal the Triton row masses (docs/definitions.md#row-log-normaliser)."""
+    x = attention_inputs(2, 20, 4, 2, 8, 8, sink_value, key_bias=True)
+    ind = torch.zeros(2, 20, 2, 2, device=DEV)
+    ind[:, 0, :, 0] = 1.0
+    ind[:, :, :, 1] = 1.0
+    kw = dict(sink=x.get("sink"), key_bias=x["key_bias"], window=window)
+    with torch.no_grad():
+        ref = sink_attention(x["q"], x["k"], x["v"], return_pattern=True, backend="reference", **kw)
+        res = sink_attention(x["q"], x["k"], x["v"], return_lse=True, backend="triton", **kw)
+        want = attention_row_masses(x["q"], x["k"], ind, backend="triton", **kw)[1]
+        got = attention_row_masses(x["q"], x["k"], ind, lse=res.lse_real, backend="triton", **kw)[1]
+    real = torch.log(ref.pattern.sum(-1)) + ref.lse  # the real keys' lse from the fp32 reference
+    torch.testing.assert_close(res.lse_real, real, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
 def capped_masses(q, k, ind, sink, key_bias, window, softcap):
     """Explicit T x T, fp64: softmax over [sink, cap tanh(scale q.k / cap) + key_bias] on visible keys, @ indicators."""
     B, T, H, dh = q.shape

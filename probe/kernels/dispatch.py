@@ -197,9 +197,11 @@ def sink_attention(
 
 def _real_lse(q, k, sink, key_bias, mask, window, scale, keep, backend) -> torch.Tensor:
     """lse over the real keys where the attention's path did not give it: log of the real mass the row-mass op sums
-    (well conditioned however much the phantom takes), or with a mask, a cache or kept first keys, query blocks."""
-    if mask is not None or keep is not None or q.shape[1] != k.shape[1]:
-        return real_lse_blocked(q, k, key_bias=key_bias, mask=mask, window=window, scale=scale, keep=keep).float()
+    (well conditioned however much the phantom takes; fp32), or with a mask, a cache, kept first keys or fp64 inputs,
+    query blocks."""
+    if mask is not None or keep is not None or q.shape[1] != k.shape[1] or q.dtype == torch.float64:
+        real = real_lse_blocked(q, k, key_bias=key_bias, mask=mask, window=window, scale=scale, keep=keep)
+        return real if q.dtype == torch.float64 else real.float()  # fp64 inputs keep fp64, as the reference does
     every = q.new_ones(*k.shape[:3], 1, dtype=torch.float32)  # (B, T, Hkv, 1)
     with torch.no_grad():
         lse, mass = attention_row_masses(

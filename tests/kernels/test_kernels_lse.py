@@ -150,3 +150,17 @@ def test_the_fallback_lse_is_well_conditioned():
     sink = torch.full((H,), 30.0)
     got = _real_lse(q, k, sink, bias, None, 5, DH**-0.5, None, "auto")
     torch.testing.assert_close(got.double(), real_lse(q, k, key_bias=bias, window=5), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["reference", "auto"])
+def test_lse_real_of_fp64_inputs_is_fp64(backend):
+    """An fp64 model (the authors' golden comparisons) with a phantom: the fallback keeps fp64, and the fp32 row-mass
+    reference takes an fp64 sink."""
+    q, k, v, sink, bias = inputs(50, torch.float64)
+    res = sink_attention(q, k, v, sink=sink, key_bias=bias, return_lse=True, backend=backend)
+    assert res.lse_real.dtype == torch.float64
+    torch.testing.assert_close(res.lse_real, real_lse(q, k, key_bias=bias), atol=1e-12, rtol=0)
+    ind = indicators(k).double()
+    _, got = attention_row_masses(q, k, ind, sink=sink, key_bias=bias, backend="reference")
+    pattern = attention_probs(q, k, sink=sink, key_bias=bias)[0]
+    torch.testing.assert_close(got[..., 1].double(), pattern.sum(-1), atol=1e-6, rtol=0)

@@ -34,8 +34,8 @@ def row_masses_reference(q, k, indicators, *, sink=None, key_bias=None, window=N
         q.float(),
         k.float(),
         indicators.float(),
-        sink=sink,
-        key_bias=key_bias,
+        sink=None if sink is None else sink.float(),  # fp32 throughout, whatever the inputs' dtype
+        key_bias=None if key_bias is None else key_bias.float(),
         window=window,
         scale=scale,
         softcap=softcap,

@@ -153,14 +153,8 @@ def main(argv=None) -> int:
                     continue
                 note = f"pos0 {r['pos0_share']:.4f}, r0 {r['r0']:.3f}" if way.startswith("sinks") else ""
                 print(f"{ctx:>6}  {way:<14} {r['seconds']:>9.2f} {r['peak_rss_gb']:>12.2f}  {note}", flush=True)
-        by_way = {}
-        for r in rows:  # the fastest run of each way at this T
-            if (
-                r["ctx"] == ctx
-                and "error" not in r
-                and r["seconds"] < by_way.get(r["way"], {"seconds": 1e30})["seconds"]
-            ):
-                by_way[r["way"]] = r
+        done = [r for r in rows if r["ctx"] == ctx and "error" not in r]
+        by_way = {r["way"]: r for r in sorted(done, key=lambda r: -r["seconds"])}  # the fastest of each way, last
         for sinks in ("sinks", "sinks-plain"):
             ratios = [
                 f"{by_way[sinks]['seconds'] / by_way[w]['seconds']:.2f}x the {w}"

@@ -77,8 +77,13 @@ def order_statistics(a: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, t
         below = (a < low).sum(1)
         inside = (a >= low) & (a <= high)
         if bool(((below <= lo) & (hi < below + inside.sum(1))).all()):
-            pairs = [_two_smallest(a[b][inside[b]], lo - int(below[b]), hi - lo) for b in range(B)]
-            return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+            rows = [_select(a[b][inside[b]][None], lo - int(below[b]), hi - int(below[b])) for b in range(B)]
+            return torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+    return _select(a, lo, hi)
+
+
+def _select(a: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """order_statistics by a selection over the whole of each row."""
     v_lo = a.kthvalue(lo + 1, dim=1).values
     if hi == lo:
         return v_lo, v_lo
@@ -106,12 +111,6 @@ def top_values(a: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         out_v.append(vals[:k])
         out_i.append(idx[order[:k]])
     return torch.stack(out_v), torch.stack(out_i)
-
-
-def _two_smallest(values: torch.Tensor, r: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The r-th and (r + step)-th smallest (0-based) of a 1-D tensor."""
-    v = values.kthvalue(r + 1).values
-    return v, (values.kthvalue(r + 2).values if step else v)
 
 
 def _best_first(entry: dict):

@@ -124,6 +124,7 @@ class Attention(nn.Module):
         v_out = self.hook_v_out(v_out)
 
         need_pattern = self.materialize or self.hook_pattern.has_hooks() or self.hook_phantom.has_hooks()
+        need_lse = self.materialize or self.hook_lse.has_hooks()
         res = sink_attention(
             q,
             k,
@@ -131,11 +132,11 @@ class Attention(nn.Module):
             sink=sink,
             key_bias=key_bias,
             return_pattern=need_pattern,
-            return_lse=self.materialize or self.hook_lse.has_hooks(),
+            return_lse=need_lse,
             backend="reference" if need_pattern else None,
         )  # None: the runtime backend
         out = res.out  # B,T,H,dv
-        if res.lse_real is not None:
+        if need_lse:
             self.hook_lse(res.lse_real)  # docs/definitions.md#row-log-normaliser
         if need_pattern:
             pattern = self.hook_pattern(res.pattern)

@@ -83,9 +83,9 @@ def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=
     keep: with a window, the first ``keep`` keys stay visible (the kept-first-keys rule, in the explicit mask).
 
     lse comes from the fused CPU kernel, which does not differentiate it: it is returned only when no gradient is
-    being recorded (analysis), and is None under autograd or off-CPU. The real-key lse is the kernel's own where the
-    phantom is not one of its keys (no sink, or the causal fold), else None (a phantom inside the kernel's lse cannot
-    be taken out of it without cancellation).
+    being recorded (analysis), and is None under autograd or off-CPU. The real-key lse is given by the causal fold,
+    which computes it before adding the phantom; elsewhere it is None (without a phantom it is lse itself,
+    probe.kernels.dispatch takes it so; a phantom inside the kernel's lse cannot be taken out without cancellation).
     """
     B, Tq, H, dh = q.shape
     Tk, Hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
@@ -138,4 +138,4 @@ def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=
 
     out = out[..., :dv].transpose(1, 2)  # (B, Tq, H, dv)
     lse = None if (lse is None or recording) else lse.float()
-    return out, lse, (lse if sink is None else None)
+    return out, lse, None

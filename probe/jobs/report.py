@@ -25,7 +25,6 @@ context sweep (``probe.analyses.context_sweep.sweep_tables`` over its records: `
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,6 +248,7 @@ class SweepComputer:
         self.windows = {t: WindowCache(dataclasses.replace(spec.windows, ctx=t)) for t in spec.contexts}
         self.of = {ctx_key(n, t): (n, t) for n in spec.names for t in spec.contexts}
         self.name, self.model = None, None
+        self.hashed: dict[str, dict | None] = {}  # one model's files hashed once for all its contexts, in this run
 
     def __call__(self, key: str) -> dict:
         name, ctx = self.of[key]
@@ -263,16 +263,13 @@ class SweepComputer:
 
     def fingerprint(self, key: str) -> dict:
         name, ctx = self.of[key]
-        return {"model": _model_fingerprint(name), "windows": self.windows[ctx].fingerprint()}
+        if name not in self.hashed:
+            self.hashed[name] = model_fingerprint(name)
+        return {"model": self.hashed[name], "windows": self.windows[ctx].fingerprint()}
 
     def release(self) -> None:
         self.name = self.model = None
         gc.collect()
-
-
-@functools.lru_cache(maxsize=64)
-def _model_fingerprint(name: str):  # one model's files, hashed once for all its contexts
-    return model_fingerprint(name)
 
 
 def write_report(spec: ReportSpec, console: Console) -> tuple[dict[str, pd.DataFrame], dict]:

@@ -6,6 +6,7 @@ an OSError is one ``WriteError`` naming the file. Standard library only, at the 
 from __future__ import annotations
 
 import errno
+import math
 import os
 import shutil
 import tempfile
@@ -196,3 +197,21 @@ def write_files(out: Path, files: dict[str, str | bytes]) -> list[Path]:
             tmp.unlink(missing_ok=True)
         raise
     return [final for _, final in staged]
+
+
+def json_safe(x):
+    """JSON-safe copy: NaN/inf -> None, numpy scalars -> Python."""
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        try:
+            x = x.item()
+        except (ValueError, AttributeError):
+            return str(x)
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    return str(x)

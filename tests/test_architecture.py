@@ -25,11 +25,15 @@ LEVELS = {
     "runs": 0,
     "progress": 0,
     "writes": 0,
+    "errors": 0,  # the one-line user error (exit 2) every level may raise
+    "console": 0,  # notes on stderr, silent with --quiet
+    "options": 0,  # argparse option types and options declared on config dataclasses
+    "process_group": 0,  # torchrun's process group: joining it, ranks, the batches a rank takes
     "catalogue": 0,  # the custom models' variant and tier names, plain data (`probe models` reads them without torch)
     "models": 1,  # custom instrumented transformers
     "checkpoints": 2,  # name -> model, HF adapters, interop, tiny HF models for tests
     "analyses": 3,  # captured tensors -> DataFrames (compute only: no files, pages or stdout)
-    "present": 4,  # figures, page sections, terminal text, files, console, errors
+    "present": 4,  # figures, page sections, terminal text, result files and pages
     "jobs": 5,
     "train": 5,  # run specs, inputs and windows, the resumable store, the report; training
     "experiments": 6,  # the papers' recipes
@@ -154,6 +158,28 @@ def test_no_import_circles_between_packages():
     assert _cycles(graph) == []
 
 
+# What a higher unit may take from a lower one beyond the level order: training is not presentation or analysis, and a
+# job takes from presentation only the pages it publishes (their builders and the write of a page's files).
+NARROW = {
+    "train": {"present": set(), "analyses": set()},
+    "jobs": {"present": {"probe.present.report", "probe.present.report_ctx", "probe.present.files"}},
+}
+
+
+def _narrow_violations(edges) -> list[str]:
+    return sorted(
+        f"{a}:{line} imports {b}"
+        for a, b, line in edges
+        if _unit(a) in NARROW and _unit(b) in NARROW[_unit(a)] and b not in NARROW[_unit(a)][_unit(b)]
+    )
+
+
+def test_train_and_jobs_take_no_utilities_from_presentation_or_analyses():
+    assert _narrow_violations(EDGES) == []
+    planted = {("probe.train.config", "probe.present.terminal", 1), ("probe.jobs.store", "probe.present.report", 2)}
+    assert _narrow_violations(planted) == ["probe.train.config:1 imports probe.present.terminal"]
+
+
 @pytest.mark.parametrize(
     "moved",
     [
@@ -166,6 +192,9 @@ def test_no_import_circles_between_packages():
         "probe/cli_misc.py",
         "probe/cli_analyses.py",
         "probe/cli_output.py",
+        "probe/present/errors.py",
+        "probe/present/console.py",
+        "probe/present/options.py",
     ],
 )
 def test_moved_modules_are_gone_not_shimmed(moved):

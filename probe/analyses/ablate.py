@@ -45,10 +45,11 @@ from probe.analyses.capture import (
     model_device,
     output_losses,
 )
-from probe.analyses.parallel import all_sum, batches_of_rank, gather, gather_rows, is_main
+from probe.analyses.parallel import all_sum, gather, gather_rows
 from probe.analyses.stats import with_batch_se
 from probe.hooks import names
 from probe.kernels.sink_attention import edits
+from probe.process_group import batches_of_rank, is_main
 
 INTERVENTIONS = ("knockout", "value", "phantom", "gate", "evict", "depth")
 VALUE_MODES = ("zero", "mean", "swap")

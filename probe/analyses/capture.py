@@ -17,10 +17,11 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from probe.analyses.parallel import batches_of_rank, gather_rows, is_main
+from probe.analyses.parallel import gather_rows
 from probe.data.seeding import keyed_generator
 from probe.hooks import names
 from probe.kernels import attention_row_masses
+from probe.process_group import batches_of_rank, is_main
 from probe.progress import progress_bar
 
 

@@ -22,8 +22,9 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import LayerCollector, as_windows, describe, finish, make_bar, model_device, token_text
-from probe.analyses.parallel import batches_of_rank, gather_rows, is_main, reduce_sums
+from probe.analyses.parallel import gather_rows, reduce_sums
 from probe.analyses.stats import jackknife_se
+from probe.process_group import batches_of_rank, is_main
 
 
 def _by_token(s_u: torch.Tensor, n_u: torch.Tensor) -> torch.Tensor:

@@ -41,10 +41,11 @@ from probe.analyses.capture import (
     row_mass_hooks,
     row_masses,
 )
-from probe.analyses.parallel import all_sum, batches_of_rank, gather_rows, is_main, reduce_sums
+from probe.analyses.parallel import all_sum, gather_rows, reduce_sums
 from probe.analyses.stats import with_batch_se
 from probe.hooks import names
 from probe.models.gates import gate_directions
+from probe.process_group import batches_of_rank, is_main
 
 JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
 CUTOFFS = {"q25": 0.25, "median": 0.5}

@@ -27,7 +27,7 @@ from probe.analyses.capture import (
     row_masses,
     sparse_mass_hooks,
 )
-from probe.analyses.parallel import batches_of_rank, is_main
+from probe.process_group import batches_of_rank, is_main
 
 
 class Part:

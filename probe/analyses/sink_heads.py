@@ -39,9 +39,10 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import as_windows, describe, finish, sliding, sparse_mass_hooks
-from probe.analyses.parallel import gather_rows, rank_and_world, reduce_sums
+from probe.analyses.parallel import gather_rows, reduce_sums
 from probe.analyses.passes import Part, key0_and_real, run_pass
 from probe.analyses.stats import jackknife_se
+from probe.process_group import rank_and_world
 
 DEFAULT_EPS = (0.3,)
 PROTOCOLS = ("pooled", "gu2025")  # docs/definitions.md#sink-eps-protocols

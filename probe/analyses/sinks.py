@@ -22,9 +22,10 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import as_windows, describe, finish, model_device, sliding, sparse_mass_hooks
-from probe.analyses.parallel import batches_of_rank, first_present, gather_rows, rank_and_world, reduce_sums
+from probe.analyses.parallel import first_present, gather_rows, reduce_sums
 from probe.analyses.passes import Part, key0_and_real, run_pass
 from probe.hooks import names
+from probe.process_group import batches_of_rank, rank_and_world
 
 SINK_FACTOR = 3.0  # pos0_share >= 3 x causal-uniform reference
 SINK_R0 = 0.8  # and r0 below this

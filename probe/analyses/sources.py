@@ -24,8 +24,9 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import StopForward, as_windows, describe, finish, make_bar, model_device, run_until_done
-from probe.analyses.parallel import batches_of_rank, gather, is_main, reduce_sums
+from probe.analyses.parallel import gather, reduce_sums
 from probe.hooks import names
+from probe.process_group import batches_of_rank, is_main
 
 
 def source_category(label: str) -> str:

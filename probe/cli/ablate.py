@@ -8,7 +8,7 @@ import argparse
 import math
 
 from probe.cli.flags import DEFAULT_MODEL, analysis_parser, output_flags
-from probe.present.options import nonneg_int, positive_int
+from probe.options import nonneg_int, positive_int
 
 # mirrored from probe.analyses.ablate (kept light here; tests/analyses/test_ablate_cli.py checks they agree)
 INTERVENTIONS = ("knockout", "value", "phantom", "gate", "evict", "depth")
@@ -128,8 +128,8 @@ def _implied(args) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from probe.analyses.ablate import DEFAULT_KEEP, DEFAULT_WINDOWS, AblationError, ablate
     from probe.cli.prepare import start
+    from probe.errors import UsageError
     from probe.present import ablate as presentation
-    from probe.present.errors import UsageError
     from probe.present.files import publish
 
     run = start(args, DEFAULT_MODEL, "ablate")

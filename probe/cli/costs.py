@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from probe.cli.flags import output_flags
-from probe.present.options import positive_int
+from probe.options import positive_int
 
 HELP = "FLOP and parameter cost model of AttnRes / P-LR / S-LR (LR-AttnRes 2026 Table 1)"
 DESCRIPTION = (
@@ -31,9 +31,9 @@ def run(args: argparse.Namespace) -> int:
     from probe.analyses.costs import TABLE1, cost_table
     from probe.catalogue import TIERS
     from probe.cli.flags import output_spec
+    from probe.console import Console
+    from probe.errors import UsageError
     from probe.present import costs
-    from probe.present.console import Console
-    from probe.present.errors import UsageError
     from probe.present.files import publish
 
     output = output_spec(args)

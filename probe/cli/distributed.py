@@ -22,10 +22,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from probe.analyses.parallel import from_env, gather, join_group, rank_and_world
+from probe.analyses.parallel import gather
+from probe.errors import UsageError, first_line
 from probe.jobs.lock import acquire as acquire_lock
-from probe.present.errors import UsageError, first_line
 from probe.present.files import check_out_dir
+from probe.process_group import from_env, join_group, rank_and_world
 
 PARALLEL_VERBS = ("sinks", "inject", "ablate", "gates", "sources", "eval")
 

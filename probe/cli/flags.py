@@ -3,7 +3,7 @@ as typed specs.
 
 Groups: the model and its evaluation windows (``model_flags``, with the big-checkpoint placement flags of
 ``placement_flags``), the outputs (``output_flags``), the Sink^eps thresholds (``eps_flag``) and injection
-(``injection_flags``). The argparse types that turn a bad number into one line are ``probe.present.options``'s; a
+(``injection_flags``). The argparse types that turn a bad number into one line are ``probe.options``'s; a
 verb's own flags live in its module (``probe.cli.<verb>``).
 
 Only argparse and light modules are imported here (no torch, pandas or plotly), so ``probe --help`` stays under a
@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from probe.jobs.specs import DEVICE_MAPS, InjectionSpec, ModelSpec, WindowSpec, parse_device_map, parse_max_memory
+from probe.options import attention_share, dose, nonneg_int, positive_int
 from probe.present.files import OutputSpec
-from probe.present.options import attention_share, dose, nonneg_int, positive_int
 
 # The embedded default models: zoo checkpoints when installed, else a freshly initialised tiny model of the
 # same variant built in-process (seed 0). Switching to another zoo name is a one-line change here.
@@ -257,7 +257,7 @@ def _is_main() -> bool:
     is the main process without importing it (torch costs seconds)."""
     if "torch.distributed" not in sys.modules:
         return True
-    from probe.analyses.parallel import is_main
+    from probe.process_group import is_main
 
     return is_main()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from probe.cli.flags import DEFAULT_MODEL, analysis_parser, output_flags
-from probe.present.options import positive_int
+from probe.options import positive_int
 
 HELP = "value-gate statistics: mean gate, selectivity, per-token gates"
 
@@ -21,7 +21,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _gated(model) -> None:
-    from probe.present.errors import UsageError
+    from probe.errors import UsageError
 
     info = model.probe_info
     if not info.has_value_gate:

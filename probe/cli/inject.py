@@ -29,8 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from probe.cli.prepare import prepare
     from probe.jobs.inputs import injection_plan
     from probe.present import inject as presentation
-    from probe.present.console import plan_line
     from probe.present.files import publish
+    from probe.present.terminal import plan_line
 
     with all_ranks_agree():
         run = prepare(args, DEFAULT_MODEL, "inject")

@@ -34,7 +34,7 @@ from functools import partial
 from importlib import import_module
 
 from probe import __version__
-from probe.present.errors import UsageError, UsageParser
+from probe.errors import UsageError, UsageParser
 from probe.writes import WriteError
 
 # a write that failed for want of room or a working disk, wherever it happened (torch.save, a library's writer)

@@ -22,8 +22,8 @@ def run(args: argparse.Namespace) -> int:
     from probe.catalogue import TIER_DESCRIPTIONS, TIERS, VARIANTS
     from probe.checkpoints.load import list_models
     from probe.cli.flags import output_spec
+    from probe.console import Console
     from probe.present import models
-    from probe.present.console import Console
     from probe.present.files import emit, save_result
 
     output = output_spec(args)

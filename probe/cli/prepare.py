@@ -8,9 +8,9 @@ import argparse
 from dataclasses import dataclass
 
 from probe.cli.flags import model_spec, output_spec, window_spec
+from probe.console import Console
 from probe.jobs.inputs import check_data, load_model, windows_for
 from probe.jobs.specs import WindowSpec
-from probe.present.console import Console
 from probe.present.files import OutputSpec
 
 
@@ -51,7 +51,7 @@ def start(args: argparse.Namespace, default: str, verb: str, check=None) -> Prep
     """``prepare`` on every rank together (under torchrun a setup failure on any rank ends every rank), then
     ``check(model)`` (a ``UsageError`` for a model the verb cannot take), then the note of the planned work."""
     from probe.cli.distributed import all_ranks_agree
-    from probe.present.console import plan_line
+    from probe.present.terminal import plan_line
 
     with all_ranks_agree():
         run = prepare(args, default, verb)

@@ -55,12 +55,12 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from probe.cli.flags import eps_values, injection_spec, model_spec, window_spec
+    from probe.console import Console
+    from probe.errors import UsageError
     from probe.jobs.report import ReportSpec, expand_checkpoints, sweep_contexts, write_report
     from probe.jobs.shards import merge_reports, parse_shard
-    from probe.present.console import Console
-    from probe.present.errors import UsageError
-    from probe.present.files import clean
     from probe.present.report import report_text
+    from probe.writes import json_safe
 
     console = Console(args.quiet)
     if args.merge:
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(
             json.dumps(
-                clean(
+                json_safe(
                     {
                         "settings": settings,
                         **{

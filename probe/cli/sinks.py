@@ -35,8 +35,8 @@ def _dormant_domains(args: argparse.Namespace, run) -> dict:
     import dataclasses
 
     from probe.data.synthetic import is_synthetic
+    from probe.errors import UsageError
     from probe.jobs.inputs import text_on_bb, trained_task, windows_for
-    from probe.present.errors import UsageError
 
     domains, task = {}, trained_task(run.model)
     for corpus in dict.fromkeys(args.dormant_corpora):
@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from probe.cli.flags import eps_values
     from probe.cli.prepare import prepare
     from probe.present import sinks
-    from probe.present.console import plan_line
     from probe.present.files import publish
+    from probe.present.terminal import plan_line
 
     with all_ranks_agree():  # under torchrun: a setup failure on any rank ends every rank
         run = prepare(args, DEFAULT_MODEL, "sinks")
@@ -114,11 +114,11 @@ def run_sweep(args: argparse.Namespace, contexts: list[int]) -> int:
     from probe.cli.distributed import all_ranks_agree
     from probe.cli.flags import eps_values
     from probe.cli.prepare import prepare
+    from probe.errors import UsageError
     from probe.jobs.inputs import windows_for
     from probe.present import sinks_ctx
-    from probe.present.console import plan_line
-    from probe.present.errors import UsageError
     from probe.present.files import publish
+    from probe.present.terminal import plan_line
 
     if args.dormant:
         raise UsageError(

@@ -21,7 +21,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def _depth_routed(model) -> None:
     from probe.analyses.sources import dense_layers
-    from probe.present.errors import UsageError
+    from probe.errors import UsageError
 
     info = model.probe_info
     if not info.has_depth_sources and not dense_layers(model):

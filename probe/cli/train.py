@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from probe.cli.flags import self_contained_flag
-from probe.present.errors import UsageError, first_line
-from probe.present.options import add_options, positive_int
+from probe.errors import UsageError, first_line
+from probe.options import add_options, positive_int
 from probe.runs import FINAL_MODEL, MODEL_CONFIG, RUN_IDENTITY
 from probe.train.config import TrainConfig
 
@@ -228,11 +228,11 @@ def _tokenizer(args: argparse.Namespace, config):
 
 
 def run(args: argparse.Namespace) -> int:
+    from probe.console import Console
     from probe.data import HELDOUT, WindowSampler, tokenize_documents
     from probe.data.batches import token_stream
     from probe.jobs.inputs import check_data, make_windows, resolve_device, set_threads
     from probe.models import config_for, create
-    from probe.present.console import Console
     from probe.present.training import training_text, write_training_page
     from probe.progress import plural
     from probe.train import export_model, find_checkpoint, read_metrics, train

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from probe.cli.flags import DEFAULT_MODEL, DTYPES, placement_flags, self_contained_flag
-from probe.present.options import nonneg_int, positive_int
+from probe.options import nonneg_int, positive_int
 
 PAGE = "view.html"
 HELP = (
@@ -63,9 +63,9 @@ def _text(args: argparse.Namespace, model) -> tuple:
     """(the text or token ids to view, where they came from): --text, else --data's document --doc (the first by
     default); a Bigram-Backcopy model views sequence --doc of its own chain (or of --data synthetic:bb[...])."""
     from probe.data.synthetic import is_synthetic
+    from probe.errors import UsageError
     from probe.jobs.inputs import DEFAULT_DATA, load_corpus, synthetic_windows, text_on_bb, trained_task
     from probe.jobs.specs import WindowSpec
-    from probe.present.errors import UsageError
 
     task = trained_task(model)
     if args.text is not None:
@@ -89,10 +89,10 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from probe.cli.flags import model_spec
+    from probe.console import Console
+    from probe.errors import UsageError
     from probe.jobs.inputs import load_model, tokenizer_for
     from probe.jobs.specs import WindowSpec
-    from probe.present.console import Console
-    from probe.present.errors import UsageError
     from probe.present.files import write_pages
     from probe.present.viewers import view_figures, view_text, viewer_html
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from probe.errors import UsageError, UsageParser
 from probe.experiments import RECIPES, make_config, module, run_recipe
 from probe.jobs.lock import acquire as acquire_lock
-from probe.present.errors import UsageError, UsageParser
+from probe.options import add_options
 from probe.present.files import check_out_dir
-from probe.present.options import add_options
 from probe.writes import WriteError
 
 PROG = "python -m probe.experiments"

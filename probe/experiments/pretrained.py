@@ -22,14 +22,14 @@ import pandas as pd
 
 from probe import __version__
 from probe.checkpoints.load import _hub_config_path, resolve
+from probe.console import Console
 from probe.data.windows import WINDOW_MODES
+from probe.errors import UsageError
 from probe.jobs.fingerprints import model_fingerprint
 from probe.jobs.inputs import KNOWN_HINT, WindowCache, check_data, load_model, windows_for
 from probe.jobs.specs import ModelSpec, WindowSpec, parse_device_map, parse_max_memory
 from probe.jobs.store import RunStore
-from probe.present.console import Console
-from probe.present.errors import UsageError
-from probe.present.files import clean
+from probe.writes import json_safe
 
 
 @dataclass
@@ -64,7 +64,7 @@ def recipe_errors():
 def settings_of(spec: PretrainedSpec) -> dict:
     """What determines a model's numbers (every option but the model list and its placement) and the probe
     version."""
-    return clean(
+    return json_safe(
         {
             **{k: v for k, v in dataclasses.asdict(spec).items() if k not in ("models", *PLACEMENT)},
             "probe_version": __version__,
@@ -141,7 +141,7 @@ def windows_of(model, spec: PretrainedSpec, cache: WindowCache | None = None):
 
 
 def tables_to_records(tables: dict[str, pd.DataFrame]) -> dict:
-    return {k: clean(df.to_dict("records")) for k, df in tables.items()}
+    return {k: json_safe(df.to_dict("records")) for k, df in tables.items()}
 
 
 def records_to_tables(records: dict) -> dict[str, pd.DataFrame]:
@@ -188,7 +188,7 @@ def window_meta(windows, model) -> dict:
         "family": info.family,
         "n_layers": info.n_layers,
         "layer_types": ",".join(sorted(set(info.layer_types))),
-        **clean(windows.to_dict()),
+        **json_safe(windows.to_dict()),
     }
 
 

@@ -22,8 +22,9 @@ import pandas as pd
 import torch
 
 from probe import __version__
-from probe.present.files import clean, write_pages
+from probe.present.files import write_pages
 from probe.present.recipe import recipe_pages
+from probe.writes import json_safe
 
 
 @dataclass
@@ -49,7 +50,7 @@ class Result:
             "tables": sorted(self.tables),
             "figures": sorted(self.figures),
         }
-        files["config.json"] = json.dumps(clean(record), indent=1)  # renamed last: marks the folder complete
+        files["config.json"] = json.dumps(json_safe(record), indent=1)  # renamed last: marks the folder complete
         write_pages(Path(out), files)
         return Path(out)
 

@@ -26,16 +26,16 @@ from transformers.utils import logging as hf_logging
 from probe.analyses.capture import model_device
 from probe.analyses.inject import JUNK_TYPES, own_directions
 from probe.checkpoints.load import KNOWN_CHECKPOINTS, ModelNotFoundError, load, resolve
+from probe.console import Console
 from probe.data import load_corpus as read_corpus
 from probe.data.batches import DocumentTokens
 from probe.data.corpus import CORPORA
 from probe.data.synthetic import BigramBackcopy, is_synthetic, is_token_domain, parse_synthetic, parse_token_domain
 from probe.data.tokenizer import DEFAULT_TOKENIZER, TOKENIZERS, load_tokenizer
 from probe.data.windows import build_windows, eval_context, text_windows, window_bos_id
+from probe.errors import UsageError, first_line
 from probe.jobs.specs import InjectionSpec, ModelSpec, WindowSpec
 from probe.models import create
-from probe.present.console import Console
-from probe.present.errors import UsageError, first_line
 from probe.progress import plural
 
 DEFAULT_DATA = "wikitext-2-test"  # windows of text models when --data is not given

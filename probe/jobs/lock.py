@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from probe.present.errors import UsageError
+from probe.errors import UsageError
 from probe.writes import make_dirs, remove_empty_dirs, remove_stale_temps
 
 LOCK_NAME = ".probe.lock"

@@ -36,7 +36,9 @@ from probe.analyses.context_sweep import sweep_tables
 from probe.analyses.inject import inject
 from probe.analyses.sink_pass import sink_analyses
 from probe.checkpoints.load import resolve
+from probe.console import Console
 from probe.data.synthetic import is_token_domain
+from probe.errors import UsageError
 from probe.jobs.fingerprints import model_fingerprint
 from probe.jobs.inputs import (
     KNOWN_HINT,
@@ -50,8 +52,6 @@ from probe.jobs.inputs import (
 )
 from probe.jobs.specs import InjectionSpec, ModelSpec, WindowSpec
 from probe.jobs.store import RunStore, shard_name
-from probe.present.console import Console
-from probe.present.errors import UsageError
 from probe.present.files import write_pages
 from probe.present.report import report_page
 from probe.present.report_ctx import report_ctx_page

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from probe.console import Console
+from probe.errors import UsageError
 from probe.jobs.report import manifest_contexts, record_keys, shard_share, write_tables
 from probe.jobs.store import MANIFEST, RunStore, read_manifest, read_record, record_path, shard_name
-from probe.present.console import Console
-from probe.present.errors import UsageError
 
 SHARD_HINT = (
     "i/N with 1 <= i <= N, e.g. 2/4 (a SLURM array run with --array=1-N: "

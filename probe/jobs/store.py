@@ -28,11 +28,10 @@ import re
 import sys
 from pathlib import Path
 
+from probe.console import Console
+from probe.errors import UsageError
 from probe.jobs.fingerprints import describe
-from probe.present.console import Console
-from probe.present.errors import UsageError
-from probe.present.files import clean
-from probe.writes import remove_stale_temps, write_files
+from probe.writes import json_safe, remove_stale_temps, write_files
 
 MANIFEST = "manifest.json"
 MODELS = "models"
@@ -155,7 +154,7 @@ class RunStore:
 
     def put(self, name: str, record: dict) -> None:
         """Store a finished model's record (JSON-safe: NaN becomes null); the manifest comes first."""
-        text = json.dumps(clean(record))
+        text = json.dumps(json_safe(record))
         if self.out is None:
             self.memory[name] = text
             return

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from probe.present.console import summary_lines
 from probe.present.files import header, result_meta
 from probe.present.sections import drop_ids, se_caveat
+from probe.present.terminal import summary_lines
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
 DESCRIPTIONS = {

@@ -8,15 +8,14 @@ The page builders (probe.present.page: pandas, plotly) are imported where a page
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from probe.present.console import Console
-from probe.present.errors import UsageError
-from probe.writes import TEMP_PREFIX, atomic_write, make_dirs, remove_empty_dirs, write_files
+from probe.console import Console
+from probe.errors import UsageError
+from probe.writes import TEMP_PREFIX, atomic_write, json_safe, make_dirs, remove_empty_dirs, write_files
 
 
 @dataclass(frozen=True)
@@ -30,24 +29,6 @@ class OutputSpec:
     writer: bool = True  # False on the ranks of a multi-process run other than rank 0: they neither write nor print
 
 
-def clean(x):
-    """JSON-safe copy: NaN/inf -> None, numpy scalars -> Python."""
-    if isinstance(x, dict):
-        return {str(k): clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [clean(v) for v in x]
-    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
-        try:
-            x = x.item()
-        except (ValueError, AttributeError):
-            return str(x)
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if x is None or isinstance(x, (bool, int, float, str)):
-        return x
-    return str(x)
-
-
 def result_meta(result: dict) -> dict:
     meta = result.get("meta")
     if meta is None:
@@ -56,7 +37,7 @@ def result_meta(result: dict) -> dict:
 
 
 def result_json(verb: str, result: dict) -> dict:
-    return clean(
+    return json_safe(
         {
             "verb": verb,
             "meta": result_meta(result),
@@ -115,7 +96,11 @@ def save_result(
     files[f"{stem}.json"] = json.dumps(result_json(stem, result), indent=1)
     if figures or sections:
         files[f"{stem}.html"] = page(
-            title, figures, intro=clean(result_meta(result)), **(sections or {}), self_contained=output.self_contained
+            title,
+            figures,
+            intro=json_safe(result_meta(result)),
+            **(sections or {}),
+            self_contained=output.self_contained,
         )
     written = write_pages(Path(output.out), files)
     console.note(f"wrote {len(written)} files to {output.out}: " + ", ".join(p.name for p in written))

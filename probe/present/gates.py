@@ -5,10 +5,10 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from probe.present.console import summary_lines
 from probe.present.figures import error_bars, integer_ticks, layer_se, many, result_name, se_bars
 from probe.present.files import header, result_meta, show
 from probe.present.sections import drop_ids, n_batches, pm, se_caveat, with_se
+from probe.present.terminal import summary_lines
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
 DESCRIPTIONS = {

@@ -11,7 +11,6 @@ from plotly.subplots import make_subplots
 from probe.analyses.sinks import SINK_FACTOR, SINK_R0
 from probe.analyses.stats import batch_se
 from probe.present import dormant, massive, sink_eps
-from probe.present.console import summary_lines
 from probe.present.figures import (
     REFERENCE,
     error_bars,
@@ -24,6 +23,7 @@ from probe.present.figures import (
 )
 from probe.present.files import header, result_meta, show
 from probe.present.sections import drop_ids, n_batches, pm, se_caveat, with_se
+from probe.present.terminal import summary_lines
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
 DESCRIPTIONS = {

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from probe.present.console import summary_lines
 from probe.present.figures import ID_COLUMNS, REFERENCE, SEQUENTIAL, SIGNED, integer_ticks, many, result_name
 from probe.present.files import header, result_meta, show
 from probe.present.sections import drop_ids
+from probe.present.terminal import summary_lines
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
 DESCRIPTIONS = {

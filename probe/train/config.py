@@ -1,5 +1,5 @@
 """``TrainConfig``: the settings of one training run, each field with its default and, for the fields ``probe train``
-takes as flags, the flag's help text and type (``probe.present.options``): declared once, here.
+takes as flags, the flag's help text and type (``probe.options``): declared once, here.
 
 Torch-free, so that the ``probe`` parser (which builds ``probe train``'s flags from these fields) stays light."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from probe.present.options import fraction, nonneg_float, nonneg_int, option, positive_float, positive_int
+from probe.options import fraction, nonneg_float, nonneg_int, option, positive_float, positive_int
 
 SCHEDULES = ("cosine", "linear-warmdown")
 OPTIMIZERS = ("adamw", "muon")

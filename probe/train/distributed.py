@@ -1,7 +1,7 @@
 """DDP under ``torchrun``: initialise from the environment, shard each global batch by rank.
 
 ``torchrun --nproc_per_node N script.py`` sets WORLD_SIZE/RANK/LOCAL_RANK/MASTER_ADDR/MASTER_PORT; with WORLD_SIZE > 1
-:func:`setup` joins the process group (NCCL on CUDA, gloo on CPU) through ``probe.analyses.parallel.join_group``, as
+:func:`setup` joins the process group (NCCL on CUDA, gloo on CPU) through ``probe.process_group.join_group``, as
 the analysis verbs do. Every rank draws the same global batch from an identically seeded sampler and keeps its own rows
 (:func:`shard`), so N processes see exactly the data one process sees. Only rank 0 writes files.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from probe.analyses.parallel import DistInfo, from_env, join_group
+from probe.process_group import DistInfo, from_env, join_group
 
 
 def setup(device: str = "auto") -> DistInfo:

@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from probe.analyses.parallel import batches_of_rank, gather_rows, rank_and_world
+from probe.analyses.parallel import gather_rows
+from probe.process_group import batches_of_rank, rank_and_world
 
 
 def _free_port() -> int:

@@ -46,7 +46,7 @@ PRESENTATION = '''
 """`probe entropy`: its figure, page sections, terminal text and the descriptions of its files."""
 import plotly.graph_objects as go
 
-from probe.present.console import summary_lines
+from probe.present.terminal import summary_lines
 from probe.present.files import header, result_meta, show
 
 TITLE = "Next-token entropy"

@@ -58,7 +58,7 @@ def worker(root: Path) -> None:
     import torch.distributed as dist
 
     import probe.cli.prepare as analyses  # where the analysis verbs load their model
-    from probe.present.errors import UsageError
+    from probe.errors import UsageError
 
     torch.set_num_threads(1)
     # one group for all calls (the CLI uses a group it finds; gloo cannot be re-created under torchrun's store)

@@ -100,7 +100,7 @@ def test_the_parser_matches_the_pinned_actions():
 
 
 def test_the_type_signature_tells_the_numeric_types_apart():
-    from probe.present import options as flags
+    from probe import options as flags
 
     types = (
         flags.positive_int,

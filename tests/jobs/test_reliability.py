@@ -19,8 +19,8 @@ import pytest
 import probe.present.files as files
 import probe.writes as writes
 from probe.cli.main import build_parser, main
+from probe.errors import UsageError
 from probe.jobs.lock import LOCK_NAME, acquire, this_host
-from probe.present.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}

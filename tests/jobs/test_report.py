@@ -7,9 +7,9 @@ import json
 import pandas as pd
 import pytest
 
+from probe.errors import UsageError
 from probe.jobs.report import expand_checkpoints, step_of
 from probe.jobs.store import slug
-from probe.present.errors import UsageError
 from tests.support.cli import WINDOWS, assert_one_line_error, files_under, kill_at_model_result, probe
 
 

@@ -33,9 +33,9 @@ def _report(cli, fx, out, *models, ctx=("16", "32"), extra=()):
 def _in_process_sweep(model_dir, data, contexts, massive=False):
     """sink_context_sweep on the model and windows the report reads (loaded as probe sinks --ctx loads them)."""
     from probe.analyses.context_sweep import sink_context_sweep
+    from probe.console import Console
     from probe.jobs.inputs import load_model, windows_for
     from probe.jobs.specs import ModelSpec, WindowSpec
-    from probe.present.console import Console
 
     model = load_model(ModelSpec(name=str(model_dir)), Console(True))
     spec = WindowSpec(data=str(data), batches=1, batch_size=2)

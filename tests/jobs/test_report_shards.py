@@ -10,9 +10,9 @@ import shutil
 import pandas as pd
 import pytest
 
+from probe.errors import UsageError
 from probe.jobs.report import shard_share
 from probe.jobs.shards import parse_shard
-from probe.present.errors import UsageError
 from tests.support.cli import WINDOWS, assert_one_line_error, files_under
 
 PLOTLY_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # plotly's random div ids

@@ -10,9 +10,9 @@ import math
 
 import pytest
 
+from probe.console import Console
+from probe.errors import UsageError
 from probe.jobs.store import MANIFEST, RunFolderError, RunStore, read_manifest, record_path, slug
-from probe.present.console import Console
-from probe.present.errors import UsageError
 from probe.writes import TEMP_PREFIX
 
 SETTINGS = {"ctx": 16, "seed": 0}

@@ -12,9 +12,9 @@ import torch
 import probe
 from probe.data import load_tokenizer
 from probe.data.windows import build_windows, default_windows, eval_context, window_bos_id
+from probe.errors import UsageError
 from probe.jobs.inputs import WindowCache, make_windows, windows_for
 from probe.jobs.specs import WindowSpec
-from probe.present.errors import UsageError
 
 
 @pytest.fixture(scope="module")

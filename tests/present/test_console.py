@@ -59,7 +59,7 @@ def test_probe_models_shows_each_zoo_models_validation_loss_not_its_path(capsys)
 
 
 def test_summary_lines_put_the_standard_error_beside_its_value_and_say_n_a():
-    from probe.present.console import summary_lines as _summary_lines
+    from probe.present.terminal import summary_lines as _summary_lines
 
     row = {
         "token_share": 0.98861,

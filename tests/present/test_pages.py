@@ -11,8 +11,8 @@ import pytest
 from probe.analyses.gates import gate_stats
 from probe.analyses.inject import inject
 from probe.analyses.sinks import sink_stats
+from probe.console import Console
 from probe.present import figures
-from probe.present.console import Console
 from probe.present.eval import eval_sections
 from probe.present.files import OutputSpec, save_result, write_pages
 from probe.present.gates import gate_figure, gate_sections

@@ -27,6 +27,9 @@ class ModelInfo:
     # What a mechanism does, declared by the mechanism: analyses, pages and verbs read these, never the names
     has_value_gate: bool = False  # a value gate: every layer fires attn.hook_v_gate (g per read or per element)
     gate_on_logits: bool = False  # a routing-slot gate: log g_j (read at hook_v_gate) joins key j's logits
+    out_gate: str = "none"  # the output gate's name, for records only: none | elementwise | headwise
+    has_out_gate: bool = False  # an output gate on each head's attention output (Qiu et al. 2025's G1, Qwen3-Next's
+    #   attn_output_gate): every layer fires attn.hook_out_gate (B,T,H,dh element-wise or B,T,H headwise)
     has_depth_sources: bool = False  # depth routing over sub-layer sources: {site}.hook_depth_weights per read
     #   site, the sites' source labels in extra["depth_sites"] (AttnRes / P-LR / S-LR; not DenseFormer or MUDD)
     depth_routing: str = "residual"  # the depth mechanism's name, for records: residual | attnres | plr | slr | ...

@@ -23,7 +23,8 @@ PATTERN = "blocks.{l}.attn.hook_pattern"  # B,H,Tq,Tk attention over real keys (
 PHANTOM = "blocks.{l}.attn.hook_phantom"  # B,H,Tq mass on the phantom key
 LSE = "blocks.{l}.attn.hook_lse"  # B,H,Tq fp32 log Σ_visible exp(score) over the real keys (phantom excluded)
 SINK_LOGIT = "blocks.{l}.attn.hook_sink_logit"  # H
-Z = "blocks.{l}.attn.hook_z"  # B,T,H,dh head outputs before the output projection
+OUT_GATE = "blocks.{l}.attn.hook_out_gate"  # B,T,H,dh element-wise or B,T,H headwise output gate σ(x W_g)
+Z = "blocks.{l}.attn.hook_z"  # B,T,H,dh head outputs before the output projection (after any output gate)
 V_FIRST = "blocks.{l}.attn.hook_v_first"  # B,T,Hkv,dh value residual: V of the first layer
 V_MIX = "blocks.{l}.attn.hook_v_mix"  # (1,) or (2,) value-residual mixing weight(s)
 MLP_POST = "blocks.{l}.mlp.hook_post"  # B,T,m activation entering the MLP's output projection (probe models)
@@ -43,6 +44,7 @@ ATTN_HOOKS = (
     "hook_phantom",
     "hook_sink_logit",
     "hook_lse",
+    "hook_out_gate",
     "hook_z",
 )
 
@@ -54,7 +56,21 @@ def name(template: str, layer: int | None = None, site: str | None = None) -> st
 
 # Builders: every hook name in probe is made here, so a rename or a new point is one edit in one file.
 RESID_POINTS = ("pre", "mid", "post")
-ATTN_POINTS = ("q", "k", "v", "v_gate", "v_out", "pattern", "phantom", "sink_logit", "lse", "z", "v_first", "v_mix")
+ATTN_POINTS = (
+    "q",
+    "k",
+    "v",
+    "v_gate",
+    "v_out",
+    "pattern",
+    "phantom",
+    "sink_logit",
+    "lse",
+    "out_gate",
+    "z",
+    "v_first",
+    "v_mix",
+)
 MLP_POINTS = ("post",)
 READ_KINDS = ("attn", "mlp")  # the two read sites of a depth-routed block: before attention, before the MLP
 READ_POINTS = ("routing_keys", "depth_weights")

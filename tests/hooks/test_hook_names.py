@@ -162,6 +162,7 @@ def test_builders_agree_with_the_declared_templates():
             ("pattern", names.PATTERN),
             ("phantom", names.PHANTOM),
             ("sink_logit", names.SINK_LOGIT),
+            ("out_gate", names.OUT_GATE),
             ("z", names.Z),
             ("v_first", names.V_FIRST),
             ("v_mix", names.V_MIX),

@@ -22,16 +22,6 @@ from probe.models.config import ProbeConfig
 from probe.models.gates import apply_gate, make_gate
 from probe.models.layers import RMSNorm, Rotary, project_with_key
 
-# state-dict names before the gates became modules (checkpoints saved before that refactor) -> today's, relative to
-# the attention module
-LEGACY_NAMES = {
-    "gate_tau": "gate.tau",
-    "gate_w": "gate.w",
-    "gate_b": "gate.b",
-    "g2_proj.weight": "gate.proj.weight",
-    "v_gate_proj.weight": "gate.proj.weight",
-}
-
 
 class Attention(nn.Module):
     param_roles = {
@@ -146,9 +136,3 @@ class Attention(nn.Module):
         z = self.hook_z(out).reshape(B, T, self.n_heads * self.d_value)
         out, key = project_with_key(z, self.o_proj, self.key_proj)  # B,T,d and B,T,r (P-LR) or None
         return out, key, v_first
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        for old, new in LEGACY_NAMES.items():  # checkpoints saved before the gates became modules
-            if prefix + old in state_dict and prefix + new not in state_dict:
-                state_dict[prefix + new] = state_dict.pop(prefix + old)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

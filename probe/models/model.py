@@ -3,7 +3,7 @@
 Every tensor of docs/definitions.md#hook-namespace that the configured mechanisms produce passes through a HookPoint of
 that name, so `run_with_cache`/`run_with_hooks` work as in TransformerLens, `save_pretrained`/`AutoModelForCausalLM` as
 in HF. Parameters are initialised by the role their module declares (params.py); checkpoints saved under older parameter
-names load through `from_pretrained` and `load_state_dict` alike (attention.LEGACY_NAMES).
+names (LEGACY_NAMES) are renamed where saved weights are read: `from_pretrained` and the trainer's resume.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from probe.hooks.info import ModelInfo
 from probe.kernels.backend import check_backend, use_backend
-from probe.models.attention import LEGACY_NAMES
 from probe.models.block import Block
 from probe.models.config import ProbeConfig
 from probe.models.depth import DepthRead, DepthSources, site_sources
@@ -30,9 +29,27 @@ from probe.models.gates import GATES
 from probe.models.layers import make_norm
 from probe.models.params import ROLES, no_decay_names, parameter_roles
 
-# from_pretrained's renaming of checkpoint keys from before the gates became modules (attention.LEGACY_NAMES, anchored
-# to an attention module)
-_LEGACY_KEY_MAPPING = {rf"^(blocks\.\d+\.attn\.){re.escape(old)}$": rf"\1{new}" for old, new in LEGACY_NAMES.items()}
+# parameter names of checkpoints saved before the value gates became modules -> today's, relative to an attention
+# module; only the readers of saved weights rename them (from_pretrained here, probe.train.checkpoint.load_model)
+LEGACY_NAMES = {
+    "gate_tau": "gate.tau",
+    "gate_w": "gate.w",
+    "gate_b": "gate.b",
+    "g2_proj.weight": "gate.proj.weight",
+    "v_gate_proj.weight": "gate.proj.weight",
+}
+_LEGACY_KEYS = {rf"^(blocks\.\d+\.attn\.){re.escape(old)}$": rf"\1{new}" for old, new in LEGACY_NAMES.items()}
+
+
+def current_names(state: dict) -> dict:
+    """A saved state dict with its LEGACY_NAMES keys under today's names (a key whose new name is present stays)."""
+    out = dict(state)
+    for key in state:
+        for old, new in _LEGACY_KEYS.items():
+            renamed = re.sub(old, new, key)
+            if renamed != key and renamed not in state:
+                out[renamed] = out.pop(key)
+    return out
 
 
 def _param_seed(seed: int, name: str) -> int:
@@ -109,7 +126,7 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """HF's from_pretrained, reading checkpoints saved under the old gate parameter names too."""
-        kwargs["key_mapping"] = {**_LEGACY_KEY_MAPPING, **(kwargs.get("key_mapping") or {})}
+        kwargs["key_mapping"] = {**_LEGACY_KEYS, **(kwargs.get("key_mapping") or {})}
         model = super().from_pretrained(*args, **kwargs)
         model._weight_conversions = None  # HF would write the legacy names back on save; today's names it is
         return model

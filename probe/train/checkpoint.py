@@ -25,6 +25,7 @@ from safetensors.torch import save_model as save_state
 from torch import nn
 from transformers.utils import logging as hf_logging
 
+from probe.models.model import current_names
 from probe.runs import CHECKPOINT
 from probe.writes import WriteError, atomic_write, check_real_folders, fsync_tree, staging_dir
 
@@ -136,6 +137,7 @@ def load_model(model: nn.Module, path: Path):
     state = {}
     for f in files:
         state.update(read_tensors(path / f, path))
+    state = current_names(state)  # a checkpoint written before the value gates became modules
     missing, unexpected = model.load_state_dict(state, strict=False)
     own = model.state_dict(keep_vars=True)
     loaded = {t.data_ptr() for k, t in own.items() if k in state}

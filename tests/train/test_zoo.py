@@ -135,7 +135,7 @@ def test_zoo_checkpoint_written_under_old_names_loads_them_and_resaves_under_tod
     import torch
     from safetensors import safe_open
 
-    from probe.models.attention import LEGACY_NAMES
+    from probe.models.model import LEGACY_NAMES
 
     with safe_open(str(ZOO_DIR / name / "model.safetensors"), "pt") as f:
         stored = set(f.keys())

@@ -33,7 +33,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, prepa
 
 from probe.kernels import sink_attention
 from probe.kernels.backend import resolve_backend
-from probe.kernels.dispatch import auto_sink_attention
+from probe.kernels.sink_attention.dispatch import auto_sink_attention
 from probe.kernels.sink_attention.reference import attention_probs
 
 try:  # where transformers collects attentions for output_attentions=True (an internal: absent in other versions)

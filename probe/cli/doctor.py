@@ -54,7 +54,9 @@ def _auto_paths(device) -> list[str]:
     """What backend="auto" picks here, from the dispatch itself, for a 64-wide head in the device's usual dtype."""
     import torch
 
-    from probe.kernels.dispatch import auto_row_masses, auto_sink_attention, depth_backend
+    from probe.kernels.depth_attention.dispatch import depth_backend
+    from probe.kernels.row_masses.dispatch import auto_row_masses
+    from probe.kernels.sink_attention.dispatch import auto_sink_attention
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     q = torch.zeros(1, 16, 4, 64, device=device, dtype=dtype)

@@ -1,25 +1,27 @@
-"""Fused ops for attention routing (fla-org style: one folder per op, a plain fp32 PyTorch reference beside each
-Triton kernel, one dispatch function per op).
+"""Fused ops for attention routing, laid out per op as fla-org's ops are: one folder per op, its paths side by side
+(a plain fp32 PyTorch reference, the fused torch path, the Triton kernel) and the op's dispatch beside them.
 
-    sink_attention        causal GQA attention with a phantom sink key, per-key logit biases, windows or masks
-    depth_attention       softmax read over depth sources (AttnRes / LR-AttnRes); merge_depth joins partial reads
-    attention_row_masses  per-row attention mass on chosen key sets + lse, without T x T memory
-    use_backend           the runtime backend choice (context manager; also $PROBE_BACKEND), see backend.py
+    sink_attention/       causal GQA attention with a phantom sink key, per-key logit biases, windows or masks;
+                          reference, sdpa, triton, edits (key-0 knockout, window eviction), dispatch
+    depth_attention/      softmax read over depth sources (AttnRes / LR-AttnRes); merge_depth joins partial reads;
+                          reference, triton, dispatch
+    row_masses/           attention_row_masses: per-row attention mass on chosen key sets + lse, without T x T
+                          memory; reference, sparse, flash, chunked, triton (sink attention's forward), dispatch
+    backend.py            the runtime backend choice (use_backend, $PROBE_BACKEND) and whether Triton can run
+    launch.py             launch settings that fit the device's shared memory; the fallback when none does
+    common.py             what more than one op uses
+    aot.py, cases.py      ahead-of-time compiles of the launches the launchers choose (no GPU needed)
+    checks.py             each kernel against its reference (``probe doctor``)
 
 Value gates are the models' (probe.models.gates): an op aggregates the values it is given. Importing this package
 needs torch only; triton is imported when a Triton path runs.
 """
 
-from probe.kernels.backend import BACKENDS, current_backend, use_backend
+from probe.kernels.backend import BACKENDS, current_backend, triton_available, use_backend
+from probe.kernels.depth_attention.dispatch import DepthOutput, depth_attention
 from probe.kernels.depth_attention.reference import merge_depth
-from probe.kernels.dispatch import (
-    AttentionOutput,
-    DepthOutput,
-    attention_row_masses,
-    depth_attention,
-    sink_attention,
-    triton_available,
-)
+from probe.kernels.row_masses.dispatch import attention_row_masses
+from probe.kernels.sink_attention.dispatch import AttentionOutput, sink_attention
 
 __all__ = [
     "sink_attention",

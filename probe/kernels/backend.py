@@ -7,17 +7,24 @@
     triton     the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1)
 
 Precedence, read when an op runs: an explicit ``backend=`` argument, then the innermost ``use_backend(...)`` block,
-then the ``PROBE_BACKEND`` environment variable, then "auto".
+then the ``PROBE_BACKEND`` environment variable, then "auto". Each op's dispatch (probe.kernels.<op>.dispatch) maps
+the choice to its own paths. Triton is imported only when a Triton path is taken; ``check_triton`` is what an
+explicit backend="triton" asks of the tensors' device.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
+
+import torch
 
 BACKENDS = ("auto", "torch", "reference", "sdpa", "triton")
 ENV_VAR = "PROBE_BACKEND"
+
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what backend="auto" sends to a Triton kernel
 
 _chosen: contextvars.ContextVar[str | None] = contextvars.ContextVar("probe_backend", default=None)
 
@@ -58,3 +65,26 @@ def use_backend(backend: str | None):
         yield
     finally:
         _chosen.reset(token)
+
+
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def check_triton(device: torch.device) -> None:
+    """Can a Triton kernel run on tensors of this device? Raises, saying why, when it cannot (backend='triton')."""
+    if not triton_available():
+        raise RuntimeError("backend='triton' needs the triton package (pip install 'probe-attn[triton]')")
+    if device.type == "cuda":
+        return
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return
+    raise RuntimeError(
+        f"backend='triton' runs on CUDA tensors, or on CPU tensors only with TRITON_INTERPRET=1 set "
+        f"before triton is imported; got {device.type} tensors"
+    )

@@ -142,7 +142,7 @@ def table_cases() -> list[Case]:
 def run_case(case: Case, T: int = CAPTURE_T):
     """Call the case's Triton launcher on small CPU tensors (inside record_launches: nothing runs)."""
     from probe.kernels.depth_attention.triton import depth_attention_triton
-    from probe.kernels.sink_attention.row_masses import row_masses_triton
+    from probe.kernels.row_masses.triton import row_masses_triton
     from probe.kernels.sink_attention.triton import sink_attention_triton
 
     dtype = DTYPES[case.dtype]

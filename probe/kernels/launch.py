@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import warnings
 
 import torch
 
@@ -251,3 +252,14 @@ def device_limits(device: torch.device) -> DeviceLimits:
 
 class NoLaunchConfig(RuntimeError):
     """No launch setting of a Triton kernel fits the device: the dispatch takes the op's torch path instead."""
+
+
+_fallbacks_warned: set[str] = set()
+
+
+def warn_fallback(error: NoLaunchConfig, path: str) -> None:
+    """One warning per distinct shape that takes the torch ``path`` because no Triton launch fits the device."""
+    message = f"{error}; using the {path} path instead"
+    if message not in _fallbacks_warned:
+        _fallbacks_warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)

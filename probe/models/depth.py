@@ -18,8 +18,8 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.hooks.names import read_site
 from probe.kernels import depth_attention
+from probe.kernels.depth_attention.dispatch import depth_backend
 from probe.kernels.depth_attention.reference import rms_normalize
-from probe.kernels.dispatch import depth_backend
 from probe.models.config import ProbeConfig
 
 

@@ -94,10 +94,10 @@ def test_knockout_and_eviction_build_no_t_by_t_tensor(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("the T x T reference attention ran")
 
-    from probe.kernels.sink_attention import reference
+    from probe.kernels.sink_attention import dispatch, reference
 
     monkeypatch.setattr(reference, "attention_probs", refuse)
-    monkeypatch.setattr("probe.kernels.dispatch.sink_attention_reference", refuse)
+    monkeypatch.setattr(dispatch, "sink_attention_reference", refuse)
     res = ablate(tiny("sink+proj"), W, ["knockout", "evict"], keep=(0, 2), windows=(4,), progress=False)["results"]
     assert res["delta"].notna().all() and (res["delta"] != 0).all()
 

@@ -171,16 +171,20 @@ def test_the_sink_pass_reads_the_forwards_lse_instead_of_recomputing_scores(mode
     scores (the row-mass op's torch paths) is counted: none where the fused forward has the real-key lse (no phantom,
     or gpt-oss's causal phantom fold), one per sliding layer for gpt-oss, whose windowed phantom sits inside the
     kernel; and the numbers equal those of the recomputing path."""
-    from probe.kernels import dispatch
+    from probe.kernels.row_masses import dispatch
+    from probe.kernels.sink_attention import dispatch as sink_dispatch
 
     m, _ = models[fam]
     w = windows(n=1, batch=2, seed=4)
     calls = []
-    for name in ("row_masses_flash_cpu", "row_masses_chunked", "row_masses_reference", "real_lse_blocked"):
-        real = getattr(dispatch, name)
-        monkeypatch.setattr(
-            dispatch, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k)
-        )
+    for module, name in [
+        (dispatch, "row_masses_flash_cpu"),
+        (dispatch, "row_masses_chunked"),
+        (dispatch, "row_masses_reference"),
+        (sink_dispatch, "real_lse_blocked"),
+    ]:
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
     found = sink_analyses(m, w, eps=[0.3], massive=True)
     info = m.probe_info
     sliding = sum(t == "sliding" for t in info.layer_types)

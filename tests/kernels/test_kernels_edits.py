@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from probe.kernels import sink_attention
+from probe.kernels.sink_attention import dispatch as sink_dispatch
 from probe.kernels.sink_attention import edits, reference
 from probe.kernels.sink_attention.reference import visible_mask
 
@@ -111,7 +112,7 @@ def test_edits_build_no_t_by_t_pattern(monkeypatch):
         raise AssertionError("the T x T reference op ran")
 
     monkeypatch.setattr(reference, "attention_probs", refuse)
-    monkeypatch.setattr("probe.kernels.dispatch.sink_attention_reference", refuse)
+    monkeypatch.setattr(sink_dispatch, "sink_attention_reference", refuse)
     q, k, v = (x.float() for x in inputs())
     for edit in (edits.AttentionEdit(knockout=True), edits.AttentionEdit(keep=2, window=4)):
         out = edited(edit, q, k, v).out

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from probe.kernels import attention_row_masses, sink_attention
-from probe.kernels.dispatch import _real_lse
+from probe.kernels.row_masses.sparse import row_masses_sparse
 from probe.kernels.sink_attention import edits
+from probe.kernels.sink_attention.dispatch import real_lse as fallback_real_lse
 from probe.kernels.sink_attention.reference import attention_probs, real_lse_blocked, visible_mask
-from probe.kernels.sink_attention.row_masses import row_masses_sparse
 
 B, T, H, HKV, DH = 2, 37, 4, 2, 8
 
@@ -148,7 +148,7 @@ def test_the_fallback_lse_is_well_conditioned():
     the row-mass op: exact even when the phantom takes all but 1e-11 of each row."""
     q, k, _, _, bias = inputs(40)
     sink = torch.full((H,), 30.0)
-    got = _real_lse(q, k, sink, bias, None, 5, DH**-0.5, None, "auto")
+    got = fallback_real_lse(q, k, sink, bias, None, 5, DH**-0.5, None, "auto")
     torch.testing.assert_close(got.double(), real_lse(q, k, key_bias=bias, window=5), atol=2e-5, rtol=0)
 
 

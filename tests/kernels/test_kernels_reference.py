@@ -162,7 +162,7 @@ def test_softcapped_row_masses_match_naive(sink_value, window, backend):
     """Gemma 2's cap on every torch path (the CPU flash op cannot cap: torch takes the chunked path), with GQA, a
     key bias and a sink; chunks of 4 over 9 positions cross block edges. A cap of 1 moves the masses by far more
     than the tolerance (checked), so the cap is applied, not skipped."""
-    from probe.kernels.sink_attention.row_masses import row_masses_chunked
+    from probe.kernels.row_masses.chunked import row_masses_chunked
 
     q, k, v = rand_qkv(T=9)
     q = 2 * q  # scores of several units: the cap bends them
@@ -331,7 +331,8 @@ def test_a_mask_replaces_the_causal_rule_and_fewer_queries_are_the_last_ones():
 
 
 def test_use_backend_is_read_when_an_op_runs(monkeypatch):
-    from probe.kernels import current_backend, dispatch, use_backend
+    from probe.kernels import current_backend, use_backend
+    from probe.kernels.sink_attention import dispatch
 
     calls = []
     real = dispatch.sink_attention_reference

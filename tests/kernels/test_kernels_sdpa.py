@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from probe.kernels import attention_row_masses, sink_attention
-from probe.kernels.sink_attention.row_masses import row_masses_chunked
+from probe.kernels.row_masses.chunked import row_masses_chunked
 from tests.support.gates import TRANSFORMS, gated
 
 SINKS = [None, float("-inf"), 0.0, 100.0, -100.0]

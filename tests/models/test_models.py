@@ -498,7 +498,8 @@ def test_an_edited_pattern_is_what_the_head_aggregates():
 
 def test_backend_is_chosen_at_run_time(monkeypatch):
     """An argument (create/load or model.backend) beats use_backend(), which beats $PROBE_BACKEND, which beats auto."""
-    from probe.kernels import dispatch, use_backend
+    from probe.kernels import use_backend
+    from probe.kernels.sink_attention import dispatch
 
     calls = []
     real = dispatch.sink_attention_reference

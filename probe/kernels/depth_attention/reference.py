@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import torch
 
-
-def wide(x: torch.Tensor) -> torch.Tensor:
-    """x in fp32, or in its own dtype when wider: fp64 stays fp64, so fp64 checks against other code are exact."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+from probe.kernels.common import wide
 
 
 def rms_normalize(k: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

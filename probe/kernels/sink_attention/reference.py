@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from probe.kernels.depth_attention.reference import wide  # fp32, or fp64 for fp64 inputs
+from probe.kernels.common import wide  # fp32, or fp64 for fp64 inputs
 
 
 def visible_mask(

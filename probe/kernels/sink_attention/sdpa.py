@@ -25,20 +25,16 @@ import math
 import torch
 import torch.nn.functional as F
 
+from probe.kernels.common import cpu_flash, pad_last
 from probe.kernels.sink_attention.reference import visible_mask
 
 SINK_FLOOR = -1000.0  # sinks below this are clamped: exp(-1000 - lse) is 0 in fp32, and -inf * 0 would give NaN
-_cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-def _pad_last(x: torch.Tensor, size: int) -> torch.Tensor:
-    return x if x.shape[-1] == size else F.pad(x, (0, size - x.shape[-1]))
 
 
 def fused_sdpa(q, k, v, *, is_causal, mask, scale):
     """q (B,H,Tq,D), k/v (B,Hkv,Tk,D) -> (out (B,H,Tq,D), lse (B,H,Tq) or None). GQA handled by the kernel."""
-    if q.device.type == "cpu" and _cpu_flash is not None:
-        return _cpu_flash(q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
+    if q.device.type == "cpu" and cpu_flash is not None:
+        return cpu_flash(q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
     )
@@ -57,7 +53,7 @@ class _CausalSinkFlashCPU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sink, scale):
         # q (B,H,T,D), k/v (B,Hkv,T,D), sink (H,) fp32 -> y (B,H,T,D), lse' (B,H,T), lse over the real keys (B,H,T)
-        out, lse = _cpu_flash(q, k, v, 0.0, True, scale=scale)
+        out, lse = cpu_flash(q, k, v, 0.0, True, scale=scale)
         lse_all = torch.logaddexp(lse, sink.to(lse.dtype)[None, :, None])
         y = (out * torch.exp(lse - lse_all)[..., None].to(out.dtype)).contiguous()
         ctx.save_for_backward(q, k, v, y, lse_all, sink)
@@ -84,8 +80,8 @@ def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=
 
     lse comes from the fused CPU kernel, which does not differentiate it: it is returned only when no gradient is
     being recorded (analysis), and is None under autograd or off-CPU. The real-key lse is given by the causal fold,
-    which computes it before adding the phantom; elsewhere it is None (without a phantom it is lse itself,
-    probe.kernels.dispatch takes it so; a phantom inside the kernel's lse cannot be taken out without cancellation).
+    which computes it before adding the phantom; elsewhere it is None (without a phantom it is lse itself, and the
+    dispatch takes it so; a phantom inside the kernel's lse cannot be taken out without cancellation).
     """
     B, Tq, H, dh = q.shape
     Tk, Hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
@@ -95,10 +91,10 @@ def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=
     causal = mask is None and window is None and Tq == Tk  # plain causal: is_causal, no explicit mask
 
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.to(dtype).transpose(1, 2)  # (B, H|Hkv, T, d)
-    if sink is not None and key_bias is None and causal and q.device.type == "cpu" and _cpu_flash:
+    if sink is not None and key_bias is None and causal and q.device.type == "cpu" and cpu_flash:
         D = -(-max(dh, dv) // 8) * 8
         s = sink.float().clamp(min=SINK_FLOOR)
-        out, lse, real = _CausalSinkFlashCPU.apply(_pad_last(qt, D), _pad_last(kt, D), _pad_last(vt, D), s, scale)
+        out, lse, real = _CausalSinkFlashCPU.apply(pad_last(qt, D), pad_last(kt, D), pad_last(vt, D), s, scale)
         out = out[..., :dv].transpose(1, 2)
         return (out, None, None) if recording else (out, lse.float(), real.float())
     q_extra, k_extra = [], []  # extra coordinates, fp32, (B, H, Tq, 1) and (B, Hkv, Tk, 1)
@@ -113,7 +109,7 @@ def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=
     if q_extra:
         qt = torch.cat([qt, torch.cat(q_extra, -1).to(dtype)], -1)
         kt = torch.cat([kt, torch.cat(k_extra, -1).to(dtype)], -1)
-    qt, kt, vt = _pad_last(qt, D), _pad_last(kt, D), _pad_last(vt, D)
+    qt, kt, vt = pad_last(qt, D), pad_last(kt, D), pad_last(vt, D)
 
     if sink is not None:  # prepend the phantom key (1 in the sink coordinate) with value 0
         phantom = q.new_zeros(B, Hkv, 1, D)

@@ -48,7 +48,7 @@ class Attention(nn.Module):
         self.key_proj = nn.Linear(c.n_heads * c.d_value, key_rank, bias=False) if key_rank else None  # P-LR key rows
         self.q_norm = RMSNorm(c.d_head, c.norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.d_head, c.norm_eps) if c.qk_norm else None
-        self.rotary = Rotary(c.d_head, c.rope_theta, c.rotary_dims) if c.pos == "rope" else None
+        self.rotary = Rotary(c.d_head, c.rope_theta, c.rotary_dims, c.rope_table, c.n_ctx) if c.pos == "rope" else None
 
         if c.abstention == "sinklogit":
             self.sink = nn.Parameter(torch.zeros(c.n_heads))  # b_h, init 0 (= off-by-one at init)

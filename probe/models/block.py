@@ -26,7 +26,7 @@ class Block(nn.Module):
             self.ln1_v = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
         self.attn = Attention(c, layer, key_rank)
         self.ln2 = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
-        self.mlp = MLP(c.d_model, c.layer_d_mlp(layer), c.mlp, key_rank, c.linear_bias)
+        self.mlp = MLP(c.d_model, c.layer_d_mlp(layer), c.mlp, key_rank, c.mlp_bias)
         self.parallel_residual = c.parallel_residual
         if c.depth != "residual":
             if layer > 0:  # site 1 (before block 0's attention) reads only the embedding: no query

@@ -25,6 +25,11 @@ QK_ACTIVATIONS = ("none", "q", "qk")
 NORMS = ("rms", "layer")
 POSITIONS = ("rope", "learned")
 MLPS = ("swiglu", "gelu")
+# RoPE's cos/sin table: "exact" fp32 cos/sin of fp32 angles; "bfloat16" / "float16" the fp32 table (torch.polar's,
+# as MUDDFormer's / MUDDPythia's precompute_freqs_cis) rounded to that dtype, as those authors' code always uses it;
+# "stored" n_ctx rows held as buffers (rotary.cos / rotary.sin), loaded with the weights (LR-AttnRes keeps its table in
+# its checkpoint)
+ROPE_TABLES = ("exact", "bfloat16", "float16", "stored")
 INITS = ("fan-in", "gpt2")
 
 
@@ -51,6 +56,8 @@ class ProbeConfig(PretrainedConfig):
         norm_eps: float = 1e-6,
         pos: str = "rope",
         rope_theta: float = 10000.0,
+        rope_table: str = "exact",  # see ROPE_TABLES
+        strict_ctx: bool = False,  # refuse sequences longer than n_ctx (an authors' model their code cannot run past)
         mlp: str = "swiglu",
         tie_embeddings: bool = True,
         qk_norm: bool = False,
@@ -81,6 +88,7 @@ class ProbeConfig(PretrainedConfig):
         # architecture options of MUDDPythia (GPT-NeoX style; docs/definitions.md#released-checkpoints)
         parallel_residual: bool = False,  # the MLP reads the block's input, not input + attention
         linear_bias: bool = False,  # biases on the q/k/v/o projections and the MLP's linear maps
+        mlp_bias: bool | None = None,  # biases on the MLP's linear maps (None: as linear_bias; MUDDPythia's own flag)
         norm_bias: bool = False,  # LayerNorm with a bias (norm="layer")
         rotary_dims: int | None = None,  # RoPE on the first rotary_dims of each head only (None: all of d_head)
         **kwargs,
@@ -98,6 +106,8 @@ class ProbeConfig(PretrainedConfig):
         self.norm_eps = norm_eps
         self.pos = pos
         self.rope_theta = rope_theta
+        self.rope_table = rope_table
+        self.strict_ctx = bool(strict_ctx)
         self.mlp = mlp
         self.tie_embeddings = tie_embeddings
         self.qk_norm = qk_norm
@@ -123,6 +133,7 @@ class ProbeConfig(PretrainedConfig):
         self.d_mlp_layers = None if d_mlp_layers is None else [int(m) for m in d_mlp_layers]
         self.parallel_residual = bool(parallel_residual)
         self.linear_bias = bool(linear_bias)
+        self.mlp_bias = self.linear_bias if mlp_bias is None else bool(mlp_bias)
         self.norm_bias = bool(norm_bias)
         self.rotary_dims = None if rotary_dims is None else int(rotary_dims)
         # config.json files saved before the backend became a runtime choice carry it; it is a runtime choice now
@@ -185,6 +196,7 @@ class ProbeConfig(PretrainedConfig):
             ("init", INITS),
             ("qk_activation", QK_ACTIVATIONS),
             ("plr_key", PLR_KEYS),
+            ("rope_table", ROPE_TABLES),
         ]:
             _check(field, getattr(self, field), choices)
         if self.n_heads % self.n_kv_heads:
@@ -219,11 +231,14 @@ class ProbeConfig(PretrainedConfig):
             raise ValueError(
                 f"parallel_residual=True needs the plain or dense residual stream; got depth={self.depth!r}"
             )
-        if self.linear_bias and self.depth == "plr":
-            raise ValueError(
-                "linear_bias=True does not compose with depth='plr' (its routing keys share the output "
-                "projection's matmul)"
-            )
+        for field in ("linear_bias", "mlp_bias"):
+            if getattr(self, field) and self.depth == "plr":
+                raise ValueError(
+                    f"{field}=True does not compose with depth='plr' (its routing keys share the output "
+                    "projection's matmul)"
+                )
+        if self.rope_table != "exact" and self.pos != "rope":
+            raise ValueError(f"rope_table={self.rope_table!r} needs pos='rope'; got pos={self.pos!r}")
         if self.norm_bias and self.norm != "layer":
             raise ValueError(f"norm_bias=True needs norm='layer'; got norm={self.norm!r}")
         if self.rotary_dims is not None and not (0 < self.rotary_dims <= self.d_head and self.rotary_dims % 2 == 0):

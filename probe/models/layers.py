@@ -25,27 +25,49 @@ def make_norm(kind: str, d: int, eps: float, bias: bool = False) -> nn.Module:
     return RMSNorm(d, eps) if kind == "rms" else nn.LayerNorm(d, eps=eps, bias=bias)
 
 
-class Rotary:
+class Rotary(nn.Module):
     """RoPE (rotate-half convention) with a cos/sin table cached per (length, device, dtype). With ``d_rot`` <
-    d_head only the first d_rot coordinates of each head rotate (GPT-NeoX's rotary_pct), the rest pass unchanged."""
+    d_head only the first d_rot coordinates of each head rotate (GPT-NeoX's rotary_pct), the rest pass unchanged.
 
-    def __init__(self, d_head: int, theta: float, d_rot: int | None = None):
+    ``table`` (config.ROPE_TABLES): "exact" fp32 cos/sin; "bfloat16" / "float16" torch.polar's fp32 table rounded to
+    that dtype (MUDDFormer's / MUDDPythia's precompute_freqs_cis); "stored" the ``n_ctx`` rows of buffers ``cos`` and
+    ``sin`` (n_ctx, d_rot/2), loaded with the weights (LR-AttnRes's checkpoints carry theirs)."""
+
+    def __init__(self, d_head: int, theta: float, d_rot: int | None = None, table: str = "exact", n_ctx: int = 0):
+        super().__init__()
         self.d_head, self.theta = d_rot or d_head, theta  # d_head: the rotated width
         self.partial = self.d_head < d_head
+        self.table = table
         self._cache: dict = {}
+        if table == "stored":
+            self.register_buffer("cos", torch.ones(n_ctx, self.d_head // 2))
+            self.register_buffer("sin", torch.zeros(n_ctx, self.d_head // 2))
 
     def tables(self, T: int, device, dtype):
+        if self.table == "stored":  # read each call: load_state_dict may replace the buffers
+            if T > self.cos.shape[0]:
+                raise ValueError(
+                    f"sequence length {T} exceeds the {self.cos.shape[0]} positions of the stored RoPE table"
+                )
+            return tuple(torch.cat([t[:T], t[:T]], dim=-1).to(device, dtype)[:, None, :] for t in (self.cos, self.sin))
         key = (T, str(device), dtype)
         if key not in self._cache:
             inv = 1.0 / self.theta ** (
                 torch.arange(0, self.d_head, 2, device=device, dtype=torch.float32) / self.d_head
             )
             ang = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv)  # T, dh/2
-            ang = torch.cat([ang, ang], dim=-1)  # T, dh
-            self._cache[key] = (ang.cos().to(dtype)[:, None, :], ang.sin().to(dtype)[:, None, :])  # T,1,dh
+            if self.table == "exact":
+                ang = torch.cat([ang, ang], dim=-1)  # T, dh
+                self._cache[key] = (ang.cos().to(dtype)[:, None, :], ang.sin().to(dtype)[:, None, :])  # T,1,dh
+            else:
+                z = torch.polar(torch.ones_like(ang), ang)
+                half = getattr(torch, self.table)
+                self._cache[key] = tuple(
+                    torch.cat([t, t], dim=-1).to(half).to(dtype)[:, None, :] for t in (z.real, z.imag)
+                )
         return self._cache[key]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: B,T,H,dh
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: B,T,H,dh
         if self.partial:
             rot, rest = x.split([self.d_head, x.shape[-1] - self.d_head], dim=-1)
             return torch.cat([self._rotate(rot), rest], dim=-1)

@@ -157,6 +157,8 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
         x = self.embed(input_ids)  # B,T,d
         if c.abstention == "sinktoken":  # learned first token; its output is removed before the LM head
             x = torch.cat([self.sink_token.to(x.dtype).expand(B, 1, -1), x], dim=1)
+        if c.strict_ctx and T > c.n_ctx:  # an authors' model: their code cannot run past its block_size
+            raise ValueError(f"sequence length {T} exceeds the model's context n_ctx={c.n_ctx} (strict_ctx)")
         if c.pos == "learned":
             if x.shape[1] > self.pos_embed.num_embeddings:
                 raise ValueError(f"sequence length {T} exceeds the model's context n_ctx={c.n_ctx}")
@@ -215,6 +217,8 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
         depth = c.depth if c.depth != "residual" else (c.dense if c.dense != "none" else "residual")
         routed = c.depth != "residual"  # DepthRead sites over sub-layer sources (dense connections have none)
         extra = {"depth_sites": site_sources(c)} if routed else {}
+        if getattr(c, "authors_format", None):  # an authors' checkpoint: its format, code version, RoPE table
+            extra["authors_format"] = c.authors_format
         gate = GATES.get(c.value_gate)  # the registered gate class, None without a gate
         return ModelInfo(
             name=getattr(self, "probe_name", None) or c.name_or_path or "probe",

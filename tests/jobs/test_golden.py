@@ -1,11 +1,10 @@
-"""Behaviour pinned by golden files: every verb's CSV and JSON on every shipped zoo model it accepts, as written by
-`scripts/golden/make_golden.py` at the commit recorded in tests/jobs/golden/cases.json. Equal, or within 1e-12 relative
-where merging passes only reorders float sums."""
+"""Behaviour pinned by golden files: every verb's CSV and JSON on every shipped zoo model it accepts (and `probe view`'s
+page figures and stdout line), as written by `scripts/golden/make_golden.py` at the commit recorded in
+tests/jobs/golden/cases.json. Equal, or within 1e-12 relative where merging passes only reorders float sums."""
 
 from __future__ import annotations
 
-import contextlib
-import io
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -14,6 +13,11 @@ import pandas as pd
 import pytest
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
+_spec = importlib.util.spec_from_file_location(
+    "make_golden", GOLDEN.parents[2] / "scripts" / "golden" / "make_golden.py"
+)
+make_golden = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_golden)  # the same run and the same read-back of pages as the recording
 CASES = json.loads((GOLDEN / "cases.json").read_text())["cases"]
 RTOL = 1e-12
 
@@ -48,32 +52,28 @@ def _compare_csv(golden: Path, fresh: Path) -> None:
             assert w.tolist() == g.tolist(), f"{golden.name}:{col} differs"
 
 
-def _run(argv: list[str], out: Path) -> int:
-    from probe.cli.main import main
-
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        return main([*argv, "--out", str(out)])
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_verb_outputs_equal_the_golden_files(case, tmp_path):
     spec = CASES[case]
     out = tmp_path / "out"
-    assert _run(spec["argv"], out) == spec["exit"]
+    code, said = make_golden.run_case(spec["argv"], out)
+    assert code == spec["exit"]
     if spec["exit"] != 0:
         return
     want_dir = GOLDEN / case
     want = sorted(p.relative_to(want_dir) for p in want_dir.rglob("*") if p.is_file())
-    got = sorted(
-        p.relative_to(out)
-        for p in out.rglob("*")
-        if p.is_file()
-        and p.suffix in (".csv", ".json")
-        and not any(part.startswith(".") for part in p.relative_to(out).parts)
-    )
-    assert got == want
+    derived = tmp_path / "derived"  # what the recording derives from the outputs: page figures, stdout
+    for name, text in make_golden.recorded(out, said).items():
+        (derived / name).parent.mkdir(parents=True, exist_ok=True)
+        (derived / name).write_text(text, encoding="utf-8")
+    fresh = {p.relative_to(out): p for p in make_golden.kept(out)}
+    fresh |= {p.relative_to(derived): p for p in derived.rglob("*") if p.is_file()}
+    assert sorted(fresh) == want
     for rel in want:
         if rel.suffix == ".csv":
-            _compare_csv(want_dir / rel, out / rel)
+            _compare_csv(want_dir / rel, fresh[rel])
+        elif rel.suffix == ".json":
+            want_json, got_json = (make_golden.decoded(json.loads(p.read_text())) for p in (want_dir / rel, fresh[rel]))
+            _close(want_json, got_json, str(rel))
         else:
-            _close(json.loads((want_dir / rel).read_text()), json.loads((out / rel).read_text()), str(rel))
+            assert fresh[rel].read_text(encoding="utf-8") == (want_dir / rel).read_text(encoding="utf-8"), str(rel)

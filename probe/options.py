@@ -1,8 +1,9 @@
 """Command-line options declared once, on a config dataclass: each field is one ``--flag`` (``steps`` ->
 ``--steps``) whose default is the field's, whose type is the field's metadata ``option(type=...)`` or, without one,
-inferred from the default (int and float must be finite and >= 0), with tuples as ``nargs="+"`` and booleans as
-``--flag / --no-flag``. ``probe train`` builds its training-loop flags from ``probe.train.TrainConfig`` this way and
-``probe experiment NAME`` builds every option of a recipe from its config dataclass.
+inferred from the default (int and float must be finite and >= 0, an int at most ``MAX_INT``), with tuples as
+``nargs="+"`` and booleans as ``--flag / --no-flag``. ``probe train`` builds its training-loop flags from
+``probe.train.TrainConfig`` this way and ``probe experiment NAME`` builds every option of a recipe from its config
+dataclass.
 
 Also the argparse types whose errors are one line (``expected a positive integer, got '0'``). Only stdlib here, so a
 parser built from these costs no heavy import."""
@@ -14,17 +15,22 @@ import dataclasses
 import math
 import typing
 
+MAX_INT = 2**31 - 1  # every count, size and seed of a flag: beyond it a tensor shape, thread count or seed overflows
+
 
 def _number(cast, valid, message):
-    """An argparse type: ``cast(text)`` that must satisfy ``valid``, else one line ``message, got 'text'``."""
+    """An argparse type: ``cast(text)`` that must satisfy ``valid``, else one line ``message, got 'text'``; an integer
+    above ``MAX_INT`` is refused where it is parsed, before it reaches a tensor shape or a library's C int."""
 
     def parse(text: str):
         try:
             value = cast(text)
-        except ValueError:
+        except (ValueError, OverflowError):
             raise argparse.ArgumentTypeError(f"{message}, got {text!r}") from None
         if not valid(value):
             raise argparse.ArgumentTypeError(f"{message}, got {text!r}")
+        if cast is int and value > MAX_INT:
+            raise argparse.ArgumentTypeError(f"expected an integer at most {MAX_INT}, got {text!r}")
         return value
 
     return parse
@@ -53,6 +59,8 @@ def _non_negative(typ):
         value = typ(text)  # a ValueError becomes argparse's "invalid int value: 'x'"
         if not math.isfinite(value) or value < 0:
             raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+        if typ is int and value > MAX_INT:
+            raise argparse.ArgumentTypeError(f"expected an integer at most {MAX_INT}, got {text!r}")
         return value
 
     parse.__name__ = typ.__name__

@@ -58,6 +58,8 @@ DEPTH_MODES = ("uniform", "residual", "drop")
 SOURCE_CATEGORIES = ("embed", "blocks", "partial")
 DEFAULT_KEEP = (0, 1, 4)
 DEFAULT_WINDOWS = (64,)
+MAX_SINK_LOGIT = 1e4  # a fixed phantom logit beyond +-1e4 is an infinite one for the softmax (and past fp16's range)
+MAX_POSITIONS = 2**31 - 1  # kept keys and eviction windows: positions, far beyond any context
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,12 @@ def plan(
                     f"model {info.name!r} has no phantom key (off-by-one, sink logit or gpt-oss "
                     "sinks): phantom edits need one"
                 )
+            for c in dict.fromkeys(sink_logits):
+                if not isinstance(c, (int, float)) or not abs(c) <= MAX_SINK_LOGIT:
+                    raise AblationError(
+                        f"sink logit {c!r} is not a finite number within +-{MAX_SINK_LOGIT:g} (the phantom's "
+                        "removal is -inf)"
+                    )
             for setting in ["remove"] + [f"logit={float(c):g}" for c in dict.fromkeys(sink_logits)]:
                 local("phantom", setting, H)
         elif name == "gate":
@@ -194,11 +202,11 @@ def plan(
                 local("gate", mode, Hkv)
         elif name == "evict":
             for w in dict.fromkeys(windows):
-                if int(w) != w or w < 1:
-                    raise AblationError(f"eviction window must be a positive int, got {w!r}")
+                if not _whole(w, 1):
+                    raise AblationError(f"eviction window must be an int 1..{MAX_POSITIONS}, got {w!r}")
                 for k in dict.fromkeys(keep):
-                    if int(k) != k or k < 0:
-                        raise AblationError(f"kept first keys must be ints >= 0, got {k!r}")
+                    if not _whole(k, 0):
+                        raise AblationError(f"kept first keys must be an int 0..{MAX_POSITIONS}, got {k!r}")
                     out.append(Ablation("evict", f"k={int(k)},w={int(w)}"))
         elif name == "depth":
             if not mech.depth_sites and not mech.dense_layers:
@@ -207,6 +215,7 @@ def plan(
                     "mixing weights fire): depth-route ablations need AttnRes, S-LR, P-LR, "
                     "DenseFormer or MUDD"
                 )
+            before = len(out)
             for mode in dict.fromkeys(depth_modes):
                 if mode not in DEPTH_MODES:
                     raise AblationError(f"unknown depth forcing {mode!r}; choose from {', '.join(DEPTH_MODES)}")
@@ -219,7 +228,20 @@ def plan(
                         continue
                     out.append(Ablation("depth", setting))
                     out += [Ablation("depth", setting, site=s) for s in sites] if per_layer else []
+            if len(out) == before:
+                takes = "uniform, residual" if not mech.depth_sites else "uniform, residual, drop"
+                raise AblationError(
+                    f"model {info.name!r} takes no depth forcing of {', '.join(dict.fromkeys(depth_modes))} at any "
+                    f"read site (drop needs sub-layer sources with another category left; DenseFormer / MUDD "
+                    f"mixes of block states take uniform and residual); choose from {takes}"
+                )
     return out
+
+
+def _whole(x, low: int) -> bool:
+    """An int-valued number in low..MAX_POSITIONS."""
+    number = isinstance(x, (int, float)) and not isinstance(x, bool)
+    return number and low <= x <= MAX_POSITIONS and int(x) == x  # NaN fails the comparison
 
 
 def _depth_targets(mech: Mechanisms) -> list[str]:
@@ -244,11 +266,28 @@ def _layers(abl: Ablation, n_layers: int) -> list[int]:
     return list(range(n_layers)) if abl.layer is None else [abl.layer]
 
 
+def check_target(abl: Ablation, info) -> None:
+    """The layer and head of a condition exist in the model, for every kind alike (heads: query heads for phantom
+    edits, KV heads otherwise); else one AblationError line naming the valid range."""
+    n_heads = info.n_heads if abl.intervention == "phantom" else info.n_kv_heads
+    what = "query heads" if abl.intervention == "phantom" else "KV heads"
+    for name, value, n in (("layer", abl.layer, info.n_layers), ("head", abl.head, n_heads)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n):
+            extra = f" ({what})" if name == "head" else ""
+            raise AblationError(
+                f"{abl.intervention} ablation: {name} {value!r} is not in model {info.name!r}, which has "
+                f"{name}s 0..{n - 1}{extra}"
+            )
+    if abl.head is not None and abl.intervention in ("evict", "depth"):
+        raise AblationError(f"{abl.intervention} ablation: takes no head (it acts on every head of a layer or site)")
+
+
 def ablation_hooks(
     model, abl: Ablation, mech: Mechanisms | None = None, gate_means: dict[int, torch.Tensor] | None = None
 ) -> list:
     """The (hook name, fn) pairs that carry out one condition (``model.run_with_hooks`` inside edits.armed())."""
     info = model.probe_info
+    check_target(abl, info)
     layers = _layers(abl, info.n_layers)
     kind, setting = abl.intervention, abl.setting
     if kind in ("knockout", "evict"):
@@ -314,7 +353,14 @@ def ablation_hooks(
 
         return [(names.attn(l, "v_gate"), gate) for l in layers]
     if kind == "depth":
-        return _depth_hooks(model, setting, [abl.site] if abl.site is not None else _depth_targets(mech))
+        mech = mech if mech is not None else find_mechanisms(model, torch.zeros(1, 2, dtype=torch.long))
+        targets = _depth_targets(mech)
+        if abl.site is not None and abl.site not in targets:
+            raise AblationError(
+                f"depth ablation: read site {abl.site!r} is not in model {info.name!r}; its sites: "
+                f"{', '.join(targets) or 'none'}"
+            )
+        return _depth_hooks(model, setting, [abl.site] if abl.site is not None else targets)
     raise AblationError(f"unknown intervention {kind!r}")
 
 
@@ -371,7 +417,7 @@ def _late_mask(abl: Ablation, T: int) -> torch.Tensor | None:
     if abl.intervention != "evict":
         return None
     k, w = (int(part.split("=")[1]) for part in abl.setting.split(","))
-    return torch.arange(T) >= k + w
+    return torch.arange(T) >= min(k + w, T)
 
 
 @torch.no_grad()

@@ -26,14 +26,20 @@ DESCRIPTION = (
 )
 
 
-def finite(text: str) -> float:
-    """An argparse type: a finite float, else one line."""
+MAX_SINK_LOGIT = 1e4  # mirrored from probe.analyses.ablate (tests/analyses/test_ablate_cli.py checks they agree)
+
+
+def sink_logit(text: str) -> float:
+    """An argparse type: a phantom logit, finite and within +-MAX_SINK_LOGIT (beyond it the softmax is that of an
+    infinite logit in every dtype, and fp16 cannot hold it), else one line."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    if not math.isfinite(value) or abs(value) > MAX_SINK_LOGIT:
+        raise argparse.ArgumentTypeError(
+            f"expected a finite logit within +-{MAX_SINK_LOGIT:g} (the phantom's removal is -inf), got {text!r}"
+        )
     return value
 
 
@@ -61,7 +67,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument(
         "--sink-logit",
         nargs="+",
-        type=finite,
+        type=sink_logit,
         default=None,
         metavar="C",
         help="phantom logit(s) fixed to C (besides the phantom's removal); adds phantom",

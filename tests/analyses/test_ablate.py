@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from probe.analyses.ablate import AblationError, ablate
+from probe.analyses.ablate import Ablation, AblationError, ablate, ablation_hooks
 from probe.analyses.capture import loss_forward_kwargs, output_losses
 from probe.hooks import names
 from probe.models import GATES, ValueGate, register_gate
@@ -269,3 +269,54 @@ def test_depth_forcings_on_dense_mixes_and_block_sources():
     assert (res["delta"] != 0).any()
     res = ablate(tiny("attnres-block2"), W, ["depth"], depth_modes=("drop",), progress=False)["results"]
     assert {"drop:embed", "drop:blocks", "drop:partial"} <= set(res["setting"])
+
+
+def test_a_depth_forcing_no_site_takes_is_one_line_not_an_empty_table():
+    """drop on a MUDD model (dense mixes of block states take uniform and residual only) was a KeyError from an empty
+    result table."""
+    with pytest.raises(AblationError, match="takes no depth forcing of drop.*choose from uniform, residual"):
+        ablate(tiny("mudd"), W, ["depth"], depth_modes=("drop",), progress=False)
+
+
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        (dict(keep=(2**70,)), "kept first keys must be an int 0..2147483647"),
+        (dict(windows=(2**70,)), "eviction window must be an int 1..2147483647"),
+        (dict(windows=(float("nan"),)), "eviction window"),
+    ],
+)
+def test_eviction_positions_past_int64_are_one_line(kw, says):
+    with pytest.raises(AblationError, match=says):
+        ablate(tiny("baseline"), W, ["evict"], progress=False, **kw)
+
+
+def test_eviction_with_k_plus_w_past_the_window_counts_no_late_query():
+    res = ablate(tiny("baseline"), W, ["evict"], keep=(2**31 - 1,), windows=(2**31 - 1,), progress=False)["results"]
+    assert res["delta"].iloc[0] == 0.0 and res["delta_late"].isna().all()
+
+
+@pytest.mark.parametrize("logit", [1e39, float("inf"), float("nan"), -1e5])
+def test_a_sink_logit_beyond_1e4_is_one_line(logit):
+    with pytest.raises(AblationError, match="sink logit .* within \\+-10000"):
+        ablate(tiny("sinklogit"), W, ["phantom"], sink_logits=(logit,), progress=False)
+
+
+KINDS = [("knockout", "key0"), ("value", "zero"), ("phantom", "remove"), ("gate", "open")]
+
+
+@pytest.mark.parametrize("kind, setting", KINDS)
+@pytest.mark.parametrize("where", [dict(head=99), dict(head=-1), dict(layer=7), dict(layer=-1)])
+def test_every_kind_refuses_a_head_or_layer_the_model_lacks_in_the_same_words(kind, setting, where):
+    """A value ablation on head 99 of 4 (or -1) ran and changed nothing; knockout and phantom raised elsewhere."""
+    model = tiny("sinklogit", value_gate="proj")
+    abl = Ablation(kind, setting, layer=where.get("layer", 0), head=where.get("head"))
+    name = "head" if "head" in where else "layer"
+    says = f"{kind} ablation: {name} -?\\d+ is not in model .* which has {name}s 0\\.\\."
+    with pytest.raises(AblationError, match=says):
+        ablation_hooks(model, abl)
+
+
+def test_a_depth_site_the_model_lacks_is_one_line():
+    with pytest.raises(AblationError, match="read site 'blocks.9.attn_in' is not in model"):
+        ablation_hooks(tiny("attnres-block2"), Ablation("depth", "uniform", site="blocks.9.attn_in"))

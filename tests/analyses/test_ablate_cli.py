@@ -9,6 +9,8 @@ import pandas as pd
 from probe.cli import main
 from tests.support.cli import WINDOWS, assert_one_line_error
 
+TINY_MUDD = "probe/tiny-mudd"
+
 
 def cli(capsys, *args) -> subprocess.CompletedProcess:
     code = main([str(a) for a in args])
@@ -90,7 +92,19 @@ def test_refusals_are_one_line_and_exit_2(tmp_path, capsys):
         assert_one_line_error(r, message, "probe ablate")
         assert not (tmp_path / "x").exists()  # nothing written
     assert_one_line_error(cli(capsys, "ablate", "--value", "bogus"), "invalid choice: 'bogus'")
-    assert_one_line_error(cli(capsys, "ablate", "--sink-logit", "inf"), "expected a finite number, got 'inf'")
+    assert_one_line_error(cli(capsys, "ablate", "--sink-logit", "inf"), "expected a finite logit within +-10000")
+    assert_one_line_error(cli(capsys, "ablate", "--sink-logit", "1e39"), "got '1e39'")
+    for flag in ("--keep", "--window"):  # past int64 was an OverflowError in the eviction mask
+        assert_one_line_error(cli(capsys, "ablate", flag, "9" * 20), "at most 2147483647", flag)
+    r = cli(capsys, "ablate", "--model", TINY_MUDD, "--depth", "drop", *WINDOWS, "--quiet")
+    assert_one_line_error(r, "takes no depth forcing of drop", "choose from uniform, residual")
+
+
+def test_the_cli_mirrors_the_analysis_bounds():
+    from probe.analyses import ablate as analysis
+    from probe.cli import ablate as verb
+
+    assert verb.MAX_SINK_LOGIT == analysis.MAX_SINK_LOGIT
 
 
 def test_per_head_and_depth_pages_draw_their_figures():

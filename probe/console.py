@@ -6,10 +6,21 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from contextvars import ContextVar
 
 from tqdm import tqdm
 
 from probe.progress import progress_bar
+
+# the command line's --quiet around a verb's whole run (set by probe.cli.main): code that holds no Console (the
+# run-folder lock, a resume check, a conversion note) notes through note() below and is silent under it too
+QUIET: ContextVar[bool] = ContextVar("QUIET", default=False)
+
+
+def note(line: str) -> None:
+    """A line on stderr from code that holds no Console; nothing under --quiet (only the error line is left)."""
+    if not QUIET.get():
+        tqdm.write(line, file=sys.stderr)
 
 
 class Console:

@@ -109,13 +109,16 @@ def append_line(path: Path, line: str) -> None:
         raise WriteError(path, e) from None
 
 
-def remove_stale_temps(folder: Path, depth: int = 2) -> list[Path]:
+def remove_stale_temps(folder: Path, depth: int = 2, other_run: str | None = None) -> list[Path]:
     """Remove what a killed run staged and never renamed (names starting with ``TEMP_PREFIX``) in ``folder`` and its
     subfolders down to ``depth`` (probe stages beside its files: ``models/``, ``snapshots/``; a deeper walk could
     cross a whole tree passed as --out), links not followed. Run under the folder's lock (``probe.jobs.lock``), so
-    nothing live is removed."""
+    nothing of this folder's is live; a subfolder holding a file named ``other_run`` (another run's lock file: a
+    ``probe train --out D/run`` inside ``D``) is another run's and is not entered."""
     removed, top = [], len(Path(folder).parts)
     for root, dirs, files in os.walk(folder):  # os.walk does not descend into linked folders
+        if other_run is not None:
+            dirs[:] = [d for d in dirs if d.startswith(TEMP_PREFIX) or not os.path.lexists(Path(root, d, other_run))]
         if len(Path(root).parts) - top >= depth:
             dirs[:] = [d for d in dirs if d.startswith(TEMP_PREFIX)]  # leftovers here still go, nothing below
         for name in [d for d in dirs if d.startswith(TEMP_PREFIX)]:

@@ -18,10 +18,11 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from probe.console import note as stderr_note
 
 GEMMA_NAME = "gemma-3-270m"  # probe.load's short name
 GEMMA_HUB_ID = "google/gemma-3-270m"  # where the name goes without the extra
@@ -87,11 +88,9 @@ def _convert(gguf_path: Path, out: Path, digest: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     size_mb = gguf_path.stat().st_size / 1e6
-    print(
+    stderr_note(
         f"probe: converting {gguf_path.name} ({size_mb:.0f} MB) to safetensors in {out.parent}/{digest[:12]}… "
-        f"(once per file; Gemma 3 270M takes 2–3 minutes on 2 cores)",
-        file=sys.stderr,
-        flush=True,
+        f"(once per file; Gemma 3 270M takes 2–3 minutes on 2 cores)"
     )
     start = time.perf_counter()
     where, name = str(gguf_path.parent), gguf_path.name

@@ -18,7 +18,10 @@ One module per verb (``probe.cli.<verb>``) owns its flags (``add_parser``) and i
 several verbs share are declared once in ``probe.cli.flags``. ``VERBS`` below is the table of them, in ``--help``
 order.
 Every user error (unknown verb, flag, model, junk type, cutoff; a bad dose, count or context; a missing data file; an
-unreadable checkpoint) is one line on stderr and exit code 2, before any output file is written.
+unreadable checkpoint) is one line on stderr and exit code 2, before any output file is written. A fault of the
+environment (a full disk, a folder removed under the run, memory) is one line and exit code 1, as is a bug of probe's
+("internal error"); ``PROBE_TRACEBACK=1`` shows the traceback instead. ``--quiet`` leaves nothing on stderr but that
+one line (``probe.console.QUIET``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from functools import partial
 from importlib import import_module
 
 from probe import __version__
-from probe.errors import UsageError, UsageParser
+from probe.console import QUIET
+from probe.errors import UsageError, UsageParser, first_line
 from probe.writes import WriteError
 
 # a write that failed for want of room or a working disk, wherever it happened (torch.save, a library's writer)
@@ -160,26 +164,37 @@ def main(argv=None) -> int:
         verb = args.verb
         if under_torchrun() and verb != "train":  # the trainer joins its process group itself
             return import_module("probe.cli.distributed").run_on_ranks(partial(run_verb_reading, verb), args) or 0
+        quiet = QUIET.set(bool(getattr(args, "quiet", False)))  # --quiet: no note of any layer, only an error line
         # before any model loads: a bad --out is one line within a second (under torchrun rank 0, the one writer,
         # alone checks: ranks creating and removing the same test folders at once would race)
         lock = None
-        if getattr(args, "out", None) and os.environ.get("RANK", "0") == "0":
-            import_module("probe.present.files").check_out_dir(args.out, prog=f"probe {verb}")
-            lock = import_module("probe.jobs.lock").acquire(
-                args.out, wait=getattr(args, "wait", False), prog=f"probe {verb}"
-            )
         try:
+            if getattr(args, "out", None) and os.environ.get("RANK", "0") == "0":
+                import_module("probe.present.files").check_out_dir(args.out, prog=f"probe {verb}")
+                lock = import_module("probe.jobs.lock").acquire(
+                    args.out, wait=getattr(args, "wait", False), prog=f"probe {verb}"
+                )
             return run_verb_reading(verb, args) or 0
         finally:
             if lock is not None:
                 lock.release()
+            QUIET.reset(quiet)
     except WriteError as e:  # the flags were fine, the disk was not: exit 1, one line naming the file
         sys.stderr.write(f"probe {verb}: error: {e}\n")
         return 1
-    except OSError as e:
-        if e.errno not in DISK_ERRORS or os.environ.get("PROBE_TRACEBACK"):
+    except BrokenPipeError:  # stdout closed early (e.g. `| head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as e:  # the environment failed the run (a full disk, a folder removed under it): exit 1
+        if os.environ.get("PROBE_TRACEBACK"):
             raise
-        sys.stderr.write(f"probe {verb}: error: cannot write {e.filename or 'a file'}: {e.strerror}\n")
+        what = "cannot write" if e.errno in DISK_ERRORS else "cannot read or write"
+        sys.stderr.write(f"probe {verb}: error: {what} {e.filename or 'a file'}: {e.strerror or first_line(e)}\n")
+        return 1
+    except MemoryError as e:  # an allocation no check foresaw: the machine's limit, not the flags
+        if os.environ.get("PROBE_TRACEBACK"):
+            raise
+        sys.stderr.write(f"probe {verb}: error: out of memory ({first_line(e)[:300]}); ask for less\n")
         return 1
     except UsageError as e:
         if os.environ.get("PROBE_TRACEBACK"):
@@ -194,12 +209,17 @@ def main(argv=None) -> int:
         prog = f"probe {verb}" if e.prog == "probe" and verb else e.prog
         sys.stderr.write(f"{prog}: error: {e.one_line()}\n")
         return 2
-    except BrokenPipeError:  # stdout closed early (e.g. `| head`): not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
     except KeyboardInterrupt:
         sys.stderr.write("probe: interrupted\n")
         return 130
+    except Exception as e:  # a bug of probe's: one line saying so, the traceback on request
+        if os.environ.get("PROBE_TRACEBACK"):
+            raise
+        sys.stderr.write(
+            f"probe {verb or ''}: internal error: {first_line(e)[:500]} (a bug: run again with PROBE_TRACEBACK=1 for "
+            "the traceback and report it)\n".replace("probe :", "probe:")
+        )
+        return 1
 
 
 if __name__ == "__main__":

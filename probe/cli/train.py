@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from probe.cli.flags import self_contained_flag
+from probe.console import note as stderr_note
 from probe.errors import UsageError, first_line
 from probe.options import add_options, positive_int
 from probe.runs import FINAL_MODEL, MODEL_CONFIG, RUN_IDENTITY
@@ -155,11 +155,11 @@ def _check_corpus(out: Path, ident: dict, corpus, resuming: bool) -> None:
         return
     old = _recorded_identity(out)
     if "corpus_sha256" not in old:
-        sys.stderr.write(
+        stderr_note(
             f"probe train: warning: {out / RUN_IDENTITY} records no corpus fingerprint (written before "
             f"fingerprints existed); resuming on what --data {ident['data']!r} holds now, sha256 "
-            f"{ident['corpus_sha256'][:16]}..., and recording it\n"
-        )  # even with --quiet
+            f"{ident['corpus_sha256'][:16]}..., and recording it"
+        )
         return
     if (old["corpus_sha256"], old.get("corpus_bytes")) != (ident["corpus_sha256"], ident["corpus_bytes"]):
         raise UsageError(

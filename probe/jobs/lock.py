@@ -4,9 +4,11 @@
 A second process on a held folder stops with one line naming the holder (exit code 2), or queues behind it with
 ``--wait``. The kernel drops a flock when its process dies, so a lock file left by a killed run on this host is taken
 over. A lock file naming another host is reported and not taken: a flock on a network filesystem need not reach this
-host, so only a person can tell whether that run is over. The holder removes the file when it is done; then it
-removes what a killed run staged and never renamed (``probe.writes.remove_stale_temps``), since nothing else
-can be writing there.
+host, so only a person can tell whether that run is over. A lock file whose content is not a probe lock record (not
+JSON, a PID that is not a positive number, a host that is not a name) names no holder: under the flock it is a
+killed run's, taken over with one note. The holder removes the file when it is done; on taking the lock it removes
+what a killed run staged and never renamed (``probe.writes.remove_stale_temps``), since nothing else can be writing
+there, except inside a subfolder that holds another run's lock file. Notes go to stderr, none under ``--quiet``.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import sys
 import time
 from pathlib import Path
 
+from probe.console import note as stderr_note
 from probe.errors import UsageError
-from probe.writes import make_dirs, remove_empty_dirs, remove_stale_temps
+from probe.writes import WriteError, make_dirs, remove_empty_dirs, remove_stale_temps
 
 LOCK_NAME = ".probe.lock"
+MAX_PID = 2**22  # Linux's pid_max ceiling: a larger "pid" was not written by a process
 
 
 def this_host() -> str:
@@ -38,21 +42,36 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:  # alive, another user's
         return True
+    except OSError:  # not a pid this system has
+        return False
     return True
 
 
 def _read_holder(fd: int) -> dict:
-    """The holder a lock file names ({} when empty or unreadable: a holder killed before it wrote)."""
+    """The holder a lock file names: {} when empty (a holder killed before it wrote), {"unreadable": why} when its
+    content is not a probe lock record, else its fields (pid an int 1..MAX_PID, host, started, command: strings)."""
     try:
         data = os.pread(fd, 4096, 0)
-        holder = json.loads(data.decode("utf-8")) if data.strip() else {}
-    except (OSError, ValueError):
+    except OSError:
+        return {"unreadable": "it cannot be read"}
+    if not data.strip():
         return {}
-    return holder if isinstance(holder, dict) else {}
+    try:
+        holder = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return {"unreadable": "it is not JSON"}
+    if not isinstance(holder, dict):
+        return {"unreadable": "it is not a JSON object"}
+    pid = holder.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= MAX_PID:
+        return {"unreadable": f"its pid {str(pid)[:40]!r} is not a process id"}
+    if not all(isinstance(holder.get(k, ""), str) for k in ("host", "started", "command")):
+        return {"unreadable": "its host, start or command is not text"}
+    return {"pid": pid, **{k: holder[k][:300] for k in ("host", "started", "command") if k in holder}}
 
 
 def describe(holder: dict) -> str:
-    if not holder:
+    if not holder or "unreadable" in holder:
         return "another probe process"
     since = f" since {holder['started']}" if holder.get("started") else ""
     command = f" ({holder['command']})" if holder.get("command") else ""
@@ -89,7 +108,7 @@ def acquire(folder, *, wait: bool = False, flag: str = "--out", prog: str = "pro
     ``wait``: block until the holder is done instead; ``note``: where a line on waiting or on taking over a killed
     run's lock goes (default stderr)."""
     folder = Path(folder)
-    note = note or (lambda line: sys.stderr.write(f"{prog}: {line}\n"))
+    note = note or (lambda line: stderr_note(f"{prog}: {line}"))
     path = folder / LOCK_NAME
     try:
         created = make_dirs(folder)
@@ -127,15 +146,17 @@ def acquire(folder, *, wait: bool = False, flag: str = "--out", prog: str = "pro
                         f"if it has ended, remove {path} and run again",
                         prog,
                     )
-                if holder.get("pid") not in (None, os.getpid()):
-                    state = "no longer running" if not _pid_alive(int(holder["pid"])) else "not holding it"
+                if "unreadable" in holder:
+                    note(f"taking over the lock of {folder}: {path} is no probe lock record ({holder['unreadable']})")
+                elif holder.get("pid") not in (None, os.getpid()):
+                    state = "no longer running" if not _pid_alive(holder["pid"]) else "not holding it"
                     note(f"taking over the lock of {folder} left by pid {holder['pid']} ({state})")
-                _write_holder(fd)
+                _write_holder(fd, path)
             except BaseException:
                 os.close(fd)
                 raise
             lock = FolderLock(folder, fd, created)
-            removed = remove_stale_temps(folder)
+            removed = remove_stale_temps(folder, other_run=LOCK_NAME)
             if removed:
                 note(f"removed {len(removed)} staged file(s) a killed run left in {folder}")
             return lock
@@ -167,16 +188,22 @@ def _lock(fd: int, path: Path, wait: bool, flag: str, folder: Path, prog: str, n
     return same
 
 
-def _write_holder(fd: int) -> None:
+def _write_holder(fd: int, path: Path) -> None:
+    """Name this process in the held lock file; a full disk is a WriteError naming the file, which is then removed
+    (a new --out is left as it was)."""
     holder = {
         "pid": os.getpid(),
         "host": this_host(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": " ".join(["probe", *sys.argv[1:]])[:300],
     }
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(holder).encode("utf-8"), 0)
-    os.fsync(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode("utf-8"), 0)
+        os.fsync(fd)
+    except OSError as e:
+        path.unlink(missing_ok=True)  # still held: no other process opened it as the lock meanwhile
+        raise WriteError(path, e) from None
 
 
 __all__ = ["LOCK_NAME", "FolderLock", "acquire", "describe", "this_host"]

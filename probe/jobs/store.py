@@ -25,12 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sys
 from pathlib import Path
 
 from probe.console import Console
+from probe.console import note as stderr_note
 from probe.errors import UsageError
 from probe.jobs.fingerprints import describe
+from probe.jobs.lock import LOCK_NAME
 from probe.writes import json_safe, remove_stale_temps, write_files
 
 MANIFEST = "manifest.json"
@@ -142,8 +143,8 @@ class RunStore:
             raise RunFolderError(
                 f"--out {str(out)!r} exists and is not a probe {noun} directory; choose a new or empty one"
             )
-        if out.is_dir():
-            remove_stale_temps(out)  # staged files of a killed run: never renamed, so never counted
+        if out.is_dir():  # staged files of a killed run: never renamed, so never counted (another run's lock: its own)
+            remove_stale_temps(out, other_run=LOCK_NAME)
 
     def done(self, name: str) -> bool:
         return name in self.memory if self.out is None else record_path(self.out, name).is_file()
@@ -196,10 +197,10 @@ class RunStore:
                     "delete its record to recompute it, or use another --out"
                 )
         if unrecorded:
-            sys.stderr.write(
+            stderr_note(
                 f"warning: {len(unrecorded)} finished model(s) in {self.out} record no input fingerprints "
                 f"(written before fingerprints existed; first {unrecorded[0]!r}); resuming with the "
-                "inputs of now and recording them\n"
+                "inputs of now and recording them"
             )
 
     def records(self, names, compute, console: Console, what: str, fingerprint=None, unit: str = "model") -> list[dict]:

@@ -12,6 +12,8 @@ until the rename has happened, so an interruption at any point leaves one comple
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import random
@@ -108,24 +110,39 @@ def export_model(model: nn.Module, path: Path, tokenizer=None, root: Path | None
             check_real_folders(root, path)
         except OSError as e:
             raise WriteError(path, e) from None
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = staging_dir(path.parent, path.name)  # a new folder of a random name: never a planted one
-    try:
+    with _writing(path, tmp):
         save_model(model, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         fsync_tree(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if path.exists():
-        old = staging_dir(path.parent, f"{path.name}.old")  # empty: the previous model is renamed over it
-        os.replace(path, old)
-    os.replace(tmp, path)
+    with _writing(path):
+        old = None
+        if path.exists():
+            old = staging_dir(path.parent, f"{path.name}.old")  # empty: the previous model is renamed over it
+            os.replace(path, old)
+        os.replace(tmp, path)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+@contextlib.contextmanager
+def _writing(final: Path, staged: Path | None = None):
+    """Writes towards ``final``: a failure removes ``staged``, and a failed write (a full disk, a folder removed under
+    the run: an OSError, or the SafetensorError safetensors raises for one) is a WriteError naming ``final``."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except BaseException as e:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise WriteError(final, e) from None
+        if isinstance(e, SafetensorError):
+            raise WriteError(final, OSError(errno.EIO, f"safetensors: {str(e).strip()[:200]}")) from None
+        raise
 
 
 def load_model(model: nn.Module, path: Path):
@@ -189,9 +206,8 @@ def read_tensors(file: Path, ckpt: Path) -> dict[str, torch.Tensor]:
 def save_checkpoint(out_dir: Path, model: nn.Module, optimizer, sampler, step: int, extra: dict | None = None) -> Path:
     out_dir = Path(out_dir)
     final, old = out_dir / CHECKPOINT, out_dir / f"{CHECKPOINT}.old"
-    out_dir.mkdir(parents=True, exist_ok=True)
     tmp = staging_dir(out_dir, CHECKPOINT)  # a new folder of a random name (two runs never share it)
-    try:
+    with _writing(final, tmp):
         save_model(model, tmp)
         tensors: dict[str, torch.Tensor] = {}
         state = flatten(
@@ -200,15 +216,13 @@ def save_checkpoint(out_dir: Path, model: nn.Module, optimizer, sampler, step: i
         save_file(tensors, str(tmp / STATE_TENSORS))
         atomic_write(tmp / STATE_JSON, json.dumps({"step": step, **(extra or {}), "state": state}))  # written last
         fsync_tree(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if (final / STATE_JSON).exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    else:
-        shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    with _writing(final):
+        if (final / STATE_JSON).exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+        else:
+            shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
     return final
 

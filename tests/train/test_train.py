@@ -438,3 +438,22 @@ def test_bf16_autocast_keeps_gates_and_sinks_in_fp32(variant, tmp_path):
     assert all(p.dtype == torch.float32 for p in model.parameters())
     last = train(model, TinySampler(), cfg(steps=2, amp="bf16", ckpt_every=0), tmp_path, progress=False)
     assert math.isfinite(last["loss"])
+
+
+def test_a_run_folder_removed_under_a_checkpoint_is_a_write_error_naming_it(tmp_path, monkeypatch):
+    """`probe train --out A/B/run` with A removed mid-run ended in a safetensors I/O traceback."""
+    import shutil
+
+    import probe.train.checkpoint as checkpoint
+    from probe.writes import WriteError
+
+    out, real = tmp_path / "A" / "B" / "run", checkpoint.save_file
+
+    def vanish_then_save(tensors, filename):
+        shutil.rmtree(tmp_path / "A")
+        real(tensors, filename)
+
+    monkeypatch.setattr(checkpoint, "save_file", vanish_then_save)
+    with pytest.raises(WriteError, match=f"cannot write {out / 'checkpoint'}: "):
+        train(tiny_model(), TinySampler(), cfg(steps=2), out, progress=False)
+    assert not (tmp_path / "A").exists() or not list((tmp_path / "A").rglob(".probe-tmp-*"))

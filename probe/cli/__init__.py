@@ -1,5 +1,6 @@
-"""The ``probe`` command (``main``): the verb table and the parser in ``main``, one module per verb that owns its flags
-and its run function, the shared flag groups in ``flags``."""
+"""The ``probe`` command (``main``): the parser in ``main``, built from the verbs that the modules here declare
+(``VERB = "name"``), one module per verb that owns its flags and its run function, the shared flag groups in
+``flags``."""
 
 from probe.cli.main import build_parser, main
 

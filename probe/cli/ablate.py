@@ -17,6 +17,8 @@ GATE_MODES = ("open", "closed", "mean")
 DEPTH_MODES = ("uniform", "residual", "drop")
 DEFAULT_INTERVENTIONS = ("knockout", "value")
 
+VERB = "ablate"  # this module is `probe ablate` (probe.cli.main finds verbs by this line)
+RANK = 30  # its place in `probe --help`
 HELP = "causal interventions: loss change when the sink, the phantom, a gate or a depth route is ablated"
 DESCRIPTION = (
     "Ablate key 0 (knockout), position 0's value, the phantom, the value gates, the first keys under a "

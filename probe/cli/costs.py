@@ -8,6 +8,8 @@ import argparse
 from probe.cli.flags import output_flags
 from probe.options import positive_int
 
+VERB = "costs"  # this module is `probe costs` (probe.cli.main finds verbs by this line)
+RANK = 70  # its place in `probe --help`
 HELP = "FLOP and parameter cost model of AttnRes / P-LR / S-LR (LR-AttnRes 2026 Table 1)"
 DESCRIPTION = (
     "Added FLOPs and parameters of depth routing. Default dimensions are LR-AttnRes 2026 Table 1's "
@@ -21,7 +23,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--d", type=positive_int, help="model width d (default 1024)")
     p.add_argument("--layers", type=positive_int, help="layers L (default 24)")
     p.add_argument("--mlp", type=positive_int, help="MLP width m (default 2816)")
-    output_flags(p)
+    output_flags(p, reads_data=False)
     return p
 
 

@@ -15,12 +15,15 @@ import sys
 import time
 
 ARCH_CHOICES = ("sm_80", "sm_86", "sm_89", "sm_90")  # probe.kernels.launch.ARCHS (not imported: it imports torch)
+VERB = "doctor"  # this module is `probe doctor` (probe.cli.main finds verbs by this line)
+RANK = 130  # its place in `probe --help`
+HELP = "check this machine's GPU, torch and Triton for probe's kernels"
 
 
-def add_doctor_parser(subparsers):
+def add_parser(subparsers):
     p = subparsers.add_parser(
         "doctor",
-        help="check this machine's GPU, torch and Triton for probe's kernels",
+        help=HELP,
         description=__doc__.split("\n\n", 1)[1].strip(),
         allow_abbrev=False,
     )
@@ -113,7 +116,7 @@ def _aot(archs) -> tuple[list[str], str | None]:
     return lines, problem
 
 
-def run_doctor(args) -> int:
+def run(args) -> int:
     import torch
 
     from probe.kernels import triton_available

@@ -7,6 +7,8 @@ import argparse
 
 from probe.cli.flags import DEFAULT_MODEL, analysis_parser, output_flags
 
+VERB = "eval"  # this module is `probe eval` (probe.cli.main finds verbs by this line)
+RANK = 120  # its place in `probe --help`
 HELP = "next-token loss and perplexity on evaluation windows"
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+VERB = "experiment"  # this module is `probe experiment` (probe.cli.main finds verbs by this line)
+RANK = 90  # its place in `probe --help`
 HELP = (
     "run one of the papers' experiment recipes: probe experiment NAME --out DIR (probe experiment --list; NAME "
     "--help lists its options)"
@@ -17,8 +19,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str]) -> int:
-    """``probe experiment ...`` (the words after the verb), before the ``probe`` parser sees them."""
+def run(argv: list[str]) -> int:
+    """``probe experiment ...``: the words after the verb, which ``probe.cli.main`` hands here before its parser sees
+    them (each recipe parses its own options)."""
     from importlib import import_module
 
     return import_module("probe.experiments.command").main(argv, prog="probe experiment")

@@ -52,20 +52,36 @@ device_map = _user_value(parse_device_map)
 max_memory = _user_value(parse_max_memory)
 
 
-def output_flags(p, out_help="write CSV, JSON and a plotly HTML figure to DIR"):
+def output_flags(p, out_help="write CSV, JSON and a plotly HTML figure to DIR", *, reads_data: bool = True):
+    """--out, --json, --quiet, then ``folder_flags``; ``reads_data``: the verb reads --data (``model_flags``)."""
     p.add_argument("--out", metavar="DIR", help=out_help)
     p.add_argument("--json", action="store_true", help="print machine-readable results (JSON) on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
-    self_contained_flag(p)
+    folder_flags(p, reads_data=reads_data)
 
 
-def self_contained_flag(p):
+def folder_flags(p, *, reads_data: bool):
+    """The flags every verb that writes an --out folder ends with: how its pages load plotly.js, whether to wait for
+    the folder's lock (probe.jobs.lock, held while the verb runs) and, when it reads --data, how bad records are met
+    (probe.data.corpus)."""
     p.add_argument(
         "--self-contained",
         action="store_true",
         help="HTML pages carry plotly.js inline (one 4.8 MB file "
         "each) instead of loading the plotly.min.js written beside them",
     )
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="when another probe process holds --out, wait for it "
+        "to finish instead of stopping (exit 2) with a line naming it",
+    )
+    if reads_data:
+        p.add_argument(
+            "--skip-bad-records",
+            action="store_true",
+            help='skip .jsonl records without a string "text" (a warning counts them) instead of stopping at the first',
+        )
 
 
 def analysis_parser(

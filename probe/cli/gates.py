@@ -8,6 +8,8 @@ import argparse
 from probe.cli.flags import DEFAULT_MODEL, analysis_parser, output_flags
 from probe.options import positive_int
 
+VERB = "gates"  # this module is `probe gates` (probe.cli.main finds verbs by this line)
+RANK = 60  # its place in `probe --help`
 HELP = "value-gate statistics: mean gate, selectivity, per-token gates"
 
 

@@ -7,6 +7,8 @@ import argparse
 
 from probe.cli.flags import DEFAULT_DOSES, DEFAULT_MODEL, analysis_parser, injection_flags, output_flags
 
+VERB = "inject"  # this module is `probe inject` (probe.cli.main finds verbs by this line)
+RANK = 20  # its place in `probe --help`
 HELP = "value-noise injection: loss increase when quiet value reads receive junk"
 DESCRIPTION = (
     "Inject junk into the quiet value reads of every layer at once and report the loss increase per "

@@ -14,9 +14,9 @@
     probe view    --text "..." --out DIR            attention (any layer, head), depth weights, gates of one text
     probe experiment NAME --out DIR                 a paper's experiment recipe (probe experiment --list)
 
-One module per verb (``probe.cli.<verb>``) owns its flags (``add_parser``) and its run function (``run``); the flags
-several verbs share are declared once in ``probe.cli.flags``. ``VERBS`` below is the table of them, in ``--help``
-order.
+One module per verb (``probe.cli.<verb>``) declares it (``VERB = "name"``, its ``HELP`` line and ``RANK`` in
+``--help``) and owns its flags (``add_parser``) and its run function (``run``); the flags several verbs share are
+declared once in ``probe.cli.flags``. ``VERBS`` below is what the modules declare, read from their source.
 Every user error (unknown verb, flag, model, junk type, cutoff; a bad dose, count or context; a missing data file; an
 unreadable checkpoint) is one line on stderr and exit code 2, before any output file is written. A fault of the
 environment (a full disk, a folder removed under the run, memory) is one line and exit code 1, as is a bug of probe's
@@ -29,15 +29,19 @@ from __future__ import annotations
 import argparse
 import difflib
 import errno
+import math
 import os
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 from importlib import import_module
+from pathlib import Path
 
 from probe import __version__
 from probe.console import QUIET
+from probe.declared import literals
 from probe.errors import UsageError, UsageParser, first_line
 from probe.writes import WriteError
 
@@ -47,34 +51,47 @@ DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS}
 
 @dataclass(frozen=True)
 class Verb:
-    """Where a verb lives: its module, the function there that adds its flags to the subparsers, and the function
-    that runs it (argparse.Namespace -> exit code)."""
+    """A verb as its module declares it, read from the source (``probe.declared``): ``VERB = "name"``, its
+    ``HELP`` line in ``probe --help`` and its ``RANK`` there (ascending; verbs without one come last, by name). The
+    module's ``add_parser(sub)`` adds its flags; its ``run(args)`` runs it (argparse.Namespace -> exit code)."""
 
+    name: str
     module: str
-    add_parser: str = "add_parser"
-    run: str = "run"
+    help: str | None  # None: HELP is not a literal, so listing the verb imports its module
+    rank: float = math.inf
+
+    def load(self):
+        return import_module(self.module)
+
+    def listed_help(self) -> str:
+        return self.help if self.help is not None else self.load().HELP
 
 
-# verb -> its module. Every verb module is torch-free at import (its run function imports what it needs), so building
-# the parser imports them all and `probe --help` stays under a second; a verb's work is imported only when it runs.
-VERBS = {
-    "models": Verb("probe.cli.models"),
-    "inject": Verb("probe.cli.inject"),
-    "ablate": Verb("probe.cli.ablate"),
-    "sinks": Verb("probe.cli.sinks"),
-    "sources": Verb("probe.cli.sources"),
-    "gates": Verb("probe.cli.gates"),
-    "costs": Verb("probe.cli.costs"),
-    "report": Verb("probe.cli.report"),
-    "experiment": Verb("probe.cli.experiment", run="main"),
-    "train": Verb("probe.cli.train"),
-    "view": Verb("probe.cli.view"),
-    "eval": Verb("probe.cli.eval"),
-    "doctor": Verb("probe.cli.doctor", "add_doctor_parser", "run_doctor"),
-}
+def discover_verbs(folder: Path = Path(__file__).parent, package: str = "probe.cli") -> dict[str, Verb]:
+    """{name: Verb} of the modules in ``folder`` that assign ``VERB`` a literal name, in ``--help`` order. Read from
+    their source: nothing is imported."""
+    verbs = {}
+    for path in sorted(folder.glob("*.py")):
+        found = literals(path, ("VERB", "HELP", "RANK"))
+        if "VERB" not in found:
+            continue
+        verb = Verb(found["VERB"], f"{package}.{path.stem}", found.get("HELP"), found.get("RANK", math.inf))
+        if verb.name in verbs:
+            raise RuntimeError(f"verb {verb.name!r} declared by both {verbs[verb.name].module} and {verb.module}")
+        verbs[verb.name] = verb
+    return dict(sorted(verbs.items(), key=lambda item: (item[1].rank, item[0])))
 
 
-def build_parser() -> UsageParser:
+# Every verb module is torch-free at import (its run function imports what it needs); the parser imports only the
+# module of the verb on the command line, so `probe --help` imports none of them and a verb's work is imported only
+# when it runs.
+VERBS = discover_verbs()
+
+
+def build_parser(verbs: Iterable[str] | None = None) -> UsageParser:
+    """The ``probe`` parser with the flags of ``verbs`` (default: every verb's); the others are listed by name and
+    HELP line only, without importing their modules."""
+    full = set(VERBS) if verbs is None else set(verbs)
     parser = UsageParser(
         prog="probe",
         description="Mechanistic interpretability of attention routing: sinks, phantom "
@@ -85,23 +102,16 @@ def build_parser() -> UsageParser:
     parser.add_argument("--version", action="version", version=f"probe {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=UsageParser)
     for verb in VERBS.values():
-        getattr(import_module(verb.module), verb.add_parser)(sub)
-    for p in sub.choices.values():  # every verb that writes --out holds its lock (probe.jobs.lock) while it runs
-        if any("--out" in a.option_strings for a in p._actions):
-            p.add_argument(
-                "--wait",
-                action="store_true",
-                help="when another probe process holds --out, wait for it "
-                "to finish instead of stopping (exit 2) with a line naming it",
-            )
-        if any("--data" in a.option_strings for a in p._actions):
-            p.add_argument(
-                "--skip-bad-records",
-                action="store_true",
-                help="skip .jsonl records without a string "
-                '"text" (a warning counts them) instead of stopping at the first',
-            )
+        if verb.name in full:
+            verb.load().add_parser(sub)
+        else:
+            sub.add_parser(verb.name, help=verb.listed_help())
     return parser
+
+
+def verb_in(argv: list[str]) -> str | None:
+    """The verb a command line names: its first word that is not an option (``probe``'s own options take no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def run_verb_reading(name: str, args) -> int:
@@ -118,8 +128,7 @@ def run_verb_reading(name: str, args) -> int:
 
 
 def run_verb(name: str, args) -> int:
-    verb = VERBS[name]
-    return getattr(import_module(verb.module), verb.run)(args)
+    return VERBS[name].load().run(args)
 
 
 def check_unknown(parser: UsageParser, args, extra: list[str]) -> None:
@@ -156,7 +165,7 @@ def main(argv=None) -> int:
         return run_verb("experiment", argv[1:])
     verb = None
     try:
-        parser = build_parser()
+        parser = build_parser([verb_in(argv)])
         args, extra = parser.parse_known_args(argv)
         check_unknown(parser, args, extra)
         if args.verb is None:

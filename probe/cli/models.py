@@ -9,12 +9,14 @@ import argparse
 
 from probe.cli.flags import output_flags
 
+VERB = "models"  # this module is `probe models` (probe.cli.main finds verbs by this line)
+RANK = 10  # its place in `probe --help`
 HELP = "list variants, tiers, zoo checkpoints and known checkpoint names"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("models", help=HELP, description=HELP, allow_abbrev=False)
-    output_flags(p, "write models.csv and models.json to DIR")
+    output_flags(p, "write models.csv and models.json to DIR", reads_data=False)
     return p
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from probe.cli.flags import eps_flag, injection_flags, model_flags, protocol_flag, self_contained_flag
+from probe.cli.flags import eps_flag, folder_flags, injection_flags, model_flags, protocol_flag
 
+VERB = "report"  # this module is `probe report` (probe.cli.main finds verbs by this line)
+RANK = 80  # its place in `probe --help`
 HELP = "batch sink report over many models or training checkpoints (resumable)"
 DESCRIPTION = (
     "Sink statistics (and optionally massive activations and injection) for every model or checkpoint, written "
@@ -46,7 +48,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", default="probe-report", help="report directory (default probe-report)")
     p.add_argument("--json", action="store_true", help="print the summary table as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
-    self_contained_flag(p)
+    folder_flags(p, reads_data=True)
     return p
 
 

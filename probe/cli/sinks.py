@@ -7,6 +7,8 @@ import argparse
 
 from probe.cli.flags import DEFAULT_MODEL, analysis_parser, eps_flag, output_flags, protocol_flag
 
+VERB = "sinks"  # this module is `probe sinks` (probe.cli.main finds verbs by this line)
+RANK = 40  # its place in `probe --help`
 HELP = "attention-sink statistics: position-0 share, phantom share, r0, Sink^eps"
 
 

@@ -7,6 +7,8 @@ import argparse
 
 from probe.cli.flags import DEFAULT_DEPTH_MODEL, analysis_parser, output_flags
 
+VERB = "sources"  # this module is `probe sources` (probe.cli.main finds verbs by this line)
+RANK = 50  # its place in `probe --help`
 HELP = (
     "effective depth sources and mean depth heatmap of a depth-routed model; dense-connection weights of a "
     "DenseFormer / MUDD model"

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from probe.cli.flags import self_contained_flag
+from probe.cli.flags import folder_flags
 from probe.console import note as stderr_note
 from probe.errors import UsageError, first_line
 from probe.options import add_options, positive_int
@@ -41,6 +41,8 @@ LOOP_FLAGS = (
     "snapshot_every",
     "device",
 )
+VERB = "train"  # this module is `probe train` (probe.cli.main finds verbs by this line)
+RANK = 100  # its place in `probe --help`
 HELP = "train a custom model; the same command resumes an interrupted run"
 DESCRIPTION = (
     "Train a custom variant; writes metrics.jsonl, checkpoint/ and, when finished, model/ (weights and "
@@ -82,7 +84,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", required=True, help="run directory (required)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
-    self_contained_flag(p)
+    folder_flags(p, reads_data=True)
     return p
 
 

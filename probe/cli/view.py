@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 
-from probe.cli.flags import DEFAULT_MODEL, DTYPES, placement_flags, self_contained_flag
+from probe.cli.flags import DEFAULT_MODEL, DTYPES, folder_flags, placement_flags
 from probe.options import nonneg_int, positive_int
 
 PAGE = "view.html"
+VERB = "view"  # this module is `probe view` (probe.cli.main finds verbs by this line)
+RANK = 110  # its place in `probe --help`
 HELP = (
     "one page of viewers for one text: attention pattern (any layer and head, phantom column), depth weights, "
     "gates over the text"
@@ -55,7 +57,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     placement_flags(g)
     p.add_argument("--out", metavar="DIR", required=True, help="folder for view.html (required)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
-    self_contained_flag(p)
+    folder_flags(p, reads_data=True)
     return p
 
 

@@ -14,7 +14,6 @@ the folder's support files.
 
 from __future__ import annotations
 
-import ast
 import html
 import re
 import sys
@@ -24,6 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 from plotly.offline import get_plotlyjs
+
+from probe.declared import declaring, literals
 
 PLOTLY_JS = "plotly.min.js"
 INDEX = "index.html"
@@ -40,25 +41,10 @@ STYLE = (
 FOLD_ROWS = 20  # a table longer than this is folded: the reader opens the numbers after seeing the picture
 
 # The presentation modules whose DESCRIPTIONS say, one line each, what their files in an output folder hold: every
-# analysis describes its own files (a new analysis adds its module here). Other files fall back to their own title or
-# header.
+# module of this package that declares DESCRIPTIONS (found in its source, not imported), so an analysis's module
+# describes its own files by declaring them. Other files fall back to their own title or header.
 DESCRIBED_BY = [
-    "probe.present.sinks",
-    "probe.present.sinks_ctx",
-    "probe.present.sink_eps",
-    "probe.present.massive",
-    "probe.present.dormant",
-    "probe.present.inject",
-    "probe.present.ablate",
-    "probe.present.gates",
-    "probe.present.sources",
-    "probe.present.eval",
-    "probe.present.costs",
-    "probe.present.models",
-    "probe.present.report",
-    "probe.present.training",
-    "probe.present.recipe",
-    "probe.present.viewers",
+    f"probe.present.{path.stem}" for path in declaring(Path(__file__).parent, "DESCRIPTIONS") if path.stem != "page"
 ]
 DESCRIPTIONS = {INDEX: "this list", PLOTLY_JS: "plotly.js, loaded by the pages of this folder (offline)"}
 
@@ -75,14 +61,9 @@ def _descriptions_of(name: str) -> dict[str, str]:
     """A module's DESCRIPTIONS, read from its source when it is a literal dict and the module is not imported yet:
     writing a folder's index (``probe costs --out``, ``probe models --out``) then imports no analysis (and no torch)."""
     if name not in sys.modules:
-        spec = find_spec(name)
-        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
-        for node in tree.body:
-            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["DESCRIPTIONS"]:
-                try:
-                    return ast.literal_eval(node.value)
-                except ValueError:  # not a literal (names a constant): the module says
-                    break
+        found = literals(Path(find_spec(name).origin), ["DESCRIPTIONS"])
+        if "DESCRIPTIONS" in found:
+            return found["DESCRIPTIONS"]
     return import_module(name).DESCRIPTIONS
 
 

@@ -1,8 +1,10 @@
 """The `probe` parser's flags are an interface: every verb's (and every `probe experiment` recipe's) actions (option
-strings, dest, action kind, type, default, choices, nargs, required, const) and the `probe train` keys that must match
-on resume are pinned in tests/cli/parser_actions.json. A change to them is deliberate: regenerate the file with
+strings, dest, action kind, type, default, choices, nargs, required, const) are pinned, one file per verb in
+tests/cli/parser_actions/ (`probe.json` for the command's own flags, `VERB.json`, `experiment/RECIPE.json`; `train.json`
+also holds the keys that must match on resume). A new verb adds its own pin and no other changes; a change to a verb's
+flags is deliberate: regenerate its pin with
 
-    python tests/cli/test_parser_actions.py --write
+    python tests/cli/test_parser_actions.py --write VERB      (or experiment/RECIPE; no name: every pin)
 
 and say in the commit which flag changed and why. Help texts are not pinned (they may be reworded).
 
@@ -17,7 +19,11 @@ import json
 import sys
 from pathlib import Path
 
-PINNED = Path(__file__).with_name("parser_actions.json")
+import pytest
+
+PINS = Path(__file__).with_name("parser_actions")
+TOP = "probe"  # the pin of the command's own flags (--help, --version)
+WRITE = "python tests/cli/test_parser_actions.py --write"
 # inputs that tell the numeric and placement types apart (sign, zero, fractions, the [0, 1) share, non-finite, words)
 TYPE_SAMPLES = ("-1", "0", "0.3", "1", "1.5", "7", "1e9", "nan", "inf", "abc", "auto", "cpu=1GB", '{"": "cpu"}')
 
@@ -61,42 +67,55 @@ def _action(a: argparse.Action) -> dict:
     }
 
 
-def parser_actions() -> dict:
-    """{verb: [action, ...]} of the live parser (the top-level parser under "", each recipe under "experiment NAME"),
-    and the resume keys of `probe train`."""
+def parser_actions() -> dict[str, dict]:
+    """{pin name: {"actions": [action, ...]}} of the live parser: the command's own flags under TOP, each verb under its
+    name, each recipe under "experiment/NAME"; `probe train`'s pin also holds its resume keys."""
     from probe.cli.main import build_parser
     from probe.cli.train import LATER_KEYS, RUN_KEYS
-
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    verbs = {"": [_action(a) for a in parser._actions if not isinstance(a, argparse._SubParsersAction)]}
-    verbs.update({name: [_action(a) for a in p._actions] for name, p in sub.choices.items()})
     from probe.experiments import RECIPES
     from probe.experiments.command import build_parser as recipe_parser  # each recipe's options, from its config
 
-    verbs.update(
-        {
-            f"experiment {name}": [_action(a) for a in recipe_parser(name, "probe experiment")._actions]
-            for name in RECIPES
-        }
-    )
-    return {"verbs": verbs, "train_resume_keys": {"RUN_KEYS": list(RUN_KEYS), "LATER_KEYS": list(LATER_KEYS)}}
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    pins = {TOP: [a for a in parser._actions if a is not sub]}
+    pins.update({name: p._actions for name, p in sub.choices.items()})
+    pins.update({f"experiment/{name}": recipe_parser(name, "probe experiment")._actions for name in RECIPES})
+    pins = {name: {"actions": [_action(a) for a in actions]} for name, actions in pins.items()}
+    pins["train"]["resume_keys"] = {"RUN_KEYS": list(RUN_KEYS), "LATER_KEYS": list(LATER_KEYS)}
+    return json.loads(json.dumps(pins))  # as read back from a file (tuples as lists)
 
 
-def test_the_parser_matches_the_pinned_actions():
-    pinned, live = json.loads(PINNED.read_text()), json.loads(json.dumps(parser_actions()))
-    assert sorted(live["verbs"]) == sorted(pinned["verbs"]), "verbs added or removed"
-    for verb, actions in pinned["verbs"].items():
-        want = {tuple(a["option_strings"]) or (a["dest"],): a for a in actions}
-        got = {tuple(a["option_strings"]) or (a["dest"],): a for a in live["verbs"][verb]}
-        assert sorted(got) == sorted(want), f"probe {verb}: flags added or removed"
-        for flag, action in want.items():
-            assert got[flag] == action, f"probe {verb} {flag}"
-        # the order of --help and of argparse's errors
-        assert [tuple(a["option_strings"]) for a in live["verbs"][verb]] == [
-            tuple(a["option_strings"]) for a in actions
-        ], f"probe {verb}: order"
-    assert live["train_resume_keys"] == pinned["train_resume_keys"]
+def pinned() -> dict[str, Path]:
+    """{pin name: file} of the pins on disk."""
+    return {str(p.relative_to(PINS).with_suffix("")): p for p in sorted(PINS.rglob("*.json"))}
+
+
+@pytest.fixture(scope="module")
+def live() -> dict[str, dict]:
+    return parser_actions()
+
+
+def test_every_verb_has_its_pin_and_every_pin_a_verb(live):
+    missing, stale = sorted(set(live) - set(pinned())), sorted(set(pinned()) - set(live))
+    assert not missing, f"no pin for {missing}: write it with {WRITE} {' '.join(missing)}"
+    assert not stale, f"pins of no verb: {stale} (delete them, or {WRITE})"
+
+
+@pytest.mark.parametrize("name", sorted(pinned()))
+def test_the_parser_matches_the_pinned_actions(name, live):
+    if name not in live:
+        pytest.skip(f"{name}: no such verb (the test above fails)")
+    pin, now = json.loads(pinned()[name].read_text()), live[name]
+    label = "probe" if name == TOP else "probe " + name.replace("/", " ")
+    want = {tuple(a["option_strings"]) or (a["dest"],): a for a in pin["actions"]}
+    got = {tuple(a["option_strings"]) or (a["dest"],): a for a in now["actions"]}
+    assert sorted(got) == sorted(want), f"{label}: flags added or removed"
+    for flag, action in want.items():
+        assert got[flag] == action, f"{label} {flag}"
+    # the order of --help and of argparse's errors
+    order = [tuple(a["option_strings"]) for a in now["actions"]]
+    assert order == [tuple(a["option_strings"]) for a in pin["actions"]], f"{label}: order"
+    assert now.keys() == pin.keys() and now.get("resume_keys") == pin.get("resume_keys"), f"{label}: resume keys"
 
 
 def test_the_type_signature_tells_the_numeric_types_apart():
@@ -115,8 +134,23 @@ def test_the_type_signature_tells_the_numeric_types_apart():
     assert len(set(signatures)) == len(types)
 
 
+def write(names: list[str]) -> None:
+    """Write the pins of ``names`` (every pin when empty, removing those of verbs that are gone)."""
+    live = parser_actions()
+    unknown = sorted(set(names) - set(live))
+    if unknown:
+        sys.exit(f"no verb or recipe {unknown}; choose from {', '.join(live)}")
+    if not names:
+        for name in set(pinned()) - set(live):
+            pinned()[name].unlink()
+    for name in names or live:
+        path = PINS / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(live[name], indent=1) + "\n")
+        print(f"wrote {path}")
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
-        sys.exit(f"usage: python {sys.argv[0]} --write   (rewrites {PINNED})")
-    PINNED.write_text(json.dumps(parser_actions(), indent=1) + "\n")
-    print(f"wrote {PINNED}")
+    if sys.argv[1:2] != ["--write"]:
+        sys.exit(f"usage: {WRITE} [VERB | experiment/RECIPE ...]   (rewrites their pins in {PINS})")
+    write(sys.argv[2:])

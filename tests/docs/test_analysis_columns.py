@@ -1,16 +1,36 @@
 """Each public analysis, run on a tiny model, returns exactly the tables and columns its docstring lists under
 ``Tables (columns):`` (the API reference shows that list; ``<...>`` in a name stands for a part that depends on the
-data: ``block<i>``, ``dormant_rate[<domain>]``). A column added, renamed or dropped without the docstring fails here."""
+data: ``block<i>``, ``dormant_rate[<domain>]``). A column added, renamed or dropped without the docstring fails here.
+
+The analyses are found, not listed: every public function of probe/analyses/ whose docstring has that list (read from
+the source, as the command finds its verbs). Each runs on a plain tiny custom model with the windows alone, unless
+``RUNS`` says what else it needs (a mechanism, an argument)."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import re
+from pathlib import Path
 
 import pytest
 
 from tests.support.analyses import tiny, windows
+
+ANALYSES = Path(__file__).resolve().parents[2] / "probe" / "analyses"
+TABLES = "Tables (columns):"
+
+
+def public_analyses(folder: Path = ANALYSES) -> dict[str, str]:
+    """{"module.function": docstring} of the module-level public functions in ``folder`` that document their tables."""
+    found = {}
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef) else None
+            if doc and TABLES in doc and not node.name.startswith("_"):
+                found[f"{path.stem}.{node.name}"] = doc
+    return found
 
 
 def _runs():
@@ -21,11 +41,9 @@ def _runs():
             model, {8: windows(2, 2, 8), 12: data}
         )[0]
 
-    return {
+    return w, {
         "sinks.sink_stats": lambda f: f(tiny("sinklogit"), w),
         "sink_heads.sink_heads": lambda f: f(tiny("sinklogit"), w),
-        "massive.massive_activations": lambda f: f(tiny("baseline"), w),
-        "dormant.dormant_heads": lambda f: f(tiny("baseline"), w),
         "gates.gate_stats": lambda f: f(tiny("normgate"), w),
         "sources.effective_sources": lambda f: f(tiny("attnres-block4"), w),
         "sources.dense_weights": lambda f: f(tiny("mudd"), w),
@@ -37,7 +55,18 @@ def _runs():
     }
 
 
-RUNS = _runs()
+WINDOWS, RUNS = _runs()
+PUBLIC = public_analyses()
+
+
+def run(name: str, f):
+    """``f`` run as ``RUNS`` says, else on a plain tiny model and the windows."""
+    return RUNS[name](f) if name in RUNS else f(tiny("baseline"), WINDOWS)
+
+
+def test_the_analyses_are_found_and_every_run_names_one():
+    assert {"sinks.sink_stats", "massive.massive_activations", "dormant.dormant_heads"} <= set(PUBLIC)
+    assert set(RUNS) <= set(PUBLIC), f"RUNS names no documented analysis: {sorted(set(RUNS) - set(PUBLIC))}"
 
 
 def documented_tables(doc: str) -> dict[str, list[str]]:
@@ -78,12 +107,12 @@ def test_the_docstring_parser_reads_wrapped_blocks():
     assert _matches("block<i>", "block12") and not _matches("block<i>", "embed")
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.parametrize("name", sorted(PUBLIC))
 def test_returned_columns_equal_the_docstring(name, one_thread):
     module, fn = name.split(".")
     f = getattr(importlib.import_module(f"probe.analyses.{module}"), fn)
     want = documented_tables(f.__doc__ or "")
-    got = {t: list(df.columns) for t, df in RUNS[name](f).items() if t != "meta" and hasattr(df, "columns")}
+    got = {t: list(df.columns) for t, df in run(name, f).items() if t != "meta" and hasattr(df, "columns")}
     assert sorted(got) == sorted(want), f"{name}: tables {sorted(got)} != documented {sorted(want)}"
     for table, columns in got.items():
         documented = want[table]

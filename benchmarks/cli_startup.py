@@ -6,7 +6,8 @@ under a second.
 Runs each command in a fresh interpreter (`python -m probe.cli ...`, and the installed `probe` console script when it
 sits next to this interpreter), reports the median and worst wall time, and lists any heavy library (torch,
 transformers, pandas, plotly, transformer_lens) that parsing the arguments imported (there should be none: the verbs
-import them lazily). Exits 1 if a median misses the goal or a heavy library was imported.
+import them lazily), and any verb module that `probe --help` imported (none: it lists the verbs from their source).
+Exits 1 if a median misses the goal, a heavy library was imported or `--help` imported a verb module.
 """
 
 from __future__ import annotations
@@ -45,6 +46,17 @@ def heavy_imports() -> list[str]:
     return [m for m in out.split(",") if m]
 
 
+def verb_modules_of_help() -> list[str]:
+    code = (
+        "import contextlib, io, sys\nfrom probe.cli.main import VERBS, main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n    try:\n        main(['--help'])\n"
+        "    except SystemExit:\n        pass\n"
+        "print(','.join(v.module for v in VERBS.values() if v.module in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    return [m for m in out.split(",") if m]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
@@ -64,7 +76,9 @@ def main() -> None:
         print(f"{label:<36}{med:>10.3f}{max(times):>8.3f}  {'ok' if med < GOAL_S else 'SLOW'}")
     heavy = heavy_imports()
     print(f"heavy libraries imported while parsing: {', '.join(heavy) if heavy else 'none'}")
-    if not ok or heavy:
+    verbs = verb_modules_of_help()
+    print(f"verb modules imported by --help: {', '.join(verbs) if verbs else 'none'}")
+    if not ok or heavy or verbs:
         sys.exit(1)
 
 

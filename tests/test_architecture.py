@@ -30,6 +30,7 @@ LEVELS = {
     "options": 0,  # argparse option types and options declared on config dataclasses
     "process_group": 0,  # torchrun's process group: joining it, ranks, the batches a rank takes
     "declared": 0,  # module-level constants read from source (the verbs, the files' descriptions) without importing
+    "optional": 0,  # optional dependencies (triton, kaleido, gguf): probed once, a broken one disabled
     "catalogue": 0,  # the custom models' variant and tier names, plain data (`probe models` reads them without torch)
     "models": 1,  # custom instrumented transformers
     "checkpoints": 2,  # name -> model, HF adapters, interop, tiny HF models for tests

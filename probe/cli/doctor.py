@@ -6,7 +6,9 @@ its fp32 reference on a few small shapes (forward, backward, row masses, depth; 
 max differences and times against SDPA. Without one it says so and checks what it can: the kernels under the Triton
 interpreter (CPU, fp32, tiny shapes) and, for each ``--arch``, an ahead-of-time compile of every launch the
 launchers choose for the real-model shapes of probe.kernels.cases on that GPU, within its shared memory.
-Exit code 1 with one line on a mismatch or a launch over the limit; 2 for bad input.
+Each optional dependency (triton, kaleido, gguf) is reported as installed, absent or installed but broken (then
+disabled, so the fallback runs). Exit code 1 with one line on a mismatch, a launch over the limit or an ``--arch``
+compile that cannot run here (no usable Triton); 2 for bad input.
 """
 
 from __future__ import annotations
@@ -41,15 +43,18 @@ def add_parser(subparsers):
 def _versions() -> list[str]:
     import torch
 
-    from probe.kernels import triton_available
+    from probe.optional import FALLBACK, USES, status
 
     lines = [f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none: a CPU build'})"]
-    if triton_available():
-        import triton
-
-        lines.append(f"triton {triton.__version__}")
-    else:
-        lines.append("triton not installed: every op runs its torch path (pip install 'probe-attn[triton]')")
+    hints = {"triton": "pip install 'probe-attn[triton]'", "kaleido": "pip install kaleido", "gguf": "pip install gguf"}
+    for name in USES:
+        state = status(name)
+        if state.startswith("ok"):
+            lines.append(f"{name} {state[3:] or '(no version)'}")
+        elif state == "absent":
+            lines.append(f"{name} not installed: {FALLBACK[name]} ({hints[name]})")
+        else:
+            lines.append(f"{name} is installed but {state}: {FALLBACK[name]}")
     return lines
 
 
@@ -161,6 +166,11 @@ def run(args) -> int:
             problem = problem or over
         elif not cuda:
             out.write("AOT compile: not run; `probe doctor --arch sm_90` compiles every launch for that GPU here\n")
+    elif args.arch:  # asked for a check that cannot run here: not "ok"
+        problem = (
+            f"--arch {' '.join(args.arch)}: the ahead-of-time compile needs Triton, which cannot be used here "
+            "(see the triton line above; pip install 'probe-attn[triton]'); nothing was compiled"
+        )
     out.flush()
     if problem:
         sys.stderr.write(f"probe doctor: {problem}\n")

@@ -40,13 +40,15 @@ from importlib import import_module
 from pathlib import Path
 
 from probe import __version__
-from probe.console import QUIET
+from probe.console import QUIET, note
 from probe.declared import literals
 from probe.errors import UsageError, UsageParser, first_line
+from probe.optional import disable_if_broken
 from probe.writes import WriteError
 
 # a write that failed for want of room or a working disk, wherever it happened (torch.save, a library's writer)
 DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS}
+LIGHT_VERBS = ("models", "costs")  # verbs that import neither torch nor Triton
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,8 @@ def main(argv=None) -> int:
         if under_torchrun() and verb != "train":  # the trainer joins its process group itself
             return import_module("probe.cli.distributed").run_on_ranks(partial(run_verb_reading, verb), args) or 0
         quiet = QUIET.set(bool(getattr(args, "quiet", False)))  # --quiet: no note of any layer, only an error line
+        if verb not in LIGHT_VERBS:  # before torch imports it: a broken Triton would break torch itself
+            disable_if_broken("triton", lambda line: note(f"probe {verb}: {line}"))
         # before any model loads: a bad --out is one line within a second (under torchrun rank 0, the one writer,
         # alone checks: ranks creating and removing the same test folders at once would race)
         lock = None

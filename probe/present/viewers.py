@@ -685,9 +685,18 @@ def static_images(width: int = 900, height: int = 500) -> bool:
         return False
     import warnings
 
+    from probe.console import note
+    from probe.optional import disable_if_broken, status
+
+    if disable_if_broken("kaleido", note) or status("kaleido") == "absent":
+        return False  # a broken kaleido: one warning; none installed: nothing to say
     import kaleido
 
-    kaleido.start_sync_server(silence_warnings=True)  # one browser for every image, not one per figure
+    try:
+        kaleido.start_sync_server(silence_warnings=True)  # one browser for every image, not one per figure
+    except Exception as e:  # noqa: BLE001 - a browser kaleido cannot drive: figures stay interactive
+        note(f"warning: kaleido cannot start its browser ({type(e).__name__}); figures stay interactive only")
+        return False
     # plotly passes its (default) kaleido options along, which the server ignores: harmless, and said once per figure
     warnings.filterwarnings("ignore", message="The kopts argument is ignored if using a server")
     # The browser tab loads kaleido's scripts while the first image is asked for; on a busy machine that first call can

@@ -173,15 +173,15 @@ def main(argv=None) -> int:
         if args.verb is None:
             raise UsageError(f"missing VERB; choose one of {', '.join(VERBS)}", prog="probe")
         verb = args.verb
-        if under_torchrun() and verb != "train":  # the trainer joins its process group itself
-            return import_module("probe.cli.distributed").run_on_ranks(partial(run_verb_reading, verb), args) or 0
         quiet = QUIET.set(bool(getattr(args, "quiet", False)))  # --quiet: no note of any layer, only an error line
-        if verb not in LIGHT_VERBS:  # before torch imports it: a broken Triton would break torch itself
-            disable_if_broken("triton", lambda line: note(f"probe {verb}: {line}"))
-        # before any model loads: a bad --out is one line within a second (under torchrun rank 0, the one writer,
-        # alone checks: ranks creating and removing the same test folders at once would race)
         lock = None
         try:
+            if verb not in LIGHT_VERBS:  # before torch imports it: a broken Triton would break torch itself
+                disable_if_broken("triton", lambda line: note(f"probe {verb}: {line}"))
+            if under_torchrun() and verb != "train":  # the trainer joins its process group itself
+                return import_module("probe.cli.distributed").run_on_ranks(partial(run_verb_reading, verb), args) or 0
+            # before any model loads: a bad --out is one line within a second (under torchrun rank 0, the one
+            # writer, alone checks: ranks creating and removing the same test folders at once would race)
             if getattr(args, "out", None) and os.environ.get("RANK", "0") == "0":
                 import_module("probe.present.files").check_out_dir(args.out, prog=f"probe {verb}")
                 lock = import_module("probe.jobs.lock").acquire(

@@ -182,6 +182,71 @@ def test_train_and_jobs_take_no_utilities_from_presentation_or_analyses():
     assert _narrow_violations(planted) == ["probe.train.config:1 imports probe.present.terminal"]
 
 
+# Presentation draws what the analyses captured: no module under probe/present imports a deep-learning library or the
+# packages that build, load or hook a model, and none calls a model's forward or hooks (`probe view`'s capture lives in
+# probe/analyses/view.py). The one exemption takes a constant, not a model.
+MODEL_LIBRARIES = {"torch", "transformers", "transformer_lens", "nnsight", "triton", "accelerate", "safetensors"}
+MODEL_UNITS = ("probe.models", "probe.checkpoints", "probe.hooks", "probe.kernels")
+RUNS_A_MODEL = {
+    "run_with_cache",
+    "run_with_hooks",
+    "hooks",
+    "forward",
+    "generate",
+    "register_forward_hook",
+    "register_forward_pre_hook",
+    "no_grad",
+    "inference_mode",
+}
+PRESENT_EXEMPT = {("probe.present.models", "probe.checkpoints.load.PYTHIA_SIZES")}  # `probe models`: the size names
+
+
+def _model_use(name: str, source: str) -> list[str]:
+    """Where module ``name`` imports a model library or unit, or calls what runs a model: 'name:line what'."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            targets = [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Attribute) and node.attr in RUNS_A_MODEL:
+            found.append(f"{name}:{node.lineno} .{node.attr}")
+            continue
+        else:
+            continue
+        for target in targets:
+            library = target.split(".")[0] in MODEL_LIBRARIES
+            unit = target.startswith(tuple(u + "." for u in MODEL_UNITS)) or target in MODEL_UNITS
+            if (library or unit) and (name, target) not in PRESENT_EXEMPT:
+                found.append(f"{name}:{node.lineno} imports {target}")
+    return found
+
+
+def test_presentation_runs_no_model():
+    present = {m: p for m, p in MODULES.items() if m == "probe.present" or m.startswith("probe.present.")}
+    assert "probe.present.viewers" in present
+    assert [hit for m, p in sorted(present.items()) for hit in _model_use(m, p.read_text())] == []
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "import torch\n",
+        "import torch.nn.functional as F\n",
+        "from transformers import AutoModelForCausalLM\n",
+        "def f():\n    import nnsight\n",
+        "from probe.models import create\n",
+        "from probe.hooks import names\n",
+        "from probe.checkpoints.load import load\n",
+        "def f(model, ids):\n    return model.run_with_cache(ids)\n",
+        "def f(model):\n    with model.hooks(fwd_hooks=[]):\n        pass\n",
+    ],
+)
+def test_the_presentation_check_sees_a_planted_model_use(planted):
+    assert _model_use("probe.present.viewers", planted)
+    assert _model_use("probe.present.models", "from probe.checkpoints.load import PYTHIA_SIZES\n") == []
+
+
 @pytest.mark.parametrize(
     "moved",
     [

@@ -62,8 +62,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _text(args: argparse.Namespace, model) -> tuple:
-    """(the text or token ids to view, where they came from): --text, else --data's document --doc (the first by
-    default); a Bigram-Backcopy model views sequence --doc of its own chain (or of --data synthetic:bb[...])."""
+    """(the text or token ids to view, where they came from, its corpus): --text, else --data's document --doc (the
+    first by default); a Bigram-Backcopy model views sequence --doc of its own chain (or of --data
+    synthetic:bb[...])."""
     from probe.data.synthetic import is_synthetic
     from probe.errors import UsageError
     from probe.jobs.inputs import DEFAULT_DATA, load_corpus, synthetic_windows, text_on_bb, trained_task
@@ -73,44 +74,51 @@ def _text(args: argparse.Namespace, model) -> tuple:
     if args.text is not None:
         if task is not None:
             raise text_on_bb("--text", model, task, "view one of its sequences with --data synthetic:bb [--doc N]")
-        return args.text, "--text"
+        return args.text, "--text", None
     if is_synthetic(args.data) or (args.data is None and task is not None):
         windows = synthetic_windows(
             WindowSpec(data=args.data, batches=args.doc + 1, batch_size=1, tokenizer=args.tokenizer), model, task
         )
-        return windows.tokens[args.doc, 0], f"sequence {args.doc} of {windows.corpus}"
+        return windows.tokens[args.doc, 0], f"sequence {args.doc} of {windows.corpus}", windows.corpus
     if task is not None:
         raise text_on_bb(f"--data {args.data!r}", model, task)
     corpus = load_corpus(args.data or DEFAULT_DATA)
     if not 0 <= args.doc < len(corpus.documents):
         raise UsageError(f"--doc {args.doc}: corpus {corpus.name!r} has documents 0..{len(corpus.documents) - 1}")
-    return corpus.documents[args.doc], f"document {args.doc} of {corpus.name}"
+    return corpus.documents[args.doc], f"document {args.doc} of {corpus.name}", corpus.name
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from probe.analyses.view import capture_view, view_result
     from probe.cli.flags import model_spec
     from probe.console import Console
     from probe.errors import UsageError
     from probe.jobs.inputs import load_model, tokenizer_for
     from probe.jobs.specs import WindowSpec
-    from probe.present.files import write_pages
-    from probe.present.viewers import view_figures, view_text, viewer_html
+    from probe.present import viewers
+    from probe.present.files import OutputSpec, publish
 
-    console = Console(args.quiet)
+    output = OutputSpec(out=Path(args.out), quiet=args.quiet, self_contained=args.self_contained)
+    console = Console(output.quiet)
     if args.text is not None and not args.text.strip():
         raise UsageError("--text is empty; give some text or --data CORPUS")
     model = load_model(model_spec(args, DEFAULT_MODEL), console)
-    text, source = _text(args, model)
+    text, source, corpus = _text(args, model)
     tok = None if not isinstance(text, str) else tokenizer_for(WindowSpec(tokenizer=args.tokenizer), model)
     try:
-        figures, summary = view_figures(model, text, tokenizer=tok, max_tokens=args.max_tokens)
+        capture = capture_view(model, text, tokenizer=tok, max_tokens=args.max_tokens)  # one forward
     except ValueError as e:
         raise UsageError(str(e).splitlines()[0]) from None
-    title = f"probe view: {summary['model']} on {source}"
-    html = viewer_html(figures, title, self_contained=args.self_contained)
-    written = write_pages(Path(args.out), {PAGE: html})
-    console.note(f"wrote {', '.join(p.name for p in written)} to {args.out}")
-    print(view_text(Path(args.out) / PAGE, summary, source))
+    result = view_result(capture, source, corpus)
+    publish(
+        output,
+        "view",
+        result,
+        viewers,
+        console,
+        figure_inputs={"capture": capture},
+        text_inputs={"page": output.out / PAGE},
+    )
     return 0

@@ -87,11 +87,14 @@ def save_result(
     output: OutputSpec, stem: str, result: dict, figures, console: Console, title: str, sections: dict | None = None
 ) -> None:
     """With ``output.out``: one CSV per table, one JSON with everything, one HTML page (``sections``: the verdicts,
-    caveats and tables it opens with, as ``probe.present.page.page`` takes them), the folder's index."""
+    caveats and tables it opens with, as ``probe.present.page.page`` takes them, and a ``title`` for a page named
+    after its input instead of ``title``), the folder's index."""
     if not output.out:
         return
     from probe.present.page import page
 
+    sections = dict(sections or {})
+    title = sections.pop("title", title)
     files = {f"{stem}_{k}.csv": v.to_csv(index=False) for k, v in result.items()}
     files[f"{stem}.json"] = json.dumps(result_json(stem, result), indent=1)
     if figures or sections:
@@ -148,12 +151,19 @@ def emit(output: OutputSpec, verb: str, result: dict, text: str) -> None:
 
 
 def publish(
-    output: OutputSpec, stem: str, result: dict, presentation, console: Console, figure_inputs: dict | None = None
+    output: OutputSpec,
+    stem: str,
+    result: dict,
+    presentation,
+    console: Console,
+    figure_inputs: dict | None = None,
+    text_inputs: dict | None = None,
 ) -> None:
     """An analysis verb's outputs, shaped by its presentation module (``probe.present.<analysis>``: ``TITLE``,
-    ``figures(result, **figure_inputs)``, ``sections(result)``, ``text(result)``): with ``output.out`` the CSVs, the
-    JSON document and the page (``save_result``), then the terminal text or the JSON on stdout (``emit``).
-    ``figure_inputs``: tables a figure draws that are not written as files (dormant heads' per-input rows)."""
+    ``figures(result, **figure_inputs)``, ``sections(result)``, ``text(result, **text_inputs)``): with ``output.out``
+    the CSVs, the JSON document and the page (``save_result``), then the terminal text or the JSON on stdout
+    (``emit``). ``figure_inputs``: what a figure draws that is not written as files (dormant heads' per-input rows,
+    `probe view`'s captured arrays); ``text_inputs``: what the text names besides the result (`probe view`'s page)."""
     if output.out:
         save_result(
             output,
@@ -164,4 +174,4 @@ def publish(
             presentation.TITLE,
             presentation.sections(result),
         )
-    emit(output, stem, result, presentation.text(result))
+    emit(output, stem, result, presentation.text(result, **(text_inputs or {})))

@@ -22,6 +22,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pandas as pd
+import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from probe.declared import declaring, literals
@@ -100,6 +101,43 @@ def table_html(caption: str, df: pd.DataFrame | None, empty_note: str = "no rows
     return head + body
 
 
+def picker_html(div_id: str, n_layers: int, n_heads: int) -> str:
+    """Layer and head <select>s that show one (layer, head) trace of figure ``div_id`` (a few lines of inline
+    JavaScript calling Plotly.restyle once the page is parsed; offline). Placed above the figure."""
+
+    def options(n):
+        return "".join(f"<option value='{i}'>{i}</option>" for i in range(n))
+
+    return (
+        f"<p class='pickers'><label>layer <select id='{div_id}-layer'>{options(n_layers)}</select></label> "
+        f"<label>head <select id='{div_id}-head'>{options(n_heads)}</select></label></p>"
+        "<script type='text/javascript'>document.addEventListener('DOMContentLoaded', function () {"
+        f"var gd = document.getElementById('{div_id}'), L = {n_layers}, H = {n_heads};"
+        f"var layer = document.getElementById('{div_id}-layer'), head = document.getElementById('{div_id}-head');"
+        "function show() { var pick = (+layer.value) * H + (+head.value), vis = [];"
+        " for (var i = 0; i < L * H; i++) vis.push(i === pick);"
+        " Plotly.restyle(gd, {visible: vis}); }"
+        "layer.addEventListener('change', show); head.addEventListener('change', show);"
+        "});</script>"
+    )
+
+
+def figure_html(fig, div_id: str) -> str:
+    """A figure's div. One whose ``layout.meta["picker"]`` is [n_layers, n_heads] (a trace per layer and head, as
+    ``probe.present.view_attention.attention_picker_view`` draws) gets layer and head <select>s (``picker_html``)
+    instead of its one-list dropdown, at its own width."""
+    meta = fig.layout.meta
+    picker = meta.get("picker") if isinstance(meta, dict) else None
+    if not picker:
+        return fig.to_html(full_html=False, include_plotlyjs=False, default_width="100%")
+    spec = fig.to_dict()
+    spec["layout"].pop("updatemenus", None)  # the page's <select>s replace it (the caller's figure keeps its own)
+    width = f"{fig.layout.width}px" if fig.layout.width else "100%"
+    return picker_html(div_id, *picker) + pio.to_html(
+        spec, full_html=False, include_plotlyjs=False, default_width=width, div_id=div_id
+    )
+
+
 def page(
     title: str,
     figures=(),
@@ -108,19 +146,17 @@ def page(
     caveats=(),
     tables=(),
     intro: dict | None = None,
-    blocks=(),
     self_contained: bool = False,
 ) -> str:
     """One offline HTML page: the skeleton of every page probe writes (analysis pages, the report, `probe view`,
-    recipe results, training curves), in the order verdicts, caveats, figures, blocks, tables, settings. ``tables``:
-    (caption, DataFrame) or (caption, DataFrame, note shown when empty); ``blocks``: figures already rendered to HTML
-    (a viewer's figure with its pickers), after ``figures``."""
+    recipe results, training curves), in the order verdicts, caveats, figures (``figure_html``: a figure with
+    pickers gets them), tables, settings. ``tables``: (caption, DataFrame) or (caption, DataFrame, note shown when
+    empty)."""
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if verdicts:
         parts.append("<ul class='verdicts'>" + "".join(f"<li>{html.escape(v)}</li>" for v in verdicts) + "</ul>")
     parts += [f"<p class='caveat'>{html.escape(c)}</p>" for c in caveats]
-    parts += [fig.to_html(full_html=False, include_plotlyjs=False, default_width="100%") for fig in figures]
-    parts += list(blocks)
+    parts += [figure_html(fig, f"figure-{i}") for i, fig in enumerate(figures)]
     parts += [table_html(*t) for t in tables]
     if intro:
         rows = "".join(
@@ -129,7 +165,7 @@ def page(
             if v is not None
         )
         parts.append(f"<h2>Settings</h2><table class='meta'>{rows}</table>")
-    script = plotly_script(self_contained) if figures or blocks else ""
+    script = plotly_script(self_contained) if figures else ""
     return (
         f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{STYLE}</style>{script}</head><body>{''.join(parts)}</body></html>\n"
@@ -198,6 +234,8 @@ __all__ = [
     "DESCRIBED_BY",
     "descriptions",
     "page",
+    "figure_html",
+    "picker_html",
     "table_html",
     "readable",
     "plotly_script",

@@ -1,18 +1,24 @@
 """`probe view`: one page with the attention pattern of every layer and head (pickers, phantom column), depth weights
-and gates over the text; readable ticks and a colour-blind-safe gate scale. Tiny models; a few seconds in all."""
+and gates over the text, published like every verb's (CSV, JSON, page, index); readable ticks and a colour-blind-safe
+gate scale. Tiny models; a few seconds in all."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from plotly.colors import get_colorscale
 
+from probe.analyses.view import capture_view, view_result
 from probe.cli.main import main
 from probe.models import create
-from probe.present.viewers import GATE_COLOURS, TICK_SIZE, view_figures, viewer_html
+from probe.present import viewers
+from probe.present.view_tokens import GATE_COLOURS, TICK_SIZE
+from probe.present.viewers import view_figures, viewer_html
 
 IDS = torch.arange(5, 5 + 12)  # 12 token ids; the tiny models here have no tokenizer
 
@@ -23,13 +29,14 @@ def small(variant: str):
 
 def test_attention_figure_holds_every_layer_and_head_with_the_phantom_first():
     model = small("sink+proj")
-    figures, summary = view_figures(model, IDS)
+    cap = capture_view(model, IDS)
+    figures = view_figures(cap)
     att = figures[0]
-    assert summary == {
-        "model": summary["model"],
-        "tokens": 12,
-        "layers": 2,
-        "heads": 2,
+    meta = view_result(cap, "--text")["meta"].iloc[0].to_dict()
+    assert {k: meta[k] for k in ("n_tokens", "n_layers", "n_heads", "phantom", "depth", "gates", "note")} == {
+        "n_tokens": 12,
+        "n_layers": 2,
+        "n_heads": 2,
         "phantom": True,
         "depth": False,
         "gates": True,
@@ -60,20 +67,21 @@ def test_attention_figure_holds_every_layer_and_head_with_the_phantom_first():
 
 
 def test_gates_use_a_colour_blind_safe_scale_and_depth_models_get_their_weights():
-    figures, _ = view_figures(small("sink+proj"), IDS)
+    figures = view_figures(capture_view(small("sink+proj"), IDS))
     gates = figures[1:]
     assert len(gates) == 2  # layers x tokens, and the text coloured by the mean gate
     cividis = [c for _, c in get_colorscale("Cividis")]  # blue to yellow: no red-green contrast
     assert GATE_COLOURS == "Cividis"
     for fig in gates:
         assert [c for _, c in fig.data[0].colorscale] == cividis
-    depth, summary = view_figures(small("attnres-block2"), IDS)
-    assert summary["depth"] and not summary["gates"] and not summary["phantom"]
+    cap = capture_view(small("attnres-block2"), IDS)
+    depth = view_figures(cap)
+    assert cap.depth and not cap.gates and not cap.has_phantom and len(depth) == 2
     assert depth[0].data[0].x[0] != "phantom" and "Depth-attention" in depth[1].layout.title.text
 
 
 def test_page_has_pickers_that_restyle_and_loads_plotly_beside_it():
-    figures, _ = view_figures(small("sink+proj"), IDS)
+    figures = view_figures(capture_view(small("sink+proj"), IDS))
     page = viewer_html(figures, "t", self_contained=False)
     assert "<script type='text/javascript' src='plotly.min.js'></script>" in page
     assert "id='figure-0-layer'" in page and "id='figure-0-head'" in page and "Plotly.restyle" in page
@@ -87,12 +95,23 @@ def test_probe_view_command_writes_one_page_and_the_folder_index(tmp_path, capsy
     out = tmp_path / "view"
     rc = main(["view", "--text", "The cat sat on the mat. The cat sat.", "--out", str(out), "--quiet"])
     assert rc == 0
-    assert {p.name for p in out.iterdir()} == {"view.html", "plotly.min.js", "index.html"}
+    tables = {"view_tokens.csv", "view_meta.csv", "view.json"}  # as every verb publishes (probe.present.files.publish)
+    assert {p.name for p in out.iterdir()} == {"view.html", "plotly.min.js", "index.html"} | tables
     page = (out / "view.html").read_text()
     assert len(set(re.findall(r'"name":"(layer \d+ head \d+)"', page))) == 6 * 4  # tiny tier: every layer and head
     assert "Value gates (proj) over the text" in page and "Gate (proj), layer mean" in page
+    assert "<title>probe view: probe/tiny-sink+proj on --text</title>" in page and "<h2>Settings</h2>" in page
     said = capsys.readouterr().out
-    assert "view.html" in said and "6 layers x 4 heads" in said and "phantom column" in said
+    assert (
+        said == f"{out / 'view.html'}: 11 tokens of --text; attention (layer and head pickers, phantom column), "
+        "gates over the text; 6 layers x 4 heads\n"
+    )
+    tokens = pd.read_csv(out / "view_tokens.csv")
+    doc = json.loads((out / "view.json").read_text())
+    assert doc["verb"] == "view" and doc["meta"]["source"] == "--text" and doc["meta"]["n_tokens"] == len(tokens) == 11
+    assert list(tokens.position) == list(range(11)) and "".join(tokens.token) == "The cat sat on the mat. The cat sat."
+    index = (out / "index.html").read_text()
+    assert all(viewers.DESCRIPTIONS[name] in index for name in tables | {"view.html"})
 
 
 def test_probe_view_bad_input_is_one_line(tmp_path, capsys):
@@ -128,4 +147,4 @@ def test_probe_view_on_a_bigram_backcopy_model_shows_a_sequence_of_its_chain(tmp
 
 def test_ids_outside_the_vocabulary_are_refused_in_one_line():
     with pytest.raises(ValueError, match=r"token id 9999 is outside model .* vocabulary 0\.\.\d+; use the model's own"):
-        view_figures(small("baseline"), torch.tensor([1, 2, 9999]))
+        capture_view(small("baseline"), torch.tensor([1, 2, 9999]))

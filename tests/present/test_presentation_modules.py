@@ -12,7 +12,7 @@ import pytest
 from probe.present import page
 
 GOLDEN = Path(__file__).resolve().parents[1] / "jobs" / "golden"
-VERB_PRESENTATIONS = ("sinks", "inject", "gates", "sources", "eval", "costs")  # published through files.publish
+VERB_PRESENTATIONS = ("sinks", "inject", "gates", "sources", "eval", "costs", "viewers")  # published by files.publish
 
 
 def test_no_file_is_described_by_two_modules_and_the_skeleton_describes_only_its_own():
@@ -27,7 +27,7 @@ def test_no_file_is_described_by_two_modules_and_the_skeleton_describes_only_its
 
 def test_each_verbs_files_are_described_by_its_own_module():
     owner = {file: name for name in page.DESCRIBED_BY for file in import_module(name).DESCRIPTIONS}
-    for verb in ("sinks", "inject", "gates", "eval", "costs", "models"):
+    for verb in ("sinks", "inject", "gates", "eval", "costs", "models", "view"):
         own = [f for f, name in owner.items() if f.split("_")[0].split(".")[0] == verb]
         assert own and all(
             owner[f].startswith(

@@ -1,5 +1,6 @@
-"""Viewers: the figures hold the captured data (checked against the hooks), long texts stay bounded, and the HTML is
-self-contained (plotly.js inline, no network script)."""
+"""Viewers: one forward captures what they draw (the hooks the model's ModelInfo names), the figures hold the captured
+data (checked against the hooks), long texts stay bounded, the HTML is self-contained (plotly.js inline, no network
+script), and notebooks get static images only where kaleido and a browser are there."""
 
 import base64
 import json
@@ -11,8 +12,11 @@ import pytest
 import torch
 
 import probe
+from probe.analyses.view import capture_view
 from probe.checkpoints.tiny import build_tiny
 from probe.present import viewers as V
+from probe.present.view_attention import attention_view
+from probe.present.view_tokens import gate_text_view
 from tests.support.analyses import tiny
 
 NETWORK_SCRIPT = re.compile(r"<script[^>]*\bsrc\s*=\s*[\"']?(https?:)?//", re.I)
@@ -48,7 +52,7 @@ def random_pattern(H, T, seed=0, phantom=True):
 def test_attention_view_full_pattern_with_phantom_column():
     pattern, phantom = random_pattern(2, 6)
     tokens = ["a", " b", "a", "\n", "c", "d"]
-    fig = V.attention_view(pattern, phantom, tokens)
+    fig = attention_view(pattern, phantom, tokens)
     (t0, z0), (t1, z1) = decoded(fig)
     assert t0["x"][0] == "phantom" and t0["x"][1:] == ["0 a", "1 ␣b", "2 a", "3 ↵", "4 c", "5 d"]
     assert t0["y"] == t0["x"][1:]  # unique labels even for the repeated token
@@ -62,7 +66,7 @@ def test_attention_view_full_pattern_with_phantom_column():
 def test_attention_view_windows_account_for_every_row():
     H, T, W = 2, 11, 4
     pattern, phantom = random_pattern(H, T, seed=1)
-    fig = V.attention_view(pattern, phantom, [f"t{i}" for i in range(T)], window=W, max_full=4)
+    fig = attention_view(pattern, phantom, [f"t{i}" for i in range(T)], window=W, max_full=4)
     traces = decoded(fig)
     assert len(traces) == 3 * H  # windows 0-3, 4-7, 8-10, one trace per head each
     assert [t["visible"] for t, _ in traces] == [True, True] + [False] * 4
@@ -82,7 +86,7 @@ def test_attention_view_windows_account_for_every_row():
 def test_long_sequence_stores_windows_not_the_square():
     H, T, W = 2, 1000, 50
     pattern, phantom = random_pattern(H, T, seed=2)
-    fig = V.attention_view(pattern, phantom, [str(i) for i in range(T)], window=W)
+    fig = attention_view(pattern, phantom, [str(i) for i in range(T)], window=W)
     cells = sum(z.size for _, z in decoded(fig))
     assert cells <= H * T * (W + 3) < H * T * T / 5
     assert sum(t["visible"] for t, _ in decoded(fig)) == H  # one window drawn at a time
@@ -93,7 +97,7 @@ def test_long_sequence_stores_windows_not_the_square():
 def test_attention_viewer_shows_the_hooked_pattern_and_phantom():
     model = tiny("sinklogit")
     ids = torch.randint(0, 97, (9,), generator=torch.Generator().manual_seed(3))
-    fig = V.attention_viewer(model, ids, 1, heads=[0, 3])
+    fig = V.attention_viewer(capture_view(model, ids), 1, heads=[0, 3])
     _, cache = model.run_with_cache(ids[None], names_filter=lambda n: n.startswith("blocks.1.attn.hook_p"))
     pat, ph = cache["blocks.1.attn.hook_pattern"][0].numpy(), cache["blocks.1.attn.hook_phantom"][0].numpy()
     (t0, z0), (t1, z1) = decoded(fig)
@@ -105,7 +109,7 @@ def test_attention_viewer_shows_the_hooked_pattern_and_phantom():
 
 def test_sinktoken_viewer_labels_the_sink_and_baseline_has_no_phantom_column():
     model = tiny("sinktoken")
-    fig = V.attention_viewer(model, torch.arange(5), 0, heads=[0])
+    fig = V.attention_viewer(capture_view(model, torch.arange(5)), 0, heads=[0])
     t, z = decoded(fig)[0]
     assert t["x"][0] == "0 <sink>" and len(t["x"]) == 6 and z.shape == (6, 6)
     assert "learned sink token" in fig.layout.title.text
@@ -114,7 +118,7 @@ def test_sinktoken_viewer_labels_the_sink_and_baseline_has_no_phantom_column():
 def test_depth_viewer_holds_the_depth_weights():
     model = tiny("attnres-full")
     ids = torch.randint(0, 97, (7,), generator=torch.Generator().manual_seed(4))
-    fig = V.depth_viewer(model, ids, window=4)
+    fig = V.depth_viewer(capture_view(model, ids), window=4)
     _, cache = model.run_with_cache(ids[None], names_filter=lambda n: n.endswith("hook_depth_weights"))
     sites = model.probe_info.extra["depth_sites"]
     ((t, z),) = decoded(fig)
@@ -132,11 +136,12 @@ def test_gate_viewers_hold_the_gates():
     ids = torch.randint(0, 97, (21,), generator=torch.Generator().manual_seed(5))
     _, cache = model.run_with_cache(ids[None], names_filter=lambda n: n.endswith("hook_v_gate"))
     g = [cache[f"blocks.{l}.attn.hook_v_gate"][0].numpy() for l in range(2)]  # (T, Hkv)
-    ((t, z),) = decoded(V.gate_viewer(model, ids))
+    cap = capture_view(model, ids)
+    ((t, z),) = decoded(V.gate_viewer(cap))
     assert t["y"] == ["L0", "L1"] and np.allclose(z, np.stack([x.mean(1) for x in g]), atol=1e-6)
-    ((t, z),) = decoded(V.gate_viewer(model, ids, per_head=True))
+    ((t, z),) = decoded(V.gate_viewer(cap, per_head=True))
     assert t["y"][:5] == ["L0 kv0", "L0 kv1", "L0 kv2", "L0 kv3", "L1 kv0"] and np.allclose(z[5], g[1][:, 1], atol=1e-6)
-    fig = V.gate_viewer(model, ids, text_layer=1, per_line=4, lines=2)
+    fig = V.gate_viewer(cap, text_layer=1, per_line=4, lines=2)
     pages = decoded(fig)
     assert len(pages) == 3  # 21 tokens, 4 a line -> 6 lines, 2 lines a page
     flat = np.concatenate([z.reshape(-1) for _, z in pages])
@@ -147,7 +152,7 @@ def test_gate_viewers_hold_the_gates():
 
 def test_viewers_from_text_and_their_html_is_offline(tmp_path):
     model = probe.load(str(build_tiny("llama", tmp_path / "llama")))
-    fig = V.attention_viewer(model, "w5 w6 w7 w5", 0, heads=[1])
+    fig = V.attention_viewer(capture_view(model, "w5 w6 w7 w5"), 0, heads=[1])
     t, z = decoded(fig)[0]
     assert t["x"] == ["0 w5", "1 w6", "2 w7", "3 w5"]  # word-level tokenizer, no special tokens
     html = V.viewer_html([fig], title="viewer test")
@@ -159,22 +164,121 @@ def test_viewers_from_text_and_their_html_is_offline(tmp_path):
         assert tr["z"]["bdata"] in page
     single = fig.to_html(include_plotlyjs=True)
     assert not NETWORK_SCRIPT.search(single) and t["x"][1] in single
-    path = V.write_viewer_html([fig, V.gate_text_view([0.1, 0.9], ["x", "y"])], tmp_path / "v.html")
+    path = V.write_viewer_html([fig, gate_text_view([0.1, 0.9], ["x", "y"])], tmp_path / "v.html")
     assert path.read_text(encoding="utf-8").count("Plotly.newPlot") == 2
 
 
-def test_viewers_refuse_what_the_model_lacks():
+def test_capture_and_viewers_refuse_what_the_model_or_the_capture_lacks():
+    baseline = tiny("baseline")
     with pytest.raises(ValueError, match="no value gate"):
-        V.gate_viewer(tiny("baseline"), torch.arange(4))
+        capture_view(baseline, torch.arange(4), gates=True)
     with pytest.raises(ValueError, match="no depth routing"):
-        V.depth_viewer(tiny("baseline"), torch.arange(4))
+        capture_view(baseline, torch.arange(4), depth=True)
     with pytest.raises(ValueError, match="no tokenizer"):
-        V.attention_viewer(tiny("baseline"), "some text", 0)
+        capture_view(baseline, "some text")
     with pytest.raises(ValueError, match="layers 0..1"):
-        V.attention_viewer(tiny("baseline"), torch.arange(4), 2)
+        capture_view(baseline, torch.arange(4), layers=[2])
+    cap = capture_view(baseline, torch.arange(4), layers=[1])
+    with pytest.raises(ValueError, match="holds no value gates; capture it with probe.analyses.view.capture_view"):
+        V.gate_viewer(cap)
+    with pytest.raises(ValueError, match="holds no depth-attention weights"):
+        V.depth_viewer(cap)
+    with pytest.raises(ValueError, match=r"layer=0: the capture of .* holds layers \[1\]"):
+        V.attention_viewer(cap, 0)
+    with pytest.raises(TypeError, match="expected a captured text, got ProbeForCausalLM; capture it with"):
+        V.attention_viewer(baseline, 0)  # the model itself, as the viewers took it before they stopped running it
 
 
 def test_text_longer_than_the_context_is_cut_and_said_so():
     model = tiny("baseline", n_ctx=16)
-    fig = V.attention_viewer(model, torch.arange(40), 0, heads=[0])
+    fig = V.attention_viewer(capture_view(model, torch.arange(40)), 0, heads=[0])
     assert decoded(fig)[0][1].shape == (16, 16) and "first 16 of 40 tokens" in fig.layout.title.text
+
+
+def _spied(model, monkeypatch):
+    """The hook names each run_with_cache call of ``model`` cached."""
+    calls, real = [], model.run_with_cache
+
+    def spy(*args, names_filter, **kwargs):
+        calls.append(sorted(n for n in model.hook_dict if names_filter(n)))
+        return real(*args, names_filter=names_filter, **kwargs)
+
+    monkeypatch.setattr(model, "run_with_cache", spy)
+    return calls
+
+
+@pytest.mark.parametrize("variant", ["sink+proj", "attnres-full", "baseline", "sinktoken"])
+def test_one_forward_caches_the_hooks_the_model_info_names(variant, monkeypatch):
+    model = tiny(variant)
+    info = model.probe_info
+    calls = _spied(model, monkeypatch)
+    cap = capture_view(model, torch.arange(3, 10))
+    want = {f"blocks.{l}.attn.hook_pattern" for l in range(info.n_layers)}
+    want |= {f"blocks.{l}.attn.hook_phantom" for l in range(info.n_layers)} if info.has_phantom else set()
+    want |= {f"blocks.{l}.attn.hook_v_gate" for l in range(info.n_layers)} if info.has_value_gate else set()
+    want |= {f"{s}.hook_depth_weights" for s in info.extra.get("depth_sites", {})} if info.has_depth_sources else set()
+    assert calls == [sorted(want)]  # one forward, every figure's tensors
+    assert cap.has_phantom == info.has_phantom and bool(cap.gates) == info.has_value_gate
+    assert bool(cap.depth) == info.has_depth_sources and len(cap.tokens) == 7 + info.sink_token
+    assert len(V.view_figures(cap)) == 1 + info.has_depth_sources + 2 * info.has_value_gate
+
+
+def test_what_is_captured_follows_the_model_info_not_the_modules(monkeypatch):
+    """A depth-routed model whose ModelInfo lists one read site, and a gated phantom model whose ModelInfo declares
+    neither: the capture reads only what the info names (the modules still have the others)."""
+    import dataclasses
+
+    depth_model, gated = tiny("attnres-full"), tiny("sink+proj")
+    depth_info, gated_info = depth_model.probe_info, gated.probe_info
+    sites = dict(list(depth_info.extra["depth_sites"].items())[:1])
+    declared = {
+        depth_model: dataclasses.replace(depth_info, extra={**depth_info.extra, "depth_sites": sites}),
+        gated: dataclasses.replace(gated_info, has_value_gate=False, has_phantom=False),
+    }
+    monkeypatch.setattr(type(gated), "probe_info", property(lambda self: declared[self]))
+    calls = _spied(depth_model, monkeypatch)
+    cap = capture_view(depth_model, torch.arange(5))
+    assert list(cap.depth) == list(sites)
+    assert [n for n in calls[0] if n.endswith("hook_depth_weights")] == [f"{next(iter(sites))}.hook_depth_weights"]
+    calls = _spied(gated, monkeypatch)
+    cap = capture_view(gated, torch.arange(5))
+    assert not cap.gates and not cap.has_phantom and all(n.endswith("hook_pattern") for n in calls[0])
+
+
+def test_static_images_only_where_kaleido_imports(monkeypatch):
+    """A plain install (no kaleido) with a Chromium on the machine: figures stay interactive, no error."""
+    import shutil
+    import sys
+
+    import plotly.io as pio
+
+    from probe import optional
+
+    default = pio.renderers.default
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")  # a browser is there
+    monkeypatch.setattr(optional, "_status", {})  # probed afresh here, the process's own answer kept
+    monkeypatch.setitem(sys.modules, "kaleido", None)  # `import kaleido` raises ImportError, as without it
+    assert V.static_images() is False and pio.renderers.default == default
+    assert optional.status("kaleido") == "absent"
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # no browser: no image either
+    monkeypatch.delitem(sys.modules, "kaleido")
+    monkeypatch.setattr(optional, "_status", {})
+    assert V.static_images() is False and pio.renderers.default == default
+
+
+def test_drawing_a_capture_imports_no_torch():
+    """The viewer modules draw numpy arrays: importing them (and a page of their figures) loads neither torch nor
+    transformers, so a capture saved elsewhere can be drawn where no model runs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from probe.present import view_attention, view_tokens, viewers\n"
+        "fig = view_attention.attention_view(np.full((1, 2, 2), 0.5), None, ['a', 'b'])\n"
+        "viewers.viewer_html([fig, view_tokens.gate_text_view([0.1, 0.9], ['a', 'b'])])\n"
+        "print([m for m in ('torch', 'transformers') if m in sys.modules])"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

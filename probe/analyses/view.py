@@ -1,0 +1,166 @@
+"""What `probe view` shows of one text, captured in one forward pass: every layer's attention pattern (with the phantom
+of models that have one), the depth-attention weights of each read site (depth-routed models) and the value gates
+(gated models). Which hooks are read follows the model's ``ModelInfo`` (``has_phantom``, ``has_depth_sources`` and its
+``depth_sites``, ``has_value_gate``), never its modules. The arrays come back as numpy on the CPU, for
+``probe.present.viewers`` to draw; ``view_result`` gives the tables ``probe view`` writes beside its page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probe.analyses.capture import finish, model_device, token_text
+from probe.analyses.gates import read_tokens_of
+from probe.analyses.sources import depth_sites
+from probe.hooks import names
+
+MAX_TOKENS = 1024  # default cut: a layer's captured pattern is H x T x T
+
+
+@dataclass
+class TextCapture:
+    """One text's captured tensors, per read position (a sinktoken model's learned sink token is position 0)."""
+
+    model: str  # the model's name (ModelInfo.name)
+    n_layers: int
+    n_heads: int
+    sink_token: bool  # position 0 is the learned sink token
+    value_gate: str  # the gate's registered name ("none" without one)
+    token_ids: list[int]  # per read position; -1 for the sink token
+    tokens: list[str]  # their text
+    note: str = ""  # "first N of M tokens" when the input was cut
+    patterns: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (H, T, T) over real keys
+    phantoms: dict[int, np.ndarray] | None = None  # layer -> (H, T); None: the model has no phantom
+    depth: dict[str, np.ndarray] = field(default_factory=dict)  # read site -> (T, S) weights over its sources
+    sources: dict[str, list[str]] = field(default_factory=dict)  # read site -> its S source labels
+    gates: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (T, Hkv); element-wise: head mean
+
+    @property
+    def has_phantom(self) -> bool:
+        return self.phantoms is not None
+
+
+def text_ids(model, text_or_ids, *, tokenizer=None, max_tokens: int | None = None):
+    """(ids (1, T) on the model's device, read token ids, their text, note) for one text; a string is tokenized with
+    the model's tokenizer without special tokens; input beyond ``max_tokens`` (default min(1024, the model's
+    context), as the evaluation windows of docs/definitions.md#evaluation-windows; at most the context) is cut and the
+    note says so."""
+    info = model.probe_info
+    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    if isinstance(text_or_ids, str):
+        if tok is None:
+            raise ValueError(f"model {info.name!r} has no tokenizer: pass token ids or tokenizer=")
+        ids = torch.tensor(tok(text_or_ids, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    else:
+        ids = torch.as_tensor(text_or_ids, dtype=torch.long)
+    ids = ids.reshape(-1)
+    limit = min(max_tokens or MAX_TOKENS, info.n_ctx)
+    note = ""
+    if ids.numel() > limit:
+        note = f"first {limit} of {ids.numel()} tokens"
+        ids = ids[:limit]
+    if ids.numel() < 1:
+        raise ValueError("the text has no tokens")
+    if int(ids.max()) >= info.vocab_size or int(ids.min()) < 0:  # e.g. another model's tokenizer
+        raise ValueError(
+            f"token id {int(ids.max())} is outside model {info.name!r}'s vocabulary "
+            f"0..{info.vocab_size - 1}; use the model's own tokenizer"
+        )
+    read = read_tokens_of(info, ids[None])[0].tolist()
+    return ids[None].to(model_device(model)), read, [token_text(tok, t) for t in read], note
+
+
+@torch.no_grad()
+def capture_view(
+    model,
+    text_or_ids,
+    *,
+    tokenizer=None,
+    max_tokens: int | None = None,
+    layers=None,
+    attention: bool = True,
+    depth: bool | None = None,
+    gates: bool | None = None,
+    sites=None,
+) -> TextCapture:
+    """One forward over one text, caching what the viewers draw: the attention pattern (and phantom) of ``layers``
+    (default every layer), the depth weights of ``sites`` (default every read site) and the gates of ``layers``.
+    ``depth`` / ``gates``: None = when the model has them, True = required (ValueError without), False = skipped."""
+    info = model.probe_info
+    layers = list(range(info.n_layers)) if layers is None else [int(l) for l in layers]
+    bad = [l for l in layers if not 0 <= l < info.n_layers]
+    if bad:
+        raise ValueError(f"layer={bad[0]}: model {info.name!r} has layers 0..{info.n_layers - 1}")
+    has_depth = info.has_depth_sources and bool(info.extra.get("depth_sites"))
+    if depth and not has_depth:
+        depth_sites(info)  # raises: the model has no depth routing
+    if gates and not info.has_value_gate:
+        raise ValueError(
+            f"model {info.name!r} has no value gate (value_gate={info.value_gate!r}); the gate viewer needs hook_v_gate"
+        )
+    want_depth = has_depth if depth is None else bool(depth)
+    want_gates = info.has_value_gate if gates is None else bool(gates)
+    all_sites = depth_sites(info) if want_depth else {}
+    sites = list(all_sites) if sites is None else list(sites)
+    unknown = [s for s in sites if s not in all_sites]
+    if want_depth and unknown:
+        raise ValueError(f"unknown read sites {unknown}; the model's sites are {list(all_sites)}")
+    ids, read, toks, note = text_ids(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens)
+    points = (["pattern"] + (["phantom"] if info.has_phantom else [])) if attention else []
+    hooks = {names.attn(l, p) for l in layers for p in points}
+    hooks |= {names.attn(l, "v_gate") for l in layers} if want_gates else set()
+    hooks |= {names.depth_weights(s) for s in sites} if want_depth else set()
+    _, cache = model.run_with_cache(ids, names_filter=lambda n: n in hooks)
+
+    def array(name, head_mean: bool = False):
+        t = cache[name][0].float()
+        return (t.mean(-1) if head_mean and t.dim() == 3 else t).cpu().numpy()
+
+    cap = TextCapture(
+        model=info.name,
+        n_layers=info.n_layers,
+        n_heads=info.n_heads,
+        sink_token=info.sink_token,
+        value_gate=info.value_gate,
+        token_ids=read,
+        tokens=toks,
+        note=note,
+    )
+    if attention:
+        cap.patterns = {l: array(names.attn(l, "pattern")) for l in layers}
+        cap.phantoms = {l: array(names.attn(l, "phantom")) for l in layers} if info.has_phantom else None
+    if want_depth:
+        cap.depth = {s: array(names.depth_weights(s)) for s in sites}
+        cap.sources = {s: all_sites[s] for s in sites}
+    if want_gates:
+        cap.gates = {l: array(names.attn(l, "v_gate"), head_mean=True) for l in layers}  # (T, Hkv)
+    return cap
+
+
+def view_result(cap: TextCapture, source: str, corpus: str | None = None) -> dict[str, pd.DataFrame]:
+    """The tables beside the page: ``tokens`` (position, token id, text) and ``meta`` (what was captured of which
+    text); the arrays themselves are drawn, not written."""
+    meta = {
+        "analysis": "view",
+        "model": cap.model,
+        "corpus": corpus,
+        "source": source,
+        "n_tokens": len(cap.tokens),
+        "note": cap.note,
+        "n_layers": cap.n_layers,
+        "n_heads": cap.n_heads,
+        "phantom": cap.has_phantom,
+        "depth": bool(cap.depth),
+        "gates": bool(cap.gates),
+        "value_gate": cap.value_gate,
+        "sink_token": cap.sink_token,
+    }
+    tokens = pd.DataFrame({"position": range(len(cap.tokens)), "token_id": cap.token_ids, "token": cap.tokens})
+    return finish({"tokens": tokens}, meta)
+
+
+__all__ = ["TextCapture", "text_ids", "capture_view", "view_result", "MAX_TOKENS"]

@@ -318,6 +318,10 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
     else:
         config_path = target if kind == "lr-attnres" else str(Path(target) / "config.json")
         identity = f"probe/{Path(target).name}" if kind == "zoo" else target
+    if kind in ("zoo", "local"):  # before any loader opens one: a FIFO among the model's files would block it
+        from probe.checkpoints.sizes import check_folder_files
+
+        check_folder_files(Path(target))
     if kind == "lr-attnres" or config_path.endswith(LR_ATTNRES_FILE):  # a training checkpoint, not a config.json
         from probe.checkpoints.lr_attnres import load_lr_attnres
 

@@ -295,6 +295,9 @@ def load_lr_attnres(path, *, name: str | None = None, dtype=None):
     args = payload["model_args"]
     if not isinstance(args, dict):
         raise AuthorsFormatError(f"{name}: model_args is a {type(args).__name__}, not their asdict(ModelConfig)")
+    from probe.checkpoints.sizes import check_config
+
+    check_config(args, name, "model_args")  # before any size is used: an absurd one is one line, not an allocation
     pc = ProbeConfig(**probe_config_kwargs(args, torch.finfo(dtype).eps, name))
     mapped = map_state_dict(payload["model"], pc, args, name)
     return assemble(

@@ -25,6 +25,7 @@ fc067b274a5f14894b2ee299fdcb3c581a092896 (tests/fixtures/authors/mudd*-checkpoin
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from probe.hooks import names
@@ -245,7 +246,7 @@ def read_weights(folder: Path, name: str) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from probe.checkpoints.sizes import weight_files
+    from probe.checkpoints.sizes import checked_file, model_file, weight_files
 
     files = weight_files(folder)
     if files:
@@ -253,14 +254,12 @@ def read_weights(folder: Path, name: str) -> dict:
         for f in files:
             out.update(load_file(f))
         return out
-    index = folder / "pytorch_model.bin.index.json"
-    bins = (
-        sorted({folder / n for n in json.loads(index.read_text())["weight_map"].values()})
-        if index.is_file()
-        else [folder / "pytorch_model.bin"]
-        if (folder / "pytorch_model.bin").is_file()
-        else []
-    )
+    index, single = folder / "pytorch_model.bin.index.json", folder / "pytorch_model.bin"
+    if os.path.lexists(index):  # each file checked before it is opened: a FIFO would block the read forever
+        names = sorted(set(json.loads(checked_file(index, "the shard index").read_text())["weight_map"].values()))
+        bins = [model_file(folder, n, "weight file") for n in names]
+    else:
+        bins = [checked_file(single, "weight file")] if os.path.lexists(single) else []
     if not bins:
         raise AuthorsFormatError(f"{name}: {folder} holds no model.safetensors or pytorch_model.bin")
     out = {}
@@ -286,11 +285,13 @@ def load_mudd(folder, *, name: str | None = None, dtype=None):
     """A MUDDFormer / MUDDPythia model directory (their config.json and weights) -> ProbeForCausalLM."""
     import torch
 
+    from probe.checkpoints.sizes import check_config
     from probe.models.config import ProbeConfig
 
     folder = Path(folder)
     name = name or str(folder)
     config = json.loads((folder / "config.json").read_text())
+    check_config(config, name)  # before any size is used: an absurd one is one line, not an allocation
     kwargs = probe_config_kwargs(config, name)
     pc = ProbeConfig(**kwargs)
     dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32

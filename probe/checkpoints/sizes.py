@@ -1,18 +1,27 @@
-"""A local checkpoint's sizes, checked before anything is allocated: the parameter count its config implies (the
-model built on the meta device: shapes, no storage) must match what its safetensors headers hold (read without
-loading: the 8-byte header length and the JSON header of each file), and the weights must fit the memory available.
-A config whose sizes are absurd, or weights cut short, is one line here, not an allocation until memory runs out or
-a library's report table after it."""
+"""A local checkpoint's sizes and files, checked before anything is allocated or read.
+
+- Every size its config states (layers, widths, heads, vocabulary, context; any format: HF, probe's, MUDD's
+  config.json, LR-AttnRes's model_args) is an integer within a bound no released model comes near
+  (:func:`check_config`), so nothing is built from an absurd one, not even on the meta device.
+- Every file a loader reads from the model folder is a regular file (a FIFO would block the read forever), and a
+  name a shard index gives is a relative path inside the folder (:func:`model_file`).
+- The parameter count its config implies (the model built on the meta device: shapes, no storage) must match what
+  its safetensors headers hold (read without loading: the 8-byte header length and the JSON header of each file),
+  and the weights must fit the memory available.
+
+A config whose sizes are absurd, a file that is not one, or weights cut short, is one line here, not an allocation
+until memory runs out, a read that never returns or a library's report table after it."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import stat
 import struct
 from pathlib import Path
 
-from probe.data.limits import available_memory, human_bytes
+from probe.data.limits import available_memory, file_kind, human_bytes
 
 MAX_HEADER_BYTES = 100 << 20  # safetensors caps its JSON header at 100 MB
 DTYPE_BYTES = {
@@ -38,17 +47,120 @@ class CheckpointSizeError(ValueError):
     """A checkpoint whose config, weights and memory disagree; the message is one line."""
 
 
+# the bound of each kind of size a config states, far beyond any released model (the deepest have ~130 layers, the
+# widest MLPs ~60k, vocabularies ~260k, contexts ~10M): past it a config is not a model, and building it (even
+# shapes only) would take the machine's memory
+BOUNDS = {"layers": 1024, "width": 2**20, "heads": 2**14, "vocabulary": 2**24, "context": 2**24}
+SIZE_KEYS = {
+    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+    "width": (
+        "hidden_size",
+        "n_embd",
+        "d_model",
+        "dim",
+        "intermediate_size",
+        "d_mlp",
+        "d_mlp_layers",
+        "n_inner",
+        "ffn_dim",
+        "mlp_hidden_dim",
+        "head_dim",
+        "d_head",
+        "d_value",
+        "moe_intermediate_size",
+        "lrid_rank",
+        "lrid_projection_rank",
+        "depth_rank",
+    ),
+    "heads": ("num_attention_heads", "n_head", "n_heads", "num_key_value_heads", "n_kv_heads", "n_local_heads"),
+    "vocabulary": ("vocab_size",),
+    "context": ("max_position_embeddings", "n_positions", "n_ctx", "block_size", "sliding_window"),
+}
+_KIND = {key: kind for kind, keys in SIZE_KEYS.items() for key in keys}
+
+
+def check_config(config: dict, name: str, where: str = "config") -> None:
+    """Every size ``config`` states (at any depth of nested dicts: a ``text_config``) is an integer (or an integral
+    number, or a list of them, or null) within its kind's bound in ``BOUNDS``; else one CheckpointSizeError line
+    naming the key, the value and the valid range. Cheap: the config is not built."""
+    if not isinstance(config, dict):
+        raise CheckpointSizeError(f"{name}: its {where} is a JSON {type(config).__name__}, not an object")
+    todo = [(config, "")]
+    while todo:
+        d, prefix = todo.pop()
+        for key, value in d.items():
+            if isinstance(value, dict) and prefix.count(".") < 4:
+                todo.append((value, f"{prefix}{key}."))
+            kind = _KIND.get(key)
+            if kind is None or value is None:
+                continue
+            for v in value if isinstance(value, list) and key == "d_mlp_layers" else [value]:
+                if not _size_ok(v, BOUNDS[kind]):
+                    shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+                    raise CheckpointSizeError(
+                        f"{name}: {where} {prefix}{key}={shown} is not a {kind} size probe can build; choose an "
+                        f"integer 1..{BOUNDS[kind]:,} (no released model comes near that bound)"
+                    )
+
+
+def _size_ok(v, bound: int) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return 0 <= v <= bound and float(v).is_integer()  # 0: a size some configs use for "none" (sliding_window)
+
+
+def model_file(folder: Path, name: str, what: str = "file") -> Path:
+    """``folder / name`` for a file a loader is about to read: ``name`` (as a shard index gives it) a relative path
+    that stays inside ``folder``, and the file a regular one (a link to one is fine: the hub cache's are); else one
+    CheckpointSizeError line naming it."""
+    folder = Path(folder)
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise CheckpointSizeError(
+            f"{folder}: its index names {what} {str(name)[:120]!r}, which is not a file inside the model folder; "
+            "an index names files beside it"
+        )
+    return checked_file(folder / name, what)
+
+
+def checked_file(path: Path, what: str = "file") -> Path:
+    """``path`` is a regular file (a link to one is fine; a FIFO or a device would block or never end): one
+    CheckpointSizeError line else."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise CheckpointSizeError(f"{what} {path}: cannot read it ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointSizeError(
+            f"{what} {path} is {file_kind(path, st.st_mode)}, not a regular file; a model folder holds regular files"
+        )
+    return Path(path)
+
+
+READ_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".txt", ".pt", ".pth", ".gguf", ".tiktoken")
+
+
+def check_folder_files(folder: Path) -> None:
+    """Every file of a model folder that a loader (probe's, transformers', a tokenizer) may open is a regular file:
+    a FIFO or a device named ``tokenizer.json`` or ``model.safetensors`` would block the load forever."""
+    for entry in Path(folder).iterdir():
+        if entry.name.endswith(READ_SUFFIXES) or entry.name.startswith("tokenizer"):
+            if not entry.is_file() and not entry.is_dir():
+                checked_file(entry, "model file")
+
+
 def weight_files(folder: Path) -> list[Path]:
-    """The safetensors files of a model directory: those its index names, else ``*.safetensors``."""
+    """The safetensors files of a model directory: those its index names (each inside the folder and a regular
+    file), else ``*.safetensors`` (each a regular file)."""
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
+    if os.path.lexists(index):
+        checked_file(index, "the shard index")
         try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise CheckpointSizeError(f"{index} is not a safetensors index (no weight_map)") from None
-        return [folder / n for n in names]
-    return sorted(folder.glob("*.safetensors"))
+        return [model_file(folder, n, "weight file") for n in names]
+    return [checked_file(f, "weight file") for f in sorted(folder.glob("*.safetensors"))]
 
 
 def header_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -124,6 +236,13 @@ def check_sizes(folder, name: str, dtype_bytes: int | None = None, *, check_memo
     (``dtype_bytes`` per parameter, None: as stored) fit the memory available; else one ``CheckpointSizeError`` line
     saying which and by how much. A directory without safetensors files is left to the loader."""
     folder = Path(folder)
+    config = folder / "config.json"
+    try:
+        check_config(json.loads(checked_file(config, "config").read_text(encoding="utf-8")), name)
+    except (OSError, ValueError, RecursionError) as e:
+        if isinstance(e, CheckpointSizeError):
+            raise
+        raise CheckpointSizeError(f"{name}: {config} is not a JSON config ({type(e).__name__})") from None
     stored, stored_bytes, files = stored_counts(folder)
     if not files:
         return
@@ -148,4 +267,16 @@ def check_sizes(folder, name: str, dtype_bytes: int | None = None, *, check_memo
         )
 
 
-__all__ = ["CheckpointSizeError", "check_sizes", "header_tensors", "implied_counts", "stored_counts", "weight_files"]
+__all__ = [
+    "BOUNDS",
+    "CheckpointSizeError",
+    "check_config",
+    "check_folder_files",
+    "check_sizes",
+    "checked_file",
+    "header_tensors",
+    "implied_counts",
+    "model_file",
+    "stored_counts",
+    "weight_files",
+]

@@ -228,6 +228,9 @@ def main(argv=None) -> int:
     except Exception as e:  # a bug of probe's: one line saying so, the traceback on request
         if os.environ.get("PROBE_TRACEBACK"):
             raise
+        if isinstance(e, RuntimeError) and any(m in str(e) for m in ("can't allocate memory", "out of memory")):
+            sys.stderr.write(f"probe {verb}: error: out of memory ({first_line(e)[:300]}); ask for less\n")
+            return 1  # the allocator's, torch's CPU or CUDA
         sys.stderr.write(
             f"probe {verb or ''}: internal error: {first_line(e)[:500]} (a bug: run again with PROBE_TRACEBACK=1 for "
             "the traceback and report it)\n".replace("probe :", "probe:")

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from probe.data.corpus import Corpus, load_corpus
-from probe.data.limits import available_memory, human_bytes
+from probe.data.limits import check_windows_fit
 from probe.data.tokenizer import load_tokenizer
 
 DEFAULT_MAX_EVAL_CTX = 1024
@@ -339,14 +339,11 @@ def eval_batches(
         raise ValueError(f"ctx={ctx} must be at least 2")
     if mode not in ("first", "sequential", "random", "packed"):
         raise ValueError(f"unknown mode {mode!r}; choose 'first', 'sequential', 'random' or 'packed'")
-    window_bytes = n_batches * batch_size * (ctx + 1) * 8  # the int64 windows [n_batches, batch_size, ctx+1], any mode
-    have = available_memory()
-    if have is not None and window_bytes > have:
-        raise ValueError(
-            f"n_batches*batch_size={n_batches * batch_size} windows of {ctx + 1} tokens need "
-            f"{human_bytes(window_bytes)}, more than the {human_bytes(have)} of memory available; ask "
-            "for fewer windows or a smaller ctx"
-        )
+    check_windows_fit(  # the int64 windows [n_batches, batch_size, ctx+1], any mode
+        n_batches * batch_size * (ctx + 1) * 8,
+        f"n_batches*batch_size={n_batches * batch_size} windows of {ctx + 1} tokens",
+        "ask for fewer windows or a smaller ctx",
+    )
     tok = _tokenizer(tokenizer)
     if isinstance(corpus_or_docs, DocumentTokens):
         name, fingerprint, source = "custom-tokens", "", corpus_or_docs

@@ -44,6 +44,33 @@ def check_fits(n_bytes: int, what: str) -> None:
         )
 
 
+def file_kind(path: Path, mode: int) -> str:
+    """What a path that is not a regular file is, in words ("a FIFO (through a link)")."""
+    kind = (
+        "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a directory"
+        if stat.S_ISDIR(mode)
+        else "not a regular file"
+    )
+    return kind + (" (through a link)" if Path(path).is_symlink() else "")
+
+
+def check_windows_fit(n_bytes: int, what: str, fix: str) -> None:
+    """Windows (or any input built whole before a forward) of ``n_bytes`` must fit in half the memory available, the
+    other half left to the model and its forward; else a ``ValueError`` of one line: ``what`` needs ..., ``fix``."""
+    have = available_memory()
+    if have is not None and 2 * n_bytes > have:
+        raise ValueError(
+            f"{what} need {human_bytes(n_bytes)}, more than half the {human_bytes(have)} of memory available "
+            f"(the rest is the model's); {fix}"
+        )
+
+
 def check_input_file(path, max_bytes: int = MAX_INPUT_BYTES) -> Path:
     """``path`` is a regular file (a link to one is fine) of at most ``max_bytes``, else a ``ValueError`` naming it:
     a FIFO or a device would block or never end, a directory is no text."""
@@ -53,19 +80,7 @@ def check_input_file(path, max_bytes: int = MAX_INPUT_BYTES) -> Path:
     except OSError as e:
         raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
-        kind = (
-            "a FIFO"
-            if stat.S_ISFIFO(st.st_mode)
-            else "a device"
-            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
-            else "a socket"
-            if stat.S_ISSOCK(st.st_mode)
-            else "a directory"
-            if stat.S_ISDIR(st.st_mode)
-            else "not a regular file"
-        )
-        via = " (through a link)" if path.is_symlink() else ""
-        raise ValueError(f"{path} is {kind}{via}, not a regular file; pass a regular text file")
+        raise ValueError(f"{path} is {file_kind(path, st.st_mode)}, not a regular file; pass a regular text file")
     if st.st_size > max_bytes:
         raise ValueError(
             f"{path} holds {human_bytes(st.st_size)}, more than the {human_bytes(max_bytes)} a corpus file may hold"
@@ -73,4 +88,12 @@ def check_input_file(path, max_bytes: int = MAX_INPUT_BYTES) -> Path:
     return path
 
 
-__all__ = ["MAX_INPUT_BYTES", "human_bytes", "available_memory", "check_fits", "check_input_file"]
+__all__ = [
+    "MAX_INPUT_BYTES",
+    "human_bytes",
+    "available_memory",
+    "check_fits",
+    "check_input_file",
+    "check_windows_fit",
+    "file_kind",
+]

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from probe.data.batches import TokenWindows
+from probe.data.limits import check_windows_fit
 from probe.data.seeding import keyed_generator
 
 SYNTHETIC_PREFIX = "synthetic:"
@@ -85,6 +86,8 @@ class BigramBackcopy:
 
     @cached_property
     def _chain(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # the (V, V) float64 chain and its draw's temporaries
+        check_windows_fit(4 * self.vocab**2 * 8, f"the bigram chain of {self.spec()}", "choose a smaller vocab")
         rng = np.random.default_rng([self.seed, self.vocab, 0xBB])
         prior = 1.0 / np.arange(1, self.vocab + 1) ** ZIPF
         prior = prior[rng.permutation(self.vocab)] / prior.sum()
@@ -139,6 +142,7 @@ class BigramBackcopy:
     def generate(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """(n, T+1) LongTensor of BB sequences, BOS first."""
         V, T = self.vocab, self.T
+        check_windows_fit(n * (T + 1) * 16, f"{n} sequences of {self.spec()}", "ask for fewer or a smaller T")
         first_cdf, cdf = self._cdfs
         u = torch.rand(T, n, generator=generator, dtype=torch.float64)  # one uniform per drawn token, (T, n)
         seq = torch.empty(n, T + 1, dtype=torch.long)
@@ -280,6 +284,9 @@ TOKEN_DOMAINS = ("random", "repeat")
 TOKEN_KEYS = {"random": ("T", "n", "seed", "bos"), "repeat": ("T", "n", "token", "seed", "bos")}
 
 
+MAX_DOMAIN_IDS = 2**25  # ids of one token domain (n x (T+1)): 256 MiB as int64, far past any evaluation's need
+
+
 @dataclass(frozen=True)
 class TokenDomain:
     """Sequences of token ids built without text, for any model of vocabulary V (docs/definitions.md#token-domains).
@@ -321,6 +328,11 @@ class TokenDomain:
             raise ValueError(f"bos={self.bos} is not valid; choose 0 (no BOS) or 1 (the tokenizer's BOS first)")
         if self.token is not None and self.token < 0:
             raise ValueError(f"token={self.token} is not valid; choose a token id >= 0")
+        if self.n * (self.T + 1) > MAX_DOMAIN_IDS:  # checked with the name, before any model loads
+            raise ValueError(
+                f"n={self.n} sequences of T+1={self.T + 1} ids are {self.n * (self.T + 1):,} ids; a token domain holds "
+                f"at most {MAX_DOMAIN_IDS:,} (256 MiB): choose a smaller n or T"
+            )
 
     def spec(self) -> str:
         """The canonical name, e.g. ``synthetic:repeat[T=64,n=100,seed=0,bos=0]``."""
@@ -333,6 +345,9 @@ class TokenDomain:
             raise ValueError(f"token={self.token} is beyond the model's vocabulary; choose 0..{vocab_size - 1}")
         if self.bos and bos_id is None:
             raise ValueError("bos=1 but the model's tokenizer has no BOS token; use bos=0")
+        check_windows_fit(
+            self.n * (self.T + 1) * 8, f"n={self.n} sequences of T+1={self.T + 1} ids", "choose a smaller n or T"
+        )
         g = torch.Generator().manual_seed(self.seed)
         if self.kind == "random":
             ids = torch.randint(0, vocab_size, (self.n, self.T + 1), generator=g)

@@ -8,11 +8,20 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 TEMP_PREFIX = ".probe-tmp-"  # every staged file and folder starts so: a killed run's leftovers are recognisable
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a Python str every surrogate is a lone one
+
+
+def clean_text(text: str) -> str:
+    """``text`` as valid Unicode: each lone surrogate (a JSON ``\\udcff`` escape, a file name's undecodable byte as
+    Python's surrogateescape keeps it) replaced by U+FFFD, the rule every text probe reads follows
+    (docs/definitions.md#text-decoding). Clean text comes back as it is."""
+    return _LONE_SURROGATE.sub("\ufffd", text) if _LONE_SURROGATE.search(text) else text
 
 
 class WriteError(Exception):
@@ -57,7 +66,7 @@ def _fsync_dir(folder: Path) -> None:
 def _stage(final: Path, data: str | bytes) -> Path:
     """``data`` in a new temp file beside ``final``, synced to disk: created exclusively (``mkstemp``: O_EXCL with a
     random name, so a planted file or link is never opened, let alone written through)."""
-    payload = data if isinstance(data, bytes) else data.encode("utf-8")
+    payload = data if isinstance(data, bytes) else clean_text(data).encode("utf-8")  # a name with undecodable bytes
     fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{final.name[:60]}.", dir=final.parent)
     try:
         os.fchmod(fd, FILE_MODE)
@@ -101,7 +110,7 @@ def append_line(path: Path, line: str) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
         try:
-            _write_all(fd, line.encode("utf-8"))
+            _write_all(fd, clean_text(line).encode("utf-8"))
             os.fsync(fd)
         finally:
             os.close(fd)

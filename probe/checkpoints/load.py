@@ -34,6 +34,7 @@ from urllib.parse import urlparse
 import probe.runs as runs
 from probe.catalogue import RELEASED
 from probe.checkpoints import gguf
+from probe.writes import clean_text
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
 
@@ -318,6 +319,7 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
     else:
         config_path = target if kind == "lr-attnres" else str(Path(target) / "config.json")
         identity = f"probe/{Path(target).name}" if kind == "zoo" else target
+    identity = clean_text(identity)  # recorded in every output: a path's undecodable bytes become U+FFFD
     if kind in ("zoo", "local"):  # before any loader opens one: a FIFO among the model's files would block it
         from probe.checkpoints.sizes import check_folder_files
 

@@ -74,7 +74,9 @@ def _text(args: argparse.Namespace, model) -> tuple:
     if args.text is not None:
         if task is not None:
             raise text_on_bb("--text", model, task, "view one of its sequences with --data synthetic:bb [--doc N]")
-        return args.text, "--text", None
+        from probe.writes import clean_text
+
+        return clean_text(args.text), "--text", None  # the text rule: an undecodable byte of argv becomes U+FFFD
     if is_synthetic(args.data) or (args.data is None and task is not None):
         windows = synthetic_windows(
             WindowSpec(data=args.data, batches=args.doc + 1, batch_size=1, tokenizer=args.tokenizer), model, task

@@ -28,6 +28,7 @@ import torch
 from probe.data.corpus import Corpus, load_corpus
 from probe.data.limits import check_windows_fit
 from probe.data.tokenizer import load_tokenizer
+from probe.writes import clean_text
 
 DEFAULT_MAX_EVAL_CTX = 1024
 
@@ -42,8 +43,8 @@ def _corpus(corpus) -> Corpus:
     """A ``Corpus`` from itself, a name or path, or a list of texts."""
     if isinstance(corpus, Corpus):
         return corpus
-    if isinstance(corpus, (list, tuple)):
-        return Corpus("custom-text", list(corpus), "in-memory list of texts")
+    if isinstance(corpus, (list, tuple)):  # texts by the text rule: a lone surrogate becomes U+FFFD
+        return Corpus("custom-text", [clean_text(t) for t in corpus], "in-memory list of texts")
     return load_corpus(corpus)
 
 

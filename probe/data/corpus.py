@@ -29,7 +29,7 @@ from pathlib import Path
 
 from probe.data import documents as D
 from probe.data.streams import FileDocuments
-from probe.writes import atomic_write
+from probe.writes import atomic_write, clean_text
 
 CORPUS_DIR = Path(__file__).parent / "corpora"
 DEFAULT_EVAL_CORPUS = "wikitext-2-test"
@@ -77,7 +77,7 @@ class Corpus:
         h, size, docs = hashlib.sha256(), 0, self.documents
         for i in range(len(docs)):  # a view of a streamed corpus is hashed piece by piece
             for piece in docs.pieces(i) if hasattr(docs, "pieces") else (docs[i],):
-                data = piece.encode("utf-8")
+                data = clean_text(piece).encode("utf-8")
                 h.update(data)
                 size += len(data)
             h.update(b"\x00")
@@ -128,7 +128,7 @@ def load_corpus(
             "text": "text file, one document per blank-line-separated chunk",
         }.get(docs.format, 'JSON lines, one document per record\'s "text"')
         note = f'; {docs.skipped} records without a string "text" skipped' if docs.skipped else ""
-        return Corpus(str(path.resolve()), docs, how + note)
+        return Corpus(clean_text(str(path.resolve())), docs, how + note)  # a name shown and recorded: valid text
     if key.endswith((".txt", ".jsonl", ".jsonl.gz")) or os.sep in key:
         raise FileNotFoundError(f"corpus file {key!r} does not exist")
     raise ValueError(
@@ -175,7 +175,7 @@ def _document_sha256(documents, i: int) -> bytes:
     """SHA-256 of one document's UTF-8 text (a streamed document hashed piece by piece)."""
     h = hashlib.sha256()
     for piece in documents.pieces(i) if hasattr(documents, "pieces") else (documents[i],):
-        h.update(piece.encode("utf-8"))
+        h.update(clean_text(piece).encode("utf-8"))
     return h.hexdigest()
 
 
@@ -201,7 +201,7 @@ def write_jsonl(documents, path: str | os.PathLike) -> Path:
     """Save documents as a gzip JSON-lines corpus that ``load_corpus`` reads back unchanged (written atomically)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = b"".join((json.dumps({"text": d}) + "\n").encode("utf-8") for d in documents)
+    lines = b"".join((json.dumps({"text": clean_text(d)}) + "\n").encode("utf-8") for d in documents)
     atomic_write(path, gzip.compress(lines))
     return path
 
@@ -254,7 +254,7 @@ def _load_hf(key: str) -> Corpus:
         if n_docs is None:
             docs = D.split_wikitext("\n".join(t.rstrip("\n") for t in ds["text"]))
         else:
-            docs = [r["text"] for _, r in zip(range(n_docs), ds)]
+            docs = [clean_text(r["text"]) for _, r in zip(range(n_docs), ds)]
     except Exception as e:  # hub errors arrive as many types; report one line
         raise ConnectionError(
             f"could not load corpus {key!r} through `datasets`: {type(e).__name__}: "

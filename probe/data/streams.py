@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from probe.data.limits import MAX_INPUT_BYTES, check_input_file, human_bytes
+from probe.writes import clean_text
 
 BLOCK = 1 << 20  # bytes read at a time
 LONG_RECORD = 8 << 20  # a JSON-lines record at least this long is scanned as a stream instead of parsed whole
@@ -71,9 +72,9 @@ class _Span(io.RawIOBase):
 
 
 def _text_pieces(raw, strip_newlines: bool = True):
-    """The text of a binary stream, decoded as UTF-8 with universal newlines, in pieces of up to BLOCK characters;
-    leading and trailing newlines dropped (``str.strip("\\n")``)."""
-    text = io.TextIOWrapper(io.BufferedReader(raw, BLOCK), encoding="utf-8", newline=None)
+    """The text of a binary stream, decoded as UTF-8 with universal newlines (a byte that is not UTF-8 becomes
+    U+FFFD), in pieces of up to BLOCK characters; leading and trailing newlines dropped (``str.strip("\\n")``)."""
+    text = io.TextIOWrapper(io.BufferedReader(raw, BLOCK), encoding="utf-8", errors="replace", newline=None)
     held, started = "", not strip_newlines
     while piece := text.read(BLOCK):
         if not started:
@@ -154,7 +155,7 @@ class FileDocuments(Sequence):
             yield from _text_pieces(_Span(f, start, end))
         elif self._kind[i] == 0:
             f.seek(start)
-            yield json.loads(f.read(end - start))["text"]
+            yield _record_text(f.read(end - start))[1]
         else:
             f.seek(start)
             yield from _JsonStream(f).string_pieces()
@@ -266,7 +267,7 @@ class FileDocuments(Sequence):
                     if line is None:  # a long record: scanned, never held whole
                         why, text_at, has_text = stream.scan_record()
                     else:
-                        why, text_at, has_text = _short_record(line), None, None
+                        (why, text), text_at, has_text = _record_text(line), None, None
                     offset = stream.position
                     if offset > MAX_INPUT_BYTES:
                         raise ValueError(
@@ -283,7 +284,7 @@ class FileDocuments(Sequence):
                         self.first_bad = self.first_bad or f"{path}:{n} {why}"
                         continue
                     if text_at is None:
-                        if json.loads(line)["text"].strip():
+                        if text.strip():
                             self._add(start, offset)
                     elif has_text:
                         self._add(text_at, offset, kind=1)
@@ -308,20 +309,23 @@ def _merge(a, b):
     return True if a is True or b is True else None if a is None or b is None else False
 
 
-def _short_record(line: bytes) -> str | None:
-    """Why a JSON-lines record (read whole) gives no document, "blank" for a blank line, None when it gives one."""
-    text = line.decode("utf-8")
+def _record_text(line: bytes) -> tuple[str | None, str]:
+    """(why a JSON-lines record read whole gives no document: "blank" for a blank line, None when it gives one; its
+    "text"), decoded by the text rule: bytes that are not UTF-8 and lone surrogates become U+FFFD."""
+    text = line.decode("utf-8", "replace")
     if not text.strip():
-        return "blank"
+        return "blank", ""
     try:
         record = json.loads(text)
     except ValueError:
-        return "is not JSON"
+        return "is not JSON", ""
+    except RecursionError:
+        return "is not JSON probe reads (nested deeper than Python's JSON reader goes)", ""
     if not isinstance(record, dict) or "text" not in record:
-        return 'is not a JSON object with a "text" field'
+        return 'is not a JSON object with a "text" field', ""
     if not isinstance(record["text"], str):
-        return f'has a "text" of type {type(record["text"]).__name__}, not a string'
-    return None
+        return f'has a "text" of type {type(record["text"]).__name__}, not a string', ""
+    return None, clean_text(record["text"])
 
 
 class _NotJson(Exception):
@@ -485,7 +489,8 @@ class _JsonStream:
 
 
 def _decode(body: bytes) -> str:
-    return json.loads(b'"' + body + b'"')
+    """A piece of a JSON string's body, by the text rule (bytes that are not UTF-8, lone surrogates: U+FFFD)."""
+    return clean_text(json.loads('"' + body.decode("utf-8", "replace") + '"'))
 
 
 __all__ = ["BLOCK", "LONG_RECORD", "FileDocuments"]

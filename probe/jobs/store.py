@@ -30,7 +30,7 @@ from pathlib import Path
 from probe.console import Console
 from probe.console import note as stderr_note
 from probe.errors import UsageError
-from probe.jobs.fingerprints import describe
+from probe.jobs.fingerprints import describe, outdated
 from probe.jobs.lock import LOCK_NAME
 from probe.writes import json_safe, remove_stale_temps, write_files
 
@@ -185,11 +185,15 @@ class RunStore:
         unrecorded = []
         for name in (n for n in names if self.done(n)):
             now, path = fingerprint(name), fingerprint_path(self.out, name)
-            if not path.is_file():
+            was = (
+                _read_state(path, "delete it and run again: it is recorded again from the inputs of now")
+                if path.is_file()
+                else None
+            )
+            if was is None or outdated(was):  # none, or one that hashed weight headers only: recorded anew
                 unrecorded.append(name)
                 self._write_fingerprint(name, now)
                 continue
-            was = _read_state(path, "delete it and run again: it is recorded again from the inputs of now")
             if was != now:
                 raise RunFolderError(
                     f"--out {str(self.out)!r}: model {name!r} was computed from other inputs "
@@ -198,9 +202,9 @@ class RunStore:
                 )
         if unrecorded:
             stderr_note(
-                f"warning: {len(unrecorded)} finished model(s) in {self.out} record no input fingerprints "
-                f"(written before fingerprints existed; first {unrecorded[0]!r}); resuming with the "
-                "inputs of now and recording them"
+                f"warning: {len(unrecorded)} finished model(s) in {self.out} record no input fingerprints, or "
+                f"ones of the weights' headers only (written before content fingerprints existed; first "
+                f"{unrecorded[0]!r}); resuming with the inputs of now and recording them"
             )
 
     def records(self, names, compute, console: Console, what: str, fingerprint=None, unit: str = "model") -> list[dict]:

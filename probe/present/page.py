@@ -15,17 +15,20 @@ the folder's support files.
 from __future__ import annotations
 
 import html
+import os
 import re
 import sys
 from importlib import import_module
 from importlib.util import find_spec
 from pathlib import Path
+from urllib.parse import quote
 
 import pandas as pd
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from probe.declared import declaring, literals
+from probe.writes import clean_text
 
 PLOTLY_JS = "plotly.min.js"
 INDEX = "index.html"
@@ -205,17 +208,34 @@ def describe(path: Path) -> str:
     return {".json": "JSON", ".jsonl": "JSON lines", ".png": "image"}.get(path.suffix, "file")
 
 
+def link(*parts: str) -> str:
+    """A relative link to a path inside the page's folder: each part percent-encoded (a ':' too) after ``./``, so no
+    name (``javascript:...``, ``//host``, ``?``, ``#``) reads as a scheme, a host or anything but a file here."""
+    return "./" + "/".join(quote(os.fsencode(part), safe="") for part in parts)  # the name's own bytes
+
+
+def inside(folder: Path, path: Path) -> bool:
+    """``path`` (a link followed) lies inside ``folder``: a link planted in a shared folder may lead anywhere."""
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):  # a link loop
+        return False
+
+
 def index_page(folder: Path) -> str:
-    """index.html of ``folder``: every file and sub-folder (hidden and staged files left out), pages first."""
+    """index.html of ``folder``: every file and sub-folder (hidden and staged files, and links leading out of the
+    folder, left out), pages first; every link relative and escaped (:func:`link`)."""
     folder = Path(folder)
-    entries = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name != INDEX]
+    entries = [p for p in folder.iterdir() if not p.name.startswith(".") and p.name != INDEX and inside(folder, p)]
     order = {".html": 0, ".csv": 1}
     entries.sort(key=lambda p: (p.is_dir(), order.get(p.suffix, 2), p.name))
     rows = []
     for p in entries:
-        href = f"{p.name}/{INDEX}" if p.is_dir() and (p / INDEX).is_file() else p.name + ("/" if p.is_dir() else "")
+        name = clean_text(p.name)
+        own_index = p.is_dir() and (p / INDEX).is_file()
+        href = link(p.name, INDEX) if own_index else link(p.name) + ("/" if p.is_dir() else "")
         rows.append(
-            f"<tr><td><a href='{html.escape(href)}'>{html.escape(p.name)}</a></td>"
+            f"<tr><td><a href='{html.escape(href)}'>{html.escape(name)}</a></td>"
             f"<td>{html.escape(describe(p))}</td></tr>"
         )
     title = f"probe results: {folder.resolve().name}"
@@ -242,4 +262,5 @@ __all__ = [
     "support_files",
     "describe",
     "index_page",
+    "link",
 ]

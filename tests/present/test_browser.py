@@ -260,3 +260,23 @@ def test_view_pickers_switch_the_shown_layer_and_head(pages, page):
         return document.getElementById('figure-0').data.filter(t => t.visible === true).map(t => t.name);
     })()""")
     assert shown == ["layer 5 head 2"] and page.errors == []
+
+
+def test_a_planted_script_name_in_the_index_is_a_link_to_a_file_of_the_folder(tmp_path, page):
+    """A file named ``javascript:...`` in a shared results folder became a link that ran when clicked."""
+    out = tmp_path / "shared"
+    out.mkdir()
+    planted = "javascript:document.title='pwned'"
+    (out / planted).write_text("a planted file")
+    (out / "elsewhere").symlink_to("/etc")  # a link leading out of the folder is not listed
+    assert main(["costs", "--out", str(out), "--quiet"]) == 0
+    page.open(out / "index.html", 0)
+    links = page.evaluate("[...document.querySelectorAll('a')].map(a => [a.textContent, a.href, a.protocol])")
+    assert planted in [text for text, _, _ in links] and "elsewhere" not in [text for text, _, _ in links]
+    base = (out / "index.html").resolve().parent.as_uri() + "/"
+    for text, href, protocol in links:
+        assert protocol == "file:" and href.startswith(base), (text, href)
+    page.evaluate(f"[...document.querySelectorAll('a')].find(a => a.textContent === {json.dumps(planted)}).click()")
+    time.sleep(0.5)
+    assert page.evaluate("document.title") != "pwned"
+    assert page.errors == []

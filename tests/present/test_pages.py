@@ -71,7 +71,7 @@ def test_sinks_page_opens_with_verdict_and_csv_values(tmp_path, sinks):
     assert (tmp_path / PLOTLY_JS).stat().st_size > 1_000_000
     index = (tmp_path / "index.html").read_text()
     files = [p.name for p in tmp_path.iterdir() if p.name != "index.html"]
-    assert all(f"href='{name}'" in index for name in files)
+    assert all(f"href='./{name}'" in index for name in files)
     assert "sink statistics per layer" in index  # description from the table keyed by file name
 
 
@@ -86,7 +86,7 @@ def test_folder_shared_by_verbs_and_self_contained(tmp_path, sinks):
     assert PLOTLY_JS not in [p.name for p in written] and (tmp_path / PLOTLY_JS).stat().st_mtime_ns == first
     assert len(list(tmp_path.glob("*.js"))) == 1 and not list(tmp_path.glob(".*"))
     index = (tmp_path / "index.html").read_text()
-    assert all(f"href='{n}'" in index for n in ("gates.html", "gates_layers.csv", "sinks.html", "notes.csv"))
+    assert all(f"href='./{n}'" in index for n in ("gates.html", "gates_layers.csv", "sinks.html", "notes.csv"))
     assert "table, 1 row: a, b" in index  # fallback description of an unknown CSV: its header
     assert "Value gates" not in index and "value gates: summary" in index
     alone = tmp_path / "alone"

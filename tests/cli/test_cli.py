@@ -353,7 +353,7 @@ def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
     assert "validation loss" in page and "gradient norm" in page and "plotly" in page.lower()
     # the page loads the run folder's one plotly.min.js (not 4.8 MB inline), and the folder's index links it
     assert len(page) < 1_000_000 and (cut / "plotly.min.js").is_file()
-    assert "href='training.html'" in (cut / "index.html").read_text()
+    assert "href='./training.html'" in (cut / "index.html").read_text()
     a, b = load_file(whole / "model" / "model.safetensors"), load_file(cut / "model" / "model.safetensors")
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
 

@@ -8,8 +8,8 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.models.attention import Attention
 from probe.models.config import ProbeConfig
-from probe.models.dense import DenseMix
-from probe.models.depth import DepthRead, DepthSources
+from probe.models.dense import make_mix
+from probe.models.depth import DepthRead, DepthSources, emitted_key_width, make_read
 from probe.models.layers import MLP, make_norm
 
 
@@ -19,7 +19,7 @@ class Block(nn.Module):
     def __init__(self, config: ProbeConfig, layer: int):
         super().__init__()
         c = config
-        key_rank = c.depth_rank if c.depth == "plr" else 0
+        key_rank = emitted_key_width(c)  # P-LR: each sub-layer emits a routing key beside its output
         self.ln1 = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
         if c.dense_stream_norms and layer > 0:  # MUDD's sepln: the key and value streams get norms of their own
             self.ln1_k = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
@@ -30,11 +30,10 @@ class Block(nn.Module):
         self.parallel_residual = c.parallel_residual
         if c.depth != "residual":
             if layer > 0:  # site 1 (before block 0's attention) reads only the embedding: no query
-                self.attn_read = DepthRead(c)
-            self.mlp_read = DepthRead(c)
+                self.attn_read = make_read(c)
+            self.mlp_read = make_read(c)
         if c.dense != "none":
-            last = layer == c.n_layers - 1
-            self.dense = DenseMix(c, layer, streams=1 if (last or c.dense == "denseformer") else 4)
+            self.dense = make_mix(c, layer)
         self.hook_resid_pre = HookPoint()  # B,T,d
         self.hook_resid_mid = HookPoint()  # B,T,d
         self.hook_resid_post = HookPoint()  # B,T,d

@@ -1,7 +1,8 @@
 """The configuration of a probe model: one dataclass-like HF config that selects every mechanism.
 
 Mechanisms (docs/definitions.md#mechanisms) are orthogonal switches; `validate()` rejects combinations that make no
-sense. `value_gate` names a registered gate module (gates.py). Tiers are named base architectures
+sense. `value_gate` names a registered gate module (gates.py), `depth` a registered read (depth.py) and `dense` a
+registered mix (dense.py), each of which checks the settings it reads. Tiers are named base architectures
 (docs/definitions.md#tiers and each paper's tables), listed in probe/catalogue.py; `variants.py` names mechanism
 settings. The attention backend is not configuration: it is chosen at run time (probe.kernels.backend).
 """
@@ -11,11 +12,11 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 
 from probe.catalogue import TIERS
+from probe.models.dense import DENSES
+from probe.models.depth import DEPTHS
 from probe.models.gates import GATES
 
 ABSTENTIONS = ("none", "offbyone", "sinklogit", "sinktoken")
-DEPTHS = ("residual", "attnres", "plr", "slr")
-DENSES = ("none", "denseformer", "mudd")
 # P-LR routing keys: "normalized" RMS-normalises each key as it is emitted (eps: the dtype's machine epsilon, as the
 # LR-AttnRes authors' model.py), so a block's key is the sum of normalised keys, normalised again at the read; "raw"
 # sums raw keys and normalises once at the read (how probe's checkpoints before this field were trained)
@@ -69,7 +70,7 @@ class ProbeConfig(PretrainedConfig):
         gate_tau_init: float | None = None,  # None: expected read norm of the initial model (see gates.py)
         qk_activation: str = "none",  # GatedV placement controls: SiLU on q (or q and k) before RoPE
         value_residual: str = "none",
-        # across depth
+        # across depth: "residual" or a registered read (depth.py), "none" or a registered mix (dense.py)
         depth: str = "residual",
         depth_blocks: int = 0,  # 0: full depth routing; N: block routing with N blocks
         depth_rank: int | None = None,  # routing-key rank r for plr/slr (attnres uses d_model)
@@ -170,11 +171,6 @@ class ProbeConfig(PretrainedConfig):
     def max_position_embeddings(self) -> int:
         return self.n_ctx
 
-    @property
-    def routing_rank(self) -> int:
-        """Width of the routing keys: d_model for AttnRes, r for the low-rank variants."""
-        return self.d_model if self.depth == "attnres" else (self.depth_rank or 0)
-
     def layer_d_mlp(self, layer: int) -> int:
         """The FFN width of block ``layer`` (d_mlp unless d_mlp_layers gives one per layer)."""
         return self.d_mlp_layers[layer] if self.d_mlp_layers else self.d_mlp
@@ -187,8 +183,8 @@ class ProbeConfig(PretrainedConfig):
         for field, choices in [
             ("abstention", ABSTENTIONS),
             ("value_gate", ("none", *GATES)),
-            ("depth", DEPTHS),
-            ("dense", DENSES),
+            ("depth", ("residual", *DEPTHS)),
+            ("dense", ("none", *DENSES)),
             ("value_residual", VALUE_RESIDUALS),
             ("norm", NORMS),
             ("pos", POSITIONS),
@@ -201,14 +197,11 @@ class ProbeConfig(PretrainedConfig):
             _check(field, getattr(self, field), choices)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
-        if self.depth in ("plr", "slr"):
-            if not self.depth_rank or not 0 < self.depth_rank <= self.d_model:
-                raise ValueError(
-                    f"depth_rank={self.depth_rank!r} must be in 1..d_model={self.d_model} for depth={self.depth!r}"
-                )
+        if self.depth != "residual":
+            DEPTHS[self.depth].check(self)
         if self.depth_blocks:
             if self.depth == "residual":
-                raise ValueError("depth_blocks needs depth routing (depth='attnres', 'plr' or 'slr')")
+                raise ValueError(f"depth_blocks needs depth routing (depth one of {', '.join(map(repr, DEPTHS))})")
             if (2 * self.n_layers) % self.depth_blocks:
                 raise ValueError(f"depth_blocks={self.depth_blocks} must divide 2L={2 * self.n_layers} sub-layers")
         for field in ("depth_block_mean", "depth_block_mean_learned", "depth_block_prior", "depth_block_prior_learned"):
@@ -220,9 +213,10 @@ class ProbeConfig(PretrainedConfig):
             raise ValueError(
                 f"depth={self.depth!r} and dense={self.dense!r} both replace the residual stream; pick one"
             )
-        for field in ("mudd_round64", "mudd_expand_last", "dense_stream_norms"):
-            if getattr(self, field) and self.dense != "mudd":
-                raise ValueError(f"{field}=True needs dense='mudd'; got dense={self.dense!r}")
+        for name, mix in DENSES.items():
+            for field in mix.options:
+                if getattr(self, field) and self.dense != name:
+                    raise ValueError(f"{field}=True needs dense={name!r}; got dense={self.dense!r}")
         if self.d_mlp_layers is not None and (len(self.d_mlp_layers) != self.n_layers or min(self.d_mlp_layers) < 1):
             raise ValueError(
                 f"d_mlp_layers={self.d_mlp_layers!r} must list one positive width per layer (n_layers={self.n_layers})"
@@ -231,12 +225,6 @@ class ProbeConfig(PretrainedConfig):
             raise ValueError(
                 f"parallel_residual=True needs the plain or dense residual stream; got depth={self.depth!r}"
             )
-        for field in ("linear_bias", "mlp_bias"):
-            if getattr(self, field) and self.depth == "plr":
-                raise ValueError(
-                    f"{field}=True does not compose with depth='plr' (its routing keys share the output "
-                    "projection's matmul)"
-                )
         if self.rope_table != "exact" and self.pos != "rope":
             raise ValueError(f"rope_table={self.rope_table!r} needs pos='rope'; got pos={self.pos!r}")
         if self.norm_bias and self.norm != "layer":

@@ -1,62 +1,64 @@
-"""Dense cross-layer connections over block hidden states (Pagliardini et al. 2024, Xiao et al. 2025;
-docs/definitions.md#dense-connections).
+"""Dense cross-layer connections over block hidden states (docs/definitions.md#dense-connections): the mix after each
+block, and the registry of the mechanisms that weigh it (`dense=`; DenseFormer and MUDD in
+depth_mechanisms/denseformer.py).
 
-X_0 is the embedding and X_i the output of block i. After block i the next block reads X̄_i = Σ_{j≤i} A_ij X_j.
-DenseFormer: static weights, one stream, one-hot on X_i at init. MUDD: per-token weights for each of the
-query, key, value and residual streams, A_i = GELU(RMSNorm(X_i) W1) W2 + a_i with W2 = 0 and a_i one-hot on X_i,
-so at init both equal a plain transformer.
+X_0 is the embedding and X_i the output of block i. After block i the next block reads X̄_i = Σ_{j≤i} A_ij X_j per
+stream: one stream (the residual), or MUDD's four (the next block's query, key, value and residual inputs).
+
+A dense mechanism is a `DenseMix` subclass registered with `@register_dense(name)`: it says how many streams it writes
+(`n_streams`) and computes the weights A (B,T,C,S) in `weights`; the mix fires `hook_weights` on them.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
-from probe.models.config import ProbeConfig
-from probe.models.layers import RMSNorm
+DENSES: dict[str, type[DenseMix]] = {}
 
 
-def mudd_hidden_width(config: ProbeConfig, layer: int, width: int) -> int:
-    """The hidden width of MUDD's per-token weight network after block ``layer`` (``width`` = C·S outputs): width
-    itself, x4 on the last layer with mudd_expand_last, then with mudd_round64 (h // 64 + 1)·64 (MUDDFormer's
-    round64: the next multiple of 64 strictly above h, so 64 becomes 128)."""
-    hidden = width
-    if config.mudd_expand_last and layer == config.n_layers - 1:
-        hidden *= 4
-    if config.mudd_round64:
-        hidden = (hidden // 64 + 1) * 64
-    return hidden
+def register_dense(name: str):
+    """Class decorator: ``@register_dense("mine")`` makes ``ProbeConfig(dense="mine")`` build that mix after every
+    block."""
+
+    def add(cls):
+        DENSES[name] = cls
+        return cls
+
+    return add
 
 
 class DenseMix(nn.Module):
-    param_roles = {"bias": "mixing", "w1": "mixing_projection", "w2": "mixing"}
+    """The mix after block ``layer`` over the block states X_0 .. X_{layer+1}: C streams of Σ_s A_{c,s} X_s.
 
-    def __init__(self, config: ProbeConfig, layer: int, streams: int):
+    ``options``: the config fields only this mechanism reads (set while another is chosen is an error);
+    ``param_roles`` declares its parameters (params.py)."""
+
+    options: tuple[str, ...] = ()
+    param_roles: dict[str, str] = {}
+
+    def __init__(self, config, layer: int):  # every mix is built as DENSES[name](config, layer)
         super().__init__()
-        self.kind, self.streams, self.n_src = config.dense, streams, layer + 2  # sources X_0 .. X_{layer+1}
-        one_hot = torch.zeros(streams, self.n_src)
-        one_hot[:, -1] = 1.0
-        self.bias = nn.Parameter(one_hot)  # a_i (DenseFormer: the static weights themselves)
-        if self.kind == "mudd":
-            width = streams * self.n_src
-            hidden = mudd_hidden_width(config, layer, width)
-            self.norm = RMSNorm(config.d_model, config.norm_eps)
-            self.w1 = nn.Linear(config.d_model, hidden, bias=False)
-            self.w2 = nn.Linear(hidden, width, bias=False)
-            nn.init.zeros_(self.w2.weight)  # W2 = 0: no dynamic part at init
+        self.streams, self.n_src = self.n_streams(config, layer), layer + 2  # sources X_0 .. X_{layer+1}
         self.hook_weights = HookPoint()  # B,T,C,S
+
+    @staticmethod
+    def n_streams(config, layer: int) -> int:
+        """The streams the mix after block ``layer`` writes: 1 (the residual) or 4 (query, key, value, residual)."""
+        return 1
+
+    def weights(self, x: torch.Tensor) -> torch.Tensor:
+        """A (B,T,C,S) from the latest block state x (B,T,d)."""
+        raise NotImplementedError
 
     def forward(self, hiddens: list[torch.Tensor]) -> list[torch.Tensor]:
         x = hiddens[-1]  # B,T,d
-        B, T, _ = x.shape
-        if self.kind == "mudd":
-            dyn = self.w2(F.gelu(self.w1(self.norm(x)))).view(B, T, self.streams, self.n_src)
-            weights = dyn + self.bias  # B,T,C,S
-        else:
-            weights = self.bias.expand(B, T, self.streams, self.n_src)
-        weights = self.hook_weights(weights)
+        weights = self.hook_weights(self.weights(x))
         stacked = torch.stack(hiddens, dim=2)  # B,T,S,d
         mixed = torch.einsum("btcs,btsd->btcd", weights.to(x.dtype), stacked)
         return list(mixed.unbind(2))  # C streams of B,T,d
+
+
+def make_mix(config, layer: int) -> DenseMix:
+    return DENSES[config.dense](config, layer)

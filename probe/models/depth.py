@@ -1,10 +1,13 @@
-"""Depth routing: AttnRes, P-LR and S-LR read sites over sub-layer outputs (LR-AttnRes 2026 §3;
-docs/definitions.md#depth-routing).
+"""Depth routing over sub-layer outputs (docs/definitions.md#depth-routing): the sources, the read sites, and the
+registry of the mechanisms that weigh them (`depth=`; AttnRes, S-LR and P-LR in depth_mechanisms/attnres.py).
 
 Sources are o_0 = the embedding and o_i = each residual-writing sub-layer's output (attention and MLP
-separately). A read site before every sub-layer and before the final norm mixes them with static-query
-attention over depth; site 1 sees only the embedding (identity, no query). Block mode keeps the embedding, the
-completed block sums and the running partial block. The maths is probe.kernels.depth_attention.
+separately). A read site before every sub-layer and before the final norm mixes them, h = Σ_i α_i o_i, with the
+weights α its mechanism computes; site 1 sees only the embedding (identity, no read). Block mode keeps the embedding,
+the completed block sums and the running partial block.
+
+A depth mechanism is a `DepthRead` subclass registered with `@register_depth(name)`: it says how its sources are keyed
+(`key_width`, `value_key` or `emits_keys`) and computes α in `forward`, firing `hook_depth_weights` on it.
 """
 
 from __future__ import annotations
@@ -17,42 +20,108 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from probe.hooks.names import read_site
-from probe.kernels import depth_attention
-from probe.kernels.depth_attention.dispatch import depth_backend
 from probe.kernels.depth_attention.reference import rms_normalize
-from probe.models.config import ProbeConfig
+
+DEPTHS: dict[str, type[DepthRead]] = {}
+
+
+def register_depth(name: str):
+    """Class decorator: ``@register_depth("mine")`` makes ``ProbeConfig(depth="mine")`` build that read at each site."""
+
+    def add(cls):
+        DEPTHS[name] = cls
+        return cls
+
+    return add
 
 
 def emit_key(raw_key: torch.Tensor) -> torch.Tensor:
-    """A P-LR key as the LR-AttnRes authors emit it: RMS-normalised, without gain, with eps the machine epsilon of its
-    dtype (their ``norm`` calls ``F.rms_norm`` with eps=None)."""
+    """An emitted key as the LR-AttnRes authors emit it: RMS-normalised, without gain, with eps the machine epsilon of
+    its dtype (their ``norm`` calls ``F.rms_norm`` with eps=None)."""
     return F.rms_norm(raw_key, (raw_key.shape[-1],))
 
 
-class DepthSources:
-    """The sources written so far: values (B,T,d) and routing keys (B,T,r), full or block mode.
+def weighted_sum(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
+    """Σ_i α_i o_i: weights (B,T,S) over S values (B,T,d) -> (B,T,d) in the values' dtype."""
+    return torch.einsum("bts,sbtd->btd", weights.to(values[0].dtype), torch.stack(values))
 
-    Keys: AttnRes uses the value itself; S-LR the last r coordinates of the value (a view, no copy); P-LR the
-    projected key emitted beside the value, RMS-normalised on emission (``plr_key="normalized"``) or raw, and a
-    block's key is the sum of its members' keys. Block options (the LR-AttnRes authors'): a block value is divided by
-    count**mean_power (AttnRes / S-LR keys follow the scaled value; P-LR keys are not scaled: the read normalises
-    them), and prior·log(count) is added to each source's logit (``bias``). ``mean_power`` / ``prior``: floats, or
-    0-d learned parameters."""
+
+class DepthRead(nn.Module):
+    """One read site of a depth mechanism: h = Σ_i α_i o_i over the sources written so far, α (B,T,S) fired at
+    ``hook_depth_weights`` (a hook may edit it).
+
+    A mechanism declares how its sources are keyed: ``key_width(config)`` (r, 0 for no keys), then either
+    ``value_key`` (a source's key from its value) or ``emits_keys = True`` (every sub-layer's output projection emits
+    an r-dim key beside its output, the embedding's from an r x d projection W_0^K; a block's key is the sum of its
+    members'). ``check(config)`` rejects settings it cannot take; ``param_roles`` declares its parameters
+    (params.py)."""
+
+    emits_keys = False
+    param_roles: dict[str, str] = {}
+
+    def __init__(self, config=None):  # every read is built as DEPTHS[name](config)
+        super().__init__()
+        self.materialize = False  # fire the weights' (and keys') hooks on every forward (probe.materialize)
+        self.hook_depth_weights = HookPoint()  # B,T,S weights over sources
+
+    @staticmethod
+    def key_width(config) -> int:
+        """The width r of the routing keys (0: the mechanism reads no keys)."""
+        return 0
+
+    @staticmethod
+    def value_key(value: torch.Tensor, width: int) -> torch.Tensor | None:
+        """A source's routing key (B,T,r) from its value (B,T,d), for mechanisms that do not emit keys."""
+        return None
+
+    @classmethod
+    def check(cls, config) -> None:
+        """Raise ValueError, naming the field, for settings this mechanism cannot take."""
+
+    def forward(self, sources: DepthSources) -> torch.Tensor:
+        """h (B,T,d) of the sources visible now (``sources.current()``)."""
+        raise NotImplementedError
+
+    def read(self, weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
+        """``weighted_sum`` of weights (B,T,S) that pass ``hook_depth_weights`` first."""
+        return weighted_sum(self.hook_depth_weights(weights), values)
+
+
+def mechanism(config) -> type[DepthRead] | None:
+    """The registered read of ``config.depth``; None for the plain residual stream."""
+    return None if config.depth == "residual" else DEPTHS[config.depth]
+
+
+def emitted_key_width(config) -> int:
+    """The rank of the keys each sub-layer emits beside its output (0 unless the mechanism emits keys)."""
+    read = mechanism(config)
+    return read.key_width(config) if read is not None and read.emits_keys else 0
+
+
+class DepthSources:
+    """The sources written so far: values (B,T,d) and routing keys (B,T,r; None without keys), full or block mode.
+
+    Keys come from the mechanism (``DepthRead.value_key`` of the value, or the key emitted beside it); an emitted key
+    is RMS-normalised on emission (``plr_key="normalized"``) or kept raw. Block options (the LR-AttnRes authors'): a
+    block value is divided by count**mean_power (value keys follow the scaled value; emitted keys are not scaled: the
+    read normalises them), and prior·log(count) is added to each source's logit (``bias``). ``mean_power`` /
+    ``prior``: floats, or 0-d learned parameters."""
 
     def __init__(
         self,
-        config: ProbeConfig,
+        config,
         embed: torch.Tensor,
         embed_key: torch.Tensor | None,
         mean_power: float | torch.Tensor = 0.0,
         prior: float | torch.Tensor = 0.0,
     ):
-        self.kind, self.rank = config.depth, config.routing_rank
+        read = mechanism(config)
+        self.emits, self.value_key, self.rank = read.emits_keys, read.value_key, read.key_width(config)
         self.block_size = (2 * config.n_layers) // config.depth_blocks if config.depth_blocks else 0
-        self.normalize_emitted = config.depth == "plr" and config.plr_key == "normalized"
+        self.normalize_emitted = self.emits and config.plr_key == "normalized"
         self.mean_power, self.prior = mean_power, prior
         self.values: list[torch.Tensor] = [embed]
-        self.keys: list[torch.Tensor] = [self._key(embed, self._emitted(embed_key))]
+        self.keys: list[torch.Tensor | None] = [self._key(embed, self._emitted(embed_key))]
         self.counts: list[int] = [1]  # sub-layer outputs summed in each fixed source (the embedding: 1)
         self.partial_value = self.partial_key = None
         self.partial_count = 0
@@ -62,9 +131,7 @@ class DepthSources:
         return emit_key(raw_key) if self.normalize_emitted and raw_key is not None else raw_key
 
     def _key(self, value, key):
-        if self.kind == "plr":
-            return key
-        return value if self.kind == "attnres" else value[..., -self.rank :]
+        return key if self.emits else self.value_key(value, self.rank)
 
     def _scaled(self, value: torch.Tensor, count: int) -> torch.Tensor:
         """A block value divided by count**mean_power (the authors' block mean; the identity by default)."""
@@ -82,7 +149,7 @@ class DepthSources:
             return
         first = self.partial_count == 0
         self.partial_value = value if first else self.partial_value + value
-        if self.kind == "plr":
+        if self.emits:
             self.partial_key = key if first else self.partial_key + key
         self.partial_count += 1
         if self.partial_count == self.block_size:  # the block is complete: it becomes a fixed source
@@ -118,50 +185,12 @@ class DepthSources:
         return list(self._normed)
 
 
-class DepthRead(nn.Module):
-    """One read site: h = Σ_i softmax_i(q · RMSNorm(k_i)) o_i with a static query q initialised to zero.
-
-    Routing keys and depth weights are computed for their hooks only when a hook asks or ``materialize`` is on
-    (``probe.materialize``); the plain read takes the backend's fused path."""
-
-    param_roles = {"query": "routing_query"}
-
-    def __init__(self, config: ProbeConfig):
-        super().__init__()
-        self.query = nn.Parameter(torch.zeros(config.routing_rank))
-        self.eps = config.norm_eps
-        self.materialize = False  # fire hook_routing_keys / hook_depth_weights on every forward
-        self.hook_routing_keys = HookPoint()  # B,T,S,r normalised keys
-        self.hook_depth_weights = HookPoint()  # B,T,S weights over sources (sum to 1)
-
-    def forward(self, sources: DepthSources) -> torch.Tensor:
-        values, keys = sources.current()
-        hooked, normalize = self.materialize or self.hook_routing_keys.has_hooks(), True
-        if hooked or depth_backend(values[0]) != "triton":  # torch read: each source normalised once
-            keys, normalize = sources.normalized_keys(self.eps), False
-            if hooked:
-                keys = list(self.hook_routing_keys(torch.stack(keys, dim=2)).unbind(2))
-        want_weights = self.materialize or self.hook_depth_weights.has_hooks()
-        res = depth_attention(
-            values,
-            keys,
-            self.query,
-            bias=sources.bias(),
-            normalize=normalize,
-            eps=self.eps,
-            return_weights=want_weights,
-            backend="torch" if want_weights else None,
-        )
-        if not want_weights:
-            return res.h
-        weights = self.hook_depth_weights(res.weights)
-        if weights is res.weights:
-            return res.h
-        return torch.einsum("bts,sbtd->btd", weights.to(values[0].dtype), torch.stack(values))  # edited weights
+def make_read(config) -> DepthRead:
+    return DEPTHS[config.depth](config)
 
 
-def site_names(config: ProbeConfig) -> list[str]:
-    """Hook prefixes of the 2L read sites that have a query, in order (site 1 is the identity)."""
+def site_names(config) -> list[str]:
+    """Hook prefixes of the 2L read sites that read (site 1 is the identity), in order."""
     sites = []
     for l in range(config.n_layers):
         if l > 0:
@@ -170,8 +199,8 @@ def site_names(config: ProbeConfig) -> list[str]:
     return sites + [read_site(None)]
 
 
-def site_sources(config: ProbeConfig) -> dict[str, list[str]]:
-    """For every read site with a query, the identity of each source slot it reads, in order.
+def site_sources(config) -> dict[str, list[str]]:
+    """For every read site that reads, the identity of each source slot it reads, in order.
 
     Full mode: 'embed', 'attn{l}', 'mlp{l}'. Block mode: 'embed', 'block{n}' (completed), 'partial'."""
     labels = ["embed"]

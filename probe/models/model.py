@@ -24,7 +24,7 @@ from probe.hooks.info import ModelInfo
 from probe.kernels.backend import check_backend, use_backend
 from probe.models.block import Block
 from probe.models.config import ProbeConfig
-from probe.models.depth import DepthRead, DepthSources, site_sources
+from probe.models.depth import DepthSources, emitted_key_width, make_read, site_sources
 from probe.models.gates import GATES
 from probe.models.layers import make_norm
 from probe.models.params import ROLES, no_decay_names, parameter_roles
@@ -84,15 +84,15 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
             self.pos_embed = nn.Embedding(c.n_ctx + (c.abstention == "sinktoken"), c.d_model)
         if c.abstention == "sinktoken":
             self.sink_token = nn.Parameter(torch.zeros(c.d_model))
-        if c.depth == "plr":  # W_0^K: the embedding's low-rank key (LR-AttnRes 2026 Eq. 13)
-            self.embed_key = nn.Linear(c.d_model, c.depth_rank, bias=False)
+        if emitted_key_width(c):  # W_0^K: the embedding's low-rank key (P-LR; LR-AttnRes 2026 Eq. 13)
+            self.embed_key = nn.Linear(c.d_model, emitted_key_width(c), bias=False)
         if c.depth_block_mean_learned:  # the LR-AttnRes authors' learned block-mean power (one scalar)
             self.depth_block_mean = nn.Parameter(torch.tensor(c.depth_block_mean))
         if c.depth_block_prior_learned:  # their learned log-count prior weight (one scalar)
             self.depth_block_prior = nn.Parameter(torch.tensor(c.depth_block_prior))
         self.blocks = nn.ModuleList(Block(c, l) for l in range(c.n_layers))
         if c.depth != "residual":
-            self.final_read = DepthRead(c)
+            self.final_read = make_read(c)
         self.ln_f = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
         if not c.tie_embeddings:
             self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
@@ -169,7 +169,8 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
         if c.depth != "residual":
             mean_power = self.depth_block_mean if c.depth_block_mean_learned else c.depth_block_mean
             prior = self.depth_block_prior if c.depth_block_prior_learned else c.depth_block_prior
-            sources = DepthSources(c, x, self.embed_key(x) if c.depth == "plr" else None, mean_power, prior)
+            embed_key = self.embed_key(x) if hasattr(self, "embed_key") else None
+            sources = DepthSources(c, x, embed_key, mean_power, prior)
             for l, blk in enumerate(self.blocks):
                 next_read = self.blocks[l + 1].attn_read if l + 1 < c.n_layers else self.final_read
                 x, v_first = blk.forward_routed(x, sources, next_read, v_first)

@@ -1,8 +1,9 @@
 """Named variants: a name selects mechanism settings on top of a tier's architecture.
 
-Parametric names carry their parameters (docs/definitions.md#depth-routing): attnres-block4, plr-block4-r32,
-slr-full-r16, ... A name without them ("attnres-block", "slr-block") takes the tier's default N and r. `add_variant`
-names a new setting.
+Parametric names carry their parameters (docs/definitions.md#depth-routing): a catalogue template with ``{N}`` (the
+block count, after "block") and ``-r{r}`` (the routing rank) stands for attnres-block4, plr-block4-r32, slr-full-r16,
+... A name without them ("attnres-block", "slr-block") takes the tier's default N and r. `add_variant` names a new
+setting.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 
 from probe.catalogue import VARIANTS, Variant
 from probe.models.config import TIERS, ProbeConfig, tier_config
+from probe.models.dense import DENSES
 from probe.models.model import ProbeForCausalLM
 from probe.models.params import count_by_role
 
@@ -24,11 +26,14 @@ _PLAIN = dict(
     depth="residual",
     depth_blocks=0,
     depth_rank=None,
+    depth_block_mean=0.0,
+    depth_block_mean_learned=False,
+    depth_block_prior=0.0,
+    depth_block_prior_learned=False,
     dense="none",
     qk_activation="none",
     d_value=None,
 )
-_ROUTED = re.compile(r"^(attnres|plr|slr)-(full|block(\d*))(?:-r(\d+))?$")
 
 
 def add_variant(name: str, description: str, **settings) -> None:
@@ -43,6 +48,21 @@ def _defaults(arch: dict) -> tuple[int, int]:
     return 4, max(8, arch["d_model"] // 4)
 
 
+def _pattern(template: str) -> re.Pattern:
+    """The names a parametric template stands for: ``{N}`` digits or nothing, ``-r{r}`` an optional ``-r<digits>``."""
+    pattern = re.escape(template).replace(re.escape("-r{r}"), r"(?:-r(?P<r>\d+))?")
+    return re.compile(pattern.replace(re.escape("{N}"), r"(?P<N>\d*)") + "$")
+
+
+def _parametric(variant: str) -> tuple[str, dict] | None:
+    """(template, {"N": ..., "r": ...}) of a parametric name, its placeholders as written ("" or None: the default)."""
+    for template in VARIANTS:
+        m = _pattern(template).match(variant) if "{" in template else None
+        if m:
+            return template, m.groupdict()
+    return None
+
+
 def variant_settings(variant: str, arch: dict) -> dict:
     """Mechanism settings (ProbeConfig kwargs) for a variant name on an architecture."""
     if variant in VARIANTS and "{" not in variant:
@@ -51,17 +71,19 @@ def variant_settings(variant: str, arch: dict) -> dict:
             heads = arch.get("n_heads", 4)
             settings["d_value"] = max(1, round(2 * arch["d_model"] / 3 / heads))
         return settings
-    m = _ROUTED.match(variant)
-    if m:
-        kind, mode, n_blocks, rank = m.group(1), m.group(2), m.group(3), m.group(4)
+    found = _parametric(variant)
+    if found:
+        template, params = found
         default_n, default_r = _defaults(arch)
-        if kind == "attnres" and rank:
-            raise ValueError(f"variant {variant!r}: attnres uses full-width keys; drop the -r{rank} suffix")
-        template = f"{kind}-{'full' if mode == 'full' else 'block{N}'}" + ("" if kind == "attnres" else "-r{r}")
-        settings = dict(VARIANTS[template].settings, depth_blocks=0 if mode == "full" else int(n_blocks or default_n))
-        if kind != "attnres":
-            settings["depth_rank"] = int(rank) if rank else default_r
+        settings = dict(VARIANTS[template].settings)
+        if "N" in params:
+            settings["depth_blocks"] = int(params["N"] or default_n)
+        if "r" in params:
+            settings["depth_rank"] = int(params["r"]) if params["r"] else default_r
         return settings
+    rankless, rank = re.fullmatch(r"(.*?)(-r\d+)?", variant).groups()
+    if rank and (rankless in VARIANTS or _parametric(rankless)):
+        raise ValueError(f"variant {variant!r}: {rankless} takes no routing rank; drop {rank}")
     raise ValueError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
 
 
@@ -90,6 +112,8 @@ def added_parameters(config: ProbeConfig) -> dict[str, int]:
     Built on the meta device, so it costs no memory even for the large tiers."""
     plain = {k: v for k, v in config.to_dict().items() if k in ProbeConfig().to_dict()}
     plain.update(_PLAIN)
+    defaults = ProbeConfig().to_dict()
+    plain.update({field: defaults[field] for mix in DENSES.values() for field in mix.options})  # MUDD's options
     with torch.device("meta"):
         variant = count_by_role(ProbeForCausalLM(config))
         base = count_by_role(ProbeForCausalLM(ProbeConfig(**plain)))

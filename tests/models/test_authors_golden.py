@@ -526,14 +526,14 @@ def test_a_wrong_denseformer_mapping_moves_the_logits():
 
 # ---- fla-org/flash-linear-attention fla/ops/attnres/naive.py: a second reference for one AttnRes read -------------
 def probe_attnres_read(inputs: dict, dtype, eps: float) -> dict:
-    from probe.models.depth import DepthRead, DepthSources
+    from probe.models.depth import DEPTHS, DepthSources
 
     residuals = inputs["residuals"].to(dtype)  # S,B,T,D
     config = ProbeConfig(n_layers=2, d_model=residuals.shape[-1], n_heads=2, depth="attnres", norm_eps=eps)
     sources = DepthSources(config, residuals[0], None)
     for v in residuals[1:]:
         sources.add(v, None)
-    read = DepthRead(config).to(dtype)
+    read = DEPTHS["attnres"](config).to(dtype)
     read.materialize = True
     seen = {}
     read.hook_depth_weights.register_forward_hook(lambda m, i, o: seen.__setitem__("weights", o))

@@ -115,9 +115,10 @@ def _expected_hooks(model):
     if c.depth != "residual":
         from probe.models.depth import site_sources
 
+        r = c.d_model if c.depth == "attnres" else c.depth_rank  # the routing keys' width
         for site, labels in site_sources(c).items():
             shapes[site + ".hook_depth_weights"] = (B, Tk, len(labels))
-            shapes[site + ".hook_routing_keys"] = (B, Tk, len(labels), c.routing_rank)
+            shapes[site + ".hook_routing_keys"] = (B, Tk, len(labels), r)
     return shapes
 
 

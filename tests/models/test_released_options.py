@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from probe.models.config import ProbeConfig
-from probe.models.dense import mudd_hidden_width
+from probe.models.depth_mechanisms.denseformer import mudd_hidden_width
 from probe.models.model import ProbeForCausalLM
 
 RELEASED = dict(

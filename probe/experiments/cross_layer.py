@@ -66,7 +66,7 @@ def mixing_weights(model) -> list[dict]:
                 ]
         if hasattr(blk, "dense"):
             bias = blk.dense.bias.detach().float().cpu()  # (C, S): sources X_0 .. X_{l+1}
-            kind = "static" if blk.dense.kind == "denseformer" else "a_i"
+            kind = "static" if model.config.dense == "denseformer" else "a_i"
             streams = ("resid",) if bias.shape[0] == 1 else STREAMS
             for c, stream in enumerate(streams):
                 for s in range(bias.shape[1]):

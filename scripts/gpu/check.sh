@@ -27,7 +27,8 @@ timeout 150 python3 benchmarks/kernels_gpu.py --out "$OUT/bench" --T ${T:-1024 2
 echo "kernel suite exit code $?" >> "$OUT/bench/all.txt"; tail -n 60 "$OUT/bench/all.txt"
 
 if [ -z "${SKIP_TESTS:-}" ]; then
-    timeout 60 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/kernels/test_kernels_triton.py -m gpu 2>&1 \
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/kernels/test_sink_attention.py \
+        tests/kernels/test_depth_attention.py -m gpu 2>&1 \
         | tail -n 40 > "$OUT/kernel_tests.log"; cat "$OUT/kernel_tests.log"
 fi
 

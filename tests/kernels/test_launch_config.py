@@ -1,7 +1,7 @@
 """Launch settings that fit the device: the pure choice, the fallback when nothing fits, and the launchers using it.
 
-The fallback and launch tests run the kernels under the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1
-before triton is imported on a machine without CUDA); device limits are faked with use_device_limits.
+The fallback and launch tests run the kernels on CUDA or under the Triton interpreter (tests/kernels/interpreter.py);
+device limits are faked with use_device_limits.
 """
 
 import itertools
@@ -24,20 +24,9 @@ from probe.kernels.launch import (  # noqa: E402
     launch_config,
     use_device_limits,
 )
+from tests.kernels.interpreter import needs_triton  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def _interpreter_ready() -> bool:
-    from probe.kernels.sink_attention import triton as sink_triton
-
-    return type(sink_triton._fwd_kernel).__name__ == "InterpretedFunction"
-
-
-needs_interpreter = pytest.mark.skipif(
-    "not torch.cuda.is_available() and not _interpreter_ready()",
-    reason="triton imported before TRITON_INTERPRET=1 (see tests/conftest.py)",
-)
 
 
 @pytest.mark.parametrize("arch,op,dtype,dh", list(itertools.product(ARCHS, ATTENTION_OPS, DTYPES, [32, 64, 128, 256])))
@@ -96,7 +85,7 @@ def _attention(T=70, H=4, Hkv=2, dh=64, seed=0, grad=True):
     return q, k, v, sink, key_bias
 
 
-@needs_interpreter
+@needs_triton
 def test_an_interpreter_launch_under_sm86_limits_uses_the_functions_configuration():
     """The kernels run (interpreted) with exactly the settings launch_config returns for sm_86, and stay exact."""
     q, k, v, sink, key_bias = _attention()
@@ -122,7 +111,7 @@ def test_an_interpreter_launch_under_sm86_limits_uses_the_functions_configuratio
         torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4)
 
 
-@needs_interpreter
+@needs_triton
 def test_depth_launch_under_sm90_limits_uses_the_functions_configuration():
     g = torch.Generator().manual_seed(1)
     values = [torch.randn(1, 20, 256, generator=g).requires_grad_() for _ in range(3)]
@@ -149,7 +138,7 @@ def _fallback_warnings(record):
     return [w for w in record if issubclass(w.category, RuntimeWarning) and "no Triton launch" in str(w.message)]
 
 
-@needs_interpreter
+@needs_triton
 def test_sink_attention_falls_back_to_sdpa_with_one_warning_naming_the_shape():
     q, k, v, sink, key_bias = _attention(T=24, dh=48, seed=3)
     with (
@@ -171,7 +160,7 @@ def test_sink_attention_falls_back_to_sdpa_with_one_warning_naming_the_shape():
         torch.testing.assert_close(a, b)
 
 
-@needs_interpreter
+@needs_triton
 def test_training_falls_back_when_only_the_backward_does_not_fit():
     """A limit between the forward's and the backward's smallest settings: analysis (no grad) stays on Triton,
     a call that will need the backward takes SDPA as a whole (the choice is made before the forward runs)."""
@@ -196,7 +185,7 @@ def test_training_falls_back_when_only_the_backward_does_not_fit():
     assert len(_fallback_warnings(caught)) == 1 and "sink_backward" in str(_fallback_warnings(caught)[0].message)
 
 
-@needs_interpreter
+@needs_triton
 def test_row_masses_and_depth_fall_back_to_their_torch_paths():
     q, k, _, sink, key_bias = (x.detach() for x in _attention(T=22, dh=32, seed=5))
     ind = (torch.rand(1, 22, 2, 2, generator=torch.Generator().manual_seed(6)) < 0.5).float()

@@ -1,5 +1,6 @@
 """Attention edits carried out by the op (probe.kernels.sink_attention.edits): key-0 knockout through the per-key bias
-and window eviction through the kept-first-keys rule, on every torch path, against explicit softmaxes."""
+and window eviction through the kept-first-keys rule, on every backend (Triton on CUDA or the interpreter, in fp32;
+the torch paths in fp64), against explicit softmaxes. Edits are analysis-time: outputs only."""
 
 import pytest
 import torch
@@ -8,13 +9,26 @@ from probe.kernels import sink_attention
 from probe.kernels.sink_attention import dispatch as sink_dispatch
 from probe.kernels.sink_attention import edits, reference
 from probe.kernels.sink_attention.reference import visible_mask
+from tests.kernels.interpreter import DEV, FRESH_PROCESS, case, rerun_in_fresh_process
 
 B, T, H, HKV, DH = 2, 13, 4, 2, 8
+BACKENDS = ["reference", "sdpa", "triton"]
+TOLERANCE = {"reference": (1e-7, 1e-6), "sdpa": (1e-7, 1e-6), "triton": (2e-6, 1e-5)}  # fp64 / fp32 inputs
+
+
+@pytest.mark.skipif(not FRESH_PROCESS, reason="the Triton cases run in this process")
+def test_triton_in_fresh_process(request):
+    rerun_in_fresh_process(request, __file__)
 
 
 def inputs(seed=0, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(B, T, h, DH, generator=g, dtype=dtype) for h in (H, HKV, HKV)]
+
+
+def on(backend, *tensors):
+    """The tensors as ``backend`` takes them: Triton's in fp32 on DEV (it has no fp64 kernel), the others as given."""
+    return [t.float().to(DEV) if backend == "triton" else t for t in tensors]
 
 
 def naive(q, k, v, visible, sink=None):
@@ -43,12 +57,14 @@ def test_visible_mask_keeps_the_first_keys():
                 assert bool(m[i, j]) == (j <= i and (j > i - w or j < keep)), (w, keep, i, j)
 
 
-@pytest.mark.parametrize("backend", ["reference", "sdpa"])
-@pytest.mark.parametrize("with_sink", [False, True])
+@pytest.mark.parametrize("backend,with_sink", [case(b, s) for b in BACKENDS for s in (False, True)])
 def test_knockout_removes_key_0_and_query_0_keeps_its_clean_row(backend, with_sink):
     q, k, v = inputs()
     sink = torch.tensor([0.5, float("-inf"), -1.0, 2.0], dtype=torch.float64) if with_sink else None
-    out = edited(edits.AttentionEdit(knockout=True), q, k, v, sink=sink, backend=backend).out
+    args = on(backend, q, k, v) + [None if sink is None else on(backend, sink)[0]]
+    out = edited(edits.AttentionEdit(knockout=True), *args[:3], sink=args[3], backend=backend).out
+    if backend == "triton":  # the explicit softmax of the inputs Triton saw
+        q, k, v = (x.double().cpu() for x in args[:3])
     causal = visible_mask(T, None)
     knocked = causal.clone()
     knocked[:, 0] = False
@@ -56,7 +72,8 @@ def test_knockout_removes_key_0_and_query_0_keeps_its_clean_row(backend, with_si
     clean = naive(q, k, v, causal, sink)
     empty = torch.ones(H, dtype=torch.bool) if sink is None else torch.isneginf(sink)  # no phantom: query 0 is empty
     want[:, 0] = torch.where(empty[None, :, None], clean[:, 0], want[:, 0])
-    torch.testing.assert_close(out, want, atol=1e-7, rtol=1e-6)
+    atol, rtol = TOLERANCE[backend]
+    torch.testing.assert_close(out.double().cpu(), want, atol=atol, rtol=rtol)
 
 
 def test_knockout_of_chosen_kv_heads_only():
@@ -68,13 +85,16 @@ def test_knockout_of_chosen_kv_heads_only():
     torch.testing.assert_close(out[:, :, 2:], full[:, :, 2:], atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("backend", ["reference", "sdpa"])
-@pytest.mark.parametrize("keep,window", [(0, 3), (1, 3), (4, 2), (2, 1)])
+@pytest.mark.parametrize(
+    "backend,keep,window", [case(b, *c) for b in BACKENDS for c in [(0, 3), (1, 3), (4, 2), (2, 1)]]
+)
 def test_eviction_is_masked_attention_at_original_positions(backend, keep, window):
-    q, k, v = inputs()
-    sink = torch.tensor([0.5, -1.0, 0.0, 2.0], dtype=torch.float64)
+    q, k, v, sink = on(backend, *inputs(), torch.tensor([0.5, -1.0, 0.0, 2.0], dtype=torch.float64))
     out = edited(edits.AttentionEdit(keep=keep, window=window), q, k, v, sink=sink, backend=backend).out
-    torch.testing.assert_close(out, naive(q, k, v, visible_mask(T, window, keep=keep), sink), atol=1e-7, rtol=1e-6)
+    q, k, v, sink = (x.double().cpu() for x in (q, k, v, sink))
+    want = naive(q, k, v, visible_mask(T, window, keep=keep), sink)
+    atol, rtol = TOLERANCE[backend]
+    torch.testing.assert_close(out.double().cpu(), want, atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("keep,window", [(0, T), (3, T - 3), (T, 1)])

@@ -130,6 +130,34 @@ def test_triton_matches_reference(backend, S, B, T, d, r, view_keys, bias, norma
     assert got.h.shape == (B, T, d) and got.lse.dtype == torch.float32
 
 
+@pytest.mark.parametrize("backend", [TRITON])
+@pytest.mark.parametrize("view_keys,bias,normalize", [(False, True, True), (False, True, False), (True, False, True)])
+def test_one_source_gives_exact_zero_gradients_as_the_reference(backend, view_keys, bias, normalize):
+    """One source (the read of the first layer, L = 1): its weight is 1 whatever its score, so a loss on h alone has
+    gradients exactly 0 for the query, the keys and the bias, and dvalues = dh; the reference's autograd gives exact
+    zeros and so must the kernel (not rounding residue). With the lse in the loss, d score = dlse, as the reference."""
+    values, keys, query, b, leaves = depth_inputs(1, 2, 5, 40, 8, view_keys, bias)  # d = 40: three 16-wide d blocks
+    scored = [query] + ([] if view_keys else keys) + ([b] if bias else [])
+    cot = torch.randn(2, 5, 40, generator=torch.Generator().manual_seed(1)).to(DEV)
+    res = {}
+    for name in ("reference", backend):
+        out = depth_attention(values, keys, query, bias=b, normalize=normalize, backend=name)
+        res[name] = torch.autograd.grad((out.h * cot).sum(), leaves, retain_graph=True), out
+    for name in ("reference", backend):
+        grads = dict(zip(map(id, leaves), res[name][0]))
+        for t in scored:
+            assert torch.equal(grads[id(t)], torch.zeros_like(t)), (name, float(grads[id(t)].abs().max()))
+    for a, b_ in zip(*(res[name][0] for name in (backend, "reference"))):
+        torch.testing.assert_close(a, b_, atol=2e-5, rtol=1e-4)  # dvalues = dh
+    with_lse = {}
+    for name in ("reference", backend):
+        out = res[name][1]
+        with_lse[name] = torch.autograd.grad((out.h * cot).sum() + out.lse.sum(), scored)
+    for a, b_ in zip(with_lse[backend], with_lse["reference"]):
+        assert b_.abs().max() > 0
+        torch.testing.assert_close(a, b_, atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", [TRITON])
 @pytest.mark.parametrize("S,d,r", [(13, 96, 16), (25, 128, 128), (9, 200, 24)])

@@ -7,10 +7,13 @@ Gradients are written into freshly allocated contiguous tensors, one per source,
 
 Forward: grid (row blocks of B*T, d blocks). Each program scores the S keys of its rows (r-wide, cheap enough to redo
 per d block) with an online softmax and accumulates its d slice of h; the d-block-0 program writes lse.
-Backward: grid (row blocks). delta = dh . h - dlse per row (PyTorch). Per source i, with α_i = exp(s_i - lse):
-    dvalues_i = α_i dh        dα_i = dh . v_i (looping over d blocks)       ds_i = α_i (dα_i - delta)
+Backward: grid (row blocks). Per row delta = dh . h, then per source i, with α_i = exp(s_i - lse):
+    dvalues_i = α_i dh        dα_i = dh . v_i (looping over d blocks)       ds_i = α_i ((dα_i - delta) + dlse)
     dbias_i = Σ_rows ds_i     dquery = Σ_rows,i ds_i k̄_i      dk̄_i = ds_i query
     dk_i = rstd (dk̄_i - k̄_i mean(dk̄_i ⊙ k̄_i))   (through the gain-free RMSNorm)
+delta is summed in the kernel by the same loop as dα_i, and dlse is added after the difference: with one source the
+forward's h is v itself, so dα - delta is exactly 0 and, without an lse gradient, so are dquery, dkeys and dbias, as
+the reference's autograd gives them (a delta summed elsewhere differs from dα by rounding, ~1e-6).
 dquery and dbias are reduced per program into small (n_blocks, r) / (n_blocks, S) buffers and summed in PyTorch
 (deterministic, no atomics).
 Rows per program, the d slice and warps come from probe.kernels.launch.launch_config, chosen before anything runs
@@ -127,8 +130,9 @@ def _depth_bwd_kernel(
     QUERY,
     BIAS,
     DH,
+    H,
     LSE,
-    DELTA,
+    DLSE,
     DVPTR,
     DV0,
     DKPTR,
@@ -156,7 +160,14 @@ def _depth_bwd_kernel(
     r_mask = r_off < R
     q = tl.load(QUERY + r_off, mask=r_mask, other=0.0).to(tl.float32)  # (R,)
     lse = tl.load(LSE + rows, mask=rmask, other=float("inf"))
-    delta = tl.load(DELTA + rows, mask=rmask, other=0.0)
+    dlse = tl.load(DLSE + rows, mask=rmask, other=0.0)
+    delta = tl.zeros([BLOCK_T], tl.float32)  # dh . h, summed as dalpha is below
+    for d0 in range(0, D, BLOCK_D):
+        d_off = d0 + tl.arange(0, BLOCK_D)
+        msk = rmask[:, None] & (d_off < D)[None, :]
+        dh = tl.load(DH + rows64[:, None] * D + d_off[None, :], mask=msk, other=0.0).to(tl.float32)
+        h = tl.load(H + rows64[:, None] * D + d_off[None, :], mask=msk, other=0.0).to(tl.float32)
+        delta += tl.sum(dh * h, 1)
     dq = tl.zeros([BLOCK_T, BLOCK_R], tl.float32)
     for i in range(S):
         k, rstd, s = _key_scores(
@@ -176,7 +187,7 @@ def _depth_bwd_kernel(
             tl.store(
                 dvp + rows64[:, None] * D + d_off[None, :], (alpha[:, None] * dh).to(DV0.dtype.element_ty), mask=msk
             )
-        ds = tl.where(rmask, alpha * (dalpha - delta), 0.0)  # (T_,)  d loss / d score_i
+        ds = tl.where(rmask, alpha * ((dalpha - delta) + dlse), 0.0)  # (T_,)  d loss / d score_i
         kbar = k * rstd[:, None]  # (T_, R)
         dq += ds[:, None] * kbar
         dkbar = ds[:, None] * q[None, :]
@@ -267,9 +278,7 @@ class DepthAttentionFunction(torch.autograd.Function):
         B, T, D = values[0].shape
         R, N = keys[0].shape[-1], B * T
         dh = dh.contiguous()
-        delta = (dh.float() * h.float()).sum(-1)  # (B, T)
-        if dlse is not None:
-            delta = delta - dlse.float()
+        dlse = torch.zeros(B, T, device=h.device) if dlse is None else dlse.float().contiguous()
         dvalues = [torch.empty(B, T, D, device=h.device, dtype=v.dtype) for v in values]
         dkeys = [torch.empty(B, T, R, device=h.device, dtype=k.dtype) for k in keys]
         cfg = ctx.configs.get("depth_backward") or depth_configs(values[0], R, True)["depth_backward"]
@@ -288,8 +297,9 @@ class DepthAttentionFunction(torch.autograd.Function):
             query,
             bias if bias is not None else lse,
             dh,
+            h,
             lse,
-            delta.contiguous(),
+            dlse,
             dvptr,
             dvalues[0],
             dkptr,

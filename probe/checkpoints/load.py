@@ -291,12 +291,14 @@ def _load_tokenizer(source: str, **kw):
         return None
 
 
-def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, **hf_kwargs):
+def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, rope: str | None = None, **hf_kwargs):
     """Load a model by name (see module docstring) and return it hooked (the probe protocol).
 
     ``revision`` overrides an ``@revision`` in the name (they must agree if both are given); ``device`` moves the
     model after loading (or pass ``device_map="auto"``, forwarded to transformers); ``dtype`` defaults to float32 on
-    CPU and the checkpoint's dtype ("auto") on an accelerator; other keywords go to ``from_pretrained``.
+    CPU and the checkpoint's dtype ("auto") on an accelerator; ``rope`` (the authors' formats only): "authors" (their
+    RoPE table: MUDDFormer bf16, MUDDPythia fp16, LR-AttnRes the one stored in the checkpoint) or "exact" (probe's
+    fp32 table); other keywords go to ``from_pretrained``.
     """
     target, rev, kind = resolve(name_or_path)
     if revision is not None:
@@ -331,6 +333,7 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
             target if kind == "lr-attnres" else config_path,
             name=identity,
             dtype=_resolve_dtype(dtype, device, hf_kwargs),
+            rope=rope or "authors",
         )
         return (model.to(device) if device is not None else model).eval()
     model_type = None
@@ -341,10 +344,14 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
 
     if model_type in muddformer.MODEL_TYPES:  # the authors' config read as data: their auto_map code never runs
         folder = Path(config_path).parent if kind != "hub" else _hub_snapshot(target, rev, local_only, hf_kwargs)
-        model = muddformer.load_mudd(folder, name=identity, dtype=_resolve_dtype(dtype, device, hf_kwargs))
+        model = muddformer.load_mudd(
+            folder, name=identity, dtype=_resolve_dtype(dtype, device, hf_kwargs), rope=rope or "authors"
+        )
         model.tokenizer = muddformer.load_tokenizer(folder)
         return (model.to(device) if device is not None else model).eval()
 
+    if rope is not None:
+        raise ValueError(f"rope={rope!r} applies to the authors' formats (MUDDFormer, MUDDPythia, LR-AttnRes) only")
     common = dict(file_kw)
     if rev is not None:
         common["revision"] = rev

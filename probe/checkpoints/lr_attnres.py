@@ -5,29 +5,35 @@ Their released models are training checkpoints: the dict ``train.py``'s ``build_
 ``config``), written by ``torch.save`` and uploaded as ``final_model.pt`` (``upload_full_run_checkpoint``). It is
 read here with ``torch.load(weights_only=True)`` (tensors and plain containers only; nothing is executed), its
 ``model_args`` mapped onto ProbeConfig's depth routing (docs/definitions.md#released-checkpoints) and its state dict
-onto probe's parameters. Anything that cannot be mapped is refused in one line (:class:`AuthorsFormatError`).
+onto probe's parameters, as the version of their code whose ModelConfig fields the model_args hold computed it
+(FIELD_VERSIONS, ABSENT; recorded in config.authors_format), with the RoPE table stored in the checkpoint unless
+rope="exact". Anything that cannot be mapped is refused in one line (:class:`AuthorsFormatError`).
 
-Read from ``model.py`` / ``train.py`` at commit 14784c7b486f17e0d2fb849c4822cbd9d118d9a6:
+Read from ``model.py`` / ``train.py`` at every commit from 092e6da to 14784c7b486f17e0d2fb849c4822cbd9d118d9a6:
 
 * use_attnres without use_lrid: AttnRes (full or block); use_lrid: P-LR (keys projected beside each output), or
   S-LR with lrid_key_from_output_tail; neither: a plain pre-norm residual transformer;
-* their norms have no gain and eps=None (torch.finfo(dtype).eps of the activations): probe's gains are ones and its
-  norm_eps the finfo eps of the dtype it loads in;
+* their norms have no gain and eps=None, which F.rms_norm reads as the machine epsilon of the type it computes in
+  (fp64 for fp64, else fp32: bf16 activations get fp32's 1.2e-7, not bf16's 7.8e-3): probe's gains are ones and its
+  norm_eps that epsilon for the dtype it loads in;
 * their RoPE rotates interleaved pairs (2i, 2i+1); probe's q/k rows are permuted to rotate-half pairs (i, i+dh/2);
 * fc1 rows [0:m] are the SwiGLU's x, [m:2m] its gate (silu(gate) * x);
 * block routing over attnres_num_blocks blocks of 2L sub-layers (ends ceil(2L·i/N)); the block mean and log-count
   prior from attnres_block_average / _average_mode / _count_prior (or attnres_block_alpha / _beta, fixed or
   learned, shared scope);
-* S-LR / P-LR logits are multiplied by lrid_logit_scale: probe's queries carry it (probe's logits are unscaled).
+* S-LR / P-LR logits are multiplied by lrid_logit_scale: probe's queries carry it (probe's logits are unscaled);
+* each layer's RotaryEmbedding keeps its table as buffers (rope.sin / rope.cos, (1, 1, block_size, dh/2)), in the
+  dtype the model was saved in; their forward asserts T <= block_size.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from probe.checkpoints.muddformer import AuthorsFormatError, assemble, check_memory
+from probe.checkpoints.muddformer import AuthorsFormatError, assemble, check_memory, check_rope, probe_config
 from probe.hooks import names
 
+REPOSITORY = "jon123boss/LR-AttnRes"
 # the file name their train.py uploads (upload_full_run_checkpoint) and their loaders look for first
 CHECKPOINT_FILE = "final_model.pt"
 PAYLOAD_KEYS = ("model", "model_args")
@@ -100,6 +106,120 @@ MAPPED_FIELDS = {
 }
 
 
+# The ModelConfig fields each version of their model.py added after the first whose fields a released checkpoint has
+# (092e6da, 2026-06-04; 1c3c76d, whose train.py first builds this checkpoint, has the same): a checkpoint's
+# model_args are asdict(ModelConfig) of the code that wrote it, so they hold exactly that version's fields (git log
+# on model.py; tests/fixtures/authors/lr-attnres-versions runs every version's OBPM on the same weights).
+FIRST, LAST = ("092e6da", "2026-06-04"), ("14784c7", "2026-06-13")
+FIELD_VERSIONS = (
+    (
+        "e086c36",
+        "2026-06-08",
+        (
+            "use_fused_attnres",
+            "attnres_training_cache_phase1",
+            "attnres_training_torch_phase2",
+            "attnres_fuse_read_norm",
+            "lrid_projection_rank",
+        ),
+    ),
+    ("bd67ac0", "2026-06-08", ("lrid_key_from_output_tail",)),
+    ("833f331", "2026-06-09", ("attnres_block_average_mode",)),
+    (
+        "863a0d5",
+        "2026-06-10",
+        ("attnres_block_learned_scale", "attnres_block_learned_scale_init", "attnres_block_value_norm"),
+    ),
+    ("65c65f4", "2026-06-10", ("attnres_block_count_prior",)),
+    (
+        "7dbb9be",
+        "2026-06-11",
+        (
+            "attnres_block_alpha",
+            "attnres_block_beta",
+            "attnres_block_alpha_learned",
+            "attnres_block_beta_learned",
+            "attnres_block_alpha_scope",
+            "attnres_block_beta_scope",
+        ),
+    ),
+    ("071c87d", "2026-06-13", ("attnres_block_split_sublayers",)),
+)
+# A field's absence means what the code before it computed. Each field's default is that behaviour, except the
+# log-count prior: before 0f5cf7e their block reads had none; 0f5cf7e (2026-06-10 16:32) added it unconditionally and
+# 65c65f4, 16 minutes later, the field that turns it off. Checkpoints of 0f5cf7e carry the same fields as older ones:
+# their absence is read as the older code's (prior off), the behaviour of every other version without the field.
+ABSENT = {
+    "lrid_projection_rank": None,
+    "lrid_key_from_output_tail": False,
+    "attnres_block_average_mode": "count",
+    "attnres_block_learned_scale": False,
+    "attnres_block_learned_scale_init": "count",
+    "attnres_block_value_norm": False,
+    "attnres_block_count_prior": False,
+    "attnres_block_alpha": "legacy",
+    "attnres_block_beta": "legacy",
+    "attnres_block_alpha_learned": False,
+    "attnres_block_beta_learned": False,
+    "attnres_block_alpha_scope": "shared",
+    "attnres_block_beta_scope": "shared",
+    "attnres_block_split_sublayers": False,
+    "use_fused_attnres": False,
+    "attnres_training_cache_phase1": True,
+    "attnres_training_torch_phase2": True,
+    "attnres_fuse_read_norm": True,
+}
+PRIOR_NOTE = (
+    "absent: no log-count prior, as their code before 0f5cf7e (2026-06-10 16:32); 0f5cf7e itself, 16 minutes before "
+    "65c65f4 added the field, applied it"
+)
+
+READS = (
+    f"{REPOSITORY} model.py from {FIRST[0]} ({FIRST[1]}) to {LAST[0]} ({LAST[1]}): a ModelConfig field the "
+    "checkpoint's model_args lack means what the code before it computed (attnres_block_count_prior: "
+    f"{PRIOR_NOTE}); RoPE: the table stored in the checkpoint (rope='exact': probe's fp32 table); a field set no "
+    "version had is refused"
+)
+
+
+def code_version(args: dict, name: str = "checkpoint") -> tuple[dict, dict]:
+    """(model_args with each absent field filled by ABSENT, the record of the code version they imply and what was
+    assumed), or AuthorsFormatError for a field set no version of their ModelConfig had."""
+    known = MAPPED_FIELDS | EXECUTION_FIELDS | set(REQUIRED) | INERT_FIELDS
+    added = {f for _, _, fields in FIELD_VERSIONS for f in fields}
+    span = f"{FIRST[0]} ({FIRST[1]}) to {LAST[0]} ({LAST[1]})"
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise AuthorsFormatError(
+            f"{name}: model_args field {unknown[0]!r} is in none of the versions of their ModelConfig probe reads "
+            f"({span}, but for 0c4f10e's liger-kernel switches, removed an hour later); probe cannot tell what it does"
+        )
+    lacking = sorted(known - added - set(args))
+    if lacking:
+        raise AuthorsFormatError(
+            f"{name}: model_args lack {lacking[0]!r}, which every version of their ModelConfig from {span} has"
+        )
+    have = [all(f in args for f in fields) for _, _, fields in FIELD_VERSIONS]
+    n = have.index(False) if False in have else len(have)  # the versions whose fields are all there
+    for i, (commit, date, fields) in enumerate(FIELD_VERSIONS):
+        present = [f for f in fields if f in args]
+        if present and i >= n:
+            raise AuthorsFormatError(
+                f"{name}: model_args have {present[0]!r} (added at {commit}, {date}) but not every field of the "
+                "versions up to it; no version of their ModelConfig has these fields"
+            )
+    since = FIELD_VERSIONS[n - 1][:2] if n else FIRST
+    until = FIELD_VERSIONS[n][:2] if n < len(FIELD_VERSIONS) else None
+    absent = {f: v for f, v in ABSENT.items() if f not in args}
+    code = f"jon123boss/LR-AttnRes model.py from {since[0]} ({since[1]})" + (
+        f", before {until[0]} ({until[1]})" if until else f" to {LAST[0]} ({LAST[1]})"
+    )
+    assumed = {f: repr(v) for f, v in absent.items()}
+    if "attnres_block_count_prior" in absent:
+        assumed["attnres_block_count_prior"] = PRIOR_NOTE
+    return {**absent, **args}, {"code": code, **({"assumed": assumed} if assumed else {})}
+
+
 def checkpoint_file(path) -> Path | None:
     """The checkpoint a local path names: a ``.pt`` file, or a directory holding ``final_model.pt``."""
     path = Path(path).expanduser()
@@ -144,17 +264,13 @@ def _block_power(args: dict, kind: str, legacy: float, name: str) -> float:
     return float(value)
 
 
-def probe_config_kwargs(args: dict, eps: float, name: str = "checkpoint") -> dict:
-    """ProbeConfig keyword arguments for their ``model_args`` (after their __post_init__), or AuthorsFormatError."""
-    known = MAPPED_FIELDS | EXECUTION_FIELDS | set(REQUIRED) | INERT_FIELDS
-    unknown = sorted(set(args) - known)
-    if unknown:
-        raise AuthorsFormatError(
-            f"{name}: model_args field {unknown[0]!r} is not one model.py has at the pinned "
-            "commit; probe cannot tell what it does"
-        )
+def probe_config_kwargs(args: dict, eps: float, name: str = "checkpoint", rope: str = "authors") -> dict:
+    """ProbeConfig keyword arguments for their ``model_args`` (after their __post_init__), or AuthorsFormatError.
+    ``rope``: "authors" reads the RoPE table their checkpoint stores (rope_table="stored"), "exact" probe's own."""
+    check_rope(rope, name)
+    args, version = code_version(args, name)
     for field, value in REQUIRED.items():
-        if field in args and args[field] != value:
+        if args[field] != value:
             raise AuthorsFormatError(
                 f"{name}: {field}={args[field]!r} cannot be mapped onto probe; supported: {value!r}"
             )
@@ -167,13 +283,16 @@ def probe_config_kwargs(args: dict, eps: float, name: str = "checkpoint") -> dic
         n_heads=int(args["n_head"]),
         d_mlp=int(m),
         n_ctx=int(args["block_size"]),
+        strict_ctx=True,  # their forward asserts T <= block_size (and their table has block_size rows)
         rope_theta=float(args["rope_theta"]),
-        qk_norm=bool(args.get("qk_norm", True)),
-        tie_embeddings=bool(args.get("weight_tying", False)),
+        rope_table="stored" if rope == "authors" else "exact",
+        qk_norm=bool(args["qk_norm"]),
+        tie_embeddings=bool(args["weight_tying"]),
         norm_eps=eps,
+        authors_format={"format": "lr-attnres", "repository": REPOSITORY, **version, "rope": rope},
     )
-    lrid = bool(args.get("use_lrid"))
-    if not (args.get("use_attnres") or lrid):
+    lrid = bool(args["use_lrid"])
+    if not (args["use_attnres"] or lrid):
         return kwargs  # their baseline: plain residual stream
     kwargs["depth"] = ("slr" if args.get("lrid_key_from_output_tail") else "plr") if lrid else "attnres"
     if lrid:
@@ -186,15 +305,17 @@ def probe_config_kwargs(args: dict, eps: float, name: str = "checkpoint") -> dic
                 f"{name}: attnres_num_blocks={n} does not divide 2L={2 * L} sub-layers (their "
                 "blocks are then uneven; probe's are equal)"
             )
-        mode = str(args.get("attnres_block_average_mode") or "count").lower()
-        mean = (0.5 if mode == "sqrt" else 1.0) if args.get("attnres_block_average", True) else 0.0
-        prior = 1.0 if args.get("attnres_block_count_prior", True) else 0.0
+        mode = str(args["attnres_block_average_mode"] or "count").lower()
+        if mode not in ("count", "sqrt"):
+            raise AuthorsFormatError(f"{name}: attnres_block_average_mode={mode!r}; their code has 'count' and 'sqrt'")
+        mean = (0.5 if mode == "sqrt" else 1.0) if args["attnres_block_average"] else 0.0
+        prior = 1.0 if args["attnres_block_count_prior"] else 0.0
         kwargs.update(
             depth_blocks=n,
             depth_block_mean=_block_power(args, "alpha", mean, name),
             depth_block_prior=_block_power(args, "beta", prior, name),
-            depth_block_mean_learned=bool(args.get("attnres_block_alpha_learned")),
-            depth_block_prior_learned=bool(args.get("attnres_block_beta_learned")),
+            depth_block_mean_learned=bool(args["attnres_block_alpha_learned"]),
+            depth_block_prior_learned=bool(args["attnres_block_beta_learned"]),
         )
     elif kind != "full":
         raise AuthorsFormatError(f"{name}: attnres_type={kind!r} cannot be mapped; supported: 'full', 'block'")
@@ -226,7 +347,6 @@ def map_state_dict(theirs: dict, config, args: dict, name: str = "checkpoint") -
     r = config.depth_rank or 0
     prefix = "_orig_mod."  # a compiled model's state dict (their loaders strip it too)
     theirs = {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in theirs.items()}
-    theirs = {k: v for k, v in theirs.items() if not k.endswith((".rope.sin", ".rope.cos"))}  # RoPE tables
     used = set()
 
     def get(key: str):
@@ -256,6 +376,10 @@ def map_state_dict(theirs: dict, config, args: dict, name: str = "checkpoint") -
             out[p + "attn.key_proj.weight"], out[p + "mlp.key_proj.weight"] = o[d : d + r], down[d : d + r]
         for norm in ("ln1", "ln2"):
             out[p + norm + ".weight"] = ones(d)
+        for t in ("cos", "sin"):  # their RoPE table, (1, 1, block_size, dh/2) per layer: used, or probe's own
+            table = get(f"{a}attn.rope.{t}")
+            if c.rope_table == "stored":
+                out[p + f"attn.rotary.{t}"] = table.reshape(table.shape[-2:])
         if c.qk_norm:
             out[p + "attn.q_norm.weight"], out[p + "attn.k_norm.weight"] = ones(c.d_head), ones(c.d_head)
     if c.depth != "residual":
@@ -278,11 +402,10 @@ def map_state_dict(theirs: dict, config, args: dict, name: str = "checkpoint") -
     return out
 
 
-def load_lr_attnres(path, *, name: str | None = None, dtype=None):
-    """An LR-AttnRes training checkpoint (final_model.pt, or a directory holding it) -> ProbeForCausalLM."""
+def load_lr_attnres(path, *, name: str | None = None, dtype=None, rope: str = "authors"):
+    """An LR-AttnRes training checkpoint (final_model.pt, or a directory holding it) -> ProbeForCausalLM. ``rope``:
+    "authors" uses the RoPE table stored in it (bf16-rounded when they saved in bf16), "exact" probe's fp32 table."""
     import torch
-
-    from probe.models.config import ProbeConfig
 
     file = checkpoint_file(path)
     name = name or str(path)
@@ -292,24 +415,26 @@ def load_lr_attnres(path, *, name: str | None = None, dtype=None):
     payload = read_checkpoint(file, name)  # memory-mapped: the optimiser states are never read into memory
     tensors = payload["model"].values() if isinstance(payload["model"], dict) else []
     check_memory(0, sum(t.numel() for t in tensors if hasattr(t, "numel")), dtype, name)
+    return from_payload(payload, name, dtype, rope)
+
+
+def from_payload(payload: dict, name: str, dtype, rope: str = "authors"):
+    """probe's model of their checkpoint dict (``model`` state dict and ``model_args``), in ``dtype``."""
+    import torch
+
     args = payload["model_args"]
     if not isinstance(args, dict):
         raise AuthorsFormatError(f"{name}: model_args is a {type(args).__name__}, not their asdict(ModelConfig)")
     from probe.checkpoints.sizes import check_config
 
     check_config(args, name, "model_args")  # before any size is used: an absurd one is one line, not an allocation
-    pc = ProbeConfig(**probe_config_kwargs(args, torch.finfo(dtype).eps, name))
-    mapped = map_state_dict(payload["model"], pc, args, name)
-    return assemble(
-        pc,
-        mapped,
-        dtype,
-        name,
-        "model_args",
-        {
-            "format": "lr-attnres",
-            "repository": "jon123boss/LR-AttnRes",
-            "step": payload.get("step"),
-            "tokens_processed": payload.get("tokens_processed"),
-        },
+    # their norms: F.rms_norm(eps=None), whose eps is the machine epsilon of the type it computes in (fp32 for bf16
+    # and fp16 activations, not theirs)
+    eps = torch.finfo(torch.promote_types(dtype, torch.float32)).eps
+    kwargs = probe_config_kwargs(args, eps, name, rope)
+    kwargs["authors_format"].update(
+        {k: payload[k] for k in ("step", "tokens_processed") if isinstance(payload.get(k), int)}
     )
+    pc = probe_config(kwargs, name)
+    mapped = map_state_dict(payload["model"], pc, args, name)
+    return assemble(pc, mapped, dtype, name, "model_args")

@@ -3,8 +3,10 @@
 The authors publish their models in a Hugging Face layout whose config.json names their own modeling code
 (``auto_map``, loaded elsewhere with ``trust_remote_code``). Here that config is read as data and mapped onto
 ProbeConfig's mechanisms (dense="mudd" with their options; docs/definitions.md#released-checkpoints), and their
-state dict onto probe's parameter names; no remote code is imported or run. Anything that cannot be mapped is
-refused in one line (:class:`AuthorsFormatError`) naming the key and what probe supports.
+state dict onto probe's parameter names; no remote code is imported or run. The model computes what their code
+computes on that config.json, in their numerics (their bf16 / fp16 RoPE table unless rope="exact"): a key their
+config class lacks is ignored, as their code ignores it (one warning); a config their code cannot run, or that probe
+cannot map, is refused in one line (:class:`AuthorsFormatError`) naming the key.
 
 Read from ``pytorch/muddformer/{configuration,modeling}_muddformer.py`` and ``pytorch/muddpythia/…`` at commit
 fc067b274a5f14894b2ee299fdcb3c581a092896 (tests/fixtures/authors/mudd*-checkpoint/meta.json records the blob ids):
@@ -19,7 +21,11 @@ fc067b274a5f14894b2ee299fdcb3c581a092896 (tests/fixtures/authors/mudd*-checkpoin
 * MUDDPythia: LayerNorms with bias, parallel residual (use_parallel_residual), GELU MLP (w1, w2), biases on every
   attention projection (always) and on the MLP (use_linear_bias), rotate-half RoPE on the first
   int(head_dim · rotary_pct) coordinates of each head;
-* QK-norm (use_qk_norm): an RMSNorm with gain over each head, before RoPE; the dense network's RMSNorm has no gain.
+* QK-norm (use_qk_norm): an RMSNorm with gain over each head, before RoPE; the dense network's RMSNorm has no gain;
+* dense=false (with sepln=false): a plain pre-norm transformer, attention from one fused wqkv; the dense networks
+  their model still builds are never run; tie_word_embeddings=true: untied (their tie_weights() is a no-op);
+* their precompute_freqs_cis returns torch.polar's fp32 table rounded to bf16 (MUDDFormer) / fp16 (MUDDPythia), with
+  block_size rows.
 """
 
 from __future__ import annotations
@@ -31,45 +37,61 @@ from pathlib import Path
 from probe.hooks import names
 
 MODEL_TYPES = ("muddformer", "muddpythia")
-# config.json keys read (and checked) below; the rest of PretrainedConfig's own keys carry no architecture
-ARCHITECTURE_KEYS = {
-    "block_size",
-    "vocab_size",
-    "n_layer",
-    "n_head",
-    "dim",
-    "intermediate_size",
-    "n_local_heads",
-    "head_dim",
-    "rope_base",
-    "norm_eps",
-    "use_qk_norm",
-    "tie_word_embeddings",
-    "stack_hidden",
-    "dense",
-    "dynamic_dense",
-    "sepln",
-    "dense_type",
-    "expand_last",
-    "round64",
-    "use_parallel_residual",
-    "use_linear_bias",
-    "rotary_pct",
+REPOSITORY = "Caiyun-AI/MUDDFormer"
+# their pytorch code has one version: added at 9aa4b78 (2025-02-13), unchanged to fc067b2 (git log -- pytorch/)
+CODE_VERSION = "pytorch/{kind}/modeling_{kind}.py as added at 9aa4b78 (2025-02-13), unchanged to fc067b2"
+# their config classes' fields and defaults (configuration_muddformer.py / configuration_muddpythia.py at fc067b2;
+# tests/fixtures/authors/mudd-configs/meta.json records them from the classes): a missing key takes these
+FIELDS = {
+    "muddformer": dict(
+        block_size=2048,
+        vocab_size=50432,
+        n_layer=32,
+        n_head=32,
+        dim=2560,
+        intermediate_size=None,
+        n_local_heads=-1,
+        head_dim=64,
+        rope_base=10000,
+        norm_eps=1e-6,
+        use_gradient_checkpointing=False,
+        is_training=False,
+        use_qk_norm=False,
+        pad_token_id=None,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        use_layer_cache=True,
+        stack_hidden=False,
+        dense=True,
+        dynamic_dense=True,
+        sepln=True,
+        dense_type="qkvr",
+        expand_last=False,
+        round64=False,
+    ),
 }
-# how their code runs, not what it computes (gradient checkpointing, the decode caches, bf16 training flags)
-EXECUTION_KEYS = {"use_gradient_checkpointing", "is_training", "use_layer_cache"}
-DATA_KEYS = {
-    "auto_map",
-    "architectures",
-    "model_type",
-    "torch_dtype",
-    "transformers_version",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "_name_or_path",
+FIELDS["muddpythia"] = {
+    **FIELDS["muddformer"],
+    "vocab_size": 32000,
+    "norm_eps": 1e-5,
+    "use_parallel_residual": True,
+    "use_linear_bias": True,
+    "rotary_pct": 0.25,
 }
-PYTHIA_ONLY = {"use_parallel_residual", "use_linear_bias", "rotary_pct"}
+# what save_pretrained adds beside the fields (their code never reads these)
+DATA_KEYS = {"auto_map", "architectures", "model_type", "torch_dtype", "transformers_version", "_name_or_path"}
+# the RoPE table their precompute_freqs_cis always returns (ProbeConfig.rope_table for rope="authors")
+AUTHORS_ROPE = {"muddformer": "bfloat16", "muddpythia": "float16"}
+ROPES = ("authors", "exact")
+# what `probe models` says of the format: the code version read and what is assumed
+READS = (
+    f"{REPOSITORY} pytorch code as added at 9aa4b78 (2025-02-13, unchanged to fc067b2; no field added since): RoPE "
+    "table rounded to bf16 (MUDDFormer) / fp16 (MUDDPythia) as their precompute_freqs_cis (rope='exact': probe's "
+    "fp32 table); tie_word_embeddings=true computes untied as their no-op tie_weights; config keys their code "
+    "ignores are ignored with one warning; what it cannot run (stack_hidden, sepln=false with dense, n_local_heads "
+    "other than 1 or n_head, more than block_size tokens, ...) is refused"
+)
 # their decode-time buffers (setup_caches); a checkpoint saved after setup_caches carries them, they hold no weights
 CACHE_BUFFERS = (".kv_cache.k_cache", ".kv_cache.v_cache", "layer_cache.layer_cache")
 
@@ -80,6 +102,11 @@ class AuthorsFormatError(ValueError):
 
 def is_mudd_config(config: dict) -> bool:
     return config.get("model_type") in MODEL_TYPES
+
+
+def check_rope(rope: str, name: str) -> None:
+    if rope not in ROPES:
+        raise AuthorsFormatError(f"{name}: rope={rope!r} is not valid; choose one of {', '.join(ROPES)}")
 
 
 def _pretrained_defaults() -> set[str]:
@@ -93,81 +120,130 @@ def ffn_widths(intermediate_size: int, n_layer: int) -> list[int]:
     return [round(intermediate_size * (l / (n_layer - 1) + 0.5) / 128) * 128 for l in range(n_layer)]
 
 
-def probe_config_kwargs(config: dict, name: str = "checkpoint") -> dict:
-    """ProbeConfig keyword arguments for their config.json, or AuthorsFormatError naming what does not map."""
+def ignored_keys(config: dict, kind: str) -> list[str]:
+    """Keys of config.json that neither their config class nor PretrainedConfig defines: their code stores and
+    ignores them (PretrainedConfig keeps any extra keyword as an attribute)."""
+    known = set(FIELDS[kind]) | DATA_KEYS | _pretrained_defaults()
+    return sorted(k for k in config if k not in known)
+
+
+def settings(config: dict, name: str = "checkpoint") -> dict:
+    """Their config class's fields after its __init__ (a missing key: their default; n_local_heads -1: n_head;
+    head_dim: dim // n_head), the keys their code ignores warned about once; AuthorsFormatError for a model_type that
+    is not theirs."""
+    import warnings
+
     kind = config.get("model_type")
     if kind not in MODEL_TYPES:
         raise AuthorsFormatError(
             f"{name}: model_type={kind!r} is not a MUDD checkpoint; choose one of {', '.join(MODEL_TYPES)}"
         )
-    known = ARCHITECTURE_KEYS | EXECUTION_KEYS | DATA_KEYS | _pretrained_defaults()
-    unknown = sorted(k for k in config if k not in known or (kind == "muddformer" and k in PYTHIA_ONLY))
-    if unknown:
-        raise AuthorsFormatError(
-            f"{name}: config key {unknown[0]!r} is not one {kind}'s code reads at the pinned "
-            "commit; probe cannot tell what it does"
+    ignored = ignored_keys(config, kind)
+    if ignored:
+        warnings.warn(
+            f"{name}: config keys {kind}'s code does not read, ignored as it ignores them: {', '.join(ignored)}",
+            stacklevel=3,
         )
+    c = {**FIELDS[kind], **{k: v for k, v in config.items() if k in FIELDS[kind]}}
+    if c["n_local_heads"] == -1:
+        c["n_local_heads"] = c["n_head"]
+    if c["intermediate_size"] is None:
+        c["intermediate_size"] = (
+            4 * c["dim"] if kind == "muddpythia" else _find_multiple(int(2 * 4 * c["dim"] / 3), 256)
+        )
+    return {**c, "model_type": kind, "ignored": ignored}
 
-    def want(key, default, allowed):
-        value = config.get(key, default)
-        if value not in allowed:
-            raise AuthorsFormatError(
-                f"{name}: {key}={value!r} cannot be mapped onto probe; supported: {', '.join(map(repr, allowed))}"
-            )
-        return value
 
-    pythia = kind == "muddpythia"
-    want("dense", True, (True,))  # without dense connections their forward never mixes: not a MUDD model
-    want("dynamic_dense", True, (True,))
-    want("dense_type", "qkvr", ("qkvr",))
-    want("tie_word_embeddings", False, (False,))  # their tie_weights() does nothing: output is its own matrix
-    L, d, H = int(config.get("n_layer", 32)), int(config.get("dim", 2560)), int(config.get("n_head", 32))
+def _refuse_what_their_code_cannot_run(c: dict, name: str) -> None:
+    """One line for a config on which their forward fails (each case run on their code:
+    tests/fixtures/authors/mudd-configs)."""
+    L, H, d, kv = int(c["n_layer"]), int(c["n_head"]), int(c["dim"]), int(c["n_local_heads"])
+    why = None
     if L < 2:
-        raise AuthorsFormatError(f"{name}: n_layer={L} is below 2 (their FFN widths divide by n_layer - 1)")
-    if d % H:
-        raise AuthorsFormatError(f"{name}: dim={d} is not a multiple of n_head={H}")
-    kv = int(config.get("n_local_heads", -1))
-    kv = H if kv == -1 else kv
-    d_head = d // H  # their post-init overwrites head_dim
-    inter = config.get("intermediate_size")
-    if inter is None:
-        inter = 4 * d if pythia else _find_multiple(int(2 * 4 * d / 3), 256)
-    widths = ffn_widths(int(inter), L)
+        why = f"n_layer={L}: their FFN widths divide by n_layer - 1"
+    elif d % H:
+        why = f"dim={d} is not a multiple of n_head={H} (their Attention asserts it)"
+    elif kv not in (1, H):
+        why = f"n_local_heads={kv}: their attention broadcasts keys over heads only for 1 or n_head={H}"
+    elif c["dense"] and c["stack_hidden"]:
+        why = "stack_hidden=true: their einsum over the hidden-state list fails"
+    elif c["dense"] and not c["dynamic_dense"]:
+        why = "dynamic_dense=false with dense=true: their blocks then index a tensor as the q/k/v/r streams"
+    elif c["dense"] and c["dense_type"] != "qkvr":
+        why = f"dense_type={c['dense_type']!r} with dense=true: their blocks run only 'qkvr' streams"
+    elif c["dense"] and not c["sepln"]:
+        why = "sepln=false with dense=true: their block norms the tuple of streams with one norm and fails"
+    elif not c["dense"] and c["sepln"]:
+        why = "dense=false with sepln=true: their blocks after the first have no attention_norm"
+    if why:
+        raise AuthorsFormatError(f"{name}: {why}; their code cannot run this config")
+
+
+def probe_config_kwargs(config: dict, name: str = "checkpoint", rope: str = "authors") -> dict:
+    """ProbeConfig keyword arguments for their config.json, or AuthorsFormatError naming what does not map."""
+    check_rope(rope, name)
+    c = settings(config, name)
+    kind = c["model_type"]
+    pythia = kind == "muddpythia"
+    _refuse_what_their_code_cannot_run(c, name)
+    L, d, H = int(c["n_layer"]), int(c["dim"]), int(c["n_head"])
+    d_head = d // H  # their config's post-init overwrites head_dim
+    widths = ffn_widths(int(c["intermediate_size"]), L)
+    if min(widths) < 1:
+        raise AuthorsFormatError(
+            f"{name}: intermediate_size={c['intermediate_size']} gives FFN widths {widths}: their FeedForward cannot "
+            "initialise a 0-wide layer; their code cannot run this config"
+        )
     kwargs = dict(
-        vocab_size=int(config.get("vocab_size", 32000 if pythia else 50432)),
+        vocab_size=int(c["vocab_size"]),
         n_layers=L,
         d_model=d,
         n_heads=H,
-        n_kv_heads=kv,
+        n_kv_heads=int(c["n_local_heads"]),
         d_head=d_head,
         d_mlp=max(widths),
         d_mlp_layers=widths,
-        n_ctx=int(config.get("block_size", 2048)),
-        norm_eps=float(config.get("norm_eps", 1e-5 if pythia else 1e-6)),
-        rope_theta=float(config.get("rope_base", 10000)),
-        qk_norm=bool(config.get("use_qk_norm", False)),
-        tie_embeddings=False,
-        dense="mudd",
-        mudd_round64=bool(config.get("round64", False)),
-        mudd_expand_last=bool(config.get("expand_last", False)),
-        dense_stream_norms=bool(config.get("sepln", True)),
+        n_ctx=int(c["block_size"]),
+        strict_ctx=True,  # their table and causal mask have block_size rows
+        norm_eps=float(c["norm_eps"]),
+        rope_theta=float(c["rope_base"]),
+        rope_table=AUTHORS_ROPE[kind] if rope == "authors" else "exact",
+        qk_norm=bool(c["use_qk_norm"]),
+        tie_embeddings=False,  # their tie_weights() does nothing: output is its own matrix even when "tied"
     )
+    if c["dense"]:
+        kwargs.update(
+            dense="mudd",
+            mudd_round64=bool(c["round64"]),
+            mudd_expand_last=bool(c["expand_last"]),
+            dense_stream_norms=True,  # sepln (required above)
+        )
     if pythia:
-        want("use_linear_bias", True, (True,))  # their attention projections always have biases; probe's one flag
-        rot = int(d_head * float(config.get("rotary_pct", 0.25)))
+        rot = int(d_head * float(c["rotary_pct"]))
         if rot < 2 or rot % 2:
             raise AuthorsFormatError(
-                f"{name}: rotary_pct={config.get('rotary_pct')!r} gives {rot} rotary "
-                f"coordinates of {d_head}; probe needs an even number >= 2"
+                f"{name}: rotary_pct={c['rotary_pct']!r} gives {rot} rotary coordinates of {d_head}; their rotation "
+                "splits an even number >= 2 in halves; their code cannot run this config"
             )
         kwargs.update(
             norm="layer",
             norm_bias=True,
             mlp="gelu",
-            linear_bias=True,
-            parallel_residual=bool(config.get("use_parallel_residual", True)),
+            linear_bias=True,  # their attention projections always have biases
+            mlp_bias=bool(c["use_linear_bias"]),
+            parallel_residual=bool(c["use_parallel_residual"]),
             rotary_dims=None if rot == d_head else rot,
         )
+    notes = {"tie_word_embeddings": "true: untied (their tie_weights() is a no-op)"} if c["tie_word_embeddings"] else {}
+    kwargs["authors_format"] = {
+        "format": kind,
+        "repository": REPOSITORY,
+        "code": CODE_VERSION.format(kind=kind),
+        "rope": rope,
+        "rope_table": kwargs["rope_table"],
+        **({"ignored_keys": c["ignored"]} if c["ignored"] else {}),
+        **({"notes": notes} if notes else {}),
+    }
     return kwargs
 
 
@@ -176,11 +252,15 @@ def _find_multiple(n: int, k: int) -> int:
 
 
 def map_state_dict(theirs: dict, config, kind: str, name: str = "checkpoint") -> dict:
-    """Their parameter names -> probe's (tensors unchanged); AuthorsFormatError on a missing or leftover name."""
+    """Their parameter names -> probe's (tensors unchanged); AuthorsFormatError on a missing or leftover name.
+    Without dense connections (dense=false) their attention projections are one fused wqkv (or wq/wk/wv, which
+    their load hook fuses), and the dense networks their model still builds are never run: not mapped."""
     import torch
 
-    c, pythia = config, kind == "muddpythia"
+    c, pythia, dense = config, kind == "muddpythia", config.dense == "mudd"
     theirs = {k: v for k, v in theirs.items() if not k.endswith(CACHE_BUFFERS)}
+    if not dense:
+        theirs = {k: v for k, v in theirs.items() if not k.startswith(("dynamic_dense.", "dense_bs."))}
     out, used = {}, set()
 
     def take(src: str, dst: str):
@@ -190,15 +270,23 @@ def map_state_dict(theirs: dict, config, kind: str, name: str = "checkpoint") ->
         used.add(src)
 
     ln = ("weight", "bias") if pythia else ("weight",)
+    bias = ("weight", "bias") if pythia else ("weight",)
     take("tok_embeddings.weight", "embed.weight")
     take("output.weight", "lm_head.weight")
     for p in ln:
         take(f"norm.{p}", f"ln_f.{p}")
     ffn = {"w1": "up", "w2": "down"} if pythia else {"w1": "gate", "w3": "up", "w2": "down"}
+    ffn_bias = ("weight", "bias") if c.mlp_bias else ("weight",)
+    kv = c.n_kv_heads * c.d_head
     for l in range(c.n_layers):
         a, b = f"layers.{l}.", names.block(l) + "."
-        for x in "qkvo":
-            for p in ("weight", "bias") if pythia else ("weight",):
+        fused = f"{a}attention.wqkv.weight" in theirs and not dense
+        for p in bias:
+            if fused:
+                used.add(f"{a}attention.wqkv.{p}")
+                q, k, v = theirs[f"{a}attention.wqkv.{p}"].split([c.n_heads * c.d_head, kv, kv])
+                out.update({f"{b}attn.q_proj.{p}": q, f"{b}attn.k_proj.{p}": k, f"{b}attn.v_proj.{p}": v})
+            for x in "o" if fused else "qkvo":
                 take(f"{a}attention.w{x}.{p}", f"{b}attn.{x}_proj.{p}")
         if c.qk_norm:
             take(f"{a}attention.q_norm.weight", f"{b}attn.q_norm.weight")
@@ -211,12 +299,13 @@ def map_state_dict(theirs: dict, config, kind: str, name: str = "checkpoint") ->
                 take(f"{a}attention_norm.{p}", f"{b}ln1.{p}")
             take(f"{a}ffn_norm.{p}", f"{b}ln2.{p}")
         for src, dst in ffn.items():
-            for p in ("weight", "bias") if pythia else ("weight",):
+            for p in ffn_bias:
                 take(f"{a}feed_forward.{src}.{p}", f"{b}mlp.{dst}.{p}")
-        take(f"dynamic_dense.{l}.w1.weight", f"{b}dense.w1.weight")
-        take(f"dynamic_dense.{l}.w2.weight", f"{b}dense.w2.weight")
-        take(f"dense_bs.{l}", f"{b}dense.bias")
-        out[f"{b}dense.norm.weight"] = torch.ones(c.d_model, dtype=theirs[f"dense_bs.{l}"].dtype)  # theirs: no gain
+        if dense:
+            take(f"dynamic_dense.{l}.w1.weight", f"{b}dense.w1.weight")
+            take(f"dynamic_dense.{l}.w2.weight", f"{b}dense.w2.weight")
+            take(f"dense_bs.{l}", f"{b}dense.bias")
+            out[f"{b}dense.norm.weight"] = torch.ones(c.d_model, dtype=theirs[f"dense_bs.{l}"].dtype)  # no gain
     left = sorted(set(theirs) - used)
     if left:
         raise AuthorsFormatError(
@@ -281,19 +370,20 @@ def load_tokenizer(folder: Path):
     return PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
 
 
-def load_mudd(folder, *, name: str | None = None, dtype=None):
-    """A MUDDFormer / MUDDPythia model directory (their config.json and weights) -> ProbeForCausalLM."""
+def load_mudd(folder, *, name: str | None = None, dtype=None, rope: str = "authors"):
+    """A MUDDFormer / MUDDPythia model directory (their config.json and weights) -> ProbeForCausalLM. ``rope``:
+    "authors" rounds the RoPE table as their code does (MUDDFormer bf16, MUDDPythia fp16), "exact" keeps probe's fp32
+    table (config.rope_table; config.authors_format records it)."""
     import torch
 
     from probe.checkpoints.sizes import check_config
-    from probe.models.config import ProbeConfig
 
     folder = Path(folder)
     name = name or str(folder)
     config = json.loads((folder / "config.json").read_text())
-    check_config(config, name)  # before any size is used: an absurd one is one line, not an allocation
-    kwargs = probe_config_kwargs(config, name)
-    pc = ProbeConfig(**kwargs)
+    sizes = {k: v for k, v in config.items() if (k, v) != ("n_local_heads", -1)}  # -1: their "n_head"
+    check_config(sizes, name)  # before any size is used: an absurd one is one line, not an allocation
+    pc = probe_config(probe_config_kwargs(config, name, rope), name)
     dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
     from probe.checkpoints.sizes import stored_counts
 
@@ -304,14 +394,22 @@ def load_mudd(folder, *, name: str | None = None, dtype=None):
     check_memory(stored_bytes, n_stored, dtype, name)
     theirs = read_weights(folder, name)
     mapped = map_state_dict(theirs, pc, config["model_type"], name)
-    return assemble(
-        pc, mapped, dtype, name, "the config", {"format": config["model_type"], "repository": "Caiyun-AI/MUDDFormer"}
-    )
+    return assemble(pc, mapped, dtype, name, "the config")
 
 
-def assemble(pc, mapped: dict, dtype, name: str, implied_by: str, authors_format: dict):
+def probe_config(kwargs: dict, name: str):
+    """ProbeConfig(**kwargs), its own refusals (a width or option probe has no form for) as one AuthorsFormatError."""
+    from probe.models.config import ProbeConfig
+
+    try:
+        return ProbeConfig(**kwargs)
+    except ValueError as e:
+        raise AuthorsFormatError(f"{name}: {e}") from None
+
+
+def assemble(pc, mapped: dict, dtype, name: str, implied_by: str):
     """probe's model of ``pc`` holding the mapped weights (cast to ``dtype``; shapes checked against what
-    ``implied_by`` implies, one line on a mismatch), in eval mode, its authors' format recorded."""
+    ``implied_by`` implies, one line on a mismatch), in eval mode (its authors' format is config.authors_format)."""
     import torch
 
     from probe.models.model import ProbeForCausalLM
@@ -326,5 +424,4 @@ def assemble(pc, mapped: dict, dtype, name: str, implied_by: str, authors_format
             )
     model.load_state_dict({k: v.to(dtype) for k, v in mapped.items()}, strict=True, assign=True)
     model.probe_name = name
-    model.authors_format = {**authors_format, "n_params": sum(p.numel() for p in model.parameters())}
     return model.eval()

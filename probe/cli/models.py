@@ -44,6 +44,12 @@ def run(args: argparse.Namespace) -> int:
         for k, t in TIERS.items()
     ]
     checkpoints = list_models()
+    from probe.checkpoints import lr_attnres, muddformer
+
+    formats = [
+        {"format": "muddformer, muddpythia", "reads": muddformer.READS},
+        {"format": "lr-attnres", "reads": lr_attnres.READS},
+    ]
     result = None  # the tables as DataFrames, for the files and the JSON document only (pandas: ~0.7 s to import)
     if output.out or output.as_json:
         import pandas as pd
@@ -52,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
             "variants": pd.DataFrame(variants),
             "tiers": pd.DataFrame(tiers),
             "checkpoints": pd.DataFrame(checkpoints, columns=["name", "source", "kind", "available"]),
+            "formats": pd.DataFrame(formats),
         }
         save_result(output, "models", result, [], Console(output.quiet), "Models")
-    emit(output, "models", result, models.text(variants, tiers, checkpoints))
+    emit(output, "models", result, models.text(variants, tiers, checkpoints, formats))
     return 0

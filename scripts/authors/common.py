@@ -109,6 +109,35 @@ KEEP_FP64_PATCH = (
 )
 
 
+FP64_CONSTANTS_PATCH = (
+    "torch.tensor / torch.as_tensor with dtype=torch.float32, and Tensor.to(..., dtype=torch.float32) of an fp64 "
+    "tensor, give fp64 during the fp64 run (their block log-count prior and powers are built as fp32 tensors, which "
+    "would round log(count) to fp32 in an fp64 model)"
+)
+
+
+@contextlib.contextmanager
+def fp64_constants():
+    """While active, fp32 tensors their forward builds from Python numbers (or casts fp64 ones to) are fp64."""
+    tensor, as_tensor, to = torch.tensor, torch.as_tensor, torch.Tensor.to
+
+    def widen(kwargs):
+        return {**kwargs, "dtype": torch.float64} if kwargs.get("dtype") == torch.float32 else kwargs
+
+    def to_keeping_fp64(self, *args, **kwargs):
+        if self.dtype == torch.float64 and kwargs.get("dtype") == torch.float32:
+            kwargs = {**kwargs, "dtype": torch.float64}
+        return to(self, *args, **kwargs)
+
+    torch.tensor = lambda *a, **k: tensor(*a, **widen(k))
+    torch.as_tensor = lambda *a, **k: as_tensor(*a, **widen(k))
+    torch.Tensor.to = to_keeping_fp64
+    try:
+        yield
+    finally:
+        torch.tensor, torch.as_tensor, torch.Tensor.to = tensor, as_tensor, to
+
+
 def versions(*packages: str) -> dict:
     out = {"python": platform.python_version()}
     for p in ("torch", "safetensors", "numpy", *packages):

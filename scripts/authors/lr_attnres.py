@@ -18,7 +18,9 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 from common import (
+    FP64_CONSTANTS_PATCH,
     KEEP_FP64_PATCH,
+    fp64_constants,
     git_blob_sha1,
     keep_fp64_through_float,
     load_module,
@@ -123,8 +125,10 @@ def run(mod, settings: dict, weights: dict, ids: torch.Tensor, dtype) -> dict:
     missing, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in weights.items()}, strict=False)
     assert not unexpected and all(k.endswith((".sin", ".cos")) for k in missing), (missing, unexpected)  # RoPE tables
     record: dict = {}
-    patch = keep_fp64_through_float() if dtype == torch.float64 else contextlib.nullcontext()
-    with torch.no_grad(), patch, recording_reads(model, record):
+    patches = (keep_fp64_through_float(), fp64_constants()) if dtype == torch.float64 else ()
+    with torch.no_grad(), contextlib.ExitStack() as stack, recording_reads(model, record):
+        for patch in patches:
+            stack.enter_context(patch)
         record["logits"] = model(ids)
     return {k: v.to(dtype) for k, v in record.items()}
 
@@ -163,7 +167,7 @@ def main(argv=None) -> int:
                 "weights.{t}": "B,T,S: that read's softmax over its sources (t >= 1)",
                 "suffixes": "fp64 outputs as named; fp32 run of the same weights under fp32/",
             },
-            "patches": [KEEP_FP64_PATCH],
+            "patches": [KEEP_FP64_PATCH, FP64_CONSTANTS_PATCH],
             "versions": versions("einops"),
             "mapping_to_probe": MAPPING,
             "script": "scripts/authors/lr_attnres.py",

@@ -1,7 +1,8 @@
 """Tiny checkpoints in LR-AttnRes's released format (jon123boss/LR-AttnRes), with golden outputs of their model.
 
     git -C <mirror> archive <commit> model.py attnres_ops.py optimizer.py schedulers.py muon | tar -x -C /tmp/lr
-    /tmp/authors-venv/bin/python scripts/authors/lr_attnres_checkpoints.py --src /tmp/lr --commit <commit>
+    /tmp/authors-venv/bin/python scripts/authors/lr_attnres_checkpoints.py --src /tmp/lr --commit <commit> \
+        [--kinds block,full,baseline] [--save-dtype bfloat16] [--tag]
 
 Their released models (Jonnester/LR-AttnRes-*) are training checkpoints: ``train.py``'s ``build_checkpoint`` dict
 (``step``, ``tokens_processed``, ``model`` = the unwrapped ``OBPM.state_dict()``, ``muon_optimizer``,
@@ -12,8 +13,12 @@ Their released models (Jonnester/LR-AttnRes-*) are training checkpoints: ``train
 This script builds their OBPM with train.py's model defaults (LR-AttnRes: ``--use_lrid``; block with their block
 mean and log-count prior, or full) at a tiny size, draws seeded random weights (queries included), takes one
 optimizer step with their own optimizers and schedulers (optimizer.py, schedulers.py, muon/) so those entries are
-theirs too, saves the dict exactly as build_checkpoint lays it out, and runs their forward in fp64 and fp32.
-Writes tests/fixtures/authors/lr-attnres-<kind>-checkpoint/{final_model.pt, inputs, outputs, meta.json}.
+theirs too, saves the dict exactly as build_checkpoint lays it out, and runs their forward on the saved state dict
+(weights and their RoPE buffers) in fp64, fp32 and bf16. ``--save-dtype bfloat16`` trains and saves as their CUDA
+runs do (``to_mixed_precision(torch.bfloat16)`` before the step: weights and RoPE buffers stored in bf16). At a commit
+whose ModelConfig lacks a field of the settings below, the field is dropped (its train.py could not set it).
+Writes tests/fixtures/authors/lr-attnres-<kind>-checkpoint/ (``--tag``: lr-attnres-<commit>-<kind>-checkpoint/) with
+final_model.pt, inputs, outputs and meta.json.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ import sys
 import torch
 from common import (
     FIXTURES,
+    FP64_CONSTANTS_PATCH,
     KEEP_FP64_PATCH,
+    fp64_constants,
     git_blob_sha1,
     keep_fp64_through_float,
     load_module,
@@ -119,14 +126,16 @@ TRAIN_CONFIG = dict(
 SEED, BATCH, T = 0, 2, 8
 
 
-def run(mod, settings: dict, weights: dict, ids: torch.Tensor, dtype) -> dict:
+def run(mod, settings: dict, saved: dict, ids: torch.Tensor, dtype) -> dict:
+    """Their forward of the saved state dict (weights and RoPE buffers: their tables) in ``dtype``."""
     model = mod.OBPM(mod.ModelConfig(**settings)).to(dtype).eval()
-    missing, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in weights.items()}, strict=False)
-    assert not unexpected and all(k.endswith((".sin", ".cos")) for k in missing), (missing, unexpected)
-    patch = keep_fp64_through_float() if dtype == torch.float64 else contextlib.nullcontext()
-    with torch.no_grad(), patch:
+    model.load_state_dict({k: v.to(dtype) for k, v in saved.items()}, strict=True)
+    patches = (keep_fp64_through_float(), fp64_constants()) if dtype == torch.float64 else ()
+    with torch.no_grad(), contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch)
         logits = model(ids)
-    return {"logits": logits.to(dtype)}
+    return {"logits": logits.to(torch.float64 if dtype == torch.float64 else torch.float32)}
 
 
 def checkpoint_payload(src, mod, model, settings: dict) -> dict:
@@ -164,26 +173,37 @@ def checkpoint_payload(src, mod, model, settings: dict) -> dict:
 
 def main(argv=None) -> int:
     ap = source_parser(__doc__, "folder holding their model.py, attnres_ops.py, optimizer.py, schedulers.py, muon/")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="which of " + ", ".join(KINDS))
+    ap.add_argument("--save-dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--tag", action="store_true", help="name the fixtures lr-attnres-<commit>-<kind>-checkpoint")
     args = ap.parse_args(argv)
-    mod = load_module(args.src / FILE, "lr_attnres_model")
-    for kind, options in KINDS.items():
-        settings = {**TRAIN_DEFAULTS, **TINY, **options}
+    mod = load_module(args.src / FILE, f"lr_attnres_model_{args.commit[:7]}")
+    fields = {f.name for f in dataclasses.fields(mod.ModelConfig)}
+    save_dtype = getattr(torch, args.save_dtype)
+    for kind in args.kinds.split(","):
+        wanted = {**TRAIN_DEFAULTS, **TINY, **KINDS[kind]}
+        settings = {k: v for k, v in wanted.items() if k in fields}
         model = mod.OBPM(mod.ModelConfig(**settings)).double()
         randomize(model, SEED)
         weights = {k: v.clone() for k, v in model.state_dict().items() if not k.endswith((".sin", ".cos"))}
         ids = torch.randint(0, settings["vocab_size"], (BATCH, T), generator=torch.Generator().manual_seed(SEED + 1))
 
-        # the saved checkpoint: their model in fp32 after one training step of their optimisers; the golden outputs
-        # are of the weights as saved (fp64 run of the fp32 weights, and the fp32 run)
+        # the saved checkpoint: their model (fp32, or bf16 as to_mixed_precision makes it) after one training step
+        # of their optimisers; the golden outputs are of the state dict as saved (fp64, fp32 and bf16 runs of it)
         trained = mod.OBPM(mod.ModelConfig(**settings)).float()
         trained.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
+        if save_dtype != torch.float32:
+            trained.to_mixed_precision(dtype=save_dtype)
         torch.manual_seed(SEED)
         payload = checkpoint_payload(args.src, mod, trained, settings)
-        saved = {k: v.clone() for k, v in payload["model"].items() if not k.endswith((".sin", ".cos"))}
-        outputs = run(mod, settings, saved, ids, torch.float64)
-        outputs.update({f"fp32/{k}": v for k, v in run(mod, settings, saved, ids, torch.float32).items()})
+        saved = {k: v.clone() for k, v in payload["model"].items()}
+        outputs = {}
+        for dtype, prefix in ((torch.float64, ""), (torch.float32, "fp32/"), (torch.bfloat16, "bf16/")):
+            outputs.update({f"{prefix}{k}": v for k, v in run(mod, settings, saved, ids, dtype).items()})
 
-        out = FIXTURES / f"lr-attnres-{kind}-checkpoint"
+        out = FIXTURES / (
+            f"lr-attnres-{args.commit[:7]}-{kind}-checkpoint" if args.tag else f"lr-attnres-{kind}-checkpoint"
+        )
         out.mkdir(parents=True, exist_ok=True)
         torch.save(payload, out / "final_model.pt")
         save_file({"input_ids": ids.contiguous()}, out / "inputs.safetensors")
@@ -196,24 +216,29 @@ def main(argv=None) -> int:
             "also_imported": {
                 f: git_blob_sha1(args.src / f)
                 for f in ("attnres_ops.py", "optimizer.py", "schedulers.py", "muon/muon.py")
+                if (args.src / f).is_file()
             },
             "format_from": "train.py build_checkpoint / save_training_checkpoint (torch.save) and "
             "upload_full_run_checkpoint (path_in_repo='final_model.pt')",
             "entry": "OBPM(ModelConfig(**settings)).eval()(input_ids) (their plain, unfused forward)",
             "settings": settings,
+            "dropped": sorted(set(wanted) - fields),
             "model_args": payload["model_args"],
+            "saved_dtype": args.save_dtype,
             "seed": SEED,
             "inputs": {"shape": [BATCH, T]},
             "payload_keys": sorted(payload),
             "parameter_names": {k: list(v.shape) for k, v in payload["model"].items()},
             "weights": f"every parameter N(0, 1/fan-in) (1-d: N(0, 1)) in fp64 from torch.Generator seed {SEED} "
-            "in their parameter order (queries included), cast to fp32, then one step of their Muon "
-            "+ AdamW on one random batch (seed 2) with train.py's optimiser defaults",
+            "in their parameter order (queries included), cast to fp32"
+            + (f" then to {args.save_dtype} by their to_mixed_precision" if save_dtype != torch.float32 else "")
+            + ", then one step of their Muon + AdamW on one random batch (seed 2) with train.py's optimiser defaults",
             "outputs": {
-                "logits": "B,T,V of the saved weights (their fp64 run of the fp32 weights)",
-                "fp32/": "the same weights run in fp32",
+                "logits": "B,T,V of the saved state dict, their tables included (their fp64 run of it)",
+                "fp32/": "the same state dict run in fp32",
+                "bf16/": "the same state dict cast to bf16 and run in bf16 (their training dtype); stored as fp32",
             },
-            "patches": [KEEP_FP64_PATCH],
+            "patches": [KEEP_FP64_PATCH, FP64_CONSTANTS_PATCH],
             "versions": versions("einops"),
             "script": "scripts/authors/lr_attnres_checkpoints.py",
         }

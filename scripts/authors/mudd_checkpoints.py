@@ -73,29 +73,10 @@ TINY = dict(
 SEED, BATCH, T = 0, 2, 8
 
 
-@contextlib.contextmanager
-def fp_rope_tables():
-    """Their precompute_freqs_cis rounds the RoPE table to bf16 (MUDDFormer) or fp16 (MUDDPythia); keep fp32."""
-    to = torch.Tensor.to
-
-    def to_skipping_half(self, *args, **kwargs):
-        target = kwargs.get("dtype", args[0] if args and isinstance(args[0], torch.dtype) else None)
-        if target in (torch.bfloat16, torch.float16):
-            return self
-        return to(self, *args, **kwargs)
-
-    torch.Tensor.to = to_skipping_half
-    try:
-        yield
-    finally:
-        torch.Tensor.to = to
-
-
 def build(mod, cfg_cls, model_cls, config: dict, dtype):
     cfg = cfg_cls(**config)
     model = model_cls(cfg).to(dtype).eval()
-    with fp_rope_tables():
-        model.setup_caches(max_batch_size=BATCH, max_seq_length=cfg.block_size, dtype=dtype)
+    model.setup_caches(max_batch_size=BATCH, max_seq_length=cfg.block_size, dtype=dtype)
     return model
 
 
@@ -136,8 +117,8 @@ def run(model, ids, dtype) -> dict:
         for patch in patches:
             stack.enter_context(patch)
         record["logits"] = model(ids, return_tensor=True)
-    record["tables/rope"] = model.freqs_cis  # block_size, rotary dims / 2, (cos, sin)
-    return {k: v.to(dtype) for k, v in record.items()}
+    record["tables/rope"] = model.freqs_cis  # block_size, rotary dims / 2, (cos, sin): bf16 / fp16 as they make it
+    return {k: v.to(dtype if dtype != torch.bfloat16 else torch.float32) for k, v in record.items()}
 
 
 def released_shapes(mod, cfg_cls, model_cls, config: dict) -> dict:
@@ -164,9 +145,12 @@ def write_family(name: str, src: Path, commit: str) -> Path:
     random_weights(model)
     ids = torch.randint(0, TINY["vocab_size"], (BATCH, T), generator=torch.Generator().manual_seed(SEED + 1))
     outputs = run(model, ids, torch.float64)
-    model32 = build(mod, cfg_cls, model_cls, config, torch.float32)
-    model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()}, strict=True)
-    outputs.update({f"fp32/{k}": v for k, v in run(model32, ids, torch.float32).items()})
+    for dtype, prefix in ((torch.float32, "fp32/"), (torch.bfloat16, "bf16/")):
+        other = build(mod, cfg_cls, model_cls, config, dtype)
+        other.load_state_dict({k: v.to(dtype) for k, v in model.state_dict().items()}, strict=True)
+        outputs.update(
+            {f"{prefix}{k}": v for k, v in run(other, ids, dtype).items() if k == "logits" or prefix == "fp32/"}
+        )
 
     out = FIXTURES / f"{name}-checkpoint"
     ckpt = out / "checkpoint"
@@ -218,15 +202,17 @@ def write_family(name: str, src: Path, commit: str) -> Path:
         "outputs": {
             "logits": "B,T,V",
             "dense_weights.{l}": "C,B,T,L after layer l (dynamic + dense_bs)",
-            "tables/rope": "their RoPE table (block_size, rotary dims / 2, cos|sin), fp32 angles",
+            "tables/rope": "their RoPE table (block_size, rotary dims / 2, cos|sin) as their code makes and uses it: "
+            "torch.polar of fp32 angles, rounded to bf16 (MUDDFormer) / fp16 (MUDDPythia); stored at the run's dtype",
             "fp32/": "the same weights run in fp32",
+            "bf16/logits": "the same weights cast to bf16 and run in bf16 (setup_caches(dtype=bf16)); stored as fp32",
         },
         "patches": [
             KEEP_FP64_CASTS_PATCH,
             KEEP_FP64_PATCH,
-            "their precompute_freqs_cis's final bf16 (MUDDFormer) / fp16 (MUDDPythia) cast of the RoPE "
-            "table is skipped (fp32 table, as probe's), in both runs",
         ],
+        "rope": "their own RoPE table in every run (precompute_freqs_cis's bf16 / fp16 cast kept: the model as "
+        "shipped)",
         "checkpoint_files": "save_pretrained's model.safetensors and config.json (transformers as in versions); "
         "config.json gets the released config's architectures and auto_map keys",
         "versions": versions("einops", "transformers"),

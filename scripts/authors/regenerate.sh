@@ -26,6 +26,8 @@ show_files() {  # owner+name commit dest paths... (one file at a time: for mirro
   done
 }
 LR=14784c7b486f17e0d2fb849c4822cbd9d118d9a6
+LR_FIRST=092e6dab9dfa486920b61aa05030942490e0dc85  # the first model.py with the fields of their released runs' code
+LR_PRE_PRIOR=324995a4caee5b4c5ab66182acc3b91cbb0c20e3  # their LR-AttnRes-Full run's commit (wandb), before the prior
 FLA=bc3b101dcb713ddc5bd8924b66754eb68b5ccf89
 OSS=7b583341fe16729127f6d5b94a7b09ccae97e1a1
 RES=95652f64aba7db6c095f4e92eafb9e76e6ed9e02
@@ -34,6 +36,7 @@ DENSE=c99a623bdb5f6611bf0d37e964c67ecbf15c3c19
 MASSIVE=6521c05efd2c22460e8486471c8ef511ebd8c067
 DORMANT=16b3593c32a751d6b08df5dd6631a76d9fe7c0c9
 export_files jon123boss+LR-AttnRes $LR lr model.py attnres_ops.py optimizer.py schedulers.py muon
+export_files jon123boss+LR-AttnRes $LR_PRE_PRIOR lr-pre-prior model.py optimizer.py schedulers.py muon
 export_files fla-org+flash-linear-attention $FLA fla fla/ops/attnres/naive.py
 export_files openai+gpt-oss $OSS oss gpt_oss/__init__.py gpt_oss/torch
 export_files Zcchill+Value-Residual-Learning $RES res src/modeling/modeling_llama_resformer.py
@@ -49,5 +52,8 @@ show_files GuoTianYu2000+Active-Dormant-Attention $DORMANT dormant LLM/src/entro
 "$PYTHON" denseformer.py --src "$SRC/dense/experiments" --commit $DENSE
 "$PYTHON" mudd_checkpoints.py --src "$SRC/mudd/pytorch" --commit $MUDD
 "$PYTHON" lr_attnres_checkpoints.py --src "$SRC/lr" --commit $LR
+"$PYTHON" lr_attnres_checkpoints.py --src "$SRC/lr-pre-prior" --commit $LR_PRE_PRIOR --kinds block --save-dtype bfloat16 --tag
+"$PYTHON" lr_attnres_versions.py --repo "$MIRRORS/jon123boss+LR-AttnRes$REPO_SUFFIX" --first $LR_FIRST --last $LR
+"$PYTHON" mudd_configs.py --src "$SRC/mudd/pytorch" --commit $MUDD
 "$PYTHON" massive.py --src "$SRC/massive" --commit $MASSIVE
 "$PYTHON" dormant.py --src "$SRC/dormant" --commit $DORMANT

@@ -2,11 +2,13 @@
 
 tests/fixtures/authors/<format>-checkpoint/ holds a checkpoint in exactly the authors' format (MUDDFormer /
 MUDDPythia: save_pretrained's config.json + model.safetensors, with the released config's auto_map; LR-AttnRes:
-train.py's build_checkpoint dict saved by torch.save as final_model.pt), the inputs and the authors' outputs of the
-same weights (fp64 and fp32), and meta.json (repository, commit, blob ids, parameter names and shapes, settings):
-written by scripts/authors/{mudd,lr_attnres}_checkpoints.py. Here probe.load reads each checkpoint through probe's
-loaders (no authors' code) and must give the authors' logits (fp64: 1e-10) and MUDD dense weights; a wrong mapping
-must not; the options match the authors' shapes at the released sizes; the names resolve; the analyses run.
+train.py's build_checkpoint dict saved by torch.save as final_model.pt, at their last commit and, saved in bf16 as
+their CUDA runs save, at 324995a, before the log-count prior had a field), the inputs and the authors' outputs of the
+same weights as their code ships them (their RoPE tables; fp64, fp32 and bf16), and meta.json (repository, commit,
+blob ids, parameter names and shapes, settings): written by scripts/authors/{mudd,lr_attnres}_checkpoints.py. Here
+probe.load reads each checkpoint through probe's loaders (no authors' code) and must give the authors' logits (fp64:
+1e-10, with the authors' tables by default) and MUDD dense weights; a wrong mapping must not; the options match the
+authors' shapes at the released sizes; the names resolve; the analyses run.
 """
 
 from __future__ import annotations
@@ -29,9 +31,8 @@ from probe.models.model import ProbeForCausalLM
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "authors"
 FP64_TOL, FP32_TOL = 1e-10, 1e-4
-FP64_TOL_FP32_PRIOR = 1e-6  # their block log-count prior is an fp32 tensor even in an fp64 model (log(count) rounded)
 MUDD = ("muddformer", "muddpythia")
-LR = ("block", "full", "baseline")
+LR = ("block", "full", "baseline", "324995a-block")  # lr-attnres-<kind>-checkpoint; 324995a: before the prior
 
 
 def fixture(name: str):
@@ -42,14 +43,6 @@ def fixture(name: str):
         load_file(d / "inputs.safetensors")["input_ids"],
         load_file(d / "outputs.safetensors"),
     )
-
-
-def use_their_rope_table(model, table: torch.Tensor, T: int, dtype) -> None:
-    """probe's RoPE reads their cos/sin table (torch.polar's, an ulp from torch.cos of the same fp32 angles), so the
-    fp64 comparison checks the mapping rather than a libm difference (as tests/models/test_authors_golden.py)."""
-    cos, sin = (torch.cat([table[:T, :, i].to(dtype)] * 2, dim=-1)[:, None, :] for i in (0, 1))  # T,1,d_rot
-    for blk in model.blocks:
-        blk.attn.rotary._cache[(T, "cpu", dtype)] = (cos, sin)
 
 
 def mudd_outputs(model, ids) -> dict:
@@ -70,10 +63,22 @@ def test_a_mudd_checkpoint_loads_to_the_authors_outputs_in_fp64(family):
     assert meta["repository"] == "Caiyun-AI/MUDDFormer" and len(meta["commit"]) == 40
     config = json.loads((d / "checkpoint" / "config.json").read_text())
     assert config["model_type"] == family and "auto_map" in config  # their format, remote code named in it
-    model = probe.load(d / "checkpoint", dtype=torch.float64)
-    use_their_rope_table(model, theirs["tables/rope"], ids.shape[1], torch.float64)
+    model = probe.load(d / "checkpoint", dtype=torch.float64)  # their RoPE table (bf16 / fp16), as their code
     diffs = max_diffs(mudd_outputs(model, ids), theirs)
     assert len(diffs) == 1 + model.config.n_layers and max(diffs.values()) <= FP64_TOL, diffs
+    cos, sin = model.blocks[0].attn.rotary.tables(model.config.n_ctx, "cpu", torch.float64)
+    half = cos.shape[-1] // 2
+    assert torch.equal(cos[:, 0, :half], theirs["tables/rope"][..., 0]), "probe's table is theirs, bit for bit"
+    assert torch.equal(sin[:, 0, :half], theirs["tables/rope"][..., 1])
+
+
+@pytest.mark.parametrize("family", MUDD)
+def test_probe_s_exact_rope_table_is_an_option_that_departs_from_theirs(family):
+    """rope="exact": probe's fp32 table; the logits then differ from their model as shipped (bf16 / fp16 table)."""
+    d, _, ids, theirs = fixture(f"{family}-checkpoint")
+    model = probe.load(d / "checkpoint", dtype=torch.float64, rope="exact")
+    assert model.config.rope_table == "exact" and model.probe_info.extra["authors_format"]["rope"] == "exact"
+    assert 1e-5 < max_diffs(mudd_outputs(model, ids), theirs)["logits"] < 1.0
 
 
 @pytest.mark.parametrize("family", MUDD)
@@ -137,10 +142,9 @@ def test_their_code_never_runs(tmp_path):
     "edit, says",
     [
         ({"dense_type": "l"}, "dense_type='l'"),
-        ({"dynamic_dense": False}, "dynamic_dense=False"),
-        ({"use_linear_bias": False}, "use_linear_bias=False"),
+        ({"dynamic_dense": False}, "dynamic_dense=false"),
         ({"rotary_pct": 0.1}, "rotary_pct=0.1"),
-        ({"mystery_option": 1}, "'mystery_option'"),
+        ({"n_local_heads": 4, "n_head": 8}, "n_local_heads=4"),
     ],
 )
 def test_unmappable_mudd_configs_are_one_line(tmp_path, edit, says):
@@ -152,6 +156,18 @@ def test_unmappable_mudd_configs_are_one_line(tmp_path, edit, says):
     with pytest.raises(AuthorsFormatError) as e:
         probe.load(ckpt)
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_their_default_n_local_heads_means_n_head(tmp_path):
+    """n_local_heads=-1 (their config class's default) is n_head: the same model as the explicit value."""
+    d, _, ids, theirs = fixture("muddformer-checkpoint")
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(d / "checkpoint", ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "n_local_heads": -1}))
+    model = probe.load(ckpt, dtype=torch.float64)
+    assert model.config.n_kv_heads == config["n_head"]
+    assert max_diffs(mudd_outputs(model, ids), theirs)["logits"] <= FP64_TOL
 
 
 def test_a_mudd_state_dict_with_a_stray_or_missing_weight_is_one_line():
@@ -172,6 +188,21 @@ def lr_outputs(model, ids):
         return {"logits": model(ids).logits}
 
 
+@pytest.mark.parametrize(
+    "fixture_name", [f"{f}-checkpoint/checkpoint" for f in MUDD] + [f"lr-attnres-{k}-checkpoint" for k in LR]
+)
+def test_bf16_compute_is_as_near_their_bf16_forward_as_bf16_rounding(fixture_name):
+    """In bf16 nothing is exact: probe's bf16 logits are within twice the distance of their own bf16 forward from
+    their fp64 one (a norm eps or table off by a dtype is several times that)."""
+    d = FIXTURES / fixture_name.split("/")[0]
+    theirs = load_file(d / "outputs.safetensors")
+    ids = load_file(d / "inputs.safetensors")["input_ids"]
+    with torch.no_grad():
+        ours = probe.load(FIXTURES / fixture_name, dtype=torch.bfloat16)(ids).logits.double()
+    rounding = (theirs["bf16/logits"].double() - theirs["logits"].double()).abs().max().item()
+    assert (ours - theirs["bf16/logits"].double()).abs().max().item() <= 2 * rounding
+
+
 @pytest.mark.parametrize("kind", LR)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_an_lr_attnres_checkpoint_loads_to_the_authors_outputs(kind, dtype):
@@ -189,25 +220,48 @@ def test_an_lr_attnres_checkpoint_loads_to_the_authors_outputs(kind, dtype):
         "tokens_processed",
     ]
     model = probe.load(d, dtype=dtype)  # the directory holding final_model.pt, as downloaded
-    c = model.config
+    c, record = model.config, model.probe_info.extra["authors_format"]
     if kind == "baseline":  # train.py's default run: no AttnRes, the plain residual stream
         assert c.depth == "residual"
     else:
         assert (c.depth, c.depth_rank, c.plr_key) == ("plr", 4, "normalized")
-        assert (c.depth_blocks, c.depth_block_mean, c.depth_block_prior) == (
-            (3, 1.0, 1.0) if kind == "block" else (0, 0, 0)
-        )
+        assert (c.depth_blocks, c.depth_block_mean, c.depth_block_prior) == {
+            "block": (3, 1.0, 1.0),  # their last commit: the block mean and the log-count prior
+            "324995a-block": (3, 1.0, 0.0),  # no prior field: their code then had no prior
+            "full": (0, 0, 0),
+        }[kind]
+    if kind == "324995a-block":
+        assert record["code"].startswith("jon123boss/LR-AttnRes model.py from 092e6da (2026-06-04), before e086c36")
+        assert "0f5cf7e" in record["assumed"]["attnres_block_count_prior"]
+    else:
+        assert "assumed" not in record and record["code"].endswith("to 14784c7 (2026-06-13)")
+    assert c.rope_table == "stored" and record["rope"] == "authors"
+    stored = torch.load(d / "final_model.pt", weights_only=True)["model"]["transformer.layers.1.attn.rope.cos"]
+    assert torch.equal(model.blocks[1].attn.rotary.cos, stored[0, 0].to(dtype))  # their table, as they saved it
     diffs = max_diffs(lr_outputs(model, ids), theirs, prefix="" if dtype == torch.float64 else "fp32/")
-    tol = (FP64_TOL_FP32_PRIOR if kind == "block" else FP64_TOL) if dtype == torch.float64 else FP32_TOL
-    assert max(diffs.values()) <= tol, diffs
+    assert max(diffs.values()) <= (FP64_TOL if dtype == torch.float64 else FP32_TOL), diffs
+
+
+def test_an_lr_attnres_checkpoint_saved_in_bf16_departs_with_probe_s_exact_table():
+    """Saved in bf16, their RoPE buffers are bf16-rounded: rope="exact" (probe's fp32 table) moves the logits."""
+    d, _, ids, theirs = fixture("lr-attnres-324995a-block-checkpoint")
+    model = probe.load(d, dtype=torch.float64, rope="exact")
+    assert model.config.rope_table == "exact" and not any("rotary" in k for k in model.state_dict())
+    assert 1e-3 < max_diffs(lr_outputs(model, ids), theirs)["logits"] < 1.0
 
 
 def test_a_wrong_lr_attnres_mapping_moves_the_logits(monkeypatch):
-    """Without the RoPE-pair permutation (their interleaved pairs read as rotate-half) the logits move."""
+    """Without the RoPE-pair permutation (their interleaved pairs read as rotate-half) the logits move; so does the
+    older checkpoint read with the prior on (as their current code would read its missing field)."""
     d, _, ids, theirs = fixture("lr-attnres-full-checkpoint")
-    monkeypatch.setattr(lr_attnres, "interleaved_to_half", lambda w, n_heads: w)
-    model = probe.load(d, dtype=torch.float64)
+    with monkeypatch.context() as m:
+        m.setattr(lr_attnres, "interleaved_to_half", lambda w, n_heads: w)
+        model = probe.load(d, dtype=torch.float64)
     assert (lr_outputs(model, ids)["logits"] - theirs["logits"]).abs().max() > 1e-2
+    d, _, ids, theirs = fixture("lr-attnres-324995a-block-checkpoint")
+    monkeypatch.setitem(lr_attnres.ABSENT, "attnres_block_count_prior", True)
+    model = probe.load(d, dtype=torch.float64)
+    assert (lr_outputs(model, ids)["logits"] - theirs["logits"]).abs().max() > 1e-1
 
 
 @pytest.mark.parametrize(

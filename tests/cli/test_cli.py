@@ -63,7 +63,10 @@ def test_models(tmp_path):
         "models_checkpoints.csv",
         "models.json",
     }
-    for table in ("variants", "checkpoints"):  # the CSVs hold the same rows as the JSON document
+    reads = {row["format"]: row["reads"] for row in doc["tables"]["formats"]}  # the code versions assumed
+    assert "attnres_block_count_prior" in reads["lr-attnres"] and "0f5cf7e" in reads["lr-attnres"]
+    assert "bf16" in reads["muddformer, muddpythia"] and "fc067b2" in reads["muddformer, muddpythia"]
+    for table in ("variants", "checkpoints", "formats"):  # the CSVs hold the same rows as the JSON document
         assert pd.read_csv(tmp_path / "m" / f"models_{table}.csv").to_dict("records") == doc["tables"][table]
 
 

@@ -22,8 +22,6 @@ from probe.models.model import ProbeForCausalLM
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "authors"
 FP64_TOL = 1e-10
 FP32_TOL = 1e-4  # fp32 both sides: rounding only (the measured values are in docs/results/agreement.md)
-# the authors' block log-count prior is built as an fp32 tensor even in an fp64 model (log(count) rounded to fp32)
-FP64_TOL_FP32_PRIOR = 1e-6
 
 LR_ATTNRES = {  # fixture -> probe's mechanism settings
     "attnres-full": dict(depth="attnres"),
@@ -156,8 +154,7 @@ def test_lr_attnres_family_matches_the_authors_in_fp64(name):
     assert meta["repository"] == "jon123boss/LR-AttnRes" and len(meta["commit"]) == 40
     diffs = max_differences(probe_lr_outputs(model, ids), theirs)
     assert {"logits", "read.0", "weights.1", f"weights.{2 * model.config.n_layers}"} <= set(diffs)
-    tol = FP64_TOL_FP32_PRIOR if model.config.depth_block_prior else FP64_TOL
-    assert max(diffs.values()) <= tol, diffs
+    assert max(diffs.values()) <= FP64_TOL, diffs
 
 
 @pytest.mark.parametrize("name", list(LR_ATTNRES))

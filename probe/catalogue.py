@@ -1,4 +1,5 @@
-"""The names of the custom models, as plain data: variants with their descriptions, tiers with their architectures.
+"""The names of the custom models, as plain data: variants with their descriptions, tiers with their architectures;
+and the names of the choices the analyses offer (window modes, junk directions, quiet-read cutoffs, Sink^eps protocols).
 
 Standard library only, so ``probe models`` lists them without importing torch or transformers. probe.models uses
 and re-exports these tables (``probe.models.VARIANTS``, ``TIERS``): models/config.py builds tiers from them,
@@ -153,3 +154,11 @@ TIER_DESCRIPTIONS = {
     "abstention-350m": "Wang 2026 Table 4, 350M tier: 24L, d=1024",
     "lr-attnres": "LR-AttnRes 2026: 24L, d=1024, 16 heads, SwiGLU 2816, RoPE 5e5, QK-norm, untied",
 }
+
+# The choices the analyses offer, by name: the command's flags list them from here without importing torch, and the
+# modules named beside each use them.
+WINDOW_MODES = ("auto", "first", "sequential", "random", "packed")  # probe.data.windows; auto: first, else sequential
+JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")  # probe.analyses.inject
+CUTOFFS = {"q25": 0.25, "median": 0.5}  # probe.analyses.inject: quiet reads, the share of smallest read norms
+DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)  # probe.analyses.inject
+PROTOCOLS = ("pooled", "gu2025")  # Sink^eps, probe.analyses.sink_heads (docs/definitions.md#sink-eps-protocols)

@@ -43,13 +43,10 @@ from probe.analyses.capture import (
 )
 from probe.analyses.parallel import all_sum, gather_rows, reduce_sums
 from probe.analyses.stats import with_batch_se
+from probe.catalogue import CUTOFFS, DEFAULT_DOSES, JUNK_TYPES
 from probe.hooks import names
 from probe.models.gates import gate_directions
 from probe.process_group import batches_of_rank, is_main
-
-JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
-CUTOFFS = {"q25": 0.25, "median": 0.5}
-DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
 
 
 def cutoff_fraction(cutoff) -> float:

@@ -42,10 +42,10 @@ from probe.analyses.capture import as_windows, describe, finish, sliding, sparse
 from probe.analyses.parallel import gather_rows, reduce_sums
 from probe.analyses.passes import Part, key0_and_real, run_pass
 from probe.analyses.stats import jackknife_se
+from probe.catalogue import PROTOCOLS
 from probe.process_group import rank_and_world
 
 DEFAULT_EPS = (0.3,)
-PROTOCOLS = ("pooled", "gu2025")  # docs/definitions.md#sink-eps-protocols
 GU2025_TOKENS = 64  # Gu et al. read the first 64 tokens of each text
 
 

@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from probe.catalogue import CUTOFFS, JUNK_TYPES, PROTOCOLS, WINDOW_MODES
 from probe.jobs.specs import DEVICE_MAPS, InjectionSpec, ModelSpec, WindowSpec, parse_device_map, parse_max_memory
 from probe.options import attention_share, dose, nonneg_int, positive_int
 from probe.present.files import OutputSpec
@@ -25,13 +26,7 @@ from probe.present.files import OutputSpec
 # same variant built in-process (seed 0). Switching to another zoo name is a one-line change here.
 DEFAULT_MODEL = "probe/tiny-sink+proj"
 DEFAULT_DEPTH_MODEL = "probe/tiny-attnres-block4"  # `probe sources` needs depth routing
-# mirrored from probe.analyses.inject (kept light here; tests/cli/test_cli.py checks they agree)
-JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
-CUTOFFS = ("q25", "median")
-DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-WINDOW_MODES = ("auto", "first", "sequential", "random", "packed")
-PROTOCOLS = ("pooled", "gu2025")  # mirrored from probe.analyses.sink_heads (tests/analyses/test_gu2025.py checks)
 
 
 def _user_value(parse):
@@ -216,7 +211,7 @@ def injection_flags(p, dose_flag: str, dose_default, dose_help: str):
     g.add_argument(
         "--cutoff",
         nargs="+",
-        choices=CUTOFFS,
+        choices=tuple(CUTOFFS),
         default=["q25"],
         metavar="Q",
         help="quiet reads: the q25 (default) or median smallest read norms",

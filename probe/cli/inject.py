@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from probe.cli.flags import DEFAULT_DOSES, DEFAULT_MODEL, analysis_parser, injection_flags, output_flags
+from probe.catalogue import DEFAULT_DOSES
+from probe.cli.flags import DEFAULT_MODEL, analysis_parser, injection_flags, output_flags
 
 VERB = "inject"  # this module is `probe inject` (probe.cli.main finds verbs by this line)
 RANK = 20  # its place in `probe --help`

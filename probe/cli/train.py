@@ -7,6 +7,7 @@ directory with another identity, or a directory that is not a run, is a one-line
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,11 +22,12 @@ from probe.train.config import TrainConfig
 if TYPE_CHECKING:
     from probe.data.synthetic import BigramBackcopy
 
-# TrainConfig's fields that are flags (their help, type and default declared on the field), in --help order
+# TrainConfig's fields that are flags (their help, type and default declared on the field, probe.options.option) ...
+CONFIG_FLAGS = tuple(f.name for f in dataclasses.fields(TrainConfig) if "option" in f.metadata)
+# ... in the groups --help shows them in, among probe train's own flags (together exactly CONFIG_FLAGS)
+SEED_FLAGS = ("seed",)
+SIZE_FLAGS = ("steps", "batch_size")
 LOOP_FLAGS = (
-    "seed",
-    "steps",
-    "batch_size",
     "lr",
     "warmup",
     "schedule",
@@ -39,8 +41,8 @@ LOOP_FLAGS = (
     "eval_every",
     "ckpt_every",
     "snapshot_every",
-    "device",
 )
+DEVICE_FLAGS = ("device",)
 VERB = "train"  # this module is `probe train` (probe.cli.main finds verbs by this line)
 RANK = 100  # its place in `probe --help`
 HELP = "train a custom model; the same command resumes an interrupted run"
@@ -54,7 +56,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("train", help=HELP, description=DESCRIPTION, allow_abbrev=False)
     p.add_argument("--variant", default="baseline", help="model variant (see `probe models`; default baseline)")
     p.add_argument("--tier", default="tiny", help="size tier (default tiny)")
-    add_options(p, TrainConfig, ["seed"])
+    add_options(p, TrainConfig, SEED_FLAGS)
     p.add_argument(
         "--data",
         default="train",
@@ -68,9 +70,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="every training window starts with BOS (the tokenizer's, else "
         "its EOS); recorded in the run, so analyses of the model start their windows with it too",
     )
-    add_options(p, TrainConfig, ["steps", "batch_size"])
+    add_options(p, TrainConfig, SIZE_FLAGS)
     p.add_argument("--ctx", type=positive_int, help="tokens per window (default: the tier's context)")
-    add_options(p, TrainConfig, LOOP_FLAGS[3:-1])
+    add_options(p, TrainConfig, LOOP_FLAGS)
     p.add_argument(
         "--eval-data",
         default="heldout",
@@ -79,7 +81,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "(default heldout)",
     )
     p.add_argument("--eval-batches", type=positive_int, default=8, help="held-out batches of 8 windows (default 8)")
-    add_options(p, TrainConfig, ["device"])
+    add_options(p, TrainConfig, DEVICE_FLAGS)
     p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--out", metavar="DIR", required=True, help="run directory (required)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON on stdout")
@@ -88,7 +90,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-RUN_KEYS = (
+# The run's identity: the flags that determine the weights, which must match to resume (the others, MAY_CHANGE, may
+# differ). Every run records FIRST_KEYS; LATER_KEYS and --bos came after runs were written without them, and such a
+# run was trained with their defaults (LATER_DEFAULTS).
+FIRST_KEYS = (
     "variant",
     "tier",
     "seed",
@@ -100,18 +105,24 @@ RUN_KEYS = (
     "warmup",
     "eval_data",
     "eval_batches",
-    "schedule",
-    "min_lr_ratio",
-    "optimizer",
-    "muon_lr",
-    "weight_decay",
-    "grad_clip",
-    "z_loss",
-    "grad_accum",
-    "bos",
-)  # must match to resume; --steps, --eval-every, --ckpt-every may change
-# keys added after runs were written without them: such a run was trained with TrainConfig's defaults for them
+)
 LATER_KEYS = ("schedule", "min_lr_ratio", "optimizer", "muon_lr", "weight_decay", "grad_clip", "z_loss", "grad_accum")
+LATER_DEFAULTS = {**{k: getattr(TrainConfig, k) for k in LATER_KEYS}, "bos": False}
+RUN_KEYS = FIRST_KEYS + tuple(LATER_DEFAULTS)
+MAY_CHANGE = (
+    "steps",
+    "eval_every",
+    "ckpt_every",
+    "snapshot_every",
+    "device",
+    "threads",
+    "out",
+    "json",
+    "quiet",
+    "self_contained",
+    "wait",
+    "skip_bad_records",
+)
 
 
 def _run_identity(args: argparse.Namespace, ctx: int, task: BigramBackcopy | None) -> dict:
@@ -128,8 +139,6 @@ def _run_identity(args: argparse.Namespace, ctx: int, task: BigramBackcopy | Non
 
 def _synthetic_task(args: argparse.Namespace) -> BigramBackcopy | None:
     """--data synthetic:bb[...] as a task (--ctx is its T), else None."""
-    import dataclasses
-
     from probe.data.synthetic import is_synthetic, parse_synthetic
 
     if not is_synthetic(args.data):
@@ -190,7 +199,7 @@ def _check_run_dir(out: Path, ident: dict) -> bool:
                 f"--out {str(out)!r} exists and is not a `probe train` run directory; choose a new or empty directory"
             )
         return False
-    old = {**{k: getattr(TrainConfig, k) for k in LATER_KEYS}, "bos": False, **_recorded_identity(out)}
+    old = {**LATER_DEFAULTS, **_recorded_identity(out)}
     diff = [f"--{k.replace('_', '-')} {old.get(k)!r} (now {v!r})" for k, v in ident.items() if old.get(k) != v]
     if diff:
         raise UsageError(
@@ -229,15 +238,115 @@ def _tokenizer(args: argparse.Namespace, config):
     return tok
 
 
+def _config(args: argparse.Namespace):
+    """The model config of --variant and --tier."""
+    from probe.models import config_for
+
+    try:
+        return config_for(args.variant, args.tier)
+    except ValueError as e:
+        raise UsageError(
+            f"--variant {args.variant!r} / --tier {args.tier!r}: {first_line(e).split(': ', 1)[-1]}"
+        ) from None
+
+
+def _window_length(args: argparse.Namespace, config, task: BigramBackcopy | None, world_size: int) -> int:
+    """Tokens per window (a synthetic task's T, else --ctx, else the tier's context), checked against the tier; and
+    --batch-size checked to split into equal micro-batches over the processes and --grad-accum."""
+    ctx = task.T if task is not None else args.ctx or config.n_ctx
+    if ctx > config.n_ctx:
+        raise UsageError(
+            f"--ctx {ctx} exceeds the maximum context {config.n_ctx} of tier {args.tier!r}; choose "
+            f"--ctx 2..{config.n_ctx}"
+        )
+    if ctx < 2:
+        raise UsageError(f"--ctx {ctx} is too short; choose --ctx 2..{config.n_ctx}")
+    if args.batch_size % (world_size * args.grad_accum):
+        raise UsageError(
+            f"--batch-size {args.batch_size} does not split into {world_size} process(es) x "
+            f"--grad-accum {args.grad_accum} equal micro-batches; choose a --batch-size that is a "
+            f"multiple of {world_size * args.grad_accum}"
+        )
+    return ctx
+
+
+def _tokens(args: argparse.Namespace, config, task: BigramBackcopy | None, ident: dict):
+    """(tokenizer, BOS id): none for synthetic data, whose ids must fit the tier's vocabulary; with --bos the
+    tokenizer's BOS, else its EOS (probe-bpe-8k has no BOS token), recorded in the run's identity."""
+    if task is not None:
+        if task.vocab_size > config.vocab_size:
+            raise UsageError(
+                f"--data {task.spec()!r} needs {task.vocab_size} token ids but tier {args.tier!r} has a "
+                f"vocabulary of {config.vocab_size}; choose a smaller vocab or another tier"
+            )
+        return None, None
+    tok = _tokenizer(args, config)
+    if not args.bos:
+        return tok, None
+    ident["bos_id"] = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    return tok, ident["bos_id"]
+
+
+def _corpus_windows(args: argparse.Namespace, console, tok, ctx: int, bos_id, vocab_size: int, out: Path, check):
+    """(training sampler, validation windows, what the validation is) of --data and --eval-data, under a tokenizing
+    bar; ``check(corpus)`` sees the training corpus first. A local file's tokens go to a temporary file in --out (the
+    same stream, not held in memory)."""
+    from probe.data import WindowSampler, tokenize_documents
+    from probe.data.batches import token_stream
+    from probe.jobs.inputs import make_windows
+    from probe.progress import plural
+
+    bar = console.bar(2, f"train: tokenizing {args.data}", unit="corpus", leave=False)
+    try:
+        corpus, eval_corpus = _corpora(args)
+        check(corpus)
+        streamed = hasattr(corpus.documents, "pieces")
+        docs = None if streamed else tokenize_documents(corpus, tok)
+        stream = token_stream(corpus.documents, tok, tok.eos_token_id, out) if streamed else None
+        try:
+            sampler = WindowSampler(docs, ctx, args.seed, eos_id=tok.eos_token_id, bos_id=bos_id, stream=stream)
+        except ValueError as e:
+            raise UsageError(f"--data {args.data!r}: {e}") from None
+        bar.update()
+        bar.set_description(f"train: tokenizing {args.eval_data}")
+        eb = make_windows(
+            eval_corpus,
+            tok,
+            n_batches=args.eval_batches,
+            batch_size=8,
+            ctx=ctx,
+            seed=args.seed,
+            mode="auto",
+            vocab_size=vocab_size,
+            bos_id=bos_id,
+        )
+        bar.update()
+    finally:
+        bar.close()
+    return sampler, eb, f"{eval_corpus.name} ({plural(len(eval_corpus.documents), 'document')})"
+
+
+def _finish(args: argparse.Namespace, model, out: Path, ident: dict, start: int, last: dict | None, tok) -> None:
+    """The main process's end of a run: the final model (exported unless this run added no step to one already
+    there), the training page, and the final metrics on stdout."""
+    from probe.present.training import training_text, write_training_page
+    from probe.train import export_model, read_metrics
+
+    model_dir = out / FINAL_MODEL
+    if start < args.steps or not (model_dir / MODEL_CONFIG).exists():
+        export_model(model, model_dir, tok)
+    write_training_page(out, f"{args.tier}-{args.variant}", ident, read_metrics(out), args.self_contained)
+    result = {**(last or {}), "steps": args.steps, "model_dir": str(model_dir)}
+    print(json.dumps(result, indent=1) if args.json else training_text(result, out))
+
+
 def run(args: argparse.Namespace) -> int:
     from probe.console import Console
-    from probe.data import HELDOUT, WindowSampler, tokenize_documents
-    from probe.data.batches import token_stream
-    from probe.jobs.inputs import check_data, make_windows, resolve_device, set_threads
-    from probe.models import config_for, create
-    from probe.present.training import training_text, write_training_page
+    from probe.data import HELDOUT
+    from probe.jobs.inputs import check_data, resolve_device, set_threads
+    from probe.models import create
     from probe.progress import plural
-    from probe.train import export_model, find_checkpoint, read_metrics, train
+    from probe.train import find_checkpoint, train
     from probe.train.checkpoint import read_state
     from probe.train.distributed import from_env
     from probe.train.trainer import capped_warmup
@@ -247,77 +356,22 @@ def run(args: argparse.Namespace) -> int:
     check_data(args.data)
     if args.eval_data != HELDOUT:
         check_data(args.eval_data, "--eval-data")
-    try:
-        config = config_for(args.variant, args.tier)
-    except ValueError as e:
-        raise UsageError(
-            f"--variant {args.variant!r} / --tier {args.tier!r}: {first_line(e).split(': ', 1)[-1]}"
-        ) from None
+    config = _config(args)
     task = _synthetic_task(args)
-    ctx = task.T if task is not None else args.ctx or config.n_ctx
-    if ctx > config.n_ctx:
-        raise UsageError(
-            f"--ctx {ctx} exceeds the maximum context {config.n_ctx} of tier {args.tier!r}; choose "
-            f"--ctx 2..{config.n_ctx}"
-        )
-    if ctx < 2:
-        raise UsageError(f"--ctx {ctx} is too short; choose --ctx 2..{config.n_ctx}")
     dist = from_env()  # under torchrun only rank 0 checks, writes and reports
-    if args.batch_size % (dist.world_size * args.grad_accum):
-        raise UsageError(
-            f"--batch-size {args.batch_size} does not split into {dist.world_size} process(es) x "
-            f"--grad-accum {args.grad_accum} equal micro-batches; choose a --batch-size that is a "
-            f"multiple of {dist.world_size * args.grad_accum}"
-        )
+    ctx = _window_length(args, config, task, dist.world_size)
     out = Path(args.out)
     ident = _run_identity(args, ctx, task)
     resuming = _check_run_dir(out, ident) if dist.is_main else False
     set_threads(args.threads)
     device = resolve_device(args.device)
-    tok = None if task is not None else _tokenizer(args, config)
-    if task is not None and task.vocab_size > config.vocab_size:
-        raise UsageError(
-            f"--data {task.spec()!r} needs {task.vocab_size} token ids but tier {args.tier!r} has a "
-            f"vocabulary of {config.vocab_size}; choose a smaller vocab or another tier"
-        )
-    bos_id = None
-    if task is None and args.bos:  # the tokenizer's BOS, else its EOS (probe-bpe-8k has no BOS token)
-        bos_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-        ident["bos_id"] = bos_id
+    tok, bos_id = _tokens(args, config, task, ident)
     if task is not None:  # an infinite stream of BB sequences; validation on fixed windows of the same chain
         sampler, eb = task.sampler(args.seed), task.eval_windows(args.eval_batches, 8)
         validation = f"{plural(args.eval_batches * 8, 'sequence')} of the same chain"
     else:
-        bar = console.bar(2, f"train: tokenizing {args.data}", unit="corpus", leave=False)
-        try:
-            corpus, eval_corpus = _corpora(args)
-            if dist.is_main:
-                _check_corpus(out, ident, corpus, resuming)
-            # a local file's tokens go to a temporary file in --out (the same stream, not held in memory)
-            streamed = hasattr(corpus.documents, "pieces")
-            docs = None if streamed else tokenize_documents(corpus, tok)
-            stream = token_stream(corpus.documents, tok, tok.eos_token_id, out) if streamed else None
-            try:
-                sampler = WindowSampler(docs, ctx, args.seed, eos_id=tok.eos_token_id, bos_id=bos_id, stream=stream)
-            except ValueError as e:
-                raise UsageError(f"--data {args.data!r}: {e}") from None
-            bar.update()
-            bar.set_description(f"train: tokenizing {args.eval_data}")
-            eb = make_windows(
-                eval_corpus,
-                tok,
-                n_batches=args.eval_batches,
-                batch_size=8,
-                ctx=ctx,
-                seed=args.seed,
-                mode="auto",
-                vocab_size=config.vocab_size,
-                bos_id=bos_id,
-            )
-            bar.update()
-        finally:
-            bar.close()
-        validation = f"{eval_corpus.name} ({plural(len(eval_corpus.documents), 'document')})"
+        check = (lambda corpus: _check_corpus(out, ident, corpus, resuming)) if dist.is_main else (lambda corpus: None)
+        sampler, eb, validation = _corpus_windows(args, console, tok, ctx, bos_id, config.vocab_size, out, check)
     warmup = capped_warmup(args.warmup, args.steps)  # said once the data are known good: an error is the only line
     if warmup != args.warmup:
         console.note(
@@ -325,7 +379,7 @@ def run(args: argparse.Namespace) -> int:
             f"warming up for {plural(warmup, 'step')} instead"
         )
     model = create(args.variant, args.tier, seed=args.seed)
-    cfg = TrainConfig(**{**{k: getattr(args, k) for k in LOOP_FLAGS}, "warmup": warmup, "device": device})
+    cfg = TrainConfig(**{**{k: getattr(args, k) for k in CONFIG_FLAGS}, "warmup": warmup, "device": device})
     n_params = sum(p.numel() for p in model.parameters())
     ckpt = find_checkpoint(out) if resuming else None
     try:
@@ -343,15 +397,6 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write(out / RUN_IDENTITY, json.dumps(ident, indent=1))
     last = train(model, sampler, cfg, out, eval_batches=eb, resume=True, progress=not args.quiet, tokenizer=tok)
-    if not dist.is_main:
-        return 0
-    model_dir = out / FINAL_MODEL
-    if start < args.steps or not (model_dir / MODEL_CONFIG).exists():
-        export_model(model, model_dir, tok)
-    write_training_page(out, f"{args.tier}-{args.variant}", ident, read_metrics(out), args.self_contained)
-    result = {**(last or {}), "steps": args.steps, "model_dir": str(model_dir)}
-    if args.json:
-        print(json.dumps(result, indent=1))
-    else:
-        print(training_text(result, out))
+    if dist.is_main:
+        _finish(args, model, out, ident, start, last, tok)
     return 0

@@ -13,11 +13,10 @@ import dataclasses
 
 import torch
 
+from probe.catalogue import WINDOW_MODES
 from probe.data.batches import DocumentTokens, EvalBatches, _corpus, _tokenizer, cap_ctx, eval_batches
 from probe.data.corpus import DEFAULT_EVAL_CORPUS
 from probe.data.tokenizer import DEFAULT_TOKENIZER, prepends_bos
-
-WINDOW_MODES = ("auto", "first", "sequential", "random", "packed")  # auto: first, else sequential (too few documents)
 
 
 def wants_bos(model, tokenizer) -> bool:

@@ -15,13 +15,16 @@ from tests.support.cli import ENV, WINDOWS, assert_one_line_error, files_under, 
 # ------------------------------------------------------------------------------------------------- parser, help
 
 
-def test_parser_choices_match_the_analyses():
-    from probe.analyses import inject
+def test_parser_choices_are_the_analyses_own():
+    """One source (probe.catalogue, torch-free) for the choices the flags offer and the analyses accept."""
+    from probe.analyses import inject, sink_heads
     from probe.cli import flags as cli
+    from probe.cli import inject as inject_verb
+    from probe.data import windows
 
-    assert cli.JUNK_TYPES == inject.JUNK_TYPES
-    assert cli.CUTOFFS == tuple(inject.CUTOFFS)
-    assert cli.DEFAULT_DOSES == inject.DEFAULT_DOSES
+    assert cli.JUNK_TYPES is inject.JUNK_TYPES and cli.CUTOFFS is inject.CUTOFFS
+    assert inject_verb.DEFAULT_DOSES is inject.DEFAULT_DOSES
+    assert cli.PROTOCOLS is sink_heads.PROTOCOLS and cli.WINDOW_MODES is windows.WINDOW_MODES
 
 
 def test_cli_module_imports_no_heavy_library():

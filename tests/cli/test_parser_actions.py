@@ -118,6 +118,21 @@ def test_the_parser_matches_the_pinned_actions(name, live):
     assert now.keys() == pin.keys() and now.get("resume_keys") == pin.get("resume_keys"), f"{label}: resume keys"
 
 
+def test_every_train_flag_is_in_the_run_identity_or_may_change_and_every_config_flag_is_placed():
+    """What `probe train` compares on resume cannot drift from its flags: each flag is part of the run's identity or
+    declared free to change, never both; and the TrainConfig fields that are flags are placed in --help exactly once."""
+    from probe.cli import train
+    from probe.cli.main import build_parser
+
+    sub = next(a for a in build_parser(["train"])._actions if isinstance(a, argparse._SubParsersAction))
+    dests = [a.dest for a in sub.choices["train"]._actions if a.dest != "help"]
+    assert not set(train.RUN_KEYS) & set(train.MAY_CHANGE)
+    assert sorted(dests) == sorted(train.RUN_KEYS + train.MAY_CHANGE)
+    placed = train.SEED_FLAGS + train.SIZE_FLAGS + train.LOOP_FLAGS + train.DEVICE_FLAGS
+    assert sorted(placed) == sorted(train.CONFIG_FLAGS) and len(set(placed)) == len(placed)
+    assert set(train.LATER_DEFAULTS) == {*train.LATER_KEYS, "bos"}
+
+
 def test_the_type_signature_tells_the_numeric_types_apart():
     from probe import options as flags
 

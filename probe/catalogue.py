@@ -47,6 +47,14 @@ VARIANTS: dict[str, Variant] = {
         "Gated Attention G2: headwise sigmoid gate from a separate input projection, on the values",
         dict(value_gate="g2"),
     ),
+    "outgate": Variant(
+        "Gated Attention G1 element-wise: Y_h * sigmoid(x W_g) on each head's attention output, per coordinate",
+        dict(out_gate="elementwise"),
+    ),
+    "outgate-head": Variant(
+        "Gated Attention G1 headwise: Y_h * sigmoid(x W_g) on each head's attention output, one gate per head",
+        dict(out_gate="headwise"),
+    ),
     "glu-full": Variant("GLU value (U W_C) * SiLU(U W_G) at full value width", dict(value_gate="glu")),
     # d_value "reduced": the combined value width m = 2d/3, rounded to a multiple of the heads (models/variants.py)
     "glu-reduced": Variant(

@@ -14,7 +14,9 @@ next-token loss per token, ablated − clean, paired on the same windows, with s
     gate       a scalar value gate at hook_v_gate held open (g = 1), closed (g = 0) or at its mean per layer and KV
                head over the clean pass of the same windows. A routing-slot gate (ModelInfo.gate_on_logits) closed
                removes every key from the softmax, as the knockout does key 0: rows without a phantom keep their
-               clean row, rows with one go to the phantom (value 0). Element-wise gates are refused.
+               clean row, rows with one go to the phantom (value 0). Element-wise value gates are refused. An output
+               gate (hook_out_gate, G1; headwise or element-wise) is held the same way, its mean per layer, head
+               (and coordinate); a model with both gates has both held.
     evict      window eviction (StreamingLLM): query t sees keys 0 .. k-1 and t-w+1 .. t at their original positions,
                in every layer, by the op's kept-first-keys rule; loss over all queries and over queries t >= k + w.
     depth      a depth read site's weights (hook_depth_weights over sub-layer sources; DenseFormer / MUDD
@@ -92,6 +94,10 @@ class Mechanisms:
     gate_dims: int | None  # 3: scalar gates (B,T,Hkv), 4: element-wise, None: no gate fired
     depth_sites: list[str]  # sub-layer depth read sites (hook prefixes) that fired
     dense_layers: list[int]  # layers with a DenseFormer / MUDD mix that fired
+    out_gate: bool = False  # an output gate fired (hook_out_gate)
+
+
+GATE_POINTS = ("v_gate", "out_gate")  # the gates a clamp holds
 
 
 def find_mechanisms(model, ids: torch.Tensor) -> Mechanisms:
@@ -103,7 +109,7 @@ def find_mechanisms(model, ids: torch.Tensor) -> Mechanisms:
 
     points = getattr(model, "hook_dict", {})
     wanted = [
-        n for n in points if names.attn_point(n) == "v_gate" or names.is_depth_weights(n) or names.is_dense_weights(n)
+        n for n in points if names.is_attn(n, *GATE_POINTS) or names.is_depth_weights(n) or names.is_dense_weights(n)
     ]
     if wanted:
         model.run_with_hooks(
@@ -112,7 +118,8 @@ def find_mechanisms(model, ids: torch.Tensor) -> Mechanisms:
     gates = [len(s) for n, s in seen.items() if names.attn_point(n) == "v_gate"]
     sites = [names.site_of(n) for n in seen if names.is_depth_weights(n)]
     dense = sorted(names.layer_of(n) for n in seen if names.is_dense_weights(n))
-    return Mechanisms(max(gates) if gates else None, sites, dense)
+    out_gate = any(names.attn_point(n) == "out_gate" for n in seen)
+    return Mechanisms(max(gates) if gates else None, sites, dense, out_gate)
 
 
 def source_labels(model, site: str) -> list[str]:
@@ -187,11 +194,12 @@ def plan(
             for setting in ["remove"] + [f"logit={float(c):g}" for c in dict.fromkeys(sink_logits)]:
                 local("phantom", setting, H)
         elif name == "gate":
-            if mech.gate_dims is None:
+            if mech.gate_dims is None and not mech.out_gate:
                 raise AblationError(
-                    f"model {info.name!r} has no value gate (no hook_v_gate fires): gate clamps need a scalar gate"
+                    f"model {info.name!r} has no value gate or output gate (no hook_v_gate or hook_out_gate "
+                    "fires): gate clamps need a scalar value gate or an output gate"
                 )
-            if mech.gate_dims != 3:
+            if mech.gate_dims not in (None, 3):
                 raise AblationError(
                     f"model {info.name!r} has an element-wise value gate (GatedV, GLU: one g per "
                     "value coordinate); gate clamps take scalar gates (one g per key and KV head)"
@@ -199,7 +207,7 @@ def plan(
             for mode in dict.fromkeys(gate_modes):
                 if mode not in GATE_MODES:
                     raise AblationError(f"unknown gate clamp {mode!r}; choose from {', '.join(GATE_MODES)}")
-                local("gate", mode, Hkv)
+                local("gate", mode, Hkv if mech.gate_dims else H)
         elif name == "evict":
             for w in dict.fromkeys(windows):
                 if not _whole(w, 1):
@@ -268,9 +276,13 @@ def _layers(abl: Ablation, n_layers: int) -> list[int]:
 
 def check_target(abl: Ablation, info) -> None:
     """The layer and head of a condition exist in the model, for every kind alike (heads: query heads for phantom
-    edits, KV heads otherwise); else one AblationError line naming the valid range."""
-    n_heads = info.n_heads if abl.intervention == "phantom" else info.n_kv_heads
-    what = "query heads" if abl.intervention == "phantom" else "KV heads"
+    edits and a model's only gate being an output gate, KV heads otherwise); else one AblationError line naming the
+    valid range."""
+    query_heads = abl.intervention == "phantom" or (
+        abl.intervention == "gate" and info.has_out_gate and not info.has_value_gate
+    )  # phantom logits and output gates are per query head
+    n_heads = info.n_heads if query_heads else info.n_kv_heads
+    what = "query heads" if query_heads else "KV heads"
     for name, value, n in (("layer", abl.layer, info.n_layers), ("head", abl.head, n_heads)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n):
             extra = f" ({what})" if name == "head" else ""
@@ -283,7 +295,7 @@ def check_target(abl: Ablation, info) -> None:
 
 
 def ablation_hooks(
-    model, abl: Ablation, mech: Mechanisms | None = None, gate_means: dict[int, torch.Tensor] | None = None
+    model, abl: Ablation, mech: Mechanisms | None = None, gate_means: dict[str, torch.Tensor] | None = None
 ) -> list:
     """The (hook name, fn) pairs that carry out one condition (``model.run_with_hooks`` inside edits.armed())."""
     info = model.probe_info
@@ -324,34 +336,8 @@ def ablation_hooks(
             return sink
 
         return [(names.attn(l, "sink_logit"), phantom) for l in layers]
-    if kind == "gate" and setting == "closed" and info.gate_on_logits:
-        # routing slot: every key leaves the softmax. A row without a phantom would see nothing and keeps its clean
-        # row (no hook); a row with one puts all its mass there, whose value is 0: the same as zero values.
-        if not info.has_phantom:
-            return []
-
-        def to_phantom(v, hook):  # B,T,Hkv,dv
-            v = v.clone()
-            v[:, :, slice(None) if abl.head is None else slice(abl.head, abl.head + 1)] = 0
-            return v
-
-        return [(names.attn(l, "v_out"), to_phantom) for l in layers]
     if kind == "gate":
-
-        def gate(g, hook):  # B,T,Hkv
-            l = names.layer_of(hook.name)
-            value = {
-                "open": lambda: torch.ones_like(g),
-                "closed": lambda: torch.zeros_like(g),
-                "mean": lambda: gate_means[l].to(g.device, g.dtype).expand_as(g),
-            }[setting]()
-            if abl.head is None:
-                return value
-            g = g.clone()
-            g[..., abl.head] = value[..., abl.head]
-            return g
-
-        return [(names.attn(l, "v_gate"), gate) for l in layers]
+        return _gate_hooks(abl, info, layers, gate_means)
     if kind == "depth":
         mech = mech if mech is not None else find_mechanisms(model, torch.zeros(1, 2, dtype=torch.long))
         targets = _depth_targets(mech)
@@ -362,6 +348,49 @@ def ablation_hooks(
             )
         return _depth_hooks(model, setting, [abl.site] if abl.site is not None else targets)
     raise AblationError(f"unknown intervention {kind!r}")
+
+
+def _gate_hooks(abl: Ablation, info, layers: list[int], gate_means: dict | None) -> list:
+    """A gate clamp: every value gate (hook_v_gate) and output gate (hook_out_gate) of the chosen layers held open,
+    closed or at its clean-pass mean. ``abl.head``: a KV head (and, with an output gate too, the output gates of its
+    query heads), or a query head when the output gate is the model's only gate."""
+    setting = abl.setting
+
+    def held(heads):
+        def gate(g, hook):  # B,T,Hkv (value) or B,T,H / B,T,H,dv (output)
+            value = {
+                "open": lambda: torch.ones_like(g),
+                "closed": lambda: torch.zeros_like(g),
+                "mean": lambda: gate_means[hook.name].to(g.device, g.dtype).expand_as(g),
+            }[setting]()
+            if heads is None:
+                return value
+            g = g.clone()
+            g[:, :, heads] = value[:, :, heads]
+            return g
+
+        return gate
+
+    one = None if abl.head is None else slice(abl.head, abl.head + 1)
+    group = None if abl.head is None else slice(abl.head * info.kv_group, (abl.head + 1) * info.kv_group)
+    out_heads = group if info.has_value_gate else one
+    hooks = [(names.attn(l, "out_gate"), held(out_heads)) for l in layers] if info.has_out_gate else []
+    gate = held(one)
+    if not info.has_value_gate:
+        return hooks
+    if setting == "closed" and info.gate_on_logits:
+        # routing slot: every key leaves the softmax. A row without a phantom would see nothing and keeps its clean
+        # row (no hook); a row with one puts all its mass there, whose value is 0: the same as zero values.
+        if not info.has_phantom:
+            return hooks
+
+        def to_phantom(v, hook):  # B,T,Hkv,dv
+            v = v.clone()
+            v[:, :, slice(None) if abl.head is None else slice(abl.head, abl.head + 1)] = 0
+            return v
+
+        return hooks + [(names.attn(l, "v_out"), to_phantom) for l in layers]
+    return hooks + [(names.attn(l, "v_gate"), gate) for l in layers]
 
 
 def _depth_hooks(model, setting: str, sites: list[str]) -> list:
@@ -404,12 +433,13 @@ def _depth_hooks(model, setting: str, sites: list[str]) -> list:
 
 
 def _gate_collector(sums: dict, counts: dict):
-    def fn(g, hook):  # B,T,Hkv
-        l = names.layer_of(hook.name)
-        sums[l] = sums.get(l, 0) + g.detach().double().sum((0, 1)).cpu()
-        counts[l] = counts.get(l, 0) + g.shape[0] * g.shape[1]
+    """Per gate hook name, the sums of g over windows and positions ((Hkv,), (H,) or (H, dv)) and their count."""
 
-    return [(lambda name: names.attn_point(name) == "v_gate", fn)]
+    def fn(g, hook):
+        sums[hook.name] = sums.get(hook.name, 0) + g.detach().double().sum((0, 1)).cpu()
+        counts[hook.name] = counts.get(hook.name, 0) + g.shape[0] * g.shape[1]
+
+    return [(lambda name: names.is_attn(name, *GATE_POINTS), fn)]
 
 
 def _late_mask(abl: Ablation, T: int) -> torch.Tensor | None:
@@ -484,7 +514,7 @@ def ablate(
     gate_means = None
     if want_means:
         sums, counts = all_sum(sums), all_sum(counts)
-        gate_means = {l: (sums[l] / counts[l]).float() for l in sums}  # (Hkv,) per layer
+        gate_means = {n: (sums[n] / counts[n]).float() for n in sums}  # per gate hook: (Hkv,), (H,) or (H, dv)
 
     rows = []
     bar = make_bar(len(mine) * len(conds), progress and is_main(), f"ablations ({info.name})")

@@ -14,6 +14,13 @@ V⊙tanh V, GLU) are reduced to their mean over the head's coordinates, one numb
 at position 0 is the sink's, which enters the attention statistics but not the token statistics.
 
 The layer's pattern is materialised (one layer at a time, through hook_pattern).
+
+Output gates (hook_out_gate, Qiu et al.'s G1; docs/definitions.md#output-gates) scale what each query's row returns,
+so their statistics are over rows, with no attention weighting: per row t >= 1 of head h, m_t = the gate (the mean over
+the head's coordinates for element-wise gates); mean_gate averages m_t, ``spread`` is its standard deviation over the
+head's rows, and selectivity is the gate's query dependence, the standard deviation over rows t >= 1 of each gate
+coordinate, averaged over the head's coordinates. Per-read and token statistics take m_t at every row, keyed by the
+query's token, with query heads in place of KV heads. No pattern is materialised.
 """
 
 from __future__ import annotations
@@ -35,9 +42,11 @@ def _by_token(s_u: torch.Tensor, n_u: torch.Tensor) -> torch.Tensor:
 class GateAccumulator:
     SUMS = ("m", "m2", "sel", "rows", "g", "low", "reads", "tok", "tok_g2", "tok_g2f", "tok_gf", "tok_nf")
 
-    def __init__(self, info, token_ids: torch.Tensor, min_count: int):
-        """token_ids: every input token of the evaluation set (its unique values index the token sums)."""
-        L, H, Hkv = info.n_layers, info.n_heads, info.n_kv_heads
+    def __init__(self, info, token_ids: torch.Tensor, min_count: int, n_gate_heads: int | None = None):
+        """token_ids: every input token of the evaluation set (its unique values index the token sums);
+        n_gate_heads: the heads a gate is per (default the KV heads)."""
+        L, H, Hkv = info.n_layers, info.n_heads, n_gate_heads or info.n_kv_heads
+        self.group = H // Hkv  # query heads per gate head
         self.info, self.min_count = info, min_count
         self.vocab, counts = torch.unique(token_ids, return_counts=True)
         self.counts = counts.double()  # occurrences per token in the evaluation set
@@ -76,23 +85,32 @@ class GateAccumulator:
             m[b] = torch.einsum("hij,hj->hi", w, gh[b])
             sel[b] = torch.einsum("hij,hij->hi", w, (gh[b][:, None, :] - m[b][..., None]) ** 2).clamp_min(0).sqrt()
         m, sel, g = m[:, :, 1:].double().cpu(), sel[:, :, 1:].double().cpu(), g.cpu()
-        read_tokens = read_tokens.cpu()
         self.m[layer] += m.sum((0, 2))
         self.m2[layer] += (m**2).sum((0, 2))
         self.sel[layer] += sel.sum((0, 2))
         self.rows[layer] += B * (T - 1)
-        self.g[layer] += g.sum((0, 1))
-        self.low[layer] += (g < 0.5).double().sum((0, 1))
-        self.reads[layer] += B * T
+        self._add_row(layer, float(m.mean()), float(sel.mean()), g)
+        self._add_reads(layer, g, read_tokens)
+
+    def _add_row(self, layer: int, mean_gate: float, selectivity: float, g: torch.Tensor) -> None:
+        """This batch's per-layer means (the batch standard errors' input)."""
         self.batch_rows.append(
             {
                 "batch": self.batch,
                 "layer": layer,
-                "mean_gate": float(m.mean()),
-                "selectivity": float(sel.mean()),
+                "mean_gate": mean_gate,
+                "selectivity": selectivity,
                 "read_mean_gate": float(g.mean()),
             }
         )
+
+    def _add_reads(self, layer: int, g: torch.Tensor, read_tokens: torch.Tensor) -> None:
+        """Per-read sums and token statistics: g (B, T, gate heads) float64 on the CPU, read_tokens (B, T)."""
+        B, T = g.shape[:2]
+        read_tokens = read_tokens.cpu()
+        self.g[layer] += g.sum((0, 1))
+        self.low[layer] += (g < 0.5).double().sum((0, 1))
+        self.reads[layer] += B * T
         # token statistics over real-token reads
         real = read_tokens >= 0
         gt, ids = g[real], torch.searchsorted(self.vocab, read_tokens[real])  # (n, Hkv), (n,)
@@ -167,7 +185,8 @@ class GateAccumulator:
 
     def tables(self, tokenizer=None) -> dict[str, pd.DataFrame]:
         info = self.info
-        G = info.kv_group
+        G = self.group
+        n_gate_heads = self.g.shape[1]
         heads = []
         for l in range(info.n_layers):
             for h in range(info.n_heads):
@@ -188,8 +207,8 @@ class GateAccumulator:
         heads = pd.DataFrame(heads)
         cols = ["mean_gate", "selectivity", "spread"]
         layers = heads.groupby("layer")[cols].mean().reset_index()
-        layers["read_mean_gate"] = [float(self.g[l].sum() / (self.reads[l] * info.n_kv_heads)) for l in layers.layer]
-        layers["frac_below_half"] = [float(self.low[l].sum() / (self.reads[l] * info.n_kv_heads)) for l in layers.layer]
+        layers["read_mean_gate"] = [float(self.g[l].sum() / (self.reads[l] * n_gate_heads)) for l in layers.layer]
+        layers["frac_below_half"] = [float(self.low[l].sum() / (self.reads[l] * n_gate_heads)) for l in layers.layer]
         summary = {c: float(layers[c].mean()) for c in cols + ["read_mean_gate", "frac_below_half"]}
         for name, frequent_only in (("token_share", False), ("token_share_min_count", True)):
             share, se = self._token_share_table(frequent_only)
@@ -203,7 +222,7 @@ class GateAccumulator:
             n_frequent_reads=int(self.counts[self.frequent].sum()),
             n_frequent_types=int(self.frequent.sum()),
         )
-        mean_tok = self.tok.sum((0, 1)) / (self.counts * info.n_layers * info.n_kv_heads)
+        mean_tok = self.tok.sum((0, 1)) / (self.counts * info.n_layers * n_gate_heads)
         tokens = pd.DataFrame(
             {"token_id": self.vocab.tolist(), "count": self.counts.long().tolist(), "mean_gate": mean_tok.tolist()}
         )
@@ -218,6 +237,51 @@ class GateAccumulator:
         }
 
 
+class OutGateAccumulator(GateAccumulator):
+    """Output-gate statistics over rows (docs/definitions.md#gate-statistics): per query head, no pattern."""
+
+    SUMS = GateAccumulator.SUMS + ("c1", "c2")
+
+    def __init__(self, info, token_ids: torch.Tensor, min_count: int, per_head: int):
+        """per_head: gates per head (d_value element-wise, 1 headwise)."""
+        super().__init__(info, token_ids, min_count, n_gate_heads=info.n_heads)
+        shape = (info.n_layers, info.n_heads, per_head)
+        self.c1 = torch.zeros(shape, dtype=torch.float64)  # Σ g per coordinate over rows t >= 1
+        self.c2 = torch.zeros(shape, dtype=torch.float64)  # Σ g²
+
+    def add_rows(self, layer: int, gate: torch.Tensor, read_tokens: torch.Tensor) -> None:
+        """gate (B, T, H) headwise or (B, T, H, dv) element-wise; read_tokens (B, T): the query token at each row
+        (-1 for a sink token)."""
+        g4 = (gate if gate.dim() == 4 else gate[..., None]).double().cpu()  # B,T,H,C
+        rows = g4[:, 1:]
+        n = rows.shape[0] * rows.shape[1]
+        c1, c2 = rows.sum((0, 1)), (rows**2).sum((0, 1))  # H,C
+        m = g4.mean(-1)  # B,T,H: the row's gate
+        self.m[layer] += m[:, 1:].sum((0, 1))
+        self.m2[layer] += (m[:, 1:] ** 2).sum((0, 1))
+        self.rows[layer] += n
+        self.c1[layer] += c1
+        self.c2[layer] += c2
+        self._add_row(layer, float(m[:, 1:].mean()), float(_row_sd(c1, c2, n).mean()), m[:, 1:])
+        self._add_reads(layer, m, read_tokens)
+
+    def tables(self, tokenizer=None) -> dict[str, pd.DataFrame]:
+        # selectivity: the standard deviation over rows of each coordinate, averaged over the head's coordinates
+        # (the parent divides the sums by the row counts)
+        self.sel = torch.stack([_row_sd(self.c1[l], self.c2[l], self.rows[l]) for l in range(len(self.rows))])
+        self.sel = self.sel.mean(-1) * self.rows[:, None]
+        out = super().tables(tokenizer)
+        out["summary"]["out_gate"] = self.info.out_gate
+        out["heads"] = out["heads"].rename(columns={"kv_head": "gate_head"})
+        return out
+
+
+def _row_sd(c1: torch.Tensor, c2: torch.Tensor, n) -> torch.Tensor:
+    """The standard deviation over n rows from the sums of g and g² (population form), elementwise."""
+    n = torch.as_tensor(n, dtype=torch.float64).clamp_min(1)
+    return (c2 / n - (c1 / n) ** 2).clamp_min(0).sqrt()
+
+
 def read_tokens_of(info, ids: torch.Tensor) -> torch.Tensor:
     """Token id at each read position (B, T'), -1 for a prepended sink token."""
     if info.sink_token:
@@ -225,51 +289,77 @@ def read_tokens_of(info, ids: torch.Tensor) -> torch.Tensor:
     return ids
 
 
+GATE_KINDS = ("value", "output")
+
+
 @torch.no_grad()
-def gate_stats(model, data, *, min_count: int = 50, tokenizer=None, progress: bool = False) -> dict[str, pd.DataFrame]:
+def gate_stats(
+    model, data, *, min_count: int = 50, tokenizer=None, progress: bool = False, gate: str | None = None
+) -> dict[str, pd.DataFrame]:
     """Gate statistics: tables ``summary``, ``layers``, ``heads``, ``tokens`` (most attenuated first), ``batches``
     (per batch and layer) and ``meta``.
 
-    Raises ValueError for models without a value gate.
+    ``gate``: "value" (hook_v_gate) or "output" (hook_out_gate); None takes the model's value gate, else its output
+    gate. Raises ValueError for a model without that gate.
 
     Tables (columns):
 
     - ``summary``: model, corpus, mean_gate, selectivity, spread, read_mean_gate, frac_below_half, token_share,
       token_share_se, token_share_min_count, token_share_min_count_se, min_count, value_gate, n_token_reads,
-      n_token_types, n_frequent_reads, n_frequent_types
+      n_token_types, n_frequent_reads, n_frequent_types (output gates: and out_gate)
     - ``layers``: model, corpus, layer, mean_gate, selectivity, spread, read_mean_gate, frac_below_half, token_share,
       token_share_se, token_share_min_count, token_share_min_count_se
-    - ``heads``: model, corpus, layer, head, kv_head, mean_gate, selectivity, spread, read_mean_gate, frac_below_half
+    - ``heads``: model, corpus, layer, head, kv_head (output gates: gate_head), mean_gate, selectivity, spread,
+      read_mean_gate, frac_below_half
     - ``tokens``: model, corpus, token_id, token, count, mean_gate
     - ``batches``: model, corpus, batch, layer, mean_gate, selectivity, read_mean_gate
     """
     info = model.probe_info
-    if not info.has_value_gate:
+    if gate is None:
+        gate = "output" if info.has_out_gate and not info.has_value_gate else "value"
+    if gate not in GATE_KINDS:
+        raise ValueError(f"unknown gate {gate!r}; choose from {', '.join(GATE_KINDS)}")
+    if gate == "output" and not info.has_out_gate:
+        raise ValueError(
+            f"model {info.name!r} has no output gate (out_gate={info.out_gate!r}); output-gate statistics need "
+            "hook_out_gate (outgate, outgate-head)"
+        )
+    if gate == "value" and not info.has_value_gate:
         raise ValueError(
             f"model {info.name!r} has no value gate (value_gate={info.value_gate!r}); gate statistics "
-            "need hook_v_gate (norm, proj, routing-norm, silu, tanh, g2 or glu gates)"
+            "need hook_v_gate (norm, proj, routing-norm, silu, tanh, g2 or glu gates) or hook_out_gate (outgate, "
+            "outgate-head)"
         )
     w = as_windows(data)
-    acc = GateAccumulator(info, w.tokens[..., :-1].reshape(-1), min_count)
+    token_ids = w.tokens[..., :-1].reshape(-1)
     state = {}
+    if gate == "output":
+        per_head = 1 if info.out_gate == "headwise" else model.config.d_value
+        acc = OutGateAccumulator(info, token_ids, min_count, per_head)
+        hooks, on_layer = ["hook_out_gate"], lambda l, got: acc.add_rows(l, got["hook_out_gate"], state["tokens"])
+    else:
+        acc = GateAccumulator(info, token_ids, min_count)
+        hooks = ["hook_v_gate", "hook_pattern"]
 
-    def on_layer(l, got):
-        acc.add(l, got["hook_pattern"], got["hook_v_gate"], state["read_tokens"])
+        def on_layer(l, got):
+            acc.add(l, got["hook_pattern"], got["hook_v_gate"], state["tokens"])
 
-    collector = LayerCollector(model, lambda l: ["hook_v_gate", "hook_pattern"], on_layer, stop_early=True)
+    collector = LayerCollector(model, lambda l: hooks, on_layer, stop_early=True)
     mine = batches_of_rank(len(w))
     bar = make_bar(len(mine), progress and is_main(), "gate statistics")
     for n in mine:
         ids = w.inputs(n, model_device(model))
-        state["read_tokens"] = read_tokens_of(info, ids)
+        state["tokens"] = read_tokens_of(info, ids)
         acc.batch = n
         collector.run(model, ids)
         bar.update()
     bar.close()
     acc.merge()
     tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    meta = describe(model, w, "gates", value_gate=info.value_gate, min_count=min_count)
-    return finish(acc.tables(tok), meta)
+    settings = dict(value_gate=info.value_gate, min_count=min_count)
+    if gate == "output":
+        settings.update(gate="output", out_gate=info.out_gate)
+    return finish(acc.tables(tok), describe(model, w, "gates", **settings))
 
 
-__all__ = ["gate_stats", "GateAccumulator", "read_tokens_of"]
+__all__ = ["gate_stats", "GateAccumulator", "OutGateAccumulator", "read_tokens_of", "GATE_KINDS"]

@@ -65,6 +65,11 @@ _RECIPES: dict[str, tuple[str, str]] = {  # name -> (module, one-line descriptio
         "train baseline, sinklogit, gates and GatedV on Bigram-Backcopy "
         "with paired seeds and watch a BOS sink form (and a sink logit replace it)",
     ),
+    "sink-removal": (
+        "sink_removal",
+        "which mechanism removes the sink: every abstention and gating variant (sink logit, sink token, value gates, "
+        "GatedV, G2, Qiu et al.'s G1 output gates, value residual) on Bigram-Backcopy, paired differences vs baseline",
+    ),
 }
 RECIPES = {name: desc for name, (_, desc) in _RECIPES.items()}
 

@@ -6,7 +6,8 @@ residual, then the value gate (probe.models.gates: norm, projection, routing-slo
 gives the aggregated values v_out and, for a routing-slot gate, a per-key logit bias log g_j. Both are computed here,
 in PyTorch, on one path whether or not hooks are attached; then one attention op (probe.kernels.sink_attention) takes
 (q, k, v_out, sink, key_bias). With no hook on the pattern the op's fused path runs (SDPA / CPU flash / Triton) and
-nothing T×T is stored.
+nothing T×T is stored. Output side: an output gate (probe.models.out_gates, Qiu et al.'s G1) scales the op's output
+per head, or per coordinate, by σ(x W_g) before the output projection (docs/definitions.md#output-gates).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from probe.kernels.sink_attention.reference import apply_pattern
 from probe.models.config import ProbeConfig
 from probe.models.gates import apply_gate, make_gate
 from probe.models.layers import RMSNorm, Rotary, project_with_key
+from probe.models.out_gates import apply_out_gate, make_out_gate
 
 
 class Attention(nn.Module):
@@ -53,6 +55,7 @@ class Attention(nn.Module):
         if c.abstention == "sinklogit":
             self.sink = nn.Parameter(torch.zeros(c.n_heads))  # b_h, init 0 (= off-by-one at init)
         self.gate = make_gate(c)  # None for ungated heads
+        self.out_gate = make_out_gate(c)  # G1 on the attention op's output; None without one
         self.value_residual = c.value_residual if layer > 0 else "none"  # layer 0's values are V_1
         if self.value_residual == "lambda":
             self.v_mix = nn.Parameter(torch.full((1,), 0.5))  # λ_n
@@ -71,6 +74,7 @@ class Attention(nn.Module):
         self.hook_pattern = HookPoint()  # B,H,Tq,Tk
         self.hook_phantom = HookPoint()  # B,H,Tq
         self.hook_lse = HookPoint()  # B,H,Tq real-key log-normaliser (fired only when hooked)
+        self.hook_out_gate = HookPoint()  # B,T,H,dv or B,T,H
         self.hook_z = HookPoint()  # B,T,H,dv
 
     def forward(
@@ -133,6 +137,7 @@ class Attention(nn.Module):
             self.hook_phantom(res.phantom)  # the phantom's value is 0: an edit of its mass changes no output
             if pattern is not res.pattern:  # a hook edited the pattern: aggregate with the edited one
                 out = apply_pattern(pattern, v_out, q.dtype)
+        out = apply_out_gate(self.out_gate, out, xq, self.hook_out_gate)  # Y ⊙ σ(x W_g), fires hook_out_gate
         z = self.hook_z(out).reshape(B, T, self.n_heads * self.d_value)
         out, key = project_with_key(z, self.o_proj, self.key_proj)  # B,T,d and B,T,r (P-LR) or None
         return out, key, v_first

@@ -1,10 +1,11 @@
 """The configuration of a probe model: one dataclass-like HF config that selects every mechanism.
 
 Mechanisms (docs/definitions.md#mechanisms) are orthogonal switches; `validate()` rejects combinations that make no
-sense. `value_gate` names a registered gate module (gates.py), `depth` a registered read (depth.py) and `dense` a
-registered mix (dense.py), each of which checks the settings it reads. Tiers are named base architectures
-(docs/definitions.md#tiers and each paper's tables), listed in probe/catalogue.py; `variants.py` names mechanism
-settings. The attention backend is not configuration: it is chosen at run time (probe.kernels.backend).
+sense. `value_gate` names a registered gate module (gates.py), `out_gate` an output gate (out_gates.py), `depth` a
+registered read (depth.py) and `dense` a registered mix (dense.py), each of which checks the settings it reads. Tiers
+are named base architectures (docs/definitions.md#tiers and each paper's tables), listed in probe/catalogue.py;
+`variants.py` names mechanism settings. The attention backend is not configuration: it is chosen at run time
+(probe.kernels.backend).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from probe.catalogue import TIERS
 from probe.models.dense import DENSES
 from probe.models.depth import DEPTHS
 from probe.models.gates import GATES
+from probe.models.out_gates import OUT_GATES
 
 ABSTENTIONS = ("none", "offbyone", "sinklogit", "sinktoken")
 # P-LR routing keys: "normalized" RMS-normalises each key as it is emitted (eps: the dtype's machine epsilon, as the
@@ -69,6 +71,7 @@ class ProbeConfig(PretrainedConfig):
         gate_beta: float = 8.0,
         gate_tau_init: float | None = None,  # None: expected read norm of the initial model (see gates.py)
         qk_activation: str = "none",  # GatedV placement controls: SiLU on q (or q and k) before RoPE
+        out_gate: str = "none",  # an output gate on each head's attention output (out_gates.py: G1)
         value_residual: str = "none",
         # across depth: "residual" or a registered read (depth.py), "none" or a registered mix (dense.py)
         depth: str = "residual",
@@ -118,6 +121,7 @@ class ProbeConfig(PretrainedConfig):
         self.gate_beta = gate_beta
         self.gate_tau_init = gate_tau_init
         self.qk_activation = qk_activation
+        self.out_gate = out_gate
         self.value_residual = value_residual
         self.depth = depth
         self.depth_blocks = depth_blocks
@@ -183,6 +187,7 @@ class ProbeConfig(PretrainedConfig):
         for field, choices in [
             ("abstention", ABSTENTIONS),
             ("value_gate", ("none", *GATES)),
+            ("out_gate", ("none", *OUT_GATES)),
             ("depth", ("residual", *DEPTHS)),
             ("dense", ("none", *DENSES)),
             ("value_residual", VALUE_RESIDUALS),

@@ -235,6 +235,8 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
             value_gate=c.value_gate,
             has_value_gate=gate is not None,
             gate_on_logits=gate is not None and gate.routing,  # declared by the gate
+            out_gate=c.out_gate,
+            has_out_gate=c.out_gate != "none",
             has_depth_sources=routed,
             depth_routing=depth,
             depth_blocks=c.depth_blocks,

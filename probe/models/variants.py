@@ -32,6 +32,7 @@ _PLAIN = dict(
     depth_block_prior_learned=False,
     dense="none",
     qk_activation="none",
+    out_gate="none",
     d_value=None,
 )
 

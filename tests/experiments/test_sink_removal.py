@@ -1,0 +1,127 @@
+"""``probe experiment sink-removal`` end to end on a tiny budget (a few steps of four variants, two seeds): the tables
+and their columns, paired differences that are the per-seed differences of runs.csv, resume (a rerun trains nothing),
+``--jobs 2`` giving the same runs as one job, a finished run shipping to the zoo, and one-line errors."""
+
+import json
+import subprocess
+
+import pandas as pd
+import pytest
+
+from probe.experiments.bb_zoo import ship
+from probe.experiments.command import main
+from probe.experiments.sink_removal import METRICS, VARIANTS
+from tests.support.cli import assert_one_line_error
+
+TINY = [
+    "--steps",
+    "6",
+    "--snapshot-every",
+    "3",
+    "--warmup",
+    "2",
+    "--T",
+    "24",
+    "--batch-size",
+    "4",
+    "--d-model",
+    "32",
+    "--d-mlp",
+    "64",
+    "--n-eval-batches",
+    "2",
+    "--eval-batch-size",
+    "4",
+    "--seeds",
+    "0",
+    "1",
+]
+FEW = ["baseline", "sinklogit", "normgate", "outgate-head"]
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sink_removal") / "out"
+    assert main(["sink-removal", "--out", str(out), "--variants", *FEW, "--quiet", *TINY]) == 0
+    return out
+
+
+def test_the_recipe_covers_every_mechanism_the_issue_names():
+    assert set(VARIANTS) == {
+        "baseline",
+        "offbyone",
+        "sinklogit",
+        "sinktoken",
+        "normgate",
+        "projgate",
+        "routing-normgate",
+        "gatedv",
+        "g2",
+        "outgate",
+        "outgate-head",
+        "value-residual",
+    }
+
+
+def test_tables_columns_and_paired_differences(recipe):
+    runs = pd.read_csv(recipe / "runs.csv")
+    assert sorted(zip(runs["variant"], runs["seed"], strict=True)) == sorted((v, s) for v in FEW for s in (0, 1))
+    assert set(METRICS) | {"sink_formed", "massive", "gate", "train_cpu_s", "peak_rss_mb"} <= set(runs.columns)
+    by = runs.set_index(["variant", "seed"])
+    assert by.loc["sinklogit", "phantom_share"].gt(0).all() and by.loc["baseline", "phantom_share"].eq(0).all()
+    assert by.loc["baseline", "mean_gate"].isna().all() and by.loc["normgate", "mean_gate"].between(0, 1).all()
+    assert by.loc["outgate-head", "gate"].eq("out:headwise").all()
+    summary = pd.read_csv(recipe / "summary.csv").set_index(["variant", "metric"])
+    for v in FEW[1:]:
+        for metric in ("pos0_over_uniform", "max_activation", "loss"):
+            diffs = by.loc[v, metric] - by.loc["baseline", metric]  # per seed, variant − baseline
+            row = summary.loc[(v, metric)]
+            assert row["diff"] == pytest.approx(diffs.mean()) and row["n_pairs"] == 2
+            assert row["diff_se"] == pytest.approx(diffs.std(ddof=1) / 2**0.5)
+            assert row["mean"] == pytest.approx(by.loc[v, metric].mean())
+    assert summary.loc[("normgate", "mean_gate"), "n_pairs"] == 0  # the baseline has no gate to pair with
+    layers = pd.read_csv(recipe / "layers.csv")
+    assert len(layers) == len(runs) * 2 and {"pos0_over_uniform", "r0", "sink_eps_share"} <= set(layers.columns)
+    page = (recipe / "removal.html").read_text()
+    assert "position-0 share" in page and "largest activation" in page
+    config = json.loads((recipe / "config.json").read_text())
+    assert config["recipe"] == "sink-removal" and config["meta"]["peak_rss_mb_run"] > 0
+
+
+def test_rerun_trains_nothing_and_gives_the_same_tables(recipe):
+    metrics = {d.name: (d / "metrics.jsonl").read_text() for d in (recipe / "runs").iterdir()}
+    before = pd.read_csv(recipe / "runs.csv")
+    assert main(["sink-removal", "--out", str(recipe), "--variants", *FEW, "--quiet", *TINY]) == 0
+    assert {d.name: (d / "metrics.jsonl").read_text() for d in (recipe / "runs").iterdir()} == metrics
+    pd.testing.assert_frame_equal(pd.read_csv(recipe / "runs.csv"), before)
+
+
+def test_two_jobs_train_the_same_runs_as_one(recipe, tmp_path):
+    out = tmp_path / "jobs2"
+    args = ["sink-removal", "--out", str(out), "--variants", "baseline", "outgate-head", "--quiet", *TINY]
+    assert main([*args, "--jobs", "2"]) == 0
+    two = pd.read_csv(out / "runs.csv").set_index(["variant", "seed"])
+    one = pd.read_csv(recipe / "runs.csv").set_index(["variant", "seed"]).loc[two.index]
+    pd.testing.assert_frame_equal(two[list(METRICS)], one[list(METRICS)])
+
+
+def test_a_finished_run_ships_as_a_zoo_entry(recipe, tmp_path):
+    rec = ship(recipe / "runs" / "outgate-head-s0", zoo_dir=tmp_path)
+    assert rec["name"] == "probe/bb-outgate-head" and "--steps 6" in rec["command"]
+    assert (tmp_path / "bb-outgate-head" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--variants", "sinklogit", "outgate"], ["baseline"]),
+        (["--variants", "baseline", "outgates"], ["'outgates'", "outgate"]),
+        (["--jobs", "0"], ["jobs=0"]),
+        (["--steps", "250", "--snapshot-every", "100"], ["steps=250", "snapshot_every=100"]),
+    ],
+)
+def test_bad_options_are_one_line_and_write_nothing(args, needles, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["sink-removal", "--out", str(out), *args])
+    assert_one_line_error(subprocess.CompletedProcess([], code, *capsys.readouterr()), *needles)
+    assert not out.exists()

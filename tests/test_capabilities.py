@@ -10,19 +10,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED = ("probe/analyses", "probe/present", "probe/cli")
-# names whose values are mechanism names: ModelInfo.value_gate / depth_routing, ProbeConfig.value_gate / depth / dense
-# / abstention, and a variant's name
-NAME_FIELDS = {"value_gate", "depth_routing", "depth", "dense", "abstention", "variant"}
+# names whose values are mechanism names: ModelInfo.value_gate / out_gate / depth_routing, ProbeConfig.value_gate /
+# out_gate / depth / dense / abstention, and a variant's name
+NAME_FIELDS = {"value_gate", "out_gate", "depth_routing", "depth", "dense", "abstention", "variant"}
 # comparisons with a mechanism-named string that are not about a model: the cost model's `method` is a row of
 # LR-AttnRes 2026 Table 1 ("baseline", "attnres", "p-lr", "s-lr"), an argument of a formula, not a model's mechanism
 ALLOWED = {("probe/analyses/costs.py", "method")}
 
 
 def _mechanism_names() -> set[str]:
-    from probe.models import VARIANTS
+    from probe.models import OUT_GATES, VARIANTS
     from probe.models.gates import GATES
 
-    return {v for v in VARIANTS if "{" not in v} | {v.split("{")[0].rstrip("-") for v in VARIANTS} | set(GATES)
+    variants = {v for v in VARIANTS if "{" not in v} | {v.split("{")[0].rstrip("-") for v in VARIANTS}
+    return variants | set(GATES) | set(OUT_GATES)
 
 
 def _operand_name(node: ast.AST) -> str | None:

@@ -25,12 +25,24 @@ query's token, with query heads in place of KV heads. No pattern is materialised
 
 from __future__ import annotations
 
+import contextlib
+
 import pandas as pd
 import torch
 
-from probe.analyses.capture import LayerCollector, as_windows, describe, finish, make_bar, model_device, token_text
+from probe.analyses.capture import (
+    LayerCollector,
+    StopForward,
+    as_windows,
+    describe,
+    finish,
+    make_bar,
+    model_device,
+    token_text,
+)
 from probe.analyses.parallel import gather_rows, reduce_sums
 from probe.analyses.stats import jackknife_se
+from probe.hooks import names
 from probe.process_group import batches_of_rank, is_main
 
 
@@ -243,7 +255,7 @@ class OutGateAccumulator(GateAccumulator):
     SUMS = GateAccumulator.SUMS + ("c1", "c2")
 
     def __init__(self, info, token_ids: torch.Tensor, min_count: int, per_head: int):
-        """per_head: gates per head (d_value element-wise, 1 headwise)."""
+        """per_head: gates per head (the head width element-wise, 1 headwise: the hook's shape says which)."""
         super().__init__(info, token_ids, min_count, n_gate_heads=info.n_heads)
         shape = (info.n_layers, info.n_heads, per_head)
         self.c1 = torch.zeros(shape, dtype=torch.float64)  # Σ g per coordinate over rows t >= 1
@@ -280,6 +292,20 @@ def _row_sd(c1: torch.Tensor, c2: torch.Tensor, n) -> torch.Tensor:
     """The standard deviation over n rows from the sums of g and g² (population form), elementwise."""
     n = torch.as_tensor(n, dtype=torch.float64).clamp_min(1)
     return (c2 / n - (c1 / n) ** 2).clamp_min(0).sqrt()
+
+
+def _gates_per_head(model, w) -> int:
+    """The output gate's width per head, read off hook_out_gate in a forward of two tokens: 1 headwise (B,T,H), the
+    head width element-wise (B,T,H,dv)."""
+    seen = {}
+
+    def record(g, hook):
+        seen["shape"] = g.shape
+        raise StopForward
+
+    with contextlib.suppress(StopForward):
+        model.run_with_hooks(w.inputs(0, model_device(model))[:1, :2], fwd_hooks=[(names.attn(0, "out_gate"), record)])
+    return 1 if len(seen["shape"]) == 3 else int(seen["shape"][-1])
 
 
 def read_tokens_of(info, ids: torch.Tensor) -> torch.Tensor:
@@ -334,8 +360,7 @@ def gate_stats(
     token_ids = w.tokens[..., :-1].reshape(-1)
     state = {}
     if gate == "output":
-        per_head = 1 if info.out_gate == "headwise" else model.config.d_value
-        acc = OutGateAccumulator(info, token_ids, min_count, per_head)
+        acc = OutGateAccumulator(info, token_ids, min_count, _gates_per_head(model, w))
         hooks, on_layer = ["hook_out_gate"], lambda l, got: acc.add_rows(l, got["hook_out_gate"], state["tokens"])
     else:
         acc = GateAccumulator(info, token_ids, min_count)

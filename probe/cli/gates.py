@@ -1,5 +1,5 @@
-"""``probe gates``: value-gate statistics (mean gate, selectivity, per-token gates) of a gated model; shaped for the
-terminal and the page by probe.present.gates."""
+"""``probe gates``: gate statistics (mean gate, selectivity, per-token gates) of a model with a value gate or an output
+gate; shaped for the terminal and the page by probe.present.gates."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from probe.options import positive_int
 
 VERB = "gates"  # this module is `probe gates` (probe.cli.main finds verbs by this line)
 RANK = 60  # its place in `probe --help`
-HELP = "value-gate statistics: mean gate, selectivity, per-token gates"
+HELP = "gate statistics (value or output gates): mean gate, selectivity, per-token gates"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -26,10 +26,10 @@ def _gated(model) -> None:
     from probe.errors import UsageError
 
     info = model.probe_info
-    if not info.has_value_gate:
+    if not info.has_value_gate and not info.has_out_gate:
         raise UsageError(
-            f"model {info.name!r} has no value gate; `probe gates` needs a gated model (normgate, "
-            "projgate, sink+norm, sink+proj, routing-normgate, gatedv, g2, glu-...)"
+            f"model {info.name!r} has no value gate or output gate; `probe gates` needs a gated model (normgate, "
+            "projgate, sink+norm, sink+proj, routing-normgate, gatedv, g2, glu-..., outgate, outgate-head)"
         )
 
 

@@ -1,7 +1,8 @@
-"""Instrumented custom transformers: one file per mechanism (attention.py with the value gates of gates.py; depth
-routing and dense connections: the sources and read sites of depth.py, the mixes of dense.py, each mechanism one module
-of depth_mechanisms/), composed by ProbeForCausalLM from a ProbeConfig; variants.py names mechanism settings. The names
-themselves (VARIANTS, TIERS) are plain data in probe.catalogue, which `probe models` reads without torch.
+"""Instrumented custom transformers: one file per mechanism (attention.py with the value gates of gates.py and the
+output gates of out_gates.py; depth routing and dense connections: the sources and read sites of depth.py, the
+mixes of dense.py, each mechanism one module of depth_mechanisms/), composed by ProbeForCausalLM from a ProbeConfig;
+variants.py names mechanism settings. The names themselves (VARIANTS, TIERS) are plain data in probe.catalogue,
+which `probe models` reads without torch.
 
 Importing this package registers the "probe" model type with transformers' Auto classes, so
 `AutoModelForCausalLM.from_pretrained(dir)` loads saved probe models.
@@ -16,6 +17,7 @@ from probe.models.dense import DENSES, DenseMix, register_dense
 from probe.models.depth import DEPTHS, DepthRead, register_depth
 from probe.models.gates import GATES, ValueGate, register_gate
 from probe.models.model import ProbeForCausalLM
+from probe.models.out_gates import OUT_GATES, OutputGate, register_out_gate
 from probe.models.variants import add_variant, added_parameters, config_for, create
 
 AutoConfig.register("probe", ProbeConfig, exist_ok=True)
@@ -40,4 +42,7 @@ __all__ = [
     "DENSES",
     "DenseMix",
     "register_dense",
+    "OUT_GATES",
+    "OutputGate",
+    "register_out_gate",
 ]

@@ -1,7 +1,8 @@
 """Output gates (Qiu et al. 2025's G1, docs/definitions.md#output-gates): one small module each, registered by name
 for `out_gate=`.
 
-A gate reads x (B,T,d), the normed input the q/k/v projections read, and returns g = σ(x W_g) in fp32, per element
+A gate reads x (B,T,d), the normed input the q/k/v projections read, and returns g = σ(x W_g) in fp32 (fp64 in an
+fp64 model), per element
 of each head's attention output (B,T,H,dv) or one per head (B,T,H). Attention fires `hook_out_gate` on g and
 multiplies the attention op's output Y (B,T,H,dv) by it before the output projection: Y_h ← Y_h ⊙ g_h. Unlike a value
 gate (probe.models.gates), which scales what a key offers every query, this scales what each query's row returns.
@@ -40,9 +41,9 @@ class OutputGate(nn.Module):
         self.proj = nn.Linear(config.d_model, config.n_heads * self.per_head, bias=False)  # W_g
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """g = σ(x W_g) in fp32: (B,T,H,dv) element-wise, (B,T,H) headwise."""
+        """g = σ(x W_g) in fp32 or wider: (B,T,H,dv) element-wise, (B,T,H) headwise."""
         B, T, _ = x.shape
-        g = torch.sigmoid(self.proj(x).float()).view(B, T, self.n_heads, self.per_head)
+        g = torch.sigmoid(_at_least_fp32(self.proj(x))).view(B, T, self.n_heads, self.per_head)
         return g.squeeze(-1) if self.headwise else g
 
 
@@ -71,4 +72,9 @@ def apply_out_gate(gate: OutputGate | None, y: torch.Tensor, x: torch.Tensor, ho
     g = gate(x)
     g = hook(g) if hook is not None else g
     g = g if g.dim() == y.dim() else g[..., None]
-    return (g.float() * y.float()).to(y.dtype)
+    return (_at_least_fp32(g) * _at_least_fp32(y)).to(y.dtype)
+
+
+def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """fp16 / bf16 up to fp32; fp32 and fp64 as they are."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))

@@ -23,6 +23,7 @@ import probe
 from probe.checkpoints import lr_attnres
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "models"))
+import test_authors_gated_attention as qiu  # noqa: E402
 import test_authors_golden as g  # noqa: E402  (the test's mappings: one definition of how weights are mapped)
 
 ROWS = [
@@ -49,6 +50,13 @@ def measured(name: str):
             max(g.max_differences(g.probe_attnres_read(inputs, dt, meta["settings"]["rms_eps"]), theirs, p).values())
             for dt, p in ((torch.float64, ""), (torch.float32, "fp32/"))
         ]
+    if name.startswith("gated-attention-"):
+        form = name.removeprefix("gated-attention-")
+        out = []
+        for dtype, prefix in ((torch.float64, ""), (torch.float32, "fp32/")):
+            model, ids, theirs = qiu.gated_model(form, dtype)
+            out.append(max(g.max_differences(qiu.probe_outputs(model, ids), theirs, prefix).values()))
+        return out
     if name == "gpt-oss-sink":
         return [
             max(v for k, v in g.gpt_oss_differences(dt).items() if k != "sdpa/out/torch")
@@ -148,6 +156,8 @@ def main() -> int:
         ("DenseFormer", "denseformer"),
         ("MUDD", "mudd"),
         ("gpt-oss sink logit", "gpt-oss-sink"),
+        ("G1 output gate, element-wise", "gated-attention-elementwise"),
+        ("G1 output gate, headwise", "gated-attention-headwise"),
     ]
     print("| mechanism | authors' code | max diff fp64 | max diff fp32 |\n|---|---|---:|---:|")
     for label, name in rows:

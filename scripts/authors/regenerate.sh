@@ -35,6 +35,7 @@ MUDD=fc067b274a5f14894b2ee299fdcb3c581a092896
 DENSE=c99a623bdb5f6611bf0d37e964c67ecbf15c3c19
 MASSIVE=6521c05efd2c22460e8486471c8ef511ebd8c067
 DORMANT=16b3593c32a751d6b08df5dd6631a76d9fe7c0c9
+QIU=49645df63aafe9e680bc44a9c0ca280d4aefa8e9
 export_files jon123boss+LR-AttnRes $LR lr model.py attnres_ops.py optimizer.py schedulers.py muon
 export_files jon123boss+LR-AttnRes $LR_PRE_PRIOR lr-pre-prior model.py optimizer.py schedulers.py muon
 export_files fla-org+flash-linear-attention $FLA fla fla/ops/attnres/naive.py
@@ -44,6 +45,7 @@ export_files Caiyun-AI+MUDDFormer $MUDD mudd pytorch/muddformer pytorch/muddpyth
 export_files epfml+DenseFormer $DENSE dense experiments/models
 show_files locuslab+massive-activations $MASSIVE massive main_llm.py monkey_patch/modify_llama.py lib/plot_utils_llm.py
 show_files GuoTianYu2000+Active-Dormant-Attention $DORMANT dormant LLM/src/entropy.py BBM/probe_utils.py
+export_files qiuzh20+gated_attention $QIU qwen3_gated modeling_qwen3.py configuration_qwen3.py
 "$PYTHON" lr_attnres.py --src "$SRC/lr" --commit $LR
 "$PYTHON" fla_attnres.py --src "$SRC/fla/fla/ops/attnres/naive.py" --commit $FLA
 "$PYTHON" gpt_oss_sink.py --src "$SRC/oss" --commit $OSS
@@ -57,3 +59,4 @@ show_files GuoTianYu2000+Active-Dormant-Attention $DORMANT dormant LLM/src/entro
 "$PYTHON" mudd_configs.py --src "$SRC/mudd/pytorch" --commit $MUDD
 "$PYTHON" massive.py --src "$SRC/massive" --commit $MASSIVE
 "$PYTHON" dormant.py --src "$SRC/dormant" --commit $DORMANT
+"$PYTHON" gated_attention.py --src "$SRC/qwen3_gated" --commit $QIU

@@ -202,13 +202,13 @@ class GateAccumulator:
         heads = []
         for l in range(info.n_layers):
             for h in range(info.n_heads):
-                r, kv = self.rows[l], h // G
+                r, kv = self.rows[l], h // G  # kv: the gate's head (a KV head, or the query head of an output gate)
                 mean = float(self.m[l, h] / r)
                 heads.append(
                     {
                         "layer": l,
                         "head": h,
-                        "kv_head": kv,
+                        "kv_head": h // info.kv_group,
                         "mean_gate": mean,
                         "selectivity": float(self.sel[l, h] / r),
                         "spread": float(max(self.m2[l, h] / r - mean**2, 0.0)) ** 0.5,
@@ -282,10 +282,7 @@ class OutGateAccumulator(GateAccumulator):
         # (the parent divides the sums by the row counts)
         self.sel = torch.stack([_row_sd(self.c1[l], self.c2[l], self.rows[l]) for l in range(len(self.rows))])
         self.sel = self.sel.mean(-1) * self.rows[:, None]
-        out = super().tables(tokenizer)
-        out["summary"]["out_gate"] = self.info.out_gate
-        out["heads"] = out["heads"].rename(columns={"kv_head": "gate_head"})
-        return out
+        return super().tables(tokenizer)
 
 
 def _row_sd(c1: torch.Tensor, c2: torch.Tensor, n) -> torch.Tensor:
@@ -326,17 +323,17 @@ def gate_stats(
     (per batch and layer) and ``meta``.
 
     ``gate``: "value" (hook_v_gate) or "output" (hook_out_gate); None takes the model's value gate, else its output
-    gate. Raises ValueError for a model without that gate.
+    gate; an output gate's ``meta`` says so (``gate``, ``out_gate``). Raises ValueError for a model without that
+    gate. Output gates have the same tables, per query head (docs/definitions.md#gate-statistics).
 
     Tables (columns):
 
     - ``summary``: model, corpus, mean_gate, selectivity, spread, read_mean_gate, frac_below_half, token_share,
       token_share_se, token_share_min_count, token_share_min_count_se, min_count, value_gate, n_token_reads,
-      n_token_types, n_frequent_reads, n_frequent_types (output gates: and out_gate)
+      n_token_types, n_frequent_reads, n_frequent_types
     - ``layers``: model, corpus, layer, mean_gate, selectivity, spread, read_mean_gate, frac_below_half, token_share,
       token_share_se, token_share_min_count, token_share_min_count_se
-    - ``heads``: model, corpus, layer, head, kv_head (output gates: gate_head), mean_gate, selectivity, spread,
-      read_mean_gate, frac_below_half
+    - ``heads``: model, corpus, layer, head, kv_head, mean_gate, selectivity, spread, read_mean_gate, frac_below_half
     - ``tokens``: model, corpus, token_id, token, count, mean_gate
     - ``batches``: model, corpus, batch, layer, mean_gate, selectivity, read_mean_gate
     """

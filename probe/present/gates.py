@@ -29,13 +29,14 @@ def gate_sections(result: dict, k: int = 10) -> dict:
     """Gates: mean gate, selectivity and token-identity lines; summary, per layer (± s.e.), token tables."""
     s = result["summary"].iloc[0]
     tokens, min_count = result["tokens"], int(s.get("min_count", 0))
-    output = "out_gate" in s.index  # an output gate's summary (probe.analyses.gates.OutGateAccumulator)
+    meta = result.get("meta")
+    output = meta is not None and "out_gate" in meta and meta["gate"].iloc[0] == "output"
     verdicts = [
         f"mean gate {s['mean_gate']:.3g} (attention-weighted), selectivity {s['selectivity']:.3g}, "
         f"{s['frac_below_half']:.1%} of reads gated below 0.5"
         if not output
-        else f"output gate ({s['out_gate']}): mean gate {s['mean_gate']:.3g} over rows, selectivity (sd over queries) "
-        f"{s['selectivity']:.3g}, {s['frac_below_half']:.1%} of rows gated below 0.5",
+        else f"output gate ({meta['out_gate'].iloc[0]}): mean gate {s['mean_gate']:.3g} over rows, selectivity "
+        f"(sd over queries) {s['selectivity']:.3g}, {s['frac_below_half']:.1%} of rows gated below 0.5",
         f"token identity explains {s['token_share']:.1%}{pm(s, 'token_share')} of the gate variance "
         f"({s['token_share_min_count']:.1%}{pm(s, 'token_share_min_count')} over tokens seen >= {min_count} "
         "times; ± jackknife s.e. over batches)",

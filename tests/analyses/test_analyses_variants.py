@@ -27,7 +27,7 @@ def test_analyses_run(variant):
     junk = ["own-direction"] if directions and all(w is not None for w in directions.values()) else ["structured"]
     res = inject(model, toks, junk=junk, doses=[0.5], progress=False)
     assert math.isfinite(res["results"]["delta"].iloc[0]) and res["results"]["delta"].iloc[0] != 0
-    if info.has_value_gate:
+    if info.has_value_gate or info.has_out_gate:
         g = gate_stats(model, toks, min_count=1)["summary"].iloc[0]
         assert math.isfinite(g["mean_gate"]) and math.isfinite(g["selectivity"])
     else:

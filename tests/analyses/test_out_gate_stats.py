@@ -42,8 +42,9 @@ def test_output_gate_statistics_equal_their_definition(variant):
             every = g[:, :, h].mean(-1)  # per read: every row, t = 0 included
             assert heads.at[h, "read_mean_gate"] == pytest.approx(float(every.mean()), rel=1e-6)
             assert heads.at[h, "frac_below_half"] == pytest.approx(float((every < 0.5).double().mean()))
-    s = got["summary"].iloc[0]
-    assert s["out_gate"] == model.probe_info.out_gate and 0 <= s["token_share"] <= 1
+    s, meta = got["summary"].iloc[0], got["meta"].iloc[0]
+    assert meta["out_gate"] == model.probe_info.out_gate and 0 <= s["token_share"] <= 1
+    assert list(got["heads"]["kv_head"]) == [h // 2 for _ in range(2) for h in range(4)]  # 4 heads on 2 KV heads
     if variant == "outgate-head":  # one gate per head: its query dependence is the spread of the row gates
         assert got["heads"]["selectivity"].tolist() == pytest.approx(got["heads"]["spread"].tolist())
 

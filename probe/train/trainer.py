@@ -138,23 +138,7 @@ def train(
     info = D.setup(cfg.device)
     device = _resolve_device(cfg.device, info)
     metrics_path = out_dir / METRICS
-    if cfg.batch_size % (info.world_size * cfg.grad_accum):
-        raise ValueError(
-            f"batch_size {cfg.batch_size} must divide into world_size {info.world_size} × "
-            f"grad_accum {cfg.grad_accum} equal micro-batches"
-        )
-    if getattr(sampler, "seed", cfg.seed) != cfg.seed:
-        warnings.warn(
-            f"sampler seed {sampler.seed} != cfg.seed {cfg.seed}: paired runs need the same seed for both", stacklevel=2
-        )
-
-    if cfg.warmup >= cfg.steps:
-        warnings.warn(
-            f"warmup {cfg.warmup} >= steps {cfg.steps}: the lr would never reach its peak; warming up for "
-            f"{capped_warmup(cfg.warmup, cfg.steps)} steps instead",
-            stacklevel=2,
-        )
-    warmup, log_every = capped_warmup(cfg.warmup, cfg.steps), log_interval(cfg.log_every, cfg.steps)
+    warmup, log_every = _schedule(cfg, sampler, info)
     model.to(device)
     optimizer = build_optimizer(model, cfg)
     step, last = 0, None
@@ -173,25 +157,7 @@ def train(
     else:
         torch.manual_seed(cfg.seed)
         if info.is_main:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            for name in (CHECKPOINT, f"{CHECKPOINT}.old", f"{CHECKPOINT}.tmp", SNAPSHOTS):
-                shutil.rmtree(out_dir / name, ignore_errors=True)
-            # step 0: the initial model's validation loss, so the validation curve starts where training did
-            first = (
-                []
-                if eval_batches is None
-                else [
-                    {
-                        "step": 0,
-                        "tokens": 0,
-                        "val_loss": evaluate(model, eval_batches, max_batches=cfg.eval_batches, amp=cfg.amp),
-                    }
-                ]
-            )
-            _write_metrics(metrics_path, first)
-            atomic_write(out_dir / TRAIN_CONFIG, json.dumps(_jsonable(cfg), indent=1))
-            if cfg.snapshot_every:
-                export_model(model, snapshot_dir(out_dir, 0), tokenizer, root=out_dir)
+            _start_run(model, cfg, out_dir, eval_batches, tokenizer)
     D.barrier()
 
     net = model
@@ -202,33 +168,16 @@ def train(
     t_log, step_log = time.perf_counter(), step
     while step < cfg.steps:
         factor = lr_factor(step, cfg.steps, warmup, cfg.schedule, cfg.min_lr_ratio, cfg.warmdown)
-        for group in optimizer.param_groups:
-            group["lr"] = group["base_lr"] * factor
-        window = sampler.sample(cfg.batch_size)
-        micro = D.shard(window, info).to(device).chunk(cfg.grad_accum)
-        loss = torch.zeros((), device=device)
-        for i, mb in enumerate(micro):
-            sync = not info.enabled or i == len(micro) - 1
-            with nullcontext() if sync else net.no_sync():
-                with _autocast(device, cfg.amp):
-                    logits = _logits(net(mb[:, :-1]))
-                ce, objective = lm_loss(logits, mb[:, 1:], cfg.z_loss)
-                (objective / cfg.grad_accum).backward()
-            loss += ce.detach() / cfg.grad_accum
-        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss, grad_norm, tokens_per_step = _optimizer_step(net, model, optimizer, sampler, cfg, info, device, factor)
         step += 1
         bar.update(1)
 
         final = step == cfg.steps
         eval_step = final or bool(cfg.eval_every and step % cfg.eval_every == 0)
-        do_eval = eval_step and eval_batches is not None
         if final or step % log_every == 0 or eval_step:  # the same steps on every rank (a collective follows)
             loss_v = D.mean_over_ranks(loss).item()
             if not math.isfinite(loss_v):
                 raise FloatingPointError(f"loss is {loss_v} at step {step}")
-            tokens_per_step = cfg.batch_size * (window.shape[1] - 1)
             now = time.perf_counter()  # throughput since the previous record (includes evals and checkpoints)
             last = {
                 "step": step,
@@ -239,7 +188,7 @@ def train(
                 "tokens_per_s": (step - step_log) * tokens_per_step / (now - t_log),
             }
             t_log, step_log = now, step
-            if do_eval and info.is_main:
+            if eval_step and eval_batches is not None and info.is_main:
                 last["val_loss"] = evaluate(
                     model, eval_batches, max_batches=None if final else cfg.eval_batches, amp=cfg.amp
                 )
@@ -254,6 +203,67 @@ def train(
             export_model(model, snapshot_dir(out_dir, step), tokenizer, root=out_dir)
     bar.close()
     return last
+
+
+def _schedule(cfg: TrainConfig, sampler: Sampler, info: D.DistInfo) -> tuple[int, int]:
+    """(warmup steps, steps between metrics records) of ``cfg``, after checking that its batch splits evenly; warns
+    (at ``train``'s caller) on a sampler seeded apart from the run and on a warmup as long as the run."""
+    if cfg.batch_size % (info.world_size * cfg.grad_accum):
+        raise ValueError(
+            f"batch_size {cfg.batch_size} must divide into world_size {info.world_size} × "
+            f"grad_accum {cfg.grad_accum} equal micro-batches"
+        )
+    if getattr(sampler, "seed", cfg.seed) != cfg.seed:
+        warnings.warn(
+            f"sampler seed {sampler.seed} != cfg.seed {cfg.seed}: paired runs need the same seed for both", stacklevel=3
+        )
+    if cfg.warmup >= cfg.steps:
+        warnings.warn(
+            f"warmup {cfg.warmup} >= steps {cfg.steps}: the lr would never reach its peak; warming up for "
+            f"{capped_warmup(cfg.warmup, cfg.steps)} steps instead",
+            stacklevel=3,
+        )
+    return capped_warmup(cfg.warmup, cfg.steps), log_interval(cfg.log_every, cfg.steps)
+
+
+def _start_run(model: nn.Module, cfg: TrainConfig, out_dir: Path, eval_batches, tokenizer) -> None:
+    """A fresh run directory (rank 0): what an earlier run left is removed; the metrics start with the initial
+    model's validation loss at step 0 (the validation curve starts where training did), then the TrainConfig and
+    the step-0 snapshot."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in (CHECKPOINT, f"{CHECKPOINT}.old", f"{CHECKPOINT}.tmp", SNAPSHOTS):
+        shutil.rmtree(out_dir / name, ignore_errors=True)
+    first = []
+    if eval_batches is not None:
+        val_loss = evaluate(model, eval_batches, max_batches=cfg.eval_batches, amp=cfg.amp)
+        first.append({"step": 0, "tokens": 0, "val_loss": val_loss})
+    _write_metrics(out_dir / METRICS, first)
+    atomic_write(out_dir / TRAIN_CONFIG, json.dumps(_jsonable(cfg), indent=1))
+    if cfg.snapshot_every:
+        export_model(model, snapshot_dir(out_dir, 0), tokenizer, root=out_dir)
+
+
+def _optimizer_step(net, model, optimizer, sampler: Sampler, cfg: TrainConfig, info, device, factor: float):
+    """One optimizer step at lr factor ``factor`` over one global batch in ``grad_accum`` micro-batches per rank
+    (gradients synchronised on the last); returns (this rank's mean CE, the gradient norm before clipping, tokens
+    per step)."""
+    for group in optimizer.param_groups:
+        group["lr"] = group["base_lr"] * factor
+    window = sampler.sample(cfg.batch_size)
+    micro = D.shard(window, info).to(device).chunk(cfg.grad_accum)
+    loss = torch.zeros((), device=device)
+    for i, mb in enumerate(micro):
+        sync = not info.enabled or i == len(micro) - 1
+        with nullcontext() if sync else net.no_sync():
+            with _autocast(device, cfg.amp):
+                logits = _logits(net(mb[:, :-1]))
+            ce, objective = lm_loss(logits, mb[:, 1:], cfg.z_loss)
+            (objective / cfg.grad_accum).backward()
+        loss += ce.detach() / cfg.grad_accum
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss, grad_norm, cfg.batch_size * (window.shape[1] - 1)
 
 
 def _jsonable(cfg: TrainConfig) -> dict:

@@ -9,6 +9,9 @@
     RUN/training.html           the training curves
     ZOO/zoo.json                a shipped model's record (``"run"``: the identity of the run that trained it)
 
+``ZOO_DIR`` is the packaged zoo, ``probe/zoo/<name>/`` (what ``probe/tiny-<variant>`` names; trained by probe.train.zoo
+and probe.experiments.bb_zoo).
+
 ``RUN`` as a model name stands for its final model, else its last checkpoint; ``RUN@step{N}`` for a snapshot.
 Standard library only: both ``probe.checkpoints`` and ``probe.train`` import it.
 """
@@ -19,6 +22,7 @@ import json
 import re
 from pathlib import Path
 
+ZOO_DIR = Path(__file__).resolve().parent / "zoo"
 MODEL_CONFIG = "config.json"  # marks a directory as a saved model
 RUN_IDENTITY = "probe_train.json"
 TRAIN_CONFIG = "train_config.json"

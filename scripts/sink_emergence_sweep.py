@@ -29,11 +29,11 @@ from probe.experiments.sink_emergence import (
     EmergenceConfig,
     cpu_seconds,
     done_when,
-    snapshot_steps,
     snapshot_table,
     summary_table,
     train_variant,
 )
+from probe.runs import snapshot_steps
 
 # the starting setting (2 layers, 1 head of 128, d 128, batch 32, AdamW lr 1e-3, wd 1e-4) at T = 256, 1200 steps
 BASE = EmergenceConfig(

@@ -36,7 +36,7 @@ from probe.catalogue import RELEASED
 from probe.checkpoints import gguf
 from probe.writes import clean_text
 
-ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
+ZOO_DIR = runs.ZOO_DIR  # a module global, so tests can point the loader at another zoo
 
 PYTHIA_SIZES = ("14m", "31m", "70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b")
 # Pythia checkpoints: step0, log-spaced steps 1…512, then every 1000 steps up to 143000 (= main)

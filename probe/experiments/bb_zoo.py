@@ -25,12 +25,11 @@ from pathlib import Path
 import torch
 
 from probe.analyses.sinks import sink_stats
-from probe.experiments.sink_emergence import EmergenceConfig, build, copy_losses, run_identity, snapshot_steps
-from probe.runs import METRICS, ZOO_RECORD, metrics_records
+from probe.experiments.sink_emergence import EmergenceConfig, build, copy_losses, run_identity
+from probe.runs import METRICS, ZOO_DIR, ZOO_RECORD, metrics_records, snapshot_steps
 from probe.train.checkpoint import load_model
 from probe.writes import atomic_write, staging_dir
 
-ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
 LAYER_STATS = ("pos0_share", "uniform_ref", "r0", "phantom_share")
 SUMMARY_STATS = ("pos0_over_uniform", "r0_later", "phantom_share", "sink_formed")
 

@@ -43,7 +43,7 @@ from probe.analyses.sink_pass import sink_analyses
 from probe.data.synthetic import BigramBackcopy
 from probe.experiments.result import Result, Timer, check_training_numbers, config_dict
 from probe.models import config_for, create
-from probe.runs import RUN_IDENTITY
+from probe.runs import RUN_IDENTITY, snapshot_steps
 from probe.train import TrainConfig, train
 from probe.train.checkpoint import load_model
 from probe.writes import append_line, atomic_write
@@ -189,16 +189,6 @@ def run_identity(cfg: EmergenceConfig, variant: str, seed: int) -> dict:
             )
         },
     }
-
-
-def snapshot_steps(run_dir) -> dict[int, Path]:
-    """{step: directory} of the snapshots a run has written (``run_dir/snapshots/step{N}`` with a config), by step."""
-    found = {
-        int(d.name[4:]): d
-        for d in Path(run_dir).glob("snapshots/step*")
-        if d.name[4:].isdigit() and (d / "config.json").is_file()
-    }
-    return dict(sorted(found.items()))
 
 
 def cpu_seconds(run_dir) -> float:
@@ -444,7 +434,6 @@ __all__ = [
     "train_variant",
     "run_identity",
     "snapshot_table",
-    "snapshot_steps",
     "cpu_seconds",
     "copy_losses",
     "extra_stats",

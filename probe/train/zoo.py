@@ -25,7 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
+from probe.runs import ZOO_DIR
+
 ZOO_VARIANTS = [
     "baseline",
     "sinklogit",

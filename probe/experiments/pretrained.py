@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import pandas as pd
 
@@ -27,27 +26,9 @@ from probe.data.windows import WINDOW_MODES
 from probe.errors import UsageError
 from probe.jobs.fingerprints import model_fingerprint
 from probe.jobs.inputs import KNOWN_HINT, WindowCache, check_data, load_model, windows_for
-from probe.jobs.specs import ModelSpec, WindowSpec, parse_device_map, parse_max_memory
+from probe.jobs.specs import EvaluationOptions
 from probe.jobs.store import RunStore
 from probe.writes import json_safe
-
-
-@dataclass
-class PretrainedSpec:
-    models: tuple = ()  # zoo names, model directories, hub names (gemma-3-270m, pythia-160m[@stepN]), .gguf files
-    data: str = "wikitext-2-test"  # bundled corpus, file, directory or hf:...
-    batches: int = 8
-    batch_size: int = 8
-    ctx: int | None = None  # None: a probe model's training context, HF checkpoints min(1024, maximum)
-    bos: bool | None = None  # None: BOS first when the tokenizer prepends one (Gemma) or the model trained with one
-    window_mode: str = "auto"  # auto = one window per document, sequential windows when there are too few
-    seed: int = 0
-    device: str = "auto"  # auto = cuda when available, else cpu
-    dtype: str = "auto"  # auto = float32 on the CPU
-    threads: int | None = None  # torch CPU threads; None: torch's choice
-    device_map: str | None = None  # big checkpoints: auto, balanced, ..., cpu or JSON (accelerate; as `probe sinks`)
-    max_memory: str | None = None  # per-device budget, cpu=200MB,0=10GiB,disk=... (implies --device-map auto)
-
 
 PLACEMENT = ("threads", "device_map", "max_memory")  # where a model runs, not what its numbers are
 
@@ -61,7 +42,7 @@ def recipe_errors():
         raise ValueError(e.one_line()) from None
 
 
-def settings_of(spec: PretrainedSpec) -> dict:
+def settings_of(spec: EvaluationOptions) -> dict:
     """What determines a model's numbers (every option but the model list and its placement) and the probe
     version."""
     return json_safe(
@@ -72,33 +53,7 @@ def settings_of(spec: PretrainedSpec) -> dict:
     )
 
 
-def model_spec(spec: PretrainedSpec, name: str | None = None) -> ModelSpec:
-    """The recipe's model options as the job layer's spec (a ValueError, one line, for a bad --device-map or
-    --max-memory)."""
-    return ModelSpec(
-        name=name,
-        device=spec.device,
-        dtype=spec.dtype,
-        threads=spec.threads,
-        device_map=parse_device_map(spec.device_map) if spec.device_map else None,
-        max_memory=parse_max_memory(spec.max_memory) if spec.max_memory else None,
-    )
-
-
-def window_spec(spec: PretrainedSpec) -> WindowSpec:
-    """The recipe's window options as the job layer's spec (every model's own tokenizer)."""
-    return WindowSpec(
-        data=spec.data,
-        batches=spec.batches,
-        batch_size=spec.batch_size,
-        ctx=spec.ctx,
-        mode=spec.window_mode,
-        seed=spec.seed,
-        bos=spec.bos,
-    )
-
-
-def check_spec(spec: PretrainedSpec) -> list[str]:
+def check_spec(spec: EvaluationOptions) -> list[str]:
     """Fail before any work on what the user can get wrong; returns the model names without duplicates."""
     if not spec.models:
         raise ValueError("name at least one model: --models M [M ...]")
@@ -108,7 +63,7 @@ def check_spec(spec: PretrainedSpec) -> list[str]:
         raise ValueError(f"--batches {spec.batches} and --batch-size {spec.batch_size} must both be at least 1")
     with recipe_errors():
         check_data(spec.data)
-    model_spec(spec)
+    spec.model_spec()
     names = list(dict.fromkeys(str(m) for m in spec.models))
     for name in names:
         check_model(name)
@@ -126,18 +81,18 @@ def check_model(name: str) -> None:
         raise ValueError(f"--models {name!r}: {reason}; {KNOWN_HINT}") from None
 
 
-def load_one(name: str, spec: PretrainedSpec, progress: bool):
+def load_one(name: str, spec: EvaluationOptions, progress: bool):
     """The model in eval mode on its device (one-line ValueError when it cannot be read)."""
     with recipe_errors():
-        return load_model(model_spec(spec, name), Console(quiet=not progress), flag="--models")
+        return load_model(spec.model_spec(name), Console(quiet=not progress), flag="--models")
 
 
-def windows_of(model, spec: PretrainedSpec, cache: WindowCache | None = None):
+def windows_of(model, spec: EvaluationOptions, cache: WindowCache | None = None):
     """The model's evaluation windows of ``spec.data`` with its tokenizer at its context, BOS by
     docs/definitions.md#bos-rule (``spec.bos`` overrides), on the model's device (``probe.jobs.inputs.windows_for``;
-    ``cache``: a ``WindowCache`` of ``window_spec(spec)``, shared by the models of one run)."""
+    ``cache``: a ``WindowCache`` of ``spec.window_spec()``, shared by the models of one run)."""
     with recipe_errors():
-        return windows_for(window_spec(spec), model, cache)[0]
+        return windows_for(spec.window_spec(), model, cache)[0]
 
 
 def tables_to_records(tables: dict[str, pd.DataFrame]) -> dict:
@@ -155,14 +110,14 @@ def records_to_tables(records: dict) -> dict[str, pd.DataFrame]:
     return tables
 
 
-def each_model(recipe: str, names, spec: PretrainedSpec, out, compute, progress: bool):
+def each_model(recipe: str, names, spec: EvaluationOptions, out, compute, progress: bool):
     """For every name: the record stored in ``out`` (a ``RunStore`` of ``recipe``; None: nothing is kept), or
     ``compute(name, model, windows) -> (tables, meta)`` on the freshly loaded model, stored as soon as it is done.
     Returns [(name, tables, meta)] in the order given; a stored and a fresh result read the same (both come back
     from their JSON record)."""
     with recipe_errors():
         store = RunStore(out, settings_of(spec), names, kind=recipe)
-    cache = WindowCache(window_spec(spec))
+    cache = WindowCache(spec.window_spec())
 
     def record(name: str) -> dict:
         model = load_one(name, spec, progress)
@@ -193,13 +148,10 @@ def window_meta(windows, model) -> dict:
 
 
 __all__ = [
-    "PretrainedSpec",
     "check_spec",
     "check_model",
     "each_model",
     "windows_of",
-    "model_spec",
-    "window_spec",
     "settings_of",
     "window_meta",
     "recipe_errors",

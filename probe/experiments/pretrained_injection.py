@@ -22,8 +22,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from probe.analyses.inject import conditions, inject
-from probe.experiments.pretrained import PretrainedSpec, check_spec, each_model, window_meta
+from probe.experiments.pretrained import check_spec, each_model, window_meta
 from probe.experiments.result import Result, Timer, config_dict
+from probe.jobs.specs import EvaluationOptions
 
 RECIPE = "pretrained-injection"
 JUNK = ("structured", "same-context", "gaussian")
@@ -37,7 +38,7 @@ COLOURS = {
 
 
 @dataclass
-class PretrainedInjectionConfig(PretrainedSpec):
+class PretrainedInjectionConfig(EvaluationOptions):
     batch_size: int = 8  # structured junk needs at least 2 (its pool is the other sequences of the batch)
     junk: tuple = JUNK
     cutoffs: tuple = ("q25", "median")

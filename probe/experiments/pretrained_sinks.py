@@ -25,8 +25,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from probe.analyses.sinks import sink_stats
-from probe.experiments.pretrained import PretrainedSpec, check_spec, each_model, window_meta
+from probe.experiments.pretrained import check_spec, each_model, window_meta
 from probe.experiments.result import Result, Timer, config_dict
+from probe.jobs.specs import EvaluationOptions
 
 RECIPE = "pretrained-sinks"
 TYPE_LAYERS = {
@@ -38,7 +39,7 @@ TYPE_LAYERS = {
 
 
 @dataclass
-class PretrainedSinksConfig(PretrainedSpec):
+class PretrainedSinksConfig(EvaluationOptions):
     pass
 
 

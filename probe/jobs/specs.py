@@ -2,8 +2,9 @@
 
 The CLI turns its flags into these right after parsing (``probe.cli.flags``); the helpers that load a model or build
 windows (``probe.jobs.inputs``), the report and the output functions take them, never an ``argparse.Namespace``. A
-variant of a spec is ``dataclasses.replace(spec, field=value)``. Plain values only: importing this module imports no
-torch.
+variant of a spec is ``dataclasses.replace(spec, field=value)``. ``EvaluationOptions`` are the same choices as one flat
+set of options (a recipe's config, one flag per field), which it turns into these specs. Plain values only: importing
+this module imports no torch.
 """
 
 from __future__ import annotations
@@ -66,6 +67,49 @@ class InjectionSpec:
     doses: tuple[float, ...] = (0.2, 0.4, 0.8, 1.6)
     junk: tuple[str, ...] = ("structured",)  # junk types, or "all"
     cutoffs: tuple[str, ...] = ("q25",)
+
+
+@dataclass
+class EvaluationOptions:
+    """Models evaluated on fixed windows, as flat options named as the analysis verbs' flags (``--models``, ``--data``
+    ... ``--max-memory``; placement as text, parsed by ``model_spec``): the base of the pretrained recipes' configs."""
+
+    models: tuple = ()  # zoo names, model directories, hub names (gemma-3-270m, pythia-160m[@stepN]), .gguf files
+    data: str = "wikitext-2-test"  # bundled corpus, file, directory or hf:...
+    batches: int = 8
+    batch_size: int = 8
+    ctx: int | None = None  # None: a probe model's training context, HF checkpoints min(1024, maximum)
+    bos: bool | None = None  # None: BOS first when the tokenizer prepends one (Gemma) or the model trained with one
+    window_mode: str = "auto"  # auto = one window per document, sequential windows when there are too few
+    seed: int = 0
+    device: str = "auto"  # auto = cuda when available, else cpu
+    dtype: str = "auto"  # auto = float32 on the CPU
+    threads: int | None = None  # torch CPU threads; None: torch's choice
+    device_map: str | None = None  # big checkpoints: auto, balanced, ..., cpu or JSON (accelerate; as `probe sinks`)
+    max_memory: str | None = None  # per-device budget, cpu=200MB,0=10GiB,disk=... (implies --device-map auto)
+
+    def model_spec(self, name: str | None = None) -> ModelSpec:
+        """Model ``name`` placed as these options say (a one-line ValueError for a bad device map or memory budget)."""
+        return ModelSpec(
+            name=name,
+            device=self.device,
+            dtype=self.dtype,
+            threads=self.threads,
+            device_map=parse_device_map(self.device_map) if self.device_map else None,
+            max_memory=parse_max_memory(self.max_memory) if self.max_memory else None,
+        )
+
+    def window_spec(self) -> WindowSpec:
+        """The windows these options ask for, with every model's own tokenizer."""
+        return WindowSpec(
+            data=self.data,
+            batches=self.batches,
+            batch_size=self.batch_size,
+            ctx=self.ctx,
+            mode=self.window_mode,
+            seed=self.seed,
+            bos=self.bos,
+        )
 
 
 def parse_device_map(text: str):

@@ -18,6 +18,7 @@ import dataclasses
 import difflib
 import logging
 import tempfile
+import weakref
 from pathlib import Path
 
 import torch
@@ -145,8 +146,8 @@ def load_model(spec: ModelSpec, console: Console, flag: str = "--model"):
             f"placement: --device-map {placed['device_map']}: "
             + ", ".join(f"{plural(n, 'module')} on {d}" for d, n in where.items())
         )
-    if offload_tmp is not None:
-        model.offload_tmp = offload_tmp  # the temporary folder lives (and is removed) with the model
+    if offload_tmp is not None:  # the temporary folder lives as long as the model, and is removed after it
+        weakref.finalize(model, offload_tmp.cleanup)
     return model.eval()
 
 

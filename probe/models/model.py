@@ -97,7 +97,10 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
         if not c.tie_embeddings:
             self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.hook_embed = HookPoint()  # B,T,d
-        self.tokenizer = None  # set by loaders that know it
+        # what whoever makes the model (probe.load, create, a recipe) knows of it, read by probe_info:
+        self.tokenizer = None  # its tokenizer, where the loader knows it
+        self.probe_name: str | None = None  # the identity every analysis output records (None: the config's path)
+        self.train_record: dict | None = None  # what its training run recorded (probe.runs.training_record)
         self.setup()  # TransformerLens: name every HookPoint
         self.post_init()
         self.init_weights_from_seed(seed)
@@ -222,7 +225,7 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
             extra["authors_format"] = c.authors_format
         gate = GATES.get(c.value_gate)  # the registered gate class, None without a gate
         return ModelInfo(
-            name=getattr(self, "probe_name", None) or c.name_or_path or "probe",
+            name=self.probe_name or c.name_or_path or "probe",
             family="probe",
             n_layers=c.n_layers,
             d_model=c.d_model,
@@ -241,6 +244,6 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
             depth_routing=depth,
             depth_blocks=c.depth_blocks,
             sink_token=c.abstention == "sinktoken",
-            trained_with_bos=bool((getattr(self, "train_record", None) or {}).get("bos")),
+            trained_with_bos=bool((self.train_record or {}).get("bos")),
             extra=extra,
         )

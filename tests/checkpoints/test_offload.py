@@ -171,3 +171,28 @@ def test_pretrained_recipes_take_the_placement_flags(tmp_path):
     assert rc == 2 and len(err.getvalue().strip().splitlines()) == 1, err.getvalue()
     assert "--max-memory" in err.getvalue() and "'lots'" in err.getvalue()
     assert not (tmp_path / "out").exists()
+
+
+def test_a_temporary_offload_folder_lives_as_long_as_the_model(tmp_path):
+    """Without --offload-dir accelerate gets a temporary folder for the weights it offloads (from safetensors it reads
+    them in place, so the folder may stay empty): the folder is there while the model is, and removed after it."""
+    import gc
+    import tempfile
+    from pathlib import Path
+
+    from probe.console import Console
+    from probe.jobs.specs import ModelSpec
+
+    pytest.importorskip("accelerate")
+    path = str(build_tiny("llama", tmp_path / "llama"))
+    folders = lambda: set(Path(tempfile.gettempdir()).glob("probe-offload-*"))  # noqa: E731
+    before = folders()
+    model = load_model(ModelSpec(name=path, max_memory={"cpu": 60_000}), Console(quiet=True))
+    (folder,) = folders() - before
+    gc.collect()
+    assert folder.is_dir() and "disk" in model.hf_model.hf_device_map.values()
+    model(torch.randint(2, 90, (1, 8)))
+    assert folder.is_dir()
+    del model
+    gc.collect()
+    assert not folder.exists()

@@ -242,17 +242,7 @@ def model_spec(args: argparse.Namespace, default: str | None = None) -> ModelSpe
 def window_spec(args: argparse.Namespace) -> WindowSpec:
     """--data, --tokenizer, --batches, --batch-size, --ctx, --window-mode, --seed, --bos / --no-bos (and --protocol,
     on the verbs that have it)."""
-    return WindowSpec(
-        data=args.data,
-        tokenizer=args.tokenizer,
-        batches=args.batches,
-        batch_size=args.batch_size,
-        ctx=args.ctx,
-        mode=args.window_mode,
-        seed=args.seed,
-        bos=args.bos,
-        protocol=getattr(args, "protocol", "pooled"),
-    )
+    return WindowSpec.of(args, tokenizer=args.tokenizer, protocol=getattr(args, "protocol", "pooled"))
 
 
 def injection_spec(args: argparse.Namespace) -> InjectionSpec | None:

@@ -59,6 +59,21 @@ class WindowSpec:
     bos: bool | None = None
     protocol: str = "pooled"  # Sink^eps protocol (probe.analyses.sink_heads.PROTOCOLS); gu2025 fixes the windows
 
+    @classmethod
+    def of(cls, options, **fields) -> WindowSpec:
+        """The windows of options named as the verbs' flags (``data``, ``batches``, ``batch_size``, ``ctx``,
+        ``window_mode``, ``seed``, ``bos``: parsed flags or EvaluationOptions); ``fields``: the spec's others."""
+        return cls(
+            data=options.data,
+            batches=options.batches,
+            batch_size=options.batch_size,
+            ctx=options.ctx,
+            mode=options.window_mode,
+            seed=options.seed,
+            bos=options.bos,
+            **fields,
+        )
+
 
 @dataclass(frozen=True)
 class InjectionSpec:
@@ -101,15 +116,7 @@ class EvaluationOptions:
 
     def window_spec(self) -> WindowSpec:
         """The windows these options ask for, with every model's own tokenizer."""
-        return WindowSpec(
-            data=self.data,
-            batches=self.batches,
-            batch_size=self.batch_size,
-            ctx=self.ctx,
-            mode=self.window_mode,
-            seed=self.seed,
-            bos=self.bos,
-        )
+        return WindowSpec.of(self)
 
 
 def parse_device_map(text: str):

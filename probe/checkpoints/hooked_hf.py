@@ -10,10 +10,10 @@ How the hooks fire (family adapters in ``probe.checkpoints.adapters`` fill in th
   attention function looks up the calling module's hook container and fires hook_q/k/v/v_out/[sink_logit]/
   [pattern/phantom]/z.
 
-The HF model is ``self.hf_model``; ``self(input_ids)`` returns its output (``.logits``). ``run_with_cache`` and
-``run_with_hooks`` are TransformerLens's. :func:`adapt` builds one on an HF model (in place), :func:`wrap` on a
-user's object without touching it (TransformerBridge, nnsight model or plain HF model: a structural copy that shares
-the parameters).
+The HF model is ``self.hf_model``; ``self(input_ids)`` returns its output (``.logits``). ``run_with_cache``,
+``run_with_hooks``, ``return_type=`` and ``to_tokens`` return what TransformerLens's do (``probe.models.lens``).
+:func:`adapt` builds one on an HF model (in place), :func:`wrap` on a user's object without touching it
+(TransformerBridge, nnsight model or plain HF model: a structural copy that shares the parameters).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.checkpoints import attention as _attn
 from probe.hooks.info import ModelInfo
+from probe.models.lens import HF_OUTPUT, TransformerLensCalls
 
 
 class _AttnHooks(nn.Module):
@@ -81,7 +82,7 @@ def hooked_layer_forward(self, hidden_states=None, *args, **kwargs):
     return block.body(self, block, hidden_states, **kwargs)
 
 
-class HookedHF(HookedRootModule):
+class HookedHF(TransformerLensCalls, HookedRootModule):
     """Base adapter. Subclasses set ``family``, ``model_types`` and implement :meth:`layer_forward`,
     :meth:`decoder_layers`, :meth:`attention_module` and :meth:`describe`."""
 
@@ -158,18 +159,20 @@ class HookedHF(HookedRootModule):
         for b in self.blocks:
             b.attn.materialize = bool(on)
 
-    def forward(self, input_ids=None, attention_mask=None, return_hidden: bool = False, **kwargs):
+    def forward(
+        self, input_ids=None, attention_mask=None, return_hidden: bool = False, return_type=HF_OUTPUT, **kwargs
+    ):
         """Run the HF model (``use_cache=False`` unless given); ``input_ids`` may also be a string or a list of
-        strings, tokenized with ``self.tokenizer``. With ``return_hidden`` the decoder alone runs and its final-normed
+        strings (:meth:`to_tokens`, the BOS rule). With ``return_hidden`` the decoder alone runs and its final-normed
         hidden states B,T,d come back, for :meth:`unembed` (analyses unembed a few positions at a time: Gemma's 262k
-        vocabulary makes full logits of 8 x 1024 positions 8.6 GB)."""
-        if isinstance(input_ids, (str, list)) and (isinstance(input_ids, str) or isinstance(input_ids[0], str)):
-            if self.tokenizer is None:
-                raise ValueError("text input needs a tokenizer; pass token ids instead")
-            enc = self.tokenizer(input_ids, return_tensors="pt", padding=isinstance(input_ids, list))
-            input_ids, attention_mask = enc["input_ids"], enc.get("attention_mask", attention_mask)
-        if isinstance(input_ids, torch.Tensor):
-            input_ids = input_ids.to(self.input_device)
+        vocabulary makes full logits of 8 x 1024 positions 8.6 GB). With TransformerLens's ``return_type``
+        ("logits", "loss", "both", None) what TransformerLens returns (``probe.models.lens``)."""
+        if return_type is not HF_OUTPUT:
+            return self.lens_forward(
+                input_ids, return_type, attention_mask=attention_mask, return_hidden=return_hidden, **kwargs
+            )
+        prepend_bos, padding_side = kwargs.pop("prepend_bos", None), kwargs.pop("padding_side", None)
+        input_ids, _ = self.input_tokens(input_ids, prepend_bos, padding_side)
         kwargs.setdefault("use_cache", False)
         if return_hidden:
             return self.hf_model.base_model(

@@ -1,9 +1,10 @@
 """ProbeForCausalLM: an HF PreTrainedModel and a TransformerLens HookedRootModule in one.
 
 Every tensor of docs/definitions.md#hook-namespace that the configured mechanisms produce passes through a HookPoint of
-that name, so `run_with_cache`/`run_with_hooks` work as in TransformerLens, `save_pretrained`/`AutoModelForCausalLM` as
-in HF. Parameters are initialised by the role their module declares (params.py); checkpoints saved under older parameter
-names (LEGACY_NAMES) are renamed where saved weights are read: `from_pretrained` and the trainer's resume.
+that name, so `run_with_cache`/`run_with_hooks` work and return what TransformerLens's do (lens.py: the logits tensor,
+or what ``return_type`` asks for), `save_pretrained`/`AutoModelForCausalLM` as in HF. Parameters are initialised by
+the role their module declares (params.py); checkpoints saved under older parameter names (LEGACY_NAMES) are renamed
+where saved weights are read: `from_pretrained` and the trainer's resume.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from probe.models.config import ProbeConfig
 from probe.models.depth import DepthSources, emitted_key_width, make_read, site_sources
 from probe.models.gates import GATES
 from probe.models.layers import make_norm
+from probe.models.lens import HF_OUTPUT, TransformerLensCalls
 from probe.models.params import ROLES, no_decay_names, parameter_roles
 
 # parameter names of checkpoints saved before the value gates became modules -> today's, relative to an attention
@@ -57,7 +59,7 @@ def _param_seed(seed: int, name: str) -> int:
     return zlib.crc32(f"{seed}:{name}".encode())
 
 
-class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
+class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
     config_class = ProbeConfig
     base_model_prefix = "probe"
     _no_split_modules = ["Block"]
@@ -141,10 +143,28 @@ class ProbeForCausalLM(PreTrainedModel, HookedRootModule):
         labels: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         return_hidden: bool = False,
+        return_type=HF_OUTPUT,
+        prepend_bos: bool | None = None,
+        padding_side: str | None = None,
         **kwargs,
     ):
         """Logits (``CausalLMOutputWithPast``), or with ``return_hidden`` the final-normed hidden states B,T,d that
-        :meth:`unembed` turns into logits (analyses unembed a few positions at a time to bound memory)."""
+        :meth:`unembed` turns into logits (analyses unembed a few positions at a time to bound memory). With
+        TransformerLens's ``return_type`` ("logits", "loss", "both", None) what TransformerLens returns (lens.py).
+        ``input_ids`` may be a string or a list of strings (:meth:`to_tokens`, the BOS rule)."""
+        if return_type is not HF_OUTPUT:
+            if labels is not None:
+                raise TypeError("labels= is the HF forward's; with return_type='loss' the targets are the input")
+            return self.lens_forward(
+                input_ids,
+                return_type,
+                prepend_bos=prepend_bos,
+                padding_side=padding_side,
+                attention_mask=attention_mask,
+                return_hidden=return_hidden,
+                **kwargs,
+            )
+        input_ids, _ = self.input_tokens(input_ids, prepend_bos, padding_side)
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("probe models take unpadded windows; attention_mask with zeros is not supported")
         with use_backend(self.backend):  # None: the caller's use_backend / $PROBE_BACKEND

@@ -49,7 +49,7 @@ def mudd_outputs(model, ids) -> dict:
     names = {f"blocks.{l}.dense.hook_weights": l for l in range(model.config.n_layers)}
     with torch.no_grad():
         out, cache = model.run_with_cache(ids, names_filter=lambda n: n in names)
-    return {"logits": out.logits, **{f"dense_weights.{l}": cache[n].permute(2, 0, 1, 3) for n, l in names.items()}}
+    return {"logits": out, **{f"dense_weights.{l}": cache[n].permute(2, 0, 1, 3) for n, l in names.items()}}
 
 
 def max_diffs(ours: dict, theirs: dict, prefix: str = "") -> dict:

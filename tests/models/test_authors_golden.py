@@ -128,7 +128,7 @@ def probe_lr_outputs(model: ProbeForCausalLM, ids: torch.Tensor) -> dict:
     wanted = set(reads.values()) | set(weights.values())
     with torch.no_grad():
         out, cache = model.run_with_cache(ids, names_filter=lambda n: n in wanted)
-    result = {"logits": out.logits}
+    result = {"logits": out}
     result.update({f"read.{t}": cache[n] for t, n in reads.items()})
     result.update({f"weights.{t}": cache[n] for t, n in weights.items()})
     return result
@@ -325,7 +325,7 @@ def probe_value_residual_outputs(model, ids) -> dict:
     names.update({f"pattern.{l}": f"blocks.{l}.attn.hook_pattern" for l in range(L)})
     with torch.no_grad():
         out, cache = model.run_with_cache(ids, names_filter=lambda n: n in names.values())
-    return {"logits": out.logits, **{k: cache[n] for k, n in names.items()}}
+    return {"logits": out, **{k: cache[n] for k, n in names.items()}}
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -426,7 +426,7 @@ def probe_mudd_outputs(model, ids) -> dict:
         for h in handles:
             h.remove()
     weights = {f"dense_weights.{l}": cache[n].permute(2, 0, 1, 3) for n, l in names.items()}  # C,B,T,S as theirs
-    return {"logits": out.logits, **weights, **streams}
+    return {"logits": out, **weights, **streams}
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -140,7 +140,7 @@ def test_hooked_path_equals_fast_path_and_pattern_plus_phantom_is_one(variant):
     ids = tokens()
     fast = logits(model, ids)
     out, cache = model.run_with_cache(ids)
-    torch.testing.assert_close(out.logits, fast, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out, fast, atol=2e-5, rtol=1e-4)
     for l in range(model.config.n_layers):
         pattern = cache[f"blocks.{l}.attn.hook_pattern"]
         phantom = cache.get(f"blocks.{l}.attn.hook_phantom", torch.zeros(pattern.shape[:3]))
@@ -305,7 +305,7 @@ def test_norm_gate_formula_and_editing_the_gate_changes_the_output():
     expected = torch.sigmoid(8 * (v.norm(dim=-1) / math.sqrt(v.shape[-1]) - tau))
     torch.testing.assert_close(g, expected)
     torch.testing.assert_close(cache["blocks.0.attn.hook_v_out"], g[..., None] * v)
-    closed = model.run_with_hooks(ids, fwd_hooks=[("blocks.1.attn.hook_v_gate", lambda t, hook: t * 0)]).logits
+    closed = model.run_with_hooks(ids, fwd_hooks=[("blocks.1.attn.hook_v_gate", lambda t, hook: t * 0)])
     assert not torch.allclose(closed, logits(model, ids))
 
 
@@ -475,7 +475,7 @@ def test_routing_slot_fast_and_hooked_paths_agree_where_the_gate_underflows():
     ids = tokens()
     out, cache = model.run_with_cache(ids)
     assert (cache["blocks.0.attn.hook_v_gate"] == 0).all()
-    torch.testing.assert_close(out.logits, logits(model, ids), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out, logits(model, ids), atol=2e-5, rtol=1e-4)
 
 
 def test_an_edited_pattern_is_what_the_head_aggregates():

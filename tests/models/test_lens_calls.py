@@ -1,0 +1,198 @@
+"""TransformerLens's return values (probe.models.lens) on probe's models and on the HF adapters, checked against
+TransformerLens's own ``TransformerBridge`` (TransformerLens 4's HookedTransformer; the installed 4.x has no
+``HookedTransformer`` class) on the same weights and inputs, and against its ``lm_cross_entropy_loss``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformer_lens.utilities import lm_cross_entropy_loss
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+import probe
+from probe.checkpoints import wrap
+from probe.checkpoints.tiny import build_tiny
+from probe.models import create
+
+FAMILIES = ("gpt_neox", "llama")
+ATOL = 1e-5
+TEXTS = ["w5 w7 w9 w11 w4", "w3 w8"]  # the tiny checkpoints' word-level tokens, unequal lengths
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_lens")
+    return {fam: build_tiny(fam, root / fam, seed=3) for fam in FAMILIES}
+
+
+def fresh_hf(d):
+    return AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager", dtype=torch.float32).eval()
+
+
+def bridge_of(d):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    return TransformerBridge.boot_transformers(str(d), hf_model=fresh_hf(d), tokenizer=AutoTokenizer.from_pretrained(d))
+
+
+def ids(B=2, T=12, seed=0):
+    return torch.randint(2, 96, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def assert_same(got, want):
+    """The same TransformerLens return value: the same type (tensor, tuple, None) and values."""
+    if want is None:
+        assert got is None
+    elif isinstance(want, tuple):
+        assert isinstance(got, tuple) and len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_same(g, w)
+    else:
+        assert isinstance(got, torch.Tensor) and got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+@torch.no_grad()
+def test_run_with_cache_and_hooks_return_what_transformer_lens_returns(dirs, fam):
+    m, bridge, x = probe.load(str(dirs[fam])), bridge_of(dirs[fam]), ids()
+    logits, cache = m.run_with_cache(x)
+    b_logits, _ = bridge.run_with_cache(x)
+    assert_same(logits, b_logits)
+    assert logits.shape == (2, 12, 96) and isinstance(cache, dict) and "blocks.1.attn.hook_pattern" in cache
+    for rt in ("logits", "loss", "both", None):
+        assert_same(m.run_with_hooks(x, return_type=rt), bridge.run_with_hooks(x, return_type=rt))
+        assert_same(m.run_with_cache(x, return_type=rt)[0], bridge.run_with_cache(x, return_type=rt)[0])
+        assert_same(m(x, return_type=rt), bridge(x, return_type=rt))
+    per_token = m.run_with_hooks(x, return_type="loss", loss_per_token=True)
+    assert per_token.shape == (2, 11)
+    assert_same(per_token, bridge.run_with_hooks(x, return_type="loss", loss_per_token=True))
+    assert_same(m(x, return_type="both", loss_per_token=True), bridge(x, return_type="both", loss_per_token=True))
+    # TransformerLens's loss: the mean of -log p(token t+1) over B x (T-1) positions
+    assert_same(m(x, return_type="loss"), lm_cross_entropy_loss(b_logits, x))
+    assert_same(m(x[0], return_type="logits"), bridge(x[0], return_type="logits"))  # 1-D: one sequence
+    # hooks fire and edit under every return type, as in TransformerLens
+    zero_v = [("blocks.0.attn.hook_v", lambda v, hook: torch.zeros_like(v))]
+    assert_same(m.run_with_hooks(x, fwd_hooks=zero_v), bridge.run_with_hooks(x, fwd_hooks=zero_v))
+    assert (m.run_with_hooks(x, fwd_hooks=zero_v) - logits).abs().max() > 1e-3
+    _, seen = m.run_with_cache(x, return_type=None)
+    assert set(seen) == set(cache)
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+@torch.no_grad()
+def test_text_calls_match_transformer_lens(dirs, fam):
+    m, bridge = probe.load(str(dirs[fam])), bridge_of(dirs[fam])
+    for bos in (True, False):
+        for text in (TEXTS[0], TEXTS):
+            assert torch.equal(m.to_tokens(text, prepend_bos=bos), bridge.to_tokens(text, prepend_bos=bos))
+        assert m.to_str_tokens(TEXTS[0], prepend_bos=bos) == bridge.to_str_tokens(TEXTS[0], prepend_bos=bos)
+        assert m.to_str_tokens(TEXTS, prepend_bos=bos) == bridge.to_str_tokens(TEXTS, prepend_bos=bos)
+        assert_same(
+            m(TEXTS[0], return_type="both", prepend_bos=bos), bridge(TEXTS[0], return_type="both", prepend_bos=bos)
+        )
+        got, _ = m.run_with_cache(TEXTS[0], prepend_bos=bos)
+        assert_same(got, bridge.run_with_cache(TEXTS[0], prepend_bos=bos)[0])
+    # the BOS rule, not TransformerLens's per-architecture default (True for its llama): this tokenizer adds no BOS
+    assert m.to_tokens(TEXTS[0])[0, 0].item() == 5
+    assert bridge.to_tokens(TEXTS[0])[0, 0].item() == (0 if fam == "llama" else 5)
+    tokens = bridge.to_tokens(TEXTS, prepend_bos=False)
+    assert m.to_string(tokens) == bridge.to_string(tokens)
+    assert m.to_string(tokens[0]) == bridge.to_string(tokens[0])
+    assert m.to_str_tokens(tokens[0]) == bridge.to_str_tokens(tokens[0])
+    assert m.to_single_token("w9") == bridge.to_single_token("w9") == 9
+    # padded texts: the logits of the real tokens as TransformerLens's; the loss leaves the padding out, as
+    # TransformerLens's own loss function does given the padding mask (its forward counts the pads on right padding)
+    logits, loss = m(TEXTS, return_type="both", prepend_bos=False)
+    b_logits = bridge(TEXTS, return_type="logits", prepend_bos=False)
+    torch.testing.assert_close(logits[1, :2], b_logits[1, :2], atol=ATOL, rtol=0)
+    assert_same(logits, b_logits)
+    mask = (tokens != 1) | (torch.arange(tokens.shape[1]) < 1)  # <eos>=1 pads row 1 after its 2 tokens
+    assert mask.sum() == 7
+    assert_same(loss, lm_cross_entropy_loss(b_logits, tokens, mask))
+
+
+@torch.no_grad()
+def test_probe_models_return_what_transformer_lens_returns():
+    model, x = create("sink+proj", tier="tiny", seed=0, n_layers=2), torch.randint(0, 8192, (2, 16))
+    out = model(x)
+    assert isinstance(out, CausalLMOutputWithPast)  # no return_type: the HF forward
+    logits, cache = model.run_with_cache(x)
+    assert_same(logits, out.logits)  # the cache takes the pattern path: equal to fp32 rounding
+    assert "blocks.1.attn.hook_phantom" in cache
+    assert torch.equal(model.run_with_hooks(x), out.logits)
+    assert_same(model.run_with_hooks(x, return_type="loss"), lm_cross_entropy_loss(out.logits, x))
+    assert_same(model(x, return_type="loss", loss_per_token=True), lm_cross_entropy_loss(out.logits, x, per_token=True))
+    assert_same(model(x, return_type="both"), (out.logits, lm_cross_entropy_loss(out.logits, x)))
+    assert_same(model(x, return_type="loss"), model(x, labels=x).loss)  # the HF forward's labels loss, the same mean
+    assert model.run_with_hooks(x, return_type=None) is None
+    _, seen = model.run_with_cache(x, return_type=None)
+    assert set(seen) == set(cache)
+    assert model.run_with_cache(x, return_cache_object=False)[1].keys() == cache.keys()
+    # text: the shipped tokenizer, no BOS by the rule (probe-bpe-8k has none and the model was not trained with one)
+    assert model.to_str_tokens("The tower is tall") == ["The", " tower", " is", " tall"]
+    text_logits, _ = model.run_with_cache("The tower is tall")
+    assert_same(text_logits, model(model.to_tokens("The tower is tall")).logits)
+    assert model.to_string(model.to_tokens("The tower is tall")) == ["The tower is tall"]
+    # the analyses' hidden-state forward is unchanged under run_with_hooks
+    hidden = model.run_with_hooks(x, return_hidden=True)
+    assert hidden.shape == (2, 16, model.config.d_model)
+    torch.testing.assert_close(model.unembed(hidden), out.logits)
+
+
+@torch.no_grad()
+def test_text_follows_the_bos_rule_and_prepend_bos_overrides_it():
+    model = create("baseline", tier="tiny", seed=0, n_layers=1)
+    plain = model.to_tokens("The tower")
+    with pytest.raises(ValueError, match="has no BOS token"):
+        model.to_tokens("The tower", prepend_bos=True)  # as --bos on a tokenizer without one
+    model.train_record = {"bos": True, "bos_id": 0}  # trained with `probe train --bos`: the recorded id first
+    assert model.to_tokens("The tower").tolist() == [[0] + plain[0].tolist()]
+    assert torch.equal(model.to_tokens("The tower", prepend_bos=False), plain)
+
+
+@torch.no_grad()
+def test_refusals_are_one_line():
+    model, x = create("baseline", tier="tiny", seed=0, n_layers=1), torch.randint(0, 8192, (2, 8))
+    with pytest.raises(ValueError, match="return_type 'logit'"):
+        model.run_with_hooks(x, return_type="logit")
+    with pytest.raises(TypeError, match="stop_at_layer"):
+        model.run_with_cache(x, stop_at_layer=1)  # never a silent full forward
+    with pytest.raises(TypeError, match="exclusive"):
+        model(x, return_type="logits", return_hidden=True)
+    with pytest.raises(ValueError, match="padded on the right"):
+        model(["The tower is tall", "The"], return_type="logits", padding_side="left")
+    with pytest.raises(TypeError, match="labels"):
+        model(x, labels=x, return_type="loss")
+
+
+@torch.no_grad()
+def test_hf_forward_generate_and_wrap_keep_working(dirs):
+    d = dirs["llama"]
+    m, ref, x = probe.load(str(d)), fresh_hf(d), ids()
+    out = m(x)
+    assert hasattr(out, "logits") and not isinstance(out, torch.Tensor)
+    torch.testing.assert_close(out.logits, ref(x).logits, atol=ATOL, rtol=0)
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=1)
+    assert torch.equal(m.generate(x, **kw), ref.generate(x, **kw))
+    wrapped = wrap(fresh_hf(d))
+    logits, cache = wrapped.run_with_cache(x)
+    torch.testing.assert_close(logits, ref(x).logits, atol=ATOL, rtol=0)
+    assert "blocks.0.attn.hook_pattern" in cache
+    assert hasattr(wrapped(x), "logits")
+
+
+@pytest.mark.filterwarnings("ignore:LanguageModel is deprecated")
+@torch.no_grad()
+def test_nnsight_traces_the_hf_forward():
+    from nnsight import NNsight
+
+    model, x = create("sink+proj", tier="tiny", seed=0, n_layers=2), torch.randint(0, 8192, (2, 8))
+    traced = NNsight(model)
+    with traced.trace(x):
+        v = traced.blocks[1].attn.hook_v.output.save()
+        logits = traced.output.logits.save()
+    _, cache = model.run_with_cache(x)
+    torch.testing.assert_close(v, cache["blocks.1.attn.hook_v"])
+    torch.testing.assert_close(logits, model(x).logits)

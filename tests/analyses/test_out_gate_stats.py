@@ -72,7 +72,7 @@ def _loss(model, hooks) -> float:
     total = n = 0
     with torch.no_grad():
         for x in W:
-            logits = model.run_with_hooks(x[:, :-1], fwd_hooks=hooks).logits
+            logits = model.run_with_hooks(x[:, :-1], fwd_hooks=hooks)
             total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="sum"))
             n += x[:, 1:].numel()
     return total / n

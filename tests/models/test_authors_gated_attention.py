@@ -81,7 +81,7 @@ def probe_outputs(model, ids) -> dict:
     names.update({f"pattern.{l}": f"blocks.{l}.attn.hook_pattern" for l in range(L)})
     with torch.no_grad():
         out, cache = model.run_with_cache(ids, names_filter=lambda n: n in names.values())
-    return {"logits": out.logits, **{k: cache[n] for k, n in names.items()}}
+    return {"logits": out, **{k: cache[n] for k, n in names.items()}}
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -52,7 +52,20 @@ def _by_token(s_u: torch.Tensor, n_u: torch.Tensor) -> torch.Tensor:
 
 
 class GateAccumulator:
-    SUMS = ("m", "m2", "sel", "rows", "g", "low", "reads", "tok", "tok_g2", "tok_g2f", "tok_gf", "tok_nf")
+    SUMS: tuple[str, ...] = (
+        "m",
+        "m2",
+        "sel",
+        "rows",
+        "g",
+        "low",
+        "reads",
+        "tok",
+        "tok_g2",
+        "tok_g2f",
+        "tok_gf",
+        "tok_nf",
+    )
 
     def __init__(self, info, token_ids: torch.Tensor, min_count: int, n_gate_heads: int | None = None):
         """token_ids: every input token of the evaluation set (its unique values index the token sums);
@@ -355,7 +368,8 @@ def gate_stats(
         )
     w = as_windows(data)
     token_ids = w.tokens[..., :-1].reshape(-1)
-    state = {}
+    state: dict = {}
+    acc: GateAccumulator
     if gate == "output":
         acc = OutGateAccumulator(info, token_ids, min_count, _gates_per_head(model, w))
         hooks, on_layer = ["hook_out_gate"], lambda l, got: acc.add_rows(l, got["hook_out_gate"], state["tokens"])

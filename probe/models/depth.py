@@ -116,6 +116,7 @@ class DepthSources:
         prior: float | torch.Tensor = 0.0,
     ):
         read = mechanism(config)
+        assert read is not None, "DepthSources serves a depth-routed model"
         self.emits, self.value_key, self.rank = read.emits_keys, read.value_key, read.key_width(config)
         self.block_size = (2 * config.n_layers) // config.depth_blocks if config.depth_blocks else 0
         self.normalize_emitted = self.emits and config.plr_key == "normalized"

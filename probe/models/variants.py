@@ -82,7 +82,7 @@ def variant_settings(variant: str, arch: dict) -> dict:
         if "r" in params:
             settings["depth_rank"] = int(params["r"]) if params["r"] else default_r
         return settings
-    rankless, rank = re.fullmatch(r"(.*?)(-r\d+)?", variant).groups()
+    rankless, rank = re.fullmatch(r"(.*?)(-r\d+)?", variant).groups()  # type: ignore[union-attr]  # always matches
     if rank and (rankless in VARIANTS or _parametric(rankless)):
         raise ValueError(f"variant {variant!r}: {rankless} takes no routing rank; drop {rank}")
     raise ValueError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")

@@ -43,6 +43,8 @@ positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "expected 
 nonneg_float = _number(float, lambda v: math.isfinite(v) and v >= 0, "expected a finite number >= 0")
 fraction = _number(float, lambda v: 0 <= v <= 1, "expected a number in [0, 1]")
 attention_share = _number(float, lambda v: 0 <= v < 1, "expected a share of attention mass, 0 <= eps < 1")
+MAX_THREADS = 1024  # torch asks OpenMP for per-thread state up front: 2^31 threads is an abort, not an error
+threads = _number(int, lambda v: 1 <= v <= MAX_THREADS, f"expected a thread count 1..{MAX_THREADS}")
 
 
 def option(help: str, type=None, choices=None) -> dict:  # noqa: A002 - argparse's own names
@@ -117,7 +119,7 @@ def add_options(parser, config_class, names=None, *, underscore_aliases: bool = 
         elif isinstance(default, tuple):
             parser.add_argument(*flags, dest=f.name, nargs="+", type=_scalar_type(f), default=default, help=help_)
         else:
-            typ = _scalar_type(f)
+            typ = threads if f.name == "threads" else _scalar_type(f)  # a recipe's torch threads: bounded as --threads
             parser.add_argument(
                 *flags, dest=f.name, type=_none_or(typ) if default is None else typ, default=default, help=help_
             )

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from probe.catalogue import CUTOFFS, JUNK_TYPES, PROTOCOLS, WINDOW_MODES
 from probe.jobs.specs import DEVICE_MAPS, InjectionSpec, ModelSpec, WindowSpec, parse_device_map, parse_max_memory
-from probe.options import attention_share, dose, nonneg_int, positive_int
+from probe.options import attention_share, dose, nonneg_int, positive_int, threads
 from probe.present.files import OutputSpec
 
 # The embedded default models: zoo checkpoints when installed, else a freshly initialised tiny model of the
@@ -144,7 +144,7 @@ def model_flags(p, default_model: str | None, *, defaults=(8, 8), several_ctx: b
     )
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
     g.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: float32 on CPU)")
-    g.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
+    g.add_argument("--threads", type=threads, help="CPU threads for torch (default: torch's choice)")
     placement_flags(g)
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from probe.cli.flags import folder_flags
 from probe.console import note as stderr_note
 from probe.errors import UsageError, first_line
-from probe.options import add_options, positive_int
+from probe.options import add_options, positive_int, threads
 from probe.runs import FINAL_MODEL, MODEL_CONFIG, RUN_IDENTITY
 from probe.train.config import TrainConfig
 
@@ -82,7 +82,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--eval-batches", type=positive_int, default=8, help="held-out batches of 8 windows (default 8)")
     add_options(p, TrainConfig, DEVICE_FLAGS)
-    p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--threads", type=threads, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--out", metavar="DIR", required=True, help="run directory (required)")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from probe.cli.flags import DEFAULT_MODEL, DTYPES, folder_flags, placement_flags
-from probe.options import nonneg_int, positive_int
+from probe.options import nonneg_int, positive_int, threads
 
 PAGE = "view.html"
 VERB = "view"  # this module is `probe view` (probe.cli.main finds verbs by this line)
@@ -53,7 +53,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--tokenizer", metavar="NAME", help="tokenizer (default: the model's own)")
     g.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available, else cpu)")
     g.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: float32 on CPU)")
-    g.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
+    g.add_argument("--threads", type=threads, help="CPU threads for torch (default: torch's choice)")
     placement_flags(g)
     p.add_argument("--out", metavar="DIR", required=True, help="folder for view.html (required)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
@@ -85,8 +85,9 @@ def _text(args: argparse.Namespace, model) -> tuple:
     if task is not None:
         raise text_on_bb(f"--data {args.data!r}", model, task)
     corpus = load_corpus(args.data or DEFAULT_DATA)
-    if not 0 <= args.doc < len(corpus.documents):
-        raise UsageError(f"--doc {args.doc}: corpus {corpus.name!r} has documents 0..{len(corpus.documents) - 1}")
+    docs = corpus.documents  # a streamed corpus: read no further than --doc
+    if (docs.available(args.doc + 1) if hasattr(docs, "available") else min(len(docs), args.doc + 1)) <= args.doc:
+        raise UsageError(f"--doc {args.doc}: corpus {corpus.name!r} has documents 0..{len(docs) - 1}")
     return corpus.documents[args.doc], f"document {args.doc} of {corpus.name}", corpus.name
 
 

@@ -126,12 +126,18 @@ class DocumentTokens:
     def __len__(self) -> int:
         return len(self.tensors if self.tensors is not None else self.documents)
 
+    def available(self, k: int) -> int:
+        """How many of the first ``k`` documents exist, reading a streamed corpus no further than document k."""
+        if self.tensors is None and hasattr(self.documents, "available"):
+            return self.documents.available(k)
+        return min(k, len(self))
+
     def prefixes(self, indices, limit: int | None) -> dict[int, torch.Tensor]:
         """{i: the first ``limit`` tokens of document i (None: all)}, read in ascending order (a gzip file is read
         forward once)."""
         indices = sorted(set(indices))
         if self.streamed:
-            return {i: tokenize_pieces(self.tok, self.documents.pieces(i), limit) for i in indices}
+            return self._streamed_prefixes(indices, limit)
         if self.tensors is None:
             todo = [i for i in indices if i not in self.kept]
             short = [i for i in todo if len(self.documents[i]) <= PIECE_CHARS]
@@ -143,6 +149,26 @@ class DocumentTokens:
             )
         whole = self.tensors if self.tensors is not None else self.kept
         return {i: whole[i] if limit is None else whole[i][:limit] for i in indices}
+
+    def _streamed_prefixes(self, indices, limit: int | None) -> dict[int, torch.Tensor]:
+        """A streamed corpus's documents read in ascending order; the short ones (one piece of at most SHORT_CHARS)
+        tokenized together in one call (the same ids: the same text, encoded whole), the rest piece by piece."""
+        out, short = {}, []
+        for i in indices:
+            pieces = self.documents.pieces(i)
+            first, second = next(pieces, ""), next(pieces, None)
+            if second is None and len(first) <= SHORT_CHARS:
+                short.append((i, first))
+            else:
+                whole = itertools.chain([first] if second is None else [first, second], pieces)
+                out[i] = tokenize_pieces(self.tok, whole, limit)
+        if short:
+            ids = self.tok([t for _, t in short], add_special_tokens=False, verbose=False)["input_ids"]
+            out.update({i: torch.tensor(x[:limit], dtype=torch.long) for (i, _), x in zip(short, ids)})
+        return out
+
+
+SHORT_CHARS = 1 << 16  # a streamed document this short is tokenized with others in one call
 
 
 def token_stream(documents, tok, eos_id: int, folder) -> tuple[torch.Tensor, torch.Tensor]:
@@ -358,7 +384,7 @@ def eval_batches(
     text_ctx = ctx if bos_id is None else ctx - 1  # text tokens per window, minus one (the last is a target only)
     w = text_ctx + 1
     if mode in ("first", "sequential"):
-        tokens, ids = _document_windows(source, mode, need, w, torch.randperm(len(source), generator=g).tolist(), name)
+        tokens, ids = _document_windows(source, mode, need, w, seeded_order(source, g), name)
     elif mode == "packed":
         tokens, ids = _packed_windows(source, need, w, _separator(tok), name)
     elif source.streamed:
@@ -401,19 +427,30 @@ def _separator(tok) -> int:
     return sep
 
 
-def _document_windows(source: DocumentTokens, mode: str, need: int, w: int, order: list[int], name: str):
+ORDER_BLOCK = 1 << 16  # documents shuffled together (docs/definitions.md#evaluation-windows)
+
+
+def seeded_order(source: DocumentTokens, g: torch.Generator):
+    """The documents' seeded visiting order, drawn lazily: a random permutation of each consecutive block of
+    ORDER_BLOCK documents in turn, from the one generator (a corpus of at most ORDER_BLOCK documents: exactly
+    ``torch.randperm(n, generator=g)``). A streamed corpus is read only as far as the blocks asked for."""
+    start = 0
+    while (n := source.available(start + ORDER_BLOCK) - start) > 0:
+        yield from (start + torch.randperm(n, generator=g)).tolist()
+        start += n
+
+
+def _document_windows(source: DocumentTokens, mode: str, need: int, w: int, order, name: str):
     """Modes first and sequential: round r takes the r-th non-overlapping window of every document long enough to
     hold it, documents in the seeded ``order``; mode 'first' stops after round 0 (one window per document).
 
     Documents are tokenized in that order only as far as the windows need: round 0 reads the first w tokens of
     documents until ``need`` of them hold a window; only when the whole corpus holds fewer are later rounds counted
     (every document's length, capped at need windows) and the windows read from the documents they fall in."""
-    long_enough, at, step = [], 0, max(need, 64)
-    while len(long_enough) < need and at < len(order):
-        batch = order[at : at + step]
+    long_enough, order, step = [], iter(order), max(need, 64)
+    while len(long_enough) < need and (batch := list(itertools.islice(order, step))):
         heads = source.prefixes(batch, w)
         long_enough += [(i, heads[i]) for i in batch if len(heads[i]) >= w]
-        at += len(batch)
     if len(long_enough) >= need:
         first = long_enough[:need]
         return torch.stack([t for _, t in first]), torch.tensor([i for i, _ in first])
@@ -482,7 +519,7 @@ def _packed_windows(source: DocumentTokens, need: int, w: int, sep: int, name: s
     carries the document of its first token. Only the first need x w tokens of the stream are tokenized."""
     total, parts, owner, i = need * w, [], [], 0
     have = 0
-    while have < total and i < len(source):
+    while have < total and source.available(i + 1) > i:
         if i:
             parts.append(torch.tensor([sep]))
             owner.append(torch.tensor([i - 1]))

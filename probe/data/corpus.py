@@ -20,7 +20,6 @@ import json
 import os
 import socket
 import threading
-import warnings
 from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -118,16 +117,16 @@ def load_corpus(
     path = Path(key).expanduser()
     if path.exists():  # streamed: the documents stay in the file until a window reads them
         skip = SKIP_BAD_RECORDS.get() if skip_bad_records is None else skip_bad_records
-        docs = FileDocuments(path, skip_bad=skip)
-        if docs.skipped:
-            warnings.warn(
-                f'skipped {docs.skipped} records without a string "text" (first: {docs.first_bad})', stacklevel=2
-            )
+        docs = FileDocuments(path, skip_bad=skip)  # a bad record is named (or skipped, with a warning) when read
         how = {
             "directory": f"directory, one document per .txt file ({getattr(docs, 'n_files', 0)} files)",
             "text": "text file, one document per blank-line-separated chunk",
         }.get(docs.format, 'JSON lines, one document per record\'s "text"')
-        note = f'; {docs.skipped} records without a string "text" skipped' if docs.skipped else ""
+        note = (
+            '; records without a string "text" skipped (--skip-bad-records)'
+            if skip and docs.format.startswith("jsonl")
+            else ""
+        )
         return Corpus(clean_text(str(path.resolve())), docs, how + note)  # a name shown and recorded: valid text
     if key.endswith((".txt", ".jsonl", ".jsonl.gz")) or os.sep in key:
         raise FileNotFoundError(f"corpus file {key!r} does not exist")

@@ -19,6 +19,8 @@ import hashlib
 import io
 import json
 import re
+import sys
+import warnings
 import zlib
 from array import array
 from collections.abc import Sequence
@@ -112,6 +114,7 @@ class FileDocuments(Sequence):
         self._kind = bytearray()  # jsonl: 0 = a record parsed whole, 1 = a long record's "text" string at _start
         self._files: list[Path] = []
         self._handle = None
+        self._complete, self._raw = True, None  # a JSON-lines file: parsed as far as documents are asked for
         if self.path.is_dir():
             self.format = "directory"
             self._index_directory()
@@ -125,18 +128,30 @@ class FileDocuments(Sequence):
     # ----------------------------------------------------------------------------------------- reading documents
 
     def __len__(self) -> int:
+        self._parse_to(sys.maxsize)  # every record of a JSON-lines file
         return len(self._start)
+
+    def available(self, k: int) -> int:
+        """How many of the first ``k`` documents exist: min(k, len(self)), parsing no further than document k."""
+        self._parse_to(k)
+        return min(k, len(self._start))
 
     def __getitem__(self, i):
         if isinstance(i, slice):
+            if i.step in (None, 1) and (i.start or 0) >= 0 and i.stop is not None and i.stop >= 0:
+                return [self[j] for j in range(i.start or 0, self.available(i.stop))]  # a prefix: parsed so far
             return [self[j] for j in range(*i.indices(len(self)))]
-        if not -len(self) <= i < len(self):
+        if i < 0:
+            i += len(self)
+        if i < 0 or self.available(i + 1) <= i:
             raise IndexError(f"document {i} of {len(self)}")
-        return "".join(self.pieces(i % len(self)))
+        return "".join(self.pieces(i))
 
     def __iter__(self):
-        for i in range(len(self)):
+        i = 0
+        while self.available(i + 1) > i:
             yield self[i]
+            i += 1
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
@@ -145,6 +160,7 @@ class FileDocuments(Sequence):
 
     def pieces(self, i: int):
         """The text of document ``i`` in pieces (each at most about BLOCK characters), read from its place."""
+        self._parse_to(i + 1)
         if self.format == "directory":
             with open(self._files[i], "rb", buffering=0) as f:
                 yield from _text_pieces(f)
@@ -175,6 +191,8 @@ class FileDocuments(Sequence):
     def __del__(self):
         try:
             self.close()
+            if self._raw is not None:  # the records left unparsed are never read
+                self._raw.close()
         except Exception:  # noqa: BLE001, S110 — interpreter shutdown
             pass
 
@@ -249,54 +267,86 @@ class FileDocuments(Sequence):
         self.sha256, self.size = sha.hexdigest(), size
 
     def _index_jsonl(self, skip_bad: bool) -> None:
-        """Every record checked (a bad one: a ValueError naming file and line, or skipped and counted), the offsets of
-        those with non-blank text kept. Offsets are into the inflated stream of a .gz."""
+        """The file hashed as stored (one pass at C speed); its records parsed later, in file order and only as far as
+        documents are asked for (:meth:`_parse_to`), so the cost of a few windows does not grow with the records.
+        Up to the first document with text is parsed here (none: a ValueError)."""
         path = check_input_file(self.path)
         with open(path, "rb") as raw:
             hashing = _Hashing(raw)
-            f = gzip.GzipFile(fileobj=hashing, mode="rb") if self.format == "jsonl.gz" else hashing
-            stream = _JsonStream(f, position=0)
-            try:
-                n = 0
-                while True:
-                    start = stream.position
-                    line = stream.read_line(LONG_RECORD)
-                    if line == b"":
-                        break
-                    n += 1
-                    if line is None:  # a long record: scanned, never held whole
-                        why, text_at, has_text = stream.scan_record()
-                    else:
-                        (why, text), text_at, has_text = _record_text(line), None, None
-                    offset = stream.position
-                    if offset > MAX_INPUT_BYTES:
-                        raise ValueError(
-                            f"{path} inflates past {human_bytes(MAX_INPUT_BYTES)}, more than a corpus file may hold"
-                        )
-                    if why == "blank":
-                        continue
-                    if why is not None:
-                        if not skip_bad:
-                            raise ValueError(
-                                f"{path}:{n} {why}; fix the record, or pass --skip-bad-records to skip such records"
-                            )
-                        self.skipped += 1
-                        self.first_bad = self.first_bad or f"{path}:{n} {why}"
-                        continue
-                    if text_at is None:
-                        if text.strip():
-                            self._add(start, offset)
-                    elif has_text:
-                        self._add(text_at, offset, kind=1)
-                _drain(hashing)  # what follows the last gzip member: hashed too
-            except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-                raise ValueError(
-                    f"{path} is corrupt or truncated compressed data ({type(e).__name__}: "
-                    f"{str(e).splitlines()[0] if str(e) else 'no detail'})"
-                ) from None
+            _drain(hashing)
         self.sha256, self.size = hashing.sha.hexdigest(), hashing.size
-        if not len(self):
+        self._skip_bad, self._records, self._stream, self._raw, self._complete = skip_bad, 0, None, None, False
+        self._error: str | None = None
+        self._parse_to(1)
+        if not len(self._start):
             raise ValueError(f"corpus file {str(path)!r} holds no records with text")
+
+    def _parse_to(self, k: int) -> None:
+        """Parse records until ``k`` documents are known or the file ends. A bad record: a ValueError naming file and
+        line, or (``skip_bad``) skipped and counted, with one warning at the first. Offsets are into the inflated
+        stream of a .gz."""
+        if self._complete or len(self._start) >= k:
+            return
+        if self._error is not None:  # the file cannot be read past it: every later read says so again
+            raise ValueError(self._error)
+        try:
+            self._parse(k)
+        except ValueError as e:
+            self._error = str(e)
+            raise
+
+    def _parse(self, k: int) -> None:
+        if self._stream is None:
+            self._raw = open(self.path, "rb")  # noqa: SIM115 - kept open while records are left, closed at the end
+            f = gzip.GzipFile(fileobj=self._raw, mode="rb") if self.format == "jsonl.gz" else self._raw
+            self._stream = _JsonStream(f, position=0)
+        stream, path = self._stream, self.path
+        try:
+            while len(self._start) < k:
+                start = stream.position
+                line = stream.read_line(LONG_RECORD)
+                if line == b"":
+                    self._finish()
+                    return
+                self._records += 1
+                if line is None:  # a long record: scanned, never held whole
+                    why, text_at, has_text = stream.scan_record()
+                else:
+                    (why, text), text_at, has_text = _record_text(line), None, None
+                offset = stream.position
+                if offset > MAX_INPUT_BYTES:
+                    raise ValueError(
+                        f"{path} inflates past {human_bytes(MAX_INPUT_BYTES)}, more than a corpus file may hold"
+                    )
+                if why == "blank":
+                    continue
+                if why is not None:
+                    where = f"{path}:{self._records} {why}"
+                    if not self._skip_bad:
+                        raise ValueError(f"{where}; fix the record, or pass --skip-bad-records to skip such records")
+                    self.skipped += 1
+                    if self.first_bad is None:
+                        self.first_bad = where
+                        warnings.warn(
+                            f'skipping records without a string "text" as they are read (first: {where})', stacklevel=3
+                        )
+                    continue
+                if text_at is None:
+                    if text.strip():
+                        self._add(start, offset)
+                elif has_text:
+                    self._add(text_at, offset, kind=1)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise ValueError(
+                f"{path} is corrupt or truncated compressed data ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else 'no detail'})"
+            ) from None
+
+    def _finish(self) -> None:
+        self._complete = True
+        if self._raw is not None:
+            self._raw.close()
+        self._stream = self._raw = None
 
 
 def _drain(f) -> None:

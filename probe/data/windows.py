@@ -10,6 +10,7 @@ Errors are ``ValueError``s with one-line messages.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import torch
 
@@ -76,17 +77,23 @@ def build_windows(
     corpus = _corpus(corpus)
     if docs is None:
         docs = DocumentTokens(corpus, tok)
-    error = None
-    for m in ("first", "sequential") if mode == "auto" else (mode,):
-        try:
-            eb = eval_batches(
-                docs, tok, n_batches=n_batches, batch_size=batch_size, ctx=ctx, seed=seed, mode=m, bos_id=bos_id
-            )
-            break
-        except ValueError as e:
-            error = e
-    else:
-        raise ValueError(str(error).replace("corpus 'custom-tokens' ", f"corpus {corpus.name!r} ", 1))
+    # auto: first when it has enough documents, else sequential. Sequential's first round is mode first, so one
+    # sequential pass gives both (its windows are first's exactly when no document gives two), reading the corpus once
+    try:
+        eb = eval_batches(
+            docs,
+            tok,
+            n_batches=n_batches,
+            batch_size=batch_size,
+            ctx=ctx,
+            seed=seed,
+            mode="sequential" if mode == "auto" else mode,
+            bos_id=bos_id,
+        )
+    except ValueError as e:
+        raise ValueError(str(e).replace("corpus 'custom-tokens' ", f"corpus {corpus.name!r} ", 1)) from None
+    if mode == "auto" and len(set(eb.doc_ids.flatten().tolist())) == eb.doc_ids.numel():
+        eb = dataclasses.replace(eb, mode="first")
     eb = dataclasses.replace(eb, corpus=corpus.name, corpus_fingerprint=corpus.fingerprint)
     top = int(eb.tokens.max())
     if vocab_size is not None and top >= vocab_size:
@@ -162,8 +169,10 @@ def text_windows(
     if ctx < 2:
         raise ValueError(f"ctx={ctx} must be at least 2")
     rows, ids, skipped, chunk = [], [], 0, 64
-    for start in range(0, len(corpus.documents), chunk):  # tokenize only as far as needed
+    for start in itertools.count(0, chunk):  # tokenize (and read a streamed corpus) only as far as needed
         texts = corpus.documents[start : start + chunk]
+        if not texts:
+            break
         for i, x in enumerate(tok(texts, verbose=False)["input_ids"]):
             if len(rows) == n:
                 break

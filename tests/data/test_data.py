@@ -90,8 +90,9 @@ def test_json_lines_corpus_plain_and_gzip(tmp_path):
     plain, packed = load_corpus(tmp_path / "a.jsonl"), load_corpus(str(tmp_path / "a.jsonl.gz"))
     assert plain.documents == packed.documents == ["first doc\n\nwith a blank line", "second"]
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n', encoding="utf-8")
+    bad = load_corpus(tmp_path / "bad.jsonl")  # records are parsed (and checked) as far as documents are read
     with pytest.raises(ValueError, match=r"bad.jsonl:2 is not a JSON object with a \"text\" field"):
-        load_corpus(tmp_path / "bad.jsonl")
+        list(bad.documents)
     (tmp_path / "blank.jsonl").write_text('{"text": ""}\n', encoding="utf-8")
     with pytest.raises(ValueError, match="holds no records with text"):
         load_corpus(tmp_path / "blank.jsonl")

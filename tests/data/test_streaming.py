@@ -218,3 +218,52 @@ def test_a_streamed_training_corpus_gives_the_samplers_windows_and_resume(tmp_pa
     c = WindowSampler(None, 64, seed=0, eos_id=tok.eos_token_id, stream=stream)
     c.load_state_dict(state)
     assert torch.equal(c.sample(8), after) and torch.equal(b.sample(8), after)
+
+
+def _many_records(path, n: int, bad_at: int | None = None) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            f.write(
+                '{"text": 5}\n' if i == bad_at else json.dumps({"text": f"record {i} of the quick brown fox"}) + "\n"
+            )
+
+
+def test_a_few_windows_of_many_tiny_records_parse_few_records(tmp_path, tok, monkeypatch):
+    """A .jsonl of millions of tiny records ran 400-600 s and up to 5.7 GB for a few windows: parsing and tokenizing
+    grew with the records. Now they stop when the windows are full; only the fingerprint reads every byte."""
+    path = tmp_path / "many.jsonl"
+    _many_records(path, 100_000, bad_at=90_000)  # a bad record past what the windows read is never reached
+    parsed, real = [], S._record_text
+    monkeypatch.setattr(S, "_record_text", lambda line: parsed.append(1) or real(line))
+    eb = build_windows(path, tok, n_batches=1, batch_size=2, ctx=64, mode="packed")
+    assert eb.tokens.shape == (1, 2, 65) and len(parsed) < 100
+    assert eb.corpus_fingerprint == __import__("hashlib").sha256(path.read_bytes()).hexdigest()[:16]
+    parsed.clear()
+    eb = build_windows(path, tok, n_batches=1, batch_size=2, ctx=4, mode="auto")  # first, from the first block
+    assert eb.mode == "first" and len(parsed) <= B.ORDER_BLOCK + 64  # the block's records, then the texts read
+    with pytest.raises(ValueError, match=r"many.jsonl:90001 has a \"text\" of type int"):
+        build_windows(path, tok, n_batches=1, batch_size=2, ctx=4, mode="random")  # random reads every record
+    with pytest.raises(ValueError, match=r"many.jsonl:90001"):  # and the error stays
+        list(load_corpus(path).documents)[-1:]
+
+
+def test_the_seeded_order_is_randperm_within_blocks(monkeypatch):
+    monkeypatch.setattr(B, "ORDER_BLOCK", 4)
+    docs = B.DocumentTokens([torch.zeros(1)] * 10)
+    g, h = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    want = [*torch.randperm(4, generator=h).tolist()]
+    want += [4 + i for i in torch.randperm(4, generator=h).tolist()] + [8 + i for i in torch.randperm(2, generator=h)]
+    assert list(B.seeded_order(docs, g)) == [int(i) for i in want]
+    monkeypatch.setattr(B, "ORDER_BLOCK", 1 << 16)  # a corpus of at most one block: randperm of all, as always
+    assert (
+        list(B.seeded_order(docs, torch.Generator().manual_seed(3)))
+        == torch.randperm(10, generator=torch.Generator().manual_seed(3)).tolist()
+    )
+
+
+def test_auto_is_first_or_sequential_from_one_pass(tok):
+    docs = [" ".join(f"w{i}" for i in range(400))] * 3 + ["short"]
+    for n, mode in ((3, "first"), (6, "sequential")):
+        eb = build_windows(docs, tok, n_batches=1, batch_size=n, ctx=16, mode="auto")
+        assert eb.mode == mode
+        assert torch.equal(eb.tokens, build_windows(docs, tok, n_batches=1, batch_size=n, ctx=16, mode=mode).tokens)

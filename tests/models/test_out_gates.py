@@ -113,7 +113,7 @@ def test_edits_at_hook_out_gate_reach_the_output(variant):
     gated, base = create(variant, seed=7, **CFG), create("baseline", seed=7, **CFG)
     with torch.no_grad():
         opened = gated.run_with_hooks(IDS, fwd_hooks=[(lambda n: names.is_attn(n, "out_gate"), _const(1.0))])
-        torch.testing.assert_close(opened.logits, base(IDS).logits, atol=1e-5, rtol=1e-5)  # g = 1: no gate at all
+        torch.testing.assert_close(opened, base(IDS).logits, atol=1e-5, rtol=1e-5)  # g = 1: no gate at all
         z = {}
         closed = gated.run_with_hooks(
             IDS,
@@ -125,7 +125,7 @@ def test_edits_at_hook_out_gate_reach_the_output(variant):
         assert bool((z["z"] == 0).all())  # a closed gate: the layer's attention writes nothing
         for block in gated.blocks[1:]:
             block.attn.o_proj.weight.zero_()
-        torch.testing.assert_close(closed.logits, gated(IDS).logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(closed, gated(IDS).logits, atol=1e-5, rtol=1e-5)
 
 
 def _const(value):

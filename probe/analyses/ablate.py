@@ -17,8 +17,10 @@ next-token loss per token, ablated − clean, paired on the same windows, with s
                clean row, rows with one go to the phantom (value 0). Element-wise value gates are refused. An output
                gate (hook_out_gate, G1; headwise or element-wise) is held the same way, its mean per layer, head
                (and coordinate); a model with both gates has both held.
-    evict      window eviction (StreamingLLM): query t sees keys 0 .. k-1 and t-w+1 .. t at their original positions,
-               in every layer, by the op's kept-first-keys rule; loss over all queries and over queries t >= k + w.
+    evict      window eviction (StreamingLLM): query t sees keys 0 .. k-1 and t-w+1 .. t, in every layer, carried out
+               by the attention op (probe.kernels.sink_attention.edits), keys at their positions in the text
+               (``k=K,w=W``) or within the cache as StreamingLLM assigns them (``k=K,w=W,pos=cache``: rotary models,
+               the queries re-rotated by each layer's own rotary); loss over all queries and over queries t >= k + w.
     depth      a depth read site's weights (hook_depth_weights over sub-layer sources; DenseFormer / MUDD
                dense.hook_weights over block states) forced to the uniform mix, to the standard residual (weight 1
                on every sub-layer source; one-hot on the latest block state for dense mixes), or, for sub-layer
@@ -60,6 +62,7 @@ DEPTH_MODES = ("uniform", "residual", "drop")
 SOURCE_CATEGORIES = ("embed", "blocks", "partial")
 DEFAULT_KEEP = (0, 1, 4)
 DEFAULT_WINDOWS = (64,)
+POSITIONS = edits.POSITIONS  # eviction: keys at their positions in the text, or within the cache
 MAX_SINK_LOGIT = 1e4  # a fixed phantom logit beyond +-1e4 is an infinite one for the softmax (and past fp16's range)
 MAX_POSITIONS = 2**31 - 1  # kept keys and eviction windows: positions, far beyond any context
 
@@ -150,6 +153,7 @@ def plan(
     gate_modes=GATE_MODES,
     keep=DEFAULT_KEEP,
     windows=DEFAULT_WINDOWS,
+    positions=("original",),
     depth_modes=DEPTH_MODES,
     per_layer: bool = True,
     per_head: bool = False,
@@ -209,13 +213,15 @@ def plan(
                     raise AblationError(f"unknown gate clamp {mode!r}; choose from {', '.join(GATE_MODES)}")
                 local("gate", mode, Hkv if mech.gate_dims else H)
         elif name == "evict":
-            for w in dict.fromkeys(windows):
-                if not _whole(w, 1):
-                    raise AblationError(f"eviction window must be an int 1..{MAX_POSITIONS}, got {w!r}")
-                for k in dict.fromkeys(keep):
-                    if not _whole(k, 0):
-                        raise AblationError(f"kept first keys must be an int 0..{MAX_POSITIONS}, got {k!r}")
-                    out.append(Ablation("evict", f"k={int(k)},w={int(w)}"))
+            for pos in dict.fromkeys(positions):
+                check_positions(model, pos)
+                for w in dict.fromkeys(windows):
+                    if not _whole(w, 1):
+                        raise AblationError(f"eviction window must be an int 1..{MAX_POSITIONS}, got {w!r}")
+                    for k in dict.fromkeys(keep):
+                        if not _whole(k, 0):
+                            raise AblationError(f"kept first keys must be an int 0..{MAX_POSITIONS}, got {k!r}")
+                        out.append(Ablation("evict", eviction_setting(int(k), int(w), pos)))
         elif name == "depth":
             if not mech.depth_sites and not mech.dense_layers:
                 raise AblationError(
@@ -244,6 +250,34 @@ def plan(
                     f"mixes of block states take uniform and residual); choose from {takes}"
                 )
     return out
+
+
+def eviction_setting(keep: int, window: int, positions: str = "original") -> str:
+    """An eviction's setting: ``k=K,w=W`` (keys at their positions in the text) or ``k=K,w=W,pos=cache``."""
+    return f"k={keep},w={window}" + ("" if positions == "original" else f",pos={positions}")
+
+
+def parse_eviction(setting: str) -> tuple[int, int, str]:
+    """(keep, window, positions) of an eviction's setting."""
+    parts = dict(part.split("=", 1) for part in setting.split(","))
+    return int(parts["k"]), int(parts["w"]), parts.get("pos", "original")
+
+
+def check_positions(model, positions: str) -> None:
+    """Eviction positions the model can take: within the cache needs a rotary position embedding in every layer
+    (``model.rotary_tables``); else one AblationError line."""
+    if positions not in POSITIONS:
+        raise AblationError(f"unknown eviction positions {positions!r}; choose from {', '.join(POSITIONS)}")
+    if positions == "original":
+        return
+    info = model.probe_info
+    tables = getattr(model, "rotary_tables", None)
+    missing = [l for l in range(info.n_layers) if tables is None or tables(l, 2) is None]
+    if missing:
+        raise AblationError(
+            f"model {info.name!r} has no rotary position embedding in layer {missing[0]}: eviction at positions "
+            "within the cache re-rotates each query by its layer's rotary; use positions original"
+        )
 
 
 def _whole(x, low: int) -> bool:
@@ -306,11 +340,15 @@ def ablation_hooks(
         if kind == "knockout":
             edit = edits.AttentionEdit(knockout=True, kv_heads=None if abl.head is None else (abl.head,))
         else:
-            k, w = (int(part.split("=")[1]) for part in setting.split(","))
+            k, w, pos = parse_eviction(setting)
             edit = edits.AttentionEdit(keep=k, window=w)
 
-        def arm(x, hook):
-            edits.arm(edit)
+        def arm(v, hook):  # B,T,Hkv,dv
+            if kind == "evict" and pos == "cache":  # the layer's own rotary at positions 0 .. T-1
+                tables = model.rotary_tables(names.layer_of(hook.name), v.shape[1], v.device)
+                edits.arm(edits.AttentionEdit(keep=k, window=w, positions="cache", rotary=tables))
+            else:
+                edits.arm(edit)
 
         return [(names.attn(l, "v_out"), arm) for l in layers]
     if kind == "value":
@@ -446,7 +484,7 @@ def _late_mask(abl: Ablation, T: int) -> torch.Tensor | None:
     """Eviction: the queries t >= k + w (None for other interventions)."""
     if abl.intervention != "evict":
         return None
-    k, w = (int(part.split("=")[1]) for part in abl.setting.split(","))
+    k, w, _ = parse_eviction(abl.setting)
     return torch.arange(T) >= min(k + w, T)
 
 
@@ -461,6 +499,7 @@ def ablate(
     gate_modes=GATE_MODES,
     keep=DEFAULT_KEEP,
     windows=DEFAULT_WINDOWS,
+    positions=("original",),
     depth_modes=DEPTH_MODES,
     per_layer: bool = True,
     per_head: bool = False,
@@ -493,6 +532,7 @@ def ablate(
         gate_modes=gate_modes,
         keep=keep,
         windows=windows,
+        positions=positions,
         depth_modes=depth_modes,
         per_layer=per_layer,
         per_head=per_head,
@@ -555,6 +595,9 @@ def ablate(
         n_conditions=len(conds),
         n_tokens=int(w.tokens[..., 1:].numel()),
         knockout_query0=query0,
+        eviction_positions=",".join(dict.fromkeys(positions))
+        if any(c.intervention == "evict" for c in conds)
+        else "n/a",
         gate_means="clean pass" if want_means else "n/a",
         clean_forward_s=plain_s,
         ablated_forward_s=ablated_s / max(n_forwards, 1),
@@ -629,4 +672,7 @@ __all__ = [
     "SOURCE_CATEGORIES",
     "DEFAULT_KEEP",
     "DEFAULT_WINDOWS",
+    "POSITIONS",
+    "eviction_setting",
+    "parse_eviction",
 ]

@@ -306,6 +306,9 @@ def dormant_heads(
     return dormant_result(model, acc, domains)
 
 
+# ------------------------------------------------------------------------------------------------------------ figures
+
+
 __all__ = [
     "dormant_heads",
     "DormantAccumulator",

@@ -386,6 +386,9 @@ def sink_heads(
     return part.result(model, w, method)
 
 
+# ------------------------------------------------------------------------------------------------------------ figures
+
+
 __all__ = [
     "sink_heads",
     "SinkEpsAccumulator",

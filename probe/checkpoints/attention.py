@@ -32,8 +32,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, prepare_padding_mask
 
 from probe.kernels import sink_attention
-from probe.kernels.backend import resolve_backend
-from probe.kernels.sink_attention.dispatch import auto_sink_attention
+from probe.kernels.sink_attention import edits
 from probe.kernels.sink_attention.reference import attention_probs
 
 try:  # where transformers collects attentions for output_attentions=True (an internal: absent in other versions)
@@ -186,15 +185,6 @@ def query_blocks(rules: MaskRules, q_len: int, k_len: int, dtype, device, block:
         yield rows, slice(0, k_len), rules.dense(rows, q_len, k_len, dtype, device)
 
 
-def _kernel_applies_window(q, k, v) -> bool:
-    """Does the kernel path these tensors take apply a sliding window without a T x T mask? (Triton does; the SDPA
-    path builds its (Tq, Tk) visible mask, so the caller feeds it query blocks.)"""
-    backend = resolve_backend(None)
-    if backend == "auto":
-        backend = auto_sink_attention(_bthd(q), _bthd(k), _bthd(v))
-    return backend == "triton"
-
-
 # --- attention ----------------------------------------------------------------------------------------------------
 
 
@@ -213,6 +203,33 @@ def eager_probs(q, k, mask, scaling: float, sinks=None, window: int | None = Non
     return pattern, phantom, real
 
 
+def edited_probs(q, k, v, mask, scaling: float, sinks=None, window: int | None = None):
+    """:func:`eager_probs` under the armed edit, which the kernels' reference op carries out: (pattern, phantom, lse
+    over the real keys); q (B,H,Tq,dh), k/v (B,Hkv,Tk,dh)."""
+    res = sink_attention(
+        _bthd(q),
+        _bthd(k),
+        _bthd(v),
+        sink=sinks,
+        mask=mask,
+        window=window,
+        scale=scaling,
+        return_pattern=True,
+        backend="reference",
+    )
+    real = res.lse if sinks is None else res.lse + torch.log(res.pattern.sum(-1))
+    return res.pattern, res.phantom, real
+
+
+def refuse_padded_edit(rules: MaskRules | None) -> None:
+    """An armed edit on padded sequences is an error: key 0 and the positions are not each sequence's own."""
+    if edits.pending() and rules is not None and rules.keep is not None:
+        raise RuntimeError(
+            "an attention edit (knockout, eviction) needs unpadded sequences: with key padding key 0 and the "
+            "positions are not each sequence's own; pass windows without an attention mask"
+        )
+
+
 def fast_attention(q, k, v, mask, scaling: float, sinks=None, window: int | None = None, return_lse=False):
     """(output (B,H,Tq,dh), lse over the real keys (B,H,Tq) fp32 or None) without materialising the pattern: the
     kernels' fused op (SDPA with the sink as an extra key of value 0 on CPU), GQA without repetition; q (B,H,Tq,dh),
@@ -225,12 +242,13 @@ def fast_attention(q, k, v, mask, scaling: float, sinks=None, window: int | None
 
 
 def rules_attention(q, k, v, rules: MaskRules, scaling: float, sinks=None, return_lse=False):
-    """:func:`fast_attention` under a :class:`MaskRules`, with no T x T tensor: plain causal (or a window the kernel
-    applies itself) in one call, otherwise query blocks (:func:`query_blocks`)."""
+    """:func:`fast_attention` under a :class:`MaskRules`, with no T x T tensor: causal or a sliding window in one call
+    of the kernels (whose windowed paths run in query blocks of their own, so an armed edit acts on every query),
+    padded keys in query blocks (:func:`query_blocks`), where an armed edit is refused."""
     q_len, k_len = q.shape[2], k.shape[2]
-    whole = rules.keep is None and (rules.window is None or rules.window >= k_len or _kernel_applies_window(q, k, v))
-    if whole:
+    if rules.keep is None:
         return fast_attention(q, k, v, None, scaling, sinks, rules.window, return_lse)
+    refuse_padded_edit(rules)
     out = q.new_empty(*q.shape[:3], v.shape[-1])
     lse = q.new_empty(*q.shape[:3], dtype=torch.float32) if return_lse else None  # (B, H, Tq)
     for rows, cols, mask in query_blocks(rules, q_len, k_len, q.dtype, q.device):
@@ -298,14 +316,12 @@ def probe_attention(
         n_rep = query.shape[1] // key.shape[1]
         if rules is not None:  # the pattern is T x T by definition; its mask only where padding needs one
             mask = None if rules.keep is None else rules.dense(slice(None), q_len, k_len, query.dtype, query.device)
-        pattern, phantom, lse = eager_probs(
-            query,
-            repeat_kv(key, n_rep),
-            mask,
-            scaling,
-            sinks,
-            window=rules.window if rules is not None and mask is None else None,
-        )
+        window = rules.window if rules is not None and mask is None else None
+        if edits.pending():  # the armed edit is carried out by the op, which gives the pattern too
+            refuse_padded_edit(rules)
+            pattern, phantom, lse = edited_probs(query, key, value, mask, scaling, sinks, window)
+        else:
+            pattern, phantom, lse = eager_probs(query, repeat_kv(key, n_rep), mask, scaling, sinks, window=window)
         if site is not None:
             pattern = site.hook_pattern(pattern)
             phantom = site.hook_phantom(phantom)

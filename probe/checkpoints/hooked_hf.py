@@ -197,6 +197,26 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         cap = getattr(self.hf_model.config, "final_logit_softcapping", None)
         return logits if not cap else torch.tanh(logits / cap) * cap
 
+    def rotary_tables(self, layer: int, T: int, device=None):
+        """(cos, sin) (T, d_rot/2) fp32 of layer ``layer``'s rotary at positions 0 .. T-1 (rotate-half pairs over the
+        first d_rot coordinates of hook_q / hook_k, as transformers rotates them), None without rotary: what
+        re-rotates a query to another position (eviction at positions within the cache). The frequencies are the
+        rotary module's ``inv_freq`` (``<layer type>_inv_freq`` where layer types have their own, Gemma 3), as the
+        forward last set them (dynamic scalings update them in the forward); its attention scaling multiplies q and k
+        alike and is no rotation."""
+        base = getattr(self.hf_model.base_model, "language_model", self.hf_model.base_model)
+        attn = self.attention_module(self.decoder_layers(self.hf_model)[layer])
+        rope = getattr(attn, "rotary_emb", None) or getattr(base, "rotary_emb", None)
+        if rope is None:
+            return None
+        types = getattr(self.hf_model.config.get_text_config(), "layer_types", None)
+        inv = getattr(rope, f"{types[layer]}_inv_freq", None) if types else None
+        inv = getattr(rope, "inv_freq", None) if inv is None else inv
+        if inv is None:
+            return None
+        angle = torch.arange(T, device=inv.device, dtype=torch.float32)[:, None] * inv.float()[None, :]
+        return angle.cos().to(device or inv.device), angle.sin().to(device or inv.device)
+
     def generate(self, *args, **kwargs):
         return self.hf_model.generate(*args, **kwargs)
 

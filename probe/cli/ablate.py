@@ -15,6 +15,7 @@ INTERVENTIONS = ("knockout", "value", "phantom", "gate", "evict", "depth")
 VALUE_MODES = ("zero", "mean", "swap")
 GATE_MODES = ("open", "closed", "mean")
 DEPTH_MODES = ("uniform", "residual", "drop")
+POSITIONS = ("original", "cache")
 DEFAULT_INTERVENTIONS = ("knockout", "value")
 
 VERB = "ablate"  # this module is `probe ablate` (probe.cli.main finds verbs by this line)
@@ -99,6 +100,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="window eviction: query t sees t-W+1..t besides the kept keys (default 64); adds evict",
     )
     g.add_argument(
+        "--positions",
+        nargs="+",
+        choices=POSITIONS,
+        default=None,
+        metavar="WHERE",
+        help="window eviction: keys at their positions in the text (original) or within the cache as StreamingLLM "
+        "assigns them (cache: rotary models); default original; adds evict",
+    )
+    g.add_argument(
         "--depth",
         nargs="+",
         choices=DEPTH_MODES,
@@ -128,6 +138,7 @@ def _implied(args) -> list[str]:
         ("gate", args.gate),
         ("evict", args.keep),
         ("evict", args.window),
+        ("evict", args.positions),
         ("depth", args.depth),
     ]
     return list(dict.fromkeys(name for name, value in flags if value is not None))
@@ -151,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
             gate_modes=args.gate or GATE_MODES,
             keep=args.keep or DEFAULT_KEEP,
             windows=args.window or DEFAULT_WINDOWS,
+            positions=args.positions or ("original",),
             depth_modes=args.depth or DEPTH_MODES,
             per_layer=not args.no_per_layer,
             per_head=args.per_head,

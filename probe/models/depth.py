@@ -21,12 +21,18 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.hooks.names import read_site
 from probe.kernels.depth_attention.reference import rms_normalize
-from probe.models.registry import registrar
 
 DEPTHS: dict[str, type[DepthRead]] = {}
 
 
-register_depth = registrar(DEPTHS, "depth")
+def register_depth(name: str):
+    """Class decorator: ``@register_depth("mine")`` makes ``ProbeConfig(depth="mine")`` build that read at each site."""
+
+    def add(cls):
+        DEPTHS[name] = cls
+        return cls
+
+    return add
 
 
 def emit_key(raw_key: torch.Tensor) -> torch.Tensor:

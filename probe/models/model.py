@@ -230,6 +230,17 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
         return None if self.config.tie_embeddings else self.lm_head
 
     # ---- what analyses and trainers may ask ------------------------------------------------------------
+    def rotary_tables(self, layer: int, T: int, device=None):
+        """(cos, sin) (T, d_rot/2) fp32 of layer ``layer``'s rotary at positions 0 .. T-1 (rotate-half pairs over the
+        first d_rot coordinates of hook_q / hook_k), None without rotary: what re-rotates a query to another
+        position (eviction at positions within the cache)."""
+        rotary = self.blocks[layer].attn.rotary
+        if rotary is None:
+            return None
+        cos, sin = rotary.tables(T, device or self.embed.weight.device, torch.float32)  # (T, 1, d_rot), halves equal
+        half = rotary.d_head // 2
+        return cos[:, 0, :half], sin[:, 0, :half]
+
     def no_weight_decay(self) -> set[str]:
         """Parameter names excluded from weight decay by their declared role (sink logits, gates, routing queries,
         mixing weights, norms), not by tensor rank (docs/definitions.md#weight-decay)."""

@@ -150,6 +150,57 @@ def test_eviction_equals_masked_attention_by_hand():
     assert row(res, "evict", f"k={k},w={w}")["loss_ablated"] == pytest.approx(want, abs=1e-5)
 
 
+@pytest.mark.parametrize("variant", ["sink+proj", "baseline"])
+def test_cache_positions_equal_each_querys_cache_reencoded_by_hand(variant):
+    """pos=cache: query t's scores are those of its cache re-encoded (q and k rotated back from the text's positions
+    and again at the cache's, by the layer's own rotary tables), softmaxed with the phantom: the same loss."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    model = tiny(variant)
+    k, w = 2, 4
+    T = W.shape[-1] - 1
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    p = i.clamp(max=k + w - 1)  # each query's position in its cache
+    kept = (j < k) & (j <= i - w)
+    c = torch.where(kept, j, j - i + p)  # each key's
+    seen = {}
+
+    def keep(x, hook):
+        seen[hook.name] = x
+
+    def by_hand(pattern, hook):  # (B, H, T, T)
+        l = names.layer_of(hook.name)
+        cos, sin = (t[:, 0].double() for t in model.blocks[l].attn.rotary.tables(T, "cpu", torch.float32))
+        q, key = (seen[names.attn(l, x)].double().transpose(1, 2) for x in "qk")  # (B, H, T, dh)
+        key = key.repeat_interleave(q.shape[1] // key.shape[1], 1)
+        q, key = (x * cos - rotate_half(x) * sin for x in (q, key))  # at position 0
+        q = q * cos[p[:, 0]] + rotate_half(q) * sin[p[:, 0]]
+        key = key[:, :, None] * cos[c] + rotate_half(key)[:, :, None] * sin[c]  # (B, H, T, T, dh)
+        s = torch.einsum("bhtd,bhtjd->bhtj", q, key) / q.shape[-1] ** 0.5
+        s = s.masked_fill(~((j <= i) & ((j > i - w) | (j < k))), float("-inf"))
+        sink = seen.get(names.attn(l, "sink_logit"))
+        if sink is not None:
+            s = torch.cat([sink.double()[None, :, None, None].expand(*s.shape[:3], 1), s], -1)
+        a = torch.softmax(s, -1)
+        return (a[..., 1:] if sink is not None else a).to(pattern.dtype)
+
+    res = ablate(model, W, ["evict"], keep=(k,), windows=(w,), positions=("cache",), progress=False)
+    grab = [(lambda n: names.attn_point(n) in ("q", "k", "sink_logit"), keep)]
+    want = losses(model, W, grab + [(lambda n: names.is_attn(n, "pattern"), by_hand)])
+    got = row(res, "evict", f"k={k},w={w},pos=cache")
+    assert got["loss_ablated"] == pytest.approx(want, abs=1e-5)
+    assert res["meta"]["eviction_positions"].iloc[0] == "cache"
+    original = ablate(model, W, ["evict"], keep=(k,), windows=(w,), per_layer=False, progress=False)
+    assert abs(row(original, "evict", f"k={k},w={w}")["loss_ablated"] - got["loss_ablated"]) > 1e-5
+
+
+def test_cache_positions_are_refused_in_one_line_without_rotary():
+    with pytest.raises(AblationError, match="no rotary position embedding in layer 0: eviction at positions within"):
+        ablate(tiny("baseline", pos="learned"), W, ["evict"], positions=("cache",), progress=False)
+    with pytest.raises(AblationError, match="unknown eviction positions 'text'; choose from original, cache"):
+        ablate(tiny("baseline"), W, ["evict"], positions=("text",), progress=False)
+
+
 def test_uniform_depth_weights_on_a_zero_query_attnres_model_equal_its_clean_loss():
     model = tiny("attnres-full")
     with torch.no_grad():

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from probe.checkpoints import attention as _attn
 from probe.checkpoints.hooked_hf import HookedHF, base_info
+from probe.kernels.sink_attention import edits
 
 SOFTCAP_IMPLEMENTATION = "probe_softcap"
 
@@ -53,6 +54,11 @@ def softcap_attention(
             dropout=dropout,
             sliding_window=sliding_window,
             **kwargs,
+        )
+    if edits.pending():  # the kernels' op has no soft-cap: an edit would otherwise pass on to the next layer
+        raise RuntimeError(
+            "an attention edit (knockout, eviction) cannot be carried through Gemma 2's soft-capped attention: "
+            "the kernels' op, which carries edits, has no attention-logit soft-cap"
         )
     site = module.__dict__.get(_attn.SITE_KEY)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling

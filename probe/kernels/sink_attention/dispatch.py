@@ -16,6 +16,7 @@ shape: never an OutOfResources.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -24,7 +25,7 @@ from probe.kernels.backend import TRITON_DTYPES, check_triton, resolve_backend, 
 from probe.kernels.common import check_attention_args
 from probe.kernels.launch import NoLaunchConfig, warn_fallback
 from probe.kernels.row_masses.dispatch import attention_row_masses
-from probe.kernels.sink_attention import edits
+from probe.kernels.sink_attention import edits, kept
 from probe.kernels.sink_attention.reference import real_lse_blocked, sink_attention_reference, visible_mask
 from probe.kernels.sink_attention.sdpa import sink_attention_sdpa
 
@@ -154,58 +155,121 @@ def _sink_attention(q, k, v, sink, key_bias, mask, window, scale, keep, return_p
 
 
 def _edited_attention(edit, q, k, v, *, sink, key_bias, mask, window, scale, keep, return_pattern, return_lse, backend):
-    """sink_attention with an armed edit carried out by the op's own per-key bias and kept-first-keys rule."""
+    """sink_attention with an armed edit carried out by the op itself (edits.py), over the whole sequence."""
     if keep is not None:
         raise ValueError("an armed eviction cannot be combined with the caller's own keep")
     B, Tq, H, _ = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
-    if Tq != Tk:  # a cache, or a layer split into query blocks: key 0 and the positions are not the window's own
+    if Tq != Tk:  # a cache: key 0 and the positions are not the window's own
         raise RuntimeError(
             f"an attention edit needs the whole sequence in one attention call; got {Tq} queries over {Tk} keys"
         )
-    if edit.keep is not None:
-        if mask is None:
-            window, keep, both = edits.eviction_rule(window, edit, Tk)
-            if both is not None:  # kept keys inside a wider own window than the eviction's
-                mask = torch.zeros(Tk, Tk, device=q.device).masked_fill(~both.to(q.device), float("-inf"))[None, None]
-        else:  # an additive mask (HF's dense one): the rule joins it
-            visible = visible_mask(Tq, edit.window, q.device, Tk, edit.keep)
-            mask = mask.float().masked_fill(~visible, float("-inf"))
+    call = functools.partial(sink_attention, scale=scale, return_pattern=return_pattern, backend=backend)
+    plan = None if edit.keep is None else edits.eviction_plan(window, edit, Tk)
+    sliced = edit.knockout and edit.kv_heads is None and key_bias is None and Tq > 1  # with a bias: its -inf on key 0
+    if sliced and (plan is None or plan.kind == "own"):
+        return _knockout_by_slicing(call, q, k, v, sink, mask, window, return_lse)
     bias = key_bias
     if edit.knockout:
         bias = edits.knockout_bias(key_bias, B, Hkv, Tk, edit.kv_heads, q.device)
-    res = sink_attention(
-        q,
-        k,
-        v,
-        sink=sink,
-        key_bias=bias,
-        mask=mask,
-        window=window,
-        scale=scale,
-        keep=keep,
-        return_pattern=return_pattern,
-        return_lse=return_lse,
-        backend=backend,
-    )
+    if plan is None or plan.kind == "own":
+        res = call(q, k, v, sink=sink, key_bias=bias, mask=mask, window=window, return_lse=return_lse)
+    else:
+        rule = dict(window=plan.window, keep=plan.keep if plan.kind == "rule" else None)
+        if mask is not None:  # an additive mask (HF's dense one) replaces the rule: the rule joins it
+            visible = visible_mask(Tq, rule["window"], q.device, Tk, rule["keep"])
+            rule = dict(mask=mask.float().masked_fill(~visible, float("-inf")), window=None, keep=None)
+        if plan.kind == "rule":
+            res = call(q, k, v, sink=sink, key_bias=bias, return_lse=return_lse, **rule)
+        else:
+            recording = torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in (q, k, v, sink, key_bias)
+            )  # the merge needs the window part's lse with its gradient: the reference gives both
+            res = call(
+                q,
+                k,
+                v,
+                sink=sink,
+                key_bias=bias,
+                return_lse=return_lse,
+                **rule,
+                **({"backend": "reference"} if recording else {}),
+            )
+            res = _with_full_lse(res, q, k, sink, bias, rule, scale, backend)
+            res = kept.merge_kept(res, q, k, v, plan, rotary=edit.rotary, key_bias=bias, mask=mask, scale=scale)
     if not edit.knockout:
         return res
     empty = edits.empty_first_rows(sink, H, Hkv, edit.kv_heads, q.device)  # (H,)
     if not bool(empty.any()):
         return res
-    first = sink_attention(
+    first = _first_row(call, q, k, v, sink, key_bias, mask, return_lse)
+    return _with_first_row(res, first, empty)
+
+
+def _first_row(call, q, k, v, sink, key_bias, mask, return_lse) -> AttentionOutput:
+    """Query 0 over key 0 alone: its clean row."""
+    return call(
         q[:, :1],
         k[:, :1],
         v[:, :1],
-        sink=sink,  # query 0 over key 0 alone: its clean row
+        sink=sink,
         key_bias=None if key_bias is None else key_bias[..., :1],
         mask=None if mask is None else mask[..., :1, :1],
-        scale=scale,
-        return_pattern=return_pattern,
         return_lse=return_lse,
-        backend=backend,
     )
-    return _with_first_row(res, first, empty)
+
+
+def _with_full_lse(res, q, k, sink, key_bias, rule, scale, backend) -> AttentionOutput:
+    """``res`` with its lse over every key and the phantom (paths that do not give it: SDPA off the CPU)."""
+    if res.lse is not None:
+        return res
+    real = res.lse_real
+    if real is None:
+        real = real_lse(q, k, sink, key_bias, rule.get("mask"), rule["window"], scale, rule["keep"], backend)
+    lse = real if sink is None else torch.logaddexp(real.float(), sink.float()[None, :, None])
+    return res._replace(lse=lse)
+
+
+def _knockout_by_slicing(call, q, k, v, sink, mask, window, return_lse) -> AttentionOutput:
+    """Key 0 out of every KV head of an op without a key bias: the op on queries and keys 1 .. T-1, whose rule is the
+    same less key 0 (no bias coordinate, no copy). Query 0 keeps its clean row where it has no phantom; with one, its
+    mass is the phantom's."""
+    res = call(
+        q[:, 1:],
+        k[:, 1:],
+        v[:, 1:],
+        sink=sink,
+        mask=None if mask is None else mask[..., 1:, 1:],
+        window=window,
+        return_lse=return_lse,
+    )
+    first = _first_row(call, q, k, v, sink, None, mask, return_lse)
+    H, T = q.shape[2], q.shape[1]
+    empty = torch.ones(H, dtype=torch.bool, device=q.device) if sink is None else torch.isneginf(sink.float())
+    out0 = torch.where(empty[None, :, None], first.out[:, 0], torch.zeros_like(first.out[:, 0]))
+    out = torch.cat([out0[:, None].to(res.out.dtype), res.out], 1)
+
+    def rows(row0, rest):  # (B, H, 1) and (B, H, T-1) -> (B, H, T)
+        return None if rest is None or row0 is None else torch.cat([row0.to(rest.dtype), rest], -1)
+
+    no_key = torch.full_like(first.out[:, 0, :, 0], float("-inf"), dtype=torch.float32)  # (B, H)
+    lse0 = None if first.lse is None else first.lse[..., 0]  # a head with a phantom: its lse is the sink logit
+    if lse0 is not None and sink is not None:
+        lse0 = torch.where(empty[None], lse0, sink.to(lse0.dtype)[None])
+    real0 = None if first.lse_real is None else torch.where(empty[None], first.lse_real[..., 0], no_key)
+    pattern, phantom = None, None
+    if res.pattern is not None and first.pattern is not None and first.phantom is not None:
+        pattern = res.pattern.new_zeros(*res.pattern.shape[:2], T, T)
+        pattern[..., 1:, 1:] = res.pattern
+        pattern[..., 0, 0] = torch.where(empty[None], first.pattern[..., 0, 0], 0.0)
+        phantom = rows(torch.where(empty[None], first.phantom[..., 0], 1.0)[..., None], res.phantom)
+    return AttentionOutput(
+        out,
+        rows(None if lse0 is None else lse0[..., None], res.lse),
+        pattern,
+        phantom,
+        rows(None if real0 is None else real0[..., None], res.lse_real),
+    )
 
 
 def _with_first_row(res, first, empty):

@@ -1,39 +1,54 @@
 """Attention edits the op itself carries out for one call: key-0 knockout and window eviction
-(docs/definitions.md#ablations).
+(docs/definitions.md#ablations, docs/definitions.md#window-eviction).
 
 An analysis arms an edit from a hook that fires just before a layer's attention op (``hook_v_out``: the last
 attention hook before the op, on probe's models and on the HF adapters alike); the next ``probe.kernels.sink_attention``
-call takes it, so the edit is made by the op's own per-key bias and kept-first-keys rule, on whichever backend
-runs, and nothing T x T is built for it:
+call takes it, so the edit is made by the op itself, on whichever backend runs, over the whole sequence in that one
+call (the op's windowed paths work in query blocks of their own), and nothing T x T is built for it:
 
-    knockout   key 0 leaves every row's softmax (key_bias_0 = -inf for the chosen KV heads): rows renormalise over the
-               other keys and the phantom. Query 0 of a head without a phantom would see nothing; it keeps its clean
-               row (a 1 x 1 call of the op on key 0 alone).
-    eviction   query t sees keys 0 .. keep-1 and t-window+1 .. t at their original positions (StreamingLLM's window
-               with its first keys kept; no re-indexing of positions). The layer's own sliding window still applies:
-               the tighter of the two wins, and kept keys outside the layer's own window stay unseen.
+    knockout   key 0 leaves every row's softmax: rows renormalise over the other keys and the phantom. For every KV
+               head the op runs on queries and keys 1 .. T-1 (the same rule, one key fewer); for chosen KV heads
+               key_bias_0 = -inf. Query 0 of a head without a phantom would see nothing; it keeps its clean row (a
+               1 x 1 call of the op on key 0 alone).
+    eviction   query t sees keys 0 .. keep-1 and t-window+1 .. t (StreamingLLM's window with its first keys kept).
+               positions "original": every key at its position in the text (the op's kept-first-keys rule);
+               "cache": positions within the cache as StreamingLLM assigns them — window keys keep their distance
+               to the query, kept key i sits at distance min(t, keep+window-1) - i, scored with the query re-rotated
+               by the layer's own rotary (``rotary``: its cos/sin at positions 0 .. T-1) and merged with the window
+               by lse (kept.py). The layer's own sliding window still applies, counting the distance the layer's
+               rotary sees (in the text, or in the cache): the tighter of the two wins.
 
-``armed()`` is the scope: it refuses to end with an edit left untaken (an op that never ran through
-sink_attention, e.g. a materialised pattern, would otherwise pass the edit on to the next layer).
+An edit that cannot be carried (a cache, key padding, fewer queries than keys) is an error, never a silent no-op.
+``armed()`` is the scope: it refuses to end with an edit left untaken (an op that never ran through sink_attention,
+e.g. a materialised pattern, would otherwise pass the edit on to the next layer).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
+POSITIONS = ("original", "cache")  # where evicted attention puts its keys (docs/definitions.md#window-eviction)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, eq=False)
 class AttentionEdit:
     knockout: bool = False  # remove key 0 from every query's softmax but query 0's own (when it has no phantom)
     kv_heads: tuple[int, ...] | None = None  # KV heads the knockout touches (None: all)
     keep: int | None = None  # eviction: the first keys kept visible
     window: int | None = None  # eviction: the recent-key window w (query t sees t-w+1 .. t)
+    positions: str = "original"  # eviction: keys at their positions in the text, or within the cache
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)  # cache: (cos, sin) (T, d_rot/2)
 
     def __post_init__(self):
+        if self.positions not in POSITIONS:
+            raise ValueError(f"eviction positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
+        if self.positions == "cache" and (self.keep is None or self.rotary is None):
+            raise ValueError("eviction at cache positions takes keep, window and the layer's rotary (cos, sin)")
         if (self.keep is None) != (self.window is None):
             raise ValueError("window eviction takes both keep and window")
         if self.window is not None and (int(self.window) != self.window or self.window < 1):
@@ -52,6 +67,11 @@ def arm(edit: AttentionEdit) -> None:
     if getattr(_state, "edit", None) is not None:
         raise RuntimeError("an attention edit was armed twice before an attention op took it")
     _state.edit = edit
+
+
+def pending() -> bool:
+    """Is an edit armed and not yet taken?"""
+    return getattr(_state, "edit", None) is not None
 
 
 def take() -> AttentionEdit | None:
@@ -100,18 +120,25 @@ def empty_first_rows(sink: torch.Tensor | None, H: int, Hkv: int, kv_heads, devi
     return knocked & no_phantom
 
 
-def eviction_rule(window: int | None, edit: AttentionEdit, T: int):
-    """(window, keep, extra_mask) for the op: the eviction window and kept keys combined with the layer's own sliding
-    ``window``. extra_mask (T,T) bool of visible keys is needed only when the layer's window is wider than the
-    eviction's yet narrower than the sequence (kept keys must stay inside it); else None."""
-    w, k = int(edit.window), int(edit.keep)
-    if k + w >= T:  # every query still sees every earlier key: the layer's own op, unchanged
-        return window, None, None
-    if window is not None and window <= w:
-        return window, None, None  # the layer's own window is the tighter: eviction changes nothing
-    if window is not None and window < T:
-        from probe.kernels.sink_attention.reference import visible_mask
+class EvictionPlan(NamedTuple):
+    """How the op carries out an eviction: ``own`` (the layer's attention unchanged), ``rule`` (one call of the
+    kept-first-keys rule: window, keep) or ``merge`` (the window's attention, then the kept first keys as a second
+    attention merged by lse, kept.py: kept keys seen only within ``reach`` of the query's position, None: always;
+    positions within the cache when ``cache``)."""
 
-        both = visible_mask(T, w, keep=k) & visible_mask(T, window)
-        return None, None, both
-    return w, k, None
+    kind: str
+    window: int | None
+    keep: int | None = None
+    reach: int | None = None
+    cache: bool = False
+
+
+def eviction_plan(window: int | None, edit: AttentionEdit, T: int) -> EvictionPlan:
+    """The plan for an eviction on a layer whose own sliding window is ``window`` (None: a full layer), T keys."""
+    w, k = int(edit.window), int(edit.keep)
+    own = None if window is None or window >= T else int(window)
+    if k + w >= T or (own is not None and own <= w):  # no query outgrows the cache, or the layer's window is tighter
+        return EvictionPlan("own", window)
+    if own is None and edit.positions == "original":
+        return EvictionPlan("rule", w, k)
+    return EvictionPlan("merge", w, k, own, edit.positions == "cache")

@@ -10,10 +10,12 @@ The trick (Wang 2026, App. "Implementation of the variants"), adapted to per-que
     bias        1 / scale                  0             key_bias_j   -> real logit += key_bias_j
 
 The phantom key is prepended at position 0 with value 0. Without a window a dummy query row is prepended too, so the
-(T+1) x (T+1) problem is plain causal (`is_causal=True`) and query i (now at i+1) sees the phantom and keys <= i. With a
-window, a caller's additive mask (HF padding) or fewer queries than keys (a cache), an explicit (Tq, Tk+1) mask is used
-instead. Head sizes are zero-padded to one multiple of 8 so that q, k and v share it, which is what the fused CPU
-kernel needs (otherwise SDPA falls back to the slow math path).
+(T+1) x (T+1) problem is plain causal (`is_causal=True`) and query i (now at i+1) sees the phantom and keys <= i. A
+caller's additive mask (HF padding) or fewer queries than keys (a cache) use an explicit (Tq, Tk+1) mask instead. A
+window (with or without kept first keys) runs in blocks of ``QUERY_BLOCK`` queries, each over the keys its rule can see
+(the kept first keys and the block's window) with a block x keys mask: nothing Tq x Tk, memory O(T).
+Head sizes are zero-padded to one multiple of 8 so that q, k and v share it, which is what the fused CPU kernel needs
+(otherwise SDPA falls back to the slow math path).
 Everything stays differentiable w.r.t. q, k, v, sink and key_bias (and so w.r.t. whatever computed them: value gates).
 Precision: the extra coordinates are in q.dtype (exact enough in fp32; rounded in bf16 — use Triton on GPU).
 """
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from probe.kernels.common import cpu_flash, pad_last
 from probe.kernels.sink_attention.reference import visible_mask
 
+QUERY_BLOCK = 256  # queries per block of the windowed path: a block's mask is 256 x (kept + 256 + window - 1) keys
 SINK_FLOOR = -1000.0  # sinks below this are clamped: exp(-1000 - lse) is 0 in fp32, and -inf * 0 would give NaN
 
 
@@ -76,7 +79,8 @@ class _CausalSinkFlashCPU(torch.autograd.Function):
 def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=None, scale=None, keep=None):
     """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> (out (B,Tq,H,dv) in q.dtype, lse (B,H,Tq) fp32 or None,
     lse over the real keys (B,H,Tq) fp32 or None).
-    keep: with a window, the first ``keep`` keys stay visible (the kept-first-keys rule, in the explicit mask).
+    keep: with a window, the first ``keep`` keys stay visible (the kept-first-keys rule).
+    A window narrower than the keys runs in query blocks (:func:`windowed_sdpa`); one of at least Tk keys is causal.
 
     lse comes from the fused CPU kernel, which does not differentiate it: it is returned only when no gradient is
     being recorded (analysis), and is None under autograd or off-CPU. The real-key lse is given by the causal fold,
@@ -86,6 +90,10 @@ def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=
     B, Tq, H, dh = q.shape
     Tk, Hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
     scale = 1.0 / math.sqrt(dh) if scale is None else scale
+    if mask is None and window is not None:
+        if window < Tk:
+            return windowed_sdpa(q, k, v, sink=sink, key_bias=key_bias, window=window, scale=scale, keep=keep)
+        window, keep = None, None  # every earlier key is inside the window: causal
     dtype = q.dtype
     recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sink, key_bias))
     causal = mask is None and window is None and Tq == Tk  # plain causal: is_causal, no explicit mask
@@ -124,8 +132,8 @@ def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=
         out, lse = fused_sdpa(qt, kt, vt, is_causal=True, mask=None, scale=scale)
         out, lse = out[:, :, lead:], None if lse is None else lse[:, :, lead:]
     else:
-        if mask is None:
-            visible = visible_mask(Tq, window, q.device, Tk, keep)
+        if mask is None:  # causal over fewer queries than keys (a cache)
+            visible = visible_mask(Tq, None, q.device, Tk)
             mask = torch.zeros(Tq, Tk, dtype=dtype, device=q.device).masked_fill(~visible, float("-inf"))
         mask = mask.to(dtype)
         if lead:  # every query sees the phantom
@@ -135,3 +143,46 @@ def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=
     out = out[..., :dv].transpose(1, 2)  # (B, Tq, H, dv)
     lse = None if (lse is None or recording) else lse.float()
     return out, lse, None
+
+
+def block_keys(rows: slice, off: int, window: int, keep: int | None) -> tuple[int, int, int]:
+    """(n_kept, lo, hi): queries ``rows`` (at positions rows + off) see, under the window rule, the first n_kept keys
+    and keys lo .. hi-1 (the kept first keys that the window does not already cover, then the block's window)."""
+    lo, hi = max(0, rows.start + off - window + 1), rows.stop + off
+    return min(keep or 0, lo), lo, hi
+
+
+def _keys(x, dim: int, n_kept: int, lo: int, hi: int):
+    """x's keys 0 .. n_kept-1 and lo .. hi-1 along ``dim`` (a view when there is no kept key to add)."""
+    part = x.narrow(dim, lo, hi - lo)
+    return part if not n_kept else torch.cat([x.narrow(dim, 0, n_kept), part], dim)
+
+
+def windowed_sdpa(q, k, v, *, sink, key_bias, window: int, scale: float, keep=None, block: int | None = None):
+    """sink_attention_sdpa under the window rule (key j visible to query i' iff j <= i' and (j > i' - window or
+    j < keep)), in blocks of ``block`` queries over the keys each block can see: no Tq x Tk tensor. Same returns."""
+    Tq, Tk = q.shape[1], k.shape[1]
+    off, block = Tk - Tq, block or QUERY_BLOCK
+    outs, lses = [], []
+    for a in range(0, Tq, block):
+        rows = slice(a, min(Tq, a + block))
+        n_kept, lo, hi = block_keys(rows, off, window, keep)
+        keys = torch.cat([torch.arange(n_kept, device=q.device), torch.arange(lo, hi, device=q.device)])  # positions
+        i = torch.arange(rows.start, rows.stop, device=q.device)[:, None] + off
+        visible = (keys <= i) & ((keys > i - window) | (keys < (keep or 0)))  # (rows, keys)
+        mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill(~visible, float("-inf"))
+        span = (n_kept, lo, hi)
+        bias = None if key_bias is None else _keys(key_bias, -1, *span)
+        out, lse, _ = sink_attention_sdpa(
+            q[:, rows],
+            _keys(k, 1, *span),
+            _keys(v, 1, *span),
+            sink=sink,
+            key_bias=bias,
+            mask=mask[None, None],
+            scale=scale,
+        )
+        outs.append(out)
+        lses.append(lse)
+    lse = None if any(x is None for x in lses) else torch.cat(lses, -1)
+    return torch.cat(outs, 1), lse, None

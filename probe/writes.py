@@ -162,7 +162,7 @@ def staging_dir(parent: Path, name: str) -> Path:
     """A new, empty folder beside ``parent / name`` to build it in before one rename (a checkpoint): created
     exclusively (``mkdtemp``), recognisable as a killed run's leftover."""
     try:
-        Path(parent).mkdir(parents=True, exist_ok=True)  # a first zoo folder or run folder: made here, as before
+        Path(parent).mkdir(parents=True, exist_ok=True)  # the first run or zoo folder is made here
         return Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{name[:60]}.", dir=parent))
     except OSError as e:
         raise WriteError(Path(parent) / name, e) from None

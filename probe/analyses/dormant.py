@@ -306,9 +306,6 @@ def dormant_heads(
     return dormant_result(model, acc, domains)
 
 
-# ------------------------------------------------------------------------------------------------------------ figures
-
-
 __all__ = [
     "dormant_heads",
     "DormantAccumulator",

@@ -298,6 +298,20 @@ class MassiveAccumulator:
             self.r_massive_n[layer] += float(massive_pos.sum())
 
     def tables(self, tokenizer=None) -> dict[str, pd.DataFrame]:
+        layers = self._layer_table()
+        top = pd.DataFrame(
+            [
+                {"layer": s, "hook": hook, "rank": r, **e, "token": token_text(tokenizer, e["token_id"])}
+                for s, hook in enumerate(self.sites)
+                for r, e in enumerate(self.best[s])
+            ]
+        )
+        summary = self._summary(layers, tokenizer)
+        return {"summary": pd.DataFrame([summary]), "layers": layers, "top": top, "dims": self._dim_table(tokenizer)}
+
+    def _layer_table(self) -> pd.DataFrame:
+        """One row per site: its top-k magnitudes, the massive activations it holds and, at attention sites, where
+        its heads' mass goes."""
         L = self.info.n_layers
         nan = float("nan")
         layers = []
@@ -337,14 +351,10 @@ class MassiveAccumulator:
             else:
                 row.update(key0_mass=nan, top_mass=nan, massive_mass=nan, r0=nan, r_top=nan, r_massive=nan)
             layers.append(row)
-        layers = pd.DataFrame(layers)
-        top = pd.DataFrame(
-            [
-                {"layer": s, "hook": hook, "rank": r, **e, "token": token_text(tokenizer, e["token_id"])}
-                for s, hook in enumerate(self.sites)
-                for r, e in enumerate(self.best[s])
-            ]
-        )
+        return pd.DataFrame(layers)
+
+    def _dim_table(self, tokenizer) -> pd.DataFrame:
+        """One row per massive dimension of a site, largest first: where and on which tokens it fires."""
         dims = []
         for s, hook in enumerate(self.sites):
             for i, e in sorted(self.massive[s].items(), key=lambda kv: (-kv[1]["max"], kv[0])):
@@ -364,7 +374,7 @@ class MassiveAccumulator:
                         ),
                     }
                 )
-        dims = pd.DataFrame(
+        return pd.DataFrame(
             dims,
             columns=[
                 "layer",
@@ -379,12 +389,17 @@ class MassiveAccumulator:
                 "tokens",
             ],
         )
+
+    def _summary(self, layers: pd.DataFrame, tokenizer) -> dict:
+        """The run's one-row summary, from the site table and the running extremes."""
+        L = self.info.n_layers
+        nan = float("nan")
         s_max = int(torch.argmax(self.max_mag))
         best = self.best[s_max][0] if self.best[s_max] else {}
         with_massive = layers[(layers["n_massive"] > 0) & (layers["layer"] < L)]
         without = layers[(layers["n_massive"] == 0) & (layers["layer"] < L)]
         n_all = float(self.n_massive.sum())
-        summary = {
+        return {
             "massive": bool(n_all > 0),
             "n_massive": int(n_all),
             "massive_dims": ", ".join(str(i) for i in sorted({i for m in self.massive for i in m})),
@@ -405,7 +420,6 @@ class MassiveAccumulator:
             "abs_threshold": self.abs_thr,
             "ratio_threshold": self.ratio_thr,
         }
-        return {"summary": pd.DataFrame([summary]), "layers": layers, "top": top, "dims": dims}
 
 
 class MassivePart(Part):
@@ -514,9 +528,6 @@ def massive_activations(
     )
     run_pass(model, [(w, [part])], progress=progress, desc="massive activations")
     return part.result(model, w, tokenizer)
-
-
-# ------------------------------------------------------------------------------------------------------------ figure
 
 
 __all__ = [

@@ -386,9 +386,6 @@ def sink_heads(
     return part.result(model, w, method)
 
 
-# ------------------------------------------------------------------------------------------------------------ figures
-
-
 __all__ = [
     "sink_heads",
     "SinkEpsAccumulator",

@@ -1,9 +1,9 @@
 """``wrap(obj)``: bring your own TransformerLens ``TransformerBridge``, nnsight model or HF model.
 
-The result is a probe-protocol model (``probe_info``, ``tokenizer``, ``run_with_cache``/``run_with_hooks`` with the §3
-names). The object handed in is not modified: the adapter hooks a structural copy of the underlying HF model that
-shares its parameters (no extra weight memory; weight edits are seen by both), so the bridge / nnsight wrapper keeps
-working as before. Probe models (custom or already adapted) are returned as they are.
+The result is a probe-protocol model (``probe_info``, ``tokenizer``, ``run_with_cache``/``run_with_hooks`` with probe's
+hook names, docs/definitions.md#hook-namespace). The object handed in is not modified: the adapter hooks a structural
+copy of the underlying HF model that shares its parameters (no extra weight memory; weight edits are seen by both), so
+the bridge / nnsight wrapper keeps working unchanged. Probe models (custom or already adapted) are returned as they are.
 """
 
 from __future__ import annotations

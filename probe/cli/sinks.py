@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     contexts = list(dict.fromkeys(args.ctx)) if args.ctx else [None]
     if len(contexts) > 1:
         return run_sweep(args, contexts)
-    args.ctx = contexts[0]  # one context: the single-context run and its files, as before
+    args.ctx = contexts[0]  # one context: the single-context run and its files (no sweep folder)
     from probe.analyses.sink_pass import sink_analyses
     from probe.cli.distributed import all_ranks_agree
     from probe.cli.flags import eps_values

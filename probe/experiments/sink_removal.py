@@ -261,7 +261,7 @@ FIGURE = (
 
 def removal_figure(summary: pd.DataFrame) -> go.Figure:
     """Per variant the mean over seeds ± standard error of the position-0 share ÷ uniform and of the largest
-    activation; the dotted line is the sink rule's 3× (docs/definitions.md#sink-rule)."""
+    activation (no error bars from one seed); the dotted line is the sink rule's 3× (docs/definitions.md#sink-rule)."""
     fig = make_subplots(rows=2, cols=1, subplot_titles=[t for _, t, _ in FIGURE], vertical_spacing=0.16)
     for r, (metric, title, threshold) in enumerate(FIGURE, start=1):
         d = summary[summary["metric"] == metric]
@@ -279,7 +279,9 @@ def removal_figure(summary: pd.DataFrame) -> go.Figure:
             fig.add_hline(y=threshold, line_dash="dot", line_color="gray", row=r, col=1)
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_yaxes(type="log", row=2, col=1)
-    fig.update_layout(title="Which mechanism removes the sink? (Bigram-Backcopy, mean ± s.e. over seeds)", height=760)
+    seeds = int(summary["n"].max()) if len(summary) else 0
+    how = "mean ± s.e. over seeds" if seeds > 1 else "one seed: no error bars"
+    fig.update_layout(title=f"Which mechanism removes the sink? (Bigram-Backcopy, {how})", height=760)
     return fig
 
 

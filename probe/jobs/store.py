@@ -37,7 +37,7 @@ from probe.writes import json_safe, remove_stale_temps, write_files
 MANIFEST = "manifest.json"
 MODELS = "models"
 INPUTS = "inputs"
-REPORT = "report"  # the kind of a `probe report` folder, whose manifest names no kind (as before kinds existed)
+REPORT = "report"  # the kind of a `probe report` folder (its manifest records no kind field)
 
 
 class RunFolderError(UsageError, ValueError):

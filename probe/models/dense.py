@@ -15,18 +15,12 @@ import torch
 import torch.nn as nn
 from transformer_lens.hook_points import HookPoint
 
+from probe.models.registry import registrar
+
 DENSES: dict[str, type[DenseMix]] = {}
 
 
-def register_dense(name: str):
-    """Class decorator: ``@register_dense("mine")`` makes ``ProbeConfig(dense="mine")`` build that mix after every
-    block."""
-
-    def add(cls):
-        DENSES[name] = cls
-        return cls
-
-    return add
+register_dense = registrar(DENSES, "dense")
 
 
 class DenseMix(nn.Module):

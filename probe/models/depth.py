@@ -21,18 +21,12 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.hooks.names import read_site
 from probe.kernels.depth_attention.reference import rms_normalize
+from probe.models.registry import registrar
 
 DEPTHS: dict[str, type[DepthRead]] = {}
 
 
-def register_depth(name: str):
-    """Class decorator: ``@register_depth("mine")`` makes ``ProbeConfig(depth="mine")`` build that read at each site."""
-
-    def add(cls):
-        DEPTHS[name] = cls
-        return cls
-
-    return add
+register_depth = registrar(DEPTHS, "depth")
 
 
 def emit_key(raw_key: torch.Tensor) -> torch.Tensor:

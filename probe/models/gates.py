@@ -19,18 +19,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from probe.hooks.names import layer_of
+from probe.models.registry import registrar
 
 GATES: dict[str, type[ValueGate]] = {}
 
 
-def register_gate(name: str):
-    """Class decorator: ``@register_gate("mine")`` makes ``ProbeConfig(value_gate="mine")`` build that gate."""
-
-    def add(cls):
-        GATES[name] = cls
-        return cls
-
-    return add
+register_gate = registrar(GATES, "value_gate")
 
 
 def initial_read_norm(config) -> float:

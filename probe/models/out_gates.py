@@ -17,17 +17,12 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from probe.models.registry import registrar
+
 OUT_GATES: dict[str, type[OutputGate]] = {}
 
 
-def register_out_gate(name: str):
-    """Class decorator: ``@register_out_gate("mine")`` makes ``ProbeConfig(out_gate="mine")`` build that gate."""
-
-    def add(cls):
-        OUT_GATES[name] = cls
-        return cls
-
-    return add
+register_out_gate = registrar(OUT_GATES, "out_gate")
 
 
 class OutputGate(nn.Module):

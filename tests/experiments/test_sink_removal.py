@@ -2,15 +2,17 @@
 and their columns, paired differences that are the per-seed differences of runs.csv, resume (a rerun trains nothing),
 ``--jobs 2`` giving the same runs as one job, a finished run shipping to the zoo, and one-line errors."""
 
+import importlib.util
 import json
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from probe.experiments.bb_zoo import ship
 from probe.experiments.command import main
-from probe.experiments.sink_removal import METRICS, VARIANTS
+from probe.experiments.sink_removal import METRICS, VARIANTS, summary_tables
 from tests.support.cli import assert_one_line_error
 
 TINY = [
@@ -125,3 +127,44 @@ def test_bad_options_are_one_line_and_write_nothing(args, needles, tmp_path, cap
     code = main(["sink-removal", "--out", str(out), *args])
     assert_one_line_error(subprocess.CompletedProcess([], code, *capsys.readouterr()), *needles)
     assert not out.exists()
+
+
+def _page_script():
+    path = Path(__file__).resolve().parents[2] / "scripts" / "sink_removal_page.py"
+    spec = importlib.util.spec_from_file_location("sink_removal_page", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("seeds", [(0, 1), (0,)])
+def test_the_results_page_tables_come_from_the_recipes_tables(recipe, seeds, tmp_path):
+    """scripts/sink_removal_page.py rewrites only the page's marked section, with a row per variant and a claim per
+    mechanism; with one seed no cell carries a standard error (nan) and every verdict says it rests on one seed."""
+    page = _page_script()
+    out = tmp_path / "out"
+    out.mkdir()
+    runs = pd.read_csv(recipe / "runs.csv")
+    runs = runs[runs["seed"].isin(seeds)]
+    runs.to_csv(out / "runs.csv", index=False)
+    summary_tables(runs)[0].to_csv(out / "summary.csv", index=False)
+    (out / "config.json").write_text((recipe / "config.json").read_text())
+    md = tmp_path / "page.md"
+    md.write_text(f"# title\n\nbefore\n\n{page.START}\nold\n{page.END}\n\nafter\n")
+    assert page.main([str(out), "--md", str(md)]) == 0
+    text = md.read_text()
+    assert text.startswith("# title\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "\nold\n" not in text
+    table = text.split(page.START)[1].split(page.END)[0]
+    for v in FEW:
+        assert f"| `{v}` |" in table
+    assert "nan" not in table and "Qiu et al. 2025" in table and "Wang 2026" in table
+    qiu = [line for line in table.splitlines() if line.startswith("| Qiu")]
+    verdicts = [line.rsplit("|", 2)[1].strip() for line in qiu if "massive activations" not in line]
+    assert verdicts and all(v.startswith(("agrees", "does not")) for v in verdicts)
+    (massive,) = [line for line in qiu if "massive activations" in line]
+    if not runs[runs["variant"] == "baseline"]["massive"].all():  # a tiny baseline has none: nothing to remove
+        assert "the claim is not tested" in massive and massive.endswith("| – |")
+    if len(seeds) == 1:
+        assert "Seed 0 only" in table and " ± " not in table and all(v.endswith("on one seed") for v in verdicts)
+    else:
+        assert " ± " in table and not any("one seed" in v for v in verdicts)

@@ -1,12 +1,15 @@
 """Progress on stderr: a tqdm bar on a terminal; piped to a file or a CI log, plain lines (one at each tenth of the work
 and one at the end), never carriage returns or escape codes. Used by the analyses and the trainer, which print nothing
-else (notes and results belong to ``probe.present``).
+else (notes and results belong to ``probe.present``). ``quiet_hf_bars`` turns transformers' own bars off around work
+that takes moments (loading or saving local weights): in a notebook each would be a widget left in the cell, or
+tqdm's "IProgress not found" warning where ipywidgets is missing.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from contextlib import contextmanager
 
 from tqdm import tqdm  # tqdm.auto would warn in a notebook without ipywidgets; there progress is plain lines anyway
 
@@ -84,3 +87,19 @@ def progress_bar(
     if not sys.stderr.isatty():
         return PlainProgress(total, desc, unit, initial)
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=leave, initial=initial)
+
+
+@contextmanager
+def quiet_hf_bars():
+    """transformers' progress bars ("Loading weights", "Writing model shards") off inside the block, by its own
+    switch (``transformers.utils.logging``), and back as they were after it. Hub downloads are huggingface_hub's
+    bars and are left alone."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()

@@ -20,10 +20,15 @@ Custom checkpoints (config ``model_type == "probe"``) load through ``AutoModelFo
 probe.models`` (which registers them) and come back as they are (already hooked); HF architectures come back
 wrapped in their adapter (``probe.checkpoints.adapters``). A hub model that is neither cached nor reachable raises
 :class:`ModelNotFoundError` with one line, without hub retries.
+
+The name recorded in results (``probe_info.name``): ``probe/<name>`` for the zoo, the repo id (``@revision``) for the
+hub, the path for a training run's folders and HF directories, and for a folder a probe model was saved to
+(``save_pretrained``) the model's own name, which config.json records (``tiny-sink+proj``, not a temporary folder).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,6 +39,7 @@ from urllib.parse import urlparse
 import probe.runs as runs
 from probe.catalogue import RELEASED
 from probe.checkpoints import gguf
+from probe.progress import quiet_hf_bars
 from probe.writes import clean_text
 
 ZOO_DIR = runs.ZOO_DIR  # a module global, so tests can point the loader at another zoo
@@ -298,9 +304,16 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
     model after loading (or pass ``device_map="auto"``, forwarded to transformers); ``dtype`` defaults to float32 on
     CPU and the checkpoint's dtype ("auto") on an accelerator; ``rope`` (the authors' formats only): "authors" (their
     RoPE table: MUDDFormer bf16, MUDDPythia fp16, LR-AttnRes the one stored in the checkpoint) or "exact" (probe's
-    fp32 table); other keywords go to ``from_pretrained``.
+    fp32 table); other keywords go to ``from_pretrained``. Local weights load without transformers' own
+    progress bars (``probe.progress.quiet_hf_bars``: they take moments, and in a notebook each bar is a widget left in
+    the cell); a hub model keeps them.
     """
     target, rev, kind = resolve(name_or_path)
+    with contextlib.nullcontext() if kind == "hub" else quiet_hf_bars():
+        return _load(name_or_path, target, rev, kind, revision, device, dtype, rope, hf_kwargs)
+
+
+def _load(name_or_path, target, rev, kind, revision, device, dtype, rope, hf_kwargs):
     if revision is not None:
         if rev is not None and rev != revision:
             raise ValueError(f"revision {revision!r} conflicts with {rev!r} in {name_or_path!r}")
@@ -336,10 +349,11 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
             rope=rope or "authors",
         )
         return (model.to(device) if device is not None else model).eval()
-    model_type = None
+    saved = {}
     if config_path is not None:
         with open(config_path) as f:
-            model_type = json.load(f).get("model_type")
+            saved = json.load(f)
+    model_type = saved.get("model_type")
     from probe.checkpoints import muddformer
 
     if model_type in muddformer.MODEL_TYPES:  # the authors' config read as data: their auto_map code never runs
@@ -376,6 +390,9 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
         model.probe_name = identity  # recorded in every analysis output
         if kind in ("zoo", "local"):  # its training data and BOS (ModelInfo.trained_with_bos, the default --data)
             model.train_record = runs.training_record(Path(target))
+        if kind == "local" and model.train_record is None and isinstance(saved.get("probe_name"), str):
+            # a folder a model was saved to (not a training run's, whose path is its identity): the model's name
+            model.probe_name = clean_text(saved["probe_name"])
     else:
         model_kw.setdefault("attn_implementation", "eager")
         _check_sizes(source, kind, identity, model_kw["dtype"], hf_kwargs)

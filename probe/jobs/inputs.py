@@ -22,7 +22,6 @@ import weakref
 from pathlib import Path
 
 import torch
-from transformers.utils import logging as hf_logging
 
 from probe.analyses.capture import model_device
 from probe.analyses.inject import JUNK_TYPES, own_directions
@@ -116,8 +115,6 @@ def load_model(spec: ModelSpec, console: Console, flag: str = "--model"):
         raise UsageError(f"{flag} {name!r}: {e}") from None
     except ValueError as e:
         raise UsageError(f"{flag} {name!r}: {e}; {KNOWN_HINT}") from None
-    if kind != "hub":  # local weights load in moments: our loading bar is enough (hub downloads keep their bars)
-        hf_logging.disable_progress_bar()
     placed, offload_tmp = placement(spec)
     # accelerate warns that offloaded weights sit on 'meta' (expected here); probe says where the layers went instead
     offload_log = logging.getLogger("accelerate.big_modeling")

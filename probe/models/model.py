@@ -30,6 +30,7 @@ from probe.models.gates import GATES
 from probe.models.layers import make_norm
 from probe.models.lens import HF_OUTPUT, TransformerLensCalls
 from probe.models.params import ROLES, no_decay_names, parameter_roles
+from probe.progress import quiet_hf_bars
 
 # parameter names of checkpoints saved before the value gates became modules -> today's, relative to an attention
 # module; only the readers of saved weights rename them (from_pretrained here, probe.train.checkpoint.load_model)
@@ -135,6 +136,15 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
         model = super().from_pretrained(*args, **kwargs)
         model._weight_conversions = None  # HF would write the legacy names back on save; today's names it is
         return model
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """HF's save_pretrained without its "Writing model shards" bar, recording the model's name (``probe_name``,
+        e.g. ``tiny-sink+proj``) in config.json, so that ``probe.load`` of the folder names the model, not the
+        folder."""
+        if getattr(self, "probe_name", None):
+            self.config.probe_name = self.probe_name
+        with quiet_hf_bars():
+            return super().save_pretrained(save_directory, *args, **kwargs)
 
     # ---- forward ----------------------------------------------------------------------------------------
     def forward(

@@ -25,9 +25,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from safetensors.torch import save_model as save_state
 from torch import nn
-from transformers.utils import logging as hf_logging
 
 from probe.models.model import current_names
+from probe.progress import quiet_hf_bars
 from probe.runs import CHECKPOINT
 from probe.writes import WriteError, atomic_write, check_real_folders, fsync_tree, staging_dir
 
@@ -87,13 +87,8 @@ def set_rng_state(state: dict):
 
 def save_model(model: nn.Module, path: Path):
     if hasattr(model, "save_pretrained"):
-        bars = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()  # no "Writing model shards" bar inside the training loop
-        try:
+        with quiet_hf_bars():  # no "Writing model shards" bar inside the training loop
             model.save_pretrained(path)
-        finally:
-            if bars:
-                hf_logging.enable_progress_bar()
     else:
         save_state(model, str(path / "model.safetensors"))
 

@@ -6,6 +6,22 @@ Directives (HTML comments, so a page read on GitHub shows nothing where they sta
     <!-- cli-reference -->                                 every verb's and recipe's flags, from the live parser
     <!-- include "CHANGELOG.md" -->                         a repository file, its title left out
 
+Made at build time, in parallel, while MkDocs reads the pages (``figures.py`` and ``notebooks.py`` beside this file):
+
+    <!-- figure: probe sinks --model probe/bb-baseline -->   the first figure that command draws, run at build
+    <!-- figure 2,3: probe ... -->                           its second and third
+    <!-- figure at layer 1: probe view ... -->               a figure with layer and head pickers, opened at layer 1
+    <!-- figure of "docs/data/x.csv" by module.function -->  module.function(pandas.read_csv(x.csv)), a committed run's
+                                                           table drawn by probe's own figure function
+    <!-- notebook "notebooks/quickstart.ipynb" -->          the notebook, executed, with its outputs and figures
+
+Figures are interactive plotly (the site carries plotly.js in assets/), each with the command that drew it. A figure
+whose command needs Gemma's weights, where ``probe-attn[gemma]`` is not installed, is a note instead. Set
+``PROBE_DOCS_CACHE=DIR`` to keep what was made between builds (keyed by the command or notebook and probe's
+sources; CI never sets it).
+
+Everything outside code is typeset: ``Sink^ε``, ``d^2``, ``x^{l,h}`` become superscripts.
+
 Code-block marks (on the line just above a fence; tests/docs/test_code_blocks.py fails on a block with neither):
 
     <!-- executed -->                                      tests/docs/test_code_blocks.py runs it and compares
@@ -23,9 +39,17 @@ first and links to these pages). Run as a script it prints one page's expanded m
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
 import posixpath
 import re
+import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,8 +195,245 @@ def show_marks(markdown: str) -> str:
     return re.sub(r"^<!-- not run here; why: ([^>]+) -->$", r"*Not run here* — \1", markdown, flags=re.M)
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:  # the MkDocs hook
-    return show_marks(expand(markdown, page.file.src_uri))
+# ---- figures and notebooks, made at build time
+
+FIGURE = re.compile(
+    r"^<!-- figure(?: (?P<which>\d+(?:,\d+)*))?(?: at layer (?P<layer>\d+))?: (?P<command>probe [^>]+?) -->$", re.M
+)
+FIGURE_OF = re.compile(r'^<!-- figure of "(?P<path>[\w./+-]+\.csv)" by (?P<function>[\w.]+) -->$', re.M)
+NOTEBOOK = re.compile(r'^<!-- notebook "(?P<path>notebooks/[\w.-]+\.ipynb)" -->$', re.M)
+RAW = "PROBE-RAW-{}"  # a paragraph the page's HTML gets in place of a stored fragment
+PLOTLY_JS = "assets/plotly.min.js"
+HERE = Path(__file__).resolve().parent
+
+
+class Made:
+    """What the pages' directives need, made in background processes (one per figure command and notebook, as many
+    at once as there are cores) from ``on_config`` on, and waited for where a page is rendered."""
+
+    def __init__(self):
+        self.pool = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1))
+        self.work = Path(tempfile.mkdtemp(prefix="probe-docs-"))
+        self.jobs: dict[tuple[str, str], object] = {}
+        self.cache = Path(os.environ["PROBE_DOCS_CACHE"]) if os.environ.get("PROBE_DOCS_CACHE") else None
+
+    def start(self, kind: str, key: str) -> None:
+        if (kind, key) not in self.jobs:
+            self.jobs[kind, key] = self.pool.submit(self._make, kind, key)
+
+    def get(self, kind: str, key: str) -> Path | None:
+        self.start(kind, key)
+        return self.jobs[kind, key].result()
+
+    def _make(self, kind: str, key: str) -> Path | None:
+        if kind == "figure" and "gemma-3-270m" in shlex.split(key):
+            from probe.checkpoints import gguf
+
+            if not gguf.gemma_installed():
+                return None
+        digest = hashlib.sha256(f"{kind}\0{key}\0{_sources_digest()}".encode()).hexdigest()[:20]
+        out = self.work / f"{kind}-{digest}{'.ipynb' if kind == 'notebook' else '.json'}"
+        cached = self.cache / out.name if self.cache else None
+        if cached is not None and cached.is_file():
+            shutil.copyfile(cached, out)
+            return out
+        script = HERE / ("figures.py" if kind == "figure" else "notebooks.py")
+        args = [str(out), *shlex.split(key)] if kind == "figure" else [str(ROOT / key), str(out)]
+        path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+        run = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True)
+        if run.returncode != 0 or not out.is_file():
+            from mkdocs.exceptions import PluginError
+
+            raise PluginError(f"{kind} {key!r} failed (exit {run.returncode}):\n{(run.stderr or run.stdout)[-3000:]}")
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out, cached)
+        return out
+
+
+MADE: Made | None = None
+
+
+def _sibling(name: str):
+    """figures.py or notebooks.py beside this file (MkDocs loads this hook by path, not as a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"probe_docs_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _sources_digest() -> str:
+    """probe's Python sources and JSON files, the notebooks and these scripts: what a made figure depends on."""
+    h = hashlib.sha256()
+    for base, pattern in (("probe", "*.py"), ("probe", "*.json"), ("notebooks", "*.ipynb"), ("scripts/docs", "*.py")):
+        for path in sorted((ROOT / base).rglob(pattern)):
+            h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def directives(markdown: str) -> list[tuple[str, str]]:
+    return [("figure", m["command"]) for m in FIGURE.finditer(markdown)] + [
+        ("notebook", m["path"]) for m in NOTEBOOK.finditer(markdown)
+    ]
+
+
+def fill(markdown: str, page: str, raw) -> str:
+    """The figure and notebook directives of a page filled; ``raw(("plotly", spec) | ("html", text))`` stores an
+    HTML fragment and returns its placeholder."""
+    notebooks = _sibling("notebooks")
+
+    def figure(m):
+        made = MADE.get("figure", m["command"])
+        caption = f"*Drawn at build by* `{m['command']}`"
+        if made is None:
+            return f"*Figure not drawn in this build: `{m['command']}` needs Gemma's weights (`probe-attn[gemma]`).*"
+        specs = json.loads(made.read_text(encoding="utf-8"))
+        which = [int(i) for i in m["which"].split(",")] if m["which"] else [1]
+        if max(which) > len(specs):
+            from mkdocs.exceptions import PluginError
+
+            raise PluginError(f"{page}: {m['command']!r} draws {len(specs)} figures, not {max(which)}")
+        layer = int(m["layer"]) if m["layer"] else None
+        return "\n\n".join([raw(("plotly", specs[i - 1], layer)) for i in which] + [caption])
+
+    def figure_of(m):
+        import importlib
+
+        import pandas as pd
+
+        module, _, name = m["function"].rpartition(".")
+        fig = getattr(importlib.import_module(module), name)(pd.read_csv(ROOT / m["path"]))
+        caption = f"*Drawn at build by* `{m['function']}` *from* `{m['path']}`"
+        return raw(("plotly", json.loads(fig.to_json()), None)) + "\n\n" + caption
+
+    def notebook(m):
+        import nbformat
+
+        nb = nbformat.read(MADE.get("notebook", m["path"]), as_version=4)
+        wrong = notebooks.problems(nb)
+        if wrong:
+            from mkdocs.exceptions import PluginError
+
+            raise PluginError(f"{m['path']}, executed:\n" + "\n".join(wrong))
+        name = Path(m["path"]).name
+        return (
+            f"*Executed when this site was built; the notebook itself: `{m['path']}`* "
+            f"(<a href='{name}' download>with these outputs</a>)\n\n"
+            + notebooks.page_markdown(nb, lambda text: relink(text, page), raw)
+        )
+
+    markdown = FIGURE.sub(figure, markdown)
+    markdown = FIGURE_OF.sub(figure_of, markdown)
+    return NOTEBOOK.sub(notebook, markdown)
+
+
+# ---- typesetting
+
+SUPERSCRIPT = re.compile(r"\^(?:\{([^}<>]+)\}|\(([^()<>]+)\)|([\wε]+(?:\.\d+)?))")
+SKIPPED = ("code", "pre", "script", "style", "kbd")
+
+
+def superscripts(html: str) -> str:
+    """``Sink^ε``, ``d^2``, ``x^{l,h}``, ``10^(2i/d)`` in the page's text (not in code, scripts or tags) as
+    superscripts."""
+    parts, inside = re.split(r"(<[^>]+>)", html), []
+    for i, part in enumerate(parts):
+        if part.startswith("<"):
+            tag = re.match(r"</?(\w+)", part)
+            if tag and tag.group(1).lower() in SKIPPED and not part.endswith("/>"):
+                if part.startswith("</"):
+                    if inside:
+                        inside.pop()
+                else:
+                    inside.append(tag.group(1).lower())
+        elif not inside and "^" in part:
+            parts[i] = SUPERSCRIPT.sub(lambda m: f"<sup>{m.group(1) or m.group(2) or m.group(3)}</sup>", part)
+    return "".join(parts)
+
+
+# ---- the MkDocs hooks
+
+
+def on_config(config):
+    global MADE
+    if MADE is None:
+        MADE = Made()
+    for path in sorted(Path(config["docs_dir"]).rglob("*.md")):
+        for kind, key in directives(path.read_text(encoding="utf-8")):
+            MADE.start(kind, key)
+    return config
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    fragments = page.__dict__.setdefault("probe_fragments", [])
+
+    def raw(fragment) -> str:
+        fragments.append(fragment)
+        return RAW.format(len(fragments) - 1)
+
+    return fill(show_marks(expand(markdown, page.file.src_uri)), page.file.src_uri, raw)
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    fragments = page.__dict__.get("probe_fragments", [])
+    depth = page.file.url.count("/")
+    script = f"<script src='{'../' * depth}{PLOTLY_JS}'></script>"
+
+    def one(m):
+        kind, value, *layer = fragments[int(m.group(1))]
+        if kind == "html":
+            return value
+        return f"<div class='probe-figure'>{_figure(value, f'probe-figure-{m.group(1)}', *layer)}</div>"
+
+    html = re.sub(r"<p>" + RAW.format(r"(\d+)") + r"</p>", one, html)
+    if any(f[0] == "plotly" for f in fragments):
+        html = script + html
+    for item in _toc_items(page.toc):
+        item.title = superscripts(item.title)
+    return superscripts(html)
+
+
+def _figure(spec: dict, div_id: str, layer: int | None = None, width: int = 720) -> str:
+    """A figure's HTML as probe's pages draw it (``probe.present.page.figure_html``), narrowed to the page's column
+    when it has a width of its own (a figure with pickers), and opened at ``layer``."""
+    import plotly.io as pio
+
+    from probe.present.page import figure_html
+
+    fig = pio.from_json(json.dumps(spec))
+    picker = (fig.layout.meta or {}).get("picker") if isinstance(fig.layout.meta, dict) else None
+    if fig.layout.width and fig.layout.width > width:
+        scale = width / fig.layout.width
+        fig.update_layout(width=width, height=round((fig.layout.height or 500) * scale))
+    if picker and layer is not None:
+        heads = picker[1]
+        fig.for_each_trace(lambda t: t.update(visible=False))
+        fig.data[layer * heads].visible = True
+    drawn = figure_html(fig, div_id)
+    if picker and layer is not None:
+        drawn = drawn.replace(f"<option value='{layer}'>", f"<option value='{layer}' selected>", 1)
+    return drawn
+
+
+def _toc_items(toc):
+    for item in toc:
+        yield item
+        yield from _toc_items(item.children)
+
+
+def on_post_build(config):
+    from plotly.offline import get_plotlyjs
+
+    site = Path(config["site_dir"])
+    (site / PLOTLY_JS).parent.mkdir(parents=True, exist_ok=True)
+    (site / PLOTLY_JS).write_text(get_plotlyjs(), encoding="utf-8")
+    if MADE is not None:
+        for (kind, key), job in MADE.jobs.items():
+            if kind == "notebook" and job.done() and job.result() is not None:
+                shutil.copyfile(job.result(), site / "tutorials" / Path(key).name)
 
 
 if __name__ == "__main__":

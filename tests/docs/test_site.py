@@ -10,8 +10,6 @@ import argparse
 import importlib
 import inspect
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,22 +22,9 @@ pytest.importorskip("mkdocstrings_handlers.python")
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    run = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={"NO_MKDOCS_2_WARNING": "1", **_env()},
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    return out
+    from tests.support.site import built_site
 
-
-def _env() -> dict:
-    import os
-
-    return dict(os.environ)
+    return built_site(tmp_path_factory)
 
 
 def test_the_site_loads_nothing_from_the_network(built):

@@ -3,11 +3,14 @@
 # data file probe ships (zoo, tokenizer, bundled corpora); install it into a fresh venv (dependencies from pip's
 # cache and the indexes pip is configured with, which the CI install has just used); then, from an empty temporary
 # directory, run the main job on the embedded default, `probe models` and `probe --version`, and check that the
-# probe imported there is the installed one. Warns above WHEEL_TEST_BUDGET seconds (default 180).
+# probe imported there is the installed one; the venv takes the wheel with its `notebook` extra (and nothing of
+# `[dev]`), and runs the three notebooks there with `jupyter nbconvert --execute`, as a user who followed
+# docs/how-to/notebooks.md would: no error, nothing on stderr, no progress-bar widget (scripts/docs/notebooks.py's
+# checks). Warns above WHEEL_TEST_BUDGET seconds (default 240).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
-budget=${WHEEL_TEST_BUDGET:-180}
+budget=${WHEEL_TEST_BUDGET:-240}
 start=$SECONDS
 python=${PYTHON:-python3}
 work=$(mktemp -d "${TMPDIR:-/tmp}/probe-wheel.XXXXXX")
@@ -42,11 +45,11 @@ if missing or not all(kinds.values()):
 print(f"wheel test: the wheel holds all {len(data)} data files ({', '.join(f'{k} {n}' for k, n in kinds.items())})")
 EOF
 
-# 3. a fresh venv with the wheel (no editable install, no checkout on sys.path)
+# 3. a fresh venv with the wheel and its notebook extra (no editable install, no checkout on sys.path)
 "$python" -m venv "$work/venv"
 # --no-compile: no .pyc for torch's thousands of modules (a minute of the budget); imports compile what they use
-"$work/venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile "$wheel" >"$work/pip.log" 2>&1 \
-  || { tail -40 "$work/pip.log"; exit 1; }
+"$work/venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile "$wheel[notebook]" \
+  >"$work/pip.log" 2>&1 || { tail -40 "$work/pip.log"; exit 1; }
 echo "wheel test: installed into a fresh venv at $((SECONDS - start)) s"
 
 # 4. from an empty directory, with the venv's own command
@@ -76,7 +79,27 @@ grep -q "structured" inject.txt && [ -s inject/inject_results.csv ] && [ -s inje
   || { echo "wheel test: probe inject wrote no table or page"; cat inject.txt; exit 1; }
 [ -z "$(ls -A "$work/empty" | grep -v -x -e models.txt -e inject.txt -e inject.err -e inject)" ] \
   || { echo "wheel test: stray files in the working directory: $(ls -A)"; exit 1; }
+echo "wheel test: probe --version, probe models and probe inject ran from the wheel at $((SECONDS - start)) s"
+
+# 5. the notebooks, in the venv that has only the wheel and its notebook extra, from copies in a folder of their own
+mkdir "$work/notebooks"
+cp "$root"/notebooks/*.ipynb "$work/notebooks/"
+cd "$work/notebooks"
+OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=900 \
+  --output-dir executed ./*.ipynb >nbconvert.log 2>&1 \
+  || { echo "wheel test: a notebook failed"; tail -40 nbconvert.log; exit 1; }
+"$work/venv/bin/python" - "$root/scripts/docs/notebooks.py" executed/*.ipynb <<'EOF'
+import importlib.util, json, sys
+
+spec = importlib.util.spec_from_file_location("notebooks", sys.argv[1])
+checks = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(checks)
+wrong = {path: found for path in sys.argv[2:] if (found := checks.problems(json.load(open(path, encoding="utf-8"))))}
+if wrong or len(sys.argv) < 5:
+    sys.exit(f"wheel test: the notebooks, executed with only probe-attn[notebook]: {wrong or sys.argv[2:]}")
+print(f"wheel test: {len(sys.argv) - 2} notebooks ran with only probe-attn[notebook] installed, quietly")
+EOF
 took=$((SECONDS - start))
-echo "wheel test: probe --version, probe models and probe inject ran from the wheel; ${took} s"
+echo "wheel test: probe --version, probe models, probe inject and the notebooks ran from the wheel; ${took} s"
 # over the budget is reported, not failed: the time depends on the machine's load, what the test checks does not
 [ "$took" -le "$budget" ] || echo "wheel test: WARNING: ${took} s is over the ${budget} s budget"

@@ -396,7 +396,7 @@ def on_page_content(html: str, page, config, files) -> str:
     return superscripts(html)
 
 
-def _figure(spec: dict, div_id: str, layer: int | None = None, width: int = 720) -> str:
+def _figure(spec: dict, div_id: str, layer: int | None = None, width: int = 680) -> str:
     """A figure's HTML as probe's pages draw it (``probe.present.page.figure_html``), narrowed to the page's column
     when it has a width of its own (a figure with pickers), and opened at ``layer``."""
     import plotly.io as pio

@@ -141,7 +141,7 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
         """HF's save_pretrained without its "Writing model shards" bar, recording the model's name (``probe_name``,
         e.g. ``tiny-sink+proj``) in config.json, so that ``probe.load`` of the folder names the model, not the
         folder."""
-        if getattr(self, "probe_name", None):
+        if self.probe_name:
             self.config.probe_name = self.probe_name
         with quiet_hf_bars():
             return super().save_pretrained(save_directory, *args, **kwargs)

@@ -4,15 +4,19 @@
 
 Writes the measured table (per variant: mean over seeds and the paired difference from the baseline ± s.e.) and the
 claims table (each paper's claim, what the recipe measured, and whether they agree, by the rule printed beside it)
-between the page's markers, and the recipe's figure as a PNG (kaleido). Every number comes from OUT/summary.csv and
-OUT/runs.csv; nothing is typed by hand.
+between the page's markers, and the recipe's figure as a PNG (drawn by headless Chromium). Every number comes from
+OUT/summary.csv and OUT/runs.csv; nothing is typed by hand.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -218,6 +222,37 @@ def claims_table(rows, n_seeds: int) -> str:
     return "\n".join(lines)
 
 
+def screenshot(fig, png: Path, size: tuple[int, int]) -> None:
+    """The figure as headless Chromium draws it (the browser tests/present/test_browser.py drives; PROBE_CHROMIUM
+    names another): a self-contained HTML page, screenshot to ``png``."""
+    names = (os.environ.get("PROBE_CHROMIUM"), "chromium", "chromium-browser", "google-chrome", "chrome")
+    browser = next((shutil.which(n) for n in names if n and shutil.which(n)), None)
+    if browser is None:
+        raise SystemExit("--png needs a Chromium (chromium, google-chrome, or PROBE_CHROMIUM)")
+    with tempfile.TemporaryDirectory() as tmp:
+        page = Path(tmp) / "figure.html"
+        fig.write_html(page, include_plotlyjs=True, full_html=True, config={"staticPlot": True})
+        shot = Path(tmp) / "figure.png"
+        subprocess.run(
+            [
+                browser,
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                f"--user-data-dir={tmp}/profile",
+                f"--window-size={size[0]},{size[1]}",
+                "--virtual-time-budget=20000",
+                f"--screenshot={shot}",
+                page.as_uri(),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        shutil.move(shot, png)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="a finished probe experiment sink-removal folder")
@@ -257,7 +292,7 @@ def main(argv=None) -> int:
     if args.png:
         fig = removal_figure(summary)
         fig.update_layout(width=1000, height=760)
-        fig.write_image(args.png, scale=1)
+        screenshot(fig, args.png, (1000, 760))
     return 0
 
 

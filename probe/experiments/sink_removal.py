@@ -268,7 +268,7 @@ def removal_figure(summary: pd.DataFrame) -> go.Figure:
         fig.add_bar(
             x=d["variant"],
             y=d["mean"],
-            error_y=dict(type="data", array=d["se"].fillna(0), visible=True),
+            error_y=dict(type="data", array=d["se"].fillna(0), visible=bool(d["se"].notna().any())),
             name=title,
             showlegend=False,
             marker_color=["#7f7f7f" if v == "baseline" else "#1f77b4" for v in d["variant"]],
@@ -278,7 +278,7 @@ def removal_figure(summary: pd.DataFrame) -> go.Figure:
         if threshold is not None:
             fig.add_hline(y=threshold, line_dash="dot", line_color="gray", row=r, col=1)
     fig.update_yaxes(type="log", row=1, col=1)
-    fig.update_yaxes(type="log", row=2, col=1)
+    fig.update_yaxes(rangemode="tozero", row=2, col=1)
     seeds = int(summary["n"].max()) if len(summary) else 0
     how = "mean ± s.e. over seeds" if seeds > 1 else "one seed: no error bars"
     fig.update_layout(title=f"Which mechanism removes the sink? (Bigram-Backcopy, {how})", height=760)

@@ -330,7 +330,12 @@ def trajectory_figure(table: pd.DataFrame) -> go.Figure:
             for c in range(1, len(layers) + 1):
                 fig.add_hline(y=threshold, line_dash="dot", line_color="gray", row=r, col=c)
     fig.update_xaxes(title_text="step", row=len(TRAJECTORIES))
-    fig.update_layout(title="Sink emergence on Bigram-Backcopy", height=220 * len(TRAJECTORIES))
+    fig.update_annotations(font_size=12)  # the subplot titles: two columns side by side fit a page's column
+    fig.update_layout(
+        title="Sink emergence on Bigram-Backcopy",
+        height=220 * len(TRAJECTORIES),
+        legend=dict(orientation="h", yanchor="top", y=-0.06, x=0),  # under the plots: they keep the width
+    )
     return fig
 
 

@@ -169,4 +169,5 @@ WINDOW_MODES = ("auto", "first", "sequential", "random", "packed")  # probe.data
 JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")  # probe.analyses.inject
 CUTOFFS = {"q25": 0.25, "median": 0.5}  # probe.analyses.inject: quiet reads, the share of smallest read norms
 DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)  # probe.analyses.inject
+MAX_DOSE = 1.6  # probe.analyses.inject: the largest dose the definition covers (Wang 2026 §5.1, App. C: 0.2 ... 1.6)
 PROTOCOLS = ("pooled", "gu2025")  # Sink^eps, probe.analyses.sink_heads (docs/definitions.md#sink-eps-protocols)

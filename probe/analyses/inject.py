@@ -13,7 +13,9 @@ Draws come from a generator keyed by (seed, batch, layer), so every dose, junk t
 Outcome: mean next-token loss over all positions with corruption minus without, on the same windows.
 
 Exposure (clean pass): per attention row t >= 1, the share of its total mass (phantom included) on the quiet reads,
-and on the phantom; from probe.kernels.attention_row_masses, without T x T memory.
+and on the phantom; from probe.kernels.attention_row_masses, without T x T memory. The same row masses carry one more
+column, key 0, so the clean pass also gives the model's sink statistics (docs/definitions.md#sink-statistics, the
+``sinks`` table: what ``probe sinks`` reports on the same windows), at the cost of that column.
 
 Efficiency: one clean pass per batch (with exposure), then the conditions stacked along the batch dimension (each
 condition keeps its own copy of the batch, so the structured pool never mixes conditions), as many per forward as
@@ -42,8 +44,9 @@ from probe.analyses.capture import (
     row_masses,
 )
 from probe.analyses.parallel import all_sum, gather_rows, reduce_sums
+from probe.analyses.sinks import SinkAccumulator
 from probe.analyses.stats import with_batch_se
-from probe.catalogue import CUTOFFS, DEFAULT_DOSES, JUNK_TYPES
+from probe.catalogue import CUTOFFS, DEFAULT_DOSES, JUNK_TYPES, MAX_DOSE
 from probe.hooks import names
 from probe.models.gates import gate_directions
 from probe.process_group import batches_of_rank, is_main
@@ -182,7 +185,8 @@ def own_directions(model) -> dict[int, torch.Tensor]:
 class ExposureAccumulator:
     """Per (layer, head) sums over rows t >= 1 of the quiet-read share (per cutoff) and the phantom share, and one row
     per (batch, layer, cutoff) of that batch's means: standard errors over batches (ddof 1 / sqrt(batches); batches
-    are equal-sized, so the mean of their means is the pooled share)."""
+    are equal-sized, so the mean of their means is the pooled share). ``sinks``: the sink statistics of the same
+    rows (probe.analyses.sinks)."""
 
     def __init__(self, info, cutoffs):
         self.info, self.cutoffs = info, list(cutoffs)
@@ -191,11 +195,13 @@ class ExposureAccumulator:
         self.phantom = torch.zeros(L, H, dtype=torch.float64)
         self.rows = torch.zeros(L, dtype=torch.float64)
         self.batch, self.batch_rows = 0, []  # global index of the batch being added; its per-layer means
+        self.sinks = SinkAccumulator(info)
 
     def merge(self) -> None:
         """Combine the ranks' sums and per-batch rows (data-parallel runs; nothing to do in one process)."""
         reduce_sums(self, ("quiet", "phantom", "rows"))
         self.batch_rows = gather_rows(self.batch_rows)
+        self.sinks.merge()
 
     def add(self, layer, quiet_share: torch.Tensor, phantom: torch.Tensor):
         """quiet_share (B, H, T, m) of total mass; phantom (B, H, T)."""
@@ -238,7 +244,8 @@ class ExposureAccumulator:
         per_batch = batches.groupby(["cutoff", "batch"], sort=False)[cols].mean().reset_index()  # over layers
         layers = with_batch_se(layers, batches, cols, by=["cutoff", "layer"])  # NaN s.e. with one batch
         summary = with_batch_se(summary, per_batch, cols, by="cutoff")
-        return {"exposure": summary, "exposure_layers": layers, "exposure_heads": heads}
+        sinks = self.sinks.tables()["summary"]
+        return {"exposure": summary, "exposure_layers": layers, "exposure_heads": heads, "sinks": sinks}
 
 
 def _exposure_collector(model, acc: ExposureAccumulator, qs, backend):
@@ -246,11 +253,27 @@ def _exposure_collector(model, acc: ExposureAccumulator, qs, backend):
 
     def on_layer(l, got):
         norms = got["hook_v"].float().norm(dim=-1)
-        ind = torch.stack(quiet_and_median(norms, qs)[0], -1).float()  # (B, T, Hkv, m) quiet reads per cutoff
-        _, mass, phantom = row_masses(info, l, got, ind, backend)
-        acc.add(l, mass, phantom)
+        key0 = torch.zeros_like(norms, dtype=torch.bool)
+        key0[:, 0] = True
+        # (B, T, Hkv, m + 1): the quiet reads per cutoff, then key 0 (the sink statistics' numerator)
+        ind = torch.stack([*quiet_and_median(norms, qs)[0], key0], -1).float()
+        _, mass, phantom = row_masses(info, l, got, ind, backend)  # shares of each row's total mass
+        acc.add(l, mass[..., :-1], phantom)
+        pos0 = mass[..., -1] / (1 - phantom).clamp_min(1e-30)  # key 0's share of the real keys' mass
+        acc.sinks.add(l, pos0, phantom, norms, got.get("hook_sink_logit"))
 
     return LayerCollector(model, lambda l: row_mass_hooks(info), on_layer)
+
+
+def dose_warning(doses) -> str | None:
+    """One line for doses past MAX_DOSE (they run, with this warning; docs/definitions.md#injection), else None."""
+    past = [float(d) for d in _as_list(doses) if float(d) > MAX_DOSE]
+    if not past:
+        return None
+    return (
+        f"dose {', '.join(f'{d:g}' for d in past)} is outside the range the injection definition covers, 0 to "
+        f"{MAX_DOSE:g} (the paper's; docs/definitions.md#injection): its loss change has nothing to be compared with"
+    )
 
 
 def _as_list(x) -> list:
@@ -265,6 +288,9 @@ def conditions(junk, cutoffs, doses) -> list[tuple[str, str, float]]:
             raise ValueError(f"unknown junk type {kind!r}; choose one of {', '.join(JUNK_TYPES)}")
     for c in cutoffs:
         cutoff_fraction(c)
+    for d in _as_list(doses):
+        if not (math.isfinite(float(d)) and float(d) >= 0):
+            raise ValueError(f"dose {d} must be a finite number >= 0 (the definition's doses are 0 to {MAX_DOSE:g})")
     return [(j, c, float(d)) for j, c, d in itertools.product(junk, cutoffs, _as_list(doses))]
 
 
@@ -311,7 +337,8 @@ def inject(
     progress: bool = True,
 ) -> dict[str, pd.DataFrame]:
     """The injection battery: tables ``results`` (per condition: loss_clean, loss_corrupted, delta), ``per_batch``,
-    ``exposure`` / ``exposure_layers`` / ``exposure_heads`` (per cutoff, when ``exposure``) and ``meta``.
+    ``exposure`` / ``exposure_layers`` / ``exposure_heads`` (per cutoff, when ``exposure``), ``sinks`` (the clean
+    pass's sink statistics, as ``probe sinks``'s summary on the same windows, when ``exposure``) and ``meta``.
 
     ``max_rows``: sequences per corrupted forward (conditions are stacked along the batch); default keeps the
     stacked logits under about 1 GiB.
@@ -323,6 +350,8 @@ def inject(
     - ``exposure``: model, corpus, cutoff, quiet_share, quiet_share_se, phantom_share, phantom_share_se
     - ``exposure_layers``: model, corpus, cutoff, layer, quiet_share, quiet_share_se, phantom_share, phantom_share_se
     - ``exposure_heads``: model, corpus, layer, head, cutoff, quiet_share, phantom_share
+    - ``sinks``: model, corpus, layers, n_layers, pos0_share, phantom_share, r0, uniform_ref, pos0_over_uniform,
+      r0_later, sink_formed
     """
     info = model.probe_info
     w = as_windows(data)
@@ -415,6 +444,8 @@ def exposure_stats(model, data, *, cutoffs=("q25", "median"), backend: str | Non
     - ``exposure``: model, corpus, cutoff, quiet_share, quiet_share_se, phantom_share, phantom_share_se
     - ``exposure_layers``: model, corpus, cutoff, layer, quiet_share, quiet_share_se, phantom_share, phantom_share_se
     - ``exposure_heads``: model, corpus, layer, head, cutoff, quiet_share, phantom_share
+    - ``sinks``: model, corpus, layers, n_layers, pos0_share, phantom_share, r0, uniform_ref, pos0_over_uniform,
+      r0_later, sink_formed
     """
     info = model.probe_info
     w = as_windows(data)
@@ -441,6 +472,8 @@ __all__ = [
     "JUNK_TYPES",
     "CUTOFFS",
     "DEFAULT_DOSES",
+    "MAX_DOSE",
+    "dose_warning",
     "conditions",
     "cutoff_fraction",
 ]

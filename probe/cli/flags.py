@@ -225,6 +225,20 @@ def _unique(values) -> tuple:
     return tuple(dict.fromkeys(values))
 
 
+def check_model_flags(args: argparse.Namespace) -> None:
+    """A model name that cannot load is one line before torch is imported (probe.jobs.model_names): ``--model`` in
+    full, a report's ``--models`` by the names alone (a shard or a resumed report loads only some of them)."""
+    model, models = getattr(args, "model", None), getattr(args, "models", None)
+    if not isinstance(model, str) and not models:
+        return
+    from probe.jobs.model_names import check_model_name
+
+    if isinstance(model, str):
+        check_model_name(model, "--model")
+    for name in models or ():
+        check_model_name(name, "--models/--checkpoints", hub=False)
+
+
 def model_spec(args: argparse.Namespace, default: str | None = None) -> ModelSpec:
     """--model (``default`` when absent), --device, --dtype, --threads, --device-map, --max-memory, --offload-dir."""
     return ModelSpec(

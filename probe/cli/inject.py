@@ -26,15 +26,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from probe.analyses.inject import conditions, inject
+    from probe.analyses.inject import conditions, dose_warning, inject
     from probe.cli.distributed import all_ranks_agree
     from probe.cli.flags import injection_spec
     from probe.cli.prepare import prepare
+    from probe.console import note
     from probe.jobs.inputs import injection_plan
     from probe.present import inject as presentation
     from probe.present.files import publish
     from probe.present.terminal import plan_line
 
+    if (warning := dose_warning(args.dose)) is not None:  # before the model loads: it runs, but says little
+        note(f"probe inject: warning: --{warning}; running it as asked")
     with all_ranks_agree():
         run = prepare(args, DEFAULT_MODEL, "inject")
         model, eb, spec = run.model, run.windows, injection_spec(args)

@@ -116,6 +116,15 @@ def verb_in(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+def check_verb(name: str | None) -> None:
+    """An unknown verb: one line naming the closest verb when there is one, and every verb (as flags have)."""
+    if name is None or name in VERBS:
+        return
+    close = difflib.get_close_matches(name, list(VERBS), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise UsageError(f"unknown verb {name!r}{hint}; choose one of {', '.join(VERBS)}", prog="probe")
+
+
 def run_verb_reading(name: str, args) -> int:
     """``run_verb`` under the run's policy for bad corpus records (--skip-bad-records; probe.data.corpus)."""
     if not getattr(args, "skip_bad_records", False):
@@ -169,12 +178,14 @@ def main(argv=None) -> int:
         return run_verb("experiment", argv[1:])
     verb = None
     try:
+        check_verb(verb_in(argv))
         parser = build_parser([verb_in(argv)])
         args, extra = parser.parse_known_args(argv)
         check_unknown(parser, args, extra)
         if args.verb is None:
             raise UsageError(f"missing VERB; choose one of {', '.join(VERBS)}", prog="probe")
         verb = args.verb
+        import_module("probe.cli.flags").check_model_flags(args)  # a --model that cannot load: a second, no torch
         quiet = QUIET.set(bool(getattr(args, "quiet", False)))  # --quiet: no note of any layer, only an error line
         lock = None
         try:

@@ -12,8 +12,10 @@ RANK = 80  # its place in `probe --help`
 HELP = "batch sink report over many models or training checkpoints (resumable)"
 DESCRIPTION = (
     "Sink statistics (and optionally massive activations and injection) for every model or checkpoint, written "
-    "as CSV and one self-contained offline HTML report; with several --ctx lengths, every model at each, reported "
-    "against T. Killed and started again with the same arguments, it continues where it stopped."
+    "as CSV and an offline HTML report, report.html, which loads the plotly.min.js written beside it (move the "
+    "folder as a whole, or pass --self-contained for a page that works alone); with several --ctx lengths, every "
+    "model at each, reported against T. Killed and started again with the same arguments, it continues where it "
+    "stopped."
 )
 
 
@@ -94,6 +96,11 @@ def run(args: argparse.Namespace) -> int:
             contexts=contexts,
             massive=args.massive,
         )
+        if spec.injection is not None:
+            from probe.analyses.inject import dose_warning
+
+            if (warning := dose_warning(spec.injection.doses)) is not None:
+                console.note(f"probe report: warning: --inject-{warning.replace('dose ', 'doses ', 1)}; running them")
         tables, settings = write_report(spec, console)
     if args.json:
         print(

@@ -20,12 +20,13 @@ from contextlib import contextmanager
 import pandas as pd
 
 from probe import __version__
-from probe.checkpoints.load import _hub_config_path, resolve
+from probe.checkpoints.load import check_available
 from probe.console import Console
 from probe.data.windows import WINDOW_MODES
 from probe.errors import UsageError
 from probe.jobs.fingerprints import model_fingerprint
-from probe.jobs.inputs import KNOWN_HINT, WindowCache, check_data, load_model, windows_for
+from probe.jobs.inputs import WindowCache, check_data, load_model, windows_for
+from probe.jobs.model_names import model_error
 from probe.jobs.specs import EvaluationOptions
 from probe.jobs.store import RunStore
 from probe.writes import json_safe
@@ -73,12 +74,9 @@ def check_spec(spec: EvaluationOptions) -> list[str]:
 def check_model(name: str) -> None:
     """A one-line ValueError for a name that is malformed, missing locally, or a hub model not reachable offline."""
     try:
-        repo, revision, kind = resolve(name)
-        if kind == "hub":
-            _hub_config_path(repo, revision, {})  # the cache or the hub, as loading would look
+        check_available(name)  # the cache or the hub, as loading would look
     except ValueError as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"--models {name!r}: {reason}; {KNOWN_HINT}") from None
+        raise ValueError(str(model_error("--models", name, e))) from None
 
 
 def load_one(name: str, spec: EvaluationOptions, progress: bool):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import difflib
 import logging
 import tempfile
 import weakref
@@ -25,7 +24,7 @@ import torch
 
 from probe.analyses.capture import model_device
 from probe.analyses.inject import JUNK_TYPES, own_directions
-from probe.checkpoints.load import KNOWN_CHECKPOINTS, ModelNotFoundError, load, resolve
+from probe.checkpoints.load import ModelNotFoundError, load, resolve
 from probe.console import Console
 from probe.data import load_corpus as read_corpus
 from probe.data.batches import DocumentTokens
@@ -34,16 +33,12 @@ from probe.data.synthetic import BigramBackcopy, is_synthetic, is_token_domain, 
 from probe.data.tokenizer import DEFAULT_TOKENIZER, TOKENIZERS, load_tokenizer
 from probe.data.windows import build_windows, eval_context, text_windows, window_bos_id
 from probe.errors import UsageError, first_line
+from probe.jobs.model_names import model_error
 from probe.jobs.specs import InjectionSpec, ModelSpec, WindowSpec
 from probe.models import create
 from probe.progress import plural
 
 DEFAULT_DATA = "wikitext-2-test"  # windows of text models when --data is not given
-KNOWN_HINT = (
-    "see `probe models`: zoo names probe/tiny-<variant>, pythia-14m ... pythia-12b[-deduped][@stepN], "
-    "gpt-oss-20b, gpt-oss-120b, an HF repo id, a local model directory, a `probe train` run "
-    "directory[@stepN] or a .gguf file"
-)
 
 
 # ------------------------------------------------------------------------------------------------------------ checks
@@ -111,10 +106,8 @@ def load_model(spec: ModelSpec, console: Console, flag: str = "--model"):
             return fresh_default(spec.default, device, dtype, console)
     try:
         _, _, kind = resolve(name)
-    except ModelNotFoundError as e:
-        raise UsageError(f"{flag} {name!r}: {e}") from None
-    except ValueError as e:
-        raise UsageError(f"{flag} {name!r}: {e}; {KNOWN_HINT}") from None
+    except ValueError as e:  # ModelNotFoundError too
+        raise model_error(flag, name, e) from None
     placed, offload_tmp = placement(spec)
     # accelerate warns that offloaded weights sit on 'meta' (expected here); probe says where the layers went instead
     offload_log = logging.getLogger("accelerate.big_modeling")
@@ -123,9 +116,7 @@ def load_model(spec: ModelSpec, console: Console, flag: str = "--model"):
     try:
         model = load(name, device=None if placed or device == "cpu" else device, dtype=dtype, **placed)
     except ModelNotFoundError as e:
-        close = difflib.get_close_matches(name.split("@")[0], list(KNOWN_CHECKPOINTS), n=1)
-        hint = f"did you mean {close[0]}? " if close and close[0] != name.split("@")[0] else ""
-        raise UsageError(f"{flag} {name!r}: {e}; {hint}{KNOWN_HINT}") from None
+        raise model_error(flag, name, e) from None
     except Exception as e:  # noqa: BLE001 — an unreadable checkpoint of any kind is a user error, one line
         if placed:
             raise UsageError(

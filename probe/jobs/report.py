@@ -1,5 +1,6 @@
 """``probe report``: sink statistics (and optionally injection) over many models or training checkpoints, written as
-CSV plus one self-contained offline HTML report.
+CSV plus an offline HTML report (loading the plotly.min.js written beside it, or carrying it with
+``self_contained``).
 
 Resumable: DIR is a ``probe.jobs.store.RunStore``. Its manifest records the settings that determine the numbers
 (corpus, windows, seed, device, dtype, injection, probe version); each model's results are persisted atomically to
@@ -41,7 +42,6 @@ from probe.data.synthetic import is_token_domain
 from probe.errors import UsageError
 from probe.jobs.fingerprints import model_fingerprint
 from probe.jobs.inputs import (
-    KNOWN_HINT,
     WindowCache,
     check_data,
     eval_ctx,
@@ -50,6 +50,7 @@ from probe.jobs.inputs import (
     resolve_device,
     tokenizer_for,
 )
+from probe.jobs.model_names import model_error
 from probe.jobs.specs import InjectionSpec, ModelSpec, WindowSpec
 from probe.jobs.store import RunStore, shard_name
 from probe.present.files import write_pages
@@ -288,7 +289,7 @@ def write_report(spec: ReportSpec, console: Console) -> tuple[dict[str, pd.DataF
         try:
             resolve(name)
         except ValueError as e:
-            raise UsageError(f"--models/--checkpoints {name!r}: {e}; {KNOWN_HINT}") from None
+            raise model_error("--models/--checkpoints", name, e) from None
     mine = shard_share(names, spec.shard)  # this run's models: all of them, or this shard's share
     if spec.shard is not None:
         console.note(f"{shard_name(shard)}: {len(mine)} of {len(names)} models")

@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 from probe.present.figures import integer_ticks, se_bars, threshold
 from probe.present.files import header, result_meta, show
 from probe.present.sections import drop_ids, n_batches, pm, se_caveat
+from probe.present.terminal import verdict
 
 DESCRIPTIONS = {
     "ablate.html": "causal interventions: loss change per intervention, whole model and per layer, with figures",
@@ -244,4 +245,6 @@ def text(result: dict) -> str:
             f"cost: {meta['ablated_forward_s']:.3g} s per ablated forward, {meta['clean_forward_s']:.3g} s "
             f"per clean forward ({meta['cost_ratio']:.2f}x), {meta['wall_s']:.3g} s in all",
         ]
+    if said := sections(result)["verdicts"]:
+        lines.append(verdict(*said))
     return "\n".join(lines)

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 
 from probe.present.files import header, result_meta
 from probe.present.sections import drop_ids, se_caveat
-from probe.present.terminal import summary_lines
+from probe.present.terminal import summary_lines, verdict
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
 DESCRIPTIONS = {
@@ -57,5 +57,6 @@ def text(result: dict) -> str:
             header(result_meta(result)),
             "",
             summary_lines(result["summary"].iloc[0].to_dict(), ("loss", "perplexity", "n_tokens", "n_windows")),
+            verdict(*eval_sections(result)["verdicts"]),
         ]
     )

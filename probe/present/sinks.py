@@ -23,7 +23,7 @@ from probe.present.figures import (
 )
 from probe.present.files import header, result_meta, show
 from probe.present.sections import drop_ids, n_batches, pm, se_caveat, with_se
-from probe.present.terminal import summary_lines
+from probe.present.terminal import summary_lines, verdict
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
 DESCRIPTIONS = {
@@ -35,6 +35,25 @@ DESCRIPTIONS = {
     "sinks_heads.csv": "sink statistics per layer and head",
     "sinks_batches.csv": "sink statistics per evaluation batch and layer (for standard errors)",
 }
+
+
+def sink_sentence(s) -> str:
+    """Whether a sink has formed (docs/definitions.md#sink-rule), with the numbers the rule read: a summary row of
+    the sink statistics (``probe sinks``'s, or the clean pass of ``probe inject``)."""
+    ratio, r0 = float(s["pos0_over_uniform"]), float(s["r0_later"])
+    where = f"position 0 takes {float(s['pos0_share']):.1%} of each row's real attention over all layers"
+    phantom = float(s.get("phantom_share", 0) or 0)
+    also = f" (the phantom {phantom:.1%} of all mass)" if phantom > 0 else ""
+    later = "past layer 0" if int(s.get("n_layers", 2)) > 1 else "in its one layer"
+    if bool(s["sink_formed"]):
+        return (
+            f"a sink has formed: {where}{also}, {ratio:.3g}x the causal-uniform share {later}, with its value read "
+            f"drained (r0 {r0:.2g}); the rule: >= {SINK_FACTOR:g}x and r0 < {SINK_R0:g}"
+        )
+    parts = [f"{ratio:.3g}x the causal-uniform share {later}"]
+    parts[0] += f" (a sink needs >= {SINK_FACTOR:g}x)" if ratio < SINK_FACTOR else ""
+    parts += [f"r0 {r0:.2g} (a sink needs < {SINK_R0:g})"] if r0 >= SINK_R0 else []
+    return f"no sink has formed: {where}{also}; {', '.join(parts)}"
 
 
 def _later(layers: pd.DataFrame) -> pd.DataFrame:
@@ -241,4 +260,5 @@ def text(result: dict) -> str:
         lines += massive.text_lines(result)
     if "dormant_summary" in result:
         lines += dormant.text_lines(result)
+    lines.append(verdict(sink_sentence(s)))
     return "\n".join(lines)

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 from probe.present.figures import ID_COLUMNS, REFERENCE, SEQUENTIAL, SIGNED, integer_ticks, many, result_name
 from probe.present.files import header, result_meta, show
 from probe.present.sections import drop_ids
-from probe.present.terminal import summary_lines
+from probe.present.terminal import summary_lines, verdict
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
 DESCRIPTIONS = {
@@ -172,8 +172,6 @@ def text(result: dict) -> str:
             [
                 header(result_meta(result)),
                 "",
-                dense_verdict(result),
-                "",
                 "summary:",
                 summary_lines(
                     s,
@@ -191,6 +189,7 @@ def text(result: dict) -> str:
                 "",
                 "per layer and stream (mean weights over tokens):",
                 show(result["dense_layers"], [c for c in result["dense_layers"].columns if c != "n_tokens"]),
+                verdict(dense_verdict(result)),
             ]
         )
     return "\n".join(
@@ -202,5 +201,6 @@ def text(result: dict) -> str:
             "",
             "per read site:",
             show(result["sites"], [c for c in result["sites"].columns if c not in ("site_index", "n_tokens")]),
+            verdict(*source_sections(result)["verdicts"]),
         ]
     )

@@ -1,8 +1,10 @@
-"""Terminal text several verbs share: summary lines of a result row and the plan line before the forward passes."""
+"""Terminal text several verbs share: summary lines of a result row, the verdict that ends a verb's text and the plan
+line before the forward passes."""
 
 from __future__ import annotations
 
 import math
+import textwrap
 
 from probe.progress import plural
 
@@ -22,6 +24,26 @@ def summary_lines(row: dict, keys) -> str:
                 text = str(v)
             out.append(f"  {k:<22} {text}")
     return "\n".join(out)
+
+
+WIDTH = 120  # the verdict's lines, as the code's: they fit a terminal and a documentation page's code block
+
+
+def verdict(*sentences: str) -> str:
+    """The end of a verb's terminal text: what it found, in a sentence or a few (each with the rule that decided
+    it), after a blank line: ``verdict:``, then each sentence as a ``- `` item wrapped at WIDTH columns."""
+    items = [
+        textwrap.fill(s, WIDTH, initial_indent="- ", subsequent_indent="  ", break_long_words=False,
+                      break_on_hyphens=False)
+        for s in sentences
+    ]  # fmt: skip
+    return "\nverdict:\n" + "\n".join(items)
+
+
+def verdict_sentences(text: str) -> list[str]:
+    """The sentences of the verdict that ends ``text`` (a verb's terminal text), unwrapped."""
+    tail = text.rsplit("\nverdict:\n", 1)[-1]
+    return [" ".join(item.split()) for item in ("\n" + tail).split("\n- ")[1:]]
 
 
 def plan_line(verb: str, model, eb, passes: int = 1, what: str = "") -> str:

@@ -47,7 +47,13 @@ device_map = _user_value(parse_device_map)
 max_memory = _user_value(parse_max_memory)
 
 
-def output_flags(p, out_help="write CSV, JSON and a plotly HTML figure to DIR", *, reads_data: bool = True):
+OUT_HELP = (
+    "write CSV, JSON and an HTML page of plotly figures to DIR (the page loads the plotly.min.js written beside it: "
+    "move the folder as a whole, or pass --self-contained for a page that works alone)"
+)
+
+
+def output_flags(p, out_help=OUT_HELP, *, reads_data: bool = True):
     """--out, --json, --quiet, then ``folder_flags``; ``reads_data``: the verb reads --data (``model_flags``)."""
     p.add_argument("--out", metavar="DIR", help=out_help)
     p.add_argument("--json", action="store_true", help="print machine-readable results (JSON) on stdout")

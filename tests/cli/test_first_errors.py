@@ -111,6 +111,13 @@ def test_report_help_says_what_its_page_needs():
     )
 
 
+@pytest.mark.parametrize("verb", ["sinks", "inject", "eval"])
+def test_a_verbs_out_help_says_what_its_page_needs(verb):
+    text = re.sub(r"-\s+", "-", " ".join(probe(verb, "--help").stdout.split()))  # argparse wraps at hyphens
+    assert "loads the plotly.min.js written beside it" in text
+    assert "--self-contained for a page that works alone" in text
+
+
 def test_the_files_line_counts_every_file_written(tmp_path):
     out = tmp_path / "s"
     r = probe("sinks", "--model", "probe/tiny-baseline", *WINDOWS, "--out", out)

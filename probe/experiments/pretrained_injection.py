@@ -21,7 +21,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from probe.analyses.inject import conditions, inject
+from probe.analyses.inject import conditions, dose_warning, inject
+from probe.console import note
 from probe.experiments.pretrained import check_spec, each_model, window_meta
 from probe.experiments.result import Result, Timer, config_dict
 from probe.jobs.specs import EvaluationOptions
@@ -114,6 +115,8 @@ def run(cfg: PretrainedInjectionConfig | None = None, *, progress: bool = False,
     """Table 13 for every model of ``cfg.models``; with ``out``, finished models are stored there and reused."""
     cfg = cfg or PretrainedInjectionConfig()
     conditions(cfg.junk, cfg.cutoffs, cfg.doses)  # unknown junk types or cutoffs: fail before loading anything
+    if (warning := dose_warning(cfg.doses)) is not None:  # it runs, as asked
+        note(f"pretrained-injection: warning: {warning}")
     if "structured" in cfg.junk and cfg.batch_size < 2:
         raise ValueError(
             "--junk structured needs --batch-size >= 2 (its junk comes from the other sequences of the batch)"

@@ -236,3 +236,11 @@ def test_command_line_writes_the_tables_and_takes_bos_both_ways(tmp_path, capsys
     assert (out / "layers.html").is_file() and "Plotly.newPlot" in (out / "report.html").read_text()
     assert pd.read_csv(out / "models.csv")["bos"].tolist() == [False]
     assert "pretrained-injection" in experiments.RECIPES and "pretrained-sinks" in experiments.RECIPES
+
+
+def test_injection_warns_of_a_dose_past_the_definition_before_loading(capsys):
+    cfg = pretrained_injection.PretrainedInjectionConfig(models=("probe/tiny-nope",), doses=(0.4, 4.0))
+    with pytest.raises(ValueError, match="tiny-nope"):
+        pretrained_injection.run(cfg)
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("pretrained-injection: warning: dose 4 is outside the range") and "0 to 1.6" in line

@@ -94,3 +94,11 @@ def test_a_dose_outside_the_range_is_a_one_line_warning():
     assert line.startswith("probe inject: warning: --dose 4 is outside the range") and "0 to 1.6" in line
     r = probe("inject", "--model", "probe/tiny-baseline", "--dose", "-1", *WINDOWS)
     assert r.returncode == 2 and "--dose" in r.stderr
+
+
+def test_report_warns_of_a_dose_past_the_definition(tmp_path):
+    out = tmp_path / "r"
+    r = probe("report", "--models", "probe/tiny-baseline", "--inject-doses", "0.4", "4", *WINDOWS, "--out", out)
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stderr.splitlines() if "warning" in ln]
+    assert line.startswith("probe report: warning: --inject-doses 4 is outside the range") and "0 to 1.6" in line

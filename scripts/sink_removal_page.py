@@ -218,7 +218,8 @@ def claims_table(rows, n_seeds: int) -> str:
     on = "" if n_seeds > 1 else " on one seed"
     for paper, claim, rule, measured, agrees in rows:
         verdict = "–" if agrees is None else ("agrees" if agrees else "does not") + on
-        lines.append(f"| {paper} | {claim} | {rule} | {measured} | {verdict} |")
+        cells = (c.replace("|", "\\|") for c in (paper, claim, rule, measured, verdict))  # |h| in a table cell
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -70,6 +70,11 @@ _RECIPES: dict[str, tuple[str, str]] = {  # name -> (module, one-line descriptio
         "which mechanism removes the sink: every abstention and gating variant (sink logit, sink token, value gates, "
         "GatedV, G2, Qiu et al.'s G1 output gates, value residual) on Bigram-Backcopy, paired differences vs baseline",
     ),
+    "streaming-ppl": (
+        "streaming_ppl",
+        "StreamingLLM Figure 3 / Table 2: one long stream under dense, window, sinks + window (k + w constant), "
+        "the newline control and re-computation; loss per position, perplexity per method and segment",
+    ),
 }
 RECIPES = {name: desc for name, (_, desc) in _RECIPES.items()}
 

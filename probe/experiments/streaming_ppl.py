@@ -1,0 +1,243 @@
+"""StreamingLLM's streaming perplexity (Xiao et al., ICLR 2024, Figure 3 and Table 2): one long stream, scored by dense
+attention, window attention, window attention with the first tokens kept as attention sinks, and window attention
+with re-computation.
+
+For every model in ``models``: one window of ``ctx`` tokens of ``data``, documents packed as pretraining does
+(``window_mode`` packed, BOS by docs/definitions.md#bos-rule), and every next-token target of it scored by
+
+    dense          the model's own attention over the whole stream
+    window         window attention over the last ``cache`` keys: eviction k=0, w=cache in every layer
+    sinks k=K      the first K keys kept and the last cache-K keys (k + w held at ``cache``, as the paper's 1 + 1023,
+                   2 + 1022, 4 + 1020, 8 + 1016), for K in ``keeps``
+    newline k=4    the paper's control: the stream's first four tokens replaced by newline tokens, which are kept
+                   (cache-4 window keys); skipped when the tokenizer has no single newline token
+    recompute      window attention with re-computation: each of the first ``recompute_tokens`` targets scored by a
+                   fresh forward over its last ``recompute_window`` tokens alone (O(T w^2))
+
+Eviction is ``probe ablate``'s (docs/definitions.md#window-eviction), carried out by the attention op in every layer,
+at positions within the cache as StreamingLLM assigns them (``positions`` cache; original: positions in the text). A
+layer's own sliding window still applies (Gemma: five layers in six see 512 keys anyway).
+
+Tables: ``methods`` (perplexity over every target, over the targets past the cache, and per segment, with wall time
+and peak memory per method), ``initial_tokens`` (the paper's table of kept initial tokens: k + w, perplexity),
+``segments`` and ``per_position`` (the loss at every position, the figure's data). Resume: an output folder keeps each
+finished model (``probe.experiments.pretrained.each_model``).
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+from probe.analyses.ablate import POSITIONS, Ablation, ablation_hooks, check_positions, eviction_setting
+from probe.analyses.capture import loss_forward_kwargs, output_losses
+from probe.experiments.pretrained import check_spec, each_model, recipe_errors, window_meta
+from probe.experiments.result import Result, Timer, config_dict
+from probe.jobs.inputs import tokenizer_for
+from probe.jobs.specs import EvaluationOptions
+from probe.kernels.sink_attention import edits
+
+RECIPE = "streaming-ppl"
+NEWLINE_KEEP = 4  # the paper's control: four newline tokens in place of the first four
+RECOMPUTE_BATCH = 16  # re-encoded windows per forward
+
+
+@dataclass
+class StreamingPplConfig(EvaluationOptions):
+    models: tuple = ("gemma-3-270m",)
+    batches: int = 1
+    batch_size: int = 1
+    ctx: int | None = 4096  # the stream's length (at most the model's maximum context)
+    window_mode: str = "packed"  # documents packed into one stream, as pretraining does
+    cache: int = 1024  # k + w: the keys each query sees under eviction (the paper's 1024; scale it to the model)
+    keeps: tuple = (0, 1, 2, 4, 8)  # kept initial tokens k (0: plain window attention)
+    positions: str = "cache"  # where evicted attention puts its keys: within the cache (StreamingLLM) or original
+    newline: bool = True  # the newline control
+    recompute_tokens: int = 1024  # targets scored by window attention with re-computation (0: none)
+    recompute_window: int = 128  # its window (O(T w^2) forwards' worth of work)
+    segment: int = 1024  # positions per segment of the segment table
+
+
+CONFIG = StreamingPplConfig
+
+
+def check(cfg: StreamingPplConfig) -> list[str]:
+    """One-line ValueErrors before any work; the model names."""
+    if cfg.batches != 1 or cfg.batch_size != 1:
+        raise ValueError(f"one stream per model: --batches 1 --batch-size 1, got {cfg.batches} and {cfg.batch_size}")
+    if cfg.positions not in POSITIONS:
+        raise ValueError(f"--positions {cfg.positions!r}: choose one of {', '.join(POSITIONS)}")
+    keeps = [k for k in cfg.keeps if not (isinstance(k, int) and 0 <= k < cfg.cache)]
+    if cfg.cache < 2 or keeps:
+        raise ValueError(f"--cache {cfg.cache} must be at least 2 and every --keeps value 0..cache-1, got {keeps}")
+    for name, value, low in (
+        ("recompute-tokens", cfg.recompute_tokens, 0),
+        ("recompute-window", cfg.recompute_window, 1),
+    ):
+        if value < low:
+            raise ValueError(f"--{name} {value} must be at least {low}")
+    if cfg.segment < 1:
+        raise ValueError(f"--segment {cfg.segment} must be at least 1")
+    return check_spec(cfg)
+
+
+def stream_losses(model, ids: torch.Tensor, hooks=()) -> torch.Tensor:
+    """Next-token loss (T,) fp32 of the stream ids (1, T+1) under ``hooks`` (edits armed by them are taken)."""
+    with torch.no_grad(), edits.armed():
+        out = model.run_with_hooks(ids[:, :-1], fwd_hooks=list(hooks), **loss_forward_kwargs(model))
+    return output_losses(model, out, ids[:, 1:])[0].cpu()
+
+
+def recompute_losses(model, ids: torch.Tensor, n: int, w: int) -> torch.Tensor:
+    """Window attention with re-computation: target t (< n) scored by a forward over tokens max(0, t-w+1) .. t
+    alone. The first w targets are the causal forward over the first w tokens (each row sees exactly its window)."""
+    T = ids.shape[1] - 1
+    n = min(n, T)
+    first = stream_losses(model, ids[:, : min(w, n) + 1])
+    if n <= w:
+        return first[:n]
+    windows = ids[0].unfold(0, w + 1, 1)[1 : n - w + 1]  # (n - w, w + 1): tokens t-w+1 .. t+1 for t = w .. n-1
+    late = []
+    kw = loss_forward_kwargs(model)
+    with torch.no_grad():
+        for a in range(0, windows.shape[0], RECOMPUTE_BATCH):
+            chunk = windows[a : a + RECOMPUTE_BATCH]
+            out = model(chunk[:, :-1], **kw)
+            late.append(output_losses(model, out[:, -1:], chunk[:, -1:])[:, 0].cpu())
+    return torch.cat([first, *late])
+
+
+def newline_id(spec: StreamingPplConfig, model) -> int | None:
+    """The tokenizer's newline token, when "\\n" is one token of its own; else None."""
+    with recipe_errors():
+        tok = tokenizer_for(spec.window_spec(), model)
+    ids = tok.encode("\n", add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
+
+
+def peak_memory_mb(device) -> float:
+    """CUDA: the largest allocation since the method started; CPU: the process's peak resident memory so far."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
+
+
+def methods_of(cfg: StreamingPplConfig, model, ids: torch.Tensor):
+    """(method, k, w, scored from, thunk -> losses) for every method the config asks for."""
+    T = ids.shape[1] - 1
+
+    def evict(k: int, w: int, stream=ids):
+        return lambda: stream_losses(
+            model, stream, ablation_hooks(model, Ablation("evict", eviction_setting(k, w, cfg.positions)))
+        )
+
+    out = [("dense", None, None, 0, lambda: stream_losses(model, ids))]
+    for k in dict.fromkeys(cfg.keeps):
+        out.append(("window" if k == 0 else f"sinks k={k}", k, cfg.cache - k, 0, evict(k, cfg.cache - k)))
+    nl = newline_id(cfg, model) if cfg.newline else None
+    if nl is not None and T > NEWLINE_KEEP:
+        stream = ids.clone()
+        stream[:, :NEWLINE_KEEP] = nl
+        k = NEWLINE_KEEP
+        out.append((f"newline k={k}", k, cfg.cache - k, k, evict(k, cfg.cache - k, stream)))
+    if cfg.recompute_tokens:
+        w = cfg.recompute_window
+        out.append(("recompute", 0, w, 0, lambda: recompute_losses(model, ids, cfg.recompute_tokens, w)))
+    return out
+
+
+def ppl(losses: torch.Tensor) -> float:
+    return math.exp(float(losses.double().mean())) if losses.numel() else float("nan")
+
+
+def measure(cfg: StreamingPplConfig, name: str, model, windows):
+    """Every method on the model's stream: (tables, meta)."""
+    if cfg.positions == "cache":
+        with recipe_errors():
+            check_positions(model, "cache")
+    ids = windows.tokens[0, :1]  # (1, T+1)
+    device = ids.device
+    method_rows, per_position, segments = [], [], []
+    for method, k, w, start, thunk in methods_of(cfg, model, ids):
+        if torch.device(device).type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        t0 = time.perf_counter()
+        losses = thunk()
+        seconds = time.perf_counter() - t0
+        positions = torch.arange(start, losses.shape[0])
+        losses = losses[start:]
+        late = losses[positions >= cfg.cache]
+        method_rows.append(
+            dict(
+                model=name,
+                method=method,
+                k=k,
+                w=w,
+                positions="n/a" if k is None or method == "recompute" else cfg.positions,
+                ppl=ppl(losses),
+                ppl_past_cache=ppl(late),
+                n_targets=int(losses.numel()),
+                wall_s=round(seconds, 3),
+                peak_mem_mb=round(peak_memory_mb(device), 1),
+            )
+        )
+        per_position += [
+            dict(model=name, method=method, position=int(p), loss=float(x)) for p, x in zip(positions, losses)
+        ]
+        for a in range(0, int(positions[-1]) + 1 if len(positions) else 0, cfg.segment):
+            part = losses[(positions >= a) & (positions < a + cfg.segment)]
+            if part.numel():
+                segments.append(dict(model=name, method=method, start=a, stop=a + cfg.segment, ppl=ppl(part)))
+    tables = {
+        "methods": pd.DataFrame(method_rows),
+        "segments": pd.DataFrame(segments),
+        "per_position": pd.DataFrame(per_position),
+    }
+    meta = {**window_meta(windows, model), "stream_tokens": int(ids.shape[1] - 1)}
+    return tables, meta
+
+
+def initial_tokens(methods: pd.DataFrame) -> pd.DataFrame:
+    """The paper's table of kept initial tokens: cache k + w, perplexity over every target and past the cache."""
+    rows = methods[methods.method.str.startswith(("window", "sinks", "newline"))]
+    out = rows[["model", "method", "k", "w", "ppl", "ppl_past_cache"]].copy()
+    out.insert(2, "cache", [f"{int(k)}+{int(w)}" for k, w in zip(rows.k, rows.w)])
+    return out.reset_index(drop=True)
+
+
+def figure(per_position: pd.DataFrame, smooth: int = 32):
+    """Loss against position, one line per method and model (a running mean over ``smooth`` positions)."""
+    fig = go.Figure()
+    for (model, method), g in per_position.groupby(["model", "method"], sort=False):
+        y = g["loss"].rolling(smooth, min_periods=1).mean()
+        fig.add_trace(go.Scatter(x=g["position"], y=y, mode="lines", name=f"{method} ({model})"))
+    fig.update_layout(
+        title=f"Streaming loss per position (running mean over {smooth})",
+        xaxis_title="position in the stream",
+        yaxis_title="next-token loss (nats)",
+        yaxis_type="log",
+    )
+    return fig
+
+
+def run(cfg: StreamingPplConfig | None = None, *, progress: bool = False, out=None) -> Result:
+    cfg = cfg or StreamingPplConfig()
+    timer = Timer()
+    names = check(cfg)
+    done = each_model(RECIPE, names, cfg, out, lambda name, m, w: measure(cfg, name, m, w), progress)
+    tables = {
+        key: pd.concat([t[key] for _, t, _ in done], ignore_index=True)
+        for key in ("methods", "segments", "per_position")
+    }
+    tables["initial_tokens"] = initial_tokens(tables["methods"])
+    meta = timer.meta(models={name: m for name, _, m in done})
+    return Result(RECIPE, config_dict(cfg), tables, {"streaming": figure(tables["per_position"])}, meta)
+
+
+__all__ = ["StreamingPplConfig", "stream_losses", "recompute_losses", "initial_tokens", "run"]

@@ -131,6 +131,7 @@ class LayerCollector:
         self.pending: dict[int, dict[str, torch.Tensor]] = {}
         self.done: set[int] = set()
         wanted = {names.attn(l, s): (l, s) for l, ss in self.needs.items() for s in ss}
+        require(model, wanted)
         self.wanted = wanted
 
     def hooks(self):
@@ -170,6 +171,16 @@ class LayerCollector:
                 f"forward pass ({len(missing)} layer(s) incomplete); this analysis needs those hooks"
             )
         return out
+
+
+def require(model, hook_names, analysis: str = "this analysis") -> None:
+    """Refuse, in one line, an analysis that needs a hook the model never fires (``ModelInfo.lacks``: a point the
+    adapter cannot see, an attention hook of a linear-attention layer), before any forward."""
+    info = model.probe_info
+    for name in hook_names:
+        why = info.lacks(name)
+        if why is not None:
+            raise ValueError(f"model {info.name!r} cannot run {analysis}: it needs {name}, but {why}")
 
 
 def model_device(model) -> torch.device:
@@ -212,18 +223,29 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     key_bias = None
     if "hook_v_gate" in got:  # routing slot: the model adds log g_j to the logits (B, Hkv, T)
         key_bias = torch.log(got["hook_v_gate"].float().clamp_min(1e-30)).permute(0, 2, 1)
-    lse, mass = attention_row_masses(
-        q,
-        k,
-        indicators,
+    kw = dict(
         sink=sink,
-        key_bias=key_bias,
         window=sliding(info, layer),
-        scale=info.extra.get("attn_scale"),
+        scale=info.scale_of(layer),
         softcap=info.extra.get("attn_logit_softcap") or None,
-        lse=lse,
         backend=backend,
     )
+    chunk = info.extra.get("attn_chunk") if info.layer_types[layer] == "chunked" else None
+    if chunk is None:
+        lse, mass = attention_row_masses(q, k, indicators, key_bias=key_bias, lse=lse, **kw)
+    else:  # queries see the causal keys of their own chunk only: each chunk is a sequence of its own
+        parts = [
+            attention_row_masses(
+                q[:, a : a + chunk],
+                k[:, a : a + chunk],
+                indicators[:, a : a + chunk],
+                key_bias=None if key_bias is None else key_bias[..., a : a + chunk],
+                lse=None if lse is None else lse[..., a : a + chunk],
+                **kw,
+            )
+            for a in range(0, q.shape[1], chunk)
+        ]
+        lse, mass = torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=-2)
     lse = lse.float()
     phantom = torch.exp(sink.float()[None, :, None] - lse) if sink is not None else torch.zeros_like(lse)
     return lse, mass.float(), phantom
@@ -321,6 +343,7 @@ __all__ = [
     "keyed_generator",
     "make_bar",
     "LayerCollector",
+    "require",
     "StopForward",
     "run_until_done",
     "model_device",

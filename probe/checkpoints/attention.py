@@ -46,6 +46,27 @@ ATTN_IMPLEMENTATION = "probe"
 # a plain attribute, not a submodule, so state dicts are unchanged and deep copies stay consistent
 SITE_KEY = "_probe_attn"
 
+# keywords transformers' attention call sites pass that do not change what eager attention computes: cache and
+# position plumbing, output switches, and packed-sequence metadata whose effect the mask already carries
+PASSIVE_KWARGS = frozenset(
+    {
+        "position_ids",
+        "cache_position",
+        "use_cache",
+        "past_key_values",
+        "past_key_value",
+        "position_embeddings",
+        "output_attentions",
+        "output_hidden_states",
+        "output_router_logits",
+        "return_dict",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+    }
+)
+
 MIN_BLOCK = 256  # queries per block on the blocked paths (at least the window: a block then reads <= 2 windows of keys)
 PADDED_BLOCK_ELEMENTS = 1 << 22  # B x block x Tk mask elements per block when key padding needs a dense mask
 
@@ -296,20 +317,58 @@ def fire_qkv(site, query, key, value):
     return query, key, value
 
 
+def refuse_unknown(module, kwargs: dict) -> None:
+    """One line naming the first keyword that would change the attention and that probe does not implement (a
+    soft-cap, a bias, a non-causal mode, a sparse index): dropping it silently would compute another attention."""
+    for name, value in kwargs.items():
+        if name in PASSIVE_KWARGS or value is None or (name == "is_causal" and value is True):
+            continue
+        shown = f"a {type(value).__name__}" if hasattr(value, "shape") else repr(value)
+        raise ValueError(
+            f"{type(module).__name__} passes the attention keyword {name}={shown}, which probe's attention function "
+            f"({ATTN_IMPLEMENTATION!r}) does not implement; its hooks cannot reproduce this model's attention"
+        )
+
+
+def check_site(site, scaling: float, rules, softcap: float | None = None) -> None:
+    """The attention a layer runs must be the one its ModelInfo describes (the scale, window and soft-cap the
+    streaming analyses rebuild scores with): one line when a config feature changed it behind the adapter's back."""
+    if site is None or site.layer is None:
+        return
+    got = {"scale": float(scaling), "softcap": softcap or None}
+    want = {"scale": site.scale, "softcap": site.softcap or None}
+    if rules is not None:  # a dense mask (padding with a cache, an overlay) says no window; the rule does
+        got["window"], want["window"] = rules.window, site.window
+    for what, value in got.items():
+        expected = want[what]
+        if expected != value and not (
+            isinstance(value, float) and isinstance(expected, float) and abs(value - expected) <= 1e-9 * abs(expected)
+        ):
+            raise ValueError(
+                f"layer {site.layer} ran its attention with {what} {value!r}, but the adapter describes it with "
+                f"{expected!r} (probe_info); a config option changes this model's attention in a way probe does not "
+                f"follow"
+            )
+
+
 def probe_attention(
     module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, s_aux=None, **kwargs
 ):
     """transformers attention function: fires the §3 hooks of the layer that owns ``module``."""
+    refuse_unknown(module, kwargs)
     site = module.__dict__.get(SITE_KEY)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     sinks = s_aux
     query, key, value = fire_qkv(site, query, key, value)
-    if site is not None and sinks is not None and hasattr(site, "hook_sink_logit"):
+    if site is not None and sinks is not None:
+        if not hasattr(site, "hook_sink_logit"):
+            raise ValueError(f"{type(module).__name__} passes sink logits, but its adapter describes no phantom key")
         sinks = site.hook_sink_logit(sinks)
     training = module.training and dropout > 0
     q_len, k_len = query.shape[2], key.shape[2]
     rules, mask = as_rules(attention_mask, sliding_window, q_len, k_len, query.device)
+    check_site(site, scaling, rules)
 
     weights, lse, want_lse = None, None, wants_lse(site)
     if wants_pattern(site, module, dropout):

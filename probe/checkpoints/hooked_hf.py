@@ -37,6 +37,11 @@ class _AttnHooks(nn.Module):
     def __init__(self, has_sink: bool):
         super().__init__()
         self.materialize = False  # compute the pattern even when no TL hook asks (probe.materialize, for nnsight)
+        # what probe_info says this layer's attention is; the attention function checks each call against it
+        self.layer: int | None = None
+        self.scale: float | None = None
+        self.window: int | None = None
+        self.softcap: float | None = None
         self.hook_q = HookPoint()  # B,T,H,dh after rotary
         self.hook_k = HookPoint()  # B,T,Hkv,dh after rotary
         self.hook_v = HookPoint()  # B,T,Hkv,dh value reads
@@ -50,22 +55,71 @@ class _AttnHooks(nn.Module):
 
 
 class _BlockHooks(nn.Module):
-    def __init__(self, has_sink: bool):
+    """One decoder layer's hook points. A point the adapter cannot fire is not created (``absent``: e.g.
+    ``hook_resid_mid`` on the generic route), and a layer without softmax attention has no ``attn`` container, so a
+    hook on such a name fails loudly instead of never firing."""
+
+    def __init__(self, has_sink: bool, attention: bool = True, absent: frozenset[str] = frozenset()):
         super().__init__()
         self.hook_resid_pre = HookPoint()
-        self.attn = _AttnHooks(has_sink)
-        self.hook_resid_mid = HookPoint()
+        if attention:
+            self.attn = _AttnHooks(has_sink)
+            self.hook_attn_out = HookPoint()  # B,T,d the attention module's output
+        for point in ("hook_resid_mid", "hook_mlp_out"):  # B,T,d; the MLP module's output
+            if point not in absent:
+                setattr(self, point, HookPoint())
         self.hook_resid_post = HookPoint()
 
 
 LAYER_KEY = "_probe_block"  # HF decoder layer.__dict__ entry -> its _BlockHooks (not a registered submodule)
 EMBED_KEY = "_probe_embed"  # input embedding.__dict__ entry -> the adapter's hook_embed
+ATTN_OUT_KEY = "_probe_attn_out"  # attention module.__dict__ entry -> the _BlockHooks whose hook_attn_out it fires
+MLP_OUT_KEY = "_probe_mlp_out"  # MLP module.__dict__ entry -> the _BlockHooks whose hook_mlp_out it fires
 
 
 def embed_hook(module, _inputs, output):
     """Forward hook on the input embedding: returns hook_embed(output)."""
     hp = module.__dict__.get(EMBED_KEY)
     return None if hp is None else hp(output)
+
+
+def _first(output):
+    return output[0] if isinstance(output, tuple) else output
+
+
+def _replace_first(output, value):
+    return (value,) + tuple(output[1:]) if isinstance(output, tuple) else value
+
+
+def attn_out_hook(module, _inputs, output):
+    """Forward hook on a layer's attention module: its output (before the layer adds it anywhere) through
+    ``hook_attn_out``; the attention weights it may also return pass unchanged."""
+    block = module.__dict__.get(ATTN_OUT_KEY)
+    return None if block is None else _replace_first(output, block.hook_attn_out(_first(output)))
+
+
+def mlp_out_hook(module, _inputs, output):
+    """Forward hook on a layer's MLP module: its output (an MoE block's combined output; router logits pass)."""
+    block = module.__dict__.get(MLP_OUT_KEY)
+    return None if block is None else _replace_first(output, block.hook_mlp_out(_first(output)))
+
+
+def resid_pre_hook(module, args, kwargs):
+    """Forward pre-hook on a decoder layer whose forward stays HF's (the generic route): its input residual stream,
+    the first positional argument or ``hidden_states=``, through ``hook_resid_pre``."""
+    block = module.__dict__.get(LAYER_KEY)
+    if block is None:
+        return None
+    if args:
+        return (block.hook_resid_pre(args[0]),) + tuple(args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": block.hook_resid_pre(kwargs["hidden_states"])}
+
+
+def resid_post_hook(module, _inputs, output):
+    """Forward hook on a decoder layer (the generic route): its output residual stream through
+    ``hook_resid_post``; what the next layer (or the final norm) reads is the hook's result."""
+    block = module.__dict__.get(LAYER_KEY)
+    return None if block is None else _replace_first(output, block.hook_resid_post(_first(output)))
 
 
 def hooked_layer_forward(self, hidden_states=None, *args, **kwargs):
@@ -83,23 +137,33 @@ def hooked_layer_forward(self, hidden_states=None, *args, **kwargs):
 
 
 class HookedHF(TransformerLensCalls, HookedRootModule):
-    """Base adapter. Subclasses set ``family``, ``model_types`` and implement :meth:`layer_forward`,
-    :meth:`decoder_layers`, :meth:`attention_module` and :meth:`describe`."""
+    """Base adapter. Subclasses set ``family`` and ``model_types``, implement :meth:`describe` and, where the
+    generic lookups do not fit, :meth:`decoder_layers`, :meth:`attention_module` and :meth:`mlp_module`. A family
+    whose layer the hooks must see inside (``hook_resid_mid``, parallel blocks) sets ``layer_forward``, its hooked
+    copy of HF's layer body; without one, HF's own layer forward runs and module hooks fire ``hook_resid_pre`` /
+    ``hook_resid_post`` around it (the generic route)."""
 
     family = "hf"
     model_types: tuple[str, ...] = ()
     has_sink = False
+    layer_forward = None  # staticmethod (layer, hooks: _BlockHooks, hidden_states, **kwargs) -> hidden_states
 
     def __init__(self, hf_model: nn.Module, tokenizer=None, name: str | None = None):
         super().__init__()
         self.hf_model = hf_model
         self.tokenizer = tokenizer
         layers = list(self.decoder_layers(hf_model))
+        self.has_sink = self.sink_in(layers)
+        self.probe_info: ModelInfo = self.describe(hf_model.config, name or _default_name(hf_model))
+        info = self.probe_info
         self.hook_embed = HookPoint()
-        self.blocks = nn.ModuleList([_BlockHooks(self.has_sink) for _ in layers])
+        absent = frozenset(info.absent_hooks)
+        self.blocks = nn.ModuleList(
+            [_BlockHooks(self.has_sink, kind != "linear", absent) for kind in info.layer_types[: len(layers)]]
+        )
         self._install(layers)
         self.setup()
-        self.probe_info: ModelInfo = self.describe(hf_model.config, name or _default_name(hf_model))
+        self._expect(layers)
         self.eval()
 
     # --- per family ------------------------------------------------------------------------------------------
@@ -108,14 +172,16 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         return list(hf_model.model.layers)
 
     @staticmethod
-    def attention_module(layer) -> nn.Module:
+    def attention_module(layer) -> nn.Module | None:
         return layer.self_attn
 
     @staticmethod
-    @abstractmethod
-    def layer_forward(layer, hooks: _BlockHooks, hidden_states, **kwargs):
-        """Each family's adapter runs its decoder layer through the residual hook points."""
-        raise NotImplementedError  # abstractmethod: every adapter defines it
+    def mlp_module(layer) -> nn.Module | None:
+        return getattr(layer, "mlp", None)
+
+    def sink_in(self, layers) -> bool:
+        """Whether the layers' attention has a learned sink logit (the family's ``has_sink``)."""
+        return type(self).has_sink
 
     @abstractmethod
     def describe(self, config, name: str) -> ModelInfo:
@@ -126,15 +192,40 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
     def _install(self, layers):
         hf = self.hf_model
         hf.set_attn_implementation(_attn.register())
-        emb = hf.get_input_embeddings()
-        emb.__dict__[EMBED_KEY] = self.hook_embed
-        if embed_hook not in emb._forward_hooks.values():
-            emb.register_forward_hook(embed_hook)
+        _hook_once(hf.get_input_embeddings(), EMBED_KEY, self.hook_embed, embed_hook)
+        body = type(self).layer_forward
         for layer, block in zip(layers, self.blocks):
-            block.body = type(self).layer_forward
             layer.__dict__[LAYER_KEY] = block
-            self.attention_module(layer).__dict__[_attn.SITE_KEY] = block.attn
-            layer.forward = types.MethodType(hooked_layer_forward, layer)
+            attn, mlp = self.attention_module(layer), self.mlp_module(layer)
+            if hasattr(block, "attn"):
+                attn.__dict__[_attn.SITE_KEY] = block.attn
+                _hook_once(attn, ATTN_OUT_KEY, block, attn_out_hook)
+            if hasattr(block, "hook_mlp_out"):
+                _hook_once(mlp, MLP_OUT_KEY, block, mlp_out_hook)
+            if body is not None:
+                block.body = body
+                layer.forward = types.MethodType(hooked_layer_forward, layer)
+            else:
+                if resid_pre_hook not in layer._forward_pre_hooks.values():
+                    layer.register_forward_pre_hook(resid_pre_hook, with_kwargs=True)
+                if resid_post_hook not in layer._forward_hooks.values():
+                    layer.register_forward_hook(resid_post_hook)
+
+    def _expect(self, layers):
+        """Tell each layer's hook container what probe_info says its attention is (checked on every call), and
+        record the scale the attention modules use where the family did not (``extra["attn_scale"]``)."""
+        info = self.probe_info
+        if "attn_scale" not in info.extra:
+            scales = [getattr(self.attention_module(layer), "scaling", None) for layer in layers]
+            scales = [info.d_head**-0.5 if s is None else float(s) for s in scales]  # (a linear layer's is unused)
+            info.extra["attn_scale"] = scales[0] if len(set(scales)) == 1 else scales
+        for l, block in enumerate(self.blocks):
+            if not hasattr(block, "attn"):
+                continue
+            block.attn.layer = l
+            block.attn.scale = info.scale_of(l)
+            block.attn.window = info.sliding_window if info.layer_types[l] == "sliding" else None
+            block.attn.softcap = info.extra.get("attn_logit_softcap") or None
 
     def setup(self):
         """TransformerLens setup over the hook tree only (the wrapped HF modules are not renamed or listed)."""
@@ -152,12 +243,13 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         """Force the pattern path (hook_pattern/hook_phantom fire on every forward), e.g. to read patterns through
         nnsight, which does not register TransformerLens hooks. Off by default: patterns are then computed only when
         a hook or cache asks for them. The same switch as ``with probe.materialize(model):``, kept as a property."""
-        return all(b.attn.materialize for b in self.blocks)
+        return all(b.attn.materialize for b in self.blocks if hasattr(b, "attn"))
 
     @materialize_patterns.setter
     def materialize_patterns(self, on: bool):
         for b in self.blocks:
-            b.attn.materialize = bool(on)
+            if hasattr(b, "attn"):
+                b.attn.materialize = bool(on)
 
     def forward(
         self, input_ids=None, attention_mask=None, return_hidden: bool = False, return_type=HF_OUTPUT, **kwargs
@@ -232,14 +324,36 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         return f"{type(self).__name__}({self.probe_info.name!r}, family={self.family!r}, layers={len(self.blocks)})"
 
 
+def _hook_once(module: nn.Module, key: str, target, hook) -> None:
+    """Point ``module.__dict__[key]`` at ``target`` and register the forward ``hook`` unless it already is (an
+    adapter built again on the same model re-points the entry; the hook reads it at call time)."""
+    module.__dict__[key] = target
+    if hook not in module._forward_hooks.values():
+        module.register_forward_hook(hook)
+
+
 def _default_name(hf_model) -> str:
     return getattr(hf_model.config, "_name_or_path", "") or type(hf_model).__name__
+
+
+def layer_kind(name: str) -> str:
+    """A config's layer-type name (``layer_types`` entries across transformers) as probe's layer type."""
+    n = name.lower()
+    if "sliding" in n or n in ("local", "local_attention", "swa"):
+        return "sliding"
+    if "chunk" in n:
+        return "chunked"
+    if any(w in n for w in ("linear", "mamba", "ssm", "conv", "recurrent", "rwkv", "delta", "lightning")):
+        return "linear"
+    if "attention" in n or n in ("full", "global", "attn", "transformer"):
+        return "full"
+    raise ValueError(f"unknown layer type {name!r} in the config's layer_types")
 
 
 def _ffn_layer_types(config, n_layers: int) -> list[str]:
     types_ = getattr(config, "layer_types", None)
     if types_:
-        return ["sliding" if "sliding" in t else "full" for t in types_]
+        return [layer_kind(t) for t in types_][:n_layers]
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return ["sliding"] * n_layers
     return ["full"] * n_layers
@@ -266,6 +380,8 @@ def base_info(config, name: str, family: str, **over) -> ModelInfo:
         bos_token_id=getattr(config, "bos_token_id", None),
         extra={"model_type": config.model_type, "dtype": str(getattr(config, "dtype", "") or "")},
     )
+    if "chunked" in layer_types:  # queries see the causal keys of their own chunk of this many positions
+        fields["extra"]["attn_chunk"] = int(config.attention_chunk_size)
     fields["extra"].update(over.pop("extra", {}))
     fields.update(over)
     return ModelInfo(**fields)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from probe.hooks import names
+
 
 @dataclass
 class ModelInfo:
@@ -20,7 +22,9 @@ class ModelInfo:
     d_head: int
     n_ctx: int  # maximum context the model was trained for / supports
     vocab_size: int
-    layer_types: list[str] = field(default_factory=list)  # per layer: "full" or "sliding"
+    # per layer: "full", "sliding" (within sliding_window keys), "chunked" (within its chunk of extra["attn_chunk"]
+    # positions) or "linear" (no softmax attention: linear attention, a state-space or recurrent layer)
+    layer_types: list[str] = field(default_factory=list)
     sliding_window: int | None = None
     has_phantom: bool = False  # a phantom key (off-by-one, sink logit, gpt-oss sinks)
     value_gate: str = "none"  # the gate's registered name, for records only: none | norm | proj | routing-norm | ...
@@ -37,11 +41,38 @@ class ModelInfo:
     sink_token: bool = False  # a learned token prepended at position 0 (custom sinktoken variant)
     bos_token_id: int | None = None
     trained_with_bos: bool = False  # its training windows started with BOS (then evaluation windows from text do too)
+    # hook points (as named below a block: "hook_resid_mid", "hook_mlp_out", "attn.hook_pattern") that no layer
+    # fires; a "linear" layer fires none of the attention hooks (docs/definitions.md#hook-namespace)
+    absent_hooks: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.layer_types:
             self.layer_types = ["full"] * self.n_layers
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers with softmax attention (every layer but the "linear" ones)."""
+        return [l for l, kind in enumerate(self.layer_types) if kind != "linear"]
+
+    def lacks(self, hook_name: str) -> str | None:
+        """Why this model never fires ``hook_name`` (one clause), or None when it does. Knows the absent points and
+        the linear layers; whether a gate or a phantom exists is the caller's to ask (has_value_gate, has_phantom)."""
+        layer = names.layer_of(hook_name)
+        point = hook_name if layer is None else hook_name.split(".", 2)[-1]
+        if point in self.absent_hooks:
+            return f"it has no {point} in any layer"
+        if layer is not None and names.attn_point(hook_name) and self.layer_types[layer] == "linear":
+            return f"layer {layer} is a linear-attention (or state-space) layer, without softmax attention"
+        return None
+
+    def scale_of(self, layer: int) -> float:
+        """The attention score scale of ``layer``: ``extra["attn_scale"]`` (one float, or one per layer), else
+        d_head^-1/2."""
+        scale = self.extra.get("attn_scale")
+        if scale is None:
+            return self.d_head**-0.5
+        return float(scale[layer]) if isinstance(scale, (list, tuple)) else float(scale)
 
     @property
     def kv_group(self) -> int:

@@ -14,6 +14,8 @@ EMBED = "hook_embed"  # B,T,d — token embedding (depth source 0)
 RESID_PRE = "blocks.{l}.hook_resid_pre"  # B,T,d (depth-routed models: the routed read)
 RESID_MID = "blocks.{l}.hook_resid_mid"  # B,T,d
 RESID_POST = "blocks.{l}.hook_resid_post"  # B,T,d
+ATTN_OUT = "blocks.{l}.hook_attn_out"  # B,T,d the attention module's output (after its output projection)
+MLP_OUT = "blocks.{l}.hook_mlp_out"  # B,T,d the MLP module's output (an MoE block's combined expert output)
 Q = "blocks.{l}.attn.hook_q"  # B,T,H,dh after projection and rotary
 K = "blocks.{l}.attn.hook_k"  # B,T,Hkv,dh
 V = "blocks.{l}.attn.hook_v"  # B,T,Hkv,dh value reads before any gate/activation/value-residual mix
@@ -56,6 +58,7 @@ def name(template: str, layer: int | None = None, site: str | None = None) -> st
 
 # Builders: every hook name in probe is made here, so a rename or a new point is one edit in one file.
 RESID_POINTS = ("pre", "mid", "post")
+SUBLAYERS = ("attn", "mlp")  # the two sub-layers whose module outputs are hooked (hook_attn_out, hook_mlp_out)
 ATTN_POINTS = (
     "q",
     "k",
@@ -101,6 +104,12 @@ def block(layer: int) -> str:
 def resid(layer: int, point: str) -> str:
     """``resid(2, "pre") == 'blocks.2.hook_resid_pre'``; point is pre, mid or post."""
     return f"{block(layer)}.hook_resid_{_choose(point, RESID_POINTS, 'residual point')}"
+
+
+def sublayer_out(layer: int, kind: str) -> str:
+    """``sublayer_out(2, "attn") == 'blocks.2.hook_attn_out'``: the output of block 2's attention (or ``"mlp"``)
+    module, what it hands back to the decoder layer (docs/definitions.md#hook-namespace)."""
+    return f"{block(layer)}.hook_{_choose(kind, SUBLAYERS, 'sub-layer')}_out"
 
 
 def attn_module(layer: int) -> str:

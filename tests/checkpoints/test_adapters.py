@@ -66,6 +66,8 @@ def test_hook_shapes(models, fam):
                 f"blocks.{l}.hook_resid_pre": (B, T, d),
                 f"blocks.{l}.hook_resid_mid": (B, T, d),
                 f"blocks.{l}.hook_resid_post": (B, T, d),
+                f"blocks.{l}.hook_attn_out": (B, T, d),
+                f"blocks.{l}.hook_mlp_out": (B, T, d),
                 f"blocks.{l}.attn.hook_q": (B, T, H, dh),
                 f"blocks.{l}.attn.hook_k": (B, T, Hkv, dh),
                 f"blocks.{l}.attn.hook_v": (B, T, Hkv, dh),

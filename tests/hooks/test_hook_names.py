@@ -137,6 +137,8 @@ DOCUMENTED = [
     (names.dense(2), "blocks.2.dense.hook_weights"),
     (names.mlp(2), "blocks.2.mlp.hook_post"),
     (names.mlp(2, "post"), "blocks.2.mlp.hook_post"),
+    (names.sublayer_out(2, "attn"), "blocks.2.hook_attn_out"),
+    (names.sublayer_out(3, "mlp"), "blocks.3.hook_mlp_out"),
     (names.block(7), "blocks.7"),
     (names.attn_module(7), "blocks.7.attn"),
     (names.EMBED, "hook_embed"),
@@ -174,6 +176,8 @@ def test_builders_agree_with_the_declared_templates():
             assert names.routing_keys(site) == names.name(names.ROUTING_KEYS, l, kind)
         assert names.dense(l) == names.name(names.DENSE_WEIGHTS, l)
         assert names.mlp(l) == names.name(names.MLP_POST, l)
+        assert names.sublayer_out(l, "attn") == names.name(names.ATTN_OUT, l)
+        assert names.sublayer_out(l, "mlp") == names.name(names.MLP_OUT, l)
     assert names.depth_weights(names.FINAL_READ) == names.FINAL_DEPTH_WEIGHTS
     assert names.routing_keys(names.FINAL_READ) == names.FINAL_ROUTING_KEYS
     assert {f"hook_{p}" for p in names.ATTN_POINTS} >= set(names.ATTN_HOOKS)
@@ -187,6 +191,7 @@ def test_layer_of_round_trips_every_block_builder(layer):
         + [names.read_site(layer, k) for k in names.READ_KINDS]
         + [names.depth_weights(names.read_site(layer, k)) for k in names.READ_KINDS]
         + [names.dense(layer), names.mlp(layer), names.block(layer), names.attn_module(layer)]
+        + [names.sublayer_out(layer, k) for k in names.SUBLAYERS]
     )
     assert [names.layer_of(n) for n in built] == [layer] * len(built)
 
@@ -277,6 +282,7 @@ def test_every_hook_of_an_hf_adapter_is_a_built_name(family):
     points = ("q", "k", "v", "v_out", "pattern", "phantom", "z") + (("sink_logit",) if family == "gpt_oss" else ())
     for l in range(L):
         assert {names.resid(l, p) for p in names.RESID_POINTS} | {names.attn(l, p) for p in points} <= hooks
+        assert {names.sublayer_out(l, k) for k in names.SUBLAYERS} <= hooks
     assert names.EMBED in hooks
 
 
@@ -285,5 +291,5 @@ def _all_built(L: int) -> set[str]:
     for l in range(L):
         out |= {names.resid(l, p) for p in names.RESID_POINTS} | {names.attn(l, p) for p in names.ATTN_POINTS}
         out |= {names.read(names.read_site(l, k), p) for k in names.READ_KINDS for p in names.READ_POINTS}
-        out |= {names.dense(l), names.mlp(l)}
+        out |= {names.dense(l), names.mlp(l)} | {names.sublayer_out(l, k) for k in names.SUBLAYERS}
     return out

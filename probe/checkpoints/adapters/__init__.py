@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from probe.checkpoints.adapters.gemma import GemmaAdapter
+from probe.checkpoints.adapters.generic import GenericAdapter
 from probe.checkpoints.adapters.gpt_neox import GPTNeoXAdapter
 from probe.checkpoints.adapters.gpt_oss import GptOssAdapter
 from probe.checkpoints.adapters.llama import LlamaAdapter
@@ -16,12 +17,8 @@ SUPPORTED_MODEL_TYPES = {mt: cls for cls in ADAPTERS for mt in cls.model_types}
 
 
 def adapter_for(model_type: str):
-    try:
-        return SUPPORTED_MODEL_TYPES[model_type]
-    except KeyError:
-        raise ValueError(
-            f"no probe adapter for model_type {model_type!r}; supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
-        ) from None
+    """The family adapter that claims ``model_type``, else the generic route."""
+    return SUPPORTED_MODEL_TYPES.get(model_type, GenericAdapter)
 
 
 def adapt(hf_model, tokenizer=None, name: str | None = None):
@@ -38,4 +35,5 @@ __all__ = [
     "GptOssAdapter",
     "LlamaAdapter",
     "GemmaAdapter",
+    "GenericAdapter",
 ]

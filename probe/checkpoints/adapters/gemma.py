@@ -55,6 +55,7 @@ def softcap_attention(
             sliding_window=sliding_window,
             **kwargs,
         )
+    _attn.refuse_unknown(module, kwargs)
     if edits.pending():  # the kernels' op has no soft-cap: an edit would otherwise pass on to the next layer
         raise RuntimeError(
             "an attention edit (knockout, eviction) cannot be carried through Gemma 2's soft-capped attention: "
@@ -66,6 +67,7 @@ def softcap_attention(
     n_rep = query.shape[1] // key.shape[1]
     q_len, k_len = query.shape[2], key.shape[2]
     rules, mask = _attn.as_rules(attention_mask, sliding_window, q_len, k_len, query.device)
+    _attn.check_site(site, scaling, rules, softcap)
     key, value = _attn.repeat_kv(key, n_rep), _attn.repeat_kv(value, n_rep)
 
     def probs(rows, cols, mask):  # fp32 capped probabilities (B,H,rows,cols) and lse; HF eager: cap before the mask

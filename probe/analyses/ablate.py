@@ -48,6 +48,7 @@ from probe.analyses.capture import (
     make_bar,
     model_device,
     output_losses,
+    require,
 )
 from probe.analyses.parallel import all_sum, gather, gather_rows
 from probe.analyses.stats import with_batch_se
@@ -517,6 +518,7 @@ def ablate(
       ablated_sum, delta, forward_s
     """
     info = model.probe_info
+    require(model, [names.attn(l, "v_out") for l in range(info.n_layers)], "ablations")
     w = as_windows(data)
     T = w.tokens.shape[-1] - 1
     if T < 2:

@@ -330,15 +330,22 @@ def refuse_unknown(module, kwargs: dict) -> None:
         )
 
 
-def check_site(site, scaling: float, rules, softcap: float | None = None) -> None:
-    """The attention a layer runs must be the one its ModelInfo describes (the scale, window and soft-cap the
-    streaming analyses rebuild scores with): one line when a config feature changed it behind the adapter's back."""
+def check_site(site, scaling: float, rules, query, key, softcap: float | None = None) -> None:
+    """The attention a layer runs must be the one its ModelInfo describes (heads, head width, the scale, window and
+    soft-cap the streaming analyses rebuild scores with): one line when a config feature changed it behind the
+    adapter's back. A window of at least the keys there are is no window (a chunk or window longer than the
+    sequence). query (B,H,Tq,dh), key (B,Hkv,Tk,dh)."""
     if site is None or site.layer is None:
         return
-    got = {"scale": float(scaling), "softcap": softcap or None}
-    want = {"scale": site.scale, "softcap": site.softcap or None}
+    k_len = key.shape[2]
+    got = {"scale": float(scaling), "softcap": softcap or None, "heads": (query.shape[1], key.shape[1], key.shape[-1])}
+    want = {"scale": site.scale, "softcap": site.softcap or None, "heads": site.heads}
     if rules is not None:  # a dense mask (padding with a cache, an overlay) says no window; the rule does
-        got["window"], want["window"] = rules.window, site.window
+
+        def effective(window):
+            return None if window is None or window >= k_len else window
+
+        got["window"], want["window"] = effective(rules.window), effective(site.window)
     for what, value in got.items():
         expected = want[what]
         if expected != value and not (
@@ -368,7 +375,7 @@ def probe_attention(
     training = module.training and dropout > 0
     q_len, k_len = query.shape[2], key.shape[2]
     rules, mask = as_rules(attention_mask, sliding_window, q_len, k_len, query.device)
-    check_site(site, scaling, rules)
+    check_site(site, scaling, rules, query, key)
 
     weights, lse, want_lse = None, None, wants_lse(site)
     if wants_pattern(site, module, dropout):

@@ -19,7 +19,9 @@ The HF model is ``self.hf_model``; ``self(input_ids)`` returns its output (``.lo
 from __future__ import annotations
 
 import copy
+import inspect
 import types
+import warnings
 from abc import abstractmethod
 from collections import OrderedDict
 
@@ -42,6 +44,7 @@ class _AttnHooks(nn.Module):
         self.scale: float | None = None
         self.window: int | None = None
         self.softcap: float | None = None
+        self.heads: tuple[int, int, int] | None = None  # query heads, key/value heads, query-key head width
         self.hook_q = HookPoint()  # B,T,H,dh after rotary
         self.hook_k = HookPoint()  # B,T,Hkv,dh after rotary
         self.hook_v = HookPoint()  # B,T,Hkv,dh value reads
@@ -71,6 +74,9 @@ class _BlockHooks(nn.Module):
         self.hook_resid_post = HookPoint()
 
 
+# replace a layer's forward only where the coverage table recorded its source (off while the table is regenerated)
+VERIFY_LAYERS = True
+
 LAYER_KEY = "_probe_block"  # HF decoder layer.__dict__ entry -> its _BlockHooks (not a registered submodule)
 EMBED_KEY = "_probe_embed"  # input embedding.__dict__ entry -> the adapter's hook_embed
 ATTN_OUT_KEY = "_probe_attn_out"  # attention module.__dict__ entry -> the _BlockHooks whose hook_attn_out it fires
@@ -98,10 +104,16 @@ def attn_out_hook(module, _inputs, output):
     return None if block is None else _replace_first(output, block.hook_attn_out(_first(output)))
 
 
-def mlp_out_hook(module, _inputs, output):
-    """Forward hook on a layer's MLP module: its output (an MoE block's combined output; router logits pass)."""
+def mlp_out_hook(module, inputs, output):
+    """Forward hook on a layer's MLP module: its output (an MoE block's combined output; router logits pass), as
+    B,T,d even where the module hands it back flattened over positions (B*T, d)."""
     block = module.__dict__.get(MLP_OUT_KEY)
-    return None if block is None else _replace_first(output, block.hook_mlp_out(_first(output)))
+    if block is None:
+        return None
+    out, x = _first(output), inputs[0] if inputs else None
+    if x is not None and out.dim() == 2 and x.dim() == 3 and out.numel() == x.numel():
+        return _replace_first(output, block.hook_mlp_out(out.view(x.shape)).reshape(out.shape))
+    return _replace_first(output, block.hook_mlp_out(out))
 
 
 def resid_pre_hook(module, args, kwargs):
@@ -131,9 +143,21 @@ def hooked_layer_forward(self, hidden_states=None, *args, **kwargs):
     block = self.__dict__.get(LAYER_KEY)
     if block is None:
         return type(self).forward(self, hidden_states, *args, **kwargs)
-    if args:
-        raise TypeError("hooked decoder layers take the hidden states positionally and everything else by keyword")
+    if args:  # GPT-2's model passes its cache and mask positionally: name them as HF's layer forward does
+        kwargs = _as_keywords(type(self).forward, self, hidden_states, args, kwargs)
     return block.body(self, block, hidden_states, **kwargs)
+
+
+def _as_keywords(forward, layer, hidden_states, args, kwargs) -> dict:
+    """The arguments after the hidden states of a layer call, all by keyword, named by HF's layer signature."""
+    signature = inspect.signature(forward)
+    out = {}
+    for name, value in list(signature.bind(layer, hidden_states, *args, **kwargs).arguments.items())[2:]:
+        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            out.update(value)
+        else:
+            out[name] = value
+    return out
 
 
 class HookedHF(TransformerLensCalls, HookedRootModule):
@@ -154,8 +178,11 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         self.tokenizer = tokenizer
         layers = list(self.decoder_layers(hf_model))
         self.has_sink = self.sink_in(layers)
+        self.layer_body = self.body_for(layers)
         self.probe_info: ModelInfo = self.describe(hf_model.config, name or _default_name(hf_model))
         info = self.probe_info
+        if self.layer_body is None and "hook_resid_mid" not in info.absent_hooks:
+            info.absent_hooks.append("hook_resid_mid")  # HF's own layer forward: the mid stream is a local of it
         self.hook_embed = HookPoint()
         absent = frozenset(info.absent_hooks)
         self.blocks = nn.ModuleList(
@@ -179,6 +206,29 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
     def mlp_module(layer) -> nn.Module | None:
         return getattr(layer, "mlp", None)
 
+    def body_for(self, layers):
+        """The hooked layer body to install (``layer_forward``), or None for HF's own forward with module hooks. A
+        family's body replaces HF's layer forward only where the coverage table records that layer's source as the
+        one its parity tests passed on (``probe.checkpoints.adapters.recipes.layer_source_hash``): a layer that
+        transformers changed since runs unreplaced, without hook_resid_mid, rather than as a stale copy."""
+        body = type(self).layer_forward
+        if body is None or not layers or not VERIFY_LAYERS:
+            return body
+        from probe.checkpoints.adapters.recipes import layer_source_hash
+        from probe.checkpoints.architectures import record
+
+        model_type = self.hf_model.config.get_text_config().model_type
+        recorded = (record(model_type) or {}).get("layer_hash")
+        found = layer_source_hash(layers[0])
+        if recorded and found and recorded != found:
+            warnings.warn(
+                f"transformers' {type(layers[0]).__name__} is not the layer probe's {self.family} adapter was "
+                f"checked on (source {found}, checked {recorded}); its own forward runs, without hook_resid_mid",
+                stacklevel=3,
+            )
+            return None
+        return body
+
     def sink_in(self, layers) -> bool:
         """Whether the layers' attention has a learned sink logit (the family's ``has_sink``)."""
         return type(self).has_sink
@@ -191,16 +241,21 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
     # --- machinery --------------------------------------------------------------------------------------------
     def _install(self, layers):
         hf = self.hf_model
-        hf.set_attn_implementation(_attn.register())
+        if self.probe_info.extra.get("attn_logit_softcap"):  # Gemma 2's capped scores: probe's capped function
+            from probe.checkpoints.adapters.gemma import register_softcap
+
+            hf.set_attn_implementation(register_softcap())
+        else:
+            hf.set_attn_implementation(_attn.register())
         _hook_once(hf.get_input_embeddings(), EMBED_KEY, self.hook_embed, embed_hook)
-        body = type(self).layer_forward
+        body = self.layer_body
         for layer, block in zip(layers, self.blocks):
             layer.__dict__[LAYER_KEY] = block
             attn, mlp = self.attention_module(layer), self.mlp_module(layer)
             if hasattr(block, "attn"):
                 attn.__dict__[_attn.SITE_KEY] = block.attn
                 _hook_once(attn, ATTN_OUT_KEY, block, attn_out_hook)
-            if hasattr(block, "hook_mlp_out"):
+            if mlp is not None and hasattr(block, "hook_mlp_out"):
                 _hook_once(mlp, MLP_OUT_KEY, block, mlp_out_hook)
             if body is not None:
                 block.body = body
@@ -215,6 +270,13 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         """Tell each layer's hook container what probe_info says its attention is (checked on every call), and
         record the scale the attention modules use where the family did not (``extra["attn_scale"]``)."""
         info = self.probe_info
+        attns = [self.attention_module(layer) for layer, kind in zip(layers, info.layer_types) if kind != "linear"]
+        groups = getattr(attns[0], "num_key_value_groups", None) if attns else None
+        kv_heads = getattr(attns[0], "kv_heads", None) if attns else None  # GPT-BigCode's multi-query attention
+        if isinstance(groups, int) and groups > 0 and info.n_heads % groups == 0:
+            info.n_kv_heads = info.n_heads // groups
+        elif isinstance(kv_heads, int) and kv_heads > 0:
+            info.n_kv_heads = kv_heads
         if "attn_scale" not in info.extra:
             scales = [getattr(self.attention_module(layer), "scaling", None) for layer in layers]
             scales = [info.d_head**-0.5 if s is None else float(s) for s in scales]  # (a linear layer's is unused)
@@ -226,6 +288,7 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
             block.attn.scale = info.scale_of(l)
             block.attn.window = info.sliding_window if info.layer_types[l] == "sliding" else None
             block.attn.softcap = info.extra.get("attn_logit_softcap") or None
+            block.attn.heads = (info.n_heads, info.n_kv_heads, info.d_head)
 
     def setup(self):
         """TransformerLens setup over the hook tree only (the wrapped HF modules are not renamed or listed)."""
@@ -267,9 +330,10 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         input_ids, _ = self.input_tokens(input_ids, prepend_bos, padding_side)
         kwargs.setdefault("use_cache", False)
         if return_hidden:
-            return self.hf_model.base_model(
-                input_ids=input_ids, attention_mask=attention_mask, **kwargs
-            ).last_hidden_state
+            base = self.hf_model.base_model
+            if base is self.hf_model:  # a causal LM whose base_model_prefix names no submodule (Llama 4 text)
+                base = self.hf_model.model
+            return base(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
         return self.hf_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
     @property
@@ -362,7 +426,8 @@ def _ffn_layer_types(config, n_layers: int) -> list[str]:
 def base_info(config, name: str, family: str, **over) -> ModelInfo:
     """The ModelInfo fields every decoder-only HF config provides."""
     n_heads = config.num_attention_heads
-    d_head = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    # latent attention (DeepSeek): queries and keys are qk_head_dim wide (head_dim names their rotary part)
+    d_head = getattr(config, "qk_head_dim", None) or getattr(config, "head_dim", None) or config.hidden_size // n_heads
     n_layers = config.num_hidden_layers
     layer_types = _ffn_layer_types(config, n_layers)
     fields = dict(

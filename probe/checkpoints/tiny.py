@@ -81,7 +81,13 @@ def tiny_config(family: str, vocab_size: int = VOCAB):
         )
     if family in MORE_FAMILIES:
         return more_tiny_config(family, vocab_size)
-    raise ValueError(f"unknown tiny family {family!r}; choose from {FAMILIES}")
+    from transformers import CONFIG_MAPPING
+
+    if family not in CONFIG_MAPPING:
+        raise ValueError(f"unknown tiny family {family!r}: choose from {FAMILIES} or any transformers model_type")
+    from probe.checkpoints.tiny_configs import auto_tiny_config
+
+    return auto_tiny_config(family)  # any other model_type, with its features switched on (tiny_configs)
 
 
 def tiny_tokenizer(vocab_size: int = VOCAB):
@@ -97,22 +103,32 @@ def tiny_tokenizer(vocab_size: int = VOCAB):
     )
 
 
-def tiny_model(family: str, seed: int = 0):
-    """A random tiny HF causal LM (eager attention) of ``family``."""
+def tiny_model(family: str, seed: int = 0, dtype=None):
+    """A random tiny HF causal LM (eager attention) of ``family`` (one of FAMILIES or any transformers
+    model_type): learned sinks, biases and norm gains drawn away from their initial values, so that each matters."""
     from transformers import AutoModelForCausalLM
 
+    from probe.checkpoints.tiny_configs import check_tiny
+
+    config = tiny_config(family)
+    if family not in FAMILIES:
+        check_tiny(config)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family), attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    if model._can_set_experts_implementation():  # an expert loop, which any dtype runs (grouped_mm: no fp64)
+        model.set_experts_implementation("eager")
     with torch.no_grad():
-        if family == "gpt_oss":
-            for layer in model.model.layers:
-                layer.self_attn.sinks.copy_(torch.randn_like(layer.self_attn.sinks) * 3)
+        for name, p in model.named_parameters():
+            if name.endswith(".sinks"):  # gpt-oss style sink logits start at 0
+                p.copy_(torch.randn_like(p) * 3)
         # random init leaves biases at zero; make them matter
         for name, p in model.named_parameters():
             if name.endswith("bias") or name.endswith("_bias"):
                 p.copy_(torch.randn_like(p) * 0.1)
-        if family in MORE_FAMILIES:
+        if family not in FAMILIES[:3]:
             _randomise_norms(model)
+    if dtype is not None:
+        model = model.to(dtype)
     return model.eval()
 
 

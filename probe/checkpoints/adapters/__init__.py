@@ -6,13 +6,16 @@
 
 from __future__ import annotations
 
+from probe.checkpoints.adapters import families
 from probe.checkpoints.adapters.gemma import GemmaAdapter
 from probe.checkpoints.adapters.generic import GenericAdapter
 from probe.checkpoints.adapters.gpt_neox import GPTNeoXAdapter
 from probe.checkpoints.adapters.gpt_oss import GptOssAdapter
 from probe.checkpoints.adapters.llama import LlamaAdapter
 
-ADAPTERS = (GPTNeoXAdapter, GptOssAdapter, LlamaAdapter, GemmaAdapter)
+ADAPTERS = (GPTNeoXAdapter, GptOssAdapter, LlamaAdapter, GemmaAdapter) + tuple(
+    cls for cls in vars(families).values() if isinstance(cls, type) and cls.__module__ == families.__name__
+)
 SUPPORTED_MODEL_TYPES = {mt: cls for cls in ADAPTERS for mt in cls.model_types}
 
 

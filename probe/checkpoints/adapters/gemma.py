@@ -67,7 +67,7 @@ def softcap_attention(
     n_rep = query.shape[1] // key.shape[1]
     q_len, k_len = query.shape[2], key.shape[2]
     rules, mask = _attn.as_rules(attention_mask, sliding_window, q_len, k_len, query.device)
-    _attn.check_site(site, scaling, rules, softcap)
+    _attn.check_site(site, scaling, rules, query, key, softcap)
     key, value = _attn.repeat_kv(key, n_rep), _attn.repeat_kv(value, n_rep)
 
     def probs(rows, cols, mask):  # fp32 capped probabilities (B,H,rows,cols) and lse; HF eager: cap before the mask
@@ -124,11 +124,6 @@ class GemmaAdapter(HookedHF):
     def decoder_layers(hf_model):
         base = hf_model.model
         return list(getattr(base, "language_model", base).layers)
-
-    def _install(self, layers):
-        super()._install(layers)
-        if self._text_config(self.hf_model.config).attn_logit_softcapping:
-            self.hf_model.set_attn_implementation(register_softcap())
 
     @staticmethod
     def _text_config(config):

@@ -73,8 +73,6 @@ class GenericAdapter(HookedHF):
             kind if self.attention_module(layer) is not None else "linear"
             for kind, layer in zip(info.layer_types, layers)
         ]
-        absent = ["hook_resid_mid"]
         if all(self.mlp_module(layer) is None for layer in layers):
-            absent.append("hook_mlp_out")
-        info.absent_hooks = absent
+            info.absent_hooks.append("hook_mlp_out")
         return info

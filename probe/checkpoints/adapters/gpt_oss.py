@@ -8,22 +8,15 @@ sink column's probability (= exp(sink − lse) with lse over real keys and sink)
 
 from __future__ import annotations
 
-from probe.checkpoints.adapters.llama import sequential_layer_forward
-from probe.checkpoints.hooked_hf import HookedHF, base_info
+from probe.checkpoints.adapters.llama import SEQUENTIAL
+from probe.checkpoints.adapters.recipes import RecipeAdapter
 
 
-class GptOssAdapter(HookedHF):
+class GptOssAdapter(RecipeAdapter):
     family = "gpt_oss"
     model_types = ("gpt_oss",)
     has_sink = True
+    recipe = SEQUENTIAL
 
-    layer_forward = staticmethod(sequential_layer_forward)
-
-    def describe(self, config, name):
-        return base_info(
-            config,
-            name,
-            self.family,
-            has_phantom=True,
-            extra={"n_experts": config.num_local_experts, "experts_per_token": config.num_experts_per_tok},
-        )
+    def extra(self, config):
+        return {"n_experts": config.num_local_experts, "experts_per_token": config.num_experts_per_tok}

@@ -1,4 +1,6 @@
-"""Llama-family adapter (llama, mistral, qwen2, qwen3, …): pre-norm, sequential residual, GQA, no sink.
+"""Llama-family adapter (llama, mistral, qwen2, qwen3 and every model_type whose decoder layer is the same four
+parts): pre-norm, sequential residual, GQA, no sink; MoE MLPs (Mixtral, Qwen-MoE, OLMoE, DeepSeek) and latent
+attention (DeepSeek) ride along, since the layer only calls them.
 
 Layer: resid_pre → input_layernorm → self_attn → resid_mid = resid_pre + attn_out → post_attention_layernorm →
 mlp → resid_post = resid_mid + mlp_out (HF's own order of operations, so the unedited forward matches HF exactly).
@@ -6,25 +8,20 @@ mlp → resid_post = resid_mid + mlp_out (HF's own order of operations, so the u
 
 from __future__ import annotations
 
-from probe.checkpoints.hooked_hf import HookedHF, base_info
+from probe.checkpoints.adapters.recipes import Layer, RecipeAdapter
+
+SEQUENTIAL = Layer(attn_norm="input_layernorm", mlp_norm="post_attention_layernorm")
 
 
-def sequential_layer_forward(layer, hooks, hidden_states, **kwargs):
-    """Pre-norm sequential decoder layer; MLPs that also return router scores (MoE) are unpacked."""
-    hidden_states = hooks.hook_resid_pre(hidden_states)
-    attn_out, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
-    mid = hooks.hook_resid_mid(hidden_states + attn_out)
-    mlp_out = layer.mlp(layer.post_attention_layernorm(mid))
-    if isinstance(mlp_out, tuple):
-        mlp_out = mlp_out[0]
-    return hooks.hook_resid_post(mid + mlp_out)
-
-
-class LlamaAdapter(HookedHF):
+class LlamaAdapter(RecipeAdapter):
     family = "llama"
-    model_types = ("llama", "mistral", "qwen2", "qwen3")
-
-    layer_forward = staticmethod(sequential_layer_forward)
-
-    def describe(self, config, name):
-        return base_info(config, name, self.family)
+    model_types = (
+        ("llama", "mistral", "qwen2", "qwen3")
+        + ("arcee", "aria_text", "axk1", "bitnet", "cwm", "deepseek_v2", "deepseek_v3", "diffllama", "dots1")
+        + ("ernie4_5", "ernie4_5_moe", "exaone", "exaone_moe", "flint", "gemma", "glm", "glm4_moe", "glm4_moe_lite")
+        + ("helium", "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "internlm3", "iquestcoder", "jais2")
+        + ("laguna", "mellum", "mimo_v2_flash", "ministral", "ministral3", "nanochat", "olmo", "olmoe", "qwen2_moe")
+        + ("qwen3_moe", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "starcoder2", "youtu")
+        + ("mixtral", "phimoe", "minimax_m2", "minimax_m3_vl_text", "nemotron")
+    )
+    recipe = SEQUENTIAL

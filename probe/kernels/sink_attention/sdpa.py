@@ -99,20 +99,21 @@ def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=
     causal = mask is None and window is None and Tq == Tk  # plain causal: is_causal, no explicit mask
 
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.to(dtype).transpose(1, 2)  # (B, H|Hkv, T, d)
+    wide = torch.float64 if dtype == torch.float64 else torch.float32  # sinks and biases: fp32, fp64 in fp64
     if sink is not None and key_bias is None and causal and q.device.type == "cpu" and cpu_flash:
         D = -(-max(dh, dv) // 8) * 8
-        s = sink.float().clamp(min=SINK_FLOOR)
+        s = sink.to(wide).clamp(min=SINK_FLOOR)
         out, lse, real = _CausalSinkFlashCPU.apply(pad_last(qt, D), pad_last(kt, D), pad_last(vt, D), s, scale)
         out = out[..., :dv].transpose(1, 2)
-        return (out, None, None) if recording else (out, lse.float(), real.float())
-    q_extra, k_extra = [], []  # extra coordinates, fp32, (B, H, Tq, 1) and (B, Hkv, Tk, 1)
+        return (out, None, None) if recording else (out, lse.to(wide), real.to(wide))
+    q_extra, k_extra = [], []  # extra coordinates, fp32 (fp64), (B, H, Tq, 1) and (B, Hkv, Tk, 1)
     if sink is not None:
-        s = sink.float().clamp(min=SINK_FLOOR) / scale  # (H,)
+        s = sink.to(wide).clamp(min=SINK_FLOOR) / scale  # (H,)
         q_extra.append(s[None, :, None, None].expand(B, H, Tq, 1))
-        k_extra.append(q.new_zeros(B, Hkv, Tk, 1, dtype=torch.float32))
+        k_extra.append(q.new_zeros(B, Hkv, Tk, 1, dtype=wide))
     if key_bias is not None:
-        q_extra.append(q.new_full((B, H, Tq, 1), 1.0 / scale, dtype=torch.float32))
-        k_extra.append(key_bias.float()[..., None])  # (B, Hkv, Tk, 1)
+        q_extra.append(q.new_full((B, H, Tq, 1), 1.0 / scale, dtype=wide))
+        k_extra.append(key_bias.to(wide)[..., None])  # (B, Hkv, Tk, 1)
     D = -(-max(dh + len(q_extra), dv) // 8) * 8  # shared head size, a multiple of 8
     if q_extra:
         qt = torch.cat([qt, torch.cat(q_extra, -1).to(dtype)], -1)
@@ -141,7 +142,7 @@ def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=
         out, lse = fused_sdpa(qt, kt, vt, is_causal=False, mask=mask, scale=scale)
 
     out = out[..., :dv].transpose(1, 2)  # (B, Tq, H, dv)
-    lse = None if (lse is None or recording) else lse.float()
+    lse = None if (lse is None or recording) else lse.to(wide)
     return out, lse, None
 
 

@@ -1,0 +1,355 @@
+"""Parity of probe's HF adapters with HF eager on a tiny random config of one ``model_type``: the checks behind the
+coverage table (probe/checkpoints/coverage.json, docs/reference/architectures.md).
+
+:func:`check` runs, on the tiny config ``probe.checkpoints.tiny`` builds from transformers' own config class with the
+family's features switched on:
+
+* logits of the adapter's fast path and of its every-hook path against the HF eager forward, fp32 (<= 1e-5) and
+  fp64 (<= 1e-10);
+* ``hook_pattern`` against the attention weights HF eager returns (``output_attentions``), every softmax layer;
+* every hook point the adapter created fires, with the documented shapes;
+* a ``run_with_hooks`` edit of ``hook_v`` against the same edit made inside HF's own eager attention function;
+* streaming sink statistics, Sink^ε and exposure against their pattern-based references, and every other analysis
+  that applies to an HF checkpoint (massive activations, dormant heads, injection, the backcopy split, ablations,
+  the context sweep, window losses) running to finite numbers.
+
+The record says ``supported`` (all of that passes and no hook point is missing), ``partial`` (parity passes; the
+hooks it lacks are listed, and the analyses that need them refuse by capability) or ``refused`` (why, in one line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import math
+import time
+
+import torch
+
+TOL = {"fp32": 1e-5, "fp64": 1e-10}
+B, T = 2, 12  # T is longer than the tiny sliding window (4): sliding layers really cut keys
+EDIT_POSITION, EDIT_FACTOR = 3, 2.5
+STANDARD_POINTS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
+ATTN_POINTS = ("hook_q", "hook_k", "hook_v", "hook_v_out", "hook_pattern", "hook_phantom", "hook_lse", "hook_z")
+
+
+class Refused(Exception):
+    """A check that failed: the type is refused with this one-line reason."""
+
+
+def kind_of(model_type: str) -> str:
+    """decoder-only, encoder (a masked-LM family with a causal head) or encoder-decoder (a seq2seq decoder)."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "encoder"
+    try:
+        config = CONFIG_MAPPING[model_type]()
+    except Exception:  # noqa: BLE001 - a config class whose defaults do not validate: judged on its model
+        return "decoder-only"
+    if getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", None) is True:
+        return "encoder-decoder"
+    return "decoder-only"
+
+
+def ids(seed: int = 0) -> torch.Tensor:
+    return torch.randint(2, 90, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def windows(seed: int = 1, batches: int = 1) -> torch.Tensor:
+    """Evaluation batches of B windows of T + 1 tokens."""
+    return torch.randint(2, 90, (batches, B, T + 1), generator=torch.Generator().manual_seed(seed))
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max())
+
+
+STAGE_SECONDS: dict[str, float] = {}  # summed over check() calls, for sizing the CI run
+
+
+def _stage(name: str, fn, *args):
+    start = time.perf_counter()
+    try:
+        return fn(*args)
+    except Refused:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever fails is the type's reason, in one line
+        text = " ".join(str(e).split())
+        raise Refused(f"{name}: {type(e).__name__}: {text[:240]}") from None
+    finally:
+        STAGE_SECONDS[name] = STAGE_SECONDS.get(name, 0.0) + time.perf_counter() - start
+
+
+def _hf_eager(model_type: str, dtype):
+    from probe.checkpoints.tiny import tiny_model
+
+    return tiny_model(model_type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def full_precision_softmax():
+    """HF eager attention softmaxes in fp32 whatever the model's dtype (``softmax(..., dtype=torch.float32)``): the
+    fp64 reference runs HF's eager code with that cast lifted, so an fp64 comparison measures the attention's math,
+    not fp32 rounding inside the reference."""
+    softmax = torch.nn.functional.softmax
+
+    def wide(input, dim=None, _stacklevel=3, dtype=None):
+        if dtype == torch.float32 and input.dtype == torch.float64:
+            dtype = torch.float64
+        return softmax(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
+
+    torch.nn.functional.softmax = wide
+    try:
+        yield
+    finally:
+        torch.nn.functional.softmax = softmax
+
+
+def _logits(ref, m, x, dtype_name: str) -> dict:
+    with torch.no_grad(), full_precision_softmax():
+        want = ref(x).logits
+    with torch.no_grad():
+        if not torch.isfinite(want).all() or want.abs().max() < 0.05:
+            raise Refused(f"HF eager {dtype_name}: logits degenerate (max |logit| {float(want.abs().max()):.3g})")
+        fast = max_diff(m(x).logits, want)
+        out, cache = m.run_with_cache(x)
+        hooked = max_diff(out.logits, want)
+    tol = TOL[dtype_name]
+    for what, d in (("fast path", fast), ("every-hook path", hooked)):
+        if not d <= tol:
+            raise Refused(f"logits {dtype_name} ({what}) differ from HF eager by {d:.3g} > {tol:g}")
+    return {f"logits_{dtype_name}": max(fast, hooked)}, cache
+
+
+def _every_hook_fires(m, cache) -> None:
+    info = m.probe_info
+    missing = sorted(set(m.hook_dict) - set(cache))
+    if missing:
+        raise Refused(f"hook points that never fire: {', '.join(missing[:4])}")
+    d = info.d_model
+    for name, t in cache.items():
+        if name.endswith(("hook_resid_pre", "hook_resid_post", "hook_attn_out", "hook_mlp_out")):
+            if tuple(t.shape) != (B, T, d):
+                raise Refused(f"{name} has shape {tuple(t.shape)}, not (B, T, d) = {(B, T, d)}")
+        if name.endswith("attn.hook_pattern") and tuple(t.shape) != (B, info.n_heads, T, T):
+            raise Refused(f"{name} has shape {tuple(t.shape)}, not (B, H, T, T)")
+
+
+def _pattern_vs_output_attentions(ref, m, x, cache) -> dict:
+    from probe.hooks import names
+
+    with torch.no_grad():
+        got = ref(x, output_attentions=True).attentions
+    layers = m.probe_info.attention_layers
+    if got is None or len([a for a in got if a is not None]) != len(layers):
+        raise Refused("HF eager returns no attention weights for every softmax layer (output_attentions)")
+    weights = [a for a in got if a is not None]
+    worst = max(max_diff(cache[names.attn(l, "pattern")], w) for l, w in zip(layers, weights))
+    if not worst <= TOL["fp32"]:
+        raise Refused(f"hook_pattern differs from HF's output_attentions by {worst:.3g}")
+    return {"pattern_vs_output_attentions": worst}
+
+
+def _edited_eager(target):
+    """An attention function running the module's own eager attention with value position EDIT_POSITION scaled by
+    EDIT_FACTOR in ``target``: the edit made inside HF's module."""
+
+    def edited(module, query, key, value, attention_mask, **kw):
+        if module is target:
+            value = value.clone()
+            value[:, :, EDIT_POSITION] *= EDIT_FACTOR
+        eager = importlib.import_module(type(module).__module__).eager_attention_forward
+        return eager(module, query, key, value, attention_mask, **kw)
+
+    return edited
+
+
+def _value_edit(ref, m, x) -> dict:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    from probe.hooks import names
+
+    layer = m.probe_info.attention_layers[0]
+    layers = m.decoder_layers(ref)
+    target = m.attention_module(layers[layer])
+    AttentionInterface.register("probe_test_value_edit", _edited_eager(target))
+    AttentionMaskInterface.register("probe_test_value_edit", eager_mask)
+    ref.set_attn_implementation("probe_test_value_edit")
+    try:
+        with torch.no_grad():
+            want, base = ref(x).logits, None
+    finally:
+        ref.set_attn_implementation("eager")
+    with torch.no_grad():
+        base = ref(x).logits
+
+    def scale(v, hook):
+        v = v.clone()
+        v[:, EDIT_POSITION] *= EDIT_FACTOR
+        return v
+
+    with torch.no_grad():
+        got = m.run_with_hooks(x, fwd_hooks=[(names.attn(layer, "v"), scale)]).logits
+    moved, d = max_diff(want, base), max_diff(got, want)
+    if not moved > 1e-4:
+        raise Refused(f"the hook_v edit does not move HF's logits ({moved:.3g})")
+    if not d <= TOL["fp32"]:
+        raise Refused(f"a hook_v edit moves the logits {d:.3g} away from the same edit inside HF's attention")
+    return {"value_edit": d}
+
+
+def _close_tables(a, b, what: str, atol: float = 1e-5) -> float:
+    x, y = a.select_dtypes("number").to_numpy(float), b.select_dtypes("number").to_numpy(float)
+    if x.shape != y.shape:
+        raise Refused(f"{what}: tables of shapes {x.shape} and {y.shape}")
+    both = ~(torch.isnan(torch.tensor(x)) & torch.isnan(torch.tensor(y)))
+    d = float((torch.tensor(x) - torch.tensor(y)).abs()[both].max()) if both.any() else 0.0
+    if not d <= atol or math.isnan(d):
+        raise Refused(f"{what} differ from the pattern-based reference by {d:.3g}")
+    return d
+
+
+def _exposure_reference(m, data, cutoffs) -> torch.Tensor:
+    """Quiet-read share per (layer, head, cutoff) from materialised patterns: Σ_j pattern[t, j] · quiet[j] over rows
+    t >= 1, averaged (the definition probe.analyses.inject.exposure_stats computes from row masses)."""
+    from probe.analyses.inject import cutoff_fraction, quiet_and_median
+    from probe.hooks import names
+
+    info = m.probe_info
+    qs = [cutoff_fraction(c) for c in cutoffs]
+    out = {}
+    for n in range(data.shape[0]):
+        _, cache = m.run_with_cache(data[n, :, :-1], names_filter=lambda h: names.is_attn(h, "pattern", "v"))
+        for l in info.attention_layers:
+            pattern, v = cache[names.attn(l, "pattern")].double(), cache[names.attn(l, "v")]
+            quiet = torch.stack(quiet_and_median(v.float().norm(dim=-1), qs)[0], -1).double()  # (B, T, Hkv, m)
+            quiet = quiet.repeat_interleave(info.kv_group, dim=2).permute(0, 2, 1, 3)  # (B, H, Tk, m)
+            share = (pattern @ quiet)[:, :, 1:].sum((0, 2))  # (H, m)
+            out[l] = out.get(l, 0) + share
+    rows = data.shape[0] * data.shape[1] * (data.shape[2] - 2)
+    return torch.stack([out[l] / rows for l in info.attention_layers])  # (L, H, m)
+
+
+def _reference_checks(m, data) -> dict:
+    """Streaming sink statistics, Sink^eps and exposure against their pattern-based references."""
+    from probe.analyses.inject import exposure_stats
+    from probe.analyses.sink_heads import sink_heads
+    from probe.analyses.sinks import sink_stats, sink_stats_reference
+
+    figures = {}
+    fast, ref = sink_stats(m, data), sink_stats_reference(m, data)
+    figures["sink_stats"] = _close_tables(fast["heads"], ref["heads"], "streaming sink statistics")
+    stream, pattern = sink_heads(m, data), sink_heads(m, data, method="pattern")
+    figures["sink_eps"] = _close_tables(stream["heads"], pattern["heads"], "streaming Sink^eps")
+    cutoffs = ("q25", "median")
+    exposure = exposure_stats(m, data, cutoffs=cutoffs)["exposure_heads"]
+    got = torch.tensor(exposure["quiet_share"].to_numpy()).view(len(m.probe_info.attention_layers), -1, len(cutoffs))
+    d = max_diff(got, _exposure_reference(m, data, cutoffs))
+    if not d <= 1e-5:
+        raise Refused(f"streaming exposure differs from the pattern-based reference by {d:.3g}")
+    figures["exposure"] = d
+    return figures
+
+
+ANALYSES = ("massive", "dormant", "inject", "backcopy", "ablate", "sweep", "losses")
+
+
+def _run_analysis(m, name: str, data) -> dict:
+    from probe.analyses.ablate import ablate
+    from probe.analyses.backcopy import backcopy_split
+    from probe.analyses.capture import window_losses
+    from probe.analyses.context_sweep import sink_context_sweep
+    from probe.analyses.dormant import dormant_heads
+    from probe.analyses.inject import inject
+    from probe.analyses.massive import massive_activations
+
+    run = {
+        "massive": lambda: massive_activations(m, data),
+        "dormant": lambda: dormant_heads(m, data),
+        "inject": lambda: inject(m, data, junk=["structured"], doses=[0.0, 4.0], progress=False),
+        "backcopy": lambda: backcopy_split(m, data, triggers=[5, 7]),
+        "ablate": lambda: ablate(m, data, interventions=("knockout", "value"), value_modes=("zero",), per_layer=False),
+        "sweep": lambda: sink_context_sweep(m, {6: data[..., :7], T: data})[0],
+        "losses": lambda: {"windows": window_losses(m, data)},
+    }
+    return run[name]()
+
+
+def _analyses(m) -> dict:
+    """Every analysis that applies to an HF checkpoint, on one batch, the three with pattern-based references
+    compared against them. A model with linear-attention layers must refuse the per-layer attention analyses by
+    capability (one line); what it refuses is recorded."""
+    data = windows()
+    linear = "linear" in m.probe_info.layer_types
+    figures, refused = {}, []
+    try:
+        figures.update(_reference_checks(m, data))
+    except ValueError as e:
+        if not (linear and "cannot run" in str(e)):
+            raise
+        refused.append("sinks")
+    for name in ANALYSES:
+        try:
+            tables = _run_analysis(m, name, data)
+        except ValueError as e:
+            if linear and "cannot run" in str(e):
+                refused.append(name)
+                continue
+            raise
+        for table_name, table in tables.items():
+            numbers = table.select_dtypes("number").to_numpy(float) if table_name != "meta" else []
+            if len(numbers) and not torch.isfinite(torch.tensor(numbers)).any():
+                raise Refused(f"{name} gives no finite number in its {table_name} table")
+    return figures, refused
+
+
+def lacking(m) -> list[str]:
+    """The standard hook points this adapter does not fire (with the layers, for attention points)."""
+    info = m.probe_info
+    out = [p for p in STANDARD_POINTS if p in info.absent_hooks]
+    linear = [l for l, k in enumerate(info.layer_types) if k == "linear"]
+    if linear:
+        out.append(f"attn.* in linear-attention layers {','.join(map(str, linear))}")
+    return out
+
+
+def check(model_type: str) -> dict:
+    """The coverage record of ``model_type`` (see the module docstring)."""
+    from probe.checkpoints.adapters import adapt
+
+    start = time.perf_counter()
+    record = {"model_type": model_type, "kind": kind_of(model_type)}
+    if record["kind"] != "decoder-only":
+        return {**record, "status": "refused", "reason": f"not decoder-only: an {record['kind']} model"}
+    try:
+        ref = _stage("tiny config", _hf_eager, model_type, torch.float32)
+        m = _stage("adapter", adapt, copy.deepcopy(ref))
+        record["adapter"] = m.family
+        x = ids()
+        figures, cache = _stage("fp32 parity", _logits, ref, m, x, "fp32")
+        _stage("hook points", _every_hook_fires, m, cache)
+        figures.update(_stage("pattern", _pattern_vs_output_attentions, ref, m, x, cache))
+        figures.update(_stage("hook_v edit", _value_edit, ref, m, x))
+        ref64 = copy.deepcopy(ref).to(torch.float64)
+        m64 = _stage("adapter fp64", adapt, copy.deepcopy(ref64))
+        figures.update(_stage("fp64 parity", _logits, ref64, m64, x, "fp64")[0])
+        lacks = lacking(m)
+        found, refused = _stage("analyses", _analyses, m)
+        figures.update(found)
+    except Refused as e:
+        return {**record, "status": "refused", "reason": str(e), "seconds": round(time.perf_counter() - start, 2)}
+    info = m.probe_info
+    record.update(
+        status="partial" if lacks else "supported",
+        lacks=lacks,
+        analyses_refused=refused,
+        layer_types=sorted(set(info.layer_types)),
+        phantom=info.has_phantom,
+        parity={k: float(f"{v:.3g}") for k, v in figures.items()},
+        seconds=round(time.perf_counter() - start, 2),
+    )
+    return record

@@ -163,12 +163,12 @@ def plan(
     """Every condition of the requested interventions, validated against the model; AblationError on one it
     cannot take."""
     info = model.probe_info
-    L, H, Hkv = info.n_layers, info.n_heads, info.n_kv_heads
+    H, Hkv = info.n_heads, info.n_kv_heads
     out: list[Ablation] = []
 
     def local(intervention, setting, n_heads):
         out.append(Ablation(intervention, setting))
-        for l in range(L) if per_layer or per_head else ():
+        for l in info.attention_layers if per_layer or per_head else ():
             if per_layer:
                 out.append(Ablation(intervention, setting, l))
             for h in range(n_heads) if per_head else ():
@@ -305,8 +305,8 @@ def _site_takes(model, site: str, setting: str) -> bool:
 # --- the hooks -------------------------------------------------------------------------------------------------
 
 
-def _layers(abl: Ablation, n_layers: int) -> list[int]:
-    return list(range(n_layers)) if abl.layer is None else [abl.layer]
+def _layers(abl: Ablation, info) -> list[int]:
+    return info.attention_layers if abl.layer is None else [abl.layer]
 
 
 def check_target(abl: Ablation, info) -> None:
@@ -335,7 +335,7 @@ def ablation_hooks(
     """The (hook name, fn) pairs that carry out one condition (``model.run_with_hooks`` inside edits.armed())."""
     info = model.probe_info
     check_target(abl, info)
-    layers = _layers(abl, info.n_layers)
+    layers = _layers(abl, info)
     kind, setting = abl.intervention, abl.setting
     if kind in ("knockout", "evict"):
         if kind == "knockout":
@@ -518,7 +518,7 @@ def ablate(
       ablated_sum, delta, forward_s
     """
     info = model.probe_info
-    require(model, [names.attn(l, "v_out") for l in range(info.n_layers)], "ablations")
+    require(model, [names.attn(l, "v_out") for l in info.attention_layers], "ablations")
     w = as_windows(data)
     T = w.tokens.shape[-1] - 1
     if T < 2:

@@ -75,6 +75,8 @@ class SplitAccumulator:
         heads = []
         for l in range(L):
             nt, no = float(self.n_trigger[l]), float(self.n_other[l])
+            if nt + no == 0:  # a layer without softmax attention (linear) sends no rows
+                continue
             for h in range(H):
                 row = {"layer": l, "head": h, "n_trigger_rows": int(nt), "n_other_rows": int(no)}
                 for s in STATS:

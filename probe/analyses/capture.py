@@ -127,7 +127,7 @@ class LayerCollector:
     def __init__(self, model, needs, on_layer, stop_early: bool = False):
         self.info = model.probe_info
         self.on_layer, self.stop_early = on_layer, stop_early
-        self.needs = {l: set(needs(l)) for l in range(self.info.n_layers)}
+        self.needs = {l: set(needs(l)) for l in self.info.attention_layers}  # linear layers: no attention
         self.pending: dict[int, dict[str, torch.Tensor]] = {}
         self.done: set[int] = set()
         wanted = {names.attn(l, s): (l, s) for l, ss in self.needs.items() for s in ss}
@@ -223,6 +223,9 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     key_bias = None
     if "hook_v_gate" in got:  # routing slot: the model adds log g_j to the logits (B, Hkv, T)
         key_bias = torch.log(got["hook_v_gate"].float().clamp_min(1e-30)).permute(0, 2, 1)
+    alibi = info.alibi_bias(q.shape[0], q.shape[1], q.device)  # ALiBi (BLOOM, MPT, Falcon-RW): H == Hkv
+    if alibi is not None:
+        key_bias = alibi if key_bias is None else key_bias + alibi
     kw = dict(
         sink=sink,
         window=sliding(info, layer),

@@ -224,7 +224,7 @@ class ExposureAccumulator:
 
     def tables(self):
         rows = []
-        for l in range(self.info.n_layers):
+        for l in self.info.attention_layers:
             for h in range(self.info.n_heads):
                 for c, name in enumerate(self.cutoffs):
                     rows.append(

@@ -337,7 +337,7 @@ class MassiveAccumulator:
                 "massive_windows": float(self.massive_seqs[s] / n),
                 "massive_pos0_share": (float(self.n_massive_pos0[s] / self.n_massive[s]) if self.n_massive[s] else nan),
             }
-            if s < L:
+            if s < L and self.info.layer_types[s] != "linear":  # a linear layer has no attention to align
                 row.update(
                     key0_mass=float(self.key0[s] / self.key0_rows[s]),
                     top_mass=float(self.top_mass[s] / self.top_rows[s]),

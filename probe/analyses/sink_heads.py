@@ -208,10 +208,11 @@ class SinkEpsAccumulator:
 
     def tables(self) -> dict[str, pd.DataFrame]:
         info = self.info
-        alpha_loo = self._leave_one_out(self.window_rows == "key0")  # (n, L, H) the score each batch left out
-        mass_loo = self._leave_one_out(False).mean(-1)  # (n, L) key-0 mass per layer
+        att = info.attention_layers  # the layers with softmax attention (every layer but linear ones)
+        alpha_loo = self._leave_one_out(self.window_rows == "key0")[:, att]  # (n, L, H) each batch left out
+        mass_loo = self._leave_one_out(False).mean(-1)[:, att]  # (n, L) key-0 mass per layer
         heads = []
-        for l in range(info.n_layers):
+        for l in info.attention_layers:
             r, rw = self.rows[l], self.rows_w[l]
             for h in range(info.n_heads):
                 heads.append(
@@ -251,10 +252,10 @@ class SinkEpsAccumulator:
             share_loo = (alpha_loo > e).double().mean(-1).numpy()  # (n, L) share of sink heads, each batch left out
             if self.per_window:  # Gu et al.: the mean over windows of each window's indicator, then over heads
                 i = self.eps.index(e)
-                rate = self.above[i] / self.windows[:, None]  # (L, H) share of windows in which the head is a sink
+                rate = (self.above[i] / self.windows[:, None])[att]  # (L, H) share of windows it is a sink in
                 lay["n_sink_heads"] = (rate.sum(-1)).numpy()  # sink heads per window, on average
                 lay["sink_share"] = rate.mean(-1).numpy()
-                share_loo = self._leave_one_window_batch_out(i).mean(-1).numpy()
+                share_loo = self._leave_one_window_batch_out(i).mean(-1)[:, att].numpy()
             lay.insert(lay.columns.get_loc("sink_share") + 1, "sink_share_se", jackknife_se(share_loo))
             lay.insert(lay.columns.get_loc("key0_mass") + 1, "key0_mass_se", jackknife_se(mass_loo.numpy()))
             layers.append(lay)

@@ -95,7 +95,7 @@ class SinkAccumulator:
         info = self.info
         G = info.kv_group
         heads = []
-        for l in range(info.n_layers):
+        for l in info.attention_layers:
             r0 = self.r0[l] / self.seqs[l]
             for h in range(info.n_heads):
                 row = {
@@ -223,7 +223,7 @@ def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
     for n in batches_of_rank(len(w)):
         ids = w.inputs(n, model_device(model))
         _, cache = model.run_with_cache(ids, names_filter=lambda name: names.is_attn(name, *wanted))
-        for l in range(info.n_layers):
+        for l in info.attention_layers:
             pattern = cache[names.attn(l, "pattern")].double()  # (B, H, T, T)
             phantom = cache[names.attn(l, "phantom")].double()
             real = pattern.sum(-1)

@@ -209,22 +209,25 @@ def query_blocks(rules: MaskRules, q_len: int, k_len: int, dtype, device, block:
 # --- attention ----------------------------------------------------------------------------------------------------
 
 
-def eager_probs(q, k, mask, scaling: float, sinks=None, window: int | None = None, softcap: float | None = None):
+def eager_probs(
+    q, k, mask, scaling: float, sinks=None, window: int | None = None, softcap: float | None = None, key_bias=None
+):
     """fp32 attention probabilities over real keys and the phantom (sink) mass: the kernels' reference.
 
     q (B,H,Tq,dh), k (B,H,Tk,dh) already repeated to H heads, mask additive (broadcastable to B,H,Tq,Tk) or None
-    (causal within ``window``), sinks (H,) logits or None, softcap Gemma 2's score cap. Returns pattern (B,H,Tq,Tk),
+    (causal within ``window``), sinks (H,) logits or None, softcap Gemma 2's score cap, key_bias (B,H,Tk) added to
+    each key's logit (ALiBi) or None. Returns pattern (B,H,Tq,Tk),
     phantom (B,H,Tq) and the lse over the real keys (B,H,Tq, docs/definitions.md#row-log-normaliser); rows sum to
     1 - phantom.
     """
     pattern, phantom, lse = attention_probs(
-        _bthd(q), _bthd(k), sink=sinks, mask=mask, window=window, scale=scaling, softcap=softcap
+        _bthd(q), _bthd(k), sink=sinks, key_bias=key_bias, mask=mask, window=window, scale=scaling, softcap=softcap
     )
     real = lse if sinks is None else lse + torch.log(pattern.sum(-1))  # the real mass, summed, not 1 - phantom
     return pattern, phantom, real
 
 
-def edited_probs(q, k, v, mask, scaling: float, sinks=None, window: int | None = None):
+def edited_probs(q, k, v, mask, scaling: float, sinks=None, window: int | None = None, key_bias=None):
     """:func:`eager_probs` under the armed edit, which the kernels' reference op carries out: (pattern, phantom, lse
     over the real keys); q (B,H,Tq,dh), k/v (B,Hkv,Tk,dh)."""
     res = sink_attention(
@@ -232,6 +235,7 @@ def edited_probs(q, k, v, mask, scaling: float, sinks=None, window: int | None =
         _bthd(k),
         _bthd(v),
         sink=sinks,
+        key_bias=key_bias,
         mask=mask,
         window=window,
         scale=scaling,
@@ -251,24 +255,34 @@ def refuse_padded_edit(rules: MaskRules | None) -> None:
         )
 
 
-def fast_attention(q, k, v, mask, scaling: float, sinks=None, window: int | None = None, return_lse=False):
+def fast_attention(
+    q, k, v, mask, scaling: float, sinks=None, window: int | None = None, return_lse=False, key_bias=None
+):
     """(output (B,H,Tq,dh), lse over the real keys (B,H,Tq) fp32 or None) without materialising the pattern: the
     kernels' fused op (SDPA with the sink as an extra key of value 0 on CPU), GQA without repetition; q (B,H,Tq,dh),
     k/v (B,Hkv,Tk,dh); mask additive or None (causal within ``window``, queries the last Tq positions). The lse only
     with ``return_lse`` (free where the fused kernel has it, docs/definitions.md#row-log-normaliser)."""
     res = sink_attention(
-        _bthd(q), _bthd(k), _bthd(v), sink=sinks, mask=mask, window=window, scale=scaling, return_lse=return_lse
+        _bthd(q),
+        _bthd(k),
+        _bthd(v),
+        sink=sinks,
+        key_bias=key_bias,
+        mask=mask,
+        window=window,
+        scale=scaling,
+        return_lse=return_lse,
     )
     return _bthd(res.out), res.lse_real
 
 
-def rules_attention(q, k, v, rules: MaskRules, scaling: float, sinks=None, return_lse=False):
+def rules_attention(q, k, v, rules: MaskRules, scaling: float, sinks=None, return_lse=False, key_bias=None):
     """:func:`fast_attention` under a :class:`MaskRules`, with no T x T tensor: causal or a sliding window in one call
     of the kernels (whose windowed paths run in query blocks of their own, so an armed edit acts on every query),
     padded keys in query blocks (:func:`query_blocks`), where an armed edit is refused."""
     q_len, k_len = q.shape[2], k.shape[2]
     if rules.keep is None:
-        return fast_attention(q, k, v, None, scaling, sinks, rules.window, return_lse)
+        return fast_attention(q, k, v, None, scaling, sinks, rules.window, return_lse, key_bias)
     refuse_padded_edit(rules)
     out = q.new_empty(*q.shape[:3], v.shape[-1])
     lse = q.new_empty(*q.shape[:3], dtype=torch.float32) if return_lse else None  # (B, H, Tq)
@@ -282,6 +296,7 @@ def rules_attention(q, k, v, rules: MaskRules, scaling: float, sinks=None, retur
             sinks,
             None if mask is not None else rules.window,
             return_lse,
+            None if key_bias is None else key_bias[..., cols],
         )
         if lse is not None:
             lse[:, :, rows] = block_lse
@@ -320,6 +335,8 @@ def fire_qkv(site, query, key, value):
 def refuse_unknown(module, kwargs: dict) -> None:
     """One line naming the first keyword that would change the attention and that probe does not implement (a
     soft-cap, a bias, a non-causal mode, a sparse index): dropping it silently would compute another attention."""
+    if getattr(module, "is_causal", True) is False:  # an encoder's (or a cross-) attention: not probe's causal rule
+        raise ValueError(f"{type(module).__name__} is bidirectional (is_causal=False); probe hooks causal attention")
     for name, value in kwargs.items():
         if name in PASSIVE_KWARGS or value is None or (name == "is_causal" and value is True):
             continue
@@ -359,9 +376,21 @@ def check_site(site, scaling: float, rules, query, key, softcap: float | None = 
 
 
 def probe_attention(
-    module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, s_aux=None, **kwargs
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling=None,
+    dropout=0.0,
+    sliding_window=None,
+    s_aux=None,
+    key_bias=None,
+    **kwargs,
 ):
-    """transformers attention function: fires the §3 hooks of the layer that owns ``module``."""
+    """transformers attention function: fires the §3 hooks of the layer that owns ``module``. ``key_bias``
+    (B,Hkv,Tk): a logit added to each key (ALiBi's per-head slope times the key's position), passed by the adapters
+    of families that compute their attention themselves; transformers' call sites never pass it."""
     refuse_unknown(module, kwargs)
     site = module.__dict__.get(SITE_KEY)
     if scaling is None:
@@ -385,9 +414,12 @@ def probe_attention(
         window = rules.window if rules is not None and mask is None else None
         if edits.pending():  # the armed edit is carried out by the op, which gives the pattern too
             refuse_padded_edit(rules)
-            pattern, phantom, lse = edited_probs(query, key, value, mask, scaling, sinks, window)
+            pattern, phantom, lse = edited_probs(query, key, value, mask, scaling, sinks, window, key_bias)
         else:
-            pattern, phantom, lse = eager_probs(query, repeat_kv(key, n_rep), mask, scaling, sinks, window=window)
+            bias = None if key_bias is None else key_bias.repeat_interleave(n_rep, dim=1)
+            pattern, phantom, lse = eager_probs(
+                query, repeat_kv(key, n_rep), mask, scaling, sinks, window=window, key_bias=bias
+            )
         if site is not None:
             pattern = site.hook_pattern(pattern)
             phantom = site.hook_phantom(phantom)
@@ -395,13 +427,15 @@ def probe_attention(
         probs = F.dropout(weights, p=dropout, training=True) if training else weights
         out = torch.matmul(probs, repeat_kv(value, n_rep))
     elif rules is not None:
-        out, lse = rules_attention(query, key, value, rules, scaling, sinks, want_lse)
+        out, lse = rules_attention(query, key, value, rules, scaling, sinks, want_lse, key_bias)
     else:
-        out, lse = fast_attention(query, key, value, mask, scaling, sinks, return_lse=want_lse)
+        out, lse = fast_attention(query, key, value, mask, scaling, sinks, return_lse=want_lse, key_bias=key_bias)
     if want_lse:
         site.hook_lse(lse)
     out = _bthd(out)
-    if site is not None:
+    if site is not None and site.gated:  # hook_z is the gated output: the adapter's gate hooks fire it
+        site.pending_z = out
+    elif site is not None:
         out = site.hook_z(out)
     return out.contiguous(), weights
 

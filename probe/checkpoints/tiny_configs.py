@@ -68,6 +68,34 @@ OVERRIDES: dict[str, dict] = {
     "cohere2_moe": {"logit_scale": 1.0},
     "cohere_compass_text": {"logit_scale": 1.0},
     "llama4_text": {"attention_chunk_size": 4},  # chunks shorter than the test sequences
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": 4, "num_layers": 2},
+    "mpt": {"attn_config": {"alibi": True, "alibi_bias_max": 8}},
+    # full layers twice as wide per head, per-layer inputs of width 8
+    "gemma4_text": {
+        "per_layer_config": {"01": {"head_dim": 16}},
+        "hidden_size_per_layer_input": 8,
+        "vocab_size_per_layer_input": VOCAB,
+    },
+    "gemma4": {
+        "per_layer_config": {"01": {"head_dim": 16}},
+        "hidden_size_per_layer_input": 8,
+        "vocab_size_per_layer_input": VOCAB,
+    },
+}
+
+
+# multimodal checkpoints (text inputs only): a vision tower of one small layer, image tokens inside the vocabulary
+TINY_VISION = dict(
+    hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=8, patch_size=4
+)
+MULTIMODAL: dict[str, dict] = {
+    "gemma3": dict(
+        vision_config=dict(model_type="siglip_vision_model", **TINY_VISION),
+        mm_tokens_per_image=4,
+        boi_token_index=93,
+        eoi_token_index=94,
+        image_token_index=95,
+    ),
 }
 
 
@@ -98,13 +126,19 @@ def tiny_kwargs(config_class, model_type: str) -> dict:
         kw["num_hidden_layers"] = len(kw["layer_types"])
     kw.update(OVERRIDES.get(model_type, {}))
     if text is not defaults:  # a multimodal config: the sizes are its text config's
-        return {"text_config": {**text.to_dict(), **kw}}
+        return {"text_config": {**text.to_dict(), **kw}, **MULTIMODAL.get(model_type, {})}
     return kw
 
 
 def _settable(config, name: str) -> bool:
-    """The config has ``name`` and it is a field, not a property derived from other fields."""
-    return hasattr(config, name) and not isinstance(getattr(type(config), name, None), property)
+    """The config has ``name`` and it is a field, not a property derived from other fields (a per-layer attribute,
+    which only its per-layer configs answer, counts as a field)."""
+    if isinstance(getattr(type(config), name, None), property):
+        return False
+    try:
+        return hasattr(config, name)
+    except Exception:  # noqa: BLE001 - Gemma 4's per-layer attributes refuse a global read
+        return name in type(config).__dataclass_fields__ if hasattr(type(config), "__dataclass_fields__") else False
 
 
 def auto_tiny_config(model_type: str):

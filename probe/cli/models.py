@@ -16,8 +16,32 @@ HELP = "list variants, tiers, zoo checkpoints and known checkpoint names"
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("models", help=HELP, description=HELP, allow_abbrev=False)
+    p.add_argument(
+        "--architectures",
+        action="store_true",
+        help="instead: every transformers model_type and whether probe supports it, partly (which hooks it lacks) "
+        "or refuses it (why), from the generated coverage table",
+    )
     output_flags(p, "write models.csv and models.json to DIR", reads_data=False)
     return p
+
+
+def run_architectures(output) -> int:
+    """``probe models --architectures``: the coverage table (probe.checkpoints.architectures, stdlib only)."""
+    from probe.checkpoints import architectures
+    from probe.console import Console
+    from probe.present import models
+    from probe.present.files import emit, save_result
+
+    rows, data = architectures.rows(), architectures.table()
+    result = None
+    if output.out or output.as_json:
+        import pandas as pd
+
+        result = {"architectures": pd.DataFrame(rows, columns=["model_type", "kind", "status", "adapter", "note"])}
+        save_result(output, "architectures", result, [], Console(output.quiet), "Architectures")
+    emit(output, "models", result, models.architectures_text(rows, data))
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from probe.present.files import emit, save_result
 
     output = output_spec(args)
+    if args.architectures:
+        return run_architectures(output)
     variants = [{"name": k, "description": v.description} for k, v in VARIANTS.items()]
     tiers = [
         {

@@ -66,6 +66,20 @@ class ModelInfo:
             return f"layer {layer} is a linear-attention (or state-space) layer, without softmax attention"
         return None
 
+    def alibi_bias(self, batch: int, length: int, device=None, dtype=None):
+        """ALiBi's per-key logits (B, H, T), fp32 (fp64 for ``dtype`` fp64): slope_h · j for key j
+        (``extra["alibi_slopes"]``), the per-key bias the attention adds; None without ALiBi. A per-row constant is
+        left out: softmax ignores it."""
+        slopes = self.extra.get("alibi_slopes")
+        if slopes is None:
+            return None
+        import torch
+
+        wide = torch.float64 if dtype == torch.float64 else torch.float32
+        s = torch.tensor(slopes, dtype=wide, device=device)
+        bias = s[:, None] * torch.arange(length, device=device, dtype=wide)[None, :]
+        return bias[None].expand(batch, -1, -1)
+
     def scale_of(self, layer: int) -> float:
         """The attention score scale of ``layer``: ``extra["attn_scale"]`` (one float, or one per layer), else
         d_head^-1/2."""

@@ -17,6 +17,8 @@ DESCRIPTIONS = {
     "models_tiers.csv": "size tiers: layers, width, heads, context, vocabulary",
     "models_checkpoints.csv": "known checkpoint names and whether they are available offline",
     "models_formats.csv": "the authors' checkpoint formats: the code version probe reads each as, what it assumes",
+    "architectures.json": "the coverage table: each transformers model_type, supported / partial / refused (JSON)",
+    "architectures_architectures.csv": "model_type, kind, status, adapter, and the hooks it lacks or why it is refused",
 }
 
 
@@ -63,4 +65,27 @@ def text(variants: list[dict], tiers: list[dict], checkpoints: list[dict], forma
             textwrap.fill(f"{r['format']}: {r['reads']}", 118, initial_indent="  ", subsequent_indent="    ")
             for r in formats
         ]
+    return "\n".join(lines)
+
+
+def architectures_text(rows: list[dict], data: dict) -> str:
+    """The coverage table: decoder-only types by status (partial: the hooks they lack; refused: why), then the
+    counts and the transformers release it was generated with."""
+    c = data.get("counts") or {}
+    if not rows:
+        return "no coverage table installed (python -m pytest -m slow tests/checkpoints/test_architectures.py makes it)"
+    w = max(len(r["model_type"]) for r in rows) + 2
+    lines = []
+    for status in ("supported", "partial", "refused"):
+        chosen = [r for r in rows if r["status"] == status and r["kind"] == "decoder-only"]
+        lines += [f"{status} ({len(chosen)}):"]
+        lines += [f"  {r['model_type']:<{w}}{r['adapter'] or '-':<20}{r['note']}".rstrip() for r in chosen]
+        lines.append("")
+    others = [r["model_type"] for r in rows if r["kind"] != "decoder-only"]
+    lines += [f"not decoder-only ({len(others)}): {', '.join(others)}", ""]
+    lines.append(
+        f"{c.get('supported', 0)} supported, {c.get('partial', 0)} partial, {c.get('refused', 0)} refused decoder-only "
+        f"types of transformers {data.get('transformers')} (each checked against HF eager on a tiny config; "
+        "docs/reference/architectures.md)"
+    )
     return "\n".join(lines)

@@ -39,7 +39,8 @@ class Refused(Exception):
 
 
 def kind_of(model_type: str) -> str:
-    """decoder-only, encoder (a masked-LM family with a causal head) or encoder-decoder (a seq2seq decoder)."""
+    """decoder-only, encoder (a masked-LM family with a causal head) or encoder-decoder (the decoder of a seq2seq
+    model, or of a family whose config makes it a decoder only when ``is_decoder`` is set)."""
     from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
@@ -49,7 +50,7 @@ def kind_of(model_type: str) -> str:
         config = CONFIG_MAPPING[model_type]()
     except Exception:  # noqa: BLE001 - a config class whose defaults do not validate: judged on its model
         return "decoder-only"
-    if getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", None) is True:
+    if getattr(config, "is_encoder_decoder", False) or hasattr(config, "is_decoder"):
         return "encoder-decoder"
     return "decoder-only"
 
@@ -90,28 +91,38 @@ def _hf_eager(model_type: str, dtype):
 
 
 @contextlib.contextmanager
-def full_precision_softmax():
-    """HF eager attention softmaxes in fp32 whatever the model's dtype (``softmax(..., dtype=torch.float32)``): the
-    fp64 reference runs HF's eager code with that cast lifted, so an fp64 comparison measures the attention's math,
-    not fp32 rounding inside the reference."""
-    softmax = torch.nn.functional.softmax
+def fp64_throughout():
+    """HF's eager code casts to fp32 in places whatever the model's dtype (``softmax(..., dtype=torch.float32)``, a
+    score matrix ``.float()``, GPT-Neo's ``query.to(torch.float32)``): an fp64 comparison runs with those casts of
+    fp64 tensors lifted, on both sides, so it measures the attention's math and not fp32 rounding in the reference.
+    Tensors of other dtypes are cast as asked."""
+    softmax, to, to_float = torch.nn.functional.softmax, torch.Tensor.to, torch.Tensor.float
 
-    def wide(input, dim=None, _stacklevel=3, dtype=None):
+    def wide_softmax(input, dim=None, _stacklevel=3, dtype=None):
         if dtype == torch.float32 and input.dtype == torch.float64:
             dtype = torch.float64
         return softmax(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
 
-    torch.nn.functional.softmax = wide
+    def wide_to(self, *args, **kwargs):
+        if self.dtype == torch.float64:
+            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+            if kwargs.get("dtype") is torch.float32:
+                kwargs["dtype"] = torch.float64
+        return to(self, *args, **kwargs)
+
+    def wide_float(self, *args, **kwargs):
+        return self if self.dtype == torch.float64 else to_float(self, *args, **kwargs)
+
+    torch.nn.functional.softmax, torch.Tensor.to, torch.Tensor.float = wide_softmax, wide_to, wide_float
     try:
         yield
     finally:
-        torch.nn.functional.softmax = softmax
+        torch.nn.functional.softmax, torch.Tensor.to, torch.Tensor.float = softmax, to, to_float
 
 
 def _logits(ref, m, x, dtype_name: str) -> dict:
-    with torch.no_grad(), full_precision_softmax():
+    with torch.no_grad(), fp64_throughout():  # both sides: a router's fp32 softmax is lifted in each
         want = ref(x).logits
-    with torch.no_grad():
         if not torch.isfinite(want).all() or want.abs().max() < 0.05:
             raise Refused(f"HF eager {dtype_name}: logits degenerate (max |logit| {float(want.abs().max()):.3g})")
         fast = max_diff(m(x).logits, want)
@@ -167,6 +178,52 @@ def _edited_eager(target):
     return edited
 
 
+def _scale_value_slice(view, index):
+    """A forward hook scaling the value part of a projection's output at EDIT_POSITION: ``view`` reshapes the
+    output so that ``index`` selects that position's values."""
+
+    def hook(_module, _inputs, out):
+        out = out.clone()
+        view(out)[index] *= EDIT_FACTOR
+        return out
+
+    return hook
+
+
+def _fused_value(attn):  # BLOOM / Falcon: query_key_value's output laid out (B, T, H, 3, dh), value last
+    return _scale_value_slice(
+        lambda o: o.view(*o.shape[:2], attn.num_heads, 3, -1), (slice(None), EDIT_POSITION, slice(None), 2)
+    )
+
+
+def _falcon_value(attn):  # Falcon's three query_key_value layouts (its _split_heads), value last
+    if attn.new_decoder_architecture:
+        groups = attn.num_heads // attn.num_kv_heads + 2
+        return _scale_value_slice(
+            lambda o: o.view(*o.shape[:2], -1, groups, attn.head_dim), (slice(None), EDIT_POSITION, slice(None), -1)
+        )
+    if not attn.multi_query:
+        return _fused_value(attn)
+    return _scale_value_slice(lambda o: o.view(*o.shape[:2], attn.num_heads + 2, -1), (slice(None), EDIT_POSITION, -1))
+
+
+def _mpt_value(attn):  # MPT: Wqkv's output is q | k | v
+    return _scale_value_slice(lambda o: o, (slice(None), EDIT_POSITION, slice(2 * attn.n_heads * attn.head_dim, None)))
+
+
+def _projected_value(attn):  # GPT-Neo: v_proj's output
+    return _scale_value_slice(lambda o: o, (slice(None), EDIT_POSITION))
+
+
+# families whose attention runs outside transformers' interface: the edit on the value projection's output
+OWN_VALUE_EDITS = {
+    "bloom": ("query_key_value", _fused_value),
+    "falcon": ("query_key_value", _falcon_value),
+    "mpt": ("Wqkv", _mpt_value),
+    "gpt_neo": ("v_proj", _projected_value),
+}
+
+
 def _value_edit(ref, m, x) -> dict:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
@@ -176,14 +233,23 @@ def _value_edit(ref, m, x) -> dict:
     layer = m.probe_info.attention_layers[0]
     layers = m.decoder_layers(ref)
     target = m.attention_module(layers[layer])
-    AttentionInterface.register("probe_test_value_edit", _edited_eager(target))
-    AttentionMaskInterface.register("probe_test_value_edit", eager_mask)
-    ref.set_attn_implementation("probe_test_value_edit")
-    try:
-        with torch.no_grad():
-            want, base = ref(x).logits, None
-    finally:
-        ref.set_attn_implementation("eager")
+    if m.family in OWN_VALUE_EDITS:
+        projection, make = OWN_VALUE_EDITS[m.family]
+        handle = getattr(target, projection).register_forward_hook(make(target))
+        try:
+            with torch.no_grad():
+                want = ref(x).logits
+        finally:
+            handle.remove()
+    else:
+        AttentionInterface.register("probe_test_value_edit", _edited_eager(target))
+        AttentionMaskInterface.register("probe_test_value_edit", eager_mask)
+        ref.set_attn_implementation("probe_test_value_edit")
+        try:
+            with torch.no_grad():
+                want = ref(x).logits
+        finally:
+            ref.set_attn_implementation("eager")
     with torch.no_grad():
         base = ref(x).logits
 
@@ -281,45 +347,39 @@ def _run_analysis(m, name: str, data) -> dict:
 
 def _analyses(m) -> dict:
     """Every analysis that applies to an HF checkpoint, on one batch, the three with pattern-based references
-    compared against them. A model with linear-attention layers must refuse the per-layer attention analyses by
-    capability (one line); what it refuses is recorded."""
+    compared against them (a model's linear-attention layers take no part in the attention analyses)."""
     data = windows()
-    linear = "linear" in m.probe_info.layer_types
-    figures, refused = {}, []
-    try:
-        figures.update(_reference_checks(m, data))
-    except ValueError as e:
-        if not (linear and "cannot run" in str(e)):
-            raise
-        refused.append("sinks")
+    figures = _reference_checks(m, data)
     for name in ANALYSES:
-        try:
-            tables = _run_analysis(m, name, data)
-        except ValueError as e:
-            if linear and "cannot run" in str(e):
-                refused.append(name)
-                continue
-            raise
-        for table_name, table in tables.items():
+        for table_name, table in _run_analysis(m, name, data).items():
             numbers = table.select_dtypes("number").to_numpy(float) if table_name != "meta" else []
             if len(numbers) and not torch.isfinite(torch.tensor(numbers)).any():
                 raise Refused(f"{name} gives no finite number in its {table_name} table")
-    return figures, refused
+    return figures
 
 
 def lacking(m) -> list[str]:
-    """The standard hook points this adapter does not fire (with the layers, for attention points)."""
-    info = m.probe_info
-    out = [p for p in STANDARD_POINTS if p in info.absent_hooks]
-    linear = [l for l, k in enumerate(info.layer_types) if k == "linear"]
-    if linear:
-        out.append(f"attn.* in linear-attention layers {','.join(map(str, linear))}")
-    return out
+    """The standard hook points this adapter does not fire. A linear-attention (or state-space) layer's missing
+    attention hooks are not lacking: it has no softmax attention to hook (its layer type says "linear")."""
+    return [p for p in STANDARD_POINTS if p in m.probe_info.absent_hooks]
+
+
+@contextlib.contextmanager
+def layers_unverified():
+    """Family adapters replace HF's layer forward whatever source the table recorded: while it is regenerated."""
+    from probe.checkpoints import hooked_hf
+
+    before, hooked_hf.VERIFY_LAYERS = hooked_hf.VERIFY_LAYERS, False
+    try:
+        yield
+    finally:
+        hooked_hf.VERIFY_LAYERS = before
 
 
 def check(model_type: str) -> dict:
     """The coverage record of ``model_type`` (see the module docstring)."""
     from probe.checkpoints.adapters import adapt
+    from probe.checkpoints.adapters.recipes import layer_source_hash
 
     start = time.perf_counter()
     record = {"model_type": model_type, "kind": kind_of(model_type)}
@@ -338,18 +398,66 @@ def check(model_type: str) -> dict:
         m64 = _stage("adapter fp64", adapt, copy.deepcopy(ref64))
         figures.update(_stage("fp64 parity", _logits, ref64, m64, x, "fp64")[0])
         lacks = lacking(m)
-        found, refused = _stage("analyses", _analyses, m)
-        figures.update(found)
+        figures.update(_stage("analyses", _analyses, m))
     except Refused as e:
         return {**record, "status": "refused", "reason": str(e), "seconds": round(time.perf_counter() - start, 2)}
     info = m.probe_info
+    if m.layer_body is not None:  # the HF layer source this family's replaced forward was shown equal to
+        record["layer_hash"] = layer_source_hash(m.decoder_layers(m.hf_model)[0])
     record.update(
         status="partial" if lacks else "supported",
         lacks=lacks,
-        analyses_refused=refused,
         layer_types=sorted(set(info.layer_types)),
         phantom=info.has_phantom,
         parity={k: float(f"{v:.3g}") for k, v in figures.items()},
         seconds=round(time.perf_counter() - start, 2),
     )
     return record
+
+
+def causal_lm_types() -> list[str]:
+    """Every causal-LM model_type of the installed transformers: what the coverage table lists."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def check_entry(model_type: str, table: dict) -> None:
+    """The table's record of ``model_type`` still holds: the same status, the same missing hooks (the same refusal
+    stage), and for a replaced layer forward the same HF layer source."""
+    want = table["types"][model_type]
+    got = check(model_type)
+    assert got["status"] == want["status"], (
+        f"{model_type} is {want['status']} in the coverage table but now {got['status']}: "
+        f"{got.get('reason') or got.get('lacks')} (regenerate with -m slow if transformers changed)"
+    )
+    if want["status"] == "refused":
+        assert got["reason"].split(":")[0] == want["reason"].split(":")[0], (got["reason"], want["reason"])
+    else:
+        assert got["lacks"] == want["lacks"] and got.get("layer_hash") == want.get("layer_hash")
+
+
+def generate(table_file, docs_page) -> dict:
+    """Run every check and write the coverage table and its docs page (the ``-m slow`` regeneration)."""
+    import json
+
+    import transformers
+
+    from probe.checkpoints import architectures
+    from probe.writes import atomic_write
+
+    with layers_unverified():
+        types = {mt: check(mt) for mt in causal_lm_types()}
+    for r in types.values():
+        r.pop("model_type", None)
+        r.pop("seconds", None)
+    data = {
+        "transformers": transformers.__version__,
+        "command": "python -m pytest -m slow tests/checkpoints/test_architectures.py",
+        "tolerances": TOL,
+        "counts": architectures.counts(types),
+        "types": types,
+    }
+    atomic_write(table_file, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    atomic_write(docs_page, architectures.markdown(data))
+    return data

@@ -6,6 +6,8 @@ which model types it claims, and that its parity with HF eager holds on each, is
 
 from __future__ import annotations
 
+import torch.nn.functional as F
+
 from probe.checkpoints.adapters.recipes import Layer, RecipeAdapter
 
 
@@ -13,7 +15,7 @@ class PostNormAdapter(RecipeAdapter):
     """OLMo 2 / OLMo 3 / EXAONE 4: the norms act on each sub-layer's output, before the residual add."""
 
     family = "olmo2"
-    model_types = ("olmo2", "olmo3", "exaone4", "olmo_hybrid")
+    model_types = ("olmo2", "olmo3", "exaone4", "flex_olmo")
     recipe = Layer(
         attn_norm=None,
         mlp_norm=None,
@@ -144,7 +146,7 @@ class PersimmonAdapter(RecipeAdapter):
     """Persimmon: sequential pre-norm, partial rotary, QK layernorm, dropout on the MLP's write."""
 
     family = "persimmon"
-    model_types = ("persimmon",)
+    model_types = ("persimmon", "fuyu")  # Fuyu's language model is Persimmon
     recipe = Layer(attn_norm="input_layernorm", mlp_norm="post_attention_layernorm", mlp_dropout="dropout")
 
 
@@ -154,3 +156,115 @@ class VaultGemmaAdapter(RecipeAdapter):
     family = "vaultgemma"
     model_types = ("vaultgemma",)
     recipe = Layer(attn_norm="input_layernorm", mlp_norm="pre_feedforward_layernorm")
+
+
+def opt_layer_forward(layer, hooks, hidden_states, **kwargs):
+    """OPT's (and BioGPT's) decoder layer: its MLP is fc1 → activation → fc2 inline (no module), fired at
+    hook_mlp_out here; the norms come before each sub-layer (do_layer_norm_before, most sizes) or after each
+    residual add (OPT-350m)."""
+    before = getattr(layer, "do_layer_norm_before", True)  # BioGPT's is always pre-norm
+    resid = hooks.hook_resid_pre(hidden_states)
+    attn_out, _ = layer.self_attn(hidden_states=layer.self_attn_layer_norm(resid) if before else resid, **kwargs)
+    mid = resid + F.dropout(attn_out, p=layer.dropout, training=layer.training)
+    mid = hooks.hook_resid_mid(mid if before else layer.self_attn_layer_norm(mid))
+    x = layer.final_layer_norm(mid) if before else mid
+    act = F.dropout(
+        layer.activation_fn(layer.fc1(x)), p=getattr(layer, "activation_dropout", 0.0), training=layer.training
+    )
+    mlp_out = F.dropout(layer.fc2(act), p=layer.dropout, training=layer.training)
+    out = mid + hooks.hook_mlp_out(mlp_out)
+    return hooks.hook_resid_post(out if before else layer.final_layer_norm(out))
+
+
+class OPTAdapter(RecipeAdapter):
+    """OPT: learned positions offset by 2, pre-norm (or post-norm for 350m), an inline fc1/fc2 MLP."""
+
+    family = "opt"
+    model_types = ("opt",)
+    recipe = Layer(attn_norm="self_attn_layer_norm", mlp_norm="final_layer_norm", mlp="fc2")
+    layer_forward = staticmethod(opt_layer_forward)
+
+    def mlp_module(self, layer):
+        return None  # fc1 -> activation -> fc2 is inline: opt_layer_forward fires hook_mlp_out
+
+    def extra(self, config):
+        return {"attn_scale": 1.0}  # q_proj's output is scaled by d_head^-1/2 before hook_q; the scores are q·k
+
+
+class ApertusAdapter(RecipeAdapter):
+    """Apertus: a sequential pre-norm layer with its own norm names (xIELU MLP, QK-norm)."""
+
+    family = "apertus"
+    model_types = ("apertus", "apertus1p5_text")
+    recipe = Layer(attn_norm="attention_layernorm", mlp_norm="feedforward_layernorm")
+
+
+class Emu3Adapter(RecipeAdapter):
+    """Emu3's language model: sequential pre-norm with dropout on each write."""
+
+    family = "emu3"
+    model_types = ("emu3", "emu3_text_model")
+    recipe = Layer(
+        attn_norm="input_layernorm", mlp_norm="post_attention_layernorm", attn_dropout="dropout", mlp_dropout="dropout"
+    )
+
+
+class HyperClovaXAdapter(RecipeAdapter):
+    """HyperCLOVA X: peri-layer norms (on each sub-layer's input and output) and a residual multiplier."""
+
+    family = "hyperclovax"
+    model_types = ("hyperclovax",)
+    recipe = Layer(
+        attn_norm="input_layernorm",
+        attn_out_norm="post_norm1",
+        mlp_norm="post_attention_layernorm",
+        mlp_out_norm="post_norm2",
+        residual_scale="residual_multiplier",
+    )
+
+
+class JetMoeAdapter(RecipeAdapter):
+    """JetMoE: mixture-of-attention-heads self_attention (it returns a router loss too) and an MoE MLP."""
+
+    family = "jetmoe"
+    model_types = ("jetmoe",)
+    recipe = Layer(attn_norm="input_layernorm", mlp_norm="post_attention_layernorm", attn="self_attention")
+
+
+class MiniCPM3Adapter(RecipeAdapter):
+    """MiniCPM3: latent attention (as DeepSeek's) and each write scaled by residual_scale."""
+
+    family = "minicpm3"
+    model_types = ("minicpm3",)
+    recipe = Layer(attn_norm="input_layernorm", mlp_norm="post_attention_layernorm", residual_scale="residual_scale")
+
+
+class ModernBertDecoderAdapter(RecipeAdapter):
+    """ModernBERT's decoder: sliding and full layers, pre-norm attn_norm / mlp_norm."""
+
+    family = "modernbert-decoder"
+    model_types = ("modernbert-decoder",)
+    recipe = Layer(attn_norm="attn_norm", mlp_norm="mlp_norm", attn="attn")
+
+
+class BioGptAdapter(OPTAdapter):
+    """BioGPT: OPT's inline fc1/fc2 MLP in a pre-norm layer, learned positions, scaled embeddings."""
+
+    family = "biogpt"
+    model_types = ("biogpt",)
+
+    def extra(self, config):
+        return {}
+
+
+class AfmoeAdapter(RecipeAdapter):
+    """AFMoE: sandwich norms around attention and the mixture of experts, sliding and full layers."""
+
+    family = "afmoe"
+    model_types = ("afmoe",)
+    recipe = Layer(
+        attn_norm="input_layernorm",
+        attn_out_norm="post_attention_layernorm",
+        mlp_norm="pre_mlp_layernorm",
+        mlp_out_norm="post_mlp_layernorm",
+    )

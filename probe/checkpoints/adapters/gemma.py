@@ -140,3 +140,38 @@ class GemmaAdapter(HookedHF):
             "model_type": config.model_type,
         }
         return base_info(text, name, self.family, extra=extra)
+
+
+def gemma4_layer_forward(layer, hooks, hidden_states, per_layer_input=None, **kwargs):
+    """Gemma 4's text layer: Gemma's sandwich norms, an optional expert block beside the MLP, the per-layer input
+    (its own embedding of each token, gated into the stream) and a learned layer scalar on the layer's output."""
+    resid = hooks.hook_resid_pre(hidden_states)
+    attn_out, _ = layer.self_attn(hidden_states=layer.input_layernorm(resid), **kwargs)
+    mid = hooks.hook_resid_mid(resid + layer.post_attention_layernorm(attn_out))
+    ff = layer.mlp(layer.pre_feedforward_layernorm(mid))
+    if layer.enable_moe_block:
+        flat = mid.reshape(-1, mid.shape[-1])
+        _, weights, index = layer.router(flat)
+        experts = layer.experts(layer.pre_feedforward_layernorm_2(flat), index, weights).reshape(mid.shape)
+        ff = layer.post_feedforward_layernorm_1(ff) + layer.post_feedforward_layernorm_2(experts)
+    out = mid + layer.post_feedforward_layernorm(ff)
+    if layer.hidden_size_per_layer_input:
+        gated = layer.act_fn(layer.per_layer_input_gate(out)) * per_layer_input
+        out = out + layer.post_per_layer_input_norm(layer.per_layer_projection(gated))
+    return hooks.hook_resid_post(out * layer.layer_scalar)
+
+
+class Gemma4Adapter(HookedHF):
+    """Gemma 4 (text, and the text model of the multimodal checkpoint): sliding and full layers whose head width
+    differs (per_layer_config), attention scale 1 (QK-norm), per-layer inputs, a layer scalar."""
+
+    family = "gemma4"
+    model_types = ("gemma4_text", "gemma4")
+    layer_forward = staticmethod(gemma4_layer_forward)
+    decoder_layers = staticmethod(GemmaAdapter.decoder_layers)
+
+    def describe(self, config, name):
+        text = config.get_text_config()
+        extra = {"attn_logit_softcap": None, "final_logit_softcap": text.final_logit_softcapping}
+        first = self.decoder_layers(self.hf_model)[0].self_attn.head_dim  # full layers may be wider (per layer)
+        return base_info(text, name, self.family, d_head=first, extra=extra)

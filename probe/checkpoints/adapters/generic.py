@@ -62,10 +62,6 @@ class GenericAdapter(HookedHF):
     def mlp_module(layer):
         return child(layer, MLP_NAMES)
 
-    def sink_in(self, layers) -> bool:
-        """A learned sink logit per head (gpt-oss style ``sinks`` on the attention module) in any layer."""
-        return any(isinstance(getattr(self.attention_module(l), "sinks", None), nn.Parameter) for l in layers)
-
     def describe(self, config, name):
         layers = list(self.decoder_layers(self.hf_model))
         info = base_info(config.get_text_config(), name, self.family, has_phantom=self.has_sink)

@@ -40,6 +40,7 @@ class Layer:
     parallel: bool | str = False  # attention and MLP read the same normed input; a str: the layer's flag for it
     residual_scale: str | None = None  # the layer's attribute scaling each sub-layer's write (Granite)
     hidden_positional: bool = False  # the attention takes the hidden states positionally (GPT-2's blocks)
+    returns_weights: bool = False  # HF's layer returns (hidden states, attention weights) (GPT-Neo's blocks)
 
 
 def _sub(layer: nn.Module, name: str | None, x):
@@ -52,6 +53,11 @@ def _first(out):
 
 def recipe_layer_forward(layer, hooks, hidden_states, *, recipe: Layer, **kwargs):
     """HF's decoder layer described by ``recipe``, with hook_resid_pre / mid / post on the residual stream."""
+    out = _recipe_body(layer, hooks, hidden_states, recipe, **kwargs)
+    return (out, None) if recipe.returns_weights else out
+
+
+def _recipe_body(layer, hooks, hidden_states, recipe: Layer, **kwargs):
     resid = hooks.hook_resid_pre(hidden_states)
     normed = _sub(layer, recipe.attn_norm, resid)
     attention = getattr(layer, recipe.attn)
@@ -94,7 +100,7 @@ class RecipeAdapter(HookedHF):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "recipe" in cls.__dict__:
+        if "recipe" in cls.__dict__ and "layer_forward" not in cls.__dict__:
             cls.layer_forward = staticmethod(partial(recipe_layer_forward, recipe=cls.recipe))
 
     def attention_module(self, layer):

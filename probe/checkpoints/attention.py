@@ -352,24 +352,25 @@ def check_site(site, scaling: float, rules, query, key, softcap: float | None = 
     soft-cap the streaming analyses rebuild scores with): one line when a config feature changed it behind the
     adapter's back. A window of at least the keys there are is no window (a chunk or window longer than the
     sequence). query (B,H,Tq,dh), key (B,Hkv,Tk,dh)."""
-    if site is None or site.layer is None:
+    if site is None or site.info is None:
         return
-    k_len = key.shape[2]
+    info, layer, k_len = site.info, site.layer, key.shape[2]
     got = {"scale": float(scaling), "softcap": softcap or None, "heads": (query.shape[1], key.shape[1], key.shape[-1])}
-    want = {"scale": site.scale, "softcap": site.softcap or None, "heads": site.heads}
+    want = {"scale": info.scale_of(layer), "softcap": info.extra.get("attn_logit_softcap") or None, "heads": site.heads}
     if rules is not None:  # a dense mask (padding with a cache, an overlay) says no window; the rule does
 
         def effective(window):
             return None if window is None or window >= k_len else window
 
-        got["window"], want["window"] = effective(rules.window), effective(site.window)
+        window = info.sliding_window if info.layer_types[layer] == "sliding" else None
+        got["window"], want["window"] = effective(rules.window), effective(window)
     for what, value in got.items():
         expected = want[what]
         if expected != value and not (
             isinstance(value, float) and isinstance(expected, float) and abs(value - expected) <= 1e-9 * abs(expected)
         ):
             raise ValueError(
-                f"layer {site.layer} ran its attention with {what} {value!r}, but the adapter describes it with "
+                f"layer {layer} ran its attention with {what} {value!r}, but the adapter describes it with "
                 f"{expected!r} (probe_info); a config option changes this model's attention in a way probe does not "
                 f"follow"
             )

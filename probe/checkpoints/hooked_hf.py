@@ -19,7 +19,9 @@ The HF model is ``self.hf_model``; ``self(input_ids)`` returns its output (``.lo
 from __future__ import annotations
 
 import copy
+import hashlib
 import inspect
+import re
 import types
 import warnings
 from abc import abstractmethod
@@ -42,12 +44,10 @@ class _AttnHooks(nn.Module):
         self.gated = gated
         self.pending_z = self.pending_gate = None
         self.materialize = False  # compute the pattern even when no TL hook asks (probe.materialize, for nnsight)
-        # what probe_info says this layer's attention is; the attention function checks each call against it
+        # the layer and the ModelInfo that describe this attention: the attention function checks each call against
+        # them (its scale, window and soft-cap as probe_info says now) and the heads it was built with
         self.layer: int | None = None
         self.info: ModelInfo | None = None
-        self.scale: float | None = None
-        self.window: int | None = None
-        self.softcap: float | None = None
         self.heads: tuple[int, int, int] | None = None  # query heads, key/value heads, query-key head width
         self.hook_q = HookPoint()  # B,T,H,dh after rotary
         self.hook_k = HookPoint()  # B,T,Hkv,dh after rotary
@@ -230,7 +230,6 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         body = type(self).layer_forward
         if body is None or not layers or not VERIFY_LAYERS:
             return body
-        from probe.checkpoints.adapters.recipes import layer_source_hash
         from probe.checkpoints.architectures import record
 
         config = self.hf_model.config
@@ -246,6 +245,11 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
             return None
         return body
 
+    def attention_implementation(self) -> str:
+        """The transformers attention implementation the model runs: probe's ("probe"; Gemma's families pick the
+        soft-capped one where their config caps the scores)."""
+        return _attn.register()
+
     def sink_in(self, layers) -> bool:
         """Whether the layers' attention has a learned sink logit: the family's ``has_sink``, or gpt-oss style
         ``sinks`` on an attention module of any layer."""
@@ -260,12 +264,8 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
     # --- machinery --------------------------------------------------------------------------------------------
     def _install(self, layers):
         hf = self.hf_model
-        if self.probe_info.extra.get("attn_logit_softcap"):  # Gemma 2's capped scores: probe's capped function
-            from probe.checkpoints.adapters.gemma import register_softcap
-
-            hf.set_attn_implementation(register_softcap())
-        elif self.uses_attention_interface:
-            hf.set_attn_implementation(_attn.register())
+        if self.uses_attention_interface:
+            hf.set_attn_implementation(self.attention_implementation())
         else:  # attention outside the interface (BLOOM, GPT-Neo): only the mask builder is probe's
             hf.config._attn_implementation = _attn.register()
         _hook_once(hf.get_input_embeddings(), EMBED_KEY, self.hook_embed, embed_hook)
@@ -308,9 +308,6 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
             if not hasattr(block, "attn"):
                 continue
             block.attn.layer, block.attn.info = l, info
-            block.attn.scale = info.scale_of(l)
-            block.attn.window = info.sliding_window if info.layer_types[l] == "sliding" else None
-            block.attn.softcap = info.extra.get("attn_logit_softcap") or None
             width = getattr(self.attention_module(layers[l]), "head_dim", None)  # Gemma 4: wider full layers
             block.attn.heads = (info.n_heads, info.n_kv_heads, width if isinstance(width, int) else info.d_head)
 
@@ -410,6 +407,17 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.probe_info.name!r}, family={self.family!r}, layers={len(self.blocks)})"
+
+
+def layer_source_hash(layer: nn.Module) -> str:
+    """A short hash of the source of ``type(layer).forward`` without comments, docstrings and whitespace: what the
+    coverage table records for each type a replaced layer forward was shown equal to."""
+    try:
+        src = inspect.getsource(type(layer).forward)
+    except (OSError, TypeError):
+        return ""
+    src = re.sub(r'"""[\s\S]*?"""', "", re.sub(r"#[^\n]*", "", src))
+    return hashlib.sha256(" ".join(src.split()).encode()).hexdigest()[:12]
 
 
 def _hook_once(module: nn.Module, key: str, target, hook) -> None:

@@ -49,6 +49,8 @@ SHRINK = {
     "linear_key_head_dim": 8,
     "linear_value_head_dim": 8,
     "linear_conv_kernel_dim": 4,
+    "linear_num_heads": 2,
+    "linear_head_dim": 8,
 }
 SWITCH_ON = {
     "sliding_window": 4,

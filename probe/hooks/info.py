@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from probe.hooks import names
+from probe.hooks.names import attn_point, layer_of
 
 
 @dataclass
@@ -58,11 +58,11 @@ class ModelInfo:
     def lacks(self, hook_name: str) -> str | None:
         """Why this model never fires ``hook_name`` (one clause), or None when it does. Knows the absent points and
         the linear layers; whether a gate or a phantom exists is the caller's to ask (has_value_gate, has_phantom)."""
-        layer = names.layer_of(hook_name)
+        layer = layer_of(hook_name)
         point = hook_name if layer is None else hook_name.split(".", 2)[-1]
         if point in self.absent_hooks:
             return f"it has no {point} in any layer"
-        if layer is not None and names.attn_point(hook_name) and self.layer_types[layer] == "linear":
+        if layer is not None and attn_point(hook_name) and self.layer_types[layer] == "linear":
             return f"layer {layer} is a linear-attention (or state-space) layer, without softmax attention"
         return None
 

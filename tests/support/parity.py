@@ -379,7 +379,7 @@ def layers_unverified():
 def check(model_type: str) -> dict:
     """The coverage record of ``model_type`` (see the module docstring)."""
     from probe.checkpoints.adapters import adapt
-    from probe.checkpoints.adapters.recipes import layer_source_hash
+    from probe.checkpoints.hooked_hf import layer_source_hash
 
     start = time.perf_counter()
     record = {"model_type": model_type, "kind": kind_of(model_type)}

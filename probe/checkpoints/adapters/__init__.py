@@ -6,17 +6,16 @@
 
 from __future__ import annotations
 
-from probe.checkpoints.adapters import families, own_attention
+from probe.checkpoints.adapters import families, own_attention, qwen_next
 from probe.checkpoints.adapters.gemma import Gemma4Adapter, GemmaAdapter
 from probe.checkpoints.adapters.generic import GenericAdapter
 from probe.checkpoints.adapters.gpt_neox import GPTNeoXAdapter
 from probe.checkpoints.adapters.gpt_oss import GptOssAdapter
 from probe.checkpoints.adapters.llama import LlamaAdapter
-from probe.checkpoints.adapters.qwen_next import GatedHybridAdapter
 
-ADAPTERS = (GPTNeoXAdapter, GptOssAdapter, LlamaAdapter, GemmaAdapter, Gemma4Adapter, GatedHybridAdapter) + tuple(
+ADAPTERS = (GPTNeoXAdapter, GptOssAdapter, LlamaAdapter, GemmaAdapter, Gemma4Adapter) + tuple(
     cls
-    for module in (families, own_attention)
+    for module in (families, own_attention, qwen_next)
     for cls in vars(module).values()
     if isinstance(cls, type) and cls.__module__ == module.__name__ and cls.model_types
 )

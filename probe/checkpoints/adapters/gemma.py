@@ -102,6 +102,12 @@ def softcap_attention(
     return out.contiguous(), weights
 
 
+def softcapped_or_probe(info) -> str:
+    """The attention implementation of a model with ``info``: the soft-capped function where its scores are capped
+    (Gemma 2, VaultGemma), else probe's."""
+    return register_softcap() if info.extra.get("attn_logit_softcap") else _attn.register()
+
+
 def register_softcap() -> str:
     """Register :func:`softcap_attention` with transformers (idempotent; same mask builder as "probe"); returns its
     name."""
@@ -119,6 +125,9 @@ class GemmaAdapter(HookedHF):
     model_types = ("gemma2", "gemma3_text", "gemma3")
 
     layer_forward = staticmethod(sandwich_layer_forward)
+
+    def attention_implementation(self) -> str:
+        return softcapped_or_probe(self.probe_info)
 
     @staticmethod
     def decoder_layers(hf_model):

@@ -63,6 +63,11 @@ class GenericAdapter(HookedHF):
         return child(layer, MLP_NAMES)
 
     def describe(self, config, name):
+        if not hasattr(config.get_text_config(), "num_attention_heads"):
+            raise ValueError(
+                f"{name}: a {config.model_type} model has no softmax attention in any layer (a state-space or "
+                "recurrent model): there is nothing for probe's attention hooks to read"
+            )
         layers = list(self.decoder_layers(self.hf_model))
         info = base_info(config.get_text_config(), name, self.family, has_phantom=self.has_sink)
         info.layer_types = [

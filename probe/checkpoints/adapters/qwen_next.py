@@ -28,7 +28,8 @@ def hybrid_layer_forward(layer, hooks, hidden_states, **kwargs):
     normed = layer.input_layernorm(resid)
     if layer.block_type == "linear_attention":  # HF hands it the cache, the mask and the model's extra keywords
         linear = {k: v for k, v in kwargs.items() if k not in ("position_ids", "position_embeddings")}
-        mixed = layer.linear_attn(hidden_states=normed, **linear)
+        mixer = getattr(layer, "linear_attn", None) or layer.self_attn  # Kimi / Bailing name theirs self_attn
+        mixed = mixer(hidden_states=normed, **linear)
     else:
         mixed, _ = layer.self_attn(hidden_states=normed, **kwargs)
     mid = hooks.hook_resid_mid(resid + mixed)
@@ -57,17 +58,23 @@ def gate_output(module, args):
     return (z.reshape(*z.shape[:2], -1),)
 
 
-class GatedHybridAdapter(RecipeAdapter):
-    family = "qwen3_next"
-    model_types = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+class HybridAdapter(RecipeAdapter):
+    """Linear-attention / softmax-attention hybrids with Qwen3-Next's layer: Lara-mini, Kimi Linear, Bailing."""
+
+    family = "hybrid"
+    model_types = ("lara_mini", "kimi_linear", "bailing_hybrid")
     recipe = Layer(attn_norm="input_layernorm", mlp_norm="post_attention_layernorm")
     layer_forward = staticmethod(hybrid_layer_forward)
 
     def attention_module(self, layer):
         return None if layer.block_type == "linear_attention" else layer.self_attn
 
-    def extra(self, config):
-        return {"out_gate_of": "q_proj"}
+
+class GatedHybridAdapter(HybridAdapter):
+    """Qwen3-Next / Qwen3.5: the hybrid layer, its full-attention output gated (module docstring)."""
+
+    family = "qwen3_next"
+    model_types = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 
     def describe(self, config, name):
         info = super().describe(config, name)
@@ -86,3 +93,53 @@ class GatedHybridAdapter(RecipeAdapter):
                 attn.q_proj.register_forward_hook(keep_gate)
             if gate_output not in attn.o_proj._forward_pre_hooks.values():
                 attn.o_proj.register_forward_pre_hook(gate_output)
+
+
+def lfm2_layer_forward(layer, hooks, hidden_states, **kwargs):
+    """LFM2 / LFM3: an operator (attention, or a short convolution) and a feed-forward, each on its normed input (LFM3
+    norms each output too)."""
+    resid = hooks.hook_resid_pre(hidden_states)
+    normed = layer.operator_norm(resid)
+    if layer.is_attention_layer:
+        mixed, _ = layer.self_attn(hidden_states=normed, **kwargs)
+    else:
+        mixed = layer.conv(hidden_states=normed, cache=kwargs.get("cache"), attention_mask=kwargs.get("attention_mask"))
+    post = getattr(layer, "post_operator_norm", None)
+    mid = hooks.hook_resid_mid(resid + (mixed if post is None else post(mixed)))
+    out = layer.feed_forward(layer.ffn_norm(mid))
+    post = getattr(layer, "post_ffn_norm", None)
+    return hooks.hook_resid_post(mid + (out if post is None else post(out)))
+
+
+class Lfm2Adapter(RecipeAdapter):
+    """LFM2 / LFM3 (Liquid): short-convolution layers ("linear": no attention) between attention layers."""
+
+    family = "lfm2"
+    model_types = ("lfm2", "lfm3")
+    recipe = Layer(attn_norm="operator_norm", mlp_norm="ffn_norm", mlp="feed_forward")
+    layer_forward = staticmethod(lfm2_layer_forward)
+
+    def attention_module(self, layer):
+        return layer.self_attn if layer.is_attention_layer else None
+
+
+def olmo_hybrid_layer_forward(layer, hooks, hidden_states, **kwargs):
+    """OLMo-hybrid: its linear-attention layers are pre-norm, its attention layers OLMo 2's post-norm ones."""
+    resid = hooks.hook_resid_pre(hidden_states)
+    if hasattr(layer, "linear_attn"):
+        linear = {k: v for k, v in kwargs.items() if k not in ("position_ids", "position_embeddings")}
+        mid = hooks.hook_resid_mid(resid + layer.linear_attn(hidden_states=layer.input_layernorm(resid), **linear))
+        return hooks.hook_resid_post(mid + layer.mlp(layer.post_attention_layernorm(mid)))
+    attn_out, _ = layer.self_attn(hidden_states=resid, **kwargs)
+    mid = hooks.hook_resid_mid(resid + layer.post_attention_layernorm(attn_out))
+    return hooks.hook_resid_post(mid + layer.post_feedforward_layernorm(layer.mlp(mid)))
+
+
+class OlmoHybridAdapter(RecipeAdapter):
+    family = "olmo_hybrid"
+    model_types = ("olmo_hybrid",)
+    recipe = Layer(attn_norm=None, mlp_norm=None)
+    layer_forward = staticmethod(olmo_hybrid_layer_forward)
+
+    def attention_module(self, layer):
+        return getattr(layer, "self_attn", None)

@@ -7,7 +7,7 @@ the same submodules in HF's order with the residual stream through the hook poin
 takes is data (``probe.checkpoints.adapters``); that each one computes HF's layer is the parity tests' to show
 (tests/checkpoints/test_architectures.py: logits equal to HF eager in fp32 and fp64), and the coverage table records
 the source hash of the HF layer forward they were shown on, so a changed transformers layer falls back to the
-generic route instead of being replaced by a stale copy (:func:`layer_source_hash`).
+generic route instead of being replaced by a stale copy (``probe.checkpoints.hooked_hf.layer_source_hash``).
 
 ``hook_resid_mid`` is resid_pre + the attention's write. In a parallel block the MLP reads the normed resid_pre, not
 resid_mid, so an edit of resid_mid reaches resid_post but not the MLP's input (as GPT-NeoX's adapter has it).
@@ -15,14 +15,12 @@ resid_mid, so an edit of resid_mid reaches resid_post but not the MLP's input (a
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import re
 from dataclasses import dataclass
 from functools import partial
 
 from torch import nn
 
+from probe.checkpoints.adapters.gemma import softcapped_or_probe
 from probe.checkpoints.adapters.generic import find_layers
 from probe.checkpoints.hooked_hf import HookedHF, base_info
 
@@ -81,17 +79,6 @@ def _recipe_body(layer, hooks, hidden_states, recipe: Layer, **kwargs):
     return hooks.hook_resid_post(mid + mlp_out.view(mid.shape) * scale)  # MoE blocks may flatten positions
 
 
-def layer_source_hash(layer: nn.Module) -> str:
-    """A short hash of the source of ``type(layer).forward`` without comments, docstrings and whitespace: what the
-    coverage table records for each type a recipe was shown on."""
-    try:
-        src = inspect.getsource(type(layer).forward)
-    except (OSError, TypeError):
-        return ""
-    src = re.sub(r'"""[\s\S]*?"""', "", re.sub(r"#[^\n]*", "", src))
-    return hashlib.sha256(" ".join(src.split()).encode()).hexdigest()[:12]
-
-
 class RecipeAdapter(HookedHF):
     """A family whose layer is ``recipe``; its attention and MLP modules are the recipe's named submodules."""
 
@@ -108,6 +95,9 @@ class RecipeAdapter(HookedHF):
 
     def mlp_module(self, layer):
         return getattr(layer, self.recipe.mlp, None)
+
+    def attention_implementation(self) -> str:
+        return softcapped_or_probe(self.probe_info)
 
     def refuse(self, config) -> str | None:
         """A config option this family's hooks cannot follow, as a clause (None: none)."""

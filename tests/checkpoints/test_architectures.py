@@ -57,6 +57,10 @@ def test_supported_reaches_the_transformer_lens_bridge():
     assert TABLE["counts"]["supported"] >= bridge
 
 
+def test_every_type_the_issue_names_is_supported():
+    assert {mt: TABLE["types"][mt]["status"] for mt in NAMED} == dict.fromkeys(NAMED, "supported")
+
+
 def test_refused_types_stop_before_any_weight(tmp_path):
     """probe.load (and the CLI's early --model check, which resolves first) refuses a refused type in one line."""
     import json

@@ -38,21 +38,28 @@ class Refused(Exception):
     """A check that failed: the type is refused with this one-line reason."""
 
 
+# causal-LM heads of models that are decoders only inside an encoder-decoder (their configs say nothing of it)
+DECODERS_OF_ENCODER_DECODERS = {"trocr": "a vision encoder-decoder", "bert-generation": "a BERT encoder-decoder"}
+
+
 def kind_of(model_type: str) -> str:
     """decoder-only, encoder (a masked-LM family with a causal head) or encoder-decoder (the decoder of a seq2seq
-    model, or of a family whose config makes it a decoder only when ``is_decoder`` is set)."""
+    model)."""
     from transformers import CONFIG_MAPPING
-    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    )
 
     if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         return "encoder"
+    if model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES or model_type in DECODERS_OF_ENCODER_DECODERS:
+        return "encoder-decoder"
     try:
         config = CONFIG_MAPPING[model_type]()
     except Exception:  # noqa: BLE001 - a config class whose defaults do not validate: judged on its model
         return "decoder-only"
-    if getattr(config, "is_encoder_decoder", False) or hasattr(config, "is_decoder"):
-        return "encoder-decoder"
-    return "decoder-only"
+    return "encoder-decoder" if getattr(config, "is_encoder_decoder", False) else "decoder-only"
 
 
 def ids(seed: int = 0) -> torch.Tensor:

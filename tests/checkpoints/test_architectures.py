@@ -21,7 +21,7 @@ same_transformers = pytest.mark.skipif(
     TABLE["transformers"] != transformers.__version__,
     reason=f"the table was generated with transformers {TABLE['transformers']}: regenerate it with -m slow",
 )
-# named by the issue (#36): each must be among the supported
+# the families people study most (GPT-2 to Qwen3-Next, ALiBi, latent attention): each must be supported
 NAMED = (
     "gpt2", "gpt_neo", "gptj", "opt", "phi", "phi3", "olmo", "olmo2", "olmo3", "mixtral", "qwen2_moe", "qwen3_moe",
     "olmoe", "smollm3", "granite", "stablelm", "starcoder2", "cohere2", "gemma4_text", "llama4_text", "qwen3_next",

@@ -134,7 +134,7 @@ def _logits(ref, m, x, dtype_name: str) -> dict:
             raise Refused(f"HF eager {dtype_name}: logits degenerate (max |logit| {float(want.abs().max()):.3g})")
         fast = max_diff(m(x).logits, want)
         out, cache = m.run_with_cache(x)
-        hooked = max_diff(out.logits, want)
+        hooked = max_diff(out, want)
     tol = TOL[dtype_name]
     for what, d in (("fast path", fast), ("every-hook path", hooked)):
         if not d <= tol:
@@ -266,7 +266,7 @@ def _value_edit(ref, m, x) -> dict:
         return v
 
     with torch.no_grad():
-        got = m.run_with_hooks(x, fwd_hooks=[(names.attn(layer, "v"), scale)]).logits
+        got = m.run_with_hooks(x, fwd_hooks=[(names.attn(layer, "v"), scale)])
     moved, d = max_diff(want, base), max_diff(got, want)
     if not moved > 1e-4:
         raise Refused(f"the hook_v edit does not move HF's logits ({moved:.3g})")

@@ -142,6 +142,24 @@ def resid_post_hook(module, _inputs, output):
     return None if block is None else _replace_first(output, block.hook_resid_post(_first(output)))
 
 
+# what a modeling file shows when its rotary is not rotate-half pairs over the leading coordinates of each layer's q, k:
+# interleaved pairs (GPT-J, CodeGen, Cohere, GLM, ERNIE 4.5, Helium), a rotary part after a latent part (DeepSeek's
+# latent attention and its kin), complex rotations (Llama 4), layers without rotary (SmolLM3, EXAONE 4, OLMo-hybrid)
+NOT_HALF_ROTARY = ("rotate_every_two", "rope_interleave", "qk_rope_head_dim", "view_as_complex", "x[..., ::2]",
+                   "x[..., 0::2]", "no_rope", "nope")  # fmt: skip
+
+
+def rotates_halves(attn) -> bool:
+    """Whether the attention module's modeling code rotates q and k as :meth:`HookedHF.rotary_tables` describes (read
+    off its source: a family whose rotary differs gets no tables, so eviction at cache positions refuses it)."""
+    module = inspect.getmodule(type(attn))
+    try:
+        source = inspect.getsource(module).lower() if module is not None else ""
+    except (OSError, TypeError):
+        return False
+    return bool(source) and not any(mark in source for mark in NOT_HALF_ROTARY)
+
+
 def hooked_layer_forward(self, hidden_states=None, *args, **kwargs):
     """Instance forward installed on HF decoder layers: the family's hooked body (``block.body``).
 
@@ -384,7 +402,7 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         base = getattr(self.hf_model.base_model, "language_model", self.hf_model.base_model)
         attn = self.attention_module(self.decoder_layers(self.hf_model)[layer])
         rope = getattr(attn, "rotary_emb", None) or getattr(base, "rotary_emb", None)
-        if rope is None:
+        if rope is None or not rotates_halves(attn):
             return None
         types = getattr(self.hf_model.config.get_text_config(), "layer_types", None)
         inv = getattr(rope, f"{types[layer]}_inv_freq", None) if types else None

@@ -45,3 +45,37 @@ def test_probe_models_give_their_rotarys_tables():
     want = rotary(torch.cat([torch.zeros(1, D, 4, 8), x[:, :T]], 1))[:, D:]  # the same vectors at t + D
     torch.testing.assert_close(rerotate(at_t, model.rotary_tables(0, T + D), t, t + D).float(), want, atol=1e-6, rtol=0)
     assert tiny("baseline", pos="learned").rotary_tables(0, T) is None
+
+
+@pytest.mark.parametrize("model_type", ["phi", "stablelm", "olmo2", "falcon"])
+@torch.no_grad()
+def test_families_with_rotate_half_rotary_give_their_tables(model_type):
+    """Partial rotary (Phi, StableLM), q/k norms before the rotary (OLMo 2), an attention probe computes itself
+    (Falcon): re-rotated hook_q equals the forward at shifted positions."""
+    from probe.checkpoints.adapters import adapt
+    from probe.checkpoints.tiny import tiny_model
+
+    m = adapt(tiny_model(model_type))
+    x = torch.randint(2, 90, (1, T), generator=torch.Generator().manual_seed(0))
+    seen: dict[str, list] = {}
+    hooks = [(names.attn(0, "q"), lambda q, hook: seen.setdefault(hook.name, []).append(q))]
+    m.run_with_hooks(x, fwd_hooks=hooks)
+    m.run_with_hooks(x, fwd_hooks=hooks, position_ids=torch.arange(T)[None] + D)
+    at_t, shifted = seen[names.attn(0, "q")]
+    t = torch.arange(T)
+    torch.testing.assert_close(rerotate(at_t, m.rotary_tables(0, T + D), t, t + D).float(), shifted, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("model_type", ["gptj", "cohere2", "glm4", "deepseek_v3", "llama4_text", "smollm3"])
+def test_other_rotaries_get_no_tables_and_cache_positions_are_refused(model_type):
+    """Interleaved pairs (GPT-J, Cohere 2, GLM-4), a rotary part after a latent part (DeepSeek-V3), complex rotations
+    (Llama 4), layers without rotary (SmolLM3): no tables, so eviction at cache positions is one line, never a
+    rotation of the wrong coordinates."""
+    from probe.analyses.ablate import AblationError, check_positions
+    from probe.checkpoints.adapters import adapt
+    from probe.checkpoints.tiny import tiny_model
+
+    m = adapt(tiny_model(model_type))
+    assert all(m.rotary_tables(l, T) is None for l in range(m.probe_info.n_layers))
+    with pytest.raises(AblationError, match="rotate-half"):
+        check_positions(m, "cache")

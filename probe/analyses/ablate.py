@@ -276,8 +276,9 @@ def check_positions(model, positions: str) -> None:
     missing = [l for l in range(info.n_layers) if tables is None or tables(l, 2) is None]
     if missing:
         raise AblationError(
-            f"model {info.name!r} has no rotary position embedding of rotate-half pairs in layer {missing[0]}: "
-            "eviction at positions within the cache re-rotates each query by its layer's rotary; use positions original"
+            f"model {info.name!r} has no rotary position embedding in layer {missing[0]}: eviction at positions "
+            "within the cache re-rotates each query by its layer's rotary (rotate-half pairs over the leading "
+            "coordinates; interleaved, latent-attention and complex rotaries are not); use positions original"
         )
 
 

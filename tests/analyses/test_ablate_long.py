@@ -205,12 +205,29 @@ def test_an_edit_on_padded_sequences_is_an_error(models):
             m.run_with_hooks(x, attention_mask=keep, fwd_hooks=ablation_hooks(m, abl))
 
 
-def test_an_edit_on_gemma2s_soft_capped_attention_is_an_error(tmp_path):
-    """The op that carries edits has no soft-cap: Gemma 2 refuses the edit in its first layer, in one line."""
-    m = probe.load(str(build_tiny("gemma2", tmp_path / "gemma2")))
-    for abl in (Ablation("evict", "k=1,w=2"), Ablation("knockout", "key0")):
-        with pytest.raises(RuntimeError, match="cannot be carried through Gemma 2's soft-capped attention"):
-            ablated_logits(m, tokens(length=20), abl)
+def test_gemma2s_soft_capped_attention_carries_a_knockout_and_refuses_a_merged_eviction(tmp_path):
+    """The soft-capped path carries a knockout as the kernels' op does: with a cap far above every score (10^4:
+    c·tanh(s/c) = s to ~1e-9 here) it gives the ablated logits of the uncapped model, whose edit the op carries out.
+    An eviction whose kept keys need a second attention merged by lse (the sliding layer's window, 4, is wider than
+    w = 2) is refused in one line, never run unedited."""
+    from probe.checkpoints.adapters import adapt
+
+    d = build_tiny("gemma2", tmp_path / "gemma2")
+
+    def load(cap):
+        hf = AutoModelForCausalLM.from_pretrained(
+            d, attn_implementation="eager", dtype=torch.float32, attn_logit_softcapping=cap
+        )
+        return adapt(hf.eval())
+
+    capped, plain, x = load(1e4), load(None), tokens(length=20)
+    assert capped.probe_info.extra["attn_logit_softcap"] == 1e4 and plain.probe_info.extra["attn_logit_softcap"] is None
+    knockout = Ablation("knockout", "key0")
+    want = ablated_logits(plain, x, knockout)
+    assert (want - logits(plain(x))).abs().max() > 1e-3  # the edit matters
+    torch.testing.assert_close(ablated_logits(capped, x, knockout), want, atol=1e-5, rtol=0)
+    with pytest.raises(RuntimeError, match="cannot be carried through Gemma 2's soft-capped attention"):
+        ablated_logits(capped, x, Ablation("evict", "k=1,w=2"))
 
 
 class Allocations(TorchDispatchMode):

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from probe.checkpoints import attention as _attn
 from probe.checkpoints.hooked_hf import HookedHF, base_info
 from probe.kernels.sink_attention import edits
+from probe.kernels.sink_attention.reference import attention_probs
 
 SOFTCAP_IMPLEMENTATION = "probe_softcap"
 
@@ -56,11 +57,6 @@ def softcap_attention(
             **kwargs,
         )
     _attn.refuse_unknown(module, kwargs)
-    if edits.pending():  # the kernels' op has no soft-cap: an edit would otherwise pass on to the next layer
-        raise RuntimeError(
-            "an attention edit (knockout, eviction) cannot be carried through Gemma 2's soft-capped attention: "
-            "the kernels' op, which carries edits, has no attention-logit soft-cap"
-        )
     site = module.__dict__.get(_attn.SITE_KEY)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     query, key, value = _attn.fire_qkv(site, query, key, value)
@@ -77,11 +73,14 @@ def softcap_attention(
         )
         return pattern, lse
 
-    weights = None
-    if _attn.wants_pattern(site, module, dropout) or rules is None:  # a dense mask: the pattern is T x T anyway
+    weights, edit = None, edits.take()
+    if edit is not None or _attn.wants_pattern(site, module, dropout) or rules is None:  # the whole pattern
         if rules is not None:
             mask = None if rules.keep is None else rules.dense(slice(None), q_len, k_len, query.dtype, query.device)
-        pattern, lse = probs(slice(None), slice(None), mask)
+        if edit is None:
+            pattern, lse = probs(slice(None), slice(None), mask)
+        else:
+            pattern, lse = edited_probs(edit, query, key, n_rep, rules, scaling, softcap)
         if site is not None:
             pattern = site.hook_pattern(pattern)
             site.hook_phantom(pattern.new_zeros(pattern.shape[:-1]))
@@ -100,6 +99,45 @@ def softcap_attention(
     if site is not None:
         out = site.hook_z(out)
     return out.contiguous(), weights
+
+
+def edited_probs(edit, query, key, n_rep: int, rules, scaling: float, softcap: float):
+    """The capped probabilities (B,H,T,T) and lse under an armed ablation edit, carried out as the kernels' op
+    carries it out (probe.kernels.sink_attention.dispatch): a knockout puts -inf on key 0 of the chosen KV heads and
+    query 0 of a knocked-out head keeps its clean row (all its mass on key 0); an eviction whose plan is the layer's
+    own attention or one kept-first-keys rule (edits.eviction_plan) applies that rule. An eviction that needs the
+    kept keys as a second attention merged by lse (a layer window wider than the eviction's, positions within the
+    cache) is refused in one line. q and k (B,H,T,dh), k repeated to the query heads."""
+    B, H, T = query.shape[:3]
+    _attn.refuse_padded_edit(rules)
+    if key.shape[2] != T or rules is None:
+        raise RuntimeError(
+            f"an attention edit needs the whole unpadded sequence in one call; got {T} queries over {key.shape[2]} keys"
+        )
+    window, keep = rules.window, None
+    if edit.keep is not None:
+        plan = edits.eviction_plan(window, edit, T)
+        if plan.kind == "merge":
+            raise RuntimeError(
+                "this eviction cannot be carried through Gemma 2's soft-capped attention: its kept first keys need "
+                "a second attention merged by lse (a layer window wider than the eviction's, or positions within "
+                "the cache), which the soft-capped path does not compute; use a full layer's eviction at original "
+                "positions or a knockout"
+            )
+        if plan.kind == "rule":
+            window, keep = plan.window, plan.keep
+    bias = None
+    if edit.knockout:
+        bias = edits.knockout_bias(None, B, H // n_rep, T, edit.kv_heads, query.device).repeat_interleave(n_rep, 1)
+    pattern, _, lse = attention_probs(
+        _attn._bthd(query), _attn._bthd(key), key_bias=bias, window=window, scale=scaling, softcap=softcap, keep=keep
+    )
+    if edit.knockout:  # query 0 over key 0 alone: its clean row and lse
+        empty = edits.empty_first_rows(None, H, H // n_rep, edit.kv_heads, query.device)  # (H,)
+        pattern[:, empty, 0, 0] = 1.0
+        score = (query[:, :, 0].float() * key[:, :, 0].float()).sum(-1) * scaling  # (B, H)
+        lse[:, empty, 0] = (softcap * torch.tanh(score / softcap))[:, empty].to(lse.dtype)
+    return pattern, lse
 
 
 def softcapped_or_probe(info) -> str:

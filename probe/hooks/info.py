@@ -82,7 +82,7 @@ class ModelInfo:
 
     def scale_of(self, layer: int) -> float:
         """The attention score scale of ``layer``: ``extra["attn_scale"]`` (one float, or one per layer), else
-        d_head^-1/2."""
+        1 / sqrt(d_head)."""
         scale = self.extra.get("attn_scale")
         if scale is None:
             return self.d_head**-0.5

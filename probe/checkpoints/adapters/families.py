@@ -188,7 +188,7 @@ class OPTAdapter(RecipeAdapter):
         return None  # fc1 -> activation -> fc2 is inline: opt_layer_forward fires hook_mlp_out
 
     def extra(self, config):
-        return {"attn_scale": 1.0}  # q_proj's output is scaled by d_head^-1/2 before hook_q; the scores are q·k
+        return {"attn_scale": 1.0}  # q_proj's output is scaled by 1 / sqrt(d_head) before hook_q; the scores are q·k
 
 
 class ApertusAdapter(RecipeAdapter):

@@ -1,7 +1,8 @@
-"""The zoo's G1 model on the command line, offline: ``probe gates`` (output-gate statistics) and ``probe ablate
---ablate gate`` run on probe/bb-outgate with its own Bigram-Backcopy chain, and the gate clamps order as they should
-(closed: no attention output, so the back-copy is lost; open: the ungated output, nearly the trained model).
-test_bb_cli.py reproduces its recorded sink statistics like every shipped BB model's."""
+"""The zoo's G1 models on the command line, offline: ``probe gates`` (output-gate statistics) and ``probe ablate
+--ablate gate`` run on probe/bb-outgate and probe/bb-outgate-head with their own Bigram-Backcopy chain, and the gate
+clamps do what they should (closed: no attention output, so the back-copy is lost; open: the ungated output, nearly
+the trained model element-wise, far off headwise, whose nearly closed gate the model is trained around).
+test_bb_cli.py reproduces their recorded sink statistics like every shipped BB model's."""
 
 import json
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 from probe.cli import main
 from probe.runs import ZOO_DIR
 
-G1 = ["bb-outgate"]
+G1 = ["bb-outgate", "bb-outgate-head"]
 
 
 def cli(capsys, *args) -> subprocess.CompletedProcess:
@@ -37,4 +38,8 @@ def test_gates_and_gate_clamps_on_a_shipped_g1_model(name, capsys, tmp_path):
     results = pd.read_csv(tmp_path / "a" / "ablate_results.csv")
     whole = results[results["scope"] == "model"].set_index("setting")["delta"]
     assert set(whole.index) == {"open", "closed", "mean"}
-    assert whole["closed"] > 0.1 and whole["closed"] > whole["mean"] > whole["open"] >= -0.01
+    assert whole["closed"] > 0.1 and whole["closed"] > whole["mean"] > 0  # no attention output: the back-copy is lost
+    if name == "bb-outgate":  # element-wise, mean gate about 0.4: the ungated output is nearly the trained model
+        assert abs(whole["open"]) < 0.01
+    else:  # headwise, mean gate about 0.1: the trained model relies on the scale-down, and opening it overshoots
+        assert whole["open"] > whole["closed"]

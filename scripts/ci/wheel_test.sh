@@ -48,7 +48,10 @@ EOF
 # 3. a fresh venv with the wheel and its notebook extra (no editable install, no checkout on sys.path)
 "$python" -m venv "$work/venv"
 # --no-compile: no .pyc for torch's thousands of modules (a minute of the budget); imports compile what they use
-"$work/venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile "$wheel[notebook]" \
+# from $work and without PYTHONPATH: a checkout on sys.path holds an editable install's probe_attn.egg-info, which
+# tells pip probe-attn 0.2.0 is installed already, so it installed the extra's dependencies but not the wheel
+(cd "$work" && PYTHONPATH= PYTHONNOUSERSITE=1 "$work/venv/bin/python" -m pip install -q --disable-pip-version-check \
+  --no-compile "$wheel[notebook]") \
   >"$work/pip.log" 2>&1 || { tail -40 "$work/pip.log"; exit 1; }
 echo "wheel test: installed into a fresh venv at $((SECONDS - start)) s"
 

@@ -391,33 +391,11 @@ def inject(
             bar.update(len(chunk))
         for cond in conds:
             sums[cond] += batch_loss[cond]
-            per_batch.append(
-                {
-                    "batch": n,
-                    "junk": cond[0],
-                    "cutoff": str(cond[1]),
-                    "dose": cond[2],
-                    "loss_clean": clean / tgt.numel(),
-                    "loss_corrupted": batch_loss[cond] / tgt.numel(),
-                    "delta": (batch_loss[cond] - clean) / tgt.numel(),
-                }
-            )
+        per_batch += _loss_rows(conds, batch_loss, clean, tgt.numel(), batch=n)
     bar.close()
     sums, clean_total, count = all_sum(sums), all_sum(clean_total), all_sum(count)
     per_batch = gather_rows(per_batch)
-    results = pd.DataFrame(
-        [
-            {
-                "junk": j,
-                "cutoff": str(c),
-                "dose": d,
-                "loss_clean": clean_total / count,
-                "loss_corrupted": sums[(j, c, d)] / count,
-                "delta": (sums[(j, c, d)] - clean_total) / count,
-            }
-            for j, c, d in conds
-        ]
-    )
+    results = pd.DataFrame(_loss_rows(conds, sums, clean_total, count))
     tables = {"results": results, "per_batch": pd.DataFrame(per_batch)}
     if exposure:
         exp_acc.merge()
@@ -433,6 +411,23 @@ def inject(
         n_tokens=count,
     )
     return finish(tables, meta)
+
+
+def _loss_rows(conds, summed: dict, clean: float, n_tokens: int, **where) -> list[dict]:
+    """One row per condition: the clean and corrupted losses summed over ``n_tokens`` targets, per token, and their
+    difference (a batch's rows carry ``where``, e.g. ``batch=n``)."""
+    return [
+        {
+            **where,
+            "junk": j,
+            "cutoff": str(c),
+            "dose": d,
+            "loss_clean": clean / n_tokens,
+            "loss_corrupted": summed[(j, c, d)] / n_tokens,
+            "delta": (summed[(j, c, d)] - clean) / n_tokens,
+        }
+        for j, c, d in conds
+    ]
 
 
 @torch.no_grad()

@@ -2,7 +2,7 @@
 builder that goes with it (``AttentionMaskInterface`` of the same name).
 
 transformers 5 calls ``fn(module, query, key, value, attention_mask, scaling=..., dropout=..., sliding_window=...,
-s_aux=...)`` after the projections and rotary, with q (B,H,Tq,dh), k/v (B,Hkv,Tk,dh). Here the §3 attention hooks
+s_aux=...)`` after the projections and rotary, with q (B,H,Tq,dh), k/v (B,Hkv,Tk,dh). Here the attention hooks
 fire:
 
     hook_q, hook_k, hook_v, hook_v_out, [hook_sink_logit], [hook_pattern, hook_phantom], [hook_lse], hook_z
@@ -389,7 +389,7 @@ def probe_attention(
     key_bias=None,
     **kwargs,
 ):
-    """transformers attention function: fires the §3 hooks of the layer that owns ``module``. ``key_bias``
+    """transformers attention function: fires the attention hooks of the layer that owns ``module``. ``key_bias``
     (B,Hkv,Tk): a logit added to each key (ALiBi's per-head slope times the key's position), passed by the adapters
     of families that compute their attention themselves; transformers' call sites never pass it."""
     refuse_unknown(module, kwargs)

@@ -1,4 +1,4 @@
-"""``HookedHF``: a TransformerLens ``HookedRootModule`` around a transformers causal LM, exposing the §3 hook names.
+"""``HookedHF``: a TransformerLens ``HookedRootModule`` around a transformers causal LM, exposing probe's hook names.
 
 How the hooks fire (family adapters in ``probe.checkpoints.adapters`` fill in the per-architecture parts):
 

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         names = tuple(dict.fromkeys(args.models or expand_checkpoints(args.checkpoints)))
         shard = parse_shard(args.shard) if args.shard else None
         contexts = sweep_contexts(args.ctx)
-        args.ctx = None if contexts or not args.ctx else args.ctx[0]  # one --ctx: the report as before
+        args.ctx = None if contexts or not args.ctx else args.ctx[0]  # one --ctx: a single-context report (no sweep)
         spec = ReportSpec(
             names=names,
             model=model_spec(args),

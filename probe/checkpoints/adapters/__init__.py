@@ -1,4 +1,4 @@
-"""HF architecture adapters: each exposes the §3 hook names on a transformers causal LM.
+"""HF architecture adapters: each exposes probe's hook names (docs/definitions.md#hook-namespace) on an HF model.
 
 ``adapt(hf_model, tokenizer, name)`` picks the adapter by ``config.model_type`` and hooks the model in place;
 ``probe.checkpoints.wrap(obj)`` does the same on a structural copy of a user's model (TransformerBridge, nnsight, HF).

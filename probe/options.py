@@ -37,6 +37,14 @@ def _number(cast, valid, message):
 
 
 positive_int = _number(int, lambda v: v >= 1, "expected a positive integer")
+
+
+def size_at_most(bound: int, what: str):
+    """A positive integer at most ``bound``: a size a model can have (``probe.checkpoints.sizes.BOUNDS``), so a cost
+    or shape computed from it stays within memory."""
+    return _number(int, lambda v: 1 <= v <= bound, f"expected {what} 1..{bound}")
+
+
 nonneg_int = _number(int, lambda v: v >= 0, "expected an integer >= 0")
 dose = _number(float, lambda v: math.isfinite(v) and v >= 0, "dose must be a finite number >= 0")
 positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "expected a positive number")

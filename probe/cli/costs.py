@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+from probe.checkpoints.sizes import BOUNDS
 from probe.cli.flags import output_flags
-from probe.options import positive_int
+from probe.options import size_at_most
 
 VERB = "costs"  # this module is `probe costs` (probe.cli.main finds verbs by this line)
 RANK = 70  # its place in `probe --help`
@@ -20,9 +21,10 @@ DESCRIPTION = (
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("costs", help=HELP, description=DESCRIPTION, allow_abbrev=False)
     p.add_argument("--tier", help="take d, L and m from a model tier (see `probe models`)")
-    p.add_argument("--d", type=positive_int, help="model width d (default 1024)")
-    p.add_argument("--layers", type=positive_int, help="layers L (default 24)")
-    p.add_argument("--mlp", type=positive_int, help="MLP width m (default 2816)")
+    width = size_at_most(BOUNDS["width"], "a width")
+    p.add_argument("--d", type=width, help="model width d (default 1024)")
+    p.add_argument("--layers", type=size_at_most(BOUNDS["layers"], "a layer count"), help="layers L (default 24)")
+    p.add_argument("--mlp", type=width, help="MLP width m (default 2816)")
     output_flags(p, reads_data=False)
     return p
 

@@ -172,8 +172,9 @@ def _in_process_group() -> bool:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if hasattr(sys.stdout, "reconfigure"):  # a path with undecodable bytes, printed: shown escaped, never an error
-        sys.stdout.reconfigure(errors="backslashreplace")
+    for stream in (sys.stdout, sys.stderr):  # a path with undecodable bytes, printed: shown escaped, never an error
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     if argv[:1] == ["experiment"]:
         return run_verb("experiment", argv[1:])
     verb = None

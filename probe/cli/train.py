@@ -267,6 +267,12 @@ def _window_length(args: argparse.Namespace, config, task: BigramBackcopy | None
             f"--grad-accum {args.grad_accum} equal micro-batches; choose a --batch-size that is a "
             f"multiple of {world_size * args.grad_accum}"
         )
+    from probe.train.trainer import check_batch_fits
+
+    try:
+        check_batch_fits(args.batch_size, ctx, config.vocab_size, world_size * args.grad_accum)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     return ctx
 
 

@@ -83,8 +83,12 @@ def resolve_device(device: str) -> str:
         dev = torch.device(device)
     except RuntimeError:
         raise UsageError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda", "mps"):  # meta holds no data: a run on it computes nothing
+        raise UsageError(f"--device {device!r} is not a device probe runs on; use auto, cpu, cuda, cuda:N or mps")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {device!r}: CUDA is not available on this machine; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UsageError(f"--device {device!r}: this machine has GPUs 0..{torch.cuda.device_count() - 1}")
     return str(dev)
 
 

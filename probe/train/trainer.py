@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from probe.data.limits import check_windows_fit
 from probe.progress import progress_bar
 from probe.runs import CHECKPOINT, METRICS, SNAPSHOTS, TRAIN_CONFIG, metrics_records, snapshot_dir
 from probe.writes import append_line, atomic_write
@@ -139,6 +140,9 @@ def train(
     device = _resolve_device(cfg.device, info)
     metrics_path = out_dir / METRICS
     warmup, log_every = _schedule(cfg, sampler, info)
+    if getattr(sampler, "ctx", None):
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        check_batch_fits(cfg.batch_size, sampler.ctx, vocab, info.world_size * cfg.grad_accum)
     model.to(device)
     optimizer = build_optimizer(model, cfg)
     step, last = 0, None
@@ -224,6 +228,18 @@ def _schedule(cfg: TrainConfig, sampler: Sampler, info: D.DistInfo) -> tuple[int
             stacklevel=3,
         )
     return capped_warmup(cfg.warmup, cfg.steps), log_interval(cfg.log_every, cfg.steps)
+
+
+def check_batch_fits(batch_size: int, ctx: int, vocab_size: int | None, micro_batches: int) -> None:
+    """A step's token windows, and one micro-batch's fp32 logits (a lower bound of what its forward holds), must fit
+    half the memory available: an absurd batch is one ValueError line before the run, not an allocator failure in
+    its first step."""
+    fix = "choose a smaller --batch-size or --ctx"
+    check_windows_fit(batch_size * (ctx + 1) * 8, f"--batch-size {batch_size} windows of {ctx + 1} tokens", fix)
+    if vocab_size:
+        micro = batch_size // micro_batches
+        what = f"the logits of a micro-batch of {micro} x {ctx} tokens over {vocab_size} ids (fp32)"
+        check_windows_fit(micro * ctx * vocab_size * 4, what, f"{fix}, or a larger --grad-accum")
 
 
 def _start_run(model: nn.Module, cfg: TrainConfig, out_dir: Path, eval_batches, tokenizer) -> None:

@@ -1,5 +1,5 @@
 """The hostile inputs of docs/reliability.md, each run as a user would (``probe ...`` in a fresh process), with its exit
-code, first stderr line, wall time and peak resident memory: the table the reliability work is judged by.
+code, first and last stderr line, wall time and peak resident memory: the table the reliability work is judged by.
 
 Every case is built in a temporary folder from what the repository ships (the zoo's tiny models, the authors'
 fixtures, synthetic corpora), so this runs offline in a few minutes:
@@ -165,6 +165,7 @@ def run_case(argv: list[str], env: dict, timeout: float) -> dict:
         "stderr_lines": len(lines),
         "traceback": "Traceback" in err,
         "first_stderr_line": lines[0][:200] if lines else "",
+        "last_stderr_line": lines[-1][:200] if len(lines) > 1 else "",  # the error, after a plan line
         "wall_s": round(wall, 2),
         "peak_mb": round(peak / 1024),
     }
@@ -180,9 +181,8 @@ def main() -> None:
         for what, argv, env in cases(Path(tmp)):
             row = {"case": what, **run_case(argv, env, args.timeout)}
             rows.append(row)
-            print(
-                f"{row['exit']!s:>7} {row['wall_s']:6.1f} s {row['peak_mb']:>6} MB  {what}: {row['first_stderr_line']}"
-            )
+            said = row["last_stderr_line"] or row["first_stderr_line"]
+            print(f"{row['exit']!s:>7} {row['wall_s']:6.1f} s {row['peak_mb']:>6} MB  {what}: {said}")
     print(f"load average {os.getloadavg()[0]:.1f} (1 min) at the end")
     if args.csv:
         with open(args.csv, "w", newline="") as f:

@@ -224,32 +224,40 @@ def plan(
                             raise AblationError(f"kept first keys must be an int 0..{MAX_POSITIONS}, got {k!r}")
                         out.append(Ablation("evict", eviction_setting(int(k), int(w), pos)))
         elif name == "depth":
-            if not mech.depth_sites and not mech.dense_layers:
-                raise AblationError(
-                    f"model {info.name!r} has no depth routing (no depth-routing or dense "
-                    "mixing weights fire): depth-route ablations need AttnRes, S-LR, P-LR, "
-                    "DenseFormer or MUDD"
-                )
-            before = len(out)
-            for mode in dict.fromkeys(depth_modes):
-                if mode not in DEPTH_MODES:
-                    raise AblationError(f"unknown depth forcing {mode!r}; choose from {', '.join(DEPTH_MODES)}")
-                settings = [mode] if mode != "drop" else [f"drop:{c}" for c in SOURCE_CATEGORIES]
-                for setting in settings:
-                    if setting.startswith("drop:") and not mech.depth_sites:
-                        continue  # dense mixes take the two forcings only
-                    sites = [s for s in _depth_targets(mech) if _site_takes(model, s, setting)]
-                    if not sites:
-                        continue
-                    out.append(Ablation("depth", setting))
-                    out += [Ablation("depth", setting, site=s) for s in sites] if per_layer else []
-            if len(out) == before:
-                takes = "uniform, residual" if not mech.depth_sites else "uniform, residual, drop"
-                raise AblationError(
-                    f"model {info.name!r} takes no depth forcing of {', '.join(dict.fromkeys(depth_modes))} at any "
-                    f"read site (drop needs sub-layer sources with another category left; DenseFormer / MUDD "
-                    f"mixes of block states take uniform and residual); choose from {takes}"
-                )
+            out += _depth_conditions(model, mech, depth_modes, per_layer)
+    return out
+
+
+def _depth_conditions(model, mech: Mechanisms, depth_modes, per_layer: bool) -> list[Ablation]:
+    """The depth-route forcings the model's read sites take: each mode at every site that takes it (drop per source
+    category, on sub-layer sources only); AblationError when none is taken anywhere."""
+    info = model.probe_info
+    if not mech.depth_sites and not mech.dense_layers:
+        raise AblationError(
+            f"model {info.name!r} has no depth routing (no depth-routing or dense "
+            "mixing weights fire): depth-route ablations need AttnRes, S-LR, P-LR, "
+            "DenseFormer or MUDD"
+        )
+    out: list[Ablation] = []
+    for mode in dict.fromkeys(depth_modes):
+        if mode not in DEPTH_MODES:
+            raise AblationError(f"unknown depth forcing {mode!r}; choose from {', '.join(DEPTH_MODES)}")
+        settings = [mode] if mode != "drop" else [f"drop:{c}" for c in SOURCE_CATEGORIES]
+        for setting in settings:
+            if setting.startswith("drop:") and not mech.depth_sites:
+                continue  # dense mixes take the two forcings only
+            sites = [s for s in _depth_targets(mech) if _site_takes(model, s, setting)]
+            if not sites:
+                continue
+            out.append(Ablation("depth", setting))
+            out += [Ablation("depth", setting, site=s) for s in sites] if per_layer else []
+    if not out:
+        takes = "uniform, residual" if not mech.depth_sites else "uniform, residual, drop"
+        raise AblationError(
+            f"model {info.name!r} takes no depth forcing of {', '.join(dict.fromkeys(depth_modes))} at any "
+            f"read site (drop needs sub-layer sources with another category left; DenseFormer / MUDD "
+            f"mixes of block states take uniform and residual); choose from {takes}"
+        )
     return out
 
 
@@ -544,35 +552,19 @@ def ablate(
     mine = batches_of_rank(len(w))
     want_means = any(c.intervention == "gate" and c.setting == "mean" for c in conds)
 
-    # clean pass over this rank's batches (the gate means need all of them before any clamp at the mean)
-    clean, sums, counts, clean_times = {}, {}, {}, []
-    for n in mine:
-        t0 = time.perf_counter()
-        out = model.run_with_hooks(
-            w.inputs(n, device), fwd_hooks=_gate_collector(sums, counts) if want_means else [], **kw
-        )
-        clean[n] = output_losses(model, out, w.targets(n, device)).double().cpu()  # (B, T)
-        clean_times.append(time.perf_counter() - t0)
+    clean, clean_times, gate_means = _clean_pass(model, w, mine, device, kw, want_means)
     clean_s = sum(clean_times)
-    gate_means = None
-    if want_means:
-        sums, counts = all_sum(sums), all_sum(counts)
-        gate_means = {n: (sums[n] / counts[n]).float() for n in sums}  # per gate hook: (Hkv,), (H,) or (H, dv)
-
     rows = []
     bar = make_bar(len(mine) * len(conds), progress and is_main(), f"ablations ({info.name})")
     t0 = time.perf_counter()
     for n in mine:
         ids, tgt = w.inputs(n, device), w.targets(n, device)
-        base = clean[n]
         for c in conds:
             t1 = time.perf_counter()
             with edits.armed():
                 out = model.run_with_hooks(ids, fwd_hooks=ablation_hooks(model, c, mech, gate_means), **kw)
             lost = output_losses(model, out, tgt).double().cpu()
-            row = _row(c, n, base, lost, _late_mask(c, T))
-            row["forward_s"] = time.perf_counter() - t1
-            rows.append(row)
+            rows.append({**_row(c, n, clean[n], lost, _late_mask(c, T)), "forward_s": time.perf_counter() - t1})
             bar.update()
     bar.close()
     ablated_s = time.perf_counter() - t0
@@ -585,9 +577,7 @@ def ablate(
     results = _results(per_batch)
     cost = (per_batch.groupby(KEYS, sort=False)["forward_s"].mean() / plain_s).rename("cost_ratio").reset_index()
     results = results.merge(cost, on=KEYS, how="left")  # the condition's forward over one plain forward
-    query0 = (
-        "clean row kept where the head has no phantom" if any(c.intervention == "knockout" for c in conds) else "n/a"
-    )
+    kinds = set(c.intervention for c in conds)
     meta = describe(
         model,
         w,
@@ -597,10 +587,8 @@ def ablate(
         per_head=per_head,
         n_conditions=len(conds),
         n_tokens=int(w.tokens[..., 1:].numel()),
-        knockout_query0=query0,
-        eviction_positions=",".join(dict.fromkeys(positions))
-        if any(c.intervention == "evict" for c in conds)
-        else "n/a",
+        knockout_query0="clean row kept where the head has no phantom" if "knockout" in kinds else "n/a",
+        eviction_positions=",".join(dict.fromkeys(positions)) if "evict" in kinds else "n/a",
         gate_means="clean pass" if want_means else "n/a",
         clean_forward_s=plain_s,
         ablated_forward_s=ablated_s / max(n_forwards, 1),
@@ -608,6 +596,23 @@ def ablate(
         wall_s=clean_s + ablated_s,
     )
     return finish({"results": results, "per_batch": per_batch}, meta)
+
+
+def _clean_pass(model, w, mine, device, kw, want_means: bool):
+    """(clean per-token losses (B, T) per batch, each forward's wall time, the gates' means or None) over this rank's
+    batches: the gate means need all of them before any clamp at the mean."""
+    clean, sums, counts, times = {}, {}, {}, []
+    for n in mine:
+        t0 = time.perf_counter()
+        out = model.run_with_hooks(
+            w.inputs(n, device), fwd_hooks=_gate_collector(sums, counts) if want_means else [], **kw
+        )
+        clean[n] = output_losses(model, out, w.targets(n, device)).double().cpu()  # (B, T)
+        times.append(time.perf_counter() - t0)
+    if not want_means:
+        return clean, times, None
+    sums, counts = all_sum(sums), all_sum(counts)
+    return clean, times, {n: (sums[n] / counts[n]).float() for n in sums}  # per gate hook: (Hkv,), (H,) or (H, dv)
 
 
 KEYS = ["intervention", "setting", "scope", "layer", "head", "site"]

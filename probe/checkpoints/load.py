@@ -132,9 +132,13 @@ def _normalise_revision(rev: str | None, pythia: bool) -> str | None:
 
 
 def _model_type(config_path) -> str | None:
-    """The ``model_type`` a config.json names (None when it names none or is not a JSON object)."""
-    with open(config_path) as f:
-        config = json.load(f)
+    """The ``model_type`` a config.json names (None when it names none or is not a JSON object: the loader then
+    reports what is wrong with it, in the words it uses for any unreadable checkpoint)."""
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    except ValueError:  # not JSON, or not UTF-8
+        return None
     return config.get("model_type") if isinstance(config, dict) else None
 
 

@@ -9,10 +9,9 @@ fails within a second instead of after the half minute that torch and transforme
 from __future__ import annotations
 
 import difflib
-import json
 
 from probe.checkpoints.load import KNOWN_CHECKPOINTS, ModelNotFoundError, check_available, resolve
-from probe.errors import UsageError, first_line
+from probe.errors import UsageError
 
 KNOWN_HINT = (
     "see `probe models`: zoo names probe/tiny-<variant>, pythia-14m ... pythia-12b[-deduped][@stepN], "
@@ -24,8 +23,6 @@ KNOWN_HINT = (
 def model_error(flag: str, name: str, e: ValueError) -> UsageError:
     """The one line for a model name that loads nothing: what is wrong (a local copy passed as ``flag PATH``, not as
     Python's ``probe.load``), the closest known name when there is one, and what names are accepted."""
-    if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):  # the name is found; its config.json is not JSON
-        return UsageError(f"{flag} {name!r}: cannot read the local checkpoint ({first_line(e)})")
     local_flag = flag.split("/")[0]  # report's --models/--checkpoints: a local copy goes to --models
     text = e.on_command_line(local_flag) if isinstance(e, ModelNotFoundError) else str(e).split("\n")[0]
     base = name.split("@")[0]

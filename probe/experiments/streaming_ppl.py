@@ -18,8 +18,12 @@ Eviction is ``probe ablate``'s (docs/definitions.md#window-eviction), carried ou
 at positions within the cache as StreamingLLM assigns them (``positions`` cache; original: positions in the text). A
 layer's own sliding window still applies (Gemma: five layers in six see 512 keys anyway).
 
-Tables: ``methods`` (perplexity over every target, over the targets past the cache, and per segment, with wall time
-and peak memory per method), ``initial_tokens`` (the paper's table of kept initial tokens: k + w, perplexity),
+With ``past_context`` the stream may be longer than the model's maximum context (rotary models, whose positions run
+on): dense attention then runs past its training length, as in the paper's Figure 3, and ``ppl_past_context`` scores
+the targets there.
+
+Tables: ``methods`` (perplexity over every target, over the targets past the cache and past the model's context, with
+wall time and peak memory per method), ``initial_tokens`` (the paper's table of kept initial tokens: k + w, perplexity),
 ``segments`` and ``per_position`` (the loss at every position, the figure's data). Resume: an output folder keeps each
 finished model (``probe.experiments.pretrained.each_model``).
 """
@@ -40,7 +44,7 @@ from probe.analyses.capture import loss_forward_kwargs, output_losses
 from probe.experiments.pretrained import check_spec, each_model, recipe_errors, window_meta
 from probe.experiments.result import Result, Timer, config_dict
 from probe.jobs.inputs import tokenizer_for
-from probe.jobs.specs import EvaluationOptions
+from probe.jobs.specs import EvaluationOptions, WindowSpec
 from probe.kernels.sink_attention import edits
 
 RECIPE = "streaming-ppl"
@@ -53,7 +57,8 @@ class StreamingPplConfig(EvaluationOptions):
     models: tuple = ("gemma-3-270m",)
     batches: int = 1
     batch_size: int = 1
-    ctx: int | None = 4096  # the stream's length (at most the model's maximum context)
+    ctx: int | None = 4096  # the stream's length (at most the model's maximum context unless past_context)
+    past_context: bool = False  # a stream longer than the model's maximum context (rotary models): dense past training
     window_mode: str = "packed"  # documents packed into one stream, as pretraining does
     cache: int = 1024  # k + w: the keys each query sees under eviction (the paper's 1024; scale it to the model)
     keeps: tuple = (0, 1, 2, 4, 8)  # kept initial tokens k (0: plain window attention)
@@ -62,6 +67,9 @@ class StreamingPplConfig(EvaluationOptions):
     recompute_tokens: int = 1024  # targets scored by window attention with re-computation (0: none)
     recompute_window: int = 128  # its window (O(T w^2) forwards' worth of work)
     segment: int = 1024  # positions per segment of the segment table
+
+    def window_spec(self) -> WindowSpec:
+        return WindowSpec.of(self, past_context=self.past_context)
 
 
 CONFIG = StreamingPplConfig
@@ -84,6 +92,8 @@ def check(cfg: StreamingPplConfig) -> list[str]:
             raise ValueError(f"--{name} {value} must be at least {low}")
     if cfg.segment < 1:
         raise ValueError(f"--segment {cfg.segment} must be at least 1")
+    if cfg.past_context and cfg.ctx is None:
+        raise ValueError("--past-context needs --ctx: the stream's length past the model's maximum context")
     return check_spec(cfg)
 
 
@@ -152,6 +162,25 @@ def methods_of(cfg: StreamingPplConfig, model, ids: torch.Tensor):
     return out
 
 
+def check_past_context(model, T: int) -> None:
+    """A stream longer than the model's maximum context needs positions that run past it: a rotary embedding in
+    every layer computed at any position (not a stored table of n_ctx rows); else one ValueError line."""
+    info = model.probe_info
+    if T <= info.n_ctx:
+        return
+    why = "its code refuses longer sequences" if getattr(getattr(model, "config", None), "strict_ctx", False) else ""
+    tables = getattr(model, "rotary_tables", None)
+    for layer in range(info.n_layers):
+        t = None if tables is None or why else tables(layer, T)
+        if not why and (t is None or t[0].shape[0] != T):
+            why = f"layer {layer} has no rotary computed at any position"
+        if why:
+            raise ValueError(
+                f"--past-context: model {info.name!r} cannot run past its maximum context {info.n_ctx} ({why}); "
+                f"choose --ctx 2..{info.n_ctx}"
+            )
+
+
 def ppl(losses: torch.Tensor) -> float:
     return math.exp(float(losses.double().mean())) if losses.numel() else float("nan")
 
@@ -163,6 +192,9 @@ def measure(cfg: StreamingPplConfig, name: str, model, windows):
             check_positions(model, "cache")
     ids = windows.tokens[0, :1]  # (1, T+1)
     device = ids.device
+    n_ctx = model.probe_info.n_ctx
+    with recipe_errors():
+        check_past_context(model, ids.shape[1] - 1)
     method_rows, per_position, segments = [], [], []
     for method, k, w, start, thunk in methods_of(cfg, model, ids):
         if torch.device(device).type == "cuda":
@@ -182,6 +214,7 @@ def measure(cfg: StreamingPplConfig, name: str, model, windows):
                 positions="n/a" if k is None or method == "recompute" else cfg.positions,
                 ppl=ppl(losses),
                 ppl_past_cache=ppl(late),
+                ppl_past_context=ppl(losses[positions >= n_ctx]),
                 n_targets=int(losses.numel()),
                 wall_s=round(seconds, 3),
                 peak_mem_mb=round(peak_memory_mb(device), 1),
@@ -199,7 +232,7 @@ def measure(cfg: StreamingPplConfig, name: str, model, windows):
         "segments": pd.DataFrame(segments),
         "per_position": pd.DataFrame(per_position),
     }
-    meta = {**window_meta(windows, model), "stream_tokens": int(ids.shape[1] - 1)}
+    meta = {**window_meta(windows, model), "stream_tokens": int(ids.shape[1] - 1), "n_ctx": int(n_ctx)}
     return tables, meta
 
 
@@ -211,12 +244,17 @@ def initial_tokens(methods: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def figure(per_position: pd.DataFrame, smooth: int = 32):
-    """Loss against position, one line per method and model (a running mean over ``smooth`` positions)."""
+def figure(per_position: pd.DataFrame, smooth: int = 32, marks: dict | None = None):
+    """Loss against position, one line per method and model (a running mean over ``smooth`` positions); ``marks``
+    {label: position}: dotted vertical lines (the cache size, a model's maximum context) inside the stream."""
     fig = go.Figure()
     for (model, method), g in per_position.groupby(["model", "method"], sort=False):
         y = g["loss"].rolling(smooth, min_periods=1).mean()
         fig.add_trace(go.Scatter(x=g["position"], y=y, mode="lines", name=f"{method} ({model})"))
+    end = int(per_position["position"].max()) if len(per_position) else 0
+    for label, x in (marks or {}).items():
+        if 0 < x <= end:
+            fig.add_vline(x=x, line_dash="dot", line_color="grey", annotation_text=label)
     fig.update_layout(
         title=f"Streaming loss per position (running mean over {smooth})",
         xaxis_title="position in the stream",
@@ -237,7 +275,8 @@ def run(cfg: StreamingPplConfig | None = None, *, progress: bool = False, out=No
     }
     tables["initial_tokens"] = initial_tokens(tables["methods"])
     meta = timer.meta(models={name: m for name, _, m in done})
-    return Result(RECIPE, config_dict(cfg), tables, {"streaming": figure(tables["per_position"])}, meta)
+    marks = {"cache": cfg.cache, **{f"context of {name}": m["n_ctx"] for name, _, m in done if m.get("n_ctx")}}
+    return Result(RECIPE, config_dict(cfg), tables, {"streaming": figure(tables["per_position"], marks=marks)}, meta)
 
 
 __all__ = ["StreamingPplConfig", "stream_losses", "recompute_losses", "initial_tokens", "run"]

@@ -207,7 +207,10 @@ def load_corpus(name: str, flag: str = "--data"):
 
 
 def eval_ctx(spec: WindowSpec, model) -> int:
-    """Tokens per window: ``spec.ctx`` (at most the model's maximum), else the model's evaluation context."""
+    """Tokens per window: ``spec.ctx`` (at most the model's maximum unless ``spec.past_context``), else the model's
+    evaluation context."""
+    if spec.past_context and spec.ctx is not None and spec.ctx >= 2:
+        return spec.ctx
     try:
         return eval_context(model, spec.ctx)
     except ValueError:

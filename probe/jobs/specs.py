@@ -58,6 +58,7 @@ class WindowSpec:
     # None: a BOS first when the tokenizer prepends one or the model trained with one (docs/definitions.md#bos-rule)
     bos: bool | None = None
     protocol: str = "pooled"  # Sink^eps protocol (probe.analyses.sink_heads.PROTOCOLS); gu2025 fixes the windows
+    past_context: bool = False  # ctx may exceed the model's maximum context (a rotary model's stream past its training)
 
     @classmethod
     def of(cls, options, **fields) -> WindowSpec:

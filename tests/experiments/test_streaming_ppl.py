@@ -134,3 +134,41 @@ def test_models_without_rotary_are_refused_at_cache_positions(words, tmp_path):
     tiny("baseline", pos="learned", vocab_size=8192).save_pretrained(tmp_path / "learned")
     with pytest.raises(ValueError, match="no rotary position embedding in layer 0"):
         experiments.run("streaming-ppl", models=(str(tmp_path / "learned"),), data=words, **{**BUDGET, "ctx": 32})
+
+
+def test_past_context_streams_a_rotary_model_past_its_maximum_context(words, tmp_path):
+    """A probe model of n_ctx 32 on a stream of 80: refused without --past-context; with it, dense runs past its
+    context (ppl_past_context over the targets t >= 32) and eviction still equals dense inside the cache."""
+    tiny("baseline", n_ctx=32, vocab_size=8192).save_pretrained(tmp_path / "short")
+    name = str(tmp_path / "short")
+    options = {**BUDGET, "ctx": 80, "recompute_tokens": 0}
+    with pytest.raises(ValueError, match="--ctx 80 exceeds the maximum context 32"):
+        experiments.run("streaming-ppl", models=(name,), data=words, **options)
+    res = experiments.run("streaming-ppl", models=(name,), data=words, past_context=True, **options)
+    methods, per = res["methods"].set_index("method"), res["per_position"]
+    assert methods["n_targets"].tolist() == [80, 80, 80, 80, 76]  # the newline control scores from position 4
+    for method, g in per.groupby("method"):
+        assert methods.loc[method, "ppl_past_context"] == pytest.approx(math.exp(g[g.position >= 32]["loss"].mean()))
+    assert res.meta["models"][name]["n_ctx"] == 32
+    wide = per.pivot(index="position", columns="method", values="loss")
+    early = wide.index < BUDGET["cache"]
+    kept, dense = wide.loc[early, "sinks k=4"].values, wide.loc[early, "dense"].values
+    torch.testing.assert_close(torch.tensor(kept), torch.tensor(dense), atol=1e-5, rtol=0)
+
+
+def test_past_context_refuses_positions_that_stop_at_the_maximum_context(words, tmp_path):
+    tiny("baseline", pos="learned", n_ctx=32, vocab_size=8192).save_pretrained(tmp_path / "learned")
+    with pytest.raises(ValueError, match="--past-context: model .* cannot run past its maximum context 32"):
+        experiments.run(
+            "streaming-ppl",
+            models=(str(tmp_path / "learned"),),
+            data=words,
+            past_context=True,
+            positions="original",
+            **{**BUDGET, "ctx": 48, "recompute_tokens": 0},
+        )
+
+
+def test_past_context_needs_ctx(words, gemma):
+    with pytest.raises(ValueError, match="--past-context needs --ctx"):
+        experiments.run("streaming-ppl", models=(gemma,), data=words, past_context=True, **{**BUDGET, "ctx": None})

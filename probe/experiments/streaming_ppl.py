@@ -99,9 +99,10 @@ def check(cfg: StreamingPplConfig) -> list[str]:
 
 def stream_losses(model, ids: torch.Tensor, hooks=()) -> torch.Tensor:
     """Next-token loss (T,) fp32 of the stream ids (1, T+1) under ``hooks`` (edits armed by them are taken)."""
-    with torch.no_grad(), edits.armed():
-        out = model.run_with_hooks(ids[:, :-1], fwd_hooks=list(hooks), **loss_forward_kwargs(model))
-    return output_losses(model, out, ids[:, 1:])[0].cpu()
+    with torch.no_grad():  # the loss too: unembedding under autograd would keep every chunk's logits (T x vocab)
+        with edits.armed():
+            out = model.run_with_hooks(ids[:, :-1], fwd_hooks=list(hooks), **loss_forward_kwargs(model))
+        return output_losses(model, out, ids[:, 1:])[0].cpu()
 
 
 def recompute_losses(model, ids: torch.Tensor, n: int, w: int) -> torch.Tensor:

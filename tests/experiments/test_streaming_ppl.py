@@ -172,3 +172,10 @@ def test_past_context_refuses_positions_that_stop_at_the_maximum_context(words, 
 def test_past_context_needs_ctx(words, gemma):
     with pytest.raises(ValueError, match="--past-context needs --ctx"):
         experiments.run("streaming-ppl", models=(gemma,), data=words, past_context=True, **{**BUDGET, "ctx": None})
+
+
+def test_stream_losses_keep_no_autograd_graph(gemma, words):
+    """The loss is unembedded under no_grad too: a graph would keep every chunk's logits (T x vocab) alive."""
+    model = probe.load(gemma)
+    ids = windows_of(model, streaming_ppl.StreamingPplConfig(models=(gemma,), data=words, **BUDGET)).tokens[0, :1]
+    assert not streaming_ppl.stream_losses(model, ids).requires_grad

@@ -393,8 +393,9 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         return logits if not cap else torch.tanh(logits / cap) * cap
 
     def rotary_tables(self, layer: int, T: int, device=None):
-        """(cos, sin) (T, d_rot/2) fp32 of layer ``layer``'s rotary at positions 0 .. T-1 (rotate-half pairs over the
-        first d_rot coordinates of hook_q / hook_k, as transformers rotates them), None without rotary: what
+        """(cos, sin) (T, d_rot/2) fp32 (fp64 for fp64 frequencies) of layer ``layer``'s rotary at positions 0 .. T-1
+        (rotate-half pairs over the first d_rot coordinates of hook_q / hook_k, as transformers rotates them), None
+        without rotary: what
         re-rotates a query to another position (eviction at positions within the cache). The frequencies are the
         rotary module's ``inv_freq`` (``<layer type>_inv_freq`` where layer types have their own, Gemma 3), as the
         forward last set them (dynamic scalings update them in the forward); its attention scaling multiplies q and k
@@ -409,7 +410,8 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         inv = getattr(rope, "inv_freq", None) if inv is None else inv
         if inv is None:
             return None
-        angle = torch.arange(T, device=inv.device, dtype=torch.float32)[:, None] * inv.float()[None, :]
+        dtype = torch.promote_types(inv.dtype, torch.float32)  # fp64 frequencies (an fp64 model) stay fp64
+        angle = torch.arange(T, device=inv.device, dtype=dtype)[:, None] * inv.to(dtype)[None, :]
         return angle.cos().to(device or inv.device), angle.sin().to(device or inv.device)
 
     def generate(self, *args, **kwargs):

@@ -1,8 +1,7 @@
 """Golden per-token losses of StreamingLLM's streaming evaluation (Xiao et al., ICLR 2024; mit-han-lab/streaming-llm),
 run the way their ``examples/eval_long_ppl.py`` runs it, on tiny random transformers Llama and GPT-NeoX models.
 
-    git -C <mirror> show <commit>:streaming_llm/kv_cache.py > /tmp/streaming-llm/streaming_llm/kv_cache.py   (and
-    streaming_llm/pos_shift/modify_llama.py, modify_gpt_neox.py, examples/eval_long_ppl.py the same way)
+    git -C <mirror> show <commit>:<file> > /tmp/streaming-llm/<file>   for each file of FILES (scripts/authors/README.md)
     python scripts/authors/streaming_llm.py --src /tmp/streaming-llm --commit <commit>
 
 Runs in the project's venv (transformers 5.24), like gu2025_sink_eps.py, and imports nothing from probe. Their
@@ -162,7 +161,7 @@ def llama_pos_shift_forward(their, rope):
 def gpt_neox_pos_shift_forward(their, rope):
     """Port of modify_gpt_neox.py's ``gpt_neox_pos_shift_attention_forward`` to transformers 5.24's
     GPTNeoXAttention.forward (``layer_past`` a Cache, ``position_embeddings``); their ``self._attn`` (gone in 5.24)
-    is written out as transformers 4.33's: q k^T / sqrt(head_size), + mask, softmax, .to(value dtype), @ v."""
+    is written out as transformers 4.33's: baddbmm(q, k^T, alpha=head_size^-0.5), + mask, softmax, .to(v dtype), @ v."""
 
     def forward(self, hidden_states, attention_mask, layer_past=None, position_embeddings=None, **kwargs):
         position_ids = kwargs["position_ids"]
@@ -191,9 +190,14 @@ def gpt_neox_pos_shift_forward(their, rope):
         key = their.apply_rotary_pos_emb_single(key_rot, cos, sin, key_position_ids)
         key = torch.cat((key, key_pass), dim=-1)
 
-        scores = torch.matmul(query, key.transpose(-1, -2)) / their.math.sqrt(self.head_size)
+        # their self._attn, as transformers 4.33 wrote it (norm_factor = head_size ** -0.5; one query: no causal mask)
+        n_heads, key_length = query.shape[1], key.shape[-2]
+        scores = torch.zeros(bsz * n_heads, q_len, key_length, dtype=query.dtype, device=key.device)
+        q, k = query.reshape(bsz * n_heads, q_len, -1), key.reshape(bsz * n_heads, key_length, -1)
+        scores = torch.baddbmm(scores, q, k.transpose(1, 2), beta=1.0, alpha=self.head_size**-0.5)
+        scores = scores.view(bsz, n_heads, q_len, key_length)
         if attention_mask is not None:
-            scores = scores + attention_mask[..., :seq_len]
+            scores = scores + attention_mask[..., :key_length]
         weights = their.nn.functional.softmax(scores, dim=-1).to(value.dtype)
         out = torch.matmul(weights, value).transpose(1, 2).reshape(bsz, q_len, -1)
         return self.dense(out), None
@@ -323,7 +327,9 @@ def main():
                 "fp32/...": "the same in an fp32 run of the same weights (unpatched)",
             },
             "port": "their position-shift forward ported from transformers 4.33's attention signature to 5.24's "
-            "(scripts/authors/streaming_llm.py); their apply_rotary_pos_emb_single and enable function run as is",
+            "(scripts/authors/streaming_llm.py); their apply_rotary_pos_emb_single and enable function run as is; "
+            "checked against their unported code on transformers 4.33.0 (transformers-4.33.safetensors, written by "
+            "scripts/authors/streaming_llm_original.py)",
             "glue": "transformers 5's DynamicCache converted to their list of [k, v] per layer before their "
             "StartRecentKVCache call and back (DynamicCache(ddp_cache_data=...)) after it",
             "versions": versions("transformers"),

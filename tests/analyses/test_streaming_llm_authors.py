@@ -8,7 +8,8 @@ position-shift attention (ported to transformers 5.24 in the script) the cached 
 L = min(t, start + recent). probe runs one forward over the whole stream: ``Ablation("evict",
 "k={start},w={recent + 1},pos=cache")`` through ``ablation_hooks`` under ``edits.armed()``. Tiny random Llama and
 GPT-NeoX (partial rotary), a stream of 80 tokens, caches of 1 .. 15 keys: every token's loss equals theirs to 1e-12 in
-fp64 (with the fixture's patches on both sides: fp64 RMSNorm and rotary angles) and 2e-5 in fp32.
+fp64 (with the fixture's patches on both sides: fp64 RMSNorm and rotary angles) and 2e-5 in fp32. The port itself is
+checked against their unported forward on transformers 4.33.0 (transformers-4.33.safetensors).
 """
 
 from __future__ import annotations
@@ -84,6 +85,21 @@ def cases():
             hf = hf_model(family, meta, weights, dtype)
             out[family, dtype] = (wrap(hf), ids, outputs, meta)
     return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_port_is_their_unported_code_on_the_transformers_it_was_written_for(family):
+    """The script's port of their position-shift attention to transformers 5.24 gives every loss, logit and position
+    of their own forward on transformers 4.33.0 (streaming_llm_original.py), fp64 and fp32 alike."""
+    _, _, _, port = fixture(family)
+    theirs = load_file(ROOT / family / "transformers-4.33.safetensors")
+    shifted = [k for k in theirs if "pos_shift/" in k]
+    assert len(shifted) == 2 * 3 * len(json.loads((ROOT / family / "meta.json").read_text())["settings"]["caches"])
+    for key in shifted:
+        assert (port[key].double() - theirs[key].double()).abs().max() < 1e-12, key
+    for key in theirs:
+        if key.endswith("positions"):
+            assert torch.equal(port[key], theirs[key]), key
 
 
 def losses(model, ids, abl: Ablation | None = None) -> tuple[torch.Tensor, torch.Tensor]:

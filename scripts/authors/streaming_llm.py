@@ -1,7 +1,7 @@
 """Golden per-token losses of StreamingLLM's streaming evaluation (Xiao et al., ICLR 2024; mit-han-lab/streaming-llm),
 run the way their ``examples/eval_long_ppl.py`` runs it, on tiny random transformers Llama and GPT-NeoX models.
 
-    git -C <mirror> show <commit>:<file> > /tmp/streaming-llm/<file>   for each file of FILES (scripts/authors/README.md)
+    git -C <mirror> show <commit>:<file> > /tmp/streaming-llm/<file>   (each of FILES; scripts/authors/README.md)
     python scripts/authors/streaming_llm.py --src /tmp/streaming-llm --commit <commit>
 
 Runs in the project's venv (transformers 5.24), like gu2025_sink_eps.py, and imports nothing from probe. Their

@@ -268,29 +268,35 @@ def run_family(family: str, their: dict, dtype) -> dict:
     ids = token_windows(SEED, 1, T, vocab)[0]
     plain, shifted = build(SEED, dtype), build(SEED, dtype)
     enable_pos_shift(their[family], family, shifted)
-    out = {}
     with contextlib.ExitStack() as patches:
         if dtype == torch.float64:
             patches.enter_context(keep_fp64_through_fp32_casts())
             for m in (plain, shifted):
                 patches.enter_context(fp64_rotary(rotary_module(m)))
-        for name, value in eval_long_ppl(plain, ids, None).items():
-            out[f"dense/{name}"] = value
-        for start, recent in CACHES:
-            for mode, model in (("plain", plain), ("pos_shift", shifted)):
-                kv_cache = their["kv_cache"].StartRecentKVCache(start_size=start, recent_size=recent)
-                for name, value in eval_long_ppl(model, ids, kv_cache).items():
-                    out[f"{mode}/s{start}-r{recent}/{name}"] = value
+        return run_modes(their["kv_cache"], plain, shifted, ids, eval_long_ppl)
+
+
+def run_modes(kv_cache_module, plain, shifted, ids: torch.Tensor, loop) -> dict:
+    """``loop`` (a version of their eval loop) without a cache policy on ``plain``, then with their
+    StartRecentKVCache of every cache on ``plain`` and on ``shifted`` (position shift enabled):
+    {dense/..., plain/s{start}-r{recent}/..., pos_shift/s{start}-r{recent}/...}."""
+    out = {f"dense/{name}": value for name, value in loop(plain, ids, None).items()}
+    for start, recent in CACHES:
+        for mode, model in (("plain", plain), ("pos_shift", shifted)):
+            kv_cache = kv_cache_module.StartRecentKVCache(start_size=start, recent_size=recent)
+            out |= {f"{mode}/s{start}-r{recent}/{name}": value for name, value in loop(model, ids, kv_cache).items()}
     return out
+
+
+def load_theirs(src) -> dict:
+    """Their kv_cache.py and pos_shift modules, imported from the exported files."""
+    names = {"kv_cache": "kv_cache", "llama": "modify_llama", "gpt_neox": "modify_gpt_neox"}
+    return {key: load_module(src / FILES[key], f"streaming_llm_{name}") for key, name in names.items()}
 
 
 def main():
     args = source_parser(__doc__, "folder holding their streaming_llm/ and examples/ at the commit").parse_args()
-    their = {
-        "kv_cache": load_module(args.src / FILES["kv_cache"], "streaming_llm_kv_cache"),
-        "llama": load_module(args.src / FILES["llama"], "streaming_llm_modify_llama"),
-        "gpt_neox": load_module(args.src / FILES["gpt_neox"], "streaming_llm_modify_gpt_neox"),
-    }
+    their = load_theirs(args.src)
     torch.set_num_threads(1)
     for family, settings in (("llama", TINY_LLAMA), ("gpt_neox", TINY_GPT_NEOX)):
         build = {"llama": tiny_llama, "gpt_neox": tiny_gpt_neox}[family]

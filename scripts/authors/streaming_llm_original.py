@@ -30,12 +30,11 @@ from common import (
     git_blob_sha1,
     keep_fp64_through_float,
     keep_fp64_through_fp32_casts,
-    load_module,
     source_parser,
     versions,
 )
 from safetensors.torch import load_file, save_file
-from streaming_llm import CACHES, FILES, FP64_ROTARY_PATCH, LOGIT_ROWS, REPOSITORY
+from streaming_llm import FILES, FP64_ROTARY_PATCH, LOGIT_ROWS, REPOSITORY, load_theirs, run_modes
 
 
 def hf_model(family: str, config: dict, weights: dict, dtype):
@@ -98,20 +97,12 @@ def eval_long_ppl(model, ids: torch.Tensor, kv_cache) -> dict:
 def run_family(family: str, their: dict, config: dict, weights: dict, ids: torch.Tensor, dtype) -> dict:
     plain, shifted = (hf_model(family, config, weights, dtype) for _ in range(2))
     getattr(their[family], f"enable_{family}_pos_shift_attention")(shifted)
-    out = {}
     with contextlib.ExitStack() as patches:
         if dtype == torch.float64:
             patches.enter_context(keep_fp64_through_fp32_casts())
             patches.enter_context(keep_fp64_through_float())
             fp64_tables(plain), fp64_tables(shifted)
-        for name, value in eval_long_ppl(plain, ids, None).items():
-            out[f"dense/{name}"] = value
-        for start, recent in CACHES:
-            for mode, model in (("plain", plain), ("pos_shift", shifted)):
-                kv_cache = their["kv_cache"].StartRecentKVCache(start_size=start, recent_size=recent)
-                for name, value in eval_long_ppl(model, ids, kv_cache).items():
-                    out[f"{mode}/s{start}-r{recent}/{name}"] = value
-    return out
+        return run_modes(their["kv_cache"], plain, shifted, ids, eval_long_ppl)
 
 
 def main():
@@ -119,11 +110,7 @@ def main():
     import transformers
 
     assert transformers.__version__ == "4.33.0", f"their code is for 4.33.0, not {transformers.__version__}"
-    their = {
-        "kv_cache": load_module(args.src / FILES["kv_cache"], "streaming_llm_kv_cache"),
-        "llama": load_module(args.src / FILES["llama"], "streaming_llm_modify_llama"),
-        "gpt_neox": load_module(args.src / FILES["gpt_neox"], "streaming_llm_modify_gpt_neox"),
-    }
+    their = load_theirs(args.src)
     torch.set_num_threads(1)
     for family in ("llama", "gpt_neox"):
         root = FIXTURES / "streaming-llm" / family.replace("_", "-")

@@ -22,7 +22,8 @@ transformers 4.33's attention signature (``past_key_value`` tuples, per-layer ``
 GPT-NeoX's ``_attn``); transformers 5.24 has none of these, so the two forwards below (``llama_pos_shift_forward``,
 ``gpt_neox_pos_shift_forward``) are **ports to transformers 5.24**, line for line where the API allows. Their own
 ``apply_rotary_pos_emb_single`` and ``enable_*_pos_shift_attention`` are imported from their files and run as is
-(the ported forward is what their enable function installs).
+(the ported forward is what their enable function installs). streaming_llm_original.py runs their forwards unported on
+transformers 4.33.0: the port gives its every loss, logit and position bit for bit (fp64 and fp32).
 
 Positions, as transformers 5.24 assigns them in this loop (recorded per step in the fixture, ``positions``): the
 query's position id is ``cache.get_seq_length()`` = the trimmed cache's length = min(idx, start + recent) (as in the

@@ -90,16 +90,19 @@ def cases():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_port_is_their_unported_code_on_the_transformers_it_was_written_for(family):
     """The script's port of their position-shift attention to transformers 5.24 gives every loss, logit and position
-    of their own forward on transformers 4.33.0 (streaming_llm_original.py), fp64 and fp32 alike."""
+    of their own forward on transformers 4.33.0 (streaming_llm_original.py), fp64 and fp32 alike. Their loop without
+    position shift gives the same numbers and positions on both versions too (fp32: transformers' eager attention
+    differs between them in rounding)."""
     _, _, _, port = fixture(family)
     theirs = load_file(ROOT / family / "transformers-4.33.safetensors")
-    shifted = [k for k in theirs if "pos_shift/" in k]
-    assert len(shifted) == 2 * 3 * len(json.loads((ROOT / family / "meta.json").read_text())["settings"]["caches"])
-    for key in shifted:
-        assert (port[key].double() - theirs[key].double()).abs().max() < 1e-12, key
+    caches = json.loads((ROOT / family / "meta.json").read_text())["settings"]["caches"]
+    assert set(theirs) == set(port) and len(theirs) == 2 * 3 * (1 + 2 * len(caches))
     for key in theirs:
         if key.endswith("positions"):
             assert torch.equal(port[key], theirs[key]), key
+            continue
+        tol = 0 if "pos_shift/" in key else 1e-5 if key.startswith("fp32/") else 1e-12
+        assert (port[key].double() - theirs[key].double()).abs().max() <= tol, key
 
 
 def losses(model, ids, abl: Ablation | None = None) -> tuple[torch.Tensor, torch.Tensor]:

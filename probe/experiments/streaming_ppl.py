@@ -265,6 +265,21 @@ def figure(per_position: pd.DataFrame, smooth: int = 32, marks: dict | None = No
     return fig
 
 
+def segment_figure(segments: pd.DataFrame):
+    """Perplexity per segment of the stream against the segment's first position, one line per method and model (the
+    paper's Figure 3 at the segments' resolution; log scale)."""
+    fig = go.Figure()
+    for (model, method), g in segments.groupby(["model", "method"], sort=False):
+        fig.add_trace(go.Scatter(x=g["start"], y=g["ppl"], mode="lines+markers", name=f"{method} ({model})"))
+    fig.update_layout(
+        title="Streaming perplexity per segment",
+        xaxis_title="first position of the segment",
+        yaxis_title="perplexity",
+        yaxis_type="log",
+    )
+    return fig
+
+
 def run(cfg: StreamingPplConfig | None = None, *, progress: bool = False, out=None) -> Result:
     cfg = cfg or StreamingPplConfig()
     timer = Timer()
@@ -277,7 +292,8 @@ def run(cfg: StreamingPplConfig | None = None, *, progress: bool = False, out=No
     tables["initial_tokens"] = initial_tokens(tables["methods"])
     meta = timer.meta(models={name: m for name, _, m in done})
     marks = {"cache": cfg.cache, **{f"context of {name}": m["n_ctx"] for name, _, m in done if m.get("n_ctx")}}
-    return Result(RECIPE, config_dict(cfg), tables, {"streaming": figure(tables["per_position"], marks=marks)}, meta)
+    figures = {"streaming": figure(tables["per_position"], marks=marks), "segments": segment_figure(tables["segments"])}
+    return Result(RECIPE, config_dict(cfg), tables, figures, meta)
 
 
-__all__ = ["StreamingPplConfig", "stream_losses", "recompute_losses", "initial_tokens", "run"]
+__all__ = ["StreamingPplConfig", "stream_losses", "recompute_losses", "initial_tokens", "segment_figure", "run"]

@@ -110,7 +110,7 @@ def test_the_cli_writes_the_tables_and_resumes(gemma, words, tmp_path, capsys):
     assert {"methods.csv", "initial_tokens.csv", "segments.csv", "per_position.csv", "config.json"} <= {
         p.name for p in out.iterdir()
     }
-    assert (out / "streaming.html").exists()
+    assert (out / "streaming.html").exists() and (out / "segments.html").exists()
     assert json.loads((out / "config.json").read_text())["config"]["positions"] == "cache"
     assert main(argv) == 0  # resumed: the stored record, the same numbers
     pd.testing.assert_frame_equal(pd.read_csv(out / "methods.csv").drop(columns="wall_s"), first.drop(columns="wall_s"))

@@ -159,19 +159,30 @@ def _keys(x, dim: int, n_kept: int, lo: int, hi: int):
     return part if not n_kept else torch.cat([x.narrow(dim, 0, n_kept), part], dim)
 
 
+def block_mask(rows: int, n_kept: int, lead: int, n_window: int, n_low: int, window: int, dtype, device):
+    """(rows, n_kept + n_window) additive mask of a query block under the window rule: the kept first keys (all
+    visible: they precede the block's window and the rule keeps them), then window keys at lead + c relative to the
+    block's first query, visible to row r iff 0 <= r - lead - c < window, or r - lead - c >= 0 for the first
+    ``n_low`` of them (keys below ``keep``). It depends on these sizes alone: blocks of one shape share it."""
+    c = torch.arange(n_window, device=device)
+    rel = torch.arange(rows, device=device)[:, None] - lead - c  # query minus key position, (rows, window keys)
+    seen = (rel >= 0) & ((rel < window) | (c < n_low))
+    visible = torch.cat([seen.new_ones(rows, n_kept), seen], 1)
+    return torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, float("-inf"))
+
+
 def windowed_sdpa(q, k, v, *, sink, key_bias, window: int, scale: float, keep=None, block: int | None = None):
     """sink_attention_sdpa under the window rule (key j visible to query i' iff j <= i' and (j > i' - window or
     j < keep)), in blocks of ``block`` queries over the keys each block can see: no Tq x Tk tensor. Same returns."""
     Tq, Tk = q.shape[1], k.shape[1]
     off, block = Tk - Tq, block or QUERY_BLOCK
-    outs, lses = [], []
+    outs, lses, masks = [], [], {}
     for a in range(0, Tq, block):
         rows = slice(a, min(Tq, a + block))
         n_kept, lo, hi = block_keys(rows, off, window, keep)
-        keys = torch.cat([torch.arange(n_kept, device=q.device), torch.arange(lo, hi, device=q.device)])  # positions
-        i = torch.arange(rows.start, rows.stop, device=q.device)[:, None] + off
-        visible = (keys <= i) & ((keys > i - window) | (keys < (keep or 0)))  # (rows, keys)
-        mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill(~visible, float("-inf"))
+        shape = (rows.stop - rows.start, n_kept, lo - rows.start - off, hi - lo, max(0, min(keep or 0, hi) - lo))
+        if shape not in masks:  # the interior blocks of a long sequence all have one shape
+            masks[shape] = block_mask(*shape, window, q.dtype, q.device)[None, None]
         span = (n_kept, lo, hi)
         bias = None if key_bias is None else _keys(key_bias, -1, *span)
         out, lse, _ = sink_attention_sdpa(
@@ -180,7 +191,7 @@ def windowed_sdpa(q, k, v, *, sink, key_bias, window: int, scale: float, keep=No
             _keys(v, 1, *span),
             sink=sink,
             key_bias=bias,
-            mask=mask[None, None],
+            mask=masks[shape],
             scale=scale,
         )
         outs.append(out)

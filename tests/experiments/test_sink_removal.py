@@ -168,3 +168,43 @@ def test_the_results_page_tables_come_from_the_recipes_tables(recipe, seeds, tmp
         assert "Seed 0 only" in table and " ± " not in table and all(v.endswith("on one seed") for v in verdicts)
     else:
         assert " ± " in table and not any("one seed" in v for v in verdicts)
+
+
+def test_threshold_verdicts_hold_in_every_seed_not_on_the_mean():
+    """A G1 run below the baseline in every pair, with a mean under 3x but one seed at 4.2x, does not remove the
+    sink; a value gate above 3x in every seed leaves it in place, one seed under 3x does not."""
+    page = _page_script()
+
+    def runs(outgate, projgate):
+        rows = []
+        for seed in range(3):
+            for variant, pos0 in (("baseline", 5.0), ("outgate", outgate[seed]), ("projgate", projgate[seed])):
+                rows.append(
+                    dict(
+                        variant=variant,
+                        seed=seed,
+                        pos0_over_uniform=pos0,
+                        r0_later=0.5,
+                        massive=False,
+                        max_activation=20.0,
+                        max_ratio=9.0,
+                        mean_gate=0.3,
+                        selectivity=0.1,
+                        loss=2.0,
+                    )
+                )
+        return pd.DataFrame(rows)
+
+    def verdicts(r):
+        return {(claim, rule): agrees for _, claim, rule, _, agrees in page.claims(r)}
+
+    def removes(r):
+        return next(a for (c, _), a in verdicts(r).items() if c.startswith("G1 (element-wise) removes the first"))
+
+    def stays(r):
+        return next(a for (c, _), a in verdicts(r).items() if "projection gate" in c)
+
+    assert removes(runs((1.0, 4.2, 1.0), (4.0, 4.0, 4.0))) is False  # mean 2.07 < 3, seed 1 at 4.2
+    assert removes(runs((1.0, 2.9, 1.0), (4.0, 4.0, 4.0))) is True
+    assert stays(runs((1.0, 1.0, 1.0), (9.0, 9.0, 2.0))) is False  # mean 6.7, seed 2 under 3x
+    assert stays(runs((1.0, 1.0, 1.0), (3.0, 9.0, 4.0))) is True

@@ -15,7 +15,8 @@ CPU time (``time.process_time``, all threads) is the steadier measure of the wor
   evict        window eviction k=keep, w=window in every layer, keys at their positions in the text;
   evict-cache  the same at positions within the cache (docs/definitions.md#window-eviction).
 
-``--memory``: one more ablated forward (without its loss) under torch.profiler(profile_memory=True): its largest
+``--memory``: one more ablated forward (without its loss) under torch.profiler(profile_memory=True): its peak tensor
+memory (the allocator's live bytes above the start; RSS also counts the allocator's cached pages) and its largest
 single allocation, in the whole forward and within the layers' attention (hook_v_out .. hook_z), with the op that made
 it, in elements (bytes over the smallest element size among that op's tensors; the model's dtype where the profiler
 records none, a tensor list: marked "dtype assumed"), against T^2/4 elements.
@@ -59,7 +60,11 @@ def largest_allocations(events, within: list[tuple[int, int]], itemsize: int) ->
         return {"bytes": a.nbytes(), "elements": a.nbytes() // min(sizes or [itemsize]), "op": where}
 
     inside = next((a for a in allocs if any(lo <= a.start_ns() <= hi for lo, hi in within)), None)
-    return {"all": described(allocs[0]) if allocs else None, "attention": inside and described(inside)}
+    live, peak = 0, 0  # tensor bytes allocated and not yet freed since the trace began (frees come as negative bytes)
+    for e in sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    return {"all": described(allocs[0]) if allocs else None, "attention": inside and described(inside), "peak": peak}
 
 
 def memory_trace(model, ids, hooks, kw) -> dict:
@@ -166,7 +171,11 @@ def main(argv=None) -> None:
                 f"{r['peak_rss_gb']:.2f} GB  loss {r['loss']:.4f} (delta {r['delta']:+.4f})  load {r['load']:.1f}",
                 flush=True,
             )
-            for part, big in (r["largest_alloc"] or {}).items():
+            memory = dict(r["largest_alloc"] or {})
+            if "peak" in memory:
+                peak = memory.pop("peak") / 2**20
+                print(f"        peak tensor memory of the ablated forward: {peak:.0f} MiB", flush=True)
+            for part, big in memory.items():
                 if big is not None:
                     verdict = "below" if big["elements"] < r["quarter_t2"] else "NOT below"
                     print(

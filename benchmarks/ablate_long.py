@@ -21,6 +21,9 @@ single allocation, in the whole forward and within the layers' attention (hook_v
 it, in elements (bytes over the smallest element size among that op's tensors; the model's dtype where the profiler
 records none, a tensor list: marked "dtype assumed"), against T^2/4 elements.
 
+``--ctx`` may exceed the model's maximum context: a rotary model (probe's tiny zoo models, trained at 256) runs on
+past it; one whose positions stop fails in its forward.
+
 Goal (docs/definitions.md#ablations): an ablated forward <= 1.1x a clean one, memory O(T).
 """
 
@@ -105,7 +108,7 @@ def child(args, ctx: int, way: str) -> dict:
 
     torch.set_num_threads(args.threads)
     model = probe.load(args.model)
-    eb, _ = windows_for(WindowSpec(data=args.data, ctx=ctx, batches=1, batch_size=1), model)
+    eb, _ = windows_for(WindowSpec(data=args.data, ctx=ctx, batches=1, batch_size=1, past_context=True), model)
     ids, targets = eb.tokens[0, :, :-1], eb.tokens[0, :, 1:]
     kw = loss_forward_kwargs(model)
     setting = f"k={args.keep},w={args.window}" + (",pos=cache" if way == "evict-cache" else "")

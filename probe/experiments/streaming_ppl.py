@@ -169,17 +169,23 @@ def check_past_context(model, T: int) -> None:
     info = model.probe_info
     if T <= info.n_ctx:
         return
-    why = "its code refuses longer sequences" if getattr(getattr(model, "config", None), "strict_ctx", False) else ""
     tables = getattr(model, "rotary_tables", None)
-    for layer in range(info.n_layers):
-        t = None if tables is None or why else tables(layer, T)
-        if not why and (t is None or t[0].shape[0] != T):
-            why = f"layer {layer} has no rotary computed at any position"
-        if why:
-            raise ValueError(
-                f"--past-context: model {info.name!r} cannot run past its maximum context {info.n_ctx} ({why}); "
-                f"choose --ctx 2..{info.n_ctx}"
-            )
+
+    def runs_on(layer: int) -> bool:
+        t = None if tables is None else tables(layer, T)
+        return t is not None and t[0].shape[0] == T
+
+    if getattr(getattr(model, "config", None), "strict_ctx", False):
+        why = "its code refuses longer sequences"
+    else:
+        stops = next((layer for layer in range(info.n_layers) if not runs_on(layer)), None)
+        if stops is None:
+            return
+        why = f"layer {stops} has no rotary computed at any position"
+    raise ValueError(
+        f"--past-context: model {info.name!r} cannot run past its maximum context {info.n_ctx} ({why}); "
+        f"choose --ctx 2..{info.n_ctx}"
+    )
 
 
 def ppl(losses: torch.Tensor) -> float:

@@ -112,6 +112,9 @@ def tiny_gpt_neox(seed: int, dtype=torch.float64):
     return model.to(dtype).eval()
 
 
+BUILDERS = {"llama": tiny_llama, "gpt_neox": tiny_gpt_neox}  # the tiny model of each family
+
+
 def rotary_module(model) -> torch.nn.Module:
     return model.base_model.rotary_emb
 
@@ -264,7 +267,7 @@ def eval_long_ppl(model, ids: torch.Tensor, kv_cache) -> dict:
 
 def run_family(family: str, their: dict, dtype) -> dict:
     """Every mode and cache of one family at one dtype: {mode/s{start}-r{recent}/{nll,logits,positions}}."""
-    build = {"llama": tiny_llama, "gpt_neox": tiny_gpt_neox}[family]
+    build = BUILDERS[family]
     vocab = (TINY_LLAMA if family == "llama" else TINY_GPT_NEOX)["vocab_size"]
     ids = token_windows(SEED, 1, T, vocab)[0]
     plain, shifted = build(SEED, dtype), build(SEED, dtype)
@@ -300,8 +303,7 @@ def main():
     their = load_theirs(args.src)
     torch.set_num_threads(1)
     for family, settings in (("llama", TINY_LLAMA), ("gpt_neox", TINY_GPT_NEOX)):
-        build = {"llama": tiny_llama, "gpt_neox": tiny_gpt_neox}[family]
-        weights = {k: v.to(torch.float64) for k, v in build(SEED, torch.float64).state_dict().items()}
+        weights = {k: v.to(torch.float64) for k, v in BUILDERS[family](SEED, torch.float64).state_dict().items()}
         outputs = run_family(family, their, torch.float64)
         outputs |= {f"fp32/{k}": v for k, v in run_family(family, their, torch.float32).items()}
         ids = token_windows(SEED, 1, T, settings["vocab_size"])

@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from probe.analyses.ablate import Ablation, ablation_hooks
 from probe.checkpoints.interop import wrap
 from probe.kernels.sink_attention import edits
+from tests.support import parity
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "authors" / "streaming-llm"
 FAMILIES = ("llama", "gpt-neox")
@@ -53,25 +54,20 @@ def hf_model(family: str, meta: dict, weights: dict, dtype):
 
 @contextlib.contextmanager
 def fp64_throughout(hf):
-    """The fixture's fp64 patches on probe's side of the comparison: ``Tensor.to(torch.float32)`` of an fp64 tensor
-    (transformers' RMSNorm upcast) keeps fp64, and the rotary embedding forms its angles in fp64 (transformers 5.24
-    forms them in fp32)."""
-    to, rope = torch.Tensor.to, hf.base_model.rotary_emb
-
-    def to_keeping_fp64(self, *args, **kwargs):
-        if self.dtype == torch.float64 and args == (torch.float32,) and not kwargs:
-            return self
-        return to(self, *args, **kwargs)
+    """The fixture's fp64 patches on probe's side of the comparison: transformers' fp32 casts of fp64 tensors lifted
+    (``tests.support.parity.fp64_throughout``: RMSNorm's upcast, softmax's dtype), and the rotary embedding forming
+    its angles in fp64 (transformers 5.24 forms them in fp32)."""
+    rope = hf.base_model.rotary_emb
 
     def rotary(x, position_ids):
         emb = (position_ids[..., None].double() * rope.inv_freq.double()).repeat(1, 1, 2)
         return (emb.cos() * rope.attention_scaling).to(x.dtype), (emb.sin() * rope.attention_scaling).to(x.dtype)
 
-    torch.Tensor.to, rope.forward = to_keeping_fp64, rotary
+    rope.forward = rotary
     try:
-        yield
+        with parity.fp64_throughout():
+            yield
     finally:
-        torch.Tensor.to = to
         del rope.forward
 
 

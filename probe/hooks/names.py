@@ -9,6 +9,10 @@ from __future__ import annotations
 import operator
 
 EMBED = "hook_embed"  # B,T,d — token embedding (depth source 0)
+POS_EMBED = "hook_pos_embed"  # B,T,d — learned absolute position embedding, where the model adds one (GPT-2, OPT)
+LN_FINAL_SCALE = "ln_final.hook_scale"  # B,T,1 — the final norm's divisor sqrt(mean(x^2) + eps) (LayerNorm: centred)
+LN_FINAL_NORMALIZED = "ln_final.hook_normalized"  # B,T,d — the final norm's output (weight and bias applied)
+UNEMBED_IN = "unembed.hook_in"  # B,T,d — what the unembedding reads (== ln_final.hook_normalized where there is one)
 
 # per block
 RESID_PRE = "blocks.{l}.hook_resid_pre"  # B,T,d (depth-routed models: the routed read)
@@ -16,8 +20,14 @@ RESID_MID = "blocks.{l}.hook_resid_mid"  # B,T,d
 RESID_POST = "blocks.{l}.hook_resid_post"  # B,T,d
 ATTN_OUT = "blocks.{l}.hook_attn_out"  # B,T,d the attention module's output (after its output projection)
 MLP_OUT = "blocks.{l}.hook_mlp_out"  # B,T,d the MLP module's output (an MoE block's combined expert output)
-Q = "blocks.{l}.attn.hook_q"  # B,T,H,dh after projection and rotary
+Q = "blocks.{l}.attn.hook_q"  # B,T,H,dh after the projection (before QK-norm and rotary), as TransformerLens
 K = "blocks.{l}.attn.hook_k"  # B,T,Hkv,dh
+Q_NORMED = "blocks.{l}.attn.hook_q_normed"  # B,T,H,dh after QK-norm (models with one), before rotary
+K_NORMED = "blocks.{l}.attn.hook_k_normed"  # B,T,Hkv,dh
+ROT_Q = "blocks.{l}.attn.hook_rot_q"  # B,T,H,dh the query the scores are taken with: after QK-norm and rotary
+ROT_K = "blocks.{l}.attn.hook_rot_k"  # B,T,Hkv,dh (layers without rotary or QK-norm: equal to hook_q / hook_k)
+ATTN_SCORES = "blocks.{l}.attn.hook_attn_scores"  # B,H,Tq,Tk pre-softmax scores, masked keys -inf (lazy)
+RESULT = "blocks.{l}.attn.hook_result"  # B,T,H,d each head's write through the output projection (lazy)
 V = "blocks.{l}.attn.hook_v"  # B,T,Hkv,dh value reads before any gate/activation/value-residual mix
 V_GATE = "blocks.{l}.attn.hook_v_gate"  # B,T,Hkv scalar gates, or B,T,Hkv,dh element-wise gates
 V_OUT = "blocks.{l}.attn.hook_v_out"  # B,T,Hkv,dh value actually aggregated
@@ -29,7 +39,14 @@ OUT_GATE = "blocks.{l}.attn.hook_out_gate"  # B,T,H,dh element-wise or B,T,H hea
 Z = "blocks.{l}.attn.hook_z"  # B,T,H,dh head outputs before the output projection (after any output gate)
 V_FIRST = "blocks.{l}.attn.hook_v_first"  # B,T,Hkv,dh value residual: V of the first layer
 V_MIX = "blocks.{l}.attn.hook_v_mix"  # (1,) or (2,) value-residual mixing weight(s)
-MLP_POST = "blocks.{l}.mlp.hook_post"  # B,T,m activation entering the MLP's output projection (probe models)
+MLP_PRE = "blocks.{l}.mlp.hook_pre"  # B,T,m pre-activation (gated MLPs: the gate branch, before its activation)
+MLP_PRE_LINEAR = "blocks.{l}.mlp.hook_pre_linear"  # B,T,m gated MLPs: the linear (up) branch
+MLP_POST = "blocks.{l}.mlp.hook_post"  # B,T,m activation entering the MLP's output projection
+ROUTER_LOGITS = "blocks.{l}.mlp.hook_router_logits"  # B,T,E mixture of experts: the router's logits per token
+EXPERT_IDS = "blocks.{l}.mlp.hook_expert_ids"  # B,T,k the experts each token is sent to (int64)
+EXPERT_WEIGHTS = "blocks.{l}.mlp.hook_expert_weights"  # B,T,k the weights its chosen experts' outputs are mixed by
+LN_SCALE = "blocks.{l}.{norm}.hook_scale"  # B,T,1 a block norm's divisor (norm: ln1, ln2, ln1_post, ln2_post)
+LN_NORMALIZED = "blocks.{l}.{norm}.hook_normalized"  # B,T,d a block norm's output
 ROUTING_KEYS = "blocks.{l}.{site}_read.hook_routing_keys"  # B,T,S,r normalised routing keys
 DEPTH_WEIGHTS = "blocks.{l}.{site}_read.hook_depth_weights"  # B,T,S depth-attention weights
 FINAL_ROUTING_KEYS = "final_read.hook_routing_keys"
@@ -39,6 +56,10 @@ DENSE_WEIGHTS = "blocks.{l}.dense.hook_weights"  # B,T,C,S MUDD / DenseFormer mi
 ATTN_HOOKS = (
     "hook_q",
     "hook_k",
+    "hook_q_normed",
+    "hook_k_normed",
+    "hook_rot_q",
+    "hook_rot_k",
     "hook_v",
     "hook_v_gate",
     "hook_v_out",
@@ -48,6 +69,8 @@ ATTN_HOOKS = (
     "hook_lse",
     "hook_out_gate",
     "hook_z",
+    "hook_attn_scores",
+    "hook_result",
 )
 
 
@@ -62,6 +85,10 @@ SUBLAYERS = ("attn", "mlp")  # the two sub-layers whose module outputs are hooke
 ATTN_POINTS = (
     "q",
     "k",
+    "q_normed",
+    "k_normed",
+    "rot_q",
+    "rot_k",
     "v",
     "v_gate",
     "v_out",
@@ -73,8 +100,14 @@ ATTN_POINTS = (
     "z",
     "v_first",
     "v_mix",
+    "attn_scores",
+    "result",
 )
-MLP_POINTS = ("post",)
+LAZY_ATTN_POINTS = ("pattern", "phantom", "lse", "attn_scores", "result")  # computed only when a hook asks
+MLP_POINTS = ("pre", "pre_linear", "post", "router_logits", "expert_ids", "expert_weights")
+NORMS = ("ln1", "ln2", "ln1_post", "ln2_post")  # input norms of attention / MLP, and norms on their outputs
+NORM_POINTS = ("scale", "normalized")
+FINAL_NORM = "ln_final"
 READ_KINDS = ("attn", "mlp")  # the two read sites of a depth-routed block: before attention, before the MLP
 READ_POINTS = ("routing_keys", "depth_weights")
 FINAL_READ = "final_read"  # the depth read before the final norm
@@ -125,8 +158,36 @@ def attn(layer: int, point: str) -> str:
 
 
 def mlp(layer: int, point: str = "post") -> str:
-    """``mlp(2) == 'blocks.2.mlp.hook_post'``: the activation entering block 2's MLP output projection."""
-    return f"{block(layer)}.mlp.hook_{_choose(point, MLP_POINTS, 'MLP hook')}"
+    """``mlp(2) == 'blocks.2.mlp.hook_post'``: the activation entering block 2's MLP output projection; point is one
+    of MLP_POINTS (``mlp(2, "pre")``, the router's ``mlp(2, "router_logits")``)."""
+    short = point[len("hook_") :] if point.startswith("hook_") else point
+    return f"{block(layer)}.mlp.hook_{_choose(short, MLP_POINTS, 'MLP hook')}"
+
+
+def norm(layer: int | None, which: str = "ln1", point: str = "normalized") -> str:
+    """A norm's hook: ``norm(2, "ln1", "scale") == 'blocks.2.ln1.hook_scale'``; ``norm(None, point=...)`` is the final
+    norm's (``'ln_final.hook_normalized'``). which: ln1 (attention input), ln2 (MLP input), ln1_post / ln2_post (the
+    norms post-norm and sandwich-norm blocks put on the attention's / MLP's output)."""
+    point = _choose(point, NORM_POINTS, "norm hook")
+    if layer is None:
+        return f"{FINAL_NORM}.hook_{point}"
+    return f"{block(layer)}.{_choose(which, NORMS, 'norm')}.hook_{point}"
+
+
+def pos_embed() -> str:
+    """``'hook_pos_embed'``: the learned absolute position embedding added to the token embedding."""
+    return POS_EMBED
+
+
+def unembed_in() -> str:
+    """``'unembed.hook_in'``: the stream the unembedding reads (after the final norm)."""
+    return UNEMBED_IN
+
+
+def rot(layer: int, which: str) -> str:
+    """The query or key the scores are taken with: ``rot(2, "q") == 'blocks.2.attn.hook_rot_q'`` (after QK-norm
+    and rotary; where a layer has neither, equal to hook_q / hook_k)."""
+    return attn(layer, f"rot_{_choose(which, ('q', 'k'), 'query or key')}")
 
 
 def read_site(layer: int | None, kind: str = "attn") -> str:

@@ -365,6 +365,43 @@ def _analyses(m) -> dict:
     return figures
 
 
+def _algebra(m64) -> dict:
+    """The hook algebra (probe.checkpoints.algebra) in fp64 on the adapter: the rules that apply, each within
+    ALGEBRA_TOL; a rule broken is returned as the reason the type is partial."""
+    from probe.checkpoints import algebra
+
+    with fp64_throughout():
+        errors, _ = algebra.check(m64, ids())
+    return errors
+
+
+def _saved_folder(ref64) -> dict:
+    """The fp64 logits of a folder saved and loaded through probe.load the way a user's is, against HF eager."""
+    import tempfile
+
+    import probe
+
+    from transformers import AutoModelForCausalLM
+
+    with tempfile.TemporaryDirectory() as folder:
+        ref64.save_pretrained(folder)  # fp64 weights, as a user's fp64 save
+        loaded = probe.load(folder, dtype=torch.float64)
+        # HF's own load of the same folder: buffers made at construction (rotary frequencies, embedding scales) are
+        # then made as a user's load makes them
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager")
+        if hf._can_set_experts_implementation():
+            hf.set_experts_implementation("eager")
+        x = ids()
+        with torch.no_grad(), fp64_throughout():
+            d = max_diff(loaded(x).logits, hf(x).logits)
+    if not d <= TOL["fp64"]:
+        raise Refused(f"a saved folder loaded in fp64 differs from HF eager by {d:.3g} > {TOL['fp64']:g}")
+    return {"saved_fp64": d}
+
+
+ALGEBRA_TOL = 1e-10
+
+
 def lacking(m) -> list[str]:
     """The standard hook points this adapter does not fire. A linear-attention (or state-space) layer's missing
     attention hooks are not lacking: it has no softmax attention to hook (its layer type says "linear")."""
@@ -404,6 +441,8 @@ def check(model_type: str) -> dict:
         ref64 = copy.deepcopy(ref).to(torch.float64)
         m64 = _stage("adapter fp64", adapt, copy.deepcopy(ref64))
         figures.update(_stage("fp64 parity", _logits, ref64, m64, x, "fp64")[0])
+        figures.update(_stage("saved folder", _saved_folder, ref64))
+        algebra_errors = _stage("algebra", _algebra, m64)
         lacks = lacking(m)
         figures.update(_stage("analyses", _analyses, m))
     except Refused as e:
@@ -411,9 +450,14 @@ def check(model_type: str) -> dict:
     info = m.probe_info
     if m.layer_body is not None:  # the HF layer source this family's replaced forward was shown equal to
         record["layer_hash"] = layer_source_hash(m.decoder_layers(m.hf_model)[0])
+    from probe.checkpoints.algebra import failures
+
+    broken = failures(algebra_errors, ALGEBRA_TOL)
     record.update(
-        status="partial" if lacks else "supported",
+        status="partial" if lacks or broken else "supported",
         lacks=lacks,
+        breaks=broken,
+        algebra={k: (None if v is None else float(f"{v:.2g}")) for k, v in algebra_errors.items()},
         layer_types=sorted(set(info.layer_types)),
         phantom=info.has_phantom,
         parity={k: float(f"{v:.3g}") for k, v in figures.items()},
@@ -442,6 +486,7 @@ def check_entry(model_type: str, table: dict) -> None:
         assert got["reason"].split(":")[0] == want["reason"].split(":")[0], (got["reason"], want["reason"])
     else:
         assert got["lacks"] == want["lacks"] and got.get("layer_hash") == want.get("layer_hash")
+        assert got.get("breaks", []) == want.get("breaks", []), (model_type, got.get("breaks"), want.get("breaks"))
 
 
 def generate(table_file, docs_page) -> dict:

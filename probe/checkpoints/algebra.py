@@ -1,0 +1,184 @@
+"""The hook vocabulary's algebra (docs/definitions.md#hook-algebra): the equations that make a hook name mean one thing
+on every architecture, checked on a model's own captured tensors.
+
+:func:`check` runs one forward with every hook cached and returns, per rule, the largest |difference| over layers
+(``None`` where the rule does not apply to the model, with the reason in ``skipped``). The coverage table runs it in
+fp64 on every supported ``model_type``; a type that breaks a rule is "partial" with the rule named. Users can run it on
+their own checkpoint: ``probe.checkpoints.algebra.check(model, ids)``.
+
+The rules (l a layer, h a head):
+
+* ``resid_mid``: resid_pre + attn_out == resid_mid (in a parallel block too, whose mid point is defined so)
+* ``resid_post``: resid_mid + mlp_out == resid_post; resid_pre + attn_out + mlp_out == resid_post where a block has
+  no mid point (HF's own layer forward)
+* ``result``: Σ_h result_h + b_O == the attention's output projection (b_O the same vector at every position)
+* ``z``: pattern @ v_out (each query head reading its KV head) [⊙ out_gate] == z, on softmax layers
+* ``scores``: softmax over the real keys and the phantom of attn_scores == pattern
+* ``rot_q`` / ``rot_k``: rot_q == the layer's rotary applied to q_normed (or q) at positions 0 .. T-1
+* ``unembed``: unembed(unembed.hook_in) == the logits, and the final norm of the last resid_post == unembed.hook_in
+"""
+
+from __future__ import annotations
+
+import torch
+
+from probe.hooks import names
+
+RULES = ("resid_mid", "resid_post", "result", "z", "scores", "rot_q", "rot_k", "unembed")
+
+
+def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+
+def _worst(values) -> float | None:
+    """The largest difference (NaN when any is NaN: a layer where the rule could not be evaluated), None if none."""
+    values = [v for v in values if v is not None]
+    if any(v != v for v in values):
+        return float("nan")
+    return max(values) if values else None
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary of x (B,T,heads,dh) over its first 2·len(cos[0]) coordinates; cos/sin (T, d_rot/2)."""
+    half = cos.shape[-1]
+    rot, rest = x[..., : 2 * half], x[..., 2 * half :]
+    a, b = rot[..., :half], rot[..., half:]
+    c, s = cos[None, :, None].to(x.dtype), sin[None, :, None].to(x.dtype)
+    return torch.cat([a * c - b * s, b * c + a * s, rest], dim=-1)
+
+
+def _residual(cache, info, out: dict, skipped: dict) -> None:
+    mids, posts = [], []
+    for l in range(info.n_layers):
+        pre, post = cache[names.resid(l, "pre")], cache[names.resid(l, "post")]
+        attn_out, mlp_out = cache.get(names.sublayer_out(l, "attn")), cache.get(names.sublayer_out(l, "mlp"))
+        mid = cache.get(names.resid(l, "mid"))
+        if attn_out is None or mlp_out is None:  # the stream cannot be decomposed there: the rule fails
+            skipped.setdefault("resid_post", f"layer {l} has no hook_attn_out or hook_mlp_out")
+            posts.append(float("nan"))
+            continue
+        if mid is not None:  # parallel blocks too: their resid_mid is resid_pre + the attention's write
+            mids.append(_diff(pre + attn_out, mid))
+            posts.append(_diff(mid + mlp_out, post))
+        else:
+            posts.append(_diff(pre + attn_out + mlp_out, post))
+    out["resid_mid"] = _worst(mids)
+    out["resid_post"] = _worst(posts)
+    if out["resid_mid"] is None:
+        skipped.setdefault("resid_mid", "no layer fires hook_resid_mid in a sequential block")
+
+
+def _attention(cache, info, out: dict, skipped: dict, projections: dict, model, T: int) -> None:
+    results, zs, scores, rots = [], [], [], {"q": [], "k": []}
+    G = info.kv_group
+    for l in info.attention_layers:
+        pattern, v, z = (cache.get(names.attn(l, p)) for p in ("pattern", "v_out", "z"))
+        if pattern is not None and v is not None and z is not None:  # B,H,T,T; B,T,Hkv,dv; B,T,H,dv
+            mixed = torch.einsum("bhqk,bkhd->bqhd", pattern.double(), v.double().repeat_interleave(G, dim=2))
+            gate = cache.get(names.attn(l, "out_gate"))
+            if gate is not None:
+                mixed = mixed * (gate.double() if gate.dim() == 4 else gate.double()[..., None])
+            zs.append(_diff(mixed, z))
+        raw = cache.get(names.attn(l, "attn_scores"))
+        if raw is not None and pattern is not None:
+            phantom = cache.get(names.attn(l, "phantom"))
+            sink = cache.get(names.attn(l, "sink_logit"))
+            logits = raw.double()
+            if sink is not None:  # the phantom key's logit joins each row
+                col = sink.double()[None, :, None, None].expand(*logits.shape[:3], 1)
+                probs = torch.softmax(torch.cat([logits, col], -1), -1)[..., :-1]
+            else:
+                probs = torch.softmax(logits, -1)
+            scores.append(_diff(probs, pattern))
+            if phantom is not None and sink is None:
+                scores.append(_diff(phantom, torch.zeros_like(phantom)))
+        result, written = cache.get(names.attn(l, "result")), projections.get(l)
+        if result is not None and written is not None:  # B,T,H,d and B,T,d
+            bias = written.double() - result.double().sum(2)
+            results.append(_diff(bias, bias[:1, :1].expand_as(bias)))
+        tables = model.rotary_tables(l, T) if hasattr(model, "rotary_tables") else None
+        for which in ("q", "k"):
+            rotated = cache.get(names.rot(l, which))
+            before = cache.get(names.attn(l, f"{which}_normed"))
+            before = cache.get(names.attn(l, which)) if before is None else before
+            if rotated is None or before is None:
+                continue
+            want = before if tables is None else _rotate(before.double(), *(t.double() for t in tables))
+            rots[which].append(_diff(want, rotated))
+    out["z"], out["scores"], out["result"] = _worst(zs), _worst(scores), _worst(results)
+    out["rot_q"], out["rot_k"] = _worst(rots["q"]), _worst(rots["k"])
+    for rule, why in (
+        ("z", "no softmax layer with hook_pattern, hook_v_out and hook_z"),
+        ("scores", "no hook_attn_scores"),
+        ("result", "no hook_result, or the attention's output projection was not seen"),
+        ("rot_q", "no hook_rot_q beside hook_q"),
+        ("rot_k", "no hook_rot_k beside hook_k"),
+    ):
+        if out[rule] is None:
+            skipped[rule] = why
+
+
+def _unembed(cache, model, logits, out: dict, skipped: dict) -> None:
+    hidden = cache.get(names.unembed_in())
+    if hidden is None or not hasattr(model, "unembed"):
+        skipped["unembed"] = "no unembed.hook_in"
+        out["unembed"] = None
+        return
+    errors = [_diff(model.unembed(hidden), logits)]
+    last = cache[names.resid(model.probe_info.n_layers - 1, "post")]
+    final_norm = getattr(model, "final_norm", None)
+    if callable(final_norm):
+        errors.append(_diff(final_norm(last), hidden))
+    out["unembed"] = max(errors)
+
+
+def _output_projections(model) -> tuple[dict, list]:
+    """Forward hooks recording what each softmax layer's attention module writes through its output projection (the
+    module's output: HF attention modules return it first; probe's Attention too), keyed by layer."""
+    seen, handles = {}, []
+    attention_module = getattr(model, "attention_module", None)
+    if attention_module is not None and hasattr(model, "decoder_layers"):
+        modules = [attention_module(layer) for layer in model.decoder_layers(model.hf_model)]
+    elif hasattr(model, "blocks"):
+        modules = [getattr(b, "attn", None) for b in model.blocks]
+    else:
+        modules = []
+    for l, module in enumerate(modules):
+        if module is None:
+            continue
+
+        def record(_m, _inputs, output, l=l):
+            seen[l] = (output[0] if isinstance(output, tuple) else output).detach()
+
+        handles.append(module.register_forward_hook(record))
+    return seen, handles
+
+
+def check(model, ids: torch.Tensor) -> tuple[dict, dict]:
+    """Run ``model`` on ``ids`` (B,T) with every hook cached: ({rule: largest |difference| or None}, {rule: why it
+    was not checked}). Compare in the model's dtype's precision (fp64: ~1e-12)."""
+    projections, handles = _output_projections(model)
+    try:
+        with torch.no_grad():
+            logits, cache = model.run_with_cache(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    cache = dict(cache)
+    info = model.probe_info
+    out, skipped = {}, {}
+    _residual(cache, info, out, skipped)
+    _attention(cache, info, out, skipped, projections, model, ids.shape[-1])
+    _unembed(cache, model, logits, out, skipped)
+    return out, skipped
+
+
+def failures(errors: dict, tolerance: float) -> list[str]:
+    """The rules whose largest difference exceeds ``tolerance`` (or is NaN), as 'rule (difference)'."""
+    bad = []
+    for rule in RULES:
+        d = errors.get(rule)
+        if d is not None and not d <= tolerance:
+            bad.append(f"{rule} ({d:.2g})")
+    return bad

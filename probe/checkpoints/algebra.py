@@ -8,6 +8,7 @@ their own checkpoint: ``probe.checkpoints.algebra.check(model, ids)``.
 
 The rules (l a layer, h a head):
 
+* ``embed``: hook_embed (+ hook_pos_embed) == blocks.0.hook_resid_pre (what the stream starts from)
 * ``resid_mid``: resid_pre + attn_out == resid_mid (in a parallel block too, whose mid point is defined so)
 * ``resid_post``: resid_mid + mlp_out == resid_post; resid_pre + attn_out + mlp_out == resid_post where a block has
   no mid point (HF's own layer forward)
@@ -24,7 +25,7 @@ import torch
 
 from probe.hooks import names
 
-RULES = ("resid_mid", "resid_post", "result", "z", "scores", "rot_q", "rot_k", "unembed")
+RULES = ("embed", "resid_mid", "resid_post", "result", "z", "scores", "rot_q", "rot_k", "unembed")
 
 
 def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -49,7 +50,18 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def _residual(cache, info, out: dict, skipped: dict) -> None:
+    start = cache.get(names.EMBED)
+    if start is not None:
+        position = cache.get(names.pos_embed())
+        out["embed"] = _diff(start if position is None else start + position, cache[names.resid(0, "pre")])
+    else:
+        out["embed"] = None
+        skipped["embed"] = "no hook_embed"
     mids, posts = [], []
+    if info.has_depth_sources:  # the stream is a weighted read of the sources, not their sum (docs: depth routing)
+        out["resid_mid"] = out["resid_post"] = None
+        skipped["resid_mid"] = skipped["resid_post"] = "depth-routed: resid_mid / resid_post are depth reads"
+        return
     for l in range(info.n_layers):
         pre, post = cache[names.resid(l, "pre")], cache[names.resid(l, "post")]
         attn_out, mlp_out = cache.get(names.sublayer_out(l, "attn")), cache.get(names.sublayer_out(l, "mlp"))
@@ -97,13 +109,13 @@ def _attention(cache, info, out: dict, skipped: dict, projections: dict, model, 
         if result is not None and written is not None:  # B,T,H,d and B,T,d
             bias = written.double() - result.double().sum(2)
             results.append(_diff(bias, bias[:1, :1].expand_as(bias)))
-        tables = model.rotary_tables(l, T) if hasattr(model, "rotary_tables") else None
         for which in ("q", "k"):
             rotated = cache.get(names.rot(l, which))
             before = cache.get(names.attn(l, f"{which}_normed"))
             before = cache.get(names.attn(l, which)) if before is None else before
             if rotated is None or before is None:
                 continue
+            tables = model.rotary_tables(l, rotated.shape[1]) if hasattr(model, "rotary_tables") else None
             want = before if tables is None else _rotate(before.double(), *(t.double() for t in tables))
             rots[which].append(_diff(want, rotated))
     out["z"], out["scores"], out["result"] = _worst(zs), _worst(scores), _worst(results)
@@ -122,7 +134,7 @@ def _attention(cache, info, out: dict, skipped: dict, projections: dict, model, 
 def _unembed(cache, model, logits, out: dict, skipped: dict) -> None:
     hidden = cache.get(names.unembed_in())
     if hidden is None or not hasattr(model, "unembed"):
-        skipped["unembed"] = "no unembed.hook_in"
+        skipped["unembed"] = f"no {names.unembed_in()}"
         out["unembed"] = None
         return
     errors = [_diff(model.unembed(hidden), logits)]

@@ -11,8 +11,8 @@ import operator
 EMBED = "hook_embed"  # B,T,d — token embedding (depth source 0)
 POS_EMBED = "hook_pos_embed"  # B,T,d — learned absolute position embedding, where the model adds one (GPT-2, OPT)
 LN_FINAL_SCALE = "ln_final.hook_scale"  # B,T,1 — the final norm's divisor sqrt(mean(x^2) + eps) (LayerNorm: centred)
-LN_FINAL_NORMALIZED = "ln_final.hook_normalized"  # B,T,d — the final norm's output (weight and bias applied)
-UNEMBED_IN = "unembed.hook_in"  # B,T,d — what the unembedding reads (== ln_final.hook_normalized where there is one)
+LN_FINAL_NORMALIZED = "ln_final.hook_normalized"  # B,T,d — (x - mean)/scale, before the weight and bias (TL's bridge)
+UNEMBED_IN = "unembed.hook_in"  # B,T,d — what the unembedding reads (the final norm's output, weight applied)
 
 # per block
 RESID_PRE = "blocks.{l}.hook_resid_pre"  # B,T,d (depth-routed models: the routed read)
@@ -43,10 +43,10 @@ MLP_PRE = "blocks.{l}.mlp.hook_pre"  # B,T,m pre-activation (gated MLPs: the gat
 MLP_PRE_LINEAR = "blocks.{l}.mlp.hook_pre_linear"  # B,T,m gated MLPs: the linear (up) branch
 MLP_POST = "blocks.{l}.mlp.hook_post"  # B,T,m activation entering the MLP's output projection
 ROUTER_LOGITS = "blocks.{l}.mlp.hook_router_logits"  # B,T,E mixture of experts: the router's logits per token
-EXPERT_IDS = "blocks.{l}.mlp.hook_expert_ids"  # B,T,k the experts each token is sent to (int64)
-EXPERT_WEIGHTS = "blocks.{l}.mlp.hook_expert_weights"  # B,T,k the weights its chosen experts' outputs are mixed by
+EXPERT_INDICES = "blocks.{l}.mlp.hook_expert_indices"  # B,T,k the experts each token is sent to (int64), as TL
+EXPERT_WEIGHTS = "blocks.{l}.mlp.hook_expert_weights"  # B,T,E each expert's weight in the token's mix (0: not chosen)
 LN_SCALE = "blocks.{l}.{norm}.hook_scale"  # B,T,1 a block norm's divisor (norm: ln1, ln2, ln1_post, ln2_post)
-LN_NORMALIZED = "blocks.{l}.{norm}.hook_normalized"  # B,T,d a block norm's output
+LN_NORMALIZED = "blocks.{l}.{norm}.hook_normalized"  # B,T,d (x - mean)/scale: before the norm's weight and bias
 ROUTING_KEYS = "blocks.{l}.{site}_read.hook_routing_keys"  # B,T,S,r normalised routing keys
 DEPTH_WEIGHTS = "blocks.{l}.{site}_read.hook_depth_weights"  # B,T,S depth-attention weights
 FINAL_ROUTING_KEYS = "final_read.hook_routing_keys"
@@ -104,7 +104,7 @@ ATTN_POINTS = (
     "result",
 )
 LAZY_ATTN_POINTS = ("pattern", "phantom", "lse", "attn_scores", "result")  # computed only when a hook asks
-MLP_POINTS = ("pre", "pre_linear", "post", "router_logits", "expert_ids", "expert_weights")
+MLP_POINTS = ("pre", "pre_linear", "post", "router_logits", "expert_indices", "expert_weights")
 NORMS = ("ln1", "ln2", "ln1_post", "ln2_post")  # input norms of attention / MLP, and norms on their outputs
 NORM_POINTS = ("scale", "normalized")
 FINAL_NORM = "ln_final"

@@ -35,7 +35,9 @@ class Block(nn.Module):
         if c.dense != "none":
             self.dense = make_mix(c, layer)
         self.hook_resid_pre = HookPoint()  # B,T,d
+        self.hook_attn_out = HookPoint()  # B,T,d what the attention adds to the stream (a depth source when routed)
         self.hook_resid_mid = HookPoint()  # B,T,d
+        self.hook_mlp_out = HookPoint()  # B,T,d what the MLP adds (a depth source when routed)
         self.hook_resid_post = HookPoint()  # B,T,d
 
     def forward(self, x: torch.Tensor, v_first=None, qkv: list[torch.Tensor] | None = None):
@@ -47,17 +49,17 @@ class Block(nn.Module):
         else:
             norms = (self.ln1, self.ln1_k, self.ln1_v) if hasattr(self, "ln1_k") else (self.ln1,) * 3
             a, _, v_first = self.attn(*(norm(s) for norm, s in zip(norms, qkv)), v_first=v_first)
-        mid = self.hook_resid_mid(x + a)
+        mid = self.hook_resid_mid(x + self.hook_attn_out(a))
         m, _ = self.mlp(self.ln2(x if self.parallel_residual else mid))  # parallel: the MLP reads the block input
-        return self.hook_resid_post(mid + m), v_first
+        return self.hook_resid_post(mid + self.hook_mlp_out(m)), v_first
 
     def forward_routed(self, x: torch.Tensor, sources: DepthSources, next_read: DepthRead, v_first=None):
         """Depth-routed: x is this block's routed read; sub-layer outputs are appended to `sources`.
         Returns the next site's read (this block's resid_post)."""
         x = self.hook_resid_pre(x)
         a, key, v_first = self.attn(self.ln1(x), v_first=v_first)
-        sources.add(a, key)
+        sources.add(self.hook_attn_out(a), key)
         x = self.hook_resid_mid(self.mlp_read(sources))
         m, key = self.mlp(self.ln2(x))
-        sources.add(m, key)
+        sources.add(self.hook_mlp_out(m), key)
         return self.hook_resid_post(next_read(sources)), v_first

@@ -21,6 +21,10 @@ The rules (l a layer, h a head):
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import sys
+
 import torch
 
 from probe.hooks import names
@@ -81,7 +85,99 @@ def _residual(cache, info, out: dict, skipped: dict) -> None:
         skipped.setdefault("resid_mid", "no layer fires hook_resid_mid in a sequential block")
 
 
-def _attention(cache, info, out: dict, skipped: dict, projections: dict, model, T: int) -> None:
+def _as_hook_layout(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
+    """x in the hook's B,T,heads,width layout (HF's attention holds q and k as B,heads,T,width), else None."""
+    if x.shape == like.shape:
+        return x
+    if x.dim() == 4 and x.transpose(1, 2).shape == like.shape:
+        return x.transpose(1, 2)
+    return None
+
+
+def _rotary_error(model, layer: int, before: torch.Tensor, rotated: torch.Tensor, calls: dict) -> float:
+    """|rot − rotary(before)|: probe's models rotate by their tables; an HF model by its own modeling file's
+    ``apply_rotary_pos_emb``, recorded during the forward (``calls``: layer -> [(input, output)]). The call whose input
+    is ``before`` (or its leading rotary coordinates) gives the rotated coordinates; the rest pass unrotated. A layer
+    whose rotary never saw ``before`` must leave it as it is."""
+    if not calls and not hasattr(model, "hf_model"):
+        tables = model.rotary_tables(layer, rotated.shape[1])
+        want = before if tables is None else _rotate(before.double(), *(t.double() for t in tables))
+        return _diff(want, rotated)
+    rotary, norms = calls.get(layer, {}).get("rotary", ()), calls.get(layer, {}).get("norm", ())
+    for x, y in rotary:
+        width = x.shape[-1]
+        x, y = (_as_hook_layout(t, before[..., :width]) for t in (x, y))
+        if x is None or y is None or not _same(x, before[..., :width]):
+            continue
+        if width == before.shape[-1] and not _same(y, rotated):  # a QK-norm after the rotary (Llama 4, HunYuan)
+            for a, b in norms:
+                a, b = (_as_hook_layout(t, before) for t in (a, b))
+                if a is not None and b is not None and _same(a, y):
+                    return _diff(b, rotated)
+        return max(_diff(y, rotated[..., :width]), _diff(before[..., width:], rotated[..., width:]))
+    return _diff(before, rotated)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return _diff(a, b) <= 1e-9 * (1 + float(b.abs().max()))
+
+
+@contextlib.contextmanager
+def _recorded_rotary(model):
+    """Record every call of the HF modeling files' rotary functions (``apply_rotary*``) with the layer whose attention made it, and
+    the attention's norm submodules (a QK-norm after the rotary): {layer: {"rotary"|"norm": [(input, output)]}} (a
+    call rotating q and k together gives two pairs)."""
+    calls: dict[int, list] = {}
+    if not hasattr(model, "hf_model"):
+        yield calls
+        return
+    layers = model.decoder_layers(model.hf_model)
+    modules = {l: model.attention_module(layer) for l, layer in enumerate(layers)}
+    modules = {l: a for l, a in modules.items() if a is not None}
+    files = {sys.modules[type(a).__module__] for a in modules.values()}
+    # apply_rotary_pos_emb (rotate-half, interleaved), apply_rotary_emb (Llama 4's complex rotation), ...
+    originals = {
+        (f, name): fn
+        for f in files
+        for name, fn in vars(f).items()
+        if name.startswith("apply_rotary") and inspect.isfunction(fn)
+    }
+    current: list[int] = []
+
+    def wrap(fn):
+        def recording(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            if current:
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                outs = out if isinstance(out, tuple) else (out,)
+                calls.setdefault(current[-1], {}).setdefault("rotary", []).extend(zip(tensors[: len(outs)], outs))
+            return out
+
+        return recording
+
+    handles = []
+    def record_norm(_module, inputs, output, l):
+        if inputs and isinstance(inputs[0], torch.Tensor) and isinstance(output, torch.Tensor):
+            calls.setdefault(l, {}).setdefault("norm", []).append((inputs[0], output))
+
+    for l, attn in modules.items():
+        handles.append(attn.register_forward_pre_hook(lambda *_, l=l: current.append(l)))
+        handles.append(attn.register_forward_hook(lambda *_: current.pop()))
+        for name, sub in attn.named_children():
+            if "norm" in name:
+                handles.append(sub.register_forward_hook(lambda m, i, o, l=l: record_norm(m, i, o, l)))
+    for (f, name), fn in originals.items():
+        setattr(f, name, wrap(fn))
+    try:
+        yield calls
+    finally:
+        for (f, name), fn in originals.items():
+            setattr(f, name, fn)
+        for h in handles:
+            h.remove()
+
+
+def _attention(cache, info, out: dict, skipped: dict, projections: dict, model, rotary_calls: dict) -> None:
     results, zs, scores, rots = [], [], [], {"q": [], "k": []}
     G = info.kv_group
     for l in info.attention_layers:
@@ -113,11 +209,8 @@ def _attention(cache, info, out: dict, skipped: dict, projections: dict, model, 
             rotated = cache.get(names.rot(l, which))
             before = cache.get(names.attn(l, f"{which}_normed"))
             before = cache.get(names.attn(l, which)) if before is None else before
-            if rotated is None or before is None:
-                continue
-            tables = model.rotary_tables(l, rotated.shape[1]) if hasattr(model, "rotary_tables") else None
-            want = before if tables is None else _rotate(before.double(), *(t.double() for t in tables))
-            rots[which].append(_diff(want, rotated))
+            if rotated is not None and before is not None:
+                rots[which].append(_rotary_error(model, l, before, rotated, rotary_calls))
     out["z"], out["scores"], out["result"] = _worst(zs), _worst(scores), _worst(results)
     out["rot_q"], out["rot_k"] = _worst(rots["q"]), _worst(rots["k"])
     for rule, why in (
@@ -172,7 +265,7 @@ def check(model, ids: torch.Tensor) -> tuple[dict, dict]:
     was not checked}). Compare in the model's dtype's precision (fp64: ~1e-12)."""
     projections, handles = _output_projections(model)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _recorded_rotary(model) as rotary_calls:
             logits, cache = model.run_with_cache(ids)
     finally:
         for h in handles:
@@ -181,7 +274,7 @@ def check(model, ids: torch.Tensor) -> tuple[dict, dict]:
     info = model.probe_info
     out, skipped = {}, {}
     _residual(cache, info, out, skipped)
-    _attention(cache, info, out, skipped, projections, model, ids.shape[-1])
+    _attention(cache, info, out, skipped, projections, model, rotary_calls)
     _unembed(cache, model, logits, out, skipped)
     return out, skipped
 

@@ -94,7 +94,7 @@ def _as_hook_layout(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
-def _rotary_error(model, layer: int, before: torch.Tensor, rotated: torch.Tensor, calls: dict) -> float:
+def _rotary_error(model, layer: int, before: torch.Tensor, rotated: torch.Tensor, calls: dict, scale=None) -> float:
     """|rot − rotary(before)|: probe's models rotate by their tables; an HF model by its own modeling file's
     ``apply_rotary_pos_emb``, recorded during the forward (``calls``: layer -> [(input, output)]). The call whose input
     is ``before`` (or its leading rotary coordinates) gives the rotated coordinates; the rest pass unrotated. A layer
@@ -115,7 +115,7 @@ def _rotary_error(model, layer: int, before: torch.Tensor, rotated: torch.Tensor
                 if a is not None and b is not None and _same(a, y):
                     return _diff(b, rotated)
         return max(_diff(y, rotated[..., :width]), _diff(before[..., width:], rotated[..., width:]))
-    return _diff(before, rotated)
+    return _diff(before if scale is None else before * scale, rotated)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -140,7 +140,7 @@ def _recorded_rotary(model):
         (f, name): fn
         for f in files
         for name, fn in vars(f).items()
-        if name.startswith("apply_rotary") and inspect.isfunction(fn)
+        if name.startswith("apply_rotary") and callable(fn) and not inspect.isclass(fn)  # a kernel-hub wrapper too
     }
     current: list[int] = []
 
@@ -156,13 +156,16 @@ def _recorded_rotary(model):
         return recording
 
     handles = []
+    def leave(*_):  # returns None: the attention's output stays as it is
+        current.pop()
+
     def record_norm(_module, inputs, output, l):
         if inputs and isinstance(inputs[0], torch.Tensor) and isinstance(output, torch.Tensor):
             calls.setdefault(l, {}).setdefault("norm", []).append((inputs[0], output))
 
     for l, attn in modules.items():
         handles.append(attn.register_forward_pre_hook(lambda *_, l=l: current.append(l)))
-        handles.append(attn.register_forward_hook(lambda *_: current.pop()))
+        handles.append(attn.register_forward_hook(leave))
         for name, sub in attn.named_children():
             if "norm" in name:
                 handles.append(sub.register_forward_hook(lambda m, i, o, l=l: record_norm(m, i, o, l)))
@@ -210,7 +213,8 @@ def _attention(cache, info, out: dict, skipped: dict, projections: dict, model, 
             before = cache.get(names.attn(l, f"{which}_normed"))
             before = cache.get(names.attn(l, which)) if before is None else before
             if rotated is not None and before is not None:
-                rots[which].append(_rotary_error(model, l, before, rotated, rotary_calls))
+                scale = info.extra.get("query_scale") if which == "q" else None  # OPT's query scaling
+                rots[which].append(_rotary_error(model, l, before, rotated, rotary_calls, scale))
     out["z"], out["scores"], out["result"] = _worst(zs), _worst(scores), _worst(results)
     out["rot_q"], out["rot_k"] = _worst(rots["q"]), _worst(rots["k"])
     for rule, why in (

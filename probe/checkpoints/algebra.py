@@ -124,9 +124,9 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @contextlib.contextmanager
 def _recorded_rotary(model):
-    """Record every call of the HF modeling files' rotary functions (``apply_rotary*``) with the layer whose attention made it, and
-    the attention's norm submodules (a QK-norm after the rotary): {layer: {"rotary"|"norm": [(input, output)]}} (a
-    call rotating q and k together gives two pairs)."""
+    """Record every call of the HF modeling files' rotary functions (``apply_rotary*``) with the layer whose attention
+    made it, and of the attention's norm submodules (a QK-norm after the rotary): {layer: {"rotary"|"norm": [(input,
+    output)]}} (a call rotating q and k together gives two pairs)."""
     calls: dict[int, list] = {}
     if not hasattr(model, "hf_model"):
         yield calls
@@ -156,6 +156,7 @@ def _recorded_rotary(model):
         return recording
 
     handles = []
+
     def leave(*_):  # returns None: the attention's output stays as it is
         current.pop()
 

@@ -41,7 +41,9 @@ def __getattr__(name: str):
         from probe.checkpoints.load import load
 
         return load
-    if name in {"models", "kernels", "hooks", "analyses", "data", "train"}:
+    # subpackages on first use (``probe.checkpoints.wrap(x)`` after a plain ``import probe``): ``import probe``
+    # itself stays free of torch and transformers
+    if name in {"models", "kernels", "hooks", "analyses", "data", "train", "checkpoints"}:
         return importlib.import_module(f"probe.{name}")
     raise AttributeError(f"module 'probe' has no attribute {name!r}")
 

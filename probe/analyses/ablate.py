@@ -29,6 +29,10 @@ next-token loss per token, ablated − clean, paired on the same windows, with s
 Local interventions run on every layer at once (scope "model") and one layer at a time ("layer"; "head": one KV
 head, or one query head for phantom edits, with ``per_head``); depth forcings on every site at once and per site.
 Mechanisms are found by what the model does (its capabilities and the hooks that fire), never by its name.
+A model with linear layers (no softmax attention, docs/definitions.md#layer-types) is ablated in its softmax layers,
+which ``meta`` lists (``softmax_layers``, ``linear_layers``): "every layer at once" is every softmax layer, and an
+eviction leaves a linear layer's state whole. Its ``results`` get a ``layer_type`` column after ``layer`` and, with
+``per_layer``, a row per linear layer and intervention with NaN losses.
 Cost: one clean forward per batch plus one forward per condition and batch; ``meta`` records both wall times.
 """
 
@@ -50,6 +54,7 @@ from probe.analyses.capture import (
     output_losses,
     require,
 )
+from probe.analyses.layer_types import layer_meta, linear_layers, with_linear_layers
 from probe.analyses.parallel import all_sum, gather, gather_rows
 from probe.analyses.stats import with_batch_se
 from probe.hooks import names
@@ -281,7 +286,8 @@ def check_positions(model, positions: str) -> None:
         return
     info = model.probe_info
     tables = getattr(model, "rotary_tables", None)
-    missing = [l for l in range(info.n_layers) if tables is None or tables(l, 2) is None]
+    # the softmax layers' rotaries: a linear layer has no attention whose keys eviction moves
+    missing = [l for l in info.attention_layers if tables is None or tables(l, 2) is None]
     if missing:
         raise AblationError(
             f"model {info.name!r} has no rotary position embedding in layer {missing[0]}: eviction at positions "
@@ -336,6 +342,11 @@ def check_target(abl: Ablation, info) -> None:
             )
     if abl.head is not None and abl.intervention in ("evict", "depth"):
         raise AblationError(f"{abl.intervention} ablation: takes no head (it acts on every head of a layer or site)")
+    if abl.layer is not None and abl.layer not in info.attention_layers and abl.intervention != "depth":
+        raise AblationError(
+            f"{abl.intervention} ablation: layer {abl.layer} of model {info.name!r} is a linear layer (no softmax "
+            f"attention, hence no key 0, reads, phantom or gate to edit); its softmax layers: {info.attention_layers}"
+        )
 
 
 def ablation_hooks(
@@ -517,7 +528,7 @@ def ablate(
 ) -> dict[str, pd.DataFrame]:
     """Loss change per condition: tables ``results`` (loss_clean, loss_ablated, delta, delta_se; eviction also over
     queries t >= k + w: *_late; cost_ratio: the condition's mean forward time over one plain forward's), ``per_batch``
-    and ``meta`` (with the forwards' wall times and their ratio).
+    and ``meta`` (with the forwards' wall times and their ratio); linear layers: the module docstring.
 
     Tables (columns):
 
@@ -576,7 +587,7 @@ def ablate(
     per_batch = pd.DataFrame(rows)
     results = _results(per_batch)
     cost = (per_batch.groupby(KEYS, sort=False)["forward_s"].mean() / plain_s).rename("cost_ratio").reset_index()
-    results = results.merge(cost, on=KEYS, how="left")  # the condition's forward over one plain forward
+    results = _with_linear_layers(results.merge(cost, on=KEYS, how="left"), info)  # cost: over one plain forward
     kinds = set(c.intervention for c in conds)
     meta = describe(
         model,
@@ -594,6 +605,7 @@ def ablate(
         ablated_forward_s=ablated_s / max(n_forwards, 1),
         cost_ratio=(ablated_s / max(n_forwards, 1)) / plain_s,
         wall_s=clean_s + ablated_s,
+        **layer_meta(info),  # a hybrid's interventions act on its softmax layers
     )
     return finish({"results": results, "per_batch": per_batch}, meta)
 
@@ -616,6 +628,28 @@ def _clean_pass(model, w, mine, device, kw, want_means: bool):
 
 
 KEYS = ["intervention", "setting", "scope", "layer", "head", "site"]
+
+
+def _with_linear_layers(results: pd.DataFrame, info) -> pd.DataFrame:
+    """A hybrid model's results with a ``layer_type`` column (the ablated layer's type; "" for every layer at once or
+    a depth site) and, beside each intervention's one-layer rows, one row per linear layer: marked "linear", its
+    losses NaN (a linear layer has nothing these interventions edit). Other models' results are returned as they
+    are."""
+    if not linear_layers(info):
+        return results
+    kinds = [info.layer_types[l] if s in ("layer", "head") else "" for l, s in zip(results["layer"], results["scope"])]
+    results = results.assign(layer_type=kinds)
+    results = results[[*results.columns[:4], "layer_type", *results.columns[4:-1]]]  # beside the layer
+    local = results[results["scope"] == "layer"]
+    if local.empty:
+        return results
+    added = with_linear_layers(local, info, by=["intervention", "setting", "scope"])
+    added = added[added["layer_type"] == "linear"].assign(head=-1, site="")
+    out = pd.concat([results, added], ignore_index=True)
+    group = out["intervention"] + "\0" + out["setting"]
+    rank = pd.DataFrame({"g": group.map({g: i for i, g in enumerate(dict.fromkeys(group))}), "l": out["layer"]})
+    rank["h"] = out["head"]
+    return out.loc[rank.sort_values(["g", "l", "h"], kind="stable").index].reset_index(drop=True)
 
 
 def _row(c: Ablation, batch: int, clean: torch.Tensor, ablated: torch.Tensor, late: torch.Tensor | None) -> dict:

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import LayerCollector, as_windows, describe, finish, make_bar, model_device
+from probe.analyses.layer_types import layer_meta, with_linear_layers
 
 STATS = (
     "prev_at_trigger",
@@ -113,7 +114,8 @@ def backcopy_split(model, data, *, triggers=None, progress: bool = False) -> dic
     """Attention to the previous token on trigger rows vs to BOS elsewhere, per layer and head.
 
     ``data``: BB evaluation windows (``BBWindows``) or any windows with ``triggers`` (token ids). Tables ``layers``
-    (mean over heads), ``heads`` and ``meta``.
+    (mean over heads), ``heads`` and ``meta``. A model with linear layers (no softmax attention) has them in ``layers``
+    with a ``layer_type`` column and NaN statistics; ``heads`` holds its softmax layers, which ``meta`` lists.
 
     Tables (columns):
 
@@ -153,8 +155,11 @@ def backcopy_split(model, data, *, triggers=None, progress: bool = False) -> dic
         trigger_ids=str(trigger_ids.tolist()),
         rows="t >= 2",
         mass="share of all mass (phantom in the normaliser)",
+        **layer_meta(info),
     )
-    return finish(acc.tables(), meta)
+    tables = acc.tables()
+    tables["layers"] = with_linear_layers(tables["layers"], info)  # listed, marked, NaN: no pattern to split
+    return finish(tables, meta)
 
 
 __all__ = ["backcopy_split", "SplitAccumulator", "STATS"]

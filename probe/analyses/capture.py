@@ -119,7 +119,7 @@ def run_until_done(model, ids, fwd_hooks, **forward_kwargs):
 class LayerCollector:
     """Collect per-layer hook tensors; call ``on_layer(layer, {suffix: tensor})`` when a layer's set is complete.
 
-    ``needs(layer)`` gives the suffixes (``hook_q``, ``hook_v``, ...) a layer must deliver. Tensors are detached and
+    ``needs(layer)`` gives the suffixes (``hook_rot_q``, ``hook_v``, ...) a layer must deliver. Tensors are detached and
     released after the callback, so peak memory holds one layer's tensors (plus what the model itself holds).
     With ``stop_early`` the forward ends as soon as the last layer is complete (``run`` then returns None).
     """
@@ -127,7 +127,8 @@ class LayerCollector:
     def __init__(self, model, needs, on_layer, stop_early: bool = False):
         self.info = model.probe_info
         self.on_layer, self.stop_early = on_layer, stop_early
-        self.needs = {l: set(needs(l)) for l in self.info.attention_layers}  # linear layers: no attention
+        # linear layers have no attention hooks; a layer whose needs are empty is not waited for
+        self.needs = {l: set(n) for l in self.info.attention_layers if (n := needs(l))}
         self.pending: dict[int, dict[str, torch.Tensor]] = {}
         self.done: set[int] = set()
         wanted = {names.attn(l, s): (l, s) for l, ss in self.needs.items() for s in ss}
@@ -193,10 +194,11 @@ def model_device(model) -> torch.device:
 
 
 def row_mass_hooks(info) -> list[str]:
-    """The attention hooks from which probe.kernels.attention_row_masses reproduces a layer's attention: q, k, v, the
-    sink logit where there is a phantom, the gate where a routing-slot gate adds log g_j to the logits."""
+    """The attention hooks from which probe.kernels.attention_row_masses reproduces a layer's attention: the query and
+    key the scores take (hook_rot_q / hook_rot_k: after QK-norm and rotary), v, the sink logit where there is a
+    phantom, the gate where a routing-slot gate adds log g_j to the logits."""
     return (
-        ["hook_q", "hook_k", "hook_v"]
+        ["hook_rot_q", "hook_rot_k", "hook_v"]
         + (["hook_sink_logit"] if info.has_phantom else [])
         + (["hook_v_gate"] if info.gate_on_logits else [])
     )
@@ -218,7 +220,7 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     ``hook_pattern``. With ``hook_lse`` in ``got`` (``sparse_mass_hooks``) and q in fp32 or fp64, sparse indicators
     are read from it; a half-precision forward's lse is not used (its scores are rounded where these are not).
     """
-    q, k, sink = got["hook_q"], got["hook_k"], got.get("hook_sink_logit")
+    q, k, sink = got["hook_rot_q"], got["hook_rot_k"], got.get("hook_sink_logit")
     lse = got.get("hook_lse") if q.dtype in (torch.float32, torch.float64) else None
     key_bias = None
     if "hook_v_gate" in got:  # routing slot: the model adds log g_j to the logits (B, Hkv, T)

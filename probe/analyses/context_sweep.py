@@ -14,6 +14,7 @@ from __future__ import annotations
 import pandas as pd
 
 from probe.analyses.capture import as_windows, describe, finish
+from probe.analyses.layer_types import layer_meta
 from probe.analyses.sink_heads import DEFAULT_EPS
 from probe.analyses.sink_pass import sink_analyses
 
@@ -103,7 +104,13 @@ def sink_context_sweep(
     first = as_windows(next(iter(windows_by_ctx.values())))
     eps_list = [eps] if isinstance(eps, (int, float)) else list(eps)
     meta = describe(
-        model, first, "sink_context_sweep", ctx=" ".join(str(c) for c in per_ctx), eps=eps_list[0], massive=massive
+        model,
+        first,
+        "sink_context_sweep",
+        ctx=" ".join(str(c) for c in per_ctx),
+        eps=eps_list[0],
+        massive=massive,
+        **layer_meta(model.probe_info),  # a hybrid's linear layers: listed with NaN, summaries over softmax layers
     )
     return finish(sweep_tables(per_ctx), meta), per_ctx
 

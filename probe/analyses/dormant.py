@@ -39,6 +39,7 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import as_windows, describe, finish, sliding, sparse_mass_hooks
+from probe.analyses.layer_types import layer_meta, with_linear_layers
 from probe.analyses.parallel import gather
 from probe.analyses.passes import Part, run_pass
 from probe.data.windows import default_windows
@@ -174,6 +175,7 @@ class DormantAccumulator:
             z_ratio=("z_ratio", "mean"),
         )
         domains = inputs.groupby(["domain", "layer"], sort=False).agg(**agg).reset_index()
+        domains = with_linear_layers(domains, info, by=["domain"])  # linear layers: listed, no heads
         summary = inputs.groupby("domain", sort=False).agg(**agg).reset_index()
         if summary["domain"].nunique() > 1:
             summary = pd.concat(
@@ -228,7 +230,7 @@ class DormantPart(Part):
 
     def on_layer(self, layer, got, masses) -> None:
         def key0_only(g):  # (B, T, Hkv, 1)
-            ind = torch.ones(*g["hook_k"].shape[:3], 1, dtype=torch.float32, device=g["hook_k"].device)
+            ind = torch.ones(*g["hook_rot_k"].shape[:3], 1, dtype=torch.float32, device=g["hook_rot_k"].device)
             ind[:, 1:] = 0
             return ind
 
@@ -261,6 +263,7 @@ def dormant_result(model, acc: DormantAccumulator, domains: dict) -> dict[str, p
         norm_ratio=acc.norm_ratio,
         criterion="key0_mass > threshold (rows t >= 1); also z_ratio < norm_ratio",
         key0="learned sink token" if info.sink_token else "first input token",
+        **layer_meta(info),
     )
     if len(domains) > 1:  # the corpus identity of every domain
         meta["corpus"] = "+".join(domains)
@@ -285,7 +288,9 @@ def dormant_heads(
     """Active/dormant state of every head on every input window. ``data``: windows (EvalBatches or token tensor), or
     {domain name: windows} to compare domains. Tables: ``summary`` (one row per domain, and 'all'), ``domains`` (per
     domain and layer), ``heads`` (dormant rate and output norms per state), ``switching`` (dormant rate per domain and
-    its spread, most domain-dependent heads first), ``inputs`` (one row per window and head) and ``meta``.
+    its spread, most domain-dependent heads first), ``inputs`` (one row per window and head) and ``meta``. A model
+    with linear layers (no softmax attention) has them in ``domains`` with a ``layer_type`` column and NaN
+    statistics; every other table covers the heads of its softmax layers, which ``meta`` lists.
 
     Tables (columns):
 

@@ -40,6 +40,7 @@ from probe.analyses.capture import (
     model_device,
     token_text,
 )
+from probe.analyses.layer_types import layer_meta, with_linear_layers
 from probe.analyses.parallel import gather_rows, reduce_sums
 from probe.analyses.stats import jackknife_se
 from probe.hooks import names
@@ -67,12 +68,14 @@ class GateAccumulator:
         "tok_nf",
     )
 
-    def __init__(self, info, token_ids: torch.Tensor, min_count: int, n_gate_heads: int | None = None):
+    def __init__(self, info, token_ids: torch.Tensor, min_count: int, n_gate_heads: int | None = None, layers=None):
         """token_ids: every input token of the evaluation set (its unique values index the token sums);
-        n_gate_heads: the heads a gate is per (default the KV heads)."""
+        n_gate_heads: the heads a gate is per (default the KV heads); layers: the layers with the gate (default the
+        softmax layers)."""
         L, H, Hkv = info.n_layers, info.n_heads, n_gate_heads or info.n_kv_heads
         self.group = H // Hkv  # query heads per gate head
         self.info, self.min_count = info, min_count
+        self.layers = list(info.attention_layers if layers is None else layers)
         self.vocab, counts = torch.unique(token_ids, return_counts=True)
         self.counts = counts.double()  # occurrences per token in the evaluation set
         self.frequent = self.counts >= min_count
@@ -213,7 +216,7 @@ class GateAccumulator:
         G = self.group
         n_gate_heads = self.g.shape[1]
         heads = []
-        for l in range(info.n_layers):
+        for l in self.layers:
             for h in range(info.n_heads):
                 r, kv = self.rows[l], h // G  # kv: the gate's head (a KV head, or the query head of an output gate)
                 mean = float(self.m[l, h] / r)
@@ -236,8 +239,8 @@ class GateAccumulator:
         layers["frac_below_half"] = [float(self.low[l].sum() / (self.reads[l] * n_gate_heads)) for l in layers.layer]
         summary = {c: float(layers[c].mean()) for c in cols + ["read_mean_gate", "frac_below_half"]}
         for name, frequent_only in (("token_share", False), ("token_share_min_count", True)):
-            share, se = self._token_share_table(frequent_only)
-            layers[name], layers[f"{name}_se"] = share[:-1].tolist(), se[:-1].tolist()
+            share, se = self._token_share_table(frequent_only)  # a layer without the gate adds nothing to the pool
+            layers[name], layers[f"{name}_se"] = share[self.layers].tolist(), se[self.layers].tolist()
             summary.update({name: float(share[-1]), f"{name}_se": float(se[-1])})
         summary.update(
             min_count=self.min_count,
@@ -247,15 +250,16 @@ class GateAccumulator:
             n_frequent_reads=int(self.counts[self.frequent].sum()),
             n_frequent_types=int(self.frequent.sum()),
         )
-        mean_tok = self.tok.sum((0, 1)) / (self.counts * info.n_layers * n_gate_heads)
+        mean_tok = self.tok.sum((0, 1)) / (self.counts * len(self.layers) * n_gate_heads)
         tokens = pd.DataFrame(
             {"token_id": self.vocab.tolist(), "count": self.counts.long().tolist(), "mean_gate": mean_tok.tolist()}
         )
         tokens = tokens[tokens["count"] >= self.min_count].sort_values(["mean_gate", "token_id"]).reset_index(drop=True)
         tokens.insert(1, "token", [token_text(tokenizer, t) for t in tokens["token_id"]])
+        ungated = [l for l in range(info.n_layers) if l not in self.layers]
         return {
             "summary": pd.DataFrame([summary]),
-            "layers": layers,
+            "layers": with_linear_layers(layers, info, layers=ungated),  # listed, marked, NaN
             "heads": heads,
             "tokens": tokens,
             "batches": pd.DataFrame(self.batch_rows),
@@ -267,9 +271,9 @@ class OutGateAccumulator(GateAccumulator):
 
     SUMS = GateAccumulator.SUMS + ("c1", "c2")
 
-    def __init__(self, info, token_ids: torch.Tensor, min_count: int, per_head: int):
+    def __init__(self, info, token_ids: torch.Tensor, min_count: int, per_head: int, layers=None):
         """per_head: gates per head (the head width element-wise, 1 headwise: the hook's shape says which)."""
-        super().__init__(info, token_ids, min_count, n_gate_heads=info.n_heads)
+        super().__init__(info, token_ids, min_count, n_gate_heads=info.n_heads, layers=layers)
         shape = (info.n_layers, info.n_heads, per_head)
         self.c1 = torch.zeros(shape, dtype=torch.float64)  # Σ g per coordinate over rows t >= 1
         self.c2 = torch.zeros(shape, dtype=torch.float64)  # Σ g²
@@ -304,9 +308,9 @@ def _row_sd(c1: torch.Tensor, c2: torch.Tensor, n) -> torch.Tensor:
     return (c2 / n - (c1 / n) ** 2).clamp_min(0).sqrt()
 
 
-def _gates_per_head(model, w) -> int:
-    """The output gate's width per head, read off hook_out_gate in a forward of two tokens: 1 headwise (B,T,H), the
-    head width element-wise (B,T,H,dv)."""
+def _gates_per_head(model, w, layer: int) -> int:
+    """The output gate's width per head, read off ``layer``'s hook_out_gate in a forward of two tokens: 1 headwise
+    (B,T,H), the head width element-wise (B,T,H,dv)."""
     seen = {}
 
     def record(g, hook):
@@ -314,7 +318,9 @@ def _gates_per_head(model, w) -> int:
         raise StopForward
 
     with contextlib.suppress(StopForward):
-        model.run_with_hooks(w.inputs(0, model_device(model))[:1, :2], fwd_hooks=[(names.attn(0, "out_gate"), record)])
+        model.run_with_hooks(
+            w.inputs(0, model_device(model))[:1, :2], fwd_hooks=[(names.attn(layer, "out_gate"), record)]
+        )
     return 1 if len(seen["shape"]) == 3 else int(seen["shape"][-1])
 
 
@@ -328,29 +334,8 @@ def read_tokens_of(info, ids: torch.Tensor) -> torch.Tensor:
 GATE_KINDS = ("value", "output")
 
 
-@torch.no_grad()
-def gate_stats(
-    model, data, *, min_count: int = 50, tokenizer=None, progress: bool = False, gate: str | None = None
-) -> dict[str, pd.DataFrame]:
-    """Gate statistics: tables ``summary``, ``layers``, ``heads``, ``tokens`` (most attenuated first), ``batches``
-    (per batch and layer) and ``meta``.
-
-    ``gate``: "value" (hook_v_gate) or "output" (hook_out_gate); None takes the model's value gate, else its output
-    gate; an output gate's ``meta`` says so (``gate``, ``out_gate``). Raises ValueError for a model without that
-    gate. Output gates have the same tables, per query head (docs/definitions.md#gate-statistics).
-
-    Tables (columns):
-
-    - ``summary``: model, corpus, mean_gate, selectivity, spread, read_mean_gate, frac_below_half, token_share,
-      token_share_se, token_share_min_count, token_share_min_count_se, min_count, value_gate, n_token_reads,
-      n_token_types, n_frequent_reads, n_frequent_types
-    - ``layers``: model, corpus, layer, mean_gate, selectivity, spread, read_mean_gate, frac_below_half, token_share,
-      token_share_se, token_share_min_count, token_share_min_count_se
-    - ``heads``: model, corpus, layer, head, kv_head, mean_gate, selectivity, spread, read_mean_gate, frac_below_half
-    - ``tokens``: model, corpus, token_id, token, count, mean_gate
-    - ``batches``: model, corpus, batch, layer, mean_gate, selectivity, read_mean_gate
-    """
-    info = model.probe_info
+def _gate_kind(info, gate: str | None) -> str:
+    """The gate asked for (None: the model's value gate, else its output gate); ValueError for one it lacks."""
     if gate is None:
         gate = "output" if info.has_out_gate and not info.has_value_gate else "value"
     if gate not in GATE_KINDS:
@@ -366,21 +351,61 @@ def gate_stats(
             "need hook_v_gate (norm, proj, routing-norm, silu, tanh, g2 or glu gates) or hook_out_gate (outgate, "
             "outgate-head)"
         )
+    return gate
+
+
+def gated_layers(info, gate: str) -> list[int]:
+    """The layers that fire the gate: the softmax layers (a linear layer has no attention hooks, its gate neither)
+    whose hook the model does not list as absent."""
+    point = "out_gate" if gate == "output" else "v_gate"
+    return [l for l in info.attention_layers if info.lacks(names.attn(l, point)) is None]
+
+
+@torch.no_grad()
+def gate_stats(
+    model, data, *, min_count: int = 50, tokenizer=None, progress: bool = False, gate: str | None = None
+) -> dict[str, pd.DataFrame]:
+    """Gate statistics: tables ``summary``, ``layers``, ``heads``, ``tokens`` (most attenuated first), ``batches``
+    (per batch and layer) and ``meta``.
+
+    ``gate``: "value" (hook_v_gate) or "output" (hook_out_gate); None takes the model's value gate, else its output
+    gate; an output gate's ``meta`` says so (``gate``, ``out_gate``). Raises ValueError for a model without that
+    gate. Output gates have the same tables, per query head (docs/definitions.md#gate-statistics). A model with
+    linear layers (no attention, so no gate) has them in ``layers`` with a ``layer_type`` column and NaN
+    statistics; the summary, ``heads``, ``tokens`` and ``batches`` are over the gated layers, which ``meta`` lists
+    (``softmax_layers``, ``linear_layers``).
+
+    Tables (columns):
+
+    - ``summary``: model, corpus, mean_gate, selectivity, spread, read_mean_gate, frac_below_half, token_share,
+      token_share_se, token_share_min_count, token_share_min_count_se, min_count, value_gate, n_token_reads,
+      n_token_types, n_frequent_reads, n_frequent_types
+    - ``layers``: model, corpus, layer, mean_gate, selectivity, spread, read_mean_gate, frac_below_half, token_share,
+      token_share_se, token_share_min_count, token_share_min_count_se
+    - ``heads``: model, corpus, layer, head, kv_head, mean_gate, selectivity, spread, read_mean_gate, frac_below_half
+    - ``tokens``: model, corpus, token_id, token, count, mean_gate
+    - ``batches``: model, corpus, batch, layer, mean_gate, selectivity, read_mean_gate
+    """
+    info = model.probe_info
+    gate = _gate_kind(info, gate)
+    layers = gated_layers(info, gate)
+    if not layers:
+        raise ValueError(f"model {info.name!r} has no layer that fires its {gate} gate")
     w = as_windows(data)
     token_ids = w.tokens[..., :-1].reshape(-1)
     state: dict = {}
     acc: GateAccumulator
     if gate == "output":
-        acc = OutGateAccumulator(info, token_ids, min_count, _gates_per_head(model, w))
+        acc = OutGateAccumulator(info, token_ids, min_count, _gates_per_head(model, w, layers[0]), layers)
         hooks, on_layer = ["hook_out_gate"], lambda l, got: acc.add_rows(l, got["hook_out_gate"], state["tokens"])
     else:
-        acc = GateAccumulator(info, token_ids, min_count)
+        acc = GateAccumulator(info, token_ids, min_count, layers=layers)
         hooks = ["hook_v_gate", "hook_pattern"]
 
         def on_layer(l, got):
             acc.add(l, got["hook_pattern"], got["hook_v_gate"], state["tokens"])
 
-    collector = LayerCollector(model, lambda l: hooks, on_layer, stop_early=True)
+    collector = LayerCollector(model, lambda l: hooks if l in layers else (), on_layer, stop_early=True)
     mine = batches_of_rank(len(w))
     bar = make_bar(len(mine), progress and is_main(), "gate statistics")
     for n in mine:
@@ -395,7 +420,8 @@ def gate_stats(
     settings = dict(value_gate=info.value_gate, min_count=min_count)
     if gate == "output":
         settings.update(gate="output", out_gate=info.out_gate)
+    settings.update(layer_meta(info, softmax=layers))
     return finish(acc.tables(tok), describe(model, w, "gates", **settings))
 
 
-__all__ = ["gate_stats", "GateAccumulator", "OutGateAccumulator", "read_tokens_of", "GATE_KINDS"]
+__all__ = ["gate_stats", "gated_layers", "GateAccumulator", "OutGateAccumulator", "read_tokens_of", "GATE_KINDS"]

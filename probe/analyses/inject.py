@@ -20,6 +20,10 @@ column, key 0, so the clean pass also gives the model's sink statistics (docs/de
 Efficiency: one clean pass per batch (with exposure), then the conditions stacked along the batch dimension (each
 condition keeps its own copy of the batch, so the structured pool never mixes conditions), as many per forward as
 ``max_rows`` allows. Dose-0 conditions change nothing and are not run: their loss change is exactly 0.
+
+A model with linear layers (no softmax attention, hence no ``hook_v``; docs/definitions.md#layer-types) is injected at
+its softmax layers' reads only, which ``meta`` lists (``softmax_layers``, ``linear_layers``); ``exposure_layers`` has
+its linear layers with a ``layer_type`` column and NaN shares, and the means over layers are over the softmax layers.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from probe.analyses.capture import (
     row_mass_hooks,
     row_masses,
 )
+from probe.analyses.layer_types import layer_meta, with_linear_layers
 from probe.analyses.parallel import all_sum, gather_rows, reduce_sums
 from probe.analyses.sinks import SinkAccumulator
 from probe.analyses.stats import with_batch_se
@@ -72,10 +77,23 @@ def quiet_and_median(norms: torch.Tensor, qs) -> tuple[list[torch.Tensor], torch
     return [rank < math.floor(q * T) for q in qs], median
 
 
+TIE_RTOL = 1e-6  # norms this close (relative to the larger) are one tie, broken by position: a few fp32 ulps
+
+
 def _ranks_and_median(norms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(..., T, Hkv) -> (each read's place in the stable ascending order over T, the interpolated median (..., Hkv))."""
+    """(..., T, Hkv) -> (each read's place in the ascending order over T, the interpolated median (..., Hkv)).
+
+    Reads equal in exact arithmetic (the same token's value in layer 0) come out of a matmul a few ulps apart, by
+    which rows share a kernel block, and that differs between CPUs: ordered by those ulps, the quiet set (and every
+    injection number) would depend on the machine. Norms within TIE_RTOL of their neighbour in sorted order are one
+    tie, ordered by position (docs/definitions.md#medians-and-quantiles)."""
     T = norms.shape[-2]
     values, order = torch.sort(norms, dim=-2, stable=True)
+    gaps = (values[..., 1:, :] - values[..., :-1, :]) > TIE_RTOL * values[..., 1:, :].abs()
+    group = torch.cat([torch.zeros_like(gaps[..., :1, :]), gaps], dim=-2).long().cumsum(-2)  # tie group, sorted
+    group_of = torch.empty_like(group).scatter_(-2, order, group)  # (..., T, Hkv) each position's tie group
+    positions = torch.arange(T, device=norms.device).view(T, 1)
+    order = torch.sort(group_of * T + positions, dim=-2).indices  # by tie group, then position: exact integers
     places = torch.arange(T, device=norms.device).view(T, 1).expand(order.shape)
     rank = torch.empty_like(order).scatter_(-2, order, places)
     pos = 0.5 * (T - 1)
@@ -166,7 +184,7 @@ def own_directions(model) -> dict[int, torch.Tensor]:
     the projection gate's w); ValueError for a model whose gates declare none in some layer."""
     info = model.probe_info
     directions = gate_directions(model)
-    found = {l: directions.get(l) for l in range(info.n_layers)}
+    found = {l: directions.get(l) for l in info.attention_layers}  # a linear layer has no reads to inject into
     if any(w is None for w in found.values()):
         raise ValueError(
             f"own-direction junk needs a projection gate (or another gate with its own read direction) "
@@ -243,6 +261,7 @@ class ExposureAccumulator:
         batches = pd.DataFrame(self.batch_rows, columns=["batch", "layer", "cutoff"] + cols)
         per_batch = batches.groupby(["cutoff", "batch"], sort=False)[cols].mean().reset_index()  # over layers
         layers = with_batch_se(layers, batches, cols, by=["cutoff", "layer"])  # NaN s.e. with one batch
+        layers = with_linear_layers(layers, self.info, by=["cutoff"])  # linear layers: listed, no attention
         summary = with_batch_se(summary, per_batch, cols, by="cutoff")
         sinks = self.sinks.tables()["summary"]
         return {"exposure": summary, "exposure_layers": layers, "exposure_heads": heads, "sinks": sinks}
@@ -341,7 +360,7 @@ def inject(
     pass's sink statistics, as ``probe sinks``'s summary on the same windows, when ``exposure``) and ``meta``.
 
     ``max_rows``: sequences per corrupted forward (conditions are stacked along the batch); default keeps the
-    stacked logits under about 1 GiB.
+    stacked logits under about 1 GiB. Linear layers: the module docstring.
 
     Tables (columns):
 
@@ -409,6 +428,7 @@ def inject(
         doses=",".join(map(str, doses)),
         seed=seed,
         n_tokens=count,
+        **layer_meta(info),  # a hybrid's reads, hence its injection and exposure, are its softmax layers'
     )
     return finish(tables, meta)
 
@@ -451,7 +471,8 @@ def exposure_stats(model, data, *, cutoffs=("q25", "median"), backend: str | Non
         acc.batch = n
         collector.run(model, w.inputs(n, model_device(model)))
     acc.merge()
-    return finish(acc.tables(), describe(model, w, "exposure", cutoffs=",".join(map(str, cutoffs))))
+    meta = describe(model, w, "exposure", cutoffs=",".join(map(str, cutoffs)), **layer_meta(info))
+    return finish(acc.tables(), meta)
 
 
 __all__ = [

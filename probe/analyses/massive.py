@@ -34,6 +34,7 @@ import torch
 
 from probe.analyses.capture import as_windows, describe, finish, sparse_mass_hooks, token_text
 from probe.analyses.gates import read_tokens_of
+from probe.analyses.layer_types import layer_meta, linear_layers
 from probe.analyses.parallel import gather, reduce_sums
 from probe.analyses.passes import Part, run_pass
 from probe.hooks import names
@@ -351,7 +352,11 @@ class MassiveAccumulator:
             else:
                 row.update(key0_mass=nan, top_mass=nan, massive_mass=nan, r0=nan, r_top=nan, r_massive=nan)
             layers.append(row)
-        return pd.DataFrame(layers)
+        layers = pd.DataFrame(layers)
+        if linear_layers(self.info):  # which sites feed a layer without attention (the last feeds the output)
+            kinds = [self.info.layer_types[s] if s < L else "output" for s in layers["layer"]]
+            layers.insert(2, "layer_type", kinds)
+        return layers
 
     def _dim_table(self, tokenizer) -> pd.DataFrame:
         """One row per massive dimension of a site, largest first: where and on which tokens it fires."""
@@ -458,7 +463,7 @@ class MassivePart(Part):
         self.state.update(tokens=read_tokens_of(self.info, ids), batch=batch)
 
     def on_layer(self, layer, got, masses) -> None:
-        k = got["hook_k"]
+        k = got["hook_rot_k"]
         found = self.state.pop(layer)
         B, T, Hkv = k.shape[:3]
 
@@ -490,6 +495,7 @@ class MassivePart(Part):
             top_k=acc.top_k,
             sites=f"{names.RESID_PRE} (layer l) + last hook_resid_post (layer L)",
             key0="learned sink token" if self.info.sink_token else "first input token",
+            **layer_meta(self.info),
         )
         return finish(acc.tables(tok), meta)
 
@@ -509,6 +515,11 @@ def massive_activations(
     """Massive activations per layer: tables ``summary``, ``layers`` (top1..3, median, ratio, massive counts and the
     alignment with key 0 and the value reads), ``top`` (the ``top_k`` largest activations per site with window,
     position, token and dimension), ``dims`` (massive dimensions per site) and ``meta``.
+
+    A linear layer (no softmax attention) has its residual-stream statistics like any other and NaN attention ones;
+    a model with linear layers gets a ``layer_type`` column in ``layers`` (after ``hook``; "output" for the last
+    layer's output), and ``meta`` lists the softmax layers that the summary's attention means (key0_mass, r0, ...)
+    are over (``softmax_layers``, ``linear_layers``).
 
     Tables (columns):
 

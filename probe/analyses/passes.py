@@ -34,7 +34,7 @@ class Part:
     """One analysis fed by a shared pass. Subclasses override what they use."""
 
     def needs(self, layer: int) -> set[str]:
-        """Attention hook suffixes (``hook_q``, ...) the part needs from ``layer``."""
+        """Attention hook suffixes (``hook_rot_q``, ...) the part needs from ``layer``."""
         return set()
 
     def stream_hooks(self) -> dict[str, Callable[[torch.Tensor], None]]:

@@ -39,6 +39,7 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import as_windows, describe, finish, sliding, sparse_mass_hooks
+from probe.analyses.layer_types import layer_meta, with_linear_layers
 from probe.analyses.parallel import gather_rows, reduce_sums
 from probe.analyses.passes import Part, key0_and_real, run_pass
 from probe.analyses.stats import jackknife_se
@@ -280,6 +281,7 @@ class SinkEpsAccumulator:
         layers = pd.concat(layers, ignore_index=True)
         counts = ["n_sink_heads_key0"] if self.per_window else ["n_sink_heads", "n_sink_heads_key0"]
         layers[counts] = layers[counts].astype(int)
+        layers = with_linear_layers(layers, info, by=["epsilon"])  # linear layers: listed, no heads to score
         return {"summary": pd.DataFrame(summary), "layers": layers, "heads": heads}
 
 
@@ -307,7 +309,7 @@ class SinkEpsPart(Part):
         return self.hooks
 
     def on_layer(self, layer, got, masses) -> None:
-        _, mass, phantom = masses("key0+real", lambda g: key0_and_real(g["hook_k"]), self.backend)
+        _, mass, phantom = masses("key0+real", lambda g: key0_and_real(g["hook_rot_k"]), self.backend)
         self.acc.add(layer, mass[..., 0], mass[..., 1], phantom)
 
     def result(self, model, w, method: str = "streaming") -> dict[str, pd.DataFrame]:
@@ -326,6 +328,7 @@ class SinkEpsPart(Part):
             protocol=self.protocol,
             threshold="per window" if acc.per_window else "pooled",
             **({"backend": self.backend} if method == "streaming" else {}),
+            **layer_meta(self.info),
         )
         return finish(acc.tables(), meta)
 
@@ -362,6 +365,9 @@ def sink_heads(
     layer at a time. ``window_rows='key0'`` decides sink heads of sliding-window layers on the rows that see key 0.
     ``protocol`` (one of :data:`PROTOCOLS`): 'pooled' (probe's form) or 'gu2025' (Gu et al.'s released evaluation:
     rows t >= 0, thresholded per window; the windows must hold 64 tokens, ``probe.data.windows.text_windows``).
+    A model with linear layers (no softmax attention) has them in ``layers`` with NaN statistics; ``summary`` (its
+    L: the softmax layers) and ``heads`` cover the softmax layers, which ``meta`` lists (``softmax_layers``,
+    ``linear_layers``).
 
     Tables (columns):
 

@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import as_windows, describe, finish, model_device, sliding, sparse_mass_hooks
+from probe.analyses.layer_types import layer_meta, linear_layers, with_linear_layers
 from probe.analyses.parallel import first_present, gather_rows, reduce_sums
 from probe.analyses.passes import Part, key0_and_real, run_pass
 from probe.hooks import names
@@ -120,11 +121,14 @@ class SinkAccumulator:
         cols = [c for c in heads.columns if c not in ("layer", "head", "kv_head", "layer_type", "r0")]
         layers = heads.groupby(["layer", "layer_type"], sort=True)[cols].mean().reset_index()
         layers.insert(4, "r0", [float((self.r0[l] / self.seqs[l]).mean()) for l in layers["layer"]])
-        # summaries: over all layers, per layer type, and for sliding layers over queries that see key 0
-        summary = _summary(layers, "all")
+        # summaries: over all layers (the softmax ones: a linear layer has no attention), per layer type, and for
+        # sliding layers over queries that see key 0
+        linear = linear_layers(info)
+        over = "softmax" if linear else "all"
+        summary = _summary(layers, over)
         later = layers[layers["layer"] > 0] if len(layers) > 1 else layers
         summary.update(_flag(later))
-        by_type = [_summary(layers, "all")]
+        by_type = [_summary(layers, over)]
         for kind in ("full", "sliding"):
             sub = layers[layers["layer_type"] == kind]
             if len(sub) and len(sub) < len(layers):
@@ -137,10 +141,12 @@ class SinkAccumulator:
                 uniform_ref=sub["uniform_ref_key0"],
             )
             by_type.append(_summary(key0, "sliding (key 0 in window)"))
+        if linear:  # listed, with no attention statistics
+            by_type.append(_summary(layers.iloc[:0], "linear") | {"n_layers": len(linear)})
         return {
             "summary": pd.DataFrame([summary]),
             "by_type": pd.DataFrame(by_type),
-            "layers": layers,
+            "layers": with_linear_layers(layers, info),
             "heads": heads,
             "batches": pd.DataFrame(self.batch_rows),
         }
@@ -164,7 +170,10 @@ def _flag(later: pd.DataFrame) -> dict:
 
 
 def _meta(model, w, kind, **settings):
-    return describe(model, w, "sinks", method=kind, sink_factor=SINK_FACTOR, sink_r0=SINK_R0, **settings)
+    info = model.probe_info
+    return describe(
+        model, w, "sinks", method=kind, sink_factor=SINK_FACTOR, sink_r0=SINK_R0, **settings, **layer_meta(info)
+    )
 
 
 class SinkPart(Part):
@@ -180,7 +189,7 @@ class SinkPart(Part):
         return self.hooks
 
     def on_layer(self, layer, got, masses) -> None:
-        _, mass, phantom = masses("key0+real", lambda g: key0_and_real(g["hook_k"]), self.backend)
+        _, mass, phantom = masses("key0+real", lambda g: key0_and_real(g["hook_rot_k"]), self.backend)
         pos0 = mass[..., 0] / mass[..., 1].clamp_min(1e-30)
         self.acc.add(layer, pos0, phantom, got["hook_v"].float().norm(dim=-1), got.get("hook_sink_logit"))
 
@@ -197,6 +206,11 @@ def sink_stats(model, data, *, backend: str | None = None, progress: bool = Fals
 
     Hooks q, k, v (and the sink logit where the model has a phantom) one layer at a time; per-row masses on key 0 and
     on all real keys come from ``attention_row_masses`` with the phantom in the normaliser.
+
+    A model with linear layers (no softmax attention, docs/definitions.md#layer-types) has them in ``layers`` with
+    NaN statistics and a ``by_type`` row "linear"; ``summary`` (``layers`` = "softmax") and the other ``by_type`` rows
+    are over its softmax layers, which ``meta`` lists (``softmax_layers``, ``linear_layers``); ``heads`` and
+    ``batches`` hold the softmax layers.
 
     Tables (columns):
 

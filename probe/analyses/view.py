@@ -15,6 +15,7 @@ import torch
 
 from probe.analyses.capture import finish, model_device, token_text
 from probe.analyses.gates import read_tokens_of
+from probe.analyses.layer_types import linear_layers
 from probe.analyses.sources import depth_sites
 from probe.hooks import names
 
@@ -38,6 +39,7 @@ class TextCapture:
     depth: dict[str, np.ndarray] = field(default_factory=dict)  # read site -> (T, S) weights over its sources
     sources: dict[str, list[str]] = field(default_factory=dict)  # read site -> its S source labels
     gates: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (T, Hkv); element-wise: head mean
+    linear_layers: list[int] = field(default_factory=list)  # layers without softmax attention: no pattern, no gate
 
     @property
     def has_phantom(self) -> bool:
@@ -88,13 +90,12 @@ def capture_view(
     sites=None,
 ) -> TextCapture:
     """One forward over one text, caching what the viewers draw: the attention pattern (and phantom) of ``layers``
-    (default every layer), the depth weights of ``sites`` (default every read site) and the gates of ``layers``.
-    ``depth`` / ``gates``: None = when the model has them, True = required (ValueError without), False = skipped."""
+    (default every softmax layer), the depth weights of ``sites`` (default every read site) and the gates of ``layers``.
+    ``depth`` / ``gates``: None = when the model has them, True = required (ValueError without), False = skipped.
+    A linear layer (no softmax attention) has no pattern or gate to capture: by default the softmax layers are
+    captured and the capture lists the linear ones; asking for a linear layer is a ValueError."""
     info = model.probe_info
-    layers = list(range(info.n_layers)) if layers is None else [int(l) for l in layers]
-    bad = [l for l in layers if not 0 <= l < info.n_layers]
-    if bad:
-        raise ValueError(f"layer={bad[0]}: model {info.name!r} has layers 0..{info.n_layers - 1}")
+    layers = _layers(info, layers)
     has_depth = info.has_depth_sources and bool(info.extra.get("depth_sites"))
     if depth and not has_depth:
         depth_sites(info)  # raises: the model has no depth routing
@@ -129,6 +130,7 @@ def capture_view(
         token_ids=read,
         tokens=toks,
         note=note,
+        linear_layers=linear_layers(info),
     )
     if attention:
         cap.patterns = {l: array(names.attn(l, "pattern")) for l in layers}
@@ -139,6 +141,24 @@ def capture_view(
     if want_gates:
         cap.gates = {l: array(names.attn(l, "v_gate"), head_mean=True) for l in layers}  # (T, Hkv)
     return cap
+
+
+def _layers(info, layers) -> list[int]:
+    """The layers to capture: the softmax layers by default; ValueError for a layer the model lacks or one without
+    softmax attention."""
+    if layers is None:
+        return list(info.attention_layers)
+    layers = [int(l) for l in layers]
+    bad = [l for l in layers if not 0 <= l < info.n_layers]
+    if bad:
+        raise ValueError(f"layer={bad[0]}: model {info.name!r} has layers 0..{info.n_layers - 1}")
+    linear = [l for l in layers if l not in info.attention_layers]
+    if linear:
+        raise ValueError(
+            f"layer={linear[0]}: {info.lacks(names.attn(linear[0], 'pattern'))}, so it has no pattern to view; "
+            f"model {info.name!r}'s softmax layers are {info.attention_layers}"
+        )
+    return layers
 
 
 def view_result(cap: TextCapture, source: str, corpus: str | None = None) -> dict[str, pd.DataFrame]:
@@ -159,6 +179,8 @@ def view_result(cap: TextCapture, source: str, corpus: str | None = None) -> dic
         "value_gate": cap.value_gate,
         "sink_token": cap.sink_token,
     }
+    if cap.linear_layers:  # a hybrid's page and line say which layers have no pattern
+        meta["linear_layers"] = ",".join(map(str, cap.linear_layers))
     tokens = pd.DataFrame({"position": range(len(cap.tokens)), "token_id": cap.token_ids, "token": cap.tokens})
     return finish({"tokens": tokens}, meta)
 

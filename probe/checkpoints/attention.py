@@ -5,25 +5,32 @@ transformers 5 calls ``fn(module, query, key, value, attention_mask, scaling=...
 s_aux=...)`` after the projections and rotary, with q (B,H,Tq,dh), k/v (B,Hkv,Tk,dh). Here the attention hooks
 fire:
 
-    hook_q, hook_k, hook_v, hook_v_out, [hook_sink_logit], [hook_pattern, hook_phantom], [hook_lse], hook_z
+    [hook_q], hook_rot_q, [hook_k], hook_rot_k, hook_v, hook_v_out, [hook_sink_logit], [hook_attn_scores],
+    [hook_pattern, hook_phantom], [hook_lse], hook_z
 
-all with positions second (B,T,heads,dh). No T x T tensor (docs/definitions.md#long-context): when HF's mask is only
-causal or a sliding window (plus key padding), :func:`rules_mask` hands the attention function a :class:`MaskRules`
-(the window and, with padding, the (B, Tk) keys to keep) instead of transformers' dense B x 1 x T x T float mask, and
+all with positions second (B,T,heads,dh). hook_q / hook_k (the projections' output) and hook_q_normed / hook_k_normed
+fire from forward hooks on the attention module's own projection and QK-norm modules (:func:`qk_plan`; here only for
+a fused QKV projection), hook_result from one on its output projection (:func:`result_hook`).
+
+No T x T tensor (docs/definitions.md#long-context): when HF's mask is only causal or a sliding window (plus key
+padding), :func:`rules_mask` hands the attention function a :class:`MaskRules` (the window and, with padding, the
+(B, Tk) keys to keep) instead of transformers' dense B x 1 x T x T float mask, and
 the kernels (probe.kernels: the same op and reference the custom models use) apply the rule themselves: causal layers
 on the fused causal op, sliding layers and padded batches in query blocks whose mask is block x (keys the block can
 see). A dense mask is built only where the rule cannot say it (a cache offset, overlays such as Gemma 3's image
 tokens, a 4D mask the caller passed), as transformers' ``eager_mask``.
 
 The pattern (fp32, the learned sink as the phantom whose mass is 1 − row sum) is materialised only when a hook or
-cache asks for ``hook_pattern`` / ``hook_phantom``, the caller passed ``output_attentions=True``, dropout is active,
-or the adapter is materialising (``probe.materialize(model)`` / ``materialize_patterns``); otherwise the fused op
-computes the same output on the runtime backend. An attention module that no adapter hooked runs the same math
-without hooks.
+cache asks for ``hook_pattern`` / ``hook_phantom`` / ``hook_attn_scores``, the caller passed
+``output_attentions=True``, dropout is active, or the adapter is materialising (``probe.materialize(model)`` /
+``materialize_patterns``); otherwise the fused op computes the same output on the runtime backend. An attention
+module that no adapter hooked runs the same math without hooks.
 """
 
 from __future__ import annotations
 
+import inspect
+import re
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +40,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, prepa
 
 from probe.kernels import sink_attention
 from probe.kernels.sink_attention import edits
-from probe.kernels.sink_attention.reference import attention_probs
+from probe.kernels.sink_attention.reference import attention_scores, probs_of_scores, scores_of_probs
 
 try:  # where transformers collects attentions for output_attentions=True (an internal: absent in other versions)
     from transformers.utils.output_capturing import _active_collector
@@ -210,21 +217,46 @@ def query_blocks(rules: MaskRules, q_len: int, k_len: int, dtype, device, block:
 
 
 def eager_probs(
-    q, k, mask, scaling: float, sinks=None, window: int | None = None, softcap: float | None = None, key_bias=None
+    q,
+    k,
+    mask,
+    scaling: float,
+    sinks=None,
+    window: int | None = None,
+    softcap: float | None = None,
+    key_bias=None,
+    scores_hook=None,
 ):
     """fp32 attention probabilities over real keys and the phantom (sink) mass: the kernels' reference.
 
     q (B,H,Tq,dh), k (B,H,Tk,dh) already repeated to H heads, mask additive (broadcastable to B,H,Tq,Tk) or None
     (causal within ``window``), sinks (H,) logits or None, softcap Gemma 2's score cap, key_bias (B,H,Tk) added to
-    each key's logit (ALiBi) or None. Returns pattern (B,H,Tq,Tk),
+    each key's logit (ALiBi) or None. ``scores_hook``: hook_attn_scores, fired on the scores (B,H,Tq,Tk) the pattern
+    is then taken from (an edit of them reaches it). Returns pattern (B,H,Tq,Tk),
     phantom (B,H,Tq) and the lse over the real keys (B,H,Tq, docs/definitions.md#row-log-normaliser); rows sum to
     1 - phantom.
     """
-    pattern, phantom, lse = attention_probs(
-        _bthd(q), _bthd(k), sink=sinks, key_bias=key_bias, mask=mask, window=window, scale=scaling, softcap=softcap
+    scores = attention_scores(
+        _bthd(q), _bthd(k), key_bias=key_bias, mask=mask, window=window, scale=scaling, softcap=softcap
     )
+    if scores_hook is not None:
+        scores = scores_hook(scores)
+    pattern, phantom, lse = probs_of_scores(scores, sinks)
     real = lse if sinks is None else lse + torch.log(pattern.sum(-1))  # the real mass, summed, not 1 - phantom
     return pattern, phantom, real
+
+
+def fire_scores_of(site, pattern, phantom, real, sinks):
+    """hook_attn_scores where an armed edit made the pattern (the op carried it out): the scores it took, read back
+    from its pattern and real-key lse; an edit of them re-makes (pattern, phantom, real lse) from the edited scores."""
+    if site is None or not wants_scores(site):
+        return pattern, phantom, real
+    scores = scores_of_probs(pattern, real - torch.log(pattern.sum(-1)))  # the row's whole normaliser
+    fired = site.hook_attn_scores(scores)
+    if fired is scores:
+        return pattern, phantom, real
+    pattern, phantom, lse = probs_of_scores(fired, sinks)
+    return pattern, phantom, (lse if sinks is None else lse + torch.log(pattern.sum(-1)))
 
 
 def edited_probs(q, k, v, mask, scaling: float, sinks=None, window: int | None = None, key_bias=None):
@@ -313,7 +345,13 @@ def wants_pattern(site, module, dropout: float) -> bool:
     """Materialise the pattern? When a hook or cache reads it, the adapter materialises, HF was asked for the
     attentions, or dropout acts on the probabilities."""
     hooked = site is not None and (site.materialize or site.hook_pattern.has_hooks() or site.hook_phantom.has_hooks())
-    return hooked or (module.training and dropout > 0) or _hf_wants_attentions()
+    return hooked or wants_scores(site) or (module.training and dropout > 0) or _hf_wants_attentions()
+
+
+def wants_scores(site) -> bool:
+    """Fire hook_attn_scores? When a hook or cache reads it, or the adapter is materialising (the scores are then
+    taken on the pattern's path)."""
+    return site is not None and (site.materialize or site.hook_attn_scores.has_hooks())
 
 
 def wants_lse(site) -> bool:
@@ -322,14 +360,230 @@ def wants_lse(site) -> bool:
     return site is not None and (site.materialize or site.hook_lse.has_hooks())
 
 
-def fire_qkv(site, query, key, value):
-    """hook_q, hook_k, hook_v, hook_v_out on (B,H,T,dh) tensors (positions second inside the hooks)."""
+def fire_qkv(site, query, key, value, position_ids=None, position_embeddings=None):
+    """hook_rot_q, hook_rot_k (and hook_q / hook_k where the attention function is where they are seen: see
+    :func:`fire_rot`), hook_v, hook_v_out on (B,H,T,dh) tensors (positions second inside the hooks).
+    ``position_ids`` (B,T) / ``position_embeddings`` (HF's (cos, sin)): where the caller passes them, the positions
+    the rotary turned q and k by (else 0 .. T-1)."""
     if site is None:
         return query, key, value
-    query = _bthd(site.hook_q(_bthd(query)))
-    key = _bthd(site.hook_k(_bthd(key)))
+    same = query.shape[2] == key.shape[2]  # no cache: keys at the queries' positions
+    rotary = {"positions": position_ids, "embeddings": position_embeddings} if same else {}
+    query = _bthd(fire_rot(site, "q", _bthd(query), **rotary))
+    key = _bthd(fire_rot(site, "k", _bthd(key), **rotary))
     value = _bthd(site.hook_v_out(site.hook_v(_bthd(value))))
     return query, key, value
+
+
+# --- the query and key before rotary ------------------------------------------------------------------------------
+# The attention function sees q and k after QK-norm and rotary (hook_rot_q / hook_rot_k). hook_q / hook_k (the
+# projection's output) and hook_q_normed / hook_k_normed (QK-norm's) fire from forward hooks on the attention
+# module's own projection and norm modules where it has them ("module"); a fused QKV projection without them gives
+# them here: without rotary hook_q is hook_rot_q ("same"), with rotate-half rotary it is hook_rot_q turned back by the
+# layer's own tables ("unrotate"); anything else leaves them absent (docs/definitions.md#hook-namespace).
+
+ROUTE_MODULE, ROUTE_SAME, ROUTE_UNROTATE = "module", "same", "unrotate"
+PROJECTION_KEY = "_probe_projection"  # q_proj / k_proj / QK-norm / output projection __dict__ -> (site, role)
+QK_PROJECTIONS = ("q_proj", "k_proj")
+QK_NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"))
+OUT_PROJECTIONS = ("o_proj", "out_proj", "dense", "c_proj", "Wo")
+ROTARY_CALL = re.compile(r"apply_rotary|rotary_emb\(|apply_rope|rotate_half\(")
+ROTARY_WORDS = re.compile(r"rotary|rotate_half|rotate_every_two|\brope\b|_rope_|rope_", re.IGNORECASE)
+
+
+def _turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> torch.Tensor:
+    """Rotate-half rotary of x (B,T,heads,dh) over its first 2·d_rot/2 coordinates by +angle (sign 1) or its inverse
+    (sign -1); cos/sin (T, d_rot/2) or (B, T, d_rot/2), in fp32 at least, may carry the rotary's attention scaling
+    (YaRN's mscale: cos² + sin² = scaling², which the inverse divides out)."""
+    half = cos.shape[-1]
+    wide = torch.promote_types(x.dtype, torch.float32)
+    rot, rest = x[..., : 2 * half].to(wide), x[..., 2 * half :]
+    a, b = rot[..., :half], rot[..., half:]
+    c, s = cos.to(wide)[..., None, :], sign * sin.to(wide)[..., None, :]  # (.., T, 1, half) over heads
+    turned = torch.cat([a * c - b * s, b * c + a * s], dim=-1)
+    if sign < 0:
+        turned = turned / (c * c + s * s).repeat(*([1] * (c.dim() - 1)), 2)
+    return torch.cat([turned.to(x.dtype), rest], dim=-1)
+
+
+def _tables_at(site, positions, length: int, embeddings=None):
+    """(cos, sin) of the layer's rotary at ``positions`` (B,T) or 0 .. length-1: (T, d_rot/2) or (B, T, d_rot/2); HF's
+    own (cos, sin) (B,T,d_rot: rotate-half's halves equal) where given."""
+    if embeddings is not None and embeddings[0].shape[-2] == length:
+        return tuple(t[..., : t.shape[-1] // 2] for t in embeddings)
+    if positions is None:
+        return site.rotary(length)
+    cos, sin = site.rotary(int(positions.max()) + 1)
+    return cos[positions], sin[positions]
+
+
+def fire_rot(site, which: str, x: torch.Tensor, positions=None, embeddings=None) -> torch.Tensor:
+    """x (B,T,heads,dh) as the scores take it through hook_rot_{which}; before it, hook_{which} where this function
+    is where it is seen (``site.qk_route``): the same tensor without rotary, or x turned back by the layer's rotary
+    (only when hooked; an edit is turned forward again, an unedited x passes unchanged)."""
+    route = site.qk_route
+    if route == ROUTE_SAME:
+        x = getattr(site, f"hook_{which}")(x)
+    elif route == ROUTE_UNROTATE and getattr(site, f"hook_{which}").has_hooks():
+        cos, sin = _tables_at(site, positions, x.shape[1], embeddings)
+        before = _turn(x, cos, sin, -1.0)
+        fired = getattr(site, f"hook_{which}")(before)
+        if fired is not before:
+            x = _turn(fired, cos, sin, 1.0)
+    return getattr(site, f"hook_rot_{which}")(x)
+
+
+def _modeling_source(attn) -> tuple[str, str]:
+    """(the attention module's forward source, its modeling file's source); empty where not readable."""
+    try:
+        forward = inspect.getsource(type(attn).forward)
+    except (OSError, TypeError):
+        forward = ""
+    module = inspect.getmodule(type(attn))
+    try:
+        whole = inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError):
+        whole = ""
+    return forward, whole
+
+
+def _linear_like(module) -> bool:
+    weight = getattr(module, "weight", None)
+    return isinstance(module, torch.nn.Module) and isinstance(weight, torch.Tensor) and weight.dim() == 2
+
+
+def qk_norms(attn, forward_source: str) -> tuple | None:
+    """The attention's QK-norm modules (q, k), where it has a pair of its own applied before rotary; None else (no
+    QK-norm, one module for both, or a norm after rotary: HunYuan, Llama 4 have no tensor between)."""
+    for q_name, k_name in QK_NORMS:
+        qn, kn = getattr(attn, q_name, None), getattr(attn, k_name, None)
+        if not isinstance(qn, torch.nn.Module) or not isinstance(kn, torch.nn.Module) or qn is kn:
+            continue
+        at = forward_source.find(f"self.{q_name}(")
+        rotary = ROTARY_CALL.search(forward_source)
+        if at >= 0 and (rotary is None or at < rotary.start()):
+            return qn, kn
+        return None
+    return None
+
+
+def qk_plan(attn, has_tables: bool) -> dict:
+    """How a layer's hook_q / hook_k (and QK-norm's hooks) fire: {"route": module | same | unrotate | None,
+    "projections": (q_proj, k_proj) or None (the norms' inputs give hook_q / hook_k), "norms": (q_norm, k_norm) or
+    None}. A fused QKV projection's query is read in the attention function: as it is without rotary, turned back
+    where the layer's rotary is rotate-half with tables (``has_tables``), else nowhere."""
+    forward, whole = _modeling_source(attn)
+    norms = qk_norms(attn, forward)
+    projections = tuple(getattr(attn, n, None) for n in QK_PROJECTIONS)
+    if all(_linear_like(p) for p in projections):
+        return {"route": ROUTE_MODULE, "projections": projections, "norms": norms}
+    if norms is not None:  # a fused projection: QK-norm's input is the projection's query (Persimmon)
+        return {"route": ROUTE_MODULE, "projections": None, "norms": norms}
+    if whole and not ROTARY_WORDS.search(whole):
+        return {"route": ROUTE_SAME, "projections": None, "norms": None}
+    return {"route": ROUTE_UNROTATE if has_tables else None, "projections": None, "norms": None}
+
+
+def out_projection(attn):
+    """The attention's output projection (a Linear, or GPT-2's Conv1D), whose input is the heads' outputs side by
+    side; None where it has none of the known names (JetMoe's mixture of attention heads)."""
+    for name in OUT_PROJECTIONS:
+        module = getattr(attn, name, None)
+        if _linear_like(module):
+            return module
+    return None
+
+
+def _as_heads(x: torch.Tensor, heads: int, dh: int, gated: bool = False):
+    """(x as B,T,heads,dh, the function putting such a tensor back in x's layout), or None for a layout not
+    known. Layouts: (B,T,heads·dh) a projection's output (gated: Qwen3-Next's query and gate per head, the query
+    first), (B,T,heads,dh), or (B,heads,T,dh) (transposed before the norm: Gemma 3, Cohere 2)."""
+    if x.dim() == 3 and x.shape[-1] == heads * dh * (2 if gated else 1):
+        if not gated:
+            return x.view(*x.shape[:2], heads, dh), lambda y: y.reshape(x.shape)
+        both = x.view(*x.shape[:2], heads, 2 * dh)  # B,T,H,2dh: query | gate
+        return both[..., :dh], lambda y: torch.cat([y, both[..., dh:]], dim=-1).reshape(x.shape)
+    if x.dim() != 4 or x.shape[-1] != dh or heads not in x.shape[1:3]:
+        return None
+    transposed = x.shape[1] == heads and (x.shape[2] != heads or x.stride(1) < x.stride(2))
+    if transposed:
+        return x.transpose(1, 2), lambda y: y.transpose(1, 2)
+    return x, lambda y: y
+
+
+def _fire_as_heads(site, role: str, x: torch.Tensor):
+    """hook_{role} on x seen as B,T,heads,dh, returned in x's layout (None: not hooked, or x unchanged)."""
+    hook = getattr(site, f"hook_{role}", None)
+    if hook is None or not hook.has_hooks() or site.heads is None:
+        return None
+    H, Hkv, dh = site.heads
+    heads = H if role.startswith("q") else Hkv
+    seen = _as_heads(x, heads, dh, gated=site.gated and role == "q")
+    if seen is None:
+        raise RuntimeError(f"{type(site).__name__} cannot read hook_{role} from a tensor of shape {tuple(x.shape)}")
+    bthd, back = seen
+    fired = hook(bthd)
+    return None if fired is bthd else back(fired)
+
+
+def projection_hook(module, _inputs, output):
+    """Forward hook on q_proj / k_proj (role q / k) and on QK-norm modules (q_normed / k_normed): their output
+    through the hook; an edit replaces it."""
+    entry = module.__dict__.get(PROJECTION_KEY)
+    return None if entry is None else _fire_as_heads(entry[0], entry[1], output)
+
+
+def norm_input_hook(module, args):
+    """Forward pre-hook on a QK-norm module of a fused projection (role q / k): its input, the projection's query
+    or key, through hook_q / hook_k; an edit replaces it."""
+    entry = module.__dict__.get(PROJECTION_KEY + "_in")
+    if entry is None or not args:
+        return None
+    fired = _fire_as_heads(entry[0], entry[1], args[0])
+    return None if fired is None else (fired,) + tuple(args[1:])
+
+
+def result_hook(module, inputs, output):
+    """Forward hook on the output projection: hook_result (B,T,H,d), each head's write z_h W_O[h], only when hooked
+    (or materialising); an edit makes the output Σ_h result_h + b_O, an unedited result leaves HF's output as it
+    is."""
+    entry = module.__dict__.get(PROJECTION_KEY)
+    site = None if entry is None else entry[0]
+    if site is None or not (site.materialize or site.hook_result.has_hooks()) or not inputs:
+        return None
+    x = inputs[0]  # B,T,H·dv
+    H = site.heads[0] if site.heads is not None else site.info.n_heads
+    w = module.weight  # Linear: (d, H·dv); GPT-2's Conv1D: (H·dv, d)
+    if isinstance(module, torch.nn.Linear):
+        result = torch.einsum("bthe,dhe->bthd", x.view(*x.shape[:2], H, -1), w.view(w.shape[0], H, -1))
+    else:
+        result = torch.einsum("bthe,hed->bthd", x.view(*x.shape[:2], H, -1), w.view(H, -1, w.shape[-1]))
+    fired = site.hook_result(result)  # B,T,H,d
+    if fired is result or fired is None:
+        return None
+    bias = getattr(module, "bias", None)
+    return fired.sum(2) if bias is None else fired.sum(2) + bias
+
+
+def hook_module(module, site, role: str, hook, pre: bool = False) -> None:
+    """Point ``module`` at (site, role) and register ``hook`` once (a second adapter on the same model re-points)."""
+    module.__dict__[PROJECTION_KEY + ("_in" if pre else "")] = (site, role)
+    hooks = module._forward_pre_hooks if pre else module._forward_hooks
+    if hook not in hooks.values():
+        (module.register_forward_pre_hook if pre else module.register_forward_hook)(hook)
+
+
+def install_qk_hooks(site, plan: dict) -> None:
+    """Register the module hooks of a layer's :func:`qk_plan` on its modules (the points themselves are the
+    site's)."""
+    if plan["projections"] is not None:
+        for role, module in zip(("q", "k"), plan["projections"]):
+            hook_module(module, site, role, projection_hook)
+    if plan["norms"] is not None:
+        for which, module in zip(("q", "k"), plan["norms"]):
+            hook_module(module, site, f"{which}_normed", projection_hook)
+            if plan["projections"] is None:
+                hook_module(module, site, which, norm_input_hook, pre=True)
 
 
 def refuse_unknown(module, kwargs: dict) -> None:
@@ -397,7 +651,7 @@ def probe_attention(
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     sinks = s_aux
-    query, key, value = fire_qkv(site, query, key, value)
+    query, key, value = fire_qkv(site, query, key, value, kwargs.get("position_ids"), kwargs.get("position_embeddings"))
     if site is not None and sinks is not None:
         if not hasattr(site, "hook_sink_logit"):
             raise ValueError(f"{type(module).__name__} passes sink logits, but its adapter describes no phantom key")
@@ -416,10 +670,12 @@ def probe_attention(
         if edits.pending():  # the armed edit is carried out by the op, which gives the pattern too
             refuse_padded_edit(rules)
             pattern, phantom, lse = edited_probs(query, key, value, mask, scaling, sinks, window, key_bias)
+            pattern, phantom, lse = fire_scores_of(site, pattern, phantom, lse, sinks)
         else:
             bias = None if key_bias is None else key_bias.repeat_interleave(n_rep, dim=1)
+            hook = site.hook_attn_scores if wants_scores(site) else None
             pattern, phantom, lse = eager_probs(
-                query, repeat_kv(key, n_rep), mask, scaling, sinks, window=window, key_bias=bias
+                query, repeat_kv(key, n_rep), mask, scaling, sinks, window=window, key_bias=bias, scores_hook=hook
             )
         if site is not None:
             pattern = site.hook_pattern(pattern)

@@ -7,8 +7,9 @@ How the hooks fire (family adapters in ``probe.checkpoints.adapters`` fill in th
   (on that instance only) by the family's layer forward, which calls the layer's own submodules in HF's order and
   passes the residual stream through the HookPoints, so edits propagate exactly.
 * ``blocks.{l}.attn.*`` — the model runs with ``attn_implementation="probe"`` (``probe.checkpoints.attention``); the
-  attention function looks up the calling module's hook container and fires hook_q/k/v/v_out/[sink_logit]/
-  [pattern/phantom]/z.
+  attention function looks up the calling module's hook container and fires hook_rot_q/rot_k/v/v_out/[sink_logit]/
+  [attn_scores/pattern/phantom]/z; forward hooks on the attention module's own q_proj / k_proj, QK-norm and output
+  projection fire hook_q/k, hook_q_normed/k_normed and hook_result (``_AttnHooks.attach``).
 
 The HF model is ``self.hf_model``; ``self(input_ids)`` returns its output (``.logits``). ``run_with_cache``,
 ``run_with_hooks``, ``return_type=`` and ``to_tokens`` return what TransformerLens's do (``probe.models.lens``).
@@ -19,9 +20,11 @@ The HF model is ``self.hf_model``; ``self(input_ids)`` returns its output (``.lo
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import inspect
 import re
+import sys
 import types
 import warnings
 from abc import abstractmethod
@@ -33,7 +36,10 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from probe.checkpoints import attention as _attn
+from probe.checkpoints import module_hooks
+from probe.hooks import names
 from probe.hooks.info import ModelInfo
+from probe.models.cache import Unembedding
 from probe.models.lens import HF_OUTPUT, TransformerLensCalls
 
 
@@ -49,18 +55,73 @@ class _AttnHooks(nn.Module):
         self.layer: int | None = None
         self.info: ModelInfo | None = None
         self.heads: tuple[int, int, int] | None = None  # query heads, key/value heads, query-key head width
-        self.hook_q = HookPoint()  # B,T,H,dh after rotary
-        self.hook_k = HookPoint()  # B,T,Hkv,dh after rotary
+        # where hook_q / hook_k fire (probe.checkpoints.attention.qk_plan; None: nowhere) and the layer's rotary
+        # tables T -> (cos, sin) for turning hook_rot_q back; set by attach
+        self.qk_route: str | None = None
+        self.rotary = None
+        self.hook_rot_q = HookPoint()  # B,T,H,dh the query the scores take: after QK-norm and rotary
+        self.hook_rot_k = HookPoint()  # B,T,Hkv,dh
         self.hook_v = HookPoint()  # B,T,Hkv,dh value reads
         self.hook_v_out = HookPoint()  # B,T,Hkv,dh value aggregated (== hook_v: HF models have no value gate)
         if has_sink:
             self.hook_sink_logit = HookPoint()  # H
+        self.hook_attn_scores = HookPoint()  # B,H,Tq,Tk pre-softmax scores, hidden keys -inf (fired only when hooked)
         self.hook_pattern = HookPoint()  # B,H,Tq,Tk over real keys
         self.hook_phantom = HookPoint()  # B,H,Tq sink mass (zeros without a sink)
         self.hook_lse = HookPoint()  # B,H,Tq real-key log-normaliser (fired only when hooked)
         if gated:
             self.hook_out_gate = HookPoint()  # B,T,H,dh σ(gate) in [0, 1] on each head's output
         self.hook_z = HookPoint()  # B,T,H,dh before the output projection (gated where there is a gate)
+
+    def attach(self, attn: nn.Module, rotary) -> set[str]:
+        """Hook the HF attention module's own projections and QK-norm (probe.checkpoints.attention.qk_plan) and its
+        output projection, creating the points they fire: hook_q / hook_k where the query and key before rotary can
+        be read, hook_q_normed / hook_k_normed where there is a QK-norm before rotary, hook_result where there is an
+        output projection. ``rotary``: T -> the layer's (cos, sin) tables, or None. Returns the attention points
+        (names.ATTN_POINTS) this layer has but cannot fire (a layer without QK-norm has no hook_q_normed to lack)."""
+        plan = _attn.qk_plan(attn, rotary is not None and rotary(1) is not None)
+        self.qk_route, self.rotary = plan["route"], rotary
+        out = _attn.out_projection(attn)
+        fired = {
+            "q": plan["route"] is not None,  # B,T,H,dh the projection's output
+            "k": plan["route"] is not None,  # B,T,Hkv,dh
+            "q_normed": plan["norms"] is not None,  # B,T,H,dh after QK-norm
+            "k_normed": plan["norms"] is not None,  # B,T,Hkv,dh
+            "result": out is not None,  # B,T,H,d each head's write through the output projection
+        }
+        for point in (p for p, here in fired.items() if here):
+            self.add_module(f"hook_{point}", HookPoint())
+        _attn.install_qk_hooks(self, plan)
+        if out is not None:
+            _attn.hook_module(out, self, "result", _attn.result_hook)
+        return {p for p in ("q", "k", "result") if not fired[p]}
+
+
+def attach_attention(adapter, layers) -> None:
+    """Attach each softmax layer's hook container to its attention module's projections (``_AttnHooks.attach``) and
+    list in ``ModelInfo.absent_hooks`` the points no layer fires (docs/definitions.md#hook-namespace)."""
+    lacking = None
+    for l, (layer, block) in enumerate(zip(layers, adapter.blocks)):
+        if hasattr(block, "attn"):
+            rotary = functools.partial(scaled_rotary, adapter, l)
+            lacks = block.attn.attach(adapter.attention_module(layer), rotary)
+            lacking = lacks if lacking is None else lacking & lacks
+    absent = adapter.probe_info.absent_hooks
+    below_block = (names.attn(0, p).split(".", 2)[-1] for p in sorted(lacking or ()))  # "attn.hook_q"
+    absent += [point for point in below_block if point not in absent]
+
+
+def scaled_rotary(adapter, layer: int, T: int):
+    """The layer's rotary tables (``HookedHF.rotary_tables``) times its rotary's attention scaling (YaRN's mscale
+    multiplies q and k after the rotation): (cos, sin) that turn hook_q into hook_rot_q, or None."""
+    tables = adapter.rotary_tables(layer, T)
+    if tables is None:
+        return None
+    base = getattr(adapter.hf_model.base_model, "language_model", adapter.hf_model.base_model)
+    attn = adapter.attention_module(adapter.decoder_layers(adapter.hf_model)[layer])
+    rope = getattr(attn, "rotary_emb", None) or getattr(base, "rotary_emb", None)
+    scaling = float(getattr(rope, "attention_scaling", 1.0) or 1.0)
+    return tables if scaling == 1.0 else (tables[0] * scaling, tables[1] * scaling)
 
 
 class _BlockHooks(nn.Module):
@@ -212,6 +273,8 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         self.layer_body = self.body_for(layers)
         self.probe_info: ModelInfo = self.describe(hf_model.config, name or _default_name(hf_model))
         info = self.probe_info
+        drop_unread_keys(info, hf_model, layers, self.attention_module)
+        fp64_experts(hf_model)
         if self.layer_body is None and "hook_resid_mid" not in info.absent_hooks:
             info.absent_hooks.append("hook_resid_mid")  # HF's own layer forward: the mid stream is a local of it
         self.hook_embed = HookPoint()
@@ -304,6 +367,8 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
                     layer.register_forward_pre_hook(resid_pre_hook, with_kwargs=True)
                 if resid_post_hook not in layer._forward_hooks.values():
                     layer.register_forward_hook(resid_post_hook)
+        attach_attention(self, layers)  # the attention modules' projections and QK-norm: hook_q/k, hook_result
+        module_hooks.install(self, layers)  # norms, MLP, router, positions, unembedding (module_hooks.py)
 
     def _expect(self, layers):
         """Tell each layer's hook container what probe_info says its attention is (checked on every call), and
@@ -392,14 +457,33 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         cap = getattr(self.hf_model.config, "final_logit_softcapping", None)
         return logits if not cap else torch.tanh(logits / cap) * cap
 
+    def unembedding(self) -> Unembedding:
+        """The LM head for the cache's logit attribution (probe.models.cache): its weight (V,d) and bias, and the
+        final-logit soft-cap where the config has one (Gemma 2), as :meth:`unembed` applies them."""
+        head = self.hf_model.get_output_embeddings()
+        cap = getattr(self.hf_model.config, "final_logit_softcapping", None)
+        return Unembedding(head.weight, getattr(head, "bias", None), cap or None)
+
+    def norm_module(self, layer: int | None = None, which: str = "ln1") -> nn.Module | None:
+        """The final norm (layer None) or decoder layer ``layer``'s norm ``which`` (ln1 / ln2: the attention's / MLP's
+        input; ln1_post / ln2_post: the norms on their outputs), as :meth:`norm_names` names it; None where the layer
+        has none or the family names none: what the ActivationCache applies to stacks (probe.models.cache)."""
+        if layer is None:
+            return final_norm_module(self.hf_model)
+        attr = self.norm_names().get(which)
+        return None if attr is None else getattr(self.decoder_layers(self.hf_model)[layer], attr, None)
+
+    def norm_names(self) -> dict[str, str]:
+        """Block norm -> the HF layer's attribute (``{"ln1": "input_layernorm", ...}``); the generic route: none."""
+        return {}
+
     def rotary_tables(self, layer: int, T: int, device=None):
         """(cos, sin) (T, d_rot/2) fp32 (fp64 for fp64 frequencies) of layer ``layer``'s rotary at positions 0 .. T-1
-        (rotate-half pairs over the first d_rot coordinates of hook_q / hook_k, as transformers rotates them), None
-        without rotary: what
-        re-rotates a query to another position (eviction at positions within the cache). The frequencies are the
-        rotary module's ``inv_freq`` (``<layer type>_inv_freq`` where layer types have their own, Gemma 3), as the
-        forward last set them (dynamic scalings update them in the forward); its attention scaling multiplies q and k
-        alike and is no rotation."""
+        (rotate-half pairs over the first d_rot coordinates of hook_rot_q / hook_rot_k, as transformers rotates them),
+        None without rotary: what re-rotates a query to another position (eviction at positions within the cache).
+        The frequencies are the rotary module's ``inv_freq`` (``<layer type>_inv_freq`` where layer types have their
+        own, Gemma 3), as the forward last set them (dynamic scalings update them in the forward); its attention
+        scaling multiplies q and k alike and is no rotation."""
         base = getattr(self.hf_model.base_model, "language_model", self.hf_model.base_model)
         attn = self.attention_module(self.decoder_layers(self.hf_model)[layer])
         rope = getattr(attn, "rotary_emb", None) or getattr(base, "rotary_emb", None)
@@ -427,6 +511,57 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.probe_info.name!r}, family={self.family!r}, layers={len(self.blocks)})"
+
+
+FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")  # HF's names for the final norm
+
+
+def final_norm_module(hf_model: nn.Module) -> nn.Module | None:
+    """The norm the decoder applies after its last layer (the base model's, its decoder's or its language model's
+    ``norm`` / ``ln_f`` / ...), None where none of those names is a module."""
+    base = hf_model.base_model if hf_model.base_model is not hf_model else getattr(hf_model, "model", hf_model)
+    for owner in (base, getattr(base, "language_model", None), getattr(base, "decoder", None)):
+        for name in FINAL_NORMS:
+            module = getattr(owner, name, None) if owner is not None else None
+            if isinstance(module, nn.Module):
+                return module
+    return None
+
+
+def _source(obj) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def modeling_sources(hf_model: nn.Module) -> str:
+    """The source of every modeling module the model's classes come from (what its code can read of its config)."""
+    found = {type(m).__module__ for m in hf_model.modules()}
+    return "\n".join(_source(module) for name in sorted(found) if (module := sys.modules.get(name)) is not None)
+
+
+def drop_unread_keys(info: ModelInfo, hf_model: nn.Module, layers, attention_module) -> None:
+    """A config key the family's code never reads changes nothing HF computes, so it must change nothing probe
+    describes: a stray ``num_key_value_heads`` in a GPT-2 config (GPT-2's code has no grouped heads) and an
+    ``attn_logit_softcapping`` that the attention modules never pass to the attention function (Gemma 3 stores it
+    and does not use it) are ignored, as HF ignores them."""
+    if "num_key_value_heads" not in modeling_sources(hf_model):
+        info.n_kv_heads = info.n_heads
+    if info.extra.get("attn_logit_softcap"):
+        attns = [a for a in (attention_module(layer) for layer in layers) if a is not None]
+        if attns and not any("softcap=" in _source(type(a).forward) for a in attns):
+            info.extra["attn_logit_softcap"] = None
+
+
+def fp64_experts(hf_model: nn.Module) -> None:
+    """An fp64 mixture of experts runs its experts as a loop: transformers' default grouped matmul has no fp64 kernel
+    ("Expected mat_a to be Float32 ... got Double"), so an fp64 checkpoint loaded from a folder failed on its first
+    forward. Other dtypes keep the default."""
+    can_set = getattr(hf_model, "_can_set_experts_implementation", None)
+    dtype = next((p.dtype for p in hf_model.parameters()), None)
+    if dtype == torch.float64 and can_set is not None and can_set():
+        hf_model.set_experts_implementation("eager")
 
 
 def layer_source_hash(layer: nn.Module) -> str:

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from probe.kernels import sink_attention
-from probe.kernels.sink_attention.reference import apply_pattern
+from probe.kernels.sink_attention import edits
+from probe.kernels.sink_attention.reference import apply_pattern, attention_scores, probs_of_scores, scores_of_probs
 from probe.models.config import ProbeConfig
 from probe.models.gates import apply_gate, make_gate
 from probe.models.layers import RMSNorm, Rotary, project_with_key
@@ -62,20 +63,27 @@ class Attention(nn.Module):
         elif self.value_residual == "two-weight":
             self.v_mix = nn.Parameter(torch.full((2,), 0.5))  # (λ_{n,1} on V_1, λ_{n,2} on V_n)
 
-        self.materialize = False  # fire hook_pattern / hook_phantom on every forward (probe.materialize)
-        self.hook_q = HookPoint()  # B,T,H,dh
+        self.materialize = False  # fire the lazy hooks (pattern, phantom, lse, scores, result) on every forward
+        self.hook_q = HookPoint()  # B,T,H,dh the projection's output (GatedV's SiLU included), before QK-norm and RoPE
         self.hook_k = HookPoint()  # B,T,Hkv,dh
+        if self.q_norm is not None:  # only where there is a QK-norm (docs/definitions.md#hook-namespace)
+            self.hook_q_normed = HookPoint()  # B,T,H,dh after QK-norm, before rotary
+            self.hook_k_normed = HookPoint()  # B,T,Hkv,dh
+        self.hook_rot_q = HookPoint()  # B,T,H,dh the query the scores are taken with (after QK-norm and rotary)
+        self.hook_rot_k = HookPoint()  # B,T,Hkv,dh
         self.hook_v = HookPoint()  # B,T,Hkv,dv
         self.hook_v_first = HookPoint()  # B,T,Hkv,dv
         self.hook_v_mix = HookPoint()  # (1,) or (2,)
         self.hook_v_gate = HookPoint()  # B,T,Hkv or B,T,Hkv,dv
         self.hook_v_out = HookPoint()  # B,T,Hkv,dv
         self.hook_sink_logit = HookPoint()  # H
+        self.hook_attn_scores = HookPoint()  # B,H,Tq,Tk pre-softmax, hidden keys -inf (fired only when hooked)
         self.hook_pattern = HookPoint()  # B,H,Tq,Tk
         self.hook_phantom = HookPoint()  # B,H,Tq
         self.hook_lse = HookPoint()  # B,H,Tq real-key log-normaliser (fired only when hooked)
         self.hook_out_gate = HookPoint()  # B,T,H,dv or B,T,H
         self.hook_z = HookPoint()  # B,T,H,dv
+        self.hook_result = HookPoint()  # B,T,H,d each head's write through o_proj (fired only when hooked)
 
     def forward(
         self,
@@ -89,17 +97,8 @@ class Attention(nn.Module):
         xk = xq if xk is None else xk
         xv = xq if xv is None else xv
         B, T, _ = xq.shape
-        q = self.q_proj(xq).view(B, T, self.n_heads, self.d_head)
-        k = self.k_proj(xk).view(B, T, self.n_kv, self.d_head)
-        v = self.v_proj(xv).view(B, T, self.n_kv, self.d_value)
-        if self.qk_activation != "none":  # GatedV placement controls, applied before RoPE
-            q = F.silu(q)
-            k = F.silu(k) if self.qk_activation == "qk" else k
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rotary is not None:
-            q, k = self.rotary(q), self.rotary(k)
-        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        q, k = self._query_key(xq, xk)
+        v = self.hook_v(self.v_proj(xv).view(B, T, self.n_kv, self.d_value))
 
         if self.value_residual == "none":
             v_first = v if self.layer == 0 else v_first
@@ -116,9 +115,36 @@ class Attention(nn.Module):
 
         v_out, key_bias = apply_gate(self.gate, v, xv, self.hook_v_gate)  # fires hook_v_gate on gated heads
         v_out = self.hook_v_out(v_out)
+        out = self._attend(q, k, v_out, sink, key_bias)  # B,T,H,dv
+        out = apply_out_gate(self.out_gate, out, xq, self.hook_out_gate)  # Y ⊙ σ(x W_g), fires hook_out_gate
+        z = self.hook_z(out)
+        out, key = self._project_out(z)  # B,T,d and B,T,r (P-LR) or None
+        return out, key, v_first
 
-        need_pattern = self.materialize or self.hook_pattern.has_hooks() or self.hook_phantom.has_hooks()
+    def _query_key(self, xq: torch.Tensor, xk: torch.Tensor):
+        """q (B,T,H,dh), k (B,T,Hkv,dh) as the scores take them, through hook_q/k (the projections), hook_q/k_normed
+        (after QK-norm, where there is one) and hook_rot_q/k (after rotary): an edit at any point propagates."""
+        B, T, _ = xq.shape
+        q = self.q_proj(xq).view(B, T, self.n_heads, self.d_head)
+        k = self.k_proj(xk).view(B, T, self.n_kv, self.d_head)
+        if self.qk_activation != "none":  # GatedV placement controls: part of the projection, applied before RoPE
+            q = F.silu(q)
+            k = F.silu(k) if self.qk_activation == "qk" else k
+        q, k = self.hook_q(q), self.hook_k(k)  # rot_q = rotary(q_normed or q) holds with the activation inside
+        if self.q_norm is not None:
+            q, k = self.hook_q_normed(self.q_norm(q)), self.hook_k_normed(self.k_norm(k))
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        return self.hook_rot_q(q), self.hook_rot_k(k)
+
+    def _attend(self, q, k, v_out, sink, key_bias) -> torch.Tensor:
+        """The attention op's output (B,T,H,dv) with the lazy hooks: hook_attn_scores, hook_pattern, hook_phantom and
+        hook_lse fire only when hooked (or materialising); otherwise the op's fused path runs and nothing T×T is
+        stored. An edit of the scores or of the pattern reaches the output."""
+        need_scores = self.materialize or self.hook_attn_scores.has_hooks()
+        need_pattern = need_scores or self.materialize or self.hook_pattern.has_hooks() or self.hook_phantom.has_hooks()
         need_lse = self.materialize or self.hook_lse.has_hooks()
+        edited_by_op = edits.pending()  # an armed ablation: the op carries it out, its pattern shows it
         res = sink_attention(
             q,
             k,
@@ -129,6 +155,8 @@ class Attention(nn.Module):
             return_lse=need_lse,
             backend="reference" if need_pattern else None,
         )  # None: the runtime backend
+        if need_scores:
+            res = self._fire_scores(res, q, k, v_out, sink, key_bias, edited_by_op)
         out = res.out  # B,T,H,dv
         if need_lse:
             self.hook_lse(res.lse_real)  # docs/definitions.md#row-log-normaliser
@@ -137,7 +165,31 @@ class Attention(nn.Module):
             self.hook_phantom(res.phantom)  # the phantom's value is 0: an edit of its mass changes no output
             if pattern is not res.pattern:  # a hook edited the pattern: aggregate with the edited one
                 out = apply_pattern(pattern, v_out, q.dtype)
-        out = apply_out_gate(self.out_gate, out, xq, self.hook_out_gate)  # Y ⊙ σ(x W_g), fires hook_out_gate
-        z = self.hook_z(out).reshape(B, T, self.n_heads * self.d_value)
-        out, key = project_with_key(z, self.o_proj, self.key_proj)  # B,T,d and B,T,r (P-LR) or None
-        return out, key, v_first
+        return out
+
+    def _fire_scores(self, res, q, k, v_out, sink, key_bias, edited_by_op: bool):
+        """hook_attn_scores on the scores (B,H,Tq,Tk): scale·q·k + key bias, hidden keys -inf (under an armed
+        ablation, the scores the op took, read back from its pattern). An edit of them re-makes the pattern, the
+        phantom, the real-key lse and the output from the edited scores."""
+        scores = scores_of_probs(res.pattern, res.lse) if edited_by_op else attention_scores(q, k, key_bias=key_bias)
+        fired = self.hook_attn_scores(scores)
+        if fired is scores:
+            return res
+        pattern, phantom, _ = probs_of_scores(fired, sink)
+        real = fired.logsumexp(-1) if res.lse_real is not None else None  # B,H,Tq over the real keys
+        return res._replace(out=apply_pattern(pattern, v_out, q.dtype), pattern=pattern, phantom=phantom, lse_real=real)
+
+    def _project_out(self, z: torch.Tensor):
+        """(output B,T,d, P-LR key B,T,r or None) of the head outputs z (B,T,H,dv). hook_result (B,T,H,d: z_h W_O[h])
+        fires only when hooked (or materialising); an edit of it makes the output Σ_h result_h + b_O."""
+        B, T = z.shape[:2]
+        flat = z.reshape(B, T, self.n_heads * self.d_value)
+        out, key = project_with_key(flat, self.o_proj, self.key_proj)
+        if not (self.materialize or self.hook_result.has_hooks()):
+            return out, key
+        w = self.o_proj.weight.view(-1, self.n_heads, self.d_value)  # d, H, dv
+        result = torch.einsum("bthe,dhe->bthd", z, w)  # B,T,H,d
+        fired = self.hook_result(result)
+        if fired is not result:  # an edited write: the output is the sum of the edited heads' writes
+            out = fired.sum(2) if self.o_proj.bias is None else fired.sum(2) + self.o_proj.bias
+        return out, key

@@ -20,12 +20,12 @@ class Block(nn.Module):
         super().__init__()
         c = config
         key_rank = emitted_key_width(c)  # P-LR: each sub-layer emits a routing key beside its output
-        self.ln1 = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
+        self.ln1 = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias, points="own")  # ln1.hook_scale, ...
         if c.dense_stream_norms and layer > 0:  # MUDD's sepln: the key and value streams get norms of their own
             self.ln1_k = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
             self.ln1_v = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
         self.attn = Attention(c, layer, key_rank)
-        self.ln2 = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
+        self.ln2 = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias, points="own")
         self.mlp = MLP(c.d_model, c.layer_d_mlp(layer), c.mlp, key_rank, c.mlp_bias)
         self.parallel_residual = c.parallel_residual
         if c.depth != "residual":
@@ -47,7 +47,9 @@ class Block(nn.Module):
             h = self.ln1(x)
             a, _, v_first = self.attn(h, v_first=v_first)
         else:
-            norms = (self.ln1, self.ln1_k, self.ln1_v) if hasattr(self, "ln1_k") else (self.ln1,) * 3
+            # ln1's points are the query stream's norm: the key and value streams pass it unhooked
+            unhooked = (self.ln1_k, self.ln1_v) if hasattr(self, "ln1_k") else (self.ln1.unhooked,) * 2
+            norms = (self.ln1, *unhooked)
             a, _, v_first = self.attn(*(norm(s) for norm, s in zip(norms, qkv)), v_first=v_first)
         mid = self.hook_resid_mid(x + self.hook_attn_out(a))
         m, _ = self.mlp(self.ln2(x if self.parallel_residual else mid))  # parallel: the MLP reads the block input

@@ -130,10 +130,10 @@ class DepthSources:
 
     def _scaled(self, value: torch.Tensor, count: int) -> torch.Tensor:
         """A block value divided by count**mean_power (the authors' block mean; the identity by default)."""
-        p = self.mean_power
-        if count == 1 or (not torch.is_tensor(p) and p == 0):
-            return value
-        return value * (torch.exp(-p * math.log(count)).to(value.dtype) if torch.is_tensor(p) else count**-p)
+        factor = block_factor(count, self.mean_power)
+        if isinstance(factor, torch.Tensor):
+            return value * factor.to(value.dtype)
+        return value if factor == 1.0 else value * factor
 
     def add(self, value: torch.Tensor, raw_key: torch.Tensor | None) -> None:
         key = self._emitted(raw_key)
@@ -178,6 +178,14 @@ class DepthSources:
         if self.partial_count:
             return self._normed + [rms_normalize(self.current()[1][-1], eps)]
         return list(self._normed)
+
+
+def block_factor(count: int, mean_power: float | torch.Tensor) -> float | torch.Tensor:
+    """What a block source of ``count`` sub-layer outputs is multiplied by: count**-mean_power (the LR-AttnRes
+    authors' block mean; 1.0 for one output or power 0), a 0-d tensor for a learned power."""
+    if count == 1 or (not torch.is_tensor(mean_power) and mean_power == 0):
+        return 1.0
+    return torch.exp(-mean_power * math.log(count)) if torch.is_tensor(mean_power) else count**-mean_power
 
 
 def make_read(config) -> DepthRead:

@@ -20,9 +20,79 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def make_norm(kind: str, d: int, eps: float, bias: bool = False) -> nn.Module:
+class NormPoints(nn.Module):
+    """A norm's TransformerLens points (docs/definitions.md#hook-namespace), no parameters: hook_scale, the divisor
+    √(mean((x − centre)²) + eps), and hook_normalized, (x − centre) / scale before the gain and bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.hook_scale = HookPoint()  # B,T,1
+        self.hook_normalized = HookPoint()  # B,T,d
+
+    def watched(self) -> bool:
+        return self.hook_scale.has_hooks() or self.hook_normalized.has_hooks()
+
+
+class UnembedPoints(nn.Module):
+    """TransformerLens's ``unembed`` container: hook_in, what the LM head reads (B,T,d)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hook_in = HookPoint()  # B,T,d
+
+
+def normalize(norm: nn.Module, x: torch.Tensor, points: NormPoints | None, fused) -> torch.Tensor:
+    """``fused(x)``, the norm's own kernel, unless a hook watches ``points``: then the norm written out through them
+    (centred for a LayerNorm, statistics in fp32 at least), so an edit of either reaches the output."""
+    if points is None or not (points.hook_scale.has_hooks() or points.hook_normalized.has_hooks()):
+        return fused(x)
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    centred = wide - wide.mean(-1, keepdim=True) if isinstance(norm, nn.LayerNorm) else wide
+    scale = points.hook_scale((centred.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt())  # B,T,1
+    out = points.hook_normalized(centred / scale)  # B,T,d
+    if norm.weight is not None:
+        out = out * norm.weight
+    return (out if getattr(norm, "bias", None) is None else out + norm.bias).to(x.dtype)
+
+
+class _Hooked:
+    """What HookedRMSNorm and HookedLayerNorm share: the points they fire are their own children (a block's
+    ``ln1.hook_scale``) or the ones a call hands them (the final norm's, the model's ``ln_final``). No parameters of
+    their own, so checkpoints load unchanged."""
+
+    def _own_points(self, own: bool) -> None:
+        if own:
+            self.hook_scale, self.hook_normalized = HookPoint(), HookPoint()  # B,T,1 and B,T,d
+
+    def forward(self, x: torch.Tensor, points: NormPoints | None = None) -> torch.Tensor:
+        points = points if points is not None else (self if hasattr(self, "hook_scale") else None)
+        return normalize(self, x, points, super().forward)
+
+    def unhooked(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm without its points (MUDD's key and value streams through the query stream's ln1)."""
+        return super().forward(x)
+
+
+class HookedRMSNorm(_Hooked, RMSNorm):
+    def __init__(self, d: int, eps: float = 1e-6, own_points: bool = True):
+        super().__init__(d, eps)
+        self._own_points(own_points)
+
+
+class HookedLayerNorm(_Hooked, nn.LayerNorm):
+    def __init__(self, d: int, eps: float, bias: bool = False, own_points: bool = True):
+        super().__init__(d, eps=eps, bias=bias)
+        self._own_points(own_points)
+
+
+def make_norm(kind: str, d: int, eps: float, bias: bool = False, points: str | None = None) -> nn.Module:
+    """An RMSNorm or LayerNorm. ``points``: None, none; "own", its own hook_scale / hook_normalized (a block's ln1
+    and ln2); "given", those its forward is handed (the final norm's, named ln_final)."""
     # Wang 2026's GPT-2-style baseline is bias-free throughout, LayerNorm included (MUDDPythia's LayerNorms: bias)
-    return RMSNorm(d, eps) if kind == "rms" else nn.LayerNorm(d, eps=eps, bias=bias)
+    if points is None:
+        return RMSNorm(d, eps) if kind == "rms" else nn.LayerNorm(d, eps=eps, bias=bias)
+    own = points == "own"
+    return HookedRMSNorm(d, eps, own) if kind == "rms" else HookedLayerNorm(d, eps, bias, own)
 
 
 class Rotary(nn.Module):
@@ -102,12 +172,15 @@ class MLP(nn.Module):
         self.up = nn.Linear(d_model, d_mlp, bias=bias)
         self.down = nn.Linear(d_mlp, d_model, bias=bias)
         self.key_proj = nn.Linear(d_mlp, key_rank, bias=False) if key_rank else None
+        self.hook_pre = HookPoint()  # B,T,m pre-activation (SwiGLU: the gate branch)
+        if kind == "swiglu":
+            self.hook_pre_linear = HookPoint()  # B,T,m SwiGLU's linear (up) branch
         self.hook_post = HookPoint()  # B,T,m activation entering the output projection
 
     def forward(self, x: torch.Tensor):
         if self.kind == "swiglu":
-            a = F.silu(self.gate(x)) * self.up(x)
+            a = F.silu(self.hook_pre(self.gate(x))) * self.hook_pre_linear(self.up(x))
         else:
-            a = F.gelu(self.up(x))
+            a = F.gelu(self.hook_pre(self.up(x)))
         a = self.hook_post(a)  # B,T,m
         return project_with_key(a, self.down, self.key_proj)  # B,T,d and B,T,r (P-LR) or None

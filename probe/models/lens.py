@@ -13,8 +13,10 @@ As in TransformerLens (``HookedTransformer``, ``TransformerBridge``):
   :meth:`to_tokens`, whose ``prepend_bos`` follows probe's BOS rule when not given (docs/definitions.md#bos-rule:
   TransformerLens's default, True for most architectures, prepends one that Pythia and GPT-2 never saw in training).
 
-The cache is the plain dict of hook name -> tensor that TransformerLens's ``HookedRootModule.run_with_cache`` returns
-(``ActivationCache``'s methods need HookedTransformer's config and component names).
+The cache is a :class:`probe.models.cache.ActivationCache`: a dict of hook name -> tensor that is TransformerLens's
+``ActivationCache`` (``decompose_resid``, ``accumulated_resid``, ``apply_ln_to_stack``, ``stack_head_results``,
+``logit_attrs``, ``logit_lens``) through the protocol cache.py describes; ``return_cache_object=False`` gives the
+plain dict, as TransformerLens does.
 
 The class using the mixin provides ``forward(input_ids, attention_mask=None, return_hidden=False, **kw)`` (the HF
 forward), ``tokenizer``, ``probe_info`` and, where ids go elsewhere than ``device``, ``input_device``.
@@ -28,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from transformer_lens.HookedRootModule import HookedRootModule
+
+from probe.models.cache import ActivationCache
 
 RETURN_TYPES = ("logits", "loss", "both", None)
 # TransformerLens forward options that probe's models do not implement: refused, never silently ignored
@@ -84,8 +88,12 @@ class TransformerLensCalls:
     # ---- running ----------------------------------------------------------------------------------------
     def run_with_cache(self, *model_args, return_cache_object: bool = True, **kwargs):
         """TransformerLens's: ``(output, cache)``, the output as ``return_type`` says (default the logits tensor),
-        the cache a dict of hook name -> tensor whether or not ``return_cache_object``."""
-        return HookedRootModule.run_with_cache(self, *model_args, **_lens_kwargs(kwargs))
+        the cache an :class:`~probe.models.cache.ActivationCache` (a dict of hook name -> tensor with
+        TransformerLens's methods), or with ``return_cache_object=False`` a plain dict."""
+        output, cache = HookedRootModule.run_with_cache(self, *model_args, **_lens_kwargs(kwargs))
+        if not return_cache_object:
+            return output, cache
+        return output, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
     def run_with_hooks(self, *model_args, **kwargs):
         """TransformerLens's: the output as ``return_type`` says (default the logits tensor) of a forward with

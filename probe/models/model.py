@@ -24,10 +24,11 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from probe.hooks.info import ModelInfo
 from probe.kernels.backend import check_backend, use_backend
 from probe.models.block import Block
+from probe.models.cache import Unembedding
 from probe.models.config import ProbeConfig
-from probe.models.depth import DepthSources, emitted_key_width, make_read, site_sources
+from probe.models.depth import DepthSources, block_factor, emitted_key_width, make_read, site_sources
 from probe.models.gates import GATES
-from probe.models.layers import make_norm
+from probe.models.layers import NormPoints, UnembedPoints, make_norm
 from probe.models.lens import HF_OUTPUT, TransformerLensCalls
 from probe.models.params import ROLES, no_decay_names, parameter_roles
 from probe.progress import quiet_hf_bars
@@ -96,10 +97,16 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
         self.blocks = nn.ModuleList(Block(c, l) for l in range(c.n_layers))
         if c.depth != "residual":
             self.final_read = make_read(c)
-        self.ln_f = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
+        self.ln_f = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias, points="given")
+        self.ln_final = NormPoints()  # ln_f's hook_scale / hook_normalized, under TransformerLens's name
         if not c.tie_embeddings:
             self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.hook_embed = HookPoint()  # B,T,d
+        if c.pos == "learned":
+            self.hook_pos_embed = HookPoint()  # B,T,d
+        # unembed.hook_in (B,T,d, what the LM head reads): the container is named as TransformerLens's unembed
+        # module, while self.unembed stays the method; add_module refuses a name the class already uses
+        self._modules["unembed"] = UnembedPoints()
         # what whoever makes the model (probe.load, create, a recipe) knows of it, read by probe_info:
         self.tokenizer = None  # its tokenizer, where the loader knows it
         self.probe_name: str | None = None  # the identity every analysis output records (None: the config's path)
@@ -181,10 +188,30 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
             return self._forward(input_ids, labels, return_hidden)
 
     def unembed(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits (..., V) of final-normed hidden states (..., d): the LM head alone."""
+        """Logits (..., V) of final-normed hidden states (..., d): the LM head alone (its input through
+        unembed.hook_in)."""
+        hidden = self._modules["unembed"].hook_in(hidden)
         return F.linear(hidden, self.embed.weight) if self.config.tie_embeddings else self.lm_head(hidden)
 
-    def _forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None, return_hidden: bool = False):
+    def unembedding(self) -> Unembedding:
+        """The LM head (the embedding when tied; no bias, no soft-cap), for the cache's logit attribution."""
+        return Unembedding(self.embed.weight if self.config.tie_embeddings else self.lm_head.weight)
+
+    def norm_module(self, layer: int | None = None, which: str = "ln1") -> nn.Module | None:
+        """The final norm (layer None) or block ``layer``'s norm ``which`` (ln1: the attention's input, ln2: the
+        MLP's): what the ActivationCache applies to stacks (probe.models.cache)."""
+        if layer is None:
+            return self.ln_f
+        return getattr(self.blocks[layer], which, None) if which in ("ln1", "ln2") else None
+
+    def depth_block_factor(self, count: int) -> float | torch.Tensor:
+        """What a block depth source of ``count`` sub-layer outputs is multiplied by (the block mean, count**-p)."""
+        c = self.config
+        return block_factor(count, self.depth_block_mean if c.depth_block_mean_learned else c.depth_block_mean)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The stream the blocks start from (B,T,d; T+1 with a sink token): hook_embed, the token embedding (with
+        the sink token prepended), plus hook_pos_embed where positions are learned."""
         c = self.config
         B, T = input_ids.shape
         x = self.embed(input_ids)  # B,T,d
@@ -192,11 +219,19 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
             x = torch.cat([self.sink_token.to(x.dtype).expand(B, 1, -1), x], dim=1)
         if c.strict_ctx and T > c.n_ctx:  # an authors' model: their code cannot run past its block_size
             raise ValueError(f"sequence length {T} exceeds the model's context n_ctx={c.n_ctx} (strict_ctx)")
-        if c.pos == "learned":
-            if x.shape[1] > self.pos_embed.num_embeddings:
-                raise ValueError(f"sequence length {T} exceeds the model's context n_ctx={c.n_ctx}")
-            x = x + self.pos_embed.weight[: x.shape[1]]
         x = self.hook_embed(x)
+        if c.pos != "learned":
+            return x
+        if x.shape[1] > self.pos_embed.num_embeddings:
+            raise ValueError(f"sequence length {T} exceeds the model's context n_ctx={c.n_ctx}")
+        positions = self.pos_embed.weight[: x.shape[1]].expand_as(x)  # B,T,d (a view)
+        if self.hook_pos_embed.has_hooks():  # a hook may write into it: its own copy
+            positions = positions.clone()
+        return x + self.hook_pos_embed(positions)
+
+    def _forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None, return_hidden: bool = False):
+        c = self.config
+        x = self._embed(input_ids)  # B,T,d
 
         v_first = None
         if c.depth != "residual":
@@ -219,7 +254,7 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
             for blk in self.blocks:
                 x, v_first = blk(x, v_first)
 
-        x = self.ln_f(x)
+        x = self.ln_f(x, self.ln_final)
         if c.abstention == "sinktoken":
             x = x[:, 1:]
         if return_hidden:
@@ -242,7 +277,7 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
     # ---- what analyses and trainers may ask ------------------------------------------------------------
     def rotary_tables(self, layer: int, T: int, device=None):
         """(cos, sin) (T, d_rot/2) fp32 of layer ``layer``'s rotary at positions 0 .. T-1 (rotate-half pairs over the
-        first d_rot coordinates of hook_q / hook_k), None without rotary: what re-rotates a query to another
+        first d_rot coordinates of hook_rot_q / hook_rot_k), None without rotary: what re-rotates a query to another
         position (eviction at positions within the cache)."""
         rotary = self.blocks[layer].attn.rotary
         if rotary is None:

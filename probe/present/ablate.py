@@ -7,8 +7,8 @@ import plotly.graph_objects as go
 
 from probe.present.figures import integer_ticks, se_bars, threshold
 from probe.present.files import header, result_meta, show
-from probe.present.sections import drop_ids, n_batches, pm, se_caveat
-from probe.present.terminal import verdict
+from probe.present.sections import drop_ids, linear_note, n_batches, pm, se_caveat
+from probe.present.terminal import note_lines, verdict
 
 DESCRIPTIONS = {
     "ablate.html": "causal interventions: loss change per intervention, whole model and per layer, with figures",
@@ -24,6 +24,7 @@ COLUMNS = [
     "setting",
     "scope",
     "layer",
+    "layer_type",
     "head",
     "site",
     "loss_clean",
@@ -38,9 +39,10 @@ COLUMNS = [
 ]
 
 
-def _where(row) -> str:
+def _where(row, hybrid: bool = False) -> str:
     if row["scope"] == "model":
-        return "every layer" if row["intervention"] != "depth" else "every read site"
+        every = "every softmax layer" if hybrid else "every layer"  # a hybrid's linear layers are not ablated
+        return every if row["intervention"] != "depth" else "every read site"
     if row["scope"] == "site":
         return f"site {row['site']}"
     return f"layer {row['layer']}" + (f", head {row['head']}" if row["scope"] == "head" else "")
@@ -61,9 +63,11 @@ def sections(result: dict) -> dict:
     res = result["results"]
     verdicts = []
     model = res[res["scope"] == "model"]
+    meta = result_meta(result)
+    hybrid = bool(meta.get("linear_layers"))
     for _, row in model.iterrows():
         line = (
-            f"{row['intervention']} {row['setting']} in {_where(row)}: loss {row['delta']:+.4g}"
+            f"{row['intervention']} {row['setting']} in {_where(row, hybrid)}: loss {row['delta']:+.4g}"
             f"{pm(row, 'delta', '.2g')} nats per token (ablated {row['loss_ablated']:.4g} vs clean "
             f"{row['loss_clean']:.4g}; mean ± s.e. over batches)"
         )
@@ -73,13 +77,13 @@ def sections(result: dict) -> dict:
             (res["intervention"] == row["intervention"])
             & (res["setting"] == row["setting"])
             & res["scope"].isin(["layer", "site"])
+            & res["delta"].notna()  # a hybrid's linear layers: listed, not ablated
         ]
         if len(local):
             worst = local.loc[local["delta"].idxmax()]
             line += f"; most in {_where(worst)} ({worst['delta']:+.4g})"
         verdicts.append(line)
-    caveats = se_caveat(n_batches(result))
-    meta = result_meta(result)
+    caveats = se_caveat(n_batches(result)) + [n for n in [_linear(meta)] if n]
     if meta.get("knockout_query0", "n/a") != "n/a":
         caveats.append("knockout: query 0 keeps its clean row in heads without a phantom (it would see no key)")
     tables = [
@@ -90,6 +94,11 @@ def sections(result: dict) -> dict:
         )
     ]
     return {"verdicts": verdicts, "caveats": caveats, "tables": tables}
+
+
+def _linear(meta: dict) -> str | None:
+    """A hybrid model's note: its linear layers have no attention to ablate (an eviction leaves their state whole)."""
+    return linear_note(meta, "the interventions (an eviction leaves a linear layer's state whole)")
 
 
 def layer_figure(result: dict) -> go.Figure:
@@ -233,8 +242,10 @@ def figures(result: dict) -> list:
 def text(result: dict) -> str:
     meta = result_meta(result)
     res = _table(result["results"])
+    note = _linear(meta)
     lines = [
         header(meta),
+        *note_lines(note),
         "",
         "loss change (ablated - clean, nats per token; mean ± s.e. over batches):",
         show(res, [c for c in COLUMNS if c not in ("loss_clean_late", "loss_ablated_late")]),

@@ -7,8 +7,8 @@ from plotly.subplots import make_subplots
 
 from probe.present.figures import error_bars, integer_ticks, layer_se, many, result_name, se_bars
 from probe.present.files import header, result_meta, show
-from probe.present.sections import drop_ids, n_batches, pm, se_caveat, with_se
-from probe.present.terminal import summary_lines, verdict
+from probe.present.sections import drop_ids, linear_note, n_batches, pm, se_caveat, with_se
+from probe.present.terminal import note_lines, summary_lines, verdict
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
 DESCRIPTIONS = {
@@ -41,7 +41,7 @@ def gate_sections(result: dict, k: int = 10) -> dict:
         f"({s['token_share_min_count']:.1%}{pm(s, 'token_share_min_count')} over tokens seen >= {min_count} "
         "times; ± jackknife s.e. over batches)",
     ]
-    caveats = se_caveat(n_batches(result))
+    caveats = se_caveat(n_batches(result)) + [n for n in [_linear(result)] if n]
     for label, n, u in (
         ("all tokens", s.get("n_token_reads"), s.get("n_token_types")),
         (f"tokens seen >= {min_count} times", s.get("n_frequent_reads"), s.get("n_frequent_types")),
@@ -68,6 +68,11 @@ def gate_sections(result: dict, k: int = 10) -> dict:
         (f"Least attenuated tokens (count >= {min_count})", drop_ids(tokens.tail(k).iloc[::-1]), empty),
     ]
     return {"verdicts": verdicts, "caveats": caveats, "tables": tables}
+
+
+def _linear(result: dict) -> str | None:
+    """A hybrid model's note: its linear layers have no attention, hence no gate."""
+    return linear_note(result_meta(result), "gate statistics (a gate sits on attention)", covered="gated")
 
 
 def gate_figure(results) -> go.Figure:
@@ -142,8 +147,10 @@ def text(result: dict) -> str:
     min_count = meta["min_count"]
     s = result["summary"].iloc[0].to_dict()
     tokens = result["tokens"].assign(token=lambda t: t["token"].map(repr))  # show spaces and newlines
+    note = _linear(result)
     lines = [
         header(meta),
+        *note_lines(note),
         "",
         "summary:",
         summary_lines(

@@ -8,9 +8,9 @@ import plotly.graph_objects as go
 from probe.analyses.stats import batch_se
 from probe.present.figures import error_bars, many, result_name, se_bars, threshold
 from probe.present.files import header, result_meta, show
-from probe.present.sections import MIN_BATCHES, drop_ids, n_batches, pm, se_caveat
+from probe.present.sections import MIN_BATCHES, drop_ids, linear_note, n_batches, pm, se_caveat
 from probe.present.sinks import sink_sentence
-from probe.present.terminal import verdict
+from probe.present.terminal import note_lines, verdict
 
 EFFECT_SE = 2.0  # the loss moved when |delta| > 2 standard errors over batches (docs/definitions.md#injection)
 # where injection moves the loss, for a run where it did not or whose model has no sink; the zoo command is checked by
@@ -115,7 +115,13 @@ def inject_sections(result: dict) -> dict:
         )
     if "exposure_layers" in result:
         tables.append(("Exposure per layer (± standard error over batches)", drop_ids(result["exposure_layers"])))
-    return {"verdicts": verdicts, "caveats": se_caveat(n_batches(result)), "tables": tables}
+    caveats = se_caveat(n_batches(result)) + [n for n in [_linear(result)] if n]
+    return {"verdicts": verdicts, "caveats": caveats, "tables": tables}
+
+
+def _linear(result: dict) -> str | None:
+    """A hybrid model's note: its linear layers have no value reads, so nothing is injected there."""
+    return linear_note(result_meta(result), "value-noise injection and exposure (they act on value reads)")
 
 
 def injection_figure(results) -> go.Figure:
@@ -197,8 +203,10 @@ def sections(result: dict) -> dict:
 
 
 def text(result: dict) -> str:
+    note = _linear(result)
     lines = [
         header(result_meta(result)),
+        *note_lines(note),
         "",
         "loss increase (corrupted - clean, nats per token; delta_se: standard error over batches):",
         show(results_with_se(result), ["junk", "cutoff", "dose", "loss_clean", "loss_corrupted", "delta", "delta_se"]),

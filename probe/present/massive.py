@@ -70,6 +70,7 @@ def text_lines(result: dict) -> list[str]:
         "",
         "massive activations (Sun et al.; |h| > 100 and > 1000 x median):",
         show(
-            result["massive_layers"], ["layer", "top1", "median", "ratio", "top1_dim", "n_massive", "key0_mass", "r0"]
+            result["massive_layers"],
+            ["layer", "layer_type", "top1", "median", "ratio", "top1_dim", "n_massive", "key0_mass", "r0"],
         ),
     ]

@@ -104,15 +104,17 @@ def table_html(caption: str, df: pd.DataFrame | None, empty_note: str = "no rows
     return head + body
 
 
-def picker_html(div_id: str, n_layers: int, n_heads: int) -> str:
+def picker_html(div_id: str, n_layers: int, n_heads: int, layers=None) -> str:
     """Layer and head <select>s that show one (layer, head) trace of figure ``div_id`` (a few lines of inline
-    JavaScript calling Plotly.restyle once the page is parsed; offline). Placed above the figure."""
+    JavaScript calling Plotly.restyle once the page is parsed; offline). Placed above the figure. ``layers``: the
+    layer number each of the ``n_layers`` choices shows (default 0 .. n_layers - 1; a hybrid model's softmax layers
+    skip its linear ones)."""
 
-    def options(n):
-        return "".join(f"<option value='{i}'>{i}</option>" for i in range(n))
+    def options(n, labels=None):
+        return "".join(f"<option value='{i}'>{i if labels is None else labels[i]}</option>" for i in range(n))
 
     return (
-        f"<p class='pickers'><label>layer <select id='{div_id}-layer'>{options(n_layers)}</select></label> "
+        f"<p class='pickers'><label>layer <select id='{div_id}-layer'>{options(n_layers, layers)}</select></label> "
         f"<label>head <select id='{div_id}-head'>{options(n_heads)}</select></label></p>"
         "<script type='text/javascript'>document.addEventListener('DOMContentLoaded', function () {"
         f"var gd = document.getElementById('{div_id}'), L = {n_layers}, H = {n_heads};"

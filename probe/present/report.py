@@ -17,7 +17,9 @@ from probe.analyses.stats import batch_se
 from probe.present.figures import integer_ticks, se_bars, threshold
 from probe.present.files import show
 from probe.present.page import page
+from probe.present.sections import linear_note
 from probe.present.sinks import sink_profile_figure
+from probe.present.terminal import note_lines
 from probe.present.training import training_figure
 from probe.runs import metrics_records
 
@@ -243,6 +245,21 @@ def _readable_summary(summary: pd.DataFrame, batches: pd.DataFrame | None = None
     return table.loc[:, [c for c in table.columns if table[c].notna().any()]]
 
 
+def linear_notes(layers: pd.DataFrame | None) -> list[str]:
+    """One note per hybrid model of the report (its linear layers listed in the per-layer table): which layers its
+    attention statistics and their means over layers leave out."""
+    if layers is None or "layer_type" not in layers:
+        return []
+    notes = []
+    for model, g in layers.drop_duplicates(["model", "layer"]).groupby("model", sort=False):
+        linear = g["layer_type"] == "linear"
+        meta = {k: ",".join(map(str, g.loc[m, "layer"])) for k, m in (("linear_layers", linear),
+                                                                      ("softmax_layers", ~linear))}  # fmt: skip
+        note = linear_note(meta)
+        notes += [f"{model}: {note}"] if note else []
+    return notes
+
+
 def report_intro(records: list[dict], settings: dict) -> dict:
     """The page's settings table: the models, their corpus and windows (a sweep's contexts), injection, device."""
 
@@ -344,6 +361,7 @@ def report_page(tables: dict, records: list[dict], settings: dict, self_containe
         "Attention-sink report",
         report_figures(tables) + training_figures(records),
         verdicts=verdicts,
+        caveats=linear_notes(tables.get("layers")),
         tables=shown,
         intro=intro,
         self_contained=self_contained,
@@ -386,6 +404,8 @@ def report_text(tables: dict, settings: dict, n_models: int, shard: str | None =
             identity=True,
         ),
     ]
+    for note in linear_notes(tables.get("layers")):  # a hybrid model: which layers its statistics leave out
+        text += note_lines(note)
     if "injection" in tables:
         text += [
             "",

@@ -45,4 +45,24 @@ def pm(row, col: str, fmt: str = ".1%") -> str:
     return f" ± {se:{fmt}}" if se is not None and pd.notna(se) else ""
 
 
-__all__ = ["ID_COLUMNS", "MIN_BATCHES", "drop_ids", "with_se", "n_batches", "se_caveat", "pm"]
+def _layers(text) -> list[str]:
+    return [l for l in str(text or "").split(",") if l]
+
+
+def linear_note(meta: dict, what: str = "attention statistics", covered: str = "softmax") -> str | None:
+    """The sentence a hybrid model's text and page carry (``meta``'s ``linear_layers`` and ``softmax_layers``, from
+    probe.analyses.layer_types.layer_meta): which layers are linear, that ``what`` does not apply to them and which
+    layers the means over layers cover; None for a model without linear layers."""
+    linear, softmax = _layers(meta.get("linear_layers")), _layers(meta.get("softmax_layers"))
+    if not linear:
+        return None
+    one = len(linear) == 1
+    them = f"layer {linear[0]} is linear" if one else f"layers {', '.join(linear)} are linear"
+    over = f"the {covered} layer {softmax[0]}" if len(softmax) == 1 else f"the {covered} layers {', '.join(softmax)}"
+    return (
+        f"{them} (linear attention, convolution or state space: no softmax attention), so {what} do not apply to "
+        f"{'it' if one else 'them'} (NaN, shown as -); means over layers are over {over} only"
+    )
+
+
+__all__ = ["ID_COLUMNS", "MIN_BATCHES", "drop_ids", "with_se", "n_batches", "se_caveat", "pm", "linear_note"]

@@ -22,8 +22,8 @@ from probe.present.figures import (
     threshold,
 )
 from probe.present.files import header, result_meta, show
-from probe.present.sections import drop_ids, n_batches, pm, se_caveat, with_se
-from probe.present.terminal import summary_lines, verdict
+from probe.present.sections import drop_ids, linear_note, n_batches, pm, se_caveat, with_se
+from probe.present.terminal import note_lines, summary_lines, verdict
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
 DESCRIPTIONS = {
@@ -41,10 +41,13 @@ def sink_sentence(s) -> str:
     """Whether a sink has formed (docs/definitions.md#sink-rule), with the numbers the rule read: a summary row of
     the sink statistics (``probe sinks``'s, or the clean pass of ``probe inject``)."""
     ratio, r0 = float(s["pos0_over_uniform"]), float(s["r0_later"])
-    where = f"position 0 takes {float(s['pos0_share']):.1%} of each row's real attention over all layers"
+    softmax = s.get("layers") == "softmax"  # a hybrid model: the means are over its softmax layers
+    over = "its softmax layers" if softmax else "all layers"
+    where = f"position 0 takes {float(s['pos0_share']):.1%} of each row's real attention over {over}"
     phantom = float(s.get("phantom_share", 0) or 0)
     also = f" (the phantom {phantom:.1%} of all mass)" if phantom > 0 else ""
-    later = "past layer 0" if int(s.get("n_layers", 2)) > 1 else "in its one layer"
+    one = "in its one softmax layer" if softmax else "in its one layer"
+    later = "past layer 0" if int(s.get("n_layers", 2)) > 1 else one
     if bool(s["sink_formed"]):
         return (
             f"a sink has formed: {where}{also}, {ratio:.3g}x the causal-uniform share {later}, with its value read "
@@ -57,6 +60,9 @@ def sink_sentence(s) -> str:
 
 
 def _later(layers: pd.DataFrame) -> pd.DataFrame:
+    """The layers past the first that the sink rule reads: softmax ones (a hybrid's linear layers have no sink)."""
+    if "layer_type" in layers:
+        layers = layers[layers["layer_type"] != "linear"]
     return layers[layers["layer"] > 0] if len(layers) > 1 else layers
 
 
@@ -127,7 +133,8 @@ def sink_sections(result: dict) -> dict:
                 "no head switches between the domains",
             )
         )
-    return {"verdicts": verdicts, "caveats": se_caveat(n_batches(result)), "tables": tables}
+    caveats = se_caveat(n_batches(result)) + [n for n in [linear_note(result_meta(result))] if n]
+    return {"verdicts": verdicts, "caveats": caveats, "tables": tables}
 
 
 SINK_PANELS = (
@@ -236,8 +243,10 @@ def sections(result: dict) -> dict:
 
 def text(result: dict) -> str:
     s = result["summary"].iloc[0].to_dict()
+    note = linear_note(result_meta(result))
     lines = [
         header(result_meta(result)),
+        *note_lines(note),
         "",
         f"summary (rows t >= 1; a sink has formed when pos0 share >= {SINK_FACTOR:g} x uniform and r0 < "
         f"{SINK_R0:g} over layers past the first):",

@@ -8,7 +8,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from probe.present.files import header, result_meta, show
-from probe.present.sections import drop_ids
+from probe.present.sections import drop_ids, linear_note
+from probe.present.terminal import note_lines
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
 DESCRIPTIONS = {
@@ -136,14 +137,17 @@ def sections(result: dict) -> dict:
         ("Per context length and layer type (means over the layers of the type)", drop_ids(result["by_type"])),
         ("Per context length and layer", drop_ids(result["layers"])),
     ]
-    return {"verdicts": _verdicts(result), "caveats": [], "tables": tables}
+    note = linear_note(result_meta(result))
+    return {"verdicts": _verdicts(result), "caveats": [note] if note else [], "tables": tables}
 
 
 def text(result: dict) -> str:
     meta = result_meta(result)
+    note = linear_note(meta)
     lines = [
         header({k: v for k, v in meta.items() if k != "ctx"}),
         f"contexts: {meta.get('ctx')}",
+        *note_lines(note),
         "",
         *_verdicts(result),
         "",

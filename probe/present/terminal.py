@@ -40,6 +40,15 @@ def verdict(*sentences: str) -> str:
     return "\nverdict:\n" + "\n".join(items)
 
 
+def note_lines(note: str | None) -> list[str]:
+    """A note under a verb's header (a hybrid model's linear layers), after a blank line, wrapped as the verdict is;
+    nothing for None."""
+    if not note:
+        return []
+    return ["", textwrap.fill(f"note: {note}", WIDTH, subsequent_indent="  ", break_long_words=False,
+                              break_on_hyphens=False)]  # fmt: skip
+
+
 def verdict_sentences(text: str) -> list[str]:
     """The sentences of the verdict that ends ``text`` (a verb's terminal text), unwrapped."""
     tail = text.rsplit("\nverdict:\n", 1)[-1]

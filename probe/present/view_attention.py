@@ -138,18 +138,20 @@ def attention_view(
     return fig
 
 
-def attention_picker_view(patterns, phantoms, tokens, *, title: str = "Attention pattern") -> go.Figure:
-    """One heatmap per (layer, head), trace ``layer * H + head``, only layer 0 head 0 visible. The figure carries
-    plotly's own dropdown of every (layer, head), so it can be picked wherever the figure is shown (a notebook, a
-    Dash app); a page (``probe.present.page.page``) replaces that menu with separate layer and head pickers. Rows =
-    queries, columns = keys with the phantom first (when the model has one); each trace's colour scale runs from 0
-    to its own maximum, so a head with weights near 0.02 is not drawn blank."""
+def attention_picker_view(patterns, phantoms, tokens, *, title: str = "Attention pattern", layers=None) -> go.Figure:
+    """One heatmap per (layer, head), trace ``i * H + head`` for the i-th pattern, only the first visible; ``layers``:
+    the patterns' layer numbers (default 0, 1, ...: a hybrid model's softmax layers are not every layer). The figure
+    carries plotly's own dropdown of every (layer, head), so it can be picked wherever the figure is shown (a
+    notebook, a Dash app); a page (``probe.present.page.page``) replaces that menu with separate layer and head
+    pickers. Rows = queries, columns = keys with the phantom first (when the model has one); each trace's colour scale
+    runs from 0 to its own maximum, so a head with weights near 0.02 is not drawn blank."""
     T = len(tokens)
     labels = labels_of(tokens)
     lead = ["phantom"] if phantoms[0] is not None else []
     causal = np.tril(np.ones((T, T), dtype=bool))
+    labels_l = list(range(len(patterns))) if layers is None else [int(l) for l in layers]
     fig = go.Figure()
-    for l, (pattern, phantom) in enumerate(zip(patterns, phantoms)):
+    for i, (l, pattern, phantom) in enumerate(zip(labels_l, patterns, phantoms)):
         for h in range(pattern.shape[0]):
             z = np.where(causal, pattern[h], np.nan)  # T, T
             if phantom is not None:
@@ -163,7 +165,7 @@ def attention_picker_view(patterns, phantoms, tokens, *, title: str = "Attention
                     zmax=float(np.nanmax(z)) or 1.0,
                     colorscale="Viridis",
                     colorbar=dict(title="attention"),
-                    visible=(l == 0 and h == 0),
+                    visible=(i == 0 and h == 0),
                     name=f"layer {l} head {h}",
                     hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.4f}<extra>" + f"layer {l} head {h}</extra>",
                 )
@@ -199,9 +201,14 @@ def attention_picker_view(patterns, phantoms, tokens, *, title: str = "Attention
         width=max(900, px * (T + len(lead)) + 340),
         margin=dict(l=140, b=160, t=140),
         updatemenus=[menu],
-        meta={"picker": [len(patterns), patterns[0].shape[0]]},
+        meta={"picker": _picker(labels_l, patterns[0].shape[0])},
     )
     return fig
+
+
+def _picker(layers: list[int], n_heads: int) -> list:
+    """The page's pickers: [n_layers, n_heads], and the layer numbers when they are not 0 .. n_layers - 1."""
+    return [len(layers), n_heads] + ([layers] if layers != list(range(len(layers))) else [])
 
 
 __all__ = ["MAX_FULL", "attention_view", "attention_picker_view"]

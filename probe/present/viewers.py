@@ -54,6 +54,8 @@ def _key0(cap) -> str:
 
 def attention_viewer(cap, layer: int, *, heads=None, **kw):
     """Attention patterns of one captured layer (phantom column for models with one); ``kw``: ``attention_view``'s."""
+    if layer in getattr(cap, "linear_layers", ()):
+        raise ValueError(f"layer={layer} of {cap.model!r} is a linear layer, without softmax attention: no pattern")
     patterns = _part(cap, "patterns", "attention patterns")
     if layer not in patterns:
         raise ValueError(f"layer={layer}: the capture of {cap.model!r} holds layers {sorted(patterns)}")
@@ -91,23 +93,39 @@ def gate_viewer(cap, *, per_head: bool = False, text_layer: int | str | None = N
     return gate_text_view(values, cap.tokens, title=title, **kw)
 
 
+def no_pattern_note(layers) -> str:
+    """What a capture's linear layers lack, as a clause ("" without any)."""
+    if not layers:
+        return ""
+    which = ", ".join(map(str, layers))
+    what = f"layer {which} is a linear layer" if len(layers) == 1 else f"layers {which} are linear layers"
+    return f"{what} (no softmax attention): no pattern to show"
+
+
 def view_figures(cap) -> list:
     """What ``probe view`` shows of a capture: the attention pattern of any layer and head (a page adds the layer and
-    head pickers), then depth weights (when captured: depth-routed models) and gates over the text (gated models)."""
+    head pickers), then depth weights (when captured: depth-routed models) and gates over the text (gated models).
+    A hybrid model's linear layers have no pattern: the picker offers its softmax layers and the title says so."""
+    linear = list(getattr(cap, "linear_layers", ()))
+    shown = [] if not cap.patterns and linear else [_pattern_figure(cap, linear)]
+    if cap.depth:
+        shown.append(depth_viewer(cap))
+    if cap.gates:
+        shown += [gate_viewer(cap), gate_viewer(cap, text_layer="mean")]
+    return shown
+
+
+def _pattern_figure(cap, linear: list[int]):
     patterns = _part(cap, "patterns", "attention patterns")
     layers = sorted(patterns)
     phantoms = [cap.phantoms[l] for l in layers] if cap.has_phantom else [None] * len(layers)
     title = (
         f"Attention pattern of the layer and head picked above — {cap.model}<br><sup>key 0 = {_key0(cap)}"
         + ("; phantom = first column" if cap.has_phantom else "")
+        + (f"; {no_pattern_note(linear)}" if linear else "")
         + f"{_note(cap)}</sup>"
     )
-    shown = [attention_picker_view([patterns[l] for l in layers], phantoms, cap.tokens, title=title)]
-    if cap.depth:
-        shown.append(depth_viewer(cap))
-    if cap.gates:
-        shown += [gate_viewer(cap), gate_viewer(cap, text_layer="mean")]
-    return shown
+    return attention_picker_view([patterns[l] for l in layers], phantoms, cap.tokens, title=title, layers=layers)
 
 
 def figures(result: dict, capture) -> list:
@@ -123,14 +141,17 @@ def sections(result: dict) -> dict:
 def text(result: dict, page: Path | str | None = None) -> str:
     """`probe view`'s one line: the page, what it shows of which text, the model's size."""
     m = result_meta(result)
+    linear = [int(l) for l in str(m.get("linear_layers") or "").split(",") if l]
     shown = ["attention (layer and head pickers" + (", phantom column" if m["phantom"] else "") + ")"]
+    shown = shown if len(linear) < m["n_layers"] else []
     shown += ["depth weights"] * m["depth"] + ["gates over the text"] * m["gates"]
     return (
         (f"{page}: " if page is not None else "")
         + f"{plural(m['n_tokens'], 'token')} of {m['source']}"
         + (f" ({m['note']})" if m["note"] else "")
-        + f"; {', '.join(shown)}; "
+        + f"; {', '.join(shown) or 'nothing to draw'}; "
         f"{plural(m['n_layers'], 'layer')} x {plural(m['n_heads'], 'head')}"
+        + (f"; {no_pattern_note(linear)}" if linear else "")
     )
 
 

@@ -9,7 +9,7 @@ Run it from the root of a checkout of the commit whose behaviour is pinned; it r
     python scripts/golden/make_golden.py --out tests/jobs/golden --only sinks/ report/   # just those cases
 
 `tests/jobs/test_golden.py` reruns the same commands in-process and compares every table and figure with these files
-(equal, or within 1e-12 relative where merging passes only reorders float sums). A change that alters a definition
+(equal, or within fp32 rounding across CPUs: see its docstring). A change that alters a definition
 regenerates only the files it affects, in the same commit, and says which and why.
 """
 

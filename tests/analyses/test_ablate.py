@@ -171,7 +171,7 @@ def test_cache_positions_equal_each_querys_cache_reencoded_by_hand(variant):
     def by_hand(pattern, hook):  # (B, H, T, T)
         l = names.layer_of(hook.name)
         cos, sin = (t[:, 0].double() for t in model.blocks[l].attn.rotary.tables(T, "cpu", torch.float32))
-        q, key = (seen[names.attn(l, x)].double().transpose(1, 2) for x in "qk")  # (B, H, T, dh)
+        q, key = (seen[names.rot(l, x)].double().transpose(1, 2) for x in "qk")  # (B, H, T, dh), rotated in the text
         key = key.repeat_interleave(q.shape[1] // key.shape[1], 1)
         q, key = (x * cos - rotate_half(x) * sin for x in (q, key))  # at position 0
         q = q * cos[p[:, 0]] + rotate_half(q) * sin[p[:, 0]]
@@ -185,7 +185,7 @@ def test_cache_positions_equal_each_querys_cache_reencoded_by_hand(variant):
         return (a[..., 1:] if sink is not None else a).to(pattern.dtype)
 
     res = ablate(model, W, ["evict"], keep=(k,), windows=(w,), positions=("cache",), progress=False)
-    grab = [(lambda n: names.attn_point(n) in ("q", "k", "sink_logit"), keep)]
+    grab = [(lambda n: names.attn_point(n) in ("rot_q", "rot_k", "sink_logit"), keep)]
     want = losses(model, W, grab + [(lambda n: names.is_attn(n, "pattern"), by_hand)])
     got = row(res, "evict", f"k={k},w={w},pos=cache")
     assert got["loss_ablated"] == pytest.approx(want, abs=1e-5)

@@ -62,8 +62,8 @@ def force_key0(model, layers=None, heads=None, when=None):
         return k
 
     for l in layers:
-        model.add_hook(f"blocks.{l}.attn.hook_q", q_hook, is_permanent=True)
-        model.add_hook(f"blocks.{l}.attn.hook_k", k_hook, is_permanent=True)
+        model.add_hook(f"blocks.{l}.attn.hook_rot_q", q_hook, is_permanent=True)  # the query the scores take
+        model.add_hook(f"blocks.{l}.attn.hook_rot_k", k_hook, is_permanent=True)
     return model
 
 

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 import probe
 from probe.checkpoints import attention as A
 from probe.checkpoints.tiny import build_tiny
+from probe.hooks import names
 from tests.support.adapters import check_logits_match_hf_eager
 
 FAMILIES = ("gpt_neox", "gpt_oss", "llama")
@@ -70,6 +71,10 @@ def test_hook_shapes(models, fam):
                 f"blocks.{l}.hook_mlp_out": (B, T, d),
                 f"blocks.{l}.attn.hook_q": (B, T, H, dh),
                 f"blocks.{l}.attn.hook_k": (B, T, Hkv, dh),
+                f"blocks.{l}.attn.hook_rot_q": (B, T, H, dh),
+                f"blocks.{l}.attn.hook_rot_k": (B, T, Hkv, dh),
+                f"blocks.{l}.attn.hook_attn_scores": (B, H, T, T),
+                f"blocks.{l}.attn.hook_result": (B, T, H, d),
                 f"blocks.{l}.attn.hook_v": (B, T, Hkv, dh),
                 f"blocks.{l}.attn.hook_v_out": (B, T, Hkv, dh),
                 f"blocks.{l}.attn.hook_pattern": (B, H, T, T),
@@ -80,7 +85,23 @@ def test_hook_shapes(models, fam):
         )
         if info.has_phantom:
             shapes[f"blocks.{l}.attn.hook_sink_logit"] = (H,)
+        shapes.update(norm_and_mlp_shapes(m, l, B, T))
+    shapes.update({names.norm(None, point="scale"): (B, T, 1), names.norm(None, point="normalized"): (B, T, d)})
+    shapes[names.unembed_in()] = (B, T, d)
     assert {k: tuple(v.shape) for k, v in cache.items()} == shapes
+
+
+def norm_and_mlp_shapes(m, layer: int, B: int, T: int) -> dict:
+    """Block ``layer``'s norm points (ln1, ln2) and MLP points: gated (llama), plain (GPT-NeoX), routed (gpt-oss)."""
+    config, d = m.hf_model.config, m.probe_info.d_model
+    shapes = {names.norm(layer, w, "scale"): (B, T, 1) for w in ("ln1", "ln2")}
+    shapes.update({names.norm(layer, w, "normalized"): (B, T, d) for w in ("ln1", "ln2")})
+    if m.family == "gpt_oss":
+        E, k = config.num_local_experts, config.num_experts_per_tok
+        routed = {"router_logits": (B, T, E), "expert_indices": (B, T, k), "expert_weights": (B, T, E)}
+        return shapes | {names.mlp(layer, p): shape for p, shape in routed.items()}
+    points = ("pre", "pre_linear", "post") if m.family == "llama" else ("pre", "post")
+    return shapes | {names.mlp(layer, p): (B, T, config.intermediate_size) for p in points}
 
 
 @torch.no_grad()
@@ -94,8 +115,8 @@ def test_model_info_per_family(models):
 
 
 def _capture_hf_qkv(ref, x):
-    """What HF computes inside each attention: q, k after rotary and v, as (B,T,heads,dh), captured independently
-    of the adapter (projection outputs + the model's own rotary function)."""
+    """What HF computes inside each attention: q, k after rotary, v, and q, k before rotary, as (B,T,heads,dh),
+    captured independently of the adapter (projection outputs + the model's own rotary function)."""
     import importlib
 
     mt = ref.config.model_type
@@ -132,7 +153,7 @@ def _capture_hf_qkv(ref, x):
             dh = a.head_dim
             q, k, v = (proj[(l, p)].view(B, T, -1, dh) for p in "qkv")
         qr, kr = mod.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-        out.append((qr.transpose(1, 2), kr.transpose(1, 2), v))
+        out.append((qr.transpose(1, 2), kr.transpose(1, 2), v, q, k))
     return out
 
 
@@ -141,14 +162,18 @@ def _capture_hf_qkv(ref, x):
 def test_qkv_hooks_equal_what_hf_aggregates(models, fam):
     m, ref = models[fam]
     x = ids()
-    _, cache = m.run_with_cache(x, names_filter=lambda n: n.split(".")[-1] in {"hook_q", "hook_k", "hook_v"})
-    for l, (q, k, v) in enumerate(_capture_hf_qkv(ref, x)):
+    wanted = {"hook_q", "hook_k", "hook_rot_q", "hook_rot_k", "hook_v"}
+    _, cache = m.run_with_cache(x, names_filter=lambda n: n.split(".")[-1] in wanted)
+    for l, (q, k, v, q_pre, k_pre) in enumerate(_capture_hf_qkv(ref, x)):
         torch.testing.assert_close(cache[f"blocks.{l}.attn.hook_v"], v, atol=EXACT, rtol=0)
-        torch.testing.assert_close(cache[f"blocks.{l}.attn.hook_q"], q, atol=EXACT, rtol=0)
-        torch.testing.assert_close(cache[f"blocks.{l}.attn.hook_k"], k, atol=EXACT, rtol=0)
+        torch.testing.assert_close(cache[f"blocks.{l}.attn.hook_rot_q"], q, atol=EXACT, rtol=0)
+        torch.testing.assert_close(cache[f"blocks.{l}.attn.hook_rot_k"], k, atol=EXACT, rtol=0)
+        # before rotary: q_proj's output, or (GPT-NeoX's fused projection) hook_rot_q turned back by the rotary tables
+        torch.testing.assert_close(cache[f"blocks.{l}.attn.hook_q"], q_pre, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(cache[f"blocks.{l}.attn.hook_k"], k_pre, atol=1e-5, rtol=1e-5)
     if fam == "gpt_neox":  # rotary touched only the first 25% of each head's dims
-        q_pre = _capture_hf_qkv(ref, x)[0][0]
-        assert torch.equal(cache["blocks.0.attn.hook_q"][..., 2:], q_pre[..., 2:])
+        q_pre = _capture_hf_qkv(ref, x)[0][3]
+        assert torch.equal(cache["blocks.0.attn.hook_rot_q"][..., 2:], q_pre[..., 2:])
 
 
 @pytest.mark.parametrize("fam", FAMILIES)
@@ -170,9 +195,9 @@ def test_pattern_and_phantom_match_hf_eager(models, fam):
 
 @torch.no_grad()
 def test_gpt_oss_phantom_is_exp_sink_minus_lse_per_layer_type(models):
-    """phantom = exp(sink − lse), lse over the real keys the layer may see and the sink, computed here from hook_q,
-    hook_k and a mask built from the config (sliding window for sliding layers), independently of HF and the adapter's
-    softmax."""
+    """phantom = exp(sink − lse), lse over the real keys the layer may see and the sink, computed here from
+    hook_rot_q, hook_rot_k and a mask built from the config (sliding window for sliding layers), independently of HF
+    and the adapter's softmax."""
     m, ref = models["gpt_oss"]
     x = ids(T=12)
     T, W = x.shape[1], ref.config.sliding_window
@@ -183,8 +208,8 @@ def test_gpt_oss_phantom_is_exp_sink_minus_lse_per_layer_type(models):
         kind = ref.config.layer_types[l]
         seen_types.add(kind)
         allowed = (j <= i) & ((i - j < W) if kind == "sliding_attention" else True)
-        q = cache[f"blocks.{l}.attn.hook_q"].transpose(1, 2).double()  # B,H,T,dh
-        k = cache[f"blocks.{l}.attn.hook_k"].transpose(1, 2).double().repeat_interleave(2, dim=1)
+        q = cache[f"blocks.{l}.attn.hook_rot_q"].transpose(1, 2).double()  # B,H,T,dh
+        k = cache[f"blocks.{l}.attn.hook_rot_k"].transpose(1, 2).double().repeat_interleave(2, dim=1)
         sink = layer.self_attn.sinks.double()
         torch.testing.assert_close(cache[f"blocks.{l}.attn.hook_sink_logit"], layer.self_attn.sinks, atol=0, rtol=0)
         logits = (q @ k.transpose(-1, -2)) * layer.self_attn.scaling

@@ -131,15 +131,15 @@ def test_logits_match_hf_eager(models, fam):
 @pytest.mark.parametrize("fam", FAMILIES)
 @torch.no_grad()
 def test_qkv_and_pattern_equal_what_hf_eager_computes(models, fam):
-    """hook_q/hook_k after QK-norm and rotary, hook_v, and hook_pattern (soft-cap included) in sliding and full
-    layers equal what HF's eager attention receives and returns."""
+    """hook_rot_q/hook_rot_k (after QK-norm and rotary), hook_v, and hook_pattern (soft-cap included) in sliding and
+    full layers equal what HF's eager attention receives and returns."""
     m, ref = models[fam]
     x = ids()
     _, seen = hf_eager_capture(ref, x)
     _, cache = m.run_with_cache(x)
     types = []
     for l, (q, k, v, w) in enumerate(seen):
-        for name, want in (("q", q), ("k", k), ("v", v), ("pattern", w)):
+        for name, want in (("rot_q", q), ("rot_k", k), ("v", v), ("pattern", w)):
             torch.testing.assert_close(cache[f"blocks.{l}.attn.hook_{name}"], want, atol=EXACT, rtol=0)
         assert torch.equal(cache[f"blocks.{l}.attn.hook_phantom"], torch.zeros_like(w[..., 0]))
         pattern = cache[f"blocks.{l}.attn.hook_pattern"]
@@ -162,8 +162,9 @@ def test_qkv_and_pattern_equal_what_hf_eager_computes(models, fam):
 
 @torch.no_grad()
 def test_gemma2_softcap_is_inside_hook_pattern(models):
-    """pattern = softmax(cap·tanh(q·k·s / cap) + mask), computed here from hook_q/hook_k, differs clearly from the
-    uncapped softmax (the tiny config's cap 2.0 bites), and an edit of hook_pattern reaches hook_z and the logits."""
+    """pattern = softmax(cap·tanh(q·k·s / cap) + mask), computed here from hook_rot_q/hook_rot_k, differs clearly from
+    the uncapped softmax (the tiny config's cap 2.0 bites), and an edit of hook_pattern reaches hook_z and the
+    logits."""
     m, ref = models["gemma2"]
     x = ids()
     info, cfg = m.probe_info, ref.config
@@ -171,8 +172,8 @@ def test_gemma2_softcap_is_inside_hook_pattern(models):
     _, cache = m.run_with_cache(x)
     i, j = torch.arange(T)[:, None], torch.arange(T)[None]
     for l, kind in enumerate(info.layer_types):
-        q = cache[f"blocks.{l}.attn.hook_q"].transpose(1, 2).double()
-        k = cache[f"blocks.{l}.attn.hook_k"].transpose(1, 2).double().repeat_interleave(info.kv_group, dim=1)
+        q = cache[f"blocks.{l}.attn.hook_rot_q"].transpose(1, 2).double()
+        k = cache[f"blocks.{l}.attn.hook_rot_k"].transpose(1, 2).double().repeat_interleave(info.kv_group, dim=1)
         allowed = (j <= i) & ((i - j < info.sliding_window) if kind == "sliding" else True)
         raw = (q @ k.transpose(-1, -2)) * info.extra["attn_scale"]
         capped = cfg.attn_logit_softcapping * torch.tanh(raw / cfg.attn_logit_softcapping)
@@ -287,8 +288,9 @@ def test_model_info(models):
 @pytest.mark.parametrize("fam", ["gemma3_text", "qwen3", "mistral"])
 @torch.no_grad()
 def test_streaming_row_masses_read_the_same_attention(models, fam):
-    """The analyses' streaming pass (no T×T pattern) rebuilds position-0 mass from hook_q/hook_k with the ModelInfo's
-    scale and window: it must equal hook_pattern's key-0 column (Gemma's query_pre_attn_scalar ≠ d_head here)."""
+    """The analyses' streaming pass (no T×T pattern) rebuilds position-0 mass from hook_rot_q/hook_rot_k with the
+    ModelInfo's scale and window: it must equal hook_pattern's key-0 column (Gemma's query_pre_attn_scalar ≠ d_head
+    here)."""
     m, _ = models[fam]
     info = m.probe_info
     x = ids()
@@ -296,6 +298,6 @@ def test_streaming_row_masses_read_the_same_attention(models, fam):
     indicators = torch.zeros(x.shape[0], T, info.n_kv_heads, 1)
     indicators[:, 0] = 1
     for l in range(info.n_layers):
-        got = {n: cache[f"blocks.{l}.attn.{n}"] for n in ("hook_q", "hook_k", "hook_v")}
+        got = {n: cache[f"blocks.{l}.attn.{n}"] for n in ("hook_rot_q", "hook_rot_k", "hook_v")}
         _, mass, _ = row_masses(info, l, got, indicators, backend="reference")
         torch.testing.assert_close(mass[..., 0], cache[f"blocks.{l}.attn.hook_pattern"][..., 0], atol=1e-5, rtol=0)

@@ -99,7 +99,7 @@ def load_and_run(m, x) -> SimpleNamespace:
     ref = AutoModelForCausalLM.from_pretrained(
         gguf.gemma_model_dir(), attn_implementation="eager", dtype=torch.float32
     ).eval()
-    pattern_names = lambda n: n.endswith(("hook_pattern", "hook_q", "hook_k"))  # noqa: E731
+    pattern_names = lambda n: n.endswith(("hook_pattern", "hook_rot_q", "hook_rot_k"))  # noqa: E731
     diffs = {}
     with torch.no_grad():
         hf = ref(x, output_attentions=True)
@@ -185,7 +185,7 @@ def test_sliding_window_64_matches_hf_eager(gemma):
         seen.add(kind)
         beyond = pattern[..., WINDOW:, 0]
         assert torch.all(beyond == 0) if kind == "sliding" else beyond.min() > 0
-        got = {n: gemma.cache64[f"blocks.{l}.attn.{n}"] for n in ("hook_q", "hook_k")}
+        got = {n: gemma.cache64[f"blocks.{l}.attn.{n}"] for n in ("hook_rot_q", "hook_rot_k")}
         indicators = torch.zeros(*gemma.x.shape, info.n_kv_heads, 1)
         indicators[:, 0] = 1
         _, mass, _ = row_masses(info, l, got, indicators)
@@ -373,11 +373,11 @@ def test_streaming_row_masses_apply_the_soft_cap(gemma2):
     m, x = gemma2.m, gemma2.x[0, :, :-1]
     info = m.probe_info
     assert info.extra["attn_logit_softcap"] == 2.0 and info.layer_types == ["sliding", "full"]
-    _, cache = m.run_with_cache(x, names_filter=lambda n: n.endswith(("hook_pattern", "hook_q", "hook_k")))
+    _, cache = m.run_with_cache(x, names_filter=lambda n: n.endswith(("hook_pattern", "hook_rot_q", "hook_rot_k")))
     B, T = x.shape
     one_hot = torch.eye(T)[None, :, None, :].expand(B, T, info.n_kv_heads, T)  # (B, T, Hkv, T): key j -> column j
     for l in range(info.n_layers):
-        got = {n: cache[f"blocks.{l}.attn.{n}"] for n in ("hook_q", "hook_k")}
+        got = {n: cache[f"blocks.{l}.attn.{n}"] for n in ("hook_rot_q", "hook_rot_k")}
         pattern = cache[f"blocks.{l}.attn.hook_pattern"]  # (B, H, T, T)
         _, mass, phantom = row_masses(info, l, got, one_hot)
         torch.testing.assert_close(mass, pattern, atol=1e-6, rtol=1e-5)

@@ -62,9 +62,10 @@ def test_parity_with_transformer_bridge(dirs, fam):
             cache[a + "hook_phantom"], 1 - b_cache[a + "hook_pattern"].sum(-1), atol=1e-6, rtol=0
         )
         torch.testing.assert_close(cache[a + "hook_z"], b_cache[a + "hook_z"], atol=1e-6, rtol=0)
-        if a + "hook_rot_q" in b_cache:  # the bridge's hook_q is before rotary, hook_rot_q after (ours)
-            torch.testing.assert_close(cache[a + "hook_q"], b_cache[a + "hook_rot_q"], atol=1e-6, rtol=0)
-            torch.testing.assert_close(cache[a + "hook_k"], b_cache[a + "hook_rot_k"], atol=1e-6, rtol=0)
+        for point in ("hook_q", "hook_k", "hook_rot_q", "hook_rot_k"):  # one meaning on both sides (rotary: after)
+            if a + point in b_cache:
+                want = b_cache[a + point]
+                torch.testing.assert_close(cache[a + point], want.view(cache[a + point].shape), atol=1e-6, rtol=0)
         for s in ("pre", "post"):
             torch.testing.assert_close(
                 cache[f"blocks.{l}.hook_resid_{s}"], b_cache[f"blocks.{l}.hook_resid_{s}"], atol=1e-6, rtol=0

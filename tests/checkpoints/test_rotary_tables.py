@@ -1,7 +1,7 @@
 """``model.rotary_tables(layer, T)``: each layer's own rotary as (cos, sin) tables, what eviction at positions within
-the cache re-rotates queries with (docs/definitions.md#window-eviction). Re-rotating a layer's hook_q from positions t
-to t + D with them equals the same forward at position ids shifted by D, on every tiny HF family (Gemma's local and
-global bases, partial rotary of GPT-NeoX, YaRN of gpt-oss), and probe's own rotary at t + D."""
+the cache re-rotates queries with (docs/definitions.md#window-eviction). Re-rotating a layer's hook_rot_q from
+positions t to t + D with them equals the same forward at position ids shifted by D, on every tiny HF family (Gemma's
+local and global bases, partial rotary of GPT-NeoX, YaRN of gpt-oss), and probe's own rotary at t + D."""
 
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ def test_rerotated_queries_equal_the_forward_at_shifted_positions(fam, tmp_path)
     x = torch.randint(2, 96, (1, T), generator=torch.Generator().manual_seed(0))
     seen: dict[str, list] = {}
     hooks = [
-        (names.attn(l, "q"), lambda q, hook: seen.setdefault(hook.name, []).append(q)) for l in range(len(m.blocks))
+        (names.rot(l, "q"), lambda q, hook: seen.setdefault(hook.name, []).append(q)) for l in range(len(m.blocks))
     ]
     m.run_with_hooks(x, fwd_hooks=hooks)
     m.run_with_hooks(x, fwd_hooks=hooks, position_ids=torch.arange(T)[None] + D)
     t = torch.arange(T)
     for l in range(len(m.blocks)):
-        at_t, shifted = seen[names.attn(l, "q")]
+        at_t, shifted = seen[names.rot(l, "q")]
         torch.testing.assert_close(
             rerotate(at_t, m.rotary_tables(l, T + D), t, t + D).float(), shifted, atol=2e-6, rtol=0
         )
@@ -51,17 +51,17 @@ def test_probe_models_give_their_rotarys_tables():
 @torch.no_grad()
 def test_families_with_rotate_half_rotary_give_their_tables(model_type):
     """Partial rotary (Phi, StableLM), q/k norms before the rotary (OLMo 2), an attention probe computes itself
-    (Falcon): re-rotated hook_q equals the forward at shifted positions."""
+    (Falcon): re-rotated hook_rot_q equals the forward at shifted positions."""
     from probe.checkpoints.adapters import adapt
     from probe.checkpoints.tiny import tiny_model
 
     m = adapt(tiny_model(model_type))
     x = torch.randint(2, 90, (1, T), generator=torch.Generator().manual_seed(0))
     seen: dict[str, list] = {}
-    hooks = [(names.attn(0, "q"), lambda q, hook: seen.setdefault(hook.name, []).append(q))]
+    hooks = [(names.rot(0, "q"), lambda q, hook: seen.setdefault(hook.name, []).append(q))]
     m.run_with_hooks(x, fwd_hooks=hooks)
     m.run_with_hooks(x, fwd_hooks=hooks, position_ids=torch.arange(T)[None] + D)
-    at_t, shifted = seen[names.attn(0, "q")]
+    at_t, shifted = seen[names.rot(0, "q")]
     t = torch.arange(T)
     torch.testing.assert_close(rerotate(at_t, m.rotary_tables(0, T + D), t, t + D).float(), shifted, atol=2e-6, rtol=0)
 

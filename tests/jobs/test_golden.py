@@ -1,6 +1,9 @@
 """Behaviour pinned by golden files: every verb's CSV and JSON on every shipped zoo model it accepts (and `probe view`'s
 page figures and stdout line), as written by `scripts/golden/make_golden.py` at the commit recorded in
-tests/jobs/golden/cases.json. Equal, or within 1e-12 relative where merging passes only reorders float sums."""
+tests/jobs/golden/cases.json. Equal, or within fp32 rounding: the models run in fp32, and the same forward on another
+CPU (other kernel blocking) moves the numbers by up to 5e-6 relative, a loss difference (delta) by up to 5e-8 absolute,
+so floats compare within 1e-4 relative or 1e-6 absolute (measured on the Xeon that found it, 2026-12-05: every case
+within that, once tied read norms were made one tie; before, one injection case moved 1.2%)."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ _spec = importlib.util.spec_from_file_location(
 make_golden = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_golden)  # the same run and the same read-back of pages as the recording
 CASES = json.loads((GOLDEN / "cases.json").read_text())["cases"]
-RTOL = 1e-12
+RTOL, ATOL = 1e-4, 1e-6  # fp32 rounding across CPUs (module docstring)
 
 
 def _close(a, b, where: str) -> None:
@@ -35,7 +38,7 @@ def _close(a, b, where: str) -> None:
         if math.isnan(a):
             assert math.isnan(b), f"{where}: nan != {b}"
         else:
-            assert math.isclose(a, b, rel_tol=RTOL, abs_tol=0.0) or a == b, f"{where}: {a!r} != {b!r}"
+            assert math.isclose(a, b, rel_tol=RTOL, abs_tol=ATOL) or a == b, f"{where}: {a!r} != {b!r}"
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
 

@@ -112,7 +112,7 @@ def test_cache_positions_equal_each_querys_cache_reencoded(keep, window, own, ba
     q_raw, k_raw, v = inputs(T, seed=3)
     inv, tables = rope(T)
     t = torch.arange(T)
-    q, k = rotate(q_raw, t, inv), rotate(k_raw, t, inv)  # what hook_q / hook_k carry: rotated in the text
+    q, k = rotate(q_raw, t, inv), rotate(k_raw, t, inv)  # what hook_rot_q / hook_rot_k carry: rotated in the text
     sink = SINK if with_sink else None
     want, want_pattern = reencoded(q_raw, k_raw, v, inv, keep, window, own, sink)
     with edits.armed():

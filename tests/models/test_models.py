@@ -98,8 +98,15 @@ def _expected_hooks(model):
                 p + "attn.hook_pattern": (B, H, Tk, Tk),
                 p + "attn.hook_lse": (B, H, Tk),
                 p + "attn.hook_z": (B, Tk, H, dv),
+                p + "attn.hook_rot_q": (B, Tk, H, dh),
+                p + "attn.hook_rot_k": (B, Tk, Hkv, dh),
+                p + "attn.hook_attn_scores": (B, H, Tk, Tk),
+                p + "attn.hook_result": (B, Tk, H, d),
             }
         )
+        if c.qk_norm:
+            shapes[p + "attn.hook_q_normed"] = (B, Tk, H, dh)
+            shapes[p + "attn.hook_k_normed"] = (B, Tk, Hkv, dh)
         if c.has_phantom:
             shapes[p + "attn.hook_phantom"] = (B, H, Tk)
             shapes[p + "attn.hook_sink_logit"] = (H,)
@@ -427,7 +434,7 @@ def _attention_io(model, ids, layer=0, edit_gate=None):
     got = {}
     keep = [
         (f"blocks.{layer}.attn.hook_{n}", lambda t, hook: got.__setitem__(hook.name.rsplit("_", 1)[-1], t))
-        for n in ("q", "k", "v", "z")
+        for n in ("rot_q", "rot_k", "v", "z")  # the query and key the scores take (after rotary)
     ]
 
     def gate(g, hook):

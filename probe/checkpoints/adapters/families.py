@@ -183,12 +183,20 @@ class OPTAdapter(RecipeAdapter):
     model_types = ("opt",)
     recipe = Layer(attn_norm="self_attn_layer_norm", mlp_norm="final_layer_norm", mlp="fc2")
     layer_forward = staticmethod(opt_layer_forward)
+    inline_mlp = ("fc1", "fc2")  # mlp.hook_pre / hook_post on the layer's own projections (module_hooks)
 
     def mlp_module(self, layer):
         return None  # fc1 -> activation -> fc2 is inline: opt_layer_forward fires hook_mlp_out
 
+    def norm_names(self) -> dict[str, str]:
+        # post-norm OPT (350m) norms the stream after each residual add: neither a sub-layer's input nor its output
+        return super().norm_names() if getattr(self.hf_model.config, "do_layer_norm_before", True) else {}
+
     def extra(self, config):
-        return {"attn_scale": 1.0}  # q_proj's output is scaled by 1 / sqrt(d_head) before hook_q; the scores are q·k
+        # OPT scales q_proj's output by 1 / sqrt(d_head) before its attention: hook_rot_q = hook_q · query_scale and
+        # the scores are rot_q·rot_k (scale 1)
+        d_head = config.hidden_size // config.num_attention_heads
+        return {"attn_scale": 1.0, "query_scale": d_head**-0.5}
 
 
 class ApertusAdapter(RecipeAdapter):

@@ -3,14 +3,15 @@
 
 Layer (HF's order): resid_pre → input_layernorm → self_attn → post_attention_layernorm → resid_mid = resid_pre + that
 → pre_feedforward_layernorm → mlp → post_feedforward_layernorm → resid_post = resid_mid + that. ``hook_embed`` is the
-embedding already scaled by √d (Gemma's embedding module scales it). hook_q/hook_k are after QK-norm and rotary (local
-and global rotary bases per layer type), as HF passes them to the attention function.
+embedding already scaled by √d (Gemma's embedding module scales it). hook_q/hook_k are q_proj's / k_proj's outputs,
+hook_q_normed/hook_k_normed QK-norm's (Gemma 3), hook_rot_q/hook_rot_k after rotary (local and global rotary bases per
+layer type), as HF passes them to the attention function.
 
 Attention scores are ``q·k · query_pre_attn_scalar^-½`` (not ``d_head^-½``), recorded as ``extra["attn_scale"]``.
 Gemma 2 soft-caps them, ``cap · tanh(scores / cap)``, before the mask; :func:`softcap_attention` fires the same hooks
-as probe's shared attention function with that cap inside ``hook_pattern``, exactly as HF eager does, and without a
-pattern hook computes the capped attention in query blocks (no T x T tensor, docs/definitions.md#long-context). The
-final-logit soft-cap stays in HF's LM head.
+as probe's shared attention function with that cap inside ``hook_attn_scores`` and ``hook_pattern``, exactly as HF
+eager does, and without a pattern hook computes the capped attention in query blocks (no T x T tensor,
+docs/definitions.md#long-context). The final-logit soft-cap stays in HF's LM head.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def softcap_attention(
 
     SDPA cannot soft-cap, so the capped scores are explicit: the whole pattern when it is materialised (a hook asks,
     as in probe_attention), else query blocks of ``_attn.query_blocks`` (no T x T tensor). Hooks fire in the shared
-    order: q, k, v, v_out, pattern, phantom (zeros: no sink), lse, z.
+    order: rot_q, rot_k, v, v_out, attn_scores, pattern, phantom (zeros: no sink), lse, z.
     """
     if softcap is None:
         return _attn.probe_attention(
@@ -59,17 +60,19 @@ def softcap_attention(
     _attn.refuse_unknown(module, kwargs)
     site = module.__dict__.get(_attn.SITE_KEY)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    query, key, value = _attn.fire_qkv(site, query, key, value)
+    query, key, value = _attn.fire_qkv(
+        site, query, key, value, kwargs.get("position_ids"), kwargs.get("position_embeddings")
+    )
     n_rep = query.shape[1] // key.shape[1]
     q_len, k_len = query.shape[2], key.shape[2]
     rules, mask = _attn.as_rules(attention_mask, sliding_window, q_len, k_len, query.device)
     _attn.check_site(site, scaling, rules, query, key, softcap)
     key, value = _attn.repeat_kv(key, n_rep), _attn.repeat_kv(value, n_rep)
 
-    def probs(rows, cols, mask):  # fp32 capped probabilities (B,H,rows,cols) and lse; HF eager: cap before the mask
+    def probs(rows, cols, mask, hook=None):  # fp32 capped probabilities (B,H,rows,cols) and lse; cap before the mask
         window = rules.window if rules is not None and mask is None else None
         pattern, _, lse = _attn.eager_probs(
-            query[:, :, rows], key[:, :, cols], mask, scaling, window=window, softcap=softcap
+            query[:, :, rows], key[:, :, cols], mask, scaling, window=window, softcap=softcap, scores_hook=hook
         )
         return pattern, lse
 
@@ -78,9 +81,11 @@ def softcap_attention(
         if rules is not None:
             mask = None if rules.keep is None else rules.dense(slice(None), q_len, k_len, query.dtype, query.device)
         if edit is None:
-            pattern, lse = probs(slice(None), slice(None), mask)
+            hook = site.hook_attn_scores if _attn.wants_scores(site) else None  # the capped scores, hidden keys -inf
+            pattern, lse = probs(slice(None), slice(None), mask, hook)
         else:
             pattern, lse = edited_probs(edit, query, key, n_rep, rules, scaling, softcap)
+            pattern, _, lse = _attn.fire_scores_of(site, pattern, None, lse, None)
         if site is not None:
             pattern = site.hook_pattern(pattern)
             site.hook_phantom(pattern.new_zeros(pattern.shape[:-1]))
@@ -157,6 +162,15 @@ def register_softcap() -> str:
     return SOFTCAP_IMPLEMENTATION
 
 
+# the sandwich layer's norms: on the attention's input and output, on the MLP's input and output
+SANDWICH_NORMS = {
+    "ln1": "input_layernorm",
+    "ln1_post": "post_attention_layernorm",
+    "ln2": "pre_feedforward_layernorm",
+    "ln2_post": "post_feedforward_layernorm",
+}
+
+
 class GemmaAdapter(HookedHF):
     family = "gemma"
     # gemma3: the multimodal checkpoint; only its language model is hooked (text inputs)
@@ -175,6 +189,9 @@ class GemmaAdapter(HookedHF):
     @staticmethod
     def _text_config(config):
         return config.get_text_config()
+
+    def norm_names(self) -> dict[str, str]:
+        return SANDWICH_NORMS
 
     def describe(self, config, name):
         text = self._text_config(config)
@@ -216,6 +233,7 @@ class Gemma4Adapter(HookedHF):
     model_types = ("gemma4_text", "gemma4")
     layer_forward = staticmethod(gemma4_layer_forward)
     decoder_layers = staticmethod(GemmaAdapter.decoder_layers)
+    norm_names = GemmaAdapter.norm_names  # the same sandwich norms
 
     def describe(self, config, name):
         text = config.get_text_config()

@@ -2,7 +2,8 @@
 
 Quirks: ``attention.query_key_value`` fuses the projections with q|k|v interleaved per head (the output viewed as
 (B,T,H,3·dh) splits into q, k, v along the last axis); rotary on the first ``rotary_pct`` (Pythia: 25%) of each head's
-dims; QKV bias; parallel residual. hook_q/hook_k are after rotary, as the attention function receives them.
+dims; QKV bias; parallel residual. hook_rot_q/hook_rot_k are after rotary, as the attention function receives them;
+hook_q/hook_k before it (turned back by the layer's rotary tables: the projection is fused).
 
 ``hook_resid_mid`` under the parallel residual: resid_pre + attn_out (the stream after the attention write). The MLP
 reads LayerNorm(resid_pre), not resid_mid, so editing resid_mid changes resid_post = resid_mid + mlp_out but not the
@@ -46,6 +47,9 @@ class GPTNeoXAdapter(HookedHF):
     @staticmethod
     def attention_module(layer):
         return layer.attention
+
+    def norm_names(self) -> dict[str, str]:
+        return {"ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
 
     def describe(self, config, name):
         d_head = config.hidden_size // config.num_attention_heads

@@ -42,8 +42,9 @@ def _key_bias(module, batch: int, length: int, given: torch.Tensor, device) -> t
     return ours if torch.allclose(shift, shift[..., :1].expand_as(shift), atol=1e-5) else given
 
 
-def _attend(module, q, k, v, mask, scaling: float, key_bias=None, window=None):
-    """probe's attention function on (B,H,T,dh) q/k/v as HF lays them out; returns (B,T,H*dh)."""
+def _attend(module, q, k, v, mask, scaling: float, key_bias=None, window=None, position_embeddings=None):
+    """probe's attention function on (B,H,T,dh) q/k/v as HF lays them out; returns (B,T,H*dh). ``position_embeddings``:
+    the rotary's (cos, sin) q and k were turned by (what hook_q is turned back by: the projection is fused)."""
     out, _ = _attn.probe_attention(
         module,
         q,
@@ -54,6 +55,7 @@ def _attend(module, q, k, v, mask, scaling: float, key_bias=None, window=None):
         dropout=0.0,
         sliding_window=window,
         key_bias=key_bias,
+        position_embeddings=position_embeddings,
     )
     return out.reshape(*out.shape[:2], -1)
 
@@ -169,7 +171,7 @@ def falcon_attention(attn, hidden, mask, position_embeddings, layer_past=None):
     q, k = apply_rotary_pos_emb(q, k, *position_embeddings)  # rotary: ALiBi Falcon is refused (FalconAdapter)
     if layer_past is not None:
         k, v = layer_past.update(k, v, attn.layer_idx)
-    return attn.dense(_attend(attn, q, k, v, mask, attn.inv_norm_factor))
+    return attn.dense(_attend(attn, q, k, v, mask, attn.inv_norm_factor, position_embeddings=position_embeddings))
 
 
 def falcon_layer_forward(layer, hooks, hidden_states, *, alibi, attention_mask, layer_past=None, **kwargs):
@@ -201,6 +203,13 @@ class FalconAdapter(OwnAttentionAdapter):
     model_types = ("falcon",)
     recipe = Layer(attn_norm="input_layernorm", mlp_norm=None, attn="self_attention")
     layer_forward = staticmethod(falcon_layer_forward)
+
+    def norm_names(self) -> dict[str, str]:
+        # falcon_layer_forward's layouts: two norms side by side, one shared by attention and MLP, or sequential
+        config = self.hf_model.config
+        if config.parallel_attn and config.num_ln_in_parallel_attn == 2:
+            return {"ln1": "ln_attn", "ln2": "ln_mlp"}
+        return {"ln1": "input_layernorm"} | ({} if config.parallel_attn else {"ln2": "post_attention_layernorm"})
 
     def refuse(self, config):
         if config.alibi:  # measured: its attention equals softmax(q·k/√d + 2 · slope · j), not ALiBi's single bias

@@ -99,6 +99,11 @@ class RecipeAdapter(HookedHF):
     def attention_implementation(self) -> str:
         return softcapped_or_probe(self.probe_info)
 
+    def norm_names(self) -> dict[str, str]:
+        r = self.recipe
+        named = {"ln1": r.attn_norm, "ln2": r.mlp_norm, "ln1_post": r.attn_out_norm, "ln2_post": r.mlp_out_norm}
+        return {which: attr for which, attr in named.items() if attr is not None}
+
     def refuse(self, config) -> str | None:
         """A config option this family's hooks cannot follow, as a clause (None: none)."""
         return None

@@ -9,9 +9,9 @@
                   position t to t' by the layer's own rotary; in the text, t' = t and q'_t = q_t
     merge         lse = log(exp(lse_w) + Σ_j exp(s_tj)); out = out_w exp(lse_w - lse) + Σ_j exp(s_tj - lse) v_j
 
-The kept part is T x keep (a few keys): memory O(T). hook_q / hook_k carry rotated vectors, so the re-rotation is the
-rotation by angle(t') - angle(t) of the layer's (cos, sin) table (rotate-half pairs over its first d_rot coordinates),
-which is exact for any table whose rows are rotations.
+The kept part is T x keep (a few keys): memory O(T). hook_rot_q / hook_rot_k carry rotated vectors, so the
+re-rotation is the rotation by angle(t') - angle(t) of the layer's (cos, sin) table (rotate-half pairs over its first
+d_rot coordinates), which is exact for any table whose rows are rotations.
 """
 
 from __future__ import annotations

@@ -49,7 +49,17 @@ def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, s
     A row that sees no key and no phantom (a knocked-out key's only query) gets zero mass and lse -inf, as the
     Triton kernel gives it, not NaN.
     softcap: scores become softcap * tanh(scores / softcap) before key_bias, mask and sink (None: no cap)."""
-    B, Tq, H, dh = q.shape
+    scores = attention_scores(
+        q, k, key_bias=key_bias, mask=mask, window=window, scale=scale, softcap=softcap, keep=keep
+    )
+    return probs_of_scores(scores, sink)
+
+
+def attention_scores(q, k, *, key_bias=None, mask=None, window=None, scale=None, softcap=None, keep=None):
+    """The pre-softmax scores (B,H,Tq,Tk) fp32 (fp64 for fp64 inputs) of :func:`attention_probs`: the capped
+    scale * q.k, plus key_bias, with keys a row cannot see at -inf (or plus ``mask`` where one replaces the rule):
+    what ``hook_attn_scores`` carries (docs/definitions.md#hook-namespace)."""
+    Tq, H, dh = q.shape[1:]
     Tk, Hkv = k.shape[1], k.shape[2]
     G = H // Hkv  # query heads per kv head; head h reads kv head h // G
     scale = 1.0 / math.sqrt(dh) if scale is None else scale
@@ -61,10 +71,14 @@ def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, s
     if key_bias is not None:
         scores = scores + wide(key_bias).repeat_interleave(G, dim=1)[:, :, None, :]  # (B, H, 1, Tk) over keys
     if mask is None:
-        scores = scores.masked_fill(~visible_mask(Tq, window, q.device, Tk, keep), float("-inf"))
-    else:
-        scores = scores + wide(mask)
+        return scores.masked_fill(~visible_mask(Tq, window, q.device, Tk, keep), float("-inf"))
+    return scores + wide(mask)
 
+
+def probs_of_scores(scores, sink=None):
+    """(pattern (B,H,Tq,Tk), phantom (B,H,Tq), lse (B,H,Tq)) of scores (B,H,Tq,Tk) and the phantom's logit per head
+    (H,) or None: softmax over the real keys and the phantom, rows summing to 1 - phantom; lse over both."""
+    B, H, Tq = scores.shape[:3]
     lse = scores.logsumexp(-1)  # (B, H, Tq)
     if sink is not None:
         sink_f = wide(sink)[None, :, None].expand(B, H, Tq)  # (B, H, Tq)
@@ -73,6 +87,13 @@ def attention_probs(q, k, *, sink=None, key_bias=None, mask=None, window=None, s
     pattern = torch.exp(scores - lse_safe[..., None])  # rows sum to 1 - phantom
     phantom = torch.exp(sink_f - lse_safe) if sink is not None else torch.zeros_like(lse)
     return pattern, phantom, lse
+
+
+def scores_of_probs(pattern, lse):
+    """The scores an attention used, recovered from its pattern (B,H,Tq,Tk) and its lse over the real keys and the
+    phantom (B,H,Tq): log a_ij + L_i (hidden keys -inf); where an armed edit made the op's pattern, the scores it
+    took (docs/definitions.md#ablations)."""
+    return torch.log(pattern) + lse.masked_fill(lse == float("-inf"), 0.0)[..., None]
 
 
 def real_lse_blocked(

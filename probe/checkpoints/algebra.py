@@ -237,8 +237,10 @@ def _unembed(cache, model, logits, out: dict, skipped: dict) -> None:
         return
     errors = [_diff(model.unembed(hidden), logits)]
     last = cache[names.resid(model.probe_info.n_layers - 1, "post")]
-    final_norm = getattr(model, "final_norm", None)
-    if callable(final_norm):
+    final_norm = model.norm_module(None) if hasattr(model, "norm_module") else None
+    if final_norm is not None:
+        if last.shape[1] == hidden.shape[1] + 1:  # a sink token: the unembedding reads the text positions only
+            last = last[:, 1:]
         errors.append(_diff(final_norm(last), hidden))
     out["unembed"] = max(errors)
 
@@ -278,9 +280,10 @@ def check(model, ids: torch.Tensor) -> tuple[dict, dict]:
     cache = dict(cache)
     info = model.probe_info
     out, skipped = {}, {}
-    _residual(cache, info, out, skipped)
-    _attention(cache, info, out, skipped, projections, model, rotary_calls)
-    _unembed(cache, model, logits, out, skipped)
+    with torch.no_grad():  # the final norm and the unembedding run again on cached tensors
+        _residual(cache, info, out, skipped)
+        _attention(cache, info, out, skipped, projections, model, rotary_calls)
+        _unembed(cache, model, logits, out, skipped)
     return out, skipped
 
 

@@ -130,14 +130,20 @@ class _BlockHooks(nn.Module):
     hook on such a name fails loudly instead of never firing."""
 
     def __init__(
-        self, has_sink: bool, attention: bool = True, absent: frozenset[str] = frozenset(), gated: bool = False
+        self,
+        has_sink: bool,
+        attention: bool = True,
+        absent: frozenset[str] = frozenset(),
+        gated: bool = False,
+        replaced: bool = False,
     ):
         super().__init__()
         self.hook_resid_pre = HookPoint()
         if attention:
             self.attn = _AttnHooks(has_sink, gated)
-            self.hook_attn_out = HookPoint()  # B,T,d the attention module's output
-        for point in ("hook_resid_mid", "hook_mlp_out"):  # B,T,d; the MLP module's output
+        if attention or replaced:  # a linear layer's mixer output, where the replaced layer forward sees it
+            self.hook_attn_out = HookPoint()  # B,T,d what the attention (or token mixer) adds to the stream
+        for point in ("hook_resid_mid", "hook_mlp_out"):  # B,T,d; what the MLP adds
             if point not in absent:
                 setattr(self, point, HookPoint())
         self.hook_resid_post = HookPoint()
@@ -281,7 +287,7 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         absent = frozenset(info.absent_hooks)
         self.blocks = nn.ModuleList(
             [
-                _BlockHooks(self.has_sink, kind != "linear", absent, info.has_out_gate)
+                _BlockHooks(self.has_sink, kind != "linear", absent, info.has_out_gate, self.layer_body is not None)
                 for kind in info.layer_types[: len(layers)]
             ]
         )
@@ -291,6 +297,12 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         self.eval()
 
     # --- per family ------------------------------------------------------------------------------------------
+    @staticmethod
+    def embedding_module(hf_model) -> nn.Module:
+        """The module whose output is the stream the first block reads (with learned positions added after it):
+        the input embedding, or a family's norm on it (BLOOM); hook_embed fires on its output."""
+        return hf_model.get_input_embeddings()
+
     @staticmethod
     def decoder_layers(hf_model) -> list[nn.Module]:
         return list(hf_model.model.layers)
@@ -349,15 +361,18 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
             hf.set_attn_implementation(self.attention_implementation())
         else:  # attention outside the interface (BLOOM, GPT-Neo): only the mask builder is probe's
             hf.config._attn_implementation = _attn.register()
-        _hook_once(hf.get_input_embeddings(), EMBED_KEY, self.hook_embed, embed_hook)
+        _hook_once(self.embedding_module(hf), EMBED_KEY, self.hook_embed, embed_hook)
         body = self.layer_body
         for layer, block in zip(layers, self.blocks):
             layer.__dict__[LAYER_KEY] = block
             attn, mlp = self.attention_module(layer), self.mlp_module(layer)
             if hasattr(block, "attn"):
                 attn.__dict__[_attn.SITE_KEY] = block.attn
+            # a replaced layer forward fires hook_attn_out / hook_mlp_out on what it adds to the stream (after any
+            # output norm, dropout or multiplier); HF's own forward leaves only the modules' outputs to hook
+            if body is None and hasattr(block, "attn"):
                 _hook_once(attn, ATTN_OUT_KEY, block, attn_out_hook)
-            if mlp is not None and hasattr(block, "hook_mlp_out"):
+            if body is None and mlp is not None and hasattr(block, "hook_mlp_out"):
                 _hook_once(mlp, MLP_OUT_KEY, block, mlp_out_hook)
             if body is not None:
                 block.body = body
@@ -454,6 +469,8 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         """Logits (..., V) of final-normed hidden states: the LM head and, where the config has one, the final-logit
         soft-cap (Gemma 2), as the HF forward computes them."""
         logits = self.hf_model.get_output_embeddings()(hidden)
+        factor = logit_factor(self.hf_model)
+        logits = logits if factor == 1.0 else logits * factor
         cap = getattr(self.hf_model.config, "final_logit_softcapping", None)
         return logits if not cap else torch.tanh(logits / cap) * cap
 
@@ -552,6 +569,31 @@ def drop_unread_keys(info: ModelInfo, hf_model: nn.Module, layers, attention_mod
         attns = [a for a in (attention_module(layer) for layer in layers) if a is not None]
         if attns and not any("softcap=" in _source(type(a).forward) for a in attns):
             info.extra["attn_logit_softcap"] = None
+
+
+# how a causal LM's forward scales the LM head's logits (the head has no bias, so scaling its input is the same):
+# (the source it is written with, the config key, whether the logits are divided by it)
+LOGIT_SCALINGS = (
+    ("* self.logit_scale", "logit_scale", False),  # Cohere
+    ("logits / self.config.logits_scaling", "logits_scaling", True),  # Granite
+    ("hidden_states / self.config.logits_scaling", "logits_scaling", True),  # MiniCPM3 (before the head)
+    ("* self.config.logits_scaling", "logits_scaling", False),  # HyperCLOVA X
+)
+
+
+def logit_factor(hf_model: nn.Module) -> float:
+    """The factor the model's own forward multiplies the LM head's logits by (1.0 for most): ``unembed`` of the final
+    hidden states must give the logits the HF forward gives, or every loss computed from them is off."""
+    cached = hf_model.__dict__.get("_probe_logit_factor")
+    if cached is None:
+        source, cached = _source(type(hf_model).forward), 1.0
+        for written, key, divides in LOGIT_SCALINGS:
+            value = getattr(hf_model.config, key, None)
+            if written in source and value:
+                cached = 1.0 / float(value) if divides else float(value)
+                break
+        hf_model.__dict__["_probe_logit_factor"] = cached
+    return cached
 
 
 def fp64_experts(hf_model: nn.Module) -> None:

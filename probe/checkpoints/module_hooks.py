@@ -291,9 +291,7 @@ def _dry_run(host: nn.Module, d: int, inputs: tuple[str, ...], post: str) -> dic
         getattr(host, n).register_forward_hook(lambda _m, _a, out, n=n: seen.setdefault(n, []).append(out))
         for n in inputs
     ]
-    handles.append(
-        getattr(host, post).register_forward_pre_hook(lambda _m, a: seen.setdefault(post, []).append(a[0]))
-    )
+    handles.append(getattr(host, post).register_forward_pre_hook(lambda _m, a: seen.setdefault(post, []).append(a[0])))
     try:
         with torch.no_grad():
             try:
@@ -321,9 +319,11 @@ def identify_mlp(host: nn.Module, d: int) -> MLPPlan | None:
         seen = _dry_run(host, d, (pre,) if linear is None else (pre, linear), post)
         if seen is None or seen[pre].dim() != 3:
             continue
-        plans = [MLPPlan(pre, linear, post)] if linear else [MLPPlan(pre, None, post)] + [
-            MLPPlan(pre, None, post, order) for order in ("gate_first", "up_first")
-        ]
+        plans = (
+            [MLPPlan(pre, linear, post)]
+            if linear
+            else [MLPPlan(pre, None, post)] + [MLPPlan(pre, None, post, order) for order in ("gate_first", "up_first")]
+        )
         with torch.no_grad():
             found = [p for p in plans for a in acts if _close(seen[post], p.activation_input(seen, a))]
         if len(found) == 1:  # exactly one reading (an inline activation the dry run cannot tell apart: none)
@@ -547,7 +547,11 @@ def position_hook(module, _args, output):
     if positions is None or not isinstance(output, torch.Tensor):
         return None
     batch = positions.batch or output.shape[0]
-    full = output.expand(batch, *output.shape[1:]).clone() if output.dim() == 3 and output.shape[0] != batch else output
+    full = output
+    if output.dim() == 3 and output.shape[0] == 1 and batch > 1:
+        full = output.expand(batch, *output.shape[1:])  # B,T,d, a view
+        if positions.point.has_hooks():  # a hook may write into it: its own copy
+            full = full.clone()
     seen, edited = fire(positions.point, full)
     return seen if edited else None
 

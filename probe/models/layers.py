@@ -28,9 +28,15 @@ class NormPoints(nn.Module):
         super().__init__()
         self.hook_scale = HookPoint()  # B,T,1
         self.hook_normalized = HookPoint()  # B,T,d
+        self.materialize = False  # fire on every forward though no hook asks (probe.materialize, for nnsight)
 
     def watched(self) -> bool:
-        return self.hook_scale.has_hooks() or self.hook_normalized.has_hooks()
+        return watched(self)
+
+
+def watched(points) -> bool:
+    """Whether a norm's points are computed on this forward: a hook asks for one, or they are materialised."""
+    return points.materialize or points.hook_scale.has_hooks() or points.hook_normalized.has_hooks()
 
 
 class UnembedPoints(nn.Module):
@@ -41,10 +47,10 @@ class UnembedPoints(nn.Module):
         self.hook_in = HookPoint()  # B,T,d
 
 
-def normalize(norm: nn.Module, x: torch.Tensor, points: NormPoints | None, fused) -> torch.Tensor:
+def normalize(norm: nn.Module, x: torch.Tensor, points: nn.Module | None, fused) -> torch.Tensor:
     """``fused(x)``, the norm's own kernel, unless a hook watches ``points``: then the norm written out through them
     (centred for a LayerNorm, statistics in fp32 at least), so an edit of either reaches the output."""
-    if points is None or not (points.hook_scale.has_hooks() or points.hook_normalized.has_hooks()):
+    if points is None or not watched(points):
         return fused(x)
     wide = x.to(torch.promote_types(x.dtype, torch.float32))
     centred = wide - wide.mean(-1, keepdim=True) if isinstance(norm, nn.LayerNorm) else wide
@@ -63,14 +69,10 @@ class _Hooked:
     def _own_points(self, own: bool) -> None:
         if own:
             self.hook_scale, self.hook_normalized = HookPoint(), HookPoint()  # B,T,1 and B,T,d
+            self.materialize = False  # as NormPoints.materialize
 
-    def forward(self, x: torch.Tensor, points: NormPoints | None = None) -> torch.Tensor:
-        points = points if points is not None else (self if hasattr(self, "hook_scale") else None)
-        return normalize(self, x, points, super().forward)
-
-    def unhooked(self, x: torch.Tensor) -> torch.Tensor:
-        """The norm without its points (MUDD's key and value streams through the query stream's ln1)."""
-        return super().forward(x)
+    def _points(self, given: nn.Module | None) -> nn.Module | None:
+        return given if given is not None else (self if hasattr(self, "hook_scale") else None)
 
 
 class HookedRMSNorm(_Hooked, RMSNorm):
@@ -78,11 +80,24 @@ class HookedRMSNorm(_Hooked, RMSNorm):
         super().__init__(d, eps)
         self._own_points(own_points)
 
+    def forward(self, x: torch.Tensor, points: nn.Module | None = None) -> torch.Tensor:
+        return normalize(self, x, self._points(points), super().forward)
+
+    def unhooked(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm without its points (MUDD's key and value streams through the query stream's ln1)."""
+        return super().forward(x)
+
 
 class HookedLayerNorm(_Hooked, nn.LayerNorm):
     def __init__(self, d: int, eps: float, bias: bool = False, own_points: bool = True):
         super().__init__(d, eps=eps, bias=bias)
         self._own_points(own_points)
+
+    def forward(self, x: torch.Tensor, points: nn.Module | None = None) -> torch.Tensor:
+        return normalize(self, x, self._points(points), super().forward)
+
+    def unhooked(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)
 
 
 def make_norm(kind: str, d: int, eps: float, bias: bool = False, points: str | None = None) -> nn.Module:

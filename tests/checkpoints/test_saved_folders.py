@@ -69,3 +69,20 @@ def test_an_fp64_mixture_of_experts_loads_from_a_folder(tmp_path, model_type):
         got = model(IDS).logits
     assert got.dtype == torch.float64
     assert (got - _hf_logits(str(tmp_path), torch.float64)).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize(
+    "model_type, key, value",
+    [("cohere", "logit_scale", 0.25), ("granite", "logits_scaling", 4.0), ("minicpm3", "dim_model_base", 8),
+     ("hyperclovax", "logits_scaling", 0.5)],
+)  # fmt: skip
+def test_unembed_scales_the_logits_as_the_family_does(tmp_path, model_type, key, value):
+    """Losses are computed from the final hidden states through ``unembed`` (Gemma's vocabulary makes full logits
+    large): a family whose forward scales its logits must be scaled the same way there."""
+    _saved(tmp_path, model_type, **{key: value})
+    model = probe.load(str(tmp_path))
+    with torch.no_grad():
+        want = model(IDS).logits
+        got = model.unembed(model(IDS, return_hidden=True))
+    assert (got - want).abs().max() <= 1e-5 * (1 + want.abs().max())
+    assert (want - _hf_logits(str(tmp_path), torch.float32)).abs().max() <= 1e-5

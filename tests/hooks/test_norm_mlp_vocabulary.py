@@ -319,7 +319,7 @@ def test_a_routing_edit_equals_the_same_edit_inside_the_router(moe, point):
     assert (got - run(m, x)).abs().max() > 1e-6
 
 
-# --- positions and the unembedding -------------------------------------------------------------------------------------
+# --- positions and the unembedding ---------------------------------------------------------------------------------
 
 
 def test_unembedding_reads_the_final_norm_and_gives_the_logits(case):
@@ -372,6 +372,25 @@ def test_every_hook_fires_and_the_logits_stay_the_models(case):
     torch.testing.assert_close(run(m, x), run(ref, x), atol=EXACT, rtol=0)
     lacking = [p for p in m.probe_info.absent_hooks if p.startswith(("ln", "mlp.", "unembed", "hook_pos_embed"))]
     assert lacking == []
+
+
+def test_norm_points_fire_without_hooks_when_materialised(case):
+    """Norm points are lazy (computed when a hook asks); probe.materialize fires them for tools that add no
+    TransformerLens hook (nnsight reads the HookPoint modules' outputs)."""
+    import probe
+
+    _, m, _ = case
+    point = m.hook_dict[names.norm(None, point="scale")]
+    seen = []
+    handle = point.register_forward_hook(lambda _m, _i, out: seen.append(out))
+    try:
+        run(m, ids())
+        assert seen == []
+        with probe.materialize(m):
+            run(m, ids())
+    finally:
+        handle.remove()
+    assert len(seen) == 1 and seen[0].shape == (B, T, 1)
 
 
 def test_a_structure_the_adapter_cannot_describe_gets_no_points_and_is_listed():

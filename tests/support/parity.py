@@ -379,9 +379,9 @@ def _saved_folder(ref64) -> dict:
     """The fp64 logits of a folder saved and loaded through probe.load the way a user's is, against HF eager."""
     import tempfile
 
-    import probe
-
     from transformers import AutoModelForCausalLM
+
+    import probe
 
     with tempfile.TemporaryDirectory() as folder:
         ref64.save_pretrained(folder)  # fp64 weights, as a user's fp64 save

@@ -165,7 +165,7 @@ def opt_layer_forward(layer, hooks, hidden_states, **kwargs):
     before = getattr(layer, "do_layer_norm_before", True)  # BioGPT's is always pre-norm
     resid = hooks.hook_resid_pre(hidden_states)
     attn_out, _ = layer.self_attn(hidden_states=layer.self_attn_layer_norm(resid) if before else resid, **kwargs)
-    mid = resid + F.dropout(attn_out, p=layer.dropout, training=layer.training)
+    mid = resid + hooks.hook_attn_out(F.dropout(attn_out, p=layer.dropout, training=layer.training))
     mid = hooks.hook_resid_mid(mid if before else layer.self_attn_layer_norm(mid))
     x = layer.final_layer_norm(mid) if before else mid
     act = F.dropout(

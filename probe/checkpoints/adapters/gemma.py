@@ -31,8 +31,8 @@ def sandwich_layer_forward(layer, hooks, hidden_states, **kwargs):
     """Gemma's decoder layer: each sub-layer output is normed again before it joins the residual stream."""
     hidden_states = hooks.hook_resid_pre(hidden_states)
     attn_out, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
-    mid = hooks.hook_resid_mid(hidden_states + layer.post_attention_layernorm(attn_out))
-    mlp_out = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(mid)))
+    mid = hooks.hook_resid_mid(hidden_states + hooks.hook_attn_out(layer.post_attention_layernorm(attn_out)))
+    mlp_out = hooks.hook_mlp_out(layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(mid))))
     return hooks.hook_resid_post(mid + mlp_out)
 
 
@@ -211,14 +211,16 @@ def gemma4_layer_forward(layer, hooks, hidden_states, per_layer_input=None, **kw
     (its own embedding of each token, gated into the stream) and a learned layer scalar on the layer's output."""
     resid = hooks.hook_resid_pre(hidden_states)
     attn_out, _ = layer.self_attn(hidden_states=layer.input_layernorm(resid), **kwargs)
-    mid = hooks.hook_resid_mid(resid + layer.post_attention_layernorm(attn_out))
+    mid = hooks.hook_resid_mid(resid + hooks.hook_attn_out(layer.post_attention_layernorm(attn_out)))
     ff = layer.mlp(layer.pre_feedforward_layernorm(mid))
     if layer.enable_moe_block:
         flat = mid.reshape(-1, mid.shape[-1])
         _, weights, index = layer.router(flat)
         experts = layer.experts(layer.pre_feedforward_layernorm_2(flat), index, weights).reshape(mid.shape)
         ff = layer.post_feedforward_layernorm_1(ff) + layer.post_feedforward_layernorm_2(experts)
-    out = mid + layer.post_feedforward_layernorm(ff)
+    # the MLP's write; the per-layer input and the layer scalar below are not the MLP's, so resid_post is not
+    # resid_mid + mlp_out here (the coverage table names the rule Gemma 4 breaks)
+    out = mid + hooks.hook_mlp_out(layer.post_feedforward_layernorm(ff))
     if layer.hidden_size_per_layer_input:
         gated = layer.act_fn(layer.per_layer_input_gate(out)) * per_layer_input
         out = out + layer.post_per_layer_input_norm(layer.per_layer_projection(gated))

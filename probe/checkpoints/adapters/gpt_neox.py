@@ -19,9 +19,9 @@ from probe.checkpoints.hooked_hf import HookedHF, base_info
 def neox_layer_forward(layer, hooks, hidden_states, **kwargs):
     hidden_states = hooks.hook_resid_pre(hidden_states)
     attn_out, _ = layer.attention(layer.input_layernorm(hidden_states), **kwargs)
-    attn_out = layer.post_attention_dropout(attn_out)
+    attn_out = hooks.hook_attn_out(layer.post_attention_dropout(attn_out))
     if layer.use_parallel_residual:
-        mlp_out = layer.post_mlp_dropout(layer.mlp(layer.post_attention_layernorm(hidden_states)))
+        mlp_out = hooks.hook_mlp_out(layer.post_mlp_dropout(layer.mlp(layer.post_attention_layernorm(hidden_states))))
         if hooks.hook_resid_mid.has_hooks():
             mid = hooks.hook_resid_mid(attn_out + hidden_states)
             out = mlp_out + mid
@@ -29,7 +29,7 @@ def neox_layer_forward(layer, hooks, hidden_states, **kwargs):
             out = mlp_out + attn_out + hidden_states
     else:
         mid = hooks.hook_resid_mid(attn_out + hidden_states)
-        mlp_out = layer.post_mlp_dropout(layer.mlp(layer.post_attention_layernorm(mid)))
+        mlp_out = hooks.hook_mlp_out(layer.post_mlp_dropout(layer.mlp(layer.post_attention_layernorm(mid))))
         out = mlp_out + mid
     return hooks.hook_resid_post(out)
 

@@ -94,6 +94,11 @@ class BloomAdapter(OwnAttentionAdapter):
     recipe = Layer(attn_norm="input_layernorm", mlp_norm="post_attention_layernorm", attn="self_attention")
     layer_forward = staticmethod(bloom_layer_forward)
 
+    @staticmethod
+    def embedding_module(hf_model):
+        # the stream starts after the embedding LayerNorm: hook_embed = blocks.0.hook_resid_pre (TL's bridge too)
+        return hf_model.transformer.word_embeddings_layernorm
+
     def refuse(self, config):
         if config.pretraining_tp > 1 and config.slow_but_exact:
             return "slow_but_exact with pretraining_tp > 1 (sliced output projections)"

@@ -32,10 +32,10 @@ def hybrid_layer_forward(layer, hooks, hidden_states, **kwargs):
         mixed = mixer(hidden_states=normed, **linear)
     else:
         mixed, _ = layer.self_attn(hidden_states=normed, **kwargs)
-    mid = hooks.hook_resid_mid(resid + mixed)
+    mid = hooks.hook_resid_mid(resid + hooks.hook_attn_out(mixed))  # a linear layer's mixer output too
     out = layer.mlp(layer.post_attention_layernorm(mid))
     out = out[0] if isinstance(out, tuple) else out
-    return hooks.hook_resid_post(mid + out)
+    return hooks.hook_resid_post(mid + hooks.hook_mlp_out(out.view(mid.shape)))
 
 
 def keep_gate(module, inputs, output):
@@ -105,10 +105,10 @@ def lfm2_layer_forward(layer, hooks, hidden_states, **kwargs):
     else:
         mixed = layer.conv(hidden_states=normed, cache=kwargs.get("cache"), attention_mask=kwargs.get("attention_mask"))
     post = getattr(layer, "post_operator_norm", None)
-    mid = hooks.hook_resid_mid(resid + (mixed if post is None else post(mixed)))
+    mid = hooks.hook_resid_mid(resid + hooks.hook_attn_out(mixed if post is None else post(mixed)))
     out = layer.feed_forward(layer.ffn_norm(mid))
     post = getattr(layer, "post_ffn_norm", None)
-    return hooks.hook_resid_post(mid + (out if post is None else post(out)))
+    return hooks.hook_resid_post(mid + hooks.hook_mlp_out(out if post is None else post(out)))
 
 
 class Lfm2Adapter(RecipeAdapter):
@@ -128,11 +128,12 @@ def olmo_hybrid_layer_forward(layer, hooks, hidden_states, **kwargs):
     resid = hooks.hook_resid_pre(hidden_states)
     if hasattr(layer, "linear_attn"):
         linear = {k: v for k, v in kwargs.items() if k not in ("position_ids", "position_embeddings")}
-        mid = hooks.hook_resid_mid(resid + layer.linear_attn(hidden_states=layer.input_layernorm(resid), **linear))
-        return hooks.hook_resid_post(mid + layer.mlp(layer.post_attention_layernorm(mid)))
+        mixed = layer.linear_attn(hidden_states=layer.input_layernorm(resid), **linear)
+        mid = hooks.hook_resid_mid(resid + hooks.hook_attn_out(mixed))
+        return hooks.hook_resid_post(mid + hooks.hook_mlp_out(layer.mlp(layer.post_attention_layernorm(mid))))
     attn_out, _ = layer.self_attn(hidden_states=resid, **kwargs)
-    mid = hooks.hook_resid_mid(resid + layer.post_attention_layernorm(attn_out))
-    return hooks.hook_resid_post(mid + layer.post_feedforward_layernorm(layer.mlp(mid)))
+    mid = hooks.hook_resid_mid(resid + hooks.hook_attn_out(layer.post_attention_layernorm(attn_out)))
+    return hooks.hook_resid_post(mid + hooks.hook_mlp_out(layer.post_feedforward_layernorm(layer.mlp(mid))))
 
 
 class OlmoHybridAdapter(RecipeAdapter):

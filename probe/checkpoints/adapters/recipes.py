@@ -9,6 +9,8 @@ takes is data (``probe.checkpoints.adapters``); that each one computes HF's laye
 the source hash of the HF layer forward they were shown on, so a changed transformers layer falls back to the
 generic route instead of being replaced by a stale copy (``probe.checkpoints.hooked_hf.layer_source_hash``).
 
+``hook_attn_out`` / ``hook_mlp_out`` are what each sub-layer adds to the stream: after its output norm, dropout and
+residual multiplier, so resid_pre + attn_out = resid_mid (docs/definitions.md#hook-algebra).
 ``hook_resid_mid`` is resid_pre + the attention's write. In a parallel block the MLP reads the normed resid_pre, not
 resid_mid, so an edit of resid_mid reaches resid_post but not the MLP's input (as GPT-NeoX's adapter has it).
 """
@@ -63,20 +65,28 @@ def _recipe_body(layer, hooks, hidden_states, recipe: Layer, **kwargs):
         attention(normed, **kwargs) if recipe.hidden_positional else attention(hidden_states=normed, **kwargs)
     )
     attn_out = _sub(layer, recipe.attn_dropout, _sub(layer, recipe.attn_out_norm, attn_out))
-    scale = 1 if recipe.residual_scale is None else getattr(layer, recipe.residual_scale)
+    scale = None if recipe.residual_scale is None else getattr(layer, recipe.residual_scale)
+    attn_out = hooks.hook_attn_out(_scaled(attn_out, scale))  # what the attention adds to the stream
     parallel = getattr(layer, recipe.parallel) if isinstance(recipe.parallel, str) else recipe.parallel
     if parallel:
         mlp_out = _first(getattr(layer, recipe.mlp)(normed))
         mlp_out = _sub(layer, recipe.mlp_dropout, _sub(layer, recipe.mlp_out_norm, mlp_out))
+        mlp_out = hooks.hook_mlp_out(_scaled(mlp_out, scale))
         if hooks.hook_resid_mid.has_hooks():
-            out = hooks.hook_resid_mid(resid + attn_out * scale) + mlp_out * scale
+            out = hooks.hook_resid_mid(resid + attn_out) + mlp_out
         else:  # one three-term sum, as HF writes it (up to the order of its terms)
-            out = resid + attn_out * scale + mlp_out * scale
+            out = resid + attn_out + mlp_out
         return hooks.hook_resid_post(out)
-    mid = hooks.hook_resid_mid(resid + attn_out * scale)
+    mid = hooks.hook_resid_mid(resid + attn_out)
     mlp_out = _first(getattr(layer, recipe.mlp)(_sub(layer, recipe.mlp_norm, mid)))
     mlp_out = _sub(layer, recipe.mlp_dropout, _sub(layer, recipe.mlp_out_norm, mlp_out))
-    return hooks.hook_resid_post(mid + mlp_out.view(mid.shape) * scale)  # MoE blocks may flatten positions
+    mlp_out = hooks.hook_mlp_out(_scaled(mlp_out.view(mid.shape), scale))  # MoE blocks may flatten positions
+    return hooks.hook_resid_post(mid + mlp_out)
+
+
+def _scaled(x, scale):
+    """A sub-layer's write times the layer's residual multiplier (Granite), as HF multiplies it."""
+    return x if scale is None else x * scale
 
 
 class RecipeAdapter(HookedHF):

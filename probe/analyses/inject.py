@@ -77,23 +77,10 @@ def quiet_and_median(norms: torch.Tensor, qs) -> tuple[list[torch.Tensor], torch
     return [rank < math.floor(q * T) for q in qs], median
 
 
-TIE_RTOL = 1e-6  # norms this close (relative to the larger) are one tie, broken by position: a few fp32 ulps
-
-
 def _ranks_and_median(norms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(..., T, Hkv) -> (each read's place in the ascending order over T, the interpolated median (..., Hkv)).
-
-    Reads equal in exact arithmetic (the same token's value in layer 0) come out of a matmul a few ulps apart, by
-    which rows share a kernel block, and that differs between CPUs: ordered by those ulps, the quiet set (and every
-    injection number) would depend on the machine. Norms within TIE_RTOL of their neighbour in sorted order are one
-    tie, ordered by position (docs/definitions.md#medians-and-quantiles)."""
+    """(..., T, Hkv) -> (each read's place in the stable ascending order over T, the interpolated median (..., Hkv))."""
     T = norms.shape[-2]
     values, order = torch.sort(norms, dim=-2, stable=True)
-    gaps = (values[..., 1:, :] - values[..., :-1, :]) > TIE_RTOL * values[..., 1:, :].abs()
-    group = torch.cat([torch.zeros_like(gaps[..., :1, :]), gaps], dim=-2).long().cumsum(-2)  # tie group, sorted
-    group_of = torch.empty_like(group).scatter_(-2, order, group)  # (..., T, Hkv) each position's tie group
-    positions = torch.arange(T, device=norms.device).view(T, 1)
-    order = torch.sort(group_of * T + positions, dim=-2).indices  # by tie group, then position: exact integers
     places = torch.arange(T, device=norms.device).view(T, 1).expand(order.shape)
     rank = torch.empty_like(order).scatter_(-2, order, places)
     pos = 0.5 * (T - 1)

@@ -58,7 +58,7 @@ def rows() -> list[dict]:
     it is refused."""
     out = []
     for model_type, r in sorted(table()["types"].items()):
-        note = r.get("reason") or ", ".join(r.get("lacks") or [])
+        note = r.get("reason") or ", ".join((r.get("lacks") or []) + (r.get("breaks") or []))
         out.append(
             {
                 "model_type": model_type,
@@ -96,8 +96,11 @@ def markdown(data: dict) -> str:
         "from transformers' own config class with the family's features switched on "
         "(`probe.checkpoints.tiny_configs`): **supported** means logits equal to HF eager (fp32 ≤ 1e-5, fp64 ≤ "
         "1e-10), `hook_pattern` equal to HF's attention weights, a `hook_v` edit equal to the same edit inside "
-        "HF, every hook point firing and every analysis running, the streaming ones equal to their pattern-based "
-        "references; **partial** means that parity holds but the hooks listed are missing; **refused** says why. "
+        "HF, every hook point firing, the [hook algebra](../definitions.md#hook-algebra) holding in fp64 (1e-10), a "
+        "folder saved and loaded through `probe.load` in fp64 equal to HF's own load of it, and every analysis "
+        "running, the streaming ones equal to their pattern-based references; **partial** means that parity holds "
+        "but the hooks listed are missing or a rule of the algebra breaks (named, with its largest difference); "
+        "**refused** says why. "
         "`probe models --architectures` prints the same table; `probe.load` refuses a refused type in one line.",
         "",
         f"Decoder-only types: {c['supported']} supported, {c['partial']} partial, {c['refused']} refused; "
@@ -117,7 +120,7 @@ def markdown(data: dict) -> str:
             lines += [f"| `{mt}` | {r['reason'].replace('|', '/')} |" for mt, r in rows]
         else:
             lines += [
-                "| model_type | adapter | layers | logits fp32 | logits fp64 | pattern | lacks |",
+                "| model_type | adapter | layers | logits fp32 | logits fp64 | pattern | lacks / breaks |",
                 "|---|---|---|---|---|---|---|",
             ]
             for mt, r in rows:
@@ -125,7 +128,7 @@ def markdown(data: dict) -> str:
                 lines.append(
                     f"| `{mt}` | {r.get('adapter', '')} | {', '.join(r.get('layer_types', []))} | "
                     f"{p.get('logits_fp32', '')} | {p.get('logits_fp64', '')} | "
-                    f"{p.get('pattern_vs_output_attentions', '')} | {', '.join(r.get('lacks', []))} |"
+                    f"{p.get('pattern_vs_output_attentions', '')} | {', '.join(r.get('lacks', []) + r.get('breaks', []))} |"
                 )
         lines.append("")
     others = [(mt, r) for mt, r in sorted(types.items()) if r.get("kind", "decoder-only") != "decoder-only"]

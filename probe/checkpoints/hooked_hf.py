@@ -599,10 +599,15 @@ def logit_factor(hf_model: nn.Module) -> float:
 def fp64_experts(hf_model: nn.Module) -> None:
     """An fp64 mixture of experts runs its experts as a loop: transformers' default grouped matmul has no fp64 kernel
     ("Expected mat_a to be Float32 ... got Double"), so an fp64 checkpoint loaded from a folder failed on its first
-    forward. Other dtypes keep the default."""
+    forward. Modules transformers keeps in fp32 whatever the dtype asked (a router's score bias) are made fp64 too, or
+    the first forward stops on "expected m1 and m2 to have the same dtype". Other dtypes keep the default."""
     can_set = getattr(hf_model, "_can_set_experts_implementation", None)
-    dtype = next((p.dtype for p in hf_model.parameters()), None)
-    if dtype == torch.float64 and can_set is not None and can_set():
+    dtypes = {t.dtype for t in (*hf_model.parameters(), *hf_model.buffers()) if t.is_floating_point()}
+    if torch.float64 not in dtypes:
+        return
+    if torch.float32 in dtypes:  # modules transformers keeps in fp32 (routers, score biases) would meet fp64 inputs
+        hf_model.to(torch.float64)
+    if can_set is not None and can_set():
         hf_model.set_experts_implementation("eager")
 
 

@@ -419,7 +419,7 @@ class ActivationCache(dict, TLActivationCache):
         embed = sum(t.value for t in self._embed_terms(method)).double()
         first = self._need(names.resid(0, "pre"), method)
         if self._stream_kind() == "residual" and not _close(embed, first):
-            return "hook_embed (+ hook_pos_embed) is not blocks.0.hook_resid_pre (a position embedding not cached?)"
+            return f"{names.EMBED} (+ {names.pos_embed()}) is not {names.resid(0, 'pre')} (a position embedding not cached?)"
         return "a block normalises its stream after the residual add (post-norm), or a term is not in the cache"
 
     # ---- TransformerLens's stacks -------------------------------------------------------------------------
@@ -713,7 +713,7 @@ _NOT_HERE = {
     "or stack_head_results",
     "get_neuron_results": "it reads HookedTransformer's W_out",
     "stack_neuron_results": "it reads HookedTransformer's W_out",
-    "compute_head_results": "run_with_cache caches blocks.{l}.attn.hook_result on every softmax layer already",
+    "compute_head_results": "run_with_cache caches each softmax layer's per-head results (hook_result) already",
     "ssm_layers": "probe's models name no SSM mixers (a linear layer's type is in probe_info.layer_types)",
     "compute_ssm_effective_attention": "it reads TransformerBridge's SSM mixers",
     "compute_ssm_state": "it reads TransformerBridge's SSM mixers",

@@ -385,12 +385,19 @@ def _saved_folder(ref64) -> dict:
 
     with tempfile.TemporaryDirectory() as folder:
         ref64.save_pretrained(folder)  # fp64 weights, as a user's fp64 save
-        loaded = probe.load(folder, dtype=torch.float64)
         # HF's own load of the same folder: buffers made at construction (rotary frequencies, embedding scales) are
         # then made as a user's load makes them
-        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager")
+        try:
+            hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager")
+        except ValueError as e:  # a text model of a multimodal family that no auto class loads from its own folder
+            if "Unrecognized configuration class" in str(e):
+                return {}
+            raise
+        hf.to(torch.float64)  # what transformers keeps in fp32 (a router's bias), as probe.load makes it fp64
         if hf._can_set_experts_implementation():
             hf.set_experts_implementation("eager")
+        with _table_unchecked():  # the table being regenerated may refuse the type already
+            loaded = probe.load(folder, dtype=torch.float64)
         x = ids()
         with torch.no_grad(), fp64_throughout():
             d = max_diff(loaded(x).logits, hf(x).logits)
@@ -400,6 +407,18 @@ def _saved_folder(ref64) -> dict:
 
 
 ALGEBRA_TOL = 1e-10
+
+
+@contextlib.contextmanager
+def _table_unchecked():
+    """probe.load without the coverage table's refusal: the check decides the type's record."""
+    from probe.checkpoints import load
+
+    before, load.check_architecture = load.check_architecture, lambda *a, **k: None
+    try:
+        yield
+    finally:
+        load.check_architecture = before
 
 
 def lacking(m) -> list[str]:

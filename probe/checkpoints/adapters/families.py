@@ -254,6 +254,11 @@ class ModernBertDecoderAdapter(RecipeAdapter):
     model_types = ("modernbert-decoder",)
     recipe = Layer(attn_norm="attn_norm", mlp_norm="mlp_norm", attn="attn")
 
+    @staticmethod
+    def embedding_module(hf_model):
+        # token embedding, its LayerNorm and dropout: the stream the first layer reads (hook_embed = resid_pre 0)
+        return hf_model.model.embeddings
+
 
 class BioGptAdapter(OPTAdapter):
     """BioGPT: OPT's inline fc1/fc2 MLP in a pre-norm layer, learned positions, scaled embeddings."""

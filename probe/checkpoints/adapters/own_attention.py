@@ -165,6 +165,8 @@ class MptAdapter(OwnAttentionAdapter):
 
 
 def falcon_attention(attn, hidden, mask, position_embeddings, layer_past=None):
+    if not hasattr(attn, "_split_heads"):  # transformers 5.25: Falcon's attention calls the attention interface
+        return attn(hidden, attention_mask=mask, position_embeddings=position_embeddings, layer_past=layer_past)[0]
     B, T, _ = hidden.shape
     kv_heads = attn.num_heads if attn.new_decoder_architecture else attn.num_kv_heads
     q, k, v = attn._split_heads(attn.query_key_value(hidden))
@@ -179,9 +181,10 @@ def falcon_attention(attn, hidden, mask, position_embeddings, layer_past=None):
     return attn.dense(_attend(attn, q, k, v, mask, attn.inv_norm_factor, position_embeddings=position_embeddings))
 
 
-def falcon_layer_forward(layer, hooks, hidden_states, *, alibi, attention_mask, layer_past=None, **kwargs):
+def falcon_layer_forward(layer, hooks, hidden_states, *, attention_mask, alibi=None, layer_past=None, **kwargs):
     """Falcon's layer in its three layouts: parallel attention + MLP on one LayerNorm (7B), on two (the new
-    decoder architecture, 40B / 180B), or sequential (parallel_attn=False)."""
+    decoder architecture, 40B / 180B), or sequential (parallel_attn=False). ``alibi``: transformers before 5.25 passed
+    it (unused: ALiBi Falcon is refused); 5.25 folds it into the mask."""
     config = layer.config
     resid = hooks.hook_resid_pre(hidden_states)
     two_norms = config.new_decoder_architecture and config.num_ln_in_parallel_attn == 2

@@ -39,16 +39,6 @@ MOE_BLOCK = (
     "entering an output projection (B,T,m)"
 )
 DISAGREEMENTS = {
-    ("bloom", "hook_embed"): (
-        "meaning: the bridge's hook_embed is the embedding after BLOOM's word_embeddings_layernorm (BridgeCore."
-        "hook_aliases: 'hook_embed' prefers embed_ln.hook_out); probe's is the token embedding, word_embeddings' "
-        "output (nnsight reads the same), and the normed one is probe's blocks.0.hook_resid_pre"
-    ),
-    ("falcon", "blocks.{l}.hook_mlp_out"): (
-        "a defect of the bridge's cache: run_with_cache keeps the MLP's output tensor uncloned and "
-        "FalconDecoderLayer then adds the attention output into it in place (`mlp_output += attention_output`, "
-        "parallel_attn), so the cached value is mlp_out + attn_out; probe's equals the MLP module's output (nnsight)"
-    ),
     **{(mt, "blocks.{l}.attn.hook_attn_scores"): SCORES_ARE_PATTERN for mt in ("gpt_neo", "gptj", "opt", "afmoe")},
     **{("*", f"blocks.{{l}}.{norm}.hook_normalized"): NORMED for norm in ("ln1", "ln2", "ln1_post", "ln2_post")},
     ("*", "ln_final.hook_normalized"): NORMED,
@@ -59,7 +49,32 @@ DISAGREEMENTS = {
     },
     ("*", "blocks.{l}.mlp.hook_expert_weights"): (
         "layout: the bridge scatters the router's top-k weights to HookedTransformer's (B*T, n_experts), zeros "
-        "elsewhere (MoERouterBridge._expand_expert_weights); probe's is (B,T,k), the weights of the chosen experts"
+        "elsewhere (MoERouterBridge._expand_expert_weights); probe's is the same weights as (B,T,E)"
+    ),
+    ("*", "blocks.{l}.mlp.hook_expert_indices"): (
+        "layout: the bridge's is (B*T, k), probe's (B,T,k): the same indices, positions not flattened"
+    ),
+    **{
+        (mt, f"blocks.{{l}}.attn.hook_{x}_normed"): QK_NORMED
+        for mt in ("lfm2", "qwen3_next")
+        for x in "qk"
+    },
+    **{
+        (mt, "blocks.{l}.attn.hook_attn_scores"): (
+            "convention: keys a row cannot see are -inf in probe's scores (TransformerLens's HookedTransformer), the "
+            "bridge writes its mask value (the dtype's minimum) or leaves the entries of a chunked / sliding / "
+            "mixture-of-heads mask unmasked; the visible entries are equal"
+        )
+        for mt in ("jetmoe", "gemma4_text", "llama4_text", "olmo_hybrid")
+    },
+    ("mpt", "blocks.{l}.attn.hook_attn_scores"): (
+        "convention: probe's ALiBi bias is -slope * (i - j) (HF BLOOM's, zero on the diagonal), the bridge's MPT bias "
+        "is slope * (j - T + 1): they differ by a constant per row, which the softmax ignores (patterns equal)"
+    ),
+    ("afmoe", "blocks.{l}.attn.hook_z"): (
+        "a probe defect, open: AFMoE gates each head's output with sigmoid(gate_proj(x)) before o_proj, and probe's "
+        "AfmoeAdapter does not declare the gate, so its hook_z is before the gate (probe's z times the gate equals "
+        "the bridge's to 4e-8) and there is no hook_out_gate"
     ),
     **{(mt, f"blocks.{{l}}.mlp.hook_{x}"): MOE_BLOCK for mt in ("mixtral",) for x in ("pre", "post")},
     **{("afmoe", f"blocks.1.mlp.hook_{x}"): MOE_BLOCK for x in ("pre", "post")},  # layer 0 is dense

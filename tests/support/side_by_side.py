@@ -270,21 +270,18 @@ def hf_paths(hf) -> dict[str, str]:
     """probe name -> HF module path (with ``:input`` for a module's input), found from the HF model alone."""
     named = {m: n for n, m in hf.named_modules()}
     n_layers = hf.config.get_text_config().num_hidden_layers
-    paths = {"hook_embed": named[hf.get_input_embeddings()], "unembed.hook_in": named[hf.get_output_embeddings()]}
+    from probe.checkpoints.adapters import adapter_for
+
+    embedding = adapter_for(hf.config.model_type).embedding_module(hf)  # where the stream starts (BLOOM: its LN)
+    paths = {"hook_embed": named[embedding], "unembed.hook_in": named[hf.get_output_embeddings()]}
     paths["unembed.hook_in"] += ":input"
     layers_path = next(
         n
         for n, m in hf.named_modules()
         if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers and n.rpartition(".")[2] in LAYER_LISTS
     )
-    finals = sorted(
-        (n for n, _ in hf.named_modules() if n.rpartition(".")[2] in FINAL_NORMS and not n.startswith(layers_path)),
-        key=lambda n: n.count("."),
-    )  # the shallowest outside the layers
-    if finals:
-        paths["ln_final.hook_normalized"] = finals[0]
-    else:
-        paths["-ln_final.hook_normalized"] = "no final norm module found"
+    # the final norm's output is the LM head's input (unembed.hook_in, above); ln_final.hook_normalized is before the
+    # norm's gain and bias (docs/definitions.md#hook-namespace), which no HF module outputs
     multiplier = getattr(hf.config, "residual_multiplier", None)
     for l, layer in enumerate(hf.get_submodule(layers_path)):
         lp = f"{layers_path}.{l}"
@@ -321,6 +318,12 @@ def _first(x):
     return x[0] if isinstance(x, (tuple, list)) else x
 
 
+def _cloned(value):
+    """A module's output copied when it is read: Falcon adds the attention output into its MLP's output in place
+    (``mlp_output += attention_output``), which a saved reference would see."""
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
 def nnsight_values(folder, ids) -> tuple[dict, dict]:
     """Trace an nnsight LanguageModel over a fresh HF model of ``folder``; probe name -> (value, HF module path)."""
     from nnsight import LanguageModel
@@ -351,12 +354,12 @@ def nnsight_values(folder, ids) -> tuple[dict, dict]:
         try:  # one trace, the modules read in the order they run
             with lm.trace(ids):
                 for name, envoy in envoys.items():
-                    saved[name] = (envoy.input if specs[name][1] else envoy.output).save()
+                    saved[name] = _cloned(envoy.input if specs[name][1] else envoy.output).save()
         except Exception:  # an order nnsight rejects (a parallel block): one trace per module
             saved = {}
             for name, envoy in envoys.items():
                 with lm.trace(ids):
-                    saved[name] = (envoy.input if specs[name][1] else envoy.output).save()
+                    saved[name] = _cloned(envoy.input if specs[name][1] else envoy.output).save()
     saved = {name: _first(v) * specs[name][2] for name, v in saved.items()}
     out = {name: (saved[name].detach(), paths[name]) for name in saved}
     return out, {k[1:]: v for k, v in missing.items()}

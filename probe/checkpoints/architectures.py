@@ -128,7 +128,8 @@ def markdown(data: dict) -> str:
                 lines.append(
                     f"| `{mt}` | {r.get('adapter', '')} | {', '.join(r.get('layer_types', []))} | "
                     f"{p.get('logits_fp32', '')} | {p.get('logits_fp64', '')} | "
-                    f"{p.get('pattern_vs_output_attentions', '')} | {', '.join(r.get('lacks', []) + r.get('breaks', []))} |"
+                    f"{p.get('pattern_vs_output_attentions', '')} | "
+                    f"{', '.join(r.get('lacks', []) + r.get('breaks', []))} |"
                 )
         lines.append("")
     others = [(mt, r) for mt, r in sorted(types.items()) if r.get("kind", "decoder-only") != "decoder-only"]

@@ -419,7 +419,8 @@ class ActivationCache(dict, TLActivationCache):
         embed = sum(t.value for t in self._embed_terms(method)).double()
         first = self._need(names.resid(0, "pre"), method)
         if self._stream_kind() == "residual" and not _close(embed, first):
-            return f"{names.EMBED} (+ {names.pos_embed()}) is not {names.resid(0, 'pre')} (a position embedding not cached?)"
+            start = f"{names.EMBED} (+ {names.pos_embed()})"
+            return f"{start} is not {names.resid(0, 'pre')} (a position embedding not cached?)"
         return "a block normalises its stream after the residual add (post-norm), or a term is not in the cache"
 
     # ---- TransformerLens's stacks -------------------------------------------------------------------------

@@ -161,8 +161,9 @@ def test_ranks_match_one_process(n_batches, world, analysis, ranks_out, tmp_path
     assert forwards == [len(range(r, n_batches, world)) * per_batch for r in range(world)]
     assert sorted(parallel) == sorted(single)
     for name in single:
+        # atol: a saturated gate's spread is ~4e-8, fp32 noise that merging over ranks reorders (7e-10 on this CPU)
         pd.testing.assert_frame_equal(
-            parallel[name], single[name], check_exact=False, rtol=1e-9, atol=1e-12, obj=f"{analysis}:{name}"
+            parallel[name], single[name], check_exact=False, rtol=1e-9, atol=1e-8, obj=f"{analysis}:{name}"
         )
 
 

@@ -95,9 +95,13 @@ def test_linear_attention_layers_have_no_attention_hooks_and_analyses_read_the_s
     assert names.attn(0, "pattern") not in m.hook_dict and names.attn(1, "out_gate") in m.hook_dict
     assert info.lacks(names.attn(0, "pattern")) and info.lacks(names.attn(1, "pattern")) is None
     windows = torch.randint(2, 90, (1, 2, 13), generator=torch.Generator().manual_seed(0))
-    assert sink_stats(m, windows)["layers"]["layer"].tolist() == [1]  # the full-attention layer only
-    layers = set(ablate(m, windows, interventions=("knockout",), progress=False)["results"]["layer"])
-    assert layers == {-1, 1}  # every softmax layer at once (-1), then each: the linear layer 0 is no condition
+    layers = sink_stats(m, windows)["layers"]  # the linear layer listed, marked, with no attention statistic
+    assert layers["layer"].tolist() == [0, 1] and layers["layer_type"].tolist() == ["linear", "full"]
+    assert layers.loc[layers["layer"] == 0, "pos0_share"].isna().all()
+    assert layers.loc[layers["layer"] == 1, "pos0_share"].notna().all()
+    results = ablate(m, windows, interventions=("knockout",), progress=False)["results"]
+    assert set(results["layer"]) == {-1, 0, 1}  # every softmax layer at once (-1), then each; layer 0 is listed,
+    assert results.loc[results["layer"] == 0, "delta"].isna().all()  # marked linear, with no knockout to make
 
 
 @torch.no_grad()

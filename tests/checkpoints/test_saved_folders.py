@@ -28,6 +28,7 @@ def _hf_logits(folder, dtype):
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=dtype)
+    hf.to(dtype)  # what transformers keeps in fp32 (a router) in the dtype asked, as probe.load makes it
     if hf._can_set_experts_implementation():
         hf.set_experts_implementation("eager")
     with torch.no_grad(), fp64_throughout():

@@ -54,11 +54,7 @@ DISAGREEMENTS = {
     ("*", "blocks.{l}.mlp.hook_expert_indices"): (
         "layout: the bridge's is (B*T, k), probe's (B,T,k): the same indices, positions not flattened"
     ),
-    **{
-        (mt, f"blocks.{{l}}.attn.hook_{x}_normed"): QK_NORMED
-        for mt in ("lfm2", "qwen3_next")
-        for x in "qk"
-    },
+    **{(mt, f"blocks.{{l}}.attn.hook_{x}_normed"): QK_NORMED for mt in ("lfm2", "qwen3_next") for x in "qk"},
     **{
         (mt, "blocks.{l}.attn.hook_attn_scores"): (
             "convention: keys a row cannot see are -inf in probe's scores (TransformerLens's HookedTransformer), the "

@@ -107,7 +107,8 @@ def runs(tmp_path_factory):
     """The worker's two ranks (one torchrun launch) and one process of each verb, over the same saved tiny models."""
     root = tmp_path_factory.mktemp("torchrun")
     fx = build_fixtures(root / "fx")
-    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO), ENV.get("PYTHONPATH", "")])}
+    # the repository, not its tests/ folder: tests/kernels would shadow the `kernels` package transformers imports
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(REPO), ENV.get("PYTHONPATH", "")])}
     proc = subprocess.run([*TORCHRUN, __file__, str(root)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [json.loads((root / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -221,7 +221,10 @@ def test_attn_point_and_is_attn_read_names_back():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: names.attn(0, "patern"), "unknown attention hook 'patern'; choose from q, k, q_normed, k_normed, rot_q"),
+        (
+            lambda: names.attn(0, "patern"),
+            "unknown attention hook 'patern'; choose from q, k, q_normed, k_normed, rot_q",
+        ),
         (lambda: names.resid(0, "middle"), "unknown residual point 'middle'; choose from pre, mid, post"),
         (lambda: names.read_site(0, "ffn"), "unknown read site 'ffn'; choose from attn, mlp"),
         (lambda: names.mlp(0, "pee"), "unknown MLP hook 'pee'; choose from pre, pre_linear, post"),

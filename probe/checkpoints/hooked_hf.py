@@ -127,7 +127,9 @@ def scaled_rotary(adapter, layer: int, T: int):
 class _BlockHooks(nn.Module):
     """One decoder layer's hook points. A point the adapter cannot fire is not created (``absent``: e.g.
     ``hook_resid_mid`` on the generic route), and a layer without softmax attention has no ``attn`` container, so a
-    hook on such a name fails loudly instead of never firing."""
+    hook on such a name fails loudly instead of never firing. A linear-attention, convolution or recurrent layer whose
+    forward the adapter replaces (``replaced``) is first-class in the stream: ``hook_attn_out`` is its token mixer's
+    write and ``hook_resid_mid`` follows it, as on a softmax layer; only the ``attn.*`` points are absent."""
 
     def __init__(
         self,
@@ -173,15 +175,19 @@ def _replace_first(output, value):
 
 
 def attn_out_hook(module, _inputs, output):
-    """Forward hook on a layer's attention module: its output (before the layer adds it anywhere) through
-    ``hook_attn_out``; the attention weights it may also return pass unchanged."""
+    """Forward hook on a layer's attention module, on the generic route only (HF's own layer forward; a replaced
+    layer forward fires hook_attn_out itself on what it adds): the module's output through ``hook_attn_out``; the
+    attention weights it may also return pass unchanged. That output is what a pre-norm sequential layer adds to the
+    stream; a layer that norms, drops or scales it before adding breaks resid_pre + attn_out + mlp_out = resid_post,
+    and the algebra check (probe.checkpoints.algebra) says so."""
     block = module.__dict__.get(ATTN_OUT_KEY)
     return None if block is None else _replace_first(output, block.hook_attn_out(_first(output)))
 
 
 def mlp_out_hook(module, inputs, output):
-    """Forward hook on a layer's MLP module: its output (an MoE block's combined output; router logits pass), as
-    B,T,d even where the module hands it back flattened over positions (B*T, d)."""
+    """Forward hook on a layer's MLP module, on the generic route only (as :func:`attn_out_hook`): its output (an MoE
+    block's combined output; router logits pass), as B,T,d even where the module hands it back flattened over
+    positions (B*T, d)."""
     block = module.__dict__.get(MLP_OUT_KEY)
     if block is None:
         return None

@@ -161,7 +161,9 @@ class VaultGemmaAdapter(RecipeAdapter):
 def opt_layer_forward(layer, hooks, hidden_states, **kwargs):
     """OPT's (and BioGPT's) decoder layer: its MLP is fc1 → activation → fc2 inline (no module), fired at
     hook_mlp_out here; the norms come before each sub-layer (do_layer_norm_before, most sizes) or after each
-    residual add (OPT-350m)."""
+    residual add (OPT-350m). hook_attn_out / hook_mlp_out are the writes after dropout. In OPT-350m the norm acts on
+    the stream itself, resid_mid = norm(resid_pre + attn_out) and resid_post = norm(resid_mid + mlp_out), so the
+    residual algebra does not hold there."""
     before = getattr(layer, "do_layer_norm_before", True)  # BioGPT's is always pre-norm
     resid = hooks.hook_resid_pre(hidden_states)
     attn_out, _ = layer.self_attn(hidden_states=layer.self_attn_layer_norm(resid) if before else resid, **kwargs)

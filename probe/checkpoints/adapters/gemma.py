@@ -218,8 +218,9 @@ def gemma4_layer_forward(layer, hooks, hidden_states, per_layer_input=None, **kw
         _, weights, index = layer.router(flat)
         experts = layer.experts(layer.pre_feedforward_layernorm_2(flat), index, weights).reshape(mid.shape)
         ff = layer.post_feedforward_layernorm_1(ff) + layer.post_feedforward_layernorm_2(experts)
-    # the MLP's write; the per-layer input and the layer scalar below are not the MLP's, so resid_post is not
-    # resid_mid + mlp_out here (the coverage table names the rule Gemma 4 breaks)
+    # the MLP's write (its MLP and expert branches after their norms). The per-layer input's write and the layer
+    # scalar below are no sub-layer's: resid_post = (resid_mid + mlp_out + that write) · layer_scalar, so the
+    # resid_post rule cannot hold here (the coverage table lists Gemma 4 as partial on it)
     out = mid + hooks.hook_mlp_out(layer.post_feedforward_layernorm(ff))
     if layer.hidden_size_per_layer_input:
         gated = layer.act_fn(layer.per_layer_input_gate(out)) * per_layer_input

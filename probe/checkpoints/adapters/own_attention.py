@@ -7,7 +7,8 @@ the key's position added to each logit (plus a per-row constant that softmax ign
 per-key bias: ``key_bias = ModelInfo.alibi_bias`` (B,H,T), the same bias the streaming analyses rebuild the
 scores with (docs/definitions.md#hf-checkpoints). BLOOM's and MPT's modules add the residual inside the attention
 and the MLP; here the residual is added outside them (the MLP is called with a zero residual: x + 0 is x), so
-``hook_attn_out`` / ``hook_mlp_out`` are the sub-layer outputs alone, as in every other family.
+``hook_attn_out`` / ``hook_mlp_out`` are what each sub-layer adds (its output after its dropout), as in every other
+family.
 
 transformers' model builds the mask through probe's mask builder (``config._attn_implementation = "probe"``); the
 attention module's own eager branch never runs.
@@ -19,6 +20,7 @@ import dataclasses
 import types
 
 import torch
+import torch.nn.functional as F
 
 from probe.checkpoints import attention as _attn
 from probe.checkpoints.adapters.recipes import Layer, RecipeAdapter
@@ -74,11 +76,16 @@ def bloom_attention(attn, hidden, alibi, mask, layer_past=None):
 
 def bloom_layer_forward(layer, hooks, hidden_states, *, alibi, attention_mask, layer_past=None, **kwargs):
     """BLOOM's block: LayerNorm → attention (+ the residual, or the normed input with
-    apply_residual_connection_post_layernorm) → LayerNorm → MLP (+ the same choice of residual)."""
+    apply_residual_connection_post_layernorm) → LayerNorm → MLP (+ the same choice of residual). With that option the
+    stream a sub-layer adds to is its normed input, not resid_pre / resid_mid, so the residual algebra does not hold
+    (no released BLOOM sets it)."""
     post = layer.apply_residual_connection_post_layernorm
     resid = hooks.hook_resid_pre(hidden_states)
     normed = layer.input_layernorm(resid)
-    attn_out = hooks.hook_attn_out(bloom_attention(layer.self_attention, normed, alibi, attention_mask, layer_past))
+    attn_out = bloom_attention(layer.self_attention, normed, alibi, attention_mask, layer_past)
+    # HF's attention drops its output out before adding it: the write is the dropped-out output
+    attn_out = F.dropout(attn_out, p=layer.self_attention.hidden_dropout, training=layer.training)
+    attn_out = hooks.hook_attn_out(attn_out)
     mid = hooks.hook_resid_mid((normed if post else resid) + attn_out)
     normed = layer.post_attention_layernorm(mid)
     base = normed if post else mid
@@ -132,7 +139,7 @@ def mpt_layer_forward(layer, hooks, hidden_states, *, position_bias, attention_m
     """MPT's block: norm_1 → attention → + residual → norm_2 → ffn → + residual."""
     resid = hooks.hook_resid_pre(hidden_states)
     attn_out = mpt_attention(layer.attn, layer.norm_1(resid), position_bias, attention_mask, layer_past)
-    mid = hooks.hook_resid_mid(layer.resid_attn_dropout(hooks.hook_attn_out(attn_out)) + resid)
+    mid = hooks.hook_resid_mid(hooks.hook_attn_out(layer.resid_attn_dropout(attn_out)) + resid)  # the write, dropped
     mlp_out = hooks.hook_mlp_out(layer.ffn(layer.norm_2(mid), torch.zeros_like(mid)))
     return hooks.hook_resid_post(mid + mlp_out), None
 
@@ -192,16 +199,29 @@ def falcon_layer_forward(layer, hooks, hidden_states, *, attention_mask, alibi=N
     attn_out = falcon_attention(
         layer.self_attention, attn_in, attention_mask, kwargs.get("position_embeddings"), layer_past
     )
-    attn_out = hooks.hook_attn_out(attn_out)
-    if config.new_decoder_architecture or config.parallel_attn:
+    parallel = config.new_decoder_architecture or config.parallel_attn
+    drop = _dropout(resid, config.hidden_dropout if parallel else config.attention_dropout, layer.training)
+    attn_out = hooks.hook_attn_out(drop(attn_out))  # the write, as HF drops it out before adding it
+    if parallel:
         mlp_in = layer.ln_mlp(resid) if two_norms else attn_in
-        mlp_out = hooks.hook_mlp_out(layer.mlp(mlp_in))
+        mlp_out = hooks.hook_mlp_out(drop(layer.mlp(mlp_in)))
         if hooks.hook_resid_mid.has_hooks():
             return hooks.hook_resid_post(hooks.hook_resid_mid(resid + attn_out) + mlp_out), None
         return hooks.hook_resid_post((mlp_out + attn_out) + resid), None  # HF's order: mlp += attn; + residual
     mid = hooks.hook_resid_mid(attn_out + resid)
-    mlp_out = hooks.hook_mlp_out(layer.mlp(layer.post_attention_layernorm(mid)))
+    mlp_out = layer.mlp(layer.post_attention_layernorm(mid))
+    mlp_out = hooks.hook_mlp_out(_dropout(mid, config.hidden_dropout, layer.training)(mlp_out))
     return hooks.hook_resid_post(mlp_out + mid), None
+
+
+def _dropout(like: torch.Tensor, p: float, training: bool):
+    """x -> x dropped out with one mask shaped as ``like`` (B,T,d), whatever x it is applied to: a parallel Falcon
+    block drops the sum of its two writes with one mask, which is each write dropped with that mask, so each hook
+    sees its write as it is added. The identity in eval."""
+    if not training or not p:
+        return lambda x: x
+    keep = F.dropout(torch.ones_like(like), p=p, training=True)  # B,T,d: 0 or 1 / (1 - p)
+    return lambda x: x * keep
 
 
 class FalconAdapter(OwnAttentionAdapter):

@@ -8,9 +8,11 @@ config of every causal-LM ``model_type`` of the installed transformers and write
 re-checks every entry and fails when one no longer holds. Statuses:
 
 * ``supported``: logits equal HF eager (fp32 <= 1e-5, fp64 <= 1e-10), ``hook_pattern`` equals HF's attention
-  weights, a ``hook_v`` edit equals the same edit inside HF, every hook point fires, and every analysis runs, the
-  streaming ones equal to their pattern-based references;
-* ``partial``: that parity holds, but the listed hook points are missing (``lacks``); analyses that need them refuse;
+  weights, a ``hook_v`` edit equals the same edit inside HF, every hook point fires, the hook algebra holds, every
+  analysis runs, the streaming ones equal to their pattern-based references, and every model verb of the CLI runs
+  on a saved folder of the type (``verbs``; CI runs them on one type per adapter family);
+* ``partial``: that parity holds, but the listed hook points are missing (``lacks``), a rule of the algebra breaks
+  or a verb fails (``breaks``); analyses that need what is missing refuse;
 * ``refused``: why, in one line (not decoder-only, an attention feature probe does not implement, parity failing).
 """
 
@@ -97,9 +99,12 @@ def markdown(data: dict) -> str:
         "(`probe.checkpoints.tiny_configs`): **supported** means logits equal to HF eager (fp32 ≤ 1e-5, fp64 ≤ "
         "1e-10), `hook_pattern` equal to HF's attention weights, a `hook_v` edit equal to the same edit inside "
         "HF, every hook point firing, the [hook algebra](../definitions.md#hook-algebra) holding in fp64 (1e-10), a "
-        "folder saved and loaded through `probe.load` in fp64 equal to HF's own load of it, and every analysis "
-        "running, the streaming ones equal to their pattern-based references; **partial** means that parity holds "
-        "but the hooks listed are missing or a rule of the algebra breaks (named, with its largest difference); "
+        "folder saved and loaded through `probe.load` in fp64 equal to HF's own load of it, every analysis "
+        "running, the streaming ones equal to their pattern-based references, and every model verb of the CLI "
+        "(sinks, inject, ablate, gates, sources, eval, view, report) running in process on a saved folder of the "
+        "type, or refusing in one line for a mechanism the model lacks (no gate, no depth routing); **partial** "
+        "means that parity holds but the hooks listed are missing, a rule of the algebra breaks (named, with its "
+        "largest difference) or a verb fails (named); "
         "**refused** says why. "
         "`probe models --architectures` prints the same table; `probe.load` refuses a refused type in one line.",
         "",

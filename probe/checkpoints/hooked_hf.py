@@ -156,14 +156,20 @@ VERIFY_LAYERS = True
 
 LAYER_KEY = "_probe_block"  # HF decoder layer.__dict__ entry -> its _BlockHooks (not a registered submodule)
 EMBED_KEY = "_probe_embed"  # input embedding.__dict__ entry -> the adapter's hook_embed
+EMBED_SCALE_KEY = "_probe_embed_scale"  # input embedding.__dict__ entry -> the multiplier HF applies to its output
 ATTN_OUT_KEY = "_probe_attn_out"  # attention module.__dict__ entry -> the _BlockHooks whose hook_attn_out it fires
 MLP_OUT_KEY = "_probe_mlp_out"  # MLP module.__dict__ entry -> the _BlockHooks whose hook_mlp_out it fires
 
 
 def embed_hook(module, _inputs, output):
-    """Forward hook on the input embedding: returns hook_embed(output)."""
+    """Forward hook on the input embedding: returns hook_embed(output). Where HF multiplies the embedding's output
+    next (Granite's ``embedding_multiplier``), hook_embed sees and sets the scaled stream the first block reads: the
+    hook's value divided back, for HF to multiply again."""
     hp = module.__dict__.get(EMBED_KEY)
-    return None if hp is None else hp(output)
+    if hp is None:
+        return None
+    scale = module.__dict__.get(EMBED_SCALE_KEY)
+    return hp(output) if scale is None else hp(output * scale) / scale
 
 
 def _first(output):
@@ -367,7 +373,11 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
             hf.set_attn_implementation(self.attention_implementation())
         else:  # attention outside the interface (BLOOM, GPT-Neo): only the mask builder is probe's
             hf.config._attn_implementation = _attn.register()
-        _hook_once(self.embedding_module(hf), EMBED_KEY, self.hook_embed, embed_hook)
+        embedding = self.embedding_module(hf)
+        _hook_once(embedding, EMBED_KEY, self.hook_embed, embed_hook)
+        scale = getattr(hf.base_model, "embedding_multiplier", None)  # Granite: the model scales embed_tokens' output
+        if isinstance(scale, (int, float)) and scale not in (0, 1):
+            embedding.__dict__[EMBED_SCALE_KEY] = float(scale)
         body = self.layer_body
         for layer, block in zip(layers, self.blocks):
             layer.__dict__[LAYER_KEY] = block

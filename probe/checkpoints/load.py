@@ -371,10 +371,22 @@ def _resolve_dtype(dtype, device, hf_kwargs):
     return dtype
 
 
-def _load_tokenizer(source: str, **kw):
-    try:
-        from transformers import AutoTokenizer
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # "read tokenizer.json as it is"
 
+
+def _load_tokenizer(source: str, **kw):
+    """The folder's (or the hub name's) tokenizer. A folder whose tokenizer_config.json names the generic fast class
+    gets that class: AutoTokenizer in transformers 5 builds the model_type's own class instead (Qwen2's for a qwen2
+    config), whose pre-tokenizer can silently split the folder's tokenizer.json into nothing."""
+    try:
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+        folder = Path(source)
+        settings = folder / "tokenizer_config.json"
+        if (folder / "tokenizer.json").is_file() and settings.is_file():
+            declared = json.loads(settings.read_text()).get("tokenizer_class")
+            if declared in GENERIC_TOKENIZER_CLASSES:
+                return PreTrainedTokenizerFast.from_pretrained(source, **kw)
         return AutoTokenizer.from_pretrained(source, **kw)
     except Exception:
         return None

@@ -70,6 +70,32 @@ OVERRIDES: dict[str, dict] = {
     "cohere2_moe": {"logit_scale": 1.0},
     "cohere_compass_text": {"logit_scale": 1.0},
     "llama4_text": {"attention_chunk_size": 4},  # chunks shorter than the test sequences
+    "lfm2": {"layer_types": ["conv", "full_attention"], "num_hidden_layers": 2},  # its default has no conv layer
+    # scaled residuals and embeddings where 1.0 would hide a missed multiplier (Granite 3: 0.22, 12, 1/128 and 8)
+    "granite": {
+        "residual_multiplier": 0.37,
+        "embedding_multiplier": 2.0,
+        "attention_multiplier": 0.3,
+        "logits_scaling": 3.0,
+    },
+    "granitemoe": {
+        "residual_multiplier": 0.37,
+        "embedding_multiplier": 2.0,
+        "attention_multiplier": 0.3,
+        "logits_scaling": 3.0,
+    },
+    "granitemoeshared": {
+        "residual_multiplier": 0.37,
+        "embedding_multiplier": 2.0,
+        "attention_multiplier": 0.3,
+        "logits_scaling": 3.0,
+    },
+    "hyperclovax": {
+        "residual_multiplier": 0.37,
+        "embedding_multiplier": 2.0,
+        "attention_multiplier": 0.3,
+        "logits_scaling": 3.0,
+    },
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": 4, "num_layers": 2},
     "mpt": {"attn_config": {"alibi": True, "alibi_bias_max": 8}},
     # full layers twice as wide per head, per-layer inputs of width 8

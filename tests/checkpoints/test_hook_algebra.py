@@ -58,8 +58,8 @@ WRITES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "mpt": (("attn.out_proj",), ("ffn.down_proj",)),
 }
 HYBRIDS = ("qwen3_next", "lfm2", "lfm3", "olmo_hybrid")  # with a linear / convolution layer
-MULTIPLIER = 0.37  # Granite's and HyperCLOVA X's residual_multiplier (the tiny configs keep the default 1)
-CONFIG_OVER = {"lfm2": {"layer_types": ["conv", "full_attention"]}}  # the tiny lfm2 has no convolution layer
+MULTIPLIER = 0.37  # a residual_multiplier not 1 where a family's tiny config keeps the default
+CONFIG_OVER: dict[str, dict] = {}
 
 
 def _tiny(model_type: str, **over) -> torch.nn.Module:
@@ -273,3 +273,20 @@ def test_a_saved_folder_loads_with_the_same_algebra(model_type, tmp_path):
     ref = ref.to(torch.float64).eval()
     errors = _check_algebra(loaded, ref, ids())
     assert max(errors.values()) <= TOL, errors
+
+
+@pytest.mark.parametrize("model_type", ["granite", "granitemoe", "hyperclovax"])
+def test_hook_embed_is_the_scaled_embedding_the_stream_starts_from(model_type):
+    """Granite multiplies embed_tokens' output by embedding_multiplier in the model's forward: hook_embed is the
+    product (== blocks.0.hook_resid_pre), and doubling it equals HF with the multiplier doubled."""
+    ref = _tiny(model_type)
+    assert ref.model.embedding_multiplier not in (0, 1)
+    m = adapt(copy.deepcopy(ref))
+    x = ids()
+    with torch.no_grad(), fp64_throughout():
+        _, cache = m.run_with_cache(x)
+        got = m.run_with_hooks(x, fwd_hooks=[("hook_embed", lambda t, hook: t * 2)])
+        ref.model.embedding_multiplier *= 2
+        want = ref(x).logits
+    assert float((cache["hook_embed"] - cache[names.resid(0, "pre")]).abs().max()) <= TOL
+    assert float((got - want).abs().max()) <= TOL

@@ -87,3 +87,17 @@ def test_unembed_scales_the_logits_as_the_family_does(tmp_path, model_type, key,
         got = model.unembed(model(IDS, return_hidden=True))
     assert (got - want).abs().max() <= 1e-5 * (1 + want.abs().max())
     assert (want - _hf_logits(str(tmp_path), torch.float32)).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3_5_moe_text", "llama"])
+def test_a_folder_tokenizer_of_the_generic_class_is_read_as_saved(tmp_path, model_type):
+    """A folder whose tokenizer_config.json names the generic fast class keeps its own tokenizer.json: transformers
+    5's AutoTokenizer would build the model_type's class (Qwen2's), which splits this word-level vocabulary into no
+    tokens at all, so every text would be empty."""
+    from probe.checkpoints.tiny import tiny_tokenizer
+
+    _saved(tmp_path, model_type)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["tokenizer_class"] == "TokenizersBackend"
+    tokenizer = probe.load(str(tmp_path)).tokenizer
+    assert tokenizer("w3 w4 w5").input_ids == tiny_tokenizer()("w3 w4 w5").input_ids == [3, 4, 5]

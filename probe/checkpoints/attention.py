@@ -518,7 +518,7 @@ def _fire_as_heads(site, role: str, x: torch.Tensor):
         return None
     H, Hkv, dh = site.heads
     heads = H if role.startswith("q") else Hkv
-    seen = _as_heads(x, heads, dh, gated=site.gated and role == "q")
+    seen = _as_heads(x, heads, dh, gated=site.query_gated and role == "q")
     if seen is None:
         raise RuntimeError(f"{type(site).__name__} cannot read hook_{role} from a tensor of shape {tuple(x.shape)}")
     bthd, back = seen

@@ -46,8 +46,10 @@ from probe.models.lens import HF_OUTPUT, TransformerLensCalls
 class _AttnHooks(nn.Module):
     def __init__(self, has_sink: bool, gated: bool = False):
         super().__init__()
-        # an output gate (Qwen3-Next): the attention function leaves hook_z to the adapter's gate hooks
+        # an output gate (Qwen3-Next, AFMoE): the attention function leaves hook_z to the adapter's gate hooks;
+        # query_gated: the gate comes out of q_proj beside each head's query (Qwen3-Next), not a projection of its own
         self.gated = gated
+        self.query_gated = False
         self.pending_z = self.pending_gate = None
         self.materialize = False  # compute the pattern even when no TL hook asks (probe.materialize, for nnsight)
         # the layer and the ModelInfo that describe this attention: the attention function checks each call against

@@ -105,15 +105,18 @@ def test_linear_attention_layers_have_no_attention_hooks_and_analyses_read_the_s
 
 
 @torch.no_grad()
-def test_the_output_gate_is_sigma_and_hook_z_the_gated_output():
-    """Qwen3-Next: hook_out_gate = σ(gate half of q_proj), hook_z = (attention output) · σ, o_proj's input; an edit
-    of the gate reaches the logits as the same edit of HF's product does."""
-    ref = tiny_model("qwen3_next")
+@pytest.mark.parametrize("model_type", ["qwen3_next", "afmoe"])
+def test_the_output_gate_is_sigma_and_hook_z_the_gated_output(model_type):
+    """Qwen3-Next: hook_out_gate = σ(gate half of q_proj); AFMoE: σ(gate_proj(x)); hook_z = (attention output) · σ,
+    o_proj's input; an edit of the gate reaches the logits as the same edit of HF's product does."""
+    ref = tiny_model(model_type)
     m = adapt(copy.deepcopy(ref))
+    assert m.probe_info.has_out_gate and m.probe_info.out_gate == "elementwise"
     x, attn = ids(), ref.model.layers[1].self_attn
     seen = {}
+    gate_source = attn.q_proj if model_type == "qwen3_next" else attn.gate_proj
     hooks = [
-        attn.q_proj.register_forward_hook(lambda _m, _i, o: seen.__setitem__("q", o)),
+        gate_source.register_forward_hook(lambda _m, _i, o: seen.__setitem__("g", o)),
         attn.o_proj.register_forward_pre_hook(lambda _m, a: seen.__setitem__("o_in", a[0])),
     ]
     ref(x)
@@ -121,7 +124,11 @@ def test_the_output_gate_is_sigma_and_hook_z_the_gated_output():
         h.remove()
     _, cache = m.run_with_cache(x)
     dh = attn.head_dim
-    gate = torch.chunk(seen["q"].view(*seen["q"].shape[:-1], -1, dh * 2), 2, dim=-1)[1]
+    g = seen["g"]
+    if model_type == "qwen3_next":  # each head's query and gate side by side
+        gate = torch.chunk(g.view(*g.shape[:-1], -1, dh * 2), 2, dim=-1)[1]
+    else:
+        gate = g.view(*g.shape[:-1], -1, dh)
     torch.testing.assert_close(cache[names.attn(1, "out_gate")], torch.sigmoid(gate), atol=1e-7, rtol=0)
     assert 0 <= float(cache[names.attn(1, "out_gate")].min()) and float(cache[names.attn(1, "out_gate")].max()) <= 1
     torch.testing.assert_close(cache[names.attn(1, "z")].flatten(2), seen["o_in"], atol=1e-6, rtol=0)

@@ -67,11 +67,6 @@ DISAGREEMENTS = {
         "convention: probe's ALiBi bias is -slope * (i - j) (HF BLOOM's, zero on the diagonal), the bridge's MPT bias "
         "is slope * (j - T + 1): they differ by a constant per row, which the softmax ignores (patterns equal)"
     ),
-    ("afmoe", "blocks.{l}.attn.hook_z"): (
-        "a probe defect, open: AFMoE gates each head's output with sigmoid(gate_proj(x)) before o_proj, and probe's "
-        "AfmoeAdapter does not declare the gate, so its hook_z is before the gate (probe's z times the gate equals "
-        "the bridge's to 4e-8) and there is no hook_out_gate"
-    ),
     **{(mt, f"blocks.{{l}}.mlp.hook_{x}"): MOE_BLOCK for mt in ("mixtral",) for x in ("pre", "post")},
     **{("afmoe", f"blocks.1.mlp.hook_{x}"): MOE_BLOCK for x in ("pre", "post")},  # layer 0 is dense
     ("gemma4_text", "blocks.{l}.attn.hook_v"): (

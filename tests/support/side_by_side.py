@@ -274,6 +274,9 @@ def hf_paths(hf) -> dict[str, str]:
 
     embedding = adapter_for(hf.config.model_type).embedding_module(hf)  # where the stream starts (BLOOM: its LN)
     paths = {"hook_embed": named[embedding], "unembed.hook_in": named[hf.get_output_embeddings()]}
+    scale = getattr(hf.config, "embedding_multiplier", None)  # Granite: the model scales the embedding's output
+    if scale not in (None, 1, 1.0):
+        paths["hook_embed"] += f"*{scale}"
     paths["unembed.hook_in"] += ":input"
     layers_path = next(
         n

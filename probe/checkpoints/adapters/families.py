@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
+from probe.checkpoints.adapters.qwen_next import GATE_KEY, gate_output
 from probe.checkpoints.adapters.recipes import Layer, RecipeAdapter
 
 
@@ -272,8 +273,18 @@ class BioGptAdapter(OPTAdapter):
         return {}
 
 
+def keep_gate_projection(module, _inputs, output):
+    """Forward hook on AFMoE's gate_proj: each head's gate logits (B,T,H·dh -> B,T,H,dh) for o_proj's pre-hook."""
+    site = module.__dict__.get(GATE_KEY)
+    if site is not None:
+        site.pending_gate = output.view(*output.shape[:-1], -1, site.heads[2])
+    return None
+
+
 class AfmoeAdapter(RecipeAdapter):
-    """AFMoE: sandwich norms around attention and the mixture of experts, sliding and full layers."""
+    """AFMoE: sandwich norms around attention and the mixture of experts, sliding and full layers, each head's output
+    gated element-wise by σ(gate_proj(x)) before o_proj (Qiu et al.'s G1 with a projection of its own): hook_out_gate
+    is σ, hook_z the gated output, fired by the hooks Qwen3-Next's gate uses (qwen_next.py)."""
 
     family = "afmoe"
     model_types = ("afmoe",)
@@ -283,3 +294,19 @@ class AfmoeAdapter(RecipeAdapter):
         mlp_norm="pre_mlp_layernorm",
         mlp_out_norm="post_mlp_layernorm",
     )
+
+    def describe(self, config, name):
+        info = super().describe(config, name)
+        info.has_out_gate, info.out_gate = True, "elementwise"
+        return info
+
+    def _install(self, layers):
+        super()._install(layers)
+        for layer, block in zip(layers, self.blocks):
+            attn = self.attention_module(layer)
+            block.attn.gated = True
+            attn.gate_proj.__dict__[GATE_KEY] = attn.o_proj.__dict__[GATE_KEY] = block.attn
+            if keep_gate_projection not in attn.gate_proj._forward_hooks.values():
+                attn.gate_proj.register_forward_hook(keep_gate_projection)
+            if gate_output not in attn.o_proj._forward_pre_hooks.values():
+                attn.o_proj.register_forward_pre_hook(gate_output)

@@ -87,7 +87,7 @@ class GatedHybridAdapter(HybridAdapter):
             attn = self.attention_module(layer)
             if attn is None:
                 continue
-            block.attn.gated = True
+            block.attn.gated = block.attn.query_gated = True
             attn.q_proj.__dict__[GATE_KEY] = attn.o_proj.__dict__[GATE_KEY] = block.attn
             if keep_gate not in attn.q_proj._forward_hooks.values():
                 attn.q_proj.register_forward_hook(keep_gate)

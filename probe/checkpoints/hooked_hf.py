@@ -40,6 +40,7 @@ from probe.checkpoints import module_hooks
 from probe.hooks import names
 from probe.hooks.info import ModelInfo
 from probe.models.cache import Unembedding
+from probe.models.inputs import hf_context_limit
 from probe.models.lens import HF_OUTPUT, TransformerLensCalls
 
 
@@ -464,7 +465,8 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
                 input_ids, return_type, attention_mask=attention_mask, return_hidden=return_hidden, **kwargs
             )
         prepend_bos, padding_side = kwargs.pop("prepend_bos", None), kwargs.pop("padding_side", None)
-        input_ids, _ = self.input_tokens(input_ids, prepend_bos, padding_side)
+        if input_ids is not None or kwargs.get("inputs_embeds") is None:  # token ids checked (probe.models.inputs)
+            input_ids, _ = self.input_tokens(input_ids, prepend_bos, padding_side, cached_length(kwargs))
         kwargs.setdefault("use_cache", False)
         if return_hidden:
             base = self.hf_model.base_model
@@ -472,6 +474,13 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
                 base = self.hf_model.model
             return base(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
         return self.hf_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    def input_limits(self) -> tuple[int, int | None, str]:
+        """(vocabulary size, maximum context or None, name) that token ids are checked against: the config's
+        ``max_position_embeddings``, none where it declares none or scales its rotary dynamically
+        (:func:`probe.models.inputs.hf_context_limit`: HF's own forward runs past it without a word)."""
+        info = self.probe_info
+        return info.vocab_size, hf_context_limit(self.hf_model.config), info.name
 
     @property
     def input_device(self) -> torch.device:
@@ -546,6 +555,14 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.probe_info.name!r}, family={self.family!r}, layers={len(self.blocks)})"
+
+
+def cached_length(kwargs: dict) -> int:
+    """Positions already in the KV cache a forward is given (``cache``, formerly ``past_key_values``), 0 without
+    one."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    length = getattr(cache, "get_seq_length", None)
+    return int(length()) if callable(length) else 0
 
 
 FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")  # HF's names for the final norm

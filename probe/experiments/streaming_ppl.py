@@ -30,6 +30,7 @@ finished model (``probe.experiments.pretrained.each_model``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
 import time
@@ -46,6 +47,7 @@ from probe.experiments.result import Result, Timer, config_dict
 from probe.jobs.inputs import tokenizer_for
 from probe.jobs.specs import EvaluationOptions, WindowSpec
 from probe.kernels.sink_attention import edits
+from probe.models.inputs import past_context
 
 RECIPE = "streaming-ppl"
 NEWLINE_KEEP = 4  # the paper's control: four newline tokens in place of the first four
@@ -207,7 +209,8 @@ def measure(cfg: StreamingPplConfig, name: str, model, windows):
         if torch.device(device).type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
-        losses = thunk()
+        with past_context() if cfg.past_context else contextlib.nullcontext():  # a stream past n_ctx on purpose
+            losses = thunk()
         seconds = time.perf_counter() - t0
         positions = torch.arange(start, losses.shape[0])
         losses = losses[start:]

@@ -12,6 +12,9 @@ As in TransformerLens (``HookedTransformer``, ``TransformerBridge``):
 * ``input``: token ids (B,T; a 1-D tensor is one sequence), a string or a list of strings. Text becomes tokens by
   :meth:`to_tokens`, whose ``prepend_bos`` follows probe's BOS rule when not given (docs/definitions.md#bos-rule:
   TransformerLens's default, True for most architectures, prepends one that Pythia and GPT-2 never saw in training).
+  Token ids are checked first, for every entry point (``probe.models.inputs``): a float, bool or 3-D tensor, an empty
+  batch, no tokens, T past the model's maximum context or an id outside the vocabulary is one line naming the value
+  and what is valid (an ``InputError``: a ``ValueError`` and probe's ``UsageError``).
 
 The cache is a :class:`probe.models.cache.ActivationCache`: a dict of hook name -> tensor that is TransformerLens's
 ``ActivationCache`` (``decompose_resid``, ``accumulated_resid``, ``apply_ln_to_stack``, ``stack_head_results``,
@@ -32,6 +35,7 @@ import torch.nn.functional as F
 from transformer_lens.HookedRootModule import HookedRootModule
 
 from probe.models.cache import ActivationCache
+from probe.models.inputs import check_token_ids
 
 RETURN_TYPES = ("logits", "loss", "both", None)
 # TransformerLens forward options that probe's models do not implement: refused, never silently ignored
@@ -133,17 +137,27 @@ class TransformerLensCalls:
         return loss if return_type == "loss" else (logits, loss)
 
     # ---- text -------------------------------------------------------------------------------------------
-    def input_tokens(self, input, prepend_bos=None, padding_side=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def input_tokens(
+        self, input, prepend_bos=None, padding_side=None, cached: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B,T token ids on the model's input device, the padding mask of a list of texts of unequal lengths or
-        None): a string or list of strings through :meth:`to_tokens`, a 1-D tensor as one sequence."""
+        None): a string or list of strings through :meth:`to_tokens`, a 1-D tensor as one sequence. Token ids are
+        checked (:func:`probe.models.inputs.check_token_ids`: an integer B,T tensor, B and T >= 1, T at most the
+        model's context less the ``cached`` positions of a KV cache, ids in the vocabulary): one line otherwise."""
         if isinstance(input, str) or (isinstance(input, (list, tuple)) and input and isinstance(input[0], str)):
             tokens, mask = self._encode(input, prepend_bos, padding_side, truncate=True)
             return tokens.to(self._token_device()), mask
         if isinstance(input, torch.Tensor) and input.ndim == 1 and not input.is_floating_point():
             input = input.unsqueeze(0)
-        if isinstance(input, torch.Tensor):
-            input = input.to(self._token_device())
-        return input, None
+        vocab_size, n_ctx, name = self.input_limits()
+        input = check_token_ids(input, vocab_size, n_ctx, name, cached)
+        return input.to(self._token_device()), None
+
+    def input_limits(self) -> tuple[int, int | None, str]:
+        """(vocabulary size, maximum context or None, name): what token ids are checked against
+        (:func:`probe.models.inputs.check_token_ids`); here the ModelInfo's."""
+        info = self.probe_info
+        return info.vocab_size, info.n_ctx, info.name
 
     def to_tokens(
         self,

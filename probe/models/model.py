@@ -168,7 +168,8 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
         """Logits (``CausalLMOutputWithPast``), or with ``return_hidden`` the final-normed hidden states B,T,d that
         :meth:`unembed` turns into logits (analyses unembed a few positions at a time to bound memory). With
         TransformerLens's ``return_type`` ("logits", "loss", "both", None) what TransformerLens returns (lens.py).
-        ``input_ids`` may be a string or a list of strings (:meth:`to_tokens`, the BOS rule)."""
+        ``input_ids`` may be a string or a list of strings (:meth:`to_tokens`, the BOS rule); token ids are checked
+        first (probe.models.inputs: dtype, shape, T within ``n_ctx``, ids within the vocabulary), one line each."""
         if return_type is not HF_OUTPUT:
             if labels is not None:
                 raise TypeError("labels= is the HF forward's; with return_type='loss' the targets are the input")
@@ -186,6 +187,12 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
             raise ValueError("probe models take unpadded windows; attention_mask with zeros is not supported")
         with use_backend(self.backend):  # None: the caller's use_backend / $PROBE_BACKEND
             return self._forward(input_ids, labels, return_hidden)
+
+    def input_limits(self) -> tuple[int, int | None, str]:
+        """(vocabulary size, maximum context, name) that token ids are checked against (probe.models.inputs): the
+        config's, without building the ModelInfo on every forward."""
+        c = self.config
+        return c.vocab_size, c.n_ctx, self.probe_name or c.name_or_path or "probe"
 
     def unembed(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits (..., V) of final-normed hidden states (..., d): the LM head alone (its input through

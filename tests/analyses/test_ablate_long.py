@@ -11,6 +11,7 @@ linearly in T.
 from __future__ import annotations
 
 import inspect
+import json
 import weakref
 
 import pytest
@@ -84,12 +85,17 @@ def dense_rule_attention(module, q, k, v, mask, scaling=None, dropout=0.0, slidi
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """family -> (probe.load of a tiny checkpoint, the same weights in transformers with the dense rule attention)."""
+    """family -> (probe.load of a tiny checkpoint, the same weights in transformers with the dense rule attention).
+    The tiny configs' 128 positions are raised to cover the longest stream here (2048): the adapters refuse a
+    sequence past max_position_embeddings; rotary positions are computed, so the weights are the same."""
     AttentionInterface.register(DENSE, dense_rule_attention)
     root = tmp_path_factory.mktemp("ablate_long")
     out = {}
     for fam in FAMILIES:
         d = build_tiny(fam, root / fam)
+        config = json.loads((d / "config.json").read_text())
+        config["max_position_embeddings"] = max(config["max_position_embeddings"], 2048)
+        (d / "config.json").write_text(json.dumps(config))
         ref = AutoModelForCausalLM.from_pretrained(d, attn_implementation=DENSE, dtype=torch.float32).eval()
         out[fam] = (probe.load(str(d)), ref)
     return out

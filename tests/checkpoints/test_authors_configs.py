@@ -82,7 +82,7 @@ def test_a_config_their_code_cannot_run_is_one_line(key, tmp_path):
     if "T" in v["edit"]:
         model = probe.load(checkpoint(f"{v['family']}-base", tmp_path), dtype=torch.float64)
         ids = load_file(FIXTURE / "inputs.safetensors")[f"T{v['T']}"]
-        with pytest.raises(ValueError, match="exceeds the model's context n_ctx=8") as e:
+        with pytest.raises(ValueError, match=f"T={v['T']} exceeds the maximum context 8 ") as e:  # models.inputs
             model(ids)
     else:
         d = tmp_path / key

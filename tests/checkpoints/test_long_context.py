@@ -5,6 +5,8 @@ they compute equals the dense-mask / pattern paths."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -43,11 +45,16 @@ class NoSquare(TorchDispatchMode):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """family -> (adapted model via probe.load, the same weights in HF with eager attention: the dense-mask path)."""
+    """family -> (adapted model via probe.load, the same weights in HF with eager attention: the dense-mask path).
+    The tiny configs' 128 positions are raised to cover T (the adapters refuse a sequence past
+    max_position_embeddings; rotary positions are computed, so the weights are the same)."""
     root = tmp_path_factory.mktemp("long_context")
     out = {}
     for fam in FAMILIES:
         d = build_tiny(fam, root / fam)
+        config = json.loads((d / "config.json").read_text())
+        config["max_position_embeddings"] = max(config["max_position_embeddings"], 4 * T)
+        (d / "config.json").write_text(json.dumps(config))
         ref = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager", dtype=torch.float32).eval()
         out[fam] = (probe.load(str(d)), ref)
     return out

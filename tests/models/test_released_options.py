@@ -11,6 +11,7 @@ import torch
 
 from probe.models.config import ProbeConfig
 from probe.models.depth_mechanisms.denseformer import mudd_hidden_width
+from probe.models.inputs import past_context
 from probe.models.model import ProbeForCausalLM
 
 RELEASED = dict(
@@ -142,14 +143,18 @@ def test_a_stored_rope_table_saves_loads_and_bounds_the_context(tmp_path):
     ids = torch.randint(0, 40, (2, 6))
     with torch.no_grad():
         assert torch.equal(m(ids).logits, back(ids).logits)
-        with pytest.raises(ValueError, match="exceeds the 6 positions of the stored RoPE table"):
+        with pytest.raises(ValueError, match="T=7 exceeds the maximum context 6 "):  # probe.models.inputs
             m(torch.randint(0, 40, (1, 7)))
+        with past_context(), pytest.raises(ValueError, match="exceeds the 6 positions of the stored RoPE table"):
+            m(torch.randint(0, 40, (1, 7)))  # the table bounds it even where the context check is lifted
 
 
 def test_strict_ctx_refuses_a_longer_sequence():
     m = ProbeForCausalLM(ProbeConfig(**{**RELEASED, "n_ctx": 6, "strict_ctx": True})).eval()
     with torch.no_grad():
         m(torch.randint(0, 40, (1, 6)))
-        with pytest.raises(ValueError, match="sequence length 7 exceeds the model's context n_ctx=6") as e:
+        with pytest.raises(ValueError, match="sequence length T=7 exceeds the maximum context 6 ") as e:
             m(torch.randint(0, 40, (1, 7)))
+        with past_context(), pytest.raises(ValueError, match="sequence length 7 exceeds the model's context n_ctx=6"):
+            m(torch.randint(0, 40, (1, 7)))  # strict_ctx: the authors' code refuses it even where the check is lifted
     assert "\n" not in str(e.value)

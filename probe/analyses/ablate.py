@@ -33,7 +33,8 @@ A model with linear layers (no softmax attention, docs/definitions.md#layer-type
 which ``meta`` lists (``softmax_layers``, ``linear_layers``): "every layer at once" is every softmax layer, and an
 eviction leaves a linear layer's state whole. Its ``results`` get a ``layer_type`` column after ``layer`` and, with
 ``per_layer``, a row per linear layer and intervention with NaN losses.
-Cost: one clean forward per batch plus one forward per condition and batch; ``meta`` records both wall times.
+Cost: one clean forward per batch plus one forward per condition and batch, then the cost measurement (one warm-up
+pair and COST_REPEATS timed pairs of a clean and an ablated forward on one batch; ``cost_summary``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ GATE_MODES = ("open", "closed", "mean")
 DEPTH_MODES = ("uniform", "residual", "drop")
 SOURCE_CATEGORIES = ("embed", "blocks", "partial")
 DEFAULT_KEEP = (0, 1, 4)
+COST_REPEATS = 5  # timed clean / ablated pairs after one warm-up pair (docs/definitions.md#ablations)
+COST_SPREAD = 0.25  # the cost ratio is stated when its interquartile range is at most this fraction of its median
 DEFAULT_WINDOWS = (64,)
 POSITIONS = edits.POSITIONS  # eviction: keys at their positions in the text, or within the cache
 MAX_SINK_LOGIT = 1e4  # a fixed phantom logit beyond +-1e4 is an infinite one for the softmax (and past fp16's range)
@@ -527,8 +530,9 @@ def ablate(
     progress: bool = True,
 ) -> dict[str, pd.DataFrame]:
     """Loss change per condition: tables ``results`` (loss_clean, loss_ablated, delta, delta_se; eviction also over
-    queries t >= k + w: *_late; cost_ratio: the condition's mean forward time over one plain forward's), ``per_batch``
-    and ``meta`` (with the forwards' wall times and their ratio); linear layers: the module docstring.
+    queries t >= k + w: *_late; cost_ratio: the median over batches of the condition's forward time over the measured
+    clean forward's), ``per_batch`` and ``meta`` (with the measured cost: :func:`cost_summary`); linear layers: the
+    module docstring.
 
     Tables (columns):
 
@@ -579,15 +583,16 @@ def ablate(
             bar.update()
     bar.close()
     ablated_s = time.perf_counter() - t0
+    pairs = _timed_pairs(model, w, mine[0], conds[0], mech, gate_means, device, kw) if mine and conds else ([], [])
     rows = gather_rows(rows)
-    n_forwards = all_sum(len(mine) * len(conds))
-    # one plain forward: the median clean batch (the first forward of a process also pays one-time set-up)
-    plain_s = float(torch.tensor([t for part in gather(clean_times) for t in part]).median())
+    cost = cost_summary(*(sum(part, []) for part in zip(*gather(pairs))))
     clean_s, ablated_s = all_sum(clean_s), all_sum(ablated_s)
     per_batch = pd.DataFrame(rows)
     results = _results(per_batch)
-    cost = (per_batch.groupby(KEYS, sort=False)["forward_s"].mean() / plain_s).rename("cost_ratio").reset_index()
-    results = _with_linear_layers(results.merge(cost, on=KEYS, how="left"), info)  # cost: over one plain forward
+    # per row: the median over batches of its one timed forward per batch, over the measured clean forward
+    per_row = per_batch.groupby(KEYS, sort=False)["forward_s"].median() / cost["clean_forward_s"]
+    results = results.merge(per_row.rename("cost_ratio").reset_index(), on=KEYS, how="left")
+    results = _with_linear_layers(results, info)
     kinds = set(c.intervention for c in conds)
     meta = describe(
         model,
@@ -601,13 +606,59 @@ def ablate(
         knockout_query0="clean row kept where the head has no phantom" if "knockout" in kinds else "n/a",
         eviction_positions=",".join(dict.fromkeys(positions)) if "evict" in kinds else "n/a",
         gate_means="clean pass" if want_means else "n/a",
-        clean_forward_s=plain_s,
-        ablated_forward_s=ablated_s / max(n_forwards, 1),
-        cost_ratio=(ablated_s / max(n_forwards, 1)) / plain_s,
+        **cost,
         wall_s=clean_s + ablated_s,
         **layer_meta(info),  # a hybrid's interventions act on its softmax layers
     )
     return finish({"results": results, "per_batch": per_batch}, meta)
+
+
+_clock = time.perf_counter  # the cost measurement's clock (tests replace it)
+
+
+def _timed_pairs(model, w, n: int, cond, mech, gate_means, device, kw, repeats: int = COST_REPEATS):
+    """(clean times, ablated times): one untimed warm-up pair, then ``repeats`` pairs of forwards (each with its loss,
+    read back to the CPU) on batch ``n``, clean and ablated interleaved, the order alternating (ABBA) so that a drift
+    in speed falls on both alike."""
+    ids, tgt = w.inputs(n, device), w.targets(n, device)
+
+    def clean():
+        output_losses(model, model.run_with_hooks(ids, fwd_hooks=[], **kw), tgt).double().cpu()
+
+    def ablated():
+        with edits.armed():
+            out = model.run_with_hooks(ids, fwd_hooks=ablation_hooks(model, cond, mech, gate_means), **kw)
+        output_losses(model, out, tgt).double().cpu()
+
+    clean()
+    ablated()
+    times = {clean: [], ablated: []}
+    for r in range(repeats):
+        for forward in (clean, ablated) if r % 2 == 0 else (ablated, clean):
+            t0 = _clock()
+            forward()
+            times[forward].append(_clock() - t0)
+    return times[clean], times[ablated]
+
+
+def cost_summary(clean_s, ablated_s, spread: float = COST_SPREAD) -> dict:
+    """The cost ``meta`` of timed pairs (docs/definitions.md#ablations): the median clean and ablated forward times,
+    the median and quartiles of the per-pair ratio ablated / clean, the number of pairs, and whether the ratio is
+    stated: its interquartile range at most ``spread`` of its median (no pairs: NaN, not stated)."""
+    ratios = torch.tensor([a / c if c > 0 else float("nan") for c, a in zip(clean_s, ablated_s)], dtype=torch.float64)
+    if not len(ratios) or ratios.isnan().any():
+        keys = ("clean_forward_s", "ablated_forward_s", "cost_ratio", "cost_ratio_q1", "cost_ratio_q3")
+        return {**dict.fromkeys(keys, float("nan")), "cost_repeats": len(ratios), "cost_stated": False}
+    q1, med, q3 = torch.quantile(ratios, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)).tolist()
+    return dict(
+        clean_forward_s=float(torch.tensor(clean_s, dtype=torch.float64).quantile(0.5)),
+        ablated_forward_s=float(torch.tensor(ablated_s, dtype=torch.float64).quantile(0.5)),
+        cost_ratio=med,
+        cost_ratio_q1=q1,
+        cost_ratio_q3=q3,
+        cost_repeats=len(ratios),
+        cost_stated=bool(q3 - q1 <= spread * med),
+    )
 
 
 def _clean_pass(model, w, mine, device, kw, want_means: bool):

@@ -5,8 +5,10 @@ is bounded by what a caller reads, never by the file.
 One pass over the file (at :class:`FileDocuments` creation) finds the documents, checks every JSON-lines record and
 hashes the file's bytes (``sha256``, ``size``: the corpus's content fingerprint); afterwards ``pieces(i)`` yields the
 text of document i in pieces of at most about ``BLOCK`` characters, read from its offset, so the first window of a
-200 MB document reads its first megabyte. The documents are exactly those ``probe.data.documents.split_blank_lines``
-(``.txt``) and a whole-file JSON-lines read give: universal newlines, blank chunks and blank records dropped.
+200 MB document reads its first megabyte. A ``.jsonl.gz`` record is sliced from the most recently inflated chunks
+(at most ``RECENT`` bytes: :class:`_Recent`), since a gzip stream seeks backward only by inflating from its start.
+The documents are exactly those ``probe.data.documents.split_blank_lines`` (``.txt``) and a whole-file JSON-lines
+read give: universal newlines, blank chunks and blank records dropped.
 
 A JSON-lines record longer than ``LONG_RECORD`` bytes is never held whole: it is scanned as a stream (its ``"text"``
 value decoded in pieces at points no escape spans). Standard library only.
@@ -23,6 +25,7 @@ import sys
 import warnings
 import zlib
 from array import array
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,6 +33,7 @@ from probe.data.limits import MAX_INPUT_BYTES, check_input_file, human_bytes
 from probe.writes import clean_text
 
 BLOCK = 1 << 20  # bytes read at a time
+RECENT = 16 << 20  # a .gz file: inflated bytes kept (in BLOCK-sized chunks) for reading documents in any order
 LONG_RECORD = 8 << 20  # a JSON-lines record at least this long is scanned as a stream instead of parsed whole
 
 _NL = rb"(?:\r\n|\r(?!\n)|\n)"  # a line end as universal newlines read it
@@ -54,6 +58,48 @@ class _Hashing(io.RawIOBase):
         self.sha.update(data)
         self.size += len(data)
         return len(data)
+
+
+class _Recent:
+    """The most recently used inflated chunks of a .gz file (chunk k: inflated bytes k*chunk .. (k+1)*chunk; a shorter
+    one ends the file), at most ``RECENT`` bytes of them. A gzip stream seeks forward cheaply but backward only by
+    inflating again from the file's start, and windows visit documents in a seeded order (shuffled within blocks of
+    65,536), so document texts are sliced from these chunks: the parse fills them as it reads, a miss reads its chunk
+    through the seeking handle."""
+
+    def __init__(self, chunk: int):
+        self.chunk, self.chunks, self.size = chunk, OrderedDict(), 0
+
+    def get(self, k: int) -> bytes | None:
+        data = self.chunks.get(k)
+        if data is not None:
+            self.chunks.move_to_end(k)
+        return data
+
+    def put(self, k: int, data: bytes) -> None:
+        if k in self.chunks:
+            return
+        self.chunks[k] = data
+        self.size += len(data)
+        while self.size > max(RECENT, self.chunk) and len(self.chunks) > 1:
+            self.size -= len(self.chunks.popitem(last=False)[1])
+
+
+class _Recording:
+    """A binary stream read forward from offset 0 whose aligned reads of the cache's chunk size are kept in it, except
+    those more than a chunk past the start of the line being read (``line_start``): a record that long is rare, and
+    a long one's text is read from the file in pieces, so the cache never doubles a long record's buffer."""
+
+    def __init__(self, f, recent: _Recent):
+        self.f, self.recent, self.at, self.line_start = f, recent, 0, 0
+
+    def read(self, n: int) -> bytes:
+        data = self.f.read(n)
+        c = self.recent.chunk
+        if n == c and self.at % c == 0 and data and self.at - self.line_start <= c:
+            self.recent.put(self.at // c, data)
+        self.at += len(data)
+        return data
 
 
 class _Span(io.RawIOBase):
@@ -115,6 +161,7 @@ class FileDocuments(Sequence):
         self._files: list[Path] = []
         self._handle = None
         self._complete, self._raw = True, None  # a JSON-lines file: parsed as far as documents are asked for
+        self._recent: _Recent | None = None  # a .gz file: its recently inflated chunks
         if self.path.is_dir():
             self.format = "directory"
             self._index_directory()
@@ -170,14 +217,29 @@ class FileDocuments(Sequence):
         if self.format == "text":
             yield from _text_pieces(_Span(f, start, end))
         elif self._kind[i] == 0:
-            f.seek(start)
-            yield _record_text(f.read(end - start))[1]
+            yield _record_text(self._bytes(f, start, end))[1]
         else:
             f.seek(start)
             yield from _JsonStream(f).string_pieces()
 
+    def _bytes(self, f, start: int, end: int) -> bytes:
+        """Bytes ``start`` .. ``end`` of the file (of a .gz: of its inflated stream, through the recent chunks)."""
+        if self._recent is None:
+            f.seek(start)
+            return f.read(end - start)
+        c, parts = self._recent.chunk, []
+        for k in range(start // c, (end - 1) // c + 1):
+            data = self._recent.get(k)
+            if data is None:
+                f.seek(k * c)
+                data = f.read(c)
+                self._recent.put(k, data)
+            parts.append(data[max(start - k * c, 0) : end - k * c])
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
     def _file(self):
-        """One handle kept open (a gzip stream seeks forward cheaply, so callers read documents in ascending order)."""
+        """One handle kept open (a gzip stream seeks backward only by inflating from the start: its records are read
+        through the recent chunks)."""
         if self._handle is None:
             raw = open(self.path, "rb")  # noqa: SIM115 — kept open across calls, closed by close()
             self._handle = gzip.GzipFile(fileobj=raw, mode="rb") if self.format == "jsonl.gz" else raw
@@ -298,12 +360,17 @@ class FileDocuments(Sequence):
     def _parse(self, k: int) -> None:
         if self._stream is None:
             self._raw = open(self.path, "rb")  # noqa: SIM115 - kept open while records are left, closed at the end
-            f = gzip.GzipFile(fileobj=self._raw, mode="rb") if self.format == "jsonl.gz" else self._raw
+            f = self._raw
+            if self.format == "jsonl.gz":
+                self._recent = self._recent or _Recent(BLOCK)
+                f = _Recording(gzip.GzipFile(fileobj=self._raw, mode="rb"), self._recent)
             self._stream = _JsonStream(f, position=0)
         stream, path = self._stream, self.path
         try:
             while len(self._start) < k:
                 start = stream.position
+                if isinstance(stream.f, _Recording):
+                    stream.f.line_start = start
                 line = stream.read_line(LONG_RECORD)
                 if line == b"":
                     self._finish()

@@ -14,7 +14,8 @@ DESCRIPTIONS = {
     "ablate.html": "causal interventions: loss change per intervention, whole model and per layer, with figures",
     "ablate.json": "causal interventions: every table and the run's settings (JSON)",
     "ablate_results.csv": "loss change (ablated - clean, nats per token) per intervention, setting and scope, and "
-    "each condition's forward time over one plain forward's",
+    "each condition's forward time (median over batches of one timing each: indicative) over the measured clean "
+    "forward's",
     "ablate_per_batch.csv": "loss change per condition and evaluation batch",
 }
 
@@ -35,8 +36,7 @@ COLUMNS = [
     "loss_ablated_late",
     "delta_late",
     "delta_late_se",
-    "cost_ratio",
-]
+]  # a row's cost_ratio (one timing per batch: indicative) stays in the results file, shown nowhere
 
 
 def _where(row, hybrid: bool = False) -> str:
@@ -239,6 +239,27 @@ def figures(result: dict) -> list:
     return figs
 
 
+def cost_line(meta: dict) -> str | None:
+    """The cost of an ablated forward against a clean one (docs/definitions.md#ablations): the median ratio of the
+    timed pairs with its interquartile range, or, when that range is too wide to say anything, no ratio."""
+    if "cost_ratio" not in meta:
+        return None
+    wall = f"{meta['wall_s']:.3g} s in all"
+    if "cost_repeats" not in meta:  # a result written before the cost was measured in repeats
+        return (
+            f"cost: {meta['ablated_forward_s']:.3g} s per ablated forward, {meta['clean_forward_s']:.3g} s "
+            f"per clean forward ({meta['cost_ratio']:.2f}x, one pass, not warmed up), {wall}"
+        )
+    k, q1, q3 = meta["cost_repeats"], meta["cost_ratio_q1"], meta["cost_ratio_q3"]
+    if not meta.get("cost_stated"):
+        spread = f" (IQR {q1:.2f}\u2013{q3:.2f})" if k else ""
+        return f"cost: not stated, the ablated / clean time ratio varied too much over {k} repeats{spread}; {wall}"
+    return (
+        f"cost: ablated forward {meta['cost_ratio']:.2f}x the clean one (IQR {q1:.2f}\u2013{q3:.2f} over {k} "
+        f"repeats; {meta['ablated_forward_s']:.3g} s vs {meta['clean_forward_s']:.3g} s), {wall}"
+    )
+
+
 def text(result: dict) -> str:
     meta = result_meta(result)
     res = _table(result["results"])
@@ -250,12 +271,8 @@ def text(result: dict) -> str:
         "loss change (ablated - clean, nats per token; mean ± s.e. over batches):",
         show(res, [c for c in COLUMNS if c not in ("loss_clean_late", "loss_ablated_late")]),
     ]
-    if "cost_ratio" in meta:
-        lines += [
-            "",
-            f"cost: {meta['ablated_forward_s']:.3g} s per ablated forward, {meta['clean_forward_s']:.3g} s "
-            f"per clean forward ({meta['cost_ratio']:.2f}x), {meta['wall_s']:.3g} s in all",
-        ]
+    if line := cost_line(meta):
+        lines += ["", line]
     if said := sections(result)["verdicts"]:
         lines.append(verdict(*said))
     return "\n".join(lines)

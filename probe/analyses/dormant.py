@@ -135,9 +135,12 @@ class DormantAccumulator:
         )
         head_mean = inputs.groupby(["layer", "head"])["z_norm"].transform("mean")
         inputs["z_ratio"] = inputs["z_norm"] / head_mean.where(head_mean > 0)
-        inputs["dormant"] = inputs["key0_mass"] > self.threshold
-        inputs["dormant_norm"] = inputs["z_ratio"] < self.norm_ratio
-        inputs["dormant_phantom"] = (inputs["key0_mass"] + inputs["phantom_share"]) > self.threshold
+        # a NaN input (allow_nonfinite) is neither dormant nor active: its indicator is NaN, and every share over it
+        # (skipna=False below) NaN, never the other inputs' alone; finite models keep boolean indicators
+        k0, ph = inputs["key0_mass"], inputs["phantom_share"]
+        inputs["dormant"] = _indicator(k0 > self.threshold, k0)
+        inputs["dormant_norm"] = _indicator(inputs["z_ratio"] < self.norm_ratio, inputs["z_norm"])
+        inputs["dormant_phantom"] = _indicator((k0 + ph) > self.threshold, k0 + ph)
 
         def state_mean(g, col, dormant):
             sel = g[g["dormant"] == dormant][col]
@@ -151,13 +154,17 @@ class DormantAccumulator:
                     "head": h,
                     "kv_head": h // info.kv_group,
                     "n_inputs": len(g),
-                    "dormant_rate": float(g["dormant"].mean()),
-                    "dormant_norm_rate": float(g["dormant_norm"].mean()),
-                    "dormant_phantom_rate": float(g["dormant_phantom"].mean()),
-                    "agreement": float((g["dormant"] == g["dormant_norm"]).mean()),
-                    "key0_mass": float(g["key0_mass"].mean()),
-                    "phantom_share": float(g["phantom_share"].mean()),
-                    "z_norm": float(g["z_norm"].mean()),
+                    "dormant_rate": float(g["dormant"].mean(skipna=False)),
+                    "dormant_norm_rate": float(g["dormant_norm"].mean(skipna=False)),
+                    "dormant_phantom_rate": float(g["dormant_phantom"].mean(skipna=False)),
+                    "agreement": float(
+                        (g["dormant"] == g["dormant_norm"])
+                        .where(g[["dormant", "dormant_norm"]].notna().all(axis=1))
+                        .mean(skipna=False)
+                    ),
+                    "key0_mass": float(g["key0_mass"].mean(skipna=False)),
+                    "phantom_share": float(g["phantom_share"].mean(skipna=False)),
+                    "z_norm": float(g["z_norm"].mean(skipna=False)),
                     "z_norm_dormant": state_mean(g, "z_norm", True),
                     "z_norm_active": state_mean(g, "z_norm", False),
                     "z_ratio_dormant": state_mean(g, "z_ratio", True),
@@ -165,14 +172,15 @@ class DormantAccumulator:
                 }
             )
         heads = pd.DataFrame(heads)
+        mean = lambda x: x.mean(skipna=False)  # noqa: E731
         agg = dict(
             n_inputs=("dormant", "size"),
-            dormant_share=("dormant", "mean"),
-            dormant_norm_share=("dormant_norm", "mean"),
-            dormant_phantom_share=("dormant_phantom", "mean"),
-            key0_mass=("key0_mass", "mean"),
-            phantom_share=("phantom_share", "mean"),
-            z_ratio=("z_ratio", "mean"),
+            dormant_share=("dormant", mean),
+            dormant_norm_share=("dormant_norm", mean),
+            dormant_phantom_share=("dormant_phantom", mean),
+            key0_mass=("key0_mass", mean),
+            phantom_share=("phantom_share", mean),
+            z_ratio=("z_ratio", "mean"),  # NaN for a head whose outputs are all zero: undefined, left out
         )
         domains = inputs.groupby(["domain", "layer"], sort=False).agg(**agg).reset_index()
         domains = with_linear_layers(domains, info, by=["domain"])  # linear layers: listed, no heads
@@ -200,6 +208,11 @@ class DormantAccumulator:
             ["spread", "layer", "head"], ascending=[False, True, True], kind="stable"
         ).reset_index(drop=True)
         return {"summary": summary, "domains": domains, "heads": heads, "switching": switching, "inputs": inputs}
+
+
+def _indicator(above: pd.Series, value: pd.Series) -> pd.Series:
+    """A threshold's indicator: boolean where every value is a number, else 1.0 / 0.0 with NaN where it is not."""
+    return above if value.notna().all() else above.astype(float).where(value.notna())
 
 
 def _as_domains(data) -> dict:

@@ -40,6 +40,7 @@ from probe.analyses.capture import (
     model_device,
     token_text,
 )
+from probe.analyses.finite import FiniteCheck
 from probe.analyses.layer_types import layer_meta, with_linear_layers
 from probe.analyses.parallel import gather_rows, reduce_sums
 from probe.analyses.stats import jackknife_se
@@ -405,7 +406,13 @@ def gate_stats(
         def on_layer(l, got):
             acc.add(l, got["hook_pattern"], got["hook_v_gate"], state["tokens"])
 
-    collector = LayerCollector(model, lambda l: hooks if l in layers else (), on_layer, stop_early=True)
+    check = FiniteCheck(flag=None)  # a non-finite gate or pattern: one line, no statistics (`probe gates` has no flag)
+
+    def checked(l, got):
+        check.check_all(got, l, lambda suffix: names.attn(l, suffix))
+        on_layer(l, got)
+
+    collector = LayerCollector(model, lambda l: hooks if l in layers else (), checked, stop_early=True)
     mine = batches_of_rank(len(w))
     bar = make_bar(len(mine), progress and is_main(), "gate statistics")
     for n in mine:

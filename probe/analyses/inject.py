@@ -47,10 +47,11 @@ from probe.analyses.capture import (
     row_mass_hooks,
     row_masses,
 )
+from probe.analyses.finite import FiniteCheck
 from probe.analyses.layer_types import layer_meta, with_linear_layers
 from probe.analyses.parallel import all_sum, gather_rows, reduce_sums
 from probe.analyses.sinks import SinkAccumulator
-from probe.analyses.stats import with_batch_se
+from probe.analyses.stats import mean_all, with_batch_se
 from probe.catalogue import CUTOFFS, DEFAULT_DOSES, JUNK_TYPES, MAX_DOSE
 from probe.hooks import names
 from probe.models.gates import gate_directions
@@ -243,10 +244,11 @@ class ExposureAccumulator:
                     )
         heads = pd.DataFrame(rows)
         cols = ["quiet_share", "phantom_share"]
-        layers = heads.groupby(["cutoff", "layer"], sort=False)[cols].mean().reset_index()
-        summary = layers.groupby("cutoff", sort=False)[cols].mean().reset_index()
+        # means over every head and layer: a NaN (allow_nonfinite) makes its mean NaN, never dropped
+        layers = mean_all(heads, ["cutoff", "layer"], cols, sort=False)
+        summary = mean_all(layers, "cutoff", cols, sort=False)
         batches = pd.DataFrame(self.batch_rows, columns=["batch", "layer", "cutoff"] + cols)
-        per_batch = batches.groupby(["cutoff", "batch"], sort=False)[cols].mean().reset_index()  # over layers
+        per_batch = mean_all(batches, ["cutoff", "batch"], cols, sort=False)  # over layers
         layers = with_batch_se(layers, batches, cols, by=["cutoff", "layer"])  # NaN s.e. with one batch
         layers = with_linear_layers(layers, self.info, by=["cutoff"])  # linear layers: listed, no attention
         summary = with_batch_se(summary, per_batch, cols, by="cutoff")
@@ -254,16 +256,19 @@ class ExposureAccumulator:
         return {"exposure": summary, "exposure_layers": layers, "exposure_heads": heads, "sinks": sinks}
 
 
-def _exposure_collector(model, acc: ExposureAccumulator, qs, backend):
+def _exposure_collector(model, acc: ExposureAccumulator, qs, backend, check: FiniteCheck):
     info = model.probe_info
 
     def on_layer(l, got):
+        check.check_all(got, l, lambda suffix: names.attn(l, suffix))
         norms = got["hook_v"].float().norm(dim=-1)
         key0 = torch.zeros_like(norms, dtype=torch.bool)
         key0[:, 0] = True
         # (B, T, Hkv, m + 1): the quiet reads per cutoff, then key 0 (the sink statistics' numerator)
         ind = torch.stack([*quiet_and_median(norms, qs)[0], key0], -1).float()
         _, mass, phantom = row_masses(info, l, got, ind, backend)  # shares of each row's total mass
+        check.check(f"{names.attn(l, 'pattern')} (row masses)", mass, l)
+        check.check(f"{names.attn(l, 'pattern')} (phantom)", phantom, l)
         acc.add(l, mass[..., :-1], phantom)
         pos0 = mass[..., -1] / (1 - phantom).clamp_min(1e-30)  # key 0's share of the real keys' mass
         acc.sinks.add(l, pos0, phantom, norms, got.get("hook_sink_logit"))
@@ -300,7 +305,7 @@ def conditions(junk, cutoffs, doses) -> list[tuple[str, str, float]]:
     return [(j, c, float(d)) for j, c, d in itertools.product(junk, cutoffs, _as_list(doses))]
 
 
-def _corrupted_losses(model, ids, tgt, chunk, seed: int, batch: int, own) -> list[float]:
+def _corrupted_losses(model, ids, tgt, chunk, seed: int, batch: int, own, check: FiniteCheck) -> list[float]:
     """Summed next-token loss of each condition in ``chunk``, all stacked in one forward along the batch."""
     B = ids.shape[0]
     draws: dict[int, dict[str, JunkDraws]] = {}  # per layer and junk type: shared by every dose of the chunk
@@ -324,8 +329,10 @@ def _corrupted_losses(model, ids, tgt, chunk, seed: int, batch: int, own) -> lis
         fwd_hooks=[(lambda name: names.is_attn(name, "v"), corrupt_reads)],
         **loss_forward_kwargs(model),
     )
-    losses = output_losses(model, out, tgt.repeat(len(chunk), 1)).double().view(len(chunk), -1).sum(1)
-    return losses.tolist()
+    losses = output_losses(model, out, tgt.repeat(len(chunk), 1)).double().view(len(chunk), -1)
+    for (kind, cutoff, dose), row in zip(chunk, losses):
+        check.check(f"logits (next-token losses of the corrupted pass, {kind} {cutoff} dose {dose:g})", row)
+    return losses.sum(1).tolist()
 
 
 @torch.no_grad()
@@ -341,6 +348,7 @@ def inject(
     max_rows: int | None = None,
     backend: str | None = None,
     progress: bool = True,
+    allow_nonfinite: bool = False,
 ) -> dict[str, pd.DataFrame]:
     """The injection battery: tables ``results`` (per condition: loss_clean, loss_corrupted, delta), ``per_batch``,
     ``exposure`` / ``exposure_layers`` / ``exposure_heads`` (per cutoff, when ``exposure``), ``sinks`` (the clean
@@ -348,6 +356,10 @@ def inject(
 
     ``max_rows``: sequences per corrupted forward (conditions are stacked along the batch); default keeps the
     stacked logits under about 1 GiB. Linear layers: the module docstring.
+
+    Every captured tensor, row mass and loss is checked (probe.analyses.finite): a non-finite one is a one-line
+    UsageError; with ``allow_nonfinite`` the numbers are computed over every entry, the result has a ``nonfinite``
+    table and no verdict is drawn from it.
 
     Tables (columns):
 
@@ -370,8 +382,9 @@ def inject(
         max_rows = max(B, int(2**30 // (T * info.vocab_size * 4)))
     per_fwd = max(1, max_rows // B)
     exp_acc = ExposureAccumulator(info, _as_list(cutoffs))
+    check = FiniteCheck(allow_nonfinite)
     collector = (
-        _exposure_collector(model, exp_acc, [cutoff_fraction(c) for c in exp_acc.cutoffs], backend)
+        _exposure_collector(model, exp_acc, [cutoff_fraction(c) for c in exp_acc.cutoffs], backend, check)
         if exposure
         else None
     )
@@ -386,14 +399,16 @@ def inject(
         exp_acc.batch = n
         kw = loss_forward_kwargs(model)
         out = collector.run(model, ids, **kw) if collector is not None else model(ids, **kw)
-        clean = float(output_losses(model, out, tgt).double().sum())  # summed over the batch's positions
+        clean_losses = output_losses(model, out, tgt)
+        check.check("logits (next-token losses of the clean pass)", clean_losses)
+        clean = float(clean_losses.double().sum())  # summed over the batch's positions
         clean_total += clean
         count += tgt.numel()
         batch_loss = {c: clean for c in conds}  # dose 0: unchanged
         bar.update(len(conds) - len(run))
         for start in range(0, len(run), per_fwd):
             chunk = run[start : start + per_fwd]
-            batch_loss.update(zip(chunk, _corrupted_losses(model, ids, tgt, chunk, seed, n, own)))
+            batch_loss.update(zip(chunk, _corrupted_losses(model, ids, tgt, chunk, seed, n, own, check)))
             bar.update(len(chunk))
         for cond in conds:
             sums[cond] += batch_loss[cond]
@@ -417,7 +432,7 @@ def inject(
         n_tokens=count,
         **layer_meta(info),  # a hybrid's reads, hence its injection and exposure, are its softmax layers'
     )
-    return finish(tables, meta)
+    return check.mark(finish(tables, meta))
 
 
 def _loss_rows(conds, summed: dict, clean: float, n_tokens: int, **where) -> list[dict]:
@@ -453,7 +468,7 @@ def exposure_stats(model, data, *, cutoffs=("q25", "median"), backend: str | Non
     w = as_windows(data)
     cutoffs = _as_list(cutoffs)
     acc = ExposureAccumulator(info, cutoffs)
-    collector = _exposure_collector(model, acc, [cutoff_fraction(c) for c in cutoffs], backend)
+    collector = _exposure_collector(model, acc, [cutoff_fraction(c) for c in cutoffs], backend, FiniteCheck())
     for n in batches_of_rank(len(w)):
         acc.batch = n
         collector.run(model, w.inputs(n, model_device(model)))

@@ -27,6 +27,7 @@ probe.kernels.attention_row_masses, so no T x T pattern exists.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pandas as pd
@@ -333,7 +334,8 @@ class MassiveAccumulator:
                 "top1_dim": int(dim),
                 "top1_dim_share": cnt / n,
                 "top1_pos0_share": float(self.top1_pos0[s] / n),
-                "n_massive": int(self.n_massive[s]),
+                # a site whose magnitudes are NaN (allow_nonfinite) has no count: NaN, not 0
+                "n_massive": int(self.n_massive[s]) if math.isfinite(float(self.topk_sum[s, 0])) else nan,
                 "n_massive_dims": len(self.massive[s]),
                 "massive_windows": float(self.massive_seqs[s] / n),
                 "massive_pos0_share": (float(self.n_massive_pos0[s] / self.n_massive[s]) if self.n_massive[s] else nan),
@@ -404,9 +406,13 @@ class MassiveAccumulator:
         with_massive = layers[(layers["n_massive"] > 0) & (layers["layer"] < L)]
         without = layers[(layers["n_massive"] == 0) & (layers["layer"] < L)]
         n_all = float(self.n_massive.sum())
+        decided = bool(layers["n_massive"].notna().all())
+        attention = [
+            l < L and self.info.layer_types[l] != "linear" for l in layers["layer"]
+        ]  # no count over a site whose magnitudes are NaN
         return {
-            "massive": bool(n_all > 0),
-            "n_massive": int(n_all),
+            "massive": bool(n_all > 0) if decided else None,
+            "n_massive": int(n_all) if decided else nan,
             "massive_dims": ", ".join(str(i) for i in sorted({i for m in self.massive for i in m})),
             "n_massive_dims": len({i for m in self.massive for i in m}),
             "first_massive_layer": int(layers.loc[layers["n_massive"] > 0, "layer"].min()) if n_all else -1,
@@ -417,9 +423,10 @@ class MassiveAccumulator:
             "max_dim": best.get("dim", -1),
             "max_token": token_text(tokenizer, best["token_id"]) if best else "",
             "max_ratio": float(layers["ratio"].max()),
-            "top1_pos0_share": float(layers["top1_pos0_share"].mean()),
-            "key0_mass": float(layers["key0_mass"].mean()),
-            "r0": float(layers["r0"].mean()),
+            "top1_pos0_share": float(layers["top1_pos0_share"].mean(skipna=False)),
+            # over the attention sites (not the final stream, not a linear layer's): a NaN one is not dropped
+            "key0_mass": float(layers.loc[attention, "key0_mass"].mean(skipna=False)),
+            "r0": float(layers.loc[attention, "r0"].mean(skipna=False)),
             "r0_massive_layers": float(with_massive["r0"].mean()) if len(with_massive) else nan,
             "r0_other_layers": float(without["r0"].mean()) if len(without) else nan,
             "abs_threshold": self.abs_thr,

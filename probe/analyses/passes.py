@@ -27,6 +27,8 @@ from probe.analyses.capture import (
     row_masses,
     sparse_mass_hooks,
 )
+from probe.analyses.finite import FiniteCheck
+from probe.hooks import names
 from probe.process_group import batches_of_rank, is_main
 
 
@@ -64,25 +66,35 @@ class LayerMasses:
     """Row masses of one layer, computed at most once per (indicator kind, backend): ``masses(kind, build)`` returns
     probe.analyses.capture.row_masses' (lse, masses, phantom) for the indicators ``build(got)`` makes."""
 
-    def __init__(self, info, layer: int, got: dict[str, torch.Tensor]):
+    def __init__(self, info, layer: int, got: dict[str, torch.Tensor], check: FiniteCheck | None = None):
         # only the hooks row_masses reads: a gate captured for another reason must not become a key bias
         wanted = set(sparse_mass_hooks(info)) - {"hook_v"}
         self.info, self.layer = info, layer
         self.got = {s: t for s, t in got.items() if s in wanted}
         self.cache: dict[tuple, tuple] = {}
+        self.check = check if check is not None else FiniteCheck()
 
     def __call__(self, kind: str, build: Callable[[dict], torch.Tensor], backend: str | None = None):
         key = (kind, backend)
         if key not in self.cache:
-            self.cache[key] = row_masses(self.info, self.layer, self.got, build(self.got), backend)
+            lse, mass, phantom = row_masses(self.info, self.layer, self.got, build(self.got), backend)
+            # the attention pattern's row masses: non-finite where the scores overflow even from finite q and k
+            pattern = f"{names.attn(self.layer, 'pattern')} (row masses)"
+            self.check.check(pattern, mass, self.layer)
+            self.check.check(f"{names.attn(self.layer, 'pattern')} (phantom)", phantom, self.layer)
+            self.cache[key] = lse, mass, phantom
         return self.cache[key]
 
 
-def run_pass(model, jobs, *, progress: bool = False, desc: str = "analyses") -> None:
+def run_pass(model, jobs, *, progress: bool = False, desc: str = "analyses", check: FiniteCheck | None = None) -> None:
     """One forward per batch of this rank for each ``(windows, parts)`` job, feeding every part of the job from the
     same hooks; one progress bar over all jobs. The forward stops once every part has what it needs (after the last
-    layer's attention, or after the last stream hook a part asked for)."""
+    layer's attention, or after the last stream hook a part asked for).
+
+    Every captured tensor and every row mass goes through ``check`` (probe.analyses.finite; default: a non-finite
+    value is a one-line UsageError) before any part sees it."""
     info = model.probe_info
+    check = check if check is not None else FiniteCheck()
     jobs = [(w, list(parts)) for w, parts in jobs]
     mine = [batches_of_rank(len(w)) for w, _ in jobs]
     bar = make_bar(sum(map(len, mine)), progress and is_main(), desc)
@@ -94,7 +106,8 @@ def run_pass(model, jobs, *, progress: bool = False, desc: str = "analyses") -> 
                 streams.setdefault(name, []).append(fn)
 
         def on_layer(l, got, parts=parts):
-            masses = LayerMasses(info, l, got)
+            check.check_all(got, l, lambda suffix: names.attn(l, suffix))
+            masses = LayerMasses(info, l, got, check)
             for p in parts:
                 if p.needs(l):
                     p.on_layer(l, got, masses)
@@ -105,6 +118,7 @@ def run_pass(model, jobs, *, progress: bool = False, desc: str = "analyses") -> 
         seen: set[str] = set()
 
         def stream_hook(tensor, hook, streams=streams, seen=seen, collector=collector):
+            check.check(hook.name, tensor, names.layer_of(hook.name))
             for fn in streams[hook.name]:
                 fn(tensor)
             seen.add(hook.name)

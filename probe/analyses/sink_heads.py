@@ -235,19 +235,22 @@ class SinkEpsAccumulator:
         score = "key0_mass" if self.window_rows == "all" else "key0_mass_key0"
         layers, summary = [], []
         for e in self.eps:
-            is_sink = heads[score] > e
-            is_sink_w = heads["key0_mass_key0"] > e
+            # a NaN score (a non-finite model run with allow_nonfinite) is neither a sink head nor not one: its
+            # layer's counts and shares are NaN, never the other heads' alone (docs/definitions.md#sink-rule)
+            is_sink = (heads[score] > e).astype(float).where(heads[score].notna())
+            is_sink_w = (heads["key0_mass_key0"] > e).astype(float).where(heads["key0_mass_key0"].notna())
             g = heads.assign(sink=is_sink, sink_key0=is_sink_w).groupby(["layer", "layer_type"], sort=True)
+            total, mean = (lambda x: x.sum(skipna=False)), (lambda x: x.mean(skipna=False))
             lay = g.agg(
                 n_heads=("head", "size"),
-                n_sink_heads=("sink", "sum"),
-                sink_share=("sink", "mean"),
-                n_sink_heads_key0=("sink_key0", "sum"),
-                sink_share_key0=("sink_key0", "mean"),
-                key0_mass=("key0_mass", "mean"),
-                key0_share_real=("key0_share_real", "mean"),
-                phantom_share=("phantom_share", "mean"),
-                uniform_ref=("uniform_ref", "mean"),
+                n_sink_heads=("sink", total),
+                sink_share=("sink", mean),
+                n_sink_heads_key0=("sink_key0", total),
+                sink_share_key0=("sink_key0", mean),
+                key0_mass=("key0_mass", mean),
+                key0_share_real=("key0_share_real", mean),
+                phantom_share=("phantom_share", mean),
+                uniform_ref=("uniform_ref", mean),
             ).reset_index()
             lay.insert(2, "epsilon", e)
             share_loo = (alpha_loo > e).double().mean(-1).numpy()  # (n, L) share of sink heads, each batch left out
@@ -264,15 +267,19 @@ class SinkEpsAccumulator:
                 {
                     "epsilon": e,
                     "n_heads": len(heads),
-                    "n_sink_heads": float(lay["n_sink_heads"].sum()) if self.per_window else int(is_sink.sum()),
-                    "sink_share": float(lay["sink_share"].mean()),  # (1/L) Σ_l (1/H) Σ_h 1[α > ε]
+                    "n_sink_heads": (
+                        float(lay["n_sink_heads"].sum(skipna=False))
+                        if self.per_window
+                        else _count(lay["n_sink_heads"].sum(skipna=False))
+                    ),
+                    "sink_share": float(lay["sink_share"].mean(skipna=False)),  # (1/L) Σ_l (1/H) Σ_h 1[α > ε]
                     "sink_share_se": jackknife_se(share_loo.mean(-1)),
-                    "sink_share_key0": float(lay["sink_share_key0"].mean()),
-                    "key0_mass": float(lay["key0_mass"].mean()),
+                    "sink_share_key0": float(lay["sink_share_key0"].mean(skipna=False)),
+                    "key0_mass": float(lay["key0_mass"].mean(skipna=False)),
                     "key0_mass_se": jackknife_se(mass_loo.mean(-1).numpy()),
-                    "key0_share_real": float(lay["key0_share_real"].mean()),
-                    "phantom_share": float(lay["phantom_share"].mean()),
-                    "uniform_ref": float(lay["uniform_ref"].mean()),
+                    "key0_share_real": float(lay["key0_share_real"].mean(skipna=False)),
+                    "phantom_share": float(lay["phantom_share"].mean(skipna=False)),
+                    "uniform_ref": float(lay["uniform_ref"].mean(skipna=False)),
                     "key0": key0_label(info),
                     "rows": "t>=0" if self.q0 else "t>=1",
                     "score": score,
@@ -280,9 +287,15 @@ class SinkEpsAccumulator:
             )
         layers = pd.concat(layers, ignore_index=True)
         counts = ["n_sink_heads_key0"] if self.per_window else ["n_sink_heads", "n_sink_heads_key0"]
-        layers[counts] = layers[counts].astype(int)
+        if not layers[counts].isna().any().any():  # NaN counts (no verdict) stay NaN
+            layers[counts] = layers[counts].astype(int)
         layers = with_linear_layers(layers, info, by=["epsilon"])  # linear layers: listed, no heads to score
         return {"summary": pd.DataFrame(summary), "layers": layers, "heads": heads}
+
+
+def _count(x) -> int | float:
+    """A head count as an int, NaN where a head could not be decided."""
+    return float("nan") if pd.isna(x) else int(x)
 
 
 class SinkEpsPart(Part):

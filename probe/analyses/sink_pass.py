@@ -17,6 +17,7 @@ import torch
 
 from probe.analyses.capture import Windows, as_windows
 from probe.analyses.dormant import dormant_parts, dormant_result
+from probe.analyses.finite import FiniteCheck
 from probe.analyses.massive import MassivePart
 from probe.analyses.passes import run_pass
 from probe.analyses.sink_heads import DEFAULT_EPS, SinkEpsPart, check_protocol_windows, protocol_settings, with_protocol
@@ -47,11 +48,14 @@ def sink_analyses(
     backend: str | None = None,
     progress: bool = False,
     protocol: str = "pooled",
+    allow_nonfinite: bool = False,
 ) -> dict[str, dict[str, pd.DataFrame]]:
     """``{"sinks": sink_stats(...), "sink_eps": sink_heads(..., eps=eps, protocol=protocol)}``, plus ``"massive"``
     (massive_activations) when ``massive`` and ``"dormant"`` (dormant_heads on the domains ``dormant``: windows or
     {domain: windows}) when given, all from one forward per batch of ``data`` (and of each other dormant domain).
-    ``protocol`` (probe.analyses.sink_heads.PROTOCOLS) decides Sink^ε's form; its name is in every result's meta."""
+    ``protocol`` (probe.analyses.sink_heads.PROTOCOLS) decides Sink^ε's form; its name is in every result's meta.
+    A non-finite captured tensor is a one-line UsageError; with ``allow_nonfinite`` every result carries the
+    ``nonfinite`` table instead (probe.analyses.finite) and draws no verdict."""
     info = model.probe_info
     protocol_settings(protocol)
     w = with_protocol(as_windows(data), protocol)
@@ -69,14 +73,15 @@ def sink_analyses(
                 parts.append(part)
             else:
                 jobs.append((domains[name], [part]))
-    run_pass(model, jobs, progress=progress, desc="sinks")
+    check = FiniteCheck(allow_nonfinite)
+    run_pass(model, jobs, progress=progress, desc="sinks", check=check)
     # every rank merges in the same order (the merges are collective under torchrun)
     out = {"sinks": sinks.result(model, w), "sink_eps": heads.result(model, w)}
     if mas is not None:
         out["massive"] = mas.result(model, w, tokenizer)
     if dormant is not None:
         out["dormant"] = dormant_result(model, dor_acc, domains)
-    return out
+    return {k: check.mark(v) for k, v in out.items()}
 
 
 __all__ = ["sink_analyses", "same_windows"]

@@ -18,13 +18,17 @@ patterns) and is what tests compare the streaming pass against.
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import torch
 
 from probe.analyses.capture import as_windows, describe, finish, model_device, sliding, sparse_mass_hooks
+from probe.analyses.finite import FiniteCheck
 from probe.analyses.layer_types import layer_meta, linear_layers, with_linear_layers
 from probe.analyses.parallel import first_present, gather_rows, reduce_sums
 from probe.analyses.passes import Part, key0_and_real, run_pass
+from probe.analyses.stats import mean_all
 from probe.hooks import names
 from probe.process_group import batches_of_rank, rank_and_world
 
@@ -119,7 +123,7 @@ class SinkAccumulator:
                 heads.append(row)
         heads = pd.DataFrame(heads)
         cols = [c for c in heads.columns if c not in ("layer", "head", "kv_head", "layer_type", "r0")]
-        layers = heads.groupby(["layer", "layer_type"], sort=True)[cols].mean().reset_index()
+        layers = mean_all(heads, ["layer", "layer_type"], cols)  # a NaN head makes its layer NaN, never dropped
         layers.insert(4, "r0", [float((self.r0[l] / self.seqs[l]).mean()) for l in layers["layer"]])
         # summaries: over all layers (the softmax ones: a linear layer has no attention), per layer type, and for
         # sliding layers over queries that see key 0
@@ -156,16 +160,20 @@ def _summary(layers: pd.DataFrame, group: str) -> dict:
     return {
         "layers": group,
         "n_layers": len(layers),
-        **{c: float(layers[c].mean()) for c in ("pos0_share", "phantom_share", "r0", "uniform_ref")},
+        **{c: float(layers[c].mean(skipna=False)) for c in ("pos0_share", "phantom_share", "r0", "uniform_ref")},
     }
 
 
 def _flag(later: pd.DataFrame) -> dict:
-    pos0, ref, r0 = later["pos0_share"].mean(), later["uniform_ref"].mean(), later["r0"].mean()
+    """The sink rule over the layers past the first; ``sink_formed`` None (no verdict) when a number it reads is not
+    finite (a non-finite model run with allow_nonfinite, docs/definitions.md#sink-rule)."""
+    pos0, ref, r0 = (float(later[c].mean(skipna=False)) for c in ("pos0_share", "uniform_ref", "r0"))
+    ratio = pos0 / ref if ref else float("nan")
+    decided = all(math.isfinite(x) for x in (pos0, ref, r0, ratio))
     return {
-        "pos0_over_uniform": float(pos0 / ref),
-        "r0_later": float(r0),
-        "sink_formed": bool(pos0 >= SINK_FACTOR * ref and r0 < SINK_R0),
+        "pos0_over_uniform": ratio,
+        "r0_later": r0,
+        "sink_formed": bool(pos0 >= SINK_FACTOR * ref and r0 < SINK_R0) if decided else None,
     }
 
 
@@ -200,7 +208,9 @@ class SinkPart(Part):
 
 
 @torch.no_grad()
-def sink_stats(model, data, *, backend: str | None = None, progress: bool = False) -> dict[str, pd.DataFrame]:
+def sink_stats(
+    model, data, *, backend: str | None = None, progress: bool = False, allow_nonfinite: bool = False
+) -> dict[str, pd.DataFrame]:
     """Streaming sink statistics: tables ``summary``, ``by_type``, ``layers``, ``heads``, ``batches`` (per batch and
     layer), ``meta``.
 
@@ -212,6 +222,10 @@ def sink_stats(model, data, *, backend: str | None = None, progress: bool = Fals
     are over its softmax layers, which ``meta`` lists (``softmax_layers``, ``linear_layers``); ``heads`` and
     ``batches`` hold the softmax layers.
 
+    A non-finite captured tensor or row mass is a one-line UsageError (probe.analyses.finite); with
+    ``allow_nonfinite`` the numbers are computed over every entry (NaN propagates), the result has a ``nonfinite``
+    table and ``sink_formed`` is None.
+
     Tables (columns):
 
     - ``summary``: model, corpus, layers, n_layers, pos0_share, phantom_share, r0, uniform_ref, pos0_over_uniform,
@@ -222,9 +236,9 @@ def sink_stats(model, data, *, backend: str | None = None, progress: bool = Fals
     - ``batches``: model, corpus, batch, layer, pos0_share, phantom_share, uniform_ref, r0
     """
     w = as_windows(data)
-    part = SinkPart(model.probe_info, backend)
-    run_pass(model, [(w, [part])], progress=progress, desc="sink statistics")
-    return part.result(model, w)
+    part, check = SinkPart(model.probe_info, backend), FiniteCheck(allow_nonfinite)
+    run_pass(model, [(w, [part])], progress=progress, desc="sink statistics", check=check)
+    return check.mark(part.result(model, w))
 
 
 @torch.no_grad()
@@ -232,12 +246,16 @@ def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
     """The same statistics from materialised patterns (hook_pattern / hook_phantom), one batch at a time."""
     info = model.probe_info
     w = as_windows(data)
-    acc = SinkAccumulator(info)
+    acc, check = SinkAccumulator(info), FiniteCheck()
     wanted = ("pattern", "phantom", "v", "sink_logit")
     for n in batches_of_rank(len(w)):
         ids = w.inputs(n, model_device(model))
         _, cache = model.run_with_cache(ids, names_filter=lambda name: names.is_attn(name, *wanted))
         for l in info.attention_layers:
+            for point in wanted:
+                check.check(
+                    names.attn(l, point), cache[names.attn(l, point)] if names.attn(l, point) in cache else None, l
+                )
             pattern = cache[names.attn(l, "pattern")].double()  # (B, H, T, T)
             phantom = cache[names.attn(l, "phantom")].double()
             real = pattern.sum(-1)

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import StopForward, as_windows, describe, finish, make_bar, model_device, run_until_done
+from probe.analyses.finite import FiniteCheck
 from probe.analyses.parallel import gather, reduce_sums
 from probe.hooks import names
 from probe.process_group import batches_of_rank, is_main
@@ -141,8 +142,10 @@ def stream_hooks(model, w, hook_names: dict, acc, desc: str, progress: bool) -> 
     """This rank's windows through the model, ``acc.add(key, tensor)`` for each hook of ``hook_names`` ({hook name:
     key}) as it fires (the forward stops once all have), then ``acc.merge()`` over ranks."""
     seen = set()
+    check = FiniteCheck(flag=None)  # non-finite depth weights: one line, no statistics (the verbs have no flag)
 
     def fn(tensor, hook):
+        check.check(hook.name, tensor, names.layer_of(hook.name))
         acc.add(hook_names[hook.name], tensor.detach())
         seen.add(hook.name)
         if len(seen) == len(hook_names):

@@ -21,6 +21,14 @@ def _se(x: np.ndarray) -> float:
     return float(np.std(x, ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
 
 
+def mean_all(frame: pd.DataFrame, by, columns, *, sort: bool = True) -> pd.DataFrame:
+    """Per ``by`` group the mean of each column over **every** row: a NaN (a non-finite model's head) makes its group's
+    mean NaN instead of being dropped silently (docs/definitions.md#sink-rule); groups sorted, or with ``sort=False`` in
+    their order of first appearance, as ``groupby``'s."""
+    cols = list(columns)
+    return frame.groupby(by, sort=sort)[cols].agg(lambda s: s.mean(skipna=False)).reset_index()
+
+
 def jackknife_se(leave_one_out) -> np.ndarray | float:
     """Delete-one jackknife standard error from a statistic recomputed with each batch left out in turn:
     leave_one_out (n, ...) holds θ_-i along axis 0; s.e. = sqrt((n-1)/n · Σ_i (θ_-i - mean θ_-·)²) per entry,
@@ -46,8 +54,10 @@ def batch_se(
         return None
     cols = [c for c in columns if c in batches]
     if by is None:
-        return batches.groupby("batch")[cols].mean().sem().to_frame().T.rename(columns=lambda c: f"{c}_se")
-    se = batches.groupby(by)[cols].sem().rename(columns=lambda c: f"{c}_se")
+        per_batch = batches.groupby("batch")[cols].agg(lambda s: s.mean(skipna=False))
+        return per_batch.sem(skipna=False).to_frame().T.rename(columns=lambda c: f"{c}_se")
+    # every batch counts: a NaN batch value makes the standard error NaN, never one over the other batches
+    se = batches.groupby(by)[cols].agg(lambda s: s.sem(skipna=False)).rename(columns=lambda c: f"{c}_se")
     return se if indexed else se.reset_index()
 
 
@@ -199,5 +209,6 @@ __all__ = [
     "abstention_decomposition",
     "jackknife_se",
     "batch_se",
+    "mean_all",
     "with_batch_se",
 ]

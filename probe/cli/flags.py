@@ -2,9 +2,10 @@
 as typed specs.
 
 Groups: the model and its evaluation windows (``model_flags``, with the big-checkpoint placement flags of
-``placement_flags``), the outputs (``output_flags``), the Sink^eps thresholds (``eps_flag``) and injection
-(``injection_flags``). The argparse types that turn a bad number into one line are ``probe.options``'s; a
-verb's own flags live in its module (``probe.cli.<verb>``).
+``placement_flags``), the outputs (``output_flags``), the Sink^eps thresholds (``eps_flag``), injection
+(``injection_flags``) and a non-finite model reported without a verdict (``nonfinite_flag``). The argparse types
+that turn a bad number into one line are ``probe.options``'s; a verb's own flags live in its module
+(``probe.cli.<verb>``).
 
 Only argparse and light modules are imported here (no torch, pandas or plotly), so ``probe --help`` stays under a
 second. Lists are deduplicated by the readers, in the order given (``--dose 0.4 0.4`` is one condition, ``--eps 0.3
@@ -200,6 +201,18 @@ def protocol_flag(p):
         "once) or gu2025 (Gu et al.'s released evaluation: the first 64 tokens of each text with the "
         "tokenizer's special tokens, query 0 included, thresholded per text; fixes --ctx, "
         "--window-mode and --bos); default pooled",
+    )
+
+
+def nonfinite_flag(p):
+    """--allow-nonfinite: a model whose captured tensors hold NaN or infinities is reported, marked, with no verdict
+    (default: one line naming the tensor, exit 2; docs/definitions.md#sink-rule)."""
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="when the model's attention, hidden states or logits hold NaN or infinite values, report the numbers "
+        "(computed over every entry, so NaN propagates), marked, without a verdict, instead of stopping (exit 2) "
+        "with a line naming the tensor",
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from probe.catalogue import DEFAULT_DOSES
-from probe.cli.flags import DEFAULT_MODEL, analysis_parser, injection_flags, output_flags
+from probe.cli.flags import DEFAULT_MODEL, analysis_parser, injection_flags, nonfinite_flag, output_flags
 
 VERB = "inject"  # this module is `probe inject` (probe.cli.main finds verbs by this line)
 RANK = 20  # its place in `probe --help`
@@ -21,6 +21,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = analysis_parser(sub, "inject", HELP, DEFAULT_MODEL, DESCRIPTION)
     injection_flags(p, "--dose", list(DEFAULT_DOSES), "dose(s) eps, finite and >= 0 (default 0.2 0.4 0.8 1.6)")
     p.add_argument("--no-exposure", action="store_true", help="skip the exposure statistics")
+    nonfinite_flag(p)
     output_flags(p)
     return p
 
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         seed=run.window_spec.seed,
         exposure=not args.no_exposure,
         progress=run.progress,
+        allow_nonfinite=args.allow_nonfinite,
     )
     publish(run.output, "inject", result, presentation, run.console)
     return 0

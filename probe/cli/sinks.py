@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from probe.cli.flags import DEFAULT_MODEL, analysis_parser, eps_flag, output_flags, protocol_flag
+from probe.cli.flags import DEFAULT_MODEL, analysis_parser, eps_flag, nonfinite_flag, output_flags, protocol_flag
 
 VERB = "sinks"  # this module is `probe sinks` (probe.cli.main finds verbs by this line)
 RANK = 40  # its place in `probe --help`
@@ -27,6 +27,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         metavar="CORPUS",
         help="input domains for --dormant (default: the three bundled corpora)",
     )
+    nonfinite_flag(p)
     output_flags(p)
     return p
 
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer=run.tokenizer,
         progress=run.progress,  # one forward per batch for all of them
         protocol=args.protocol,
+        allow_nonfinite=args.allow_nonfinite,
     )
     result, heads = found["sinks"], found["sink_eps"]
     for k in ("summary", "layers", "heads"):
@@ -122,6 +124,11 @@ def run_sweep(args: argparse.Namespace, contexts: list[int]) -> int:
     from probe.present.files import publish
     from probe.present.terminal import plan_line
 
+    if args.allow_nonfinite:
+        raise UsageError(
+            f"--allow-nonfinite takes one --ctx, got {len(contexts)} ({' '.join(map(str, contexts))}); "
+            "give one length (the sweep draws no verdict of its own to withhold)"
+        )
     if args.dormant:
         raise UsageError(
             f"--dormant takes one --ctx, got {len(contexts)} ({' '.join(map(str, contexts))}); "

@@ -5,14 +5,20 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from probe.analyses.finite import nonfinite_sentence
 from probe.analyses.stats import batch_se
 from probe.present.figures import error_bars, many, result_name, se_bars, threshold
 from probe.present.files import header, result_meta, show
 from probe.present.sections import MIN_BATCHES, drop_ids, linear_note, n_batches, pm, se_caveat
-from probe.present.sinks import sink_sentence
+from probe.present.sinks import nonfinite, nonfinite_lines, sink_sentence
 from probe.present.terminal import note_lines, verdict
 
 EFFECT_SE = 2.0  # the loss moved when |delta| > 2 standard errors over batches (docs/definitions.md#injection)
+# ... and the move is an effect only when |delta| is at least this share of the clean loss; below it, "detectable but
+# negligible": the smallest change the project's reference runs report at the default doses is 2.8% (Gemma 3 270M,
+# dose 0.2: +0.110 of 3.91 nats, docs/how-to/gemma.md), and a 1% rise of the loss is a perplexity factor of
+# exp(0.01 · loss), about 1.04 at a loss of 4 (docs/definitions.md#injection)
+EFFECT_SHARE = 0.01
 # where injection moves the loss, for a run where it did not or whose model has no sink; the zoo command is checked by
 # tests/present/test_inject_verdict.py (probe/bb-baseline has formed a sink and its loss moves at dose 1.6)
 SHOWS_AN_EFFECT = (
@@ -28,7 +34,11 @@ DESCRIPTIONS = {
     "inject_per_batch.csv": "loss increase per condition and evaluation batch",
     "inject_exposure.csv": "share of attention mass on quiet reads and on the phantom",
     "inject_sinks.csv": "sink statistics of the clean pass (as probe sinks on the same windows)",
+    "inject_nonfinite.csv": "tensors with NaN or infinite entries (--allow-nonfinite): why no verdict is drawn",
 }
+
+# the verdict's rule, printed beside it: detectable (noise) and not negligible (size)
+RULE = f"|delta| > {EFFECT_SE:g} standard errors over batches and >= {EFFECT_SHARE:.0%} of the clean loss"
 
 
 def results_with_se(result: dict) -> pd.DataFrame:
@@ -48,9 +58,11 @@ def results_with_se(result: dict) -> pd.DataFrame:
 
 
 def effect_sentence(res: pd.DataFrame) -> tuple[bool | None, str]:
-    """Whether the loss moved (True, False, or None without standard errors) and the sentence that says so: an effect
-    where |delta| > EFFECT_SE standard errors over batches; the condition quoted is the largest |delta| among those
-    that moved (among all when none did), with its size in standard errors and as a share of the clean loss."""
+    """Whether injection had an effect (True, False, or None without standard errors) and the sentence that says so
+    with its rule: a change is detectable where |delta| > EFFECT_SE standard errors over batches, and an effect where
+    it is also at least EFFECT_SHARE of the clean loss (a detectable change below that is "detectable but
+    negligible", not an effect); the condition quoted is the largest |delta| among the effects (else among the
+    detectable changes, else among all), with its size in standard errors and as a share of the clean loss."""
     if "delta_se" not in res or res["delta_se"].isna().all():
         return None, (
             f"cannot tell whether the loss moved: a standard error needs at least {MIN_BATCHES} evaluation batches "
@@ -58,24 +70,34 @@ def effect_sentence(res: pd.DataFrame) -> tuple[bool | None, str]:
         )
     z = res["delta"].abs() / res["delta_se"]
     moved = res[z > EFFECT_SE]
-    top = res.loc[(moved if len(moved) else res)["delta"].abs().idxmax()]
+    large = moved[moved["delta"].abs() >= EFFECT_SHARE * moved["loss_clean"].abs()]
+    top = res.loc[next(t for t in (large, moved, res) if len(t))["delta"].abs().idxmax()]
+    share = 100 * abs(top["delta"]) / top["loss_clean"]
     size = (
         f"{top['delta']:+.3g} ± {top['delta_se']:.2g} nats per token ({abs(top['delta']) / top['delta_se']:.2g} "
-        f"standard errors; {abs(top['delta']) / top['loss_clean']:.2%} of the clean loss {top['loss_clean']:.4g})"
+        f"standard errors; {share:.3g}% of the clean loss {top['loss_clean']:.4g})"
     )
     where = f"{top['junk']} junk on the {top['cutoff']} quiet reads at dose {top['dose']:g}"
-    rule = f"an effect: |delta| > {EFFECT_SE:g} standard errors over batches"
+    went = "rose" if top["delta"] > 0 else "fell"
+    if len(large):
+        of = f" (in {len(large)} of {len(res)} conditions; the largest shown)" if len(res) > 1 else ""
+        return True, f"the loss {went}{of}: {where}, {size}; an effect: {RULE}"
     if len(moved):
-        went = "rose" if top["delta"] > 0 else "fell"
         of = f" (in {len(moved)} of {len(res)} conditions; the largest shown)" if len(res) > 1 else ""
-        return True, f"the loss {went}{of}: {where}, {size}; {rule}"
+        return False, (
+            f"the loss {went}{of}, detectable but negligible: {where}, {size}; not an effect, which needs {RULE}"
+        )
     of = f"the largest of {len(res)} conditions, " if len(res) > 1 else ""
-    return False, f"no effect: the loss did not move; {of}{where}, {size}; {rule}"
+    return False, f"no effect: the loss did not move; {of}{where}, {size}; an effect needs {RULE}"
 
 
 def injection_verdicts(result: dict) -> list[str]:
     """Whether the loss moved, whether the model has a sink (the clean pass's sink statistics) and, when the loss did
-    not move or no sink has formed, where injection does move it."""
+    not move or no sink has formed, where injection does move it. A result with non-finite values (--allow-nonfinite)
+    gets one sentence saying why there is no verdict instead."""
+    bad = nonfinite(result)
+    if bad is not None:
+        return [nonfinite_sentence(bad)]
     moved, sentence = effect_sentence(results_with_se(result))
     lines = [sentence]
     sink = result["sinks"].iloc[0] if "sinks" in result else None
@@ -115,6 +137,8 @@ def inject_sections(result: dict) -> dict:
         )
     if "exposure_layers" in result:
         tables.append(("Exposure per layer (± standard error over batches)", drop_ids(result["exposure_layers"])))
+    if (bad := nonfinite(result)) is not None:
+        tables.insert(0, ("Non-finite values (NaN or infinite entries; no verdict is drawn)", drop_ids(bad)))
     caveats = se_caveat(n_batches(result)) + [n for n in [_linear(result)] if n]
     return {"verdicts": verdicts, "caveats": caveats, "tables": tables}
 
@@ -217,5 +241,7 @@ def text(result: dict) -> str:
             "exposure (share of each row's attention mass, phantom included):",
             show(result["exposure"], ["cutoff", "quiet_share", "quiet_share_se", "phantom_share", "phantom_share_se"]),
         ]
+    if (bad := nonfinite(result)) is not None:  # the numbers above, marked; no verdict drawn from them
+        lines += nonfinite_lines(bad)
     lines.append(verdict(*injection_verdicts(result)))
     return "\n".join(lines)

@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from probe.analyses.finite import nonfinite_sentence
 from probe.analyses.sinks import SINK_FACTOR, SINK_R0
 from probe.analyses.stats import batch_se
 from probe.present import dormant, massive, sink_eps
@@ -34,12 +35,36 @@ DESCRIPTIONS = {
     "sinks_layers.csv": "sink statistics per layer",
     "sinks_heads.csv": "sink statistics per layer and head",
     "sinks_batches.csv": "sink statistics per evaluation batch and layer (for standard errors)",
+    "sinks_nonfinite.csv": "tensors with NaN or infinite entries (--allow-nonfinite): why no verdict is drawn",
 }
+
+
+def nonfinite(result: dict):
+    """The result's ``nonfinite`` table (tensors with NaN or infinite entries, --allow-nonfinite), None when every
+    captured tensor was finite."""
+    table = result.get("nonfinite")
+    return table if table is not None and len(table) else None
+
+
+def nonfinite_lines(table) -> list[str]:
+    """The terminal lines marking a result's numbers as computed over non-finite values (--allow-nonfinite)."""
+    return [
+        "",
+        "non-finite values (NaN or infinite entries, summed over batches; in the tables above '-' marks a NaN and a "
+        "column that is NaN throughout is left out):",
+        show(table),
+    ]
 
 
 def sink_sentence(s) -> str:
     """Whether a sink has formed (docs/definitions.md#sink-rule), with the numbers the rule read: a summary row of
-    the sink statistics (``probe sinks``'s, or the clean pass of ``probe inject``)."""
+    the sink statistics (``probe sinks``'s, or the clean pass of ``probe inject``). A row whose rule read a number
+    that is not finite (``sink_formed`` None) gets no verdict."""
+    if s["sink_formed"] is None or pd.isna(s["sink_formed"]):
+        return (
+            f"no sink verdict: the rule reads {float(s['pos0_over_uniform']):.3g}x the causal-uniform share and r0 "
+            f"{float(s['r0_later']):.2g}, and a number that is not finite decides nothing"
+        )
     ratio, r0 = float(s["pos0_over_uniform"]), float(s["r0_later"])
     softmax = s.get("layers") == "softmax"  # a hybrid model: the means are over its softmax layers
     over = "its softmax layers" if softmax else "all layers"
@@ -71,12 +96,15 @@ def sink_sections(result: dict) -> dict:
     s = result["summary"].iloc[0]
     batches = result.get("batches")
     later = _later(result["layers"])
+    bad = nonfinite(result)
     verdicts = [
-        f"sink_formed: {bool(s['sink_formed'])} — rule: position-0 share >= {SINK_FACTOR:g}x the "
-        f"causal-uniform reference and r0 < {SINK_R0:g}, averaged over the layers past the first "
+        f"sink_formed: {bool(s['sink_formed']) if bad is None else 'no verdict'} — rule: position-0 share >= "
+        f"{SINK_FACTOR:g}x the causal-uniform reference and r0 < {SINK_R0:g}, averaged over the layers past the first "
         f"(here {s['pos0_over_uniform']:.3g}x and r0 = {s['r0_later']:.3g})"
     ]
-    if "sink_eps_summary" in result:
+    if bad is not None:
+        verdicts.insert(0, nonfinite_sentence(bad))
+    if "sink_eps_summary" in result and bad is None:
         key0 = result["sink_eps_summary"]["key0"].iloc[0] if "key0" in result["sink_eps_summary"] else "key 0"
         for _, e in result["sink_eps_summary"].iterrows():
             verdicts.append(
@@ -133,6 +161,8 @@ def sink_sections(result: dict) -> dict:
                 "no head switches between the domains",
             )
         )
+    if bad is not None:
+        tables.insert(0, ("Non-finite values (NaN or infinite entries; no verdict is drawn)", drop_ids(bad)))
     caveats = se_caveat(n_batches(result)) + [n for n in [linear_note(result_meta(result))] if n]
     return {"verdicts": verdicts, "caveats": caveats, "tables": tables}
 
@@ -243,6 +273,8 @@ def sections(result: dict) -> dict:
 
 def text(result: dict) -> str:
     s = result["summary"].iloc[0].to_dict()
+    if s["sink_formed"] is None or pd.isna(s["sink_formed"]):
+        s["sink_formed"] = "no verdict (a number the rule reads is not finite)"
     note = linear_note(result_meta(result))
     lines = [
         header(result_meta(result)),
@@ -269,5 +301,10 @@ def text(result: dict) -> str:
         lines += massive.text_lines(result)
     if "dormant_summary" in result:
         lines += dormant.text_lines(result)
-    lines.append(verdict(sink_sentence(s)))
+    bad = nonfinite(result)
+    if bad is not None:  # the numbers above, marked; no verdict drawn from them
+        lines += nonfinite_lines(bad)
+        lines.append(verdict(nonfinite_sentence(bad)))
+    else:
+        lines.append(verdict(sink_sentence(s)))
     return "\n".join(lines)

@@ -1,7 +1,8 @@
-"""`probe inject`'s verdict (docs/definitions.md#injection): the loss moved when |delta| > 2 standard errors over
-batches, the clean pass's sink statistics equal `probe sinks`'s on the same windows, the pointer to a model where
-injection moves the loss is shown when the loss did not move or no sink formed (and that model does show it), and a
-dose outside the definition's range is a one-line warning."""
+"""`probe inject`'s verdict (docs/definitions.md#injection): an effect when |delta| > 2 standard errors over batches
+and >= 1% of the clean loss (tests/present/test_verdicts.py: "detectable but negligible" below it), the clean pass's
+sink statistics equal `probe sinks`'s on the same windows, the pointer to a model where injection moves the loss is
+shown when the loss did not move or no sink formed (and that model does show it), and a dose outside the definition's
+range is a one-line warning."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def fake(deltas, ses, loss_clean=5.0):
 def test_the_loss_moved_past_two_standard_errors_and_says_which_way():
     moved, line = presentation.effect_sentence(presentation.results_with_se(fake([0.001, 0.3], [0.001, 0.1])))
     assert moved is True and line.startswith("the loss rose (in 1 of 2 conditions; the largest shown)")
-    assert "+0.3 ± 0.1 nats per token (3 standard errors; 6.00% of the clean loss 5)" in line
+    assert "+0.3 ± 0.1 nats per token (3 standard errors; 6% of the clean loss 5)" in line
     assert "|delta| > 2 standard errors over batches" in line
     moved, line = presentation.effect_sentence(presentation.results_with_se(fake([-0.05], [0.01])))
     assert moved is True and line.startswith("the loss fell: ") and "-0.05 ± 0.01" in line

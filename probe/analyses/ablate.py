@@ -585,7 +585,10 @@ def ablate(
     ablated_s = time.perf_counter() - t0
     pairs = _timed_pairs(model, w, mine[0], conds[0], mech, gate_means, device, kw) if mine and conds else ([], [])
     rows = gather_rows(rows)
-    cost = cost_summary(*(sum(part, []) for part in zip(*gather(pairs))))
+    timed = gather(pairs)  # every rank's (clean times, ablated times)
+    timed_clean: list[float] = [t for c, _ in timed for t in c]
+    timed_ablated: list[float] = [t for _, a in timed for t in a]
+    cost = cost_summary(timed_clean, timed_ablated)
     clean_s, ablated_s = all_sum(clean_s), all_sum(ablated_s)
     per_batch = pd.DataFrame(rows)
     results = _results(per_batch)
@@ -632,7 +635,7 @@ def _timed_pairs(model, w, n: int, cond, mech, gate_means, device, kw, repeats: 
 
     clean()
     ablated()
-    times = {clean: [], ablated: []}
+    times: dict = {clean: [], ablated: []}
     for r in range(repeats):
         for forward in (clean, ablated) if r % 2 == 0 else (ablated, clean):
             t0 = _clock()

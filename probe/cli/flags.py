@@ -27,6 +27,10 @@ from probe.present.files import OutputSpec
 # same variant built in-process (seed 0). Switching to another zoo name is a one-line change here.
 DEFAULT_MODEL = "probe/tiny-sink+proj"
 DEFAULT_DEPTH_MODEL = "probe/tiny-attnres-block4"  # `probe sources` needs depth routing
+# `probe inject` (the main job) needs a sink to show its phenomenon: the zoo's Bigram-Backcopy baseline, trained as
+# the sink-emergence recipe trains it, has one (4.1x the causal-uniform share, r0 0.39) and runs on its own chain;
+# the tiny text models, 600 steps on 1.2M tokens, have not formed one (docs/getting-started.md)
+DEFAULT_SINK_MODEL = "probe/bb-baseline"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 

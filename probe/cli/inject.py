@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from probe.catalogue import DEFAULT_DOSES
-from probe.cli.flags import DEFAULT_MODEL, analysis_parser, injection_flags, nonfinite_flag, output_flags
+from probe.cli.flags import DEFAULT_SINK_MODEL, analysis_parser, injection_flags, nonfinite_flag, output_flags
 
 VERB = "inject"  # this module is `probe inject` (probe.cli.main finds verbs by this line)
 RANK = 20  # its place in `probe --help`
@@ -18,7 +18,7 @@ DESCRIPTION = (
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = analysis_parser(sub, "inject", HELP, DEFAULT_MODEL, DESCRIPTION)
+    p = analysis_parser(sub, "inject", HELP, DEFAULT_SINK_MODEL, DESCRIPTION)
     injection_flags(p, "--dose", list(DEFAULT_DOSES), "dose(s) eps, finite and >= 0 (default 0.2 0.4 0.8 1.6)")
     p.add_argument("--no-exposure", action="store_true", help="skip the exposure statistics")
     nonfinite_flag(p)
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if (warning := dose_warning(args.dose)) is not None:  # before the model loads: it runs, but says little
         note(f"probe inject: warning: --{warning}; running it as asked")
     with all_ranks_agree():
-        run = prepare(args, DEFAULT_MODEL, "inject")
+        run = prepare(args, DEFAULT_SINK_MODEL, "inject")
         model, eb, spec = run.model, run.windows, injection_spec(args)
         kinds, cutoffs, skipped = injection_plan(model, spec, run.window_spec.batch_size)
     for s in skipped:

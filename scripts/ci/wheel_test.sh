@@ -74,9 +74,9 @@ EOF
 echo "wheel test: probe --version and the import checked at $((SECONDS - start)) s"
 probe models >models.txt
 grep -q "probe/tiny-baseline" models.txt || { echo "wheel test: probe models lists no zoo"; cat models.txt; exit 1; }
-# the main job on the embedded default model and bundled text; 2 x 4 windows instead of 8 x 8 (the numbers are the
+# the main job on the embedded default model (probe/bb-baseline) and its bundled data; 2 x 4 windows instead of 8 x 8 (the numbers are the
 # editable install's business: this checks that the installed package runs it end to end, files and page included)
-probe inject --junk structured --dose 0.4 --batches 2 --batch-size 4 --threads 2 --out inject >inject.txt 2>inject.err \
+probe inject --junk structured --dose 1.6 --batches 2 --batch-size 4 --threads 2 --out inject >inject.txt 2>inject.err \
   || { echo "wheel test: probe inject failed"; cat inject.err; exit 1; }
 grep -q "structured" inject.txt && [ -s inject/inject_results.csv ] && [ -s inject/inject.html ] \
   || { echo "wheel test: probe inject wrote no table or page"; cat inject.txt; exit 1; }

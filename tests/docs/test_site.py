@@ -129,7 +129,7 @@ def test_the_readme_leads_with_the_two_commands_and_links_into_the_site():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     first, second = [b["text"] for b in _site().code_blocks(readme)[:2]]
     assert first == (
-        "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && probe inject --junk structured --dose 0.4"
+        "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && probe inject --junk structured --dose 1.6"
     )
     ci = next(ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if "python -m pytest" in ln)
     assert second == "python3 -m venv .venv && . .venv/bin/activate && " + ci.replace("pip install -q", "pip install")

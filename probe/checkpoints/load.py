@@ -116,9 +116,38 @@ def list_models() -> list[dict]:
     return rows
 
 
+_BAD_REF_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
+
+
+def check_revision(rev: str) -> str:
+    """``rev`` as it is when it is a branch, tag or commit name in git's grammar (``git check-ref-format
+    --allow-onelevel``); else one line. A revision becomes a path under the Hugging Face cache (``refs/<rev>``), so
+    ``..``, an absolute path or a stray separator would read a file outside it as the ref."""
+    why = None
+    if rev.startswith("/") or rev.endswith("/") or "//" in rev:
+        why = "it starts or ends with '/' or holds '//'"
+    elif ".." in rev:
+        why = "it holds '..'"
+    elif _BAD_REF_CHARS.search(rev):
+        why = "it holds a space, control character or one of ~ ^ : ? * [ \\"
+    elif rev == "@" or "@{" in rev:
+        why = "it is '@' or holds '@{'"
+    elif rev.endswith("."):
+        why = "it ends with '.'"
+    elif any(part.startswith(".") or part.endswith(".lock") for part in rev.split("/")):
+        why = "a '/'-separated part starts with '.' or ends with '.lock'"
+    if why is not None:
+        raise ModelNotFoundError(
+            f"revision {rev!r} is not a branch, tag or commit name ({why}); valid: git's branch-name grammar "
+            f"(`git check-ref-format`), e.g. main, step1000, refs/pr/1 or a commit hash"
+        )
+    return rev
+
+
 def _normalise_revision(rev: str | None, pythia: bool) -> str | None:
     if rev is None or rev == "":
         return None
+    check_revision(rev)
     if pythia:
         m = re.fullmatch(r"(?:step)?(\d+)", rev)
         if m:
@@ -146,7 +175,7 @@ def _table_revision(repo: str, rev: str | None) -> str | None:
     """``stepN`` (or N) of a suite in revisions.json → its branch name; any other revision is passed as it is."""
     if not rev:
         return None
-    m = re.fullmatch(r"(?:step)?(\d+)", rev)
+    m = re.fullmatch(r"(?:step)?(\d+)", check_revision(rev))
     if m is None:
         return rev
     steps = REVISIONS[repo]["steps"]
@@ -412,7 +441,7 @@ def _load(name_or_path, target, rev, kind, revision, device, dtype, rope, hf_kwa
     if revision is not None:
         if rev is not None and rev != revision:
             raise ValueError(f"revision {revision!r} conflicts with {rev!r} in {name_or_path!r}")
-        rev = revision
+        rev = check_revision(revision) if revision else None
     hf_kwargs = dict(hf_kwargs)
     local_only = False
     source, file_kw = target, {}

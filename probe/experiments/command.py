@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from probe.console import QUIET
 from probe.errors import UsageError, UsageParser
 from probe.experiments import RECIPES, make_config, module, run_recipe
 from probe.jobs.lock import acquire as acquire_lock
@@ -68,13 +69,17 @@ def main(argv=None, prog: str = PROG) -> int:
             cfg = make_config(name, **options)
         except (ValueError, TypeError) as e:
             raise UsageError(str(e), prog=f"{prog} {name}") from None
-        with acquire_lock(out, prog=f"{prog} {name}"):  # one writer per folder (probe.jobs.lock)
-            try:
-                result = run_recipe(module(name), cfg, out, progress=not quiet)
-            except (ValueError, FileNotFoundError, ConnectionError) as e:
-                message = str(e).splitlines()[0] if str(e) else repr(e)
-                raise UsageError(message, prog=f"{prog} {name}") from None
-            folder = result.save(out, self_contained)
+        token = QUIET.set(bool(quiet))  # --quiet: no note of any layer (the lock's take-over line included)
+        try:
+            with acquire_lock(out, prog=f"{prog} {name}"):  # one writer per folder (probe.jobs.lock)
+                try:
+                    result = run_recipe(module(name), cfg, out, progress=not quiet)
+                except (ValueError, FileNotFoundError, ConnectionError) as e:
+                    message = str(e).splitlines()[0] if str(e) else repr(e)
+                    raise UsageError(message, prog=f"{prog} {name}") from None
+                folder = result.save(out, self_contained)
+        finally:
+            QUIET.reset(token)
         print(
             f"{name}: wrote {len(result.tables)} tables and {len(result.figures)} figures to {folder} "
             f"({result.meta.get('wall_s', '?')} s)"

@@ -84,6 +84,13 @@ class EmergenceConfig:
             config_for(v, "tiny")
         if not self.variants or not self.seeds:
             raise ValueError("choose at least one variant and one seed")
+        for flag, values in (("--seeds", self.seeds), ("--variants", self.variants)):
+            repeated = sorted({v for v in values if list(values).count(v) > 1}, key=str)
+            if repeated:  # up front: a repeated run would be trained and then collide in the tables
+                raise ValueError(
+                    f"{flag} {' '.join(map(str, values))} names {', '.join(map(str, repeated))} more than once; "
+                    "give each value once"
+                )
         check_training_numbers(
             self, ("steps", "snapshot_every", "batch_size", "n_eval_batches", "eval_batch_size", "threads")
         )

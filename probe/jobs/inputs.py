@@ -309,7 +309,10 @@ def synthetic_windows(spec: WindowSpec, model, task: BigramBackcopy | None):
             f"--data {asked.spec()!r}: T={asked.T} exceeds the maximum context {info.n_ctx} of model "
             f"{info.name!r}; choose T (or --ctx) 2..{info.n_ctx}"
         )
-    return asked.eval_windows(spec.batches, spec.batch_size, seed=spec.seed)
+    try:
+        return asked.eval_windows(spec.batches, spec.batch_size, seed=spec.seed)
+    except ValueError as e:  # windows that cannot fit in memory: one line naming the flags
+        raise UsageError(f"--batches {spec.batches} x --batch-size {spec.batch_size}: {first_line(e)}") from None
 
 
 def text_on_bb(

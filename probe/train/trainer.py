@@ -25,8 +25,8 @@ from torch import nn
 
 from probe.data.limits import check_windows_fit
 from probe.progress import progress_bar
-from probe.runs import CHECKPOINT, METRICS, SNAPSHOTS, TRAIN_CONFIG, metrics_records, snapshot_dir
-from probe.writes import append_line, atomic_write
+from probe.runs import CHECKPOINT, METRICS, SNAPSHOTS, TRAIN_CONFIG, metrics_records, snapshot_dir, snapshot_steps
+from probe.writes import TEMP_PREFIX, append_line, atomic_write
 
 from . import distributed as D
 from .checkpoint import export_model, find_checkpoint, load_checkpoint, load_model, read_state, save_checkpoint
@@ -138,30 +138,15 @@ def train(
     out_dir = Path(out_dir)
     info = D.setup(cfg.device)
     device = _resolve_device(cfg.device, info)
-    metrics_path = out_dir / METRICS
     warmup, log_every = _schedule(cfg, sampler, info)
     if getattr(sampler, "ctx", None):
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)
         check_batch_fits(cfg.batch_size, sampler.ctx, vocab, info.world_size * cfg.grad_accum)
     model.to(device)
     optimizer = build_optimizer(model, cfg)
-    step, last = 0, None
-    ckpt = find_checkpoint(out_dir) if resume else None
-    if ckpt is not None:
-        meta = read_state(ckpt)
-        if meta.get("config") != _jsonable(cfg):
-            warnings.warn(f"resuming {ckpt} with a different TrainConfig than it was written with", stacklevel=2)
-        if meta["step"] >= cfg.steps:  # finished: nothing to train
-            load_model(model, ckpt)
-            return meta.get("metrics") or {"step": meta["step"]}
-        meta = load_checkpoint(ckpt, model, optimizer, sampler)
-        step, last = meta["step"], meta.get("metrics")
-        if info.is_main:
-            _write_metrics(metrics_path, [r for r in metrics_records(out_dir) if r["step"] <= step])
-    else:
-        torch.manual_seed(cfg.seed)
-        if info.is_main:
-            _start_run(model, cfg, out_dir, eval_batches, tokenizer)
+    step, last, finished = _begin(model, optimizer, sampler, cfg, out_dir, info, resume, eval_batches, tokenizer)
+    if finished:
+        return last
     D.barrier()
 
     net = model
@@ -197,16 +182,87 @@ def train(
                     model, eval_batches, max_batches=None if final else cfg.eval_batches, amp=cfg.amp
                 )
             if info.is_main:
-                append_line(metrics_path, json.dumps(last) + "\n")
+                append_line(out_dir / METRICS, json.dumps(last) + "\n")
             bar.set_postfix(loss=f"{loss_v:.4f}", **({"val": f"{last['val_loss']:.4f}"} if "val_loss" in last else {}))
+        # the snapshot before the checkpoint: a checkpoint at this step means its snapshot is there, so a run killed
+        # between the two resumes from the previous checkpoint and writes both again (never a finished run without
+        # its last snapshot)
+        if _snapshot_due(cfg, step, final) and info.is_main:
+            export_model(model, snapshot_dir(out_dir, step), tokenizer, root=out_dir)
         if final or (cfg.ckpt_every and step % cfg.ckpt_every == 0):
             if info.is_main:
                 save_checkpoint(out_dir, model, optimizer, sampler, step, {"config": _jsonable(cfg), "metrics": last})
             D.barrier()
-        if cfg.snapshot_every and (final or step % cfg.snapshot_every == 0) and info.is_main:
-            export_model(model, snapshot_dir(out_dir, step), tokenizer, root=out_dir)
     bar.close()
     return last
+
+
+def _begin(
+    model, optimizer, sampler: Sampler, cfg: TrainConfig, out_dir: Path, info, resume: bool, eval_batches, tokenizer
+) -> tuple[int, dict | None, bool]:
+    """(the step to continue from, its metrics record, whether the run is finished): the run resumed from its
+    checkpoint (a finished one only loads its final weights), else started afresh."""
+    ckpt = find_checkpoint(out_dir) if resume else None
+    if resume and info.is_main:
+        _remove_leftovers(out_dir, ckpt)
+    if ckpt is None:
+        torch.manual_seed(cfg.seed)
+        if info.is_main:
+            _start_run(model, cfg, out_dir, eval_batches, tokenizer)
+        return 0, None, False
+    meta = read_state(ckpt)
+    if meta.get("config") != _jsonable(cfg):
+        warnings.warn(f"resuming {ckpt} with a different TrainConfig than it was written with", stacklevel=3)
+    if meta["step"] >= cfg.steps:  # finished: nothing to train
+        load_model(model, ckpt)
+        if info.is_main:
+            _restore_snapshot(model, cfg, out_dir, meta["step"], tokenizer, final=True)
+        return meta["step"], meta.get("metrics") or {"step": meta["step"]}, True
+    meta = load_checkpoint(ckpt, model, optimizer, sampler)
+    step = meta["step"]
+    if info.is_main:  # the records past the checkpoint are logged again as the steps are
+        _write_metrics(out_dir / METRICS, [r for r in metrics_records(out_dir) if r["step"] <= step])
+        _restore_snapshot(model, cfg, out_dir, step, tokenizer, final=False)
+    return step, meta.get("metrics"), False
+
+
+def _snapshot_due(cfg: TrainConfig, step: int, final: bool) -> bool:
+    return bool(cfg.snapshot_every) and (final or step % cfg.snapshot_every == 0)
+
+
+def _restore_snapshot(model: nn.Module, cfg: TrainConfig, out_dir: Path, step: int, tokenizer, *, final: bool) -> None:
+    """The snapshot due at the checkpoint's ``step``, exported from the weights just loaded when it is missing: a run
+    written before snapshots came first, killed between its checkpoint and its snapshot, would otherwise never get it
+    (a finished run trains no step, and the next snapshot is a later step)."""
+    if _snapshot_due(cfg, step, final) and step not in snapshot_steps(out_dir):
+        export_model(model, snapshot_dir(out_dir, step), tokenizer, root=out_dir)
+
+
+def _remove_leftovers(out_dir: Path, ckpt: Path | None) -> None:
+    """What a killed run of this folder staged and never renamed (a checkpoint, a snapshot, the metrics), and the
+    previous checkpoint when the current one is whole (a kill between the swap and its removal): the run folder then
+    holds what an uninterrupted run leaves. Only the trainer's own names; the caller's lock, if any, cleans the rest."""
+    if not out_dir.is_dir():
+        return
+    own = tuple(f"{TEMP_PREFIX}{name}." for name in (CHECKPOINT, METRICS, TRAIN_CONFIG))
+    for path in [p for p in out_dir.iterdir() if p.name.startswith(own)] + _snapshot_leftovers(out_dir):
+        _remove(path)
+    if ckpt is not None and ckpt.name == CHECKPOINT:
+        shutil.rmtree(out_dir / f"{CHECKPOINT}.old", ignore_errors=True)
+
+
+def _snapshot_leftovers(out_dir: Path) -> list[Path]:
+    folder = out_dir / SNAPSHOTS
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    return [p for p in folder.iterdir() if p.name.startswith(TEMP_PREFIX)]
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _schedule(cfg: TrainConfig, sampler: Sampler, info: D.DistInfo) -> tuple[int, int]:

@@ -457,3 +457,34 @@ def test_a_run_folder_removed_under_a_checkpoint_is_a_write_error_naming_it(tmp_
     with pytest.raises(WriteError, match=f"cannot write {out / 'checkpoint'}: "):
         train(tiny_model(), TinySampler(), cfg(steps=2), out, progress=False)
     assert not (tmp_path / "A").exists() or not list((tmp_path / "A").rglob(".probe-tmp-*"))
+
+
+def test_a_finished_run_without_its_last_snapshot_gets_it_on_resume(tmp_path):
+    """Issue 46: a run killed between its final checkpoint and its final snapshot (the order before snapshots came
+    first) resumed to nothing and stayed without it. The trainer now writes the snapshot first, and a resume rebuilds
+    a missing one from the checkpoint's weights and removes what the killed run staged: the folder then holds what an
+    uninterrupted run leaves, byte for byte."""
+    import shutil
+
+    from probe.runs import snapshot_steps
+    from probe.writes import TEMP_PREFIX
+
+    whole = tmp_path / "whole"
+    train(tiny_model(), TinySampler(), cfg(snapshot_every=2), whole, progress=False)
+    killed = tmp_path / "killed"
+    shutil.copytree(whole, killed)
+    last = max(snapshot_steps(killed))
+    shutil.rmtree(snapshot_steps(killed)[last])  # the final snapshot never written
+    (killed / "snapshots" / f"{TEMP_PREFIX}step{last}.x").mkdir()  # ... but staged
+    (killed / f"{TEMP_PREFIX}checkpoint.y").write_text("half")
+    train(tiny_model(), TinySampler(), cfg(snapshot_every=2), killed, progress=False)
+    assert list(snapshot_steps(killed)) == list(snapshot_steps(whole))
+
+    def files(root):
+        return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    got, want = files(killed), files(whole)
+    assert got.keys() == want.keys()
+    snap = snapshot_steps(whole)[last].relative_to(whole)
+    for path in (p for p in want if snap in p.parents):  # the rebuilt snapshot: the same bytes
+        assert got[path] == want[path], path

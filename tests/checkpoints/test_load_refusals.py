@@ -1,4 +1,4 @@
-"""Refusals of probe.load and the CLI: one line, exit 2, naming what is wrong (issue 46)."""
+"""Refusals of probe.load and the CLI: one line, exit 2, naming what is wrong."""
 
 from __future__ import annotations
 

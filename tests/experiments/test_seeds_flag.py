@@ -1,4 +1,4 @@
-"""Issue 46: repeated ``--seeds`` (or ``--variants``) are refused before any training, in one line naming the flag
+"""Repeated ``--seeds`` (or ``--variants``) are refused before any training, in one line naming the flag
 and its values (exit 2); ``--quiet`` keeps the lock's take-over note off stderr."""
 
 import json

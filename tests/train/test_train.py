@@ -460,7 +460,7 @@ def test_a_run_folder_removed_under_a_checkpoint_is_a_write_error_naming_it(tmp_
 
 
 def test_a_finished_run_without_its_last_snapshot_gets_it_on_resume(tmp_path):
-    """Issue 46: a run killed between its final checkpoint and its final snapshot (the order before snapshots came
+    """A run killed between its final checkpoint and its final snapshot (the order before snapshots came
     first) resumed to nothing and stayed without it. The trainer now writes the snapshot first, and a resume rebuilds
     a missing one from the checkpoint's weights and removes what the killed run staged: the folder then holds what an
     uninterrupted run leaves, byte for byte."""

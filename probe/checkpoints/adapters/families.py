@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from probe.checkpoints.adapters.qwen_next import GATE_KEY, gate_output
+from probe.checkpoints.adapters.qwen_next import GATE_KEY, attach_output_gate, describe_output_gate
 from probe.checkpoints.adapters.recipes import Layer, RecipeAdapter
 
 
@@ -296,17 +296,10 @@ class AfmoeAdapter(RecipeAdapter):
     )
 
     def describe(self, config, name):
-        info = super().describe(config, name)
-        info.has_out_gate, info.out_gate = True, "elementwise"
-        return info
+        return describe_output_gate(super().describe(config, name))
 
     def _install(self, layers):
         super()._install(layers)
         for layer, block in zip(layers, self.blocks):
             attn = self.attention_module(layer)
-            block.attn.gated = True
-            attn.gate_proj.__dict__[GATE_KEY] = attn.o_proj.__dict__[GATE_KEY] = block.attn
-            if keep_gate_projection not in attn.gate_proj._forward_hooks.values():
-                attn.gate_proj.register_forward_hook(keep_gate_projection)
-            if gate_output not in attn.o_proj._forward_pre_hooks.values():
-                attn.o_proj.register_forward_pre_hook(gate_output)
+            attach_output_gate(block.attn, attn.gate_proj, keep_gate_projection, attn.o_proj)

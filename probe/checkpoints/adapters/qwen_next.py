@@ -58,6 +58,24 @@ def gate_output(module, args):
     return (z.reshape(*z.shape[:2], -1),)
 
 
+def attach_output_gate(site, gate_source, keep, o_proj, query_gated: bool = False) -> None:
+    """An elementwise output gate on one layer's attention: ``keep`` (a forward hook on ``gate_source``) stores the
+    gate logits on ``site``, and ``gate_output`` (before ``o_proj``) fires hook_out_gate and the gated hook_z.
+    ``query_gated``: the gate is half of q_proj's output (Qwen3-Next), so hook_q reads the query half."""
+    site.gated, site.query_gated = True, query_gated
+    gate_source.__dict__[GATE_KEY] = o_proj.__dict__[GATE_KEY] = site
+    if keep not in gate_source._forward_hooks.values():
+        gate_source.register_forward_hook(keep)
+    if gate_output not in o_proj._forward_pre_hooks.values():
+        o_proj.register_forward_pre_hook(gate_output)
+
+
+def describe_output_gate(info):
+    """``info`` (a ModelInfo) marked with an elementwise output gate."""
+    info.has_out_gate, info.out_gate = True, "elementwise"
+    return info
+
+
 class HybridAdapter(RecipeAdapter):
     """Linear-attention / softmax-attention hybrids with Qwen3-Next's layer: Lara-mini, Kimi Linear, Bailing."""
 
@@ -77,9 +95,7 @@ class GatedHybridAdapter(HybridAdapter):
     model_types = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 
     def describe(self, config, name):
-        info = super().describe(config, name)
-        info.has_out_gate, info.out_gate = True, "elementwise"
-        return info
+        return describe_output_gate(super().describe(config, name))
 
     def _install(self, layers):
         super()._install(layers)
@@ -87,12 +103,7 @@ class GatedHybridAdapter(HybridAdapter):
             attn = self.attention_module(layer)
             if attn is None:
                 continue
-            block.attn.gated = block.attn.query_gated = True
-            attn.q_proj.__dict__[GATE_KEY] = attn.o_proj.__dict__[GATE_KEY] = block.attn
-            if keep_gate not in attn.q_proj._forward_hooks.values():
-                attn.q_proj.register_forward_hook(keep_gate)
-            if gate_output not in attn.o_proj._forward_pre_hooks.values():
-                attn.o_proj.register_forward_pre_hook(gate_output)
+            attach_output_gate(block.attn, attn.q_proj, keep_gate, attn.o_proj, query_gated=True)
 
 
 def lfm2_layer_forward(layer, hooks, hidden_states, **kwargs):

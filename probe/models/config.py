@@ -1,4 +1,11 @@
-"""The configuration of a probe model: one dataclass-like HF config that selects every mechanism.
+"""The configuration of a probe model: one HF config that selects every mechanism, its options grouped by concern.
+
+Each group is a small dataclass whose fields are ProbeConfig keyword arguments (with their defaults and what they
+mean) and whose ``check()`` refuses its own bad values: the architecture, attention and norms-and-positions groups
+here; the value-gate group (gates.py), the output-gate group (out_gates.py), depth routing (depth.py) and dense
+connections (dense.py) beside the registry each names from. ProbeConfig keeps every field as a flat attribute
+(``config.n_heads``, ``config.value_gate``) and config.json keeps its flat format; ``config.group("depth")`` reads one
+group back. `validate()` runs each group's check, then the rules across groups.
 
 Mechanisms (docs/definitions.md#mechanisms) are orthogonal switches; `validate()` rejects combinations that make no
 sense. `value_gate` names a registered gate module (gates.py), `out_gate` an output gate (out_gates.py), `depth` a
@@ -10,20 +17,39 @@ are named base architectures (docs/definitions.md#tiers and each paper's tables)
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import InitVar, dataclass, fields
+from typing import ClassVar
+
 from transformers import PretrainedConfig
 
 from probe.catalogue import TIERS
-from probe.models.dense import DENSES
-from probe.models.depth import DEPTHS
-from probe.models.gates import GATES
-from probe.models.out_gates import OUT_GATES
+from probe.models.choice import check_choice
+from probe.models.dense import DenseOptions
+from probe.models.depth import DEPTHS, PLR_KEYS, DepthOptions
+from probe.models.gates import VALUE_RESIDUALS, ValueGateOptions
+from probe.models.out_gates import OutGateOptions
+
+__all__ = [
+    "ABSTENTIONS",
+    "GROUPS",
+    "INITS",
+    "MLPS",
+    "NORMS",
+    "PLR_KEYS",
+    "POSITIONS",
+    "QK_ACTIVATIONS",
+    "ROPE_TABLES",
+    "TIERS",
+    "VALUE_RESIDUALS",
+    "ArchitectureOptions",
+    "AttentionOptions",
+    "NormPositionOptions",
+    "ProbeConfig",
+    "tier_config",
+]
 
 ABSTENTIONS = ("none", "offbyone", "sinklogit", "sinktoken")
-# P-LR routing keys: "normalized" RMS-normalises each key as it is emitted (eps: the dtype's machine epsilon, as the
-# LR-AttnRes authors' model.py), so a block's key is the sum of normalised keys, normalised again at the read; "raw"
-# sums raw keys and normalises once at the read (how probe's checkpoints before this field were trained)
-PLR_KEYS = ("normalized", "raw")
-VALUE_RESIDUALS = ("none", "lambda", "two-weight")
 QK_ACTIVATIONS = ("none", "q", "qk")
 NORMS = ("rms", "layer")
 POSITIONS = ("rope", "learned")
@@ -36,116 +62,149 @@ ROPE_TABLES = ("exact", "bfloat16", "float16", "stored")
 INITS = ("fan-in", "gpt2")
 
 
-def _check(field: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{field}={value!r} is not valid; choose one of {', '.join(map(str, choices))}")
+@dataclass
+class ArchitectureOptions:
+    """The base architecture: sizes, the MLP, biases, the residual layout, embeddings and init. Options of MUDDPythia
+    (GPT-NeoX style; docs/definitions.md#released-checkpoints): d_mlp_layers, parallel_residual and the biases."""
+
+    vocab_size: int = 8192
+    n_layers: int = 6
+    d_model: int = 128
+    d_mlp: int = 384
+    d_mlp_layers: list | None = None  # per-layer FFN widths (None: every layer d_mlp)
+    n_ctx: int = 256  # context length (the learned position table's rows, RoPE's stored table's)
+    mlp: str = "swiglu"  # see MLPS
+    linear_bias: bool = False  # biases on the q/k/v/o projections and the MLP's linear maps
+    mlp_bias: bool | None = None  # biases on the MLP's linear maps (None: as linear_bias; MUDDPythia's own flag)
+    parallel_residual: bool = False  # the MLP reads the block's input, not input + attention
+    tie_embeddings: bool = True  # the unembedding reuses the embedding matrix
+    init: str = "fan-in"  # see INITS
+
+    def __post_init__(self) -> None:
+        self.d_mlp_layers = None if self.d_mlp_layers is None else [int(m) for m in self.d_mlp_layers]
+        self.linear_bias = bool(self.linear_bias)
+        self.mlp_bias = self.linear_bias if self.mlp_bias is None else bool(self.mlp_bias)
+        self.parallel_residual = bool(self.parallel_residual)
+
+    def check(self) -> None:
+        check_choice("mlp", self.mlp, MLPS)
+        check_choice("init", self.init, INITS)
+        if self.d_mlp_layers is not None and (len(self.d_mlp_layers) != self.n_layers or min(self.d_mlp_layers) < 1):
+            raise ValueError(
+                f"d_mlp_layers={self.d_mlp_layers!r} must list one positive width per layer (n_layers={self.n_layers})"
+            )
+
+
+@dataclass
+class AttentionOptions:
+    """Inside a head: head counts and widths, abstention (a sink), QK-norm and GatedV's placement controls."""
+
+    reads: ClassVar[tuple[str, ...]] = ("d_model",)  # another group's field a default here derives from
+
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # KV heads (grouped-query attention); None: n_heads
+    d_head: int | None = None  # None: d_model // n_heads
+    d_value: int | None = None  # per-head value width (GLU reduced width); None: d_head
+    abstention: str = "none"  # see ABSTENTIONS
+    qk_norm: bool = False  # RMS-normalise each head's query and key
+    qk_activation: str = "none"  # GatedV placement controls: SiLU on q (or q and k) before RoPE; see QK_ACTIVATIONS
+    d_model: InitVar[int | None] = None  # the architecture's width, read for d_head's default (not a field here)
+
+    def __post_init__(self, d_model: int | None) -> None:
+        self.n_kv_heads = self.n_kv_heads or self.n_heads
+        self.d_head = self.d_head or d_model // self.n_heads
+        self.d_value = self.d_value or self.d_head
+
+    def check(self) -> None:
+        check_choice("abstention", self.abstention, ABSTENTIONS)
+        check_choice("qk_activation", self.qk_activation, QK_ACTIVATIONS)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+
+
+@dataclass
+class NormPositionOptions:
+    """Norms and positions: the norm layers, the position scheme and RoPE's options."""
+
+    norm: str = "rms"  # see NORMS
+    norm_eps: float = 1e-6
+    norm_bias: bool = False  # LayerNorm with a bias (norm="layer")
+    pos: str = "rope"  # see POSITIONS
+    rope_theta: float = 10000.0
+    rope_table: str = "exact"  # see ROPE_TABLES
+    rotary_dims: int | None = None  # RoPE on the first rotary_dims of each head only (None: all of d_head)
+    strict_ctx: bool = False  # refuse sequences longer than n_ctx (an authors' model their code cannot run past)
+
+    def __post_init__(self) -> None:
+        self.norm_bias = bool(self.norm_bias)
+        self.rotary_dims = None if self.rotary_dims is None else int(self.rotary_dims)
+        self.strict_ctx = bool(self.strict_ctx)
+
+    def check(self) -> None:
+        check_choice("norm", self.norm, NORMS)
+        check_choice("pos", self.pos, POSITIONS)
+        check_choice("rope_table", self.rope_table, ROPE_TABLES)
+        if self.rope_table != "exact" and self.pos != "rope":
+            raise ValueError(f"rope_table={self.rope_table!r} needs pos='rope'; got pos={self.pos!r}")
+        if self.norm_bias and self.norm != "layer":
+            raise ValueError(f"norm_bias=True needs norm='layer'; got norm={self.norm!r}")
+
+
+# name -> group, in the order ProbeConfig builds them; every ProbeConfig keyword argument is a field of exactly one
+GROUPS: dict[str, type] = {
+    "architecture": ArchitectureOptions,
+    "attention": AttentionOptions,
+    "norm_position": NormPositionOptions,
+    "value_gate": ValueGateOptions,
+    "out_gate": OutGateOptions,
+    "depth": DepthOptions,
+    "dense": DenseOptions,
+}
+
+
+def _build(group: type, values: dict):
+    """``group`` from ``values`` (every group's field by name): its own fields, and the fields it ``reads``."""
+    names = [f.name for f in fields(group)] + list(getattr(group, "reads", ()))
+    return group(**{name: values[name] for name in names})
+
+
+def _signature() -> inspect.Signature:
+    """ProbeConfig's keyword arguments, read off the groups (inspect and help() show them as before)."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for group in GROUPS.values():
+        params += [
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+            for f in fields(group)
+        ]
+    return inspect.Signature([*params, inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
 
 
 class ProbeConfig(PretrainedConfig):
     model_type = "probe"
 
-    def __init__(
-        self,
-        vocab_size: int = 8192,
-        n_layers: int = 6,
-        d_model: int = 128,
-        n_heads: int = 4,
-        n_kv_heads: int | None = None,
-        d_head: int | None = None,
-        d_value: int | None = None,  # per-head value width (GLU reduced width); default d_head
-        d_mlp: int = 384,
-        n_ctx: int = 256,
-        norm: str = "rms",
-        norm_eps: float = 1e-6,
-        pos: str = "rope",
-        rope_theta: float = 10000.0,
-        rope_table: str = "exact",  # see ROPE_TABLES
-        strict_ctx: bool = False,  # refuse sequences longer than n_ctx (an authors' model their code cannot run past)
-        mlp: str = "swiglu",
-        tie_embeddings: bool = True,
-        qk_norm: bool = False,
-        init: str = "fan-in",
-        # inside a head
-        abstention: str = "none",
-        value_gate: str = "none",
-        gate_beta: float = 8.0,
-        gate_tau_init: float | None = None,  # None: expected read norm of the initial model (see gates.py)
-        qk_activation: str = "none",  # GatedV placement controls: SiLU on q (or q and k) before RoPE
-        out_gate: str = "none",  # an output gate on each head's attention output (out_gates.py: G1)
-        value_residual: str = "none",
-        # across depth: "residual" or a registered read (depth.py), "none" or a registered mix (dense.py)
-        depth: str = "residual",
-        depth_blocks: int = 0,  # 0: full depth routing; N: block routing with N blocks
-        depth_rank: int | None = None,  # routing-key rank r for plr/slr (attnres uses d_model)
-        plr_key: str = "normalized",  # see PLR_KEYS; a saved config without the field loads as "raw" (from_dict)
-        # LR-AttnRes authors' block options (their attnres_block_average / attnres_block_count_prior, shared scope):
-        depth_block_mean: float = 0.0,  # p: a block source's value is divided by count**p (1: the mean, 0.5: sqrt)
-        depth_block_mean_learned: bool = False,  # p is one learned scalar (initialised to depth_block_mean)
-        depth_block_prior: float = 0.0,  # β: β·log(count) is added to a block source's logit (1: their prior)
-        depth_block_prior_learned: bool = False,  # β is one learned scalar (initialised to depth_block_prior)
-        dense: str = "none",
-        # options of MUDDFormer's released checkpoints (Caiyun-AI/MUDDFormer; docs/definitions.md#dense-connections)
-        mudd_round64: bool = False,  # their round64: dense-network hidden width (h // 64 + 1) * 64
-        mudd_expand_last: bool = False,  # their expand_last: the last layer's dense-network hidden width x4
-        dense_stream_norms: bool = False,  # their sepln: blocks > 0 norm the q, k, v streams with separate norms
-        d_mlp_layers: list | None = None,  # per-layer FFN widths (None: every layer d_mlp)
-        # architecture options of MUDDPythia (GPT-NeoX style; docs/definitions.md#released-checkpoints)
-        parallel_residual: bool = False,  # the MLP reads the block's input, not input + attention
-        linear_bias: bool = False,  # biases on the q/k/v/o projections and the MLP's linear maps
-        mlp_bias: bool | None = None,  # biases on the MLP's linear maps (None: as linear_bias; MUDDPythia's own flag)
-        norm_bias: bool = False,  # LayerNorm with a bias (norm="layer")
-        rotary_dims: int | None = None,  # RoPE on the first rotary_dims of each head only (None: all of d_head)
-        **kwargs,
-    ):
-        self.vocab_size = vocab_size
-        self.n_layers = n_layers
-        self.d_model = d_model
-        self.n_heads = n_heads
-        self.n_kv_heads = n_kv_heads or n_heads
-        self.d_head = d_head or d_model // n_heads
-        self.d_value = d_value or self.d_head
-        self.d_mlp = d_mlp
-        self.n_ctx = n_ctx
-        self.norm = norm
-        self.norm_eps = norm_eps
-        self.pos = pos
-        self.rope_theta = rope_theta
-        self.rope_table = rope_table
-        self.strict_ctx = bool(strict_ctx)
-        self.mlp = mlp
-        self.tie_embeddings = tie_embeddings
-        self.qk_norm = qk_norm
-        self.init = init
-        self.abstention = abstention
-        self.value_gate = value_gate
-        self.gate_beta = gate_beta
-        self.gate_tau_init = gate_tau_init
-        self.qk_activation = qk_activation
-        self.out_gate = out_gate
-        self.value_residual = value_residual
-        self.depth = depth
-        self.depth_blocks = depth_blocks
-        self.depth_rank = depth_rank
-        self.plr_key = plr_key
-        self.depth_block_mean = float(depth_block_mean)
-        self.depth_block_mean_learned = bool(depth_block_mean_learned)
-        self.depth_block_prior = float(depth_block_prior)
-        self.depth_block_prior_learned = bool(depth_block_prior_learned)
-        self.dense = dense
-        self.mudd_round64 = bool(mudd_round64)
-        self.mudd_expand_last = bool(mudd_expand_last)
-        self.dense_stream_norms = bool(dense_stream_norms)
-        self.d_mlp_layers = None if d_mlp_layers is None else [int(m) for m in d_mlp_layers]
-        self.parallel_residual = bool(parallel_residual)
-        self.linear_bias = bool(linear_bias)
-        self.mlp_bias = self.linear_bias if mlp_bias is None else bool(mlp_bias)
-        self.norm_bias = bool(norm_bias)
-        self.rotary_dims = None if rotary_dims is None else int(rotary_dims)
+    def __init__(self, **kwargs):
+        """Every field of every group in GROUPS by keyword (a missing one takes the group's default), and HF's own
+        keyword arguments."""
+        values = {f.name: kwargs.pop(f.name, f.default) for group in GROUPS.values() for f in fields(group)}
+        for group in GROUPS.values():
+            built = _build(group, values)
+            for f in fields(built):
+                setattr(self, f.name, getattr(built, f.name))
         # config.json files saved before the backend became a runtime choice carry it; it is a runtime choice now
         kwargs.pop("backend", None)
         kwargs.setdefault("tie_word_embeddings", False)  # tying is done by reusing the embedding matrix
         super().__init__(**kwargs)
         self.validate()
+
+    __init__.__signature__ = _signature()
+
+    def group(self, name: str):
+        """The group ``name`` of GROUPS (a new dataclass) holding this config's current values of its fields."""
+        if name not in GROUPS:
+            raise ValueError(f"group={name!r} is not valid; choose one of {', '.join(GROUPS)}")
+        values = {f.name: getattr(self, f.name) for f in fields(GROUPS[name])}
+        values.update({field: getattr(self, field) for field in getattr(GROUPS[name], "reads", ())})
+        return GROUPS[name](**values)
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
@@ -184,60 +243,23 @@ class ProbeConfig(PretrainedConfig):
         return self.abstention in ("offbyone", "sinklogit")
 
     def validate(self) -> None:
-        for field, choices in [
-            ("abstention", ABSTENTIONS),
-            ("value_gate", ("none", *GATES)),
-            ("out_gate", ("none", *OUT_GATES)),
-            ("depth", ("residual", *DEPTHS)),
-            ("dense", ("none", *DENSES)),
-            ("value_residual", VALUE_RESIDUALS),
-            ("norm", NORMS),
-            ("pos", POSITIONS),
-            ("mlp", MLPS),
-            ("init", INITS),
-            ("qk_activation", QK_ACTIVATIONS),
-            ("plr_key", PLR_KEYS),
-            ("rope_table", ROPE_TABLES),
-        ]:
-            _check(field, getattr(self, field), choices)
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+        """Each group's own check, then the rules across groups."""
+        for name in GROUPS:
+            self.group(name).check()
         if self.depth != "residual":
             DEPTHS[self.depth].check(self)
-        if self.depth_blocks:
-            if self.depth == "residual":
-                raise ValueError(f"depth_blocks needs depth routing (depth one of {', '.join(map(repr, DEPTHS))})")
-            if (2 * self.n_layers) % self.depth_blocks:
+            if self.depth_blocks and (2 * self.n_layers) % self.depth_blocks:
                 raise ValueError(f"depth_blocks={self.depth_blocks} must divide 2L={2 * self.n_layers} sub-layers")
-        for field in ("depth_block_mean", "depth_block_mean_learned", "depth_block_prior", "depth_block_prior_learned"):
-            if getattr(self, field) and not self.depth_blocks:
-                raise ValueError(
-                    f"{field}={getattr(self, field)!r} needs block depth routing (depth_blocks > 0); got depth_blocks=0"
-                )
         if self.depth != "residual" and self.dense != "none":
             raise ValueError(
                 f"depth={self.depth!r} and dense={self.dense!r} both replace the residual stream; pick one"
-            )
-        for name, mix in DENSES.items():
-            for field in mix.options:
-                if getattr(self, field) and self.dense != name:
-                    raise ValueError(f"{field}=True needs dense={name!r}; got dense={self.dense!r}")
-        if self.d_mlp_layers is not None and (len(self.d_mlp_layers) != self.n_layers or min(self.d_mlp_layers) < 1):
-            raise ValueError(
-                f"d_mlp_layers={self.d_mlp_layers!r} must list one positive width per layer (n_layers={self.n_layers})"
             )
         if self.parallel_residual and self.depth != "residual":
             raise ValueError(
                 f"parallel_residual=True needs the plain or dense residual stream; got depth={self.depth!r}"
             )
-        if self.rope_table != "exact" and self.pos != "rope":
-            raise ValueError(f"rope_table={self.rope_table!r} needs pos='rope'; got pos={self.pos!r}")
-        if self.norm_bias and self.norm != "layer":
-            raise ValueError(f"norm_bias=True needs norm='layer'; got norm={self.norm!r}")
         if self.rotary_dims is not None and not (0 < self.rotary_dims <= self.d_head and self.rotary_dims % 2 == 0):
             raise ValueError(f"rotary_dims={self.rotary_dims!r} must be even and in 2..d_head={self.d_head}")
-        if self.value_gate == "glu" and self.value_residual != "none":
-            raise ValueError("value_residual does not compose with the GLU value (different value widths)")
 
 
 def tier_config(tier: str) -> dict:

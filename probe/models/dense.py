@@ -11,16 +11,43 @@ A dense mechanism is a `DenseMix` subclass registered with `@register_dense(name
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 from transformer_lens.hook_points import HookPoint
 
+from probe.models.choice import check_choice
 from probe.models.registry import registrar
 
 DENSES: dict[str, type[DenseMix]] = {}
 
 
 register_dense = registrar(DENSES, "dense")
+
+
+@dataclass
+class DenseOptions:
+    """ProbeConfig's dense-connection group: the mix after each block and the options of MUDDFormer's released
+    checkpoints (Caiyun-AI/MUDDFormer; docs/definitions.md#dense-connections), each read by one mix only
+    (``DenseMix.options``)."""
+
+    dense: str = "none"  # "none" or a registered mix (DENSES)
+    mudd_round64: bool = False  # their round64: dense-network hidden width (h // 64 + 1) * 64
+    mudd_expand_last: bool = False  # their expand_last: the last layer's dense-network hidden width x4
+    dense_stream_norms: bool = False  # their sepln: blocks > 0 norm the q, k, v streams with separate norms
+
+    def __post_init__(self) -> None:
+        self.mudd_round64 = bool(self.mudd_round64)
+        self.mudd_expand_last = bool(self.mudd_expand_last)
+        self.dense_stream_norms = bool(self.dense_stream_norms)
+
+    def check(self) -> None:
+        check_choice("dense", self.dense, ("none", *DENSES))
+        for name, mix in DENSES.items():
+            for field in mix.options:
+                if getattr(self, field) and self.dense != name:
+                    raise ValueError(f"{field}=True needs dense={name!r}; got dense={self.dense!r}")
 
 
 class DenseMix(nn.Module):

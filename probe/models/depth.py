@@ -13,6 +13,7 @@ A depth mechanism is a `DepthRead` subclass registered with `@register_depth(nam
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -21,12 +22,51 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.hooks.names import read_site
 from probe.kernels.depth_attention.reference import rms_normalize
+from probe.models.choice import check_choice
 from probe.models.registry import registrar
 
 DEPTHS: dict[str, type[DepthRead]] = {}
 
 
 register_depth = registrar(DEPTHS, "depth")
+
+# P-LR routing keys: "normalized" RMS-normalises each key as it is emitted (eps: the dtype's machine epsilon, as the
+# LR-AttnRes authors' model.py), so a block's key is the sum of normalised keys, normalised again at the read; "raw"
+# sums raw keys and normalises once at the read (how probe's checkpoints before this field were trained)
+PLR_KEYS = ("normalized", "raw")
+
+
+@dataclass
+class DepthOptions:
+    """ProbeConfig's depth-routing group: the read over sub-layer outputs, its blocks and rank, and the LR-AttnRes
+    authors' block options (their attnres_block_average / attnres_block_count_prior, shared scope). The rules that
+    read other groups (the mechanism's own ``check``, blocks dividing 2L) are ProbeConfig.validate's."""
+
+    depth: str = "residual"  # "residual" or a registered read (DEPTHS)
+    depth_blocks: int = 0  # 0: full depth routing; N: block routing with N blocks
+    depth_rank: int | None = None  # routing-key rank r for plr/slr (attnres uses d_model)
+    plr_key: str = "normalized"  # see PLR_KEYS; a saved config without the field loads as "raw" (ProbeConfig.from_dict)
+    depth_block_mean: float = 0.0  # p: a block source's value is divided by count**p (1: the mean, 0.5: sqrt)
+    depth_block_mean_learned: bool = False  # p is one learned scalar (initialised to depth_block_mean)
+    depth_block_prior: float = 0.0  # β: β·log(count) is added to a block source's logit (1: their prior)
+    depth_block_prior_learned: bool = False  # β is one learned scalar (initialised to depth_block_prior)
+
+    def __post_init__(self) -> None:
+        self.depth_block_mean = float(self.depth_block_mean)
+        self.depth_block_mean_learned = bool(self.depth_block_mean_learned)
+        self.depth_block_prior = float(self.depth_block_prior)
+        self.depth_block_prior_learned = bool(self.depth_block_prior_learned)
+
+    def check(self) -> None:
+        check_choice("depth", self.depth, ("residual", *DEPTHS))
+        check_choice("plr_key", self.plr_key, PLR_KEYS)
+        if self.depth_blocks and self.depth == "residual":
+            raise ValueError(f"depth_blocks needs depth routing (depth one of {', '.join(map(repr, DEPTHS))})")
+        for field in ("depth_block_mean", "depth_block_mean_learned", "depth_block_prior", "depth_block_prior_learned"):
+            if getattr(self, field) and not self.depth_blocks:
+                raise ValueError(
+                    f"{field}={getattr(self, field)!r} needs block depth routing (depth_blocks > 0); got depth_blocks=0"
+                )
 
 
 def emit_key(raw_key: torch.Tensor) -> torch.Tensor:

@@ -13,18 +13,39 @@ constant init) and gives constants their documented value here. A new gate is a 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from probe.hooks.names import layer_of
+from probe.models.choice import check_choice
 from probe.models.registry import registrar
 
 GATES: dict[str, type[ValueGate]] = {}
 
 
 register_gate = registrar(GATES, "value_gate")
+
+# the value-residual mix of each layer's values with layer 0's: "lambda" one learned weight, "two-weight" two
+VALUE_RESIDUALS = ("none", "lambda", "two-weight")
+
+
+@dataclass
+class ValueGateOptions:
+    """ProbeConfig's value-gate group: the gate on each key's value and the value-residual mix."""
+
+    value_gate: str = "none"  # "none" or a registered gate (GATES)
+    gate_beta: float = 8.0  # the norm gates' fixed slope β
+    gate_tau_init: float | None = None  # the norm gates' initial τ; None: initial_read_norm(config)
+    value_residual: str = "none"  # see VALUE_RESIDUALS
+
+    def check(self) -> None:
+        check_choice("value_gate", self.value_gate, ("none", *GATES))
+        check_choice("value_residual", self.value_residual, VALUE_RESIDUALS)
+        if self.value_gate == "glu" and self.value_residual != "none":
+            raise ValueError("value_residual does not compose with the GLU value (different value widths)")
 
 
 def initial_read_norm(config) -> float:

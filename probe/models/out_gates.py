@@ -14,15 +14,28 @@ its projection and declares its role (`param_roles`, params.py). A new gate is a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 
+from probe.models.choice import check_choice
 from probe.models.registry import registrar
 
 OUT_GATES: dict[str, type[OutputGate]] = {}
 
 
 register_out_gate = registrar(OUT_GATES, "out_gate")
+
+
+@dataclass
+class OutGateOptions:
+    """ProbeConfig's output-gate group."""
+
+    out_gate: str = "none"  # "none" or a registered output gate (OUT_GATES) on each head's attention output
+
+    def check(self) -> None:
+        check_choice("out_gate", self.out_gate, ("none", *OUT_GATES))
 
 
 class OutputGate(nn.Module):

@@ -22,20 +22,64 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from probe.errors import UsageError
+
 TABLE_FILE = Path(__file__).resolve().parent / "architectures.json"
 STATUSES = ("supported", "partial", "refused")
+OWN_TYPES = ("probe", "muddformer", "muddpythia")  # probe's own formats: not transformers' types, not in the table
 
 
 class UnsupportedArchitectureError(ValueError):
     """A model whose ``model_type`` the coverage table refuses; the message is one line."""
 
 
+class DamagedTableError(UsageError, ValueError):
+    """The shipped coverage table cannot be read; the message is one line naming the file (exit code 2 in the CLI)."""
+
+
 @lru_cache(maxsize=1)
 def table() -> dict:
-    """The generated table: ``{"transformers": version, "counts": {...}, "types": {model_type: record}}``."""
+    """The generated table: ``{"transformers": version, "counts": {...}, "types": {model_type: record}}``. Read
+    only when a function needs it (never at import), so a damaged file stops only what needs the table, with one
+    :class:`DamagedTableError` line naming it; a missing one is an empty table (a checkout that never made it)."""
     if not TABLE_FILE.is_file():
         return {"transformers": None, "counts": {}, "types": {}}
-    return json.loads(TABLE_FILE.read_text())
+    try:
+        data = json.loads(TABLE_FILE.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise _damaged(f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}") from None
+    why = _table_problem(data)
+    if why:
+        raise _damaged(why)
+    return data
+
+
+def _damaged(why: str) -> DamagedTableError:
+    return DamagedTableError(
+        f"the coverage table {TABLE_FILE} that probe ships is damaged ({why}); reinstall probe-attn "
+        "(pip install --force-reinstall probe-attn)"
+    )
+
+
+def _table_problem(data) -> str | None:
+    """What makes ``data`` not a coverage table, or None: an object whose ``types`` maps each model_type to a record
+    with a known status (and a reason when refused) and whose ``counts`` is an object."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    types = data.get("types")
+    if not isinstance(types, dict):
+        return "no types object"
+    if not isinstance(data.get("counts", {}), dict):
+        return "counts is not an object"
+    for model_type, r in types.items():
+        if not isinstance(r, dict) or r.get("status") not in STATUSES:
+            return f"model_type {model_type!r} has no status of {', '.join(STATUSES)}"
+        if r["status"] == "refused" and not isinstance(r.get("reason"), str):
+            return f"refused model_type {model_type!r} has no reason"
+        for key in ("lacks", "breaks", "layer_types"):
+            if not isinstance(r.get(key, []), list):
+                return f"model_type {model_type!r} has a {key} that is not a list"
+    return None
 
 
 def record(model_type: str) -> dict | None:
@@ -47,7 +91,13 @@ def check_architecture(model_type: str | None, name: str) -> None:
     """Refuse, before any weight is read, a model whose type the table refuses. A type the table does not list (a
     newer transformers, a model with its own code) goes on to the generic route, which refuses in one line what it
     cannot hook."""
-    found = record(model_type) if model_type else None
+    if model_type is not None and not isinstance(model_type, str):  # a list, a number: one line, not a lookup
+        from probe.checkpoints.config_ranges import config_problem
+
+        raise UnsupportedArchitectureError(f"{name}: {config_problem({'model_type': model_type})}")
+    if not model_type or model_type in OWN_TYPES:  # probe's own formats do not need the table
+        return
+    found = record(model_type)
     if found is not None and found["status"] == "refused":
         raise UnsupportedArchitectureError(
             f"{name}: probe does not support model_type {model_type!r} ({found['reason']}); "

@@ -1,8 +1,12 @@
 """A local checkpoint's sizes and files, checked before anything is allocated or read.
 
 - Every size its config states (layers, widths, heads, vocabulary, context; any format: HF, probe's, MUDD's
-  config.json, LR-AttnRes's model_args) is an integer within a bound no released model comes near
-  (:func:`check_config`), so nothing is built from an absurd one, not even on the meta device.
+  config.json, LR-AttnRes's model_args) is an integer within a bound no released model comes near, and every other
+  value probe reads (experts per token, rotary fraction and base, norm epsilon, model_type...) within its range:
+  the one table of them is ``probe.checkpoints.config_ranges.RANGES`` (:func:`check_config`), so nothing is built
+  from an absurd one, not even on the meta device.
+- A config that declares no quantisation holds floats: an integer or bool weight in its safetensors headers is one
+  line, not a silent cast (:func:`check_integer_tensors`; ``INTEGER_BUFFERS`` are the integer buffers that pass).
 - Every file a loader reads from the model folder is a regular file (a FIFO would block the read forever), and a
   name a shard index gives is a relative path inside the folder (:func:`model_file`).
 - The parameter count its config implies (the model built on the meta device: shapes, no storage) must match what
@@ -21,6 +25,7 @@ import stat
 import struct
 from pathlib import Path
 
+from probe.checkpoints.config_ranges import BOUNDS, RANGES, SIZE_KEYS, config_problem
 from probe.data.limits import available_memory, file_kind, human_bytes
 
 MAX_HEADER_BYTES = 100 << 20  # safetensors caps its JSON header at 100 MB
@@ -47,66 +52,52 @@ class CheckpointSizeError(ValueError):
     """A checkpoint whose config, weights and memory disagree; the message is one line."""
 
 
-# the bound of each kind of size a config states, far beyond any released model (the deepest have ~130 layers, the
-# widest MLPs ~60k, vocabularies ~260k, contexts ~10M): past it a config is not a model, and building it (even
-# shapes only) would take the machine's memory
-BOUNDS = {"layers": 1024, "width": 2**20, "heads": 2**14, "vocabulary": 2**24, "context": 2**24}
-SIZE_KEYS = {
-    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
-    "width": (
-        "hidden_size",
-        "n_embd",
-        "d_model",
-        "dim",
-        "intermediate_size",
-        "d_mlp",
-        "d_mlp_layers",
-        "n_inner",
-        "ffn_dim",
-        "mlp_hidden_dim",
-        "head_dim",
-        "d_head",
-        "d_value",
-        "moe_intermediate_size",
-        "lrid_rank",
-        "lrid_projection_rank",
-        "depth_rank",
-    ),
-    "heads": ("num_attention_heads", "n_head", "n_heads", "num_key_value_heads", "n_kv_heads", "n_local_heads"),
-    "vocabulary": ("vocab_size",),
-    "context": ("max_position_embeddings", "n_positions", "n_ctx", "block_size", "sliding_window"),
-}
-_KIND = {key: kind for kind, keys in SIZE_KEYS.items() for key in keys}
-
-
 def check_config(config: dict, name: str, where: str = "config") -> None:
-    """Every size ``config`` states (at any depth of nested dicts: a ``text_config``) is an integer (or an integral
-    number, or a list of them, or null) within its kind's bound in ``BOUNDS``; else one CheckpointSizeError line
-    naming the key, the value and the valid range. Cheap: the config is not built."""
+    """Every value ``config`` states (at any depth of nested dicts: a ``text_config``) that probe reads is within its
+    range in the one table of them, ``probe.checkpoints.config_ranges.RANGES``: each size an integer (or an integral
+    number, or null) from 1 to its kind's bound in ``BOUNDS``, a rotary fraction in (0, 1], a top-k at most the
+    number of experts, a rotary base and a query scale > 0, a norm epsilon >= 0, ``model_type`` a string; else one
+    CheckpointSizeError line naming the key, the value and the valid range. Cheap: the config is not built."""
     if not isinstance(config, dict):
         raise CheckpointSizeError(f"{name}: its {where} is a JSON {type(config).__name__}, not an object")
-    todo = [(config, "")]
-    while todo:
-        d, prefix = todo.pop()
-        for key, value in d.items():
-            if isinstance(value, dict) and prefix.count(".") < 4:
-                todo.append((value, f"{prefix}{key}."))
-            kind = _KIND.get(key)
-            if kind is None or value is None:
-                continue
-            for v in value if isinstance(value, list) and key == "d_mlp_layers" else [value]:
-                if not _size_ok(v, BOUNDS[kind]):
-                    shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
-                    raise CheckpointSizeError(
-                        f"{name}: {where} {prefix}{key}={shown} is not a {kind} size probe can build; choose an "
-                        f"integer 1..{BOUNDS[kind]:,} (no released model comes near that bound)"
-                    )
+    problem = config_problem(config, where)
+    if problem is not None:
+        raise CheckpointSizeError(f"{name}: {problem}")
 
 
-def _size_ok(v, bound: int) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    return 0 <= v <= bound and float(v).is_integer()  # 0: a size some configs use for "none" (sliding_window)
+# integer tensors a float checkpoint may hold (buffers, never weights), by the last part of their name; any other
+# integer or bool tensor without a quantization_config would be cast to floats by the loader, its numbers changed
+INTEGER_BUFFERS = (
+    "position_ids",  # the position ids older BERT-style and GPT-2 checkpoints saved
+    "token_type_ids",
+    "num_batches_tracked",  # batch norm's step counter
+    "tid2eid",  # DeepSeek-V4's hash-routing table (token id -> expert ids), int64
+)
+MASK_BUFFERS = ("attn.bias", "attn.masked_bias", "attention.bias", "attention.masked_bias")  # GPT-2/Neo/J causal masks
+INTEGER_DTYPES = {"I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64", "BOOL"}
+
+
+def integer_buffer(tensor: str, dtype: str) -> bool:
+    """A tensor name of ``INTEGER_BUFFERS`` (any integer dtype), or an old causal mask (bool / uint8)."""
+    if tensor.rsplit(".", 1)[-1] in INTEGER_BUFFERS:
+        return True
+    return dtype in ("BOOL", "U8") and tensor.endswith(MASK_BUFFERS)
+
+
+def check_integer_tensors(config: dict, files: list[Path], name: str) -> None:
+    """A checkpoint whose config declares no quantisation (no ``quantization_config``) holds floats: an integer or
+    bool weight in its safetensors headers (int8 left by a quantiser whose config was lost) is one line naming the
+    file, the tensor and its dtype, instead of a silent cast. ``INTEGER_BUFFERS`` (and old causal masks) pass."""
+    if not isinstance(config, dict) or config.get("quantization_config"):
+        return
+    for path in files:
+        for tensor, (dtype, _) in header_tensors(path).items():
+            if dtype in INTEGER_DTYPES and not integer_buffer(tensor, dtype):
+                raise CheckpointSizeError(
+                    f"{name}: {path.name} holds tensor {tensor} as {dtype}, and its config declares no quantisation "
+                    "(no quantization_config), so probe will not cast it to floats; save the weights as floats, or "
+                    "restore the quantization_config of the quantiser that wrote them"
+                )
 
 
 def model_file(folder: Path, name: str, what: str = "file") -> Path:
@@ -238,7 +229,8 @@ def check_sizes(folder, name: str, dtype_bytes: int | None = None, *, check_memo
     folder = Path(folder)
     config = folder / "config.json"
     try:
-        check_config(json.loads(checked_file(config, "config").read_text(encoding="utf-8")), name)
+        saved = json.loads(checked_file(config, "config").read_text(encoding="utf-8"))
+        check_config(saved, name)
     except (OSError, ValueError, RecursionError) as e:
         if isinstance(e, CheckpointSizeError):
             raise
@@ -246,6 +238,7 @@ def check_sizes(folder, name: str, dtype_bytes: int | None = None, *, check_memo
     stored, stored_bytes, files = stored_counts(folder)
     if not files:
         return
+    check_integer_tensors(saved, files, name)
     implied = implied_counts(folder)
     if implied is not None:
         low, high, model_type = implied
@@ -269,8 +262,12 @@ def check_sizes(folder, name: str, dtype_bytes: int | None = None, *, check_memo
 
 __all__ = [
     "BOUNDS",
+    "INTEGER_BUFFERS",
+    "RANGES",
+    "SIZE_KEYS",
     "CheckpointSizeError",
     "check_config",
+    "check_integer_tensors",
     "check_folder_files",
     "check_sizes",
     "checked_file",

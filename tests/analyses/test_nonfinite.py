@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -103,8 +104,9 @@ def test_a_finite_model_has_no_nonfinite_table():
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """Saved tiny llama folders: one NaN in layer 1's q_proj weight; rope_theta 0 (NaN rotary angles); and a text
-    in their vocabulary."""
+    """Saved tiny llama folders: one NaN in layer 1's q_proj weight; one infinite entry in layer 0's k_proj weight;
+    rope_theta 0 (NaN rotary angles, refused by the config check before anything is built); and a text in their
+    vocabulary."""
     from probe.checkpoints.tiny import build_tiny, tiny_model, tiny_tokenizer
 
     root = tmp_path_factory.mktemp("nonfinite")
@@ -113,6 +115,11 @@ def saved(tmp_path_factory):
         model.model.layers[1].self_attn.q_proj.weight[0, 0] = float("nan")
     model.save_pretrained(root / "nan_q")
     tiny_tokenizer().save_pretrained(root / "nan_q")
+    model = tiny_model("llama")
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.weight[0, 0] = float("inf")
+    model.save_pretrained(root / "inf_k")
+    tiny_tokenizer().save_pretrained(root / "inf_k")
     theta = build_tiny("llama", root / "theta0")
     config = json.loads((theta / "config.json").read_text())
     if "rope_parameters" in config:
@@ -122,7 +129,7 @@ def saved(tmp_path_factory):
     (theta / "config.json").write_text(json.dumps(config))
     words = root / "words.txt"
     words.write_text(" ".join(f"w{2 + (7 * i) % 94}" for i in range(400)) + "\n")
-    return {"nan_q": root / "nan_q", "theta0": theta, "data": words}
+    return {"nan_q": root / "nan_q", "inf_k": root / "inf_k", "theta0": theta, "data": words}
 
 
 def run_cli(args, capsys, monkeypatch):
@@ -144,7 +151,7 @@ WINDOWS = ["--batches", "2", "--batch-size", "2", "--ctx", "32", "--quiet"]
 
 @pytest.mark.parametrize("verb", ["sinks", "inject"])
 @pytest.mark.parametrize("folder, tensor", [("nan_q", "blocks.1.attn.hook_rot_q (layer 1)"),
-                                            ("theta0", "blocks.0.attn.hook_rot_k (layer 0)")])  # fmt: skip
+                                            ("inf_k", "blocks.0.attn.hook_rot_k (layer 0)")])  # fmt: skip
 def test_the_cli_exits_2_with_one_line_or_reports_without_a_verdict(verb, folder, tensor, saved, capsys, monkeypatch):
     args = [verb, "--model", saved[folder], "--data", saved["data"], *WINDOWS]
     args += ["--junk", "gaussian", "--dose", "0.4"] if verb == "inject" else []
@@ -152,13 +159,23 @@ def test_the_cli_exits_2_with_one_line_or_reports_without_a_verdict(verb, folder
     assert code == 2 and out == ""
     (line,) = err.strip().splitlines()
     assert line.startswith(f"probe {verb}: error: non-finite values in {tensor}: ")
-    assert line.endswith("entries are NaN; pass --allow-nonfinite to report the numbers without a verdict")
+    assert re.search(
+        r"entries are NaN( and \d+ infinite)?; pass --allow-nonfinite to report the numbers without a verdict$", line
+    )
     code, out, err = run_cli([*args, "--allow-nonfinite"], capsys, monkeypatch)
     assert code == 0, err
     (sentence,) = verdict_sentences(out)
     assert sentence.startswith(f"no verdict: non-finite values in {tensor}")
     assert "non-finite values (NaN or infinite entries" in out
     assert not any(s in out for s in ("no sink has formed", "a sink has formed:", "an effect", "nan%"))
+
+
+@pytest.mark.parametrize("verb", ["sinks", "inject"])
+def test_a_rotary_base_of_zero_is_refused_before_the_model_is_built(verb, saved, capsys, monkeypatch):
+    code, out, err = run_cli([verb, "--model", saved["theta0"], "--data", saved["data"], *WINDOWS], capsys, monkeypatch)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert "rope_theta=0.0" in line and "rotary base" in line
 
 
 @pytest.mark.parametrize("variant, analysis", [("sink+proj", "gate_stats"), ("attnres-block4", "effective_sources")])

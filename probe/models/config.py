@@ -112,12 +112,16 @@ class AttentionOptions:
 
     def __post_init__(self, d_model: int | None) -> None:
         self.n_kv_heads = self.n_kv_heads or self.n_heads
-        self.d_head = self.d_head or d_model // self.n_heads
+        if not self.d_head:
+            if d_model is None:
+                raise ValueError("d_head=None derives from d_model; pass d_model or d_head")
+            self.d_head = d_model // self.n_heads
         self.d_value = self.d_value or self.d_head
 
     def check(self) -> None:
         check_choice("abstention", self.abstention, ABSTENTIONS)
         check_choice("qk_activation", self.qk_activation, QK_ACTIVATIONS)
+        assert self.n_kv_heads is not None  # __post_init__ set it
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
 
@@ -196,7 +200,7 @@ class ProbeConfig(PretrainedConfig):
         super().__init__(**kwargs)
         self.validate()
 
-    __init__.__signature__ = _signature()
+    __init__.__signature__ = _signature()  # type: ignore[attr-defined]
 
     def group(self, name: str):
         """The group ``name`` of GROUPS (a new dataclass) holding this config's current values of its fields."""

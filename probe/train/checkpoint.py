@@ -77,6 +77,15 @@ def rng_state() -> dict:
     return state
 
 
+def seed_rngs(seed: int) -> None:
+    """Seed every generator whose state a checkpoint records (torch's, Python's, NumPy's): a fresh run's checkpoints
+    are then the same bytes on every run of the command, the uninterrupted one and one resumed after a kill alike
+    (Python's and NumPy's would otherwise start from the OS's entropy)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
 def set_rng_state(state: dict):
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])

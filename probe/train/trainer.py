@@ -29,7 +29,15 @@ from probe.runs import CHECKPOINT, METRICS, SNAPSHOTS, TRAIN_CONFIG, metrics_rec
 from probe.writes import TEMP_PREFIX, append_line, atomic_write
 
 from . import distributed as D
-from .checkpoint import export_model, find_checkpoint, load_checkpoint, load_model, read_state, save_checkpoint
+from .checkpoint import (
+    export_model,
+    find_checkpoint,
+    load_checkpoint,
+    load_model,
+    read_state,
+    save_checkpoint,
+    seed_rngs,
+)
 from .config import TrainConfig
 from .optim import build_optimizer
 from .schedule import lr_factor
@@ -206,7 +214,7 @@ def _begin(
     if resume and info.is_main:
         _remove_leftovers(out_dir, ckpt)
     if ckpt is None:
-        torch.manual_seed(cfg.seed)
+        seed_rngs(cfg.seed)
         if info.is_main:
             _start_run(model, cfg, out_dir, eval_batches, tokenizer)
         return 0, None, False

@@ -9,9 +9,11 @@ order, so each window is an independent document for the document bootstrap. Mod
 window per document when a corpus has too few documents (WikiText-2 test has 60 articles, fewer than 8 x 8 windows):
 round r takes the r-th non-overlapping window of each document, in the same seeded order, so its first round is exactly
 mode ``first``. Mode ``random`` draws windows from the EOS-joined stream (a window may cross a document boundary; its
-document id is that of its first token). Input is ``window[:-1]``, target ``window[1:]``: raw text, or with ``bos_id`` a
-BOS followed by ctx text tokens (the model reads BOS + ctx-1 text tokens, as a model whose tokenizer prepends BOS saw
-text in training; docs/definitions.md#bos-rule). Which models want a BOS is decided by
+document id is that of its first token). Mode ``auto`` is ``first``, else ``sequential``, else ``packed`` when no
+document of the first block of the seeded order (ORDER_BLOCK documents) holds a window, decided from that block alone,
+so a corpus of millions of short records is never read whole. Input is ``window[:-1]``, target ``window[1:]``: raw
+text, or with ``bos_id`` a BOS followed by ctx text tokens (the model reads BOS + ctx-1 text tokens, as a model whose
+tokenizer prepends BOS saw text in training; docs/definitions.md#bos-rule). Which models want a BOS is decided by
 :func:`probe.data.tokenizer.prepends_bos` and the caller.
 """
 
@@ -364,8 +366,8 @@ def eval_batches(
         raise ValueError(f"n_batches={n_batches} and batch_size={batch_size} must both be at least 1")
     if ctx < 2:
         raise ValueError(f"ctx={ctx} must be at least 2")
-    if mode not in ("first", "sequential", "random", "packed"):
-        raise ValueError(f"unknown mode {mode!r}; choose 'first', 'sequential', 'random' or 'packed'")
+    if mode not in ("first", "sequential", "random", "packed", "auto"):
+        raise ValueError(f"unknown mode {mode!r}; choose 'first', 'sequential', 'random', 'packed' or 'auto'")
     check_windows_fit(  # the int64 windows [n_batches, batch_size, ctx+1], any mode
         n_batches * batch_size * (ctx + 1) * 8,
         f"n_batches*batch_size={n_batches * batch_size} windows of {ctx + 1} tokens",
@@ -383,8 +385,16 @@ def eval_batches(
     g = torch.Generator().manual_seed(seed)
     text_ctx = ctx if bos_id is None else ctx - 1  # text tokens per window, minus one (the last is a target only)
     w = text_ctx + 1
-    if mode in ("first", "sequential"):
-        tokens, ids = _document_windows(source, mode, need, w, seeded_order(source, g), name)
+    if mode in ("first", "sequential", "auto"):
+        sep = _separator(tok) if mode == "auto" and _has_separator(tok) else None
+        seq = "sequential" if mode == "auto" else mode
+        got = _document_windows(source, seq, need, w, seeded_order(source, g), name, pack=sep is not None)
+        if got is None:  # auto: no document of the first block holds a window; they are packed
+            mode, (tokens, ids) = "packed", _packed_windows(source, need, w, sep, name, auto=True)
+        else:
+            tokens, ids = got
+            if mode == "auto":  # one sequential pass gives both: first's windows exactly when no document gives two
+                mode = "first" if len(set(ids.tolist())) == need else "sequential"
     elif mode == "packed":
         tokens, ids = _packed_windows(source, need, w, _separator(tok), name)
     elif source.streamed:
@@ -416,6 +426,10 @@ def eval_batches(
     )
 
 
+def _has_separator(tok) -> bool:
+    return tok.eos_token_id is not None or getattr(tok, "sep_token_id", None) is not None
+
+
 def _separator(tok) -> int:
     """The id that joins documents in mode 'packed': the tokenizer's EOS, else its separator token."""
     sep = tok.eos_token_id if tok.eos_token_id is not None else getattr(tok, "sep_token_id", None)
@@ -440,17 +454,30 @@ def seeded_order(source: DocumentTokens, g: torch.Generator):
         start += n
 
 
-def _document_windows(source: DocumentTokens, mode: str, need: int, w: int, order, name: str):
-    """Modes first and sequential: round r takes the r-th non-overlapping window of every document long enough to
-    hold it, documents in the seeded ``order``; mode 'first' stops after round 0 (one window per document).
+def _document_windows(source: DocumentTokens, mode: str, need: int, w: int, order, name: str, pack: bool = False):
+    """Modes first and sequential (and auto, which is sequential here): round r takes the r-th non-overlapping window
+    of every document long enough to hold it, documents in the seeded ``order``; mode 'first' stops after round 0 (one
+    window per document).
 
     Documents are tokenized in that order only as far as the windows need: round 0 reads the first w tokens of
     documents until ``need`` of them hold a window; only when the whole corpus holds fewer are later rounds counted
-    (every document's length, capped at need windows) and the windows read from the documents they fall in."""
-    long_enough, order, step = [], iter(order), max(need, 64)
-    while len(long_enough) < need and (batch := list(itertools.islice(order, step))):
+    (every document's length, capped at need windows) and the windows read from the documents they fall in.
+
+    With ``pack`` (mode auto, a tokenizer that can join documents), None as soon as the documents of the first block of
+    the order (the first ORDER_BLOCK documents, or all of a smaller corpus) have been read and none holds a window: the
+    caller packs them instead, and the rest of the corpus is never read."""
+    long_enough, order, step, seen = [], iter(order), max(need, 64), 0
+    first_block = source.available(ORDER_BLOCK) if pack else 0
+    while len(long_enough) < need and (
+        batch := list(itertools.islice(order, min(step, first_block - seen) if seen < first_block else step))
+    ):  # (with pack, no batch reaches past the first block: the next block is not parsed until it is needed)
         heads = source.prefixes(batch, w)
         long_enough += [(i, heads[i]) for i in batch if len(heads[i]) >= w]
+        seen += len(batch)
+        if pack and not long_enough and seen >= first_block:
+            return None
+        if not long_enough:  # documents too short so far: larger batches (the same windows, fewer tokenizer calls)
+            step = min(2 * step, max(need, 4096))
     if len(long_enough) >= need:
         first = long_enough[:need]
         return torch.stack([t for _, t in first]), torch.tensor([i for i, _ in first])
@@ -513,7 +540,7 @@ def _random_windows_streamed(source: DocumentTokens, need: int, text_ctx: int, s
     return tokens, torch.searchsorted(doc_starts, starts, right=True) - 1
 
 
-def _packed_windows(source: DocumentTokens, need: int, w: int, sep: int, name: str):
+def _packed_windows(source: DocumentTokens, need: int, w: int, sep: int, name: str, auto: bool = False):
     """Mode packed (docs/definitions.md#evaluation-windows): the documents in corpus order joined by ``sep`` (EOS),
     cut into consecutive non-overlapping windows of w tokens from the start, as pretraining packs text; each window
     carries the document of its first token. Only the first need x w tokens of the stream are tokenized."""
@@ -530,8 +557,9 @@ def _packed_windows(source: DocumentTokens, need: int, w: int, sep: int, name: s
         have += len(doc)
         i += 1
     if have < total:
+        why = "mode='auto' packs its documents (none holds a window) and " if auto else ""
         raise ValueError(
-            f"corpus {name!r} holds {have} tokens (EOS separators included), so mode='packed' can supply "
+            f"corpus {name!r} holds {have} tokens (EOS separators included), so {why}mode='packed' can supply "
             f"{have // w} windows of {w} text tokens, not n_batches*batch_size={need}; ask for fewer "
             "windows or a smaller ctx"
         )

@@ -77,8 +77,8 @@ def build_windows(
     corpus = _corpus(corpus)
     if docs is None:
         docs = DocumentTokens(corpus, tok)
-    # auto: first when it has enough documents, else sequential. Sequential's first round is mode first, so one
-    # sequential pass gives both (its windows are first's exactly when no document gives two), reading the corpus once
+    # auto (eval_batches): first when it has enough documents, else sequential (one sequential pass gives both), else
+    # packed when none of the first block's documents holds a window
     try:
         eb = eval_batches(
             docs,
@@ -87,13 +87,11 @@ def build_windows(
             batch_size=batch_size,
             ctx=ctx,
             seed=seed,
-            mode="sequential" if mode == "auto" else mode,
+            mode=mode,
             bos_id=bos_id,
         )
     except ValueError as e:
         raise ValueError(str(e).replace("corpus 'custom-tokens' ", f"corpus {corpus.name!r} ", 1)) from None
-    if mode == "auto" and len(set(eb.doc_ids.flatten().tolist())) == eb.doc_ids.numel():
-        eb = dataclasses.replace(eb, mode="first")
     eb = dataclasses.replace(eb, corpus=corpus.name, corpus_fingerprint=corpus.fingerprint)
     top = int(eb.tokens.max())
     if vocab_size is not None and top >= vocab_size:

@@ -55,7 +55,7 @@ from probe.analyses.stats import mean_all, with_batch_se
 from probe.catalogue import CUTOFFS, DEFAULT_DOSES, JUNK_TYPES, MAX_DOSE
 from probe.hooks import names
 from probe.models.gates import gate_directions
-from probe.process_group import batches_of_rank, is_main
+from probe.process_group import batches_of_rank, is_main, rank_and_world
 
 
 def cutoff_fraction(cutoff) -> float:
@@ -203,6 +203,51 @@ class ExposureAccumulator:
         self.batch, self.batch_rows = 0, []  # global index of the batch being added; its per-layer means
         self.sinks = SinkAccumulator(info)
 
+    def fold(self, part: ExposureAccumulator) -> None:
+        """Add one batch's own accumulator (``part``: its sums and rows alone) to these totals. ``inject`` folds every
+        batch so, whether computed now or reloaded from an interrupted run's partial state, so the sums are the same
+        float sums either way."""
+        self.quiet += part.quiet
+        self.phantom += part.phantom
+        self.rows += part.rows
+        self.batch_rows += part.batch_rows
+        s, p = self.sinks, part.sinks
+        for name in SinkAccumulator.SUMS:
+            getattr(s, name).add_(getattr(p, name))
+        s.batch_rows += [{**row, "batch": part.batch} for row in p.batch_rows]  # global index, not the part's own
+        s.calls = [a + b for a, b in zip(s.calls, p.calls)]
+        s.sink = [q if q is not None else old for old, q in zip(s.sink, p.sink)]
+
+    def state(self) -> dict:
+        """This (one batch's) accumulator as JSON-ready values, every float64 kept exactly (``from_state``)."""
+        p = self.sinks
+        return {
+            "quiet": self.quiet.tolist(),
+            "phantom": self.phantom.tolist(),
+            "rows": self.rows.tolist(),
+            "batch_rows": self.batch_rows,
+            "sinks": {
+                **{name: getattr(p, name).tolist() for name in SinkAccumulator.SUMS},
+                "sink": [None if v is None else v.tolist() for v in p.sink],
+                "batch_rows": p.batch_rows,
+                "calls": p.calls,
+            },
+        }
+
+    @classmethod
+    def from_state(cls, info, cutoffs, batch: int, state: dict) -> ExposureAccumulator:
+        f64 = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+        acc = cls(info, cutoffs)
+        acc.batch = batch
+        acc.quiet, acc.phantom, acc.rows = f64(state["quiet"]), f64(state["phantom"]), f64(state["rows"])
+        acc.batch_rows = list(state["batch_rows"])
+        sinks = state["sinks"]
+        for name in SinkAccumulator.SUMS:
+            setattr(acc.sinks, name, f64(sinks[name]))
+        acc.sinks.sink = [None if v is None else f64(v) for v in sinks["sink"]]
+        acc.sinks.batch_rows, acc.sinks.calls = list(sinks["batch_rows"]), list(sinks["calls"])
+        return acc
+
     def merge(self) -> None:
         """Combine the ranks' sums and per-batch rows (data-parallel runs; nothing to do in one process)."""
         reduce_sums(self, ("quiet", "phantom", "rows"))
@@ -256,10 +301,12 @@ class ExposureAccumulator:
         return {"exposure": summary, "exposure_layers": layers, "exposure_heads": heads, "sinks": sinks}
 
 
-def _exposure_collector(model, acc: ExposureAccumulator, qs, backend, check: FiniteCheck):
+def _exposure_collector(model, current, qs, backend):
+    """``current()``: the (ExposureAccumulator, FiniteCheck) the batch being run adds to."""
     info = model.probe_info
 
     def on_layer(l, got):
+        acc, check = current()
         check.check_all(got, l, lambda suffix: names.attn(l, suffix))
         norms = got["hook_v"].float().norm(dim=-1)
         key0 = torch.zeros_like(norms, dtype=torch.bool)
@@ -349,6 +396,7 @@ def inject(
     backend: str | None = None,
     progress: bool = True,
     allow_nonfinite: bool = False,
+    state=None,
 ) -> dict[str, pd.DataFrame]:
     """The injection battery: tables ``results`` (per condition: loss_clean, loss_corrupted, delta), ``per_batch``,
     ``exposure`` / ``exposure_layers`` / ``exposure_heads`` (per cutoff, when ``exposure``), ``sinks`` (the clean
@@ -356,6 +404,11 @@ def inject(
 
     ``max_rows``: sequences per corrupted forward (conditions are stacked along the batch); default keeps the
     stacked logits under about 1 GiB. Linear layers: the module docstring.
+
+    ``state``: a ``probe.jobs.partial.BatchState`` (one process only) that keeps every finished batch's own
+    contribution as it finishes, and from which an interrupted run's finished batches are reloaded instead of
+    recomputed; every batch, computed or reloaded, is folded into the totals in batch order, so a resumed run's
+    numbers equal an uninterrupted run's exactly (its settings are checked first: a difference is a UsageError).
 
     Every captured tensor, row mass and loss is checked (probe.analyses.finite): a non-finite one is a one-line
     UsageError; with ``allow_nonfinite`` the numbers are computed over every entry, the result has a ``nonfinite``
@@ -376,43 +429,65 @@ def inject(
     conds = conditions(junk, cutoffs, doses)
     own = own_directions(model) if any(j == "own-direction" for j, _, _ in conds) else None
     B, T = w.batch_size, w.tokens.shape[-1] - 1
-    device = model_device(model)
     run = [c for c in conds if c[2] != 0]
     if max_rows is None:
         max_rows = max(B, int(2**30 // (T * info.vocab_size * 4)))
     per_fwd = max(1, max_rows // B)
     exp_acc = ExposureAccumulator(info, _as_list(cutoffs))
     check = FiniteCheck(allow_nonfinite)
-    collector = (
-        _exposure_collector(model, exp_acc, [cutoff_fraction(c) for c in exp_acc.cutoffs], backend, check)
-        if exposure
-        else None
-    )
+    qs = [cutoff_fraction(c) for c in exp_acc.cutoffs]
+    part: dict = {}  # the batch being computed: its own accumulator and check, folded into the totals once done
+    collector = _exposure_collector(model, lambda: (part["acc"], part["check"]), qs, backend) if exposure else None
+
+    mine = batches_of_rank(len(w))  # whole batches by global index: the (seed, batch, layer) draws do not move
+    finished: set[int] = set()
+    if state is not None:
+        if rank_and_world()[1] > 1:
+            raise ValueError("inject(state=...) keeps the partial state of one process; a data-parallel run has none")
+        state.open(
+            {
+                "model": info.name,
+                "windows": w.meta,
+                "batches": len(w),
+                "conditions": [list(c) for c in conds],
+                "cutoffs": list(map(str, exp_acc.cutoffs)),
+                "seed": seed,
+                "exposure": exposure,
+                "per_forward": per_fwd,
+                "backend": backend,
+                "allow_nonfinite": allow_nonfinite,
+            },
+            total=len(w),
+        )
+        finished = set(state.done())
 
     sums = {c: 0.0 for c in conds}
     clean_total, count = 0.0, 0
     per_batch = []
-    mine = batches_of_rank(len(w))  # whole batches by global index: the (seed, batch, layer) draws do not move
     bar = make_bar(len(mine) * len(conds), progress and is_main(), f"injection ({info.name})")
     for n in mine:
-        ids, tgt = w.inputs(n, device), w.targets(n, device)
-        exp_acc.batch = n
-        kw = loss_forward_kwargs(model)
-        out = collector.run(model, ids, **kw) if collector is not None else model(ids, **kw)
-        clean_losses = output_losses(model, out, tgt)
-        check.check("logits (next-token losses of the clean pass)", clean_losses)
-        clean = float(clean_losses.double().sum())  # summed over the batch's positions
-        clean_total += clean
-        count += tgt.numel()
-        batch_loss = {c: clean for c in conds}  # dose 0: unchanged
-        bar.update(len(conds) - len(run))
-        for start in range(0, len(run), per_fwd):
-            chunk = run[start : start + per_fwd]
-            batch_loss.update(zip(chunk, _corrupted_losses(model, ids, tgt, chunk, seed, n, own, check)))
-            bar.update(len(chunk))
+        if n in finished:  # an interrupted run's: reloaded, not recomputed
+            record = state.load(n)
+            bar.update(len(conds))
+        else:
+            part.update(acc=ExposureAccumulator(info, exp_acc.cutoffs), check=FiniteCheck(allow_nonfinite))
+            part["acc"].batch = n
+            record = _inject_batch(model, w, n, conds, run, per_fwd, seed, own, collector, part, bar)
+            if state is not None:
+                state.save(n, record)
+        # every batch's own contribution, folded into the totals in batch order: the same sums fresh or resumed
+        batch_loss = dict(zip(conds, record["losses"]))
         for cond in conds:
             sums[cond] += batch_loss[cond]
-        per_batch += _loss_rows(conds, batch_loss, clean, tgt.numel(), batch=n)
+        clean_total += record["clean"]
+        count += record["tokens"]
+        per_batch += _loss_rows(conds, batch_loss, record["clean"], record["tokens"], batch=n)
+        if exposure:
+            exp_acc.fold(ExposureAccumulator.from_state(info, exp_acc.cutoffs, n, record["exposure"]))
+        for name, layer, *counts in record["nonfinite"]:
+            found = check.found.setdefault((name, layer), [0, 0, 0])
+            for i, v in enumerate(counts):
+                found[i] += v
     bar.close()
     sums, clean_total, count = all_sum(sums), all_sum(clean_total), all_sum(count)
     per_batch = gather_rows(per_batch)
@@ -433,6 +508,33 @@ def inject(
         **layer_meta(info),  # a hybrid's reads, hence its injection and exposure, are its softmax layers'
     )
     return check.mark(finish(tables, meta))
+
+
+def _inject_batch(model, w, n, conds, run, per_fwd, seed, own, collector, part, bar) -> dict:
+    """Batch ``n``'s own contribution, as JSON-ready values (floats kept exactly): summed losses per condition, the
+    summed clean loss, its target count, its exposure accumulator (``part["acc"]``) and the non-finite tensors its
+    check (``part["check"]``) found."""
+    check = part["check"]
+    device = model_device(model)
+    ids, tgt = w.inputs(n, device), w.targets(n, device)
+    kw = loss_forward_kwargs(model)
+    out = collector.run(model, ids, **kw) if collector is not None else model(ids, **kw)
+    clean_losses = output_losses(model, out, tgt)
+    check.check("logits (next-token losses of the clean pass)", clean_losses)
+    clean = float(clean_losses.double().sum())  # summed over the batch's positions
+    batch_loss = {c: clean for c in conds}  # dose 0: unchanged
+    bar.update(len(conds) - len(run))
+    for start in range(0, len(run), per_fwd):
+        chunk = run[start : start + per_fwd]
+        batch_loss.update(zip(chunk, _corrupted_losses(model, ids, tgt, chunk, seed, n, own, check)))
+        bar.update(len(chunk))
+    return {
+        "losses": [batch_loss[c] for c in conds],
+        "clean": clean,
+        "tokens": tgt.numel(),
+        "exposure": part["acc"].state() if collector is not None else None,
+        "nonfinite": [[name, layer, *counts] for (name, layer), counts in check.found.items()],
+    }
 
 
 def _loss_rows(conds, summed: dict, clean: float, n_tokens: int, **where) -> list[dict]:
@@ -467,8 +569,8 @@ def exposure_stats(model, data, *, cutoffs=("q25", "median"), backend: str | Non
     info = model.probe_info
     w = as_windows(data)
     cutoffs = _as_list(cutoffs)
-    acc = ExposureAccumulator(info, cutoffs)
-    collector = _exposure_collector(model, acc, [cutoff_fraction(c) for c in cutoffs], backend, FiniteCheck())
+    acc, check = ExposureAccumulator(info, cutoffs), FiniteCheck()
+    collector = _exposure_collector(model, lambda: (acc, check), [cutoff_fraction(c) for c in cutoffs], backend)
     for n in batches_of_rank(len(w)):
         acc.batch = n
         collector.run(model, w.inputs(n, model_device(model)))

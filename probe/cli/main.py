@@ -31,7 +31,9 @@ import difflib
 import errno
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -164,6 +166,30 @@ def under_torchrun() -> bool:
 RANK0_GRACE_S = 5.0
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM while a verb runs, raised as Ctrl-C raises KeyboardInterrupt, so that every ``finally`` runs (the
+    folder's lock is released; ``probe inject --out`` keeps its finished batches): exit code 143 (128 + 15)."""
+
+    signum = signal.SIGTERM
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(f"signal {signum}")
+
+
+def raise_on_sigterm():
+    """From now on SIGTERM raises ``Terminated``; the previous handler, for ``restore_sigterm``. Not under torchrun
+    (which stops its ranks with SIGTERM: the default stays) nor outside the main thread (None: nothing changed)."""
+    if under_torchrun() or threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def restore_sigterm(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _in_process_group() -> bool:
     """A torch.distributed group is up (never without importing torch, which the flag parser does not)."""
     dist = sys.modules.get("torch.distributed")
@@ -188,7 +214,7 @@ def main(argv=None) -> int:
         verb = args.verb
         import_module("probe.cli.flags").check_model_flags(args)  # a --model that cannot load: a second, no torch
         quiet = QUIET.set(bool(getattr(args, "quiet", False)))  # --quiet: no note of any layer, only an error line
-        lock = None
+        lock, sigterm = None, raise_on_sigterm()  # while the verb runs: SIGTERM ends it as Ctrl-C does
         try:
             if verb not in LIGHT_VERBS:  # before torch imports it: a broken Triton would break torch itself
                 disable_if_broken("triton", lambda line: note(f"probe {verb}: {line}"))
@@ -205,6 +231,7 @@ def main(argv=None) -> int:
         finally:
             if lock is not None:
                 lock.release()
+            restore_sigterm(sigterm)
             QUIET.reset(quiet)
     except WriteError as e:  # the flags were fine, the disk was not: exit 1, one line naming the file
         sys.stderr.write(f"probe {verb}: error: {e}\n")
@@ -236,9 +263,10 @@ def main(argv=None) -> int:
         prog = f"probe {verb}" if e.prog == "probe" and verb else e.prog
         sys.stderr.write(f"{prog}: error: {e.one_line()}\n")
         return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("probe: interrupted\n")
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C (130), or SIGTERM while a verb ran (Terminated: 143)
+        if not getattr(e, "reported", False):  # a verb that kept its finished work said so in its own line
+            sys.stderr.write("probe: interrupted\n")
+        return 128 + int(getattr(e, "signum", signal.SIGINT))
     except Exception as e:  # a bug of probe's: one line saying so, the traceback on request
         if os.environ.get("PROBE_TRACEBACK"):
             raise

@@ -90,16 +90,29 @@ def progress_bar(
 
 
 @contextmanager
-def quiet_hf_bars():
+def quiet_hf_bars(hub: bool = False):
     """transformers' progress bars ("Loading weights", "Writing model shards") off inside the block, by its own
     switch (``transformers.utils.logging``), and back as they were after it. Hub downloads are huggingface_hub's
-    bars and are left alone."""
+    bars and are left alone, unless ``hub`` (the command line's --quiet: no bar of any library)."""
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    hub_was_off = None
+    if hub:
+        try:
+            from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+
+            hub_was_off = are_progress_bars_disabled()
+            disable_progress_bars()
+        except ImportError:  # pragma: no cover - transformers requires huggingface_hub
+            hub_was_off = None
     try:
         yield
     finally:
         if was:
             hf_logging.enable_progress_bar()
+        if hub_was_off is False:
+            from huggingface_hub.utils import enable_progress_bars
+
+            enable_progress_bars()

@@ -68,14 +68,36 @@ def run_model_dir(run_dir: Path) -> Path | None:
 def training_record(model_dir: Path) -> dict | None:
     """What the run that trained a saved model recorded about it (``RUN/probe_train.json``: data, BOS, the synthetic
     task), found from the model's own directory: ``RUN/model``, ``RUN/checkpoint``, ``RUN/snapshots/step{N}``, or a
-    zoo entry whose ``zoo.json`` carries its run's record under ``"run"``. None when there is none."""
+    zoo entry whose ``zoo.json`` carries its run's record under ``"run"``, or the copy of it in the config.json of a
+    folder the model was saved to. None when there is none."""
     d = Path(model_dir)
     if (d / ZOO_RECORD).is_file():
         return json.loads((d / ZOO_RECORD).read_text()).get("run")
-    run = d.parent.parent if d.parent.name == SNAPSHOTS else d.parent if d.name in (FINAL_MODEL, CHECKPOINT) else None
-    if run is not None and (run / RUN_IDENTITY).is_file():
+    run = run_of(d)
+    if run is not None:
         return json.loads((run / RUN_IDENTITY).read_text())
-    return None
+    return saved_training_record(d)
+
+
+def run_of(model_dir: Path) -> Path | None:
+    """The training run a model directory belongs to (``RUN/model``, ``RUN/checkpoint``, ``RUN/snapshots/step{N}``
+    of a folder holding ``probe_train.json``), else None."""
+    d = Path(model_dir)
+    run = d.parent.parent if d.parent.name == SNAPSHOTS else d.parent if d.name in (FINAL_MODEL, CHECKPOINT) else None
+    return run if run is not None and (run / RUN_IDENTITY).is_file() else None
+
+
+SAVED_RECORD_KEY = "probe_train_record"  # config.json of a folder a model was saved to: its run's record
+
+
+def saved_training_record(model_dir: Path) -> dict | None:
+    """The run record ``save_pretrained`` copied into a saved folder's config.json (a zoo model or a run's model
+    saved elsewhere keeps its training data and BOS: the default --data and the BOS rule follow it), else None."""
+    try:
+        record = json.loads((Path(model_dir) / "config.json").read_text()).get(SAVED_RECORD_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def metrics_records(run_dir: Path) -> list[dict]:

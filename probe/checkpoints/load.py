@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -43,6 +45,7 @@ import probe.runs as runs
 from probe.catalogue import RELEASED
 from probe.checkpoints import gguf
 from probe.checkpoints.architectures import check_architecture
+from probe.console import QUIET
 from probe.progress import quiet_hf_bars
 from probe.writes import clean_text
 
@@ -53,18 +56,20 @@ PYTHIA_SIZES = ("14m", "31m", "70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b
 PYTHIA_STEPS = frozenset([0] + [2**i for i in range(10)] + list(range(1000, 143001, 1000)))
 GPT_OSS = ("20b", "120b")
 
-# OLMo 2's intermediate checkpoints: branch names by step, as published (cannot be derived from the step offline)
+# OLMo 2's intermediate checkpoints: branch names by step, as published (cannot be derived from the step offline). Read
+# on first use (a revision or suite lookup, or listing the known names), never at import: a damaged copy of the file
+# is one line where a lookup needs it, and every other name and verb works without it.
 REVISIONS_FILE = Path(__file__).resolve().parent / "revisions.json"
-REVISIONS: dict[str, dict] = json.loads(REVISIONS_FILE.read_text())["repos"]
-_REVISIONS_BY_NAME = {k.lower(): repo for repo, r in REVISIONS.items() for k in (repo, r["short"])}
+_SUITE_NAME = re.compile(r"^(?:allenai/)?olmo-2-", re.IGNORECASE)  # the names the table may hold; others never read it
+_revisions_read: dict[str, dict[str, dict]] = {}  # by the file's path (tests point REVISIONS_FILE at another copy)
 
-KNOWN_CHECKPOINTS: dict[str, str] = {
+_STATIC_CHECKPOINTS: dict[str, str] = {
     **{f"pythia-{s}": f"EleutherAI/pythia-{s}" for s in PYTHIA_SIZES},
-    **{r["short"]: repo for repo, r in REVISIONS.items()},
     **{f"pythia-{s}-deduped": f"EleutherAI/pythia-{s}-deduped" for s in PYTHIA_SIZES[2:]},
     **{f"gpt-oss-{s}": f"openai/gpt-oss-{s}" for s in GPT_OSS},
     **{short: r.repo for short, r in RELEASED.items()},
 }
+
 # the releases whose weights are one training-checkpoint file, not a config.json model (probe.checkpoints.lr_attnres)
 LR_ATTNRES_FILE = "final_model.pt"
 _RELEASED_BY_REPO = {r.repo.lower(): r for r in RELEASED.values()}
@@ -92,6 +97,82 @@ class ModelNotFoundError(ValueError):
         return str(self) if self.local is None else self.message.replace(LOCAL_COPY, f"{flag} {self.local}")
 
 
+class RevisionError(ModelNotFoundError):
+    """A revision that names no checkpoint of the model (outside git's branch grammar, a step the model was not saved
+    at) or probe's table of published revisions damaged: one line that says all there is to say, so the command line
+    adds no model-name suggestion after it (the model's name is not what is wrong)."""
+
+
+def revisions() -> dict[str, dict]:
+    """probe's table of OLMo 2's published branches by step (``revisions.json``: repo → {short, sources, steps}),
+    read on first use; a file that is missing or damaged is one :class:`RevisionError` line naming it."""
+    path = Path(REVISIONS_FILE)
+    key = str(path)
+    if key not in _revisions_read:
+        try:
+            table = json.loads(path.read_text(encoding="utf-8"))["repos"]
+            if not isinstance(table, dict) or not all(
+                isinstance(r, dict) and isinstance(r.get("short"), str) and isinstance(r.get("steps"), dict)
+                for r in table.values()
+            ):
+                raise ValueError("not a table of repos")
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+            raise RevisionError(
+                f"probe's table of published checkpoint revisions, {path}, is damaged or missing ({type(e).__name__}); "
+                "reinstall probe-attn (`pip install --force-reinstall probe-attn`)"
+            ) from None
+        _revisions_read[key] = table
+    return _revisions_read[key]
+
+
+def _suite_of(base: str) -> str | None:
+    """The repo of an OLMo 2 suite named by its repo id or short name (any letter case), None for any other name; only
+    a name that may be a suite reads the table."""
+    if not _SUITE_NAME.match(base):
+        return None
+    by_name = {k.lower(): repo for repo, r in revisions().items() for k in (repo, r["short"])}
+    return by_name.get(base.lower())
+
+
+def _suite_checkpoints() -> dict[str, str]:
+    """The suites' short names → repos; none when the table cannot be read (list_models names the damage)."""
+    try:
+        return {r["short"]: repo for repo, r in revisions().items()}
+    except RevisionError:
+        return {}
+
+
+class _KnownCheckpoints(Mapping):
+    """Short name → hub repo of the checkpoints probe knows by name; the OLMo 2 suites from the revisions table, read
+    when this is first looked into (not when the module is imported), and left out when that file is damaged."""
+
+    def _names(self) -> dict[str, str]:
+        pythia = {k: v for k, v in _STATIC_CHECKPOINTS.items() if k.startswith("pythia-") and "deduped" not in k}
+        rest = {k: v for k, v in _STATIC_CHECKPOINTS.items() if k not in pythia}
+        return {**pythia, **_suite_checkpoints(), **rest}
+
+    def __getitem__(self, key: str) -> str:
+        return self._names()[key]
+
+    def __iter__(self):
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+KNOWN_CHECKPOINTS: Mapping[str, str] = _KnownCheckpoints()
+
+
+def __getattr__(name: str):
+    if name == "REVISIONS":  # the table as a module attribute, read when asked for
+        return revisions()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def zoo_names() -> list[str]:
     """Packaged checkpoints: the subdirectories of ``probe/zoo`` that hold a ``config.json``."""
     if not ZOO_DIR.is_dir():
@@ -102,6 +183,12 @@ def zoo_names() -> list[str]:
 def list_models() -> list[dict]:
     """Rows for the CLI's ``models`` verb: zoo checkpoints, then known hub checkpoints with their cache state."""
     rows = [{"name": f"probe/{n}", "source": str(ZOO_DIR / n), "kind": "zoo", "available": True} for n in zoo_names()]
+    try:
+        revisions()
+    except RevisionError as e:  # the rest is listed; the suites are not, and the damage is named
+        from probe.console import note
+
+        note(f"probe models: {e}")
     for short, repo in KNOWN_CHECKPOINTS.items():
         rows.append({"name": short, "source": repo, "kind": "hub", "available": _cached_main_file(repo) is not None})
     source, _, kind = resolve(gguf.GEMMA_NAME)
@@ -137,7 +224,7 @@ def check_revision(rev: str) -> str:
     elif any(part.startswith(".") or part.endswith(".lock") for part in rev.split("/")):
         why = "a '/'-separated part starts with '.' or ends with '.lock'"
     if why is not None:
-        raise ModelNotFoundError(
+        raise RevisionError(
             f"revision {rev!r} is not a branch, tag or commit name ({why}); valid: git's branch-name grammar "
             f"(`git check-ref-format`), e.g. main, step1000, refs/pr/1 or a commit hash"
         )
@@ -153,10 +240,15 @@ def _normalise_revision(rev: str | None, pythia: bool) -> str | None:
         if m:
             step = int(m.group(1))
             if step not in PYTHIA_STEPS:
-                raise ModelNotFoundError(
+                raise RevisionError(
                     f"Pythia has no checkpoint at step {step}: steps are 0, 1, 2, 4, …, 512 and every 1000 up to 143000"
                 )
             return f"step{step}"
+        if rev.lower().startswith("step"):  # Pythia's branches are step{N} and main: `stepXYZ` names none of them
+            raise RevisionError(
+                f"Pythia has no revision {rev!r}: its checkpoints are step0, step1, step2, step4, …, step512 and every "
+                "1000 steps up to step143000 (or main)"
+            )
     return rev
 
 
@@ -178,12 +270,12 @@ def _table_revision(repo: str, rev: str | None) -> str | None:
     m = re.fullmatch(r"(?:step)?(\d+)", check_revision(rev))
     if m is None:
         return rev
-    steps = REVISIONS[repo]["steps"]
+    steps = revisions()[repo]["steps"]
     if m.group(1) in steps:
         return steps[m.group(1)]
     have = sorted(int(k) for k in steps)
     near = sorted(have, key=lambda k: abs(k - int(m.group(1))))[:3]
-    raise ModelNotFoundError(
+    raise RevisionError(
         f"{repo} has no checkpoint at step {m.group(1)} in probe's table of its published branches "
         f"({len(have)} steps, nearest: {', '.join(f'step{k}' for k in sorted(near))}); pass the branch name itself, "
         f"e.g. @{steps[str(near[0])]}"
@@ -246,7 +338,7 @@ def resolve(name) -> tuple[str, str | None, str]:
     if m := _PYTHIA.match(base):
         size, dedup = m.group(1).lower(), m.group(2) or ""
         return f"EleutherAI/pythia-{size}{dedup.lower()}", _normalise_revision(rev, True), "hub"
-    if (suite := _REVISIONS_BY_NAME.get(base.lower())) is not None:  # OLMo 2: @stepN through revisions.json
+    if (suite := _suite_of(base)) is not None:  # OLMo 2: @stepN through revisions.json
         return suite, _table_revision(suite, rev), "hub"
     if m := _GPT_OSS.match(base):
         return f"openai/gpt-oss-{m.group(1).lower()}", _normalise_revision(rev, False), "hub"
@@ -388,37 +480,89 @@ def check_available(name) -> None:
 # ------------------------------------------------------------------------------------------------------------
 
 
+DTYPES = ("float32", "float16", "bfloat16", "float64", "auto")
+DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+
+
+def check_dtype(dtype):
+    """``dtype`` when :func:`load` can load weights in it (None, a name in DTYPES or DTYPE_ALIASES, or a floating
+    ``torch.dtype``); else one ValueError line naming it and the valid choices, before anything is read or loaded."""
+    if dtype is None or (isinstance(dtype, str) and (dtype in DTYPES or dtype in DTYPE_ALIASES)):
+        return dtype
+    if not isinstance(dtype, str):
+        import torch
+
+        if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+            return dtype
+    raise ValueError(
+        f"dtype {dtype!r} is not a weights dtype; valid: {', '.join(DTYPES)} "
+        f"(aliases {', '.join(DTYPE_ALIASES)}) or a floating torch.dtype"
+    )
+
+
 def _resolve_dtype(dtype, device, hf_kwargs):
     import torch
 
+    check_dtype(dtype)
     if dtype is None:
         on_gpu = (device is not None and str(device) != "cpu") or "device_map" in hf_kwargs
         return "auto" if on_gpu else torch.float32  # bf16 is very slow on CPU (docs/definitions.md#hf-checkpoints)
     if isinstance(dtype, str) and dtype != "auto":
-        aliases = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
-        return getattr(torch, aliases.get(dtype, dtype))
+        return getattr(torch, DTYPE_ALIASES.get(dtype, dtype))
     return dtype
 
 
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # "read tokenizer.json as it is"
+# the files a tokenizer is read from; a folder with none of them ships no tokenizer
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tiktoken.model",
+)
+
+
+def _unreadable(e: BaseException) -> bool:
+    """Whether a tokenizer load failed on the tokenizer's files (missing, unreadable, not what the class reads): an
+    OSError, a ValueError (JSON too), a KeyError, or the bare ``Exception`` the tokenizers library raises for a
+    tokenizer.json it cannot parse. Anything else is a fault of its own and is not hidden as "no tokenizer"."""
+    return isinstance(e, (OSError, ValueError, KeyError, UnicodeError)) or type(e) is Exception
+
+
+def _read_tokenizer(source: str, **kw):
+    """(tokenizer, None), or (None, why) when the model ships no tokenizer or one that cannot be read. A folder whose
+    tokenizer_config.json names the generic fast class gets that class: AutoTokenizer in transformers 5 builds the
+    model_type's own class instead (Qwen2's for a qwen2 config), whose pre-tokenizer can silently split the folder's
+    tokenizer.json into nothing."""
+    folder = Path(source)
+    if folder.is_dir() and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        return None, "ships no tokenizer"
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from probe.errors import first_line
+
+    try:
+        settings = folder / "tokenizer_config.json"
+        if (folder / "tokenizer.json").is_file() and settings.is_file():
+            declared = json.loads(settings.read_text())
+            if isinstance(declared, dict) and declared.get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES:
+                return PreTrainedTokenizerFast.from_pretrained(source, **kw), None
+        return AutoTokenizer.from_pretrained(source, **kw), None
+    except Exception as e:
+        if not _unreadable(e):
+            raise
+        what = "ships a tokenizer that cannot be read" if folder.is_dir() else "has no tokenizer that can be read"
+        return None, f"{what} ({first_line(e)[:200]})"
 
 
 def _load_tokenizer(source: str, **kw):
-    """The folder's (or the hub name's) tokenizer. A folder whose tokenizer_config.json names the generic fast class
-    gets that class: AutoTokenizer in transformers 5 builds the model_type's own class instead (Qwen2's for a qwen2
-    config), whose pre-tokenizer can silently split the folder's tokenizer.json into nothing."""
-    try:
-        from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-        folder = Path(source)
-        settings = folder / "tokenizer_config.json"
-        if (folder / "tokenizer.json").is_file() and settings.is_file():
-            declared = json.loads(settings.read_text()).get("tokenizer_class")
-            if declared in GENERIC_TOKENIZER_CLASSES:
-                return PreTrainedTokenizerFast.from_pretrained(source, **kw)
-        return AutoTokenizer.from_pretrained(source, **kw)
-    except Exception:
-        return None
+    """The folder's (or the hub name's) tokenizer, None when it ships none or one that cannot be read."""
+    return _read_tokenizer(source, **kw)[0]
 
 
 def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, rope: str | None = None, **hf_kwargs):
@@ -430,10 +574,15 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
     RoPE table: MUDDFormer bf16, MUDDPythia fp16, LR-AttnRes the one stored in the checkpoint) or "exact" (probe's
     fp32 table); other keywords go to ``from_pretrained``. Local weights load without transformers' own
     progress bars (``probe.progress.quiet_hf_bars``: they take moments, and in a notebook each bar is a widget left in
-    the cell); a hub model keeps them.
+    the cell); a hub model keeps them, except under the command line's ``--quiet`` (``probe.console.QUIET``). A bad
+    ``dtype`` is one ValueError line before anything loads. transformers' load report (missing, unexpected or
+    mismatched tensors) is not printed: it becomes probe's one line (:class:`CheckpointMismatchError`).
     """
+    check_dtype(dtype)  # a bad dtype: one line before the name is resolved or anything read
     target, rev, kind = resolve(name_or_path)
-    with contextlib.nullcontext() if kind == "hub" else quiet_hf_bars():
+    quiet = QUIET.get()  # the command line's --quiet: no bar at all, not even a hub model's
+    bars = quiet_hf_bars(hub=quiet) if kind != "hub" or quiet else contextlib.nullcontext()
+    with bars:
         return _load(name_or_path, target, rev, kind, revision, device, dtype, rope, hf_kwargs)
 
 
@@ -478,6 +627,10 @@ def _load(name_or_path, target, rev, kind, revision, device, dtype, rope, hf_kwa
         with open(config_path) as f:
             saved = json.load(f)
         check_architecture(saved.get("model_type") if isinstance(saved, dict) else None, str(identity))
+        if kind == "hub":  # a local folder's config is checked with its headers (_check_sizes); a hub one's here
+            from probe.checkpoints.sizes import check_config
+
+            check_config(saved, str(identity))
     model_type = saved.get("model_type")
     from probe.checkpoints import muddformer
 
@@ -511,17 +664,17 @@ def _load(name_or_path, target, rev, kind, revision, device, dtype, rope, hf_kwa
                 f"{identity} is a custom probe checkpoint but probe.models cannot be imported: {e}"
             ) from e
         _check_sizes(source, kind, identity, model_kw["dtype"], hf_kwargs)
-        model = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev)
+        model = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev, identity)
         model.probe_name = identity  # recorded in every analysis output
         if kind in ("zoo", "local"):  # its training data and BOS (ModelInfo.trained_with_bos, the default --data)
             model.train_record = runs.training_record(Path(target))
-        if kind == "local" and model.train_record is None and isinstance(saved.get("probe_name"), str):
+        if kind == "local" and runs.run_of(Path(target)) is None and isinstance(saved.get("probe_name"), str):
             # a folder a model was saved to (not a training run's, whose path is its identity): the model's name
             model.probe_name = clean_text(saved["probe_name"])
     else:
         model_kw.setdefault("attn_implementation", "eager")
         _check_sizes(source, kind, identity, model_kw["dtype"], hf_kwargs)
-        hf = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev)
+        hf = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev, identity)
         if device is not None and "device_map" not in hf_kwargs:
             hf = hf.to(device)
         from probe.checkpoints.adapters import adapt
@@ -530,12 +683,14 @@ def _load(name_or_path, target, rev, kind, revision, device, dtype, rope, hf_kwa
         model.probe_info.extra.update({"source": kind, "revision": rev, "location": target})
     if model_type == "probe" and device is not None and "device_map" not in hf_kwargs:
         model = model.to(device)
-    tokenizer = _load_tokenizer(source, **common)
+    tokenizer, no_tokenizer = _read_tokenizer(source, **common)
     if kind == "zoo" and tokenizer is not None and (Path(target) / "zoo.json").is_file():
         # a zoo checkpoint carries a copy of a named tokenizer: record that name, not the directory
         tokenizer.name_or_path = json.loads((Path(target) / "zoo.json").read_text())["recipe"]["tokenizer"]
     if getattr(model, "tokenizer", None) is None:
         model.tokenizer = tokenizer
+        if tokenizer is None:  # what probe.jobs.inputs says when a tokenizer is needed and none was given
+            model.tokenizer_problem = no_tokenizer
     return model.eval()
 
 
@@ -573,9 +728,95 @@ def _check_sizes(source: str, kind: str, identity: str, dtype, hf_kwargs: dict) 
     check_sizes(Path(source), identity, per_param, check_memory=not placed)  # CheckpointSizeError: one line
 
 
-def _from_pretrained(auto_cls, source, kw, kind, target, rev):
+class CheckpointMismatchError(ValueError):
+    """A checkpoint whose tensors do not fit the model its config describes (shapes that differ, weights it needs that
+    are not stored, weights that cannot be converted); the message is one line."""
+
+
+def _keys(keys, n: int = 3) -> str:
+    keys = sorted(keys)
+    return ", ".join(keys[:n]) + (f", … ({len(keys) - n} more)" if len(keys) > n else "")
+
+
+def _shape(shape) -> str:
+    return str(tuple(int(d) for d in shape))
+
+
+def _judge_load_report(identity: str, info, ignore_mismatched_sizes: bool) -> None:
+    """transformers' loading report (``LoadStateDictInfo``) as probe's one line: a tensor whose stored shape differs
+    from the config's, one the model needs that is not stored (it would be left at random initialisation) or one that
+    cannot be converted is a :class:`CheckpointMismatchError`; stored tensors the model does not use are one note."""
+    where = f"checkpoint {identity}"
+    if info.error_msgs:
+        raise CheckpointMismatchError(f"{where}: its weights do not load ({str(info.error_msgs[0]).splitlines()[0]})")
+    if info.conversion_errors:
+        key, why = sorted(info.conversion_errors.items())[0]
+        first = next((line for line in str(why).splitlines() if line.strip()), "")
+        raise CheckpointMismatchError(
+            f"{where}: {len(info.conversion_errors)} tensors cannot be converted to the model's layout "
+            f"({key}: {first.strip()[:200]})"
+        )
+    if info.mismatched_keys and not ignore_mismatched_sizes:
+        rows = sorted(info.mismatched_keys, key=lambda r: r[0])
+        key, stored, wanted = rows[0]
+        more = f"; and {_keys([r[0] for r in rows[1:]])}" if len(rows) > 1 else ""
+        raise CheckpointMismatchError(
+            f"{where}: {len(rows)} tensor{'s do' if len(rows) > 1 else ' does'} not match the config ({key}: stored "
+            f"{_shape(stored)}, config wants {_shape(wanted)}{more}); the config and the weights do not belong together"
+        )
+    if info.missing_keys:
+        n = len(info.missing_keys)
+        raise CheckpointMismatchError(
+            f"{where}: {n} tensor{'s' if n > 1 else ''} the config needs {'are' if n > 1 else 'is'} not stored "
+            f"({_keys(info.missing_keys)}); the config and the weights do not belong together"
+        )
+    if info.unexpected_keys:
+        from probe.console import note
+
+        unused = info.unexpected_keys
+        note(f"{where}: ignoring {len(unused)} stored tensors the model does not use ({_keys(unused)})")
+
+
+class _DropLoadReport(logging.Filter):
+    """transformers' "LOAD REPORT" table, dropped (probe's one line replaces it) if it is logged at all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            return "LOAD REPORT" not in record.getMessage()
+        except Exception:  # noqa: BLE001 - a record that cannot format is not ours to judge
+            return True
+
+
+@contextlib.contextmanager
+def _load_report_as_one_line(identity: str):
+    """Inside the block, transformers' multi-line loading report (``transformers.utils.loading_report``, logged from
+    ``modeling_utils`` after the weights are read) is judged by :func:`_judge_load_report` instead of printed. Replaces
+    the function ``modeling_utils`` calls for the duration of the load (loads are not run concurrently), and filters
+    the report from its logger should another version log it by another route."""
+    import transformers.modeling_utils as modeling_utils
+
+    log = logging.getLogger(modeling_utils.__name__)
+    drop = _DropLoadReport()
+    original = getattr(modeling_utils, "log_state_dict_report", None)
+
+    def report(model, pretrained_model_name_or_path, ignore_mismatched_sizes, loading_info, logger=None):
+        _judge_load_report(identity, loading_info, ignore_mismatched_sizes)
+
+    log.addFilter(drop)
+    if original is not None:
+        modeling_utils.log_state_dict_report = report
     try:
-        return auto_cls.from_pretrained(source, **kw)
+        yield
+    finally:
+        if original is not None:
+            modeling_utils.log_state_dict_report = original
+        log.removeFilter(drop)
+
+
+def _from_pretrained(auto_cls, source, kw, kind, target, rev, identity=None):
+    try:
+        with _load_report_as_one_line(identity or (f"{target}@{rev}" if rev else str(target))):
+            return auto_cls.from_pretrained(source, **kw)
     except OSError as e:
         if kind == "hub":
             raise _missing(target, rev, f"incomplete in the local cache or unavailable ({type(e).__name__})") from None

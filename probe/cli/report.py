@@ -101,7 +101,10 @@ def run(args: argparse.Namespace) -> int:
 
             if (warning := dose_warning(spec.injection.doses)) is not None:
                 console.note(f"probe report: warning: --inject-{warning.replace('dose ', 'doses ', 1)}; running them")
-        tables, settings = write_report(spec, console)
+        try:
+            tables, settings = write_report(spec, console)
+        except UsageError as e:
+            raise _without_missing_flag(e) from None
     if args.json:
         print(
             json.dumps(
@@ -121,3 +124,17 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(report_text(tables, settings, len(names), args.shard))
     return 0
+
+
+def _without_missing_flag(e):
+    """A non-finite model's one line as the analyses word it suggests ``--allow-nonfinite``, which ``probe report``
+    does not have (its tables and page draw verdicts): here it says that no verdict is drawn instead, suggesting only
+    flags this verb has."""
+    from probe.analyses.finite import FLAG
+    from probe.errors import UsageError
+
+    suffix = f"; pass {FLAG} to report the numbers without a verdict"
+    text = str(e)
+    if not text.endswith(suffix):
+        return e
+    return UsageError(f"{text[: -len(suffix)]}; no verdict is drawn from numbers that are not finite", prog=e.prog)

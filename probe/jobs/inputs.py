@@ -188,9 +188,9 @@ def tokenizer_for(spec: WindowSpec, model):
         if getattr(model, "tokenizer", None) is not None:
             return model.tokenizer
         if model.probe_info.family != "probe":
-            raise UsageError(
-                f"model {model.probe_info.name!r} ships no tokenizer; pass --tokenizer ({', '.join(TOKENIZERS)})"
-            )
+            # the loader says why there is none: it ships none, or ships one that cannot be read
+            why = getattr(model, "tokenizer_problem", None) or "ships no tokenizer"
+            raise UsageError(f"model {model.probe_info.name!r} {why}; pass --tokenizer ({', '.join(TOKENIZERS)})")
         name = DEFAULT_TOKENIZER
     try:
         return load_tokenizer(name)

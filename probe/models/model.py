@@ -32,6 +32,7 @@ from probe.models.layers import NormPoints, UnembedPoints, make_norm
 from probe.models.lens import HF_OUTPUT, TransformerLensCalls
 from probe.models.params import ROLES, no_decay_names, parameter_roles
 from probe.progress import quiet_hf_bars
+from probe.runs import SAVED_RECORD_KEY
 
 # parameter names of checkpoints saved before the value gates became modules -> today's, relative to an attention
 # module; only the readers of saved weights rename them (from_pretrained here, probe.train.checkpoint.load_model)
@@ -147,9 +148,12 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
     def save_pretrained(self, save_directory, *args, **kwargs):
         """HF's save_pretrained without its "Writing model shards" bar, recording the model's name (``probe_name``,
         e.g. ``tiny-sink+proj``) in config.json, so that ``probe.load`` of the folder names the model, not the
-        folder."""
+        folder, and what its training run recorded (its data, its BOS), so that the folder's default --data is the
+        model's own."""
         if self.probe_name:
             self.config.probe_name = self.probe_name
+        if self.train_record:  # its training data and BOS travel with it (probe.runs.saved_training_record)
+            setattr(self.config, SAVED_RECORD_KEY, self.train_record)
         with quiet_hf_bars():
             return super().save_pretrained(save_directory, *args, **kwargs)
 

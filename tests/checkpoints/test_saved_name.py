@@ -61,3 +61,16 @@ def test_quiet_hf_bars_restores_the_switch(bars_on):
     with quiet_hf_bars():
         pass
     assert not hf_logging.is_progress_bar_enabled()  # off before, off after
+
+
+def test_a_saved_bigram_backcopy_model_keeps_its_training_chain_and_its_name(tmp_path):
+    """A zoo model saved elsewhere (say after editing a weight) still knows the chain it trained on: its default
+    --data is that chain, as for the zoo entry, not text it never saw."""
+    from probe.jobs.inputs import trained_task
+
+    model = probe.load("probe/bb-baseline")
+    model.save_pretrained(tmp_path / "copy")
+    copy = probe.load(tmp_path / "copy")
+    assert copy.train_record == model.train_record
+    assert trained_task(copy) == trained_task(model) is not None
+    assert copy.probe_info.name == "probe/bb-baseline"

@@ -257,25 +257,9 @@ def check_model_flags(args: argparse.Namespace) -> None:
     from probe.jobs.model_names import check_model_name
 
     if isinstance(model, str):
-        _check_revision(model, "--model")
         check_model_name(model, "--model")
     for name in models or ():
-        _check_revision(name, "--models/--checkpoints")
         check_model_name(name, "--models/--checkpoints", hub=False)
-
-
-def _check_revision(name: str, flag: str) -> None:
-    """A name whose ``@revision`` names no checkpoint (probe.checkpoints.load.RevisionError): the loader's one line as
-    it is, with no model-name suggestion after it (the name is right, the revision is not)."""
-    from probe.checkpoints.load import RevisionError, resolve
-    from probe.errors import UsageError
-
-    try:
-        resolve(name)
-    except RevisionError as e:
-        raise UsageError(f"{flag} {name!r}: {e}") from None
-    except ValueError:  # any other name that loads nothing: check_model_name says it, with its suggestions
-        pass
 
 
 def model_spec(args: argparse.Namespace, default: str | None = None) -> ModelSpec:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 
-from probe.checkpoints.load import KNOWN_CHECKPOINTS, ModelNotFoundError, check_available, resolve
+from probe.checkpoints.load import KNOWN_CHECKPOINTS, ModelNotFoundError, RevisionError, check_available, resolve
 from probe.errors import UsageError
 
 KNOWN_HINT = (
@@ -25,6 +25,8 @@ def model_error(flag: str, name: str, e: ValueError) -> UsageError:
     Python's ``probe.load``), the closest known name when there is one, and what names are accepted."""
     local_flag = flag.split("/")[0]  # report's --models/--checkpoints: a local copy goes to --models
     text = e.on_command_line(local_flag) if isinstance(e, ModelNotFoundError) else str(e).split("\n")[0]
+    if isinstance(e, RevisionError):  # the revision is what is wrong, not the model's name
+        return UsageError(f"{flag} {name!r}: {text}")
     base = name.split("@")[0]
     close = difflib.get_close_matches(base, list(KNOWN_CHECKPOINTS), n=1)
     hint = f"did you mean {close[0]}? " if close and close[0] != base else ""

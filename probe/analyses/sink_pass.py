@@ -1,9 +1,10 @@
-"""Sink statistics, Sink^ε, and on request massive activations and dormant heads, from one forward per batch.
+"""Sink statistics, Sink^ε, and on request massive activations, dormant heads, attention entropy and outlier
+kurtosis, from one forward per batch.
 
 What ``probe sinks`` and ``probe report`` compute for a model: the analyses of probe.analyses.sinks, sink_heads,
-massive and dormant run as parts of one pass (probe.analyses.passes), so the model runs once per evaluation batch
-instead of once per analysis, and sink statistics and Sink^ε share each layer's row masses. Each result equals what the
-analysis's own function returns on the same windows.
+massive, dormant, entropy and kurtosis run as parts of one pass (probe.analyses.passes), so the model runs once per
+evaluation batch instead of once per analysis, and sink statistics and Sink^ε share each layer's row masses. Each
+result equals what the analysis's own function returns on the same windows.
 
 Dormant heads compare input domains. A domain whose windows are the evaluation windows themselves (same tokens, same
 documents; e.g. ``--dormant`` with the default corpus among its domains) is read in the same pass; every other domain
@@ -17,7 +18,9 @@ import torch
 
 from probe.analyses.capture import Windows, as_windows
 from probe.analyses.dormant import dormant_parts, dormant_result
+from probe.analyses.entropy import EntropyPart
 from probe.analyses.finite import FiniteCheck
+from probe.analyses.kurtosis import KurtosisPart
 from probe.analyses.massive import MassivePart
 from probe.analyses.passes import run_pass
 from probe.analyses.sink_heads import DEFAULT_EPS, SinkEpsPart, check_protocol_windows, protocol_settings, with_protocol
@@ -49,10 +52,13 @@ def sink_analyses(
     progress: bool = False,
     protocol: str = "pooled",
     allow_nonfinite: bool = False,
+    entropy: bool = False,
+    kurtosis: bool = False,
 ) -> dict[str, dict[str, pd.DataFrame]]:
     """``{"sinks": sink_stats(...), "sink_eps": sink_heads(..., eps=eps, protocol=protocol)}``, plus ``"massive"``
     (massive_activations) when ``massive`` and ``"dormant"`` (dormant_heads on the domains ``dormant``: windows or
-    {domain: windows}) when given, all from one forward per batch of ``data`` (and of each other dormant domain).
+    {domain: windows}) when given, ``"entropy"`` (attention_entropy) when ``entropy`` and ``"kurtosis"``
+    (outlier_kurtosis) when ``kurtosis``, all from one forward per batch of ``data`` (and of each other dormant domain).
     ``protocol`` (probe.analyses.sink_heads.PROTOCOLS) decides Sink^ε's form; its name is in every result's meta.
     A non-finite captured tensor is a one-line UsageError; with ``allow_nonfinite`` every result carries the
     ``nonfinite`` table instead (probe.analyses.finite) and draws no verdict."""
@@ -65,6 +71,9 @@ def sink_analyses(
     mas = MassivePart(info, backend=backend) if massive else None
     if mas is not None:
         parts.append(mas)
+    ent = EntropyPart(info) if entropy else None
+    kur = KurtosisPart(info) if kurtosis else None
+    parts += [p for p in (ent, kur) if p is not None]
     jobs = [(w, parts)]
     if dormant is not None:
         dor_acc, domains, dor_parts = dormant_parts(info, dormant, backend=backend)
@@ -81,6 +90,10 @@ def sink_analyses(
         out["massive"] = mas.result(model, w, tokenizer)
     if dormant is not None:
         out["dormant"] = dormant_result(model, dor_acc, domains)
+    if ent is not None:
+        out["entropy"] = ent.result(model, w)
+    if kur is not None:
+        out["kurtosis"] = kur.result(model, w)
     return {k: check.mark(v) for k, v in out.items()}
 
 

@@ -1,5 +1,6 @@
-"""``probe sinks``: attention-sink statistics and Sink^eps, with massive activations (--massive) and active /
-dormant heads per input domain (--dormant) when asked; shaped for the terminal and the page by probe.present.sinks."""
+"""``probe sinks``: attention-sink statistics and Sink^eps, with massive activations (--massive), active /
+dormant heads per input domain (--dormant), attention entropy per head (--entropy) and outlier-feature kurtosis per
+layer (--kurtosis) when asked; shaped for the terminal and the page by probe.present.sinks."""
 
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default=["wikitext-2-test", "shakespeare", "kjv"],
         metavar="CORPUS",
         help="input domains for --dormant (default: the three bundled corpora)",
+    )
+    p.add_argument("--entropy", action="store_true", help="also report attention entropy per head (Zhai et al. 2023)")
+    p.add_argument(
+        "--kurtosis",
+        action="store_true",
+        help="also report the kurtosis of neuron RMS per layer, outlier features (He et al. 2024)",
     )
     nonfinite_flag(p)
     output_flags(p)
@@ -86,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         progress=run.progress,  # one forward per batch for all of them
         protocol=args.protocol,
         allow_nonfinite=args.allow_nonfinite,
+        entropy=args.entropy,
+        kurtosis=args.kurtosis,
     )
     result, heads = found["sinks"], found["sink_eps"]
     for k in ("summary", "layers", "heads"):
@@ -98,6 +107,14 @@ def run(args: argparse.Namespace) -> int:
         dor = found["dormant"]
         for k in ("summary", "domains", "heads", "switching"):
             result[f"dormant_{k}"] = dor[k]
+    if args.entropy:
+        ent = found["entropy"]
+        for k in ("summary", "layers", "heads", "batches"):
+            result[f"entropy_{k}"] = ent[k]
+    if args.kurtosis:
+        kur = found["kurtosis"]
+        for k in ("summary", "layers", "batches"):
+            result[f"kurtosis_{k}"] = kur[k]
     publish(
         run.output,
         "sinks",
@@ -134,6 +151,12 @@ def run_sweep(args: argparse.Namespace, contexts: list[int]) -> int:
             f"--dormant takes one --ctx, got {len(contexts)} ({' '.join(map(str, contexts))}); "
             "give one length, or leave out --dormant"
         )
+    for flag in ("entropy", "kurtosis"):
+        if getattr(args, flag, False):
+            raise UsageError(
+                f"--{flag} takes one --ctx, got {len(contexts)} ({' '.join(map(str, contexts))}); "
+                f"give one length, or leave out --{flag}"
+            )
     contexts = sorted(contexts)
     args.ctx = contexts[0]
     with all_ranks_agree():

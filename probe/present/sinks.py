@@ -1,5 +1,6 @@
 """`probe sinks`: its terminal text, figures, page sections and the descriptions of its files. Sink^eps, massive
-activations and dormant heads (parts of the same verb) have their own modules; this one puts them together."""
+activations and dormant heads (parts of the same verb) have their own modules; this one puts them together, and shows
+attention entropy (--entropy) and outlier kurtosis (--kurtosis) itself."""
 
 from __future__ import annotations
 
@@ -36,6 +37,13 @@ DESCRIPTIONS = {
     "sinks_heads.csv": "sink statistics per layer and head",
     "sinks_batches.csv": "sink statistics per evaluation batch and layer (for standard errors)",
     "sinks_nonfinite.csv": "tensors with NaN or infinite entries (--allow-nonfinite): why no verdict is drawn",
+    "sinks_entropy_summary.csv": "attention entropy (Zhai et al.): means over layers, the lowest layer and head",
+    "sinks_entropy_layers.csv": "attention entropy per layer, raw (nats) and normalised, ± s.e. over batches",
+    "sinks_entropy_heads.csv": "attention entropy per layer and head, raw (nats) and normalised, ± s.e. over batches",
+    "sinks_entropy_batches.csv": "attention entropy per evaluation batch, layer and head (for standard errors)",
+    "sinks_kurtosis_summary.csv": "outlier features (He et al.): kurtosis of neuron RMS over layers",
+    "sinks_kurtosis_layers.csv": "kurtosis of neuron RMS per layer (residual stream after each block), jackknife s.e.",
+    "sinks_kurtosis_batches.csv": "kurtosis of neuron RMS per evaluation batch and layer",
 }
 
 
@@ -161,6 +169,22 @@ def sink_sections(result: dict) -> dict:
                 "no head switches between the domains",
             )
         )
+    if "entropy_layers" in result:
+        tables.append(
+            (
+                "Attention entropy per layer (Zhai et al.; rows t >= 1, entropy in nats, *_norm over log of the "
+                "row's outcomes: 1 uniform, 0 one-hot; ± s.e. over batches)",
+                drop_ids(result["entropy_layers"]),
+            )
+        )
+    if "kurtosis_layers" in result:
+        tables.append(
+            (
+                "Outlier features per layer (He et al.; kurtosis of neuron RMS at hook_resid_post, 1 when every "
+                "neuron has the same RMS; jackknife s.e. over batches)",
+                drop_ids(result["kurtosis_layers"]),
+            )
+        )
     if bad is not None:
         tables.insert(0, ("Non-finite values (NaN or infinite entries; no verdict is drawn)", drop_ids(bad)))
     caveats = se_caveat(n_batches(result)) + [n for n in [linear_note(result_meta(result))] if n]
@@ -264,7 +288,29 @@ def figures(result: dict, dormant_result: dict | None = None) -> list:
         out.append(massive.massive_figure(massive.part(result)))
     if dormant_result is not None:
         out += [dormant.dormant_figure(dormant_result), dormant.dormant_heads_figure(dormant_result)]
+    if "entropy_heads" in result:
+        out.append(sink_heads_figure({"heads": result["entropy_heads"], "meta": result["meta"]}, "entropy_norm"))
+    if "kurtosis_layers" in result:
+        out.append(kurtosis_figure(result))
     return out
+
+
+def kurtosis_figure(result: dict) -> go.Figure:
+    """Kurtosis of neuron RMS per layer (± jackknife s.e.), with its floor of 1 (every neuron the same RMS)."""
+    lay = result["kurtosis_layers"]
+    fig = go.Figure(
+        go.Scatter(
+            x=lay["layer"],
+            y=lay["kurtosis"],
+            mode="lines+markers",
+            name="kurtosis",
+            error_y=dict(type="data", array=lay["kurtosis_se"].fillna(0).tolist(), visible=True),
+        )
+    )
+    threshold(fig, 1.0, "1 (every neuron the same RMS)")
+    fig.update_yaxes(title_text="mean(s^4) / mean(s^2)^2", rangemode="tozero")
+    fig.update_layout(title=f"Outlier features (kurtosis of neuron RMS) — {result_name(result)}")
+    return integer_ticks(fig, "x", "layer (output of block)")
 
 
 def sections(result: dict) -> dict:
@@ -301,6 +347,27 @@ def text(result: dict) -> str:
         lines += massive.text_lines(result)
     if "dormant_summary" in result:
         lines += dormant.text_lines(result)
+    if "entropy_layers" in result:
+        lines += [
+            "",
+            "attention entropy per layer (Zhai et al.; rows t >= 1; nats, and normalised: 1 uniform, 0 one-hot):",
+            show(
+                result["entropy_layers"],
+                ["layer", "layer_type", "entropy", "entropy_norm", "entropy_norm_se", "entropy_real_norm"],
+            ),
+        ]
+        e = result["entropy_summary"].iloc[0]
+        if int(e["min_head"]) >= 0:
+            lines.append(
+                f"lowest head: layer {int(e['min_head_layer'])} head {int(e['min_head'])}, "
+                f"entropy_norm {float(e['min_head_entropy_norm']):.3g}"
+            )
+    if "kurtosis_layers" in result:
+        lines += [
+            "",
+            "outlier features per layer (He et al.; kurtosis of neuron RMS after each block, 1 = all equal):",
+            show(result["kurtosis_layers"], ["layer", "kurtosis", "kurtosis_se", "max_neuron", "max_over_rms"]),
+        ]
     bad = nonfinite(result)
     if bad is not None:  # the numbers above, marked; no verdict drawn from them
         lines += nonfinite_lines(bad)

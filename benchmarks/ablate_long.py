@@ -11,7 +11,7 @@ forward with its loss (hidden states, the LM head in chunks: what ``probe ablate
 and the process's CPU time are both given, each the fastest of the repeats: on a machine shared with other jobs the
 CPU time (``time.process_time``, all threads) is the steadier measure of the work a forward does. The ways:
 
-  knockout     key 0 out of every layer's softmax (``Ablation("knockout", "key0")``);
+  knockout     key 0 out of every layer's softmax (``Ablation(Knockout())``);
   evict        window eviction k=keep, w=window in every layer, keys at their positions in the text;
   evict-cache  the same at positions within the cache (docs/definitions.md#window-eviction).
 
@@ -87,7 +87,7 @@ def memory_trace(model, ids, hooks, kw) -> dict:
 
     marks = [(lambda n: n.endswith("attn.hook_v_out"), opened), (lambda n: n.endswith("attn.hook_z"), closed)]
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) as prof:
-        with edits.armed():
+        with edits.carried(model):
             model.run_with_hooks(ids, fwd_hooks=marks + hooks, **kw)
     events = prof.profiler.kineto_results.events()
     within = [(e.start_ns(), e.end_ns()) for e in events if e.name().startswith("attention ")]
@@ -100,7 +100,7 @@ def child(args, ctx: int, way: str) -> dict:
     import torch
 
     import probe
-    from probe.analyses.ablate import Ablation, ablation_hooks
+    from probe.analyses.ablate import Ablation, Eviction, Knockout, ablation_hooks
     from probe.analyses.capture import loss_forward_kwargs, output_losses
     from probe.jobs.inputs import windows_for
     from probe.jobs.specs import WindowSpec
@@ -111,15 +111,15 @@ def child(args, ctx: int, way: str) -> dict:
     eb, _ = windows_for(WindowSpec(data=args.data, ctx=ctx, batches=1, batch_size=1, past_context=True), model)
     ids, targets = eb.tokens[0, :, :-1], eb.tokens[0, :, 1:]
     kw = loss_forward_kwargs(model)
-    setting = f"k={args.keep},w={args.window}" + (",pos=cache" if way == "evict-cache" else "")
-    abl = {"knockout": Ablation("knockout", "key0"), "evict": Ablation("evict", setting)}.get(way.split("-")[0])
+    eviction = Eviction(keep=args.keep, window=args.window, positions="cache" if way == "evict-cache" else "original")
+    abl = {"knockout": Ablation(Knockout()), "evict": Ablation(eviction)}.get(way.split("-")[0])
     times, cpu, loss = {"clean": [], way: []}, {"clean": [], way: []}, {}
     with torch.no_grad():
         model(ids[:, :16], **kw)  # lazy initialisation outside the timing
         for _ in range(args.repeat):
             for name, hooks in (("clean", None), (way, abl)):
                 t0, c0 = time.perf_counter(), time.process_time()
-                with edits.armed():
+                with edits.carried(model):
                     out = model.run_with_hooks(
                         ids, fwd_hooks=[] if hooks is None else ablation_hooks(model, hooks), **kw
                     )

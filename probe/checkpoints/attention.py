@@ -247,7 +247,7 @@ def eager_probs(
 
 
 def fire_scores_of(site, pattern, phantom, real, sinks):
-    """hook_attn_scores where an armed edit made the pattern (the op carried it out): the scores it took, read back
+    """hook_attn_scores where an attention edit made the pattern (the op carried it out): the scores it took, read back
     from its pattern and real-key lse; an edit of them re-makes (pattern, phantom, real lse) from the edited scores."""
     if site is None or not wants_scores(site):
         return pattern, phantom, real
@@ -259,8 +259,8 @@ def fire_scores_of(site, pattern, phantom, real, sinks):
     return pattern, phantom, (lse if sinks is None else lse + torch.log(pattern.sum(-1)))
 
 
-def edited_probs(q, k, v, mask, scaling: float, sinks=None, window: int | None = None, key_bias=None):
-    """:func:`eager_probs` under the armed edit, which the kernels' reference op carries out: (pattern, phantom, lse
+def edited_probs(q, k, v, mask, scaling: float, sinks=None, window: int | None = None, key_bias=None, *, edit):
+    """:func:`eager_probs` under ``edit``, which the kernels' reference op carries out: (pattern, phantom, lse
     over the real keys); q (B,H,Tq,dh), k/v (B,Hkv,Tk,dh)."""
     res = sink_attention(
         _bthd(q),
@@ -273,14 +273,15 @@ def edited_probs(q, k, v, mask, scaling: float, sinks=None, window: int | None =
         scale=scaling,
         return_pattern=True,
         backend="reference",
+        edit=edit,
     )
     real = res.lse if sinks is None else res.lse + torch.log(res.pattern.sum(-1))
     return res.pattern, res.phantom, real
 
 
-def refuse_padded_edit(rules: MaskRules | None) -> None:
-    """An armed edit on padded sequences is an error: key 0 and the positions are not each sequence's own."""
-    if edits.pending() and rules is not None and rules.keep is not None:
+def refuse_padded_edit(rules: MaskRules | None, edit) -> None:
+    """An attention edit on padded sequences is an error: key 0 and the positions are not each sequence's own."""
+    if edit is not None and rules is not None and rules.keep is not None:
         raise RuntimeError(
             "an attention edit (knockout, eviction) needs unpadded sequences: with key padding key 0 and the "
             "positions are not each sequence's own; pass windows without an attention mask"
@@ -288,12 +289,13 @@ def refuse_padded_edit(rules: MaskRules | None) -> None:
 
 
 def fast_attention(
-    q, k, v, mask, scaling: float, sinks=None, window: int | None = None, return_lse=False, key_bias=None
+    q, k, v, mask, scaling: float, sinks=None, window: int | None = None, return_lse=False, key_bias=None, edit=None
 ):
     """(output (B,H,Tq,dh), lse over the real keys (B,H,Tq) fp32 or None) without materialising the pattern: the
     kernels' fused op (SDPA with the sink as an extra key of value 0 on CPU), GQA without repetition; q (B,H,Tq,dh),
     k/v (B,Hkv,Tk,dh); mask additive or None (causal within ``window``, queries the last Tq positions). The lse only
-    with ``return_lse`` (free where the fused kernel has it, docs/definitions.md#row-log-normaliser)."""
+    with ``return_lse`` (free where the fused kernel has it, docs/definitions.md#row-log-normaliser); ``edit``: an
+    attention edit the op carries out (probe.kernels.sink_attention.edits)."""
     res = sink_attention(
         _bthd(q),
         _bthd(k),
@@ -304,18 +306,19 @@ def fast_attention(
         window=window,
         scale=scaling,
         return_lse=return_lse,
+        edit=edit,
     )
     return _bthd(res.out), res.lse_real
 
 
-def rules_attention(q, k, v, rules: MaskRules, scaling: float, sinks=None, return_lse=False, key_bias=None):
+def rules_attention(q, k, v, rules: MaskRules, scaling: float, sinks=None, return_lse=False, key_bias=None, edit=None):
     """:func:`fast_attention` under a :class:`MaskRules`, with no T x T tensor: causal or a sliding window in one call
-    of the kernels (whose windowed paths run in query blocks of their own, so an armed edit acts on every query),
-    padded keys in query blocks (:func:`query_blocks`), where an armed edit is refused."""
+    of the kernels (whose windowed paths run in query blocks of their own, so ``edit`` acts on every query),
+    padded keys in query blocks (:func:`query_blocks`), where an edit is refused."""
     q_len, k_len = q.shape[2], k.shape[2]
     if rules.keep is None:
-        return fast_attention(q, k, v, None, scaling, sinks, rules.window, return_lse, key_bias)
-    refuse_padded_edit(rules)
+        return fast_attention(q, k, v, None, scaling, sinks, rules.window, return_lse, key_bias, edit)
+    refuse_padded_edit(rules, edit)
     out = q.new_empty(*q.shape[:3], v.shape[-1])
     lse = q.new_empty(*q.shape[:3], dtype=torch.float32) if return_lse else None  # (B, H, Tq)
     for rows, cols, mask in query_blocks(rules, q_len, k_len, q.dtype, q.device):
@@ -652,6 +655,7 @@ def probe_attention(
         scaling = query.shape[-1] ** -0.5
     sinks = s_aux
     query, key, value = fire_qkv(site, query, key, value, kwargs.get("position_ids"), kwargs.get("position_embeddings"))
+    edit = edits.taken(None if site is None else site.hook_v_out)  # handed to this layer's op by a hook on hook_v_out
     if site is not None and sinks is not None:
         if not hasattr(site, "hook_sink_logit"):
             raise ValueError(f"{type(module).__name__} passes sink logits, but its adapter describes no phantom key")
@@ -667,9 +671,9 @@ def probe_attention(
         if rules is not None:  # the pattern is T x T by definition; its mask only where padding needs one
             mask = None if rules.keep is None else rules.dense(slice(None), q_len, k_len, query.dtype, query.device)
         window = rules.window if rules is not None and mask is None else None
-        if edits.pending():  # the armed edit is carried out by the op, which gives the pattern too
-            refuse_padded_edit(rules)
-            pattern, phantom, lse = edited_probs(query, key, value, mask, scaling, sinks, window, key_bias)
+        if edit is not None:  # the edit is carried out by the op, which gives the pattern too
+            refuse_padded_edit(rules, edit)
+            pattern, phantom, lse = edited_probs(query, key, value, mask, scaling, sinks, window, key_bias, edit=edit)
             pattern, phantom, lse = fire_scores_of(site, pattern, phantom, lse, sinks)
         else:
             bias = None if key_bias is None else key_bias.repeat_interleave(n_rep, dim=1)
@@ -684,9 +688,11 @@ def probe_attention(
         probs = F.dropout(weights, p=dropout, training=True) if training else weights
         out = torch.matmul(probs, repeat_kv(value, n_rep))
     elif rules is not None:
-        out, lse = rules_attention(query, key, value, rules, scaling, sinks, want_lse, key_bias)
+        out, lse = rules_attention(query, key, value, rules, scaling, sinks, want_lse, key_bias, edit)
     else:
-        out, lse = fast_attention(query, key, value, mask, scaling, sinks, return_lse=want_lse, key_bias=key_bias)
+        out, lse = fast_attention(
+            query, key, value, mask, scaling, sinks, return_lse=want_lse, key_bias=key_bias, edit=edit
+        )
     if want_lse:
         site.hook_lse(lse)
     out = _bthd(out)

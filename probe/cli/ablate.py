@@ -125,6 +125,25 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+# each flag and the field of probe.analyses.ablate.AblationOptions it sets (a flag not given: the field's default)
+OPTION_FLAGS = (
+    ("value", "value_modes"),
+    ("sink_logit", "sink_logits"),
+    ("gate", "gate_modes"),
+    ("keep", "keep"),
+    ("window", "windows"),
+    ("positions", "positions"),
+    ("depth", "depth_modes"),
+)
+
+
+def settings(args: argparse.Namespace) -> dict:
+    """The AblationOptions fields the flags set: each given flag as a tuple (``--positions cache`` is
+    ``positions=("cache",)``), and the scopes."""
+    given = {field: tuple(getattr(args, flag)) for flag, field in OPTION_FLAGS if getattr(args, flag) is not None}
+    return {**given, "per_layer": not args.no_per_layer, "per_head": args.per_head}
+
+
 def interventions(args: argparse.Namespace) -> list[str]:
     """The interventions asked for: --ablate, plus each one whose own flag was given."""
     chosen = list(args.ablate or ([] if _implied(args) else DEFAULT_INTERVENTIONS))
@@ -145,7 +164,7 @@ def _implied(args) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from probe.analyses.ablate import DEFAULT_KEEP, DEFAULT_WINDOWS, AblationError, ablate
+    from probe.analyses.ablate import AblationError, ablate
     from probe.cli.prepare import start
     from probe.errors import UsageError
     from probe.present import ablate as presentation
@@ -153,21 +172,7 @@ def run(args: argparse.Namespace) -> int:
 
     run = start(args, DEFAULT_MODEL, "ablate")
     try:
-        result = ablate(
-            run.model,
-            run.windows,
-            interventions(args),
-            value_modes=args.value or ("zero", "mean"),
-            sink_logits=args.sink_logit or (),
-            gate_modes=args.gate or GATE_MODES,
-            keep=args.keep or DEFAULT_KEEP,
-            windows=args.window or DEFAULT_WINDOWS,
-            positions=args.positions or ("original",),
-            depth_modes=args.depth or DEPTH_MODES,
-            per_layer=not args.no_per_layer,
-            per_head=args.per_head,
-            progress=run.progress,
-        )
+        result = ablate(run.model, run.windows, interventions(args), progress=run.progress, **settings(args))
     except AblationError as e:
         raise UsageError(str(e)) from None
     publish(run.output, "ablate", result, presentation, run.console)

@@ -40,7 +40,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from probe.analyses.ablate import POSITIONS, Ablation, ablation_hooks, check_positions, eviction_setting
+from probe.analyses.ablate import POSITIONS, Ablation, Eviction, ablation_hooks, check_positions
 from probe.analyses.capture import loss_forward_kwargs, output_losses
 from probe.experiments.pretrained import check_spec, each_model, recipe_errors, window_meta
 from probe.experiments.result import Result, Timer, config_dict
@@ -100,9 +100,10 @@ def check(cfg: StreamingPplConfig) -> list[str]:
 
 
 def stream_losses(model, ids: torch.Tensor, hooks=()) -> torch.Tensor:
-    """Next-token loss (T,) fp32 of the stream ids (1, T+1) under ``hooks`` (edits armed by them are taken)."""
+    """Next-token loss (T,) fp32 of the stream ids (1, T+1) under ``hooks`` (the edits they hand to the attention ops
+    all taken)."""
     with torch.no_grad():  # the loss too: unembedding under autograd would keep every chunk's logits (T x vocab)
-        with edits.armed():
+        with edits.carried(model):
             out = model.run_with_hooks(ids[:, :-1], fwd_hooks=list(hooks), **loss_forward_kwargs(model))
         return output_losses(model, out, ids[:, 1:])[0].cpu()
 
@@ -147,7 +148,7 @@ def methods_of(cfg: StreamingPplConfig, model, ids: torch.Tensor):
 
     def evict(k: int, w: int, stream=ids):
         return lambda: stream_losses(
-            model, stream, ablation_hooks(model, Ablation("evict", eviction_setting(k, w, cfg.positions)))
+            model, stream, ablation_hooks(model, Ablation(Eviction(keep=k, window=w, positions=cfg.positions)))
         )
 
     out = [("dense", None, None, 0, lambda: stream_losses(model, ids))]

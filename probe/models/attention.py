@@ -115,7 +115,8 @@ class Attention(nn.Module):
 
         v_out, key_bias = apply_gate(self.gate, v, xv, self.hook_v_gate)  # fires hook_v_gate on gated heads
         v_out = self.hook_v_out(v_out)
-        out = self._attend(q, k, v_out, sink, key_bias)  # B,T,H,dv
+        edit = edits.taken(self.hook_v_out)  # a knockout or eviction a hook on hook_v_out handed to this layer's op
+        out = self._attend(q, k, v_out, sink, key_bias, edit)  # B,T,H,dv
         out = apply_out_gate(self.out_gate, out, xq, self.hook_out_gate)  # Y ⊙ σ(x W_g), fires hook_out_gate
         z = self.hook_z(out)
         out, key = self._project_out(z)  # B,T,d and B,T,r (P-LR) or None
@@ -137,14 +138,13 @@ class Attention(nn.Module):
             q, k = self.rotary(q), self.rotary(k)
         return self.hook_rot_q(q), self.hook_rot_k(k)
 
-    def _attend(self, q, k, v_out, sink, key_bias) -> torch.Tensor:
+    def _attend(self, q, k, v_out, sink, key_bias, edit=None) -> torch.Tensor:
         """The attention op's output (B,T,H,dv) with the lazy hooks: hook_attn_scores, hook_pattern, hook_phantom and
         hook_lse fire only when hooked (or materialising); otherwise the op's fused path runs and nothing T×T is
         stored. An edit of the scores or of the pattern reaches the output."""
         need_scores = self.materialize or self.hook_attn_scores.has_hooks()
         need_pattern = need_scores or self.materialize or self.hook_pattern.has_hooks() or self.hook_phantom.has_hooks()
         need_lse = self.materialize or self.hook_lse.has_hooks()
-        edited_by_op = edits.pending()  # an armed ablation: the op carries it out, its pattern shows it
         res = sink_attention(
             q,
             k,
@@ -154,9 +154,10 @@ class Attention(nn.Module):
             return_pattern=need_pattern,
             return_lse=need_lse,
             backend="reference" if need_pattern else None,
+            edit=edit,  # carried out by the op, whose pattern shows it
         )  # None: the runtime backend
         if need_scores:
-            res = self._fire_scores(res, q, k, v_out, sink, key_bias, edited_by_op)
+            res = self._fire_scores(res, q, k, v_out, sink, key_bias, edit is not None)
         out = res.out  # B,T,H,dv
         if need_lse:
             self.hook_lse(res.lse_real)  # docs/definitions.md#row-log-normaliser
@@ -168,8 +169,8 @@ class Attention(nn.Module):
         return out
 
     def _fire_scores(self, res, q, k, v_out, sink, key_bias, edited_by_op: bool):
-        """hook_attn_scores on the scores (B,H,Tq,Tk): scale·q·k + key bias, hidden keys -inf (under an armed
-        ablation, the scores the op took, read back from its pattern). An edit of them re-makes the pattern, the
+        """hook_attn_scores on the scores (B,H,Tq,Tk): scale·q·k + key bias, hidden keys -inf (under an attention
+        edit, the scores the op took, read back from its pattern). An edit of them re-makes the pattern, the
         phantom, the real-key lse and the output from the edited scores."""
         scores = scores_of_probs(res.pattern, res.lse) if edited_by_op else attention_scores(q, k, key_bias=key_bias)
         fired = self.hook_attn_scores(scores)

@@ -4,7 +4,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from probe.analyses.ablate import Ablation, AblationError, ablate, ablation_hooks
+from probe.analyses.ablate import (
+    Ablation,
+    AblationError,
+    DepthForcing,
+    GateClamp,
+    Knockout,
+    PhantomEdit,
+    ValueEdit,
+    ablate,
+    ablation_hooks,
+)
 from probe.analyses.capture import loss_forward_kwargs, output_losses
 from probe.hooks import names
 from probe.models import GATES, ValueGate, register_gate
@@ -65,7 +75,6 @@ def test_knockout_where_key0_logits_are_already_minus_inf_changes_the_loss_by_ex
 
 @pytest.mark.parametrize("variant", ["baseline", "sink+proj"])
 def test_knockout_at_layer_l_leaves_the_residual_stream_up_to_l_bit_identical(variant):
-    from probe.analyses.ablate import Ablation, ablation_hooks
     from probe.kernels.sink_attention import edits
 
     model = tiny(variant, n_layers=3)
@@ -80,9 +89,9 @@ def test_knockout_at_layer_l_leaves_the_residual_stream_up_to_l_bit_identical(va
     with torch.no_grad():
         model.run_with_hooks(x, fwd_hooks=[(p, keep) for p in points])
         clean = dict(seen)
-        with edits.armed():
+        with edits.carried(model):
             model.run_with_hooks(
-                x, fwd_hooks=ablation_hooks(model, Ablation("knockout", "key0", l)) + [(p, keep) for p in points]
+                x, fwd_hooks=ablation_hooks(model, Ablation(Knockout(), l)) + [(p, keep) for p in points]
             )
     for i in range(l + 1):
         assert torch.equal(seen[names.resid(i, "pre")], clean[names.resid(i, "pre")]), i
@@ -263,15 +272,14 @@ def test_ablate_equals_the_same_edits_made_by_hand_with_run_with_hooks():
 
 def test_query_0_keeps_its_clean_row_without_a_phantom():
     """Without a phantom query 0 would see no key: its row stays clean, so position 0's loss is unchanged."""
-    from probe.analyses.ablate import Ablation, ablation_hooks
     from probe.kernels.sink_attention import edits
 
     model = tiny("baseline")
     x, y = W[0, :, :-1], W[0, :, 1:]
     with torch.no_grad():
         clean = F.cross_entropy(model(x).logits.transpose(1, 2), y, reduction="none")
-        with edits.armed():
-            out = model.run_with_hooks(x, fwd_hooks=ablation_hooks(model, Ablation("knockout", "key0")))
+        with edits.carried(model):
+            out = model.run_with_hooks(x, fwd_hooks=ablation_hooks(model, Ablation(Knockout())))
         knocked = F.cross_entropy(out.transpose(1, 2), y, reduction="none")
     torch.testing.assert_close(knocked[:, 0], clean[:, 0], atol=1e-6, rtol=1e-6)
     assert torch.isfinite(knocked).all() and (knocked[:, 1:] - clean[:, 1:]).abs().max() > 1e-3
@@ -353,15 +361,20 @@ def test_a_sink_logit_beyond_1e4_is_one_line(logit):
         ablate(tiny("sinklogit"), W, ["phantom"], sink_logits=(logit,), progress=False)
 
 
-KINDS = [("knockout", "key0"), ("value", "zero"), ("phantom", "remove"), ("gate", "open")]
+KINDS = [
+    ("knockout", Knockout()),
+    ("value", ValueEdit("zero")),
+    ("phantom", PhantomEdit()),
+    ("gate", GateClamp("open")),
+]
 
 
-@pytest.mark.parametrize("kind, setting", KINDS)
+@pytest.mark.parametrize("kind, edit", KINDS)
 @pytest.mark.parametrize("where", [dict(head=99), dict(head=-1), dict(layer=7), dict(layer=-1)])
-def test_every_kind_refuses_a_head_or_layer_the_model_lacks_in_the_same_words(kind, setting, where):
+def test_every_kind_refuses_a_head_or_layer_the_model_lacks_in_the_same_words(kind, edit, where):
     """A value ablation on head 99 of 4 (or -1) ran and changed nothing; knockout and phantom raised elsewhere."""
     model = tiny("sinklogit", value_gate="proj")
-    abl = Ablation(kind, setting, layer=where.get("layer", 0), head=where.get("head"))
+    abl = Ablation(edit, layer=where.get("layer", 0), head=where.get("head"))
     name = "head" if "head" in where else "layer"
     says = f"{kind} ablation: {name} -?\\d+ is not in model .* which has {name}s 0\\.\\."
     with pytest.raises(AblationError, match=says):
@@ -370,4 +383,4 @@ def test_every_kind_refuses_a_head_or_layer_the_model_lacks_in_the_same_words(ki
 
 def test_a_depth_site_the_model_lacks_is_one_line():
     with pytest.raises(AblationError, match="read site 'blocks.9.attn_in' is not in model"):
-        ablation_hooks(tiny("attnres-block2"), Ablation("depth", "uniform", site="blocks.9.attn_in"))
+        ablation_hooks(tiny("attnres-block2"), Ablation(DepthForcing("uniform"), site="blocks.9.attn_in"))

@@ -1,5 +1,5 @@
 """Ablations at stream length on HF checkpoints (docs/definitions.md#window-eviction, docs/definitions.md#long-context):
-an armed edit acts on every query of a layer, also where the kernels' windowed path splits the queries into blocks.
+an attention edit acts on every query of a layer, also where the kernels' windowed path splits the queries into blocks.
 
 Tiny gemma3_text (sliding and full layers), Mistral (a window in every layer), llama (full layers) and gpt-oss (a
 phantom on sliding and full layers) configs with a sliding window of 4 keys, T = 300 queries and query blocks of 64:
@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AttentionInterface, AutoModelForCausalLM
 
 import probe
-from probe.analyses.ablate import Ablation, ablation_hooks
+from probe.analyses.ablate import Ablation, Eviction, Knockout, ablation_hooks
 from probe.checkpoints.tiny import build_tiny
 from probe.kernels.sink_attention import edits, sdpa
 
@@ -115,31 +115,31 @@ def logits(out):
 
 
 def ablated_logits(model, x, abl):
-    with torch.no_grad(), edits.armed():
+    with torch.no_grad(), edits.carried(model):
         return logits(model.run_with_hooks(x, fwd_hooks=ablation_hooks(model, abl)))
 
 
-CASES = [  # (intervention, setting, the dense rule)
-    ("evict", "k=1,w=2", dict(keep=1, window=2)),  # the eviction's window inside the layers' own (4)
-    ("evict", "k=2,w=40", dict(keep=2, window=40)),  # the layers' own window is the tighter on sliding layers
-    ("evict", "k=0,w=3", dict(keep=0, window=3)),
-    ("evict", "k=4,w=150", dict(keep=4, window=150)),  # a window spanning several query blocks
-    ("knockout", "key0", dict(knockout=True)),
+CASES = [  # (intervention, the dense rule)
+    (Eviction(keep=1, window=2), dict(keep=1, window=2)),  # the eviction's window inside the layers' own (4)
+    (Eviction(keep=2, window=40), dict(keep=2, window=40)),  # the layers' own window is the tighter on sliding layers
+    (Eviction(keep=0, window=3), dict(keep=0, window=3)),
+    (Eviction(keep=4, window=150), dict(keep=4, window=150)),  # a window spanning several query blocks
+    (Knockout(), dict(knockout=True)),
 ]
 
 
 @pytest.mark.parametrize("fam", FAMILIES)
-@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}-{c[1]}" for c in CASES])
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0].name}-{c[0].label}" for c in CASES])
 def test_every_query_block_takes_the_edit(models, fam, case, small_blocks):
     """Every row of the ablated logits equals the dense rule's (1e-4), past the first query block as before it."""
     m, ref = models[fam]
-    kind, setting, rule = CASES[case]
+    edit, rule = CASES[case]
     x = tokens(seed=case)
     RULE.clear()
     RULE.update(rule)
     with torch.no_grad():
         want = ref(x).logits
-    got = ablated_logits(m, x, Ablation(kind, setting))
+    got = ablated_logits(m, x, Ablation(edit))
     err = (got - want).abs().amax(-1)[0]  # per row
     assert err.max() < 1e-4, f"rows with error > 1e-4: {torch.nonzero(err > 1e-4).flatten()[:8].tolist()}"
     RULE.clear()
@@ -182,11 +182,11 @@ def test_cache_positions_equal_each_querys_cache_reencoded(models, fam, keep, wi
     RULE.update(keep=keep, window=window, positions="cache")
     with torch.no_grad():
         want = ref(x).logits
-    got = ablated_logits(m, x, Ablation("evict", f"k={keep},w={window},pos=cache"))
+    got = ablated_logits(m, x, Ablation(Eviction(keep, window, positions="cache")))
     err = (got - want).abs().amax(-1)[0]
     assert err.max() < 1e-4, f"rows with error > 1e-4: {torch.nonzero(err > 1e-4).flatten()[:8].tolist()}"
     if keep and not (fam == "mistral" and window >= 4):  # kept keys seen: their positions matter
-        original = ablated_logits(m, x, Ablation("evict", f"k={keep},w={window}"))
+        original = ablated_logits(m, x, Ablation(Eviction(keep, window)))
         assert (original - got).abs().amax() > 1e-5
 
 
@@ -196,8 +196,15 @@ def test_eviction_with_k_plus_w_covering_the_stream_is_the_clean_forward(models,
     x = tokens(seed=7)
     with torch.no_grad():
         clean = logits(m(x))
-    for setting in (f"k=0,w={T}", f"k=4,w={T - 4}", f"k={T},w=1", f"k=4,w={T - 4},pos=cache", f"k=0,w={T},pos=cache"):
-        torch.testing.assert_close(ablated_logits(m, x, Ablation("evict", setting)), clean, atol=1e-5, rtol=0)
+    for keep, window, positions in (
+        (0, T, "original"),
+        (4, T - 4, "original"),
+        (T, 1, "original"),
+        (4, T - 4, "cache"),
+        (0, T, "cache"),
+    ):
+        edit = Eviction(keep, window, positions)
+        torch.testing.assert_close(ablated_logits(m, x, Ablation(edit)), clean, atol=1e-5, rtol=0)
 
 
 def test_an_edit_on_padded_sequences_is_an_error(models):
@@ -206,8 +213,8 @@ def test_an_edit_on_padded_sequences_is_an_error(models):
     x = tokens(batch=2, length=40)
     keep = torch.ones_like(x)
     keep[1, :5] = 0
-    for abl in (Ablation("evict", "k=1,w=2"), Ablation("knockout", "key0")):
-        with pytest.raises(RuntimeError, match="needs unpadded sequences"), torch.no_grad(), edits.armed():
+    for abl in (Ablation(Eviction(keep=1, window=2)), Ablation(Knockout())):
+        with pytest.raises(RuntimeError, match="needs unpadded sequences"), torch.no_grad(), edits.carried(m):
             m.run_with_hooks(x, attention_mask=keep, fwd_hooks=ablation_hooks(m, abl))
 
 
@@ -228,12 +235,12 @@ def test_gemma2s_soft_capped_attention_carries_a_knockout_and_refuses_a_merged_e
 
     capped, plain, x = load(1e4), load(None), tokens(length=20)
     assert capped.probe_info.extra["attn_logit_softcap"] == 1e4 and plain.probe_info.extra["attn_logit_softcap"] is None
-    knockout = Ablation("knockout", "key0")
+    knockout = Ablation(Knockout())
     want = ablated_logits(plain, x, knockout)
     assert (want - logits(plain(x))).abs().max() > 1e-3  # the edit matters
     torch.testing.assert_close(ablated_logits(capped, x, knockout), want, atol=1e-5, rtol=0)
     with pytest.raises(RuntimeError, match="cannot be carried through Gemma 2's soft-capped attention"):
-        ablated_logits(capped, x, Ablation("evict", "k=1,w=2"))
+        ablated_logits(capped, x, Ablation(Eviction(keep=1, window=2)))
 
 
 class Allocations(TorchDispatchMode):
@@ -266,7 +273,7 @@ class Allocations(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("abl", [Ablation("evict", "k=4,w=8"), Ablation("knockout", "key0")], ids=["evict", "knockout"])
+@pytest.mark.parametrize("abl", [Ablation(Eviction(keep=4, window=8)), Ablation(Knockout())], ids=["evict", "knockout"])
 def test_ablated_forwards_allocate_nothing_quadratic_and_memory_grows_linearly(models, abl, small_blocks):
     """gemma3_text at T = 512, 1024, 2048: no tensor of T²/4 elements or more, and the peak of live bytes at 4T is
     at most 4.5x that at T (quadratic growth would give 16x; the logits, B x T x vocab, dominate at these sizes)."""

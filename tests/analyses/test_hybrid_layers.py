@@ -12,7 +12,16 @@ import pandas as pd
 import pytest
 import torch
 
-from probe.analyses.ablate import Ablation, AblationError, ablation_hooks, find_mechanisms, plan
+from probe.analyses.ablate import (
+    Ablation,
+    AblationError,
+    GateClamp,
+    Knockout,
+    ValueEdit,
+    ablation_hooks,
+    find_mechanisms,
+    plan,
+)
 from probe.analyses.backcopy import backcopy_split
 from probe.analyses.capture import LayerCollector
 from probe.analyses.gates import gated_layers
@@ -66,10 +75,10 @@ def test_the_view_captures_the_softmax_layers_and_refuses_a_linear_one(hybrid):
 
 
 def test_an_ablation_of_a_linear_layer_is_refused_in_one_line(hybrid):
-    for kind, setting in (("knockout", "key0"), ("value", "zero"), ("gate", "closed")):
+    for edit in (Knockout(), ValueEdit("zero"), GateClamp("closed")):
         with pytest.raises(AblationError, match="layer 0 of model 'tiny-qwen3_next' is a linear layer"):
-            ablation_hooks(hybrid, Ablation(kind, setting, layer=0))
-    assert ablation_hooks(hybrid, Ablation("knockout", "key0", layer=1))
+            ablation_hooks(hybrid, Ablation(edit, layer=0))
+    assert ablation_hooks(hybrid, Ablation(Knockout(), layer=1))
 
 
 def test_eviction_within_the_cache_reads_only_the_softmax_layers_rotary(hybrid):

@@ -5,8 +5,8 @@ docs/definitions.md#window-eviction).
 Their loop (examples/eval_long_ppl.py) runs one token per forward and trims the cache to start + recent keys after
 every step with their StartRecentKVCache, so token t attends to keys 0 .. start-1 and t-recent .. t; with their
 position-shift attention (ported to transformers 5.24 in the script) the cached keys sit at 0 .. L-1 and the query at
-L = min(t, start + recent). probe runs one forward over the whole stream: ``Ablation("evict",
-"k={start},w={recent + 1},pos=cache")`` through ``ablation_hooks`` under ``edits.armed()``. Tiny random Llama and
+L = min(t, start + recent). probe runs one forward over the whole stream: ``Ablation(Eviction(start,
+recent + 1, "cache"))`` through ``ablation_hooks`` under ``edits.carried(model)``. Tiny random Llama and
 GPT-NeoX (partial rotary), a stream of 80 tokens, caches of 1 .. 15 keys: every token's loss equals theirs to 1e-12 in
 fp64 (with the fixture's patches on both sides: fp64 RMSNorm and rotary angles) and 2e-5 in fp32. The port itself is
 checked against their unported forward on transformers 4.33.0 (transformers-4.33.safetensors).
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from probe.analyses.ablate import Ablation, ablation_hooks
+from probe.analyses.ablate import Ablation, Eviction, ablation_hooks
 from probe.checkpoints.interop import wrap
 from probe.kernels.sink_attention import edits
 from tests.support import parity
@@ -105,7 +105,7 @@ def losses(model, ids, abl: Ablation | None = None) -> tuple[torch.Tensor, torch
     """(per-token NLL of tokens 1 .. T-1 (T - 1,), logits (T, V)) of one forward, ablated when ``abl`` is given."""
     hf = model.hf_model
     fp64 = fp64_throughout(hf) if hf.dtype == torch.float64 else contextlib.nullcontext()  # the fp32 run: unpatched
-    with torch.no_grad(), edits.armed() if abl else contextlib.nullcontext(), fp64:
+    with torch.no_grad(), edits.carried(model) if abl else contextlib.nullcontext(), fp64:
         out = model.run_with_hooks(ids, fwd_hooks=ablation_hooks(model, abl) if abl else [])
     logits = out if isinstance(out, torch.Tensor) else out.logits
     return F.cross_entropy(logits[0, :-1].double(), ids[0, 1:], reduction="none"), logits[0]
@@ -113,7 +113,7 @@ def losses(model, ids, abl: Ablation | None = None) -> tuple[torch.Tensor, torch
 
 def their_eviction(start: int, recent: int, positions: str = "cache") -> Ablation:
     """probe's condition for their StartRecentKVCache(start, recent): the query is in the window, so w = recent + 1."""
-    return Ablation("evict", f"k={start},w={recent + 1}" + (",pos=cache" if positions == "cache" else ""))
+    return Ablation(Eviction(keep=start, window=recent + 1, positions=positions))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
@@ -130,7 +130,7 @@ def test_cache_positions_equal_their_position_shift_loop_on_every_token(cases, f
         nll, logits = losses(model, ids, their_eviction(start, recent))
         assert (nll - out[f"{key}/nll"]).abs().max() < tol, (start, recent)
         assert (logits[rows].double() - out[f"{key}/logits"].double()).abs().max() < tol, (start, recent)
-        wider, _ = losses(model, ids, Ablation("evict", f"k={start},w={recent + 2},pos=cache"))
+        wider, _ = losses(model, ids, Ablation(Eviction(keep=start, window=recent + 2, positions="cache")))
         assert (wider - out[f"{key}/nll"]).abs().max() > 1e-3, (start, recent)
 
 

@@ -402,7 +402,7 @@ def test_blocked_lse_equals_the_whole_one_with_broadcast_masks():
 
 @pytest.mark.parametrize("with_sink", [False, True])
 def test_lse_real_of_an_edited_call_is_the_edited_attentions(with_sink):
-    """Under an armed key-0 knockout the lse excludes key 0 (without a phantom query 0 keeps its clean row; with one
+    """Under a key-0 knockout edit the lse excludes key 0 (without a phantom query 0 keeps its clean row; with one
     it sees no real key: -inf); under an eviction it is over the kept first keys and the window."""
     q, k, v, sink, _ = lse_inputs(3)
     sink = sink if with_sink else None
@@ -410,9 +410,7 @@ def test_lse_real_of_an_edited_call_is_the_edited_attentions(with_sink):
         (edits.AttentionEdit(knockout=True), visible_mask(LSE_T, None) & (torch.arange(LSE_T)[None, :] > 0)),
         (edits.AttentionEdit(keep=2, window=4), visible_mask(LSE_T, 4, keep=2)),
     ]:
-        with edits.armed():
-            edits.arm(edit)
-            got = sink_attention(q, k, v, sink=sink, return_lse=True).lse_real
+        got = sink_attention(q, k, v, sink=sink, return_lse=True, edit=edit).lse_real
         mask = torch.zeros(LSE_T, LSE_T, dtype=torch.float64).masked_fill(~visible, float("-inf"))
         want = real_lse(q, k, mask=mask)
         if edit.knockout and sink is None:

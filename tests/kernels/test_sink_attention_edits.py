@@ -44,9 +44,7 @@ def naive(q, k, v, visible, sink=None):
 
 
 def edited(edit, *args, **kw):
-    with edits.armed():
-        edits.arm(edit)
-        return sink_attention(*args, **kw)
+    return sink_attention(*args, edit=edit, **kw)
 
 
 def test_visible_mask_keeps_the_first_keys():
@@ -139,12 +137,19 @@ def test_edits_build_no_t_by_t_pattern(monkeypatch):
         assert torch.isfinite(out).all()
 
 
-def test_an_untaken_or_unscoped_edit_is_an_error():
-    with pytest.raises(RuntimeError, match="outside"):
-        edits.arm(edits.AttentionEdit(knockout=True))
+def test_an_untaken_or_doubly_handed_edit_is_an_error():
+    layer = torch.nn.Module()
+    layer.hook_v_out = torch.nn.Identity()
+    edits.carry(layer.hook_v_out, edits.AttentionEdit(knockout=True))
+    with pytest.raises(RuntimeError, match="twice"):
+        edits.carry(layer.hook_v_out, edits.AttentionEdit(knockout=True))
     with pytest.raises(RuntimeError, match="no probe.kernels.sink_attention call took it"):
-        with edits.armed():
-            edits.arm(edits.AttentionEdit(knockout=True))
+        with edits.carried(layer):
+            pass
+    assert edits.taken(layer.hook_v_out) is None  # the scope removed the untaken edit
+    edits.carry(layer.hook_v_out, edits.AttentionEdit(knockout=True))
+    with edits.carried(layer):
+        assert edits.taken(layer.hook_v_out).knockout  # taken by the layer: nothing left
     with pytest.raises(ValueError, match="both keep and window"):
         edits.AttentionEdit(keep=2)
     with pytest.raises(ValueError, match="keep"):

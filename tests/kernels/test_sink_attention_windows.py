@@ -57,9 +57,7 @@ def test_the_windowed_path_builds_nothing_t_by_t(small_blocks, monkeypatch):
     q, k, v = inputs(200, dtype=torch.float32)
     with torch.no_grad(), NoSquare(100):
         sink_attention(q, k, v, window=8, keep=4, backend="sdpa")
-        with edits.armed():
-            edits.arm(edits.AttentionEdit(keep=4, window=8))
-            sink_attention(q, k, v, backend="sdpa")
+        sink_attention(q, k, v, backend="sdpa", edit=edits.AttentionEdit(keep=4, window=8))
 
 
 def rope(T, dims=6, base=100.0):
@@ -115,9 +113,10 @@ def test_cache_positions_equal_each_querys_cache_reencoded(keep, window, own, ba
     q, k = rotate(q_raw, t, inv), rotate(k_raw, t, inv)  # what hook_rot_q / hook_rot_k carry: rotated in the text
     sink = SINK if with_sink else None
     want, want_pattern = reencoded(q_raw, k_raw, v, inv, keep, window, own, sink)
-    with edits.armed():
-        edits.arm(edits.AttentionEdit(keep=keep, window=window, positions="cache", rotary=tables))
-        res = sink_attention(q, k, v, sink=sink, window=own, backend=backend, return_pattern=backend == "reference")
+    edit = edits.AttentionEdit(keep=keep, window=window, positions="cache", rotary=tables)
+    res = sink_attention(
+        q, k, v, sink=sink, window=own, backend=backend, return_pattern=backend == "reference", edit=edit
+    )
     torch.testing.assert_close(res.out, want, atol=1e-6 if backend == "sdpa" else 1e-12, rtol=0)
     if res.pattern is not None:
         torch.testing.assert_close(res.pattern, want_pattern, atol=1e-12, rtol=0)
@@ -128,9 +127,8 @@ def test_cache_positions_equal_each_querys_cache_reencoded(keep, window, own, ba
 def test_cache_positions_with_k_plus_w_covering_the_sequence_are_the_clean_op(keep, window):
     T = 40
     q, k, v = inputs(T, seed=4)
-    with edits.armed():
-        edits.arm(edits.AttentionEdit(keep=keep, window=window, positions="cache", rotary=rope(T)[1]))
-        out = sink_attention(q, k, v, sink=SINK, backend="sdpa").out
+    edit = edits.AttentionEdit(keep=keep, window=window, positions="cache", rotary=rope(T)[1])
+    out = sink_attention(q, k, v, sink=SINK, backend="sdpa", edit=edit).out
     torch.testing.assert_close(out, sink_attention(q, k, v, sink=SINK, backend="sdpa").out, atol=0, rtol=0)
 
 
@@ -155,20 +153,19 @@ def test_knockout_by_slicing_equals_the_per_key_bias(with_sink, window, backend)
     sink = SINK if with_sink else None
     got, want = [], []
     for heads, into in ((None, got), (tuple(range(HKV)), want)):
-        with edits.armed():
-            edits.arm(edits.AttentionEdit(knockout=True, kv_heads=heads))
-            into.append(
-                sink_attention(
-                    q,
-                    k,
-                    v,
-                    sink=sink,
-                    window=window,
-                    backend=backend,
-                    return_lse=True,
-                    return_pattern=backend == "reference",
-                )
+        into.append(
+            sink_attention(
+                q,
+                k,
+                v,
+                sink=sink,
+                window=window,
+                backend=backend,
+                return_lse=True,
+                return_pattern=backend == "reference",
+                edit=edits.AttentionEdit(knockout=True, kv_heads=heads),
             )
+        )
     for a, b, name in zip(got[0], want[0], got[0]._fields):
         if b is None:
             continue

@@ -76,7 +76,8 @@ def softcap_attention(
         )
         return pattern, lse
 
-    weights, edit = None, edits.take()
+    weights = None
+    edit = edits.taken(None if site is None else site.hook_v_out)  # handed to this layer by a hook on hook_v_out
     if edit is not None or _attn.wants_pattern(site, module, dropout) or rules is None:  # the whole pattern
         if rules is not None:
             mask = None if rules.keep is None else rules.dense(slice(None), q_len, k_len, query.dtype, query.device)
@@ -107,14 +108,14 @@ def softcap_attention(
 
 
 def edited_probs(edit, query, key, n_rep: int, rules, scaling: float, softcap: float):
-    """The capped probabilities (B,H,T,T) and lse under an armed ablation edit, carried out as the kernels' op
+    """The capped probabilities (B,H,T,T) and lse under an attention edit, carried out as the kernels' op
     carries it out (probe.kernels.sink_attention.dispatch): a knockout puts -inf on key 0 of the chosen KV heads and
     query 0 of a knocked-out head keeps its clean row (all its mass on key 0); an eviction whose plan is the layer's
     own attention or one kept-first-keys rule (edits.eviction_plan) applies that rule. An eviction that needs the
     kept keys as a second attention merged by lse (a layer window wider than the eviction's, positions within the
     cache) is refused in one line. q and k (B,H,T,dh), k repeated to the query heads."""
     B, H, T = query.shape[:3]
-    _attn.refuse_padded_edit(rules)
+    _attn.refuse_padded_edit(rules, edit)
     if key.shape[2] != T or rules is None:
         raise RuntimeError(
             f"an attention edit needs the whole unpadded sequence in one call; got {T} queries over {key.shape[2]} keys"

@@ -7,8 +7,9 @@
     sdpa       sdpa.py: fused SDPA with the phantom folded in (no pattern)
     triton     triton.py: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (set before importing triton)
 
-The op takes the kept-first-keys rule natively (``keep`` with a ``window``) on every path, and carries out an
-attention edit armed for it (edits.py: key-0 knockout, window eviction) through its own per-key bias and that rule.
+The op takes the kept-first-keys rule natively (``keep`` with a ``window``) on every path, and carries out the
+attention edit passed to it (``edit``, edits.py: key-0 knockout, window eviction) through its own per-key bias and
+that rule.
 ``backend=None`` (the default) is the runtime choice (probe.kernels.backend). When no launch setting of the Triton
 kernel fits the device's shared memory (probe.kernels.launch), the call runs on sdpa instead, with one warning per
 shape: never an OutOfResources.
@@ -68,6 +69,7 @@ def sink_attention(
     return_pattern=False,
     return_lse=False,
     backend=None,
+    edit: edits.AttentionEdit | None = None,
 ) -> AttentionOutput:
     """Causal (optionally sliding-window) GQA attention with an optional phantom sink key and per-key logit bias.
 
@@ -79,9 +81,8 @@ def sink_attention(
     keep: with a window, keys j < keep stay visible to every later query (the kept-first-keys rule).
     return_lse: also give ``lse_real``, each row's lse over the real keys (docs/definitions.md#row-log-normaliser):
     the fused kernel's own where it has one, else computed in query blocks.
-    An edit armed for this call (probe.kernels.sink_attention.edits.arm) is carried out here.
+    edit: a key-0 knockout or window eviction (probe.kernels.sink_attention.edits.AttentionEdit) carried out here.
     """
-    edit = edits.take()
     if edit is not None:
         return _edited_attention(
             edit,
@@ -155,9 +156,9 @@ def _sink_attention(q, k, v, sink, key_bias, mask, window, scale, keep, return_p
 
 
 def _edited_attention(edit, q, k, v, *, sink, key_bias, mask, window, scale, keep, return_pattern, return_lse, backend):
-    """sink_attention with an armed edit carried out by the op itself (edits.py), over the whole sequence."""
+    """sink_attention with ``edit`` carried out by the op itself (edits.py), over the whole sequence."""
     if keep is not None:
-        raise ValueError("an armed eviction cannot be combined with the caller's own keep")
+        raise ValueError("an eviction edit cannot be combined with the caller's own keep")
     B, Tq, H, _ = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     if Tq != Tk:  # a cache: key 0 and the positions are not the window's own

@@ -1,10 +1,12 @@
 """Attention edits the op itself carries out for one call: key-0 knockout and window eviction
 (docs/definitions.md#ablations, docs/definitions.md#window-eviction).
 
-An analysis arms an edit from a hook that fires just before a layer's attention op (``hook_v_out``: the last
-attention hook before the op, on probe's models and on the HF adapters alike); the next ``probe.kernels.sink_attention``
-call takes it, so the edit is made by the op itself, on whichever backend runs, over the whole sequence in that one
-call (the op's windowed paths work in query blocks of their own), and nothing T x T is built for it:
+An edit is an argument of the op: ``sink_attention(..., edit=AttentionEdit(...))``. An analysis hands one to a layer
+from a hook on the layer's ``hook_v_out`` (the last attention hook before the op, on probe's models and on the HF
+adapters alike) with :func:`carry`, which leaves it on that HookPoint; the attention function that fired the point
+takes it back at once (:func:`taken`) and passes it to its op call. The edit is made by the op itself, on whichever
+backend runs, over the whole sequence in that one call (the op's windowed paths work in query blocks of their own),
+and nothing T x T is built for it:
 
     knockout   key 0 leaves every row's softmax: rows renormalise over the other keys and the phantom. For every KV
                head the op runs on queries and keys 1 .. T-1 (the same rule, one key fewer); for chosen KV heads
@@ -19,14 +21,13 @@ call (the op's windowed paths work in query blocks of their own), and nothing T 
                rotary sees (in the text, or in the cache): the tighter of the two wins.
 
 An edit that cannot be carried (a cache, key padding, fewer queries than keys) is an error, never a silent no-op.
-``armed()`` is the scope: it refuses to end with an edit left untaken (an op that never ran through sink_attention,
-e.g. a materialised pattern, would otherwise pass the edit on to the next layer).
+``carried(model)`` is the scope of such a forward: it refuses to end with an edit left on a hook point (an attention
+function that never passed it to sink_attention), and removes it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -57,35 +58,26 @@ class AttentionEdit:
             raise ValueError(f"kept first keys must be an int >= 0, got {self.keep!r}")
 
 
-_state = threading.local()
+EDIT_KEY = "attention_edit"  # where a hook puts the edit on the layer's hook_v_out HookPoint
 
 
-def arm(edit: AttentionEdit) -> None:
-    """The next sink_attention call on this thread carries out ``edit`` (inside ``armed()``)."""
-    if getattr(_state, "depth", 0) == 0:
-        raise RuntimeError("arm() outside probe.kernels.sink_attention.edits.armed()")
-    if getattr(_state, "edit", None) is not None:
-        raise RuntimeError("an attention edit was armed twice before an attention op took it")
-    _state.edit = edit
+def carry(hook, edit: AttentionEdit) -> None:
+    """Hand ``edit`` to the attention op of the layer whose ``hook_v_out`` is ``hook``: called from a hook on that
+    point; the attention function that fired it takes the edit back (:func:`taken`) and passes it to the op."""
+    if hook.__dict__.get(EDIT_KEY) is not None:
+        raise RuntimeError("an attention edit was handed to the same layer twice before its attention op took it")
+    hook.__dict__[EDIT_KEY] = edit
 
 
-def pending() -> bool:
-    """Is an edit armed and not yet taken?"""
-    return getattr(_state, "edit", None) is not None
-
-
-def take() -> AttentionEdit | None:
-    """The armed edit, removed (None when nothing is armed)."""
-    edit = getattr(_state, "edit", None)
-    _state.edit = None
-    return edit
+def taken(hook) -> AttentionEdit | None:
+    """The edit a hook left on ``hook`` (a layer's hook_v_out, just fired), removed; None when there is none."""
+    return None if hook is None else hook.__dict__.pop(EDIT_KEY, None)
 
 
 @contextlib.contextmanager
-def armed():
-    """Scope of armed edits; raises if one is left that no attention op took."""
-    _state.depth = getattr(_state, "depth", 0) + 1
-    _state.edit = None
+def carried(model):
+    """Scope of a forward whose hooks carry edits: raises if one is left on a hook point that no attention op took
+    (an op that never ran through sink_attention, e.g. a materialised pattern), and removes it."""
     failed = False
     try:
         yield
@@ -93,11 +85,10 @@ def armed():
         failed = True
         raise
     finally:
-        _state.depth -= 1
-        left = take()
-        if left is not None and not failed:
+        left = [m.__dict__.pop(EDIT_KEY) for m in model.modules() if m.__dict__.get(EDIT_KEY) is not None]
+        if left and not failed:
             raise RuntimeError(
-                f"an attention edit ({left}) was armed but no probe.kernels.sink_attention call took "
+                f"an attention edit ({left[0]}) was handed to a layer but no probe.kernels.sink_attention call took "
                 "it (a pattern materialised outside the op?)"
             )
 

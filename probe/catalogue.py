@@ -165,7 +165,8 @@ TIER_DESCRIPTIONS = {
 
 # The choices the analyses offer, by name: the command's flags list them from here without importing torch, and the
 # modules named beside each use them.
-WINDOW_MODES = ("auto", "first", "sequential", "random", "packed")  # probe.data.windows; auto: first, else sequential
+# probe.data.windows; auto: first, else sequential, else packed
+WINDOW_MODES = ("auto", "first", "sequential", "random", "packed")
 JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")  # probe.analyses.inject
 CUTOFFS = {"q25": 0.25, "median": 0.5}  # probe.analyses.inject: quiet reads, the share of smallest read norms
 DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)  # probe.analyses.inject

@@ -143,7 +143,8 @@ def model_flags(p, default_model: str | None, *, defaults=(8, 8), several_ctx: b
         default="auto",
         help="how windows are drawn: first window "
         "of each document, sequential windows, random, or packed (documents joined by EOS, cut into "
-        "consecutive windows, as pretraining packs them); auto = first, else sequential (default auto)",
+        "consecutive windows, as pretraining packs them); auto = first, else sequential, else packed when no early "
+        "document holds a window (default auto)",
     )
     g.add_argument("--seed", type=nonneg_int, default=0, help="seed of the window choice and of injected noise")
     g.add_argument(

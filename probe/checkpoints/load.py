@@ -38,6 +38,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -583,110 +584,225 @@ def load(name_or_path, *, revision: str | None = None, device=None, dtype=None, 
     quiet = QUIET.get()  # the command line's --quiet: no bar at all, not even a hub model's
     bars = quiet_hf_bars(hub=quiet) if kind != "hub" or quiet else contextlib.nullcontext()
     with bars:
-        return _load(name_or_path, target, rev, kind, revision, device, dtype, rope, hf_kwargs)
+        rev = _agreed_revision(name_or_path, rev, revision)
+        request = LoadRequest(name_or_path, target, rev, kind, device, dtype, rope, dict(hf_kwargs), source=target)
+        return LOADERS[kind](request)
 
 
-def _load(name_or_path, target, rev, kind, revision, device, dtype, rope, hf_kwargs):
-    if revision is not None:
-        if rev is not None and rev != revision:
-            raise ValueError(f"revision {revision!r} conflicts with {rev!r} in {name_or_path!r}")
-        rev = check_revision(revision) if revision else None
-    hf_kwargs = dict(hf_kwargs)
-    local_only = False
-    source, file_kw = target, {}
-    if kind == "hub":
-        config_path, local_only = _hub_config_path(target, rev, hf_kwargs)
-        identity = f"{target}@{rev}" if rev else target
-    elif kind == "gguf":  # converted once to a safetensors cache (probe.checkpoints.gguf), then loaded from there
-        try:
-            source = str(gguf.gemma_model_dir() if target == gguf.GEMMA_SOURCE else gguf.cached_model_dir(target))
-        except gguf.GGUFError as e:
-            raise ModelNotFoundError(str(e)) from None
-        config_path = str(Path(source) / "config.json")
-        identity = target
-    else:
-        config_path = target if kind == "lr-attnres" else str(Path(target) / "config.json")
-        identity = f"probe/{Path(target).name}" if kind == "zoo" else target
-    identity = clean_text(identity)  # recorded in every output: a path's undecodable bytes become U+FFFD
-    if kind in ("zoo", "local"):  # before any loader opens one: a FIFO among the model's files would block it
-        from probe.checkpoints.sizes import check_folder_files
+@dataclass(frozen=True)
+class LoadRequest:
+    """One :func:`load` call as its loaders read it: the name as given, what :func:`resolve` made of it (``target``,
+    ``revision``, ``kind``), the caller's settings, and what the source's loader finds out before the model is built:
+    ``identity`` (the name recorded in results, ``probe_info.name``), ``source`` (the folder or repo id transformers
+    reads; a GGUF's converted cache) and ``local_only`` (a hub model read from the cache alone)."""
 
-        check_folder_files(Path(target))
-    if kind == "lr-attnres" or config_path.endswith(LR_ATTNRES_FILE):  # a training checkpoint, not a config.json
-        from probe.checkpoints.lr_attnres import load_lr_attnres
+    name: object
+    target: str
+    revision: str | None
+    kind: str
+    device: object = None
+    dtype: object = None
+    rope: str | None = None
+    hf_kwargs: dict = field(default_factory=dict)
+    identity: str = ""
+    source: str = ""
+    local_only: bool = False
 
-        model = load_lr_attnres(
-            target if kind == "lr-attnres" else config_path,
-            name=identity,
-            dtype=_resolve_dtype(dtype, device, hf_kwargs),
-            rope=rope or "authors",
-        )
-        return (model.to(device) if device is not None else model).eval()
-    saved = {}
-    if config_path is not None:
-        with open(config_path) as f:
-            saved = json.load(f)
-        check_architecture(saved.get("model_type") if isinstance(saved, dict) else None, str(identity))
-        if kind == "hub":  # a local folder's config is checked with its headers (_check_sizes); a hub one's here
-            from probe.checkpoints.sizes import check_config
+    @property
+    def placed(self) -> bool:
+        """Whether accelerate places the weights (``device_map``), so the model is not moved after loading."""
+        return "device_map" in self.hf_kwargs
 
-            check_config(saved, str(identity))
-    model_type = saved.get("model_type")
+
+def _agreed_revision(name_or_path, rev: str | None, revision: str | None) -> str | None:
+    """The name's ``@revision`` and the ``revision=`` keyword as one (they must agree when both are given)."""
+    if revision is None:
+        return rev
+    if rev is not None and rev != revision:
+        raise ValueError(f"revision {revision!r} conflicts with {rev!r} in {name_or_path!r}")
+    return check_revision(revision) if revision else None
+
+
+# ------------------------------------------------------------------------------------------------------------
+# loading by source: one loader per kind resolve() returns (LOADERS), each finding the files and the name to record,
+# then one builder per format the config names (FORMATS)
+
+
+def _load_hub(req: LoadRequest):
+    """A hub repo (``repo@revision``): its config (or an LR-AttnRes release's checkpoint file) from the cache or the
+    hub, checked against probe's ranges before anything else is downloaded."""
+    config_path, local_only = _hub_config_path(req.target, req.revision, req.hf_kwargs)
+    identity = f"{req.target}@{req.revision}" if req.revision else req.target
+    req = replace(req, identity=clean_text(identity), local_only=local_only)
+    if config_path.endswith(LR_ATTNRES_FILE):  # a released training checkpoint, not a config.json model
+        return _build_lr_attnres(req, config_path)
+    return _load_config_model(req, config_path)
+
+
+def _load_gguf(req: LoadRequest):
+    """A ``.gguf`` file (or probe-attn[gemma]'s): converted once to a safetensors cache (probe.checkpoints.gguf),
+    then loaded from there."""
+    try:
+        source = gguf.gemma_model_dir() if req.target == gguf.GEMMA_SOURCE else gguf.cached_model_dir(req.target)
+    except gguf.GGUFError as e:
+        raise ModelNotFoundError(str(e)) from None
+    req = replace(req, identity=clean_text(req.target), source=str(source))
+    return _load_config_model(req, str(Path(source) / "config.json"))
+
+
+def _load_zoo(req: LoadRequest):
+    """A packaged checkpoint, recorded as ``probe/<name>``."""
+    return _load_folder(req, f"probe/{Path(req.target).name}")
+
+
+def _load_local(req: LoadRequest):
+    """A model folder (HF's, a folder a probe model was saved to, a ``probe train`` run's model or snapshot),
+    recorded by its path (a saved probe model: by the name its config records, :func:`_record_probe_origin`)."""
+    return _load_folder(req, req.target)
+
+
+def _load_folder(req: LoadRequest, identity: str):
+    from probe.checkpoints.sizes import check_folder_files
+
+    req = replace(req, identity=clean_text(identity))  # a path's undecodable bytes become U+FFFD
+    check_folder_files(Path(req.target))  # before any loader opens one: a FIFO among the model's files would block it
+    return _load_config_model(req, str(Path(req.target) / "config.json"))
+
+
+def _load_lr_attnres_file(req: LoadRequest):
+    """LR-AttnRes's training checkpoint file (a ``.pt``, or a folder's ``final_model.pt``), recorded by its path."""
+    return _build_lr_attnres(replace(req, identity=clean_text(req.target)), req.target)
+
+
+LOADERS = {
+    "hub": _load_hub,
+    "gguf": _load_gguf,
+    "zoo": _load_zoo,
+    "local": _load_local,
+    "lr-attnres": _load_lr_attnres_file,
+}
+
+
+def _load_config_model(req: LoadRequest, config_path: str):
+    """A config.json model: its model_type checked (and a hub config's sizes against probe's ranges; a local folder's
+    are checked with its headers, :func:`_check_sizes`) before the format's builder is chosen."""
+    with open(config_path) as f:
+        saved = json.load(f)
+    check_architecture(saved.get("model_type") if isinstance(saved, dict) else None, str(req.identity))
+    if req.kind == "hub":
+        from probe.checkpoints.sizes import check_config
+
+        check_config(saved, str(req.identity))
+    return FORMATS[_format_of(saved.get("model_type"))](req, saved, config_path)
+
+
+def _format_of(model_type) -> str:
+    """Which builder reads a config's model: the authors' MUDD configs, probe's own, or an HF architecture."""
     from probe.checkpoints import muddformer
 
-    if model_type in muddformer.MODEL_TYPES:  # the authors' config read as data: their auto_map code never runs
-        folder = Path(config_path).parent if kind != "hub" else _hub_snapshot(target, rev, local_only, hf_kwargs)
-        model = muddformer.load_mudd(
-            folder, name=identity, dtype=_resolve_dtype(dtype, device, hf_kwargs), rope=rope or "authors"
-        )
-        model.tokenizer = muddformer.load_tokenizer(folder)
-        return (model.to(device) if device is not None else model).eval()
+    if model_type in muddformer.MODEL_TYPES:
+        return "mudd"
+    return "probe" if model_type == "probe" else "hf"
 
-    if rope is not None:
-        raise ValueError(f"rope={rope!r} applies to the authors' formats (MUDDFormer, MUDDPythia, LR-AttnRes) only")
-    common = dict(file_kw)
-    if rev is not None:
-        common["revision"] = rev
-    if local_only:
+
+def _moved(model, device):
+    return (model.to(device) if device is not None else model).eval()
+
+
+def _build_lr_attnres(req: LoadRequest, path: str):
+    """LR-AttnRes read from its training checkpoint (probe.checkpoints.lr_attnres), without the authors' code."""
+    from probe.checkpoints.lr_attnres import load_lr_attnres
+
+    dtype = _resolve_dtype(req.dtype, req.device, req.hf_kwargs)
+    return _moved(load_lr_attnres(path, name=req.identity, dtype=dtype, rope=req.rope or "authors"), req.device)
+
+
+def _build_mudd(req: LoadRequest, saved: dict, config_path: str):
+    """MUDDFormer / MUDDPythia: the authors' config read as data (their auto_map code never runs); a hub model's
+    files are fetched only now, after its config passed the checks."""
+    from probe.checkpoints import muddformer
+
+    if req.kind == "hub":
+        folder = _hub_snapshot(req.target, req.revision, req.local_only, req.hf_kwargs)
+    else:
+        folder = Path(config_path).parent
+    dtype = _resolve_dtype(req.dtype, req.device, req.hf_kwargs)
+    model = muddformer.load_mudd(folder, name=req.identity, dtype=dtype, rope=req.rope or "authors")
+    model.tokenizer = muddformer.load_tokenizer(folder)
+    return _moved(model, req.device)
+
+
+def _build_probe(req: LoadRequest, saved: dict, config_path: str):
+    """A custom probe checkpoint, through ``AutoModelForCausalLM`` once ``probe.models`` registered it; it comes
+    back hooked as it is."""
+    common, model_kw = _transformers_kwargs(req)
+    try:
+        import probe.models  # noqa: F401  (registers ProbeConfig / ProbeForCausalLM with the Auto classes)
+    except ImportError as e:
+        raise ImportError(
+            f"{req.identity} is a custom probe checkpoint but probe.models cannot be imported: {e}"
+        ) from e
+    _check_sizes(req, model_kw["dtype"])
+    model = _from_pretrained(req, model_kw)
+    _record_probe_origin(model, req, saved)
+    if req.device is not None and not req.placed:
+        model = model.to(req.device)
+    return _with_tokenizer(model, req, common)
+
+
+def _record_probe_origin(model, req: LoadRequest, saved: dict) -> None:
+    """The name recorded in every analysis output, and for a zoo or folder model its training record (its data and
+    BOS: ModelInfo.trained_with_bos, the default --data). A folder a model was saved to (not a training run's, whose
+    path is its identity) records the model's own name."""
+    model.probe_name = req.identity
+    if req.kind in ("zoo", "local"):
+        model.train_record = runs.training_record(Path(req.target))
+    if req.kind == "local" and runs.run_of(Path(req.target)) is None and isinstance(saved.get("probe_name"), str):
+        model.probe_name = clean_text(saved["probe_name"])
+
+
+def _build_hf(req: LoadRequest, saved: dict, config_path: str):
+    """An HF architecture, loaded by transformers (eager attention unless asked otherwise) and wrapped in its
+    adapter (probe.checkpoints.adapters)."""
+    common, model_kw = _transformers_kwargs(req)
+    model_kw.setdefault("attn_implementation", "eager")
+    _check_sizes(req, model_kw["dtype"])
+    hf = _from_pretrained(req, model_kw)
+    if req.device is not None and not req.placed:
+        hf = hf.to(req.device)
+    from probe.checkpoints.adapters import adapt
+
+    model = adapt(hf.eval(), tokenizer=None, name=req.identity)
+    model.probe_info.extra.update({"source": req.kind, "revision": req.revision, "location": req.target})
+    return _with_tokenizer(model, req, common)
+
+
+FORMATS = {"mudd": _build_mudd, "probe": _build_probe, "hf": _build_hf}
+
+
+def _transformers_kwargs(req: LoadRequest) -> tuple[dict, dict]:
+    """(the keywords the tokenizer shares with the model, the model's ``from_pretrained`` keywords); ``rope`` is
+    refused here, before anything is read: it applies to the authors' formats only."""
+    if req.rope is not None:
+        raise ValueError(f"rope={req.rope!r} applies to the authors' formats (MUDDFormer, MUDDPythia, LR-AttnRes) only")
+    common: dict = {}
+    if req.revision is not None:
+        common["revision"] = req.revision
+    if req.local_only:
         common["local_files_only"] = True
     for k in ("token", "cache_dir", "trust_remote_code"):
-        if k in hf_kwargs:
-            common[k] = hf_kwargs[k]
-    model_kw = {**hf_kwargs, **common, "dtype": _resolve_dtype(dtype, device, hf_kwargs)}
+        if k in req.hf_kwargs:
+            common[k] = req.hf_kwargs[k]
+    return common, {**req.hf_kwargs, **common, "dtype": _resolve_dtype(req.dtype, req.device, req.hf_kwargs)}
 
-    from transformers import AutoModelForCausalLM
 
-    if model_type == "probe":
-        try:
-            import probe.models  # noqa: F401  (registers ProbeConfig / ProbeForCausalLM with the Auto classes)
-        except ImportError as e:
-            raise ImportError(
-                f"{identity} is a custom probe checkpoint but probe.models cannot be imported: {e}"
-            ) from e
-        _check_sizes(source, kind, identity, model_kw["dtype"], hf_kwargs)
-        model = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev, identity)
-        model.probe_name = identity  # recorded in every analysis output
-        if kind in ("zoo", "local"):  # its training data and BOS (ModelInfo.trained_with_bos, the default --data)
-            model.train_record = runs.training_record(Path(target))
-        if kind == "local" and runs.run_of(Path(target)) is None and isinstance(saved.get("probe_name"), str):
-            # a folder a model was saved to (not a training run's, whose path is its identity): the model's name
-            model.probe_name = clean_text(saved["probe_name"])
-    else:
-        model_kw.setdefault("attn_implementation", "eager")
-        _check_sizes(source, kind, identity, model_kw["dtype"], hf_kwargs)
-        hf = _from_pretrained(AutoModelForCausalLM, source, model_kw, kind, target, rev, identity)
-        if device is not None and "device_map" not in hf_kwargs:
-            hf = hf.to(device)
-        from probe.checkpoints.adapters import adapt
-
-        model = adapt(hf.eval(), tokenizer=None, name=identity)
-        model.probe_info.extra.update({"source": kind, "revision": rev, "location": target})
-    if model_type == "probe" and device is not None and "device_map" not in hf_kwargs:
-        model = model.to(device)
-    tokenizer, no_tokenizer = _read_tokenizer(source, **common)
-    if kind == "zoo" and tokenizer is not None and (Path(target) / "zoo.json").is_file():
+def _with_tokenizer(model, req: LoadRequest, common: dict):
+    """The model with the source's tokenizer attached (unless it brought its own), or why there is none."""
+    tokenizer, no_tokenizer = _read_tokenizer(req.source, **common)
+    zoo_record = Path(req.target) / "zoo.json"
+    if req.kind == "zoo" and tokenizer is not None and zoo_record.is_file():
         # a zoo checkpoint carries a copy of a named tokenizer: record that name, not the directory
-        tokenizer.name_or_path = json.loads((Path(target) / "zoo.json").read_text())["recipe"]["tokenizer"]
+        tokenizer.name_or_path = json.loads(zoo_record.read_text())["recipe"]["tokenizer"]
     if getattr(model, "tokenizer", None) is None:
         model.tokenizer = tokenizer
         if tokenizer is None:  # what probe.jobs.inputs says when a tokenizer is needed and none was given
@@ -713,19 +829,18 @@ def _hub_snapshot(repo: str, revision: str | None, local_only: bool, hf_kwargs: 
         raise _missing(repo, revision, f"incomplete in the local cache or unavailable ({type(e).__name__})") from None
 
 
-def _check_sizes(source: str, kind: str, identity: str, dtype, hf_kwargs: dict) -> None:
+def _check_sizes(req: LoadRequest, dtype) -> None:
     """A local checkpoint's config against its safetensors headers and the memory available, before any allocation
     (``probe.checkpoints.sizes``); a hub model's files are the hub's to check. With a device map, accelerate places
     the weights, so only the config is checked against the headers."""
-    if kind == "hub":
+    if req.kind == "hub":
         return
     import torch
 
     from probe.checkpoints.sizes import check_sizes
 
-    placed = "device_map" in hf_kwargs
     per_param = torch.empty((), dtype=dtype).element_size() if isinstance(dtype, torch.dtype) else None
-    check_sizes(Path(source), identity, per_param, check_memory=not placed)  # CheckpointSizeError: one line
+    check_sizes(Path(req.source), req.identity, per_param, check_memory=not req.placed)  # CheckpointSizeError: one line
 
 
 class CheckpointMismatchError(ValueError):
@@ -813,11 +928,16 @@ def _load_report_as_one_line(identity: str):
         log.removeFilter(drop)
 
 
-def _from_pretrained(auto_cls, source, kw, kind, target, rev, identity=None):
+def _from_pretrained(req: LoadRequest, kw: dict):
+    """transformers' ``AutoModelForCausalLM.from_pretrained`` with its load report as probe's one line; a hub model's
+    files missing from the cache (or the hub refusing them) is :class:`ModelNotFoundError`."""
+    from transformers import AutoModelForCausalLM
+
     try:
-        with _load_report_as_one_line(identity or (f"{target}@{rev}" if rev else str(target))):
-            return auto_cls.from_pretrained(source, **kw)
+        with _load_report_as_one_line(req.identity):
+            return AutoModelForCausalLM.from_pretrained(req.source, **kw)
     except OSError as e:
-        if kind == "hub":
-            raise _missing(target, rev, f"incomplete in the local cache or unavailable ({type(e).__name__})") from None
+        if req.kind == "hub":
+            why = f"incomplete in the local cache or unavailable ({type(e).__name__})"
+            raise _missing(req.target, req.revision, why) from None
         raise

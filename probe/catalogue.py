@@ -29,6 +29,10 @@ VARIANTS: dict[str, Variant] = {
         "a learned extra first token with learned key and value, removed before the LM head",
         dict(abstention="sinktoken"),
     ),
+    "softpick": Variant(
+        "softpick rows: relu(exp(s) - 1) / (sum |exp(s) - 1| + eps), summing to at most one (Zuhri et al. 2025)",
+        dict(attn_fn="softpick"),
+    ),
     "normgate": Variant("value gate g_j = sigmoid(beta(||v_j||/sqrt(dh) - tau_h)), beta = 8", dict(value_gate="norm")),
     "projgate": Variant("value gate g_j = sigmoid(w_h . v_j + b_h)", dict(value_gate="proj")),
     "sink+norm": Variant("sink logit and norm gate", dict(abstention="sinklogit", value_gate="norm")),

@@ -196,7 +196,13 @@ def model_device(model) -> torch.device:
 def row_mass_hooks(info) -> list[str]:
     """The attention hooks from which probe.kernels.attention_row_masses reproduces a layer's attention: the query and
     key the scores take (hook_rot_q / hook_rot_k: after QK-norm and rotary), v, the sink logit where there is a
-    phantom, the gate where a routing-slot gate adds log g_j to the logits."""
+    phantom, the gate where a routing-slot gate adds log g_j to the logits. A model whose rows are not softmax rows
+    (``ModelInfo.attention_rule``: softpick) is refused in one line: these masses would be softmax's, not its own."""
+    if info.attention_rule != "softmax":
+        raise ValueError(
+            f"model {info.name!r} has {info.attention_rule} attention rows, and this analysis recomputes softmax "
+            "rows from the captured queries and keys; it supports softmax attention only"
+        )
     return (
         ["hook_rot_q", "hook_rot_k", "hook_v"]
         + (["hook_sink_logit"] if info.has_phantom else [])

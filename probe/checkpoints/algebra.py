@@ -14,7 +14,8 @@ The rules (l a layer, h a head):
   no mid point (HF's own layer forward)
 * ``result``: Σ_h result_h + b_O == the attention's output projection (b_O the same vector at every position)
 * ``z``: pattern @ v_out (each query head reading its KV head) [⊙ out_gate] == z, on softmax layers
-* ``scores``: softmax over the real keys and the phantom of attn_scores == pattern
+* ``scores``: softmax over the real keys and the phantom of attn_scores == pattern (softpick's rule for a softpick
+  model, whose hook_phantom is 1 - the row's sum)
 * ``rot_q`` / ``rot_k``: rot_q == the layer's rotary applied to q_normed (or q) at positions 0 .. T-1
 * ``unembed``: unembed(unembed.hook_in) == the logits, and the final norm of the last resid_post == unembed.hook_in
 """
@@ -197,7 +198,14 @@ def _attention(cache, info, out: dict, skipped: dict, projections: dict, model, 
             phantom = cache.get(names.attn(l, "phantom"))
             sink = cache.get(names.attn(l, "sink_logit"))
             logits = raw.double()
-            if sink is not None:  # the phantom key's logit joins each row
+            if info.attention_rule == "softpick":  # rows may leave mass unspent: the phantom is what they leave
+                from probe.kernels.softpick.reference import softpick_of_scores
+
+                probs = softpick_of_scores(logits)
+                if phantom is not None:
+                    scores.append(_diff(phantom.double(), 1.0 - pattern.double().sum(-1)))
+                phantom = None  # checked here, not as a phantom-less softmax's zeros below
+            elif sink is not None:  # the phantom key's logit joins each row
                 col = sink.double()[None, :, None, None].expand(*logits.shape[:3], 1)
                 probs = torch.softmax(torch.cat([logits, col], -1), -1)[..., :-1]
             else:

@@ -27,11 +27,12 @@ from probe.catalogue import TIERS
 from probe.models.choice import check_choice
 from probe.models.dense import DenseOptions
 from probe.models.depth import DEPTHS, PLR_KEYS, DepthOptions
-from probe.models.gates import VALUE_RESIDUALS, ValueGateOptions
+from probe.models.gates import GATES, VALUE_RESIDUALS, ValueGateOptions
 from probe.models.out_gates import OutGateOptions
 
 __all__ = [
     "ABSTENTIONS",
+    "ATTN_FNS",
     "GROUPS",
     "INITS",
     "MLPS",
@@ -50,6 +51,9 @@ __all__ = [
 ]
 
 ABSTENTIONS = ("none", "offbyone", "sinklogit", "sinktoken")
+# the rule that turns a row's scores into its weights: "softmax", or "softpick" (Zuhri et al. 2025: rectified, rows
+# sum to at most one; docs/definitions.md#softpick)
+ATTN_FNS = ("softmax", "softpick")
 QK_ACTIVATIONS = ("none", "q", "qk")
 NORMS = ("rms", "layer")
 POSITIONS = ("rope", "learned")
@@ -97,7 +101,8 @@ class ArchitectureOptions:
 
 @dataclass
 class AttentionOptions:
-    """Inside a head: head counts and widths, abstention (a sink), QK-norm and GatedV's placement controls."""
+    """Inside a head: head counts and widths, abstention (a sink), the row rule (softmax or softpick), QK-norm and
+    GatedV's placement controls."""
 
     reads: ClassVar[tuple[str, ...]] = ("d_model",)  # another group's field a default here derives from
 
@@ -108,6 +113,7 @@ class AttentionOptions:
     abstention: str = "none"  # see ABSTENTIONS
     qk_norm: bool = False  # RMS-normalise each head's query and key
     qk_activation: str = "none"  # GatedV placement controls: SiLU on q (or q and k) before RoPE; see QK_ACTIVATIONS
+    attn_fn: str = "softmax"  # see ATTN_FNS; a config.json without the field is softmax
     d_model: InitVar[int | None] = None  # the architecture's width, read for d_head's default (not a field here)
 
     def __post_init__(self, d_model: int | None) -> None:
@@ -121,6 +127,11 @@ class AttentionOptions:
     def check(self) -> None:
         check_choice("abstention", self.abstention, ABSTENTIONS)
         check_choice("qk_activation", self.qk_activation, QK_ACTIVATIONS)
+        check_choice("attn_fn", self.attn_fn, ATTN_FNS)
+        if self.attn_fn != "softmax" and self.abstention in ("offbyone", "sinklogit"):
+            raise ValueError(
+                f"attn_fn={self.attn_fn!r} does not compose with abstention={self.abstention!r} (a phantom key)"
+            )
         assert self.n_kv_heads is not None  # __post_init__ set it
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
@@ -261,6 +272,11 @@ class ProbeConfig(PretrainedConfig):
         if self.parallel_residual and self.depth != "residual":
             raise ValueError(
                 f"parallel_residual=True needs the plain or dense residual stream; got depth={self.depth!r}"
+            )
+        gate = GATES.get(self.value_gate)
+        if self.attn_fn != "softmax" and gate is not None and gate.routing:
+            raise ValueError(
+                f"attn_fn={self.attn_fn!r} does not compose with value_gate={self.value_gate!r} (a routing-slot gate)"
             )
         if self.rotary_dims is not None and not (0 < self.rotary_dims <= self.d_head and self.rotary_dims % 2 == 0):
             raise ValueError(f"rotary_dims={self.rotary_dims!r} must be even and in 2..d_head={self.d_head}")

@@ -21,6 +21,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from probe.hooks import names
 from probe.hooks.info import ModelInfo
 from probe.kernels.backend import check_backend, use_backend
 from probe.models.block import Block
@@ -332,5 +333,8 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
             depth_blocks=c.depth_blocks,
             sink_token=c.abstention == "sinktoken",
             trained_with_bos=bool((self.train_record or {}).get("bos")),
+            attention_rule=c.attn_fn,
+            # softpick has no log-normaliser to fire: attn.hook_lse, as absent_hooks spells a point below a block
+            absent_hooks=[names.attn(0, "lse").split(".", 2)[-1]] if c.attn_fn != "softmax" else [],
             extra=extra,
         )

@@ -21,6 +21,7 @@ from probe.models.params import count_by_role
 # the config fields that select mechanisms: all at these values is the plain baseline of an architecture
 _PLAIN = dict(
     abstention="none",
+    attn_fn="softmax",
     value_gate="none",
     value_residual="none",
     depth="residual",

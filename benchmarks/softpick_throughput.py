@@ -1,0 +1,95 @@
+"""Training throughput of softpick attention against the softmax baseline at one tier, side by side.
+
+    python benchmarks/softpick_throughput.py [--tier tiny] [--batch 16] [--ctx 256] [--steps 10] [--warmup 3]
+                                             [--device cpu|cuda] [--dtype float32|bfloat16] [--threads N]
+
+Times forward + backward (cross-entropy on next-token targets; no optimizer step) of the ``baseline`` and ``softpick``
+variants built with the same seed, alternating the two for ``--steps`` rounds after ``--warmup`` rounds each, so both
+see the same load; reports each one's median step time, tokens per second, and the ratio softpick / softmax in tokens
+per second (1.0: as fast; the goal is >= 0.9). The baseline runs the fused attention path (SDPA / CPU flash / Triton
+as the runtime backend picks); softpick runs its plain PyTorch reference, which materialises (B, H, T, T) scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # benchmarks/kernels.py shadows `kernels`
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from probe.models import create  # noqa: E402
+
+
+def step(model, ids: torch.Tensor, autocast: torch.dtype | None) -> None:
+    with torch.autocast(ids.device.type, dtype=autocast, enabled=autocast is not None):
+        logits = model(ids[:, :-1]).logits
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tier", default="tiny")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--ctx", type=int, default=256)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=0)
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    device = torch.device(a.device)
+    autocast = torch.bfloat16 if a.dtype == "bfloat16" else None
+    models = {v: create(v, tier=a.tier, seed=0).to(device).train() for v in ("baseline", "softpick")}
+    vocab = models["baseline"].config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (a.batch, a.ctx + 1), generator=g).to(device)
+
+    def timed(model) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step(model, ids, autocast)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    for _ in range(a.warmup):
+        for model in models.values():
+            timed(model)
+    times: dict[str, list[float]] = {v: [] for v in models}
+    for _ in range(a.steps):
+        for v, model in models.items():
+            times[v].append(timed(model))
+    tokens = a.batch * a.ctx
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "tier": a.tier,
+        "batch": a.batch,
+        "ctx": a.ctx,
+        "dtype": a.dtype,
+        "threads": torch.get_num_threads(),
+    }
+    for v, ts in times.items():
+        med = statistics.median(ts)
+        result[v] = {"median_s": round(med, 5), "tokens_per_s": round(tokens / med, 1)}
+    result["ratio_softpick_over_softmax"] = round(
+        result["softpick"]["tokens_per_s"] / result["baseline"]["tokens_per_s"], 3
+    )
+    print(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

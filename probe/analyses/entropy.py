@@ -29,11 +29,10 @@ import math
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, describe, finish, sliding
-from probe.analyses.finite import FiniteCheck
+from probe.analyses.capture import describe, finish, sliding
 from probe.analyses.layer_types import layer_meta, with_linear_layers
 from probe.analyses.parallel import gather_rows, reduce_sums
-from probe.analyses.passes import Part, run_pass
+from probe.analyses.passes import Part, run_alone
 from probe.analyses.stats import mean_all, with_batch_se
 from probe.process_group import rank_and_world
 
@@ -247,10 +246,8 @@ def attention_entropy(model, data, *, progress: bool = False, allow_nonfinite: b
       entropy_real_norm, entropy_real_norm_se
     - ``batches``: model, corpus, batch, layer, head, entropy, entropy_norm, entropy_real_norm
     """
-    w = as_windows(data)
-    part, check = EntropyPart(model.probe_info), FiniteCheck(allow_nonfinite)
-    run_pass(model, [(w, [part])], progress=progress, desc="attention entropy", check=check)
-    return check.mark(part.result(model, w))
+    part = EntropyPart(model.probe_info)
+    return run_alone(model, data, part, "attention entropy", progress=progress, allow_nonfinite=allow_nonfinite)
 
 
 __all__ = [

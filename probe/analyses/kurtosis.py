@@ -21,10 +21,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, describe, finish
-from probe.analyses.finite import FiniteCheck
+from probe.analyses.capture import describe, finish
 from probe.analyses.parallel import gather
-from probe.analyses.passes import Part, run_pass
+from probe.analyses.passes import Part, run_alone
 from probe.analyses.stats import jackknife_se
 from probe.hooks import names
 from probe.process_group import rank_and_world
@@ -198,10 +197,8 @@ def outlier_kurtosis(model, data, *, progress: bool = False, allow_nonfinite: bo
     - ``layers``: model, corpus, layer, hook, kurtosis, kurtosis_se, rms, max_neuron, max_neuron_rms, max_over_rms
     - ``batches``: model, corpus, batch, layer, kurtosis
     """
-    w = as_windows(data)
-    part, check = KurtosisPart(model.probe_info), FiniteCheck(allow_nonfinite)
-    run_pass(model, [(w, [part])], progress=progress, desc="outlier kurtosis", check=check)
-    return check.mark(part.result(model, w))
+    part = KurtosisPart(model.probe_info)
+    return run_alone(model, data, part, "outlier kurtosis", progress=progress, allow_nonfinite=allow_nonfinite)
 
 
 __all__ = [

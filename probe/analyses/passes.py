@@ -22,6 +22,7 @@ from probe.analyses.capture import (
     LayerCollector,
     StopForward,
     Windows,
+    as_windows,
     make_bar,
     model_device,
     row_masses,
@@ -84,6 +85,15 @@ class LayerMasses:
             self.check.check(f"{names.attn(self.layer, 'pattern')} (phantom)", phantom, self.layer)
             self.cache[key] = lse, mass, phantom
         return self.cache[key]
+
+
+def run_alone(model, data, part, desc: str, *, progress: bool = False, allow_nonfinite: bool = False) -> dict:
+    """``part``'s own pass over ``data`` (one analysis run by itself, not beside others in the shared pass): its
+    result, with the ``nonfinite`` table when ``allow_nonfinite`` let non-finite values through."""
+    w = as_windows(data)
+    check = FiniteCheck(allow_nonfinite)
+    run_pass(model, [(w, [part])], progress=progress, desc=desc, check=check)
+    return check.mark(part.result(model, w))
 
 
 def run_pass(model, jobs, *, progress: bool = False, desc: str = "analyses", check: FiniteCheck | None = None) -> None:

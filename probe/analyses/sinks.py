@@ -27,7 +27,7 @@ from probe.analyses.capture import as_windows, describe, finish, model_device, s
 from probe.analyses.finite import FiniteCheck
 from probe.analyses.layer_types import layer_meta, linear_layers, with_linear_layers
 from probe.analyses.parallel import first_present, gather_rows, reduce_sums
-from probe.analyses.passes import Part, key0_and_real, run_pass
+from probe.analyses.passes import Part, key0_and_real, run_alone
 from probe.analyses.stats import mean_all
 from probe.hooks import names
 from probe.process_group import batches_of_rank, rank_and_world
@@ -235,10 +235,8 @@ def sink_stats(
     - ``heads``: model, corpus, layer, head, kv_head, layer_type, pos0_share, phantom_share, r0, uniform_ref, sink_logit
     - ``batches``: model, corpus, batch, layer, pos0_share, phantom_share, uniform_ref, r0
     """
-    w = as_windows(data)
-    part, check = SinkPart(model.probe_info, backend), FiniteCheck(allow_nonfinite)
-    run_pass(model, [(w, [part])], progress=progress, desc="sink statistics", check=check)
-    return check.mark(part.result(model, w))
+    part = SinkPart(model.probe_info, backend)
+    return run_alone(model, data, part, "sink statistics", progress=progress, allow_nonfinite=allow_nonfinite)
 
 
 @torch.no_grad()

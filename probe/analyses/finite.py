@@ -56,9 +56,21 @@ class FiniteCheck:
             if self.flag is None:
                 raise UsageError(f"{what}; no verdict is drawn from numbers that are not finite")
             raise UsageError(f"{what}; pass {self.flag} to report the numbers without a verdict")
+        self._add(name, layer, (n_nan, n_inf, n))
+
+    def _add(self, name: str, layer: int | None, counts) -> None:
         sums = self.found.setdefault((name, layer), [0, 0, 0])
-        for i, v in enumerate((n_nan, n_inf, n)):
+        for i, v in enumerate(counts):
             sums[i] += v
+
+    def records(self) -> list[list]:
+        """What was found as JSON-ready rows ``[tensor, layer, n_nan, n_inf, n_entries]`` (a batch's, kept on disk)."""
+        return [[name, layer, *sums] for (name, layer), sums in self.found.items()]
+
+    def fold(self, records) -> None:
+        """Add another check's :meth:`records` (a batch's, computed now or reloaded) to what this one found."""
+        for name, layer, *counts in records:
+            self._add(name, layer, counts)
 
     def check_all(self, got: dict[str, torch.Tensor], layer: int, prefix) -> None:
         """Every tensor of a layer's captured set, the forward's log-normaliser (computed from the others) last;
@@ -72,8 +84,7 @@ class FiniteCheck:
 
     def table(self) -> pd.DataFrame:
         """One row per non-finite tensor: tensor, layer, n_nan, n_inf, n_entries (summed over batches)."""
-        rows = [[name, layer, *sums] for (name, layer), sums in self.found.items()]
-        return pd.DataFrame(rows, columns=COLUMNS)
+        return pd.DataFrame(self.records(), columns=COLUMNS)
 
     def mark(self, result: dict) -> dict:
         """A result with its ``nonfinite`` table (when anything was found): the presentation draws no verdict."""

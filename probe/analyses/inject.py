@@ -484,10 +484,7 @@ def inject(
         per_batch += _loss_rows(conds, batch_loss, record["clean"], record["tokens"], batch=n)
         if exposure:
             exp_acc.fold(ExposureAccumulator.from_state(info, exp_acc.cutoffs, n, record["exposure"]))
-        for name, layer, *counts in record["nonfinite"]:
-            found = check.found.setdefault((name, layer), [0, 0, 0])
-            for i, v in enumerate(counts):
-                found[i] += v
+        check.fold(record["nonfinite"])
     bar.close()
     sums, clean_total, count = all_sum(sums), all_sum(clean_total), all_sum(count)
     per_batch = gather_rows(per_batch)
@@ -533,7 +530,7 @@ def _inject_batch(model, w, n, conds, run, per_fwd, seed, own, collector, part, 
         "clean": clean,
         "tokens": tgt.numel(),
         "exposure": part["acc"].state() if collector is not None else None,
-        "nonfinite": [[name, layer, *counts] for (name, layer), counts in check.found.items()],
+        "nonfinite": check.records(),
     }
 
 

@@ -27,3 +27,10 @@ def first_line(e: BaseException) -> str:
     """``TypeName: first line of the message``: how a library's exception appears inside a one-line error."""
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+def damaged_shipped_file(what: str, path, why: str) -> str:
+    """The one line for a table probe ships (the coverage table, the revisions table) that cannot be read: it names
+    the file and the one remedy, since the user did not write it."""
+    remedy = "reinstall probe-attn (pip install --force-reinstall probe-attn)"
+    return f"{what} {path} that probe ships is damaged ({why}); {remedy}"

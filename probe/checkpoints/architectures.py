@@ -22,7 +22,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from probe.errors import UsageError
+from probe.errors import UsageError, damaged_shipped_file
 
 TABLE_FILE = Path(__file__).resolve().parent / "architectures.json"
 STATUSES = ("supported", "partial", "refused")
@@ -55,10 +55,7 @@ def table() -> dict:
 
 
 def _damaged(why: str) -> DamagedTableError:
-    return DamagedTableError(
-        f"the coverage table {TABLE_FILE} that probe ships is damaged ({why}); reinstall probe-attn "
-        "(pip install --force-reinstall probe-attn)"
-    )
+    return DamagedTableError(damaged_shipped_file("the coverage table", TABLE_FILE, why))
 
 
 def _table_problem(data) -> str | None:

@@ -47,6 +47,7 @@ from probe.catalogue import RELEASED
 from probe.checkpoints import gguf
 from probe.checkpoints.architectures import check_architecture
 from probe.console import QUIET
+from probe.errors import damaged_shipped_file
 from probe.progress import quiet_hf_bars
 from probe.writes import clean_text
 
@@ -119,8 +120,7 @@ def revisions() -> dict[str, dict]:
                 raise ValueError("not a table of repos")
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             raise RevisionError(
-                f"probe's table of published checkpoint revisions, {path}, is damaged or missing ({type(e).__name__}); "
-                "reinstall probe-attn (`pip install --force-reinstall probe-attn`)"
+                damaged_shipped_file("the table of published revisions", path, type(e).__name__)
             ) from None
         _revisions_read[key] = table
     return _revisions_read[key]

@@ -84,14 +84,14 @@ def integer_buffer(tensor: str, dtype: str) -> bool:
     return dtype in ("BOOL", "U8") and tensor.endswith(MASK_BUFFERS)
 
 
-def check_integer_tensors(config: dict, files: list[Path], name: str) -> None:
+def check_integer_tensors(config: dict, files: list[Path], name: str, headers: dict | None = None) -> None:
     """A checkpoint whose config declares no quantisation (no ``quantization_config``) holds floats: an integer or
     bool weight in its safetensors headers (int8 left by a quantiser whose config was lost) is one line naming the
     file, the tensor and its dtype, instead of a silent cast. ``INTEGER_BUFFERS`` (and old causal masks) pass."""
     if not isinstance(config, dict) or config.get("quantization_config"):
         return
     for path in files:
-        for tensor, (dtype, _) in header_tensors(path).items():
+        for tensor, (dtype, _) in (headers[path] if headers else header_tensors(path)).items():
             if dtype in INTEGER_DTYPES and not integer_buffer(tensor, dtype):
                 raise CheckpointSizeError(
                     f"{name}: {path.name} holds tensor {tensor} as {dtype}, and its config declares no quantisation "
@@ -190,14 +190,23 @@ def header_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
 
 def stored_counts(folder: Path) -> tuple[int, int, list[Path]]:
     """(parameters, bytes, files) that a model directory's safetensors headers hold."""
-    files = weight_files(folder)
+    headers = stored_headers(folder)
+    return (*_counts(headers), list(headers))
+
+
+def stored_headers(folder: Path) -> dict[Path, dict[str, tuple[str, tuple[int, ...]]]]:
+    """Each safetensors file of a model directory -> its header's tensors (``header_tensors``), read once."""
+    return {path: header_tensors(path) for path in weight_files(folder)}
+
+
+def _counts(headers: dict) -> tuple[int, int]:
     n_params = n_bytes = 0
-    for path in files:
-        for dtype, shape in header_tensors(path).values():
+    for tensors in headers.values():
+        for dtype, shape in tensors.values():
             numel = math.prod(shape)
             n_params += numel
             n_bytes += numel * DTYPE_BYTES.get(dtype, 4)
-    return n_params, n_bytes, files
+    return n_params, n_bytes
 
 
 def implied_counts(folder: Path) -> tuple[int, int, str] | None:
@@ -235,10 +244,11 @@ def check_sizes(folder, name: str, dtype_bytes: int | None = None, *, check_memo
         if isinstance(e, CheckpointSizeError):
             raise
         raise CheckpointSizeError(f"{name}: {config} is not a JSON config ({type(e).__name__})") from None
-    stored, stored_bytes, files = stored_counts(folder)
-    if not files:
+    headers = stored_headers(folder)  # every header read once, for the integer check and the counts
+    if not headers:
         return
-    check_integer_tensors(saved, files, name)
+    check_integer_tensors(saved, list(headers), name, headers)
+    stored, stored_bytes = _counts(headers)
     implied = implied_counts(folder)
     if implied is not None:
         low, high, model_type = implied

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 
 from probe.catalogue import DEFAULT_DOSES
@@ -93,7 +92,9 @@ def partial_state(args: argparse.Namespace, run, kinds, doses):
     """Where an interrupted ``probe inject --out DIR`` keeps its finished batches (``probe.jobs.partial``), with the
     settings that determine the numbers (a rerun with others is refused in one line), and the note that a rerun
     resumes; None without --out, and in a data-parallel run (one process keeps partial state, not several)."""
-    if not run.output.out or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    from probe.process_group import rank_and_world
+
+    if not run.output.out or rank_and_world()[1] > 1:
         return None
     from probe.analyses.capture import model_device
     from probe.jobs.fingerprints import model_fingerprint

@@ -473,9 +473,10 @@ def is_token_domain(name) -> bool:
     return m is not None and m["task"] in TOKEN_DOMAINS
 
 
-def parse_token_domain(name: str) -> TokenDomain:
+def parse_token_domain(name: str, n: int | None = None) -> TokenDomain:
     """``synthetic:random[T=64,n=100,seed=0]`` / ``synthetic:repeat[T=64,n=100,token=ID]`` → TokenDomain (missing keys:
-    the defaults). Errors are one line naming the bad part and the valid choices."""
+    the defaults; ``n``, where given, is the count when the name has none: the verbs pass --batches × --batch-size).
+    Errors are one line naming the bad part and the valid choices."""
     m = _NAME.match(name.strip()) if isinstance(name, str) else None
     if m is None or m["task"] not in TOKEN_DOMAINS:
         raise ValueError(
@@ -483,7 +484,10 @@ def parse_token_domain(name: str) -> TokenDomain:
             "synthetic:repeat[T=64,n=100,token=ID]"
         )
     kind = m["task"]
-    return TokenDomain(kind, **_integer_args(m["args"], name, TOKEN_KEYS[kind]))
+    values = _integer_args(m["args"], name, TOKEN_KEYS[kind])
+    if n is not None:
+        values.setdefault("n", n)
+    return TokenDomain(kind, **values)
 
 
 __all__ = [

@@ -383,10 +383,11 @@ def check_protocol(spec: WindowSpec, task: BigramBackcopy | None) -> None:
 
 def token_domain_windows(spec: WindowSpec, model):
     """Windows of ``synthetic:random[...]`` / ``synthetic:repeat[...]`` for any model: ids over its vocabulary, the
-    tokenizer's BOS first only with ``bos=1``; --ctx, --bos, --tokenizer do not apply (the name says T and bos)."""
+    tokenizer's BOS first only with ``bos=1``; --ctx, --bos, --tokenizer do not apply (the name says T and bos); the
+    name's n sequences, else --batches x --batch-size."""
     name, info = spec.data, model.probe_info
-    try:
-        domain = parse_token_domain(name)
+    try:  # the name's n, else --batches x --batch-size sequences as for any other data
+        domain = parse_token_domain(name, n=spec.batches * spec.batch_size)
     except ValueError as e:
         raise UsageError(f"--data: {first_line(e)}") from None
     for flag, given in (

@@ -173,6 +173,18 @@ def test_random_and_repeat_domains_draw_as_documented():
     assert is_token_domain("synthetic:random") and not is_token_domain("synthetic:bb[T=4]")
 
 
+def test_token_domain_without_n_follows_the_batches_flags():
+    from probe.jobs.inputs import token_domain_windows
+    from probe.jobs.specs import WindowSpec
+
+    model = tiny()
+    got = token_domain_windows(WindowSpec(data="synthetic:random[T=8]", batches=2, batch_size=3), model)
+    assert got.tokens.shape == (2, 3, 9) and got.domain.n == 6
+    named = token_domain_windows(WindowSpec(data="synthetic:repeat[T=8,n=5]", batches=2, batch_size=3), model)
+    assert named.tokens.shape[0] * named.tokens.shape[1] == 5  # the name's n wins over --batches
+    assert parse_token_domain("synthetic:random[T=8]").n == 100  # in Python without the flags: the default
+
+
 @pytest.mark.parametrize(
     "name,message",
     [

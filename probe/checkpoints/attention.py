@@ -40,7 +40,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, prepa
 
 from probe.kernels import sink_attention
 from probe.kernels.sink_attention import edits
-from probe.kernels.sink_attention.reference import attention_scores, probs_of_scores, scores_of_probs
+from probe.kernels.sink_attention.reference import attention_scores, pattern_norms, probs_of_scores, scores_of_probs
 
 try:  # where transformers collects attentions for output_attentions=True (an internal: absent in other versions)
     from transformers.utils.output_capturing import _active_collector
@@ -348,7 +348,31 @@ def wants_pattern(site, module, dropout: float) -> bool:
     """Materialise the pattern? When a hook or cache reads it, the adapter materialises, HF was asked for the
     attentions, or dropout acts on the probabilities."""
     hooked = site is not None and (site.materialize or site.hook_pattern.has_hooks() or site.hook_phantom.has_hooks())
-    return hooked or wants_scores(site) or (module.training and dropout > 0) or _hf_wants_attentions()
+    return (
+        hooked
+        or wants_scores(site)
+        or wants_pattern_norm(site)
+        or (module.training and dropout > 0)
+        or _hf_wants_attentions()
+    )
+
+
+def wants_pattern_norm(site) -> bool:
+    """Fire hook_pattern_norm? Where the layer has it (an output projection) and a hook reads it or the adapter is
+    materialising."""
+    point = getattr(site, "hook_pattern_norm", None)
+    return point is not None and (site.materialize or point.has_hooks())
+
+
+def fire_pattern_norm(site, pattern: torch.Tensor, value: torch.Tensor) -> None:
+    """hook_pattern_norm (B,H,Tq,Tk) = ||a_ij v_j W_O[h]|| of the pattern the output is aggregated with and the value
+    (B,Hkv,Tk,dv), through the output projection's weight (docs/definitions.md#norm-weighted-attention); a read-out,
+    its edit changes nothing."""
+    if not wants_pattern_norm(site):
+        return
+    out = site.out_proj
+    w = out.weight if isinstance(out, torch.nn.Linear) else out.weight.T  # (d, H·dv); GPT-2's Conv1D is (H·dv, d)
+    site.hook_pattern_norm(pattern_norms(pattern, _bthd(value), w))
 
 
 def wants_scores(site) -> bool:
@@ -684,6 +708,7 @@ def probe_attention(
         if site is not None:
             pattern = site.hook_pattern(pattern)
             phantom = site.hook_phantom(phantom)
+            fire_pattern_norm(site, pattern, value)
         weights = pattern.to(query.dtype)
         probs = F.dropout(weights, p=dropout, training=True) if training else weights
         out = torch.matmul(probs, repeat_kv(value, n_rep))

@@ -135,7 +135,8 @@ def test_norm_weighted_in_the_shared_pass_equals_alone_and_changes_nothing_else(
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("family", ["gpt_oss", "qwen2", "gpt2"])  # learned sinks + GQA, a value bias, a Conv1D W_O
+# learned sinks and GQA, a value bias, GPT-2's Conv1D W_O, Gemma 2's soft-capped attention function
+@pytest.mark.parametrize("family", ["gpt_oss", "qwen2", "gpt2", "gemma2"])
 def test_hook_pattern_norm_on_hf_checkpoints_equals_the_pattern_times_each_heads_write_norm(family, tmp_path):
     import probe
     from probe.checkpoints.tiny import VOCAB, build_tiny

@@ -388,7 +388,7 @@ WHY = {
     "blocks.{l}.attn.hook_lse": ("probe", "each row's log-normaliser over the real keys; no TransformerLens name"),
     "blocks.{l}.attn.hook_pattern_norm": (
         "probe",
-        "||a_ij v_j W_O[h]||, the norm-weighted pattern; no TransformerLens name",
+        "‖a_ij v_j W_O[h]‖, the norm-weighted pattern; no TransformerLens name",
     ),
     "blocks.{l}.attn.hook_v_out": ("probe", "the value actually aggregated (after a gate or value residual)"),
     "blocks.{l}.attn.hook_sink_logit": ("probe", "the per-head sink logit; TransformerLens has no phantom"),

@@ -5,6 +5,7 @@ the invariant that equal transformed norms leave the share unchanged, and the pa
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +18,7 @@ from probe.analyses.sink_pass import sink_analyses
 from probe.hooks import names
 from probe.kernels.sink_attention.reference import pattern_norms
 from tests.support.analyses import tiny, windows
+from tests.support.cli import WINDOWS, probe
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "norm_weighted" / "golden.safetensors"
 
@@ -154,3 +156,22 @@ def test_hook_pattern_norm_on_hf_checkpoints_equals_the_pattern_times_each_heads
             f = v[:, :, h // info.kv_group] @ w[:, h * dv : (h + 1) * dv].T  # B,T,d: each key's write through head h
             want = pat[:, h] * f.norm(dim=-1)[:, None, :]
             assert torch.allclose(cache[names.attn(l, "pattern_norm")][:, h].double(), want, rtol=1e-4, atol=1e-6)
+
+
+def test_sinks_norm_weighted_writes_its_csvs_and_lines(tmp_path):
+    out = tmp_path / "nw"
+    r = probe("sinks", "--model", "probe/tiny-baseline", *WINDOWS, "--norm-weighted", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "key 0's share by weight and by norm" in r.stdout
+    for name in ("summary", "layers", "heads", "batches"):
+        assert (out / f"sinks_norm_weighted_{name}.csv").is_file(), name
+    layers = pd.read_csv(out / "sinks_norm_weighted_layers.csv")
+    assert len(layers) == 6 and layers[["share", "norm_share"]].gt(0).all().all()
+    assert layers[["share", "norm_share"]].lt(1).all().all()
+    assert "norm_weighted_heads" in json.loads((out / "sinks.json").read_text())["tables"]
+
+
+def test_norm_weighted_takes_one_context():
+    args = ("--model", "probe/tiny-baseline", "--batches", "1", "--batch-size", "1", "--ctx", "8", "16")
+    r = probe("sinks", *args, "--norm-weighted")
+    assert r.returncode == 2 and "--norm-weighted takes one --ctx" in r.stderr

@@ -11,7 +11,9 @@ Per attention row t of query head h in layer l, from ``hook_pattern`` (a) and ``
 f_h(v_j)||):
 
 * ``share`` = a_t0 / sum_j a_tj, key 0's part of the row's real mass (the phantom, which writes nothing, left out);
-* ``norm_share`` = n_t0 / sum_j n_tj, key 0's part of the row's norm mass.
+* ``norm_share`` = n_t0 / sum_j n_tj, key 0's part of the row's norm mass;
+* ``key0_norm`` = n_t0 and ``row_norm`` = sum_j n_tj, what key 0 and the whole row write (in the stream's units: a
+  row whose weight sits on a key of small value writes little, whatever its shares).
 
 Rows t >= 1 whose denominator is positive are averaged (over rows and windows per head, then heads, then layers,
 docs/definitions.md#rows-and-heads); ``ratio`` = norm_share / share per head. Standard errors (``*_se``) over batches
@@ -37,19 +39,23 @@ from probe.analyses.stats import mean_all, with_batch_se
 from probe.kernels.common import wide
 from probe.process_group import rank_and_world
 
-COLUMNS = ("share", "norm_share")
+COLUMNS = ("share", "norm_share", "key0_norm", "row_norm")
 ROW_BLOCK = 256  # query rows reduced at once: B x H x 256 x T temporaries, never a second T x T
 
 
-def key0_shares(pattern: torch.Tensor, norms: torch.Tensor, block: int = ROW_BLOCK) -> dict[str, torch.Tensor]:
-    """Key 0's share of each row, float64 (B, H, T) each: ``share`` = a_t0 / sum_j a_tj of the pattern (B, H, T, T)
-    and ``norm_share`` = n_t0 / sum_j n_tj of the norm-weighted pattern (B, H, T, T); NaN where a row's sum is 0."""
-    out: dict[str, list[torch.Tensor]] = {"share": [], "norm_share": []}
+def key0_parts(pattern: torch.Tensor, norms: torch.Tensor, block: int = ROW_BLOCK) -> dict[str, torch.Tensor]:
+    """Key 0's part of each row, float64 (B, H, T) each: ``share`` = a_t0 / sum_j a_tj of the pattern (B, H, T, T)
+    and ``norm_share`` = n_t0 / sum_j n_tj of the norm-weighted pattern (B, H, T, T) (NaN where a row's sum is 0),
+    ``key0_norm`` = n_t0 and ``row_norm`` = sum_j n_tj (what key 0 and all keys write, in the stream's units)."""
+    out: dict[str, list[torch.Tensor]] = {c: [] for c in COLUMNS}
     for a in range(0, pattern.shape[2], block):
         for col, x in (("share", pattern), ("norm_share", norms)):
             rows = x[:, :, a : a + block].double()  # B,H,block,T
             total = rows.sum(-1)
             out[col].append(torch.where(total > 0, rows[..., 0] / total, math.nan))
+            if col == "norm_share":
+                out["key0_norm"].append(rows[..., 0])
+                out["row_norm"].append(total)
     return {c: torch.cat(v, dim=-1) for c, v in out.items()}
 
 
@@ -72,7 +78,7 @@ class NormWeightedAccumulator:
     """Sums of key 0's row shares per (layer, head) over batches, with the rows counted per column (a row whose sum
     is 0 has no share), and one row per (batch, layer, head) of that batch's means (standard errors over batches)."""
 
-    SUMS = ("share", "norm_share", "share_rows", "norm_share_rows")
+    SUMS = COLUMNS + tuple(f"{c}_rows" for c in COLUMNS)
 
     def __init__(self, info):
         self.info = info
@@ -84,14 +90,15 @@ class NormWeightedAccumulator:
 
     def add(self, layer: int, pattern: torch.Tensor, norms: torch.Tensor) -> None:
         """pattern, norms: (B, H, T, T) of one layer (hook_pattern, hook_pattern_norm)."""
-        got = key0_shares(pattern, norms)
+        got = key0_parts(pattern, norms)
         rank, world = rank_and_world()
         batch = rank + self.calls[layer] * world  # this rank's k-th batch is global batch rank + k * world
         means = {}
         for c in COLUMNS:
             rows = got[c][:, :, 1:]  # rows t >= 1: row 0 sees only key 0
             counted = ~rows.isnan()
-            s, n = rows.nan_to_num().sum((0, 2)).cpu(), counted.sum((0, 2)).double().cpu()  # (H,) each
+            s = torch.where(counted, rows, 0.0).sum((0, 2)).cpu()  # (H,); an infinite value stays infinite
+            n = counted.sum((0, 2)).double().cpu()
             getattr(self, c)[layer] += s
             getattr(self, f"{c}_rows")[layer] += n
             means[c] = s / n
@@ -183,17 +190,19 @@ def norm_weighted(model, data, *, progress: bool = False, allow_nonfinite: bool 
     layer and head), ``meta``.
 
     Per row t >= 1: ``share`` = a_t0 / sum_j a_tj (real keys), ``norm_share`` = ||a_t0 f(v_0)|| / sum_j ||a_tj f(v_j)||
-    with f(v) = v W_O[h]; means over rows and windows per head, over heads per layer, over layers in the summary;
-    ``ratio`` = norm_share / share per head; ``*_se``: standard error over batches. ``top_*``: the head with the largest
-    ``share`` and its ``norm_share``.
+    with f(v) = v W_O[h], ``key0_norm`` = ||a_t0 f(v_0)|| and ``row_norm`` = sum_j ||a_tj f(v_j)||; means over rows
+    and windows per head, over heads per layer, over layers in the summary; ``ratio`` = norm_share / share per head;
+    ``*_se``: standard error over batches. ``top_*``: the head with the largest ``share`` and its ``norm_share``.
 
     Tables (columns):
 
-    - ``summary``: model, corpus, n_layers, share, share_se, norm_share, norm_share_se, top_layer, top_head,
-      top_share, top_norm_share
-    - ``layers``: model, corpus, layer, layer_type, share, share_se, norm_share, norm_share_se
-    - ``heads``: model, corpus, layer, head, kv_head, layer_type, share, share_se, norm_share, norm_share_se, ratio
-    - ``batches``: model, corpus, batch, layer, head, share, norm_share
+    - ``summary``: model, corpus, n_layers, share, share_se, norm_share, norm_share_se, key0_norm, key0_norm_se,
+      row_norm, row_norm_se, top_layer, top_head, top_share, top_norm_share
+    - ``layers``: model, corpus, layer, layer_type, share, share_se, norm_share, norm_share_se, key0_norm,
+      key0_norm_se, row_norm, row_norm_se
+    - ``heads``: model, corpus, layer, head, kv_head, layer_type, share, share_se, norm_share, norm_share_se,
+      key0_norm, key0_norm_se, row_norm, row_norm_se, ratio
+    - ``batches``: model, corpus, batch, layer, head, share, norm_share, key0_norm, row_norm
     """
     part = NormWeightedPart(model.probe_info)
     return run_alone(model, data, part, "norm-weighted attention", progress=progress, allow_nonfinite=allow_nonfinite)
@@ -201,7 +210,7 @@ def norm_weighted(model, data, *, progress: bool = False, allow_nonfinite: bool 
 
 __all__ = [
     "norm_weighted",
-    "key0_shares",
+    "key0_parts",
     "summed_pattern_norms",
     "NormWeightedAccumulator",
     "NormWeightedPart",

@@ -203,7 +203,8 @@ def norm_weighted_tables(result: dict) -> list:
         return []
     title = (
         "Key 0's share by weight and by norm per layer (Kobayashi et al.; share = a_t0 / sum_j a_tj, norm_share = "
-        "||a_t0 f(v_0)|| / sum_j ||a_tj f(v_j)||, f(v) = v W_O[h]; rows t >= 1; ± s.e. over batches)"
+        "||a_t0 f(v_0)|| / sum_j ||a_tj f(v_j)||, f(v) = v W_O[h]; key0_norm and row_norm: what key 0 and the row "
+        "write, their norms; rows t >= 1; ± s.e. over batches)"
     )
     return [(title, drop_ids(result["norm_weighted_layers"]))]
 
@@ -215,7 +216,10 @@ def norm_weighted_lines(result: dict) -> list[str]:
     lines = [
         "",
         "key 0's share by weight and by norm ||a f(x)|| per layer (Kobayashi et al.; rows t >= 1):",
-        show(result["norm_weighted_layers"], ["layer", "layer_type", "share", "norm_share", "norm_share_se"]),
+        show(
+            result["norm_weighted_layers"],
+            ["layer", "layer_type", "share", "norm_share", "norm_share_se", "key0_norm", "row_norm"],
+        ),
     ]
     s = result["norm_weighted_summary"].iloc[0]
     if int(s["top_head"]) >= 0:

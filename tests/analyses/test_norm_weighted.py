@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from probe.analyses.norm_weighted import key0_shares, norm_weighted, summed_pattern_norms
+from probe.analyses.norm_weighted import key0_parts, norm_weighted, summed_pattern_norms
 from probe.analyses.sink_pass import sink_analyses
 from probe.hooks import names
 from probe.kernels.sink_attention.reference import pattern_norms
@@ -45,7 +45,7 @@ def test_summed_pattern_norms_equal_the_authors_head_summed_norms(golden):
 
 
 def test_a_small_value_at_key_0_takes_less_of_the_norm_than_of_the_weight(golden):
-    got = key0_shares(golden["pattern"], golden["weighted_norm"])
+    got = key0_parts(golden["pattern"], golden["weighted_norm"])
     assert (got["norm_share"][..., 1:] < got["share"][..., 1:]).all()  # the fixture's v_0 is 0.05 times a draw
 
 
@@ -79,7 +79,7 @@ def test_equal_transformed_norms_leave_the_share_unchanged():
     v = torch.randn(B, T, H, dv, generator=g, dtype=torch.float64)
     v = 2.5 * v / v.norm(dim=-1, keepdim=True)  # every value of norm 2.5
     q, _ = torch.linalg.qr(torch.randn(H * dv, H * dv, generator=g, dtype=torch.float64))  # orthogonal W_O
-    got = key0_shares(pattern, pattern_norms(pattern, v, q))
+    got = key0_parts(pattern, pattern_norms(pattern, v, q))
     assert torch.allclose(got["norm_share"], got["share"], rtol=0, atol=1e-12)
     assert not torch.allclose(got["share"][..., 1:], torch.ones(B, H, T - 1, dtype=torch.float64))
 
@@ -93,24 +93,28 @@ def test_streamed_shares_equal_a_by_hand_average_of_the_captured_rows():
         for l in range(model.probe_info.n_layers):
             pat, nrm = cache[names.attn(l, "pattern")].double(), cache[names.attn(l, "pattern_norm")].double()
             for h in range(pat.shape[1]):
-                s = want.setdefault((l, h), [0.0, 0.0, 0])
+                s = want.setdefault((l, h), [0.0, 0.0, 0.0, 0.0, 0])
                 for b in range(pat.shape[0]):
                     for t in range(1, pat.shape[2]):
                         s[0] += float(pat[b, h, t, 0] / pat[b, h, t].sum())
                         s[1] += float(nrm[b, h, t, 0] / nrm[b, h, t].sum())
-                        s[2] += 1
+                        s[2] += float(nrm[b, h, t, 0])
+                        s[3] += float(nrm[b, h, t].sum())
+                        s[4] += 1
     heads = norm_weighted(model, w)["heads"]
     for _, r in heads.iterrows():
-        share, norm_share, n = want[(int(r["layer"]), int(r["head"]))]
+        share, norm_share, key0_norm, row_norm, n = want[(int(r["layer"]), int(r["head"]))]
         assert r["share"] == pytest.approx(share / n, abs=1e-6)
         assert r["norm_share"] == pytest.approx(norm_share / n, abs=1e-6)
+        assert r["key0_norm"] == pytest.approx(key0_norm / n, rel=1e-6)
+        assert r["row_norm"] == pytest.approx(row_norm / n, rel=1e-6)
         assert r["ratio"] == pytest.approx(r["norm_share"] / r["share"], rel=1e-12)
 
 
 def test_a_row_without_weight_has_no_share():
     pattern = torch.zeros(1, 1, 3, 3)
     pattern[0, 0, 2, :2] = torch.tensor([0.25, 0.5])
-    got = key0_shares(pattern, pattern)
+    got = key0_parts(pattern, pattern)
     assert got["share"][0, 0, 1].isnan() and float(got["share"][0, 0, 2]) == pytest.approx(1 / 3)
 
 

@@ -6,7 +6,7 @@ s_aux=...)`` after the projections and rotary, with q (B,H,Tq,dh), k/v (B,Hkv,Tk
 fire:
 
     [hook_q], hook_rot_q, [hook_k], hook_rot_k, hook_v, hook_v_out, [hook_sink_logit], [hook_attn_scores],
-    [hook_pattern, hook_phantom], [hook_lse], hook_z
+    [hook_pattern, hook_phantom, hook_pattern_norm], [hook_lse], hook_z
 
 all with positions second (B,T,heads,dh). hook_q / hook_k (the projections' output) and hook_q_normed / hook_k_normed
 fire from forward hooks on the attention module's own projection and QK-norm modules (:func:`qk_plan`; here only for
@@ -21,7 +21,7 @@ see). A dense mask is built only where the rule cannot say it (a cache offset, o
 tokens, a 4D mask the caller passed), as transformers' ``eager_mask``.
 
 The pattern (fp32, the learned sink as the phantom whose mass is 1 − row sum) is materialised only when a hook or
-cache asks for ``hook_pattern`` / ``hook_phantom`` / ``hook_attn_scores``, the caller passed
+cache asks for ``hook_pattern`` / ``hook_phantom`` / ``hook_attn_scores`` / ``hook_pattern_norm``, the caller passed
 ``output_attentions=True``, dropout is active, or the adapter is materialising (``probe.materialize(model)`` /
 ``materialize_patterns``); otherwise the fused op computes the same output on the runtime backend. An attention
 module that no adapter hooked runs the same math without hooks.

@@ -151,9 +151,9 @@ class Attention(nn.Module):
         return self.hook_rot_q(q), self.hook_rot_k(k)
 
     def _attend(self, q, k, v_out, sink, key_bias, edit=None) -> torch.Tensor:
-        """The attention op's output (B,T,H,dv) with the lazy hooks: hook_attn_scores, hook_pattern, hook_phantom and
-        hook_lse fire only when hooked (or materialising); otherwise the op's fused path runs and nothing T×T is
-        stored. An edit of the scores or of the pattern reaches the output."""
+        """The attention op's output (B,T,H,dv) with the lazy hooks: hook_attn_scores, hook_pattern, hook_phantom,
+        hook_pattern_norm and hook_lse fire only when hooked (or materialising); otherwise the op's fused path runs and
+        nothing T×T is stored. An edit of the scores or of the pattern reaches the output."""
         need_scores = self.materialize or self.hook_attn_scores.has_hooks()
         need_pattern = (
             need_scores

@@ -1,10 +1,10 @@
-"""Sink statistics, Sink^ε, and on request massive activations, dormant heads, attention entropy and outlier
-kurtosis, from one forward per batch.
+"""Sink statistics, Sink^ε, and on request massive activations, dormant heads, attention entropy, outlier kurtosis
+and norm-weighted key-0 shares, from one forward per batch.
 
 What ``probe sinks`` and ``probe report`` compute for a model: the analyses of probe.analyses.sinks, sink_heads,
-massive, dormant, entropy and kurtosis run as parts of one pass (probe.analyses.passes), so the model runs once per
-evaluation batch instead of once per analysis, and sink statistics and Sink^ε share each layer's row masses. Each
-result equals what the analysis's own function returns on the same windows.
+massive, dormant, entropy, kurtosis and norm_weighted run as parts of one pass (probe.analyses.passes), so the model
+runs once per evaluation batch instead of once per analysis, and sink statistics and Sink^ε share each layer's row
+masses. Each result equals what the analysis's own function returns on the same windows.
 
 Dormant heads compare input domains. A domain whose windows are the evaluation windows themselves (same tokens, same
 documents; e.g. ``--dormant`` with the default corpus among its domains) is read in the same pass; every other domain
@@ -22,6 +22,7 @@ from probe.analyses.entropy import EntropyPart
 from probe.analyses.finite import FiniteCheck
 from probe.analyses.kurtosis import KurtosisPart
 from probe.analyses.massive import MassivePart
+from probe.analyses.norm_weighted import NormWeightedPart
 from probe.analyses.passes import run_pass
 from probe.analyses.sink_heads import DEFAULT_EPS, SinkEpsPart, check_protocol_windows, protocol_settings, with_protocol
 from probe.analyses.sinks import SinkPart
@@ -54,11 +55,13 @@ def sink_analyses(
     allow_nonfinite: bool = False,
     entropy: bool = False,
     kurtosis: bool = False,
+    norm_weighted: bool = False,
 ) -> dict[str, dict[str, pd.DataFrame]]:
     """``{"sinks": sink_stats(...), "sink_eps": sink_heads(..., eps=eps, protocol=protocol)}``, plus ``"massive"``
     (massive_activations) when ``massive`` and ``"dormant"`` (dormant_heads on the domains ``dormant``: windows or
-    {domain: windows}) when given, ``"entropy"`` (attention_entropy) when ``entropy`` and ``"kurtosis"``
-    (outlier_kurtosis) when ``kurtosis``, all from one forward per batch of ``data`` (and of each other dormant domain).
+    {domain: windows}) when given, ``"entropy"`` (attention_entropy) when ``entropy``, ``"kurtosis"``
+    (outlier_kurtosis) when ``kurtosis`` and ``"norm_weighted"`` (norm_weighted) when ``norm_weighted``, all from one
+    forward per batch of ``data`` (and of each other dormant domain).
     ``protocol`` (probe.analyses.sink_heads.PROTOCOLS) decides Sink^ε's form; its name is in every result's meta.
     A non-finite captured tensor is a one-line UsageError; with ``allow_nonfinite`` every result carries the
     ``nonfinite`` table instead (probe.analyses.finite) and draws no verdict."""
@@ -73,7 +76,8 @@ def sink_analyses(
         parts.append(mas)
     ent = EntropyPart(info) if entropy else None
     kur = KurtosisPart(info) if kurtosis else None
-    parts += [p for p in (ent, kur) if p is not None]
+    nrm = NormWeightedPart(info) if norm_weighted else None
+    parts += [p for p in (ent, kur, nrm) if p is not None]
     jobs = [(w, parts)]
     if dormant is not None:
         dor_acc, domains, dor_parts = dormant_parts(info, dormant, backend=backend)
@@ -94,6 +98,8 @@ def sink_analyses(
         out["entropy"] = ent.result(model, w)
     if kur is not None:
         out["kurtosis"] = kur.result(model, w)
+    if nrm is not None:
+        out["norm_weighted"] = nrm.result(model, w)
     return {k: check.mark(v) for k, v in out.items()}
 
 

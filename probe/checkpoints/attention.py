@@ -6,7 +6,7 @@ s_aux=...)`` after the projections and rotary, with q (B,H,Tq,dh), k/v (B,Hkv,Tk
 fire:
 
     [hook_q], hook_rot_q, [hook_k], hook_rot_k, hook_v, hook_v_out, [hook_sink_logit], [hook_attn_scores],
-    [hook_pattern, hook_phantom], [hook_lse], hook_z
+    [hook_pattern, hook_phantom, hook_pattern_norm], [hook_lse], hook_z
 
 all with positions second (B,T,heads,dh). hook_q / hook_k (the projections' output) and hook_q_normed / hook_k_normed
 fire from forward hooks on the attention module's own projection and QK-norm modules (:func:`qk_plan`; here only for
@@ -21,7 +21,7 @@ see). A dense mask is built only where the rule cannot say it (a cache offset, o
 tokens, a 4D mask the caller passed), as transformers' ``eager_mask``.
 
 The pattern (fp32, the learned sink as the phantom whose mass is 1 − row sum) is materialised only when a hook or
-cache asks for ``hook_pattern`` / ``hook_phantom`` / ``hook_attn_scores``, the caller passed
+cache asks for ``hook_pattern`` / ``hook_phantom`` / ``hook_attn_scores`` / ``hook_pattern_norm``, the caller passed
 ``output_attentions=True``, dropout is active, or the adapter is materialising (``probe.materialize(model)`` /
 ``materialize_patterns``); otherwise the fused op computes the same output on the runtime backend. An attention
 module that no adapter hooked runs the same math without hooks.
@@ -40,7 +40,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, prepa
 
 from probe.kernels import sink_attention
 from probe.kernels.sink_attention import edits
-from probe.kernels.sink_attention.reference import attention_scores, probs_of_scores, scores_of_probs
+from probe.kernels.sink_attention.reference import attention_scores, pattern_norms, probs_of_scores, scores_of_probs
 
 try:  # where transformers collects attentions for output_attentions=True (an internal: absent in other versions)
     from transformers.utils.output_capturing import _active_collector
@@ -348,7 +348,31 @@ def wants_pattern(site, module, dropout: float) -> bool:
     """Materialise the pattern? When a hook or cache reads it, the adapter materialises, HF was asked for the
     attentions, or dropout acts on the probabilities."""
     hooked = site is not None and (site.materialize or site.hook_pattern.has_hooks() or site.hook_phantom.has_hooks())
-    return hooked or wants_scores(site) or (module.training and dropout > 0) or _hf_wants_attentions()
+    return (
+        hooked
+        or wants_scores(site)
+        or wants_pattern_norm(site)
+        or (module.training and dropout > 0)
+        or _hf_wants_attentions()
+    )
+
+
+def wants_pattern_norm(site) -> bool:
+    """Fire hook_pattern_norm? Where the layer has it (an output projection) and a hook reads it or the adapter is
+    materialising."""
+    point = getattr(site, "hook_pattern_norm", None)
+    return point is not None and (site.materialize or point.has_hooks())
+
+
+def fire_pattern_norm(site, pattern: torch.Tensor, value: torch.Tensor) -> None:
+    """hook_pattern_norm (B,H,Tq,Tk) = ||a_ij v_j W_O[h]|| of the pattern the output is aggregated with and the value
+    (B,Hkv,Tk,dv), through the output projection's weight (docs/definitions.md#norm-weighted-attention); a read-out,
+    its edit changes nothing."""
+    if not wants_pattern_norm(site):
+        return
+    out = site.out_proj
+    w = out.weight if isinstance(out, torch.nn.Linear) else out.weight.T  # (d, H·dv); GPT-2's Conv1D is (H·dv, d)
+    site.hook_pattern_norm(pattern_norms(pattern, _bthd(value), w))
 
 
 def wants_scores(site) -> bool:
@@ -684,6 +708,7 @@ def probe_attention(
         if site is not None:
             pattern = site.hook_pattern(pattern)
             phantom = site.hook_phantom(phantom)
+            fire_pattern_norm(site, pattern, value)
         weights = pattern.to(query.dtype)
         probs = F.dropout(weights, p=dropout, training=True) if training else weights
         out = torch.matmul(probs, repeat_kv(value, n_rep))

@@ -79,9 +79,10 @@ class _AttnHooks(nn.Module):
     def attach(self, attn: nn.Module, rotary) -> set[str]:
         """Hook the HF attention module's own projections and QK-norm (probe.checkpoints.attention.qk_plan) and its
         output projection, creating the points they fire: hook_q / hook_k where the query and key before rotary can
-        be read, hook_q_normed / hook_k_normed where there is a QK-norm before rotary, hook_result where there is an
-        output projection. ``rotary``: T -> the layer's (cos, sin) tables, or None. Returns the attention points
-        (names.ATTN_POINTS) this layer has but cannot fire (a layer without QK-norm has no hook_q_normed to lack)."""
+        be read, hook_q_normed / hook_k_normed where there is a QK-norm before rotary, hook_result and
+        hook_pattern_norm where there is an output projection. ``rotary``: T -> the layer's (cos, sin) tables, or
+        None. Returns the attention points (names.ATTN_POINTS) this layer has but cannot fire (a layer without QK-norm
+        has no hook_q_normed to lack)."""
         plan = _attn.qk_plan(attn, rotary is not None and rotary(1) is not None)
         self.qk_route, self.rotary = plan["route"], rotary
         out = _attn.out_projection(attn)
@@ -91,13 +92,15 @@ class _AttnHooks(nn.Module):
             "q_normed": plan["norms"] is not None,  # B,T,H,dh after QK-norm
             "k_normed": plan["norms"] is not None,  # B,T,Hkv,dh
             "result": out is not None,  # B,T,H,d each head's write through the output projection
+            "pattern_norm": out is not None,  # B,H,Tq,Tk ||a_ij v_j W_O[h]||, read from the same projection
         }
         for point in (p for p, here in fired.items() if here):
             self.add_module(f"hook_{point}", HookPoint())
         _attn.install_qk_hooks(self, plan)
+        self.__dict__["out_proj"] = out  # a plain attribute, not a submodule: read by hook_pattern_norm
         if out is not None:
             _attn.hook_module(out, self, "result", _attn.result_hook)
-        return {p for p in ("q", "k", "result") if not fired[p]}
+        return {p for p in ("q", "k", "result", "pattern_norm") if not fired[p]}
 
 
 def attach_attention(adapter, layers) -> None:

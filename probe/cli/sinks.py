@@ -1,6 +1,7 @@
 """``probe sinks``: attention-sink statistics and Sink^eps, with massive activations (--massive), active /
-dormant heads per input domain (--dormant), attention entropy per head (--entropy) and outlier-feature kurtosis per
-layer (--kurtosis) when asked; shaped for the terminal and the page by probe.present.sinks."""
+dormant heads per input domain (--dormant), attention entropy per head (--entropy), outlier-feature kurtosis per
+layer (--kurtosis) and key 0's share by weight and by norm (--norm-weighted) when asked; shaped for the terminal and
+the page by probe.present.sinks."""
 
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--kurtosis",
         action="store_true",
         help="also report the kurtosis of neuron RMS per layer, outlier features (He et al. 2024)",
+    )
+    p.add_argument(
+        "--norm-weighted",
+        action="store_true",
+        help="also report key 0's share of each head's norm-weighted attention ||a f(x)|| (Kobayashi et al. 2020)",
     )
     nonfinite_flag(p)
     output_flags(p)
@@ -95,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         allow_nonfinite=args.allow_nonfinite,
         entropy=args.entropy,
         kurtosis=args.kurtosis,
+        norm_weighted=args.norm_weighted,
     )
     result, heads = found["sinks"], found["sink_eps"]
     for k in ("summary", "layers", "heads"):
@@ -115,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
         kur = found["kurtosis"]
         for k in ("summary", "layers", "batches"):
             result[f"kurtosis_{k}"] = kur[k]
+    if args.norm_weighted:
+        nrm = found["norm_weighted"]
+        for k in ("summary", "layers", "heads", "batches"):
+            result[f"norm_weighted_{k}"] = nrm[k]
     publish(
         run.output,
         "sinks",
@@ -151,11 +162,12 @@ def run_sweep(args: argparse.Namespace, contexts: list[int]) -> int:
             f"--dormant takes one --ctx, got {len(contexts)} ({' '.join(map(str, contexts))}); "
             "give one length, or leave out --dormant"
         )
-    for flag in ("entropy", "kurtosis"):
+    for flag in ("entropy", "kurtosis", "norm_weighted"):
         if getattr(args, flag, False):
+            shown = "--" + flag.replace("_", "-")
             raise UsageError(
-                f"--{flag} takes one --ctx, got {len(contexts)} ({' '.join(map(str, contexts))}); "
-                f"give one length, or leave out --{flag}"
+                f"{shown} takes one --ctx, got {len(contexts)} ({' '.join(map(str, contexts))}); "
+                f"give one length, or leave out {shown}"
             )
     contexts = sorted(contexts)
     args.ctx = contexts[0]

@@ -32,6 +32,7 @@ V = "blocks.{l}.attn.hook_v"  # B,T,Hkv,dh value reads before any gate/activatio
 V_GATE = "blocks.{l}.attn.hook_v_gate"  # B,T,Hkv scalar gates, or B,T,Hkv,dh element-wise gates
 V_OUT = "blocks.{l}.attn.hook_v_out"  # B,T,Hkv,dh value actually aggregated
 PATTERN = "blocks.{l}.attn.hook_pattern"  # B,H,Tq,Tk attention over real keys (rows sum to 1 - phantom)
+PATTERN_NORM = "blocks.{l}.attn.hook_pattern_norm"  # B,H,Tq,Tk ||a_ij v_j W_O[h]|| norm-weighted pattern (lazy)
 PHANTOM = "blocks.{l}.attn.hook_phantom"  # B,H,Tq mass on the phantom key
 LSE = "blocks.{l}.attn.hook_lse"  # B,H,Tq fp32 log Σ_visible exp(score) over the real keys (phantom excluded)
 SINK_LOGIT = "blocks.{l}.attn.hook_sink_logit"  # H
@@ -64,6 +65,7 @@ ATTN_HOOKS = (
     "hook_v_gate",
     "hook_v_out",
     "hook_pattern",
+    "hook_pattern_norm",
     "hook_phantom",
     "hook_sink_logit",
     "hook_lse",
@@ -93,6 +95,7 @@ ATTN_POINTS = (
     "v_gate",
     "v_out",
     "pattern",
+    "pattern_norm",
     "phantom",
     "sink_logit",
     "lse",
@@ -103,7 +106,14 @@ ATTN_POINTS = (
     "attn_scores",
     "result",
 )
-LAZY_ATTN_POINTS = ("pattern", "phantom", "lse", "attn_scores", "result")  # computed only when a hook asks
+LAZY_ATTN_POINTS = (
+    "pattern",
+    "pattern_norm",
+    "phantom",
+    "lse",
+    "attn_scores",
+    "result",
+)  # computed only when a hook asks
 MLP_POINTS = ("pre", "pre_linear", "post", "router_logits", "expert_indices", "expert_weights")
 NORMS = ("ln1", "ln2", "ln1_post", "ln2_post")  # input norms of attention / MLP, and norms on their outputs
 NORM_POINTS = ("scale", "normalized")

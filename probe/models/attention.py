@@ -22,7 +22,13 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.kernels import sink_attention
 from probe.kernels.sink_attention import edits
-from probe.kernels.sink_attention.reference import apply_pattern, attention_scores, probs_of_scores, scores_of_probs
+from probe.kernels.sink_attention.reference import (
+    apply_pattern,
+    attention_scores,
+    pattern_norms,
+    probs_of_scores,
+    scores_of_probs,
+)
 from probe.kernels.softpick import softpick_attention, softpick_of_scores
 from probe.models.config import ProbeConfig
 from probe.models.gates import apply_gate, make_gate
@@ -84,6 +90,7 @@ class Attention(nn.Module):
         self.hook_sink_logit = HookPoint()  # H
         self.hook_attn_scores = HookPoint()  # B,H,Tq,Tk pre-softmax, hidden keys -inf (fired only when hooked)
         self.hook_pattern = HookPoint()  # B,H,Tq,Tk
+        self.hook_pattern_norm = HookPoint()  # B,H,Tq,Tk ||a_ij v_j W_O[h]|| (fired only when hooked; read-only)
         self.hook_phantom = HookPoint()  # B,H,Tq
         self.hook_lse = HookPoint()  # B,H,Tq real-key log-normaliser (fired only when hooked)
         self.hook_out_gate = HookPoint()  # B,T,H,dv or B,T,H
@@ -144,11 +151,15 @@ class Attention(nn.Module):
         return self.hook_rot_q(q), self.hook_rot_k(k)
 
     def _attend(self, q, k, v_out, sink, key_bias, edit=None) -> torch.Tensor:
-        """The attention op's output (B,T,H,dv) with the lazy hooks: hook_attn_scores, hook_pattern, hook_phantom and
-        hook_lse fire only when hooked (or materialising); otherwise the op's fused path runs and nothing T×T is
-        stored. An edit of the scores or of the pattern reaches the output."""
+        """The attention op's output (B,T,H,dv) with the lazy hooks: hook_attn_scores, hook_pattern, hook_phantom,
+        hook_pattern_norm and hook_lse fire only when hooked (or materialising); otherwise the op's fused path runs and
+        nothing T×T is stored. An edit of the scores or of the pattern reaches the output."""
         need_scores = self.materialize or self.hook_attn_scores.has_hooks()
-        need_pattern = need_scores or self.materialize or self.hook_pattern.has_hooks() or self.hook_phantom.has_hooks()
+        need_pattern = (
+            need_scores
+            or self.materialize
+            or any(p.has_hooks() for p in (self.hook_pattern, self.hook_phantom, self.hook_pattern_norm))
+        )
         need_lse = self.materialize or self.hook_lse.has_hooks()
         if self.softpick:
             return self._attend_softpick(q, k, v_out, key_bias, edit, need_scores, need_pattern)
@@ -173,6 +184,7 @@ class Attention(nn.Module):
             self.hook_phantom(res.phantom)  # the phantom's value is 0: an edit of its mass changes no output
             if pattern is not res.pattern:  # a hook edited the pattern: aggregate with the edited one
                 out = apply_pattern(pattern, v_out, q.dtype)
+            self._fire_pattern_norm(pattern, v_out)
         return out
 
     def _attend_softpick(self, q, k, v_out, key_bias, edit, need_scores: bool, need_pattern: bool) -> torch.Tensor:
@@ -192,7 +204,14 @@ class Attention(nn.Module):
             self.hook_phantom(1.0 - fired.sum(-1))  # the phantom has no value: an edit of it changes no output
             if fired is not pattern:
                 out = apply_pattern(fired, v_out, q.dtype)
+            self._fire_pattern_norm(fired, v_out)
         return out
+
+    def _fire_pattern_norm(self, pattern, v_out) -> None:
+        """hook_pattern_norm (B,H,Tq,Tk): ||a_ij v_out_j W_O[h]|| of the pattern the output was aggregated with,
+        before any output gate (docs/definitions.md#norm-weighted-attention); a read-out, its edit changes nothing."""
+        if self.materialize or self.hook_pattern_norm.has_hooks():
+            self.hook_pattern_norm(pattern_norms(pattern, v_out, self.o_proj.weight))
 
     def _fire_scores(self, res, q, k, v_out, sink, key_bias, edited_by_op: bool):
         """hook_attn_scores on the scores (B,H,Tq,Tk): scale·q·k + key bias, hidden keys -inf (under an attention

@@ -1,6 +1,7 @@
 """`probe sinks`: its terminal text, figures, page sections and the descriptions of its files. Sink^eps, massive
 activations and dormant heads (parts of the same verb) have their own modules; this one puts them together, and shows
-attention entropy (--entropy) and outlier kurtosis (--kurtosis) itself."""
+attention entropy (--entropy), outlier kurtosis (--kurtosis) and norm-weighted key-0 shares (--norm-weighted)
+itself."""
 
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ DESCRIPTIONS = {
     "sinks_kurtosis_summary.csv": "outlier features (He et al.): kurtosis of neuron RMS over layers",
     "sinks_kurtosis_layers.csv": "kurtosis of neuron RMS per layer (residual stream after each block), jackknife s.e.",
     "sinks_kurtosis_batches.csv": "kurtosis of neuron RMS per evaluation batch and layer",
+    "sinks_norm_weighted_summary.csv": "key 0's share by weight and by norm ||a f(x)|| (Kobayashi et al.), over layers",
+    "sinks_norm_weighted_layers.csv": "key 0's share by weight and by norm per layer, ± s.e. over batches",
+    "sinks_norm_weighted_heads.csv": "key 0's share by weight and by norm per layer and head, their ratio",
+    "sinks_norm_weighted_batches.csv": "key 0's share by weight and by norm per evaluation batch, layer and head",
 }
 
 
@@ -185,10 +190,44 @@ def sink_sections(result: dict) -> dict:
                 drop_ids(result["kurtosis_layers"]),
             )
         )
+    tables += norm_weighted_tables(result)
     if bad is not None:
         tables.insert(0, ("Non-finite values (NaN or infinite entries; no verdict is drawn)", drop_ids(bad)))
     caveats = se_caveat(n_batches(result)) + [n for n in [linear_note(result_meta(result))] if n]
     return {"verdicts": verdicts, "caveats": caveats, "tables": tables}
+
+
+def norm_weighted_tables(result: dict) -> list:
+    """The page's norm-weighted section (--norm-weighted): per layer key 0's share by weight and by norm."""
+    if "norm_weighted_layers" not in result:
+        return []
+    title = (
+        "Key 0's share by weight and by norm per layer (Kobayashi et al.; share = a_t0 / sum_j a_tj, norm_share = "
+        "||a_t0 f(v_0)|| / sum_j ||a_tj f(v_j)||, f(v) = v W_O[h]; key0_norm and row_norm: what key 0 and the row "
+        "write, their norms; rows t >= 1; ± s.e. over batches)"
+    )
+    return [(title, drop_ids(result["norm_weighted_layers"]))]
+
+
+def norm_weighted_lines(result: dict) -> list[str]:
+    """The terminal's norm-weighted lines (--norm-weighted): per layer, and the strongest sink head's two shares."""
+    if "norm_weighted_layers" not in result:
+        return []
+    lines = [
+        "",
+        "key 0's share by weight and by norm ||a f(x)|| per layer (Kobayashi et al.; rows t >= 1):",
+        show(
+            result["norm_weighted_layers"],
+            ["layer", "layer_type", "share", "norm_share", "norm_share_se", "key0_norm", "row_norm"],
+        ),
+    ]
+    s = result["norm_weighted_summary"].iloc[0]
+    if int(s["top_head"]) >= 0:
+        lines.append(
+            f"largest share: layer {int(s['top_layer'])} head {int(s['top_head'])}, share {float(s['top_share']):.3g}"
+            f", norm_share {float(s['top_norm_share']):.3g}"
+        )
+    return lines
 
 
 SINK_PANELS = (
@@ -292,6 +331,8 @@ def figures(result: dict, dormant_result: dict | None = None) -> list:
         out.append(sink_heads_figure({"heads": result["entropy_heads"], "meta": result["meta"]}, "entropy_norm"))
     if "kurtosis_layers" in result:
         out.append(kurtosis_figure(result))
+    if "norm_weighted_heads" in result:
+        out.append(sink_heads_figure({"heads": result["norm_weighted_heads"], "meta": result["meta"]}, "norm_share"))
     return out
 
 
@@ -368,6 +409,7 @@ def text(result: dict) -> str:
             "outlier features per layer (He et al.; kurtosis of neuron RMS after each block, 1 = all equal):",
             show(result["kurtosis_layers"], ["layer", "kurtosis", "kurtosis_se", "max_neuron", "max_over_rms"]),
         ]
+    lines += norm_weighted_lines(result)
     bad = nonfinite(result)
     if bad is not None:  # the numbers above, marked; no verdict drawn from them
         lines += nonfinite_lines(bad)

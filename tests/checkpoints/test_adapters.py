@@ -78,6 +78,7 @@ def test_hook_shapes(models, fam):
                 f"blocks.{l}.attn.hook_v": (B, T, Hkv, dh),
                 f"blocks.{l}.attn.hook_v_out": (B, T, Hkv, dh),
                 f"blocks.{l}.attn.hook_pattern": (B, H, T, T),
+                f"blocks.{l}.attn.hook_pattern_norm": (B, H, T, T),
                 f"blocks.{l}.attn.hook_phantom": (B, H, T),
                 f"blocks.{l}.attn.hook_lse": (B, H, T),
                 f"blocks.{l}.attn.hook_z": (B, T, H, dh),

@@ -96,6 +96,7 @@ def _expected_hooks(model):
                 p + "attn.hook_v": (B, Tk, Hkv, dv),
                 p + "attn.hook_v_out": (B, Tk, Hkv, dv),
                 p + "attn.hook_pattern": (B, H, Tk, Tk),
+                p + "attn.hook_pattern_norm": (B, H, Tk, Tk),
                 p + "attn.hook_lse": (B, H, Tk),
                 p + "attn.hook_z": (B, Tk, H, dv),
                 p + "attn.hook_rot_q": (B, Tk, H, dh),

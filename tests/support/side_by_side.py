@@ -386,6 +386,10 @@ ALL_FAMILIES = FAMILIES + MORE_FAMILIES
 WHY = {
     "blocks.{l}.attn.hook_phantom": ("probe", "the mass on the phantom (learned sink) key; TransformerLens has none"),
     "blocks.{l}.attn.hook_lse": ("probe", "each row's log-normaliser over the real keys; no TransformerLens name"),
+    "blocks.{l}.attn.hook_pattern_norm": (
+        "probe",
+        "‖a_ij v_j W_O[h]‖, the norm-weighted pattern; no TransformerLens name",
+    ),
     "blocks.{l}.attn.hook_v_out": ("probe", "the value actually aggregated (after a gate or value residual)"),
     "blocks.{l}.attn.hook_sink_logit": ("probe", "the per-head sink logit; TransformerLens has no phantom"),
     "blocks.{l}.hook_resid_mid": (

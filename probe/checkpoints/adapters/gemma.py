@@ -90,6 +90,7 @@ def softcap_attention(
         if site is not None:
             pattern = site.hook_pattern(pattern)
             site.hook_phantom(pattern.new_zeros(pattern.shape[:-1]))
+            _attn.fire_pattern_norm(site, pattern, value)  # value repeated to the query heads: G = 1
         weights = pattern.to(query.dtype)
         p = F.dropout(weights, p=dropout, training=True) if module.training and dropout > 0 else weights
         out = torch.matmul(p, value)

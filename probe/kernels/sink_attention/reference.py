@@ -124,6 +124,22 @@ def apply_pattern(pattern: torch.Tensor, v: torch.Tensor, dtype=None) -> torch.T
     return (wide(pattern) @ vf).transpose(1, 2).to(dtype or v.dtype)
 
 
+def pattern_norms(pattern: torch.Tensor, v: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
+    """The norm-weighted pattern (B,H,Tq,Tk) = ||a_ij f_h(v_j)||, f_h(v) = v W_O[h] the write key j's value makes
+    through head h's slice of the output projection (Kobayashi et al. 2020;
+    docs/definitions.md#norm-weighted-attention).
+
+    pattern (B,H,Tq,Tk), v (B,Tk,Hkv,dv) the value aggregated (GQA by repetition), w_out (d, H*dv) the projection's
+    weight as nn.Linear holds it; fp32 (fp64 for fp64 inputs). ||a f|| = |a| ||f||: one (B,Tk,H,d) product, as
+    hook_result's, and no (Tq,Tk,d) tensor."""
+    B, H = pattern.shape[:2]
+    G = H // v.shape[2]
+    vf = wide(v).repeat_interleave(G, dim=2)  # (B, Tk, H, dv)
+    w = w_out.to(vf.dtype).view(w_out.shape[0], H, -1)  # (d, H, dv)
+    f_norm = torch.einsum("bthe,dhe->bthd", vf, w).norm(dim=-1)  # (B, Tk, H) ||f_h(v_j)||
+    return wide(pattern).abs() * f_norm.permute(0, 2, 1)[:, :, None, :]
+
+
 def sink_attention_reference(
     q,
     k,

@@ -9,6 +9,7 @@ from probe.analyses.finite import nonfinite_sentence
 from probe.analyses.stats import batch_se
 from probe.present.figures import error_bars, many, result_name, se_bars, threshold
 from probe.present.files import header, result_meta, show
+from probe.present.glossary import glossed
 from probe.present.sections import MIN_BATCHES, drop_ids, linear_note, n_batches, pm, se_caveat
 from probe.present.sinks import nonfinite, nonfinite_lines, sink_sentence
 from probe.present.terminal import note_lines, verdict
@@ -243,5 +244,4 @@ def text(result: dict) -> str:
         ]
     if (bad := nonfinite(result)) is not None:  # the numbers above, marked; no verdict drawn from them
         lines += nonfinite_lines(bad)
-    lines.append(verdict(*injection_verdicts(result)))
-    return "\n".join(lines)
+    return glossed(lines, verdict(*injection_verdicts(result)))

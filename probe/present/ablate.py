@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 
 from probe.present.figures import integer_ticks, se_bars, threshold
 from probe.present.files import header, result_meta, show
+from probe.present.glossary import glossed
 from probe.present.sections import drop_ids, linear_note, n_batches, pm, se_caveat
 from probe.present.terminal import note_lines, verdict
 
@@ -273,6 +274,5 @@ def text(result: dict) -> str:
     ]
     if line := cost_line(meta):
         lines += ["", line]
-    if said := sections(result)["verdicts"]:
-        lines.append(verdict(*said))
-    return "\n".join(lines)
+    said = sections(result)["verdicts"]
+    return glossed(lines, verdict(*said) if said else "")

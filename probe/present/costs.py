@@ -5,6 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from probe.present.files import show
+from probe.present.glossary import glossed
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
 DESCRIPTIONS = {
@@ -46,7 +47,7 @@ def sections(result: dict) -> dict:
 
 def text(result: dict) -> str:
     meta = result["meta"].iloc[0]
-    return "\n".join(
+    return glossed(
         [
             f"cost model: d={meta['d']}, L={meta['L']}, m={meta['m']}; base C = L(4d^2 + 3dm) = "
             f"{meta['base_flops']:,} multiply-adds/token",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from probe.present.files import header, result_meta
+from probe.present.glossary import glossed
 from probe.present.sections import drop_ids, se_caveat
 from probe.present.terminal import summary_lines, verdict
 
@@ -52,11 +53,11 @@ def sections(result: dict) -> dict:
 
 
 def text(result: dict) -> str:
-    return "\n".join(
+    return glossed(
         [
             header(result_meta(result)),
             "",
             summary_lines(result["summary"].iloc[0].to_dict(), ("loss", "perplexity", "n_tokens", "n_windows")),
-            verdict(*eval_sections(result)["verdicts"]),
-        ]
+        ],
+        verdict(*eval_sections(result)["verdicts"]),
     )

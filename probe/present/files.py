@@ -120,6 +120,11 @@ def show(df, columns=None, digits: int = 4, identity: bool = False) -> str:
     return df[cols].to_string(index=False, float_format=lambda x: f"{x:.{digits}g}", na_rep="-")
 
 
+def tokenizer_words(tokenizer) -> str:
+    """The header's words on a run's tokenizer; synthetic token ids (Bigram-Backcopy) have none."""
+    return f"tokenizer {tokenizer}" if tokenizer else "token ids, no tokenizer"
+
+
 def header(meta: dict) -> str:
     w = (
         (
@@ -133,7 +138,7 @@ def header(meta: dict) -> str:
         s
         for s in (
             f"model:  {meta.get('model')}",
-            f"corpus: {meta.get('corpus')} (tokenizer {meta.get('tokenizer')})" if meta.get("corpus") else "",
+            f"corpus: {meta.get('corpus')} ({tokenizer_words(meta.get('tokenizer'))})" if meta.get("corpus") else "",
             f"windows: {w}" if w else "",
         )
         if s

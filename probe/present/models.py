@@ -68,6 +68,19 @@ def text(variants: list[dict], tiers: list[dict], checkpoints: list[dict], forma
     return "\n".join(lines)
 
 
+def release_line(generated: str | None) -> str:
+    """Which transformers release the coverage table was generated with, and which is installed (read from the
+    distribution's metadata, without importing it: ``probe models`` stays fast); a word when they differ."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("transformers")
+    except PackageNotFoundError:
+        installed = None
+    line = f"generated with transformers {generated}; installed: " + (installed or "no transformers")
+    return line if installed == generated else line + " (its model types may differ from the table's)"
+
+
 def architectures_text(rows: list[dict], data: dict) -> str:
     """The coverage table: decoder-only types by status (partial: the hooks they lack; refused: why), then the
     counts and the transformers release it was generated with."""
@@ -85,7 +98,7 @@ def architectures_text(rows: list[dict], data: dict) -> str:
     lines += [f"not decoder-only ({len(others)}): {', '.join(others)}", ""]
     lines.append(
         f"{c.get('supported', 0)} supported, {c.get('partial', 0)} partial, {c.get('refused', 0)} refused decoder-only "
-        f"types of transformers {data.get('transformers')} (each checked against HF eager on a tiny config; "
-        "docs/reference/architectures.md)"
+        f"types (each checked against HF eager on a tiny config; docs/reference/architectures.md)"
     )
+    lines.append(release_line(data.get("transformers")))
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from probe.analyses.sinks import SINK_FACTOR, SINK_R0
 from probe.analyses.stats import batch_se
 from probe.present.figures import integer_ticks, se_bars, threshold
 from probe.present.files import show
+from probe.present.glossary import glossed
 from probe.present.page import page
 from probe.present.sections import linear_note
 from probe.present.sinks import sink_profile_figure
@@ -416,4 +417,4 @@ def report_text(tables: dict, settings: dict, n_models: int, shard: str | None =
                 identity=True,
             ),
         ]
-    return "\n".join(text)
+    return glossed(text)

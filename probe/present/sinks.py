@@ -25,6 +25,7 @@ from probe.present.figures import (
     threshold,
 )
 from probe.present.files import header, result_meta, show
+from probe.present.glossary import glossed, remark
 from probe.present.sections import drop_ids, linear_note, n_batches, pm, se_caveat, with_se
 from probe.present.terminal import note_lines, summary_lines, verdict
 
@@ -93,7 +94,9 @@ def sink_sentence(s) -> str:
         )
     parts = [f"{ratio:.3g}x the causal-uniform share {later}"]
     parts[0] += f" (a sink needs >= {SINK_FACTOR:g}x)" if ratio < SINK_FACTOR else ""
+    parts[0] += f" — {words}" if (words := remark("pos0_over_uniform", ratio)) else ""
     parts += [f"r0 {r0:.2g} (a sink needs < {SINK_R0:g})"] if r0 >= SINK_R0 else []
+    parts[-1] += f" — {words}" if (words := remark("r0", r0)) else ""
     return f"no sink has formed: {where}{also}; {', '.join(parts)}"
 
 
@@ -413,7 +416,5 @@ def text(result: dict) -> str:
     bad = nonfinite(result)
     if bad is not None:  # the numbers above, marked; no verdict drawn from them
         lines += nonfinite_lines(bad)
-        lines.append(verdict(nonfinite_sentence(bad)))
-    else:
-        lines.append(verdict(sink_sentence(s)))
-    return "\n".join(lines)
+        return glossed(lines, verdict(nonfinite_sentence(bad)))
+    return glossed(lines, verdict(sink_sentence(s)))

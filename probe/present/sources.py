@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 
 from probe.present.figures import ID_COLUMNS, REFERENCE, SEQUENTIAL, SIGNED, integer_ticks, many, result_name
 from probe.present.files import header, result_meta, show
+from probe.present.glossary import glossed
 from probe.present.sections import drop_ids
 from probe.present.terminal import summary_lines, verdict
 
@@ -168,7 +169,7 @@ def sections(result: dict) -> dict:
 def text(result: dict) -> str:
     s = result["summary"].iloc[0].to_dict()
     if is_dense(result):
-        return "\n".join(
+        return glossed(
             [
                 header(result_meta(result)),
                 "",
@@ -189,10 +190,10 @@ def text(result: dict) -> str:
                 "",
                 "per layer and stream (mean weights over tokens):",
                 show(result["dense_layers"], [c for c in result["dense_layers"].columns if c != "n_tokens"]),
-                verdict(dense_verdict(result)),
-            ]
+            ],
+            verdict(dense_verdict(result)),
         )
-    return "\n".join(
+    return glossed(
         [
             header(result_meta(result)),
             "",
@@ -201,6 +202,6 @@ def text(result: dict) -> str:
             "",
             "per read site:",
             show(result["sites"], [c for c in result["sites"].columns if c not in ("site_index", "n_tokens")]),
-            verdict(*source_sections(result)["verdicts"]),
-        ]
+        ],
+        verdict(*source_sections(result)["verdicts"]),
     )

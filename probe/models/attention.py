@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from probe.kernels import sink_attention
+from probe.kernels.row_rules import ROW_RULES
 from probe.kernels.sink_attention import edits
 from probe.kernels.sink_attention.reference import apply_pattern, attention_scores, probs_of_scores, scores_of_probs
-from probe.kernels.row_rules import ROW_RULES
 from probe.models.config import ProbeConfig
 from probe.models.gates import apply_gate, make_gate
 from probe.models.layers import RMSNorm, Rotary, project_with_key

@@ -3,7 +3,8 @@ and Gu et al.'s sigmoid / ELU+1 kernels with and without normalisation. The op e
 their golden outputs (tests/fixtures/sigmoid, written by make_golden.py from ml-sigmoid-attention and
 model_attn_sim.py), the fused backward equals autograd through the reference and passes gradcheck, the models'
 hook_pattern is the rule on their own rot_q / rot_k (hook_phantom 1 - the row sum where rows sum to at most one,
-absent where they may sum past one), the hook algebra holds, a saved model reloads, and a few steps of training
+absent where they may sum past one), the hook algebra holds, a saved model under any row rule (softpick
+included) reloads, and a few steps of training
 lower the loss."""
 
 from __future__ import annotations
@@ -147,11 +148,12 @@ def test_an_edited_pattern_or_edited_scores_reach_the_output():
     assert (shifted - base).abs().max().item() > 1e-6
 
 
-def test_a_saved_sigmoid_model_reloads_to_the_same_logits(tmp_path):
-    model = create("sigmoid", seed=2, **CFG).eval()
+@pytest.mark.parametrize("rule", list(ROW_RULES))
+def test_a_saved_model_under_a_row_rule_reloads_to_the_same_logits(rule, tmp_path):
+    model = create("baseline", seed=2, attn_fn=rule, **CFG).eval()
     model.save_pretrained(tmp_path)
     again = ProbeForCausalLM.from_pretrained(tmp_path).eval()
-    assert again.config.attn_fn == "sigmoid"
+    assert again.config.attn_fn == rule
     with torch.no_grad():
         assert torch.equal(model(IDS).logits, again(IDS).logits)
 

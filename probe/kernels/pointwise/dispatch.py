@@ -51,12 +51,13 @@ def pointwise_attention(
     if kernel not in KERNELS:
         raise ValueError(f"kernel={kernel!r} is not a pointwise attention kernel; choose one of {', '.join(KERNELS)}")
     check_attention_args(q, k, v, None, key_bias, window, mask, keep)
-    rule = dict(kernel=kernel, normalise=normalise, bias=bias, eps=eps)
     kw = dict(key_bias=key_bias, mask=mask, window=window, scale=scale, keep=keep)
     if backend == "reference":
-        out, pattern = pointwise_attention_reference(q, k, v, **rule, **kw)
+        out, pattern = pointwise_attention_reference(
+            q, k, v, kernel=kernel, normalise=normalise, bias=bias, eps=eps, **kw
+        )
     else:
-        pattern = pointwise_of_scores_fused(attention_scores(q, k, **kw), **rule)
+        pattern = pointwise_of_scores_fused(attention_scores(q, k, **kw), kernel, normalise, bias, eps)
         out = apply_pattern(pattern, v, q.dtype)
     if not return_pattern:
         return AttentionOutput(out, None, None, None)

@@ -46,23 +46,11 @@ def pointwise_of_scores(
 
 
 def pointwise_attention_reference(
-    q,
-    k,
-    v,
-    *,
-    kernel: str,
-    normalise: bool,
-    bias: float = 0.0,
-    eps: float = NORM_EPS,
-    key_bias=None,
-    mask=None,
-    window=None,
-    scale=None,
-    keep=None,
+    q, k, v, *, kernel: str, normalise: bool, bias: float = 0.0, eps: float = NORM_EPS, **score_args
 ):
     """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> (out (B,Tq,H,dv) in q.dtype, pattern (B,H,Tq,Tk) fp32 or
-    fp64). Scores as sink attention's (probe.kernels.sink_attention.reference: GQA, scale 1/sqrt(dh) by default,
-    key_bias, mask or the causal / window rule)."""
-    scores = attention_scores(q, k, key_bias=key_bias, mask=mask, window=window, scale=scale, keep=keep)
+    fp64). Scores as sink attention's, ``score_args`` its key_bias, mask, window, scale, keep
+    (probe.kernels.sink_attention.reference.attention_scores: GQA, scale 1/sqrt(dh) by default, the causal rule)."""
+    scores = attention_scores(q, k, **score_args)
     pattern = pointwise_of_scores(scores, kernel, normalise, bias, eps)
     return apply_pattern(pattern, v, q.dtype), pattern

@@ -129,7 +129,6 @@ def test_the_model_pattern_is_the_rule_on_its_own_queries_and_keys(variant):
 
 
 def test_sigmoid_takes_b_minus_log_of_the_context_it_was_built_for():
-    q, k = (torch.randn(1, 5, 4, 8, dtype=torch.float64) for _ in range(2))
     for n_ctx in (64, 4096):
         model = create("sigmoid", seed=0, **dict(CFG, n_ctx=n_ctx)).double()
         _, cache = model.run_with_cache(IDS)

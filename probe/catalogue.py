@@ -33,6 +33,17 @@ VARIANTS: dict[str, Variant] = {
         "softpick rows: relu(exp(s) - 1) / (sum |exp(s) - 1| + eps), summing to at most one (Zuhri et al. 2025)",
         dict(attn_fn="softpick"),
     ),
+    "sigmoid": Variant(
+        "sigmoid rows: sigmoid(s - log n_ctx) per key, not normalised, rows sum to anything (Ramapuram et al. 2024)",
+        dict(attn_fn="sigmoid"),
+    ),
+    "sigmoid-norm": Variant(
+        "normalised sigmoid rows: sigmoid(s) / (sum sigmoid(s) + eps) (Gu et al. 2025)", dict(attn_fn="sigmoid-norm")
+    ),
+    "elu1": Variant("ELU+1 rows: elu(s) + 1 per key, not normalised (Gu et al. 2025)", dict(attn_fn="elu1")),
+    "elu1-norm": Variant(
+        "normalised ELU+1 rows: (elu(s) + 1) / (sum (elu(s) + 1) + eps) (Gu et al. 2025)", dict(attn_fn="elu1-norm")
+    ),
     "normgate": Variant("value gate g_j = sigmoid(beta(||v_j||/sqrt(dh) - tau_h)), beta = 8", dict(value_gate="norm")),
     "projgate": Variant("value gate g_j = sigmoid(w_h . v_j + b_h)", dict(value_gate="proj")),
     "sink+norm": Variant("sink logit and norm gate", dict(abstention="sinklogit", value_gate="norm")),

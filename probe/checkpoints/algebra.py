@@ -14,8 +14,9 @@ The rules (l a layer, h a head):
   no mid point (HF's own layer forward)
 * ``result``: Σ_h result_h + b_O == the attention's output projection (b_O the same vector at every position)
 * ``z``: pattern @ v_out (each query head reading its KV head) [⊙ out_gate] == z, on softmax layers
-* ``scores``: softmax over the real keys and the phantom of attn_scores == pattern (softpick's rule for a softpick
-  model, whose hook_phantom is 1 - the row's sum)
+* ``scores``: softmax over the real keys and the phantom of attn_scores == pattern (the model's own rule for one
+  whose ``attention_rule`` is in probe.kernels.row_rules: softpick, sigmoid, ...; hook_phantom, where it fires, is
+  1 - the row's sum)
 * ``rot_q`` / ``rot_k``: rot_q == the layer's rotary applied to q_normed (or q) at positions 0 .. T-1
 * ``unembed``: unembed(unembed.hook_in) == the logits, and the final norm of the last resid_post == unembed.hook_in
 """
@@ -29,6 +30,7 @@ import sys
 import torch
 
 from probe.hooks import names
+from probe.kernels.row_rules import ROW_RULES
 
 RULES = ("embed", "resid_mid", "resid_post", "result", "z", "scores", "rot_q", "rot_k", "unembed")
 
@@ -198,10 +200,9 @@ def _attention(cache, info, out: dict, skipped: dict, projections: dict, model, 
             phantom = cache.get(names.attn(l, "phantom"))
             sink = cache.get(names.attn(l, "sink_logit"))
             logits = raw.double()
-            if info.attention_rule == "softpick":  # rows may leave mass unspent: the phantom is what they leave
-                from probe.kernels.softpick.reference import softpick_of_scores
-
-                probs = softpick_of_scores(logits)
+            rule = ROW_RULES.get(info.attention_rule)
+            if rule is not None:  # rows may leave mass unspent (or sum past one): the phantom is what they leave
+                probs = rule.of_scores(logits, bias=rule.bias(info.n_ctx))
                 if phantom is not None:
                     scores.append(_diff(phantom.double(), 1.0 - pattern.double().sum(-1)))
                 phantom = None  # checked here, not as a phantom-less softmax's zeros below

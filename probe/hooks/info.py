@@ -39,9 +39,10 @@ class ModelInfo:
     depth_routing: str = "residual"  # the depth mechanism's name, for records: residual | attnres | plr | slr | ...
     depth_blocks: int = 0  # 0 = full depth routing, N = block routing with N blocks
     sink_token: bool = False  # a learned token prepended at position 0 (custom sinktoken variant)
-    # how a row's weights come from its scores: "softmax" (the real keys and any phantom sum to 1) or "softpick"
-    # (Zuhri et al. 2025: ReLU(e^x - 1) / sum |e^x - 1|, rows may leave mass unspent); analyses that recompute a
-    # row's masses from q and k (probe.analyses.capture.row_mass_hooks) implement softmax rows only
+    # how a row's weights come from its scores: "softmax" (the real keys and any phantom sum to 1) or a rule of
+    # probe.kernels.row_rules: "softpick" (Zuhri et al. 2025, rows may leave mass unspent), "sigmoid" (Ramapuram et
+    # al. 2024), "sigmoid-norm", "elu1", "elu1-norm" (Gu et al. 2025; unnormalised rows may sum past one); analyses
+    # that recompute a row's masses from q and k (probe.analyses.capture.row_mass_hooks) implement softmax rows only
     attention_rule: str = "softmax"
     bos_token_id: int | None = None
     trained_with_bos: bool = False  # its training windows started with BOS (then evaluation windows from text do too)

@@ -7,6 +7,10 @@
                           reference, triton, dispatch
     row_masses/           attention_row_masses: per-row attention mass on chosen key sets + lse, without T x T
                           memory; reference, sparse, flash, chunked, triton (sink attention's forward), dispatch
+    softpick/             attention under softpick rows (Zuhri et al. 2025); reference, fused, dispatch
+    pointwise/            attention under pointwise rows: sigmoid (Ramapuram et al. 2024), Gu et al.'s sigmoid and
+                          ELU+1 kernels, normalised or not; reference, fused, dispatch
+    row_rules.py          the row rules other than softmax by name (``attn_fn``): op, rule on scores, row bound
     backend.py            the runtime backend choice (use_backend, $PROBE_BACKEND) and whether Triton can run
     launch.py             launch settings that fit the device's shared memory; the fallback when none does
     common.py             what more than one op uses

@@ -8,9 +8,10 @@ in PyTorch, on one path whether or not hooks are attached; then one attention op
 (q, k, v_out, sink, key_bias). With no hook on the pattern the op's fused path runs (SDPA / CPU flash / Triton) and
 nothing T×T is stored. Output side: an output gate (probe.models.out_gates, Qiu et al.'s G1) scales the op's output
 per head, or per coordinate, by σ(x W_g) before the output projection (docs/definitions.md#output-gates).
-Under ``attn_fn="softpick"`` (Zuhri et al. 2025, docs/definitions.md#softpick) the rows are softpick's instead of
-softmax's: probe.kernels.softpick takes (q, k, v_out); hook_pattern is the weight each key gets and hook_phantom the
-mass the row leaves unspent (1 - Σ_j pattern); hook_lse does not fire (softpick has no log-normaliser).
+Under another ``attn_fn`` (a rule of probe.kernels.row_rules: softpick, Zuhri et al. 2025, docs/definitions.md#softpick;
+sigmoid, sigmoid-norm, elu1, elu1-norm, docs/definitions.md#pointwise-attention-rules) the rows are that rule's
+instead of softmax's: its op takes (q, k, v_out); hook_pattern is the weight each key gets, hook_phantom the mass the
+row leaves unspent (1 - Σ_j pattern) where rows sum to at most one; hook_lse does not fire (no log-normaliser).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from probe.kernels import sink_attention
+from probe.kernels.row_rules import ROW_RULES
 from probe.kernels.sink_attention import edits
 from probe.kernels.sink_attention.reference import (
     apply_pattern,
@@ -29,7 +31,6 @@ from probe.kernels.sink_attention.reference import (
     probs_of_scores,
     scores_of_probs,
 )
-from probe.kernels.softpick import softpick_attention, softpick_of_scores
 from probe.models.config import ProbeConfig
 from probe.models.gates import apply_gate, make_gate
 from probe.models.layers import RMSNorm, Rotary, project_with_key
@@ -53,7 +54,8 @@ class Attention(nn.Module):
         self.layer, self.n_heads, self.n_kv = layer, c.n_heads, c.n_kv_heads
         self.d_head, self.d_value = c.d_head, c.d_value
         self.abstention, self.qk_activation = c.abstention, c.qk_activation
-        self.softpick = getattr(c, "attn_fn", "softmax") == "softpick"  # softpick rows (no phantom key, no lse)
+        self.rule = ROW_RULES.get(getattr(c, "attn_fn", "softmax"))  # None: softmax rows (sink attention's)
+        self.rule_bias = self.rule.bias(c.n_ctx) if self.rule is not None else 0.0  # sigmoid's b = -log n_ctx
         bias = c.linear_bias  # MUDDPythia (GPT-NeoX style); probe's own models are bias-free
         self.q_proj = nn.Linear(c.d_model, c.n_heads * c.d_head, bias=bias)
         self.k_proj = nn.Linear(c.d_model, c.n_kv_heads * c.d_head, bias=bias)
@@ -161,8 +163,8 @@ class Attention(nn.Module):
             or any(p.has_hooks() for p in (self.hook_pattern, self.hook_phantom, self.hook_pattern_norm))
         )
         need_lse = self.materialize or self.hook_lse.has_hooks()
-        if self.softpick:
-            return self._attend_softpick(q, k, v_out, key_bias, edit, need_scores, need_pattern)
+        if self.rule is not None:
+            return self._attend_rule(q, k, v_out, key_bias, edit, need_scores, need_pattern)
         res = sink_attention(
             q,
             k,
@@ -187,21 +189,25 @@ class Attention(nn.Module):
             self._fire_pattern_norm(pattern, v_out)
         return out
 
-    def _attend_softpick(self, q, k, v_out, key_bias, edit, need_scores: bool, need_pattern: bool) -> torch.Tensor:
-        """softpick's output (B,T,H,dv) with hook_attn_scores, hook_pattern (the weight each key gets) and
+    def _attend_rule(self, q, k, v_out, key_bias, edit, need_scores: bool, need_pattern: bool) -> torch.Tensor:
+        """The output (B,T,H,dv) under a row rule other than softmax, with hook_attn_scores (scale·q·k, the rule's
+        constant bias not included), hook_pattern (the weight each key gets) and, where rows sum to at most one,
         hook_phantom (1 - Σ_j pattern, the unspent mass) where hooked; an edit of the scores re-makes the pattern and
         the output, an edit of the pattern re-makes the output."""
-        res = softpick_attention(q, k, v_out, key_bias=key_bias, return_pattern=need_pattern, edit=edit)
+        rule, bias = self.rule, self.rule_bias
+        assert rule is not None
+        res = rule.attention(q, k, v_out, bias=bias, key_bias=key_bias, return_pattern=need_pattern, edit=edit)
         out, pattern = res.out, res.pattern
         if need_scores:
             scores = attention_scores(q, k, key_bias=key_bias)
             fired = self.hook_attn_scores(scores)
             if fired is not scores:
-                pattern = softpick_of_scores(fired)
+                pattern = rule.of_scores(fired, bias=bias)
                 out = apply_pattern(pattern, v_out, q.dtype)
         if need_pattern:
             fired = self.hook_pattern(pattern)
-            self.hook_phantom(1.0 - fired.sum(-1))  # the phantom has no value: an edit of it changes no output
+            if rule.at_most_one:
+                self.hook_phantom(1.0 - fired.sum(-1))  # the phantom has no value: an edit of it changes no output
             if fired is not pattern:
                 out = apply_pattern(fired, v_out, q.dtype)
             self._fire_pattern_norm(fired, v_out)

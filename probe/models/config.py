@@ -24,6 +24,7 @@ from typing import ClassVar
 from transformers import PretrainedConfig
 
 from probe.catalogue import TIERS
+from probe.kernels.row_rules import ROW_RULES
 from probe.models.choice import check_choice
 from probe.models.dense import DenseOptions
 from probe.models.depth import DEPTHS, PLR_KEYS, DepthOptions
@@ -51,9 +52,10 @@ __all__ = [
 ]
 
 ABSTENTIONS = ("none", "offbyone", "sinklogit", "sinktoken")
-# the rule that turns a row's scores into its weights: "softmax", or "softpick" (Zuhri et al. 2025: rectified, rows
-# sum to at most one; docs/definitions.md#softpick)
-ATTN_FNS = ("softmax", "softpick")
+# the rule that turns a row's scores into its weights: "softmax", or a rule of probe.kernels.row_rules: "softpick"
+# (Zuhri et al. 2025; docs/definitions.md#softpick), "sigmoid" (Ramapuram et al. 2024), "sigmoid-norm", "elu1",
+# "elu1-norm" (Gu et al. 2025; docs/definitions.md#pointwise-attention-rules)
+ATTN_FNS = ("softmax", *ROW_RULES)
 QK_ACTIVATIONS = ("none", "q", "qk")
 NORMS = ("rms", "layer")
 POSITIONS = ("rope", "learned")
@@ -101,8 +103,8 @@ class ArchitectureOptions:
 
 @dataclass
 class AttentionOptions:
-    """Inside a head: head counts and widths, abstention (a sink), the row rule (softmax or softpick), QK-norm and
-    GatedV's placement controls."""
+    """Inside a head: head counts and widths, abstention (a sink), the row rule (softmax, softpick, sigmoid, ...),
+    QK-norm and GatedV's placement controls."""
 
     reads: ClassVar[tuple[str, ...]] = ("d_model",)  # another group's field a default here derives from
 

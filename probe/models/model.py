@@ -24,6 +24,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from probe.hooks import names
 from probe.hooks.info import ModelInfo
 from probe.kernels.backend import check_backend, use_backend
+from probe.kernels.row_rules import ROW_RULES
 from probe.models.block import Block
 from probe.models.cache import Unembedding
 from probe.models.config import ProbeConfig
@@ -334,7 +335,17 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
             sink_token=c.abstention == "sinktoken",
             trained_with_bos=bool((self.train_record or {}).get("bos")),
             attention_rule=c.attn_fn,
-            # softpick has no log-normaliser to fire: attn.hook_lse, as absent_hooks spells a point below a block
-            absent_hooks=[names.attn(0, "lse").split(".", 2)[-1]] if c.attn_fn != "softmax" else [],
+            absent_hooks=_absent_under_rule(c.attn_fn),
             extra=extra,
         )
+
+
+def _absent_under_rule(attn_fn: str) -> list[str]:
+    """The attention points a row rule other than softmax never fires, as absent_hooks spells a point below a block
+    ("attn.hook_lse"): the lse (no rule of probe.kernels.row_rules has a log-normaliser), and the phantom where rows
+    may sum past one (docs/definitions.md#pointwise-attention-rules)."""
+    rule = ROW_RULES.get(attn_fn)
+    if rule is None:
+        return []
+    points = ["lse"] if rule.at_most_one else ["lse", "phantom"]
+    return [names.attn(0, p).split(".", 2)[-1] for p in points]

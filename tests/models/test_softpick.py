@@ -1,8 +1,8 @@
 """softpick attention (Zuhri et al. 2025; docs/definitions.md#softpick): the op equals the authors' own function on
 their golden outputs (tests/fixtures/softpick, written by make_golden.py from their ``naive_softpick_attn.py``), its
 gradients equal autograd through the formula written by hand in fp64, every row's pattern and phantom sum to one, the
-model's hook_pattern is the op on its own rot_q / rot_k, a saved model reloads to the same logits, and a config.json
-without ``attn_fn`` loads as softmax."""
+model's hook_pattern is the op on its own rot_q / rot_k, a saved model reloads to the same logits
+(tests/models/test_pointwise_rules.py, for every row rule), and a config.json without ``attn_fn`` loads as softmax."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from probe.kernels.sink_attention.reference import attention_scores
 from probe.kernels.softpick import softpick_attention, softpick_of_scores
 from probe.kernels.softpick.fused import softpick_of_scores_fused
 from probe.models import ProbeConfig, create
-from probe.models.model import ProbeForCausalLM
 from tests.support import SMALL
 
 GOLDEN = load_file(str(Path(__file__).resolve().parents[1] / "fixtures" / "softpick" / "golden.safetensors"))
@@ -130,15 +129,6 @@ def test_the_model_trains_forward_backward():
     assert torch.isfinite(loss)
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
-
-
-def test_a_saved_softpick_model_reloads_to_the_same_logits(tmp_path):
-    model = create("softpick", seed=2, **CFG).eval()
-    model.save_pretrained(tmp_path)
-    again = ProbeForCausalLM.from_pretrained(tmp_path).eval()
-    assert again.config.attn_fn == "softpick"
-    with torch.no_grad():
-        assert torch.equal(model(IDS).logits, again(IDS).logits)
 
 
 def test_a_config_without_attn_fn_loads_as_softmax(tmp_path):

@@ -1,13 +1,16 @@
-"""Training throughput of softpick attention against the softmax baseline at one tier, side by side.
+"""Training throughput of each attention row rule against the softmax baseline at one tier, side by side.
 
-    python benchmarks/softpick_throughput.py [--tier tiny] [--batch 16] [--ctx 256] [--steps 10] [--warmup 3]
-                                             [--device cpu|cuda] [--dtype float32|bfloat16] [--threads N]
+    python benchmarks/attention_rules_throughput.py [--tier tiny] [--batch 16] [--ctx 256] [--steps 10] [--warmup 3]
+                                                    [--device cpu|cuda] [--dtype float32|bfloat16] [--threads N]
+                                                    [--rules softpick,sigmoid,...]
 
-Times forward + backward (cross-entropy on next-token targets; no optimizer step) of the ``baseline`` and ``softpick``
-variants built with the same seed, alternating the two for ``--steps`` rounds after ``--warmup`` rounds each, so both
-see the same load; reports each one's median step time, tokens per second, and the ratio softpick / softmax in tokens
-per second (1.0: as fast; the goal is >= 0.9). The baseline runs the fused attention path (SDPA / CPU flash / Triton
-as the runtime backend picks); softpick runs its plain PyTorch reference, which materialises (B, H, T, T) scores.
+Times forward + backward (cross-entropy on next-token targets; no optimizer step) of the ``baseline`` variant and of
+the baseline with ``attn_fn`` set to each rule of probe.kernels.row_rules (softpick, sigmoid, sigmoid-norm, elu1,
+elu1-norm by default), all built with the same seed, taking them in turn for ``--steps`` rounds after ``--warmup``
+rounds each, so all see the same load; reports each one's median step time, tokens per second, and its ratio to
+softmax in tokens per second (1.0: as fast; the goal is >= 0.9). The baseline runs the fused attention path (SDPA /
+CPU flash / Triton as the runtime backend picks); the other rules run their fused torch ops, which materialise
+(B, H, T, T) scores.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from probe.kernels.row_rules import ROW_RULES  # noqa: E402
 from probe.models import create  # noqa: E402
 
 
@@ -34,6 +38,14 @@ def step(model, ids: torch.Tensor, autocast: torch.dtype | None) -> None:
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
     loss.backward()
     model.zero_grad(set_to_none=True)
+
+
+def rules_arg(text: str) -> list[str]:
+    rules = [r for r in text.split(",") if r]
+    bad = [r for r in rules if r not in ROW_RULES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{', '.join(bad)} not a row rule; choose from {', '.join(ROW_RULES)}")
+    return rules
 
 
 def main(argv=None) -> dict:
@@ -46,15 +58,17 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--rules", type=rules_arg, default=list(ROW_RULES))
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     device = torch.device(a.device)
     autocast = torch.bfloat16 if a.dtype == "bfloat16" else None
-    models = {v: create(v, tier=a.tier, seed=0).to(device).train() for v in ("baseline", "softpick")}
-    vocab = models["baseline"].config.vocab_size
+    models = {"softmax": create("baseline", tier=a.tier, seed=0).to(device).train()}
+    for rule in a.rules:
+        models[rule] = create("baseline", tier=a.tier, seed=0, attn_fn=rule).to(device).train()
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (a.batch, a.ctx + 1), generator=g).to(device)
+    ids = torch.randint(0, models["softmax"].config.vocab_size, (a.batch, a.ctx + 1), generator=g).to(device)
 
     def timed(model) -> float:
         if device.type == "cuda":
@@ -73,20 +87,14 @@ def main(argv=None) -> dict:
         for v, model in models.items():
             times[v].append(timed(model))
     tokens = a.batch * a.ctx
-    result = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "tier": a.tier,
-        "batch": a.batch,
-        "ctx": a.ctx,
-        "dtype": a.dtype,
-        "threads": torch.get_num_threads(),
-    }
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    result: dict = dict(device=device_name, tier=a.tier, batch=a.batch, ctx=a.ctx, dtype=a.dtype)
+    result["threads"] = torch.get_num_threads()
     for v, ts in times.items():
         med = statistics.median(ts)
         result[v] = {"median_s": round(med, 5), "tokens_per_s": round(tokens / med, 1)}
-    result["ratio_softpick_over_softmax"] = round(
-        result["softpick"]["tokens_per_s"] / result["baseline"]["tokens_per_s"], 3
-    )
+    for v in a.rules:
+        result[v]["ratio_over_softmax"] = round(result[v]["tokens_per_s"] / result["softmax"]["tokens_per_s"], 3)
     print(json.dumps(result, indent=1))
     return result
 

@@ -64,19 +64,8 @@ def attention_row_masses(
     ``chunk`` positions only (positions counted from 0), so each chunk is a sequence of its own.
     """
     if chunk is not None:
-        return _per_chunk(
-            q,
-            k,
-            indicators,
-            int(chunk),
-            sink=sink,
-            key_bias=key_bias,
-            window=window,
-            scale=scale,
-            softcap=softcap,
-            lse=lse,
-            backend=backend,
-        )
+        kw = dict(sink=sink, window=window, scale=scale, softcap=softcap, backend=backend)
+        return _per_chunk(q, k, indicators, int(chunk), key_bias=key_bias, lse=lse, **kw)
     backend = resolve_backend(backend)
     check_attention_args(q, k, indicators, sink, key_bias, window)
     if q.shape[1] != k.shape[1]:

@@ -168,3 +168,16 @@ def test_a_bad_description_is_refused_in_one_line(fields, says):
     with pytest.raises(ValueError, match=says.replace("(", r"\(").replace(".", r"\.")) as e:
         LayerAttention(**{"rule": "softmax", "mask": "full", "scale": 0.5, **fields})
     assert "\n" not in str(e.value)
+
+
+def test_an_attention_other_than_the_described_one_is_refused():
+    """Each call checks what the module ran against ``attention_at``: a described soft-cap other than the module's
+    is refused in one line, on Gemma 2's soft-capped path."""
+    m = adapt(tiny_model("gemma2"))
+    m.probe_info.extra["attn_logit_softcap"] = 3.0  # the storage the description reads; the module caps at 2.0
+    assert m.probe_info.attention_at(0).softcap == 3.0
+    with pytest.raises(
+        ValueError, match="layer 0 ran its attention with softcap 2.0, but the adapter describes it with 3.0"
+    ) as e:
+        m(torch.arange(2, 2 + T)[None])
+    assert "\n" not in str(e.value)

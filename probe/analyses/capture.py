@@ -196,17 +196,19 @@ def model_device(model) -> torch.device:
 def row_mass_hooks(info) -> list[str]:
     """The attention hooks from which probe.kernels.attention_row_masses reproduces a layer's attention: the query and
     key the scores take (hook_rot_q / hook_rot_k: after QK-norm and rotary), v, the sink logit where there is a
-    phantom, the gate where a routing-slot gate adds log g_j to the logits. A model whose rows are not softmax rows
-    (``ModelInfo.attention_rule``: softpick) is refused in one line: these masses would be softmax's, not its own."""
-    if info.attention_rule != "softmax":
+    phantom, the gate where a routing-slot gate adds log g_j to the logits (``ModelInfo.attention_at``). A model whose
+    rows are not softmax rows (softpick) is refused in one line: these masses would be softmax's, not its own."""
+    rules = [info.attention_at(layer) for layer in info.attention_layers]
+    other = next((r.rule for r in rules if r.rule != "softmax"), None)
+    if other is not None:
         raise ValueError(
-            f"model {info.name!r} has {info.attention_rule} attention rows, and this analysis recomputes softmax "
+            f"model {info.name!r} has {other} attention rows, and this analysis recomputes softmax "
             "rows from the captured queries and keys; it supports softmax attention only"
         )
     return (
         ["hook_rot_q", "hook_rot_k", "hook_v"]
-        + (["hook_sink_logit"] if info.has_phantom else [])
-        + (["hook_v_gate"] if info.gate_on_logits else [])
+        + (["hook_sink_logit"] if any(r.phantom for r in rules) else [])
+        + (["hook_v_gate"] if any(r.gate_on_logits for r in rules) else [])
     )
 
 
@@ -220,43 +222,33 @@ def sparse_mass_hooks(info) -> list[str]:
 def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: str | None = None):
     """(lse (B,H,T), masses (B,H,T,m), phantom (B,H,T)) of one layer from the hooks named by ``row_mass_hooks``;
     masses[..., c] is each row's attention mass on the keys marked by indicators[..., c] (phantom in the normaliser).
+    The layer's rules are ``info.attention_at(layer)``'s: its scale, window or chunk, soft-cap (Gemma 2:
+    ``cap · tanh(scale q·k / cap)``, as in its ``hook_pattern``) and ALiBi slopes, with a routing gate's log g_j.
     ``backend``: the kernels' vocabulary (auto, torch, reference, sdpa, triton); None follows the runtime choice
-    (``probe.kernels.use_backend`` / $PROBE_BACKEND), as models do. A model with an attention-logit soft-cap (Gemma 2,
-    ``info.extra['attn_logit_softcap']``) has it applied to the scores, ``cap · tanh(scale q·k / cap)``, as in its
-    ``hook_pattern``. With ``hook_lse`` in ``got`` (``sparse_mass_hooks``) and q in fp32 or fp64, sparse indicators
-    are read from it; a half-precision forward's lse is not used (its scores are rounded where these are not).
+    (``probe.kernels.use_backend`` / $PROBE_BACKEND), as models do. With ``hook_lse`` in ``got``
+    (``sparse_mass_hooks``) and q in fp32 or fp64, sparse indicators are read from it; a half-precision forward's
+    lse is not used (its scores are rounded where these are not).
     """
+    rules = info.attention_at(layer)
     q, k, sink = got["hook_rot_q"], got["hook_rot_k"], got.get("hook_sink_logit")
     lse = got.get("hook_lse") if q.dtype in (torch.float32, torch.float64) else None
-    key_bias = None
+    key_bias = rules.alibi_bias(q.shape[0], q.shape[1], q.device)  # (B, H, T) ALiBi (BLOOM, MPT): H == Hkv
     if "hook_v_gate" in got:  # routing slot: the model adds log g_j to the logits (B, Hkv, T)
-        key_bias = torch.log(got["hook_v_gate"].float().clamp_min(1e-30)).permute(0, 2, 1)
-    alibi = info.alibi_bias(q.shape[0], q.shape[1], q.device)  # ALiBi (BLOOM, MPT, Falcon-RW): H == Hkv
-    if alibi is not None:
-        key_bias = alibi if key_bias is None else key_bias + alibi
-    kw = dict(
+        gate = torch.log(got["hook_v_gate"].float().clamp_min(1e-30)).permute(0, 2, 1)
+        key_bias = gate if key_bias is None else gate + key_bias
+    lse, mass = attention_row_masses(
+        q,
+        k,
+        indicators,
         sink=sink,
-        window=sliding(info, layer),
-        scale=info.scale_of(layer),
-        softcap=info.extra.get("attn_logit_softcap") or None,
+        key_bias=key_bias,
+        window=rules.window,
+        chunk=rules.chunk,
+        scale=rules.scale,
+        softcap=rules.softcap,
+        lse=lse,
         backend=backend,
     )
-    chunk = info.extra.get("attn_chunk") if info.layer_types[layer] == "chunked" else None
-    if chunk is None:
-        lse, mass = attention_row_masses(q, k, indicators, key_bias=key_bias, lse=lse, **kw)
-    else:  # queries see the causal keys of their own chunk only: each chunk is a sequence of its own
-        parts = [
-            attention_row_masses(
-                q[:, a : a + chunk],
-                k[:, a : a + chunk],
-                indicators[:, a : a + chunk],
-                key_bias=None if key_bias is None else key_bias[..., a : a + chunk],
-                lse=None if lse is None else lse[..., a : a + chunk],
-                **kw,
-            )
-            for a in range(0, q.shape[1], chunk)
-        ]
-        lse, mass = torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=-2)
     lse = lse.float()
     phantom = torch.exp(sink.float()[None, :, None] - lse) if sink is not None else torch.zeros_like(lse)
     return lse, mass.float(), phantom
@@ -339,11 +331,6 @@ def token_text(tokenizer, token_id: int) -> str:
         return str(token_id)
 
 
-def sliding(info, layer: int) -> int | None:
-    """The attention window of a layer (None for full attention)."""
-    return info.sliding_window if info.layer_types[layer] == "sliding" else None
-
-
 __all__ = [
     "token_text",
     "Windows",
@@ -365,6 +352,5 @@ __all__ = [
     "loss_forward_kwargs",
     "output_losses",
     "window_losses",
-    "sliding",
     "names",
 ]

@@ -38,7 +38,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, describe, finish, sliding, sparse_mass_hooks
+from probe.analyses.capture import as_windows, describe, finish, sparse_mass_hooks
 from probe.analyses.layer_types import layer_meta, with_linear_layers
 from probe.analyses.parallel import gather
 from probe.analyses.passes import Part, run_pass
@@ -94,7 +94,7 @@ class DormantAccumulator:
         B, H, T = key0.shape
         if T < 2:
             raise ValueError("dormant heads need at least 2 positions (rows t >= 1)")
-        window = sliding(self.info, layer)
+        window = self.info.attention_at(layer).window
         end = T if window is None else min(T, window)  # sliding layers: the rows whose window contains key 0
         k0 = key0[:, :, 1:end].double().mean(-1).cpu()  # (B, H)
         ph = phantom[:, :, 1:end].double().mean(-1).cpu()

@@ -29,7 +29,7 @@ import math
 import pandas as pd
 import torch
 
-from probe.analyses.capture import describe, finish, sliding
+from probe.analyses.capture import describe, finish
 from probe.analyses.layer_types import layer_meta, with_linear_layers
 from probe.analyses.parallel import gather_rows, reduce_sums
 from probe.analyses.passes import Part, run_alone
@@ -91,10 +91,6 @@ def counted_rows(T: int, window: int | None = None, chunk: int | None = None) ->
     return keep
 
 
-def _chunk(info, layer: int) -> int | None:
-    return info.extra.get("attn_chunk") if info.layer_types[layer] == "chunked" else None
-
-
 class EntropyAccumulator:
     """Sums of per-row entropies per (layer, head) over batches, and one row per (batch, layer, head) of that batch's
     means (standard errors over batches)."""
@@ -113,7 +109,8 @@ class EntropyAccumulator:
         """pattern: (B, H, T, T) of one layer (hook_pattern); phantom: (B, H, T) (hook_phantom) or None."""
         info = self.info
         B, H, T, _ = pattern.shape
-        window, chunk = sliding(info, layer), _chunk(info, layer)
+        rules = info.attention_at(layer)
+        window, chunk = rules.window, rules.chunk
         got = row_entropies(pattern, phantom, window=window, chunk=chunk)
         keep = counted_rows(T, window, chunk).to(pattern.device)
         k = int(keep.sum())

@@ -38,7 +38,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, describe, finish, sliding, sparse_mass_hooks
+from probe.analyses.capture import as_windows, describe, finish, sparse_mass_hooks
 from probe.analyses.layer_types import layer_meta, with_linear_layers
 from probe.analyses.parallel import gather_rows, reduce_sums
 from probe.analyses.passes import Part, key0_and_real, run_pass
@@ -158,7 +158,7 @@ class SinkEpsAccumulator:
             raise ValueError("Sink^ε needs at least 2 positions (rows t >= 1)")
         t = torch.arange(first, T, dtype=torch.float64)
         share = key0 / real.clamp_min(1e-300)
-        window = sliding(self.info, layer)
+        window = self.info.attention_at(layer).window
         sees0 = t < window if window is not None else torch.ones_like(t, dtype=torch.bool)
         n = int(sees0.sum())  # rows first .. first+n-1 see key 0 (a window always contains its own query)
         part = self._part(layer)

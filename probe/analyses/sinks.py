@@ -23,7 +23,7 @@ import math
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, describe, finish, model_device, sliding, sparse_mass_hooks
+from probe.analyses.capture import as_windows, describe, finish, model_device, sparse_mass_hooks
 from probe.analyses.finite import FiniteCheck
 from probe.analyses.layer_types import layer_meta, linear_layers, with_linear_layers
 from probe.analyses.parallel import first_present, gather_rows, reduce_sums
@@ -59,7 +59,7 @@ class SinkAccumulator:
         B, H, T = pos0.shape
         if T < 2:
             raise ValueError("sink statistics need at least 2 positions (rows t >= 1)")
-        window = sliding(self.info, layer)
+        window = self.info.attention_at(layer).window
         t = torch.arange(1, T, dtype=torch.float64)
         self.pos0[layer] += pos0[:, :, 1:].double().sum((0, 2))
         self.phantom[layer] += phantom[:, :, 1:].double().sum((0, 2))

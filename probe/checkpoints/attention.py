@@ -629,22 +629,22 @@ def refuse_unknown(module, kwargs: dict) -> None:
 
 
 def check_site(site, scaling: float, rules, query, key, softcap: float | None = None) -> None:
-    """The attention a layer runs must be the one its ModelInfo describes (heads, head width, the scale, window and
-    soft-cap the streaming analyses rebuild scores with): one line when a config feature changed it behind the
-    adapter's back. A window of at least the keys there are is no window (a chunk or window longer than the
-    sequence). query (B,H,Tq,dh), key (B,Hkv,Tk,dh)."""
+    """The attention a layer runs must be the one its ModelInfo describes (``info.attention_at(layer)``: the scale,
+    soft-cap and window the streaming analyses rebuild scores with; the heads and head width): one line when a config
+    feature changed it behind the adapter's back. A window of at least the keys there are is no window (a chunk or
+    window longer than the sequence). query (B,H,Tq,dh), key (B,Hkv,Tk,dh)."""
     if site is None or site.info is None:
         return
-    info, layer, k_len = site.info, site.layer, key.shape[2]
+    layer, k_len = site.layer, key.shape[2]
+    described = site.info.attention_at(layer)
     got = {"scale": float(scaling), "softcap": softcap or None, "heads": (query.shape[1], key.shape[1], key.shape[-1])}
-    want = {"scale": info.scale_of(layer), "softcap": info.extra.get("attn_logit_softcap") or None, "heads": site.heads}
+    want = {"scale": described.scale, "softcap": described.softcap, "heads": site.heads}
     if rules is not None:  # a dense mask (padding with a cache, an overlay) says no window; the rule does
 
         def effective(window):
             return None if window is None or window >= k_len else window
 
-        window = info.sliding_window if info.layer_types[layer] == "sliding" else None
-        got["window"], want["window"] = effective(rules.window), effective(window)
+        got["window"], want["window"] = effective(rules.window), effective(described.window)
     for what, value in got.items():
         expected = want[what]
         if expected != value and not (

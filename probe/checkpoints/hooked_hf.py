@@ -603,7 +603,7 @@ def drop_unread_keys(info: ModelInfo, hf_model: nn.Module, layers, attention_mod
     and does not use it) are ignored, as HF ignores them."""
     if "num_key_value_heads" not in modeling_sources(hf_model):
         info.n_kv_heads = info.n_heads
-    if info.extra.get("attn_logit_softcap"):
+    if any(info.attention_at(layer).softcap for layer in info.attention_layers):
         attns = [a for a in (attention_module(layer) for layer in layers) if a is not None]
         if attns and not any("softcap=" in _source(type(a).forward) for a in attns):
             info.extra["attn_logit_softcap"] = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from probe.hooks.attention_rules import LayerAttention, layer_attention
 from probe.hooks.names import attn_point, layer_of
 
 
@@ -71,27 +72,19 @@ class ModelInfo:
             return f"layer {layer} is a linear-attention (or state-space) layer, without softmax attention"
         return None
 
-    def alibi_bias(self, batch: int, length: int, device=None, dtype=None):
-        """ALiBi's per-key logits (B, H, T), fp32 (fp64 for ``dtype`` fp64): slope_h · j for key j
-        (``extra["alibi_slopes"]``), the per-key bias the attention adds; None without ALiBi. A per-row constant is
-        left out: softmax ignores it."""
-        slopes = self.extra.get("alibi_slopes")
-        if slopes is None:
-            return None
-        import torch
+    def attention_at(self, layer: int) -> LayerAttention:
+        """How ``layer``'s attention differs from plain causal softmax (probe.hooks.attention_rules): its rule,
+        scale, mask (window, chunk), soft-cap, ALiBi slopes, phantom and routing bias. Every reader of those rules
+        reads them here; the fields and ``extra`` keys above are their storage."""
+        return layer_attention(self, layer)
 
-        wide = torch.float64 if dtype == torch.float64 else torch.float32
-        s = torch.tensor(slopes, dtype=wide, device=device)
-        bias = s[:, None] * torch.arange(length, device=device, dtype=wide)[None, :]
-        return bias[None].expand(batch, -1, -1)
+    def alibi_bias(self, batch: int, length: int, device=None, dtype=None):
+        """ALiBi's per-key logits (B, H, T) of every layer (:meth:`LayerAttention.alibi_bias`); None without ALiBi."""
+        return self.attention_at(0).alibi_bias(batch, length, device, dtype)
 
     def scale_of(self, layer: int) -> float:
-        """The attention score scale of ``layer``: ``extra["attn_scale"]`` (one float, or one per layer), else
-        1 / sqrt(d_head)."""
-        scale = self.extra.get("attn_scale")
-        if scale is None:
-            return self.d_head**-0.5
-        return float(scale[layer]) if isinstance(scale, (list, tuple)) else float(scale)
+        """The attention score scale of ``layer`` (:meth:`attention_at`'s ``scale``)."""
+        return self.attention_at(layer).scale
 
     @property
     def kv_group(self) -> int:

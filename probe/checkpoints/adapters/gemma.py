@@ -8,9 +8,11 @@ hook_q_normed/hook_k_normed QK-norm's (Gemma 3), hook_rot_q/hook_rot_k after rot
 layer type), as HF passes them to the attention function.
 
 Attention scores are ``q·k · query_pre_attn_scalar^-½`` (not ``d_head^-½``), recorded as ``extra["attn_scale"]``.
-Gemma 2 soft-caps them, ``cap · tanh(scores / cap)``, before the mask; :func:`softcap_attention` fires the same hooks
-as probe's shared attention function with that cap inside ``hook_attn_scores`` and ``hook_pattern``, exactly as HF
-eager does, and without a pattern hook computes the capped attention in query blocks (no T x T tensor,
+Gemma 2 soft-caps them, ``cap · tanh(scores / cap)``, before the mask (``extra["attn_logit_softcap"]``). Both are
+read through ``ModelInfo.attention_at`` (probe.hooks.attention_rules), and every call checks the module's own scaling
+and soft-cap against it (``_attn.check_site``). :func:`softcap_attention` fires the same hooks as probe's shared
+attention function with that cap inside ``hook_attn_scores`` and ``hook_pattern``, exactly as HF eager does, and
+without a pattern hook computes the capped attention in query blocks (no T x T tensor,
 docs/definitions.md#long-context). The final-logit soft-cap stays in HF's LM head.
 """
 
@@ -148,9 +150,10 @@ def edited_probs(edit, query, key, n_rep: int, rules, scaling: float, softcap: f
 
 
 def softcapped_or_probe(info) -> str:
-    """The attention implementation of a model with ``info``: the soft-capped function where its scores are capped
-    (Gemma 2, VaultGemma), else probe's."""
-    return register_softcap() if info.extra.get("attn_logit_softcap") else _attn.register()
+    """The attention implementation of a model with ``info``: the soft-capped function where a layer's scores are
+    capped (``info.attention_at(layer).softcap``: Gemma 2, VaultGemma), else probe's."""
+    capped = any(info.attention_at(layer).softcap for layer in info.attention_layers)
+    return register_softcap() if capped else _attn.register()
 
 
 def register_softcap() -> str:

@@ -2,13 +2,13 @@
 MPT (ALiBi), Falcon (rotary; its ALiBi variant is refused) and GPT-Neo (no score scale, local layers).
 
 Their layer forwards here compute q, k, v with the module's own weights and in HF's layout, then call probe's
-attention function, so the attention hooks and kernels are the generic route's. ALiBi is a per-head slope times
-the key's position added to each logit (plus a per-row constant that softmax ignores), so it is the kernels'
-per-key bias: ``key_bias = ModelInfo.alibi_bias`` (B,H,T), the same bias the streaming analyses rebuild the
-scores with (docs/definitions.md#hf-checkpoints). BLOOM's and MPT's modules add the residual inside the attention
-and the MLP; here the residual is added outside them (the MLP is called with a zero residual: x + 0 is x), so
-``hook_attn_out`` / ``hook_mlp_out`` are what each sub-layer adds (its output after its dropout), as in every other
-family.
+attention function, so the attention hooks and kernels are the generic route's. ALiBi is a per-head slope times the
+key's position added to each logit (plus a per-row constant that softmax ignores), so it is the kernels' per-key
+bias: ``key_bias = ModelInfo.attention_at(layer).alibi_bias`` (B,H,T), the same bias the streaming analyses rebuild
+the scores with (docs/definitions.md#hf-checkpoints). BLOOM's and MPT's modules add the residual inside the
+attention and the MLP; here the residual is added outside them (the MLP is called with a zero residual: x + 0 is x),
+so ``hook_attn_out`` / ``hook_mlp_out`` are what each sub-layer adds (its output after its dropout), as in every
+other family.
 
 transformers' model builds the mask through probe's mask builder (``config._attn_implementation = "probe"``); the
 attention module's own eager branch never runs.
@@ -39,7 +39,8 @@ def _key_bias(module, batch: int, length: int, given: torch.Tensor, device) -> t
     """(B,H,Tk) ALiBi logits: the model's own (its positions count from each row's first real token) unless they
     equal probe_info's slopes times the key's position up to a per-row constant (no padding), then probe_info's,
     which the streaming analyses use too."""
-    ours = module.__dict__[_attn.SITE_KEY].info.alibi_bias(batch, length, device, given.dtype).to(given.dtype)
+    site = module.__dict__[_attn.SITE_KEY]
+    ours = site.info.attention_at(site.layer).alibi_bias(batch, length, device, given.dtype).to(given.dtype)
     shift = given - ours
     return ours if torch.allclose(shift, shift[..., :1].expand_as(shift), atol=1e-5) else given
 

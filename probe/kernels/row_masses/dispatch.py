@@ -9,12 +9,15 @@
 
 Given the forward's real-key lse, every backend but 'reference' first tries sparse.py (columns that mark few keys or
 every key). When no launch setting of the Triton kernel fits the device's shared memory (probe.kernels.launch), the
-call runs chunked instead (never the T x T reference), with one warning per shape.
+call runs chunked instead (never the T x T reference), with one warning per shape. Chunked attention (``chunk``:
+Llama 4's) is a different thing: each chunk of positions runs as a sequence of its own, on the path chosen above.
 """
 
 from __future__ import annotations
 
 import math
+
+import torch
 
 from probe.kernels.backend import TRITON_DTYPES, check_triton, resolve_backend, triton_available
 from probe.kernels.common import check_attention_args, cpu_flash
@@ -35,7 +38,18 @@ def auto_row_masses(q, *, window=None, softcap=None) -> str:
 
 
 def attention_row_masses(
-    q, k, indicators, *, sink=None, key_bias=None, window=None, scale=None, softcap=None, lse=None, backend=None
+    q,
+    k,
+    indicators,
+    *,
+    sink=None,
+    key_bias=None,
+    window=None,
+    chunk=None,
+    scale=None,
+    softcap=None,
+    lse=None,
+    backend=None,
 ):
     """(lse (B,H,T) fp32, masses (B,H,T,m) fp32) with masses[..., c] = Σ_j a_ij indicators[b, j, h // G, c].
 
@@ -46,7 +60,12 @@ def attention_row_masses(
     lse: the forward's real-key lse of these q, k (B,H,T), ``hook_lse`` (docs/definitions.md#row-log-normaliser);
     with it, columns that mark few keys or every key cost O(T) per row (row_masses_sparse) on any backend but
     'reference', instead of a recomputation of every score.
+    chunk: chunked attention (Llama 4's attention_chunk_size): query t sees the causal keys of its own chunk of
+    ``chunk`` positions only (positions counted from 0), so each chunk is a sequence of its own.
     """
+    if chunk is not None:
+        kw = dict(sink=sink, window=window, scale=scale, softcap=softcap, backend=backend)
+        return _per_chunk(q, k, indicators, int(chunk), key_bias=key_bias, lse=lse, **kw)
     backend = resolve_backend(backend)
     check_attention_args(q, k, indicators, sink, key_bias, window)
     if q.shape[1] != k.shape[1]:
@@ -79,3 +98,22 @@ def attention_row_masses(
     if q.device.type == "cpu" and window is None and cap is None and cpu_flash is not None:
         return row_masses_flash_cpu(q, k, indicators, **kw)
     return row_masses_chunked(q, k, indicators, window=window, softcap=cap, **kw)
+
+
+def _per_chunk(q, k, indicators, chunk: int, *, key_bias=None, lse=None, **kw):
+    """attention_row_masses of chunked attention: one call per chunk of ``chunk`` positions, its key bias and lse
+    sliced with it, the results joined along T."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be a positive int or None, got {chunk!r}")
+    parts = [
+        attention_row_masses(
+            q[:, a : a + chunk],
+            k[:, a : a + chunk],
+            indicators[:, a : a + chunk],
+            key_bias=None if key_bias is None else key_bias[..., a : a + chunk],
+            lse=None if lse is None else lse[..., a : a + chunk],
+            **kw,
+        )
+        for a in range(0, q.shape[1], chunk)
+    ]
+    return torch.cat([p[0] for p in parts], dim=-1), torch.cat([p[1] for p in parts], dim=-2)

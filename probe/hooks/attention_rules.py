@@ -1,0 +1,86 @@
+"""How one layer's attention differs from plain causal softmax, stated once: :class:`LayerAttention`.
+
+``ModelInfo.attention_at(layer)`` gives each layer's description, and every reader takes its rules from there: the
+streaming row masses (probe.analyses.capture.row_masses: scale, window, chunk, soft-cap, ALiBi, phantom, routing
+bias), the attention entropy's visible keys, the sink analyses' windows, and the check the HF attention functions
+make on every call that what a layer ran (scale, soft-cap, window, heads) is what is described
+(probe.checkpoints.attention.check_site).
+
+A new family declares its attention's differences in one place, its adapter's ``describe`` (or a probe model's
+``probe_info``): ``layer_types`` and ``sliding_window``; ``extra["attn_scale"]`` (one float or one per layer; else
+1/sqrt(d_head)), ``extra["attn_logit_softcap"]``, ``extra["attn_chunk"]``, ``extra["alibi_slopes"]``;
+``has_phantom``, ``gate_on_logits`` and ``attention_rule``. Those keys stay ModelInfo's storage (saved and legacy
+infos keep working); nothing else reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RULES = ("softmax", "softpick")  # how a row's weights come from its scores (ModelInfo.attention_rule)
+MASKS = ("full", "sliding", "chunked", "linear")  # which keys a query sees (ModelInfo.layer_types)
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """One layer's attention: row weights ``rule``(scale · q·k, capped, + key bias) over the keys ``mask`` lets a
+    query see, with a phantom key in the normaliser where ``phantom``."""
+
+    rule: str  # "softmax" | "softpick"
+    mask: str  # "full" (causal), "sliding" (the last ``window`` keys), "chunked" (causal within a chunk of
+    #   ``chunk`` positions) or "linear" (no softmax attention: linear attention, a state-space or recurrent layer)
+    scale: float  # the scores are scale · q·k
+    window: int | None = None  # sliding layers: keys a query sees, itself included (None: the config states none)
+    chunk: int | None = None  # chunked layers: positions per chunk
+    softcap: float | None = None  # Gemma 2: scores -> softcap · tanh(scores / softcap), before the mask and bias
+    alibi_slopes: tuple[float, ...] | None = None  # ALiBi (BLOOM, MPT): slope_h · j added to key j's logit
+    phantom: bool = False  # a phantom key (a learned sink logit) in every row's normaliser
+    gate_on_logits: bool = False  # a routing-slot gate: log g_j (hook_v_gate) joins key j's logits
+
+    def __post_init__(self):
+        if self.rule not in RULES:
+            raise ValueError(f"attention rule {self.rule!r} is not one of {', '.join(RULES)}")
+        if self.mask not in MASKS:
+            raise ValueError(f"attention mask {self.mask!r} is not one of {', '.join(MASKS)}")
+        for what, value, kind in (("window", self.window, "sliding"), ("chunk", self.chunk, "chunked")):
+            if value is not None and (self.mask != kind or int(value) < 1):
+                raise ValueError(
+                    f"a {what} of {value!r} needs a {kind} layer and at least 1 key; this layer is {self.mask}"
+                )
+        if self.softcap is not None and not self.softcap > 0:
+            raise ValueError(f"attention soft-cap {self.softcap!r} must be positive (or None: no cap)")
+
+    def alibi_bias(self, batch: int, length: int, device=None, dtype=None):
+        """ALiBi's per-key logits (B, H, T), fp32 (fp64 for ``dtype`` fp64): slope_h · j for key j, the per-key bias
+        the attention adds; None without ALiBi. A per-row constant is left out: softmax ignores it."""
+        if self.alibi_slopes is None:
+            return None
+        import torch
+
+        wide = torch.float64 if dtype == torch.float64 else torch.float32
+        slopes = torch.tensor(self.alibi_slopes, dtype=wide, device=device)  # (H,)
+        bias = slopes[:, None] * torch.arange(length, device=device, dtype=wide)[None, :]  # (H, T)
+        return bias[None].expand(batch, -1, -1)
+
+
+def layer_attention(info, layer: int) -> LayerAttention:
+    """``layer``'s :class:`LayerAttention` from what ``info`` (a ModelInfo) stores: its fields and ``extra`` keys."""
+    mask, extra = info.layer_types[layer], info.extra
+    scale = extra.get("attn_scale")
+    if scale is None:
+        scale = info.d_head**-0.5
+    elif isinstance(scale, (list, tuple)):  # one per layer
+        scale = scale[layer]
+    slopes = extra.get("alibi_slopes")
+    chunk = extra.get("attn_chunk") if mask == "chunked" else None
+    return LayerAttention(
+        rule=info.attention_rule,
+        mask=mask,
+        scale=float(scale),
+        window=info.sliding_window if mask == "sliding" else None,
+        chunk=None if chunk is None else int(chunk),
+        softcap=extra.get("attn_logit_softcap") or None,  # 0 and None: no cap
+        alibi_slopes=None if slopes is None else tuple(float(s) for s in slopes),
+        phantom=info.has_phantom,
+        gate_on_logits=info.gate_on_logits,
+    )

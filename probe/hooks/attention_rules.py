@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULES = ("softmax", "softpick")  # how a row's weights come from its scores (ModelInfo.attention_rule)
+# how a row's weights come from its scores (ModelInfo.attention_rule): softmax, or a rule of
+# probe.kernels.row_rules.ROW_RULES (a test keeps the two lists equal; hooks does not import the kernels)
+RULES = ("softmax", "softpick", "sigmoid", "sigmoid-norm", "elu1", "elu1-norm")
 MASKS = ("full", "sliding", "chunked", "linear")  # which keys a query sees (ModelInfo.layer_types)
 
 
@@ -26,7 +28,7 @@ class LayerAttention:
     """One layer's attention: row weights ``rule``(scale · q·k, capped, + key bias) over the keys ``mask`` lets a
     query see, with a phantom key in the normaliser where ``phantom``."""
 
-    rule: str  # "softmax" | "softpick"
+    rule: str  # one of RULES
     mask: str  # "full" (causal), "sliding" (the last ``window`` keys), "chunked" (causal within a chunk of
     #   ``chunk`` positions) or "linear" (no softmax attention: linear attention, a state-space or recurrent layer)
     scale: float  # the scores are scale · q·k

@@ -86,6 +86,17 @@ TERMS = (
         "outlier-kurtosis",
         (r"max_over_rms",),
     ),
+    Term(
+        "norm_share",
+        "key 0's share of each row's norm-weighted attention ||a_ij v_j W_O||, rows t >= 1 (Kobayashi et al.)",
+        "norm-weighted-attention",
+    ),
+    Term(
+        "key0_norm", "the norm ||a_t0 v_0 W_O|| of what key 0 writes to a row, rows t >= 1", "norm-weighted-attention"
+    ),
+    Term(
+        "row_norm", "the summed norms ||a_tj v_j W_O|| of every key a row reads, rows t >= 1", "norm-weighted-attention"
+    ),
     # injection and exposure (probe inject, probe report)
     Term(
         "quiet reads",

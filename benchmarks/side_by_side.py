@@ -48,6 +48,7 @@ from probe.analyses.interventions.base import Ablation  # noqa: E402
 from probe.analyses.interventions.knockout import Knockout  # noqa: E402
 from probe.analyses.sinks import sink_stats  # noqa: E402
 from probe.hooks import names  # noqa: E402
+from probe.writes import atomic_write  # noqa: E402
 
 DATA = ROOT / "docs" / "data"
 PAGE = ROOT / "docs" / "results" / "side-by-side.md"
@@ -218,7 +219,7 @@ def shape_of(folder: Path) -> tuple[int, int, int]:
 
 
 def inputs(folder: Path, T: int) -> tuple[torch.Tensor, int, torch.Tensor]:
-    """(windows 1,T+1 of random ids, the layer the edits act on, the injected vector Hkv*dh): the same for every tool."""
+    """(windows 1,T+1 of random ids, the layer the edits act on, the injected vector Hkv*dh): the same for each tool."""
     n_layers, width, vocab = shape_of(folder)
     windows = torch.randint(2, vocab, (1, T + 1), generator=torch.Generator().manual_seed(0))
     vec = 4 * torch.randn(width, generator=torch.Generator().manual_seed(1))
@@ -382,7 +383,7 @@ def measure(models: list, ctx: int, max_ctx: int, cap_s: float, cap_gb: float) -
     return {"rows": rows, "agreement": diffs, "hooks": hook_counts, "skipped": skipped}
 
 
-def write_data(result: dict, meta: dict, directory: Path = DATA) -> None:
+def write_data(result: dict, meta: dict, directory: Path = DATA) -> dict:
     """docs/data/side_by_side.csv (one row per model, tool, question and T) and .json (the rows, the agreement, the
     hook counts, the lines, the models skipped and the run's settings), written atomically."""
     import pandas as pd
@@ -408,6 +409,7 @@ def write_data(result: dict, meta: dict, directory: Path = DATA) -> None:
             "side_by_side.json": json.dumps(json_safe(doc), indent=1),
         },
     )
+    return doc
 
 
 def versions() -> dict:
@@ -424,7 +426,11 @@ def main(argv=None) -> int:
     ap.add_argument("--cap-s", type=float, default=20.0, help="no context expected to take longer for one question")
     ap.add_argument("--cap-gb", type=float, default=2.0, help="no context expected to grow memory past this")
     ap.add_argument("--no-page", action="store_true", help="print the tables only; write no files")
+    ap.add_argument("--page-only", action="store_true", help="rewrite the page from docs/data/side_by_side.json")
     args = ap.parse_args(argv)
+    if args.page_only:
+        atomic_write(PAGE, page(json.loads((DATA / "side_by_side.json").read_text(encoding="utf-8"))))
+        return 0
     bad = [m for m in args.models if m not in (*TINY, GEMMA)]
     if bad:
         print(f"side_by_side.py: unknown model {bad[0]!r}: choose from {', '.join((*TINY, GEMMA))}", file=sys.stderr)
@@ -440,17 +446,282 @@ def main(argv=None) -> int:
     }
     print(f"{len(result['rows'])} rows in {meta['seconds']} s")
     if not args.no_page:
-        write_data(result, meta)
-        PAGE.write_text(page(result, meta), encoding="utf-8")
+        doc = write_data(result, meta)
+        atomic_write(PAGE, page(doc))
         print(f"wrote {PAGE.relative_to(ROOT)} and docs/data/side_by_side.csv / .json")
     return 0
-
-
-def page(result: dict, meta: dict) -> str:
-    return ""
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         raise SystemExit(worker(sys.argv[2:]))
     raise SystemExit(main())
+
+
+# ------------------------------------------------------------------------------------------------ the page
+
+SHOWN = "llama"  # the model whose T = 1024 wall time and memory the snippets on the page are shown with
+QUESTION_TITLES = {
+    "share": "Position-0 attention share per layer",
+    "inject": "Value-read injection: the loss change",
+    "knockout": "Key-0 knockout in one layer: the loss change",
+}
+
+
+def figure(table):
+    """Wall time and peak RSS growth against context T, one line per tool and model (at each T the slowest and the
+    largest of the three questions), both axes logarithmic: drawn at build from docs/data/side_by_side.csv."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    worst = table.groupby(["model", "tool", "T"], sort=False).agg(s=("seconds", "max"), mib=("growth_mib", "max"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("wall s (slowest question)", "peak RSS growth MiB (largest)"))
+    colours = dict(zip(TOOLS, ("#1f77b4", "#d62728", "#2ca02c"), strict=True))
+    dashes = dict(zip(table["model"].unique(), ("solid", "dash", "dot", "dashdot"), strict=False))
+    for (model, tool), g in worst.reset_index().groupby(["model", "tool"], sort=False):
+        for col, y in ((1, g["s"]), (2, g["mib"].clip(lower=0.1))):
+            line = dict(color=colours[tool], dash=dashes[model])
+            fig.add_trace(
+                go.Scatter(x=g["T"], y=y, mode="lines+markers", name=f"{tool} ({model})", line=line,
+                           legendgroup=f"{tool}{model}", showlegend=col == 1),
+                row=1, col=col,
+            )  # fmt: skip
+    fig.update_xaxes(type="log", title="context T (tokens)")
+    fig.update_yaxes(type="log")
+    fig.update_layout(title="Time and memory against context, per tool", height=480)
+    return fig
+
+
+def _by(doc: dict, **where) -> list:
+    return [r for r in doc["rows"] if all(r[k] == v for k, v in where.items())]
+
+
+def _cell(rows: list, key: str, fmt: str) -> str:
+    return format(rows[0][key], fmt) if rows else "–"
+
+
+def lines_table(doc: dict) -> list[str]:
+    out = ["| question | " + " | ".join(TOOLS) + " |", "|---|" + "---:|" * len(TOOLS)]
+    for q in QUESTIONS:
+        out.append(f"| {QUESTION_TITLES[q]} | " + " | ".join(str(doc["lines"][t][q]) for t in TOOLS) + " |")
+    return out
+
+
+def agreement_table(doc: dict) -> list[str]:
+    out = ["| model | question | contexts compared | max \\|difference\\| between the tools |", "|---|---|---|---:|"]
+    groups: dict = {}
+    for a in doc["agreement"]:
+        groups.setdefault((a["model"], a["question"]), []).append(a)
+    for (model, q), found in groups.items():
+        Ts = ", ".join(f"{a['T']:,}" for a in found)
+        out.append(f"| {model} | {q} | {Ts} | {max(a['max_diff'] for a in found):.1e} |")
+    return out
+
+
+def at_ctx_table(doc: dict, T: int) -> list[str]:
+    head = " | ".join(f"{t} s" for t in TOOLS) + " | " + " | ".join(f"{t} MiB" for t in TOOLS)
+    out = [f"| model | question | {head} |", "|---|---|" + "---:|" * (2 * len(TOOLS))]
+    for model in dict.fromkeys(r["model"] for r in doc["rows"]):
+        for q in QUESTIONS:
+            found = {t: _by(doc, model=model, tool=t, question=q, T=T) for t in TOOLS}
+            secs = " | ".join(_cell(found[t], "seconds", ".2f") for t in TOOLS)
+            mib = " | ".join(_cell(found[t], "growth_mib", ",.0f") for t in TOOLS)
+            out.append(f"| {model} | {q} | {secs} | {mib} |")
+    return out
+
+
+STOPPED = {
+    "max-ctx": "reached --max-ctx",
+    "time": "the next doubling was expected past the time cap",
+    "memory": "the next doubling was expected past the memory cap",
+}
+
+
+def longest_table(doc: dict) -> list[str]:
+    out = [
+        "| model | tool | longest T | slowest question s | largest growth MiB | why it stopped |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for model in dict.fromkeys(r["model"] for r in doc["rows"]):
+        for tool in TOOLS:
+            rows = _by(doc, model=model, tool=tool)
+            T = max(r["T"] for r in rows)
+            last = [r for r in rows if r["T"] == T]
+            why = STOPPED.get(last[0]["stopped"], "one context asked (Gemma 3 270M)")
+            out.append(
+                f"| {model} | {tool} | {T:,} | {max(r['seconds'] for r in last):.2f} | "
+                f"{max(r['growth_mib'] for r in last):,.0f} | {why} |"
+            )
+    return out
+
+
+def hooks_table(doc: dict) -> list[str]:
+    out = [
+        "| model | probe hook names | TransformerLens names | both | nnsight: HF modules (input and output each) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for model, n in doc["hooks"].items():
+        out.append(f"| {model} | {n['probe']} | {n['TransformerLens']} | {n['shared']} | {n['nnsight_modules']} |")
+    return out
+
+
+def snippet_source(tool: str, question: str) -> str:
+    """The code the page shows for one snippet: the function, and nnsight's module-path helpers it calls."""
+    fn = SNIPPETS[tool][question]
+    src = inspect.getsource(fn)
+    helpers = [h for h in HELPERS.get(tool, ()) if f"{h.__name__}(" in src]
+    if helpers:
+        parts = Path(__file__).read_text(encoding="utf-8").split("\n\n\n")
+        paths = next(t for t in parts if t.lstrip().startswith("# where nnsight finds"))
+        src += "\n\n" + paths.strip() + "\n\n\n" + "\n\n".join(inspect.getsource(h) for h in helpers)
+    return src.rstrip()
+
+
+def snippets_section(doc: dict) -> list[str]:
+    out = []
+    for q in QUESTIONS:
+        out += [f"### {QUESTION_TITLES[q]}", ""]
+        for tool in TOOLS:
+            shown = _by(doc, model=SHOWN, tool=tool, question=q, T=doc["meta"]["settings"]["ctx"])
+            wall = f"{shown[0]['seconds']:.2f} s" if shown else "not run"
+            memory = f"{shown[0]['growth_mib']:,.1f} MiB RSS growth" if shown else "not run"
+            out += [
+                f"**{tool}** ({doc['lines'][tool][q]} lines)",
+                "",
+                f"<!-- copied from a run; settings: benchmarks/side_by_side.py, tiny {SHOWN}, T = "
+                f"{doc['meta']['settings']['ctx']:,}; wall: {wall}; memory: {memory} -->",
+                "```python",
+                snippet_source(tool, q),
+                "```",
+                "",
+            ]
+    return out
+
+
+def _worst(doc: dict, model: str, tool: str, T: int, key: str) -> float | None:
+    found = _by(doc, model=model, tool=tool, T=T)
+    return max(r[key] for r in found) if found else None
+
+
+def _longest(doc: dict, model: str, tool: str) -> int:
+    return max(r["T"] for r in _by(doc, model=model, tool=tool))
+
+
+def findings(doc: dict) -> list[str]:
+    """What each tool does better, from this run's numbers (and, marked so, what this run does not measure)."""
+    T = doc["meta"]["settings"]["ctx"]
+    lines = {t: sum(doc["lines"][t].values()) for t in TOOLS}
+    tiny = [m for m in TINY if m in doc["hooks"]]
+    share = {t: _by(doc, model=SHOWN, tool=t, question="share", T=T) for t in TOOLS}
+    longest = {t: {m: _longest(doc, m, t) for m in tiny} for t in TOOLS}
+    hooks = doc["hooks"].get(SHOWN, {})
+
+    def growth(t):
+        return f"{share[t][0]['growth_mib']:,.0f} MiB" if share[t] else "–"
+
+    def reach(t):
+        return ", ".join(f"{m} {longest[t][m]:,}" for m in tiny)
+
+    return [
+        f"- **Lines.** The three snippets take {lines['probe']} lines in probe, {lines['TransformerLens']} with "
+        f"TransformerLens and {lines['nnsight']} with nnsight (its count includes the per-family module paths it "
+        "needs: the HF module tree differs by family, and the knockout reaches into the attention mask the layer is "
+        "handed). probe's position-0 share is one call (`sink_stats`) and its knockout one registered intervention "
+        "(`Knockout`); the other two tools assemble both from hooks.",
+        f"- **Memory of the position-0 share** (tiny {SHOWN}, T = {T:,}): probe {growth('probe')}, TransformerLens "
+        f"{growth('TransformerLens')}, nnsight {growth('nnsight')} of RSS growth. probe's statistic streams row "
+        "masses from q and k (no T × T tensor kept, O(T) memory); the other two read every layer's T × T pattern "
+        "from HF's eager attention.",
+        f"- **Longest context reached** within the caps: probe {reach('probe')}; TransformerLens "
+        f"{reach('TransformerLens')}; nnsight {reach('nnsight')} (the table above says why each stopped).",
+        f"- **Hooks.** On tiny {SHOWN} probe exposes {hooks.get('probe', '–')} hook names and the bridge "
+        f"{hooks.get('TransformerLens', '–')} TransformerLens names ({hooks.get('shared', '–')} in both; "
+        "[Hook names](../reference/hook-names.md) lists the differences family by family): probe's own are the "
+        "phantom (learned-sink) mass `hook_phantom`, the per-row log-normaliser `hook_lse`, the value actually "
+        "aggregated `hook_v_out` and the sink logit. nnsight has no names: it reads and sets any of the HF model's "
+        f"{hooks.get('nnsight_modules', '–')} modules' inputs and outputs, and through `.source` the operations "
+        "inside a forward: the broadest reach of the three, paid for in module paths per family.",
+        "- **Agreement.** All three give the same answers (the table above; tolerance 1e-4 absolute in fp32, the "
+        "script asserts it), so the choice between them is one of convenience, reach and cost, not of numbers.",
+        "- **Not measured here.** TransformerLens's strength is the breadth of its ecosystem: the many architectures "
+        "`HookedTransformer` and the bridge load, and the tutorials, SAE and circuit tools built on its names. "
+        "nnsight's is arbitrary interventions on any module and remote execution on NDIF's hosted models. probe's "
+        "is one command per analysis with a verdict (`sink_formed`) and CSV/JSON/HTML outputs, streaming statistics "
+        "in O(T) memory, parity tables against the papers' own code ([agreement](agreement.md)) and the papers' "
+        "mechanisms (phantom keys, value gates, depth routing) as models.",
+    ]
+
+
+def page(doc: dict) -> str:
+    meta, T = doc["meta"], doc["meta"]["settings"]["ctx"]
+    vs = ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+    skipped = "".join(f" {m} was not run: {why}." for m, why in doc["skipped"].items())
+    lines = [
+        "# probe beside TransformerLens and nnsight",
+        "",
+        "<!-- generated by `python benchmarks/side_by_side.py`; do not edit -->",
+        "",
+        "The same three questions asked of the same saved folders through probe (`probe.load`), TransformerLens "
+        "(`TransformerBridge.boot_transformers`, HF eager attention) and nnsight (`LanguageModel` over the HF model, "
+        f"eager attention): a tiny gpt2, a tiny llama and a tiny Gemma 3 built by `probe.checkpoints.tiny` and saved "
+        f"with `save_pretrained`, and Gemma 3 270M (`probe-attn[gemma]`) at T = {T:,} only.{skipped} One window of "
+        "random token ids, the same for every tool. Measured on "
+        f"{meta['date']} on this project's shared 2-core CPU machine (2 torch threads, under `nice`; {vs}); the whole "
+        f"run took {meta['seconds']:.0f} s. Times are indicative on a shared machine; memory is the peak RSS growth "
+        "over the RSS when the snippet starts (a thread samples /proc/self/statm every millisecond; tracemalloc "
+        "would not see tensors), after `malloc_trim`; each tool runs in its own process.",
+        "",
+        "- **share**: the position-0 attention share per layer, the mean over heads and queries t ≥ 1 of a_{t,0} "
+        "([pos0_share](../definitions.md#sink-statistics));",
+        f"- **inject**: a fixed vector (4 · N(0, 1), seed 1) added to the value read at position {POS} of layer "
+        "L // 2: the change of the mean next-token loss;",
+        "- **knockout**: key 0 masked for every head of layer L // 2 (queries t ≥ 1; query 0 sees no other key): "
+        "the change of the loss.",
+        "",
+        "## What each does better",
+        "",
+        *findings(doc),
+        "",
+        "## Lines of code",
+        "",
+        "The body of each snippet below, without blank lines, comments or the `def` line; loading the model (one "
+        "line for each tool) is not counted.",
+        "",
+        *lines_table(doc),
+        "",
+        "## The answers agree",
+        "",
+        *agreement_table(doc),
+        "",
+        f"## Time and memory at T = {T:,}",
+        "",
+        "Wall seconds of the snippet (both forwards of an edit: the clean one and the edited one) and its peak RSS "
+        "growth in MiB.",
+        "",
+        *at_ctx_table(doc, T),
+        "",
+        "## The longest context each reaches",
+        "",
+        f"The context doubles from {T:,} (up to {meta['settings']['max_ctx']:,}) while the next doubling is expected "
+        f"to stay under {meta['settings']['cap_s']:g} s for one question and {meta['settings']['cap_gb']:g} GiB of "
+        "growth (each scaled by what the last doubling cost): a bounded try on a shared machine, not a crash test.",
+        "",
+        *longest_table(doc),
+        "",
+        '<!-- figure of "docs/data/side_by_side.csv" by benchmarks.side_by_side.figure -->',
+        "",
+        "## Hooks",
+        "",
+        "Counts of names (every layer's) as `benchmarks/hook_names.py` counts them, after one `run_with_cache` on "
+        "each side.",
+        "",
+        *hooks_table(doc),
+        "",
+        "## The snippets",
+        "",
+        f"Each as it stands in `benchmarks/side_by_side.py`, with its wall time and memory on tiny {SHOWN} at "
+        f"T = {T:,}.",
+        "",
+        *snippets_section(doc),
+    ]
+    return "\n".join(lines).rstrip() + "\n"

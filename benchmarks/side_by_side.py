@@ -32,6 +32,7 @@ import ctypes
 import gc
 import inspect
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -110,10 +111,8 @@ def tl_knockout(bridge, ids, layer):
         return scores
 
     clean = bridge(ids, return_type="loss")
-    cut_loss = bridge.run_with_hooks(
-        ids, fwd_hooks=[(f"blocks.{layer}.attn.hook_attn_scores", cut)], return_type="loss"
-    )
-    return float(cut_loss - clean)
+    hooks = [(f"blocks.{layer}.attn.hook_attn_scores", cut)]
+    return float(bridge.run_with_hooks(ids, fwd_hooks=hooks, return_type="loss") - clean)
 
 
 def nnsight_share(lm, windows):
@@ -385,13 +384,7 @@ def measure(models: list, ctx: int, max_ctx: int, cap_s: float, cap_gb: float) -
 
 def write_data(result: dict, meta: dict, directory: Path = DATA) -> dict:
     """docs/data/side_by_side.csv (one row per model, tool, question and T) and .json (the rows, the agreement, the
-    hook counts, the lines, the models skipped and the run's settings), written atomically."""
-    import pandas as pd
-
-    from probe.writes import json_safe, write_files
-
-    table = pd.DataFrame(result["rows"])
-    table["answer"] = [json.dumps(a) if isinstance(a, list) else a for a in table["answer"]]
+    hook counts, the lines, the models skipped and the run's settings), written atomically; the JSON's document."""
     doc = {
         "meta": meta,
         "rows": result["rows"],
@@ -399,9 +392,22 @@ def write_data(result: dict, meta: dict, directory: Path = DATA) -> dict:
             {"model": m, "question": q, "T": T, "max_diff": d} for (m, q, T), d in result["agreement"].items()
         ],
         "hooks": result["hooks"],
-        "lines": {t: {q: lines_of(t, q) for q in QUESTIONS} for t in TOOLS},
         "skipped": result["skipped"],
     }
+    return write_doc(doc, directory)
+
+
+def write_doc(doc: dict, directory: Path = DATA) -> dict:
+    """The CSV and the JSON of ``doc``, its lines counted from the snippets as they stand (a property of the code)."""
+    import pandas as pd
+
+    from probe.writes import json_safe, write_files
+
+    doc["lines"] = {t: {q: lines_of(t, q) for q in QUESTIONS} for t in TOOLS}
+    for r in doc["rows"]:
+        r["lines"] = doc["lines"][r["tool"]][r["question"]]
+    table = pd.DataFrame(doc["rows"])
+    table["answer"] = [json.dumps(a) if isinstance(a, list) else a for a in table["answer"]]
     write_files(
         directory,
         {
@@ -429,13 +435,14 @@ def main(argv=None) -> int:
     ap.add_argument("--page-only", action="store_true", help="rewrite the page from docs/data/side_by_side.json")
     args = ap.parse_args(argv)
     if args.page_only:
-        atomic_write(PAGE, page(json.loads((DATA / "side_by_side.json").read_text(encoding="utf-8"))))
+        doc = write_doc(json.loads((DATA / "side_by_side.json").read_text(encoding="utf-8")))
+        atomic_write(PAGE, page(doc))
         return 0
     bad = [m for m in args.models if m not in (*TINY, GEMMA)]
     if bad:
         print(f"side_by_side.py: unknown model {bad[0]!r}: choose from {', '.join((*TINY, GEMMA))}", file=sys.stderr)
         return 2
-    t0 = time.perf_counter()
+    t0, load_start = time.perf_counter(), os.getloadavg()[0]
     result = measure(args.models, args.ctx, args.max_ctx, args.cap_s, args.cap_gb)
     meta = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
@@ -443,6 +450,7 @@ def main(argv=None) -> int:
         "settings": vars(args),
         "versions": versions(),
         "threads": 2,
+        "load_average": [round(load_start, 1), round(os.getloadavg()[0], 1)],  # at the start and at the end
     }
     print(f"{len(result['rows'])} rows in {meta['seconds']} s")
     if not args.no_page:
@@ -586,7 +594,7 @@ def snippets_section(doc: dict) -> list[str]:
             wall = f"{shown[0]['seconds']:.2f} s" if shown else "not run"
             memory = f"{shown[0]['growth_mib']:,.1f} MiB RSS growth" if shown else "not run"
             out += [
-                f"**{tool}** ({doc['lines'][tool][q]} lines)",
+                f"**{tool}** ({doc['lines'][tool][q]} {'line' if doc['lines'][tool][q] == 1 else 'lines'})",
                 "",
                 f"<!-- copied from a run; settings: benchmarks/side_by_side.py, tiny {SHOWN}, T = "
                 f"{doc['meta']['settings']['ctx']:,}; wall: {wall}; memory: {memory} -->",
@@ -607,6 +615,21 @@ def _longest(doc: dict, model: str, tool: str) -> int:
     return max(r["T"] for r in _by(doc, model=model, tool=tool))
 
 
+def _real_model(doc: dict, T: int) -> list[str]:
+    """The Gemma 3 270M bullet, where it ran."""
+    if not _by(doc, model=GEMMA):
+        return []
+    cells = []
+    for t in TOOLS:
+        r = {q: _by(doc, model=GEMMA, tool=t, question=q, T=T)[0] for q in QUESTIONS}
+        parts = ", ".join(f"{q} {r[q]['seconds']:.0f} s / {r[q]['growth_mib']:,.0f} MiB" for q in QUESTIONS)
+        cells.append(f"{t}: {parts}")
+    return [
+        f"- **Gemma 3 270M** (T = {T:,}, wall s / RSS growth): " + "; ".join(cells) + ". Its 262k-token vocabulary "
+        "makes the logits alone 1 GiB, which every tool's loss pays; the position-0 share needs no logits in probe."
+    ]
+
+
 def findings(doc: dict) -> list[str]:
     """What each tool does better, from this run's numbers (and, marked so, what this run does not measure)."""
     T = doc["meta"]["settings"]["ctx"]
@@ -617,7 +640,9 @@ def findings(doc: dict) -> list[str]:
     hooks = doc["hooks"].get(SHOWN, {})
 
     def growth(t):
-        return f"{share[t][0]['growth_mib']:,.0f} MiB" if share[t] else "–"
+        twice = _by(doc, model=SHOWN, tool=t, question="share", T=2 * T)
+        at = [f"{r[0]['growth_mib']:,.0f}" for r in (share[t], twice) if r]
+        return " → ".join(at) + " MiB" if at else "–"
 
     def reach(t):
         return ", ".join(f"{m} {longest[t][m]:,}" for m in tiny)
@@ -628,12 +653,15 @@ def findings(doc: dict) -> list[str]:
         "needs: the HF module tree differs by family, and the knockout reaches into the attention mask the layer is "
         "handed). probe's position-0 share is one call (`sink_stats`) and its knockout one registered intervention "
         "(`Knockout`); the other two tools assemble both from hooks.",
-        f"- **Memory of the position-0 share** (tiny {SHOWN}, T = {T:,}): probe {growth('probe')}, TransformerLens "
-        f"{growth('TransformerLens')}, nnsight {growth('nnsight')} of RSS growth. probe's statistic streams row "
-        "masses from q and k (no T × T tensor kept, O(T) memory); the other two read every layer's T × T pattern "
-        "from HF's eager attention.",
+        f"- **Memory of the position-0 share** (tiny {SHOWN}, T = {T:,} → {2 * T:,}): probe {growth('probe')}, "
+        f"TransformerLens {growth('TransformerLens')}, nnsight {growth('nnsight')} of RSS growth. probe's statistic "
+        "streams row masses from q and k (no T × T tensor kept, O(T) memory); the other two read every layer's "
+        "T × T pattern from HF's eager attention, which doubling T quadruples.",
+        *_real_model(doc, T),
         f"- **Longest context reached** within the caps: probe {reach('probe')}; TransformerLens "
-        f"{reach('TransformerLens')}; nnsight {reach('nnsight')} (the table above says why each stopped).",
+        f"{reach('TransformerLens')}; nnsight {reach('nnsight')}. On this loaded machine the time cap, whose "
+        "forecast from one doubling is noisy, stopped most of them (the table below says which); the memory columns "
+        "are the steadier comparison.",
         f"- **Hooks.** On tiny {SHOWN} probe exposes {hooks.get('probe', '–')} hook names and the bridge "
         f"{hooks.get('TransformerLens', '–')} TransformerLens names ({hooks.get('shared', '–')} in both; "
         "[Hook names](../reference/hook-names.md) lists the differences family by family): probe's own are the "
@@ -665,10 +693,11 @@ def page(doc: dict) -> str:
         "(`TransformerBridge.boot_transformers`, HF eager attention) and nnsight (`LanguageModel` over the HF model, "
         f"eager attention): a tiny gpt2, a tiny llama and a tiny Gemma 3 built by `probe.checkpoints.tiny` and saved "
         f"with `save_pretrained`, and Gemma 3 270M (`probe-attn[gemma]`) at T = {T:,} only.{skipped} One window of "
-        "random token ids, the same for every tool. Measured on "
-        f"{meta['date']} on this project's shared 2-core CPU machine (2 torch threads, under `nice`; {vs}); the whole "
-        f"run took {meta['seconds']:.0f} s. Times are indicative on a shared machine; memory is the peak RSS growth "
-        "over the RSS when the snippet starts (a thread samples /proc/self/statm every millisecond; tracemalloc "
+        f"random token ids, the same for every tool. Measured on {meta['date']} on this project's 2-core CPU machine "
+        f"(2 torch threads; {vs}), shared with other work: load average {meta['load_average'][0]:g} at the start and "
+        f"{meta['load_average'][1]:g} at the end; the whole run took {meta['seconds']:.0f} s. So the times are only "
+        "indicative (and the time cap stops a tool early); memory is the peak RSS growth over the RSS when the "
+        "snippet starts (a thread samples /proc/self/statm every millisecond; tracemalloc "
         "would not see tensors), after `malloc_trim`; each tool runs in its own process.",
         "",
         "- **share**: the position-0 attention share per layer, the mean over heads and queries t ≥ 1 of a_{t,0} "
@@ -685,7 +714,8 @@ def page(doc: dict) -> str:
         "## Lines of code",
         "",
         "The body of each snippet below, without blank lines, comments or the `def` line; loading the model (one "
-        "line for each tool) is not counted.",
+        "line for each tool) is not counted. nnsight's counts add, for each helper a snippet calls, the helper's "
+        "`def` and body and one line of module paths (a user writes the path for the family at hand).",
         "",
         *lines_table(doc),
         "",

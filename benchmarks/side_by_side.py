@@ -460,12 +460,6 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["--worker"]:
-        raise SystemExit(worker(sys.argv[2:]))
-    raise SystemExit(main())
-
-
 # ------------------------------------------------------------------------------------------------ the page
 
 SHOWN = "llama"  # the model whose T = 1024 wall time and memory the snippets on the page are shown with
@@ -656,7 +650,7 @@ def findings(doc: dict) -> list[str]:
         f"- **Memory of the position-0 share** (tiny {SHOWN}, T = {T:,} → {2 * T:,}): probe {growth('probe')}, "
         f"TransformerLens {growth('TransformerLens')}, nnsight {growth('nnsight')} of RSS growth. probe's statistic "
         "streams row masses from q and k (no T × T tensor kept, O(T) memory); the other two read every layer's "
-        "T × T pattern from HF's eager attention, which doubling T quadruples.",
+        "T × T pattern from HF's eager attention (O(T²) memory per layer).",
         *_real_model(doc, T),
         f"- **Longest context reached** within the caps: probe {reach('probe')}; TransformerLens "
         f"{reach('TransformerLens')}; nnsight {reach('nnsight')}. On this loaded machine the time cap, whose "
@@ -755,3 +749,9 @@ def page(doc: dict) -> str:
         *snippets_section(doc),
     ]
     return "\n".join(lines).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        raise SystemExit(worker(sys.argv[2:]))
+    raise SystemExit(main())

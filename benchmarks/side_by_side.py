@@ -663,7 +663,7 @@ def findings(doc: dict) -> list[str]:
         "aggregated `hook_v_out` and the sink logit. nnsight has no names: it reads and sets any of the HF model's "
         f"{hooks.get('nnsight_modules', '–')} modules' inputs and outputs, and through `.source` the operations "
         "inside a forward: the broadest reach of the three, paid for in module paths per family.",
-        "- **Agreement.** All three give the same answers (the table above; tolerance 1e-4 absolute in fp32, the "
+        "- **Agreement.** All three give the same answers (the table below; tolerance 1e-4 absolute in fp32, the "
         "script asserts it), so the choice between them is one of convenience, reach and cost, not of numbers.",
         "- **Not measured here.** TransformerLens's strength is the breadth of its ecosystem: the many architectures "
         "`HookedTransformer` and the bridge load, and the tutorials, SAE and circuit tools built on its names. "

@@ -1,6 +1,11 @@
-"""Models the benchmarks share: the custom tiny-tier baseline, or a random GPT-NeoX of pythia-160m's shape."""
+"""What the benchmarks share: the custom tiny-tier baseline, a random GPT-NeoX of pythia-160m's shape, and a peak-RSS
+meter."""
 
 from __future__ import annotations
+
+import os
+import threading
+import time
 
 
 def build(kind: str, seed: int = 0):
@@ -36,3 +41,33 @@ def pythia_160m_config(max_positions: int = 2048):
         max_position_embeddings=max_positions,
         tie_word_embeddings=False,
     )
+
+
+class PeakRSS:
+    """Peak resident-set growth (bytes) over the RSS at entry, sampled by a background thread."""
+
+    def __init__(self, interval: float = 0.001):
+        self.interval, self.page = interval, os.sysconf("SC_PAGE_SIZE")
+
+    def rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def __enter__(self):
+        self.start = self.peak = self.rss()
+        self.running = True
+
+        def sample():
+            while self.running:
+                self.peak = max(self.peak, self.rss())
+                time.sleep(self.interval)
+
+        self.thread = threading.Thread(target=sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+        self.peak = max(self.peak, self.rss())
+        self.growth = self.peak - self.start

@@ -17,41 +17,9 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
-import threading
 import time
 
-from common import build  # benchmarks/common.py (scripts run with benchmarks/ on sys.path)
-
-
-class PeakRSS:
-    """Peak resident-set growth (bytes) over the RSS at entry, sampled by a background thread."""
-
-    def __init__(self, interval: float = 0.001):
-        self.interval, self.page = interval, os.sysconf("SC_PAGE_SIZE")
-
-    def rss(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * self.page
-
-    def __enter__(self):
-        self.start = self.peak = self.rss()
-        self.running = True
-
-        def sample():
-            while self.running:
-                self.peak = max(self.peak, self.rss())
-                time.sleep(self.interval)
-
-        self.thread = threading.Thread(target=sample, daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.running = False
-        self.thread.join()
-        self.peak = max(self.peak, self.rss())
-        self.growth = self.peak - self.start
+from common import PeakRSS, build  # benchmarks/common.py (scripts run with benchmarks/ on sys.path)
 
 
 def worker(method: str, args, queue):

@@ -103,9 +103,10 @@ def tiny_tokenizer(vocab_size: int = VOCAB):
     )
 
 
-def tiny_model(family: str, seed: int = 0, dtype=None):
+def tiny_model(family: str, seed: int = 0, dtype=None, positions: int | None = None):
     """A random tiny HF causal LM (eager attention) of ``family`` (one of FAMILIES or any transformers
-    model_type): learned sinks, biases and norm gains drawn away from their initial values, so that each matters."""
+    model_type): learned sinks, biases and norm gains drawn away from their initial values, so that each matters.
+    ``positions``: the longest context, in place of the tiny config's (a learned position table grows with it)."""
     from transformers import AutoModelForCausalLM
 
     from probe.checkpoints.tiny_configs import check_tiny
@@ -113,6 +114,8 @@ def tiny_model(family: str, seed: int = 0, dtype=None):
     config = tiny_config(family)
     if family not in FAMILIES:
         check_tiny(config)
+    if positions is not None:
+        config.max_position_embeddings = positions  # GPT-2's n_positions too (its attribute map)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     if model._can_set_experts_implementation():  # an expert loop, which any dtype runs (grouped_mm: no fp64)
@@ -132,9 +135,9 @@ def tiny_model(family: str, seed: int = 0, dtype=None):
     return model.eval()
 
 
-def build_tiny(family: str, directory: str | Path, seed: int = 0) -> Path:
+def build_tiny(family: str, directory: str | Path, seed: int = 0, positions: int | None = None) -> Path:
     directory = Path(directory)
-    tiny_model(family, seed).save_pretrained(directory)
+    tiny_model(family, seed, positions=positions).save_pretrained(directory)
     tiny_tokenizer().save_pretrained(directory)
     return directory
 

@@ -12,7 +12,8 @@ Made at build time, in parallel, while MkDocs reads the pages (``figures.py`` an
     <!-- figure 2,3: probe ... -->                           its second and third
     <!-- figure at layer 1: probe view ... -->               a figure with layer and head pickers, opened at layer 1
     <!-- figure of "docs/data/x.csv" by module.function -->  module.function(pandas.read_csv(x.csv)), a committed run's
-                                                           table drawn by probe's own figure function
+                                                           table drawn by probe's own figure function (or a
+                                                           benchmark's: the module may be the repository's)
     <!-- notebook "notebooks/quickstart.ipynb" -->          the notebook, executed, with its outputs and figures
 
 Figures are interactive plotly (the site carries plotly.js in assets/), each with the command that drew it. A figure
@@ -305,6 +306,8 @@ def fill(markdown: str, page: str, raw) -> str:
         import pandas as pd
 
         module, _, name = m["function"].rpartition(".")
+        if str(ROOT) not in sys.path:  # a repository module (benchmarks.side_by_side), whichever way mkdocs started
+            sys.path.insert(0, str(ROOT))
         fig = getattr(importlib.import_module(module), name)(pd.read_csv(ROOT / m["path"]))
         caption = f"*Drawn at build by* `{m['function']}` *from* `{m['path']}`"
         return raw(("plotly", json.loads(fig.to_json()), None)) + "\n\n" + caption

@@ -120,7 +120,7 @@ def register_neurons(model, data, opts: RegisterOptions = RegisterOptions()) -> 
     if not counts["with_outliers"]:
         raise ValueError(
             f"model {info.name!r}: no window has a position whose norm at block {detect_layer(info, opts)} passes the "
-            "threshold; lower it (norm_threshold / norm_ratio) or give more windows"
+            "threshold (norm_threshold / norm_ratio; probe sinks: --register-norm-ratio); lower it or give more windows"
         )
     neurons = rank_neurons([s / counts["with_outliers"] for s in sums], opts)
     meta = describe(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from probe.cli.flags import DEFAULT_MODEL, analysis_parser, eps_flag, nonfinite_flag, output_flags, protocol_flag
+from probe.options import positive_float, positive_int
 
 VERB = "sinks"  # this module is `probe sinks` (probe.cli.main finds verbs by this line)
 RANK = 40  # its place in `probe --help`
@@ -33,6 +34,22 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--kurtosis",
         action="store_true",
         help="also report the kurtosis of neuron RMS per layer, outlier features (He et al. 2024)",
+    )
+    p.add_argument(
+        "--register-neurons",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="also report the K top register neurons (Jiang et al. 2025: MLP neurons large at the high-norm "
+        "positions; one more forward per batch)",
+    )
+    p.add_argument(
+        "--register-norm-ratio",
+        type=positive_float,
+        default=10.0,
+        metavar="R",
+        help="--register-neurons: a high-norm position's norm at the last block exceeds R x the window's median "
+        "(default 10)",
     )
     nonfinite_flag(p)
     output_flags(p)
@@ -115,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
         kur = found["kurtosis"]
         for k in ("summary", "layers", "batches"):
             result[f"kurtosis_{k}"] = kur[k]
+    if args.register_neurons:
+        result["register_neurons"] = _register_neurons(model, eb, args.register_neurons, args.register_norm_ratio)
     publish(
         run.output,
         "sinks",
@@ -124,6 +143,17 @@ def run(args: argparse.Namespace) -> int:
         figure_inputs={"dormant_result": found["dormant"]} if args.dormant else None,
     )
     return 0
+
+
+def _register_neurons(model, windows, top_k: int, ratio: float):
+    """The top_k register neurons (probe.analyses.register_neurons), outliers above ``ratio`` x the median norm."""
+    from probe.analyses.register_neurons import RegisterOptions, register_neurons
+    from probe.errors import UsageError
+
+    try:
+        return register_neurons(model, windows, RegisterOptions(top_k=top_k, norm_ratio=ratio))["neurons"]
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def run_sweep(args: argparse.Namespace, contexts: list[int]) -> int:
@@ -151,11 +181,11 @@ def run_sweep(args: argparse.Namespace, contexts: list[int]) -> int:
             f"--dormant takes one --ctx, got {len(contexts)} ({' '.join(map(str, contexts))}); "
             "give one length, or leave out --dormant"
         )
-    for flag in ("entropy", "kurtosis"):
+    for flag in ("entropy", "kurtosis", "register_neurons"):
         if getattr(args, flag, False):
             raise UsageError(
-                f"--{flag} takes one --ctx, got {len(contexts)} ({' '.join(map(str, contexts))}); "
-                f"give one length, or leave out --{flag}"
+                f"--{flag.replace('_', '-')} takes one --ctx, got {len(contexts)} ({' '.join(map(str, contexts))}); "
+                f"give one length, or leave out --{flag.replace('_', '-')}"
             )
     contexts = sorted(contexts)
     args.ctx = contexts[0]

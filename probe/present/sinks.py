@@ -44,6 +44,7 @@ DESCRIPTIONS = {
     "sinks_kurtosis_summary.csv": "outlier features (He et al.): kurtosis of neuron RMS over layers",
     "sinks_kurtosis_layers.csv": "kurtosis of neuron RMS per layer (residual stream after each block), jackknife s.e.",
     "sinks_kurtosis_batches.csv": "kurtosis of neuron RMS per evaluation batch and layer",
+    "sinks_register_neurons.csv": "register neurons (Jiang et al.): MLP neurons large at the high-norm positions",
 }
 
 
@@ -177,6 +178,8 @@ def sink_sections(result: dict) -> dict:
                 drop_ids(result["entropy_layers"]),
             )
         )
+    if "register_neurons" in result:
+        tables.append(("Register neurons (Jiang et al.; mean |mlp.hook_post| at high-norm positions)", drop_ids(result["register_neurons"])))
     if "kurtosis_layers" in result:
         tables.append(
             (
@@ -367,6 +370,12 @@ def text(result: dict) -> str:
             "",
             "outlier features per layer (He et al.; kurtosis of neuron RMS after each block, 1 = all equal):",
             show(result["kurtosis_layers"], ["layer", "kurtosis", "kurtosis_se", "max_neuron", "max_over_rms"]),
+        ]
+    if "register_neurons" in result:
+        lines += [
+            "",
+            "register neurons (Jiang et al.; mean |mlp.hook_post| at the high-norm positions, best first):",
+            show(result["register_neurons"], ["rank", "layer", "neuron", "score"]),
         ]
     bad = nonfinite(result)
     if bad is not None:  # the numbers above, marked; no verdict drawn from them

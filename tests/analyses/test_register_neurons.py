@@ -3,11 +3,14 @@ test-time register moving its high norm."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from probe.hooks import names
 
 from probe.analyses.register_neurons import RegisterOptions, outlier_positions, rank_neurons, window_scores
 
@@ -53,3 +56,124 @@ def test_relative_threshold_marks_the_high_norm_position():
     norms = torch.tensor([50.0, 1.0, 1.2, 0.9, 1.1, 6.0])
     assert outlier_positions(norms, RegisterOptions()).tolist() == [0]  # 10 x median 1.1 = 11
     assert outlier_positions(norms, RegisterOptions(norm_ratio=5.0)).tolist() == [0, 5]
+
+
+PLANTED = 5  # the planted register neuron of layer 0
+
+
+def planted_model():
+    """A tiny SwiGLU model whose layer-0 neuron PLANTED fires only on token 0 (along residual direction 0, which no
+    other token and no attention output holds) and writes a large norm; windows put token 0 at position 0 only."""
+    from tests.support.analyses import tiny
+
+    model = tiny("baseline")
+    with torch.no_grad():
+        model.embed.weight[:, 0] = 0
+        model.embed.weight[0] = 0
+        model.embed.weight[0, 0] = 10.0
+        for block in model.blocks:
+            block.attn.o_proj.weight[0] = 0  # attention never writes direction 0
+            block.mlp.gate.weight[:, 0] = 0  # and no neuron reads it ...
+            block.mlp.up.weight[:, 0] = 0
+        mlp = model.blocks[0].mlp
+        mlp.gate.weight[PLANTED] = 0  # ... but PLANTED, which reads only it
+        mlp.up.weight[PLANTED] = 0
+        mlp.gate.weight[PLANTED, 0] = 1.0
+        mlp.up.weight[PLANTED, 0] = 1.0
+        mlp.down.weight[:, PLANTED] = 0
+        mlp.down.weight[1, PLANTED] = 5.0  # direction 1: the high norm it writes
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(1, 97, (2, 3, 17), generator=g)
+    tokens[..., 0] = 0
+    return model, tokens
+
+
+def test_the_planted_neuron_is_the_top_register_neuron():
+    from probe.analyses.register_neurons import register_neurons
+
+    model, tokens = planted_model()
+    out = register_neurons(model, tokens, RegisterOptions(top_k=3))
+    meta = out["meta"].iloc[0]
+    assert meta["n_with_outliers"] == meta["n_windows"] == 6 and meta["outlier_pos0_share"] == 1.0
+    top = out["neurons"].iloc[0]
+    assert (top["layer"], top["neuron"]) == (0, PLANTED)
+    assert top["score"] > 5 * out["neurons"].iloc[1]["score"]
+
+
+def last_norms(model, ids, hooks=()):
+    got = {}
+    name = names.resid(model.probe_info.n_layers - 1, "post")
+
+    def keep(x, hook):
+        got["h"] = x.norm(dim=-1)  # B,T
+
+    with torch.no_grad():
+        model.run_with_hooks(ids, fwd_hooks=[*hooks, (name, keep)])
+    return got["h"]
+
+
+@pytest.mark.parametrize("at", ["start", "end"])
+def test_the_register_takes_the_high_norm(at):
+    from probe.analyses.interventions import TestTimeRegister
+
+    model, tokens = planted_model()
+    ids = tokens[0, :, :-1]
+    clean = last_norms(model, ids)
+    assert (clean[:, 0] > 5 * clean[:, 1:].max(1).values).all()  # the planted outlier at position 0
+    edit = TestTimeRegister(((0, PLANTED),), at)
+    from probe.analyses.interventions import Ablation
+
+    moved = last_norms(model, edit.extend(ids), edit.hooks(model, Ablation(edit)))
+    T = ids.shape[1]
+    text, register = moved[:, edit.text_slice(T)], moved[:, edit.register_index(T)]
+    assert (register > 5 * text.max(1).values).all()  # the high norm left the text for the register
+    assert (text[:, 0] < clean[:, 0] / 5).all()
+    alone = TestTimeRegister((), at)
+    kept = last_norms(model, alone.extend(ids), alone.hooks(model, Ablation(alone)))
+    assert (kept[:, alone.text_slice(T)][:, 0] > 5 * kept[:, alone.register_index(T)]).all()  # token alone: no move
+
+
+def test_ablate_reports_the_register_and_its_control():
+    from probe.analyses.ablate import ablate
+
+    model, tokens = planted_model()
+    res = ablate(model, tokens, ["register"], progress=False, register_at=("start", "end"))["results"]
+    meta_neurons = res.attrs["meta"]["register_neurons"].split()
+    assert meta_neurons[0] == f"0:{PLANTED}" and len(meta_neurons) == 10
+    rows = res.set_index("setting")
+    assert list(rows.index) == ["10 neurons,at=start", "10 neurons,at=end", "token only,at=start", "token only,at=end"]
+    assert (rows["scope"] == "model").all() and rows["pos0_share_clean"].nunique() == 1
+    # a token after the text is seen by no text query of a causal LM: alone it changes nothing
+    alone = rows.loc["token only,at=end"]
+    assert abs(alone["delta"]) < 1e-5 and abs(alone["pos0_share_ablated"] - alone["pos0_share_clean"]) < 1e-6
+    assert rows.loc[["10 neurons,at=end", "token only,at=end"], "register_share"].eq(0).all()
+    assert rows.loc["10 neurons,at=start", "register_share"] > 0
+
+
+def test_the_cli_moves_named_neurons_and_sinks_lists_them(tmp_path, capsys):
+    import pandas as pd
+
+    from probe.cli import main
+    from tests.support.cli import WINDOWS, assert_one_line_error
+
+    code = main(
+        ["ablate", "--model", "probe/tiny-baseline", *WINDOWS, "--register-neurons", "0:1", "1:2"]
+        + ["--register-at", "end", "--out", str(tmp_path / "ab"), "--quiet"]
+    )
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    res = pd.read_csv(tmp_path / "ab" / "ablate_results.csv")
+    assert res["setting"].tolist() == ["2 neurons,at=end", "token only,at=end"]
+    assert "register_share" in out.out
+    sinks = ["sinks", "--model", "probe/tiny-baseline", *WINDOWS, "--register-neurons", "3"]
+    code = main([*sinks, "--quiet"])  # a random tiny model: no position ten times the median norm
+    assert_one_line_error(subprocess.CompletedProcess([], code, *capsys.readouterr()), "--register-norm-ratio")
+    code = main([*sinks, "--register-norm-ratio", "1.2", "--out", str(tmp_path / "s"), "--quiet"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "register neurons" in out.out
+    top = pd.read_csv(tmp_path / "s" / "sinks_register_neurons.csv")
+    assert top["rank"].tolist() == [0, 1, 2] and top["score"].is_monotonic_decreasing
+    code = main(["ablate", "--register-neurons", "1-2"])
+    r = subprocess.CompletedProcess([], code, *capsys.readouterr())
+    assert_one_line_error(r, "expected layer:neuron", "got '1-2'")

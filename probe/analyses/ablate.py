@@ -174,6 +174,7 @@ def ablate(
     mech = find_mechanisms(model, w.inputs(0, device))
     settings = _with_register_neurons(model, w, interventions, settings)
     conds = plan(model, mech, interventions, **settings)
+    _check_room(conds, T, info)
     kw = loss_forward_kwargs(model)
     mine = batches_of_rank(len(w))
     want_means = any(c.edit.needs_gate_means() for c in conds)
@@ -257,6 +258,17 @@ def _condition_losses(model, c: Ablation, ids, tgt, kw, found, clean_shares: dic
         "register_sum": sums.get("register", nan),
     }
     return lost, shares
+
+
+def _check_room(conds: list[Ablation], T: int, info) -> None:
+    """One AblationError line when a condition's added tokens (a test-time register) take a window past the
+    model's context."""
+    extra = max((c.edit.extra_tokens for c in conds), default=0)
+    if T + extra > info.n_ctx:
+        raise AblationError(
+            f"a test-time register adds {extra} token to windows of {T}, past the context {info.n_ctx} of model "
+            f"{info.name!r}: give windows of at most {info.n_ctx - extra} tokens (--ctx)"
+        )
 
 
 def _with_register_neurons(model, w, interventions, settings: dict) -> dict:

@@ -11,7 +11,7 @@ to the ``top_k`` best (their notebook's ``filter_layers`` and ``top_k``).
 
 Departure for causal LMs: the authors' absolute norm threshold (30 for OpenCLIP ViT-B/16, 150 for DINOv2-L) is a
 per-model setting; ``norm_threshold=None`` (the default) sets it per window to ``norm_ratio`` times the median norm
-over the window's positions.
+over the window's positions; ``sink_position=True`` takes position 0 (the sink) as every window's one outlier.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class RegisterOptions:
 
     norm_threshold: float | None = None  # absolute outlier norm (theirs: 30 / 150); None: norm_ratio x median
     norm_ratio: float = NORM_RATIO
+    sink_position: bool = False  # the outlier is position 0 (the sink) in every window, whatever the norms
     detect_layer: int = -1  # the block whose output norms mark the outliers (negative: from the last)
     highest_layer: int | None = None  # only neurons of layers <= this (None: every layer)
     top_k: int = 10
@@ -44,7 +45,10 @@ class RegisterOptions:
 
 
 def outlier_positions(norms: torch.Tensor, opts: RegisterOptions) -> torch.Tensor:
-    """Positions (P,) of one window whose norm (norms: (T,)) exceeds the threshold, strictly (theirs: ``>``)."""
+    """Positions (P,) of one window whose norm (norms: (T,)) exceeds the threshold, strictly (theirs: ``>``);
+    position 0 alone with ``sink_position``."""
+    if opts.sink_position:
+        return torch.zeros(1, dtype=torch.long)
     threshold = opts.norm_threshold
     if threshold is None:
         threshold = opts.norm_ratio * float(norms.median())
@@ -87,6 +91,17 @@ def detect_layer(info, opts: RegisterOptions) -> int:
     return opts.detect_layer % L
 
 
+def _captured(model, ids: torch.Tensor, hook_names: list[str]) -> dict[str, torch.Tensor]:
+    """The tensors at ``hook_names`` of one forward, fp64 on the CPU."""
+    got: dict[str, torch.Tensor] = {}
+
+    def keep(x, hook):
+        got[hook.name] = x.detach().double().cpu()
+
+    model.run_with_hooks(ids, fwd_hooks=[(h, keep) for h in hook_names])
+    return got
+
+
 @torch.no_grad()
 def register_neurons(model, data, opts: RegisterOptions = RegisterOptions()) -> dict[str, pd.DataFrame]:
     """The top register neurons of ``model`` over the windows of ``data``: tables ``neurons`` (rank, layer, neuron,
@@ -99,12 +114,7 @@ def register_neurons(model, data, opts: RegisterOptions = RegisterOptions()) -> 
     sums: list | None = None
     counts = {"windows": 0, "with_outliers": 0, "outliers": 0, "outliers_at_0": 0}
     for n in batches_of_rank(len(w)):
-        got: dict[str, torch.Tensor] = {}
-
-        def keep(x, hook):
-            got[hook.name] = x.detach().double().cpu()
-
-        model.run_with_hooks(w.inputs(n, device), fwd_hooks=[(h, keep) for h in (*posts, detect)])
+        got = _captured(model, w.inputs(n, device), [*posts, detect])
         norms = got[detect].norm(dim=-1)  # B,T
         for b in range(norms.shape[0]):
             positions = outlier_positions(norms[b], opts)
@@ -131,6 +141,7 @@ def register_neurons(model, data, opts: RegisterOptions = RegisterOptions()) -> 
         outlier_pos0_share=counts["outliers_at_0"] / counts["outliers"],
         norm_threshold=opts.norm_threshold,
         norm_ratio=opts.norm_ratio if opts.norm_threshold is None else None,
+        sink_position=opts.sink_position,
         detect_layer=detect_layer(info, opts),
         highest_layer=opts.highest_layer,
         top_k=opts.top_k,

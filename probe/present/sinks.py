@@ -179,7 +179,12 @@ def sink_sections(result: dict) -> dict:
             )
         )
     if "register_neurons" in result:
-        tables.append(("Register neurons (Jiang et al.; mean |mlp.hook_post| at high-norm positions)", drop_ids(result["register_neurons"])))
+        tables.append(
+            (
+                "Register neurons (Jiang et al.; mean |mlp.hook_post| at high-norm positions)",
+                drop_ids(result["register_neurons"]),
+            )
+        )
     if "kurtosis_layers" in result:
         tables.append(
             (

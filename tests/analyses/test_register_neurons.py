@@ -10,9 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from probe.hooks import names
-
 from probe.analyses.register_neurons import RegisterOptions, outlier_positions, rank_neurons, window_scores
+from probe.hooks import names
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "register_neurons" / "golden.safetensors"
 
@@ -56,6 +55,7 @@ def test_relative_threshold_marks_the_high_norm_position():
     norms = torch.tensor([50.0, 1.0, 1.2, 0.9, 1.1, 6.0])
     assert outlier_positions(norms, RegisterOptions()).tolist() == [0]  # 10 x median 1.1 = 11
     assert outlier_positions(norms, RegisterOptions(norm_ratio=5.0)).tolist() == [0, 5]
+    assert outlier_positions(norms, RegisterOptions(norm_ratio=5.0, sink_position=True)).tolist() == [0]
 
 
 PLANTED = 5  # the planted register neuron of layer 0
@@ -134,7 +134,7 @@ def test_the_register_takes_the_high_norm(at):
 
 
 def test_ablate_reports_the_register_and_its_control():
-    from probe.analyses.ablate import ablate
+    from probe.analyses.ablate import AblationError, ablate
 
     model, tokens = planted_model()
     res = ablate(model, tokens, ["register"], progress=False, register_at=("start", "end"))["results"]
@@ -148,6 +148,8 @@ def test_ablate_reports_the_register_and_its_control():
     assert abs(alone["delta"]) < 1e-5 and abs(alone["pos0_share_ablated"] - alone["pos0_share_clean"]) < 1e-6
     assert rows.loc[["10 neurons,at=end", "token only,at=end"], "register_share"].eq(0).all()
     assert rows.loc["10 neurons,at=start", "register_share"] > 0
+    with pytest.raises(AblationError, match="past the context 64 .* at most 63 tokens"):
+        ablate(model, torch.zeros(1, 65, dtype=torch.long), ["register"], progress=False, register_neurons=((0, 1),))
 
 
 def test_the_cli_moves_named_neurons_and_sinks_lists_them(tmp_path, capsys):

@@ -181,7 +181,7 @@ def sink_sections(result: dict) -> dict:
     if "register_neurons" in result:
         tables.append(
             (
-                "Register neurons (Jiang et al.; mean |mlp.hook_post| at high-norm positions)",
+                "Register neurons (Jiang et al.; mean |MLP activation| at the high-norm positions)",
                 drop_ids(result["register_neurons"]),
             )
         )
@@ -379,7 +379,7 @@ def text(result: dict) -> str:
     if "register_neurons" in result:
         lines += [
             "",
-            "register neurons (Jiang et al.; mean |mlp.hook_post| at the high-norm positions, best first):",
+            "register neurons (Jiang et al.; mean |MLP activation| at the high-norm positions, best first):",
             show(result["register_neurons"], ["rank", "layer", "neuron", "score"]),
         ]
     bad = nonfinite(result)

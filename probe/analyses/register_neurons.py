@@ -83,6 +83,16 @@ def rank_neurons(scores: list[torch.Tensor], opts: RegisterOptions) -> pd.DataFr
     return table
 
 
+def missing_mlp_hooks(model) -> str | None:
+    """Why ``model`` has no register neurons to find or move (one line), or None: every layer must fire
+    ``mlp.hook_post`` (a mixture-of-experts block has no one MLP activation)."""
+    info = model.probe_info
+    absent = [names.mlp(l) for l in range(info.n_layers) if names.mlp(l) not in model.hook_dict]
+    if not absent:
+        return None
+    return f"model {info.name!r} has no {absent[0]} (register neurons are MLP neurons; a mixture of experts has none)"
+
+
 def detect_layer(info, opts: RegisterOptions) -> int:
     """The block whose output marks the outliers; one ValueError line when it is not one of the model's."""
     L = info.n_layers
@@ -110,6 +120,8 @@ def register_neurons(model, data, opts: RegisterOptions = RegisterOptions()) -> 
     detect = names.resid(detect_layer(info, opts), "post")
     posts = [names.mlp(l) for l in range(info.n_layers)]
     require(model, [*posts, detect], "register neurons")
+    if why := missing_mlp_hooks(model):
+        raise ValueError(why)
     w, device = as_windows(data), model_device(model)
     sums: list | None = None
     counts = {"windows": 0, "with_outliers": 0, "outliers": 0, "outliers_at_0": 0}

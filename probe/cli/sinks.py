@@ -51,6 +51,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="--register-neurons: a high-norm position's norm at the last block exceeds R x the window's median "
         "(default 10)",
     )
+    p.add_argument(
+        "--register-at-sink",
+        action="store_true",
+        help="--register-neurons: score the neurons at position 0 (the sink) in every window instead of at the "
+        "high-norm positions",
+    )
     nonfinite_flag(p)
     output_flags(p)
     return p
@@ -87,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if len(contexts) > 1:
         return run_sweep(args, contexts)
     args.ctx = contexts[0]  # one context: the single-context run and its files (no sweep folder)
+    from probe.analyses.register_neurons import RegisterOptions
     from probe.analyses.sink_pass import sink_analyses
     from probe.cli.distributed import all_ranks_agree
     from probe.cli.flags import eps_values
@@ -133,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
         for k in ("summary", "layers", "batches"):
             result[f"kurtosis_{k}"] = kur[k]
     if args.register_neurons:
-        result["register_neurons"] = _register_neurons(model, eb, args.register_neurons, args.register_norm_ratio)
+        opts = RegisterOptions(
+            top_k=args.register_neurons, norm_ratio=args.register_norm_ratio, sink_position=args.register_at_sink
+        )
+        result["register_neurons"] = _register_neurons(model, eb, opts)
     publish(
         run.output,
         "sinks",
@@ -145,13 +155,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_neurons(model, windows, top_k: int, ratio: float):
-    """The top_k register neurons (probe.analyses.register_neurons), outliers above ``ratio`` x the median norm."""
-    from probe.analyses.register_neurons import RegisterOptions, register_neurons
+def _register_neurons(model, windows, opts):
+    """The top register neurons (probe.analyses.register_neurons) as ``opts`` asks; a model without them is one
+    line."""
+    from probe.analyses.register_neurons import register_neurons
     from probe.errors import UsageError
 
     try:
-        return register_neurons(model, windows, RegisterOptions(top_k=top_k, norm_ratio=ratio))["neurons"]
+        return register_neurons(model, windows, opts)["neurons"]
     except ValueError as e:
         raise UsageError(str(e)) from None
 

@@ -3,6 +3,7 @@ test-time register moving its high norm."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -170,12 +171,30 @@ def test_the_cli_moves_named_neurons_and_sinks_lists_them(tmp_path, capsys):
     sinks = ["sinks", "--model", "probe/tiny-baseline", *WINDOWS, "--register-neurons", "3"]
     code = main([*sinks, "--quiet"])  # a random tiny model: no position ten times the median norm
     assert_one_line_error(subprocess.CompletedProcess([], code, *capsys.readouterr()), "--register-norm-ratio")
-    code = main([*sinks, "--register-norm-ratio", "1.2", "--out", str(tmp_path / "s"), "--quiet"])
+    code = main([*sinks, "--register-norm-ratio", "1.2", "--json"])
     out = capsys.readouterr()
     assert code == 0, out.err
-    assert "register neurons" in out.out
-    top = pd.read_csv(tmp_path / "s" / "sinks_register_neurons.csv")
+    top = pd.DataFrame(json.loads(out.out)["tables"]["register_neurons"])
     assert top["rank"].tolist() == [0, 1, 2] and top["score"].is_monotonic_decreasing
+    code = main([*sinks, "--register-at-sink", "--json"])  # position 0 in every window, whatever the norms
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert len(json.loads(out.out)["tables"]["register_neurons"]) == 3
     code = main(["ablate", "--register-neurons", "1-2"])
     r = subprocess.CompletedProcess([], code, *capsys.readouterr())
     assert_one_line_error(r, "expected layer:neuron", "got '1-2'")
+
+
+def test_hf_adapters_take_the_register_and_experts_are_refused():
+    from probe.analyses.ablate import AblationError, ablate
+    from probe.checkpoints.interop import wrap
+    from probe.checkpoints.tiny import tiny_model
+
+    tokens = torch.randint(0, 96, (1, 2, 13), generator=torch.Generator().manual_seed(0))
+    llama = wrap(tiny_model("llama"))
+    res = ablate(llama, tokens, ["register"], progress=False, register_at=("end",), register_neurons=((0, 1), (1, 2)))
+    rows = res["results"].set_index("setting")
+    assert abs(rows.loc["token only,at=end", "delta"]) < 1e-5  # seen by no text query
+    assert rows.loc["2 neurons,at=end", "delta"] != 0 and rows["register_share"].eq(0).all()
+    with pytest.raises(AblationError, match=r"has no blocks\.0\.mlp\.hook_post .*mixture of experts"):
+        ablate(wrap(tiny_model("gpt_oss")), tokens, ["register"], progress=False, register_neurons=((0, 1),))

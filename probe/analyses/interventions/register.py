@@ -18,6 +18,7 @@ from typing import ClassVar
 import torch
 
 from probe.analyses.interventions.base import Ablation, AblationError, Intervention, check_choice, register_intervention
+from probe.analyses.register_neurons import missing_mlp_hooks
 from probe.hooks import names
 
 REGISTER_PLACES = ("start", "end")  # before the text (causal LMs: seen by every query) or after it (the authors')
@@ -43,8 +44,6 @@ class TestTimeRegister(Intervention):
 
     def check(self, info) -> None:
         check_choice("register place", self.at, REGISTER_PLACES)
-        if info.lacks(names.mlp(0)) is not None:
-            raise AblationError(f"model {info.name!r} has no {names.mlp(0)}: the test-time register moves MLP neurons")
         for pair in self.neurons:
             layer, neuron = pair
             if not (0 <= layer < info.n_layers and neuron >= 0):
@@ -99,6 +98,8 @@ class TestTimeRegister(Intervention):
     @classmethod
     def conditions(cls, model, mech, opts) -> list[Ablation]:
         info = model.probe_info
+        if why := missing_mlp_hooks(model):
+            raise AblationError(why)
         neurons = tuple(tuple(int(x) for x in pair) for pair in opts.register_neurons)
         places = dict.fromkeys(opts.register_at)
         edits = dict.fromkeys([cls(neurons, at) for at in places] + [cls((), at) for at in places])  # (): token alone

@@ -198,3 +198,15 @@ def test_hf_adapters_take_the_register_and_experts_are_refused():
     assert rows.loc["2 neurons,at=end", "delta"] != 0 and rows["register_share"].eq(0).all()
     with pytest.raises(AblationError, match=r"has no blocks\.0\.mlp\.hook_post .*mixture of experts"):
         ablate(wrap(tiny_model("gpt_oss")), tokens, ["register"], progress=False, register_neurons=((0, 1),))
+
+
+def test_bad_register_settings_are_one_line():
+    from probe.analyses.ablate import AblationError
+    from probe.analyses.interventions import TestTimeRegister
+    from tests.support.analyses import tiny
+
+    info = tiny("baseline").probe_info
+    with pytest.raises(AblationError, match="unknown register place 'middle'; choose from start, end"):
+        TestTimeRegister(at="middle").check(info)
+    with pytest.raises(AblationError, match=r"register neuron \(2, 0\) is not in model .*layers 0..1"):
+        TestTimeRegister(((2, 0),)).check(info)

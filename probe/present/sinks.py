@@ -181,7 +181,8 @@ def sink_sections(result: dict) -> dict:
     if "register_neurons" in result:
         tables.append(
             (
-                "Register neurons (Jiang et al.; mean |MLP activation| at the high-norm positions)",
+                "Register neurons (Jiang et al.; mean |MLP activation| at the outlier positions: high norm, or "
+                "position 0 with --register-at-sink)",
                 drop_ids(result["register_neurons"]),
             )
         )
@@ -379,7 +380,7 @@ def text(result: dict) -> str:
     if "register_neurons" in result:
         lines += [
             "",
-            "register neurons (Jiang et al.; mean |MLP activation| at the high-norm positions, best first):",
+            "register neurons (Jiang et al.; mean |MLP activation| at the outlier positions, best first):",
             show(result["register_neurons"], ["rank", "layer", "neuron", "score"]),
         ]
     bad = nonfinite(result)

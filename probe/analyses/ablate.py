@@ -25,6 +25,13 @@ DepthForcing); the ``setting`` column is the edit's ``label``:
                (``positions="original"``, label ``k=K,w=W``) or within the cache as StreamingLLM assigns them
                (``positions="cache"``, label ``k=K,w=W,pos=cache``: rotary models,
                the queries re-rotated by each layer's own rotary); loss over all queries and over queries t >= k + w.
+    register   a test-time register (Jiang et al. 2025): one token with a zero embedding joins the window (before the
+               text by default, after it with ``register_at=("end",)``) and the register neurons' activations at
+               mlp.hook_post move onto it (probe.analyses.interventions.register); its position is left out of the
+               loss; the register token alone is the control. Without ``register_neurons`` the top ones of
+               probe.analyses.register_neurons over the same windows are moved. Its rows add the sink shares
+               (``pos0_share_clean`` / ``pos0_share_ablated``: the attention mass of text queries t >= 1 on the first
+               text token over softmax layers and heads, clean and edited; ``register_share``: on the register).
     depth      a depth read site's weights (hook_depth_weights over sub-layer sources; DenseFormer / MUDD
                dense.hook_weights over block states) forced to the uniform mix, to the standard residual (weight 1
                on every sub-layer source; one-hot on the latest block state for dense mixes), or, for sub-layer
@@ -52,6 +59,7 @@ from probe.analyses.capture import (
     as_windows,
     describe,
     finish,
+    logits_of,
     loss_forward_kwargs,
     make_bar,
     model_device,
@@ -68,6 +76,7 @@ from probe.analyses.interventions import (
     MAX_POSITIONS,
     MAX_SINK_LOGIT,
     POSITIONS,
+    REGISTER_PLACES,
     SOURCE_CATEGORIES,
     VALUE_MODES,
     Ablation,
@@ -80,19 +89,22 @@ from probe.analyses.interventions import (
     Knockout,
     Mechanisms,
     PhantomEdit,
+    TestTimeRegister,
     ValueEdit,
     check_positions,
     check_target,
     find_mechanisms,
+    sink_share_hooks,
 )
 from probe.analyses.layer_types import layer_meta, linear_layers, with_linear_layers
 from probe.analyses.parallel import all_sum, gather, gather_rows
+from probe.analyses.register_neurons import register_neurons
 from probe.analyses.stats import with_batch_se
 from probe.hooks import names
 from probe.kernels.sink_attention import edits
 from probe.process_group import batches_of_rank, is_main
 
-INTERVENTIONS = tuple(KINDS)  # knockout, value, phantom, gate, evict, depth (probe.analyses.interventions)
+INTERVENTIONS = tuple(KINDS)  # knockout, value, phantom, gate, evict, depth, register (probe.analyses.interventions)
 COST_REPEATS = 5  # timed clean / ablated pairs after one warm-up pair (docs/definitions.md#ablations)
 COST_SPREAD = 0.25  # the cost ratio is stated when its interquartile range is at most this fraction of its median
 
@@ -160,7 +172,9 @@ def ablate(
         raise AblationError(f"ablations need windows of at least 2 tokens, got {T}")
     device = model_device(model)
     mech = find_mechanisms(model, w.inputs(0, device))
+    settings = _with_register_neurons(model, w, interventions, settings)
     conds = plan(model, mech, interventions, **settings)
+    _check_room(conds, T, info)
     kw = loss_forward_kwargs(model)
     mine = batches_of_rank(len(w))
     want_means = any(c.edit.needs_gate_means() for c in conds)
@@ -171,11 +185,12 @@ def ablate(
     rows = []
     for n in mine:
         ids, tgt = w.inputs(n, device), w.targets(n, device)
+        clean_shares: dict = {}
         for c in conds:
             t1 = time.perf_counter()
-            lost = _ablated_losses(model, ids, tgt, ablation_hooks(model, c, mech, gate_means), kw)
+            lost, shares = _condition_losses(model, c, ids, tgt, kw, (mech, gate_means), clean_shares)
             late = c.edit.late_queries(T)
-            rows.append({**_row(c, n, clean[n], lost, late), "forward_s": time.perf_counter() - t1})
+            rows.append({**_row(c, n, clean[n], lost, late), **shares, "forward_s": time.perf_counter() - t1})
             bar.update()
     bar.close()
     ablated_s = time.perf_counter() - t0
@@ -201,6 +216,7 @@ def ablate(
         knockout_query0="clean row kept where the head has no phantom" if "knockout" in kinds else "n/a",
         eviction_positions=",".join(dict.fromkeys(opts.positions)) if "evict" in kinds else "n/a",
         gate_means="clean pass" if want_means else "n/a",
+        register_neurons=" ".join(f"{l}:{i}" for l, i in settings.get("register_neurons", ())) or "n/a",
         **cost,
         wall_s=all_sum(sum(clean_times)) + all_sum(ablated_s),
         **layer_meta(info),  # a hybrid's interventions act on its softmax layers
@@ -208,12 +224,63 @@ def ablate(
     return finish({"results": results, "per_batch": per_batch}, meta)
 
 
-def _ablated_losses(model, ids, tgt, hooks: list, kw) -> torch.Tensor:
+def _ablated_losses(model, ids, tgt, hooks: list, kw, edit: Intervention | None = None) -> torch.Tensor:
     """Per-token losses (B, T) fp64 on the CPU of one forward under ``hooks`` (the edits they hand to the attention
-    ops all taken: edits.carried)."""
+    ops all taken: edits.carried); an ``edit`` that adds tokens (a test-time register) runs on its extended ids and
+    only the text's positions are scored."""
+    T = ids.shape[1]
+    if edit is not None:
+        ids = edit.extend(ids)
     with edits.carried(model):
         out = model.run_with_hooks(ids, fwd_hooks=hooks, **kw)
+    if edit is not None and edit.extra_tokens:
+        out = logits_of(out)[:, edit.text_slice(T)]  # hidden states or logits of the text
     return output_losses(model, out, tgt).double().cpu()
+
+
+def _condition_losses(model, c: Ablation, ids, tgt, kw, found, clean_shares: dict) -> tuple[torch.Tensor, dict]:
+    """One condition's per-token losses and, for a test-time register, its row's sink-share sums (the clean ones
+    from one clean forward per batch, kept in ``clean_shares``). ``found``: (mechanisms, gate means)."""
+    hooks = ablation_hooks(model, c, *found)
+    if not c.edit.extra_tokens:
+        return _ablated_losses(model, ids, tgt, hooks, kw, c.edit), {}
+    info, T = model.probe_info, ids.shape[1]
+    if not clean_shares:
+        model.run_with_hooks(ids, fwd_hooks=sink_share_hooks(info, slice(0, T), None, clean_shares), **kw)
+    sums: dict = {}
+    hooks += sink_share_hooks(info, c.edit.text_slice(T), c.edit.register_index(T), sums)
+    lost = _ablated_losses(model, ids, tgt, hooks, kw, c.edit)
+    nan = float("nan")
+    shares = {
+        "share_rows": sums.get("rows", 0),
+        "pos0_clean_sum": clean_shares.get("pos0", nan),
+        "pos0_ablated_sum": sums.get("pos0", nan),
+        "register_sum": sums.get("register", nan),
+    }
+    return lost, shares
+
+
+def _check_room(conds: list[Ablation], T: int, info) -> None:
+    """One AblationError line when a condition's added tokens (a test-time register) take a window past the
+    model's context."""
+    extra = max((c.edit.extra_tokens for c in conds), default=0)
+    if T + extra > info.n_ctx:
+        raise AblationError(
+            f"a test-time register adds {extra} token to windows of {T}, past the context {info.n_ctx} of model "
+            f"{info.name!r}: give windows of at most {info.n_ctx - extra} tokens (--ctx)"
+        )
+
+
+def _with_register_neurons(model, w, interventions, settings: dict) -> dict:
+    """A register run without ``register_neurons`` moves the top ones of probe.analyses.register_neurons over the
+    same windows (its default options)."""
+    if "register" not in interventions or settings.get("register_neurons"):
+        return settings
+    try:
+        top = register_neurons(model, w)["neurons"]
+    except ValueError as e:
+        raise AblationError(str(e)) from None
+    return {**settings, "register_neurons": tuple(zip(top["layer"].tolist(), top["neuron"].tolist()))}
 
 
 _clock = time.perf_counter  # the cost measurement's clock (tests replace it)
@@ -229,7 +296,7 @@ def _timed_pairs(model, w, n: int, cond, mech, gate_means, device, kw, repeats: 
         output_losses(model, model.run_with_hooks(ids, fwd_hooks=[], **kw), tgt).double().cpu()
 
     def ablated():
-        _ablated_losses(model, ids, tgt, ablation_hooks(model, cond, mech, gate_means), kw)
+        _ablated_losses(model, ids, tgt, ablation_hooks(model, cond, mech, gate_means), kw, cond.edit)
 
     clean()
     ablated()
@@ -280,6 +347,7 @@ def _clean_pass(model, w, mine, device, kw, want_means: bool):
 
 
 KEYS = ["intervention", "setting", "scope", "layer", "head", "site"]
+SHARE_SUMS = ("share_rows", "pos0_clean_sum", "pos0_ablated_sum", "register_sum")  # a test-time register's rows
 
 
 def _with_linear_layers(results: pd.DataFrame, info) -> pd.DataFrame:
@@ -331,7 +399,7 @@ def _results(per_batch: pd.DataFrame) -> pd.DataFrame:
     """Pooled means over every batch (sums over tokens), delta's standard error over batches (with_batch_se)."""
     sums = [
         c
-        for c in ("n_tokens", "clean_sum", "ablated_sum", "n_late", "clean_late_sum", "ablated_late_sum")
+        for c in ("n_tokens", "clean_sum", "ablated_sum", "n_late", "clean_late_sum", "ablated_late_sum", *SHARE_SUMS)
         if c in per_batch
     ]
     grouped = per_batch.groupby(KEYS, sort=False)
@@ -347,6 +415,11 @@ def _results(per_batch: pd.DataFrame) -> pd.DataFrame:
         res["loss_ablated_late"] = g["ablated_late_sum"] / late
         res["delta_late"] = res["loss_ablated_late"] - res["loss_clean_late"]
         cols.append("delta_late")
+    if "share_rows" in g:
+        rows = g["share_rows"].where(g["share_rows"] > 0)
+        res["pos0_share_clean"] = g["pos0_clean_sum"] / rows
+        res["pos0_share_ablated"] = g["pos0_ablated_sum"] / rows
+        res["register_share"] = g["register_sum"] / rows
     res["n_batches"] = g["n_batches"]
     return with_batch_se(res, per_batch, cols, by=KEYS)
 
@@ -368,6 +441,7 @@ __all__ = [
     "GateClamp",
     "Eviction",
     "DepthForcing",
+    "TestTimeRegister",
     "Mechanisms",
     "INTERVENTIONS",
     "VALUE_MODES",
@@ -377,6 +451,7 @@ __all__ = [
     "DEFAULT_KEEP",
     "DEFAULT_WINDOWS",
     "POSITIONS",
+    "REGISTER_PLACES",
     "MAX_POSITIONS",
     "MAX_SINK_LOGIT",
 ]

@@ -11,11 +11,12 @@ from probe.cli.flags import DEFAULT_MODEL, analysis_parser, output_flags
 from probe.options import nonneg_int, positive_int
 
 # mirrored from probe.analyses.ablate (kept light here; tests/analyses/test_ablate_cli.py checks they agree)
-INTERVENTIONS = ("knockout", "value", "phantom", "gate", "evict", "depth")
+INTERVENTIONS = ("knockout", "value", "phantom", "gate", "evict", "depth", "register")
 VALUE_MODES = ("zero", "mean", "swap")
 GATE_MODES = ("open", "closed", "mean")
 DEPTH_MODES = ("uniform", "residual", "drop")
 POSITIONS = ("original", "cache")
+REGISTER_PLACES = ("start", "end")
 DEFAULT_INTERVENTIONS = ("knockout", "value")
 
 VERB = "ablate"  # this module is `probe ablate` (probe.cli.main finds verbs by this line)
@@ -23,7 +24,8 @@ RANK = 30  # its place in `probe --help`
 HELP = "causal interventions: loss change when the sink, the phantom, a gate or a depth route is ablated"
 DESCRIPTION = (
     "Ablate key 0 (knockout), position 0's value, the phantom, the value gates, the first keys under a "
-    "sliding window (StreamingLLM eviction) or the depth routes, on every layer at once and one layer at "
+    "sliding window (StreamingLLM eviction) or the depth routes, or move the register neurons onto a test-time "
+    "register token (Jiang et al. 2025), on every layer at once and one layer at "
     "a time, and report the loss change per token (ablated - clean, paired on the same windows, with "
     "standard errors over batches)."
 )
@@ -44,6 +46,14 @@ def sink_logit(text: str) -> float:
             f"expected a finite logit within +-{MAX_SINK_LOGIT:g} (the phantom's removal is -inf), got {text!r}"
         )
     return value
+
+
+def layer_neuron(text: str) -> tuple[int, int]:
+    """An argparse type: a register neuron as ``layer:neuron`` (two integers from 0), else one line."""
+    layer, _, neuron = text.partition(":")
+    if not (layer.isdigit() and neuron.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected layer:neuron, two integers from 0 (e.g. 3:1187), got {text!r}")
+    return int(layer), int(neuron)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -118,6 +128,24 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "dropped (default all three); adds depth",
     )
     g.add_argument(
+        "--register-at",
+        nargs="+",
+        choices=REGISTER_PLACES,
+        default=None,
+        metavar="WHERE",
+        help="test-time register (Jiang et al. 2025) before the text (start: every query sees it) or after it (end: "
+        "the authors' place, seen by no text query of a causal LM); default start; adds register",
+    )
+    g.add_argument(
+        "--register-neurons",
+        nargs="+",
+        type=layer_neuron,
+        default=None,
+        metavar="L:N",
+        help="the register neurons moved onto the register, as layer:neuron (default: the 10 top ones of "
+        "`probe sinks --register-neurons` over the same windows); adds register",
+    )
+    g.add_argument(
         "--per-head", action="store_true", help="also one head at a time (KV heads; query heads for phantom edits)"
     )
     g.add_argument("--no-per-layer", action="store_true", help="only every layer (site) at once, not one at a time")
@@ -134,6 +162,8 @@ OPTION_FLAGS = (
     ("window", "windows"),
     ("positions", "positions"),
     ("depth", "depth_modes"),
+    ("register_at", "register_at"),
+    ("register_neurons", "register_neurons"),
 )
 
 
@@ -159,6 +189,8 @@ def _implied(args) -> list[str]:
         ("evict", args.window),
         ("evict", args.positions),
         ("depth", args.depth),
+        ("register", args.register_at),
+        ("register", args.register_neurons),
     ]
     return list(dict.fromkeys(name for name, value in flags if value is not None))
 

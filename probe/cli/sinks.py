@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from probe.cli.flags import DEFAULT_MODEL, analysis_parser, eps_flag, nonfinite_flag, output_flags, protocol_flag
+from probe.options import positive_float, positive_int
 
 VERB = "sinks"  # this module is `probe sinks` (probe.cli.main finds verbs by this line)
 RANK = 40  # its place in `probe --help`
@@ -39,6 +40,28 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--norm-weighted",
         action="store_true",
         help="also report key 0's share of each head's norm-weighted attention ||a f(x)|| (Kobayashi et al. 2020)",
+    )
+    p.add_argument(
+        "--register-neurons",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="also report the K top register neurons (Jiang et al. 2025: MLP neurons large at the high-norm "
+        "positions; one more forward per batch)",
+    )
+    p.add_argument(
+        "--register-norm-ratio",
+        type=positive_float,
+        default=10.0,
+        metavar="R",
+        help="--register-neurons: a high-norm position's norm at the last block exceeds R x the window's median "
+        "(default 10)",
+    )
+    p.add_argument(
+        "--register-at-sink",
+        action="store_true",
+        help="--register-neurons: score the neurons at position 0 (the sink) in every window instead of at the "
+        "high-norm positions",
     )
     nonfinite_flag(p)
     output_flags(p)
@@ -76,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     if len(contexts) > 1:
         return run_sweep(args, contexts)
     args.ctx = contexts[0]  # one context: the single-context run and its files (no sweep folder)
+    from probe.analyses.register_neurons import RegisterOptions
     from probe.analyses.sink_pass import sink_analyses
     from probe.cli.distributed import all_ranks_agree
     from probe.cli.flags import eps_values
@@ -126,6 +150,11 @@ def run(args: argparse.Namespace) -> int:
         nrm = found["norm_weighted"]
         for k in ("summary", "layers", "heads", "batches"):
             result[f"norm_weighted_{k}"] = nrm[k]
+    if args.register_neurons:
+        opts = RegisterOptions(
+            top_k=args.register_neurons, norm_ratio=args.register_norm_ratio, sink_position=args.register_at_sink
+        )
+        result["register_neurons"] = _register_neurons(model, eb, opts)
     publish(
         run.output,
         "sinks",
@@ -135,6 +164,18 @@ def run(args: argparse.Namespace) -> int:
         figure_inputs={"dormant_result": found["dormant"]} if args.dormant else None,
     )
     return 0
+
+
+def _register_neurons(model, windows, opts):
+    """The top register neurons (probe.analyses.register_neurons) as ``opts`` asks; a model without them is one
+    line."""
+    from probe.analyses.register_neurons import register_neurons
+    from probe.errors import UsageError
+
+    try:
+        return register_neurons(model, windows, opts)["neurons"]
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def run_sweep(args: argparse.Namespace, contexts: list[int]) -> int:
@@ -162,7 +203,7 @@ def run_sweep(args: argparse.Namespace, contexts: list[int]) -> int:
             f"--dormant takes one --ctx, got {len(contexts)} ({' '.join(map(str, contexts))}); "
             "give one length, or leave out --dormant"
         )
-    for flag in ("entropy", "kurtosis", "norm_weighted"):
+    for flag in ("entropy", "kurtosis", "norm_weighted", "register_neurons"):
         if getattr(args, flag, False):
             shown = "--" + flag.replace("_", "-")
             raise UsageError(

@@ -37,6 +37,9 @@ COLUMNS = [
     "loss_ablated_late",
     "delta_late",
     "delta_late_se",
+    "pos0_share_clean",
+    "pos0_share_ablated",
+    "register_share",
 ]  # a row's cost_ratio (one timing per batch: indicative) stays in the results file, shown nowhere
 
 
@@ -90,7 +93,8 @@ def sections(result: dict) -> dict:
     tables = [
         (
             "Loss change per intervention (ablated - clean, nats per token; *_se: standard error over batches; "
-            "*_late: queries t >= k + w only)",
+            "*_late: queries t >= k + w only; *_share: a test-time register's attention mass of text queries "
+            "t >= 1 on the first text token, clean and edited, and on the register)",
             _table(res),
         )
     ]

@@ -50,6 +50,7 @@ DESCRIPTIONS = {
     "sinks_norm_weighted_layers.csv": "key 0's share by weight and by norm per layer, ± s.e. over batches",
     "sinks_norm_weighted_heads.csv": "key 0's share by weight and by norm per layer and head, their ratio",
     "sinks_norm_weighted_batches.csv": "key 0's share by weight and by norm per evaluation batch, layer and head",
+    "sinks_register_neurons.csv": "register neurons (Jiang et al.): MLP neurons large at the high-norm positions",
 }
 
 
@@ -183,6 +184,14 @@ def sink_sections(result: dict) -> dict:
                 "Attention entropy per layer (Zhai et al.; rows t >= 1, entropy in nats, *_norm over log of the "
                 "row's outcomes: 1 uniform, 0 one-hot; ± s.e. over batches)",
                 drop_ids(result["entropy_layers"]),
+            )
+        )
+    if "register_neurons" in result:
+        tables.append(
+            (
+                "Register neurons (Jiang et al.; mean |MLP activation| at the outlier positions: high norm, or "
+                "position 0 with --register-at-sink)",
+                drop_ids(result["register_neurons"]),
             )
         )
     if "kurtosis_layers" in result:
@@ -413,6 +422,12 @@ def text(result: dict) -> str:
             show(result["kurtosis_layers"], ["layer", "kurtosis", "kurtosis_se", "max_neuron", "max_over_rms"]),
         ]
     lines += norm_weighted_lines(result)
+    if "register_neurons" in result:
+        lines += [
+            "",
+            "register neurons (Jiang et al.; mean |MLP activation| at the outlier positions, best first):",
+            show(result["register_neurons"], ["rank", "layer", "neuron", "score"]),
+        ]
     bad = nonfinite(result)
     if bad is not None:  # the numbers above, marked; no verdict drawn from them
         lines += nonfinite_lines(bad)

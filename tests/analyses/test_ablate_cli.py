@@ -22,11 +22,12 @@ def test_the_cli_mirrors_the_analysis_vocabulary():
     from probe.cli import ablate as verb
 
     assert verb.INTERVENTIONS == analysis.INTERVENTIONS
-    assert (verb.VALUE_MODES, verb.GATE_MODES, verb.DEPTH_MODES, verb.POSITIONS) == (
+    assert (verb.VALUE_MODES, verb.GATE_MODES, verb.DEPTH_MODES, verb.POSITIONS, verb.REGISTER_PLACES) == (
         analysis.VALUE_MODES,
         analysis.GATE_MODES,
         analysis.DEPTH_MODES,
         analysis.POSITIONS,
+        analysis.REGISTER_PLACES,
     )
 
 

@@ -13,7 +13,7 @@ from tests.support.analyses import tiny
 
 
 def test_every_kind_is_registered_in_order_as_a_frozen_dataclass():
-    assert tuple(KINDS) == ("knockout", "value", "phantom", "gate", "evict", "depth") == A.INTERVENTIONS
+    assert tuple(KINDS) == ("knockout", "value", "phantom", "gate", "evict", "depth", "register") == A.INTERVENTIONS
     for name, cls in KINDS.items():
         assert cls.name == name and dataclasses.is_dataclass(cls)
         with pytest.raises(dataclasses.FrozenInstanceError):

@@ -1,5 +1,5 @@
 """The interventions of probe.analyses.ablate, one typed edit per file, registered by name in ``KINDS`` (in this
-order: knockout, value, phantom, gate, evict, depth)."""
+order: knockout, value, phantom, gate, evict, depth, register)."""
 
 from probe.analyses.interventions.base import (
     DEFAULT_KEEP,
@@ -25,6 +25,7 @@ from probe.analyses.interventions.phantom import MAX_SINK_LOGIT, PhantomEdit
 from probe.analyses.interventions.gate import GateClamp
 from probe.analyses.interventions.evict import POSITIONS, Eviction, check_positions
 from probe.analyses.interventions.depth import DepthForcing
+from probe.analyses.interventions.register import REGISTER_PLACES, TestTimeRegister, sink_share_hooks
 
 # isort: on
 from probe.analyses.interventions.mechanisms import (
@@ -50,6 +51,9 @@ __all__ = [
     "GateClamp",
     "Eviction",
     "DepthForcing",
+    "TestTimeRegister",
+    "sink_share_hooks",
+    "REGISTER_PLACES",
     "check_positions",
     "Mechanisms",
     "find_mechanisms",

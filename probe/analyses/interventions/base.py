@@ -55,6 +55,8 @@ class AblationOptions:
     windows: tuple = DEFAULT_WINDOWS  # eviction: recent-key windows
     positions: tuple = ("original",)  # eviction: where the keys sit (probe.kernels.sink_attention.edits.POSITIONS)
     depth_modes: tuple = DEPTH_MODES  # depth forcings
+    register_neurons: tuple = ()  # register: (layer, neuron) pairs moved onto the test-time register
+    register_at: tuple = ("start",)  # register: where it sits (before or after the text)
     per_layer: bool = True  # also one layer (depth: one read site) at a time
     per_head: bool = False  # also one head at a time
 
@@ -75,6 +77,19 @@ class Intervention:
     name: ClassVar[str] = ""
     takes_head: ClassVar[bool] = True  # one head at a time is a condition of this kind
     on_softmax_layers: ClassVar[bool] = True  # acts on softmax layers (False: on depth read sites)
+    extra_tokens: ClassVar[int] = 0  # tokens it adds to a window (a test-time register: 1), left out of the loss
+
+    def extend(self, ids: torch.Tensor) -> torch.Tensor:
+        """The ids of its forward: (B, T) -> (B, T + extra_tokens)."""
+        return ids
+
+    def register_index(self, T: int) -> int | None:
+        """The position of the token it adds to a window of T text tokens (None: it adds none)."""
+        return None
+
+    def text_slice(self, T: int) -> slice:
+        """The positions of a window's T text tokens in its forward."""
+        return slice(0, T)
 
     @property
     def label(self) -> str:

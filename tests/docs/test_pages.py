@@ -151,8 +151,9 @@ def test_superscripts_are_typeset_outside_code():
 
 
 # Per figure of a page: pairs of tick labels that overlap, and log-axis labels that are not the number at their tick
-# (plotly's own log ticks label 20, 30, 40 as the bare digits "2 3 4"). Labels are compared along their axis: an
-# x label turned by plotly's tickangle needs a spacing of one line height across its slant.
+# (plotly's own log ticks label 20, 30, 40 as the bare digits "2 3 4"). Upright labels must not overlap; x labels
+# slanted by plotly's tickangle, each anchored at its tick (the x of its translate), need their ticks one line height
+# apart across the slant.
 TICK_PROBLEMS_JS = r"""(() => {
   const found = [];
   document.querySelectorAll('.js-plotly-plot').forEach((gd, f) => {
@@ -160,23 +161,24 @@ TICK_PROBLEMS_JS = r"""(() => {
       const x = layer.classList.contains('xaxislayer-above');
       const labels = [...layer.querySelectorAll(x ? '.xtick > text' : '.ytick > text')]
         .filter(t => t.textContent.trim() && getComputedStyle(t).opacity !== '0' && t.getBBox().width > 0)
-        .map(t => { const r = t.getBoundingClientRect(); const angle = /rotate\((-?[\d.]+)/.exec(
-                      t.getAttribute('transform') || '');
-                    return {text: t.textContent, r, size: parseFloat(getComputedStyle(t).fontSize),
-                            angle: angle ? Math.abs(parseFloat(angle[1])) : 0}; })
-        .sort((a, b) => x ? a.r.left + a.r.right - b.r.left - b.r.right : a.r.top + a.r.bottom - b.r.top - b.r.bottom);
+        .map(t => { const form = t.getAttribute('transform') || '';
+                    const angle = /rotate\((-?[\d.]+)/.exec(form), at = /translate\((-?[\d.]+)/.exec(form);
+                    return {text: t.textContent, r: t.getBoundingClientRect(), at: at ? parseFloat(at[1]) : 0,
+                            size: parseFloat(getComputedStyle(t).fontSize),
+                            angle: angle ? Math.abs(parseFloat(angle[1])) % 180 : 0}; })
+        .sort((a, b) => x ? a.at - b.at || a.r.left - b.r.left : a.r.top - b.r.top);
       for (let i = 1; i < labels.length; i++) {
         const a = labels[i - 1], b = labels[i];
         const clear = !x ? a.r.bottom <= b.r.top + 1
-          : a.angle % 180 === 0 ? a.r.right <= b.r.left + 1
-          : ((b.r.left + b.r.right) - (a.r.left + a.r.right)) / 2 * Math.sin(a.angle * Math.PI / 180) >= 0.9 * a.size;
+          : a.angle === 0 ? a.r.right <= b.r.left + 1
+          : (b.at - a.at) * Math.sin(a.angle * Math.PI / 180) >= 0.9 * a.size;
         if (!clear) { found.push(`figure ${f}: labels ${JSON.stringify(a.text)} and ${JSON.stringify(b.text)} overlap`);
                       break; }
       }
     });
     Object.entries(gd._fullLayout).filter(([k, ax]) => /^[xy]axis\d*$/.test(k) && ax.type === 'log')
       .forEach(([k, ax]) => (ax._vals || []).filter(v => v.text).forEach(v => {
-        const shown = parseFloat(v.text.replace(/[^\d.eE+\u2212-]/g, '').replace('\u2212', '-'));
+        const shown = parseFloat(v.text.replace('\u2212', '-').replace(/[^\d.eE+-]/g, ''));
         if (!(Math.abs(shown - 10 ** v.x) <= 0.01 * 10 ** v.x))
           found.push(`figure ${f}: ${k} labels ${(10 ** v.x).toPrecision(3)} as ${JSON.stringify(v.text)}`);
       }));

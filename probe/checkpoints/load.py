@@ -803,6 +803,10 @@ def _with_tokenizer(model, req: LoadRequest, common: dict):
     if req.kind == "zoo" and tokenizer is not None and zoo_record.is_file():
         # a zoo checkpoint carries a copy of a named tokenizer: record that name, not the directory
         tokenizer.name_or_path = json.loads(zoo_record.read_text())["recipe"]["tokenizer"]
+    if req.kind == "gguf" and tokenizer is not None:
+        # read from the GGUF's converted cache (~/.cache/probe/gguf/<sha256>): record the model's name, which is the
+        # same on every machine, not the cache folder
+        tokenizer.name_or_path = req.identity
     if getattr(model, "tokenizer", None) is None:
         model.tokenizer = tokenizer
         if tokenizer is None:  # what probe.jobs.inputs says when a tokenizer is needed and none was given

@@ -26,6 +26,7 @@ from probe.console import note
 from probe.experiments.pretrained import check_spec, each_model, window_meta
 from probe.experiments.result import Result, Timer, config_dict
 from probe.jobs.specs import EvaluationOptions
+from probe.present.figures import log_axis
 
 RECIPE = "pretrained-injection"
 JUNK = ("structured", "same-context", "gaussian")
@@ -103,7 +104,7 @@ def figure(long: pd.DataFrame):
                     row=i,
                     col=j,
                 )
-            fig.update_xaxes(type="log", row=i, col=j)
+            log_axis(fig, "x", row=i, col=j)
             fig.update_yaxes(title_text="Δ loss (nats)" if j == 1 else None, row=i, col=j)
     for j in range(1, len(cutoffs) + 1):
         fig.update_xaxes(title_text="dose ε (× median read norm)", row=len(models), col=j)

@@ -53,6 +53,7 @@ from probe.experiments.sink_emergence import (
     train_variant,
 )
 from probe.experiments.stats import mean_se
+from probe.present.figures import log_axis
 from probe.train.checkpoint import load_model
 from probe.train.trainer import evaluate
 from probe.writes import atomic_write
@@ -277,7 +278,7 @@ def removal_figure(summary: pd.DataFrame) -> go.Figure:
         )
         if threshold is not None:
             fig.add_hline(y=threshold, line_dash="dot", line_color="gray", row=r, col=1)
-    fig.update_yaxes(type="log", row=1, col=1)
+    log_axis(fig, "y", row=1, col=1)
     fig.update_yaxes(rangemode="tozero", row=2, col=1)
     seeds = int(summary["n"].max()) if len(summary) else 0
     how = "mean ± s.e. over seeds" if seeds > 1 else "one seed: no error bars"

@@ -48,6 +48,7 @@ from probe.jobs.inputs import tokenizer_for
 from probe.jobs.specs import EvaluationOptions, WindowSpec
 from probe.kernels.sink_attention import edits
 from probe.models.inputs import past_context
+from probe.present.figures import log_axis
 
 RECIPE = "streaming-ppl"
 NEWLINE_KEEP = 4  # the paper's control: four newline tokens in place of the first four
@@ -270,9 +271,8 @@ def figure(per_position: pd.DataFrame, smooth: int = 32, marks: dict | None = No
         title=f"Streaming loss per position (running mean over {smooth})",
         xaxis_title="position in the stream",
         yaxis_title="next-token loss (nats)",
-        yaxis_type="log",
     )
-    return fig
+    return log_axis(fig, "y")
 
 
 def segment_figure(segments: pd.DataFrame):
@@ -285,9 +285,10 @@ def segment_figure(segments: pd.DataFrame):
         title="Streaming perplexity per segment",
         xaxis_title="first position of the segment",
         yaxis_title="perplexity",
-        yaxis_type="log",
+        legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),  # below: the lines keep a page column's width
+        height=560,
     )
-    return fig
+    return log_axis(fig, "y")
 
 
 def run(cfg: StreamingPplConfig | None = None, *, progress: bool = False, out=None) -> Result:

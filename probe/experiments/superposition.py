@@ -43,6 +43,7 @@ from plotly.subplots import make_subplots
 
 from probe.experiments.result import Result, Timer, config_dict
 from probe.experiments.stats import mean_se
+from probe.present.figures import log_axis
 from probe.progress import progress_bar
 
 VARIANTS = ("baseline", "offbyone", "normgate", "oracle")
@@ -302,7 +303,7 @@ def figure(summary: pd.DataFrame):
                 row=1,
                 col=c,
             )
-        fig.update_xaxes(title_text="load N/d", type="log", row=1, col=c)
+        log_axis(fig, "x", row=1, col=c).update_xaxes(title_text="load N/d", row=1, col=c)
     fig.update_yaxes(title_text="bit error (held out)", row=1, col=1)
     fig.update_layout(title="Superposition filtering task: error against load (mean ± SE over seeds)")
     return fig

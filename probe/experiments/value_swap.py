@@ -22,6 +22,7 @@ from probe.checkpoints.load import load
 from probe.experiments.paired import Data, TrainSpec, threads, train_grid, work_dir
 from probe.experiments.result import Result, Timer, config_dict
 from probe.models.model import ProbeForCausalLM
+from probe.present.figures import log_axis
 from probe.train.trainer import evaluate
 
 ACTIVATIONS = {"none": "linear", "silu": "SiLU"}
@@ -94,9 +95,8 @@ def figure(table: pd.DataFrame):
         barmode="group",
         xaxis_title="activation during training",
         yaxis_title="perplexity",
-        yaxis_type="log",
     )
-    return fig
+    return log_axis(fig, "y")
 
 
 def run(cfg: ValueSwapConfig | None = None, *, progress: bool = False) -> Result:

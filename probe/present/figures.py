@@ -1,9 +1,11 @@
-"""What every analysis's figures share: one orientation, colour scales, integer layer ticks, labelled thresholds,
-standard-error bars (each analysis's own figures are in its module, ``probe.present.<analysis>``; each takes the dict
-of tables the analysis returned, or several to compare models, and returns a ``plotly.graph_objects.Figure``), and
-the figures of the paired-seed recipes. ``write_html`` works offline."""
+"""What every analysis's figures share: one orientation, colour scales, integer layer ticks, log axes labelled with
+whole numbers, labelled thresholds, standard-error bars (each analysis's own figures are in its module,
+``probe.present.<analysis>``; each takes the dict of tables the analysis returned, or several to compare models, and
+returns a ``plotly.graph_objects.Figure``), and the figures of the paired-seed recipes. ``write_html`` works offline."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pandas as pd
@@ -34,6 +36,73 @@ def integer_ticks(fig: go.Figure, axis: str = "x", title: str = "layer", **where
     update = fig.update_xaxes if axis == "x" else fig.update_yaxes
     update(title_text=title, tickmode="linear", tick0=0, dtick=1, tickformat="d", **where)
     return fig
+
+
+def log_axis(fig: go.Figure, axis: str = "y", **where) -> go.Figure:
+    """A log ``axis`` ("x" or "y") whose labels read as full numbers. Left to itself plotly labels a log axis that
+    spans one to a few powers of ten at 1, 2, ..., 9 (or 1, 2, 5) times each power, writing all but the power as a
+    bare digit in small type, so 20, 30, 40 read "2 3 4". Here every label is the whole number (``tickformat``), ticks
+    are never put at every digit (those full labels would overlap near the top of each power of ten: 80 and 90 lie
+    0.05 of a power apart): 1, 2 and 5 times each power over about one to three powers, each power over more, with the
+    digits as unlabelled minor grid lines. ``where``: the subplot (row, col), as plotly's ``update_xaxes`` takes it."""
+    values = np.concatenate(
+        [
+            np.asarray(getattr(t, axis), dtype=float).ravel()
+            for t in fig.select_traces(**where)
+            if getattr(t, axis, None) is not None
+        ]
+        or [np.array([])]
+    )
+    values = values[np.isfinite(values) & (values > 0)]
+    span = float(np.log10(values.max() / values.min())) if len(values) else 0.0  # powers of ten the data cover
+    ticks = dict(dtick="D2") if 0.8 <= span <= 3 else dict(dtick=1) if 3 < span <= 8 else {}
+    minor = dict(minor=dict(dtick="D1", showgrid=True)) if ticks else {}
+    update = fig.update_xaxes if axis == "x" else fig.update_yaxes
+    update(type="log", tickformat="~g", **ticks, **minor, **where)
+    return fig
+
+
+LABEL_ROOM = 15  # px along an axis that one 11 px tick label needs to stay clear of the next (upright or at -60°)
+PLOTLY_SIZE = dict(width=700, height=450, l=80, r=80, t=100, b=80)  # plotly's defaults where the layout sets none
+
+
+def readable_category_ticks(fig: go.Figure, room: int = LABEL_ROOM) -> go.Figure:
+    """Every category axis (tokens, heads, variants) labelled at every k-th category, k the smallest that leaves each
+    label ``room`` px at the figure's size (its layout width and height less the margins, times the axis's share of
+    the plot): a figure drawn smaller than it was laid out for (a page's column) shows fewer labels, not overlapping
+    ones. Call it again after changing the size."""
+    layout, margin = fig.layout, fig.layout.margin
+    plot = {
+        "x": (layout.width or PLOTLY_SIZE["width"]) - _margin(margin.l, "l") - _margin(margin.r, "r"),
+        "y": (layout.height or PLOTLY_SIZE["height"]) - _margin(margin.t, "t") - _margin(margin.b, "b"),
+    }
+    for key in [k for k in layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]:
+        axis = layout[key]
+        if axis.type != "category":
+            continue
+        ref = key[0] + key[5:]  # xaxis2 -> x2: how a trace names the axis it is drawn on
+        if axis.range is not None:  # the categories shown at once (a window of a longer sequence)
+            n = round(abs(axis.range[1] - axis.range[0]))
+        else:
+            n = len(axis.categoryarray) if axis.categoryarray is not None else _categories_on(fig, key[0], ref)
+        share = (axis.domain[1] - axis.domain[0]) if axis.domain else 1.0
+        step = max(1, math.ceil(n * room / max(plot[key[0]] * share, 1)))
+        axis.update(dtick=step, tick0=0)
+    return fig
+
+
+def _margin(value, side: str) -> float:
+    return PLOTLY_SIZE[side] if value is None else value
+
+
+def _categories_on(fig: go.Figure, letter: str, ref: str) -> int:
+    """The most categories a trace drawn on axis ``ref`` ("x", "y2", ...) spreads along it."""
+    counts = [
+        len(getattr(t, letter))
+        for t in fig.data
+        if (getattr(t, f"{letter}axis", None) or letter) == ref and getattr(t, letter, None) is not None
+    ]
+    return max(counts, default=0)
 
 
 def threshold(fig: go.Figure, y: float, label: str, **where) -> go.Figure:
@@ -119,6 +188,9 @@ __all__ = [
     "many",
     "result_name",
     "integer_ticks",
+    "log_axis",
+    "LABEL_ROOM",
+    "readable_category_ticks",
     "threshold",
     "fitted_heatmap",
     "layer_se",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from probe.present.figures import log_axis
 from probe.present.files import show
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
@@ -51,7 +52,7 @@ def massive_figure(result: dict):
     )
     for col in ("top1_pos0_share", "key0_mass", "r0", "r_top"):
         fig.add_trace(go.Scatter(x=lay["layer"], y=lay[col], mode="lines+markers", name=col), row=1, col=2)
-    fig.update_yaxes(type="log", title_text="|h|", row=1, col=1)
+    log_axis(fig, "y", row=1, col=1).update_yaxes(title_text="|h|", row=1, col=1)
     fig.update_xaxes(title_text="layer (input stream of; L = last output)")
     fig.update_layout(title=f"Massive activations — {name}")
     return fig

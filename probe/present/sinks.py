@@ -243,10 +243,10 @@ def norm_weighted_lines(result: dict) -> list[str]:
 
 
 SINK_PANELS = (
-    ("pos0_share", "position-0 share", "share of real attention mass on key 0"),
-    ("phantom_share", "phantom share", "share of all attention mass on the phantom"),
-    ("r0", "r0 = ‖v0‖ / median ‖vj‖", "read-norm ratio (unitless)"),
-)
+    ("pos0_share", "position-0 share", "share of real attention mass"),
+    ("phantom_share", "phantom share", "share of all attention mass"),
+    ("r0", "r0 = ‖v0‖ / median ‖vj‖", "read-norm ratio"),
+)  # axis titles short enough to stand between three panels in a 680 px column
 
 
 def sink_profile_figure(
@@ -254,7 +254,7 @@ def sink_profile_figure(
 ) -> go.Figure:
     """Per-layer profiles overlaid across models (one line per ``model``, ± s.e. over batches): position-0 share with
     the causal-uniform reference and the 3x sink threshold, phantom share, r0 with its 0.8 threshold."""
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t, _ in SINK_PANELS], horizontal_spacing=0.07)
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t, _ in SINK_PANELS], horizontal_spacing=0.1)
     colours = qualitative.Plotly
     for i, (model, lay) in enumerate(layers.groupby("model", sort=False)):
         colour = colours[i % len(colours)]

@@ -7,6 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from probe.present.figures import log_axis
 from probe.present.files import header, result_meta, show
 from probe.present.sections import drop_ids, linear_note
 from probe.present.terminal import note_lines
@@ -93,7 +94,7 @@ def sweep_figure(result: dict) -> go.Figure:
             col=c,
         )
     if "pos0_share" in dict(panels):
-        fig.update_yaxes(type="log", row=1, col=1)
+        log_axis(fig, "y", row=1, col=1)
     fig.update_layout(
         title="Attention sinks against context length, per layer type", height=420, legend=dict(orientation="h", y=-0.3)
     )

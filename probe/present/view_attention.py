@@ -13,6 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from probe.present.figures import readable_category_ticks
 from probe.present.view_tokens import TOKEN_TICKS, WINDOW, labels_of, spans
 
 MAX_FULL = 128
@@ -135,7 +136,7 @@ def attention_view(
         title=title or "Attention patterns",
         height=max(420, 400 * nrow + (160 if not full else 0)),
     )
-    return fig
+    return readable_category_ticks(fig)
 
 
 def attention_picker_view(patterns, phantoms, tokens, *, title: str = "Attention pattern", layers=None) -> go.Figure:
@@ -203,7 +204,7 @@ def attention_picker_view(patterns, phantoms, tokens, *, title: str = "Attention
         updatemenus=[menu],
         meta={"picker": _picker(labels_l, patterns[0].shape[0])},
     )
-    return fig
+    return readable_category_ticks(fig)
 
 
 def _picker(layers: list[int], n_heads: int) -> list:

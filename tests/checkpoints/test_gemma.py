@@ -151,6 +151,12 @@ def test_name_loads_the_packaged_weights(gemma):
     assert x.shape == (2, 256) and torch.all(x[:, 0] == 2) and torch.all(x[:, 1:] != 2)
 
 
+def test_the_tokenizer_is_recorded_by_the_model_name_not_its_cache_folder(gemma_model, windows):
+    """The tokenizer is read from the converted cache (~/.cache/probe/gguf/<sha256>); what the windows (and every page
+    and meta that prints them) record is the model's name, the same on every machine."""
+    assert gemma_model.tokenizer.name_or_path == windows.tokenizer == gguf.GEMMA_SOURCE
+
+
 def test_real_weights_predict_text(gemma):
     """Mean next-token loss on the windows (HF eager), measured 3.51 (uniform over 262,144 tokens: 12.5)."""
     assert 3.0 < gemma.loss < 4.0

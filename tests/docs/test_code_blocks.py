@@ -5,7 +5,7 @@ marked on the line above its fence, and the mark is kept:
   right after it is what it must print, line for line (so at the printed precision). A ``console`` block (or
   one without a language that starts with ``$ probe``) is a transcript: each ``$ probe ...`` line runs in-process
   from an empty directory and the lines shown under it must appear in its stdout, in order (``...`` skips lines).
-- ``<!-- copied from a run; settings: ...; wall: ...; memory: ... -->``: shown on the site above the block.
+- ``<!-- copied from a run; settings: ...; wall: ...; memory: ... -->``: shown on the site after the block, collapsed.
 - ``<!-- not run here; why: ... -->``: a command this project cannot run (no cluster, no 20B weights offline); the
   reason is shown on the site.
 - ``<!-- parsed -->``: a list of ``probe ...`` commands (comments after ``#``): each is parsed by the parser probe
@@ -68,8 +68,12 @@ def test_the_marks_are_recognised():
     assert [b["mark"] for b in site.code_blocks(page)] == ["executed", "copied", None, "not run", "tested by", "parsed"]
     assert _names_and_strings('@register_gate("g")\nclass G(B):\n    def f(self): return 1') == {"g", "G", "f"}
     shown = site.show_marks(page)
-    assert "*Copied from a run* — settings: s; wall: 1 s; memory: 1 GB" in shown
-    assert "*Not run here* — no cluster" in shown
+    copied = '??? note "Copied from a run"\n    settings: s; wall: 1 s; memory: 1 GB'
+    not_run = '??? note "Not run here"\n    no cluster'
+    assert shown.index("```\nout\n```") < shown.index(copied) < shown.index("```\nx\n```")  # after its block
+    assert shown.index("sbatch x\n```") < shown.index(not_run) < shown.index("class A")
+    assert '```\n\n??? note "Written out and run by a test"\n    `tests/x.py`' in shown
+    assert "<!-- copied" not in shown.replace("<!-- copied from a run; wall", "")  # the mark without settings stays
 
 
 def _names_and_strings(code: str) -> set[str]:

@@ -148,3 +148,67 @@ def test_superscripts_are_typeset_outside_code():
         "<p>Sink<sup>ε</sup> share, Sink<sup>0.3</sup>, d<sup>2</sup>, x<sup>l,h</sup>, 10000<sup>2i/d</sup> "
         "<code>Sink^eps</code></p>"
     )
+
+
+# Per figure of a page: pairs of tick labels that overlap, and log-axis labels that are not the number at their tick
+# (plotly's own log ticks label 20, 30, 40 as the bare digits "2 3 4"). Upright labels must not overlap; x labels
+# slanted by plotly's tickangle, each anchored at its tick (the x of its translate), need their ticks one line height
+# apart across the slant.
+TICK_PROBLEMS_JS = r"""(() => {
+  const found = [];
+  document.querySelectorAll('.js-plotly-plot').forEach((gd, f) => {
+    gd.querySelectorAll('.xaxislayer-above, .yaxislayer-above').forEach(layer => {
+      const x = layer.classList.contains('xaxislayer-above');
+      const labels = [...layer.querySelectorAll(x ? '.xtick > text' : '.ytick > text')]
+        .filter(t => t.textContent.trim() && getComputedStyle(t).opacity !== '0' && t.getBBox().width > 0)
+        .map(t => { const form = t.getAttribute('transform') || '';
+                    const angle = /rotate\((-?[\d.]+)/.exec(form), at = /translate\((-?[\d.]+)/.exec(form);
+                    return {text: t.textContent, r: t.getBoundingClientRect(), at: at ? parseFloat(at[1]) : 0,
+                            size: parseFloat(getComputedStyle(t).fontSize),
+                            angle: angle ? Math.abs(parseFloat(angle[1])) % 180 : 0}; })
+        .sort((a, b) => x ? a.at - b.at || a.r.left - b.r.left : a.r.top - b.r.top);
+      for (let i = 1; i < labels.length; i++) {
+        const a = labels[i - 1], b = labels[i];
+        const clear = !x ? a.r.bottom <= b.r.top + 1
+          : a.angle === 0 ? a.r.right <= b.r.left + 1
+          : (b.at - a.at) * Math.sin(a.angle * Math.PI / 180) >= 0.9 * a.size;
+        if (!clear) { found.push(`figure ${f}: labels ${JSON.stringify(a.text)} and ${JSON.stringify(b.text)} overlap`);
+                      break; }
+      }
+    });
+    Object.entries(gd._fullLayout).filter(([k, ax]) => /^[xy]axis\d*$/.test(k) && ax.type === 'log')
+      .forEach(([k, ax]) => (ax._vals || []).filter(v => v.text).forEach(v => {
+        const shown = parseFloat(v.text.replace('\u2212', '-').replace(/[^\d.eE+-]/g, ''));
+        if (!(Math.abs(shown - 10 ** v.x) <= 0.01 * 10 ** v.x))
+          found.push(`figure ${f}: ${k} labels ${(10 ** v.x).toPrecision(3)} as ${JSON.stringify(v.text)}`);
+      }));
+  });
+  return found;
+})()"""
+
+
+def test_figure_tick_labels_are_readable_at_1280_px(built, browser):
+    """At 1280 px every figure a page draws has tick labels that clear each other along their axis, and a log axis
+    labels its ticks with their numbers (20, 50, 100), not plotly's bare digits."""
+    problems = []
+    for path in _pages(built):
+        n = path.read_text(encoding="utf-8").count("class='probe-figure'")
+        if n:
+            browser.open(path, figures=n)
+            problems += [f"{path.relative_to(built)}: {p}" for p in browser.evaluate(TICK_PROBLEMS_JS)]
+    assert not problems, "tick labels unreadable at 1280 px:\n" + "\n".join(problems)
+
+
+MACHINE_PATH = re.compile(r"(?<!~)/\.cache/|/(?:home|tmp|work|root)/")  # ~/.cache/probe: a default, the same anywhere
+
+
+def test_no_page_shows_a_path_of_the_machine_that_built_it(built):
+    """A cache folder, home or scratch path of the build machine (a tokenizer recorded by its cache folder, a run's
+    output folder) means nothing to a reader; pages name models, files and folders as the reader would."""
+    found = [
+        f"{path.relative_to(built)}: ...{text[max(0, m.start() - 60) : m.end() + 40]!r}"
+        for path in _pages(built)
+        for text in [html.unescape(path.read_text(encoding="utf-8"))]
+        for m in MACHINE_PATH.finditer(text)
+    ]
+    assert not found, "paths of the build machine on the site:\n" + "\n".join(found[:20])

@@ -55,3 +55,28 @@ def test_figures_from_analysis_outputs(tmp_path):
     out = tmp_path / "sinks.html"
     fig.write_html(out, include_plotlyjs=False)
     assert out.stat().st_size > 1000
+
+
+def test_a_narrowed_attention_figure_labels_every_kth_token_with_room_for_each():
+    """The picker heatmap of 65 tokens is laid out at 15 px a token; drawn in a 680 px column it keeps one label per
+    k tokens, k the smallest that leaves each label LABEL_ROOM px of the plot (its width less the margins)."""
+    from probe.present.view_attention import attention_picker_view
+
+    T = 65
+    fig = attention_picker_view([np.full((1, T, T), 1.0 / T)], [None], [f"t{i}" for i in range(T)])
+    assert fig.layout.xaxis.dtick == fig.layout.yaxis.dtick == 1  # at its own size every token is labelled
+    fig.update_layout(width=680, height=round(fig.layout.height * 680 / fig.layout.width))
+    figures.readable_category_ticks(fig)
+    margin = fig.layout.margin
+    for axis, plot in (("xaxis", 680 - margin.l - 80), ("yaxis", fig.layout.height - margin.t - margin.b)):
+        k = fig.layout[axis].dtick
+        assert k * plot / T >= figures.LABEL_ROOM > (k - 1) * plot / T, (axis, k, plot)
+
+
+def test_a_log_axis_over_one_to_three_powers_of_ten_is_labelled_at_1_2_5_as_numbers():
+    import plotly.graph_objects as go
+
+    fig = figures.log_axis(go.Figure(go.Scatter(x=[0, 1, 2], y=[8.0, 40.0, 200.0])), "y")  # 1.4 powers of ten
+    assert (fig.layout.yaxis.type, fig.layout.yaxis.dtick, fig.layout.yaxis.tickformat) == ("log", "D2", "~g")
+    wide = figures.log_axis(go.Figure(go.Scatter(x=[1e-3, 1e2], y=[0, 1])), "x")  # 5 powers: one label each
+    assert wide.layout.xaxis.dtick == 1 and wide.layout.xaxis.tickformat == "~g"

@@ -38,6 +38,7 @@ import torch
 
 from probe.analyses.capture import (
     LayerCollector,
+    Windows,
     as_windows,
     describe,
     finish,
@@ -467,7 +468,7 @@ def inject(
     return check.mark(finish(tables, meta))
 
 
-def _conditions_per_forward(info, w, max_rows: int | None) -> int:
+def _conditions_per_forward(info, w: Windows, max_rows: int | None) -> int:
     """How many conditions one corrupted forward stacks along the batch: ``max_rows`` sequences, by default as many
     as keep the stacked fp32 logits (rows, T, vocabulary) under about 1 GiB (at least one batch)."""
     B, T = w.batch_size, w.tokens.shape[-1] - 1
@@ -484,7 +485,7 @@ class _Battery:
     which the collector fills and the run folds into its totals once the batch is done."""
 
     model: Any
-    w: Any  # Windows
+    w: Windows
     conds: list
     per_fwd: int
     seed: int

@@ -454,18 +454,23 @@ def inject(
     if exposure:
         exp_acc.merge()
         tables.update(exp_acc.tables())
-    meta = describe(
-        model,
-        w,
+    return check.mark(finish(tables, _inject_meta(battery, doses, n_tokens)))
+
+
+def _inject_meta(battery: _Battery, doses, n_tokens: int) -> dict:
+    """The run's ``meta``: model, windows, the battery's junk types, cutoffs, doses and seed, its target count."""
+    return describe(
+        battery.model,
+        battery.w,
         "inject",
-        junk=",".join(dict.fromkeys(j for j, _, _ in conds)),
-        cutoffs=",".join(map(str, exp_acc.cutoffs)),
+        junk=",".join(dict.fromkeys(j for j, _, _ in battery.conds)),
+        cutoffs=",".join(map(str, battery.cutoffs)),
         doses=",".join(map(str, doses)),
-        seed=seed,
+        seed=battery.seed,
         n_tokens=n_tokens,
-        **layer_meta(info),  # a hybrid's reads, hence its injection and exposure, are its softmax layers'
+        # a hybrid's reads, hence its injection and exposure, are its softmax layers'
+        **layer_meta(battery.model.probe_info),
     )
-    return check.mark(finish(tables, meta))
 
 
 def _conditions_per_forward(info, w: Windows, max_rows: int | None) -> int:
@@ -549,7 +554,7 @@ class _Battery:
 
 def _reloadable_batches(state, settings: dict) -> set[int]:
     """The batches an interrupted run finished, which ``state`` (a ``probe.jobs.partial.BatchState``, one process
-    only) reloads; opening it checks ``settings`` against that run's. None without a state."""
+    only) reloads; opening it checks ``settings`` against that run's. An empty set without a state."""
     if state is None:
         return set()
     if rank_and_world()[1] > 1:

@@ -121,9 +121,22 @@ class DormantAccumulator:
         self.rows = [row for part in gather(self.rows) for row in part]
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        info = self.info
+        inputs = self._inputs()
+        domains, summary = _domain_tables(inputs, self.info)
+        summary["threshold"], summary["norm_ratio"] = self.threshold, self.norm_ratio
+        return {
+            "summary": summary,
+            "domains": domains,
+            "heads": _head_table(inputs, self.info.kv_group),
+            "switching": _switching_table(inputs),
+            "inputs": inputs,
+        }
+
+    def _inputs(self) -> pd.DataFrame:
+        """One row per (input, head), in domain, batch, row, layer, head order, with z_ratio and the three dormancy
+        indicators."""
         inputs = pd.DataFrame(self.rows)
-        inputs.insert(5, "kv_head", inputs["head"] // info.kv_group)
+        inputs.insert(5, "kv_head", inputs["head"] // self.info.kv_group)
         # domains in the order given (a pass may feed them in another order); sorted before any sum, so the per-head
         # means below add the same rows in the same order however the batches were run
         order = {d: i for i, d in enumerate(dict.fromkeys([*self.domain_order, *inputs["domain"]]))}
@@ -141,73 +154,83 @@ class DormantAccumulator:
         inputs["dormant"] = _indicator(k0 > self.threshold, k0)
         inputs["dormant_norm"] = _indicator(inputs["z_ratio"] < self.norm_ratio, inputs["z_norm"])
         inputs["dormant_phantom"] = _indicator((k0 + ph) > self.threshold, k0 + ph)
+        return inputs
 
-        def state_mean(g, col, dormant):
-            sel = g[g["dormant"] == dormant][col]
-            return float(sel.mean()) if len(sel) else float("nan")
 
-        heads = []
-        for (l, h), g in inputs.groupby(["layer", "head"], sort=True):
-            heads.append(
-                {
-                    "layer": l,
-                    "head": h,
-                    "kv_head": h // info.kv_group,
-                    "n_inputs": len(g),
-                    "dormant_rate": float(g["dormant"].mean(skipna=False)),
-                    "dormant_norm_rate": float(g["dormant_norm"].mean(skipna=False)),
-                    "dormant_phantom_rate": float(g["dormant_phantom"].mean(skipna=False)),
-                    "agreement": float(
-                        (g["dormant"] == g["dormant_norm"])
-                        .where(g[["dormant", "dormant_norm"]].notna().all(axis=1))
-                        .mean(skipna=False)
-                    ),
-                    "key0_mass": float(g["key0_mass"].mean(skipna=False)),
-                    "phantom_share": float(g["phantom_share"].mean(skipna=False)),
-                    "z_norm": float(g["z_norm"].mean(skipna=False)),
-                    "z_norm_dormant": state_mean(g, "z_norm", True),
-                    "z_norm_active": state_mean(g, "z_norm", False),
-                    "z_ratio_dormant": state_mean(g, "z_ratio", True),
-                    "z_ratio_active": state_mean(g, "z_ratio", False),
-                }
-            )
-        heads = pd.DataFrame(heads)
-        mean = lambda x: x.mean(skipna=False)  # noqa: E731
-        agg = dict(
-            n_inputs=("dormant", "size"),
-            dormant_share=("dormant", mean),
-            dormant_norm_share=("dormant_norm", mean),
-            dormant_phantom_share=("dormant_phantom", mean),
-            key0_mass=("key0_mass", mean),
-            phantom_share=("phantom_share", mean),
-            z_ratio=("z_ratio", "mean"),  # NaN for a head whose outputs are all zero: undefined, left out
+def _state_mean(g: pd.DataFrame, col: str, dormant: bool) -> float:
+    """The mean of ``col`` over a head's inputs in one state (dormant or active); NaN when it has none."""
+    sel = g[g["dormant"] == dormant][col]
+    return float(sel.mean()) if len(sel) else float("nan")
+
+
+def _head_table(inputs: pd.DataFrame, kv_group: int) -> pd.DataFrame:
+    """Per head: its dormant rates by each criterion, their agreement, and its means over inputs in each state."""
+    heads = []
+    for (l, h), g in inputs.groupby(["layer", "head"], sort=True):
+        heads.append(
+            {
+                "layer": l,
+                "head": h,
+                "kv_head": h // kv_group,
+                "n_inputs": len(g),
+                "dormant_rate": float(g["dormant"].mean(skipna=False)),
+                "dormant_norm_rate": float(g["dormant_norm"].mean(skipna=False)),
+                "dormant_phantom_rate": float(g["dormant_phantom"].mean(skipna=False)),
+                "agreement": float(
+                    (g["dormant"] == g["dormant_norm"])
+                    .where(g[["dormant", "dormant_norm"]].notna().all(axis=1))
+                    .mean(skipna=False)
+                ),
+                "key0_mass": float(g["key0_mass"].mean(skipna=False)),
+                "phantom_share": float(g["phantom_share"].mean(skipna=False)),
+                "z_norm": float(g["z_norm"].mean(skipna=False)),
+                "z_norm_dormant": _state_mean(g, "z_norm", True),
+                "z_norm_active": _state_mean(g, "z_norm", False),
+                "z_ratio_dormant": _state_mean(g, "z_ratio", True),
+                "z_ratio_active": _state_mean(g, "z_ratio", False),
+            }
         )
-        domains = inputs.groupby(["domain", "layer"], sort=False).agg(**agg).reset_index()
-        domains = with_linear_layers(domains, info, by=["domain"])  # linear layers: listed, no heads
-        summary = inputs.groupby("domain", sort=False).agg(**agg).reset_index()
-        if summary["domain"].nunique() > 1:
-            summary = pd.concat(
-                [summary, inputs.assign(domain="all").groupby("domain").agg(**agg).reset_index()], ignore_index=True
-            )
-        summary["n_windows"] = [
-            int(inputs[inputs["domain"] == d].groupby(["batch", "row"]).ngroups)
-            if d != "all"
-            else int(inputs.groupby(["domain", "batch", "row"]).ngroups)
-            for d in summary["domain"]
-        ]
-        summary["threshold"], summary["norm_ratio"] = self.threshold, self.norm_ratio
-        # heads whose dormancy depends on the domain
-        rate = inputs.pivot_table(
-            index=["layer", "head"], columns="domain", values="dormant", aggfunc="mean", sort=False
+    return pd.DataFrame(heads)
+
+
+def _domain_tables(inputs: pd.DataFrame, info) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The dormant shares per (domain, layer) and per domain (with an ``all`` row over several domains)."""
+    mean = lambda x: x.mean(skipna=False)  # noqa: E731
+    agg = dict(
+        n_inputs=("dormant", "size"),
+        dormant_share=("dormant", mean),
+        dormant_norm_share=("dormant_norm", mean),
+        dormant_phantom_share=("dormant_phantom", mean),
+        key0_mass=("key0_mass", mean),
+        phantom_share=("phantom_share", mean),
+        z_ratio=("z_ratio", "mean"),  # NaN for a head whose outputs are all zero: undefined, left out
+    )
+    domains = inputs.groupby(["domain", "layer"], sort=False).agg(**agg).reset_index()
+    domains = with_linear_layers(domains, info, by=["domain"])  # linear layers: listed, no heads
+    summary = inputs.groupby("domain", sort=False).agg(**agg).reset_index()
+    if summary["domain"].nunique() > 1:
+        summary = pd.concat(
+            [summary, inputs.assign(domain="all").groupby("domain").agg(**agg).reset_index()], ignore_index=True
         )
-        switching = rate.reset_index()
-        switching.columns = [str(c) if c in ("layer", "head") else f"dormant_rate[{c}]" for c in switching.columns]
-        cols = [c for c in switching.columns if c.startswith("dormant_rate[")]
-        switching["spread"] = switching[cols].max(axis=1) - switching[cols].min(axis=1)
-        switching = switching.sort_values(
-            ["spread", "layer", "head"], ascending=[False, True, True], kind="stable"
-        ).reset_index(drop=True)
-        return {"summary": summary, "domains": domains, "heads": heads, "switching": switching, "inputs": inputs}
+    summary["n_windows"] = [
+        int(inputs[inputs["domain"] == d].groupby(["batch", "row"]).ngroups)
+        if d != "all"
+        else int(inputs.groupby(["domain", "batch", "row"]).ngroups)
+        for d in summary["domain"]
+    ]
+    return domains, summary
+
+
+def _switching_table(inputs: pd.DataFrame) -> pd.DataFrame:
+    """The heads whose dormancy depends on the domain: their dormant rate per domain, widest spread first."""
+    rate = inputs.pivot_table(index=["layer", "head"], columns="domain", values="dormant", aggfunc="mean", sort=False)
+    switching = rate.reset_index()
+    switching.columns = [str(c) if c in ("layer", "head") else f"dormant_rate[{c}]" for c in switching.columns]
+    cols = [c for c in switching.columns if c.startswith("dormant_rate[")]
+    switching["spread"] = switching[cols].max(axis=1) - switching[cols].min(axis=1)
+    return switching.sort_values(["spread", "layer", "head"], ascending=[False, True, True], kind="stable").reset_index(
+        drop=True
+    )
 
 
 def _indicator(above: pd.Series, value: pd.Series) -> pd.Series:

@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 import torch
 
 from probe.analyses.capture import (
     LayerCollector,
+    Windows,
     as_windows,
     describe,
     finish,
@@ -427,111 +430,167 @@ def inject(
     info = model.probe_info
     w = as_windows(data)
     conds = conditions(junk, cutoffs, doses)
-    own = own_directions(model) if any(j == "own-direction" for j, _, _ in conds) else None
-    B, T = w.batch_size, w.tokens.shape[-1] - 1
-    run = [c for c in conds if c[2] != 0]
-    if max_rows is None:
-        max_rows = max(B, int(2**30 // (T * info.vocab_size * 4)))
-    per_fwd = max(1, max_rows // B)
     exp_acc = ExposureAccumulator(info, _as_list(cutoffs))
-    check = FiniteCheck(allow_nonfinite)
-    qs = [cutoff_fraction(c) for c in exp_acc.cutoffs]
-    part: dict = {}  # the batch being computed: its own accumulator and check, folded into the totals once done
-    collector = _exposure_collector(model, lambda: (part["acc"], part["check"]), qs, backend) if exposure else None
-
+    battery = _Battery(model, w, conds, _conditions_per_forward(info, w, max_rows), seed, exp_acc.cutoffs)
+    battery.prepare(exposure, backend)
     mine = batches_of_rank(len(w))  # whole batches by global index: the (seed, batch, layer) draws do not move
-    finished: set[int] = set()
-    if state is not None:
-        if rank_and_world()[1] > 1:
-            raise ValueError("inject(state=...) keeps the partial state of one process; a data-parallel run has none")
-        state.open(
-            {
-                "model": info.name,
-                "windows": w.meta,
-                "batches": len(w),
-                "conditions": [list(c) for c in conds],
-                "cutoffs": list(map(str, exp_acc.cutoffs)),
-                "seed": seed,
-                "exposure": exposure,
-                "per_forward": per_fwd,
-                "backend": backend,
-                "allow_nonfinite": allow_nonfinite,
-            },
-            total=len(w),
-        )
-        finished = set(state.done())
-
-    sums = {c: 0.0 for c in conds}
-    clean_total, count = 0.0, 0
-    per_batch = []
+    finished = _reloadable_batches(state, battery.settings(allow_nonfinite, exposure, backend))
+    totals, check = _LossTotals(conds), FiniteCheck(allow_nonfinite)
     bar = make_bar(len(mine) * len(conds), progress and is_main(), f"injection ({info.name})")
     for n in mine:
         if n in finished:  # an interrupted run's: reloaded, not recomputed
             record = state.load(n)
             bar.update(len(conds))
         else:
-            part.update(acc=ExposureAccumulator(info, exp_acc.cutoffs), check=FiniteCheck(allow_nonfinite))
-            part["acc"].batch = n
-            record = _inject_batch(model, w, n, conds, run, per_fwd, seed, own, collector, part, bar)
+            record = battery.run_batch(n, FiniteCheck(allow_nonfinite), bar)
             if state is not None:
                 state.save(n, record)
-        # every batch's own contribution, folded into the totals in batch order: the same sums fresh or resumed
-        batch_loss = dict(zip(conds, record["losses"]))
-        for cond in conds:
-            sums[cond] += batch_loss[cond]
-        clean_total += record["clean"]
-        count += record["tokens"]
-        per_batch += _loss_rows(conds, batch_loss, record["clean"], record["tokens"], batch=n)
+        totals.fold(n, record)  # in batch order: the same sums fresh or resumed
         if exposure:
             exp_acc.fold(ExposureAccumulator.from_state(info, exp_acc.cutoffs, n, record["exposure"]))
         check.fold(record["nonfinite"])
     bar.close()
-    sums, clean_total, count = all_sum(sums), all_sum(clean_total), all_sum(count)
-    per_batch = gather_rows(per_batch)
-    results = pd.DataFrame(_loss_rows(conds, sums, clean_total, count))
-    tables = {"results": results, "per_batch": pd.DataFrame(per_batch)}
+    tables, n_tokens = totals.tables()
     if exposure:
         exp_acc.merge()
         tables.update(exp_acc.tables())
-    meta = describe(
-        model,
-        w,
+    return check.mark(finish(tables, _inject_meta(battery, doses, n_tokens)))
+
+
+def _inject_meta(battery: _Battery, doses, n_tokens: int) -> dict:
+    """The run's ``meta``: model, windows, the battery's junk types, cutoffs, doses and seed, its target count."""
+    return describe(
+        battery.model,
+        battery.w,
         "inject",
-        junk=",".join(dict.fromkeys(j for j, _, _ in conds)),
-        cutoffs=",".join(map(str, exp_acc.cutoffs)),
+        junk=",".join(dict.fromkeys(j for j, _, _ in battery.conds)),
+        cutoffs=",".join(map(str, battery.cutoffs)),
         doses=",".join(map(str, doses)),
-        seed=seed,
-        n_tokens=count,
-        **layer_meta(info),  # a hybrid's reads, hence its injection and exposure, are its softmax layers'
+        seed=battery.seed,
+        n_tokens=n_tokens,
+        # a hybrid's reads, hence its injection and exposure, are its softmax layers'
+        **layer_meta(battery.model.probe_info),
     )
-    return check.mark(finish(tables, meta))
 
 
-def _inject_batch(model, w, n, conds, run, per_fwd, seed, own, collector, part, bar) -> dict:
-    """Batch ``n``'s own contribution, as JSON-ready values (floats kept exactly): summed losses per condition, the
-    summed clean loss, its target count, its exposure accumulator (``part["acc"]``) and the non-finite tensors its
-    check (``part["check"]``) found."""
-    check = part["check"]
-    device = model_device(model)
-    ids, tgt = w.inputs(n, device), w.targets(n, device)
-    kw = loss_forward_kwargs(model)
-    out = collector.run(model, ids, **kw) if collector is not None else model(ids, **kw)
-    clean_losses = output_losses(model, out, tgt)
-    check.check("logits (next-token losses of the clean pass)", clean_losses)
-    clean = float(clean_losses.double().sum())  # summed over the batch's positions
-    batch_loss = {c: clean for c in conds}  # dose 0: unchanged
-    bar.update(len(conds) - len(run))
-    for start in range(0, len(run), per_fwd):
-        chunk = run[start : start + per_fwd]
-        batch_loss.update(zip(chunk, _corrupted_losses(model, ids, tgt, chunk, seed, n, own, check)))
-        bar.update(len(chunk))
-    return {
-        "losses": [batch_loss[c] for c in conds],
-        "clean": clean,
-        "tokens": tgt.numel(),
-        "exposure": part["acc"].state() if collector is not None else None,
-        "nonfinite": check.records(),
-    }
+def _conditions_per_forward(info, w: Windows, max_rows: int | None) -> int:
+    """How many conditions one corrupted forward stacks along the batch: ``max_rows`` sequences, by default as many
+    as keep the stacked fp32 logits (rows, T, vocabulary) under about 1 GiB (at least one batch)."""
+    B, T = w.batch_size, w.tokens.shape[-1] - 1
+    if max_rows is None:
+        max_rows = max(B, int(2**30 // (T * info.vocab_size * 4)))
+    return max(1, max_rows // B)
+
+
+@dataclass
+class _Battery:
+    """What every batch of one injection run shares: the model, its windows, the conditions (those of dose 0 are
+    not run: their loss change is exactly 0), how many conditions one corrupted forward stacks, the seed of the
+    draws; with exposure, the collector of the clean pass and the batch being computed's own accumulator and check,
+    which the collector fills and the run folds into its totals once the batch is done."""
+
+    model: Any
+    w: Windows
+    conds: list
+    per_fwd: int
+    seed: int
+    cutoffs: list
+    own: dict[int, torch.Tensor] | None = None
+    collector: LayerCollector | None = None
+    acc: ExposureAccumulator | None = None
+    check: FiniteCheck | None = None
+
+    def prepare(self, exposure: bool, backend: str | None) -> None:
+        """The own-direction junk's directions (when a condition uses it) and, with exposure, the clean pass's
+        collector."""
+        if any(j == "own-direction" for j, _, _ in self.conds):
+            self.own = own_directions(self.model)
+        if exposure:
+            qs = [cutoff_fraction(c) for c in self.cutoffs]
+            self.collector = _exposure_collector(self.model, lambda: (self.acc, self.check), qs, backend)
+
+    def settings(self, allow_nonfinite: bool, exposure: bool, backend: str | None) -> dict:
+        """What a resumed run must share with the interrupted one (JSON-ready)."""
+        return {
+            "model": self.model.probe_info.name,
+            "windows": self.w.meta,
+            "batches": len(self.w),
+            "conditions": [list(c) for c in self.conds],
+            "cutoffs": list(map(str, self.cutoffs)),
+            "seed": self.seed,
+            "exposure": exposure,
+            "per_forward": self.per_fwd,
+            "backend": backend,
+            "allow_nonfinite": allow_nonfinite,
+        }
+
+    def run_batch(self, n: int, check: FiniteCheck, bar) -> dict:
+        """Batch ``n``'s own contribution, as JSON-ready values (floats kept exactly): summed losses per condition,
+        the summed clean loss, its target count, its exposure accumulator's state and the non-finite tensors
+        ``check`` (the batch's own) found."""
+        self.acc, self.check = ExposureAccumulator(self.model.probe_info, self.cutoffs), check
+        self.acc.batch = n
+        model, run = self.model, [c for c in self.conds if c[2] != 0]
+        ids, tgt = self.w.inputs(n, model_device(model)), self.w.targets(n, model_device(model))
+        kw = loss_forward_kwargs(model)
+        out = self.collector.run(model, ids, **kw) if self.collector is not None else model(ids, **kw)
+        clean_losses = output_losses(model, out, tgt)
+        check.check("logits (next-token losses of the clean pass)", clean_losses)
+        clean = float(clean_losses.double().sum())  # summed over the batch's positions
+        batch_loss = {c: clean for c in self.conds}  # dose 0: unchanged
+        bar.update(len(self.conds) - len(run))
+        for start in range(0, len(run), self.per_fwd):
+            chunk = run[start : start + self.per_fwd]
+            batch_loss.update(zip(chunk, _corrupted_losses(model, ids, tgt, chunk, self.seed, n, self.own, check)))
+            bar.update(len(chunk))
+        return {
+            "losses": [batch_loss[c] for c in self.conds],
+            "clean": clean,
+            "tokens": tgt.numel(),
+            "exposure": self.acc.state() if self.collector is not None else None,
+            "nonfinite": check.records(),
+        }
+
+
+def _reloadable_batches(state, settings: dict) -> set[int]:
+    """The batches an interrupted run finished, which ``state`` (a ``probe.jobs.partial.BatchState``, one process
+    only) reloads; opening it checks ``settings`` against that run's. An empty set without a state."""
+    if state is None:
+        return set()
+    if rank_and_world()[1] > 1:
+        raise ValueError("inject(state=...) keeps the partial state of one process; a data-parallel run has none")
+    state.open(settings, total=settings["batches"])
+    return set(state.done())
+
+
+@dataclass
+class _LossTotals:
+    """The losses of the batches folded so far (in batch order, so a resumed run's sums equal a fresh run's), and
+    each batch's own rows."""
+
+    conds: list
+    sums: dict = field(init=False)
+    clean: float = 0.0
+    tokens: int = 0
+    per_batch: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.sums = {c: 0.0 for c in self.conds}
+
+    def fold(self, n: int, record: dict) -> None:
+        batch_loss = dict(zip(self.conds, record["losses"]))
+        for cond in self.conds:
+            self.sums[cond] += batch_loss[cond]
+        self.clean += record["clean"]
+        self.tokens += record["tokens"]
+        self.per_batch += _loss_rows(self.conds, batch_loss, record["clean"], record["tokens"], batch=n)
+
+    def tables(self) -> tuple[dict[str, pd.DataFrame], int]:
+        """``results`` and ``per_batch`` over every rank, and the number of targets they are over."""
+        sums, clean, count = all_sum(self.sums), all_sum(self.clean), all_sum(self.tokens)
+        per_batch = gather_rows(self.per_batch)
+        results = pd.DataFrame(_loss_rows(self.conds, sums, clean, count))
+        return {"results": results, "per_batch": pd.DataFrame(per_batch)}, count
 
 
 def _loss_rows(conds, summed: dict, clean: float, n_tokens: int, **where) -> list[dict]:

@@ -120,6 +120,12 @@ def _best_first(entry: dict):
     return -entry["magnitude"], entry["batch"], entry["row"], entry["position"], entry["dim"]
 
 
+def _no_hits() -> dict:
+    """A massive dimension's tallies before its first hit: hits, sequences, largest |h|, summed ratio to the median,
+    hits at position 0, and the positions and tokens hit."""
+    return {"count": 0, "seqs": 0, "max": 0.0, "ratio_sum": 0.0, "pos0": 0, "positions": Counter(), "tokens": Counter()}
+
+
 def _most_common(counter: Counter, n: int) -> list:
     """``Counter.most_common`` with ties broken by key, not by insertion order (which merging ranks changes)."""
     return sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
@@ -217,18 +223,7 @@ class MassiveAccumulator:
             for i in hits[:, 2].unique().tolist():
                 sel = hits[:, 2] == i
                 hb, hp, hm = hits[sel, 0], hits[sel, 1], mags[sel]
-                e = self.massive[site].setdefault(
-                    i,
-                    {
-                        "count": 0,
-                        "seqs": 0,
-                        "max": 0.0,
-                        "ratio_sum": 0.0,
-                        "pos0": 0,
-                        "positions": Counter(),
-                        "tokens": Counter(),
-                    },
-                )
+                e = self.massive[site].setdefault(i, _no_hits())
                 e["count"] += len(hb)
                 e["seqs"] += int(hb.unique().numel())
                 e["max"] = max(e["max"], float(hm.max()))
@@ -255,18 +250,7 @@ class MassiveAccumulator:
         for p in parts:
             for s, dims in enumerate(p[3]):
                 for i, e in dims.items():
-                    m = merged[s].setdefault(
-                        i,
-                        {
-                            "count": 0,
-                            "seqs": 0,
-                            "max": 0.0,
-                            "ratio_sum": 0.0,
-                            "pos0": 0,
-                            "positions": Counter(),
-                            "tokens": Counter(),
-                        },
-                    )
+                    m = merged[s].setdefault(i, _no_hits())
                     for k in ("count", "seqs", "ratio_sum", "pos0", "positions", "tokens"):
                         m[k] += e[k]
                     m["max"] = max(m["max"], e["max"])

@@ -35,6 +35,7 @@ masses from probe.kernels.attention_row_masses; no T x T tensor exists. ``method
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -208,11 +209,31 @@ class SinkEpsAccumulator:
         )
 
     def tables(self) -> dict[str, pd.DataFrame]:
-        info = self.info
-        att = info.attention_layers  # the layers with softmax attention (every layer but linear ones)
+        att = self.info.attention_layers  # the layers with softmax attention (every layer but linear ones)
         alpha_loo = self._leave_one_out(self.window_rows == "key0")[:, att]  # (n, L, H) each batch left out
         mass_loo = self._leave_one_out(False).mean(-1)[:, att]  # (n, L) key-0 mass per layer
-        heads = []
+        heads = self._head_table()
+        layers, summary = [], []
+        for e in self.eps:
+            lay, share_loo = self._layer_table(heads, e, alpha_loo, mass_loo)
+            layers.append(lay)
+            summary.append(self._summary_row(heads, lay, e, share_loo, mass_loo))
+        layers = pd.concat(layers, ignore_index=True)
+        counts = ["n_sink_heads_key0"] if self.per_window else ["n_sink_heads", "n_sink_heads_key0"]
+        if not layers[counts].isna().any().any():  # NaN counts (no verdict) stay NaN
+            layers[counts] = layers[counts].astype(int)
+        layers = with_linear_layers(layers, self.info, by=["epsilon"])  # linear layers: listed, no heads to score
+        return {"summary": pd.DataFrame(summary), "layers": layers, "heads": heads}
+
+    @property
+    def _score(self) -> str:
+        """The heads' column the decision reads: over every row, or over the rows that see key 0."""
+        return "key0_mass" if self.window_rows == "all" else "key0_mass_key0"
+
+    def _head_table(self) -> pd.DataFrame:
+        """Per softmax head: its mass on key 0 (of all mass and of the real keys'), on the phantom, and the
+        causal-uniform reference, over every row and over the rows that see key 0 (``*_key0``)."""
+        info, heads = self.info, []
         for l in info.attention_layers:
             r, rw = self.rows[l], self.rows_w[l]
             for h in range(info.n_heads):
@@ -231,66 +252,63 @@ class SinkEpsAccumulator:
                         "uniform_ref_key0": float(self.uniform_w[l] / rw),
                     }
                 )
-        heads = pd.DataFrame(heads)
-        score = "key0_mass" if self.window_rows == "all" else "key0_mass_key0"
-        layers, summary = [], []
-        for e in self.eps:
-            # a NaN score (a non-finite model run with allow_nonfinite) is neither a sink head nor not one: its
-            # layer's counts and shares are NaN, never the other heads' alone (docs/definitions.md#sink-rule)
-            is_sink = (heads[score] > e).astype(float).where(heads[score].notna())
-            is_sink_w = (heads["key0_mass_key0"] > e).astype(float).where(heads["key0_mass_key0"].notna())
-            g = heads.assign(sink=is_sink, sink_key0=is_sink_w).groupby(["layer", "layer_type"], sort=True)
-            total, mean = (lambda x: x.sum(skipna=False)), (lambda x: x.mean(skipna=False))
-            lay = g.agg(
-                n_heads=("head", "size"),
-                n_sink_heads=("sink", total),
-                sink_share=("sink", mean),
-                n_sink_heads_key0=("sink_key0", total),
-                sink_share_key0=("sink_key0", mean),
-                key0_mass=("key0_mass", mean),
-                key0_share_real=("key0_share_real", mean),
-                phantom_share=("phantom_share", mean),
-                uniform_ref=("uniform_ref", mean),
-            ).reset_index()
-            lay.insert(2, "epsilon", e)
-            share_loo = (alpha_loo > e).double().mean(-1).numpy()  # (n, L) share of sink heads, each batch left out
-            if self.per_window:  # Gu et al.: the mean over windows of each window's indicator, then over heads
-                i = self.eps.index(e)
-                rate = (self.above[i] / self.windows[:, None])[att]  # (L, H) share of windows it is a sink in
-                lay["n_sink_heads"] = (rate.sum(-1)).numpy()  # sink heads per window, on average
-                lay["sink_share"] = rate.mean(-1).numpy()
-                share_loo = self._leave_one_window_batch_out(i).mean(-1)[:, att].numpy()
-            lay.insert(lay.columns.get_loc("sink_share") + 1, "sink_share_se", jackknife_se(share_loo))
-            lay.insert(lay.columns.get_loc("key0_mass") + 1, "key0_mass_se", jackknife_se(mass_loo.numpy()))
-            layers.append(lay)
-            summary.append(
-                {
-                    "epsilon": e,
-                    "n_heads": len(heads),
-                    "n_sink_heads": (
-                        float(lay["n_sink_heads"].sum(skipna=False))
-                        if self.per_window
-                        else _count(lay["n_sink_heads"].sum(skipna=False))
-                    ),
-                    "sink_share": float(lay["sink_share"].mean(skipna=False)),  # (1/L) Σ_l (1/H) Σ_h 1[α > ε]
-                    "sink_share_se": jackknife_se(share_loo.mean(-1)),
-                    "sink_share_key0": float(lay["sink_share_key0"].mean(skipna=False)),
-                    "key0_mass": float(lay["key0_mass"].mean(skipna=False)),
-                    "key0_mass_se": jackknife_se(mass_loo.mean(-1).numpy()),
-                    "key0_share_real": float(lay["key0_share_real"].mean(skipna=False)),
-                    "phantom_share": float(lay["phantom_share"].mean(skipna=False)),
-                    "uniform_ref": float(lay["uniform_ref"].mean(skipna=False)),
-                    "key0": key0_label(info),
-                    "rows": "t>=0" if self.q0 else "t>=1",
-                    "score": score,
-                }
-            )
-        layers = pd.concat(layers, ignore_index=True)
-        counts = ["n_sink_heads_key0"] if self.per_window else ["n_sink_heads", "n_sink_heads_key0"]
-        if not layers[counts].isna().any().any():  # NaN counts (no verdict) stay NaN
-            layers[counts] = layers[counts].astype(int)
-        layers = with_linear_layers(layers, info, by=["epsilon"])  # linear layers: listed, no heads to score
-        return {"summary": pd.DataFrame(summary), "layers": layers, "heads": heads}
+        return pd.DataFrame(heads)
+
+    def _layer_table(self, heads: pd.DataFrame, e: float, alpha_loo, mass_loo) -> tuple[pd.DataFrame, np.ndarray]:
+        """Per softmax layer at threshold ``e``: its sink heads and means (± jackknife s.e.), and the share of sink
+        heads with each batch left out, (n, L)."""
+        score, att = self._score, self.info.attention_layers
+        # a NaN score (a non-finite model run with allow_nonfinite) is neither a sink head nor not one: its
+        # layer's counts and shares are NaN, never the other heads' alone (docs/definitions.md#sink-rule)
+        is_sink = (heads[score] > e).astype(float).where(heads[score].notna())
+        is_sink_w = (heads["key0_mass_key0"] > e).astype(float).where(heads["key0_mass_key0"].notna())
+        g = heads.assign(sink=is_sink, sink_key0=is_sink_w).groupby(["layer", "layer_type"], sort=True)
+        total, mean = (lambda x: x.sum(skipna=False)), (lambda x: x.mean(skipna=False))
+        lay = g.agg(
+            n_heads=("head", "size"),
+            n_sink_heads=("sink", total),
+            sink_share=("sink", mean),
+            n_sink_heads_key0=("sink_key0", total),
+            sink_share_key0=("sink_key0", mean),
+            key0_mass=("key0_mass", mean),
+            key0_share_real=("key0_share_real", mean),
+            phantom_share=("phantom_share", mean),
+            uniform_ref=("uniform_ref", mean),
+        ).reset_index()
+        lay.insert(2, "epsilon", e)
+        share_loo = (alpha_loo > e).double().mean(-1).numpy()  # (n, L) share of sink heads, each batch left out
+        if self.per_window:  # Gu et al.: the mean over windows of each window's indicator, then over heads
+            i = self.eps.index(e)
+            rate = (self.above[i] / self.windows[:, None])[att]  # (L, H) share of windows it is a sink in
+            lay["n_sink_heads"] = (rate.sum(-1)).numpy()  # sink heads per window, on average
+            lay["sink_share"] = rate.mean(-1).numpy()
+            share_loo = self._leave_one_window_batch_out(i).mean(-1)[:, att].numpy()
+        lay.insert(lay.columns.get_loc("sink_share") + 1, "sink_share_se", jackknife_se(share_loo))
+        lay.insert(lay.columns.get_loc("key0_mass") + 1, "key0_mass_se", jackknife_se(mass_loo.numpy()))
+        return lay, share_loo
+
+    def _summary_row(self, heads: pd.DataFrame, lay: pd.DataFrame, e: float, share_loo, mass_loo) -> dict:
+        """The means over layers at threshold ``e`` (± jackknife s.e.), and what the decision read."""
+        return {
+            "epsilon": e,
+            "n_heads": len(heads),
+            "n_sink_heads": (
+                float(lay["n_sink_heads"].sum(skipna=False))
+                if self.per_window
+                else _count(lay["n_sink_heads"].sum(skipna=False))
+            ),
+            "sink_share": float(lay["sink_share"].mean(skipna=False)),  # (1/L) Σ_l (1/H) Σ_h 1[α > ε]
+            "sink_share_se": jackknife_se(share_loo.mean(-1)),
+            "sink_share_key0": float(lay["sink_share_key0"].mean(skipna=False)),
+            "key0_mass": float(lay["key0_mass"].mean(skipna=False)),
+            "key0_mass_se": jackknife_se(mass_loo.mean(-1).numpy()),
+            "key0_share_real": float(lay["key0_share_real"].mean(skipna=False)),
+            "phantom_share": float(lay["phantom_share"].mean(skipna=False)),
+            "uniform_ref": float(lay["uniform_ref"].mean(skipna=False)),
+            "key0": key0_label(self.info),
+            "rows": "t>=0" if self.q0 else "t>=1",
+            "score": self._score,
+        }
 
 
 def _count(x) -> int | float:

@@ -196,6 +196,31 @@ def _in_process_group() -> bool:
     return dist is not None and dist.is_available() and dist.is_initialized()
 
 
+def _run_parsed(verb: str, args) -> int:
+    """Runs a verb whose flags parsed: with --quiet's setting and SIGTERM read as Ctrl-C while it runs, a broken
+    Triton disabled first, on torchrun's ranks or here, holding the lock of its --out folder."""
+    quiet = QUIET.set(bool(getattr(args, "quiet", False)))  # --quiet: no note of any layer, only an error line
+    lock, sigterm = None, raise_on_sigterm()  # while the verb runs: SIGTERM ends it as Ctrl-C does
+    try:
+        if verb not in LIGHT_VERBS:  # before torch imports it: a broken Triton would break torch itself
+            disable_if_broken("triton", lambda line: note(f"probe {verb}: {line}"))
+        if under_torchrun() and verb != "train":  # the trainer joins its process group itself
+            return import_module("probe.cli.distributed").run_on_ranks(partial(run_verb_reading, verb), args) or 0
+        # before any model loads: a bad --out is one line within a second (under torchrun rank 0, the one
+        # writer, alone checks: ranks creating and removing the same test folders at once would race)
+        if getattr(args, "out", None) and os.environ.get("RANK", "0") == "0":
+            import_module("probe.present.files").check_out_dir(args.out, prog=f"probe {verb}")
+            lock = import_module("probe.jobs.lock").acquire(
+                args.out, wait=getattr(args, "wait", False), prog=f"probe {verb}"
+            )
+        return run_verb_reading(verb, args) or 0
+    finally:
+        if lock is not None:
+            lock.release()
+        restore_sigterm(sigterm)
+        QUIET.reset(quiet)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     for stream in (sys.stdout, sys.stderr):  # a path with undecodable bytes, printed: shown escaped, never an error
@@ -213,26 +238,7 @@ def main(argv=None) -> int:
             raise UsageError(f"missing VERB; choose one of {', '.join(VERBS)}", prog="probe")
         verb = args.verb
         import_module("probe.cli.flags").check_model_flags(args)  # a --model that cannot load: a second, no torch
-        quiet = QUIET.set(bool(getattr(args, "quiet", False)))  # --quiet: no note of any layer, only an error line
-        lock, sigterm = None, raise_on_sigterm()  # while the verb runs: SIGTERM ends it as Ctrl-C does
-        try:
-            if verb not in LIGHT_VERBS:  # before torch imports it: a broken Triton would break torch itself
-                disable_if_broken("triton", lambda line: note(f"probe {verb}: {line}"))
-            if under_torchrun() and verb != "train":  # the trainer joins its process group itself
-                return import_module("probe.cli.distributed").run_on_ranks(partial(run_verb_reading, verb), args) or 0
-            # before any model loads: a bad --out is one line within a second (under torchrun rank 0, the one
-            # writer, alone checks: ranks creating and removing the same test folders at once would race)
-            if getattr(args, "out", None) and os.environ.get("RANK", "0") == "0":
-                import_module("probe.present.files").check_out_dir(args.out, prog=f"probe {verb}")
-                lock = import_module("probe.jobs.lock").acquire(
-                    args.out, wait=getattr(args, "wait", False), prog=f"probe {verb}"
-                )
-            return run_verb_reading(verb, args) or 0
-        finally:
-            if lock is not None:
-                lock.release()
-            restore_sigterm(sigterm)
-            QUIET.reset(quiet)
+        return _run_parsed(verb, args)
     except WriteError as e:  # the flags were fine, the disk was not: exit 1, one line naming the file
         sys.stderr.write(f"probe {verb}: error: {e}\n")
         return 1

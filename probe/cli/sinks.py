@@ -127,29 +127,17 @@ def run(args: argparse.Namespace) -> int:
         kurtosis=args.kurtosis,
         norm_weighted=args.norm_weighted,
     )
-    result, heads = found["sinks"], found["sink_eps"]
-    for k in ("summary", "layers", "heads"):
-        result[f"sink_eps_{k}"] = heads[k]
-    if args.massive:
-        mas = found["massive"]
-        for k in ("summary", "layers", "top", "dims"):
-            result[f"massive_{k}"] = mas[k]
-    if args.dormant:
-        dor = found["dormant"]
-        for k in ("summary", "domains", "heads", "switching"):
-            result[f"dormant_{k}"] = dor[k]
-    if args.entropy:
-        ent = found["entropy"]
-        for k in ("summary", "layers", "heads", "batches"):
-            result[f"entropy_{k}"] = ent[k]
-    if args.kurtosis:
-        kur = found["kurtosis"]
-        for k in ("summary", "layers", "batches"):
-            result[f"kurtosis_{k}"] = kur[k]
-    if args.norm_weighted:
-        nrm = found["norm_weighted"]
-        for k in ("summary", "layers", "heads", "batches"):
-            result[f"norm_weighted_{k}"] = nrm[k]
+    result = found["sinks"]
+    for name, asked, keys in (  # each companion's tables, named by its prefix (the result files' names)
+        ("sink_eps", True, ("summary", "layers", "heads")),
+        ("massive", args.massive, ("summary", "layers", "top", "dims")),
+        ("dormant", args.dormant, ("summary", "domains", "heads", "switching")),
+        ("entropy", args.entropy, ("summary", "layers", "heads", "batches")),
+        ("kurtosis", args.kurtosis, ("summary", "layers", "batches")),
+        ("norm_weighted", args.norm_weighted, ("summary", "layers", "heads", "batches")),
+    ):
+        if asked:
+            result.update({f"{name}_{k}": found[name][k] for k in keys})
     if args.register_neurons:
         opts = RegisterOptions(
             top_k=args.register_neurons, norm_ratio=args.register_norm_ratio, sink_position=args.register_at_sink

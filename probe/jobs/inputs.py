@@ -49,18 +49,13 @@ def check_data(name: str | None, flag: str = "--data") -> None:
     synthetic:bb[...] name) nor an existing path. None (the model's default data) is always fine."""
     if name is None:
         return
-    if is_token_domain(name):
-        try:
-            parse_token_domain(name)
-        except ValueError as e:
-            raise UsageError(f"{flag}: {e}") from None
-        return
-    if is_synthetic(name):
-        try:
-            parse_synthetic(name)
-        except ValueError as e:
-            raise UsageError(f"{flag}: {e}") from None
-        return
+    for is_kind, parse in ((is_token_domain, parse_token_domain), (is_synthetic, parse_synthetic)):
+        if is_kind(name):  # a token domain or a synthetic name: well-formed is enough
+            try:
+                parse(name)
+            except ValueError as e:
+                raise UsageError(f"{flag}: {e}") from None
+            return
     bundled = [k for k in CORPORA if not k.startswith("hf:")]
     if name in bundled or name.startswith("hf:") or Path(name).expanduser().exists():
         return

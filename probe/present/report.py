@@ -283,22 +283,15 @@ def report_intro(records: list[dict], settings: dict) -> dict:
 
 
 def report_page(tables: dict, records: list[dict], settings: dict, self_contained: bool = False) -> str:
+    """`probe report`'s page: the settings, the sink rule and each model's verdict, the tables the run has, the
+    figures and the training curves of the reported snapshots."""
     intro = report_intro(records, settings)
-    summary = tables["summary"]
-    verdicts = [
-        f"rule: a sink has formed when the position-0 share is >= {SINK_FACTOR:g}x the causal-uniform "
-        f"reference and r0 < {SINK_R0:g}, averaged over the layers past the first"
-    ]
-    verdicts += [
-        f"{r['model']}: sink_formed {bool(r['sink_formed'])} ({r['pos0_over_uniform']:.3g}x uniform, "
-        f"r0 {r['r0_later']:.3g})"
-        for _, r in summary.iterrows()
-    ]
+    verdicts = _report_verdicts(tables["summary"])
     shown = [
         (
             "Summary (averages over rows t >= 1, heads, layers; *_se: standard error over batches of the per-batch "
             "mean over layers, past the first for r0_later)",
-            _readable_summary(summary, tables.get("batches")),
+            _readable_summary(tables["summary"], tables.get("batches")),
         )
     ]
     if "sink_eps" in tables:
@@ -318,14 +311,7 @@ def report_page(tables: dict, records: list[dict], settings: dict, self_containe
             ("Sink^eps (Gu et al.; *_se: jackknife standard error over batches)", eps[[c for c in cols if c in eps]])
         )
     if "injection" in tables:
-        inj = tables["injection"][["model", "junk", "cutoff", "dose", "loss_clean", "loss_corrupted", "delta"]]
-        if "injection_batches" in tables:
-            pb = tables["injection_batches"].assign(cutoff=lambda d: d["cutoff"].astype(str))
-            inj = inj.assign(cutoff=inj["cutoff"].astype(str))
-            se = batch_se(pb, ["delta"], by=["model", "junk", "cutoff", "dose"])
-            if se is not None:
-                inj = inj.merge(se, on=["model", "junk", "cutoff", "dose"], how="left")
-        shown.append(("Injection (loss increase in nats per token; delta_se: s.e. over batches)", inj))
+        shown.append(("Injection (loss increase in nats per token; delta_se: s.e. over batches)", _injection(tables)))
     if "exposure" in tables:
         exp = tables["exposure"]
         cols = ["model", "cutoff", "quiet_share", "quiet_share_se", "phantom_share", "phantom_share_se"]
@@ -367,6 +353,32 @@ def report_page(tables: dict, records: list[dict], settings: dict, self_containe
         intro=intro,
         self_contained=self_contained,
     )
+
+
+def _report_verdicts(summary: pd.DataFrame) -> list[str]:
+    """The sink rule, then one line per model: its verdict and the two numbers the rule reads."""
+    verdicts = [
+        f"rule: a sink has formed when the position-0 share is >= {SINK_FACTOR:g}x the causal-uniform "
+        f"reference and r0 < {SINK_R0:g}, averaged over the layers past the first"
+    ]
+    verdicts += [
+        f"{r['model']}: sink_formed {bool(r['sink_formed'])} ({r['pos0_over_uniform']:.3g}x uniform, "
+        f"r0 {r['r0_later']:.3g})"
+        for _, r in summary.iterrows()
+    ]
+    return verdicts
+
+
+def _injection(tables: dict) -> pd.DataFrame:
+    """The injection table, with delta's standard error over batches where the per-batch losses were kept."""
+    inj = tables["injection"][["model", "junk", "cutoff", "dose", "loss_clean", "loss_corrupted", "delta"]]
+    if "injection_batches" in tables:
+        pb = tables["injection_batches"].assign(cutoff=lambda d: d["cutoff"].astype(str))
+        inj = inj.assign(cutoff=inj["cutoff"].astype(str))
+        se = batch_se(pb, ["delta"], by=["model", "junk", "cutoff", "dose"])
+        if se is not None:
+            inj = inj.merge(se, on=["model", "junk", "cutoff", "dose"], how="left")
+    return inj
 
 
 def training_figures(records: list[dict]) -> list[go.Figure]:

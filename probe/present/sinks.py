@@ -110,10 +110,26 @@ def _later(layers: pd.DataFrame) -> pd.DataFrame:
 
 def sink_sections(result: dict) -> dict:
     """Sinks: the sink_formed verdict with its rule, Sink^eps lines; summary, per-layer (± s.e.), Sink^eps tables."""
-    s = result["summary"].iloc[0]
-    batches = result.get("batches")
-    later = _later(result["layers"])
     bad = nonfinite(result)
+    tables = [_summary_table(result)]
+    if len(result.get("by_type", ())) > 1:
+        tables.append(("By layer type", drop_ids(result["by_type"])))
+    tables.append(
+        (
+            "Per layer (± standard error over batches)",
+            with_se(result["layers"], result.get("batches"), ["pos0_share", "phantom_share", "r0"]),
+        )
+    )
+    tables += _companion_tables(result)
+    if bad is not None:
+        tables.insert(0, ("Non-finite values (NaN or infinite entries; no verdict is drawn)", drop_ids(bad)))
+    caveats = se_caveat(n_batches(result)) + [n for n in [linear_note(result_meta(result))] if n]
+    return {"verdicts": _sink_verdicts(result, bad), "caveats": caveats, "tables": tables}
+
+
+def _sink_verdicts(result: dict, bad: pd.DataFrame | None) -> list[str]:
+    """The sink_formed verdict with its rule (none drawn over non-finite values) and one line per Sink^eps."""
+    s = result["summary"].iloc[0]
     verdicts = [
         f"sink_formed: {bool(s['sink_formed']) if bad is None else 'no verdict'} — rule: position-0 share >= "
         f"{SINK_FACTOR:g}x the causal-uniform reference and r0 < {SINK_R0:g}, averaged over the layers past the first "
@@ -129,26 +145,29 @@ def sink_sections(result: dict) -> dict:
                 f"({e['sink_share']:.1%}{pm(e, 'sink_share')}) put more than {e['epsilon']:g} of their "
                 f"mean attention on {key0}"
             )
+    return verdicts
+
+
+def _summary_table(result: dict) -> tuple[str, pd.DataFrame]:
+    """The summary, with the standard errors over batches of the layers past the first that the rule averages."""
+    batches = result.get("batches")
+    later = _later(result["layers"])
     later_b = batches[batches["layer"].isin(later["layer"])] if batches is not None and len(batches) else None
     se = batch_se(later_b, ["pos0_share", "uniform_ref", "r0"], by=None)
     summary = drop_ids(result["summary"])
     if se is not None:
         summary = summary.assign(pos0_share_later_se=se["pos0_share_se"].iloc[0], r0_later_se=se["r0_se"].iloc[0])
-    tables = [
-        (
-            "Summary (rows t >= 1, averaged over heads and layers; *_later_se: s.e. over batches of the "
-            "layers past the first)",
-            summary,
-        )
-    ]
-    if len(result.get("by_type", ())) > 1:
-        tables.append(("By layer type", drop_ids(result["by_type"])))
-    tables.append(
-        (
-            "Per layer (± standard error over batches)",
-            with_se(result["layers"], batches, ["pos0_share", "phantom_share", "r0"]),
-        )
+    return (
+        "Summary (rows t >= 1, averaged over heads and layers; *_later_se: s.e. over batches of the "
+        "layers past the first)",
+        summary,
     )
+
+
+def _companion_tables(result: dict) -> list[tuple]:
+    """The tables of the analyses the sink pass fed alongside, those the run asked for: Sink^eps, massive
+    activations, dormant heads, attention entropy, outlier features."""
+    tables: list[tuple] = []
     if "sink_eps_summary" in result:
         tables.append(
             (
@@ -203,10 +222,7 @@ def sink_sections(result: dict) -> dict:
             )
         )
     tables += norm_weighted_tables(result)
-    if bad is not None:
-        tables.insert(0, ("Non-finite values (NaN or infinite entries; no verdict is drawn)", drop_ids(bad)))
-    caveats = se_caveat(n_batches(result)) + [n for n in [linear_note(result_meta(result))] if n]
-    return {"verdicts": verdicts, "caveats": caveats, "tables": tables}
+    return tables
 
 
 def norm_weighted_tables(result: dict) -> list:

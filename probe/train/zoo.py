@@ -151,7 +151,7 @@ def _run_parallel(args, argv_of) -> int:
     return 1 if failed else 0
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="Train and ship the tiny-tier zoo")
     ap.add_argument("--variants", nargs="+", default=ZOO_VARIANTS)
     ap.add_argument("--steps", type=int, default=600)
@@ -170,6 +170,51 @@ def main(argv=None) -> int:
     ap.add_argument("--zoo-dir", type=Path, default=ZOO_DIR, help="where the trained checkpoints go (default: the zoo)")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--record-data", help=argparse.SUPPRESS)  # child processes: the --data the user gave
+    return ap
+
+
+def _recipe_of(args) -> dict:
+    """RECIPE with the flags' values; ``data`` is the --data the user gave (a child process is told it)."""
+    return {
+        **RECIPE,
+        "data": args.record_data or args.data,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "warmup": args.warmup,
+    }
+
+
+def _variant_argv(args, recipe: dict, variant: str) -> list[str]:
+    """The command that trains one variant (recorded in its zoo.json): the recipe's flags that differ from RECIPE."""
+    extra = [
+        (f"--{k.replace('_', '-')}", recipe[k])
+        for k in ("data", "batch_size", "lr", "warmup")
+        if recipe[k] != RECIPE[k]
+    ]
+    return ["--variants", variant, "--steps", str(args.steps), *[str(x) for kv in extra for x in kv]]
+
+
+def _child_argv(args, recipe: dict, data: str, variant: str) -> list[str]:
+    """A child process's command line: one variant, reading ``data`` and recording the user's --data."""
+    return [
+        *_variant_argv(args, recipe, variant),
+        "--data",
+        data,
+        "--record-data",
+        recipe["data"],
+        "--work",
+        str(args.work),
+        "--device",
+        args.device,
+        "--snapshot-every",
+        str(args.snapshot_every),
+        "--zoo-dir",
+        str(args.zoo_dir),
+    ]
+
+
+def main(argv=None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     from probe.models import config_for
 
@@ -178,22 +223,7 @@ def main(argv=None) -> int:
             config_for(v, RECIPE["tier"])
         except ValueError as e:
             ap.error(f"--variants {v!r}: {e}")
-    recipe = {
-        **RECIPE,
-        "data": args.record_data or args.data,
-        "batch_size": args.batch_size,
-        "lr": args.lr,
-        "warmup": args.warmup,
-    }
-
-    def argv_of(variant: str) -> list[str]:  # the command that trains one variant (recorded in its zoo.json)
-        extra = [
-            (f"--{k.replace('_', '-')}", recipe[k])
-            for k in ("data", "batch_size", "lr", "warmup")
-            if recipe[k] != RECIPE[k]
-        ]
-        return ["--variants", variant, "--steps", str(args.steps), *[str(x) for kv in extra for x in kv]]
-
+    recipe = _recipe_of(args)
     from probe.data import load_corpus, load_tokenizer, tokenize_documents
     from probe.data.corpus import write_jsonl
 
@@ -205,28 +235,11 @@ def main(argv=None) -> int:
         data = args.data
         if data.startswith("hf:"):  # fetched once here; the children read this copy and record the hf: name
             data = str(write_jsonl(corpus.documents, args.work / "corpus.jsonl.gz"))
-        return _run_parallel(
-            args,
-            lambda v: [
-                *argv_of(v),
-                "--data",
-                data,
-                "--record-data",
-                recipe["data"],
-                "--work",
-                str(args.work),
-                "--device",
-                args.device,
-                "--snapshot-every",
-                str(args.snapshot_every),
-                "--zoo-dir",
-                str(args.zoo_dir),
-            ],
-        )
+        return _run_parallel(args, lambda v: _child_argv(args, recipe, data, v))
     tokenizer = load_tokenizer(RECIPE["tokenizer"])
     docs = tokenize_documents(corpus, tokenizer)
     for variant in args.variants:
-        command = "python -m probe.train.zoo " + shlex.join(argv_of(variant))
+        command = "python -m probe.train.zoo " + shlex.join(_variant_argv(args, recipe, variant))
         rec = train_variant(
             variant,
             args.steps,

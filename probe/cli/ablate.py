@@ -93,6 +93,27 @@ def add_parser(sub) -> argparse.ArgumentParser:
         metavar="MODE",
         help="scalar value gates held open, closed or at their clean mean (default all three); adds gate",
     )
+    _eviction_flags(g)
+    g.add_argument(
+        "--depth",
+        nargs="+",
+        choices=DEPTH_MODES,
+        default=None,
+        metavar="MODE",
+        help="depth reads forced to the uniform mix, the residual sum, or with one source category "
+        "dropped (default all three); adds depth",
+    )
+    _register_flags(g)
+    g.add_argument(
+        "--per-head", action="store_true", help="also one head at a time (KV heads; query heads for phantom edits)"
+    )
+    g.add_argument("--no-per-layer", action="store_true", help="only every layer (site) at once, not one at a time")
+    output_flags(p)
+    return p
+
+
+def _eviction_flags(g) -> None:
+    """Window eviction's settings (each adds evict)."""
     g.add_argument(
         "--keep",
         nargs="+",
@@ -118,15 +139,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="window eviction: keys at their positions in the text (original) or within the cache as StreamingLLM "
         "assigns them (cache: rotary models); default original; adds evict",
     )
-    g.add_argument(
-        "--depth",
-        nargs="+",
-        choices=DEPTH_MODES,
-        default=None,
-        metavar="MODE",
-        help="depth reads forced to the uniform mix, the residual sum, or with one source category "
-        "dropped (default all three); adds depth",
-    )
+
+
+def _register_flags(g) -> None:
+    """The test-time register's settings (each adds register)."""
     g.add_argument(
         "--register-at",
         nargs="+",
@@ -145,12 +161,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="the register neurons moved onto the register, as layer:neuron (default: the 10 top ones of "
         "`probe sinks --register-neurons` over the same windows); adds register",
     )
-    g.add_argument(
-        "--per-head", action="store_true", help="also one head at a time (KV heads; query heads for phantom edits)"
-    )
-    g.add_argument("--no-per-layer", action="store_true", help="only every layer (site) at once, not one at a time")
-    output_flags(p)
-    return p
 
 
 # each flag and the field of probe.analyses.ablate.AblationOptions it sets (a flag not given: the field's default)

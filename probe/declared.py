@@ -69,4 +69,29 @@ def declaring(folder: Path, name: str) -> list[Path]:
     return found
 
 
-__all__ = ["literals", "declaring"]
+def registered(package: Path, decorator: str) -> tuple[str, ...]:
+    """The names classes are registered under by ``@decorator("name")`` in the modules of ``package`` (a folder) that
+    its ``__init__.py`` imports, in the order it imports them (the registry's order on import)."""
+    package = Path(package)
+    init = ast.parse((package / "__init__.py").read_text(encoding="utf-8"))
+    modules = [
+        node.module.rsplit(".", 1)[-1]
+        for node in init.body
+        if isinstance(node, ast.ImportFrom)
+        and node.module
+        and (package / f"{node.module.rsplit('.', 1)[-1]}.py").is_file()
+    ]
+    names: list[str] = []
+    for module in dict.fromkeys(modules):
+        tree = ast.parse((package / f"{module}.py").read_text(encoding="utf-8"))
+        for node in tree.body:
+            for dec in getattr(node, "decorator_list", ()) if isinstance(node, ast.ClassDef) else ():
+                call = dec if isinstance(dec, ast.Call) and isinstance(dec.func, ast.Name) else None
+                if call is not None and call.func.id == decorator and call.args:
+                    arg = call.args[0]
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value not in names:
+                        names.append(arg.value)
+    return tuple(names)
+
+
+__all__ = ["literals", "declaring", "registered"]

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 from probe.cli.flags import DEFAULT_MODEL, analysis_parser, output_flags
+from probe.declared import registered
 from probe.options import nonneg_int, positive_int
 
+# the interventions' names, read from their modules' source in registration order (torch is not imported for --help)
+INTERVENTIONS = registered(Path(__file__).parents[1] / "analyses" / "interventions", "register_intervention")
 # mirrored from probe.analyses.ablate (kept light here; tests/analyses/test_ablate_cli.py checks they agree)
-INTERVENTIONS = ("knockout", "value", "phantom", "gate", "evict", "depth", "register")
 VALUE_MODES = ("zero", "mean", "swap")
 GATE_MODES = ("open", "closed", "mean")
 DEPTH_MODES = ("uniform", "residual", "drop")

@@ -95,7 +95,7 @@ def test_snippets_occur_in_the_test_that_runs_them(page):
         if b["mark"] == "tested by":
             test = (ROOT / b["detail"]).read_text(encoding="utf-8")
             missing = sorted(n for n in _names_and_strings(b["text"]) if n not in test)
-            assert not missing, f"{page} line {b['line']}: {b['copied']} lacks {missing}"
+            assert not missing, f"{page} line {b['line']}: {b['detail']} lacks {missing}"
 
 
 def _parse_probe(command: str) -> None:

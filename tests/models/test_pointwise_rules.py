@@ -4,8 +4,8 @@ their golden outputs (tests/fixtures/sigmoid, written by make_golden.py from ml-
 model_attn_sim.py), the fused backward equals autograd through the reference and passes gradcheck, the models'
 hook_pattern is the rule on their own rot_q / rot_k (hook_phantom 1 - the row sum where rows sum to at most one,
 absent where they may sum past one), the hook algebra holds, a saved model under any row rule (softpick
-included) reloads, and a few steps of training
-lower the loss."""
+included) reloads, and a few steps of training lower the loss; the model-level checks run on the stickbreaking
+variant too (its op: test_stickbreaking.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ APPLE_BIAS = -math.log(256)  # make_golden.py's b = -log n at n = 256
 GU = [("sigmoid", False, "sigmoid_raw"), ("sigmoid", True, "sigmoid_norm"), ("elu1", False, "elu_raw")]
 GU += [("elu1", True, "elu_norm")]
 DTYPES = [(torch.float64, 1e-12, "64"), (torch.float32, 1e-5, "32")]
-VARIANTS = ["sigmoid", "sigmoid-norm", "elu1", "elu1-norm"]
+VARIANTS = ["sigmoid", "sigmoid-norm", "elu1", "elu1-norm", "stickbreaking"]  # stickbreaking: no RoPE
 
 
 def _golden(name: str) -> torch.Tensor:

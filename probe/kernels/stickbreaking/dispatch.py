@@ -1,4 +1,5 @@
-"""``stickbreaking_attention``: causal GQA attention under stick-breaking (docs/definitions.md#stick-breaking-attention).
+"""``stickbreaking_attention``: causal GQA attention under stick-breaking rows
+(docs/definitions.md#stick-breaking-attention).
 
     backend    path
     torch      (default) fused.py: the rule as one autograd function with its backward written out

@@ -1,4 +1,5 @@
-"""Readable fp32 (fp64 for fp64 inputs) reference of stick-breaking attention (docs/definitions.md#stick-breaking-attention).
+"""Readable fp32 (fp64 for fp64 inputs) reference of stick-breaking attention
+(docs/definitions.md#stick-breaking-attention).
 
     s_ij     = scale * q_i . k_j + key_bias_j       for visible j (the causal / window rule, j = i included), -inf else
     beta_ij  = sigmoid(s_ij)                        the share of the stick left at key j that key j takes

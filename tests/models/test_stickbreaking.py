@@ -15,9 +15,9 @@ from safetensors.torch import load_file
 from probe.kernels.sink_attention.reference import attention_scores
 from probe.kernels.stickbreaking import stickbreaking_attention, stickbreaking_of_scores
 from probe.kernels.stickbreaking.fused import stickbreaking_of_scores_fused
+from tests.support.rules import BACKENDS, gradients_by_backend
 
 GOLDEN = load_file(str(Path(__file__).resolve().parents[1] / "fixtures" / "stickbreaking" / "golden.safetensors"))
-BACKENDS = ("torch", "reference")
 DTYPES = [(torch.float64, 1e-12, "64"), (torch.float32, 1e-5, "32")]
 
 
@@ -70,16 +70,7 @@ def test_a_row_is_the_stick_broken_from_the_nearest_key_back():
 
 @pytest.mark.parametrize("window", [None, 3])
 def test_the_fused_backward_equals_autograd_through_the_reference(window):
-    g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(2, 6, 4, 8, generator=g, dtype=torch.float64) * 2 for _ in range(3))
-    k, v = k[:, :, :2], v[:, :, :2]  # GQA: two query heads per KV head
-    w = torch.randn(2, 6, 4, 8, generator=g, dtype=torch.float64)
-    grads = []
-    for backend in BACKENDS:
-        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        out = stickbreaking_attention(*leaves, window=window, backend=backend).out
-        grads.append(torch.autograd.grad((out * w).sum(), leaves))
-    for fused, reference in zip(*grads):
+    for fused, reference in gradients_by_backend(stickbreaking_attention, window=window):
         assert torch.isfinite(fused).all() and (fused - reference).abs().max().item() <= 1e-12
 
 

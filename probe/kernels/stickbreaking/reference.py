@@ -17,8 +17,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from probe.kernels.sink_attention.reference import apply_pattern, attention_scores
-
 
 def later_sum(x: torch.Tensor) -> torch.Tensor:
     """y_j = sum_{k > j} x_k along the last axis (a reversed, exclusive cumulative sum; no subtraction)."""
@@ -26,25 +24,11 @@ def later_sum(x: torch.Tensor) -> torch.Tensor:
     return F.pad(inclusive[..., 1:], (0, 1))
 
 
-def log_shares(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(visible, log beta with -inf on hidden keys, log(1 - beta) with 0 on hidden keys), all (B,H,Tq,Tk)."""
-    visible = torch.isfinite(scores)
-    z = torch.where(visible, scores, torch.zeros_like(scores))  # finite everywhere: no inf reaches autograd
-    log_beta = torch.where(visible, F.logsigmoid(z), torch.full_like(z, float("-inf")))
-    log_keep = torch.where(visible, F.logsigmoid(-z), torch.zeros_like(z))
-    return visible, log_beta, log_keep
-
-
 def stickbreaking_of_scores(scores: torch.Tensor) -> torch.Tensor:
     """The stick-breaking weights (B,H,Tq,Tk) of scores (B,H,Tq,Tk), hidden keys -inf, in the scores' dtype
     (differentiable; the authors' ``stickbreaking`` weights with the diagonal visible, their attend_current=True)."""
-    _, log_beta, log_keep = log_shares(scores)
+    visible = torch.isfinite(scores)
+    z = torch.where(visible, scores, torch.zeros_like(scores))  # finite everywhere: no inf reaches autograd
+    log_beta = torch.where(visible, F.logsigmoid(z), torch.full_like(z, float("-inf")))  # -inf: hidden keys take 0
+    log_keep = torch.where(visible, F.logsigmoid(-z), torch.zeros_like(z))  # 0: hidden keys break nothing
     return torch.exp(log_beta + later_sum(log_keep))
-
-
-def stickbreaking_attention_reference(q, k, v, **score_args):
-    """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> (out (B,Tq,H,dv) in q.dtype, pattern (B,H,Tq,Tk) fp32 or
-    fp64). Scores as sink attention's, ``score_args`` its key_bias, mask, window, scale, keep
-    (probe.kernels.sink_attention.reference.attention_scores: GQA, scale 1/sqrt(dh) by default, the causal rule)."""
-    pattern = stickbreaking_of_scores(attention_scores(q, k, **score_args))
-    return apply_pattern(pattern, v, q.dtype), pattern

@@ -38,16 +38,17 @@ class RowRule:
         return -math.log(n_ctx) if self.context_bias else 0.0
 
 
+def _op_without_bias(attention: Callable[..., AttentionOutput], q, k, v, *, bias: float = 0.0, **kw):
+    return attention(q, k, v, **kw)  # the rule takes no logit bias (bias is always 0 for it)
+
+
+def _rule_without_bias(of_scores: Callable[..., torch.Tensor], scores: torch.Tensor, bias: float = 0.0):
+    return of_scores(scores)
+
+
 def _biasless(attention: Callable[..., AttentionOutput], of_scores: Callable[..., torch.Tensor]) -> RowRule:
-    """A rule that takes no logit bias (its bias is always 0) and whose rows sum to at most one."""
-
-    def op(q, k, v, *, bias: float = 0.0, **kw) -> AttentionOutput:
-        return attention(q, k, v, **kw)
-
-    def rule(scores: torch.Tensor, bias: float = 0.0) -> torch.Tensor:
-        return of_scores(scores)
-
-    return RowRule(op, rule, at_most_one=True)
+    """A rule that takes no logit bias and whose rows sum to at most one (partials of module functions: picklable)."""
+    return RowRule(partial(_op_without_bias, attention), partial(_rule_without_bias, of_scores), at_most_one=True)
 
 
 def _pointwise(kernel: str, normalise: bool, context_bias: bool = False) -> RowRule:

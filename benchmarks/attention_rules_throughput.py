@@ -6,10 +6,10 @@
 
 Times forward + backward (cross-entropy on next-token targets; no optimizer step) of the ``baseline`` variant and of
 the baseline with ``attn_fn`` set to each rule of probe.kernels.row_rules (softpick, sigmoid, sigmoid-norm, elu1,
-elu1-norm by default), all built with the same seed, taking them in turn for ``--steps`` rounds after ``--warmup``
-rounds each, so all see the same load; reports each one's median step time, tokens per second, and its ratio to
-softmax in tokens per second (1.0: as fast; the goal is >= 0.9). The baseline runs the fused attention path (SDPA /
-CPU flash / Triton as the runtime backend picks); the other rules run their fused torch ops, which materialise
+elu1-norm, stickbreaking by default), all built with the same seed, taking them in turn for ``--steps`` rounds after
+``--warmup`` rounds each, so all see the same load; reports each one's median step time, tokens per second, and its
+ratio to softmax in tokens per second (1.0: as fast; the goal is >= 0.9). The baseline runs the fused attention path
+(SDPA / CPU flash / Triton as the runtime backend picks); the other rules run their fused torch ops, which materialise
 (B, H, T, T) scores.
 """
 

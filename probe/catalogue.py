@@ -44,6 +44,10 @@ VARIANTS: dict[str, Variant] = {
     "elu1-norm": Variant(
         "normalised ELU+1 rows: (elu(s) + 1) / (sum (elu(s) + 1) + eps) (Gu et al. 2025)", dict(attn_fn="elu1-norm")
     ),
+    "stickbreaking": Variant(
+        "stick-breaking rows: key j takes sigmoid(s_j) of the stick keys nearer than j left; no RoPE (Tan et al. 2025)",
+        dict(attn_fn="stickbreaking", pos="none"),
+    ),
     "normgate": Variant("value gate g_j = sigmoid(beta(||v_j||/sqrt(dh) - tau_h)), beta = 8", dict(value_gate="norm")),
     "projgate": Variant("value gate g_j = sigmoid(w_h . v_j + b_h)", dict(value_gate="proj")),
     "sink+norm": Variant("sink logit and norm gate", dict(abstention="sinklogit", value_gate="norm")),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 # how a row's weights come from its scores (ModelInfo.attention_rule): softmax, or a rule of
 # probe.kernels.row_rules.ROW_RULES (a test keeps the two lists equal; hooks does not import the kernels)
-RULES = ("softmax", "softpick", "sigmoid", "sigmoid-norm", "elu1", "elu1-norm")
+RULES = ("softmax", "softpick", "sigmoid", "sigmoid-norm", "elu1", "elu1-norm", "stickbreaking")
 MASKS = ("full", "sliding", "chunked", "linear")  # which keys a query sees (ModelInfo.layer_types)
 
 

@@ -19,6 +19,7 @@ import torch
 from probe.kernels.pointwise import pointwise_attention, pointwise_of_scores
 from probe.kernels.sink_attention.dispatch import AttentionOutput
 from probe.kernels.softpick import softpick_attention, softpick_of_scores
+from probe.kernels.stickbreaking import stickbreaking_attention, stickbreaking_of_scores
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,17 @@ class RowRule:
         return -math.log(n_ctx) if self.context_bias else 0.0
 
 
-def _softpick(q, k, v, *, bias: float = 0.0, **kw) -> AttentionOutput:
-    return softpick_attention(q, k, v, **kw)  # softpick takes no logit bias (bias is always 0 for it)
+def _op_without_bias(attention: Callable[..., AttentionOutput], q, k, v, *, bias: float = 0.0, **kw):
+    return attention(q, k, v, **kw)  # the rule takes no logit bias (bias is always 0 for it)
 
 
-def _softpick_scores(scores: torch.Tensor, bias: float = 0.0) -> torch.Tensor:
-    return softpick_of_scores(scores)
+def _rule_without_bias(of_scores: Callable[..., torch.Tensor], scores: torch.Tensor, bias: float = 0.0):
+    return of_scores(scores)
+
+
+def _biasless(attention: Callable[..., AttentionOutput], of_scores: Callable[..., torch.Tensor]) -> RowRule:
+    """A rule that takes no logit bias and whose rows sum to at most one (partials of module functions: picklable)."""
+    return RowRule(partial(_op_without_bias, attention), partial(_rule_without_bias, of_scores), at_most_one=True)
 
 
 def _pointwise(kernel: str, normalise: bool, context_bias: bool = False) -> RowRule:
@@ -56,9 +62,10 @@ def _pointwise(kernel: str, normalise: bool, context_bias: bool = False) -> RowR
 
 # attn_fn -> its rule (softmax, the default, is sink attention's and not listed)
 ROW_RULES: dict[str, RowRule] = {
-    "softpick": RowRule(_softpick, _softpick_scores, at_most_one=True),  # Zuhri et al. 2025
+    "softpick": _biasless(softpick_attention, softpick_of_scores),  # Zuhri et al. 2025
     "sigmoid": _pointwise("sigmoid", normalise=False, context_bias=True),  # Ramapuram et al. 2024, b = -log n_ctx
     "sigmoid-norm": _pointwise("sigmoid", normalise=True),  # Gu et al. 2025, sigmoid / Σ sigmoid
     "elu1": _pointwise("elu1", normalise=False),  # Gu et al. 2025, elu + 1
     "elu1-norm": _pointwise("elu1", normalise=True),  # Gu et al. 2025, (elu + 1) / Σ (elu + 1)
+    "stickbreaking": _biasless(stickbreaking_attention, stickbreaking_of_scores),  # Tan et al. 2025
 }

@@ -54,11 +54,11 @@ __all__ = [
 ABSTENTIONS = ("none", "offbyone", "sinklogit", "sinktoken")
 # the rule that turns a row's scores into its weights: "softmax", or a rule of probe.kernels.row_rules: "softpick"
 # (Zuhri et al. 2025; docs/definitions.md#softpick), "sigmoid" (Ramapuram et al. 2024), "sigmoid-norm", "elu1",
-# "elu1-norm" (Gu et al. 2025; docs/definitions.md#pointwise-attention-rules)
+# "elu1-norm" (Gu et al. 2025; docs/definitions.md#pointwise-attention-rules), "stickbreaking" (Tan et al. 2025)
 ATTN_FNS = ("softmax", *ROW_RULES)
 QK_ACTIVATIONS = ("none", "q", "qk")
 NORMS = ("rms", "layer")
-POSITIONS = ("rope", "learned")
+POSITIONS = ("rope", "learned", "none")  # "none": no position signal (stick-breaking is one by itself)
 MLPS = ("swiglu", "gelu")
 # RoPE's cos/sin table: "exact" fp32 cos/sin of fp32 angles; "bfloat16" / "float16" the fp32 table (torch.polar's,
 # as MUDDFormer's / MUDDPythia's precompute_freqs_cis) rounded to that dtype, as those authors' code always uses it;

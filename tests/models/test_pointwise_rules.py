@@ -4,8 +4,8 @@ their golden outputs (tests/fixtures/sigmoid, written by make_golden.py from ml-
 model_attn_sim.py), the fused backward equals autograd through the reference and passes gradcheck, the models'
 hook_pattern is the rule on their own rot_q / rot_k (hook_phantom 1 - the row sum where rows sum to at most one,
 absent where they may sum past one), the hook algebra holds, a saved model under any row rule (softpick
-included) reloads, and a few steps of training
-lower the loss."""
+included) reloads, and a few steps of training lower the loss; the model-level checks run on the stickbreaking
+variant too (its op: test_stickbreaking.py)."""
 
 from __future__ import annotations
 
@@ -26,17 +26,17 @@ from probe.kernels.sink_attention.reference import attention_scores
 from probe.models import create
 from probe.models.model import ProbeForCausalLM
 from tests.support import SMALL
+from tests.support.rules import BACKENDS, gradients_by_backend
 
 GOLDEN = load_file(str(Path(__file__).resolve().parents[1] / "fixtures" / "sigmoid" / "golden.safetensors"))
 CFG = dict(SMALL, n_kv_heads=2, vocab_size=53)
 IDS = torch.randint(0, 53, (2, 11), generator=torch.Generator().manual_seed(0))
-BACKENDS = ("torch", "reference")
 APPLE_BIAS = -math.log(256)  # make_golden.py's b = -log n at n = 256
 # Gu et al.'s (sim, attention_normalize) as probe's (kernel, normalise)
 GU = [("sigmoid", False, "sigmoid_raw"), ("sigmoid", True, "sigmoid_norm"), ("elu1", False, "elu_raw")]
 GU += [("elu1", True, "elu_norm")]
 DTYPES = [(torch.float64, 1e-12, "64"), (torch.float32, 1e-5, "32")]
-VARIANTS = ["sigmoid", "sigmoid-norm", "elu1", "elu1-norm"]
+VARIANTS = ["sigmoid", "sigmoid-norm", "elu1", "elu1-norm", "stickbreaking"]  # stickbreaking: no RoPE
 
 
 def _golden(name: str) -> torch.Tensor:
@@ -75,16 +75,8 @@ def test_the_op_equals_gu_et_al_eager_attention(kernel, normalise, theirs, dtype
 @pytest.mark.parametrize("kernel, normalise, _", GU)
 @pytest.mark.parametrize("bias", [0.0, APPLE_BIAS])
 def test_the_fused_backward_equals_autograd_through_the_reference(kernel, normalise, _, bias):
-    g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(2, 6, 4, 8, generator=g, dtype=torch.float64) * 2 for _ in range(3))
-    k, v = k[:, :, :2], v[:, :, :2]  # GQA: two query heads per KV head
-    w = torch.randn(2, 6, 4, 8, generator=g, dtype=torch.float64)
-    grads = []
-    for backend in BACKENDS:
-        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        out = pointwise_attention(*leaves, kernel=kernel, normalise=normalise, bias=bias, backend=backend).out
-        grads.append(torch.autograd.grad((out * w).sum(), leaves))
-    for fused, reference in zip(*grads):
+    pairs = gradients_by_backend(pointwise_attention, kernel=kernel, normalise=normalise, bias=bias)
+    for fused, reference in pairs:
         assert (fused - reference).abs().max().item() <= 1e-12
 
 

@@ -2,7 +2,7 @@
 (docs/definitions.md#pointwise-attention-rules). Sigmoid attention (Ramapuram et al. 2024: sigmoid(s + b), b = -log n,
 not normalised) and Gu et al. 2025's similarity kernels (sigmoid and ELU+1, with and without normalisation).
 
-    reference.py   the plain PyTorch rule on materialised (B, H, Tq, Tk) scores, and its attention op
+    reference.py   the plain PyTorch rule on materialised (B, H, Tq, Tk) scores
     fused.py       the same rule as one autograd function with its backward written out (fewer T x T passes)
     dispatch.py    ``pointwise_attention``: the op the models call (backend "torch": fused.py; "reference")
 """

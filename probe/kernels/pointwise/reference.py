@@ -19,8 +19,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from probe.kernels.sink_attention.reference import apply_pattern, attention_scores
-
 KERNELS = ("sigmoid", "elu1")
 NORM_EPS = 1e-8  # Gu et al.'s eps in the row normalisation
 
@@ -43,14 +41,3 @@ def pointwise_of_scores(
     if not normalise:
         return w
     return w / (w.sum(-1, keepdim=True) + eps)
-
-
-def pointwise_attention_reference(
-    q, k, v, *, kernel: str, normalise: bool, bias: float = 0.0, eps: float = NORM_EPS, **score_args
-):
-    """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> (out (B,Tq,H,dv) in q.dtype, pattern (B,H,Tq,Tk) fp32 or
-    fp64). Scores as sink attention's, ``score_args`` its key_bias, mask, window, scale, keep
-    (probe.kernels.sink_attention.reference.attention_scores: GQA, scale 1/sqrt(dh) by default, the causal rule)."""
-    scores = attention_scores(q, k, **score_args)
-    pattern = pointwise_of_scores(scores, kernel, normalise, bias, eps)
-    return apply_pattern(pattern, v, q.dtype), pattern

@@ -1,7 +1,7 @@
 """softpick (Zuhri et al. 2025, "Softpick: No Attention Sink, No Massive Activations with Rectified Softmax"): the
 rectified, not-normalised-to-one replacement of softmax in causal attention (docs/definitions.md#softpick).
 
-    reference.py   the plain PyTorch rule on materialised (B, H, Tq, Tk) scores, and its attention op
+    reference.py   the plain PyTorch rule on materialised (B, H, Tq, Tk) scores
     fused.py       the same rule as one autograd function with its backward written out (fewer T x T passes)
     dispatch.py    ``softpick_attention``: the op the models call (backend "torch": fused.py; "reference")
 """

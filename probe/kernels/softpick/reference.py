@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from probe.kernels.sink_attention.reference import apply_pattern, attention_scores
-
 SOFTPICK_EPS = 1e-8  # the authors' default eps
 
 
@@ -30,15 +28,3 @@ def softpick_of_scores(scores: torch.Tensor, eps: float = SOFTPICK_EPS) -> torch
     e = torch.exp(scores - m) - torch.exp(-m)  # hidden keys: -exp(-m), excluded below
     den = torch.where(visible, e.abs(), torch.zeros_like(e)).sum(-1, keepdim=True) + eps
     return torch.relu(e) / den
-
-
-def softpick_attention_reference(
-    q, k, v, *, key_bias=None, mask=None, window=None, scale=None, keep=None, eps: float = SOFTPICK_EPS
-):
-    """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> (out (B,Tq,H,dv) in q.dtype, pattern (B,H,Tq,Tk) fp32 or
-    fp64, phantom (B,H,Tq) = 1 - row sums). Scores as sink attention's (probe.kernels.sink_attention.reference:
-    GQA, scale 1/sqrt(dh) by default, key_bias, mask or the causal / window rule)."""
-    scores = attention_scores(q, k, key_bias=key_bias, mask=mask, window=window, scale=scale, keep=keep)
-    pattern = softpick_of_scores(scores, eps)
-    out = apply_pattern(pattern, v, q.dtype)
-    return out, pattern, 1.0 - pattern.sum(-1)

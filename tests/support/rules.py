@@ -1,0 +1,22 @@
+"""What the row-rule tests share: the gradients of an attention op under its fused and its reference backend."""
+
+from __future__ import annotations
+
+import torch
+
+BACKENDS = ("torch", "reference")
+
+
+def gradients_by_backend(attention, seed: int = 1, **kw) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(fused, reference) gradient pairs of q, k, v for sum(out * w) of ``attention(q, k, v, backend=..., **kw)``, on
+    fp64 GQA inputs (B=2, T=6, 4 query heads over 2 KV heads, d=8) drawn from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 6, 4, 8, generator=g, dtype=torch.float64) * 2 for _ in range(3))
+    k, v = k[:, :, :2], v[:, :, :2]  # GQA: two query heads per KV head
+    w = torch.randn(2, 6, 4, 8, generator=g, dtype=torch.float64)
+    grads = []
+    for backend in BACKENDS:
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = attention(*leaves, backend=backend, **kw).out
+        grads.append(torch.autograd.grad((out * w).sum(), leaves))
+    return list(zip(*grads))

@@ -31,10 +31,12 @@ from probe.jobs.specs import EvaluationOptions
 
 RECIPE = "pretrained-sinks"
 TYPE_LAYERS = {
-    "all": ("full", "sliding"),
+    "all": ("full", "sliding", "chunked"),
     "full": ("full",),
     "sliding": ("sliding",),
     "sliding (key 0 in window)": ("sliding",),
+    "chunked": ("chunked",),
+    "chunked (key 0 in chunk)": ("chunked",),
 }  # which layers' sink logits each by_type row averages
 
 
@@ -78,7 +80,7 @@ def type_table(name: str, stats: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def layer_table(name: str, stats: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """The same statistics per layer (key-0-window columns only for sliding layers)."""
+    """The same statistics per layer (key-0-window columns only for sliding and chunked layers)."""
     layers = stats["layers"]
     out = pd.DataFrame(
         {

@@ -50,7 +50,7 @@ class SinkAccumulator:
         L, H, Hkv = info.n_layers, info.n_heads, info.n_kv_heads
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
         self.pos0, self.phantom, self.rows = z(L, H), z(L, H), z(L)
-        self.pos0_w, self.phantom_w, self.rows_w = z(L, H), z(L, H), z(L)  # rows whose window contains key 0
+        self.pos0_w, self.phantom_w, self.rows_w = z(L, H), z(L, H), z(L)  # rows whose window / chunk holds key 0
         self.uniform, self.uniform_w = z(L), z(L)
         self.r0, self.seqs = z(L, Hkv), z(L)
         self.sink = [None] * L

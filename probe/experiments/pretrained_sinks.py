@@ -3,7 +3,8 @@ with a sink logit").
 
 For every model in ``models`` (any name ``probe.load`` takes), on its own BOS-aware evaluation windows
 (``probe.experiments.pretrained``): ``probe.analyses.sinks.sink_stats``, then per layer type (all layers, and where
-the model has sliding-window layers: full, sliding, and sliding over the queries whose window contains key 0)
+the model has sliding-window or chunked layers: full, sliding / chunked, and those over the queries whose window or
+chunk contains key 0)
 
     pos0_pct         attention mass on key 0 as a % of the mass on real keys (Table 14 "mass on position 0")
     phantom_pct      mass on the phantom as a % of all mass (0 for models without one)

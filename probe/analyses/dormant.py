@@ -22,8 +22,8 @@ agreement of the two criteria. For the ``sinktoken`` variant key 0 is the learne
 logit, off-by-one, gpt-oss) mass parked on the phantom is not key-0 mass: ``phantom`` is reported beside it and
 ``dormant_phantom`` = key0_mass + phantom > ``threshold`` treats both as the sink.
 
-Sliding-window layers (gpt-oss): rows past the window cannot see key 0, so all three per-input numbers are taken
-over the rows 1 <= t < window, whose window contains key 0.
+Sliding-window layers (gpt-oss) and chunked ones (Llama 4): rows past the window or the first chunk cannot see key 0,
+so all three per-input numbers are taken over the rows 1 <= t < window (chunk), whose window (chunk) contains key 0.
 
 Domain dependence: ``data`` may map domain names to windows (e.g. the bundled corpora, see ``domain_windows``); the
 tables then give the dormant share per domain and layer, and the heads whose dormant rate differs most between
@@ -94,8 +94,8 @@ class DormantAccumulator:
         B, H, T = key0.shape
         if T < 2:
             raise ValueError("dormant heads need at least 2 positions (rows t >= 1)")
-        window = self.info.attention_at(layer).window
-        end = T if window is None else min(T, window)  # sliding layers: the rows whose window contains key 0
+        # sliding and chunked layers: the rows 1 .. end-1 whose window or chunk holds key 0 (they lead)
+        end = int(self.info.attention_at(layer).sees_key0(T).sum())
         k0 = key0[:, :, 1:end].double().mean(-1).cpu()  # (B, H)
         ph = phantom[:, :, 1:end].double().mean(-1).cpu()
         zn = z[:, 1:end].double().norm(dim=-1).mean(1).cpu()  # (B, H)

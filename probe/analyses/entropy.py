@@ -40,32 +40,23 @@ COLUMNS = ("entropy", "entropy_norm", "entropy_real_norm")
 ROW_BLOCK = 256  # query rows reduced at once: B x H x 256 x T fp64 temporaries, never a second T x T
 
 
-def visible_keys(T: int, window: int | None = None, chunk: int | None = None) -> torch.Tensor:
-    """Number of keys each query row t < T sees, (T,) float64: t + 1 (causal), min(t + 1, window) (sliding),
-    (t mod chunk) + 1 (chunked)."""
-    t = torch.arange(T, dtype=torch.float64)
-    if chunk is not None:
-        return torch.remainder(t, chunk) + 1
-    n = t + 1
-    return n.clamp_max(window) if window is not None else n
-
-
 def row_entropies(
     pattern: torch.Tensor,
     phantom: torch.Tensor | None = None,
     *,
-    window: int | None = None,
-    chunk: int | None = None,
+    visible: torch.Tensor | None = None,
     block: int = ROW_BLOCK,
 ) -> dict[str, torch.Tensor]:
     """Per-row entropies of attention patterns, float64 (B, H, T) each (docs/definitions.md#attention-entropy).
 
-    pattern: (B, H, T, T) real keys' weights (rows sum to 1 - phantom); phantom: (B, H, T) phantom mass or None.
-    Returns ``entropy`` (nats, the phantom one more outcome), ``entropy_norm`` (over log of the number of outcomes:
-    visible keys, + 1 with a phantom) and ``entropy_real_norm`` (the real weights renormalised, over log of the
-    visible keys); a row whose normaliser is log 1 = 0 is NaN in the normalised ones."""
+    pattern: (B, H, T, T) real keys' weights (rows sum to 1 - phantom); phantom: (B, H, T) phantom mass or None;
+    visible: (T,) keys each row sees (the layer's ``LayerAttention.visible_keys``; None: causal, t + 1). Returns
+    ``entropy`` (nats, the phantom one more outcome), ``entropy_norm`` (over log of the number of outcomes: visible
+    keys, + 1 with a phantom) and ``entropy_real_norm`` (the real weights renormalised, over log of the visible keys);
+    a row whose normaliser is log 1 = 0 is NaN in the normalised ones."""
     B, H, T, _ = pattern.shape
-    n = visible_keys(T, window, chunk).to(pattern.device)
+    causal = torch.arange(1, T + 1, dtype=torch.float64)
+    n = (causal if visible is None else visible.double()).to(pattern.device)  # (T,)
     outcomes = n + (1 if phantom is not None else 0)
     nan = torch.tensor(float("nan"), dtype=torch.float64, device=pattern.device)
     log_out = torch.where(outcomes > 1, outcomes.log(), nan)
@@ -84,9 +75,9 @@ def row_entropies(
     return {"entropy": h, "entropy_norm": h / log_out, "entropy_real_norm": torch.cat(real, dim=-1) / log_n}
 
 
-def counted_rows(T: int, window: int | None = None, chunk: int | None = None) -> torch.Tensor:
-    """(T,) bool: the rows an average runs over: t >= 1 with at least two visible keys."""
-    keep = visible_keys(T, window, chunk) >= 2
+def counted_rows(visible: torch.Tensor) -> torch.Tensor:
+    """(T,) bool: the rows an average runs over: t >= 1 with at least two ``visible`` keys ((T,) per row)."""
+    keep = visible >= 2
     keep[0] = False
     return keep
 
@@ -109,10 +100,9 @@ class EntropyAccumulator:
         """pattern: (B, H, T, T) of one layer (hook_pattern); phantom: (B, H, T) (hook_phantom) or None."""
         info = self.info
         B, H, T, _ = pattern.shape
-        rules = info.attention_at(layer)
-        window, chunk = rules.window, rules.chunk
-        got = row_entropies(pattern, phantom, window=window, chunk=chunk)
-        keep = counted_rows(T, window, chunk).to(pattern.device)
+        visible = info.attention_at(layer).visible_keys(T)  # (T,) keys each row sees: causal, window or chunk
+        got = row_entropies(pattern, phantom, visible=visible)
+        keep = counted_rows(visible).to(pattern.device)
         k = int(keep.sum())
         if k == 0:
             raise ValueError("attention entropy needs a row t >= 1 that sees at least two keys")
@@ -250,7 +240,6 @@ def attention_entropy(model, data, *, progress: bool = False, allow_nonfinite: b
 __all__ = [
     "attention_entropy",
     "row_entropies",
-    "visible_keys",
     "counted_rows",
     "EntropyAccumulator",
     "EntropyPart",

@@ -13,12 +13,13 @@ averages over the queries i >= k, which for key 0 includes query 0 itself (alway
 reproduces that. The mean is pooled over every row of every window (all windows have the same length, so this equals the
 mean over windows of per-window means), then thresholded per head. Beside α the tables report the key-0 share of the
 *real* mass (a_{t,0} / Σ_j a_{t,j}, sinks.py's ``pos0_share``), the phantom share and the causal-uniform reference
-mean_t 1/(t+1). Standard errors (``sink_share_se``, ``key0_mass_se``) are delete-one-batch jackknife estimates over
-evaluation batches: α and the thresholded share are recomputed with each batch left out (a threshold is not a mean of
-per-batch values). "Key 0" is the first position of the window: the first text token (eval windows carry no BOS), or,
-for the custom ``sinktoken`` variant, the learned sink token prepended at position 0 (``meta['key0']`` says which).
-Sliding-window layers (gpt-oss) are also reported over the rows whose window contains key 0 (``*_key0`` columns); the
-sink-head decision uses all rows unless ``window_rows='key0'`` is asked for.
+mean_t 1/(t+1) (0 for a row whose window or chunk no longer holds key 0). Standard errors (``sink_share_se``,
+``key0_mass_se``) are delete-one-batch jackknife estimates over evaluation batches: α and the thresholded share are
+recomputed with each batch left out (a threshold is not a mean of per-batch values). "Key 0" is the first position
+of the window: the first text token (eval windows carry no BOS), or, for the custom ``sinktoken`` variant, the learned
+sink token prepended at position 0 (``meta['key0']`` says which).
+Sliding-window layers (gpt-oss) and chunked ones (Llama 4) are also reported over the rows whose window or chunk
+contains key 0 (``*_key0`` columns); the sink-head decision uses all rows unless ``window_rows='key0'`` is asked for.
 
 Protocols (docs/definitions.md#sink-eps-protocols): ``protocol='pooled'`` (the default) is the form above;
 ``protocol='gu2025'`` is Gu et al.'s released evaluation (sail-sg/Attention-Sink ``eval_sink_open_source.py``): rows
@@ -157,11 +158,11 @@ class SinkEpsAccumulator:
         first = 0 if self.q0 else 1
         if T - first < 1:
             raise ValueError("Sink^ε needs at least 2 positions (rows t >= 1)")
-        t = torch.arange(first, T, dtype=torch.float64)
         share = key0 / real.clamp_min(1e-300)
-        window = self.info.attention_at(layer).window
-        sees0 = t < window if window is not None else torch.ones_like(t, dtype=torch.bool)
-        n = int(sees0.sum())  # rows first .. first+n-1 see key 0 (a window always contains its own query)
+        rules = self.info.attention_at(layer)
+        sees0 = rules.sees_key0(T)[first:]  # (T-first,) rows whose window or chunk holds key 0
+        uniform = torch.where(sees0, 1 / rules.visible_keys(T)[first:], 0)  # (T-first,) a uniform row's key-0 share
+        n = int(sees0.sum())  # rows first .. first+n-1 see key 0 (they lead: LayerAttention.sees_key0)
         part = self._part(layer)
         part["key0"][layer] += key0[:, :, first:].sum((0, 2))
         part["rows"][layer] += B * (T - first)
@@ -184,8 +185,7 @@ class SinkEpsAccumulator:
             ph[layer] += phantom[:, :, sl].sum((0, 2))
             nrows = sl.stop - sl.start
             rows[layer] += B * nrows
-            tt = t[:nrows]
-            uni[layer] += B * torch.where(sees0[:nrows], 1 / (tt + 1), 0).sum()
+            uni[layer] += B * uniform[:nrows].sum()
 
     def _leave_one_out(self, key0_rows: bool) -> torch.Tensor:
         """α per (layer, head) with each batch left out in turn, (n, L, H); over the rows that see key 0 when
@@ -393,7 +393,7 @@ def sink_heads(
     ``layers`` (one row per layer and ε), ``heads`` (key-0 score per head) and ``meta``.
 
     ``method='streaming'`` (default) never materialises a pattern; ``'pattern'`` reads hook_pattern/hook_phantom one
-    layer at a time. ``window_rows='key0'`` decides sink heads of sliding-window layers on the rows that see key 0.
+    layer at a time. ``window_rows='key0'`` decides sink heads of sliding and chunked layers on the rows that see key 0.
     ``protocol`` (one of :data:`PROTOCOLS`): 'pooled' (probe's form) or 'gu2025' (Gu et al.'s released evaluation:
     rows t >= 0, thresholded per window; the windows must hold 64 tokens, ``probe.data.windows.text_windows``).
     A model with linear layers (no softmax attention) has them in ``layers`` with NaN statistics; ``summary`` (its

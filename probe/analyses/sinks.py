@@ -4,11 +4,12 @@
 Per attention row i (queries t >= 1):
     pos0_share    = mass on key 0 / mass on the real keys
     phantom_share = mass on the phantom / all mass (real + phantom)       (0 for models without a phantom)
-    uniform_ref   = 1 / (number of visible keys) = 1/(t+1): the position-0 share of a causal-uniform row
+    uniform_ref   = 1 / (number of visible keys) = 1/(t+1): the position-0 share of a causal-uniform row (0 for a row
+                    whose window or chunk no longer holds key 0)
 and per KV head and sequence  r0 = ||v_0|| / median_j ||v_j||  (reads = hook_v, median over all T reads, linear
-interpolation), reported as a mean of ratios. Averages: over rows, then query heads, then layers. Sliding-window layers
-are also reported over the queries whose window contains key 0. A sink has formed when, averaged over the layers past
-the first, pos0_share >= 3 x uniform_ref and r0 < 0.8 (docs/definitions.md#sink-rule).
+interpolation), reported as a mean of ratios. Averages: over rows, then query heads, then layers. Sliding-window and
+chunked layers are also reported over the queries whose window or chunk contains key 0. A sink has formed when,
+averaged over the layers past the first, pos0_share >= 3 x uniform_ref and r0 < 0.8 (docs/definitions.md#sink-rule).
 
 ``sink_stats`` streams: it hooks q, k, v (the sink logit, a routing-slot gate) of one layer at a time and gets the
 per-row masses from probe.kernels.attention_row_masses, so no T x T tensor exists; it stops the forward after the last
@@ -34,6 +35,8 @@ from probe.process_group import batches_of_rank, rank_and_world
 
 SINK_FACTOR = 3.0  # pos0_share >= 3 x causal-uniform reference
 SINK_R0 = 0.8  # and r0 below this
+# layer types whose later rows cannot see key 0, reported again over the rows that can: their by_type row
+KEY0_ROWS = {"sliding": "sliding (key 0 in window)", "chunked": "chunked (key 0 in chunk)"}
 
 
 class SinkAccumulator:
@@ -47,7 +50,7 @@ class SinkAccumulator:
         L, H, Hkv = info.n_layers, info.n_heads, info.n_kv_heads
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
         self.pos0, self.phantom, self.rows = z(L, H), z(L, H), z(L)
-        self.pos0_w, self.phantom_w, self.rows_w = z(L, H), z(L, H), z(L)  # rows whose window contains key 0
+        self.pos0_w, self.phantom_w, self.rows_w = z(L, H), z(L, H), z(L)  # rows whose window / chunk holds key 0
         self.uniform, self.uniform_w = z(L), z(L)
         self.r0, self.seqs = z(L, Hkv), z(L)
         self.sink = [None] * L
@@ -59,18 +62,18 @@ class SinkAccumulator:
         B, H, T = pos0.shape
         if T < 2:
             raise ValueError("sink statistics need at least 2 positions (rows t >= 1)")
-        window = self.info.attention_at(layer).window
-        t = torch.arange(1, T, dtype=torch.float64)
+        rules = self.info.attention_at(layer)
+        sees0 = rules.sees_key0(T)[1:]  # (T-1,) rows t >= 1 whose window or chunk holds key 0
+        uniform = torch.where(sees0, 1 / rules.visible_keys(T)[1:], 0)  # (T-1,) a uniform row's share on key 0
         self.pos0[layer] += pos0[:, :, 1:].double().sum((0, 2))
         self.phantom[layer] += phantom[:, :, 1:].double().sum((0, 2))
         self.rows[layer] += B * (T - 1)
-        sees0 = t < window if window is not None else torch.ones_like(t, dtype=torch.bool)  # query t sees key 0
-        self.uniform[layer] += B * torch.where(sees0, 1 / (t + 1), 0).sum()
-        k = int(sees0.sum())  # rows 1..k see key 0
+        self.uniform[layer] += B * uniform.sum()
+        k = int(sees0.sum())  # rows 1..k see key 0 (they lead: LayerAttention.sees_key0)
         self.pos0_w[layer] += pos0[:, :, 1 : 1 + k].double().sum((0, 2))
         self.phantom_w[layer] += phantom[:, :, 1 : 1 + k].double().sum((0, 2))
         self.rows_w[layer] += B * k
-        self.uniform_w[layer] += B * (1 / (t[:k] + 1)).sum()
+        self.uniform_w[layer] += B * uniform[:k].sum()
         n = norms.double()
         median = torch.quantile(n, 0.5, dim=1)  # (B, Hkv), linear interpolation over all T reads
         self.r0[layer] += (n[:, 0] / median).sum(0)
@@ -82,7 +85,7 @@ class SinkAccumulator:
                 "layer": layer,
                 "pos0_share": float(pos0[:, :, 1:].double().mean()),
                 "phantom_share": float(phantom[:, :, 1:].double().mean()),
-                "uniform_ref": float(torch.where(sees0, 1 / (t + 1), 0).mean()),
+                "uniform_ref": float(uniform.mean()),
                 "r0": float((n[:, 0] / median).mean()),
             }
         )
@@ -114,7 +117,7 @@ class SinkAccumulator:
                     "uniform_ref": float(self.uniform[l] / self.rows[l]),
                     "sink_logit": float(self.sink[l][h]) if self.sink[l] is not None else float("nan"),
                 }
-                if info.layer_types[l] == "sliding":
+                if info.layer_types[l] in KEY0_ROWS:
                     row.update(
                         pos0_share_key0=float(self.pos0_w[l, h] / self.rows_w[l]),
                         phantom_share_key0=float(self.phantom_w[l, h] / self.rows_w[l]),
@@ -126,25 +129,26 @@ class SinkAccumulator:
         layers = mean_all(heads, ["layer", "layer_type"], cols)  # a NaN head makes its layer NaN, never dropped
         layers.insert(4, "r0", [float((self.r0[l] / self.seqs[l]).mean()) for l in layers["layer"]])
         # summaries: over all layers (the softmax ones: a linear layer has no attention), per layer type, and for
-        # sliding layers over queries that see key 0
+        # sliding and chunked layers over queries that see key 0
         linear = linear_layers(info)
         over = "softmax" if linear else "all"
         summary = _summary(layers, over)
         later = layers[layers["layer"] > 0] if len(layers) > 1 else layers
         summary.update(_flag(later))
         by_type = [_summary(layers, over)]
-        for kind in ("full", "sliding"):
+        for kind in ("full", "sliding", "chunked"):
             sub = layers[layers["layer_type"] == kind]
             if len(sub) and len(sub) < len(layers):
                 by_type.append(_summary(sub, kind))
-        sub = layers[layers["layer_type"] == "sliding"]
-        if len(sub):
-            key0 = sub.assign(
-                pos0_share=sub["pos0_share_key0"],
-                phantom_share=sub["phantom_share_key0"],
-                uniform_ref=sub["uniform_ref_key0"],
-            )
-            by_type.append(_summary(key0, "sliding (key 0 in window)"))
+        for kind, label in KEY0_ROWS.items():
+            sub = layers[layers["layer_type"] == kind]
+            if len(sub):
+                key0 = sub.assign(
+                    pos0_share=sub["pos0_share_key0"],
+                    phantom_share=sub["phantom_share_key0"],
+                    uniform_ref=sub["uniform_ref_key0"],
+                )
+                by_type.append(_summary(key0, label))
         if linear:  # listed, with no attention statistics
             by_type.append(_summary(layers.iloc[:0], "linear") | {"n_layers": len(linear)})
         return {
@@ -269,4 +273,4 @@ def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
     return finish(acc.tables(), _meta(model, w, "pattern"))
 
 
-__all__ = ["sink_stats", "sink_stats_reference", "SinkAccumulator", "SinkPart", "SINK_FACTOR", "SINK_R0"]
+__all__ = ["sink_stats", "sink_stats_reference", "SinkAccumulator", "SinkPart", "SINK_FACTOR", "SINK_R0", "KEY0_ROWS"]

@@ -3,7 +3,8 @@ with a sink logit").
 
 For every model in ``models`` (any name ``probe.load`` takes), on its own BOS-aware evaluation windows
 (``probe.experiments.pretrained``): ``probe.analyses.sinks.sink_stats``, then per layer type (all layers, and where
-the model has sliding-window layers: full, sliding, and sliding over the queries whose window contains key 0)
+the model has sliding-window or chunked layers: full, sliding / chunked, and those over the queries whose window or
+chunk contains key 0)
 
     pos0_pct         attention mass on key 0 as a % of the mass on real keys (Table 14 "mass on position 0")
     phantom_pct      mass on the phantom as a % of all mass (0 for models without one)
@@ -31,10 +32,12 @@ from probe.jobs.specs import EvaluationOptions
 
 RECIPE = "pretrained-sinks"
 TYPE_LAYERS = {
-    "all": ("full", "sliding"),
+    "all": ("full", "sliding", "chunked"),
     "full": ("full",),
     "sliding": ("sliding",),
     "sliding (key 0 in window)": ("sliding",),
+    "chunked": ("chunked",),
+    "chunked (key 0 in chunk)": ("chunked",),
 }  # which layers' sink logits each by_type row averages
 
 
@@ -78,7 +81,7 @@ def type_table(name: str, stats: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def layer_table(name: str, stats: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """The same statistics per layer (key-0-window columns only for sliding layers)."""
+    """The same statistics per layer (key-0-window columns only for sliding and chunked layers)."""
     layers = stats["layers"]
     out = pd.DataFrame(
         {

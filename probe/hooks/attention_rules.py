@@ -2,9 +2,9 @@
 
 ``ModelInfo.attention_at(layer)`` gives each layer's description, and every reader takes its rules from there: the
 streaming row masses (probe.analyses.capture.row_masses: scale, window, chunk, soft-cap, ALiBi, phantom, routing
-bias), the attention entropy's visible keys, the sink analyses' windows, and the check the HF attention functions
-make on every call that what a layer ran (scale, soft-cap, window, heads) is what is described
-(probe.checkpoints.attention.check_site).
+bias), the attention entropy's visible keys and the sink analyses' rows that see key 0 (``visible_keys``,
+``sees_key0``), and the check the HF attention functions make on every call that what a layer ran (scale, soft-cap,
+window, heads) is what is described (probe.checkpoints.attention.check_site).
 
 A new family declares its attention's differences in one place, its adapter's ``describe`` (or a probe model's
 ``probe_info``): ``layer_types`` and ``sliding_window``; ``extra["attn_scale"]`` (one float or one per layer; else
@@ -51,6 +51,29 @@ class LayerAttention:
                 )
         if self.softcap is not None and not self.softcap > 0:
             raise ValueError(f"attention soft-cap {self.softcap!r} must be positive (or None: no cap)")
+
+    def visible_keys(self, length: int):
+        """Keys each query row t < ``length`` sees, itself included, (length,) float64: t + 1 (full), min(t + 1,
+        window) (sliding), (t mod chunk) + 1 (chunked); t + 1 where the config states no window or chunk. A linear
+        layer has no attention rows: ValueError."""
+        import torch
+
+        if self.mask == "linear":
+            raise ValueError("a linear layer has no attention rows, so no visible keys")
+        t = torch.arange(length, dtype=torch.float64)
+        if self.chunk is not None:
+            return torch.remainder(t, self.chunk) + 1
+        n = t + 1
+        return n.clamp_max(self.window) if self.window is not None else n
+
+    def sees_key0(self, length: int):
+        """(length,) bool: the query rows whose visible keys include key 0 (docs/definitions.md#layer-types): every
+        row of a full layer, t < window in a sliding one, t < chunk in a chunked one. They are always the leading
+        rows 0 … n−1, and a row sees key 0 exactly when it sees all its t + 1 causal keys (a window or a chunk drops
+        the earliest keys first)."""
+        import torch
+
+        return self.visible_keys(length) == torch.arange(1, length + 1, dtype=torch.float64)
 
     def alibi_bias(self, batch: int, length: int, device=None, dtype=None):
         """ALiBi's per-key logits (B, H, T), fp32 (fp64 for ``dtype`` fp64): slope_h · j for key j, the per-key bias

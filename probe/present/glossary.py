@@ -58,8 +58,16 @@ TERMS = (
         "phantom-key",
         (r"phantom",),
     ),
-    Term("pos0_share_key0", "a sliding layer's pos0_share over the rows whose window still holds key 0", "layer-types"),
-    Term("layer_type", "full or sliding-window attention (linear: a hybrid's layer without a pattern)", "layer-types"),
+    Term(
+        "pos0_share_key0",
+        "a sliding or chunked layer's pos0_share over the rows whose window or chunk still holds key 0",
+        "layer-types",
+    ),
+    Term(
+        "layer_type",
+        "full, sliding-window or chunked attention (linear: a hybrid's layer without a pattern)",
+        "layer-types",
+    ),
     Term(
         "Sink^eps",
         "share of heads whose mean attention on key 0 exceeds eps (n_sink_heads of n_heads)",

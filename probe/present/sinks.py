@@ -34,7 +34,7 @@ DESCRIPTIONS = {
     "sinks.html": "attention sinks: verdict, summary and per-layer tables, figures",
     "sinks.json": "attention sinks: every table and the run's settings (JSON)",
     "sinks_summary.csv": "sink statistics averaged over rows, heads and layers; sink_formed",
-    "sinks_by_type.csv": "sink statistics per layer type (full / sliding attention)",
+    "sinks_by_type.csv": "sink statistics per layer type (full / sliding / chunked attention)",
     "sinks_layers.csv": "sink statistics per layer",
     "sinks_heads.csv": "sink statistics per layer and head",
     "sinks_batches.csv": "sink statistics per evaluation batch and layer (for standard errors)",

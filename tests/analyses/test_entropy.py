@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import probe
-from probe.analyses.entropy import EntropyAccumulator, attention_entropy, counted_rows, row_entropies, visible_keys
+from probe.analyses.entropy import EntropyAccumulator, attention_entropy, counted_rows, row_entropies
 from probe.analyses.sink_pass import sink_analyses
 from probe.checkpoints.tiny import VOCAB, build_tiny
-from probe.hooks import names
+from probe.hooks import LayerAttention, names
 from probe.hooks.info import ModelInfo
 from tests.support.analyses import tiny, windows
 
@@ -33,6 +33,12 @@ def hand_info(L=1, H=2, layer_types=None, window=None):
         layer_types=layer_types or [],
         sliding_window=window,
     )
+
+
+def visible_keys(T, window=None, chunk=None):
+    """The keys each row sees, by the one rule (LayerAttention.visible_keys) of a full, sliding or chunked layer."""
+    mask = "sliding" if window else "chunked" if chunk else "full"
+    return LayerAttention(rule="softmax", mask=mask, scale=1.0, window=window, chunk=chunk).visible_keys(T)
 
 
 def causal_uniform(B, H, T, window=None, mass=1.0):
@@ -125,10 +131,10 @@ def test_layer_and_summary_means_and_their_batch_standard_errors():
 @pytest.mark.parametrize("window", [None, 3])
 def test_uniform_rows_have_normalised_entropy_one(window):
     T = 9
-    got = row_entropies(causal_uniform(2, 3, T, window), window=window)
-    keep = counted_rows(T, window)
-    assert torch.allclose(got["entropy_norm"][..., keep], torch.ones(2, 3, int(keep.sum()), dtype=torch.float64))
     n = visible_keys(T, window)
+    got = row_entropies(causal_uniform(2, 3, T, window), visible=n)
+    keep = counted_rows(n)
+    assert torch.allclose(got["entropy_norm"][..., keep], torch.ones(2, 3, int(keep.sum()), dtype=torch.float64))
     assert torch.allclose(got["entropy"][0, 0], n.log())  # nats: log of the visible keys
     assert got["entropy_norm"][..., 0].isnan().all()  # row 0 sees one key: no normaliser
 
@@ -167,7 +173,7 @@ def test_sliding_window_rows_are_normalised_by_their_visible_keys():
 
 
 def test_chunked_rows_at_a_chunk_start_are_left_out():
-    keep = counted_rows(8, chunk=4)
+    keep = counted_rows(visible_keys(8, chunk=4))
     assert keep.tolist() == [False, True, True, True, False, True, True, True]
     assert visible_keys(8, chunk=4).tolist() == [1, 2, 3, 4, 1, 2, 3, 4]
 

@@ -155,6 +155,32 @@ def test_saved_infos_keep_their_extra_keys():
 
 
 @pytest.mark.parametrize(
+    "fields, visible",
+    [
+        (dict(mask="full"), [1, 2, 3, 4, 5, 6, 7]),
+        (dict(mask="sliding", window=3), [1, 2, 3, 3, 3, 3, 3]),
+        (dict(mask="sliding"), [1, 2, 3, 4, 5, 6, 7]),  # no window stated: every causal key
+        (dict(mask="chunked", chunk=3), [1, 2, 3, 1, 2, 3, 1]),
+    ],
+)
+def test_visible_keys_and_the_rows_that_see_key_0_follow_the_mask(fields, visible):
+    """By hand: the keys row t sees are those of the mask's definition (j <= t, within the window, within t's chunk);
+    a row sees key 0 exactly when key 0 is among them, and those rows lead."""
+    rules = LayerAttention(rule="softmax", scale=1.0, **fields)
+    T, window, chunk = 7, fields.get("window") or 7, fields.get("chunk") or 7
+    seen = [[j for j in range(t + 1) if t - j < window and j // chunk == t // chunk] for t in range(T)]
+    assert [len(keys) for keys in seen] == visible
+    assert rules.visible_keys(T).tolist() == visible and rules.visible_keys(T).dtype == torch.float64
+    sees0 = [0 in keys for keys in seen]
+    assert rules.sees_key0(T).tolist() == sees0 and sees0 == sorted(sees0, reverse=True)
+
+
+def test_a_linear_layer_has_no_visible_keys():
+    with pytest.raises(ValueError, match="a linear layer has no attention rows"):
+        LayerAttention(rule="softmax", mask="linear", scale=1.0).sees_key0(4)
+
+
+@pytest.mark.parametrize(
     "fields, says",
     [
         (dict(rule="relu"), "attention rule 'relu' is not one of softmax, softpick"),

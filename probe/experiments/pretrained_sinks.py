@@ -33,6 +33,8 @@ from probe.jobs.specs import EvaluationOptions
 RECIPE = "pretrained-sinks"
 TYPE_LAYERS = {
     "all": ("full", "sliding", "chunked"),
+    "softmax": ("full", "sliding", "chunked"),  # a hybrid's softmax layers (its linear ones: the "linear" row)
+    "linear": ("linear",),
     "full": ("full",),
     "sliding": ("sliding",),
     "sliding (key 0 in window)": ("sliding",),

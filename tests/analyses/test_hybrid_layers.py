@@ -104,3 +104,14 @@ def test_a_collector_waits_only_for_layers_that_need_something(hybrid):
     collector = LayerCollector(hybrid, lambda l: {"hook_v"} if l == 1 else set(), lambda l, got: seen.append(l))
     collector.run(hybrid, torch.randint(2, 90, (1, 6)))
     assert seen == [1]
+
+
+def test_table_14_rows_of_a_hybrid_model_name_their_layers(hybrid):
+    from probe.analyses.sinks import sink_stats
+    from probe.experiments.pretrained_sinks import type_table
+
+    table = type_table(
+        "tiny-qwen3_next", sink_stats(hybrid, windows(vocab=hybrid.probe_info.vocab_size), progress=False)
+    )
+    assert list(table["layer_type"]) == ["softmax", "linear"]  # one kind of softmax layer: no per-kind row
+    assert table.set_index("layer_type").loc["linear", "n_layers"] == 1

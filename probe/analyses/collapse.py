@@ -19,9 +19,10 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import StopForward, Windows, describe, finish, model_device, run_until_done
+from probe.catalogue import COLLAPSE_MODES
 from probe.hooks import names
 
-MODES = ("ones", "repeat-last")
+MODES = COLLAPSE_MODES
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BF16_HALF_ULP = 2.0**-8  # half of bfloat16's machine epsilon 2^-7: the relative rounding step
 

@@ -24,10 +24,11 @@ import pandas as pd
 import torch
 
 from probe.analyses.capture import StopForward, as_windows, describe, finish, make_bar, model_device, run_until_done
+from probe.catalogue import SENSITIVITY_DEPTHS, SENSITIVITY_METHODS
 from probe.hooks import names
 
-METHODS = ("exact", "sampled")
-DEPTHS = ("last", "all")
+METHODS = SENSITIVITY_METHODS
+DEPTHS = SENSITIVITY_DEPTHS
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,7 @@ def sensitivity(
         parts.append(positions)
         rows.append(row)
     tables = {"summary": pd.DataFrame(rows), "positions": pd.concat(parts, ignore_index=True)}
-    settings = dict(method=options.method, depth=options.depth, y="resid_post at the last position")
+    settings: dict[str, object] = dict(method=options.method, depth=options.depth, y="resid_post at the last position")
     if options.method == "sampled":
         settings.update(samples=options.samples, sample_seed=options.seed)
     return finish(tables, describe(model, w, "sensitivity", **settings))

@@ -60,6 +60,14 @@ def _collapse_ids(args, tokenizer) -> tuple[int, int]:
     return ids[0][-1], ids[1][-1]
 
 
+def _check_lengths(args, model) -> None:
+    from probe.errors import UsageError
+
+    longest = model.probe_info.n_ctx - 1  # s' is one token longer than s
+    if args.collapse and max(args.collapse) > longest:
+        raise UsageError(f"--collapse {max(args.collapse)}: lengths up to {longest} (the model's context - 1)")
+
+
 def run(args: argparse.Namespace) -> int:
     from probe.analyses.collapse import collapse
     from probe.analyses.sensitivity import SensitivityOptions, sensitivity
@@ -70,13 +78,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.method == "sampled" and args.samples < 2:
         raise UsageError(f"--samples {args.samples}: the sampled method needs at least 2 (its standard error)")
-    run = start(args, DEFAULT_MODEL, VERB)
+    run = start(args, DEFAULT_MODEL, VERB, check=lambda model: _check_lengths(args, model))
     options = SensitivityOptions(method=args.method, samples=args.samples, depth=args.depth, seed=args.seed)
     result = sensitivity(run.model, run.windows, options, progress=run.progress)
     if args.collapse:
-        longest = run.model.probe_info.n_ctx - 1  # s' is one token longer than s
-        if max(args.collapse) > longest:
-            raise UsageError(f"--collapse {max(args.collapse)}: lengths up to {longest} (the model's context - 1)")
         repeated, last = _collapse_ids(args, run.tokenizer)
         found = collapse(run.model, args.collapse, repeated, last, mode=args.collapse_mode)
         for k in ("summary", "lengths"):

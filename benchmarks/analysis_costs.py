@@ -3,8 +3,8 @@
     nice python benchmarks/analysis_costs.py [--model probe/tiny-baseline] [--batches 2] [--batch-size 4]
                                              [--ctx 64] [--samples 16] [--threads 1] [--repeats 3]
 
-What is timed, on the verb's own windows (``probe.jobs.inputs.windows_for``), each the median of ``--repeats`` runs
-interleaved so that a change of load on a shared machine hits all alike:
+What is timed, on the verb's own windows (``probe.jobs.inputs.windows_for``), each the fastest of ``--repeats`` runs
+interleaved (on a shared machine load only adds time, so the minimum is the steadiest figure):
 
   plain forward        ``model(ids)`` per batch, no hooks, no grad, logits included;
   sensitivity exact    ``probe.analyses.sensitivity`` at the last layer: one forward with grad from the embedding,
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -62,7 +61,7 @@ def ways_of(model, eb, samples: int) -> dict:
 
 
 def measure(name: str, windows: dict, samples: int, repeats: int) -> dict:
-    """Median seconds of each way over ``repeats`` interleaved runs, and the ratios to the plain forward."""
+    """Fastest seconds of each way over ``repeats`` interleaved runs, and the ratios to the plain forward."""
     import probe
     from probe.jobs.inputs import windows_for
     from probe.jobs.specs import WindowSpec
@@ -77,13 +76,13 @@ def measure(name: str, windows: dict, samples: int, repeats: int) -> dict:
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = {k: min(v) for k, v in times.items()}
     n, b, t = eb.tokens.shape
     return {
         "model": name,
         "windows": f"{n} x {b} windows of {t - 1} tokens",
         "d_model": model.probe_info.d_model,
-        "median_s": med,
+        "min_s": med,
         "ratio": {k: med[k] / med["plain forward"] for k in med},
     }
 
@@ -100,13 +99,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(
-        f"threads {args.threads}, median of {args.repeats} runs, load average at start "
+        f"threads {args.threads}, fastest of {args.repeats} runs, load average at start "
         f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
     windows = {"batches": args.batches, "batch_size": args.batch_size, "ctx": args.ctx}
     r = measure(args.model, windows, args.samples, args.repeats)
     print(f"{r['model']} (d={r['d_model']}, {r['windows']}, sampled k={args.samples}):")
-    for k, s in r["median_s"].items():
+    for k, s in r["min_s"].items():
         print(f"  {k:<20} {s:8.3f} s  {r['ratio'][k]:8.1f}x the plain forward", flush=True)
     print(f"load average at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from probe.present.files import header, result_meta, show
+from probe.present.glossary import glossed
 from probe.present.sections import drop_ids
 from probe.present.terminal import verdict
 
@@ -79,4 +80,4 @@ def text(result):
     lines += ["", "last layer, per position:", show(last, ["position", "sensitivity", "share", "estimator_rse"])]
     if "collapse_lengths" in result:
         lines += ["", "collapse:", show(result["collapse_lengths"], list(LENGTHS))]
-    return "\n".join(lines) + "\n" + verdict(*_verdicts(result))
+    return glossed(lines, verdict(*_verdicts(result)))

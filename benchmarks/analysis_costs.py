@@ -1,6 +1,6 @@
 """The cost of the per-window analyses as a ratio to one plain forward of the model over the same windows.
 
-    nice python benchmarks/analysis_costs.py [--model probe/tiny-baseline] [--batches 2] [--batch-size 4]
+    nice python benchmarks/analysis_costs.py [--model probe/tiny-baseline] [--batches 1] [--batch-size 4]
                                              [--ctx 64] [--samples 16] [--threads 1] [--repeats 3]
 
 What is timed, on the verb's own windows (``probe.jobs.inputs.windows_for``), each the fastest of ``--repeats`` runs
@@ -14,12 +14,17 @@ interleaved (on a shared machine load only adds time, so the minimum is the stea
   entropy, kurtosis, norm-weighted   the shared-pass parts alone (``attention_entropy``, ``outlier_kurtosis``,
                        ``norm_weighted``), one forward per batch each.
 
-Expectation: a backward costs about two forwards, so exact ≈ 2d forwards (d = 128 on the tiny zoo models: ~250x),
-sampled ≈ 2k, all ≈ d·(L + 1) layer-backwards; the windows of a batch share every backward.
+The windows of a batch share every backward.
 
-Measured 2026-12-05 under ``nice`` on this project's shared 2-core machine (load average 9-10, seven other sessions
-running: times are 3-5x a quiet machine's and noisy, the ratios less so), 1 thread, probe/tiny-baseline, 2 x 4 windows
-of 64 tokens, 3 repeats: see the numbers printed by the run quoted in the commit that added this file.
+Measured 2026-12-05 under ``nice`` on this project's shared 2-core machine (load average 19 throughout; the fastest of 3
+interleaved runs), 1 thread, probe/tiny-baseline (d = 128, 6 layers), 1 x 4 windows
+of 64 tokens, sampled k = 16:
+
+  plain forward 0.072 s (1x); sensitivity exact 6.47 s (90x), sampled 0.87 s (12x), exact at every layer 25.0 s (347x);
+  entropy 0.21 s (2.9x), kurtosis 0.071 s (1.0x), norm-weighted 0.21 s (2.9x)
+
+A backward to the embedding alone (no weight gradients, no LM head) costs about 0.7 of a plain forward here: exact =
+128 of them, sampled = 16; every layer's output sums backwards through 1 … 6 layers (about 3.5 x the last layer's).
 """
 
 from __future__ import annotations
@@ -90,7 +95,7 @@ def measure(name: str, windows: dict, samples: int, repeats: int) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="probe/tiny-baseline")
-    p.add_argument("--batches", type=int, default=2)
+    p.add_argument("--batches", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--ctx", type=int, default=64)
     p.add_argument("--samples", type=int, default=16)

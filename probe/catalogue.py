@@ -191,3 +191,6 @@ CUTOFFS = {"q25": 0.25, "median": 0.5}  # probe.analyses.inject: quiet reads, th
 DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)  # probe.analyses.inject
 MAX_DOSE = 1.6  # probe.analyses.inject: the largest dose the definition covers (Wang 2026 §5.1, App. C: 0.2 ... 1.6)
 PROTOCOLS = ("pooled", "gu2025")  # Sink^eps, probe.analyses.sink_heads (docs/definitions.md#sink-eps-protocols)
+SENSITIVITY_METHODS = ("exact", "sampled")  # probe.analyses.sensitivity: d backwards, or Gaussian directions
+SENSITIVITY_DEPTHS = ("last", "all")  # probe.analyses.sensitivity: the last layer's output, or every layer's
+COLLAPSE_MODES = ("ones", "repeat-last")  # probe.analyses.collapse: how the longer sequence of a pair is built

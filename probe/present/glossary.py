@@ -165,6 +165,33 @@ TERMS = (
     ),
     # evaluation (probe eval)
     Term("perplexity", "exp(mean next-token loss in nats)", "perplexity-summary"),
+    # sensitivity and collapse (probe sensitivity)
+    Term(
+        "first_share",
+        "position 0's part of the last token's sensitivity, ||dy/de_0||_F over the sum over positions",
+        "sensitivity",
+        (r"last_share",),
+    ),
+    Term(
+        "mixing",
+        "the part of the last token's sensitivity on positions 1 .. T-2 (neither the first nor itself)",
+        "sensitivity",
+    ),
+    Term(
+        "decay_slope",
+        "slope of log sensitivity over log distance to the last token (negative: nearer tokens count more)",
+        "sensitivity",
+    ),
+    Term(
+        "estimator_rse",
+        "relative standard error of the sampled estimate of ||J_i||_F^2 (0: exact)",
+        "sensitivity",
+    ),
+    Term(
+        "below_bf16",
+        "the pair's relative distance is under 2^-8, half of bfloat16's machine epsilon: within one rounding step",
+        "collapse",
+    ),
 )
 
 

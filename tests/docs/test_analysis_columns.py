@@ -52,6 +52,7 @@ def _runs():
         "ablate.ablate": lambda f: f(tiny("sinklogit"), w),
         "context_sweep.sink_context_sweep": lambda f: sweep(tiny("sinklogit"), w),
         "backcopy.backcopy_split": lambda f: f(tiny("baseline"), w, triggers=[1, 2, 3]),
+        "collapse.collapse": lambda f: f(tiny("baseline"), [2, 4], 5, 7),
     }
 
 

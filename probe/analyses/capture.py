@@ -197,7 +197,8 @@ def row_mass_hooks(info) -> list[str]:
     """The attention hooks from which probe.kernels.attention_row_masses reproduces a layer's attention: the query and
     key the scores take (hook_rot_q / hook_rot_k: after QK-norm and rotary), v, the sink logit where there is a
     phantom, the gate where a routing-slot gate adds log g_j to the logits, the forget gate where FoX adds
-    -Σ_{l<=j} log f_l (``ModelInfo.attention_at``). A model whose rows are not softmax rows (softpick) is refused in one line: these masses would be softmax's, not its own."""
+    -Σ_{l<=j} log f_l (``ModelInfo.attention_at``). A model whose rows are not softmax rows (softpick) is refused in
+    one line: these masses would be softmax's, not its own."""
     rules = [info.attention_at(layer) for layer in info.attention_layers]
     other = next((r.rule for r in rules if r.rule != "softmax"), None)
     if other is not None:

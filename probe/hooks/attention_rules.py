@@ -9,8 +9,8 @@ make on every call that what a layer ran (scale, soft-cap, window, heads) is wha
 A new family declares its attention's differences in one place, its adapter's ``describe`` (or a probe model's
 ``probe_info``): ``layer_types`` and ``sliding_window``; ``extra["attn_scale"]`` (one float or one per layer; else
 1/sqrt(d_head)), ``extra["attn_logit_softcap"]``, ``extra["attn_chunk"]``, ``extra["alibi_slopes"]``;
-``has_phantom``, ``gate_on_logits``, ``forget_gate`` and ``attention_rule``. Those keys stay ModelInfo's storage (saved and legacy
-infos keep working); nothing else reads them.
+``has_phantom``, ``gate_on_logits``, ``forget_gate`` and ``attention_rule``. Those keys stay ModelInfo's storage
+(saved and legacy infos keep working); nothing else reads them.
 """
 
 from __future__ import annotations

@@ -76,8 +76,8 @@ class ModelInfo:
 
     def attention_at(self, layer: int) -> LayerAttention:
         """How ``layer``'s attention differs from plain causal softmax (probe.hooks.attention_rules): its rule,
-        scale, mask (window, chunk), soft-cap, ALiBi slopes, phantom, routing bias and forget gate. Every reader of those rules
-        reads them here; the fields and ``extra`` keys above are their storage."""
+        scale, mask (window, chunk), soft-cap, ALiBi slopes, phantom, routing bias and forget gate. Every reader of
+        those rules reads them here; the fields and ``extra`` keys above are their storage."""
         return layer_attention(self, layer)
 
     def alibi_bias(self, batch: int, length: int, device=None, dtype=None):

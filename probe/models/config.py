@@ -145,7 +145,9 @@ class AttentionOptions:
         """FoX's bias -c_j stands for c_i - c_j only where a row-constant shift changes nothing: softmax rows over
         real keys; and the bias is per key head, so each query head needs its own."""
         if self.attn_fn != "softmax":
-            raise ValueError(f"forget_gate needs attn_fn='softmax' (its bias drops a per-row constant); got {self.attn_fn!r}")
+            raise ValueError(
+                f"forget_gate needs attn_fn='softmax' (its bias drops a per-row constant); got {self.attn_fn!r}"
+            )
         if self.abstention in ("offbyone", "sinklogit"):
             raise ValueError(
                 f"forget_gate does not compose with abstention={self.abstention!r}: a phantom key's logit does not "

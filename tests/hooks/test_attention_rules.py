@@ -1,7 +1,7 @@
 """One description of each layer's attention (ModelInfo.attention_at -> LayerAttention): its fields are what the HF
 config states (Gemma 2's soft-cap and scale, Llama 4's chunks, BLOOM's ALiBi slopes, Mistral's window) or what a
-probe model declares (a phantom, a routing gate, FoX's forget gate, softpick rows), and the streaming row masses built from it alone
-equal the pattern the model's attention computed, key by key."""
+probe model declares (a phantom, a routing gate, FoX's forget gate, softpick rows), and the streaming row masses
+built from it alone equal the pattern the model's attention computed, key by key."""
 
 from __future__ import annotations
 

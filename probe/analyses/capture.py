@@ -239,7 +239,7 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     if "hook_v_gate" in got:  # routing slot: the model adds log g_j to the logits (B, Hkv, T)
         gate = torch.log(got["hook_v_gate"].float().clamp_min(1e-30)).permute(0, 2, 1)
         key_bias = gate if key_bias is None else gate + key_bias
-    if rules.forget_gate:  # FoX: -Σ_{l<=j} log f_l (B, H, T), H == Hkv
+    if rules.forget_gate:  # FoX: -Σ_{l<=j} log f_l (B, Hkv, T)
         forget = rules.forget_bias(got["hook_forget_gate"])
         key_bias = forget if key_bias is None else forget + key_bias
     lse, mass = attention_row_masses(

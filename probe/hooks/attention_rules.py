@@ -66,8 +66,8 @@ class LayerAttention:
         return bias[None].expand(batch, -1, -1)
 
     def forget_bias(self, gate):
-        """FoX's per-key logits (B, H, T) from the forget gate f (B, T, H) captured at hook_forget_gate; None without
-        a forget gate. See :func:`forget_key_bias`."""
+        """FoX's per-key logits (B, Hkv, T) from the forget gate f (B, T, Hkv) captured at hook_forget_gate; None
+        without a forget gate. See :func:`forget_key_bias`."""
         import torch
 
         if not self.forget_gate:
@@ -76,7 +76,7 @@ class LayerAttention:
 
 
 def forget_key_bias(log_gate):
-    """FoX's per-key logits (B, H, T) of log f (B, T, H): -c_j with c_t = Σ_{l<=t} log f_l, summed in fp32 (fp64 for
+    """FoX's per-key logits (B, Hkv, T) of log f (B, T, Hkv): -c_j with c_t = Σ_{l<=t} log f_l, summed in fp32 (fp64 for
     fp64 input) as the authors do. The logits' D_ij = Σ_{l=j+1..i} log f_l = c_i - c_j; softmax ignores the row's
     c_i (docs/definitions.md#forget-gate)."""
     import torch

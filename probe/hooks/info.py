@@ -32,7 +32,7 @@ class ModelInfo:
     # What a mechanism does, declared by the mechanism: analyses, pages and verbs read these, never the names
     has_value_gate: bool = False  # a value gate: every layer fires attn.hook_v_gate (g per read or per element)
     gate_on_logits: bool = False  # a routing-slot gate: log g_j (read at hook_v_gate) joins key j's logits
-    forget_gate: bool = False  # FoX's forget gate: every layer fires attn.hook_forget_gate (B,T,H) and key j's logits
+    forget_gate: bool = False  # FoX's forget gate: every layer fires attn.hook_forget_gate (B,T,Hkv) and key j's logits
     #   take -Σ_{l<=j} log f_l (docs/definitions.md#forget-gate)
     out_gate: str = "none"  # the output gate's name, for records only: none | elementwise | headwise
     has_out_gate: bool = False  # an output gate on each head's attention output (Qiu et al. 2025's G1, Qwen3-Next's

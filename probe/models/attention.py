@@ -73,7 +73,7 @@ class Attention(nn.Module):
             self.sink = nn.Parameter(torch.zeros(c.n_heads))  # b_h, init 0 (= off-by-one at init)
         self.gate = make_gate(c)  # None for ungated heads
         self.out_gate = make_out_gate(c)  # G1 on the attention op's output; None without one
-        self.forget = ForgetGate(c.d_model, c.n_heads) if c.forget_gate else None  # FoX: Σ log f on the logits
+        self.forget = ForgetGate(c.d_model, c.n_kv_heads) if c.forget_gate else None  # FoX: Σ log f on the logits
         self.value_residual = c.value_residual if layer > 0 else "none"  # layer 0's values are V_1
         if self.value_residual == "lambda":
             self.v_mix = nn.Parameter(torch.full((1,), 0.5))  # λ_n
@@ -100,7 +100,7 @@ class Attention(nn.Module):
         self.hook_phantom = HookPoint()  # B,H,Tq
         self.hook_lse = HookPoint()  # B,H,Tq real-key log-normaliser (fired only when hooked)
         if self.forget is not None:  # only where there is a forget gate (docs/definitions.md#hook-namespace)
-            self.hook_forget_gate = HookPoint()  # B,T,H fp32 f_t = σ(w_h·x_t + b_h)
+            self.hook_forget_gate = HookPoint()  # B,T,Hkv fp32 f_t = σ(w_h·x_t + b_h), one per KV head
         self.hook_out_gate = HookPoint()  # B,T,H,dv or B,T,H
         self.hook_z = HookPoint()  # B,T,H,dv
         self.hook_result = HookPoint()  # B,T,H,d each head's write through o_proj (fired only when hooked)
@@ -134,7 +134,7 @@ class Attention(nn.Module):
             sink = self.hook_sink_logit(q.new_zeros(self.n_heads, dtype=torch.float32))
 
         v_out, key_bias = apply_gate(self.gate, v, xv, self.hook_v_gate)  # fires hook_v_gate on gated heads
-        if self.forget is not None:  # FoX: -c_j (B,H,T) beside a routing gate's log g_j (H == Hkv)
+        if self.forget is not None:  # FoX: -c_j (B,Hkv,T) beside a routing gate's log g_j
             forget = self.forget(xq, self.hook_forget_gate)
             key_bias = forget if key_bias is None else key_bias + forget
         v_out = self.hook_v_out(v_out)

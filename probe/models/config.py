@@ -116,7 +116,7 @@ class AttentionOptions:
     qk_norm: bool = False  # RMS-normalise each head's query and key
     qk_activation: str = "none"  # GatedV placement controls: SiLU on q (or q and k) before RoPE; see QK_ACTIVATIONS
     attn_fn: str = "softmax"  # see ATTN_FNS; a config.json without the field is softmax
-    forget_gate: bool = False  # FoX: f_t = σ(w_h·x_t + b_h) per head, Σ log f on the logits (definitions#forget-gate)
+    forget_gate: bool = False  # FoX: f_t = σ(w_h·x_t + b_h) per KV head, Σ log f on the logits; see definitions.md
     d_model: InitVar[int | None] = None  # the architecture's width, read for d_head's default (not a field here)
 
     def __post_init__(self, d_model: int | None) -> None:
@@ -143,7 +143,7 @@ class AttentionOptions:
 
     def _check_forget_gate(self) -> None:
         """FoX's bias -c_j stands for c_i - c_j only where a row-constant shift changes nothing: softmax rows over
-        real keys; and the bias is per key head, so each query head needs its own."""
+        real keys."""
         if self.attn_fn != "softmax":
             raise ValueError(
                 f"forget_gate needs attn_fn='softmax' (its bias drops a per-row constant); got {self.attn_fn!r}"
@@ -152,10 +152,6 @@ class AttentionOptions:
             raise ValueError(
                 f"forget_gate does not compose with abstention={self.abstention!r}: a phantom key's logit does not "
                 "take the row's cumulative log forget gate; choose none or sinktoken"
-            )
-        if self.n_kv_heads != self.n_heads:
-            raise ValueError(
-                f"forget_gate needs one key head per query head (n_kv_heads={self.n_kv_heads}, n_heads={self.n_heads})"
             )
 
 

@@ -2,7 +2,8 @@
 pairwise decay Σ_{l=j+1..i} log f_l; the op with that bias equals flash-linear-attention's reference
 ``naive_forgetting_attn`` on its golden outputs (tests/fixtures/fox, written by make_golden.py), gradients included;
 one FoX layer equals the reference on the layer's own projections; the gate's parameters take their roles and the
-authors' init; an edited gate reaches the output; the hook algebra holds; settings FoX cannot take are refused."""
+authors' init; grouped query heads read their KV head's gate; an edited gate reaches the output; the hook algebra
+holds; settings FoX cannot take are refused."""
 
 from __future__ import annotations
 
@@ -106,6 +107,24 @@ def test_an_edited_gate_reaches_the_output():
         assert (fox(IDS).logits - held).abs().max().item() > 1e-3  # the gate at work moves the output
 
 
+def test_grouped_heads_read_their_kv_heads_gate():
+    """GQA: the pattern is softmax(scale q_i·k_j + Σ_{l=j+1..i} log f_l) by hand, f of query head h's KV head h // G."""
+    model = create("fox", **SMALL, n_kv_heads=2, vocab_size=53).double().eval()
+    _, cache = model.run_with_cache(IDS)
+    G, T = SMALL["n_heads"] // 2, IDS.shape[1]
+    for l in range(SMALL["n_layers"]):
+        q, k = cache[names.attn(l, "rot_q")], cache[names.attn(l, "rot_k")].repeat_interleave(G, 2)  # B,T,H,dh
+        log_f = torch.log(cache[names.attn(l, "forget_gate")]).repeat_interleave(G, 2)  # B,T,H
+        assert cache[names.attn(l, "forget_gate")].shape == (*IDS.shape, 2)
+        decay = torch.zeros(IDS.shape[0], SMALL["n_heads"], T, T, dtype=torch.float64)
+        for i in range(T):
+            for j in range(i + 1):
+                decay[:, :, i, j] = log_f[:, j + 1 : i + 1].sum(1)
+        scores = torch.einsum("bihd,bjhd->bhij", q, k) * q.shape[-1] ** -0.5 + decay
+        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        assert (cache[names.attn(l, "pattern")] - scores.softmax(-1)).abs().max().item() <= 1e-12
+
+
 def test_the_hook_algebra_holds_on_a_fox_model():
     model = create("fox-pro-partial", **SMALL, vocab_size=53).double().eval()
     errors, _ = algebra.check(model, IDS)  # attn_scores carry the key bias -c_j; softmax of them is the pattern
@@ -117,7 +136,6 @@ def test_the_hook_algebra_holds_on_a_fox_model():
     [
         (dict(attn_fn="sigmoid"), "attn_fn='softmax'"),
         (dict(abstention="sinklogit"), "choose none or sinktoken"),
-        (dict(n_kv_heads=2), "n_kv_heads=2"),
     ],
 )
 def test_settings_fox_cannot_take_are_refused_in_one_line(settings, says):

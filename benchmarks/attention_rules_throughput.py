@@ -2,15 +2,16 @@
 
     python benchmarks/attention_rules_throughput.py [--tier tiny] [--batch 16] [--ctx 256] [--steps 10] [--warmup 3]
                                                     [--device cpu|cuda] [--dtype float32|bfloat16] [--threads N]
-                                                    [--rules softpick,sigmoid,...]
+                                                    [--rules softpick,sigmoid,...,fox]
 
-Times forward + backward (cross-entropy on next-token targets; no optimizer step) of the ``baseline`` variant and of
-the baseline with ``attn_fn`` set to each rule of probe.kernels.row_rules (softpick, sigmoid, sigmoid-norm, elu1,
-elu1-norm, stickbreaking by default), all built with the same seed, taking them in turn for ``--steps`` rounds after
-``--warmup`` rounds each, so all see the same load; reports each one's median step time, tokens per second, and its
-ratio to softmax in tokens per second (1.0: as fast; the goal is >= 0.9). The baseline runs the fused attention path
-(SDPA / CPU flash / Triton as the runtime backend picks); the other rules run their fused torch ops, which materialise
-(B, H, T, T) scores.
+Times forward + backward (cross-entropy on next-token targets; no optimizer step) of the ``baseline`` variant and of the
+baseline with ``attn_fn`` set to each rule of probe.kernels.row_rules (softpick, sigmoid, sigmoid-norm, elu1, elu1-norm,
+stickbreaking by default) and FoX's forget gate (``fox``: the ``fox`` variant's settings, softmax rows with the key bias
+-Σ log f and no RoPE; docs/definitions.md#forget-gate), all built with the same seed, taking them in turn for
+``--steps`` rounds after ``--warmup`` rounds each, so all see the same load; reports each one's median step time, tokens
+per second, and its ratio to softmax in tokens per second (1.0: as fast; the goal is >= 0.9). The baseline runs the
+fused attention path (SDPA / CPU flash / Triton as the runtime backend picks); the other rules run their fused torch
+ops, which materialise (B, H, T, T) scores; FoX runs the baseline's fused path with a key bias.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from probe.catalogue import VARIANTS  # noqa: E402
 from probe.kernels.row_rules import ROW_RULES  # noqa: E402
 from probe.models import create  # noqa: E402
 
@@ -40,11 +42,15 @@ def step(model, ids: torch.Tensor, autocast: torch.dtype | None) -> None:
     model.zero_grad(set_to_none=True)
 
 
+# the baseline's settings for each name timed beside softmax: a row rule, or a mechanism on the logits
+SETTINGS = {**{rule: dict(attn_fn=rule) for rule in ROW_RULES}, "fox": VARIANTS["fox"].settings}
+
+
 def rules_arg(text: str) -> list[str]:
     rules = [r for r in text.split(",") if r]
-    bad = [r for r in rules if r not in ROW_RULES]
+    bad = [r for r in rules if r not in SETTINGS]
     if bad:
-        raise argparse.ArgumentTypeError(f"{', '.join(bad)} not a row rule; choose from {', '.join(ROW_RULES)}")
+        raise argparse.ArgumentTypeError(f"{', '.join(bad)} not a row rule or fox; choose from {', '.join(SETTINGS)}")
     return rules
 
 
@@ -58,7 +64,7 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--rules", type=rules_arg, default=list(ROW_RULES))
+    p.add_argument("--rules", type=rules_arg, default=list(SETTINGS))
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -66,7 +72,7 @@ def main(argv=None) -> dict:
     autocast = torch.bfloat16 if a.dtype == "bfloat16" else None
     models = {"softmax": create("baseline", tier=a.tier, seed=0).to(device).train()}
     for rule in a.rules:
-        models[rule] = create("baseline", tier=a.tier, seed=0, attn_fn=rule).to(device).train()
+        models[rule] = create("baseline", tier=a.tier, seed=0, **SETTINGS[rule]).to(device).train()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, models["softmax"].config.vocab_size, (a.batch, a.ctx + 1), generator=g).to(device)
 

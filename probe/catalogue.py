@@ -74,6 +74,16 @@ VARIANTS: dict[str, Variant] = {
         "Gated Attention G1 headwise: Y_h * sigmoid(x W_g) on each head's attention output, one gate per head",
         dict(out_gate="headwise"),
     ),
+    "fox": Variant(
+        "Forgetting Transformer: per-head forget gate f_t = sigmoid(w_h.x_t + b_h), sum of log f on the logits, no RoPE"
+        " (Lin et al. 2025)",
+        dict(forget_gate=True, pos="none"),
+    ),
+    "fox-pro-partial": Variant(
+        "FoX with the Pro extras probe has: QK-norm and an element-wise output gate, no RoPE (not the authors' output"
+        " norm or token shift)",
+        dict(forget_gate=True, pos="none", qk_norm=True, out_gate="elementwise"),
+    ),
     "glu-full": Variant("GLU value (U W_C) * SiLU(U W_G) at full value width", dict(value_gate="glu")),
     # d_value "reduced": the combined value width m = 2d/3, rounded to a multiple of the heads (models/variants.py)
     "glu-reduced": Variant(

@@ -196,8 +196,9 @@ def model_device(model) -> torch.device:
 def row_mass_hooks(info) -> list[str]:
     """The attention hooks from which probe.kernels.attention_row_masses reproduces a layer's attention: the query and
     key the scores take (hook_rot_q / hook_rot_k: after QK-norm and rotary), v, the sink logit where there is a
-    phantom, the gate where a routing-slot gate adds log g_j to the logits (``ModelInfo.attention_at``). A model whose
-    rows are not softmax rows (softpick) is refused in one line: these masses would be softmax's, not its own."""
+    phantom, the gate where a routing-slot gate adds log g_j to the logits, the forget gate where FoX adds
+    -Σ_{l<=j} log f_l (``ModelInfo.attention_at``). A model whose rows are not softmax rows (softpick) is refused in
+    one line: these masses would be softmax's, not its own."""
     rules = [info.attention_at(layer) for layer in info.attention_layers]
     other = next((r.rule for r in rules if r.rule != "softmax"), None)
     if other is not None:
@@ -209,6 +210,7 @@ def row_mass_hooks(info) -> list[str]:
         ["hook_rot_q", "hook_rot_k", "hook_v"]
         + (["hook_sink_logit"] if any(r.phantom for r in rules) else [])
         + (["hook_v_gate"] if any(r.gate_on_logits for r in rules) else [])
+        + (["hook_forget_gate"] if any(r.forget_gate for r in rules) else [])
     )
 
 
@@ -223,7 +225,8 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     """(lse (B,H,T), masses (B,H,T,m), phantom (B,H,T)) of one layer from the hooks named by ``row_mass_hooks``;
     masses[..., c] is each row's attention mass on the keys marked by indicators[..., c] (phantom in the normaliser).
     The layer's rules are ``info.attention_at(layer)``'s: its scale, window or chunk, soft-cap (Gemma 2:
-    ``cap · tanh(scale q·k / cap)``, as in its ``hook_pattern``) and ALiBi slopes, with a routing gate's log g_j.
+    ``cap · tanh(scale q·k / cap)``, as in its ``hook_pattern``) and ALiBi slopes, with a routing gate's log g_j and a
+    forget gate's -Σ_{l<=j} log f_l (FoX; log of the captured f, where the model takes logsigmoid of its logit).
     ``backend``: the kernels' vocabulary (auto, torch, reference, sdpa, triton); None follows the runtime choice
     (``probe.kernels.use_backend`` / $PROBE_BACKEND), as models do. With ``hook_lse`` in ``got``
     (``sparse_mass_hooks``) and q in fp32 or fp64, sparse indicators are read from it; a half-precision forward's
@@ -236,6 +239,9 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     if "hook_v_gate" in got:  # routing slot: the model adds log g_j to the logits (B, Hkv, T)
         gate = torch.log(got["hook_v_gate"].float().clamp_min(1e-30)).permute(0, 2, 1)
         key_bias = gate if key_bias is None else gate + key_bias
+    if rules.forget_gate:  # FoX: -Σ_{l<=j} log f_l (B, Hkv, T)
+        forget = rules.forget_bias(got["hook_forget_gate"])
+        key_bias = forget if key_bias is None else forget + key_bias
     lse, mass = attention_row_masses(
         q,
         k,

@@ -14,7 +14,8 @@ The rules (l a layer, h a head):
   no mid point (HF's own layer forward)
 * ``result``: Σ_h result_h + b_O == the attention's output projection (b_O the same vector at every position)
 * ``z``: pattern @ v_out (each query head reading its KV head) [⊙ out_gate] == z, on softmax layers
-* ``scores``: softmax over the real keys and the phantom of attn_scores == pattern (the model's own rule for one
+* ``scores``: softmax over the real keys and the phantom of attn_scores == pattern (attn_scores carry any key bias:
+  ALiBi, a routing gate's log g, FoX's -Σ_{l<=j} log f_l; the model's own rule for one
   whose ``attention_rule`` is in probe.kernels.row_rules: softpick, sigmoid, ...; hook_phantom, where it fires, is
   1 - the row's sum)
 * ``rot_q`` / ``rot_k``: rot_q == the layer's rotary applied to q_normed (or q) at positions 0 .. T-1

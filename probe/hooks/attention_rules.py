@@ -9,8 +9,8 @@ window, heads) is what is described (probe.checkpoints.attention.check_site).
 A new family declares its attention's differences in one place, its adapter's ``describe`` (or a probe model's
 ``probe_info``): ``layer_types`` and ``sliding_window``; ``extra["attn_scale"]`` (one float or one per layer; else
 1/sqrt(d_head)), ``extra["attn_logit_softcap"]``, ``extra["attn_chunk"]``, ``extra["alibi_slopes"]``;
-``has_phantom``, ``gate_on_logits`` and ``attention_rule``. Those keys stay ModelInfo's storage (saved and legacy
-infos keep working); nothing else reads them.
+``has_phantom``, ``gate_on_logits``, ``forget_gate`` and ``attention_rule``. Those keys stay ModelInfo's storage
+(saved and legacy infos keep working); nothing else reads them.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class LayerAttention:
     alibi_slopes: tuple[float, ...] | None = None  # ALiBi (BLOOM, MPT): slope_h · j added to key j's logit
     phantom: bool = False  # a phantom key (a learned sink logit) in every row's normaliser
     gate_on_logits: bool = False  # a routing-slot gate: log g_j (hook_v_gate) joins key j's logits
+    forget_gate: bool = False  # FoX: -Σ_{l<=j} log f_l (f at hook_forget_gate) joins key j's logits
 
     def __post_init__(self):
         if self.rule not in RULES:
@@ -87,6 +88,25 @@ class LayerAttention:
         bias = slopes[:, None] * torch.arange(length, device=device, dtype=wide)[None, :]  # (H, T)
         return bias[None].expand(batch, -1, -1)
 
+    def forget_bias(self, gate):
+        """FoX's per-key logits (B, Hkv, T) from the forget gate f (B, T, Hkv) captured at hook_forget_gate; None
+        without a forget gate. See :func:`forget_key_bias`."""
+        import torch
+
+        if not self.forget_gate:
+            return None
+        return forget_key_bias(torch.log(gate.clamp_min(torch.finfo(gate.dtype).tiny)))  # f = 0: a finite log
+
+
+def forget_key_bias(log_gate):
+    """FoX's per-key logits (B, Hkv, T) of log f (B, T, Hkv): -c_j with c_t = Σ_{l<=t} log f_l, summed in fp32 (fp64 for
+    fp64 input) as the authors do. The logits' D_ij = Σ_{l=j+1..i} log f_l = c_i - c_j; softmax ignores the row's
+    c_i (docs/definitions.md#forget-gate)."""
+    import torch
+
+    wide = torch.float64 if log_gate.dtype == torch.float64 else torch.float32
+    return -torch.cumsum(log_gate.to(wide), dim=1).transpose(1, 2)
+
 
 def layer_attention(info, layer: int) -> LayerAttention:
     """``layer``'s :class:`LayerAttention` from what ``info`` (a ModelInfo) stores: its fields and ``extra`` keys."""
@@ -108,4 +128,5 @@ def layer_attention(info, layer: int) -> LayerAttention:
         alibi_slopes=None if slopes is None else tuple(float(s) for s in slopes),
         phantom=info.has_phantom,
         gate_on_logits=info.gate_on_logits,
+        forget_gate=info.forget_gate,
     )

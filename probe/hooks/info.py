@@ -32,6 +32,8 @@ class ModelInfo:
     # What a mechanism does, declared by the mechanism: analyses, pages and verbs read these, never the names
     has_value_gate: bool = False  # a value gate: every layer fires attn.hook_v_gate (g per read or per element)
     gate_on_logits: bool = False  # a routing-slot gate: log g_j (read at hook_v_gate) joins key j's logits
+    forget_gate: bool = False  # FoX's forget gate: every layer fires attn.hook_forget_gate (B,T,Hkv) and key j's logits
+    #   take -Σ_{l<=j} log f_l (docs/definitions.md#forget-gate)
     out_gate: str = "none"  # the output gate's name, for records only: none | elementwise | headwise
     has_out_gate: bool = False  # an output gate on each head's attention output (Qiu et al. 2025's G1, Qwen3-Next's
     #   attn_output_gate): every layer fires attn.hook_out_gate (B,T,H,dh element-wise or B,T,H headwise)
@@ -74,8 +76,8 @@ class ModelInfo:
 
     def attention_at(self, layer: int) -> LayerAttention:
         """How ``layer``'s attention differs from plain causal softmax (probe.hooks.attention_rules): its rule,
-        scale, mask (window, chunk), soft-cap, ALiBi slopes, phantom and routing bias. Every reader of those rules
-        reads them here; the fields and ``extra`` keys above are their storage."""
+        scale, mask (window, chunk), soft-cap, ALiBi slopes, phantom, routing bias and forget gate. Every reader of
+        those rules reads them here; the fields and ``extra`` keys above are their storage."""
         return layer_attention(self, layer)
 
     def alibi_bias(self, batch: int, length: int, device=None, dtype=None):

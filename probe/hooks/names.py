@@ -36,6 +36,7 @@ PATTERN_NORM = "blocks.{l}.attn.hook_pattern_norm"  # B,H,Tq,Tk ||a_ij v_j W_O[h
 PHANTOM = "blocks.{l}.attn.hook_phantom"  # B,H,Tq mass on the phantom key
 LSE = "blocks.{l}.attn.hook_lse"  # B,H,Tq fp32 log Σ_visible exp(score) over the real keys (phantom excluded)
 SINK_LOGIT = "blocks.{l}.attn.hook_sink_logit"  # H
+FORGET_GATE = "blocks.{l}.attn.hook_forget_gate"  # B,T,Hkv fp32 FoX's forget gate f_t = σ(w_h·x_t + b_h)
 OUT_GATE = "blocks.{l}.attn.hook_out_gate"  # B,T,H,dh element-wise or B,T,H headwise output gate σ(x W_g)
 Z = "blocks.{l}.attn.hook_z"  # B,T,H,dh head outputs before the output projection (after any output gate)
 V_FIRST = "blocks.{l}.attn.hook_v_first"  # B,T,Hkv,dh value residual: V of the first layer
@@ -69,6 +70,7 @@ ATTN_HOOKS = (
     "hook_phantom",
     "hook_sink_logit",
     "hook_lse",
+    "hook_forget_gate",
     "hook_out_gate",
     "hook_z",
     "hook_attn_scores",
@@ -99,6 +101,7 @@ ATTN_POINTS = (
     "phantom",
     "sink_logit",
     "lse",
+    "forget_gate",
     "out_gate",
     "z",
     "v_first",

@@ -8,6 +8,8 @@ in PyTorch, on one path whether or not hooks are attached; then one attention op
 (q, k, v_out, sink, key_bias). With no hook on the pattern the op's fused path runs (SDPA / CPU flash / Triton) and
 nothing T×T is stored. Output side: an output gate (probe.models.out_gates, Qiu et al.'s G1) scales the op's output
 per head, or per coordinate, by σ(x W_g) before the output projection (docs/definitions.md#output-gates).
+A forget gate (FoX, probe.models.forget_gate, docs/definitions.md#forget-gate) adds its -Σ_{l≤j} log f_l to key j's
+logits through the same key_bias.
 Under another ``attn_fn`` (a rule of probe.kernels.row_rules: softpick, Zuhri et al. 2025, docs/definitions.md#softpick;
 sigmoid, sigmoid-norm, elu1, elu1-norm, docs/definitions.md#pointwise-attention-rules) the rows are that rule's
 instead of softmax's: its op takes (q, k, v_out); hook_pattern is the weight each key gets, hook_phantom the mass the
@@ -32,6 +34,7 @@ from probe.kernels.sink_attention.reference import (
     scores_of_probs,
 )
 from probe.models.config import ProbeConfig
+from probe.models.forget_gate import ForgetGate
 from probe.models.gates import apply_gate, make_gate
 from probe.models.layers import RMSNorm, Rotary, project_with_key
 from probe.models.out_gates import apply_out_gate, make_out_gate
@@ -70,6 +73,7 @@ class Attention(nn.Module):
             self.sink = nn.Parameter(torch.zeros(c.n_heads))  # b_h, init 0 (= off-by-one at init)
         self.gate = make_gate(c)  # None for ungated heads
         self.out_gate = make_out_gate(c)  # G1 on the attention op's output; None without one
+        self.forget = ForgetGate(c.d_model, c.n_kv_heads) if c.forget_gate else None  # FoX: Σ log f on the logits
         self.value_residual = c.value_residual if layer > 0 else "none"  # layer 0's values are V_1
         if self.value_residual == "lambda":
             self.v_mix = nn.Parameter(torch.full((1,), 0.5))  # λ_n
@@ -95,6 +99,8 @@ class Attention(nn.Module):
         self.hook_pattern_norm = HookPoint()  # B,H,Tq,Tk ||a_ij v_j W_O[h]|| (fired only when hooked; read-only)
         self.hook_phantom = HookPoint()  # B,H,Tq
         self.hook_lse = HookPoint()  # B,H,Tq real-key log-normaliser (fired only when hooked)
+        if self.forget is not None:  # only where there is a forget gate (docs/definitions.md#hook-namespace)
+            self.hook_forget_gate = HookPoint()  # B,T,Hkv fp32 f_t = σ(w_h·x_t + b_h), one per KV head
         self.hook_out_gate = HookPoint()  # B,T,H,dv or B,T,H
         self.hook_z = HookPoint()  # B,T,H,dv
         self.hook_result = HookPoint()  # B,T,H,d each head's write through o_proj (fired only when hooked)
@@ -128,6 +134,9 @@ class Attention(nn.Module):
             sink = self.hook_sink_logit(q.new_zeros(self.n_heads, dtype=torch.float32))
 
         v_out, key_bias = apply_gate(self.gate, v, xv, self.hook_v_gate)  # fires hook_v_gate on gated heads
+        if self.forget is not None:  # FoX: -c_j (B,Hkv,T) beside a routing gate's log g_j
+            forget = self.forget(xq, self.hook_forget_gate)
+            key_bias = forget if key_bias is None else key_bias + forget
         v_out = self.hook_v_out(v_out)
         edit = edits.taken(self.hook_v_out)  # a knockout or eviction a hook on hook_v_out handed to this layer's op
         out = self._attend(q, k, v_out, sink, key_bias, edit)  # B,T,H,dv

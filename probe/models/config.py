@@ -58,7 +58,7 @@ ABSTENTIONS = ("none", "offbyone", "sinklogit", "sinktoken")
 ATTN_FNS = ("softmax", *ROW_RULES)
 QK_ACTIVATIONS = ("none", "q", "qk")
 NORMS = ("rms", "layer")
-POSITIONS = ("rope", "learned", "none")  # "none": no position signal (stick-breaking is one by itself)
+POSITIONS = ("rope", "learned", "none")  # "none": no position signal (stick-breaking; FoX without RoPE)
 MLPS = ("swiglu", "gelu")
 # RoPE's cos/sin table: "exact" fp32 cos/sin of fp32 angles; "bfloat16" / "float16" the fp32 table (torch.polar's,
 # as MUDDFormer's / MUDDPythia's precompute_freqs_cis) rounded to that dtype, as those authors' code always uses it;
@@ -116,6 +116,7 @@ class AttentionOptions:
     qk_norm: bool = False  # RMS-normalise each head's query and key
     qk_activation: str = "none"  # GatedV placement controls: SiLU on q (or q and k) before RoPE; see QK_ACTIVATIONS
     attn_fn: str = "softmax"  # see ATTN_FNS; a config.json without the field is softmax
+    forget_gate: bool = False  # FoX: f_t = σ(w_h·x_t + b_h) per KV head, Σ log f on the logits; see definitions.md
     d_model: InitVar[int | None] = None  # the architecture's width, read for d_head's default (not a field here)
 
     def __post_init__(self, d_model: int | None) -> None:
@@ -135,8 +136,23 @@ class AttentionOptions:
                 f"attn_fn={self.attn_fn!r} does not compose with abstention={self.abstention!r} (a phantom key)"
             )
         assert self.n_kv_heads is not None  # __post_init__ set it
+        if self.forget_gate:
+            self._check_forget_gate()
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+
+    def _check_forget_gate(self) -> None:
+        """FoX's bias -c_j stands for c_i - c_j only where a row-constant shift changes nothing: softmax rows over
+        real keys."""
+        if self.attn_fn != "softmax":
+            raise ValueError(
+                f"forget_gate needs attn_fn='softmax' (its bias drops a per-row constant); got {self.attn_fn!r}"
+            )
+        if self.abstention in ("offbyone", "sinklogit"):
+            raise ValueError(
+                f"forget_gate does not compose with abstention={self.abstention!r}: a phantom key's logit does not "
+                "take the row's cumulative log forget gate; choose none or sinktoken"
+            )
 
 
 @dataclass

@@ -327,6 +327,7 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
             value_gate=c.value_gate,
             has_value_gate=gate is not None,
             gate_on_logits=gate is not None and gate.routing,  # declared by the gate
+            forget_gate=c.forget_gate,
             out_gate=c.out_gate,
             has_out_gate=c.out_gate != "none",
             has_depth_sources=routed,

@@ -22,6 +22,7 @@ from probe.models.params import count_by_role
 _PLAIN = dict(
     abstention="none",
     attn_fn="softmax",
+    forget_gate=False,
     value_gate="none",
     value_residual="none",
     depth="residual",

@@ -1,7 +1,7 @@
 """One description of each layer's attention (ModelInfo.attention_at -> LayerAttention): its fields are what the HF
 config states (Gemma 2's soft-cap and scale, Llama 4's chunks, BLOOM's ALiBi slopes, Mistral's window) or what a
-probe model declares (a phantom, a routing gate, softpick rows), and the streaming row masses built from it alone
-equal the pattern the model's attention computed, key by key."""
+probe model declares (a phantom, a routing gate, FoX's forget gate, softpick rows), and the streaming row masses
+built from it alone equal the pattern the model's attention computed, key by key."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.support.analyses import tiny
 
 T = 12  # longer than the tiny configs' window (4) and chunk (4): sliding and chunked layers really cut keys
 HF_FAMILIES = ("gemma2", "llama4_text", "bloom", "mistral", "gpt_neo")
-PROBE_VARIANTS = ("sinklogit", "routing-normgate")
+PROBE_VARIANTS = ("sinklogit", "routing-normgate", "fox")
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +86,7 @@ def test_a_probe_model_states_what_its_mechanisms_declare(variant):
         rules = info.attention_at(l)
         assert (rules.rule, rules.phantom, rules.mask) == (c.attn_fn, c.has_phantom, "full")
         assert rules.gate_on_logits == (variant == "routing-normgate")
+        assert rules.forget_gate == (variant == "fox")
         assert rules.scale == c.d_head**-0.5 and rules.softcap is None and rules.alibi_slopes is None
 
 

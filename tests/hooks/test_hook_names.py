@@ -123,6 +123,7 @@ DOCUMENTED = [
     (names.attn(2, "phantom"), "blocks.2.attn.hook_phantom"),
     (names.attn(2, "sink_logit"), "blocks.2.attn.hook_sink_logit"),
     (names.attn(2, "z"), "blocks.2.attn.hook_z"),
+    (names.attn(2, "forget_gate"), "blocks.2.attn.hook_forget_gate"),
     (names.attn(1, "v_first"), "blocks.1.attn.hook_v_first"),
     (names.attn(1, "v_mix"), "blocks.1.attn.hook_v_mix"),
     (names.attn(4, "hook_pattern"), "blocks.4.attn.hook_pattern"),  # the HookPoint's attribute name works too

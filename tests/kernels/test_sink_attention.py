@@ -325,6 +325,31 @@ def test_sdpa_bf16_close_to_fp32_reference(key_bias):
     torch.testing.assert_close(low.out.float(), ref.out, atol=3e-2, rtol=3e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sdpa_half_carries_a_large_key_bias(dtype):
+    """FoX's key bias -Σ_{l<=j} log f_l grows with j (here to ~180): in bf16 / fp16 the fused path splits it into parts
+    exact in the dtype, so output and gradients stay as close to fp64 on the same rounded inputs as bf16 outputs
+    allow (one coordinate in bf16 would round the bias by ~0.4 and move whole rows)."""
+    from probe.kernels.sink_attention.sdpa import bias_coordinates
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 256, 2, 16, generator=g).to(dtype) for _ in range(3))
+    bias = -F.logsigmoid(torch.randn(1, 2, 256, generator=g)).cumsum(-1)  # (B, Hkv, T): -c_j, up to ~180
+    scale = 16**-0.5
+    unit, parts = bias_coordinates(bias, scale, dtype)
+    assert all(torch.equal(p, p.to(dtype).float()) for p in parts)  # each part exact in the dtype
+    assert (scale * unit * sum(parts) - bias).abs().max().item() <= 1e-6 * bias.abs().max().item()
+    wide = [t.double().requires_grad_() for t in (q, k, v, bias)]
+    low = [t.detach().requires_grad_() for t in (q, k, v, bias)]
+    ref = sink_attention(*wide[:3], key_bias=wide[3], backend="reference").out
+    out = sink_attention(*low[:3], key_bias=low[3], backend="sdpa").out
+    assert (out.double() - ref).abs().max().item() <= 2e-2
+    cot = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    d_ref = torch.autograd.grad(ref, wide[3], cot)[0]
+    d_low = torch.autograd.grad(out, low[3], cot.to(dtype))[0]
+    assert (d_low.double() - d_ref).abs().max().item() <= 3e-2 * d_ref.abs().max().item()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("sink_value,window", [(None, None), (0.0, None), (3.0, 128), (float("-inf"), None)])

@@ -25,7 +25,7 @@ GOLDEN = json.loads((ROOT / "tests" / "fixtures" / "config_groups_golden.json").
 UNSTAMPED = ("transformers_version",)
 # fields added after the golden file was written, with their defaults: a config the golden file records without the
 # field must have it at this default (a saved config.json without it loads as before), and then it is left out
-ADDED = {"attn_fn": "softmax"}
+ADDED = {"attn_fn": "softmax", "forget_gate": False}
 
 
 def _plain(d: dict, golden: dict | None = None) -> str:

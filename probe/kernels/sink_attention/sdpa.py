@@ -17,7 +17,9 @@ window (with or without kept first keys) runs in blocks of ``QUERY_BLOCK`` queri
 Head sizes are zero-padded to one multiple of 8 so that q, k and v share it, which is what the fused CPU kernel needs
 (otherwise SDPA falls back to the slow math path).
 Everything stays differentiable w.r.t. q, k, v, sink and key_bias (and so w.r.t. whatever computed them: value gates).
-Precision: the extra coordinates are in q.dtype (exact enough in fp32; rounded in bf16 — use Triton on GPU).
+Precision: the extra coordinates are in q.dtype (exact enough in fp32). In bf16 / fp16 the key bias is carried by
+``HALF_BIAS_PARTS`` coordinates whose parts, each exact in q.dtype, sum to it in the kernel's fp32 products: a large
+bias (FoX's -c_j grows with the position) keeps about fp32 precision instead of 8 or 11 bits; a sink logit is rounded.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from probe.kernels.common import cpu_flash, pad_last
 from probe.kernels.sink_attention.reference import visible_mask
 
 QUERY_BLOCK = 256  # queries per block of the windowed path: a block's mask is 256 x (kept + 256 + window - 1) keys
+HALF_BIAS_PARTS = 3  # bf16 / fp16 parts of a key bias: 3 x 8 bits ~ the 24 of fp32
 SINK_FLOOR = -1000.0  # sinks below this are clamped: exp(-1000 - lse) is 0 in fp32, and -inf * 0 would give NaN
 
 
@@ -42,6 +45,22 @@ def fused_sdpa(q, k, v, *, is_causal, mask, scale):
         q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
     )
     return out, None
+
+
+def bias_coordinates(key_bias: torch.Tensor, scale: float, dtype: torch.dtype) -> tuple[float, list[torch.Tensor]]:
+    """(u, parts): query coordinates u and key coordinates parts (each (B,Hkv,Tk), fp32 or fp64) with
+    scale · u · Σ parts = key_bias, every value exact in ``dtype``. fp32 / fp64: u = 1/scale and the bias itself; bf16
+    / fp16: u a power of two near 1/scale and ``HALF_BIAS_PARTS`` parts, each the rounding of what the earlier ones
+    left, so the kernel's fp32 sum over coordinates restores the bias to ~fp32 precision. Autograd gives the bias the
+    first part's gradient (the later parts' dependence on it cancels): the exact one."""
+    if dtype in (torch.float32, torch.float64):
+        return 1.0 / scale, [key_bias.to(dtype)]
+    unit = 2.0 ** round(math.log2(1.0 / scale))  # exact in every float dtype
+    rest, parts = key_bias.float() / (scale * unit), []
+    for _ in range(HALF_BIAS_PARTS):
+        parts.append(rest.to(dtype).float())
+        rest = rest - parts[-1]
+    return unit, parts
 
 
 class _CausalSinkFlashCPU(torch.autograd.Function):
@@ -112,8 +131,10 @@ def sink_attention_sdpa(q, k, v, *, sink=None, key_bias=None, mask=None, window=
         q_extra.append(s[None, :, None, None].expand(B, H, Tq, 1))
         k_extra.append(q.new_zeros(B, Hkv, Tk, 1, dtype=wide))
     if key_bias is not None:
-        q_extra.append(q.new_full((B, H, Tq, 1), 1.0 / scale, dtype=wide))
-        k_extra.append(key_bias.to(wide)[..., None])  # (B, Hkv, Tk, 1)
+        unit, parts = bias_coordinates(key_bias, scale, dtype)
+        for part in parts:
+            q_extra.append(q.new_full((B, H, Tq, 1), unit, dtype=wide))
+            k_extra.append(part[..., None])  # (B, Hkv, Tk, 1)
     D = -(-max(dh + len(q_extra), dv) // 8) * 8  # shared head size, a multiple of 8
     if q_extra:
         qt = torch.cat([qt, torch.cat(q_extra, -1).to(dtype)], -1)

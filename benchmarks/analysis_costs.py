@@ -58,7 +58,7 @@ def ways_of(model, eb, samples: int) -> dict:
         "plain forward": lambda: plain_forward(model, eb),
         "sensitivity exact": lambda: sensitivity(model, eb),
         "sensitivity sampled": lambda: sensitivity(model, eb, SensitivityOptions(method="sampled", samples=samples)),
-        "sensitivity all": lambda: sensitivity(model, eb, SensitivityOptions(depth="all")),
+        "sensitivity all": lambda: sensitivity(model, eb, SensitivityOptions(layers="all")),
         "entropy": lambda: attention_entropy(model, eb),
         "kurtosis": lambda: outlier_kurtosis(model, eb),
         "norm-weighted": lambda: norm_weighted(model, eb),

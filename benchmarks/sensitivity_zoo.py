@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         model = probe.load(name)
         eb, _ = windows_for(WindowSpec(batches=args.batches, batch_size=args.batch_size, ctx=args.ctx), model)
         for label, tokens in (("with BOS", eb.tokens), ("without BOS", eb.tokens[..., 1:])):
-            summary = sensitivity(model, tokens, SensitivityOptions(depth="all"))["summary"]
+            summary = sensitivity(model, tokens, SensitivityOptions(layers="all"))["summary"]
             print(f"{name}, {label}:\n{summary[list(SHOWN)].to_string(index=False)}", flush=True)
         lengths = collapse(model, LENGTHS, 10, 11)["lengths"]
         print(f"{name}, collapse:\n{lengths[['length', 'dtype', 'relative', 'identical']].to_string(index=False)}")

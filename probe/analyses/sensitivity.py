@@ -34,18 +34,18 @@ DEPTHS = SENSITIVITY_DEPTHS
 @dataclass(frozen=True)
 class SensitivityOptions:
     """How the Jacobian norms are taken: ``method`` exact (d backwards) or sampled (``samples`` Gaussian directions,
-    drawn from ``seed``); ``depth`` the last layer only or every layer's output."""
+    drawn from ``seed``); ``layers`` the last layer only or every layer's output."""
 
     method: str = "exact"
     samples: int = 16
-    depth: str = "last"
+    layers: str = "last"
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"sensitivity method {self.method!r}: choose one of {', '.join(METHODS)}")
-        if self.depth not in DEPTHS:
-            raise ValueError(f"sensitivity depth {self.depth!r}: choose one of {', '.join(DEPTHS)}")
+        if self.layers not in DEPTHS:
+            raise ValueError(f"sensitivity layers {self.layers!r}: choose one of {', '.join(DEPTHS)}")
         if self.samples < 2:
             raise ValueError(f"sensitivity samples={self.samples}: at least 2 (a standard error needs two)")
 
@@ -143,7 +143,7 @@ def sensitivity(
     model, windows, options: SensitivityOptions | None = None, *, progress: bool = False
 ) -> dict[str, pd.DataFrame]:
     """‖∂y_last / ∂e_i‖_F per input position i (docs/definitions.md#sensitivity), averaged over windows, at the last
-    layer's output (``depth="last"``) or every layer's. ``share``: each window's ‖J_i‖ over Σ_j ‖J_j‖, averaged;
+    layer's output (``layers="last"``) or every layer's. ``share``: each window's ‖J_i‖ over Σ_j ‖J_j‖, averaged;
     ``first`` / ``rest_mean`` / ``last``: position 0, the mean over 1 .. T-2, position T-1; ``mixing``: the share of
     positions 1 .. T-2 (what the last token takes from the others, beside itself and the first); ``decay_slope``: the
     log-log slope of sensitivity over distance on 1 .. T-2; ``estimator_rse``: the sampled estimate's relative
@@ -157,7 +157,7 @@ def sensitivity(
     options = options or SensitivityOptions()
     w = as_windows(windows)  # tokens: (N, B, T+1)
     info = model.probe_info
-    layers = list(range(info.n_layers)) if options.depth == "all" else [info.n_layers - 1]
+    layers = list(range(info.n_layers)) if options.layers == "all" else [info.n_layers - 1]
     device = model_device(model)
     generator = torch.Generator().manual_seed(options.seed)
     norms: dict[int, list] = {l: [] for l in layers}
@@ -176,7 +176,9 @@ def sensitivity(
         parts.append(positions)
         rows.append(row)
     tables = {"summary": pd.DataFrame(rows), "positions": pd.concat(parts, ignore_index=True)}
-    settings: dict[str, object] = dict(method=options.method, depth=options.depth, y="resid_post at the last position")
+    settings: dict[str, object] = dict(
+        method=options.method, layers=options.layers, y="resid_post at the last position"
+    )
     if options.method == "sampled":
         settings.update(samples=options.samples, sample_seed=options.seed)
     return finish(tables, describe(model, w, "sensitivity", **settings))

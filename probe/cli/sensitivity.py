@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "sampled" and args.samples < 2:
         raise UsageError(f"--samples {args.samples}: the sampled method needs at least 2 (its standard error)")
     run = start(args, DEFAULT_MODEL, VERB, check=lambda model: _check_lengths(args, model))
-    options = SensitivityOptions(method=args.method, samples=args.samples, depth=args.depth, seed=args.seed)
+    options = SensitivityOptions(method=args.method, samples=args.samples, layers=args.depth, seed=args.seed)
     result = sensitivity(run.model, run.windows, options, progress=run.progress)
     if args.collapse:
         repeated, last = _collapse_ids(args, run.tokenizer)

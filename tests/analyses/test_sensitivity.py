@@ -33,7 +33,7 @@ def full_jacobian_norms(model, ids: torch.Tensor, layer: int) -> torch.Tensor:
 def test_exact_equals_the_full_jacobian():
     model = tiny().double()
     w = windows(1, 2, 8)
-    got = sensitivity(model, w, SensitivityOptions(depth="all"))["positions"]
+    got = sensitivity(model, w, SensitivityOptions(layers="all"))["positions"]
     for layer in range(model.probe_info.n_layers):
         for b in range(2):
             ref = full_jacobian_norms(model, w[0, b : b + 1, :-1], layer)
@@ -107,7 +107,7 @@ def test_earlier_tokens_have_more_paths():
     every earlier token the same single path (equal sensitivity), two or more layers order them strictly."""
     model = linear_uniform(v_scale=0.5)
     T = 10
-    got = sensitivity(model, windows(1, 1, T), SensitivityOptions(depth="all"))["positions"]
+    got = sensitivity(model, windows(1, 1, T), SensitivityOptions(layers="all"))["positions"]
     one = got[got["layer"] == 0]["sensitivity"].to_numpy()[: T - 1]
     two = got[got["layer"] == 1]["sensitivity"].to_numpy()[: T - 1]
     assert one.max() - one.min() < 1e-12
@@ -119,4 +119,4 @@ def test_bad_options_name_the_choices():
     with pytest.raises(ValueError, match="exact, sampled"):
         SensitivityOptions(method="hutchinson")
     with pytest.raises(ValueError, match="last, all"):
-        SensitivityOptions(depth="middle")
+        SensitivityOptions(layers="middle")

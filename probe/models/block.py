@@ -73,11 +73,16 @@ class Block(nn.Module):
 
     def forward_hyper(self, streams: torch.Tensor, v_first=None):
         """Hyper-connected: streams (B,T,n,d) in and out. Each sub-layer reads its H_pre mix of the streams
-        (hook_resid_pre / hook_resid_mid) and writes H_res X + H_post ⊗ its output."""
+        (hook_resid_pre / hook_resid_mid) and writes H_res X + H_post ⊗ its output; hook_resid_post is the sum of
+        the output streams."""
         x, mix = self.hc_attn.read(streams)
         a, _, v_first = self.attn(self.ln1(self.hook_resid_pre(x)), v_first=v_first)
         streams = self.hc_attn.write(streams, self.hook_attn_out(a), mix)
         x, mix = self.hc_mlp.read(streams)
         m, _ = self.mlp(self.ln2(self.hook_resid_mid(x)))
-        streams = self.hc_mlp.write(streams, self.hook_mlp_out(m), mix)
-        return self.hook_streams(streams), v_first
+        streams = self.hook_streams(self.hc_mlp.write(streams, self.hook_mlp_out(m), mix))
+        total = streams.sum(2)  # B,T,d: what the streams' sum (HC's head) would read here
+        edited = self.hook_resid_post(total)
+        if edited is not total:  # an edit of the sum is spread equally over the n streams
+            streams = streams + ((edited - total) / streams.shape[2]).unsqueeze(2)
+        return streams, v_first

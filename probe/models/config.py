@@ -276,12 +276,9 @@ class ProbeConfig(PretrainedConfig):
         if self.hyper != "none" and (self.depth != "residual" or self.dense != "none"):
             other = f"depth={self.depth!r}" if self.depth != "residual" else f"dense={self.dense!r}"
             raise ValueError(f"{other} and hyper={self.hyper!r} both replace the residual stream; pick one")
-        if self.parallel_residual and self.hyper != "none":
-            raise ValueError(f"parallel_residual=True needs the plain or dense residual stream; got hyper={self.hyper!r}")
-        if self.parallel_residual and self.depth != "residual":
-            raise ValueError(
-                f"parallel_residual=True needs the plain or dense residual stream; got depth={self.depth!r}"
-            )
+        if self.parallel_residual and (self.depth != "residual" or self.hyper != "none"):
+            which = f"depth={self.depth!r}" if self.depth != "residual" else f"hyper={self.hyper!r}"
+            raise ValueError(f"parallel_residual=True needs the plain or dense residual stream; got {which}")
         gate = GATES.get(self.value_gate)
         if self.attn_fn != "softmax" and gate is not None and gate.routing:
             raise ValueError(

@@ -1,11 +1,11 @@
 """Hyper-connections (Zhu et al., ICLR 2025, static and dynamic) and manifold-constrained hyper-connections (mHC, Xie
 et al. 2025, as DeepSeek-V4 runs them) over n residual streams (docs/definitions.md#hyper-connections).
 
-Static HC: H_pre, H_post, H_res are learned constants, initialised as Zhu et al. do so that the model is a plain pre-norm
-transformer at init: sub-layer k reads stream k mod n (H_pre one-hot), every stream gets the output (H_post = 1) and
-keeps itself (H_res = I). Dynamic HC adds s · tanh(RMSNorm(X_j) W) per stream j to each, W = 0 and s = 0.01 at init.
-mHC computes all three from the RMS-normalised flattened streams: H_pre = σ(·) + ε, H_post = 2σ(·), and H_res
-projected onto the doubly stochastic matrices by Sinkhorn-Knopp on exp of its logits.
+Static HC: H_pre, H_post, H_res are learned constants, initialised as Zhu et al. do so that the model is a plain
+pre-norm transformer at init: sub-layer k reads stream k mod n (H_pre one-hot), every stream gets the output
+(H_post = 1) and keeps itself (H_res = I). Dynamic HC adds s · tanh(RMSNorm(X_j) W) per stream j to each, W = 0 and
+s = 0.01 at init. mHC computes all three from the RMS-normalised flattened streams: H_pre = σ(·) + ε, H_post = 2σ(·),
+and H_res projected onto the doubly stochastic matrices by Sinkhorn-Knopp on exp of its logits.
 """
 
 from __future__ import annotations

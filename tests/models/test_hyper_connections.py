@@ -170,3 +170,16 @@ def test_roles_and_refusals():
         config_for("baseline", **TINY, hyper="nope")
     with pytest.raises(ValueError, match="hc_streams=0"):
         config_for("hc", **TINY, hc_streams=0)
+
+
+def test_an_edit_of_resid_post_is_spread_over_the_streams():
+    """Adding v to block 0's hook_resid_post (the streams' sum) adds v/n to each stream: static HC at init reads one
+    stream at block 1's attention, so its read moves by exactly v/n."""
+    model = create("hc", **TINY).double()
+    ids = torch.randint(0, TINY["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(4))
+    v = torch.randn(TINY["d_model"], generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    read = names.resid(1, "pre")
+    _, plain = model.run_with_cache(ids, names_filter=read)
+    with model.hooks(fwd_hooks=[(names.resid(0, "post"), lambda value, hook: value + v)]):
+        _, edited = model.run_with_cache(ids, names_filter=read)
+    torch.testing.assert_close(edited[read] - plain[read], (v / 4).expand_as(plain[read]), rtol=0, atol=1e-12)

@@ -11,12 +11,17 @@ Variants are timed interleaved (round-robin) so drift of the machine hits all of
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-import torch
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # benchmarks/kernels.py shadows `kernels`
 
-from probe.models import VARIANTS, create
-from probe.train import TrainConfig, build_optimizer
+import torch  # noqa: E402
+
+from probe.models import VARIANTS, create  # noqa: E402
+from probe.train import TrainConfig, build_optimizer  # noqa: E402
 
 DEFAULT = [v for v in VARIANTS if "{" not in v] + [
     "attnres-block4",

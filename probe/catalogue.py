@@ -114,6 +114,18 @@ VARIANTS: dict[str, Variant] = {
     "mudd": Variant(
         "MUDD: per-token dynamic dense connections for query, key, value and residual streams", dict(dense="mudd")
     ),
+    "hc": Variant(
+        "static hyper-connections: 4 residual streams, learned read, write and stream-mixing weights (Zhu et al. 2025)",
+        dict(hyper="hc"),
+    ),
+    "hc-dynamic": Variant(
+        "dynamic hyper-connections: static weights plus tanh terms from each normalised stream (Zhu et al. 2025)",
+        dict(hyper="hc-dynamic"),
+    ),
+    "mhc": Variant(
+        "manifold-constrained HC: sigmoid read and 2*sigmoid write, Sinkhorn doubly stochastic mixing (DeepSeek 2025)",
+        dict(hyper="mhc"),
+    ),
 }
 
 # name -> ProbeConfig keyword arguments (the architecture only; mechanisms come from variants)

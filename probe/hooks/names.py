@@ -1,7 +1,8 @@
 """The hook vocabulary (docs/definitions.md#hook-namespace): one set of names for custom models and for HF checkpoints.
 
 Every name below is an identity ``HookPoint``; shapes are given with B batch, T positions, d model width,
-H query heads, Hkv key/value heads, dh head width, S depth sources, r routing rank, C dense streams.
+H query heads, Hkv key/value heads, dh head width, S depth sources, r routing rank, C dense streams, n
+hyper-connection streams.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ DEPTH_WEIGHTS = "blocks.{l}.{site}_read.hook_depth_weights"  # B,T,S depth-atten
 FINAL_ROUTING_KEYS = "final_read.hook_routing_keys"
 FINAL_DEPTH_WEIGHTS = "final_read.hook_depth_weights"
 DENSE_WEIGHTS = "blocks.{l}.dense.hook_weights"  # B,T,C,S MUDD / DenseFormer mixing weights
+HC_PRE = "blocks.{l}.hc_{site}.hook_pre"  # B,T,n hyper-connection read weights H_pre (site: attn, mlp)
+HC_POST = "blocks.{l}.hc_{site}.hook_post"  # B,T,n write weights H_post
+HC_RES = "blocks.{l}.hc_{site}.hook_res"  # B,T,n,n stream mixing H_res, out × in
+STREAMS = "blocks.{l}.hook_streams"  # B,T,n,d a hyper-connected block's output streams
+HC_HEAD_PRE = "hc_head.hook_pre"  # B,T,n the weights collapsing the streams before the final norm
 
 ATTN_HOOKS = (
     "hook_q",
@@ -124,6 +130,7 @@ FINAL_NORM = "ln_final"
 READ_KINDS = ("attn", "mlp")  # the two read sites of a depth-routed block: before attention, before the MLP
 READ_POINTS = ("routing_keys", "depth_weights")
 FINAL_READ = "final_read"  # the depth read before the final norm
+HC_POINTS = ("pre", "post", "res")  # a hyper-connection's mixing matrices; its sites are SUBLAYERS
 
 
 def _choose(value: str, choices: tuple[str, ...], what: str) -> str:
@@ -234,6 +241,22 @@ def routing_keys(site: str) -> str:
 def dense(layer: int) -> str:
     """``dense(2) == 'blocks.2.dense.hook_weights'``: DenseFormer / MUDD mixing weights after block 2."""
     return f"{block(layer)}.dense.hook_weights"
+
+
+def hyper(layer: int, site: str, point: str) -> str:
+    """A hyper-connection's mixing matrix: ``hyper(2, "attn", "res") == 'blocks.2.hc_attn.hook_res'``; site is attn
+    or mlp (the sub-layer it wraps), point pre, post or res."""
+    return f"{block(layer)}.hc_{_choose(site, SUBLAYERS, 'sub-layer')}.hook_{_choose(point, HC_POINTS, 'HC matrix')}"
+
+
+def streams(layer: int) -> str:
+    """``streams(2) == 'blocks.2.hook_streams'``: the n residual streams a hyper-connected block 2 hands on."""
+    return f"{block(layer)}.hook_streams"
+
+
+def hyper_head() -> str:
+    """``'hc_head.hook_pre'``: the weights that collapse a hyper-connected model's streams before the final norm."""
+    return HC_HEAD_PRE
 
 
 def is_depth_weights(hook_name: str) -> bool:

@@ -29,6 +29,7 @@ from probe.models.choice import check_choice
 from probe.models.dense import DenseOptions
 from probe.models.depth import DEPTHS, PLR_KEYS, DepthOptions
 from probe.models.gates import GATES, VALUE_RESIDUALS, ValueGateOptions
+from probe.models.hyper import HyperOptions
 from probe.models.out_gates import OutGateOptions
 
 __all__ = [
@@ -192,6 +193,7 @@ GROUPS: dict[str, type] = {
     "out_gate": OutGateOptions,
     "depth": DepthOptions,
     "dense": DenseOptions,
+    "hyper": HyperOptions,
 }
 
 
@@ -287,10 +289,12 @@ class ProbeConfig(PretrainedConfig):
             raise ValueError(
                 f"depth={self.depth!r} and dense={self.dense!r} both replace the residual stream; pick one"
             )
-        if self.parallel_residual and self.depth != "residual":
-            raise ValueError(
-                f"parallel_residual=True needs the plain or dense residual stream; got depth={self.depth!r}"
-            )
+        if self.hyper != "none" and (self.depth != "residual" or self.dense != "none"):
+            other = f"depth={self.depth!r}" if self.depth != "residual" else f"dense={self.dense!r}"
+            raise ValueError(f"{other} and hyper={self.hyper!r} both replace the residual stream; pick one")
+        if self.parallel_residual and (self.depth != "residual" or self.hyper != "none"):
+            which = f"depth={self.depth!r}" if self.depth != "residual" else f"hyper={self.hyper!r}"
+            raise ValueError(f"parallel_residual=True needs the plain or dense residual stream; got {which}")
         gate = GATES.get(self.value_gate)
         if self.attn_fn != "softmax" and gate is not None and gate.routing:
             raise ValueError(

@@ -30,6 +30,7 @@ from probe.models.cache import Unembedding
 from probe.models.config import ProbeConfig
 from probe.models.depth import DepthSources, block_factor, emitted_key_width, make_read, site_sources
 from probe.models.gates import GATES
+from probe.models.hyper import HYPERS, expand
 from probe.models.layers import NormPoints, UnembedPoints, make_norm
 from probe.models.lens import HF_OUTPUT, TransformerLensCalls
 from probe.models.params import ROLES, no_decay_names, parameter_roles
@@ -100,6 +101,8 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
         self.blocks = nn.ModuleList(Block(c, l) for l in range(c.n_layers))
         if c.depth != "residual":
             self.final_read = make_read(c)
+        if c.hyper != "none":  # what collapses the n streams before the final norm (the sum, or mHC's own head)
+            self.hc_head = HYPERS[c.hyper].head(c)
         self.ln_f = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias, points="given")
         self.ln_final = NormPoints()  # ln_f's hook_scale / hook_normalized, under TransformerLens's name
         if not c.tie_embeddings:
@@ -263,6 +266,11 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
                 hiddens.append(h)
                 streams = blk.dense(hiddens)  # MUDD: (q, k, v, residual) for the next block; else one stream
             x = streams[-1]
+        elif c.hyper != "none":
+            streams = expand(x, c.hc_streams)  # B,T,n,d
+            for blk in self.blocks:
+                streams, v_first = blk.forward_hyper(streams, v_first)
+            x = self.hc_head(streams)
         else:
             for blk in self.blocks:
                 x, v_first = blk(x, v_first)
@@ -307,7 +315,8 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
     @property
     def probe_info(self) -> ModelInfo:
         c = self.config
-        depth = c.depth if c.depth != "residual" else (c.dense if c.dense != "none" else "residual")
+        replaced = [m for m in (c.depth, c.dense, c.hyper) if m not in ("residual", "none")]
+        depth = replaced[0] if replaced else "residual"  # what replaces the residual stream (at most one does)
         routed = c.depth != "residual"  # DepthRead sites over sub-layer sources (dense connections have none)
         extra = {"depth_sites": site_sources(c)} if routed else {}
         if getattr(c, "authors_format", None):  # an authors' checkpoint: its format, code version, RoPE table

@@ -33,6 +33,7 @@ _PLAIN = dict(
     depth_block_prior=0.0,
     depth_block_prior_learned=False,
     dense="none",
+    hyper="none",
     qk_activation="none",
     out_gate="none",
     d_value=None,

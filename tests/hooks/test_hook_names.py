@@ -136,6 +136,10 @@ DOCUMENTED = [
     (names.depth_weights(names.FINAL_READ), "final_read.hook_depth_weights"),
     (names.read("blocks.5.attn_read", "depth_weights"), "blocks.5.attn_read.hook_depth_weights"),
     (names.dense(2), "blocks.2.dense.hook_weights"),
+    (names.hyper(2, "attn", "pre"), "blocks.2.hc_attn.hook_pre"),
+    (names.hyper(0, "mlp", "res"), "blocks.0.hc_mlp.hook_res"),
+    (names.streams(3), "blocks.3.hook_streams"),
+    (names.hyper_head(), "hc_head.hook_pre"),
     (names.mlp(2), "blocks.2.mlp.hook_post"),
     (names.mlp(2, "post"), "blocks.2.mlp.hook_post"),
     (names.sublayer_out(2, "attn"), "blocks.2.hook_attn_out"),
@@ -176,6 +180,10 @@ def test_builders_agree_with_the_declared_templates():
             assert names.depth_weights(site) == names.name(names.DEPTH_WEIGHTS, l, kind)
             assert names.routing_keys(site) == names.name(names.ROUTING_KEYS, l, kind)
         assert names.dense(l) == names.name(names.DENSE_WEIGHTS, l)
+        for site in names.SUBLAYERS:
+            for point, template in zip(names.HC_POINTS, (names.HC_PRE, names.HC_POST, names.HC_RES)):
+                assert names.hyper(l, site, point) == names.name(template, l, site)
+        assert names.streams(l) == names.name(names.STREAMS, l)
         assert names.mlp(l) == names.name(names.MLP_POST, l)
         assert names.sublayer_out(l, "attn") == names.name(names.ATTN_OUT, l)
         assert names.sublayer_out(l, "mlp") == names.name(names.MLP_OUT, l)
@@ -192,6 +200,8 @@ def test_layer_of_round_trips_every_block_builder(layer):
         + [names.read_site(layer, k) for k in names.READ_KINDS]
         + [names.depth_weights(names.read_site(layer, k)) for k in names.READ_KINDS]
         + [names.dense(layer), names.mlp(layer), names.block(layer), names.attn_module(layer)]
+        + [names.hyper(layer, k, p) for k in names.SUBLAYERS for p in names.HC_POINTS]
+        + [names.streams(layer)]
         + [names.sublayer_out(layer, k) for k in names.SUBLAYERS]
     )
     assert [names.layer_of(n) for n in built] == [layer] * len(built)

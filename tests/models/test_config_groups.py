@@ -25,7 +25,14 @@ GOLDEN = json.loads((ROOT / "tests" / "fixtures" / "config_groups_golden.json").
 UNSTAMPED = ("transformers_version",)
 # fields added after the golden file was written, with their defaults: a config the golden file records without the
 # field must have it at this default (a saved config.json without it loads as before), and then it is left out
-ADDED = {"attn_fn": "softmax", "forget_gate": False}
+ADDED = {
+    "attn_fn": "softmax",
+    "forget_gate": False,
+    "hyper": "none",
+    "hc_streams": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+}
 
 
 def _plain(d: dict, golden: dict | None = None) -> str:
@@ -154,6 +161,9 @@ BAD = [
     ("depth", "depth_block_prior", 1.0),
     ("dense", "dense", "nope"),
     ("dense", "mudd_expand_last", True),
+    ("hyper", "hyper", "nope"),
+    ("hyper", "hc_streams", 0),
+    ("hyper", "hc_sinkhorn_iters", 0),
 ]
 
 

@@ -120,6 +120,14 @@ def _expected_hooks(model):
         if c.dense != "none":
             C = 1 if (l == c.n_layers - 1 or c.dense == "denseformer") else 4
             shapes[p + "dense.hook_weights"] = (B, Tk, C, l + 2)
+    if c.hyper != "none":
+        n = c.hc_streams
+        shapes["hc_head.hook_pre"] = (B, Tk, n)
+        for l in range(c.n_layers):
+            shapes[f"blocks.{l}.hook_streams"] = (B, Tk, n, d)
+            for site in ("attn", "mlp"):
+                shapes.update({f"blocks.{l}.hc_{site}.hook_{p}": (B, Tk, n) for p in ("pre", "post")})
+                shapes[f"blocks.{l}.hc_{site}.hook_res"] = (B, Tk, n, n)
     if c.depth != "residual":
         from probe.models.depth import site_sources
 

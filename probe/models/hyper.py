@@ -1,0 +1,111 @@
+"""Hyper-connections over n residual streams (docs/definitions.md#hyper-connections): the options, the registry of the
+mechanisms that weigh them (`hyper=`; static and dynamic HC and mHC in depth_mechanisms/hyper_connections.py) and the
+heads that collapse the streams before the final norm.
+
+The residual stream becomes n streams X (B,T,n,d), all equal to the embedding at the start. Around every sub-layer f
+(attention, MLP) a hyper-connection computes three mixing matrices from X and does
+
+    x_in = Σ_j H_pre[j] X_j                      (1×n: the sub-layer's read)
+    X'_i = Σ_j H_res[i, j] X_j + H_post[i] f(x_in)  (n×n: stream mixing, out × in; n: the write)
+
+A mechanism is a `HyperConnection` subclass registered with `@register_hyper(name)`: it computes (pre, post, res) in
+`weights`; the module fires `hook_pre`, `hook_post` and `hook_res` on them (a hook may edit them) and mixes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from transformer_lens.hook_points import HookPoint
+
+from probe.models.choice import check_choice
+from probe.models.registry import registrar
+
+HYPERS: dict[str, type[HyperConnection]] = {}
+
+
+register_hyper = registrar(HYPERS, "hyper")
+
+
+@dataclass
+class HyperOptions:
+    """ProbeConfig's hyper-connection group: the mechanism, its stream count, and mHC's Sinkhorn settings (DeepSeek's
+    hc_sinkhorn_iters and hc_eps, transformers' DeepseekV4Config defaults)."""
+
+    hyper: str = "none"  # "none" or a registered hyper-connection (HYPERS)
+    hc_streams: int = 4  # n, the expansion rate (both papers' default)
+    hc_sinkhorn_iters: int = 20  # mHC: Sinkhorn-Knopp rounds on H_res
+    hc_eps: float = 1e-6  # mHC: added to H_pre and to exp(H_res logits), and to each Sinkhorn divisor
+
+    def __post_init__(self) -> None:
+        self.hc_streams = int(self.hc_streams)
+        self.hc_sinkhorn_iters = int(self.hc_sinkhorn_iters)
+        self.hc_eps = float(self.hc_eps)
+
+    def check(self) -> None:
+        check_choice("hyper", self.hyper, ("none", *HYPERS))
+        if self.hc_streams < 1:
+            raise ValueError(f"hc_streams={self.hc_streams!r} must be at least 1")
+        if self.hc_sinkhorn_iters < 1:
+            raise ValueError(f"hc_sinkhorn_iters={self.hc_sinkhorn_iters!r} must be at least 1")
+
+
+class HyperConnection(nn.Module):
+    """The hyper-connection around one sub-layer (``index`` k = 2l for block l's attention, 2l + 1 for its MLP).
+
+    ``weights(streams)`` returns pre (B,T,n), post (B,T,n) and res (B,T,n,n, out × in), at least fp32;
+    ``param_roles`` declares its parameters (params.py); ``head(config)`` is the module that collapses the streams
+    before the final norm (the stream sum unless the mechanism has its own)."""
+
+    param_roles: dict[str, str] = {}
+
+    def __init__(self, config, index: int):  # every hyper-connection is built as HYPERS[name](config, index)
+        super().__init__()
+        self.n, self.index = config.hc_streams, index
+        self.hook_pre = HookPoint()  # B,T,n read weights
+        self.hook_post = HookPoint()  # B,T,n write weights
+        self.hook_res = HookPoint()  # B,T,n,n stream mixing, out × in
+
+    @staticmethod
+    def head(config) -> nn.Module:
+        return StreamSum()
+
+    def weights(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def read(self, streams: torch.Tensor):
+        """The sub-layer's input (B,T,d) from the streams (B,T,n,d), and the (post, res) its ``write`` needs."""
+        pre, post, res = self.weights(streams)
+        pre, post, res = self.hook_pre(pre), self.hook_post(post), self.hook_res(res)
+        x = torch.einsum("btj,btjd->btd", pre.to(streams.dtype), streams)
+        return x, (post, res)
+
+    @staticmethod
+    def write(streams: torch.Tensor, out: torch.Tensor, mix) -> torch.Tensor:
+        """X' = H_res X + H_post ⊗ f(x_in): streams (B,T,n,d), the sub-layer's output (B,T,d) -> (B,T,n,d)."""
+        post, res = mix
+        mixed = torch.einsum("btij,btjd->btid", res.to(streams.dtype), streams)
+        return mixed + post.to(out.dtype).unsqueeze(-1) * out.unsqueeze(-2)
+
+
+class StreamSum(nn.Module):
+    """The streams' sum, as Zhu et al. end the network (lucidrains' reduce): pre = 1 per stream, fired at hook_pre."""
+
+    def __init__(self):
+        super().__init__()
+        self.hook_pre = HookPoint()  # B,T,n
+
+    def forward(self, streams: torch.Tensor) -> torch.Tensor:  # B,T,n,d -> B,T,d
+        pre = self.hook_pre(streams.new_ones(streams.shape[:3]))
+        return torch.einsum("btj,btjd->btd", pre, streams)
+
+
+def make_hyper(config, index: int) -> HyperConnection:
+    return HYPERS[config.hyper](config, index)
+
+
+def expand(x: torch.Tensor, n: int) -> torch.Tensor:
+    """The n streams the blocks start from: the embedding (B,T,d) copied into each, B,T,n,d."""
+    return x.unsqueeze(2).expand(-1, -1, n, -1).contiguous()

@@ -1,0 +1,185 @@
+"""Hyper-connections (static and dynamic HC, mHC): equal to the authors' modules in fp64 (outputs and gradients), the
+plain residual at n = 1 and at init, a doubly stochastic H_res, hooks that carry what the model computes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from probe.hooks import names
+from probe.models import create
+from probe.models.depth_mechanisms.hyper_connections import ManifoldHead, sinkhorn
+from probe.models.hyper import HYPERS
+from probe.models.variants import config_for
+
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "hyper_connections" / "golden.safetensors"
+TINY = dict(n_layers=2, d_model=32, n_heads=2, d_mlp=64, vocab_size=64, n_ctx=32)
+
+
+def _golden(prefix: str) -> dict[str, torch.Tensor]:
+    with safe_open(str(GOLDEN), "pt") as f:
+        return {k[len(prefix) + 1 :]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix + ".")}
+
+
+def _hc_tensors(g: dict, dynamic: bool, kind: str = "param") -> dict[str, torch.Tensor]:
+    """lucidrains' parameters (kind "param") or their gradients ("grad") under probe's names: their static_alpha is
+    [A_m | A_r] with A_r in × out, probe's res is out × in."""
+    alpha = g[f"{kind}.static_alpha"]
+    out = {"static_pre": alpha[:, 0], "static_res": alpha[:, 1:].T, "static_post": g[f"{kind}.static_beta"]}
+    if dynamic:
+        fn = g[f"{kind}.dynamic_alpha_fn"]
+        gain_offset = 1 if kind == "param" else 0  # their RMSNorm scales by (γ + 1): the same gradient
+        out |= {
+            "pre_proj": fn[:, 0],
+            "res_proj": fn[:, 1:],
+            "post_proj": g[f"{kind}.dynamic_beta_fn"],
+            "alpha_scale": g[f"{kind}.dynamic_alpha_scale"],
+            "beta_scale": g[f"{kind}.dynamic_beta_scale"],
+            "norm.weight": g[f"{kind}.norm.gamma"] + gain_offset,
+        }
+    return out
+
+
+def _load(module: torch.nn.Module, params: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, value in params.items():
+            module.get_parameter(name).copy_(value)
+
+
+def _run_branch(hc, g: dict):
+    """read → f(x) = tanh(x W) → write, and the gradients of Σ G ⊙ X' (the fixture's loss)."""
+    streams = g["streams"].clone().requires_grad_()
+    x, mix = hc.read(streams)
+    new = hc.write(streams, torch.tanh(x @ g["w"]), mix)
+    (new * g["g"]).sum().backward()
+    return x, new, streams.grad
+
+
+@pytest.mark.parametrize("prefix, variant", [("hc_static", "hc"), ("hc_dynamic", "hc-dynamic")])
+def test_hc_equals_lucidrains(prefix, variant):
+    g = _golden(prefix)
+    dynamic = variant == "hc-dynamic"
+    # their RMSNorm has no eps inside the root (F.normalize): probe's at eps 0 is the same map
+    config = config_for(variant, **{**TINY, "d_model": 8}, norm_eps=0.0)
+    hc = HYPERS[variant](config, 3).double()
+    _load(hc, _hc_tensors(g, dynamic))
+    x, new, grad_streams = _run_branch(hc, g)
+    torch.testing.assert_close(x, g["read"], rtol=0, atol=1e-12)
+    torch.testing.assert_close(new, g["out"], rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad_streams, g["grad.streams"], rtol=0, atol=1e-12)
+    for name, want in _hc_tensors(g, dynamic, kind="grad").items():
+        torch.testing.assert_close(hc.get_parameter(name).grad, want, rtol=0, atol=1e-12, msg=name)
+
+
+def test_mhc_equals_deepseek():
+    g = _golden("mhc")
+    config = config_for("mhc", **{**TINY, "d_model": 8})  # hc_eps, norm_eps 1e-6 and 20 Sinkhorn rounds: V4's defaults
+    hc = HYPERS["mhc"](config, 0).double()
+    names_ = {"proj": "fn", "bias": "base", "scale": "scale"}
+    _load(hc, {ours: g[f"param.{theirs}"] for ours, theirs in names_.items()})
+    x, new, grad_streams = _run_branch(hc, g)
+    torch.testing.assert_close(x, g["read"], rtol=0, atol=1e-12)
+    torch.testing.assert_close(new, g["out"], rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad_streams, g["grad.streams"], rtol=0, atol=1e-12)
+    for ours, theirs in names_.items():
+        torch.testing.assert_close(hc.get_parameter(ours).grad, g[f"grad.{theirs}"], rtol=0, atol=1e-12)
+
+    h = _golden("mhc_head")
+    head = ManifoldHead(config).double()
+    names_ = {"proj": "hc_fn", "bias": "hc_base", "scale": "hc_scale"}
+    _load(head, {ours: h[f"param.{theirs}"] for ours, theirs in names_.items()})
+    streams = h["streams"].clone().requires_grad_()
+    y = head(streams)
+    (y * h["g"]).sum().backward()
+    torch.testing.assert_close(y, h["out"], rtol=0, atol=1e-12)
+    torch.testing.assert_close(streams.grad, h["grad.streams"], rtol=0, atol=1e-12)
+    for ours, theirs in names_.items():
+        torch.testing.assert_close(head.get_parameter(ours).grad, h[f"grad.{theirs}"], rtol=0, atol=1e-12)
+
+
+def _logits(variant: str, ids, **overrides):
+    return create(variant, **TINY, **overrides).double()(ids).logits
+
+
+def test_one_stream_is_the_plain_residual():
+    """n = 1, H_pre = H_post = H_res = 1: the block is x + f(norm x) exactly."""
+    ids = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0))
+    base = _logits("baseline", ids)
+    for variant in ("hc", "hc-dynamic"):
+        torch.testing.assert_close(_logits(variant, ids, hc_streams=1), base, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("variant", ["hc", "hc-dynamic"])
+def test_hc_at_init_is_a_plain_pre_norm_transformer(variant):
+    """Zhu et al.'s init: every stream holds the plain residual, the head sums n copies, which the final norm (eps 0)
+    divides out."""
+    ids = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    base = _logits("baseline", ids, norm_eps=0.0)
+    torch.testing.assert_close(_logits(variant, ids, norm_eps=0.0), base, rtol=0, atol=1e-12)
+
+
+def test_sinkhorn_is_doubly_stochastic():
+    """Every entry positive; rows (normalised last) sum to 1 within 2 hc_eps after any number of rounds; columns within
+    the rounds' convergence: 1e-5 after DeepSeek's 20 at logits of std 1 (mHC's scale at init), only 1e-2 at std 2,
+    where 200 rounds reach 2 hc_eps."""
+    eps = 1e-6
+    logits = torch.randn(64, 4, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
+    def errors(res):
+        return (res.sum(-1) - 1).abs().max().item(), (res.sum(-2) - 1).abs().max().item()
+
+    for scale, rounds, column_tol in [(1, 20, 1e-5), (2, 20, 1e-2), (2, 200, 2 * eps)]:
+        res = sinkhorn(logits * scale, rounds, eps)
+        rows, columns = errors(res)
+        assert (res > 0).all() and rows <= 2 * eps, (scale, rounds)
+        assert columns <= column_tol, (scale, rounds, columns)
+
+
+def test_hooks_carry_the_mixing():
+    """The next block's read (its hook_resid_pre) is Σ_j H_pre[j] X_j over the captured streams, H_res's rows sum to
+    1, and an edit of H_pre changes the output."""
+    model = create("mhc", **TINY).double()
+    ids = torch.randint(0, TINY["vocab_size"], (1, 10), generator=torch.Generator().manual_seed(3))
+    logits, cache = model.run_with_cache(ids)
+    B, T, n, d = 1, 10, 4, TINY["d_model"]
+    streams, pre = cache[names.streams(0)], cache[names.hyper(1, "attn", "pre")]
+    assert streams.shape == (B, T, n, d) and pre.shape == (B, T, n)
+    assert cache[names.hyper(1, "attn", "post")].shape == (B, T, n)
+    res = cache[names.hyper(1, "mlp", "res")]
+    assert res.shape == (B, T, n, n) and (res.sum(-1) - 1).abs().max() <= 2e-6
+    torch.testing.assert_close(cache[names.resid(1, "pre")], torch.einsum("btj,btjd->btd", pre, streams))
+    assert cache[names.hyper_head()].shape == (B, T, n)
+
+    def uniform(value, hook):
+        return torch.full_like(value, 1 / n)
+
+    edited = model.run_with_hooks(ids, fwd_hooks=[(names.hyper(1, "attn", "pre"), uniform)])
+    assert (edited - logits).abs().max() > 1e-6
+
+
+def test_roles_and_refusals():
+    model = create("hc-dynamic", **TINY)
+    hc_params = {n for n, _ in model.named_parameters() if ".hc_" in n}
+    assert hc_params and hc_params <= model.no_weight_decay()  # mixing weights and norms are not decayed
+    with pytest.raises(ValueError, match="depth='attnres' and hyper='hc' both replace"):
+        config_for("hc", **TINY, depth="attnres")
+    with pytest.raises(ValueError, match="hyper='nope' is not valid; choose one of none, hc"):
+        config_for("baseline", **TINY, hyper="nope")
+    with pytest.raises(ValueError, match="hc_streams=0"):
+        config_for("hc", **TINY, hc_streams=0)
+
+
+def test_an_edit_of_resid_post_is_spread_over_the_streams():
+    """Adding v to block 0's hook_resid_post (the streams' sum) adds v/n to each stream: static HC at init reads one
+    stream at block 1's attention, so its read moves by exactly v/n."""
+    model = create("hc", **TINY).double()
+    ids = torch.randint(0, TINY["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(4))
+    v = torch.randn(TINY["d_model"], generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    read = names.resid(1, "pre")
+    _, plain = model.run_with_cache(ids, names_filter=read)
+    with model.hooks(fwd_hooks=[(names.resid(0, "post"), lambda value, hook: value + v)]):
+        _, edited = model.run_with_cache(ids, names_filter=read)
+    torch.testing.assert_close(edited[read] - plain[read], (v / 4).expand_as(plain[read]), rtol=0, atol=1e-12)

@@ -19,6 +19,18 @@ The rules (l a layer, h a head):
   1 - the row's sum)
 * ``rot_q`` / ``rot_k``: rot_q == the layer's rotary applied to q_normed (or q) at positions 0 .. T-1
 * ``unembed``: unembed(unembed.hook_in) == the logits, and the final norm of the last resid_post == unembed.hook_in
+
+A hyper-connected model (DeepSeek-V4's mHC: ``extra["hc_streams"]`` = N streams, resid_pre / mid / post their sum)
+mixes its streams around each sub-layer, so resid_pre + attn_out == resid_mid cannot hold; its rules instead, with
+hook_streams (B,T,N,d) and each connection's hc_{attn,mlp}.hook_post / hook_res:
+
+* ``embed``: N · hook_embed == blocks.0.hook_resid_pre (every stream starts as the embedding)
+* ``resid_mid``: streams_mid == post ⊗ attn_out + resᵀ streams (stream k: Σ_j res[j,k]·stream_j + post_k·attn_out),
+  and the sums: Σ_k streams_k == resid_pre, Σ_k streams_mid_k == resid_mid
+* ``resid_post``: the next block's streams == post ⊗ mlp_out + resᵀ streams_mid (the MLP's connection), summed ==
+  resid_post (the last block: the sum only)
+* ``unembed``: its first half only; the final norm reads the streams collapsed by weights of the model's own
+  (``hc_head``), not their sum
 """
 
 from __future__ import annotations
@@ -65,6 +77,9 @@ def _residual(cache, info, out: dict, skipped: dict) -> None:
         out["embed"] = None
         skipped["embed"] = "no hook_embed"
     mids, posts = [], []
+    if info.extra.get("hc_streams"):  # hyper-connected streams: the stream rules (module docstring)
+        _streams(cache, info, out)
+        return
     if info.has_depth_sources:  # the stream is a weighted read of the sources, not their sum (docs: depth routing)
         out["resid_mid"] = out["resid_post"] = None
         skipped["resid_mid"] = skipped["resid_post"] = "depth-routed: resid_mid / resid_post are depth reads"
@@ -86,6 +101,31 @@ def _residual(cache, info, out: dict, skipped: dict) -> None:
     out["resid_post"] = _worst(posts)
     if out["resid_mid"] is None:
         skipped.setdefault("resid_mid", "no layer fires hook_resid_mid in a sequential block")
+
+
+def _spread(cache, layer: int, site: str, written: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """post ⊗ written + resᵀ streams (B,T,N,d) from the connection's cached weights: the streams after the
+    sub-layer ``site`` of ``layer`` wrote ``written`` (B,T,d)."""
+    post, res = cache[names.hc(layer, site, "post")].double(), cache[names.hc(layer, site, "res")].double()
+    mixed = torch.einsum("btjk,btjd->btkd", res, streams.double())
+    return post[..., None] * written.double()[..., None, :] + mixed
+
+
+def _streams(cache, info, out: dict) -> None:
+    """The rules of a hyper-connected model (module docstring), each the largest |difference| over layers."""
+    n, last = info.extra["hc_streams"], info.n_layers - 1
+    out["embed"] = _diff(n * cache[names.EMBED].double(), cache[names.resid(0, "pre")])
+    mids, posts = [], []
+    for l in range(info.n_layers):
+        before, mid = cache[names.streams(l)], cache[names.streams(l, "mid")]
+        mixed = _spread(cache, l, "attn", cache[names.sublayer_out(l, "attn")], before)
+        mids += [_diff(mixed, mid), _diff(before.double().sum(-2), cache[names.resid(l, "pre")])]
+        mids.append(_diff(mid.double().sum(-2), cache[names.resid(l, "mid")]))
+        after = _spread(cache, l, "mlp", cache[names.sublayer_out(l, "mlp")], mid)
+        posts.append(_diff(after.sum(-2), cache[names.resid(l, "post")]))
+        if l < last:
+            posts.append(_diff(after, cache[names.streams(l + 1)]))
+    out["resid_mid"], out["resid_post"] = _worst(mids), _worst(posts)
 
 
 def _as_hook_layout(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
@@ -247,6 +287,8 @@ def _unembed(cache, model, logits, out: dict, skipped: dict) -> None:
     errors = [_diff(model.unembed(hidden), logits)]
     last = cache[names.resid(model.probe_info.n_layers - 1, "post")]
     final_norm = model.norm_module(None) if hasattr(model, "norm_module") else None
+    if model.probe_info.extra.get("hc_streams"):  # the final norm reads a weighted collapse of the streams
+        final_norm = None
     if final_norm is not None:
         if last.shape[1] == hidden.shape[1] + 1:  # a sink token: the unembedding reads the text positions only
             last = last[:, 1:]

@@ -104,6 +104,16 @@ OVERRIDES: dict[str, dict] = {
         "hidden_size_per_layer_input": 8,
         "vocab_size_per_layer_input": VOCAB,
     },
+    # a grouped output projection and an indexer of tiny widths; one hash-routed and one top-k-routed MoE layer; the
+    # default compress rates (4 and 128): a test sequence of 12 tokens closes compressed-sparse windows
+    "deepseek_v4": {
+        "o_groups": 2,
+        "o_lora_rank": 8,
+        "index_n_heads": 2,
+        "index_head_dim": 8,
+        "index_topk": 2,
+        "mlp_layer_types": ["hash_moe", "moe"],
+    },
     "gemma4": {
         "per_layer_config": {"01": {"head_dim": 16}},
         "hidden_size_per_layer_input": 8,

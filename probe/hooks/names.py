@@ -53,6 +53,12 @@ DEPTH_WEIGHTS = "blocks.{l}.{site}_read.hook_depth_weights"  # B,T,S depth-atten
 FINAL_ROUTING_KEYS = "final_read.hook_routing_keys"
 FINAL_DEPTH_WEIGHTS = "final_read.hook_depth_weights"
 DENSE_WEIGHTS = "blocks.{l}.dense.hook_weights"  # B,T,C,S MUDD / DenseFormer mixing weights
+# hyper-connections (DeepSeek-V4's mHC; N streams): the residual is N streams, resid_pre / mid / post their sum
+STREAMS = "blocks.{l}.hook_streams"  # B,T,N,d the streams the block reads
+STREAMS_MID = "blocks.{l}.hook_streams_mid"  # B,T,N,d the streams after the attention's connection
+HC_PRE = "blocks.{l}.hc_{site}.hook_pre"  # B,T,N each stream's weight in the sub-layer's input Σ_k pre_k·stream_k
+HC_POST = "blocks.{l}.hc_{site}.hook_post"  # B,T,N each stream's share post_k of the sub-layer's output
+HC_RES = "blocks.{l}.hc_{site}.hook_res"  # B,T,N,N the mix: stream k after = Σ_j res[j,k]·stream j + post_k·out
 
 ATTN_HOOKS = (
     "hook_q",
@@ -121,6 +127,9 @@ FINAL_NORM = "ln_final"
 READ_KINDS = ("attn", "mlp")  # the two read sites of a depth-routed block: before attention, before the MLP
 READ_POINTS = ("routing_keys", "depth_weights")
 FINAL_READ = "final_read"  # the depth read before the final norm
+STREAM_POINTS = ("pre", "mid")  # hook_streams (the block's input) and hook_streams_mid
+HC_SITES = ("attn", "mlp")  # the two connections of a hyper-connected block: around attention, around the MLP
+HC_POINTS = ("pre", "post", "res")
 
 
 def _choose(value: str, choices: tuple[str, ...], what: str) -> str:
@@ -182,6 +191,19 @@ def norm(layer: int | None, which: str = "ln1", point: str = "normalized") -> st
     if layer is None:
         return f"{FINAL_NORM}.hook_{point}"
     return f"{block(layer)}.{_choose(which, NORMS, 'norm')}.hook_{point}"
+
+
+def streams(layer: int, point: str = "pre") -> str:
+    """A hyper-connected block's streams: ``streams(2) == 'blocks.2.hook_streams'`` (the block's input),
+    ``streams(2, "mid") == 'blocks.2.hook_streams_mid'`` (after the attention's connection)."""
+    suffix = {"pre": "", "mid": "_mid"}[_choose(point, STREAM_POINTS, "stream point")]
+    return f"{block(layer)}.hook_streams{suffix}"
+
+
+def hc(layer: int, site: str, point: str) -> str:
+    """A hyper-connection's weights: ``hc(2, "attn", "res") == 'blocks.2.hc_attn.hook_res'``; site attn or mlp,
+    point pre, post or res."""
+    return f"{block(layer)}.hc_{_choose(site, HC_SITES, 'connection')}.hook_{_choose(point, HC_POINTS, 'HC weight')}"
 
 
 def pos_embed() -> str:

@@ -41,8 +41,13 @@ from transformer_lens.hook_points import HookPoint
 from probe.checkpoints.adapters.llama import SEQUENTIAL
 from probe.checkpoints.adapters.recipes import RecipeAdapter
 from probe.checkpoints.hooked_hf import _hook_once
+from probe.errors import UsageError
 
 COMPRESSOR_KEY = "_probe_compressor"  # compressor module.__dict__ entry -> (layer, layer type, compress rate)
+
+
+class CompressedKeysError(UsageError, ValueError):
+    """An input long enough that a DeepSeek-V4 compressor emitted KV entries (one line, exit 2 in the CLI)."""
 
 
 class HCHooks(nn.Module):
@@ -111,11 +116,10 @@ def refuse_compressed_entries(module, _inputs, output):
     entries = output[0].shape[2]
     if entries:
         layer, layer_type, rate = module.__dict__[COMPRESSOR_KEY]
-        raise ValueError(
-            f"DeepSeek-V4 layer {layer} ({layer_type}) compressed its tokens into {entries} KV entries (one per "
-            f"{rate} tokens) that its queries attend beside the sliding window; probe's attention hooks describe "
-            f"the sliding-window keys and the sink only, so this model runs under probe on inputs shorter than "
-            f"{rate} tokens"
+        raise CompressedKeysError(
+            f"DeepSeek-V4 layer {layer} ({layer_type}) appended {entries} compressed KV entries (one per {rate} "
+            f"tokens) to its sliding-window keys; probe's attention hooks describe those keys and the sink only: "
+            f"inputs must be shorter than {rate} tokens"
         )
 
 

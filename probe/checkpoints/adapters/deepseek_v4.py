@@ -18,8 +18,12 @@ What transformers' ``modeling_deepseek_v4.py`` computes, and what the hooks see 
   ``sliding_window`` keys (the model builds a single sliding-window mask), shares one key head as keys and values
   (rotary included on the trailing ``qk_rope_head_dim`` coordinates, interleaved pairs; the output's rotary slice is
   turned back at the query's position before the grouped output projection), and adds a learned sink logit per
-  head (``hook_sink_logit``, as gpt-oss). ``compressed_sparse_attention`` and ``heavily_compressed_attention`` layers
-  also run a compressor: each closed window of ``compress_rates[type]`` tokens (4 and 128 by default) becomes one KV
+  head (``hook_sink_logit``, as gpt-oss). hook_q is ``q_b_proj``'s output, hook_q_normed its unweighted RMS norm;
+  hook_k is ``kv_proj``'s output (the one head read as key and value), hook_k_normed ``kv_norm``'s, so an edit of
+  hook_k or hook_k_normed changes the values too; hook_result and hook_pattern_norm are absent (the grouped output
+  projection reads the heads after their rotary slice is turned back).
+* **Compressed KV.** ``compressed_sparse_attention`` (CSA) and ``heavily_compressed_attention`` layers also run a
+  compressor: each closed window of ``compress_rates[type]`` tokens (4 and 128 by default) becomes one KV
   entry (a softmax-gated sum of projected tokens, RMS-normed, rotated at its window's first position; CSA windows
   overlap by one window and a Lightning Indexer keeps the ``index_topk`` best entries per query), appended after the
   token keys, visible to a query once its window has closed. Those entries are not token positions and probe's

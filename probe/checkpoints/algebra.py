@@ -31,6 +31,11 @@ hook_streams (B,T,N,d) and each connection's hc_{attn,mlp}.hook_post / hook_res:
   resid_post (the last block: the sum only)
 * ``unembed``: its first half only; the final norm reads the streams collapsed by weights of the model's own
   (``hc_head``), not their sum
+
+An AltUp model (Gemma 3n: ``extra["altup_streams"]``) runs its sub-layers on one active stream of N: ``embed`` is
+hook_embed == the active stream of blocks.0.hook_streams, ``unembed`` its first half (the final norm reads the N
+streams projected back and averaged); the residual rules are the standard ones on the active stream (its LAuReL
+branch breaks ``resid_mid`` by design, probe.checkpoints.adapters.gemma3n).
 """
 
 from __future__ import annotations
@@ -70,7 +75,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def _residual(cache, info, out: dict, skipped: dict) -> None:
     start = cache.get(names.EMBED)
-    if start is not None:
+    if start is not None and info.extra.get("altup_streams"):  # AltUp: the active stream starts as the embedding
+        out["embed"] = _diff(start, cache[names.streams(0)][:, :, info.extra["altup_active"]])
+    elif start is not None:
         position = cache.get(names.pos_embed())
         out["embed"] = _diff(start if position is None else start + position, cache[names.resid(0, "pre")])
     else:
@@ -287,7 +294,7 @@ def _unembed(cache, model, logits, out: dict, skipped: dict) -> None:
     errors = [_diff(model.unembed(hidden), logits)]
     last = cache[names.resid(model.probe_info.n_layers - 1, "post")]
     final_norm = model.norm_module(None) if hasattr(model, "norm_module") else None
-    if model.probe_info.extra.get("hc_streams"):  # the final norm reads a weighted collapse of the streams
+    if {"hc_streams", "altup_streams"} & set(model.probe_info.extra):  # the final norm reads the streams collapsed
         final_norm = None
     if final_norm is not None:
         if last.shape[1] == hidden.shape[1] + 1:  # a sink token: the unembedding reads the text positions only

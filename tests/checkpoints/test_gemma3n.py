@@ -5,35 +5,23 @@ with HF eager, the streams' hook, and the algebra's rules, the LAuReL one broken
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
 import torch
 
 from probe.checkpoints import algebra
-from probe.checkpoints.adapters import adapt
-from probe.checkpoints.tiny import tiny_model
 from probe.hooks import names
 from tests.support import parity
 
 
 @pytest.fixture(scope="module")
 def models():
-    ref = tiny_model("gemma3n_text")
-    ref64 = copy.deepcopy(ref).to(torch.float64)
-    return ref, adapt(copy.deepcopy(ref)), ref64, adapt(copy.deepcopy(ref64))
+    return parity.family_models("gemma3n_text")
 
 
-def test_logits_and_patterns_equal_hf_eager(models):
-    ref, m, ref64, m64 = models
-    x = parity.ids()
-    fp32, cache = parity._logits(ref, m, x, "fp32")  # raises past 1e-5 (fast and every-hook paths)
-    fp64, _ = parity._logits(ref64, m64, x, "fp64")  # past 1e-10
-    assert fp32["logits_fp32"] <= parity.TOL["fp32"] and fp64["logits_fp64"] <= parity.TOL["fp64"]
-    parity._every_hook_fires(m, cache)
-    assert parity._pattern_vs_output_attentions(ref, m, x, cache)["pattern_vs_output_attentions"] <= 1e-5
-    assert parity._value_edit(ref, m, x)["value_edit"] <= 1e-5
+def test_logits_patterns_and_a_value_edit_equal_hf_eager(models):
+    parity.assert_parity(models)  # fp32 logits <= 1e-5, fp64 <= 1e-10, patterns and a hook_v edit <= 1e-5
 
 
 def test_the_algebra_holds_but_for_laurels_mid_point(models):

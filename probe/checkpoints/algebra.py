@@ -20,6 +20,25 @@ The rules (l a layer, h a head):
   1 - the row's sum)
 * ``rot_q`` / ``rot_k``: rot_q == the layer's rotary applied to q_normed (or q) at positions 0 .. T-1
 * ``unembed``: unembed(unembed.hook_in) == the logits, and the final norm of the last resid_post == unembed.hook_in
+
+A hyper-connected model (DeepSeek-V4's mHC: ``extra["hc_streams"]`` = N streams, resid_pre / mid / post their sum)
+mixes its streams around each sub-layer, so resid_pre + attn_out == resid_mid cannot hold; its rules instead, with
+hook_streams (B,T,N,d) and each connection's hc_{attn,mlp}.hook_post / hook_res:
+
+* ``embed``: every stream of blocks.0.hook_streams == hook_embed (every stream starts as the embedding)
+* ``resid_mid``: streams_mid == post ⊗ attn_out + res · streams (stream k: Σ_j res[k,j]·stream_j + post_k·attn_out),
+  and the sums: Σ_k streams_k == resid_pre, Σ_k streams_mid_k == resid_mid (on probe's hyper-connected models,
+  ``extra["hc_resid"] == "read"``: the reads Σ_k pre_k·streams_k and Σ_k pre_k·streams_mid_k, with each connection's
+  hook_pre)
+* ``resid_post``: the next block's streams == post ⊗ mlp_out + res · streams_mid (the MLP's connection), summed ==
+  resid_post (the last block: the sum only)
+* ``unembed``: its first half only; the final norm reads the streams collapsed by weights of the model's own
+  (``hc_head``), not their sum
+
+An AltUp model (Gemma 3n: ``extra["altup_streams"]``) runs its sub-layers on one active stream of N: ``embed`` is
+hook_embed == the active stream of blocks.0.hook_streams, ``unembed`` its first half (the final norm reads the N
+streams projected back and averaged); the residual rules are the standard ones on the active stream (its LAuReL
+branch breaks ``resid_mid`` by design, probe.checkpoints.adapters.gemma3n).
 """
 
 from __future__ import annotations
@@ -59,13 +78,18 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def _residual(cache, info, out: dict, skipped: dict) -> None:
     start = cache.get(names.EMBED)
-    if start is not None:
+    if start is not None and info.extra.get("altup_streams"):  # AltUp: the active stream starts as the embedding
+        out["embed"] = _diff(start, cache[names.streams(0)][:, :, info.extra["altup_active"]])
+    elif start is not None:
         position = cache.get(names.pos_embed())
         out["embed"] = _diff(start if position is None else start + position, cache[names.resid(0, "pre")])
     else:
         out["embed"] = None
         skipped["embed"] = "no hook_embed"
     mids, posts = [], []
+    if info.extra.get("hc_streams"):  # hyper-connected streams: the stream rules (module docstring)
+        _streams(cache, info, out)
+        return
     if info.has_depth_sources:  # the stream is a weighted read of the sources, not their sum (docs: depth routing)
         out["resid_mid"] = out["resid_post"] = None
         skipped["resid_mid"] = skipped["resid_post"] = "depth-routed: resid_mid / resid_post are depth reads"
@@ -87,6 +111,42 @@ def _residual(cache, info, out: dict, skipped: dict) -> None:
     out["resid_post"] = _worst(posts)
     if out["resid_mid"] is None:
         skipped.setdefault("resid_mid", "no layer fires hook_resid_mid in a sequential block")
+
+
+def _spread(cache, layer: int, site: str, written: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """post ⊗ written + res · streams (B,T,N,d) from the connection's cached weights (res out × in): the streams after
+    the sub-layer ``site`` of ``layer`` wrote ``written`` (B,T,d)."""
+    post, res = cache[names.hc(layer, site, "post")].double(), cache[names.hc(layer, site, "res")].double()
+    mixed = torch.einsum("btkj,btjd->btkd", res, streams.double())
+    return post[..., None] * written.double()[..., None, :] + mixed
+
+
+def _as_resid(cache, info, layer: int, site: str, streams: torch.Tensor) -> torch.Tensor:
+    """What ``hook_resid_pre`` (site attn) / ``hook_resid_mid`` (mlp) holds of ``streams`` (B,T,N,d): their sum
+    (DeepSeek-V4), or on probe's hyper-connected models (``extra["hc_resid"] == "read"``) the sub-layer's read
+    Σ_k pre_k·stream_k."""
+    if info.extra.get("hc_resid") == "read":
+        pre = cache[names.hc(layer, site, "pre")].double()
+        return torch.einsum("btk,btkd->btd", pre, streams.double())
+    return streams.double().sum(-2)
+
+
+def _streams(cache, info, out: dict) -> None:
+    """The rules of a hyper-connected model (module docstring), each the largest |difference| over layers."""
+    last = info.n_layers - 1
+    first = cache[names.streams(0)]
+    out["embed"] = _diff(cache[names.EMBED].double()[:, :, None].expand(first.shape), first)
+    mids, posts = [], []
+    for l in range(info.n_layers):
+        before, mid = cache[names.streams(l)], cache[names.streams(l, "mid")]
+        mixed = _spread(cache, l, "attn", cache[names.sublayer_out(l, "attn")], before)
+        mids += [_diff(mixed, mid), _diff(_as_resid(cache, info, l, "attn", before), cache[names.resid(l, "pre")])]
+        mids.append(_diff(_as_resid(cache, info, l, "mlp", mid), cache[names.resid(l, "mid")]))
+        after = _spread(cache, l, "mlp", cache[names.sublayer_out(l, "mlp")], mid)
+        posts.append(_diff(after.sum(-2), cache[names.resid(l, "post")]))
+        if l < last:
+            posts.append(_diff(after, cache[names.streams(l + 1)]))
+    out["resid_mid"], out["resid_post"] = _worst(mids), _worst(posts)
 
 
 def _as_hook_layout(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
@@ -248,6 +308,8 @@ def _unembed(cache, model, logits, out: dict, skipped: dict) -> None:
     errors = [_diff(model.unembed(hidden), logits)]
     last = cache[names.resid(model.probe_info.n_layers - 1, "post")]
     final_norm = model.norm_module(None) if hasattr(model, "norm_module") else None
+    if {"hc_streams", "altup_streams"} & set(model.probe_info.extra):  # the final norm reads the streams collapsed
+        final_norm = None
     if final_norm is not None:
         if last.shape[1] == hidden.shape[1] + 1:  # a sink token: the unembedding reads the text positions only
             last = last[:, 1:]

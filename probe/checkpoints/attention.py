@@ -411,8 +411,14 @@ def fire_qkv(site, query, key, value, position_ids=None, position_embeddings=Non
 
 ROUTE_MODULE, ROUTE_SAME, ROUTE_UNROTATE = "module", "same", "unrotate"
 PROJECTION_KEY = "_probe_projection"  # q_proj / k_proj / QK-norm / output projection __dict__ -> (site, role)
-QK_PROJECTIONS = ("q_proj", "k_proj")
-QK_NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"))
+# (query, key) projections and QK-norms; DeepSeek-V4: q_b_proj after a low-rank q_a_proj, one kv_proj for both K and V
+QK_PROJECTIONS = (("q_proj", "k_proj"), ("q_b_proj", "kv_proj"))
+QK_NORMS = (
+    ("q_norm", "k_norm"),
+    ("q_layernorm", "k_layernorm"),
+    ("query_layernorm", "key_layernorm"),
+    ("q_b_norm", "kv_norm"),
+)
 OUT_PROJECTIONS = ("o_proj", "out_proj", "dense", "c_proj", "Wo")
 ROTARY_CALL = re.compile(r"apply_rotary|rotary_emb\(|apply_rope|rotate_half\(")
 ROTARY_WORDS = re.compile(r"rotary|rotate_half|rotate_every_two|\brope\b|_rope_|rope_", re.IGNORECASE)
@@ -501,8 +507,9 @@ def qk_plan(attn, has_tables: bool) -> dict:
     where the layer's rotary is rotate-half with tables (``has_tables``), else nowhere."""
     forward, whole = _modeling_source(attn)
     norms = qk_norms(attn, forward)
-    projections = tuple(getattr(attn, n, None) for n in QK_PROJECTIONS)
-    if all(_linear_like(p) for p in projections):
+    found = (tuple(getattr(attn, n, None) for n in pair) for pair in QK_PROJECTIONS)
+    projections = next((pair for pair in found if all(_linear_like(p) for p in pair)), None)
+    if projections is not None:
         return {"route": ROUTE_MODULE, "projections": projections, "norms": norms}
     if norms is not None:  # a fused projection: QK-norm's input is the projection's query (Persimmon)
         return {"route": ROUTE_MODULE, "projections": None, "norms": norms}

@@ -105,7 +105,7 @@ def _size(kind: str, key: str) -> Range:
         f"a {kind} size probe can build",
         low=1,
         high=BOUNDS[kind],
-        per_item=key == "d_mlp_layers",
+        per_item=key in ("d_mlp_layers", "intermediate_size"),  # a width per layer (Gemma 3n's intermediate_size)
         zero_when_off="use_sliding_window" if key == "sliding_window" else None,
         note=("or null for no window " if key == "sliding_window" else "")
         + "(no released model comes near that bound)",

@@ -434,7 +434,7 @@ def identify_router(host: nn.Module, d: int) -> nn.Module | None:
         if x is None:
             return None
         try:
-            args = (x, *_router_extras(host, router))
+            args = (x, *_router_extras(host, router, x.shape[:-1]))
             with torch.no_grad():
                 out = router(*args)
                 if not _routes(out):
@@ -448,13 +448,16 @@ def identify_router(host: nn.Module, d: int) -> nn.Module | None:
     return None
 
 
-def _router_extras(host: nn.Module, router: nn.Module) -> list:
+def _router_extras(host: nn.Module, router: nn.Module, positions: tuple[int, ...]) -> list:
     """What the MoE block hands its router beside the tokens: its attributes of the names of the router's other
     required arguments (DeepSeek-style score-correction biases: ``self.gate(hidden, self.e_score_correction_bias)``
-    in MiniMax-M2 and HY-V3, ``expert_bias`` in AFMoE). AttributeError where the block has no such attribute."""
+    in MiniMax-M2 and HY-V3, ``expert_bias`` in AFMoE), and token ids (``positions``, all 0) for a hash router that
+    picks experts by token (DeepSeek-V4's ``input_ids``). AttributeError where the block has no such attribute."""
     params = list(inspect.signature(router.forward).parameters.values())[1:]
     required = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return [getattr(host, p.name) for p in required]
+    return [
+        torch.zeros(positions, dtype=torch.long) if p.name == "input_ids" else getattr(host, p.name) for p in required
+    ]
 
 
 def shape_hook(module, args, kwargs):

@@ -103,10 +103,11 @@ def tiny_tokenizer(vocab_size: int = VOCAB):
     )
 
 
-def tiny_model(family: str, seed: int = 0, dtype=None, positions: int | None = None):
+def tiny_model(family: str, seed: int = 0, dtype=None, positions: int | None = None, overrides: dict | None = None):
     """A random tiny HF causal LM (eager attention) of ``family`` (one of FAMILIES or any transformers
     model_type): learned sinks, biases and norm gains drawn away from their initial values, so that each matters.
-    ``positions``: the longest context, in place of the tiny config's (a learned position table grows with it)."""
+    ``positions``: the longest context, in place of the tiny config's (a learned position table grows with it);
+    ``overrides``: config attributes set over the tiny config's."""
     from transformers import AutoModelForCausalLM
 
     from probe.checkpoints.tiny_configs import check_tiny
@@ -116,6 +117,8 @@ def tiny_model(family: str, seed: int = 0, dtype=None, positions: int | None = N
         check_tiny(config)
     if positions is not None:
         config.max_position_embeddings = positions  # GPT-2's n_positions too (its attribute map)
+    for key, value in (overrides or {}).items():
+        setattr(config, key, value)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     if model._can_set_experts_implementation():  # an expert loop, which any dtype runs (grouped_mm: no fp64)
@@ -124,6 +127,9 @@ def tiny_model(family: str, seed: int = 0, dtype=None, positions: int | None = N
         for name, p in model.named_parameters():
             if name.endswith(".sinks"):  # gpt-oss style sink logits start at 0
                 p.copy_(torch.randn_like(p) * 3)
+        for name, b in model.named_buffers():
+            if name.endswith(".tid2eid"):  # a hash router's token -> experts table starts at zeros: all to expert 0
+                b.copy_(torch.randint(0, model.config.n_routed_experts, b.shape))
         # random init leaves biases at zero; make them matter
         for name, p in model.named_parameters():
             if name.endswith("bias") or name.endswith("_bias"):

@@ -63,6 +63,14 @@ SWITCH_ON = {
 PARTIAL_ROTARY = 0.5  # where the family rotates part of each head (its rope_parameters name the fraction)
 SPECIAL_TOKENS = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1}
 
+GEMMA3N_TEXT = {
+    "num_kv_shared_layers": 0,
+    "activation_sparsity_pattern": [0.0, 0.0],
+    "hidden_size_per_layer_input": 8,
+    "vocab_size_per_layer_input": VOCAB,
+    "laurel_rank": 4,
+    "altup_num_inputs": 2,
+}
 # per model_type: what the generic shrink does not reach, or a feature to switch on by the family's own name
 OVERRIDES: dict[str, dict] = {
     "cohere": {"logit_scale": 1.0, "use_qk_norm": True},  # Command R scales logits by 1/16: tiny ones vanish
@@ -103,6 +111,20 @@ OVERRIDES: dict[str, dict] = {
         "per_layer_config": {"01": {"head_dim": 16}},
         "hidden_size_per_layer_input": 8,
         "vocab_size_per_layer_input": VOCAB,
+    },
+    # Gemma 3n: no layer shares another's KV (two layers cannot), one sparsity value per layer, LAuReL, AltUp and
+    # per-layer inputs of tiny widths
+    "gemma3n_text": GEMMA3N_TEXT,
+    "gemma3n": GEMMA3N_TEXT,
+    # a grouped output projection and an indexer of tiny widths; one hash-routed and one top-k-routed MoE layer; the
+    # default compress rates (4 and 128): a test sequence of 12 tokens closes compressed-sparse windows
+    "deepseek_v4": {
+        "o_groups": 2,
+        "o_lora_rank": 8,
+        "index_n_heads": 2,
+        "index_head_dim": 8,
+        "index_topk": 2,
+        "mlp_layer_types": ["hash_moe", "moe"],
     },
     "gemma4": {
         "per_layer_config": {"01": {"head_dim": 16}},

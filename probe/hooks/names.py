@@ -55,10 +55,14 @@ DEPTH_WEIGHTS = "blocks.{l}.{site}_read.hook_depth_weights"  # B,T,S depth-atten
 FINAL_ROUTING_KEYS = "final_read.hook_routing_keys"
 FINAL_DEPTH_WEIGHTS = "final_read.hook_depth_weights"
 DENSE_WEIGHTS = "blocks.{l}.dense.hook_weights"  # B,T,C,S MUDD / DenseFormer mixing weights
-HC_PRE = "blocks.{l}.hc_{site}.hook_pre"  # B,T,n hyper-connection read weights H_pre (site: attn, mlp)
-HC_POST = "blocks.{l}.hc_{site}.hook_post"  # B,T,n write weights H_post
-HC_RES = "blocks.{l}.hc_{site}.hook_res"  # B,T,n,n stream mixing H_res, out × in
-STREAMS = "blocks.{l}.hook_streams"  # B,T,n,d a hyper-connected block's output streams
+# hyper-connections (HC, mHC, DeepSeek-V4; n streams): the residual is n streams, resid_pre / mid / post their sum
+STREAMS = "blocks.{l}.hook_streams"  # B,T,n,d the streams the block reads
+STREAMS_MID = "blocks.{l}.hook_streams_mid"  # B,T,n,d the streams after the attention's connection
+HC_PRE = "blocks.{l}.hc_{site}.hook_pre"  # B,T,n each stream's weight in the sub-layer's input Σ_k pre_k·stream_k
+HC_POST = "blocks.{l}.hc_{site}.hook_post"  # B,T,n each stream's share post_k of the sub-layer's output
+HC_RES = (
+    "blocks.{l}.hc_{site}.hook_res"  # B,T,n,n the mix, out × in: stream k after = Σ_j res[k,j]·stream j + post_k·out
+)
 HC_HEAD_PRE = "hc_head.hook_pre"  # B,T,n the weights collapsing the streams before the final norm
 
 ATTN_HOOKS = (
@@ -130,7 +134,9 @@ FINAL_NORM = "ln_final"
 READ_KINDS = ("attn", "mlp")  # the two read sites of a depth-routed block: before attention, before the MLP
 READ_POINTS = ("routing_keys", "depth_weights")
 FINAL_READ = "final_read"  # the depth read before the final norm
-HC_POINTS = ("pre", "post", "res")  # a hyper-connection's mixing matrices; its sites are SUBLAYERS
+STREAM_POINTS = ("pre", "mid")  # hook_streams (the block's input) and hook_streams_mid
+HC_SITES = ("attn", "mlp")  # the two connections of a hyper-connected block: around attention, around the MLP
+HC_POINTS = ("pre", "post", "res")
 
 
 def _choose(value: str, choices: tuple[str, ...], what: str) -> str:
@@ -194,6 +200,19 @@ def norm(layer: int | None, which: str = "ln1", point: str = "normalized") -> st
     return f"{block(layer)}.{_choose(which, NORMS, 'norm')}.hook_{point}"
 
 
+def streams(layer: int, point: str = "pre") -> str:
+    """A hyper-connected block's streams: ``streams(2) == 'blocks.2.hook_streams'`` (the block's input),
+    ``streams(2, "mid") == 'blocks.2.hook_streams_mid'`` (after the attention's connection)."""
+    suffix = {"pre": "", "mid": "_mid"}[_choose(point, STREAM_POINTS, "stream point")]
+    return f"{block(layer)}.hook_streams{suffix}"
+
+
+def hc(layer: int, site: str, point: str) -> str:
+    """A hyper-connection's weights: ``hc(2, "attn", "res") == 'blocks.2.hc_attn.hook_res'``; site attn or mlp,
+    point pre, post or res."""
+    return f"{block(layer)}.hc_{_choose(site, HC_SITES, 'connection')}.hook_{_choose(point, HC_POINTS, 'HC weight')}"
+
+
 def pos_embed() -> str:
     """``'hook_pos_embed'``: the learned absolute position embedding added to the token embedding."""
     return POS_EMBED
@@ -241,17 +260,6 @@ def routing_keys(site: str) -> str:
 def dense(layer: int) -> str:
     """``dense(2) == 'blocks.2.dense.hook_weights'``: DenseFormer / MUDD mixing weights after block 2."""
     return f"{block(layer)}.dense.hook_weights"
-
-
-def hyper(layer: int, site: str, point: str) -> str:
-    """A hyper-connection's mixing matrix: ``hyper(2, "attn", "res") == 'blocks.2.hc_attn.hook_res'``; site is attn
-    or mlp (the sub-layer it wraps), point pre, post or res."""
-    return f"{block(layer)}.hc_{_choose(site, SUBLAYERS, 'sub-layer')}.hook_{_choose(point, HC_POINTS, 'HC matrix')}"
-
-
-def streams(layer: int) -> str:
-    """``streams(2) == 'blocks.2.hook_streams'``: the n residual streams a hyper-connected block 2 hands on."""
-    return f"{block(layer)}.hook_streams"
 
 
 def hyper_head() -> str:

@@ -38,7 +38,8 @@ class Block(nn.Module):
             self.dense = make_mix(c, layer)
         if c.hyper != "none":  # sub-layer k = 2l (attention), 2l + 1 (MLP): static HC's first read is stream k mod n
             self.hc_attn, self.hc_mlp = make_hyper(c, 2 * layer), make_hyper(c, 2 * layer + 1)
-            self.hook_streams = HookPoint()  # B,T,n,d the block's output streams
+            self.hook_streams = HookPoint()  # B,T,n,d the streams the block reads
+            self.hook_streams_mid = HookPoint()  # B,T,n,d the streams after the attention's connection
         self.hook_resid_pre = HookPoint()  # B,T,d
         self.hook_attn_out = HookPoint()  # B,T,d what the attention adds to the stream (a depth source when routed)
         self.hook_resid_mid = HookPoint()  # B,T,d
@@ -75,12 +76,13 @@ class Block(nn.Module):
         """Hyper-connected: streams (B,T,n,d) in and out. Each sub-layer reads its H_pre mix of the streams
         (hook_resid_pre / hook_resid_mid) and writes H_res X + H_post ⊗ its output; hook_resid_post is the sum of
         the output streams."""
+        streams = self.hook_streams(streams)
         x, mix = self.hc_attn.read(streams)
         a, _, v_first = self.attn(self.ln1(self.hook_resid_pre(x)), v_first=v_first)
-        streams = self.hc_attn.write(streams, self.hook_attn_out(a), mix)
+        streams = self.hook_streams_mid(self.hc_attn.write(streams, self.hook_attn_out(a), mix))
         x, mix = self.hc_mlp.read(streams)
         m, _ = self.mlp(self.ln2(self.hook_resid_mid(x)))
-        streams = self.hook_streams(self.hc_mlp.write(streams, self.hook_mlp_out(m), mix))
+        streams = self.hc_mlp.write(streams, self.hook_mlp_out(m), mix)
         total = streams.sum(2)  # B,T,d: what the streams' sum (HC's head) would read here
         edited = self.hook_resid_post(total)
         if edited is not total:  # an edit of the sum is spread equally over the n streams

@@ -136,8 +136,8 @@ DOCUMENTED = [
     (names.depth_weights(names.FINAL_READ), "final_read.hook_depth_weights"),
     (names.read("blocks.5.attn_read", "depth_weights"), "blocks.5.attn_read.hook_depth_weights"),
     (names.dense(2), "blocks.2.dense.hook_weights"),
-    (names.hyper(2, "attn", "pre"), "blocks.2.hc_attn.hook_pre"),
-    (names.hyper(0, "mlp", "res"), "blocks.0.hc_mlp.hook_res"),
+    (names.hc(2, "attn", "pre"), "blocks.2.hc_attn.hook_pre"),
+    (names.hc(0, "mlp", "res"), "blocks.0.hc_mlp.hook_res"),
     (names.streams(3), "blocks.3.hook_streams"),
     (names.hyper_head(), "hc_head.hook_pre"),
     (names.mlp(2), "blocks.2.mlp.hook_post"),
@@ -146,6 +146,10 @@ DOCUMENTED = [
     (names.sublayer_out(3, "mlp"), "blocks.3.hook_mlp_out"),
     (names.block(7), "blocks.7"),
     (names.attn_module(7), "blocks.7.attn"),
+    (names.streams(2), "blocks.2.hook_streams"),
+    (names.streams(2, "mid"), "blocks.2.hook_streams_mid"),
+    (names.hc(2, "attn", "pre"), "blocks.2.hc_attn.hook_pre"),
+    (names.hc(3, "mlp", "res"), "blocks.3.hc_mlp.hook_res"),
     (names.EMBED, "hook_embed"),
 ]
 
@@ -180,13 +184,14 @@ def test_builders_agree_with_the_declared_templates():
             assert names.depth_weights(site) == names.name(names.DEPTH_WEIGHTS, l, kind)
             assert names.routing_keys(site) == names.name(names.ROUTING_KEYS, l, kind)
         assert names.dense(l) == names.name(names.DENSE_WEIGHTS, l)
-        for site in names.SUBLAYERS:
-            for point, template in zip(names.HC_POINTS, (names.HC_PRE, names.HC_POST, names.HC_RES)):
-                assert names.hyper(l, site, point) == names.name(template, l, site)
-        assert names.streams(l) == names.name(names.STREAMS, l)
         assert names.mlp(l) == names.name(names.MLP_POST, l)
         assert names.sublayer_out(l, "attn") == names.name(names.ATTN_OUT, l)
         assert names.sublayer_out(l, "mlp") == names.name(names.MLP_OUT, l)
+        assert names.streams(l) == names.name(names.STREAMS, l)
+        assert names.streams(l, "mid") == names.name(names.STREAMS_MID, l)
+        for site in names.HC_SITES:
+            for point, template in (("pre", names.HC_PRE), ("post", names.HC_POST), ("res", names.HC_RES)):
+                assert names.hc(l, site, point) == names.name(template, l, site)
     assert names.depth_weights(names.FINAL_READ) == names.FINAL_DEPTH_WEIGHTS
     assert names.routing_keys(names.FINAL_READ) == names.FINAL_ROUTING_KEYS
     assert {f"hook_{p}" for p in names.ATTN_POINTS} >= set(names.ATTN_HOOKS)
@@ -200,8 +205,8 @@ def test_layer_of_round_trips_every_block_builder(layer):
         + [names.read_site(layer, k) for k in names.READ_KINDS]
         + [names.depth_weights(names.read_site(layer, k)) for k in names.READ_KINDS]
         + [names.dense(layer), names.mlp(layer), names.block(layer), names.attn_module(layer)]
-        + [names.hyper(layer, k, p) for k in names.SUBLAYERS for p in names.HC_POINTS]
-        + [names.streams(layer)]
+        + [names.hc(layer, k, p) for k in names.SUBLAYERS for p in names.HC_POINTS]
+        + [names.streams(layer, p) for p in names.STREAM_POINTS]
         + [names.sublayer_out(layer, k) for k in names.SUBLAYERS]
     )
     assert [names.layer_of(n) for n in built] == [layer] * len(built)
@@ -283,7 +288,7 @@ def test_every_hook_of_a_model_is_a_built_name(variant, overrides):
         assert {names.attn(l, p) for l in range(L) for p in ("v_gate", "sink_logit", "v_first", "v_mix")} <= hooks
 
 
-@pytest.mark.parametrize("family", ["gpt_neox", "gpt_oss", "gemma2"])
+@pytest.mark.parametrize("family", ["gpt_neox", "gpt_oss", "gemma2", "deepseek_v4"])
 def test_every_hook_of_an_hf_adapter_is_a_built_name(family):
     """The HF adapters expose the same vocabulary: every hook is a built name, and the per-layer ones are there."""
     from probe.checkpoints.interop import wrap
@@ -309,4 +314,6 @@ def _all_built(L: int) -> set[str]:
         out |= {names.resid(l, p) for p in names.RESID_POINTS} | {names.attn(l, p) for p in names.ATTN_POINTS}
         out |= {names.read(names.read_site(l, k), p) for k in names.READ_KINDS for p in names.READ_POINTS}
         out |= {names.dense(l), names.mlp(l)} | {names.sublayer_out(l, k) for k in names.SUBLAYERS}
+        out |= {names.streams(l, p) for p in names.STREAM_POINTS}
+        out |= {names.hc(l, s, p) for s in names.HC_SITES for p in names.HC_POINTS}
     return out

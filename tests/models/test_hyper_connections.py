@@ -145,18 +145,28 @@ def test_hooks_carry_the_mixing():
     ids = torch.randint(0, TINY["vocab_size"], (1, 10), generator=torch.Generator().manual_seed(3))
     logits, cache = model.run_with_cache(ids)
     B, T, n, d = 1, 10, 4, TINY["d_model"]
-    streams, pre = cache[names.streams(0)], cache[names.hyper(1, "attn", "pre")]
+    streams, pre = cache[names.streams(1)], cache[names.hc(1, "attn", "pre")]  # the streams block 1 reads
     assert streams.shape == (B, T, n, d) and pre.shape == (B, T, n)
-    assert cache[names.hyper(1, "attn", "post")].shape == (B, T, n)
-    res = cache[names.hyper(1, "mlp", "res")]
+    assert cache[names.hc(1, "attn", "post")].shape == (B, T, n)
+    res = cache[names.hc(1, "mlp", "res")]
     assert res.shape == (B, T, n, n) and (res.sum(-1) - 1).abs().max() <= 2e-6
     torch.testing.assert_close(cache[names.resid(1, "pre")], torch.einsum("btj,btjd->btd", pre, streams))
     assert cache[names.hyper_head()].shape == (B, T, n)
+    # res out × in: block 0's MLP connection mixes its streams_mid and writes its output into block 1's streams
+    mid, post, res0 = (
+        cache[names.streams(0, "mid")],
+        cache[names.hc(0, "mlp", "post")],
+        cache[names.hc(0, "mlp", "res")],
+    )
+    out = cache[names.sublayer_out(0, "mlp")]
+    torch.testing.assert_close(
+        streams, torch.einsum("btkj,btjd->btkd", res0, mid) + post[..., None] * out[:, :, None, :]
+    )
 
     def uniform(value, hook):
         return torch.full_like(value, 1 / n)
 
-    edited = model.run_with_hooks(ids, fwd_hooks=[(names.hyper(1, "attn", "pre"), uniform)])
+    edited = model.run_with_hooks(ids, fwd_hooks=[(names.hc(1, "attn", "pre"), uniform)])
     assert (edited - logits).abs().max() > 1e-6
 
 

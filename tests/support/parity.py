@@ -503,6 +503,30 @@ def check(model_type: str, run_verbs: bool = False) -> dict:
     return record
 
 
+def family_models(model_type: str, overrides: dict | None = None) -> tuple:
+    """(HF eager fp32, its adapter, HF eager fp64, its adapter) on the tiny config of ``model_type`` with
+    ``overrides``: what a per-family test file checks."""
+    from probe.checkpoints.adapters import adapt
+    from probe.checkpoints.tiny import tiny_model
+
+    ref = tiny_model(model_type, overrides=overrides)
+    ref64 = copy.deepcopy(ref).to(torch.float64)
+    return ref, adapt(copy.deepcopy(ref)), ref64, adapt(copy.deepcopy(ref64))
+
+
+def assert_parity(models: tuple) -> None:
+    """The coverage table's parity checks on :func:`family_models`: logits (fast and every-hook paths) within TOL in
+    fp32 and fp64, every hook point firing, hook_pattern equal to HF's weights and a hook_v edit to the same edit
+    inside HF (each raises Refused past its tolerance)."""
+    ref, m, ref64, m64 = models
+    x = ids()
+    _, cache = _logits(ref, m, x, "fp32")
+    _logits(ref64, m64, x, "fp64")
+    _every_hook_fires(m, cache)
+    _pattern_vs_output_attentions(ref, m, x, cache)
+    _value_edit(ref, m, x)
+
+
 def causal_lm_types() -> list[str]:
     """Every causal-LM model_type of the installed transformers: what the coverage table lists."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

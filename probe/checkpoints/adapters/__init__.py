@@ -7,13 +7,23 @@
 from __future__ import annotations
 
 from probe.checkpoints.adapters import families, own_attention, qwen_next
+from probe.checkpoints.adapters.deepseek_v4 import DeepseekV4Adapter
 from probe.checkpoints.adapters.gemma import Gemma4Adapter, GemmaAdapter
+from probe.checkpoints.adapters.gemma3n import Gemma3nAdapter
 from probe.checkpoints.adapters.generic import GenericAdapter
 from probe.checkpoints.adapters.gpt_neox import GPTNeoXAdapter
 from probe.checkpoints.adapters.gpt_oss import GptOssAdapter
 from probe.checkpoints.adapters.llama import LlamaAdapter
 
-ADAPTERS = (GPTNeoXAdapter, GptOssAdapter, LlamaAdapter, GemmaAdapter, Gemma4Adapter) + tuple(
+ADAPTERS = (
+    GPTNeoXAdapter,
+    GptOssAdapter,
+    LlamaAdapter,
+    GemmaAdapter,
+    Gemma4Adapter,
+    Gemma3nAdapter,
+    DeepseekV4Adapter,
+) + tuple(
     cls
     for module in (families, own_attention, qwen_next)
     for cls in vars(module).values()

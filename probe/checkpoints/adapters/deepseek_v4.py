@@ -1,0 +1,162 @@
+"""DeepSeek-V4 adapter: a residual of N hyper-connected streams (mHC), sliding-window attention with a learned sink per
+head, and compressed KV entries that probe's attention hooks do not describe (refused, one line).
+
+What transformers' ``modeling_deepseek_v4.py`` computes, and what the hooks see of it:
+
+* **Streams.** The embedding is copied into ``hc_mult`` = N streams (B,T,N,d). Each layer has two hyper-connections
+  (``attn_hc`` before attention, ``ffn_hc`` before the MoE): from the streams (flattened, RMS-normed, one linear map)
+  come ``pre`` (B,T,N) = σ(·) + eps, ``post`` (B,T,N) = 2σ(·) and ``res`` (B,T,N,N), a softmax made (nearly) doubly
+  stochastic by Sinkhorn iterations. The sub-layer reads Σ_k pre_k·stream_k; the streams become
+  stream_k ← Σ_j res[j,k]·stream_j + post_k·out (HF's ``res``, in × out). After the last layer ``hc_head`` collapses
+  them with weights of its own before the final norm. Hooks: ``hook_streams`` / ``hook_streams_mid`` (B,T,N,d),
+  ``hc_attn`` / ``hc_mlp`` ``.hook_pre`` / ``hook_post`` / ``hook_res`` (out × in, HF's ``res`` transposed, as the
+  vocabulary states it); ``hook_resid_pre`` / ``mid`` / ``post`` are the stream sums (an edit
+  of one adds its change, divided by N, to every stream, so the sum moves by exactly the edit), and
+  ``hook_attn_out`` / ``hook_mlp_out`` the sub-layers' outputs before ``post`` spreads them. The residual algebra
+  therefore holds as the stream rules of ``probe.checkpoints.algebra`` (resid_pre + attn_out = resid_mid does not:
+  the mix rescales both terms).
+* **Attention.** Every layer, whatever its ``layer_types`` entry, masks its token keys with one sliding window of
+  ``sliding_window`` keys (the model builds a single sliding-window mask), shares one key head as keys and values
+  (rotary included on the trailing ``qk_rope_head_dim`` coordinates, interleaved pairs; the output's rotary slice is
+  turned back at the query's position before the grouped output projection), and adds a learned sink logit per
+  head (``hook_sink_logit``, as gpt-oss). hook_q is ``q_b_proj``'s output, hook_q_normed its unweighted RMS norm;
+  hook_k is ``kv_proj``'s output (the one head read as key and value), hook_k_normed ``kv_norm``'s, so an edit of
+  hook_k or hook_k_normed changes the values too; hook_result and hook_pattern_norm are absent (the grouped output
+  projection reads the heads after their rotary slice is turned back).
+* **Compressed KV.** ``compressed_sparse_attention`` (CSA) and ``heavily_compressed_attention`` layers also run a
+  compressor: each closed window of ``compress_rates[type]`` tokens (4 and 128 by default) becomes one KV
+  entry (a softmax-gated sum of projected tokens, RMS-normed, rotated at its window's first position; CSA windows
+  overlap by one window and a Lightning Indexer keeps the ``index_topk`` best entries per query), appended after the
+  token keys, visible to a query once its window has closed. Those entries are not token positions and probe's
+  pattern, phantom and streaming row masses have no place for them: a forward in which a compressor emits one stops
+  with one line. A DeepSeek-V4 model therefore runs under probe on inputs shorter than its smallest compress rate
+  (or with ``sliding_attention`` layers only).
+* **MoE.** A shared expert plus routed experts; the first ``hash_moe`` layers pick experts by a fixed token-id table
+  (``tid2eid``), the others by top-k of the router's scores: ``mlp.hook_router_logits`` / ``hook_expert_indices`` /
+  ``hook_expert_weights`` where ``probe.checkpoints.module_hooks`` can re-run the router alone.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformer_lens.hook_points import HookPoint
+
+from probe.checkpoints.adapters.llama import SEQUENTIAL
+from probe.checkpoints.adapters.recipes import RecipeAdapter
+from probe.checkpoints.hooked_hf import _hook_once
+from probe.errors import UsageError
+
+COMPRESSOR_KEY = "_probe_compressor"  # compressor module.__dict__ entry -> (layer, layer type, compress rate)
+
+
+class CompressedKeysError(UsageError, ValueError):
+    """An input long enough that a DeepSeek-V4 compressor emitted KV entries (one line, exit 2 in the CLI)."""
+
+
+class HCHooks(nn.Module):
+    """One hyper-connection's weights (``blocks.{l}.hc_attn`` / ``hc_mlp``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hook_pre = HookPoint()  # B,T,N
+        self.hook_post = HookPoint()  # B,T,N
+        self.hook_res = HookPoint()  # B,T,N,N
+
+
+def hc_weights(hc: nn.Module, streams: torch.Tensor):
+    """(pre B,T,N, post B,T,N, res B,T,N,N) of a ``DeepseekV4HyperConnection`` on streams B,T,N,d, in fp32 as its
+    forward computes them (its forward consumes ``pre`` itself, so the weights are computed here to be hooked)."""
+    b, t, n = streams.shape[:3]
+    flat = F.linear(hc.input_norm(streams.reshape(b, t, -1).float()), hc.fn.float())
+    pre_w, post_w, res_w = flat.split([n, n, n * n], dim=-1)
+    pre_b, post_b, res_b = hc.base.split([n, n, n * n])
+    pre_s, post_s, res_s = hc.scale.unbind(0)
+    pre = torch.sigmoid(pre_w * pre_s + pre_b) + hc.hc_eps
+    post = 2 * torch.sigmoid(post_w * post_s + post_b)
+    res = torch.softmax(res_w.view(b, t, n, n) * res_s + res_b.view(n, n), dim=-1) + hc.hc_eps
+    res = res / (res.sum(dim=-2, keepdim=True) + hc.hc_eps)  # Sinkhorn: columns, then rows and columns
+    for _ in range(hc.hc_sinkhorn_iters - 1):
+        res = res / (res.sum(dim=-1, keepdim=True) + hc.hc_eps)
+        res = res / (res.sum(dim=-2, keepdim=True) + hc.hc_eps)
+    return pre, post, res
+
+
+def connect(hc: nn.Module, points: HCHooks, streams: torch.Tensor):
+    """The sub-layer's input Σ_k pre_k·stream_k (B,T,d) and the (post, res) that spread its output, through the
+    connection's hook points."""
+    pre, post, res = hc_weights(hc, streams)
+    # the hook shows res out × in (stream k after = Σ_j res[k,j]·stream_j), as on probe's hyper-connected models;
+    # HF's comb is in × out
+    res = points.hook_res(res.transpose(-1, -2)).transpose(-1, -2)
+    pre, post = points.hook_pre(pre), points.hook_post(post)
+    return (pre.unsqueeze(-1) * streams).sum(dim=2).to(streams.dtype), post, res
+
+
+def spread(out: torch.Tensor, post: torch.Tensor, res: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """stream_k ← Σ_j res[j,k]·stream_j + post_k·out (B,T,N,d), in HF's order of operations."""
+    dtype = streams.dtype
+    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(res.to(dtype).transpose(-1, -2), streams)
+
+
+def through_sum(point: HookPoint, streams: torch.Tensor) -> torch.Tensor:
+    """The streams' sum (B,T,d) through ``point``; an edit's change is added, divided by N, to every stream."""
+    total = streams.sum(dim=-2)
+    fired = point(total)
+    return streams if fired is total else streams + ((fired - total) / streams.shape[-2]).unsqueeze(-2)
+
+
+def hc_layer_forward(layer, hooks, hidden_states, input_ids=None, **kwargs):
+    """DeepSeek-V4's decoder layer (B,T,N,d -> B,T,N,d) with the stream, connection and residual hooks."""
+    streams = through_sum(hooks.hook_resid_pre, hooks.hook_streams(hidden_states))
+    x, post, res = connect(layer.attn_hc, hooks.hc_attn, streams)
+    attn_out = hooks.hook_attn_out(layer.self_attn(layer.input_layernorm(x), **kwargs)[0])
+    streams = through_sum(hooks.hook_resid_mid, hooks.hook_streams_mid(spread(attn_out, post, res, streams)))
+    x, post, res = connect(layer.ffn_hc, hooks.hc_mlp, streams)
+    mlp_out = hooks.hook_mlp_out(layer.mlp(layer.post_attention_layernorm(x), input_ids=input_ids))
+    return through_sum(hooks.hook_resid_post, spread(mlp_out, post, res, streams))
+
+
+def refuse_compressed_entries(module, _inputs, output):
+    """Forward hook on a layer's compressor: one line when it emitted KV entries (output: entries B,1,C,dh and
+    their per-query bias), which probe's attention hooks would not describe."""
+    entries = output[0].shape[2]
+    if entries:
+        layer, layer_type, rate = module.__dict__[COMPRESSOR_KEY]
+        raise CompressedKeysError(
+            f"DeepSeek-V4 layer {layer} ({layer_type}) appended {entries} compressed KV entries (one per {rate} "
+            f"tokens) to its sliding-window keys; probe's attention hooks describe those keys and the sink only: "
+            f"inputs must be shorter than {rate} tokens"
+        )
+
+
+class DeepseekV4Adapter(RecipeAdapter):
+    family = "deepseek_v4"
+    model_types = ("deepseek_v4",)
+    recipe = SEQUENTIAL  # the norms' names (ln1 / ln2); the layer is hc_layer_forward
+    layer_forward = staticmethod(hc_layer_forward)
+
+    def describe(self, config, name):
+        info = super().describe(config, name)
+        text = config.get_text_config()
+        info.layer_types = ["sliding"] * info.n_layers  # one sliding-window mask for every layer's token keys
+        info.sliding_window = text.sliding_window
+        info.extra.update(
+            hc_streams=text.hc_mult,
+            n_experts=text.n_routed_experts,
+            experts_per_token=text.num_experts_per_tok,
+        )
+        return info
+
+    def _install(self, layers):
+        for block in self.blocks:
+            block.hook_streams, block.hook_streams_mid = HookPoint(), HookPoint()  # B,T,N,d
+            block.hc_attn, block.hc_mlp = HCHooks(), HCHooks()
+        super()._install(layers)
+        rates = self.hf_model.config.get_text_config().compress_rates
+        for l, layer in enumerate(layers):
+            attn = self.attention_module(layer)
+            if attn.compressor is not None:
+                entry = (l, attn.layer_type, rates[attn.layer_type])
+                _hook_once(attn.compressor, COMPRESSOR_KEY, entry, refuse_compressed_entries)

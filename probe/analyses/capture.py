@@ -229,7 +229,8 @@ def row_rule(info) -> RowRule | None:
 
 def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: str | None = None):
     """(lse (B,H,T), masses (B,H,T,m), phantom (B,H,T)) of one layer from the hooks named by ``row_mass_hooks``;
-    masses[..., c] is each row's attention mass on the keys marked by indicators[..., c] (phantom in the normaliser).
+    masses[..., c] is each row's attention mass on the keys marked by indicators[..., c] (phantom in the normaliser):
+    its share of the row's total mass, under every rule (docs/definitions.md#rows-of-other-rules).
     The layer's rules are ``info.attention_at(layer)``'s: its scale, window or chunk, soft-cap (Gemma 2:
     ``cap · tanh(scale q·k / cap)``, as in its ``hook_pattern``) and ALiBi slopes, with a routing gate's log g_j.
     ``backend``: the kernels' vocabulary (auto, torch, reference, sdpa, triton); None follows the runtime choice

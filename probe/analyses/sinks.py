@@ -40,8 +40,8 @@ class SinkAccumulator:
     """Sums of per-row statistics per (layer, head) and of r0 per (layer, KV head) over batches, and one row per
     (batch, layer) of that batch's means (standard errors over batches on the pages)."""
 
-    SUMS = ("pos0", "phantom", "rows", "pos0_w", "phantom_w", "rows_w", "uniform", "uniform_w", "r0", "seqs")
-    SUMS += ("row_mass", "row_mass_w")
+    SUMS: tuple[str, ...] = ("pos0", "phantom", "rows", "pos0_w", "phantom_w", "rows_w", "uniform", "uniform_w")
+    SUMS += ("r0", "seqs", "row_mass", "row_mass_w")  # row_mass: each row's own mass (a row rule's)
 
     def __init__(self, info, row_mass: bool = False):
         """row_mass: report each row's own mass Σ_j a_tj (``row_mass``, for a row rule other than softmax)."""
@@ -54,7 +54,8 @@ class SinkAccumulator:
         self.r0, self.seqs = z(L, Hkv), z(L)
         self.row_mass, self.row_mass_w = z(L, H), z(L, H)
         self.sink = [None] * L
-        self.batch_rows, self.calls = [], [0] * L  # per-batch means; batches seen per layer by this rank
+        self.batch_rows: list[dict] = []  # per-batch means
+        self.calls = [0] * L  # batches seen per layer by this rank
 
     def add(self, layer: int, pos0: torch.Tensor, phantom: torch.Tensor, norms: torch.Tensor, sink=None, mass=None):
         """pos0, phantom: (B, H, T) per-row shares; norms: (B, T, Hkv) read norms; sink: (H,) logits or None;

@@ -267,12 +267,13 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
 
 
 def rule_masses(info, layer: int, got: dict, indicators: torch.Tensor):
-    """``row_masses`` of a layer whose rows follow a row rule other than softmax (docs/definitions.md#rows-of-other-
-    rules): (row mass Σ_j a_ij (B,H,T), shares (B,H,T,m), unspent (B,H,T)), fp32, with the masses as shares of the
-    row's total mass. A rule whose rows sum to at most one has total 1: the shares are the pattern's own weights and
-    the unspent mass 1 - Σ_j a_ij stands where the phantom does. A rule whose rows may sum past one (sigmoid, elu1)
-    has total Σ_j a_ij: the shares are the row's weights over their sum and the unspent mass is 0 (none is
-    defined). A row of zero mass has zero shares. Plain torch over blocks of query rows (rule_row_masses)."""
+    """``row_masses`` of a layer whose rows follow a row rule other than softmax
+    (docs/definitions.md#rows-of-other-rules): (row mass Σ_j a_ij (B,H,T), shares (B,H,T,m), unspent (B,H,T)), fp32,
+    with the masses as shares of the row's total mass. A rule whose rows sum to at most one has total 1: the shares
+    are the pattern's own weights and the unspent mass 1 - Σ_j a_ij stands where the phantom does. A rule whose rows
+    may sum past one (sigmoid, elu1) has total Σ_j a_ij: the shares are the row's weights over their sum and the
+    unspent mass is 0 (none is defined). A row of zero mass has zero shares. Plain torch over blocks of query rows
+    (rule_row_masses)."""
     rules, rule = info.attention_at(layer), ROW_RULES[info.attention_rule]
     total, mass = rule_row_masses(
         got["hook_rot_q"],

@@ -201,8 +201,8 @@ def _meta(model, w, kind, **settings):
 class SinkPart(Part):
     """Sink statistics as a part of a shared pass (probe.analyses.passes): q, k, v (the sink logit, a routing-slot
     gate) per layer; per-row masses on [key 0, every real key] with the phantom in the normaliser (under a row rule
-    other than softmax: shares of the row's total mass, and the row's own mass, docs/definitions.md#rows-of-other-
-    rules)."""
+    other than softmax: shares of the row's total mass, and the row's own mass,
+    docs/definitions.md#rows-of-other-rules)."""
 
     def __init__(self, info, backend: str | None = None):
         self.info, self.backend = info, backend

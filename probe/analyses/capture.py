@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from probe.analyses.parallel import gather_rows
 from probe.data.seeding import keyed_generator
 from probe.hooks import names
-from probe.kernels import attention_row_masses
+from probe.kernels import attention_row_masses, rule_row_masses
+from probe.kernels.row_rules import ROW_RULES, RowRule
 from probe.process_group import batches_of_rank, is_main
 from probe.progress import progress_bar
 
@@ -194,17 +195,18 @@ def model_device(model) -> torch.device:
 
 
 def row_mass_hooks(info) -> list[str]:
-    """The attention hooks from which probe.kernels.attention_row_masses reproduces a layer's attention: the query and
-    key the scores take (hook_rot_q / hook_rot_k: after QK-norm and rotary), v, the sink logit where there is a
-    phantom, the gate where a routing-slot gate adds log g_j to the logits, the forget gate where FoX adds
-    -Σ_{l<=j} log f_l (``ModelInfo.attention_at``). A model whose rows are not softmax rows (softpick) is refused in
-    one line: these masses would be softmax's, not its own."""
+    """The attention hooks from which probe.kernels.attention_row_masses (softmax rows) or rule_row_masses (a row
+    rule of probe.kernels.row_rules) reproduces a layer's attention: the query and key the scores take (hook_rot_q /
+    hook_rot_k: after QK-norm and rotary), v, the sink logit where there is a phantom, the gate where a routing-slot
+    gate adds log g_j to the logits, the forget gate where FoX adds -Σ_{l<=j} log f_l (``ModelInfo.attention_at``).
+    Refused in one line: a row rule beside a phantom key, a routing gate or ALiBi, whose rows these masses would not
+    reproduce."""
     rules = [info.attention_at(layer) for layer in info.attention_layers]
-    other = next((r.rule for r in rules if r.rule != "softmax"), None)
-    if other is not None:
+    odd = next((r for r in rules if r.rule != "softmax" and (r.phantom or r.gate_on_logits or r.alibi_slopes)), None)
+    if odd is not None:
         raise ValueError(
-            f"model {info.name!r} has {other} attention rows, and this analysis recomputes softmax "
-            "rows from the captured queries and keys; it supports softmax attention only"
+            f"model {info.name!r} has {odd.rule} attention rows with a phantom key, a routing gate or ALiBi, whose "
+            "row masses are computed for softmax rows only; run it without this analysis"
         )
     return (
         ["hook_rot_q", "hook_rot_k", "hook_v"]
@@ -217,13 +219,20 @@ def row_mass_hooks(info) -> list[str]:
 def sparse_mass_hooks(info) -> list[str]:
     """``row_mass_hooks`` and ``hook_lse``: for analyses whose indicator columns mark few keys (key 0, a massive
     activation's positions) or every key, which the row-mass op then reads in O(T) per row from the forward's
-    real-key lse instead of recomputing every score (docs/definitions.md#row-log-normaliser)."""
-    return row_mass_hooks(info) + ["hook_lse"]
+    real-key lse instead of recomputing every score (docs/definitions.md#row-log-normaliser). A row rule other than
+    softmax has no lse (``hook_lse`` never fires): its masses are recomputed from the scores."""
+    return row_mass_hooks(info) + (["hook_lse"] if row_rule(info) is None else [])
+
+
+def row_rule(info) -> RowRule | None:
+    """The model's row rule of probe.kernels.row_rules (softpick, sigmoid, ...), None for softmax rows."""
+    return ROW_RULES.get(info.attention_rule)
 
 
 def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: str | None = None):
     """(lse (B,H,T), masses (B,H,T,m), phantom (B,H,T)) of one layer from the hooks named by ``row_mass_hooks``;
-    masses[..., c] is each row's attention mass on the keys marked by indicators[..., c] (phantom in the normaliser).
+    masses[..., c] is each row's attention mass on the keys marked by indicators[..., c] (phantom in the normaliser):
+    its share of the row's total mass, under every rule (docs/definitions.md#rows-of-other-rules).
     The layer's rules are ``info.attention_at(layer)``'s: its scale, window or chunk, soft-cap (Gemma 2:
     ``cap · tanh(scale q·k / cap)``, as in its ``hook_pattern``) and ALiBi slopes, with a routing gate's log g_j and a
     forget gate's -Σ_{l<=j} log f_l (FoX; log of the captured f, where the model takes logsigmoid of its logit).
@@ -231,8 +240,11 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     (``probe.kernels.use_backend`` / $PROBE_BACKEND), as models do. With ``hook_lse`` in ``got``
     (``sparse_mass_hooks``) and q in fp32 or fp64, sparse indicators are read from it; a half-precision forward's
     lse is not used (its scores are rounded where these are not).
+    A row rule other than softmax takes :func:`rule_masses` instead (its first element is the row's own mass).
     """
     rules = info.attention_at(layer)
+    if rules.rule != "softmax":  # no log-normaliser: the rule's own masses (docs/definitions.md#rows-of-other-rules)
+        return rule_masses(info, layer, got, indicators)
     q, k, sink = got["hook_rot_q"], got["hook_rot_k"], got.get("hook_sink_logit")
     lse = got.get("hook_lse") if q.dtype in (torch.float32, torch.float64) else None
     key_bias = rules.alibi_bias(q.shape[0], q.shape[1], q.device)  # (B, H, T) ALiBi (BLOOM, MPT): H == Hkv
@@ -258,6 +270,32 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     lse = lse.float()
     phantom = torch.exp(sink.float()[None, :, None] - lse) if sink is not None else torch.zeros_like(lse)
     return lse, mass.float(), phantom
+
+
+def rule_masses(info, layer: int, got: dict, indicators: torch.Tensor):
+    """``row_masses`` of a layer whose rows follow a row rule other than softmax
+    (docs/definitions.md#rows-of-other-rules): (row mass Σ_j a_ij (B,H,T), shares (B,H,T,m), unspent (B,H,T)), fp32,
+    with the masses as shares of the row's total mass. A rule whose rows sum to at most one has total 1: the shares
+    are the pattern's own weights and the unspent mass 1 - Σ_j a_ij stands where the phantom does. A rule whose rows
+    may sum past one (sigmoid, elu1) has total Σ_j a_ij: the shares are the row's weights over their sum and the
+    unspent mass is 0 (none is defined). A row of zero mass has zero shares. Plain torch over blocks of query rows
+    (rule_row_masses)."""
+    rules, rule = info.attention_at(layer), ROW_RULES[info.attention_rule]
+    total, mass = rule_row_masses(
+        got["hook_rot_q"],
+        got["hook_rot_k"],
+        indicators,
+        rule=rules.rule,
+        bias=rule.bias(info.n_ctx),  # sigmoid's -log n_ctx, as the model adds it
+        window=rules.window,
+        chunk=rules.chunk,
+        scale=rules.scale,
+        softcap=rules.softcap,
+    )
+    total, mass = total.float(), mass.float()
+    if rule.at_most_one:
+        return total, mass, 1.0 - total
+    return total, mass / total.clamp_min(1e-30)[..., None], torch.zeros_like(total)
 
 
 def logits_of(out) -> torch.Tensor:
@@ -354,6 +392,8 @@ __all__ = [
     "row_mass_hooks",
     "sparse_mass_hooks",
     "row_masses",
+    "rule_masses",
+    "row_rule",
     "token_losses",
     "loss_forward_kwargs",
     "output_losses",

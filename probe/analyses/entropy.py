@@ -29,7 +29,7 @@ import math
 import pandas as pd
 import torch
 
-from probe.analyses.capture import describe, finish
+from probe.analyses.capture import describe, finish, row_rule
 from probe.analyses.layer_types import layer_meta, with_linear_layers
 from probe.analyses.parallel import gather_rows, reduce_sums
 from probe.analyses.passes import Part, run_alone
@@ -46,6 +46,7 @@ def row_entropies(
     *,
     visible: torch.Tensor | None = None,
     block: int = ROW_BLOCK,
+    shares: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Per-row entropies of attention patterns, float64 (B, H, T) each (docs/definitions.md#attention-entropy).
 
@@ -53,7 +54,9 @@ def row_entropies(
     visible: (T,) keys each row sees (the layer's ``LayerAttention.visible_keys``; None: causal, t + 1). Returns
     ``entropy`` (nats, the phantom one more outcome), ``entropy_norm`` (over log of the number of outcomes: visible
     keys, + 1 with a phantom) and ``entropy_real_norm`` (the real weights renormalised, over log of the visible keys);
-    a row whose normaliser is log 1 = 0 is NaN in the normalised ones."""
+    a row whose normaliser is log 1 = 0 is NaN in the normalised ones. ``shares``: the rows are a row rule's that may
+    sum past one, whose entropies are those of each row's shares a_tj / Σ_j a_tj
+    (docs/definitions.md#rows-of-other-rules)."""
     B, H, T, _ = pattern.shape
     causal = torch.arange(1, T + 1, dtype=torch.float64)
     n = (causal if visible is None else visible.double()).to(pattern.device)  # (T,)
@@ -64,15 +67,24 @@ def row_entropies(
     ent, real = [], []
     for a in range(0, T, block):
         p = pattern[:, :, a : a + block].double()
+        if shares:
+            p = p / p.sum(-1, keepdim=True).clamp_min(1e-300)
         ent.append(-torch.special.xlogy(p, p).sum(-1))
         mass = p.sum(-1, keepdim=True)
         q = p / mass.clamp_min(1e-300)
         real.append(-torch.special.xlogy(q, q).sum(-1))
     h = torch.cat(ent, dim=-1)
     if phantom is not None:
-        ph = phantom.double()
+        ph = phantom.double().clamp_min(0.0)  # a normalised rule's unspent mass can round to -1e-7
         h = h - torch.special.xlogy(ph, ph)
     return {"entropy": h, "entropy_norm": h / log_out, "entropy_real_norm": torch.cat(real, dim=-1) / log_n}
+
+
+def unspent_outcome(info) -> bool:
+    """Whether a row's mass not on a real key is one more outcome: a phantom key, or the unspent mass of a row rule
+    whose rows sum to at most one (softpick, the normalised kernels; hook_phantom carries it)."""
+    rule = row_rule(info)
+    return info.has_phantom or (rule is not None and rule.at_most_one)
 
 
 def counted_rows(visible: torch.Tensor) -> torch.Tensor:
@@ -101,7 +113,9 @@ class EntropyAccumulator:
         info = self.info
         B, H, T, _ = pattern.shape
         visible = info.attention_at(layer).visible_keys(T)  # (T,) keys each row sees: causal, window or chunk
-        got = row_entropies(pattern, phantom, visible=visible)
+        rule = row_rule(info)
+        shares = rule is not None and not rule.at_most_one  # rows that may sum past one: entropies of their shares
+        got = row_entropies(pattern, phantom, visible=visible, shares=shares)
         keep = counted_rows(visible).to(pattern.device)
         k = int(keep.sum())
         if k == 0:
@@ -182,12 +196,13 @@ def _summary(heads: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
 
 class EntropyPart(Part):
     """Attention entropy as a part of a shared pass (probe.analyses.passes): each layer's ``hook_pattern`` (and
-    ``hook_phantom`` where the model has a phantom), reduced to per-row entropies and dropped with the layer."""
+    ``hook_phantom`` where the model has a phantom, or a row rule leaves mass unspent), reduced to per-row entropies
+    and dropped with the layer."""
 
     def __init__(self, info):
         self.info = info
         self.acc = EntropyAccumulator(info)
-        self.hooks = {"hook_pattern"} | ({"hook_phantom"} if info.has_phantom else set())
+        self.hooks = {"hook_pattern"} | ({"hook_phantom"} if unspent_outcome(info) else set())
 
     def needs(self, layer: int) -> set[str]:
         return self.hooks
@@ -204,7 +219,7 @@ class EntropyPart(Part):
             w,
             "entropy",
             rows="t >= 1 with at least two visible keys",
-            phantom="one more outcome" if info.has_phantom else "none",
+            phantom="one more outcome" if unspent_outcome(info) else "none",
             log="natural",
             **layer_meta(info),
         )

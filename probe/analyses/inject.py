@@ -49,6 +49,7 @@ from probe.analyses.capture import (
     output_losses,
     row_mass_hooks,
     row_masses,
+    row_rule,
 )
 from probe.analyses.finite import FiniteCheck
 from probe.analyses.layer_types import layer_meta, with_linear_layers
@@ -204,7 +205,7 @@ class ExposureAccumulator:
         self.phantom = torch.zeros(L, H, dtype=torch.float64)
         self.rows = torch.zeros(L, dtype=torch.float64)
         self.batch, self.batch_rows = 0, []  # global index of the batch being added; its per-layer means
-        self.sinks = SinkAccumulator(info)
+        self.sinks = SinkAccumulator(info, row_mass=row_rule(info) is not None)
 
     def fold(self, part: ExposureAccumulator) -> None:
         """Add one batch's own accumulator (``part``: its sums and rows alone) to these totals. ``inject`` folds every
@@ -246,7 +247,8 @@ class ExposureAccumulator:
         acc.batch_rows = list(state["batch_rows"])
         sinks = state["sinks"]
         for name in SinkAccumulator.SUMS:
-            setattr(acc.sinks, name, f64(sinks[name]))
+            if name in sinks:  # a state saved before row_mass was summed keeps its zeros (softmax rows only then)
+                setattr(acc.sinks, name, f64(sinks[name]))
         acc.sinks.sink = [None if v is None else f64(v) for v in sinks["sink"]]
         acc.sinks.batch_rows, acc.sinks.calls = list(sinks["batch_rows"]), list(sinks["calls"])
         return acc
@@ -316,12 +318,13 @@ def _exposure_collector(model, current, qs, backend):
         key0[:, 0] = True
         # (B, T, Hkv, m + 1): the quiet reads per cutoff, then key 0 (the sink statistics' numerator)
         ind = torch.stack([*quiet_and_median(norms, qs)[0], key0], -1).float()
-        _, mass, phantom = row_masses(info, l, got, ind, backend)  # shares of each row's total mass
+        first, mass, phantom = row_masses(info, l, got, ind, backend)  # shares of each row's total mass
         check.check(f"{names.attn(l, 'pattern')} (row masses)", mass, l)
         check.check(f"{names.attn(l, 'pattern')} (phantom)", phantom, l)
         acc.add(l, mass[..., :-1], phantom)
         pos0 = mass[..., -1] / (1 - phantom).clamp_min(1e-30)  # key 0's share of the real keys' mass
-        acc.sinks.add(l, pos0, phantom, norms, got.get("hook_sink_logit"))
+        own = first if acc.sinks.has_row_mass else None  # a row rule's first element: the row's own mass
+        acc.sinks.add(l, pos0, phantom, norms, got.get("hook_sink_logit"), own)
 
     return LayerCollector(model, lambda l: row_mass_hooks(info), on_layer)
 

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, describe, finish, sparse_mass_hooks
+from probe.analyses.capture import as_windows, describe, finish, row_rule, sparse_mass_hooks
 from probe.analyses.layer_types import layer_meta, with_linear_layers
 from probe.analyses.parallel import gather_rows, reduce_sums
 from probe.analyses.passes import Part, key0_and_real, run_pass
@@ -365,15 +365,23 @@ class SinkEpsPart(Part):
 
 
 class _PatternPart(SinkEpsPart):
-    """The reference: key-0 and real masses read off hook_pattern / hook_phantom (materialised, one layer at a time)."""
+    """The reference: key-0 and real masses read off hook_pattern / hook_phantom (materialised, one layer at a time);
+    where no hook_phantom fires (a row rule whose rows may sum past one) as shares of the row's own mass
+    (docs/definitions.md#rows-of-other-rules)."""
 
     def __init__(self, info, eps, include_query0, window_rows, protocol="pooled"):
         super().__init__(info, eps, include_query0, window_rows, protocol=protocol)
-        self.hooks = {"hook_pattern", "hook_phantom"}
+        rule = row_rule(info)
+        self.hooks = {"hook_pattern"} | ({"hook_phantom"} if rule is None or rule.at_most_one else set())
 
     def on_layer(self, layer, got, masses) -> None:
         pattern = got["hook_pattern"]
-        self.acc.add(layer, pattern[..., 0], pattern.sum(-1, dtype=torch.float64), got["hook_phantom"])
+        real = pattern.sum(-1, dtype=torch.float64)  # (B, H, T)
+        if "hook_phantom" in got:
+            self.acc.add(layer, pattern[..., 0], real, got["hook_phantom"])
+            return
+        total = real.clamp_min(1e-300)  # a row of zero mass: zero shares
+        self.acc.add(layer, pattern[..., 0] / total, real / total, torch.zeros_like(real))
 
 
 @torch.no_grad()

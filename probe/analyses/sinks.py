@@ -24,7 +24,7 @@ import math
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, describe, finish, model_device, sparse_mass_hooks
+from probe.analyses.capture import as_windows, describe, finish, model_device, row_rule, sparse_mass_hooks
 from probe.analyses.finite import FiniteCheck
 from probe.analyses.layer_types import layer_meta, linear_layers, with_linear_layers
 from probe.analyses.parallel import first_present, gather_rows, reduce_sums
@@ -43,21 +43,26 @@ class SinkAccumulator:
     """Sums of per-row statistics per (layer, head) and of r0 per (layer, KV head) over batches, and one row per
     (batch, layer) of that batch's means (standard errors over batches on the pages)."""
 
-    SUMS = ("pos0", "phantom", "rows", "pos0_w", "phantom_w", "rows_w", "uniform", "uniform_w", "r0", "seqs")
+    SUMS: tuple[str, ...] = ("pos0", "phantom", "rows", "pos0_w", "phantom_w", "rows_w", "uniform", "uniform_w")
+    SUMS += ("r0", "seqs", "row_mass", "row_mass_w")  # row_mass: each row's own mass (a row rule's)
 
-    def __init__(self, info):
-        self.info = info
+    def __init__(self, info, row_mass: bool = False):
+        """row_mass: report each row's own mass Σ_j a_tj (``row_mass``, for a row rule other than softmax)."""
+        self.info, self.has_row_mass = info, row_mass
         L, H, Hkv = info.n_layers, info.n_heads, info.n_kv_heads
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
         self.pos0, self.phantom, self.rows = z(L, H), z(L, H), z(L)
         self.pos0_w, self.phantom_w, self.rows_w = z(L, H), z(L, H), z(L)  # rows whose window / chunk holds key 0
         self.uniform, self.uniform_w = z(L), z(L)
         self.r0, self.seqs = z(L, Hkv), z(L)
+        self.row_mass, self.row_mass_w = z(L, H), z(L, H)
         self.sink = [None] * L
-        self.batch_rows, self.calls = [], [0] * L  # per-batch means; batches seen per layer by this rank
+        self.batch_rows: list[dict] = []  # per-batch means
+        self.calls = [0] * L  # batches seen per layer by this rank
 
-    def add(self, layer: int, pos0: torch.Tensor, phantom: torch.Tensor, norms: torch.Tensor, sink=None):
-        """pos0, phantom: (B, H, T) per-row shares; norms: (B, T, Hkv) read norms; sink: (H,) logits or None."""
+    def add(self, layer: int, pos0: torch.Tensor, phantom: torch.Tensor, norms: torch.Tensor, sink=None, mass=None):
+        """pos0, phantom: (B, H, T) per-row shares; norms: (B, T, Hkv) read norms; sink: (H,) logits or None;
+        mass: (B, H, T) each row's own mass Σ_j a_tj (with ``row_mass``)."""
         pos0, phantom, norms = pos0.cpu(), phantom.cpu(), norms.cpu()
         B, H, T = pos0.shape
         if T < 2:
@@ -73,6 +78,9 @@ class SinkAccumulator:
         self.pos0_w[layer] += pos0[:, :, 1 : 1 + k].double().sum((0, 2))
         self.phantom_w[layer] += phantom[:, :, 1 : 1 + k].double().sum((0, 2))
         self.rows_w[layer] += B * k
+        if mass is not None:
+            self.row_mass[layer] += mass.cpu()[:, :, 1:].double().sum((0, 2))
+            self.row_mass_w[layer] += mass.cpu()[:, :, 1 : 1 + k].double().sum((0, 2))
         self.uniform_w[layer] += B * uniform[:k].sum()
         n = norms.double()
         median = torch.quantile(n, 0.5, dim=1)  # (B, Hkv), linear interpolation over all T reads
@@ -117,12 +125,16 @@ class SinkAccumulator:
                     "uniform_ref": float(self.uniform[l] / self.rows[l]),
                     "sink_logit": float(self.sink[l][h]) if self.sink[l] is not None else float("nan"),
                 }
+                if self.has_row_mass:
+                    row["row_mass"] = float(self.row_mass[l, h] / self.rows[l])
                 if info.layer_types[l] in KEY0_ROWS:
                     row.update(
                         pos0_share_key0=float(self.pos0_w[l, h] / self.rows_w[l]),
                         phantom_share_key0=float(self.phantom_w[l, h] / self.rows_w[l]),
                         uniform_ref_key0=float(self.uniform_w[l] / self.rows_w[l]),
                     )
+                    if self.has_row_mass:
+                        row["row_mass_key0"] = float(self.row_mass_w[l, h] / self.rows_w[l])
                 heads.append(row)
         heads = pd.DataFrame(heads)
         cols = [c for c in heads.columns if c not in ("layer", "head", "kv_head", "layer_type", "r0")]
@@ -147,6 +159,7 @@ class SinkAccumulator:
                     pos0_share=sub["pos0_share_key0"],
                     phantom_share=sub["phantom_share_key0"],
                     uniform_ref=sub["uniform_ref_key0"],
+                    **({"row_mass": sub["row_mass_key0"]} if "row_mass" in sub else {}),
                 )
                 by_type.append(_summary(key0, label))
         if linear:  # listed, with no attention statistics
@@ -165,6 +178,7 @@ def _summary(layers: pd.DataFrame, group: str) -> dict:
         "layers": group,
         "n_layers": len(layers),
         **{c: float(layers[c].mean(skipna=False)) for c in ("pos0_share", "phantom_share", "r0", "uniform_ref")},
+        **({"row_mass": float(layers["row_mass"].mean(skipna=False))} if "row_mass" in layers else {}),
     }
 
 
@@ -190,20 +204,24 @@ def _meta(model, w, kind, **settings):
 
 class SinkPart(Part):
     """Sink statistics as a part of a shared pass (probe.analyses.passes): q, k, v (the sink logit, a routing-slot
-    gate) per layer; per-row masses on [key 0, every real key] with the phantom in the normaliser."""
+    gate) per layer; per-row masses on [key 0, every real key] with the phantom in the normaliser (under a row rule
+    other than softmax: shares of the row's total mass, and the row's own mass,
+    docs/definitions.md#rows-of-other-rules)."""
 
     def __init__(self, info, backend: str | None = None):
         self.info, self.backend = info, backend
-        self.acc = SinkAccumulator(info)
+        self.rule = row_rule(info)
+        self.acc = SinkAccumulator(info, row_mass=self.rule is not None)
         self.hooks = set(sparse_mass_hooks(info))
 
     def needs(self, layer: int) -> set[str]:
         return self.hooks
 
     def on_layer(self, layer, got, masses) -> None:
-        _, mass, phantom = masses("key0+real", lambda g: key0_and_real(g["hook_rot_k"]), self.backend)
-        pos0 = mass[..., 0] / mass[..., 1].clamp_min(1e-30)
-        self.acc.add(layer, pos0, phantom, got["hook_v"].float().norm(dim=-1), got.get("hook_sink_logit"))
+        first, mass, phantom = masses("key0+real", lambda g: key0_and_real(g["hook_rot_k"]), self.backend)
+        pos0 = mass[..., 0] / mass[..., 1].clamp_min(1e-30)  # a row of zero mass: 0
+        own = first if self.rule is not None else None  # a row rule's first element is the row's own mass
+        self.acc.add(layer, pos0, phantom, got["hook_v"].float().norm(dim=-1), got.get("hook_sink_logit"), own)
 
     def result(self, model, w) -> dict[str, pd.DataFrame]:
         """Merge the ranks and return the tables (every rank calls this once, after the pass)."""
@@ -245,11 +263,14 @@ def sink_stats(
 
 @torch.no_grad()
 def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
-    """The same statistics from materialised patterns (hook_pattern / hook_phantom), one batch at a time."""
+    """The same statistics from materialised patterns (hook_pattern / hook_phantom), one batch at a time. A row's
+    total mass is Σ_j pattern + hook_phantom, hook_phantom 0 where the model never fires it (a row rule whose rows
+    may sum past one, docs/definitions.md#rows-of-other-rules)."""
     info = model.probe_info
     w = as_windows(data)
-    acc, check = SinkAccumulator(info), FiniteCheck()
-    wanted = ("pattern", "phantom", "v", "sink_logit")
+    rule = row_rule(info)
+    acc, check = SinkAccumulator(info, row_mass=rule is not None), FiniteCheck()
+    wanted = ("pattern", "v", "sink_logit") + (("phantom",) if rule is None or rule.at_most_one else ())
     for n in batches_of_rank(len(w)):
         ids = w.inputs(n, model_device(model))
         _, cache = model.run_with_cache(ids, names_filter=lambda name: names.is_attn(name, *wanted))
@@ -259,14 +280,15 @@ def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
                     names.attn(l, point), cache[names.attn(l, point)] if names.attn(l, point) in cache else None, l
                 )
             pattern = cache[names.attn(l, "pattern")].double()  # (B, H, T, T)
-            phantom = cache[names.attn(l, "phantom")].double()
             real = pattern.sum(-1)
+            phantom = cache[p].double() if (p := names.attn(l, "phantom")) in cache else torch.zeros_like(real)
             acc.add(
                 l,
                 pattern[..., 0] / real.clamp_min(1e-300),
-                phantom / (phantom + real),
+                phantom / (phantom + real).clamp_min(1e-300),
                 cache[names.attn(l, "v")].float().norm(dim=-1),
                 cache[sink] if (sink := names.attn(l, "sink_logit")) in cache else None,
+                real if rule is not None else None,
             )
         del cache
     acc.merge()

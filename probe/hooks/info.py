@@ -45,7 +45,7 @@ class ModelInfo:
     # how a row's weights come from its scores: "softmax" (the real keys and any phantom sum to 1) or a rule of
     # probe.kernels.row_rules: "softpick" (Zuhri et al. 2025, rows may leave mass unspent), "sigmoid" (Ramapuram et
     # al. 2024), "sigmoid-norm", "elu1", "elu1-norm" (Gu et al. 2025; unnormalised rows may sum past one); analyses
-    # that recompute a row's masses from q and k (probe.analyses.capture.row_mass_hooks) implement softmax rows only
+    # that recompute a row's masses from q and k compute the rule's own rows (docs/definitions.md#rows-of-other-rules)
     attention_rule: str = "softmax"
     bos_token_id: int | None = None
     trained_with_bos: bool = False  # its training windows started with BOS (then evaluation windows from text do too)

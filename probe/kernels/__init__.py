@@ -6,7 +6,8 @@
     depth_attention/      softmax read over depth sources (AttnRes / LR-AttnRes); merge_depth joins partial reads;
                           reference, triton, dispatch
     row_masses/           attention_row_masses: per-row attention mass on chosen key sets + lse, without T x T
-                          memory; reference, sparse, flash, chunked, triton (sink attention's forward), dispatch
+                          memory; reference, sparse, flash, chunked, triton (sink attention's forward), dispatch;
+                          rule_row_masses (rules.py): the same masses under a row rule of row_rules.py
     softpick/             attention under softpick rows (Zuhri et al. 2025); reference, fused, dispatch
     pointwise/            attention under pointwise rows: sigmoid (Ramapuram et al. 2024), Gu et al.'s sigmoid and
                           ELU+1 kernels, normalised or not; reference, fused, dispatch
@@ -27,6 +28,7 @@ from probe.kernels.backend import BACKENDS, current_backend, triton_available, u
 from probe.kernels.depth_attention.dispatch import DepthOutput, depth_attention
 from probe.kernels.depth_attention.reference import merge_depth
 from probe.kernels.row_masses.dispatch import attention_row_masses
+from probe.kernels.row_masses.rules import rule_row_masses
 from probe.kernels.sink_attention.dispatch import AttentionOutput, sink_attention
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "depth_attention",
     "merge_depth",
     "attention_row_masses",
+    "rule_row_masses",
     "AttentionOutput",
     "DepthOutput",
     "BACKENDS",

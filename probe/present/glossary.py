@@ -54,9 +54,15 @@ TERMS = (
     Term("sink_formed", "a sink: pos0_over_uniform >= 3 and r0_later < 0.8", "sink-rule", (r"sink has formed",)),
     Term(
         "phantom_share",
-        "share of all attention mass on the phantom key (a learned key with no value; 0 without one)",
+        "share of all attention mass on the phantom key (a learned key with no value; 0 without one; under a row "
+        "rule the mass a row leaves unspent)",
         "phantom-key",
         (r"phantom",),
+    ),
+    Term(
+        "row_mass",
+        "a row's own attention mass sum_j a_tj under a rule other than softmax (shares are taken of it)",
+        "rows-of-other-rules",
     ),
     Term(
         "pos0_share_key0",

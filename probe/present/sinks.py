@@ -86,6 +86,11 @@ def sink_sentence(s) -> str:
     where = f"position 0 takes {float(s['pos0_share']):.1%} of each row's real attention over {over}"
     phantom = float(s.get("phantom_share", 0) or 0)
     also = f" (the phantom {phantom:.1%} of all mass)" if phantom > 0 else ""
+    mass = s.get("row_mass")
+    if mass is not None and not pd.isna(mass):  # a row rule: no phantom, rows of their own mass
+        also = f" (each row spends {float(mass):.3g} of attention mass, " + (
+            f"{phantom:.1%} left unspent)" if phantom > 0 else "its shares taken of that mass)"
+        )
     one = "in its one softmax layer" if softmax else "in its one layer"
     later = "past layer 0" if int(s.get("n_layers", 2)) > 1 else one
     if bool(s["sink_formed"]):
@@ -398,7 +403,17 @@ def text(result: dict) -> str:
         f"summary (rows t >= 1; a sink has formed when pos0 share >= {SINK_FACTOR:g} x uniform and r0 < "
         f"{SINK_R0:g} over layers past the first):",
         summary_lines(
-            s, ("pos0_share", "uniform_ref", "pos0_over_uniform", "phantom_share", "r0", "r0_later", "sink_formed")
+            s,
+            (
+                "pos0_share",
+                "uniform_ref",
+                "pos0_over_uniform",
+                "phantom_share",
+                "row_mass",
+                "r0",
+                "r0_later",
+                "sink_formed",
+            ),
         ),
     ]
     if len(result["by_type"]) > 1:
@@ -408,7 +423,7 @@ def text(result: dict) -> str:
         "per layer:",
         show(
             result["layers"],
-            ["layer", "layer_type", "pos0_share", "uniform_ref", "phantom_share", "r0", "pos0_share_key0"],
+            ["layer", "layer_type", "pos0_share", "uniform_ref", "phantom_share", "row_mass", "r0", "pos0_share_key0"],
         ),
     ]
     lines += sink_eps.text_lines(result)

@@ -13,6 +13,7 @@ from probe.analyses.inject import (
     own_directions,
     quiet_mask,
 )
+from probe.hooks import names
 from tests.support.analyses import every_variant, periodic, tiny, trained_periodic, windows
 
 
@@ -169,16 +170,18 @@ def test_exposure_matches_the_pattern(variant, over):
     _, cache = model.run_with_cache(toks[0, :, :-1])
     G = model.probe_info.kv_group
     for l in range(2):
-        pattern = cache[f"blocks.{l}.attn.hook_pattern"]  # (B, H, T, T)
-        norms = cache[f"blocks.{l}.attn.hook_v"].norm(dim=-1)  # (B, T, Hkv)
+        pattern = cache[names.attn(l, "pattern")].double()  # (B, H, T, T)
+        norms = cache[names.attn(l, "v")].norm(dim=-1)  # (B, T, Hkv)
+        # the row's total mass: its real keys and the phantom (0 where rows may sum past one and none fires)
+        phantom = cache[p].double() if (p := names.attn(l, "phantom")) in cache else torch.zeros(pattern.shape[:3])
+        total = pattern.sum(-1) + phantom  # (B, H, T)
         for cutoff, q in (("q25", 0.25), ("median", 0.5)):  # noqa: B007 (the query reads @cutoff)
-            quiet = quiet_mask(norms, q).permute(0, 2, 1).repeat_interleave(G, 1).float()  # (B, H, T) per key
-            share = (pattern * quiet[:, :, None, :]).sum(-1)[:, :, 1:].mean((0, 2))
+            quiet = quiet_mask(norms, q).permute(0, 2, 1).repeat_interleave(G, 1).double()  # (B, H, T) per key
+            share = ((pattern * quiet[:, :, None, :]).sum(-1) / total)[:, :, 1:].mean((0, 2))
             got = res["exposure_heads"].query("layer == @l and cutoff == @cutoff")["quiet_share"].tolist()
             assert got == pytest.approx(share.tolist(), abs=1e-5)
-        phantom = cache[f"blocks.{l}.attn.hook_phantom"][:, :, 1:].mean((0, 2))
         got = res["exposure_heads"].query("layer == @l and cutoff == 'q25'")["phantom_share"].tolist()
-        assert got == pytest.approx(phantom.tolist(), abs=1e-6)
+        assert got == pytest.approx((phantom / total)[:, :, 1:].mean((0, 2)).tolist(), abs=1e-6)
 
 
 def test_battery_reports_exposure_conditions_and_progress(capsys):

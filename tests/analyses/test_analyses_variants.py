@@ -9,6 +9,7 @@ from probe.analyses.gates import gate_stats
 from probe.analyses.inject import inject
 from probe.analyses.sinks import sink_stats
 from probe.analyses.sources import effective_sources
+from probe.kernels.row_rules import ROW_RULES
 from probe.models.gates import gate_directions
 from tests.support.analyses import tiny, windows
 
@@ -20,14 +21,15 @@ def test_analyses_run(variant):
     model = tiny(variant)
     info = model.probe_info
     toks = windows(1, 2, 10, vocab=8)
-    if info.attention_rule != "softmax":  # the row-mass analyses recompute softmax rows: refused in one line
-        for analysis in (sink_stats, lambda m, t: inject(m, t, doses=[0.5], progress=False)):
-            with pytest.raises(ValueError, match=rf"has {info.attention_rule} attention rows.*softmax attention only"):
-                analysis(model, toks)
-        return
     s = sink_stats(model, toks)["summary"].iloc[0]
     assert all(math.isfinite(s[k]) for k in ("pos0_share", "phantom_share", "r0", "uniform_ref"))
-    assert (s["phantom_share"] > 0) == info.has_phantom
+    rule = ROW_RULES.get(info.attention_rule)
+    if rule is None:
+        assert (s["phantom_share"] > 0) == info.has_phantom
+    else:  # a row rule reports each row's own mass; the unspent mass only where rows sum to at most one
+        assert math.isfinite(s["row_mass"]) and s["row_mass"] > 0
+        unspent = 1 - s["row_mass"] if rule.at_most_one else 0.0
+        assert s["phantom_share"] == pytest.approx(unspent, abs=1e-6)
     directions = gate_directions(model)  # a gate that declares its own read direction gets own-direction junk
     junk = ["own-direction"] if directions and all(w is not None for w in directions.values()) else ["structured"]
     res = inject(model, toks, junk=junk, doses=[0.5], progress=False)

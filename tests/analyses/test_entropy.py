@@ -16,6 +16,7 @@ from probe.analyses.sink_pass import sink_analyses
 from probe.checkpoints.tiny import VOCAB, build_tiny
 from probe.hooks import LayerAttention, names
 from probe.hooks.info import ModelInfo
+from probe.kernels.row_rules import ROW_RULES
 from tests.support.analyses import tiny, windows
 
 
@@ -53,8 +54,12 @@ def causal_uniform(B, H, T, window=None, mass=1.0):
 def by_hand(model, tokens):
     """Per (layer, head) mean over rows t >= 1 and every window of -sum_j a log a - p log p, and of it over
     log(visible keys [+ 1 with a phantom]) (t + 1 keys, min(t + 1, w) in a sliding layer), from whole captured
-    patterns, one row at a time in float64."""
+    patterns, one row at a time in float64. Under a row rule the unspent mass (hook_phantom) is the one more outcome
+    where rows sum to at most one; where they may sum past one each row's shares a / sum a are its distribution."""
     info = model.probe_info
+    rule = ROW_RULES.get(info.attention_rule)
+    unspent = info.has_phantom or (rule is not None and rule.at_most_one)
+    shares = rule is not None and not rule.at_most_one
     windows_of = {l: info.sliding_window for l, kind in enumerate(info.layer_types) if kind == "sliding"}
     sums = {}
     rows = 0
@@ -64,17 +69,18 @@ def by_hand(model, tokens):
         rows += B * (T - 1)
         for l in range(info.n_layers):
             pat = cache[names.attn(l, "pattern")].double()
-            ph = cache[names.attn(l, "phantom")].double() if info.has_phantom else None
+            ph = cache[names.attn(l, "phantom")].double() if unspent else None
             for h in range(info.n_heads):
                 raw = norm = 0.0
                 for b in range(B):
                     for t in range(1, T):
                         a = pat[b, h, t, : t + 1]
+                        a = a / a.sum() if shares else a
                         a = a[a > 0]
                         e = float(-(a * a.log()).sum())
                         outcomes = min(t + 1, w) if (w := windows_of.get(l)) else t + 1
                         if ph is not None:
-                            p = float(ph[b, h, t])
+                            p = max(float(ph[b, h, t]), 0.0)  # a normalised rule's 1 - sum rounds to -1e-7
                             e -= p * math.log(p) if p > 0 else 0.0
                             outcomes += 1
                         raw += e
@@ -85,7 +91,7 @@ def by_hand(model, tokens):
     return {k: (v[0] / rows, v[1] / rows) for k, v in sums.items()}
 
 
-@pytest.mark.parametrize("variant", ["baseline", "sinklogit"])
+@pytest.mark.parametrize("variant", ["baseline", "sinklogit", "softpick", "sigmoid", "elu1-norm"])
 def test_streamed_entropy_equals_the_by_hand_computation(variant):
     model, w = tiny(variant), windows(2, 2, 10)
     want = by_hand(model, w)

@@ -10,6 +10,8 @@ One file per path, as dispatch.py chooses them (``probe.kernels.attention_row_ma
     flash.py      torch's fused CPU flash op (causal, no window, no soft-cap)
     chunked.py    explicit scores over blocks of queries: windows, Gemma 2's soft-cap, any device
     triton.py     the sink-attention Triton forward with the indicators as fp32 values (imported lazily)
+    rules.py      ``rule_row_masses``: the masses and each row's total under a row rule other than softmax (softpick,
+                  sigmoid, ...: probe.kernels.row_rules), from explicit scores over blocks of query rows
 
 The soft-cap (s -> softcap * tanh(s / softcap)) bends scale * q.k only, before key_bias and the sink, as in
 probe.kernels.sink_attention.reference; the fused flash op computes the scores itself, so it cannot apply it.

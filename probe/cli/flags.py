@@ -66,6 +66,22 @@ def output_flags(p, out_help=OUT_HELP, *, reads_data: bool = True):
     folder_flags(p, reads_data=reads_data)
 
 
+def mechanism_flags(p) -> None:
+    """--entropy, --kurtosis and --norm-weighted: the sink-mechanism companions of the sink pass (probe sinks, probe
+    report; probe.analyses.sink_pass)."""
+    p.add_argument("--entropy", action="store_true", help="also report attention entropy per head (Zhai et al. 2023)")
+    p.add_argument(
+        "--kurtosis",
+        action="store_true",
+        help="also report the kurtosis of neuron RMS per layer, outlier features (He et al. 2024)",
+    )
+    p.add_argument(
+        "--norm-weighted",
+        action="store_true",
+        help="also report key 0's share of each head's norm-weighted attention ||a f(x)|| (Kobayashi et al. 2020)",
+    )
+
+
 def folder_flags(p, *, reads_data: bool):
     """The flags every verb that writes an --out folder ends with: how its pages load plotly.js, whether to wait for
     the folder's lock (probe.jobs.lock, held while the verb runs) and, when it reads --data, how bad records are met

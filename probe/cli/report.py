@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from probe.cli.flags import eps_flag, folder_flags, injection_flags, model_flags, protocol_flag
+from probe.cli.flags import eps_flag, folder_flags, injection_flags, mechanism_flags, model_flags, protocol_flag
 
 VERB = "report"  # this module is `probe report` (probe.cli.main finds verbs by this line)
 RANK = 80  # its place in `probe --help`
 HELP = "batch sink report over many models or training checkpoints (resumable)"
 DESCRIPTION = (
-    "Sink statistics (and optionally massive activations and injection) for every model or checkpoint, written "
+    "Sink statistics (and optionally massive activations, attention entropy, outlier kurtosis, norm-weighted "
+    "key-0 shares and injection) for every model or checkpoint, written "
     "as CSV and an offline HTML report, report.html, which loads the plotly.min.js written beside it (move the "
     "folder as a whole, or pass --self-contained for a page that works alone); with several --ctx lengths, every "
     "model at each, reported against T. Killed and started again with the same arguments, it continues where it "
@@ -46,6 +47,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         action="store_true",
         help="also report massive activations (Sun et al. 2024; with several --ctx, the largest against T)",
     )
+    mechanism_flags(p)  # per model or checkpoint, from the same forward as the sink statistics
     injection_flags(p, "--inject-doses", None, "also run injection at these doses (default: no injection)")
     p.add_argument("--out", metavar="DIR", default="probe-report", help="report directory (default probe-report)")
     p.add_argument("--json", action="store_true", help="print the summary table as JSON on stdout")
@@ -95,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
             self_contained=args.self_contained,
             contexts=contexts,
             massive=args.massive,
+            entropy=args.entropy,
+            kurtosis=args.kurtosis,
+            norm_weighted=args.norm_weighted,
         )
         if spec.injection is not None:
             from probe.analyses.inject import dose_warning

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import argparse
 
-from probe.cli.flags import DEFAULT_MODEL, analysis_parser, eps_flag, nonfinite_flag, output_flags, protocol_flag
+from probe.cli.flags import (
+    DEFAULT_MODEL,
+    analysis_parser,
+    eps_flag,
+    mechanism_flags,
+    nonfinite_flag,
+    output_flags,
+    protocol_flag,
+)
 from probe.options import positive_float, positive_int
 
 VERB = "sinks"  # this module is `probe sinks` (probe.cli.main finds verbs by this line)
@@ -30,17 +38,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         metavar="CORPUS",
         help="input domains for --dormant (default: the three bundled corpora)",
     )
-    p.add_argument("--entropy", action="store_true", help="also report attention entropy per head (Zhai et al. 2023)")
-    p.add_argument(
-        "--kurtosis",
-        action="store_true",
-        help="also report the kurtosis of neuron RMS per layer, outlier features (He et al. 2024)",
-    )
-    p.add_argument(
-        "--norm-weighted",
-        action="store_true",
-        help="also report key 0's share of each head's norm-weighted attention ||a f(x)|| (Kobayashi et al. 2020)",
-    )
+    mechanism_flags(p)
     p.add_argument(
         "--register-neurons",
         type=positive_int,

@@ -58,6 +58,10 @@ from probe.present.report import report_page
 from probe.present.report_ctx import report_ctx_page
 from probe.runs import parse_step, snapshot_steps
 
+# the sink-mechanism companions a report can add (flags --entropy, --kurtosis, --norm-weighted; ReportSpec fields of
+# the same names), each from the same sink pass, and their report tables' suffixes <- the analysis's tables
+MECHANISMS = ("entropy", "kurtosis", "norm_weighted")
+PARTS = (("", "summary"), ("_layers", "layers"), ("_heads", "heads"))
 TABLES = (
     "summary",
     "by_type",
@@ -71,6 +75,7 @@ TABLES = (
     "exposure",
     "massive",
     "massive_layers",
+    *(f"{m}{part}" for m in MECHANISMS for part, _ in PARTS),
 )
 CTX_TABLES = ("ctx_summary", "ctx_by_type", "ctx_layers")  # a context sweep's (report_ctx_*.csv)
 SWEEP = "sweep"  # settings["ctx"] of a report over several contexts (each record's context is in its key)
@@ -90,6 +95,9 @@ class ReportSpec:
     self_contained: bool = False  # report.html inlines plotly.js instead of loading the folder's plotly.min.js
     contexts: tuple[int, ...] | None = None  # a sweep's context lengths (windows.ctx unused); None: one context
     massive: bool = False  # massive activations too (from the same forward)
+    entropy: bool = False  # attention entropy per head (Zhai et al.), from the same forward
+    kurtosis: bool = False  # outlier-feature kurtosis per layer (He et al.), from the same forward
+    norm_weighted: bool = False  # key 0's norm-weighted share per head (Kobayashi et al.), from the same forward
 
 
 def sweep_contexts(ctx) -> tuple[int, ...] | None:
@@ -179,6 +187,7 @@ def settings_of(spec: ReportSpec) -> dict:
         "probe_version": __version__,
         **({"protocol": w.protocol} if w.protocol != "pooled" else {}),  # older manifests: pooled
         **({"massive": True} if spec.massive else {}),  # older manifests: no massive activations
+        **{m: True for m in MECHANISMS if getattr(spec, m)},  # older manifests: none of them
     }
 
 
@@ -202,12 +211,14 @@ def compute_one(
         protocol=spec.windows.protocol,
         massive=spec.massive,
         tokenizer=tok,
+        **{m: getattr(spec, m) for m in MECHANISMS},
     )
     res, se = found["sinks"], found["sink_eps"]
     tables = {k: res[k] for k in ("summary", "by_type", "layers", "heads", "batches")}
     tables["sink_eps"], tables["sink_eps_layers"] = se["summary"], se["layers"]
     if spec.massive:
         tables["massive"], tables["massive_layers"] = found["massive"]["summary"], found["massive"]["layers"]
+    tables.update(mechanism_tables(spec, found))
     meta = dict(res["meta"].attrs["meta"])
     if spec.injection is not None:
         kinds, cutoffs, skipped = injection_plan(model, spec.injection, spec.windows.batch_size)
@@ -238,6 +249,16 @@ def compute_one(
         del model
         gc.collect()
     return {"name": name, "index": index, "meta": meta, "tables": out, **({} if ctx is None else {"ctx": ctx})}
+
+
+def mechanism_tables(spec: ReportSpec, found: dict) -> dict[str, pd.DataFrame]:
+    """The asked companions' summary, per-layer and per-head tables (``entropy``, ``entropy_layers``, ...; kurtosis
+    has no per-head table) out of the sink pass's ``found``."""
+    tables = {}
+    for m in MECHANISMS:
+        if getattr(spec, m):
+            tables.update({f"{m}{part}": found[m][key] for part, key in PARTS if key in found[m]})
+    return tables
 
 
 class SweepComputer:

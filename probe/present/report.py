@@ -18,6 +18,7 @@ from probe.present.figures import integer_ticks, se_bars, threshold
 from probe.present.files import show
 from probe.present.glossary import glossed
 from probe.present.page import page
+from probe.present.report_mechanisms import mechanism_columns, mechanism_figures, mechanism_sections
 from probe.present.sections import linear_note
 from probe.present.sinks import sink_profile_figure
 from probe.present.terminal import note_lines
@@ -39,6 +40,15 @@ DESCRIPTIONS = {
     "report_massive.csv": "report (--massive): massive activations per model: the largest, where, its ratio to the "
     "median",
     "report_massive_layers.csv": "report (--massive): massive activations per model, layer and site",
+    "report_entropy.csv": "report (--entropy): attention entropy per model, nats and / log outcomes (Zhai et al.)",
+    "report_entropy_layers.csv": "report (--entropy): attention entropy per model and layer",
+    "report_entropy_heads.csv": "report (--entropy): attention entropy per model, layer and head",
+    "report_kurtosis.csv": "report (--kurtosis): outlier kurtosis of neuron RMS per model (He et al.)",
+    "report_kurtosis_layers.csv": "report (--kurtosis): outlier kurtosis per model and layer",
+    "report_norm_weighted.csv": "report (--norm-weighted): key 0's share by weight and by norm per model "
+    "(Kobayashi et al.)",
+    "report_norm_weighted_layers.csv": "report (--norm-weighted): key 0's shares per model and layer",
+    "report_norm_weighted_heads.csv": "report (--norm-weighted): key 0's shares per model, layer and head",
     "report_ctx_summary.csv": "report over several --ctx: per model and context length T, position-0 share, "
     "causal-uniform reference, r0, Sink^eps share",
     "report_ctx_by_type.csv": "report over several --ctx: per model, context length and layer type (means over layers)",
@@ -160,7 +170,7 @@ def report_figures(tables: dict) -> list[go.Figure]:
             yaxis_rangemode="tozero",
         )
         figs.append(fig)
-    return figs
+    return figs + mechanism_figures(tables, xs, by_step, xtitle, across)
 
 
 def _sink_eps_figures(tables, xs, by_step, xtitle) -> list[go.Figure]:
@@ -344,6 +354,7 @@ def report_page(tables: dict, records: list[dict], settings: dict, self_containe
                 mas[[c for c in cols if c in mas]],
             )
         )
+    shown += mechanism_sections(tables)
     return page(
         "Attention-sink report",
         report_figures(tables) + training_figures(records),
@@ -419,6 +430,8 @@ def report_text(tables: dict, settings: dict, n_models: int, shard: str | None =
     ]
     for note in linear_notes(tables.get("layers")):  # a hybrid model: which layers its statistics leave out
         text += note_lines(note)
+    if (mech := mechanism_columns(tables)) is not None:
+        text += ["", "sink mechanisms (means over layers):", show(mech, list(mech.columns), identity=True)]
     if "injection" in tables:
         text += [
             "",

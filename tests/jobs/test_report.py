@@ -134,3 +134,34 @@ def test_report_refuses_a_foreign_directory_and_writes_nothing_on_error(fx, tmp_
     r = probe("report", "--models", fx["bad_weights"], fx["sp"], "--data", fx["data"], *WINDOWS, "--out", out)
     assert_one_line_error(r, "cannot read", "bad_weights")
     assert files_under(out) == []
+
+
+def test_report_over_checkpoints_carries_each_snapshots_entropy_kurtosis_and_norm_share(fx, tmp_path, cli):
+    """`probe report --checkpoints RUN --entropy --kurtosis --norm-weighted`: every snapshot's tables equal what
+    `probe sinks` with the same flags measures on that snapshot alone (one sink pass gives both)."""
+    run, data = tmp_path / "run", ["--data", fx["data"]]
+    train = ["train", "--variant", "baseline", "--tier", "tiny", *data, "--eval-data", fx["data"], "--eval-batches"]
+    r = cli(*train, "1", "--steps", "2", "--batch-size", "2", "--ctx", "32", "--snapshot-every", "2", "--out", run)
+    assert r.returncode == 0, r.stderr
+    flags = ["--entropy", "--kurtosis", "--norm-weighted", *data, *WINDOWS, "--quiet"]
+    r = cli("report", "--checkpoints", run, *flags, "--out", tmp_path / "rep")
+    assert r.returncode == 0, r.stderr
+    assert "sink mechanisms" in r.stdout and "entropy_norm" in r.stdout and "norm_share" in r.stdout
+    read = {k: pd.read_csv(tmp_path / "rep" / f"report_{k}.csv") for k in ("summary", "entropy", "kurtosis")}
+    read["norm_weighted_layers"] = pd.read_csv(tmp_path / "rep" / "report_norm_weighted_layers.csv")
+    assert sorted(read["entropy"]["step"]) == [0, 2] and read["kurtosis"]["kurtosis"].nunique() == 2
+    for step in (0, 2):
+        alone = cli("sinks", "--model", f"{run}@step{step}", *flags, "--json")
+        assert alone.returncode == 0, alone.stderr
+        tables = json.loads(alone.stdout)["tables"]
+        for report_table, sinks_table, cols in (
+            ("summary", "summary", ["pos0_share", "r0_later"]),
+            ("entropy", "entropy_summary", ["entropy", "entropy_norm", "entropy_norm_se", "min_layer"]),
+            ("kurtosis", "kurtosis_summary", ["kurtosis", "max_kurtosis", "last_kurtosis"]),
+            ("norm_weighted_layers", "norm_weighted_layers", ["layer", "share", "norm_share", "key0_norm"]),
+        ):
+            mine = read[report_table][read[report_table]["step"] == step][cols].reset_index(drop=True)
+            theirs = pd.DataFrame(tables[sinks_table])[cols].astype(float)  # JSON's null: NaN, as the CSV reads
+            pd.testing.assert_frame_equal(mine.astype(float), theirs, rtol=1e-9)
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "Outlier kurtosis per model" in page and "Attention entropy per model" in page  # their tables

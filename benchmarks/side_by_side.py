@@ -488,8 +488,12 @@ def figure(table):
                            legendgroup=f"{tool}{model}", showlegend=col == 1),
                 row=1, col=col,
             )  # fmt: skip
-    fig.update_xaxes(type="log", title="context T (tokens)")
-    fig.update_yaxes(type="log")
+    from probe.present.figures import log_axis
+
+    for col in (1, 2):  # whole-number labels on each log axis (plotly's own read 20, 30, 40 as "2 3 4")
+        log_axis(fig, "x", row=1, col=col)
+        log_axis(fig, "y", row=1, col=col)
+    fig.update_xaxes(title="context T (tokens)")
     fig.update_layout(title="Time and memory against context, per tool", height=480)
     return fig
 

@@ -318,7 +318,7 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
         replaced = [m for m in (c.depth, c.dense, c.hyper) if m not in ("residual", "none")]
         depth = replaced[0] if replaced else "residual"  # what replaces the residual stream (at most one does)
         routed = c.depth != "residual"  # DepthRead sites over sub-layer sources (dense connections have none)
-        extra = {"depth_sites": site_sources(c)} if routed else {}
+        extra: dict[str, object] = {"depth_sites": site_sources(c)} if routed else {}
         if c.hyper != "none":  # n streams; hook_resid_pre / mid are the sub-layers' reads (the hook algebra's rules)
             extra.update(hc_streams=c.hc_streams, hc_resid="read")
         if getattr(c, "authors_format", None):  # an authors' checkpoint: its format, code version, RoPE table

@@ -69,7 +69,8 @@ def test_sinks_on_bb_baseline_defaults_to_its_chain_and_shows_the_sink(capsys):
     r = cli(capsys, "sinks", "--model", "probe/bb-baseline", "--threads", "1")
     assert r.returncode == 0, r.stderr
     assert f"corpus: {CHAIN}" in r.stdout and "8 x 8 windows of 256 tokens (synthetic, BOS first)" in r.stdout
-    assert [line.split()[-1] for line in r.stdout.splitlines() if "sink_formed" in line] == ["True"]
+    table = r.stdout.split("\nterms:\n")[0]  # the summary table (the terms block after it glosses sink_formed)
+    assert [line.split()[-1] for line in table.splitlines() if "sink_formed" in line] == ["True"]
     # the same chain named explicitly, a shorter T by --ctx: same model, other windows
     r = cli(
         capsys,

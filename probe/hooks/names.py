@@ -135,7 +135,7 @@ READ_KINDS = ("attn", "mlp")  # the two read sites of a depth-routed block: befo
 READ_POINTS = ("routing_keys", "depth_weights")
 FINAL_READ = "final_read"  # the depth read before the final norm
 STREAM_POINTS = ("pre", "mid")  # hook_streams (the block's input) and hook_streams_mid
-HC_SITES = ("attn", "mlp")  # the two connections of a hyper-connected block: around attention, around the MLP
+HC_SITES = SUBLAYERS  # the two connections of a hyper-connected block: around attention, around the MLP
 HC_POINTS = ("pre", "post", "res")
 
 

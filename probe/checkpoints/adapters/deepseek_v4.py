@@ -47,6 +47,7 @@ from probe.checkpoints.adapters.llama import SEQUENTIAL
 from probe.checkpoints.adapters.recipes import RecipeAdapter
 from probe.checkpoints.hooked_hf import _hook_once
 from probe.errors import UsageError
+from probe.models.depth_mechanisms.hyper_connections import sinkhorn
 
 COMPRESSOR_KEY = "_probe_compressor"  # compressor module.__dict__ entry -> (layer, layer type, compress rate)
 
@@ -66,8 +67,9 @@ class HCHooks(nn.Module):
 
 
 def hc_weights(hc: nn.Module, streams: torch.Tensor):
-    """(pre B,T,N, post B,T,N, res B,T,N,N) of a ``DeepseekV4HyperConnection`` on streams B,T,N,d, in fp32 as its
-    forward computes them (its forward consumes ``pre`` itself, so the weights are computed here to be hooked)."""
+    """(pre B,T,N, post B,T,N, res B,T,N,N out × in: HF's comb transposed, Sinkhorn by the mHC mechanism's own
+    ``sinkhorn``) of a ``DeepseekV4HyperConnection`` on streams B,T,N,d, in fp32 as its forward computes them (its
+    forward consumes ``pre`` itself, so the weights are computed here to be hooked)."""
     b, t, n = streams.shape[:3]
     flat = F.linear(hc.input_norm(streams.reshape(b, t, -1).float()), hc.fn.float())
     pre_w, post_w, res_w = flat.split([n, n, n * n], dim=-1)
@@ -75,11 +77,7 @@ def hc_weights(hc: nn.Module, streams: torch.Tensor):
     pre_s, post_s, res_s = hc.scale.unbind(0)
     pre = torch.sigmoid(pre_w * pre_s + pre_b) + hc.hc_eps
     post = 2 * torch.sigmoid(post_w * post_s + post_b)
-    res = torch.softmax(res_w.view(b, t, n, n) * res_s + res_b.view(n, n), dim=-1) + hc.hc_eps
-    res = res / (res.sum(dim=-2, keepdim=True) + hc.hc_eps)  # Sinkhorn: columns, then rows and columns
-    for _ in range(hc.hc_sinkhorn_iters - 1):
-        res = res / (res.sum(dim=-1, keepdim=True) + hc.hc_eps)
-        res = res / (res.sum(dim=-2, keepdim=True) + hc.hc_eps)
+    res = sinkhorn(res_w.view(b, t, n, n) * res_s + res_b.view(n, n), hc.hc_sinkhorn_iters, hc.hc_eps)  # out × in
     return pre, post, res
 
 
@@ -87,17 +85,14 @@ def connect(hc: nn.Module, points: HCHooks, streams: torch.Tensor):
     """The sub-layer's input Σ_k pre_k·stream_k (B,T,d) and the (post, res) that spread its output, through the
     connection's hook points."""
     pre, post, res = hc_weights(hc, streams)
-    # the hook shows res out × in (stream k after = Σ_j res[k,j]·stream_j), as on probe's hyper-connected models;
-    # HF's comb is in × out
-    res = points.hook_res(res.transpose(-1, -2)).transpose(-1, -2)
-    pre, post = points.hook_pre(pre), points.hook_post(post)
+    pre, post, res = points.hook_pre(pre), points.hook_post(post), points.hook_res(res)  # res out × in
     return (pre.unsqueeze(-1) * streams).sum(dim=2).to(streams.dtype), post, res
 
 
 def spread(out: torch.Tensor, post: torch.Tensor, res: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
-    """stream_k ← Σ_j res[j,k]·stream_j + post_k·out (B,T,N,d), in HF's order of operations."""
+    """stream_k ← Σ_j res[k,j]·stream_j + post_k·out (B,T,N,d; res out × in), in HF's order of operations."""
     dtype = streams.dtype
-    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(res.to(dtype).transpose(-1, -2), streams)
+    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(res.to(dtype), streams)
 
 
 def through_sum(point: HookPoint, streams: torch.Tensor) -> torch.Tensor:

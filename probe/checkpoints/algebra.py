@@ -13,7 +13,8 @@ The rules (l a layer, h a head):
 * ``resid_post``: resid_mid + mlp_out == resid_post; resid_pre + attn_out + mlp_out == resid_post where a block has
   no mid point (HF's own layer forward)
 * ``result``: Σ_h result_h + b_O == the attention's output projection (b_O the same vector at every position)
-* ``z``: pattern @ v_out (each query head reading its KV head) [⊙ out_gate] == z, on softmax layers
+* ``z``: pattern @ v_out (each query head reading its KV head) [⊙ out_gate] == z, on softmax layers (DeepSeek-V4's
+  compressed layers: v_out with hook_compressed_kv's entries after it, as hook_pattern's columns)
 * ``scores``: softmax over the real keys and the phantom of attn_scores == pattern (attn_scores carry any key bias:
   ALiBi, a routing gate's log g, FoX's -Σ_{l<=j} log f_l; the model's own rule for one
   whose ``attention_rule`` is in probe.kernels.row_rules: softpick, sigmoid, ...; hook_phantom, where it fires, is
@@ -250,7 +251,10 @@ def _attention(cache, info, out: dict, skipped: dict, projections: dict, model, 
     G = info.kv_group
     for l in info.attention_layers:
         pattern, v, z = (cache.get(names.attn(l, p)) for p in ("pattern", "v_out", "z"))
-        if pattern is not None and v is not None and z is not None:  # B,H,T,T; B,T,Hkv,dv; B,T,H,dv
+        entries = cache.get(names.attn(l, "compressed_kv"))  # B,C,Hkv,dh: keys and values after the T tokens'
+        if v is not None and entries is not None:
+            v = torch.cat([v, entries.to(v.dtype)], dim=1)
+        if pattern is not None and v is not None and z is not None:  # B,H,T,T+C; B,T+C,Hkv,dv; B,T,H,dv
             mixed = torch.einsum("bhqk,bkhd->bqhd", pattern.double(), v.double().repeat_interleave(G, dim=2))
             gate = cache.get(names.attn(l, "out_gate"))
             if gate is not None:

@@ -664,6 +664,38 @@ def check_site(site, scaling: float, rules, query, key, softcap: float | None = 
             )
 
 
+def split_extra_keys(site, key, value):
+    """(token keys, token values, extra): where the layer's adapter appended entries after the token keys
+    (DeepSeek-V4's compressed KV; its compressor hook leaves their visibility on the site, ``pending_keys``: an
+    additive bias (B,1,Tq,C), 0 for an entry the query sees, -inf else), key / value (B,Hkv,T+C,dh) are split and
+    extra is (entries' keys, entries' values, bias); else extra is None. The token keys go through the hooks as on
+    any layer (the entries have theirs, the adapter's)."""
+    bias = None if site is None else getattr(site, "pending_keys", None)
+    if bias is None:
+        return key, value, None
+    site.pending_keys = None  # one attention call per layer forward
+    n = key.shape[2] - bias.shape[-1]
+    return key[:, :, :n], value[:, :, :n], (key[:, :, n:], value[:, :, n:], bias)
+
+
+def join_extra_keys(query, key, value, rules, mask, extra, edit):
+    """(keys, values, None, dense mask) with the extra entries appended after the token keys: the mask is the token
+    keys' rule (or HF's mask) beside the entries' bias, (B,1,Tq,T+C) fp32, so hook_pattern's columns are the T token
+    keys then the C entries (docs/definitions.md#compressed-keys). An attention edit is refused: its positions name
+    token keys and the op that carries it out knows no appended entries."""
+    if edit is not None:
+        raise ValueError(
+            "an attention edit (knockout, eviction) on a layer with compressed KV entries is not supported: they are "
+            "keys at no token position; run it on inputs shorter than the layer's compress rate"
+        )
+    entries, values, bias = extra
+    b, q_len, n = query.shape[0], query.shape[2], key.shape[2]
+    tokens = rules.dense(slice(None), q_len, n, torch.float32, query.device) if rules is not None else mask
+    tokens = tokens.float().expand(b, -1, q_len, n)
+    mask = torch.cat([tokens, bias.float().expand(b, tokens.shape[1], q_len, -1)], dim=-1)
+    return torch.cat([key, entries], dim=2), torch.cat([value, values], dim=2), None, mask
+
+
 def probe_attention(
     module,
     query,
@@ -685,6 +717,7 @@ def probe_attention(
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     sinks = s_aux
+    key, value, extra = split_extra_keys(site, key, value)  # DeepSeek-V4's compressed KV after the token keys
     query, key, value = fire_qkv(site, query, key, value, kwargs.get("position_ids"), kwargs.get("position_embeddings"))
     edit = edits.taken(None if site is None else site.hook_v_out)  # handed to this layer's op by a hook on hook_v_out
     if site is not None and sinks is not None:
@@ -695,6 +728,9 @@ def probe_attention(
     q_len, k_len = query.shape[2], key.shape[2]
     rules, mask = as_rules(attention_mask, sliding_window, q_len, k_len, query.device)
     check_site(site, scaling, rules, query, key)
+    if extra is not None:
+        key, value, rules, mask = join_extra_keys(query, key, value, rules, mask, extra, edit)
+        k_len = key.shape[2]
 
     weights, lse, want_lse = None, None, wants_lse(site)
     if wants_pattern(site, module, dropout):

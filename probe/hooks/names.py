@@ -37,6 +37,8 @@ PATTERN_NORM = "blocks.{l}.attn.hook_pattern_norm"  # B,H,Tq,Tk ||a_ij v_j W_O[h
 PHANTOM = "blocks.{l}.attn.hook_phantom"  # B,H,Tq mass on the phantom key
 LSE = "blocks.{l}.attn.hook_lse"  # B,H,Tq fp32 log Σ_visible exp(score) over the real keys (phantom excluded)
 SINK_LOGIT = "blocks.{l}.attn.hook_sink_logit"  # H
+# B,C,Hkv,dh DeepSeek-V4's compressed KV entries (keys and values both), after rotary: hook_pattern's columns T .. T+C-1
+COMPRESSED_KV = "blocks.{l}.attn.hook_compressed_kv"
 FORGET_GATE = "blocks.{l}.attn.hook_forget_gate"  # B,T,Hkv fp32 FoX's forget gate f_t = σ(w_h·x_t + b_h)
 OUT_GATE = "blocks.{l}.attn.hook_out_gate"  # B,T,H,dh element-wise or B,T,H headwise output gate σ(x W_g)
 Z = "blocks.{l}.attn.hook_z"  # B,T,H,dh head outputs before the output projection (after any output gate)
@@ -79,6 +81,7 @@ ATTN_HOOKS = (
     "hook_pattern_norm",
     "hook_phantom",
     "hook_sink_logit",
+    "hook_compressed_kv",
     "hook_lse",
     "hook_forget_gate",
     "hook_out_gate",
@@ -110,6 +113,7 @@ ATTN_POINTS = (
     "pattern_norm",
     "phantom",
     "sink_logit",
+    "compressed_kv",
     "lse",
     "forget_gate",
     "out_gate",

@@ -678,22 +678,39 @@ def split_extra_keys(site, key, value):
     return key[:, :, :n], value[:, :, :n], (key[:, :, n:], value[:, :, n:], bias)
 
 
-def join_extra_keys(query, key, value, rules, mask, extra, edit):
+def join_extra_keys(query, key, value, rules, mask, extra, sinks=None, edit=None):
     """(keys, values, None, dense mask) with the extra entries appended after the token keys: the mask is the token
-    keys' rule (or HF's mask) beside the entries' bias, (B,1,Tq,T+C) fp32, so hook_pattern's columns are the T token
-    keys then the C entries (docs/definitions.md#compressed-keys). An attention edit is refused: its positions name
-    token keys and the op that carries it out knows no appended entries."""
-    if edit is not None:
+    keys' rule (or HF's mask) beside the entries' bias, (B,1|H,Tq,T+C) fp32, so hook_pattern's columns are the T
+    token keys then the C entries (docs/definitions.md#compressed-keys). A knockout is carried out in that mask
+    (:func:`knockout_columns`); an eviction is refused: its kept keys and window name token positions only."""
+    if edit is not None and edit.keep is not None:
         raise ValueError(
-            "an attention edit (knockout, eviction) on a layer with compressed KV entries is not supported: they are "
-            "keys at no token position; run it on inputs shorter than the layer's compress rate"
+            "window eviction on a layer with compressed KV entries is not supported: the entries are keys at no "
+            "token position; run it on inputs shorter than the layer's compress rate"
         )
     entries, values, bias = extra
     b, q_len, n = query.shape[0], query.shape[2], key.shape[2]
     tokens = rules.dense(slice(None), q_len, n, torch.float32, query.device) if rules is not None else mask
     tokens = tokens.float().expand(b, -1, q_len, n)
     mask = torch.cat([tokens, bias.float().expand(b, tokens.shape[1], q_len, -1)], dim=-1)
+    if edit is not None and edit.knockout:
+        mask = knockout_columns(mask, edit, sinks, query.shape[1], key.shape[1])
     return torch.cat([key, entries], dim=2), torch.cat([value, values], dim=2), None, mask
+
+
+def knockout_columns(mask, edit, sinks, heads: int, kv_heads: int):
+    """The dense mask (B,1|H,Tq,Tk) with key 0 out of every row of the knocked-out heads, (B,H,Tq,Tk): the knockout
+    of probe.kernels.sink_attention.edits, query 0 of a head without a phantom keeping its clean row."""
+    b, _, q_len, k_len = mask.shape
+    knocked = torch.zeros(kv_heads, dtype=torch.bool, device=mask.device)
+    knocked[list(range(kv_heads)) if edit.kv_heads is None else list(edit.kv_heads)] = True
+    knocked = knocked.repeat_interleave(heads // kv_heads)  # (H,)
+    empty = edits.empty_first_rows(sinks, heads, kv_heads, edit.kv_heads, mask.device)  # (H,) row 0 kept clean
+    rows = torch.ones(heads, q_len, dtype=torch.bool, device=mask.device)
+    rows[:, 0] = ~empty
+    mask = mask.expand(b, heads, q_len, k_len).clone()
+    mask[..., 0] = mask[..., 0].masked_fill((knocked[:, None] & rows)[None], float("-inf"))
+    return mask
 
 
 def probe_attention(
@@ -729,8 +746,8 @@ def probe_attention(
     rules, mask = as_rules(attention_mask, sliding_window, q_len, k_len, query.device)
     check_site(site, scaling, rules, query, key)
     if extra is not None:
-        key, value, rules, mask = join_extra_keys(query, key, value, rules, mask, extra, edit)
-        k_len = key.shape[2]
+        key, value, rules, mask = join_extra_keys(query, key, value, rules, mask, extra, sinks, edit)
+        k_len, edit = key.shape[2], None  # a knockout is in the mask now
 
     weights, lse, want_lse = None, None, wants_lse(site)
     if wants_pattern(site, module, dropout):

@@ -304,6 +304,7 @@ def _exposure_reference(m, data, cutoffs) -> torch.Tensor:
         _, cache = m.run_with_cache(data[n, :, :-1], names_filter=lambda h: names.is_attn(h, "pattern", "v"))
         for l in info.attention_layers:
             pattern, v = cache[names.attn(l, "pattern")].double(), cache[names.attn(l, "v")]
+            pattern = pattern[..., : v.shape[1]]  # token keys: compressed entries (DeepSeek-V4) are no quiet reads
             quiet = torch.stack(quiet_and_median(v.float().norm(dim=-1), qs)[0], -1).double()  # (B, T, Hkv, m)
             quiet = quiet.repeat_interleave(info.kv_group, dim=2).permute(0, 2, 1, 3)  # (B, H, Tk, m)
             share = (pattern @ quiet)[:, :, 1:].sum((0, 2))  # (H, m)

@@ -682,16 +682,20 @@ def join_extra_keys(query, key, value, rules, mask, extra, sinks=None, edit=None
     """(keys, values, None, dense mask) with the extra entries appended after the token keys: the mask is the token
     keys' rule (or HF's mask) beside the entries' bias, (B,1|H,Tq,T+C) fp32, so hook_pattern's columns are the T
     token keys then the C entries (docs/definitions.md#compressed-keys). A knockout is carried out in that mask
-    (:func:`knockout_columns`); an eviction is refused: its kept keys and window name token positions only."""
-    if edit is not None and edit.keep is not None:
+    (:func:`knockout_columns`) and so is an eviction at the keys' positions in the text (it hides token keys only)."""
+    if edit is not None and edit.keep is not None and edit.positions != "original":
         raise ValueError(
-            "window eviction on a layer with compressed KV entries is not supported: the entries are keys at no "
-            "token position; run it on inputs shorter than the layer's compress rate"
+            f"window eviction at {edit.positions} positions on a layer with compressed KV entries is not supported: "
+            "the entries are keys at no token position; use positions original"
         )
     entries, values, bias = extra
     b, q_len, n = query.shape[0], query.shape[2], key.shape[2]
     tokens = rules.dense(slice(None), q_len, n, torch.float32, query.device) if rules is not None else mask
     tokens = tokens.float().expand(b, -1, q_len, n)
+    if edit is not None and edit.keep is not None:  # query i sees keys 0 .. keep-1 and i-window+1 .. i, and its rule
+        i = torch.arange(q_len, device=query.device)[:, None] + (n - q_len)
+        j = torch.arange(n, device=query.device)[None, :]
+        tokens = tokens.masked_fill(~((j < edit.keep) | (j > i - edit.window)), float("-inf"))
     mask = torch.cat([tokens, bias.float().expand(b, tokens.shape[1], q_len, -1)], dim=-1)
     if edit is not None and edit.knockout:
         mask = knockout_columns(mask, edit, sinks, query.shape[1], key.shape[1])

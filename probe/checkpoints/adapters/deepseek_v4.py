@@ -1,5 +1,5 @@
 """DeepSeek-V4 adapter: a residual of N hyper-connected streams (mHC), sliding-window attention with a learned sink per
-head, and compressed KV entries that probe's attention hooks do not describe (refused, one line).
+head, and compressed KV entries read as extra keys after the token keys (docs/definitions.md#compressed-keys).
 
 What transformers' ``modeling_deepseek_v4.py`` computes, and what the hooks see of it:
 
@@ -27,10 +27,11 @@ What transformers' ``modeling_deepseek_v4.py`` computes, and what the hooks see 
   compressor: each closed window of ``compress_rates[type]`` tokens (4 and 128 by default) becomes one KV
   entry (a softmax-gated sum of projected tokens, RMS-normed, rotated at its window's first position; CSA windows
   overlap by one window and a Lightning Indexer keeps the ``index_topk`` best entries per query), appended after the
-  token keys, visible to a query once its window has closed. Those entries are not token positions and probe's
-  pattern, phantom and streaming row masses have no place for them: a forward in which a compressor emits one stops
-  with one line. A DeepSeek-V4 model therefore runs under probe on inputs shorter than its smallest compress rate
-  (or with ``sliding_attention`` layers only).
+  token keys, visible to a query once its window has closed. A forward hook on the compressor fires
+  ``hook_compressed_kv`` (B,C,1,dh) and leaves the entries' visibility (HF's block bias) for the attention call,
+  which reads them as extra keys after the tokens' (probe.checkpoints.attention.split_extra_keys): hook_pattern is
+  B,H,T,T+C, the describe step states each layer's rate and top-k (``extra["compress_rates"]`` /
+  ``extra["compress_topk"]``, read by ``LayerAttention``; docs/definitions.md#compressed-keys).
 * **MoE.** A shared expert plus routed experts; the first ``hash_moe`` layers pick experts by a fixed token-id table
   (``tid2eid``), the others by top-k of the router's scores: ``mlp.hook_router_logits`` / ``hook_expert_indices`` /
   ``hook_expert_weights`` where ``probe.checkpoints.module_hooks`` can re-run the router alone.

@@ -10,8 +10,8 @@ A new family declares its attention's differences in one place, its adapter's ``
 ``probe_info``): ``layer_types`` and ``sliding_window``; ``extra["attn_scale"]`` (one float or one per layer; else
 1/sqrt(d_head)), ``extra["attn_logit_softcap"]``, ``extra["attn_chunk"]``, ``extra["alibi_slopes"]``;
 ``has_phantom``, ``gate_on_logits``, ``forget_gate`` and ``attention_rule``; ``extra["compress_rates"]`` and
-``extra["compress_topk"]`` (one per layer, None where the layer has no compressor: DeepSeek-V4). Those keys stay ModelInfo's storage
-(saved and legacy infos keep working); nothing else reads them.
+``extra["compress_topk"]`` (one per layer, None where the layer has no compressor: DeepSeek-V4). Those keys stay
+ModelInfo's storage (saved and legacy infos keep working); nothing else reads them.
 """
 
 from __future__ import annotations

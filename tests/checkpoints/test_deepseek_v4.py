@@ -13,8 +13,8 @@ import torch
 from probe.analyses.capture import row_mass_hooks, row_masses
 from probe.analyses.interventions.knockout import hand_over
 from probe.checkpoints import algebra
-from probe.kernels.sink_attention import edits
 from probe.hooks import names
+from probe.kernels.sink_attention import edits
 from tests.support import parity
 
 CSA, HCA = 1, 0  # the tiny config's layer types: heavily compressed (rate 128), then compressed sparse (rate 4)
@@ -113,8 +113,9 @@ def test_a_knockout_removes_key_0_and_renormalises_the_entries_too(models):
 
 
 def test_an_eviction_hides_token_keys_only_and_renormalises(models):
-    """Eviction (keep 1, window 2) at text positions on the compressed layer: row t keeps token keys 0 and t-1, t (within
-    the layer's own window) and its entries; every kept column and the phantom are the clean row over their sum."""
+    """Eviction (keep 1, window 2) at text positions on the compressed layer: row t keeps token keys 0 and t-1, t
+    (within the layer's own window) and its entries; every kept column and the phantom are the clean row over their
+    sum."""
     _, m, _, _ = models
     x, T = parity.ids(), parity.T
     wanted = lambda n: names.is_attn(n, "pattern", "phantom")  # noqa: E731

@@ -18,7 +18,9 @@ padding), :func:`rules_mask` hands the attention function a :class:`MaskRules` (
 the kernels (probe.kernels: the same op and reference the custom models use) apply the rule themselves: causal layers
 on the fused causal op, sliding layers and padded batches in query blocks whose mask is block x (keys the block can
 see). A dense mask is built only where the rule cannot say it (a cache offset, overlays such as Gemma 3's image
-tokens, a 4D mask the caller passed), as transformers' ``eager_mask``.
+tokens, a 4D mask the caller passed), as transformers' ``eager_mask``, and on DeepSeek-V4's compressed layers, whose
+C compressed KV entries follow the T token keys with a visibility of their own (:func:`split_extra_keys`): there the
+mask is B x 1 x T x (T + C), the token keys' rule beside HF's block bias (docs/definitions.md#compressed-keys).
 
 The pattern (fp32, the learned sink as the phantom whose mass is 1 − row sum) is materialised only when a hook or
 cache asks for ``hook_pattern`` / ``hook_phantom`` / ``hook_attn_scores`` / ``hook_pattern_norm``, the caller passed

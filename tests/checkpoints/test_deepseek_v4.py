@@ -96,14 +96,16 @@ def test_streaming_row_masses_equal_the_pattern_on_a_compressed_layer(models):
 
 def test_a_knockout_removes_key_0_and_renormalises_the_entries_too(models):
     """Knocking key 0 out of the compressed layer: column 0 is empty in rows t >= 1 and every other column (token or
-    entry) and the phantom are the clean row over 1 − its key-0 weight."""
+    entry) and the phantom are the clean row over 1 − its key-0 weight; the fused path gives the same logits."""
     _, m, _, _ = models
     x = parity.ids()
     _, clean = m.run_with_cache(x, names_filter=lambda n: names.is_attn(n, "pattern", "phantom"))
     edit = edits.AttentionEdit(knockout=True)
     hooks = [(names.attn(CSA, "v_out"), hand_over(edit))]
     with m.hooks(fwd_hooks=hooks), edits.carried(m):
-        _, cut = m.run_with_cache(x, names_filter=lambda n: names.is_attn(n, "pattern", "phantom"))
+        out, cut = m.run_with_cache(x, names_filter=lambda n: names.is_attn(n, "pattern", "phantom"))
+    with torch.no_grad(), m.hooks(fwd_hooks=hooks), edits.carried(m):  # the fused path, no pattern: the same edit
+        assert parity.max_diff(m(x).logits, out) <= 1e-5
     p0, p1 = clean[names.attn(CSA, "pattern")][..., 1:, :], cut[names.attn(CSA, "pattern")][..., 1:, :]
     keep = (1 - p0[..., :1]).clamp_min(1e-30)
     assert p1[..., 0].abs().max() == 0

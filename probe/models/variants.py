@@ -74,6 +74,8 @@ def variant_settings(variant: str, arch: dict) -> dict:
         if settings.get("d_value") == "reduced":  # combined value width m = 2d/3, a multiple of the heads
             heads = arch.get("n_heads", 4)
             settings["d_value"] = max(1, round(2 * arch["d_model"] / 3 / heads))
+        if settings.get("n_heads") == "paired":
+            settings.update(_paired_heads(arch))
         return settings
     found = _parametric(variant)
     if found:
@@ -89,6 +91,18 @@ def variant_settings(variant: str, arch: dict) -> dict:
     if rank and (rankless in VARIANTS or _parametric(rankless)):
         raise ValueError(f"variant {variant!r}: {rankless} takes no routing rank; drop {rank}")
     raise ValueError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+
+
+def _paired_heads(arch: dict) -> dict:
+    """Differential attention's sizes on a tier (the authors' matching): half the tier's heads (and KV heads), each
+    with two branch queries and keys of the tier's head width and a value twice as wide, so the projections keep
+    the baseline's shapes."""
+    heads = arch.get("n_heads", 4)
+    d_head = arch["d_model"] // heads
+    kv = arch.get("n_kv_heads") or heads
+    if heads % 2 or kv % 2:
+        raise ValueError(f"differential attention pairs heads: n_heads={heads}, n_kv_heads={kv} must both be even")
+    return dict(n_heads=heads // 2, n_kv_heads=kv // 2, d_head=d_head, d_value=2 * d_head)
 
 
 def config_for(variant: str = "baseline", tier: str = "tiny", **overrides) -> ProbeConfig:

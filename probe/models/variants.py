@@ -108,7 +108,11 @@ def _paired_heads(arch: dict) -> dict:
 def config_for(variant: str = "baseline", tier: str = "tiny", **overrides) -> ProbeConfig:
     arch = tier_config(tier)
     arch.update({k: v for k, v in overrides.items() if k in arch})
-    kwargs = {**arch, **variant_settings(variant, arch), **overrides}
+    heads = {k: overrides[k] for k in ("n_heads", "n_kv_heads") if k in overrides}
+    settings = variant_settings(variant, {**arch, **heads})
+    if variant in VARIANTS and VARIANTS[variant].settings.get("n_heads") == "paired":
+        overrides = {k: v for k, v in overrides.items() if k not in heads}  # read as the baseline's counts, halved
+    kwargs = {**arch, **settings, **overrides}
     config = ProbeConfig(**kwargs)
     config.probe_variant, config.probe_tier = variant, tier
     return config

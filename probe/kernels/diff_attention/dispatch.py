@@ -20,10 +20,10 @@ import torch
 
 from probe.kernels.common import check_attention_args
 from probe.kernels.diff_attention.reference import diff_attention_reference
+from probe.kernels.row_rules import RowRule
 from probe.kernels.sink_attention.dispatch import sink_attention
 
 BACKENDS = ("torch", "reference")
-SIGNED_RULES = ("diff",)  # attn_fn names whose rows are signed differences of softmax rows (ModelInfo.attention_rule)
 
 
 class DiffOutput(NamedTuple):
@@ -55,6 +55,15 @@ def diff_attention(
     both = sink_attention(q, k, torch.cat([v, v], dim=2), scale=scale).out  # B,Tq,2H,dv: o1 heads, then o2 heads
     out = both[:, :, :H] - lam.to(both.dtype)[None, None, :, None] * both[:, :, H:]
     return DiffOutput(out, None, None, None)
+
+
+def _not_of_one_row(scores, bias: float = 0.0):
+    raise ValueError("differential attention's rows are p1 - λ p2 of two branches' scores, not a rule of one row's")
+
+
+# attn_fn -> its rule as the analyses read rows (probe.analyses.capture.row_rule): signed rows with no unspent mass,
+# read as shares of each row's absolute mass (docs/definitions.md#signed-rows); the model runs diff_attention itself
+SIGNED_RULES: dict[str, RowRule] = {"diff": RowRule(diff_attention, _not_of_one_row, at_most_one=False)}
 
 
 def _check(q, k, v, lam) -> None:

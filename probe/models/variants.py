@@ -94,15 +94,15 @@ def variant_settings(variant: str, arch: dict) -> dict:
 
 
 def _paired_heads(arch: dict) -> dict:
-    """Differential attention's sizes on a tier (the authors' matching): half the tier's heads (and KV heads), each
-    with two branch queries and keys of the tier's head width and a value twice as wide, so the projections keep
-    the baseline's shapes."""
-    heads = arch.get("n_heads", 4)
-    d_head = arch["d_model"] // heads
-    kv = arch.get("n_kv_heads") or heads
-    if heads % 2 or kv % 2:
-        raise ValueError(f"differential attention pairs heads: n_heads={heads}, n_kv_heads={kv} must both be even")
-    return dict(n_heads=heads // 2, n_kv_heads=kv // 2, d_head=d_head, d_value=2 * d_head)
+    """Differential attention's sizes on a tier (the authors' matching, head_dim = d_model / heads / 2): half the
+    tier's heads (and KV heads; one stays one), each with two branch queries and keys of width d_model / (2 heads)
+    and a value twice as wide, so the projections keep the baseline's shapes."""
+    heads, kv = arch.get("n_heads", 4), arch.get("n_kv_heads") or arch.get("n_heads", 4)
+    if (heads % 2 and heads != 1) or (kv % 2 and kv != 1):
+        raise ValueError(f"differential attention pairs heads: n_heads={heads}, n_kv_heads={kv} must be even or 1")
+    paired, paired_kv = max(1, heads // 2), max(1, kv // 2)
+    d_head = arch["d_model"] // (2 * paired)
+    return dict(n_heads=paired, n_kv_heads=paired_kv, d_head=d_head, d_value=2 * d_head)
 
 
 def config_for(variant: str = "baseline", tier: str = "tiny", **overrides) -> ProbeConfig:

@@ -204,6 +204,7 @@ def test_the_model_trains_and_reloads(tmp_path):
 
 
 def test_odd_heads_are_refused_in_one_line():
+    assert create("diff", seed=0, **dict(CFG, n_heads=1)).config.d_head == 16  # one head: two branches of d/2
     with pytest.raises(ValueError, match="differential attention pairs heads: n_heads=3") as e:
         create("diff", seed=0, **dict(CFG, n_heads=3))
     assert "\n" not in str(e.value)

@@ -208,3 +208,28 @@ def test_odd_heads_are_refused_in_one_line():
     with pytest.raises(ValueError, match="differential attention pairs heads: n_heads=3") as e:
         create("diff", seed=0, **dict(CFG, n_heads=3))
     assert "\n" not in str(e.value)
+
+
+def test_signed_row_masses_equal_the_hooked_patterns_by_hand():
+    """Streaming (blocks of 4 query rows) against hook_pattern / _1 / _2: net Σa = 1 - λ, Σ|a|, |a| on key 0 and
+    every key, each branch's softmax mass on them (docs/definitions.md#signed-rows)."""
+    from probe.kernels.row_masses.signed import signed_row_masses
+
+    model = create("diff", seed=0, **CFG).double()
+    _, cache = model.run_with_cache(IDS)
+    for l in range(2):
+        q, k = cache[names.attn(l, "rot_q")], cache[names.attn(l, "rot_k")]
+        B, T, Hkv2, _ = k.shape
+        ind = torch.zeros(B, T, Hkv2 // 2, 2, dtype=torch.float64)
+        ind[:, 0, :, 0], ind[..., 1] = 1.0, 1.0  # key 0, every key
+        got = signed_row_masses(q, k, ind, cache[names.attn(l, "lambda")], block=4)
+        a = cache[names.attn(l, "pattern")]
+        by_hand = {
+            "net": a.sum(-1),
+            "absolute": a.abs().sum(-1),
+            "masses": torch.stack([a[..., 0].abs(), a.abs().sum(-1)], -1),
+            "branch_1": torch.stack([cache[names.attn(l, "pattern_1")][..., 0], torch.ones_like(a[..., 0])], -1),
+            "branch_2": torch.stack([cache[names.attn(l, "pattern_2")][..., 0], torch.ones_like(a[..., 0])], -1),
+        }
+        for field, want in by_hand.items():
+            assert (getattr(got, field) - want).abs().max().item() <= 1e-12, field

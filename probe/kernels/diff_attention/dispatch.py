@@ -21,7 +21,7 @@ import torch
 from probe.kernels.common import check_attention_args
 from probe.kernels.diff_attention.reference import diff_attention_reference
 from probe.kernels.row_rules import RowRule
-from probe.kernels.sink_attention.dispatch import sink_attention
+from probe.kernels.sink_attention.dispatch import AttentionOutput, sink_attention
 
 BACKENDS = ("torch", "reference")
 
@@ -57,13 +57,17 @@ def diff_attention(
     return DiffOutput(out, None, None, None)
 
 
-def _not_of_one_row(scores, bias: float = 0.0):
+def _not_of_one_row(scores, bias: float = 0.0) -> torch.Tensor:
     raise ValueError("differential attention's rows are p1 - λ p2 of two branches' scores, not a rule of one row's")
+
+
+def _not_a_row_op(*args, **kw) -> AttentionOutput:
+    raise ValueError("differential attention runs diff_attention (two branches and λ), not a row rule's op")
 
 
 # attn_fn -> its rule as the analyses read rows (probe.analyses.capture.row_rule): signed rows with no unspent mass,
 # read as shares of each row's absolute mass (docs/definitions.md#signed-rows); the model runs diff_attention itself
-SIGNED_RULES: dict[str, RowRule] = {"diff": RowRule(diff_attention, _not_of_one_row, at_most_one=False)}
+SIGNED_RULES: dict[str, RowRule] = {"diff": RowRule(_not_a_row_op, _not_of_one_row, at_most_one=False)}
 
 
 def _check(q, k, v, lam) -> None:

@@ -233,3 +233,15 @@ def test_signed_row_masses_equal_the_hooked_patterns_by_hand():
         }
         for field, want in by_hand.items():
             assert (getattr(got, field) - want).abs().max().item() <= 1e-12, field
+
+
+def test_knockout_and_eviction_refuse_a_diff_model_in_one_line():
+    from probe.analyses.interventions.base import AblationError
+    from probe.analyses.interventions.evict import Eviction
+    from probe.analyses.interventions.knockout import Knockout
+
+    model = create("diff", seed=0, **CFG)
+    for kind, what in ((Knockout, "key-0 knockout"), (Eviction, "window eviction")):
+        with pytest.raises(AblationError, match=f"has diff attention rows, which take no {what}") as e:
+            kind.conditions(model, None, None)
+        assert "\n" not in str(e.value)

@@ -245,3 +245,43 @@ def test_knockout_and_eviction_refuse_a_diff_model_in_one_line():
         with pytest.raises(AblationError, match=f"has diff attention rows, which take no {what}") as e:
             kind.conditions(model, None, None)
         assert "\n" not in str(e.value)
+
+
+def test_the_attention_module_equals_hf_diffllama_up_to_its_head_layout():
+    """HF's DiffLlamaAttention (SDPA, fp64, rotary the identity) with its weights moved to probe's layout: its
+    branches are the first and second half of the query and KV heads, its value the two KV halves side by side, its
+    norm without a gain (probe's gain left at ones, eps set equal)."""
+    from transformers import DiffLlamaConfig
+    from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention
+
+    hf_cfg = DiffLlamaConfig(
+        hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=4, rms_norm_eps=1e-5
+    )
+    hf_cfg._attn_implementation = "sdpa"  # eager takes the softmax in fp32 whatever the dtype; SDPA keeps fp64
+    torch.manual_seed(0)
+    theirs = DiffLlamaAttention(hf_cfg, layer_idx=2).double()
+    ours = Attention(
+        ProbeConfig(d_model=16, n_heads=2, n_kv_heads=1, d_head=4, d_value=8, attn_fn="diff", pos="none"), 2
+    )
+    ours = ours.double()
+    q, k = theirs.q_proj.weight.view(2, 2, 4, 16), theirs.k_proj.weight.view(2, 1, 4, 16)  # (branch, head, dh, d)
+    with torch.no_grad():
+        ours.q_proj.weight.copy_(q.transpose(0, 1).reshape(16, 16))  # head h's branches at rows 2h, 2h + 1
+        ours.k_proj.weight.copy_(k.transpose(0, 1).reshape(8, 16))
+        ours.v_proj.weight.copy_(theirs.v_proj.weight)  # one value head: KV halves 0 and 1 side by side
+        ours.o_proj.weight.copy_(theirs.o_proj.weight)
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            getattr(ours.diff, name).copy_(getattr(theirs, name))
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    ones, zeros = torch.ones(2, 7, 4, dtype=torch.float64), torch.zeros(2, 7, 4, dtype=torch.float64)
+    causal = torch.full((7, 7), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+    with torch.no_grad():
+        want, _ = theirs(x, position_embeddings=(ones, zeros), attention_mask=causal)
+        got, _, _ = ours(x)
+        assert (got - want).abs().max().item() <= 1e-6  # HF takes λ's exponent in fp32 whatever the dtype
+        for module in (theirs, ours.diff):  # λ = λ_init exactly in both: the rest agrees to fp64 rounding
+            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                getattr(module, name).zero_()
+        want, _ = theirs(x, position_embeddings=(ones, zeros), attention_mask=causal)
+        got, _, _ = ours(x)
+    assert (got - want).abs().max().item() <= 1e-12

@@ -21,6 +21,8 @@ from probe.analyses.parallel import gather_rows
 from probe.data.seeding import keyed_generator
 from probe.hooks import names
 from probe.kernels import attention_row_masses, rule_row_masses
+from probe.kernels.diff_attention import SIGNED_RULES
+from probe.kernels.row_masses.signed import signed_row_masses
 from probe.kernels.row_rules import ROW_RULES, RowRule
 from probe.process_group import batches_of_rank, is_main
 from probe.progress import progress_bar
@@ -214,6 +216,7 @@ def row_mass_hooks(info) -> list[str]:
         + (["hook_lse"] if any(r.compress_rate is not None for r in rules) else [])  # compressed entries' share
         + (["hook_v_gate"] if any(r.gate_on_logits for r in rules) else [])
         + (["hook_forget_gate"] if any(r.forget_gate for r in rules) else [])
+        + (["hook_lambda"] if any(r.rule in SIGNED_RULES for r in rules) else [])
     )
 
 
@@ -227,8 +230,9 @@ def sparse_mass_hooks(info) -> list[str]:
 
 
 def row_rule(info) -> RowRule | None:
-    """The model's row rule of probe.kernels.row_rules (softpick, sigmoid, ...), None for softmax rows."""
-    return ROW_RULES.get(info.attention_rule)
+    """The model's row rule of probe.kernels.row_rules (softpick, sigmoid, ...) or of differential attention's signed
+    rows (probe.kernels.diff_attention.SIGNED_RULES), None for softmax rows."""
+    return ROW_RULES.get(info.attention_rule) or SIGNED_RULES.get(info.attention_rule)
 
 
 def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: str | None = None):
@@ -245,6 +249,8 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     A row rule other than softmax takes :func:`rule_masses` instead (its first element is the row's own mass).
     """
     rules = info.attention_at(layer)
+    if rules.rule in SIGNED_RULES:  # differential attention: shares of each row's absolute mass
+        return signed_masses(info, layer, got, indicators)
     if rules.rule != "softmax":  # no log-normaliser: the rule's own masses (docs/definitions.md#rows-of-other-rules)
         return rule_masses(info, layer, got, indicators)
     q, k, sink = got["hook_rot_q"], got["hook_rot_k"], got.get("hook_sink_logit")
@@ -292,6 +298,25 @@ def with_compressed_entries(lse, mass, real_lse, sink, indicators):
     every = indicators.flatten(0, 2).bool().all(0)  # (m,) columns marking every key of every sequence and head
     real = torch.exp(real_lse.float() - whole)[..., None].expand_as(mass)
     return whole, torch.where(every.to(mass.device), real, mass)
+
+
+def signed_masses(info, layer: int, got: dict, indicators: torch.Tensor):
+    """``row_masses`` of a layer of differential attention (docs/definitions.md#signed-rows): (the row's signed sum
+    Σ_j a_ij = 1 - λ (B,H,T), shares of its absolute mass Σ_j |a_ij| (B,H,T,m), zeros (no unspent mass)), fp32,
+    from hook_rot_q / hook_rot_k (both branches) and hook_lambda, over blocks of query rows (signed_row_masses)."""
+    rules = info.attention_at(layer)
+    m = signed_row_masses(
+        got["hook_rot_q"],
+        got["hook_rot_k"],
+        indicators,
+        got["hook_lambda"],
+        window=rules.window,
+        chunk=rules.chunk,
+        scale=rules.scale,
+        softcap=rules.softcap,
+    )
+    net, absolute = m.net.float(), m.absolute.float()
+    return net, m.masses.float() / absolute.clamp_min(1e-30)[..., None], torch.zeros_like(net)
 
 
 def rule_masses(info, layer: int, got: dict, indicators: torch.Tensor):

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# how a row's weights come from its scores (ModelInfo.attention_rule): softmax, or a rule of
-# probe.kernels.row_rules.ROW_RULES (a test keeps the two lists equal; hooks does not import the kernels)
-RULES = ("softmax", "softpick", "sigmoid", "sigmoid-norm", "elu1", "elu1-norm", "stickbreaking")
+# how a row's weights come from its scores (ModelInfo.attention_rule): softmax, a rule of
+# probe.kernels.row_rules.ROW_RULES, or differential attention's signed rows (probe.kernels.diff_attention.SIGNED_RULES;
+# a test keeps the lists equal; hooks does not import the kernels)
+RULES = ("softmax", "softpick", "sigmoid", "sigmoid-norm", "elu1", "elu1-norm", "stickbreaking", "diff")
 MASKS = ("full", "sliding", "chunked", "linear")  # which keys a query sees (ModelInfo.layer_types)
 
 

@@ -228,6 +228,7 @@ def test_an_attention_other_than_the_described_one_is_refused():
 
 def test_the_rules_named_are_softmax_and_the_kernels_row_rules():
     from probe.hooks.attention_rules import RULES
+    from probe.kernels.diff_attention import SIGNED_RULES
     from probe.kernels.row_rules import ROW_RULES
 
-    assert set(RULES) == {"softmax", *ROW_RULES}
+    assert set(RULES) == {"softmax", *ROW_RULES, *SIGNED_RULES}

@@ -217,3 +217,25 @@ def test_the_stream_sum_follows_the_summed_residual_rule(variant):
     else:
         assert 0 < leak.abs().max() < 1e-3 * pre.abs().max()
         assert (mid - pre - out).abs().max() > 1e-3
+
+
+def test_sinkhorns_hand_written_backward_is_autograds():
+    """The Sinkhorn steps' backward (x / (Σ x + eps), columns then rows) equals autograd through the plain loop."""
+    logits = torch.randn(3, 5, 4, 4, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    weights = torch.randn(3, 5, 4, 4, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    iters, eps = 20, 1e-6
+
+    def plain(x):
+        comb = torch.softmax(x, dim=-1) + eps
+        for dim in [-2] + [-1, -2] * (iters - 1):
+            comb = comb / (comb.sum(dim=dim, keepdim=True) + eps)
+        return comb.transpose(-1, -2)
+
+    grads = []
+    for fn in (plain, lambda x: sinkhorn(x, iters, eps)):
+        x = logits.clone().requires_grad_()
+        out = fn(x)
+        (out * weights).sum().backward()
+        grads.append((out.detach(), x.grad))
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=0, atol=1e-15)
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=0, atol=1e-13)

@@ -22,17 +22,17 @@ The rules (l a layer, h a head):
 * ``rot_q`` / ``rot_k``: rot_q == the layer's rotary applied to q_normed (or q) at positions 0 .. T-1
 * ``unembed``: unembed(unembed.hook_in) == the logits, and the final norm of the last resid_post == unembed.hook_in
 
-A hyper-connected model (DeepSeek-V4's mHC: ``extra["hc_streams"]`` = N streams, resid_pre / mid / post their sum)
-mixes its streams around each sub-layer, so resid_pre + attn_out == resid_mid cannot hold; its rules instead, with
-hook_streams (B,T,N,d) and each connection's hc_{attn,mlp}.hook_post / hook_res:
+A hyper-connected model (probe's HC / mHC, DeepSeek-V4's mHC: ``extra["hc_streams"]`` = N streams, resid_pre / mid /
+post their sum) mixes its streams around each sub-layer, so resid_pre + attn_out == resid_mid holds only where the
+mix keeps the sum and the write weights sum to 1; its rules instead, with hook_streams (B,T,N,d) and each
+connection's hc_{attn,mlp}.hook_post / hook_res:
 
 * ``embed``: every stream of blocks.0.hook_streams == hook_embed (every stream starts as the embedding)
 * ``resid_mid``: streams_mid == post ⊗ attn_out + res · streams (stream k: Σ_j res[k,j]·stream_j + post_k·attn_out),
-  and the sums: Σ_k streams_k == resid_pre, Σ_k streams_mid_k == resid_mid (on probe's hyper-connected models,
-  ``extra["hc_resid"] == "read"``: the reads Σ_k pre_k·streams_k and Σ_k pre_k·streams_mid_k, with each connection's
-  hook_pre)
+  Σ_k streams_k == resid_pre, Σ_k streams_mid_k == resid_mid, and so the summed rule resid_mid == resid_pre +
+  (Σ_k post_k)·attn_out + Σ_j (Σ_k res[k,j] − 1)·stream_j (the last term 0 where res's columns sum to 1)
 * ``resid_post``: the next block's streams == post ⊗ mlp_out + res · streams_mid (the MLP's connection), summed ==
-  resid_post (the last block: the sum only)
+  resid_post, and resid_post == resid_mid + (Σ_k post_k)·mlp_out + Σ_j (Σ_k res[k,j] − 1)·streams_mid_j
 * ``unembed``: its first half only; the final norm reads the streams collapsed by weights of the model's own
   (``hc_head``), not their sum
 
@@ -123,14 +123,13 @@ def _spread(cache, layer: int, site: str, written: torch.Tensor, streams: torch.
     return post[..., None] * written.double()[..., None, :] + mixed
 
 
-def _as_resid(cache, info, layer: int, site: str, streams: torch.Tensor) -> torch.Tensor:
-    """What ``hook_resid_pre`` (site attn) / ``hook_resid_mid`` (mlp) holds of ``streams`` (B,T,N,d): their sum
-    (DeepSeek-V4), or on probe's hyper-connected models (``extra["hc_resid"] == "read"``) the sub-layer's read
-    Σ_k pre_k·stream_k."""
-    if info.extra.get("hc_resid") == "read":
-        pre = cache[names.hc(layer, site, "pre")].double()
-        return torch.einsum("btk,btkd->btd", pre, streams.double())
-    return streams.double().sum(-2)
+def _summed(cache, layer: int, site: str, resid: torch.Tensor, written: torch.Tensor, streams: torch.Tensor):
+    """The vocabulary's residual rule with the streams' sum in place of the single residual (B,T,d): resid +
+    (Σ_k post_k)·written + Σ_j (Σ_k res[k,j] − 1)·stream_j, the sum of ``_spread`` written in terms of ``resid`` (=
+    Σ_j stream_j); the last term is the mix's leak, 0 where res's columns sum to 1."""
+    post, res = cache[names.hc(layer, site, "post")].double(), cache[names.hc(layer, site, "res")].double()
+    leak = torch.einsum("btj,btjd->btd", res.sum(-2) - 1, streams.double())
+    return resid.double() + post.sum(-1, keepdim=True) * written.double() + leak
 
 
 def _streams(cache, info, out: dict) -> None:
@@ -141,11 +140,16 @@ def _streams(cache, info, out: dict) -> None:
     mids, posts = [], []
     for l in range(info.n_layers):
         before, mid = cache[names.streams(l)], cache[names.streams(l, "mid")]
-        mixed = _spread(cache, l, "attn", cache[names.sublayer_out(l, "attn")], before)
-        mids += [_diff(mixed, mid), _diff(_as_resid(cache, info, l, "attn", before), cache[names.resid(l, "pre")])]
-        mids.append(_diff(_as_resid(cache, info, l, "mlp", mid), cache[names.resid(l, "mid")]))
-        after = _spread(cache, l, "mlp", cache[names.sublayer_out(l, "mlp")], mid)
-        posts.append(_diff(after.sum(-2), cache[names.resid(l, "post")]))
+        pre, resid_mid = cache[names.resid(l, "pre")], cache[names.resid(l, "mid")]
+        attn_out, mlp_out = cache[names.sublayer_out(l, "attn")], cache[names.sublayer_out(l, "mlp")]
+        mids += [_diff(_spread(cache, l, "attn", attn_out, before), mid), _diff(before.double().sum(-2), pre)]
+        mids += [
+            _diff(mid.double().sum(-2), resid_mid),
+            _diff(_summed(cache, l, "attn", pre, attn_out, before), resid_mid),
+        ]
+        after = _spread(cache, l, "mlp", mlp_out, mid)
+        posts += [_diff(after.sum(-2), cache[names.resid(l, "post")])]
+        posts.append(_diff(_summed(cache, l, "mlp", resid_mid, mlp_out, mid), cache[names.resid(l, "post")]))
         if l < last:
             posts.append(_diff(after, cache[names.streams(l + 1)]))
     out["resid_mid"], out["resid_post"] = _worst(mids), _worst(posts)

@@ -112,7 +112,8 @@ def summary_table(cfg: DepthRoutingConfig, runs: pd.DataFrame, per_run_sources: 
     df = runs.rename(columns={"val_loss": "loss"})
     if len(per_run_sources):
         df = df.merge(per_run_sources, on=["variant", "seed"], how="left")
-    cols = [c for c in ("loss", "grad_norm_mean", "neff_mean", "top1_mass", "input_dependence") if c in df]
+    measured = ("loss", "grad_norm_mean", "tokens_per_second", "neff_mean", "top1_mass", "input_dependence")
+    cols = [c for c in measured if c in df]
     out = mean_se(df, ["variant"], cols)
     ov = overrides(cfg)
     L = ov.get("n_layers") or tier_config(cfg.tier)["n_layers"]

@@ -151,7 +151,7 @@ def train_one(
     """Build (``build(variant, seed)`` or ``create``), train and evaluate one model.
 
     Returns (model, record) with record = variant (``label``), seed, val_loss, final train loss, mean and final
-    gradient norm over training, seconds, parameters."""
+    gradient norm over training, seconds, training tokens per second, parameters."""
     label = label or variant
     model = build(variant, seed) if build is not None else create(variant, spec.tier, seed=seed, **overrides(spec))
     run_dir = work / label.replace("/", "_") / f"seed{seed}"
@@ -168,6 +168,7 @@ def train_one(
         "grad_norm_mean": float(m["grad_norm"].mean()) if "grad_norm" in m else float("nan"),
         "grad_norm_final": float(m["grad_norm"].iloc[-1]) if "grad_norm" in m else float("nan"),
         "train_seconds": round(seconds, 2),
+        "tokens_per_second": spec.steps * spec.batch_size * spec.ctx / seconds,  # training throughput, fwd+bwd+step
         "params": sum(p.numel() for p in model.parameters()),
     }
     return model, record, m

@@ -68,6 +68,7 @@ HC_POST = "blocks.{l}.hc_{site}.hook_post"  # B,T,n each stream's share post_k o
 HC_RES = (
     "blocks.{l}.hc_{site}.hook_res"  # B,T,n,n the mix, out × in: stream k after = Σ_j res[k,j]·stream j + post_k·out
 )
+HC_READ = "blocks.{l}.hc_{site}.hook_read"  # B,T,d the sub-layer's input Σ_k pre_k·stream_k (before ln1 / ln2)
 HC_HEAD_PRE = "hc_head.hook_pre"  # B,T,n the weights collapsing the streams before the final norm
 
 ATTN_HOOKS = (
@@ -151,7 +152,7 @@ READ_POINTS = ("routing_keys", "depth_weights")
 FINAL_READ = "final_read"  # the depth read before the final norm
 STREAM_POINTS = ("pre", "mid")  # hook_streams (the block's input) and hook_streams_mid
 HC_SITES = SUBLAYERS  # the two connections of a hyper-connected block: around attention, around the MLP
-HC_POINTS = ("pre", "post", "res")
+HC_POINTS = ("pre", "post", "res", "read")  # the connection's three weights and the read they make
 
 
 def _choose(value: str, choices: tuple[str, ...], what: str) -> str:
@@ -223,9 +224,9 @@ def streams(layer: int, point: str = "pre") -> str:
 
 
 def hc(layer: int, site: str, point: str) -> str:
-    """A hyper-connection's weights: ``hc(2, "attn", "res") == 'blocks.2.hc_attn.hook_res'``; site attn or mlp,
-    point pre, post or res."""
-    return f"{block(layer)}.hc_{_choose(site, HC_SITES, 'connection')}.hook_{_choose(point, HC_POINTS, 'HC weight')}"
+    """A hyper-connection's weights or read: ``hc(2, "attn", "res") == 'blocks.2.hc_attn.hook_res'``; site attn or
+    mlp, point pre, post, res (the weights) or read (the sub-layer's input Σ_k pre_k·stream_k)."""
+    return f"{block(layer)}.hc_{_choose(site, HC_SITES, 'connection')}.hook_{_choose(point, HC_POINTS, 'HC point')}"
 
 
 def pos_embed() -> str:

@@ -11,7 +11,7 @@ from probe.models.attention import Attention
 from probe.models.config import ProbeConfig
 from probe.models.dense import make_mix
 from probe.models.depth import DepthRead, DepthSources, emitted_key_width, make_read
-from probe.models.hyper import make_hyper
+from probe.models.hyper import make_hyper, through_sum
 from probe.models.layers import MLP, make_norm
 
 
@@ -74,17 +74,13 @@ class Block(nn.Module):
 
     def forward_hyper(self, streams: torch.Tensor, v_first=None):
         """Hyper-connected: streams (B,T,n,d) in and out. Each sub-layer reads its H_pre mix of the streams
-        (hook_resid_pre / hook_resid_mid) and writes H_res X + H_post ⊗ its output; hook_resid_post is the sum of
-        the output streams."""
-        streams = self.hook_streams(streams)
+        (hc_attn / hc_mlp .hook_read) and writes H_res X + H_post ⊗ its output; hook_resid_pre / mid / post are the
+        streams' sums (an edit is spread equally over the streams)."""
+        streams = through_sum(self.hook_resid_pre, self.hook_streams(streams))
         x, mix = self.hc_attn.read(streams)
-        a, _, v_first = self.attn(self.ln1(self.hook_resid_pre(x)), v_first=v_first)
+        a, _, v_first = self.attn(self.ln1(x), v_first=v_first)
         streams = self.hook_streams_mid(self.hc_attn.write(streams, self.hook_attn_out(a), mix))
+        streams = through_sum(self.hook_resid_mid, streams)
         x, mix = self.hc_mlp.read(streams)
-        m, _ = self.mlp(self.ln2(self.hook_resid_mid(x)))
-        streams = self.hc_mlp.write(streams, self.hook_mlp_out(m), mix)
-        total = streams.sum(2)  # B,T,d: what the streams' sum (HC's head) would read here
-        edited = self.hook_resid_post(total)
-        if edited is not total:  # an edit of the sum is spread equally over the n streams
-            streams = streams + ((edited - total) / streams.shape[2]).unsqueeze(2)
-        return streams, v_first
+        m, _ = self.mlp(self.ln2(x))
+        return through_sum(self.hook_resid_post, self.hc_mlp.write(streams, self.hook_mlp_out(m), mix)), v_first

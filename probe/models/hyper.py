@@ -9,7 +9,8 @@ The residual stream becomes n streams X (B,T,n,d), all equal to the embedding at
     X'_i = Σ_j H_res[i, j] X_j + H_post[i] f(x_in)  (n×n: stream mixing, out × in; n: the write)
 
 A mechanism is a `HyperConnection` subclass registered with `@register_hyper(name)`: it computes (pre, post, res) in
-`weights`; the module fires `hook_pre`, `hook_post` and `hook_res` on them (a hook may edit them) and mixes.
+`weights`; the module fires `hook_pre`, `hook_post` and `hook_res` on them (a hook may edit them), `hook_read` on x_in,
+and mixes. The block's hook_resid_pre / mid / post are the streams' sum (`through_sum`), as on DeepSeek-V4.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class HyperConnection(nn.Module):
         self.hook_pre = HookPoint()  # B,T,n read weights
         self.hook_post = HookPoint()  # B,T,n write weights
         self.hook_res = HookPoint()  # B,T,n,n stream mixing, out × in
+        self.hook_read = HookPoint()  # B,T,d the sub-layer's input Σ_j H_pre[j] X_j
 
     @staticmethod
     def head(config) -> nn.Module:
@@ -80,7 +82,7 @@ class HyperConnection(nn.Module):
         pre, post, res = self.weights(streams)
         pre, post, res = self.hook_pre(pre), self.hook_post(post), self.hook_res(res)
         x = torch.einsum("btj,btjd->btd", pre.to(streams.dtype), streams)
-        return x, (post, res)
+        return self.hook_read(x), (post, res)
 
     @staticmethod
     def write(streams: torch.Tensor, out: torch.Tensor, mix) -> torch.Tensor:
@@ -100,6 +102,14 @@ class StreamSum(nn.Module):
     def forward(self, streams: torch.Tensor) -> torch.Tensor:  # B,T,n,d -> B,T,d
         pre = self.hook_pre(streams.new_ones(streams.shape[:3]))
         return torch.einsum("btj,btjd->btd", pre, streams)
+
+
+def through_sum(point: HookPoint, streams: torch.Tensor) -> torch.Tensor:
+    """The streams' sum (B,T,d) through ``point`` (hook_resid_pre / mid / post of a stream model); an edit's change is
+    added, divided by n, to every stream (B,T,n,d), so the sum moves by exactly the edit."""
+    total = streams.sum(dim=-2)
+    fired = point(total)
+    return streams if fired is total else streams + ((fired - total) / streams.shape[-2]).unsqueeze(-2)
 
 
 def make_hyper(config, index: int) -> HyperConnection:

@@ -322,8 +322,8 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
         depth = replaced[0] if replaced else "residual"  # what replaces the residual stream (at most one does)
         routed = c.depth != "residual"  # DepthRead sites over sub-layer sources (dense connections have none)
         extra: dict[str, object] = {"depth_sites": site_sources(c)} if routed else {}
-        if c.hyper != "none":  # n streams; hook_resid_pre / mid are the sub-layers' reads (the hook algebra's rules)
-            extra.update(hc_streams=c.hc_streams, hc_resid="read")
+        if c.hyper != "none":  # n streams; hook_resid_pre / mid / post their sums (the hook algebra's stream rules)
+            extra.update(hc_streams=c.hc_streams)
         if getattr(c, "authors_format", None):  # an authors' checkpoint: its format, code version, RoPE table
             extra["authors_format"] = c.authors_format
         gate = GATES.get(c.value_gate)  # the registered gate class, None without a gate

@@ -138,6 +138,7 @@ DOCUMENTED = [
     (names.dense(2), "blocks.2.dense.hook_weights"),
     (names.hc(2, "attn", "pre"), "blocks.2.hc_attn.hook_pre"),
     (names.hc(0, "mlp", "res"), "blocks.0.hc_mlp.hook_res"),
+    (names.hc(1, "mlp", "read"), "blocks.1.hc_mlp.hook_read"),
     (names.streams(3), "blocks.3.hook_streams"),
     (names.hyper_head(), "hc_head.hook_pre"),
     (names.mlp(2), "blocks.2.mlp.hook_post"),
@@ -190,7 +191,13 @@ def test_builders_agree_with_the_declared_templates():
         assert names.streams(l) == names.name(names.STREAMS, l)
         assert names.streams(l, "mid") == names.name(names.STREAMS_MID, l)
         for site in names.HC_SITES:
-            for point, template in (("pre", names.HC_PRE), ("post", names.HC_POST), ("res", names.HC_RES)):
+            hc_templates = (
+                ("pre", names.HC_PRE),
+                ("post", names.HC_POST),
+                ("res", names.HC_RES),
+                ("read", names.HC_READ),
+            )
+            for point, template in hc_templates:
                 assert names.hc(l, site, point) == names.name(template, l, site)
     assert names.depth_weights(names.FINAL_READ) == names.FINAL_DEPTH_WEIGHTS
     assert names.routing_keys(names.FINAL_READ) == names.FINAL_ROUTING_KEYS

@@ -139,8 +139,8 @@ def test_sinkhorn_is_doubly_stochastic():
 
 
 def test_hooks_carry_the_mixing():
-    """The next block's read (its hook_resid_pre) is Σ_j H_pre[j] X_j over the captured streams, H_res's rows sum to
-    1, and an edit of H_pre changes the output."""
+    """The next block's read (hc_attn.hook_read) is Σ_j H_pre[j] X_j over the captured streams, its hook_resid_pre
+    their sum, H_res's rows sum to 1, and an edit of H_pre changes the output."""
     model = create("mhc", **TINY).double()
     ids = torch.randint(0, TINY["vocab_size"], (1, 10), generator=torch.Generator().manual_seed(3))
     logits, cache = model.run_with_cache(ids)
@@ -150,7 +150,8 @@ def test_hooks_carry_the_mixing():
     assert cache[names.hc(1, "attn", "post")].shape == (B, T, n)
     res = cache[names.hc(1, "mlp", "res")]
     assert res.shape == (B, T, n, n) and (res.sum(-1) - 1).abs().max() <= 2e-6
-    torch.testing.assert_close(cache[names.resid(1, "pre")], torch.einsum("btj,btjd->btd", pre, streams))
+    torch.testing.assert_close(cache[names.hc(1, "attn", "read")], torch.einsum("btj,btjd->btd", pre, streams))
+    torch.testing.assert_close(cache[names.resid(1, "pre")], streams.sum(2), rtol=0, atol=0)
     assert cache[names.hyper_head()].shape == (B, T, n)
     # res out × in: block 0's MLP connection mixes its streams_mid and writes its output into block 1's streams
     mid, post, res0 = (
@@ -182,14 +183,59 @@ def test_roles_and_refusals():
         config_for("hc", **TINY, hc_streams=0)
 
 
-def test_an_edit_of_resid_post_is_spread_over_the_streams():
-    """Adding v to block 0's hook_resid_post (the streams' sum) adds v/n to each stream: static HC at init reads one
-    stream at block 1's attention, so its read moves by exactly v/n."""
+@pytest.mark.parametrize(("point", "next_read"), [("pre", (0, "attn")), ("mid", (0, "mlp")), ("post", (1, "attn"))])
+def test_an_edit_of_the_stream_sum_is_spread_over_the_streams(point, next_read):
+    """Adding v to block 0's hook_resid_{point} (the streams' sum) adds v/n to each stream: static HC at init reads one
+    stream at the next connection, so its read (hook_read) moves by exactly v/n, and block 1's sum by v."""
     model = create("hc", **TINY).double()
     ids = torch.randint(0, TINY["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(4))
     v = torch.randn(TINY["d_model"], generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    read = names.resid(1, "pre")
-    _, plain = model.run_with_cache(ids, names_filter=read)
-    with model.hooks(fwd_hooks=[(names.resid(0, "post"), lambda value, hook: value + v)]):
-        _, edited = model.run_with_cache(ids, names_filter=read)
+    read, total = names.hc(*next_read, "read"), names.resid(1, "pre")
+    _, plain = model.run_with_cache(ids, names_filter=[read, total])
+    with model.hooks(fwd_hooks=[(names.resid(0, point), lambda value, hook: value + v)]):
+        _, edited = model.run_with_cache(ids, names_filter=[read, total])
     torch.testing.assert_close(edited[read] - plain[read], (v / 4).expand_as(plain[read]), rtol=0, atol=1e-12)
+    if point == "post":  # nothing runs between the edit and block 1's sum
+        torch.testing.assert_close(edited[total] - plain[total], v.expand_as(plain[total]), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("variant", ["hc", "mhc"])
+def test_the_stream_sum_follows_the_summed_residual_rule(variant):
+    """With resid = the streams' sum: resid_mid = resid_pre + (Σ_k post_k)·attn_out + Σ_j (Σ_k res[k,j] − 1)·X_j. Static
+    HC at init keeps every stream (res = I, post = 1): resid_mid = resid_pre + n·attn_out exactly; mHC's Sinkhorn
+    columns miss 1 slightly, so its leak term is small but not 0, and the plain rule fails."""
+    model = create(variant, **TINY).double()
+    ids = torch.randint(0, TINY["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(6))
+    _, cache = model.run_with_cache(ids)
+    pre, mid, out = cache[names.resid(1, "pre")], cache[names.resid(1, "mid")], cache[names.sublayer_out(1, "attn")]
+    post, res, streams = cache[names.hc(1, "attn", "post")], cache[names.hc(1, "attn", "res")], cache[names.streams(1)]
+    leak = torch.einsum("btj,btjd->btd", res.sum(-2) - 1, streams)
+    torch.testing.assert_close(mid, pre + post.sum(-1, keepdim=True) * out + leak, rtol=0, atol=1e-12)
+    if variant == "hc":
+        assert leak.abs().max() == 0
+        torch.testing.assert_close(mid, pre + 4 * out, rtol=0, atol=1e-12)
+    else:
+        assert 0 < leak.abs().max() < 1e-3 * pre.abs().max()
+        assert (mid - pre - out).abs().max() > 1e-3
+
+
+def test_sinkhorns_hand_written_backward_is_autograds():
+    """The Sinkhorn steps' backward (x / (Σ x + eps), columns then rows) equals autograd through the plain loop."""
+    logits = torch.randn(3, 5, 4, 4, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    weights = torch.randn(3, 5, 4, 4, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    iters, eps = 20, 1e-6
+
+    def plain(x):
+        comb = torch.softmax(x, dim=-1) + eps
+        for dim in [-2] + [-1, -2] * (iters - 1):
+            comb = comb / (comb.sum(dim=dim, keepdim=True) + eps)
+        return comb.transpose(-1, -2)
+
+    grads = []
+    for fn in (plain, lambda x: sinkhorn(x, iters, eps)):
+        x = logits.clone().requires_grad_()
+        out = fn(x)
+        (out * weights).sum().backward()
+        grads.append((out.detach(), x.grad))
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=0, atol=1e-15)
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=0, atol=1e-13)

@@ -10,11 +10,11 @@ What transformers' ``modeling_deepseek_v4.py`` computes, and what the hooks see 
   stream_k ← Σ_j res[j,k]·stream_j + post_k·out (HF's ``res``, in × out). After the last layer ``hc_head`` collapses
   them with weights of its own before the final norm. Hooks: ``hook_streams`` / ``hook_streams_mid`` (B,T,N,d),
   ``hc_attn`` / ``hc_mlp`` ``.hook_pre`` / ``hook_post`` / ``hook_res`` (out × in, HF's ``res`` transposed, as the
-  vocabulary states it); ``hook_resid_pre`` / ``mid`` / ``post`` are the stream sums (an edit
-  of one adds its change, divided by N, to every stream, so the sum moves by exactly the edit), and
-  ``hook_attn_out`` / ``hook_mlp_out`` the sub-layers' outputs before ``post`` spreads them. The residual algebra
-  therefore holds as the stream rules of ``probe.checkpoints.algebra`` (resid_pre + attn_out = resid_mid does not:
-  the mix rescales both terms).
+  vocabulary states it) and ``.hook_read`` (the sub-layer's input); ``hook_resid_pre`` / ``mid`` / ``post`` are the
+  stream sums, as on probe's own hyper-connected models (an edit of one adds its change, divided by N, to every
+  stream, so the sum moves by exactly the edit), and ``hook_attn_out`` / ``hook_mlp_out`` the sub-layers' outputs
+  before ``post`` spreads them. The residual algebra therefore holds as the stream rules of
+  ``probe.checkpoints.algebra`` (resid_pre + attn_out = resid_mid does not: the mix rescales both terms).
 * **Attention.** Every layer, whatever its ``layer_types`` entry, masks its token keys with one sliding window of
   ``sliding_window`` keys (the model builds a single sliding-window mask), shares one key head as keys and values
   (rotary included on the trailing ``qk_rope_head_dim`` coordinates, interleaved pairs; the output's rotary slice is
@@ -48,6 +48,7 @@ from probe.checkpoints.adapters.llama import SEQUENTIAL
 from probe.checkpoints.adapters.recipes import RecipeAdapter
 from probe.checkpoints.hooked_hf import _hook_once
 from probe.models.depth_mechanisms.hyper_connections import sinkhorn
+from probe.models.hyper import through_sum
 
 COMPRESSOR_KEY = "_probe_compressor"  # compressor module.__dict__ entry -> the layer's attention hooks
 
@@ -60,6 +61,7 @@ class HCHooks(nn.Module):
         self.hook_pre = HookPoint()  # B,T,N
         self.hook_post = HookPoint()  # B,T,N
         self.hook_res = HookPoint()  # B,T,N,N
+        self.hook_read = HookPoint()  # B,T,d the sub-layer's input Σ_k pre_k·stream_k
 
 
 def hc_weights(hc: nn.Module, streams: torch.Tensor):
@@ -82,20 +84,13 @@ def connect(hc: nn.Module, points: HCHooks, streams: torch.Tensor):
     connection's hook points."""
     pre, post, res = hc_weights(hc, streams)
     pre, post, res = points.hook_pre(pre), points.hook_post(post), points.hook_res(res)  # res out × in
-    return (pre.unsqueeze(-1) * streams).sum(dim=2).to(streams.dtype), post, res
+    return points.hook_read((pre.unsqueeze(-1) * streams).sum(dim=2).to(streams.dtype)), post, res
 
 
 def spread(out: torch.Tensor, post: torch.Tensor, res: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
     """stream_k ← Σ_j res[k,j]·stream_j + post_k·out (B,T,N,d; res out × in), in HF's order of operations."""
     dtype = streams.dtype
     return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(res.to(dtype), streams)
-
-
-def through_sum(point: HookPoint, streams: torch.Tensor) -> torch.Tensor:
-    """The streams' sum (B,T,d) through ``point``; an edit's change is added, divided by N, to every stream."""
-    total = streams.sum(dim=-2)
-    fired = point(total)
-    return streams if fired is total else streams + ((fired - total) / streams.shape[-2]).unsqueeze(-2)
 
 
 def hc_layer_forward(layer, hooks, hidden_states, input_ids=None, **kwargs):

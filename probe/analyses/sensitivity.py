@@ -23,7 +23,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probe.analyses.capture import StopForward, as_windows, describe, finish, make_bar, model_device, run_until_done
+from probe.analyses.capture import (
+    StopForward,
+    Windows,
+    as_windows,
+    describe,
+    finish,
+    make_bar,
+    model_device,
+    run_until_done,
+)
 from probe.catalogue import SENSITIVITY_DEPTHS, SENSITIVITY_METHODS
 from probe.hooks import names
 
@@ -48,6 +57,19 @@ class SensitivityOptions:
             raise ValueError(f"sensitivity layers {self.layers!r}: choose one of {', '.join(DEPTHS)}")
         if self.samples < 2:
             raise ValueError(f"sensitivity samples={self.samples}: at least 2 (a standard error needs two)")
+
+
+def first_batches(windows, n: int = 1) -> Windows:
+    """The first ``n`` batches of ``windows`` (EvalBatches, Windows or a tensor): the few windows a cheap reading takes
+    (a report's checkpoints, a recipe's snapshots), where d backward passes per window would cost more than the sink
+    pass itself."""
+    w = as_windows(windows)
+    n = min(n, len(w))
+    meta = {**w.meta, "n_batches": n}
+    doc_ids = None if w.doc_ids is None else w.doc_ids[:n]  # (n, B)
+    if doc_ids is not None and "n_documents" in meta:
+        meta["n_documents"] = int(doc_ids.unique().numel())
+    return Windows(w.tokens[:n], doc_ids, meta)  # tokens: (n, B, T+1)
 
 
 def _leaf_forward(model, ids: torch.Tensor, layers: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
@@ -184,4 +206,4 @@ def sensitivity(
     return finish(tables, describe(model, w, "sensitivity", **settings))
 
 
-__all__ = ["METHODS", "DEPTHS", "SensitivityOptions", "jacobian_norms", "sensitivity"]
+__all__ = ["METHODS", "DEPTHS", "SensitivityOptions", "first_batches", "jacobian_norms", "sensitivity"]

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import argparse
 
+from probe.catalogue import SENSITIVITY_METHODS
 from probe.cli.flags import eps_flag, folder_flags, injection_flags, mechanism_flags, model_flags, protocol_flag
+from probe.options import positive_int
 
 VERB = "report"  # this module is `probe report` (probe.cli.main finds verbs by this line)
 RANK = 80  # its place in `probe --help`
 HELP = "batch sink report over many models or training checkpoints (resumable)"
 DESCRIPTION = (
     "Sink statistics (and optionally massive activations, attention entropy, outlier kurtosis, norm-weighted "
-    "key-0 shares and injection) for every model or checkpoint, written "
-    "as CSV and an offline HTML report, report.html, which loads the plotly.min.js written beside it (move the "
-    "folder as a whole, or pass --self-contained for a page that works alone); with several --ctx lengths, every "
-    "model at each, reported against T. Killed and started again with the same arguments, it continues where it "
-    "stopped."
+    "key-0 shares, the last token's sensitivity to each position, and injection) for every model or checkpoint, "
+    "written as CSV and an offline HTML report, report.html, which loads the plotly.min.js written beside it (move "
+    "the folder as a whole, or pass --self-contained for a page that works alone); with several --ctx lengths, "
+    "every model at each, reported against T. Killed and started again with the same arguments, it continues where "
+    "it stopped."
 )
 
 
@@ -48,12 +50,50 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="also report massive activations (Sun et al. 2024; with several --ctx, the largest against T)",
     )
     mechanism_flags(p)  # per model or checkpoint, from the same forward as the sink statistics
+    sensitivity_flags(p)  # per model or checkpoint, a forward and backwards of its own on the first batch
     injection_flags(p, "--inject-doses", None, "also run injection at these doses (default: no injection)")
     p.add_argument("--out", metavar="DIR", default="probe-report", help="report directory (default probe-report)")
     p.add_argument("--json", action="store_true", help="print the summary table as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress bars or notes on stderr")
     folder_flags(p, reads_data=True)
     return p
+
+
+def sensitivity_flags(p) -> None:
+    """--sensitivity [METHOD] and --sensitivity-samples K: the last token's sensitivity (probe sensitivity's
+    measure, the last layer) on the first batch of each model's windows."""
+    p.add_argument(
+        "--sensitivity",
+        nargs="?",
+        const="sampled",
+        choices=SENSITIVITY_METHODS,
+        metavar="METHOD",
+        help="also report the last token's sensitivity to each position at the last layer (Barbero et al. 2024/2025) "
+        "on the first batch of windows: sampled (the default; --sensitivity-samples directions) or exact (one "
+        "backward per model coordinate)",
+    )
+    p.add_argument(
+        "--sensitivity-samples",
+        type=positive_int,
+        default=16,
+        metavar="K",
+        help="Gaussian directions of --sensitivity sampled, at least 2 (default 16)",
+    )
+
+
+def sensitivity_options(args):
+    """The --sensitivity flags as SensitivityOptions (None when not asked); too few samples is one line."""
+    from probe.analyses.sensitivity import SensitivityOptions
+    from probe.errors import UsageError
+
+    if args.sensitivity is None:
+        return None
+    if args.sensitivity == "sampled" and args.sensitivity_samples < 2:
+        raise UsageError(
+            f"--sensitivity-samples {args.sensitivity_samples}: the sampled method needs at least 2 (its standard "
+            "error)"
+        )
+    return SensitivityOptions(method=args.sensitivity, samples=args.sensitivity_samples, seed=args.seed)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
             entropy=args.entropy,
             kurtosis=args.kurtosis,
             norm_weighted=args.norm_weighted,
+            sensitivity=sensitivity_options(args),
         )
         if spec.injection is not None:
             from probe.analyses.inject import dose_warning

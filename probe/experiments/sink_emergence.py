@@ -5,7 +5,9 @@ The recipe ``probe experiment sink-emergence --out DIR`` (``run``) trains every 
 rerun continues each run where it stopped, and a finished run only reloads), measures every snapshot and writes
 
     snapshots.csv     one row per (variant, seed, step, layer): pos0 share ÷ uniform, r0, phantom share, sink logit,
-                      Sink^0.3 share of heads, massive activations (top-1 ÷ median, share at BOS), the split
+                      Sink^0.3 share of heads, massive activations (top-1 ÷ median, share at BOS), the split, and
+                      the last token's sensitivity at that layer's output (position 0's share, the mixing share;
+                      16 sampled directions on the first evaluation batch)
     summary.csv       one row per (variant, seed, step): the run-level statistics and sink_formed
                       (docs/definitions.md#sink-rule)
     done_when.csv     the sink-emergence check (docs/definitions.md#sink-emergence-check) at each seed's last two
@@ -39,6 +41,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from probe.analyses.backcopy import STATS, backcopy_split
+from probe.analyses.sensitivity import SensitivityOptions, first_batches, sensitivity
 from probe.analyses.sink_pass import sink_analyses
 from probe.data.synthetic import BigramBackcopy
 from probe.experiments.result import Result, Timer, check_training_numbers, config_dict
@@ -224,13 +227,14 @@ def copy_losses(model, windows) -> dict:
 def snapshot_table(cfg: EmergenceConfig, variant: str, seed: int, run_dir) -> pd.DataFrame:
     """One row per (snapshot step, layer): pos0 share ÷ uniform, r0, phantom share, the active/dormant split, and
     the run-level flags (``sink_formed``, ``pos0_over_uniform`` and ``r0_later`` over layers past the first, mean
-    phantom share over layers), plus the copy and bigram losses. Cached in ``run_dir/snapshot_stats.csv``."""
+    phantom share over layers), plus the copy and bigram losses and the last token's sensitivity shares
+    (``SENSITIVITY``). Cached in ``run_dir/snapshot_stats.csv``."""
     run_dir = Path(run_dir)
     cache = run_dir / "snapshot_stats.csv"
     steps = snapshot_steps(run_dir)
     if cache.exists():
         old = pd.read_csv(cache)
-        if sorted(old["step"].unique()) == sorted(steps) and {"sink_logit", *STATS} <= set(old.columns):
+        if sorted(old["step"].unique()) == sorted(steps) and {"sink_logit", *STATS, *SENSITIVITY} <= set(old.columns):
             return old
     torch.set_num_threads(cfg.threads)
     windows = cfg.task.eval_windows(cfg.n_eval_batches, cfg.eval_batch_size)
@@ -243,6 +247,7 @@ def snapshot_table(cfg: EmergenceConfig, variant: str, seed: int, run_dir) -> pd
         sinks = found["sinks"]
         split = backcopy_split(model, windows)["layers"].set_index("layer")
         extra = extra_stats(model, windows, found)
+        sens = sensitivity_stats(model, windows)
         summary = sinks["summary"].iloc[0]
         run = {
             "variant": variant,
@@ -268,6 +273,7 @@ def snapshot_table(cfg: EmergenceConfig, variant: str, seed: int, run_dir) -> pd
                     "sink_logit": layer["sink_logit"],
                     **{c: split.loc[l, c] for c in STATS},
                     **extra[l],
+                    **sens[l],
                 }
             )
     table = pd.DataFrame(rows)
@@ -296,12 +302,30 @@ def extra_stats(model, windows, found: dict | None = None) -> dict[int, dict]:
     }
 
 
+# the last token's sensitivity per snapshot (docs/definitions.md#sensitivity): sampled directions on the first
+# evaluation batch: exact costs d backwards per layer (bb-baseline, d 128, T 256, 8 windows, one busy core: 72 s a
+# snapshot exact, 11 s sampled, the shares within 0.003 of exact)
+SENSITIVITY = ("sens_first_share", "sens_mixing")
+SENSITIVITY_OPTIONS = SensitivityOptions(method="sampled", samples=16, layers="all", seed=0)
+
+
+def sensitivity_stats(model, windows) -> dict[int, dict]:
+    """Per layer: position 0's share of the last token's sensitivity (``sens_first_share``) and the share of the
+    positions between it and the last (``sens_mixing``, Barbero et al.'s over-mixing), at that layer's output."""
+    found = sensitivity(model, first_batches(windows), SENSITIVITY_OPTIONS)["summary"]
+    return {
+        int(row["layer"]): {"sens_first_share": float(row["first_share"]), "sens_mixing": float(row["mixing"])}
+        for _, row in found.iterrows()
+    }
+
+
 TRAJECTORIES = (
     ("pos0_ratio", "position-0 share ÷ causal-uniform", 3.0),
     ("r0", "r0 = ‖v0‖ / median ‖vj‖", 0.8),
     ("phantom_share", "phantom share", None),
     ("prev_at_trigger", "previous token, trigger rows", None),
     ("bos_elsewhere", "BOS, other rows", None),
+    ("sens_mixing", "sensitivity: mixing share", None),
 )
 
 
@@ -310,15 +334,16 @@ def trajectory_figure(table: pd.DataFrame) -> go.Figure:
     the sink rule's thresholds (3x uniform, r0 0.8; docs/definitions.md#sink-rule). ``table``: ``snapshot_table`` rows
     of one or more runs."""
     layers = sorted(table["layer"].unique())
+    shown = [t for t in TRAJECTORIES if t[0] in table]  # tables cached before a statistic was added lack it
     fig = make_subplots(
-        rows=len(TRAJECTORIES),
+        rows=len(shown),
         cols=len(layers),
         shared_xaxes=True,
-        subplot_titles=[f"layer {l}: {title}" for _, title, _ in TRAJECTORIES for l in layers],
+        subplot_titles=[f"layer {l}: {title}" for _, title, _ in shown for l in layers],
     )
     for i, (run, g) in enumerate(table.groupby(["variant", "seed"], sort=False)):
         name = f"{run[0]} s{run[1]}"
-        for r, (col, _, _) in enumerate(TRAJECTORIES, start=1):
+        for r, (col, _, _) in enumerate(shown, start=1):
             for c, l in enumerate(layers, start=1):
                 d = g[g["layer"] == l].sort_values("step")
                 fig.add_scatter(
@@ -332,15 +357,15 @@ def trajectory_figure(table: pd.DataFrame) -> go.Figure:
                     row=r,
                     col=c,
                 )
-    for r, (_, _, threshold) in enumerate(TRAJECTORIES, start=1):
+    for r, (_, _, threshold) in enumerate(shown, start=1):
         if threshold is not None:
             for c in range(1, len(layers) + 1):
                 fig.add_hline(y=threshold, line_dash="dot", line_color="gray", row=r, col=c)
-    fig.update_xaxes(title_text="step", row=len(TRAJECTORIES))
+    fig.update_xaxes(title_text="step", row=len(shown))
     fig.update_annotations(font_size=12)  # the subplot titles: two columns side by side fit a page's column
     fig.update_layout(
         title="Sink emergence on Bigram-Backcopy",
-        height=220 * len(TRAJECTORIES),
+        height=220 * len(shown),
         legend=dict(orientation="h", yanchor="top", y=-0.06, x=0),  # under the plots: they keep the width
     )
     return fig

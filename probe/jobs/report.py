@@ -35,6 +35,7 @@ import pandas as pd
 from probe import __version__
 from probe.analyses.context_sweep import sweep_tables
 from probe.analyses.inject import inject
+from probe.analyses.sensitivity import SensitivityOptions, first_batches, sensitivity
 from probe.analyses.sink_pass import sink_analyses
 from probe.checkpoints.load import resolve
 from probe.console import Console
@@ -76,8 +77,11 @@ TABLES = (
     "massive",
     "massive_layers",
     *(f"{m}{part}" for m in MECHANISMS for part, _ in PARTS),
+    "sensitivity",
+    "sensitivity_positions",
 )
 CTX_TABLES = ("ctx_summary", "ctx_by_type", "ctx_layers")  # a context sweep's (report_ctx_*.csv)
+SENSITIVITY_BATCHES = 1  # the report's sensitivity reads the first batch of windows: its backwards cost the most
 SWEEP = "sweep"  # settings["ctx"] of a report over several contexts (each record's context is in its key)
 
 
@@ -98,6 +102,9 @@ class ReportSpec:
     entropy: bool = False  # attention entropy per head (Zhai et al.), from the same forward
     kurtosis: bool = False  # outlier-feature kurtosis per layer (He et al.), from the same forward
     norm_weighted: bool = False  # key 0's norm-weighted share per head (Kobayashi et al.), from the same forward
+    # the last token's sensitivity to each position at the last layer (Barbero et al.), on the first batch of
+    # windows only: a forward and one backward per direction (or per coordinate, exact) of its own; None: not asked
+    sensitivity: SensitivityOptions | None = None
 
 
 def sweep_contexts(ctx) -> tuple[int, ...] | None:
@@ -188,7 +195,15 @@ def settings_of(spec: ReportSpec) -> dict:
         **({"protocol": w.protocol} if w.protocol != "pooled" else {}),  # older manifests: pooled
         **({"massive": True} if spec.massive else {}),  # older manifests: no massive activations
         **{m: True for m in MECHANISMS if getattr(spec, m)},  # older manifests: none of them
+        **({"sensitivity": sensitivity_settings(spec.sensitivity)} if spec.sensitivity else {}),
     }
+
+
+def sensitivity_settings(options: SensitivityOptions) -> dict:
+    """What a report records of its sensitivity reading: the method (with its directions and their seed when
+    sampled) and the one batch of windows it reads."""
+    drawn = {"samples": options.samples, "sample_seed": options.seed} if options.method == "sampled" else {}
+    return {"method": options.method, **drawn, "layers": options.layers, "batches": SENSITIVITY_BATCHES}
 
 
 def compute_one(
@@ -219,6 +234,9 @@ def compute_one(
     if spec.massive:
         tables["massive"], tables["massive_layers"] = found["massive"]["summary"], found["massive"]["layers"]
     tables.update(mechanism_tables(spec, found))
+    if spec.sensitivity is not None:
+        sens = sensitivity(model, first_batches(eb, SENSITIVITY_BATCHES), spec.sensitivity, progress=progress)
+        tables["sensitivity"], tables["sensitivity_positions"] = sens["summary"], sens["positions"]
     meta = dict(res["meta"].attrs["meta"])
     if spec.injection is not None:
         kinds, cutoffs, skipped = injection_plan(model, spec.injection, spec.windows.batch_size)

@@ -431,7 +431,8 @@ def report_text(tables: dict, settings: dict, n_models: int, shard: str | None =
     for note in linear_notes(tables.get("layers")):  # a hybrid model: which layers its statistics leave out
         text += note_lines(note)
     if (mech := mechanism_columns(tables)) is not None:
-        text += ["", "sink mechanisms (means over layers):", show(mech, list(mech.columns), identity=True)]
+        last = "; mixing: the sensitivity's, at the last layer" if "sensitivity" in tables else ""
+        text += ["", f"sink mechanisms (means over layers{last}):", show(mech, list(mech.columns), identity=True)]
     if "injection" in tables:
         text += [
             "",

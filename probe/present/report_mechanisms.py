@@ -1,6 +1,6 @@
 """The sink-mechanism companions on `probe report`'s page and terminal text: attention entropy (Zhai et al.), outlier
-kurtosis (He et al.) and key 0's norm-weighted share (Kobayashi et al.) per model or checkpoint, beside the
-position-0 share, so a run's snapshots show them as the sink forms."""
+kurtosis (He et al.), key 0's norm-weighted share (Kobayashi et al.) and the last token's sensitivity (Barbero et
+al.) per model or checkpoint, beside the position-0 share, so a run's snapshots show them as the sink forms."""
 
 from __future__ import annotations
 
@@ -27,12 +27,21 @@ MECHANISM_VIEWS = {
         "Key 0's share of the norm-weighted attention ||a f(x)||, mean over heads and layers (Kobayashi et al.)",
         "share of ||a f(x)||",
     ),
+    "sensitivity": (
+        ["layer", "first_share", "mixing", "last_share", "decay_slope", "first", "rest_mean", "last"],
+        "mixing",
+        "Over-mixing: the share of the last token's sensitivity on positions 1..T-2, at the last layer (Barbero et "
+        "al.; a sink keeps it low)",
+        "share of sum_i ||dy/de_i||",
+    ),
 }
 TITLES = {
     "entropy": "Attention entropy per model (Zhai et al.; *_se: s.e. over batches; entropy_norm: / log outcomes seen)",
     "kurtosis": "Outlier kurtosis per model (He et al.; of each layer's neuron RMS, mean over layers)",
     "norm_weighted": "Key 0's share by weight and by norm ||a f(x)|| per model (Kobayashi et al.; *_se: s.e. over "
     "batches)",
+    "sensitivity": "The last token's sensitivity ||dy/de_i|| at the last layer per model, on the first batch of "
+    "windows (Barbero et al.; first_share: position 0's share, mixing: positions 1..T-2's)",
 }
 
 

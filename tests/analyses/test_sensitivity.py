@@ -9,25 +9,7 @@ import torch
 
 from probe.analyses.sensitivity import SensitivityOptions, jacobian_norms, sensitivity
 from probe.hooks import names
-from tests.support.analyses import tiny, windows
-
-
-def full_jacobian_norms(model, ids: torch.Tensor, layer: int) -> torch.Tensor:
-    """‖∂y_{T-1}/∂e_i‖_F for each i of one window (1, T), from the whole (d, T, d) Jacobian."""
-    _, cache = model.run_with_cache(ids, names_filter=lambda name: name == names.EMBED)
-    e0 = cache[names.EMBED]
-
-    def y_of(e):
-        got = {}
-
-        def keep(x, hook):
-            got["y"] = x
-
-        model.run_with_hooks(ids, fwd_hooks=[(names.EMBED, lambda x, hook: e), (names.resid(layer, "post"), keep)])
-        return got["y"][0, -1]
-
-    J = torch.autograd.functional.jacobian(y_of, e0)  # (d, 1, T, d)
-    return J[:, 0].pow(2).sum((0, 2)).sqrt()
+from tests.support.analyses import full_jacobian_norms, tiny, windows
 
 
 def test_exact_equals_the_full_jacobian():

@@ -6,17 +6,24 @@ its chain as default data."""
 import dataclasses
 import importlib.util
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 import probe
+from probe.analyses.sensitivity import SensitivityOptions
+from probe.experiments import sink_emergence
 from probe.experiments.bb_zoo import ship
 from probe.experiments.command import main
-from probe.experiments.sink_emergence import EXTRA, RUN_STATS, EmergenceConfig
+from probe.experiments.sink_emergence import EXTRA, RUN_STATS, SENSITIVITY, EmergenceConfig
 from probe.jobs.inputs import trained_task
+from probe.runs import snapshot_steps
+from probe.train.checkpoint import load_model
+from tests.support.analyses import full_jacobian_norms
 from tests.support.cli import assert_one_line_error
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,6 +93,7 @@ def test_recipe_writes_snapshots_summary_done_when_and_trajectories(recipe):
         "bos_elsewhere",
         *EXTRA,
         *RUN_STATS,
+        *SENSITIVITY,
     } <= set(snaps.columns)
     assert sorted(snaps.groupby(["variant", "step"]).size().items()) == [
         ((v, s), 2) for v in ("baseline", "sinklogit") for s in (0, 12, 24)
@@ -106,6 +114,31 @@ def test_recipe_writes_snapshots_summary_done_when_and_trajectories(recipe):
     assert "baseline s0" in page and "sinklogit s0" in page
     config = json.loads((recipe / "config.json").read_text())
     assert config["recipe"] == "sink-emergence" and config["config"]["steps"] == 24
+
+
+def test_each_snapshot_carries_the_last_tokens_sensitivity_per_layer(recipe, tmp_path, monkeypatch):
+    """The sensitivity columns at each (snapshot, layer): exact, they are the full Jacobian's shares taken by hand on
+    the first evaluation batch; the recipe's sampled ones lie near them."""
+    run = tmp_path / "baseline-s0"
+    shutil.copytree(recipe / "runs" / "baseline-s0", run)
+    (run / "snapshot_stats.csv").unlink()
+    monkeypatch.setattr(sink_emergence, "SENSITIVITY_OPTIONS", SensitivityOptions(layers="all"))  # exact
+    cfg = EmergenceConfig.from_record(json.loads((run / "emergence.json").read_text())["config"])
+    exact = sink_emergence.snapshot_table(cfg, "baseline", 0, run)
+    sampled = pd.read_csv(recipe / "snapshots.csv").query("variant == 'baseline'").reset_index(drop=True)
+    ids = cfg.task.eval_windows(cfg.n_eval_batches, cfg.eval_batch_size).tokens[0, :, :-1]  # (4, 32)
+    for step, path in snapshot_steps(run).items():
+        model = sink_emergence.build(cfg, "baseline", 0)
+        load_model(model, path)
+        model.eval()
+        for layer in (0, 1):
+            norms = torch.stack([full_jacobian_norms(model, ids[b : b + 1], layer) for b in range(len(ids))])  # (4, T)
+            share = (norms / norms.sum(-1, keepdim=True)).double()
+            row = exact[(exact["step"] == step) & (exact["layer"] == layer)].iloc[0]
+            assert row["sens_first_share"] == pytest.approx(float(share[:, 0].mean()), rel=1e-4)
+            assert row["sens_mixing"] == pytest.approx(float(share[:, 1:-1].sum(-1).mean()), rel=1e-4)
+    # 16 directions per window: the mixing share (a sum over 30 positions) within a few per cent of exact
+    assert sampled["sens_mixing"].to_numpy() == pytest.approx(exact["sens_mixing"].to_numpy(), rel=0.1)
 
 
 def test_rerun_trains_nothing_and_gives_the_same_tables(recipe):

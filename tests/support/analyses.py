@@ -2,6 +2,7 @@
 
 import torch
 
+from probe.hooks import names
 from probe.models import create
 from tests.support import SMALL
 
@@ -26,6 +27,24 @@ def tiny(variant="baseline", seed=0, **over):
             elif name.endswith("read.query"):  # depth routing that is not uniform
                 p.copy_(torch.randn(p.shape, generator=g))
     return model.eval()
+
+
+def full_jacobian_norms(model, ids: torch.Tensor, layer: int) -> torch.Tensor:
+    """‖∂y_{T-1}/∂e_i‖_F for each i of one window (1, T), from the whole (d, T, d) Jacobian."""
+    _, cache = model.run_with_cache(ids, names_filter=lambda name: name == names.EMBED)
+    e0 = cache[names.EMBED]
+
+    def y_of(e):
+        got = {}
+
+        def keep(x, hook):
+            got["y"] = x
+
+        model.run_with_hooks(ids, fwd_hooks=[(names.EMBED, lambda x, hook: e), (names.resid(layer, "post"), keep)])
+        return got["y"][0, -1]
+
+    J = torch.autograd.functional.jacobian(y_of, e0)  # (d, 1, T, d)
+    return J[:, 0].pow(2).sum((0, 2)).sqrt()
 
 
 def periodic(n_batches, batch, ctx, vocab=32, period=5, seed=0):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 import torch
 
@@ -95,7 +96,7 @@ _DEPTH = [("lr-attnres", 49, 1024, 64), ("lr-attnres", 49, 1024, 1024), ("depth-
 # every flag that changes a kernel (a constexpr) on: the key bias adds a load per key block, the others none, so a
 # launch with all of them needs the most shared memory of its kind (checked by the full grid, -m slow); keep: the
 # kept-first-keys rule of window eviction (a second key loop in the forward and dq kernels, a wider query range in dkdv)
-ALL_FLAGS = dict(sink=True, key_bias=True, window=128, keep=4)
+ALL_FLAGS: dict[str, Any] = dict(sink=True, key_bias=True, window=128, keep=4)
 
 
 def ci_cases() -> list[Case]:
@@ -121,8 +122,11 @@ def ci_cases() -> list[Case]:
 
 def rule_cases(rules=("softpick",), dtypes=("bf16",)) -> list[Case]:
     """Training-shaped row-rule launches (forward + backward): a probe tier's 64-wide heads, key bias and window."""
-    flags = dict(key_bias=True, window=128)
-    return [Case("gatedv-medium", "rule", dt, 6, 6, 64, rule=rule, **flags) for rule in rules for dt in dtypes]
+    return [
+        Case("gatedv-medium", "rule", dt, 6, 6, 64, key_bias=True, window=128, rule=rule)
+        for rule in rules
+        for dt in dtypes
+    ]
 
 
 def full_cases() -> list[Case]:

@@ -335,8 +335,8 @@ def rule_configs(q, v, backward: bool) -> dict:
         cfg = launch_config(op, q.dtype, limits, dh=q.shape[-1], dv=v.shape[-1])
         if cfg is None:
             raise NoLaunchConfig(
-                f"no Triton launch of {op} fits {limits.name}'s {limits.shared_bytes // KB} KB of shared memory per "
-                f"block for q {tuple(q.shape)} {str(q.dtype).removeprefix('torch.')}, values of width {v.shape[-1]}"
+                f"no Triton launch of {op} fits {limits.name}'s {(limits.shared_bytes or 0) // KB} KB of shared memory "
+                f"per block for q {tuple(q.shape)} {str(q.dtype).removeprefix('torch.')}, values of width {v.shape[-1]}"
             )
         configs[op] = cfg
     return configs

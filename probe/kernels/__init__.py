@@ -14,6 +14,7 @@
     stickbreaking/        attention under stick-breaking rows (Tan et al. 2025), log space; reference, fused, dispatch
     row_rules.py          the row rules other than softmax by name (``attn_fn``): op, rule on scores, row bound
     rule_attention.py     the attention op those rules share: their scores materialised, the rule, the values
+    rule_triton.py        the pointwise rules and softpick on sink attention's Triton tiles (backend="triton")
     backend.py            the runtime backend choice (use_backend, $PROBE_BACKEND) and whether Triton can run
     launch.py             launch settings that fit the device's shared memory; the fallback when none does
     common.py             what more than one op uses

@@ -32,7 +32,11 @@ from pathlib import Path
 from probe.kernels.launch import ARCHS
 
 # the modules whose kernels the launchers call through module globals (kernel[grid](...))
-KERNEL_MODULES = ("probe.kernels.sink_attention.triton", "probe.kernels.depth_attention.triton")
+KERNEL_MODULES = (
+    "probe.kernels.sink_attention.triton",
+    "probe.kernels.depth_attention.triton",
+    "probe.kernels.rule_triton",
+)
 _CONSTEXPR = "constexpr"
 
 
@@ -74,6 +78,8 @@ class CompileSpec:
         flags = "+".join(
             k.removeprefix("HAS_").lower() for k, v in c.items() if k.startswith(("HAS_", "NORMALIZE")) and v is True
         )
+        if "RULE" in c:  # probe.kernels.rule_triton: which rule, and whether its rows are normalised
+            flags = "+".join(x for x in (f"rule{c['RULE']}", "norm" if c.get("NORMALISE") else "", flags) if x)
         return f"{self.name}[{dtypes} {blocks}{' ' + flags if flags else ''} w{self.num_warps} s{self.num_stages}]"
 
     def to_json(self) -> dict:

@@ -1,10 +1,11 @@
 """The launches the dispatch can choose on CUDA for real-model shapes, captured from the real launchers.
 
 A Case is one call of a Triton launcher (sink-attention forward, forward + backward, row masses, depth forward +
-backward) at one model's shapes, dtype and flags. ``capture(cases, limits)`` runs the launchers on tiny CPU tensors
-with the kernels recorded, not launched (probe.kernels.aot.record_launches), under the given device limits, and
-returns the distinct CompileSpecs with the cases that reach each one. The sequence length does not enter the launch
-settings (only the grid), so captures use a short one.
+backward, a row rule's forward + backward: probe.kernels.rule_triton) at one model's shapes, dtype and flags.
+``capture(cases, limits)`` runs the launchers on tiny CPU tensors with the kernels recorded, not launched
+(probe.kernels.aot.record_launches), under the given device limits, and returns the distinct CompileSpecs with the
+cases that reach each one. The sequence length does not enter the launch settings (only the grid), so captures use a
+short one.
 
 Shapes (heads x head dim, kv heads):
     Pythia        16 x 64, MHA (fp16 checkpoints)
@@ -14,7 +15,8 @@ Shapes (heads x head dim, kv heads):
     probe tiers   tiny 4 x 32; gatedv-medium / abstention / lr-attnres: 64-wide heads; sinks and routing key biases
     depth         d = 128 ... 8192 (the tiers' widths, and beyond), AttnRes keys r = d, S-LR / P-LR keys r = 64
 Default dtypes: analyses run HF checkpoints in their own dtype (bf16; Pythia fp16) and probe's models in fp32;
-training on CUDA autocasts to bf16. ``ci_cases()`` is the CI tier (one launch per distinct kind at those dtypes),
+training on CUDA autocasts to bf16. ``rule_cases()`` are the row rules' launches (by default softpick in bf16, the
+rule kernels' widest state), ``ci_cases()`` is the CI tier (one launch per distinct kind at those dtypes),
 ``full_cases()`` every flag x dtype, ``table_cases()`` the rows of benchmarks/kernels_shared_memory.csv.
 """
 
@@ -22,18 +24,27 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 import torch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-OPS = ("forward", "backward", "row_masses", "depth")
+OPS = ("forward", "backward", "row_masses", "depth", "rule")
+# attn_fn -> (the kernels' rule, normalised): the row rules with Triton kernels (probe.kernels.rule_triton)
+TRITON_ROW_RULES = {
+    "softpick": ("softpick", True),
+    "sigmoid": ("sigmoid", False),
+    "sigmoid-norm": ("sigmoid", True),
+    "elu1": ("elu1", False),
+    "elu1-norm": ("elu1", True),
+}
 CAPTURE_T = 64  # a multiple of 16, like the lengths analyses use
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
     model: str
-    op: str  # forward | backward (forward + backward) | row_masses | depth
+    op: str  # forward | backward (forward + backward) | row_masses | depth | rule (forward + backward)
     dtype: str  # fp32 | bf16 | fp16
     heads: int = 1  # query heads (attention) | sources S (depth)
     kv_heads: int = 1
@@ -44,6 +55,7 @@ class Case:
     window: int | None = None
     softcap: float | None = None
     keep: int | None = None  # kept first keys with the window (window eviction: probe ablate)
+    rule: str | None = None  # op "rule": a key of TRITON_ROW_RULES
 
     def flags(self) -> str:
         on = [n for n, v in (("sink", self.sink), ("key_bias", self.key_bias)) if v]
@@ -55,6 +67,8 @@ class Case:
             on.append(f"softcap={self.softcap:g}")
         if self.op == "depth":
             on.append(f"r={self.key_dim}")
+        if self.rule is not None:
+            on.append(self.rule)
         return "+".join(on) or "-"
 
     def label(self) -> str:
@@ -82,7 +96,7 @@ _DEPTH = [("lr-attnres", 49, 1024, 64), ("lr-attnres", 49, 1024, 1024), ("depth-
 # every flag that changes a kernel (a constexpr) on: the key bias adds a load per key block, the others none, so a
 # launch with all of them needs the most shared memory of its kind (checked by the full grid, -m slow); keep: the
 # kept-first-keys rule of window eviction (a second key loop in the forward and dq kernels, a wider query range in dkdv)
-ALL_FLAGS = dict(sink=True, key_bias=True, window=128, keep=4)
+ALL_FLAGS: dict[str, Any] = dict(sink=True, key_bias=True, window=128, keep=4)
 
 
 def ci_cases() -> list[Case]:
@@ -106,6 +120,15 @@ def ci_cases() -> list[Case]:
     return cases
 
 
+def rule_cases(rules=("softpick",), dtypes=("bf16",)) -> list[Case]:
+    """Training-shaped row-rule launches (forward + backward): a probe tier's 64-wide heads, key bias and window."""
+    return [
+        Case("gatedv-medium", "rule", dt, 6, 6, 64, key_bias=True, window=128, rule=rule)
+        for rule in rules
+        for dt in dtypes
+    ]
+
+
 def full_cases() -> list[Case]:
     """The full grid (-m slow): every listed shape in fp32, bf16 and fp16, forward + backward and row masses with no
     flag and with every flag (row masses also with the soft-cap alone), depth in each dtype. With the CI tier's
@@ -120,7 +143,7 @@ def full_cases() -> list[Case]:
         cases.append(Case(model, "row_masses", dt, h, hkv, dh, softcap=50.0, **ALL_FLAGS))
     for (model, s, d, r), dt in itertools.product(_DEPTH, DTYPES):
         cases.append(Case(model, "depth", dt, s, 1, d, r))
-    return cases
+    return cases + rule_cases(TRITON_ROW_RULES, DTYPES)
 
 
 def table_cases() -> list[Case]:
@@ -143,6 +166,7 @@ def run_case(case: Case, T: int = CAPTURE_T):
     """Call the case's Triton launcher on small CPU tensors (inside record_launches: nothing runs)."""
     from probe.kernels.depth_attention.triton import depth_attention_triton
     from probe.kernels.row_masses.triton import row_masses_triton
+    from probe.kernels.rule_triton import rule_attention_triton
     from probe.kernels.sink_attention.triton import sink_attention_triton
 
     dtype = DTYPES[case.dtype]
@@ -153,7 +177,7 @@ def run_case(case: Case, T: int = CAPTURE_T):
         h, _ = depth_attention_triton(values, keys, query)
         h.float().sum().backward()
         return
-    grad = case.op == "backward"
+    grad = case.op in ("backward", "rule")
     q = torch.zeros(1, T, case.heads, case.head_dim, dtype=dtype, requires_grad=grad)
     k = torch.zeros(1, T, case.kv_heads, case.head_dim, dtype=dtype, requires_grad=grad)
     sink = torch.zeros(case.heads) if case.sink else None
@@ -172,6 +196,11 @@ def run_case(case: Case, T: int = CAPTURE_T):
         )
         return
     v = torch.zeros(1, T, case.kv_heads, case.head_dim, dtype=dtype, requires_grad=grad)
+    if case.op == "rule":
+        rule, normalise = TRITON_ROW_RULES[case.rule or ""]
+        out = rule_attention_triton(q, k, v, rule=rule, normalise=normalise, key_bias=key_bias, window=case.window)
+        out.float().sum().backward()
+        return
     out, lse = sink_attention_triton(q, k, v, sink=sink, key_bias=key_bias, window=case.window, keep=case.keep)
     if grad:
         (out.float().sum() + lse.sum()).backward()

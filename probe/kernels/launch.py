@@ -85,8 +85,9 @@ class DepthConfig:
 
 
 ATTENTION_OPS = ("sink_forward", "sink_backward_dkdv", "sink_backward_dq")
+RULE_OPS = ("rule_forward", "rule_backward_dkdv", "rule_backward_dq")  # probe.kernels.rule_triton: the same tiles
 DEPTH_OPS = ("depth_forward", "depth_backward")
-OPS = ATTENTION_OPS + DEPTH_OPS
+OPS = ATTENTION_OPS + RULE_OPS + DEPTH_OPS
 
 # (block_m, block_n, num_warps, num_stages), most preferred first; tl.dot needs 16+ on each side
 ATTENTION_CANDIDATES = (
@@ -137,7 +138,11 @@ def attention_shared_bytes(
     num_stages: int,
     v_dtype: torch.dtype | None = None,
 ) -> int:
-    """Estimated shared memory (bytes) of one sink-attention launch; an upper bound (see the module docstring)."""
+    """Estimated shared memory (bytes) of one sink-attention or row-rule launch; an upper bound (see the module
+    docstring). A row-rule launch loads the tiles of its sink-attention twin, and in the dK/dV loop two more fp32 rows
+    (softpick's eps / D and shift key); its forward's softpick step reduces the tile once more (max and argmax)."""
+    rule = op in RULE_OPS
+    op = op.replace("rule_", "sink_") if rule else op
     es, ev = _size(dtype), _size(v_dtype or dtype)
     wg = _wgmma(limits, dtype, block_m if op != "sink_backward_dkdv" else block_n, num_warps)
     buffers = num_stages if wg else max(1, num_stages - 1)
@@ -148,14 +153,14 @@ def attention_shared_bytes(
         loop = block_n * block_dh * es + block_n * block_dv * ev + block_n * 4
     elif op == "sink_backward_dkdv":  # k, v once; q, dO, lse and delta per query block; ds^T and p^T converted
         once = block_n * block_dh * es + block_n * block_dv * es
-        loop = block_m * block_dh * es + block_m * block_dv * es + 2 * block_m * 4
+        loop = block_m * block_dh * es + block_m * block_dv * es + (4 if rule else 2) * block_m * 4
         scratch *= 2
     elif op == "sink_backward_dq":  # q, dO once; k, v and the key bias per key block
         once = block_m * block_dh * es + block_m * block_dv * es
         loop = block_n * block_dh * es + block_n * block_dv * es + block_n * 4
     else:
         raise ValueError(f"unknown op {op!r}; choose one of {', '.join(ATTENTION_OPS)}")
-    rows = 2 * max(block_m, block_n) * 4  # cross-warp scratch of the fp32 row max / row sum
+    rows = (4 if rule else 2) * max(block_m, block_n) * 4  # cross-warp scratch of the fp32 row reductions
     return once + buffers * loop + scratch + rows
 
 
@@ -201,7 +206,7 @@ def launch_config(
             if limits.shared_bytes is None or est <= limits.shared_bytes:
                 return DepthConfig(block_t, block_d, block_r, warps, stages, 0 if limits.shared_bytes is None else est)
         return None
-    if op not in ATTENTION_OPS:
+    if op not in ATTENTION_OPS + RULE_OPS:
         raise ValueError(f"unknown op {op!r}; choose one of {', '.join(OPS)}")
     block_dh, block_dv = max(16, _next_pow2(dh)), max(16, _next_pow2(dv))
     if limits.shared_bytes is None:

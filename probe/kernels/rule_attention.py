@@ -4,24 +4,41 @@ rules, stick-breaking; probe.kernels.row_rules), the one body their ops share.
     backend    path
     torch      (default) the rule's fused autograd function (its backward written out)
     reference  the rule's plain PyTorch function, through autograd
+    triton     probe.kernels.rule_triton, flash-style, for the rules that have a ``TritonRule`` (the pointwise rules,
+               softpick): CUDA tensors, or CPU tensors under TRITON_INTERPRET=1; no pattern, mask, cache or kept
+               first keys. When no launch setting fits the device it runs the torch path, with one warning per shape
 
-Both take the (B, H, Tq, Tk) scores of sink attention's reference (fp32, fp64 for fp64 inputs: GQA, scale 1/sqrt(dh)
-by default, key bias, mask or the causal / window rule) and give the same values. Attention edits (key-0 knockout,
-window eviction) are sink attention's and are refused in one line.
+The torch paths take the (B, H, Tq, Tk) scores of sink attention's reference (fp32, fp64 for fp64 inputs: GQA, scale
+1/sqrt(dh) by default, key bias, mask or the causal / window rule); all three give the same values. Attention edits
+(key-0 knockout, window eviction) are sink attention's and are refused in one line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+from probe.kernels.backend import check_triton
 from probe.kernels.common import check_attention_args
+from probe.kernels.launch import NoLaunchConfig, warn_fallback
 from probe.kernels.sink_attention.dispatch import AttentionOutput
 from probe.kernels.sink_attention.reference import apply_pattern, attention_scores
 
-BACKENDS = ("torch", "reference")
+BACKENDS = ("torch", "reference", "triton")
 OfScores = Callable[[torch.Tensor], torch.Tensor]  # scores (B,H,Tq,Tk), hidden keys -inf -> weights (B,H,Tq,Tk)
+
+
+@dataclass(frozen=True)
+class TritonRule:
+    """What the Triton kernels (probe.kernels.rule_triton) take of a rule: its kernel, whether rows are normalised,
+    the constant logit bias and the denominator's eps."""
+
+    rule: str  # a key of rule_triton.RULE_IDS: "sigmoid", "elu1", "softpick"
+    normalise: bool
+    bias: float = 0.0
+    eps: float = 0.0
 
 
 def rule_attention(
@@ -41,19 +58,56 @@ def rule_attention(
     return_pattern: bool = False,
     edit=None,
     backend: str = "torch",
+    triton: TritonRule | None = None,
 ) -> AttentionOutput:
     """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> AttentionOutput(out (B,Tq,H,dv) in q.dtype, lse None,
     pattern (B,H,Tq,Tk) where return_pattern, phantom (B,H,Tq) = 1 - row sums where return_pattern and the rule's
     rows sum to at most one (else None), lse_real None: no log-normaliser). ``name`` is the rule's, for messages;
-    the score arguments as sink_attention's, without a sink; backend one of BACKENDS."""
+    the score arguments as sink_attention's, without a sink; backend one of BACKENDS (triton: the rule's ``triton``)."""
     if edit is not None:
         raise ValueError(f"attention edits (knockout, eviction) are not supported under {name} attention")
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not valid for {name} attention; choose one of {', '.join(BACKENDS)}")
     check_attention_args(q, k, v, None, key_bias, window, mask, keep)
+    if backend == "triton":
+        out = _triton_out(q, k, v, name, triton, key_bias, mask, window, scale, keep, return_pattern)
+        if out is not None:
+            return AttentionOutput(out, None, None, None)
+        backend = "torch"  # no launch fits the device (warned once)
     scores = attention_scores(q, k, key_bias=key_bias, mask=mask, window=window, scale=scale, keep=keep)
     pattern = (fused if backend == "torch" else reference)(scores)
     out = apply_pattern(pattern, v, q.dtype)
     if not return_pattern:
         return AttentionOutput(out, None, None, None)
     return AttentionOutput(out, None, pattern, 1.0 - pattern.sum(-1) if at_most_one else None)
+
+
+def _triton_out(q, k, v, name, triton, key_bias, mask, window, scale, keep, return_pattern) -> torch.Tensor | None:
+    """out (B,T,H,dv) of the Triton kernels, or None where no launch setting fits the device; raises, in one line,
+    on a call they do not take."""
+    if triton is None:
+        raise ValueError(f"backend='triton' has no kernel for {name} attention; choose one of torch, reference")
+    if return_pattern or mask is not None or keep is not None or q.shape[1] != k.shape[1]:
+        raise ValueError(
+            f"backend='triton' runs {name} attention over one sequence without a pattern: no return_pattern, mask, "
+            "keep or cache (Tq == Tk); use 'torch' or 'reference'"
+        )
+    check_triton(q.device)
+    from probe.kernels.rule_triton import rule_attention_triton
+
+    try:
+        return rule_attention_triton(
+            q,
+            k,
+            v,
+            rule=triton.rule,
+            normalise=triton.normalise,
+            bias=triton.bias,
+            eps=triton.eps,
+            key_bias=key_bias,
+            window=window,
+            scale=scale,
+        )
+    except NoLaunchConfig as e:
+        warn_fallback(e, "torch")
+        return None

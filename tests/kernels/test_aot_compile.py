@@ -4,7 +4,8 @@ launchers under each arch's limits (probe.kernels.cases.capture).
 
 CI tier: the shapes of probe.kernels.cases.ci_cases at each verb's default dtype, each distinct launch compiled once
 per arch, two compile processes; it prints the compile count, wall time, and registers / spills from ptxas -v, and
-fails above 4 minutes. ``-m slow``: every flag x dtype (full_cases).
+fails above 4 minutes; the row rules' kernels (softpick, bf16) on sm_86 and sm_90. ``-m slow``: every flag x dtype
+and every row rule (full_cases).
 """
 
 import time
@@ -15,7 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 from probe.kernels.aot import compile_pairs  # noqa: E402
-from probe.kernels.cases import DTYPES, capture_kinds, ci_cases, full_cases  # noqa: E402
+from probe.kernels.cases import DTYPES, capture_kinds, ci_cases, full_cases, rule_cases  # noqa: E402
 from probe.kernels.launch import ARCHS, KB, launch_config  # noqa: E402
 
 KERNEL_OPS = {
@@ -24,6 +25,9 @@ KERNEL_OPS = {
     "_bwd_dq_kernel": "sink_backward_dq",
     "_depth_fwd_kernel": "depth_forward",
     "_depth_bwd_kernel": "depth_backward",
+    "_rule_fwd_kernel": "rule_forward",
+    "_rule_bwd_dkdv_kernel": "rule_backward_dkdv",
+    "_rule_bwd_dq_kernel": "rule_backward_dq",
 }
 
 
@@ -79,7 +83,14 @@ def test_every_launch_of_the_listed_shapes_compiles_within_each_arch():
     results, wall = compile_and_check(ci_cases())
     assert {r.arch for r in results} == set(ARCHS)
     names = {r.spec.name for r in results}
-    assert names == set(KERNEL_OPS), names  # forward, both backward kernels, row masses (forward), depth
+    assert names == {n for n in KERNEL_OPS if not n.startswith("_rule")}, names  # sink fwd, bwd, row masses, depth
+
+
+def test_the_row_rule_launches_compile_within_sm86_and_sm90():
+    """softpick's forward and backward kernels (the row rules' widest state) in bf16 with key bias and window, for the
+    two MMA paths (sm_80-89's, sm_90's wgmma) and their limits; every rule and dtype on all four archs: -m slow."""
+    results, _ = compile_and_check(rule_cases(), archs=("sm_86", "sm_90"))
+    assert {r.spec.name for r in results} == {n for n in KERNEL_OPS if n.startswith("_rule")}
 
 
 @pytest.mark.slow

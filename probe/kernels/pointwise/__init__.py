@@ -4,6 +4,7 @@ not normalised) and Gu et al. 2025's similarity kernels (sigmoid and ELU+1, with
 
     reference.py   the plain PyTorch rule on materialised (B, H, Tq, Tk) scores
     fused.py       the same rule as one autograd function with its backward written out (fewer T x T passes)
+    triton.py      the rule's per-tile math for probe.kernels.rule_triton's kernels (backend "triton")
     dispatch.py    ``pointwise_attention``: the op the models call (backend "torch": fused.py; "reference")
 """
 

@@ -3,6 +3,7 @@ rectified, not-normalised-to-one replacement of softmax in causal attention (doc
 
     reference.py   the plain PyTorch rule on materialised (B, H, Tq, Tk) scores
     fused.py       the same rule as one autograd function with its backward written out (fewer T x T passes)
+    triton.py      the rule's online per-tile math for probe.kernels.rule_triton's kernels (backend "triton")
     dispatch.py    ``softpick_attention``: the op the models call (backend "torch": fused.py; "reference")
 """
 

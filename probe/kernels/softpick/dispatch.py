@@ -4,15 +4,17 @@ probe.kernels.rule_attention.
     backend    path
     torch      (default) fused.py: the rule as one autograd function with its backward written out
     reference  reference.py: the rule through autograd, as readable as it gets
+    triton     triton.py's online rule on probe.kernels.rule_triton's flash-style tiles (CUDA, or TRITON_INTERPRET=1)
 
-The authors' fused FlashAttention-2 Triton kernel (``flash_softpick_attn.py``) is not ported.
+The authors' fused FlashAttention-2 Triton kernel (``flash_softpick_attn.py``) is not ported: probe's own kernel
+computes the reference's function (its shift, eps and the gradient through the shift).
 """
 
 from __future__ import annotations
 
 from functools import partial
 
-from probe.kernels.rule_attention import rule_attention
+from probe.kernels.rule_attention import TritonRule, rule_attention
 from probe.kernels.sink_attention.dispatch import AttentionOutput
 from probe.kernels.softpick.fused import softpick_of_scores_fused
 from probe.kernels.softpick.reference import SOFTPICK_EPS, softpick_of_scores
@@ -31,5 +33,6 @@ def softpick_attention(q, k, v, *, eps: float = SOFTPICK_EPS, **kw) -> Attention
         fused=partial(softpick_of_scores_fused, eps=eps),
         reference=partial(softpick_of_scores, eps=eps),
         at_most_one=True,
+        triton=TritonRule("softpick", True, eps=eps),
         **kw,
     )

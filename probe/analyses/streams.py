@@ -353,7 +353,7 @@ class StreamAccumulator:
 def stream_hook_names(model, n_layers: int) -> dict[str, tuple]:
     """{hook name: accumulator key}: every connection's pre, post and res, the head's weights where hooked, and
     every block's input streams."""
-    hooks = {names.streams(l): ("streams", l) for l in range(n_layers)}
+    hooks: dict[str, tuple] = {names.streams(l): ("streams", l) for l in range(n_layers)}
     for k in range(2 * n_layers):
         for point in ("pre", "post", "res"):
             hooks[names.hc(k // 2, names.HC_SITES[k % 2], point)] = (point, k)

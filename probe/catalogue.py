@@ -48,6 +48,11 @@ VARIANTS: dict[str, Variant] = {
         "stick-breaking rows: key j takes sigmoid(s_j) of the stick keys nearer than j left; no RoPE (Tan et al. 2025)",
         dict(attn_fn="stickbreaking", pos="none"),
     ),
+    "diff": Variant(
+        "differential attention (DIFF V1): rows softmax_1 - lambda softmax_2, half the heads with two branches each, "
+        "per-head RMSNorm times (1 - lambda_init) (Ye et al. 2024)",
+        dict(attn_fn="diff", n_heads="paired"),  # models/variants.py: half the heads, two branches of the tier's width
+    ),
     "normgate": Variant("value gate g_j = sigmoid(beta(||v_j||/sqrt(dh) - tau_h)), beta = 8", dict(value_gate="norm")),
     "projgate": Variant("value gate g_j = sigmoid(w_h . v_j + b_h)", dict(value_gate="proj")),
     "sink+norm": Variant("sink logit and norm gate", dict(abstention="sinklogit", value_gate="norm")),

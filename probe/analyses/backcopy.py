@@ -133,7 +133,8 @@ def backcopy_split(model, data, *, triggers=None, progress: bool = False) -> dic
     state = {}
 
     def on_layer(l, got):
-        pattern, phantom = got["hook_pattern"].float(), got["hook_phantom"].float()  # (B,H,Tk,Tk), (B,H,Tk)
+        pattern, phantom = got["hook_pattern"].float(), got["hook_phantom"].float()  # (B,H,Tk,Tk+C), (B,H,Tk)
+        pattern = pattern[..., : pattern.shape[-2]]  # the token keys: compressed entries (DeepSeek-V4) follow them
         offset = pattern.shape[-1] - state["T"]  # 1 for a learned sink token at key 0, else 0
         if offset:
             phantom = phantom[..., offset:] + pattern[..., offset:, 0]

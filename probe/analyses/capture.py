@@ -21,6 +21,8 @@ from probe.analyses.parallel import gather_rows
 from probe.data.seeding import keyed_generator
 from probe.hooks import names
 from probe.kernels import attention_row_masses, rule_row_masses
+from probe.kernels.diff_attention import SIGNED_RULES
+from probe.kernels.row_masses.signed import signed_row_masses
 from probe.kernels.row_rules import ROW_RULES, RowRule
 from probe.process_group import batches_of_rank, is_main
 from probe.progress import progress_bar
@@ -211,8 +213,10 @@ def row_mass_hooks(info) -> list[str]:
     return (
         ["hook_rot_q", "hook_rot_k", "hook_v"]
         + (["hook_sink_logit"] if any(r.phantom for r in rules) else [])
+        + (["hook_lse"] if any(r.compress_rate is not None for r in rules) else [])  # compressed entries' share
         + (["hook_v_gate"] if any(r.gate_on_logits for r in rules) else [])
         + (["hook_forget_gate"] if any(r.forget_gate for r in rules) else [])
+        + (["hook_lambda"] if any(r.rule in SIGNED_RULES for r in rules) else [])
     )
 
 
@@ -221,12 +225,14 @@ def sparse_mass_hooks(info) -> list[str]:
     activation's positions) or every key, which the row-mass op then reads in O(T) per row from the forward's
     real-key lse instead of recomputing every score (docs/definitions.md#row-log-normaliser). A row rule other than
     softmax has no lse (``hook_lse`` never fires): its masses are recomputed from the scores."""
-    return row_mass_hooks(info) + (["hook_lse"] if row_rule(info) is None else [])
+    hooks = row_mass_hooks(info)  # compressed layers ask for hook_lse already
+    return hooks + (["hook_lse"] if row_rule(info) is None and "hook_lse" not in hooks else [])
 
 
 def row_rule(info) -> RowRule | None:
-    """The model's row rule of probe.kernels.row_rules (softpick, sigmoid, ...), None for softmax rows."""
-    return ROW_RULES.get(info.attention_rule)
+    """The model's row rule of probe.kernels.row_rules (softpick, sigmoid, ...) or of differential attention's signed
+    rows (probe.kernels.diff_attention.SIGNED_RULES), None for softmax rows."""
+    return ROW_RULES.get(info.attention_rule) or SIGNED_RULES.get(info.attention_rule)
 
 
 def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: str | None = None):
@@ -243,10 +249,14 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     A row rule other than softmax takes :func:`rule_masses` instead (its first element is the row's own mass).
     """
     rules = info.attention_at(layer)
+    if rules.rule in SIGNED_RULES:  # differential attention: shares of each row's absolute mass
+        return signed_masses(info, layer, got, indicators)
     if rules.rule != "softmax":  # no log-normaliser: the rule's own masses (docs/definitions.md#rows-of-other-rules)
         return rule_masses(info, layer, got, indicators)
     q, k, sink = got["hook_rot_q"], got["hook_rot_k"], got.get("hook_sink_logit")
     lse = got.get("hook_lse") if q.dtype in (torch.float32, torch.float64) else None
+    if rules.compress_rate is not None:  # the token keys' masses, then the compressed entries' share of the rows
+        lse = None
     key_bias = rules.alibi_bias(q.shape[0], q.shape[1], q.device)  # (B, H, T) ALiBi (BLOOM, MPT): H == Hkv
     if "hook_v_gate" in got:  # routing slot: the model adds log g_j to the logits (B, Hkv, T)
         gate = torch.log(got["hook_v_gate"].float().clamp_min(1e-30)).permute(0, 2, 1)
@@ -267,9 +277,46 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
         lse=lse,
         backend=backend,
     )
-    lse = lse.float()
+    lse, mass = lse.float(), mass.float()
+    if rules.compress_rate is not None:
+        lse, mass = with_compressed_entries(lse, mass, got["hook_lse"], sink, indicators)
     phantom = torch.exp(sink.float()[None, :, None] - lse) if sink is not None else torch.zeros_like(lse)
-    return lse, mass.float(), phantom
+    return lse, mass, phantom
+
+
+def with_compressed_entries(lse, mass, real_lse, sink, indicators):
+    """(lse, masses) of rows whose normaliser also holds compressed KV entries (DeepSeek-V4,
+    docs/definitions.md#compressed-keys): ``lse`` (B,H,T) and ``mass`` (B,H,T,m) are over the token keys and the
+    phantom; the forward's ``hook_lse`` (real_lse, B,H,T: token keys and entries) gives the whole normaliser, and
+    each token mass shrinks by exp(lse - whole). A column marking every token key marks the entries too (the row's
+    real mass, 1 - phantom); any other column marks tokens only. The forward's lse is read whatever its precision (a
+    half-precision forward's rounds the normaliser)."""
+    whole = real_lse.float()
+    if sink is not None:
+        whole = torch.logaddexp(whole, sink.float()[None, :, None])
+    mass = mass * torch.exp(lse - whole)[..., None]
+    every = indicators.flatten(0, 2).bool().all(0)  # (m,) columns marking every key of every sequence and head
+    real = torch.exp(real_lse.float() - whole)[..., None].expand_as(mass)
+    return whole, torch.where(every.to(mass.device), real, mass)
+
+
+def signed_masses(info, layer: int, got: dict, indicators: torch.Tensor):
+    """``row_masses`` of a layer of differential attention (docs/definitions.md#signed-rows): (the row's signed sum
+    Σ_j a_ij = 1 - λ (B,H,T), shares of its absolute mass Σ_j |a_ij| (B,H,T,m), zeros (no unspent mass)), fp32,
+    from hook_rot_q / hook_rot_k (both branches) and hook_lambda, over blocks of query rows (signed_row_masses)."""
+    rules = info.attention_at(layer)
+    m = signed_row_masses(
+        got["hook_rot_q"],
+        got["hook_rot_k"],
+        indicators,
+        got["hook_lambda"],
+        window=rules.window,
+        chunk=rules.chunk,
+        scale=rules.scale,
+        softcap=rules.softcap,
+    )
+    net, absolute = m.net.float(), m.absolute.float()
+    return net, m.masses.float() / absolute.clamp_min(1e-30)[..., None], torch.zeros_like(net)
 
 
 def rule_masses(info, layer: int, got: dict, indicators: torch.Tensor):

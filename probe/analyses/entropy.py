@@ -67,8 +67,8 @@ def row_entropies(
     ent, real = [], []
     for a in range(0, T, block):
         p = pattern[:, :, a : a + block].double()
-        if shares:
-            p = p / p.sum(-1, keepdim=True).clamp_min(1e-300)
+        if shares:  # signed rows (differential attention): shares of the absolute mass (#signed-rows)
+            p = p.abs() / p.abs().sum(-1, keepdim=True).clamp_min(1e-300)
         ent.append(-torch.special.xlogy(p, p).sum(-1))
         mass = p.sum(-1, keepdim=True)
         q = p / mass.clamp_min(1e-300)

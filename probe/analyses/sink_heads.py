@@ -380,8 +380,9 @@ class _PatternPart(SinkEpsPart):
         if "hook_phantom" in got:
             self.acc.add(layer, pattern[..., 0], real, got["hook_phantom"])
             return
+        real = pattern.abs().sum(-1, dtype=torch.float64)  # signed rows: their absolute mass (#signed-rows)
         total = real.clamp_min(1e-300)  # a row of zero mass: zero shares
-        self.acc.add(layer, pattern[..., 0] / total, real / total, torch.zeros_like(real))
+        self.acc.add(layer, pattern[..., 0].abs() / total, real / total, torch.zeros_like(real))
 
 
 @torch.no_grad()

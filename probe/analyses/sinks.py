@@ -265,7 +265,8 @@ def sink_stats(
 def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
     """The same statistics from materialised patterns (hook_pattern / hook_phantom), one batch at a time. A row's
     total mass is Σ_j pattern + hook_phantom, hook_phantom 0 where the model never fires it (a row rule whose rows
-    may sum past one, docs/definitions.md#rows-of-other-rules)."""
+    may sum past one, docs/definitions.md#rows-of-other-rules); signed rows (differential attention) count |a_tj|
+    in the shares and Σ_j a_tj as the row's mass (docs/definitions.md#signed-rows)."""
     info = model.probe_info
     w = as_windows(data)
     rule = row_rule(info)
@@ -280,15 +281,15 @@ def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
                     names.attn(l, point), cache[names.attn(l, point)] if names.attn(l, point) in cache else None, l
                 )
             pattern = cache[names.attn(l, "pattern")].double()  # (B, H, T, T)
-            real = pattern.sum(-1)
+            real = pattern.abs().sum(-1)  # |a|: signed rows' absolute mass (docs/definitions.md#signed-rows)
             phantom = cache[p].double() if (p := names.attn(l, "phantom")) in cache else torch.zeros_like(real)
             acc.add(
                 l,
-                pattern[..., 0] / real.clamp_min(1e-300),
+                pattern[..., 0].abs() / real.clamp_min(1e-300),
                 phantom / (phantom + real).clamp_min(1e-300),
                 cache[names.attn(l, "v")].float().norm(dim=-1),
                 cache[sink] if (sink := names.attn(l, "sink_logit")) in cache else None,
-                real if rule is not None else None,
+                pattern.sum(-1) if rule is not None else None,  # the row's own (signed) mass
             )
         del cache
     acc.merge()

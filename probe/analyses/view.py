@@ -133,7 +133,8 @@ def capture_view(
         linear_layers=linear_layers(info),
     )
     if attention:
-        cap.patterns = {l: array(names.attn(l, "pattern")) for l in layers}
+        # the token keys' columns (H, T, T): a compressed layer's entries (DeepSeek-V4) follow them and are not drawn
+        cap.patterns = {l: (p := array(names.attn(l, "pattern")))[..., : p.shape[-2]] for l in layers}
         cap.phantoms = {l: array(names.attn(l, "phantom")) for l in layers} if info.has_phantom else None
     if want_depth:
         cap.depth = {s: array(names.depth_weights(s)) for s in sites}

@@ -13,7 +13,8 @@ The rules (l a layer, h a head):
 * ``resid_post``: resid_mid + mlp_out == resid_post; resid_pre + attn_out + mlp_out == resid_post where a block has
   no mid point (HF's own layer forward)
 * ``result``: Σ_h result_h + b_O == the attention's output projection (b_O the same vector at every position)
-* ``z``: pattern @ v_out (each query head reading its KV head) [⊙ out_gate] == z, on softmax layers
+* ``z``: pattern @ v_out (each query head reading its KV head) [⊙ out_gate] == z, on softmax layers (DeepSeek-V4's
+  compressed layers: v_out with hook_compressed_kv's entries after it, as hook_pattern's columns)
 * ``scores``: softmax over the real keys and the phantom of attn_scores == pattern (attn_scores carry any key bias:
   ALiBi, a routing gate's log g, FoX's -Σ_{l<=j} log f_l; the model's own rule for one
   whose ``attention_rule`` is in probe.kernels.row_rules: softpick, sigmoid, ...; hook_phantom, where it fires, is
@@ -50,6 +51,7 @@ import sys
 import torch
 
 from probe.hooks import names
+from probe.kernels.diff_attention import SIGNED_RULES, net_pattern, patterns_of_scores
 from probe.kernels.row_rules import ROW_RULES
 
 RULES = ("embed", "resid_mid", "resid_post", "result", "z", "scores", "rot_q", "rot_k", "unembed")
@@ -250,8 +252,14 @@ def _attention(cache, info, out: dict, skipped: dict, projections: dict, model, 
     G = info.kv_group
     for l in info.attention_layers:
         pattern, v, z = (cache.get(names.attn(l, p)) for p in ("pattern", "v_out", "z"))
-        if pattern is not None and v is not None and z is not None:  # B,H,T,T; B,T,Hkv,dv; B,T,H,dv
+        entries = cache.get(names.attn(l, "compressed_kv"))  # B,C,Hkv,dh: keys and values after the T tokens'
+        if v is not None and entries is not None:
+            v = torch.cat([v, entries.to(v.dtype)], dim=1)
+        if pattern is not None and v is not None and z is not None:  # B,H,T,T+C; B,T+C,Hkv,dv; B,T,H,dv
             mixed = torch.einsum("bhqk,bkhd->bqhd", pattern.double(), v.double().repeat_interleave(G, dim=2))
+            diff = getattr(model.get_submodule(names.attn_module(l)), "diff", None)
+            if diff is not None:  # differential attention: its sub-layer norm and (1 - λ_init) scale on each head
+                mixed = diff.finish(mixed.to(z.dtype)).double()
             gate = cache.get(names.attn(l, "out_gate"))
             if gate is not None:
                 mixed = mixed * (gate.double() if gate.dim() == 4 else gate.double()[..., None])
@@ -262,7 +270,12 @@ def _attention(cache, info, out: dict, skipped: dict, projections: dict, model, 
             sink = cache.get(names.attn(l, "sink_logit"))
             logits = raw.double()
             rule = ROW_RULES.get(info.attention_rule)
-            if rule is not None:  # rows may leave mass unspent (or sum past one): the phantom is what they leave
+            if info.attention_rule in SIGNED_RULES:  # both branches' scores (B,2H,T,T): softmax each, p1 - λ p2
+                p1, p2 = patterns_of_scores(logits)
+                branches = [cache.get(names.attn(l, p)) for p in ("pattern_1", "pattern_2")]
+                scores += [_diff(mine, theirs) for mine, theirs in zip((p1, p2), branches) if theirs is not None]
+                probs = net_pattern(p1, p2, cache[names.attn(l, "lambda")].double())
+            elif rule is not None:  # rows may leave mass unspent (or sum past one): the phantom is what they leave
                 probs = rule.of_scores(logits, bias=rule.bias(info.n_ctx))
                 if phantom is not None:
                     scores.append(_diff(phantom.double(), 1.0 - pattern.double().sum(-1)))

@@ -18,7 +18,9 @@ padding), :func:`rules_mask` hands the attention function a :class:`MaskRules` (
 the kernels (probe.kernels: the same op and reference the custom models use) apply the rule themselves: causal layers
 on the fused causal op, sliding layers and padded batches in query blocks whose mask is block x (keys the block can
 see). A dense mask is built only where the rule cannot say it (a cache offset, overlays such as Gemma 3's image
-tokens, a 4D mask the caller passed), as transformers' ``eager_mask``.
+tokens, a 4D mask the caller passed), as transformers' ``eager_mask``, and on DeepSeek-V4's compressed layers, whose
+C compressed KV entries follow the T token keys with a visibility of their own (:func:`split_extra_keys`): there the
+mask is B x 1 x T x (T + C), the token keys' rule beside HF's block bias (docs/definitions.md#compressed-keys).
 
 The pattern (fp32, the learned sink as the phantom whose mass is 1 − row sum) is materialised only when a hook or
 cache asks for ``hook_pattern`` / ``hook_phantom`` / ``hook_attn_scores`` / ``hook_pattern_norm``, the caller passed
@@ -664,6 +666,59 @@ def check_site(site, scaling: float, rules, query, key, softcap: float | None = 
             )
 
 
+def split_extra_keys(site, key, value):
+    """(token keys, token values, extra): where the layer's adapter appended entries after the token keys
+    (DeepSeek-V4's compressed KV; its compressor hook leaves their visibility on the site, ``pending_keys``: an
+    additive bias (B,1,Tq,C), 0 for an entry the query sees, -inf else), key / value (B,Hkv,T+C,dh) are split and
+    extra is (entries' keys, entries' values, bias); else extra is None. The token keys go through the hooks as on
+    any layer (the entries have theirs, the adapter's)."""
+    bias = None if site is None else getattr(site, "pending_keys", None)
+    if bias is None:
+        return key, value, None
+    site.pending_keys = None  # one attention call per layer forward
+    n = key.shape[2] - bias.shape[-1]
+    return key[:, :, :n], value[:, :, :n], (key[:, :, n:], value[:, :, n:], bias)
+
+
+def join_extra_keys(query, key, value, rules, mask, extra, sinks=None, edit=None):
+    """(keys, values, None, dense mask) with the extra entries appended after the token keys: the mask is the token
+    keys' rule (or HF's mask) beside the entries' bias, (B,1|H,Tq,T+C) fp32, so hook_pattern's columns are the T
+    token keys then the C entries (docs/definitions.md#compressed-keys). A knockout is carried out in that mask
+    (:func:`knockout_columns`) and so is an eviction at the keys' positions in the text (it hides token keys only)."""
+    if edit is not None and edit.keep is not None and edit.positions != "original":
+        raise ValueError(
+            f"window eviction at {edit.positions} positions on a layer with compressed KV entries is not supported: "
+            "the entries are keys at no token position; use positions original"
+        )
+    entries, values, bias = extra
+    b, q_len, n = query.shape[0], query.shape[2], key.shape[2]
+    tokens = rules.dense(slice(None), q_len, n, torch.float32, query.device) if rules is not None else mask
+    tokens = tokens.float().expand(b, -1, q_len, n)
+    if edit is not None and edit.keep is not None:  # query i sees keys 0 .. keep-1 and i-window+1 .. i, and its rule
+        i = torch.arange(q_len, device=query.device)[:, None] + (n - q_len)
+        j = torch.arange(n, device=query.device)[None, :]
+        tokens = tokens.masked_fill(~((j < edit.keep) | (j > i - edit.window)), float("-inf"))
+    mask = torch.cat([tokens, bias.float().expand(b, tokens.shape[1], q_len, -1)], dim=-1)
+    if edit is not None and edit.knockout:
+        mask = knockout_columns(mask, edit, sinks, query.shape[1], key.shape[1])
+    return torch.cat([key, entries], dim=2), torch.cat([value, values], dim=2), None, mask
+
+
+def knockout_columns(mask, edit, sinks, heads: int, kv_heads: int):
+    """The dense mask (B,1|H,Tq,Tk) with key 0 out of every row of the knocked-out heads, (B,H,Tq,Tk): the knockout
+    of probe.kernels.sink_attention.edits, query 0 of a head without a phantom keeping its clean row."""
+    b, _, q_len, k_len = mask.shape
+    knocked = torch.zeros(kv_heads, dtype=torch.bool, device=mask.device)
+    knocked[list(range(kv_heads)) if edit.kv_heads is None else list(edit.kv_heads)] = True
+    knocked = knocked.repeat_interleave(heads // kv_heads)  # (H,)
+    empty = edits.empty_first_rows(sinks, heads, kv_heads, edit.kv_heads, mask.device)  # (H,) row 0 kept clean
+    rows = torch.ones(heads, q_len, dtype=torch.bool, device=mask.device)
+    rows[:, 0] = ~empty
+    mask = mask.expand(b, heads, q_len, k_len).clone()
+    mask[..., 0] = mask[..., 0].masked_fill((knocked[:, None] & rows)[None], float("-inf"))
+    return mask
+
+
 def probe_attention(
     module,
     query,
@@ -685,6 +740,7 @@ def probe_attention(
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     sinks = s_aux
+    key, value, extra = split_extra_keys(site, key, value)  # DeepSeek-V4's compressed KV after the token keys
     query, key, value = fire_qkv(site, query, key, value, kwargs.get("position_ids"), kwargs.get("position_embeddings"))
     edit = edits.taken(None if site is None else site.hook_v_out)  # handed to this layer's op by a hook on hook_v_out
     if site is not None and sinks is not None:
@@ -695,6 +751,9 @@ def probe_attention(
     q_len, k_len = query.shape[2], key.shape[2]
     rules, mask = as_rules(attention_mask, sliding_window, q_len, k_len, query.device)
     check_site(site, scaling, rules, query, key)
+    if extra is not None:
+        key, value, rules, mask = join_extra_keys(query, key, value, rules, mask, extra, sinks, edit)
+        k_len, edit = key.shape[2], None  # a knockout is in the mask now
 
     weights, lse, want_lse = None, None, wants_lse(site)
     if wants_pattern(site, module, dropout):

@@ -52,6 +52,7 @@ class _AttnHooks(nn.Module):
         self.gated = gated
         self.query_gated = False
         self.pending_z = self.pending_gate = None
+        self.pending_keys = None  # entries an adapter appends after the token keys: their bias (attention.py)
         self.materialize = False  # compute the pattern even when no TL hook asks (probe.materialize, for nnsight)
         # the layer and the ModelInfo that describe this attention: the attention function checks each call against
         # them (its scale, window and soft-cap as probe_info says now) and the heads it was built with

@@ -9,17 +9,19 @@ window, heads) is what is described (probe.checkpoints.attention.check_site).
 A new family declares its attention's differences in one place, its adapter's ``describe`` (or a probe model's
 ``probe_info``): ``layer_types`` and ``sliding_window``; ``extra["attn_scale"]`` (one float or one per layer; else
 1/sqrt(d_head)), ``extra["attn_logit_softcap"]``, ``extra["attn_chunk"]``, ``extra["alibi_slopes"]``;
-``has_phantom``, ``gate_on_logits``, ``forget_gate`` and ``attention_rule``. Those keys stay ModelInfo's storage
-(saved and legacy infos keep working); nothing else reads them.
+``has_phantom``, ``gate_on_logits``, ``forget_gate`` and ``attention_rule``; ``extra["compress_rates"]`` and
+``extra["compress_topk"]`` (one per layer, None where the layer has no compressor: DeepSeek-V4). Those keys stay
+ModelInfo's storage (saved and legacy infos keep working); nothing else reads them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# how a row's weights come from its scores (ModelInfo.attention_rule): softmax, or a rule of
-# probe.kernels.row_rules.ROW_RULES (a test keeps the two lists equal; hooks does not import the kernels)
-RULES = ("softmax", "softpick", "sigmoid", "sigmoid-norm", "elu1", "elu1-norm", "stickbreaking")
+# how a row's weights come from its scores (ModelInfo.attention_rule): softmax, a rule of
+# probe.kernels.row_rules.ROW_RULES, or differential attention's signed rows (probe.kernels.diff_attention.SIGNED_RULES;
+# a test keeps the lists equal; hooks does not import the kernels)
+RULES = ("softmax", "softpick", "sigmoid", "sigmoid-norm", "elu1", "elu1-norm", "stickbreaking", "diff")
 MASKS = ("full", "sliding", "chunked", "linear")  # which keys a query sees (ModelInfo.layer_types)
 
 
@@ -39,6 +41,11 @@ class LayerAttention:
     phantom: bool = False  # a phantom key (a learned sink logit) in every row's normaliser
     gate_on_logits: bool = False  # a routing-slot gate: log g_j (hook_v_gate) joins key j's logits
     forget_gate: bool = False  # FoX: -Σ_{l<=j} log f_l (f at hook_forget_gate) joins key j's logits
+    # DeepSeek-V4's compressed KV (docs/definitions.md#compressed-keys): one entry per closed window of
+    # ``compress_rate`` tokens, appended after the token keys (hook_pattern's columns T ..); a query sees the entries
+    # of the windows closed by its position, at most ``compress_topk`` of them (CSA's indexer; None: all)
+    compress_rate: int | None = None
+    compress_topk: int | None = None
 
     def __post_init__(self):
         if self.rule not in RULES:
@@ -52,10 +59,37 @@ class LayerAttention:
                 )
         if self.softcap is not None and not self.softcap > 0:
             raise ValueError(f"attention soft-cap {self.softcap!r} must be positive (or None: no cap)")
+        for what, value in (("compress rate", self.compress_rate), ("compressed top-k", self.compress_topk)):
+            if value is not None and int(value) < 1:
+                raise ValueError(f"a {what} of {value!r} must be at least 1 (or None: no compressed keys)")
+        if self.compress_topk is not None and self.compress_rate is None:
+            raise ValueError("a compressed top-k needs a compress rate; this layer has no compressed keys")
+
+    def compressed_entries(self, length: int) -> int:
+        """How many compressed entries ``length`` tokens append after the token keys (one per closed window): the
+        columns hook_pattern has past its ``length`` token columns."""
+        return 0 if self.compress_rate is None else length // self.compress_rate
+
+    def visible_entries(self, length: int):
+        """Compressed entries each query row t < ``length`` sees, (length,) float64: the windows closed by t,
+        (t + 1) // rate, at most the top-k; zeros without compressed keys."""
+        import torch
+
+        t = torch.arange(length, dtype=torch.float64)
+        if self.compress_rate is None:
+            return torch.zeros_like(t)
+        closed = torch.div(t + 1, self.compress_rate, rounding_mode="floor")
+        return closed if self.compress_topk is None else closed.clamp_max(self.compress_topk)
 
     def visible_keys(self, length: int):
-        """Keys each query row t < ``length`` sees, itself included, (length,) float64: t + 1 (full), min(t + 1,
-        window) (sliding), (t mod chunk) + 1 (chunked); t + 1 where the config states no window or chunk. A linear
+        """Keys each query row t < ``length`` sees, itself included, (length,) float64: its token keys
+        (:meth:`token_keys`) plus the compressed entries it sees (:meth:`visible_entries`). A linear layer has no
+        attention rows: ValueError."""
+        return self.token_keys(length) + self.visible_entries(length)
+
+    def token_keys(self, length: int):
+        """Token keys each query row t < ``length`` sees, itself included, (length,) float64: t + 1 (full), min(t +
+        1, window) (sliding), (t mod chunk) + 1 (chunked); t + 1 where the config states no window or chunk. A linear
         layer has no attention rows: ValueError."""
         import torch
 
@@ -70,11 +104,12 @@ class LayerAttention:
     def sees_key0(self, length: int):
         """(length,) bool: the query rows whose visible keys include key 0 (docs/definitions.md#layer-types): every
         row of a full layer, t < window in a sliding one, t < chunk in a chunked one. They are always the leading
-        rows 0 … n−1, and a row sees key 0 exactly when it sees all its t + 1 causal keys (a window or a chunk drops
-        the earliest keys first)."""
+        rows 0 … n−1, and a row sees key 0 exactly when it sees all its t + 1 causal token keys (a window or a chunk
+        drops the earliest keys first). Key 0 is the token column 0: a compressed entry summarising tokens 0 … r−1 is
+        not key 0 (docs/definitions.md#compressed-keys)."""
         import torch
 
-        return self.visible_keys(length) == torch.arange(1, length + 1, dtype=torch.float64)
+        return self.token_keys(length) == torch.arange(1, length + 1, dtype=torch.float64)
 
     def alibi_bias(self, batch: int, length: int, device=None, dtype=None):
         """ALiBi's per-key logits (B, H, T), fp32 (fp64 for ``dtype`` fp64): slope_h · j for key j, the per-key bias
@@ -118,6 +153,9 @@ def layer_attention(info, layer: int) -> LayerAttention:
         scale = scale[layer]
     slopes = extra.get("alibi_slopes")
     chunk = extra.get("attn_chunk") if mask == "chunked" else None
+    rates, topks = extra.get("compress_rates"), extra.get("compress_topk")
+    rate = None if rates is None else rates[layer]
+    topk = None if topks is None else topks[layer]
     return LayerAttention(
         rule=info.attention_rule,
         mask=mask,
@@ -129,4 +167,6 @@ def layer_attention(info, layer: int) -> LayerAttention:
         phantom=info.has_phantom,
         gate_on_logits=info.gate_on_logits,
         forget_gate=info.forget_gate,
+        compress_rate=None if rate is None else int(rate),
+        compress_topk=None if topk is None else int(topk),
     )

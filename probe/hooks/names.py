@@ -33,10 +33,15 @@ V = "blocks.{l}.attn.hook_v"  # B,T,Hkv,dh value reads before any gate/activatio
 V_GATE = "blocks.{l}.attn.hook_v_gate"  # B,T,Hkv scalar gates, or B,T,Hkv,dh element-wise gates
 V_OUT = "blocks.{l}.attn.hook_v_out"  # B,T,Hkv,dh value actually aggregated
 PATTERN = "blocks.{l}.attn.hook_pattern"  # B,H,Tq,Tk attention over real keys (rows sum to 1 - phantom)
+PATTERN_1 = "blocks.{l}.attn.hook_pattern_1"  # B,H,Tq,Tk differential attention: branch 1's softmax rows p1
+PATTERN_2 = "blocks.{l}.attn.hook_pattern_2"  # B,H,Tq,Tk branch 2's softmax rows p2 (hook_pattern: p1 - λ p2)
+LAMBDA = "blocks.{l}.attn.hook_lambda"  # H differential attention's λ per head (its net rows sum to 1 - λ)
 PATTERN_NORM = "blocks.{l}.attn.hook_pattern_norm"  # B,H,Tq,Tk ||a_ij v_j W_O[h]|| norm-weighted pattern (lazy)
 PHANTOM = "blocks.{l}.attn.hook_phantom"  # B,H,Tq mass on the phantom key
 LSE = "blocks.{l}.attn.hook_lse"  # B,H,Tq fp32 log Σ_visible exp(score) over the real keys (phantom excluded)
 SINK_LOGIT = "blocks.{l}.attn.hook_sink_logit"  # H
+# B,C,Hkv,dh DeepSeek-V4's compressed KV entries (keys and values both), after rotary: hook_pattern's columns T .. T+C-1
+COMPRESSED_KV = "blocks.{l}.attn.hook_compressed_kv"
 FORGET_GATE = "blocks.{l}.attn.hook_forget_gate"  # B,T,Hkv fp32 FoX's forget gate f_t = σ(w_h·x_t + b_h)
 OUT_GATE = "blocks.{l}.attn.hook_out_gate"  # B,T,H,dh element-wise or B,T,H headwise output gate σ(x W_g)
 Z = "blocks.{l}.attn.hook_z"  # B,T,H,dh head outputs before the output projection (after any output gate)
@@ -76,9 +81,13 @@ ATTN_HOOKS = (
     "hook_v_gate",
     "hook_v_out",
     "hook_pattern",
+    "hook_pattern_1",
+    "hook_pattern_2",
+    "hook_lambda",
     "hook_pattern_norm",
     "hook_phantom",
     "hook_sink_logit",
+    "hook_compressed_kv",
     "hook_lse",
     "hook_forget_gate",
     "hook_out_gate",
@@ -107,9 +116,13 @@ ATTN_POINTS = (
     "v_gate",
     "v_out",
     "pattern",
+    "pattern_1",
+    "pattern_2",
+    "lambda",
     "pattern_norm",
     "phantom",
     "sink_logit",
+    "compressed_kv",
     "lse",
     "forget_gate",
     "out_gate",
@@ -121,6 +134,8 @@ ATTN_POINTS = (
 )
 LAZY_ATTN_POINTS = (
     "pattern",
+    "pattern_1",
+    "pattern_2",
     "pattern_norm",
     "phantom",
     "lse",

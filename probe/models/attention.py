@@ -14,6 +14,10 @@ Under another ``attn_fn`` (a rule of probe.kernels.row_rules: softpick, Zuhri et
 sigmoid, sigmoid-norm, elu1, elu1-norm, docs/definitions.md#pointwise-attention-rules) the rows are that rule's
 instead of softmax's: its op takes (q, k, v_out); hook_pattern is the weight each key gets, hook_phantom the mass the
 row leaves unspent (1 - Σ_j pattern) where rows sum to at most one; hook_lse does not fire (no log-normaliser).
+Under ``attn_fn="diff"`` (differential attention, Ye et al. 2024, docs/definitions.md#differential-attention) each head
+has two branch queries and keys (hook_q / hook_k hold 2H / 2Hkv heads, branch-major) and its row is the signed
+difference p1 - λ p2 (hook_pattern_1, hook_pattern_2, hook_lambda, hook_pattern); its output takes the per-head
+sub-layer norm and the (1 - λ_init) scale (probe.models.differential) before any output gate and hook_z.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from probe.kernels import sink_attention
+from probe.kernels.diff_attention import diff_attention, net_pattern, patterns_of_scores
 from probe.kernels.row_rules import ROW_RULES
 from probe.kernels.sink_attention import edits
 from probe.kernels.sink_attention.reference import (
@@ -34,6 +39,7 @@ from probe.kernels.sink_attention.reference import (
     scores_of_probs,
 )
 from probe.models.config import ProbeConfig
+from probe.models.differential import Differential
 from probe.models.forget_gate import ForgetGate
 from probe.models.gates import apply_gate, make_gate
 from probe.models.layers import RMSNorm, Rotary, project_with_key
@@ -59,9 +65,12 @@ class Attention(nn.Module):
         self.abstention, self.qk_activation = c.abstention, c.qk_activation
         self.rule = ROW_RULES.get(getattr(c, "attn_fn", "softmax"))  # None: softmax rows (sink attention's)
         self.rule_bias = self.rule.bias(c.n_ctx) if self.rule is not None else 0.0  # sigmoid's b = -log n_ctx
+        self.diff = Differential(c.d_head, c.d_value, layer) if c.attn_fn == "diff" else None  # DIFF's λ and norm
+        branches = 1 if self.diff is None else 2  # DIFF: two queries and keys per head (its two softmax branches)
+        self.q_heads, self.k_heads = branches * c.n_heads, branches * c.n_kv_heads  # the heads q and k hold
         bias = c.linear_bias  # MUDDPythia (GPT-NeoX style); probe's own models are bias-free
-        self.q_proj = nn.Linear(c.d_model, c.n_heads * c.d_head, bias=bias)
-        self.k_proj = nn.Linear(c.d_model, c.n_kv_heads * c.d_head, bias=bias)
+        self.q_proj = nn.Linear(c.d_model, self.q_heads * c.d_head, bias=bias)
+        self.k_proj = nn.Linear(c.d_model, self.k_heads * c.d_head, bias=bias)
         self.v_proj = nn.Linear(c.d_model, c.n_kv_heads * c.d_value, bias=bias)
         self.o_proj = nn.Linear(c.n_heads * c.d_value, c.d_model, bias=bias)
         self.key_proj = nn.Linear(c.n_heads * c.d_value, key_rank, bias=False) if key_rank else None  # P-LR key rows
@@ -101,6 +110,10 @@ class Attention(nn.Module):
         self.hook_lse = HookPoint()  # B,H,Tq real-key log-normaliser (fired only when hooked)
         if self.forget is not None:  # only where there is a forget gate (docs/definitions.md#hook-namespace)
             self.hook_forget_gate = HookPoint()  # B,T,Hkv fp32 f_t = σ(w_h·x_t + b_h), one per KV head
+        if self.diff is not None:  # only under differential attention (docs/definitions.md#hook-namespace)
+            self.hook_pattern_1 = HookPoint()  # B,H,Tq,Tk branch 1's softmax rows (lazy)
+            self.hook_pattern_2 = HookPoint()  # B,H,Tq,Tk branch 2's softmax rows (lazy)
+            self.hook_lambda = HookPoint()  # H λ per head; hook_pattern is p1 - λ p2
         self.hook_out_gate = HookPoint()  # B,T,H,dv or B,T,H
         self.hook_z = HookPoint()  # B,T,H,dv
         self.hook_result = HookPoint()  # B,T,H,d each head's write through o_proj (fired only when hooked)
@@ -149,8 +162,10 @@ class Attention(nn.Module):
         """q (B,T,H,dh), k (B,T,Hkv,dh) as the scores take them, through hook_q/k (the projections), hook_q/k_normed
         (after QK-norm, where there is one) and hook_rot_q/k (after rotary): an edit at any point propagates."""
         B, T, _ = xq.shape
-        q = self.q_proj(xq).view(B, T, self.n_heads, self.d_head)
-        k = self.k_proj(xk).view(B, T, self.n_kv, self.d_head)
+        q = self.q_proj(xq).view(B, T, self.q_heads, self.d_head)
+        k = self.k_proj(xk).view(B, T, self.k_heads, self.d_head)
+        if self.diff is not None:  # the authors' interleaved pairs (head h's branches at 2h, 2h + 1) -> branch-major
+            q, k = _branch_major(q), _branch_major(k)
         if self.qk_activation != "none":  # GatedV placement controls: part of the projection, applied before RoPE
             q = F.silu(q)
             k = F.silu(k) if self.qk_activation == "qk" else k
@@ -172,6 +187,8 @@ class Attention(nn.Module):
             or any(p.has_hooks() for p in (self.hook_pattern, self.hook_phantom, self.hook_pattern_norm))
         )
         need_lse = self.materialize or self.hook_lse.has_hooks()
+        if self.diff is not None:
+            return self._attend_diff(q, k, v_out, edit, need_scores, need_pattern)
         if self.rule is not None:
             return self._attend_rule(q, k, v_out, key_bias, edit, need_scores, need_pattern)
         res = sink_attention(
@@ -222,6 +239,30 @@ class Attention(nn.Module):
             self._fire_pattern_norm(fired, v_out)
         return out
 
+    def _attend_diff(self, q, k, v_out, edit, need_scores: bool, need_pattern: bool) -> torch.Tensor:
+        """The output (B,T,H,dv) under differential attention, after its sub-layer norm and (1 - λ_init) scale, with
+        hook_lambda (H), hook_attn_scores (B,2H,T,T: both branches' scores, branch-major), hook_pattern_1 / _2 and
+        hook_pattern (p1 - λ p2) where hooked. An edit of λ, the scores or a branch re-makes the net rows and the
+        output; an edit of hook_pattern re-makes the output. hook_pattern_norm, hook_phantom and hook_lse do not fire
+        (the norm after the difference is not linear; the rows are signed and have no phantom or log-normaliser)."""
+        lam = self.hook_lambda(self.diff.lam(self.n_heads))  # type: ignore[union-attr]  # diff is set here
+        need_pattern = need_pattern or self.hook_pattern_1.has_hooks() or self.hook_pattern_2.has_hooks()
+        res = diff_attention(q, k, v_out, lam, return_pattern=need_pattern, edit=edit)
+        out, p1, p2, net = res
+        if need_scores:
+            scores = attention_scores(q, k)  # B,2H,T,T
+            fired = self.hook_attn_scores(scores)
+            if fired is not scores:
+                p1, p2 = patterns_of_scores(fired)
+        if need_pattern:
+            f1, f2 = self.hook_pattern_1(p1), self.hook_pattern_2(p2)
+            if f1 is not res.pattern_1 or f2 is not res.pattern_2:
+                net = net_pattern(f1, f2, lam)
+            fired = self.hook_pattern(net)
+            if fired is not res.pattern:
+                out = apply_pattern(fired, v_out, q.dtype)
+        return self.diff.finish(out)  # type: ignore[union-attr]
+
     def _fire_pattern_norm(self, pattern, v_out) -> None:
         """hook_pattern_norm (B,H,Tq,Tk): ||a_ij v_out_j W_O[h]|| of the pattern the output was aggregated with,
         before any output gate (docs/definitions.md#norm-weighted-attention); a read-out, its edit changes nothing."""
@@ -254,3 +295,10 @@ class Attention(nn.Module):
         if fired is not result:  # an edited write: the output is the sum of the edited heads' writes
             out = fired.sum(2) if self.o_proj.bias is None else fired.sum(2) + self.o_proj.bias
         return out, key
+
+
+def _branch_major(x: torch.Tensor) -> torch.Tensor:
+    """(B,T,2N,dh) with head n's two branches at 2n and 2n + 1 (the authors' view) -> (B,T,2N,dh) with branch b of
+    head n at b·N + n (the op's layout: one GQA softmax over the 2N heads gives both branches)."""
+    B, T, n2, dh = x.shape
+    return x.view(B, T, n2 // 2, 2, dh).transpose(2, 3).reshape(B, T, n2, dh)

@@ -24,6 +24,7 @@ from typing import ClassVar
 from transformers import PretrainedConfig
 
 from probe.catalogue import TIERS
+from probe.kernels.diff_attention import SIGNED_RULES
 from probe.kernels.row_rules import ROW_RULES
 from probe.models.choice import check_choice
 from probe.models.dense import DenseOptions
@@ -56,7 +57,7 @@ ABSTENTIONS = ("none", "offbyone", "sinklogit", "sinktoken")
 # the rule that turns a row's scores into its weights: "softmax", or a rule of probe.kernels.row_rules: "softpick"
 # (Zuhri et al. 2025; docs/definitions.md#softpick), "sigmoid" (Ramapuram et al. 2024), "sigmoid-norm", "elu1",
 # "elu1-norm" (Gu et al. 2025; docs/definitions.md#pointwise-attention-rules), "stickbreaking" (Tan et al. 2025)
-ATTN_FNS = ("softmax", *ROW_RULES)
+ATTN_FNS = ("softmax", *ROW_RULES, *SIGNED_RULES)  # SIGNED_RULES: differential attention
 QK_ACTIVATIONS = ("none", "q", "qk")
 NORMS = ("rms", "layer")
 POSITIONS = ("rope", "learned", "none")  # "none": no position signal (stick-breaking; FoX without RoPE)

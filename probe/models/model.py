@@ -24,6 +24,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from probe.hooks import names
 from probe.hooks.info import ModelInfo
 from probe.kernels.backend import check_backend, use_backend
+from probe.kernels.diff_attention import SIGNED_RULES
 from probe.kernels.row_rules import ROW_RULES
 from probe.models.block import Block
 from probe.models.cache import Unembedding
@@ -138,6 +139,8 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
                 continue
             g = torch.Generator().manual_seed(_param_seed(seed, name))
             std = 0.02 if c.init == "gpt2" else 1 / math.sqrt(p.shape[-1])  # GPT-2's constant, or fan-in
+            if init == "lambda":  # the authors' N(0, 0.1²), under either init scheme
+                std = 0.1
             if init == "output":
                 std *= depth_scale
             p.copy_(torch.randn(p.shape, generator=g) * std)
@@ -357,7 +360,10 @@ def _absent_under_rule(attn_fn: str) -> list[str]:
     ("attn.hook_lse"): the lse (no rule of probe.kernels.row_rules has a log-normaliser), and the phantom where rows
     may sum past one (docs/definitions.md#pointwise-attention-rules)."""
     rule = ROW_RULES.get(attn_fn)
-    if rule is None:
+    if attn_fn in SIGNED_RULES:  # differential attention: signed rows, no phantom, no lse, a norm after the rows
+        points = ["lse", "phantom", "pattern_norm"]
+    elif rule is None:
         return []
-    points = ["lse"] if rule.at_most_one else ["lse", "phantom"]
+    else:
+        points = ["lse"] if rule.at_most_one else ["lse", "phantom"]
     return [names.attn(0, p).split(".", 2)[-1] for p in points]

@@ -17,7 +17,8 @@ import torch.nn as nn
 class Role(NamedTuple):
     decay: bool
     init: str  # "normal": drawn per (seed, name), std 1/√fan-in (or 0.02 for GPT-2 init); "output": that × 1/√(2L);
-    #            "constant": keeps the value its module gave it (a documented constant)
+    #            "constant": keeps the value its module gave it (a documented constant); "lambda": drawn per
+    #            (seed, name) with std 0.1, whatever the width (differential attention's λ vectors)
 
 
 ROLES: dict[str, Role] = {
@@ -34,6 +35,7 @@ ROLES: dict[str, Role] = {
     "mixing": Role(False, "constant"),  # value-residual λ, DenseFormer/MUDD weights a_i and W2
     "mixing_projection": Role(False, "normal"),  # MUDD W1
     "norm": Role(False, "constant"),  # norm gains
+    "diff_lambda": Role(False, "lambda"),  # DIFF's λ_q1, λ_k1, λ_q2, λ_k2: N(0, 0.1²) as the authors' code draws them
 }
 
 

@@ -74,6 +74,8 @@ def variant_settings(variant: str, arch: dict) -> dict:
         if settings.get("d_value") == "reduced":  # combined value width m = 2d/3, a multiple of the heads
             heads = arch.get("n_heads", 4)
             settings["d_value"] = max(1, round(2 * arch["d_model"] / 3 / heads))
+        if settings.get("n_heads") == "paired":
+            settings.update(_paired_heads(arch))
         return settings
     found = _parametric(variant)
     if found:
@@ -91,10 +93,26 @@ def variant_settings(variant: str, arch: dict) -> dict:
     raise ValueError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
 
 
+def _paired_heads(arch: dict) -> dict:
+    """Differential attention's sizes on a tier (the authors' matching, head_dim = d_model / heads / 2): half the
+    tier's heads (and KV heads; one stays one), each with two branch queries and keys of width d_model / (2 heads)
+    and a value twice as wide, so the projections keep the baseline's shapes."""
+    heads, kv = arch.get("n_heads", 4), arch.get("n_kv_heads") or arch.get("n_heads", 4)
+    if (heads % 2 and heads != 1) or (kv % 2 and kv != 1):
+        raise ValueError(f"differential attention pairs heads: n_heads={heads}, n_kv_heads={kv} must be even or 1")
+    paired, paired_kv = max(1, heads // 2), max(1, kv // 2)
+    d_head = arch["d_model"] // (2 * paired)
+    return dict(n_heads=paired, n_kv_heads=paired_kv, d_head=d_head, d_value=2 * d_head)
+
+
 def config_for(variant: str = "baseline", tier: str = "tiny", **overrides) -> ProbeConfig:
     arch = tier_config(tier)
     arch.update({k: v for k, v in overrides.items() if k in arch})
-    kwargs = {**arch, **variant_settings(variant, arch), **overrides}
+    heads = {k: overrides[k] for k in ("n_heads", "n_kv_heads") if k in overrides}
+    settings = variant_settings(variant, {**arch, **heads})
+    if variant in VARIANTS and VARIANTS[variant].settings.get("n_heads") == "paired":
+        overrides = {k: v for k, v in overrides.items() if k not in heads}  # read as the baseline's counts, halved
+    kwargs = {**arch, **settings, **overrides}
     config = ProbeConfig(**kwargs)
     config.probe_variant, config.probe_tier = variant, tier
     return config

@@ -170,7 +170,7 @@ def test_exposure_matches_the_pattern(variant, over):
     _, cache = model.run_with_cache(toks[0, :, :-1])
     G = model.probe_info.kv_group
     for l in range(2):
-        pattern = cache[names.attn(l, "pattern")].double()  # (B, H, T, T)
+        pattern = cache[names.attn(l, "pattern")].double().abs()  # (B, H, T, T); signed rows: shares of Σ|a|
         norms = cache[names.attn(l, "v")].norm(dim=-1)  # (B, T, Hkv)
         # the row's total mass: its real keys and the phantom (0 where rows may sum past one and none fires)
         phantom = cache[p].double() if (p := names.attn(l, "phantom")) in cache else torch.zeros(pattern.shape[:3])

@@ -176,6 +176,20 @@ def test_visible_keys_and_the_rows_that_see_key_0_follow_the_mask(fields, visibl
     assert rules.sees_key0(T).tolist() == sees0 and sees0 == sorted(sees0, reverse=True)
 
 
+@pytest.mark.parametrize("topk", [None, 2])
+def test_compressed_entries_join_the_visible_keys_but_not_key_0(topk):
+    """By hand (window 3, rate 4, 13 tokens): entry w covers tokens 4w .. 4w+3 and row t sees it once t >= 4w + 3, at
+    most top-k of them; the visible keys add those entries to the window's tokens, and key 0 (token column 0) is seen
+    by rows t < 3 only, whatever entry summarises it."""
+    rules = LayerAttention(rule="softmax", mask="sliding", window=3, scale=1.0, compress_rate=4, compress_topk=topk)
+    T = 13
+    closed = [sum(1 for w in range(T) if 4 * w + 3 <= t) for t in range(T)]
+    entries = [c if topk is None else min(c, topk) for c in closed]
+    assert rules.compressed_entries(T) == 3 and rules.visible_entries(T).tolist() == entries
+    assert rules.visible_keys(T).tolist() == [min(t + 1, 3) + e for t, e in enumerate(entries)]
+    assert rules.sees_key0(T).tolist() == [t < 3 for t in range(T)]
+
+
 def test_a_linear_layer_has_no_visible_keys():
     with pytest.raises(ValueError, match="a linear layer has no attention rows"):
         LayerAttention(rule="softmax", mask="linear", scale=1.0).sees_key0(4)
@@ -189,6 +203,8 @@ def test_a_linear_layer_has_no_visible_keys():
         (dict(window=4), "a window of 4 needs a sliding layer"),
         (dict(mask="chunked", chunk=0), "a chunk of 0 needs a chunked layer and at least 1 key"),
         (dict(softcap=-1.0), "soft-cap -1.0 must be positive"),
+        (dict(compress_rate=0), "a compress rate of 0 must be at least 1"),
+        (dict(compress_topk=2), "a compressed top-k needs a compress rate"),
     ],
 )
 def test_a_bad_description_is_refused_in_one_line(fields, says):
@@ -212,6 +228,7 @@ def test_an_attention_other_than_the_described_one_is_refused():
 
 def test_the_rules_named_are_softmax_and_the_kernels_row_rules():
     from probe.hooks.attention_rules import RULES
+    from probe.kernels.diff_attention import SIGNED_RULES
     from probe.kernels.row_rules import ROW_RULES
 
-    assert set(RULES) == {"softmax", *ROW_RULES}
+    assert set(RULES) == {"softmax", *ROW_RULES, *SIGNED_RULES}

@@ -59,6 +59,8 @@ def test_a_variant_sets_its_catalogue_settings_and_leaves_every_other_mechanism_
     expected = dict({k: getattr(plain, k) for k in _PLAIN}, **VARIANTS[template].settings)
     if expected["d_value"] == "reduced":
         expected["d_value"] = round(2 * SMALL["d_model"] / 3 / SMALL["n_heads"])
+    if expected.get("n_heads") == "paired":  # differential attention: half of SMALL's heads, two branches each
+        expected.update(n_heads=2, n_kv_heads=2, d_head=8, d_value=16)
     if template != variant:
         expected["depth_blocks"] = 0 if rest.startswith("full") else int(rest.split("-")[0][len("block") :])
         if "-r" in rest:
@@ -105,6 +107,14 @@ def _expected_hooks(model):
                 p + "attn.hook_result": (B, Tk, H, d),
             }
         )
+        if c.attn_fn == "diff":  # two branch queries and keys per head (branch-major), their rows and λ
+            for point in ("q", "rot_q"):
+                shapes[p + f"attn.hook_{point}"] = (B, Tk, 2 * H, dh)
+            for point in ("k", "rot_k"):
+                shapes[p + f"attn.hook_{point}"] = (B, Tk, 2 * Hkv, dh)
+            shapes[p + "attn.hook_attn_scores"] = (B, 2 * H, Tk, Tk)
+            shapes.update({p + f"attn.hook_pattern_{b}": (B, H, Tk, Tk) for b in (1, 2)})
+            shapes[p + "attn.hook_lambda"] = (H,)
         if c.qk_norm:
             shapes[p + "attn.hook_q_normed"] = (B, Tk, H, dh)
             shapes[p + "attn.hook_k_normed"] = (B, Tk, Hkv, dh)

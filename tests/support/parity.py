@@ -144,6 +144,8 @@ def _logits(ref, m, x, dtype_name: str) -> dict:
 
 
 def _every_hook_fires(m, cache) -> None:
+    from probe.hooks import names
+
     info = m.probe_info
     missing = sorted(set(m.hook_dict) - set(cache))
     if missing:
@@ -153,8 +155,10 @@ def _every_hook_fires(m, cache) -> None:
         if name.endswith(("hook_resid_pre", "hook_resid_post", "hook_attn_out", "hook_mlp_out")):
             if tuple(t.shape) != (B, T, d):
                 raise Refused(f"{name} has shape {tuple(t.shape)}, not (B, T, d) = {(B, T, d)}")
-        if name.endswith("attn.hook_pattern") and tuple(t.shape) != (B, info.n_heads, T, T):
-            raise Refused(f"{name} has shape {tuple(t.shape)}, not (B, H, T, T)")
+        if name.endswith("attn.hook_pattern"):  # keys: the T tokens, then any compressed entries (DeepSeek-V4)
+            keys = T + info.attention_at(names.layer_of(name)).compressed_entries(T)
+            if tuple(t.shape) != (B, info.n_heads, T, keys):
+                raise Refused(f"{name} has shape {tuple(t.shape)}, not (B, H, T, T + compressed entries {keys - T})")
 
 
 def _pattern_vs_output_attentions(ref, m, x, cache) -> dict:
@@ -300,6 +304,7 @@ def _exposure_reference(m, data, cutoffs) -> torch.Tensor:
         _, cache = m.run_with_cache(data[n, :, :-1], names_filter=lambda h: names.is_attn(h, "pattern", "v"))
         for l in info.attention_layers:
             pattern, v = cache[names.attn(l, "pattern")].double(), cache[names.attn(l, "v")]
+            pattern = pattern[..., : v.shape[1]]  # token keys: compressed entries (DeepSeek-V4) are no quiet reads
             quiet = torch.stack(quiet_and_median(v.float().norm(dim=-1), qs)[0], -1).double()  # (B, T, Hkv, m)
             quiet = quiet.repeat_interleave(info.kv_group, dim=2).permute(0, 2, 1, 3)  # (B, H, Tk, m)
             share = (pattern @ quiet)[:, :, 1:].sum((0, 2))  # (H, m)

@@ -194,3 +194,15 @@ def check_target(abl: Ablation, info) -> None:
 def layers_of(abl: Ablation, info) -> list[int]:
     """The softmax layers a condition acts on."""
     return info.attention_layers if abl.layer is None else [abl.layer]
+
+
+def refuse_attention_edits(info, what: str) -> None:
+    """One AblationError line where a layer's rows are not softmax rows: the knockout and the eviction are carried out
+    by sink attention's op, and a row rule's or differential attention's op refuses them (their renormalisation is
+    not defined there)."""
+    rule = next((r.rule for r in map(info.attention_at, info.attention_layers) if r.rule != "softmax"), None)
+    if rule is not None:
+        raise AblationError(
+            f"model {info.name!r} has {rule} attention rows, which take no {what} (sink attention's edit); "
+            "choose another intervention"
+        )

@@ -15,6 +15,7 @@ from probe.analyses.interventions.base import (
     Intervention,
     check_choice,
     layers_of,
+    refuse_attention_edits,
     register_intervention,
     whole,
 )
@@ -66,6 +67,7 @@ class Eviction(Intervention):
     @classmethod
     def conditions(cls, model, mech, opts) -> list[Ablation]:
         info, out = model.probe_info, []
+        refuse_attention_edits(info, "window eviction")
         for pos in dict.fromkeys(opts.positions):
             check_positions(model, pos)
             for w in dict.fromkeys(opts.windows):

@@ -10,6 +10,7 @@ from probe.analyses.interventions.base import (
     Intervention,
     layers_of,
     local_conditions,
+    refuse_attention_edits,
     register_intervention,
 )
 from probe.hooks import names
@@ -34,6 +35,7 @@ class Knockout(Intervention):
     @classmethod
     def conditions(cls, model, mech, opts) -> list[Ablation]:
         info = model.probe_info
+        refuse_attention_edits(info, "key-0 knockout")
         return local_conditions(info, cls(), opts, info.n_kv_heads)
 
 

@@ -1,5 +1,5 @@
 """DeepSeek-V4 adapter: a residual of N hyper-connected streams (mHC), sliding-window attention with a learned sink per
-head, and compressed KV entries that probe's attention hooks do not describe (refused, one line).
+head, and compressed KV entries read as extra keys after the token keys (docs/definitions.md#compressed-keys).
 
 What transformers' ``modeling_deepseek_v4.py`` computes, and what the hooks see of it:
 
@@ -27,10 +27,11 @@ What transformers' ``modeling_deepseek_v4.py`` computes, and what the hooks see 
   compressor: each closed window of ``compress_rates[type]`` tokens (4 and 128 by default) becomes one KV
   entry (a softmax-gated sum of projected tokens, RMS-normed, rotated at its window's first position; CSA windows
   overlap by one window and a Lightning Indexer keeps the ``index_topk`` best entries per query), appended after the
-  token keys, visible to a query once its window has closed. Those entries are not token positions and probe's
-  pattern, phantom and streaming row masses have no place for them: a forward in which a compressor emits one stops
-  with one line. A DeepSeek-V4 model therefore runs under probe on inputs shorter than its smallest compress rate
-  (or with ``sliding_attention`` layers only).
+  token keys, visible to a query once its window has closed. A forward hook on the compressor fires
+  ``hook_compressed_kv`` (B,C,1,dh) and leaves the entries' visibility (HF's block bias) for the attention call,
+  which reads them as extra keys after the tokens' (probe.checkpoints.attention.split_extra_keys): hook_pattern is
+  B,H,T,T+C, the describe step states each layer's rate and top-k (``extra["compress_rates"]`` /
+  ``extra["compress_topk"]``, read by ``LayerAttention``; docs/definitions.md#compressed-keys).
 * **MoE.** A shared expert plus routed experts; the first ``hash_moe`` layers pick experts by a fixed token-id table
   (``tid2eid``), the others by top-k of the router's scores: ``mlp.hook_router_logits`` / ``hook_expert_indices`` /
   ``hook_expert_weights`` where ``probe.checkpoints.module_hooks`` can re-run the router alone.
@@ -46,14 +47,9 @@ from transformer_lens.hook_points import HookPoint
 from probe.checkpoints.adapters.llama import SEQUENTIAL
 from probe.checkpoints.adapters.recipes import RecipeAdapter
 from probe.checkpoints.hooked_hf import _hook_once
-from probe.errors import UsageError
 from probe.models.depth_mechanisms.hyper_connections import sinkhorn
 
-COMPRESSOR_KEY = "_probe_compressor"  # compressor module.__dict__ entry -> (layer, layer type, compress rate)
-
-
-class CompressedKeysError(UsageError, ValueError):
-    """An input long enough that a DeepSeek-V4 compressor emitted KV entries (one line, exit 2 in the CLI)."""
+COMPRESSOR_KEY = "_probe_compressor"  # compressor module.__dict__ entry -> the layer's attention hooks
 
 
 class HCHooks(nn.Module):
@@ -113,17 +109,19 @@ def hc_layer_forward(layer, hooks, hidden_states, input_ids=None, **kwargs):
     return through_sum(hooks.hook_resid_post, spread(mlp_out, post, res, streams))
 
 
-def refuse_compressed_entries(module, _inputs, output):
-    """Forward hook on a layer's compressor: one line when it emitted KV entries (output: entries B,1,C,dh and
-    their per-query bias), which probe's attention hooks would not describe."""
-    entries = output[0].shape[2]
-    if entries:
-        layer, layer_type, rate = module.__dict__[COMPRESSOR_KEY]
-        raise CompressedKeysError(
-            f"DeepSeek-V4 layer {layer} ({layer_type}) appended {entries} compressed KV entries (one per {rate} "
-            f"tokens) to its sliding-window keys; probe's attention hooks describe those keys and the sink only: "
-            f"inputs must be shorter than {rate} tokens"
-        )
+def pass_compressed_entries(module, _inputs, output):
+    """Forward hook on a layer's compressor (output: entries B,1,C,dh and their visibility, an additive bias
+    B,1,T,C or None): the entries through ``hook_compressed_kv`` (B,C,1,dh; an edit changes the keys and values the
+    attention appends), the bias left on the layer's attention hooks for the attention call that follows
+    (probe.checkpoints.attention.split_extra_keys). A single query (decoding) sees every entry: HF passes no bias."""
+    site = module.__dict__[COMPRESSOR_KEY]
+    entries, bias = output
+    seen = entries.transpose(1, 2)  # B,C,1,dh: positions (here entries) second, as every attention point
+    fired = site.hook_compressed_kv(seen)
+    if bias is None:
+        bias = entries.new_zeros((entries.shape[0], 1, 1, entries.shape[2]))
+    site.pending_keys = bias
+    return None if fired is seen else (fired.transpose(1, 2), bias)
 
 
 class DeepseekV4Adapter(RecipeAdapter):
@@ -137,21 +135,25 @@ class DeepseekV4Adapter(RecipeAdapter):
         text = config.get_text_config()
         info.layer_types = ["sliding"] * info.n_layers  # one sliding-window mask for every layer's token keys
         info.sliding_window = text.sliding_window
+        rates = [text.compress_rates.get(t) for t in text.layer_types[: info.n_layers]]  # None: sliding only
+        topk = [text.index_topk if t == "compressed_sparse_attention" else None for t in text.layer_types]
         info.extra.update(
             hc_streams=text.hc_mult,
             n_experts=text.n_routed_experts,
             experts_per_token=text.num_experts_per_tok,
+            compress_rates=rates,
+            compress_topk=topk[: info.n_layers],
         )
         return info
 
     def _install(self, layers):
-        for block in self.blocks:
+        for block, layer in zip(self.blocks, layers):
             block.hook_streams, block.hook_streams_mid = HookPoint(), HookPoint()  # B,T,N,d
             block.hc_attn, block.hc_mlp = HCHooks(), HCHooks()
+            if self.attention_module(layer).compressor is not None:
+                block.attn.hook_compressed_kv = HookPoint()  # B,C,1,dh
         super()._install(layers)
-        rates = self.hf_model.config.get_text_config().compress_rates
-        for l, layer in enumerate(layers):
-            attn = self.attention_module(layer)
-            if attn.compressor is not None:
-                entry = (l, attn.layer_type, rates[attn.layer_type])
-                _hook_once(attn.compressor, COMPRESSOR_KEY, entry, refuse_compressed_entries)
+        for layer, block in zip(layers, self.blocks):
+            compressor = self.attention_module(layer).compressor
+            if compressor is not None:
+                _hook_once(compressor, COMPRESSOR_KEY, block.attn, pass_compressed_entries)

@@ -12,6 +12,7 @@ One file per path, as dispatch.py chooses them (``probe.kernels.attention_row_ma
     triton.py     the sink-attention Triton forward with the indicators as fp32 values (imported lazily)
     rules.py      ``rule_row_masses``: the masses and each row's total under a row rule other than softmax (softpick,
                   sigmoid, ...: probe.kernels.row_rules), from explicit scores over blocks of query rows
+    signed.py     ``signed_row_masses``: differential attention's signed rows (net, absolute and per-branch masses)
 
 The soft-cap (s -> softcap * tanh(s / softcap)) bends scale * q.k only, before key_bias and the sink, as in
 probe.kernels.sink_attention.reference; the fused flash op computes the scores itself, so it cannot apply it.

@@ -49,12 +49,22 @@ def rule_row_masses(
         raise ValueError("rule_row_masses takes one sequence: as many queries as keys")
     if chunk is not None and int(chunk) < 1:
         raise ValueError(f"chunk must be a positive int or None, got {chunk!r}")
+    of_scores = ROW_RULES[rule].of_scores
+    totals, masses = [], []
+    for s, ind in score_blocks(q, k, indicators, key_bias, window, chunk, scale, softcap, block):
+        a = of_scores(s, bias=bias)  # (B, H, rows, keys)
+        totals.append(a.sum(-1))
+        masses.append(indicator_masses(a, ind))  # (B, H, rows, m)
+    return torch.cat(totals, dim=-1), torch.cat(masses, dim=-2)
+
+
+def score_blocks(q, k, indicators, key_bias, window, chunk, scale, softcap, block: int = ROW_BLOCK):
+    """Yield (scores (B,H,rows,keys) with the rows' hidden keys -inf, indicators (B,Hkv,keys,m) in their dtype) for
+    blocks of ``block`` query rows over the keys they can see (chunked attention: each chunk alone), in row order."""
     T = q.shape[1]
     span = T if chunk is None else int(chunk)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    of_scores = ROW_RULES[rule].of_scores
     kw = dict(window=None if window is None else int(window), scale=scale, softcap=softcap)
-    totals, masses = [], []
     for c0 in range(0, T, span):  # chunked attention: each chunk alone, its keys cut at its start
         for i0 in range(c0, min(T, c0 + span), block):
             i1 = min(T, c0 + span, i0 + block)
@@ -65,9 +75,10 @@ def rule_row_masses(
                 key_bias=None if key_bias is None else key_bias[..., j0:i1],
                 **kw,
             )  # (B, H, rows, keys), the rows' hidden keys -inf
-            a = of_scores(s, bias=bias)  # (B, H, rows, keys)
-            ind = indicators[:, j0:i1].to(a.dtype).permute(0, 2, 1, 3)  # (B, Hkv, keys, m)
-            G = a.shape[1] // ind.shape[1]
-            totals.append(a.sum(-1))
-            masses.append((a.unflatten(1, (ind.shape[1], G)) @ ind[:, :, None]).flatten(1, 2))  # (B, H, rows, m)
-    return torch.cat(totals, dim=-1), torch.cat(masses, dim=-2)
+            yield s, indicators[:, j0:i1].to(s.dtype).permute(0, 2, 1, 3)  # (B, Hkv, keys, m)
+
+
+def indicator_masses(a: torch.Tensor, ind: torch.Tensor) -> torch.Tensor:
+    """Σ_j a_ij ind[h // G, j, c]: weights a (B,H,rows,keys), indicators (B,Hkv,keys,m) -> (B,H,rows,m)."""
+    G = a.shape[1] // ind.shape[1]
+    return (a.unflatten(1, (ind.shape[1], G)) @ ind[:, :, None]).flatten(1, 2)

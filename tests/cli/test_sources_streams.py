@@ -1,6 +1,6 @@
-"""`probe sources` on a hyper-connected model saved to a folder and loaded back: its files, and its tables equal to the
-analysis run on the loaded model with the windows the verb drew; a model with neither depth routing nor streams is
-refused in one line."""
+"""`probe sources` on hyper-connected models saved to a folder and loaded back (a probe mHC model, a tiny
+DeepSeek-V4): its files, and its tables equal to the analysis run on the loaded model with the windows the verb drew;
+a model with neither depth routing nor streams is refused in one line."""
 
 from __future__ import annotations
 
@@ -82,3 +82,19 @@ def _offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     yield
     torch.set_num_threads(1)
+
+
+def test_the_verb_on_a_saved_deepseek_v4(tmp_path):
+    """transformers' tiny DeepSeek-V4 saved and loaded back through its adapter: the stream sources of its 2L
+    connections (the adapter hooks no head weights, so no final read), H_res's rows summing to 1."""
+    from tests.support import verbs
+
+    folder = verbs.save_tiny("deepseek_v4", tmp_path / "ds")
+    code, err = run("--model", folder, "--data", text_file(tmp_path), *ARGS, "--out", tmp_path / "out")
+    assert code == 0, err
+    doc = json.loads((tmp_path / "out" / "sources.json").read_text(encoding="utf-8"))
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    summary = doc["tables"]["summary"][0]
+    assert summary["n_streams"] == config["hc_mult"] and summary["n_sites"] == 2 * config["num_hidden_layers"]
+    rows = pd.DataFrame(doc["tables"]["stream_mixing"]).groupby(["site_index", "out_stream"])["weight"].sum()
+    assert rows.to_numpy() == pytest.approx(1.0, abs=1e-5)

@@ -149,7 +149,10 @@ TERMS = (
     # sources (probe sources) and the cost model (probe costs)
     Term("S_src", "sum of the sources read over the read sites with at least two", "cost-model"),
     Term(
-        "neff_mean", "exp(entropy) of a site's depth weights, mean over tokens: its sources in use", "effective-sources"
+        "neff_mean",
+        "exp(entropy) of a site's depth weights (streams: of its sources' shares |c| / sum |c|), mean over tokens: its "
+        "sources in use",
+        "effective-sources",
     ),
     Term("top1_mass", "mean largest depth weight of a site", "effective-sources"),
     Term(
@@ -162,6 +165,32 @@ TERMS = (
         "a dense mix's mean weight on the latest block state (the plain residual: 1, others 0)",
         "dense-weights",
         (r"embed_weight", r"earlier_weight", r"residual_distance"),
+    ),
+    Term(
+        "read_mass", "sum of a stream read's source coefficients (the plain residual: 1 per source)", "stream-sources"
+    ),
+    Term(
+        "usage_entropy",
+        "entropy of H_pre's shares over the n streams / log n: 1 all read alike, 0 one",
+        "stream-sources",
+    ),
+    Term(
+        "identity_distance",
+        "||H_res - I||_F, mean over tokens (0: every stream keeps itself)",
+        "stream-sources",
+        (r"identity_distance_max",),
+    ),
+    Term(
+        "permutation_distance",
+        "||H_res - P||_F to the nearest permutation P, mean over tokens (0: the streams are only reordered)",
+        "stream-sources",
+        (r"permutation_distance_max",),
+    ),
+    Term(
+        "bos_ratio",
+        "a stream's largest |x| at position 0 over its largest elsewhere, at the block input and stream where largest",
+        "stream-sources",
+        (r"bos_layer", r"bos_stream"),
     ),
     Term(
         "added_flops_pct",

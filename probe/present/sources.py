@@ -8,6 +8,7 @@ from probe.present.figures import ID_COLUMNS, REFERENCE, SEQUENTIAL, SIGNED, int
 from probe.present.files import header, result_meta, show
 from probe.present.glossary import glossed
 from probe.present.sections import drop_ids
+from probe.present.streams import is_streams, stream_figures, stream_sections, stream_text
 from probe.present.terminal import summary_lines, verdict
 
 # One line on each file of this analysis an output folder may hold (probe.present.page's index.html shows them)
@@ -86,6 +87,8 @@ def source_sections(result: dict) -> dict:
     """Depth routing: effective sources line; summary and per-site tables (dense connections: their weights)."""
     if is_dense(result):
         return dense_sections(result)
+    if is_streams(result):
+        return stream_sections(result)
     s = result["summary"].iloc[0]
     verdicts = [
         f"effective sources N_eff = {s['neff_mean']:.3g} on average over {int(s['n_sites'])} read sites "
@@ -124,7 +127,7 @@ def depth_heatmap(result: dict) -> go.Figure:
     return fig
 
 
-def effective_sources_figure(results) -> go.Figure:
+def effective_sources_figure(results, y_title: str = "N_eff = exp(H(α)) (sources)") -> go.Figure:
     """N_eff per read site (± std over tokens) with the number of sources, one line per model."""
     fig = go.Figure()
     for res in many(results):
@@ -147,7 +150,7 @@ def effective_sources_figure(results) -> go.Figure:
     )
     fig.update_layout(
         title="Effective number of sources (± std over tokens)",
-        yaxis_title="N_eff = exp(H(α)) (sources)",
+        yaxis_title=y_title,
         yaxis_rangemode="tozero",
     )
     return integer_ticks(fig, "x", "read site (index in depth order)")
@@ -159,6 +162,8 @@ TITLE = "Depth routing"
 def figures(result: dict) -> list:
     if is_dense(result):
         return dense_heatmaps(result)
+    if is_streams(result):
+        return stream_figures(result, effective_sources_figure)
     return [depth_heatmap(result), effective_sources_figure(result)]
 
 
@@ -167,6 +172,8 @@ def sections(result: dict) -> dict:
 
 
 def text(result: dict) -> str:
+    if is_streams(result):
+        return stream_text(result)
     s = result["summary"].iloc[0].to_dict()
     if is_dense(result):
         return glossed(

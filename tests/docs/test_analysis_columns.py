@@ -47,6 +47,7 @@ def _runs():
         "gates.gate_stats": lambda f: f(tiny("normgate"), w),
         "sources.effective_sources": lambda f: f(tiny("attnres-block4"), w),
         "sources.dense_weights": lambda f: f(tiny("mudd"), w),
+        "streams.stream_sources": lambda f: f(tiny("mhc"), w),
         "inject.inject": lambda f: f(tiny("sink+proj"), w, doses=[0.4]),
         "inject.exposure_stats": lambda f: f(tiny("sink+proj"), w),
         "ablate.ablate": lambda f: f(tiny("sinklogit"), w),

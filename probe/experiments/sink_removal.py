@@ -4,8 +4,8 @@ seeds, and each one's sink measured beside the baseline's (docs/results/sink-rem
 ``probe experiment sink-removal --out DIR`` trains each (variant, seed) with the sink-emergence recipe's trainer and
 settings (probe.experiments.sink_emergence: the tiny tier with its BB overrides, the same BB batches per seed, so
 paired runs see identical data) into ``DIR/runs/<variant>-s<seed>`` (resumable: a rerun continues each run where it
-stopped, and a finished run is only measured, once: ``removal_stats.json``), measures the last snapshot on the fixed
-BB evaluation windows, and writes
+stopped, and a finished run is only measured once, whichever variants and seeds a rerun names:
+``removal_stats.json``), measures the last snapshot on the fixed BB evaluation windows, and writes
 
     runs.csv      one row per (variant, seed): pos0 share ÷ uniform, r0, phantom share and sink_formed over the layers
                   past the first (docs/definitions.md#sink-rule), Sink^0.3 (docs/definitions.md#sink-heads), the
@@ -215,7 +215,7 @@ def train_and_measure(record: dict, variant: str, seed: int, run_dir: str) -> di
     cache = run_dir / "removal_stats.json"
     if cache.exists():
         found = json.loads(cache.read_text())
-        if found.get("version") == MEASURE_VERSION and found.get("config") == json.loads(json.dumps(record)):
+        if found.get("version") == MEASURE_VERSION and _run_settings(found.get("config")) == _run_settings(record):
             return found
     t0 = time.perf_counter()
     train_variant(cfg, variant, seed, run_dir)
@@ -229,6 +229,14 @@ def train_and_measure(record: dict, variant: str, seed: int, run_dir: str) -> di
     found = {"version": MEASURE_VERSION, "config": record, **measured}
     atomic_write(cache, json.dumps(found, indent=1))
     return found
+
+
+def _run_settings(record: dict | None) -> dict | None:
+    """What one run's numbers depend on: the config record less the grid's variant and seed lists, so a rerun that
+    names more (or fewer) variants or seeds reuses every finished run's measurement."""
+    if record is None:
+        return None
+    return {k: v for k, v in json.loads(json.dumps(record)).items() if k not in ("variants", "seeds")}
 
 
 def _train_wall_seconds(run_dir: Path) -> float:

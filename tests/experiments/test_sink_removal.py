@@ -4,6 +4,7 @@ and their columns, paired differences that are the per-seed differences of runs.
 
 import importlib.util
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -293,3 +294,17 @@ def test_gu_verdicts_hold_in_every_seed_not_on_the_mean():
     assert verdict(runs((1.0, 3.5, 1.5), (4.0, 4.0, 4.0)), "without normalisation ELU+1") is False  # mean 2 < 3
     assert verdict(runs((1.0, 1.0, 1.0), (4.0, 9.0, 3.0)), "normalised ELU+1") is True
     assert verdict(runs((1.0, 1.0, 1.0), (9.0, 9.0, 2.5)), "normalised ELU+1") is False  # mean 6.8 ≥ 3
+
+
+def test_a_rerun_naming_fewer_seeds_measures_nothing_again(recipe, tmp_path):
+    """A finished run's measurement is reused whatever grid names it: the tables of seed 0 alone are seed 0's rows of
+    the two-seed grid, and no run's removal_stats.json is rewritten."""
+    out = tmp_path / "copy"
+    shutil.copytree(recipe, out)
+    stats = {d.name: (d / "removal_stats.json").read_bytes() for d in (out / "runs").iterdir()}
+    assert main(["sink-removal", "--out", str(out), "--variants", *FEW, "--quiet", *TINY[:-3], "--seeds", "0"]) == 0
+    assert {d.name: (d / "removal_stats.json").read_bytes() for d in (out / "runs").iterdir()} == stats
+    both = pd.read_csv(recipe / "runs.csv")
+    pd.testing.assert_frame_equal(
+        pd.read_csv(out / "runs.csv"), both[both["seed"] == 0].reset_index(drop=True), check_dtype=False
+    )

@@ -278,10 +278,10 @@ GU_SINK = "normalised {rule} rows (divided by their sum) have an attention sink 
 GU_SINK += " the kernel, makes the sink"
 # rules whose papers make no claim about sinks (their abstracts do not mention one): measured, no verdict
 NO_CLAIM = {
-    "sigmoid": ("Ramapuram et al. 2024", "sigmoid attention (b = −log n)"),
+    "sigmoid": ("Ramapuram et al. 2024", "sigmoid attention with b = −log n"),
     "stickbreaking": ("Tan et al. 2025", "stick-breaking attention"),
     "fox": ("Lin et al. 2025", "the Forgetting Transformer"),
-    "fox-pro-partial": ("Lin et al. 2025", "the Forgetting Transformer with its Pro extras (partial)"),
+    "fox-pro-partial": ("Lin et al. 2025", "the Forgetting Transformer with probe's part of its Pro block"),
 }
 
 
@@ -303,7 +303,7 @@ def rule_claims(runs: pd.DataFrame) -> list[tuple[str, str, str, str, bool | Non
         )
         out.append(massive_claim(runs, "Zuhri et al. 2025", "softpick removes massive activations", "softpick"))
     for v, rule, form in (
-        ("sigmoid", "sigmoid", " (here Ramapuram et al.'s b = −log n_ctx inside the sigmoid; theirs has none)"),
+        ("sigmoid", "sigmoid", "; here with Ramapuram et al.'s b = −log n_ctx inside the sigmoid, theirs has none"),
         ("elu1", "ELU+1", ""),
     ):
         if v in have:
@@ -315,7 +315,7 @@ def rule_claims(runs: pd.DataFrame) -> list[tuple[str, str, str, str, bool | Non
             out.append(("Gu et al. 2025", GU_SINK.format(rule=rule), STAYS_RULE, sink_measured(runs, v), stays))
     for v, (paper, what) in NO_CLAIM.items():
         if v in have:
-            claim = f"(no claim about sinks for {what}: measured for comparison)"
+            claim = f"no claim about sinks for {what}; measured for comparison"
             out.append((paper, claim, "–", sink_measured(runs, v), None))
     return out
 
@@ -364,15 +364,15 @@ def screenshot(fig, png: Path, size: tuple[int, int]) -> None:
 
 def cost_table(runs: pd.DataFrame, variants) -> str:
     """Per variant each seed's training CPU-seconds and wall seconds (the recipe's train_cpu_s and train_wall_s, in seed
-    order) and the largest peak RSS, then the totals over every run."""
+    order), then the totals over every run."""
     lines = [
-        "| variant | training CPU-s per seed | training wall-s per seed | peak RSS (MB) |",
-        "|---|---|---|---|",
+        "| variant | training CPU-s per seed | training wall-s per seed |",
+        "|---|---|---|",
     ]
     for v in variants:
         r = runs[runs["variant"] == v].sort_values("seed")
         cpu, wall = (", ".join(f"{x:,.0f}" for x in r[c]) for c in ("train_cpu_s", "train_wall_s"))
-        lines.append(f"| `{v}` | {cpu} | {wall} | {r['peak_rss_mb'].max():,.0f} |")
+        lines.append(f"| `{v}` | {cpu} | {wall} |")
     total = (
         f"{len(runs)} runs: {runs['train_cpu_s'].sum():,.0f} CPU-seconds and {runs['train_wall_s'].sum():,.0f} "
         f"wall-seconds of training summed over the runs ({runs['train_cpu_s'].min():,.0f}–"

@@ -168,6 +168,16 @@ def check_choice(what: str, value, choices) -> None:
         raise AblationError(f"unknown {what} {value!r}; choose from {', '.join(choices)}")
 
 
+def check_softmax_rows(kind: str, info) -> None:
+    """One AblationError line when ``kind`` is an edit the attention op carries out (knockout, eviction) and the
+    model's rows are another rule's (softpick, sigmoid, stick-breaking, ...): those ops take no edit."""
+    if info.attention_rule != "softmax":
+        raise AblationError(
+            f"{kind} ablation: edits softmax rows inside the attention op, and model {info.name!r} has "
+            f"{info.attention_rule} rows; choose from value, phantom, gate, depth, register"
+        )
+
+
 def check_target(abl: Ablation, info) -> None:
     """The layer and head of a condition exist in the model, for every kind alike (heads: query heads for phantom
     edits and a model's only gate being an output gate, KV heads otherwise); else one AblationError line naming the

@@ -14,6 +14,7 @@ from probe.analyses.interventions.base import (
     AblationError,
     Intervention,
     check_choice,
+    check_softmax_rows,
     layers_of,
     register_intervention,
     whole,
@@ -66,6 +67,7 @@ class Eviction(Intervention):
     @classmethod
     def conditions(cls, model, mech, opts) -> list[Ablation]:
         info, out = model.probe_info, []
+        check_softmax_rows("evict", info)
         for pos in dict.fromkeys(opts.positions):
             check_positions(model, pos)
             for w in dict.fromkeys(opts.windows):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from probe.analyses.interventions.base import (
     Ablation,
     Intervention,
+    check_softmax_rows,
     layers_of,
     local_conditions,
     register_intervention,
@@ -34,6 +35,7 @@ class Knockout(Intervention):
     @classmethod
     def conditions(cls, model, mech, opts) -> list[Ablation]:
         info = model.probe_info
+        check_softmax_rows("knockout", info)
         return local_conditions(info, cls(), opts, info.n_kv_heads)
 
 

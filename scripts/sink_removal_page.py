@@ -1,11 +1,14 @@
 """The tables and the figure of docs/results/sink-removal.md, from a finished ``probe experiment sink-removal`` folder.
 
     python scripts/sink_removal_page.py OUT --md docs/results/sink-removal.md --png docs/results/sink-removal.png
+    python scripts/sink_removal_page.py RULES_OUT --section rules --md docs/results/sink-removal.md \
+        --png docs/results/sink-removal-rules.png
 
 Writes the measured table (per variant: mean over seeds and the paired difference from the baseline ± s.e.) and the
 claims table (each paper's claim, what the recipe measured, and whether they agree, by the rule printed beside it)
-between the page's markers, and the recipe's figure as a PNG (drawn by headless Chromium). Every number comes from
-OUT/summary.csv and OUT/runs.csv; nothing is typed by hand.
+between the page's markers for ``--section`` (``gates``: the abstention and gating grid; ``rules``: the attention-rule
+grid, ``--variants rules``, which also gets a table of each run's training cost), and the recipe's figure as a PNG
+(drawn by headless Chromium). Every number comes from OUT/summary.csv and OUT/runs.csv; nothing is typed by hand.
 """
 
 from __future__ import annotations
@@ -17,16 +20,26 @@ import re
 import shutil
 import subprocess
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 
 from probe.experiments.sink_removal import MECHANISMS, removal_figure
+from probe.writes import atomic_write
 
 START, END = (
     "<!-- sink-removal tables: written by scripts/sink_removal_page.py -->",
     "<!-- end of sink-removal tables -->",
 )
+# each section of the page: its (start, end) markers
+SECTIONS = {
+    "gates": (START, END),
+    "rules": (
+        "<!-- sink-removal rules tables: written by scripts/sink_removal_page.py --section rules -->",
+        "<!-- end of sink-removal rules tables -->",
+    ),
+}
 COLUMNS = (  # metric, header, format
     ("pos0_over_uniform", "pos0 ÷ uniform", "{:.2f}"),
     ("r0_later", "r0", "{:.2f}"),
@@ -73,53 +86,87 @@ def diffs(runs: pd.DataFrame, variant: str, metric: str) -> pd.Series:
     return (per_seed(runs, variant, metric) - per_seed(runs, "baseline", metric)).dropna()
 
 
+def run_mean(runs: pd.DataFrame, variant: str, metric: str) -> float:
+    return float(per_seed(runs, variant, metric).mean())
+
+
+def pairs_text(runs: pd.DataFrame, variant: str, metric: str, fmt: str = "{:+.2f}") -> str:
+    """The per-seed differences variant − baseline, in seed order."""
+    return ", ".join(fmt.format(x) for x in diffs(runs, variant, metric))
+
+
+def seeds_text(runs: pd.DataFrame, variant: str, metric: str = "pos0_over_uniform") -> str:
+    """The per-seed values a threshold rule is applied to, in seed order."""
+    return ", ".join(f"{x:.2f}" for x in per_seed(runs, variant, metric))
+
+
+def every_seed(runs: pd.DataFrame, variant: str, test, metric: str = "pos0_over_uniform") -> bool:
+    return bool(test(per_seed(runs, variant, metric)).all())
+
+
+REMOVES_RULE = "lower pos0 ÷ uniform than the baseline in every seed pair and below the sink rule's 3× in every seed"
+STAYS_RULE = "pos0 ÷ uniform still ≥ 3× (the sink rule's mass threshold) in every seed"
+
+
+def removes_sink(runs: pd.DataFrame, variant: str) -> bool:
+    """REMOVES_RULE: below the baseline in every pair and under the sink rule's 3× in every seed."""
+    below = bool((diffs(runs, variant, "pos0_over_uniform") < 0).all())
+    return below and every_seed(runs, variant, lambda x: x < 3)
+
+
+def sink_measured(runs: pd.DataFrame, variant: str) -> str:
+    """What REMOVES_RULE and STAYS_RULE read: the mean, the per-seed values and the per-pair differences."""
+    return (
+        f"pos0 ÷ uniform {run_mean(runs, variant, 'pos0_over_uniform'):.2f} vs baseline "
+        f"{run_mean(runs, 'baseline', 'pos0_over_uniform'):.2f} (per seed {seeds_text(runs, variant)}; per pair "
+        f"{pairs_text(runs, variant, 'pos0_over_uniform')})"
+    )
+
+
+def massive_claim(runs: pd.DataFrame, paper: str, claim: str, variant: str) -> tuple[str, str, str, str, bool | None]:
+    """ "``variant`` removes massive activations": testable only where the baseline has one in every seed."""
+    mean = partial(run_mean, runs)
+    testable = bool(per_seed(runs, "baseline", "massive").astype(bool).all())
+    return (
+        paper,
+        claim,
+        "a smaller largest activation than the baseline in every seed pair, where the baseline has a massive "
+        "activation (|h| > 100 and > 1000 × its site's median)",
+        f"largest activation {mean(variant, 'max_activation'):.1f} vs baseline {mean('baseline', 'max_activation'):.1f}"
+        f" (per pair {pairs_text(runs, variant, 'max_activation', '{:+.1f}')}); top-1 ÷ median "
+        f"{mean(variant, 'max_ratio'):.1f} vs baseline {mean('baseline', 'max_ratio'):.1f}"
+        + ("" if testable else "; the baseline has no massive activation here: the claim is not tested"),
+        bool((diffs(runs, variant, "max_activation") < 0).all()) if testable else None,
+    )
+
+
 def claims(runs: pd.DataFrame) -> list[tuple[str, str, str, str, bool]]:
-    """(paper, claim, rule, measured, agrees) for each variant the runs have."""
+    """(paper, claim, rule, measured, agrees) for each variant the runs have: the gates' and the attention rules'."""
+    return gate_claims(runs) + rule_claims(runs)
+
+
+def gate_claims(runs: pd.DataFrame) -> list[tuple[str, str, str, str, bool]]:
+    """The abstention and gating papers' claims."""
     have = set(runs["variant"])
-    mean = lambda v, m: float(per_seed(runs, v, m).mean())  # noqa: E731
+    mean = partial(run_mean, runs)
+    fmt_d = partial(pairs_text, runs)
+    seeds = partial(seeds_text, runs)
     out = []
-
-    def fmt_d(v, m, f="{:+.2f}"):
-        return ", ".join(f.format(x) for x in diffs(runs, v, m))
-
-    def seeds(v, m="pos0_over_uniform"):  # the per-seed values a threshold rule is applied to
-        return ", ".join(f"{x:.2f}" for x in per_seed(runs, v, m))
-
-    def every_seed(v, test, m="pos0_over_uniform") -> bool:
-        return bool(test(per_seed(runs, v, m)).all())
 
     for v in ("outgate", "outgate-head"):
         if v in have:
-            d = diffs(runs, v, "pos0_over_uniform")
+            form = "element-wise" if v == "outgate" else "headwise"
             out.append(
                 (
                     "Qiu et al. 2025",
-                    f"G1 ({'element-wise' if v == 'outgate' else 'headwise'}) removes the first-token sink (their "
-                    "first-token attention share falls from about 47 % to about 5 %)",
-                    "lower pos0 ÷ uniform than the baseline in every seed pair and below the sink rule's 3× in "
-                    "every seed",
-                    f"pos0 ÷ uniform {mean(v, 'pos0_over_uniform'):.2f} vs baseline "
-                    f"{mean('baseline', 'pos0_over_uniform'):.2f} (per seed {seeds(v)}; per pair "
-                    f"{fmt_d(v, 'pos0_over_uniform')})",
-                    bool((d < 0).all()) and every_seed(v, lambda x: x < 3),
+                    f"G1 ({form}) removes the first-token sink (their first-token attention share falls from about "
+                    "47 % to about 5 %)",
+                    REMOVES_RULE,
+                    sink_measured(runs, v),
+                    removes_sink(runs, v),
                 )
             )
-            d = diffs(runs, v, "max_activation")
-            testable = bool(per_seed(runs, "baseline", "massive").astype(bool).all())
-            out.append(
-                (
-                    "Qiu et al. 2025",
-                    f"G1 ({'element-wise' if v == 'outgate' else 'headwise'}) removes massive activations",
-                    "a smaller largest activation than the baseline in every seed pair, where the baseline has a "
-                    "massive activation (|h| > 100 and > 1000 × its site's median)",
-                    f"largest activation {mean(v, 'max_activation'):.1f} vs baseline "
-                    f"{mean('baseline', 'max_activation'):.1f} "
-                    f"(per pair {fmt_d(v, 'max_activation', '{:+.1f}')}); top-1 ÷ median "
-                    f"{mean(v, 'max_ratio'):.1f} vs baseline {mean('baseline', 'max_ratio'):.1f}"
-                    + ("" if testable else "; the baseline has no massive activation here: the claim is not tested"),
-                    bool((d < 0).all()) if testable else None,
-                )
-            )
+            out.append(massive_claim(runs, "Qiu et al. 2025", f"G1 ({form}) removes massive activations", v))
             out.append(
                 (
                     "Qiu et al. 2025",
@@ -140,7 +187,7 @@ def claims(runs: pd.DataFrame) -> list[tuple[str, str, str, str, bool]]:
                 "pos0 ÷ uniform still ≥ 3× (the sink rule's mass threshold) in every seed",
                 f"pos0 ÷ uniform {mean('g2', 'pos0_over_uniform'):.2f} (per seed {seeds('g2')}; per pair "
                 f"{fmt_d('g2', 'pos0_over_uniform')})",
-                every_seed("g2", lambda x: x >= 3),
+                every_seed(runs, "g2", lambda x: x >= 3),
             )
         )
     for v in ("sinklogit", "offbyone"):
@@ -172,7 +219,7 @@ def claims(runs: pd.DataFrame) -> list[tuple[str, str, str, str, bool]]:
                     "pos0 ÷ uniform still ≥ 3× in every seed",
                     f"pos0 ÷ uniform {mean(v, 'pos0_over_uniform'):.2f} (per seed {seeds(v)}), r0 "
                     f"{mean(v, 'r0_later'):.2f}",
-                    every_seed(v, lambda x: x >= 3),
+                    every_seed(runs, v, lambda x: x >= 3),
                 )
             )
     if "routing-normgate" in have:
@@ -195,7 +242,7 @@ def claims(runs: pd.DataFrame) -> list[tuple[str, str, str, str, bool]]:
                 "pos0 ÷ uniform (position 0 is the learned token) ≥ 3× in every seed",
                 f"pos0 ÷ uniform {mean('sinktoken', 'pos0_over_uniform'):.2f} (per seed {seeds('sinktoken')}), r0 "
                 f"{mean('sinktoken', 'r0_later'):.2f}",
-                every_seed("sinktoken", lambda x: x >= 3),
+                every_seed(runs, "sinktoken", lambda x: x >= 3),
             )
         )
     if "value-residual" in have:
@@ -220,6 +267,56 @@ def claims(runs: pd.DataFrame) -> list[tuple[str, str, str, str, bool]]:
                 None,
             )
         )
+    return out
+
+
+# Gu et al. 2025's similarity ablation (their 60M LLaMA, Sink^ε with ε = 0.3): rows that are not normalised leave
+# no sink (sigmoid: 18.18 % → 0.44 %), the same kernels divided by their row sum have one again
+GU_NO_SINK = "without normalisation {rule} rows leave no attention sink (their 60M model: Sink^ε 18.18 % with softmax"
+GU_NO_SINK += ", 0.44 % with unnormalised sigmoid rows)"
+GU_SINK = "normalised {rule} rows (divided by their sum) have an attention sink again: the row's normalisation, not"
+GU_SINK += " the kernel, makes the sink"
+# rules whose papers make no claim about sinks (their abstracts do not mention one): measured, no verdict
+NO_CLAIM = {
+    "sigmoid": ("Ramapuram et al. 2024", "sigmoid attention with b = −log n"),
+    "stickbreaking": ("Tan et al. 2025", "stick-breaking attention"),
+    "fox": ("Lin et al. 2025", "the Forgetting Transformer"),
+    "fox-pro-partial": ("Lin et al. 2025", "the Forgetting Transformer with probe's part of its Pro block"),
+}
+
+
+def rule_claims(runs: pd.DataFrame) -> list[tuple[str, str, str, str, bool | None]]:
+    """The attention-rule papers' claims: softpick (Zuhri et al.), Gu et al.'s kernels with and without the row's
+    normalisation, and what the recipe measured for the rules whose papers claim nothing about sinks."""
+    have = set(runs["variant"])
+    out: list[tuple[str, str, str, str, bool | None]] = []
+    if "softpick" in have:
+        out.append(
+            (
+                "Zuhri et al. 2025",
+                "softpick removes the attention sink (their sink rate falls to 0 %)",
+                REMOVES_RULE,
+                sink_measured(runs, "softpick") + f"; Sink^0.3 {run_mean(runs, 'softpick', 'sink_eps_share'):.2f} "
+                f"(baseline {run_mean(runs, 'baseline', 'sink_eps_share'):.2f})",
+                removes_sink(runs, "softpick"),
+            )
+        )
+        out.append(massive_claim(runs, "Zuhri et al. 2025", "softpick removes massive activations", "softpick"))
+    for v, rule, form in (
+        ("sigmoid", "sigmoid", "; here with Ramapuram et al.'s b = −log n_ctx inside the sigmoid, theirs has none"),
+        ("elu1", "ELU+1", ""),
+    ):
+        if v in have:
+            claim = GU_NO_SINK.format(rule=rule) + form
+            out.append(("Gu et al. 2025", claim, REMOVES_RULE, sink_measured(runs, v), removes_sink(runs, v)))
+    for v, rule in (("sigmoid-norm", "sigmoid"), ("elu1-norm", "ELU+1")):
+        if v in have:
+            stays = every_seed(runs, v, lambda x: x >= 3)
+            out.append(("Gu et al. 2025", GU_SINK.format(rule=rule), STAYS_RULE, sink_measured(runs, v), stays))
+    for v, (paper, what) in NO_CLAIM.items():
+        if v in have:
+            claim = f"no claim about sinks for {what}; measured for comparison"
+            out.append((paper, claim, "–", sink_measured(runs, v), None))
     return out
 
 
@@ -265,40 +362,64 @@ def screenshot(fig, png: Path, size: tuple[int, int]) -> None:
         shutil.move(shot, png)
 
 
+def cost_table(runs: pd.DataFrame, variants) -> str:
+    """Per variant each seed's training CPU-seconds and wall seconds (the recipe's train_cpu_s and train_wall_s, in seed
+    order), then the totals over every run."""
+    lines = [
+        "| variant | training CPU-s per seed | training wall-s per seed |",
+        "|---|---|---|",
+    ]
+    for v in variants:
+        r = runs[runs["variant"] == v].sort_values("seed")
+        cpu, wall = (", ".join(f"{x:,.0f}" for x in r[c]) for c in ("train_cpu_s", "train_wall_s"))
+        lines.append(f"| `{v}` | {cpu} | {wall} |")
+    total = (
+        f"{len(runs)} runs: {runs['train_cpu_s'].sum():,.0f} CPU-seconds and {runs['train_wall_s'].sum():,.0f} "
+        f"wall-seconds of training summed over the runs ({runs['train_cpu_s'].min():,.0f}–"
+        f"{runs['train_cpu_s'].max():,.0f} CPU-s per run)."
+    )
+    return "\n".join(lines) + "\n\n" + total
+
+
+def seeds_line(seeds, steps: int) -> str:
+    if len(seeds) > 1:
+        return (
+            f"Seeds {', '.join(map(str, seeds))}; {steps} steps; cells: mean over seeds (paired difference from the "
+            "baseline ± its standard error over seed pairs)."
+        )
+    return (
+        f"Seed {seeds[0]} only, {steps} steps: cells are that one run's value (difference from the baseline's run "
+        "with the same seed); one pair has no standard error."
+    )
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="a finished probe experiment sink-removal folder")
     ap.add_argument("--md", type=Path, help="the page whose marked section to rewrite (else: print)")
     ap.add_argument("--png", type=Path, help="write the figure here")
+    ap.add_argument("--section", choices=sorted(SECTIONS), default="gates", help="which marked section (default gates)")
     args = ap.parse_args(argv)
     summary = pd.read_csv(args.out / "summary.csv")
     runs = pd.read_csv(args.out / "runs.csv")
     config = json.loads((args.out / "config.json").read_text())
     variants = [v for v in config["config"]["variants"] if v in set(runs["variant"])]
     seeds = sorted(runs["seed"].unique())
-    if len(seeds) > 1:
-        how = (
-            f"Seeds {', '.join(map(str, seeds))}; {config['config']['steps']} steps; cells: mean over seeds "
-            "(paired difference from the baseline ± its standard error over seed pairs)."
-        )
-    else:
-        how = (
-            f"Seed {seeds[0]} only, {config['config']['steps']} steps: cells are that one run's value (difference "
-            "from the baseline's run with the same seed); one pair has no standard error."
-        )
-    text = "\n\n".join(
-        [
-            how,
-            measured_table(summary.set_index(["variant", "metric"]), variants),
-            claims_table(claims(runs), len(seeds)),
-        ]
-    )
+    parts = [
+        seeds_line(seeds, config["config"]["steps"]),
+        measured_table(summary.set_index(["variant", "metric"]), variants),
+        claims_table(claims(runs), len(seeds)),
+    ]
+    if args.section == "rules":
+        parts.append(cost_table(runs, variants))
+    text = "\n\n".join(parts)
     if args.md:
+        start, end = SECTIONS[args.section]
         page = args.md.read_text()
-        pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.S)
+        pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
         if not pattern.search(page):
-            raise SystemExit(f"{args.md}: no {START} ... {END} section")
-        args.md.write_text(pattern.sub(lambda _: f"{START}\n{text}\n{END}", page))
+            raise SystemExit(f"{args.md}: no {start} ... {end} section")
+        atomic_write(args.md, pattern.sub(lambda _: f"{start}\n{text}\n{end}", page))
     else:
         print(text)
     if args.png:

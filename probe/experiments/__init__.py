@@ -68,7 +68,8 @@ _RECIPES: dict[str, tuple[str, str]] = {  # name -> (module, one-line descriptio
     "sink-removal": (
         "sink_removal",
         "which mechanism removes the sink: every abstention and gating variant (sink logit, sink token, value gates, "
-        "GatedV, G2, Qiu et al.'s G1 output gates, value residual) on Bigram-Backcopy, paired differences vs baseline",
+        "GatedV, G2, Qiu et al.'s G1 output gates, value residual; --variants rules: softpick, sigmoid and ELU+1 rows "
+        "with and without normalisation, stick-breaking, FoX) on Bigram-Backcopy, paired differences vs baseline",
     ),
     "streaming-ppl": (
         "streaming_ppl",

@@ -4,8 +4,8 @@ seeds, and each one's sink measured beside the baseline's (docs/results/sink-rem
 ``probe experiment sink-removal --out DIR`` trains each (variant, seed) with the sink-emergence recipe's trainer and
 settings (probe.experiments.sink_emergence: the tiny tier with its BB overrides, the same BB batches per seed, so
 paired runs see identical data) into ``DIR/runs/<variant>-s<seed>`` (resumable: a rerun continues each run where it
-stopped, and a finished run is only measured, once: ``removal_stats.json``), measures the last snapshot on the fixed
-BB evaluation windows, and writes
+stopped, and a finished run is only measured once, whichever variants and seeds a rerun names:
+``removal_stats.json``), measures the last snapshot on the fixed BB evaluation windows, and writes
 
     runs.csv      one row per (variant, seed): pos0 share ÷ uniform, r0, phantom share and sink_formed over the layers
                   past the first (docs/definitions.md#sink-rule), Sink^0.3 (docs/definitions.md#sink-heads), the
@@ -21,6 +21,10 @@ BB evaluation windows, and writes
 
 ``--jobs N`` trains N runs at once in separate processes (one thread each), seed-major, so an interrupted grid leaves
 complete pairs.
+
+``--variants`` takes variant names and group names: ``gates`` (the default: every abstention and gating variant) and
+``rules`` (the baseline and the attention rules that replace softmax's rows: softpick, sigmoid, sigmoid-norm, elu1,
+elu1-norm, stick-breaking, FoX and FoX with its Pro extras), e.g. ``--variants rules``.
 """
 
 from __future__ import annotations
@@ -72,8 +76,32 @@ MECHANISMS = {
     "outgate": ("G1 element-wise: output gate per coordinate", "Qiu et al. 2025"),
     "outgate-head": ("G1 headwise: output gate per head", "Qiu et al. 2025"),
     "value-residual": ("value residual (V_1 mixed into V_n)", "Zhou et al. 2024"),
+    # the attention rules: what replaces softmax's row normalisation (docs/definitions.md#pointwise-attention-rules)
+    "softpick": ("softpick rows, summing to at most one", "Zuhri et al. 2025"),
+    "sigmoid": ("sigmoid rows, b = −log n_ctx, not normalised", "Ramapuram et al. 2024"),
+    "sigmoid-norm": ("sigmoid rows divided by their sum", "Gu et al. 2025"),
+    "elu1": ("ELU+1 rows, not normalised", "Gu et al. 2025"),
+    "elu1-norm": ("ELU+1 rows divided by their sum", "Gu et al. 2025"),
+    "stickbreaking": ("stick-breaking rows, no RoPE", "Tan et al. 2025"),
+    "fox": ("forget gate on the logits, no RoPE (FoX)", "Lin et al. 2025"),
+    "fox-pro-partial": ("FoX with QK-norm and an output gate, no RoPE", "Lin et al. 2025"),
 }
-VARIANTS = tuple(MECHANISMS)
+# the attention rules against the same baseline (docs/results/sink-removal.md#attention-rules)
+RULE_VARIANTS = (
+    "baseline",
+    "softpick",
+    "sigmoid",
+    "sigmoid-norm",
+    "elu1",
+    "elu1-norm",
+    "stickbreaking",
+    "fox",
+    "fox-pro-partial",
+)
+# the abstention and gating variants: the default grid, as before the rules joined
+VARIANTS = tuple(v for v in MECHANISMS if v == "baseline" or v not in RULE_VARIANTS)
+# names --variants expands: ``--variants rules`` is the rules' grid
+GROUPS = {"gates": VARIANTS, "rules": RULE_VARIANTS}
 METRICS = (
     "pos0_over_uniform",
     "r0_later",
@@ -99,6 +127,7 @@ class RemovalConfig(EmergenceConfig):
     jobs: int = 1  # runs trained at once, one process each
 
     def __post_init__(self):
+        self.variants = expand_groups(self.variants)
         super().__post_init__()
         if "baseline" not in self.variants:
             raise ValueError("the comparison is against the baseline: include 'baseline' in --variants")
@@ -114,6 +143,19 @@ class RemovalConfig(EmergenceConfig):
 
 
 CONFIG = RemovalConfig
+
+
+def expand_groups(names) -> tuple:
+    """``names`` with each group name (GROUPS: "gates", "rules") replaced by its variants; a variant a group brings
+    that is already listed is not repeated (both groups hold the baseline), any other repeat is left for the config's
+    check to refuse."""
+    out: list[str] = []
+    for name in names:
+        if name in GROUPS:
+            out.extend(v for v in GROUPS[name] if v not in out)
+        else:
+            out.append(name)
+    return tuple(out)
 
 
 @torch.no_grad()
@@ -173,7 +215,7 @@ def train_and_measure(record: dict, variant: str, seed: int, run_dir: str) -> di
     cache = run_dir / "removal_stats.json"
     if cache.exists():
         found = json.loads(cache.read_text())
-        if found.get("version") == MEASURE_VERSION and found.get("config") == json.loads(json.dumps(record)):
+        if found.get("version") == MEASURE_VERSION and _run_settings(found.get("config")) == _run_settings(record):
             return found
     t0 = time.perf_counter()
     train_variant(cfg, variant, seed, run_dir)
@@ -187,6 +229,14 @@ def train_and_measure(record: dict, variant: str, seed: int, run_dir: str) -> di
     found = {"version": MEASURE_VERSION, "config": record, **measured}
     atomic_write(cache, json.dumps(found, indent=1))
     return found
+
+
+def _run_settings(record: dict | None) -> dict | None:
+    """What one run's numbers depend on: the config record less the grid's variant and seed lists, so a rerun that
+    names more (or fewer) variants or seeds reuses every finished run's measurement."""
+    if record is None:
+        return None
+    return {k: v for k, v in json.loads(json.dumps(record)).items() if k not in ("variants", "seeds")}
 
 
 def _train_wall_seconds(run_dir: Path) -> float:
@@ -319,6 +369,9 @@ __all__ = [
     "RemovalConfig",
     "CONFIG",
     "VARIANTS",
+    "RULE_VARIANTS",
+    "GROUPS",
+    "expand_groups",
     "MECHANISMS",
     "METRICS",
     "measure_run",

@@ -94,3 +94,15 @@ def test_an_eviction_reaches_the_op_as_its_edit_argument(monkeypatch):
     with torch.no_grad():
         model.run_with_hooks(x, fwd_hooks=[(names.attn(0, "v_out"), lambda v, hook: None)])
     assert seen == [None, None]  # a clean forward passes no edit
+
+
+@pytest.mark.parametrize("variant", ["sigmoid", "stickbreaking"])
+def test_edits_inside_the_attention_op_are_refused_in_one_line_under_another_row_rule(variant):
+    """Knockout and eviction are carried out by the softmax op; a rule's op takes no edit, so planning one names the
+    model's rule and the interventions it can take, while a value ablation still plans."""
+    model = tiny(variant)
+    mech = A.find_mechanisms(model, torch.zeros(1, 4, dtype=torch.long))
+    for kind in ("knockout", "evict"):
+        with pytest.raises(A.AblationError, match=f"has {variant} attention rows, which take no .*; choose from value"):
+            A.plan(model, mech, [kind])
+    assert A.plan(model, mech, ["value"], per_layer=False)

@@ -4,6 +4,7 @@ and their columns, paired differences that are the per-seed differences of runs.
 
 import importlib.util
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from probe.experiments.bb_zoo import ship
 from probe.experiments.command import main
-from probe.experiments.sink_removal import METRICS, VARIANTS, summary_tables
+from probe.experiments.sink_removal import METRICS, RULE_VARIANTS, VARIANTS, RemovalConfig, summary_tables
 from tests.support.cli import assert_one_line_error
 
 TINY = [
@@ -208,3 +209,102 @@ def test_threshold_verdicts_hold_in_every_seed_not_on_the_mean():
     assert removes(runs((1.0, 2.9, 1.0), (4.0, 4.0, 4.0))) is True
     assert stays(runs((1.0, 1.0, 1.0), (9.0, 9.0, 2.0))) is False  # mean 6.7, seed 2 under 3x
     assert stays(runs((1.0, 1.0, 1.0), (3.0, 9.0, 4.0))) is True
+
+
+RULES_FEW = ["baseline", "softpick", "elu1-norm", "fox"]
+
+
+def test_the_rules_group_names_every_new_attention_rule_and_leaves_the_default_alone():
+    assert RULE_VARIANTS == (
+        "baseline",
+        "softpick",
+        "sigmoid",
+        "sigmoid-norm",
+        "elu1",
+        "elu1-norm",
+        "stickbreaking",
+        "fox",
+        "fox-pro-partial",
+    )
+    assert RemovalConfig().variants == VARIANTS and not set(VARIANTS) & set(RULE_VARIANTS[1:])
+    assert RemovalConfig(variants=("rules",)).variants == RULE_VARIANTS
+    both = RemovalConfig(variants=("gates", "rules")).variants  # the baseline both groups hold comes once
+    assert both == VARIANTS + RULE_VARIANTS[1:]
+    assert RemovalConfig(variants=("sigmoid", "baseline")).variants == ("sigmoid", "baseline")
+
+
+def test_a_group_does_not_hide_a_repeated_name(tmp_path, capsys):
+    code = main(["sink-removal", "--out", str(tmp_path / "out"), "--variants", "rules", "softpick", "softpick"])
+    assert_one_line_error(subprocess.CompletedProcess([], code, *capsys.readouterr()), "softpick")
+
+
+@pytest.fixture(scope="module")
+def rules_recipe(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sink_removal_rules") / "out"
+    assert main(["sink-removal", "--out", str(out), "--variants", *RULES_FEW, "--quiet", *TINY]) == 0
+    return out
+
+
+def test_the_rules_page_section_comes_from_a_rules_grid(rules_recipe, tmp_path):
+    """The rule variants train and measure in the recipe (softpick leaves its unspent mass as the phantom share, the
+    normalised ELU+1 rows and FoX none); --section rules rewrites only the rules section, with each paper's claim, a
+    verdict where the paper makes a claim, and each run's training cost from runs.csv."""
+    runs = pd.read_csv(rules_recipe / "runs.csv")
+    by = runs.set_index(["variant", "seed"])
+    assert sorted(zip(runs["variant"], runs["seed"], strict=True)) == sorted((v, s) for v in RULES_FEW for s in (0, 1))
+    assert by.loc["softpick", "phantom_share"].ge(0).all() and by.loc["fox", "phantom_share"].eq(0).all()
+    assert by.loc["elu1-norm", "phantom_share"].abs().lt(1e-5).all()  # ε's share only
+    page = _page_script()
+    md = tmp_path / "page.md"
+    gates = f"{page.START}\ngates table\n{page.END}"
+    start, end = page.SECTIONS["rules"]
+    md.write_text(f"# title\n\n{gates}\n\n{start}\nold\n{end}\n")
+    assert page.main([str(rules_recipe), "--md", str(md), "--section", "rules"]) == 0
+    text = md.read_text()
+    assert gates in text and "\nold\n" not in text
+    section = text.split(start)[1].split(end)[0]
+    for v in RULES_FEW:
+        assert f"| `{v}` |" in section
+    rows = [line for line in section.splitlines() if line.startswith(("| Zuhri", "| Gu", "| Lin"))]
+    verdict = {line.split("|")[2].strip(): line.rsplit("|", 2)[1].strip() for line in rows}
+    assert verdict["softpick removes the attention sink (their sink rate falls to 0 %)"] in ("agrees", "does not")
+    assert any(c.startswith("normalised ELU+1 rows") and v in ("agrees", "does not") for c, v in verdict.items())
+    assert any(c.startswith("no claim about sinks") and v == "–" for c, v in verdict.items())
+    cpu = by.loc["fox", "train_cpu_s"].sort_index()
+    assert f"| `fox` | {cpu.iloc[0]:,.0f}, {cpu.iloc[1]:,.0f} |" in section
+    assert f"{len(runs)} runs: {runs['train_cpu_s'].sum():,.0f} CPU-seconds" in section
+
+
+def test_gu_verdicts_hold_in_every_seed_not_on_the_mean():
+    """Unnormalised ELU+1 leaves no sink only when every seed is under 3x and below its baseline; its normalised form
+    has a sink only when every seed is at 3x or more."""
+    page = _page_script()
+
+    def runs(elu1, elu1_norm):
+        rows = []
+        for seed in range(3):
+            for variant, pos0 in (("baseline", 5.0), ("elu1", elu1[seed]), ("elu1-norm", elu1_norm[seed])):
+                rows.append(dict(variant=variant, seed=seed, pos0_over_uniform=pos0))
+        return pd.DataFrame(rows)
+
+    def verdict(r, start):
+        return next(a for _, c, _, _, a in page.rule_claims(r) if c.startswith(start))
+
+    assert verdict(runs((1.0, 2.0, 1.5), (4.0, 4.0, 4.0)), "without normalisation ELU+1") is True
+    assert verdict(runs((1.0, 3.5, 1.5), (4.0, 4.0, 4.0)), "without normalisation ELU+1") is False  # mean 2 < 3
+    assert verdict(runs((1.0, 1.0, 1.0), (4.0, 9.0, 3.0)), "normalised ELU+1") is True
+    assert verdict(runs((1.0, 1.0, 1.0), (9.0, 9.0, 2.5)), "normalised ELU+1") is False  # mean 6.8 ≥ 3
+
+
+def test_a_rerun_naming_fewer_seeds_measures_nothing_again(recipe, tmp_path):
+    """A finished run's measurement is reused whatever grid names it: the tables of seed 0 alone are seed 0's rows of
+    the two-seed grid, and no run's removal_stats.json is rewritten."""
+    out = tmp_path / "copy"
+    shutil.copytree(recipe, out)
+    stats = {d.name: (d / "removal_stats.json").read_bytes() for d in (out / "runs").iterdir()}
+    assert main(["sink-removal", "--out", str(out), "--variants", *FEW, "--quiet", *TINY[:-3], "--seeds", "0"]) == 0
+    assert {d.name: (d / "removal_stats.json").read_bytes() for d in (out / "runs").iterdir()} == stats
+    both = pd.read_csv(recipe / "runs.csv")
+    pd.testing.assert_frame_equal(
+        pd.read_csv(out / "runs.csv"), both[both["seed"] == 0].reset_index(drop=True), check_dtype=False
+    )

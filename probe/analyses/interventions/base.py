@@ -204,5 +204,5 @@ def refuse_attention_edits(info, what: str) -> None:
     if rule is not None:
         raise AblationError(
             f"model {info.name!r} has {rule} attention rows, which take no {what} (sink attention's edit); "
-            "choose another intervention"
+            "choose from value, phantom, gate, depth, register"
         )

@@ -68,11 +68,11 @@ def rule_attention(
     return AttentionOutput(out, None, pattern, 1.0 - pattern.sum(-1) if at_most_one else None)
 
 
-def _causal_blocks(q, k, v, of_scores: OfScores, key_bias, scale, block: int = QUERY_BLOCK) -> torch.Tensor:
-    """out (B,Tq,H,dv) of causal rows in blocks of ``block`` queries: queries a..b-1 (positions off + a ..) take the
+def _causal_blocks(q, k, v, of_scores: OfScores, key_bias, scale) -> torch.Tensor:
+    """out (B,Tq,H,dv) of causal rows in blocks of QUERY_BLOCK queries: queries a..b-1 (positions off + a ..) take the
     scores over keys 0 .. off + b - 1, the ones they can see; the hidden keys after them would add nothing."""
     Tq, Tk = q.shape[1], k.shape[1]
-    off = Tk - Tq  # queries are the last Tq positions
+    off, block = Tk - Tq, QUERY_BLOCK  # queries are the last Tq positions
     outs = []
     for a in range(0, Tq, block):
         n = off + min(Tq, a + block)  # keys up to the block's last query

@@ -11,13 +11,17 @@ stickbreaking by default) and FoX's forget gate (``fox``: the ``fox`` variant's 
 ``--steps`` rounds after ``--warmup`` rounds each, so all see the same load; reports each one's median step time, tokens
 per second, and its ratio to softmax in tokens per second (1.0: as fast; the goal is >= 0.9). The baseline runs the
 fused attention path (SDPA / CPU flash / Triton as the runtime backend picks); the other rules run their fused torch
-ops, which materialise (B, H, T, T) scores; FoX runs the baseline's fused path with a key bias.
+ops (backward written out) in causal blocks of ``QUERY_BLOCK`` queries (probe.kernels.rule_attention), which build
+each block's scores over the keys it sees: about 5/8 of the T x T square at T = 256; FoX runs the baseline's fused path
+with a key bias. ``load`` in the output is the machine's 1-minute load average at the start and the end (the ratios of
+a loaded machine are the interleaved ones; absolute times are not comparable across runs).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -85,6 +89,7 @@ def main(argv=None) -> dict:
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
+    load_start = os.getloadavg()[0]
     for _ in range(a.warmup):
         for model in models.values():
             timed(model)
@@ -96,6 +101,7 @@ def main(argv=None) -> dict:
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     result: dict = dict(device=device_name, tier=a.tier, batch=a.batch, ctx=a.ctx, dtype=a.dtype)
     result["threads"] = torch.get_num_threads()
+    result["load"] = [round(load_start, 1), round(os.getloadavg()[0], 1)]  # 1-minute load average, start and end
     for v, ts in times.items():
         med = statistics.median(ts)
         result[v] = {"median_s": round(med, 5), "tokens_per_s": round(tokens / med, 1)}

@@ -8,9 +8,14 @@ rules, stick-breaking; probe.kernels.row_rules), the one body their ops share.
                softpick): CUDA tensors, or CPU tensors under TRITON_INTERPRET=1; no pattern, mask, cache or kept
                first keys. When no launch setting fits the device it runs the torch path, with one warning per shape
 
-The torch paths take the (B, H, Tq, Tk) scores of sink attention's reference (fp32, fp64 for fp64 inputs: GQA, scale
-1/sqrt(dh) by default, key bias, mask or the causal / window rule); all three give the same values. Attention edits
-(key-0 knockout, window eviction) are sink attention's and are refused in one line.
+Causal rows without a mask, a window or a pattern to return run in blocks of ``QUERY_BLOCK`` queries, each over the keys
+up to its last query only: the keys past it are hidden (weight 0 under every rule here, and no term in its row sums),
+so the masked upper triangle is never built, and the T x T passes (scores, rule, its backward, the value product)
+shrink to about (1 + 1/n_blocks) / 2 of the square. The values are the unblocked ones up to summation order.
+
+The torch paths take the (B, H, Tq, Tk) scores of sink attention's reference (fp32, fp64 for fp64 inputs: GQA,
+scale 1/sqrt(dh) by default, key bias, mask or the causal / window rule), and all three give the same values.
+Attention edits (key-0 knockout, window eviction) are sink attention's and are refused in one line.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from probe.kernels.sink_attention.dispatch import AttentionOutput
 from probe.kernels.sink_attention.reference import apply_pattern, attention_scores
 
 BACKENDS = ("torch", "reference", "triton")
+QUERY_BLOCK = 64  # queries per block of the causal path: at T = 256, 4 blocks cover 10/16 of the square
 OfScores = Callable[[torch.Tensor], torch.Tensor]  # scores (B,H,Tq,Tk), hidden keys -inf -> weights (B,H,Tq,Tk)
 
 
@@ -74,8 +80,11 @@ def rule_attention(
         if out is not None:
             return AttentionOutput(out, None, None, None)
         backend = "torch"  # no launch fits the device (warned once)
+    of_scores = fused if backend == "torch" else reference
+    if mask is None and window is None and keep is None and not return_pattern:
+        return AttentionOutput(_causal_blocks(q, k, v, of_scores, key_bias, scale), None, None, None)
     scores = attention_scores(q, k, key_bias=key_bias, mask=mask, window=window, scale=scale, keep=keep)
-    pattern = (fused if backend == "torch" else reference)(scores)
+    pattern = of_scores(scores)
     out = apply_pattern(pattern, v, q.dtype)
     if not return_pattern:
         return AttentionOutput(out, None, None, None)
@@ -111,3 +120,17 @@ def _triton_out(q, k, v, name, triton, key_bias, mask, window, scale, keep, retu
     except NoLaunchConfig as e:
         warn_fallback(e, "torch")
         return None
+
+
+def _causal_blocks(q, k, v, of_scores: OfScores, key_bias, scale) -> torch.Tensor:
+    """out (B,Tq,H,dv) of causal rows in blocks of QUERY_BLOCK queries: queries a..b-1 (positions off + a ..) take the
+    scores over keys 0 .. off + b - 1, the ones they can see; the hidden keys after them would add nothing."""
+    Tq, Tk = q.shape[1], k.shape[1]
+    off, block = Tk - Tq, QUERY_BLOCK  # queries are the last Tq positions
+    outs = []
+    for a in range(0, Tq, block):
+        n = off + min(Tq, a + block)  # keys up to the block's last query
+        bias = None if key_bias is None else key_bias[..., :n]
+        scores = attention_scores(q[:, a : a + block], k[:, :n], key_bias=bias, scale=scale)  # B,H,block,n
+        outs.append(apply_pattern(of_scores(scores), v[:, :n], q.dtype))  # B,block,H,dv
+    return torch.cat(outs, 1)

@@ -16,16 +16,16 @@ from probe.kernels.pointwise.reference import NORM_EPS, kernel_of
 
 
 def _derivative(w: torch.Tensor, kernel: str) -> torch.Tensor:
-    """f'(x) of the kernel, from its value w = f(x)."""
+    """f'(x) of the kernel, from its value w = f(x), in a new tensor (callers scale it in place)."""
     if kernel == "sigmoid":
-        return w * (1.0 - w)
-    return torch.where(w > 1.0, torch.ones_like(w), w)
+        return (1.0 - w).mul_(w)
+    return w.clamp_max(1.0)  # 1 where w > 1, else w
 
 
 class _Pointwise(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores: torch.Tensor, kernel: str, normalise: bool, bias: float, eps: float) -> torch.Tensor:
-        w = kernel_of(scores + bias, kernel)  # hidden keys: -inf + b -> f(-inf) = 0
+        w = kernel_of(scores + bias if bias else scores, kernel)  # hidden keys: -inf + b -> f(-inf) = 0
         ctx.kernel, ctx.normalise = kernel, normalise
         if not normalise:
             ctx.save_for_backward(w)
@@ -38,7 +38,7 @@ class _Pointwise(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         if not ctx.normalise:
             (w,) = ctx.saved_tensors
-            return grad * _derivative(w, ctx.kernel), None, None, None, None
+            return _derivative(w, ctx.kernel).mul_(grad), None, None, None, None
         w, den = ctx.saved_tensors
         c = (grad * w).sum(-1, keepdim=True).div_(den)  # sum_k g_k a_k
         gs = (grad - c).mul_(_derivative(w, ctx.kernel)).div_(den)

@@ -65,13 +65,14 @@ def attention_scores(q, k, *, key_bias=None, mask=None, window=None, scale=None,
     scale = 1.0 / math.sqrt(dh) if scale is None else scale
     qf = wide(q).transpose(1, 2)  # (B, H, Tq, dh)
     kf = wide(k).transpose(1, 2).repeat_interleave(G, dim=1)  # (B, H, Tk, dh)
-    scores = scale * (qf @ kf.transpose(-1, -2))  # (B, H, Tq, Tk)
+    # in place where autograd keeps nothing of the overwritten tensor (scalar products, sums): fewer Tq x Tk passes
+    scores = (qf @ kf.transpose(-1, -2)).mul_(scale)  # (B, H, Tq, Tk)
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     if key_bias is not None:
-        scores = scores + wide(key_bias).repeat_interleave(G, dim=1)[:, :, None, :]  # (B, H, 1, Tk) over keys
+        scores.add_(wide(key_bias).repeat_interleave(G, dim=1)[:, :, None, :])  # (B, H, 1, Tk) over keys
     if mask is None:
-        return scores.masked_fill(~visible_mask(Tq, window, q.device, Tk, keep), float("-inf"))
+        return scores.masked_fill_(~visible_mask(Tq, window, q.device, Tk, keep), float("-inf"))
     return scores + wide(mask)
 
 

@@ -19,23 +19,23 @@ from probe.kernels.softpick.reference import SOFTPICK_EPS
 class _Softpick(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores: torch.Tensor, eps: float) -> torch.Tensor:
-        visible = torch.isfinite(scores)
+        hidden = torch.isfinite(scores).logical_not_()  # B,H,Tq,Tk; kept for the backward
         top, arg = scores.max(-1, keepdim=True)
         m = top.clamp_min(0.0)
         shift = torch.exp(-m)
-        e = torch.exp(scores - m).sub_(shift).masked_fill_(~visible, 0.0)
+        e = torch.exp(scores - m).sub_(shift).masked_fill_(hidden, 0.0)
         den = e.abs().sum(-1, keepdim=True).add_(eps)
         a = e.clamp_min(0.0).div_(den)
         ctx.eps = eps
-        ctx.save_for_backward(e, a, den, shift, visible, arg, top > 0)
+        ctx.save_for_backward(e, a, den, shift, hidden, arg, top > 0)
         return a
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        e, a, den, shift, visible, arg, shifted = ctx.saved_tensors
+        e, a, den, shift, hidden, arg, shifted = ctx.saved_tensors
         c = (grad * a).sum(-1, keepdim=True)
         ge = torch.where(e > 0, grad, 0.0).sub_(c * torch.sign(e)).div_(den)
-        gs = ge.mul_(e + shift).masked_fill_(~visible, 0.0)  # exp(s - m) = e + exp(-m) on visible keys
+        gs = ge.mul_(e + shift).masked_fill_(hidden, 0.0)  # exp(s - m) = e + exp(-m) on visible keys
         gm = torch.where(shifted, -c * ctx.eps / den, 0.0)  # the gradient through the shift m = max_j s_j
         gs.scatter_add_(-1, arg, gm)
         return gs, None

@@ -23,7 +23,7 @@ class _StickBreaking(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores: torch.Tensor) -> torch.Tensor:
         log_keep = F.logsigmoid(-scores)  # B,H,Tq,Tk: log(1 - beta), 0 on hidden keys
-        weights = log_keep.flip(-1).cumsum(-1).flip(-1).add_(scores).exp_()  # exp(s_j + sum_{k >= j} log_keep_k)
+        weights = log_keep.flip(-1).cumsum_(-1).flip(-1).add_(scores).exp_()  # exp(s_j + sum_{k >= j} log_keep_k)
         ctx.save_for_backward(scores, weights)
         return weights
 
@@ -31,7 +31,7 @@ class _StickBreaking(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         scores, weights = ctx.saved_tensors
         u = grad * weights  # B,H,Tq,Tk; 0 on hidden keys
-        return u - torch.sigmoid(scores).mul_(u.cumsum(-1))
+        return torch.sigmoid(scores).mul_(u.cumsum(-1)).neg_().add_(u)  # u - beta cumsum(u), in place: exact
 
 
 def stickbreaking_of_scores_fused(scores: torch.Tensor) -> torch.Tensor:

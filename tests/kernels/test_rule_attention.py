@@ -1,0 +1,42 @@
+"""The causal query blocks of rule_attention: each block over the keys it can see gives the square path's output
+and gradients (the square path is the one that returns the pattern), for every row rule, with a key bias and with
+fewer queries than keys (a cache)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import probe.kernels.rule_attention as rule_attention
+from probe.kernels.row_rules import ROW_RULES
+
+
+def _inputs(Tq: int, Tk: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    B, H, Hkv, dh = 2, 4, 2, 8
+    q = torch.randn(B, Tq, H, dh, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(B, Tk, Hkv, dh, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(B, Tk, Hkv, dh, generator=g, dtype=torch.float64, requires_grad=True)
+    key_bias = torch.randn(B, Hkv, Tk, generator=g, dtype=torch.float64, requires_grad=True)
+    return q, k, v, key_bias
+
+
+def _out_and_grads(rule, inputs, return_pattern: bool):
+    q, k, v, key_bias = inputs
+    out = rule.attention(q, k, v, bias=rule.bias(16), key_bias=key_bias, return_pattern=return_pattern).out
+    weights = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).view_as(out)  # a loss that weighs every entry
+    grads = torch.autograd.grad((out * weights).sum(), inputs)
+    return out, grads
+
+
+@pytest.mark.parametrize("name", list(ROW_RULES))
+@pytest.mark.parametrize("Tq, Tk", [(11, 11), (7, 11)])
+def test_blocks_match_the_square(name, Tq, Tk, monkeypatch):
+    monkeypatch.setattr(rule_attention, "QUERY_BLOCK", 3)  # 3 and 4 blocks, the last one short
+    rule = ROW_RULES[name]
+    inputs = _inputs(Tq, Tk)
+    blocked, blocked_grads = _out_and_grads(rule, inputs, return_pattern=False)
+    square, square_grads = _out_and_grads(rule, inputs, return_pattern=True)
+    torch.testing.assert_close(blocked, square, rtol=1e-12, atol=1e-12)
+    for got, want in zip(blocked_grads, square_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-12)

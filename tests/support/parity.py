@@ -170,7 +170,13 @@ def _pattern_vs_output_attentions(ref, m, x, cache) -> dict:
     if got is None or len([a for a in got if a is not None]) != len(layers):
         raise Refused("HF eager returns no attention weights for every softmax layer (output_attentions)")
     weights = [a for a in got if a is not None]
-    worst = max(max_diff(cache[names.attn(l, "pattern")], w) for l, w in zip(layers, weights))
+
+    def ours(l):  # differential attention: HF returns both branches' softmax rows, branch-major (B,2H,T,T)
+        if m.probe_info.attention_rule != "diff":
+            return cache[names.attn(l, "pattern")]
+        return torch.cat([cache[names.attn(l, "pattern_1")], cache[names.attn(l, "pattern_2")]], dim=1)
+
+    worst = max(max_diff(ours(l), w) for l, w in zip(layers, weights))
     if not worst <= TOL["fp32"]:
         raise Refused(f"hook_pattern differs from HF's output_attentions by {worst:.3g}")
     return {"pattern_vs_output_attentions": worst}

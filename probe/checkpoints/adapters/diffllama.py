@@ -19,6 +19,8 @@ What transformers' ``modeling_diffllama.py`` computes, and what the hooks see of
 
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
@@ -26,6 +28,7 @@ from transformer_lens.hook_points import HookPoint
 from probe.checkpoints.adapters.llama import SEQUENTIAL
 from probe.checkpoints.adapters.recipes import RecipeAdapter
 from probe.checkpoints.attention import SITE_KEY, _hf_wants_attentions, as_rules, refuse_unknown
+from probe.checkpoints.hooked_hf import INSTANCE_FORWARDS
 from probe.hooks import names
 from probe.kernels.diff_attention import diff_attention, net_pattern, patterns_of_scores
 from probe.kernels.sink_attention.reference import apply_pattern, attention_scores
@@ -88,7 +91,8 @@ def _wants_rows(site) -> bool:
 
 
 def diffllama_attention(attn, hidden_states, position_embeddings, attention_mask=None, cache=None, **kwargs):
-    """HF's ``DiffLlamaAttention.forward`` with the hooks: (output B,T,d, None)."""
+    """HF's ``DiffLlamaAttention.forward`` with the hooks, installed as the module's instance forward: (output B,T,d,
+    None)."""
     site = attn.__dict__[SITE_KEY]
     cache = cache if cache is not None else kwargs.pop("past_key_values", None)
     refuse_unknown(attn, kwargs)
@@ -122,20 +126,10 @@ def _project_out(attn, site, z):
     return fired.sum(2) if attn.o_proj.bias is None else fired.sum(2) + attn.o_proj.bias
 
 
-def diffllama_layer_forward(layer, hooks, hidden_states, **kwargs):
-    """DiffLlama's decoder layer (Llama's: pre-norm, sequential) with its attention through the diff hooks."""
-    resid = hooks.hook_resid_pre(hidden_states)
-    attn_out = hooks.hook_attn_out(diffllama_attention(layer.self_attn, layer.input_layernorm(resid), **kwargs)[0])
-    mid = hooks.hook_resid_mid(resid + attn_out)
-    mlp_out = hooks.hook_mlp_out(layer.mlp(layer.post_attention_layernorm(mid)))
-    return hooks.hook_resid_post(mid + mlp_out)
-
-
 class DiffLlamaAdapter(RecipeAdapter):
     family = "diffllama"
     model_types = ("diffllama",)
-    recipe = SEQUENTIAL  # the norms' names (ln1 / ln2); the layer is diffllama_layer_forward
-    layer_forward = staticmethod(diffllama_layer_forward)
+    recipe = SEQUENTIAL
 
     def describe(self, config, name):
         info = super().describe(config, name)
@@ -158,3 +152,9 @@ class DiffLlamaAdapter(RecipeAdapter):
             for point in SIGNED_ABSENT:
                 if hasattr(block.attn, f"hook_{point}"):
                     delattr(block.attn, f"hook_{point}")
+        for layer in layers:  # the attention module runs diffllama_attention: one call, the hooks inside
+            attn = self.attention_module(layer)
+            attn.forward = types.MethodType(diffllama_attention, attn)
+
+
+INSTANCE_FORWARDS.add(diffllama_attention)

@@ -116,3 +116,14 @@ def test_the_backcopy_split_reads_shares_of_the_absolute_row(models):
         got = heads[heads["layer"] == l].sort_values("head")
         assert torch.allclose(torch.tensor(got["bos_elsewhere"].to_numpy()), want, atol=1e-6)
         assert (got["phantom_elsewhere"] == 0).all()
+
+
+def test_a_cached_decoding_step_equals_the_full_forward(models):
+    """The step after a prefill reads the cached keys and both value halves (a dense mask with a cache offset)."""
+    ref, m, _, _ = models
+    x = parity.ids()
+    with torch.no_grad():
+        prefill = m.hf_model(x[:, :-1], use_cache=True)
+        step = m.hf_model(x[:, -1:], cache=prefill.past_key_values, use_cache=True).logits
+        want = ref(x).logits[:, -1:]
+    assert parity.max_diff(step, want) <= 1e-5

@@ -100,11 +100,9 @@ def diffllama_attention(attn, hidden_states, position_embeddings, attention_mask
     H = q.shape[2] // 2
     lam = site.hook_lambda(layer_lambda(attn, H, q.dtype))  # H
     rules, mask = as_rules(attention_mask, None, q.shape[1], k.shape[1], q.device)
-    if rules is not None and rules.keep is not None:  # key padding: its rows as a dense mask
+    if rules is not None and (rules.keep is not None or rules.window is not None):  # padding: a dense mask's rows
         rules, mask = None, rules.dense(slice(None), q.shape[1], k.shape[1], q.dtype, q.device)
-    if _wants_rows(site) or mask is not None or (rules is not None and rules.window is not None):
-        if rules is not None and mask is None and rules.window is not None:
-            mask = rules.dense(slice(None), q.shape[1], k.shape[1], q.dtype, q.device)
+    if _wants_rows(site) or mask is not None:
         out = _rows(site, q, k, v, lam, attn.scaling, mask)
     else:  # causal, nothing hooked: the fused op, nothing T x T stored
         out = diff_attention(q, k, v, lam, scale=attn.scaling).out

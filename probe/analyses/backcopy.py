@@ -10,9 +10,12 @@ BOS itself), from ``blocks.{l}.attn.hook_pattern`` / ``hook_phantom``:
     phantom_at_trigger / phantom_elsewhere = mean phantom mass            uniform_* = mean 1/(t+1) over those rows
 
 Masses are shares of all the row's mass (the phantom included in the normaliser, as ``hook_pattern`` gives them), so
-prev + bos + phantom <= 1. For the ``sinktoken`` variant key 0 of the pattern is the learned token: its mass is
-reported as the phantom's, and BOS is the first input token. ``split_score`` = prev_at_trigger - prev_elsewhere
-+ bos_elsewhere - bos_at_trigger is large for Guo et al.'s picture (0 for a head that does the same on every row).
+prev + bos + phantom <= 1; where no mass is left unspent (no ``hook_phantom``: differential attention's signed rows,
+rules whose rows may sum past one) they are shares of the row's absolute mass |a_tj| / Σ_j |a_tj| and the phantom's
+are 0 (docs/definitions.md#signed-rows). For the ``sinktoken`` variant key 0 of the pattern is the learned token:
+its mass is reported as the phantom's, and BOS is the first input token. ``split_score`` = prev_at_trigger
+- prev_elsewhere + bos_elsewhere - bos_at_trigger is large for Guo et al.'s picture (0 for a head that does the same
+on every row).
 
 Trigger rows come from the data (``BBWindows.trigger_rows``, or ``triggers=`` token ids on any windows). Memory: one
 layer's (B, H, T, T) pattern at a time (a streaming hook collector; the forward stops after the last layer).
@@ -25,6 +28,7 @@ import torch
 
 from probe.analyses.capture import LayerCollector, as_windows, describe, finish, make_bar, model_device
 from probe.analyses.layer_types import layer_meta, with_linear_layers
+from probe.hooks import names
 
 STATS = (
     "prev_at_trigger",
@@ -132,8 +136,15 @@ def backcopy_split(model, data, *, triggers=None, progress: bool = False) -> dic
     acc = SplitAccumulator(info.n_layers, info.n_heads)
     state = {}
 
+    unspent = names.attn(0, "phantom").split(".", 2)[-1] not in info.absent_hooks  # "attn.hook_phantom"
+
     def on_layer(l, got):
-        pattern, phantom = got["hook_pattern"].float(), got["hook_phantom"].float()  # (B,H,Tk,Tk+C), (B,H,Tk)
+        pattern = got["hook_pattern"].float()  # (B,H,Tk,Tk+C)
+        if unspent:
+            phantom = got["hook_phantom"].float()  # (B,H,Tk)
+        else:  # no mass left unspent (signed rows, rows that may sum past one): shares of |a| (#signed-rows)
+            pattern = pattern.abs() / pattern.abs().sum(-1, keepdim=True).clamp_min(1e-30)
+            phantom = torch.zeros(pattern.shape[:-1], device=pattern.device)
         pattern = pattern[..., : pattern.shape[-2]]  # the token keys: compressed entries (DeepSeek-V4) follow them
         offset = pattern.shape[-1] - state["T"]  # 1 for a learned sink token at key 0, else 0
         if offset:
@@ -141,7 +152,8 @@ def backcopy_split(model, data, *, triggers=None, progress: bool = False) -> dic
             pattern = pattern[..., offset:, offset:]
         acc.add(l, pattern, phantom, state["trigger_rows"])
 
-    collector = LayerCollector(model, lambda l: ("hook_pattern", "hook_phantom"), on_layer, stop_early=True)
+    points = ("hook_pattern", "hook_phantom") if unspent else ("hook_pattern",)
+    collector = LayerCollector(model, lambda l: points, on_layer, stop_early=True)
     bar = make_bar(len(w), progress, "back-copy split")
     for n in range(len(w)):
         ids = w.inputs(n)

@@ -170,7 +170,13 @@ def _pattern_vs_output_attentions(ref, m, x, cache) -> dict:
     if got is None or len([a for a in got if a is not None]) != len(layers):
         raise Refused("HF eager returns no attention weights for every softmax layer (output_attentions)")
     weights = [a for a in got if a is not None]
-    worst = max(max_diff(cache[names.attn(l, "pattern")], w) for l, w in zip(layers, weights))
+
+    def ours(l):  # differential attention: HF returns both branches' softmax rows, branch-major (B,2H,T,T)
+        if m.probe_info.attention_rule != "diff":
+            return cache[names.attn(l, "pattern")]
+        return torch.cat([cache[names.attn(l, "pattern_1")], cache[names.attn(l, "pattern_2")]], dim=1)
+
+    worst = max(max_diff(ours(l), w) for l, w in zip(layers, weights))
     if not worst <= TOL["fp32"]:
         raise Refused(f"hook_pattern differs from HF's output_attentions by {worst:.3g}")
     return {"pattern_vs_output_attentions": worst}
@@ -305,6 +311,8 @@ def _exposure_reference(m, data, cutoffs) -> torch.Tensor:
         for l in info.attention_layers:
             pattern, v = cache[names.attn(l, "pattern")].double(), cache[names.attn(l, "v")]
             pattern = pattern[..., : v.shape[1]]  # token keys: compressed entries (DeepSeek-V4) are no quiet reads
+            if info.attention_rule == "diff":  # signed rows: shares of the row's absolute mass (#signed-rows)
+                pattern = pattern.abs() / pattern.abs().sum(-1, keepdim=True)
             quiet = torch.stack(quiet_and_median(v.float().norm(dim=-1), qs)[0], -1).double()  # (B, T, Hkv, m)
             quiet = quiet.repeat_interleave(info.kv_group, dim=2).permute(0, 2, 1, 3)  # (B, H, Tk, m)
             share = (pattern @ quiet)[:, :, 1:].sum((0, 2))  # (H, m)
@@ -337,6 +345,19 @@ def _reference_checks(m, data) -> dict:
 ANALYSES = ("massive", "dormant", "inject", "backcopy", "ablate", "sweep", "losses")
 
 
+def _interventions(m) -> tuple[str, ...]:
+    """The key-0 knockout and the value ablation, less the knockout where the model's rows refuse it (differential
+    attention's signed rows: the op refuses attention edits)."""
+    from probe.analyses.interventions.base import AblationError
+    from probe.analyses.interventions.knockout import Knockout
+
+    try:
+        Knockout.conditions(m, None, None)
+    except AblationError:
+        return ("value",)
+    return ("knockout", "value")
+
+
 def _run_analysis(m, name: str, data) -> dict:
     from probe.analyses.ablate import ablate
     from probe.analyses.backcopy import backcopy_split
@@ -351,7 +372,7 @@ def _run_analysis(m, name: str, data) -> dict:
         "dormant": lambda: dormant_heads(m, data),
         "inject": lambda: inject(m, data, junk=["structured"], doses=[0.0, 4.0], progress=False),
         "backcopy": lambda: backcopy_split(m, data, triggers=[5, 7]),
-        "ablate": lambda: ablate(m, data, interventions=("knockout", "value"), value_modes=("zero",), per_layer=False),
+        "ablate": lambda: ablate(m, data, interventions=_interventions(m), value_modes=("zero",), per_layer=False),
         "sweep": lambda: sink_context_sweep(m, {6: data[..., :7], T: data})[0],
         "losses": lambda: {"windows": window_losses(m, data)},
     }

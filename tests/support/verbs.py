@@ -31,7 +31,11 @@ VERBS = (
     ("report", WINDOWS, ["report_layers.csv"]),
 )  # fmt: skip
 # one-line refusals that say the model lacks what the verb measures: the verb applies to no such model
-NOT_APPLICABLE = {"gates": "has no value gate or output gate", "sources": "has no depth routing"}
+NOT_APPLICABLE = {
+    "gates": "has no value gate or output gate",
+    "sources": "has no depth routing",
+    "ablate": "attention rows, which take no",  # signed rows (differential attention): no knockout, no eviction
+}
 
 
 def save_tiny(model_type: str, folder: Path, dtype=torch.float32, config=None) -> Path:

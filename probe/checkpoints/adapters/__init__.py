@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from probe.checkpoints.adapters import families, own_attention, qwen_next
 from probe.checkpoints.adapters.deepseek_v4 import DeepseekV4Adapter
+from probe.checkpoints.adapters.diffllama import DiffLlamaAdapter
 from probe.checkpoints.adapters.gemma import Gemma4Adapter, GemmaAdapter
 from probe.checkpoints.adapters.gemma3n import Gemma3nAdapter
 from probe.checkpoints.adapters.generic import GenericAdapter
@@ -23,6 +24,7 @@ ADAPTERS = (
     Gemma4Adapter,
     Gemma3nAdapter,
     DeepseekV4Adapter,
+    DiffLlamaAdapter,
 ) + tuple(
     cls
     for module in (families, own_attention, qwen_next)

@@ -17,7 +17,7 @@ class LlamaAdapter(RecipeAdapter):
     family = "llama"
     model_types = (
         ("llama", "mistral", "qwen2", "qwen3")
-        + ("arcee", "aria_text", "axk1", "bitnet", "cwm", "deepseek_v2", "deepseek_v3", "diffllama", "dots1")
+        + ("arcee", "aria_text", "axk1", "bitnet", "cwm", "deepseek_v2", "deepseek_v3", "dots1")
         + ("ernie4_5", "ernie4_5_moe", "exaone", "exaone_moe", "flint", "gemma", "glm", "glm4_moe", "glm4_moe_lite")
         + ("helium", "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "internlm3", "iquestcoder", "jais2")
         + ("laguna", "mellum", "mimo_v2_flash", "ministral", "ministral3", "nanochat", "olmo", "olmoe", "qwen2_moe")

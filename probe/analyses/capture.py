@@ -22,7 +22,7 @@ from probe.data.seeding import keyed_generator
 from probe.hooks import names
 from probe.kernels import attention_row_masses, rule_row_masses
 from probe.kernels.diff_attention import SIGNED_RULES
-from probe.kernels.row_masses.signed import signed_row_masses
+from probe.kernels.row_masses.signed import SignedRowMasses, signed_row_masses
 from probe.kernels.row_rules import ROW_RULES, RowRule
 from probe.process_group import batches_of_rank, is_main
 from probe.progress import progress_bar
@@ -235,6 +235,12 @@ def row_rule(info) -> RowRule | None:
     return ROW_RULES.get(info.attention_rule) or SIGNED_RULES.get(info.attention_rule)
 
 
+def has_branches(info) -> bool:
+    """Whether any layer is differential attention's, whose two softmax branches the tables report beside the net
+    row (docs/definitions.md#signed-rows)."""
+    return any(info.attention_at(l).rule in SIGNED_RULES for l in info.attention_layers)
+
+
 def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: str | None = None):
     """(lse (B,H,T), masses (B,H,T,m), phantom (B,H,T)) of one layer from the hooks named by ``row_mass_hooks``;
     masses[..., c] is each row's attention mass on the keys marked by indicators[..., c] (phantom in the normaliser):
@@ -304,8 +310,13 @@ def signed_masses(info, layer: int, got: dict, indicators: torch.Tensor):
     """``row_masses`` of a layer of differential attention (docs/definitions.md#signed-rows): (the row's signed sum
     Σ_j a_ij = 1 - λ (B,H,T), shares of its absolute mass Σ_j |a_ij| (B,H,T,m), zeros (no unspent mass)), fp32,
     from hook_rot_q / hook_rot_k (both branches) and hook_lambda, over blocks of query rows (signed_row_masses)."""
+    return net_and_branches(signed_layer_masses(info, layer, got, indicators))[0]
+
+
+def signed_layer_masses(info, layer: int, got: dict, indicators: torch.Tensor) -> SignedRowMasses:
+    """signed_row_masses of a layer of differential attention under its rules (window, chunk, scale, soft-cap)."""
     rules = info.attention_at(layer)
-    m = signed_row_masses(
+    return signed_row_masses(
         got["hook_rot_q"],
         got["hook_rot_k"],
         indicators,
@@ -315,8 +326,14 @@ def signed_masses(info, layer: int, got: dict, indicators: torch.Tensor):
         scale=rules.scale,
         softcap=rules.softcap,
     )
+
+
+def net_and_branches(m: SignedRowMasses) -> tuple[tuple, tuple[torch.Tensor, torch.Tensor]]:
+    """(row_masses' (signed sum, shares of |a|, zeros) of the net row, (branch 1's, branch 2's) masses (B,H,T,m)),
+    fp32; each branch is a softmax row summing to one, so its masses are its shares (definitions.md#signed-rows)."""
     net, absolute = m.net.float(), m.absolute.float()
-    return net, m.masses.float() / absolute.clamp_min(1e-30)[..., None], torch.zeros_like(net)
+    shares = m.masses.float() / absolute.clamp_min(1e-30)[..., None]
+    return (net, shares, torch.zeros_like(net)), (m.branch_1.float(), m.branch_2.float())
 
 
 def rule_masses(info, layer: int, got: dict, indicators: torch.Tensor):
@@ -440,7 +457,11 @@ __all__ = [
     "sparse_mass_hooks",
     "row_masses",
     "rule_masses",
+    "signed_masses",
+    "signed_layer_masses",
+    "net_and_branches",
     "row_rule",
+    "has_branches",
     "token_losses",
     "loss_forward_kwargs",
     "output_losses",

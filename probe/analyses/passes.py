@@ -25,11 +25,14 @@ from probe.analyses.capture import (
     as_windows,
     make_bar,
     model_device,
+    net_and_branches,
     row_masses,
+    signed_layer_masses,
     sparse_mass_hooks,
 )
 from probe.analyses.finite import FiniteCheck
 from probe.hooks import names
+from probe.kernels.diff_attention import SIGNED_RULES
 from probe.process_group import batches_of_rank, is_main
 
 
@@ -65,7 +68,8 @@ def key0_and_real(k: torch.Tensor) -> torch.Tensor:
 
 class LayerMasses:
     """Row masses of one layer, computed at most once per (indicator kind, backend): ``masses(kind, build)`` returns
-    probe.analyses.capture.row_masses' (lse, masses, phantom) for the indicators ``build(got)`` makes."""
+    probe.analyses.capture.row_masses' (lse, masses, phantom) for the indicators ``build(got)`` makes; under
+    differential attention ``masses.branches(kind, build)`` returns each branch's softmax masses from the same pass."""
 
     def __init__(self, info, layer: int, got: dict[str, torch.Tensor], check: FiniteCheck | None = None):
         # only the hooks row_masses reads: a gate captured for another reason must not become a key bias
@@ -73,18 +77,34 @@ class LayerMasses:
         self.info, self.layer = info, layer
         self.got = {s: t for s, t in got.items() if s in wanted}
         self.cache: dict[tuple, tuple] = {}
+        self.branch_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.check = check if check is not None else FiniteCheck()
+        self.signed = info.attention_at(layer).rule in SIGNED_RULES
 
     def __call__(self, kind: str, build: Callable[[dict], torch.Tensor], backend: str | None = None):
         key = (kind, backend)
         if key not in self.cache:
-            lse, mass, phantom = row_masses(self.info, self.layer, self.got, build(self.got), backend)
+            if self.signed:  # one pass gives the net row's masses and both branches'
+                (lse, mass, phantom), branches = net_and_branches(
+                    signed_layer_masses(self.info, self.layer, self.got, build(self.got))
+                )
+                self.branch_cache[key] = branches
+            else:
+                lse, mass, phantom = row_masses(self.info, self.layer, self.got, build(self.got), backend)
             # the attention pattern's row masses: non-finite where the scores overflow even from finite q and k
             pattern = f"{names.attn(self.layer, 'pattern')} (row masses)"
             self.check.check(pattern, mass, self.layer)
             self.check.check(f"{names.attn(self.layer, 'pattern')} (phantom)", phantom, self.layer)
             self.cache[key] = lse, mass, phantom
         return self.cache[key]
+
+    def branches(self, kind: str, build: Callable[[dict], torch.Tensor], backend: str | None = None):
+        """(branch 1's, branch 2's) softmax masses (B,H,T,m) of a differential-attention layer
+        (docs/definitions.md#signed-rows); None on any other layer."""
+        if not self.signed:
+            return None
+        self(kind, build, backend)
+        return self.branch_cache[(kind, backend)]
 
 
 def run_alone(model, data, part, desc: str, *, progress: bool = False, allow_nonfinite: bool = False) -> dict:

@@ -24,7 +24,15 @@ import math
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, describe, finish, model_device, row_rule, sparse_mass_hooks
+from probe.analyses.capture import (
+    as_windows,
+    describe,
+    finish,
+    has_branches,
+    model_device,
+    row_rule,
+    sparse_mass_hooks,
+)
 from probe.analyses.finite import FiniteCheck
 from probe.analyses.layer_types import layer_meta, linear_layers, with_linear_layers
 from probe.analyses.parallel import first_present, gather_rows, reduce_sums
@@ -37,6 +45,8 @@ SINK_FACTOR = 3.0  # pos0_share >= 3 x causal-uniform reference
 SINK_R0 = 0.8  # and r0 below this
 # layer types whose later rows cannot see key 0, reported again over the rows that can: their by_type row
 KEY0_ROWS = {"sliding": "sliding (key 0 in window)", "chunked": "chunked (key 0 in chunk)"}
+# differential attention: each branch's plain softmax key-0 share beside the net row's (docs/definitions.md#signed-rows)
+BRANCH_COLUMNS = ("pos0_share_1", "pos0_share_2")
 
 
 class SinkAccumulator:
@@ -45,10 +55,12 @@ class SinkAccumulator:
 
     SUMS: tuple[str, ...] = ("pos0", "phantom", "rows", "pos0_w", "phantom_w", "rows_w", "uniform", "uniform_w")
     SUMS += ("r0", "seqs", "row_mass", "row_mass_w")  # row_mass: each row's own mass (a row rule's)
+    SUMS += ("pos0_1", "pos0_2", "pos0_1_w", "pos0_2_w")  # differential attention: each branch's share on key 0
 
-    def __init__(self, info, row_mass: bool = False):
-        """row_mass: report each row's own mass Σ_j a_tj (``row_mass``, for a row rule other than softmax)."""
-        self.info, self.has_row_mass = info, row_mass
+    def __init__(self, info, row_mass: bool = False, branches: bool = False):
+        """row_mass: report each row's own mass Σ_j a_tj (``row_mass``, for a row rule other than softmax);
+        branches: report each branch's key-0 share (``pos0_share_1``, ``pos0_share_2``: differential attention)."""
+        self.info, self.has_row_mass, self.has_branches = info, row_mass, branches
         L, H, Hkv = info.n_layers, info.n_heads, info.n_kv_heads
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
         self.pos0, self.phantom, self.rows = z(L, H), z(L, H), z(L)
@@ -56,13 +68,24 @@ class SinkAccumulator:
         self.uniform, self.uniform_w = z(L), z(L)
         self.r0, self.seqs = z(L, Hkv), z(L)
         self.row_mass, self.row_mass_w = z(L, H), z(L, H)
+        self.pos0_1, self.pos0_2, self.pos0_1_w, self.pos0_2_w = z(L, H), z(L, H), z(L, H), z(L, H)
         self.sink = [None] * L
         self.batch_rows: list[dict] = []  # per-batch means
         self.calls = [0] * L  # batches seen per layer by this rank
 
-    def add(self, layer: int, pos0: torch.Tensor, phantom: torch.Tensor, norms: torch.Tensor, sink=None, mass=None):
+    def add(
+        self,
+        layer: int,
+        pos0: torch.Tensor,
+        phantom: torch.Tensor,
+        norms: torch.Tensor,
+        sink=None,
+        mass=None,
+        branches=None,
+    ):
         """pos0, phantom: (B, H, T) per-row shares; norms: (B, T, Hkv) read norms; sink: (H,) logits or None;
-        mass: (B, H, T) each row's own mass Σ_j a_tj (with ``row_mass``)."""
+        mass: (B, H, T) each row's own mass Σ_j a_tj (with ``row_mass``); branches: the two branches' (B, H, T)
+        key-0 shares (with ``branches``)."""
         pos0, phantom, norms = pos0.cpu(), phantom.cpu(), norms.cpu()
         B, H, T = pos0.shape
         if T < 2:
@@ -82,6 +105,15 @@ class SinkAccumulator:
             self.row_mass[layer] += mass.cpu()[:, :, 1:].double().sum((0, 2))
             self.row_mass_w[layer] += mass.cpu()[:, :, 1 : 1 + k].double().sum((0, 2))
         self.uniform_w[layer] += B * uniform[:k].sum()
+        per_branch = {}
+        if branches is not None:
+            for b, share, total, total_w in zip(
+                (1, 2), branches, (self.pos0_1, self.pos0_2), (self.pos0_1_w, self.pos0_2_w)
+            ):
+                share = share.cpu().double()
+                total[layer] += share[:, :, 1:].sum((0, 2))
+                total_w[layer] += share[:, :, 1 : 1 + k].sum((0, 2))
+                per_branch[f"pos0_share_{b}"] = float(share[:, :, 1:].mean())
         n = norms.double()
         median = torch.quantile(n, 0.5, dim=1)  # (B, Hkv), linear interpolation over all T reads
         self.r0[layer] += (n[:, 0] / median).sum(0)
@@ -95,6 +127,7 @@ class SinkAccumulator:
                 "phantom_share": float(phantom[:, :, 1:].double().mean()),
                 "uniform_ref": float(uniform.mean()),
                 "r0": float((n[:, 0] / median).mean()),
+                **per_branch,
             }
         )
         self.calls[layer] += 1
@@ -127,6 +160,9 @@ class SinkAccumulator:
                 }
                 if self.has_row_mass:
                     row["row_mass"] = float(self.row_mass[l, h] / self.rows[l])
+                if self.has_branches:
+                    row["pos0_share_1"] = float(self.pos0_1[l, h] / self.rows[l])
+                    row["pos0_share_2"] = float(self.pos0_2[l, h] / self.rows[l])
                 if info.layer_types[l] in KEY0_ROWS:
                     row.update(
                         pos0_share_key0=float(self.pos0_w[l, h] / self.rows_w[l]),
@@ -135,6 +171,9 @@ class SinkAccumulator:
                     )
                     if self.has_row_mass:
                         row["row_mass_key0"] = float(self.row_mass_w[l, h] / self.rows_w[l])
+                    if self.has_branches:
+                        row["pos0_share_1_key0"] = float(self.pos0_1_w[l, h] / self.rows_w[l])
+                        row["pos0_share_2_key0"] = float(self.pos0_2_w[l, h] / self.rows_w[l])
                 heads.append(row)
         heads = pd.DataFrame(heads)
         cols = [c for c in heads.columns if c not in ("layer", "head", "kv_head", "layer_type", "r0")]
@@ -160,6 +199,7 @@ class SinkAccumulator:
                     phantom_share=sub["phantom_share_key0"],
                     uniform_ref=sub["uniform_ref_key0"],
                     **({"row_mass": sub["row_mass_key0"]} if "row_mass" in sub else {}),
+                    **{c: sub[f"{c}_key0"] for c in BRANCH_COLUMNS if c in sub},
                 )
                 by_type.append(_summary(key0, label))
         if linear:  # listed, with no attention statistics
@@ -178,7 +218,7 @@ def _summary(layers: pd.DataFrame, group: str) -> dict:
         "layers": group,
         "n_layers": len(layers),
         **{c: float(layers[c].mean(skipna=False)) for c in ("pos0_share", "phantom_share", "r0", "uniform_ref")},
-        **({"row_mass": float(layers["row_mass"].mean(skipna=False))} if "row_mass" in layers else {}),
+        **{c: float(layers[c].mean(skipna=False)) for c in ("row_mass", *BRANCH_COLUMNS) if c in layers},
     }
 
 
@@ -211,17 +251,21 @@ class SinkPart(Part):
     def __init__(self, info, backend: str | None = None):
         self.info, self.backend = info, backend
         self.rule = row_rule(info)
-        self.acc = SinkAccumulator(info, row_mass=self.rule is not None)
+        self.acc = SinkAccumulator(info, row_mass=self.rule is not None, branches=has_branches(info))
         self.hooks = set(sparse_mass_hooks(info))
 
     def needs(self, layer: int) -> set[str]:
         return self.hooks
 
     def on_layer(self, layer, got, masses) -> None:
-        first, mass, phantom = masses("key0+real", lambda g: key0_and_real(g["hook_rot_k"]), self.backend)
+        build = lambda g: key0_and_real(g["hook_rot_k"])  # noqa: E731
+        first, mass, phantom = masses("key0+real", build, self.backend)
         pos0 = mass[..., 0] / mass[..., 1].clamp_min(1e-30)  # a row of zero mass: 0
         own = first if self.rule is not None else None  # a row rule's first element is the row's own mass
-        self.acc.add(layer, pos0, phantom, got["hook_v"].float().norm(dim=-1), got.get("hook_sink_logit"), own)
+        branches = masses.branches("key0+real", build, self.backend)  # (B, H, T, 2) each; None unless diff
+        pos0_b = tuple(b[..., 0] / b[..., 1].clamp_min(1e-30) for b in branches) if branches else None
+        norms = got["hook_v"].float().norm(dim=-1)
+        self.acc.add(layer, pos0, phantom, norms, got.get("hook_sink_logit"), own, pos0_b)
 
     def result(self, model, w) -> dict[str, pd.DataFrame]:
         """Merge the ranks and return the tables (every rank calls this once, after the pass)."""
@@ -269,27 +313,31 @@ def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
     in the shares and Σ_j a_tj as the row's mass (docs/definitions.md#signed-rows)."""
     info = model.probe_info
     w = as_windows(data)
-    rule = row_rule(info)
-    acc, check = SinkAccumulator(info, row_mass=rule is not None), FiniteCheck()
+    rule, branches = row_rule(info), has_branches(info)
+    acc, check = SinkAccumulator(info, row_mass=rule is not None, branches=branches), FiniteCheck()
     wanted = ("pattern", "v", "sink_logit") + (("phantom",) if rule is None or rule.at_most_one else ())
+    wanted += ("pattern_1", "pattern_2") if branches else ()
     for n in batches_of_rank(len(w)):
         ids = w.inputs(n, model_device(model))
         _, cache = model.run_with_cache(ids, names_filter=lambda name: names.is_attn(name, *wanted))
         for l in info.attention_layers:
+            got = {point: cache[names.attn(l, point)] for point in wanted if names.attn(l, point) in cache}
             for point in wanted:
-                check.check(
-                    names.attn(l, point), cache[names.attn(l, point)] if names.attn(l, point) in cache else None, l
-                )
-            pattern = cache[names.attn(l, "pattern")].double()  # (B, H, T, T)
+                check.check(names.attn(l, point), got.get(point), l)
+            pattern = got["pattern"].double()  # (B, H, T, T)
             real = pattern.abs().sum(-1)  # |a|: signed rows' absolute mass (docs/definitions.md#signed-rows)
-            phantom = cache[p].double() if (p := names.attn(l, "phantom")) in cache else torch.zeros_like(real)
+            phantom = got["phantom"].double() if "phantom" in got else torch.zeros_like(real)
             acc.add(
                 l,
                 pattern[..., 0].abs() / real.clamp_min(1e-300),
                 phantom / (phantom + real).clamp_min(1e-300),
-                cache[names.attn(l, "v")].float().norm(dim=-1),
-                cache[sink] if (sink := names.attn(l, "sink_logit")) in cache else None,
+                got["v"].float().norm(dim=-1),
+                got.get("sink_logit"),
                 pattern.sum(-1) if rule is not None else None,  # the row's own (signed) mass
+                # each branch's softmax rows (B, H, T, T): key 0's share of the row
+                tuple(p[..., 0] / p.sum(-1) for p in (got["pattern_1"].double(), got["pattern_2"].double()))
+                if branches
+                else None,
             )
         del cache
     acc.merge()

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probe.analyses.capture import as_windows, describe, finish, row_rule, sparse_mass_hooks
+from probe.analyses.capture import as_windows, describe, finish, has_branches, row_rule, sparse_mass_hooks
 from probe.analyses.layer_types import layer_meta, with_linear_layers
 from probe.analyses.parallel import gather_rows, reduce_sums
 from probe.analyses.passes import Part, key0_and_real, run_pass
@@ -49,6 +49,8 @@ from probe.catalogue import PROTOCOLS
 from probe.process_group import rank_and_world
 
 DEFAULT_EPS = (0.3,)
+# differential attention: each branch's Sink^ε and key-0 mass beside the net row's (docs/definitions.md#signed-rows)
+BRANCH_EPS_COLUMNS = ("sink_share_1", "sink_share_2", "key0_mass_1", "key0_mass_2")
 GU2025_TOKENS = 64  # Gu et al. read the first 64 tokens of each text
 
 
@@ -109,6 +111,8 @@ class SinkEpsAccumulator:
         self.key0_w, self.real0_w, self.phantom_w, self.rows_w, self.uniform_w = z(L, H), z(L, H), z(L, H), z(L), z(L)
         self.parts, self.calls = {}, [0] * L  # global batch -> its key-0 sums and rows; batches seen per layer
         self.above, self.windows = z(len(self.eps), L, H), z(L)  # windows with α > ε; windows seen per layer
+        self.branch, self.branch_w = z(2, L, H), z(2, L, H)  # differential attention: each branch's key-0 mass
+        self.has_branches = has_branches(info)
 
     def _part(self, layer: int) -> dict:
         """The sums of this layer's current batch: this rank's k-th batch is global batch rank + k * world."""
@@ -145,14 +149,17 @@ class SinkEpsAccumulator:
                 "uniform_w",
                 "above",
                 "windows",
+                "branch",
+                "branch_w",
             ),
         )
         parts = gather_rows([{"batch": b, **p} for b, p in self.parts.items()])  # in global batch order
         self.parts = {p.pop("batch"): p for p in parts}
 
-    def add(self, layer: int, key0: torch.Tensor, real: torch.Tensor, phantom: torch.Tensor) -> None:
+    def add(self, layer: int, key0: torch.Tensor, real: torch.Tensor, phantom: torch.Tensor, branches=None) -> None:
         """key0: (B, H, T) mass on key 0 (phantom in the normaliser); real: (B, H, T) mass on all real keys;
-        phantom: (B, H, T) phantom mass (zeros without one)."""
+        phantom: (B, H, T) phantom mass (zeros without one); branches: differential attention's two branches' (B, H, T)
+        key-0 masses (each a softmax row's, docs/definitions.md#signed-rows), or None."""
         key0, real, phantom = key0.double().cpu(), real.double().cpu(), phantom.double().cpu()
         B, H, T = key0.shape
         first = 0 if self.q0 else 1
@@ -186,6 +193,11 @@ class SinkEpsAccumulator:
             nrows = sl.stop - sl.start
             rows[layer] += B * nrows
             uni[layer] += B * uniform[:nrows].sum()
+        if branches is not None:
+            for b, mass in enumerate(branches):
+                mass = mass.double().cpu()
+                self.branch[b, layer] += mass[:, :, first:].sum((0, 2))
+                self.branch_w[b, layer] += mass[:, :, first : first + n].sum((0, 2))
 
     def _leave_one_out(self, key0_rows: bool) -> torch.Tensor:
         """α per (layer, head) with each batch left out in turn, (n, L, H); over the rows that see key 0 when
@@ -250,9 +262,21 @@ class SinkEpsAccumulator:
                         "key0_mass_key0": float(self.key0_w[l, h] / rw),
                         "key0_share_real_key0": float(self.real0_w[l, h] / rw),
                         "uniform_ref_key0": float(self.uniform_w[l] / rw),
+                        **self._branch_heads(l, h),
                     }
                 )
         return pd.DataFrame(heads)
+
+    def _branch_heads(self, l: int, h: int) -> dict:
+        """Differential attention: each branch's key-0 mass, over every row and over the rows that see key 0."""
+        if not self.has_branches:
+            return {}
+        r, rw = self.rows[l], self.rows_w[l]
+        out = {}
+        for b in (1, 2):
+            out[f"key0_mass_{b}"] = float(self.branch[b - 1, l, h] / r)
+            out[f"key0_mass_{b}_key0"] = float(self.branch_w[b - 1, l, h] / rw)
+        return out
 
     def _layer_table(self, heads: pd.DataFrame, e: float, alpha_loo, mass_loo) -> tuple[pd.DataFrame, np.ndarray]:
         """Per softmax layer at threshold ``e``: its sink heads and means (± jackknife s.e.), and the share of sink
@@ -284,6 +308,14 @@ class SinkEpsAccumulator:
             lay["sink_share"] = rate.mean(-1).numpy()
             share_loo = self._leave_one_window_batch_out(i).mean(-1)[:, att].numpy()
         lay.insert(lay.columns.get_loc("sink_share") + 1, "sink_share_se", jackknife_se(share_loo))
+        if self.has_branches:  # the same decision on each branch's own key-0 mass (pooled rows)
+            for b in (1, 2):
+                score = f"key0_mass_{b}" if self.window_rows == "all" else f"key0_mass_{b}_key0"
+                g = heads.assign(sink=(heads[score] > e).astype(float).where(heads[score].notna()))
+                by = g.groupby(["layer", "layer_type"], sort=True)
+                if not self.per_window:  # Gu et al.'s per-window indicator is the net row's alone
+                    lay[f"sink_share_{b}"] = by["sink"].mean().to_numpy()
+                lay[f"key0_mass_{b}"] = by[f"key0_mass_{b}"].mean().to_numpy()
         lay.insert(lay.columns.get_loc("key0_mass") + 1, "key0_mass_se", jackknife_se(mass_loo.numpy()))
         return lay, share_loo
 
@@ -305,6 +337,7 @@ class SinkEpsAccumulator:
             "key0_share_real": float(lay["key0_share_real"].mean(skipna=False)),
             "phantom_share": float(lay["phantom_share"].mean(skipna=False)),
             "uniform_ref": float(lay["uniform_ref"].mean(skipna=False)),
+            **{c: float(lay[c].mean(skipna=False)) for c in BRANCH_EPS_COLUMNS if c in lay},
             "key0": key0_label(self.info),
             "rows": "t>=0" if self.q0 else "t>=1",
             "score": self._score,
@@ -340,8 +373,12 @@ class SinkEpsPart(Part):
         return self.hooks
 
     def on_layer(self, layer, got, masses) -> None:
-        _, mass, phantom = masses("key0+real", lambda g: key0_and_real(g["hook_rot_k"]), self.backend)
-        self.acc.add(layer, mass[..., 0], mass[..., 1], phantom)
+        build = lambda g: key0_and_real(g["hook_rot_k"])  # noqa: E731
+        _, mass, phantom = masses("key0+real", build, self.backend)
+        branches = masses.branches("key0+real", build, self.backend)  # (B, H, T, 2) each; None unless diff
+        self.acc.add(
+            layer, mass[..., 0], mass[..., 1], phantom, tuple(b[..., 0] for b in branches) if branches else None
+        )
 
     def result(self, model, w, method: str = "streaming") -> dict[str, pd.DataFrame]:
         """Merge the ranks and return the tables (every rank calls this once, after the pass)."""
@@ -373,6 +410,7 @@ class _PatternPart(SinkEpsPart):
         super().__init__(info, eps, include_query0, window_rows, protocol=protocol)
         rule = row_rule(info)
         self.hooks = {"hook_pattern"} | ({"hook_phantom"} if rule is None or rule.at_most_one else set())
+        self.hooks |= {"hook_pattern_1", "hook_pattern_2"} if has_branches(info) else set()
 
     def on_layer(self, layer, got, masses) -> None:
         pattern = got["hook_pattern"]
@@ -382,7 +420,8 @@ class _PatternPart(SinkEpsPart):
             return
         real = pattern.abs().sum(-1, dtype=torch.float64)  # signed rows: their absolute mass (#signed-rows)
         total = real.clamp_min(1e-300)  # a row of zero mass: zero shares
-        self.acc.add(layer, pattern[..., 0].abs() / total, real / total, torch.zeros_like(real))
+        branches = tuple(got[f"hook_pattern_{b}"][..., 0] for b in (1, 2)) if "hook_pattern_1" in got else None
+        self.acc.add(layer, pattern[..., 0].abs() / total, real / total, torch.zeros_like(real), branches)
 
 
 @torch.no_grad()

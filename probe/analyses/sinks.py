@@ -344,4 +344,13 @@ def sink_stats_reference(model, data) -> dict[str, pd.DataFrame]:
     return finish(acc.tables(), _meta(model, w, "pattern"))
 
 
-__all__ = ["sink_stats", "sink_stats_reference", "SinkAccumulator", "SinkPart", "SINK_FACTOR", "SINK_R0", "KEY0_ROWS"]
+__all__ = [
+    "sink_stats",
+    "sink_stats_reference",
+    "SinkAccumulator",
+    "SinkPart",
+    "SINK_FACTOR",
+    "SINK_R0",
+    "KEY0_ROWS",
+    "BRANCH_COLUMNS",
+]

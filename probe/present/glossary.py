@@ -65,6 +65,16 @@ TERMS = (
         "rows-of-other-rules",
     ),
     Term(
+        "pos0_share_1",
+        "differential attention: key 0's share of branch 1's softmax row p1 (pos0_share is the net row's, of sum |a|)",
+        "signed-rows",
+    ),
+    Term(
+        "pos0_share_2",
+        "differential attention: key 0's share of branch 2's softmax row p2 (the row subtracted, times lambda)",
+        "signed-rows",
+    ),
+    Term(
         "pos0_share_key0",
         "a sliding or chunked layer's pos0_share over the rows whose window or chunk still holds key 0",
         "layer-types",

@@ -11,7 +11,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from probe.analyses.finite import nonfinite_sentence
-from probe.analyses.sinks import SINK_FACTOR, SINK_R0
+from probe.analyses.sinks import BRANCH_COLUMNS, SINK_FACTOR, SINK_R0
 from probe.analyses.stats import batch_se
 from probe.present import dormant, massive, sink_eps
 from probe.present.figures import (
@@ -410,6 +410,7 @@ def text(result: dict) -> str:
                 "pos0_over_uniform",
                 "phantom_share",
                 "row_mass",
+                *BRANCH_COLUMNS,
                 "r0",
                 "r0_later",
                 "sink_formed",
@@ -423,7 +424,8 @@ def text(result: dict) -> str:
         "per layer:",
         show(
             result["layers"],
-            ["layer", "layer_type", "pos0_share", "uniform_ref", "phantom_share", "row_mass", "r0", "pos0_share_key0"],
+            ["layer", "layer_type", "pos0_share", *BRANCH_COLUMNS, "uniform_ref", "phantom_share", "row_mass", "r0"]
+            + ["pos0_share_key0"],
         ),
     ]
     lines += sink_eps.text_lines(result)

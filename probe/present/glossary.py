@@ -92,6 +92,18 @@ TERMS = (
     ),
     Term("key0_mass", "mean attention on key 0 of rows t >= 1, the phantom in the normaliser", "sink-heads"),
     Term(
+        "sink_share_1",
+        "differential attention: Sink^eps of branch 1's softmax rows p1 (share of heads whose key0_mass_1 exceeds eps)",
+        "signed-rows",
+        (r"sink_share_2",),
+    ),
+    Term(
+        "key0_mass_1",
+        "differential attention: mean attention on key 0 of branch 1's softmax rows p1 (key0_mass_2: of p2)",
+        "signed-rows",
+        (r"key0_mass_2",),
+    ),
+    Term(
         "massive activations",
         "|h| > 100 and > 1000x the median |h| of its site and window; ratio = top1 / median",
         "massive-activations",

@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from probe.analyses.sink_heads import BRANCH_EPS_COLUMNS
 from probe.present.figures import fitted_heatmap, integer_ticks, many, se_bars
 from probe.present.files import show
 
@@ -148,6 +149,7 @@ def text_lines(result: dict) -> list[str]:
                 "key0_mass_se",
                 "phantom_share",
                 "uniform_ref",
+                *BRANCH_EPS_COLUMNS,
             ],
         ),
     ]

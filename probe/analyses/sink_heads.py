@@ -447,6 +447,9 @@ def sink_heads(
     A model with linear layers (no softmax attention) has them in ``layers`` with NaN statistics; ``summary`` (its
     L: the softmax layers) and ``heads`` cover the softmax layers, which ``meta`` lists (``softmax_layers``,
     ``linear_layers``).
+    A model with differential-attention layers also has each branch's key-0 mass, ``key0_mass_1`` / ``_2`` (per head
+    also their ``_key0`` forms) and, under the pooled protocol, ``sink_share_1`` / ``_2`` in ``layers`` and
+    ``summary`` (docs/definitions.md#signed-rows); other models have none of them.
 
     Tables (columns):
 

@@ -292,6 +292,10 @@ def sink_stats(
     ``allow_nonfinite`` the numbers are computed over every entry (NaN propagates), the result has a ``nonfinite``
     table and ``sink_formed`` is None.
 
+    A model with differential-attention layers also has each branch's key-0 share, ``pos0_share_1`` and
+    ``pos0_share_2`` (``_key0`` forms beside ``pos0_share_key0``), in every table but ``meta``, and a row rule's
+    ``row_mass`` (docs/definitions.md#signed-rows); other models have neither.
+
     Tables (columns):
 
     - ``summary``: model, corpus, layers, n_layers, pos0_share, phantom_share, r0, uniform_ref, pos0_over_uniform,

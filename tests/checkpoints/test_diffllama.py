@@ -1,8 +1,8 @@
 """DiffLlama under probe's hooks (probe.checkpoints.adapters.diffllama) on a tiny random config of transformers'
 own class: parity with HF eager, the layers described as differential attention
 (docs/definitions.md#differential-attention), the signed rows at their hooks against HF's λ computed by hand, their
-streaming masses as shares of each row's absolute mass (docs/definitions.md#signed-rows), the hook algebra in fp64
-and a padded batch.
+streaming masses as shares of each row's absolute mass (docs/definitions.md#signed-rows), each branch's sink
+statistics as its softmax rows', the hook algebra in fp64 and a padded batch.
 """
 
 from __future__ import annotations
@@ -127,3 +127,30 @@ def test_a_cached_decoding_step_equals_the_full_forward(models):
         step = m.hf_model(x[:, -1:], cache=prefill.past_key_values, use_cache=True).logits
         want = ref(x).logits[:, -1:]
     assert parity.max_diff(step, want) <= 1e-5
+
+
+def test_sink_tables_report_each_branch_as_its_softmax_rows(models):
+    """pos0_share_1 / _2 (sink statistics) and key0_mass_1 / _2 (Sink^ε), streamed from hook_rot_q / hook_rot_k,
+    equal key 0's share of hook_pattern_1 / hook_pattern_2 over rows t >= 1, per head
+    (docs/definitions.md#signed-rows)."""
+    from probe.analyses.capture import as_windows
+    from probe.analyses.sink_heads import sink_heads
+    from probe.analyses.sinks import sink_stats
+
+    _, m, _, _ = models
+    data = parity.windows()[:1]  # (1, B, T+1)
+    heads = sink_stats(m, data)["heads"].sort_values(["layer", "head"])
+    eps = sink_heads(m, data)["heads"].sort_values(["layer", "head"])
+    with torch.no_grad():
+        _, cache = m.run_with_cache(
+            as_windows(data).inputs(0), names_filter=lambda h: names.is_attn(h, "pattern_1", "pattern_2")
+        )
+    for b in (1, 2):
+        want = torch.stack(
+            [
+                (p := cache[names.attn(l, f"pattern_{b}")].double())[..., 1:, 0].div(p[..., 1:, :].sum(-1)).mean((0, 2))
+                for l in m.probe_info.attention_layers
+            ]
+        ).flatten()  # (L·H,)
+        for got in (heads[f"pos0_share_{b}"], eps[f"key0_mass_{b}"]):
+            assert torch.allclose(torch.tensor(got.to_numpy()), want, atol=1e-6, rtol=0)

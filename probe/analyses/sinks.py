@@ -293,8 +293,8 @@ def sink_stats(
     table and ``sink_formed`` is None.
 
     A model with differential-attention layers also has each branch's key-0 share, ``pos0_share_1`` and
-    ``pos0_share_2`` (``_key0`` forms beside ``pos0_share_key0``), in every table but ``meta``, and a row rule's
-    ``row_mass`` (docs/definitions.md#signed-rows); other models have neither.
+    ``pos0_share_2`` (``_key0`` forms beside ``pos0_share_key0``), in every table but ``meta``
+    (docs/definitions.md#signed-rows); other models do not. Every row rule other than softmax adds ``row_mass``.
 
     Tables (columns):
 

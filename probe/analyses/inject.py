@@ -42,14 +42,17 @@ from probe.analyses.capture import (
     as_windows,
     describe,
     finish,
+    has_branches,
     keyed_generator,
     loss_forward_kwargs,
     make_bar,
     model_device,
+    net_and_branches,
     output_losses,
     row_mass_hooks,
     row_masses,
     row_rule,
+    signed_layer_masses,
 )
 from probe.analyses.finite import FiniteCheck
 from probe.analyses.layer_types import layer_meta, with_linear_layers
@@ -58,6 +61,7 @@ from probe.analyses.sinks import SinkAccumulator
 from probe.analyses.stats import mean_all, with_batch_se
 from probe.catalogue import CUTOFFS, DEFAULT_DOSES, JUNK_TYPES, MAX_DOSE
 from probe.hooks import names
+from probe.kernels.diff_attention import SIGNED_RULES
 from probe.models.gates import gate_directions
 from probe.process_group import batches_of_rank, is_main, rank_and_world
 
@@ -205,13 +209,16 @@ class ExposureAccumulator:
         self.phantom = torch.zeros(L, H, dtype=torch.float64)
         self.rows = torch.zeros(L, dtype=torch.float64)
         self.batch, self.batch_rows = 0, []  # global index of the batch being added; its per-layer means
-        self.sinks = SinkAccumulator(info, row_mass=row_rule(info) is not None)
+        self.branches = has_branches(info)  # differential attention: each branch's quiet share too (#signed-rows)
+        self.quiet_b = torch.zeros(2, L, H, len(self.cutoffs), dtype=torch.float64)
+        self.sinks = SinkAccumulator(info, row_mass=row_rule(info) is not None, branches=self.branches)
 
     def fold(self, part: ExposureAccumulator) -> None:
         """Add one batch's own accumulator (``part``: its sums and rows alone) to these totals. ``inject`` folds every
         batch so, whether computed now or reloaded from an interrupted run's partial state, so the sums are the same
         float sums either way."""
         self.quiet += part.quiet
+        self.quiet_b += part.quiet_b
         self.phantom += part.phantom
         self.rows += part.rows
         self.batch_rows += part.batch_rows
@@ -227,6 +234,7 @@ class ExposureAccumulator:
         p = self.sinks
         return {
             "quiet": self.quiet.tolist(),
+            "quiet_b": self.quiet_b.tolist(),
             "phantom": self.phantom.tolist(),
             "rows": self.rows.tolist(),
             "batch_rows": self.batch_rows,
@@ -245,6 +253,8 @@ class ExposureAccumulator:
         acc.batch = batch
         acc.quiet, acc.phantom, acc.rows = f64(state["quiet"]), f64(state["phantom"]), f64(state["rows"])
         acc.batch_rows = list(state["batch_rows"])
+        if "quiet_b" in state:  # a state saved before the branches were summed: softmax models only then
+            acc.quiet_b = f64(state["quiet_b"])
         sinks = state["sinks"]
         for name in SinkAccumulator.SUMS:
             if name in sinks:  # a state saved before row_mass was summed keeps its zeros (softmax rows only then)
@@ -255,13 +265,17 @@ class ExposureAccumulator:
 
     def merge(self) -> None:
         """Combine the ranks' sums and per-batch rows (data-parallel runs; nothing to do in one process)."""
-        reduce_sums(self, ("quiet", "phantom", "rows"))
+        reduce_sums(self, ("quiet", "quiet_b", "phantom", "rows"))
         self.batch_rows = gather_rows(self.batch_rows)
         self.sinks.merge()
 
-    def add(self, layer, quiet_share: torch.Tensor, phantom: torch.Tensor):
-        """quiet_share (B, H, T, m) of total mass; phantom (B, H, T)."""
+    def add(self, layer, quiet_share: torch.Tensor, phantom: torch.Tensor, branches=None):
+        """quiet_share (B, H, T, m) of total mass; phantom (B, H, T); branches: differential attention's two branches'
+        (B, H, T, m) quiet masses (each a softmax row's), or None."""
         quiet = quiet_share[:, :, 1:].double().sum((0, 2)).cpu()  # (H, m)
+        quiet_b = [b[:, :, 1:].double().sum((0, 2)).cpu() for b in branches] if branches is not None else []
+        for b, q in enumerate(quiet_b):
+            self.quiet_b[b, layer] += q
         ph = phantom[:, :, 1:].double().sum((0, 2)).cpu()  # (H,)
         rows = quiet_share.shape[0] * (quiet_share.shape[2] - 1)  # per head
         self.quiet[layer] += quiet
@@ -274,6 +288,7 @@ class ExposureAccumulator:
                     "layer": layer,
                     "cutoff": str(name),
                     "quiet_share": float(quiet[:, c].mean() / rows),
+                    **{f"quiet_share_{b + 1}": float(q[:, c].mean() / rows) for b, q in enumerate(quiet_b)},
                     "phantom_share": float(ph.mean() / rows),
                 }
             )
@@ -289,11 +304,15 @@ class ExposureAccumulator:
                             "head": h,
                             "cutoff": str(name),
                             "quiet_share": float(self.quiet[l, h, c] / self.rows[l]),
+                            **{
+                                f"quiet_share_{b}": float(self.quiet_b[b - 1, l, h, c] / self.rows[l])
+                                for b in ((1, 2) if self.branches else ())
+                            },
                             "phantom_share": float(self.phantom[l, h] / self.rows[l]),
                         }
                     )
         heads = pd.DataFrame(rows)
-        cols = ["quiet_share", "phantom_share"]
+        cols = ["quiet_share", *(["quiet_share_1", "quiet_share_2"] if self.branches else []), "phantom_share"]
         # means over every head and layer: a NaN (allow_nonfinite) makes its mean NaN, never dropped
         layers = mean_all(heads, ["cutoff", "layer"], cols, sort=False)
         summary = mean_all(layers, "cutoff", cols, sort=False)
@@ -318,13 +337,18 @@ def _exposure_collector(model, current, qs, backend):
         key0[:, 0] = True
         # (B, T, Hkv, m + 1): the quiet reads per cutoff, then key 0 (the sink statistics' numerator)
         ind = torch.stack([*quiet_and_median(norms, qs)[0], key0], -1).float()
-        first, mass, phantom = row_masses(info, l, got, ind, backend)  # shares of each row's total mass
+        branches = None  # differential attention: each branch's masses from the same pass (#signed-rows)
+        if acc.branches and info.attention_at(l).rule in SIGNED_RULES:
+            (first, mass, phantom), branches = net_and_branches(signed_layer_masses(info, l, got, ind))
+        else:
+            first, mass, phantom = row_masses(info, l, got, ind, backend)  # shares of each row's total mass
         check.check(f"{names.attn(l, 'pattern')} (row masses)", mass, l)
         check.check(f"{names.attn(l, 'pattern')} (phantom)", phantom, l)
-        acc.add(l, mass[..., :-1], phantom)
+        acc.add(l, mass[..., :-1], phantom, tuple(b[..., :-1] for b in branches) if branches else None)
         pos0 = mass[..., -1] / (1 - phantom).clamp_min(1e-30)  # key 0's share of the real keys' mass
         own = first if acc.sinks.has_row_mass else None  # a row rule's first element: the row's own mass
-        acc.sinks.add(l, pos0, phantom, norms, got.get("hook_sink_logit"), own)
+        pos0_b = tuple(b[..., -1] for b in branches) if branches else None  # each branch's row sums to one
+        acc.sinks.add(l, pos0, phantom, norms, got.get("hook_sink_logit"), own, pos0_b)
 
     return LayerCollector(model, lambda l: row_mass_hooks(info), on_layer)
 

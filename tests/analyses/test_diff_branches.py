@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from probe.analyses.capture import as_windows
+from probe.analyses.inject import exposure_stats, quiet_mask
 from probe.analyses.sink_heads import BRANCH_EPS_COLUMNS, sink_heads
 from probe.analyses.sinks import BRANCH_COLUMNS, sink_stats
 from probe.cli import main
@@ -107,3 +108,32 @@ def test_probe_sinks_on_bb_diff_prints_each_branch(capsys):
     assert set(BRANCH_COLUMNS) <= set(layer_header.split()) and set(BRANCH_EPS_COLUMNS) <= set(eps_header.split())
     for term in ("pos0_share_1", "pos0_share_2", "sink_share_1", "key0_mass_1"):
         assert f"  {term}:" in terms
+
+
+def test_exposure_per_branch_is_each_branchs_mass_on_the_quiet_reads(diff):
+    """quiet_share_1 / _2 (probe inject's exposure) = Σ_j p_b,tj over the reads below the q25 norm cutoff, rows
+    t >= 1; the clean pass's sink summary carries each branch's pos0_share as sink_stats does."""
+    model, data, key0 = diff
+    found = exposure_stats(model, data, cutoffs=["q25"])
+    heads = found["exposure_heads"].sort_values(["layer", "head"])
+    w, info = as_windows(data), model.probe_info
+    G, shares = info.kv_group, {1: [], 2: []}
+    with torch.no_grad():
+        for n in range(len(w)):
+            _, cache = model.run_with_cache(
+                w.inputs(n), names_filter=lambda h: names.is_attn(h, "pattern_1", "pattern_2", "v")
+            )
+            for b in (1, 2):
+                per_layer = []
+                for l in info.attention_layers:
+                    norms = cache[names.attn(l, "v")].double().norm(dim=-1)  # (B, T, Hkv)
+                    quiet = quiet_mask(norms, 0.25).permute(0, 2, 1).repeat_interleave(G, 1).double()  # (B, H, T)
+                    p = cache[names.attn(l, f"pattern_{b}")].double()  # (B, H, T, T)
+                    per_layer.append((p * quiet[:, :, None, :]).sum(-1)[:, :, 1:].sum((0, 2)))  # (H,)
+                shares[b].append(torch.stack(per_layer))  # (L, H)
+    rows = data.shape[0] * data.shape[1] * (data.shape[2] - 2)  # windows x rows t >= 1 (inputs are T = ctx)
+    for b in (1, 2):
+        want = (sum(shares[b]) / rows).flatten()
+        assert torch.allclose(torch.tensor(heads[f"quiet_share_{b}"].to_numpy()), want, atol=1e-6, rtol=0)
+        want_pos0 = key0[b - 1][..., 1:].mean((-2, -1)).mean()
+        assert found["sinks"][f"pos0_share_{b}"].iloc[0] == pytest.approx(float(want_pos0), abs=1e-6)

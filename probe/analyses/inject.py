@@ -444,6 +444,8 @@ def inject(
     UsageError; with ``allow_nonfinite`` the numbers are computed over every entry, the result has a ``nonfinite``
     table and no verdict is drawn from it.
 
+    Differential attention: the exposure tables and ``sinks`` add each branch's columns, as ``exposure_stats``'s.
+
     Tables (columns):
 
     - ``results``: model, corpus, junk, cutoff, dose, loss_clean, loss_corrupted, delta
@@ -640,6 +642,9 @@ def _loss_rows(conds, summed: dict, clean: float, n_tokens: int, **where) -> lis
 @torch.no_grad()
 def exposure_stats(model, data, *, cutoffs=("q25", "median"), backend: str | None = None) -> dict[str, pd.DataFrame]:
     """Exposure alone (no injection): share of each row's mass on quiet reads per cutoff, and on the phantom.
+    A model with differential-attention layers also has each branch's share on the quiet reads, ``quiet_share_1`` /
+    ``quiet_share_2`` (with ``_se`` in ``exposure`` and ``exposure_layers``), and ``pos0_share_1`` / ``_2`` in
+    ``sinks`` (docs/definitions.md#signed-rows); other models do not.
 
     Tables (columns):
 

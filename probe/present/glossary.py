@@ -153,6 +153,12 @@ TERMS = (
         "exposure",
         (r"exposure",),
     ),
+    Term(
+        "quiet_share_1",
+        "differential attention: share of branch 1's softmax row p1 on the quiet reads (quiet_share_2: of p2)",
+        "signed-rows",
+        (r"quiet_share_2",),
+    ),
     Term("*_se", "standard error over batches of the per-batch values", "batch-standard-errors", (r"\w+_se",)),
     # ablations (probe ablate)
     Term("setting", "the intervention's fields as one label", "ablations", (r"intervention",)),

@@ -240,7 +240,11 @@ def text(result: dict) -> str:
         lines += [
             "",
             "exposure (share of each row's attention mass, phantom included):",
-            show(result["exposure"], ["cutoff", "quiet_share", "quiet_share_se", "phantom_share", "phantom_share_se"]),
+            show(
+                result["exposure"],
+                ["cutoff", "quiet_share", "quiet_share_se", "quiet_share_1", "quiet_share_2"]
+                + ["phantom_share", "phantom_share_se"],
+            ),
         ]
     if (bad := nonfinite(result)) is not None:  # the numbers above, marked; no verdict drawn from them
         lines += nonfinite_lines(bad)

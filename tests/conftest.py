@@ -48,9 +48,46 @@ def fx(tmp_path_factory):
     return build_fixtures(tmp_path_factory.mktemp("cli_fixtures"))
 
 
+# The files whose tests take minutes (measured with --durations, CPU-seconds under load, largest first). pytest-xdist's
+# --dist loadfile hands out whole files in collection order (pyproject turns off its reordering by test count, which
+# put these few-test files last): started first, they no longer leave one worker running alone at the end.
+HEAVY_FIRST = (
+    "tests/cli/test_verbs_per_family_more.py",  # 2290 s
+    "tests/cli/test_verbs_per_family.py",  # 1420 s
+    "tests/cli/test_hostile_flags.py",  # 1130 s
+    "tests/kernels/test_aot_compile.py",  # 525 s
+    "tests/checkpoints/test_gemma.py",  # 510 s
+    "tests/docs/test_pages.py",  # 250 s
+    "tests/models/test_model_training.py",  # 215 s
+    "tests/experiments/test_kill_boundaries.py",  # 200 s
+    "tests/analyses/test_gu2025_golden.py",  # 170 s
+    "tests/kernels/test_sink_attention.py",  # 160 s
+    "tests/analyses/test_parallel_analyses.py",  # 150 s
+    "tests/cli/test_hybrid_verbs.py",  # 140 s
+    "tests/cli/test_inject_interrupt.py",  # 135 s
+    "tests/cli/test_cli.py",  # 130 s
+    "tests/jobs/test_report.py",  # 120 s
+    "tests/cli/test_quiet_loads.py",  # 110 s
+    "tests/models/test_models.py",  # 110 s
+)
+
+
+def heavy_files_first(items: list) -> list:
+    """``items`` with each file's tests kept together and in order: the HEAVY_FIRST files first, in that order, then
+    the others by number of tests, most first (xdist's own order)."""
+    by_file: dict[str, list] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
+    rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
+    files = sorted(by_file, key=lambda path: (rank.get(path, len(rank)), -len(by_file[path])))
+    return [item for path in files for item in by_file[path]]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``slow`` (large grids: every Triton flag x dtype compiled for every GPU arch, the interpreter's
-    big kernel grids) run only when asked for with ``-m slow``; the default run, CI's, skips them."""
+    """The heaviest files first (heavy_files_first). Tests marked ``slow`` (large grids: every Triton flag x dtype
+    compiled for every GPU arch, the interpreter's big kernel grids) run only when asked for with ``-m slow``;
+    the default run, CI's, skips them."""
+    items[:] = heavy_files_first(items)
     if "slow" in (config.getoption("markexpr") or ""):
         return
     skip = pytest.mark.skip(reason="large grid: run with -m slow")

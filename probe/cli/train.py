@@ -295,26 +295,20 @@ def _tokens(args: argparse.Namespace, config, task: BigramBackcopy | None, ident
 
 def _corpus_windows(args: argparse.Namespace, console, tok, ctx: int, bos_id, vocab_size: int, out: Path, check):
     """(training sampler, validation windows, what the validation is) of --data and --eval-data, under a tokenizing
-    bar; ``check(corpus)`` sees the training corpus first. A local file's tokens go to a temporary file in --out (the
+    bar; ``check(corpus)`` sees the training corpus first, then the validation windows are built, then the training
+    corpus is tokenized. A local file's tokens go to a temporary file in --out (the
     same stream, not held in memory)."""
     from probe.data import WindowSampler, tokenize_documents
     from probe.data.batches import token_stream
     from probe.jobs.inputs import make_windows
     from probe.progress import plural
 
-    bar = console.bar(2, f"train: tokenizing {args.data}", unit="corpus", leave=False)
+    # the validation windows first: their errors (too few documents, too many windows) then come without the wait
+    # for the whole training corpus to tokenize
+    bar = console.bar(2, f"train: tokenizing {args.eval_data}", unit="corpus", leave=False)
     try:
         corpus, eval_corpus = _corpora(args)
         check(corpus)
-        streamed = hasattr(corpus.documents, "pieces")
-        docs = None if streamed else tokenize_documents(corpus, tok)
-        stream = token_stream(corpus.documents, tok, tok.eos_token_id, out) if streamed else None
-        try:
-            sampler = WindowSampler(docs, ctx, args.seed, eos_id=tok.eos_token_id, bos_id=bos_id, stream=stream)
-        except ValueError as e:
-            raise UsageError(f"--data {args.data!r}: {e}") from None
-        bar.update()
-        bar.set_description(f"train: tokenizing {args.eval_data}")
         eb = make_windows(
             eval_corpus,
             tok,
@@ -326,6 +320,15 @@ def _corpus_windows(args: argparse.Namespace, console, tok, ctx: int, bos_id, vo
             vocab_size=vocab_size,
             bos_id=bos_id,
         )
+        bar.update()
+        bar.set_description(f"train: tokenizing {args.data}")
+        streamed = hasattr(corpus.documents, "pieces")
+        docs = None if streamed else tokenize_documents(corpus, tok)
+        stream = token_stream(corpus.documents, tok, tok.eos_token_id, out) if streamed else None
+        try:
+            sampler = WindowSampler(docs, ctx, args.seed, eos_id=tok.eos_token_id, bos_id=bos_id, stream=stream)
+        except ValueError as e:
+            raise UsageError(f"--data {args.data!r}: {e}") from None
         bar.update()
     finally:
         bar.close()

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import probe
 from probe.analyses.sink_pass import sink_analyses
@@ -46,7 +45,6 @@ def domain_windows(model, domain: str):
 
 @pytest.mark.parametrize("domain", ["natural", "random", "repeat"])
 def test_gu2025_preset_equals_the_authors_evaluation(gemma, domain):
-    torch.set_num_threads(2)
     got = sink_analyses(gemma, domain_windows(gemma, domain), eps=EPS, protocol="gu2025")
     heads = got["sink_eps"]["heads"]
     want = GOLDEN["domains"][domain]

@@ -348,11 +348,10 @@ ANALYSES = ("massive", "dormant", "inject", "backcopy", "ablate", "sweep", "loss
 def _interventions(m) -> tuple[str, ...]:
     """The key-0 knockout and the value ablation, less the knockout where the model's rows refuse it (differential
     attention's signed rows: the op refuses attention edits)."""
-    from probe.analyses.interventions.base import AblationError
-    from probe.analyses.interventions.knockout import Knockout
+    from probe.analyses.interventions.base import AblationError, refuse_attention_edits
 
     try:
-        Knockout.conditions(m, None, None)
+        refuse_attention_edits(m.probe_info, "key-0 knockout")
     except AblationError:
         return ("value",)
     return ("knockout", "value")

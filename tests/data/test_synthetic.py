@@ -240,4 +240,4 @@ def test_emergence_run_trains_resumes_and_measures_every_snapshot(tmp_path):
         t.columns
     )
     assert (tmp_path / "run" / "snapshot_stats.csv").exists()
-    assert len(trajectory_figure(t).data) == 5 * 2  # five statistics x two layers, one run
+    assert len(trajectory_figure(t).data) == 6 * 2  # six statistics (sensitivity's mixing too) x two layers, one run

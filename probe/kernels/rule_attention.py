@@ -11,7 +11,9 @@ rules, stick-breaking; probe.kernels.row_rules), the one body their ops share.
 Causal rows without a mask, a window or a pattern to return run in blocks of ``QUERY_BLOCK`` queries, each over the keys
 up to its last query only: the keys past it are hidden (weight 0 under every rule here, and no term in its row sums),
 so the masked upper triangle is never built, and the T x T passes (scores, rule, its backward, the value product)
-shrink to about (1 + 1/n_blocks) / 2 of the square. The values are the unblocked ones up to summation order.
+shrink to about (1 + 1/n_blocks) / 2 of the square. The values are the unblocked ones up to summation order. The
+torch backend runs the blocks as one autograd function (probe.kernels.causal_blocks: gradients added in place, no
+slice or concatenation nodes); the reference backend through plain autograd.
 
 The torch paths take the (B, H, Tq, Tk) scores of sink attention's reference (fp32, fp64 for fp64 inputs: GQA,
 scale 1/sqrt(dh) by default, key bias, mask or the causal / window rule), and all three give the same values.
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from probe.kernels.backend import check_triton
+from probe.kernels.causal_blocks import causal_blocks
 from probe.kernels.common import check_attention_args
 from probe.kernels.launch import NoLaunchConfig, warn_fallback
 from probe.kernels.sink_attention.dispatch import AttentionOutput
@@ -82,7 +85,11 @@ def rule_attention(
         backend = "torch"  # no launch fits the device (warned once)
     of_scores = fused if backend == "torch" else reference
     if mask is None and window is None and keep is None and not return_pattern:
-        return AttentionOutput(_causal_blocks(q, k, v, of_scores, key_bias, scale), None, None, None)
+        if backend == "torch":  # one autograd function over the blocks (probe.kernels.causal_blocks)
+            out = causal_blocks(q, k, v, fused, key_bias=key_bias, scale=scale, block=QUERY_BLOCK)
+        else:
+            out = _causal_blocks(q, k, v, reference, key_bias, scale)
+        return AttentionOutput(out, None, None, None)
     scores = attention_scores(q, k, key_bias=key_bias, mask=mask, window=window, scale=scale, keep=keep)
     pattern = of_scores(scores)
     out = apply_pattern(pattern, v, q.dtype)

@@ -14,6 +14,7 @@ import pytest
 from probe.experiments.bb_zoo import ship
 from probe.experiments.command import main
 from probe.experiments.sink_removal import METRICS, RULE_VARIANTS, VARIANTS, RemovalConfig, summary_tables
+from probe.kernels.row_rules import ROW_RULES
 from tests.support.cli import assert_one_line_error
 
 TINY = [
@@ -215,17 +216,9 @@ RULES_FEW = ["baseline", "softpick", "elu1-norm", "fox"]
 
 
 def test_the_rules_group_names_every_new_attention_rule_and_leaves_the_default_alone():
-    assert RULE_VARIANTS == (
-        "baseline",
-        "softpick",
-        "sigmoid",
-        "sigmoid-norm",
-        "elu1",
-        "elu1-norm",
-        "stickbreaking",
-        "fox",
-        "fox-pro-partial",
-    )
+    # every rule the models register, both FoX forms, each once, after the one baseline
+    assert RULE_VARIANTS[0] == "baseline" and len(set(RULE_VARIANTS)) == len(RULE_VARIANTS)
+    assert set(RULE_VARIANTS) == {"baseline", *ROW_RULES, "fox", "fox-pro-partial"}
     assert RemovalConfig().variants == VARIANTS and not set(VARIANTS) & set(RULE_VARIANTS[1:])
     assert RemovalConfig(variants=("rules",)).variants == RULE_VARIANTS
     both = RemovalConfig(variants=("gates", "rules")).variants  # the baseline both groups hold comes once

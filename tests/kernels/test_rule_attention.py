@@ -40,3 +40,20 @@ def test_blocks_match_the_square(name, Tq, Tk, monkeypatch):
     torch.testing.assert_close(blocked, square, rtol=1e-12, atol=1e-12)
     for got, want in zip(blocked_grads, square_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blocks_keep_the_callers_dtypes(dtype, monkeypatch):
+    """Lower-precision inputs: the blocked op computes in fp32 and hands back the output and every gradient in the
+    inputs' dtype, equal to the fp64 computation cast down (to the dtype's resolution)."""
+    monkeypatch.setattr(rule_attention, "QUERY_BLOCK", 4)
+    rule = ROW_RULES["sigmoid-norm"]
+    wide_inputs = _inputs(9, 9, seed=1)
+    low = tuple(x.detach().to(dtype).requires_grad_() for x in wide_inputs)
+    want, want_grads = _out_and_grads(rule, tuple(x.detach().to(dtype).double().requires_grad_() for x in low), False)
+    got, got_grads = _out_and_grads(rule, low, return_pattern=False)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-6)
+    assert got.dtype == dtype and all(g.dtype == dtype for g in got_grads)
+    torch.testing.assert_close(got.double(), want, **tol)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g.double(), w, **tol)

@@ -1,0 +1,100 @@
+"""Causal attention under a materialising row rule, in blocks of queries, as one autograd function.
+
+Queries a .. a + b - 1 (positions off + a ..) take the scores over keys 0 .. off + a + b - 1, the ones the block's
+last query can see; the keys after them are hidden under every rule here (weight 0, no term in a row sum), so the
+masked upper triangle is never built and each T x T pass shrinks to about (1 + 1/n_blocks) / 2 of the square.
+
+Why one function rather than autograd through the blocks: autograd through ``k[:, :n]`` and ``torch.cat`` gives each
+block a slice node whose backward writes a zero (B, Tk, ...) buffer and copies into it, and a cast and transpose node
+per tensor; at the tiny tier these cost as much as the rule. Here the forward keeps each block's rule graph
+(scores -> weights, the rule's own fused backward) and the backward runs it per block and adds dq, dk, dv (and the
+key bias's gradient) into buffers in place:
+
+    s = scale q k^T + key_bias (hidden keys -inf)   w = rule(s)   out = w v
+    dv += w^T dout   dw = dout v^T   ds = rule'(dw)   dq = scale ds k   dk += scale ds^T q   d key_bias += sum_i ds
+
+GQA: query head h reads kv head h // G; the key and value gradients sum over each kv head's G query heads.
+Values are the unblocked ones up to summation order (tests/kernels/test_rule_attention.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from probe.kernels.common import wide
+
+OfScores = Callable[[torch.Tensor], torch.Tensor]  # scores (B,H,b,n), hidden keys -inf -> weights (B,H,b,n)
+
+
+def _block_scores(qb, k_rep, key_bias_rep, scale: float, first: int) -> torch.Tensor:
+    """scores (B,H,b,n) of queries at positions first .. first + b - 1 over keys 0 .. n - 1, hidden keys -inf.
+    qb (B,H,b,dh), k_rep (B,H,n,dh), key_bias_rep (B,H,n) or None."""
+    b, n = qb.shape[2], k_rep.shape[2]
+    s = (qb @ k_rep.transpose(-1, -2)).mul_(scale)  # B,H,b,n
+    if key_bias_rep is not None:
+        s.add_(key_bias_rep[:, :, None, :])
+    hidden = torch.ones(b, n, dtype=torch.bool, device=s.device).triu_(first + 1)  # key j > query's position
+    return s.masked_fill_(hidden, float("-inf"))
+
+
+class _CausalBlocks(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, key_bias, of_scores: OfScores, scale: float, block: int):
+        # q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv), key_bias (B,Hkv,Tk) or None
+        H, Hkv = q.shape[2], k.shape[2]
+        G, Tq, Tk = H // Hkv, q.shape[1], k.shape[1]
+        qf = wide(q).transpose(1, 2)  # B,H,Tq,dh
+        kf = wide(k).transpose(1, 2).repeat_interleave(G, dim=1)  # B,H,Tk,dh
+        vf = wide(v).transpose(1, 2).repeat_interleave(G, dim=1)  # B,H,Tk,dv
+        bias = None if key_bias is None else wide(key_bias).repeat_interleave(G, dim=1)  # B,H,Tk
+        out = qf.new_empty(qf.shape[:3] + vf.shape[-1:])  # B,H,Tq,dv
+        graphs = []  # per block (first query, keys seen, scores leaf, weights): the rule's graph for the backward
+        for a in range(0, Tq, block):
+            n = Tk - Tq + min(Tq, a + block)  # keys up to the block's last query
+            kb = None if bias is None else bias[..., :n]
+            s = _block_scores(qf[:, :, a : a + block], kf[:, :, :n], kb, scale, Tk - Tq + a)  # B,H,b,n
+            with torch.enable_grad():  # the rule's graph only: s is its leaf
+                w = of_scores(s.requires_grad_())  # B,H,b,n
+            out[:, :, a : a + block] = w.detach() @ vf[:, :, :n]
+            graphs.append((a, n, s, w))
+        ctx.graphs, ctx.scale, ctx.G, ctx.has_bias = graphs, scale, G, key_bias is not None
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if key_bias is None else key_bias.dtype)
+        ctx.save_for_backward(qf, kf, vf)
+        return out.transpose(1, 2).to(q.dtype)  # B,Tq,H,dv
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        qf, kf, vf = ctx.saved_tensors
+        dof = wide(dout).transpose(1, 2)  # B,H,Tq,dv
+        dq, dk, dv = torch.empty_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)  # each query in one block
+        dbias = qf.new_zeros(kf.shape[:3]) if ctx.has_bias else None  # B,H,Tk
+        for a, n, s, w in ctx.graphs:
+            do_b = dof[:, :, a : a + s.shape[2]]  # B,H,b,dv
+            dv[:, :, :n].add_(w.detach().transpose(-1, -2) @ do_b)
+            (ds,) = torch.autograd.grad(w, s, do_b @ vf[:, :, :n].transpose(-1, -2))  # B,H,b,n
+            if dbias is not None:
+                dbias[:, :, :n].add_(ds.sum(-2))
+            ds = ds.mul_(ctx.scale)
+            dq[:, :, a : a + s.shape[2]] = ds @ kf[:, :, :n]
+            dk[:, :, :n].add_(ds.transpose(-1, -2) @ qf[:, :, a : a + s.shape[2]])
+        del ctx.graphs
+        B, H, G = qf.shape[0], qf.shape[1], ctx.G
+        q_t, k_t, v_t, bias_t = ctx.dtypes
+        dk = dk.view(B, H // G, G, *dk.shape[2:]).sum(2).transpose(1, 2).to(k_t)  # B,Tk,Hkv,dh
+        dv = dv.view(B, H // G, G, *dv.shape[2:]).sum(2).transpose(1, 2).to(v_t)  # B,Tk,Hkv,dv
+        if dbias is not None:
+            dbias = dbias.view(B, H // G, G, -1).sum(2).to(bias_t)  # B,Hkv,Tk
+        return dq.transpose(1, 2).to(q_t), dk, dv, dbias, None, None, None
+
+
+def causal_blocks(q, k, v, of_scores: OfScores, *, key_bias=None, scale=None, block: int = 64) -> torch.Tensor:
+    """out (B,Tq,H,dv) in q's dtype of causal rows under ``of_scores`` (queries the last Tq of the Tk positions), in
+    blocks of ``block`` queries; q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv), key_bias (B,Hkv,Tk) or None;
+    scale 1/sqrt(dh) by default. Differentiable in q, k, v and key_bias (once)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return _CausalBlocks.apply(q, k, v, key_bias, of_scores, scale, block)

@@ -2,19 +2,21 @@
 
     python benchmarks/attention_rules_throughput.py [--tier tiny] [--batch 16] [--ctx 256] [--steps 10] [--warmup 3]
                                                     [--device cpu|cuda] [--dtype float32|bfloat16] [--threads N]
-                                                    [--rules softpick,sigmoid,...,fox]
+                                                    [--rules softpick,sigmoid,...,fox,diff]
 
 Times forward + backward (cross-entropy on next-token targets; no optimizer step) of the ``baseline`` variant and of the
 baseline with ``attn_fn`` set to each rule of probe.kernels.row_rules (softpick, sigmoid, sigmoid-norm, elu1, elu1-norm,
-stickbreaking by default) and FoX's forget gate (``fox``: the ``fox`` variant's settings, softmax rows with the key bias
--Σ log f and no RoPE; docs/definitions.md#forget-gate), all built with the same seed, taking them in turn for
-``--steps`` rounds after ``--warmup`` rounds each, so all see the same load; reports each one's median step time, tokens
-per second, and its ratio to softmax in tokens per second (1.0: as fast; the goal is >= 0.9). The baseline runs the
-fused attention path (SDPA / CPU flash / Triton as the runtime backend picks); the other rules run their fused torch
-ops (backward written out) in causal blocks of ``QUERY_BLOCK`` queries (probe.kernels.rule_attention), which build
-each block's scores over the keys it sees: about 5/8 of the T x T square at T = 256; FoX runs the baseline's fused path
-with a key bias. ``load`` in the output is the machine's 1-minute load average at the start and the end (the ratios of
-a loaded machine are the interleaved ones; absolute times are not comparable across runs).
+stickbreaking by default), FoX's forget gate (``fox``: the ``fox`` variant's settings, softmax rows with the key bias -Σ
+log f and no RoPE; docs/definitions.md#forget-gate) and differential attention (``diff``: the ``diff`` variant's
+settings, two softmax maps per head pair, docs/definitions.md#differential-attention), all built with the same seed,
+taking them in turn for ``--steps`` rounds after ``--warmup`` rounds each, so all see the same load; reports each one's
+median step time, tokens per second, and its ratio to softmax in tokens per second (1.0: as fast; the goal is >= 0.9).
+The baseline runs the fused attention path (SDPA / CPU flash / Triton as the runtime backend picks); the other rules run
+their fused torch ops (backward written out) in causal blocks of ``QUERY_BLOCK`` queries (probe.kernels.rule_attention,
+one autograd function: probe.kernels.causal_blocks), which build each block's scores over the keys it sees: about 5/8 of
+the T x T square at T = 256; FoX runs the baseline's fused path with a key bias. ``load`` in the output is the machine's
+1-minute load average at the start and the end (the ratios of a loaded machine are the interleaved ones; absolute times
+are not comparable across runs).
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from probe.catalogue import VARIANTS  # noqa: E402
 from probe.kernels.row_rules import ROW_RULES  # noqa: E402
 from probe.models import create  # noqa: E402
 
@@ -46,15 +47,18 @@ def step(model, ids: torch.Tensor, autocast: torch.dtype | None) -> None:
     model.zero_grad(set_to_none=True)
 
 
-# the baseline's settings for each name timed beside softmax: a row rule, or a mechanism on the logits
-SETTINGS = {**{rule: dict(attn_fn=rule) for rule in ROW_RULES}, "fox": VARIANTS["fox"].settings}
+# each name timed beside softmax -> (catalogue variant, overrides): a row rule on the baseline, or a variant whose
+# attention differs from the baseline's (its settings resolved by create: diff's paired heads)
+SETTINGS = {**{rule: ("baseline", dict(attn_fn=rule)) for rule in ROW_RULES}, "fox": ("fox", {}), "diff": ("diff", {})}
 
 
 def rules_arg(text: str) -> list[str]:
     rules = [r for r in text.split(",") if r]
     bad = [r for r in rules if r not in SETTINGS]
     if bad:
-        raise argparse.ArgumentTypeError(f"{', '.join(bad)} not a row rule or fox; choose from {', '.join(SETTINGS)}")
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(bad)} not a row rule, fox or diff; choose from {', '.join(SETTINGS)}"
+        )
     return rules
 
 
@@ -76,7 +80,8 @@ def main(argv=None) -> dict:
     autocast = torch.bfloat16 if a.dtype == "bfloat16" else None
     models = {"softmax": create("baseline", tier=a.tier, seed=0).to(device).train()}
     for rule in a.rules:
-        models[rule] = create("baseline", tier=a.tier, seed=0, **SETTINGS[rule]).to(device).train()
+        variant, overrides = SETTINGS[rule]
+        models[rule] = create(variant, tier=a.tier, seed=0, **overrides).to(device).train()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, models["softmax"].config.vocab_size, (a.batch, a.ctx + 1), generator=g).to(device)
 

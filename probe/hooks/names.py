@@ -74,7 +74,7 @@ HC_HEAD_PRE = "hc_head.hook_pre"  # B,T,n the weights collapsing the streams bef
 # correct coefficients, and the branches beside the sub-layers
 STREAMS_POST = "blocks.{l}.hook_streams_post"  # B,T,n,d the streams the block hands on (AltUp: after the correction)
 ALTUP_PREDICT = "blocks.{l}.altup.hook_predict"  # B,T,n,n out × in: prediction k = stream k + Σ_j c[k,j]·stream j
-ALTUP_CORRECT = "blocks.{l}.altup.hook_correct"  # B,T,n stream k after = prediction k + c_k·(resid_post − resid_pre)
+ALTUP_CORRECT = "blocks.{l}.altup.hook_correct"  # B,T,n stream k after = prediction k + e_k·(resid_post − resid_pre)
 LAUREL_OUT = "blocks.{l}.hook_laurel_out"  # B,T,d LAuReL's write beside attn_out: √2·resid_mid = pre + attn + laurel
 PER_LAYER_INPUT = "blocks.{l}.hook_per_layer_input"  # B,T,p the token's per-layer input for this block (gates below)
 PER_LAYER_OUT = "blocks.{l}.hook_per_layer_out"  # B,T,d the per-layer branch's write into streams 1 .. n-1

@@ -7,7 +7,7 @@ What transformers' ``modeling_gemma3n.py`` computes, and what the hooks see of i
   n,B,T,d. Each layer first *predicts* every stream from all of them: prediction k = stream k + Σ_j c[k,j]·stream j,
   with c = a linear map of tanh(router(norm(active stream))) (``altup_active_idx``); only the active prediction runs
   through attention and the MLP; then it *corrects* every prediction by the active stream's innovation: stream k
-  after = prediction k + c_k·(resid_post − resid_pre), c_k = 1 + a linear map of the router on resid_post. Hooks:
+  after = prediction k + e_k·(resid_post − resid_pre), e_k = 1 + a linear map of the router on resid_post. Hooks:
   ``hook_streams`` (B,T,n,d) the layer's input streams; ``altup.hook_predict`` (B,T,n,n, out × in) and
   ``altup.hook_correct`` (B,T,n) the two coefficient sets; ``hook_resid_pre`` the active prediction (an edit of it
   is the active prediction the correction starts from); ``hook_streams_post`` (B,T,n,d) the corrected streams with
@@ -17,10 +17,10 @@ What transformers' ``modeling_gemma3n.py`` computes, and what the hooks see of i
   ``hook_laurel_out`` (B,T,d) = x + norm(R·L·x), and the stream after attention is (resid_pre + attn_out +
   laurel_out) / √2 (``hook_resid_mid``; the hook algebra's Gemma 3n rule). resid_mid + mlp_out = resid_post.
 * **Per-layer inputs.** The model gives each token, per layer, a p-wide input ((its own per-layer embedding + a
-  projection of its embedding) / √2): ``hook_per_layer_input`` (B,T,p). It gates the scaled active corrected stream,
-  gelu(W_gate·(s ⊙ stream)) ⊙ per_layer_input, which is projected back to d and normed: ``hook_per_layer_out``
-  (B,T,d), added to streams 1 .. n − 1 (not stream 0). The correction and this write come after resid_post, so
-  resid_post of one layer is not resid_pre of the next.
+  normed projection of its embedding) / √2): ``hook_per_layer_input`` (B,T,p). It gates the active corrected
+  stream, act(W_gate·(s ⊙ stream)) ⊙ per_layer_input (s: ``correct_output_scale``, where ``altup_correct_scale``),
+  which is projected back to d and normed: ``hook_per_layer_out`` (B,T,d), added to streams 1 .. n − 1 (not stream
+  0). The correction and this write come after resid_post, so resid_post of one layer is not resid_pre of the next.
 * **Attention** is Gemma 3's (QK-norm, sliding and full layers), through probe's attention function; a layer that
   reuses an earlier layer's keys and values (``num_kv_shared_layers``) hands those to it.
 """
@@ -44,7 +44,7 @@ class AltUpHooks(nn.Module):
     def __init__(self):
         super().__init__()
         self.hook_predict = HookPoint()  # B,T,n,n out × in: prediction k = stream k + Σ_j c[k,j]·stream j
-        self.hook_correct = HookPoint()  # B,T,n stream k after = prediction k + c_k·(resid_post − resid_pre)
+        self.hook_correct = HookPoint()  # B,T,n stream k after = prediction k + e_k·(resid_post − resid_pre)
 
 
 def altup_predict(altup, hooks: AltUpHooks, streams: torch.Tensor) -> torch.Tensor:

@@ -139,6 +139,7 @@ def _altup(cache, info, mids: list, posts: list) -> None:
         predictions = streams + torch.einsum("btkj,btjd->btkd", coefs, streams)  # B,T,N,d
         pre, post = cache[names.resid(l, "pre")].double(), cache[names.resid(l, "post")].double()
         mids.append(_diff(predictions[:, :, active], pre))
+        predictions[:, :, active] = pre  # the correction starts from resid_pre (an edit of it included)
         corrected = predictions + cache[names.altup(l, "correct")].double()[..., None] * (post - pre)[:, :, None]
         corrected[:, :, 1:] += cache[names.branch_out(l, "per_layer")].double()[:, :, None]
         handed_on = cache[names.streams(l, "post")]

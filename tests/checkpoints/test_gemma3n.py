@@ -36,8 +36,8 @@ def loaded(tmp_path_factory):
     return model, model.hf_model, x, logits, cache
 
 
-def _edited(model, x, edits: list, kept: list):
-    """(logits, cache of the ``kept`` names) of one forward with the ``edits`` (name, hook) in place."""
+def _edited(model, x, edits: list, kept: list | None):
+    """(logits, cache of the ``kept`` names, None: all) of one forward with the ``edits`` (name, hook) in place."""
     with torch.no_grad(), model.hooks(fwd_hooks=edits):
         return model.run_with_cache(x, names_filter=kept)
 
@@ -139,3 +139,13 @@ def test_the_altup_rules_catch_a_missing_term(loaded):
         errors: dict = {}
         algebra._residual(cut, model.probe_info, errors, {})
         assert errors[rule] > 1e-3, (point, errors)
+
+
+def test_an_edited_resid_pre_is_the_prediction_the_correction_starts_from(loaded):
+    """resid_pre + 1 in block 0: it no longer is the prediction from hook_streams (resid_mid's AltUp rule), but the
+    corrected streams start from it (resid_post's rules hold)."""
+    model, _, x, _, _ = loaded
+    _, cache = _edited(model, x, [(names.resid(0, "pre"), lambda t, hook: t + 1)], None)
+    errors: dict = {}
+    algebra._residual(dict(cache), model.probe_info, errors, {})
+    assert errors["resid_mid"] > 0.5 and errors["resid_post"] <= 1e-12, errors

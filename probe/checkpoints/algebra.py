@@ -36,16 +36,26 @@ connection's hc_{attn,mlp}.hook_post / hook_res:
 * ``unembed``: its first half only; the final norm reads the streams collapsed by weights of the model's own
   (``hc_head``), not their sum
 
-An AltUp model (Gemma 3n: ``extra["altup_streams"]``) runs its sub-layers on one active stream of N: ``embed`` is
-hook_embed == the active stream of blocks.0.hook_streams, ``unembed`` its first half (the final norm reads the N
-streams projected back and averaged); the residual rules are the standard ones on the active stream (its LAuReL
-branch breaks ``resid_mid`` by design, probe.checkpoints.adapters.gemma3n).
+An AltUp model (Gemma 3n: ``extra["altup_streams"]`` = N, probe.checkpoints.adapters.gemma3n) runs its sub-layers on
+one active stream a of N, with altup.hook_predict c (B,T,N,N, out × in), altup.hook_correct e (B,T,N), its LAuReL
+branch's hook_laurel_out and the per-layer input's write hook_per_layer_out:
+
+* ``embed``: hook_embed == the active stream of blocks.0.hook_streams
+* ``resid_mid``: resid_mid == (resid_pre + attn_out + laurel_out) / √2, and resid_pre == the active prediction
+  stream_a + Σ_j c[a,j]·stream_j (of hook_streams)
+* ``resid_post``: resid_post == resid_mid + mlp_out; hook_streams_post == prediction_k + e_k·(resid_post −
+  resid_pre) (+ per_layer_out on streams 1 .. N−1), prediction_k = stream_k + Σ_j c[k,j]·stream_j; and the next
+  block's hook_streams == hook_streams_post
+* ``unembed``: its first half (the final norm reads the N streams projected back and averaged)
+
+The LAuReL rule applies wherever a layer fires hook_laurel_out.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import sys
 
 import torch
@@ -104,15 +114,38 @@ def _residual(cache, info, out: dict, skipped: dict) -> None:
             skipped.setdefault("resid_post", f"layer {l} has no hook_attn_out or hook_mlp_out")
             posts.append(float("nan"))
             continue
-        if mid is not None:  # parallel blocks too: their resid_mid is resid_pre + the attention's write
+        laurel = cache.get(names.branch_out(l, "laurel"))
+        if mid is not None and laurel is not None:  # Gemma 3n: LAuReL's write beside the attention's, then 1/√2
+            mids.append(_diff((pre + attn_out + laurel) / math.sqrt(2), mid))
+            posts.append(_diff(mid + mlp_out, post))
+        elif mid is not None:  # parallel blocks too: their resid_mid is resid_pre + the attention's write
             mids.append(_diff(pre + attn_out, mid))
             posts.append(_diff(mid + mlp_out, post))
         else:
             posts.append(_diff(pre + attn_out + mlp_out, post))
+    if info.extra.get("altup_streams"):
+        _altup(cache, info, mids, posts)
     out["resid_mid"] = _worst(mids)
     out["resid_post"] = _worst(posts)
     if out["resid_mid"] is None:
         skipped.setdefault("resid_mid", "no layer fires hook_resid_mid in a sequential block")
+
+
+def _altup(cache, info, mids: list, posts: list) -> None:
+    """AltUp's stream rules (module docstring), appended per layer to the ``resid_mid`` / ``resid_post`` lists."""
+    active, last = info.extra["altup_active"], info.n_layers - 1
+    for l in range(info.n_layers):
+        streams, coefs = cache[names.streams(l)].double(), cache[names.altup(l, "predict")].double()  # B,T,N,d; N,N
+        predictions = streams + torch.einsum("btkj,btjd->btkd", coefs, streams)  # B,T,N,d
+        pre, post = cache[names.resid(l, "pre")].double(), cache[names.resid(l, "post")].double()
+        mids.append(_diff(predictions[:, :, active], pre))
+        predictions[:, :, active] = pre  # the correction starts from resid_pre (an edit of it included)
+        corrected = predictions + cache[names.altup(l, "correct")].double()[..., None] * (post - pre)[:, :, None]
+        corrected[:, :, 1:] += cache[names.branch_out(l, "per_layer")].double()[:, :, None]
+        handed_on = cache[names.streams(l, "post")]
+        posts.append(_diff(corrected, handed_on))
+        if l < last:
+            posts.append(_diff(handed_on, cache[names.streams(l + 1)]))
 
 
 def _spread(cache, layer: int, site: str, written: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:

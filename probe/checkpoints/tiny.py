@@ -127,6 +127,8 @@ def tiny_model(family: str, seed: int = 0, dtype=None, positions: int | None = N
         for name, p in model.named_parameters():
             if name.endswith(".sinks"):  # gpt-oss style sink logits start at 0
                 p.copy_(torch.randn_like(p) * 3)
+            if name.endswith(".correct_output_scale"):  # Gemma 3n's starts at 0, which switches its per-layer write off
+                p.copy_(torch.randn_like(p))
         for name, b in model.named_buffers():
             if name.endswith(".tid2eid"):  # a hash router's token -> experts table starts at zeros: all to expert 0
                 b.copy_(torch.randint(0, model.config.n_routed_experts, b.shape))

@@ -70,6 +70,14 @@ HC_RES = (
 )
 HC_READ = "blocks.{l}.hc_{site}.hook_read"  # B,T,d the sub-layer's input Σ_k pre_k·stream_k (before ln1 / ln2)
 HC_HEAD_PRE = "hc_head.hook_pre"  # B,T,n the weights collapsing the streams before the final norm
+# AltUp (Gemma 3n; n streams, the sub-layers run on the active one): the block's output streams, the predict and
+# correct coefficients, and the branches beside the sub-layers
+STREAMS_POST = "blocks.{l}.hook_streams_post"  # B,T,n,d the streams the block hands on (AltUp: after the correction)
+ALTUP_PREDICT = "blocks.{l}.altup.hook_predict"  # B,T,n,n out × in: prediction k = stream k + Σ_j c[k,j]·stream j
+ALTUP_CORRECT = "blocks.{l}.altup.hook_correct"  # B,T,n stream k after = prediction k + e_k·(resid_post − resid_pre)
+LAUREL_OUT = "blocks.{l}.hook_laurel_out"  # B,T,d LAuReL's write beside attn_out: √2·resid_mid = pre + attn + laurel
+PER_LAYER_INPUT = "blocks.{l}.hook_per_layer_input"  # B,T,p the token's per-layer input for this block (gates below)
+PER_LAYER_OUT = "blocks.{l}.hook_per_layer_out"  # B,T,d the per-layer branch's write into streams 1 .. n-1
 
 ATTN_HOOKS = (
     "hook_q",
@@ -150,9 +158,11 @@ FINAL_NORM = "ln_final"
 READ_KINDS = ("attn", "mlp")  # the two read sites of a depth-routed block: before attention, before the MLP
 READ_POINTS = ("routing_keys", "depth_weights")
 FINAL_READ = "final_read"  # the depth read before the final norm
-STREAM_POINTS = ("pre", "mid")  # hook_streams (the block's input) and hook_streams_mid
+STREAM_POINTS = ("pre", "mid", "post")  # hook_streams (the block's input), hook_streams_mid, hook_streams_post
 HC_SITES = SUBLAYERS  # the two connections of a hyper-connected block: around attention, around the MLP
 HC_POINTS = ("pre", "post", "res", "read")  # the connection's three weights and the read they make
+ALTUP_POINTS = ("predict", "correct")  # AltUp's two coefficient sets
+BRANCHES = ("laurel", "per_layer")  # writes beside the sub-layers: LAuReL (beside attention), the per-layer input
 
 
 def _choose(value: str, choices: tuple[str, ...], what: str) -> str:
@@ -217,10 +227,29 @@ def norm(layer: int | None, which: str = "ln1", point: str = "normalized") -> st
 
 
 def streams(layer: int, point: str = "pre") -> str:
-    """A hyper-connected block's streams: ``streams(2) == 'blocks.2.hook_streams'`` (the block's input),
-    ``streams(2, "mid") == 'blocks.2.hook_streams_mid'`` (after the attention's connection)."""
-    suffix = {"pre": "", "mid": "_mid"}[_choose(point, STREAM_POINTS, "stream point")]
+    """A block's streams (hyper-connections, AltUp): ``streams(2) == 'blocks.2.hook_streams'`` (the block's input),
+    ``streams(2, "mid") == 'blocks.2.hook_streams_mid'`` (after the attention's connection), ``streams(2, "post") ==
+    'blocks.2.hook_streams_post'`` (what the block hands on: AltUp's corrected streams)."""
+    suffix = {"pre": "", "mid": "_mid", "post": "_post"}[_choose(point, STREAM_POINTS, "stream point")]
     return f"{block(layer)}.hook_streams{suffix}"
+
+
+def altup(layer: int, point: str) -> str:
+    """AltUp's coefficients: ``altup(2, "predict") == 'blocks.2.altup.hook_predict'`` (B,T,n,n, out × in),
+    ``altup(2, "correct") == 'blocks.2.altup.hook_correct'`` (B,T,n)."""
+    return f"{block(layer)}.altup.hook_{_choose(point, ALTUP_POINTS, 'AltUp point')}"
+
+
+def branch_out(layer: int, kind: str) -> str:
+    """A write beside the two sub-layers: ``branch_out(2, "laurel") == 'blocks.2.hook_laurel_out'`` (Gemma 3n's
+    LAuReL branch, added with attn_out), ``branch_out(2, "per_layer") == 'blocks.2.hook_per_layer_out'`` (the
+    per-layer input's write)."""
+    return f"{block(layer)}.hook_{_choose(kind, BRANCHES, 'branch')}_out"
+
+
+def per_layer_input(layer: int) -> str:
+    """``per_layer_input(2) == 'blocks.2.hook_per_layer_input'``: the token's per-layer input that block 2 reads."""
+    return f"{block(layer)}.hook_per_layer_input"
 
 
 def hc(layer: int, site: str, point: str) -> str:

@@ -151,6 +151,12 @@ DOCUMENTED = [
     (names.streams(2, "mid"), "blocks.2.hook_streams_mid"),
     (names.hc(2, "attn", "pre"), "blocks.2.hc_attn.hook_pre"),
     (names.hc(3, "mlp", "res"), "blocks.3.hc_mlp.hook_res"),
+    (names.streams(2, "post"), "blocks.2.hook_streams_post"),
+    (names.altup(1, "predict"), "blocks.1.altup.hook_predict"),
+    (names.altup(1, "correct"), "blocks.1.altup.hook_correct"),
+    (names.branch_out(3, "laurel"), "blocks.3.hook_laurel_out"),
+    (names.branch_out(3, "per_layer"), "blocks.3.hook_per_layer_out"),
+    (names.per_layer_input(3), "blocks.3.hook_per_layer_input"),
     (names.EMBED, "hook_embed"),
 ]
 
@@ -190,6 +196,12 @@ def test_builders_agree_with_the_declared_templates():
         assert names.sublayer_out(l, "mlp") == names.name(names.MLP_OUT, l)
         assert names.streams(l) == names.name(names.STREAMS, l)
         assert names.streams(l, "mid") == names.name(names.STREAMS_MID, l)
+        assert names.streams(l, "post") == names.name(names.STREAMS_POST, l)
+        assert names.altup(l, "predict") == names.name(names.ALTUP_PREDICT, l)
+        assert names.altup(l, "correct") == names.name(names.ALTUP_CORRECT, l)
+        assert names.branch_out(l, "laurel") == names.name(names.LAUREL_OUT, l)
+        assert names.branch_out(l, "per_layer") == names.name(names.PER_LAYER_OUT, l)
+        assert names.per_layer_input(l) == names.name(names.PER_LAYER_INPUT, l)
         for site in names.HC_SITES:
             hc_templates = (
                 ("pre", names.HC_PRE),
@@ -215,6 +227,9 @@ def test_layer_of_round_trips_every_block_builder(layer):
         + [names.hc(layer, k, p) for k in names.SUBLAYERS for p in names.HC_POINTS]
         + [names.streams(layer, p) for p in names.STREAM_POINTS]
         + [names.sublayer_out(layer, k) for k in names.SUBLAYERS]
+        + [names.altup(layer, p) for p in names.ALTUP_POINTS]
+        + [names.branch_out(layer, k) for k in names.BRANCHES]
+        + [names.per_layer_input(layer)]
     )
     assert [names.layer_of(n) for n in built] == [layer] * len(built)
 
@@ -258,6 +273,9 @@ def test_attn_point_and_is_attn_read_names_back():
         (lambda: names.attn(-1, "v"), "a layer index is an int >= 0, got -1"),
         (lambda: names.attn(1.0, "v"), "a layer index is an int >= 0, got 1.0"),
         (lambda: names.dense(True), "a layer index is an int >= 0, got True"),
+        (lambda: names.altup(0, "router"), "unknown AltUp point 'router'; choose from predict, correct"),
+        (lambda: names.branch_out(0, "attn"), "unknown branch 'attn'; choose from laurel, per_layer"),
+        (lambda: names.streams(0, "out"), "unknown stream point 'out'; choose from pre, mid, post"),
     ],
 )
 def test_bad_points_and_layers_name_the_valid_choices(call, message):
@@ -295,7 +313,7 @@ def test_every_hook_of_a_model_is_a_built_name(variant, overrides):
         assert {names.attn(l, p) for l in range(L) for p in ("v_gate", "sink_logit", "v_first", "v_mix")} <= hooks
 
 
-@pytest.mark.parametrize("family", ["gpt_neox", "gpt_oss", "gemma2", "deepseek_v4"])
+@pytest.mark.parametrize("family", ["gpt_neox", "gpt_oss", "gemma2", "deepseek_v4", "gemma3n_text"])
 def test_every_hook_of_an_hf_adapter_is_a_built_name(family):
     """The HF adapters expose the same vocabulary: every hook is a built name, and the per-layer ones are there."""
     from probe.checkpoints.interop import wrap
@@ -323,4 +341,6 @@ def _all_built(L: int) -> set[str]:
         out |= {names.dense(l), names.mlp(l)} | {names.sublayer_out(l, k) for k in names.SUBLAYERS}
         out |= {names.streams(l, p) for p in names.STREAM_POINTS}
         out |= {names.hc(l, s, p) for s in names.HC_SITES for p in names.HC_POINTS}
+        out |= {names.altup(l, p) for p in names.ALTUP_POINTS} | {names.branch_out(l, k) for k in names.BRANCHES}
+        out.add(names.per_layer_input(l))
     return out

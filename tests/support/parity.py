@@ -576,8 +576,10 @@ def check_entry(model_type: str, table: dict) -> None:
         assert got.get("breaks", []) == rules, (model_type, got.get("breaks"), want.get("breaks"))
 
 
-def generate(table_file, docs_page) -> dict:
-    """Run every check and write the coverage table and its docs page (the ``-m slow`` regeneration)."""
+def generate(table_file, docs_page, only: tuple[str, ...] = ()) -> dict:
+    """Run every check and write the coverage table and its docs page (the ``-m slow`` regeneration); ``only``: re-check
+    those types and keep the table's other records (an adapter's change, under the transformers the table was made
+    with)."""
     import json
 
     import transformers
@@ -585,11 +587,15 @@ def generate(table_file, docs_page) -> dict:
     from probe.checkpoints import architectures
     from probe.writes import atomic_write
 
+    kept = json.loads(Path(table_file).read_text()) if only else {"types": {}}
+    if only and kept["transformers"] != transformers.__version__:
+        raise ValueError(f"the table is of transformers {kept['transformers']}: regenerate every type, not {only}")
     with layers_unverified():
-        types = {mt: check(mt, run_verbs=True) for mt in causal_lm_types()}
-    for r in types.values():
+        checked = {mt: check(mt, run_verbs=True) for mt in (only or causal_lm_types())}
+    for r in checked.values():
         r.pop("model_type", None)
         r.pop("seconds", None)
+    types = {**kept["types"], **checked}
     data = {
         "transformers": transformers.__version__,
         "command": "python -m pytest -m slow tests/checkpoints/test_architectures.py",

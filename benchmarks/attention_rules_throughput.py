@@ -2,6 +2,7 @@
 
     python benchmarks/attention_rules_throughput.py [--tier tiny] [--batch 16] [--ctx 256] [--steps 10] [--warmup 3]
                                                     [--device cpu|cuda] [--dtype float32|bfloat16] [--threads N]
+                                                    [--no-flush-denormal]
                                                     [--rules softpick,sigmoid,...,fox,diff]
 
 Times forward + backward (cross-entropy on next-token targets; no optimizer step) of the ``baseline`` variant and of the
@@ -16,7 +17,10 @@ their fused torch ops (backward written out) in causal blocks of ``QUERY_BLOCK``
 one autograd function: probe.kernels.causal_blocks), which build each block's scores over the keys it sees: about 5/8 of
 the T x T square at T = 256; FoX runs the baseline's fused path with a key bias. ``load`` in the output is the machine's
 1-minute load average at the start and the end (the ratios of a loaded machine are the interleaved ones; absolute times
-are not comparable across runs).
+are not comparable across runs). ``cpu_ratio_over_softmax`` is the same ratio in the process's CPU seconds per step
+(time.process_time): on a shared machine, with ``--threads 1``, it leaves out the time a step waited for a core.
+Denormal floats are flushed to zero for every model alike unless ``--no-flush-denormal``: FoX's far keys otherwise
+underflow into denormals, which x86 computes tens of times slower (``probe train --flush-denormal``).
 """
 
 from __future__ import annotations
@@ -72,10 +76,17 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument(
+        "--flush-denormal",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="denormal floats read as zero, for every model alike (probe train --flush-denormal; default on)",
+    )
     p.add_argument("--rules", type=rules_arg, default=list(SETTINGS))
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    torch.set_flush_denormal(a.flush_denormal)
     device = torch.device(a.device)
     autocast = torch.bfloat16 if a.dtype == "bfloat16" else None
     models = {"softmax": create("baseline", tier=a.tier, seed=0).to(device).train()}
@@ -85,33 +96,35 @@ def main(argv=None) -> dict:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, models["softmax"].config.vocab_size, (a.batch, a.ctx + 1), generator=g).to(device)
 
-    def timed(model) -> float:
+    def timed(model) -> tuple[float, float]:
+        """(wall seconds, CPU seconds of this process) of one step."""
         if device.type == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step(model, ids, autocast)
         if device.type == "cuda":
             torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
     load_start = os.getloadavg()[0]
     for _ in range(a.warmup):
         for model in models.values():
             timed(model)
-    times: dict[str, list[float]] = {v: [] for v in models}
+    times: dict[str, list[tuple[float, float]]] = {v: [] for v in models}
     for _ in range(a.steps):
         for v, model in models.items():
             times[v].append(timed(model))
     tokens = a.batch * a.ctx
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     result: dict = dict(device=device_name, tier=a.tier, batch=a.batch, ctx=a.ctx, dtype=a.dtype)
-    result["threads"] = torch.get_num_threads()
+    result["threads"], result["flush_denormal"] = torch.get_num_threads(), a.flush_denormal
     result["load"] = [round(load_start, 1), round(os.getloadavg()[0], 1)]  # 1-minute load average, start and end
     for v, ts in times.items():
-        med = statistics.median(ts)
-        result[v] = {"median_s": round(med, 5), "tokens_per_s": round(tokens / med, 1)}
+        wall, cpu = statistics.median(t for t, _ in ts), statistics.median(c for _, c in ts)
+        result[v] = {"median_s": round(wall, 5), "tokens_per_s": round(tokens / wall, 1), "median_cpu_s": round(cpu, 5)}
     for v in a.rules:
         result[v]["ratio_over_softmax"] = round(result[v]["tokens_per_s"] / result["softmax"]["tokens_per_s"], 3)
+        result[v]["cpu_ratio_over_softmax"] = round(result["softmax"]["median_cpu_s"] / result[v]["median_cpu_s"], 3)
     print(json.dumps(result, indent=1))
     return result
 

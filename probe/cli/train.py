@@ -42,7 +42,7 @@ LOOP_FLAGS = (
     "ckpt_every",
     "snapshot_every",
 )
-DEVICE_FLAGS = ("device",)
+DEVICE_FLAGS = ("device", "flush_denormal")
 VERB = "train"  # this module is `probe train` (probe.cli.main finds verbs by this line)
 RANK = 100  # its place in `probe --help`
 HELP = "train a custom model; the same command resumes an interrupted run"
@@ -115,6 +115,7 @@ MAY_CHANGE = (
     "ckpt_every",
     "snapshot_every",
     "device",
+    "flush_denormal",
     "threads",
     "out",
     "json",

@@ -118,10 +118,13 @@ def log_interval(log_every: int, steps: int) -> int:
     return min(log_every, max(1, steps // 50))
 
 
-def _resolve_device(device: str, info: D.DistInfo) -> torch.device:
-    if device == "auto":
+def _runtime(cfg: TrainConfig, info: D.DistInfo) -> torch.device:
+    """The run's device; where asked, denormal floats flushed to zero, process-wide (TrainConfig.flush_denormal)."""
+    if cfg.flush_denormal:
+        torch.set_flush_denormal(True)
+    if cfg.device == "auto":
         return torch.device(f"cuda:{info.local_rank}" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    return torch.device(cfg.device)
 
 
 def train(
@@ -145,7 +148,7 @@ def train(
     """
     out_dir = Path(out_dir)
     info = D.setup(cfg.device)
-    device = _resolve_device(cfg.device, info)
+    device = _runtime(cfg, info)
     warmup, log_every = _schedule(cfg, sampler, info)
     if getattr(sampler, "ctx", None):
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)

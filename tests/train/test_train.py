@@ -488,3 +488,24 @@ def test_a_finished_run_without_its_last_snapshot_gets_it_on_resume(tmp_path):
     snap = snapshot_steps(whole)[last].relative_to(whole)
     for path in (p for p in want if snap in p.parents):  # the rebuilt snapshot: the same bytes
         assert got[path] == want[path], path
+
+
+def test_flush_denormal_flushes_for_the_process_and_trains_the_same(tmp_path):
+    """--flush-denormal: after the run a denormal float reads as 0 (the process's mode, as documented), and the
+    tiny run's losses are those of the run without it (nothing this model computes is that small)."""
+    tiny = torch.tensor(1e-39)  # below fp32's smallest normal, 1.18e-38
+    assert (tiny * 1.0).item() != 0.0
+    plain = train(tiny_model(), TinySampler(), cfg(steps=3, ckpt_every=0), tmp_path / "plain", progress=False)
+    try:
+        flushed = train(
+            tiny_model(),
+            TinySampler(),
+            cfg(steps=3, ckpt_every=0, flush_denormal=True),
+            tmp_path / "ftz",
+            progress=False,
+        )
+        assert (tiny * 1.0).item() == 0.0
+    finally:
+        torch.set_flush_denormal(False)
+    assert (tiny * 1.0).item() != 0.0
+    assert flushed["loss"] == plain["loss"]

@@ -70,8 +70,19 @@ def check_training_numbers(cfg, counts) -> None:
         raise ValueError(f"lr={cfg.lr} must be > 0 and min_lr_ratio={cfg.min_lr_ratio} in [0, 1]")
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo; elsewhere what ``platform.processor`` says, possibly empty)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
+
+
 class Timer:
-    """Started with the recipe; ``meta()`` is the run's metadata: wall time and the versions that produced it."""
+    """Started with the recipe; ``meta()`` is the run's metadata: wall time, the versions that produced it and the
+    CPU it ran on (a training run is reproduced bit for bit on one machine and not across CPUs: a seed's sink can move
+    by more than 1x between two machines, docs/results/sink-removal.md)."""
 
     def __init__(self):
         self.t0 = time.perf_counter()
@@ -83,5 +94,7 @@ class Timer:
             "torch": torch.__version__,
             "probe": __version__,
             "python": platform.python_version(),
+            "cpu": cpu_name(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernels torch dispatched to
             **extra,
         }

@@ -78,3 +78,23 @@ def test_the_nudge_moves_one_weight_by_one_ulp(direction):
     assert torch.equal(w0[1:], w1[1:])
     ulp = torch.finfo(torch.float32).eps * 2.0 ** torch.floor(torch.log2(w0[0].abs()))  # spacing at |w|
     assert float(w1[0] - w0[0]) == (float(ulp) if direction == "up" else -float(ulp))
+
+
+def test_a_recipe_records_the_cpu_it_ran_on(monkeypatch):
+    """Training is bit-exact on one machine only, so a recipe's metadata names the CPU and the kernels torch chose;
+    without /proc/cpuinfo the name is what the platform module says."""
+    import builtins
+    import platform
+
+    from probe.experiments.result import Timer, cpu_name
+
+    meta = Timer().meta()
+    assert meta["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert meta["cpu"] == cpu_name()
+
+    def no_file(*_a, **_k):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(builtins, "open", no_file)
+    monkeypatch.setattr(platform, "processor", lambda: "a test CPU")
+    assert cpu_name() == "a test CPU"

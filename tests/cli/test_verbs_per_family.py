@@ -2,7 +2,8 @@
 coverage table (tests/support/verbs.py): each verb exits 0 and writes its tables, or refuses in one line because the
 model lacks what it measures (``gates`` without a gate, ``sources`` without depth routing). The regeneration of the
 table (``-m slow``) runs the same verbs on every supported type; this file and test_verbs_per_family_more.py (one
-half each, for pytest-xdist's one file per worker) run one type per family in CI."""
+half each, for pytest-xdist's one file per worker) run one type per family in CI, on two small text files instead of
+the bundled corpora (whose tokenization, the same for every family, cost half of each family's time)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def shard(index: int) -> list[str]:
 
 def check_every_verb(model_type: str, tmp_path) -> None:
     folder = verbs.save_tiny(model_type, tmp_path / model_type)
-    outcomes = verbs.run_every_verb(folder)
+    outcomes = verbs.run_every_verb(folder, small_texts=True)  # the model's paths, not the corpora's (tested apart)
     assert verbs.failures(outcomes) == [], (model_type, outcomes)
     assert outcomes["sinks"] == outcomes["inject"] == outcomes["view"] == "ok"
 
@@ -51,16 +52,16 @@ def test_the_check_can_fail(tmp_path, monkeypatch):
     """A verb whose analysis raises is a failure, a verb's one-line refusal for a lacking mechanism is not."""
     import probe.analyses.capture as capture
 
-    folder = verbs.save_tiny("llama", tmp_path / "llama")
-    assert verbs.run_verb("eval", folder, tmp_path / "e0") == "ok"
-    outcome = verbs.run_verb("sources", folder, tmp_path / "s")
+    folder, texts = verbs.save_tiny("llama", tmp_path / "llama"), verbs.text_files(tmp_path)
+    assert verbs.run_verb("eval", folder, tmp_path / "e0", texts) == "ok"
+    outcome = verbs.run_verb("sources", folder, tmp_path / "s", texts)
     assert outcome.startswith("n/a: ") and "depth routing" in outcome
 
     def broken(*_a, **_k):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(capture, "window_losses", broken)
-    outcome = verbs.run_verb("eval", folder, tmp_path / "e1")
+    outcome = verbs.run_verb("eval", folder, tmp_path / "e1", texts)
     assert outcome.startswith("failed: exit 1"), outcome
     assert verbs.failures({"eval": outcome}) == [f"eval: {outcome.removeprefix('failed: ')}"]
 

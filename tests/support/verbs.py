@@ -58,11 +58,25 @@ def save_tokenizer(folder) -> None:
     tiny_tokenizer().save_pretrained(folder)
 
 
-def run_verb(verb: str, folder: Path, out: Path) -> str:
-    """``probe VERB --model FOLDER ... --out OUT --quiet`` in process: "ok", "n/a: <line>" or "failed: <why>"."""
+def text_files(folder: Path) -> list[Path]:
+    """Two small text files in ``folder`` (written once): a verb's ``--data`` and, with it, ``--dormant``'s two input
+    domains. Tokenizing a bundled corpus's first documents costs about a second per verb, most of a tiny model's run."""
+    files = [folder / "text_a.txt", folder / "text_b.txt"]
+    for k, path in enumerate(files):
+        if not path.exists():
+            path.write_text("\n\n".join(" ".join(f"w{(7 * i + k + d) % 40}" for i in range(120)) for d in range(3)))
+    return files
+
+
+def run_verb(verb: str, folder: Path, out: Path, texts: list[Path] | None = None) -> str:
+    """``probe VERB --model FOLDER ... --out OUT --quiet`` in process: "ok", "n/a: <line>" or "failed: <why>".
+    ``texts`` (text_files): read them instead of the default corpora (``view`` keeps its --text)."""
     from probe.cli.main import main
 
     args = dict((v, a) for v, a, _ in VERBS)[verb]
+    if texts is not None and verb != "view":
+        args = [*args, "--data", str(texts[0])]
+        args += ["--dormant-corpora", *map(str, texts)] if verb == "sinks" else []
     model_flag = "--models" if verb == "report" else "--model"
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
@@ -79,10 +93,12 @@ def run_verb(verb: str, folder: Path, out: Path) -> str:
     return f"failed: wrote no {', '.join(missing)}" if missing else "ok"
 
 
-def run_every_verb(folder: Path) -> dict[str, str]:
-    """Each model verb's outcome on ``folder`` (see ``run_verb``), each writing into its own temporary folder."""
+def run_every_verb(folder: Path, small_texts: bool = False) -> dict[str, str]:
+    """Each model verb's outcome on ``folder`` (see ``run_verb``), each writing into its own temporary folder; with
+    ``small_texts`` on two small text files instead of the bundled corpora."""
     with tempfile.TemporaryDirectory() as tmp:
-        return {verb: run_verb(verb, folder, Path(tmp) / verb) for verb, _, _ in VERBS}
+        texts = text_files(Path(tmp)) if small_texts else None
+        return {verb: run_verb(verb, folder, Path(tmp) / verb, texts) for verb, _, _ in VERBS}
 
 
 def failures(outcomes: dict[str, str]) -> list[str]:

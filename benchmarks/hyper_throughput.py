@@ -9,6 +9,7 @@ Models are timed interleaved (round-robin), one thread, median of ``--iters``; t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -59,7 +60,9 @@ def main() -> None:
         for label, (model, sinkhorn) in runs.items():
             times[label].append(step_seconds(model, ids, sinkhorn))
     median = {label: sorted(t)[len(t) // 2] for label, t in times.items()}
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())  # the machine's other work: ratios are interleaved
     print(f"tier={args.tier} batch={args.batch} ctx={args.ctx} fwd+bwd, 1 thread, median of {args.iters}")
+    print(f"load average (1, 5, 15 min) at the end: {load}")
     for label, seconds in median.items():
         print(f"{label:<26}{seconds * 1e3:>9.0f} ms{median['baseline'] / seconds:>8.3f}")
 

@@ -88,8 +88,35 @@ class HyperConnection(nn.Module):
     def write(streams: torch.Tensor, out: torch.Tensor, mix) -> torch.Tensor:
         """X' = H_res X + H_post ⊗ f(x_in): streams (B,T,n,d), the sub-layer's output (B,T,d) -> (B,T,n,d)."""
         post, res = mix
-        mixed = torch.einsum("btij,btjd->btid", res.to(streams.dtype), streams)
-        return mixed + post.to(out.dtype).unsqueeze(-1) * out.unsqueeze(-2)
+        return _Write.apply(streams, out, post.to(out.dtype), res.to(streams.dtype))
+
+
+class _Write(torch.autograd.Function):
+    """X' = H_res X + H_post ⊗ f as two matrix products into one buffer, with a hand-written backward of four: the
+    connection's cost is passes over the (B,T,n,d) streams, and autograd's mix, outer product and sum take three
+    forward and about seven backward; these take two and four."""
+
+    @staticmethod
+    def forward(ctx, streams, out, post, res):  # B,T,n,d; B,T,d; B,T,n; B,T,n,n (out × in)
+        # small (B,T,n[,n]) weights in row-major order: a batched product over a permuted view (Sinkhorn's) or an
+        # expanded one (static HC's) falls back to a loop over the B·T matrices
+        post, res = post.contiguous(), res.contiguous()
+        ctx.save_for_backward(streams, out, post, res)
+        n, d = streams.shape[-2:]
+        new = torch.matmul(res, streams)  # B,T,n,d
+        new.view(-1, n, d).baddbmm_(post.reshape(-1, n, 1), out.reshape(-1, 1, d))  # += H_post ⊗ f
+        return new
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):  # B,T,n,d
+        streams, out, post, res = ctx.saved_tensors
+        need_streams, need_out, need_post, need_res = ctx.needs_input_grad
+        grad_streams = torch.matmul(res.transpose(-1, -2), grad) if need_streams else None  # H_resᵀ G
+        grad_out = torch.matmul(post.unsqueeze(-2), grad).squeeze(-2) if need_out else None  # Σ_i H_post[i] G_i
+        grad_post = torch.matmul(grad, out.unsqueeze(-1)).squeeze(-1) if need_post else None  # G_i · f
+        grad_res = torch.matmul(grad, streams.transpose(-1, -2)) if need_res else None  # G Xᵀ
+        return grad_streams, grad_out, grad_post, grad_res
 
 
 class StreamSum(nn.Module):
@@ -104,9 +131,12 @@ class StreamSum(nn.Module):
         return torch.einsum("btj,btjd->btd", pre, streams)
 
 
-def through_sum(point: HookPoint, streams: torch.Tensor) -> torch.Tensor:
+def through_sum(point: HookPoint, streams: torch.Tensor, lazy: bool = False) -> torch.Tensor:
     """The streams' sum (B,T,d) through ``point`` (hook_resid_pre / mid / post of a stream model); an edit's change is
-    added, divided by n, to every stream (B,T,n,d), so the sum moves by exactly the edit."""
+    added, divided by n, to every stream (B,T,n,d), so the sum moves by exactly the edit. ``lazy``: only when a hook
+    asks (probe's blocks, unless probe.materialize is on): nothing else reads the sum, a pass over the streams."""
+    if lazy and not point.has_hooks():
+        return streams
     total = streams.sum(dim=-2)
     fired = point(total)
     return streams if fired is total else streams + ((fired - total) / streams.shape[-2]).unsqueeze(-2)

@@ -13,7 +13,7 @@ import probe
 from probe.hooks import names
 from probe.models import create
 from probe.models.depth_mechanisms.hyper_connections import ManifoldHead, normed_projection, sinkhorn
-from probe.models.hyper import HYPERS, HyperConnection
+from probe.models.hyper import HYPERS, HyperConnection, weighted_sum
 from probe.models.variants import config_for
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "hyper_connections" / "golden.safetensors"
@@ -243,8 +243,8 @@ def test_sinkhorns_hand_written_backward_is_autograds():
 
 
 def test_the_write_and_the_normed_projection_backwards_are_autograds():
-    """The hand-written backwards of the write (H_res X + H_post ⊗ f) and of RMSNorm(x) W as (x W) / rms(x) equal
-    autograd through the plain formulas, and gradcheck's finite differences."""
+    """The hand-written backwards of the write (H_res X + H_post ⊗ f), of RMSNorm(x) W as (x W) / rms(x) and of the
+    read Σ_j w[j] X_j equal autograd through the plain formulas, and gradcheck's finite differences."""
     g = torch.Generator().manual_seed(9)
     B, T, n, d, k, eps = 2, 3, 4, 8, 6, 1e-6
 
@@ -264,6 +264,7 @@ def test_the_write_and_the_normed_projection_backwards_are_autograds():
             (rand(B, T, n, d), rand(B, T, d), rand(B, T, n), rand(B, T, n, n)),
         ),
         (lambda x, proj: normed_projection(x, proj, eps), plain_projection, (rand(B, T, n, d), rand(d, k))),
+        (weighted_sum, lambda w, s: torch.einsum("btj,btjd->btd", w, s), (rand(B, T, n), rand(B, T, n, d))),
     ]
     for fast, plain, inputs in cases:
         weights = torch.randn(plain(*inputs).shape, generator=g, dtype=torch.float64)

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from transformer_lens.hook_points import HookPoint
 
-from probe.models.hyper import HyperConnection, register_hyper
+from probe.models.hyper import HyperConnection, register_hyper, weighted_sum
 from probe.models.layers import RMSNorm
 
 
@@ -212,4 +212,4 @@ class ManifoldHead(nn.Module):
         logits = normed_projection(flat, self.proj.to(dtype).T, self.norm_eps)  # B,T,n: RMSNorm(flat) φ
         pre = torch.sigmoid(logits * self.scale.to(dtype) + self.bias.to(dtype))
         pre = self.hook_pre(pre + self.eps)
-        return torch.einsum("btj,btjd->btd", pre.to(streams.dtype), streams)
+        return weighted_sum(pre.to(streams.dtype), streams)

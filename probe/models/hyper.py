@@ -81,7 +81,7 @@ class HyperConnection(nn.Module):
         """The sub-layer's input (B,T,d) from the streams (B,T,n,d), and the (post, res) its ``write`` needs."""
         pre, post, res = self.weights(streams)
         pre, post, res = self.hook_pre(pre), self.hook_post(post), self.hook_res(res)
-        return self.hook_read(weighted_sum(pre.to(streams.dtype), streams)), (post, res)
+        return self.hook_read(read_streams(pre.to(streams.dtype), streams)), (post, res)
 
     @staticmethod
     def write(streams: torch.Tensor, out: torch.Tensor, mix) -> torch.Tensor:
@@ -90,12 +90,12 @@ class HyperConnection(nn.Module):
         return _Write.apply(streams, out, post.to(out.dtype), res.to(streams.dtype))
 
 
-def weighted_sum(weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+def read_streams(weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
     """Σ_j w[j] X_j: weights (B,T,n), streams (B,T,n,d) -> (B,T,d) (a read, or a head's collapse)."""
-    return _WeightedSum.apply(weights, streams)
+    return _ReadStreams.apply(weights, streams)
 
 
-class _WeightedSum(torch.autograd.Function):
+class _ReadStreams(torch.autograd.Function):
     """Σ_j w[j] X_j as a (1 × n)(n × d) product per token, with a hand-written backward: the streams' gradient w ⊗ G
     as a broadcast product (autograd's batched product of inner size 1 is about 4x slower on CPU)."""
 
@@ -151,7 +151,7 @@ class StreamSum(nn.Module):
 
     def forward(self, streams: torch.Tensor) -> torch.Tensor:  # B,T,n,d -> B,T,d
         pre = self.hook_pre(streams.new_ones(streams.shape[:3]))
-        return weighted_sum(pre, streams)
+        return read_streams(pre, streams)
 
 
 def through_sum(point: HookPoint, streams: torch.Tensor, lazy: bool = False) -> torch.Tensor:

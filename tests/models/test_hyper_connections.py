@@ -13,7 +13,7 @@ import probe
 from probe.hooks import names
 from probe.models import create
 from probe.models.depth_mechanisms.hyper_connections import ManifoldHead, normed_projection, sinkhorn
-from probe.models.hyper import HYPERS, HyperConnection, weighted_sum
+from probe.models.hyper import HYPERS, HyperConnection, read_streams
 from probe.models.variants import config_for
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "hyper_connections" / "golden.safetensors"
@@ -264,7 +264,7 @@ def test_the_write_and_the_normed_projection_backwards_are_autograds():
             (rand(B, T, n, d), rand(B, T, d), rand(B, T, n), rand(B, T, n, n)),
         ),
         (lambda x, proj: normed_projection(x, proj, eps), plain_projection, (rand(B, T, n, d), rand(d, k))),
-        (weighted_sum, lambda w, s: torch.einsum("btj,btjd->btd", w, s), (rand(B, T, n), rand(B, T, n, d))),
+        (read_streams, lambda w, s: torch.einsum("btj,btjd->btd", w, s), (rand(B, T, n), rand(B, T, n, d))),
     ]
     for fast, plain, inputs in cases:
         weights = torch.randn(plain(*inputs).shape, generator=g, dtype=torch.float64)

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from transformer_lens.hook_points import HookPoint
 
-from probe.models.hyper import HyperConnection, register_hyper, weighted_sum
+from probe.models.hyper import HyperConnection, read_streams, register_hyper
 from probe.models.layers import RMSNorm
 
 
@@ -62,7 +62,7 @@ class DynamicHyperConnection(StaticHyperConnection):
     def __init__(self, config, index: int):
         super().__init__(config, index)
         d = config.d_model
-        self.norm = RMSNorm(d, config.norm_eps)
+        self.norm = RMSNorm(d, config.norm_eps)  # its gain and eps; weights() folds the norm into the projections
         self.pre_proj = nn.Parameter(torch.zeros(d))  # d: W_α's read column
         self.res_proj = nn.Parameter(torch.zeros(d, self.n))  # d × n: W_α's columns of the n output streams
         self.post_proj = nn.Parameter(torch.zeros(d))  # d: W_β
@@ -93,7 +93,8 @@ def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     The steps run on the entries laid out (n_in, n_out, M), M = the leading axes flattened: each sum over n is then a
     sum of n contiguous length-M vectors, not M strided sums of n, about 5x faster at (B,T,4,4) on CPU."""
     lead, (n_in, n_out) = logits.shape[:-2], logits.shape[-2:]
-    by_entry = logits.reshape(-1, n_in, n_out).permute(1, 2, 0).contiguous()  # n_in, n_out, M (a strided softmax: ~50x)
+    # n_in, n_out, M, contiguous: the softmax over a strided view takes ~50x longer
+    by_entry = logits.reshape(-1, n_in, n_out).permute(1, 2, 0).contiguous()
     comb = _Normalise.apply(torch.softmax(by_entry, dim=1) + eps, iters, eps)  # n_in, n_out, M
     return comb.permute(2, 1, 0).reshape(*lead, n_out, n_in).contiguous()  # row-major for the batched products
 
@@ -213,4 +214,4 @@ class ManifoldHead(nn.Module):
         logits = normed_projection(flat, self.proj.to(dtype).T, self.norm_eps)  # B,T,n: RMSNorm(flat) φ
         pre = torch.sigmoid(logits * self.scale.to(dtype) + self.bias.to(dtype))
         pre = self.hook_pre(pre + self.eps)
-        return weighted_sum(pre.to(streams.dtype), streams)
+        return read_streams(pre.to(streams.dtype), streams)

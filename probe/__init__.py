@@ -20,7 +20,8 @@ __all__ = ["load", "materialize", "models", "__version__"]
 @contextlib.contextmanager
 def materialize(model):
     """``with probe.materialize(model):`` every lazy hook point of ``model`` (attention patterns and phantom mass,
-    depth weights and routing keys; value gates always fire) is computed on each forward, as if a hook asked for it.
+    depth weights and routing keys, the stream sums of hyper-connected blocks; value gates always fire) is computed on
+    each forward, as if a hook asked for it.
 
     TransformerLens hooks switch these on by themselves; tools that add none, like ``nnsight.NNsight(model)``, need
     this to read or edit them (otherwise nnsight reports that the model already ran past them). Works on custom probe

@@ -40,6 +40,7 @@ class Block(nn.Module):
             self.hc_attn, self.hc_mlp = make_hyper(c, 2 * layer), make_hyper(c, 2 * layer + 1)
             self.hook_streams = HookPoint()  # B,T,n,d the streams the block reads
             self.hook_streams_mid = HookPoint()  # B,T,n,d the streams after the attention's connection
+            self.materialize = False  # fire hook_resid_pre / mid / post (the streams' sums) though no hook asks
         self.hook_resid_pre = HookPoint()  # B,T,d
         self.hook_attn_out = HookPoint()  # B,T,d what the attention adds to the stream (a depth source when routed)
         self.hook_resid_mid = HookPoint()  # B,T,d
@@ -75,12 +76,15 @@ class Block(nn.Module):
     def forward_hyper(self, streams: torch.Tensor, v_first=None):
         """Hyper-connected: streams (B,T,n,d) in and out. Each sub-layer reads its H_pre mix of the streams
         (hc_attn / hc_mlp .hook_read) and writes H_res X + H_post ⊗ its output; hook_resid_pre / mid / post are the
-        streams' sums (an edit is spread equally over the streams)."""
-        streams = through_sum(self.hook_resid_pre, self.hook_streams(streams))
+        streams' sums (an edit is spread equally over the streams), computed when a hook asks or probe.materialize
+        is on."""
+        lazy = not self.materialize
+        streams = through_sum(self.hook_resid_pre, self.hook_streams(streams), lazy)
         x, mix = self.hc_attn.read(streams)
         a, _, v_first = self.attn(self.ln1(x), v_first=v_first)
         streams = self.hook_streams_mid(self.hc_attn.write(streams, self.hook_attn_out(a), mix))
-        streams = through_sum(self.hook_resid_mid, streams)
+        streams = through_sum(self.hook_resid_mid, streams, lazy)
         x, mix = self.hc_mlp.read(streams)
         m, _ = self.mlp(self.ln2(x))
-        return through_sum(self.hook_resid_post, self.hc_mlp.write(streams, self.hook_mlp_out(m), mix)), v_first
+        streams = self.hc_mlp.write(streams, self.hook_mlp_out(m), mix)
+        return through_sum(self.hook_resid_post, streams, lazy), v_first

@@ -81,15 +81,65 @@ class HyperConnection(nn.Module):
         """The sub-layer's input (B,T,d) from the streams (B,T,n,d), and the (post, res) its ``write`` needs."""
         pre, post, res = self.weights(streams)
         pre, post, res = self.hook_pre(pre), self.hook_post(post), self.hook_res(res)
-        x = torch.einsum("btj,btjd->btd", pre.to(streams.dtype), streams)
-        return self.hook_read(x), (post, res)
+        return self.hook_read(read_streams(pre.to(streams.dtype), streams)), (post, res)
 
     @staticmethod
     def write(streams: torch.Tensor, out: torch.Tensor, mix) -> torch.Tensor:
         """X' = H_res X + H_post ⊗ f(x_in): streams (B,T,n,d), the sub-layer's output (B,T,d) -> (B,T,n,d)."""
         post, res = mix
-        mixed = torch.einsum("btij,btjd->btid", res.to(streams.dtype), streams)
-        return mixed + post.to(out.dtype).unsqueeze(-1) * out.unsqueeze(-2)
+        return _Write.apply(streams, out, post.to(out.dtype), res.to(streams.dtype))
+
+
+def read_streams(weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """Σ_j w[j] X_j: weights (B,T,n), streams (B,T,n,d) -> (B,T,d) (a read, or a head's collapse)."""
+    return _ReadStreams.apply(weights, streams)
+
+
+class _ReadStreams(torch.autograd.Function):
+    """Σ_j w[j] X_j as a (1 × n)(n × d) product per token, with a hand-written backward: the streams' gradient w ⊗ G
+    as a broadcast product (autograd's batched product of inner size 1 is about 4x slower on CPU)."""
+
+    @staticmethod
+    def forward(ctx, weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:  # B,T,n; B,T,n,d
+        weights = weights.contiguous()  # static HC's and the stream sum's are expanded: see _Write
+        ctx.save_for_backward(weights, streams)
+        return torch.matmul(weights.unsqueeze(-2), streams).squeeze(-2)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):  # B,T,d
+        weights, streams = ctx.saved_tensors
+        need_weights, need_streams = ctx.needs_input_grad
+        grad_weights = torch.matmul(grad.unsqueeze(-2), streams.transpose(-1, -2)).squeeze(-2) if need_weights else None
+        grad_streams = weights.unsqueeze(-1) * grad.unsqueeze(-2) if need_streams else None
+        return grad_weights, grad_streams
+
+
+class _Write(torch.autograd.Function):
+    """X' = H_res X + H_post ⊗ f as a batched product and a fused multiply-add into its buffer, with a hand-written
+    backward of four products: the connection's cost is passes over the (B,T,n,d) streams, and autograd's mix, outer
+    product and sum take three forward and about seven backward; these take two and four."""
+
+    @staticmethod
+    def forward(ctx, streams, out, post, res):  # B,T,n,d; B,T,d; B,T,n; B,T,n,n (out × in)
+        # small (B,T,n[,n]) weights in row-major order: a batched product over a permuted view (Sinkhorn's) or an
+        # expanded one (static HC's) falls back to a loop over the B·T matrices
+        post, res = post.contiguous(), res.contiguous()
+        ctx.save_for_backward(streams, out, post, res)
+        new = torch.matmul(res, streams)  # B,T,n,d
+        return new.addcmul_(post.unsqueeze(-1), out.unsqueeze(-2))  # += H_post ⊗ f
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):  # B,T,n,d
+        streams, out, post, res = ctx.saved_tensors
+        need_streams, need_out, need_post, need_res = ctx.needs_input_grad
+        grad_streams = torch.matmul(res.transpose(-1, -2), grad) if need_streams else None  # H_resᵀ G
+        grad_out = torch.matmul(post.unsqueeze(-2), grad).squeeze(-2) if need_out else None  # Σ_i H_post[i] G_i
+        # G_i · f as f (1 × d) times Gᵀ: the (n × d)(d × 1) orientation is about 2x slower on CPU
+        grad_post = torch.matmul(out.unsqueeze(-2), grad.transpose(-1, -2)).squeeze(-2) if need_post else None
+        grad_res = torch.matmul(grad, streams.transpose(-1, -2)) if need_res else None  # G Xᵀ
+        return grad_streams, grad_out, grad_post, grad_res
 
 
 class StreamSum(nn.Module):
@@ -101,12 +151,15 @@ class StreamSum(nn.Module):
 
     def forward(self, streams: torch.Tensor) -> torch.Tensor:  # B,T,n,d -> B,T,d
         pre = self.hook_pre(streams.new_ones(streams.shape[:3]))
-        return torch.einsum("btj,btjd->btd", pre, streams)
+        return read_streams(pre, streams)
 
 
-def through_sum(point: HookPoint, streams: torch.Tensor) -> torch.Tensor:
+def through_sum(point: HookPoint, streams: torch.Tensor, lazy: bool = False) -> torch.Tensor:
     """The streams' sum (B,T,d) through ``point`` (hook_resid_pre / mid / post of a stream model); an edit's change is
-    added, divided by n, to every stream (B,T,n,d), so the sum moves by exactly the edit."""
+    added, divided by n, to every stream (B,T,n,d), so the sum moves by exactly the edit. ``lazy``: only when a hook
+    asks (probe's blocks, unless probe.materialize is on): nothing else reads the sum, a pass over the streams."""
+    if lazy and not point.has_hooks():
+        return streams
     total = streams.sum(dim=-2)
     fired = point(total)
     return streams if fired is total else streams + ((fired - total) / streams.shape[-2]).unsqueeze(-2)

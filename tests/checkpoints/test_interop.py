@@ -236,7 +236,7 @@ def _uneven(t):
 
 
 # (variant, hook, edit, whether the edit can change the output); lazy hook points first: patterns, phantom, gates
-# (value slot, element-wise, routing slot), depth weights and routing keys
+# (value slot, element-wise, routing slot), depth weights and routing keys, a hyper-connected model's stream sum
 LAZY = [
     ("sink+proj", "blocks.0.attn.hook_pattern", lambda t: t * 0.5, True),
     ("sink+proj", "blocks.1.attn.hook_phantom", lambda t: t * 0, False),  # the phantom's value is 0
@@ -246,6 +246,7 @@ LAZY = [
     ("attnres-block2", "blocks.1.attn_read.hook_depth_weights", lambda t: t.flip(-1), True),
     ("slr-full-r8", "final_read.hook_depth_weights", lambda t: t.flip(-1), True),
     ("attnres-block2", "blocks.1.mlp_read.hook_routing_keys", lambda t: t * 2.0, True),
+    ("hc", "blocks.0.hook_resid_mid", _uneven, True),  # the streams' sum: its edit is spread over the streams
 ]
 
 

@@ -9,10 +9,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
+import probe
 from probe.hooks import names
 from probe.models import create
-from probe.models.depth_mechanisms.hyper_connections import ManifoldHead, sinkhorn
-from probe.models.hyper import HYPERS
+from probe.models.depth_mechanisms.hyper_connections import ManifoldHead, normed_projection, sinkhorn
+from probe.models.hyper import HYPERS, HyperConnection, read_streams
 from probe.models.variants import config_for
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "hyper_connections" / "golden.safetensors"
@@ -239,3 +240,60 @@ def test_sinkhorns_hand_written_backward_is_autograds():
         grads.append((out.detach(), x.grad))
     torch.testing.assert_close(grads[1][0], grads[0][0], rtol=0, atol=1e-15)
     torch.testing.assert_close(grads[1][1], grads[0][1], rtol=0, atol=1e-13)
+
+
+def test_the_write_and_the_normed_projection_backwards_are_autograds():
+    """The hand-written backwards of the write (H_res X + H_post ⊗ f), of RMSNorm(x) W as (x W) / rms(x) and of the
+    read Σ_j w[j] X_j equal autograd through the plain formulas, and gradcheck's finite differences."""
+    g = torch.Generator().manual_seed(9)
+    B, T, n, d, k, eps = 2, 3, 4, 8, 6, 1e-6
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_()
+
+    def plain_write(streams, out, post, res):
+        return torch.einsum("btij,btjd->btid", res, streams) + post.unsqueeze(-1) * out.unsqueeze(-2)
+
+    def plain_projection(x, proj):
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), eps=eps) @ proj
+
+    cases = [
+        (
+            lambda *a: HyperConnection.write(*a[:2], a[2:]),
+            plain_write,
+            (rand(B, T, n, d), rand(B, T, d), rand(B, T, n), rand(B, T, n, n)),
+        ),
+        (lambda x, proj: normed_projection(x, proj, eps), plain_projection, (rand(B, T, n, d), rand(d, k))),
+        (read_streams, lambda w, s: torch.einsum("btj,btjd->btd", w, s), (rand(B, T, n), rand(B, T, n, d))),
+    ]
+    for fast, plain, inputs in cases:
+        weights = torch.randn(plain(*inputs).shape, generator=g, dtype=torch.float64)
+        outputs = []
+        for fn in (plain, fast):
+            out = fn(*inputs)
+            outputs.append((out, torch.autograd.grad((out * weights).sum(), inputs)))
+        torch.testing.assert_close(outputs[1][0], outputs[0][0], rtol=0, atol=1e-13)
+        for mine, theirs in zip(outputs[1][1], outputs[0][1]):
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)
+        assert torch.autograd.gradcheck(fast, inputs)
+
+
+def test_the_stream_sums_are_computed_only_when_asked():
+    """hook_resid_pre / mid / post of a hyper-connected block fire when hooked or materialised, and the logits are the
+    same either way."""
+    model = create("mhc", **TINY).double()
+    ids = torch.randint(0, TINY["vocab_size"], (1, 7), generator=torch.Generator().manual_seed(10))
+    seen: list[str] = []
+    hooks = [(names.resid(1, p), lambda value, hook: seen.append(hook.name)) for p in ("pre", "mid", "post")]
+    plain = model(ids).logits
+    hooked = model.run_with_hooks(ids, fwd_hooks=hooks)
+    assert seen == [names.resid(1, p) for p in ("pre", "mid", "post")]
+    torch.testing.assert_close(hooked, plain, rtol=0, atol=0)
+    fired: list[str] = []
+    for p in ("pre", "mid", "post"):
+        model.get_submodule(names.resid(1, p)).register_forward_hook(lambda m, i, o, p=p: fired.append(p))
+    model(ids)
+    assert fired == []  # lazy: with no TransformerLens hook on them the points are not called
+    with probe.materialize(model):
+        model(ids)
+    assert fired == ["pre", "mid", "post"]

@@ -1,10 +1,11 @@
 """Hyper-connections' fwd+bwd throughput at a tier beside the baseline, and mHC with its Sinkhorn steps
 differentiated by autograd (the plain loop, as before the hand-written backward) or by probe's backward.
 
-    python benchmarks/hyper_throughput.py [--tier tiny] [--batch 8] [--ctx 128] [--iters 5]
+    python benchmarks/hyper_throughput.py [--tier tiny] [--batch 8] [--ctx 128] [--iters 5] [--no-flush-denormal]
 
 Models are timed interleaved (round-robin, every other round in reverse order), one thread, median of ``--iters``,
-in wall-clock and in CPU time; the goal is >= 0.88 of the baseline's throughput.
+in wall-clock and in CPU time; the goal is >= 0.88 of the baseline's throughput. Denormal floats are flushed to zero
+for every model alike unless ``--no-flush-denormal`` (as benchmarks/attention_rules_throughput.py).
 """
 
 from __future__ import annotations
@@ -49,8 +50,15 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument(
+        "--flush-denormal",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="denormal floats read as zero, for every model alike (probe train --flush-denormal; default on)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
+    torch.set_flush_denormal(args.flush_denormal)
     runs = {v: (create(v, tier=args.tier), PROBE_SINKHORN) for v in ("baseline", "hc", "hc-dynamic")}
     runs["mhc (autograd Sinkhorn)"] = (create("mhc", tier=args.tier), autograd_sinkhorn)
     runs["mhc"] = (create("mhc", tier=args.tier), PROBE_SINKHORN)
@@ -65,7 +73,8 @@ def main() -> None:
     wall = {label: sorted(w for w, _ in t)[len(t) // 2] for label, t in times.items()}
     cpu = {label: sorted(c for _, c in t)[len(t) // 2] for label, t in times.items()}
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())  # the machine's other work: ratios are interleaved
-    print(f"tier={args.tier} batch={args.batch} ctx={args.ctx} fwd+bwd, 1 thread, median of {args.iters}")
+    flush = "denormals flushed" if args.flush_denormal else "denormals kept"
+    print(f"tier={args.tier} batch={args.batch} ctx={args.ctx} fwd+bwd, 1 thread, median of {args.iters}, {flush}")
     print(f"load average (1, 5, 15 min) at the end: {load}")
     print(f"{'':<26}{'wall':>9}{'ratio':>9}{'CPU':>12}{'ratio':>9}")
     for label in runs:

@@ -22,6 +22,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from probe.analyses.streams import has_streams, stream_sources
+from probe.experiments.stats import mean_se
 
 # per-run columns the recipe's summary averages over seeds (the BOS's block and stream are categories: listed per seed)
 STREAM_MEASURES = (
@@ -86,16 +87,15 @@ def bos_streams(per_run: pd.DataFrame) -> pd.DataFrame:
 
 def identity_figure(stream_sites: pd.DataFrame):
     """Mean ‖H_res − I‖_F per connection (sub-layer), one line per variant, error bars the SE over seeds."""
-    connections = stream_sites.dropna(subset=["identity_distance"])
-    g = connections.groupby(["variant", "site_index"], sort=False)["identity_distance"]
-    per = pd.DataFrame({"mean": g.mean(), "se": g.std(ddof=1) / g.count() ** 0.5}).reset_index()
+    connections = stream_sites.dropna(subset=["identity_distance"])  # the final read mixes no streams
+    per = mean_se(connections, ["variant", "site_index"], ["identity_distance"])
     fig = go.Figure()
     for v, d in per.groupby("variant", sort=False):
         fig.add_trace(
             go.Scatter(
                 x=d["site_index"],
-                y=d["mean"],
-                error_y=dict(type="data", array=d["se"].fillna(0), visible=True),
+                y=d["identity_distance"],
+                error_y=dict(type="data", array=d["identity_distance_se"].fillna(0), visible=True),
                 mode="lines+markers",
                 name=v,
             )

@@ -11,9 +11,15 @@ full AttnRes, and block variants at several block counts, beside the baseline), 
   heatmap     mean depth weights, long form (variant, seed, site, source, alpha); figure clipped at the 99.5th
               percentile per panel (Figure 3)
   grad_norm   the gradient-norm curve of every run
+  streams     per hyper-connected run (hc, hc-dynamic, mhc): H_res's distances from the identity and the nearest
+              permutation, H_pre's stream-usage entropy, the stream holding the BOS massive activation
+              (probe.experiments.depth_routing_streams); their means ± SE join the summary, NaN for the other variants
+              (as N_eff and S_src are NaN for the stream variants)
+  stream_sites  the same per connection
 
 Figures: N_eff per read site for every routed variant (Figure 2 left), the rank sweep of full S-LR / P-LR (Figure 2
-right), the heatmap grid (Figure 3) and the mean gradient norm per variant (Table 2).
+right), the heatmap grid (Figure 3), the mean gradient norm per variant (Table 2) and, with stream variants, H_res's
+distance from the identity per connection.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from plotly.subplots import make_subplots
 
 from probe.analyses.costs import s_src
 from probe.analyses.sources import effective_sources
+from probe.experiments.depth_routing_streams import STREAM_MEASURES, bos_streams, identity_figure, stream_tables
 from probe.experiments.paired import Data, TrainSpec, overrides, threads, train_grid, work_dir
 from probe.experiments.result import Result, Timer, config_dict
 from probe.experiments.stats import mean_se
@@ -108,13 +115,24 @@ def source_tables(models: dict, eval_batches):
     return cat(sites), pd.DataFrame(summ), cat(heat), raw
 
 
-def summary_table(cfg: DepthRoutingConfig, runs: pd.DataFrame, per_run_sources: pd.DataFrame) -> pd.DataFrame:
+def summary_table(
+    cfg: DepthRoutingConfig,
+    runs: pd.DataFrame,
+    per_run_sources: pd.DataFrame,
+    per_run_streams: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """Per variant: its description, S_src, and the mean ± SE over seeds of every measured column (the depth sources'
+    for routed variants, the streams' for hyper-connected ones, NaN for the others)."""
     df = runs.rename(columns={"val_loss": "loss"})
-    if len(per_run_sources):
-        df = df.merge(per_run_sources, on=["variant", "seed"], how="left")
+    streams = per_run_streams if per_run_streams is not None else pd.DataFrame()
+    for per_run in (per_run_sources, streams):
+        if len(per_run):
+            df = df.merge(per_run, on=["variant", "seed"], how="left")
     measured = ("loss", "grad_norm_mean", "tokens_per_second", "neff_mean", "top1_mass", "input_dependence")
-    cols = [c for c in measured if c in df]
+    cols = [c for c in (*measured, *STREAM_MEASURES) if c in df]
     out = mean_se(df, ["variant"], cols)
+    if len(streams):
+        out = out.merge(bos_streams(streams), on="variant", how="left")
     ov = overrides(cfg)
     L = ov.get("n_layers") or tier_config(cfg.tier)["n_layers"]
     rows = []
@@ -209,7 +227,8 @@ def run(cfg: DepthRoutingConfig | None = None, *, progress: bool = False) -> Res
         data = Data(cfg)
         runs, models, curves = train_grid(cfg, data, cfg.variants, work, progress=progress)
         sites, per_run, heat, _ = source_tables(models, data.eval)
-    summary = summary_table(cfg, runs, per_run)
+        streams, stream_sites = stream_tables(models, data.eval)
+    summary = summary_table(cfg, runs, per_run, streams)
     grad = curves[["variant", "seed", "step", "grad_norm", "loss"]] if len(curves) else pd.DataFrame()
     figs = {"grad_norm": grad_figure(summary)}
     if len(sites):
@@ -219,10 +238,13 @@ def run(cfg: DepthRoutingConfig | None = None, *, progress: bool = False) -> Res
         grid = heatmap_grid(heat, [v for v in cfg.variants if v != "baseline"])
         if grid is not None:
             figs["heatmaps"] = grid
+    if len(stream_sites):
+        figs["stream_identity"] = identity_figure(stream_sites)
     tables = {"summary": summary, "sites": sites, "heatmap": heat, "grad_norm": grad, "runs": runs}
-    return Result(
-        "depth-routing", config_dict(cfg), tables, figs, timer.meta(**data.meta()), headline=("summary", "runs")
-    )
+    if len(streams):
+        tables.update(streams=streams, stream_sites=stream_sites)
+    headline = ("summary", "runs", "streams") if "streams" in tables else ("summary", "runs")
+    return Result("depth-routing", config_dict(cfg), tables, figs, timer.meta(**data.meta()), headline=headline)
 
 
 __all__ = ["DepthRoutingConfig", "describe_variant", "source_tables", "summary_table", "run"]

@@ -424,6 +424,81 @@ def test_depth_routing_end_to_end_toy(toy, tmp_path):
     assert {"neff_sites", "neff_rank_sweep", "heatmaps", "grad_norm"} <= set(res.figures)
 
 
+def _nearest_permutation_by_hand(res: torch.Tensor) -> torch.Tensor:
+    """min over all n! permutation matrices P of ‖res − P‖_F, per matrix: (N, n, n) -> (N,)."""
+    import itertools
+
+    n = res.shape[-1]
+    perms = torch.stack([torch.eye(n, dtype=torch.float64)[list(p)] for p in itertools.permutations(range(n))])
+    return torch.linalg.matrix_norm(res[:, None].double() - perms).amin(-1)
+
+
+def test_depth_routing_stream_columns_match_the_weights_by_hand():
+    from probe.experiments.depth_routing_streams import stream_tables
+    from probe.hooks import names
+    from probe.models import create
+
+    arch = dict(n_layers=2, d_model=32, n_heads=2, d_mlp=64)
+    models = {(v, 0): create(v, "tiny", seed=0, **arch).eval() for v in ("baseline", "hc", "mhc")}
+    g = torch.Generator().manual_seed(0)
+    static = []  # hc's H_res per connection, moved off the identity (at init it is I: both distances 0)
+    for block in models[("hc", 0)].blocks:
+        for conn in (block.hc_attn, block.hc_mlp):
+            with torch.no_grad():
+                conn.static_res += 0.3 * torch.randn(conn.static_res.shape, generator=g)
+            static.append(conn.static_res.detach().double())
+    windows = torch.randint(0, models[("hc", 0)].config.vocab_size, (2, 2, 17), generator=g)
+    runs, sites = stream_tables(models, windows)
+    assert set(runs["variant"]) == {"hc", "mhc"}  # the baseline has no streams
+    hc = sites[sites["variant"] == "hc"].set_index("site_index")
+    for k, res in enumerate(static):  # static mixing: every token's H_res is the parameter
+        eye = torch.eye(res.shape[0], dtype=torch.float64)
+        assert hc.at[k, "identity_distance"] == pytest.approx(float(torch.linalg.matrix_norm(res - eye)), rel=1e-6)
+        assert hc.at[k, "identity_distance_max"] == pytest.approx(hc.at[k, "identity_distance"], rel=1e-6)
+        assert hc.at[k, "permutation_distance"] == pytest.approx(float(_nearest_permutation_by_hand(res[None])[0]))
+    run = runs.set_index("variant")
+    connections = hc[hc["sublayer"] != "head"]
+    assert (connections["usage_entropy"] == 0).all()  # H_pre is still one-hot: one stream read alone
+    assert run.at["mhc", "usage_entropy_nats"] == pytest.approx(run.at["mhc", "usage_entropy"] * np.log(4))
+    mhc_model, hooked = models[("mhc", 0)], []
+    for layer in range(2):
+        hooked += [names.hc(layer, site, "res") for site in names.HC_SITES]
+    _, cache = mhc_model.run_with_cache(windows.flatten(0, 1)[:, :-1], names_filter=hooked)
+    mhc = sites[sites["variant"] == "mhc"].set_index("site_index")
+    for k, name in enumerate(hooked):
+        res = cache[name].double().flatten(0, 1)  # B·T, n, n: out x in, the token's own mixing
+        assert torch.allclose(res.sum(-1), torch.ones(()).double(), atol=1e-5)  # doubly stochastic: rows
+        assert torch.allclose(res.sum(-2), torch.ones(()).double(), atol=1e-4)  # and columns (Sinkhorn)
+        by_hand = _nearest_permutation_by_hand(res)
+        assert mhc.at[k, "permutation_distance"] == pytest.approx(float(by_hand.mean()), rel=1e-9)
+        assert mhc.at[k, "permutation_distance_max"] == pytest.approx(float(by_hand.max()), rel=1e-9)
+    assert run.at["mhc", "permutation_distance"] == pytest.approx(mhc["permutation_distance"].mean())
+
+
+def test_depth_routing_stream_columns_end_to_end_toy(toy, tmp_path):
+    variants = ("baseline", "hc", "mhc", "attnres-full")
+    res = experiments.run("depth-routing", out=tmp_path / "dr", variants=variants, seeds=(0, 1), **toy)
+    s = res["summary"].set_index("variant")
+    stream_cols = ["identity_distance", "permutation_distance", "usage_entropy", "usage_entropy_nats", "bos_ratio"]
+    assert s.loc[["baseline", "attnres-full"], stream_cols].isna().all().all()
+    assert s.loc[["hc", "mhc"], ["neff_mean", "S_src"]].isna().all().all()  # and the depth sources' vice versa
+    assert s.loc[["hc", "mhc"], stream_cols + [f"{c}_se" for c in stream_cols]].notna().all().all()
+    assert s.loc["attnres-full", ["neff_mean", "S_src"]].notna().all()
+    streams = res["streams"]
+    assert sorted(zip(streams["variant"], streams["seed"])) == [("hc", 0), ("hc", 1), ("mhc", 0), ("mhc", 1)]
+    mean = streams.groupby("variant")[stream_cols].mean()
+    assert np.allclose(s.loc[["hc", "mhc"], stream_cols].to_numpy(), mean.loc[["hc", "mhc"]].to_numpy())
+    assert len(s.at["hc", "bos_layer_stream"].split()) == 2 and pd.isna(s.at["baseline", "bos_layer_stream"])
+    sites = res["stream_sites"]
+    hc = sites[sites["variant"] == "hc"]  # static mixing: the same distance for every token
+    assert np.allclose(hc["identity_distance"], hc["identity_distance_max"], equal_nan=True)
+    connections = sites.dropna(subset=["permutation_distance"])
+    assert len(connections) == 2 * 2 * 2 * toy["n_layers"]  # runs x connections (the final read mixes no streams)
+    assert (connections["permutation_distance"] <= connections["permutation_distance_max"] + 1e-12).all()
+    assert "stream_identity" in res.figures
+    assert (tmp_path / "dr" / "streams.csv").is_file() and (tmp_path / "dr" / "stream_sites.csv").is_file()
+
+
 # ---------------------------------------------------------------- cross-layer diagnostics
 def test_adjacent_cosine_matches_hidden_states(tmp_path):
     from transformers import AutoModelForCausalLM

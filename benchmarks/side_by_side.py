@@ -32,6 +32,7 @@ import ctypes
 import gc
 import inspect
 import json
+import math
 import os
 import subprocess
 import sys
@@ -493,7 +494,11 @@ def figure(table):
     for col in (1, 2):  # whole-number labels on each log axis (plotly's own read 20, 30, 40 as "2 3 4")
         log_axis(fig, "x", row=1, col=col)
         log_axis(fig, "y", row=1, col=col)
-    fig.update_xaxes(title="context T (tokens)")
+    # the contexts double from 1,024: labelled at every other doubling (1,024, 4,096, ...), since 1-2-5 labels over
+    # two powers of ten collide in a half-width subplot ("1000" against "2000" at 1280 px)
+    contexts = sorted(table["T"].unique())
+    marks = [t for t in contexts if round(math.log2(t / contexts[0])) % 2 == 0]
+    fig.update_xaxes(title="context T (tokens)", tickvals=marks, ticktext=[f"{t:,}" for t in marks])
     fig.update_layout(title="Time and memory against context, per tool", height=480)
     return fig
 

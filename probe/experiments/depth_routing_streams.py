@@ -1,5 +1,5 @@
-"""The depth-routing recipe's stream columns: the stream analyses (probe.analyses.streams, docs/definitions.md#stream-
-sources) of every run whose residual is n hyper-connected streams (hc, hc-dynamic, mhc).
+"""The depth-routing recipe's stream columns: the stream analyses (probe.analyses.streams,
+docs/definitions.md#stream-sources) of every run whose residual is n hyper-connected streams (hc, hc-dynamic, mhc).
 
 Per run (variant, seed), over the recipe's fixed validation windows:
 

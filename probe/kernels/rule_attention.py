@@ -88,7 +88,7 @@ def rule_attention(
         if backend == "torch":  # one autograd function over the blocks (probe.kernels.causal_blocks)
             out = causal_blocks(q, k, v, fused, key_bias=key_bias, scale=scale, block=QUERY_BLOCK)
         else:
-            out = _causal_blocks(q, k, v, reference, key_bias, scale)
+            out = _causal_blocks(q, k, v, of_scores, key_bias, scale)
         return AttentionOutput(out, None, None, None)
     scores = attention_scores(q, k, key_bias=key_bias, mask=mask, window=window, scale=scale, keep=keep)
     pattern = of_scores(scores)

@@ -2,11 +2,9 @@
 and their columns, paired differences that are the per-seed differences of runs.csv, resume (a rerun trains nothing),
 ``--jobs 2`` giving the same runs as one job, a finished run shipping to the zoo, and one-line errors."""
 
-import importlib.util
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,6 +14,7 @@ from probe.experiments.command import main
 from probe.experiments.sink_removal import METRICS, RULE_VARIANTS, VARIANTS, RemovalConfig, summary_tables
 from probe.kernels.row_rules import ROW_RULES
 from tests.support.cli import assert_one_line_error
+from tests.support.scripts import load_script
 
 TINY = [
     "--steps",
@@ -131,19 +130,11 @@ def test_bad_options_are_one_line_and_write_nothing(args, needles, tmp_path, cap
     assert not out.exists()
 
 
-def _page_script():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "sink_removal_page.py"
-    spec = importlib.util.spec_from_file_location("sink_removal_page", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("seeds", [(0, 1), (0,)])
 def test_the_results_page_tables_come_from_the_recipes_tables(recipe, seeds, tmp_path):
     """scripts/sink_removal_page.py rewrites only the page's marked section, with a row per variant and a claim per
     mechanism; with one seed no cell carries a standard error (nan) and every verdict says it rests on one seed."""
-    page = _page_script()
+    page = load_script("scripts/sink_removal_page.py", "sink_removal_page")
     out = tmp_path / "out"
     out.mkdir()
     runs = pd.read_csv(recipe / "runs.csv")
@@ -175,7 +166,7 @@ def test_the_results_page_tables_come_from_the_recipes_tables(recipe, seeds, tmp
 def test_threshold_verdicts_hold_in_every_seed_not_on_the_mean():
     """A G1 run below the baseline in every pair, with a mean under 3x but one seed at 4.2x, does not remove the
     sink; a value gate above 3x in every seed leaves it in place, one seed under 3x does not."""
-    page = _page_script()
+    page = load_script("scripts/sink_removal_page.py", "sink_removal_page")
 
     def runs(outgate, projgate):
         rows = []
@@ -247,7 +238,7 @@ def test_the_rules_page_section_comes_from_a_rules_grid(rules_recipe, tmp_path):
     assert sorted(zip(runs["variant"], runs["seed"], strict=True)) == sorted((v, s) for v in RULES_FEW for s in (0, 1))
     assert by.loc["softpick", "phantom_share"].ge(0).all() and by.loc["fox", "phantom_share"].eq(0).all()
     assert by.loc["elu1-norm", "phantom_share"].abs().lt(1e-5).all()  # ε's share only
-    page = _page_script()
+    page = load_script("scripts/sink_removal_page.py", "sink_removal_page")
     md = tmp_path / "page.md"
     gates = f"{page.START}\ngates table\n{page.END}"
     start, end = page.SECTIONS["rules"]
@@ -271,7 +262,7 @@ def test_the_rules_page_section_comes_from_a_rules_grid(rules_recipe, tmp_path):
 def test_gu_verdicts_hold_in_every_seed_not_on_the_mean():
     """Unnormalised ELU+1 leaves no sink only when every seed is under 3x and below its baseline; its normalised form
     has a sink only when every seed is at 3x or more."""
-    page = _page_script()
+    page = load_script("scripts/sink_removal_page.py", "sink_removal_page")
 
     def runs(elu1, elu1_norm):
         rows = []

@@ -2,28 +2,18 @@
 them (the first loss is the initial model's loss on the sampler's first batch), the same on a second build and not
 on another seed, comparisons that name what differs, and the nudge of one initial weight by exactly one ulp."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from probe.experiments.sink_emergence import build
 from probe.experiments.sink_removal import RemovalConfig
+from tests.support.scripts import load_script
 
 STEPS = 2
 
 
-def _script():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "training_fingerprint.py"
-    spec = importlib.util.spec_from_file_location("training_fingerprint", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fp = _script()
+fp = load_script("scripts/training_fingerprint.py", "training_fingerprint")
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
     python benchmarks/attention_rules_throughput.py [--tier tiny] [--batch 16] [--ctx 256] [--steps 10] [--warmup 3]
                                                     [--device cpu|cuda] [--dtype float32|bfloat16] [--threads N]
-                                                    [--no-flush-denormal]
+                                                    [--no-flush-denormal] [--backend compiled]
                                                     [--rules softpick,sigmoid,...,fox,diff]
 
 Times forward + backward (cross-entropy on next-token targets; no optimizer step) of the ``baseline`` variant and of the
@@ -19,7 +19,10 @@ the T x T square at T = 256; FoX runs the baseline's fused path with a key bias.
 1-minute load average at the start and the end (the ratios of a loaded machine are the interleaved ones; absolute times
 are not comparable across runs). ``cpu_ratio_over_softmax`` is the same ratio in the process's CPU seconds per step
 (time.process_time): on a shared machine, with ``--threads 1``, it leaves out the time a step waited for a core.
-Denormal floats are flushed to zero for every model alike unless ``--no-flush-denormal``: FoX's far keys otherwise
+``--backend`` is the runtime backend every model runs under (probe.kernels.backend; default: $PROBE_BACKEND, else
+auto): ``compiled`` runs the row rules' math through torch.compile (probe.kernels.compiled; the first step of each
+rule compiles it, in the warmup rounds), while softmax's fused path is the same under every CPU choice. Denormal
+floats are flushed to zero for every model alike unless ``--no-flush-denormal``: FoX's far keys otherwise
 underflow into denormals, which x86 computes tens of times slower (``probe train --flush-denormal``).
 """
 
@@ -39,6 +42,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from probe.kernels.backend import BACKENDS, current_backend, use_backend  # noqa: E402
 from probe.kernels.row_rules import ROW_RULES  # noqa: E402
 from probe.models import create  # noqa: E402
 
@@ -83,6 +87,7 @@ def main(argv=None) -> dict:
         help="denormal floats read as zero, for every model alike (probe train --flush-denormal; default on)",
     )
     p.add_argument("--rules", type=rules_arg, default=list(SETTINGS))
+    p.add_argument("--backend", choices=BACKENDS, default=None, help="the runtime backend of every model")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -101,7 +106,8 @@ def main(argv=None) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0, c0 = time.perf_counter(), time.process_time()
-        step(model, ids, autocast)
+        with use_backend(a.backend):
+            step(model, ids, autocast)
         if device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t0, time.process_time() - c0
@@ -118,6 +124,8 @@ def main(argv=None) -> dict:
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     result: dict = dict(device=device_name, tier=a.tier, batch=a.batch, ctx=a.ctx, dtype=a.dtype)
     result["threads"], result["flush_denormal"] = torch.get_num_threads(), a.flush_denormal
+    with use_backend(a.backend):
+        result["backend"] = current_backend()
     result["load"] = [round(load_start, 1), round(os.getloadavg()[0], 1)]  # 1-minute load average, start and end
     for v, ts in times.items():
         wall, cpu = statistics.median(t for t, _ in ts), statistics.median(c for _, c in ts)

@@ -248,8 +248,8 @@ def row_masses(info, layer: int, got: dict, indicators: torch.Tensor, backend: s
     The layer's rules are ``info.attention_at(layer)``'s: its scale, window or chunk, soft-cap (Gemma 2:
     ``cap · tanh(scale q·k / cap)``, as in its ``hook_pattern``) and ALiBi slopes, with a routing gate's log g_j and a
     forget gate's -Σ_{l<=j} log f_l (FoX; log of the captured f, where the model takes logsigmoid of its logit).
-    ``backend``: the kernels' vocabulary (auto, torch, reference, sdpa, triton); None follows the runtime choice
-    (``probe.kernels.use_backend`` / $PROBE_BACKEND), as models do. With ``hook_lse`` in ``got``
+    ``backend``: the kernels' vocabulary (auto, torch, reference, sdpa, triton, compiled); None follows the runtime
+    choice (``probe.kernels.use_backend`` / $PROBE_BACKEND), as models do. With ``hook_lse`` in ``got``
     (``sparse_mass_hooks``) and q in fp32 or fp64, sparse indicators are read from it; a half-precision forward's
     lse is not used (its scores are rounded where these are not).
     A row rule other than softmax takes :func:`rule_masses` instead (its first element is the row's own mass).

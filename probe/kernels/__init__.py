@@ -16,6 +16,8 @@
     rule_attention.py     the attention op those rules share: their scores materialised, the rule, the values
     rule_triton.py        the pointwise rules and softpick on sink attention's Triton tiles (backend="triton")
     backend.py            the runtime backend choice (use_backend, $PROBE_BACKEND) and whether Triton can run
+    compiled.py           backend="compiled": an op's eager math through torch.compile (the row rules' on CPU)
+    causal_blocks.py      causal rows of a materialising rule in blocks of queries, as one autograd function
     launch.py             launch settings that fit the device's shared memory; the fallback when none does
     common.py             what more than one op uses
     aot.py, cases.py      ahead-of-time compiles of the launches the launchers choose (no GPU needed)

@@ -4,6 +4,9 @@
     torch      the torch paths: the fused one, the reference where a pattern is asked for
     reference  the readable fp32 reference everywhere (materialises T x T)
     sdpa       the fused torch path (no pattern)
+    compiled   the torch paths, with the row rules' math (softpick, the pointwise rules, stick-breaking) compiled by
+               torch.compile (probe.kernels.compiled; Inductor's C++ on CPU, needs a C++ compiler); every other op
+               runs its torch path
     triton     the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1)
 
 Precedence, read when an op runs: an explicit ``backend=`` argument, then the innermost ``use_backend(...)`` block,
@@ -21,7 +24,7 @@ import os
 
 import torch
 
-BACKENDS = ("auto", "torch", "reference", "sdpa", "triton")
+BACKENDS = ("auto", "torch", "reference", "sdpa", "triton", "compiled")
 ENV_VAR = "PROBE_BACKEND"
 
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what backend="auto" sends to a Triton kernel

@@ -30,15 +30,17 @@ from probe.kernels.common import wide
 OfScores = Callable[[torch.Tensor], torch.Tensor]  # scores (B,H,b,n), hidden keys -inf -> weights (B,H,b,n)
 
 
-def _block_scores(qb, k_rep, key_bias_rep, scale: float, first: int) -> torch.Tensor:
-    """scores (B,H,b,n) of queries at positions first .. first + b - 1 over keys 0 .. n - 1, hidden keys -inf.
-    qb (B,H,b,dh), k_rep (B,H,n,dh), key_bias_rep (B,H,n) or None."""
+def _block_scores(qb, k_rep, key_bias_rep) -> torch.Tensor:
+    """scores (B,H,b,n) of the queries at positions n - b .. n - 1 over keys 0 .. n - 1, hidden keys -inf.
+    qb (B,H,b,dh) already scaled, k_rep (B,H,n,dh), key_bias_rep (B,H,n) or None. Only the last b keys can be hidden
+    (every query sees keys 0 .. n - b), so the mask touches those columns alone."""
     b, n = qb.shape[2], k_rep.shape[2]
-    s = (qb @ k_rep.transpose(-1, -2)).mul_(scale)  # B,H,b,n
+    s = qb @ k_rep.transpose(-1, -2)  # B,H,b,n
     if key_bias_rep is not None:
         s.add_(key_bias_rep[:, :, None, :])
-    hidden = torch.ones(b, n, dtype=torch.bool, device=s.device).triu_(first + 1)  # key j > query's position
-    return s.masked_fill_(hidden, float("-inf"))
+    tail = s[..., n - b :]  # B,H,b,b: key n - b + j is hidden from query i where j > i
+    tail.masked_fill_(torch.ones(b, b, dtype=torch.bool, device=s.device).triu_(1), float("-inf"))
+    return s
 
 
 class _CausalBlocks(torch.autograd.Function):
@@ -47,7 +49,7 @@ class _CausalBlocks(torch.autograd.Function):
         # q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv), key_bias (B,Hkv,Tk) or None
         H, Hkv = q.shape[2], k.shape[2]
         G, Tq, Tk = H // Hkv, q.shape[1], k.shape[1]
-        qf = wide(q).transpose(1, 2)  # B,H,Tq,dh
+        qf = wide(q).transpose(1, 2).mul(scale)  # B,H,Tq,dh, scaled once rather than every block's scores
         kf = wide(k).transpose(1, 2).repeat_interleave(G, dim=1)  # B,H,Tk,dh
         vf = wide(v).transpose(1, 2).repeat_interleave(G, dim=1)  # B,H,Tk,dv
         bias = None if key_bias is None else wide(key_bias).repeat_interleave(G, dim=1)  # B,H,Tk
@@ -56,7 +58,7 @@ class _CausalBlocks(torch.autograd.Function):
         for a in range(0, Tq, block):
             n = Tk - Tq + min(Tq, a + block)  # keys up to the block's last query
             kb = None if bias is None else bias[..., :n]
-            s = _block_scores(qf[:, :, a : a + block], kf[:, :, :n], kb, scale, Tk - Tq + a)  # B,H,b,n
+            s = _block_scores(qf[:, :, a : a + block], kf[:, :, :n], kb)  # B,H,b,n
             with torch.enable_grad():  # the rule's graph only: s is its leaf
                 w = of_scores(s.requires_grad_())  # B,H,b,n
             out[:, :, a : a + block] = w.detach() @ vf[:, :, :n]
@@ -79,9 +81,8 @@ class _CausalBlocks(torch.autograd.Function):
             (ds,) = torch.autograd.grad(w, s, do_b @ vf[:, :, :n].transpose(-1, -2))  # B,H,b,n
             if dbias is not None:
                 dbias[:, :, :n].add_(ds.sum(-2))
-            ds = ds.mul_(ctx.scale)
-            dq[:, :, a : a + s.shape[2]] = ds @ kf[:, :, :n]
-            dk[:, :, :n].add_(ds.transpose(-1, -2) @ qf[:, :, a : a + s.shape[2]])
+            dq[:, :, a : a + s.shape[2]] = (ds @ kf[:, :, :n]).mul_(ctx.scale)
+            dk[:, :, :n].add_(ds.transpose(-1, -2) @ qf[:, :, a : a + s.shape[2]])  # qf is scaled
         del ctx.graphs
         B, H, G = qf.shape[0], qf.shape[1], ctx.G
         q_t, k_t, v_t, bias_t = ctx.dtypes

@@ -2,11 +2,18 @@
 rules, stick-breaking; probe.kernels.row_rules), the one body their ops share.
 
     backend    path
-    torch      (default) the rule's fused autograd function (its backward written out)
+    torch      the rule's fused autograd function (its backward written out)
+    compiled   the same function with its forward and backward compiled by torch.compile (probe.kernels.compiled;
+               Inductor's C++ on CPU): the same values up to summation order, a few passes over each block of scores
+               where the eager ops make a dozen
     reference  the rule's plain PyTorch function, through autograd
     triton     probe.kernels.rule_triton, flash-style, for the rules that have a ``TritonRule`` (the pointwise rules,
                softpick): CUDA tensors, or CPU tensors under TRITON_INTERPRET=1; no pattern, mask, cache or kept
                first keys. When no launch setting fits the device it runs the torch path, with one warning per shape
+
+``backend=None`` (the default) is the runtime choice (probe.kernels.backend) as these ops read it: "compiled" runs
+compiled, every other choice the torch path, as before the runtime choice existed for them (the Triton rule kernels
+have not run on a GPU yet, so "auto" and "triton" do not pick them).
 
 Causal rows without a mask, a window or a pattern to return run in blocks of ``QUERY_BLOCK`` queries, each over the keys
 up to its last query only: the keys past it are hidden (weight 0 under every rule here, and no term in its row sums),
@@ -24,17 +31,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
-from probe.kernels.backend import check_triton
+from probe.kernels.backend import check_triton, current_backend
 from probe.kernels.causal_blocks import causal_blocks
 from probe.kernels.common import check_attention_args
 from probe.kernels.launch import NoLaunchConfig, warn_fallback
 from probe.kernels.sink_attention.dispatch import AttentionOutput
 from probe.kernels.sink_attention.reference import apply_pattern, attention_scores
 
-BACKENDS = ("torch", "reference", "triton")
+BACKENDS = ("torch", "compiled", "reference", "triton")
 QUERY_BLOCK = 64  # queries per block of the causal path: at T = 256, 4 blocks cover 10/16 of the square
 OfScores = Callable[[torch.Tensor], torch.Tensor]  # scores (B,H,Tq,Tk), hidden keys -inf -> weights (B,H,Tq,Tk)
 
@@ -56,7 +64,7 @@ def rule_attention(
     v,
     *,
     name: str,
-    fused: OfScores,
+    fused: Callable[..., torch.Tensor],
     reference: OfScores,
     at_most_one: bool,
     key_bias=None,
@@ -66,15 +74,18 @@ def rule_attention(
     keep=None,
     return_pattern: bool = False,
     edit=None,
-    backend: str = "torch",
+    backend: str | None = None,
     triton: TritonRule | None = None,
 ) -> AttentionOutput:
     """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> AttentionOutput(out (B,Tq,H,dv) in q.dtype, lse None,
     pattern (B,H,Tq,Tk) where return_pattern, phantom (B,H,Tq) = 1 - row sums where return_pattern and the rule's
     rows sum to at most one (else None), lse_real None: no log-normaliser). ``name`` is the rule's, for messages;
-    the score arguments as sink_attention's, without a sink; backend one of BACKENDS (triton: the rule's ``triton``)."""
+    the score arguments as sink_attention's, without a sink; ``fused`` takes ``compiled=``; backend one of BACKENDS
+    (triton: the rule's ``triton``)."""
     if edit is not None:
         raise ValueError(f"attention edits (knockout, eviction) are not supported under {name} attention")
+    if backend is None:  # the runtime choice: "compiled" is the one these ops take from it
+        backend = "compiled" if current_backend() == "compiled" else "torch"
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not valid for {name} attention; choose one of {', '.join(BACKENDS)}")
     check_attention_args(q, k, v, None, key_bias, window, mask, keep)
@@ -83,10 +94,10 @@ def rule_attention(
         if out is not None:
             return AttentionOutput(out, None, None, None)
         backend = "torch"  # no launch fits the device (warned once)
-    of_scores = fused if backend == "torch" else reference
+    of_scores = reference if backend == "reference" else partial(fused, compiled=backend == "compiled")
     if mask is None and window is None and keep is None and not return_pattern:
-        if backend == "torch":  # one autograd function over the blocks (probe.kernels.causal_blocks)
-            out = causal_blocks(q, k, v, fused, key_bias=key_bias, scale=scale, block=QUERY_BLOCK)
+        if backend != "reference":  # one autograd function over the blocks (probe.kernels.causal_blocks)
+            out = causal_blocks(q, k, v, of_scores, key_bias=key_bias, scale=scale, block=QUERY_BLOCK)
         else:
             out = _causal_blocks(q, k, v, of_scores, key_bias, scale)
         return AttentionOutput(out, None, None, None)
@@ -102,11 +113,12 @@ def _triton_out(q, k, v, name, triton, key_bias, mask, window, scale, keep, retu
     """out (B,T,H,dv) of the Triton kernels, or None where no launch setting fits the device; raises, in one line,
     on a call they do not take."""
     if triton is None:
-        raise ValueError(f"backend='triton' has no kernel for {name} attention; choose one of torch, reference")
+        choices = "torch, compiled, reference"
+        raise ValueError(f"backend='triton' has no kernel for {name} attention; choose one of {choices}")
     if return_pattern or mask is not None or keep is not None or q.shape[1] != k.shape[1]:
         raise ValueError(
             f"backend='triton' runs {name} attention over one sequence without a pattern: no return_pattern, mask, "
-            "keep or cache (Tq == Tk); use 'torch' or 'reference'"
+            "keep or cache (Tq == Tk); use 'torch', 'compiled' or 'reference'"
         )
     check_triton(q.device)
     from probe.kernels.rule_triton import rule_attention_triton

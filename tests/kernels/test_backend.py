@@ -14,7 +14,7 @@ def test_use_backend_is_read_when_an_op_runs(monkeypatch):
     from probe.kernels import current_backend, use_backend
     from probe.kernels.sink_attention import dispatch
 
-    assert set(BACKENDS) == {"auto", "torch", "reference", "sdpa", "triton"}
+    assert set(BACKENDS) == {"auto", "torch", "reference", "sdpa", "triton", "compiled"}
     calls = []
     real = dispatch.sink_attention_reference
     monkeypatch.setattr(dispatch, "sink_attention_reference", lambda *a, **k: calls.append(1) or real(*a, **k))

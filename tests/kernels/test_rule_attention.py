@@ -9,16 +9,7 @@ import torch
 
 import probe.kernels.rule_attention as rule_attention
 from probe.kernels.row_rules import ROW_RULES
-
-
-def _inputs(Tq: int, Tk: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    B, H, Hkv, dh = 2, 4, 2, 8
-    q = torch.randn(B, Tq, H, dh, generator=g, dtype=torch.float64, requires_grad=True)
-    k = torch.randn(B, Tk, Hkv, dh, generator=g, dtype=torch.float64, requires_grad=True)
-    v = torch.randn(B, Tk, Hkv, dh, generator=g, dtype=torch.float64, requires_grad=True)
-    key_bias = torch.randn(B, Hkv, Tk, generator=g, dtype=torch.float64, requires_grad=True)
-    return q, k, v, key_bias
+from tests.support.rules import gqa_inputs
 
 
 def _out_and_grads(rule, inputs, return_pattern: bool):
@@ -34,7 +25,7 @@ def _out_and_grads(rule, inputs, return_pattern: bool):
 def test_blocks_match_the_square(name, Tq, Tk, monkeypatch):
     monkeypatch.setattr(rule_attention, "QUERY_BLOCK", 3)  # 3 and 4 blocks, the last one short
     rule = ROW_RULES[name]
-    inputs = _inputs(Tq, Tk)
+    inputs = gqa_inputs(Tq, Tk)
     blocked, blocked_grads = _out_and_grads(rule, inputs, return_pattern=False)
     square, square_grads = _out_and_grads(rule, inputs, return_pattern=True)
     torch.testing.assert_close(blocked, square, rtol=1e-12, atol=1e-12)
@@ -48,7 +39,7 @@ def test_blocks_keep_the_callers_dtypes(dtype, monkeypatch):
     inputs' dtype, equal to the fp64 computation cast down (to the dtype's resolution)."""
     monkeypatch.setattr(rule_attention, "QUERY_BLOCK", 4)
     rule = ROW_RULES["sigmoid-norm"]
-    wide_inputs = _inputs(9, 9, seed=1)
+    wide_inputs = gqa_inputs(9, 9, seed=1)
     low = tuple(x.detach().to(dtype).requires_grad_() for x in wide_inputs)
     want, want_grads = _out_and_grads(rule, tuple(x.detach().to(dtype).double().requires_grad_() for x in low), False)
     got, got_grads = _out_and_grads(rule, low, return_pattern=False)

@@ -1,4 +1,5 @@
-"""What the row-rule tests share: the gradients of an attention op under its fused and its reference backend."""
+"""What the row-rule tests share: fp64 GQA inputs with a key bias, and the gradients of an attention op under its
+fused and its reference backend."""
 
 from __future__ import annotations
 
@@ -20,3 +21,14 @@ def gradients_by_backend(attention, seed: int = 1, **kw) -> list[tuple[torch.Ten
         out = attention(*leaves, backend=backend, **kw).out
         grads.append(torch.autograd.grad((out * w).sum(), leaves))
     return list(zip(*grads))
+
+
+def gqa_inputs(Tq: int, Tk: int, seed: int = 0):
+    """fp64 leaves q (2,Tq,4,8), k and v (2,Tk,2,8) (two query heads per KV head), key_bias (2,2,Tk), from seed."""
+    g = torch.Generator().manual_seed(seed)
+    B, H, Hkv, dh = 2, 4, 2, 8
+    q = torch.randn(B, Tq, H, dh, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(B, Tk, Hkv, dh, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(B, Tk, Hkv, dh, generator=g, dtype=torch.float64, requires_grad=True)
+    key_bias = torch.randn(B, Hkv, Tk, generator=g, dtype=torch.float64, requires_grad=True)
+    return q, k, v, key_bias

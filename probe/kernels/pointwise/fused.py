@@ -6,12 +6,15 @@ out, so a forward + backward makes fewer (B, H, Tq, Tk) passes than autograd thr
                both 0 on hidden keys, whose w is 0. With g the gradient on a:
                not normalised  dL/ds_j = g_j f'_j
                normalised      dL/ds_j = (g_j - c) f'_j / D,  c = sum_k g_k a_k
+
+``compiled=True`` runs the same two functions through torch.compile (probe.kernels.compiled: backend="compiled").
 """
 
 from __future__ import annotations
 
 import torch
 
+from probe.kernels.compiled import compiled
 from probe.kernels.pointwise.reference import NORM_EPS, kernel_of
 
 
@@ -22,31 +25,44 @@ def _derivative(w: torch.Tensor, kernel: str) -> torch.Tensor:
     return w.clamp_max(1.0)  # 1 where w > 1, else w
 
 
+def _forward(scores: torch.Tensor, kernel: str, normalise: bool, bias: float, eps: float) -> tuple:
+    """(a,) unnormalised, else (a, w, D): a (B,H,Tq,Tk), w = f(s + b), D (B,H,Tq,1) = sum_j w_j + eps."""
+    w = kernel_of(scores + bias if bias else scores, kernel)  # hidden keys: -inf + b -> f(-inf) = 0
+    if not normalise:
+        return (w,)
+    den = w.sum(-1, keepdim=True).add_(eps)  # B,H,Tq,1
+    return w / den, w, den
+
+
+def _backward(grad: torch.Tensor, kernel: str, w: torch.Tensor, den: torch.Tensor | None = None) -> torch.Tensor:
+    """dL/ds (B,H,Tq,Tk) from g = dL/da: unnormalised where den is None."""
+    if den is None:
+        return _derivative(w, kernel).mul_(grad)
+    c = (grad * w).sum(-1, keepdim=True).div_(den)  # sum_k g_k a_k
+    return (grad - c).mul_(_derivative(w, kernel)).div_(den)
+
+
 class _Pointwise(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, scores: torch.Tensor, kernel: str, normalise: bool, bias: float, eps: float) -> torch.Tensor:
-        w = kernel_of(scores + bias if bias else scores, kernel)  # hidden keys: -inf + b -> f(-inf) = 0
-        ctx.kernel, ctx.normalise = kernel, normalise
-        if not normalise:
-            ctx.save_for_backward(w)
-            return w
-        den = w.sum(-1, keepdim=True).add_(eps)  # B,H,Tq,1
-        ctx.save_for_backward(w, den)
-        return w / den
+    def forward(ctx, scores, kernel: str, normalise: bool, bias: float, eps: float, on: bool) -> torch.Tensor:
+        out = compiled(_forward, on)(scores, kernel, normalise, bias, eps)
+        ctx.kernel, ctx.on = kernel, on
+        ctx.save_for_backward(*out[-2:])  # w (unnormalised: a = w), or w and D
+        return out[0]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        if not ctx.normalise:
-            (w,) = ctx.saved_tensors
-            return _derivative(w, ctx.kernel).mul_(grad), None, None, None, None
-        w, den = ctx.saved_tensors
-        c = (grad * w).sum(-1, keepdim=True).div_(den)  # sum_k g_k a_k
-        gs = (grad - c).mul_(_derivative(w, ctx.kernel)).div_(den)
-        return gs, None, None, None, None
+        gs = compiled(_backward, ctx.on)(grad, ctx.kernel, *ctx.saved_tensors)
+        return gs, None, None, None, None, None
 
 
 def pointwise_of_scores_fused(
-    scores: torch.Tensor, kernel: str, normalise: bool, bias: float = 0.0, eps: float = NORM_EPS
+    scores: torch.Tensor,
+    kernel: str,
+    normalise: bool,
+    bias: float = 0.0,
+    eps: float = NORM_EPS,
+    compiled: bool = False,
 ) -> torch.Tensor:
-    """reference.pointwise_of_scores, the same values, with the backward above."""
-    return _Pointwise.apply(scores, kernel, normalise, bias, eps)
+    """reference.pointwise_of_scores, the same values, with the backward above (compiled: through torch.compile)."""
+    return _Pointwise.apply(scores, kernel, normalise, bias, eps, compiled)

@@ -3,6 +3,7 @@
     backend    path
     auto       pattern -> reference; CUDA + triton, no mask, Tq == Tk -> triton; else sdpa
     torch      pattern -> reference; else sdpa
+    compiled   as torch (the runtime choice that compiles the row rules: probe.kernels.compiled)
     reference  reference.py: T x T, fp32
     sdpa       sdpa.py: fused SDPA with the phantom folded in (no pattern)
     triton     triton.py: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (set before importing triton)
@@ -132,7 +133,7 @@ def _sink_attention(q, k, v, sink, key_bias, mask, window, scale, keep, return_p
         raise ValueError(f"backend={backend!r} cannot return the pattern; use 'reference', 'torch' or 'auto'")
     if backend == "auto":
         backend = auto_sink_attention(q, k, v, mask=mask, return_pattern=return_pattern)
-    elif backend == "torch":
+    elif backend in ("torch", "compiled"):  # compiled: the row rules' choice; sink attention's torch path is fused
         backend = "reference" if return_pattern else "sdpa"
 
     if backend == "reference":

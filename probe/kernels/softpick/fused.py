@@ -5,42 +5,55 @@ so a forward + backward makes fewer (B, H, Tq, Tk) passes than autograd through 
                a_j = relu(e_j) / D
     backward   with g the gradient on a and c = sum_j g_j a_j:
                dL/de_j = (g_j [e_j > 0] - c sign(e_j)) / D,  dL/ds_j = dL/de_j exp(s_j - m)  (visible j)
-               and through m (where m > 0; its gradient goes to the key the max picks): dL/dm = -sum_j dL/de_j e_j
-               = -c eps / D
+               and through m (where m > 0; its gradient is shared by the keys at the max, as for the reference's amax):
+               dL/dm = -sum_j dL/de_j e_j = -c eps / D
+
+``compiled=True`` runs the same two functions through torch.compile (probe.kernels.compiled: backend="compiled").
 """
 
 from __future__ import annotations
 
 import torch
 
+from probe.kernels.compiled import compiled
 from probe.kernels.softpick.reference import SOFTPICK_EPS
+
+
+def _forward(scores: torch.Tensor, eps: float):
+    """a (B,H,Tq,Tk) and what the backward keeps: e, D, exp(-m), the row max."""
+    top = scores.amax(-1, keepdim=True)  # B,H,Tq,1
+    m = top.clamp_min(0.0)
+    shift = torch.exp(-m)
+    e = torch.exp(scores - m).sub_(shift).masked_fill_(scores == float("-inf"), 0.0)  # B,H,Tq,Tk
+    den = e.abs().sum(-1, keepdim=True).add_(eps)
+    return e.clamp_min(0.0).div_(den), e, den, shift, top
+
+
+def _backward(grad, scores, a, e, den, shift, top, eps: float) -> torch.Tensor:
+    """dL/ds (B,H,Tq,Tk) from g = dL/da. m's gradient is shared by the keys at the row max, as autograd shares an
+    amax's (the reference's)."""
+    c = (grad * a).sum(-1, keepdim=True)
+    ge = grad.masked_fill(e <= 0, 0.0).sub_(c * torch.sign(e)).div_(den)
+    gs = ge.mul_(e + shift)  # exp(s - m) = e + exp(-m) on visible keys; hidden keys: e = 0, so ge = 0
+    at_max = scores == top
+    gm = (-eps * c / den).masked_fill_(top <= 0, 0.0)  # through the shift m = max_j s_j, where m > 0
+    return gs.addcmul_(at_max, gm / at_max.sum(-1, keepdim=True))
 
 
 class _Softpick(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, scores: torch.Tensor, eps: float) -> torch.Tensor:
-        hidden = torch.isfinite(scores).logical_not_()  # B,H,Tq,Tk; kept for the backward
-        top, arg = scores.max(-1, keepdim=True)
-        m = top.clamp_min(0.0)
-        shift = torch.exp(-m)
-        e = torch.exp(scores - m).sub_(shift).masked_fill_(hidden, 0.0)
-        den = e.abs().sum(-1, keepdim=True).add_(eps)
-        a = e.clamp_min(0.0).div_(den)
-        ctx.eps = eps
-        ctx.save_for_backward(e, a, den, shift, hidden, arg, top > 0)
+    def forward(ctx, scores: torch.Tensor, eps: float, on: bool) -> torch.Tensor:
+        a, *kept = compiled(_forward, on)(scores, eps)
+        ctx.eps, ctx.on = eps, on
+        ctx.save_for_backward(scores, a, *kept)  # scores: the blocks' caller keeps them anyway
         return a
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        e, a, den, shift, hidden, arg, shifted = ctx.saved_tensors
-        c = (grad * a).sum(-1, keepdim=True)
-        ge = torch.where(e > 0, grad, 0.0).sub_(c * torch.sign(e)).div_(den)
-        gs = ge.mul_(e + shift).masked_fill_(hidden, 0.0)  # exp(s - m) = e + exp(-m) on visible keys
-        gm = torch.where(shifted, -c * ctx.eps / den, 0.0)  # the gradient through the shift m = max_j s_j
-        gs.scatter_add_(-1, arg, gm)
-        return gs, None
+        scores, a, e, den, shift, top = ctx.saved_tensors
+        return compiled(_backward, ctx.on)(grad, scores, a, e, den, shift, top, ctx.eps), None, None
 
 
-def softpick_of_scores_fused(scores: torch.Tensor, eps: float = SOFTPICK_EPS) -> torch.Tensor:
-    """reference.softpick_of_scores, the same values, with the backward above."""
-    return _Softpick.apply(scores, eps)
+def softpick_of_scores_fused(scores: torch.Tensor, eps: float = SOFTPICK_EPS, compiled: bool = False) -> torch.Tensor:
+    """reference.softpick_of_scores, the same values, with the backward above (compiled: through torch.compile)."""
+    return _Softpick.apply(scores, eps, compiled)

@@ -47,13 +47,14 @@ class _CausalBlocks(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, key_bias, of_scores: OfScores, scale: float, block: int):
         # q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv), key_bias (B,Hkv,Tk) or None
-        H, Hkv = q.shape[2], k.shape[2]
-        G, Tq, Tk = H // Hkv, q.shape[1], k.shape[1]
-        qf = wide(q).transpose(1, 2).mul(scale)  # B,H,Tq,dh, scaled once rather than every block's scores
-        kf = wide(k).transpose(1, 2).repeat_interleave(G, dim=1)  # B,H,Tk,dh
-        vf = wide(v).transpose(1, 2).repeat_interleave(G, dim=1)  # B,H,Tk,dv
+        B, Tq, H, _ = q.shape
+        Tk, Hkv = k.shape[1], k.shape[2]
+        G = H // Hkv
+        qf = _heads_first(q, 1).mul_(scale)  # B,H,Tq,dh, scaled once rather than every block's scores
+        kf, vf = _heads_first(k, G), _heads_first(v, G)  # B,H,Tk,dh; B,H,Tk,dv
         bias = None if key_bias is None else wide(key_bias).repeat_interleave(G, dim=1)  # B,H,Tk
         out = qf.new_empty(qf.shape[:3] + vf.shape[-1:])  # B,H,Tq,dv
+        out3, v3 = out.view(B * H, Tq, -1), vf.view(B * H, Tk, -1)  # the products write into out's rows
         graphs = []  # per block (first query, keys seen, scores leaf, weights): the rule's graph for the backward
         for a in range(0, Tq, block):
             n = Tk - Tq + min(Tq, a + block)  # keys up to the block's last query
@@ -61,7 +62,7 @@ class _CausalBlocks(torch.autograd.Function):
             s = _block_scores(qf[:, :, a : a + block], kf[:, :, :n], kb)  # B,H,b,n
             with torch.enable_grad():  # the rule's graph only: s is its leaf
                 w = of_scores(s.requires_grad_())  # B,H,b,n
-            out[:, :, a : a + block] = w.detach() @ vf[:, :, :n]
+            torch.bmm(w.detach().reshape(B * H, -1, n), v3[:, :n], out=out3[:, a : a + block])
             graphs.append((a, n, s, w))
         ctx.graphs, ctx.scale, ctx.G, ctx.has_bias = graphs, scale, G, key_bias is not None
         ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if key_bias is None else key_bias.dtype)
@@ -72,25 +73,40 @@ class _CausalBlocks(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dout):
         qf, kf, vf = ctx.saved_tensors
+        B, H, Tq, Tk = qf.shape[0], qf.shape[1], qf.shape[2], kf.shape[2]
         dof = wide(dout).transpose(1, 2)  # B,H,Tq,dv
         dq, dk, dv = torch.empty_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)  # each query in one block
+        dq3, dk3, dv3 = dq.view(B * H, Tq, -1), dk.view(B * H, Tk, -1), dv.view(B * H, Tk, -1)
+        q3, k3 = qf.view(B * H, Tq, -1), kf.view(B * H, Tk, -1)
         dbias = qf.new_zeros(kf.shape[:3]) if ctx.has_bias else None  # B,H,Tk
         for a, n, s, w in ctx.graphs:
-            do_b = dof[:, :, a : a + s.shape[2]]  # B,H,b,dv
-            dv[:, :, :n].add_(w.detach().transpose(-1, -2) @ do_b)
+            b = s.shape[2]
+            do_b = dof[:, :, a : a + b]  # B,H,b,dv
+            w3 = w.detach().reshape(B * H, b, n)
+            dv3[:, :n].baddbmm_(w3.transpose(-1, -2), do_b.reshape(B * H, b, -1))  # dv += w^T dout, in place
             (ds,) = torch.autograd.grad(w, s, do_b @ vf[:, :, :n].transpose(-1, -2))  # B,H,b,n
             if dbias is not None:
                 dbias[:, :, :n].add_(ds.sum(-2))
-            dq[:, :, a : a + s.shape[2]] = (ds @ kf[:, :, :n]).mul_(ctx.scale)
-            dk[:, :, :n].add_(ds.transpose(-1, -2) @ qf[:, :, a : a + s.shape[2]])  # qf is scaled
+            ds3 = ds.reshape(B * H, b, n)
+            torch.bmm(ds3, k3[:, :n], out=dq3[:, a : a + b]).mul_(ctx.scale)
+            dk3[:, :n].baddbmm_(ds3.transpose(-1, -2), q3[:, a : a + b])  # dk += ds^T q; qf is scaled
         del ctx.graphs
-        B, H, G = qf.shape[0], qf.shape[1], ctx.G
+        G = ctx.G
         q_t, k_t, v_t, bias_t = ctx.dtypes
         dk = dk.view(B, H // G, G, *dk.shape[2:]).sum(2).transpose(1, 2).to(k_t)  # B,Tk,Hkv,dh
         dv = dv.view(B, H // G, G, *dv.shape[2:]).sum(2).transpose(1, 2).to(v_t)  # B,Tk,Hkv,dv
         if dbias is not None:
             dbias = dbias.view(B, H // G, G, -1).sum(2).to(bias_t)  # B,Hkv,Tk
         return dq.transpose(1, 2).to(q_t), dk, dv, dbias, None, None, None
+
+
+def _heads_first(x: torch.Tensor, G: int) -> torch.Tensor:
+    """x (B,T,h,d) -> (B,h·G,T,d), contiguous, wide (each head repeated G times: GQA); a new tensor."""
+    B, T, h, d = x.shape
+    if G == 1:  # one copy, transposing and widening at once
+        wide_dtype = torch.promote_types(x.dtype, torch.float32)
+        return torch.empty(B, h, T, d, dtype=wide_dtype, device=x.device).copy_(x.transpose(1, 2))
+    return wide(x).transpose(1, 2).repeat_interleave(G, dim=1)
 
 
 def causal_blocks(q, k, v, of_scores: OfScores, *, key_bias=None, scale=None, block: int = 64) -> torch.Tensor:

@@ -45,9 +45,11 @@ def compiled(fn: F, on: bool = True) -> F:
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 return run(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as e:  # no C++ compiler, or Inductor cannot lower fn
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            cause = getattr(e, "inner_exception", None) or e
+            first = (str(cause).strip().splitlines() or [""])[0]
             raise RuntimeError(
-                f"backend='compiled' could not compile {fn.__qualname__} ({first}); use backend 'torch' or 'reference'"
+                f"backend='compiled' could not compile {fn.__qualname__} ({type(cause).__name__}: {first}); "
+                "use backend 'torch' or 'reference'"
             ) from e
 
     return call  # type: ignore[return-value]

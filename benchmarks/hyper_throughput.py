@@ -2,10 +2,13 @@
 differentiated by autograd (the plain loop, as before the hand-written backward) or by probe's backward.
 
     python benchmarks/hyper_throughput.py [--tier tiny] [--batch 8] [--ctx 128] [--iters 5] [--no-flush-denormal]
+                                          [--backend compiled]
 
 Models are timed interleaved (round-robin, every other round in reverse order), one thread, median of ``--iters``,
 in wall-clock and in CPU time; the goal is >= 0.88 of the baseline's throughput. Denormal floats are flushed to zero
-for every model alike unless ``--no-flush-denormal`` (as benchmarks/attention_rules_throughput.py).
+for every model alike unless ``--no-flush-denormal`` (as benchmarks/attention_rules_throughput.py). ``--backend`` is
+the runtime backend every model runs under (probe.kernels.backend): ``compiled`` runs mHC's Sinkhorn steps through
+torch.compile (probe.kernels.compiled; compiled in the warm-up).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench
 import torch  # noqa: E402
 
 import probe.models.depth_mechanisms.hyper_connections as hyper_connections  # noqa: E402
+from probe.kernels.backend import BACKENDS, current_backend, use_backend  # noqa: E402
 from probe.models import create  # noqa: E402
 
 PROBE_SINKHORN = hyper_connections.sinkhorn
@@ -56,7 +60,13 @@ def main() -> None:
         default=True,
         help="denormal floats read as zero, for every model alike (probe train --flush-denormal; default on)",
     )
+    ap.add_argument("--backend", choices=BACKENDS, default=None, help="the runtime backend of every model")
     args = ap.parse_args()
+    with use_backend(args.backend):
+        run(args)
+
+
+def run(args) -> None:
     torch.set_num_threads(1)
     torch.set_flush_denormal(args.flush_denormal)
     runs = {v: (create(v, tier=args.tier), PROBE_SINKHORN) for v in ("baseline", "hc", "hc-dynamic")}
@@ -74,7 +84,8 @@ def main() -> None:
     cpu = {label: sorted(c for _, c in t)[len(t) // 2] for label, t in times.items()}
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())  # the machine's other work: ratios are interleaved
     flush = "denormals flushed" if args.flush_denormal else "denormals kept"
-    print(f"tier={args.tier} batch={args.batch} ctx={args.ctx} fwd+bwd, 1 thread, median of {args.iters}, {flush}")
+    head = f"tier={args.tier} batch={args.batch} ctx={args.ctx} fwd+bwd, 1 thread, median of {args.iters}, {flush}"
+    print(f"{head}, backend {current_backend()}")
     print(f"load average (1, 5, 15 min) at the end: {load}")
     print(f"{'':<26}{'wall':>9}{'ratio':>9}{'CPU':>12}{'ratio':>9}")
     for label in runs:

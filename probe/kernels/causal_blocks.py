@@ -83,13 +83,14 @@ class _CausalBlocks(torch.autograd.Function):
             b = s.shape[2]
             do_b = dof[:, :, a : a + b]  # B,H,b,dv
             w3 = w.detach().reshape(B * H, b, n)
-            dv3[:, :n].baddbmm_(w3.transpose(-1, -2), do_b.reshape(B * H, b, -1))  # dv += w^T dout, in place
+            dv3[:, :n].add_(w3.transpose(-1, -2) @ do_b.reshape(B * H, b, -1))  # dv += w^T dout
             (ds,) = torch.autograd.grad(w, s, do_b @ vf[:, :, :n].transpose(-1, -2))  # B,H,b,n
             if dbias is not None:
                 dbias[:, :, :n].add_(ds.sum(-2))
             ds3 = ds.reshape(B * H, b, n)
             torch.bmm(ds3, k3[:, :n], out=dq3[:, a : a + b]).mul_(ctx.scale)
-            dk3[:, :n].baddbmm_(ds3.transpose(-1, -2), q3[:, a : a + b])  # dk += ds^T q; qf is scaled
+            dk3[:, :n].add_(ds3.transpose(-1, -2) @ q3[:, a : a + b])  # dk += ds^T q; qf is scaled
+            # (baddbmm_ into these strided views would run one addmm per matrix)
         del ctx.graphs
         G = ctx.G
         q_t, k_t, v_t, bias_t = ctx.dtypes

@@ -73,6 +73,6 @@ def test_a_compile_that_fails_says_so_in_one_line(monkeypatch):
     monkeypatch.setattr(compiled_module, "_compiled", broken)
     q, k, v, _ = gqa_inputs(5, 5)
     with pytest.raises(
-        RuntimeError, match=r"could not compile _weights \(RuntimeError: no C\+\+ compiler found\); use backend 'torch'"
+        RuntimeError, match=r"could not compile _forward \(RuntimeError: no C\+\+ compiler found\); use backend 'torch'"
     ):
         ROW_RULES["softpick"].attention(q, k, v, backend="compiled")

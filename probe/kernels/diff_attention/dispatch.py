@@ -2,8 +2,8 @@
 (docs/definitions.md#differential-attention).
 
     backend    path
-    torch      (default) one sink_attention call over the 2H branch queries on its fused path (SDPA / CPU flash /
-               Triton: nothing T x T stored), the values repeated per branch; out = o1 - λ o2
+    torch      (default) one sink_attention call per branch on its fused path (SDPA / CPU flash / Triton: nothing
+               T x T stored), both over the same values; out = o1 - λ o2
     reference  reference.py: both patterns materialised, through autograd
 
 Both give the same output and gradients (tests/kernels/test_diff_attention.py). Attention edits (key-0 knockout,
@@ -51,10 +51,11 @@ def diff_attention(
     _check(q, k, v, lam)
     if return_pattern or backend == "reference":
         return DiffOutput(*diff_attention_reference(q, k, v, lam, scale=scale, return_pattern=return_pattern))
-    H = q.shape[2] // 2
-    both = sink_attention(q, k, torch.cat([v, v], dim=2), scale=scale).out  # B,Tq,2H,dv: o1 heads, then o2 heads
-    out = both[:, :, :H] - lam.to(both.dtype)[None, None, :, None] * both[:, :, H:]
-    return DiffOutput(out, None, None, None)
+    H, Hkv = q.shape[2] // 2, k.shape[2] // 2
+    # a call per branch rather than one over 2H heads: the values are not copied per branch, nor their gradient split
+    o1 = sink_attention(q[:, :, :H], k[:, :, :Hkv], v, scale=scale).out  # B,Tq,H,dv
+    o2 = sink_attention(q[:, :, H:], k[:, :, Hkv:], v, scale=scale).out
+    return DiffOutput(o1 - lam.to(o2.dtype)[None, None, :, None] * o2, None, None, None)
 
 
 def _not_of_one_row(scores, bias: float = 0.0) -> torch.Tensor:

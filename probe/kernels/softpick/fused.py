@@ -40,37 +40,18 @@ def _backward(grad, scores, a, e, den, shift, top, eps: float) -> torch.Tensor:
     return gs.addcmul_(at_max, gm / at_max.sum(-1, keepdim=True))
 
 
-def _weights(scores: torch.Tensor, eps: float) -> torch.Tensor:
-    return _forward(scores, eps)[0]
-
-
-def _backward_from_scores(grad: torch.Tensor, scores: torch.Tensor, eps: float) -> torch.Tensor:
-    a, e, den, shift, top = _forward(scores, eps)
-    return _backward(grad, scores, a, e, den, shift, top, eps)
-
-
 class _Softpick(torch.autograd.Function):
-    """Eager, the forward keeps what the backward needs; compiled, it keeps only the scores (the blocks' caller keeps
-    them anyway) and the backward recomputes the rest in the same fused loops: fewer passes over memory."""
-
     @staticmethod
     def forward(ctx, scores: torch.Tensor, eps: float, on: bool) -> torch.Tensor:
+        a, *kept = compiled(_forward, on)(scores, eps)
         ctx.eps, ctx.on = eps, on
-        if on:
-            a = compiled(_weights)(scores, eps)
-            ctx.save_for_backward(scores)
-            return a
-        a, *kept = _forward(scores, eps)
-        ctx.save_for_backward(scores, a, *kept)
+        ctx.save_for_backward(scores, a, *kept)  # scores: the blocks' caller keeps them anyway
         return a
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        if ctx.on:
-            (scores,) = ctx.saved_tensors
-            return compiled(_backward_from_scores)(grad, scores, ctx.eps), None, None
         scores, a, e, den, shift, top = ctx.saved_tensors
-        return _backward(grad, scores, a, e, den, shift, top, ctx.eps), None, None
+        return compiled(_backward, ctx.on)(grad, scores, a, e, den, shift, top, ctx.eps), None, None
 
 
 def softpick_of_scores_fused(scores: torch.Tensor, eps: float = SOFTPICK_EPS, compiled: bool = False) -> torch.Tensor:

@@ -4,7 +4,8 @@ so a forward + backward makes fewer (B, H, Tq, Tk) passes than autograd through 
     forward    m = max(0, max_j s_j), e_j = exp(s_j - m) - exp(-m) (0 where hidden), D = sum_j |e_j| + eps,
                a_j = relu(e_j) / D
     backward   with g the gradient on a and c = sum_j g_j a_j:
-               dL/de_j = (g_j [e_j > 0] - c sign(e_j)) / D,  dL/ds_j = dL/de_j exp(s_j - m)  (visible j)
+               dL/de_j = (g_j [e_j > 0] - c sign(e_j)) / D,  dL/ds_j = dL/de_j exp(s_j - m)  (visible j);
+               e_j = exp(-m) (exp(s_j) - 1) has the sign of s_j, so the backward needs the scores, not e
                and through m (where m > 0; its gradient is shared by the keys at the max, as for the reference's amax):
                dL/dm = -sum_j dL/de_j e_j = -c eps / D
 
@@ -20,21 +21,21 @@ from probe.kernels.softpick.reference import SOFTPICK_EPS
 
 
 def _forward(scores: torch.Tensor, eps: float):
-    """a (B,H,Tq,Tk) and what the backward keeps: e, D, exp(-m), the row max."""
+    """a (B,H,Tq,Tk) and what the backward keeps besides the scores: D, m and the row max (each B,H,Tq,1)."""
     top = scores.amax(-1, keepdim=True)  # B,H,Tq,1
     m = top.clamp_min(0.0)
-    shift = torch.exp(-m)
-    e = torch.exp(scores - m).sub_(shift).masked_fill_(scores == float("-inf"), 0.0)  # B,H,Tq,Tk
+    e = torch.exp(scores - m).sub_(torch.exp(-m)).masked_fill_(scores == float("-inf"), 0.0)  # B,H,Tq,Tk
     den = e.abs().sum(-1, keepdim=True).add_(eps)
-    return e.clamp_min(0.0).div_(den), e, den, shift, top
+    return e.clamp_min_(0.0).div_(den), den, m, top
 
 
-def _backward(grad, scores, a, e, den, shift, top, eps: float) -> torch.Tensor:
-    """dL/ds (B,H,Tq,Tk) from g = dL/da. m's gradient is shared by the keys at the row max, as autograd shares an
-    amax's (the reference's)."""
+def _backward(grad, scores, a, den, m, top, eps: float) -> torch.Tensor:
+    """dL/ds (B,H,Tq,Tk) from g = dL/da, without e: e = exp(-m) (exp(s) - 1) has the sign of s, and exp(s - m) is
+    recomputed (on hidden keys it is 0, so their gradient is). m's gradient is shared by the keys at the row max, as
+    autograd shares an amax's (the reference's)."""
     c = (grad * a).sum(-1, keepdim=True)
-    ge = grad.masked_fill(e <= 0, 0.0).sub_(c * torch.sign(e)).div_(den)
-    gs = ge.mul_(e + shift)  # exp(s - m) = e + exp(-m) on visible keys; hidden keys: e = 0, so ge = 0
+    ge = grad.masked_fill(scores <= 0, 0.0).sub_(c * torch.sign(scores)).div_(den)
+    gs = ge.mul_(torch.exp(scores - m))
     at_max = scores == top
     gm = (-eps * c / den).masked_fill_(top <= 0, 0.0)  # through the shift m = max_j s_j, where m > 0
     return gs.addcmul_(at_max, gm / at_max.sum(-1, keepdim=True))
@@ -50,8 +51,8 @@ class _Softpick(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        scores, a, e, den, shift, top = ctx.saved_tensors
-        return compiled(_backward, ctx.on)(grad, scores, a, e, den, shift, top, ctx.eps), None, None
+        scores, a, den, m, top = ctx.saved_tensors
+        return compiled(_backward, ctx.on)(grad, scores, a, den, m, top, ctx.eps), None, None
 
 
 def softpick_of_scores_fused(scores: torch.Tensor, eps: float = SOFTPICK_EPS, compiled: bool = False) -> torch.Tensor:

@@ -26,20 +26,20 @@ def _derivative(w: torch.Tensor, kernel: str) -> torch.Tensor:
 
 
 def _forward(scores: torch.Tensor, kernel: str, normalise: bool, bias: float, eps: float) -> tuple:
-    """(a,) unnormalised, else (a, w, D): a (B,H,Tq,Tk), w = f(s + b), D (B,H,Tq,1) = sum_j w_j + eps."""
+    """(a,) unnormalised (a = w = f(s + b)), else (a, D): a (B,H,Tq,Tk), D (B,H,Tq,1) = sum_j w_j + eps."""
     w = kernel_of(scores + bias if bias else scores, kernel)  # hidden keys: -inf + b -> f(-inf) = 0
     if not normalise:
         return (w,)
     den = w.sum(-1, keepdim=True).add_(eps)  # B,H,Tq,1
-    return w / den, w, den
+    return w.div_(den), den  # w becomes a: the backward takes w back as a D
 
 
-def _backward(grad: torch.Tensor, kernel: str, w: torch.Tensor, den: torch.Tensor | None = None) -> torch.Tensor:
-    """dL/ds (B,H,Tq,Tk) from g = dL/da: unnormalised where den is None."""
+def _backward(grad: torch.Tensor, kernel: str, a: torch.Tensor, den: torch.Tensor | None = None) -> torch.Tensor:
+    """dL/ds (B,H,Tq,Tk) from g = dL/da: unnormalised where den is None (then a = w)."""
     if den is None:
-        return _derivative(w, kernel).mul_(grad)
-    c = (grad * w).sum(-1, keepdim=True).div_(den)  # sum_k g_k a_k
-    return (grad - c).mul_(_derivative(w, kernel)).div_(den)
+        return _derivative(a, kernel).mul_(grad)
+    c = (grad * a).sum(-1, keepdim=True)  # sum_k g_k a_k
+    return (grad - c).mul_(_derivative(a * den, kernel)).div_(den)
 
 
 class _Pointwise(torch.autograd.Function):
@@ -47,7 +47,7 @@ class _Pointwise(torch.autograd.Function):
     def forward(ctx, scores, kernel: str, normalise: bool, bias: float, eps: float, on: bool) -> torch.Tensor:
         out = compiled(_forward, on)(scores, kernel, normalise, bias, eps)
         ctx.kernel, ctx.on = kernel, on
-        ctx.save_for_backward(*out[-2:])  # w (unnormalised: a = w), or w and D
+        ctx.save_for_backward(*out)  # a (unnormalised: a = w), or a and D
         return out[0]
 
     @staticmethod

@@ -58,6 +58,18 @@ def _versions() -> list[str]:
     return lines
 
 
+def _compiled_backend(device) -> str:
+    """Whether backend="compiled" can compile here: Inductor's C++ compiler on CPU, Triton on CUDA."""
+    if device.type == "cuda":
+        return 'backend="compiled" fuses them through Inductor\'s Triton'
+    from probe.kernels.compiled import cpp_compiler
+
+    found = cpp_compiler()
+    if found is None:
+        return 'backend="compiled" cannot run: Inductor finds no C++ compiler (g++, or $CXX)'
+    return f'backend="compiled" fuses them in C++ compiled by {found}'
+
+
 def _auto_paths(device) -> list[str]:
     """What backend="auto" picks here, from the dispatch itself, for a 64-wide head in the device's usual dtype."""
     import torch
@@ -75,6 +87,7 @@ def _auto_paths(device) -> list[str]:
         f"  attention_row_masses  {auto_row_masses(q)} (with a window or a soft-cap: "
         f"{auto_row_masses(q, window=8, softcap=50.0)})",
         f"  depth_attention       {depth_backend(q)}",
+        f"  row rules             torch ({_compiled_backend(device)})",
     ]
     if device.type == "cuda":
         from probe.kernels.launch import KB, device_limits, launch_config

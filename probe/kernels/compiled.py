@@ -29,6 +29,17 @@ RECOMPILE_LIMIT = 64
 
 
 @functools.cache
+def cpp_compiler() -> str | None:
+    """The C++ compiler Inductor compiles CPU code with (its $CXX search), or None where it finds none."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        return get_cpp_compiler()
+    except Exception:  # Inductor's InvalidCxxCompiler, or a torch without it
+        return None
+
+
+@functools.cache
 def _compiled(fn: Callable) -> Callable:
     return torch.compile(fn, dynamic=True, fullgraph=True)
 
@@ -42,6 +53,12 @@ def compiled(fn: F, on: bool = True) -> F:
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        on_cpu = any(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args)
+        if on_cpu and cpp_compiler() is None:
+            raise RuntimeError(
+                "backend='compiled' needs a C++ compiler on CPU (Inductor looks for g++, or $CXX) and found none; "
+                "use backend 'torch' or 'reference'"
+            )
         try:
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 return run(*args, **kwargs)

@@ -10,11 +10,14 @@ import torch
 import probe.kernels.compiled as compiled_module
 import probe.kernels.rule_attention as rule_attention
 from probe.kernels import use_backend
+from probe.kernels.compiled import cpp_compiler
 from probe.kernels.row_rules import ROW_RULES
 from probe.kernels.softpick.fused import softpick_of_scores_fused
 from probe.kernels.softpick.reference import softpick_of_scores
 from probe.models import create
 from tests.support.rules import gqa_inputs
+
+needs_compiler = pytest.mark.skipif(cpp_compiler() is None, reason="no C++ compiler for Inductor on this machine")
 
 
 def _out_and_grads(rule, inputs, backend: str):
@@ -24,6 +27,7 @@ def _out_and_grads(rule, inputs, backend: str):
     return out, torch.autograd.grad((out * weights).sum(), inputs)
 
 
+@needs_compiler
 @pytest.mark.parametrize("name", list(ROW_RULES))
 def test_compiled_rule_matches_the_eager_one(name, monkeypatch):
     monkeypatch.setattr(rule_attention, "QUERY_BLOCK", 4)  # 3 blocks, the last one short
@@ -37,6 +41,7 @@ def test_compiled_rule_matches_the_eager_one(name, monkeypatch):
             torch.testing.assert_close(g, w, rtol=tol, atol=tol)
 
 
+@needs_compiler
 def test_a_model_under_the_compiled_backend_trains_as_the_eager_one():
     model = create("baseline", tier="tiny", seed=0, attn_fn="softpick", n_layers=2, d_model=32, n_heads=2, n_ctx=24)
     ids = torch.randint(0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
@@ -76,3 +81,10 @@ def test_a_compile_that_fails_says_so_in_one_line(monkeypatch):
         RuntimeError, match=r"could not compile _forward \(RuntimeError: no C\+\+ compiler found\); use backend 'torch'"
     ):
         ROW_RULES["softpick"].attention(q, k, v, backend="compiled")
+
+
+def test_a_machine_without_a_compiler_is_told_so_in_one_line(monkeypatch):
+    monkeypatch.setattr(compiled_module, "cpp_compiler", lambda: None)
+    q, k, v, _ = gqa_inputs(5, 5)
+    with pytest.raises(RuntimeError, match=r"needs a C\+\+ compiler on CPU .* and found none; use backend 'torch'"):
+        ROW_RULES["sigmoid"].attention(q, k, v, backend="compiled")

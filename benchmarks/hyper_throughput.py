@@ -7,8 +7,7 @@ differentiated by autograd (the plain loop, as before the hand-written backward)
 Models are timed interleaved (round-robin, every other round in reverse order), one thread, median of ``--iters``,
 in wall-clock and in CPU time; the goal is >= 0.88 of the baseline's throughput. Denormal floats are flushed to zero
 for every model alike unless ``--no-flush-denormal`` (as benchmarks/attention_rules_throughput.py). ``--backend`` is
-the runtime backend every model runs under (probe.kernels.backend): ``compiled`` runs mHC's Sinkhorn steps through
-torch.compile (probe.kernels.compiled; compiled in the warm-up).
+the runtime backend every model runs under (probe.kernels.backend); the connections' own ops are the same under each.
 """
 
 from __future__ import annotations

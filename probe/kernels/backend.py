@@ -4,9 +4,9 @@
     torch      the torch paths: the fused one, the reference where a pattern is asked for
     reference  the readable fp32 reference everywhere (materialises T x T)
     sdpa       the fused torch path (no pattern)
-    compiled   the torch paths, with the row rules' math (softpick, the pointwise rules, stick-breaking) and mHC's
-               Sinkhorn steps compiled by torch.compile (probe.kernels.compiled; Inductor's C++ on CPU, needs a C++
-               compiler); every other op runs its torch path
+    compiled   the torch paths, with the row rules' math (softpick, the pointwise rules, stick-breaking) compiled by
+               torch.compile (probe.kernels.compiled; Inductor's C++ on CPU, needs a C++ compiler); every other op
+               runs its torch path
     triton     the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1)
 
 Precedence, read when an op runs: an explicit ``backend=`` argument, then the innermost ``use_backend(...)`` block,

@@ -3,8 +3,7 @@ OpenMP and SIMD on CPU, Triton on CUDA).
 
 The row rules' fused paths (softpick, the pointwise rules, stick-breaking) make a dozen elementwise passes over each
 block of scores, each a separate eager op that reads and writes the whole block; on a CPU these passes, not the matrix
-products, set a training step's time. Compiled, each forward and each backward is a few loops over the block. mHC's
-39 Sinkhorn divisions of (n, n, B·T) entries compile the same way. The
+products, set a training step's time. Compiled, each forward and each backward is a few loops over the block. The
 compiled function is the eager one (``compiled(fn)(*args) == fn(*args)`` up to summation order), so the eager path is
 its reference and tests compare the two on outputs and gradients.
 

@@ -11,8 +11,6 @@ from safetensors import safe_open
 
 import probe
 from probe.hooks import names
-from probe.kernels import use_backend
-from probe.kernels.compiled import cpp_compiler
 from probe.models import create
 from probe.models.depth_mechanisms.hyper_connections import ManifoldHead, normed_projection, sinkhorn
 from probe.models.hyper import HYPERS, HyperConnection, read_streams
@@ -299,24 +297,3 @@ def test_the_stream_sums_are_computed_only_when_asked():
     with probe.materialize(model):
         model(ids)
     assert fired == ["pre", "mid", "post"]
-
-
-@pytest.mark.skipif(cpp_compiler() is None, reason="no C++ compiler for Inductor on this machine")
-@pytest.mark.parametrize("variant", ["hc", "hc-dynamic", "mhc"])
-def test_the_compiled_backend_computes_what_the_eager_one_does(variant):
-    """backend="compiled" (mHC's Sinkhorn steps through torch.compile; HC's own ops run eager under it): the same
-    loss and gradients as the eager path, in fp64 to summation order."""
-    iters = dict(hc_sinkhorn_iters=3) if variant == "mhc" else {}  # the compile unrolls the steps: 3, not 20
-    model = create(variant, seed=0, **TINY, **iters).double()
-    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
-
-    def loss_and_grads():
-        loss = model(ids, labels=ids).loss
-        return loss.detach(), torch.autograd.grad(loss, list(model.parameters()))
-
-    with use_backend("compiled"):
-        got_loss, got_grads = loss_and_grads()
-    want_loss, want_grads = loss_and_grads()
-    torch.testing.assert_close(got_loss, want_loss, rtol=1e-12, atol=1e-12)
-    for got, want in zip(got_grads, want_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

@@ -14,8 +14,6 @@ import torch
 import torch.nn as nn
 from transformer_lens.hook_points import HookPoint
 
-from probe.kernels.backend import current_backend
-from probe.kernels.compiled import compiled
 from probe.models.hyper import HyperConnection, read_streams, register_hyper
 from probe.models.layers import RMSNorm
 
@@ -97,67 +95,39 @@ def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     lead, (n_in, n_out) = logits.shape[:-2], logits.shape[-2:]
     # n_in, n_out, M, contiguous: the softmax over a strided view takes ~50x longer
     by_entry = logits.reshape(-1, n_in, n_out).permute(1, 2, 0).contiguous()
-    fused = current_backend() == "compiled"
-    comb = _Normalise.apply(torch.softmax(by_entry, dim=1) + eps, iters, eps, fused)  # n_in, n_out, M
+    comb = _Normalise.apply(torch.softmax(by_entry, dim=1) + eps, iters, eps)  # n_in, n_out, M
     return comb.permute(2, 1, 0).reshape(*lead, n_out, n_in).contiguous()  # row-major for the batched products
-
-
-def _steps(comb: torch.Tensor, iters: int, eps: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Each division's output and divisor, columns first (dim 0: a column's sum over its inputs, 1: a row's)."""
-    outs, divisors = [], []
-    eps_value = comb.new_tensor(eps)  # a 0-dim tensor: a Python float is converted on every add, ~4x its cost
-    for dim in _dims(iters):
-        divisor = comb.sum(dim=dim, keepdim=True).add_(eps_value)
-        comb = comb / divisor
-        outs.append(comb)
-        divisors.append(divisor)
-    return outs, divisors
-
-
-def _dims(iters: int) -> list[int]:
-    return [0] + [1, 0] * (iters - 1)
-
-
-def _steps_backward(grad, outs, divisors, iters: int) -> torch.Tensor:
-    for dim, out, divisor in zip(reversed(_dims(iters)), reversed(outs), reversed(divisors)):
-        grad = (grad - (grad * out).sum(dim=dim, keepdim=True)).div_(divisor)
-    return grad
-
-
-def _normalised(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    return _steps(comb, iters, eps)[0][-1]
-
-
-def _normalised_backward(grad: torch.Tensor, comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    return _steps_backward(grad, *_steps(comb, iters, eps), iters)
 
 
 class _Normalise(torch.autograd.Function):
     """The 2·iters − 1 alternating divisions y = x / (Σ x + eps) (columns first) of the entries (n_in, n_out, M) with a
     hand-written backward: each step's gradient is (g − Σ g·y) / (Σ x + eps), the same derivative autograd takes of
     the loop, in a third of the operations (the mHC connection's cost is these tiny n × n steps, not their
-    arithmetic). Compiled (backend="compiled"), the steps are one fused loop each way: the forward keeps only its
-    input and the backward recomputes the steps."""
+    arithmetic)."""
 
     @staticmethod
-    def forward(ctx, comb: torch.Tensor, iters: int, eps: float, fused: bool) -> torch.Tensor:  # n_in, n_out, M
-        ctx.iters, ctx.eps, ctx.fused = iters, eps, fused
-        if fused:
-            ctx.save_for_backward(comb)
-            return compiled(_normalised)(comb, iters, eps)
-        outs, divisors = _steps(comb, iters, eps)
+    def forward(ctx, comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:  # n_in, n_out, M
+        dims = [0] + [1, 0] * (iters - 1)  # 0: a column's sum over its inputs, 1: a row's over its outputs
+        outs, divisors = [], []
+        eps_value = comb.new_tensor(eps)  # a 0-dim tensor: a Python float is converted on every add, ~4x its cost
+        for dim in dims:
+            divisor = comb.sum(dim=dim, keepdim=True).add_(eps_value)
+            comb = comb / divisor
+            outs.append(comb)
+            divisors.append(divisor)
+        ctx.dims = dims
         ctx.save_for_backward(*outs, *divisors)
-        return outs[-1]
+        return comb
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
+        saved = ctx.saved_tensors
+        outs, divisors = saved[: len(ctx.dims)], saved[len(ctx.dims) :]
         grad = grad.contiguous()  # it arrives through the caller's permute
-        if ctx.fused:
-            (comb,) = ctx.saved_tensors
-            return compiled(_normalised_backward)(grad, comb, ctx.iters, ctx.eps), None, None, None
-        saved, steps = ctx.saved_tensors, 2 * ctx.iters - 1
-        return _steps_backward(grad, saved[:steps], saved[steps:], ctx.iters), None, None, None
+        for dim, out, divisor in zip(reversed(ctx.dims), reversed(outs), reversed(divisors)):
+            grad = (grad - (grad * out).sum(dim=dim, keepdim=True)).div_(divisor)
+        return grad, None, None
 
 
 def normed_projection(x: torch.Tensor, proj: torch.Tensor, eps: float) -> torch.Tensor:

@@ -20,6 +20,20 @@ from tests.support.rules import gqa_inputs
 needs_compiler = pytest.mark.skipif(cpp_compiler() is None, reason="no C++ compiler for Inductor on this machine")
 
 
+@pytest.fixture
+def compiled_names(monkeypatch) -> list[str]:
+    """The qualified names of the functions run compiled during the test: proof that the compiled path was taken."""
+    names: list[str] = []
+    real = compiled_module._compiled
+
+    def recording(fn):
+        names.append(fn.__qualname__)
+        return real(fn)
+
+    monkeypatch.setattr(compiled_module, "_compiled", recording)
+    return names
+
+
 def _out_and_grads(rule, inputs, backend: str):
     q, k, v, key_bias = inputs
     out = rule.attention(q, k, v, bias=rule.bias(16), key_bias=key_bias, backend=backend).out
@@ -29,7 +43,7 @@ def _out_and_grads(rule, inputs, backend: str):
 
 @needs_compiler
 @pytest.mark.parametrize("name", list(ROW_RULES))
-def test_compiled_rule_matches_the_eager_one(name, monkeypatch):
+def test_compiled_rule_matches_the_eager_one(name, monkeypatch, compiled_names):
     monkeypatch.setattr(rule_attention, "QUERY_BLOCK", 4)  # 3 blocks, the last one short
     rule = ROW_RULES[name]
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-5)):
@@ -39,10 +53,11 @@ def test_compiled_rule_matches_the_eager_one(name, monkeypatch):
         torch.testing.assert_close(got, want, rtol=tol, atol=tol)
         for g, w in zip(got_grads, want_grads, strict=True):
             torch.testing.assert_close(g, w, rtol=tol, atol=tol)
+    assert len(compiled_names) >= 2 * 2 * 3  # forward and backward pieces, both dtypes, every block
 
 
 @needs_compiler
-def test_a_model_under_the_compiled_backend_trains_as_the_eager_one():
+def test_a_model_under_the_compiled_backend_trains_as_the_eager_one(compiled_names):
     model = create("baseline", tier="tiny", seed=0, attn_fn="softpick", n_layers=2, d_model=32, n_heads=2, n_ctx=24)
     ids = torch.randint(0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
 
@@ -52,7 +67,9 @@ def test_a_model_under_the_compiled_backend_trains_as_the_eager_one():
 
     with use_backend("compiled"):
         got_loss, got_grads = loss_and_grads()
+    assert set(compiled_names) == {"_forward", "_backward"}  # softpick's, run compiled under the runtime choice
     want_loss, want_grads = loss_and_grads()
+    assert len(compiled_names) == 2 * 2 * 1  # 2 layers x (forward, backward) x 1 block: the eager run compiled none
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-6, atol=1e-6)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)

@@ -618,6 +618,20 @@ def _longest(doc: dict, model: str, tool: str) -> int:
     return max(r["T"] for r in _by(doc, model=model, tool=tool))
 
 
+def _stops(doc: dict, models: list[str]) -> str:
+    """Per tool, how many of ``models`` each cap (or --max-ctx) stopped: "probe the time cap 3; ..."."""
+    caps = {"max-ctx": "--max-ctx", "time": "the time cap", "memory": "the memory cap"}
+    parts = []
+    for tool in TOOLS:
+        counts: dict[str, int] = {}
+        for model in models:
+            T = _longest(doc, model, tool)
+            stop = _by(doc, model=model, tool=tool, T=T)[0]["stopped"]
+            counts[caps.get(stop, "nothing")] = counts.get(caps.get(stop, "nothing"), 0) + 1
+        parts.append(f"{tool} " + ", ".join(f"{cap} {n}" for cap, n in sorted(counts.items(), key=lambda c: -c[1])))
+    return "; ".join(parts)
+
+
 def _real_model(doc: dict, T: int) -> list[str]:
     """The Gemma 3 270M bullet, where it ran."""
     if not _by(doc, model=GEMMA):
@@ -662,9 +676,9 @@ def findings(doc: dict) -> list[str]:
         "T × T pattern from HF's eager attention (O(T²) memory per layer).",
         *_real_model(doc, T),
         f"- **Longest context reached** within the caps: probe {reach('probe')}; TransformerLens "
-        f"{reach('TransformerLens')}; nnsight {reach('nnsight')}. On this loaded machine the time cap, whose "
-        "forecast from one doubling is noisy, stopped most of them (the table below says which); the memory columns "
-        "are the steadier comparison.",
+        f"{reach('TransformerLens')}; nnsight {reach('nnsight')}. What stopped each, over the {len(tiny)} tiny "
+        f"models: {_stops(doc, tiny)} (the table below says which). The time cap's forecast from one doubling is "
+        "noisy on a loaded machine; the memory columns are the steadier comparison.",
         f"- **Hooks.** On tiny {SHOWN} probe exposes {hooks.get('probe', '–')} hook names and the bridge "
         f"{hooks.get('TransformerLens', '–')} TransformerLens names ({hooks.get('shared', '–')} in both; "
         "[Hook names](../reference/hook-names.md) lists the differences family by family): probe's own are the "

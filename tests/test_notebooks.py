@@ -9,7 +9,6 @@ one build per session); these tests read the executed copies the build leaves be
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -17,16 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 HAVE_BROWSER = any(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "chrome"))
 
 
 def _checks():
-    spec = importlib.util.spec_from_file_location("probe_docs_notebooks", ROOT / "scripts" / "docs" / "notebooks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/docs/notebooks.py", "probe_docs_notebooks")
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,14 @@ is taken out of the copy first, so the test applies the guide to the package as 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOGUE = "probe/catalogue.py"
@@ -35,10 +36,7 @@ ENV.pop("PROBE_BACKEND", None)
 
 
 def _site():
-    spec = importlib.util.spec_from_file_location("probe_docs_site", ROOT / "scripts" / "docs" / "site.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/docs/site.py", "probe_docs_site")
 
 
 class Guide:

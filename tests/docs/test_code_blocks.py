@@ -18,7 +18,6 @@ A block with no mark fails the first test."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import os
 import shlex
@@ -26,15 +25,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 
 def _site():
-    spec = importlib.util.spec_from_file_location("probe_docs_site", ROOT / "scripts" / "docs" / "site.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/docs/site.py", "probe_docs_site")
 
 
 site = _site()

@@ -4,16 +4,13 @@ function is split into named pieces that read top-down."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import textwrap
 from pathlib import Path
 
+from tests.support.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("long_functions", ROOT / "scripts" / "ci" / "long_functions.py")
-long_functions = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = long_functions  # its dataclass looks its module up
-_spec.loader.exec_module(long_functions)
+long_functions = load_script("scripts/ci/long_functions.py", "long_functions")
 
 
 def _function(name: str, body_lines: int, decorators: tuple[str, ...] = (), indent: str = "") -> str:

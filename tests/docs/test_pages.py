@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 WIDTH = 1280
@@ -40,12 +42,7 @@ def browser(tmp_path_factory):
 
 
 def _site():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("probe_docs_site", ROOT / "scripts" / "docs" / "site.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/docs/site.py", "probe_docs_site")
 
 
 def _figures_asked(markdown: str) -> int:

@@ -5,20 +5,18 @@ names a commit, and the getting-started page and the README quote the same .ci/r
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections import defaultdict
 from pathlib import Path
+
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md")) + ["README.md"]
 
 
 def _site():
-    spec = importlib.util.spec_from_file_location("probe_docs_site", ROOT / "scripts" / "docs" / "site.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/docs/site.py", "probe_docs_site")
 
 
 def _notes_by_block() -> dict[str, dict[str, str]]:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("mkdocs")
 pytest.importorskip("material")
@@ -142,12 +144,7 @@ def test_the_readme_leads_with_the_two_commands_and_links_into_the_site():
 
 
 def _site():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("probe_docs_site", ROOT / "scripts" / "docs" / "site.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/docs/site.py", "probe_docs_site")
 
 
 def test_the_site_opens_offline_in_a_browser(built, tmp_path):

@@ -4,7 +4,6 @@ point lr3e-3 (the training the zoo's probe/bb-* models come from); a finished ru
 its chain as default data."""
 
 import dataclasses
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -25,6 +24,7 @@ from probe.runs import snapshot_steps
 from probe.train.checkpoint import load_model
 from tests.support.analyses import full_jacobian_norms
 from tests.support.cli import assert_one_line_error
+from tests.support.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
@@ -50,10 +50,7 @@ TINY = [
 
 
 def sweep_module():
-    spec = importlib.util.spec_from_file_location("sink_emergence_sweep", REPO / "scripts" / "sink_emergence_sweep.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/sink_emergence_sweep.py", "sink_emergence_sweep")
 
 
 def test_recipe_defaults_are_the_sweep_point_lr3e_3():

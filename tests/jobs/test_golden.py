@@ -7,7 +7,6 @@ within that, once tied read norms were made one tie; before, one injection case 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -15,12 +14,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.support.scripts import load_script
+
 GOLDEN = Path(__file__).resolve().parent / "golden"
-_spec = importlib.util.spec_from_file_location(
-    "make_golden", GOLDEN.parents[2] / "scripts" / "golden" / "make_golden.py"
-)
-make_golden = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make_golden)  # the same run and the same read-back of pages as the recording
+make_golden = load_script("scripts/golden/make_golden.py", "make_golden")  # the same run and read-back as the recording
 CASES = json.loads((GOLDEN / "cases.json").read_text())["cases"]
 RTOL, ATOL = 1e-4, 1e-6  # fp32 rounding across CPUs (module docstring)
 

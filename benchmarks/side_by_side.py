@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -623,12 +624,9 @@ def _stops(doc: dict, models: list[str]) -> str:
     caps = {"max-ctx": "--max-ctx", "time": "the time cap", "memory": "the memory cap"}
     parts = []
     for tool in TOOLS:
-        counts: dict[str, int] = {}
-        for model in models:
-            T = _longest(doc, model, tool)
-            stop = _by(doc, model=model, tool=tool, T=T)[0]["stopped"]
-            counts[caps.get(stop, "nothing")] = counts.get(caps.get(stop, "nothing"), 0) + 1
-        parts.append(f"{tool} " + ", ".join(f"{cap} {n}" for cap, n in sorted(counts.items(), key=lambda c: -c[1])))
+        stops = (_by(doc, model=m, tool=tool, T=_longest(doc, m, tool))[0]["stopped"] for m in models)
+        counts = Counter(caps.get(stop, "nothing") for stop in stops)
+        parts.append(f"{tool} " + ", ".join(f"{cap} {n}" for cap, n in counts.most_common()))
     return "; ".join(parts)
 
 

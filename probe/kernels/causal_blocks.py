@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 from torch.autograd.function import once_differentiable
 
-from probe.kernels.common import wide
+from probe.kernels.common import wide, wide_dtype
 
 OfScores = Callable[[torch.Tensor], torch.Tensor]  # scores (B,H,b,n), hidden keys -inf -> weights (B,H,b,n)
 
@@ -105,8 +105,7 @@ def _heads_first(x: torch.Tensor, G: int) -> torch.Tensor:
     """x (B,T,h,d) -> (B,h·G,T,d), contiguous, wide (each head repeated G times: GQA); a new tensor."""
     B, T, h, d = x.shape
     if G == 1:  # one copy, transposing and widening at once
-        wide_dtype = torch.promote_types(x.dtype, torch.float32)
-        return torch.empty(B, h, T, d, dtype=wide_dtype, device=x.device).copy_(x.transpose(1, 2))
+        return torch.empty(B, h, T, d, dtype=wide_dtype(x.dtype), device=x.device).copy_(x.transpose(1, 2))
     return wide(x).transpose(1, 2).repeat_interleave(G, dim=1)
 
 

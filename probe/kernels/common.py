@@ -15,9 +15,14 @@ import torch.nn.functional as F
 cpu_flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
+def wide_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32, or ``dtype`` when wider: the references' precision."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def wide(x: torch.Tensor) -> torch.Tensor:
     """x in fp32, or in its own dtype when wider: fp64 stays fp64, so fp64 checks against other code are exact."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+    return x.to(wide_dtype(x.dtype))
 
 
 def pad_last(x: torch.Tensor, size: int) -> torch.Tensor:

@@ -44,11 +44,14 @@ def _compiled(fn: Callable) -> Callable:
 
 
 def compiled(fn: F, on: bool = True) -> F:
-    """``fn`` compiled by torch.compile where ``on`` (cached per function), else ``fn`` itself. A compile that fails
-    raises a RuntimeError in one line, naming the eager backends."""
-    if not on:
-        return fn
-    run = _compiled(fn)
+    """``fn`` compiled by torch.compile where ``on`` (its wrapper built once per function), else ``fn`` itself. A
+    compile that fails raises a RuntimeError in one line, naming the eager backends."""
+    return _checked(fn) if on else fn  # type: ignore[return-value]
+
+
+@functools.cache
+def _checked(fn: Callable) -> Callable:
+    """``fn``'s compiled form behind the one-line errors."""
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
@@ -60,7 +63,7 @@ def compiled(fn: F, on: bool = True) -> F:
             )
         try:
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                return run(*args, **kwargs)
+                return _compiled(fn)(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as e:  # no C++ compiler, or Inductor cannot lower fn
             cause = getattr(e, "inner_exception", None) or e
             first = (str(cause).strip().splitlines() or [""])[0]
@@ -69,4 +72,4 @@ def compiled(fn: F, on: bool = True) -> F:
                 "use backend 'torch' or 'reference'"
             ) from e
 
-    return call  # type: ignore[return-value]
+    return call

@@ -15,7 +15,7 @@ from probe.kernels.row_rules import ROW_RULES
 from probe.kernels.softpick.fused import softpick_of_scores_fused
 from probe.kernels.softpick.reference import softpick_of_scores
 from probe.models import create
-from tests.support.rules import gqa_inputs
+from tests.support.rules import gqa_inputs, out_and_grads
 
 needs_compiler = pytest.mark.skipif(cpp_compiler() is None, reason="no C++ compiler for Inductor on this machine")
 
@@ -34,13 +34,6 @@ def compiled_names(monkeypatch) -> list[str]:
     return names
 
 
-def _out_and_grads(rule, inputs, backend: str):
-    q, k, v, key_bias = inputs
-    out = rule.attention(q, k, v, bias=rule.bias(16), key_bias=key_bias, backend=backend).out
-    weights = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).view_as(out)  # a loss that weighs every entry
-    return out, torch.autograd.grad((out * weights).sum(), inputs)
-
-
 @needs_compiler
 @pytest.mark.parametrize("name", list(ROW_RULES))
 def test_compiled_rule_matches_the_eager_one(name, monkeypatch, compiled_names):
@@ -48,8 +41,8 @@ def test_compiled_rule_matches_the_eager_one(name, monkeypatch, compiled_names):
     rule = ROW_RULES[name]
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-5)):
         inputs = tuple(x.detach().to(dtype).requires_grad_() for x in gqa_inputs(10, 10, seed=2))
-        got, got_grads = _out_and_grads(rule, inputs, "compiled")
-        want, want_grads = _out_and_grads(rule, inputs, "torch")
+        got, got_grads = out_and_grads(rule, inputs, backend="compiled")
+        want, want_grads = out_and_grads(rule, inputs, backend="torch")
         torch.testing.assert_close(got, want, rtol=tol, atol=tol)
         for g, w in zip(got_grads, want_grads, strict=True):
             torch.testing.assert_close(g, w, rtol=tol, atol=tol)

@@ -9,15 +9,7 @@ import torch
 
 import probe.kernels.rule_attention as rule_attention
 from probe.kernels.row_rules import ROW_RULES
-from tests.support.rules import gqa_inputs
-
-
-def _out_and_grads(rule, inputs, return_pattern: bool):
-    q, k, v, key_bias = inputs
-    out = rule.attention(q, k, v, bias=rule.bias(16), key_bias=key_bias, return_pattern=return_pattern).out
-    weights = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).view_as(out)  # a loss that weighs every entry
-    grads = torch.autograd.grad((out * weights).sum(), inputs)
-    return out, grads
+from tests.support.rules import gqa_inputs, out_and_grads
 
 
 @pytest.mark.parametrize("name", list(ROW_RULES))
@@ -26,8 +18,8 @@ def test_blocks_match_the_square(name, Tq, Tk, monkeypatch):
     monkeypatch.setattr(rule_attention, "QUERY_BLOCK", 3)  # 3 and 4 blocks, the last one short
     rule = ROW_RULES[name]
     inputs = gqa_inputs(Tq, Tk)
-    blocked, blocked_grads = _out_and_grads(rule, inputs, return_pattern=False)
-    square, square_grads = _out_and_grads(rule, inputs, return_pattern=True)
+    blocked, blocked_grads = out_and_grads(rule, inputs, return_pattern=False)
+    square, square_grads = out_and_grads(rule, inputs, return_pattern=True)
     torch.testing.assert_close(blocked, square, rtol=1e-12, atol=1e-12)
     for got, want in zip(blocked_grads, square_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-12)
@@ -41,8 +33,10 @@ def test_blocks_keep_the_callers_dtypes(dtype, monkeypatch):
     rule = ROW_RULES["sigmoid-norm"]
     wide_inputs = gqa_inputs(9, 9, seed=1)
     low = tuple(x.detach().to(dtype).requires_grad_() for x in wide_inputs)
-    want, want_grads = _out_and_grads(rule, tuple(x.detach().to(dtype).double().requires_grad_() for x in low), False)
-    got, got_grads = _out_and_grads(rule, low, return_pattern=False)
+    want, want_grads = out_and_grads(
+        rule, tuple(x.detach().to(dtype).double().requires_grad_() for x in low), return_pattern=False
+    )
+    got, got_grads = out_and_grads(rule, low, return_pattern=False)
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-6)
     assert got.dtype == dtype and all(g.dtype == dtype for g in got_grads)
     torch.testing.assert_close(got.double(), want, **tol)

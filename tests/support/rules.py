@@ -23,6 +23,15 @@ def gradients_by_backend(attention, seed: int = 1, **kw) -> list[tuple[torch.Ten
     return list(zip(*grads))
 
 
+def out_and_grads(rule, inputs, **kw):
+    """A row rule's output and the gradients of sum(out * w) (w: a linspace over every entry) in q, k, v and the key
+    bias of ``inputs`` (gqa_inputs); ``kw`` for the op (return_pattern, backend)."""
+    q, k, v, key_bias = inputs
+    out = rule.attention(q, k, v, bias=rule.bias(16), key_bias=key_bias, **kw).out
+    weights = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).view_as(out)  # a loss that weighs every entry
+    return out, torch.autograd.grad((out * weights).sum(), inputs)
+
+
 def gqa_inputs(Tq: int, Tk: int, seed: int = 0):
     """fp64 leaves q (2,Tq,4,8), k and v (2,Tk,2,8) (two query heads per KV head), key_bias (2,2,Tk), from seed."""
     g = torch.Generator().manual_seed(seed)

@@ -4,10 +4,10 @@ so a forward + backward makes fewer (B, H, Tq, Tk) passes than autograd through 
     forward    m = max(0, max_j s_j), e_j = exp(s_j - m) - exp(-m) (0 where hidden), D = sum_j |e_j| + eps,
                a_j = relu(e_j) / D
     backward   with g the gradient on a and c = sum_j g_j a_j:
-               dL/de_j = (g_j [e_j > 0] - c sign(e_j)) / D,  dL/ds_j = dL/de_j exp(s_j - m)  (visible j);
-               e_j = exp(-m) (exp(s_j) - 1) has the sign of s_j, so the backward needs the scores, not e
+               dL/de_j = (g_j [e_j > 0] - c sign(e_j)) / D,  dL/ds_j = dL/de_j exp(s_j - m)  (visible j)
                and through m (where m > 0; its gradient is shared by the keys at the max, as for the reference's amax):
                dL/dm = -sum_j dL/de_j e_j = -c eps / D
+               e_j = exp(-m) (exp(s_j) - 1) has the sign of s_j, so the backward needs the scores, not e
 
 ``compiled=True`` runs the same two functions through torch.compile (probe.kernels.compiled: backend="compiled").
 """

@@ -3,7 +3,9 @@
 # settings on this GPU), then the kernel suite (benchmarks/kernels_gpu.py: against SDPA, FlexAttention and, when its
 # wheel was carried, fla's parallel_attn, T = 1k ... 16k), then the GPU-marked kernel tests. Run from the repo root:
 #   scripts/gpu/fetch_wheels.sh            # here, once: fla-core into .whl/ (git-ignored)
+#   scripts/gpu/slim_tree.sh off           # the tracked tree (~104 MB) is over the 64 MiB a run carries
 #   run(carry=[".whl"], timeout_s=420, command="bash scripts/gpu/check.sh")
+#   scripts/gpu/slim_tree.sh on            # before the next commit
 # Each section writes its result under $OUT as soon as it finishes (gpu.txt, doctor.txt, bench/<section>.txt and
 # .jsonl, kernel_tests.log), so a run cut short still returns what it measured.
 # Environment: T (sequence lengths, default "1024 2048 4096 8192 16384"), SECTIONS (default "sink fla masses depth"),

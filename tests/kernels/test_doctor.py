@@ -41,7 +41,7 @@ def test_doctor_bad_arch_is_one_line_naming_the_choices():
 
 
 def test_gpu_scripts_parse():
-    for script in ("scripts/gpu/check.sh", "scripts/gpu/fetch_wheels.sh"):
+    for script in ("scripts/gpu/check.sh", "scripts/gpu/fetch_wheels.sh", "scripts/gpu/slim_tree.sh"):
         r = subprocess.run(["bash", "-n", str(REPO / script)], capture_output=True, text=True)
         assert r.returncode == 0, (script, r.stderr)
     text = (REPO / "scripts/gpu/check.sh").read_text()

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One prepared GPU session (<= 5 minutes on one H200): `probe doctor` (each kernel against its reference, launch
 # settings on this GPU), then the kernel suite (benchmarks/kernels_gpu.py: against SDPA, FlexAttention and, when its
-# wheel was carried, fla's parallel_attn, T = 1k ... 16k), then the GPU-marked kernel tests. Run from the repo root:
+# wheel was carried, fla's parallel_attn, T = 1k ... 16k), then the GPU-marked kernel tests and the other kernel tests'
+# Triton cases (on CUDA there). Run from the repo root:
 #   scripts/gpu/fetch_wheels.sh            # here, once: fla-core into .whl/ (git-ignored)
 #   scripts/gpu/slim_tree.sh off           # the tracked tree (~104 MB) is over the 64 MiB a run carries
 #   run(carry=[".whl"], timeout_s=420, command="bash scripts/gpu/check.sh")
 #   scripts/gpu/slim_tree.sh on            # before the next commit
 # Each section writes its result under $OUT as soon as it finishes (gpu.txt, doctor.txt, bench/<section>.txt and
-# .jsonl, kernel_tests.log), so a run cut short still returns what it measured.
+# .jsonl, kernel_tests.log, triton_tests.log), so a run cut short still returns what it measured.
 # Environment: T (sequence lengths, default "1024 2048 4096 8192 16384"), SECTIONS (default "sink fla masses depth"),
 # SKIP_TESTS, ZOO_STEPS (default 0: the zoo is opt-in; > 0 trains it after everything else, see probe.train.zoo,
 # with ZOO_BATCH, ZOO_LR, ZOO_JOBS, ZOO_VARIANTS).
@@ -32,6 +33,10 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     timeout 60 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/kernels/test_sink_attention.py \
         tests/kernels/test_depth_attention.py -m gpu 2>&1 \
         | tail -n 40 > "$OUT/kernel_tests.log"; cat "$OUT/kernel_tests.log"
+    # the other kernel tests' Triton cases, on CUDA here (the row rules' kernels have never run on a GPU)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts= tests/kernels/test_rule_triton.py \
+        tests/kernels/test_row_masses.py tests/kernels/test_sink_attention_edits.py -k triton \
+        2>&1 | tail -n 40 > "$OUT/triton_tests.log"; cat "$OUT/triton_tests.log"
 fi
 
 if [ "${ZOO_STEPS:-0}" != 0 ]; then

@@ -2,7 +2,8 @@
 
 ``probe.load(name)`` accepts
 
-* zoo names ``probe/tiny-<variant>`` or ``tiny-<variant>`` → the packaged checkpoint ``probe/zoo/<name>/``;
+* zoo names ``probe/<name>`` or the bare ``tiny-<variant>`` / ``bb-<variant>`` (the zoo's two families: the tiny
+  text models and the Bigram-Backcopy ones) → the packaged checkpoint ``probe/zoo/<name>/``;
 * ``pythia-{14m,…,12b}[-deduped][@step{N}]`` → ``EleutherAI/pythia-…`` at revision ``step{N}``;
 * ``olmo-2-0425-1b`` / ``olmo-2-1124-7b`` / … (or their repo ids) ``[@step{N}]`` → ``allenai/OLMo-2-…`` at the
   branch ``stage1-step{N}-tokens{X}B`` that ``revisions.json`` records for step N (the names OLMo publishes, which
@@ -52,6 +53,7 @@ from probe.progress import quiet_hf_bars
 from probe.writes import clean_text
 
 ZOO_DIR = runs.ZOO_DIR  # a module global, so tests can point the loader at another zoo
+ZOO_FAMILIES = ("tiny-", "bb-")  # bare names with these prefixes are the zoo's (tiny text, Bigram-Backcopy models)
 
 PYTHIA_SIZES = ("14m", "31m", "70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b")
 # Pythia checkpoints: step0, log-spaced steps 1…512, then every 1000 steps up to 143000 (= main)
@@ -325,7 +327,7 @@ def resolve(name) -> tuple[str, str | None, str]:
         if (model_dir := runs.run_model_dir(path)) is not None:  # a `probe train` run: final model, else checkpoint
             return str(model_dir.resolve()), None, "local"
         raise ModelNotFoundError(f"{raw} is a directory but holds no config.json (not a saved model)")
-    if raw.startswith("probe/") or raw.startswith("tiny-"):
+    if raw.startswith(("probe/", *ZOO_FAMILIES)):
         zoo = raw.split("/", 1)[1] if raw.startswith("probe/") else raw
         have = zoo_names()
         if zoo in have:  # one of the zoo's own folders by name: no '..', no absolute path leads out of the zoo

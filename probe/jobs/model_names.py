@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import difflib
 
-from probe.checkpoints.load import KNOWN_CHECKPOINTS, ModelNotFoundError, RevisionError, check_available, resolve
+from probe.checkpoints.load import (
+    KNOWN_CHECKPOINTS,
+    ModelNotFoundError,
+    RevisionError,
+    check_available,
+    resolve,
+    zoo_names,
+)
 from probe.errors import UsageError
 
 KNOWN_HINT = (
-    "see `probe models`: zoo names probe/tiny-<variant>, pythia-14m ... pythia-12b[-deduped][@stepN], "
-    "gpt-oss-20b, gpt-oss-120b, an HF repo id, a local model directory, a `probe train` run "
-    "directory[@stepN] or a .gguf file"
+    "see `probe models`: zoo names probe/tiny-<variant> and probe/bb-<variant>, "
+    "pythia-14m ... pythia-12b[-deduped][@stepN], gpt-oss-20b, gpt-oss-120b, an HF repo id, a local model directory, "
+    "a `probe train` run directory[@stepN] or a .gguf file"
 )
 
 
@@ -28,7 +35,8 @@ def model_error(flag: str, name: str, e: ValueError) -> UsageError:
     if isinstance(e, RevisionError):  # the revision is what is wrong, not the model's name
         return UsageError(f"{flag} {name!r}: {text}")
     base = name.split("@")[0]
-    close = difflib.get_close_matches(base, list(KNOWN_CHECKPOINTS), n=1)
+    zoo = zoo_names()  # bare and probe/ prefixed, as either is accepted
+    close = difflib.get_close_matches(base, [*KNOWN_CHECKPOINTS, *zoo, *(f"probe/{n}" for n in zoo)], n=1)
     hint = f"did you mean {close[0]}? " if close and close[0] != base else ""
     return UsageError(f"{flag} {name!r}: {text}; {hint}{KNOWN_HINT}")
 

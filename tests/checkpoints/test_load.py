@@ -93,6 +93,11 @@ def test_resolve_zoo(tmp_path, monkeypatch):
     assert L.resolve("tiny-baseline") == expected
     with pytest.raises(L.ModelNotFoundError, match=r"no zoo checkpoint 'tiny-sink'; available: tiny-baseline"):
         L.resolve("tiny-sink")
+    (tmp_path / "bb-softpick").mkdir()  # the Bigram-Backcopy family answers to its bare name too
+    (tmp_path / "bb-softpick" / "config.json").write_text("{}")
+    assert L.resolve("bb-softpick") == L.resolve("probe/bb-softpick") == (str(tmp_path / "bb-softpick"), None, "zoo")
+    with pytest.raises(L.ModelNotFoundError, match=r"no zoo checkpoint 'bb-sink'; available: bb-softpick, tiny-base"):
+        L.resolve("bb-sink")
 
 
 def test_known_checkpoints_and_listing():

@@ -576,6 +576,8 @@ LIGHT_ERRORS = [  # rejected by the parser or before any model is loaded
     (["sinks", "--data", "no/such/file.txt"], ["'no/such/file.txt'", "wikitext-2-test", "shakespeare"]),
     (["inject", "--model", "no-such-model-xyz"], ["'no-such-model-xyz'", "offline", "pythia-14m", "local model"]),
     (["sinks", "--model", "pythia-41m"], ["'pythia-41m'", "did you mean pythia-410m?"]),
+    (["sinks", "--model", "bb-stickbreakng"], ["no zoo checkpoint", "did you mean bb-stickbreaking?", "probe/bb-"]),
+    (["sinks", "--model", "probe/bb-softpik"], ["no zoo checkpoint", "did you mean probe/bb-softpick?"]),
     (["sinks", "--model", "pythia-70m@step1500"], ["'pythia-70m@step1500'", "no checkpoint at step 1500"]),
     (["report", "--checkpoints", "pythia-160m@step1000,step2000"], ["pythia-160m@step1000", "offline"]),
     (["report", "--checkpoints", "step1000,step2000"], ["needs a model and a revision"]),

@@ -104,7 +104,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default=None,
         metavar="MODE",
         help="depth reads forced to the uniform mix, the residual sum, or with one source category "
-        "dropped (default all three); adds depth",
+        "dropped; hyper-connections' weights forced to uniform or no stream mixing (default all three); adds depth",
     )
     _register_flags(g)
     g.add_argument(

@@ -1,5 +1,6 @@
 """Depth forcing: a depth read site's weights forced to the uniform mix, the standard residual, or with one source
-category dropped (sub-layer sources; DenseFormer / MUDD dense mixes of block states take the first two)."""
+category dropped (sub-layer sources; DenseFormer / MUDD dense mixes of block states and hyper-connections take the
+first two)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ from probe.hooks import names
 class DepthForcing(Intervention):
     """hook_depth_weights over sub-layer sources (DenseFormer / MUDD: dense.hook_weights over block states) forced to
     the uniform mix, to the standard residual (weight 1 on every sub-layer source; one-hot on the latest block state
-    for dense mixes), or, for sub-layer sources, with the category ``drop`` dropped and the rest renormalised."""
+    for dense mixes), or, for sub-layer sources, with the category ``drop`` dropped and the rest renormalised. A
+    hyper-connection (site blocks.<l>.hc_attn / hc_mlp) has its three weights forced: both modes read the streams' mean
+    (H_pre = 1/n) and write the output to every stream (H_post = 1); ``residual`` mixes none (H_res = I: the streams'
+    mean is then a plain residual stream), ``uniform`` mixes all alike (H_res = 1/n: every stream becomes the mean)."""
 
     mode: str = "uniform"  # one of DEPTH_MODES
     drop: str | None = None  # mode "drop": the source category dropped (SOURCE_CATEGORIES)
@@ -48,8 +52,9 @@ class DepthForcing(Intervention):
             check_choice("source category", self.drop, SOURCE_CATEGORIES)
 
     def takes(self, model, site: str) -> bool:
-        """Dense mixes take uniform / residual; a drop needs the category present and something left after it."""
-        if site.endswith(".dense"):
+        """Dense mixes and hyper-connections take uniform / residual; a drop needs the category present and something
+        left after it."""
+        if site.endswith(".dense") or _is_hyper(site):
             return self.mode != "drop"
         if self.mode != "drop":
             return True
@@ -65,10 +70,16 @@ class DepthForcing(Intervention):
                 f"{', '.join(targets) or 'none'}"
             )
         sites = [where.site] if where.site is not None else targets
-        return [self.site_hook(model, site) for site in sites if self.takes(model, site)]
+        return [pair for site in sites if self.takes(model, site) for pair in self.site_hooks(model, site)]
+
+    def site_hooks(self, model, site: str) -> list:
+        """The (hook name, fn) pairs forcing the weights of one read site (a hyper-connection's three)."""
+        if _is_hyper(site):
+            return hyper_forcing(site, self.mode)
+        return [self.site_hook(model, site)]
 
     def site_hook(self, model, site: str):
-        """The (hook name, fn) pair forcing the weights of one read site."""
+        """The (hook name, fn) pair forcing the weights of one depth-routing or dense read site."""
         mode = self.mode
         if site.endswith(".dense"):
 
@@ -99,11 +110,11 @@ class DepthForcing(Intervention):
         """Each mode at every site that takes it (drop per source category, on sub-layer sources only);
         AblationError when none is taken anywhere."""
         info = model.probe_info
-        if not mech.depth_sites and not mech.dense_layers:
+        if not depth_targets(mech):
             raise AblationError(
-                f"model {info.name!r} has no depth routing (no depth-routing or dense "
-                "mixing weights fire): depth-route ablations need AttnRes, S-LR, P-LR, "
-                "DenseFormer or MUDD"
+                f"model {info.name!r} has no depth routing (no depth-routing, dense mixing or hyper-connection "
+                "weights fire): depth-route ablations need AttnRes, S-LR, P-LR, DenseFormer, MUDD or "
+                "hyper-connections (HC, mHC)"
             )
         out: list[Ablation] = []
         for mode in dict.fromkeys(opts.depth_modes):
@@ -120,11 +131,41 @@ class DepthForcing(Intervention):
             raise AblationError(
                 f"model {info.name!r} takes no depth forcing of {', '.join(dict.fromkeys(opts.depth_modes))} at any "
                 f"read site (drop needs sub-layer sources with another category left; DenseFormer / MUDD "
-                f"mixes of block states take uniform and residual); choose from {takes}"
+                f"mixes of block states and hyper-connections take uniform and residual); choose from {takes}"
             )
         return out
 
 
 def depth_targets(mech: Mechanisms) -> list[str]:
-    """Every depth read site: sub-layer sites, then the dense mixes (blocks.<l>.dense)."""
-    return mech.depth_sites + [names.block(l) + ".dense" for l in mech.dense_layers]
+    """Every depth read site: sub-layer sites, then the dense mixes (blocks.<l>.dense), then the hyper-connections
+    (blocks.<l>.hc_attn / hc_mlp)."""
+    return mech.depth_sites + [names.block(l) + ".dense" for l in mech.dense_layers] + mech.hyper_sites
+
+
+def _is_hyper(site: str) -> bool:
+    """Whether a read site is a hyper-connection: blocks.<l>.hc_attn or blocks.<l>.hc_mlp."""
+    return names.layer_of(site) is not None and site.rpartition(".")[2] in {f"hc_{s}" for s in names.HC_SITES}
+
+
+def hyper_forcing(site: str, mode: str) -> list:
+    """The (hook name, fn) pairs forcing one hyper-connection (``site`` = blocks.<l>.hc_attn or hc_mlp): H_pre = 1/n
+    (B,T,n), H_post = 1 (B,T,n), H_res (B,T,n,n, out × in) = I (residual) or 1/n (uniform)."""
+    layer, kind = names.layer_of(site), site.rpartition(".hc_")[2]
+    assert layer is not None  # a hyper site is blocks.<l>.hc_<kind>
+
+    def pre(w, hook):
+        return torch.full_like(w, 1.0 / w.shape[-1])
+
+    def post(w, hook):
+        return torch.ones_like(w)
+
+    def res(w, hook):
+        if mode == "uniform":
+            return torch.full_like(w, 1.0 / w.shape[-1])
+        return torch.eye(w.shape[-1], dtype=w.dtype, device=w.device).expand_as(w)
+
+    return [
+        (names.hc(layer, kind, "pre"), pre),
+        (names.hc(layer, kind, "post"), post),
+        (names.hc(layer, kind, "res"), res),
+    ]

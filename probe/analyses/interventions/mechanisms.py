@@ -3,7 +3,7 @@ depth read site."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +20,7 @@ class Mechanisms:
     depth_sites: list[str]  # sub-layer depth read sites (hook prefixes) that fired
     dense_layers: list[int]  # layers with a DenseFormer / MUDD mix that fired
     out_gate: bool = False  # an output gate fired (hook_out_gate)
+    hyper_sites: list[str] = field(default_factory=list)  # hyper-connections that fired: blocks.<l>.hc_attn / hc_mlp
 
 
 def find_mechanisms(model, ids: torch.Tensor) -> Mechanisms:
@@ -31,7 +32,12 @@ def find_mechanisms(model, ids: torch.Tensor) -> Mechanisms:
 
     points = getattr(model, "hook_dict", {})
     wanted = [
-        n for n in points if names.is_attn(n, *GATE_POINTS) or names.is_depth_weights(n) or names.is_dense_weights(n)
+        n
+        for n in points
+        if names.is_attn(n, *GATE_POINTS)
+        or names.is_depth_weights(n)
+        or names.is_dense_weights(n)
+        or names.is_hc(n, "res")
     ]
     if wanted:
         model.run_with_hooks(
@@ -41,7 +47,8 @@ def find_mechanisms(model, ids: torch.Tensor) -> Mechanisms:
     sites = [names.site_of(n) for n in seen if names.is_depth_weights(n)]
     dense = sorted(l for n in seen if names.is_dense_weights(n) and (l := names.layer_of(n)) is not None)
     out_gate = any(names.attn_point(n) == "out_gate" for n in seen)
-    return Mechanisms(max(gates) if gates else None, sites, dense, out_gate)
+    hyper = [n.rpartition(".")[0] for n in points if n in seen and names.is_hc(n, "res")]  # in the model's order
+    return Mechanisms(max(gates) if gates else None, sites, dense, out_gate, hyper)
 
 
 def source_labels(model, site: str) -> list[str]:

@@ -311,6 +311,14 @@ def test_gate_clamps_are_refused_in_one_line_where_they_do_not_apply():
         ablate(tiny("baseline"), W, ["bogus"], progress=False)
 
 
+@pytest.mark.parametrize("rule, says", [("stickbreaking", True), ("softpick", True), ("sigmoid", False)])
+def test_a_phantom_edit_on_a_rule_without_a_phantom_key_says_what_its_hook_phantom_is(rule, says):
+    """Rows that sum to at most one fire hook_phantom (their unspent mass), which has no logit to edit."""
+    with pytest.raises(AblationError, match="has no phantom key") as e:
+        ablate(tiny("baseline", attn_fn=rule), W, ["phantom"], progress=False)
+    assert ("has no logit to edit" in str(e.value)) == says and "\n" not in str(e.value)
+
+
 def test_a_closed_routing_slot_gate_removes_every_key():
     """Without a phantom every row would be empty and keeps its clean row (exactly no change); with one, every row's
     mass goes to the phantom: the same as editing the pattern to zero by hand."""

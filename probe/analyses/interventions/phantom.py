@@ -13,6 +13,7 @@ from probe.analyses.interventions.base import (
     register_intervention,
 )
 from probe.hooks import names
+from probe.kernels.row_rules import ROW_RULES
 
 MAX_SINK_LOGIT = 1e4  # a fixed phantom logit beyond +-1e4 is an infinite one for the softmax (and past fp16's range)
 
@@ -33,9 +34,15 @@ class PhantomEdit(Intervention):
 
     def check(self, info) -> None:
         if not info.has_phantom:
+            rule = ROW_RULES.get(info.attention_rule)
+            unspent = (  # rows that sum to at most one: hook_phantom reads out what they leave, but no logit sets it
+                f"; the mass its {info.attention_rule} rows leave unspent (hook_phantom) has no logit to edit"
+                if rule is not None and rule.at_most_one
+                else ""
+            )
             raise AblationError(
                 f"model {info.name!r} has no phantom key (off-by-one, sink logit or gpt-oss "
-                "sinks): phantom edits need one"
+                f"sinks): phantom edits need one{unspent}"
             )
         c = self.logit
         if c is not None and (not isinstance(c, (int, float)) or not abs(c) <= MAX_SINK_LOGIT):

@@ -155,8 +155,7 @@ class StreamAccumulator:
 
     def __init__(self, n_layers: int, n: int, head: bool):
         self.n_layers, self.n, self.n_sublayers = n_layers, n, 2 * n_layers
-        self.sites = [names.read_site(k // 2, names.HC_SITES[k % 2]) for k in range(self.n_sublayers)]
-        self.sites += [names.FINAL_READ] if head else []
+        self.sites = list(read_sites(n_layers, head))
         n_sites, n_sub = len(self.sites), self.n_sublayers
         self.expected = 3 * n_sub + int(head)  # weight tensors per batch: pre, post, res per sub-layer (+ head)
         self.tokens = 0
@@ -350,6 +349,24 @@ class StreamAccumulator:
         return pd.DataFrame(rows)
 
 
+def read_sites(n_layers: int, head: bool) -> dict[str, list[str]]:
+    """{read site: the sources it composes}: each sub-layer's read (blocks.<l>.attn_read, mlp_read) over the embedding
+    and the sub-layers before it, then the head's final read over all of them where the model hooks its weights."""
+    n_sub = 2 * n_layers
+    sites = {names.read_site(k // 2, names.HC_SITES[k % 2]): source_labels(k) for k in range(n_sub)}
+    return sites | ({names.FINAL_READ: source_labels(n_sub)} if head else {})
+
+
+def composed_reads(cache, n_layers: int) -> dict[str, torch.Tensor]:
+    """{read site: its composed sources (B,T,S)} from a cache of every connection's pre, post and res (and the head's
+    weights, where cached): read_sites' sites and order."""
+    pres, posts, ress = (
+        [cache[names.hc(k // 2, names.HC_SITES[k % 2], p)] for k in range(2 * n_layers)] for p in ("pre", "post", "res")
+    )
+    head = cache[names.hyper_head()] if names.hyper_head() in cache else None
+    return dict(zip(read_sites(n_layers, head is not None), composed_sources(pres, posts, ress, head)))
+
+
 def stream_hook_names(model, n_layers: int) -> dict[str, tuple]:
     """{hook name: accumulator key}: every connection's pre, post and res, the head's weights where hooked, and
     every block's input streams."""
@@ -410,4 +427,6 @@ __all__ = [
     "has_streams",
     "stream_count",
     "source_labels",
+    "read_sites",
+    "composed_reads",
 ]

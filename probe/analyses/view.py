@@ -1,7 +1,8 @@
 """What `probe view` shows of one text, captured in one forward pass: every layer's attention pattern (with the phantom
-of models that have one), the depth-attention weights of each read site (depth-routed models) and the value gates
-(gated models). Which hooks are read follows the model's ``ModelInfo`` (``has_phantom``, ``has_depth_sources`` and its
-``depth_sites``, ``has_value_gate``), never its modules. The arrays come back as numpy on the CPU, for
+of models that have one), the depth-attention weights of each read site (depth-routed models) or, on hyper-connected
+models, each read's composed stream sources (probe.analyses.streams), and the value gates (gated models). Which hooks
+are read follows the model's ``ModelInfo`` (``has_phantom``, ``has_depth_sources`` and its ``depth_sites``,
+``hc_streams``, ``has_value_gate``), never its modules. The arrays come back as numpy on the CPU, for
 ``probe.present.viewers`` to draw; ``view_result`` gives the tables ``probe view`` writes beside its page.
 """
 
@@ -17,6 +18,7 @@ from probe.analyses.capture import finish, model_device, token_text
 from probe.analyses.gates import read_tokens_of
 from probe.analyses.layer_types import linear_layers
 from probe.analyses.sources import depth_sites
+from probe.analyses.streams import composed_reads, has_streams, read_sites, stream_hook_names
 from probe.hooks import names
 
 MAX_TOKENS = 1024  # default cut: a layer's captured pattern is H x T x T
@@ -38,6 +40,7 @@ class TextCapture:
     phantoms: dict[int, np.ndarray] | None = None  # layer -> (H, T); None: the model has no phantom
     depth: dict[str, np.ndarray] = field(default_factory=dict)  # read site -> (T, S) weights over its sources
     sources: dict[str, list[str]] = field(default_factory=dict)  # read site -> its S source labels
+    depth_kind: str = "routing"  # "routing": depth-attention weights; "streams": composed stream sources (any sign)
     gates: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (T, Hkv); element-wise: head mean
     linear_layers: list[int] = field(default_factory=list)  # layers without softmax attention: no pattern, no gate
 
@@ -96,7 +99,8 @@ def capture_view(
     captured and the capture lists the linear ones; asking for a linear layer is a ValueError."""
     info = model.probe_info
     layers = _layers(info, layers)
-    has_depth = info.has_depth_sources and bool(info.extra.get("depth_sites"))
+    streams = has_streams(model)  # hyper-connections: the reads' composed sources in place of depth weights
+    has_depth = streams or (info.has_depth_sources and bool(info.extra.get("depth_sites")))
     if depth and not has_depth:
         depth_sites(info)  # raises: the model has no depth routing
     if gates and not info.has_value_gate:
@@ -105,7 +109,10 @@ def capture_view(
         )
     want_depth = has_depth if depth is None else bool(depth)
     want_gates = info.has_value_gate if gates is None else bool(gates)
-    all_sites = depth_sites(info) if want_depth else {}
+    stream_weights = _stream_weights(model) if streams else []
+    all_sites: dict[str, list[str]] = {}
+    if want_depth:
+        all_sites = read_sites(info.n_layers, names.hyper_head() in stream_weights) if streams else depth_sites(info)
     sites = list(all_sites) if sites is None else list(sites)
     unknown = [s for s in sites if s not in all_sites]
     if want_depth and unknown:
@@ -114,7 +121,8 @@ def capture_view(
     points = (["pattern"] + (["phantom"] if info.has_phantom else [])) if attention else []
     hooks = {names.attn(l, p) for l in layers for p in points}
     hooks |= {names.attn(l, "v_gate") for l in layers} if want_gates else set()
-    hooks |= {names.depth_weights(s) for s in sites} if want_depth else set()
+    if want_depth:
+        hooks |= set(stream_weights) if streams else {names.depth_weights(s) for s in sites}
     _, cache = model.run_with_cache(ids, names_filter=lambda n: n in hooks)
 
     def array(name, head_mean: bool = False):
@@ -136,12 +144,21 @@ def capture_view(
         # the token keys' columns (H, T, T): a compressed layer's entries (DeepSeek-V4) follow them and are not drawn
         cap.patterns = {l: (p := array(names.attn(l, "pattern")))[..., : p.shape[-2]] for l in layers}
         cap.phantoms = {l: array(names.attn(l, "phantom")) for l in layers} if info.has_phantom else None
-    if want_depth:
+    if want_depth and streams:
+        reads = composed_reads(cache, info.n_layers)
+        cap.depth = {s: reads[s][0].float().cpu().numpy() for s in sites}
+        cap.depth_kind = "streams"
+    elif want_depth:
         cap.depth = {s: array(names.depth_weights(s)) for s in sites}
-        cap.sources = {s: all_sites[s] for s in sites}
+    cap.sources = {s: all_sites[s] for s in sites} if want_depth else {}
     if want_gates:
         cap.gates = {l: array(names.attn(l, "v_gate"), head_mean=True) for l in layers}  # (T, Hkv)
     return cap
+
+
+def _stream_weights(model) -> list[str]:
+    """A hyper-connected model's weight hooks: every connection's pre, post and res, and the head's where hooked."""
+    return [n for n, key in stream_hook_names(model, model.probe_info.n_layers).items() if key[0] != "streams"]
 
 
 def _layers(info, layers) -> list[int]:
@@ -180,6 +197,8 @@ def view_result(cap: TextCapture, source: str, corpus: str | None = None) -> dic
         "value_gate": cap.value_gate,
         "sink_token": cap.sink_token,
     }
+    if cap.depth and cap.depth_kind != "routing":  # a hyper-connected model's line and page say what its depth is
+        meta["depth_kind"] = cap.depth_kind
     if cap.linear_layers:  # a hybrid's page and line say which layers have no pattern
         meta["linear_layers"] = ",".join(map(str, cap.linear_layers))
     tokens = pd.DataFrame({"position": range(len(cap.tokens)), "token_id": cap.token_ids, "token": cap.tokens})

@@ -81,8 +81,12 @@ def _token_heatmap(
     return fig
 
 
-def depth_view(weights: dict, sources: dict, tokens, *, window: int = WINDOW, title: str | None = None):
-    """Depth-attention weights per read site and token: rows = (site, source), columns = tokens."""
+def depth_view(
+    weights: dict, sources: dict, tokens, *, window: int = WINDOW, title: str | None = None, signed: bool = False
+):
+    """Depth-attention weights per read site and token: rows = (site, source), columns = tokens. ``signed``: weights
+    of any sign and size (a hyper-connected model's composed stream sources) on a diverging scale centred on 0, else
+    weights in [0, 1]."""
     rows, labels, seps = [], [], []
     for site, w in weights.items():
         w = np.asarray(w, dtype=np.float32)
@@ -92,15 +96,18 @@ def depth_view(weights: dict, sources: dict, tokens, *, window: int = WINDOW, ti
             seps.append(len(labels))
         rows.append(w.T)
         labels += [f"{site} ← {src}" for src in sources[site]]
+    z = np.concatenate(rows, axis=0)
+    top = float(np.nanmax(np.abs(z))) if signed and z.size else 1.0
     return _token_heatmap(
-        np.concatenate(rows, axis=0),
+        z,
         labels,
         tokens,
         window=window,
-        zmin=0,
-        zmax=1,
+        zmin=-top if signed else 0,
+        zmax=top,
+        colorscale="RdBu_r" if signed else "Viridis",
         title=title or "Depth-attention weights",
-        colorbar="α",
+        colorbar="c" if signed else "α",
         separators=seps,
         hover="read",
     )

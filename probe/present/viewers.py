@@ -70,8 +70,15 @@ def attention_viewer(cap, layer: int, *, heads=None, **kw):
 
 
 def depth_viewer(cap, **kw):
-    """Depth-attention weights of every captured read site; ``kw``: ``depth_view``'s."""
+    """Depth-attention weights of every captured read site (a hyper-connected model: each read's composed stream
+    sources, docs/definitions.md#stream-sources); ``kw``: ``depth_view``'s."""
     weights = _part(cap, "depth", "depth-attention weights")
+    if getattr(cap, "depth_kind", "routing") == "streams":
+        title = (
+            f"Stream sources per read site and token: each read's weight on the embedding and every earlier sub-layer "
+            f"through H_res — {cap.model}" + _note(cap)
+        )
+        return depth_view(weights, cap.sources, cap.tokens, title=title, signed=True, **kw)
     title = f"Depth-attention weights per read site and token — {cap.model}" + _note(cap)
     return depth_view(weights, cap.sources, cap.tokens, title=title, **kw)
 
@@ -104,7 +111,8 @@ def no_pattern_note(layers) -> str:
 
 def view_figures(cap) -> list:
     """What ``probe view`` shows of a capture: the attention pattern of any layer and head (a page adds the layer and
-    head pickers), then depth weights (when captured: depth-routed models) and gates over the text (gated models).
+    head pickers), then depth weights (when captured: depth-routed models; hyper-connected ones: stream sources) and
+    gates over the text (gated models).
     A hybrid model's linear layers have no pattern: the picker offers its softmax layers and the title says so."""
     linear = list(getattr(cap, "linear_layers", ()))
     shown = [] if not cap.patterns and linear else [_pattern_figure(cap, linear)]
@@ -144,7 +152,8 @@ def text(result: dict, page: Path | str | None = None) -> str:
     linear = [int(l) for l in str(m.get("linear_layers") or "").split(",") if l]
     shown = ["attention (layer and head pickers" + (", phantom column" if m["phantom"] else "") + ")"]
     shown = shown if len(linear) < m["n_layers"] else []
-    shown += ["depth weights"] * m["depth"] + ["gates over the text"] * m["gates"]
+    depth = "stream sources" if m.get("depth_kind") == "streams" else "depth weights"
+    shown += [depth] * m["depth"] + ["gates over the text"] * m["gates"]
     return (
         (f"{page}: " if page is not None else "")
         + f"{plural(m['n_tokens'], 'token')} of {m['source']}"

@@ -131,8 +131,13 @@ def attention_view(
     fig.update_layout(**layout)
     if not full:
         fig.update_layout(sliders=[_query_slider(steps, axes_per_step, n)])
+    if np.nanmin(masked) < 0:  # differential attention's signed rows p1 - λ p2: a scale centred on 0
+        top = max(zmax, float(np.nanmax(np.abs(masked))))
+        scale = dict(colorscale="RdBu_r", cmin=-top, cmax=top)
+    else:
+        scale = dict(colorscale="Blues", cmin=0, cmax=zmax)
     fig.update_layout(
-        coloraxis=dict(colorscale="Blues", cmin=0, cmax=zmax, colorbar=dict(title="attention")),
+        coloraxis=dict(**scale, colorbar=dict(title="attention")),
         title=title or "Attention patterns",
         height=max(420, 400 * nrow + (160 if not full else 0)),
     )
@@ -157,14 +162,16 @@ def attention_picker_view(patterns, phantoms, tokens, *, title: str = "Attention
             z = np.where(causal, pattern[h], np.nan)  # T, T
             if phantom is not None:
                 z = np.concatenate([phantom[h][:, None], z], axis=1)  # T, 1 + T
+            top = float(np.nanmax(np.abs(z))) or 1.0
+            signed = bool(np.nanmin(z) < 0)  # differential attention's rows p1 - λ p2: a scale centred on 0
             fig.add_trace(
                 go.Heatmap(
                     z=z,
                     x=lead + labels,
                     y=labels,
-                    zmin=0,
-                    zmax=float(np.nanmax(z)) or 1.0,
-                    colorscale="Viridis",
+                    zmin=-top if signed else 0,
+                    zmax=top,
+                    colorscale="RdBu_r" if signed else "Viridis",
                     colorbar=dict(title="attention"),
                     visible=(i == 0 and h == 0),
                     name=f"layer {l} head {h}",

@@ -282,3 +282,20 @@ def test_drawing_a_capture_imports_no_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_differential_attention_rows_are_drawn_signed_not_clipped_at_zero():
+    """DIFF's net rows p1 - λ p2 go negative (down to -0.66 on the zoo's bb-diff): a scale from 0 drew every negative
+    weight as 0; both attention figures centre a diverging scale on 0 where a pattern has a negative entry."""
+    model = tiny("diff")
+    cap = capture_view(model, torch.arange(12))
+    picker = V.view_figures(cap)[0]
+    signed = [t for t in picker.data if np.nanmin(np.asarray(t.z, dtype=float)) < 0]
+    assert signed, "the random DIFF model has no negative net weight"
+    for t in signed:
+        assert t.zmin == -t.zmax == -np.nanmax(np.abs(np.asarray(t.z, dtype=float)))
+    layer = next(l for l, p in cap.patterns.items() if np.nanmin(p) < 0)
+    grid = V.attention_viewer(cap, layer)
+    assert grid.layout.coloraxis.cmin == -grid.layout.coloraxis.cmax < 0
+    plain = V.attention_viewer(capture_view(tiny("baseline"), torch.arange(12)), 0)
+    assert plain.layout.coloraxis.cmin == 0  # rows of one sign keep the scale from 0

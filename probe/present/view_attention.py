@@ -13,7 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from probe.present.figures import readable_category_ticks
+from probe.present.figures import SEQUENTIAL, SIGNED, readable_category_ticks
 from probe.present.view_tokens import TOKEN_TICKS, WINDOW, labels_of, spans
 
 MAX_FULL = 128
@@ -133,7 +133,7 @@ def attention_view(
         fig.update_layout(sliders=[_query_slider(steps, axes_per_step, n)])
     if np.nanmin(masked) < 0:  # differential attention's signed rows p1 - λ p2: a scale centred on 0
         top = max(zmax, float(np.nanmax(np.abs(masked))))
-        scale = dict(colorscale="RdBu_r", cmin=-top, cmax=top)
+        scale = dict(colorscale=SIGNED, cmin=-top, cmax=top)
     else:
         scale = dict(colorscale="Blues", cmin=0, cmax=zmax)
     fig.update_layout(
@@ -171,7 +171,7 @@ def attention_picker_view(patterns, phantoms, tokens, *, title: str = "Attention
                     y=labels,
                     zmin=-top if signed else 0,
                     zmax=top,
-                    colorscale="RdBu_r" if signed else "Viridis",
+                    colorscale=SIGNED if signed else SEQUENTIAL,
                     colorbar=dict(title="attention"),
                     visible=(i == 0 and h == 0),
                     name=f"layer {l} head {h}",

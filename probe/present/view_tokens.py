@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
+from probe.present.figures import SEQUENTIAL, SIGNED
+
 WINDOW = 64
 TICK_SIZE = 11  # px; smaller labels are unreadable on a laptop screen
 TOKEN_TICKS = dict(tickfont=dict(size=TICK_SIZE), dtick=1)  # dtick 1: every token label drawn, none dropped
@@ -105,7 +107,7 @@ def depth_view(
         window=window,
         zmin=-top if signed else 0,
         zmax=top,
-        colorscale="RdBu_r" if signed else "Viridis",
+        colorscale=SIGNED if signed else SEQUENTIAL,
         title=title or "Depth-attention weights",
         colorbar="c" if signed else "α",
         separators=seps,

@@ -17,7 +17,7 @@ import torch
 from probe.analyses.capture import finish, model_device, token_text
 from probe.analyses.gates import read_tokens_of
 from probe.analyses.layer_types import linear_layers
-from probe.analyses.sources import depth_sites
+from probe.analyses.sources import dense_layers, dense_source_labels, dense_stream_labels, depth_sites
 from probe.analyses.streams import composed_reads, has_streams, read_sites, stream_hook_names
 from probe.hooks import names
 
@@ -40,7 +40,9 @@ class TextCapture:
     phantoms: dict[int, np.ndarray] | None = None  # layer -> (H, T); None: the model has no phantom
     depth: dict[str, np.ndarray] = field(default_factory=dict)  # read site -> (T, S) weights over its sources
     sources: dict[str, list[str]] = field(default_factory=dict)  # read site -> its S source labels
-    depth_kind: str = "routing"  # "routing": depth-attention weights; "streams": composed stream sources (any sign)
+    # "routing": depth-attention weights in [0, 1]; "streams": composed stream sources; "dense": DenseFormer / MUDD
+    # mixing weights of the block states (both of any sign)
+    depth_kind: str = "routing"
     gates: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (T, Hkv); element-wise: head mean
     linear_layers: list[int] = field(default_factory=list)  # layers without softmax attention: no pattern, no gate
 
@@ -100,7 +102,8 @@ def capture_view(
     info = model.probe_info
     layers = _layers(info, layers)
     streams = has_streams(model)  # hyper-connections: the reads' composed sources in place of depth weights
-    has_depth = streams or (info.has_depth_sources and bool(info.extra.get("depth_sites")))
+    dense = dense_layers(model)  # DenseFormer / MUDD: each mix's weights of the block states
+    has_depth = streams or bool(dense) or (info.has_depth_sources and bool(info.extra.get("depth_sites")))
     if depth and not has_depth:
         depth_sites(info)  # raises: the model has no depth routing
     if gates and not info.has_value_gate:
@@ -110,19 +113,18 @@ def capture_view(
     want_depth = has_depth if depth is None else bool(depth)
     want_gates = info.has_value_gate if gates is None else bool(gates)
     stream_weights = _stream_weights(model) if streams else []
-    all_sites: dict[str, list[str]] = {}
-    if want_depth:
+    all_sites: dict[str, list[str]] = {}  # a dense model's: from the shapes its hooks fire with, after the forward
+    if want_depth and not dense:
         all_sites = read_sites(info.n_layers, names.hyper_head() in stream_weights) if streams else depth_sites(info)
-    sites = list(all_sites) if sites is None else list(sites)
-    unknown = [s for s in sites if s not in all_sites]
-    if want_depth and unknown:
-        raise ValueError(f"unknown read sites {unknown}; the model's sites are {list(all_sites)}")
+        _check_sites(sites, all_sites)
     ids, read, toks, note = text_ids(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens)
     points = (["pattern"] + (["phantom"] if info.has_phantom else [])) if attention else []
     hooks = {names.attn(l, p) for l in layers for p in points}
     hooks |= {names.attn(l, "v_gate") for l in layers} if want_gates else set()
-    if want_depth:
-        hooks |= set(stream_weights) if streams else {names.depth_weights(s) for s in sites}
+    if want_depth and streams:
+        hooks |= set(stream_weights)
+    elif want_depth:
+        hooks |= {names.dense(l) for l in dense} if dense else {names.depth_weights(s) for s in all_sites}
     _, cache = model.run_with_cache(ids, names_filter=lambda n: n in hooks)
 
     def array(name, head_mean: bool = False):
@@ -144,16 +146,39 @@ def capture_view(
         # the token keys' columns (H, T, T): a compressed layer's entries (DeepSeek-V4) follow them and are not drawn
         cap.patterns = {l: (p := array(names.attn(l, "pattern")))[..., : p.shape[-2]] for l in layers}
         cap.phantoms = {l: array(names.attn(l, "phantom")) for l in layers} if info.has_phantom else None
-    if want_depth and streams:
-        reads = composed_reads(cache, info.n_layers)
-        cap.depth = {s: reads[s][0].float().cpu().numpy() for s in sites}
-        cap.depth_kind = "streams"
-    elif want_depth:
-        cap.depth = {s: array(names.depth_weights(s)) for s in sites}
-    cap.sources = {s: all_sites[s] for s in sites} if want_depth else {}
+    if want_depth:
+        if streams:
+            found = {s: w[0].float().cpu().numpy() for s, w in composed_reads(cache, info.n_layers).items()}
+        elif dense:
+            found, all_sites = _dense_reads(cache, dense)
+            _check_sites(sites, all_sites)
+        else:
+            found = {s: array(names.depth_weights(s)) for s in all_sites}
+        chosen = list(all_sites) if sites is None else list(sites)
+        cap.depth, cap.sources = {s: found[s] for s in chosen}, {s: all_sites[s] for s in chosen}
+        cap.depth_kind = "streams" if streams else "dense" if dense else "routing"
     if want_gates:
         cap.gates = {l: array(names.attn(l, "v_gate"), head_mean=True) for l in layers}  # (T, Hkv)
     return cap
+
+
+def _check_sites(sites, all_sites: dict) -> None:
+    unknown = [] if sites is None else [s for s in sites if s not in all_sites]
+    if unknown:
+        raise ValueError(f"unknown read sites {unknown}; the model's sites are {list(all_sites)}")
+
+
+def _dense_reads(cache, layers: list[int]) -> tuple[dict[str, np.ndarray], dict[str, list[str]]]:
+    """Each dense mix's weights per token, (T, S) per site, and its source labels: site ``blocks.<l>.dense`` for a mix
+    of the residual alone (DenseFormer; MUDD after its last block), ``blocks.<l>.dense.<q|k|v|r>`` for MUDD's four."""
+    found, labels = {}, {}
+    for l in layers:
+        w = cache[names.dense(l)][0].float().cpu().numpy()  # T,C,S
+        streams = dense_stream_labels(w.shape[1])
+        for c, stream in enumerate(streams):
+            site = names.dense(l).rpartition(".")[0] + (f".{stream}" if len(streams) > 1 else "")
+            found[site], labels[site] = w[:, c], dense_source_labels(w.shape[2])
+    return found, labels
 
 
 def _stream_weights(model) -> list[str]:

@@ -71,16 +71,18 @@ def attention_viewer(cap, layer: int, *, heads=None, **kw):
 
 def depth_viewer(cap, **kw):
     """Depth-attention weights of every captured read site (a hyper-connected model: each read's composed stream
-    sources, docs/definitions.md#stream-sources); ``kw``: ``depth_view``'s."""
+    sources, docs/definitions.md#stream-sources; DenseFormer / MUDD: each mix's weights,
+    docs/definitions.md#dense-weights); ``kw``: ``depth_view``'s."""
     weights = _part(cap, "depth", "depth-attention weights")
-    if getattr(cap, "depth_kind", "routing") == "streams":
-        title = (
-            f"Stream sources per read site and token: each read's weight on the embedding and every earlier sub-layer "
-            f"through H_res — {cap.model}" + _note(cap)
-        )
-        return depth_view(weights, cap.sources, cap.tokens, title=title, signed=True, **kw)
-    title = f"Depth-attention weights per read site and token — {cap.model}" + _note(cap)
-    return depth_view(weights, cap.sources, cap.tokens, title=title, **kw)
+    kind = getattr(cap, "depth_kind", "routing")
+    title = {
+        "routing": "Depth-attention weights per read site and token",
+        "streams": "Stream sources per read site and token: each read's weight on the embedding and every earlier "
+        "sub-layer through H_res",
+        "dense": "Dense mixing weights per mix and token: each stream's weight on the embedding and every block's "
+        "output",
+    }[kind] + f" — {cap.model}{_note(cap)}"
+    return depth_view(weights, cap.sources, cap.tokens, title=title, signed=kind != "routing", **kw)
 
 
 def gate_viewer(cap, *, per_head: bool = False, text_layer: int | str | None = None, **kw):
@@ -152,7 +154,7 @@ def text(result: dict, page: Path | str | None = None) -> str:
     linear = [int(l) for l in str(m.get("linear_layers") or "").split(",") if l]
     shown = ["attention (layer and head pickers" + (", phantom column" if m["phantom"] else "") + ")"]
     shown = shown if len(linear) < m["n_layers"] else []
-    depth = "stream sources" if m.get("depth_kind") == "streams" else "depth weights"
+    depth = {"streams": "stream sources", "dense": "dense weights"}.get(m.get("depth_kind"), "depth weights")
     shown += [depth] * m["depth"] + ["gates over the text"] * m["gates"]
     return (
         (f"{page}: " if page is not None else "")

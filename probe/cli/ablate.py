@@ -68,8 +68,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         choices=INTERVENTIONS,
         default=None,
         metavar="NAME",
-        help=f"interventions: {', '.join(INTERVENTIONS)} (default {' '.join(DEFAULT_INTERVENTIONS)}; "
-        "the flags below add their own)",
+        help=f"interventions: {', '.join(INTERVENTIONS)} (default {' '.join(DEFAULT_INTERVENTIONS)}, those of them "
+        "the model takes, a note naming any skipped; the flags below add their own)",
     )
     g.add_argument(
         "--value",
@@ -217,8 +217,31 @@ def run(args: argparse.Namespace) -> int:
 
     run = start(args, DEFAULT_MODEL, "ablate")
     try:
-        result = ablate(run.model, run.windows, interventions(args), progress=run.progress, **settings(args))
+        chosen = interventions(args)
+        if not args.ablate and not _implied(args):  # nothing asked for: the defaults this model takes
+            chosen = _taken_defaults(run, chosen, settings(args))
+        result = ablate(run.model, run.windows, chosen, progress=run.progress, **settings(args))
     except AblationError as e:
         raise UsageError(str(e)) from None
     publish(run.output, "ablate", result, presentation, run.console)
     return 0
+
+
+def _taken_defaults(run, defaults: list[str], options: dict) -> list[str]:
+    """The default interventions the model takes, each one it refuses named in a note (a softpick, stick-breaking or
+    DIFF model takes no key-0 knockout); AblationError, the first refusal's line, when it takes none of them."""
+    from probe.analyses.ablate import AblationError, find_mechanisms, plan
+    from probe.analyses.capture import as_windows, model_device
+
+    mech = find_mechanisms(run.model, as_windows(run.windows).inputs(0, model_device(run.model)))
+    taken, refusals = [], []
+    for name in defaults:
+        try:
+            plan(run.model, mech, [name], **options)
+            taken.append(name)
+        except AblationError as e:
+            refusals.append(e)
+            run.console.note(f"default {name} skipped: {e}")
+    if not taken:
+        raise refusals[0]
+    return taken

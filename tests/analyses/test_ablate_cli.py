@@ -102,6 +102,17 @@ def test_refusals_are_one_line_and_exit_2(tmp_path, capsys):
     assert_one_line_error(r, "takes no depth forcing of drop", "choose from uniform, residual")
 
 
+def test_the_defaults_skip_what_the_model_refuses_with_a_note_and_an_explicit_ask_is_refused(tmp_path, capsys):
+    """`probe ablate` on a softpick model (no key-0 knockout under its rows) was an error: with nothing asked for, it
+    runs the default value ablations and says why knockout was skipped; asked for, knockout is refused as before."""
+    r = cli(capsys, "ablate", "--model", "probe/bb-softpick", *WINDOWS, "--out", tmp_path / "sp")
+    assert r.returncode == 0, r.stderr
+    assert "default knockout skipped: model 'probe/bb-softpick' has softpick attention rows" in r.stderr
+    assert set(pd.read_csv(tmp_path / "sp" / "ablate_results.csv")["intervention"]) == {"value"}
+    r = cli(capsys, "ablate", "--model", "probe/bb-softpick", "--ablate", "knockout", *WINDOWS, "--quiet")
+    assert_one_line_error(r, "has softpick attention rows, which take no key-0 knockout", "probe ablate")
+
+
 def test_the_cli_mirrors_the_analysis_bounds():
     from probe.analyses import ablate as analysis
     from probe.cli import ablate as verb

@@ -362,17 +362,17 @@ def is_attn(hook_name: str, *points: str) -> bool:
     return attn_point(hook_name) in points
 
 
+def is_hc_site(prefix: str) -> bool:
+    """Whether ``prefix`` is a hyper-connection's module path: ``is_hc_site('blocks.2.hc_mlp')``."""
+    parts = prefix.split(".")
+    return len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in {f"hc_{s}" for s in HC_SITES}
+
+
 def is_hc(hook_name: str, point: str) -> bool:
     """Whether ``hook_name`` is a hyper-connection's ``point`` (pre, post, res or read) at any layer and site:
     ``is_hc('blocks.2.hc_mlp.hook_res', 'res')``."""
-    parts = hook_name.split(".")
-    return (
-        len(parts) == 4
-        and parts[0] == "blocks"
-        and parts[1].isdigit()
-        and parts[2] in {f"hc_{site}" for site in HC_SITES}
-        and parts[3] == f"hook_{_choose(point, HC_POINTS, 'HC point')}"
-    )
+    prefix, _, hook = hook_name.rpartition(".")
+    return is_hc_site(prefix) and hook == f"hook_{_choose(point, HC_POINTS, 'HC point')}"
 
 
 def layer_of(hook_name: str) -> int | None:

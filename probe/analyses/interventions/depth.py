@@ -54,7 +54,7 @@ class DepthForcing(Intervention):
     def takes(self, model, site: str) -> bool:
         """Dense mixes and hyper-connections take uniform / residual; a drop needs the category present and something
         left after it."""
-        if site.endswith(".dense") or _is_hyper(site):
+        if site.endswith(".dense") or names.is_hc_site(site):
             return self.mode != "drop"
         if self.mode != "drop":
             return True
@@ -74,7 +74,7 @@ class DepthForcing(Intervention):
 
     def site_hooks(self, model, site: str) -> list:
         """The (hook name, fn) pairs forcing the weights of one read site (a hyper-connection's three)."""
-        if _is_hyper(site):
+        if names.is_hc_site(site):
             return hyper_forcing(site, self.mode)
         return [self.site_hook(model, site)]
 
@@ -140,11 +140,6 @@ def depth_targets(mech: Mechanisms) -> list[str]:
     """Every depth read site: sub-layer sites, then the dense mixes (blocks.<l>.dense), then the hyper-connections
     (blocks.<l>.hc_attn / hc_mlp)."""
     return mech.depth_sites + [names.block(l) + ".dense" for l in mech.dense_layers] + mech.hyper_sites
-
-
-def _is_hyper(site: str) -> bool:
-    """Whether a read site is a hyper-connection: blocks.<l>.hc_attn or blocks.<l>.hc_mlp."""
-    return names.layer_of(site) is not None and site.rpartition(".")[2] in {f"hc_{s}" for s in names.HC_SITES}
 
 
 def hyper_forcing(site: str, mode: str) -> list:

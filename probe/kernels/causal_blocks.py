@@ -30,11 +30,11 @@ from probe.kernels.common import wide, wide_dtype
 OfScores = Callable[[torch.Tensor], torch.Tensor]  # scores (B,H,b,n), hidden keys -inf -> weights (B,H,b,n)
 
 
-def _block_scores(qb, k_rep, key_bias_rep) -> torch.Tensor:
+def block_scores(qb, k_rep, key_bias_rep) -> torch.Tensor:
     """scores (B,H,b,n) of the queries at positions n - b .. n - 1 over keys 0 .. n - 1, hidden keys -inf.
-    qb (B,H,b,dh) already scaled, k_rep (B,H,n,dh), key_bias_rep (B,H,n) or None. Only the last b keys can be hidden
-    (every query sees keys 0 .. n - b), so the mask touches those columns alone."""
-    b, n = qb.shape[2], k_rep.shape[2]
+    qb (B,H,b,dh) already scaled, k_rep (B,H,n,dh) (or both with any leading dims), key_bias_rep (B,H,n) or None.
+    Only the last b keys can be hidden (every query sees keys 0 .. n - b), so the mask touches those columns alone."""
+    b, n = qb.shape[-2], k_rep.shape[-2]
     s = qb @ k_rep.transpose(-1, -2)  # B,H,b,n
     if key_bias_rep is not None:
         s.add_(key_bias_rep[:, :, None, :])
@@ -59,7 +59,7 @@ class _CausalBlocks(torch.autograd.Function):
         for a in range(0, Tq, block):
             n = Tk - Tq + min(Tq, a + block)  # keys up to the block's last query
             kb = None if bias is None else bias[..., :n]
-            s = _block_scores(qf[:, :, a : a + block], kf[:, :, :n], kb)  # B,H,b,n
+            s = block_scores(qf[:, :, a : a + block], kf[:, :, :n], kb)  # B,H,b,n
             with torch.enable_grad():  # the rule's graph only: s is its leaf
                 w = of_scores(s.requires_grad_())  # B,H,b,n
             torch.bmm(w.detach().reshape(B * H, -1, n), v3[:, :n], out=out3[:, a : a + block])
@@ -75,29 +75,33 @@ class _CausalBlocks(torch.autograd.Function):
         qf, kf, vf = ctx.saved_tensors
         B, H, Tq, Tk = qf.shape[0], qf.shape[1], qf.shape[2], kf.shape[2]
         dof = wide(dout).transpose(1, 2)  # B,H,Tq,dv
-        dq, dk, dv = torch.empty_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)  # each query in one block
+        dq, dk, dv = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf)  # each query in one block
         dq3, dk3, dv3 = dq.view(B * H, Tq, -1), dk.view(B * H, Tk, -1), dv.view(B * H, Tk, -1)
         q3, k3 = qf.view(B * H, Tq, -1), kf.view(B * H, Tk, -1)
         dbias = qf.new_zeros(kf.shape[:3]) if ctx.has_bias else None  # B,H,Tk
-        for a, n, s, w in ctx.graphs:
+        # the last block first: it sees every key, so its products write dk and dv whole, and the others add to them
+        for i, (a, n, s, w) in enumerate(reversed(ctx.graphs)):
             b = s.shape[2]
             do_b = dof[:, :, a : a + b]  # B,H,b,dv
             w3 = w.detach().reshape(B * H, b, n)
-            dv3[:, :n].add_(w3.transpose(-1, -2) @ do_b.reshape(B * H, b, -1))  # dv += w^T dout
+            dv_b = torch.bmm(w3.transpose(-1, -2), do_b.reshape(B * H, b, -1), out=None if i else dv3)  # w^T dout
             (ds,) = torch.autograd.grad(w, s, do_b @ vf[:, :, :n].transpose(-1, -2))  # B,H,b,n
             if dbias is not None:
                 dbias[:, :, :n].add_(ds.sum(-2))
             ds3 = ds.reshape(B * H, b, n)
             torch.bmm(ds3, k3[:, :n], out=dq3[:, a : a + b]).mul_(ctx.scale)
-            dk3[:, :n].add_(ds3.transpose(-1, -2) @ q3[:, a : a + b])  # dk += ds^T q; qf is scaled
-            # (baddbmm_ into these strided views would run one addmm per matrix)
+            dk_b = torch.bmm(ds3.transpose(-1, -2), q3[:, a : a + b], out=None if i else dk3)  # ds^T q; qf is scaled
+            if i:  # (baddbmm_ into these strided views would run one addmm per matrix)
+                dv3[:, :n].add_(dv_b)
+                dk3[:, :n].add_(dk_b)
         del ctx.graphs
         G = ctx.G
         q_t, k_t, v_t, bias_t = ctx.dtypes
-        dk = dk.view(B, H // G, G, *dk.shape[2:]).sum(2).transpose(1, 2).to(k_t)  # B,Tk,Hkv,dh
-        dv = dv.view(B, H // G, G, *dv.shape[2:]).sum(2).transpose(1, 2).to(v_t)  # B,Tk,Hkv,dv
-        if dbias is not None:
-            dbias = dbias.view(B, H // G, G, -1).sum(2).to(bias_t)  # B,Hkv,Tk
+        if G > 1:  # each kv head's G query heads
+            dk, dv = dk.view(B, H // G, G, *dk.shape[2:]).sum(2), dv.view(B, H // G, G, *dv.shape[2:]).sum(2)
+            dbias = None if dbias is None else dbias.view(B, H // G, G, -1).sum(2)
+        dk, dv = dk.transpose(1, 2).to(k_t), dv.transpose(1, 2).to(v_t)  # B,Tk,Hkv,dh; B,Tk,Hkv,dv
+        dbias = None if dbias is None else dbias.to(bias_t)  # B,Hkv,Tk
         return dq.transpose(1, 2).to(q_t), dk, dv, dbias, None, None, None
 
 

@@ -3,8 +3,10 @@ the difference of two softmax rows, a_i = p1_i - λ p2_i, a signed row summing t
 (docs/definitions.md#differential-attention).
 
     reference.py   both branches' patterns materialised (B, H, Tq, Tk), their signed difference applied to v
-    dispatch.py    ``diff_attention``: the op the models call (backend "torch": two fused softmax attentions in one
-                   sink_attention call, nothing T x T stored; "reference")
+    blocks.py      both branches' rows per block of queries and their difference applied to v once, one autograd
+                   function: the CPU training path
+    dispatch.py    ``diff_attention``: the op the models call (backend "torch": blocks.py on the CPU under autograd,
+                   else "sdpa": two fused softmax attentions, nothing T x T stored; "blocks", "sdpa", "reference")
 
 The per-head sub-layer norm and the (1 - λ_init) scale are the module's (probe.models.attention), not the op's.
 """

@@ -2,11 +2,14 @@
 (docs/definitions.md#differential-attention).
 
     backend    path
-    torch      (default) one sink_attention call per branch on its fused path (SDPA / CPU flash / Triton: nothing
-               T x T stored), both over the same values; out = o1 - λ o2
+    torch      (default) "blocks" on the CPU where a gradient is needed and its kept rows fit SAVED_BYTES, else "sdpa"
+    blocks     blocks.py: both branches' rows per block of queries, one autograd function (fastest CPU training path;
+               keeps the rows for the backward)
+    sdpa       one sink_attention call per branch on its fused path (SDPA / CPU flash / Triton: nothing T x T
+               stored), both over the same values; out = o1 - λ o2
     reference  reference.py: both patterns materialised, through autograd
 
-Both give the same output and gradients (tests/kernels/test_diff_attention.py). Attention edits (key-0 knockout,
+All give the same output and gradients (tests/models/test_diff.py). Attention edits (key-0 knockout,
 window eviction) are sink attention's and are refused in one line: a knocked-out key would leave the two branches'
 rows differently renormalised, which DIFF does not define.
 """
@@ -18,12 +21,14 @@ from typing import NamedTuple
 
 import torch
 
-from probe.kernels.common import check_attention_args
+from probe.kernels.common import check_attention_args, wide_dtype
+from probe.kernels.diff_attention.blocks import diff_attention_blocks, saved_floats
 from probe.kernels.diff_attention.reference import diff_attention_reference
 from probe.kernels.row_rules import RowRule
 from probe.kernels.sink_attention.dispatch import AttentionOutput, sink_attention
 
-BACKENDS = ("torch", "reference")
+BACKENDS = ("torch", "blocks", "sdpa", "reference")
+SAVED_BYTES = 256 * 2**20  # "torch" trains in blocks up to this much kept per call (B 16, T 256, H 2: 16 MB)
 
 
 class DiffOutput(NamedTuple):
@@ -51,11 +56,25 @@ def diff_attention(
     _check(q, k, v, lam)
     if return_pattern or backend == "reference":
         return DiffOutput(*diff_attention_reference(q, k, v, lam, scale=scale, return_pattern=return_pattern))
+    if backend == "torch":
+        backend = "blocks" if _blocks_pay(q, k, v, lam) else "sdpa"
+    if backend == "blocks":
+        return DiffOutput(diff_attention_blocks(q, k, v, lam, scale=scale), None, None, None)
     H, Hkv = q.shape[2] // 2, k.shape[2] // 2
     # a call per branch rather than one over 2H heads: the values are not copied per branch, nor their gradient split
     o1 = sink_attention(q[:, :, :H], k[:, :, :Hkv], v, scale=scale).out  # B,Tq,H,dv
     o2 = sink_attention(q[:, :, H:], k[:, :, Hkv:], v, scale=scale).out
     return DiffOutput(o1 - lam.to(o2.dtype)[None, None, :, None] * o2, None, None, None)
+
+
+def _blocks_pay(q, k, v, lam) -> bool:
+    """Whether "torch" takes the blocks: on the CPU (where the flash kernel pads q and k to the values' width), under
+    autograd (a forward alone stores nothing on the flash path), with the kept rows within SAVED_BYTES."""
+    if q.device.type != "cpu" or not torch.is_grad_enabled():
+        return False
+    if not any(t.requires_grad for t in (q, k, v, lam)):
+        return False
+    return saved_floats(q, k) * wide_dtype(q.dtype).itemsize <= SAVED_BYTES
 
 
 def _not_of_one_row(scores, bias: float = 0.0) -> torch.Tensor:

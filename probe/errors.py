@@ -16,6 +16,11 @@ class UsageError(Exception):
         return " ".join(str(self).split())
 
 
+class AnalysisRefused(UsageError, ValueError):
+    """A model that cannot run an analysis (it never fires a hook the analysis reads): a user error on the CLI (one
+    line, exit 2), a ValueError to Python callers."""
+
+
 class UsageParser(argparse.ArgumentParser):
     """argparse whose errors are a :class:`UsageError` (``PROG: error: ...``, exit 2) instead of usage text."""
 

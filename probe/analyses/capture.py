@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from probe.analyses.parallel import gather_rows
 from probe.data.seeding import keyed_generator
+from probe.errors import AnalysisRefused
 from probe.hooks import names
 from probe.kernels import attention_row_masses, rule_row_masses
 from probe.kernels.diff_attention import SIGNED_RULES
@@ -184,7 +185,7 @@ def require(model, hook_names, analysis: str = "this analysis") -> None:
     for name in hook_names:
         why = info.lacks(name)
         if why is not None:
-            raise ValueError(f"model {info.name!r} cannot run {analysis}: it needs {name}, but {why}")
+            raise AnalysisRefused(f"model {info.name!r} cannot run {analysis}: it needs {name}, but {why}")
 
 
 def model_device(model) -> torch.device:

@@ -112,7 +112,17 @@ def sink_context_sweep(
         massive=massive,
         **layer_meta(model.probe_info),  # a hybrid's linear layers: listed with NaN, summaries over softmax layers
     )
-    return finish(sweep_tables(per_ctx), meta), per_ctx
+    sweep = finish(sweep_tables(per_ctx), meta)
+    # each row names the windows it was measured on (the corpus label carries T); the meta, every context's
+    corpora = {ctx: found["sinks"]["summary"]["corpus"].iloc[0] for ctx, found in per_ctx.items()}
+    for name, table in sweep.items():
+        if name != "meta":
+            table["corpus"] = table["ctx"].map(corpora)
+    joined = " | ".join(dict.fromkeys(corpora.values()))
+    sweep["meta"]["corpus"] = joined
+    for table in sweep.values():
+        table.attrs["meta"] = {**table.attrs["meta"], "corpus": joined}
+    return sweep, per_ctx
 
 
 __all__ = ["sink_context_sweep", "sweep_tables", "context_layers", "SWEPT"]

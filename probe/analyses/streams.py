@@ -17,6 +17,7 @@ stream holds the BOS massive activation.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 
 import numpy as np
@@ -91,15 +92,28 @@ def nearest_permutation(res: torch.Tensor) -> torch.Tensor:
     return chosen.reshape(res.shape)
 
 
+def scipy_found() -> bool:
+    return importlib.util.find_spec("scipy") is not None
+
+
+def missing_solver(n: int) -> str | None:
+    """Why the nearest permutation of n streams cannot be found here (one line), or None where it can: brute force
+    up to BRUTE_FORCE_MAX streams, scipy's Hungarian beyond."""
+    if n <= BRUTE_FORCE_MAX or scipy_found():
+        return None
+    return (
+        f"{n} streams: the nearest permutation is found by brute force up to {BRUTE_FORCE_MAX} streams and by scipy "
+        "beyond, which is not installed (pip install scipy)"
+    )
+
+
 def hungarian(matrix: np.ndarray) -> np.ndarray:
     """Column of each row in the assignment maximising the sum (scipy), for n > BRUTE_FORCE_MAX streams."""
-    try:
-        from scipy.optimize import linear_sum_assignment
-    except ImportError:
-        raise ValueError(
-            f"{matrix.shape[-1]} streams: the nearest permutation is found by brute force up to "
-            f"{BRUTE_FORCE_MAX} streams and by scipy beyond, which is not installed (pip install scipy)"
-        ) from None
+    why = missing_solver(matrix.shape[-1])
+    if why:
+        raise ValueError(why)
+    from scipy.optimize import linear_sum_assignment
+
     _, columns = linear_sum_assignment(matrix, maximize=True)
     return columns
 
@@ -406,6 +420,9 @@ def stream_sources(model, data, *, progress: bool = False) -> dict[str, pd.DataF
             f"model {info.name!r} has no hyper-connected streams: stream sources need HC / mHC / DeepSeek-V4's "
             "blocks.<l>.hc_<attn|mlp>.hook_<pre|post|res>"
         )
+    why = missing_solver(stream_count(info))
+    if why:  # before the pass, not after it
+        raise ValueError(why)
     w = as_windows(data)
     hooks = stream_hook_names(model, info.n_layers)
     acc = StreamAccumulator(info.n_layers, stream_count(info), head=("head",) in hooks.values())
@@ -425,6 +442,7 @@ __all__ = [
     "nearest_permutation",
     "permutation_distance",
     "has_streams",
+    "missing_solver",
     "stream_count",
     "source_labels",
     "read_sites",

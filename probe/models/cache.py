@@ -292,10 +292,13 @@ class ActivationCache(dict, TLActivationCache):
         raise CacheError(f"{method}: no {name} in this cache ({why})")
 
     def _stream_kind(self) -> str:
-        """'routed' (depth reads over sub-layer sources), 'dense' (DenseFormer / MUDD mixes) or 'residual'."""
+        """'routed' (depth reads over sub-layer sources), 'streams' (n hyper-connected streams: HC, mHC,
+        DeepSeek-V4), 'dense' (DenseFormer / MUDD mixes) or 'residual'."""
         info = self.info
         if info.has_depth_sources:
             return "routed"
+        if info.extra.get("hc_streams"):
+            return "streams"
         return "dense" if info.depth_routing != "residual" else "residual"
 
     # ---- the terms of a stream ----------------------------------------------------------------------------
@@ -312,6 +315,13 @@ class ActivationCache(dict, TLActivationCache):
         """The terms of the stream before block ``layer`` (before its MLP with ``mlp_input``; n_layers: the final
         stream), in TransformerLens's order: embed, pos_embed, then attn_out and mlp_out layer by layer."""
         kind = self._stream_kind()
+        if kind == "streams":
+            raise CacheError(
+                f"{method}: {self.info.name} has {self.info.extra['hc_streams']} hyper-connected streams, whose sum "
+                "is not a sum of the sub-layers' outputs (H_res mixes the streams, H_post scales each write: "
+                "docs/definitions.md#hyper-connections); each read's sources are probe.analyses.streams.composed_reads"
+                " (probe sources)"
+            )
         if kind == "routed":
             return self._routed_terms(layer, mlp_input, method)
         if kind == "dense":
@@ -381,14 +391,30 @@ class ActivationCache(dict, TLActivationCache):
 
     def _final_stream(self, method: str) -> torch.Tensor:
         """What the final norm reads (…,T,d): the last resid_post (a depth-routed model's: the final read), on a
-        dense model the last mix of the block states."""
+        dense model the last mix of the block states, on a hyper-connected one the head's collapse of the streams."""
         last = self.n_layers - 1
-        if self._stream_kind() != "dense":
+        kind = self._stream_kind()
+        if kind == "streams":
+            return self._collapsed_streams(method)
+        if kind != "dense":
             return self._need(names.resid(last, "post"), method)
         embed = sum(t.value for t in self._embed_terms(method))
         states = torch.stack([embed] + [self._need(names.resid(l, "post"), method) for l in range(last + 1)], -2)
         mix = self._need(names.dense(last), method)[..., -1, :]  # …,T,S
         return (states * mix.to(states.dtype)[..., None]).sum(-2)
+
+    def _collapsed_streams(self, method: str) -> torch.Tensor:
+        """Σ_k head_k · stream_k (…,T,d): the streams after the last block (its MLP connection's write, H_res ·
+        streams_mid + H_post ⊗ mlp_out, rebuilt from the hooks) collapsed by hc_head.hook_pre, what the final norm
+        reads; the streams' sum where the head weighs each 1 (HC)."""
+        last = self.n_layers - 1
+        mid = self._need(names.streams(last, "mid"), method)  # …,T,n,d
+        res, post = (self._need(names.hc(last, "mlp", p), method) for p in ("res", "post"))  # …,T,n,n out × in; …,T,n
+        out = self._need(names.sublayer_out(last, "mlp"), method)  # …,T,d
+        head = self._need(names.hyper_head(), method)  # …,T,n
+        wide = torch.promote_types(mid.dtype, torch.float32)
+        streams = res.to(wide) @ mid.to(wide) + post.to(wide)[..., None] * out.to(wide)[..., None, :]
+        return (head.to(wide)[..., None] * streams).sum(-2).to(mid.dtype)
 
     def _stream(self, layer: int, mlp_input: bool, method: str) -> tuple[str, torch.Tensor]:
         """(its name, the stream) before block ``layer`` (before its MLP with ``mlp_input``; n_layers: the final)."""
@@ -467,7 +493,9 @@ class ActivationCache(dict, TLActivationCache):
         return_labels: bool = False,
     ):
         """The stream before each block up to ``layer`` (labels '{l}_pre', with ``incl_mid`` '{l}_mid' too; None /
-        -1 / n_layers adds 'final_post', what the final norm reads), stacked: TransformerLens's. ``apply_ln`` at the
+        -1 / n_layers adds 'final_post', what the final norm reads), stacked: TransformerLens's. On a hyper-connected
+        model each '{l}_pre' / '{l}_mid' is the streams' sum (hook_resid_pre / mid) and 'final_post' the head's
+        collapse of the last streams (hc_head.hook_pre), so the logit lens ends on the logits. ``apply_ln`` at the
         final layer: each entry through the final norm with its own statistics, weight and bias (the logit lens;
         TransformerLens's ``recompute_ln``); at a block layer: through that block's norm at its cached scale, weight
         and bias included (TransformerLens stops at the scale there: ``apply_ln_to_stack(..., affine="none")``)."""
@@ -556,7 +584,8 @@ class ActivationCache(dict, TLActivationCache):
             if not _close(norm.scale(stream.double()), scale):
                 raise CacheError(
                     f"{method}: {key} is not the scale of {name}: that norm reads another stream (MUDD's query "
-                    "stream; a parallel block's MLP norm reads the block's input, not resid_mid)"
+                    "stream; a hyper-connected block's H_pre read of its streams, not their sum; a parallel block's "
+                    "MLP norm reads the block's input, not resid_mid)"
                 )
             self._scales_checked.add(key)
         return scale

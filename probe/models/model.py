@@ -10,6 +10,7 @@ where saved weights are read: `from_pretrained` and the trainer's resume.
 from __future__ import annotations
 
 import math
+import os
 import re
 import zlib
 
@@ -157,8 +158,9 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
         """HF's save_pretrained without its "Writing model shards" bar, recording the model's name (``probe_name``,
         e.g. ``tiny-sink+proj``) in config.json, so that ``probe.load`` of the folder names the model, not the
         folder, and what its training run recorded (its data, its BOS), so that the folder's default --data is the
-        model's own."""
-        if self.probe_name:
+        model's own. A name that is a folder's path (a training run's identity) is not recorded: the folder saved to
+        is another model's home, and names itself."""
+        if self.probe_name and not os.path.isabs(self.probe_name):
             self.config.probe_name = self.probe_name
         if self.train_record:  # its training data and BOS travel with it (probe.runs.saved_training_record)
             setattr(self.config, SAVED_RECORD_KEY, self.train_record)

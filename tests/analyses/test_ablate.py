@@ -341,8 +341,12 @@ def test_depth_forcings_on_dense_mixes_and_block_sources():
 def test_a_depth_forcing_no_site_takes_is_one_line_not_an_empty_table():
     """drop on a MUDD model (dense mixes of block states take uniform and residual only) was a KeyError from an empty
     result table."""
-    with pytest.raises(AblationError, match="takes no depth forcing of drop.*choose from uniform, residual"):
+    with pytest.raises(
+        AblationError, match="depth forcing 'drop' does not apply to model .*choose from uniform, residual$"
+    ):
         ablate(tiny("mudd"), W, ["depth"], depth_modes=("drop",), progress=False)
+    with pytest.raises(AblationError, match="'drop' does not apply"):  # beside a forcing it takes: not skipped
+        ablate(tiny("mudd"), W, ["depth"], depth_modes=("residual", "drop"), progress=False)
 
 
 @pytest.mark.parametrize(

@@ -99,7 +99,7 @@ def test_refusals_are_one_line_and_exit_2(tmp_path, capsys):
     for flag in ("--keep", "--window"):  # past int64 was an OverflowError in the eviction mask
         assert_one_line_error(cli(capsys, "ablate", flag, "9" * 20), "at most 2147483647", flag)
     r = cli(capsys, "ablate", "--model", TINY_MUDD, "--depth", "drop", *WINDOWS, "--quiet")
-    assert_one_line_error(r, "takes no depth forcing of drop", "choose from uniform, residual")
+    assert_one_line_error(r, "depth forcing 'drop' does not apply", "choose from uniform, residual")
 
 
 def test_the_defaults_skip_what_the_model_refuses_with_a_note_and_an_explicit_ask_is_refused(tmp_path, capsys):

@@ -76,8 +76,13 @@ def test_one_connection_forced_equals_its_weights_set_by_hand(mode, tmp_path):
 
 
 def test_drop_is_refused_in_one_line_and_a_connection_the_model_lacks_too():
-    with pytest.raises(AblationError, match="takes no depth forcing of drop.*choose from uniform, residual") as e:
+    with pytest.raises(
+        AblationError, match="depth forcing 'drop' does not apply to model .*choose from uniform, residual$"
+    ) as e:
         ablate(randomised("hc"), W, ["depth"], depth_modes=("drop",), progress=False)
+    assert "\n" not in str(e.value)
+    with pytest.raises(AblationError, match="'drop' does not apply") as e:  # beside one it takes: not skipped
+        ablate(randomised("hc"), W, ["depth"], depth_modes=("residual", "drop"), progress=False)
     assert "\n" not in str(e.value)
     with pytest.raises(AblationError, match="no depth routing .* or hyper-connections"):
         ablate(tiny("baseline"), W, ["depth"], progress=False)

@@ -179,3 +179,14 @@ def test_norm_weighted_takes_one_context():
     args = ("--model", "probe/tiny-baseline", "--batches", "1", "--batch-size", "1", "--ctx", "8", "16")
     r = probe("sinks", *args, "--norm-weighted")
     assert r.returncode == 2 and "--norm-weighted takes one --ctx" in r.stderr
+
+
+def test_a_model_without_hook_pattern_norm_is_refused_in_one_line(tmp_path):
+    """Differential attention fires no hook_pattern_norm (the norm after the difference is not linear): --norm-weighted
+    on it was an internal error (exit 1); it is one line naming the hook, exit 2, nothing written."""
+    out = tmp_path / "nw"
+    r = probe("sinks", "--model", "probe/bb-diff", *WINDOWS, "--norm-weighted", "--out", out)
+    error = r.stderr.strip().splitlines()[-1]  # after the plan's note
+    assert r.returncode == 2 and error.startswith("probe sinks: error: model 'probe/bb-diff' cannot run"), r.stderr
+    assert "it needs blocks.0.attn.hook_pattern_norm" in error
+    assert not out.exists()

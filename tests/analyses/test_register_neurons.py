@@ -210,3 +210,31 @@ def test_bad_register_settings_are_one_line():
         TestTimeRegister(at="middle").check(info)
     with pytest.raises(AblationError, match=r"register neuron \(2, 0\) is not in model .*layers 0..1"):
         TestTimeRegister(((2, 0),)).check(info)
+
+
+def test_a_neuron_past_the_layers_width_is_one_line_from_the_cli(tmp_path, capsys):
+    """--register-neurons 1:99999 was an IndexError reported as an internal error (exit 1)."""
+    from probe.cli.main import main
+
+    code = main(
+        [
+            "ablate",
+            "--model",
+            "probe/tiny-baseline",
+            "--register-neurons",
+            "1:99999",
+            "--batches",
+            "1",
+            "--batch-size",
+            "1",
+            "--ctx",
+            "16",
+            "--quiet",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert "register neuron (1, 99999) is not in model" in err and "layer 1's MLP has neurons 0.." in err
+    assert not (tmp_path / "out").exists()

@@ -184,7 +184,7 @@ def test_a_model_without_streams_is_refused_in_one_line():
 
 def test_deepseek_v4_through_its_adapter():
     """transformers' tiny DeepSeek-V4 (compress rates above the windows, as its adapter's tests run it): the reads
-    are rebuilt, its H_res rows sum to 1, and there is no final read (the adapter hooks no head weights)."""
+    are rebuilt, its H_res rows sum to 1, and the head's collapse is the final read (hc_head.hook_pre)."""
     from probe.checkpoints.adapters import adapt
     from probe.checkpoints.tiny import tiny_model
 
@@ -197,6 +197,7 @@ def test_deepseek_v4_through_its_adapter():
     for k, (read, again) in enumerate(zip(reads, rebuilt)):
         assert (read - again).abs().max() <= 1e-10 * read.abs().max(), k
     result = stream_sources(adapt(ref), data)
-    assert result["sites"]["site"].tolist() == [names.read_site(l, s) for l in range(2) for s in ("attn", "mlp")]
+    sites = [names.read_site(l, s) for l in range(2) for s in ("attn", "mlp")]
+    assert result["sites"]["site"].tolist() == sites + [names.FINAL_READ]
     rows = result["stream_mixing"].groupby(["site_index", "out_stream"])["weight"].sum()
     assert rows.to_numpy() == pytest.approx(1.0, abs=1e-5)

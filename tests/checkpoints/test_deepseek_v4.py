@@ -7,6 +7,8 @@ knockout on those entries, the hyper-connection streams' rules and the routers' 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -208,3 +210,44 @@ def test_routers_fire_the_vocabularys_points(models):
     assert torch.equal((weights > 0).sum(-1), torch.full(x.shape, ref.config.num_experts_per_tok))
     scale = torch.full(x.shape, ref.config.routed_scaling_factor)
     assert torch.allclose(weights.sum(-1), scale, atol=1e-5)
+
+
+def test_the_heads_collapse_weights_fire_and_an_edit_of_them_reaches_the_logits(models):
+    """hc_head.hook_pre (B,T,N) is the final collapse's weights: set to 1 each, the final norm reads the streams' sum,
+    resid_post of the last layer, so the logits are HF's norm and LM head on that sum."""
+    ref, m, _, _ = models
+    x, n, last = parity.ids(), m.probe_info.extra["hc_streams"], m.probe_info.n_layers - 1
+    with torch.no_grad():
+        logits, cache = m.run_with_cache(x)
+        pre = cache[names.hyper_head()]
+        summed = m.run_with_hooks(x, fwd_hooks=[(names.hyper_head(), lambda t, hook: torch.ones_like(t))])
+        by_hand = ref.lm_head(ref.model.norm(cache[names.resid(last, "post")]))
+    assert pre.shape == (*x.shape, n) and bool((pre > 0).all())
+    assert parity.max_diff(summed, logits) > 1e-4  # near init the weights are near one another: the norm hides most
+    assert parity.max_diff(summed, by_hand) <= 1e-5
+
+
+def test_parity_holds_with_the_connections_weights_far_from_their_init():
+    """transformers' init leaves every mix near uniform (res ≈ 1/N), where a transposed res or a swapped pre / post
+    would pass unseen: with the connections' and the head's weights drawn N(0, 1), the parity checks still hold, and
+    the logit lens ends on the logits (its 'final_post' the head's collapse, not the streams' sum)."""
+    from probe.checkpoints.adapters import adapt
+    from probe.checkpoints.tiny import tiny_model
+
+    ref = tiny_model("deepseek_v4")
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if "_hc." in name or "hc_head." in name:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+    ref64 = copy.deepcopy(ref).to(torch.float64)
+    models = (ref, adapt(copy.deepcopy(ref)), ref64, adapt(copy.deepcopy(ref64)))
+    _, cache = models[1].run_with_cache(parity.ids())
+    res = cache[names.hc(0, "mlp", "res")]
+    assert (res - 1 / res.shape[-1]).abs().max() > 0.2  # far from uniform
+    assert (res - res.transpose(-1, -2)).abs().max() > 0.1  # and not symmetric: a transpose would show
+    parity.assert_parity(models)
+    with torch.no_grad():
+        logits, cache = models[1].run_with_cache(parity.ids())
+        lens = cache.logit_lens()
+    assert parity.max_diff(lens[-1], logits) <= 1e-5

@@ -74,3 +74,16 @@ def test_a_saved_bigram_backcopy_model_keeps_its_training_chain_and_its_name(tmp
     assert copy.train_record == model.train_record
     assert trained_task(copy) == trained_task(model) is not None
     assert copy.probe_info.name == "probe/bb-baseline"
+
+
+def test_a_training_runs_model_saved_elsewhere_is_named_by_its_new_folder(tmp_path):
+    """Its identity is the run's path: written into the copy's config, every result of the copy (say after an edit of
+    its weights) would name the run instead."""
+    run = tmp_path / "run"
+    create("baseline", "tiny", **SMALL).save_pretrained(run / "model")
+    config = json.loads((run / "model" / "config.json").read_text())
+    del config["probe_name"]
+    (run / "model" / "config.json").write_text(json.dumps(config))
+    (run / "probe_train.json").write_text(json.dumps({"variant": "baseline", "data": "wikitext-2-valid"}))
+    probe.load(run).save_pretrained(tmp_path / "copy")
+    assert probe.load(tmp_path / "copy").probe_info.name == str((tmp_path / "copy").resolve())

@@ -35,9 +35,23 @@ def test_several_contexts_in_one_run(tmp_path):
     row = summary.set_index("ctx").loc[16]
     for col in ("pos0_share", "uniform_ref", "r0"):
         assert row[col] == pytest.approx(single[col], abs=1e-9)
+    assert row["corpus"] == single["corpus"]
     assert not (tmp_path / "one" / "sinks_ctx_summary.csv").exists()  # one --ctx: today's files only
     meta = json.loads((out / "sinks_ctx.json").read_text())["meta"]
     assert meta["ctx"] == "16 32"
+
+
+def test_each_contexts_rows_name_its_own_windows(tmp_path):
+    """A synthetic corpus's label carries T: the rows of T = 32 said T=16 (the first context's windows)."""
+    out = tmp_path / "sweep"
+    r = probe("sinks", "--model", "probe/bb-diff", *WINDOWS, "--ctx", "16", "32", "--quiet", "--out", out)
+    assert r.returncode == 0, r.stderr
+    for table in ("summary", "layers", "by_type"):
+        corpora = pd.read_csv(out / f"sinks_ctx_{table}.csv").groupby("ctx")["corpus"].unique()
+        assert [list(c) for c in corpora] == [[c[0]] for c in corpora]  # one label per context
+        assert "T=16" in corpora[16][0] and "T=32" in corpora[32][0], table
+    meta = json.loads((out / "sinks_ctx.json").read_text())["meta"]
+    assert "T=16" in meta["corpus"] and "T=32" in meta["corpus"]
 
 
 def test_several_contexts_refuse_dormant_in_one_line():

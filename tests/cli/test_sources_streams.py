@@ -86,7 +86,7 @@ def _offline(monkeypatch):
 
 def test_the_verb_on_a_saved_deepseek_v4(tmp_path):
     """transformers' tiny DeepSeek-V4 saved and loaded back through its adapter: the stream sources of its 2L
-    connections (the adapter hooks no head weights, so no final read), H_res's rows summing to 1."""
+    connections and the head's final read, H_res's rows summing to 1."""
     from tests.support import verbs
 
     folder = verbs.save_tiny("deepseek_v4", tmp_path / "ds")
@@ -95,6 +95,21 @@ def test_the_verb_on_a_saved_deepseek_v4(tmp_path):
     doc = json.loads((tmp_path / "out" / "sources.json").read_text(encoding="utf-8"))
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     summary = doc["tables"]["summary"][0]
-    assert summary["n_streams"] == config["hc_mult"] and summary["n_sites"] == 2 * config["num_hidden_layers"]
+    assert summary["n_streams"] == config["hc_mult"] and summary["n_sites"] == 2 * config["num_hidden_layers"] + 1
     rows = pd.DataFrame(doc["tables"]["stream_mixing"]).groupby(["site_index", "out_stream"])["weight"].sum()
     assert rows.to_numpy() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_seven_streams_without_scipy_are_refused_before_the_pass(tmp_path, monkeypatch):
+    """Past 6 streams the nearest permutation needs scipy: without it, one line naming the count and the remedy, exit
+    code 2, no output folder."""
+    import probe.analyses.streams as streams
+
+    randomised("mhc", n=7, vocab_size=VOCAB).save_pretrained(tmp_path / "mhc7")
+    monkeypatch.setattr(streams, "scipy_found", lambda: False)
+    code, err = run("--model", tmp_path / "mhc7", "--data", text_file(tmp_path), *ARGS, "--out", tmp_path / "out")
+    assert code == 2 and "\n" not in err
+    assert (
+        "has 7 streams: the nearest permutation is found by brute force up to 6" in err and "pip install scipy" in err
+    )
+    assert not (tmp_path / "out").exists()

@@ -331,7 +331,7 @@ def test_every_hook_of_an_hf_adapter_is_a_built_name(family):
 
 
 def _all_built(L: int) -> set[str]:
-    out = {names.EMBED, names.depth_weights(names.FINAL_READ), names.routing_keys(names.FINAL_READ)}
+    out = {names.EMBED, names.depth_weights(names.FINAL_READ), names.routing_keys(names.FINAL_READ), names.hyper_head()}
     out |= {names.pos_embed(), names.unembed_in()} | {names.norm(None, point=p) for p in names.NORM_POINTS}
     out |= {names.norm(l, w, p) for l in range(L) for w in names.NORMS for p in names.NORM_POINTS}
     out |= {names.mlp(l, p) for l in range(L) for p in names.MLP_POINTS}

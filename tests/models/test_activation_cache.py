@@ -377,3 +377,39 @@ def test_depth_terms_are_the_weighted_sources_and_their_lens_adds_up(variant, ov
     assert lens.shape == (2 * n + 1, 2, 9, 8192)
     close(lens.sum(0), logits)
     close(cache.logit_lens()[-1], logits)
+
+
+# --------------------------------------------------------------------------- (e) hyper-connected streams
+
+
+@pytest.mark.parametrize("variant", ["hc", "hc-dynamic", "mhc"])
+def test_a_hyper_connected_lens_ends_on_the_logits_and_its_sums_refuse_to_decompose(variant, tmp_path):
+    """On a folder saved and loaded back, mixing weights and the head's drawn at random: 'final_post' is the head's
+    collapse of the last streams (what the final norm reads), so the logit lens ends on the logits; the '{l}_pre'
+    entries are the streams' sums; a decomposition into sub-layer terms (no such sum) is refused in one line."""
+    from tests.analyses.test_stream_sources import randomised
+
+    model = randomised(variant)
+    with torch.no_grad():
+        for p in model.hc_head.parameters():  # mHC's head has weights of its own; HC's (both) weighs each stream 1
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    model.save_pretrained(tmp_path / variant)
+    m = probe.load(str(tmp_path / variant))
+    logits, cache = run(m, ids(vocab=m.probe_info.vocab_size))
+    n = m.probe_info.n_layers
+    stack, labels = cache.accumulated_resid(return_labels=True)
+    assert labels == [f"{l}_pre" for l in range(n)] + ["final_post"]
+    for l in range(n):
+        close(stack[l], cache[names.resid(l, "pre")])
+    head = cache[names.hyper_head()]
+    if variant != "mhc":  # the sum
+        assert torch.equal(head, torch.ones_like(head))
+        close(stack[-1], cache[names.resid(n - 1, "post")], atol=PARITY)
+    else:
+        assert (head - 1).abs().max() > 0.1
+        assert (stack[-1] - cache[names.resid(n - 1, "post")]).abs().max() > 0.1
+    close(cache.logit_lens()[-1], logits, atol=PARITY)
+    for method in (cache.decompose_resid, cache.source_lens):
+        with pytest.raises(CacheError, match="hyper-connected streams, whose sum is not a sum") as e:
+            method()
+        assert "\n" not in str(e.value)

@@ -54,7 +54,7 @@ class AblationOptions:
     keep: tuple = DEFAULT_KEEP  # eviction: first keys kept
     windows: tuple = DEFAULT_WINDOWS  # eviction: recent-key windows
     positions: tuple = ("original",)  # eviction: where the keys sit (probe.kernels.sink_attention.edits.POSITIONS)
-    depth_modes: tuple = DEPTH_MODES  # depth forcings
+    depth_modes: tuple | None = None  # depth forcings (None: DEPTH_MODES, each where the model takes it)
     register_neurons: tuple = ()  # register: (layer, neuron) pairs moved onto the test-time register
     register_at: tuple = ("start",)  # register: where it sits (before or after the text)
     per_layer: bool = True  # also one layer (depth: one read site) at a time

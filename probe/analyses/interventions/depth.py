@@ -117,10 +117,17 @@ class DepthForcing(Intervention):
                 "hyper-connections (HC, mHC)"
             )
         out: list[Ablation] = []
-        for mode in dict.fromkeys(opts.depth_modes):
+        modes = list(dict.fromkeys(opts.depth_modes or DEPTH_MODES))
+        for mode in modes:
             check_choice("depth forcing", mode, DEPTH_MODES)
+        if "drop" in modes and not mech.depth_sites and opts.depth_modes:  # asked for by name
+            raise AblationError(
+                f"depth forcing 'drop' does not apply to model {info.name!r}: its depth reads are dense mixes of "
+                "block states or hyper-connections, which take uniform and residual; choose from uniform, residual"
+            )
+        for mode in modes:
             if mode == "drop" and not mech.depth_sites:
-                continue  # dense mixes take the two forcings only
+                continue  # by default: dense mixes and hyper-connections take the two forcings only
             for edit in [cls(mode)] if mode != "drop" else [cls(mode, c) for c in SOURCE_CATEGORIES]:
                 sites = [s for s in depth_targets(mech) if edit.takes(model, s)]
                 if sites:
@@ -129,7 +136,7 @@ class DepthForcing(Intervention):
         if not out:
             takes = "uniform, residual" if not mech.depth_sites else "uniform, residual, drop"
             raise AblationError(
-                f"model {info.name!r} takes no depth forcing of {', '.join(dict.fromkeys(opts.depth_modes))} at any "
+                f"model {info.name!r} takes no depth forcing of {', '.join(modes)} at any "
                 f"read site (drop needs sub-layer sources with another category left; DenseFormer / MUDD "
                 f"mixes of block states and hyper-connections take uniform and residual); choose from {takes}"
             )

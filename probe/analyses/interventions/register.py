@@ -78,12 +78,19 @@ class TestTimeRegister(Intervention):
         # the authors' register enters after the position embedding: a zero vector, so a learned one is zeroed too
         embeds = [e for e in (names.EMBED, names.pos_embed()) if e in model.hook_dict]
         out = [(e, zero_embedding) for e in embeds]
-        return out + [(names.mlp(l), self._mover(idx)) for l, idx in sorted(by_layer.items())]
+        name = model.probe_info.name
+        return out + [(names.mlp(l), self._mover(idx, l, name)) for l, idx in sorted(by_layer.items())]
 
-    def _mover(self, neurons: list[int]):
-        """A hook on one layer's mlp.hook_post moving ``neurons`` onto the register."""
+    def _mover(self, neurons: list[int], layer: int, model_name: str):
+        """A hook on one layer's mlp.hook_post moving ``neurons`` onto the register; a neuron past the layer's
+        width is one AblationError line (the width is known once the layer runs)."""
 
         def move(a, hook):  # B,T+1,m
+            if max(neurons) >= a.shape[-1]:
+                raise AblationError(
+                    f"register neuron {(layer, max(neurons))!r} is not in model {model_name!r}: layer {layer}'s MLP "
+                    f"has neurons 0..{a.shape[-1] - 1}"
+                )
             T = a.shape[1] - 1
             a = a.clone()
             idx = torch.tensor(neurons, device=a.device)

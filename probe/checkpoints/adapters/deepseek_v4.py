@@ -13,8 +13,10 @@ What transformers' ``modeling_deepseek_v4.py`` computes, and what the hooks see 
   vocabulary states it) and ``.hook_read`` (the sub-layer's input); ``hook_resid_pre`` / ``mid`` / ``post`` are the
   stream sums, as on probe's own hyper-connected models (an edit of one adds its change, divided by N, to every
   stream, so the sum moves by exactly the edit), and ``hook_attn_out`` / ``hook_mlp_out`` the sub-layers' outputs
-  before ``post`` spreads them. The residual algebra therefore holds as the stream rules of
-  ``probe.checkpoints.algebra`` (resid_pre + attn_out = resid_mid does not: the mix rescales both terms).
+  before ``post`` spreads them; ``hc_head.hook_pre`` (B,T,N) is the head's collapse weights, as on probe's own
+  hyper-connected models, so the final read is Σ_k hook_pre_k·stream_k. The residual algebra therefore holds as the
+  stream rules of ``probe.checkpoints.algebra`` (resid_pre + attn_out = resid_mid does not: the mix rescales both
+  terms).
 * **Attention.** Every layer, whatever its ``layer_types`` entry, masks its token keys with one sliding window of
   ``sliding_window`` keys (the model builds a single sliding-window mask), shares one key head as keys and values
   (rotary included on the trailing ``qk_rope_head_dim`` coordinates, interleaved pairs; the output's rotary slice is
@@ -39,6 +41,8 @@ What transformers' ``modeling_deepseek_v4.py`` computes, and what the hooks see 
 
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -51,6 +55,7 @@ from probe.models.depth_mechanisms.hyper_connections import sinkhorn
 from probe.models.hyper import through_sum
 
 COMPRESSOR_KEY = "_probe_compressor"  # compressor module.__dict__ entry -> the layer's attention hooks
+HEAD_KEY = "_probe_hc_head"  # hc_head module.__dict__ entry -> the adapter's HeadHooks
 
 
 class HCHooks(nn.Module):
@@ -62,6 +67,24 @@ class HCHooks(nn.Module):
         self.hook_post = HookPoint()  # B,T,N
         self.hook_res = HookPoint()  # B,T,N,N
         self.hook_read = HookPoint()  # B,T,d the sub-layer's input Σ_k pre_k·stream_k
+
+
+class HeadHooks(nn.Module):
+    """The final collapse's weights (``hc_head.hook_pre``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hook_pre = HookPoint()  # B,T,N
+
+
+def hooked_head_forward(head: nn.Module, streams: torch.Tensor) -> torch.Tensor:
+    """``DeepseekV4HyperHead.forward`` (B,T,N,d -> B,T,d) in its order of operations, its weights pre (B,T,N, fp32)
+    through ``hook_pre``."""
+    flat = head.input_norm(streams.flatten(2).float())
+    mixes = F.linear(flat, head.hc_fn.float())
+    pre = torch.sigmoid(mixes * head.hc_scale.float() + head.hc_base.float()) + head.eps
+    pre = head.__dict__[HEAD_KEY].hook_pre(pre)
+    return (pre.unsqueeze(-1) * streams).sum(dim=2).to(streams.dtype)
 
 
 def hc_weights(hc: nn.Module, streams: torch.Tensor):
@@ -142,6 +165,10 @@ class DeepseekV4Adapter(RecipeAdapter):
         return info
 
     def _install(self, layers):
+        self.hc_head = HeadHooks()
+        head = self.hf_model.base_model.hc_head
+        head.__dict__[HEAD_KEY] = self.hc_head  # an adapter built again on the same model re-points it
+        head.forward = types.MethodType(hooked_head_forward, head)
         for block, layer in zip(self.blocks, layers):
             block.hook_streams, block.hook_streams_mid = HookPoint(), HookPoint()  # B,T,N,d
             block.hc_attn, block.hc_mlp = HCHooks(), HCHooks()

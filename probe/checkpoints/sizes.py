@@ -141,7 +141,8 @@ def check_folder_files(folder: Path) -> None:
 
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files of a model directory: those its index names (each inside the folder and a regular
-    file), else ``*.safetensors`` (each a regular file)."""
+    file), else ``model.safetensors`` where there is one (what transformers loads: a training checkpoint's
+    ``state.safetensors`` beside it is optimizer state, not weights), else ``*.safetensors`` (each a regular file)."""
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
     if os.path.lexists(index):
@@ -151,6 +152,8 @@ def weight_files(folder: Path) -> list[Path]:
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise CheckpointSizeError(f"{index} is not a safetensors index (no weight_map)") from None
         return [model_file(folder, n, "weight file") for n in names]
+    if os.path.lexists(folder / "model.safetensors"):
+        return [checked_file(folder / "model.safetensors", "weight file")]
     return [checked_file(f, "weight file") for f in sorted(folder.glob("*.safetensors"))]
 
 

@@ -71,7 +71,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "its EOS); recorded in the run, so analyses of the model start their windows with it too",
     )
     add_options(p, TrainConfig, SIZE_FLAGS)
-    p.add_argument("--ctx", type=positive_int, help="tokens per window (default: the tier's context)")
+    p.add_argument(
+        "--ctx",
+        type=positive_int,
+        help="tokens per window, and the saved model's context (n_ctx: its default evaluation windows, sigmoid's "
+        "b = -log n_ctx); default: the tier's context",
+    )
     add_options(p, TrainConfig, LOOP_FLAGS)
     p.add_argument(
         "--eval-data",
@@ -388,7 +393,8 @@ def run(args: argparse.Namespace) -> int:
             f"warning: --warmup {args.warmup} >= --steps {args.steps}, so the lr would never reach its peak; "
             f"warming up for {plural(warmup, 'step')} instead"
         )
-    model = create(args.variant, args.tier, seed=args.seed)
+    # the model's context is the one it trains at: its default evaluation windows, and sigmoid's b = -log n_ctx
+    model = create(args.variant, args.tier, seed=args.seed, n_ctx=ctx)
     cfg = TrainConfig(**{**{k: getattr(args, k) for k in CONFIG_FLAGS}, "warmup": warmup, "device": device})
     n_params = sum(p.numel() for p in model.parameters())
     ckpt = find_checkpoint(out) if resuming else None

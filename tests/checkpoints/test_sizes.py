@@ -173,3 +173,24 @@ def test_windows_must_fit_half_the_memory(monkeypatch):
         TokenDomain(T=255, n=512).generate(97)  # 1 MiB of ids: more than half of 1 MiB
     with pytest.raises(ValueError, match="windows of 65 tokens need .* more than half"):
         eval_batches([torch.arange(100)] * 2, "probe-bpe-8k", n_batches=64, batch_size=64, ctx=64)
+
+
+def test_a_training_checkpoints_optimizer_state_is_not_read_as_weights(tmp_path):
+    """A run's checkpoint/ holds model.safetensors beside state.safetensors (optimizer state, with integer tensors):
+    loading the folder was refused as "holds tensor t170 as U32 ... no quantization_config"; the weights are
+    model.safetensors alone, as transformers loads them."""
+    import torch
+    from safetensors.torch import save_file
+
+    import probe
+    from probe.checkpoints.sizes import weight_files
+    from probe.models import create
+
+    folder = tmp_path / "checkpoint"
+    model = create("baseline", "tiny", n_layers=2, d_model=32, n_heads=2, d_mlp=64, vocab_size=64)
+    model.save_pretrained(folder)
+    save_file({"t0": torch.zeros(3, dtype=torch.int32), "t1": torch.ones(2)}, str(folder / "state.safetensors"))
+    assert weight_files(folder) == [folder / "model.safetensors"]
+    loaded = probe.load(str(folder))
+    ids = torch.randint(0, 64, (1, 5))
+    assert torch.equal(loaded(ids).logits, model.eval()(ids).logits)

@@ -653,3 +653,36 @@ def test_experiment_verb_lists_recipes_and_rejects_unknown_names(tmp_path):
     bad = probe("experiment", "no-such-recipe", "--out", tmp_path / "x")
     assert_one_line_error(bad, "no-such-recipe", "superposition")
     assert not (tmp_path / "x").exists()
+
+
+def test_a_model_trained_at_a_shorter_context_is_a_model_of_that_context(fx, tmp_path):
+    """--ctx 32 under a tier of 256: the saved config's n_ctx is 32, so sigmoid's b is -log 32 (Ramapuram et al.: the
+    training sequence length) and the folder's default evaluation windows are 32 tokens (the training context)."""
+    import math
+
+    import probe as probe_package
+
+    out = tmp_path / "run"
+    common = ("--variant", "sigmoid", "--tier", "tiny", "--data", fx["data"], "--eval-data", fx["data"])
+    r = probe(
+        "train",
+        *common,
+        "--eval-batches",
+        "1",
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--ctx",
+        "32",
+        "--quiet",
+        "--out",
+        out,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "model" / "config.json").read_text())["n_ctx"] == 32
+    model = probe_package.load(str(out))
+    assert model.blocks[0].attn.rule_bias == pytest.approx(-math.log(32))
+    r = probe("eval", "--model", out, "--data", fx["data"], "--batches", "1", "--batch-size", "1", "--json", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["meta"]["ctx"] == 32

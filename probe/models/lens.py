@@ -38,6 +38,22 @@ from probe.models.cache import ActivationCache
 from probe.models.inputs import check_token_ids
 
 RETURN_TYPES = ("logits", "loss", "both", None)
+
+
+class HookNameError(KeyError, ValueError):
+    """A hook name the model has no point for (TransformerLens's bare KeyError), in one line with the nearest names."""
+
+    def __init__(self, model, name: str):
+        import difflib
+
+        close = difflib.get_close_matches(name, list(model.hook_dict), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; the model's points are the keys of its hook dict"
+        super().__init__(f"no hook point {name!r} in model {model.probe_info.name!r}{hint}")
+
+    def __str__(self) -> str:  # a KeyError's str() is its argument's repr
+        return str(self.args[0])
+
+
 # TransformerLens forward options that probe's models do not implement: refused, never silently ignored
 NOT_SUPPORTED = ("start_at_layer", "stop_at_layer", "past_kv_cache", "tokens", "shortformer_pos_embed")
 
@@ -102,6 +118,9 @@ class TransformerLensCalls:
     def run_with_hooks(self, *model_args, **kwargs):
         """TransformerLens's: the output as ``return_type`` says (default the logits tensor) of a forward with
         ``fwd_hooks`` / ``bwd_hooks`` added for the call."""
+        for name, _ in [*kwargs.get("fwd_hooks", ()), *kwargs.get("bwd_hooks", ())]:
+            if isinstance(name, str) and name not in self.hook_dict:
+                raise HookNameError(self, name)
         return HookedRootModule.run_with_hooks(self, *model_args, **_lens_kwargs(kwargs))
 
     def lens_forward(

@@ -197,3 +197,23 @@ def test_nnsight_traces_the_hf_forward():
     _, cache = model.run_with_cache(x)
     torch.testing.assert_close(v, cache["blocks.1.attn.hook_v"])
     torch.testing.assert_close(logits, model(x).logits)
+
+
+def test_a_misspelt_hook_name_is_one_line_with_the_nearest_names(dirs):
+    """TransformerLens raises a bare KeyError('blocks.0.hook_resid_pr'); probe names the model and the nearest points,
+    on its own models and on the HF adapters, still a KeyError (and a ValueError) for code that catches one."""
+    from probe.models.lens import HookNameError
+
+    ids = torch.randint(0, 64, (1, 5))
+    for model in (
+        create("baseline", "tiny", n_layers=2, d_model=32, n_heads=2, d_mlp=64, vocab_size=64),
+        probe.load(str(dirs["llama"])),
+    ):
+        with pytest.raises(HookNameError) as e:
+            model.run_with_hooks(ids, fwd_hooks=[("blocks.0.hook_resid_pr", lambda t, hook: t)])
+        assert isinstance(e.value, KeyError) and isinstance(e.value, ValueError)
+        message = str(e.value)
+        assert "\n" not in message and message.startswith("no hook point 'blocks.0.hook_resid_pr' in model")
+        assert "did you mean blocks.0.hook_resid_pre" in message
+    out = model.run_with_hooks(ids, fwd_hooks=[(lambda name: name.endswith("resid_pre"), lambda t, hook: t)])
+    assert out.shape[:2] == ids.shape  # a name filter (a function) is TransformerLens's to resolve

@@ -102,26 +102,23 @@ def sink_context_sweep(
             kw["protocol"] = protocol
         per_ctx[int(ctx)] = sink_analyses(model, data, **kw)
     first = as_windows(next(iter(windows_by_ctx.values())))
+    # each row names the windows it was measured on (a synthetic corpus's label carries T); the meta, every context's
+    corpora = {ctx: found["sinks"]["summary"]["corpus"].iloc[0] for ctx, found in per_ctx.items()}
     eps_list = [eps] if isinstance(eps, (int, float)) else list(eps)
     meta = describe(
         model,
         first,
         "sink_context_sweep",
         ctx=" ".join(str(c) for c in per_ctx),
+        corpus=" | ".join(dict.fromkeys(corpora.values())),
         eps=eps_list[0],
         massive=massive,
         **layer_meta(model.probe_info),  # a hybrid's linear layers: listed with NaN, summaries over softmax layers
     )
     sweep = finish(sweep_tables(per_ctx), meta)
-    # each row names the windows it was measured on (the corpus label carries T); the meta, every context's
-    corpora = {ctx: found["sinks"]["summary"]["corpus"].iloc[0] for ctx, found in per_ctx.items()}
     for name, table in sweep.items():
         if name != "meta":
             table["corpus"] = table["ctx"].map(corpora)
-    joined = " | ".join(dict.fromkeys(corpora.values()))
-    sweep["meta"]["corpus"] = joined
-    for table in sweep.values():
-        table.attrs["meta"] = {**table.attrs["meta"], "corpus": joined}
     return sweep, per_ctx
 
 

@@ -27,6 +27,7 @@ import torch
 from probe.analyses.capture import as_windows, describe, finish
 from probe.analyses.parallel import gather, reduce_sums
 from probe.analyses.sources import entropy, source_category, stream_hooks
+from probe.errors import AnalysisRefused
 from probe.hooks import names
 
 BRUTE_FORCE_MAX = 6  # up to 6! = 720 permutations are scored all at once; more streams need scipy's Hungarian
@@ -422,7 +423,7 @@ def stream_sources(model, data, *, progress: bool = False) -> dict[str, pd.DataF
         )
     why = missing_solver(stream_count(info))
     if why:  # before the pass, not after it
-        raise ValueError(why)
+        raise AnalysisRefused(f"model {info.name!r} has {why}")
     w = as_windows(data)
     hooks = stream_hook_names(model, info.n_layers)
     acc = StreamAccumulator(info.n_layers, stream_count(info), head=("head",) in hooks.values())

@@ -24,7 +24,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def _depth_routed(model) -> None:
     from probe.analyses.sources import dense_layers
-    from probe.analyses.streams import has_streams, missing_solver, stream_count
+    from probe.analyses.streams import has_streams
     from probe.errors import UsageError
 
     info = model.probe_info
@@ -34,9 +34,6 @@ def _depth_routed(model) -> None:
             "`probe sources` needs an AttnRes / P-LR / S-LR model, dense connections (DenseFormer / "
             "MUDD) or hyper-connected streams (HC / mHC / DeepSeek-V4), e.g. `probe train --variant attnres-block4`"
         )
-    why = missing_solver(stream_count(info)) if has_streams(model) else None
-    if why:
-        raise UsageError(f"model {info.name!r} has {why}")
 
 
 def run(args: argparse.Namespace) -> int:

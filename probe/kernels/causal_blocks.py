@@ -50,8 +50,8 @@ class _CausalBlocks(torch.autograd.Function):
         B, Tq, H, _ = q.shape
         Tk, Hkv = k.shape[1], k.shape[2]
         G = H // Hkv
-        qf = _heads_first(q, 1).mul_(scale)  # B,H,Tq,dh, scaled once rather than every block's scores
-        kf, vf = _heads_first(k, G), _heads_first(v, G)  # B,H,Tk,dh; B,H,Tk,dv
+        qf = heads_first(q, 1).mul_(scale)  # B,H,Tq,dh, scaled once rather than every block's scores
+        kf, vf = heads_first(k, G), heads_first(v, G)  # B,H,Tk,dh; B,H,Tk,dv
         bias = None if key_bias is None else wide(key_bias).repeat_interleave(G, dim=1)  # B,H,Tk
         out = qf.new_empty(qf.shape[:3] + vf.shape[-1:])  # B,H,Tq,dv
         out3, v3 = out.view(B * H, Tq, -1), vf.view(B * H, Tk, -1)  # the products write into out's rows
@@ -105,7 +105,7 @@ class _CausalBlocks(torch.autograd.Function):
         return dq.transpose(1, 2).to(q_t), dk, dv, dbias, None, None, None
 
 
-def _heads_first(x: torch.Tensor, G: int) -> torch.Tensor:
+def heads_first(x: torch.Tensor, G: int) -> torch.Tensor:
     """x (B,T,h,d) -> (B,h·G,T,d), contiguous, wide (each head repeated G times: GQA); a new tensor."""
     B, T, h, d = x.shape
     if G == 1:  # one copy, transposing and widening at once

@@ -42,6 +42,7 @@ from transformer_lens.ActivationCache import ActivationCache as TLActivationCach
 from transformer_lens.utilities import Slice, get_act_name
 
 from probe.hooks import names
+from probe.models.hyper import HyperConnection, read_streams
 
 AFFINES = ("none", "weight", "full")
 # |Σ terms − stream| / |stream| a decomposition may show from rounding alone, by dtype (half: 16-bit adds)
@@ -413,8 +414,8 @@ class ActivationCache(dict, TLActivationCache):
         out = self._need(names.sublayer_out(last, "mlp"), method)  # …,T,d
         head = self._need(names.hyper_head(), method)  # …,T,n
         wide = torch.promote_types(mid.dtype, torch.float32)
-        streams = res.to(wide) @ mid.to(wide) + post.to(wide)[..., None] * out.to(wide)[..., None, :]
-        return (head.to(wide)[..., None] * streams).sum(-2).to(mid.dtype)
+        streams = HyperConnection.write(mid.to(wide), out.to(wide), (post, res))
+        return read_streams(head.to(wide), streams).to(mid.dtype)
 
     def _stream(self, layer: int, mlp_input: bool, method: str) -> tuple[str, torch.Tensor]:
         """(its name, the stream) before block ``layer`` (before its MLP with ``mlp_input``; n_layers: the final)."""

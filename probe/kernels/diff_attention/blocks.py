@@ -22,7 +22,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from probe.kernels.causal_blocks import block_scores
+from probe.kernels.causal_blocks import block_scores, heads_first
 from probe.kernels.common import wide_dtype
 
 QUERY_BLOCK = 64  # queries per block: 32 and 128 measured slower at B 16, T 256 (one thread)
@@ -36,10 +36,10 @@ def saved_floats(q: torch.Tensor, k: torch.Tensor, block: int = QUERY_BLOCK) -> 
     return 3 * B * (H2 // 2) * rows
 
 
-def _branches_first(x: torch.Tensor, n: int, G: int) -> torch.Tensor:
-    """x (B,T,n·h,d) branch-major -> (n,B,h·G,T,d), contiguous, wide (each head repeated G times: GQA)."""
+def _branches_first(x: torch.Tensor, G: int) -> torch.Tensor:
+    """x (B,T,2h,d) branch-major -> (2,B,h·G,T,d), contiguous, wide (each head repeated G times: GQA)."""
     B, T, hx, d = x.shape
-    y = x.view(B, T, n, hx // n, d).permute(2, 0, 3, 1, 4)  # n,B,h,T,d
+    y = x.view(B, T, 2, hx // 2, d).permute(2, 0, 3, 1, 4)  # 2,B,h,T,d
     if G > 1:
         y = y.repeat_interleave(G, dim=2)
     return torch.empty(y.shape, dtype=wide_dtype(x.dtype), device=x.device).copy_(y)
@@ -51,9 +51,9 @@ class _DiffBlocks(torch.autograd.Function):
         # q (B,Tq,2H,dh), k (B,Tk,2Hkv,dh) branch-major, v (B,Tk,Hkv,dv), λ (H,)
         B, Tq, H, dh = q.shape[0], q.shape[1], q.shape[2] // 2, q.shape[3]
         Tk, G = k.shape[1], H // (k.shape[2] // 2)
-        qf = _branches_first(q, 2, 1).mul_(scale)  # 2,B,H,Tq,dh, scaled once
-        kf = _branches_first(k, 2, G)  # 2,B,H,Tk,dh
-        vf = _branches_first(v, 1, G)[0]  # B,H,Tk,dv
+        qf = _branches_first(q, 1).mul_(scale)  # 2,B,H,Tq,dh, scaled once
+        kf = _branches_first(k, G)  # 2,B,H,Tk,dh
+        vf = heads_first(v, G)  # B,H,Tk,dv
         lam_f = lam.to(qf.dtype)[None, :, None, None]  # 1,H,1,1
         out = qf.new_empty(B, H, Tq, vf.shape[-1])  # B,H,Tq,dv
         q3, k3 = qf.view(2 * B * H, Tq, dh), kf.view(2 * B * H, Tk, dh)

@@ -88,6 +88,7 @@ from probe.analyses.interventions import (
     Intervention,
     Knockout,
     Mechanisms,
+    NotTaken,
     PhantomEdit,
     TestTimeRegister,
     ValueEdit,
@@ -120,8 +121,22 @@ def plan(model, mech: Mechanisms, interventions, **settings) -> list[Ablation]:
     for name in dict.fromkeys(interventions):
         if name not in KINDS:
             raise AblationError(f"unknown intervention {name!r}; choose from {', '.join(INTERVENTIONS)}")
-        out += KINDS[name].conditions(model, mech, opts)
+        try:
+            out += KINDS[name].conditions(model, mech, opts)
+        except NotTaken as e:  # the refusal names what the model does take
+            taken = [other for other in INTERVENTIONS if other != name and takes(model, mech, other)]
+            offer = f"it takes {', '.join(taken)}" if taken else "it takes none of the interventions"
+            raise NotTaken(f"{e}; {offer}") from None
     return out
+
+
+def takes(model, mech: Mechanisms, name: str) -> bool:
+    """Whether the model takes intervention ``name`` with its default settings."""
+    try:
+        KINDS[name].conditions(model, mech, AblationOptions())
+    except AblationError:
+        return False
+    return True
 
 
 def ablation_hooks(
@@ -433,6 +448,7 @@ __all__ = [
     "check_target",
     "Ablation",
     "AblationError",
+    "NotTaken",
     "AblationOptions",
     "Intervention",
     "Knockout",

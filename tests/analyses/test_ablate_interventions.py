@@ -96,6 +96,17 @@ def test_an_eviction_reaches_the_op_as_its_edit_argument(monkeypatch):
     assert seen == [None, None]  # a clean forward passes no edit
 
 
+@pytest.mark.parametrize("kind", ["phantom", "gate", "depth"])
+def test_a_refusal_for_a_missing_part_names_the_interventions_the_model_takes(kind):
+    model = tiny("baseline")  # no phantom key, no gate, no depth routing
+    mech = A.find_mechanisms(model, torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(A.NotTaken, match="; it takes ") as refused:
+        A.plan(model, mech, [kind])
+    offered = str(refused.value).rsplit("; it takes ", 1)[1].split(", ")
+    assert offered == ["knockout", "value", "evict", "register"]
+    assert all(A.plan(model, mech, [name], per_layer=False) for name in offered)
+
+
 @pytest.mark.parametrize("variant", ["sigmoid", "stickbreaking"])
 def test_edits_inside_the_attention_op_are_refused_in_one_line_under_another_row_rule(variant):
     """Knockout and eviction are carried out by the softmax op; a rule's op takes no edit, so planning one names the
@@ -103,6 +114,10 @@ def test_edits_inside_the_attention_op_are_refused_in_one_line_under_another_row
     model = tiny(variant)
     mech = A.find_mechanisms(model, torch.zeros(1, 4, dtype=torch.long))
     for kind in ("knockout", "evict"):
-        with pytest.raises(A.AblationError, match=f"has {variant} attention rows, which take no .*; choose from value"):
+        with pytest.raises(A.NotTaken, match=f"has {variant} attention rows, which take no ") as refused:
             A.plan(model, mech, [kind])
+        offered = str(refused.value).rsplit("; it takes ", 1)[1].split(", ")
+        assert "value" in offered and not {"knockout", "evict", "phantom", "gate", "depth"} & set(offered)
+        for name in offered:  # each one offered plans
+            assert A.plan(model, mech, [name], per_layer=False)
     assert A.plan(model, mech, ["value"], per_layer=False)

@@ -13,6 +13,7 @@ from probe.analyses.interventions.base import (
     AblationError,
     AblationOptions,
     Intervention,
+    NotTaken,
     check_target,
     register_intervention,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "register_intervention",
     "Ablation",
     "AblationError",
+    "NotTaken",
     "AblationOptions",
     "check_target",
     "Knockout",

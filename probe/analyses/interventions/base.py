@@ -44,6 +44,11 @@ class AblationError(ValueError):
     """An intervention the model cannot take (one line naming the model and what it lacks)."""
 
 
+class NotTaken(AblationError):
+    """The model has nothing the intervention acts on (no phantom key, no gate, no depth routing, rows that are not
+    softmax's): :func:`probe.analyses.ablate.plan` adds the interventions the model does take to its line."""
+
+
 @dataclass(frozen=True)
 class AblationOptions:
     """The settings a run asks for, with their defaults (the one statement :func:`ablate` and :func:`plan` share)."""
@@ -202,7 +207,4 @@ def refuse_attention_edits(info, what: str) -> None:
     not defined there)."""
     rule = next((r.rule for r in map(info.attention_at, info.attention_layers) if r.rule != "softmax"), None)
     if rule is not None:
-        raise AblationError(
-            f"model {info.name!r} has {rule} attention rows, which take no {what} (sink attention's edit); "
-            "choose from value, phantom, gate, depth, register"
-        )
+        raise NotTaken(f"model {info.name!r} has {rule} attention rows, which take no {what} (sink attention's edit)")

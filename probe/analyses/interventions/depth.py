@@ -13,6 +13,7 @@ from probe.analyses.interventions.base import (
     Ablation,
     AblationError,
     Intervention,
+    NotTaken,
     check_choice,
     register_intervention,
 )
@@ -111,7 +112,7 @@ class DepthForcing(Intervention):
         AblationError when none is taken anywhere."""
         info = model.probe_info
         if not depth_targets(mech):
-            raise AblationError(
+            raise NotTaken(
                 f"model {info.name!r} has no depth routing (no depth-routing, dense mixing or hyper-connection "
                 "weights fire): depth-route ablations need AttnRes, S-LR, P-LR, DenseFormer, MUDD or "
                 "hyper-connections (HC, mHC)"

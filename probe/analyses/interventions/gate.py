@@ -9,8 +9,8 @@ import torch
 from probe.analyses.interventions.base import (
     GATE_MODES,
     Ablation,
-    AblationError,
     Intervention,
+    NotTaken,
     check_choice,
     layers_of,
     local_conditions,
@@ -90,12 +90,12 @@ class GateClamp(Intervention):
     def conditions(cls, model, mech, opts) -> list[Ablation]:
         info = model.probe_info
         if mech.gate_dims is None and not mech.out_gate:
-            raise AblationError(
+            raise NotTaken(
                 f"model {info.name!r} has no value gate or output gate (no hook_v_gate or hook_out_gate "
                 "fires): gate clamps need a scalar value gate or an output gate"
             )
         if mech.gate_dims not in (None, 3):
-            raise AblationError(
+            raise NotTaken(
                 f"model {info.name!r} has an element-wise value gate (GatedV, GLU: one g per "
                 "value coordinate); gate clamps take scalar gates (one g per key and KV head)"
             )

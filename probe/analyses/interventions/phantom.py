@@ -8,6 +8,7 @@ from probe.analyses.interventions.base import (
     Ablation,
     AblationError,
     Intervention,
+    NotTaken,
     layers_of,
     local_conditions,
     register_intervention,
@@ -40,7 +41,7 @@ class PhantomEdit(Intervention):
                 if rule is not None and rule.at_most_one
                 else ""
             )
-            raise AblationError(
+            raise NotTaken(
                 f"model {info.name!r} has no phantom key (off-by-one, sink logit or gpt-oss "
                 f"sinks): phantom edits need one{unspent}"
             )

@@ -17,7 +17,14 @@ from typing import ClassVar
 
 import torch
 
-from probe.analyses.interventions.base import Ablation, AblationError, Intervention, check_choice, register_intervention
+from probe.analyses.interventions.base import (
+    Ablation,
+    AblationError,
+    Intervention,
+    NotTaken,
+    check_choice,
+    register_intervention,
+)
 from probe.analyses.register_neurons import missing_mlp_hooks
 from probe.hooks import names
 
@@ -106,7 +113,7 @@ class TestTimeRegister(Intervention):
     def conditions(cls, model, mech, opts) -> list[Ablation]:
         info = model.probe_info
         if why := missing_mlp_hooks(model):
-            raise AblationError(why)
+            raise NotTaken(why)
         neurons = tuple(tuple(int(x) for x in pair) for pair in opts.register_neurons)
         places = dict.fromkeys(opts.register_at)
         edits = dict.fromkeys([cls(neurons, at) for at in places] + [cls((), at) for at in places])  # (): token alone

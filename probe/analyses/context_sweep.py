@@ -18,9 +18,19 @@ from probe.analyses.layer_types import layer_meta
 from probe.analyses.sink_heads import DEFAULT_EPS
 from probe.analyses.sink_pass import sink_analyses
 
-# per-layer columns taken from each context's sink statistics, Sink^ε (first ε) and massive-activation tables
-SINK_COLUMNS = ("pos0_share", "uniform_ref", "phantom_share", "r0", "pos0_share_key0", "uniform_ref_key0")
-SINK_EPS_COLUMNS = {"sink_share": "sink_share", "key0_mass": "key0_mass"}
+# per-layer columns taken from each context's sink statistics, Sink^ε (first ε) and massive-activation tables, where
+# the model has them (differential attention: each branch's, _1 and _2, beside the net row's)
+BRANCHES = ("_1", "_2")
+SINK_COLUMNS = (
+    "pos0_share",
+    "uniform_ref",
+    "phantom_share",
+    "r0",
+    "pos0_share_key0",
+    "uniform_ref_key0",
+    *(f"pos0_share{b}" for b in BRANCHES),
+)
+SINK_EPS_COLUMNS = ("sink_share", "key0_mass", *(f"{c}{b}" for c in ("sink_share", "key0_mass") for b in BRANCHES))
 MASSIVE_COLUMNS = {"top1": "massive_top1", "ratio": "massive_ratio", "n_massive": "n_massive"}
 SWEPT = ("pos0_share", "uniform_ref", "r0", "sink_share", "massive_top1", "massive_ratio")
 
@@ -32,8 +42,8 @@ def context_layers(ctx: int, found: dict) -> pd.DataFrame:
     rows = layers[["layer", "layer_type", *[c for c in SINK_COLUMNS if c in layers]]].copy()
     eps = found["sink_eps"]["layers"]
     eps = eps[eps["epsilon"] == eps["epsilon"].iloc[0]].set_index("layer")
-    for src, dst in SINK_EPS_COLUMNS.items():
-        rows[dst] = rows["layer"].map(eps[src])
+    for col in (c for c in SINK_EPS_COLUMNS if c in eps):
+        rows[col] = rows["layer"].map(eps[col])
     if "massive" in found:
         mas = found["massive"]["layers"]
         mas = mas[mas["hook"].str.endswith("hook_resid_pre")].set_index("layer")
@@ -59,11 +69,14 @@ def sweep_tables(per_ctx: dict[int, dict]) -> dict[str, pd.DataFrame]:
             **{
                 k: s[k]
                 for k in ("pos0_share", "uniform_ref", "pos0_over_uniform", "phantom_share", "r0", "sink_formed")
+                + tuple(f"pos0_share{b}" for b in BRANCHES)
                 if k in s
             },
         }
         e = found["sink_eps"]["summary"].iloc[0]
-        row.update(epsilon=e["epsilon"], sink_share=e["sink_share"])
+        row.update(
+            epsilon=e["epsilon"], **{k: e[k] for k in ("sink_share", *(f"sink_share{b}" for b in BRANCHES)) if k in e}
+        )
         if "massive" in found:
             m = found["massive"]["summary"].iloc[0]
             row.update(max_magnitude=m["max_magnitude"], max_layer=m["max_layer"], max_ratio=m["max_ratio"])
@@ -94,6 +107,10 @@ def sink_context_sweep(
       key0_mass
     - ``layers``: model, corpus, ctx, layer, layer_type, pos0_share, uniform_ref, phantom_share, r0, sink_share,
       key0_mass
+
+    A differential-attention model adds each branch's ``pos0_share_1`` / ``_2`` (summary, by_type, layers) and
+    ``sink_share_1`` / ``_2`` (all three) and ``key0_mass_1`` / ``_2`` (by_type, layers), as its single-context
+    tables do; the unsuffixed columns are the net row's (docs/definitions.md#differential-attention).
     """
     per_ctx = {}
     for ctx, data in windows_by_ctx.items():

@@ -87,3 +87,33 @@ def test_sweep_tables_per_layer_type_on_a_sliding_model(tmp_path):
     # the causal-uniform reference falls with T in full layers
     full = by_type[by_type["layer_type"] == "full"].set_index("ctx")["uniform_ref"]
     assert full[32] < full[8]
+
+
+@torch.no_grad()
+def test_a_differential_models_sweep_carries_each_branch_as_its_single_context_run():
+    """DIFF's tables at one context have each branch's key-0 share, Sink^ε share and key-0 mass beside the net row's;
+    the sweep carries them at every T, equal to a separate single-context run's."""
+    import probe as probe_pkg
+    from probe.analyses.context_sweep import sink_context_sweep
+    from probe.analyses.sink_pass import sink_analyses
+
+    model = probe_pkg.load("probe/bb-diff")
+    g = torch.Generator().manual_seed(1)
+    windows = {t: torch.randint(0, 64, (1, 2, t + 1), generator=g) for t in (16, 32)}
+    sweep, _ = sink_context_sweep(model, windows, eps=[0.3])
+    for t in windows:
+        alone = sink_analyses(model, windows[t], eps=[0.3])
+        layers = sweep["layers"][sweep["layers"]["ctx"] == t].set_index("layer")
+        summary = sweep["summary"].set_index("ctx").loc[t]
+        for b in ("_1", "_2"):
+            for col, table in (
+                (f"pos0_share{b}", "sinks"),
+                (f"sink_share{b}", "sink_eps"),
+                (f"key0_mass{b}", "sink_eps"),
+            ):
+                want = alone[table]["layers"].set_index("layer")[col]
+                assert layers[col].to_numpy() == pytest.approx(want.to_numpy(), abs=1e-12), (t, col)
+            assert summary[f"pos0_share{b}"] == pytest.approx(alone["sinks"]["summary"][f"pos0_share{b}"].iloc[0])
+            assert summary[f"sink_share{b}"] == pytest.approx(alone["sink_eps"]["summary"][f"sink_share{b}"].iloc[0])
+        by_type = sweep["by_type"].set_index("ctx").loc[t]
+        assert by_type["pos0_share_1"] == pytest.approx(layers["pos0_share_1"].mean())

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, prepare_padding_mask
 
+from probe.hooks.fire import fire
 from probe.kernels import sink_attention
 from probe.kernels.sink_attention import edits
 from probe.kernels.sink_attention.reference import attention_scores, pattern_norms, probs_of_scores, scores_of_probs
@@ -254,8 +255,8 @@ def fire_scores_of(site, pattern, phantom, real, sinks):
     if site is None or not wants_scores(site):
         return pattern, phantom, real
     scores = scores_of_probs(pattern, real - torch.log(pattern.sum(-1)))  # the row's whole normaliser
-    fired = site.hook_attn_scores(scores)
-    if fired is scores:
+    fired, edited = fire(site.hook_attn_scores, scores)
+    if not edited:
         return pattern, phantom, real
     pattern, phantom, lse = probs_of_scores(fired, sinks)
     return pattern, phantom, (lse if sinks is None else lse + torch.log(pattern.sum(-1)))
@@ -398,6 +399,8 @@ def fire_qkv(site, query, key, value, position_ids=None, position_embeddings=Non
         return query, key, value
     same = query.shape[2] == key.shape[2]  # no cache: keys at the queries' positions
     rotary = {"positions": position_ids, "embeddings": position_embeddings} if same else {}
+    if key.untyped_storage().data_ptr() == value.untyped_storage().data_ptr():  # one tensor read as both keys and
+        value = value.clone()  # values (DeepSeek-V4's shared KV): an in-place edit of one stays its own
     query = _bthd(fire_rot(site, "q", _bthd(query), **rotary))
     key = _bthd(fire_rot(site, "k", _bthd(key), **rotary))
     value = _bthd(site.hook_v_out(site.hook_v(_bthd(value))))
@@ -462,8 +465,8 @@ def fire_rot(site, which: str, x: torch.Tensor, positions=None, embeddings=None)
     elif route == ROUTE_UNROTATE and getattr(site, f"hook_{which}").has_hooks():
         cos, sin = _tables_at(site, positions, x.shape[1], embeddings)
         before = _turn(x, cos, sin, -1.0)
-        fired = getattr(site, f"hook_{which}")(before)
-        if fired is not before:
+        fired, edited = fire(getattr(site, f"hook_{which}"), before)
+        if edited:
             x = _turn(fired, cos, sin, 1.0)
     return getattr(site, f"hook_rot_{which}")(x)
 
@@ -558,8 +561,8 @@ def _fire_as_heads(site, role: str, x: torch.Tensor):
     if seen is None:
         raise RuntimeError(f"{type(site).__name__} cannot read hook_{role} from a tensor of shape {tuple(x.shape)}")
     bthd, back = seen
-    fired = hook(bthd)
-    return None if fired is bthd else back(fired)
+    fired, edited = fire(hook, bthd)
+    return back(fired) if edited else None
 
 
 def projection_hook(module, _inputs, output):
@@ -594,8 +597,8 @@ def result_hook(module, inputs, output):
         result = torch.einsum("bthe,dhe->bthd", x.view(*x.shape[:2], H, -1), w.view(w.shape[0], H, -1))
     else:
         result = torch.einsum("bthe,hed->bthd", x.view(*x.shape[:2], H, -1), w.view(H, -1, w.shape[-1]))
-    fired = site.hook_result(result)  # B,T,H,d
-    if fired is result or fired is None:
+    fired, edited = fire(site.hook_result, result)  # B,T,H,d
+    if not edited:
         return None
     bias = getattr(module, "bias", None)
     return fired.sum(2) if bias is None else fired.sum(2) + bias

@@ -31,6 +31,7 @@ from torch import nn
 from transformer_lens.hook_points import HookPoint
 
 from probe.hooks import names
+from probe.hooks.fire import fire
 from probe.models.layers import NormPoints, UnembedPoints
 
 # module.__dict__ entries (never registered submodules, so a structural copy drops them with the hooks)
@@ -77,21 +78,6 @@ DENSE_POINTS, ROUTER_POINTS = ("pre", "pre_linear", "post"), ("router_logits", "
 def _below_block(hook_name: str) -> str:
     """A block hook as ModelInfo.absent_hooks spells it: 'blocks.0.mlp.hook_pre' -> 'mlp.hook_pre'."""
     return hook_name.split(".", 2)[-1]
-
-
-def _version(t: torch.Tensor) -> int | None:
-    try:
-        return t._version
-    except RuntimeError:  # an inference-mode tensor counts no versions: only a replaced tensor shows an edit
-        return None
-
-
-def fire(point: HookPoint, t: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """(point(t), whether a hook edited it): replaced it, or changed it in place (TransformerLens hooks may return
-    None after writing into the activation)."""
-    before = _version(t)
-    out = point(t)
-    return out, out is not t or (before is not None and _version(t) != before)
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:

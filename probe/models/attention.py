@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
+from probe.hooks.fire import fire
 from probe.kernels import sink_attention
 from probe.kernels.diff_attention import diff_attention, net_pattern, patterns_of_scores
 from probe.kernels.row_rules import ROW_RULES
@@ -150,6 +151,8 @@ class Attention(nn.Module):
         if self.forget is not None:  # FoX: -c_j (B,Hkv,T) beside a routing gate's log g_j
             forget = self.forget(xq, self.hook_forget_gate)
             key_bias = forget if key_bias is None else key_bias + forget
+        if v_out is v_first and v_out is not None and self.hook_v_out.has_hooks():  # ungated layer 0 of a value
+            v_out = v_out.clone()  # residual: V_1 is kept for the later layers, so an in-place edit stays this layer's
         v_out = self.hook_v_out(v_out)
         edit = edits.taken(self.hook_v_out)  # a knockout or eviction a hook on hook_v_out handed to this layer's op
         out = self._attend(q, k, v_out, sink, key_bias, edit)  # B,T,H,dv
@@ -208,9 +211,9 @@ class Attention(nn.Module):
         if need_lse:
             self.hook_lse(res.lse_real)  # docs/definitions.md#row-log-normaliser
         if need_pattern:
-            pattern = self.hook_pattern(res.pattern)
+            pattern, edited = fire(self.hook_pattern, res.pattern)
             self.hook_phantom(res.phantom)  # the phantom's value is 0: an edit of its mass changes no output
-            if pattern is not res.pattern:  # a hook edited the pattern: aggregate with the edited one
+            if edited:  # a hook edited the pattern (replaced it or wrote into it): aggregate with the edited one
                 out = apply_pattern(pattern, v_out, q.dtype)
             self._fire_pattern_norm(pattern, v_out)
         return out
@@ -226,15 +229,15 @@ class Attention(nn.Module):
         out, pattern = res.out, res.pattern
         if need_scores:
             scores = attention_scores(q, k, key_bias=key_bias)
-            fired = self.hook_attn_scores(scores)
-            if fired is not scores:
+            fired, edited = fire(self.hook_attn_scores, scores)
+            if edited:
                 pattern = rule.of_scores(fired, bias=bias)
                 out = apply_pattern(pattern, v_out, q.dtype)
         if need_pattern:
-            fired = self.hook_pattern(pattern)
+            fired, edited = fire(self.hook_pattern, pattern)
             if rule.at_most_one:
                 self.hook_phantom(1.0 - fired.sum(-1))  # the phantom has no value: an edit of it changes no output
-            if fired is not pattern:
+            if edited:
                 out = apply_pattern(fired, v_out, q.dtype)
             self._fire_pattern_norm(fired, v_out)
         return out
@@ -251,15 +254,15 @@ class Attention(nn.Module):
         out, p1, p2, net = res
         if need_scores:
             scores = attention_scores(q, k)  # B,2H,T,T
-            fired = self.hook_attn_scores(scores)
-            if fired is not scores:
+            fired, edited = fire(self.hook_attn_scores, scores)
+            if edited:
                 p1, p2 = patterns_of_scores(fired)
         if need_pattern:
-            f1, f2 = self.hook_pattern_1(p1), self.hook_pattern_2(p2)
-            if f1 is not res.pattern_1 or f2 is not res.pattern_2:
+            (f1, edited_1), (f2, edited_2) = fire(self.hook_pattern_1, p1), fire(self.hook_pattern_2, p2)
+            if edited_1 or edited_2 or p1 is not res.pattern_1:  # an edited branch, or branches of edited scores
                 net = net_pattern(f1, f2, lam)
-            fired = self.hook_pattern(net)
-            if fired is not res.pattern:
+            fired, edited = fire(self.hook_pattern, net)
+            if edited or net is not res.pattern:
                 out = apply_pattern(fired, v_out, q.dtype)
         return self.diff.finish(out)  # type: ignore[union-attr]
 
@@ -274,8 +277,8 @@ class Attention(nn.Module):
         edit, the scores the op took, read back from its pattern). An edit of them re-makes the pattern, the
         phantom, the real-key lse and the output from the edited scores."""
         scores = scores_of_probs(res.pattern, res.lse) if edited_by_op else attention_scores(q, k, key_bias=key_bias)
-        fired = self.hook_attn_scores(scores)
-        if fired is scores:
+        fired, edited = fire(self.hook_attn_scores, scores)
+        if not edited:
             return res
         pattern, phantom, _ = probs_of_scores(fired, sink)
         real = fired.logsumexp(-1) if res.lse_real is not None else None  # B,H,Tq over the real keys
@@ -291,8 +294,8 @@ class Attention(nn.Module):
             return out, key
         w = self.o_proj.weight.view(-1, self.n_heads, self.d_value)  # d, H, dv
         result = torch.einsum("bthe,dhe->bthd", z, w)  # B,T,H,d
-        fired = self.hook_result(result)
-        if fired is not result:  # an edited write: the output is the sum of the edited heads' writes
+        fired, edited = fire(self.hook_result, result)
+        if edited:  # an edited write: the output is the sum of the edited heads' writes
             out = fired.sum(2) if self.o_proj.bias is None else fired.sum(2) + self.o_proj.bias
         return out, key
 

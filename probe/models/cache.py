@@ -392,11 +392,15 @@ class ActivationCache(dict, TLActivationCache):
 
     def _final_stream(self, method: str) -> torch.Tensor:
         """What the final norm reads (…,T,d): the last resid_post (a depth-routed model's: the final read), on a
-        dense model the last mix of the block states, on a hyper-connected one the head's collapse of the streams."""
+        dense model the last mix of the block states, on a hyper-connected one the head's collapse of the streams,
+        on Gemma 3n (AltUp) the mean of its streams projected back, read off the final norm as normalized · scale."""
         last = self.n_layers - 1
         kind = self._stream_kind()
         if kind == "streams":
             return self._collapsed_streams(method)
+        if self.info.extra.get("altup_streams"):  # an RMSNorm: normalized = x / scale
+            normalized = self._need(names.LN_FINAL_NORMALIZED, method)
+            return normalized * self._need(names.LN_FINAL_SCALE, method).to(normalized.dtype)
         if kind != "dense":
             return self._need(names.resid(last, "post"), method)
         embed = sum(t.value for t in self._embed_terms(method))

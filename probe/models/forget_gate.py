@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from transformer_lens.hook_points import HookPoint
 
 from probe.hooks.attention_rules import forget_key_bias
+from probe.hooks.fire import fire
 from probe.kernels.common import wide
 
 
@@ -35,6 +36,6 @@ class ForgetGate(nn.Module):
         Unedited, log f is logsigmoid of the logit, exact where f rounds to 1; an edited f is taken as it is."""
         logit = wide(self.proj(x)) + self.bias.to(wide(x).dtype)  # B,T,Hkv
         gate = torch.sigmoid(logit)
-        fired = hook(gate)
-        log_gate = F.logsigmoid(logit) if fired is gate else torch.log(fired)
+        fired, edited = fire(hook, gate)
+        log_gate = torch.log(fired) if edited else F.logsigmoid(logit)
         return forget_key_bias(log_gate)

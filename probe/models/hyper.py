@@ -15,12 +15,14 @@ and mixes. The block's hook_resid_pre / mid / post are the streams' sum (`throug
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 from transformer_lens.hook_points import HookPoint
 
+from probe.hooks.fire import version
 from probe.models.choice import check_choice
 from probe.models.registry import registrar
 
@@ -41,9 +43,9 @@ class HyperOptions:
     hc_eps: float = 1e-6  # mHC: added to H_pre and to exp(H_res logits), and to each Sinkhorn divisor
 
     def __post_init__(self) -> None:
-        self.hc_streams = int(self.hc_streams)
-        self.hc_sinkhorn_iters = int(self.hc_sinkhorn_iters)
-        self.hc_eps = float(self.hc_eps)
+        self.hc_streams = _whole("hc_streams", self.hc_streams)
+        self.hc_sinkhorn_iters = _whole("hc_sinkhorn_iters", self.hc_sinkhorn_iters)
+        self.hc_eps = _number("hc_eps", self.hc_eps)
 
     def check(self) -> None:
         check_choice("hyper", self.hyper, ("none", *HYPERS))
@@ -51,6 +53,27 @@ class HyperOptions:
             raise ValueError(f"hc_streams={self.hc_streams!r} must be at least 1")
         if self.hc_sinkhorn_iters < 1:
             raise ValueError(f"hc_sinkhorn_iters={self.hc_sinkhorn_iters!r} must be at least 1")
+        if self.hc_eps < 0:  # H_pre = sigmoid + eps and Sinkhorn's divisors + eps: a negative eps breaks both ranges
+            raise ValueError(f"hc_eps={self.hc_eps!r} must be a finite number at least 0")
+
+
+def _real(value) -> float:
+    """A number as a float; NaN for a bool, a string or anything else."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def _number(name: str, value) -> float:
+    """``value`` as a float, or one ValueError line naming the option (a bool, a string, NaN or infinity)."""
+    if not math.isfinite(number := _real(value)):
+        raise ValueError(f"{name}={value!r} must be a finite number")
+    return number
+
+
+def _whole(name: str, value) -> int:
+    """``value`` as an int, or one ValueError line naming the option (not a whole number: 2.7, "two")."""
+    if not math.isfinite(number := _real(value)) or number != int(number):
+        raise ValueError(f"{name}={value!r} must be a whole number")
+    return int(number)
 
 
 class HyperConnection(nn.Module):
@@ -161,8 +184,13 @@ def through_sum(point: HookPoint, streams: torch.Tensor, lazy: bool = False) -> 
     if lazy and not point.has_hooks():
         return streams
     total = streams.sum(dim=-2)
+    before = version(total)
     fired = point(total)
-    return streams if fired is total else streams + ((fired - total) / streams.shape[-2]).unsqueeze(-2)
+    written = before is not None and version(total) != before  # a hook wrote into the sum (probe.hooks.fire)
+    if fired is total and not written:  # read, not edited
+        return streams
+    unedited = streams.sum(dim=-2) if written else total
+    return streams + ((fired - unedited) / streams.shape[-2]).unsqueeze(-2)
 
 
 def make_hyper(config, index: int) -> HyperConnection:

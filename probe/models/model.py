@@ -250,6 +250,12 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
             positions = positions.clone()
         return x + self.hook_pos_embed(positions)
 
+    def _first_input(self, x: torch.Tensor) -> torch.Tensor:
+        """Block 0's input where the embedding is also a depth source (routed or dense mixing): a copy when a hook on
+        its hook_resid_pre may write into it, so that the edit stays block 0's input, as a returned copy would, and
+        does not reach the embedding the later reads and mixes take."""
+        return x.clone() if self.blocks[0].hook_resid_pre.has_hooks() else x
+
     def _forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None, return_hidden: bool = False):
         c = self.config
         x = self._embed(input_ids)  # B,T,d
@@ -260,11 +266,12 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
             prior = self.depth_block_prior if c.depth_block_prior_learned else c.depth_block_prior
             embed_key = self.embed_key(x) if hasattr(self, "embed_key") else None
             sources = DepthSources(c, x, embed_key, mean_power, prior)
+            x = self._first_input(x)
             for l, blk in enumerate(self.blocks):
                 next_read = self.blocks[l + 1].attn_read if l + 1 < c.n_layers else self.final_read
                 x, v_first = blk.forward_routed(x, sources, next_read, v_first)
         elif c.dense != "none":
-            hiddens, streams = [x], [x]
+            hiddens, streams = [x], [self._first_input(x)]
             for blk in self.blocks:
                 qkv = streams[:3] if len(streams) == 4 else None
                 h, v_first = blk(streams[-1], v_first, qkv=qkv)

@@ -39,10 +39,14 @@ def stream_verdicts(result: dict) -> list[str]:
     """What the reads draw on, how far the mixing is from the identity and a permutation, where the BOS outlier is."""
     s = result["summary"].iloc[0]
     n = int(s["n_streams"])
+    usage = (
+        f"the reads' stream-usage entropy (H_pre's and the final read's) {s['usage_entropy']:.3g} of 1 over {n} streams"
+        if n > 1
+        else "one stream: no stream-usage entropy"
+    )
     lines = [
         f"reads draw on N_eff = {s['neff_mean']:.3g} sources on average over {int(s['n_sites'])} read sites (read "
-        f"mass {s['read_mass']:.3g}: the plain residual reads 1 of each); H_pre's stream-usage entropy "
-        f"{s['usage_entropy']:.3g} of 1 over {n} streams",
+        f"mass {s['read_mass']:.3g}: the plain residual reads 1 of each); {usage}",
         f"H_res is on average {s['identity_distance']:.3g} from the identity and {s['permutation_distance']:.3g} "
         "from its nearest permutation (Frobenius)",
     ]

@@ -413,3 +413,19 @@ def test_a_hyper_connected_lens_ends_on_the_logits_and_its_sums_refuse_to_decomp
         with pytest.raises(CacheError, match="hyper-connected streams, whose sum is not a sum") as e:
             method()
         assert "\n" not in str(e.value)
+
+
+@torch.no_grad()
+def test_gemma3n_lens_ends_on_the_logits(tmp_path):
+    """Gemma 3n's final norm reads the mean of its AltUp streams projected back, not the last resid_post (its
+    active stream): 'final_post' is that input (the final norm's normalized · scale), so the logit lens and the
+    normalised accumulated residual end on the logits and the unembedding's input (on a saved folder)."""
+    from probe.checkpoints.tiny import build_tiny
+
+    m = probe.load(str(build_tiny("gemma3n_text", tmp_path / "g3n"))).eval()
+    logits, cache = run(m, ids(vocab=60))
+    n = m.probe_info.n_layers
+    final = cache.accumulated_resid()[-1]
+    assert (final - cache[names.resid(n - 1, "post")]).abs().max() > 0.1  # not the active stream
+    close(cache.logit_lens()[-1], logits, atol=PARITY)
+    close(cache.accumulated_resid(apply_ln=True)[-1], cache[names.unembed_in()], atol=PARITY)

@@ -3,6 +3,7 @@ plain residual at n = 1 and at init, a doubly stochastic H_res, hooks that carry
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,17 @@ def test_roles_and_refusals():
         config_for("baseline", **TINY, hyper="nope")
     with pytest.raises(ValueError, match="hc_streams=0"):
         config_for("hc", **TINY, hc_streams=0)
+    bad = [
+        (dict(hc_eps=-1.0), "hc_eps=-1.0 must be a finite number at least 0"),
+        (dict(hc_eps=float("nan")), "hc_eps=nan must be a finite number"),
+        (dict(hc_streams=2.7), "hc_streams=2.7 must be a whole number"),  # not truncated to 2
+        (dict(hc_streams="two"), "hc_streams='two' must be a whole number"),
+        (dict(hc_sinkhorn_iters=True), "hc_sinkhorn_iters=True must be a whole number"),
+    ]
+    for over, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            config_for("mhc", **TINY, **over)
+    assert config_for("mhc", **TINY, hc_streams=3.0, hc_eps=0).hc_streams == 3  # a whole float is taken
 
 
 @pytest.mark.parametrize(("point", "next_read"), [("pre", (0, "attn")), ("mid", (0, "mlp")), ("post", (1, "attn"))])

@@ -51,6 +51,7 @@ from transformer_lens.hook_points import HookPoint
 from probe.checkpoints.adapters.llama import SEQUENTIAL
 from probe.checkpoints.adapters.recipes import RecipeAdapter
 from probe.checkpoints.hooked_hf import _hook_once
+from probe.hooks.fire import fire
 from probe.models.depth_mechanisms.hyper_connections import sinkhorn
 from probe.models.hyper import through_sum
 
@@ -135,11 +136,11 @@ def pass_compressed_entries(module, _inputs, output):
     site = module.__dict__[COMPRESSOR_KEY]
     entries, bias = output
     seen = entries.transpose(1, 2)  # B,C,1,dh: positions (here entries) second, as every attention point
-    fired = site.hook_compressed_kv(seen)
+    fired, edited = fire(site.hook_compressed_kv, seen)
     if bias is None:
         bias = entries.new_zeros((entries.shape[0], 1, 1, entries.shape[2]))
     site.pending_keys = bias
-    return None if fired is seen else (fired.transpose(1, 2), bias)
+    return (fired.transpose(1, 2), bias) if edited else None
 
 
 class DeepseekV4Adapter(RecipeAdapter):

@@ -30,6 +30,7 @@ from probe.checkpoints.adapters.recipes import RecipeAdapter
 from probe.checkpoints.attention import SITE_KEY, _hf_wants_attentions, as_rules, refuse_unknown
 from probe.checkpoints.hooked_hf import INSTANCE_FORWARDS
 from probe.hooks import names
+from probe.hooks.fire import fire
 from probe.kernels.diff_attention import diff_attention, net_pattern, patterns_of_scores
 from probe.kernels.sink_attention.reference import apply_pattern, attention_scores
 
@@ -118,8 +119,8 @@ def _project_out(attn, site, z):
         return out
     w = attn.o_proj.weight.view(-1, H, z.shape[-1])  # d, H, 2dh
     result = torch.einsum("bthe,dhe->bthd", z, w)
-    fired = site.hook_result(result)
-    if fired is result:
+    fired, edited = fire(site.hook_result, result)
+    if not edited:
         return out
     return fired.sum(2) if attn.o_proj.bias is None else fired.sum(2) + attn.o_proj.bias
 

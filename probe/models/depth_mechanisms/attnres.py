@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 from transformer_lens.hook_points import HookPoint
 
+from probe.hooks.fire import fire
 from probe.kernels import depth_attention
 from probe.kernels.depth_attention.dispatch import depth_backend
 from probe.models.depth import DepthRead, DepthSources, register_depth, weighted_sum
@@ -50,8 +51,8 @@ class StaticQueryRead(DepthRead):
         )
         if not want_weights:
             return res.h
-        weights = self.hook_depth_weights(res.weights)
-        if weights is res.weights:
+        weights, edited = fire(self.hook_depth_weights, res.weights)
+        if not edited:
             return res.h
         return weighted_sum(weights, values)  # edited weights
 

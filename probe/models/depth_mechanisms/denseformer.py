@@ -30,7 +30,8 @@ class DenseFormer(DenseMix):
 
     def weights(self, x):
         B, T, _ = x.shape
-        return self.bias.expand(B, T, self.streams, self.n_src)
+        # a copy, not an expanded view: a hook that edits it in place edits this forward's mix, not the parameter
+        return self.bias.expand(B, T, self.streams, self.n_src).clone()
 
 
 def mudd_hidden_width(config, layer: int, width: int) -> int:

@@ -41,7 +41,9 @@ class StaticHyperConnection(HyperConnection):
         B, T = streams.shape[:2]
         dtype = _weight_dtype(streams)
         pre, post, res = (p.to(dtype) for p in (self.static_pre, self.static_post, self.static_res))
-        return pre.expand(B, T, -1), post.expand(B, T, -1), res.expand(B, T, -1, -1)
+        # copies, not expanded views: a hook that edits them in place edits this forward's weights, not the
+        # parameters (the write's and the read's products make them contiguous anyway)
+        return pre.expand(B, T, -1).clone(), post.expand(B, T, -1).clone(), res.expand(B, T, -1, -1).clone()
 
 
 @register_hyper("hc-dynamic")

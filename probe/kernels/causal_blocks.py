@@ -43,6 +43,20 @@ def block_scores(qb, k_rep, key_bias_rep) -> torch.Tensor:
     return s
 
 
+def _rule_graphs(qf, kf, bias, of_scores: OfScores, block: int) -> list:
+    """Per block of ``block`` queries (first query, keys seen, scores leaf (B,H,b,n), weights (B,H,b,n)): the rule's
+    graph from the scores to the weights, for the backward. qf (B,H,Tq,dh) scaled, kf (B,H,Tk,dh), bias (B,H,Tk)."""
+    Tq, Tk = qf.shape[2], kf.shape[2]
+    graphs = []
+    for a in range(0, Tq, block):
+        n = Tk - Tq + min(Tq, a + block)  # keys up to the block's last query
+        s = block_scores(qf[:, :, a : a + block], kf[:, :, :n], None if bias is None else bias[..., :n])  # B,H,b,n
+        with torch.enable_grad():  # the rule's graph only: s is its leaf
+            w = of_scores(s.requires_grad_())  # B,H,b,n
+        graphs.append((a, n, s, w))
+    return graphs
+
+
 class _CausalBlocks(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, key_bias, of_scores: OfScores, scale: float, block: int):
@@ -55,24 +69,23 @@ class _CausalBlocks(torch.autograd.Function):
         bias = None if key_bias is None else wide(key_bias).repeat_interleave(G, dim=1)  # B,H,Tk
         out = qf.new_empty(qf.shape[:3] + vf.shape[-1:])  # B,H,Tq,dv
         out3, v3 = out.view(B * H, Tq, -1), vf.view(B * H, Tk, -1)  # the products write into out's rows
-        graphs = []  # per block (first query, keys seen, scores leaf, weights): the rule's graph for the backward
-        for a in range(0, Tq, block):
-            n = Tk - Tq + min(Tq, a + block)  # keys up to the block's last query
-            kb = None if bias is None else bias[..., :n]
-            s = block_scores(qf[:, :, a : a + block], kf[:, :, :n], kb)  # B,H,b,n
-            with torch.enable_grad():  # the rule's graph only: s is its leaf
-                w = of_scores(s.requires_grad_())  # B,H,b,n
+        graphs = _rule_graphs(qf, kf, bias, of_scores, block)
+        for a, n, _, w in graphs:
             torch.bmm(w.detach().reshape(B * H, -1, n), v3[:, :n], out=out3[:, a : a + block])
-            graphs.append((a, n, s, w))
-        ctx.graphs, ctx.scale, ctx.G, ctx.has_bias = graphs, scale, G, key_bias is not None
+        ctx.graphs, ctx.of_scores, ctx.block = graphs, of_scores, block
+        ctx.scale, ctx.G, ctx.has_bias = scale, G, key_bias is not None
         ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if key_bias is None else key_bias.dtype)
-        ctx.save_for_backward(qf, kf, vf)
+        ctx.save_for_backward(qf, kf, vf, bias)
         return out.transpose(1, 2).to(q.dtype)  # B,Tq,H,dv
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout):
-        qf, kf, vf = ctx.saved_tensors
+        qf, kf, vf, bias = ctx.saved_tensors
+        # the rule's graphs are taken by the first backward (each block's runs once); a second one, under
+        # retain_graph=True (a Jacobian, a sensitivity), builds them again from the kept q, k and bias
+        graphs = ctx.graphs if ctx.graphs is not None else _rule_graphs(qf, kf, bias, ctx.of_scores, ctx.block)
+        ctx.graphs = None
         B, H, Tq, Tk = qf.shape[0], qf.shape[1], qf.shape[2], kf.shape[2]
         dof = wide(dout).transpose(1, 2)  # B,H,Tq,dv
         dq, dk, dv = torch.empty_like(qf), torch.empty_like(kf), torch.empty_like(vf)  # each query in one block
@@ -80,7 +93,7 @@ class _CausalBlocks(torch.autograd.Function):
         q3, k3 = qf.view(B * H, Tq, -1), kf.view(B * H, Tk, -1)
         dbias = qf.new_zeros(kf.shape[:3]) if ctx.has_bias else None  # B,H,Tk
         # the last block first: it sees every key, so its products write dk and dv whole, and the others add to them
-        for i, (a, n, s, w) in enumerate(reversed(ctx.graphs)):
+        for i, (a, n, s, w) in enumerate(reversed(graphs)):
             b = s.shape[2]
             do_b = dof[:, :, a : a + b]  # B,H,b,dv
             w3 = w.detach().reshape(B * H, b, n)
@@ -94,7 +107,6 @@ class _CausalBlocks(torch.autograd.Function):
             if i:  # (baddbmm_ into these strided views would run one addmm per matrix)
                 dv3[:, :n].add_(dv_b)
                 dk3[:, :n].add_(dk_b)
-        del ctx.graphs
         G = ctx.G
         q_t, k_t, v_t, bias_t = ctx.dtypes
         if G > 1:  # each kv head's G query heads

@@ -27,6 +27,20 @@ def test_exact_equals_the_full_jacobian():
         assert rows["share"].sum() == pytest.approx(1.0, abs=1e-12)
 
 
+@pytest.mark.parametrize("variant", ["softpick", "stickbreaking", "diff"])
+def test_exact_equals_the_full_jacobian_through_the_causal_blocks(variant):
+    """The row rules and DIFF train through one autograd function over causal blocks (probe.kernels.causal_blocks,
+    diff_attention.blocks), whose backward takes its per-block graphs; the exact method backpropagates once per
+    output coordinate with retain_graph=True, so each later backward builds them again (it raised before)."""
+    model = tiny(variant).double()
+    w = windows(1, 2, 8)
+    last = model.probe_info.n_layers - 1
+    norms = jacobian_norms(model, w[0, :, :-1], [last], SensitivityOptions())[last][0]
+    for b in range(2):
+        ref = full_jacobian_norms(model, w[0, b : b + 1, :-1], last)
+        assert torch.allclose(norms[b].sqrt(), ref, rtol=0, atol=1e-10)
+
+
 def test_sampled_estimate_within_its_standard_error():
     model = tiny().double()
     ids = windows(1, 2, 8)[0, :, :-1]

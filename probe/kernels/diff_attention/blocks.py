@@ -45,29 +45,38 @@ def _branches_first(x: torch.Tensor, G: int) -> torch.Tensor:
     return torch.empty(y.shape, dtype=wide_dtype(x.dtype), device=x.device).copy_(y)
 
 
+def _rows(qf, kf, lam_f, block: int) -> list:
+    """Per block of ``block`` queries (first query, keys seen, both branches' rows (2,B,H,b,n), net rows (B,H,b,n)).
+    qf (2,B,H,Tq,dh) scaled, kf (2,B,H,Tk,dh), lam_f (1,H,1,1)."""
+    _, B, H, Tq, dh = qf.shape
+    Tk = kf.shape[3]
+    q3, k3 = qf.view(2 * B * H, Tq, dh), kf.view(2 * B * H, Tk, dh)
+    kept = []
+    for a in range(0, Tq, block):
+        n = Tk - Tq + min(Tq, a + block)  # keys up to the block's last query
+        s = block_scores(q3[:, a : a + block], k3[:, :n], None)  # 2BH,b,n
+        p = torch.softmax(s, -1).view(2, B, H, s.shape[1], n)
+        kept.append((a, n, p, torch.addcmul(p[0], p[1], lam_f, value=-1.0)))  # net rows p1 - λ p2
+    return kept
+
+
 class _DiffBlocks(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, lam, scale: float, block: int):
         # q (B,Tq,2H,dh), k (B,Tk,2Hkv,dh) branch-major, v (B,Tk,Hkv,dv), λ (H,)
-        B, Tq, H, dh = q.shape[0], q.shape[1], q.shape[2] // 2, q.shape[3]
+        B, Tq, H = q.shape[0], q.shape[1], q.shape[2] // 2
         Tk, G = k.shape[1], H // (k.shape[2] // 2)
         qf = _branches_first(q, 1).mul_(scale)  # 2,B,H,Tq,dh, scaled once
         kf = _branches_first(k, G)  # 2,B,H,Tk,dh
         vf = heads_first(v, G)  # B,H,Tk,dv
         lam_f = lam.to(qf.dtype)[None, :, None, None]  # 1,H,1,1
         out = qf.new_empty(B, H, Tq, vf.shape[-1])  # B,H,Tq,dv
-        q3, k3 = qf.view(2 * B * H, Tq, dh), kf.view(2 * B * H, Tk, dh)
         out3, v3 = out.view(B * H, Tq, -1), vf.view(B * H, Tk, -1)  # the products write into out's rows
-        kept = []  # per block (first query, keys seen, both branches' rows (2,B,H,b,n), net rows (B,H,b,n))
-        for a in range(0, Tq, block):
-            n = Tk - Tq + min(Tq, a + block)  # keys up to the block's last query
-            s = block_scores(q3[:, a : a + block], k3[:, :n], None)  # 2BH,b,n
-            b = s.shape[1]
-            p = torch.softmax(s, -1).view(2, B, H, b, n)
-            net = torch.addcmul(p[0], p[1], lam_f, value=-1.0)  # B,H,b,n: p1 - λ p2
+        kept = _rows(qf, kf, lam_f, block)
+        for a, n, p, net in kept:
+            b = p.shape[3]
             torch.bmm(net.view(B * H, b, n), v3[:, :n], out=out3[:, a : a + b])
-            kept.append((a, n, p, net))
-        ctx.kept, ctx.scale, ctx.G = kept, scale, G
+        ctx.kept, ctx.scale, ctx.G, ctx.block = kept, scale, G, block
         ctx.dtypes = (q.dtype, k.dtype, v.dtype, lam.dtype)
         ctx.save_for_backward(qf, kf, vf, lam_f)
         return out.transpose(1, 2).to(q.dtype)  # B,Tq,H,dv
@@ -84,8 +93,12 @@ class _DiffBlocks(torch.autograd.Function):
         q3, k3, v3 = qf.view(2 * B * H, Tq, dh), kf.view(2 * B * H, Tk, dh), vf.view(B * H, Tk, -1)
         dq3, dk3, dv3 = dq.view(2 * B * H, Tq, dh), dk.view(2 * B * H, Tk, dh), dv.view(B * H, Tk, -1)
         softmax_backward = torch.ops.aten._softmax_backward_data.out
+        # the rows are taken by the first backward; a second one, under retain_graph=True (a Jacobian, a
+        # sensitivity), builds them again from the kept q, k and λ
+        kept = ctx.kept if ctx.kept is not None else _rows(qf, kf, lam_f, ctx.block)
+        ctx.kept = None
         # the last block first: it sees every key, so its products write dk and dv whole, and the others add to them
-        for i, (a, n, p, net) in enumerate(reversed(ctx.kept)):
+        for i, (a, n, p, net) in enumerate(reversed(kept)):
             b = p.shape[3]
             do3 = dof[:, :, a : a + b].reshape(B * H, b, -1)
             dv_b = torch.bmm(net.view(B * H, b, n).transpose(1, 2), do3, out=dv3 if i == 0 else None)  # aᵀ dout
@@ -100,7 +113,6 @@ class _DiffBlocks(torch.autograd.Function):
             if i:
                 dv3[:, :n].add_(dv_b)
                 dk3[:, :n].add_(dk_b)
-        del ctx.kept
         G = ctx.G
         q_t, k_t, v_t, lam_t = ctx.dtypes
         dq = dq.permute(1, 3, 0, 2, 4).reshape(B, Tq, 2 * H, dh)  # branch-major heads again

@@ -282,6 +282,7 @@ NO_CLAIM = {
     "stickbreaking": ("Tan et al. 2025", "stick-breaking attention"),
     "fox": ("Lin et al. 2025", "the Forgetting Transformer"),
     "fox-pro-partial": ("Lin et al. 2025", "the Forgetting Transformer with probe's part of its Pro block"),
+    "diff": ("Ye et al. 2024", "differential attention (its claim is about activation outliers, above)"),
 }
 
 
@@ -302,6 +303,8 @@ def rule_claims(runs: pd.DataFrame) -> list[tuple[str, str, str, str, bool | Non
             )
         )
         out.append(massive_claim(runs, "Zuhri et al. 2025", "softpick removes massive activations", "softpick"))
+    if "diff" in have:  # their "reduction of activation outliers"; the paper makes no claim about the sink itself
+        out.append(massive_claim(runs, "Ye et al. 2024", "differential attention reduces activation outliers", "diff"))
     for v, rule, form in (
         ("sigmoid", "sigmoid", "; here with Ramapuram et al.'s b = −log n_ctx inside the sigmoid, theirs has none"),
         ("elu1", "ELU+1", ""),

@@ -25,6 +25,7 @@ SINK_COLUMNS = (
     "pos0_share",
     "uniform_ref",
     "phantom_share",
+    "row_mass",  # a rule's rows: their mass (sigmoid's grows with T)
     "r0",
     "pos0_share_key0",
     "uniform_ref_key0",
@@ -68,7 +69,15 @@ def sweep_tables(per_ctx: dict[int, dict]) -> dict[str, pd.DataFrame]:
             "ctx": ctx,
             **{
                 k: s[k]
-                for k in ("pos0_share", "uniform_ref", "pos0_over_uniform", "phantom_share", "r0", "sink_formed")
+                for k in (
+                    "pos0_share",
+                    "uniform_ref",
+                    "pos0_over_uniform",
+                    "phantom_share",
+                    "row_mass",
+                    "r0",
+                    "sink_formed",
+                )
                 + tuple(f"pos0_share{b}" for b in BRANCHES)
                 if k in s
             },
@@ -108,7 +117,8 @@ def sink_context_sweep(
     - ``layers``: model, corpus, ctx, layer, layer_type, pos0_share, uniform_ref, phantom_share, r0, sink_share,
       key0_mass
 
-    A differential-attention model adds each branch's ``pos0_share_1`` / ``_2`` (summary, by_type, layers) and
+    A model whose rows are not softmax's adds ``row_mass`` (summary, by_type, layers). A differential-attention
+    model adds each branch's ``pos0_share_1`` / ``_2`` (summary, by_type, layers) and
     ``sink_share_1`` / ``_2`` (all three) and ``key0_mass_1`` / ``_2`` (by_type, layers), as its single-context
     tables do; the unsuffixed columns are the net row's (docs/definitions.md#differential-attention).
     """

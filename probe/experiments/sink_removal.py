@@ -85,6 +85,7 @@ MECHANISMS = {
     "stickbreaking": ("stick-breaking rows, no RoPE", "Tan et al. 2025"),
     "fox": ("forget gate on the logits, no RoPE (FoX)", "Lin et al. 2025"),
     "fox-pro-partial": ("FoX with QK-norm and an output gate, no RoPE", "Lin et al. 2025"),
+    "diff": ("differential attention, signed rows p1 − λ p2", "Ye et al. 2024"),
 }
 # the attention rules against the same baseline (docs/results/sink-removal.md#attention-rules)
 RULE_VARIANTS = (
@@ -97,6 +98,7 @@ RULE_VARIANTS = (
     "stickbreaking",
     "fox",
     "fox-pro-partial",
+    "diff",
 )
 # the abstention and gating variants: the default grid, as before the rules joined
 VARIANTS = tuple(v for v in MECHANISMS if v == "baseline" or v not in RULE_VARIANTS)

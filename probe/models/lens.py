@@ -43,9 +43,12 @@ RETURN_TYPES = ("logits", "loss", "both", None)
 class HookNameError(KeyError, ValueError):
     """A hook name the model has no point for (TransformerLens's bare KeyError), in one line with the nearest names."""
 
-    def __init__(self, model, name: str):
+    def __init__(self, model, name: str, why: str | None = None):
         import difflib
 
+        if why is not None:  # a point the model has but never fires: a hook there would never run
+            super().__init__(f"model {model.probe_info.name!r} never fires {name!r}: {why}")
+            return
         close = difflib.get_close_matches(name, list(model.hook_dict), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; the model's points are the keys of its hook dict"
         super().__init__(f"no hook point {name!r} in model {model.probe_info.name!r}{hint}")
@@ -121,6 +124,8 @@ class TransformerLensCalls:
         for name, _ in [*kwargs.get("fwd_hooks", ()), *kwargs.get("bwd_hooks", ())]:
             if isinstance(name, str) and name not in self.hook_dict:
                 raise HookNameError(self, name)
+            if isinstance(name, str) and (why := self.probe_info.lacks(name)) is not None:
+                raise HookNameError(self, name, why)
         return HookedRootModule.run_with_hooks(self, *model_args, **_lens_kwargs(kwargs))
 
     def lens_forward(

@@ -87,7 +87,9 @@ def sink_sentence(s) -> str:
     phantom = float(s.get("phantom_share", 0) or 0)
     also = f" (the phantom {phantom:.1%} of all mass)" if phantom > 0 else ""
     mass = s.get("row_mass")
-    if mass is not None and not pd.isna(mass):  # a row rule: no phantom, rows of their own mass
+    if mass is not None and not pd.isna(mass) and "pos0_share_1" in s:  # signed rows (DIFF)
+        also = f" (each row's signed mass is {float(mass):.3g}; its shares are taken of its absolute mass Σ|a|)"
+    elif mass is not None and not pd.isna(mass):  # a row rule: no phantom, rows of their own mass
         also = f" (each row spends {float(mass):.3g} of attention mass, " + (
             f"{phantom:.1%} left unspent)" if phantom > 0 else "its shares taken of that mass)"
         )

@@ -209,7 +209,7 @@ RULES_FEW = ["baseline", "softpick", "elu1-norm", "fox"]
 def test_the_rules_group_names_every_new_attention_rule_and_leaves_the_default_alone():
     # every rule the models register, both FoX forms, each once, after the one baseline
     assert RULE_VARIANTS[0] == "baseline" and len(set(RULE_VARIANTS)) == len(RULE_VARIANTS)
-    assert set(RULE_VARIANTS) == {"baseline", *ROW_RULES, "fox", "fox-pro-partial"}
+    assert set(RULE_VARIANTS) == {"baseline", *ROW_RULES, "fox", "fox-pro-partial", "diff"}
     assert RemovalConfig().variants == VARIANTS and not set(VARIANTS) & set(RULE_VARIANTS[1:])
     assert RemovalConfig(variants=("rules",)).variants == RULE_VARIANTS
     both = RemovalConfig(variants=("gates", "rules")).variants  # the baseline both groups hold comes once

@@ -217,3 +217,17 @@ def test_a_misspelt_hook_name_is_one_line_with_the_nearest_names(dirs):
         assert "did you mean blocks.0.hook_resid_pre" in message
     out = model.run_with_hooks(ids, fwd_hooks=[(lambda name: name.endswith("resid_pre"), lambda t, hook: t)])
     assert out.shape[:2] == ids.shape  # a name filter (a function) is TransformerLens's to resolve
+
+
+def test_a_hook_on_a_point_the_model_never_fires_is_refused_in_one_line():
+    """Softmax-free rows have no log-normaliser (hook_lse), rows that are not softmax's no phantom: the points exist
+    (one vocabulary) but never fire, so a hook there would silently never run."""
+    from probe.models.lens import HookNameError
+
+    model = create("sigmoid", "tiny", n_layers=2, d_model=32, n_heads=2, d_mlp=64, vocab_size=64)
+    ids = torch.randint(0, 64, (1, 5))
+    for point in ("blocks.1.attn.hook_lse", "blocks.0.attn.hook_phantom"):
+        with pytest.raises(HookNameError, match=f"never fires '{point}': it has no attn.hook_") as e:
+            model.run_with_hooks(ids, fwd_hooks=[(point, lambda t, hook: t)])
+        assert "\n" not in str(e.value)
+    assert model.run_with_hooks(ids, fwd_hooks=[("blocks.0.attn.hook_pattern", lambda t, hook: t)]).shape[:2] == (1, 5)

@@ -7,7 +7,8 @@
 Writes the measured table (per variant: mean over seeds and the paired difference from the baseline ± s.e.) and the
 claims table (each paper's claim, what the recipe measured, and whether they agree, by the rule printed beside it)
 between the page's markers for ``--section`` (``gates``: the abstention and gating grid; ``rules``: the attention-rule
-grid, ``--variants rules``, which also gets a table of each run's training cost), and the recipe's figure as a PNG
+grid, ``--variants rules``, which also gets a table of each run's training cost; ``diff``: differential attention
+beside its own baseline runs, with their cost), and the recipe's figure as a PNG
 (drawn by headless Chromium). Every number comes from OUT/summary.csv and OUT/runs.csv; nothing is typed by hand.
 """
 
@@ -38,6 +39,10 @@ SECTIONS = {
     "rules": (
         "<!-- sink-removal rules tables: written by scripts/sink_removal_page.py --section rules -->",
         "<!-- end of sink-removal rules tables -->",
+    ),
+    "diff": (  # differential attention, run after the rules' grid beside its own baseline runs
+        "<!-- sink-removal diff tables: written by scripts/sink_removal_page.py --section diff -->",
+        "<!-- end of sink-removal diff tables -->",
     ),
 }
 COLUMNS = (  # metric, header, format
@@ -413,7 +418,7 @@ def main(argv=None) -> int:
         measured_table(summary.set_index(["variant", "metric"]), variants),
         claims_table(claims(runs), len(seeds)),
     ]
-    if args.section == "rules":
+    if args.section in ("rules", "diff"):
         parts.append(cost_table(runs, variants))
     text = "\n\n".join(parts)
     if args.md:

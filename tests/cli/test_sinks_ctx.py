@@ -105,6 +105,9 @@ def test_a_differential_models_sweep_carries_each_branch_as_its_single_context_r
         alone = sink_analyses(model, windows[t], eps=[0.3])
         layers = sweep["layers"][sweep["layers"]["ctx"] == t].set_index("layer")
         summary = sweep["summary"].set_index("ctx").loc[t]
+        row_mass = alone["sinks"]["layers"].set_index("layer")["row_mass"]  # the signed rows' mass, 1 - λ
+        assert layers["row_mass"].to_numpy() == pytest.approx(row_mass.to_numpy(), abs=1e-12)
+        assert summary["row_mass"] == pytest.approx(alone["sinks"]["summary"]["row_mass"].iloc[0])
         for b in ("_1", "_2"):
             for col, table in (
                 (f"pos0_share{b}", "sinks"),

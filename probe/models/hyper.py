@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 from transformer_lens.hook_points import HookPoint
 
-from probe.hooks.fire import version
+from probe.hooks.fire import fire
 from probe.models.choice import check_choice
 from probe.models.registry import registrar
 
@@ -183,14 +183,11 @@ def through_sum(point: HookPoint, streams: torch.Tensor, lazy: bool = False) -> 
     asks (probe's blocks, unless probe.materialize is on): nothing else reads the sum, a pass over the streams."""
     if lazy and not point.has_hooks():
         return streams
-    total = streams.sum(dim=-2)
-    before = version(total)
-    fired = point(total)
-    written = before is not None and version(total) != before  # a hook wrote into the sum (probe.hooks.fire)
-    if fired is total and not written:  # read, not edited
+    fired, edited = fire(point, streams.sum(dim=-2))
+    if not edited:
         return streams
-    unedited = streams.sum(dim=-2) if written else total
-    return streams + ((fired - unedited) / streams.shape[-2]).unsqueeze(-2)
+    # the sum again: the hook may have written into the one it was given
+    return streams + ((fired - streams.sum(dim=-2)) / streams.shape[-2]).unsqueeze(-2)
 
 
 def make_hyper(config, index: int) -> HyperConnection:

@@ -20,6 +20,7 @@ from probe.analyses.layer_types import linear_layers
 from probe.analyses.sources import dense_layers, dense_source_labels, dense_stream_labels, depth_sites
 from probe.analyses.streams import composed_reads, has_streams, read_sites, stream_hook_names
 from probe.hooks import names
+from probe.kernels.row_rules import ROW_RULES
 
 MAX_TOKENS = 1024  # default cut: a layer's captured pattern is H x T x T
 
@@ -118,7 +119,8 @@ def capture_view(
         all_sites = read_sites(info.n_layers, names.hyper_head() in stream_weights) if streams else depth_sites(info)
         _check_sites(sites, all_sites)
     ids, read, toks, note = text_ids(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens)
-    points = (["pattern"] + (["phantom"] if info.has_phantom else [])) if attention else []
+    phantom = info.has_phantom or _unspent(info, layers)
+    points = (["pattern"] + (["phantom"] if phantom else [])) if attention else []
     hooks = {names.attn(l, p) for l in layers for p in points}
     hooks |= {names.attn(l, "v_gate") for l in layers} if want_gates else set()
     if want_depth and streams:
@@ -145,7 +147,7 @@ def capture_view(
     if attention:
         # the token keys' columns (H, T, T): a compressed layer's entries (DeepSeek-V4) follow them and are not drawn
         cap.patterns = {l: (p := array(names.attn(l, "pattern")))[..., : p.shape[-2]] for l in layers}
-        cap.phantoms = {l: array(names.attn(l, "phantom")) for l in layers} if info.has_phantom else None
+        cap.phantoms = {l: array(names.attn(l, "phantom")) for l in layers} if phantom else None
     if want_depth:
         if streams:
             found = {s: w[0].float().cpu().numpy() for s, w in composed_reads(cache, info.n_layers).items()}
@@ -160,6 +162,13 @@ def capture_view(
     if want_gates:
         cap.gates = {l: array(names.attn(l, "v_gate"), head_mean=True) for l in layers}  # (T, Hkv)
     return cap
+
+
+def _unspent(info, layers: list[int]) -> bool:
+    """Every chosen layer's rows sum to at most one under their rule (softpick, stick-breaking, the normalised pointwise
+    rules): hook_phantom is the mass they leave unspent, drawn as the phantom column."""
+    rules = [ROW_RULES.get(info.attention_at(l).rule) for l in layers]
+    return bool(rules) and all(rule is not None and rule.at_most_one for rule in rules)
 
 
 def _check_sites(sites, all_sites: dict) -> None:

@@ -299,3 +299,17 @@ def test_differential_attention_rows_are_drawn_signed_not_clipped_at_zero():
     assert grid.layout.coloraxis.cmin == -grid.layout.coloraxis.cmax < 0
     plain = V.attention_viewer(capture_view(tiny("baseline"), torch.arange(12)), 0)
     assert plain.layout.coloraxis.cmin == 0  # rows of one sign keep the scale from 0
+
+
+@pytest.mark.parametrize(("variant", "column"), [("softpick", True), ("stickbreaking", True), ("sigmoid", False)])
+def test_rows_that_leave_mass_unspent_get_the_phantom_column(variant, column):
+    """hook_phantom is the mass a row leaves unspent where the rule's rows sum to at most one: the viewer draws it as
+    the phantom column (pattern + phantom = 1 per row); sigmoid's rows have no bound, hence no column."""
+    from probe.analyses.view import view_result
+    from tests.support.analyses import tiny
+
+    cap = capture_view(tiny(variant), torch.randint(0, 97, (1, 10), generator=torch.Generator().manual_seed(0)))
+    assert cap.has_phantom is column
+    assert bool(view_result(cap, "ids")["meta"]["phantom"].iloc[0]) is column
+    for layer in cap.patterns if column else ():
+        assert np.allclose(cap.patterns[layer].sum(-1) + cap.phantoms[layer], 1.0, atol=1e-6)

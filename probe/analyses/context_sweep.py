@@ -17,6 +17,7 @@ from probe.analyses.capture import as_windows, describe, finish
 from probe.analyses.layer_types import layer_meta
 from probe.analyses.sink_heads import DEFAULT_EPS
 from probe.analyses.sink_pass import sink_analyses
+from probe.analyses.sinks import BRANCH_COLUMNS
 
 # per-layer columns taken from each context's sink statistics, Sink^ε (first ε) and massive-activation tables, where
 # the model has them (differential attention: each branch's, _1 and _2, beside the net row's)
@@ -29,7 +30,18 @@ SINK_COLUMNS = (
     "r0",
     "pos0_share_key0",
     "uniform_ref_key0",
-    *(f"pos0_share{b}" for b in BRANCHES),
+    *BRANCH_COLUMNS,
+)
+# the summary's columns taken from each context's sink statistics, where the model has them
+SUMMARY_COLUMNS = (
+    "pos0_share",
+    "uniform_ref",
+    "pos0_over_uniform",
+    "phantom_share",
+    "row_mass",
+    "r0",
+    "sink_formed",
+    *BRANCH_COLUMNS,
 )
 SINK_EPS_COLUMNS = ("sink_share", "key0_mass", *(f"{c}{b}" for c in ("sink_share", "key0_mass") for b in BRANCHES))
 MASSIVE_COLUMNS = {"top1": "massive_top1", "ratio": "massive_ratio", "n_massive": "n_massive"}
@@ -67,20 +79,7 @@ def sweep_tables(per_ctx: dict[int, dict]) -> dict[str, pd.DataFrame]:
         s = found["sinks"]["summary"].iloc[0]
         row = {
             "ctx": ctx,
-            **{
-                k: s[k]
-                for k in (
-                    "pos0_share",
-                    "uniform_ref",
-                    "pos0_over_uniform",
-                    "phantom_share",
-                    "row_mass",
-                    "r0",
-                    "sink_formed",
-                )
-                + tuple(f"pos0_share{b}" for b in BRANCHES)
-                if k in s
-            },
+            **{k: s[k] for k in SUMMARY_COLUMNS if k in s},
         }
         e = found["sink_eps"]["summary"].iloc[0]
         row.update(

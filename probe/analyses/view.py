@@ -20,6 +20,7 @@ from probe.analyses.layer_types import linear_layers
 from probe.analyses.sources import dense_layers, dense_source_labels, dense_stream_labels, depth_sites
 from probe.analyses.streams import composed_reads, has_streams, read_sites, stream_hook_names
 from probe.hooks import names
+from probe.kernels.diff_attention import SIGNED_RULES
 from probe.kernels.row_rules import ROW_RULES
 
 MAX_TOKENS = 1024  # default cut: a layer's captured pattern is H x T x T
@@ -39,6 +40,8 @@ class TextCapture:
     note: str = ""  # "first N of M tokens" when the input was cut
     patterns: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (H, T, T) over real keys
     phantoms: dict[int, np.ndarray] | None = None  # layer -> (H, T); None: the model has no phantom
+    # differential attention's layers -> their two softmax maps (p1, p2), each (H, T, T): patterns[l] is p1 - λ p2
+    branches: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     depth: dict[str, np.ndarray] = field(default_factory=dict)  # read site -> (T, S) weights over its sources
     sources: dict[str, list[str]] = field(default_factory=dict)  # read site -> its S source labels
     # "routing": depth-attention weights in [0, 1]; "streams": composed stream sources; "dense": DenseFormer / MUDD
@@ -99,7 +102,8 @@ def capture_view(
     (default every softmax layer), the depth weights of ``sites`` (default every read site) and the gates of ``layers``.
     ``depth`` / ``gates``: None = when the model has them, True = required (ValueError without), False = skipped.
     A linear layer (no softmax attention) has no pattern or gate to capture: by default the softmax layers are
-    captured and the capture lists the linear ones; asking for a linear layer is a ValueError."""
+    captured and the capture lists the linear ones; asking for a linear layer is a ValueError. A differential-attention
+    layer's two softmax maps are captured beside its net pattern (``branches``)."""
     info = model.probe_info
     layers = _layers(info, layers)
     streams = has_streams(model)  # hyper-connections: the reads' composed sources in place of depth weights
@@ -119,9 +123,7 @@ def capture_view(
         all_sites = read_sites(info.n_layers, names.hyper_head() in stream_weights) if streams else depth_sites(info)
         _check_sites(sites, all_sites)
     ids, read, toks, note = text_ids(model, text_or_ids, tokenizer=tokenizer, max_tokens=max_tokens)
-    phantom = info.has_phantom or _unspent(info, layers)
-    points = (["pattern"] + (["phantom"] if phantom else [])) if attention else []
-    hooks = {names.attn(l, p) for l in layers for p in points}
+    phantom, signed, hooks = _attention_hooks(info, layers, attention)
     hooks |= {names.attn(l, "v_gate") for l in layers} if want_gates else set()
     if want_depth and streams:
         hooks |= set(stream_weights)
@@ -148,6 +150,7 @@ def capture_view(
         # the token keys' columns (H, T, T): a compressed layer's entries (DeepSeek-V4) follow them and are not drawn
         cap.patterns = {l: (p := array(names.attn(l, "pattern")))[..., : p.shape[-2]] for l in layers}
         cap.phantoms = {l: array(names.attn(l, "phantom")) for l in layers} if phantom else None
+        cap.branches = {l: (array(names.attn(l, "pattern_1")), array(names.attn(l, "pattern_2"))) for l in signed}
     if want_depth:
         if streams:
             found = {s: w[0].float().cpu().numpy() for s, w in composed_reads(cache, info.n_layers).items()}
@@ -162,6 +165,16 @@ def capture_view(
     if want_gates:
         cap.gates = {l: array(names.attn(l, "v_gate"), head_mean=True) for l in layers}  # (T, Hkv)
     return cap
+
+
+def _attention_hooks(info, layers: list[int], attention: bool) -> tuple[bool, list[int], set[str]]:
+    """(whether the phantom is drawn, the differential layers, the attention hooks to cache): every layer's pattern
+    and phantom, and each differential layer's two softmax maps."""
+    phantom = info.has_phantom or _unspent(info, layers)
+    points = (["pattern"] + (["phantom"] if phantom else [])) if attention else []
+    signed = [l for l in layers if info.attention_at(l).rule in SIGNED_RULES] if attention else []
+    hooks = {names.attn(l, p) for l in layers for p in points}
+    return phantom, signed, hooks | {names.attn(l, p) for l in signed for p in ("pattern_1", "pattern_2")}
 
 
 def _unspent(info, layers: list[int]) -> bool:
@@ -233,6 +246,8 @@ def view_result(cap: TextCapture, source: str, corpus: str | None = None) -> dic
     }
     if cap.depth and cap.depth_kind != "routing":  # a hyper-connected model's line and page say what its depth is
         meta["depth_kind"] = cap.depth_kind
+    if cap.branches:  # differential attention: the page draws both softmax maps beside the net pattern
+        meta["branches"] = ",".join(map(str, cap.branches))
     if cap.linear_layers:  # a hybrid's page and line say which layers have no pattern
         meta["linear_layers"] = ",".join(map(str, cap.linear_layers))
     tokens = pd.DataFrame({"position": range(len(cap.tokens)), "token_id": cap.token_ids, "token": cap.tokens})

@@ -26,7 +26,8 @@ from probe.writes import atomic_write
 
 TITLE = "probe view"
 DESCRIPTIONS = {
-    "view.html": "probe view: attention pattern (layer and head pickers), depth weights, gates of one text",
+    "view.html": "probe view: attention pattern (layer and head pickers; DIFF: both softmax maps), depth weights, "
+    "gates of one text",
     "view.json": "probe view: the viewed tokens and what was captured of the text (JSON)",
     "view_tokens.csv": "probe view: the viewed tokens (position, token id, text)",
     "view_meta.csv": "probe view: model, text, number of tokens, what was captured (phantom, depth weights, gates)",
@@ -52,13 +53,17 @@ def _key0(cap) -> str:
     return "learned sink token" if cap.sink_token else "first token"
 
 
-def attention_viewer(cap, layer: int, *, heads=None, **kw):
-    """Attention patterns of one captured layer (phantom column for models with one); ``kw``: ``attention_view``'s."""
+def attention_viewer(cap, layer: int, *, heads=None, branch: int | None = None, **kw):
+    """Attention patterns of one captured layer (phantom column for models with one); ``branch`` 1 or 2: a
+    differential-attention layer's softmax map p1 or p2 in place of its net pattern p1 - λ p2; ``kw``:
+    ``attention_view``'s."""
     if layer in getattr(cap, "linear_layers", ()):
         raise ValueError(f"layer={layer} of {cap.model!r} is a linear layer, without softmax attention: no pattern")
     patterns = _part(cap, "patterns", "attention patterns")
     if layer not in patterns:
         raise ValueError(f"layer={layer}: the capture of {cap.model!r} holds layers {sorted(patterns)}")
+    if branch is not None:
+        return _branch_viewer(cap, layer, branch, heads, **kw)
     phantom = cap.phantoms[layer] if cap.has_phantom else None
     title = (
         f"Attention, layer {layer} — {cap.model} (key 0 = {_key0(cap)}"
@@ -67,6 +72,18 @@ def attention_viewer(cap, layer: int, *, heads=None, **kw):
         + ")"
     )
     return attention_view(patterns[layer], phantom, cap.tokens, heads=heads, title=title, **kw)
+
+
+def _branch_viewer(cap, layer: int, branch: int, heads, **kw):
+    """One differential-attention layer's softmax map ``branch`` (1: p1, 2: p2)."""
+    if branch not in (1, 2):
+        raise ValueError(f"branch={branch!r}: differential attention has branches 1 and 2")
+    branches = getattr(cap, "branches", {})
+    if layer not in branches:
+        held = f"its differential layers are {sorted(branches)}" if branches else "it has no differential attention"
+        raise ValueError(f"layer={layer} of {cap.model!r} has no softmax branches to view: {held}")
+    title = f"Differential attention, layer {layer}, branch {branch} (p{branch}) — {cap.model}{_note(cap)}"
+    return attention_view(branches[layer][branch - 1], None, cap.tokens, heads=heads, title=title, **kw)
 
 
 def depth_viewer(cap, **kw):
@@ -113,11 +130,13 @@ def no_pattern_note(layers) -> str:
 
 def view_figures(cap) -> list:
     """What ``probe view`` shows of a capture: the attention pattern of any layer and head (a page adds the layer and
-    head pickers), then depth weights (when captured: depth-routed models; hyper-connected ones: stream sources) and
+    head pickers), differential attention's two softmax maps (p1, p2, each with its pickers: the pattern is
+    p1 - λ p2), then depth weights (when captured: depth-routed models; hyper-connected ones: stream sources) and
     gates over the text (gated models).
     A hybrid model's linear layers have no pattern: the picker offers its softmax layers and the title says so."""
     linear = list(getattr(cap, "linear_layers", ()))
     shown = [] if not cap.patterns and linear else [_pattern_figure(cap, linear)]
+    shown += [_branch_figure(cap, b) for b in (1, 2) if getattr(cap, "branches", None)]
     if cap.depth:
         shown.append(depth_viewer(cap))
     if cap.gates:
@@ -138,6 +157,16 @@ def _pattern_figure(cap, linear: list[int]):
     return attention_picker_view([patterns[l] for l in layers], phantoms, cap.tokens, title=title, layers=layers)
 
 
+def _branch_figure(cap, branch: int):
+    layers = sorted(cap.branches)
+    title = (
+        f"Differential attention, branch {branch}: softmax map p{branch} of the layer and head picked above — "
+        f"{cap.model}<br><sup>the pattern above is p1 − λ p2 (λ per head); key 0 = {_key0(cap)}{_note(cap)}</sup>"
+    )
+    maps = [cap.branches[l][branch - 1] for l in layers]
+    return attention_picker_view(maps, [None] * len(layers), cap.tokens, title=title, layers=layers)
+
+
 def figures(result: dict, capture) -> list:
     return view_figures(capture)
 
@@ -154,6 +183,7 @@ def text(result: dict, page: Path | str | None = None) -> str:
     linear = [int(l) for l in str(m.get("linear_layers") or "").split(",") if l]
     shown = ["attention (layer and head pickers" + (", phantom column" if m["phantom"] else "") + ")"]
     shown = shown if len(linear) < m["n_layers"] else []
+    shown += ["both differential branches' softmax maps"] if m.get("branches") else []
     depth = {"streams": "stream sources", "dense": "dense weights"}.get(m.get("depth_kind"), "depth weights")
     shown += [depth] * m["depth"] + ["gates over the text"] * m["gates"]
     return (

@@ -301,6 +301,44 @@ def test_differential_attention_rows_are_drawn_signed_not_clipped_at_zero():
     assert plain.layout.coloraxis.cmin == 0  # rows of one sign keep the scale from 0
 
 
+def test_differential_attention_shows_both_softmax_maps_and_the_net_pattern_is_their_difference():
+    """The page draws each DIFF layer's softmax maps p1 and p2 beside the net pattern: each map's rows sum to 1 over
+    the causal keys, and the net pattern is p1 - λ p2 with λ the layer's hook_lambda; each map is a picker figure
+    of its own and holds the captured arrays."""
+    from probe.analyses.view import view_result
+    from probe.hooks import names
+
+    model = tiny("diff")
+    ids = torch.arange(12)
+    cap = capture_view(model, ids)
+    _, cache = model.run_with_cache(ids[None], names_filter=lambda n: n.endswith("hook_lambda"))
+    assert sorted(cap.branches) == sorted(cap.patterns) == [0, 1]
+    causal = np.tril(np.ones((12, 12), dtype=bool))
+    for layer, (p1, p2) in cap.branches.items():
+        for p in (p1, p2):
+            np.testing.assert_allclose(np.where(causal, p, 0).sum(-1), 1.0, atol=1e-5)
+        lam = cache[names.attn(layer, "lambda")].float().numpy()[:, None, None]  # H
+        np.testing.assert_allclose(cap.patterns[layer], p1 - lam * p2, atol=1e-5)
+    figs = V.view_figures(cap)
+    assert len(figs) == 3 and all(f.layout.meta["picker"] for f in figs)
+    for branch, fig in ((1, figs[1]), (2, figs[2])):
+        assert f"branch {branch}" in fig.layout.title.text
+        got = [z for _, z in decoded(fig)]  # trace i * H + h: layer i's head h
+        for i, layer in enumerate(sorted(cap.branches)):
+            for h in range(cap.n_heads):
+                want = np.where(causal, cap.branches[layer][branch - 1][h], np.nan)
+                np.testing.assert_allclose(got[i * cap.n_heads + h], want, atol=1e-6)
+        one = V.attention_viewer(cap, 1, branch=branch)
+        assert f"branch {branch}" in one.layout.title.text
+    assert "both differential branches" in V.text(view_result(cap, "ids"))
+    with pytest.raises(ValueError, match="branch=3: differential attention has branches 1 and 2"):
+        V.attention_viewer(cap, 0, branch=3)
+    plain = capture_view(tiny("baseline"), ids)
+    assert plain.branches == {} and len(V.view_figures(plain)) == 1
+    with pytest.raises(ValueError, match="it has no differential attention"):
+        V.attention_viewer(plain, 0, branch=1)
+
+
 @pytest.mark.parametrize(("variant", "column"), [("softpick", True), ("stickbreaking", True), ("sigmoid", False)])
 def test_rows_that_leave_mass_unspent_get_the_phantom_column(variant, column):
     """hook_phantom is the mass a row leaves unspent where the rule's rows sum to at most one: the viewer draws it as

@@ -68,6 +68,8 @@ def text_ids(model, text_or_ids, *, tokenizer=None, max_tokens: int | None = Non
         ids = torch.tensor(tok(text_or_ids, add_special_tokens=False)["input_ids"], dtype=torch.long)
     else:
         ids = torch.as_tensor(text_or_ids, dtype=torch.long)
+        if ids.dim() > 1 and ids.shape[:-1].numel() > 1:  # rows joined end to end would attend across each other
+            raise ValueError(f"token ids of shape {tuple(ids.shape)}: a view is of one text; pass one row")
     ids = ids.reshape(-1)
     limit = min(max_tokens or MAX_TOKENS, info.n_ctx)
     note = ""

@@ -116,9 +116,11 @@ class MaskRules:
         return ok if self.keep is None else ok & self.keep[:, None, None, :k_len].to(device)
 
     def dense(self, rows: slice, q_len: int, k_len: int, dtype, device) -> torch.Tensor:
-        """The additive fp32 mask of those rows, with transformers' eager values (0, or the min of ``dtype``)."""
+        """The additive mask of those rows, with transformers' eager values (0, or the min of ``dtype``): fp32, fp64
+        for fp64 (fp64's min does not fit in fp32)."""
         allowed = self.visible(rows, q_len, k_len, device)
-        return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+        wide = torch.promote_types(dtype, torch.float32)
+        return torch.zeros(allowed.shape, dtype=wide, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def _follows_rule(mask_function, length: int, window: int | None, device) -> bool:
@@ -282,13 +284,26 @@ def edited_probs(q, k, v, mask, scaling: float, sinks=None, window: int | None =
     return res.pattern, res.phantom, real
 
 
-def refuse_padded_edit(rules: MaskRules | None, edit) -> None:
-    """An attention edit on padded sequences is an error: key 0 and the positions are not each sequence's own."""
-    if edit is not None and rules is not None and rules.keep is not None:
+def refuse_padded_edit(rules: MaskRules | None, edit, mask=None, window: int | None = None) -> None:
+    """An attention edit on padded sequences is an error: key 0 and the positions are not each sequence's own. A dense
+    additive ``mask`` (the families that build their own: Falcon, MPT) counts as padded where it hides a key that
+    the causal rule (within ``window``) shows."""
+    if edit is None:
+        return
+    padded = rules.keep is not None if rules is not None else mask is not None and _hides_visible(mask, window)
+    if padded:
         raise RuntimeError(
             "an attention edit (knockout, eviction) needs unpadded sequences: with key padding key 0 and the "
             "positions are not each sequence's own; pass windows without an attention mask"
         )
+
+
+def _hides_visible(mask: torch.Tensor, window: int | None) -> bool:
+    """Does the additive mask (B|1, 1|H, Tq, Tk) hide a key that causal attention within ``window`` shows?"""
+    q_len, k_len = mask.shape[-2:]
+    shown = MaskRules(window=window).visible(slice(None), q_len, k_len, mask.device)  # 1,1,Tq,Tk
+    hidden = mask <= torch.finfo(torch.float32).min / 2  # transformers' min of the dtype, or -inf
+    return bool((shown & hidden).any())
 
 
 def fast_attention(
@@ -765,7 +780,7 @@ def probe_attention(
             mask = None if rules.keep is None else rules.dense(slice(None), q_len, k_len, query.dtype, query.device)
         window = rules.window if rules is not None and mask is None else None
         if edit is not None:  # the edit is carried out by the op, which gives the pattern too
-            refuse_padded_edit(rules, edit)
+            refuse_padded_edit(rules, edit, mask, sliding_window)
             pattern, phantom, lse = edited_probs(query, key, value, mask, scaling, sinks, window, key_bias, edit=edit)
             pattern, phantom, lse = fire_scores_of(site, pattern, phantom, lse, sinks)
         else:
@@ -784,6 +799,7 @@ def probe_attention(
     elif rules is not None:
         out, lse = rules_attention(query, key, value, rules, scaling, sinks, want_lse, key_bias, edit)
     else:
+        refuse_padded_edit(None, edit, mask, sliding_window)
         out, lse = fast_attention(
             query, key, value, mask, scaling, sinks, return_lse=want_lse, key_bias=key_bias, edit=edit
         )

@@ -46,3 +46,20 @@ def test_a_depth_routed_model_says_why_the_residual_rules_do_not_apply():
     errors, skipped = algebra.check(model, IDS)
     assert errors["resid_mid"] is None and "depth" in skipped["resid_mid"]
     assert names.resid(0, "mid") in model.hook_dict
+
+
+@pytest.mark.parametrize("model_type", ["gpt_neox", "falcon", "phi3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_rotary_rule_holds_on_fused_qkv_families_outside_fp64_throughout(model_type, dtype, tmp_path):
+    """These families' hook_q is their rotated q turned back (~3e-8 off in fp32; HF's rotary tables are fp32 for fp64
+    weights too): the check matched HF's recorded rotary call to hook_q to 1e-9 and, finding none, reported the size
+    of the rotation itself (rot_q 0.6-0.9) on a checkpoint whose rotary is right."""
+    import probe
+    from probe.checkpoints.tiny import tiny_model
+
+    tiny_model(model_type).save_pretrained(tmp_path)
+    model = probe.load(tmp_path, dtype=dtype)
+    errors, skipped = algebra.check(model, torch.randint(2, 90, (2, 12), generator=torch.Generator().manual_seed(0)))
+    for rule in ("rot_q", "rot_k"):
+        assert errors[rule] is not None, skipped
+        assert errors[rule] <= 1e-6, (rule, errors[rule])

@@ -301,6 +301,15 @@ def test_differential_attention_rows_are_drawn_signed_not_clipped_at_zero():
     assert plain.layout.coloraxis.cmin == 0  # rows of one sign keep the scale from 0
 
 
+def test_a_view_of_a_batch_is_refused_not_joined_into_one_text():
+    """Two rows of ids were flattened into one sequence, the second row's tokens attending to the first's."""
+    model = tiny("baseline")
+    with pytest.raises(ValueError, match=r"token ids of shape \(2, 6\): a view is of one text; pass one row"):
+        capture_view(model, torch.arange(12).reshape(2, 6))
+    one = capture_view(model, torch.arange(6)[None])  # one row, batched or not, is one text
+    assert len(one.tokens) == 6
+
+
 def test_differential_attention_shows_both_softmax_maps_and_the_net_pattern_is_their_difference():
     """The page draws each DIFF layer's softmax maps p1 and p2 beside the net pattern: each map's rows sum to 1 over
     the causal keys, and the net pattern is p1 - λ p2 with λ the layer's hook_lambda; each map is a picker figure

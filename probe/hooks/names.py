@@ -381,3 +381,19 @@ def layer_of(hook_name: str) -> int | None:
     if len(parts) > 1 and parts[0] == "blocks":
         return int(parts[1])
     return None
+
+
+# attention points laid out B,H,Tq(,Tk): the query positions are dim 2; points with no position axis (per head,
+# per layer, DeepSeek-V4's compressed entries) have none
+_HEADS_FIRST = ("pattern", "pattern_1", "pattern_2", "pattern_norm", "attn_scores", "phantom", "lse")
+_NO_POSITION = ("lambda", "sink_logit", "v_mix", "compressed_kv")
+
+
+def position_dim(hook_name: str) -> int | None:
+    """The axis of a hook's tensor that holds the (query) positions, counting the batch as axis 0: 1 for the B,T,...
+    points, 2 for the B,H,Tq(,Tk) attention maps and row statistics, None for a point without positions. A cached
+    gradient's name (``..._grad``) is its point's."""
+    point = attn_point(hook_name.removesuffix("_grad"))
+    if point in _NO_POSITION:
+        return None
+    return 2 if point in _HEADS_FIRST else 1

@@ -604,15 +604,24 @@ class ActivationCache(dict, TLActivationCache):
         apply_ln: bool = False,
     ):
         """Each head's write (``blocks.{l}.attn.hook_result``, z_h W_O[h]) of every block before ``layer``, stacked
-        (l·H,…,T,d; labels 'L{l}H{h}'); ``incl_remainder`` adds the stream before ``layer`` less their sum (the
-        embedding, the MLPs, the output biases). Summed over a layer's heads plus b_O: its hook_attn_out. A layer
-        without softmax heads (linear attention) is one line, as is a cache without hook_result."""
+        (l·H,…,T,d; labels 'L{l}H{h}'), times its attention output's coefficient in the stream before ``layer`` (1 on a
+        residual stream; a depth-routed or dense model's read weights, as ``decompose_resid``'s terms; a
+        hyper-connected model's streams are no such sum: one line); ``incl_remainder`` adds the stream before
+        ``layer`` less their sum (the embedding, the MLPs, the output biases). Summed over a layer's heads plus b_O:
+        its hook_attn_out (its term). A layer without softmax heads (linear attention) is one line, as is a cache
+        without hook_result."""
         layer, method = self._layer(layer), "stack_head_results"
         pos_slice = _slice(pos_slice)
+        coefs = self._attn_coefficients(layer, method)
         heads, labels = [], []
         for l in range(layer):
             result = self._need(names.attn(l, "result"), method)  # …,T,H,d
             self._check_heads(l, result, method)
+            coef = coefs.get(l, 0.0)  # a float, or per position …,T
+            if isinstance(coef, torch.Tensor):
+                result = result * coef.to(result.dtype)[..., None, None]
+            elif coef != 1.0:
+                result = result * coef
             heads.append(pos_slice.apply(result, dim=-3))
             labels += [f"L{l}H{h}" for h in range(result.shape[-2])]
         if heads:
@@ -626,6 +635,17 @@ class ActivationCache(dict, TLActivationCache):
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice)
         return (stack, labels) if return_labels else stack
+
+    def _attn_coefficients(self, layer: int, method: str) -> dict[int, torch.Tensor | float]:
+        """Block l's attention output's coefficient in the stream before ``layer`` (decompose_resid's term's)."""
+        if self._stream_kind() == "residual":
+            return dict.fromkeys(range(layer), 1.0)
+        coefs: dict[int, torch.Tensor | float] = {}
+        for term in self._terms(layer, False, method):
+            if term.kind == "attn":
+                l = int(term.label.split("_")[0])
+                coefs[l] = coefs.get(l, 0.0) + term.coef
+        return coefs
 
     def _check_heads(self, layer: int, result: torch.Tensor, method: str) -> None:
         """Refuse heads whose writes are not what the layer adds to the stream: a norm on the attention's output

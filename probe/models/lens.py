@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from transformer_lens.HookedRootModule import HookedRootModule
+from transformer_lens.utilities.slice import Slice
 
+from probe.hooks import names
 from probe.models.cache import ActivationCache
 from probe.models.inputs import check_token_ids
 
@@ -113,7 +115,14 @@ class TransformerLensCalls:
         """TransformerLens's: ``(output, cache)``, the output as ``return_type`` says (default the logits tensor),
         the cache an :class:`~probe.models.cache.ActivationCache` (a dict of hook name -> tensor with
         TransformerLens's methods), or with ``return_cache_object=False`` a plain dict."""
+        # positions are sliced here, on each point's own position axis (names.position_dim): TransformerLens's
+        # caching hooks take the axis from the name's ending, which misreads B,T,H,dh points and B,H,Tq statistics
+        pos_slice = kwargs.pop("pos_slice", None)
         output, cache = HookedRootModule.run_with_cache(self, *model_args, **_lens_kwargs(kwargs))
+        drop = 1 if kwargs.get("remove_batch_dim", False) else 0
+        for name, tensor in cache.items():
+            if pos_slice is not None and (dim := names.position_dim(name)) is not None:
+                cache[name] = Slice(pos_slice).apply(tensor, dim=dim - drop)
         if not return_cache_object:
             return output, cache
         return output, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))

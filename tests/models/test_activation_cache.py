@@ -429,3 +429,78 @@ def test_gemma3n_lens_ends_on_the_logits(tmp_path):
     assert (final - cache[names.resid(n - 1, "post")]).abs().max() > 0.1  # not the active stream
     close(cache.logit_lens()[-1], logits, atol=PARITY)
     close(cache.accumulated_resid(apply_ln=True)[-1], cache[names.unembed_in()], atol=PARITY)
+
+
+def _hf_llama():
+    return adapt(tiny_model("llama").double().eval(), tokenizer=tiny_tokenizer())
+
+
+@pytest.mark.parametrize("build", ["sinklogit", "diff", "mudd", "hc", "gatedv", "llama"])
+@pytest.mark.parametrize("pos_slice", [-1, [1, 3], (2, 6)])
+def test_pos_slice_cuts_every_point_on_its_own_position_axis(build, pos_slice):
+    """TransformerLens's caching hooks take the position axis from the name's ending: probe's B,T,H,dh points (rot_q,
+    v_out, out gates) were cut on the head axis and its B,H,Tq statistics (lse, phantom) on the head axis too, with
+    no error. Every cached point now equals the full cache's, sliced on names.position_dim; a point without
+    positions (λ, the sink logit) stays whole; with remove_batch_dim as well."""
+    from transformer_lens.utilities.slice import Slice
+
+    model = _hf_llama() if build == "llama" else create(build, tier="tiny", seed=0, n_layers=2).double().eval()
+    x = ids(B=1, T=9, vocab=90 if build == "llama" else 8192)
+    for drop in (False, True):
+        with torch.no_grad():
+            _, full = model.run_with_cache(x, remove_batch_dim=drop)
+            _, cut = model.run_with_cache(x, pos_slice=pos_slice, remove_batch_dim=drop)
+        assert set(cut) == set(full)
+        for name, tensor in full.items():
+            dim = names.position_dim(name)
+            want = tensor if dim is None else Slice(pos_slice).apply(tensor, dim=dim - drop)
+            assert cut[name].shape == want.shape, name
+            close(cut[name], want, atol=0)
+    assert names.position_dim("blocks.0.attn.hook_rot_q") == 1 and names.position_dim("blocks.0.attn.hook_lse") == 2
+    assert names.position_dim("blocks.0.attn.hook_pattern_grad") == 2 and names.position_dim("hook_embed") == 1
+    assert names.position_dim("blocks.0.attn.hook_lambda") is None
+
+
+def test_a_position_sliced_cache_decomposes_as_the_full_cache_at_those_positions():
+    """decompose_resid on a cache taken with pos_slice equals the full cache's decompose_resid(pos_slice): on a
+    dense model the mixing weights (B,T,C,S) were cut on C, and the result broadcast over every position."""
+    model = create("mudd", tier="tiny", seed=0, n_layers=2).double().eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():  # the mixing weights off their start, so positions differ
+            if ".dense." in n:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1), dtype=p.dtype) * 0.5)
+        x = ids(B=2, T=6)
+        _, full = model.run_with_cache(x)
+        for pos_slice in (-1, [2, 5]):
+            _, cut = model.run_with_cache(x, pos_slice=pos_slice)
+            close(cut.decompose_resid(), full.decompose_resid(pos_slice=pos_slice))
+
+
+@pytest.mark.parametrize("variant", ["attnres-full", "slr-block4-r32", "denseformer", "mudd"])
+def test_head_results_carry_the_read_weights_of_the_stream_they_decompose(variant):
+    """On a depth-routed or dense model a head's write reaches the stream times its attention output's read weight:
+    the stack held the raw writes (weight 1), so a head's direct logit attribution was not its share of the logits
+    (layer 0 on MUDD: -0.027 against the layer's -0.499). Each layer's heads now sum to decompose_resid's term (these
+    models have no b_O), and with the remainder the stack sums to the stream."""
+    model = create(variant, tier="tiny", seed=0, n_layers=4).double().eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():  # read weights off their uniform start, different per position
+            if ".dense." in n or n.endswith("query"):
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1), dtype=p.dtype) * 0.5)
+        _, cache = model.run_with_cache(ids(B=2, T=7))
+    H = model.probe_info.n_heads
+    for layer in (2, None):
+        terms, labels = cache.decompose_resid(layer, return_labels=True)
+        heads = cache.stack_head_results(layer)
+        n = heads.shape[0] // H
+        for l in range(n):
+            close(heads[l * H : (l + 1) * H].sum(0), terms[labels.index(f"{l}_attn_out")])
+        _, stream = cache._stream(cache._layer(layer), False, "test")
+        close(cache.stack_head_results(layer, incl_remainder=True).sum(0), stream)
+
+
+def test_head_results_of_a_hyper_connected_model_are_refused():
+    model = create("hc", tier="tiny", seed=0, n_layers=2).eval()
+    _, cache = model.run_with_cache(ids(B=1, T=5))
+    with pytest.raises(CacheError, match="stack_head_results: .* hyper-connected streams"):
+        cache.stack_head_results()

@@ -8,13 +8,17 @@ from a ``WindowSampler`` seeded with the same seed, so paired runs see the same 
 ``TrainSpec`` holds the options every training recipe shares; recipe configs inherit it. The defaults are a tiny
 schedule a 2-core machine runs in minutes; the papers' schedules are options (steps, batch, ctx, lr, tier). With
 ``work`` set, checkpoints and ``metrics.jsonl`` stay in ``work/<variant>/seed<k>``, and a rerun resumes (a finished
-run is only reloaded); without it they go to a temporary folder that is deleted afterwards.
+run is only reloaded); without it they go to a temporary folder that is deleted afterwards. Each run folder records
+what determines its weights (``RUN_RECORD``: the model's config, the training loop's, the corpus and tokenizer, the
+context); a rerun with other settings is a one-line error, never the old model reported under the new ones.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import json
 import tempfile
 import time
 from dataclasses import dataclass
@@ -29,6 +33,9 @@ from probe.models import create
 from probe.models.config import tier_config
 from probe.progress import progress_bar
 from probe.train.trainer import TrainConfig, evaluate, read_metrics, train
+from probe.writes import atomic_write
+
+RUN_RECORD = "paired_run.json"  # in work/<variant>/seed<k>: what determines the run's weights
 
 
 @dataclass
@@ -155,6 +162,7 @@ def train_one(
     label = label or variant
     model = build(variant, seed) if build is not None else create(variant, spec.tier, seed=seed, **overrides(spec))
     run_dir = work / label.replace("/", "_") / f"seed{seed}"
+    claim_run(run_dir, run_record(model, spec, data, seed))
     t0 = time.perf_counter()
     last = train(model, data.sampler(spec, seed), train_config(spec, seed), run_dir, progress=progress)
     seconds = time.perf_counter() - t0
@@ -172,6 +180,42 @@ def train_one(
         "params": sum(p.numel() for p in model.parameters()),
     }
     return model, record, m
+
+
+def run_record(model, spec: TrainSpec, data: Data, seed: int) -> dict:
+    """What determines a paired run's weights: the model's config (architecture, variant, init), the training loop's
+    TrainConfig, the training corpus (with its fingerprint), the tokenizer and the context."""
+    config = {k: v for k, v in model.config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
+    record = {
+        "model": config,
+        "train": dataclasses.asdict(train_config(spec, seed)),
+        "corpus": data.corpus,
+        "tokenizer": str(spec.tokenizer),
+        "ctx": spec.ctx,
+    }
+    return json.loads(json.dumps(record, default=str))
+
+
+def claim_run(run_dir: Path, record: dict) -> None:
+    """Record ``record`` in a new run folder; a folder that holds a run with another record (or a run from before
+    records were kept) is a one-line ValueError naming what differs, before anything is trained or reported."""
+    path = run_dir / RUN_RECORD
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old == record:
+            return
+        changed = sorted(k for k in record if old.get(k) != record[k])
+        raise ValueError(
+            f"{run_dir} holds a run trained with other settings (different {', '.join(changed) or 'record'}); "
+            "choose another --work folder, or delete this one to train again"
+        )
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ValueError(
+            f"{run_dir} holds a run without a record of its settings ({RUN_RECORD}); choose another --work folder, "
+            "or delete this one to train again"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(record, indent=1))
 
 
 def train_grid(

@@ -149,12 +149,14 @@ def train_variant(cfg: EmergenceConfig, variant: str, seed: int, run_dir, *, pro
     run_dir = Path(run_dir)
     task = cfg.task
     model = build(cfg, variant, seed)
+    identity = run_identity(cfg, variant, seed)
+    _check_same_run(run_dir, identity)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(
         run_dir / "emergence.json",
         json.dumps({"variant": variant, "seed": seed, "config": asdict(cfg), "data": task.to_identity()}, indent=1),
     )
-    atomic_write(run_dir / RUN_IDENTITY, json.dumps(run_identity(cfg, variant, seed), indent=1))
+    atomic_write(run_dir / RUN_IDENTITY, json.dumps(identity, indent=1))
     evals = task.eval_windows(cfg.n_eval_batches, cfg.eval_batch_size)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     last = train(model, task.sampler(seed), cfg.train_config(seed), run_dir, eval_batches=evals, progress=progress)
@@ -166,6 +168,21 @@ def train_variant(cfg: EmergenceConfig, variant: str, seed: int, run_dir, *, pro
     }
     append_line(run_dir / "timing.jsonl", json.dumps(timing) + "\n")
     return {**last, **timing}
+
+
+def _check_same_run(run_dir: Path, identity: dict) -> None:
+    """A run folder that holds a run of other settings is a one-line ValueError, before its record is rewritten: the
+    trainer would reload the finished model and report it under the new settings. ``steps`` may grow (resume)."""
+    path = run_dir / RUN_IDENTITY
+    if not path.is_file():
+        return
+    old = json.loads(path.read_text())
+    changed = sorted(k for k in {*old, *identity} - {"steps"} if old.get(k) != identity.get(k))
+    if changed:
+        raise ValueError(
+            f"{run_dir} holds a run trained with other settings (different {', '.join(changed)}); choose another "
+            "--out, or delete this one to train again"
+        )
 
 
 def run_identity(cfg: EmergenceConfig, variant: str, seed: int) -> dict:
@@ -230,9 +247,11 @@ def snapshot_table(cfg: EmergenceConfig, variant: str, seed: int, run_dir) -> pd
     phantom share over layers), plus the copy and bigram losses and the last token's sensitivity shares
     (``SENSITIVITY``). Cached in ``run_dir/snapshot_stats.csv``."""
     run_dir = Path(run_dir)
-    cache = run_dir / "snapshot_stats.csv"
+    cache, measured = run_dir / "snapshot_stats.csv", run_dir / "snapshot_stats.json"
     steps = snapshot_steps(run_dir)
-    if cache.exists():
+    # what the statistics were measured on: a cache of other evaluation windows is measured again
+    on = {"task": cfg.task.to_identity(), "n_eval_batches": cfg.n_eval_batches, "batch": cfg.eval_batch_size}
+    if cache.exists() and measured.is_file() and json.loads(measured.read_text()) == on:
         old = pd.read_csv(cache)
         if sorted(old["step"].unique()) == sorted(steps) and {"sink_logit", *STATS, *SENSITIVITY} <= set(old.columns):
             return old
@@ -278,6 +297,7 @@ def snapshot_table(cfg: EmergenceConfig, variant: str, seed: int, run_dir) -> pd
             )
     table = pd.DataFrame(rows)
     table.to_csv(cache, index=False)
+    atomic_write(measured, json.dumps(on, indent=1))
     return table
 
 

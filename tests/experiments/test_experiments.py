@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -293,6 +294,28 @@ def test_decomposition_end_to_end_toy(toy, tmp_path):
     assert 0 < t8["read_mean_gate"] < 1 and 0 <= t8["frac_below_half"] <= 1
     assert set(res["gates"]["variant"]) == {"normgate", "projgate", "sink+norm", "sink+proj", "routing-normgate"}
     assert (tmp_path / "dec" / "table2.csv").exists() and (tmp_path / "dec" / "table2_norm.html").exists()
+
+
+def test_a_paired_work_folder_resumes_its_own_runs_and_refuses_other_settings(toy, tmp_path):
+    """A rerun into the same --work reloads its finished runs (the same numbers, nothing trained); one with another
+    corpus or learning rate used to reload them too and report the old models under the new settings. It is a
+    one-line error naming what differs, as is a run folder written before the record was kept."""
+    from probe.experiments.paired import RUN_RECORD
+
+    work = tmp_path / "work"
+    kw = dict(variants=("baseline",), seeds=(0,), work=str(work), **toy)
+    first = experiments.run("depth-routing", out=tmp_path / "a", **kw)["runs"]
+    again = experiments.run("depth-routing", out=tmp_path / "b", **kw)["runs"]
+    assert again["val_loss"].tolist() == first["val_loss"].tolist()
+    with pytest.raises(ValueError, match=r"seed0 holds a run trained with other settings \(different train\)"):
+        experiments.run("depth-routing", out=tmp_path / "c", **{**kw, "lr": 0.01})
+    other = tmp_path / "other.txt"
+    other.write_text(Path(toy["data"]).read_text()[::-1])
+    with pytest.raises(ValueError, match=r"\(different corpus\)"):
+        experiments.run("depth-routing", out=tmp_path / "d", **{**kw, "data": str(other)})
+    (work / "baseline" / "seed0" / RUN_RECORD).unlink()
+    with pytest.raises(ValueError, match="holds a run without a record of its settings"):
+        experiments.run("depth-routing", out=tmp_path / "e", **kw)
 
 
 # ---------------------------------------------------------------- GatedV controls

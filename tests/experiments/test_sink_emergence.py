@@ -148,6 +148,31 @@ def test_rerun_trains_nothing_and_gives_the_same_tables(recipe):
     pd.testing.assert_frame_equal(pd.read_csv(recipe / "snapshots.csv"), before)
 
 
+def test_a_rerun_of_other_settings_is_refused_and_other_evaluation_windows_are_measured_again(recipe, tmp_path, capsys):
+    """Rerun into a finished --out with another chain, the trainer reloaded the old weights, the run's record was
+    rewritten to claim the new chain, and the cached statistics (kept per snapshot step only) came back unchanged.
+    Another chain is a one-line error that leaves the record as it was; other evaluation windows (more batches) are
+    measured again on the same weights."""
+    out = tmp_path / "out"
+    shutil.copytree(recipe, out)
+    record = (out / "runs" / "baseline-s0" / "probe_train.json").read_text()
+    args = ["sink-emergence", "--out", str(out), "--variants", "baseline", "sinklogit", "--quiet", *TINY]
+    assert main([*args, "--triggers", "5", "--chain-seed", "7"]) == 2
+    err = capsys.readouterr().err
+    assert "baseline-s0 holds a run trained with other settings (different data, task)" in err
+    assert (out / "runs" / "baseline-s0" / "probe_train.json").read_text() == record
+    more = [
+        *args[: args.index("--n-eval-batches")],
+        "--n-eval-batches",
+        "3",
+        *args[args.index("--n-eval-batches") + 2 :],
+    ]
+    assert main(more) == 0
+    before, after = pd.read_csv(recipe / "snapshots.csv"), pd.read_csv(out / "snapshots.csv")
+    assert len(after) == len(before) and not after["loss_copy"].equals(before["loss_copy"])
+    assert json.loads((out / "runs" / "baseline-s0" / "snapshot_stats.json").read_text())["n_eval_batches"] == 3
+
+
 def test_a_finished_run_ships_as_a_zoo_entry(recipe, tmp_path):
     rec = ship(recipe / "runs" / "baseline-s0", zoo_dir=tmp_path)
     assert rec["name"] == "probe/bb-baseline" and "--steps 24" in rec["command"] and "--T 32" in rec["command"]

@@ -81,7 +81,8 @@ class GateAccumulator:
         self.counts = counts.double()  # occurrences per token in the evaluation set
         self.frequent = self.counts >= min_count
         z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
-        self.m, self.m2, self.sel, self.rows = z(L, H), z(L, H), z(L, H), z(L)
+        # rows per query head: a row whose real keys get no mass (softpick, stick-breaking) has no weights to average
+        self.m, self.m2, self.sel, self.rows = z(L, H), z(L, H), z(L, H), z(L, H)
         self.g, self.low, self.reads = z(L, Hkv), z(L, Hkv), z(L)
         self.tok = z(L, Hkv, len(self.vocab))  # Σ g per token
         self.tok_g2 = z(L, Hkv)  # Σ g² over real-token reads
@@ -107,18 +108,22 @@ class GateAccumulator:
         B, H, T, _ = pattern.shape
         G = H // g.shape[-1]
         gh = g.permute(0, 2, 1).repeat_interleave(G, dim=1).float()  # (B, H, T) gate of each key, per query head
-        m, sel = (torch.empty(B, H, T, device=pattern.device) for _ in range(2))
+        m, sel, spent = (torch.empty(B, H, T, device=pattern.device) for _ in range(3))
         for b in range(B):  # one sequence at a time: temporaries stay at one (H, T, T)
             p = pattern[b].float()
-            w = p / p.sum(-1, keepdim=True).clamp_min(1e-30)  # renormalised over the real keys
+            mass = p.sum(-1, keepdim=True)  # H,T,1: 0 where a row spends nothing on the real keys
+            w = p / mass.clamp_min(1e-30)  # renormalised over the real keys (0 on a row without mass)
             m[b] = torch.einsum("hij,hj->hi", w, gh[b])
             sel[b] = torch.einsum("hij,hij->hi", w, (gh[b][:, None, :] - m[b][..., None]) ** 2).clamp_min(0).sqrt()
+            spent[b] = (mass[..., 0] > 0).float()
         m, sel, g = m[:, :, 1:].double().cpu(), sel[:, :, 1:].double().cpu(), g.cpu()
+        spent = spent[:, :, 1:].double().cpu()  # rows without mass add 0 to the sums and nothing to the counts
         self.m[layer] += m.sum((0, 2))
         self.m2[layer] += (m**2).sum((0, 2))
         self.sel[layer] += sel.sum((0, 2))
-        self.rows[layer] += B * (T - 1)
-        self._add_row(layer, float(m.mean()), float(sel.mean()), g)
+        self.rows[layer] += spent.sum((0, 2))
+        n = float(spent.sum())
+        self._add_row(layer, float(m.sum()) / n if n else float("nan"), float(sel.sum()) / n if n else float("nan"), g)
         self._add_reads(layer, g, read_tokens)
 
     def _add_row(self, layer: int, mean_gate: float, selectivity: float, g: torch.Tensor) -> None:
@@ -219,7 +224,7 @@ class GateAccumulator:
         heads = []
         for l in self.layers:
             for h in range(info.n_heads):
-                r, kv = self.rows[l], h // G  # kv: the gate's head (a KV head, or the query head of an output gate)
+                r, kv = self.rows[l, h], h // G  # kv: the gate's head (a KV head, or the query head of an output gate)
                 mean = float(self.m[l, h] / r)
                 heads.append(
                     {
@@ -298,8 +303,8 @@ class OutGateAccumulator(GateAccumulator):
     def tables(self, tokenizer=None) -> dict[str, pd.DataFrame]:
         # selectivity: the standard deviation over rows of each coordinate, averaged over the head's coordinates
         # (the parent divides the sums by the row counts)
-        self.sel = torch.stack([_row_sd(self.c1[l], self.c2[l], self.rows[l]) for l in range(len(self.rows))])
-        self.sel = self.sel.mean(-1) * self.rows[:, None]
+        self.sel = torch.stack([_row_sd(self.c1[l], self.c2[l], self.rows[l, :, None]) for l in range(len(self.rows))])
+        self.sel = self.sel.mean(-1) * self.rows
         return super().tables(tokenizer)
 
 

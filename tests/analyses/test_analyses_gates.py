@@ -54,6 +54,24 @@ def test_selectivity_on_a_two_key_row_with_a_phantom():
     assert h["read_mean_gate"] == pytest.approx(0.5) and h["frac_below_half"] == pytest.approx(0.5)
 
 
+def test_a_row_that_spends_nothing_on_the_real_keys_is_left_out_not_a_closed_gate():
+    """softpick and stick-breaking rows may put no mass on the real keys (79% of layer 1's rows on probe/bb-softpick):
+    their renormalised weights do not exist. They counted as m = 0 and selectivity 0, pulling mean_gate down (0.163
+    where the rows that read anything give 0.655); they are left out of the sums and the counts (two heads here, one
+    with an empty row)."""
+    pattern = torch.zeros(1, 2, 3, 3)
+    pattern[0, :, 1, :2] = torch.tensor([0.3, 0.3])  # row 1 of each head: w = (1/2, 1/2) over g = (0, 1)
+    pattern[0, 0, 2, 2] = 0.5  # head 0's row 2 reads key 2 only; head 1's row 2 spends nothing
+    gate = torch.tensor([[[0.0], [1.0], [0.8]]])
+    acc = GateAccumulator(info(H=2, Hkv=1), torch.tensor([5, 6, 7]), min_count=1)
+    acc.add(0, pattern, gate, torch.tensor([[5, 6, 7]]))
+    heads = acc.tables()["heads"].set_index("head")
+    assert heads.at[0, "mean_gate"] == pytest.approx((0.5 + 0.8) / 2)
+    assert heads.at[1, "mean_gate"] == pytest.approx(0.5)  # its empty row 2 is no gate of 0
+    assert heads.at[1, "selectivity"] == pytest.approx(0.5) and heads.at[1, "spread"] == pytest.approx(0.0, abs=1e-7)
+    assert acc.batch_rows[0]["mean_gate"] == pytest.approx((0.5 + 0.8 + 0.5) / 3)
+
+
 def test_spread_of_row_means():
     # rows 1 and 2 attend only to one key each: m_1 = g_1 = 0.2, m_2 = g_2 = 0.6; spread = std(0.2, 0.6) = 0.2
     pattern = torch.tensor([[[[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]]]])

@@ -284,13 +284,13 @@ def edited_probs(q, k, v, mask, scaling: float, sinks=None, window: int | None =
     return res.pattern, res.phantom, real
 
 
-def refuse_padded_edit(rules: MaskRules | None, edit, mask=None, window: int | None = None) -> None:
+def refuse_padded_edit(rules: MaskRules | None, edit, mask=None) -> None:
     """An attention edit on padded sequences is an error: key 0 and the positions are not each sequence's own. A dense
-    additive ``mask`` (the families that build their own: Falcon, MPT) counts as padded where it hides a key that
-    the causal rule (within ``window``) shows."""
+    additive ``mask`` (the families that build their own: Falcon, MPT) counts as padded where it hides a query's own
+    position (a pad key)."""
     if edit is None:
         return
-    padded = rules.keep is not None if rules is not None else mask is not None and _hides_visible(mask, window)
+    padded = rules.keep is not None if rules is not None else mask is not None and _hides_own_key(mask)
     if padded:
         raise RuntimeError(
             "an attention edit (knockout, eviction) needs unpadded sequences: with key padding key 0 and the "
@@ -298,12 +298,12 @@ def refuse_padded_edit(rules: MaskRules | None, edit, mask=None, window: int | N
         )
 
 
-def _hides_visible(mask: torch.Tensor, window: int | None) -> bool:
-    """Does the additive mask (B|1, 1|H, Tq, Tk) hide a key that causal attention within ``window`` shows?"""
+def _hides_own_key(mask: torch.Tensor) -> bool:
+    """Does the additive mask (B|1, 1|H, Tq, Tk) hide some query's own position from it? Key padding does (a pad
+    key is hidden from every query, its own included); a causal, windowed or chunked mask never does."""
     q_len, k_len = mask.shape[-2:]
-    shown = MaskRules(window=window).visible(slice(None), q_len, k_len, mask.device)  # 1,1,Tq,Tk
-    hidden = mask <= torch.finfo(torch.float32).min / 2  # transformers' min of the dtype, or -inf
-    return bool((shown & hidden).any())
+    own = mask.diagonal(offset=k_len - q_len, dim1=-2, dim2=-1)  # ..., Tq: query i's entry for its own key
+    return bool((own <= torch.finfo(torch.float32).min / 2).any())  # transformers' min of the dtype, or -inf
 
 
 def fast_attention(
@@ -780,7 +780,7 @@ def probe_attention(
             mask = None if rules.keep is None else rules.dense(slice(None), q_len, k_len, query.dtype, query.device)
         window = rules.window if rules is not None and mask is None else None
         if edit is not None:  # the edit is carried out by the op, which gives the pattern too
-            refuse_padded_edit(rules, edit, mask, sliding_window)
+            refuse_padded_edit(rules, edit, mask)
             pattern, phantom, lse = edited_probs(query, key, value, mask, scaling, sinks, window, key_bias, edit=edit)
             pattern, phantom, lse = fire_scores_of(site, pattern, phantom, lse, sinks)
         else:
@@ -799,7 +799,7 @@ def probe_attention(
     elif rules is not None:
         out, lse = rules_attention(query, key, value, rules, scaling, sinks, want_lse, key_bias, edit)
     else:
-        refuse_padded_edit(None, edit, mask, sliding_window)
+        refuse_padded_edit(None, edit, mask)
         out, lse = fast_attention(
             query, key, value, mask, scaling, sinks, return_lse=want_lse, key_bias=key_bias, edit=edit
         )

@@ -118,7 +118,15 @@ class TransformerLensCalls:
         # positions are sliced here, on each point's own position axis (names.position_dim): TransformerLens's
         # caching hooks take the axis from the name's ending, which misreads B,T,H,dh points and B,H,Tq statistics
         pos_slice = kwargs.pop("pos_slice", None)
-        output, cache = HookedRootModule.run_with_cache(self, *model_args, **_lens_kwargs(kwargs))
+        wanted = kwargs.get("names_filter")
+        for name in [wanted] if isinstance(wanted, str) else wanted if isinstance(wanted, list) else ():
+            if isinstance(name, str) and name not in self.hook_dict:  # a misspelt name: never an empty cache
+                raise HookNameError(self, name)
+        self.__dict__["_caching"] = True  # its caching hooks name every point: hooks() checks a caller's names only
+        try:
+            output, cache = HookedRootModule.run_with_cache(self, *model_args, **_lens_kwargs(kwargs))
+        finally:
+            self.__dict__["_caching"] = False
         drop = 1 if kwargs.get("remove_batch_dim", False) else 0
         for name, tensor in cache.items():
             if pos_slice is not None and (dim := names.position_dim(name)) is not None:
@@ -130,12 +138,36 @@ class TransformerLensCalls:
     def run_with_hooks(self, *model_args, **kwargs):
         """TransformerLens's: the output as ``return_type`` says (default the logits tensor) of a forward with
         ``fwd_hooks`` / ``bwd_hooks`` added for the call."""
-        for name, _ in [*kwargs.get("fwd_hooks", ()), *kwargs.get("bwd_hooks", ())]:
-            if isinstance(name, str) and name not in self.hook_dict:
-                raise HookNameError(self, name)
-            if isinstance(name, str) and (why := self.probe_info.lacks(name)) is not None:
-                raise HookNameError(self, name, why)
+        self.check_hook_names([*kwargs.get("fwd_hooks", ()), *kwargs.get("bwd_hooks", ())])
         return HookedRootModule.run_with_hooks(self, *model_args, **_lens_kwargs(kwargs))
+
+    def hooks(self, fwd_hooks=(), bwd_hooks=(), reset_hooks_end: bool = True, clear_contexts: bool = False):
+        """TransformerLens's context manager, with the names checked as ``run_with_hooks`` checks them."""
+        if not self.__dict__.get("_caching"):
+            self.check_hook_names([*fwd_hooks, *bwd_hooks])
+        return HookedRootModule.hooks(self, list(fwd_hooks), list(bwd_hooks), reset_hooks_end, clear_contexts)
+
+    def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False) -> None:
+        """TransformerLens's, with a hook name checked as ``run_with_hooks`` checks it (a filter function is not)."""
+        self.check_hook_names([(name, hook)])
+        HookedRootModule.add_hook(self, name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
+
+    def check_hook_names(self, hooks) -> None:
+        """Refuse, in one line, a (name, hook) whose name is no hook point of the model or a point it never fires (a
+        hook there would silently never run); names given as filter functions are not checked."""
+        for name, _ in hooks:
+            if not isinstance(name, str):
+                continue
+            if name not in self.hook_dict:
+                raise HookNameError(self, name)
+            if (why := self.probe_info.lacks(name)) is not None:
+                raise HookNameError(self, name, why)
+            if name in self.unfired_points():
+                raise HookNameError(self, name, "no mechanism of this model writes it (e.g. a gate or sink it lacks)")
+
+    def unfired_points(self) -> frozenset[str]:
+        """Hook points the model has but never fires beyond what ``probe_info.lacks`` knows (probe's models)."""
+        return frozenset()
 
     def lens_forward(
         self,
@@ -225,7 +257,13 @@ class TransformerLensCalls:
         if isinstance(input, str):
             ids = self.to_tokens(input, prepend_bos, padding_side, move_to_device=False)[0]
         else:
-            ids = torch.as_tensor(input).squeeze().reshape(-1)
+            ids = torch.as_tensor(input)
+            if ids.dim() > 1 and ids.shape[:-1].numel() > 1:  # TransformerLens refuses a batch too
+                raise ValueError(
+                    f"to_str_tokens takes one sequence, got token ids of shape {tuple(ids.shape)}; pass one row "
+                    "(or a list of them)"
+                )
+            ids = ids.reshape(-1)
         return self._text_tokenizer().batch_decode([[int(t)] for t in ids.tolist()], clean_up_tokenization_spaces=False)
 
     def to_single_token(self, string: str) -> int:

@@ -319,6 +319,22 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
         half = rotary.d_head // 2
         return cos[:, 0, :half], sin[:, 0, :half]
 
+    def unfired_points(self) -> frozenset[str]:
+        """Hook points this model has but never fires (a block's attention has every point; a variant's mechanisms
+        fire theirs: no gate, no hook_v_gate): found once, by a forward over two tokens with every point hooked,
+        which leaves the random state as it was."""
+        found = self.__dict__.get("_unfired_points")
+        if found is None:
+            asked = [
+                n
+                for n in self.hook_dict
+                if names.attn_point(n) not in _MATERIALISED and self.probe_info.lacks(n) is None
+            ]
+            fired = _fired_points(self, asked)
+            found = frozenset(n for n in asked if n not in fired)
+            self.__dict__["_unfired_points"] = found
+        return found
+
     def no_weight_decay(self) -> set[str]:
         """Parameter names excluded from weight decay by their declared role (sink logits, gates, routing queries,
         mixing weights, norms), not by tensor rank (docs/definitions.md#weight-decay)."""
@@ -362,6 +378,30 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
             absent_hooks=_absent_under_rule(c.attn_fn),
             extra=extra,
         )
+
+
+# points whose hook makes the attention materialise what it computes fused (the T x T rows, each head's write): the
+# probe below leaves them to probe_info.lacks, which knows when a rule never fires them
+_MATERIALISED = ("pattern", "pattern_1", "pattern_2", "pattern_norm", "attn_scores", "phantom", "lse", "result")
+
+
+def _fired_points(model, asked: list[str]) -> set[str]:
+    """Which of the ``asked`` hook points a forward over two tokens fires, with the hooks already on them set aside
+    for it (a caller's caching hook never sees this forward) and the random state left as it was."""
+    fired: set[str] = set()
+    points = [model.hook_dict[n] for n in asked]
+    kept = [(point._forward_hooks, point.fwd_hooks, point.bwd_hooks) for point in points]
+    device = model.embed.weight.device
+    try:
+        for point in points:  # a point's own lists, emptied: lazy points fire when they hold a hook
+            point._forward_hooks, point.fwd_hooks, point.bwd_hooks = type(point._forward_hooks)(), [], []
+            point.add_hook(lambda t, hook: fired.add(hook.name))
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+            model(torch.zeros(1, 2, dtype=torch.long, device=device))
+    finally:
+        for point, (torch_hooks, fwd, bwd) in zip(points, kept):
+            point._forward_hooks, point.fwd_hooks, point.bwd_hooks = torch_hooks, fwd, bwd
+    return fired
 
 
 def _absent_under_rule(attn_fn: str) -> list[str]:

@@ -74,6 +74,7 @@ def test_an_eviction_reaches_the_op_as_its_edit_argument(monkeypatch):
     import probe.models.attention as attention
 
     model = tiny("baseline", n_layers=2)
+    model.unfired_points()  # the first hook check's own forward (two tokens), before the op is recorded
     seen = []
     real = attention.sink_attention
 

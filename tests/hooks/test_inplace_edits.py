@@ -38,7 +38,8 @@ HF_TYPES = ["llama", "gemma3_text", "gpt_neox", "diffllama", "deepseek_v4", "gem
 
 def _points(model) -> list[str]:
     """Every point the model fires (run_with_hooks refuses the ones it never fires)."""
-    return [name for name in model.hook_dict if model.probe_info.lacks(name) is None]
+    unfired = model.unfired_points()
+    return [name for name in model.hook_dict if model.probe_info.lacks(name) is None and name not in unfired]
 
 
 def _edit_in_place(x, hook):

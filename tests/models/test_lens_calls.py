@@ -219,6 +219,48 @@ def test_a_misspelt_hook_name_is_one_line_with_the_nearest_names(dirs):
     assert out.shape[:2] == ids.shape  # a name filter (a function) is TransformerLens's to resolve
 
 
+def test_a_hook_on_a_point_no_mechanism_of_the_model_writes_is_refused_everywhere_a_name_is_given():
+    """Every block has every attention point; a baseline fires no gate, sink logit or value-residual point, and a
+    hook there (an ablation of a gate it lacks) ran silently never. run_with_hooks, hooks() and add_hook refuse it in
+    one line (a filter function is not checked); finding the points runs one forward over two tokens that a hook
+    already on the model never sees, and that leaves the random state alone."""
+    from probe.models.lens import HookNameError
+
+    model = create("baseline", "tiny", n_layers=2, d_model=32, n_heads=2, d_mlp=64, vocab_size=64)
+    ids = torch.randint(0, 64, (1, 5))
+    seen = []
+    model.add_hook(lambda name: name == "blocks.0.hook_resid_pre", lambda t, hook: seen.append(t.shape[1]))
+    state = torch.random.get_rng_state()
+    for point in ("blocks.0.attn.hook_v_gate", "blocks.1.attn.hook_out_gate", "blocks.0.attn.hook_sink_logit"):
+        with pytest.raises(HookNameError, match=f"never fires '{point}': no mechanism of this model writes it"):
+            model.run_with_hooks(ids, fwd_hooks=[(point, lambda t, hook: t)])
+        with pytest.raises(HookNameError, match="never fires"):
+            model.hooks(fwd_hooks=[(point, lambda t, hook: t)])
+        with pytest.raises(HookNameError, match="never fires"):
+            model.add_hook(point, lambda t, hook: t)
+    assert seen == [] and torch.equal(torch.random.get_rng_state(), state)
+    model.reset_hooks(including_permanent=True)
+    assert "blocks.1.attn.hook_v_mix" not in create("value-residual", "tiny", n_layers=2).unfired_points()
+    gated = create("gatedv", "tiny", n_layers=2, d_model=32, n_heads=2, d_mlp=64, vocab_size=64)
+    assert gated.run_with_hooks(ids, fwd_hooks=[("blocks.0.attn.hook_v_gate", lambda t, hook: t)]).shape[:2] == (1, 5)
+
+
+def test_a_misspelt_cache_name_and_a_batch_of_str_tokens_are_refused():
+    """names_filter naming no point gave an empty cache; to_str_tokens of two rows joined them into one list."""
+    from probe.models.lens import HookNameError
+
+    model = create("baseline", "tiny", n_layers=2, d_model=32, n_heads=2, d_mlp=64, vocab_size=64)
+    ids = torch.randint(0, 64, (2, 5))
+    for wanted in ("blocks.0.hook_resid_pr", ["blocks.0.hook_resid_pre", "blocks.9.hook_resid_pre"]):
+        with pytest.raises(HookNameError, match="no hook point 'blocks.[09].hook_resid_pr"):
+            model.run_with_cache(ids, names_filter=wanted)
+    _, cache = model.run_with_cache(ids, names_filter=["blocks.0.hook_resid_pre"])
+    assert list(cache) == ["blocks.0.hook_resid_pre"]
+    with pytest.raises(ValueError, match=r"to_str_tokens takes one sequence, got token ids of shape \(2, 5\)"):
+        model.to_str_tokens(ids)
+    assert len(model.to_str_tokens(ids[:1])) == 5 and len(model.to_str_tokens([ids[0], ids[1]])) == 2
+
+
 def test_a_hook_on_a_point_the_model_never_fires_is_refused_in_one_line():
     """Softmax-free rows have no log-normaliser (hook_lse), rows that are not softmax's no phantom: the points exist
     (one vocabulary) but never fire, so a hook there would silently never run."""

@@ -39,9 +39,10 @@ def find_mechanisms(model, ids: torch.Tensor) -> Mechanisms:
         or names.is_dense_weights(n)
         or names.is_hc(n, "res")
     ]
-    if wanted:
+    if wanted:  # one filter, not the names: the points that never fire are what this forward finds out
+        chosen = set(wanted)
         model.run_with_hooks(
-            ids[:1, : min(ids.shape[1], 8)], fwd_hooks=[(n, record) for n in wanted], **loss_forward_kwargs(model)
+            ids[:1, : min(ids.shape[1], 8)], fwd_hooks=[(chosen.__contains__, record)], **loss_forward_kwargs(model)
         )
     gates = [len(s) for n, s in seen.items() if names.attn_point(n) == "v_gate"]
     sites = [names.site_of(n) for n in seen if names.is_depth_weights(n)]

@@ -395,13 +395,21 @@ def run(args: argparse.Namespace) -> int:
         )
     # the model's context is the one it trains at: its default evaluation windows, and sigmoid's b = -log n_ctx
     model = create(args.variant, args.tier, seed=args.seed, n_ctx=ctx)
-    cfg = TrainConfig(**{**{k: getattr(args, k) for k in CONFIG_FLAGS}, "warmup": warmup, "device": device})
+    # every evaluation on all the --eval-batches windows built (TrainConfig's cap of 16 made a longer curve mix two
+    # window sets: its last point on all of them, the others on the first 16)
+    settings = {k: getattr(args, k) for k in CONFIG_FLAGS}
+    cfg = TrainConfig(**{**settings, "warmup": warmup, "device": device, "eval_batches": args.eval_batches})
     n_params = sum(p.numel() for p in model.parameters())
     ckpt = find_checkpoint(out) if resuming else None
     try:
         start = read_state(ckpt)["step"] if ckpt else 0
     except ValueError as e:
         raise UsageError(f"--out {str(out)!r}: {e}") from None
+    if start > args.steps:  # its model is past the steps asked for: never reported as a shorter run
+        raise UsageError(
+            f"--steps {args.steps}: the run in {str(out)!r} has trained {start} steps already; pass --steps {start} or "
+            "more to resume it, or choose another --out"
+        )
     if dist.is_main:
         console.note(
             f"plan: train {args.tier}-{args.variant} ({n_params:,} parameters) on {ident['data']} for "

@@ -19,7 +19,8 @@ def lr_factor(
         return (step + 1) / warmup
     last = steps - 1
     if schedule == "cosine":
-        progress = min(1.0, (step - warmup) / max(1, last - warmup))
+        # the final step reaches min_ratio, also when warmup ends there (steps - 1)
+        progress = 1.0 if step >= last else min(1.0, (step - warmup) / max(1, last - warmup))
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     if schedule == "linear-warmdown":
         n_down = max(1, round(warmdown * steps))

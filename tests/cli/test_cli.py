@@ -312,7 +312,7 @@ def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
     """The same command resumes a killed run; it ends with the same weights and metrics as an uninterrupted run."""
     from safetensors.torch import load_file
 
-    def train(out, env=None):
+    def train(out, env=None, steps="6"):
         return probe(
             "train",
             "--variant",
@@ -328,7 +328,7 @@ def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
             "--eval-batches",
             "1",
             "--steps",
-            "6",
+            steps,
             "--batch-size",
             "2",
             "--ctx",
@@ -369,6 +369,12 @@ def test_train_killed_and_resumed_equals_uninterrupted(fx, tmp_path):
 
     # step 0 (validation only), then every step: a 6-step run logs every max(1, 6 // 50) steps
     assert metrics(whole) == metrics(cut) and [m["step"] for m in metrics(cut)] == list(range(7))
+    # a finished run asked for fewer steps kept its 6-step model and printed "step": 6 beside "steps": 4
+    # every evaluation takes all the --eval-batches windows (the loop's own cap of 16 mixed two window sets)
+    assert json.loads((cut / "train_config.json").read_text())["eval_batches"] == 1
+    r = train(cut, steps="4")  # (after the warmup warning its default --warmup gives)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--steps 4: the run in" in r.stderr and "has trained 6 steps already" in r.stderr.strip().splitlines()[-1]
     r = probe("eval", "--model", cut, "--data", fx["data"], *WINDOWS, "--json", "--quiet")  # DIR -> DIR/model
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["meta"]["tokenizer"].endswith("model")  # the tokenizer saved beside the weights

@@ -93,6 +93,9 @@ def test_lr_schedules():
     assert w(99) == pytest.approx(0.1) and w(89) == pytest.approx(0.55, abs=0.03)
     with pytest.raises(ValueError):
         lr_factor(50, 100, 10, "step")
+    # warmup ending at the final step (warmup = steps - 1): the final step still reaches min_ratio, as documented
+    assert lr_factor(99, 100, 99, "cosine", 0.1) == pytest.approx(0.1)
+    assert lr_factor(98, 100, 99, "cosine", 0.1) == pytest.approx(99 / 99)  # the warmup's last step
 
 
 class RoleModel(nn.Module):

@@ -34,7 +34,7 @@ from probe.models.depth import DepthSources, block_factor, emitted_key_width, ma
 from probe.models.gates import GATES
 from probe.models.hyper import HYPERS, expand
 from probe.models.layers import NormPoints, UnembedPoints, make_norm
-from probe.models.lens import HF_OUTPUT, TransformerLensCalls
+from probe.models.lens import HF_OUTPUT, NOT_SUPPORTED, TransformerLensCalls
 from probe.models.params import ROLES, no_decay_names, parameter_roles
 from probe.progress import quiet_hf_bars
 from probe.runs import SAVED_RECORD_KEY
@@ -196,6 +196,7 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
                 return_hidden=return_hidden,
                 **kwargs,
             )
+        _refuse_unknown(kwargs)
         input_ids, _ = self.input_tokens(input_ids, prepend_bos, padding_side)
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("probe models take unpadded windows; attention_mask with zeros is not supported")
@@ -383,6 +384,29 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
 # points whose hook makes the attention materialise what it computes fused (the T x T rows, each head's write): the
 # probe below leaves them to probe_info.lacks, which knows when a rule never fires them
 _MATERIALISED = ("pattern", "pattern_1", "pattern_2", "pattern_norm", "attn_scores", "phantom", "lse", "result")
+
+
+# keywords HF's callers (its Trainer, pipelines) pass to a causal LM's forward, which a full forward without a KV cache
+# does not need; any other keyword (a TransformerLens option without return_type, a typo) is refused, never dropped
+HF_FORWARD_KEYWORDS = (
+    "use_cache",
+    "return_dict",
+    "output_attentions",
+    "output_hidden_states",
+    "past_key_values",
+    "cache_position",
+    "num_items_in_batch",
+    "logits_to_keep",
+)
+
+
+def _refuse_unknown(kwargs: dict) -> None:
+    unknown = [k for k in kwargs if k not in HF_FORWARD_KEYWORDS]
+    if unknown:
+        lens = [k for k in unknown if k in NOT_SUPPORTED]
+        if lens:
+            raise TypeError(f"{lens[0]}= is a TransformerLens HookedTransformer option that probe's models lack")
+        raise TypeError(f"forward() got an unexpected keyword argument {unknown[0]!r}")
 
 
 def _fired_points(model, asked: list[str]) -> set[str]:

@@ -50,10 +50,15 @@ def figures(result):
 
 def _verdicts(result) -> list[str]:
     last = result["summary"].iloc[-1]
+    slope = last["decay_slope"]  # undefined with fewer than two positions between the first and the last
     lines = [
         f"layer {int(last['layer'])}: position 0 takes {last['first_share']:.1%} of the last token's sensitivity, "
-        f"positions 1..T-2 {last['mixing']:.1%}, itself {last['last_share']:.1%}; log-log decay slope over distance "
-        f"{last['decay_slope']:.2f}"
+        f"positions 1..T-2 {last['mixing']:.1%}, itself {last['last_share']:.1%}; "
+        + (
+            f"log-log decay slope over distance {slope:.2f}"
+            if slope == slope
+            else "no decay slope (it needs two positions between the first and the last: --ctx 4 or more)"
+        )
     ]
     if "collapse_summary" in result:
         for _, row in result["collapse_summary"].iterrows():

@@ -245,6 +245,18 @@ def test_a_hook_on_a_point_no_mechanism_of_the_model_writes_is_refused_everywher
     assert gated.run_with_hooks(ids, fwd_hooks=[("blocks.0.attn.hook_v_gate", lambda t, hook: t)]).shape[:2] == (1, 5)
 
 
+def test_the_plain_forward_refuses_a_keyword_it_would_drop():
+    """model(x, stop_at_layer=1) or a misspelt keyword returned the whole, unchanged forward; HF's callers' keywords
+    (use_cache, return_dict, ...) still pass."""
+    model = create("baseline", "tiny", n_layers=2, d_model=32, n_heads=2, d_mlp=64, vocab_size=64)
+    x = torch.randint(0, 64, (1, 5))
+    with pytest.raises(TypeError, match="stop_at_layer= is a TransformerLens HookedTransformer option"):
+        model(x, stop_at_layer=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'retrun_hidden'"):
+        model(x, retrun_hidden=True)
+    torch.testing.assert_close(model(x, use_cache=False, return_dict=True).logits, model(x).logits)
+
+
 def test_a_misspelt_cache_name_and_a_batch_of_str_tokens_are_refused():
     """names_filter naming no point gave an empty cache; to_str_tokens of two rows joined them into one list."""
     from probe.models.lens import HookNameError

@@ -80,3 +80,16 @@ def test_a_log_axis_over_one_to_three_powers_of_ten_is_labelled_at_1_2_5_as_numb
     assert (fig.layout.yaxis.type, fig.layout.yaxis.dtick, fig.layout.yaxis.tickformat) == ("log", "D2", "~g")
     wide = figures.log_axis(go.Figure(go.Scatter(x=[1e-3, 1e2], y=[0, 1])), "x")  # 5 powers: one label each
     assert wide.layout.xaxis.dtick == 1 and wide.layout.xaxis.tickformat == "~g"
+
+
+def test_the_sensitivity_verdict_without_a_decay_slope_says_why_rather_than_nan():
+    """--ctx 2 or 3 leaves fewer than two positions between the first and the last: the verdict quoted "slope nan"."""
+    import pandas as pd
+
+    from probe.present.sensitivity import _verdicts
+
+    row = dict(layer=5, first_share=0.3, mixing=0.2, last_share=0.5)
+    (line,) = _verdicts({"summary": pd.DataFrame([{**row, "decay_slope": float("nan")}])})
+    assert "nan" not in line and "no decay slope (it needs two positions" in line
+    (line,) = _verdicts({"summary": pd.DataFrame([{**row, "decay_slope": -1.234}])})
+    assert line.endswith("log-log decay slope over distance -1.23")

@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
             }
         ]
     )
-    result = finish({"summary": summary, "windows": windows}, describe(model, as_windows(eb), "eval"))
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")  # the weights' (--dtype moves the loss)
+    result = finish({"summary": summary, "windows": windows}, describe(model, as_windows(eb), "eval", dtype=dtype))
     publish(run.output, "eval", result, presentation, run.console)
     return 0

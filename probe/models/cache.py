@@ -692,6 +692,16 @@ class ActivationCache(dict, TLActivationCache):
         per_example = directions.ndim == 2 and scaled.ndim == 4 and directions.shape[0] == scaled.shape[1]
         if has_batch_dim and batch_slice.mode != "int" and per_example:
             directions = directions.unsqueeze(-2)  # one token per example, the same at every position (as TL)
+        try:
+            torch.broadcast_shapes(scaled.shape[1:-1], directions.shape[:-1])
+        except RuntimeError:
+            sink = "; a sink-token model's cache has T + 1 positions, position 0 its learned sink token" * bool(
+                self.info.sink_token
+            )
+            raise CacheError(
+                f"logit_attrs: tokens of shape {tuple(directions.shape[:-1])} do not match the stack's positions "
+                f"{tuple(scaled.shape[1:-1])}{sink}"
+            ) from None
         return (scaled * directions.to(scaled)).sum(-1)
 
     def logit_lens(self, layer: int | None = None, apply_ln: bool = True, pos_slice=None, return_labels: bool = False):

@@ -107,6 +107,7 @@ class TransformerLensCalls:
         probe_info: Any
         tokenizer: Any
         device: torch.device
+        hook_dict: dict
 
         def forward(self, *args, **kwargs) -> Any: ...
 

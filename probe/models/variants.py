@@ -125,8 +125,17 @@ def create(variant: str = "baseline", tier: str = "tiny", seed: int = 0, backend
     created with the same seed share every tensor they have in common. ``backend``: the model's attention backend
     (a run-time setting, not saved; see probe.kernels.backend)."""
     model = ProbeForCausalLM(config_for(variant, tier, **overrides), seed=seed, backend=backend)
-    model.probe_name = f"{tier}-{variant}"
+    model.probe_name = f"{tier}-{variant}" + _mechanism_suffix(variant, overrides)
     return model
+
+
+def _mechanism_suffix(variant: str, overrides: dict) -> str:
+    """'+attn_fn=softpick' for each override of a mechanism setting (one the catalogue's variants set) that its
+    variant does not already have: two models of one variant with other mechanisms are not one name in a table."""
+    mechanisms = {k for v in VARIANTS.values() for k in v.settings} - set(tier_config("tiny")) - {"n_kv_heads"}
+    own = variant_settings(variant, tier_config("tiny")) if overrides else {}
+    changed = [(k, v) for k, v in overrides.items() if k in mechanisms and own.get(k) != v]
+    return "".join(f"+{k}={v}" for k, v in changed)
 
 
 def added_parameters(config: ProbeConfig) -> dict[str, int]:

@@ -297,6 +297,7 @@ def test_eval_matches_the_trainer_evaluate(fx):
     r = probe("eval", "--model", fx["sp"], "--data", fx["data"], *WINDOWS, "--json", "--quiet")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)["tables"]["summary"][0]
+    assert json.loads(r.stdout)["meta"]["dtype"] == "float32"  # a --dtype bfloat16 loss says it is one
     import probe as probe_package
     from probe.data import eval_batches, load_corpus
     from probe.train import evaluate

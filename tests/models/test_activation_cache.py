@@ -504,3 +504,17 @@ def test_head_results_of_a_hyper_connected_model_are_refused():
     _, cache = model.run_with_cache(ids(B=1, T=5))
     with pytest.raises(CacheError, match="stack_head_results: .* hyper-connected streams"):
         cache.stack_head_results()
+
+
+def test_logit_attrs_with_tokens_that_miss_the_stack_positions_is_one_line():
+    """A sink-token model's cache has T + 1 positions: TransformerLens-style logit_attrs(stack, input ids) failed
+    with a bare broadcasting RuntimeError; it is a CacheError that says why, and a token per position works."""
+    model = create("sinktoken", tier="tiny", seed=0, n_layers=1).eval()
+    x = ids(B=2, T=8)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(x)
+    stack = cache.decompose_resid()
+    with pytest.raises(CacheError, match=r"tokens of shape \(2, 8\) do not match the stack's positions \(2, 9\); a "):
+        cache.logit_attrs(stack, x)
+    targets = torch.cat([x[:, :1], x], 1)  # a token for each of the T + 1 positions
+    assert cache.logit_attrs(stack, targets).shape == (stack.shape[0], 2, 9)

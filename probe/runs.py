@@ -100,6 +100,12 @@ def saved_training_record(model_dir: Path) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
+def changed_settings(old: dict, new: dict, may_change: tuple[str, ...] = ()) -> list[str]:
+    """The keys whose values differ between a run's recorded settings and a rerun's (either side's keys; those in
+    ``may_change`` left out), sorted: what a refusal to reuse the run's folder names."""
+    return sorted(k for k in {*old, *new} - set(may_change) if old.get(k) != new.get(k))
+
+
 def metrics_records(run_dir: Path) -> list[dict]:
     """The run's logged steps, oldest first; empty when nothing was logged yet."""
     path = Path(run_dir) / METRICS

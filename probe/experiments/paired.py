@@ -32,6 +32,7 @@ from probe.experiments.result import check_training_numbers
 from probe.models import create
 from probe.models.config import tier_config
 from probe.progress import progress_bar
+from probe.runs import changed_settings
 from probe.train.trainer import TrainConfig, evaluate, read_metrics, train
 from probe.writes import atomic_write
 
@@ -201,12 +202,11 @@ def claim_run(run_dir: Path, record: dict) -> None:
     records were kept) is a one-line ValueError naming what differs, before anything is trained or reported."""
     path = run_dir / RUN_RECORD
     if path.is_file():
-        old = json.loads(path.read_text())
-        if old == record:
+        changed = changed_settings(json.loads(path.read_text()), record)
+        if not changed:
             return
-        changed = sorted(k for k in record if old.get(k) != record[k])
         raise ValueError(
-            f"{run_dir} holds a run trained with other settings (different {', '.join(changed) or 'record'}); "
+            f"{run_dir} holds a run trained with other settings (different {', '.join(changed)}); "
             "choose another --work folder, or delete this one to train again"
         )
     if run_dir.exists() and any(run_dir.iterdir()):

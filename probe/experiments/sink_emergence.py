@@ -46,7 +46,7 @@ from probe.analyses.sink_pass import sink_analyses
 from probe.data.synthetic import BigramBackcopy
 from probe.experiments.result import Result, Timer, check_training_numbers, config_dict
 from probe.models import config_for, create
-from probe.runs import RUN_IDENTITY, snapshot_steps
+from probe.runs import RUN_IDENTITY, changed_settings, snapshot_steps
 from probe.train import TrainConfig, train
 from probe.train.checkpoint import load_model
 from probe.writes import append_line, atomic_write
@@ -176,8 +176,7 @@ def _check_same_run(run_dir: Path, identity: dict) -> None:
     path = run_dir / RUN_IDENTITY
     if not path.is_file():
         return
-    old = json.loads(path.read_text())
-    changed = sorted(k for k in {*old, *identity} - {"steps"} if old.get(k) != identity.get(k))
+    changed = changed_settings(json.loads(path.read_text()), identity, may_change=("steps",))
     if changed:
         raise ValueError(
             f"{run_dir} holds a run trained with other settings (different {', '.join(changed)}); choose another "

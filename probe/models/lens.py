@@ -63,6 +63,13 @@ class HookNameError(KeyError, ValueError):
 NOT_SUPPORTED = ("start_at_layer", "stop_at_layer", "past_kv_cache", "tokens", "shortformer_pos_embed")
 
 
+def refuse_lens_options(kwargs: dict) -> None:
+    """A TypeError in one line for the first TransformerLens option among ``kwargs`` that probe's models lack."""
+    refused = [k for k in NOT_SUPPORTED if k in kwargs]
+    if refused:
+        raise TypeError(f"{refused[0]}= is a TransformerLens HookedTransformer option that probe's models lack")
+
+
 class _HFOutput:
     """The default ``return_type`` of ``forward``: the HF output (a TransformerLens ``return_type`` is a string or
     None, so neither can mean "not given")."""
@@ -128,10 +135,11 @@ class TransformerLensCalls:
             output, cache = HookedRootModule.run_with_cache(self, *model_args, **_lens_kwargs(kwargs))
         finally:
             self.__dict__["_caching"] = False
-        drop = 1 if kwargs.get("remove_batch_dim", False) else 0
-        for name, tensor in cache.items():
-            if pos_slice is not None and (dim := names.position_dim(name)) is not None:
-                cache[name] = Slice(pos_slice).apply(tensor, dim=dim - drop)
+        if pos_slice is not None:
+            positions, drop = Slice(pos_slice), 1 if kwargs.get("remove_batch_dim", False) else 0
+            for name, tensor in cache.items():
+                if (dim := names.position_dim(name)) is not None:
+                    cache[name] = positions.apply(tensor, dim=dim - drop)
         if not return_cache_object:
             return output, cache
         return output, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
@@ -184,9 +192,7 @@ class TransformerLensCalls:
         """The forward under TransformerLens's ``return_type`` (called by ``forward`` when one is given)."""
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type {return_type!r}: choose 'logits', 'loss', 'both' or None")
-        refused = [k for k in NOT_SUPPORTED if k in kwargs]
-        if refused:
-            raise TypeError(f"{refused[0]}= is a TransformerLens HookedTransformer option that probe's models lack")
+        refuse_lens_options(kwargs)
         if kwargs.pop("return_hidden", False):
             raise TypeError("return_hidden and return_type are exclusive: return_hidden gives the final hidden states")
         tokens, padding = self.input_tokens(input, prepend_bos, padding_side)

@@ -34,7 +34,7 @@ from probe.models.depth import DepthSources, block_factor, emitted_key_width, ma
 from probe.models.gates import GATES
 from probe.models.hyper import HYPERS, expand
 from probe.models.layers import NormPoints, UnembedPoints, make_norm
-from probe.models.lens import HF_OUTPUT, NOT_SUPPORTED, TransformerLensCalls
+from probe.models.lens import HF_OUTPUT, TransformerLensCalls, refuse_lens_options
 from probe.models.params import ROLES, no_decay_names, parameter_roles
 from probe.progress import quiet_hf_bars
 from probe.runs import SAVED_RECORD_KEY
@@ -401,11 +401,9 @@ HF_FORWARD_KEYWORDS = (
 
 
 def _refuse_unknown(kwargs: dict) -> None:
+    refuse_lens_options(kwargs)
     unknown = [k for k in kwargs if k not in HF_FORWARD_KEYWORDS]
     if unknown:
-        lens = [k for k in unknown if k in NOT_SUPPORTED]
-        if lens:
-            raise TypeError(f"{lens[0]}= is a TransformerLens HookedTransformer option that probe's models lack")
         raise TypeError(f"forward() got an unexpected keyword argument {unknown[0]!r}")
 
 

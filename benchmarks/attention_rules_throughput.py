@@ -43,6 +43,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from probe.kernels.backend import BACKENDS, current_backend, use_backend  # noqa: E402
+from probe.kernels.denormals import set_flush_denormal  # noqa: E402
 from probe.kernels.row_rules import ROW_RULES  # noqa: E402
 from probe.models import create  # noqa: E402
 
@@ -91,7 +92,7 @@ def main(argv=None) -> dict:
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    torch.set_flush_denormal(a.flush_denormal)
+    set_flush_denormal(a.flush_denormal)
     device = torch.device(a.device)
     autocast = torch.bfloat16 if a.dtype == "bfloat16" else None
     models = {"softmax": create("baseline", tier=a.tier, seed=0).to(device).train()}

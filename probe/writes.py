@@ -98,6 +98,13 @@ def remove_empty_dirs(folders: list[Path]) -> None:
             pass
 
 
+def probe_cache(*parts: str) -> Path:
+    """probe's cache folder (``$PROBE_CACHE``, else ``$XDG_CACHE_HOME/probe``, else ~/.cache/probe), joined with
+    ``parts``: converted GGUF weights, file hashes, built C kernels. Nothing is created here."""
+    base = os.environ.get("PROBE_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "probe"
+    return Path(base).expanduser().joinpath(*parts)
+
+
 def atomic_write(path: Path, data: str | bytes) -> None:
     """``path`` holds ``data`` whole or keeps what it held: staged in a temp file of its folder, synced, renamed over
     it (a link planted at ``path`` is replaced, never followed). An OSError is a ``WriteError`` naming ``path``."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from probe.console import note as stderr_note
 from probe.optional import disable_if_broken
 from probe.optional import status as dependency_status
+from probe.writes import probe_cache
 
 GEMMA_NAME = "gemma-3-270m"  # probe.load's short name
 GEMMA_HUB_ID = "google/gemma-3-270m"  # where the name goes without the extra
@@ -40,8 +41,7 @@ class GGUFError(RuntimeError):
 
 
 def cache_root() -> Path:
-    base = os.environ.get("PROBE_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "probe"
-    return Path(base).expanduser() / "gguf"
+    return probe_cache("gguf")
 
 
 def sha256_file(path: str | Path, block: int = 1 << 20) -> str:

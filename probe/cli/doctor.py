@@ -70,6 +70,23 @@ def _compiled_backend(device) -> str:
     return f'backend="compiled" fuses them in C++ compiled by {found}'
 
 
+def _row_rules(device) -> str:
+    """What "auto" runs the row rules with: the C kernels (probe.kernels.native) on CPU where they build."""
+    if device.type == "cuda":
+        return "torch"
+    from probe.kernels import native
+    from probe.kernels.softpick.fused import ROWS
+    from probe.kernels.stickbreaking.fused import ROWS as SB_ROWS
+
+    if not native.enabled():
+        return f"torch (C kernels off: {native.ENV_VAR}=0)"
+    if native.c_compiler() is None:
+        return "torch (C kernels: no C compiler, cc/gcc/clang or $CC)"
+    if native.library(ROWS) is None or native.library(SB_ROWS) is None:
+        return "torch (C kernels did not build; see the warning above)"
+    return f"native: softpick, stick-breaking in C built by {native.c_compiler()}; the others torch"
+
+
 def _auto_paths(device) -> list[str]:
     """What backend="auto" picks here, from the dispatch itself, for a 64-wide head in the device's usual dtype."""
     import torch
@@ -87,7 +104,7 @@ def _auto_paths(device) -> list[str]:
         f"  attention_row_masses  {auto_row_masses(q)} (with a window or a soft-cap: "
         f"{auto_row_masses(q, window=8, softcap=50.0)})",
         f"  depth_attention       {depth_backend(q)}",
-        f"  row rules             torch ({_compiled_backend(device)})",
+        f"  row rules             {_row_rules(device)} ({_compiled_backend(device)})",
     ]
     if device.type == "cuda":
         from probe.kernels.launch import KB, device_limits, launch_config

@@ -2,6 +2,9 @@
 rules, stick-breaking; probe.kernels.row_rules), the one body their ops share.
 
     backend    path
+    native     (what "auto" picks) the same function with its forward and backward as the rule's C kernels
+               (probe.kernels.native: softpick, stick-breaking; fp32 / fp64 CPU scores, where they build), each row's
+               passes run while the row is in cache; rules without C kernels, and other tensors, take the torch path
     torch      the rule's fused autograd function (its backward written out)
     compiled   the same function with its forward and backward compiled by torch.compile (probe.kernels.compiled;
                Inductor's C++ on CPU): the same values up to summation order, a few passes over each block of scores
@@ -12,8 +15,8 @@ rules, stick-breaking; probe.kernels.row_rules), the one body their ops share.
                first keys. When no launch setting fits the device it runs the torch path, with one warning per shape
 
 ``backend=None`` (the default) is the runtime choice (probe.kernels.backend) as these ops read it: "compiled" runs
-compiled, every other choice the torch path, as before the runtime choice existed for them (the Triton rule kernels
-have not run on a GPU yet, so "auto" and "triton" do not pick them).
+compiled, "auto" native, every other choice the torch path, as before the runtime choice existed for them (the
+Triton rule kernels have not run on a GPU yet, so "auto" and "triton" do not pick them).
 
 Causal rows without a mask, a window or a pattern to return run in blocks of ``QUERY_BLOCK`` queries, each over the keys
 up to its last query only: the keys past it are hidden (weight 0 under every rule here, and no term in its row sums),
@@ -42,7 +45,7 @@ from probe.kernels.launch import NoLaunchConfig, warn_fallback
 from probe.kernels.sink_attention.dispatch import AttentionOutput
 from probe.kernels.sink_attention.reference import apply_pattern, attention_scores
 
-BACKENDS = ("torch", "compiled", "reference", "triton")
+BACKENDS = ("native", "torch", "compiled", "reference", "triton")
 QUERY_BLOCK = 64  # queries per block of the causal path: at T = 256, 4 blocks cover 10/16 of the square
 OfScores = Callable[[torch.Tensor], torch.Tensor]  # scores (B,H,Tq,Tk), hidden keys -inf -> weights (B,H,Tq,Tk)
 
@@ -76,16 +79,17 @@ def rule_attention(
     edit=None,
     backend: str | None = None,
     triton: TritonRule | None = None,
+    native: bool = False,
 ) -> AttentionOutput:
     """q (B,Tq,H,dh), k (B,Tk,Hkv,dh), v (B,Tk,Hkv,dv) -> AttentionOutput(out (B,Tq,H,dv) in q.dtype, lse None,
     pattern (B,H,Tq,Tk) where return_pattern, phantom (B,H,Tq) = 1 - row sums where return_pattern and the rule's
     rows sum to at most one (else None), lse_real None: no log-normaliser). ``name`` is the rule's, for messages;
-    the score arguments as sink_attention's, without a sink; ``fused`` takes ``compiled=``; backend one of BACKENDS
-    (triton: the rule's ``triton``)."""
+    the score arguments as sink_attention's, without a sink; ``fused`` takes ``compiled=`` (and ``native=`` where
+    ``native``: the rule has C kernels); backend one of BACKENDS (triton: the rule's ``triton``)."""
     if edit is not None:
         raise ValueError(f"attention edits (knockout, eviction) are not supported under {name} attention")
-    if backend is None:  # the runtime choice: "compiled" is the one these ops take from it
-        backend = "compiled" if current_backend() == "compiled" else "torch"
+    if backend is None:  # the runtime choice: "compiled" and "auto" (native) are the ones these ops take from it
+        backend = {"compiled": "compiled", "auto": "native"}.get(current_backend(), "torch")
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not valid for {name} attention; choose one of {', '.join(BACKENDS)}")
     check_attention_args(q, k, v, None, key_bias, window, mask, keep)
@@ -94,7 +98,8 @@ def rule_attention(
         if out is not None:
             return AttentionOutput(out, None, None, None)
         backend = "torch"  # no launch fits the device (warned once)
-    of_scores = reference if backend == "reference" else partial(fused, compiled=backend == "compiled")
+    paths = dict(compiled=backend == "compiled", **(dict(native=backend == "native") if native else {}))
+    of_scores = reference if backend == "reference" else partial(fused, **paths)
     if mask is None and window is None and keep is None and not return_pattern:
         if backend != "reference":  # one autograd function over the blocks (probe.kernels.causal_blocks)
             out = causal_blocks(q, k, v, of_scores, key_bias=key_bias, scale=scale, block=QUERY_BLOCK)
@@ -113,12 +118,12 @@ def _triton_out(q, k, v, name, triton, key_bias, mask, window, scale, keep, retu
     """out (B,T,H,dv) of the Triton kernels, or None where no launch setting fits the device; raises, in one line,
     on a call they do not take."""
     if triton is None:
-        choices = "torch, compiled, reference"
+        choices = "native, torch, compiled, reference"
         raise ValueError(f"backend='triton' has no kernel for {name} attention; choose one of {choices}")
     if return_pattern or mask is not None or keep is not None or q.shape[1] != k.shape[1]:
         raise ValueError(
             f"backend='triton' runs {name} attention over one sequence without a pattern: no return_pattern, mask, "
-            "keep or cache (Tq == Tk); use 'torch', 'compiled' or 'reference'"
+            "keep or cache (Tq == Tk); use 'native', 'torch', 'compiled' or 'reference'"
         )
     check_triton(q.device)
     from probe.kernels.rule_triton import rule_attention_triton

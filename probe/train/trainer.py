@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from probe.data.limits import check_windows_fit
+from probe.kernels.denormals import set_flush_denormal
 from probe.progress import progress_bar
 from probe.runs import CHECKPOINT, METRICS, SNAPSHOTS, TRAIN_CONFIG, metrics_records, snapshot_dir, snapshot_steps
 from probe.writes import TEMP_PREFIX, append_line, atomic_write
@@ -119,9 +120,10 @@ def log_interval(log_every: int, steps: int) -> int:
 
 
 def _runtime(cfg: TrainConfig, info: D.DistInfo) -> torch.device:
-    """The run's device; where asked, denormal floats flushed to zero, process-wide (TrainConfig.flush_denormal)."""
+    """The run's device; where asked, denormal floats flushed to zero, process-wide: this thread and torch's intra-op
+    threads (TrainConfig.flush_denormal; probe.kernels.denormals)."""
     if cfg.flush_denormal:
-        torch.set_flush_denormal(True)
+        set_flush_denormal(True)
     if cfg.device == "auto":
         return torch.device(f"cuda:{info.local_rank}" if torch.cuda.is_available() else "cpu")
     return torch.device(cfg.device)

@@ -19,6 +19,9 @@ def test_doctor_without_a_gpu_says_so_and_runs_the_interpreter_check():
     assert "no CUDA device" in out and "torch " in out and "triton " in out
     assert 'backend="auto" here (cpu' in out and "sink_attention        sdpa" in out
     assert "Triton interpreter" in out
+    assert (
+        "row rules             native: softpick, stick-breaking in C" in out or "row rules             torch (C" in out
+    )
     for op in ("forward", "backward", "row_masses", "depth"):
         assert f"  {op} " in out, out
     assert "MISMATCH" not in out and "--arch sm_90" in out and out.rstrip().endswith("ok")

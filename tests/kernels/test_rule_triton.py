@@ -73,7 +73,7 @@ def test_triton_softpick_shift_gradient_and_empty_rows(backend):
 
 def test_triton_refuses_what_it_does_not_take():
     q, k, v = torch.randn(1, 4, 2, 8), torch.randn(1, 4, 1, 8), torch.randn(1, 4, 1, 8)
-    refused = "no kernel for stick-breaking attention; choose one of torch, compiled, reference"
+    refused = "no kernel for stick-breaking attention; choose one of native, torch, compiled, reference"
     with pytest.raises(ValueError, match=refused):
         stickbreaking_attention(q, k, v, backend="triton")
     for bad in (dict(return_pattern=True), dict(mask=torch.zeros(1, 1, 4, 4)), dict(window=2, keep=1)):
@@ -81,7 +81,7 @@ def test_triton_refuses_what_it_does_not_take():
             softpick_attention(q, k, v, backend="triton", **bad)
     with pytest.raises(ValueError, match="no return_pattern, mask, keep or cache"):
         softpick_attention(q[:, 3:], k, v, backend="triton")
-    with pytest.raises(ValueError, match="choose one of torch, compiled, reference, triton"):
+    with pytest.raises(ValueError, match="choose one of native, torch, compiled, reference, triton"):
         softpick_attention(q, k, v, backend="sdpa")
 
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from probe.data import EvalBatches, WindowSampler
+from probe.kernels.denormals import set_flush_denormal
 from probe.train import TrainConfig, evaluate, lm_loss, lr_factor, param_groups, train
 from probe.train.checkpoint import find_checkpoint, flatten, load_checkpoint, unflatten
 from probe.train.optim import SimpleMuon, _newton_schulz, build_optimizer
@@ -494,8 +495,9 @@ def test_a_finished_run_without_its_last_snapshot_gets_it_on_resume(tmp_path):
 
 
 def test_flush_denormal_flushes_for_the_process_and_trains_the_same(tmp_path):
-    """--flush-denormal: after the run a denormal float reads as 0 (the process's mode, as documented), and the
-    tiny run's losses are those of the run without it (nothing this model computes is that small)."""
+    """--flush-denormal: after the run a denormal float reads as 0 (the process's mode, as documented: on torch's
+    intra-op threads too, tests/kernels/test_denormals.py), and the tiny run's losses are those of the run without it
+    (nothing this model computes is that small)."""
     tiny = torch.tensor(1e-39)  # below fp32's smallest normal, 1.18e-38
     assert (tiny * 1.0).item() != 0.0
     plain = train(tiny_model(), TinySampler(), cfg(steps=3, ckpt_every=0), tmp_path / "plain", progress=False)
@@ -509,6 +511,6 @@ def test_flush_denormal_flushes_for_the_process_and_trains_the_same(tmp_path):
         )
         assert (tiny * 1.0).item() == 0.0
     finally:
-        torch.set_flush_denormal(False)
+        set_flush_denormal(False)  # on every thread, as the run set it
     assert (tiny * 1.0).item() != 0.0
     assert flushed["loss"] == plain["loss"]

@@ -2,7 +2,8 @@
 probe.kernels.rule_attention.
 
     backend    path
-    torch      (default) fused.py: the rule as one autograd function with its backward written out
+    native     (default) fused.py's function with rows.c's C kernels (fp32 / fp64 CPU scores; else as torch)
+    torch      fused.py: the rule as one autograd function with its backward written out
     reference  reference.py: the rule through autograd, as readable as it gets
     triton     triton.py's online rule on probe.kernels.rule_triton's flash-style tiles (CUDA, or TRITON_INTERPRET=1)
 
@@ -34,5 +35,6 @@ def softpick_attention(q, k, v, *, eps: float = SOFTPICK_EPS, **kw) -> Attention
         reference=partial(softpick_of_scores, eps=eps),
         at_most_one=True,
         triton=TritonRule("softpick", True, eps=eps),
+        native=True,
         **kw,
     )

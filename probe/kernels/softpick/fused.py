@@ -9,15 +9,22 @@ so a forward + backward makes fewer (B, H, Tq, Tk) passes than autograd through 
                dL/dm = -sum_j dL/de_j e_j = -c eps / D
                e_j = exp(-m) (exp(s_j) - 1) has the sign of s_j, so the backward needs the scores, not e
 
-``compiled=True`` runs the same two functions through torch.compile (probe.kernels.compiled: backend="compiled").
+``compiled=True`` runs the same two functions through torch.compile (probe.kernels.compiled: backend="compiled");
+``native=True`` runs them as rows.c's C kernels (probe.kernels.native: fp32 / fp64 CPU scores, where they build; else
+the torch ops), which keep the same D, m and row max per row.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
+from probe.kernels import native as native_rows
 from probe.kernels.compiled import compiled
 from probe.kernels.softpick.reference import SOFTPICK_EPS
+
+ROWS = Path(__file__).with_name("rows.c")  # the C kernels
 
 
 def _forward(scores: torch.Tensor, eps: float):
@@ -41,10 +48,32 @@ def _backward(grad, scores, a, den, m, top, eps: float) -> torch.Tensor:
     return gs.addcmul_(at_max, gm / at_max.sum(-1, keepdim=True))
 
 
+def _native_forward(scores: torch.Tensor, eps: float):
+    """_forward's outputs from rows.c, or None where its kernels do not take these scores."""
+    fn = native_rows.kernel(ROWS, "softpick_forward", scores.dtype) if native_rows.runs_natively(scores) else None
+    if fn is None:
+        return None
+    a = torch.empty_like(scores)  # B,H,Tq,Tk
+    den, m, top = (scores.new_empty(scores.shape[:-1] + (1,)) for _ in range(3))  # B,H,Tq,1 each
+    native_rows.call(fn, scores, a, den, m, top, scores.numel() // max(scores.shape[-1], 1), scores.shape[-1], eps)
+    return a, den, m, top
+
+
+def _native_backward(grad, scores, a, den, m, top, eps: float) -> torch.Tensor:
+    grad = grad.contiguous()
+    ds = torch.empty_like(scores)
+    fn = native_rows.kernel(ROWS, "softpick_backward", scores.dtype)
+    assert fn is not None  # the forward ran its twin
+    native_rows.call(fn, grad, scores, a, den, m, top, ds, ds.numel() // max(ds.shape[-1], 1), ds.shape[-1], eps)
+    return ds
+
+
 class _Softpick(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, scores: torch.Tensor, eps: float, on: bool) -> torch.Tensor:
-        a, *kept = compiled(_forward, on)(scores, eps)
+    def forward(ctx, scores: torch.Tensor, eps: float, on: bool, native: bool) -> torch.Tensor:
+        outputs = _native_forward(scores, eps) if native else None
+        ctx.native = outputs is not None
+        a, *kept = outputs if outputs is not None else compiled(_forward, on)(scores, eps)
         ctx.eps, ctx.on = eps, on
         ctx.save_for_backward(scores, a, *kept)  # scores: the blocks' caller keeps them anyway
         return a
@@ -52,9 +81,14 @@ class _Softpick(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         scores, a, den, m, top = ctx.saved_tensors
-        return compiled(_backward, ctx.on)(grad, scores, a, den, m, top, ctx.eps), None, None
+        if ctx.native:
+            return _native_backward(grad.to(scores.dtype), scores, a, den, m, top, ctx.eps), None, None, None
+        return compiled(_backward, ctx.on)(grad, scores, a, den, m, top, ctx.eps), None, None, None
 
 
-def softpick_of_scores_fused(scores: torch.Tensor, eps: float = SOFTPICK_EPS, compiled: bool = False) -> torch.Tensor:
-    """reference.softpick_of_scores, the same values, with the backward above (compiled: through torch.compile)."""
-    return _Softpick.apply(scores, eps, compiled)
+def softpick_of_scores_fused(
+    scores: torch.Tensor, eps: float = SOFTPICK_EPS, compiled: bool = False, native: bool = False
+) -> torch.Tensor:
+    """reference.softpick_of_scores, the same values, with the backward above (compiled: through torch.compile;
+    native: rows.c's C kernels where they take the scores)."""
+    return _Softpick.apply(scores, eps, compiled, native)

@@ -2,7 +2,9 @@
 (docs/definitions.md#stick-breaking-attention), through probe.kernels.rule_attention.
 
     backend    path
-    torch      (default) fused.py: the rule as one autograd function with its backward written out
+    native     (default) fused.py's function with rows.c's C kernels (fp32 / fp64 CPU scores; else as torch)
+    torch      fused.py: the rule as one autograd function with its backward written out
+    compiled   fused.py's elementwise passes through torch.compile
     reference  reference.py: the rule through autograd, as readable as it gets
 
 The authors' Triton kernels (``sb_attn``, ``sb_attn_varlen``) are not ported.
@@ -28,5 +30,6 @@ def stickbreaking_attention(q, k, v, **kw) -> AttentionOutput:
         fused=stickbreaking_of_scores_fused,
         reference=stickbreaking_of_scores,
         at_most_one=True,
+        native=True,
         **kw,
     )

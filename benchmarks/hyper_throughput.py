@@ -7,7 +7,8 @@ differentiated by autograd (the plain loop, as before the hand-written backward)
 Models are timed interleaved (round-robin, every other round in reverse order), one thread, median of ``--iters``,
 in wall-clock and in CPU time; the goal is >= 0.88 of the baseline's throughput. Denormal floats are flushed to zero
 for every model alike unless ``--no-flush-denormal`` (as benchmarks/attention_rules_throughput.py). ``--backend`` is
-the runtime backend every model runs under (probe.kernels.backend); the connections' own ops are the same under each.
+the runtime backend every model runs under (probe.kernels.backend): under the default ("auto") the connections' read,
+write and Sinkhorn run as C kernels on CPU (probe.kernels.hyper_streams), under ``torch`` as torch products.
 """
 
 from __future__ import annotations

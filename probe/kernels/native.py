@@ -135,15 +135,18 @@ def runs_natively(*tensors: torch.Tensor) -> bool:
     )
 
 
-def call(fn: Callable, *args) -> None:
-    """``fn(*args)`` with tensors passed as data pointers, ints as int64 and floats as double, then the thread count
-    (torch's intra-op threads). ctypes releases the GIL for the call."""
+def call(fn: Callable, *args) -> int:
+    """``fn(*args)`` with tensors passed as data pointers (None as NULL), ints as int64 and floats as double, then the
+    thread count (torch's intra-op threads); returns what ``fn`` returns (an int: 0 for a kernel that did its job, where
+    it says). ctypes releases the GIL for the call."""
     converted: list[object] = []
     for a in args:
-        if isinstance(a, torch.Tensor):
+        if a is None:  # a gradient not asked for: NULL
+            converted.append(ctypes.c_void_p(None))
+        elif isinstance(a, torch.Tensor):
             converted.append(ctypes.c_void_p(a.data_ptr()))
         elif isinstance(a, float):
             converted.append(ctypes.c_double(a))
         else:
             converted.append(ctypes.c_int64(int(a)))
-    fn(*converted, ctypes.c_int(torch.get_num_threads()))
+    return fn(*converted, ctypes.c_int(torch.get_num_threads()))

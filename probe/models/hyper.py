@@ -23,6 +23,7 @@ import torch.nn as nn
 from transformer_lens.hook_points import HookPoint
 
 from probe.hooks.fire import fire
+from probe.kernels import hyper_streams
 from probe.models.choice import check_choice
 from probe.models.registry import registrar
 
@@ -126,13 +127,17 @@ class _ReadStreams(torch.autograd.Function):
     def forward(ctx, weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:  # B,T,n; B,T,n,d
         weights = weights.contiguous()  # static HC's and the stream sum's are expanded: see _Write
         ctx.save_for_backward(weights, streams)
-        return torch.matmul(weights.unsqueeze(-2), streams).squeeze(-2)
+        read = hyper_streams.read_forward(weights, streams)  # C on CPU (probe.kernels.hyper_streams), else None
+        return read if read is not None else torch.matmul(weights.unsqueeze(-2), streams).squeeze(-2)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):  # B,T,d
         weights, streams = ctx.saved_tensors
         need_weights, need_streams = ctx.needs_input_grad
+        grads = hyper_streams.read_backward(weights, streams, grad, need_weights, need_streams)
+        if grads is not None:
+            return grads
         grad_weights = torch.matmul(grad.unsqueeze(-2), streams.transpose(-1, -2)).squeeze(-2) if need_weights else None
         grad_streams = weights.unsqueeze(-1) * grad.unsqueeze(-2) if need_streams else None
         return grad_weights, grad_streams
@@ -141,7 +146,8 @@ class _ReadStreams(torch.autograd.Function):
 class _Write(torch.autograd.Function):
     """X' = H_res X + H_post ⊗ f as a batched product and a fused multiply-add into its buffer, with a hand-written
     backward of four products: the connection's cost is passes over the (B,T,n,d) streams, and autograd's mix, outer
-    product and sum take three forward and about seven backward; these take two and four."""
+    product and sum take three forward and about seven backward; these take two and four. On CPU under the default
+    backend both directions are one C pass each (probe.kernels.hyper_streams)."""
 
     @staticmethod
     def forward(ctx, streams, out, post, res):  # B,T,n,d; B,T,d; B,T,n; B,T,n,n (out × in)
@@ -149,6 +155,9 @@ class _Write(torch.autograd.Function):
         # expanded one (static HC's) falls back to a loop over the B·T matrices
         post, res = post.contiguous(), res.contiguous()
         ctx.save_for_backward(streams, out, post, res)
+        new = hyper_streams.write_forward(streams, out, post, res)  # C on CPU, else None
+        if new is not None:
+            return new
         new = torch.matmul(res, streams)  # B,T,n,d
         return new.addcmul_(post.unsqueeze(-1), out.unsqueeze(-2))  # += H_post ⊗ f
 
@@ -157,6 +166,9 @@ class _Write(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):  # B,T,n,d
         streams, out, post, res = ctx.saved_tensors
         need_streams, need_out, need_post, need_res = ctx.needs_input_grad
+        grads = hyper_streams.write_backward(grad, streams, out, post, res, ctx.needs_input_grad)
+        if grads is not None:
+            return grads
         grad_streams = torch.matmul(res.transpose(-1, -2), grad) if need_streams else None  # H_resᵀ G
         grad_out = torch.matmul(post.unsqueeze(-2), grad).squeeze(-2) if need_out else None  # Σ_i H_post[i] G_i
         # G_i · f as f (1 × d) times Gᵀ: the (n × d)(d × 1) orientation is about 2x slower on CPU

@@ -309,3 +309,74 @@ def test_the_stream_sums_are_computed_only_when_asked():
     with probe.materialize(model):
         model(ids)
     assert fired == ["pre", "mid", "post"]
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_the_c_stream_products_are_the_torch_ones(dtype, tol, monkeypatch):
+    """On CPU the default backend runs the read and the write, forward and backward, as probe.kernels.hyper_streams'
+    C kernels: the torch products' values and gradients, with any subset of the gradients asked for."""
+    import probe.kernels.hyper_streams as hyper_streams
+    from probe.kernels import native, use_backend
+
+    if native.library(hyper_streams.SOURCE) is None:
+        pytest.skip("no C compiler, or PROBE_NATIVE=0")
+    calls: list[str] = []
+    real_call = native.call
+    monkeypatch.setattr(native, "call", lambda fn, *a: calls.append(fn.__name__) or real_call(fn, *a))
+    g = torch.Generator().manual_seed(4)
+    B, T, n, d = 2, 5, 4, 24
+    tensors = [torch.randn(*s, generator=g, dtype=torch.float64).to(dtype) for s in ((B, T, n, d), (B, T, d))]
+    tensors += [
+        torch.randn(*s, generator=g, dtype=torch.float64).to(dtype) for s in ((B, T, n), (B, T, n), (B, T, n, n))
+    ]
+    loss_weights = [torch.randn(B, T, d, generator=g, dtype=dtype), torch.randn(B, T, n, d, generator=g, dtype=dtype)]
+    for asked in ((0, 1, 2, 3, 4), (0,), (2, 4)):  # every gradient, the streams' alone, the weights' alone
+        results = {}
+        for backend in ("torch", "auto"):
+            leaves = [t.clone().requires_grad_(i in asked) for i, t in enumerate(tensors)]
+            streams, out, read_w, post, res = leaves
+            calls.clear()
+            with use_backend(backend):
+                read = read_streams(read_w, streams)
+                new = HyperConnection.write(streams, out, (post, res))
+                loss = (read * loss_weights[0]).sum() + (new * loss_weights[1]).sum()
+                grads = torch.autograd.grad(loss, [leaves[i] for i in asked])
+            results[backend] = (read, new, *grads)
+            kernels = {
+                f"{op}_{direction}_{native.DTYPES[dtype]}"
+                for op in ("read", "write")
+                for direction in ("forward", "backward")
+            }
+            assert set(calls) == (kernels if backend == "auto" else set()), backend
+        for mine, theirs in zip(results["auto"], results["torch"], strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-13), (torch.float32, 1e-6)])
+def test_sinkhorn_in_c_is_the_torch_steps(dtype, tol, monkeypatch):
+    """mHC's Sinkhorn runs in C on CPU under the default backend (probe.kernels.hyper_streams): the torch steps'
+    output and logit gradient; a size whose steps do not fit the kernels' stack runs the torch steps."""
+    import probe.kernels.hyper_streams as hyper_streams
+    from probe.kernels import native, use_backend
+
+    if native.library(hyper_streams.SINKHORN) is None:
+        pytest.skip("no C compiler, or PROBE_NATIVE=0")
+    calls: list[str] = []
+    real_call = native.call
+    monkeypatch.setattr(native, "call", lambda fn, *a: calls.append(fn.__name__) or real_call(fn, *a))
+    g = torch.Generator().manual_seed(5)
+    for n, iters, in_c in ((4, 20, True), (3, 7, True), (40, 20, False)):
+        logits = (torch.randn(2, 3, n, n, generator=g, dtype=torch.float64) * 3).to(dtype)
+        weights = torch.randn(2, 3, n, n, generator=g, dtype=torch.float64).to(dtype)
+        results = {}
+        for backend in ("torch", "auto"):
+            calls.clear()
+            leaf = logits.clone().requires_grad_()
+            with use_backend(backend):
+                out = sinkhorn(leaf, iters, 1e-6)
+                results[backend] = (out, torch.autograd.grad((out * weights).sum(), leaf)[0])
+        assert bool(calls) == in_c and set(calls) <= {
+            f"sinkhorn_{d}_{native.DTYPES[dtype]}" for d in ("forward", "backward")
+        }
+        for mine, theirs in zip(results["auto"], results["torch"], strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=tol, atol=tol)

@@ -11,7 +11,8 @@ compute the rule's fused.py function (tests/kernels/test_native_rows.py compares
               vector math (-lmvec) on x86-64 Linux; the OpenMP runtime is torch's own (torch ships libgomp.so.1, the
               soname the link asks for), so the kernels share torch's thread pool
     cache     ``$PROBE_CACHE/native`` (default ~/.cache/probe/native): one shared library per kernel source, compiler
-              and CPU (-march=native), staged and renamed into place, so processes building at once do not clash
+              and CPU (-march=native), staged and renamed into place, so processes building at once do not clash;
+              loaded only where the folder and the file are this user's and no one else may write them
     off       ``PROBE_NATIVE=0`` builds and loads nothing: the rules run their torch ops (as they do where no
               compiler is found, or the build fails: warned once, naming the compiler's first error line)
 
@@ -96,12 +97,24 @@ def library(source: Path) -> ctypes.CDLL | None:
         if not target.is_file():
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             _build(cc, source, target)
+        _check_private(folder, target)
         return ctypes.CDLL(str(target))
     except (OSError, RuntimeError) as e:
         warnings.warn(
             f"probe's C kernels of {source.parent.name} did not build ({e}); its torch ops run instead", stacklevel=3
         )
         return None
+
+
+def _check_private(folder: Path, target: Path) -> None:
+    """Load only a library this user owns, in a folder and a file no one else may write: a shared or planted cache
+    would run another user's code in this process. Raises RuntimeError naming what is wrong."""
+    if not hasattr(os, "getuid"):
+        return
+    for path in (folder, target):
+        st = os.stat(path)
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise RuntimeError(f"{path} is not this user's alone (owner uid {st.st_uid}, mode {st.st_mode & 0o777:o})")
 
 
 def _build(cc: str, source: Path, target: Path) -> None:

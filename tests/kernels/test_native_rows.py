@@ -6,6 +6,7 @@ off, and falls back to the torch ops, warning once, where it fails; the kernels 
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -190,3 +191,22 @@ def _version_ok(run):
         return run(cmd, *a, **kw)
 
     return patched
+
+
+@pytest.mark.skipif(native.c_compiler() is None or not hasattr(os, "getuid"), reason="no C compiler, or no POSIX users")
+def test_a_library_others_may_write_is_not_loaded(fresh_build):
+    assert native.library(softpick_fused.ROWS) is not None
+    (built,) = fresh_build.iterdir()
+    built.chmod(0o777)  # anyone could have replaced it
+    native.library.cache_clear()
+    with pytest.warns(UserWarning, match=r"did not build \(.*is not this user's alone \(owner uid \d+, mode 777\)\)"):
+        assert native.library(softpick_fused.ROWS) is None
+
+
+@needs_kernels
+@pytest.mark.parametrize("rule", list(FUSED))
+def test_empty_blocks_pass_through(rule):
+    for shape in ((0, 2, 3, 5), (1, 2, 3, 0)):
+        leaf = torch.zeros(shape, requires_grad=True)
+        weights = FUSED[rule](leaf, native=True)
+        assert weights.shape == shape and torch.autograd.grad(weights.sum(), leaf)[0].shape == shape

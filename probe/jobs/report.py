@@ -3,11 +3,12 @@ CSV plus an offline HTML report (loading the plotly.min.js written beside it, or
 ``self_contained``).
 
 Resumable: DIR is a ``probe.jobs.store.RunStore``. Its manifest records the settings that determine the numbers
-(corpus, windows, seed, device, dtype, injection, probe version); each model's results are persisted atomically to
-``DIR/models/<slug>.json`` as soon as that model finishes. Started again with the same settings, a run skips the
-models already done, so a run killed at any point ends with the same numbers as an uninterrupted one and without
-duplicate rows (the final tables are assembled from the per-model files, one per model name, in the order given).
-Different settings in an existing DIR are an error; a different model list reuses the models already done.
+(corpus, windows and their BOS choice, seed, device, dtype, injection, probe version); each model's results are
+persisted atomically to ``DIR/models/<slug>.json`` as soon as that model finishes. Started again with the same
+settings, a run skips the models already done, so a run killed at any point ends with the same numbers as an
+uninterrupted one and without duplicate rows (the final tables are assembled from the per-model files, one per model
+name, in the order given). Different settings in an existing DIR are an error; a different model list reuses the
+models already done.
 
 Sharded (``ReportSpec.shard = (i, N)``), a run computes only every N-th model of the list starting at the i-th
 (round-robin by report index, so a sweep sorted by size or step spreads its cost evenly) and records the whole run's
@@ -193,6 +194,7 @@ def settings_of(spec: ReportSpec) -> dict:
         "eps": list(spec.eps),
         "probe_version": __version__,
         **({"protocol": w.protocol} if w.protocol != "pooled" else {}),  # older manifests: pooled
+        **({"bos": w.bos} if w.bos is not None else {}),  # --bos / --no-bos (older manifests: the BOS rule's)
         **({"massive": True} if spec.massive else {}),  # older manifests: no massive activations
         **{m: True for m in MECHANISMS if getattr(spec, m)},  # older manifests: none of them
         **({"sensitivity": sensitivity_settings(spec.sensitivity)} if spec.sensitivity else {}),
@@ -421,13 +423,15 @@ def ctx_tables(records: list[dict]) -> dict[str, pd.DataFrame]:
         if "massive" in t:
             found["massive"] = {"summary": _frame(t["massive"]), "layers": _frame(t["massive_layers"])}
         per_model.setdefault(r["name"], {})[r["ctx"]] = found
-    meta = {r["name"]: r["meta"] for r in records}  # a model's identity and corpus: the same at every T
+    meta = {r["name"]: r["meta"] for r in records}  # a model's identity: the same at every T
+    # the corpus label of each (model, T): a synthetic corpus's label carries its T
+    corpora = {(r["name"], r["ctx"]): r["meta"].get("corpus") for r in records}
     out: dict[str, list[pd.DataFrame]] = {k: [] for k in CTX_TABLES}
     for name, per_ctx in per_model.items():
         for k, df in sweep_tables(per_ctx).items():  # columns model, step, model_id, ctx, corpus, ...: as above
             df.insert(0, "model_id", meta[name]["model"])
             df.insert(0, "step", step_of(name))
             df.insert(0, "model", name)
-            df.insert(4, "corpus", meta[name].get("corpus"))
+            df.insert(4, "corpus", [corpora[(name, int(t))] for t in df["ctx"]])
             out[f"ctx_{k}"].append(df)
     return {k: pd.concat(v, ignore_index=True) for k, v in out.items() if v}

@@ -126,6 +126,7 @@ def merge_reports(folders: list[Path], out: Path, console: Console) -> tuple[dic
     store.write_manifest()
     records = [read_record(source[x], x) for x in keys]
     for x, record in zip(keys, records):
+        store.adopt_fingerprint(x, source[x])  # before the record, as a run writes them: a resume here checks it
         store.put(x, record)
     console.note(f"merged {n} shards, {len(names)} models, into {out}")
     shown = {**settings, "contexts": contexts} if contexts else settings

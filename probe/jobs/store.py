@@ -178,6 +178,13 @@ class RunStore:
         path = fingerprint_path(self.out, name)
         write_files(self.out, {str(path.relative_to(self.out)): json.dumps(fingerprint)})
 
+    def adopt_fingerprint(self, name: str, folder: Path) -> None:
+        """Keep beside ``name``'s record the input fingerprints another run folder recorded for it (a shard's, in a
+        merge), so that a resume here checks them; nothing when that folder recorded none."""
+        path = fingerprint_path(folder, name)
+        if self.out is not None and path.is_file():
+            self._write_fingerprint(name, _read_state(path, "delete it, or run that shard again"))
+
     def check_fingerprints(self, names, fingerprint) -> None:
         """Every finished model of ``names`` was computed from the inputs ``fingerprint(name)`` finds now
         (docs/definitions.md#resume-fingerprints): a change is a one-line RunFolderError naming both; models finished

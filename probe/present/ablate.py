@@ -147,18 +147,22 @@ def model_figure(result: dict) -> go.Figure:
 
 
 def eviction_figure(result: dict) -> go.Figure:
-    """Window eviction: loss change against the kept first keys k, one line per window w, over all queries and over
-    queries t >= k + w."""
+    """Window eviction: loss change against the kept first keys k, one line per window w (and positions, where both
+    are shown), over all queries and over queries t >= k + w."""
     ev = result["results"]
     ev = ev[ev["intervention"] == "evict"]
     kw = ev["setting"].str.extract(r"k=(\d+),w=(\d+)").astype(int)
-    ev = ev.assign(k=kw[0].values, w=kw[1].values)
+    # a setting names its positions unless they are the original ones
+    where = ev["setting"].str.extract(r"pos=(\w+)")[0].fillna("original")
+    ev = ev.assign(k=kw[0].values, w=kw[1].values, where=where.values).sort_values("w", kind="stable")
+    several = ev["where"].nunique() > 1
     fig = go.Figure()
-    for w, g in ev.groupby("w"):
+    for (pos, w), g in ev.groupby(["where", "w"], sort=False):  # one line per (positions, w): never both on one
         g = g.sort_values("k")
+        name = f"w = {w}" + (f", {pos} positions" if several else "")
         fig.add_trace(
             go.Scatter(
-                x=g["k"], y=g["delta"], mode="lines+markers", error_y=se_bars(g, "delta"), name=f"w = {w}, all queries"
+                x=g["k"], y=g["delta"], mode="lines+markers", error_y=se_bars(g, "delta"), name=f"{name}, all queries"
             )
         )
         if "delta_late" in g and g["delta_late"].notna().any():
@@ -169,13 +173,14 @@ def eviction_figure(result: dict) -> go.Figure:
                     mode="lines+markers",
                     line=dict(dash="dot"),
                     error_y=se_bars(g, "delta_late"),
-                    name=f"w = {w}, queries t >= k + w",
+                    name=f"{name}, queries t >= k + w",
                 )
             )
     threshold(fig, 0, "full attention")
     integer_ticks(fig, "x", "kept first keys k")
     fig.update_layout(
-        title="Window eviction (StreamingLLM, original positions): loss change against full attention",
+        title=f"Window eviction (StreamingLLM, {' and '.join(dict.fromkeys(ev['where']))} positions): loss change "
+        "against full attention",
         yaxis_title="loss change (nats per token)",
     )
     return fig

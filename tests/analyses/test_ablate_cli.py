@@ -134,3 +134,24 @@ def test_per_head_and_depth_pages_draw_their_figures():
     depth = ablate(tiny("attnres-block2"), windows(2, 1, 12), ["depth"], progress=False)
     assert any("read site" in f.layout.title.text for f in presentation.figures(depth))
     assert "Loss change" in presentation.sections(depth)["tables"][0][0]
+
+
+def test_the_eviction_figure_draws_original_and_cache_positions_as_separate_lines(tmp_path, capsys):
+    """--positions original cache: each (positions, w) is its own line. Before, one line per w held both settings'
+    points at every k (a zigzag; k=4,w=8: delta 0.0439 original and 0.0378 cache on one line) under a title saying
+    original positions."""
+    from probe.present.ablate import eviction_figure
+
+    out = tmp_path / "ev"
+    flags = ["--keep", "0", "4", "--window", "8", "--positions", "original", "cache", "--no-per-layer"]
+    r = cli(capsys, "ablate", "--model", "probe/tiny-baseline", *WINDOWS, *flags, "--out", out, "--quiet")
+    assert r.returncode == 0, r.stderr
+    res = pd.read_csv(out / "ablate_results.csv")
+    fig = eviction_figure({"results": res})
+    lines = {t.name: dict(zip(t.x, t.y)) for t in fig.data}
+    assert len(lines) == 4 and "original and cache positions" in fig.layout.title.text
+    for pos, suffix in (("original", ""), ("cache", ",pos=cache")):
+        for k in (0, 4):
+            want = res.set_index("setting").loc[f"k={k},w=8{suffix}"]
+            assert lines[f"w = 8, {pos} positions, all queries"][k] == want["delta"]
+            assert lines[f"w = 8, {pos} positions, queries t >= k + w"][k] == want["delta_late"]

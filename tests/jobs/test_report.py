@@ -165,3 +165,29 @@ def test_report_over_checkpoints_carries_each_snapshots_entropy_kurtosis_and_nor
             pd.testing.assert_frame_equal(mine.astype(float), theirs, rtol=1e-9)
     page = (tmp_path / "rep" / "report.html").read_text()
     assert "Outlier kurtosis per model" in page and "Attention entropy per model" in page  # their tables
+
+
+def test_report_refuses_to_resume_with_another_bos_choice(fx, tmp_path, cli):
+    """--bos / --no-bos change every window (BOS + ctx-1 text tokens), so a folder computed under one BOS choice is
+    not resumed under another: before, the rerun kept the old records and reported them as computed with --bos (on
+    this llama r0 0.964 instead of 1.070)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "llama-bos"
+    shutil.copytree(fx["llama"], model)
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.bos_token = tok.eos_token  # a tokenizer with a BOS token, not prepended to plain text: --bos changes windows
+    tok.save_pretrained(model)
+    flags = ["report", "--models", model, "--data", fx["data"], *WINDOWS, "--quiet"]
+    assert cli(*flags, "--out", tmp_path / "plain").returncode == 0
+    assert cli(*flags, "--bos", "--out", tmp_path / "bos").returncode == 0
+    plain, bos = (pd.read_csv(tmp_path / d / "report_summary.csv") for d in ("plain", "bos"))
+    assert abs(plain["r0"].iloc[0] - bos["r0"].iloc[0]) > 1e-3  # the choice changes the numbers
+    assert json.loads((tmp_path / "bos" / "manifest.json").read_text())["settings"]["bos"] is True
+    before = (tmp_path / "plain" / "report_summary.csv").read_text()
+    r = cli(*flags, "--bos", "--out", tmp_path / "plain")
+    assert_one_line_error(r, "other settings", "bos: None (now True)")
+    assert (tmp_path / "plain" / "report_summary.csv").read_text() == before
+    assert_one_line_error(cli(*flags, "--no-bos", "--out", tmp_path / "bos"), "bos: True (now False)")

@@ -221,3 +221,17 @@ def test_checkpoints_over_contexts(cli, fx, tmp_path):
         assert list(zip(table["step"], table["ctx"])) == [(0, 16), (0, 32), (2, 16), (2, 32)], name
         assert list(table["model"].unique()) == [f"{run}@step0", f"{run}@step2"]
     assert (out / "report.html").read_text().count("Plotly.newPlot") == 2
+
+
+def test_sweep_tables_name_each_contexts_own_corpus(cli, tmp_path):
+    """A Bigram-Backcopy chain's label carries its T: each (model, T) row of the sweep's tables names the windows it
+    was measured on, as the per-(model, T) tables and `probe sinks --ctx` do (before: the last context's label on
+    every row, T=32 beside ctx 16)."""
+    out = tmp_path / "bb"
+    r = cli("report", "--models", "probe/bb-baseline", *WINDOWS, "--ctx", "16", "32", "--out", out, "--quiet")
+    assert r.returncode == 0, r.stderr
+    per_pair = pd.read_csv(out / "report_summary.csv").set_index("ctx")["corpus"]
+    assert [per_pair[t].endswith(f"T={t}]") for t in (16, 32)] == [True, True]
+    for name in CTX_CSVS:
+        table = pd.read_csv(out / name)
+        assert list(table["corpus"]) == list(table["ctx"].map(per_pair)), name

@@ -101,3 +101,26 @@ def test_report_resume_over_replaced_weights_is_one_line_naming_both(tmp_path, c
     assert main([a for a in argv if a != "--quiet"]) == 0
     assert "ones of the weights' headers only" in capsys.readouterr().err
     assert json.loads(recorded.read_text())["model"]["sha256"] == now
+
+
+def test_a_merged_report_keeps_the_shards_fingerprints(tmp_path, capsys, monkeypatch):
+    """--merge carries each record's input fingerprints over from its shard, so a resume of the merged folder over
+    replaced weights is refused as an unsharded one is. Before, the merged folder had none: the resume kept the
+    shard's numbers for the old weights, with a warning that the records predate fingerprints."""
+    from probe.cli.main import main
+
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "m"
+    shutil.copytree(ZOO, model)
+    argv = ["report", "--models", str(model), "probe/tiny-sinklogit", "--data", "synthetic:random[T=16,n=2]"]
+    argv += ["--batch-size", "2", "--quiet"]
+    for i in (1, 2):
+        assert main([*argv, "--shard", f"{i}/2", "--out", str(tmp_path / f"s{i}")]) == 0, capsys.readouterr().err
+    merged = tmp_path / "merged"
+    assert main(["report", "--merge", str(tmp_path / "s1"), str(tmp_path / "s2"), "--out", str(merged)]) == 0
+    capsys.readouterr()
+    shard = sorted((tmp_path / "s1" / "inputs").iterdir())
+    assert [p.read_text() for p in shard] == [(merged / "inputs" / p.name).read_text() for p in shard]
+    _same_shapes_other_values(model)
+    r = subprocess.CompletedProcess(argv, main([*argv, "--out", str(merged)]), *capsys.readouterr())
+    assert_one_line_error(r, "computed from other inputs", str(model))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from probe.kernels import native
+import probe.kernels.native as native
 from probe.kernels.backend import current_backend
 
 SOURCE = Path(__file__).with_name("streams.c")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from probe.kernels import native as native_rows
+import probe.kernels.native as native_rows
 from probe.kernels.compiled import compiled
 from probe.kernels.softpick.reference import SOFTPICK_EPS
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from probe.kernels import native as native_rows
+import probe.kernels.native as native_rows
 from probe.kernels.compiled import compiled
 
 ROWS = Path(__file__).with_name("rows.c")  # the C kernels

@@ -247,8 +247,22 @@ def eager_probs(
     if scores_hook is not None:
         scores = scores_hook(scores)
     pattern, phantom, lse = probs_of_scores(scores, sinks)
+    if sinks is None and mask is not None:
+        pattern = spread_hidden_rows(scores, pattern)
     real = lse if sinks is None else lse + torch.log(pattern.sum(-1))  # the real mass, summed, not 1 - phantom
     return pattern, phantom, real
+
+
+def spread_hidden_rows(scores: torch.Tensor, pattern: torch.Tensor) -> torch.Tensor:
+    """The pattern with each row whose every key an additive mask hides (a left-padded sequence's pad queries: all
+    its scores at about the dtype's min) spread evenly over the Tk keys, as transformers' softmax spreads it (and as
+    the fused path computes it): exp(s - lse) gives each such key 1, a row summing to Tk, since lse = min + log Tk
+    rounds to min. A row of -inf scores (no key at all) keeps its zero mass."""
+    top = scores.amax(-1, keepdim=True)
+    hidden = (top <= torch.finfo(scores.dtype).min / 2) & torch.isfinite(top)
+    if not bool(hidden.any()):
+        return pattern
+    return pattern.masked_fill(hidden, 1.0 / scores.shape[-1])
 
 
 def fire_scores_of(site, pattern, phantom, real, sinks):

@@ -472,12 +472,18 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         if input_ids is not None or kwargs.get("inputs_embeds") is None:  # token ids checked (probe.models.inputs)
             input_ids, _ = self.input_tokens(input_ids, prepend_bos, padding_side, cached_length(kwargs))
         kwargs.setdefault("use_cache", False)
-        if return_hidden:
-            base = self.hf_model.base_model
-            if base is self.hf_model:  # a causal LM whose base_model_prefix names no submodule (Llama 4 text)
-                base = self.hf_model.model
-            return base(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
-        return self.hf_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        # read by the edits at position 0 (a value edit), which a pad there would take: refused on padded rows
+        padded = isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 and not attention_mask.all()
+        self.__dict__["padded_forward"] = bool(padded)
+        try:
+            if return_hidden:
+                base = self.hf_model.base_model
+                if base is self.hf_model:  # a causal LM whose base_model_prefix names no submodule (Llama 4 text)
+                    base = self.hf_model.model
+                return base(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+            return self.hf_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        finally:
+            self.__dict__["padded_forward"] = False
 
     def input_limits(self) -> tuple[int, int | None, str]:
         """(vocabulary size, maximum context or None, name) that token ids are checked against: the config's

@@ -12,6 +12,7 @@ from probe.options import positive_int
 VERB = "report"  # this module is `probe report` (probe.cli.main finds verbs by this line)
 RANK = 80  # its place in `probe --help`
 HELP = "batch sink report over many models or training checkpoints (resumable)"
+SAMPLES = 16  # --sensitivity sampled's Gaussian directions unless --sensitivity-samples
 DESCRIPTION = (
     "Sink statistics (and optionally massive activations, attention entropy, outlier kurtosis, norm-weighted "
     "key-0 shares, the last token's sensitivity to each position, and injection) for every model or checkpoint, "
@@ -75,25 +76,35 @@ def sensitivity_flags(p) -> None:
     p.add_argument(
         "--sensitivity-samples",
         type=positive_int,
-        default=16,
+        default=None,  # not given: SAMPLES; given, it needs --sensitivity sampled (refused otherwise, never ignored)
         metavar="K",
-        help="Gaussian directions of --sensitivity sampled, at least 2 (default 16)",
+        help=f"Gaussian directions of --sensitivity sampled, at least 2 (default {SAMPLES})",
     )
 
 
 def sensitivity_options(args):
-    """The --sensitivity flags as SensitivityOptions (None when not asked); too few samples is one line."""
+    """The --sensitivity flags as SensitivityOptions (None when not asked); --sensitivity-samples without the sampled
+    method to take it, or too few samples, is one line."""
     from probe.analyses.sensitivity import SensitivityOptions
     from probe.errors import UsageError
 
+    samples = args.sensitivity_samples
+    if samples is not None and args.sensitivity != "sampled":
+        given = (
+            "without --sensitivity; add --sensitivity (sampled is its default)"
+            if args.sensitivity is None
+            else f"with --sensitivity {args.sensitivity}, which draws none; choose --sensitivity sampled"
+        )
+        raise UsageError(
+            f"--sensitivity-samples {samples} needs --sensitivity sampled (its Gaussian directions), got it {given}, "
+            "or leave out --sensitivity-samples"
+        )
     if args.sensitivity is None:
         return None
-    if args.sensitivity == "sampled" and args.sensitivity_samples < 2:
-        raise UsageError(
-            f"--sensitivity-samples {args.sensitivity_samples}: the sampled method needs at least 2 (its standard "
-            "error)"
-        )
-    return SensitivityOptions(method=args.sensitivity, samples=args.sensitivity_samples, seed=args.seed)
+    samples = SAMPLES if samples is None else samples
+    if args.sensitivity == "sampled" and samples < 2:
+        raise UsageError(f"--sensitivity-samples {samples}: the sampled method needs at least 2 (its standard error)")
+    return SensitivityOptions(method=args.sensitivity, samples=samples, seed=args.seed)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,10 +22,12 @@ With ``past_context`` the stream may be longer than the model's maximum context 
 on): dense attention then runs past its training length, as in the paper's Figure 3, and ``ppl_past_context`` scores
 the targets there.
 
-Tables: ``methods`` (perplexity over every target, over the targets past the cache and past the model's context, with
-wall time and peak memory per method), ``initial_tokens`` (the paper's table of kept initial tokens: k + w, perplexity),
-``segments`` and ``per_position`` (the loss at every position, the figure's data). Resume: an output folder keeps each
-finished model (``probe.experiments.pretrained.each_model``).
+Tables: ``methods`` (perplexity over every target, over the targets past the method's own cache, t >= k + w
+(``past_cache_from``: ``cache`` for eviction, ``recompute_window`` for re-computation, ``cache`` for dense, the others'
+reference), and past the model's context, with wall time and peak memory per method), ``initial_tokens`` (the paper's
+table of kept initial tokens: k + w, perplexity), ``segments`` (perplexity per ``segment`` positions; ``start`` and
+``stop`` the first and one past the last target scored in it) and ``per_position`` (the loss at every position, the
+figure's data). Resume: an output folder keeps each finished model (``probe.experiments.pretrained.each_model``).
 """
 
 from __future__ import annotations
@@ -196,6 +198,22 @@ def ppl(losses: torch.Tensor) -> float:
     return math.exp(float(losses.double().mean())) if losses.numel() else float("nan")
 
 
+def segment_rows(positions: torch.Tensor, losses: torch.Tensor, segment: int) -> list[dict]:
+    """The scored targets (``positions``, ascending) in segments of ``segment`` positions from 0: per segment, the first
+    and one past the last position scored in it (a method scored from a later position, or ending early, as the
+    re-computation's first ``recompute_tokens`` targets do, has its first and last segments cut to the targets it
+    scored), their number and perplexity."""
+    rows = []
+    for a in range(0, int(positions[-1]) + 1 if len(positions) else 0, segment):
+        inside = (positions >= a) & (positions < a + segment)
+        if inside.any():
+            held = positions[inside]
+            rows.append(
+                dict(start=int(held[0]), stop=int(held[-1]) + 1, n_targets=int(inside.sum()), ppl=ppl(losses[inside]))
+            )
+    return rows
+
+
 def measure(cfg: StreamingPplConfig, name: str, model, windows):
     """Every method on the model's stream: (tables, meta)."""
     if cfg.positions == "cache":
@@ -216,7 +234,7 @@ def measure(cfg: StreamingPplConfig, name: str, model, windows):
         seconds = time.perf_counter() - t0
         positions = torch.arange(start, losses.shape[0])
         losses = losses[start:]
-        late = losses[positions >= cfg.cache]
+        past = cfg.cache if k is None else k + w  # the method's own cache (recompute: its window); dense: --cache
         method_rows.append(
             dict(
                 model=name,
@@ -225,7 +243,8 @@ def measure(cfg: StreamingPplConfig, name: str, model, windows):
                 w=w,
                 positions="n/a" if k is None or method == "recompute" else cfg.positions,
                 ppl=ppl(losses),
-                ppl_past_cache=ppl(late),
+                past_cache_from=past,
+                ppl_past_cache=ppl(losses[positions >= past]),
                 ppl_past_context=ppl(losses[positions >= n_ctx]),
                 n_targets=int(losses.numel()),
                 wall_s=round(seconds, 3),
@@ -235,10 +254,7 @@ def measure(cfg: StreamingPplConfig, name: str, model, windows):
         per_position += [
             dict(model=name, method=method, position=int(p), loss=float(x)) for p, x in zip(positions, losses)
         ]
-        for a in range(0, int(positions[-1]) + 1 if len(positions) else 0, cfg.segment):
-            part = losses[(positions >= a) & (positions < a + cfg.segment)]
-            if part.numel():
-                segments.append(dict(model=name, method=method, start=a, stop=a + cfg.segment, ppl=ppl(part)))
+        segments += [dict(model=name, method=method, **row) for row in segment_rows(positions, losses, cfg.segment)]
     tables = {
         "methods": pd.DataFrame(method_rows),
         "segments": pd.DataFrame(segments),

@@ -59,3 +59,46 @@ def test_a_dense_mask_family_refuses_an_edit_on_padded_rows_and_carries_it_witho
         clean = m(ids).logits
     torch.testing.assert_close(ones, knocked, atol=0, rtol=0)  # an all-ones mask pads nothing
     assert (knocked - clean).abs().max() > 1e-3  # the knockout acts
+
+
+@pytest.mark.parametrize("family", ["llama", "diffllama"])
+def test_a_pad_query_row_of_a_cached_pattern_spreads_evenly_and_the_cached_forward_is_the_plain_one(family, tmp_path):
+    """A left-padded sequence's pad queries see no key; their materialised rows had every key at 1 (rows summing to
+    Tk = 8: exp(s - lse) with lse = min + log Tk rounded to min), so run_with_cache's logits at the pad positions
+    differed from the plain forward's (0.31 on llama) and from transformers' even rows."""
+    from probe.checkpoints.tiny import tiny_model, tiny_tokenizer
+    from probe.hooks import names
+
+    d = tmp_path / family
+    tiny_model(family).save_pretrained(d)
+    tiny_tokenizer().save_pretrained(d)
+    m = probe.load(d)
+    ids, mask = _rows()
+    with torch.no_grad():
+        plain = m(ids, attention_mask=mask).logits
+        cached, cache = m.run_with_cache(ids, attention_mask=mask)
+    torch.testing.assert_close(cached, plain, atol=1e-5, rtol=0)  # the pad positions too
+    kinds = ("pattern_1", "pattern_2") if family == "diffllama" else ("pattern",)
+    for layer in range(m.probe_info.n_layers):
+        for kind in kinds:
+            rows = cache[names.attn(layer, kind)][1].sum(-1)  # H, T: row 1's first 3 queries are pads
+            torch.testing.assert_close(rows, torch.ones_like(rows), atol=1e-5, rtol=0)
+
+
+def test_a_value_edit_refuses_padded_rows_and_acts_without_padding(tmp_path):
+    """A value edit sets position 0's read: on a left-padded row that is a pad, so the edit left the row's first token
+    alone (the padded row equalled the clean run exactly, where the edited sequence alone moves its logits by 0.25)."""
+    from probe.analyses.interventions.value import ValueEdit
+
+    m = probe.load(build_tiny("llama", tmp_path / "llama"))
+    ids, mask = _rows()
+    with pytest.raises(RuntimeError, match="needs unpadded sequences"), torch.no_grad():
+        m.run_with_hooks(ids, attention_mask=mask, fwd_hooks=ablation_hooks(m, Ablation(ValueEdit("zero"))))
+    with torch.no_grad():
+        ones = m.run_with_hooks(
+            ids, attention_mask=torch.ones_like(ids), fwd_hooks=ablation_hooks(m, Ablation(ValueEdit("zero")))
+        )
+        edited = m.run_with_hooks(ids, fwd_hooks=ablation_hooks(m, Ablation(ValueEdit("zero"))))
+        clean = m(ids).logits
+    torch.testing.assert_close(ones, edited, atol=0, rtol=0)  # an all-ones mask pads nothing
+    assert (edited - clean).abs().max() > 1e-3  # the edit acts

@@ -53,15 +53,40 @@ def test_the_tables_have_one_row_per_method_and_every_position(result):
     t = result["initial_tokens"]
     assert t["cache"].tolist() == ["0+12", "1+11", "4+8"]  # k + w held at the cache size
     seg = result["segments"]
-    assert seg[seg.method == "dense"][["start", "stop"]].values.tolist() == [[0, 32], [32, 64], [64, 96]]
+    assert seg[seg.method == "dense"][["start", "stop", "n_targets"]].values.tolist() == [
+        [0, 32, 32],
+        [32, 64, 32],
+        [64, 96, 32],
+    ]
 
 
 def test_perplexities_are_those_of_the_per_position_losses(result):
+    """Past the cache: the targets t >= the method's own k + w, --cache for dense (the windowed methods' reference)."""
     per, methods = result["per_position"], result["methods"].set_index("method")
     for method, g in per.groupby("method"):
         assert methods.loc[method, "ppl"] == pytest.approx(math.exp(g["loss"].mean()), rel=1e-6)
-        late = g[g.position >= BUDGET["cache"]]["loss"]
+        late = g[g.position >= methods.loc[method, "past_cache_from"]]["loss"]
         assert methods.loc[method, "ppl_past_cache"] == pytest.approx(math.exp(late.mean()), rel=1e-6)
+
+
+def test_recompute_counts_past_its_own_window_and_its_segments_end_at_its_last_target(result):
+    """Re-computation scores targets 0 .. recompute_tokens-1 (40) over windows of recompute_window (6) tokens: its
+    past-cache perplexity is over t >= 6 (34 targets; before: t >= --cache 12, 28 targets, 6 of them in full
+    context), and its last segment holds targets 32 .. 39, labelled 32 .. 40 (before: 32 .. 64)."""
+    methods = result["methods"].set_index("method")
+    assert methods["past_cache_from"].tolist() == [12, 12, 12, 12, 6]  # dense: --cache; eviction: k + w; recompute: w
+    per = result["per_position"].query("method == 'recompute'")
+    w = BUDGET["recompute_window"]
+    assert methods.loc["recompute", "ppl_past_cache"] == pytest.approx(math.exp(per[per.position >= w]["loss"].mean()))
+    assert methods.loc["recompute", "ppl_past_cache"] != pytest.approx(
+        math.exp(per[per.position >= BUDGET["cache"]]["loss"].mean())
+    )
+    seg = result["segments"]
+    rows = seg[seg.method == "recompute"][["start", "stop", "n_targets"]].values.tolist()
+    assert rows == [[0, 32, 32], [32, 40, 8]]
+    assert seg[seg.method == "recompute"]["ppl"].iloc[-1] == pytest.approx(
+        math.exp(per[per.position >= 32]["loss"].mean())
+    )
 
 
 def test_rows_inside_the_cache_equal_dense_and_the_stream_past_it_does_not(result):
@@ -147,6 +172,9 @@ def test_past_context_streams_a_rotary_model_past_its_maximum_context(words, tmp
     res = experiments.run("streaming-ppl", models=(name,), data=words, past_context=True, **options)
     methods, per = res["methods"].set_index("method"), res["per_position"]
     assert methods["n_targets"].tolist() == [80, 80, 80, 80, 76]  # the newline control scores from position 4
+    seg = res["segments"].set_index("method")[["start", "stop", "n_targets"]]
+    assert seg.loc["dense"].values.tolist() == [[0, 32, 32], [32, 64, 32], [64, 80, 16]]  # the stream ends at 80
+    assert seg.loc["newline k=4"].values.tolist() == [[4, 32, 28], [32, 64, 32], [64, 80, 16]]
     for method, g in per.groupby("method"):
         assert methods.loc[method, "ppl_past_context"] == pytest.approx(math.exp(g[g.position >= 32]["loss"].mean()))
     assert res.meta["models"][name]["n_ctx"] == 32

@@ -51,6 +51,11 @@ def test_report_over_checkpoints_carries_each_snapshots_sensitivity(fx, tmp_path
     [
         (["--sensitivity", "approx"], ["'approx'", "exact", "sampled"]),
         (["--sensitivity", "--sensitivity-samples", "1"], ["--sensitivity-samples 1", "at least 2"]),
+        # without --sensitivity the samples were ignored (no sensitivity table, exit 0); a sampled-method option
+        (["--sensitivity-samples", "8"], ["--sensitivity-samples 8 needs --sensitivity sampled", "without"]),
+        # the exact method takes no directions: 8 was ignored and 1 an internal error (exit 1)
+        (["--sensitivity", "exact", "--sensitivity-samples", "8"], ["needs --sensitivity sampled", "exact"]),
+        (["--sensitivity", "exact", "--sensitivity-samples", "1"], ["--sensitivity-samples 1 needs", "exact"]),
     ],
 )
 def test_bad_sensitivity_flags_are_one_line(fx, tmp_path, cli, flags, needles):

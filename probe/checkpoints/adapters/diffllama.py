@@ -27,7 +27,7 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.checkpoints.adapters.llama import SEQUENTIAL
 from probe.checkpoints.adapters.recipes import RecipeAdapter
-from probe.checkpoints.attention import SITE_KEY, _hf_wants_attentions, as_rules, refuse_unknown
+from probe.checkpoints.attention import SITE_KEY, _hf_wants_attentions, as_rules, refuse_unknown, spread_hidden_rows
 from probe.checkpoints.hooked_hf import INSTANCE_FORWARDS
 from probe.hooks import names
 from probe.hooks.fire import fire
@@ -80,6 +80,9 @@ def _rows(site, q, k, v, lam, scale: float, mask):
     (an edit of the scores or a branch re-makes the net rows; an edit of the net rows re-makes the output)."""
     scores = site.hook_attn_scores(attention_scores(q, k, mask=mask, scale=scale))  # B,2H,Tq,Tk
     p1, p2 = patterns_of_scores(scores)
+    if mask is not None:  # a pad query's row (every key hidden): even, as transformers' softmax gives it
+        H = p1.shape[1]
+        p1, p2 = spread_hidden_rows(scores[:, :H], p1), spread_hidden_rows(scores[:, H:], p2)
     net = net_pattern(site.hook_pattern_1(p1), site.hook_pattern_2(p2), lam)
     return apply_pattern(site.hook_pattern(net), v, q.dtype)
 

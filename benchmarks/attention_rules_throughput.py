@@ -23,7 +23,9 @@ are not comparable across runs). ``cpu_ratio_over_softmax`` is the same ratio in
 auto): ``compiled`` runs the row rules' math through torch.compile (probe.kernels.compiled; the first step of each
 rule compiles it, in the warmup rounds), while softmax's fused path is the same under every CPU choice. Denormal
 floats are flushed to zero for every model alike unless ``--no-flush-denormal``: FoX's far keys otherwise
-underflow into denormals, which x86 computes tens of times slower (``probe train --flush-denormal``).
+underflow into denormals, which x86 computes tens of times slower (``probe train --flush-denormal``). Freed memory is
+kept in the process for reuse, as ``probe train`` keeps it on CPU (probe.kernels.heap; PROBE_KEEP_FREED_MEMORY=0 to
+measure without).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from probe.kernels.backend import BACKENDS, current_backend, use_backend  # noqa: E402
 from probe.kernels.denormals import set_flush_denormal  # noqa: E402
+from probe.kernels.heap import keep_freed_memory  # noqa: E402
 from probe.kernels.row_rules import ROW_RULES  # noqa: E402
 from probe.models import create  # noqa: E402
 
@@ -93,6 +96,7 @@ def main(argv=None) -> dict:
     if a.threads:
         torch.set_num_threads(a.threads)
     set_flush_denormal(a.flush_denormal)
+    keep_freed_memory()  # as probe train does on CPU (probe.kernels.heap): every model alike
     device = torch.device(a.device)
     autocast = torch.bfloat16 if a.dtype == "bfloat16" else None
     models = {"softmax": create("baseline", tier=a.tier, seed=0).to(device).train()}

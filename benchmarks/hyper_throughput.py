@@ -27,6 +27,7 @@ import torch  # noqa: E402
 import probe.models.depth_mechanisms.hyper_connections as hyper_connections  # noqa: E402
 from probe.kernels.backend import BACKENDS, current_backend, use_backend  # noqa: E402
 from probe.kernels.denormals import set_flush_denormal  # noqa: E402
+from probe.kernels.heap import keep_freed_memory  # noqa: E402
 from probe.models import create  # noqa: E402
 
 PROBE_SINKHORN = hyper_connections.sinkhorn
@@ -70,6 +71,7 @@ def main() -> None:
 def run(args) -> None:
     torch.set_num_threads(1)
     set_flush_denormal(args.flush_denormal)
+    keep_freed_memory()  # as probe train does on CPU (probe.kernels.heap): every model alike
     runs = {v: (create(v, tier=args.tier), PROBE_SINKHORN) for v in ("baseline", "hc", "hc-dynamic")}
     runs["mhc (autograd Sinkhorn)"] = (create("mhc", tier=args.tier), autograd_sinkhorn)
     runs["mhc"] = (create("mhc", tier=args.tier), PROBE_SINKHORN)

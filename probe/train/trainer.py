@@ -25,6 +25,7 @@ from torch import nn
 
 from probe.data.limits import check_windows_fit
 from probe.kernels.denormals import set_flush_denormal
+from probe.kernels.heap import keep_freed_memory
 from probe.progress import progress_bar
 from probe.runs import CHECKPOINT, METRICS, SNAPSHOTS, TRAIN_CONFIG, metrics_records, snapshot_dir, snapshot_steps
 from probe.writes import TEMP_PREFIX, append_line, atomic_write
@@ -121,12 +122,17 @@ def log_interval(log_every: int, steps: int) -> int:
 
 def _runtime(cfg: TrainConfig, info: D.DistInfo) -> torch.device:
     """The run's device; where asked, denormal floats flushed to zero, process-wide: this thread and torch's intra-op
-    threads (TrainConfig.flush_denormal; probe.kernels.denormals)."""
+    threads (TrainConfig.flush_denormal; probe.kernels.denormals). On CPU, freed memory stays in the process for the
+    next step (probe.kernels.heap; PROBE_KEEP_FREED_MEMORY=0 leaves malloc as it is)."""
     if cfg.flush_denormal:
         set_flush_denormal(True)
     if cfg.device == "auto":
-        return torch.device(f"cuda:{info.local_rank}" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.device)
+        device = torch.device(f"cuda:{info.local_rank}" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(cfg.device)
+    if device.type == "cpu":
+        keep_freed_memory()
+    return device
 
 
 def train(

@@ -494,6 +494,16 @@ def test_a_finished_run_without_its_last_snapshot_gets_it_on_resume(tmp_path):
         assert got[path] == want[path], path
 
 
+def test_a_cpu_run_keeps_freed_memory_for_reuse(tmp_path, monkeypatch):
+    """On CPU the run keeps freed memory in the process (probe.kernels.heap; its effect: tests/kernels/test_heap.py)."""
+    import probe.train.trainer as trainer
+
+    calls = []
+    monkeypatch.setattr(trainer, "keep_freed_memory", lambda: calls.append(1) or True)
+    train(tiny_model(), TinySampler(), cfg(steps=1, ckpt_every=0, device="cpu"), tmp_path / "run", progress=False)
+    assert calls == [1]
+
+
 def test_flush_denormal_flushes_for_the_process_and_trains_the_same(tmp_path):
     """--flush-denormal: after the run a denormal float reads as 0 (the process's mode, as documented: on torch's
     intra-op threads too, tests/kernels/test_denormals.py), and the tiny run's losses are those of the run without it

@@ -41,7 +41,7 @@ def test_the_rule_equals_the_authors_softpick_in_fp64():
     assert (got - GOLDEN["softpick"]).abs().max().item() <= 1e-12
 
 
-BACKENDS = ("torch", "reference")
+BACKENDS = ("native", "torch", "reference")  # native: the C kernels on CPU
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 from torch.autograd.function import once_differentiable
 
-from probe.kernels.common import wide, wide_dtype
+from probe.kernels.common import first_order_only, wide, wide_dtype
 
 OfScores = Callable[[torch.Tensor], torch.Tensor]  # scores (B,H,b,n), hidden keys -inf -> weights (B,H,b,n)
 
@@ -79,6 +79,7 @@ class _CausalBlocks(torch.autograd.Function):
         return out.transpose(1, 2).to(q.dtype)  # B,Tq,H,dv
 
     @staticmethod
+    @first_order_only
     @once_differentiable
     def backward(ctx, dout):
         qf, kf, vf, bias = ctx.saved_tensors

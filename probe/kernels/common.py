@@ -1,12 +1,16 @@
 """What more than one op uses (each op's own helpers stay in its folder).
 
 wide                  a tensor in fp32, or in its own dtype when wider: the references' precision
+first_order_only      a fused backward's decorator: create_graph=True is one line, never a wrong second derivative
 check_attention_args  the shapes sink_attention and attention_row_masses take (q, k, v, sink, key bias, ...)
 cpu_flash, pad_last   torch's fused CPU flash-attention op (None where this torch has none) and the zero padding
                       of head sizes to the one multiple of 8 that it needs for q, k and v alike
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +27,24 @@ def wide_dtype(dtype: torch.dtype) -> torch.dtype:
 def wide(x: torch.Tensor) -> torch.Tensor:
     """x in fp32, or in its own dtype when wider: fp64 stays fp64, so fp64 checks against other code are exact."""
     return x.to(wide_dtype(x.dtype))
+
+
+def first_order_only(backward: Callable) -> Callable:
+    """Decorates a fused op's ``backward`` (a gradient written out, or a kernel's), outside ``once_differentiable``
+    where it has that: under ``create_graph=True`` (grad mode on as a backward starts) its result would carry no graph,
+    or a partial one, and a second derivative through it would come out wrong, or 0, without a word; one line instead,
+    naming the path that has them."""
+
+    @functools.wraps(backward)
+    def checked(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "this op's fused backward has no second derivative (create_graph=True); run it with "
+                "backend='reference' (plain autograd) for higher-order gradients"
+            )
+        return backward(ctx, *grads)
+
+    return checked
 
 
 def pad_last(x: torch.Tensor, size: int) -> torch.Tensor:

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from probe.kernels.common import first_order_only
 from probe.kernels.launch import KB, NoLaunchConfig, device_limits, launch_config
 from probe.kernels.pointwise.triton import pointwise_slope, pointwise_weights
 from probe.kernels.sink_attention.triton import (
@@ -372,6 +373,7 @@ class RuleAttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order_only
     def backward(ctx, dout):
         q, k, v, key_bias, out, lse, pick, arg = ctx.saved_tensors
         B, T, H, dh = q.shape

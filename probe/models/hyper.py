@@ -24,6 +24,7 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.hooks.fire import fire
 from probe.kernels import hyper_streams
+from probe.kernels.common import first_order_only
 from probe.models.choice import check_choice
 from probe.models.registry import registrar
 
@@ -131,6 +132,7 @@ class _ReadStreams(torch.autograd.Function):
         return read if read is not None else torch.matmul(weights.unsqueeze(-2), streams).squeeze(-2)
 
     @staticmethod
+    @first_order_only
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):  # B,T,d
         weights, streams = ctx.saved_tensors
@@ -162,6 +164,7 @@ class _Write(torch.autograd.Function):
         return new.addcmul_(post.unsqueeze(-1), out.unsqueeze(-2))  # += H_post ⊗ f
 
     @staticmethod
+    @first_order_only
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):  # B,T,n,d
         streams, out, post, res = ctx.saved_tensors

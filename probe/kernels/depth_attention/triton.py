@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from probe.kernels.common import first_order_only
 from probe.kernels.launch import KB, NoLaunchConfig, device_limits, launch_config
 
 
@@ -271,6 +272,7 @@ class DepthAttentionFunction(torch.autograd.Function):
         return h, lse
 
     @staticmethod
+    @first_order_only
     def backward(ctx, dh, dlse):
         query, bias, h, lse, *sources = ctx.saved_tensors
         S = ctx.S

@@ -23,7 +23,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from probe.kernels.causal_blocks import block_scores, heads_first
-from probe.kernels.common import wide_dtype
+from probe.kernels.common import first_order_only, wide_dtype
 
 QUERY_BLOCK = 64  # queries per block: 32 and 128 measured slower at B 16, T 256 (one thread)
 
@@ -82,6 +82,7 @@ class _DiffBlocks(torch.autograd.Function):
         return out.transpose(1, 2).to(q.dtype)  # B,Tq,H,dv
 
     @staticmethod
+    @first_order_only
     @once_differentiable
     def backward(ctx, dout):
         qf, kf, vf, lam_f = ctx.saved_tensors

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from probe.kernels.common import first_order_only
 from probe.kernels.compiled import compiled
 from probe.kernels.pointwise.reference import NORM_EPS, kernel_of
 
@@ -51,6 +52,7 @@ class _Pointwise(torch.autograd.Function):
         return out[0]
 
     @staticmethod
+    @first_order_only
     def backward(ctx, grad: torch.Tensor):
         gs = compiled(_backward, ctx.on)(grad, ctx.kernel, *ctx.saved_tensors)
         return gs, None, None, None, None, None

@@ -29,7 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from probe.kernels.common import cpu_flash, pad_last
+from probe.kernels.common import cpu_flash, first_order_only, pad_last
 from probe.kernels.sink_attention.reference import visible_mask
 
 QUERY_BLOCK = 256  # queries per block of the windowed path: a block's mask is 256 x (kept + 256 + window - 1) keys
@@ -84,6 +84,7 @@ class _CausalSinkFlashCPU(torch.autograd.Function):
         return y, lse_all, lse
 
     @staticmethod
+    @first_order_only
     def backward(ctx, dy, _, __):
         q, k, v, y, lse_all, sink = ctx.saved_tensors
         dy = dy.contiguous()

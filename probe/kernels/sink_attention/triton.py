@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from probe.kernels.common import first_order_only
 from probe.kernels.launch import KB, NoLaunchConfig, device_limits, launch_config
 
 
@@ -635,6 +636,7 @@ class SinkAttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @first_order_only
     def backward(ctx, dout, dlse):
         q, k, v, sink, key_bias, out, lse = ctx.saved_tensors
         window, scale, keep = ctx.window, ctx.scale, ctx.keep

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 import probe.kernels.native as native_rows
+from probe.kernels.common import first_order_only
 from probe.kernels.compiled import compiled
 from probe.kernels.softpick.reference import SOFTPICK_EPS
 
@@ -79,6 +80,7 @@ class _Softpick(torch.autograd.Function):
         return a
 
     @staticmethod
+    @first_order_only
     def backward(ctx, grad: torch.Tensor):
         scores, a, den, m, top = ctx.saved_tensors
         if ctx.native:

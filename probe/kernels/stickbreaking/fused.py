@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 import probe.kernels.native as native_rows
+from probe.kernels.common import first_order_only
 from probe.kernels.compiled import compiled
 
 ROWS = Path(__file__).with_name("rows.c")  # the C kernels
@@ -87,6 +88,7 @@ class _StickBreaking(torch.autograd.Function):
         return weights
 
     @staticmethod
+    @first_order_only
     def backward(ctx, grad: torch.Tensor):
         if ctx.native:
             scores, weights = ctx.saved_tensors

@@ -15,6 +15,7 @@ import torch.nn as nn
 from transformer_lens.hook_points import HookPoint
 
 from probe.kernels import hyper_streams
+from probe.kernels.common import first_order_only
 from probe.models.hyper import HyperConnection, read_streams, register_hyper
 from probe.models.layers import RMSNorm
 
@@ -115,6 +116,7 @@ class _SinkhornInC(torch.autograd.Function):
         return hyper_streams.sinkhorn_forward(logits, iters, eps)
 
     @staticmethod
+    @first_order_only
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
         (logits,) = ctx.saved_tensors
@@ -142,6 +144,7 @@ class _Normalise(torch.autograd.Function):
         return comb
 
     @staticmethod
+    @first_order_only
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
         saved = ctx.saved_tensors
@@ -170,6 +173,7 @@ class _NormedProjection(torch.autograd.Function):
         return projected * inv_rms
 
     @staticmethod
+    @first_order_only
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):  # ..., k
         x, proj, projected, inv_rms = ctx.saved_tensors

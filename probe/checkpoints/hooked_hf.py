@@ -474,7 +474,7 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
         kwargs.setdefault("use_cache", False)
         # read by the edits at position 0 (a value edit), which a pad there would take: refused on padded rows
         padded = isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 and not attention_mask.all()
-        self.__dict__["padded_forward"] = bool(padded)
+        self.padded_forward = bool(padded)
         try:
             if return_hidden:
                 base = self.hf_model.base_model
@@ -483,7 +483,7 @@ class HookedHF(TransformerLensCalls, HookedRootModule):
                 return base(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
             return self.hf_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         finally:
-            self.__dict__["padded_forward"] = False
+            self.padded_forward = False
 
     def input_limits(self) -> tuple[int, int | None, str]:
         """(vocabulary size, maximum context or None, name) that token ids are checked against: the config's

@@ -1,6 +1,7 @@
 """What more than one op uses (each op's own helpers stay in its folder).
 
 wide                  a tensor in fp32, or in its own dtype when wider: the references' precision
+switched_off          an environment opt-out (PROBE_NATIVE=0, PROBE_KEEP_FREED_MEMORY=0)
 first_order_only      a fused backward's decorator: create_graph=True is one line, never a wrong second derivative
 check_attention_args  the shapes sink_attention and attention_row_masses take (q, k, v, sink, key bias, ...)
 cpu_flash, pad_last   torch's fused CPU flash-attention op (None where this torch has none) and the zero padding
@@ -10,6 +11,7 @@ cpu_flash, pad_last   torch's fused CPU flash-attention op (None where this torc
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 
 import torch
@@ -27,6 +29,11 @@ def wide_dtype(dtype: torch.dtype) -> torch.dtype:
 def wide(x: torch.Tensor) -> torch.Tensor:
     """x in fp32, or in its own dtype when wider: fp64 stays fp64, so fp64 checks against other code are exact."""
     return x.to(wide_dtype(x.dtype))
+
+
+def switched_off(env_var: str) -> bool:
+    """True where the environment sets ``env_var`` to 0 (or "false", "off", "no"): an opt-out of a default."""
+    return os.environ.get(env_var, "1").strip().lower() in ("0", "false", "off", "no")
 
 
 def first_order_only(backward: Callable) -> Callable:

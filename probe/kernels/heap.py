@@ -15,8 +15,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
 import platform
+
+from probe.kernels.common import switched_off
 
 ENV_VAR = "PROBE_KEEP_FREED_MEMORY"  # "0": leave glibc's thresholds as they are
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h> parameter numbers
@@ -37,7 +38,7 @@ def _mallopt():
 def keep_freed_memory() -> bool:
     """Keep freed blocks for reuse from now on (glibc; not where ``PROBE_KEEP_FREED_MEMORY=0``). True where both
     thresholds were set."""
-    if os.environ.get(ENV_VAR, "1").strip().lower() in ("0", "false", "off", "no"):
+    if switched_off(ENV_VAR):
         return False
     mallopt = _mallopt()
     if mallopt is None:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from probe.kernels.common import switched_off
 from probe.writes import probe_cache
 
 ENV_VAR = "PROBE_NATIVE"
@@ -46,7 +47,7 @@ DTYPES = {torch.float32: "float", torch.float64: "double"}  # the kernels' eleme
 
 def enabled() -> bool:
     """False where ``PROBE_NATIVE=0`` (or "false", "off", "no")."""
-    return os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "off", "no")
+    return not switched_off(ENV_VAR)
 
 
 @functools.cache
@@ -64,6 +65,12 @@ def _vector_math() -> bool:
     return linux_x86 and platform.libc_ver()[0] == "glibc"
 
 
+@functools.cache
+def _compiler_version(cc: str) -> str:
+    return (subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines() or [""])[0]
+
+
+@functools.cache
 def _cpu_key() -> str:
     """What -march=native depends on: the CPU's feature flags (Linux), else the machine and processor names."""
     try:
@@ -86,11 +93,10 @@ def library(source: Path) -> ctypes.CDLL | None:
     off, no compiler is found, or the build or the load fails (warned once)."""
     if not enabled() or (cc := c_compiler()) is None:
         return None
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     key = hashlib.sha256()
     for part in (source.read_bytes(), HEADER.read_bytes(), " ".join(_build_command(cc, source, Path())).encode()):
         key.update(part)
-    key.update(f"{version} {_cpu_key()} {torch.__version__}".encode())
+    key.update(f"{_compiler_version(cc)} {_cpu_key()} {torch.__version__}".encode())
     folder = probe_cache("native")
     target = folder / f"{source.parent.name}-{source.stem}-{key.hexdigest()[:20]}.so"
     try:
@@ -138,6 +144,11 @@ def kernel(source: Path, name: str, dtype: torch.dtype) -> Callable | None:
     if lib is None or dtype not in DTYPES:
         return None
     return getattr(lib, f"{name}_{DTYPES[dtype]}")
+
+
+def kernel_for(source: Path, name: str, *tensors: torch.Tensor) -> Callable | None:
+    """``kernel(source, name, dtype)`` where the C kernels take ``tensors`` (``runs_natively``), else None."""
+    return kernel(source, name, tensors[0].dtype) if runs_natively(*tensors) else None
 
 
 def runs_natively(*tensors: torch.Tensor) -> bool:

@@ -26,14 +26,14 @@ def rss_mb():
             return int(line.split()[1]) / 1024
 
 kept = keep_freed_memory() if sys.argv[1] == "keep" else None
-for step in range(2):  # a training loop's steady state: the second step's block is where the first's was freed
-    before = rss_mb()
+base = rss_mb()
+for step in range(3):  # a training loop's steady state: a block freed in one step, asked for again in the next
     x = torch.ones(64 << 20)  # 256 MB, every page touched
     del x
-    after_free = rss_mb()
+after_free = rss_mb()
 y = torch.ones(64 << 20)
 after_again = rss_mb()
-print(json.dumps(dict(kept=kept, freed=before + 256 - after_free, grew_again=after_again - after_free)))
+print(json.dumps(dict(kept=kept, held=after_free - base, grew_again=after_again - after_free)))
 """
 
 
@@ -46,15 +46,15 @@ def run(mode: str, **env) -> dict:
 
 def test_by_default_a_freed_block_goes_back_and_faults_in_again():
     r = run("default")
-    assert r["freed"] > 200 and r["grew_again"] > 200
+    assert r["held"] < 50 and r["grew_again"] > 200  # MB: handed back, faulted in again
 
 
 def test_kept_a_freed_block_stays_and_is_reused():
     r = run("keep")
     assert r["kept"] is True
-    assert r["freed"] < 50 and r["grew_again"] < 50  # MB: the same pages serve the next tensor
+    assert r["held"] > 200 and r["grew_again"] < 50  # MB: kept after the free, and the same pages serve the next
 
 
 def test_turned_off_it_changes_nothing():
     r = run("keep", PROBE_KEEP_FREED_MEMORY="0")
-    assert r["kept"] is False and r["freed"] > 200 and r["grew_again"] > 200
+    assert r["kept"] is False and r["held"] < 50 and r["grew_again"] > 200

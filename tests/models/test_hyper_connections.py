@@ -11,7 +11,10 @@ import torch
 from safetensors import safe_open
 
 import probe
+import probe.kernels.hyper_streams as hyper_streams
+import probe.kernels.native as native
 from probe.hooks import names
+from probe.kernels import use_backend
 from probe.models import create
 from probe.models.depth_mechanisms.hyper_connections import ManifoldHead, normed_projection, sinkhorn
 from probe.models.hyper import HYPERS, HyperConnection, read_streams
@@ -311,18 +314,22 @@ def test_the_stream_sums_are_computed_only_when_asked():
     assert fired == ["pre", "mid", "post"]
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
-def test_the_c_stream_products_are_the_torch_ones(dtype, tol, monkeypatch):
-    """On CPU the default backend runs the read and the write, forward and backward, as probe.kernels.hyper_streams'
-    C kernels: the torch products' values and gradients, with any subset of the gradients asked for."""
-    import probe.kernels.hyper_streams as hyper_streams
-    from probe.kernels import native, use_backend
-
-    if native.library(hyper_streams.SOURCE) is None:
+def c_kernel_calls(monkeypatch, source: Path) -> list[str]:
+    """The names of the C kernels called from here on (probe.kernels.native.call); skips the test where the kernels
+    of ``source`` do not build here."""
+    if native.library(source) is None:
         pytest.skip("no C compiler, or PROBE_NATIVE=0")
     calls: list[str] = []
     real_call = native.call
     monkeypatch.setattr(native, "call", lambda fn, *a: calls.append(fn.__name__) or real_call(fn, *a))
+    return calls
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_the_c_stream_products_are_the_torch_ones(dtype, tol, monkeypatch):
+    """On CPU the default backend runs the read and the write, forward and backward, as probe.kernels.hyper_streams'
+    C kernels: the torch products' values and gradients, with any subset of the gradients asked for."""
+    calls = c_kernel_calls(monkeypatch, hyper_streams.SOURCE)
     g = torch.Generator().manual_seed(4)
     B, T, n, d = 2, 5, 4, 24
     tensors = [torch.randn(*s, generator=g, dtype=torch.float64).to(dtype) for s in ((B, T, n, d), (B, T, d))]
@@ -356,14 +363,7 @@ def test_the_c_stream_products_are_the_torch_ones(dtype, tol, monkeypatch):
 def test_sinkhorn_in_c_is_the_torch_steps(dtype, tol, monkeypatch):
     """mHC's Sinkhorn runs in C on CPU under the default backend (probe.kernels.hyper_streams): the torch steps'
     output and logit gradient; a size whose steps do not fit the kernels' stack runs the torch steps."""
-    import probe.kernels.hyper_streams as hyper_streams
-    from probe.kernels import native, use_backend
-
-    if native.library(hyper_streams.SINKHORN) is None:
-        pytest.skip("no C compiler, or PROBE_NATIVE=0")
-    calls: list[str] = []
-    real_call = native.call
-    monkeypatch.setattr(native, "call", lambda fn, *a: calls.append(fn.__name__) or real_call(fn, *a))
+    calls = c_kernel_calls(monkeypatch, hyper_streams.SINKHORN)
     g = torch.Generator().manual_seed(5)
     for n, iters, in_c in ((4, 20, True), (3, 7, True), (40, 20, False)):
         logits = (torch.randn(2, 3, n, n, generator=g, dtype=torch.float64) * 3).to(dtype)

@@ -38,7 +38,7 @@ class ValueEdit(Intervention):
         mode = self.mode
 
         def value(v, hook):  # B,T,Hkv,dv
-            if model.__dict__.get("padded_forward"):  # an HF forward with pads: position 0 is not each row's first
+            if getattr(model, "padded_forward", False):  # an HF forward with pads: position 0 is not each row's first
                 raise RuntimeError(
                     "a value edit (position 0's read) needs unpadded sequences: with padding, position 0 is not each "
                     "sequence's first token; pass windows without an attention mask"

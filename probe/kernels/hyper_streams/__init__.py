@@ -23,9 +23,7 @@ SINKHORN = Path(__file__).with_name("sinkhorn.c")
 
 
 def _kernel(name: str, *tensors: torch.Tensor, source: Path = SOURCE):
-    if current_backend() != "auto" or not native.runs_natively(*tensors):
-        return None
-    return native.kernel(source, name, tensors[0].dtype)
+    return native.kernel_for(source, name, *tensors) if current_backend() == "auto" else None
 
 
 def read_forward(weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor | None:

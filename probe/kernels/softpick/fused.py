@@ -51,7 +51,7 @@ def _backward(grad, scores, a, den, m, top, eps: float) -> torch.Tensor:
 
 def _native_forward(scores: torch.Tensor, eps: float):
     """_forward's outputs from rows.c, or None where its kernels do not take these scores."""
-    fn = native_rows.kernel(ROWS, "softpick_forward", scores.dtype) if native_rows.runs_natively(scores) else None
+    fn = native_rows.kernel_for(ROWS, "softpick_forward", scores)
     if fn is None:
         return None
     a = torch.empty_like(scores)  # B,H,Tq,Tk

@@ -52,7 +52,7 @@ def _scratch(scores: torch.Tensor) -> torch.Tensor:
 
 def _native_forward(scores: torch.Tensor) -> torch.Tensor | None:
     """The weights from rows.c, or None where its kernels do not take these scores."""
-    fn = native_rows.kernel(ROWS, "stickbreaking_forward", scores.dtype) if native_rows.runs_natively(scores) else None
+    fn = native_rows.kernel_for(ROWS, "stickbreaking_forward", scores)
     if fn is None:
         return None
     n = scores.shape[-1]

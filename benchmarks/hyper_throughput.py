@@ -1,4 +1,5 @@
-"""Hyper-connections' fwd+bwd throughput at a tier beside the baseline, and mHC with its Sinkhorn steps
+"""Hyper-connections' fwd+bwd throughput at a tier beside the baseline, each with its boundaries fused (the default
+where no hook is attached) and through the blocks' own read and write ("unfused"), and mHC with its Sinkhorn steps
 differentiated by autograd (the plain loop, as before the hand-written backward) or by probe's backward.
 
     python benchmarks/hyper_throughput.py [--tier tiny] [--batch 8] [--ctx 128] [--iters 5] [--no-flush-denormal]
@@ -25,12 +26,14 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench
 import torch  # noqa: E402
 
 import probe.models.depth_mechanisms.hyper_connections as hyper_connections  # noqa: E402
+import probe.models.model as probe_model  # noqa: E402
 from probe.kernels.backend import BACKENDS, current_backend, use_backend  # noqa: E402
 from probe.kernels.denormals import set_flush_denormal  # noqa: E402
 from probe.kernels.heap import keep_freed_memory  # noqa: E402
 from probe.models import create  # noqa: E402
 
 PROBE_SINKHORN = hyper_connections.sinkhorn
+FUSABLE = probe_model.fusable
 
 
 def autograd_sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -41,10 +44,11 @@ def autograd_sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Ten
     return comb.transpose(-1, -2)
 
 
-def step_seconds(model, sinkhorn, ids: torch.Tensor) -> tuple[float, float]:
+def step_seconds(model, sinkhorn, fused: bool, ids: torch.Tensor) -> tuple[float, float]:
     """One fwd+bwd: its wall-clock and its CPU seconds (the CPU time leaves out the waits for a core on a busy machine;
     it still counts the slowdown of sharing caches and memory bandwidth)."""
     hyper_connections.sinkhorn = sinkhorn  # the mHC module looks the function up at call time
+    probe_model.fusable = FUSABLE if fused else (lambda model: False)  # the blocks' path, as a hook would choose it
     t0, cpu0 = time.perf_counter(), time.thread_time()
     model(ids, labels=ids).loss.backward()
     return time.perf_counter() - t0, time.thread_time() - cpu0
@@ -72,13 +76,15 @@ def run(args) -> None:
     torch.set_num_threads(1)
     set_flush_denormal(args.flush_denormal)
     keep_freed_memory()  # as probe train does on CPU (probe.kernels.heap): every model alike
-    runs = {v: (create(v, tier=args.tier), PROBE_SINKHORN) for v in ("baseline", "hc", "hc-dynamic")}
-    runs["mhc (autograd Sinkhorn)"] = (create("mhc", tier=args.tier), autograd_sinkhorn)
-    runs["mhc"] = (create("mhc", tier=args.tier), PROBE_SINKHORN)
+    runs = {"baseline": (create("baseline", tier=args.tier), PROBE_SINKHORN, True)}
+    for variant in ("hc", "hc-dynamic", "mhc"):
+        runs[variant] = (create(variant, tier=args.tier), PROBE_SINKHORN, True)
+        runs[f"{variant} (unfused)"] = (create(variant, tier=args.tier), PROBE_SINKHORN, False)
+    runs["mhc (autograd Sinkhorn)"] = (create("mhc", tier=args.tier), autograd_sinkhorn, False)
     vocab = runs["baseline"][0].config.vocab_size
     ids = torch.randint(0, vocab, (args.batch, args.ctx), generator=torch.Generator().manual_seed(0))
-    for model, sinkhorn in runs.values():  # warm-up
-        step_seconds(model, sinkhorn, ids)
+    for model, sinkhorn, fused in runs.values():  # warm-up
+        step_seconds(model, sinkhorn, fused, ids)
     times: dict[str, list[tuple[float, float]]] = {label: [] for label in runs}
     for round_ in range(args.iters):  # every other round backwards: no model always runs right after the same one
         for label in list(runs) if round_ % 2 == 0 else reversed(list(runs)):

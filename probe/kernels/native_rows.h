@@ -5,7 +5,7 @@
    the kernels' link shares, so one thread pool serves both), each row (at most a few thousand keys) stays in L1/L2
    while its passes run, so a rule's forward or backward reads and writes each T x T tensor once.
 
-   exp is glibc's vector exp (libmvec) where the build links it (PROBE_LIBMVEC): gcc calls it for 8 (AVX2) lanes at a
+   exp is glibc's vector exp (libmvec) where the build links it (PROBE_LIBMVEC): gcc calls it for 8 or 16 lanes at a
    time once expf/exp are declared SIMD-callable and errno is off (-fno-math-errno). Its fast path ends at the
    underflow and overflow bounds, and one lane out of range sends the whole vector to the scalar path, tens of times
    slower; so every argument is first clamped into [EXP_LO, EXP_HI] in a loop of its own (a clamp inside exp's

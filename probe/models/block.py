@@ -81,10 +81,19 @@ class Block(nn.Module):
         lazy = not self.materialize
         streams = through_sum(self.hook_resid_pre, self.hook_streams(streams), lazy)
         x, mix = self.hc_attn.read(streams)
-        a, _, v_first = self.attn(self.ln1(x), v_first=v_first)
-        streams = self.hook_streams_mid(self.hc_attn.write(streams, self.hook_attn_out(a), mix))
+        a, v_first = self.attn_sublayer(x, v_first)
+        streams = self.hook_streams_mid(self.hc_attn.write(streams, a, mix))
         streams = through_sum(self.hook_resid_mid, streams, lazy)
         x, mix = self.hc_mlp.read(streams)
-        m, _ = self.mlp(self.ln2(x))
-        streams = self.hc_mlp.write(streams, self.hook_mlp_out(m), mix)
+        streams = self.hc_mlp.write(streams, self.mlp_sublayer(x), mix)
         return through_sum(self.hook_resid_post, streams, lazy), v_first
+
+    def attn_sublayer(self, x: torch.Tensor, v_first=None):
+        """A hyper-connected block's attention on its read x (B,T,d): (hook_attn_out's output, v_first)."""
+        a, _, v_first = self.attn(self.ln1(x), v_first=v_first)
+        return self.hook_attn_out(a), v_first
+
+    def mlp_sublayer(self, x: torch.Tensor) -> torch.Tensor:
+        """A hyper-connected block's MLP on its read x (B,T,d): hook_mlp_out's output."""
+        m, _ = self.mlp(self.ln2(x))
+        return self.hook_mlp_out(m)

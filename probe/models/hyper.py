@@ -97,10 +97,21 @@ class HyperConnection(nn.Module):
 
     @staticmethod
     def head(config) -> nn.Module:
-        return StreamSum()
+        return StreamSum(config.hc_streams)
+
+    def projection(self, dtype: torch.dtype) -> tuple[torch.Tensor, int, float] | None:
+        """What the weights read of the streams, if anything: (W (L, k), groups, eps), the logits RMSNorm(X_g) W of
+        each of the streams' ``groups`` groups of L = n·d / groups values (no gain: a gain is folded into W), computed
+        from the parameters in ``dtype``. None: the weights are the parameters alone (static HC)."""
+        return None
+
+    def weights_from_logits(self, logits: torch.Tensor | None, lead, dtype: torch.dtype):
+        """(pre (B,T,n), post (B,T,n), res (B,T,n,n, out × in)) in ``dtype`` from the logits (B,T,groups,k) of
+        ``projection`` (None where it is None); ``lead`` is (B, T)."""
+        raise NotImplementedError
 
     def weights(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
+        return weights(self, streams)
 
     def read(self, streams: torch.Tensor):
         """The sub-layer's input (B,T,d) from the streams (B,T,n,d), and the (post, res) its ``write`` needs."""
@@ -113,6 +124,55 @@ class HyperConnection(nn.Module):
         """X' = H_res X + H_post ⊗ f(x_in): streams (B,T,n,d), the sub-layer's output (B,T,d) -> (B,T,n,d)."""
         post, res = mix
         return _Write.apply(streams, out, post.to(out.dtype), res.to(streams.dtype))
+
+
+def weight_dtype(streams: torch.Tensor) -> torch.dtype:
+    """Mixing weights are computed in at least fp32 (DeepSeek's HC modules run in fp32), fp64 stays fp64."""
+    return torch.promote_types(streams.dtype, torch.float32)
+
+
+def weights(module, streams: torch.Tensor):
+    """``module``'s (pre, post, res) of the streams (B,T,n,d): its ``projection`` of them, if any, through its
+    ``weights_from_logits`` (a hyper-connection, or a head, whose post and res are None)."""
+    dtype, lead = weight_dtype(streams), streams.shape[:2]
+    logits = None
+    if (spec := module.projection(dtype)) is not None:
+        proj, groups, eps = spec
+        logits = normed_projection(streams.reshape(*lead, groups, -1).to(dtype), proj, eps)  # B,T,groups,k
+    return module.weights_from_logits(logits, lead, dtype)
+
+
+def normed_projection(x: torch.Tensor, proj: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm(x) W with no gain (a gain is folded into W by the caller): (..., d) @ (d, k) -> (..., k), computed as
+    (x W) / rms(x), rms(x) = √(mean(x²) + eps), so the divisor acts on k outputs and no normalised copy of x exists."""
+    return _NormedProjection.apply(x, proj, eps)
+
+
+class _NormedProjection(torch.autograd.Function):
+    """(x W) · r, r = 1 / rms(x), with a hand-written backward: G r Wᵀ + x c with c = −(Σ_k G·xW) r³ / d (r's
+    derivative), one product and one fused multiply-add over x where autograd takes five passes over it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, proj: torch.Tensor, eps: float) -> torch.Tensor:  # ..., d; d, k
+        inv_rms = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1] + eps)
+        projected = torch.matmul(x, proj)  # ..., k
+        ctx.save_for_backward(x, proj, projected, inv_rms)
+        return projected * inv_rms
+
+    @staticmethod
+    @first_order_only
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):  # ..., k
+        x, proj, projected, inv_rms = ctx.saved_tensors
+        d, k = proj.shape
+        grad_projected = grad * inv_rms  # ..., k
+        grad_x = grad_proj = None
+        if ctx.needs_input_grad[0]:
+            coeff = (grad * projected).sum(-1, keepdim=True) * inv_rms.pow(3) / -d  # ..., 1
+            grad_x = torch.matmul(grad_projected, proj.T).addcmul_(x, coeff.expand_as(x))  # ..., d
+        if ctx.needs_input_grad[1]:
+            grad_proj = x.reshape(-1, d).T @ grad_projected.reshape(-1, k)  # d, k
+        return grad_x, grad_proj, None
 
 
 def read_streams(weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
@@ -183,9 +243,16 @@ class _Write(torch.autograd.Function):
 class StreamSum(nn.Module):
     """The streams' sum, as Zhu et al. end the network (lucidrains' reduce): pre = 1 per stream, fired at hook_pre."""
 
-    def __init__(self):
+    def __init__(self, n: int):
         super().__init__()
+        self.n = n
         self.hook_pre = HookPoint()  # B,T,n
+
+    def projection(self, dtype):
+        return None
+
+    def weights_from_logits(self, logits, lead, dtype):
+        return torch.ones(*lead, self.n, dtype=dtype), None, None
 
     def forward(self, streams: torch.Tensor) -> torch.Tensor:  # B,T,n,d -> B,T,d
         pre = self.hook_pre(streams.new_ones(streams.shape[:3]))

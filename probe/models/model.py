@@ -33,6 +33,7 @@ from probe.models.config import ProbeConfig
 from probe.models.depth import DepthSources, block_factor, emitted_key_width, make_read, site_sources
 from probe.models.gates import GATES
 from probe.models.hyper import HYPERS, expand
+from probe.models.hyper_boundary import boundary, fusable
 from probe.models.layers import NormPoints, UnembedPoints, make_norm
 from probe.models.lens import HF_OUTPUT, TransformerLensCalls, refuse_lens_options
 from probe.models.params import ROLES, no_decay_names, parameter_roles
@@ -257,6 +258,17 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
         does not reach the embedding the later reads and mixes take."""
         return x.clone() if self.blocks[0].hook_resid_pre.has_hooks() else x
 
+    def _forward_hyper_fused(self, streams: torch.Tensor, v_first=None) -> torch.Tensor:
+        """The hyper-connected blocks with each write fused with the next read (probe.models.hyper_boundary; the
+        same sums as forward_hyper's, where no hook is attached): streams (B,T,n,d) -> the head's collapse (B,T,d)."""
+        x, mix = self.blocks[0].hc_attn.read(streams)
+        readers = [blk.hc_attn for blk in self.blocks[1:]] + [self.hc_head]  # who reads each block's output
+        for blk, next_reader in zip(self.blocks, readers, strict=True):
+            a, v_first = blk.attn_sublayer(x, v_first)
+            streams, x, mix = boundary(streams, a, mix, blk.hc_mlp)
+            streams, x, mix = boundary(streams, blk.mlp_sublayer(x), mix, next_reader)
+        return x
+
     def _forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None, return_hidden: bool = False):
         c = self.config
         x = self._embed(input_ids)  # B,T,d
@@ -281,9 +293,12 @@ class ProbeForCausalLM(TransformerLensCalls, PreTrainedModel, HookedRootModule):
             x = streams[-1]
         elif c.hyper != "none":
             streams = expand(x, c.hc_streams)  # B,T,n,d
-            for blk in self.blocks:
-                streams, v_first = blk.forward_hyper(streams, v_first)
-            x = self.hc_head(streams)
+            if fusable(self):  # no hook can see the difference: each write fused with the next read
+                x = self._forward_hyper_fused(streams, v_first)
+            else:
+                for blk in self.blocks:
+                    streams, v_first = blk.forward_hyper(streams, v_first)
+                x = self.hc_head(streams)
         else:
             for blk in self.blocks:
                 x, v_first = blk(x, v_first)

@@ -15,8 +15,8 @@ from probe.kernels.sink_attention.dispatch import sink_attention
 from probe.kernels.softpick import softpick_attention
 from probe.kernels.softpick.fused import softpick_of_scores_fused
 from probe.kernels.stickbreaking.fused import stickbreaking_of_scores_fused
-from probe.models.depth_mechanisms.hyper_connections import normed_projection, sinkhorn
-from probe.models.hyper import HyperConnection, read_streams
+from probe.models.depth_mechanisms.hyper_connections import sinkhorn
+from probe.models.hyper import HyperConnection, normed_projection, read_streams
 
 REFUSED = r"fused backward has no second derivative \(create_graph=True\); run it with backend='reference'"
 

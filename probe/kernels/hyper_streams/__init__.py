@@ -1,6 +1,7 @@
 """Hyper-connections' stream products (probe/models/hyper.py's read and write, forward and backward) and mHC's
 Sinkhorn-Knopp (probe/models/depth_mechanisms/hyper_connections.py's ``sinkhorn``) as C kernels on CPU:
-``streams.c``, one pass over each token's (n, d) streams, and ``sinkhorn.c``, each token's n x n steps in L1; built
+``streams.c``, one pass over each token's (n, d) streams (a read, a write, or a boundary: a write and the next
+read's projections), and ``sinkhorn.c``, each token's n x n steps in L1; built
 and cached by probe.kernels.native.
 
 Each function returns None where the kernels do not take the call (a non-CPU tensor, a dtype other than fp32 / fp64,
@@ -75,7 +76,60 @@ def write_backward(grad, streams, out, post, res, needs: tuple[bool, bool, bool,
     return tuple(grads)
 
 
-MAX_STEP_ENTRIES = 65536  # sinkhorn.c's stack limit per token: (2 iters + 2) n (n + 1) entries
+def enabled() -> bool:
+    """Are the stream kernels built and on (native kernels not switched off, a compiler found, the build done)?"""
+    return native.library(SOURCE) is not None
+
+
+def takes_boundary(streams, out, post, res) -> bool:
+    """Do the kernels take a fused boundary of these tensors (CPU, contiguous, one dtype of fp32 / fp64)?"""
+    return _kernel("boundary_forward", streams, out, post, res) is not None
+
+
+def boundary_forward(streams, out, post, res, proj: torch.Tensor | None, groups: int, eps: float, pre=None):
+    """The write Y = H_res X + H_post ⊗ f (B,T,n,d); where ``proj`` (k, L) is given, each of Y's ``groups`` groups'
+    (L = n·d / groups values) inverse rms (B,T,groups) and projections (B,T,groups,k); where ``pre`` (B,T,n) is given,
+    the read Σ_j pre_j Y_j (B,T,d). Returns (Y, dots, inv_rms, read), None for what was not asked; None where the
+    kernels do not take the call."""
+    optional = tuple(t for t in (proj, pre) if t is not None)
+    fn = _kernel("boundary_forward", streams, out, post, res, *optional)
+    if fn is None:
+        return None
+    *lead, n, d = streams.shape
+    k = proj.shape[0] if proj is not None else 0
+    new = torch.empty_like(streams)
+    dots = streams.new_empty(*lead, groups, k) if k else None
+    inv_rms = streams.new_empty(*lead, groups) if k else None
+    read = out.new_empty(out.shape) if pre is not None else None
+    native.call(
+        fn, streams, out, post, res, proj, pre, new, dots, inv_rms, read, out.numel() // max(d, 1), n, d, groups, k, eps
+    )
+    return new, dots, inv_rms, read
+
+
+def boundary_backward(grad, grad_read, pre, new, streams, out, post, res, proj, grad_dots, coeff, groups, want_pre):
+    """(grad_streams, grad_out, grad_post, grad_res, grad_pre or None) of a boundary: Y's gradient is ``grad``
+    (B,T,n,d, or None) + pre ⊗ grad_read + the projection's (grad_dots (B,T,groups,k) along proj's rows, + coeff
+    (B,T,groups) · Y); ``want_pre``: the read's weight gradient Y_j · grad_read too (B,T,n). The caller made sure the
+    kernels take the call (``boundary_forward`` did)."""
+    grad_read = grad_read.contiguous()
+    optional = tuple(t for t in (grad, proj, grad_dots, coeff) if t is not None)
+    fn = _kernel("boundary_backward", grad_read, pre, new, streams, out, post, res, *optional)
+    assert fn is not None  # boundary_forward took the same tensors
+    *lead, n, d = streams.shape
+    k = proj.shape[0] if proj is not None else 0
+    grads = [torch.empty_like(t) for t in (streams, out, post, res)]
+    grad_pre = torch.empty_like(pre) if want_pre else None
+    failed = native.call(
+        fn, grad, grad_read, pre, new, streams, out, post, res, proj, grad_dots, coeff, *grads, grad_pre,
+        out.numel() // max(d, 1), n, d, groups, k,
+    )  # fmt: skip
+    if failed:
+        raise MemoryError("hyper-connection boundary backward: no memory for a token's stream gradient")
+    return (*grads, grad_pre)
+
+
+MAX_STEP_ENTRIES = 65536  # sinkhorn.c's workspace limit per token (x 16 side by side): (2 iters + 2) n (n + 1)
 
 
 def takes_sinkhorn(logits: torch.Tensor, iters: int) -> bool:

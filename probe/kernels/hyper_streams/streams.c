@@ -7,18 +7,105 @@
      read    h_t = sum_j w_tj X_tj                        backward: gw_tj = X_tj . g_t, gX_tj = w_tj g_t
      write   Y_ti = sum_j res_tij X_tj + post_ti f_t      backward: gX_tj = sum_i res_tij G_ti,
                                                                     gf_t = sum_i post_ti G_ti,
-                                                                    gpost_ti = G_ti . f_t, gres_tij = G_ti . X_tj */
+                                                                    gpost_ti = G_ti . f_t, gres_tij = G_ti . X_tj
+     boundary  one sub-layer's write and the next read's projections of its output (probe/models/hyper_boundary.py),
+               forward and backward, in one pass over each token's streams
+
+   The many short dot products (a token's n x n + n weight gradients, the projections) run eight at a time
+   (``dots``): one dot is a chain of dependent vector adds ended by a horizontal sum, and that chain, not memory,
+   was what the backward waited on. */
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+
+#define OFFSET(p, off) ((p) ? (p) + (off) : 0) /* a row of an optional output, NULL where it is not asked for */
+
+#define HELPERS(T)                                                                                                \
+  /* out[r] = v . rows[r] for r < cnt (len values each), eight rows per pass over v */                           \
+  static inline void dots_##T(const T *v, const T *const *rows, int64_t cnt, int64_t len, T *out) {               \
+    for (int64_t r0 = 0; r0 < cnt; r0 += 8) {                                                                     \
+      const T *p[8];                                                                                              \
+      for (int r = 0; r < 8; r++) p[r] = rows[r0 + r < cnt ? r0 + r : cnt - 1]; /* past cnt: dropped */           \
+      const T *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3], *p4 = p[4], *p5 = p[5], *p6 = p[6], *p7 = p[7];     \
+      T a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;                                           \
+      _Pragma("omp simd reduction(+ : a0, a1, a2, a3, a4, a5, a6, a7)") for (int64_t e = 0; e < len; e++) {      \
+        T x_ = v[e];                                                                                              \
+        a0 += x_ * p0[e], a1 += x_ * p1[e], a2 += x_ * p2[e], a3 += x_ * p3[e];                                   \
+        a4 += x_ * p4[e], a5 += x_ * p5[e], a6 += x_ * p6[e], a7 += x_ * p7[e];                                   \
+      }                                                                                                           \
+      T a[8] = {a0, a1, a2, a3, a4, a5, a6, a7};                                                                  \
+      for (int r = 0; r < 8 && r0 + r < cnt; r++) out[r0 + r] = a[r];                                             \
+    }                                                                                                             \
+  }                                                                                                               \
+                                                                                                                  \
+  /* b += sum_r s[r] rows[r] (r < cnt, len values each), one pass over b per eight rows */                        \
+  static inline void spread_##T(T *b, const T *s, const T *const *rows, int64_t cnt, int64_t len) {               \
+    for (int64_t r0 = 0; r0 < cnt; r0 += 8) {                                                                     \
+      const T *p[8];                                                                                              \
+      T w[8];                                                                                                     \
+      for (int r = 0; r < 8; r++) {                                                                               \
+        p[r] = rows[r0 + r < cnt ? r0 + r : cnt - 1];                                                             \
+        w[r] = r0 + r < cnt ? s[r0 + r] : 0; /* past cnt: weighs 0 */                                             \
+      }                                                                                                           \
+      const T *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3], *p4 = p[4], *p5 = p[5], *p6 = p[6], *p7 = p[7];     \
+      T w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4], w5 = w[5], w6 = w[6], w7 = w[7];                   \
+      _Pragma("omp simd") for (int64_t e = 0; e < len; e++) b[e] +=                                               \
+          w0 * p0[e] + w1 * p1[e] + w2 * p2[e] + w3 * p3[e] + w4 * p4[e] + w5 * p5[e] + w6 * p6[e] + w7 * p7[e];  \
+    }                                                                                                             \
+  }                                                                                                               \
+                                                                                                                  \
+  /* y = sum_j w_j x_j (n rows of d) */                                                                           \
+  static inline void mix_##T(T *y, const T *w, const T *x, int64_t n, int64_t d) {                                \
+    _Pragma("omp simd") for (int64_t e = 0; e < d; e++) y[e] = w[0] * x[e];                                       \
+    for (int64_t j = 1; j < n; j++) {                                                                             \
+      _Pragma("omp simd") for (int64_t e = 0; e < d; e++) y[e] += w[j] * x[j * d + e];                            \
+    }                                                                                                             \
+  }                                                                                                               \
+                                                                                                                  \
+  /* token t's write: Y_i = sum_j res_ij X_j + post_i f (x: n x d, f: d, post: n, res: n x n, y: n x d) */        \
+  static inline void write_token_##T(const T *x, const T *f, const T *post, const T *res, T *y, int64_t n,        \
+                                     int64_t d) {                                                                 \
+    for (int64_t i = 0; i < n; i++) {                                                                             \
+      T *yi = y + i * d, p_ = post[i];                                                                            \
+      mix_##T(yi, res + i * n, x, n, d);                                                                          \
+      _Pragma("omp simd") for (int64_t e = 0; e < d; e++) yi[e] += p_ * f[e];                                     \
+    }                                                                                                             \
+  }                                                                                                               \
+                                                                                                                  \
+  /* token t's write backward from G (g: n x d); gx, gf, gpost, gres may be NULL (not asked for) */               \
+  static inline void write_backward_token_##T(const T *g, const T *x, const T *f, const T *post, const T *res,    \
+                                              T *gx, T *gf, T *gpost, T *gres, int64_t n, int64_t d) {            \
+    if (gx) {                                                                                                     \
+      for (int64_t j = 0; j < n; j++) {                                                                           \
+        T *gxj = gx + j * d;                                                                                      \
+        _Pragma("omp simd") for (int64_t e = 0; e < d; e++) gxj[e] = res[j] * g[e];                               \
+        for (int64_t i = 1; i < n; i++) {                                                                         \
+          T r_ = res[i * n + j];                                                                                  \
+          _Pragma("omp simd") for (int64_t e = 0; e < d; e++) gxj[e] += r_ * g[i * d + e];                        \
+        }                                                                                                         \
+      }                                                                                                           \
+    }                                                                                                             \
+    if (gf) mix_##T(gf, post, g, n, d);                                                                           \
+    if (gpost || gres) { /* G_i . X_j (j < n) and G_i . f, n + 1 dots per output stream */                       \
+      const T *rows[n + 1];                                                                                       \
+      T out[n + 1];                                                                                               \
+      for (int64_t j = 0; j < n; j++) rows[j] = x + j * d;                                                        \
+      rows[n] = f;                                                                                                \
+      for (int64_t i = 0; i < n; i++) {                                                                           \
+        dots_##T(g + i * d, rows, n + 1, d, out);                                                                 \
+        if (gres)                                                                                                 \
+          for (int64_t j = 0; j < n; j++) gres[i * n + j] = out[j];                                               \
+        if (gpost) gpost[i] = out[n];                                                                             \
+      }                                                                                                           \
+    }                                                                                                             \
+  }
 
 #define STREAMS(T)                                                                                                \
+  HELPERS(T)                                                                                                      \
+                                                                                                                  \
   void read_forward_##T(const T *w, const T *x, T *h, int64_t N, int64_t n, int64_t d, int threads) {             \
     _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int64_t t = 0; t < N; t++) {           \
-      const T *wt = w + t * n, *xt = x + t * n * d;                                                               \
-      T *ht = h + t * d;                                                                                          \
-      _Pragma("omp simd") for (int64_t k = 0; k < d; k++) ht[k] = wt[0] * xt[k];                                  \
-      for (int64_t j = 1; j < n; j++) {                                                                           \
-        _Pragma("omp simd") for (int64_t k = 0; k < d; k++) ht[k] += wt[j] * xt[j * d + k];                       \
-      }                                                                                                           \
+      mix_##T(h + t * d, w + t * n, x + t * n * d, n, d);                                                         \
     }                                                                                                             \
   }                                                                                                               \
                                                                                                                   \
@@ -27,16 +114,14 @@
                          int threads) {                                                                           \
     _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int64_t t = 0; t < N; t++) {           \
       const T *wt = w + t * n, *xt = x + t * n * d, *gt = g + t * d;                                              \
-      for (int64_t j = 0; j < n; j++) {                                                                           \
-        if (gw) {                                                                                                 \
-          T dot = 0;                                                                                              \
-          _Pragma("omp simd reduction(+ : dot)") for (int64_t k = 0; k < d; k++) dot += xt[j * d + k] * gt[k];    \
-          gw[t * n + j] = dot;                                                                                    \
-        }                                                                                                         \
-        if (gx) {                                                                                                 \
-          T *gxt = gx + (t * n + j) * d;                                                                          \
-          _Pragma("omp simd") for (int64_t k = 0; k < d; k++) gxt[k] = wt[j] * gt[k];                             \
-        }                                                                                                         \
+      if (gw) {                                                                                                   \
+        const T *rows[n];                                                                                         \
+        for (int64_t j = 0; j < n; j++) rows[j] = xt + j * d;                                                     \
+        dots_##T(gt, rows, n, d, gw + t * n);                                                                     \
+      }                                                                                                           \
+      for (int64_t j = 0; j < n && gx; j++) {                                                                     \
+        T *gxt = gx + (t * n + j) * d;                                                                            \
+        _Pragma("omp simd") for (int64_t e = 0; e < d; e++) gxt[e] = wt[j] * gt[e];                               \
       }                                                                                                           \
     }                                                                                                             \
   }                                                                                                               \
@@ -44,16 +129,7 @@
   void write_forward_##T(const T *x, const T *f, const T *post, const T *res, T *y, int64_t N, int64_t n,          \
                          int64_t d, int threads) {                                                                \
     _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int64_t t = 0; t < N; t++) {           \
-      const T *xt = x + t * n * d, *ft = f + t * d, *rt = res + t * n * n;                                        \
-      for (int64_t i = 0; i < n; i++) {                                                                           \
-        T *yti = y + (t * n + i) * d;                                                                             \
-        _Pragma("omp simd") for (int64_t k = 0; k < d; k++) yti[k] = rt[i * n] * xt[k];                           \
-        for (int64_t j = 1; j < n; j++) {                                                                         \
-          _Pragma("omp simd") for (int64_t k = 0; k < d; k++) yti[k] += rt[i * n + j] * xt[j * d + k];            \
-        }                                                                                                         \
-        T p = post[t * n + i];                                                                                    \
-        _Pragma("omp simd") for (int64_t k = 0; k < d; k++) yti[k] += p * ft[k];                                  \
-      }                                                                                                           \
+      write_token_##T(x + t * n * d, f + t * d, post + t * n, res + t * n * n, y + t * n * d, n, d);              \
     }                                                                                                             \
   }                                                                                                               \
                                                                                                                   \
@@ -61,40 +137,84 @@
   void write_backward_##T(const T *g, const T *x, const T *f, const T *post, const T *res, T *gx, T *gf, T *gpost, \
                           T *gres, int64_t N, int64_t n, int64_t d, int threads) {                                \
     _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int64_t t = 0; t < N; t++) {           \
-      const T *gt = g + t * n * d, *xt = x + t * n * d, *ft = f + t * d, *rt = res + t * n * n;                   \
-      if (gx) {                                                                                                   \
-        for (int64_t j = 0; j < n; j++) {                                                                         \
-          T *gxj = gx + (t * n + j) * d;                                                                          \
-          _Pragma("omp simd") for (int64_t k = 0; k < d; k++) gxj[k] = rt[j] * gt[k];                             \
-          for (int64_t i = 1; i < n; i++) {                                                                       \
-            _Pragma("omp simd") for (int64_t k = 0; k < d; k++) gxj[k] += rt[i * n + j] * gt[i * d + k];          \
-          }                                                                                                       \
-        }                                                                                                         \
+      write_backward_token_##T(g + t * n * d, x + t * n * d, f + t * d, post + t * n, res + t * n * n,            \
+                               OFFSET(gx, t * n * d), OFFSET(gf, t * d), OFFSET(gpost, t * n),                    \
+                               OFFSET(gres, t * n * n), n, d);                                                    \
+    }                                                                                                             \
+  }                                                                                                               \
+                                                                                                                  \
+  /* A boundary: the write Y = res X + post f, and, for k > 0, each of its G groups' (L = n d / G values) inverse  \
+     rms and k projections y_g . proj[kk] (proj: k x L); where pre is given (the next read's weights do not depend \
+     on Y), the read sum_j pre_j Y_j too: all while the token's Y sits in L1 */                                   \
+  void boundary_forward_##T(const T *x, const T *f, const T *post, const T *res, const T *proj, const T *pre,      \
+                            T *y, T *dots, T *inv_rms, T *read, int64_t N, int64_t n, int64_t d, int64_t G,       \
+                            int64_t k, double eps, int threads) {                                                 \
+    int64_t L = n * d / G;                                                                                        \
+    const T *rows[k > 0 ? k : 1];                                                                                 \
+    for (int64_t kk = 0; kk < k; kk++) rows[kk] = proj + kk * L;                                                  \
+    _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int64_t t = 0; t < N; t++) {           \
+      T *yt = y + t * n * d;                                                                                      \
+      write_token_##T(x + t * n * d, f + t * d, post + t * n, res + t * n * n, yt, n, d);                         \
+      for (int64_t g = 0; g < G && k > 0; g++) {                                                                  \
+        const T *yg = yt + g * L;                                                                                 \
+        T ss = 0;                                                                                                 \
+        _Pragma("omp simd reduction(+ : ss)") for (int64_t e = 0; e < L; e++) ss += yg[e] * yg[e];                \
+        inv_rms[t * G + g] = (T)1 / sqrt(ss / (T)L + (T)eps);                                                    \
+        dots_##T(yg, rows, k, L, dots + (t * G + g) * k);                                                         \
       }                                                                                                           \
-      if (gf) {                                                                                                   \
-        T *gft = gf + t * d;                                                                                      \
-        _Pragma("omp simd") for (int64_t k = 0; k < d; k++) gft[k] = post[t * n] * gt[k];                         \
-        for (int64_t i = 1; i < n; i++) {                                                                         \
-          T p = post[t * n + i];                                                                                  \
-          _Pragma("omp simd") for (int64_t k = 0; k < d; k++) gft[k] += p * gt[i * d + k];                        \
-        }                                                                                                         \
-      }                                                                                                           \
-      for (int64_t i = 0; i < n; i++) {                                                                           \
-        const T *gi = gt + i * d;                                                                                 \
-        if (gpost) {                                                                                              \
-          T dot = 0;                                                                                              \
-          _Pragma("omp simd reduction(+ : dot)") for (int64_t k = 0; k < d; k++) dot += gi[k] * ft[k];            \
-          gpost[t * n + i] = dot;                                                                                 \
-        }                                                                                                         \
-        if (gres) {                                                                                               \
-          for (int64_t j = 0; j < n; j++) {                                                                       \
-            T dot = 0;                                                                                            \
-            _Pragma("omp simd reduction(+ : dot)") for (int64_t k = 0; k < d; k++) dot += gi[k] * xt[j * d + k];  \
-            gres[(t * n + i) * n + j] = dot;                                                                      \
+      if (pre) mix_##T(read + t * d, pre + t * n, yt, n, d);                                                      \
+    }                                                                                                             \
+  }                                                                                                               \
+                                                                                                                  \
+  /* Its backward: per token, Y's whole gradient gY = G (NULL: none) + pre (x) gread + for each group              \
+     gdots[g] proj + coeff[g] y_g (the projection's, dots and inv rms folded in by the caller), kept in a buffer,  \
+     then the write's backward from gY. Where gpre is asked for (the read's weights' gradient Y_j . gread: only     \
+     where pre did not depend on Y, k = 0), Y is recomputed in the buffer's second half from X and f, which the    \
+     write's backward reads anyway. Returns 1 where the buffer could not be allocated. */                         \
+  int boundary_backward_##T(const T *gy, const T *gread, const T *pre, const T *y, const T *x, const T *f,         \
+                            const T *post, const T *res, const T *proj, const T *gdots, const T *coeff, T *gx,    \
+                            T *gf, T *gpost, T *gres, T *gpre, int64_t N, int64_t n, int64_t d, int64_t G,        \
+                            int64_t k, int threads) {                                                             \
+    int64_t L = n * d / G;                                                                                        \
+    const T *rows[k > 0 ? k : 1];                                                                                 \
+    for (int64_t kk = 0; kk < k; kk++) rows[kk] = proj + kk * L;                                                  \
+    int failed = 0;                                                                                               \
+    _Pragma("omp parallel num_threads(threads)") {                                                                \
+      T *buf = malloc(sizeof(T) * 2 * n * d);                                                                     \
+      if (!buf) {                                                                                                 \
+        _Pragma("omp atomic write") failed = 1;                                                                   \
+      } else {                                                                                                    \
+        T *again = buf + n * d; /* Y recomputed, for gpre */                                                      \
+        const T *streams[n];                                                                                      \
+        for (int64_t j = 0; j < n; j++) streams[j] = again + j * d;                                               \
+        _Pragma("omp for schedule(static)") for (int64_t t = 0; t < N; t++) {                                     \
+          const T *yt = y + t * n * d, *gr = gread + t * d, *xt = x + t * n * d, *ft = f + t * d;                 \
+          if (gpre) {                                                                                             \
+            write_token_##T(xt, ft, post + t * n, res + t * n * n, again, n, d);                                  \
+            dots_##T(gr, streams, n, d, gpre + t * n);                                                            \
           }                                                                                                       \
+          for (int64_t i = 0; i < n; i++) {                                                                       \
+            T p_ = pre[t * n + i], *bi = buf + i * d;                                                             \
+            const T *gi = gy ? gy + (t * n + i) * d : 0;                                                          \
+            if (gi) {                                                                                             \
+              _Pragma("omp simd") for (int64_t e = 0; e < d; e++) bi[e] = gi[e] + p_ * gr[e];                     \
+            } else {                                                                                              \
+              _Pragma("omp simd") for (int64_t e = 0; e < d; e++) bi[e] = p_ * gr[e];                             \
+            }                                                                                                     \
+          }                                                                                                       \
+          for (int64_t g = 0; g < G && k > 0; g++) {                                                              \
+            T *bg = buf + g * L, c_ = coeff[t * G + g];                                                           \
+            const T *yg = yt + g * L;                                                                             \
+            _Pragma("omp simd") for (int64_t e = 0; e < L; e++) bg[e] += c_ * yg[e];                              \
+            spread_##T(bg, gdots + (t * G + g) * k, rows, k, L);                                                  \
+          }                                                                                                       \
+          write_backward_token_##T(buf, xt, ft, post + t * n, res + t * n * n, OFFSET(gx, t * n * d),             \
+                                   OFFSET(gf, t * d), OFFSET(gpost, t * n), OFFSET(gres, t * n * n), n, d);       \
         }                                                                                                         \
+        free(buf);                                                                                                \
       }                                                                                                           \
     }                                                                                                             \
+    return failed;                                                                                                \
   }
 
 STREAMS(float)

@@ -16,13 +16,8 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.kernels import hyper_streams
 from probe.kernels.common import first_order_only
-from probe.models.hyper import HyperConnection, read_streams, register_hyper
+from probe.models.hyper import HyperConnection, read_streams, register_hyper, weights
 from probe.models.layers import RMSNorm
-
-
-def _weight_dtype(streams: torch.Tensor) -> torch.dtype:
-    """Mixing weights are computed in at least fp32 (DeepSeek's HC modules run in fp32), fp64 stays fp64."""
-    return torch.promote_types(streams.dtype, torch.float32)
 
 
 @register_hyper("hc")
@@ -39,9 +34,8 @@ class StaticHyperConnection(HyperConnection):
         self.static_post = nn.Parameter(torch.ones(self.n))  # n (their B)
         self.static_res = nn.Parameter(torch.eye(self.n))  # n × n, out × in (their A_r transposed)
 
-    def weights(self, streams):
-        B, T = streams.shape[:2]
-        dtype = _weight_dtype(streams)
+    def weights_from_logits(self, logits, lead, dtype):
+        B, T = lead
         pre, post, res = (p.to(dtype) for p in (self.static_pre, self.static_post, self.static_res))
         # copies, not expanded views: a hook that edits them in place edits this forward's weights, not the
         # parameters (the write's and the read's products make them contiguous anyway)
@@ -73,16 +67,15 @@ class DynamicHyperConnection(StaticHyperConnection):
         self.alpha_scale = nn.Parameter(torch.tensor(0.01))  # s_α
         self.beta_scale = nn.Parameter(torch.tensor(0.01))  # s_β
 
-    def weights(self, streams):
-        pre, post, res = super().weights(streams)
-        n, dtype = self.n, pre.dtype
-        wide = streams.to(dtype)
+    def projection(self, dtype):
         # RMSNorm(X_j) W = (X_j (γ ⊙ W)) / rms(X_j): the gain folded into the three projections, done as one product,
         # and the divisor applied to their 2 + n outputs instead of the d inputs (no normalised copy of the streams)
         proj = torch.cat([self.pre_proj[:, None], self.post_proj[:, None], self.res_proj], dim=1).to(dtype)  # d, 2+n
-        proj = proj * self.norm.weight.to(dtype)[:, None]
-        coeffs = torch.tanh(normed_projection(wide, proj, self.norm.eps))  # B,T,n_in,2+n
-        dyn_pre, dyn_post, dyn_res = coeffs.split([1, 1, n], dim=-1)
+        return proj * self.norm.weight.to(dtype)[:, None], self.n, self.norm.eps  # one group per stream
+
+    def weights_from_logits(self, logits, lead, dtype):  # logits: B,T,n_in,2+n
+        pre, post, res = super().weights_from_logits(None, lead, dtype)
+        dyn_pre, dyn_post, dyn_res = torch.tanh(logits).split([1, 1, self.n], dim=-1)
         alpha, beta = self.alpha_scale.to(dtype), self.beta_scale.to(dtype)
         pre = pre + alpha * dyn_pre.squeeze(-1)  # B,T,n
         post = post + beta * dyn_post.squeeze(-1)  # B,T,n
@@ -155,39 +148,6 @@ class _Normalise(torch.autograd.Function):
         return grad, None, None
 
 
-def normed_projection(x: torch.Tensor, proj: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm(x) W with no gain (a gain is folded into W by the caller): (..., d) @ (d, k) -> (..., k), computed as
-    (x W) / rms(x), rms(x) = √(mean(x²) + eps), so the divisor acts on k outputs and no normalised copy of x exists."""
-    return _NormedProjection.apply(x, proj, eps)
-
-
-class _NormedProjection(torch.autograd.Function):
-    """(x W) · r, r = 1 / rms(x), with a hand-written backward: G r Wᵀ + x c with c = −(Σ_k G·xW) r³ / d (r's
-    derivative), one product and one fused multiply-add over x where autograd takes five passes over it."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, proj: torch.Tensor, eps: float) -> torch.Tensor:  # ..., d; d, k
-        inv_rms = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1] + eps)
-        projected = torch.matmul(x, proj)  # ..., k
-        ctx.save_for_backward(x, proj, projected, inv_rms)
-        return projected * inv_rms
-
-    @staticmethod
-    @first_order_only
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: torch.Tensor):  # ..., k
-        x, proj, projected, inv_rms = ctx.saved_tensors
-        d, k = proj.shape
-        grad_projected = grad * inv_rms  # ..., k
-        grad_x = grad_proj = None
-        if ctx.needs_input_grad[0]:
-            coeff = (grad * projected).sum(-1, keepdim=True) * inv_rms.pow(3) / -d  # ..., 1
-            grad_x = torch.matmul(grad_projected, proj.T).addcmul_(x, coeff.expand_as(x))  # ..., d
-        if ctx.needs_input_grad[1]:
-            grad_proj = x.reshape(-1, d).T @ grad_projected.reshape(-1, k)  # d, k
-        return grad_x, grad_proj, None
-
-
 @register_hyper("mhc")
 class ManifoldHyperConnection(HyperConnection):
     """mHC: [pre | post | res logits] = RMSNorm(flatten X) φ + b with one scale per part; H_pre = σ + ε, H_post = 2σ,
@@ -207,11 +167,12 @@ class ManifoldHyperConnection(HyperConnection):
     def head(config) -> nn.Module:
         return ManifoldHead(config)
 
-    def weights(self, streams):
-        n, dtype = self.n, _weight_dtype(streams)
-        flat = streams.flatten(2).to(dtype)  # B,T,n·d
-        logits = normed_projection(flat, self.proj.to(dtype).T, self.norm_eps)  # B,T,(2+n)n: RMSNorm(flat) φ
-        pre_w, post_w, res_w = logits.split([n, n, n * n], dim=-1)
+    def projection(self, dtype):
+        return self.proj.to(dtype).T, 1, self.norm_eps  # n·d, (2+n)n: RMSNorm(flatten X) φ, one group
+
+    def weights_from_logits(self, logits, lead, dtype):  # logits: B,T,1,(2+n)n
+        n = self.n
+        pre_w, post_w, res_w = logits.squeeze(-2).split([n, n, n * n], dim=-1)
         pre_b, post_b, res_b = self.bias.to(dtype).split([n, n, n * n])
         s_pre, s_post, s_res = self.scale.to(dtype).unbind(0)
         pre = torch.sigmoid(pre_w * s_pre + pre_b) + self.eps
@@ -234,10 +195,12 @@ class ManifoldHead(nn.Module):
         self.scale = nn.Parameter(torch.ones(1))
         self.hook_pre = HookPoint()  # B,T,n
 
+    def projection(self, dtype):
+        return self.proj.to(dtype).T, 1, self.norm_eps  # n·d, n: RMSNorm(flatten X) φ
+
+    def weights_from_logits(self, logits, lead, dtype):  # logits: B,T,1,n
+        return torch.sigmoid(logits.squeeze(-2) * self.scale.to(dtype) + self.bias.to(dtype)) + self.eps, None, None
+
     def forward(self, streams: torch.Tensor) -> torch.Tensor:  # B,T,n,d -> B,T,d
-        dtype = _weight_dtype(streams)
-        flat = streams.flatten(2).to(dtype)  # B,T,n·d
-        logits = normed_projection(flat, self.proj.to(dtype).T, self.norm_eps)  # B,T,n: RMSNorm(flat) φ
-        pre = torch.sigmoid(logits * self.scale.to(dtype) + self.bias.to(dtype))
-        pre = self.hook_pre(pre + self.eps)
-        return read_streams(pre.to(streams.dtype), streams)
+        pre, _, _ = weights(self, streams)
+        return read_streams(self.hook_pre(pre).to(streams.dtype), streams)

@@ -1,0 +1,158 @@
+"""A hyper-connected model's boundaries fused: one sub-layer's write and the next sub-layer's read (or the head's
+collapse) as one autograd node (docs/definitions.md#hyper-connections, "Boundaries").
+
+Between sub-layer k's output f and sub-layer k + 1's input, the unfused path (probe/models/hyper.py) writes the new
+streams Y = H_res X + H_post ⊗ f, computes the next connection's weights from Y (a normed projection of its streams
+for dynamic HC and mHC), and reads Σ_j pre_j Y_j: five passes over the (B,T,n,d) streams forward, and backward three
+gradients of Y (the next write's, the read's, the projection's) that autograd adds in two more. On a CPU these
+passes over memory, not the arithmetic, set a hyper-connected step's time. Fused, the forward is two passes (the write
+with the projections of each token's new streams while they sit in L1, then the read) and the backward two (the
+read's weight gradients, then Y's whole gradient per token in a buffer, pushed straight through the write's backward),
+with the weights' own small graph (sigmoid, tanh, Sinkhorn on (B,T,n,n)) differentiated by autograd inside.
+
+The fused path runs where it cannot be seen: the C kernels take the tensors (CPU, fp32 / fp64, the default backend)
+and the model's stream hook points have no hooks and are not materialised (``fusable``); otherwise the model runs
+the blocks' own read and write, which fire every hook. The two compute the same sums in another order
+(tests/models/test_hyper_boundary.py compares logits and every gradient).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from probe.kernels import hyper_streams
+from probe.kernels.backend import current_backend
+from probe.kernels.common import first_order_only
+from probe.models.hyper import HyperConnection, read_streams
+
+
+def fusable(model) -> bool:
+    """Can ``model``'s hyper-connected forward run fused: default backend, C kernels built, and no hook on (nor
+    materialisation of) any point the fused path skips: each block's stream and sum points and its connections'
+    weights and reads, and the head's collapse."""
+    if current_backend() != "auto" or not hyper_streams.enabled():
+        return False
+    for blk in model.blocks:
+        if blk.materialize:
+            return False
+        points = [blk.hook_streams, blk.hook_streams_mid, blk.hook_resid_pre, blk.hook_resid_mid, blk.hook_resid_post]
+        for hc in (blk.hc_attn, blk.hc_mlp):
+            points += [hc.hook_pre, hc.hook_post, hc.hook_res, hc.hook_read]
+        if any(_watched(p) for p in points):
+            return False
+    return not _watched(model.hc_head.hook_pre)
+
+
+def _watched(point) -> bool:
+    """A TransformerLens hook, or a plain torch hook, on ``point``."""
+    return point.has_hooks() or bool(point._forward_hooks or point._forward_pre_hooks or point._backward_hooks)
+
+
+def boundary(streams: torch.Tensor, out: torch.Tensor, mix, reader):
+    """Sub-layer output ``out`` (B,T,d) written into ``streams`` (B,T,n,d) with ``mix`` = (post, res), then read by
+    ``reader`` (the next HyperConnection, or the head). Returns (new streams, the reader's output (B,T,d), the next
+    mix, or None after the head). Fused where the kernels take the tensors, else the unfused write and read."""
+    post, res = mix
+    post, res = post.to(out.dtype).contiguous(), res.to(streams.dtype).contiguous()
+    if not hyper_streams.takes_boundary(streams, out, post, res):
+        new = HyperConnection.write(streams, out, mix)
+        if isinstance(reader, HyperConnection):
+            read, next_mix = reader.read(new)
+            return new, read, next_mix
+        return new, reader(new), None
+    params = tuple(p for p in reader.parameters() if p.requires_grad) if torch.is_grad_enabled() else ()
+    new, read, next_post, next_res = _Boundary.apply(streams, out, post, res, reader, *params)
+    return new, read, (next_post, next_res) if next_post is not None else None
+
+
+def _project_and_weigh(streams, out, post, res, reader, track: bool):
+    """The fused forward: (new streams, read, pre, the reader's weights (pre, post, res), the projection's saved
+    values, the small graph to differentiate). ``track``: build the weights' graph (autograd will ask for the
+    backward). Weights that read nothing of the streams (static HC, the stream sum) are known before the write, and
+    the read is done in its pass."""
+    dtype, lead = streams.dtype, streams.shape[:2]
+    with torch.set_grad_enabled(track):
+        spec = reader.projection(dtype)
+    if spec is None:
+        with torch.set_grad_enabled(track):
+            weights = reader.weights_from_logits(None, lead, dtype)
+        pre = weights[0].detach().to(dtype).contiguous()
+        new, _, _, read = hyper_streams.boundary_forward(streams, out, post, res, None, 1, 0.0, pre)
+        return new, read, pre, weights, (None, 1, None, None), (None, None)
+    proj, groups, eps = spec  # L, k
+    rows = proj.detach().T.contiguous()  # k, L: each logit's weights contiguous for the kernel
+    new, dots, inv_rms, _ = hyper_streams.boundary_forward(streams, out, post, res, rows, groups, eps)
+    logits = (dots * inv_rms.unsqueeze(-1)).requires_grad_(track)  # B,T,groups,k: the normed projection
+    with torch.set_grad_enabled(track):
+        weights = reader.weights_from_logits(logits, lead, dtype)
+    pre = weights[0].detach().to(dtype).contiguous()
+    read = read_streams(pre, new)
+    return new, read, pre, weights, (rows, groups, dots, inv_rms), (logits, proj)
+
+
+class _Boundary(torch.autograd.Function):
+    """The fused boundary as one autograd node; ``params`` are the reader's trainable parameters, whose gradients
+    come from its weights' small graph (and the projection's) rebuilt in the forward."""
+
+    @staticmethod
+    def forward(ctx, streams, out, post, res, reader, *params):
+        track = any(ctx.needs_input_grad)
+        new, read, pre, weights, projected, graph = _project_and_weigh(streams, out, post, res, reader, track)
+        rows, groups, dots, inv_rms = projected
+        ctx.groups, ctx.graph, ctx.weights, ctx.params = groups, graph, weights, params
+        ctx.save_for_backward(streams, out, post, res, new, pre, rows, dots, inv_rms)
+        _, next_post, next_res = (None if w is None else w.detach() for w in weights)
+        return new, read, next_post, next_res
+
+    @staticmethod
+    @first_order_only
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_new, grad_read, grad_post, grad_res):
+        streams, out, post, res, new, pre, rows, dots, inv_rms = ctx.saved_tensors
+        (logits, proj), params = ctx.graph, ctx.params
+        if grad_read is None:
+            grad_read = torch.zeros_like(new[..., 0, :])
+        tensors = (grad_new, grad_read, pre, new, streams, out, post, res)
+        if logits is None:  # the weights do not depend on Y: the read's weight gradient comes from the same pass
+            *grads, grad_pre = hyper_streams.boundary_backward(*tensors, None, None, None, 1, True)
+            found = _grads(_pairs(ctx.weights, (grad_pre, grad_post, grad_res)), list(params))
+            return (*grads, None, *found)
+        grad_pre, _ = hyper_streams.read_backward(pre, new, grad_read, True, False)
+        found = _grads(_pairs(ctx.weights, (grad_pre, grad_post, grad_res)), [logits, *params])
+        grad_logits, grad_params = found[0], found[1:]
+        if grad_logits is None:
+            grad_logits = torch.zeros_like(logits)
+        grad_dots = (grad_logits * inv_rms.unsqueeze(-1)).contiguous()  # B,T,groups,k
+        size = rows.shape[1]  # L: the values each inverse rms averages
+        coeff = ((grad_logits * dots).sum(-1) * inv_rms.pow(3) / -size).contiguous()  # B,T,groups: via d rms / dY
+        if _tracked(proj):  # the projection's gradient, Σ_t dots' gradient ⊗ Y_g, back to its parameters
+            grad_rows = grad_dots.reshape(-1, rows.shape[0]).T @ new.reshape(-1, size)  # k, L
+            more = _grads([(proj, grad_rows.T)], list(params))
+            grad_params = [_add(a, b) for a, b in zip(grad_params, more, strict=True)]
+        *grads, _ = hyper_streams.boundary_backward(*tensors, rows, grad_dots, coeff, ctx.groups, False)
+        return (*grads, None, *grad_params)
+
+
+def _pairs(weights, grads) -> list:
+    """(weight, its gradient) where both are there and the weight is part of a graph."""
+    return [(w, g) for w, g in zip(weights, grads) if _tracked(w) and g is not None]
+
+
+def _tracked(t) -> bool:
+    return t is not None and t.requires_grad
+
+
+def _grads(pairs, leaves) -> list:
+    """d(Σ ⟨output, grad⟩)/d leaf for each leaf (None where unused)."""
+    wanted = [i for i, leaf in enumerate(leaves) if leaf.requires_grad]
+    found = [None] * len(leaves)
+    if pairs and wanted:
+        outputs, grads = zip(*pairs, strict=True)
+        got = torch.autograd.grad(outputs, [leaves[i] for i in wanted], grads, allow_unused=True)
+        for i, g in zip(wanted, got, strict=True):
+            found[i] = g
+    return found
+
+
+def _add(a, b):
+    return b if a is None else a if b is None else a + b

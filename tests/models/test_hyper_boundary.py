@@ -1,0 +1,155 @@
+"""The fused boundaries of hyper-connected models (probe.models.hyper_boundary): each sub-layer's write fused with the
+next read computes what the blocks' own read and write compute (logits and every parameter's gradient), runs only
+where no hook can see the difference, and falls back to the blocks' path everywhere else."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import probe
+import probe.kernels.hyper_streams as hyper_streams
+import probe.models.hyper_boundary as hyper_boundary
+import probe.models.model as probe_model
+from probe.hooks import names
+from probe.kernels import use_backend
+from probe.models import create
+
+TINY = dict(n_layers=2, d_model=32, n_heads=2, d_mlp=64, vocab_size=64, n_ctx=32)
+HYPER = ("hc", "hc-dynamic", "mhc")
+
+
+@pytest.fixture(autouse=True)
+def _kernels_built():
+    if not hyper_streams.enabled():
+        pytest.skip("no C compiler, or PROBE_NATIVE=0: the boundaries are never fused")
+
+
+def model_for(variant: str, dtype=torch.float64, **extra):
+    """A tiny model whose connections are far from their init (static HC at init is one-hot reads and identity
+    mixing, dynamic HC's projections are zero: a fused path that dropped a term would still agree there)."""
+    model = create(variant, seed=1, **TINY, **extra).to(dtype)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".hc_" in name or name.startswith("hc_head"):
+                p.add_(torch.randn(p.shape, generator=g, dtype=dtype) * 0.3)
+    return model
+
+
+def ids(seed: int = 0, shape=(3, 11)):
+    return torch.randint(0, TINY["vocab_size"], shape, generator=torch.Generator().manual_seed(seed))
+
+
+def logits_and_grads(model, x, **kwargs):
+    model.zero_grad()
+    out = model(x, labels=x, **kwargs)
+    out.loss.backward()
+    return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def count_fused(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = hyper_boundary._Boundary.apply
+    monkeypatch.setattr(hyper_boundary._Boundary, "apply", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+def unfused(monkeypatch):
+    monkeypatch.setattr(probe_model, "fusable", lambda model: False)
+
+
+@pytest.mark.parametrize("variant", HYPER)
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-11), (torch.float32, 2e-4)])
+def test_fused_boundaries_are_the_blocks_read_and_write(variant, dtype, tol, monkeypatch):
+    """Logits and every parameter's gradient (the connections', the attention's, the embedding's) of the fused
+    forward equal the blocks' path; the fused path ran at all 2 · n_layers boundaries."""
+    model, x = model_for(variant, dtype), ids()
+    calls = count_fused(monkeypatch)
+    fused_logits, fused_grads = logits_and_grads(model, x)
+    assert len(calls) == 2 * TINY["n_layers"]
+    unfused(monkeypatch)
+    logits, grads = logits_and_grads(model, x)
+    assert len(calls) == 2 * TINY["n_layers"]  # no more fused calls
+    torch.testing.assert_close(fused_logits, logits, rtol=tol, atol=tol)
+    assert fused_grads.keys() == grads.keys()
+    # relative to each gradient's largest entry, or to a thousandth of the largest of all where it is smaller (block
+    # 0's static read weight: a sum over tokens that nearly cancels, 1e-6 against 0.1 elsewhere)
+    floor = 1e-3 * max(grad.abs().max() for grad in grads.values())
+    for name, grad in grads.items():
+        assert (fused_grads[name] - grad).abs().max() <= tol * max(grad.abs().max(), floor), name
+
+
+@pytest.mark.parametrize("variant", HYPER)
+def test_frozen_connections_and_inference_fuse_alike(variant, monkeypatch):
+    """With the connections frozen (only the blocks train) the other gradients are the same; under no_grad the
+    logits are."""
+    model, x = model_for(variant), ids(1)
+    for name, p in model.named_parameters():
+        p.requires_grad_(".hc_" not in name and not name.startswith("hc_head"))
+    calls = count_fused(monkeypatch)
+    fused = logits_and_grads(model, x)
+    with torch.no_grad():
+        fused_no_grad = model(x).logits
+    assert len(calls) == 2 * 2 * TINY["n_layers"]
+    unfused(monkeypatch)
+    logits, grads = logits_and_grads(model, x)
+    torch.testing.assert_close(fused_no_grad, logits, rtol=1e-11, atol=1e-11)
+    torch.testing.assert_close(fused[0], logits, rtol=1e-11, atol=1e-11)
+    assert fused[1].keys() == grads.keys() and not any(".hc_" in n for n in grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(fused[1][name], grad, rtol=1e-10, atol=1e-12)
+
+
+def test_a_hook_on_a_sublayer_output_still_fuses_and_edits_alike(monkeypatch):
+    """hook_attn_out and hook_mlp_out fire before the write in both paths: an edit there fuses, with the same
+    result."""
+    model, x = model_for("mhc"), ids(2)
+    edit = [(names.sublayer_out(0, "attn"), lambda t, hook: t * 1.5)]
+    calls = count_fused(monkeypatch)
+    fused = model.run_with_hooks(x, fwd_hooks=edit)
+    assert len(calls) == 2 * TINY["n_layers"]
+    unfused(monkeypatch)
+    torch.testing.assert_close(fused, model.run_with_hooks(x, fwd_hooks=edit), rtol=1e-11, atol=1e-11)
+    assert (fused - model(x).logits).abs().max() > 1e-3  # the edit did something
+
+
+SKIPPED_POINTS = [
+    names.streams(0, "mid"),
+    names.streams(1),
+    names.hc(1, "attn", "pre"),
+    names.hc(0, "mlp", "res"),
+    names.resid(1, "mid"),
+    names.hyper_head(),
+]
+
+
+@pytest.mark.parametrize("point", SKIPPED_POINTS)
+def test_a_hook_on_a_point_the_fused_path_skips_turns_it_off(point, monkeypatch):
+    """A TransformerLens hook, a plain torch hook, or probe.materialize on a point between a write and the next read:
+    the blocks' path runs (and the hook sees its value)."""
+    model, x = model_for("hc-dynamic"), ids(3)
+    calls = count_fused(monkeypatch)
+    seen: list[str] = []
+    model.run_with_hooks(x, fwd_hooks=[(point, lambda t, hook: seen.append(hook.name))])
+    assert seen == [point] and calls == []
+    handle = model.get_submodule(point).register_forward_hook(lambda m, i, o: seen.append("torch"))
+    model(x)  # the stream sums stay lazy for a plain torch hook (they need a TransformerLens hook or materialize)
+    handle.remove()
+    assert calls == [] and (seen[-1] == "torch") != ("resid" in point)
+    with probe.materialize(model):
+        model(x)
+    assert calls == []
+    model(x)
+    assert len(calls) == 2 * TINY["n_layers"]  # nothing left attached
+
+
+def test_other_backends_and_dtypes_run_the_blocks_path(monkeypatch):
+    """The torch and compiled backends, and a dtype the kernels lack (bf16), never fuse."""
+    model, x = model_for("hc"), ids(4)
+    calls = count_fused(monkeypatch)
+    with use_backend("torch"):
+        model(x)
+    assert calls == []
+    model.to(torch.bfloat16)(x)
+    assert calls == []  # bf16: fusable, but no boundary takes the tensors; no error

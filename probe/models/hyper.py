@@ -110,6 +110,13 @@ class HyperConnection(nn.Module):
         ``projection`` (None where it is None); ``lead`` is (B, T)."""
         raise NotImplementedError
 
+    def pre_rule(self, dtype: torch.dtype) -> tuple | None:
+        """How pre follows from the logits, for the fused boundaries' kernel (probe.models.hyper_boundary), which
+        reads with it while the new streams sit in cache: (1, a, b, eps, step), pre_j = σ(a z_j + b_j) + eps, or
+        (2, a, b, 0, step), pre_j = b_j + a tanh(z_j), z_j the (j·step)-th of a token's groups × k logits; a a float,
+        b (n,) in ``dtype``. A mechanism with a ``projection`` gives one (weights_from_logits computes the same pre)."""
+        return None
+
     def weights(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return weights(self, streams)
 

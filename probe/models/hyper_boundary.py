@@ -23,7 +23,7 @@ import torch
 from probe.kernels import hyper_streams
 from probe.kernels.backend import current_backend
 from probe.kernels.common import first_order_only
-from probe.models.hyper import HyperConnection, read_streams
+from probe.models.hyper import HyperConnection
 
 
 def fusable(model) -> bool:
@@ -68,26 +68,28 @@ def boundary(streams: torch.Tensor, out: torch.Tensor, mix, reader):
 def _project_and_weigh(streams, out, post, res, reader, track: bool):
     """The fused forward: (new streams, read, pre, the reader's weights (pre, post, res), the projection's saved
     values, the small graph to differentiate). ``track``: build the weights' graph (autograd will ask for the
-    backward). Weights that read nothing of the streams (static HC, the stream sum) are known before the write, and
-    the read is done in its pass."""
+    backward). Weights that read nothing of the streams (static HC, the stream sum) are known before the write;
+    those that do give their read weights' rule (``pre_rule``), which the kernel follows per token."""
     dtype, lead = streams.dtype, streams.shape[:2]
     with torch.set_grad_enabled(track):
         spec = reader.projection(dtype)
-    if spec is None:
-        with torch.set_grad_enabled(track):
+    if spec is None:  # weights that are the parameters (summed_grads) need no graph
+        with torch.set_grad_enabled(track and not hasattr(reader, "summed_grads")):
             weights = reader.weights_from_logits(None, lead, dtype)
         pre = weights[0].detach().to(dtype).contiguous()
-        new, _, _, read = hyper_streams.boundary_forward(streams, out, post, res, None, 1, 0.0, pre)
-        return new, read, pre, weights, (None, 1, None, None), (None, None)
+        new, _, _, read, _, _ = hyper_streams.boundary_forward(streams, out, post, res, None, 1, 0.0, pre)
+        return new, read, pre, weights, (None, None, None, None), (None, None, 1)
     proj, groups, eps = spec  # L, k
+    rule = reader.pre_rule(dtype)
+    assert rule is not None, f"{type(reader).__name__} projects the streams but gives no pre_rule"
     rows = proj.detach().T.contiguous()  # k, L: each logit's weights contiguous for the kernel
-    new, dots, inv_rms, _ = hyper_streams.boundary_forward(streams, out, post, res, rows, groups, eps)
+    new, dots, inv_rms, read, pre, slope = hyper_streams.boundary_forward(
+        streams, out, post, res, rows, groups, eps, rule=rule
+    )
     logits = (dots * inv_rms.unsqueeze(-1)).requires_grad_(track)  # B,T,groups,k: the normed projection
     with torch.set_grad_enabled(track):
-        weights = reader.weights_from_logits(logits, lead, dtype)
-    pre = weights[0].detach().to(dtype).contiguous()
-    read = read_streams(pre, new)
-    return new, read, pre, weights, (rows, groups, dots, inv_rms), (logits, proj)
+        weights = reader.weights_from_logits(logits, lead, dtype)  # pre again, for its parameters' gradients
+    return new, read, pre, weights, (rows, dots, inv_rms, slope), (logits, proj, rule[-1])
 
 
 class _Boundary(torch.autograd.Function):
@@ -98,9 +100,8 @@ class _Boundary(torch.autograd.Function):
     def forward(ctx, streams, out, post, res, reader, *params):
         track = any(ctx.needs_input_grad)
         new, read, pre, weights, projected, graph = _project_and_weigh(streams, out, post, res, reader, track)
-        rows, groups, dots, inv_rms = projected
-        ctx.groups, ctx.graph, ctx.weights, ctx.params = groups, graph, weights, params
-        ctx.save_for_backward(streams, out, post, res, new, pre, rows, dots, inv_rms)
+        ctx.graph, ctx.weights, ctx.params, ctx.reader = graph, weights, params, reader
+        ctx.save_for_backward(streams, out, post, res, new, pre, *projected)
         _, next_post, next_res = (None if w is None else w.detach() for w in weights)
         return new, read, next_post, next_res
 
@@ -108,28 +109,30 @@ class _Boundary(torch.autograd.Function):
     @first_order_only
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_new, grad_read, grad_post, grad_res):
-        streams, out, post, res, new, pre, rows, dots, inv_rms = ctx.saved_tensors
-        (logits, proj), params = ctx.graph, ctx.params
+        streams, out, post, res, new, pre, rows, dots, inv_rms, slope = ctx.saved_tensors
+        (logits, proj, step), params = ctx.graph, ctx.params
         if grad_read is None:
             grad_read = torch.zeros_like(new[..., 0, :])
         tensors = (grad_new, grad_read, pre, new, streams, out, post, res)
         if logits is None:  # the weights do not depend on Y: the read's weight gradient comes from the same pass
-            *grads, grad_pre = hyper_streams.boundary_backward(*tensors, None, None, None, 1, True)
-            found = _grads(_pairs(ctx.weights, (grad_pre, grad_post, grad_res)), list(params))
-            return (*grads, None, *found)
-        grad_pre, _ = hyper_streams.read_backward(pre, new, grad_read, True, False)
-        found = _grads(_pairs(ctx.weights, (grad_pre, grad_post, grad_res)), [logits, *params])
-        grad_logits, grad_params = found[0], found[1:]
-        if grad_logits is None:
-            grad_logits = torch.zeros_like(logits)
+            *grads, grad_pre = hyper_streams.boundary_backward(*tensors)
+            if hasattr(ctx.reader, "summed_grads"):
+                summed = ctx.reader.summed_grads(grad_pre, grad_post, grad_res)
+                return (*grads, None, *(summed.get(p) for p in params))
+            return (*grads, None, *_grads(_pairs(ctx.weights, (grad_pre, grad_post, grad_res)), list(params)))
+        # post's and res's share of the logits' gradient first (the graph kept for pre's parameters after)
+        found = _grads(_pairs((None, *ctx.weights[1:]), (None, grad_post, grad_res)), [logits, *params], keep=True)
+        grad_logits = found[0] if found[0] is not None else torch.zeros_like(logits)
         grad_dots = (grad_logits * inv_rms.unsqueeze(-1)).contiguous()  # B,T,groups,k
         size = rows.shape[1]  # L: the values each inverse rms averages
         coeff = ((grad_logits * dots).sum(-1) * inv_rms.pow(3) / -size).contiguous()  # B,T,groups: via d rms / dY
+        projected = (rows, dots, inv_rms, grad_dots, coeff)  # the kernel adds pre's share to grad_dots and coeff
+        *grads, grad_pre = hyper_streams.boundary_backward(*tensors, projected, slope, step)
+        grad_params = [_add(a, b) for a, b in zip(found[1:], _grads(_pairs(ctx.weights[:1], (grad_pre,)), params))]
         if _tracked(proj):  # the projection's gradient, Σ_t dots' gradient ⊗ Y_g, back to its parameters
             grad_rows = grad_dots.reshape(-1, rows.shape[0]).T @ new.reshape(-1, size)  # k, L
             more = _grads([(proj, grad_rows.T)], list(params))
             grad_params = [_add(a, b) for a, b in zip(grad_params, more, strict=True)]
-        *grads, _ = hyper_streams.boundary_backward(*tensors, rows, grad_dots, coeff, ctx.groups, False)
         return (*grads, None, *grad_params)
 
 
@@ -142,13 +145,13 @@ def _tracked(t) -> bool:
     return t is not None and t.requires_grad
 
 
-def _grads(pairs, leaves) -> list:
-    """d(Σ ⟨output, grad⟩)/d leaf for each leaf (None where unused)."""
+def _grads(pairs, leaves, keep: bool = False) -> list:
+    """d(Σ ⟨output, grad⟩)/d leaf for each leaf (None where unused); ``keep``: the graph stays for another call."""
     wanted = [i for i, leaf in enumerate(leaves) if leaf.requires_grad]
     found = [None] * len(leaves)
     if pairs and wanted:
         outputs, grads = zip(*pairs, strict=True)
-        got = torch.autograd.grad(outputs, [leaves[i] for i in wanted], grads, allow_unused=True)
+        got = torch.autograd.grad(outputs, [leaves[i] for i in wanted], grads, retain_graph=keep, allow_unused=True)
         for i, g in zip(wanted, got, strict=True):
             found[i] = g
     return found

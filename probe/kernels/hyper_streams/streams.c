@@ -144,11 +144,15 @@
   }                                                                                                               \
                                                                                                                   \
   /* A boundary: the write Y = res X + post f, and, for k > 0, each of its G groups' (L = n d / G values) inverse  \
-     rms and k projections y_g . proj[kk] (proj: k x L); where pre is given (the next read's weights do not depend \
-     on Y), the read sum_j pre_j Y_j too: all while the token's Y sits in L1 */                                   \
+     rms and k projections y_g . proj[kk] (proj: k x L); then the read sum_j pre_j Y_j, all while the token's Y    \
+     sits in L1. The read's weights pre (n per token) are given (rule 0: they do not depend on Y) or follow from   \
+     logit z_j = dots[j step] inv_rms (the j step-th of the token's G x k projections, group (j step) / k):        \
+     rule 1, pre_j = sigmoid(a z_j + b_j) + pre_eps (mHC); rule 2, pre_j = b_j + a tanh(z_j) (dynamic HC); each    \
+     written to pre_out with its slope d pre_j / d z_j for the backward */                                        \
   void boundary_forward_##T(const T *x, const T *f, const T *post, const T *res, const T *proj, const T *pre,      \
-                            T *y, T *dots, T *inv_rms, T *read, int64_t N, int64_t n, int64_t d, int64_t G,       \
-                            int64_t k, double eps, int threads) {                                                 \
+                            const T *b, T *y, T *dots, T *inv_rms, T *read, T *pre_out, T *slope, int64_t N,      \
+                            int64_t n, int64_t d, int64_t G, int64_t k, int64_t rule, int64_t step, double eps,   \
+                            double a, double pre_eps, int threads) {                                              \
     int64_t L = n * d / G;                                                                                        \
     const T *rows[k > 0 ? k : 1];                                                                                 \
     for (int64_t kk = 0; kk < k; kk++) rows[kk] = proj + kk * L;                                                  \
@@ -162,19 +166,33 @@
         inv_rms[t * G + g] = (T)1 / sqrt(ss / (T)L + (T)eps);                                                    \
         dots_##T(yg, rows, k, L, dots + (t * G + g) * k);                                                         \
       }                                                                                                           \
-      if (pre) mix_##T(read + t * d, pre + t * n, yt, n, d);                                                      \
+      const T *pt = pre ? pre + t * n : pre_out + t * n;                                                          \
+      for (int64_t j = 0; j < n && rule > 0; j++) {                                                               \
+        int64_t at = j * step;                                                                                    \
+        T z = dots[t * G * k + at] * inv_rms[t * G + at / k], v;                                                  \
+        if (rule == 1) {                                                                                          \
+          T s = (T)1 / ((T)1 + exp(-(z * (T)a + b[j])));                                                          \
+          v = s + (T)pre_eps, slope[t * n + j] = s * ((T)1 - s) * (T)a;                                           \
+        } else {                                                                                                  \
+          T h = tanh(z);                                                                                          \
+          v = b[j] + (T)a * h, slope[t * n + j] = (T)a * ((T)1 - h * h);                                          \
+        }                                                                                                         \
+        pre_out[t * n + j] = v;                                                                                   \
+      }                                                                                                           \
+      mix_##T(read + t * d, pt, yt, n, d);                                                                        \
     }                                                                                                             \
   }                                                                                                               \
                                                                                                                   \
   /* Its backward: per token, Y's whole gradient gY = G (NULL: none) + pre (x) gread + for each group              \
      gdots[g] proj + coeff[g] y_g (the projection's, dots and inv rms folded in by the caller), kept in a buffer,  \
-     then the write's backward from gY. Where gpre is asked for (the read's weights' gradient Y_j . gread: only     \
-     where pre did not depend on Y, k = 0), Y is recomputed in the buffer's second half from X and f, which the    \
-     write's backward reads anyway. Returns 1 where the buffer could not be allocated. */                         \
+     then the write's backward from gY. gpre, the read's weights' gradient Y_j . gread, comes from Y recomputed in \
+     the buffer's second half from X and f where the weights do not depend on Y (k = 0), else from Y; where they   \
+     do (slope given, rules 1 and 2), its share of the projection's gradient is added to gdots and coeff, in      \
+     place, before they are used. Returns 1 where the buffer could not be allocated. */                           \
   int boundary_backward_##T(const T *gy, const T *gread, const T *pre, const T *y, const T *x, const T *f,         \
-                            const T *post, const T *res, const T *proj, const T *gdots, const T *coeff, T *gx,    \
-                            T *gf, T *gpost, T *gres, T *gpre, int64_t N, int64_t n, int64_t d, int64_t G,        \
-                            int64_t k, int threads) {                                                             \
+                            const T *post, const T *res, const T *proj, const T *dots, const T *inv_rms,          \
+                            const T *slope, T *gdots, T *coeff, T *gx, T *gf, T *gpost, T *gres, T *gpre,         \
+                            int64_t N, int64_t n, int64_t d, int64_t G, int64_t k, int64_t step, int threads) {    \
     int64_t L = n * d / G;                                                                                        \
     const T *rows[k > 0 ? k : 1];                                                                                 \
     for (int64_t kk = 0; kk < k; kk++) rows[kk] = proj + kk * L;                                                  \
@@ -186,12 +204,22 @@
       } else {                                                                                                    \
         T *again = buf + n * d; /* Y recomputed, for gpre */                                                      \
         const T *streams[n];                                                                                      \
-        for (int64_t j = 0; j < n; j++) streams[j] = again + j * d;                                               \
         _Pragma("omp for schedule(static)") for (int64_t t = 0; t < N; t++) {                                     \
           const T *yt = y + t * n * d, *gr = gread + t * d, *xt = x + t * n * d, *ft = f + t * d;                 \
           if (gpre) {                                                                                             \
-            write_token_##T(xt, ft, post + t * n, res + t * n * n, again, n, d);                                  \
+            const T *from = yt;                                                                                   \
+            if (k == 0) {                                                                                         \
+              write_token_##T(xt, ft, post + t * n, res + t * n * n, again, n, d);                                \
+              from = again;                                                                                       \
+            }                                                                                                     \
+            for (int64_t j = 0; j < n; j++) streams[j] = from + j * d;                                            \
             dots_##T(gr, streams, n, d, gpre + t * n);                                                            \
+          }                                                                                                       \
+          for (int64_t j = 0; j < n && slope && gpre; j++) { /* pre's share of the logits' gradient */           \
+            int64_t at = j * step, g = at / k;                                                                    \
+            T gz = gpre[t * n + j] * slope[t * n + j], r = inv_rms[t * G + g];                                    \
+            gdots[t * G * k + at] += gz * r;                                                                      \
+            coeff[t * G + g] -= gz * dots[t * G * k + at] * r * r * r / (T)L;                                     \
           }                                                                                                       \
           for (int64_t i = 0; i < n; i++) {                                                                       \
             T p_ = pre[t * n + i], *bi = buf + i * d;                                                             \

@@ -41,6 +41,13 @@ class StaticHyperConnection(HyperConnection):
         # parameters (the write's and the read's products make them contiguous anyway)
         return pre.expand(B, T, -1).clone(), post.expand(B, T, -1).clone(), res.expand(B, T, -1, -1).clone()
 
+    def summed_grads(self, grad_pre, grad_post, grad_res) -> dict:
+        """Each parameter's gradient from its per-token weight's (B,T,n), (B,T,n), (B,T,n,n): the sum over tokens
+        (the fused boundaries' shortcut past autograd for weights that are the parameters themselves)."""
+        grads = (grad_pre, grad_post, grad_res)
+        params = (self.static_pre, self.static_post, self.static_res)
+        return {p: g.sum((0, 1)).to(p.dtype) for p, g in zip(params, grads, strict=True) if g is not None}
+
 
 @register_hyper("hc-dynamic")
 class DynamicHyperConnection(StaticHyperConnection):
@@ -72,6 +79,9 @@ class DynamicHyperConnection(StaticHyperConnection):
         # and the divisor applied to their 2 + n outputs instead of the d inputs (no normalised copy of the streams)
         proj = torch.cat([self.pre_proj[:, None], self.post_proj[:, None], self.res_proj], dim=1).to(dtype)  # d, 2+n
         return proj * self.norm.weight.to(dtype)[:, None], self.n, self.norm.eps  # one group per stream
+
+    def pre_rule(self, dtype):  # pre_j = static_pre_j + s_α tanh(z_j), z_j stream j's first logit
+        return 2, self.alpha_scale.item(), self.static_pre.detach().to(dtype).contiguous(), 0.0, 2 + self.n
 
     def weights_from_logits(self, logits, lead, dtype):  # logits: B,T,n_in,2+n
         pre, post, res = super().weights_from_logits(None, lead, dtype)
@@ -170,6 +180,9 @@ class ManifoldHyperConnection(HyperConnection):
     def projection(self, dtype):
         return self.proj.to(dtype).T, 1, self.norm_eps  # n·d, (2+n)n: RMSNorm(flatten X) φ, one group
 
+    def pre_rule(self, dtype):  # pre_j = σ(α_pre z_j + b_j) + ε, z_j the j-th logit
+        return 1, self.scale[0].item(), self.bias[: self.n].detach().to(dtype).contiguous(), self.eps, 1
+
     def weights_from_logits(self, logits, lead, dtype):  # logits: B,T,1,(2+n)n
         n = self.n
         pre_w, post_w, res_w = logits.squeeze(-2).split([n, n, n * n], dim=-1)
@@ -197,6 +210,9 @@ class ManifoldHead(nn.Module):
 
     def projection(self, dtype):
         return self.proj.to(dtype).T, 1, self.norm_eps  # n·d, n: RMSNorm(flatten X) φ
+
+    def pre_rule(self, dtype):
+        return 1, self.scale[0].item(), self.bias.detach().to(dtype).contiguous(), self.eps, 1
 
     def weights_from_logits(self, logits, lead, dtype):  # logits: B,T,1,n
         return torch.sigmoid(logits.squeeze(-2) * self.scale.to(dtype) + self.bias.to(dtype)) + self.eps, None, None

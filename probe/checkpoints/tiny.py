@@ -2,10 +2,11 @@
 offline tests and demos.
 
 ``build_tiny(family, directory)`` writes ``config.json``, safetensors weights and a word-level tokenizer
-(tokens ``w2 … w{V-1}``) to ``directory`` and returns it. Quirks kept: GPT-NeoX — q|k|v interleaved per head in
-``query_key_value``, rotary on 25% of head dims, parallel residual, QKV bias, untied embeddings; gpt-oss — learned
-sinks (set to randn·3 so they matter), sliding/full ``layer_types`` with a window shorter than test sequences, GQA,
-MoE, QKV bias, YaRN rope; llama — GQA; gemma2/gemma3_text/qwen2/qwen3/mistral — see :func:`more_tiny_config`.
+(tokens ``w2 … w{V-1}``, onto which English words map too: :func:`tiny_tokenizer`) to ``directory`` and returns it.
+Quirks kept: GPT-NeoX — q|k|v interleaved per head in ``query_key_value``, rotary on 25% of head dims, parallel
+residual, QKV bias, untied embeddings; gpt-oss — learned sinks (set to randn·3 so they matter), sliding/full
+``layer_types`` with a window shorter than test sequences, GQA, MoE, QKV bias, YaRN rope; llama — GQA;
+gemma2/gemma3_text/qwen2/qwen3/mistral — see :func:`more_tiny_config`.
 """
 
 from __future__ import annotations
@@ -90,13 +91,45 @@ def tiny_config(family: str, vocab_size: int = VOCAB):
     return auto_tiny_config(family)  # any other model_type, with its features switched on (tiny_configs)
 
 
+# The 40 most frequent words of the bundled wikitext-2-test (whitespace-separated, case-folded; ``<unk>`` left out),
+# most frequent first: the tiny tokenizer gives each its own id (tests/checkpoints/test_tiny_tokenizer.py checks them).
+TEXT_WORDS = (
+    *("the", ",", ".", "of", "and", "in", "to", "a", "=", "was", '"', "@-@", "on", "(", ")", "as", "that", "for"),
+    *("with", "by", "'s", "he", "at", "his", "is", "were", "from", "it", "had", "an", "which", ";", "are", "@.@"),
+    *("be", "first", "also", "this", "but", "its"),
+)
+_WORD = r"(?<!\S)(?!w\d+(?!\S))"  # the start of a whitespace-separated word that is not already a w{i}
+
+
+def text_word_patterns() -> list[str]:
+    """The regexes, in the order they apply, that map each whitespace-separated word of text to one ``w{i}`` (the k-th
+    pattern: w{2 + k}): a word of :data:`TEXT_WORDS` (any case), a word starting with a digit, a word starting with
+    each letter a-z (any case; up to 5 characters, then longer), then any other word. A word that is already ``w{i}``
+    is left alone, so ``w5`` stays id 5 and ``w0``, ``w1`` or ``w400`` stay unknown."""
+    import re
+
+    words = [rf"(?i:{re.escape(w)})(?!\S)" for w in TEXT_WORDS]
+    letters = [f"[{c}{c.upper()}]" + rest for c in "abcdefghijklmnopqrstuvwxyz" for rest in (r"\S{0,4}(?!\S)", r"\S*")]
+    return [_WORD + body for body in (*words, r"\d\S*", *letters, r"\S+")]
+
+
 def tiny_tokenizer(vocab_size: int = VOCAB):
-    """A word-level tokenizer: ``<unk>``=0 (also BOS), ``<eos>``=1 (also pad), ``w{i}`` = i for i ≥ 2."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A word-level tokenizer: ``<unk>``=0 (also BOS), ``<eos>``=1 (also pad), ``w{i}`` = i for i ≥ 2, and English
+    text in the same ids: a normalizer rewrites each whitespace-separated word that is not a ``w{i}`` to one
+    (:func:`text_word_patterns`; ids 2 … 95, taken in turn below a vocabulary of 96), so text keeps its word count,
+    frequent words get ids of their own and only a literal ``<unk>`` (WikiText's) or an out-of-range ``w{i}`` is
+    unknown. Ids decode to ``w{i}``. All of it serialises to tokenizer.json (regex ``Replace`` normalizers)."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<eos>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    if vocab_size > 2:
+        ids = range(2, vocab_size)
+        patterns = text_word_patterns()
+        tok.normalizer = normalizers.Sequence(
+            [normalizers.Replace(Regex(p), f"w{ids[k % len(ids)]}") for k, p in enumerate(patterns)]
+        )
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", bos_token="<unk>", eos_token="<eos>", pad_token="<eos>"

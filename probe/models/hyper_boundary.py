@@ -5,10 +5,13 @@ Between sub-layer k's output f and sub-layer k + 1's input, the unfused path (pr
 streams Y = H_res X + H_post ⊗ f, computes the next connection's weights from Y (a normed projection of its streams
 for dynamic HC and mHC), and reads Σ_j pre_j Y_j: five passes over the (B,T,n,d) streams forward, and backward three
 gradients of Y (the next write's, the read's, the projection's) that autograd adds in two more. On a CPU these
-passes over memory, not the arithmetic, set a hyper-connected step's time. Fused, the forward is two passes (the write
-with the projections of each token's new streams while they sit in L1, then the read) and the backward two (the
-read's weight gradients, then Y's whole gradient per token in a buffer, pushed straight through the write's backward),
-with the weights' own small graph (sigmoid, tanh, Sinkhorn on (B,T,n,n)) differentiated by autograd inside.
+passes over memory, not the arithmetic, set a hyper-connected step's time. Fused, the forward is one pass (the write,
+the projections of each token's new streams while they sit in L1, the read weights from them by the mechanism's
+``pre_rule``, the read) and the backward one (the read's weight gradients, then Y's whole gradient per token in a
+buffer, pushed straight through the write's backward), with the weights' own small graph (sigmoid, tanh, Sinkhorn on
+(B,T,n,n)) differentiated by autograd inside. On the tiny tier this gains 0.01-0.04 of the baseline's throughput
+(benchmarks/hyper_throughput.py's "unfused" rows, docs/results/benchmarks.md), less than the passes it saves
+suggest.
 
 The fused path runs where it cannot be seen: the C kernels take the tensors (CPU, fp32 / fp64, the default backend)
 and the model's stream hook points have no hooks and are not materialised (``fusable``); otherwise the model runs

@@ -158,8 +158,26 @@ class _Normalise(torch.autograd.Function):
         return grad, None, None
 
 
+class _FlatProjection:
+    """mHC's and its head's reading of the streams: logits RMSNorm(flatten X) φ (one group of n·d values, φ = ``proj``,
+    one row per logit) and pre_j = σ(s_pre z_j + b_j) + ε from the first n of them (``scale[0]``, ``bias[:n]``)."""
+
+    n: int
+    eps: float
+    norm_eps: float
+    proj: nn.Parameter
+    bias: nn.Parameter
+    scale: nn.Parameter
+
+    def projection(self, dtype):
+        return self.proj.to(dtype).T, 1, self.norm_eps  # n·d, k
+
+    def pre_rule(self, dtype):
+        return 1, self.scale[0].item(), self.bias[: self.n].detach().to(dtype).contiguous(), self.eps, 1
+
+
 @register_hyper("mhc")
-class ManifoldHyperConnection(HyperConnection):
+class ManifoldHyperConnection(_FlatProjection, HyperConnection):
     """mHC: [pre | post | res logits] = RMSNorm(flatten X) φ + b with one scale per part; H_pre = σ + ε, H_post = 2σ,
     H_res = Sinkhorn(res logits). φ is drawn at random, b = 0 and the scales 1 at init (DeepSeek-V4's init)."""
 
@@ -177,12 +195,6 @@ class ManifoldHyperConnection(HyperConnection):
     def head(config) -> nn.Module:
         return ManifoldHead(config)
 
-    def projection(self, dtype):
-        return self.proj.to(dtype).T, 1, self.norm_eps  # n·d, (2+n)n: RMSNorm(flatten X) φ, one group
-
-    def pre_rule(self, dtype):  # pre_j = σ(α_pre z_j + b_j) + ε, z_j the j-th logit
-        return 1, self.scale[0].item(), self.bias[: self.n].detach().to(dtype).contiguous(), self.eps, 1
-
     def weights_from_logits(self, logits, lead, dtype):  # logits: B,T,1,(2+n)n
         n = self.n
         pre_w, post_w, res_w = logits.squeeze(-2).split([n, n, n * n], dim=-1)
@@ -194,25 +206,19 @@ class ManifoldHyperConnection(HyperConnection):
         return pre, post, sinkhorn(res_logits, self.iters, self.eps)
 
 
-class ManifoldHead(nn.Module):
+class ManifoldHead(_FlatProjection, nn.Module):
     """DeepSeek-V4's final collapse: Σ_j (σ(RMSNorm(flatten X) φ_j · s + b_j) + ε) X_j, fired at hook_pre."""
 
     param_roles = {"proj": "mixing_projection", "bias": "mixing", "scale": "mixing"}
 
     def __init__(self, config):
         super().__init__()
-        n = config.hc_streams
+        self.n = n = config.hc_streams
         self.eps, self.norm_eps = config.hc_eps, config.norm_eps
         self.proj = nn.Parameter(torch.empty(n, n * config.d_model))
         self.bias = nn.Parameter(torch.zeros(n))
         self.scale = nn.Parameter(torch.ones(1))
         self.hook_pre = HookPoint()  # B,T,n
-
-    def projection(self, dtype):
-        return self.proj.to(dtype).T, 1, self.norm_eps  # n·d, n: RMSNorm(flatten X) φ
-
-    def pre_rule(self, dtype):
-        return 1, self.scale[0].item(), self.bias.detach().to(dtype).contiguous(), self.eps, 1
 
     def weights_from_logits(self, logits, lead, dtype):  # logits: B,T,1,n
         return torch.sigmoid(logits.squeeze(-2) * self.scale.to(dtype) + self.bias.to(dtype)) + self.eps, None, None

@@ -466,7 +466,7 @@ def _document_windows(source: DocumentTokens, mode: str, need: int, w: int, orde
     With ``pack`` (mode auto, a tokenizer that can join documents), None as soon as the documents of the first block of
     the order (the first ORDER_BLOCK documents, or all of a smaller corpus) have been read and none holds a window: the
     caller packs them instead, and the rest of the corpus is never read."""
-    long_enough, order, step, seen = [], iter(order), max(need, 64), 0
+    long_enough, order, step, seen = [], iter(order), need + need // 8 + 2, 0  # a few spare: short documents
     first_block = source.available(ORDER_BLOCK) if pack else 0
     while len(long_enough) < need and (
         batch := list(itertools.islice(order, min(step, first_block - seen) if seen < first_block else step))
@@ -476,8 +476,8 @@ def _document_windows(source: DocumentTokens, mode: str, need: int, w: int, orde
         seen += len(batch)
         if pack and not long_enough and seen >= first_block:
             return None
-        if not long_enough:  # documents too short so far: larger batches (the same windows, fewer tokenizer calls)
-            step = min(2 * step, max(need, 4096))
+        # too few long enough so far: larger batches (the same windows, fewer tokenizer calls)
+        step = min(2 * step, max(need, 4096))
     if len(long_enough) >= need:
         first = long_enough[:need]
         return torch.stack([t for _, t in first]), torch.tensor([i for i, _ in first])

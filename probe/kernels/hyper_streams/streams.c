@@ -54,6 +54,50 @@
     }                                                                                                             \
   }                                                                                                               \
                                                                                                                   \
+  /* out[q][r] = v[q] . rows[r] for four vectors q and r < cnt: four rows by four vectors per pass, so each value  \
+     loaded serves four products (the projections of a block of tokens share their weight rows) */               \
+  static inline void dots4_##T(const T *const *v, const T *const *rows, int64_t cnt, int64_t len, T *const *out) { \
+    const T *v0 = v[0], *v1 = v[1], *v2 = v[2], *v3 = v[3];                                                       \
+    for (int64_t r0 = 0; r0 < cnt; r0 += 4) {                                                                     \
+      const T *p0 = rows[r0], *p1 = rows[r0 + 1 < cnt ? r0 + 1 : r0], *p2 = rows[r0 + 2 < cnt ? r0 + 2 : r0];      \
+      const T *p3 = rows[r0 + 3 < cnt ? r0 + 3 : r0]; /* past cnt: dropped */                                     \
+      T a00 = 0, a01 = 0, a02 = 0, a03 = 0, a10 = 0, a11 = 0, a12 = 0, a13 = 0;                                   \
+      T a20 = 0, a21 = 0, a22 = 0, a23 = 0, a30 = 0, a31 = 0, a32 = 0, a33 = 0;                                   \
+      _Pragma("omp simd reduction(+ : a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, \
+                                       a33)") for (int64_t e = 0; e < len; e++) {                                 \
+        T q0 = p0[e], q1 = p1[e], q2 = p2[e], q3 = p3[e], x_;                                                     \
+        x_ = v0[e], a00 += x_ * q0, a01 += x_ * q1, a02 += x_ * q2, a03 += x_ * q3;                               \
+        x_ = v1[e], a10 += x_ * q0, a11 += x_ * q1, a12 += x_ * q2, a13 += x_ * q3;                               \
+        x_ = v2[e], a20 += x_ * q0, a21 += x_ * q1, a22 += x_ * q2, a23 += x_ * q3;                               \
+        x_ = v3[e], a30 += x_ * q0, a31 += x_ * q1, a32 += x_ * q2, a33 += x_ * q3;                               \
+      }                                                                                                           \
+      T a[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};       \
+      for (int q = 0; q < 4; q++)                                                                                 \
+        for (int r = 0; r < 4 && r0 + r < cnt; r++) out[q][r0 + r] = a[q][r];                                    \
+    }                                                                                                             \
+  }                                                                                                               \
+                                                                                                                  \
+  /* b[q] += sum_r s[q][r] rows[r] for four buffers q (r < cnt, len values each), four rows per pass */            \
+  static inline void spread4_##T(T *const *b, const T *const *s, const T *const *rows, int64_t cnt, int64_t len) { \
+    T *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3];                                                             \
+    for (int64_t r0 = 0; r0 < cnt; r0 += 4) {                                                                     \
+      const T *p[4];                                                                                              \
+      T w[4][4];                                                                                                  \
+      for (int r = 0; r < 4; r++) {                                                                               \
+        p[r] = rows[r0 + r < cnt ? r0 + r : r0];                                                                  \
+        for (int q = 0; q < 4; q++) w[q][r] = r0 + r < cnt ? s[q][r0 + r] : 0; /* past cnt: weighs 0 */          \
+      }                                                                                                           \
+      const T *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];                                                     \
+      _Pragma("omp simd") for (int64_t e = 0; e < len; e++) {                                                     \
+        T q0 = p0[e], q1 = p1[e], q2 = p2[e], q3 = p3[e];                                                         \
+        b0[e] += w[0][0] * q0 + w[0][1] * q1 + w[0][2] * q2 + w[0][3] * q3;                                       \
+        b1[e] += w[1][0] * q0 + w[1][1] * q1 + w[1][2] * q2 + w[1][3] * q3;                                       \
+        b2[e] += w[2][0] * q0 + w[2][1] * q1 + w[2][2] * q2 + w[2][3] * q3;                                       \
+        b3[e] += w[3][0] * q0 + w[3][1] * q1 + w[3][2] * q2 + w[3][3] * q3;                                       \
+      }                                                                                                           \
+    }                                                                                                             \
+  }                                                                                                               \
+                                                                                                                  \
   /* y = sum_j w_j x_j (n rows of d) */                                                                           \
   static inline void mix_##T(T *y, const T *w, const T *x, int64_t n, int64_t d) {                                \
     _Pragma("omp simd") for (int64_t e = 0; e < d; e++) y[e] = w[0] * x[e];                                       \
@@ -144,105 +188,130 @@
   }                                                                                                               \
                                                                                                                   \
   /* A boundary: the write Y = res X + post f, and, for k > 0, each of its G groups' (L = n d / G values) inverse  \
-     rms and k projections y_g . proj[kk] (proj: k x L); then the read sum_j pre_j Y_j, all while the token's Y    \
-     sits in L1. The read's weights pre (n per token) are given (rule 0: they do not depend on Y) or follow from   \
-     logit z_j = dots[j step] inv_rms (the j step-th of the token's G x k projections, group (j step) / k):        \
-     rule 1, pre_j = sigmoid(a z_j + b_j) + pre_eps (mHC); rule 2, pre_j = b_j + a tanh(z_j) (dynamic HC); each    \
-     written to pre_out with its slope d pre_j / d z_j for the backward */                                        \
+     rms and k projections y_g . proj[kk] (proj: k x L); then the read sum_j pre_j Y_j, all while the tokens' Y    \
+     sit in L1. Tokens go in blocks of four, whose projections share each load of proj's rows (dots4). The read's  \
+     weights pre (n per token) are given (rule 0: they do not depend on Y) or follow from logit                    \
+     z_j = dots[j step] inv_rms (the j step-th of the token's G x k projections, group (j step) / k): rule 1,      \
+     pre_j = sigmoid(a z_j + b_j) + pre_eps (mHC); rule 2, pre_j = b_j + a tanh(z_j) (dynamic HC); each written to \
+     pre_out with its slope d pre_j / d z_j for the backward */                                                    \
   void boundary_forward_##T(const T *x, const T *f, const T *post, const T *res, const T *proj, const T *pre,      \
-                            const T *b, T *y, T *dots, T *inv_rms, T *read, T *pre_out, T *slope, int64_t N,      \
-                            int64_t n, int64_t d, int64_t G, int64_t k, int64_t rule, int64_t step, double eps,   \
-                            double a, double pre_eps, int threads) {                                              \
-    int64_t L = n * d / G;                                                                                        \
-    const T *rows[k > 0 ? k : 1];                                                                                 \
-    for (int64_t kk = 0; kk < k; kk++) rows[kk] = proj + kk * L;                                                  \
-    _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int64_t t = 0; t < N; t++) {           \
-      T *yt = y + t * n * d;                                                                                      \
-      write_token_##T(x + t * n * d, f + t * d, post + t * n, res + t * n * n, yt, n, d);                         \
-      for (int64_t g = 0; g < G && k > 0; g++) {                                                                  \
-        const T *yg = yt + g * L;                                                                                 \
-        T ss = 0;                                                                                                 \
-        _Pragma("omp simd reduction(+ : ss)") for (int64_t e = 0; e < L; e++) ss += yg[e] * yg[e];                \
-        inv_rms[t * G + g] = (T)1 / sqrt(ss / (T)L + (T)eps);                                                    \
-        dots_##T(yg, rows, k, L, dots + (t * G + g) * k);                                                         \
-      }                                                                                                           \
-      const T *pt = pre ? pre + t * n : pre_out + t * n;                                                          \
-      for (int64_t j = 0; j < n && rule > 0; j++) {                                                               \
-        int64_t at = j * step;                                                                                    \
-        T z = dots[t * G * k + at] * inv_rms[t * G + at / k], v;                                                  \
-        if (rule == 1) {                                                                                          \
-          T s = (T)1 / ((T)1 + exp(-(z * (T)a + b[j])));                                                          \
-          v = s + (T)pre_eps, slope[t * n + j] = s * ((T)1 - s) * (T)a;                                           \
-        } else {                                                                                                  \
-          T h = tanh(z);                                                                                          \
-          v = b[j] + (T)a * h, slope[t * n + j] = (T)a * ((T)1 - h * h);                                          \
-        }                                                                                                         \
-        pre_out[t * n + j] = v;                                                                                   \
-      }                                                                                                           \
-      mix_##T(read + t * d, pt, yt, n, d);                                                                        \
-    }                                                                                                             \
-  }                                                                                                               \
-                                                                                                                  \
+                            const T *b, T *y, T *dots, T *inv_rms, T *read, T *pre_out, T *slope, int64_t N,       \
+                            int64_t n, int64_t d, int64_t G, int64_t k, int64_t rule, int64_t step, double eps,    \
+                            double a, double pre_eps, int threads) {                                               \
+    int64_t L = n * d / G;                                                                                         \
+    const T *rows[k > 0 ? k : 1];                                                                                  \
+    for (int64_t kk = 0; kk < k; kk++) rows[kk] = proj + kk * L;                                                   \
+    _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int64_t t0 = 0; t0 < N; t0 += 4) {      \
+      int64_t nb = N - t0 < 4 ? N - t0 : 4;                                                                        \
+      for (int64_t t = t0; t < t0 + nb; t++) {                                                                     \
+        T *yt = y + t * n * d;                                                                                     \
+        write_token_##T(x + t * n * d, f + t * d, post + t * n, res + t * n * n, yt, n, d);                        \
+        for (int64_t g = 0; g < G && k > 0; g++) {                                                                 \
+          const T *yg = yt + g * L;                                                                                \
+          T ss = 0;                                                                                                \
+          _Pragma("omp simd reduction(+ : ss)") for (int64_t e = 0; e < L; e++) ss += yg[e] * yg[e];               \
+          inv_rms[t * G + g] = (T)1 / sqrt(ss / (T)L + (T)eps);                                                    \
+          if (nb < 4) dots_##T(yg, rows, k, L, dots + (t * G + g) * k);                                            \
+        }                                                                                                          \
+      }                                                                                                            \
+      for (int64_t g = 0; g < G && k > 0 && nb == 4; g++) {                                                        \
+        const T *v[4];                                                                                             \
+        T *o[4];                                                                                                   \
+        for (int q = 0; q < 4; q++) v[q] = y + (t0 + q) * n * d + g * L, o[q] = dots + ((t0 + q) * G + g) * k;     \
+        dots4_##T(v, rows, k, L, o);                                                                               \
+      }                                                                                                            \
+      for (int64_t t = t0; t < t0 + nb; t++) {                                                                     \
+        const T *pt = pre ? pre + t * n : pre_out + t * n;                                                         \
+        for (int64_t j = 0; j < n && rule > 0; j++) {                                                              \
+          int64_t at = j * step;                                                                                   \
+          T z = dots[t * G * k + at] * inv_rms[t * G + at / k], v;                                                 \
+          if (rule == 1) {                                                                                         \
+            T s = (T)1 / ((T)1 + exp(-(z * (T)a + b[j])));                                                         \
+            v = s + (T)pre_eps, slope[t * n + j] = s * ((T)1 - s) * (T)a;                                          \
+          } else {                                                                                                 \
+            T h = tanh(z);                                                                                         \
+            v = b[j] + (T)a * h, slope[t * n + j] = (T)a * ((T)1 - h * h);                                         \
+          }                                                                                                        \
+          pre_out[t * n + j] = v;                                                                                  \
+        }                                                                                                          \
+        mix_##T(read + t * d, pt, y + t * n * d, n, d);                                                            \
+      }                                                                                                            \
+    }                                                                                                              \
+  }                                                                                                                \
+                                                                                                                   \
   /* Its backward: per token, Y's whole gradient gY = G (NULL: none) + pre (x) gread + for each group              \
      gdots[g] proj + coeff[g] y_g (the projection's, dots and inv rms folded in by the caller), kept in a buffer,  \
-     then the write's backward from gY. gpre, the read's weights' gradient Y_j . gread, comes from Y recomputed in \
-     the buffer's second half from X and f where the weights do not depend on Y (k = 0), else from Y; where they   \
-     do (slope given, rules 1 and 2), its share of the projection's gradient is added to gdots and coeff, in      \
-     place, before they are used. Returns 1 where the buffer could not be allocated. */                           \
+     then the write's backward from gY; tokens in blocks of four, whose buffers take the projection's share        \
+     together (spread4). gpre, the read's weights' gradient Y_j . gread, comes from Y recomputed in a second       \
+     buffer from X and f where the weights do not depend on Y (k = 0), else from Y; where they do (slope given,    \
+     rules 1 and 2), its share of the projection's gradient is added to gdots and coeff, in place, before they are \
+     used. Returns 1 where the buffers could not be allocated. */                                                  \
   int boundary_backward_##T(const T *gy, const T *gread, const T *pre, const T *y, const T *x, const T *f,         \
-                            const T *post, const T *res, const T *proj, const T *dots, const T *inv_rms,          \
-                            const T *slope, T *gdots, T *coeff, T *gx, T *gf, T *gpost, T *gres, T *gpre,         \
+                            const T *post, const T *res, const T *proj, const T *dots, const T *inv_rms,           \
+                            const T *slope, T *gdots, T *coeff, T *gx, T *gf, T *gpost, T *gres, T *gpre,          \
                             int64_t N, int64_t n, int64_t d, int64_t G, int64_t k, int64_t step, int threads) {    \
-    int64_t L = n * d / G;                                                                                        \
-    const T *rows[k > 0 ? k : 1];                                                                                 \
-    for (int64_t kk = 0; kk < k; kk++) rows[kk] = proj + kk * L;                                                  \
-    int failed = 0;                                                                                               \
-    _Pragma("omp parallel num_threads(threads)") {                                                                \
-      T *buf = malloc(sizeof(T) * 2 * n * d);                                                                     \
-      if (!buf) {                                                                                                 \
-        _Pragma("omp atomic write") failed = 1;                                                                   \
-      } else {                                                                                                    \
-        T *again = buf + n * d; /* Y recomputed, for gpre */                                                      \
-        const T *streams[n];                                                                                      \
-        _Pragma("omp for schedule(static)") for (int64_t t = 0; t < N; t++) {                                     \
-          const T *yt = y + t * n * d, *gr = gread + t * d, *xt = x + t * n * d, *ft = f + t * d;                 \
-          if (gpre) {                                                                                             \
-            const T *from = yt;                                                                                   \
-            if (k == 0) {                                                                                         \
-              write_token_##T(xt, ft, post + t * n, res + t * n * n, again, n, d);                                \
-              from = again;                                                                                       \
-            }                                                                                                     \
-            for (int64_t j = 0; j < n; j++) streams[j] = from + j * d;                                            \
-            dots_##T(gr, streams, n, d, gpre + t * n);                                                            \
-          }                                                                                                       \
-          for (int64_t j = 0; j < n && slope && gpre; j++) { /* pre's share of the logits' gradient */           \
-            int64_t at = j * step, g = at / k;                                                                    \
-            T gz = gpre[t * n + j] * slope[t * n + j], r = inv_rms[t * G + g];                                    \
-            gdots[t * G * k + at] += gz * r;                                                                      \
-            coeff[t * G + g] -= gz * dots[t * G * k + at] * r * r * r / (T)L;                                     \
-          }                                                                                                       \
-          for (int64_t i = 0; i < n; i++) {                                                                       \
-            T p_ = pre[t * n + i], *bi = buf + i * d;                                                             \
-            const T *gi = gy ? gy + (t * n + i) * d : 0;                                                          \
-            if (gi) {                                                                                             \
-              _Pragma("omp simd") for (int64_t e = 0; e < d; e++) bi[e] = gi[e] + p_ * gr[e];                     \
-            } else {                                                                                              \
-              _Pragma("omp simd") for (int64_t e = 0; e < d; e++) bi[e] = p_ * gr[e];                             \
-            }                                                                                                     \
-          }                                                                                                       \
-          for (int64_t g = 0; g < G && k > 0; g++) {                                                              \
-            T *bg = buf + g * L, c_ = coeff[t * G + g];                                                           \
-            const T *yg = yt + g * L;                                                                             \
-            _Pragma("omp simd") for (int64_t e = 0; e < L; e++) bg[e] += c_ * yg[e];                              \
-            spread_##T(bg, gdots + (t * G + g) * k, rows, k, L);                                                  \
-          }                                                                                                       \
-          write_backward_token_##T(buf, xt, ft, post + t * n, res + t * n * n, OFFSET(gx, t * n * d),             \
-                                   OFFSET(gf, t * d), OFFSET(gpost, t * n), OFFSET(gres, t * n * n), n, d);       \
-        }                                                                                                         \
-        free(buf);                                                                                                \
-      }                                                                                                           \
-    }                                                                                                             \
-    return failed;                                                                                                \
+    int64_t L = n * d / G;                                                                                         \
+    const T *rows[k > 0 ? k : 1];                                                                                  \
+    for (int64_t kk = 0; kk < k; kk++) rows[kk] = proj + kk * L;                                                   \
+    int failed = 0;                                                                                                \
+    _Pragma("omp parallel num_threads(threads)") {                                                                 \
+      T *buf = malloc(sizeof(T) * 5 * n * d);                                                                      \
+      if (!buf) {                                                                                                  \
+        _Pragma("omp atomic write") failed = 1;                                                                    \
+      } else {                                                                                                     \
+        T *again = buf + 4 * n * d; /* Y recomputed, for gpre */                                                   \
+        const T *streams[n];                                                                                       \
+        _Pragma("omp for schedule(static)") for (int64_t t0 = 0; t0 < N; t0 += 4) {                                \
+          int64_t nb = N - t0 < 4 ? N - t0 : 4;                                                                    \
+          for (int64_t t = t0; t < t0 + nb; t++) {                                                                 \
+            const T *yt = y + t * n * d, *gr = gread + t * d;                                                      \
+            T *bt = buf + (t - t0) * n * d;                                                                        \
+            if (gpre) {                                                                                            \
+              const T *from = yt;                                                                                  \
+              if (k == 0) {                                                                                        \
+                write_token_##T(x + t * n * d, f + t * d, post + t * n, res + t * n * n, again, n, d);             \
+                from = again;                                                                                      \
+              }                                                                                                    \
+              for (int64_t j = 0; j < n; j++) streams[j] = from + j * d;                                           \
+              dots_##T(gr, streams, n, d, gpre + t * n);                                                           \
+            }                                                                                                      \
+            for (int64_t j = 0; j < n && slope && gpre; j++) { /* pre's share of the logits' gradient */           \
+              int64_t at = j * step, g = at / k;                                                                   \
+              T gz = gpre[t * n + j] * slope[t * n + j], r = inv_rms[t * G + g];                                   \
+              gdots[t * G * k + at] += gz * r;                                                                     \
+              coeff[t * G + g] -= gz * dots[t * G * k + at] * r * r * r / (T)L;                                    \
+            }                                                                                                      \
+            for (int64_t i = 0; i < n; i++) {                                                                      \
+              T p_ = pre[t * n + i], *bi = bt + i * d;                                                             \
+              const T *gi = gy ? gy + (t * n + i) * d : 0;                                                         \
+              if (gi) {                                                                                            \
+                _Pragma("omp simd") for (int64_t e = 0; e < d; e++) bi[e] = gi[e] + p_ * gr[e];                    \
+              } else {                                                                                             \
+                _Pragma("omp simd") for (int64_t e = 0; e < d; e++) bi[e] = p_ * gr[e];                            \
+              }                                                                                                    \
+            }                                                                                                      \
+            for (int64_t g = 0; g < G && k > 0; g++) {                                                             \
+              T *bg = bt + g * L, c_ = coeff[t * G + g];                                                           \
+              const T *yg = yt + g * L;                                                                            \
+              _Pragma("omp simd") for (int64_t e = 0; e < L; e++) bg[e] += c_ * yg[e];                             \
+              if (nb < 4) spread_##T(bg, gdots + (t * G + g) * k, rows, k, L);                                     \
+            }                                                                                                      \
+          }                                                                                                        \
+          for (int64_t g = 0; g < G && k > 0 && nb == 4; g++) {                                                    \
+            T *bq[4];                                                                                              \
+            const T *sq[4];                                                                                        \
+            for (int q = 0; q < 4; q++) bq[q] = buf + q * n * d + g * L, sq[q] = gdots + ((t0 + q) * G + g) * k;   \
+            spread4_##T(bq, sq, rows, k, L);                                                                       \
+          }                                                                                                        \
+          for (int64_t t = t0; t < t0 + nb; t++)                                                                   \
+            write_backward_token_##T(buf + (t - t0) * n * d, x + t * n * d, f + t * d, post + t * n,               \
+                                     res + t * n * n, OFFSET(gx, t * n * d), OFFSET(gf, t * d),                    \
+                                     OFFSET(gpost, t * n), OFFSET(gres, t * n * n), n, d);                         \
+        }                                                                                                          \
+        free(buf);                                                                                                 \
+      }                                                                                                            \
+    }                                                                                                              \
+    return failed;                                                                                                 \
   }
 
 STREAMS(float)

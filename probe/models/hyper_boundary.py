@@ -131,11 +131,11 @@ class _Boundary(torch.autograd.Function):
         coeff = ((grad_logits * dots).sum(-1) * inv_rms.pow(3) / -size).contiguous()  # B,T,groups: via d rms / dY
         projected = (rows, dots, inv_rms, grad_dots, coeff)  # the kernel adds pre's share to grad_dots and coeff
         *grads, grad_pre = hyper_streams.boundary_backward(*tensors, projected, slope, step)
-        grad_params = [_add(a, b) for a, b in zip(found[1:], _grads(_pairs(ctx.weights[:1], (grad_pre,)), params))]
+        last = _pairs(ctx.weights[:1], (grad_pre,))  # pre's share and the projection's, in one pass of autograd
         if _tracked(proj):  # the projection's gradient, Σ_t dots' gradient ⊗ Y_g, back to its parameters
             grad_rows = grad_dots.reshape(-1, rows.shape[0]).T @ new.reshape(-1, size)  # k, L
-            more = _grads([(proj, grad_rows.T)], list(params))
-            grad_params = [_add(a, b) for a, b in zip(grad_params, more, strict=True)]
+            last.append((proj, grad_rows.T))
+        grad_params = [_add(a, b) for a, b in zip(found[1:], _grads(last, list(params)), strict=True)]
         return (*grads, None, *grad_params)
 
 

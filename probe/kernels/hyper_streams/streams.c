@@ -98,6 +98,23 @@
     }                                                                                                             \
   }                                                                                                               \
                                                                                                                   \
+  /* a block of nb <= 4 tokens: dots4 / spread4 for a full block, dots / spread token by token for the last */     \
+  static inline void dots_block_##T(const T *const *v, const T *const *rows, int64_t cnt, int64_t len,             \
+                                    T *const *out, int64_t nb) {                                                   \
+    if (nb == 4)                                                                                                   \
+      dots4_##T(v, rows, cnt, len, out);                                                                           \
+    else                                                                                                           \
+      for (int64_t q = 0; q < nb; q++) dots_##T(v[q], rows, cnt, len, out[q]);                                     \
+  }                                                                                                                \
+                                                                                                                   \
+  static inline void spread_block_##T(T *const *b, const T *const *s, const T *const *rows, int64_t cnt,           \
+                                      int64_t len, int64_t nb) {                                                   \
+    if (nb == 4)                                                                                                   \
+      spread4_##T(b, s, rows, cnt, len);                                                                           \
+    else                                                                                                           \
+      for (int64_t q = 0; q < nb; q++) spread_##T(b[q], s[q], rows, cnt, len);                                     \
+  }                                                                                                                \
+                                                                                                                   \
   /* y = sum_j w_j x_j (n rows of d) */                                                                           \
   static inline void mix_##T(T *y, const T *w, const T *x, int64_t n, int64_t d) {                                \
     _Pragma("omp simd") for (int64_t e = 0; e < d; e++) y[e] = w[0] * x[e];                                       \
@@ -211,14 +228,14 @@
           T ss = 0;                                                                                                \
           _Pragma("omp simd reduction(+ : ss)") for (int64_t e = 0; e < L; e++) ss += yg[e] * yg[e];               \
           inv_rms[t * G + g] = (T)1 / sqrt(ss / (T)L + (T)eps);                                                    \
-          if (nb < 4) dots_##T(yg, rows, k, L, dots + (t * G + g) * k);                                            \
         }                                                                                                          \
       }                                                                                                            \
-      for (int64_t g = 0; g < G && k > 0 && nb == 4; g++) {                                                        \
+      for (int64_t g = 0; g < G && k > 0; g++) { /* the block's projections, group by group */                     \
         const T *v[4];                                                                                             \
         T *o[4];                                                                                                   \
-        for (int q = 0; q < 4; q++) v[q] = y + (t0 + q) * n * d + g * L, o[q] = dots + ((t0 + q) * G + g) * k;     \
-        dots4_##T(v, rows, k, L, o);                                                                               \
+        for (int64_t q = 0; q < nb; q++)                                                                           \
+          v[q] = y + (t0 + q) * n * d + g * L, o[q] = dots + ((t0 + q) * G + g) * k;                               \
+        dots_block_##T(v, rows, k, L, o, nb);                                                                      \
       }                                                                                                            \
       for (int64_t t = t0; t < t0 + nb; t++) {                                                                     \
         const T *pt = pre ? pre + t * n : pre_out + t * n;                                                         \
@@ -294,14 +311,14 @@
               T *bg = bt + g * L, c_ = coeff[t * G + g];                                                           \
               const T *yg = yt + g * L;                                                                            \
               _Pragma("omp simd") for (int64_t e = 0; e < L; e++) bg[e] += c_ * yg[e];                             \
-              if (nb < 4) spread_##T(bg, gdots + (t * G + g) * k, rows, k, L);                                     \
             }                                                                                                      \
           }                                                                                                        \
-          for (int64_t g = 0; g < G && k > 0 && nb == 4; g++) {                                                    \
+          for (int64_t g = 0; g < G && k > 0; g++) { /* the projection's share, group by group */                  \
             T *bq[4];                                                                                              \
             const T *sq[4];                                                                                        \
-            for (int q = 0; q < 4; q++) bq[q] = buf + q * n * d + g * L, sq[q] = gdots + ((t0 + q) * G + g) * k;   \
-            spread4_##T(bq, sq, rows, k, L);                                                                       \
+            for (int64_t q = 0; q < nb; q++)                                                                       \
+              bq[q] = buf + q * n * d + g * L, sq[q] = gdots + ((t0 + q) * G + g) * k;                             \
+            spread_block_##T(bq, sq, rows, k, L, nb);                                                              \
           }                                                                                                        \
           for (int64_t t = t0; t < t0 + nb; t++)                                                                   \
             write_backward_token_##T(buf + (t - t0) * n * d, x + t * n * d, f + t * d, post + t * n,               \

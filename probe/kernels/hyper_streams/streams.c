@@ -149,14 +149,19 @@
     if (gf) mix_##T(gf, post, g, n, d);                                                                           \
     if (gpost || gres) { /* G_i . X_j (j < n) and G_i . f, n + 1 dots per output stream */                       \
       const T *rows[n + 1];                                                                                       \
-      T out[n + 1];                                                                                               \
       for (int64_t j = 0; j < n; j++) rows[j] = x + j * d;                                                        \
       rows[n] = f;                                                                                                \
-      for (int64_t i = 0; i < n; i++) {                                                                           \
-        dots_##T(g + i * d, rows, n + 1, d, out);                                                                 \
-        if (gres)                                                                                                 \
-          for (int64_t j = 0; j < n; j++) gres[i * n + j] = out[j];                                               \
-        if (gpost) gpost[i] = out[n];                                                                             \
+      for (int64_t i0 = 0; i0 < n; i0 += 4) { /* four output streams per pass over the rows */                 \
+        int64_t nb = n - i0 < 4 ? n - i0 : 4;                                                                     \
+        const T *v[4];                                                                                            \
+        T outs[4][n + 1], *o[4];                                                                                  \
+        for (int64_t q = 0; q < nb; q++) v[q] = g + (i0 + q) * d, o[q] = outs[q];                                 \
+        dots_block_##T(v, rows, n + 1, d, o, nb);                                                                 \
+        for (int64_t q = 0; q < nb; q++) {                                                                        \
+          if (gres)                                                                                               \
+            for (int64_t j = 0; j < n; j++) gres[(i0 + q) * n + j] = outs[q][j];                                  \
+          if (gpost) gpost[i0 + q] = outs[q][n];                                                                  \
+        }                                                                                                         \
       }                                                                                                           \
     }                                                                                                             \
   }
@@ -259,10 +264,10 @@
   /* Its backward: per token, Y's whole gradient gY = G (NULL: none) + pre (x) gread + for each group              \
      gdots[g] proj + coeff[g] y_g (the projection's, dots and inv rms folded in by the caller), kept in a buffer,  \
      then the write's backward from gY; tokens in blocks of four, whose buffers take the projection's share        \
-     together (spread4). gpre, the read's weights' gradient Y_j . gread, comes from Y recomputed in a second       \
-     buffer from X and f where the weights do not depend on Y (k = 0), else from Y; where they do (slope given,    \
-     rules 1 and 2), its share of the projection's gradient is added to gdots and coeff, in place, before they are \
-     used. Returns 1 where the buffers could not be allocated. */                                                  \
+     together (spread4). gpre, the read's weights' gradient Y_j . gread, comes from X and f where the weights do   \
+     not depend on Y (k = 0: sum_i res_ji X_i . gread + post_j f . gread, so Y is neither read nor recomputed),    \
+     else from Y; where they do (slope given, rules 1 and 2), its share of the projection's gradient is added      \
+     to gdots and coeff, in place, before they are used. Returns 1 where the buffers could not be allocated. */    \
   int boundary_backward_##T(const T *gy, const T *gread, const T *pre, const T *y, const T *x, const T *f,         \
                             const T *post, const T *res, const T *proj, const T *dots, const T *inv_rms,           \
                             const T *slope, T *gdots, T *coeff, T *gx, T *gf, T *gpost, T *gres, T *gpre,          \
@@ -272,24 +277,28 @@
     for (int64_t kk = 0; kk < k; kk++) rows[kk] = proj + kk * L;                                                   \
     int failed = 0;                                                                                                \
     _Pragma("omp parallel num_threads(threads)") {                                                                 \
-      T *buf = malloc(sizeof(T) * 5 * n * d);                                                                      \
+      T *buf = malloc(sizeof(T) * 4 * n * d);                                                                      \
       if (!buf) {                                                                                                  \
         _Pragma("omp atomic write") failed = 1;                                                                    \
       } else {                                                                                                     \
-        T *again = buf + 4 * n * d; /* Y recomputed, for gpre */                                                   \
-        const T *streams[n];                                                                                       \
+        const T *streams[n + 1];                                                                                   \
         _Pragma("omp for schedule(static)") for (int64_t t0 = 0; t0 < N; t0 += 4) {                                \
           int64_t nb = N - t0 < 4 ? N - t0 : 4;                                                                    \
           for (int64_t t = t0; t < t0 + nb; t++) {                                                                 \
             const T *yt = y + t * n * d, *gr = gread + t * d;                                                      \
             T *bt = buf + (t - t0) * n * d;                                                                        \
-            if (gpre) {                                                                                            \
-              const T *from = yt;                                                                                  \
-              if (k == 0) {                                                                                        \
-                write_token_##T(x + t * n * d, f + t * d, post + t * n, res + t * n * n, again, n, d);             \
-                from = again;                                                                                      \
+            if (gpre && k == 0) { /* Y_j . gread = sum_i res_ji (X_i . gread) + post_j (f . gread): no Y read */  \
+              T a[n + 1];                                                                                          \
+              for (int64_t j = 0; j < n; j++) streams[j] = x + t * n * d + j * d;                                  \
+              streams[n] = f + t * d;                                                                              \
+              dots_##T(gr, streams, n + 1, d, a);                                                                  \
+              for (int64_t j = 0; j < n; j++) {                                                                    \
+                T s_ = post[t * n + j] * a[n];                                                                     \
+                for (int64_t i = 0; i < n; i++) s_ += res[(t * n + j) * n + i] * a[i];                             \
+                gpre[t * n + j] = s_;                                                                              \
               }                                                                                                    \
-              for (int64_t j = 0; j < n; j++) streams[j] = from + j * d;                                           \
+            } else if (gpre) {                                                                                     \
+              for (int64_t j = 0; j < n; j++) streams[j] = yt + j * d;                                             \
               dots_##T(gr, streams, n, d, gpre + t * n);                                                           \
             }                                                                                                      \
             for (int64_t j = 0; j < n && slope && gpre; j++) { /* pre's share of the logits' gradient */           \

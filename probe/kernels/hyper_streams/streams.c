@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#define AHEAD 2 /* tokens: how far ahead of its products a token's rows are asked for (fetch) */
+
 #define OFFSET(p, off) ((p) ? (p) + (off) : 0) /* a row of an optional output, NULL where it is not asked for */
 
 #define HELPERS(T)                                                                                                \
@@ -115,6 +117,12 @@
       for (int64_t q = 0; q < nb; q++) spread_##T(b[q], s[q], rows, cnt, len);                                     \
   }                                                                                                                \
                                                                                                                    \
+  /* ask for the cache lines of len values at p before they are read (a later token's rows, while this token's    \
+     products run: the memory's latency hidden behind them) */                                                    \
+  static inline void fetch_##T(const T *p, int64_t len) {                                                         \
+    for (int64_t e = 0; e < len; e += 64 / (int64_t)sizeof(T)) __builtin_prefetch(p + e);                         \
+  }                                                                                                               \
+                                                                                                                  \
   /* y = sum_j w_j x_j (n rows of d) */                                                                           \
   static inline void mix_##T(T *y, const T *w, const T *x, int64_t n, int64_t d) {                                \
     _Pragma("omp simd") for (int64_t e = 0; e < d; e++) y[e] = w[0] * x[e];                                       \
@@ -226,6 +234,7 @@
     _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int64_t t0 = 0; t0 < N; t0 += 4) {      \
       int64_t nb = N - t0 < 4 ? N - t0 : 4;                                                                        \
       for (int64_t t = t0; t < t0 + nb; t++) {                                                                     \
+        if (t + AHEAD < N) fetch_##T(x + (t + AHEAD) * n * d, n * d), fetch_##T(f + (t + AHEAD) * d, d);          \
         T *yt = y + t * n * d;                                                                                     \
         write_token_##T(x + t * n * d, f + t * d, post + t * n, res + t * n * n, yt, n, d);                        \
         for (int64_t g = 0; g < G && k > 0; g++) {                                                                 \
@@ -285,6 +294,12 @@
         _Pragma("omp for schedule(static)") for (int64_t t0 = 0; t0 < N; t0 += 4) {                                \
           int64_t nb = N - t0 < 4 ? N - t0 : 4;                                                                    \
           for (int64_t t = t0; t < t0 + nb; t++) {                                                                 \
+            if (t + AHEAD < N) {                                                                                   \
+              int64_t u = t + AHEAD;                                                                               \
+              fetch_##T(x + u * n * d, n * d), fetch_##T(f + u * d, d), fetch_##T(gread + u * d, d);               \
+              if (gy) fetch_##T(gy + u * n * d, n * d);                                                            \
+              if (k > 0) fetch_##T(y + u * n * d, n * d);                                                          \
+            }                                                                                                      \
             const T *yt = y + t * n * d, *gr = gread + t * d;                                                      \
             T *bt = buf + (t - t0) * n * d;                                                                        \
             if (gpre && k == 0) { /* Y_j . gread = sum_i res_ji (X_i . gread) + post_j (f . gread): no Y read */  \

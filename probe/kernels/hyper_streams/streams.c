@@ -179,6 +179,7 @@
                                                                                                                   \
   void read_forward_##T(const T *w, const T *x, T *h, int64_t N, int64_t n, int64_t d, int threads) {             \
     _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int64_t t = 0; t < N; t++) {           \
+      if (t + AHEAD < N) fetch_##T(x + (t + AHEAD) * n * d, n * d);                                               \
       mix_##T(h + t * d, w + t * n, x + t * n * d, n, d);                                                         \
     }                                                                                                             \
   }                                                                                                               \
@@ -187,6 +188,7 @@
   void read_backward_##T(const T *w, const T *x, const T *g, T *gw, T *gx, int64_t N, int64_t n, int64_t d,       \
                          int threads) {                                                                           \
     _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int64_t t = 0; t < N; t++) {           \
+      if (t + AHEAD < N) fetch_##T(x + (t + AHEAD) * n * d, n * d), fetch_##T(g + (t + AHEAD) * d, d);            \
       const T *wt = w + t * n, *xt = x + t * n * d, *gt = g + t * d;                                              \
       if (gw) {                                                                                                   \
         const T *rows[n];                                                                                         \
@@ -203,6 +205,7 @@
   void write_forward_##T(const T *x, const T *f, const T *post, const T *res, T *y, int64_t N, int64_t n,          \
                          int64_t d, int threads) {                                                                \
     _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int64_t t = 0; t < N; t++) {           \
+      if (t + AHEAD < N) fetch_##T(x + (t + AHEAD) * n * d, n * d), fetch_##T(f + (t + AHEAD) * d, d);            \
       write_token_##T(x + t * n * d, f + t * d, post + t * n, res + t * n * n, y + t * n * d, n, d);              \
     }                                                                                                             \
   }                                                                                                               \
@@ -211,6 +214,10 @@
   void write_backward_##T(const T *g, const T *x, const T *f, const T *post, const T *res, T *gx, T *gf, T *gpost, \
                           T *gres, int64_t N, int64_t n, int64_t d, int threads) {                                \
     _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int64_t t = 0; t < N; t++) {           \
+      if (t + AHEAD < N) {                                                                                        \
+        int64_t u = t + AHEAD;                                                                                    \
+        fetch_##T(g + u * n * d, n * d), fetch_##T(x + u * n * d, n * d), fetch_##T(f + u * d, d);                \
+      }                                                                                                           \
       write_backward_token_##T(g + t * n * d, x + t * n * d, f + t * d, post + t * n, res + t * n * n,            \
                                OFFSET(gx, t * n * d), OFFSET(gf, t * d), OFFSET(gpost, t * n),                    \
                                OFFSET(gres, t * n * n), n, d);                                                    \

@@ -74,7 +74,8 @@ def _project_and_weigh(streams, out, post, res, reader, track: bool):
     backward). Weights that read nothing of the streams (static HC, the stream sum) are known before the write;
     those that do give their read weights' rule (``pre_rule``), which the kernel follows per token."""
     dtype, lead = streams.dtype, streams.shape[:2]
-    with torch.set_grad_enabled(track):
+    taped = hasattr(reader, "taped_grads")  # the reader differentiates its own weights: no graph to build
+    with torch.set_grad_enabled(track and not taped):
         spec = reader.projection(dtype)
     if spec is None:  # weights that are the parameters (summed_grads) need no graph
         with torch.set_grad_enabled(track and not hasattr(reader, "summed_grads")):
@@ -89,7 +90,11 @@ def _project_and_weigh(streams, out, post, res, reader, track: bool):
     new, dots, inv_rms, read, pre, slope = hyper_streams.boundary_forward(
         streams, out, post, res, rows, groups, eps, rule=rule
     )
-    logits = (dots * inv_rms.unsqueeze(-1)).requires_grad_(track)  # B,T,groups,k: the normed projection
+    logits = dots * inv_rms.unsqueeze(-1)  # B,T,groups,k: the normed projection
+    if taped:
+        post, res, tape = reader.taped_weights(logits, dtype)
+        return new, read, pre, (pre, post, res), (rows, dots, inv_rms, slope), (tape, None, rule[-1])
+    logits.requires_grad_(track)
     with torch.set_grad_enabled(track):
         weights = reader.weights_from_logits(logits, lead, dtype)  # pre again, for its parameters' gradients
     return new, read, pre, weights, (rows, dots, inv_rms, slope), (logits, proj, rule[-1])
@@ -118,19 +123,25 @@ class _Boundary(torch.autograd.Function):
             grad_read = torch.zeros_like(new[..., 0, :])
         tensors = (grad_new, grad_read, pre, new, streams, out, post, res)
         if logits is None:  # the weights do not depend on Y: the read's weight gradient comes from the same pass
-            *grads, grad_pre = hyper_streams.boundary_backward(*tensors)
+            *grads, grad_pre, _ = hyper_streams.boundary_backward(*tensors)
             if hasattr(ctx.reader, "summed_grads"):
                 summed = ctx.reader.summed_grads(grad_pre, grad_post, grad_res)
                 return (*grads, None, *(summed.get(p) for p in params))
             return (*grads, None, *_grads(_pairs(ctx.weights, (grad_pre, grad_post, grad_res)), list(params)))
-        # post's and res's share of the logits' gradient first (the graph kept for pre's parameters after)
-        found = _grads(_pairs((None, *ctx.weights[1:]), (None, grad_post, grad_res)), [logits, *params], keep=True)
-        grad_logits = found[0] if found[0] is not None else torch.zeros_like(logits)
-        grad_dots = (grad_logits * inv_rms.unsqueeze(-1)).contiguous()  # B,T,groups,k
-        size = rows.shape[1]  # L: the values each inverse rms averages
-        coeff = ((grad_logits * dots).sum(-1) * inv_rms.pow(3) / -size).contiguous()  # B,T,groups: via d rms / dY
-        projected = (rows, dots, inv_rms, grad_dots, coeff)  # the kernel adds pre's share to grad_dots and coeff
-        *grads, grad_pre = hyper_streams.boundary_backward(*tensors, projected, slope, step)
+        taped = hasattr(ctx.reader, "taped_grads")  # then ``logits`` is the reader's tape
+        if taped:
+            grad_logits, found = ctx.reader.logits_grad(logits, grad_post, grad_res), [None] * (1 + len(params))
+        else:  # post's and res's share of the logits' gradient first (the graph kept for pre's parameters after)
+            pairs = _pairs((None, *ctx.weights[1:]), (None, grad_post, grad_res))
+            found = _grads(pairs, [logits, *params], keep=True)
+            grad_logits = found[0].contiguous() if found[0] is not None else torch.zeros_like(logits)
+        projected = (rows, dots, inv_rms, grad_logits)  # the kernel adds pre's share to grad_logits, in place
+        *grads, grad_pre, grad_dots = hyper_streams.boundary_backward(*tensors, projected, slope, step)
+        size = rows.shape[1]  # L: the values of each group
+        if taped:  # the projection's gradient Σ_t dots' gradient ⊗ Y_g (L, k), and the reader's own derivative
+            grad_rows = grad_dots.reshape(-1, rows.shape[0]).T @ new.reshape(-1, size)  # k, L (as L, k: 2x slower)
+            taken = ctx.reader.taped_grads(logits, grad_pre, grad_post, grad_res, grad_rows.T)
+            return (*grads, None, *(taken.get(p) for p in params))
         last = _pairs(ctx.weights[:1], (grad_pre,))  # pre's share and the projection's, in one pass of autograd
         if _tracked(proj):  # the projection's gradient, Σ_t dots' gradient ⊗ Y_g, back to its parameters
             grad_rows = grad_dots.reshape(-1, rows.shape[0]).T @ new.reshape(-1, size)  # k, L

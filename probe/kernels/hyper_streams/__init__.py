@@ -111,26 +111,29 @@ def boundary_forward(streams, out, post, res, proj, groups: int, eps: float, pre
 
 
 def boundary_backward(grad, grad_read, pre, new, streams, out, post, res, projected=None, slope=None, step=1):
-    """(grad_streams, grad_out, grad_post, grad_res, grad_pre) of a boundary: Y's gradient is ``grad`` (B,T,n,d, or
-    None) + pre ⊗ grad_read + the projection's, ``projected`` = (proj (k, L), dots, inv_rms, grad_dots (B,T,groups,k)
-    along proj's rows, coeff (B,T,groups) · Y); where ``slope`` (d pre / d logit, B,T,n) is given, pre's share is
-    added to grad_dots and coeff in place first (the logit of pre_j the (j·step)-th of a token's projections). The
-    caller made sure the kernels take the call (``boundary_forward`` did)."""
+    """(grad_streams, grad_out, grad_post, grad_res, grad_pre, grad_dots) of a boundary: Y's gradient is ``grad``
+    (B,T,n,d, or None) + pre ⊗ grad_read + the projection's, from ``projected`` = (proj (k, L), dots, inv_rms,
+    grad_logits (B,T,groups,k): the logits' gradient from the weights other than pre); where ``slope`` (d pre / d
+    logit, B,T,n) is given, pre's share is added to grad_logits in place first (the logit of pre_j the (j·step)-th of
+    a token's projections). grad_dots (B,T,groups,k, None without ``projected``) is the gradient along proj's rows,
+    each token's Y_g times it summing to proj's. The caller made sure the kernels take the call (``boundary_forward``
+    did)."""
     grad_read = grad_read.contiguous()
-    proj, dots, inv_rms, grad_dots, coeff = projected if projected is not None else (None,) * 5
-    optional = tuple(t for t in (grad, proj, dots, inv_rms, slope, grad_dots, coeff) if t is not None)
+    proj, dots, inv_rms, grad_logits = projected if projected is not None else (None,) * 4
+    optional = tuple(t for t in (grad, proj, dots, inv_rms, slope, grad_logits) if t is not None)
     fn = _kernel("boundary_backward", grad_read, pre, new, streams, out, post, res, *optional)
     assert fn is not None  # boundary_forward took the same tensors
     *lead, n, d = streams.shape
     groups, k = (dots.shape[-2], dots.shape[-1]) if dots is not None else (1, 0)
     grads = [torch.empty_like(t) for t in (streams, out, post, res, pre)]
+    grad_dots = torch.empty_like(dots) if dots is not None else None
     failed = native.call(
-        fn, grad, grad_read, pre, new, streams, out, post, res, proj, dots, inv_rms, slope, grad_dots, coeff,
+        fn, grad, grad_read, pre, new, streams, out, post, res, proj, dots, inv_rms, slope, grad_logits, grad_dots,
         *grads, out.numel() // max(d, 1), n, d, groups, k, step,
     )  # fmt: skip
     if failed:
         raise MemoryError("hyper-connection boundary backward: no memory for a token's stream gradient")
-    return tuple(grads)
+    return (*grads, grad_dots)
 
 
 MAX_STEP_ENTRIES = 65536  # sinkhorn.c's workspace limit per token (x 16 side by side): (2 iters + 2) n (n + 1)

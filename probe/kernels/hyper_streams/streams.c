@@ -278,15 +278,16 @@
   }                                                                                                                \
                                                                                                                    \
   /* Its backward: per token, Y's whole gradient gY = G (NULL: none) + pre (x) gread + for each group              \
-     gdots[g] proj + coeff[g] y_g (the projection's, dots and inv rms folded in by the caller), kept in a buffer,  \
-     then the write's backward from gY; tokens in blocks of four, whose buffers take the projection's share        \
-     together (spread4). gpre, the read's weights' gradient Y_j . gread, comes from X and f where the weights do   \
-     not depend on Y (k = 0: sum_i res_ji X_i . gread + post_j f . gread, so Y is neither read nor recomputed),    \
-     else from Y; where they do (slope given, rules 1 and 2), its share of the projection's gradient is added      \
-     to gdots and coeff, in place, before they are used. Returns 1 where the buffers could not be allocated. */    \
+     gdots[g] proj + coeff[g] y_g, kept in a buffer, then the write's backward from gY; tokens in blocks of four,  \
+     whose buffers take the projection's share together (spread4). The projection's share comes from the logits'   \
+     gradient glogits (z = dots r, r = 1 / rms(y_g): gdots = gl r, written out for the caller's gradient of proj,  \
+     and coeff = -r^3 / L gl . dots). gpre, the read's weights' gradient Y_j . gread, comes from X and f where the \
+     weights do not depend on Y (k = 0: sum_i res_ji X_i . gread + post_j f . gread, so Y is neither read nor      \
+     recomputed), else from Y; where they do (slope given, rules 1 and 2), its share of the logits' gradient is    \
+     added to glogits, in place, first. Returns 1 where the buffers could not be allocated. */                     \
   int boundary_backward_##T(const T *gy, const T *gread, const T *pre, const T *y, const T *x, const T *f,         \
                             const T *post, const T *res, const T *proj, const T *dots, const T *inv_rms,           \
-                            const T *slope, T *gdots, T *coeff, T *gx, T *gf, T *gpost, T *gres, T *gpre,          \
+                            const T *slope, T *glogits, T *gdots, T *gx, T *gf, T *gpost, T *gres, T *gpre,        \
                             int64_t N, int64_t n, int64_t d, int64_t G, int64_t k, int64_t step, int threads) {    \
     int64_t L = n * d / G;                                                                                         \
     const T *rows[k > 0 ? k : 1];                                                                                  \
@@ -298,6 +299,7 @@
         _Pragma("omp atomic write") failed = 1;                                                                    \
       } else {                                                                                                     \
         const T *streams[n + 1];                                                                                   \
+        T coeff[G]; /* a token's groups' share of gY along y_g: d (1 / rms(y_g)) / dy_g */                         \
         _Pragma("omp for schedule(static)") for (int64_t t0 = 0; t0 < N; t0 += 4) {                                \
           int64_t nb = N - t0 < 4 ? N - t0 : 4;                                                                    \
           for (int64_t t = t0; t < t0 + nb; t++) {                                                                 \
@@ -323,11 +325,13 @@
               for (int64_t j = 0; j < n; j++) streams[j] = yt + j * d;                                             \
               dots_##T(gr, streams, n, d, gpre + t * n);                                                           \
             }                                                                                                      \
-            for (int64_t j = 0; j < n && slope && gpre; j++) { /* pre's share of the logits' gradient */           \
-              int64_t at = j * step, g = at / k;                                                                   \
-              T gz = gpre[t * n + j] * slope[t * n + j], r = inv_rms[t * G + g];                                   \
-              gdots[t * G * k + at] += gz * r;                                                                     \
-              coeff[t * G + g] -= gz * dots[t * G * k + at] * r * r * r / (T)L;                                    \
+            for (int64_t j = 0; j < n && slope && gpre; j++) /* pre's share of the logits' gradient */             \
+              glogits[t * G * k + j * step] += gpre[t * n + j] * slope[t * n + j];                                 \
+            for (int64_t g = 0; g < G && k > 0; g++) { /* z = dots r, r = 1 / rms(y_g): gl r, -r^3 / L gl.dots */  \
+              const T *gl = glogits + (t * G + g) * k, *dt = dots + (t * G + g) * k, r = inv_rms[t * G + g];       \
+              T *gd = gdots + (t * G + g) * k, c_ = 0;                                                             \
+              for (int64_t kk = 0; kk < k; kk++) gd[kk] = gl[kk] * r, c_ += gl[kk] * dt[kk];                       \
+              coeff[g] = -c_ * r * r * r / (T)L;                                                                   \
             }                                                                                                      \
             for (int64_t i = 0; i < n; i++) {                                                                      \
               T p_ = pre[t * n + i], *bi = bt + i * d;                                                             \
@@ -339,7 +343,7 @@
               }                                                                                                    \
             }                                                                                                      \
             for (int64_t g = 0; g < G && k > 0; g++) {                                                             \
-              T *bg = bt + g * L, c_ = coeff[t * G + g];                                                           \
+              T *bg = bt + g * L, c_ = coeff[g];                                                                   \
               const T *yg = yt + g * L;                                                                            \
               _Pragma("omp simd") for (int64_t e = 0; e < L; e++) bg[e] += c_ * yg[e];                             \
             }                                                                                                      \

@@ -91,6 +91,50 @@ class DynamicHyperConnection(StaticHyperConnection):
         post = post + beta * dyn_post.squeeze(-1)  # B,T,n
         return pre, post, res + (alpha * dyn_res).transpose(-1, -2)  # res: out × in
 
+    # The fused boundaries' shortcut past autograd (probe.models.hyper_boundary): post and res from the logits with
+    # no graph, and every gradient of the weights taken by hand from their tanh (the tape), a dozen tensor ops where
+    # autograd's two passes over the weights' graph took about forty
+
+    def taped_weights(self, logits, dtype):
+        """(post (B,T,n), res (B,T,n,n), the tape: tanh of the logits (B,T,n_in,2+n)), as weights_from_logits."""
+        tanh = torch.tanh(logits)
+        post = torch.add(self.static_post.detach().to(dtype), tanh[..., 1], alpha=self.beta_scale.item())
+        res = torch.add(
+            self.static_res.detach().to(dtype), tanh[..., 2:].transpose(-1, -2), alpha=self.alpha_scale.item()
+        )
+        return post, res, tanh
+
+    def logits_grad(self, tanh, grad_post, grad_res):
+        """post's and res's share of the logits' gradient (B,T,n_in,2+n; pre's column 0) from theirs (None: none)."""
+        zero = tanh.new_zeros(()).expand(tanh.shape[:-1])
+        grad_post = zero if grad_post is None else grad_post * self.beta_scale.item()  # B,T,n
+        grad_res = zero.unsqueeze(-1).expand(*zero.shape, self.n) if grad_res is None else grad_res.transpose(-1, -2)
+        grad = torch.cat([zero.unsqueeze(-1), grad_post.unsqueeze(-1), grad_res * self.alpha_scale.item()], dim=-1)
+        return grad.mul_(1 - tanh * tanh)  # tanh' at the logits
+
+    def taped_grads(self, tanh, grad_pre, grad_post, grad_res, grad_proj) -> dict:
+        """Each trainable parameter's gradient from the weights' (B,T,n), (B,T,n), (B,T,n,n) (None: none) and the
+        folded projection's (d, 2+n) (``projection``: W γ, W = [pre_proj | post_proj | res_proj])."""
+        gamma = self.norm.weight.detach().to(grad_proj.dtype)
+        unfolded = grad_proj * gamma[:, None]  # d, 2+n: W's gradient
+        found = {
+            self.static_pre: grad_pre.sum((0, 1)),
+            self.alpha_scale: torch.dot(grad_pre.reshape(-1), tanh[..., 0].reshape(-1)),
+            self.pre_proj: unfolded[:, 0],
+            self.post_proj: unfolded[:, 1],
+            self.res_proj: unfolded[:, 2:],
+        }
+        if grad_post is not None:
+            found[self.static_post] = grad_post.sum((0, 1))
+            found[self.beta_scale] = torch.dot(grad_post.reshape(-1), tanh[..., 1].reshape(-1))
+        if grad_res is not None:  # out × in; the tape's res columns are in × out
+            found[self.static_res] = grad_res.sum((0, 1))
+            found[self.alpha_scale] = found[self.alpha_scale] + (grad_res.transpose(-1, -2) * tanh[..., 2:]).sum()
+        if self.norm.weight.requires_grad:
+            weight = torch.cat([self.pre_proj[:, None], self.post_proj[:, None], self.res_proj], dim=1).detach()
+            found[self.norm.weight] = (grad_proj * weight.to(grad_proj.dtype)).sum(1)
+        return {p: g.to(p.dtype) for p, g in found.items() if p.requires_grad}
+
 
 def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     """DeepSeek's Sinkhorn-Knopp on exp of ``logits`` (..., n_in, n_out), as transformers' DeepseekV4HyperConnection:

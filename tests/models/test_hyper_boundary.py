@@ -101,6 +101,24 @@ def test_frozen_connections_and_inference_fuse_alike(variant, monkeypatch):
         torch.testing.assert_close(fused[1][name], grad, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("frozen", [("norm.weight", "static_res"), ("alpha_scale", "pre_proj"), ("beta_scale",)])
+def test_dynamic_connections_partly_frozen_fuse_alike(frozen, monkeypatch):
+    """Dynamic HC's hand-taken weight gradients (taped_grads) give each trainable parameter the blocks' path's
+    gradient and none to a frozen one (the norm folded into the projection, the mixing scales)."""
+    model, x = model_for("hc-dynamic"), ids(2)
+    for name, p in model.named_parameters():
+        p.requires_grad_(not (".hc_" in name and name.endswith(frozen)))
+    calls = count_fused(monkeypatch)
+    fused_logits, fused_grads = logits_and_grads(model, x)
+    assert len(calls) == 2 * TINY["n_layers"]
+    unfused(monkeypatch)
+    logits, grads = logits_and_grads(model, x)
+    torch.testing.assert_close(fused_logits, logits, rtol=1e-11, atol=1e-11)
+    assert fused_grads.keys() == grads.keys() and not any(n.endswith(frozen) and ".hc_" in n for n in grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-10, atol=1e-12)
+
+
 def test_a_hook_on_a_sublayer_output_still_fuses_and_edits_alike(monkeypatch):
     """hook_attn_out and hook_mlp_out fire before the write in both paths: an edit there fuses, with the same
     result."""

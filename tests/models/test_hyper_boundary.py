@@ -101,11 +101,21 @@ def test_frozen_connections_and_inference_fuse_alike(variant, monkeypatch):
         torch.testing.assert_close(fused[1][name], grad, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("frozen", [("norm.weight", "static_res"), ("alpha_scale", "pre_proj"), ("beta_scale",)])
-def test_dynamic_connections_partly_frozen_fuse_alike(frozen, monkeypatch):
-    """Dynamic HC's hand-taken weight gradients (taped_grads) give each trainable parameter the blocks' path's
-    gradient and none to a frozen one (the norm folded into the projection, the mixing scales)."""
-    model, x = model_for("hc-dynamic"), ids(2)
+@pytest.mark.parametrize(
+    "variant, frozen",
+    [
+        ("hc-dynamic", ("norm.weight", "static_res")),
+        ("hc-dynamic", ("alpha_scale", "pre_proj")),
+        ("hc-dynamic", ("beta_scale",)),
+        ("mhc", ("hc_attn.proj",)),
+        ("mhc", ("scale", "bias")),
+    ],
+)
+def test_connections_partly_frozen_fuse_alike(variant, frozen, monkeypatch):
+    """With parts of each connection frozen, the fused path gives each trainable parameter the blocks' path's
+    gradient and none to a frozen one (dynamic HC's hand-taken weight gradients, taped_grads: the norm folded into
+    the projection, the scales, a projection; mHC's through autograd)."""
+    model, x = model_for(variant), ids(2)
     for name, p in model.named_parameters():
         p.requires_grad_(not (".hc_" in name and name.endswith(frozen)))
     calls = count_fused(monkeypatch)

@@ -11,6 +11,11 @@ The residual stream becomes n streams X (B,T,n,d), all equal to the embedding at
 A mechanism is a `HyperConnection` subclass registered with `@register_hyper(name)`: it computes (pre, post, res) in
 `weights`; the module fires `hook_pre`, `hook_post` and `hook_res` on them (a hook may edit them), `hook_read` on x_in,
 and mixes. The block's hook_resid_pre / mid / post are the streams' sum (`through_sum`), as on DeepSeek-V4.
+
+For the fused boundaries (probe/models/hyper_boundary.py) a mechanism also says what its weights read of the streams
+(`projection`) and how pre follows from it (`pre_rule`); it may take its weights' gradients itself instead of leaving
+them to autograd: `taped_weights` (post, res and a tape from the logits), `logits_grad` (post's and res's share of the
+logits' gradient) and `taped_grads` (each parameter's gradient), as dynamic HC does.
 """
 
 from __future__ import annotations

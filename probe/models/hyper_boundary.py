@@ -9,7 +9,8 @@ passes over memory, not the arithmetic, set a hyper-connected step's time. Fused
 the projections of each token's new streams while they sit in L1, the read weights from them by the mechanism's
 ``pre_rule``, the read) and the backward one (the read's weight gradients, then Y's whole gradient per token in a
 buffer, pushed straight through the write's backward), with the weights' own small graph (sigmoid, tanh, Sinkhorn on
-(B,T,n,n)) differentiated by autograd inside. On the tiny tier this gains 0.01-0.04 of the baseline's throughput
+(B,T,n,n)) differentiated by autograd inside, or by the mechanism itself where it says how (``taped_grads``: dynamic
+HC). On the tiny tier this gains 0.01-0.04 of the baseline's throughput
 (benchmarks/hyper_throughput.py's "unfused" rows, docs/results/benchmarks.md), less than the passes it saves
 suggest.
 
@@ -102,7 +103,8 @@ def _project_and_weigh(streams, out, post, res, reader, track: bool):
 
 class _Boundary(torch.autograd.Function):
     """The fused boundary as one autograd node; ``params`` are the reader's trainable parameters, whose gradients
-    come from its weights' small graph (and the projection's) rebuilt in the forward."""
+    come from its weights' small graph (and the projection's) rebuilt in the forward, or from the reader's own
+    ``taped_grads``."""
 
     @staticmethod
     def forward(ctx, streams, out, post, res, reader, *params):

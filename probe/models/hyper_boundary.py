@@ -131,8 +131,8 @@ class _Boundary(torch.autograd.Function):
                 return (*grads, None, *(summed.get(p) for p in params))
             return (*grads, None, *_grads(_pairs(ctx.weights, (grad_pre, grad_post, grad_res)), list(params)))
         taped = hasattr(ctx.reader, "taped_grads")  # then ``logits`` is the reader's tape
-        if taped:
-            grad_logits, found = ctx.reader.logits_grad(logits, grad_post, grad_res), [None] * (1 + len(params))
+        if taped:  # post's and res's share of the logits' gradient by the reader's own derivative
+            grad_logits, found = ctx.reader.logits_grad(logits, grad_post, grad_res), None
         else:  # post's and res's share of the logits' gradient first (the graph kept for pre's parameters after)
             pairs = _pairs((None, *ctx.weights[1:]), (None, grad_post, grad_res))
             found = _grads(pairs, [logits, *params], keep=True)
@@ -141,6 +141,8 @@ class _Boundary(torch.autograd.Function):
         *grads, grad_pre, grad_dots = hyper_streams.boundary_backward(*tensors, projected, slope, step)
         size = rows.shape[1]  # L: the values of each group
         if taped:  # the projection's gradient Σ_t dots' gradient ⊗ Y_g (L, k), and the reader's own derivative
+            if not params:  # a frozen connection
+                return (*grads, None)
             grad_rows = grad_dots.reshape(-1, rows.shape[0]).T @ new.reshape(-1, size)  # k, L (as L, k: 2x slower)
             taken = ctx.reader.taped_grads(logits, grad_pre, grad_post, grad_res, grad_rows.T)
             return (*grads, None, *(taken.get(p) for p in params))

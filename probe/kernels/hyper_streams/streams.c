@@ -23,14 +23,16 @@
 #define OFFSET(p, off) ((p) ? (p) + (off) : 0) /* a row of an optional output, NULL where it is not asked for */
 
 #define HELPERS(T)                                                                                                \
-  /* out[r] = v . rows[r] for r < cnt (len values each), eight rows per pass over v */                           \
+  /* out[r] = v . rows[r] for r < cnt (len values each), eight rows per pass over v; four where four or fewer are \
+     left (a token's n read-weight dots) */                                                                       \
   static inline void dots_##T(const T *v, const T *const *rows, int64_t cnt, int64_t len, T *out) {               \
-    for (int64_t r0 = 0; r0 < cnt; r0 += 8) {                                                                     \
+    int64_t r0 = 0;                                                                                               \
+    for (; cnt - r0 > 4; r0 += 8) {                                                                               \
       const T *p[8];                                                                                              \
       for (int r = 0; r < 8; r++) p[r] = rows[r0 + r < cnt ? r0 + r : cnt - 1]; /* past cnt: dropped */           \
       const T *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3], *p4 = p[4], *p5 = p[5], *p6 = p[6], *p7 = p[7];     \
       T a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;                                           \
-      _Pragma("omp simd reduction(+ : a0, a1, a2, a3, a4, a5, a6, a7)") for (int64_t e = 0; e < len; e++) {      \
+      _Pragma("omp simd reduction(+ : a0, a1, a2, a3, a4, a5, a6, a7)") for (int64_t e = 0; e < len; e++) {       \
         T x_ = v[e];                                                                                              \
         a0 += x_ * p0[e], a1 += x_ * p1[e], a2 += x_ * p2[e], a3 += x_ * p3[e];                                   \
         a4 += x_ * p4[e], a5 += x_ * p5[e], a6 += x_ * p6[e], a7 += x_ * p7[e];                                   \
@@ -38,7 +40,19 @@
       T a[8] = {a0, a1, a2, a3, a4, a5, a6, a7};                                                                  \
       for (int r = 0; r < 8 && r0 + r < cnt; r++) out[r0 + r] = a[r];                                             \
     }                                                                                                             \
+    if (r0 < cnt) {                                                                                               \
+      const T *p0 = rows[r0], *p1 = rows[r0 + 1 < cnt ? r0 + 1 : r0], *p2 = rows[r0 + 2 < cnt ? r0 + 2 : r0];     \
+      const T *p3 = rows[r0 + 3 < cnt ? r0 + 3 : r0]; /* past cnt: dropped */                                     \
+      T a0 = 0, a1 = 0, a2 = 0, a3 = 0;                                                                           \
+      _Pragma("omp simd reduction(+ : a0, a1, a2, a3)") for (int64_t e = 0; e < len; e++) {                       \
+        T x_ = v[e];                                                                                              \
+        a0 += x_ * p0[e], a1 += x_ * p1[e], a2 += x_ * p2[e], a3 += x_ * p3[e];                                   \
+      }                                                                                                           \
+      T a[4] = {a0, a1, a2, a3};                                                                                  \
+      for (int r = 0; r < 4 && r0 + r < cnt; r++) out[r0 + r] = a[r];                                             \
+    }                                                                                                             \
   }                                                                                                               \
+                                                                                                                  \
                                                                                                                   \
   /* b += sum_r s[r] rows[r] (r < cnt, len values each), one pass over b per eight rows */                        \
   static inline void spread_##T(T *b, const T *s, const T *const *rows, int64_t cnt, int64_t len) {               \
@@ -57,37 +71,62 @@
   }                                                                                                               \
                                                                                                                   \
   /* out[q][r] = v[q] . rows[r] for four vectors q and r < cnt: four rows by four vectors per pass, so each value  \
-     loaded serves four products (the projections of a block of tokens share their weight rows) */               \
+     loaded serves four products (the projections of a block of tokens share their weight rows); a last one or two \
+     rows by four vectors alone, not padded to four (a token's n + 1 write-gradient rows, dynamic HC's 2 + n) */   \
   static inline void dots4_##T(const T *const *v, const T *const *rows, int64_t cnt, int64_t len, T *const *out) { \
-    const T *v0 = v[0], *v1 = v[1], *v2 = v[2], *v3 = v[3];                                                       \
-    for (int64_t r0 = 0; r0 < cnt; r0 += 4) {                                                                     \
-      const T *p0 = rows[r0], *p1 = rows[r0 + 1 < cnt ? r0 + 1 : r0], *p2 = rows[r0 + 2 < cnt ? r0 + 2 : r0];      \
-      const T *p3 = rows[r0 + 3 < cnt ? r0 + 3 : r0]; /* past cnt: dropped */                                     \
-      T a00 = 0, a01 = 0, a02 = 0, a03 = 0, a10 = 0, a11 = 0, a12 = 0, a13 = 0;                                   \
-      T a20 = 0, a21 = 0, a22 = 0, a23 = 0, a30 = 0, a31 = 0, a32 = 0, a33 = 0;                                   \
-      _Pragma("omp simd reduction(+ : a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, \
-                                       a33)") for (int64_t e = 0; e < len; e++) {                                 \
-        T q0 = p0[e], q1 = p1[e], q2 = p2[e], q3 = p3[e], x_;                                                     \
-        x_ = v0[e], a00 += x_ * q0, a01 += x_ * q1, a02 += x_ * q2, a03 += x_ * q3;                               \
-        x_ = v1[e], a10 += x_ * q0, a11 += x_ * q1, a12 += x_ * q2, a13 += x_ * q3;                               \
-        x_ = v2[e], a20 += x_ * q0, a21 += x_ * q1, a22 += x_ * q2, a23 += x_ * q3;                               \
-        x_ = v3[e], a30 += x_ * q0, a31 += x_ * q1, a32 += x_ * q2, a33 += x_ * q3;                               \
-      }                                                                                                           \
-      T a[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};       \
-      for (int q = 0; q < 4; q++)                                                                                 \
-        for (int r = 0; r < 4 && r0 + r < cnt; r++) out[q][r0 + r] = a[q][r];                                    \
-    }                                                                                                             \
-  }                                                                                                               \
-                                                                                                                  \
-  /* b[q] += sum_r s[q][r] rows[r] for four buffers q (r < cnt, len values each), four rows per pass */            \
+    const T *v0 = v[0], *v1 = v[1], *v2 = v[2], *v3 = v[3];                                                        \
+    int64_t r0 = 0;                                                                                                \
+    for (; r0 < cnt && cnt - r0 != 1 && cnt - r0 != 2; r0 += 4) {                                                  \
+      const T *p0 = rows[r0], *p1 = rows[r0 + 1], *p2 = rows[r0 + 2];                                              \
+      const T *p3 = rows[r0 + 3 < cnt ? r0 + 3 : r0]; /* three left: the fourth dropped */                         \
+      T a00 = 0, a01 = 0, a02 = 0, a03 = 0, a10 = 0, a11 = 0, a12 = 0, a13 = 0;                                    \
+      T a20 = 0, a21 = 0, a22 = 0, a23 = 0, a30 = 0, a31 = 0, a32 = 0, a33 = 0;                                    \
+      _Pragma("omp simd reduction(+ : a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32,   \
+                                       a33)") for (int64_t e = 0; e < len; e++) {                                  \
+        T q0 = p0[e], q1 = p1[e], q2 = p2[e], q3 = p3[e], x_;                                                      \
+        x_ = v0[e], a00 += x_ * q0, a01 += x_ * q1, a02 += x_ * q2, a03 += x_ * q3;                                \
+        x_ = v1[e], a10 += x_ * q0, a11 += x_ * q1, a12 += x_ * q2, a13 += x_ * q3;                                \
+        x_ = v2[e], a20 += x_ * q0, a21 += x_ * q1, a22 += x_ * q2, a23 += x_ * q3;                                \
+        x_ = v3[e], a30 += x_ * q0, a31 += x_ * q1, a32 += x_ * q2, a33 += x_ * q3;                                \
+      }                                                                                                            \
+      T a[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};        \
+      for (int q = 0; q < 4; q++)                                                                                  \
+        for (int r = 0; r < 4 && r0 + r < cnt; r++) out[q][r0 + r] = a[q][r];                                      \
+    }                                                                                                              \
+    if (cnt - r0 == 2) {                                                                                           \
+      const T *p0 = rows[r0], *p1 = rows[r0 + 1];                                                                  \
+      T a00 = 0, a01 = 0, a10 = 0, a11 = 0, a20 = 0, a21 = 0, a30 = 0, a31 = 0;                                    \
+      _Pragma("omp simd reduction(+ : a00, a01, a10, a11, a20, a21, a30, a31)")                                   \
+      for (int64_t e = 0; e < len; e++) {                                                                         \
+        T q0 = p0[e], q1 = p1[e];                                                                                  \
+        a00 += v0[e] * q0, a01 += v0[e] * q1, a10 += v1[e] * q0, a11 += v1[e] * q1;                                \
+        a20 += v2[e] * q0, a21 += v2[e] * q1, a30 += v3[e] * q0, a31 += v3[e] * q1;                                \
+      }                                                                                                            \
+      out[0][r0] = a00, out[0][r0 + 1] = a01, out[1][r0] = a10, out[1][r0 + 1] = a11;                              \
+      out[2][r0] = a20, out[2][r0 + 1] = a21, out[3][r0] = a30, out[3][r0 + 1] = a31;                              \
+    } else if (cnt - r0 == 1) {                                                                                    \
+      const T *p0 = rows[r0];                                                                                      \
+      T a0 = 0, a1 = 0, a2 = 0, a3 = 0;                                                                            \
+      _Pragma("omp simd reduction(+ : a0, a1, a2, a3)") for (int64_t e = 0; e < len; e++) {                        \
+        T q0 = p0[e];                                                                                              \
+        a0 += v0[e] * q0, a1 += v1[e] * q0, a2 += v2[e] * q0, a3 += v3[e] * q0;                                    \
+      }                                                                                                            \
+      out[0][r0] = a0, out[1][r0] = a1, out[2][r0] = a2, out[3][r0] = a3;                                          \
+    }                                                                                                              \
+  }                                                                                                                \
+                                                                                                                   \
+  /* b[q] += sum_r s[q][r] rows[r] for four buffers q (r < cnt, len values each), four rows per pass; a last      \
+     one or two rows alone, not padded to four */                                                                 \
   static inline void spread4_##T(T *const *b, const T *const *s, const T *const *rows, int64_t cnt, int64_t len) { \
     T *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3];                                                             \
-    for (int64_t r0 = 0; r0 < cnt; r0 += 4) {                                                                     \
+    int64_t r0 = 0;                                                                                               \
+    for (; r0 < cnt && cnt - r0 != 1 && cnt - r0 != 2; r0 += 4) {                                                 \
       const T *p[4];                                                                                              \
       T w[4][4];                                                                                                  \
       for (int r = 0; r < 4; r++) {                                                                               \
         p[r] = rows[r0 + r < cnt ? r0 + r : r0];                                                                  \
-        for (int q = 0; q < 4; q++) w[q][r] = r0 + r < cnt ? s[q][r0 + r] : 0; /* past cnt: weighs 0 */          \
+        for (int q = 0; q < 4; q++) /* three left: the fourth weighs 0 */                                         \
+          w[q][r] = r0 + r < cnt ? s[q][r0 + r] : 0;                                                              \
       }                                                                                                           \
       const T *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];                                                     \
       _Pragma("omp simd") for (int64_t e = 0; e < len; e++) {                                                     \
@@ -98,7 +137,25 @@
         b3[e] += w[3][0] * q0 + w[3][1] * q1 + w[3][2] * q2 + w[3][3] * q3;                                       \
       }                                                                                                           \
     }                                                                                                             \
+    if (cnt - r0 == 2) {                                                                                          \
+      const T *p0 = rows[r0], *p1 = rows[r0 + 1];                                                                 \
+      T w00 = s[0][r0], w01 = s[0][r0 + 1], w10 = s[1][r0], w11 = s[1][r0 + 1];                                   \
+      T w20 = s[2][r0], w21 = s[2][r0 + 1], w30 = s[3][r0], w31 = s[3][r0 + 1];                                   \
+      _Pragma("omp simd") for (int64_t e = 0; e < len; e++) {                                                     \
+        T q0 = p0[e], q1 = p1[e];                                                                                 \
+        b0[e] += w00 * q0 + w01 * q1, b1[e] += w10 * q0 + w11 * q1;                                               \
+        b2[e] += w20 * q0 + w21 * q1, b3[e] += w30 * q0 + w31 * q1;                                               \
+      }                                                                                                           \
+    } else if (cnt - r0 == 1) {                                                                                   \
+      const T *p0 = rows[r0];                                                                                     \
+      T w0 = s[0][r0], w1 = s[1][r0], w2 = s[2][r0], w3 = s[3][r0];                                               \
+      _Pragma("omp simd") for (int64_t e = 0; e < len; e++) {                                                     \
+        T q0 = p0[e];                                                                                             \
+        b0[e] += w0 * q0, b1[e] += w1 * q0, b2[e] += w2 * q0, b3[e] += w3 * q0;                                   \
+      }                                                                                                           \
+    }                                                                                                             \
   }                                                                                                               \
+                                                                                                                  \
                                                                                                                   \
   /* a block of nb <= 4 tokens: dots4 / spread4 for a full block, dots / spread token by token for the last */     \
   static inline void dots_block_##T(const T *const *v, const T *const *rows, int64_t cnt, int64_t len,             \

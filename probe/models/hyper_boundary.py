@@ -139,19 +139,24 @@ class _Boundary(torch.autograd.Function):
             grad_logits = found[0].contiguous() if found[0] is not None else torch.zeros_like(logits)
         projected = (rows, dots, inv_rms, grad_logits)  # the kernel adds pre's share to grad_logits, in place
         *grads, grad_pre, grad_dots = hyper_streams.boundary_backward(*tensors, projected, slope, step)
-        size = rows.shape[1]  # L: the values of each group
-        if taped:  # the projection's gradient Σ_t dots' gradient ⊗ Y_g (L, k), and the reader's own derivative
+        if taped:  # the projection's gradient and the reader's own derivative
             if not params:  # a frozen connection
                 return (*grads, None)
-            grad_rows = grad_dots.reshape(-1, rows.shape[0]).T @ new.reshape(-1, size)  # k, L (as L, k: 2x slower)
-            taken = ctx.reader.taped_grads(logits, grad_pre, grad_post, grad_res, grad_rows.T)
+            grad_proj = _projection_grad(grad_dots, new, rows)
+            taken = ctx.reader.taped_grads(logits, grad_pre, grad_post, grad_res, grad_proj)
             return (*grads, None, *(taken.get(p) for p in params))
         last = _pairs(ctx.weights[:1], (grad_pre,))  # pre's share and the projection's, in one pass of autograd
-        if _tracked(proj):  # the projection's gradient, Σ_t dots' gradient ⊗ Y_g, back to its parameters
-            grad_rows = grad_dots.reshape(-1, rows.shape[0]).T @ new.reshape(-1, size)  # k, L
-            last.append((proj, grad_rows.T))
+        if _tracked(proj):  # the projection's gradient back to its parameters
+            last.append((proj, _projection_grad(grad_dots, new, rows)))
         grad_params = [_add(a, b) for a, b in zip(found[1:], _grads(last, list(params)), strict=True)]
         return (*grads, None, *grad_params)
+
+
+def _projection_grad(grad_dots, new, rows):
+    """The projection's gradient (L, k), Σ_t dots' gradient (B,T,groups,k) ⊗ the new streams' group Y_g (L values);
+    ``rows`` is the projection as the kernel took it (k, L)."""
+    k, size = rows.shape
+    return (grad_dots.reshape(-1, k).T @ new.reshape(-1, size)).T  # k, L first: twice as fast as L, k
 
 
 def _pairs(weights, grads) -> list:

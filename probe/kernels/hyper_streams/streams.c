@@ -53,7 +53,6 @@
     }                                                                                                             \
   }                                                                                                               \
                                                                                                                   \
-                                                                                                                  \
   /* b += sum_r s[r] rows[r] (r < cnt, len values each), one pass over b per eight rows */                        \
   static inline void spread_##T(T *b, const T *s, const T *const *rows, int64_t cnt, int64_t len) {               \
     for (int64_t r0 = 0; r0 < cnt; r0 += 8) {                                                                     \
@@ -76,7 +75,7 @@
   static inline void dots4_##T(const T *const *v, const T *const *rows, int64_t cnt, int64_t len, T *const *out) { \
     const T *v0 = v[0], *v1 = v[1], *v2 = v[2], *v3 = v[3];                                                        \
     int64_t r0 = 0;                                                                                                \
-    for (; r0 < cnt && cnt - r0 != 1 && cnt - r0 != 2; r0 += 4) {                                                  \
+    for (; cnt - r0 >= 3; r0 += 4) {                                                                               \
       const T *p0 = rows[r0], *p1 = rows[r0 + 1], *p2 = rows[r0 + 2];                                              \
       const T *p3 = rows[r0 + 3 < cnt ? r0 + 3 : r0]; /* three left: the fourth dropped */                         \
       T a00 = 0, a01 = 0, a02 = 0, a03 = 0, a10 = 0, a11 = 0, a12 = 0, a13 = 0;                                    \
@@ -120,7 +119,7 @@
   static inline void spread4_##T(T *const *b, const T *const *s, const T *const *rows, int64_t cnt, int64_t len) { \
     T *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3];                                                             \
     int64_t r0 = 0;                                                                                               \
-    for (; r0 < cnt && cnt - r0 != 1 && cnt - r0 != 2; r0 += 4) {                                                 \
+    for (; cnt - r0 >= 3; r0 += 4) {                                                                              \
       const T *p[4];                                                                                              \
       T w[4][4];                                                                                                  \
       for (int r = 0; r < 4; r++) {                                                                               \
@@ -155,7 +154,6 @@
       }                                                                                                           \
     }                                                                                                             \
   }                                                                                                               \
-                                                                                                                  \
                                                                                                                   \
   /* a block of nb <= 4 tokens: dots4 / spread4 for a full block, dots / spread token by token for the last */     \
   static inline void dots_block_##T(const T *const *v, const T *const *rows, int64_t cnt, int64_t len,             \

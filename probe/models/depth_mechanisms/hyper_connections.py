@@ -77,8 +77,11 @@ class DynamicHyperConnection(StaticHyperConnection):
     def projection(self, dtype):
         # RMSNorm(X_j) W = (X_j (γ ⊙ W)) / rms(X_j): the gain folded into the three projections, done as one product,
         # and the divisor applied to their 2 + n outputs instead of the d inputs (no normalised copy of the streams)
-        proj = torch.cat([self.pre_proj[:, None], self.post_proj[:, None], self.res_proj], dim=1).to(dtype)  # d, 2+n
+        proj = self._unfolded().to(dtype)  # d, 2+n
         return proj * self.norm.weight.to(dtype)[:, None], self.n, self.norm.eps  # one group per stream
+
+    def _unfolded(self) -> torch.Tensor:  # d, 2+n: W = [pre_proj | post_proj | res_proj], before the norm's gain
+        return torch.cat([self.pre_proj[:, None], self.post_proj[:, None], self.res_proj], dim=1)
 
     def pre_rule(self, dtype):  # pre_j = static_pre_j + s_α tanh(z_j), z_j stream j's first logit
         return 2, self.alpha_scale.item(), self.static_pre.detach().to(dtype).contiguous(), 0.0, 2 + self.n
@@ -131,8 +134,7 @@ class DynamicHyperConnection(StaticHyperConnection):
             found[self.static_res] = grad_res.sum((0, 1))
             found[self.alpha_scale] = found[self.alpha_scale] + (grad_res.transpose(-1, -2) * tanh[..., 2:]).sum()
         if self.norm.weight.requires_grad:
-            weight = torch.cat([self.pre_proj[:, None], self.post_proj[:, None], self.res_proj], dim=1).detach()
-            found[self.norm.weight] = (grad_proj * weight.to(grad_proj.dtype)).sum(1)
+            found[self.norm.weight] = (grad_proj * self._unfolded().detach().to(grad_proj.dtype)).sum(1)
         return {p: g.to(p.dtype) for p, g in found.items() if p.requires_grad}
 
 

@@ -15,7 +15,8 @@ and mixes. The block's hook_resid_pre / mid / post are the streams' sum (`throug
 For the fused boundaries (probe/models/hyper_boundary.py) a mechanism also says what its weights read of the streams
 (`projection`) and how pre follows from it (`pre_rule`); it may take its weights' gradients itself instead of leaving
 them to autograd: `taped_weights` (post, res and a tape from the logits), `logits_grad` (post's and res's share of the
-logits' gradient) and `taped_grads` (each parameter's gradient), as dynamic HC does.
+logits' gradient) and `taped_grads` (each parameter's gradient), as dynamic HC and mHC do; `tapes(streams)`, where
+defined, says where it does (mHC: where its C kernels take the tensors).
 """
 
 from __future__ import annotations

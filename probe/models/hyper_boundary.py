@@ -10,7 +10,7 @@ the projections of each token's new streams while they sit in L1, the read weigh
 ``pre_rule``, the read) and the backward one (the read's weight gradients, then Y's whole gradient per token in a
 buffer, pushed straight through the write's backward), with the weights' own small graph (sigmoid, tanh, Sinkhorn on
 (B,T,n,n)) differentiated by autograd inside, or by the mechanism itself where it says how (``taped_grads``: dynamic
-HC). On the tiny tier this gains 0.01-0.04 of the baseline's throughput
+HC, and mHC in C). On the tiny tier this gains 0.01-0.04 of the baseline's throughput
 (benchmarks/hyper_throughput.py's "unfused" rows, docs/results/benchmarks.md), less than the passes it saves
 suggest.
 
@@ -75,7 +75,7 @@ def _project_and_weigh(streams, out, post, res, reader, track: bool):
     backward). Weights that read nothing of the streams (static HC, the stream sum) are known before the write;
     those that do give their read weights' rule (``pre_rule``), which the kernel follows per token."""
     dtype, lead = streams.dtype, streams.shape[:2]
-    taped = hasattr(reader, "taped_grads")  # the reader differentiates its own weights: no graph to build
+    taped = _tapes(reader, streams)  # the reader differentiates its own weights: no graph to build
     with torch.set_grad_enabled(track and not taped):
         spec = reader.projection(dtype)
     if spec is None:  # weights that are the parameters (summed_grads) need no graph
@@ -111,6 +111,7 @@ class _Boundary(torch.autograd.Function):
         track = any(ctx.needs_input_grad)
         new, read, pre, weights, projected, graph = _project_and_weigh(streams, out, post, res, reader, track)
         ctx.graph, ctx.weights, ctx.params, ctx.reader = graph, weights, params, reader
+        ctx.taped = _tapes(reader, streams)
         ctx.save_for_backward(streams, out, post, res, new, pre, *projected)
         _, next_post, next_res = (None if w is None else w.detach() for w in weights)
         return new, read, next_post, next_res
@@ -130,7 +131,7 @@ class _Boundary(torch.autograd.Function):
                 summed = ctx.reader.summed_grads(grad_pre, grad_post, grad_res)
                 return (*grads, None, *(summed.get(p) for p in params))
             return (*grads, None, *_grads(_pairs(ctx.weights, (grad_pre, grad_post, grad_res)), list(params)))
-        taped = hasattr(ctx.reader, "taped_grads")  # then ``logits`` is the reader's tape
+        taped = ctx.taped  # then ``logits`` is the reader's tape
         if taped:  # post's and res's share of the logits' gradient by the reader's own derivative
             grad_logits, found = ctx.reader.logits_grad(logits, grad_post, grad_res), None
         else:  # post's and res's share of the logits' gradient first (the graph kept for pre's parameters after)
@@ -150,6 +151,12 @@ class _Boundary(torch.autograd.Function):
             last.append((proj, _projection_grad(grad_dots, new, rows)))
         grad_params = [_add(a, b) for a, b in zip(found[1:], _grads(last, list(params)), strict=True)]
         return (*grads, None, *grad_params)
+
+
+def _tapes(reader, streams) -> bool:
+    """Does ``reader`` take its weights' gradients itself (``taped_grads``) at a boundary over ``streams``: where it
+    has them and, where it says when (``tapes``: mHC's C kernels), there."""
+    return hasattr(reader, "taped_grads") and (not hasattr(reader, "tapes") or reader.tapes(streams))
 
 
 def _projection_grad(grad_dots, new, rows):

@@ -114,7 +114,7 @@ def test_frozen_connections_and_inference_fuse_alike(variant, monkeypatch):
 def test_connections_partly_frozen_fuse_alike(variant, frozen, monkeypatch):
     """With parts of each connection frozen, the fused path gives each trainable parameter the blocks' path's
     gradient and none to a frozen one (dynamic HC's hand-taken weight gradients, taped_grads: the norm folded into
-    the projection, the scales, a projection; mHC's through autograd)."""
+    the projection, the scales, a projection; mHC's in C, ManifoldHyperConnection.taped_grads)."""
     model, x = model_for(variant), ids(2)
     for name, p in model.named_parameters():
         p.requires_grad_(not (".hc_" in name and name.endswith(frozen)))
@@ -181,3 +181,73 @@ def test_other_backends_and_dtypes_run_the_blocks_path(monkeypatch):
     assert calls == []
     model.to(torch.bfloat16)(x)
     assert calls == []  # bf16: fusable, but no boundary takes the tensors; no error
+
+
+def _mhc_connection(n: int):
+    """mHC's attention connection of block 0 with n streams, its bias and scales far from init."""
+    model = create("mhc", seed=1, **TINY, hc_streams=n).double()
+    conn = model.blocks[0].hc_attn
+    g = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        conn.bias.add_(torch.randn(conn.bias.shape, generator=g, dtype=torch.float64))
+        conn.scale.mul_(torch.rand(3, generator=g, dtype=torch.float64) + 0.5)
+    return conn
+
+
+@pytest.mark.parametrize("n, iters", [(4, 20), (3, 7)])  # n = 4: the steps in registers; 3: the loop
+@pytest.mark.parametrize("given", [(True, True, True), (True, False, True), (False, True, False)])
+def test_mhcs_weights_in_c_are_weights_from_logits(n, iters, given):
+    """mHC's taped path (the fused boundaries' weights in C: post and res from the logits, every gradient by hand)
+    against autograd through weights_from_logits, fp64: post, res, the post and res share of the logits' gradient,
+    and the bias's and scales' gradients with pre's share; any weight's gradient absent (None); the same on two
+    threads (each thread's sums added in thread order)."""
+    if not hyper_streams.takes_mhc_weights(torch.zeros(1, dtype=torch.float64), n, iters):
+        pytest.skip("no C compiler, or PROBE_NATIVE=0")
+    conn = _mhc_connection(n)
+    conn.iters, k = iters, (2 + n) * n
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(5, 7, 1, k, generator=g, dtype=torch.float64) * 2  # 35 tokens: two blocks of 16 and 3
+    grads = [torch.randn(shape, generator=g, dtype=torch.float64) for shape in ((5, 7, n), (5, 7, n), (5, 7, n, n))]
+    grads = [grad if keep else None for grad, keep in zip(grads, given, strict=True)]
+    leaf = logits.clone().requires_grad_()
+    weights = conn.weights_from_logits(leaf, (5, 7), torch.float64)
+    pairs = [(w, grad) for w, grad in zip(weights, grads, strict=True) if grad is not None]
+    outputs, weight_grads = zip(*pairs, strict=True)
+    ref = torch.autograd.grad(outputs, [leaf, conn.bias, conn.scale], weight_grads)
+
+    post, res, tape = conn.taped_weights(logits, torch.float64)
+    torch.testing.assert_close(post, weights[1], rtol=0, atol=1e-13)
+    torch.testing.assert_close(res, weights[2], rtol=0, atol=1e-13)
+    grad_logits = conn.logits_grad(tape, grads[1], grads[2])
+    expected = ref[0].clone()
+    expected[..., :n] = 0  # pre's share: the boundary kernel adds it
+    torch.testing.assert_close(grad_logits, expected, rtol=0, atol=1e-12)
+    grad_pre = grads[0] if grads[0] is not None else torch.zeros(5, 7, n, dtype=torch.float64)
+    for threads in (1, 2):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            _, _, tape = conn.taped_weights(logits, torch.float64)
+            conn.logits_grad(tape, grads[1], grads[2])
+            taken = conn.taped_grads(tape, grad_pre, grads[1], grads[2], torch.zeros(n * TINY["d_model"], k))
+        finally:
+            torch.set_num_threads(before)
+        torch.testing.assert_close(taken[conn.bias], ref[1], rtol=0, atol=1e-12)
+        torch.testing.assert_close(taken[conn.scale], ref[2], rtol=0, atol=1e-12)
+
+
+def test_mhc_fuses_alike_where_its_weights_are_not_in_c(monkeypatch):
+    """Where the C kernels do not take mHC's weights (ManifoldHyperConnection.tapes: too many Sinkhorn steps for
+    the kernels' workspace), the fused boundaries differentiate them through autograd: the same gradients."""
+    model, x = model_for("mhc"), ids(5)
+    monkeypatch.setattr(hyper_streams, "takes_mhc_weights", lambda *args: False)
+    weights_in_c = []
+    monkeypatch.setattr(hyper_streams, "mhc_weights_forward", lambda *a: weights_in_c.append(1))
+    calls = count_fused(monkeypatch)
+    fused_logits, fused_grads = logits_and_grads(model, x)
+    assert len(calls) == 2 * TINY["n_layers"] and not weights_in_c
+    unfused(monkeypatch)
+    logits, grads = logits_and_grads(model, x)
+    torch.testing.assert_close(fused_logits, logits, rtol=1e-11, atol=1e-11)
+    for name, grad in grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-10, atol=1e-12)

@@ -1,8 +1,8 @@
 """Hyper-connections' stream products (probe/models/hyper.py's read and write, forward and backward) and mHC's
 Sinkhorn-Knopp (probe/models/depth_mechanisms/hyper_connections.py's ``sinkhorn``) as C kernels on CPU:
 ``streams.c``, one pass over each token's (n, d) streams (a read, a write, or a boundary: a write and the next
-read's projections), and ``sinkhorn.c``, each token's n x n steps in L1; built
-and cached by probe.kernels.native.
+read's projections), and ``sinkhorn.c``, each token's n x n steps in L1 (and mHC's post and res from its logits
+around them, forward and backward); built and cached by probe.kernels.native.
 
 Each function returns None where the kernels do not take the call (a non-CPU tensor, a dtype other than fp32 / fp64,
 mixed dtypes, native kernels off or not built, or a runtime backend other than "auto"): the caller runs its torch
@@ -164,4 +164,37 @@ def _sinkhorn(name: str, logits: torch.Tensor, iters: int, eps: float, *grad: to
     out = torch.empty_like(logits)
     failed = native.call(fn, logits, *grad, out, logits.numel() // max(n * n, 1), n, iters, eps)
     assert not failed  # within MAX_STEP_ENTRIES, as takes_sinkhorn checked
+    return out
+
+
+def takes_mhc_weights(like: torch.Tensor, n: int, iters: int) -> bool:
+    """Do the C kernels take mHC's weights (n streams, ``iters`` Sinkhorn iterations) for tensors like ``like``
+    (CPU, fp32 / fp64, built; the steps within the kernels' workspace, as ``takes_sinkhorn``)?"""
+    fits = (2 * iters + 2) * n * (n + 1) <= MAX_STEP_ENTRIES
+    return fits and _kernel("mhc_weights_forward", like, source=SINKHORN) is not None
+
+
+def mhc_weights_forward(logits, bias, scale, n: int, iters: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """mHC's post (..., n) and res (..., n_out, n_in) from its logits z (..., (2 + n) n), u = z s + b per part
+    (``scale``: 3, ``bias``: (2 + n) n); ``takes_mhc_weights`` said yes."""
+    fn = _kernel("mhc_weights_forward", logits, bias, scale, source=SINKHORN)
+    assert fn is not None  # takes_mhc_weights said yes
+    lead = logits.shape[:-1]
+    post, res = logits.new_empty(*lead, n), logits.new_empty(*lead, n, n)
+    failed = native.call(fn, logits, bias, scale, post, res, post.numel() // n, n, iters, eps)
+    assert not failed  # within MAX_STEP_ENTRIES, as takes_mhc_weights checked
+    return post, res
+
+
+def mhc_weights_backward(logits, bias, scale, n: int, iters: int, eps: float, grads, sums, grad_logits: bool):
+    """The logits' gradient (..., (2 + n) n; pre's part 0) from the weights' ``grads`` = (pre, post, res), each None
+    where there is none, or None where ``grad_logits`` is False; the bias's and scales' gradients are added to
+    ``sums`` = (bias's, scale's), zero-initialised by the caller."""
+    fn = _kernel("mhc_weights_backward", logits, bias, scale, *sums, source=SINKHORN)
+    assert fn is not None  # takes_mhc_weights said yes
+    grads = tuple(None if g is None else g.contiguous().to(logits.dtype) for g in grads)
+    out = torch.empty_like(logits) if grad_logits else None
+    failed = native.call(fn, logits, bias, scale, *grads, out, *sums, logits.numel() // logits.shape[-1], n, iters, eps)
+    if failed:
+        raise MemoryError("mHC weights backward: no memory for the threads' sums")
     return out

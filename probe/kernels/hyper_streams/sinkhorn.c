@@ -17,10 +17,17 @@
    multiplies, not loads and stores through the workspace, about 3x faster at DeepSeek's 20 iterations. The same
    operations in the same order: the forward's values bit for bit, the backward's too built without fused
    multiply-adds; as built (-ffp-contract=fast) the compiler fuses the two backward loops' products differently,
-   within an ulp of each other. */
+   within an ulp of each other.
+
+   mHC's weights (mhc_weights_forward / _backward: the fused boundaries' taped path,
+   ManifoldHyperConnection.taped_weights) run the same blocks on u = z s + b of its logits' res part, with post's
+   sigmoids and, backward, each part's share of the bias's and scales' gradients in the same call: what autograd
+   took a dozen small tensor operations for. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <omp.h>
 
 #include "native_rows.h"
 
@@ -32,10 +39,20 @@ static inline void *workspace(size_t bytes) {
   return aligned_alloc(align, (bytes + align - 1) / align * align);
 }
 
-/* lg[e][l] = logits of token t0 + l, entry e (zero past the last token) */
-#define LOAD_BLOCK(T, src, dst, t0, M, nn)                                                                        \
+/* lg[e][l] = src[(t0 + l) stride + e] s + b[e], entry e of token t0 + l (zero past the last token; b NULL: 0):
+   the logits u = z s + b of mHC's res part, or plain logits (s = 1, b = 0: exactly them) */
+#define LOAD_AFFINE(src, stride, s, b, dst, t0, M, nn)                                                            \
   for (int64_t e = 0; e < (nn); e++)                                                                              \
-    for (int64_t l = 0; l < LANES; l++) (dst)[e * LANES + l] = (t0) + l < (M) ? (src)[((t0) + l) * (nn) + e] : 0;
+    for (int64_t l = 0; l < LANES; l++)                                                                           \
+      (dst)[e * LANES + l] = (t0) + l < (M) ? (src)[((t0) + l) * (stride) + e] * (s) + ((b) ? (b)[e] : 0) : 0;
+
+/* g[i n + o][l] = grad[t0 + l, o, i] (zero past the last token): a gradient of Sinkhorn's output (M, n_out, n_in)
+   in the logits' layout */
+#define LOAD_TRANSPOSED(grad, g, t0, M, n)                                                                        \
+  for (int64_t i = 0; i < (n); i++)                                                                               \
+    for (int64_t o = 0; o < (n); o++)                                                                             \
+      for (int64_t l = 0; l < LANES; l++)                                                                         \
+        (g)[(i * (n) + o) * LANES + l] = (t0) + l < (M) ? (grad)[((t0) + l) * (n) * (n) + o * (n) + i] : 0;
 
 /* p = softmax over each input's row of lg (n_in x n_out entries, LANES wide), c = p + eps; top and sum: LANES */
 #define SOFTMAX_PLUS_EPS(T, EXP, lg, p, c, top, sum, n, eps)                                                      \
@@ -132,33 +149,99 @@ static inline void *workspace(size_t bytes) {
   typedef T vec_##T __attribute__((vector_size(LANES * sizeof(T)))); /* one entry of a block: LANES tokens */     \
   REGISTER_STEPS(T, 4)                                                                                            \
                                                                                                                   \
-  int sinkhorn_forward_##T(const T *logits, T *out, int64_t M, int64_t n, int64_t iters, double eps,              \
-                           int threads) {                                                                         \
-    int64_t nn = n * n, blocks = (M + LANES - 1) / LANES;                                                         \
+  /* A block's forward, its logits loaded in work (lg, n x n entries); returns its output's entries (c after the  \
+     steps, in lg's layout), in work. Work: lg, x[2]; div, top, sum */                                            \
+  static size_t forward_work_##T(int64_t n) { return sizeof(T) * LANES * (3 * n * n + 3 * n); }                   \
+  static inline T *block_forward_##T(T *work, int64_t n, int64_t iters, double eps) {                             \
+    int64_t nn = n * n;                                                                                           \
+    T *lg = work, *x[2] = {work + LANES * nn, work + 2 * LANES * nn}, *div = work + 3 * LANES * nn;               \
+    T *top = div + LANES * n, *sum = top + LANES * n;                                                             \
+    SOFTMAX_PLUS_EPS(T, EXP, lg, x[1], x[0], top, sum, n, eps)                                                    \
+    int cur = 0;                                                                                                  \
+    if (n == 4) { /* on a copy in registers */                                                                    \
+      vec_##T x4[16];                                                                                             \
+      memcpy(x4, x[0], sizeof x4);                                                                                \
+      steps4_##T(x4, 2 * iters - 1, (T)eps, 0, 0);                                                                \
+      memcpy(x[0], x4, sizeof x4);                                                                                \
+    } else {                                                                                                      \
+      for (int64_t k = 0; k < 2 * iters - 1; k++, cur ^= 1) {                                                     \
+        DIVIDE(T, x[cur], x[cur ^ 1], div, n, k % 2 == 0 ? 0 : 1, eps)                                            \
+      }                                                                                                           \
+    }                                                                                                             \
+    return x[cur];                                                                                                \
+  }                                                                                                               \
+                                                                                                                  \
+  /* A block's backward, its logits loaded in work (lg) and its output's gradient in g = work + 2 LANES n n (lg's \
+     layout: entry i n + o, input i, output o); leaves the logits' gradient in g. Work: lg, p, g; y[steps + 1];   \
+     div[steps], dot, top, sum */                                                                                 \
+  static size_t backward_work_##T(int64_t n, int64_t iters) {                                                     \
+    return sizeof(T) * LANES * ((2 * iters + 3) * n * n + (2 * iters + 2) * n);                                   \
+  }                                                                                                               \
+  static inline void block_backward_##T(T *work, int64_t n, int64_t iters, double eps) {                          \
+    int64_t nn = n * n, steps = 2 * iters - 1;                                                                    \
+    T *lg = work, *p = lg + LANES * nn, *g = p + LANES * nn, *y = g + LANES * nn;                                 \
+    T *div = y + (steps + 1) * LANES * nn, *dot = div + steps * LANES * n, *top = dot + LANES * n;                \
+    T *sum = top + LANES * n;                                                                                     \
+    SOFTMAX_PLUS_EPS(T, EXP, lg, p, y, top, sum, n, eps)                                                          \
+    if (n == 4) { /* the steps on a copy of y[0] in registers, each stored as the loop below stores it */         \
+      vec_##T x4[16];                                                                                             \
+      memcpy(x4, y, sizeof x4);                                                                                   \
+      steps4_##T(x4, steps, (T)eps, (vec_##T *)y, (vec_##T *)div);                                                \
+    }                                                                                                             \
+    for (int64_t k = 0; k < steps && n != 4; k++) {                                                               \
+      DIVIDE(T, y + k * LANES * nn, y + (k + 1) * LANES * nn, div + k * LANES * n, n, k % 2 == 0 ? 0 : 1, eps)    \
+    }                                                                                                             \
+    if (n == 4) {                                                                                                 \
+      vec_##T g4[16];                                                                                             \
+      memcpy(g4, g, sizeof g4);                                                                                   \
+      steps4_backward_##T(g4, steps, (const vec_##T *)y, (const vec_##T *)div);                                   \
+      memcpy(g, g4, sizeof g4);                                                                                   \
+    }                                                                                                             \
+    for (int64_t k = steps - 1; k >= 0 && n != 4; k--) { /* y[k + 1] = y[k] * div[k] (inverse) along dim */       \
+      int dim = k % 2 == 0 ? 0 : 1;                                                                               \
+      const T *yk = y + (k + 1) * LANES * nn, *dk = div + k * LANES * n;                                          \
+      for (int64_t a = 0; a < n; a++) {                                                                           \
+        T *da = dot + a * LANES;                                                                                  \
+        _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) da[l] = 0;                                        \
+        for (int64_t b = 0; b < n; b++) {                                                                         \
+          int64_t e = (dim == 0 ? b * n + a : a * n + b) * LANES;                                                 \
+          _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) da[l] += g[e + l] * yk[e + l];                  \
+        }                                                                                                         \
+      }                                                                                                           \
+      for (int64_t i = 0; i < n; i++)                                                                             \
+        for (int64_t o = 0; o < n; o++) {                                                                         \
+          int64_t a = (dim == 0 ? o : i) * LANES;                                                                 \
+          T *ge = g + (i * n + o) * LANES;                                                                        \
+          _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) ge[l] = (ge[l] - dot[a + l]) * dk[a + l];       \
+        }                                                                                                         \
+    }                                                                                                             \
+    for (int64_t i = 0; i < n; i++) { /* through softmax(row) + eps: p (g - sum_o g p) */                         \
+      T *gi = g + i * n * LANES, *pi = p + i * n * LANES;                                                         \
+      _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) sum[l] = 0;                                         \
+      for (int64_t o = 0; o < n; o++)                                                                             \
+        _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) sum[l] += gi[o * LANES + l] * pi[o * LANES + l];  \
+      for (int64_t o = 0; o < n; o++)                                                                             \
+        _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) gi[o * LANES + l] =                               \
+            pi[o * LANES + l] * (gi[o * LANES + l] - sum[l]);                                                     \
+    }                                                                                                             \
+  }                                                                                                               \
+                                                                                                                  \
+  /* Sinkhorn's forward on logits u = src[t stride + e] s + b[e] (b NULL: 0) of M tokens' n x n entries (stride   \
+     values apart): out (M, n_out, n_in). The plain Sinkhorn is s = 1, b = 0: exactly its logits. */              \
+  static int forward_blocks_##T(const T *src, int64_t stride, T s, const T *b, T *out, int64_t M, int64_t n,      \
+                                int64_t iters, double eps, int threads) {                                         \
+    int64_t blocks = (M + LANES - 1) / LANES;                                                                     \
     int failed = 0;                                                                                               \
     _Pragma("omp parallel num_threads(threads)") {                                                                \
-      T *work = workspace(sizeof(T) * LANES * (3 * nn + 3 * n)); /* lg, x[2]; div, top, sum */                    \
+      T *work = workspace(forward_work_##T(n));                                                                   \
       if (!work) {                                                                                                \
         _Pragma("omp atomic write") failed = 1;                                                                   \
       } else {                                                                                                    \
-        T *lg = work, *x[2] = {work + LANES * nn, work + 2 * LANES * nn}, *div = work + 3 * LANES * nn;           \
-        T *top = div + LANES * n, *sum = top + LANES * n;                                                         \
         _Pragma("omp for schedule(static)") for (int64_t blk = 0; blk < blocks; blk++) {                          \
           int64_t t0 = blk * LANES;                                                                               \
-          LOAD_BLOCK(T, logits, lg, t0, M, nn)                                                                    \
-          SOFTMAX_PLUS_EPS(T, EXP, lg, x[1], x[0], top, sum, n, eps)                                              \
-          int cur = 0;                                                                                            \
-          if (n == 4) { /* on a copy in registers */                                                              \
-            vec_##T x4[16];                                                                                       \
-            memcpy(x4, x[0], sizeof x4);                                                                          \
-            steps4_##T(x4, 2 * iters - 1, (T)eps, 0, 0);                                                          \
-            memcpy(x[0], x4, sizeof x4);                                                                          \
-          } else {                                                                                                \
-            for (int64_t k = 0; k < 2 * iters - 1; k++, cur ^= 1) {                                               \
-              DIVIDE(T, x[cur], x[cur ^ 1], div, n, k % 2 == 0 ? 0 : 1, eps)                                      \
-            }                                                                                                     \
-          }                                                                                                       \
-          STORE_TRANSPOSED(x[cur], out, t0, M, n)                                                                 \
+          LOAD_AFFINE(src, stride, s, b, work, t0, M, n * n)                                                      \
+          T *c = block_forward_##T(work, n, iters, eps);                                                          \
+          STORE_TRANSPOSED(c, out, t0, M, n)                                                                      \
         }                                                                                                         \
         free(work);                                                                                               \
       }                                                                                                           \
@@ -166,74 +249,95 @@ static inline void *workspace(size_t bytes) {
     return failed;                                                                                                \
   }                                                                                                               \
                                                                                                                   \
-  /* grad (M, n_out, n_in) on the output -> glogits (M, n_in, n_out) */                                           \
-  int sinkhorn_backward_##T(const T *logits, const T *grad, T *glogits, int64_t M, int64_t n, int64_t iters,      \
-                            double eps, int threads) {                                                            \
-    int64_t nn = n * n, steps = 2 * iters - 1, blocks = (M + LANES - 1) / LANES;                                  \
+  /* Its backward: grad (M, n_out, n_in) on the output -> gu (M, n_in, n_out), u's gradient */                    \
+  static int backward_blocks_##T(const T *src, int64_t stride, T s, const T *b, const T *grad, T *gu, int64_t M,  \
+                                 int64_t n, int64_t iters, double eps, int threads) {                             \
+    int64_t nn = n * n, blocks = (M + LANES - 1) / LANES;                                                         \
     int failed = 0;                                                                                               \
     _Pragma("omp parallel num_threads(threads)") {                                                                \
-      /* lg, p, g; y[steps + 1]; div[steps], dot, top, sum */                                                     \
-      T *work = workspace(sizeof(T) * LANES * ((steps + 4) * nn + (steps + 3) * n));                              \
+      T *work = workspace(backward_work_##T(n, iters));                                                           \
       if (!work) {                                                                                                \
         _Pragma("omp atomic write") failed = 1;                                                                   \
       } else {                                                                                                    \
-        T *lg = work, *p = lg + LANES * nn, *g = p + LANES * nn, *y = g + LANES * nn;                             \
-        T *div = y + (steps + 1) * LANES * nn, *dot = div + steps * LANES * n, *top = dot + LANES * n;            \
-        T *sum = top + LANES * n;                                                                                 \
+        T *g = work + 2 * LANES * nn;                                                                             \
         _Pragma("omp for schedule(static)") for (int64_t blk = 0; blk < blocks; blk++) {                          \
           int64_t t0 = blk * LANES;                                                                               \
-          LOAD_BLOCK(T, logits, lg, t0, M, nn)                                                                    \
-          SOFTMAX_PLUS_EPS(T, EXP, lg, p, y, top, sum, n, eps)                                                    \
-          if (n == 4) { /* the steps on a copy of y[0] in registers, each stored as the loop below stores it */   \
-            vec_##T x4[16];                                                                                       \
-            memcpy(x4, y, sizeof x4);                                                                             \
-            steps4_##T(x4, steps, (T)eps, (vec_##T *)y, (vec_##T *)div);                                          \
-          }                                                                                                       \
-          for (int64_t k = 0; k < steps && n != 4; k++) {                                                         \
-            DIVIDE(T, y + k * LANES * nn, y + (k + 1) * LANES * nn, div + k * LANES * n, n, k % 2 == 0 ? 0 : 1, eps) \
-          }                                                                                                       \
-          for (int64_t i = 0; i < n; i++) /* g[i * n + o][l] = grad[t0 + l, o, i] */                              \
-            for (int64_t o = 0; o < n; o++)                                                                       \
-              for (int64_t l = 0; l < LANES; l++)                                                                 \
-                g[(i * n + o) * LANES + l] = t0 + l < M ? grad[(t0 + l) * nn + o * n + i] : 0;                    \
-          if (n == 4) {                                                                                           \
-            vec_##T g4[16];                                                                                       \
-            memcpy(g4, g, sizeof g4);                                                                             \
-            steps4_backward_##T(g4, steps, (const vec_##T *)y, (const vec_##T *)div);                             \
-            memcpy(g, g4, sizeof g4);                                                                             \
-          }                                                                                                       \
-          for (int64_t k = steps - 1; k >= 0 && n != 4; k--) { /* y[k + 1] = y[k] * div[k] (inverse) along dim */ \
-            int dim = k % 2 == 0 ? 0 : 1;                                                                         \
-            const T *yk = y + (k + 1) * LANES * nn, *dk = div + k * LANES * n;                                    \
-            for (int64_t a = 0; a < n; a++) {                                                                     \
-              T *da = dot + a * LANES;                                                                            \
-              _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) da[l] = 0;                                  \
-              for (int64_t b = 0; b < n; b++) {                                                                   \
-                int64_t e = (dim == 0 ? b * n + a : a * n + b) * LANES;                                           \
-                _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) da[l] += g[e + l] * yk[e + l];            \
-              }                                                                                                   \
-            }                                                                                                     \
-            for (int64_t i = 0; i < n; i++)                                                                       \
-              for (int64_t o = 0; o < n; o++) {                                                                   \
-                int64_t a = (dim == 0 ? o : i) * LANES;                                                           \
-                T *ge = g + (i * n + o) * LANES;                                                                  \
-                _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) ge[l] =                                   \
-                    (ge[l] - dot[a + l]) * dk[a + l];                                                             \
-              }                                                                                                   \
-          }                                                                                                       \
-          for (int64_t i = 0; i < n; i++) { /* through softmax(row) + eps: p (g - sum_o g p) */                   \
-            T *gi = g + i * n * LANES, *pi = p + i * n * LANES;                                                   \
-            _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) sum[l] = 0;                                   \
-            for (int64_t o = 0; o < n; o++)                                                                       \
-              _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) sum[l] += gi[o * LANES + l] * pi[o * LANES + l]; \
-            for (int64_t o = 0; o < n; o++)                                                                       \
-              for (int64_t l = 0; l < LANES && t0 + l < M; l++)                                                   \
-                glogits[(t0 + l) * nn + i * n + o] = pi[o * LANES + l] * (gi[o * LANES + l] - sum[l]);            \
-          }                                                                                                       \
+          LOAD_AFFINE(src, stride, s, b, work, t0, M, nn)                                                         \
+          LOAD_TRANSPOSED(grad, g, t0, M, n)                                                                      \
+          block_backward_##T(work, n, iters, eps);                                                                \
+          for (int64_t l = 0; l < LANES && t0 + l < M; l++)                                                       \
+            for (int64_t e = 0; e < nn; e++) gu[(t0 + l) * nn + e] = g[e * LANES + l];                            \
         }                                                                                                         \
         free(work);                                                                                               \
       }                                                                                                           \
     }                                                                                                             \
+    return failed;                                                                                                \
+  }                                                                                                               \
+                                                                                                                  \
+  int sinkhorn_forward_##T(const T *logits, T *out, int64_t M, int64_t n, int64_t iters, double eps,              \
+                           int threads) {                                                                         \
+    return forward_blocks_##T(logits, n * n, 1, 0, out, M, n, iters, eps, threads);                               \
+  }                                                                                                               \
+                                                                                                                  \
+  /* grad (M, n_out, n_in) on the output -> glogits (M, n_in, n_out) */                                           \
+  int sinkhorn_backward_##T(const T *logits, const T *grad, T *glogits, int64_t M, int64_t n, int64_t iters,      \
+                            double eps, int threads) {                                                            \
+    return backward_blocks_##T(logits, n * n, 1, 0, grad, glogits, M, n, iters, eps, threads);                    \
+  }                                                                                                               \
+                                                                                                                  \
+  /* mHC's weights from its logits z (M, K = (2 + n) n: pre's n, post's n, res's n x n), u = z s + b with one scale \
+     per part (scale: 3, bias: K): post = 2 sigmoid(u_post) (M, n) and res = Sinkhorn of u_res (M, n_out, n_in),  \
+     as probe/models/depth_mechanisms/hyper_connections.py's weights_from_logits (pre comes from the boundary) */ \
+  int mhc_weights_forward_##T(const T *z, const T *bias, const T *scale, T *post, T *res, int64_t M, int64_t n,   \
+                              int64_t iters, double eps, int threads) {                                           \
+    int64_t K = 2 * n + n * n;                                                                                    \
+    _Pragma("omp parallel for simd num_threads(threads) schedule(static)") for (int64_t t = 0; t < M; t++)        \
+      for (int64_t j = 0; j < n; j++) post[t * n + j] =                                                           \
+          (T)2 / ((T)1 + EXP(-(z[t * K + n + j] * scale[1] + bias[n + j])));                                      \
+    return forward_blocks_##T(z + 2 * n, K, scale[2], bias + 2 * n, res, M, n, iters, eps, threads);              \
+  }                                                                                                               \
+                                                                                                                  \
+  /* Its backward, each part's from its weights' gradient where given (NULL: none): u's gradient gu, by pre's     \
+     s (1 - s) (pre = sigmoid(u_pre) + eps), post's 2 s (1 - s) and Sinkhorn's backward; the logits' gradient gu s \
+     into glogits (M, K) where given (pre's part 0: the boundary adds pre's share through the read, whose gradient \
+     it takes itself), and added to gbias (K) and gscale (3): sum_t gu and sum_t gu z, summed per thread and then in \
+     thread order (the same bits for the same thread count). Returns 1 where memory ran out. */                   \
+  int mhc_weights_backward_##T(const T *z, const T *bias, const T *scale, const T *gpre, const T *gpost,          \
+                               const T *gres, T *glogits, T *gbias, T *gscale, int64_t M, int64_t n, int64_t iters, \
+                               double eps, int threads) {                                                         \
+    int64_t nn = n * n, K = 2 * n + nn;                                                                           \
+    int team = 1;                                                                                                 \
+    T *partial = calloc((size_t)threads * (K + 3), sizeof(T)); /* each thread's sums: K bias, 3 scale */          \
+    T *gu_res = gres ? malloc(sizeof(T) * M * nn) : 0;         /* Sinkhorn's backward: u_res's gradient */        \
+    int failed = !partial || (gres && !gu_res);                                                                   \
+    if (!failed && gres) failed = backward_blocks_##T(z + 2 * n, K, scale[2], bias + 2 * n, gres, gu_res, M, n,   \
+                                                      iters, eps, threads);                                       \
+    int64_t upto = failed ? 0 : M; /* no tokens where memory ran out */                                           \
+    _Pragma("omp parallel num_threads(threads)") {                                                                \
+      T *mine = partial + omp_get_thread_num() * (K + 3);                                                         \
+      _Pragma("omp single") team = omp_get_num_threads();                                                         \
+      _Pragma("omp for schedule(static)") for (int64_t t = 0; t < upto; t++) {                                    \
+        const T *zt = z + t * K;                                                                                  \
+        for (int64_t e = 0; e < K; e++) {                                                                         \
+          int part = e < n ? 0 : e < 2 * n ? 1 : 2;                                                               \
+          const T *given = part == 0 ? gpre : part == 1 ? gpost : gres;                                           \
+          T gu = 0;                                                                                               \
+          if (given && part < 2) { /* pre = sigmoid(u) + eps, post = 2 sigmoid(u) */                              \
+            T s = (T)1 / ((T)1 + EXP(-(zt[e] * scale[part] + bias[e])));                                          \
+            gu = given[t * n + e - part * n] * s * ((T)1 - s) * (part == 1 ? (T)2 : (T)1);                        \
+          } else if (given) {                                                                                     \
+            gu = gu_res[t * nn + e - 2 * n];                                                                      \
+          }                                                                                                       \
+          if (glogits) glogits[t * K + e] = part == 0 ? 0 : gu * scale[part];                                     \
+          if (given) mine[e] += gu, mine[K + part] += gu * zt[e];                                                 \
+        }                                                                                                         \
+      }                                                                                                           \
+    }                                                                                                             \
+    for (int i = 0; i < team && !failed; i++) { /* the threads' sums in thread order */                           \
+      for (int64_t e = 0; e < K; e++) gbias[e] += partial[i * (K + 3) + e];                                       \
+      for (int q = 0; q < 3; q++) gscale[q] += partial[i * (K + 3) + K + q];                                      \
+    }                                                                                                             \
+    free(partial), free(gu_res);                                                                                  \
     return failed;                                                                                                \
   }
 

@@ -251,6 +251,39 @@ class ManifoldHyperConnection(_FlatProjection, HyperConnection):
         res_logits = (res_w * s_res + res_b).unflatten(-1, (n, n))  # B,T,n_in,n_out (their comb's layout)
         return pre, post, sinkhorn(res_logits, self.iters, self.eps)
 
+    # The fused boundaries' shortcut past autograd (probe.models.hyper_boundary), as dynamic HC's: post and res from
+    # the logits with no graph and every weight gradient by hand, both in C (probe.kernels.hyper_streams: u = z s + b,
+    # the sigmoids and Sinkhorn in one call each way; docs/results/benchmarks.md), where the kernels take them
+
+    def tapes(self, streams: torch.Tensor) -> bool:
+        """Does this connection take its weights' gradients itself (``taped_*``) at a boundary over ``streams``?"""
+        return hyper_streams.takes_mhc_weights(streams, self.n, self.iters)
+
+    def taped_weights(self, logits, dtype):
+        """(post (B,T,n), res (B,T,n,n) out × in, the tape), as weights_from_logits; logits: B,T,1,(2+n)n."""
+        z = logits.squeeze(-2).contiguous()  # B,T,(2+n)n
+        bias, scale = (p.detach().to(dtype).contiguous() for p in (self.bias, self.scale))
+        post, res = hyper_streams.mhc_weights_forward(z, bias, scale, self.n, self.iters, self.eps)
+        return post, res, {"z": z, "bias": bias, "scale": scale, "sums": (torch.zeros_like(bias), scale.new_zeros(3))}
+
+    def _weights_backward(self, tape, grads, grad_logits: bool):
+        z, bias, scale, sums = tape["z"], tape["bias"], tape["scale"], tape["sums"]
+        return hyper_streams.mhc_weights_backward(
+            z, bias, scale, self.n, self.iters, self.eps, grads, sums, grad_logits
+        )
+
+    def logits_grad(self, tape, grad_post, grad_res):
+        """post's and res's share of the logits' gradient (B,T,1,(2+n)n; pre's part 0) from theirs (None: none);
+        their share of the bias's and scales' gradients kept in the tape."""
+        return self._weights_backward(tape, (None, grad_post, grad_res), True).unsqueeze(-2)
+
+    def taped_grads(self, tape, grad_pre, grad_post, grad_res, grad_proj) -> dict:
+        """Each trainable parameter's gradient from pre's (B,T,n), the shares logits_grad kept and the projection's
+        (n·d, (2+n)n: φ transposed)."""
+        self._weights_backward(tape, (grad_pre, None, None), False)
+        found = {self.proj: grad_proj.T, self.bias: tape["sums"][0], self.scale: tape["sums"][1]}
+        return {p: g.to(p.dtype) for p, g in found.items() if p.requires_grad}
+
 
 class ManifoldHead(_FlatProjection, nn.Module):
     """DeepSeek-V4's final collapse: Σ_j (σ(RMSNorm(flatten X) φ_j · s + b_j) + ε) X_j, fired at hook_pre."""

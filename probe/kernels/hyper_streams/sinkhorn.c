@@ -183,37 +183,35 @@ static inline void *workspace(size_t bytes) {
     T *div = y + (steps + 1) * LANES * nn, *dot = div + steps * LANES * n, *top = dot + LANES * n;                \
     T *sum = top + LANES * n;                                                                                     \
     SOFTMAX_PLUS_EPS(T, EXP, lg, p, y, top, sum, n, eps)                                                          \
-    if (n == 4) { /* the steps on a copy of y[0] in registers, each stored as the loop below stores it */         \
-      vec_##T x4[16];                                                                                             \
+    if (n == 4) { /* the steps on a copy of y[0] in registers, each stored as the loop stores it, and back */     \
+      vec_##T x4[16], g4[16];                                                                                     \
       memcpy(x4, y, sizeof x4);                                                                                   \
       steps4_##T(x4, steps, (T)eps, (vec_##T *)y, (vec_##T *)div);                                                \
-    }                                                                                                             \
-    for (int64_t k = 0; k < steps && n != 4; k++) {                                                               \
-      DIVIDE(T, y + k * LANES * nn, y + (k + 1) * LANES * nn, div + k * LANES * n, n, k % 2 == 0 ? 0 : 1, eps)    \
-    }                                                                                                             \
-    if (n == 4) {                                                                                                 \
-      vec_##T g4[16];                                                                                             \
       memcpy(g4, g, sizeof g4);                                                                                   \
       steps4_backward_##T(g4, steps, (const vec_##T *)y, (const vec_##T *)div);                                   \
       memcpy(g, g4, sizeof g4);                                                                                   \
-    }                                                                                                             \
-    for (int64_t k = steps - 1; k >= 0 && n != 4; k--) { /* y[k + 1] = y[k] * div[k] (inverse) along dim */       \
-      int dim = k % 2 == 0 ? 0 : 1;                                                                               \
-      const T *yk = y + (k + 1) * LANES * nn, *dk = div + k * LANES * n;                                          \
-      for (int64_t a = 0; a < n; a++) {                                                                           \
-        T *da = dot + a * LANES;                                                                                  \
-        _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) da[l] = 0;                                        \
-        for (int64_t b = 0; b < n; b++) {                                                                         \
-          int64_t e = (dim == 0 ? b * n + a : a * n + b) * LANES;                                                 \
-          _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) da[l] += g[e + l] * yk[e + l];                  \
-        }                                                                                                         \
+    } else {                                                                                                      \
+      for (int64_t k = 0; k < steps; k++) {                                                                       \
+        DIVIDE(T, y + k * LANES * nn, y + (k + 1) * LANES * nn, div + k * LANES * n, n, k % 2 == 0 ? 0 : 1, eps)  \
       }                                                                                                           \
-      for (int64_t i = 0; i < n; i++)                                                                             \
-        for (int64_t o = 0; o < n; o++) {                                                                         \
-          int64_t a = (dim == 0 ? o : i) * LANES;                                                                 \
-          T *ge = g + (i * n + o) * LANES;                                                                        \
-          _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) ge[l] = (ge[l] - dot[a + l]) * dk[a + l];       \
+      for (int64_t k = steps - 1; k >= 0; k--) { /* y[k + 1] = y[k] * div[k] (an inverse) along dim */            \
+        int dim = k % 2 == 0 ? 0 : 1;                                                                             \
+        const T *yk = y + (k + 1) * LANES * nn, *dk = div + k * LANES * n;                                        \
+        for (int64_t a = 0; a < n; a++) {                                                                         \
+          T *da = dot + a * LANES;                                                                                \
+          _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) da[l] = 0;                                      \
+          for (int64_t b = 0; b < n; b++) {                                                                       \
+            int64_t e = (dim == 0 ? b * n + a : a * n + b) * LANES;                                               \
+            _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) da[l] += g[e + l] * yk[e + l];                \
+          }                                                                                                       \
         }                                                                                                         \
+        for (int64_t i = 0; i < n; i++)                                                                           \
+          for (int64_t o = 0; o < n; o++) {                                                                       \
+            int64_t a = (dim == 0 ? o : i) * LANES;                                                               \
+            T *ge = g + (i * n + o) * LANES;                                                                      \
+            _Pragma("omp simd") for (int64_t l = 0; l < LANES; l++) ge[l] = (ge[l] - dot[a + l]) * dk[a + l];     \
+          }                                                                                                       \
+      }                                                                                                           \
     }                                                                                                             \
     for (int64_t i = 0; i < n; i++) { /* through softmax(row) + eps: p (g - sum_o g p) */                         \
       T *gi = g + i * n * LANES, *pi = p + i * n * LANES;                                                         \
@@ -308,8 +306,9 @@ static inline void *workspace(size_t bytes) {
     int64_t nn = n * n, K = 2 * n + nn;                                                                           \
     int team = 1;                                                                                                 \
     T *partial = calloc((size_t)threads * (K + 3), sizeof(T)); /* each thread's sums: K bias, 3 scale */          \
-    T *gu_res = gres ? malloc(sizeof(T) * M * nn) : 0;         /* Sinkhorn's backward: u_res's gradient */        \
-    int failed = !partial || (gres && !gu_res);                                                                   \
+    if (!partial) return 1;                                                                                       \
+    T *gu_res = gres ? malloc(sizeof(T) * M * nn) : 0; /* Sinkhorn's backward: u_res's gradient */                \
+    int failed = gres && !gu_res;                                                                                 \
     if (!failed && gres) failed = backward_blocks_##T(z + 2 * n, K, scale[2], bias + 2 * n, gres, gu_res, M, n,   \
                                                       iters, eps, threads);                                       \
     int64_t upto = failed ? 0 : M; /* no tokens where memory ran out */                                           \

@@ -112,7 +112,7 @@ static inline void *workspace(size_t bytes) {
       for (int a = 0; a < N; a++) { /* dim 0 (k even): column a's sum over the inputs; dim 1: row a's */          \
         vec_##T s = k % 2 == 0 ? x[a] : x[a * N];                                                                 \
         for (int b = 1; b < N; b++) s += k % 2 == 0 ? x[b * N + a] : x[a * N + b];                                \
-        r[a] = 1 / (s + eps);                                                                                     \
+        r[a] = (T)1 / (s + eps);                                                                                  \
       }                                                                                                           \
       for (int i = 0; i < N; i++)                                                                                 \
         for (int o = 0; o < N; o++) x[i * N + o] *= r[k % 2 == 0 ? o : i];                                        \
@@ -289,9 +289,12 @@ static inline void *workspace(size_t bytes) {
   int mhc_weights_forward_##T(const T *z, const T *bias, const T *scale, T *post, T *res, int64_t M, int64_t n,   \
                               int64_t iters, double eps, int threads) {                                           \
     int64_t K = 2 * n + n * n;                                                                                    \
-    _Pragma("omp parallel for simd num_threads(threads) schedule(static)") for (int64_t t = 0; t < M; t++)        \
-      for (int64_t j = 0; j < n; j++) post[t * n + j] =                                                           \
-          (T)2 / ((T)1 + EXP(-(z[t * K + n + j] * scale[1] + bias[n + j])));                                      \
+    _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int64_t t0 = 0; t0 < M; t0 += LANES) { \
+      int64_t nb = M - t0 < LANES ? M - t0 : LANES; /* post[t, j]: vector exp across a block's tokens */          \
+      for (int64_t j = 0; j < n; j++)                                                                             \
+        _Pragma("omp simd") for (int64_t t = t0; t < t0 + nb; t++) post[t * n + j] =                              \
+            (T)2 / ((T)1 + EXP(-(z[t * K + n + j] * scale[1] + bias[n + j])));                                    \
+    }                                                                                                             \
     return forward_blocks_##T(z + 2 * n, K, scale[2], bias + 2 * n, res, M, n, iters, eps, threads);              \
   }                                                                                                               \
                                                                                                                   \

@@ -69,14 +69,14 @@ def boundary(streams: torch.Tensor, out: torch.Tensor, mix, reader):
     return new, read, (next_post, next_res) if next_post is not None else None
 
 
-def _project_and_weigh(streams, out, post, res, reader, track: bool):
+def _project_and_weigh(streams, out, post, res, reader, track: bool, taped: bool):
     """The fused forward: (new streams, read, pre, the reader's weights (pre, post, res), the projection's saved
     values, the small graph to differentiate). ``track``: build the weights' graph (autograd will ask for the
     backward). Weights that read nothing of the streams (static HC, the stream sum) are known before the write;
-    those that do give their read weights' rule (``pre_rule``), which the kernel follows per token."""
+    those that do give their read weights' rule (``pre_rule``), which the kernel follows per token. ``taped``: the
+    reader takes its weights' gradients itself (``_tapes``)."""
     dtype, lead = streams.dtype, streams.shape[:2]
-    taped = _tapes(reader, streams)  # the reader differentiates its own weights: no graph to build
-    with torch.set_grad_enabled(track and not taped):
+    with torch.set_grad_enabled(track and not taped):  # taped: the reader differentiates its own weights
         spec = reader.projection(dtype)
     if spec is None:  # weights that are the parameters (summed_grads) need no graph
         with torch.set_grad_enabled(track and not hasattr(reader, "summed_grads")):
@@ -109,9 +109,11 @@ class _Boundary(torch.autograd.Function):
     @staticmethod
     def forward(ctx, streams, out, post, res, reader, *params):
         track = any(ctx.needs_input_grad)
-        new, read, pre, weights, projected, graph = _project_and_weigh(streams, out, post, res, reader, track)
-        ctx.graph, ctx.weights, ctx.params, ctx.reader = graph, weights, params, reader
         ctx.taped = _tapes(reader, streams)
+        new, read, pre, weights, projected, graph = _project_and_weigh(
+            streams, out, post, res, reader, track, ctx.taped
+        )
+        ctx.graph, ctx.weights, ctx.params, ctx.reader = graph, weights, params, reader
         ctx.save_for_backward(streams, out, post, res, new, pre, *projected)
         _, next_post, next_res = (None if w is None else w.detach() for w in weights)
         return new, read, next_post, next_res
@@ -131,8 +133,7 @@ class _Boundary(torch.autograd.Function):
                 summed = ctx.reader.summed_grads(grad_pre, grad_post, grad_res)
                 return (*grads, None, *(summed.get(p) for p in params))
             return (*grads, None, *_grads(_pairs(ctx.weights, (grad_pre, grad_post, grad_res)), list(params)))
-        taped = ctx.taped  # then ``logits`` is the reader's tape
-        if taped:  # post's and res's share of the logits' gradient by the reader's own derivative
+        if ctx.taped:  # ``logits`` is the reader's tape: post's and res's share by the reader's own derivative
             grad_logits, found = ctx.reader.logits_grad(logits, grad_post, grad_res), None
         else:  # post's and res's share of the logits' gradient first (the graph kept for pre's parameters after)
             pairs = _pairs((None, *ctx.weights[1:]), (None, grad_post, grad_res))
@@ -140,7 +141,7 @@ class _Boundary(torch.autograd.Function):
             grad_logits = found[0].contiguous() if found[0] is not None else torch.zeros_like(logits)
         projected = (rows, dots, inv_rms, grad_logits)  # the kernel adds pre's share to grad_logits, in place
         *grads, grad_pre, grad_dots = hyper_streams.boundary_backward(*tensors, projected, slope, step)
-        if taped:  # the projection's gradient and the reader's own derivative
+        if ctx.taped:  # the projection's gradient and the reader's own derivative
             if not params:  # a frozen connection
                 return (*grads, None)
             grad_proj = _projection_grad(grad_dots, new, rows)

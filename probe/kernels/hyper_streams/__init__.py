@@ -142,9 +142,12 @@ MAX_STEP_ENTRIES = 65536  # sinkhorn.c's workspace limit per token (x 16 side by
 def takes_sinkhorn(logits: torch.Tensor, iters: int) -> bool:
     """Do the C kernels take Sinkhorn on these logits (..., n, n): CPU, contiguous, fp32 / fp64, built, small enough
     for a token's steps on the stack?"""
-    n = logits.shape[-1]
-    fits = (2 * iters + 2) * n * (n + 1) <= MAX_STEP_ENTRIES
-    return fits and _kernel("sinkhorn_forward", logits, source=SINKHORN) is not None
+    return _steps_fit(logits.shape[-1], iters) and _kernel("sinkhorn_forward", logits, source=SINKHORN) is not None
+
+
+def _steps_fit(n: int, iters: int) -> bool:
+    """Do a token's Sinkhorn steps (n x n entries, ``iters`` iterations) fit the kernels' workspace?"""
+    return (2 * iters + 2) * n * (n + 1) <= MAX_STEP_ENTRIES
 
 
 def sinkhorn_forward(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -170,8 +173,7 @@ def _sinkhorn(name: str, logits: torch.Tensor, iters: int, eps: float, *grad: to
 def takes_mhc_weights(like: torch.Tensor, n: int, iters: int) -> bool:
     """Do the C kernels take mHC's weights (n streams, ``iters`` Sinkhorn iterations) for tensors like ``like``
     (CPU, fp32 / fp64, built; the steps within the kernels' workspace, as ``takes_sinkhorn``)?"""
-    fits = (2 * iters + 2) * n * (n + 1) <= MAX_STEP_ENTRIES
-    return fits and _kernel("mhc_weights_forward", like, source=SINKHORN) is not None
+    return _steps_fit(n, iters) and _kernel("mhc_weights_forward", like, source=SINKHORN) is not None
 
 
 def mhc_weights_forward(logits, bias, scale, n: int, iters: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -61,6 +61,77 @@ def plans(models: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
+QUIET_ORDERS = "quiet-orders"  # <out>/quiet-orders/<case>.safetensors: the injection's read orders as recorded
+ORDER_RTOL = 1e-5  # read norms within this (relative) of each other may come out in either order on another CPU
+
+
+@contextlib.contextmanager
+def quiet_orders(replay: dict | None = None):
+    """Record the order of the read norms that every injection's quiet set is cut from (the ranks that
+    ``probe.analyses.inject._ranks_and_median`` gives, one tensor per call, in call order), or replay a recording.
+
+    Why: reads equal in exact arithmetic (one token's value in layer 0) come out of a matmul a few ulps apart by the
+    CPU's kernel blocking, and where such near-ties straddle the cut-off the quiet set, and the corrupted loss with
+    it (1.2% at dose 1.6 on one Bigram-Backcopy model), differs between CPUs (docs/definitions.md, "Medians and
+    quantiles"). Replaying, each call checks that the recorded order sorts this machine's norms up to ORDER_RTOL
+    (an order wrong by more fails) and then cuts by it, so the golden numbers compare within fp32 rounding."""
+    from probe.analyses import inject
+
+    own, taken, wrong = inject._ranks_and_median, [], []
+
+    def ranks_and_median(norms):
+        rank, median = own(norms)
+        if replay is not None:
+            recorded, problem = _recorded_rank(replay, len(taken), norms)
+            wrong.extend([problem] if problem else [])
+            rank = rank if problem else recorded
+        taken.append(rank)
+        return rank, median
+
+    inject._ranks_and_median = ranks_and_median
+    try:
+        yield taken
+    finally:
+        inject._ranks_and_median = own
+    # the CLI turns an exception in the run into an exit code and a line on stderr: the replay's verdict comes here
+    assert not wrong, wrong[0]
+    assert replay is None or len(taken) == len(replay), f"{len(taken)} injection calls, recorded {len(replay)}"
+
+
+def _recorded_rank(replay: dict, call: int, norms):
+    """(the recorded ranks of injection call ``call``, None) where they order this machine's ``norms`` (..., T,
+    Hkv) ascending up to ORDER_RTOL, else (None, what is wrong)."""
+    import torch
+
+    rank = replay.get(str(call))
+    if rank is None or rank.shape != norms.shape:
+        got = None if rank is None else tuple(rank.shape)
+        return None, f"injection call {call}: reads {tuple(norms.shape)}, the recording has {got}"
+    rank = rank.to(norms.device, torch.int64)
+    ordered = torch.empty_like(norms).scatter_(-2, rank, norms)  # this machine's norms in the recorded order
+    low, high = ordered[..., :-1, :], ordered[..., 1:, :]
+    worst = ((low - high) / low.abs().clamp_min(1e-30)).max().item() if norms.shape[-2] > 1 else 0.0
+    if worst > ORDER_RTOL:
+        return None, f"injection call {call}: the recorded order misorders this machine's read norms by {worst:.2e}"
+    return rank, None
+
+
+def save_orders(taken: list, path: Path) -> None:
+    """The recorded ranks as safetensors ("0", "1", ... in call order; int16: T < 32768)."""
+    import torch
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({str(i): rank.to(torch.int16).contiguous() for i, rank in enumerate(taken)}, str(path))
+
+
+def load_orders(path: Path) -> dict | None:
+    """A case's recorded ranks (``save_orders``), or None where the case records none (it injects nothing)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path)) if path.is_file() else None
+
+
 def run_case(argv: list[str], out_dir: Path) -> tuple[int, str]:
     """The exit code and stdout of ``probe ARGV --out OUT_DIR``, run in-process."""
     from probe.cli.main import main
@@ -161,8 +232,12 @@ def main(argv=None) -> int:
         if args.only and not name.startswith(tuple(args.only)):
             continue
         shutil.rmtree(args.out / name, ignore_errors=True)
-        with tempfile.TemporaryDirectory() as tmp:
+        orders = args.out / QUIET_ORDERS / f"{name}.safetensors"
+        orders.unlink(missing_ok=True)
+        with tempfile.TemporaryDirectory() as tmp, quiet_orders() as taken:
             code, said = run_case(argv_case, Path(tmp) / "out")
+            if taken:
+                save_orders(taken, orders)
             cases[name] = {"argv": argv_case, "exit": code, **({"commit": commit} if args.only else {})}
             if code == 0:
                 dest = args.out / name

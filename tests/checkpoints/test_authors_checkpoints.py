@@ -191,16 +191,20 @@ def lr_outputs(model, ids):
 @pytest.mark.parametrize(
     "fixture_name", [f"{f}-checkpoint/checkpoint" for f in MUDD] + [f"lr-attnres-{k}-checkpoint" for k in LR]
 )
-def test_bf16_compute_is_as_near_their_bf16_forward_as_bf16_rounding(fixture_name):
-    """In bf16 nothing is exact: probe's bf16 logits are within twice the distance of their own bf16 forward from
-    their fp64 one (a norm eps or table off by a dtype is several times that)."""
+def test_bf16_compute_is_as_near_the_exact_logits_as_their_bf16_forward(fixture_name):
+    """In bf16 nothing is exact: probe's bf16 logits are within twice the distance of the authors' bf16 forward from
+    their fp64 one (a norm eps or table off by a dtype is several times that). Each is measured against the fp64
+    logits, not against each other: their bf16 forward ran on the CPU that wrote the fixture, and bf16 matmuls round
+    by the CPU's kernels (on an AVX2-only EPYC probe's bf16 logits sit 0.11 from theirs, 2.1x their rounding, yet
+    0.06 from the exact ones, 1.2x; the largest ratio over these fixtures there is 1.3)."""
     d = FIXTURES / fixture_name.split("/")[0]
     theirs = load_file(d / "outputs.safetensors")
     ids = load_file(d / "inputs.safetensors")["input_ids"]
     with torch.no_grad():
         ours = probe.load(FIXTURES / fixture_name, dtype=torch.bfloat16)(ids).logits.double()
-    rounding = (theirs["bf16/logits"].double() - theirs["logits"].double()).abs().max().item()
-    assert (ours - theirs["bf16/logits"].double()).abs().max().item() <= 2 * rounding
+    exact = theirs["logits"].double()
+    rounding = (theirs["bf16/logits"].double() - exact).abs().max().item()
+    assert (ours - exact).abs().max().item() <= 2 * rounding
 
 
 @pytest.mark.parametrize("kind", LR)

@@ -9,7 +9,8 @@ Run it from the root of a checkout of the commit whose behaviour is pinned; it r
     python scripts/golden/make_golden.py --out tests/jobs/golden --only sinks/ report/   # just those cases
 
 `tests/jobs/test_golden.py` reruns the same commands in-process and compares every table and figure with these files
-(equal, or within fp32 rounding across CPUs: see its docstring). A change that alters a definition
+(equal, or within fp32 rounding across CPUs: see its docstring); each injection's quiet-read order is kept in
+quiet-orders/ and replayed (``quiet_orders``). A change that alters a definition
 regenerates only the files it affects, in the same commit, and says which and why.
 """
 
@@ -117,12 +118,14 @@ def _recorded_rank(replay: dict, call: int, norms):
 
 
 def save_orders(taken: list, path: Path) -> None:
-    """The recorded ranks as safetensors ("0", "1", ... in call order; int16: T < 32768)."""
+    """The recorded ranks as safetensors ("0", "1", ... in call order; uint8 for windows up to 256 tokens)."""
     import torch
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({str(i): rank.to(torch.int16).contiguous() for i, rank in enumerate(taken)}, str(path))
+    small = all(rank.shape[-2] <= 256 for rank in taken)
+    dtype = torch.uint8 if small else torch.int32
+    save_file({str(i): rank.to(dtype).contiguous() for i, rank in enumerate(taken)}, str(path))
 
 
 def load_orders(path: Path) -> dict | None:

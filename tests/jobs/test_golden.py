@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from tests.support.scripts import load_script
 
@@ -83,3 +84,16 @@ def test_verb_outputs_equal_the_golden_files(case, tmp_path):
             _close(want_json, got_json, str(rel))
         else:
             assert fresh[rel].read_text(encoding="utf-8") == (want_dir / rel).read_text(encoding="utf-8"), str(rel)
+
+
+def test_a_recorded_quiet_order_is_replayed_only_where_it_orders_this_machines_norms():
+    """Reads tied in exact arithmetic may come out a few ulps apart in either order: the recorded order replays; an
+    order that puts a read before one smaller by more than rounding is refused, naming the call."""
+    norms = torch.tensor([2.0, 1.0, 1.0 + 1e-7, 3.0]).view(1, 4, 1)  # (B, T, Hkv): reads 1 and 2 a near-tie
+    swapped = torch.tensor([2, 1, 0, 3]).view(1, 4, 1)  # read 2 before read 1, as another CPU rounded them
+    rank, problem = make_golden._recorded_rank({"0": swapped}, 0, norms)
+    assert problem is None and torch.equal(rank, swapped)
+    wrong = torch.tensor([1, 2, 0, 3]).view(1, 4, 1)  # read 0 (2.0) before read 2 (1.0): not rounding
+    rank, problem = make_golden._recorded_rank({"0": wrong}, 0, norms)
+    assert rank is None and "call 0" in problem and "misorders" in problem
+    assert "recording has None" in make_golden._recorded_rank({}, 3, norms)[1]

@@ -109,6 +109,9 @@ def _recorded_rank(replay: dict, call: int, norms):
         got = None if rank is None else tuple(rank.shape)
         return None, f"injection call {call}: reads {tuple(norms.shape)}, the recording has {got}"
     rank = rank.to(norms.device, torch.int64)
+    places = torch.arange(norms.shape[-2], device=norms.device).view(-1, 1).expand(norms.shape)
+    if not torch.equal(rank.sort(dim=-2).values, places):
+        return None, f"injection call {call}: the recorded ranks are not an order of the {norms.shape[-2]} reads"
     ordered = torch.empty_like(norms).scatter_(-2, rank, norms)  # this machine's norms in the recorded order
     low, high = ordered[..., :-1, :], ordered[..., 1:, :]
     worst = ((low - high) / low.abs().clamp_min(1e-30)).max().item() if norms.shape[-2] > 1 else 0.0

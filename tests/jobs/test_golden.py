@@ -97,3 +97,5 @@ def test_a_recorded_quiet_order_is_replayed_only_where_it_orders_this_machines_n
     rank, problem = make_golden._recorded_rank({"0": wrong}, 0, norms)
     assert rank is None and "call 0" in problem and "misorders" in problem
     assert "recording has None" in make_golden._recorded_rank({}, 3, norms)[1]
+    twice = torch.tensor([0, 0, 1, 3]).view(1, 4, 1)  # not a permutation: a damaged recording
+    assert "not an order" in make_golden._recorded_rank({"0": twice}, 0, norms)[1]

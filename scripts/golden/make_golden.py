@@ -84,8 +84,10 @@ def quiet_orders(replay: dict | None = None):
         rank, median = own(norms)
         if replay is not None:
             recorded, problem = _recorded_rank(replay, len(taken), norms)
-            wrong.extend([problem] if problem else [])
-            rank = rank if problem else recorded
+            if problem:
+                wrong.append(problem)
+            else:
+                rank = recorded
         taken.append(rank)
         return rank, median
 

@@ -88,9 +88,19 @@ echo "wheel test: probe --version, probe models and probe inject ran from the wh
 mkdir "$work/notebooks"
 cp "$root"/notebooks/*.ipynb "$work/notebooks/"
 cd "$work/notebooks"
-OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=900 \
-  --output-dir executed ./*.ipynb >nbconvert.log 2>&1 \
-  || { echo "wheel test: a notebook failed"; tail -40 nbconvert.log; exit 1; }
+# each notebook in its own nbconvert, all at once: one kernel runs on one thread, and the machine has the cores
+mkdir executed
+nbs=(./*.ipynb) pids=()
+for nb in "${nbs[@]}"; do
+  OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=900 \
+    --output-dir executed "$nb" >"$nb.log" 2>&1 &
+  pids+=($!)
+done
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}" || {
+    echo "wheel test: notebook ${nbs[$i]} failed"; tail -40 "${nbs[$i]}.log"; kill "${pids[@]}" 2>/dev/null; exit 1
+  }
+done
 "$work/venv/bin/python" - "$root/scripts/docs/notebooks.py" executed/*.ipynb <<'EOF'
 import importlib.util, json, sys
 

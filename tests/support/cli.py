@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.support import SMALL  # the tiny tier shrunk; vocabulary stays 8192
+from tests.support import SMALL, forked_cli  # SMALL: the tiny tier shrunk; vocabulary stays 8192
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {
@@ -27,14 +27,19 @@ WINDOWS = ["--batches", "1", "--batch-size", "2", "--ctx", "32"]  # two windows 
 
 
 def probe(*args, env=None, cwd=None, timeout=600) -> subprocess.CompletedProcess:
-    """Run ``python -m probe.cli ARGS``; stdout / stderr decoded as they were written (carriage returns kept)."""
-    r = subprocess.run(
-        [sys.executable, "-m", "probe.cli", *map(str, args)],
-        capture_output=True,
-        env={**ENV, **(env or {})},
-        cwd=cwd,
-        timeout=timeout,
-    )
+    """Run ``python -m probe.cli ARGS`` in a new process; stdout / stderr decoded as they were written (carriage
+    returns kept). Without ``env`` the process is forked from a zygote that has imported the libraries already
+    (tests/support/forked_cli.py), with ``env`` it starts cold."""
+    if env is None and not forked_cli.cold():
+        r = forked_cli.run_forked([str(a) for a in args], ENV, None if cwd is None else str(cwd), timeout)
+    else:
+        r = subprocess.run(
+            [sys.executable, "-m", "probe.cli", *map(str, args)],
+            capture_output=True,
+            env={**ENV, **(env or {})},
+            cwd=cwd,
+            timeout=timeout,
+        )
     r.stdout, r.stderr = r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
     return r
 

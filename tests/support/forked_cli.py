@@ -1,0 +1,145 @@
+"""The `probe` command in a fresh process that starts with its libraries already imported.
+
+A `probe` subprocess spends most of a test's time importing torch, transformers, transformer-lens, pandas and plotly
+(about 6 s each on a CI core; the tiny models' work takes about 1 s). A zygote — a Python process started once per
+pytest worker that has imported those libraries and nothing of probe's — forks a child for each command. The child is
+a new process as a subprocess would be: its own pid, its working directory, stdin from /dev/null, stdout and stderr
+to files, ``sys.argv`` and ``sys.path[0]`` as ``python -m probe.cli`` sets them, fresh random seeds, and it runs
+``probe.cli`` as ``__main__`` to its exit (atexit handlers included); its exit status is the return code (−N when a
+signal ended it). What differs from a cold process is only that those libraries were imported before probe's own
+start-up rather than during it (each verb imports them before it builds its Console anyway).
+
+A test that sets its own environment (fault injection through ``sitecustomize``, a broken Triton, a missing
+library) needs a cold start and gets one: ``tests.support.cli.probe`` forks only when ``env`` is None.
+PROBE_TESTS_COLD=1 turns the zygote off for a whole run (every command a cold subprocess), to compare the two.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# imported by the zygote before it forks: the third-party libraries every model verb imports (not probe itself)
+PRELOAD = (
+    "torch",
+    "transformers",
+    "transformers.modeling_utils",
+    "transformers.tokenization_utils_fast",
+    "transformer_lens.hook_points",
+    "pandas",
+    "plotly.graph_objects",
+    "plotly.subplots",
+    "safetensors.torch",
+    "tqdm",
+)
+
+ZYGOTE = r"""
+import importlib, json, os, random, runpy, sys
+
+requests, replies = os.fdopen(os.dup(0), "rb", buffering=0), os.dup(1)
+devnull = os.open(os.devnull, os.O_RDWR)
+os.dup2(devnull, 0)
+os.dup2(devnull, 1)
+for name in json.loads(sys.argv[1]):
+    importlib.import_module(name)
+sys.stdout.flush()  # nothing the imports printed may reach a child's stdout
+os.write(replies, b"ready\n")
+
+def child(request):
+    os.chdir(request["cwd"])
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    os.close(replies)
+    requests.close()
+    random.seed()  # a new process draws new seeds; the zygote's copies would repeat in every child
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    sys.argv = ["probe.cli", *request["argv"]]
+    sys.path[0] = os.getcwd()  # what -m puts first
+    runpy.run_module("probe.cli", run_name="__main__", alter_sys=True)
+    sys.exit(0)
+
+while line := requests.readline():
+    request = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        child(request)  # ends in SystemExit: the interpreter exits as a process that ran `python -m probe.cli` does
+    os.write(replies, f"pid {pid}\n".encode())
+    _, status = os.waitpid(pid, 0)
+    os.write(replies, f"status {os.waitstatus_to_exitcode(status)}\n".encode())
+"""
+
+
+class Zygote:
+    """One zygote process; ``run`` forks a `probe` command from it."""
+
+    def __init__(self, env: dict[str, str]):
+        self.log = tempfile.NamedTemporaryFile(prefix="probe-zygote-", suffix=".log", delete=False)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", ZYGOTE, json.dumps(PRELOAD)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=env,
+        )
+        if self._reply(timeout=300) != "ready":
+            raise RuntimeError(f"the probe zygote did not start: {Path(self.log.name).read_text()[-2000:]}")
+
+    def _reply(self, timeout: float) -> str:
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        line = self.process.stdout.readline().decode() if ready else None
+        if line is None:
+            raise TimeoutError
+        if not line:
+            raise RuntimeError(f"the probe zygote exited: {Path(self.log.name).read_text()[-2000:]}")
+        return line.strip()
+
+    def run(self, argv: list[str], cwd: str | None, timeout: float) -> subprocess.CompletedProcess:
+        with tempfile.TemporaryDirectory(prefix="probe-forked-") as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            request = {"argv": argv, "cwd": str(cwd or os.getcwd()), "stdout": str(out), "stderr": str(err)}
+            self.process.stdin.write(json.dumps(request).encode() + b"\n")
+            self.process.stdin.flush()
+            pid = int(self._reply(timeout=60).removeprefix("pid "))
+            try:
+                status = self._reply(timeout=timeout)
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                self._reply(timeout=60)
+                raise subprocess.TimeoutExpired(["probe", *argv], timeout, out.read_bytes(), err.read_bytes()) from None
+            code = int(status.removeprefix("status "))
+            return subprocess.CompletedProcess(["probe", *argv], code, out.read_bytes(), err.read_bytes())
+
+    def close(self) -> None:
+        """The zygote exits at the end of its requests (as it does when this process ends and the pipe closes)."""
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+        self.log.close()
+        os.unlink(self.log.name)
+
+
+_zygote: list[Zygote] = []
+
+
+@atexit.register
+def _close() -> None:
+    for zygote in _zygote:
+        zygote.close()
+
+
+def run_forked(argv: list[str], env: dict[str, str], cwd: str | None, timeout: float) -> subprocess.CompletedProcess:
+    """``probe ARGV`` forked from this process's zygote (started at the first call, with ``env``)."""
+    if not _zygote or _zygote[0].process.poll() is not None:
+        _zygote[:] = [Zygote(env)]
+    return _zygote[0].run(argv, cwd, timeout)
+
+
+def cold() -> bool:
+    return os.environ.get("PROBE_TESTS_COLD") == "1"

@@ -48,27 +48,32 @@ def fx(tmp_path_factory):
     return build_fixtures(tmp_path_factory.mktemp("cli_fixtures"))
 
 
-# The files whose tests take minutes (measured with --durations, CPU-seconds under load, largest first). pytest-xdist's
-# --dist loadfile hands out whole files in collection order (pyproject turns off its reordering by test count, which
-# put these few-test files last): started first, they no longer leave one worker running alone at the end.
+# The files whose tests take longest (seconds summed from --durations of a whole run on 2 cores with 2 workers, an
+# AMD EPYC, 2026-12-07), largest first. pytest-xdist's --dist loadfile hands out whole files in collection order
+# (pyproject turns off its reordering by test count, which put these few-test files last): started first, they no
+# longer leave one worker running alone at the end.
 HEAVY_FIRST = (
-    "tests/cli/test_verbs_per_family_more.py",  # 2290 s
-    "tests/cli/test_verbs_per_family.py",  # 1420 s
-    "tests/cli/test_hostile_flags.py",  # 1130 s
-    "tests/kernels/test_aot_compile.py",  # 525 s
-    "tests/checkpoints/test_gemma.py",  # 510 s
-    "tests/docs/test_pages.py",  # 250 s
-    "tests/models/test_model_training.py",  # 215 s
-    "tests/experiments/test_kill_boundaries.py",  # 200 s
-    "tests/analyses/test_gu2025_golden.py",  # 170 s
-    "tests/kernels/test_sink_attention.py",  # 160 s
-    "tests/analyses/test_parallel_analyses.py",  # 150 s
-    "tests/cli/test_hybrid_verbs.py",  # 140 s
-    "tests/cli/test_inject_interrupt.py",  # 135 s
-    "tests/cli/test_cli.py",  # 130 s
-    "tests/jobs/test_report.py",  # 120 s
-    "tests/cli/test_quiet_loads.py",  # 110 s
-    "tests/models/test_models.py",  # 110 s
+    "tests/docs/test_pages.py",  # 259 s (the site build, which test_site.py and test_notebooks.py then read)
+    "tests/kernels/test_aot_compile.py",  # 189 s
+    "tests/cli/test_cli.py",  # 166 s
+    "tests/checkpoints/test_gemma.py",  # 163 s
+    "tests/experiments/test_kill_boundaries.py",  # 136 s
+    "tests/models/test_model_training.py",  # 101 s
+    "tests/cli/test_hostile_flags.py",  # 97 s
+    "tests/jobs/test_golden.py",  # 95 s
+    "tests/train/test_zoo.py",  # 82 s
+    "tests/cli/test_verbs_per_family.py",  # 69 s
+    "tests/checkpoints/test_architectures.py",  # 67 s
+    "tests/checkpoints/test_architectures_more.py",  # 64 s
+    "tests/cli/test_verbs_per_family_more.py",  # 64 s
+    "tests/cli/test_inject_interrupt.py",  # 57 s
+    "tests/kernels/test_sink_attention.py",  # 50 s
+    "tests/analyses/test_parallel_analyses.py",  # 45 s
+    "tests/analyses/test_gu2025_golden.py",  # 43 s
+    "tests/models/test_models.py",  # 41 s
+    "tests/present/test_browser.py",  # 39 s
+    "tests/jobs/test_report.py",  # 38 s
+    "tests/train/test_ddp.py",  # 38 s
 )
 
 

@@ -244,44 +244,82 @@ HERE = Path(__file__).resolve().parent
 
 
 class Made:
-    """What the pages' directives need, made in background processes (one per figure command and notebook, as many
-    at once as there are cores) from ``on_config`` on, and waited for where a page is rendered."""
+    """What the pages' directives need, made in background processes from ``on_config`` on (every figure command in
+    one batch process, each notebook in a process of its own, as many at once as there are cores), and waited for
+    where a page is rendered."""
 
     def __init__(self):
         self.pool = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1))
         self.work = Path(tempfile.mkdtemp(prefix="probe-docs-"))
-        self.jobs: dict[tuple[str, str], object] = {}
+        self.jobs: dict[tuple[str, str], object] = {}  # a figure's job is its batch's: a dict of command -> path
         self.cache = Path(os.environ["PROBE_DOCS_CACHE"]) if os.environ.get("PROBE_DOCS_CACHE") else None
 
-    def start(self, kind: str, key: str) -> None:
-        if (kind, key) not in self.jobs:
-            self.jobs[kind, key] = self.pool.submit(self._make, kind, key)
+    def start(self, wanted: list[tuple[str, str]]) -> None:
+        """Start making each (kind, key) of ``wanted`` not started yet: the figures as one batch, first."""
+        figures = [key for kind, key in dict.fromkeys(wanted) if kind == "figure" and (kind, key) not in self.jobs]
+        if figures:
+            batch = self.pool.submit(self._make_figures, figures)
+            self.jobs.update({("figure", key): batch for key in figures})
+        for kind, key in wanted:
+            if kind == "notebook" and (kind, key) not in self.jobs:
+                self.jobs[kind, key] = self.pool.submit(self._make_notebook, key)
 
     def get(self, kind: str, key: str) -> Path | None:
-        self.start(kind, key)
-        return self.jobs[kind, key].result()
+        self.start([(kind, key)])
+        made = self.jobs[kind, key].result()
+        return made[key] if kind == "figure" else made
 
-    def _make(self, kind: str, key: str) -> Path | None:
-        if kind == "figure" and "gemma-3-270m" in shlex.split(key):
-            from probe.checkpoints import gguf
-
-            if not gguf.gemma_installed():
-                return None
+    def _paths(self, kind: str, key: str) -> tuple[Path, Path | None]:
+        """Where ``key`` is made in this build, and its copy in PROBE_DOCS_CACHE (None without one)."""
         digest = hashlib.sha256(f"{kind}\0{key}\0{_sources_digest()}".encode()).hexdigest()[:20]
         out = self.work / f"{kind}-{digest}{'.ipynb' if kind == 'notebook' else '.json'}"
-        cached = self.cache / out.name if self.cache else None
+        return out, (self.cache / out.name if self.cache else None)
+
+    def _run(self, script: str, args: list[str], what: str, outs: list[Path]) -> None:
+        """``script`` (figures.py or notebooks.py) in a fresh process with one torch thread; a failure, or an output
+        it did not write, fails the build with the process's last lines."""
+        path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+        argv = [sys.executable, str(HERE / script), *args]
+        run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+        if run.returncode != 0 or not all(out.is_file() for out in outs):
+            from mkdocs.exceptions import PluginError
+
+            raise PluginError(f"{what} failed (exit {run.returncode}):\n{(run.stderr or run.stdout)[-3000:]}")
+
+    def _make_figures(self, commands: list[str]) -> dict[str, Path | None]:
+        """Each figure command's JSON (None where it needs Gemma's weights and they are not installed), the ones not
+        in the cache drawn by one figures.py process, one command after another."""
+        from probe.checkpoints import gguf
+
+        made: dict[str, Path | None] = {}
+        todo: list[tuple[str, Path, Path | None]] = []
+        for command in commands:
+            out, cached = self._paths("figure", command)
+            made[command] = out
+            if "gemma-3-270m" in shlex.split(command) and not gguf.gemma_installed():
+                made[command] = None
+            elif cached is not None and cached.is_file():
+                shutil.copyfile(cached, out)
+            else:
+                todo.append((command, out, cached))
+        if todo:
+            requests = self.work / f"figures-{len(list(self.work.glob('figures-*')))}.json"
+            requests.write_text(json.dumps([[str(out), command] for command, out, _ in todo]), encoding="utf-8")
+            what = f"figure {todo[0][0]!r}" if len(todo) == 1 else f"the figures {[c for c, _, _ in todo]}"
+            self._run("figures.py", ["--batch", str(requests)], what, [out for _, out, _ in todo])
+        for _, out, cached in todo:
+            if cached is not None:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(out, cached)
+        return made
+
+    def _make_notebook(self, key: str) -> Path:
+        out, cached = self._paths("notebook", key)
         if cached is not None and cached.is_file():
             shutil.copyfile(cached, out)
             return out
-        script = HERE / ("figures.py" if kind == "figure" else "notebooks.py")
-        args = [str(out), *shlex.split(key)] if kind == "figure" else [str(ROOT / key), str(out)]
-        path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-        run = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True)
-        if run.returncode != 0 or not out.is_file():
-            from mkdocs.exceptions import PluginError
-
-            raise PluginError(f"{kind} {key!r} failed (exit {run.returncode}):\n{(run.stderr or run.stdout)[-3000:]}")
+        self._run("notebooks.py", [str(ROOT / key), str(out)], f"notebook {key!r}", [out])
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(out, cached)
@@ -403,9 +441,8 @@ def on_config(config):
     global MADE
     if MADE is None:
         MADE = Made()
-    for path in sorted(Path(config["docs_dir"]).rglob("*.md")):
-        for kind, key in directives(path.read_text(encoding="utf-8")):
-            MADE.start(kind, key)
+    pages = sorted(Path(config["docs_dir"]).rglob("*.md"))
+    MADE.start([d for path in pages for d in directives(path.read_text(encoding="utf-8"))])
     return config
 
 

@@ -5,9 +5,11 @@ A `probe` subprocess spends most of a test's time importing torch, transformers,
 pytest worker that has imported those libraries and nothing of probe's — forks a child for each command. The child is
 a new process as a subprocess would be: its own pid, its working directory, stdin from /dev/null, stdout and stderr
 to files, ``sys.argv`` and ``sys.path[0]`` as ``python -m probe.cli`` sets them, fresh random seeds, and it runs
-``probe.cli`` as ``__main__`` to its exit (atexit handlers included); its exit status is the return code (−N when a
-signal ended it). What differs from a cold process is only that those libraries were imported before probe's own
-start-up rather than during it (each verb imports them before it builds its Console anyway).
+``probe.cli`` as ``__main__`` to its exit (threads joined, atexit handlers run, streams flushed); its exit status is
+the return code (−N when a signal ended it). What differs from a cold process: those libraries were imported before
+probe's own start-up rather than during it (each model verb imports them before it builds its Console anyway), and
+the child ends without the interpreter's teardown of its modules (objects still alive then are not finalised: a file
+left unflushed would lose its tail here, where a cold process would flush it).
 
 A test that sets its own environment (fault injection through ``sitecustomize``, a broken Triton, a missing
 library) needs a cold start and gets one: ``tests.support.cli.probe`` forks only when ``env`` is None.
@@ -41,7 +43,7 @@ PRELOAD = (
 )
 
 ZYGOTE = r"""
-import importlib, json, os, random, runpy, sys
+import atexit, importlib, json, os, random, runpy, sys, threading, traceback
 
 requests, replies = os.fdopen(os.dup(0), "rb", buffering=0), os.dup(1)
 devnull = os.open(os.devnull, os.O_RDWR)
@@ -63,14 +65,35 @@ def child(request):
         sys.modules["numpy"].random.seed()
     sys.argv = ["probe.cli", *request["argv"]]
     sys.path[0] = os.getcwd()  # what -m puts first
-    runpy.run_module("probe.cli", run_name="__main__", alter_sys=True)
-    sys.exit(0)
+    try:
+        runpy.run_module("probe.cli", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    # the interpreter's exit up to its teardown of the modules: non-daemon threads joined, atexit handlers run,
+    # streams flushed; the teardown itself (1.6 s with torch imported, which a light command never imports) is not
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code & 0xFF)
 
 while line := requests.readline():
     request = json.loads(line)
     pid = os.fork()
     if pid == 0:
-        child(request)  # ends in SystemExit: the interpreter exits as a process that ran `python -m probe.cli` does
+        child(request)  # never returns
     os.write(replies, f"pid {pid}\n".encode())
     _, status = os.waitpid(pid, 0)
     os.write(replies, f"status {os.waitstatus_to_exitcode(status)}\n".encode())

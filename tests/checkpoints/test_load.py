@@ -291,6 +291,25 @@ def test_load_gguf_matches_source(tmp_path, monkeypatch):
     torch.testing.assert_close(cache["blocks.1.attn.hook_pattern"], hf_attn[1], atol=1e-6, rtol=0)
 
 
+def test_a_conversion_parses_the_gguf_once(tmp_path, monkeypatch):
+    """transformers reads the file for the config, the weights and the tokenizer; probe's conversion hands all three
+    one reader (the parse is most of Gemma's conversion), and gguf.GGUFReader is gguf's own again afterwards."""
+    gguf = pytest.importorskip("gguf")
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
+    parsed = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, path, *args, **kwargs):
+            parsed.append(str(path))
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    path = write_llama_gguf(tiny_model("llama", seed=3), tmp_path / "tiny-llama.gguf")
+    m = probe.load(str(path))
+    assert m.probe_info.extra["source"] == "gguf" and parsed == [str(path.resolve())]
+    assert gguf.GGUFReader is CountingReader
+
+
 def test_load_zoo_checkpoint(tmp_path, monkeypatch, tiny_dirs):
     import shutil
 

@@ -1,7 +1,8 @@
-"""Helpers for tests/cli/test_cli.py and tests/jobs/test_report.py: the `probe` command in a subprocess, tiny saved
-models, and faults injected into that subprocess.
+"""Helpers for the tests of the command line: the `probe` command in a process of its own (forked from a zygote that
+has imported the libraries, tests/support/forked_cli.py, or started cold where a test sets its environment), tiny
+saved models, and faults injected into a cold process.
 
-Subprocesses run with one torch thread (tiny tensors on a busy 2-core machine are many times faster single-threaded)
+These processes run with one torch thread (tiny tensors on a busy 2-core machine are many times faster single-threaded)
 and with the hub marked offline (offline errors come at once instead of after a connection timeout).
 """
 

@@ -138,7 +138,9 @@ class Zygote:
                 self._reply(timeout=60)
                 raise subprocess.TimeoutExpired(["probe", *argv], timeout, out.read_bytes(), err.read_bytes()) from None
             code = int(status.removeprefix("status "))
-            return subprocess.CompletedProcess(["probe", *argv], code, out.read_bytes(), err.read_bytes())
+            done = subprocess.CompletedProcess(["probe", *argv], code, out.read_bytes(), err.read_bytes())
+            done.pid = pid  # the child's
+            return done
 
     def close(self) -> None:
         """The zygote exits at the end of its requests (as it does when this process ends and the pipe closes)."""

@@ -253,6 +253,7 @@ class Made:
         self.work = Path(tempfile.mkdtemp(prefix="probe-docs-"))
         self.jobs: dict[tuple[str, str], object] = {}  # a figure's job is its batch's: a dict of command -> path
         self.cache = Path(os.environ["PROBE_DOCS_CACHE"]) if os.environ.get("PROBE_DOCS_CACHE") else None
+        self.sources: str | None = None  # _sources_digest(), once made
 
     def start(self, wanted: list[tuple[str, str]]) -> None:
         """Start making each (kind, key) of ``wanted`` not started yet: the figures as one batch, first."""
@@ -271,7 +272,9 @@ class Made:
 
     def _paths(self, kind: str, key: str) -> tuple[Path, Path | None]:
         """Where ``key`` is made in this build, and its copy in PROBE_DOCS_CACHE (None without one)."""
-        digest = hashlib.sha256(f"{kind}\0{key}\0{_sources_digest()}".encode()).hexdigest()[:20]
+        if self.sources is None:  # hashed once per build, not once per figure and notebook
+            self.sources = _sources_digest()
+        digest = hashlib.sha256(f"{kind}\0{key}\0{self.sources}".encode()).hexdigest()[:20]
         out = self.work / f"{kind}-{digest}{'.ipynb' if kind == 'notebook' else '.json'}"
         return out, (self.cache / out.name if self.cache else None)
 

@@ -307,10 +307,12 @@ class Made:
             else:
                 todo.append((command, out, cached))
         if todo:
-            requests = self.work / f"figures-{len(list(self.work.glob('figures-*')))}.json"
-            requests.write_text(json.dumps([[str(out), command] for command, out, _ in todo]), encoding="utf-8")
+            # a file of its own: two batches may be written at once (the pool's, and a page's get() of one not started)
+            fd, requests = tempfile.mkstemp(prefix="figures-", suffix=".json", dir=self.work)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump([[str(out), command] for command, out, _ in todo], f)
             what = f"figure {todo[0][0]!r}" if len(todo) == 1 else f"the figures {[c for c, _, _ in todo]}"
-            self._run("figures.py", ["--batch", str(requests)], what, [out for _, out, _ in todo])
+            self._run("figures.py", ["--batch", requests], what, [out for _, out, _ in todo])
         for _, out, cached in todo:
             if cached is not None:
                 cached.parent.mkdir(parents=True, exist_ok=True)

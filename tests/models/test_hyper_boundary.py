@@ -251,3 +251,30 @@ def test_mhc_fuses_alike_where_its_weights_are_not_in_c(monkeypatch):
     torch.testing.assert_close(fused_logits, logits, rtol=1e-11, atol=1e-11)
     for name, grad in grads.items():
         torch.testing.assert_close(fused_grads[name], grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("variant", HYPER)
+def test_throughput_floor_stands_in_for_the_kernels(variant, monkeypatch):
+    """benchmarks/hyper_throughput.py --floor replaces the boundaries' C passes by their memory traffic alone: its
+    stand-ins return what the kernels return (the same tensors' shapes and dtypes, None where the kernel gives
+    None) for every call of a training step, so the floor's step runs the model's own path around them."""
+    from tests.support.scripts import load_script
+
+    bench = load_script("benchmarks/hyper_throughput.py", "hyper_throughput")
+    compared = []
+
+    def checked(real, floor):
+        def call(*args, **kwargs):
+            got, stand_in = real(*args, **kwargs), floor(*args, **kwargs)
+            assert [None if t is None else (t.shape, t.dtype) for t in got] == [
+                None if t is None else (t.shape, t.dtype) for t in stand_in
+            ]
+            compared.append(real.__name__)
+            return got
+
+        return call
+
+    for name, floor in (("boundary_forward", bench.floor_forward), ("boundary_backward", bench.floor_backward)):
+        monkeypatch.setattr(hyper_streams, name, checked(getattr(hyper_streams, name), floor))
+    logits_and_grads(model_for(variant, torch.float32), ids())
+    assert compared.count("boundary_forward") == compared.count("boundary_backward") == 2 * TINY["n_layers"]

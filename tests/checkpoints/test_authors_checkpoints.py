@@ -192,11 +192,13 @@ def lr_outputs(model, ids):
     "fixture_name", [f"{f}-checkpoint/checkpoint" for f in MUDD] + [f"lr-attnres-{k}-checkpoint" for k in LR]
 )
 def test_bf16_compute_is_as_near_the_exact_logits_as_their_bf16_forward(fixture_name):
-    """In bf16 nothing is exact: probe's bf16 logits are within twice the distance of the authors' bf16 forward from
-    their fp64 one (a norm eps or table off by a dtype is several times that). Each is measured against the fp64
-    logits, not against each other: their bf16 forward ran on the CPU that wrote the fixture, and bf16 matmuls round
-    by the CPU's kernels (on an AVX2-only EPYC probe's bf16 logits sit 0.11 from theirs, 2.1x their rounding, yet
-    0.06 from the exact ones, 1.2x; the largest ratio over these fixtures there is 1.3)."""
+    """In bf16 nothing is exact: probe's bf16 logits are within 2.5 times the distance of the authors' bf16 forward
+    from their fp64 one. Each is measured against the fp64 logits, not against each other: their bf16 forward ran on
+    the CPU that wrote the fixture, and bf16 rounds by the CPU's kernels. Measured (ours / theirs from the exact
+    logits): on an AVX2-only EPYC at most 1.3 over these fixtures; on an AVX-512 Xeon 0.35-1.10, and 2.08 for the
+    LR-AttnRes checkpoint saved at 324995a, which ATEN_CPU_CAPABILITY=avx2 on the same Xeon brings to 1.10 (the same
+    code; torch's AVX-512 kernels round otherwise). The defect this catches, their eps=None norms given bf16's epsilon
+    instead of fp32's, puts the LR-AttnRes checkpoints at 3.05-10.4."""
     d = FIXTURES / fixture_name.split("/")[0]
     theirs = load_file(d / "outputs.safetensors")
     ids = load_file(d / "inputs.safetensors")["input_ids"]
@@ -204,7 +206,7 @@ def test_bf16_compute_is_as_near_the_exact_logits_as_their_bf16_forward(fixture_
         ours = probe.load(FIXTURES / fixture_name, dtype=torch.bfloat16)(ids).logits.double()
     exact = theirs["logits"].double()
     rounding = (theirs["bf16/logits"].double() - exact).abs().max().item()
-    assert (ours - exact).abs().max().item() <= 2 * rounding
+    assert (ours - exact).abs().max().item() <= 2.5 * rounding
 
 
 @pytest.mark.parametrize("kind", LR)

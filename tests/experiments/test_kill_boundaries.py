@@ -9,10 +9,11 @@ its K boundaries; then for each boundary k a run of the same command dies there 
 state on disk (a temp file or folder staged since the previous boundary), right before it; the same command then runs
 again, unpatched, to completion, and its folder must hold the same files as the uninterrupted run's.
 
-Every run is a process of its own calling ``probe.cli.main.main`` on the command line, forked from one interpreter that
-has imported probe once (a fresh interpreter takes ~5 s to import torch and plotly; a forked run of these tiny
-settings well under a second). The uninterrupted reference run is a real ``python -m probe.cli`` subprocess, so the
-forked runs are checked against a fresh interpreter too.
+Every run is a process of its own running ``probe.cli`` on the command line, forked from a zygote that has imported
+probe once (tests/support/forked_cli.py, preloading tests/support/write_boundaries.py, whose ``install`` patches the
+boundaries; a fresh interpreter takes ~5 s to import torch and plotly, a forked run of these tiny settings well under
+a second). The uninterrupted reference run is a real ``python -m probe.cli`` subprocess, so the forked runs are
+checked against a fresh interpreter too.
 
 What the comparison leaves out, as it must (two uninterrupted runs differ there too):
 
@@ -46,7 +47,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import forked_cli
 from tests.support.cli import ENV, REPO
+
+PRELUDE = "tests.support.write_boundaries"  # what each killed or recording run installs before the command
 
 SINK_REMOVAL = [
     "experiment",
@@ -120,154 +124,26 @@ TIME_KEYS = (
 )
 SKIPPED = ("timing.jsonl", ".probe.lock")
 
-# One interpreter imports probe, then forks a process per run. A job (one JSON line on stdin): the command line, the
-# folder it runs in, and a mode: "run" (unpatched), "record" (every boundary logged with a fingerprint of the folder's
-# state before and after it) or "kill" (os._exit(137) before or after boundary k, after noting which one it was).
-ZYGOTE = r"""
-import hashlib, json, os, sys, traceback
-
-proto = os.fdopen(os.dup(1), "w", buffering=1)
-os.dup2(2, 1)  # what the imports print goes to stderr, never into the protocol
-from probe.cli.main import main as cli_main
-import probe.writes as writes
-import probe.cli.train, probe.experiments.command, probe.experiments.sink_removal  # noqa: F401
-import probe.present.training, probe.train.trainer  # noqa: F401
-
-TEMP = writes.TEMP_PREFIX
-RANDOM = 8  # the random tail mkstemp / mkdtemp give a staged name
-
-
-def normal(rel):
-    return "/".join(p[:-RANDOM] + "*" if p.startswith(TEMP) else p for p in rel.split(os.sep))
-
-
-def fingerprint(root):
-    h = hashlib.sha256()
-    for folder, dirs, files in os.walk(root):
-        dirs.sort()
-        h.update(b"D" + normal(os.path.relpath(folder, root)).encode())
-        for name in sorted(files):
-            path = os.path.join(folder, name)
-            h.update(b"F" + normal(os.path.relpath(path, root)).encode())
-            with open(path, "rb") as f:
-                h.update(hashlib.sha256(f.read()).digest())
-    return h.hexdigest()
-
-
-def checkpoint_step(root):  # the newest complete checkpoint's step under root (checkpoint/, checkpoint.old/), or None
-    steps = []
-    for folder, dirs, files in os.walk(root):
-        if os.path.basename(folder) in ("checkpoint", "checkpoint.old") and "trainer_state.json" in files:
-            with open(os.path.join(folder, "trainer_state.json")) as f:
-                steps.append(json.load(f)["step"])
-    return max(steps, default=None)
-
-
-def install(job):
-    mode, root, count, events = job["mode"], os.path.join(job["cwd"], "out"), [0], []
-    real_replace, real_rename, real_append = os.replace, os.rename, writes.append_line
-
-    def boundary(op, dst, commit):
-        count[0] += 1
-        k, rel = count[0], normal(os.path.relpath(os.fspath(dst), job["cwd"]))
-        if mode == "record":
-            event = dict(k=k, op=op, dst=rel, existed=os.path.lexists(dst), before=fingerprint(root))
-            event["ckpt_before"] = checkpoint_step(root)
-            commit()
-            events.append(dict(event, after=fingerprint(root), ckpt_after=checkpoint_step(root)))
-            with open(job["events"], "w") as f:
-                json.dump(events, f)
-            return
-        if k == job["k"] and job["when"] == "before":
-            die(k, op, rel)
-        commit()
-        if k == job["k"] and job["when"] == "after":
-            die(k, op, rel)
-
-    def die(k, op, rel):
-        fd = os.open(job["died"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.write(fd, json.dumps([k, op, rel]).encode())
-        os._exit(137)  # kill -9: no finally, no atexit, no flush
-
-    def replace(src, dst, *a, **kw):
-        return boundary("replace", dst, lambda: real_replace(src, dst, *a, **kw))
-
-    def rename(src, dst, *a, **kw):
-        return boundary("rename", dst, lambda: real_rename(src, dst, *a, **kw))
-
-    def append_line(path, line):
-        return boundary("append", path, lambda: real_append(path, line))
-
-    os.replace, os.rename = replace, rename
-    for module in list(sys.modules.values()):  # every `from probe.writes import append_line` binding
-        if getattr(module, "append_line", None) is real_append:
-            module.append_line = append_line
-
-
-def child(job):
-    os.chdir(job["cwd"])
-    fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    if job["mode"] != "run":
-        install(job)
-    try:
-        rc = cli_main(job["argv"])
-    except SystemExit as e:
-        rc = e.code if isinstance(e.code, int) else 2
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc or 0)
-
-
-proto.write("@ready\n")
-for line in iter(sys.stdin.readline, ""):
-    job = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            child(job)
-        except BaseException:
-            traceback.print_exc()
-            sys.stderr.flush()
-            os._exit(99)
-    _, status = os.waitpid(pid, 0)
-    proto.write("@" + json.dumps(os.waitstatus_to_exitcode(status)) + "\n")
-"""
-
 
 class Runner:
-    """The forking interpreter: ``run(cwd, argv, mode, **job)`` runs one command in a process of its own, returns its
-    exit code and its output."""
+    """A zygote (tests/support/forked_cli.py) that has imported probe and tests/support/write_boundaries.py:
+    ``run(cwd, argv, mode, **job)`` runs one command in a process of its own forked from it, "run" unpatched,
+    "record" or "kill" with its write boundaries patched (write_boundaries.install), and returns its exit code and
+    its output."""
 
     def __init__(self):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", ZYGOTE],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={**ENV, "PYTHONPATH": str(REPO)},
-            cwd=REPO,
-            text=True,
-        )
-        assert self._answer() == "ready"
-
-    def _answer(self) -> str:
-        for line in iter(self.proc.stdout.readline, ""):
-            if line.startswith("@"):
-                return line[1:].strip()
-        raise AssertionError(f"the forking interpreter ended (exit code {self.proc.wait()})")
+        preload = (*forked_cli.PRELOAD, PRELUDE)
+        self.zygote = forked_cli.Zygote({**ENV, "PYTHONPATH": str(REPO)}, preload=preload)
 
     def run(self, cwd: Path, argv: list[str], mode: str = "run", **job) -> tuple[int, str]:
         cwd.mkdir(parents=True, exist_ok=True)
-        log = cwd / f"{mode}.log"
-        job = {"cwd": str(cwd), "argv": argv, "mode": mode, "log": str(log), **job}
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
-        return int(self._answer()), log.read_text(errors="replace")
+        job = {"cwd": str(cwd), "mode": mode, **job}
+        prelude = None if mode == "run" else PRELUDE
+        r = self.zygote.run(argv, str(cwd), timeout=600, prelude=prelude, job=job)
+        return r.returncode, (r.stdout + r.stderr).decode(errors="replace")
 
     def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        self.zygote.close()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,9 @@ the child ends without the interpreter's teardown of its modules (objects still 
 left unflushed would lose its tail here, where a cold process would flush it).
 
 A test that sets its own environment (fault injection through ``sitecustomize``, a broken Triton, a missing
-library) needs a cold start and gets one: ``tests.support.cli.probe`` forks only when ``env`` is None.
+library) needs a cold start and gets one: ``tests.support.cli.probe`` forks only when ``env`` is None. A test that
+patches the command from inside (tests/experiments/test_kill_boundaries.py: a kill at every write boundary) starts a
+zygote of its own that also imports its ``prelude`` module, whose ``install(job)`` each child calls before the command.
 PROBE_TESTS_COLD=1 turns the zygote off for a whole run (every command a cold subprocess), to compare the two.
 """
 
@@ -63,6 +65,8 @@ def child(request):
     random.seed()  # a new process draws new seeds; the zygote's copies would repeat in every child
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
+    if request.get("prelude"):  # a module the zygote imported: it patches this child before the command runs
+        importlib.import_module(request["prelude"]).install(request["job"])
     sys.argv = ["probe.cli", *request["argv"]]
     sys.path[0] = os.getcwd()  # what -m puts first
     try:
@@ -101,12 +105,12 @@ while line := requests.readline():
 
 
 class Zygote:
-    """One zygote process; ``run`` forks a `probe` command from it."""
+    """One zygote process, which imports ``preload`` before it forks; ``run`` forks a `probe` command from it."""
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], preload: tuple[str, ...] = PRELOAD):
         self.log = tempfile.NamedTemporaryFile(prefix="probe-zygote-", suffix=".log", delete=False)
         self.process = subprocess.Popen(
-            [sys.executable, "-c", ZYGOTE, json.dumps(PRELOAD)],
+            [sys.executable, "-c", ZYGOTE, json.dumps(preload)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -124,10 +128,14 @@ class Zygote:
             raise RuntimeError(f"the probe zygote exited: {Path(self.log.name).read_text()[-2000:]}")
         return line.strip()
 
-    def run(self, argv: list[str], cwd: str | None, timeout: float) -> subprocess.CompletedProcess:
+    def run(
+        self, argv: list[str], cwd: str | None, timeout: float, prelude: str | None = None, job: dict | None = None
+    ) -> subprocess.CompletedProcess:
+        """``probe ARGV`` in a child; ``prelude``: a preloaded module whose ``install(job)`` the child calls first."""
         with tempfile.TemporaryDirectory(prefix="probe-forked-") as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             request = {"argv": argv, "cwd": str(cwd or os.getcwd()), "stdout": str(out), "stderr": str(err)}
+            request.update(prelude=prelude, job=job)
             self.process.stdin.write(json.dumps(request).encode() + b"\n")
             self.process.stdin.flush()
             pid = int(self._reply(timeout=60).removeprefix("pid "))
